@@ -1,0 +1,266 @@
+//! The protocol between a node's daemon and its local clients, over a Unix socket.
+//!
+//! Framing: every frame is a 4-byte little-endian body length, then the body, a postcard
+//! encoding of [`RequestFrame`] (client → daemon) or [`ServerFrame`] (daemon → client). The
+//! first request on a connection is [`Request::Hello`] with the protocol version; the daemon
+//! answers [`Response::Welcome`] and passes the arenas' memory fds alongside that one frame
+//! (SCM_RIGHTS), once per connection. Limits are explicit: a request body over
+//! [`MAX_REQUEST_BYTES`] closes the connection, since the stream cannot be trusted after it.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+use crate::ids::{ArenaId, NodeId, ObjectId, RequestId};
+use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
+
+/// Version of this protocol; a client of another version is refused at `Hello`.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Bytes of the length prefix of every frame.
+pub const FRAME_HEADER_BYTES: usize = 4;
+/// Largest request body the daemon accepts.
+pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+/// Largest response body a client accepts (a `list` of a million objects fits).
+pub const MAX_RESPONSE_BYTES: usize = 1 << 30;
+/// Most ids in one request.
+pub const MAX_IDS_PER_REQUEST: usize = 65_536;
+
+/// A request with the id its reply will carry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestFrame {
+    /// Chosen by the client, echoed in the reply.
+    pub request: RequestId,
+    /// What is asked.
+    pub body: Request,
+}
+
+/// What a client can ask of its node's store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// First request of every connection.
+    Hello {
+        /// Must equal [`PROTOCOL_VERSION`].
+        protocol_version: u32,
+        /// Free text for the daemon's logs (program name, pid).
+        client_name: String,
+    },
+    /// Create an unsealed object; the reply names the region to write.
+    Create {
+        /// The new object's id.
+        id: ObjectId,
+        /// Data bytes.
+        data_size: u64,
+        /// Metadata bytes (stored after the data).
+        metadata_size: u64,
+    },
+    /// Seal an object this client created; with `release`, drop its reference too.
+    Seal {
+        /// The object.
+        id: ObjectId,
+        /// Drop the creator's reference in the same step.
+        release: bool,
+    },
+    /// Drop an unsealed object this client created.
+    Abort {
+        /// The object.
+        id: ObjectId,
+    },
+    /// Get sealed objects, waiting up to `timeout_ms` (0 = poll, `None` = for ever).
+    Get {
+        /// The objects.
+        ids: Vec<ObjectId>,
+        /// Milliseconds to wait for unsealed or missing objects.
+        timeout_ms: Option<u64>,
+    },
+    /// Drop a reference taken by `Get` (or `Create` without release on seal).
+    Release {
+        /// The object.
+        id: ObjectId,
+    },
+    /// Whether a sealed object is present.
+    Contains {
+        /// The object.
+        id: ObjectId,
+    },
+    /// Delete objects (deferred while in use).
+    Delete {
+        /// The objects.
+        ids: Vec<ObjectId>,
+    },
+    /// All objects of the store.
+    List,
+    /// Evict at least this many bytes of unused objects.
+    Evict {
+        /// Bytes wanted.
+        bytes: u64,
+    },
+    /// Turn this connection into a stream of [`ServerFrame::Event`]s.
+    Subscribe,
+    /// Store counters.
+    Stats,
+}
+
+impl Request {
+    /// Checks limits that postcard cannot: batch lengths.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let ids = match self {
+            Request::Get { ids, .. } | Request::Delete { ids } => ids.len(),
+            _ => 0,
+        };
+        if ids > MAX_IDS_PER_REQUEST {
+            return Err(StoreError::BadRequest(format!(
+                "{ids} ids in one request; the limit is {MAX_IDS_PER_REQUEST}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The wait of a `Get`, as a duration.
+    pub fn timeout(timeout_ms: Option<u64>) -> Option<Duration> {
+        timeout_ms.map(Duration::from_millis)
+    }
+}
+
+/// One arena a client maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArenaInfo {
+    /// The arena's id, as regions name it.
+    pub id: ArenaId,
+    /// Its size in bytes (the fd's size).
+    pub size_bytes: u64,
+}
+
+/// The daemon's answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// Answer to `Hello`; the arenas' fds come with this frame, in this order.
+    Welcome {
+        /// The daemon's protocol version.
+        protocol_version: u32,
+        /// The node this daemon is.
+        node: NodeId,
+        /// Arenas to map.
+        arenas: Vec<ArenaInfo>,
+    },
+    /// Answer to `Create`.
+    Created(Result<ObjectInfo, StoreError>),
+    /// Answer to `Seal`, `Abort`, `Release` and `Subscribe`.
+    Done(Result<(), StoreError>),
+    /// Answer to `Get`: one result per id, in order; each `Ok` holds a reference.
+    Got(Vec<Result<ObjectInfo, StoreError>>),
+    /// Answer to `Contains`.
+    Contains(bool),
+    /// Answer to `Delete`: one result per id.
+    Deleted(Vec<Result<(), StoreError>>),
+    /// Answer to `List`.
+    Listed(Vec<ObjectSummary>),
+    /// Answer to `Evict`.
+    Evicted(EvictOutcome),
+    /// Answer to `Stats`.
+    Stats(StoreStats),
+    /// The request was refused as a whole.
+    Error(StoreError),
+}
+
+/// A frame from the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerFrame {
+    /// The reply to a request.
+    Reply {
+        /// The request answered (`RequestId(0)` when the request could not be decoded).
+        request: RequestId,
+        /// The answer.
+        response: Response,
+    },
+    /// A notification on a subscribed connection.
+    Event(ObjectEvent),
+}
+
+/// Why bytes are not a valid frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The length prefix is over the limit.
+    #[error("frame of {len} bytes is over the {limit}-byte limit")]
+    TooLarge {
+        /// Announced body length.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The body does not decode.
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+}
+
+/// Reads a frame's body length from its header, checking it against `limit`.
+pub fn decode_frame_len(header: [u8; FRAME_HEADER_BYTES], limit: usize) -> Result<usize, FrameError> {
+    let len = u32::from_le_bytes(header) as usize;
+    if len > limit {
+        return Err(FrameError::TooLarge { len, limit });
+    }
+    Ok(len)
+}
+
+/// Appends a whole frame (header and body) for `message` to `out`.
+pub fn encode_frame<T: Serialize>(message: &T, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
+    // Serializing plain data into a Vec cannot fail.
+    let encoded = postcard::to_extend(message, std::mem::take(out))
+        .expect("postcard serialization into a Vec cannot fail");
+    *out = encoded;
+    let body_len = u32::try_from(out.len() - start - FRAME_HEADER_BYTES)
+        .expect("frames are far below 4 GiB");
+    out[start..start + FRAME_HEADER_BYTES].copy_from_slice(&body_len.to_le_bytes());
+}
+
+/// Decodes a request body.
+pub fn decode_request(body: &[u8]) -> Result<RequestFrame, FrameError> {
+    postcard::from_bytes(body).map_err(|e| FrameError::Malformed(e.to_string()))
+}
+
+/// Decodes a daemon frame body.
+pub fn decode_server_frame(body: &[u8]) -> Result<ServerFrame, FrameError> {
+    postcard::from_bytes(body).map_err(|e| FrameError::Malformed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn request_round_trips() {
+        let frame = RequestFrame {
+            request: RequestId(7),
+            body: Request::Get {
+                ids: vec![ObjectId::from_u64(1), ObjectId::from_u64(2)],
+                timeout_ms: Some(100),
+            },
+        };
+        let mut bytes = Vec::new();
+        encode_frame(&frame, &mut bytes);
+        let len = decode_frame_len(bytes[..4].try_into().unwrap(), MAX_REQUEST_BYTES).unwrap();
+        assert_eq!(len, bytes.len() - 4);
+        assert_eq!(decode_request(&bytes[4..]).unwrap(), frame);
+    }
+
+    #[test]
+    fn oversized_length_is_refused() {
+        let header = ((MAX_REQUEST_BYTES + 1) as u32).to_le_bytes();
+        assert!(matches!(
+            decode_frame_len(header, MAX_REQUEST_BYTES),
+            Err(FrameError::TooLarge { .. })
+        ));
+    }
+
+    proptest! {
+        /// Arbitrary bytes never panic the decoders.
+        #[test]
+        fn decoding_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_request(&bytes);
+            let _ = decode_server_frame(&bytes);
+        }
+    }
+}

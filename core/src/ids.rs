@@ -1,0 +1,151 @@
+//! Identifiers. Every id is a newtype with `Display`, so logs and traces say what they hold.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Length of an object id in bytes (as in Plasma and Ray).
+pub const OBJECT_ID_LEN: usize = 20;
+
+/// A 20-byte object id, shown as 40 lowercase hex characters.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ObjectId(pub [u8; OBJECT_ID_LEN]);
+
+/// Why a string or byte slice is not an object id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectIdError {
+    /// The input has the wrong length.
+    #[error("an object id is {OBJECT_ID_LEN} bytes (40 hex characters), got {got} {unit}")]
+    WrongLength {
+        /// The length found.
+        got: usize,
+        /// "bytes" or "hex characters".
+        unit: &'static str,
+    },
+    /// The input has a character that is not a hex digit.
+    #[error("an object id is hex (0-9, a-f): {0:?} is not")]
+    NotHex(String),
+}
+
+impl ObjectId {
+    /// Builds an id from a byte slice, checking its length.
+    pub fn from_slice(bytes: &[u8]) -> Result<Self, ObjectIdError> {
+        let array: [u8; OBJECT_ID_LEN] =
+            bytes.try_into().map_err(|_| ObjectIdError::WrongLength {
+                got: bytes.len(),
+                unit: "bytes",
+            })?;
+        Ok(Self(array))
+    }
+
+    /// The raw bytes.
+    pub fn as_bytes(&self) -> &[u8; OBJECT_ID_LEN] {
+        &self.0
+    }
+
+    /// An id derived from a 64-bit number, for tests and tools that want readable ids.
+    pub fn from_u64(n: u64) -> Self {
+        let mut bytes = [0u8; OBJECT_ID_LEN];
+        bytes[OBJECT_ID_LEN - 8..].copy_from_slice(&n.to_be_bytes());
+        Self(bytes)
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ObjectId({self})")
+    }
+}
+
+impl FromStr for ObjectId {
+    type Err = ObjectIdError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        if text.len() != OBJECT_ID_LEN * 2 {
+            return Err(ObjectIdError::WrongLength {
+                got: text.chars().count(),
+                unit: "hex characters",
+            });
+        }
+        let mut bytes = [0u8; OBJECT_ID_LEN];
+        hex::decode_to_slice(text, &mut bytes).map_err(|_| ObjectIdError::NotHex(text.into()))?;
+        Ok(Self(bytes))
+    }
+}
+
+macro_rules! numeric_id {
+    ($(#[$doc:meta])* $name:ident($inner:ty), $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+        pub struct $name(pub $inner);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!($prefix, "{}"), self.0)
+            }
+        }
+    };
+}
+
+numeric_id!(
+    /// A local client connection of a node's store.
+    ClientId(u64),
+    "client-"
+);
+numeric_id!(
+    /// A node (one daemon) of the cluster.
+    NodeId(u32),
+    "node-"
+);
+numeric_id!(
+    /// A shared-memory arena of one node's store.
+    ArenaId(u32),
+    "arena-"
+);
+numeric_id!(
+    /// A client's request, echoed in the reply so the client can match them.
+    RequestId(u64),
+    "req-"
+);
+numeric_id!(
+    /// One transfer between two nodes, chosen by the requester.
+    TransferId(u64),
+    "xfer-"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_id_round_trips_through_hex() {
+        let id = ObjectId::from_u64(0xdead_beef);
+        let text = id.to_string();
+        assert_eq!(text.len(), 40);
+        assert_eq!(text, "00000000000000000000000000000000deadbeef");
+        assert_eq!(text.parse::<ObjectId>().unwrap(), id);
+    }
+
+    #[test]
+    fn object_id_rejects_bad_text() {
+        assert!(matches!(
+            "abc".parse::<ObjectId>(),
+            Err(ObjectIdError::WrongLength { got: 3, .. })
+        ));
+        let not_hex = "z".repeat(40);
+        assert!(matches!(not_hex.parse::<ObjectId>(), Err(ObjectIdError::NotHex(_))));
+        assert!(ObjectId::from_slice(&[0u8; 19]).is_err());
+        assert!(ObjectId::from_slice(&[0u8; 21]).is_err());
+    }
+}

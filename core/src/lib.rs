@@ -1,0 +1,24 @@
+//! Skyriver's sans-IO core: the object store of one node, the messages its clients send, and
+//! (in later modules) the fetch manager and the transfer protocol between nodes.
+//!
+//! Nothing here touches sockets, files, threads, clocks or randomness: every input carries
+//! `now`, and every effect is a value the driver drains and carries out. The daemon drives this
+//! code with a real clock and real memory; the simulator drives the very same code with virtual
+//! time and simulated arenas.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod alloc;
+pub mod client_protocol;
+pub mod error;
+pub mod ids;
+pub mod region;
+pub mod store;
+pub mod time;
+
+pub use error::StoreError;
+pub use ids::{ArenaId, ClientId, NodeId, ObjectId, RequestId, TransferId};
+pub use region::{LocalRegion, RemoteRegion};
+pub use store::{ObjectEvent, ObjectInfo, Store, StoreConfig, StoreOutput, StoreStats};
+pub use time::Instant;

@@ -1,0 +1,835 @@
+//! The local object store: the object table, reference counts, waiting gets, subscriptions and
+//! LRU eviction of one node. Sans-IO: every input carries `now`, every effect that is not the
+//! direct answer to a call (a get that completes later, a notification) is queued as a
+//! [`StoreOutput`] for the driver to drain with [`Store::poll_output`].
+//!
+//! Lifecycle of an object: `create` (unsealed, the creator holds one reference and may write
+//! it) → `seal` (immutable, visible to `get`) → `release`d by everyone → evictable (LRU) or
+//! `delete`d. A delete of an object in use is deferred until the last reference goes (Plasma's
+//! rule); an object pinned by a transfer is never evicted or freed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::alloc::Allocator;
+use crate::error::StoreError;
+use crate::ids::{ArenaId, ClientId, ObjectId, RequestId};
+use crate::region::LocalRegion;
+use crate::time::Instant;
+
+/// Where an object lives and how large it is: what a client needs to map it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectInfo {
+    /// The object.
+    pub id: ObjectId,
+    /// Data then metadata, contiguous: `region.len == data_size + metadata_size`.
+    pub region: LocalRegion,
+    /// Data bytes.
+    pub data_size: u64,
+    /// Metadata bytes, stored right after the data.
+    pub metadata_size: u64,
+}
+
+impl ObjectInfo {
+    /// The data part of the object's region.
+    pub fn data_region(&self) -> LocalRegion {
+        self.region.slice(0, self.data_size)
+    }
+
+    /// The metadata part of the object's region.
+    pub fn metadata_region(&self) -> LocalRegion {
+        self.region.slice(self.data_size, self.metadata_size)
+    }
+}
+
+/// A line of `list()`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectSummary {
+    /// Where and how large.
+    pub info: ObjectInfo,
+    /// Whether the object is sealed.
+    pub sealed: bool,
+    /// References held by clients (and the creator, while unsealed).
+    pub ref_count: u32,
+    /// Transfers reading this object right now.
+    pub pin_count: u32,
+    /// A delete is waiting for the references to go.
+    pub delete_pending: bool,
+    /// When it was created.
+    pub created_at: Instant,
+}
+
+/// What happened to an object, as subscribers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ObjectEvent {
+    /// The object was sealed and can be read.
+    Sealed {
+        /// The object.
+        id: ObjectId,
+        /// Data bytes.
+        data_size: u64,
+        /// Metadata bytes.
+        metadata_size: u64,
+    },
+    /// A sealed object left the store (deleted or evicted).
+    Deleted {
+        /// The object.
+        id: ObjectId,
+    },
+}
+
+/// Counters and gauges of the store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreStats {
+    /// Usable bytes over all arenas.
+    pub capacity_bytes: u64,
+    /// Bytes allocated to objects (aligned blocks).
+    pub allocated_bytes: u64,
+    /// Objects in the table, sealed or not.
+    pub object_count: u64,
+    /// Sealed objects.
+    pub sealed_count: u64,
+    /// Bytes of sealed objects nobody holds (what eviction could free).
+    pub evictable_bytes: u64,
+    /// Connected clients.
+    pub client_count: u64,
+    /// Gets waiting for objects to be sealed.
+    pub waiting_gets: u64,
+    /// Objects evicted since start.
+    pub evicted_objects_total: u64,
+    /// Bytes evicted since start.
+    pub evicted_bytes_total: u64,
+    /// Objects sealed since start.
+    pub sealed_objects_total: u64,
+}
+
+/// An effect of the store for the driver to carry out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum StoreOutput {
+    /// A `get` is complete: one result per requested id, in request order. Each `Ok` took a
+    /// reference the client must release.
+    GetReply {
+        /// The client that asked.
+        client: ClientId,
+        /// Its request.
+        request: RequestId,
+        /// Per id: the object, or why it is not available.
+        results: Vec<Result<ObjectInfo, StoreError>>,
+    },
+    /// A notification for a subscribed client.
+    Notify {
+        /// The subscriber.
+        client: ClientId,
+        /// What happened.
+        event: ObjectEvent,
+    },
+    /// An object became available here or left: for the node layer (directory publication).
+    Local(ObjectEvent),
+}
+
+/// How a `delete` of one id went.
+pub type DeleteResult = Result<(), StoreError>;
+
+/// What `evict` freed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictOutcome {
+    /// Objects evicted.
+    pub objects: u64,
+    /// Bytes freed (aligned blocks).
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ObjectState {
+    Unsealed { creator: ClientId },
+    Sealed,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    /// The allocated block (aligned length, may exceed data + metadata).
+    block: LocalRegion,
+    data_size: u64,
+    metadata_size: u64,
+    state: ObjectState,
+    ref_count: u32,
+    pin_count: u32,
+    delete_pending: bool,
+    /// Position in the LRU while evictable.
+    lru_stamp: Option<u64>,
+    created_at: Instant,
+}
+
+impl Entry {
+    fn info(&self, id: ObjectId) -> ObjectInfo {
+        ObjectInfo {
+            id,
+            region: self.block.slice(0, self.data_size + self.metadata_size),
+            data_size: self.data_size,
+            metadata_size: self.metadata_size,
+        }
+    }
+
+    fn evictable(&self) -> bool {
+        self.state == ObjectState::Sealed
+            && self.ref_count == 0
+            && self.pin_count == 0
+            && !self.delete_pending
+    }
+}
+
+#[derive(Debug, Default)]
+struct ClientState {
+    /// References this client holds, by object.
+    held: BTreeMap<ObjectId, u32>,
+    /// Unsealed objects this client created.
+    creating: BTreeSet<ObjectId>,
+    subscribed: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct WaiterId(u64);
+
+#[derive(Debug)]
+struct Waiter {
+    client: ClientId,
+    request: RequestId,
+    ids: Vec<ObjectId>,
+    deadline: Instant,
+    /// Distinct ids not sealed yet.
+    unsealed_remaining: usize,
+    /// A zero timeout: report NotFound/NotSealed instead of Timeout.
+    poll: bool,
+}
+
+/// Limits of a store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Arenas and their sizes in bytes.
+    pub arenas: Vec<(ArenaId, u64)>,
+    /// Most ids in one get or delete.
+    pub max_batch_len: usize,
+}
+
+impl StoreConfig {
+    /// One arena of `capacity_bytes`.
+    pub fn single_arena(capacity_bytes: u64) -> Self {
+        Self {
+            arenas: vec![(ArenaId(0), capacity_bytes)],
+            max_batch_len: 65_536,
+        }
+    }
+}
+
+/// The object store of one node.
+#[derive(Debug)]
+pub struct Store {
+    config: StoreConfig,
+    allocator: Allocator,
+    objects: HashMap<ObjectId, Entry>,
+    /// Evictable objects, least recently used first.
+    lru: BTreeMap<u64, ObjectId>,
+    next_lru_stamp: u64,
+    evictable_bytes: u64,
+    clients: BTreeMap<ClientId, ClientState>,
+    waiters: BTreeMap<WaiterId, Waiter>,
+    waiters_by_object: HashMap<ObjectId, Vec<WaiterId>>,
+    deadlines: BTreeSet<(Instant, WaiterId)>,
+    next_waiter: u64,
+    outputs: VecDeque<StoreOutput>,
+    stats: StoreStats,
+}
+
+impl Store {
+    /// An empty store over the configured arenas.
+    pub fn new(config: StoreConfig) -> Self {
+        let allocator = Allocator::new(config.arenas.iter().copied());
+        Self {
+            config,
+            allocator,
+            objects: HashMap::new(),
+            lru: BTreeMap::new(),
+            next_lru_stamp: 0,
+            evictable_bytes: 0,
+            clients: BTreeMap::new(),
+            waiters: BTreeMap::new(),
+            waiters_by_object: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            next_waiter: 0,
+            outputs: VecDeque::new(),
+            stats: StoreStats::default(),
+        }
+    }
+
+    /// The store's limits.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// A client connected. Idempotent.
+    pub fn connect(&mut self, client: ClientId) {
+        self.clients.entry(client).or_default();
+    }
+
+    /// A client went away: its references are released, its unsealed objects aborted, its
+    /// waiting gets dropped and its subscription ended.
+    pub fn disconnect(&mut self, client: ClientId) {
+        let Some(state) = self.clients.remove(&client) else {
+            return;
+        };
+        for id in state.creating {
+            // Its creator reference is in `held` too; drop the object outright.
+            if let Some(entry) = self.objects.get_mut(&id) {
+                entry.ref_count = 0;
+            }
+            self.remove_object(id, false);
+        }
+        for (id, count) in state.held {
+            if let Some(entry) = self.objects.get_mut(&id) {
+                entry.ref_count -= count;
+                self.settle(id);
+            }
+        }
+        let dropped: Vec<WaiterId> = self
+            .waiters
+            .iter()
+            .filter(|(_, waiter)| waiter.client == client)
+            .map(|(&waiter_id, _)| waiter_id)
+            .collect();
+        for waiter_id in dropped {
+            self.drop_waiter(waiter_id);
+        }
+    }
+
+    /// Creates an unsealed object of `data_size + metadata_size` bytes for `client` to write,
+    /// evicting least-recently-used objects if needed. The creator holds one reference.
+    pub fn create(
+        &mut self,
+        now: Instant,
+        client: ClientId,
+        id: ObjectId,
+        data_size: u64,
+        metadata_size: u64,
+    ) -> Result<ObjectInfo, StoreError> {
+        if self.objects.contains_key(&id) {
+            return Err(StoreError::ObjectExists(id));
+        }
+        let largest_arena_bytes = self.config.arenas.iter().map(|(_, s)| *s).max().unwrap_or(0);
+        let total = data_size.checked_add(metadata_size);
+        let block_len = total.and_then(crate::alloc::block_len_for);
+        let (Some(total), Some(block_len)) = (total, block_len) else {
+            return Err(StoreError::ObjectTooLarge {
+                id,
+                requested_bytes: u64::MAX,
+                largest_arena_bytes,
+            });
+        };
+        if block_len > largest_arena_bytes {
+            return Err(StoreError::ObjectTooLarge {
+                id,
+                requested_bytes: total,
+                largest_arena_bytes,
+            });
+        }
+        let block = self.allocate_evicting(id, total, block_len)?;
+        let entry = Entry {
+            block,
+            data_size,
+            metadata_size,
+            state: ObjectState::Unsealed { creator: client },
+            ref_count: 1,
+            pin_count: 0,
+            delete_pending: false,
+            lru_stamp: None,
+            created_at: now,
+        };
+        let info = entry.info(id);
+        self.objects.insert(id, entry);
+        let state = self.clients.entry(client).or_default();
+        state.creating.insert(id);
+        *state.held.entry(id).or_default() += 1;
+        Ok(info)
+    }
+
+    /// Seals an object its creator has written; it becomes visible to `get` and immutable.
+    /// With `release`, the creator's reference is dropped in the same step.
+    pub fn seal(&mut self, client: ClientId, id: ObjectId, release: bool) -> Result<ObjectInfo, StoreError> {
+        let entry = self.objects.get_mut(&id).ok_or(StoreError::ObjectNotFound(id))?;
+        match entry.state {
+            ObjectState::Sealed => return Err(StoreError::AlreadySealed(id)),
+            ObjectState::Unsealed { creator } if creator != client => {
+                return Err(StoreError::NotCreator(id))
+            }
+            ObjectState::Unsealed { .. } => {}
+        }
+        entry.state = ObjectState::Sealed;
+        let info = entry.info(id);
+        if let Some(state) = self.clients.get_mut(&client) {
+            state.creating.remove(&id);
+        }
+        self.stats.sealed_objects_total += 1;
+        let event = ObjectEvent::Sealed {
+            id,
+            data_size: info.data_size,
+            metadata_size: info.metadata_size,
+        };
+        self.notify(event);
+        self.wake_waiters(id);
+        if release {
+            self.release(client, id)?;
+        } else {
+            self.settle(id);
+        }
+        Ok(info)
+    }
+
+    /// Drops an unsealed object its creator no longer wants.
+    pub fn abort(&mut self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
+        let entry = self.objects.get(&id).ok_or(StoreError::ObjectNotFound(id))?;
+        match entry.state {
+            ObjectState::Sealed => return Err(StoreError::AlreadySealed(id)),
+            ObjectState::Unsealed { creator } if creator != client => {
+                return Err(StoreError::NotCreator(id))
+            }
+            ObjectState::Unsealed { .. } => {}
+        }
+        if let Some(state) = self.clients.get_mut(&client) {
+            state.creating.remove(&id);
+            state.held.remove(&id);
+        }
+        self.remove_object(id, false);
+        Ok(())
+    }
+
+    /// Asks for objects: completes (as a [`StoreOutput::GetReply`]) when every id is sealed or
+    /// at `now + timeout`. A zero timeout polls; `None` waits for ever.
+    pub fn get(
+        &mut self,
+        now: Instant,
+        client: ClientId,
+        request: RequestId,
+        ids: Vec<ObjectId>,
+        timeout: Option<Duration>,
+    ) {
+        if ids.len() > self.config.max_batch_len {
+            let error = StoreError::BadRequest(format!(
+                "a get names {} ids; the limit is {}",
+                ids.len(),
+                self.config.max_batch_len
+            ));
+            let results = vec![Err(error); ids.len()];
+            self.outputs.push_back(StoreOutput::GetReply { client, request, results });
+            return;
+        }
+        self.clients.entry(client).or_default();
+        let unsealed: BTreeSet<ObjectId> = ids
+            .iter()
+            .copied()
+            .filter(|id| !self.is_sealed(id))
+            .collect();
+        let deadline = timeout.map_or(Instant::NEVER, |t| now.saturating_add(t));
+        let waiter = Waiter {
+            client,
+            request,
+            ids,
+            deadline,
+            unsealed_remaining: unsealed.len(),
+            poll: timeout == Some(Duration::ZERO),
+        };
+        if unsealed.is_empty() || deadline <= now {
+            self.complete_get(waiter);
+            return;
+        }
+        let waiter_id = WaiterId(self.next_waiter);
+        self.next_waiter += 1;
+        for id in unsealed {
+            self.waiters_by_object.entry(id).or_default().push(waiter_id);
+        }
+        if deadline != Instant::NEVER {
+            self.deadlines.insert((deadline, waiter_id));
+        }
+        self.waiters.insert(waiter_id, waiter);
+    }
+
+    /// Takes a reference on a sealed object for `client` at once, or says why not.
+    /// The non-waiting single-object form of `get`.
+    pub fn get_now(&mut self, client: ClientId, id: ObjectId) -> Result<ObjectInfo, StoreError> {
+        let entry = self.objects.get_mut(&id).ok_or(StoreError::ObjectNotFound(id))?;
+        if entry.state != ObjectState::Sealed {
+            return Err(StoreError::ObjectNotSealed(id));
+        }
+        entry.ref_count += 1;
+        let info = entry.info(id);
+        *self.clients.entry(client).or_default().held.entry(id).or_default() += 1;
+        self.settle(id);
+        Ok(info)
+    }
+
+    /// Drops one reference `client` holds on `id`.
+    pub fn release(&mut self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
+        let state = self.clients.get_mut(&client).ok_or(StoreError::NotHeld(id))?;
+        let count = state.held.get_mut(&id).ok_or(StoreError::NotHeld(id))?;
+        *count -= 1;
+        if *count == 0 {
+            state.held.remove(&id);
+        }
+        // A held object is always in the table: removal waits for references to go.
+        let entry = self
+            .objects
+            .get_mut(&id)
+            .expect("a held object stays in the table");
+        entry.ref_count -= 1;
+        self.settle(id);
+        Ok(())
+    }
+
+    /// Whether a sealed object with this id is here.
+    pub fn contains(&self, id: &ObjectId) -> bool {
+        self.is_sealed(id)
+    }
+
+    /// Information about a sealed object without taking a reference.
+    pub fn sealed_info(&self, id: &ObjectId) -> Option<ObjectInfo> {
+        self.objects
+            .get(id)
+            .filter(|entry| entry.state == ObjectState::Sealed)
+            .map(|entry| entry.info(*id))
+    }
+
+    /// Deletes objects: at once if nobody holds them, otherwise when the last reference goes
+    /// (reported as [`StoreError::ObjectInUse`]). Unsealed objects cannot be deleted.
+    pub fn delete(&mut self, ids: &[ObjectId]) -> Vec<DeleteResult> {
+        if ids.len() > self.config.max_batch_len {
+            let error = StoreError::BadRequest(format!(
+                "a delete names {} ids; the limit is {}",
+                ids.len(),
+                self.config.max_batch_len
+            ));
+            return vec![Err(error); ids.len()];
+        }
+        ids.iter().map(|&id| self.delete_one(id)).collect()
+    }
+
+    fn delete_one(&mut self, id: ObjectId) -> DeleteResult {
+        let entry = self.objects.get_mut(&id).ok_or(StoreError::ObjectNotFound(id))?;
+        if entry.state != ObjectState::Sealed {
+            return Err(StoreError::ObjectNotSealed(id));
+        }
+        if entry.ref_count > 0 || entry.pin_count > 0 {
+            entry.delete_pending = true;
+            self.settle(id);
+            return Err(StoreError::ObjectInUse(id));
+        }
+        self.remove_object(id, true);
+        Ok(())
+    }
+
+    /// Every object, sorted by id.
+    pub fn list(&self) -> Vec<ObjectSummary> {
+        let mut summaries: Vec<ObjectSummary> = self
+            .objects
+            .iter()
+            .map(|(&id, entry)| ObjectSummary {
+                info: entry.info(id),
+                sealed: entry.state == ObjectState::Sealed,
+                ref_count: entry.ref_count,
+                pin_count: entry.pin_count,
+                delete_pending: entry.delete_pending,
+                created_at: entry.created_at,
+            })
+            .collect();
+        summaries.sort_by_key(|s| s.info.id);
+        summaries
+    }
+
+    /// Evicts least-recently-used objects nobody holds until at least `bytes` are freed or
+    /// nothing evictable is left.
+    pub fn evict(&mut self, bytes: u64) -> EvictOutcome {
+        let mut outcome = EvictOutcome::default();
+        while outcome.bytes < bytes {
+            let Some(freed) = self.evict_one() else { break };
+            outcome.objects += 1;
+            outcome.bytes += freed;
+        }
+        outcome
+    }
+
+    /// Starts sending `client` a notification for every seal and delete.
+    pub fn subscribe(&mut self, client: ClientId) {
+        self.clients.entry(client).or_default().subscribed = true;
+    }
+
+    /// Pins a sealed object for a transfer that reads it: it is neither evicted nor freed
+    /// until every pin is gone.
+    pub fn pin(&mut self, id: ObjectId) -> Result<ObjectInfo, StoreError> {
+        let entry = self.objects.get_mut(&id).ok_or(StoreError::ObjectNotFound(id))?;
+        if entry.state != ObjectState::Sealed {
+            return Err(StoreError::ObjectNotSealed(id));
+        }
+        if entry.delete_pending {
+            return Err(StoreError::ObjectNotFound(id));
+        }
+        entry.pin_count += 1;
+        let info = entry.info(id);
+        self.settle(id);
+        Ok(info)
+    }
+
+    /// Drops a pin taken by [`Store::pin`]. Unpinning an object that is not pinned is a bug.
+    pub fn unpin(&mut self, id: ObjectId) {
+        let entry = self
+            .objects
+            .get_mut(&id)
+            .expect("a pinned object stays in the table");
+        assert!(entry.pin_count > 0, "unpin of {id} that is not pinned");
+        entry.pin_count -= 1;
+        self.settle(id);
+    }
+
+    /// Whether any transfer has `id` pinned.
+    pub fn is_pinned(&self, id: &ObjectId) -> bool {
+        self.objects.get(id).is_some_and(|e| e.pin_count > 0)
+    }
+
+    /// Current counters and gauges.
+    pub fn stats(&self) -> StoreStats {
+        StoreStats {
+            capacity_bytes: self.allocator.capacity_bytes(),
+            allocated_bytes: self.allocator.capacity_bytes() - self.allocator.free_bytes(),
+            object_count: self.objects.len() as u64,
+            sealed_count: self
+                .objects
+                .values()
+                .filter(|e| e.state == ObjectState::Sealed)
+                .count() as u64,
+            evictable_bytes: self.evictable_bytes,
+            client_count: self.clients.len() as u64,
+            waiting_gets: self.waiters.len() as u64,
+            ..self.stats.clone()
+        }
+    }
+
+    /// Bytes that could be freed now: free space plus everything evictable.
+    pub fn reclaimable_bytes(&self) -> u64 {
+        self.allocator.free_bytes() + self.evictable_bytes
+    }
+
+    /// Time passed: completes every get whose deadline is at or before `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(deadline, waiter_id)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            if let Some(waiter) = self.take_waiter(waiter_id) {
+                self.complete_get(waiter);
+            }
+        }
+    }
+
+    /// The next instant at which [`Store::handle_timeout`] has work, if any.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.deadlines.first().map(|&(deadline, _)| deadline)
+    }
+
+    /// The next effect to carry out.
+    pub fn poll_output(&mut self) -> Option<StoreOutput> {
+        self.outputs.pop_front()
+    }
+
+    fn is_sealed(&self, id: &ObjectId) -> bool {
+        self.objects
+            .get(id)
+            .is_some_and(|e| e.state == ObjectState::Sealed)
+    }
+
+    fn allocate_evicting(
+        &mut self,
+        id: ObjectId,
+        total: u64,
+        block_len: u64,
+    ) -> Result<LocalRegion, StoreError> {
+        if self.reclaimable_bytes() < block_len {
+            return Err(self.out_of_memory(id, total));
+        }
+        loop {
+            if let Some(block) = self.allocator.allocate(total) {
+                return Ok(block);
+            }
+            if self.evict_one().is_none() {
+                return Err(self.out_of_memory(id, total));
+            }
+        }
+    }
+
+    fn out_of_memory(&self, id: ObjectId, total: u64) -> StoreError {
+        StoreError::OutOfMemory {
+            id,
+            requested_bytes: total,
+            free_bytes: self.allocator.free_bytes(),
+            capacity_bytes: self.allocator.capacity_bytes(),
+        }
+    }
+
+    /// Evicts the least recently used evictable object; returns the bytes freed.
+    fn evict_one(&mut self) -> Option<u64> {
+        let (_, id) = self.lru.pop_first()?;
+        let entry = self.objects.get_mut(&id).expect("LRU entries are in the table");
+        entry.lru_stamp = None;
+        let freed = entry.block.len;
+        self.evictable_bytes -= freed;
+        self.stats.evicted_objects_total += 1;
+        self.stats.evicted_bytes_total += freed;
+        self.remove_object(id, true);
+        Some(freed)
+    }
+
+    /// Brings an object's LRU membership and deferred deletion up to date after a change.
+    fn settle(&mut self, id: ObjectId) {
+        let Some(entry) = self.objects.get_mut(&id) else {
+            return;
+        };
+        if entry.delete_pending && entry.ref_count == 0 && entry.pin_count == 0 {
+            self.remove_object(id, true);
+            return;
+        }
+        let evictable = entry.evictable();
+        match (evictable, entry.lru_stamp) {
+            (true, None) => {
+                let stamp = self.next_lru_stamp;
+                self.next_lru_stamp += 1;
+                entry.lru_stamp = Some(stamp);
+                self.evictable_bytes += entry.block.len;
+                self.lru.insert(stamp, id);
+            }
+            (false, Some(stamp)) => {
+                entry.lru_stamp = None;
+                self.evictable_bytes -= entry.block.len;
+                self.lru.remove(&stamp);
+            }
+            _ => {}
+        }
+    }
+
+    /// Removes an object from the table and frees its block. Callers make sure no reference
+    /// or pin is left.
+    fn remove_object(&mut self, id: ObjectId, notify: bool) {
+        let Some(entry) = self.objects.remove(&id) else {
+            return;
+        };
+        assert_eq!(entry.pin_count, 0, "removing pinned object {id}");
+        if let Some(stamp) = entry.lru_stamp {
+            self.lru.remove(&stamp);
+            self.evictable_bytes -= entry.block.len;
+        }
+        self.allocator.free(entry.block);
+        if notify && entry.state == ObjectState::Sealed {
+            self.notify(ObjectEvent::Deleted { id });
+        }
+    }
+
+    fn notify(&mut self, event: ObjectEvent) {
+        for (&client, state) in &self.clients {
+            if state.subscribed {
+                self.outputs.push_back(StoreOutput::Notify { client, event });
+            }
+        }
+        self.outputs.push_back(StoreOutput::Local(event));
+    }
+
+    fn wake_waiters(&mut self, id: ObjectId) {
+        let Some(waiter_ids) = self.waiters_by_object.remove(&id) else {
+            return;
+        };
+        for waiter_id in waiter_ids {
+            let Some(waiter) = self.waiters.get_mut(&waiter_id) else {
+                continue;
+            };
+            waiter.unsealed_remaining -= 1;
+            if waiter.unsealed_remaining == 0 {
+                let waiter = self
+                    .take_waiter(waiter_id)
+                    .expect("the waiter was just found");
+                self.complete_get(waiter);
+            }
+        }
+    }
+
+    fn take_waiter(&mut self, waiter_id: WaiterId) -> Option<Waiter> {
+        let waiter = self.waiters.remove(&waiter_id)?;
+        self.deadlines.remove(&(waiter.deadline, waiter_id));
+        for id in &waiter.ids {
+            if let Some(list) = self.waiters_by_object.get_mut(id) {
+                list.retain(|&w| w != waiter_id);
+                if list.is_empty() {
+                    self.waiters_by_object.remove(id);
+                }
+            }
+        }
+        Some(waiter)
+    }
+
+    fn drop_waiter(&mut self, waiter_id: WaiterId) {
+        let _ = self.take_waiter(waiter_id);
+    }
+
+    fn complete_get(&mut self, waiter: Waiter) {
+        let results = waiter
+            .ids
+            .iter()
+            .map(|&id| match self.get_now(waiter.client, id) {
+                Ok(info) => Ok(info),
+                Err(error) if waiter.poll => Err(error),
+                Err(_) => Err(StoreError::Timeout(id)),
+            })
+            .collect();
+        self.outputs.push_back(StoreOutput::GetReply {
+            client: waiter.client,
+            request: waiter.request,
+            results,
+        });
+    }
+
+    /// Checks the store's internal bookkeeping; panics with a description on the first
+    /// inconsistency. For tests and the simulator.
+    pub fn check_invariants(&self) {
+        let mut refs_by_object: BTreeMap<ObjectId, u32> = BTreeMap::new();
+        for state in self.clients.values() {
+            for (&id, &count) in &state.held {
+                assert!(count > 0, "zero count kept for {id}");
+                *refs_by_object.entry(id).or_default() += count;
+            }
+        }
+        let mut allocated = 0;
+        let mut evictable = 0;
+        for (&id, entry) in &self.objects {
+            let held = refs_by_object.get(&id).copied().unwrap_or(0);
+            assert_eq!(entry.ref_count, held, "ref count of {id}");
+            assert_eq!(entry.lru_stamp.is_some(), entry.evictable(), "LRU membership of {id}");
+            if entry.lru_stamp.is_some() {
+                evictable += entry.block.len;
+            }
+            assert!(
+                !(entry.delete_pending && entry.ref_count == 0 && entry.pin_count == 0),
+                "{id} should have been deleted"
+            );
+            allocated += entry.block.len;
+        }
+        for id in refs_by_object.keys() {
+            assert!(self.objects.contains_key(id), "reference to missing {id}");
+        }
+        assert_eq!(evictable, self.evictable_bytes, "evictable bytes");
+        assert_eq!(self.lru.len(), self.objects.values().filter(|e| e.lru_stamp.is_some()).count());
+        assert_eq!(
+            allocated + self.allocator.free_bytes(),
+            self.allocator.capacity_bytes(),
+            "allocated + free = capacity"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests;

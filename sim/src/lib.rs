@@ -1,0 +1,1 @@
+//! Deterministic simulator of a Skyriver cluster.

@@ -1,0 +1,1 @@
+//! Skyriver: node daemon, client library and CLI.

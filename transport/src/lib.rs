@@ -1,0 +1,2 @@
+//! Skyriver's IO: shared-memory arenas, fd passing and fabrics. All unsafe code of the
+//! project lives in this crate, each block with a `// SAFETY:` comment.
