@@ -166,8 +166,7 @@ impl Allocator {
     /// Marks `region` allocated (recovery of a persistent store). `false` if any of it is not
     /// free, in which case nothing changes.
     pub fn reserve(&mut self, region: LocalRegion) -> bool {
-        let Some((_, allocator)) = self.arenas.iter_mut().find(|(a, _)| *a == region.arena)
-        else {
+        let Some((_, allocator)) = self.arenas.iter_mut().find(|(a, _)| *a == region.arena) else {
             return false;
         };
         let Some((&free_offset, &free_len)) =

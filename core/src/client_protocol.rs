@@ -194,7 +194,10 @@ pub enum FrameError {
 }
 
 /// Reads a frame's body length from its header, checking it against `limit`.
-pub fn decode_frame_len(header: [u8; FRAME_HEADER_BYTES], limit: usize) -> Result<usize, FrameError> {
+pub fn decode_frame_len(
+    header: [u8; FRAME_HEADER_BYTES],
+    limit: usize,
+) -> Result<usize, FrameError> {
     let len = u32::from_le_bytes(header) as usize;
     if len > limit {
         return Err(FrameError::TooLarge { len, limit });
@@ -210,8 +213,8 @@ pub fn encode_frame<T: Serialize>(message: &T, out: &mut Vec<u8>) {
     let encoded = postcard::to_extend(message, std::mem::take(out))
         .expect("postcard serialization into a Vec cannot fail");
     *out = encoded;
-    let body_len = u32::try_from(out.len() - start - FRAME_HEADER_BYTES)
-        .expect("frames are far below 4 GiB");
+    let body_len =
+        u32::try_from(out.len() - start - FRAME_HEADER_BYTES).expect("frames are far below 4 GiB");
     out[start..start + FRAME_HEADER_BYTES].copy_from_slice(&body_len.to_le_bytes());
 }
 

@@ -144,7 +144,10 @@ mod tests {
             Err(ObjectIdError::WrongLength { got: 3, .. })
         ));
         let not_hex = "z".repeat(40);
-        assert!(matches!(not_hex.parse::<ObjectId>(), Err(ObjectIdError::NotHex(_))));
+        assert!(matches!(
+            not_hex.parse::<ObjectId>(),
+            Err(ObjectIdError::NotHex(_))
+        ));
         assert!(ObjectId::from_slice(&[0u8; 19]).is_err());
         assert!(ObjectId::from_slice(&[0u8; 21]).is_err());
     }

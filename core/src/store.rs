@@ -317,7 +317,13 @@ impl Store {
         if self.objects.contains_key(&id) {
             return Err(StoreError::ObjectExists(id));
         }
-        let largest_arena_bytes = self.config.arenas.iter().map(|(_, s)| *s).max().unwrap_or(0);
+        let largest_arena_bytes = self
+            .config
+            .arenas
+            .iter()
+            .map(|(_, s)| *s)
+            .max()
+            .unwrap_or(0);
         let total = data_size.checked_add(metadata_size);
         let block_len = total.and_then(crate::alloc::block_len_for);
         let (Some(total), Some(block_len)) = (total, block_len) else {
@@ -356,8 +362,16 @@ impl Store {
 
     /// Seals an object its creator has written; it becomes visible to `get` and immutable.
     /// With `release`, the creator's reference is dropped in the same step.
-    pub fn seal(&mut self, client: ClientId, id: ObjectId, release: bool) -> Result<ObjectInfo, StoreError> {
-        let entry = self.objects.get_mut(&id).ok_or(StoreError::ObjectNotFound(id))?;
+    pub fn seal(
+        &mut self,
+        client: ClientId,
+        id: ObjectId,
+        release: bool,
+    ) -> Result<ObjectInfo, StoreError> {
+        let entry = self
+            .objects
+            .get_mut(&id)
+            .ok_or(StoreError::ObjectNotFound(id))?;
         match entry.state {
             ObjectState::Sealed => return Err(StoreError::AlreadySealed(id)),
             ObjectState::Unsealed { creator } if creator != client => {
@@ -388,7 +402,10 @@ impl Store {
 
     /// Drops an unsealed object its creator no longer wants.
     pub fn abort(&mut self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
-        let entry = self.objects.get(&id).ok_or(StoreError::ObjectNotFound(id))?;
+        let entry = self
+            .objects
+            .get(&id)
+            .ok_or(StoreError::ObjectNotFound(id))?;
         match entry.state {
             ObjectState::Sealed => return Err(StoreError::AlreadySealed(id)),
             ObjectState::Unsealed { creator } if creator != client => {
@@ -421,7 +438,11 @@ impl Store {
                 self.config.max_batch_len
             ));
             let results = vec![Err(error); ids.len()];
-            self.outputs.push_back(StoreOutput::GetReply { client, request, results });
+            self.outputs.push_back(StoreOutput::GetReply {
+                client,
+                request,
+                results,
+            });
             return;
         }
         self.clients.entry(client).or_default();
@@ -446,7 +467,10 @@ impl Store {
         let waiter_id = WaiterId(self.next_waiter);
         self.next_waiter += 1;
         for id in unsealed {
-            self.waiters_by_object.entry(id).or_default().push(waiter_id);
+            self.waiters_by_object
+                .entry(id)
+                .or_default()
+                .push(waiter_id);
         }
         if deadline != Instant::NEVER {
             self.deadlines.insert((deadline, waiter_id));
@@ -457,21 +481,37 @@ impl Store {
     /// Takes a reference on a sealed object for `client` at once, or says why not.
     /// The non-waiting single-object form of `get`.
     pub fn get_now(&mut self, client: ClientId, id: ObjectId) -> Result<ObjectInfo, StoreError> {
-        let entry = self.objects.get_mut(&id).ok_or(StoreError::ObjectNotFound(id))?;
+        let entry = self
+            .objects
+            .get_mut(&id)
+            .ok_or(StoreError::ObjectNotFound(id))?;
         if entry.state != ObjectState::Sealed {
             return Err(StoreError::ObjectNotSealed(id));
         }
         entry.ref_count += 1;
         let info = entry.info(id);
-        *self.clients.entry(client).or_default().held.entry(id).or_default() += 1;
+        *self
+            .clients
+            .entry(client)
+            .or_default()
+            .held
+            .entry(id)
+            .or_default() += 1;
         self.settle(id);
         Ok(info)
     }
 
     /// Drops one reference `client` holds on `id`.
+    /// The creator of an unsealed object cannot release it: it seals or aborts it.
     pub fn release(&mut self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
-        let state = self.clients.get_mut(&client).ok_or(StoreError::NotHeld(id))?;
+        let state = self
+            .clients
+            .get_mut(&client)
+            .ok_or(StoreError::NotHeld(id))?;
         let count = state.held.get_mut(&id).ok_or(StoreError::NotHeld(id))?;
+        if state.creating.contains(&id) {
+            return Err(StoreError::ObjectNotSealed(id));
+        }
         *count -= 1;
         if *count == 0 {
             state.held.remove(&id);
@@ -514,7 +554,10 @@ impl Store {
     }
 
     fn delete_one(&mut self, id: ObjectId) -> DeleteResult {
-        let entry = self.objects.get_mut(&id).ok_or(StoreError::ObjectNotFound(id))?;
+        let entry = self
+            .objects
+            .get_mut(&id)
+            .ok_or(StoreError::ObjectNotFound(id))?;
         if entry.state != ObjectState::Sealed {
             return Err(StoreError::ObjectNotSealed(id));
         }
@@ -565,7 +608,10 @@ impl Store {
     /// Pins a sealed object for a transfer that reads it: it is neither evicted nor freed
     /// until every pin is gone.
     pub fn pin(&mut self, id: ObjectId) -> Result<ObjectInfo, StoreError> {
-        let entry = self.objects.get_mut(&id).ok_or(StoreError::ObjectNotFound(id))?;
+        let entry = self
+            .objects
+            .get_mut(&id)
+            .ok_or(StoreError::ObjectNotFound(id))?;
         if entry.state != ObjectState::Sealed {
             return Err(StoreError::ObjectNotSealed(id));
         }
@@ -677,7 +723,10 @@ impl Store {
     /// Evicts the least recently used evictable object; returns the bytes freed.
     fn evict_one(&mut self) -> Option<u64> {
         let (_, id) = self.lru.pop_first()?;
-        let entry = self.objects.get_mut(&id).expect("LRU entries are in the table");
+        let entry = self
+            .objects
+            .get_mut(&id)
+            .expect("LRU entries are in the table");
         entry.lru_stamp = None;
         let freed = entry.block.len;
         self.evictable_bytes -= freed;
@@ -734,7 +783,8 @@ impl Store {
     fn notify(&mut self, event: ObjectEvent) {
         for (&client, state) in &self.clients {
             if state.subscribed {
-                self.outputs.push_back(StoreOutput::Notify { client, event });
+                self.outputs
+                    .push_back(StoreOutput::Notify { client, event });
             }
         }
         self.outputs.push_back(StoreOutput::Local(event));
@@ -808,7 +858,11 @@ impl Store {
         for (&id, entry) in &self.objects {
             let held = refs_by_object.get(&id).copied().unwrap_or(0);
             assert_eq!(entry.ref_count, held, "ref count of {id}");
-            assert_eq!(entry.lru_stamp.is_some(), entry.evictable(), "LRU membership of {id}");
+            assert_eq!(
+                entry.lru_stamp.is_some(),
+                entry.evictable(),
+                "LRU membership of {id}"
+            );
             if entry.lru_stamp.is_some() {
                 evictable += entry.block.len;
             }
@@ -822,7 +876,13 @@ impl Store {
             assert!(self.objects.contains_key(id), "reference to missing {id}");
         }
         assert_eq!(evictable, self.evictable_bytes, "evictable bytes");
-        assert_eq!(self.lru.len(), self.objects.values().filter(|e| e.lru_stamp.is_some()).count());
+        assert_eq!(
+            self.lru.len(),
+            self.objects
+                .values()
+                .filter(|e| e.lru_stamp.is_some())
+                .count()
+        );
         assert_eq!(
             allocated + self.allocator.free_bytes(),
             self.allocator.capacity_bytes(),
