@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Install the Debian 12 packages Skyriver's build and its SoftRoCE test VM need.
+# Idempotent: only missing packages are installed (--no-install-recommends);
+# `apt-get update` runs only when an install fails or a package is unknown.
+#
+#   ci/softroce/install-deps.sh [build|vm|all]     (default: all)
+#
+#   build  what compiling skyriver-transport needs: the verbs bindings
+#          (rdma-mummy-sys) run CMake and bindgen (libclang) at build time;
+#          libibverbs itself is loaded at run time, so no -dev package is needed
+#   vm     what ci/softroce/run-in-vm.sh needs: qemu, busybox, kmod, the
+#          rdma-core user space the guest runs (libibverbs + the rxe provider),
+#          and the verbs tools its selftest uses (ibverbs-utils, perftest)
+#
+# Must run as root. Set SKYRIVER_VM_NO_APT=1 to only report what is missing.
+set -euo pipefail
+
+BUILD_PKGS=(cmake libclang-dev gcc libc6-dev make pkg-config)
+VM_PKGS=(qemu-system-x86 busybox-static kmod cpio gzip xz-utils zstd iproute2 util-linux
+         rdma-core ibverbs-providers libibverbs1 librdmacm1
+         ibverbs-utils rdmacm-utils perftest)
+
+say() { echo "install-deps: $*" >&2; }
+
+case "${1:-all}" in
+    build) want=("${BUILD_PKGS[@]}") ;;
+    vm)    want=("${VM_PKGS[@]}") ;;
+    all)   want=("${BUILD_PKGS[@]}" "${VM_PKGS[@]}") ;;
+    *)     say "usage: $0 [build|vm|all]"; exit 2 ;;
+esac
+
+missing=()
+for p in "${want[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ -n "${SKYRIVER_VM_NO_APT:-}" ]; then
+    say "missing packages (SKYRIVER_VM_NO_APT set, not installing): ${missing[*]}"
+    exit 1
+fi
+[ "$(id -u)" = 0 ] || { say "must run as root to install: ${missing[*]}"; exit 1; }
+
+say "installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+if ! apt-get install -y --no-install-recommends "${missing[@]}" >&2; then
+    say "apt-get install failed; running apt-get update and retrying"
+    apt-get update >&2
+    apt-get install -y --no-install-recommends "${missing[@]}" >&2
+fi
