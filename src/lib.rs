@@ -1,1 +1,26 @@
-//! Skyriver: node daemon, client library and CLI.
+//! Skyriver: a distributed in-memory object store for RDMA clusters.
+//!
+//! This crate holds the node daemon ([`daemon`]), the client library ([`Client`]) and the
+//! pieces of the `skyriver` command-line tool. The protocol logic lives in `skyriver-core`
+//! (sans-IO) and all IO primitives and unsafe code in `skyriver-transport`.
+//!
+//! ```no_run
+//! use skyriver::{Client, ObjectId};
+//! # fn main() -> Result<(), skyriver::ClientError> {
+//! let client = Client::connect_default()?;
+//! let id = ObjectId::from_u64(42);
+//! client.create_and_seal(id, b"hello", b"")?;
+//! let object = client.get_one(id, None)?;
+//! assert_eq!(object.data(), b"hello");
+//! # Ok(()) }
+//! ```
+
+pub mod bench;
+pub mod client;
+pub mod daemon;
+pub mod size;
+
+pub use client::{
+    default_socket_path, Client, ClientError, ObjectBuffer, ObjectWriter, Subscription,
+};
+pub use skyriver_core::{ObjectEvent, ObjectId, ObjectInfo, StoreError, StoreStats};

@@ -1,1 +1,449 @@
-fn main() {}
+//! `skyriver`: the node daemon and the tools around it.
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use skyriver::daemon::DaemonConfig;
+use skyriver::size::{format_bytes, ByteSize};
+use skyriver::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
+
+/// Skyriver: a distributed in-memory object store for RDMA clusters.
+///
+/// Start a daemon on each node (`skyriver daemon`), then put, get and list objects through
+/// its Unix socket. Objects are immutable once sealed and read in place, without copies.
+#[derive(Parser)]
+#[command(name = "skyriver", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct SocketArg {
+    /// The daemon's Unix socket [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>.sock]
+    #[arg(long, short = 's', global = true)]
+    socket: Option<PathBuf>,
+}
+
+impl SocketArg {
+    fn path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(skyriver::default_socket_path)
+    }
+
+    fn connect(&self) -> Result<Client, ClientError> {
+        Client::connect(self.path())
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the node daemon: holds objects in shared memory and serves local clients.
+    Daemon(DaemonArgs),
+    /// Store a file (or standard input) as a new object and print its id.
+    Put {
+        /// The file to store; `-` reads standard input.
+        input: PathBuf,
+        /// Use this id (40 hex characters) instead of a random one.
+        #[arg(long)]
+        id: Option<ObjectId>,
+        /// Metadata to store with the object (a short string).
+        #[arg(long, default_value = "")]
+        metadata: String,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Write an object's data to a file or standard output.
+    Get {
+        /// The object's id (40 hex characters).
+        id: ObjectId,
+        /// Write here instead of standard output.
+        #[arg(long, short = 'o')]
+        output: Option<PathBuf>,
+        /// Wait this many milliseconds for the object to be sealed (default: do not wait).
+        #[arg(long, default_value_t = 0)]
+        timeout_ms: u64,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// List the objects in the store.
+    Ls {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Delete objects (deferred while a client holds them).
+    Rm {
+        /// The objects' ids.
+        #[arg(required = true)]
+        ids: Vec<ObjectId>,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Show memory use and object counts.
+    Stat {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Print seal and delete events as they happen.
+    Watch {
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Evict unused objects until at least SIZE bytes are freed.
+    Evict {
+        /// How much to free, e.g. 1GiB.
+        size: ByteSize,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Benchmarks that print a table and write JSON.
+    #[command(subcommand)]
+    Bench(skyriver::bench::BenchCommand),
+}
+
+#[derive(Args)]
+struct DaemonArgs {
+    /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>.sock]
+    #[arg(long, short = 's')]
+    socket: Option<PathBuf>,
+    /// Shared memory for objects, e.g. 4GiB.
+    #[arg(long, short = 'm', default_value = "1GiB", env = "SKYRIVER_MEMORY")]
+    memory: ByteSize,
+    /// Back the store with a file on this hugetlbfs mount (e.g. /dev/hugepages).
+    #[arg(long)]
+    hugepages: Option<PathBuf>,
+    /// Do not touch every page at start (faster start, first writes fault pages in).
+    #[arg(long)]
+    no_prefault: bool,
+    /// Permission bits of the socket, in octal.
+    #[arg(long, default_value = "600", value_parser = parse_octal)]
+    socket_mode: u32,
+    /// Log filter, e.g. info, debug, skyriver=trace (or RUST_LOG).
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+fn parse_octal(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text, 8).map_err(|_| format!("{text:?} is not an octal mode like 600"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Daemon(args) => run_daemon(args),
+        Command::Put {
+            input,
+            id,
+            metadata,
+            socket,
+        } => put(&socket, &input, id, metadata.as_bytes()),
+        Command::Get {
+            id,
+            output,
+            timeout_ms,
+            socket,
+        } => get(&socket, id, output, timeout_ms),
+        Command::Ls { json, socket } => list(&socket, json),
+        Command::Rm { ids, socket } => remove(&socket, &ids),
+        Command::Stat { json, socket } => stat(&socket, json),
+        Command::Watch { count, socket } => watch(&socket, count),
+        Command::Evict { size, socket } => evict(&socket, size),
+        Command::Bench(command) => skyriver::bench::run(command).map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("skyriver: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(filter: &str) {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_string());
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run_daemon(args: DaemonArgs) -> Result<(), String> {
+    init_logging(&args.log);
+    let mut config = DaemonConfig::new(
+        args.socket.unwrap_or_else(skyriver::default_socket_path),
+        args.memory.0,
+    );
+    config.hugepages_dir = args.hugepages;
+    config.prefault = !args.no_prefault;
+    config.socket_mode = args.socket_mode;
+    skyriver::daemon::run_until_signalled(config).map_err(|e| e.to_string())
+}
+
+const PROGRESS_MIN_BYTES: u64 = 64 << 20;
+
+fn progress_bar(total: u64) -> ProgressBar {
+    if total < PROGRESS_MIN_BYTES || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{bytes}/{total_bytes} [{bar:40}] {bytes_per_sec} eta {eta}")
+            .expect("the template is valid")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+fn put(
+    socket: &SocketArg,
+    input: &PathBuf,
+    id: Option<ObjectId>,
+    metadata: &[u8],
+) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let id = id.unwrap_or_else(|| ObjectId(rand::random()));
+    let (mut reader, size): (Box<dyn Read>, u64) = if input.as_os_str() == "-" {
+        // Standard input has no size: read it whole first.
+        let mut data = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut data)
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+        let size = data.len() as u64;
+        (Box::new(std::io::Cursor::new(data)), size)
+    } else {
+        let file = std::fs::File::open(input)
+            .map_err(|e| format!("cannot open {}: {e}", input.display()))?;
+        let size = file
+            .metadata()
+            .map_err(|e| format!("cannot stat {}: {e}", input.display()))?
+            .len();
+        (Box::new(file), size)
+    };
+    let mut writer = client
+        .create(id, size, metadata.len() as u64)
+        .map_err(|e| e.to_string())?;
+    writer.metadata_mut().copy_from_slice(metadata);
+    let bar = progress_bar(size);
+    let data = writer.data_mut();
+    let mut filled = 0;
+    while filled < data.len() {
+        let chunk_end = (filled + (8 << 20)).min(data.len());
+        let n = reader
+            .read(&mut data[filled..chunk_end])
+            .map_err(|e| format!("cannot read {}: {e}", input.display()))?;
+        if n == 0 {
+            return Err(format!(
+                "{} shrank while being read ({filled} of {size} bytes); the object was not stored",
+                input.display()
+            ));
+        }
+        filled += n;
+        bar.set_position(filled as u64);
+    }
+    bar.finish_and_clear();
+    writer.seal().map_err(|e| e.to_string())?;
+    println!("{id}");
+    Ok(())
+}
+
+fn get(
+    socket: &SocketArg,
+    id: ObjectId,
+    output: Option<PathBuf>,
+    timeout_ms: u64,
+) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let object = client
+        .get_one(id, Some(Duration::from_millis(timeout_ms)))
+        .map_err(|e| e.to_string())?;
+    let data = object.data();
+    match output {
+        Some(path) => {
+            let mut file = std::fs::File::create(&path)
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+            let bar = progress_bar(data.len() as u64);
+            for chunk in data.chunks(8 << 20) {
+                file.write_all(chunk)
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                bar.inc(chunk.len() as u64);
+            }
+            bar.finish_and_clear();
+        }
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(data)
+                .and_then(|()| stdout.flush())
+                .map_err(|e| format!("cannot write standard output: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn list(socket: &SocketArg, json: bool) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let objects = client.list().map_err(|e| e.to_string())?;
+    if json {
+        let rows: Vec<serde_json::Value> = objects
+            .iter()
+            .map(|o| {
+                serde_json::json!({
+                    "id": o.info.id.to_string(),
+                    "data_size": o.info.data_size,
+                    "metadata_size": o.info.metadata_size,
+                    "sealed": o.sealed,
+                    "ref_count": o.ref_count,
+                    "pin_count": o.pin_count,
+                    "delete_pending": o.delete_pending,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).expect("JSON values serialize")
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<40}  {:>10}  {:>8}  {:<8}  {:>4}",
+        "ID", "SIZE", "META", "STATE", "REFS"
+    );
+    for o in &objects {
+        let state = match (o.sealed, o.delete_pending) {
+            (false, _) => "writing",
+            (true, true) => "deleting",
+            (true, false) => "sealed",
+        };
+        println!(
+            "{:<40}  {:>10}  {:>8}  {:<8}  {:>4}",
+            o.info.id.to_string(),
+            format_bytes(o.info.data_size),
+            format_bytes(o.info.metadata_size),
+            state,
+            o.ref_count
+        );
+    }
+    let total: u64 = objects.iter().map(|o| o.info.region.len).sum();
+    println!("{} objects, {}", objects.len(), format_bytes(total));
+    Ok(())
+}
+
+fn remove(socket: &SocketArg, ids: &[ObjectId]) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let results = client.delete(ids).map_err(|e| e.to_string())?;
+    let mut failed = 0;
+    for (id, result) in ids.iter().zip(results) {
+        match result {
+            Ok(()) => println!("deleted {id}"),
+            Err(StoreError::ObjectInUse(_)) => {
+                println!("{id} is in use: it will be deleted when released")
+            }
+            Err(error) => {
+                failed += 1;
+                eprintln!("skyriver: {error}");
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(format!("{failed} of {} deletes failed", ids.len()));
+    }
+    Ok(())
+}
+
+fn stat(socket: &SocketArg, json: bool) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let stats = client.stats().map_err(|e| e.to_string())?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&stats).expect("stats serialize")
+        );
+        return Ok(());
+    }
+    let percent = if stats.capacity_bytes == 0 {
+        0.0
+    } else {
+        100.0 * stats.allocated_bytes as f64 / stats.capacity_bytes as f64
+    };
+    println!("node:        {}", client.node());
+    println!("socket:      {}", client.socket_path().display());
+    println!(
+        "memory:      {} of {} used ({percent:.1}%), {} evictable",
+        format_bytes(stats.allocated_bytes),
+        format_bytes(stats.capacity_bytes),
+        format_bytes(stats.evictable_bytes)
+    );
+    println!(
+        "objects:     {} ({} sealed, {} being written)",
+        stats.object_count,
+        stats.sealed_count,
+        stats.object_count - stats.sealed_count
+    );
+    println!(
+        "clients:     {} connected, {} gets waiting",
+        stats.client_count, stats.waiting_gets
+    );
+    println!(
+        "since start: {} sealed, {} evicted ({})",
+        stats.sealed_objects_total,
+        stats.evicted_objects_total,
+        format_bytes(stats.evicted_bytes_total)
+    );
+    Ok(())
+}
+
+fn watch(socket: &SocketArg, count: Option<u64>) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let subscription = client.subscribe().map_err(|e| e.to_string())?;
+    eprintln!(
+        "watching {} (Ctrl-C to stop)",
+        client.socket_path().display()
+    );
+    let mut seen = 0;
+    for event in subscription {
+        let event = event.map_err(|e| e.to_string())?;
+        match event {
+            ObjectEvent::Sealed {
+                id,
+                data_size,
+                metadata_size,
+            } => println!(
+                "sealed  {id}  {} + {} metadata",
+                format_bytes(data_size),
+                format_bytes(metadata_size)
+            ),
+            ObjectEvent::Deleted { id } => println!("deleted {id}"),
+        }
+        let _ = std::io::stdout().flush();
+        seen += 1;
+        if count.is_some_and(|count| seen >= count) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn evict(socket: &SocketArg, size: ByteSize) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let outcome = client.evict(size.0).map_err(|e| e.to_string())?;
+    println!(
+        "evicted {} objects, {}",
+        outcome.objects,
+        format_bytes(outcome.bytes)
+    );
+    Ok(())
+}

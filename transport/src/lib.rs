@@ -1,2 +1,7 @@
 //! Skyriver's IO: shared-memory arenas, fd passing and fabrics. All unsafe code of the
 //! project lives in this crate, each block with a `// SAFETY:` comment.
+
+pub mod arena;
+pub mod fd_passing;
+
+pub use arena::{ArenaError, ArenaOptions, ReadableRegion, SharedArena, WritableRegion};

@@ -1,0 +1,432 @@
+//! `skyriver bench`: benchmark programs that print a table and write JSON.
+//!
+//! `bench local` measures the local store through the real daemon and client: create+seal,
+//! put (create, fill, seal) against a plain memcpy into pre-faulted memory measured in the
+//! same run, zero-copy get+release, get with a full read, contains and delete.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use crate::client::Client;
+use crate::size::{format_bytes, ByteSize};
+use skyriver_core::ObjectId;
+
+/// Benchmarks.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// The local store: create, put, get, contains and delete by object size.
+    Local(LocalArgs),
+}
+
+/// Options of `bench local`.
+#[derive(Args, Debug, Clone)]
+pub struct LocalArgs {
+    /// Object sizes to measure.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1KiB,64KiB,1MiB,16MiB,128MiB"
+    )]
+    pub sizes: Vec<ByteSize>,
+    /// Time spent on each operation at each size (more gives steadier percentiles).
+    #[arg(long, default_value_t = 400)]
+    pub millis_per_case: u64,
+    /// Most iterations of one case.
+    #[arg(long, default_value_t = 20_000)]
+    pub max_iterations: usize,
+    /// Measure an already running daemon instead of starting one.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Write the results as JSON here.
+    #[arg(long, default_value = "bench-local.json")]
+    pub json: PathBuf,
+}
+
+/// Why a benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The client failed.
+    #[error(transparent)]
+    Client(#[from] crate::client::ClientError),
+    /// Starting the daemon or writing the results failed.
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Runs a benchmark command.
+pub fn run(command: BenchCommand) -> Result<(), BenchError> {
+    match command {
+        BenchCommand::Local(args) => run_local(&args),
+    }
+}
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseResult {
+    /// The operation.
+    pub operation: String,
+    /// Object size in bytes.
+    pub size_bytes: u64,
+    /// Iterations timed.
+    pub iterations: usize,
+    /// Operations per second (from the mean).
+    pub ops_per_sec: f64,
+    /// Object bytes per second, in MB/s (10^6).
+    pub mb_per_sec: f64,
+    /// Median latency, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile latency, microseconds.
+    pub p99_us: f64,
+}
+
+impl CaseResult {
+    fn from_samples(operation: &str, size_bytes: u64, samples: &mut [Duration]) -> Self {
+        samples.sort_unstable();
+        let total: Duration = samples.iter().sum();
+        let mean_secs = total.as_secs_f64() / samples.len().max(1) as f64;
+        let percentile = |p: f64| {
+            let index = ((samples.len() as f64 - 1.0) * p).round() as usize;
+            samples.get(index).map_or(0.0, |d| d.as_secs_f64() * 1e6)
+        };
+        Self {
+            operation: operation.to_string(),
+            size_bytes,
+            iterations: samples.len(),
+            ops_per_sec: if mean_secs > 0.0 {
+                1.0 / mean_secs
+            } else {
+                0.0
+            },
+            mb_per_sec: if mean_secs > 0.0 {
+                size_bytes as f64 / mean_secs / 1e6
+            } else {
+                0.0
+            },
+            p50_us: percentile(0.50),
+            p99_us: percentile(0.99),
+        }
+    }
+}
+
+/// A daemon started for a benchmark, stopped on drop.
+pub struct ChildDaemon {
+    child: Child,
+    socket: PathBuf,
+    _dir: PathBuf,
+}
+
+impl ChildDaemon {
+    /// Starts `skyriver daemon` (this executable) with `memory_bytes` on a private socket.
+    pub fn start(memory_bytes: u64) -> Result<Self, BenchError> {
+        let dir = std::env::temp_dir().join(format!("skyriver-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| BenchError::Setup(format!("cannot create {}: {e}", dir.display())))?;
+        let socket = dir.join("daemon.sock");
+        let exe = std::env::current_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+        let child = Command::new(exe)
+            .args(["daemon", "--log", "warn", "--memory"])
+            .arg(memory_bytes.to_string())
+            .arg("--socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| BenchError::Setup(format!("cannot start the daemon: {e}")))?;
+        let daemon = Self {
+            child,
+            socket,
+            _dir: dir,
+        };
+        daemon.wait_ready(Duration::from_secs(60))?;
+        Ok(daemon)
+    }
+
+    fn wait_ready(&self, limit: Duration) -> Result<(), BenchError> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if Client::connect(&self.socket).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(BenchError::Setup(format!(
+            "the daemon did not come up on {} within {limit:?}",
+            self.socket.display()
+        )))
+    }
+
+    /// Its socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for ChildDaemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self._dir);
+    }
+}
+
+struct Timer {
+    budget: Duration,
+    max_iterations: usize,
+}
+
+impl Timer {
+    /// Runs `setup` (untimed) and `op` (timed) until the budget or iteration cap is reached,
+    /// at least 5 times.
+    fn measure<S, T>(
+        &self,
+        mut setup: impl FnMut(usize) -> Result<S, BenchError>,
+        mut op: impl FnMut(S) -> Result<T, BenchError>,
+        mut teardown: impl FnMut(T) -> Result<(), BenchError>,
+    ) -> Result<Vec<Duration>, BenchError> {
+        let mut samples = Vec::new();
+        let started = Instant::now();
+        while samples.len() < self.max_iterations
+            && (samples.len() < 5 || started.elapsed() < self.budget)
+        {
+            let state = setup(samples.len())?;
+            let begin = Instant::now();
+            let out = op(state)?;
+            samples.push(begin.elapsed());
+            teardown(out)?;
+        }
+        Ok(samples)
+    }
+}
+
+fn fresh_id(counter: &mut u64) -> ObjectId {
+    *counter += 1;
+    let mut bytes = [0u8; 20];
+    bytes[..8].copy_from_slice(b"benchobj");
+    bytes[12..].copy_from_slice(&counter.to_be_bytes());
+    ObjectId(bytes)
+}
+
+fn run_local(args: &LocalArgs) -> Result<(), BenchError> {
+    let largest = args.sizes.iter().map(|s| s.0).max().unwrap_or(0);
+    let daemon = match &args.socket {
+        Some(_) => None,
+        None => {
+            let memory = (largest * 4).max(256 << 20);
+            eprintln!(
+                "starting a daemon with {} of memory...",
+                format_bytes(memory)
+            );
+            Some(ChildDaemon::start(memory)?)
+        }
+    };
+    let socket = match (&args.socket, &daemon) {
+        (Some(socket), _) => socket.clone(),
+        (None, Some(daemon)) => daemon.socket().to_path_buf(),
+        (None, None) => unreachable!("a daemon is started when no socket is given"),
+    };
+    let client = Client::connect(&socket)?;
+    let timer = Timer {
+        budget: Duration::from_millis(args.millis_per_case),
+        max_iterations: args.max_iterations,
+    };
+    let mut counter = 0u64;
+    let mut results = Vec::new();
+    for &ByteSize(size) in &args.sizes {
+        eprintln!("measuring {}...", format_bytes(size));
+        let source = vec![0xa5u8; size as usize];
+
+        // create + seal (no data written): the control-path round trips.
+        let mut samples = timer.measure(
+            |_| Ok(fresh_id(&mut counter)),
+            |id| {
+                client.create(id, size, 0)?.seal()?;
+                Ok(id)
+            },
+            |id| {
+                client.delete(&[id])?;
+                Ok(())
+            },
+        )?;
+        results.push(CaseResult::from_samples("create+seal", size, &mut samples));
+
+        // put: create, copy the data in, seal.
+        let mut samples = timer.measure(
+            |_| Ok(fresh_id(&mut counter)),
+            |id| {
+                let mut writer = client.create(id, size, 0)?;
+                writer.data_mut().copy_from_slice(&source);
+                writer.seal()?;
+                Ok(id)
+            },
+            |id| {
+                client.delete(&[id])?;
+                Ok(())
+            },
+        )?;
+        results.push(CaseResult::from_samples("put", size, &mut samples));
+
+        // memcpy into pre-faulted private memory: the ceiling for put.
+        let mut destination = vec![0u8; size as usize];
+        destination.iter_mut().step_by(4096).for_each(|b| *b = 1);
+        let mut samples = timer.measure(
+            |_| Ok(()),
+            |()| {
+                destination.copy_from_slice(std::hint::black_box(&source));
+                std::hint::black_box(&destination);
+                Ok(())
+            },
+            |()| Ok(()),
+        )?;
+        results.push(CaseResult::from_samples("memcpy", size, &mut samples));
+        drop(destination);
+
+        let id = fresh_id(&mut counter);
+        client.create_and_seal(id, &source, b"")?;
+        let mut samples = timer.measure(
+            |_| Ok(()),
+            |()| {
+                let object = client.get_one(id, Some(Duration::ZERO))?;
+                std::hint::black_box(object.data().as_ptr());
+                Ok(())
+            },
+            |()| Ok(()),
+        )?;
+        results.push(CaseResult::from_samples(
+            "get+release (zero-copy)",
+            size,
+            &mut samples,
+        ));
+
+        let mut samples = timer.measure(
+            |_| Ok(()),
+            |()| {
+                let object = client.get_one(id, Some(Duration::ZERO))?;
+                let sum = object.data().chunks_exact(8).fold(0u64, |acc, c| {
+                    acc.wrapping_add(u64::from_ne_bytes(c.try_into().expect("8 bytes")))
+                });
+                std::hint::black_box(sum);
+                Ok(())
+            },
+            |()| Ok(()),
+        )?;
+        results.push(CaseResult::from_samples("get+read", size, &mut samples));
+
+        let mut samples = timer.measure(
+            |_| Ok(()),
+            |()| {
+                std::hint::black_box(client.contains(id)?);
+                Ok(())
+            },
+            |()| Ok(()),
+        )?;
+        results.push(CaseResult::from_samples("contains", size, &mut samples));
+        client.flush()?;
+        client.delete(&[id])?;
+
+        let mut samples = timer.measure(
+            |_| {
+                let id = fresh_id(&mut counter);
+                client.create(id, size, 0)?.seal()?;
+                Ok(id)
+            },
+            |id| {
+                client.delete(&[id])?;
+                Ok(())
+            },
+            |()| Ok(()),
+        )?;
+        results.push(CaseResult::from_samples("delete", size, &mut samples));
+    }
+    print_local_table(&results);
+    write_json(&args.json, &results)?;
+    eprintln!("wrote {}", args.json.display());
+    Ok(())
+}
+
+fn print_local_table(results: &[CaseResult]) {
+    println!(
+        "{:<26} {:>10} {:>8} {:>12} {:>11} {:>10} {:>10}",
+        "operation", "size", "iters", "ops/s", "MB/s", "p50 µs", "p99 µs"
+    );
+    for r in results {
+        println!(
+            "{:<26} {:>10} {:>8} {:>12.0} {:>11.1} {:>10.1} {:>10.1}",
+            r.operation,
+            format_bytes(r.size_bytes),
+            r.iterations,
+            r.ops_per_sec,
+            r.mb_per_sec,
+            r.p50_us,
+            r.p99_us
+        );
+    }
+    println!();
+    println!("put / memcpy bandwidth (target ≥ 0.8 at 128 MiB):");
+    for put in results.iter().filter(|r| r.operation == "put") {
+        if let Some(memcpy) = results
+            .iter()
+            .find(|r| r.operation == "memcpy" && r.size_bytes == put.size_bytes)
+        {
+            println!(
+                "  {:>10}  {:.2}",
+                format_bytes(put.size_bytes),
+                put.mb_per_sec / memcpy.mb_per_sec.max(f64::MIN_POSITIVE)
+            );
+        }
+    }
+}
+
+/// Facts about the machine a benchmark ran on.
+#[derive(Debug, Serialize)]
+pub struct MachineInfo {
+    /// Logical CPUs.
+    pub cpus: usize,
+    /// CPU model from /proc/cpuinfo.
+    pub cpu_model: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// Seconds since the Unix epoch when the run ended.
+    pub unix_time: u64,
+}
+
+impl MachineInfo {
+    /// Reads the facts of this machine.
+    pub fn probe() -> Self {
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(|s| s.trim().to_string())
+            })
+            .unwrap_or_default();
+        Self {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model,
+            kernel: nix::sys::utsname::uname()
+                .map(|u| u.release().to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            unix_time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        }
+    }
+}
+
+fn write_json(path: &Path, results: &[CaseResult]) -> Result<(), BenchError> {
+    let document = serde_json::json!({
+        "benchmark": "local",
+        "machine": MachineInfo::probe(),
+        "results": results,
+    });
+    let text = serde_json::to_string_pretty(&document).expect("results serialize");
+    std::fs::write(path, text)
+        .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", path.display())))
+}

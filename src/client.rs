@@ -1,0 +1,606 @@
+//! The Rust client of a node's store.
+//!
+//! A [`Client`] holds one Unix-socket connection to the daemon and a mapping of each of the
+//! daemon's arenas, received once at connect time. Objects are never copied through the
+//! socket: [`Client::create`] hands out a writable view of the object's bytes in shared
+//! memory, and [`Client::get`] read-only views that release their reference when dropped.
+//!
+//! The client is synchronous and cheap to clone (clones share the connection); it is `Send`
+//! and `Sync`, so buffers may be dropped on any thread.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use skyriver_core::client_protocol::{
+    decode_frame_len, decode_server_frame, encode_frame, Request, RequestFrame, Response,
+    ServerFrame, FRAME_HEADER_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
+};
+use skyriver_core::store::{EvictOutcome, ObjectSummary};
+use skyriver_core::{
+    ArenaId, NodeId, ObjectEvent, ObjectId, ObjectInfo, RequestId, StoreError, StoreStats,
+};
+use skyriver_transport::{ReadableRegion, SharedArena, WritableRegion};
+
+/// Fire-and-forget releases allowed in flight before a drop waits for their replies.
+const MAX_UNACKNOWLEDGED_RELEASES: usize = 1024;
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The daemon's socket could not be reached.
+    #[error(
+        "cannot connect to the skyriver daemon at {path}: {source} (is `skyriver daemon` running?)"
+    )]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Reading or writing the socket failed.
+    #[error("connection to the daemon failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The daemon closed the connection.
+    #[error("the daemon closed the connection")]
+    Closed,
+    /// The daemon answered something this client does not understand.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// An arena could not be mapped.
+    #[error("cannot map the daemon's memory: {0}")]
+    Map(#[from] skyriver_transport::ArenaError),
+    /// The store refused the operation.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Where clients look for the daemon when not told: `$SKYRIVER_SOCKET`, else
+/// `/tmp/skyriver-<uid>.sock`.
+pub fn default_socket_path() -> PathBuf {
+    std::env::var_os("SKYRIVER_SOCKET")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(format!("/tmp/skyriver-{}.sock", nix::unistd::getuid())))
+}
+
+/// A connection to the local daemon.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    connection: Mutex<Connection>,
+    arenas: BTreeMap<ArenaId, Arc<SharedArena>>,
+    node: NodeId,
+    socket_path: PathBuf,
+}
+
+struct Connection {
+    stream: UnixStream,
+    next_request: u64,
+    /// Releases sent without waiting; their replies are read (and checked) later.
+    unacknowledged: BTreeSet<RequestId>,
+    write_buf: Vec<u8>,
+    read_buf: Vec<u8>,
+}
+
+impl Connection {
+    fn send(&mut self, body: Request) -> Result<RequestId, ClientError> {
+        self.next_request += 1;
+        let request = RequestId(self.next_request);
+        self.write_buf.clear();
+        encode_frame(&RequestFrame { request, body }, &mut self.write_buf);
+        self.stream.write_all(&self.write_buf)?;
+        Ok(request)
+    }
+
+    fn read_frame(&mut self) -> Result<ServerFrame, ClientError> {
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        match self.stream.read_exact(&mut header) {
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(ClientError::Closed)
+            }
+            other => other?,
+        }
+        let len = decode_frame_len(header, MAX_RESPONSE_BYTES)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.read_buf.resize(len, 0);
+        self.stream.read_exact(&mut self.read_buf)?;
+        decode_server_frame(&self.read_buf).map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
+    /// Reads until the reply to `request`, checking the replies of earlier releases.
+    fn wait_reply(&mut self, request: RequestId) -> Result<Response, ClientError> {
+        loop {
+            match self.read_frame()? {
+                ServerFrame::Reply {
+                    request: got,
+                    response,
+                } if got == request => return Ok(response),
+                ServerFrame::Reply {
+                    request: got,
+                    response,
+                } if self.unacknowledged.remove(&got) => {
+                    if let Response::Done(Err(error)) = response {
+                        tracing::warn!(%error, "a release failed");
+                    }
+                }
+                ServerFrame::Reply {
+                    response: Response::Error(error),
+                    ..
+                } => return Err(error.into()),
+                other => {
+                    return Err(ClientError::Protocol(format!(
+                        "unexpected frame while waiting for {request}: {other:?}"
+                    )))
+                }
+            }
+        }
+    }
+
+    fn call(&mut self, body: Request) -> Result<Response, ClientError> {
+        let request = self.send(body)?;
+        self.wait_reply(request)
+    }
+
+    fn release_without_waiting(&mut self, id: ObjectId) -> Result<(), ClientError> {
+        let request = self.send(Request::Release { id })?;
+        self.unacknowledged.insert(request);
+        if self.unacknowledged.len() > MAX_UNACKNOWLEDGED_RELEASES {
+            self.drain_unacknowledged()?;
+        }
+        Ok(())
+    }
+
+    fn drain_unacknowledged(&mut self) -> Result<(), ClientError> {
+        while let Some(&oldest) = self.unacknowledged.first() {
+            self.unacknowledged.remove(&oldest);
+            if let Response::Done(Err(error)) = self.wait_reply(oldest)? {
+                tracing::warn!(%error, "a release failed");
+            }
+        }
+        Ok(())
+    }
+}
+
+fn unexpected(response: Response) -> ClientError {
+    match response {
+        Response::Error(error) => ClientError::Store(error),
+        other => ClientError::Protocol(format!("unexpected response {other:?}")),
+    }
+}
+
+impl Client {
+    /// Connects to the daemon at [`default_socket_path`].
+    pub fn connect_default() -> Result<Self, ClientError> {
+        Self::connect(default_socket_path())
+    }
+
+    /// Connects to the daemon listening on `socket_path` and maps its memory.
+    pub fn connect(socket_path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        let socket_path = socket_path.as_ref().to_path_buf();
+        let (connection, node, arenas) = Self::open(&socket_path)?;
+        Ok(Self {
+            inner: Arc::new(ClientInner {
+                connection: Mutex::new(connection),
+                arenas,
+                node,
+                socket_path,
+            }),
+        })
+    }
+
+    fn open(
+        socket_path: &Path,
+    ) -> Result<(Connection, NodeId, BTreeMap<ArenaId, Arc<SharedArena>>), ClientError> {
+        let stream = UnixStream::connect(socket_path).map_err(|source| ClientError::Connect {
+            path: socket_path.to_path_buf(),
+            source,
+        })?;
+        let mut connection = Connection {
+            stream,
+            next_request: 0,
+            unacknowledged: BTreeSet::new(),
+            write_buf: Vec::new(),
+            read_buf: Vec::new(),
+        };
+        let client_name = format!(
+            "{}[{}]",
+            std::env::args().next().unwrap_or_default(),
+            std::process::id()
+        );
+        connection.send(Request::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            client_name,
+        })?;
+        // The fds come with the first bytes of the Welcome frame: read its header by recvmsg.
+        let mut header = [0u8; FRAME_HEADER_BYTES];
+        let (mut filled, fds) =
+            skyriver_transport::fd_passing::recv_with_fds(connection.stream.as_fd(), &mut header)?;
+        if filled == 0 {
+            return Err(ClientError::Closed);
+        }
+        while filled < FRAME_HEADER_BYTES {
+            let n = connection.stream.read(&mut header[filled..])?;
+            if n == 0 {
+                return Err(ClientError::Closed);
+            }
+            filled += n;
+        }
+        let len = decode_frame_len(header, MAX_RESPONSE_BYTES)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let mut body = vec![0u8; len];
+        connection.stream.read_exact(&mut body)?;
+        let frame = decode_server_frame(&body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let ServerFrame::Reply {
+            response:
+                Response::Welcome {
+                    protocol_version,
+                    node,
+                    arenas,
+                },
+            ..
+        } = frame
+        else {
+            return Err(match frame {
+                ServerFrame::Reply { response, .. } => unexpected(response),
+                other => ClientError::Protocol(format!("expected Welcome, got {other:?}")),
+            });
+        };
+        if protocol_version != PROTOCOL_VERSION {
+            return Err(ClientError::Protocol(format!(
+                "daemon speaks protocol {protocol_version}, this client {PROTOCOL_VERSION}"
+            )));
+        }
+        if fds.len() != arenas.len() {
+            return Err(ClientError::Protocol(format!(
+                "daemon announced {} arenas but passed {} fds",
+                arenas.len(),
+                fds.len()
+            )));
+        }
+        let mut mapped = BTreeMap::new();
+        for (info, fd) in arenas.iter().zip(fds) {
+            mapped.insert(
+                info.id,
+                Arc::new(SharedArena::from_fd(fd, info.size_bytes)?),
+            );
+        }
+        Ok((connection, node, mapped))
+    }
+
+    fn connection(&self) -> MutexGuard<'_, Connection> {
+        // A panic mid-call leaves the stream in an unknown state; the next call reports it.
+        self.inner
+            .connection
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn arena(&self, info: &ObjectInfo) -> Result<Arc<SharedArena>, ClientError> {
+        self.inner
+            .arenas
+            .get(&info.region.arena)
+            .cloned()
+            .ok_or_else(|| ClientError::Protocol(format!("unknown arena in {}", info.region)))
+    }
+
+    /// The node this client's daemon is.
+    pub fn node(&self) -> NodeId {
+        self.inner.node
+    }
+
+    /// The socket this client is connected to.
+    pub fn socket_path(&self) -> &Path {
+        &self.inner.socket_path
+    }
+
+    /// Creates an object of `data_size` bytes plus `metadata_size` bytes of metadata and returns
+    /// a writable view of it in shared memory. Write, then [`ObjectWriter::seal`].
+    pub fn create(
+        &self,
+        id: ObjectId,
+        data_size: u64,
+        metadata_size: u64,
+    ) -> Result<ObjectWriter, ClientError> {
+        let response = self.connection().call(Request::Create {
+            id,
+            data_size,
+            metadata_size,
+        })?;
+        let info = match response {
+            Response::Created(result) => result?,
+            other => return Err(unexpected(other)),
+        };
+        let region = WritableRegion::new(self.arena(&info)?, info.region.offset, info.region.len)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        Ok(ObjectWriter {
+            client: self.clone(),
+            info,
+            region,
+            finished: false,
+        })
+    }
+
+    /// Creates, fills and seals an object in one call.
+    pub fn create_and_seal(
+        &self,
+        id: ObjectId,
+        data: &[u8],
+        metadata: &[u8],
+    ) -> Result<(), ClientError> {
+        let mut writer = self.create(id, data.len() as u64, metadata.len() as u64)?;
+        writer.data_mut().copy_from_slice(data);
+        writer.metadata_mut().copy_from_slice(metadata);
+        writer.seal()
+    }
+
+    /// Gets objects, waiting up to `timeout` for those not sealed yet (`Some(ZERO)` polls,
+    /// `None` waits for ever). One result per id, in order.
+    pub fn get(
+        &self,
+        ids: &[ObjectId],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Result<ObjectBuffer, StoreError>>, ClientError> {
+        let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        let response = self.connection().call(Request::Get {
+            ids: ids.to_vec(),
+            timeout_ms,
+        })?;
+        let results = match response {
+            Response::Got(results) if results.len() == ids.len() => results,
+            other => return Err(unexpected(other)),
+        };
+        // Build every buffer first so the references of a bad reply are still released.
+        let mut buffers = Vec::with_capacity(results.len());
+        let mut failure = None;
+        for result in results {
+            buffers.push(match result {
+                Ok(info) => match self.readable(info) {
+                    Ok(buffer) => Ok(buffer),
+                    Err(error) => {
+                        failure.get_or_insert(error);
+                        continue;
+                    }
+                },
+                Err(error) => Err(error),
+            });
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(buffers),
+        }
+    }
+
+    /// Gets one object, waiting up to `timeout`.
+    pub fn get_one(
+        &self,
+        id: ObjectId,
+        timeout: Option<Duration>,
+    ) -> Result<ObjectBuffer, ClientError> {
+        let mut results = self.get(&[id], timeout)?;
+        Ok(results
+            .pop()
+            .ok_or_else(|| ClientError::Protocol("empty get reply".into()))??)
+    }
+
+    fn readable(&self, info: ObjectInfo) -> Result<ObjectBuffer, ClientError> {
+        let region = ReadableRegion::new(self.arena(&info)?, info.region.offset, info.region.len);
+        match region {
+            Ok(region) => Ok(ObjectBuffer {
+                client: self.clone(),
+                info,
+                region,
+            }),
+            Err(error) => {
+                // Do not leak the reference the daemon took for us.
+                let _ = self.connection().release_without_waiting(info.id);
+                Err(ClientError::Protocol(error.to_string()))
+            }
+        }
+    }
+
+    /// Whether a sealed object with this id is in the store.
+    pub fn contains(&self, id: ObjectId) -> Result<bool, ClientError> {
+        match self.connection().call(Request::Contains { id })? {
+            Response::Contains(present) => Ok(present),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Deletes objects; one result per id. An object in use is deleted when released
+    /// ([`StoreError::ObjectInUse`]).
+    pub fn delete(&self, ids: &[ObjectId]) -> Result<Vec<Result<(), StoreError>>, ClientError> {
+        match self
+            .connection()
+            .call(Request::Delete { ids: ids.to_vec() })?
+        {
+            Response::Deleted(results) => Ok(results),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Every object in the store.
+    pub fn list(&self) -> Result<Vec<ObjectSummary>, ClientError> {
+        match self.connection().call(Request::List)? {
+            Response::Listed(objects) => Ok(objects),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Evicts at least `bytes` of objects nobody holds, least recently used first.
+    pub fn evict(&self, bytes: u64) -> Result<EvictOutcome, ClientError> {
+        match self.connection().call(Request::Evict { bytes })? {
+            Response::Evicted(outcome) => Ok(outcome),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The store's counters.
+    pub fn stats(&self) -> Result<StoreStats, ClientError> {
+        match self.connection().call(Request::Stats)? {
+            Response::Stats(stats) => Ok(stats),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A stream of seal and delete events, on a connection of its own.
+    pub fn subscribe(&self) -> Result<Subscription, ClientError> {
+        let (mut connection, _, _) = Self::open(&self.inner.socket_path)?;
+        match connection.call(Request::Subscribe)? {
+            Response::Done(result) => result?,
+            other => return Err(unexpected(other)),
+        }
+        Ok(Subscription { connection })
+    }
+
+    /// Waits for the replies of releases sent by dropped buffers and reports the first error.
+    pub fn flush(&self) -> Result<(), ClientError> {
+        self.connection().drain_unacknowledged()
+    }
+
+    fn call_done(&self, body: Request) -> Result<(), ClientError> {
+        match self.connection().call(body)? {
+            Response::Done(result) => Ok(result?),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// A new object being written. Seal it to publish it; dropping it unsealed aborts it.
+pub struct ObjectWriter {
+    client: Client,
+    info: ObjectInfo,
+    region: WritableRegion,
+    finished: bool,
+}
+
+impl ObjectWriter {
+    /// The object's id.
+    pub fn id(&self) -> ObjectId {
+        self.info.id
+    }
+
+    /// The data bytes, in shared memory.
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        let data_size = self.info.data_size as usize;
+        &mut self.region.as_mut_slice()[..data_size]
+    }
+
+    /// The metadata bytes, in shared memory, after the data.
+    pub fn metadata_mut(&mut self) -> &mut [u8] {
+        let data_size = self.info.data_size as usize;
+        &mut self.region.as_mut_slice()[data_size..]
+    }
+
+    /// Seals the object (it becomes immutable and visible) and drops this writer's reference.
+    pub fn seal(mut self) -> Result<(), ClientError> {
+        self.finished = true;
+        self.client.call_done(Request::Seal {
+            id: self.info.id,
+            release: true,
+        })
+    }
+
+    /// Drops the object without sealing it.
+    pub fn abort(mut self) -> Result<(), ClientError> {
+        self.finished = true;
+        self.client.call_done(Request::Abort { id: self.info.id })
+    }
+}
+
+impl Drop for ObjectWriter {
+    fn drop(&mut self) {
+        if !self.finished {
+            if let Err(error) = self.client.call_done(Request::Abort { id: self.info.id }) {
+                tracing::warn!(id = %self.info.id, %error, "abort of an unsealed object failed");
+            }
+        }
+    }
+}
+
+/// A sealed object, read in place in shared memory. Dropping it releases the reference.
+pub struct ObjectBuffer {
+    client: Client,
+    info: ObjectInfo,
+    region: ReadableRegion,
+}
+
+impl ObjectBuffer {
+    /// The object's id.
+    pub fn id(&self) -> ObjectId {
+        self.info.id
+    }
+
+    /// The data bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.region.as_slice()[..self.info.data_size as usize]
+    }
+
+    /// The metadata bytes.
+    pub fn metadata(&self) -> &[u8] {
+        &self.region.as_slice()[self.info.data_size as usize..]
+    }
+
+    /// Where the object lives.
+    pub fn info(&self) -> &ObjectInfo {
+        &self.info
+    }
+}
+
+impl std::fmt::Debug for ObjectBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectBuffer")
+            .field("info", &self.info)
+            .finish()
+    }
+}
+
+impl Drop for ObjectBuffer {
+    fn drop(&mut self) {
+        if let Err(error) = self
+            .client
+            .connection()
+            .release_without_waiting(self.info.id)
+        {
+            tracing::warn!(id = %self.info.id, %error, "release failed");
+        }
+    }
+}
+
+/// Seal and delete events, as they happen.
+pub struct Subscription {
+    connection: Connection,
+}
+
+impl Subscription {
+    /// Waits for the next event.
+    pub fn next_event(&mut self) -> Result<ObjectEvent, ClientError> {
+        match self.connection.read_frame()? {
+            ServerFrame::Event(event) => Ok(event),
+            ServerFrame::Reply { response, .. } => Err(unexpected(response)),
+        }
+    }
+
+    /// Sets how long [`Subscription::next_event`] waits (`None`: for ever).
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<(), ClientError> {
+        Ok(self.connection.stream.set_read_timeout(timeout)?)
+    }
+}
+
+impl Iterator for Subscription {
+    type Item = Result<ObjectEvent, ClientError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.next_event() {
+            Err(ClientError::Closed) => None,
+            other => Some(other),
+        }
+    }
+}

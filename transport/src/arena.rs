@@ -1,0 +1,374 @@
+//! Shared-memory arenas: the memory objects live in, mapped once by the daemon and once by
+//! each client.
+//!
+//! An arena is a file descriptor (a memfd by default, or an unlinked file on a hugetlbfs mount)
+//! and a shared mapping of it. The daemon creates it; a client receives the fd over the Unix
+//! socket and maps the same pages, so object bytes are never copied between processes.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::{MmapOptions, MmapRaw};
+use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
+
+/// How to back an arena.
+#[derive(Debug, Clone, Default)]
+pub struct ArenaOptions {
+    /// Create the arena as a file under this hugetlbfs mount instead of a memfd.
+    pub hugepages_dir: Option<PathBuf>,
+    /// Touch every page at creation so later writes never stall on a page fault.
+    pub prefault: bool,
+}
+
+/// Why an arena could not be made or mapped.
+#[derive(Debug, thiserror::Error)]
+pub enum ArenaError {
+    /// `memfd_create` failed.
+    #[error("memfd_create for a {size_bytes}-byte arena failed: {source}")]
+    MemfdCreate {
+        /// Requested size.
+        size_bytes: u64,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Creating the backing file failed.
+    #[error("cannot create arena file in {dir}: {source}")]
+    CreateFile {
+        /// The directory.
+        dir: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Setting the size (ftruncate) or reserving pages (fallocate) failed.
+    #[error("cannot size the arena to {size_bytes} bytes: {source}")]
+    Resize {
+        /// Requested size.
+        size_bytes: u64,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `mmap` failed.
+    #[error("mmap of a {size_bytes}-byte arena failed: {source}")]
+    Map {
+        /// Requested size.
+        size_bytes: u64,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A received fd is smaller than the size announced for it.
+    #[error("arena fd holds {actual_bytes} bytes, {expected_bytes} were announced")]
+    SizeMismatch {
+        /// Announced size.
+        expected_bytes: u64,
+        /// `fstat` size.
+        actual_bytes: u64,
+    },
+}
+
+/// A range outside an arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("range {offset}+{len} is outside the {arena_bytes}-byte arena")]
+pub struct OutOfArena {
+    /// Start of the range.
+    pub offset: u64,
+    /// Length of the range.
+    pub len: u64,
+    /// Size of the arena.
+    pub arena_bytes: u64,
+}
+
+/// A shared mapping of an arena's fd.
+#[derive(Debug)]
+pub struct SharedArena {
+    fd: OwnedFd,
+    map: MmapRaw,
+    size_bytes: u64,
+}
+
+impl SharedArena {
+    /// Creates a new arena of `size_bytes` and maps it.
+    pub fn create(name: &str, size_bytes: u64, options: &ArenaOptions) -> Result<Self, ArenaError> {
+        let fd: OwnedFd =
+            match &options.hugepages_dir {
+                None => memfd_create(&memfd_name(name), MemFdCreateFlag::MFD_CLOEXEC).map_err(
+                    |errno| ArenaError::MemfdCreate {
+                        size_bytes,
+                        source: errno.into(),
+                    },
+                )?,
+                Some(dir) => create_unlinked_file(dir, name)?,
+            };
+        let size_bytes = match &options.hugepages_dir {
+            // hugetlbfs sizes are whole huge pages.
+            Some(dir) => round_up(size_bytes, huge_page_size(dir)),
+            None => size_bytes,
+        };
+        let file = File::from(fd);
+        file.set_len(size_bytes)
+            .map_err(|source| ArenaError::Resize { size_bytes, source })?;
+        if options.prefault && options.hugepages_dir.is_none() {
+            // Reserve the pages up front so a full tmpfs fails here, not on a client's write.
+            nix::fcntl::fallocate(
+                file.as_raw_fd(),
+                nix::fcntl::FallocateFlags::empty(),
+                0,
+                size_bytes as i64,
+            )
+            .map_err(|errno| ArenaError::Resize {
+                size_bytes,
+                source: errno.into(),
+            })?;
+        }
+        let mut map_options = MmapOptions::new();
+        map_options.len(size_bytes as usize);
+        if options.prefault {
+            map_options.populate();
+        }
+        let map = map_options
+            .map_raw(&file)
+            .map_err(|source| ArenaError::Map { size_bytes, source })?;
+        Ok(Self {
+            fd: file.into(),
+            map,
+            size_bytes,
+        })
+    }
+
+    /// Maps an arena fd received from the daemon, checking it holds `size_bytes`.
+    pub fn from_fd(fd: OwnedFd, size_bytes: u64) -> Result<Self, ArenaError> {
+        let file = File::from(fd);
+        let actual_bytes = file
+            .metadata()
+            .map_err(|source| ArenaError::Map { size_bytes, source })?
+            .len();
+        if actual_bytes < size_bytes {
+            return Err(ArenaError::SizeMismatch {
+                expected_bytes: size_bytes,
+                actual_bytes,
+            });
+        }
+        let map = MmapOptions::new()
+            .len(size_bytes as usize)
+            .map_raw(&file)
+            .map_err(|source| ArenaError::Map { size_bytes, source })?;
+        Ok(Self {
+            fd: file.into(),
+            map,
+            size_bytes,
+        })
+    }
+
+    /// The arena's fd, to pass to clients.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// Start address of the mapping, for memory registration with an RDMA device.
+    pub fn base_addr(&self) -> usize {
+        self.map.as_ptr() as usize
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), OutOfArena> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size_bytes => Ok(()),
+            _ => Err(OutOfArena {
+                offset,
+                len,
+                arena_bytes: self.size_bytes,
+            }),
+        }
+    }
+
+    /// The bytes of `[offset, offset + len)`.
+    ///
+    /// The store protocol makes this range immutable while anyone reads it (objects are
+    /// written only before they are sealed, by their one creator), so the slice is stable.
+    pub fn bytes(&self, offset: u64, len: u64) -> Result<&[u8], OutOfArena> {
+        self.check(offset, len)?;
+        // SAFETY: the range is inside the mapping (checked above), the mapping lives as long as
+        // `self`, and the store protocol keeps sealed object bytes unchanged while referenced.
+        Ok(unsafe {
+            std::slice::from_raw_parts(self.map.as_ptr().add(offset as usize), len as usize)
+        })
+    }
+
+    /// Copies `data` into the arena at `offset`.
+    ///
+    /// Callers write only ranges the store gave them exclusively (an unsealed object they
+    /// created, or a transfer's destination).
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), OutOfArena> {
+        self.check(offset, data.len() as u64)?;
+        // SAFETY: the range is inside the mapping (checked above); the store grants it to one
+        // writer at a time, so no reference to it is alive elsewhere in this process.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.map.as_mut_ptr().add(offset as usize),
+                data.len(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// An exclusive, writable range of an arena: an unsealed object a client is filling.
+#[derive(Debug)]
+pub struct WritableRegion {
+    arena: Arc<SharedArena>,
+    offset: u64,
+    len: u64,
+}
+
+impl WritableRegion {
+    /// Takes `[offset, offset + len)` of `arena` for writing.
+    ///
+    /// The store grants each unsealed object to exactly one creator, and the client library
+    /// makes exactly one `WritableRegion` per created object, so no other view of it exists.
+    pub fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, OutOfArena> {
+        arena.check(offset, len)?;
+        Ok(Self { arena, offset, len })
+    }
+
+    /// The bytes, for writing.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the range was checked in `new`, the Arc keeps the mapping alive, and this
+        // region is the only view of these bytes (see `new`); `&mut self` makes the borrow
+        // unique within this process.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.arena.map.as_mut_ptr().add(self.offset as usize),
+                self.len as usize,
+            )
+        }
+    }
+
+    /// The bytes, for reading back.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as in `as_mut_slice`; `&self` rules out a live mutable borrow.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.arena.map.as_ptr().add(self.offset as usize),
+                self.len as usize,
+            )
+        }
+    }
+}
+
+/// A read-only range of an arena: a sealed object a client holds a reference to.
+#[derive(Debug, Clone)]
+pub struct ReadableRegion {
+    arena: Arc<SharedArena>,
+    offset: u64,
+    len: u64,
+}
+
+impl ReadableRegion {
+    /// Views `[offset, offset + len)` of `arena`.
+    pub fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, OutOfArena> {
+        arena.check(offset, len)?;
+        Ok(Self { arena, offset, len })
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: range checked in `new`, mapping kept alive by the Arc, and a sealed object
+        // never changes while a reference to it is held.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.arena.map.as_ptr().add(self.offset as usize),
+                self.len as usize,
+            )
+        }
+    }
+}
+
+fn memfd_name(name: &str) -> CString {
+    // A name is only a label in /proc; interior NULs are dropped rather than failing.
+    CString::new(name.replace('\0', "")).expect("NULs were removed")
+}
+
+fn create_unlinked_file(dir: &Path, name: &str) -> Result<OwnedFd, ArenaError> {
+    let path = dir.join(format!("{name}-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .map_err(|source| ArenaError::CreateFile {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+    // The fd keeps the pages; the name is not needed and must not outlive the process.
+    let _ = std::fs::remove_file(&path);
+    Ok(file.into())
+}
+
+fn huge_page_size(dir: &Path) -> u64 {
+    nix::sys::statfs::statfs(dir)
+        .map(|stat| stat.block_size() as u64)
+        .unwrap_or(2 << 20)
+        .max(4096)
+}
+
+fn round_up(n: u64, unit: u64) -> u64 {
+    n.div_ceil(unit) * unit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_mappings_of_one_fd_share_bytes() {
+        let arena = SharedArena::create(
+            "test",
+            1 << 20,
+            &ArenaOptions {
+                prefault: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let fd = arena.fd().try_clone_to_owned().unwrap();
+        let other = Arc::new(SharedArena::from_fd(fd, 1 << 20).unwrap());
+        let mut region = WritableRegion::new(other.clone(), 4096, 5).unwrap();
+        region.as_mut_slice().copy_from_slice(b"hello");
+        assert_eq!(arena.bytes(4096, 5).unwrap(), b"hello");
+        arena.write(8192, b"world").unwrap();
+        assert_eq!(
+            ReadableRegion::new(other, 8192, 5).unwrap().as_slice(),
+            b"world"
+        );
+    }
+
+    #[test]
+    fn ranges_outside_the_arena_are_refused() {
+        let arena = Arc::new(SharedArena::create("test", 4096, &ArenaOptions::default()).unwrap());
+        assert!(arena.bytes(4090, 7).is_err());
+        assert!(arena.bytes(u64::MAX, 2).is_err());
+        assert!(WritableRegion::new(arena.clone(), 0, 4097).is_err());
+        assert!(ReadableRegion::new(arena, 4096, 0).is_ok());
+    }
+
+    #[test]
+    fn a_short_fd_is_refused() {
+        let arena = SharedArena::create("test", 4096, &ArenaOptions::default()).unwrap();
+        let fd = arena.fd().try_clone_to_owned().unwrap();
+        assert!(matches!(
+            SharedArena::from_fd(fd, 8192),
+            Err(ArenaError::SizeMismatch { .. })
+        ));
+    }
+}
