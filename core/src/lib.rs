@@ -1,5 +1,5 @@
-//! Skyriver's sans-IO core: the object store of one node, the messages its clients send, and
-//! (in later modules) the fetch manager and the transfer protocol between nodes.
+//! Skyriver's sans-IO core: the object store of one node, the messages its clients send, the
+//! fetch manager and the transfer protocol between nodes ([`node`], [`wire`], [`directory`]).
 //!
 //! Nothing here touches sockets, files, threads, clocks or randomness: every input carries
 //! `now`, and every effect is a value the driver drains and carries out. The daemon drives this
@@ -11,14 +11,19 @@
 
 pub mod alloc;
 pub mod client_protocol;
+pub mod directory;
 pub mod error;
 pub mod ids;
+pub mod node;
 pub mod region;
 pub mod store;
 pub mod time;
+pub mod wire;
 
 pub use error::StoreError;
 pub use ids::{ArenaId, ClientId, NodeId, ObjectId, RequestId, TransferId};
+pub use node::{FetchError, Node, NodeConfig, NodeOutput, PeerParams, ReadError, ReadOpId};
 pub use region::{LocalRegion, RemoteRegion};
 pub use store::{ObjectEvent, ObjectInfo, Store, StoreConfig, StoreOutput, StoreStats};
 pub use time::Instant;
+pub use wire::{ObjectSizes, PeerMessage};

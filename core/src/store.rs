@@ -588,6 +588,18 @@ impl Store {
         summaries
     }
 
+    /// The `list()` line of one object, sealed or not.
+    pub fn summary(&self, id: &ObjectId) -> Option<ObjectSummary> {
+        self.objects.get(id).map(|entry| ObjectSummary {
+            info: entry.info(*id),
+            sealed: entry.state == ObjectState::Sealed,
+            ref_count: entry.ref_count,
+            pin_count: entry.pin_count,
+            delete_pending: entry.delete_pending,
+            created_at: entry.created_at,
+        })
+    }
+
     /// Evicts least-recently-used objects nobody holds until at least `bytes` are freed or
     /// nothing evictable is left.
     pub fn evict(&mut self, bytes: u64) -> EvictOutcome {

@@ -1,0 +1,144 @@
+//! The directory as the core sees it: requests are outputs, replies and events are inputs.
+//!
+//! The directory knows which nodes hold a sealed copy of each object (with its sizes) and which
+//! nodes are alive. Backends (built-in, Redis) live in the driver; the core only names what it
+//! wants and reacts to what comes back, so a slow or absent directory is an ordinary input
+//! (`Unavailable`, or no reply before the op's timeout), never a blocked thread.
+
+use std::fmt;
+
+use crate::ids::{NodeId, ObjectId};
+use crate::wire::ObjectSizes;
+
+/// One directory operation of one node, echoed in its reply.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct DirectoryOpId(pub u64);
+
+impl fmt::Display for DirectoryOpId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dir-{}", self.0)
+    }
+}
+
+/// What a node asks of the directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectoryRequest {
+    /// Which live nodes hold `id`? With `subscribe`, and when none does, the directory also
+    /// registers a one-shot subscription: the next publication of `id` is sent to this node as
+    /// a [`DirectoryEvent::Published`]. Lookup and subscription are one atomic step, so a
+    /// publication between them cannot be missed.
+    Lookup {
+        /// The object.
+        id: ObjectId,
+        /// Register a subscription when nobody holds it.
+        subscribe: bool,
+    },
+    /// This node holds a sealed copy of `id`.
+    Publish {
+        /// The object.
+        id: ObjectId,
+        /// Its sizes.
+        sizes: ObjectSizes,
+    },
+    /// This node no longer holds `id`.
+    Withdraw {
+        /// The object.
+        id: ObjectId,
+    },
+    /// Drop this node's subscription to `id`, if any. Needs no reply.
+    Unsubscribe {
+        /// The object.
+        id: ObjectId,
+    },
+}
+
+impl fmt::Display for DirectoryRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DirectoryRequest::Lookup { id, subscribe } => {
+                write!(
+                    f,
+                    "Lookup{{{id}{}}}",
+                    if *subscribe { ", subscribe" } else { "" }
+                )
+            }
+            DirectoryRequest::Publish { id, sizes } => {
+                write!(
+                    f,
+                    "Publish{{{id}, size={}+{}}}",
+                    sizes.data_size, sizes.metadata_size
+                )
+            }
+            DirectoryRequest::Withdraw { id } => write!(f, "Withdraw{{{id}}}"),
+            DirectoryRequest::Unsubscribe { id } => write!(f, "Unsubscribe{{{id}}}"),
+        }
+    }
+}
+
+/// The directory's answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectoryReply {
+    /// Answer to `Lookup`: the live holders (possibly none) and the object's sizes if known.
+    Located {
+        /// Nodes holding a sealed copy that the directory believes alive, in any order.
+        holders: Vec<NodeId>,
+        /// Sizes of the object, when any holder published it.
+        sizes: Option<ObjectSizes>,
+    },
+    /// Answer to `Publish` and `Withdraw`.
+    Done,
+    /// The directory could not serve the request; try again later.
+    Unavailable {
+        /// Why, for logs.
+        reason: String,
+    },
+}
+
+impl fmt::Display for DirectoryReply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DirectoryReply::Located { holders, sizes } => {
+                write!(f, "Located{{[")?;
+                for (i, holder) in holders.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
+                    write!(f, "{holder}")?;
+                }
+                write!(f, "]")?;
+                if let Some(sizes) = sizes {
+                    write!(f, ", size={}+{}", sizes.data_size, sizes.metadata_size)?;
+                }
+                write!(f, "}}")
+            }
+            DirectoryReply::Done => write!(f, "Done"),
+            DirectoryReply::Unavailable { reason } => write!(f, "Unavailable{{{reason:?}}}"),
+        }
+    }
+}
+
+/// Something the directory tells a node without being asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectoryEvent {
+    /// An object this node subscribed to was published by `holder`.
+    Published {
+        /// The object.
+        id: ObjectId,
+        /// The node that now holds it.
+        holder: NodeId,
+        /// Its sizes.
+        sizes: ObjectSizes,
+    },
+}
+
+impl fmt::Display for DirectoryEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DirectoryEvent::Published { id, holder, sizes } => write!(
+                f,
+                "Published{{{id}, {holder}, size={}+{}}}",
+                sizes.data_size, sizes.metadata_size
+            ),
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! The fetch manager: client fetches, one coalesced fetch per object, source choice, retries,
+//! and admission by free memory and bytes in flight.
+//!
+//! A client's fetch is a [`FetchWaiter`] over its ids; each id not already here has one
+//! [`ObjectFetch`], shared by every waiter that wants it (coalescing). An object fetch goes:
+//! `LookingUp` (directory) → `AwaitingPublication` if nobody holds it yet (a one-shot directory
+//! subscription, never polling) → `Queued` for admission with a chosen source → `Transferring`
+//! → resolved. A failed source is remembered for the round; when a round has no untried source
+//! left, the next round looks the object up again after a backoff, up to
+//! `max_source_rounds`. The waiter's deadline always answers the client, whatever the object
+//! fetch is doing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::{spread_key, DirectoryPurpose, FetchError, Node, NodeOutput, Timer, FETCH_CLIENT};
+use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
+use crate::error::StoreError;
+use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
+use crate::store::ObjectInfo;
+use crate::time::Instant;
+use crate::wire::ObjectSizes;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct FetchWaiterId(pub(super) u64);
+
+/// One client fetch request.
+#[derive(Debug)]
+pub(super) struct FetchWaiter {
+    pub(super) client: ClientId,
+    pub(super) request: RequestId,
+    pub(super) ids: Vec<ObjectId>,
+    results: Vec<Option<Result<ObjectInfo, FetchError>>>,
+    /// Positions without a result yet.
+    pub(super) remaining: usize,
+    pub(super) deadline: Instant,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ObjectFetchState {
+    LookingUp(DirectoryOpId),
+    /// Nobody holds it; the directory tells us when someone publishes it.
+    AwaitingPublication,
+    /// Waiting for admission, with the source chosen.
+    Queued(NodeId),
+    Transferring(TransferId),
+    /// A local client is creating it; its seal resolves the fetch.
+    AwaitingLocalSeal,
+    /// Pausing before the next round.
+    Backoff,
+}
+
+/// The fetch of one object, shared by every waiter that wants it.
+#[derive(Debug)]
+pub(super) struct ObjectFetch {
+    waiters: BTreeSet<FetchWaiterId>,
+    sizes: Option<ObjectSizes>,
+    holders: Vec<NodeId>,
+    /// Sources that failed this round, with why.
+    failed: BTreeMap<NodeId, String>,
+    rounds: u32,
+    attempts: u32,
+    directory_attempts: u32,
+    last_error: Option<String>,
+    state: ObjectFetchState,
+}
+
+impl ObjectFetch {
+    pub(super) fn describe(&self) -> String {
+        format!(
+            "{:?} for {} waiters, round {}, {} attempts{}",
+            self.state,
+            self.waiters.len(),
+            self.rounds,
+            self.attempts,
+            self.last_error
+                .as_ref()
+                .map(|e| format!(", last error: {e}"))
+                .unwrap_or_default()
+        )
+    }
+
+    pub(super) fn transferring(&self) -> Option<TransferId> {
+        match self.state {
+            ObjectFetchState::Transferring(tid) => Some(tid),
+            _ => None,
+        }
+    }
+}
+
+impl Node {
+    pub(super) fn start_fetch(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        ids: Vec<ObjectId>,
+        timeout: Option<Duration>,
+    ) {
+        self.stats.fetch_requests += 1;
+        let refusal = if ids.len() > self.config.store.max_batch_len {
+            Some(format!(
+                "a fetch names {} ids; the limit is {}",
+                ids.len(),
+                self.config.store.max_batch_len
+            ))
+        } else if self.waiters.len() >= self.config.max_pending_fetches {
+            Some(format!(
+                "{} fetches are pending; the limit is {}",
+                self.waiters.len(),
+                self.config.max_pending_fetches
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            let results = vec![Err(FetchError::Store(StoreError::BadRequest(reason))); ids.len()];
+            self.push(NodeOutput::FetchReply {
+                client,
+                request,
+                results,
+            });
+            return;
+        }
+        let deadline = timeout.map_or(Instant::NEVER, |t| self.now + t);
+        let waiter_id = FetchWaiterId(self.next_waiter);
+        self.next_waiter += 1;
+        let mut waiter = FetchWaiter {
+            client,
+            request,
+            results: vec![None; ids.len()],
+            remaining: ids.len(),
+            ids,
+            deadline,
+        };
+        // Objects already here are answered at once; the others join (or start) a fetch.
+        let mut missing = BTreeSet::new();
+        for position in 0..waiter.ids.len() {
+            let id = waiter.ids[position];
+            if self.store.contains(&id) {
+                waiter.results[position] =
+                    Some(self.store.get_now(client, id).map_err(FetchError::from));
+                waiter.remaining -= 1;
+            } else {
+                missing.insert(id);
+            }
+        }
+        if waiter.remaining == 0 {
+            self.reply(waiter);
+            return;
+        }
+        self.waiters.insert(waiter_id, waiter);
+        if deadline != Instant::NEVER {
+            self.set_timer(deadline, Timer::FetchDeadline(waiter_id));
+        }
+        for id in missing {
+            match self.objects.get_mut(&id) {
+                Some(object) => {
+                    object.waiters.insert(waiter_id);
+                }
+                None => {
+                    let object = ObjectFetch {
+                        waiters: BTreeSet::from([waiter_id]),
+                        sizes: None,
+                        holders: Vec::new(),
+                        failed: BTreeMap::new(),
+                        rounds: 0,
+                        attempts: 0,
+                        directory_attempts: 0,
+                        last_error: None,
+                        state: ObjectFetchState::Backoff,
+                    };
+                    self.objects.insert(id, object);
+                    self.look_up(id);
+                }
+            }
+        }
+    }
+
+    fn look_up(&mut self, id: ObjectId) {
+        let op = self.directory(
+            DirectoryRequest::Lookup {
+                id,
+                subscribe: true,
+            },
+            Some(DirectoryPurpose::Lookup(id)),
+        );
+        let object = self
+            .objects
+            .get_mut(&id)
+            .expect("looked up objects are being fetched");
+        object.directory_attempts += 1;
+        object.state = ObjectFetchState::LookingUp(op);
+    }
+
+    pub(super) fn lookup_answered(
+        &mut self,
+        id: ObjectId,
+        op: DirectoryOpId,
+        reply: DirectoryReply,
+    ) {
+        let me = self.config.node;
+        let Some(object) = self.objects.get_mut(&id) else {
+            // Nobody wants it any more; drop the subscription the lookup may have made.
+            self.directory(DirectoryRequest::Unsubscribe { id }, None);
+            return;
+        };
+        if object.state != ObjectFetchState::LookingUp(op) {
+            return;
+        }
+        match reply {
+            DirectoryReply::Located { holders, sizes } => {
+                object.directory_attempts = 0;
+                let mut holders: Vec<NodeId> = holders.into_iter().filter(|&h| h != me).collect();
+                holders.sort();
+                holders.dedup();
+                match sizes {
+                    Some(sizes) if !holders.is_empty() => {
+                        object.sizes = Some(sizes);
+                        object.holders = holders;
+                        self.choose_source(id);
+                    }
+                    _ => object.state = ObjectFetchState::AwaitingPublication,
+                }
+            }
+            DirectoryReply::Done | DirectoryReply::Unavailable { .. } => {
+                let reason = match reply {
+                    DirectoryReply::Unavailable { reason } => reason,
+                    _ => "unexpected reply to a lookup".into(),
+                };
+                if object.directory_attempts >= self.config.max_directory_attempts {
+                    self.resolve(id, Err(FetchError::DirectoryUnavailable { id, reason }));
+                } else {
+                    object.last_error = Some(format!("directory: {reason}"));
+                    object.state = ObjectFetchState::Backoff;
+                    let at = self.now + self.config.retry_backoff * object.directory_attempts;
+                    self.set_timer(at, Timer::ObjectRetry(id));
+                }
+            }
+        }
+    }
+
+    pub(super) fn object_published(&mut self, id: ObjectId, holder: NodeId, sizes: ObjectSizes) {
+        let Some(object) = self.objects.get_mut(&id) else {
+            return;
+        };
+        if object.state != ObjectFetchState::AwaitingPublication || holder == self.config.node {
+            return;
+        }
+        object.sizes = Some(sizes);
+        object.holders = vec![holder];
+        self.choose_source(id);
+    }
+
+    pub(super) fn retry_object(&mut self, id: ObjectId) {
+        if self
+            .objects
+            .get(&id)
+            .is_some_and(|o| o.state == ObjectFetchState::Backoff)
+        {
+            self.look_up(id);
+        }
+    }
+
+    /// Picks the least busy holder not failed this round, or starts the next round.
+    pub(super) fn choose_source(&mut self, id: ObjectId) {
+        let object = self
+            .objects
+            .get_mut(&id)
+            .expect("a source is chosen for a fetched object");
+        let peers = &self.peers;
+        let source = object
+            .holders
+            .iter()
+            .copied()
+            .filter(|h| !object.failed.contains_key(h))
+            .filter(|h| peers.get(h).is_some_and(|p| p.connected))
+            .min_by_key(|h| (peers[h].active, spread_key(&id, *h)));
+        match source {
+            Some(source) => {
+                object.state = ObjectFetchState::Queued(source);
+                self.admission.push_back(id);
+                self.pump_admission();
+            }
+            None => {
+                object.rounds += 1;
+                if object.rounds >= self.config.max_source_rounds {
+                    let last_error = object
+                        .last_error
+                        .clone()
+                        .unwrap_or_else(|| "no connected holder".to_string());
+                    let attempts = object.attempts;
+                    self.resolve(
+                        id,
+                        Err(FetchError::SourcesFailed {
+                            id,
+                            attempts,
+                            last_error,
+                        }),
+                    );
+                } else {
+                    if object.last_error.is_none() {
+                        object.last_error = Some("no connected holder".into());
+                    }
+                    object.failed.clear();
+                    object.state = ObjectFetchState::Backoff;
+                    let at = self.now + self.config.retry_backoff * object.rounds;
+                    self.set_timer(at, Timer::ObjectRetry(id));
+                }
+            }
+        }
+    }
+
+    /// Starts queued transfers, in order, while memory and the bytes-in-flight cap allow.
+    pub(super) fn pump_admission(&mut self) {
+        while let Some(&id) = self.admission.front() {
+            let Some(object) = self.objects.get(&id) else {
+                self.admission.pop_front();
+                continue;
+            };
+            let ObjectFetchState::Queued(source) = object.state else {
+                self.admission.pop_front();
+                continue;
+            };
+            let sizes = object.sizes.expect("queued objects have sizes");
+            if !self.peers.get(&source).is_some_and(|p| p.connected) {
+                self.admission.pop_front();
+                self.source_failed(id, source, format!("{source} disconnected while queued"));
+                continue;
+            }
+            let block_len = sizes
+                .total()
+                .and_then(crate::alloc::block_len_for)
+                .unwrap_or(u64::MAX);
+            if self.bytes_in_flight > 0
+                && self.bytes_in_flight.saturating_add(block_len) > self.config.max_bytes_in_flight
+            {
+                break;
+            }
+            match self.store.create(
+                self.now,
+                FETCH_CLIENT,
+                id,
+                sizes.data_size,
+                sizes.metadata_size,
+            ) {
+                Ok(info) => {
+                    self.admission.pop_front();
+                    let object = self.objects.get_mut(&id).expect("checked above");
+                    object.attempts += 1;
+                    let tid = self.start_transfer(id, source, sizes, info);
+                    let object = self.objects.get_mut(&id).expect("checked above");
+                    object.state = ObjectFetchState::Transferring(tid);
+                }
+                // Transfers in flight will free memory (or make objects evictable) when they end.
+                Err(StoreError::OutOfMemory { .. }) if self.bytes_in_flight > 0 => break,
+                Err(StoreError::ObjectExists(_)) => {
+                    self.admission.pop_front();
+                    if self.store.contains(&id) {
+                        self.resolve(id, Ok(()));
+                    } else {
+                        let object = self.objects.get_mut(&id).expect("checked above");
+                        object.state = ObjectFetchState::AwaitingLocalSeal;
+                    }
+                }
+                Err(error) => {
+                    self.admission.pop_front();
+                    self.resolve(id, Err(FetchError::Store(error)));
+                }
+            }
+        }
+    }
+
+    /// A transfer of `id` from `source` ended without the object: try elsewhere.
+    pub(super) fn source_failed(&mut self, id: ObjectId, source: NodeId, reason: String) {
+        let Some(object) = self.objects.get_mut(&id) else {
+            return;
+        };
+        object.last_error = Some(format!("{source}: {reason}"));
+        object.failed.insert(source, reason);
+        if object.waiters.is_empty() {
+            self.objects.remove(&id);
+            return;
+        }
+        self.choose_source(id);
+    }
+
+    /// A transfer of `id` ended with the object sealed here.
+    pub(super) fn transfer_sealed(&mut self, id: ObjectId) {
+        if self.objects.contains_key(&id) {
+            self.resolve(id, Ok(()));
+        }
+    }
+
+    /// An object was sealed here (by a client, or by a transfer): waiting fetches get it.
+    pub(super) fn sealed_locally(&mut self, id: ObjectId) {
+        let Some(object) = self.objects.get(&id) else {
+            return;
+        };
+        if matches!(object.state, ObjectFetchState::Transferring(_)) {
+            return;
+        }
+        if matches!(object.state, ObjectFetchState::AwaitingPublication) {
+            self.directory(DirectoryRequest::Unsubscribe { id }, None);
+        }
+        self.resolve(id, Ok(()));
+    }
+
+    /// Ends the fetch of `id` for every waiter: `Ok` gives each a reference to the local copy.
+    pub(super) fn resolve(&mut self, id: ObjectId, outcome: Result<(), FetchError>) {
+        let Some(object) = self.objects.remove(&id) else {
+            return;
+        };
+        for waiter_id in object.waiters {
+            let Some(waiter) = self.waiters.get_mut(&waiter_id) else {
+                continue;
+            };
+            for position in 0..waiter.ids.len() {
+                if waiter.ids[position] != id || waiter.results[position].is_some() {
+                    continue;
+                }
+                let result = match &outcome {
+                    Ok(()) => self
+                        .store
+                        .get_now(waiter.client, id)
+                        .map_err(FetchError::from),
+                    Err(error) => Err(error.clone()),
+                };
+                waiter.results[position] = Some(result);
+                waiter.remaining -= 1;
+            }
+            if waiter.remaining == 0 {
+                let waiter = self.waiters.remove(&waiter_id).expect("found above");
+                self.cancel_timer(Timer::FetchDeadline(waiter_id));
+                self.reply(waiter);
+            }
+        }
+    }
+
+    /// A client's deadline: answer it now with whatever is missing as an error.
+    pub(super) fn fetch_deadline(&mut self, waiter_id: FetchWaiterId) {
+        let Some(mut waiter) = self.waiters.remove(&waiter_id) else {
+            return;
+        };
+        let now = self.now;
+        for position in 0..waiter.ids.len() {
+            if waiter.results[position].is_some() {
+                continue;
+            }
+            let id = waiter.ids[position];
+            let error = match self.objects.get(&id).map(|o| &o.state) {
+                None | Some(ObjectFetchState::AwaitingPublication) => FetchError::NotFound { id },
+                Some(state) => FetchError::Timeout {
+                    id,
+                    stage: stage_name(state).to_string(),
+                },
+            };
+            waiter.results[position] = Some(Err(error));
+            waiter.remaining -= 1;
+        }
+        let ids: BTreeSet<ObjectId> = waiter.ids.iter().copied().collect();
+        for id in ids {
+            self.waiter_left(id, waiter_id);
+        }
+        debug_assert!(waiter.deadline <= now);
+        self.reply(waiter);
+    }
+
+    /// `waiter_id` no longer wants `id`; a fetch nobody wants stops unless its transfer is
+    /// already running (it finishes, and the copy stays here).
+    fn waiter_left(&mut self, id: ObjectId, waiter_id: FetchWaiterId) {
+        let Some(object) = self.objects.get_mut(&id) else {
+            return;
+        };
+        object.waiters.remove(&waiter_id);
+        if !object.waiters.is_empty() {
+            return;
+        }
+        match object.state {
+            ObjectFetchState::Transferring(_) => {}
+            ObjectFetchState::AwaitingPublication => {
+                self.objects.remove(&id);
+                self.directory(DirectoryRequest::Unsubscribe { id }, None);
+            }
+            ObjectFetchState::Queued(_) => {
+                self.objects.remove(&id);
+                self.admission.retain(|&queued| queued != id);
+                // The head of the queue may have changed.
+                self.pump_admission();
+            }
+            ObjectFetchState::LookingUp(_)
+            | ObjectFetchState::AwaitingLocalSeal
+            | ObjectFetchState::Backoff => {
+                self.objects.remove(&id);
+                self.cancel_timer(Timer::ObjectRetry(id));
+            }
+        }
+    }
+
+    fn reply(&mut self, waiter: FetchWaiter) {
+        let results = waiter
+            .results
+            .into_iter()
+            .map(|r| r.expect("a waiter replies once every position has a result"))
+            .collect();
+        self.push(NodeOutput::FetchReply {
+            client: waiter.client,
+            request: waiter.request,
+            results,
+        });
+    }
+}
+
+fn stage_name(state: &ObjectFetchState) -> &'static str {
+    match state {
+        ObjectFetchState::LookingUp(_) => "looking it up in the directory",
+        ObjectFetchState::AwaitingPublication => "waiting for a node to publish it",
+        ObjectFetchState::Queued(_) => "queued for admission (memory or bytes in flight)",
+        ObjectFetchState::Transferring(_) => "transferring it",
+        ObjectFetchState::AwaitingLocalSeal => "waiting for a local client to seal it",
+        ObjectFetchState::Backoff => "backing off before retrying",
+    }
+}

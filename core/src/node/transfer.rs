@@ -1,0 +1,619 @@
+//! Both ends of one transfer.
+//!
+//! Requester R, for one object it created locally (unsealed, owned by [`FETCH_CLIENT`]):
+//!
+//! ```text
+//! AwaitingReply ──EagerData──► ReceivingEager ──last chunk written──► Sealing ──► sealed
+//!       │──Rendezvous──► Reading (sliced READs, bounded window, lanes round-robin)
+//!       │                   └─ all READs done ──► Finish, sealed
+//!       │                   └─ READ error / lost connection / lease about to end
+//!       │                          ──► Draining (wait for posted READs) ──► Finish, aborted
+//!       └─ NotFound / Busy / Error / timeout / lost connection ──► aborted, next source
+//! ```
+//!
+//! A posted READ writes into the local object until its completion, so the object is aborted
+//! only once none is outstanding. READs must all complete before the holder's lease ends: R
+//! counts the lease from the moment it sent the request (earlier than the holder's start), less
+//! a margin, and gives up on the transfer if the READs are not done by then. So every byte R
+//! seals was read while the holder had the object pinned.
+//!
+//! Holder H: a small object goes out as `EagerData` chunks gathered by the driver at once. A
+//! large one is pinned under a lease, its region exposed, and `Rendezvous` names it; `Finish`
+//! or the lease's end unpins it.
+
+use super::{Node, NodeOutput, ReadError, ReadOpId, Timer, FETCH_CLIENT};
+use crate::ids::{NodeId, ObjectId, TransferId};
+use crate::region::{LocalRegion, RemoteRegion};
+use crate::store::ObjectInfo;
+use crate::time::Instant;
+use crate::wire::{self, EagerHeader, ObjectSizes, PeerMessage};
+
+/// Most chunks a holder sends for one eager object, whatever the requester allows.
+const MAX_EAGER_CHUNKS_SENT: u64 = 64;
+
+#[derive(Debug)]
+enum IncomingState {
+    AwaitingReply,
+    ReceivingEager {
+        received: u64,
+    },
+    /// Every byte is written out; sealed on the next step, after the driver carried out the
+    /// writes.
+    Sealing,
+    Reading {
+        regions: Vec<RemoteRegion>,
+        next_offset: u64,
+        done_bytes: u64,
+        outstanding: u32,
+        lane_cursor: u16,
+    },
+    /// Failed with READs outstanding; aborted (after a `Finish`) once they complete.
+    Draining {
+        outstanding: u32,
+        reason: String,
+    },
+}
+
+/// A transfer into this node.
+#[derive(Debug)]
+pub(super) struct Incoming {
+    pub(super) id: ObjectId,
+    pub(super) source: NodeId,
+    local: ObjectInfo,
+    sizes: ObjectSizes,
+    pub(super) block_len: u64,
+    requested_at: Instant,
+    state: IncomingState,
+}
+
+impl Incoming {
+    pub(super) fn outstanding_reads(&self) -> u32 {
+        match self.state {
+            IncomingState::Reading { outstanding, .. }
+            | IncomingState::Draining { outstanding, .. } => outstanding,
+            _ => 0,
+        }
+    }
+
+    pub(super) fn describe(&self) -> String {
+        match &self.state {
+            IncomingState::AwaitingReply => "awaiting the holder's reply".into(),
+            IncomingState::ReceivingEager { received } => {
+                format!(
+                    "received {received} of {} eager bytes",
+                    self.local.region.len
+                )
+            }
+            IncomingState::Sealing => "sealing".into(),
+            IncomingState::Reading {
+                done_bytes,
+                outstanding,
+                ..
+            } => format!(
+                "read {done_bytes} of {} bytes, {outstanding} READs outstanding",
+                self.local.region.len
+            ),
+            IncomingState::Draining {
+                outstanding,
+                reason,
+            } => {
+                format!("failed ({reason}); waiting for {outstanding} READs to complete")
+            }
+        }
+    }
+}
+
+/// An object pinned for a requester.
+#[derive(Debug)]
+pub(super) struct Lease {
+    pub(super) id: ObjectId,
+    pub(super) expires: Instant,
+}
+
+impl Node {
+    /// Starts fetching `id` from `source` into the freshly created `local` object.
+    pub(super) fn start_transfer(
+        &mut self,
+        id: ObjectId,
+        source: NodeId,
+        sizes: ObjectSizes,
+        local: ObjectInfo,
+    ) -> TransferId {
+        let tid = self.new_transfer_id();
+        let block_len =
+            crate::alloc::block_len_for(local.region.len).expect("created objects have a block");
+        let eager_limit = self.peers.get(&source).map_or(0, |p| p.threshold.bytes);
+        if let Some(peer) = self.peers.get_mut(&source) {
+            peer.active += 1;
+        }
+        self.bytes_in_flight += block_len;
+        self.stats.transfers_started += 1;
+        self.transfers.insert(
+            tid,
+            Incoming {
+                id,
+                source,
+                local,
+                sizes,
+                block_len,
+                requested_at: self.now,
+                state: IncomingState::AwaitingReply,
+            },
+        );
+        let max_chunk_bytes = u32::try_from(self.config.eager_chunk_bytes()).unwrap_or(u32::MAX);
+        self.send(
+            source,
+            PeerMessage::FetchRequest {
+                req: tid,
+                id,
+                eager_limit,
+                max_chunk_bytes,
+            },
+        );
+        self.set_timer(
+            self.now + self.config.reply_timeout,
+            Timer::TransferDeadline(tid),
+        );
+        tid
+    }
+
+    /// A holder's answer to one of this node's transfers.
+    pub(super) fn handle_transfer_reply(&mut self, peer: NodeId, message: PeerMessage) {
+        let tid = message.req();
+        let Some(transfer) = self.transfers.get_mut(&tid).filter(|t| t.source == peer) else {
+            // A late reply to a transfer that already ended: release a lease granted for it.
+            if matches!(message, PeerMessage::Rendezvous { .. }) {
+                self.send(peer, PeerMessage::Finish { req: tid });
+            }
+            return;
+        };
+        let total = transfer.local.region.len;
+        match (message, &mut transfer.state) {
+            (PeerMessage::EagerData { header, payload }, IncomingState::AwaitingReply)
+            | (PeerMessage::EagerData { header, payload }, IncomingState::ReceivingEager { .. }) => {
+                let received = match transfer.state {
+                    IncomingState::ReceivingEager { received } => received,
+                    _ => 0,
+                };
+                if header.sizes != transfer.sizes || header.offset != received {
+                    let why = format!(
+                        "eager chunk at {} of size {}+{}, expected at {received} of {}+{}",
+                        header.offset,
+                        header.sizes.data_size,
+                        header.sizes.metadata_size,
+                        transfer.sizes.data_size,
+                        transfer.sizes.metadata_size
+                    );
+                    self.fail_transfer(tid, why);
+                    return;
+                }
+                let len = payload.len() as u64;
+                let region = transfer.local.region.slice(received, len);
+                let object = transfer.id;
+                let received = received + len;
+                if received == total {
+                    transfer.state = IncomingState::Sealing;
+                    self.set_timer(self.now, Timer::Seal(tid));
+                } else {
+                    transfer.state = IncomingState::ReceivingEager { received };
+                }
+                if len > 0 {
+                    self.push(NodeOutput::WriteLocal {
+                        region,
+                        bytes: payload,
+                        object,
+                    });
+                }
+            }
+            (
+                PeerMessage::Rendezvous {
+                    sizes,
+                    regions,
+                    lease_ms,
+                    ..
+                },
+                IncomingState::AwaitingReply,
+            ) => {
+                if sizes != transfer.sizes {
+                    let why = format!(
+                        "holder has size {}+{}, the directory said {}+{}",
+                        sizes.data_size,
+                        sizes.metadata_size,
+                        transfer.sizes.data_size,
+                        transfer.sizes.metadata_size
+                    );
+                    self.send(peer, PeerMessage::Finish { req: tid });
+                    self.fail_transfer(tid, why);
+                    return;
+                }
+                // Read only while the lease surely holds: it started after our request left,
+                // and a quarter is kept as margin for the Finish and clock rates.
+                let lease = std::time::Duration::from_millis(lease_ms as u64);
+                let read_deadline = transfer.requested_at + (lease - lease / 4);
+                if read_deadline <= self.now {
+                    self.send(peer, PeerMessage::Finish { req: tid });
+                    self.fail_transfer(
+                        tid,
+                        format!("the {lease_ms} ms lease ends before any READ could complete"),
+                    );
+                    return;
+                }
+                transfer.state = IncomingState::Reading {
+                    regions,
+                    next_offset: 0,
+                    done_bytes: 0,
+                    outstanding: 0,
+                    lane_cursor: 0,
+                };
+                self.cancel_timer(Timer::TransferDeadline(tid));
+                self.set_timer(read_deadline, Timer::TransferDeadline(tid));
+                self.post_reads(tid);
+            }
+            (PeerMessage::NotFound { .. }, IncomingState::AwaitingReply) => {
+                self.fail_transfer(tid, "holder does not have it".into())
+            }
+            (PeerMessage::Busy { .. }, IncomingState::AwaitingReply) => {
+                self.fail_transfer(tid, "holder busy".into())
+            }
+            (PeerMessage::Error { reason, .. }, IncomingState::AwaitingReply) => {
+                self.fail_transfer(tid, format!("holder error: {reason}"))
+            }
+            (message, _) => {
+                let why = format!("unexpected {message} in state {}", transfer.describe());
+                if matches!(message, PeerMessage::Rendezvous { .. }) {
+                    self.send(peer, PeerMessage::Finish { req: tid });
+                }
+                self.fail_transfer(tid, why);
+            }
+        }
+    }
+
+    /// Posts READs up to the window.
+    fn post_reads(&mut self, tid: TransferId) {
+        let lanes = self
+            .transfers
+            .get(&tid)
+            .and_then(|t| self.peers.get(&t.source))
+            .map_or(1, |p| p.params.lanes);
+        let slice_bytes = self.config.read_slice_bytes.max(1);
+        let window = self.config.max_outstanding_reads.max(1);
+        let transfer = self
+            .transfers
+            .get_mut(&tid)
+            .expect("posting READs for a live transfer");
+        let IncomingState::Reading {
+            regions,
+            next_offset,
+            outstanding,
+            lane_cursor,
+            ..
+        } = &mut transfer.state
+        else {
+            return;
+        };
+        let total = transfer.local.region.len;
+        let mut posts = Vec::new();
+        while *outstanding < window && *next_offset < total {
+            // Find the remote region holding `next_offset`.
+            let mut region_start = 0;
+            let mut found = None;
+            for region in regions.iter() {
+                if *next_offset < region_start + region.len {
+                    found = Some((*region, *next_offset - region_start));
+                    break;
+                }
+                region_start += region.len;
+            }
+            // Decoding checked that the regions cover the object exactly.
+            let (region, within) = found.expect("remote regions cover the object");
+            let len = slice_bytes.min(region.len - within);
+            let remote = RemoteRegion {
+                addr: region.addr + within,
+                len,
+                rkey: region.rkey,
+            };
+            let local = transfer.local.region.slice(*next_offset, len);
+            let lane = *lane_cursor % lanes;
+            *lane_cursor = lane_cursor.wrapping_add(1);
+            *next_offset += len;
+            *outstanding += 1;
+            posts.push((lane, local, remote));
+        }
+        let (source, object) = (transfer.source, transfer.id);
+        for (lane, local, remote) in posts {
+            self.next_read += 1;
+            let op = ReadOpId(self.next_read);
+            self.reads.insert(op, (tid, local.len));
+            self.stats.reads_posted += 1;
+            self.push(NodeOutput::PostRead {
+                peer: source,
+                op,
+                lane,
+                local,
+                remote,
+                object,
+            });
+        }
+    }
+
+    pub(super) fn read_completed(&mut self, op: ReadOpId, result: Result<(), ReadError>) {
+        let Some((tid, len)) = self.reads.remove(&op) else {
+            return;
+        };
+        if result.is_err() {
+            self.stats.reads_failed += 1;
+        }
+        let transfer = self
+            .transfers
+            .get_mut(&tid)
+            .expect("a READ's transfer lives until it completes");
+        let total = transfer.local.region.len;
+        let source = transfer.source;
+        match &mut transfer.state {
+            IncomingState::Reading {
+                outstanding,
+                done_bytes,
+                ..
+            } => {
+                *outstanding -= 1;
+                match result {
+                    Ok(()) => {
+                        *done_bytes += len;
+                        if *done_bytes == total {
+                            self.send(source, PeerMessage::Finish { req: tid });
+                            self.end_transfer(tid, Ok(()));
+                        } else {
+                            self.post_reads(tid);
+                        }
+                    }
+                    Err(error) => self.fail_transfer(tid, format!("READ failed: {error}")),
+                }
+            }
+            IncomingState::Draining {
+                outstanding,
+                reason,
+            } => {
+                *outstanding -= 1;
+                if *outstanding == 0 {
+                    let reason = std::mem::take(reason);
+                    self.send(source, PeerMessage::Finish { req: tid });
+                    self.end_transfer(tid, Err(reason));
+                }
+            }
+            _ => unreachable!("READs are only outstanding while reading or draining"),
+        }
+    }
+
+    /// The transfer cannot complete: abort now, or once its posted READs are in.
+    pub(super) fn fail_transfer(&mut self, tid: TransferId, reason: String) {
+        let Some(transfer) = self.transfers.get_mut(&tid) else {
+            return;
+        };
+        match &transfer.state {
+            IncomingState::Reading { outstanding, .. } if *outstanding > 0 => {
+                transfer.state = IncomingState::Draining {
+                    outstanding: *outstanding,
+                    reason,
+                };
+            }
+            IncomingState::Reading { .. } => {
+                let source = transfer.source;
+                self.send(source, PeerMessage::Finish { req: tid });
+                self.end_transfer(tid, Err(reason));
+            }
+            // Already failing; the first reason stands.
+            IncomingState::Draining { .. } => {}
+            // Every byte is written; a late failure cannot unwrite them.
+            IncomingState::Sealing => {}
+            IncomingState::AwaitingReply | IncomingState::ReceivingEager { .. } => {
+                self.end_transfer(tid, Err(reason))
+            }
+        }
+    }
+
+    pub(super) fn transfer_deadline(&mut self, tid: TransferId) {
+        let Some(transfer) = self.transfers.get(&tid) else {
+            return;
+        };
+        let why = match transfer.state {
+            IncomingState::AwaitingReply | IncomingState::ReceivingEager { .. } => {
+                "no complete reply from the holder in time"
+            }
+            IncomingState::Reading { .. } => "READs not done before the holder's lease would end",
+            IncomingState::Sealing | IncomingState::Draining { .. } => return,
+        };
+        self.fail_transfer(tid, why.into());
+    }
+
+    pub(super) fn seal_written(&mut self, tid: TransferId) {
+        if self
+            .transfers
+            .get(&tid)
+            .is_some_and(|t| matches!(t.state, IncomingState::Sealing))
+        {
+            self.end_transfer(tid, Ok(()));
+        }
+    }
+
+    /// Ends a transfer with no READ outstanding: seal or abort the local object.
+    fn end_transfer(&mut self, tid: TransferId, outcome: Result<(), String>) {
+        let transfer = self.transfers.remove(&tid).expect("ending a live transfer");
+        assert_eq!(
+            transfer.outstanding_reads(),
+            0,
+            "{tid} ended with READs outstanding"
+        );
+        self.cancel_timer(Timer::TransferDeadline(tid));
+        self.cancel_timer(Timer::Seal(tid));
+        self.bytes_in_flight -= transfer.block_len;
+        if let Some(peer) = self.peers.get_mut(&transfer.source) {
+            peer.active -= 1;
+        }
+        match outcome {
+            Ok(()) => {
+                self.stats.transfers_succeeded += 1;
+                self.stats.bytes_fetched += transfer.local.region.len;
+                // The fetch client created it and nobody else can seal or abort it.
+                self.store
+                    .seal(FETCH_CLIENT, transfer.id, true)
+                    .expect("the fetch client seals its own object");
+                self.transfer_sealed(transfer.id);
+            }
+            Err(reason) => {
+                self.stats.transfers_failed += 1;
+                self.store
+                    .abort(FETCH_CLIENT, transfer.id)
+                    .expect("the fetch client aborts its own object");
+                self.source_failed(transfer.id, transfer.source, reason);
+            }
+        }
+        self.pump_admission();
+    }
+
+    // ---- Holder side ----
+
+    pub(super) fn serve_fetch_request(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        id: ObjectId,
+        eager_limit: u64,
+        max_chunk_bytes: u32,
+    ) {
+        if self.leases.contains_key(&(peer, req)) {
+            self.refuse(
+                peer,
+                PeerMessage::Error {
+                    req,
+                    reason: format!("{req} is already in progress"),
+                },
+            );
+            return;
+        }
+        let Some(info) = self.store.sealed_info(&id) else {
+            self.refuse(peer, PeerMessage::NotFound { req });
+            return;
+        };
+        let total = info.region.len;
+        let sizes = ObjectSizes {
+            data_size: info.data_size,
+            metadata_size: info.metadata_size,
+        };
+        let own_chunk =
+            (wire::MAX_MESSAGE_BYTES - wire::HEADER_BYTES - wire::EAGER_FIXED_BYTES) as u64;
+        let chunk = (max_chunk_bytes as u64).min(own_chunk);
+        let eager = total == 0
+            || (total <= eager_limit
+                && chunk > 0
+                && total.div_ceil(chunk) <= MAX_EAGER_CHUNKS_SENT);
+        if eager {
+            self.stats.served_eager += 1;
+            let mut offset = 0;
+            loop {
+                let len = chunk.min(total - offset);
+                let header = EagerHeader { req, sizes, offset };
+                self.push(NodeOutput::SendEager {
+                    peer,
+                    header,
+                    source: info.region.slice(offset, len),
+                });
+                offset += len;
+                if offset >= total {
+                    break;
+                }
+            }
+            return;
+        }
+        if self.leases.len() >= self.config.max_leases {
+            self.refuse(peer, PeerMessage::Busy { req });
+            return;
+        }
+        let Some(key) = self.config.region_keys.get(&info.region.arena).copied() else {
+            let reason = format!("{} is not registered for READs", info.region.arena);
+            self.refuse(peer, PeerMessage::Error { req, reason });
+            return;
+        };
+        let info = match self.store.pin(id) {
+            Ok(info) => info,
+            Err(_) => {
+                self.refuse(peer, PeerMessage::NotFound { req });
+                return;
+            }
+        };
+        self.stats.served_rendezvous += 1;
+        self.expose(id, info.region);
+        let expires = self.now + self.config.lease;
+        self.leases.insert((peer, req), Lease { id, expires });
+        self.set_timer(expires, Timer::Lease(peer, req));
+        let remote = RemoteRegion {
+            addr: key.base_addr + info.region.offset,
+            len: total,
+            rkey: key.rkey,
+        };
+        let lease_ms = u32::try_from(self.config.lease.as_millis())
+            .unwrap_or(u32::MAX)
+            .clamp(1, wire::MAX_LEASE_MS);
+        self.send(
+            peer,
+            PeerMessage::Rendezvous {
+                req,
+                sizes,
+                regions: vec![remote],
+                lease_ms,
+            },
+        );
+    }
+
+    fn refuse(&mut self, peer: NodeId, message: PeerMessage) {
+        self.stats.served_refused += 1;
+        self.send(peer, message);
+    }
+
+    pub(super) fn handle_finish(&mut self, peer: NodeId, req: TransferId) {
+        // Unknown: the lease already ran out.
+        if self.leases.contains_key(&(peer, req)) {
+            self.release_lease(peer, req);
+        }
+    }
+
+    pub(super) fn lease_expired(&mut self, peer: NodeId, req: TransferId) {
+        if self
+            .leases
+            .get(&(peer, req))
+            .is_some_and(|l| l.expires <= self.now)
+        {
+            self.stats.leases_expired += 1;
+            self.release_lease(peer, req);
+        }
+    }
+
+    fn release_lease(&mut self, peer: NodeId, req: TransferId) {
+        let lease = self
+            .leases
+            .remove(&(peer, req))
+            .expect("releasing a held lease");
+        self.cancel_timer(Timer::Lease(peer, req));
+        self.unexpose(lease.id);
+        self.store.unpin(lease.id);
+    }
+
+    fn expose(&mut self, id: ObjectId, region: LocalRegion) {
+        let entry = self.exposed.entry(id).or_insert((region, 0));
+        entry.1 += 1;
+        if entry.1 == 1 {
+            self.push(NodeOutput::ExposeRegion { object: id, region });
+        }
+    }
+
+    fn unexpose(&mut self, id: ObjectId) {
+        let entry = self
+            .exposed
+            .get_mut(&id)
+            .expect("unexposing an exposed object");
+        entry.1 -= 1;
+        if entry.1 == 0 {
+            let (region, _) = self.exposed.remove(&id).expect("found above");
+            self.push(NodeOutput::UnexposeRegion { object: id, region });
+        }
+    }
+}

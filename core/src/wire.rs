@@ -1,0 +1,793 @@
+//! The peer wire format: messages between two nodes' cores over a fabric connection.
+//!
+//! Every message is an 8-byte header — magic `b"SR"`, version, kind, body length (u32 LE) —
+//! then a body of fixed little-endian fields. The format is hand-written rather than derived so
+//! every length is explicit and every field is checked: [`decode`] of arbitrary bytes returns
+//! an error and never panics or allocates more than the input's length.
+
+use std::fmt;
+
+use crate::ids::{ObjectId, TransferId, OBJECT_ID_LEN};
+use crate::region::RemoteRegion;
+
+/// First two bytes of every message.
+pub const MAGIC: [u8; 2] = *b"SR";
+/// Version of this format; a message of another version is refused.
+pub const WIRE_VERSION: u8 = 1;
+/// Bytes of the header.
+pub const HEADER_BYTES: usize = 8;
+/// Largest message (header and body) either side sends or accepts.
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+/// Largest object the protocol moves (data plus metadata): 256 TiB.
+pub const MAX_OBJECT_BYTES: u64 = 1 << 48;
+/// Most remote regions in one `Rendezvous`.
+pub const MAX_REGIONS: usize = 16;
+/// Longest `Error` reason, in bytes.
+pub const MAX_REASON_BYTES: usize = 256;
+/// Longest lease a holder may grant, in milliseconds.
+pub const MAX_LEASE_MS: u32 = 600_000;
+/// Bytes of an `EagerData` body before its payload; a receive slot of `n` bytes carries at most
+/// `n - HEADER_BYTES - EAGER_FIXED_BYTES` payload bytes.
+pub const EAGER_FIXED_BYTES: usize = 8 * 4 + 4;
+
+const KIND_FETCH_REQUEST: u8 = 1;
+const KIND_EAGER_DATA: u8 = 2;
+const KIND_RENDEZVOUS: u8 = 3;
+const KIND_FINISH: u8 = 4;
+const KIND_NOT_FOUND: u8 = 5;
+const KIND_BUSY: u8 = 6;
+const KIND_ERROR: u8 = 7;
+
+/// Sizes of an object: data then metadata, contiguous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectSizes {
+    /// Data bytes.
+    pub data_size: u64,
+    /// Metadata bytes.
+    pub metadata_size: u64,
+}
+
+impl ObjectSizes {
+    /// Data plus metadata; `None` on overflow.
+    pub fn total(&self) -> Option<u64> {
+        self.data_size.checked_add(self.metadata_size)
+    }
+}
+
+/// The part of an `EagerData` message before its payload. A holder's core emits it with the
+/// region to send from; the driver gathers the payload from its arena and encodes both with
+/// [`encode_eager`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EagerHeader {
+    /// The requester's transfer.
+    pub req: TransferId,
+    /// Sizes of the whole object.
+    pub sizes: ObjectSizes,
+    /// Offset of this chunk's payload within the object.
+    pub offset: u64,
+}
+
+/// A message between two nodes.
+#[derive(Clone, PartialEq, Eq)]
+pub enum PeerMessage {
+    /// Requester → holder: send me object `id`.
+    FetchRequest {
+        /// Chosen by the requester, echoed in every reply.
+        req: TransferId,
+        /// The object.
+        id: ObjectId,
+        /// Objects up to this many bytes (data + metadata) come eagerly.
+        eager_limit: u64,
+        /// Most payload bytes in one `EagerData` (what the requester's receive slot holds).
+        max_chunk_bytes: u32,
+    },
+    /// Holder → requester: a chunk of a small object.
+    EagerData {
+        /// Which transfer, object sizes and offset.
+        header: EagerHeader,
+        /// The chunk's bytes.
+        payload: Vec<u8>,
+    },
+    /// Holder → requester: the object is pinned; READ it from these regions, then `Finish`.
+    Rendezvous {
+        /// The transfer.
+        req: TransferId,
+        /// Sizes of the object.
+        sizes: ObjectSizes,
+        /// Where the object lies, in order; lengths sum to the object's size.
+        regions: Vec<RemoteRegion>,
+        /// How long the holder keeps the object pinned without a `Finish`.
+        lease_ms: u32,
+    },
+    /// Requester → holder: done reading (or giving up); unpin.
+    Finish {
+        /// The transfer.
+        req: TransferId,
+    },
+    /// Holder → requester: the object is not (or no longer) here.
+    NotFound {
+        /// The transfer.
+        req: TransferId,
+    },
+    /// Holder → requester: too many transfers right now; try elsewhere or later.
+    Busy {
+        /// The transfer.
+        req: TransferId,
+    },
+    /// Holder → requester: the request cannot be served.
+    Error {
+        /// The transfer.
+        req: TransferId,
+        /// Why, for logs and the fetching client.
+        reason: String,
+    },
+}
+
+impl PeerMessage {
+    /// The transfer this message belongs to.
+    pub fn req(&self) -> TransferId {
+        match self {
+            PeerMessage::FetchRequest { req, .. }
+            | PeerMessage::Rendezvous { req, .. }
+            | PeerMessage::Finish { req }
+            | PeerMessage::NotFound { req }
+            | PeerMessage::Busy { req }
+            | PeerMessage::Error { req, .. } => *req,
+            PeerMessage::EagerData { header, .. } => header.req,
+        }
+    }
+}
+
+impl fmt::Debug for PeerMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for PeerMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeerMessage::FetchRequest { req, id, eager_limit, max_chunk_bytes } => write!(
+                f,
+                "FetchRequest{{{req}, {id}, eager_limit={eager_limit}, max_chunk={max_chunk_bytes}}}"
+            ),
+            PeerMessage::EagerData { header, payload } => write!(
+                f,
+                "EagerData{{{}, size={}+{}, at={}, {} bytes}}",
+                header.req,
+                header.sizes.data_size,
+                header.sizes.metadata_size,
+                header.offset,
+                payload.len()
+            ),
+            PeerMessage::Rendezvous { req, sizes, regions, lease_ms } => {
+                write!(
+                    f,
+                    "Rendezvous{{{req}, size={}+{}, lease={lease_ms}ms, regions=[",
+                    sizes.data_size, sizes.metadata_size
+                )?;
+                for (i, region) in regions.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
+                    write!(f, "{region}")?;
+                }
+                write!(f, "]}}")
+            }
+            PeerMessage::Finish { req } => write!(f, "Finish{{{req}}}"),
+            PeerMessage::NotFound { req } => write!(f, "NotFound{{{req}}}"),
+            PeerMessage::Busy { req } => write!(f, "Busy{{{req}}}"),
+            PeerMessage::Error { req, reason } => write!(f, "Error{{{req}, {reason:?}}}"),
+        }
+    }
+}
+
+/// Why bytes are not a valid peer message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Fewer bytes than the header or the announced body.
+    #[error("truncated message: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// The first two bytes are not [`MAGIC`].
+    #[error("bad magic {0:02x?}: not a Skyriver peer message")]
+    BadMagic([u8; 2]),
+    /// Another version of the format.
+    #[error("peer speaks wire version {got}, this node speaks {WIRE_VERSION}")]
+    Version {
+        /// The peer's version.
+        got: u8,
+    },
+    /// An unknown message kind.
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    /// The message is larger than [`MAX_MESSAGE_BYTES`].
+    #[error("message of {len} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")]
+    TooLarge {
+        /// Announced length.
+        len: usize,
+    },
+    /// Bytes left over after the body.
+    #[error("{0} trailing bytes after the message body")]
+    Trailing(usize),
+    /// A field holds a value the protocol forbids.
+    #[error("invalid field {field}: {why}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+fn invalid(field: &'static str, why: impl Into<String>) -> WireError {
+    WireError::Invalid {
+        field,
+        why: why.into(),
+    }
+}
+
+/// Appends the encoding of `message` to `out`.
+pub fn encode(message: &PeerMessage, out: &mut Vec<u8>) {
+    let start = begin(out, kind_of(message));
+    match message {
+        PeerMessage::FetchRequest {
+            req,
+            id,
+            eager_limit,
+            max_chunk_bytes,
+        } => {
+            put_u64(out, req.0);
+            out.extend_from_slice(id.as_bytes());
+            put_u64(out, *eager_limit);
+            put_u32(out, *max_chunk_bytes);
+        }
+        PeerMessage::EagerData { header, payload } => {
+            put_eager_fixed(out, header, payload.len());
+            out.extend_from_slice(payload);
+        }
+        PeerMessage::Rendezvous {
+            req,
+            sizes,
+            regions,
+            lease_ms,
+        } => {
+            put_u64(out, req.0);
+            put_u64(out, sizes.data_size);
+            put_u64(out, sizes.metadata_size);
+            put_u32(out, *lease_ms);
+            // Encoding is only ever asked of messages the core built within the limits.
+            put_u16(
+                out,
+                u16::try_from(regions.len()).expect("region count within MAX_REGIONS"),
+            );
+            for region in regions {
+                put_u64(out, region.addr);
+                put_u64(out, region.len);
+                put_u32(out, region.rkey);
+            }
+        }
+        PeerMessage::Finish { req } | PeerMessage::NotFound { req } | PeerMessage::Busy { req } => {
+            put_u64(out, req.0)
+        }
+        PeerMessage::Error { req, reason } => {
+            put_u64(out, req.0);
+            let reason = truncate_utf8(reason, MAX_REASON_BYTES);
+            put_u16(out, reason.len() as u16);
+            out.extend_from_slice(reason.as_bytes());
+        }
+    }
+    finish(out, start);
+}
+
+/// Appends an `EagerData` message made of `header` and `payload` (gathered by the driver from
+/// the region the core named) to `out`.
+pub fn encode_eager(header: &EagerHeader, payload: &[u8], out: &mut Vec<u8>) {
+    let start = begin(out, KIND_EAGER_DATA);
+    put_eager_fixed(out, header, payload.len());
+    out.extend_from_slice(payload);
+    finish(out, start);
+}
+
+/// The encoding of `message` as a new vector.
+pub fn to_bytes(message: &PeerMessage) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode(message, &mut out);
+    out
+}
+
+/// Total length of the message whose first [`HEADER_BYTES`] are `header`, for stream fabrics
+/// (TCP) that must know how much to read. Checks magic, version and the length limit.
+pub fn message_len(header: &[u8]) -> Result<usize, WireError> {
+    let (_, body_len) = parse_header(header)?;
+    Ok(HEADER_BYTES + body_len)
+}
+
+/// Decodes exactly one message from `bytes`, validating every field.
+pub fn decode(bytes: &[u8]) -> Result<PeerMessage, WireError> {
+    let (kind, body_len) = parse_header(bytes)?;
+    let have = bytes.len() - HEADER_BYTES;
+    if have < body_len {
+        return Err(WireError::Truncated {
+            need: HEADER_BYTES + body_len,
+            have: bytes.len(),
+        });
+    }
+    if have > body_len {
+        return Err(WireError::Trailing(have - body_len));
+    }
+    let mut r = Reader {
+        bytes: &bytes[HEADER_BYTES..],
+        pos: 0,
+    };
+    let message = match kind {
+        KIND_FETCH_REQUEST => {
+            let req = TransferId(r.u64()?);
+            let id = ObjectId::from_slice(r.take(OBJECT_ID_LEN)?)
+                .map_err(|e| invalid("id", e.to_string()))?;
+            let eager_limit = r.u64()?;
+            let max_chunk_bytes = r.u32()?;
+            if max_chunk_bytes as usize > MAX_MESSAGE_BYTES {
+                return Err(invalid(
+                    "max_chunk_bytes",
+                    format!("{max_chunk_bytes} over the message limit"),
+                ));
+            }
+            PeerMessage::FetchRequest {
+                req,
+                id,
+                eager_limit,
+                max_chunk_bytes,
+            }
+        }
+        KIND_EAGER_DATA => {
+            let req = TransferId(r.u64()?);
+            let sizes = r.sizes()?;
+            let offset = r.u64()?;
+            let payload_len = r.u32()? as usize;
+            let payload = r.take(payload_len)?.to_vec();
+            let total = sizes.total().unwrap_or(u64::MAX);
+            let end = offset.checked_add(payload_len as u64);
+            if end.is_none_or(|end| end > total) {
+                return Err(invalid(
+                    "offset",
+                    format!("chunk {offset}+{payload_len} runs past the object's {total} bytes"),
+                ));
+            }
+            PeerMessage::EagerData {
+                header: EagerHeader { req, sizes, offset },
+                payload,
+            }
+        }
+        KIND_RENDEZVOUS => {
+            let req = TransferId(r.u64()?);
+            let sizes = r.sizes()?;
+            let lease_ms = r.u32()?;
+            if lease_ms == 0 || lease_ms > MAX_LEASE_MS {
+                return Err(invalid(
+                    "lease_ms",
+                    format!("{lease_ms} not in 1..={MAX_LEASE_MS}"),
+                ));
+            }
+            let count = r.u16()? as usize;
+            if count == 0 || count > MAX_REGIONS {
+                return Err(invalid(
+                    "regions",
+                    format!("{count} regions, not in 1..={MAX_REGIONS}"),
+                ));
+            }
+            let mut regions = Vec::with_capacity(count);
+            let mut sum: u64 = 0;
+            for _ in 0..count {
+                let region = RemoteRegion {
+                    addr: r.u64()?,
+                    len: r.u64()?,
+                    rkey: r.u32()?,
+                };
+                if region.len == 0 || region.addr.checked_add(region.len).is_none() {
+                    return Err(invalid("regions", format!("bad region {region}")));
+                }
+                sum = sum.saturating_add(region.len);
+                regions.push(region);
+            }
+            let total = sizes.total().unwrap_or(u64::MAX);
+            if sum != total {
+                return Err(invalid(
+                    "regions",
+                    format!("regions hold {sum} bytes, the object {total}"),
+                ));
+            }
+            PeerMessage::Rendezvous {
+                req,
+                sizes,
+                regions,
+                lease_ms,
+            }
+        }
+        KIND_FINISH => PeerMessage::Finish {
+            req: TransferId(r.u64()?),
+        },
+        KIND_NOT_FOUND => PeerMessage::NotFound {
+            req: TransferId(r.u64()?),
+        },
+        KIND_BUSY => PeerMessage::Busy {
+            req: TransferId(r.u64()?),
+        },
+        KIND_ERROR => {
+            let req = TransferId(r.u64()?);
+            let len = r.u16()? as usize;
+            if len > MAX_REASON_BYTES {
+                return Err(invalid(
+                    "reason",
+                    format!("{len} bytes, limit {MAX_REASON_BYTES}"),
+                ));
+            }
+            let reason = std::str::from_utf8(r.take(len)?)
+                .map_err(|_| invalid("reason", "not UTF-8"))?
+                .to_owned();
+            PeerMessage::Error { req, reason }
+        }
+        other => return Err(WireError::UnknownKind(other)),
+    };
+    if r.pos != r.bytes.len() {
+        return Err(WireError::Invalid {
+            field: "body",
+            why: format!("{} bytes left after the fields", r.bytes.len() - r.pos),
+        });
+    }
+    Ok(message)
+}
+
+fn parse_header(bytes: &[u8]) -> Result<(u8, usize), WireError> {
+    if bytes.len() < HEADER_BYTES {
+        return Err(WireError::Truncated {
+            need: HEADER_BYTES,
+            have: bytes.len(),
+        });
+    }
+    let magic = [bytes[0], bytes[1]];
+    if magic != MAGIC {
+        return Err(WireError::BadMagic(magic));
+    }
+    if bytes[2] != WIRE_VERSION {
+        return Err(WireError::Version { got: bytes[2] });
+    }
+    let kind = bytes[3];
+    let body_len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
+    if HEADER_BYTES + body_len > MAX_MESSAGE_BYTES {
+        return Err(WireError::TooLarge {
+            len: HEADER_BYTES + body_len,
+        });
+    }
+    Ok((kind, body_len))
+}
+
+fn kind_of(message: &PeerMessage) -> u8 {
+    match message {
+        PeerMessage::FetchRequest { .. } => KIND_FETCH_REQUEST,
+        PeerMessage::EagerData { .. } => KIND_EAGER_DATA,
+        PeerMessage::Rendezvous { .. } => KIND_RENDEZVOUS,
+        PeerMessage::Finish { .. } => KIND_FINISH,
+        PeerMessage::NotFound { .. } => KIND_NOT_FOUND,
+        PeerMessage::Busy { .. } => KIND_BUSY,
+        PeerMessage::Error { .. } => KIND_ERROR,
+    }
+}
+
+fn begin(out: &mut Vec<u8>, kind: u8) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&MAGIC);
+    out.push(WIRE_VERSION);
+    out.push(kind);
+    out.extend_from_slice(&[0; 4]);
+    start
+}
+
+fn finish(out: &mut [u8], start: usize) {
+    let body_len = out.len() - start - HEADER_BYTES;
+    assert!(
+        HEADER_BYTES + body_len <= MAX_MESSAGE_BYTES,
+        "encoded a {body_len}-byte body over the message limit"
+    );
+    out[start + 4..start + 8].copy_from_slice(&(body_len as u32).to_le_bytes());
+}
+
+fn put_eager_fixed(out: &mut Vec<u8>, header: &EagerHeader, payload_len: usize) {
+    put_u64(out, header.req.0);
+    put_u64(out, header.sizes.data_size);
+    put_u64(out, header.sizes.metadata_size);
+    put_u64(out, header.offset);
+    put_u32(
+        out,
+        u32::try_from(payload_len).expect("eager chunks are below the message limit"),
+    );
+}
+
+fn put_u16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn truncate_utf8(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len())
+            .ok_or(WireError::Truncated {
+                need: HEADER_BYTES + self.pos.saturating_add(n),
+                have: HEADER_BYTES + self.bytes.len(),
+            })?;
+        let slice = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(slice)
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn sizes(&mut self) -> Result<ObjectSizes, WireError> {
+        let sizes = ObjectSizes {
+            data_size: self.u64()?,
+            metadata_size: self.u64()?,
+        };
+        match sizes.total() {
+            Some(total) if total <= MAX_OBJECT_BYTES => Ok(sizes),
+            _ => Err(invalid(
+                "sizes",
+                format!(
+                    "{}+{} over the object size limit",
+                    sizes.data_size, sizes.metadata_size
+                ),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn samples() -> Vec<PeerMessage> {
+        let req = TransferId(0x0102_0304_0506_0708);
+        let sizes = ObjectSizes {
+            data_size: 100,
+            metadata_size: 28,
+        };
+        vec![
+            PeerMessage::FetchRequest {
+                req,
+                id: ObjectId::from_u64(9),
+                eager_limit: 4096,
+                max_chunk_bytes: 8000,
+            },
+            PeerMessage::EagerData {
+                header: EagerHeader {
+                    req,
+                    sizes,
+                    offset: 28,
+                },
+                payload: vec![7; 100],
+            },
+            PeerMessage::Rendezvous {
+                req,
+                sizes,
+                regions: vec![
+                    RemoteRegion {
+                        addr: 0x1000,
+                        len: 64,
+                        rkey: 5,
+                    },
+                    RemoteRegion {
+                        addr: 0x9000,
+                        len: 64,
+                        rkey: 6,
+                    },
+                ],
+                lease_ms: 100,
+            },
+            PeerMessage::Finish { req },
+            PeerMessage::NotFound { req },
+            PeerMessage::Busy { req },
+            PeerMessage::Error {
+                req,
+                reason: "arena not registered".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        for message in samples() {
+            let bytes = to_bytes(&message);
+            assert_eq!(message_len(&bytes[..HEADER_BYTES]).unwrap(), bytes.len());
+            assert_eq!(decode(&bytes).unwrap(), message, "{message}");
+        }
+    }
+
+    #[test]
+    fn eager_encoding_matches_message_encoding() {
+        let header = EagerHeader {
+            req: TransferId(3),
+            sizes: ObjectSizes {
+                data_size: 10,
+                metadata_size: 0,
+            },
+            offset: 0,
+        };
+        let mut out = Vec::new();
+        encode_eager(&header, &[1; 10], &mut out);
+        assert_eq!(
+            out,
+            to_bytes(&PeerMessage::EagerData {
+                header,
+                payload: vec![1; 10]
+            })
+        );
+    }
+
+    #[test]
+    fn truncation_and_trailing_bytes_are_refused() {
+        for message in samples() {
+            let bytes = to_bytes(&message);
+            for cut in 0..bytes.len() {
+                assert!(decode(&bytes[..cut]).is_err(), "{message} cut at {cut}");
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert_eq!(decode(&longer), Err(WireError::Trailing(1)));
+        }
+    }
+
+    #[test]
+    fn bad_fields_are_refused() {
+        let mut bytes = to_bytes(&samples()[0]);
+        bytes[2] = 2;
+        assert_eq!(decode(&bytes), Err(WireError::Version { got: 2 }));
+        let mut bytes = to_bytes(&samples()[0]);
+        bytes[0] = b'X';
+        assert!(matches!(decode(&bytes), Err(WireError::BadMagic(_))));
+        let mut bytes = to_bytes(&samples()[0]);
+        bytes[3] = 99;
+        assert_eq!(decode(&bytes), Err(WireError::UnknownKind(99)));
+
+        // Regions that do not add up to the object's size.
+        let mismatched = PeerMessage::Rendezvous {
+            req: TransferId(1),
+            sizes: ObjectSizes {
+                data_size: 100,
+                metadata_size: 0,
+            },
+            regions: vec![RemoteRegion {
+                addr: 0,
+                len: 99,
+                rkey: 1,
+            }],
+            lease_ms: 10,
+        };
+        assert!(matches!(
+            decode(&to_bytes(&mismatched)),
+            Err(WireError::Invalid {
+                field: "regions",
+                ..
+            })
+        ));
+        // A chunk past the object's end.
+        let past_end = PeerMessage::EagerData {
+            header: EagerHeader {
+                req: TransferId(1),
+                sizes: ObjectSizes {
+                    data_size: 4,
+                    metadata_size: 0,
+                },
+                offset: 2,
+            },
+            payload: vec![0; 3],
+        };
+        assert!(matches!(
+            decode(&to_bytes(&past_end)),
+            Err(WireError::Invalid {
+                field: "offset",
+                ..
+            })
+        ));
+        // A zero lease.
+        let zero_lease = PeerMessage::Rendezvous {
+            req: TransferId(1),
+            sizes: ObjectSizes {
+                data_size: 1,
+                metadata_size: 0,
+            },
+            regions: vec![RemoteRegion {
+                addr: 0,
+                len: 1,
+                rkey: 1,
+            }],
+            lease_ms: 0,
+        };
+        assert!(decode(&to_bytes(&zero_lease)).is_err());
+        // Announced length over the limit.
+        let mut huge = to_bytes(&samples()[3]);
+        huge[4..8].copy_from_slice(&(MAX_MESSAGE_BYTES as u32).to_le_bytes());
+        assert!(matches!(decode(&huge), Err(WireError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn long_reasons_are_cut_on_a_char_boundary() {
+        let reason = "é".repeat(MAX_REASON_BYTES);
+        let bytes = to_bytes(&PeerMessage::Error {
+            req: TransferId(1),
+            reason,
+        });
+        let PeerMessage::Error { reason, .. } = decode(&bytes).unwrap() else {
+            panic!("kind changed")
+        };
+        assert!(reason.len() <= MAX_REASON_BYTES && reason.chars().all(|c| c == 'é'));
+    }
+
+    proptest! {
+        /// Arbitrary bytes never panic the decoder.
+        #[test]
+        fn decoding_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode(&bytes);
+            let _ = message_len(&bytes);
+        }
+
+        /// Garbage behind a valid header (so the decoder gets past the header checks).
+        #[test]
+        fn decoding_garbage_bodies_never_panics(kind in 0u8..10, body in prop::collection::vec(any::<u8>(), 0..256)) {
+            let mut bytes = vec![MAGIC[0], MAGIC[1], WIRE_VERSION, kind];
+            bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(&body);
+            if let Ok(message) = decode(&bytes) {
+                // Whatever decodes re-encodes to the same bytes.
+                prop_assert_eq!(to_bytes(&message), bytes);
+            }
+        }
+
+        /// Flipping any byte of a valid message gives an error or another valid message.
+        #[test]
+        fn mutated_messages_never_panic(which in 0usize..7, pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+            let mut bytes = to_bytes(&samples()[which]);
+            let at = pos.index(bytes.len());
+            bytes[at] = byte;
+            let _ = decode(&bytes);
+        }
+    }
+}
