@@ -3,5 +3,6 @@
 
 pub mod arena;
 pub mod fd_passing;
+pub mod verbs;
 
 pub use arena::{ArenaError, ArenaOptions, ReadableRegion, SharedArena, WritableRegion};
