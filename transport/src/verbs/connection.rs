@@ -590,7 +590,14 @@ impl VerbsConnection {
         let id = (KIND_SEND << KIND_SHIFT) | u64::from(slot);
         let result = {
             let mut guard = l.qp.start_post_send();
-            let wr = guard.construct_wr(id, WorkRequestFlags::Signaled).setup_send();
+            // IBV_SEND_INLINE must be in the WR flags too: rxe's ibv_wr_set_inline_data copies
+            // the bytes but the kernel then ignores them without the flag (LOC_QP_OP_ERR).
+            let flags = if inline {
+                WorkRequestFlags::Signaled | WorkRequestFlags::Inline
+            } else {
+                WorkRequestFlags::Signaled
+            };
+            let wr = guard.construct_wr(id, flags).setup_send();
             if inline {
                 wr.setup_inline_data(bytes);
             } else {
