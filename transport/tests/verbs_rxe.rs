@@ -28,7 +28,9 @@ fn devices(test: &str) -> Option<(String, String)> {
     let names: Vec<&str> = list.split_whitespace().collect();
     match names.as_slice() {
         [] => {
-            println!("skip {test}: SKYRIVER_RDMA_DEVICES is not set (run in ci/softroce/run-in-vm.sh)");
+            println!(
+                "skip {test}: SKYRIVER_RDMA_DEVICES is not set (run in ci/softroce/run-in-vm.sh)"
+            );
             None
         }
         [one] => Some((one.to_string(), one.to_string())),
@@ -37,7 +39,9 @@ fn devices(test: &str) -> Option<(String, String)> {
 }
 
 fn gid_index() -> Option<u32> {
-    std::env::var("SKYRIVER_RDMA_GID_INDEX").ok().and_then(|s| s.parse().ok())
+    std::env::var("SKYRIVER_RDMA_GID_INDEX")
+        .ok()
+        .and_then(|s| s.parse().ok())
 }
 
 struct End {
@@ -94,10 +98,18 @@ fn buffer(device: &VerbsDevice, len: usize, max_mr_bytes: u64, seed: Option<u64>
 }
 
 /// Poll `conn` until `done(all completions so far)` or the deadline.
-fn poll_until(conn: &mut VerbsConnection, out: &mut Vec<Completion>, done: impl Fn(&[Completion]) -> bool) {
+fn poll_until(
+    conn: &mut VerbsConnection,
+    out: &mut Vec<Completion>,
+    done: impl Fn(&[Completion]) -> bool,
+) {
     let deadline = Instant::now() + WAIT;
     while !done(out) {
-        assert!(Instant::now() < deadline, "no progress within {WAIT:?}; have {} completions", out.len());
+        assert!(
+            Instant::now() < deadline,
+            "no progress within {WAIT:?}; have {} completions",
+            out.len()
+        );
         if conn.poll(out).expect("poll") == 0 {
             thread::yield_now();
         }
@@ -105,7 +117,11 @@ fn poll_until(conn: &mut VerbsConnection, out: &mut Vec<Completion>, done: impl 
 }
 
 fn assert_ok(c: &Completion) {
-    assert!(c.status.is_success(), "completion failed: {c:?} ({})", c.status);
+    assert!(
+        c.status.is_success(),
+        "completion failed: {c:?} ({})",
+        c.status
+    );
 }
 
 #[test]
@@ -122,7 +138,9 @@ fn open_of_a_missing_device_is_a_clear_error() {
 
 #[test]
 fn handshake_agrees_on_the_minimum() {
-    let Some((a, b)) = devices("handshake_agrees_on_the_minimum") else { return };
+    let Some((a, b)) = devices("handshake_agrees_on_the_minimum") else {
+        return;
+    };
     let cfg_a = ConnectionConfig {
         lanes: 4,
         recv_slot_bytes: 8192,
@@ -152,19 +170,39 @@ fn handshake_agrees_on_the_minimum() {
     assert!(pa.max_rd_atomic >= 1 && pa.max_rd_atomic <= 4);
     for p in [pa, pb] {
         assert_eq!(
-            (p.lanes, p.recv_slot_bytes, p.recv_slots, p.mtu_bytes, p.max_rd_atomic),
-            (pa.lanes, pa.recv_slot_bytes, pa.recv_slots, pa.mtu_bytes, pa.max_rd_atomic)
+            (
+                p.lanes,
+                p.recv_slot_bytes,
+                p.recv_slots,
+                p.mtu_bytes,
+                p.max_rd_atomic
+            ),
+            (
+                pa.lanes,
+                pa.recv_slot_bytes,
+                pa.recv_slots,
+                pa.mtu_bytes,
+                pa.max_rd_atomic
+            )
         );
     }
     let limits = ea.device.limits();
     assert!(limits.max_mr_size_bytes > 0 && limits.max_qp_rd_atom > 0 && limits.max_sge > 0);
-    assert_eq!(ea.device.gid_kind(), skyriver_transport::verbs::GidKind::RoceV2);
-    assert!(ea.device.gid().to_ipv4_mapped().is_some(), "default GID should be IPv4-mapped RoCE v2");
+    assert_eq!(
+        ea.device.gid_kind(),
+        skyriver_transport::verbs::GidKind::RoceV2
+    );
+    assert!(
+        ea.device.gid().to_ipv4_mapped().is_some(),
+        "default GID should be IPv4-mapped RoCE v2"
+    );
 }
 
 #[test]
 fn send_recv_of_several_sizes_with_reposting() {
-    let Some((a, b)) = devices("send_recv_of_several_sizes_with_reposting") else { return };
+    let Some((a, b)) = devices("send_recv_of_several_sizes_with_reposting") else {
+        return;
+    };
     let cfg = ConnectionConfig {
         lanes: 2,
         recv_slot_bytes: 8192,
@@ -175,13 +213,27 @@ fn send_recv_of_several_sizes_with_reposting() {
     let (mut ea, mut eb) = pair(&a, &b, cfg.clone(), cfg);
     let inline = ea.conn.params().max_inline_bytes;
     println!("max inline: {inline}");
-    let sizes = [1usize, 7, 64, inline.max(1) as usize, inline as usize + 1, 1000, 4095, 4096, 8192];
+    let sizes = [
+        1usize,
+        7,
+        64,
+        inline.max(1) as usize,
+        inline as usize + 1,
+        1000,
+        4095,
+        4096,
+        8192,
+    ];
     // Three rounds over every size and both lanes and directions: 108 messages, more than
     // the 16 slots per lane, so released slots must be reposted.
     let mut wr = 0u64;
     for round in 0..3u64 {
         for from_a in [true, false] {
-            let (tx, rx) = if from_a { (&mut ea, &mut eb) } else { (&mut eb, &mut ea) };
+            let (tx, rx) = if from_a {
+                (&mut ea, &mut eb)
+            } else {
+                (&mut eb, &mut ea)
+            };
             for lane in 0..2 {
                 let mut sent = Vec::new();
                 for &size in &sizes {
@@ -203,7 +255,11 @@ fn send_recv_of_several_sizes_with_reposting() {
                     assert_eq!((c.opcode, c.lane), (Opcode::Recv, lane), "from_a={from_a}");
                     assert_eq!(c.byte_len as usize, msg.len());
                     let slot = c.recv_slot().unwrap();
-                    assert!(rx.conn.recv_bytes(slot) == &msg[..], "payload mismatch, size {}", msg.len());
+                    assert!(
+                        rx.conn.recv_bytes(slot) == &msg[..],
+                        "payload mismatch, size {}",
+                        msg.len()
+                    );
                     rx.conn.release_recv(slot).unwrap();
                 }
             }
@@ -213,13 +269,23 @@ fn send_recv_of_several_sizes_with_reposting() {
         ea.conn.post_send(0, 1, &vec![0u8; 8193]),
         Err(PostError::BadLength { .. })
     ));
-    assert!(matches!(ea.conn.post_send(9, 1, b"x"), Err(PostError::NoSuchLane(9))));
+    assert!(matches!(
+        ea.conn.post_send(9, 1, b"x"),
+        Err(PostError::NoSuchLane(9))
+    ));
 }
 
 #[test]
 fn rdma_read_1kib_to_8mib() {
-    let Some((a, b)) = devices("rdma_read_1kib_to_8mib") else { return };
-    let (mut ea, eb) = pair(&a, &b, ConnectionConfig::default(), ConnectionConfig::default());
+    let Some((a, b)) = devices("rdma_read_1kib_to_8mib") else {
+        return;
+    };
+    let (mut ea, eb) = pair(
+        &a,
+        &b,
+        ConnectionConfig::default(),
+        ConnectionConfig::default(),
+    );
     const MIB: usize = 1 << 20;
     let src = buffer(&eb.device, 8 * MIB + 8192, u64::MAX, Some(42));
     let dst = buffer(&ea.device, 8 * MIB + 8192, u64::MAX, None);
@@ -244,14 +310,19 @@ fn rdma_read_1kib_to_8mib() {
         )
         .unwrap();
         assert_eq!(reqs.len(), 1);
-        ea.conn.post_reads(id as usize % 2, &reqs).expect("post_reads");
+        ea.conn
+            .post_reads(id as usize % 2, &reqs)
+            .expect("post_reads");
         let mut done = Vec::new();
         poll_until(&mut ea.conn, &mut done, |c| !c.is_empty());
         assert_eq!(done.len(), 1);
         assert_ok(&done[0]);
         assert_eq!((done[0].opcode, done[0].wr_id), (Opcode::Read, id * 1000));
         assert_eq!(done[0].byte_len as usize, size);
-        assert!(dst.mem[dst_off..dst_off + size] == src.mem[src_off..src_off + size], "READ of {size} bytes corrupted");
+        assert!(
+            dst.mem[dst_off..dst_off + size] == src.mem[src_off..src_off + size],
+            "READ of {size} bytes corrupted"
+        );
         println!("read {size} bytes ok");
     }
     drop(eb);
@@ -259,7 +330,9 @@ fn rdma_read_1kib_to_8mib() {
 
 #[test]
 fn many_outstanding_reads_across_lanes() {
-    let Some((a, b)) = devices("many_outstanding_reads_across_lanes") else { return };
+    let Some((a, b)) = devices("many_outstanding_reads_across_lanes") else {
+        return;
+    };
     let cfg = ConnectionConfig {
         lanes: 4,
         send_queue_depth: 64,
@@ -316,7 +389,10 @@ fn many_outstanding_reads_across_lanes() {
         }
     }
     println!("max READs in flight: {max_in_flight}");
-    assert!(max_in_flight > 64, "READs should be outstanding on several lanes at once");
+    assert!(
+        max_in_flight > 64,
+        "READs should be outstanding on several lanes at once"
+    );
     assert!((0..4).all(|l| ea.conn.in_flight(l) == 0));
     assert!(dst.mem[..] == src.mem[..], "READ data corrupted");
     drop(eb);
@@ -324,8 +400,15 @@ fn many_outstanding_reads_across_lanes() {
 
 #[test]
 fn registration_split_into_several_regions() {
-    let Some((a, b)) = devices("registration_split_into_several_regions") else { return };
-    let (mut ea, eb) = pair(&a, &b, ConnectionConfig::default(), ConnectionConfig::default());
+    let Some((a, b)) = devices("registration_split_into_several_regions") else {
+        return;
+    };
+    let (mut ea, eb) = pair(
+        &a,
+        &b,
+        ConnectionConfig::default(),
+        ConnectionConfig::default(),
+    );
     const LEN: usize = 1 << 20;
     // Forced small maxima, different on each side so boundaries interleave.
     let src = buffer(&eb.device, LEN, 64 * 1024, Some(99));
@@ -337,7 +420,11 @@ fn registration_split_into_several_regions() {
     for w in src.reg.chunks().windows(2) {
         assert_eq!(w[0].addr + w[0].len, w[1].addr, "regions are contiguous");
     }
-    assert_eq!(dst.reg.lkey_for(dst.reg.addr() + 48 * 1024 - 1, 2), None, "range crosses a region");
+    assert_eq!(
+        dst.reg.lkey_for(dst.reg.addr() + 48 * 1024 - 1, 2),
+        None,
+        "range crosses a region"
+    );
 
     // A READ across many boundaries on both sides, split correctly.
     let (off, len) = (5000usize, LEN - 9000);
@@ -360,7 +447,10 @@ fn registration_split_into_several_regions() {
     assert_eq!(out.len(), 1);
     assert_ok(&out[0]);
     assert_eq!(out[0].wr_id, reqs.len() as u64 - 1);
-    assert!(dst.mem[off..off + len] == src.mem[off..off + len], "split READ corrupted");
+    assert!(
+        dst.mem[off..off + len] == src.mem[off..off + len],
+        "split READ corrupted"
+    );
 
     // The same READ unsplit (one key for a range spanning several regions) must fail
     // with an error completion, not corrupt memory or hang.
@@ -377,7 +467,10 @@ fn registration_split_into_several_regions() {
     ea.conn.post_reads(1, &[bad]).unwrap();
     let mut out = Vec::new();
     poll_until(&mut ea.conn, &mut out, |c| !c.is_empty());
-    println!("unsplit READ across regions completed with {}", out[0].status);
+    println!(
+        "unsplit READ across regions completed with {}",
+        out[0].status
+    );
     assert_eq!(out[0].wr_id, 4242);
     assert!(!out[0].status.is_success());
     assert!(ea.conn.lane_failed(1));
@@ -386,7 +479,9 @@ fn registration_split_into_several_regions() {
 
 #[test]
 fn qp_forced_into_error_mid_transfer_flushes() {
-    let Some((a, b)) = devices("qp_forced_into_error_mid_transfer_flushes") else { return };
+    let Some((a, b)) = devices("qp_forced_into_error_mid_transfer_flushes") else {
+        return;
+    };
     let cfg = ConnectionConfig {
         lanes: 2,
         send_queue_depth: 256,
@@ -421,19 +516,45 @@ fn qp_forced_into_error_mid_transfer_flushes() {
     assert_ok(&out[0]);
     ea.conn.force_error(0).unwrap();
     assert!(matches!(
-        ea.conn.post_reads(0, &[ReadRequest { wr_id: 1, local_addr: l0.addr, lkey: l0.lkey, remote_addr: r0.addr, rkey: r0.rkey, len: 1 }]),
+        ea.conn.post_reads(
+            0,
+            &[ReadRequest {
+                wr_id: 1,
+                local_addr: l0.addr,
+                lkey: l0.lkey,
+                remote_addr: r0.addr,
+                rkey: r0.rkey,
+                len: 1
+            }]
+        ),
         Err(PostError::LaneFailed(0))
     ));
     // Every list's signaled READ completes, successfully or flushed; nothing hangs.
     // Posted receives of the failed lane are flushed too.
-    let last = |c: &Completion| c.opcode == Opcode::Read && c.wr_id as usize % PER_LIST == PER_LIST - 1;
-    poll_until(&mut ea.conn, &mut out, |cs| cs.iter().filter(|c| last(c)).count() == LISTS);
-    let (recvs, reads): (Vec<Completion>, Vec<Completion>) = out.iter().partition(|c| c.opcode == Opcode::Recv);
-    assert!(recvs.iter().all(|c| c.status == WcStatus::FLUSHED && c.lane == 0));
+    let last =
+        |c: &Completion| c.opcode == Opcode::Read && c.wr_id as usize % PER_LIST == PER_LIST - 1;
+    poll_until(&mut ea.conn, &mut out, |cs| {
+        cs.iter().filter(|c| last(c)).count() == LISTS
+    });
+    let (recvs, reads): (Vec<Completion>, Vec<Completion>) =
+        out.iter().partition(|c| c.opcode == Opcode::Recv);
+    assert!(recvs
+        .iter()
+        .all(|c| c.status == WcStatus::FLUSHED && c.lane == 0));
     let ok = reads.iter().filter(|c| c.status.is_success()).count();
-    let flushed = reads.iter().filter(|c| c.status == WcStatus::FLUSHED).count();
-    println!("{} READ completions: {ok} ok, {flushed} flushed; {} receives flushed", reads.len(), recvs.len());
-    assert!(ok >= 1 && flushed > 0, "forcing the QP to error must flush the outstanding READs");
+    let flushed = reads
+        .iter()
+        .filter(|c| c.status == WcStatus::FLUSHED)
+        .count();
+    println!(
+        "{} READ completions: {ok} ok, {flushed} flushed; {} receives flushed",
+        reads.len(),
+        recvs.len()
+    );
+    assert!(
+        ok >= 1 && flushed > 0,
+        "forcing the QP to error must flush the outstanding READs"
+    );
     for c in &reads {
         assert_eq!((c.lane, c.opcode), (0, Opcode::Read));
         // Lists that completed before the error carry correct data.
@@ -443,7 +564,14 @@ fn qp_forced_into_error_mid_transfer_flushes() {
         }
     }
     // The other lane is unaffected.
-    let reqs = [ReadRequest { wr_id: 9, local_addr: l0.addr, lkey: l0.lkey, remote_addr: r0.addr, rkey: r0.rkey, len: PIECE as u32 }];
+    let reqs = [ReadRequest {
+        wr_id: 9,
+        local_addr: l0.addr,
+        lkey: l0.lkey,
+        remote_addr: r0.addr,
+        rkey: r0.rkey,
+        len: PIECE as u32,
+    }];
     ea.conn.post_reads(1, &reqs).unwrap();
     let mut out = Vec::new();
     poll_until(&mut ea.conn, &mut out, |c| c.iter().any(|c| c.lane == 1));

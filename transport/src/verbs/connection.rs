@@ -293,7 +293,8 @@ pub struct Completion {
 impl Completion {
     /// The slot holding the message, for a successful receive.
     pub fn recv_slot(&self) -> Option<RecvSlot> {
-        (self.opcode == Opcode::Recv && self.status.is_success()).then_some(RecvSlot(self.wr_id as u32))
+        (self.opcode == Opcode::Recv && self.status.is_success())
+            .then_some(RecvSlot(self.wr_id as u32))
     }
 }
 
@@ -379,7 +380,10 @@ impl VerbsConnection {
             return bad("zero repost or poll batch".into());
         }
         if mtu_from_bytes(config.mtu_bytes).is_none() {
-            return bad(format!("MTU {} is not 256..4096, a power of two", config.mtu_bytes));
+            return bad(format!(
+                "MTU {} is not 256..4096, a power of two",
+                config.mtu_bytes
+            ));
         }
         let sq_depth = config.send_queue_depth.min(limits.max_qp_wr);
         let recv_slots_cap = config.recv_slots.min(limits.max_qp_wr);
@@ -390,7 +394,10 @@ impl VerbsConnection {
         let lanes_wanted = config.lanes.min(limits.max_qp as usize).max(1);
         let cqe = (sq_depth + recv_slots_cap) as usize * lanes_wanted;
         if cqe > limits.max_cqe as usize {
-            return bad(format!("needs {cqe} CQ entries, device allows {}", limits.max_cqe));
+            return bad(format!(
+                "needs {cqe} CQ entries, device allows {}",
+                limits.max_cqe
+            ));
         }
         let rd_atomic = config
             .max_rd_atomic
@@ -418,7 +425,8 @@ impl VerbsConnection {
                 .setup_pkey_index(0)
                 .setup_port(device.port().port)
                 .setup_access_flags(AccessFlags::LocalWrite | AccessFlags::RemoteRead);
-            qp.modify(&attr).map_err(|e| verb_err("ibv_modify_qp(INIT)", &e))?;
+            qp.modify(&attr)
+                .map_err(|e| verb_err("ibv_modify_qp(INIT)", &e))?;
             let qpn = qp.qp_number();
             lanes.push(Lane {
                 qp,
@@ -520,7 +528,9 @@ impl VerbsConnection {
                 .setup_max_dest_read_atomic(params.max_rd_atomic as u8)
                 .setup_min_rnr_timer(12)
                 .setup_address_vector(&ah);
-            lane.qp.modify(&attr).map_err(|e| verb_err("ibv_modify_qp(RTR)", &e))?;
+            lane.qp
+                .modify(&attr)
+                .map_err(|e| verb_err("ibv_modify_qp(RTR)", &e))?;
             let mut attr = QueuePairAttribute::new();
             attr.setup_state(QueuePairState::ReadyToSend)
                 .setup_sq_psn(psns[i])
@@ -528,7 +538,9 @@ impl VerbsConnection {
                 .setup_retry_cnt(config.retry_count)
                 .setup_rnr_retry(config.rnr_retry)
                 .setup_max_read_atomic(params.max_rd_atomic as u8);
-            lane.qp.modify(&attr).map_err(|e| verb_err("ibv_modify_qp(RTS)", &e))?;
+            lane.qp
+                .modify(&attr)
+                .map_err(|e| verb_err("ibv_modify_qp(RTS)", &e))?;
         }
 
         // 5. Both sides ready: receives are posted before anyone sends.
@@ -695,7 +707,9 @@ impl VerbsConnection {
         };
         l.to_repost.push(slot.0);
         // Repost a full batch, or at once when the lane runs low on posted receives.
-        if !l.failed && (l.to_repost.len() as u32 >= self.repost_batch || l.recv_posted < self.repost_batch) {
+        if !l.failed
+            && (l.to_repost.len() as u32 >= self.repost_batch || l.recv_posted < self.repost_batch)
+        {
             self.repost(lane).map_err(|e| PostError::Verb {
                 verb: "ibv_post_recv",
                 reason: render(&e),
@@ -741,7 +755,10 @@ impl VerbsConnection {
     /// Force `lane`'s QP into the error state: everything in flight on it completes with
     /// `WR_FLUSH_ERR`. For fault handling and tests.
     pub fn force_error(&mut self, lane: usize) -> Result<(), PostError> {
-        let l = self.lanes.get_mut(lane).ok_or(PostError::NoSuchLane(lane))?;
+        let l = self
+            .lanes
+            .get_mut(lane)
+            .ok_or(PostError::NoSuchLane(lane))?;
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::Error);
         l.qp.modify(&attr).map_err(|e| PostError::Verb {
@@ -775,7 +792,11 @@ impl VerbsConnection {
     }
 
     /// Poll until at least one completion arrives or `timeout` passes.
-    pub fn poll_wait(&mut self, out: &mut Vec<Completion>, timeout: Duration) -> Result<usize, PollError> {
+    pub fn poll_wait(
+        &mut self,
+        out: &mut Vec<Completion>,
+        timeout: Duration,
+    ) -> Result<usize, PollError> {
         let deadline = Instant::now() + timeout;
         loop {
             let n = self.poll(out)?;
@@ -840,7 +861,12 @@ impl VerbsConnection {
     }
 }
 
-fn lane_checked(lanes: &mut [Lane], lane: usize, wanted: u32, depth: u32) -> Result<&mut Lane, PostError> {
+fn lane_checked(
+    lanes: &mut [Lane],
+    lane: usize,
+    wanted: u32,
+    depth: u32,
+) -> Result<&mut Lane, PostError> {
     let l = lanes.get_mut(lane).ok_or(PostError::NoSuchLane(lane))?;
     if l.failed {
         return Err(PostError::LaneFailed(lane));
@@ -890,7 +916,10 @@ fn create_qp(
             Ok(qp) => qp.into(),
             Err(_) if inline > 0 => {
                 builder.setup_max_inline_data(0);
-                builder.build().map_err(|e| verb_err("ibv_create_qp", &e))?.into()
+                builder
+                    .build()
+                    .map_err(|e| verb_err("ibv_create_qp", &e))?
+                    .into()
             }
             Err(e) => return Err(verb_err("ibv_create_qp", &e)),
         },

@@ -239,10 +239,13 @@ impl VerbsDevice {
     /// and GID 0 on InfiniBand.
     pub fn open(name: &str, port: u8, gid_index: Option<u32>) -> Result<VerbsDevice, DeviceError> {
         let list = DeviceList::new().map_err(|e| DeviceError::VerbsUnavailable(io_error(&e)))?;
-        let device = list.iter().find(|d| d.name() == name).ok_or_else(|| DeviceError::NotFound {
-            name: name.to_string(),
-            available: list.iter().map(|d| d.name()).collect(),
-        })?;
+        let device =
+            list.iter()
+                .find(|d| d.name() == name)
+                .ok_or_else(|| DeviceError::NotFound {
+                    name: name.to_string(),
+                    available: list.iter().map(|d| d.name()).collect(),
+                })?;
         let ctx = device.open().map_err(|e| DeviceError::Open {
             name: name.to_string(),
             source: io_error(&e),
@@ -269,7 +272,10 @@ impl VerbsDevice {
             return Err(DeviceError::QueryPort {
                 name: name.to_string(),
                 port,
-                reason: format!("device has {} port(s), numbered from 1", attr.phys_port_cnt()),
+                reason: format!(
+                    "device has {} port(s), numbered from 1",
+                    attr.phys_port_cnt()
+                ),
             });
         }
 

@@ -165,8 +165,14 @@ pub(crate) struct Control<'a> {
 
 impl<'a> Control<'a> {
     pub(crate) fn new(stream: &'a mut TcpStream, budget: Duration) -> Result<Self, HandshakeError> {
-        let io = |source| HandshakeError::Io { op: "setup", source };
-        let saved = (stream.read_timeout().map_err(io)?, stream.write_timeout().map_err(io)?);
+        let io = |source| HandshakeError::Io {
+            op: "setup",
+            source,
+        };
+        let saved = (
+            stream.read_timeout().map_err(io)?,
+            stream.write_timeout().map_err(io)?,
+        );
         stream.set_nodelay(true).map_err(io)?;
         Ok(Control {
             stream,
@@ -187,7 +193,9 @@ impl<'a> Control<'a> {
 
     fn map(&self, op: &'static str, e: io::Error) -> HandshakeError {
         match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => HandshakeError::Timeout(self.budget),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+                HandshakeError::Timeout(self.budget)
+            }
             _ => HandshakeError::Io { op, source: e },
         }
     }
@@ -197,7 +205,10 @@ impl<'a> Control<'a> {
         self.stream
             .set_write_timeout(Some(left))
             .map_err(|e| self.map("write", e))?;
-        let r = self.stream.write_all(bytes).and_then(|()| self.stream.flush());
+        let r = self
+            .stream
+            .write_all(bytes)
+            .and_then(|()| self.stream.flush());
         r.map_err(|e| self.map("write", e))
     }
 
@@ -276,7 +287,10 @@ mod tests {
         let good = hello().encode();
         let mut b = good;
         b[0] = b'X';
-        assert!(matches!(Hello::decode(&b), Err(HandshakeError::Malformed(_))));
+        assert!(matches!(
+            Hello::decode(&b),
+            Err(HandshakeError::Malformed(_))
+        ));
         let mut b = good;
         b[6] = 0; // zero lanes
         b[7] = 0;

@@ -30,14 +30,12 @@ mod handshake;
 mod registration;
 
 pub use connection::{
-    Completion, ConnectionConfig, ConnectionError, NegotiatedParams, Opcode, PollError,
-    PostError, ReadRequest, RecvSlot, VerbsConnection, WcStatus,
+    Completion, ConnectionConfig, ConnectionError, NegotiatedParams, Opcode, PollError, PostError,
+    ReadRequest, RecvSlot, VerbsConnection, WcStatus,
 };
 pub use device::{list_devices, DeviceError, DeviceLimits, GidKind, PortInfo, VerbsDevice};
 pub use handshake::{HandshakeError, MAX_LANES};
-pub use registration::{
-    plan_reads, MrChunk, PlanError, RegisterError, Registration, RemoteChunk,
-};
+pub use registration::{plan_reads, MrChunk, PlanError, RegisterError, Registration, RemoteChunk};
 
 /// Largest message a single RDMA READ or SEND may carry (the InfiniBand limit, 2 GiB).
 pub const MAX_MESSAGE_BYTES: u64 = 1 << 31;

@@ -67,7 +67,9 @@ pub struct Registration {
 
 impl std::fmt::Debug for Registration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registration").field("chunks", &self.chunks).finish()
+        f.debug_struct("Registration")
+            .field("chunks", &self.chunks)
+            .finish()
     }
 }
 
@@ -96,14 +98,15 @@ impl Registration {
             let addr = base + offset;
             // SAFETY: [addr, addr + chunk_len) lies inside the caller's range, which the
             // caller keeps mapped until this Registration (which owns the MR) is dropped.
-            let mr = unsafe { pd.reg_mr(addr as usize, chunk_len as usize, access) }.map_err(|e| {
-                RegisterError::RegisterMr {
-                    index: chunks.len(),
-                    addr,
-                    len: chunk_len,
-                    reason: render(&e),
-                }
-            })?;
+            let mr =
+                unsafe { pd.reg_mr(addr as usize, chunk_len as usize, access) }.map_err(|e| {
+                    RegisterError::RegisterMr {
+                        index: chunks.len(),
+                        addr,
+                        len: chunk_len,
+                        reason: render(&e),
+                    }
+                })?;
             chunks.push(MrChunk {
                 addr,
                 len: chunk_len,
@@ -216,14 +219,16 @@ pub fn plan_reads(
     while done < len {
         let l_addr = local_addr + done;
         let r_addr = remote_addr + done;
-        let lc = find_chunk(local, l_addr, |c| (c.addr, c.len)).ok_or(PlanError::LocalNotCovered {
-            addr: l_addr,
-            len: len - done,
-        })?;
-        let rc = find_chunk(remote, r_addr, |c| (c.addr, c.len)).ok_or(PlanError::RemoteNotCovered {
-            addr: r_addr,
-            len: len - done,
-        })?;
+        let lc =
+            find_chunk(local, l_addr, |c| (c.addr, c.len)).ok_or(PlanError::LocalNotCovered {
+                addr: l_addr,
+                len: len - done,
+            })?;
+        let rc =
+            find_chunk(remote, r_addr, |c| (c.addr, c.len)).ok_or(PlanError::RemoteNotCovered {
+                addr: r_addr,
+                len: len - done,
+            })?;
         let piece = (len - done)
             .min(lc.addr + lc.len - l_addr)
             .min(rc.addr + rc.len - r_addr)
@@ -311,7 +316,9 @@ mod tests {
             let lc = l.iter().find(|c| c.lkey == q.lkey).unwrap();
             assert!(q.local_addr >= lc.addr && q.local_addr + u64::from(q.len) <= lc.addr + lc.len);
             let rc = r.iter().find(|c| c.rkey == q.rkey).unwrap();
-            assert!(q.remote_addr >= rc.addr && q.remote_addr + u64::from(q.len) <= rc.addr + rc.len);
+            assert!(
+                q.remote_addr >= rc.addr && q.remote_addr + u64::from(q.len) <= rc.addr + rc.len
+            );
             expect_l += u64::from(q.len);
             expect_r += u64::from(q.len);
         }
@@ -323,12 +330,18 @@ mod tests {
         let r = remote(0, &[4096]);
         assert_eq!(
             plan_reads(&l, 0, &r, 0, 8192, u64::MAX, 0),
-            Err(PlanError::LocalNotCovered { addr: 4096, len: 4096 })
+            Err(PlanError::LocalNotCovered {
+                addr: 4096,
+                len: 4096
+            })
         );
         let l2 = local(0, &[8192]);
         assert_eq!(
             plan_reads(&l2, 0, &r, 0, 8192, u64::MAX, 0),
-            Err(PlanError::RemoteNotCovered { addr: 4096, len: 4096 })
+            Err(PlanError::RemoteNotCovered {
+                addr: 4096,
+                len: 4096
+            })
         );
         assert_eq!(plan_reads(&l, 0, &r, 0, 0, 1, 0), Err(PlanError::Empty));
         assert_eq!(
@@ -341,10 +354,22 @@ mod tests {
     fn chunk_lookup_by_address() {
         let l = local(0x1000, &[4096, 4096, 100]);
         assert_eq!(find_chunk(&l, 0xfff, |c| (c.addr, c.len)), None);
-        assert_eq!(find_chunk(&l, 0x1000, |c| (c.addr, c.len)).unwrap().lkey, 100);
-        assert_eq!(find_chunk(&l, 0x1fff, |c| (c.addr, c.len)).unwrap().lkey, 100);
-        assert_eq!(find_chunk(&l, 0x2000, |c| (c.addr, c.len)).unwrap().lkey, 101);
-        assert_eq!(find_chunk(&l, 0x3063, |c| (c.addr, c.len)).unwrap().lkey, 102);
+        assert_eq!(
+            find_chunk(&l, 0x1000, |c| (c.addr, c.len)).unwrap().lkey,
+            100
+        );
+        assert_eq!(
+            find_chunk(&l, 0x1fff, |c| (c.addr, c.len)).unwrap().lkey,
+            100
+        );
+        assert_eq!(
+            find_chunk(&l, 0x2000, |c| (c.addr, c.len)).unwrap().lkey,
+            101
+        );
+        assert_eq!(
+            find_chunk(&l, 0x3063, |c| (c.addr, c.len)).unwrap().lkey,
+            102
+        );
         assert_eq!(find_chunk(&l, 0x3064, |c| (c.addr, c.len)), None);
     }
 }
