@@ -517,6 +517,7 @@ impl VerbsConnection {
             ah.setup_dest_lid(peer.lid)
                 .setup_port(device.port().port)
                 .setup_service_level(0)
+                // Cannot truncate: VerbsDevice::open rejects GID indexes above 255.
                 .setup_grh_src_gid_index(device.gid_index() as u8)
                 .setup_grh_dest_gid(&peer_gid)
                 .setup_grh_hop_limit(64);

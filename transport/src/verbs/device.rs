@@ -215,7 +215,7 @@ fn io_error(e: &(dyn std::error::Error + 'static)) -> io::Error {
         }
         cur = err.source();
     }
-    io::Error::other(e.to_string())
+    io::Error::other(render(e))
 }
 
 pub(crate) fn render(e: &dyn std::error::Error) -> String {
@@ -303,6 +303,14 @@ impl VerbsDevice {
         };
 
         let (gid_index, gid, gid_kind) = match gid_index {
+            Some(index) if index > u32::from(u8::MAX) => {
+                return Err(DeviceError::Gid {
+                    name: name.to_string(),
+                    port,
+                    index,
+                    reason: "GID index above 255 (the address vector holds a u8)".to_string(),
+                });
+            }
             Some(index) => {
                 let gid = ctx.query_gid(port, index).map_err(|e| DeviceError::Gid {
                     name: name.to_string(),
