@@ -83,6 +83,8 @@ struct ClientInner {
 
 struct Connection {
     stream: UnixStream,
+    /// Buffered reads of the same socket: a reply usually arrives in one `read`.
+    reader: std::io::BufReader<UnixStream>,
     next_request: u64,
     /// Releases sent without waiting; their replies are read (and checked) later.
     unacknowledged: BTreeSet<RequestId>,
@@ -102,7 +104,7 @@ impl Connection {
 
     fn read_frame(&mut self) -> Result<ServerFrame, ClientError> {
         let mut header = [0u8; FRAME_HEADER_BYTES];
-        match self.stream.read_exact(&mut header) {
+        match self.reader.read_exact(&mut header) {
             Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Err(ClientError::Closed)
             }
@@ -111,7 +113,7 @@ impl Connection {
         let len = decode_frame_len(header, MAX_RESPONSE_BYTES)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.read_buf.resize(len, 0);
-        self.stream.read_exact(&mut self.read_buf)?;
+        self.reader.read_exact(&mut self.read_buf)?;
         decode_server_frame(&self.read_buf).map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
@@ -203,8 +205,10 @@ impl Client {
             path: socket_path.to_path_buf(),
             source,
         })?;
+        let reader = std::io::BufReader::with_capacity(64 * 1024, stream.try_clone()?);
         let mut connection = Connection {
             stream,
+            reader,
             next_request: 0,
             unacknowledged: BTreeSet::new(),
             write_buf: Vec::new(),
@@ -219,7 +223,8 @@ impl Client {
             protocol_version: PROTOCOL_VERSION,
             client_name,
         })?;
-        // The fds come with the first bytes of the Welcome frame: read its header by recvmsg.
+        // The fds come with the first bytes of the Welcome frame: read its header by recvmsg,
+        // on the raw socket (the buffered reader has not read anything yet).
         let mut header = [0u8; FRAME_HEADER_BYTES];
         let (mut filled, fds) =
             skyriver_transport::fd_passing::recv_with_fds(connection.stream.as_fd(), &mut header)?;

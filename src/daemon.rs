@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use skyriver_core::client_protocol::{
     decode_frame_len, decode_request, encode_frame, ArenaInfo, FrameError, Request, RequestFrame,
@@ -20,8 +19,7 @@ use skyriver_core::{
     ArenaId, ClientId, Instant, NodeId, RequestId, Store, StoreConfig, StoreError, StoreOutput,
 };
 use skyriver_transport::{ArenaError, ArenaOptions, SharedArena};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info, warn};
@@ -381,13 +379,81 @@ enum ConnectionEnd {
     #[error("{0}")]
     Frame(#[from] FrameError),
     #[error("io error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("protocol violation: {0}")]
     Protocol(String),
 }
 
-async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
-    let (client, outbox_rx) = {
+impl From<std::io::Error> for ConnectionEnd {
+    fn from(error: std::io::Error) -> Self {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
+        // A client that exits with replies in flight is an ordinary goodbye.
+        match error.kind() {
+            BrokenPipe | ConnectionReset => ConnectionEnd::Closed,
+            _ => ConnectionEnd::Io(error),
+        }
+    }
+}
+
+/// Bytes read from a connection, cut into frames. Reading into it is cancel-safe, so one task
+/// can wait on the socket and on its outbox at once.
+#[derive(Default)]
+struct FrameReader {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl FrameReader {
+    const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+    /// The byte range of the next complete frame body in the buffer, if one is there.
+    fn next_frame(&mut self) -> Result<Option<std::ops::Range<usize>>, FrameError> {
+        let pending = &self.buf[self.start..];
+        let Some(header) = pending.get(..FRAME_HEADER_BYTES) else {
+            return Ok(None);
+        };
+        let header: [u8; FRAME_HEADER_BYTES] = header.try_into().expect("sliced to the header size");
+        let len = decode_frame_len(header, MAX_REQUEST_BYTES)?;
+        if pending.len() < FRAME_HEADER_BYTES + len {
+            return Ok(None);
+        }
+        let body = self.start + FRAME_HEADER_BYTES..self.start + FRAME_HEADER_BYTES + len;
+        self.start = body.end;
+        Ok(Some(body))
+    }
+
+    /// Reads more bytes; `Closed` or `Truncated` at end of stream.
+    async fn fill(&mut self, stream: &mut UnixStream) -> Result<(), ConnectionEnd> {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.reserve(Self::READ_CHUNK_BYTES);
+        if stream.read_buf(&mut self.buf).await? == 0 {
+            return Err(if self.buf.is_empty() {
+                ConnectionEnd::Closed
+            } else {
+                ConnectionEnd::Truncated
+            });
+        }
+        Ok(())
+    }
+}
+
+fn error_frame(request: RequestId, error: StoreError) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    encode_frame(
+        &ServerFrame::Reply {
+            request,
+            response: Response::Error(error),
+        },
+        &mut bytes,
+    );
+    bytes
+}
+
+async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
+    let (client, mut outbox) = {
         let mut core = shared.lock();
         let client = ClientId(core.next_client);
         core.next_client += 1;
@@ -396,13 +462,9 @@ async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         core.store.connect(client);
         (client, rx)
     };
-    let end = match handshake(&shared, client, stream).await {
-        Ok((reader, writer)) => {
-            let writer_task = tokio::spawn(write_frames(writer, outbox_rx));
-            let end = read_requests(&shared, client, reader).await;
-            writer_task.abort();
-            end
-        }
+    let mut reader = FrameReader::default();
+    let end = match handshake(&shared, client, &mut stream, &mut reader).await {
+        Ok(()) => serve_requests(&shared, client, &mut stream, &mut reader, &mut outbox).await,
         Err(end) => end,
     };
     match &end {
@@ -415,59 +477,26 @@ async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     core.drain();
 }
 
-async fn read_frame(
-    reader: &mut BufReader<OwnedReadHalf>,
-    body: &mut Vec<u8>,
-) -> Result<(), ConnectionEnd> {
-    let mut header = [0u8; FRAME_HEADER_BYTES];
-    match reader.read_exact(&mut header).await {
-        Ok(_) => {}
-        Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Err(if reader.buffer().is_empty() {
-                ConnectionEnd::Closed
-            } else {
-                ConnectionEnd::Truncated
-            })
-        }
-        Err(error) => return Err(error.into()),
-    }
-    let len = decode_frame_len(header, MAX_REQUEST_BYTES)?;
-    body.resize(len, 0);
-    reader.read_exact(body).await.map_err(|error| {
-        if error.kind() == std::io::ErrorKind::UnexpectedEof {
-            ConnectionEnd::Truncated
-        } else {
-            error.into()
-        }
-    })?;
-    Ok(())
-}
-
 /// Reads `Hello`, answers `Welcome` with the arenas' fds attached.
 async fn handshake(
     shared: &Shared,
     client: ClientId,
-    stream: UnixStream,
-) -> Result<(BufReader<OwnedReadHalf>, OwnedWriteHalf), ConnectionEnd> {
-    let (read_half, mut write_half) = stream.into_split();
-    let mut reader = BufReader::new(read_half);
-    let mut body = Vec::new();
-    let refuse = |request: RequestId, error: StoreError| {
-        let mut bytes = Vec::new();
-        encode_frame(
-            &ServerFrame::Reply {
-                request,
-                response: Response::Error(error),
-            },
-            &mut bytes,
-        );
-        bytes
+    stream: &mut UnixStream,
+    reader: &mut FrameReader,
+) -> Result<(), ConnectionEnd> {
+    let body = loop {
+        match reader.next_frame() {
+            Ok(Some(body)) => break body,
+            Ok(None) => reader.fill(stream).await?,
+            Err(error) => {
+                let _ = stream
+                    .write_all(&error_frame(RequestId(0), StoreError::BadRequest(error.to_string())))
+                    .await;
+                return Err(error.into());
+            }
+        }
     };
-    let frame = match read_frame(&mut reader, &mut body).await {
-        Ok(()) => decode_request(&body),
-        Err(end) => return Err(end),
-    };
-    let (request, client_name) = match frame {
+    let (request, client_name) = match decode_request(&reader.buf[body]) {
         Ok(RequestFrame {
             request,
             body:
@@ -480,8 +509,8 @@ async fn handshake(
                 let reason = format!(
                     "protocol version {protocol_version} is not supported; this daemon speaks {PROTOCOL_VERSION}"
                 );
-                let _ = write_half
-                    .write_all(&refuse(request, StoreError::BadRequest(reason.clone())))
+                let _ = stream
+                    .write_all(&error_frame(request, StoreError::BadRequest(reason.clone())))
                     .await;
                 return Err(ConnectionEnd::Protocol(reason));
             }
@@ -489,20 +518,14 @@ async fn handshake(
         }
         Ok(other) => {
             let reason = "the first request must be Hello".to_string();
-            let _ = write_half
-                .write_all(&refuse(
-                    other.request,
-                    StoreError::BadRequest(reason.clone()),
-                ))
+            let _ = stream
+                .write_all(&error_frame(other.request, StoreError::BadRequest(reason.clone())))
                 .await;
             return Err(ConnectionEnd::Protocol(reason));
         }
         Err(error) => {
-            let _ = write_half
-                .write_all(&refuse(
-                    RequestId(0),
-                    StoreError::BadRequest(error.to_string()),
-                ))
+            let _ = stream
+                .write_all(&error_frame(RequestId(0), StoreError::BadRequest(error.to_string())))
                 .await;
             return Err(error.into());
         }
@@ -521,8 +544,8 @@ async fn handshake(
     );
     let fds: Vec<_> = shared.arenas.iter().map(|arena| arena.fd()).collect();
     let sent = loop {
-        write_half.writable().await?;
-        let socket = write_half.as_ref();
+        stream.writable().await?;
+        let socket = &*stream;
         match socket.try_io(tokio::io::Interest::WRITABLE, || {
             use std::os::fd::AsFd;
             skyriver_transport::fd_passing::send_with_fds(socket.as_fd(), &welcome, &fds)
@@ -532,57 +555,69 @@ async fn handshake(
             Err(error) => return Err(error.into()),
         }
     };
-    write_half.write_all(&welcome[sent..]).await?;
+    stream.write_all(&welcome[sent..]).await?;
     debug!(%client, %client_name, "client connected");
-    Ok((reader, write_half))
+    Ok(())
 }
 
-async fn write_frames(mut writer: OwnedWriteHalf, mut outbox: mpsc::UnboundedReceiver<Vec<u8>>) {
-    let mut batch = Vec::new();
-    while let Some(frame) = outbox.recv().await {
-        batch.clear();
-        batch.extend_from_slice(&frame);
-        while let Ok(more) = outbox.try_recv() {
-            batch.extend_from_slice(&more);
-        }
-        if writer.write_all(&batch).await.is_err() {
-            return;
-        }
-    }
-}
-
-async fn read_requests(
+/// Serves requests and writes everything queued for this client, in one task: a reply is
+/// written by the task that read its request, without a hop to another task.
+async fn serve_requests(
     shared: &Shared,
     client: ClientId,
-    mut reader: BufReader<OwnedReadHalf>,
+    stream: &mut UnixStream,
+    reader: &mut FrameReader,
+    outbox: &mut mpsc::UnboundedReceiver<Vec<u8>>,
 ) -> ConnectionEnd {
-    let mut body = Vec::new();
+    let mut pending = Vec::new();
     loop {
-        if let Err(end) = read_frame(&mut reader, &mut body).await {
-            if let ConnectionEnd::Frame(error) = &end {
-                shared.lock().reply(
-                    client,
-                    RequestId(0),
-                    Response::Error(StoreError::BadRequest(error.to_string())),
-                );
-                // Let the writer flush the explanation before the connection drops.
-                tokio::time::sleep(Duration::from_millis(10)).await;
+        // Handle every complete request already buffered.
+        loop {
+            match reader.next_frame() {
+                Ok(Some(body)) => match decode_request(&reader.buf[body]) {
+                    Ok(frame) => handle_request(shared, client, frame),
+                    Err(error) => {
+                        warn!(%client, %error, "malformed request");
+                        pending.extend(error_frame(
+                            RequestId(0),
+                            StoreError::BadRequest(error.to_string()),
+                        ));
+                    }
+                },
+                Ok(None) => break,
+                Err(error) => {
+                    // The stream cannot be trusted past a bad length: explain, then close.
+                    pending.extend(error_frame(RequestId(0), StoreError::BadRequest(error.to_string())));
+                    while let Ok(frame) = outbox.try_recv() {
+                        pending.extend(frame);
+                    }
+                    let _ = stream.write_all(&pending).await;
+                    return error.into();
+                }
             }
-            return end;
         }
-        let frame = match decode_request(&body) {
-            Ok(frame) => frame,
-            Err(error) => {
-                warn!(%client, %error, "malformed request");
-                shared.lock().reply(
-                    client,
-                    RequestId(0),
-                    Response::Error(StoreError::BadRequest(error.to_string())),
-                );
-                continue;
+        while let Ok(frame) = outbox.try_recv() {
+            pending.extend(frame);
+        }
+        if !pending.is_empty() {
+            if let Err(error) = stream.write_all(&pending).await {
+                return error.into();
             }
-        };
-        handle_request(shared, client, frame);
+            pending.clear();
+        }
+        tokio::select! {
+            filled = reader.fill(stream) => {
+                if let Err(end) = filled {
+                    return end;
+                }
+            }
+            frame = outbox.recv() => {
+                // The sender lives in the core state until this connection ends.
+                if let Some(frame) = frame {
+                    pending.extend(frame);
+                }
+            }
+        }
     }
 }
 

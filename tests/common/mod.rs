@@ -1,0 +1,84 @@
+//! Shared helpers of the integration tests: daemons on private sockets.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use skyriver::daemon::{DaemonConfig, DaemonHandle};
+use skyriver::Client;
+
+/// A temporary directory for one test's sockets and files.
+pub fn test_dir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("skyriver-test").tempdir().expect("temp dir")
+}
+
+/// A daemon running on a thread of this test process.
+pub fn start_daemon(dir: &Path, memory_bytes: u64) -> DaemonHandle {
+    let mut config = DaemonConfig::new(dir.join("daemon.sock"), memory_bytes);
+    config.prefault = false;
+    DaemonHandle::start(config).expect("daemon starts")
+}
+
+/// A daemon running as a separate `skyriver daemon` process.
+pub struct DaemonProcess {
+    pub child: Child,
+    pub socket: PathBuf,
+}
+
+impl DaemonProcess {
+    pub fn start(dir: &Path, memory: &str) -> Self {
+        let socket = dir.join("daemon.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+            .args(["daemon", "--log", "warn", "--memory", memory, "--socket"])
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn skyriver daemon");
+        let started = Instant::now();
+        while Client::connect(&socket).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(30), "daemon did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, socket }
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the `skyriver` CLI against `socket`; returns (status ok, stdout, stderr).
+pub fn cli(socket: &Path, args: &[&str], stdin: Option<&[u8]>) -> (bool, Vec<u8>, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn skyriver");
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input).unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.success(),
+        output.stdout,
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Polls `condition` for up to 10 s.
+pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(started.elapsed() < Duration::from_secs(10), "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
