@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use memmap2::MmapMut;
 use skyriver_transport::verbs::{
     list_devices, plan_reads, Completion, ConnectionConfig, DeviceError, Opcode, PostError,
-    ReadRequest, Registration, VerbsConnection, VerbsDevice, WcStatus,
+    ReadRequest, RecvSlot, Registration, VerbsConnection, VerbsDevice, WcStatus,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -273,6 +273,12 @@ fn send_recv_of_several_sizes_with_reposting() {
         ea.conn.post_send(9, 1, b"x"),
         Err(PostError::NoSuchLane(9))
     ));
+    // A released slot cannot be released again (it is posted to the device).
+    assert!(matches!(
+        ea.conn.release_recv(RecvSlot(0)),
+        Err(PostError::SlotNotHeld(0))
+    ));
+    assert!(ea.conn.recv_bytes(RecvSlot(0)).is_empty());
 }
 
 #[test]

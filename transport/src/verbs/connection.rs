@@ -155,6 +155,9 @@ pub enum PostError {
         /// Limit.
         limit: u64,
     },
+    /// The receive slot holds no message: released twice, or never received.
+    #[error("receive slot {0} holds no message")]
+    SlotNotHeld(u32),
     /// A READ's `wr_id` uses the top two bits reserved for the work request kind.
     #[error("wr_id {0:#x} too large (top two bits are reserved)")]
     BadWrId(u64),
@@ -323,7 +326,8 @@ pub struct VerbsConnection {
     send_mem: MmapMut,
     params: NegotiatedParams,
     repost_batch: u32,
-    recv_len: Vec<u32>,
+    /// `Some(len)`: the slot holds an arrived message the caller has not released.
+    recv_held: Vec<Option<u32>>,
     send_wr_ids: Vec<u64>,
     wc_buf: Vec<ibv_wc>,
 }
@@ -495,7 +499,7 @@ impl VerbsConnection {
             send_mem,
             params,
             repost_batch: config.repost_batch.min(params.recv_slots),
-            recv_len: vec![0; params.recv_slots as usize * n_lanes],
+            recv_held: vec![None; params.recv_slots as usize * n_lanes],
             send_wr_ids: vec![0; send_slots as usize * n_lanes],
             wc_buf: Vec::with_capacity(config.poll_batch as usize),
         };
@@ -693,16 +697,24 @@ impl VerbsConnection {
     pub fn recv_bytes(&self, slot: RecvSlot) -> &[u8] {
         let i = slot.0 as usize;
         let slot_bytes = self.params.recv_slot_bytes as usize;
-        let len = (self.recv_len.get(i).copied().unwrap_or(0) as usize).min(slot_bytes);
-        if i >= self.recv_len.len() {
-            return &[];
+        match self.recv_held.get(i) {
+            Some(&Some(len)) => {
+                let len = (len as usize).min(slot_bytes);
+                &self.recv_mem[i * slot_bytes..i * slot_bytes + len]
+            }
+            // Not holding a message (never arrived, or released): the device may be writing it.
+            _ => &[],
         }
-        &self.recv_mem[i * slot_bytes..i * slot_bytes + len]
     }
 
-    /// Give a receive slot back; slots are reposted in batches.
+    /// Give a receive slot back; slots are reposted in batches. Releasing a slot that holds
+    /// no message (twice, or never received) is refused.
     pub fn release_recv(&mut self, slot: RecvSlot) -> Result<(), PostError> {
         let lane = (slot.0 / self.params.recv_slots) as usize;
+        match self.recv_held.get_mut(slot.0 as usize) {
+            Some(held @ Some(_)) => *held = None,
+            _ => return Err(PostError::SlotNotHeld(slot.0)),
+        }
         let Some(l) = self.lanes.get_mut(lane) else {
             return Err(PostError::NoSuchLane(lane));
         };
@@ -825,8 +837,8 @@ impl VerbsConnection {
         let completion = match kind {
             KIND_RECV => {
                 l.recv_posted = l.recv_posted.saturating_sub(1);
-                if let Some(len) = self.recv_len.get_mut(id as usize) {
-                    *len = if status.is_success() { wc.byte_len } else { 0 };
+                if let Some(held) = self.recv_held.get_mut(id as usize) {
+                    *held = status.is_success().then_some(wc.byte_len);
                 }
                 Completion {
                     lane,
