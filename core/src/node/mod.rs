@@ -229,6 +229,8 @@ pub enum NodeOutput {
         header: EagerHeader,
         /// Where the payload lies.
         source: LocalRegion,
+        /// The object sent (for logs and traces).
+        object: ObjectId,
     },
     /// Post a one-sided READ of `remote` (on `peer`) into `local`, on lane `lane`.
     PostRead {

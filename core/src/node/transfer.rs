@@ -516,6 +516,7 @@ impl Node {
                     peer,
                     header,
                     source: info.region.slice(offset, len),
+                    object: id,
                 });
                 offset += len;
                 if offset >= total {

@@ -1,0 +1,1667 @@
+//! The `Cluster` harness: N nodes of the real core, one event queue keyed by (virtual time,
+//! sequence), one seeded RNG, the network, RDMA and directory models, faults, the workload and
+//! the checker. `step()` runs the next event, `drive()` runs until nothing is left,
+//! `drive_bounded()` says what is still pending when a budget runs out.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeMap, BinaryHeap};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
+use skyriver_core::node::{ArenaKey, PathCosts, FETCH_CLIENT};
+use skyriver_core::{
+    wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, NodeOutput,
+    ObjectEvent, ObjectId, ObjectInfo, ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion,
+    RequestId, StoreError, StoreOutput,
+};
+
+use crate::checker::{Checker, PendingOp};
+use crate::directory::Directory;
+use crate::network::Network;
+use crate::params::SimParams;
+use crate::rdma::Memory;
+use crate::trace::Trace;
+use crate::workload::{self, ClientOp};
+
+#[derive(Debug)]
+enum Event {
+    Deliver {
+        from: NodeId,
+        to: NodeId,
+        to_inc: u32,
+        epoch: u64,
+        bytes: Vec<u8>,
+    },
+    ReadServe {
+        requester: NodeId,
+        requester_inc: u32,
+        holder: NodeId,
+        epoch: u64,
+        op: ReadOpId,
+        remote: RemoteRegion,
+        local: LocalRegion,
+        object: ObjectId,
+    },
+    ReadComplete {
+        node: NodeId,
+        inc: u32,
+        peer: NodeId,
+        epoch: u64,
+        op: ReadOpId,
+        local: LocalRegion,
+        object: ObjectId,
+        result: Result<Vec<u8>, ReadError>,
+    },
+    DirectoryArrive {
+        from: NodeId,
+        inc: u32,
+        op: DirectoryOpId,
+        request: DirectoryRequest,
+    },
+    DirectoryReply {
+        to: NodeId,
+        inc: u32,
+        op: DirectoryOpId,
+        reply: DirectoryReply,
+    },
+    DirectoryEvent {
+        to: NodeId,
+        inc: u32,
+        event: DirectoryEvent,
+    },
+    DirectoryNodeDied {
+        node: NodeId,
+    },
+    Timer {
+        node: NodeId,
+        inc: u32,
+    },
+    PeerLost {
+        node: NodeId,
+        inc: u32,
+        peer: NodeId,
+    },
+    PeerConnected {
+        node: NodeId,
+        inc: u32,
+        peer: NodeId,
+        epoch: u64,
+    },
+    ClientOp {
+        node: NodeId,
+        inc: u32,
+        client: ClientId,
+    },
+    ClientRelease {
+        node: NodeId,
+        inc: u32,
+        client: ClientId,
+        id: ObjectId,
+    },
+    Crash {
+        node: NodeId,
+    },
+    Restart {
+        node: NodeId,
+    },
+    Partition {
+        a: NodeId,
+        b: NodeId,
+        on: bool,
+    },
+    DirectoryOutage {
+        on: bool,
+    },
+    Slow {
+        node: NodeId,
+        factor: u64,
+    },
+}
+
+struct Scheduled {
+    at: Instant,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+struct SimNode {
+    node: Option<Node>,
+    inc: u32,
+    memory: Memory,
+    timer_at: Option<Instant>,
+}
+
+/// Counters of a run, for the summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Events processed.
+    pub events: u64,
+    /// Objects created and sealed by clients.
+    pub puts: u64,
+    /// Fetch replies, and how many of their ids came back `Ok`.
+    pub fetch_replies: u64,
+    /// Ids fetched successfully.
+    pub fetched_ok: u64,
+    /// Ids whose fetch failed (not found, timeout, sources failed, ...).
+    pub fetched_err: u64,
+    /// Transfers that sealed an object, summed over nodes.
+    pub transfers_ok: u64,
+    /// Transfers that failed, summed over nodes.
+    pub transfers_failed: u64,
+    /// Objects served eagerly, summed over nodes.
+    pub served_eager: u64,
+    /// Objects served by rendezvous, summed over nodes.
+    pub served_rendezvous: u64,
+    /// Leases that expired.
+    pub leases_expired: u64,
+    /// READs posted.
+    pub reads: u64,
+    /// Node crashes.
+    pub crashes: u64,
+}
+
+impl SimStats {
+    fn absorb(&mut self, node: &Node) {
+        let s = node.stats();
+        self.transfers_ok += s.transfers_succeeded;
+        self.transfers_failed += s.transfers_failed;
+        self.served_eager += s.served_eager;
+        self.served_rendezvous += s.served_rendezvous;
+        self.leases_expired += s.leases_expired;
+        self.reads += s.reads_posted;
+    }
+}
+
+/// How a cluster runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunMode {
+    /// Random clients issue operations until the workload's end.
+    pub workload: bool,
+    /// Random faults (crashes, partitions, ...) before the faults' end.
+    pub faults: bool,
+    /// Keep trace lines (for golden traces and `--trace`).
+    pub keep_trace: bool,
+    /// Print trace lines as they happen.
+    pub echo_trace: bool,
+}
+
+/// A simulated cluster.
+pub struct Cluster {
+    params: SimParams,
+    mode: RunMode,
+    now: Instant,
+    rng: ChaCha8Rng,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    seq: u64,
+    nodes: Vec<SimNode>,
+    network: Network,
+    directory: Directory,
+    directory_down: bool,
+    trace: Trace,
+    checker: Checker,
+    /// Scripted: the next READs served by a holder fail with a QP error.
+    failing_reads: BTreeMap<NodeId, u32>,
+    reads_in_flight: u64,
+    next_object: u64,
+    known_objects: Vec<ObjectId>,
+    next_request: u64,
+    stats: SimStats,
+    /// End-of-run checks done.
+    finished: bool,
+}
+
+const WORKLOAD_CLIENT_BASE: u64 = 1;
+
+impl Cluster {
+    /// A cluster for a random run of `seed`; `nodes` overrides the drawn node count.
+    pub fn random(seed: u64, nodes: Option<usize>, mode: RunMode) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let params = SimParams::draw(seed, &mut rng, nodes);
+        Self::build(params, rng, mode)
+    }
+
+    /// A cluster of `nodes` with fixed parameters, no workload and no random faults, keeping its
+    /// trace: for scripted scenarios and golden traces.
+    pub fn scripted(nodes: usize) -> Self {
+        let params = SimParams::scripted(nodes);
+        let rng = ChaCha8Rng::seed_from_u64(0);
+        Self::build(
+            params,
+            rng,
+            RunMode {
+                workload: false,
+                faults: false,
+                keep_trace: true,
+                echo_trace: false,
+            },
+        )
+    }
+
+    fn build(params: SimParams, mut rng: ChaCha8Rng, mode: RunMode) -> Self {
+        let n = params.nodes;
+        let mut latency = BTreeMap::new();
+        for a in 0..n {
+            for b in a + 1..n {
+                let ns = rng.gen_range(params.latency_ns.0..=params.latency_ns.1);
+                latency.insert((NodeId(a as u32), NodeId(b as u32)), ns);
+            }
+        }
+        let network = Network::new(latency, params.bandwidth_bytes_per_sec);
+        let mut cluster = Cluster {
+            mode,
+            now: Instant::ZERO,
+            queue: BinaryHeap::new(),
+            seq: 0,
+            nodes: Vec::new(),
+            network,
+            directory: Directory::default(),
+            directory_down: false,
+            trace: Trace::new(mode.keep_trace, mode.echo_trace),
+            checker: Checker::default(),
+            failing_reads: BTreeMap::new(),
+            reads_in_flight: 0,
+            next_object: 1,
+            known_objects: Vec::new(),
+            next_request: 1,
+            stats: SimStats::default(),
+            finished: false,
+            params,
+            rng,
+        };
+        for i in 0..n {
+            let memory = Memory::new(
+                cluster.params.arena_bytes,
+                cluster.arena_key(NodeId(i as u32), 0),
+            );
+            cluster.nodes.push(SimNode {
+                node: None,
+                inc: 0,
+                memory,
+                timer_at: None,
+            });
+            let node = Node::new(cluster.node_config(NodeId(i as u32), 0), Instant::ZERO);
+            cluster.nodes[i].node = Some(node);
+        }
+        for a in 0..n {
+            for b in 0..n {
+                if a != b {
+                    cluster.connect(NodeId(a as u32), NodeId(b as u32));
+                }
+            }
+        }
+        if mode.faults {
+            cluster.plan_faults();
+        }
+        if mode.workload {
+            for i in 0..n {
+                cluster.start_clients(NodeId(i as u32));
+            }
+        }
+        cluster
+    }
+
+    // ---- Public script interface ----
+
+    /// The parameters of this run.
+    pub fn params(&self) -> &SimParams {
+        &self.params
+    }
+
+    /// Virtual time now.
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// The trace's kept lines.
+    pub fn trace_text(&self) -> String {
+        self.trace.text()
+    }
+
+    /// Hash of every trace line.
+    pub fn trace_hash(&self) -> u64 {
+        self.trace.hash()
+    }
+
+    /// Invariant violations found so far.
+    pub fn violations(&self) -> &[String] {
+        self.checker.violations()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SimStats {
+        let mut stats = self.stats.clone();
+        for sim_node in &self.nodes {
+            if let Some(node) = &sim_node.node {
+                stats.absorb(node);
+            }
+        }
+        stats
+    }
+
+    /// A node, if it is up.
+    pub fn node(&self, node: u32) -> Option<&Node> {
+        self.nodes[node as usize].node.as_ref()
+    }
+
+    /// READs posted and not yet completed.
+    pub fn reads_in_flight(&self) -> u64 {
+        self.reads_in_flight
+    }
+
+    /// Records a free-form line in the trace (scenario markers).
+    pub fn note(&mut self, text: &str) {
+        self.trace.record(self.now, &format!("-- {text}"));
+    }
+
+    /// Client 1 of `node` creates, writes and seals object `n` of `data_size` bytes.
+    pub fn put(&mut self, node: u32, n: u64, data_size: u64) -> ObjectId {
+        let id = ObjectId::from_u64(n);
+        let sizes = ObjectSizes {
+            data_size,
+            metadata_size: 0,
+        };
+        self.client_put(
+            NodeId(node),
+            ClientId(WORKLOAD_CLIENT_BASE),
+            id,
+            sizes,
+            true,
+        );
+        id
+    }
+
+    /// Client 1 of `node` creates object `n` of `data_size` bytes and keeps holding it.
+    pub fn put_and_hold(&mut self, node: u32, n: u64, data_size: u64) -> ObjectId {
+        let id = ObjectId::from_u64(n);
+        let sizes = ObjectSizes {
+            data_size,
+            metadata_size: 0,
+        };
+        self.client_put(
+            NodeId(node),
+            ClientId(WORKLOAD_CLIENT_BASE),
+            id,
+            sizes,
+            false,
+        );
+        id
+    }
+
+    /// Client 1 of `node` fetches objects `ns` with a timeout.
+    pub fn fetch(&mut self, node: u32, ns: &[u64], timeout: Duration) {
+        let ids = ns.iter().map(|&n| ObjectId::from_u64(n)).collect();
+        self.client_fetch(NodeId(node), ClientId(WORKLOAD_CLIENT_BASE), ids, timeout);
+    }
+
+    /// Crashes a node now (its memory is lost).
+    pub fn crash(&mut self, node: u32) {
+        self.crash_node(NodeId(node));
+    }
+
+    /// Restarts a crashed node now, with an empty store.
+    pub fn restart(&mut self, node: u32) {
+        self.restart_node(NodeId(node));
+    }
+
+    /// The next `count` READs served by `holder` fail with a QP error.
+    pub fn fail_reads_from(&mut self, holder: u32, count: u32) {
+        *self.failing_reads.entry(NodeId(holder)).or_default() += count;
+    }
+
+    /// Runs the next event; false when none is left.
+    pub fn step(&mut self) -> bool {
+        let Some(Reverse(scheduled)) = self.queue.pop() else {
+            return false;
+        };
+        debug_assert!(scheduled.at >= self.now, "time went back");
+        self.now = scheduled.at;
+        self.stats.events += 1;
+        self.handle(scheduled.event);
+        true
+    }
+
+    /// Runs until no event is left.
+    pub fn drive(&mut self) {
+        while self.step() {}
+    }
+
+    /// Runs until `done` holds (checked after each event) or nothing is left; true if it held.
+    pub fn drive_until(&mut self, mut done: impl FnMut(&Cluster) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            if !self.step() {
+                return false;
+            }
+        }
+    }
+
+    /// Runs until nothing is left or the budget (events, or virtual time `until`) runs out.
+    /// `Err` lists everything still pending, with the reason each gives.
+    pub fn drive_bounded(&mut self, max_events: u64, until: Instant) -> Result<(), Vec<String>> {
+        let mut events = 0;
+        while let Some(Reverse(next)) = self.queue.peek() {
+            if events >= max_events || next.at > until {
+                let mut pending = vec![format!(
+                    "budget ran out at {} after {events} events with {} events queued (next at {})",
+                    self.now,
+                    self.queue.len(),
+                    next.at
+                )];
+                pending.extend(self.pending_work());
+                return Err(pending);
+            }
+            self.step();
+            events += 1;
+        }
+        Ok(())
+    }
+
+    /// What every live node and the checker still wait for.
+    pub fn pending_work(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (i, sim_node) in self.nodes.iter().enumerate() {
+            if let Some(node) = &sim_node.node {
+                for line in node.pending_work() {
+                    lines.push(format!("node-{i}: {line}"));
+                }
+            }
+        }
+        for ((node, inc, client, request), op) in &self.checker.pending {
+            if self.alive(*node, *inc) {
+                lines.push(format!(
+                    "{client}@{node} {} {request} of {:?} issued at {} (deadline {}) has no reply",
+                    op.kind, op.ids, op.issued, op.deadline
+                ));
+            }
+        }
+        lines
+    }
+
+    /// End-of-run checks, once faults stopped and the cluster settled: liveness (nothing
+    /// pending) and balance (no reference, pin, lease, exposure or unsealed object left).
+    pub fn check_quiescence(&mut self) {
+        let now = self.now;
+        for line in self.pending_work() {
+            self.checker.violation(
+                now,
+                format!("liveness: still pending after faults stopped: {line}"),
+            );
+        }
+        for i in 0..self.nodes.len() {
+            let sim_node = &self.nodes[i];
+            let Some(node) = &sim_node.node else { continue };
+            if node.bytes_in_flight() != 0 {
+                let what = format!(
+                    "node-{i}: {} bytes still in flight at the end",
+                    node.bytes_in_flight()
+                );
+                self.checker.violation(now, what);
+            }
+            self.checker.check_quiescent_store(
+                now,
+                NodeId(i as u32),
+                node.store(),
+                &sim_node.memory,
+            );
+        }
+        self.finished = true;
+    }
+
+    // ---- Setup ----
+
+    fn arena_key(&mut self, node: NodeId, inc: u32) -> ArenaKey {
+        let base_addr = 0x10_0000_0000 * (node.0 as u64 + 1) + 0x1_0000_0000 * inc as u64;
+        let rkey = if self.mode.faults || self.mode.workload {
+            self.rng.gen::<u32>() | 1
+        } else {
+            0x100 + node.0 * 16 + inc
+        };
+        ArenaKey { base_addr, rkey }
+    }
+
+    fn node_config(&self, node: NodeId, inc: u32) -> NodeConfig {
+        let p = &self.params;
+        let mut config = NodeConfig::new(node, p.arena_bytes);
+        config.incarnation = inc;
+        config.region_keys = self.nodes[node.0 as usize].memory.region_keys();
+        config.receive_slot_bytes = p.receive_slot_bytes;
+        config.max_eager_chunks = p.max_eager_chunks;
+        config.threshold = p.threshold;
+        config.read_slice_bytes = p.read_slice_bytes;
+        config.max_outstanding_reads = p.max_outstanding_reads;
+        config.max_bytes_in_flight = p.max_bytes_in_flight;
+        config.max_pending_fetches = 256;
+        config.max_leases = 64;
+        config.lease = Duration::from_micros(p.lease_us);
+        config.reply_timeout = Duration::from_micros(p.reply_timeout_us);
+        config.directory_timeout = Duration::from_micros(p.directory_timeout_us);
+        config.max_directory_attempts = 6;
+        config.max_source_rounds = 3;
+        config.retry_backoff = Duration::from_micros(100);
+        config
+    }
+
+    fn peer_params(&self, a: NodeId, b: NodeId) -> PeerParams {
+        let latency = self.network.latency_ns(a, b) as f64;
+        PeerParams {
+            lanes: self.params.lanes,
+            costs: PathCosts {
+                round_trip_ns: 2.0 * latency,
+                message_overhead_ns: 500.0,
+                copy_bytes_per_sec: 8e9,
+                wire_bytes_per_sec: self.network.bandwidth_bytes_per_sec() as f64,
+                read_setup_ns: 1_000.0,
+            },
+        }
+    }
+
+    /// Initial connection (no delay).
+    fn connect(&mut self, a: NodeId, b: NodeId) {
+        let params = self.peer_params(a, b);
+        if let Some(node) = self.nodes[a.0 as usize].node.as_mut() {
+            node.handle_peer_connected(self.now, b, params);
+        }
+        self.after_input(a);
+    }
+
+    fn plan_faults(&mut self) {
+        let p = self.params.clone();
+        let n = p.nodes as u32;
+        let until = p.faults_until_us;
+        for _ in 0..p.crashes {
+            let node = NodeId(self.rng.gen_range(0..n));
+            let at = self.rng.gen_range(0..until);
+            let down = p.detect_us + self.rng.gen_range(100..=3_000);
+            self.schedule_us(at, Event::Crash { node });
+            self.schedule_us(at + down, Event::Restart { node });
+        }
+        if n >= 2 {
+            for _ in 0..p.partitions {
+                let a = self.rng.gen_range(0..n);
+                let b = (a + self.rng.gen_range(1..n)) % n;
+                let at = self.rng.gen_range(0..until);
+                let length = self.rng.gen_range(200..=3_000);
+                let (a, b) = (NodeId(a), NodeId(b));
+                self.schedule_us(at, Event::Partition { a, b, on: true });
+                self.schedule_us(at + length, Event::Partition { a, b, on: false });
+            }
+        }
+        for _ in 0..p.directory_outages {
+            let at = self.rng.gen_range(0..until);
+            let length = self.rng.gen_range(100..=2_000);
+            self.schedule_us(at, Event::DirectoryOutage { on: true });
+            self.schedule_us(at + length, Event::DirectoryOutage { on: false });
+        }
+        for _ in 0..p.slow_windows {
+            let node = NodeId(self.rng.gen_range(0..n));
+            let at = self.rng.gen_range(0..until);
+            let length = self.rng.gen_range(500..=5_000);
+            let factor = self.rng.gen_range(5..=30);
+            self.schedule_us(at, Event::Slow { node, factor });
+            self.schedule_us(at + length, Event::Slow { node, factor: 1 });
+        }
+    }
+
+    fn start_clients(&mut self, node: NodeId) {
+        let inc = self.nodes[node.0 as usize].inc;
+        for c in 0..self.params.clients_per_node as u64 {
+            let at = self.now.0 / 1000 + self.rng.gen_range(0..=self.params.op_interval_us);
+            if at < self.params.workload_us {
+                let client = ClientId(WORKLOAD_CLIENT_BASE + c);
+                self.schedule_us(at, Event::ClientOp { node, inc, client });
+            }
+        }
+    }
+
+    fn schedule(&mut self, at: Instant, event: Event) {
+        self.seq += 1;
+        self.queue.push(Reverse(Scheduled {
+            at: at.max(self.now),
+            seq: self.seq,
+            event,
+        }));
+    }
+
+    fn schedule_us(&mut self, at_us: u64, event: Event) {
+        self.schedule(Instant(at_us * 1000), event);
+    }
+
+    fn after(&self, ns: u64) -> Instant {
+        Instant(self.now.0 + ns)
+    }
+
+    fn alive(&self, node: NodeId, inc: u32) -> bool {
+        let sim_node = &self.nodes[node.0 as usize];
+        sim_node.node.is_some() && sim_node.inc == inc
+    }
+
+    fn record(&mut self, text: impl FnOnce() -> String) {
+        let line = text();
+        self.trace.record(self.now, &line);
+    }
+
+    // ---- Events ----
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Deliver {
+                from,
+                to,
+                to_inc,
+                epoch,
+                bytes,
+            } => {
+                let connection = self.network.connection(from, to);
+                if !self.alive(to, to_inc) || !connection.up || connection.epoch != epoch {
+                    return;
+                }
+                let now = self.now;
+                let text = match wire::decode(&bytes) {
+                    Ok(message) => format!("{to} <- {from} {message}"),
+                    Err(error) => format!("{to} <- {from} undecodable: {error}"),
+                };
+                self.record(|| text);
+                let node = self.nodes[to.0 as usize].node.as_mut().expect("alive");
+                if let Err(error) = node.handle_peer_bytes(now, from, &bytes) {
+                    self.checker.violation(
+                        now,
+                        format!("{to}: message from {from} does not decode: {error}"),
+                    );
+                }
+                self.after_input(to);
+            }
+            Event::ReadServe {
+                requester,
+                requester_inc,
+                holder,
+                epoch,
+                op,
+                remote,
+                local,
+                object,
+            } => self.serve_read(
+                requester,
+                requester_inc,
+                holder,
+                epoch,
+                op,
+                remote,
+                local,
+                object,
+            ),
+            Event::ReadComplete {
+                node,
+                inc,
+                peer,
+                epoch,
+                op,
+                local,
+                object,
+                result,
+            } => {
+                if !self.alive(node, inc) {
+                    return;
+                }
+                self.reads_in_flight -= 1;
+                let connection = self.network.connection(node, peer);
+                let result = match result {
+                    // The response was on the wire when the connection broke: flushed.
+                    Ok(_) if connection.epoch != epoch => Err(ReadError::ConnectionLost),
+                    other => other,
+                };
+                let now = self.now;
+                let result = match result {
+                    Ok(bytes) => {
+                        let sim_node = &mut self.nodes[node.0 as usize];
+                        let store = sim_node.node.as_ref().expect("alive").store();
+                        self.checker.check_write_target(
+                            now,
+                            node,
+                            store,
+                            object,
+                            local,
+                            "READ data",
+                        );
+                        sim_node.memory.write(local, &bytes);
+                        self.record(|| {
+                            format!("{node} {op} done ({} bytes of {object})", bytes.len())
+                        });
+                        Ok(())
+                    }
+                    Err(error) => {
+                        self.record(|| format!("{node} {op} failed: {error}"));
+                        Err(error)
+                    }
+                };
+                let sim_node = &mut self.nodes[node.0 as usize];
+                sim_node
+                    .node
+                    .as_mut()
+                    .expect("alive")
+                    .handle_read_completion(now, op, result);
+                self.after_input(node);
+            }
+            Event::DirectoryArrive {
+                from,
+                inc,
+                op,
+                request,
+            } => {
+                if !self.alive(from, inc) {
+                    return;
+                }
+                let latency = self.params.directory_latency_ns;
+                if self.directory_down {
+                    if self.rng.gen_bool(0.5) {
+                        self.record(|| {
+                            format!("directory drops {op} {request} from {from} (outage)")
+                        });
+                    } else {
+                        let reply = DirectoryReply::Unavailable {
+                            reason: "directory outage".into(),
+                        };
+                        self.schedule(
+                            self.after(latency),
+                            Event::DirectoryReply {
+                                to: from,
+                                inc,
+                                op,
+                                reply,
+                            },
+                        );
+                    }
+                    return;
+                }
+                let served = self.directory.serve(from, &request);
+                if let Some(reply) = served.reply {
+                    self.schedule(
+                        self.after(latency),
+                        Event::DirectoryReply {
+                            to: from,
+                            inc,
+                            op,
+                            reply,
+                        },
+                    );
+                }
+                for (to, event) in served.events {
+                    let to_inc = self.nodes[to.0 as usize].inc;
+                    self.schedule(
+                        self.after(latency),
+                        Event::DirectoryEvent {
+                            to,
+                            inc: to_inc,
+                            event,
+                        },
+                    );
+                }
+            }
+            Event::DirectoryReply { to, inc, op, reply } => {
+                if !self.alive(to, inc) {
+                    return;
+                }
+                self.record(|| format!("{to} <- directory {op} {reply}"));
+                let now = self.now;
+                self.nodes[to.0 as usize]
+                    .node
+                    .as_mut()
+                    .expect("alive")
+                    .handle_directory_reply(now, op, reply);
+                self.after_input(to);
+            }
+            Event::DirectoryEvent { to, inc, event } => {
+                if !self.alive(to, inc) {
+                    return;
+                }
+                self.record(|| format!("{to} <- directory {event}"));
+                let now = self.now;
+                self.nodes[to.0 as usize]
+                    .node
+                    .as_mut()
+                    .expect("alive")
+                    .handle_directory_event(now, event);
+                self.after_input(to);
+            }
+            Event::DirectoryNodeDied { node } => {
+                if self.nodes[node.0 as usize].node.is_none() {
+                    self.record(|| format!("directory: session of {node} expired"));
+                    self.directory.node_died(node);
+                }
+            }
+            Event::Timer { node, inc } => {
+                if !self.alive(node, inc) {
+                    return;
+                }
+                let now = self.now;
+                let sim_node = &mut self.nodes[node.0 as usize];
+                if sim_node.timer_at.is_some_and(|at| at <= now) {
+                    sim_node.timer_at = None;
+                }
+                sim_node.node.as_mut().expect("alive").handle_timeout(now);
+                self.after_input(node);
+            }
+            Event::PeerLost { node, inc, peer } => {
+                if !self.alive(node, inc) {
+                    return;
+                }
+                self.record(|| format!("{node}: connection to {peer} lost"));
+                let now = self.now;
+                self.nodes[node.0 as usize]
+                    .node
+                    .as_mut()
+                    .expect("alive")
+                    .handle_peer_lost(now, peer);
+                self.after_input(node);
+            }
+            Event::PeerConnected {
+                node,
+                inc,
+                peer,
+                epoch,
+            } => {
+                let connection = self.network.connection(node, peer);
+                if !self.alive(node, inc) || !connection.up || connection.epoch != epoch {
+                    return;
+                }
+                self.record(|| format!("{node}: connected to {peer}"));
+                let params = self.peer_params(node, peer);
+                let now = self.now;
+                self.nodes[node.0 as usize]
+                    .node
+                    .as_mut()
+                    .expect("alive")
+                    .handle_peer_connected(now, peer, params);
+                self.after_input(node);
+            }
+            Event::ClientOp { node, inc, client } => {
+                if !self.alive(node, inc) {
+                    return;
+                }
+                self.client_op(node, client);
+                if self.now.0 / 1000 < self.params.workload_us {
+                    let pause = self.rng.gen_range(
+                        self.params.op_interval_us / 2..=self.params.op_interval_us * 3 / 2,
+                    );
+                    self.schedule(
+                        self.after(pause * 1000),
+                        Event::ClientOp { node, inc, client },
+                    );
+                }
+            }
+            Event::ClientRelease {
+                node,
+                inc,
+                client,
+                id,
+            } => {
+                if !self.alive(node, inc) {
+                    return;
+                }
+                let now = self.now;
+                let sim_node = &mut self.nodes[node.0 as usize];
+                let store = sim_node.node.as_ref().expect("alive").store();
+                // A held object stays sealed and unchanged until released.
+                self.checker.check_sealed_object(
+                    now,
+                    node,
+                    store,
+                    &sim_node.memory,
+                    id,
+                    "before release",
+                );
+                let result = sim_node
+                    .node
+                    .as_mut()
+                    .expect("alive")
+                    .store_mut(now)
+                    .release(client, id);
+                if let Err(error) = result {
+                    self.checker.violation(
+                        now,
+                        format!("{client}@{node}: release of {id} failed: {error}"),
+                    );
+                }
+                self.after_input(node);
+            }
+            Event::Crash { node } => self.crash_node(node),
+            Event::Restart { node } => self.restart_node(node),
+            Event::Partition { a, b, on } => {
+                self.network.set_partition(a, b, on);
+                if on {
+                    self.record(|| format!("FAULT partition {a} / {b}"));
+                    self.break_link(a, b);
+                } else {
+                    self.record(|| format!("FAULT healed partition {a} / {b}"));
+                    self.restore_link(a, b);
+                }
+            }
+            Event::DirectoryOutage { on } => {
+                self.directory_down = on;
+                self.record(|| {
+                    format!(
+                        "FAULT directory {}",
+                        if on { "unavailable" } else { "back" }
+                    )
+                });
+            }
+            Event::Slow { node, factor } => {
+                self.network.set_slow(node, factor);
+                self.record(|| format!("FAULT {node} slowdown x{factor}"));
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn serve_read(
+        &mut self,
+        requester: NodeId,
+        requester_inc: u32,
+        holder: NodeId,
+        epoch: u64,
+        op: ReadOpId,
+        remote: RemoteRegion,
+        local: LocalRegion,
+        object: ObjectId,
+    ) {
+        let connection = self.network.connection(requester, holder);
+        let complete = |result| Event::ReadComplete {
+            node: requester,
+            inc: requester_inc,
+            peer: holder,
+            epoch,
+            op,
+            local,
+            object,
+            result,
+        };
+        let latency = self.network.latency_ns(requester, holder);
+        if !connection.up
+            || connection.epoch != epoch
+            || self.nodes[holder.0 as usize].node.is_none()
+        {
+            let at = self.after(self.params.qp_timeout_us * 1000);
+            self.schedule(at, complete(Err(ReadError::ConnectionLost)));
+            return;
+        }
+        if let Some(count) = self.failing_reads.get_mut(&holder).filter(|c| **c > 0) {
+            *count -= 1;
+            let error = ReadError::QueuePair("injected: transport retry counter exceeded".into());
+            self.schedule(self.after(latency), complete(Err(error)));
+            return;
+        }
+        let faults_on = self.mode.faults && self.now.0 / 1000 < self.params.faults_until_us;
+        if faults_on && self.rng.gen_range(0..1_000_000) < self.params.qp_error_ppm {
+            self.record(|| format!("FAULT QP error on {op} {requester} <- {holder}"));
+            let error = ReadError::QueuePair("injected: QP went to the error state".into());
+            self.schedule(self.after(latency), complete(Err(error)));
+            return;
+        }
+        let holder_node = &self.nodes[holder.0 as usize];
+        match holder_node.memory.serve(remote) {
+            Err(why) => {
+                self.record(|| format!("{holder} refuses {op} of {remote}: {why:?}"));
+                self.schedule(self.after(latency), complete(Err(ReadError::RemoteAccess)));
+            }
+            Ok((exposed_object, bytes)) => {
+                // Being read: the holder's core must keep the object sealed and pinned.
+                let store = holder_node.node.as_ref().expect("checked above").store();
+                match store.summary(&exposed_object) {
+                    Some(s) if s.sealed && s.pin_count > 0 => {}
+                    other => {
+                        let state = other.map_or("gone".to_string(), |s| {
+                            format!(
+                                "sealed={} pins={} refs={}",
+                                s.sealed, s.pin_count, s.ref_count
+                            )
+                        });
+                        let what = format!(
+                            "{holder}: READ {op} by {requester} served from {exposed_object}, which is not pinned ({state})"
+                        );
+                        self.checker.violation(self.now, what);
+                    }
+                }
+                let at = self
+                    .after(self.network.wire_ns(holder, requester, bytes.len() as u64) + latency);
+                self.schedule(at, complete(Ok(bytes)));
+            }
+        }
+    }
+
+    /// Drains a node's outputs, then reschedules its timer.
+    fn after_input(&mut self, n: NodeId) {
+        loop {
+            let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
+                return;
+            };
+            let Some(output) = node.poll_output() else {
+                break;
+            };
+            self.carry_out(n, output);
+        }
+        let inc = self.nodes[n.0 as usize].inc;
+        let sim_node = &mut self.nodes[n.0 as usize];
+        let node = sim_node.node.as_ref().expect("alive");
+        node.check_invariants();
+        if let Some(at) = node.poll_timeout() {
+            if sim_node.timer_at.is_none_or(|t| at < t) {
+                sim_node.timer_at = Some(at);
+                self.schedule(at, Event::Timer { node: n, inc });
+            }
+        }
+    }
+
+    fn carry_out(&mut self, n: NodeId, output: NodeOutput) {
+        let now = self.now;
+        let inc = self.nodes[n.0 as usize].inc;
+        match output {
+            NodeOutput::Send { peer, message } => {
+                let bytes = wire::to_bytes(&message);
+                self.transmit(n, peer, bytes);
+            }
+            NodeOutput::SendEager {
+                peer,
+                header,
+                source,
+                object,
+            } => {
+                let sim_node = &self.nodes[n.0 as usize];
+                let store = sim_node.node.as_ref().expect("alive").store();
+                match store.summary(&object) {
+                    Some(s)
+                        if s.sealed
+                            && s.info.region.offset <= source.offset
+                            && source.end() <= s.info.region.end() => {}
+                    _ => self.checker.violation(
+                        now,
+                        format!("{n}: eager send of {source} is not inside sealed {object}"),
+                    ),
+                }
+                let mut bytes = Vec::new();
+                wire::encode_eager(&header, sim_node.memory.read(source), &mut bytes);
+                self.transmit(n, peer, bytes);
+            }
+            NodeOutput::PostRead {
+                peer,
+                op,
+                lane,
+                local,
+                mut remote,
+                object,
+            } => {
+                let store = self.nodes[n.0 as usize]
+                    .node
+                    .as_ref()
+                    .expect("alive")
+                    .store();
+                self.checker
+                    .check_write_target(now, n, store, object, local, "READ destination");
+                self.record(|| format!("{n} post {op} lane {lane}: {remote} of {peer} -> {local}"));
+                self.reads_in_flight += 1;
+                let faults_on = self.mode.faults && self.now.0 / 1000 < self.params.faults_until_us;
+                if faults_on && self.rng.gen_range(0..1_000_000) < self.params.bad_rkey_ppm {
+                    self.record(|| format!("FAULT bad rkey on {op}"));
+                    remote.rkey ^= 0x5a5a;
+                }
+                let connection = self.network.connection(n, peer);
+                let latency = self.network.latency_ns(n, peer);
+                self.schedule(
+                    self.after(latency),
+                    Event::ReadServe {
+                        requester: n,
+                        requester_inc: inc,
+                        holder: peer,
+                        epoch: connection.epoch,
+                        op,
+                        remote,
+                        local,
+                        object,
+                    },
+                );
+            }
+            NodeOutput::WriteLocal {
+                region,
+                bytes,
+                object,
+            } => {
+                let sim_node = &mut self.nodes[n.0 as usize];
+                let store = sim_node.node.as_ref().expect("alive").store();
+                self.checker
+                    .check_write_target(now, n, store, object, region, "eager write");
+                sim_node.memory.write(region, &bytes);
+            }
+            NodeOutput::ExposeRegion { object, region } => {
+                let sim_node = &mut self.nodes[n.0 as usize];
+                let store = sim_node.node.as_ref().expect("alive").store();
+                match store.summary(&object) {
+                    Some(s) if s.sealed && s.pin_count > 0 && s.info.region == region => {}
+                    _ => self.checker.violation(
+                        now,
+                        format!("{n}: exposes {region} of {object}, not a pinned sealed object"),
+                    ),
+                }
+                sim_node.memory.expose(object, region);
+                self.record(|| format!("{n} expose {object} {region}"));
+            }
+            NodeOutput::UnexposeRegion { object, region } => {
+                self.nodes[n.0 as usize].memory.unexpose(object, region);
+                self.record(|| format!("{n} unexpose {object} {region}"));
+            }
+            NodeOutput::Directory { op, request } => {
+                self.record(|| format!("{n} -> directory {op} {request}"));
+                let at = self.after(self.params.directory_latency_ns);
+                self.schedule(
+                    at,
+                    Event::DirectoryArrive {
+                        from: n,
+                        inc,
+                        op,
+                        request,
+                    },
+                );
+            }
+            NodeOutput::FetchReply {
+                client,
+                request,
+                results,
+            } => {
+                let results: Vec<Result<ObjectInfo, String>> = results
+                    .into_iter()
+                    .map(|r| r.map_err(|e| short_fetch_error(&e)))
+                    .collect();
+                self.client_reply(n, client, request, "fetch", results);
+            }
+            NodeOutput::Store(StoreOutput::GetReply {
+                client,
+                request,
+                results,
+            }) => {
+                let results = results
+                    .into_iter()
+                    .map(|r| r.map_err(|e| short_store_error(&e)))
+                    .collect();
+                self.client_reply(n, client, request, "get", results);
+            }
+            NodeOutput::Store(StoreOutput::Notify { .. }) => {}
+            NodeOutput::Store(StoreOutput::Local(event)) => match event {
+                ObjectEvent::Sealed { id, .. } => {
+                    let sim_node = &self.nodes[n.0 as usize];
+                    let store = sim_node.node.as_ref().expect("alive").store();
+                    self.checker.check_sealed_object(
+                        now,
+                        n,
+                        store,
+                        &sim_node.memory,
+                        id,
+                        "at seal",
+                    );
+                    self.record(|| format!("{n} sealed {id}"));
+                }
+                ObjectEvent::Deleted { id } => self.record(|| format!("{n} dropped {id}")),
+            },
+        }
+    }
+
+    fn transmit(&mut self, from: NodeId, to: NodeId, bytes: Vec<u8>) {
+        let connection = self.network.connection(from, to);
+        if !connection.up {
+            self.record(|| {
+                format!(
+                    "{from} -> {to} lost (connection down): {} bytes",
+                    bytes.len()
+                )
+            });
+            return;
+        }
+        let text = match wire::decode(&bytes) {
+            Ok(message) => format!("{from} -> {to} {message}"),
+            Err(error) => format!("{from} -> {to} undecodable: {error}"),
+        };
+        self.record(|| text);
+        let at = self.network.arrival(self.now, from, to, bytes.len() as u64);
+        let to_inc = self.nodes[to.0 as usize].inc;
+        self.schedule(
+            at,
+            Event::Deliver {
+                from,
+                to,
+                to_inc,
+                epoch: connection.epoch,
+                bytes,
+            },
+        );
+    }
+
+    fn client_reply(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        request: RequestId,
+        kind: &str,
+        results: Vec<Result<ObjectInfo, String>>,
+    ) {
+        let now = self.now;
+        let inc = self.nodes[n.0 as usize].inc;
+        let Some(pending) = self.checker.pending.remove(&(n, inc, client, request)) else {
+            self.checker.violation(
+                now,
+                format!("{client}@{n}: {kind} reply to unknown {request}"),
+            );
+            return;
+        };
+        if now > pending.deadline {
+            let late = now.saturating_since(pending.deadline);
+            self.checker.violation(
+                now,
+                format!("{client}@{n}: {kind} {request} answered {late:?} after its deadline"),
+            );
+        }
+        if results.len() != pending.ids.len() {
+            self.checker.violation(
+                now,
+                format!(
+                    "{client}@{n}: {kind} {request} has {} results for {} ids",
+                    results.len(),
+                    pending.ids.len()
+                ),
+            );
+        }
+        let summary: Vec<String> = results
+            .iter()
+            .zip(&pending.ids)
+            .map(|(r, id)| match r {
+                Ok(info) => format!("{id} ok at {}", info.region),
+                Err(e) => format!("{id} {e}"),
+            })
+            .collect();
+        self.record(|| format!("{client}@{n} {kind} {request} -> [{}]", summary.join(", ")));
+        if kind == "fetch" {
+            self.stats.fetch_replies += 1;
+        }
+        for (result, id) in results.into_iter().zip(pending.ids) {
+            let Ok(info) = result else {
+                if kind == "fetch" {
+                    self.stats.fetched_err += 1;
+                }
+                continue;
+            };
+            if kind == "fetch" {
+                self.stats.fetched_ok += 1;
+            }
+            if info.id != id {
+                self.checker.violation(
+                    now,
+                    format!("{client}@{n}: asked for {id}, got {}", info.id),
+                );
+            }
+            let sim_node = &self.nodes[n.0 as usize];
+            let store = sim_node.node.as_ref().expect("alive").store();
+            self.checker.check_sealed_object(
+                now,
+                n,
+                store,
+                &sim_node.memory,
+                info.id,
+                "client read",
+            );
+            let hold_ns = if self.mode.workload {
+                self.rng.gen_range(0..=500_000)
+            } else {
+                100_000
+            };
+            self.schedule(
+                self.after(hold_ns),
+                Event::ClientRelease {
+                    node: n,
+                    inc,
+                    client,
+                    id: info.id,
+                },
+            );
+        }
+    }
+
+    // ---- Workload ----
+
+    fn client_op(&mut self, n: NodeId, client: ClientId) {
+        let eager_capacity =
+            self.params.receive_slot_bytes as u64 * self.params.max_eager_chunks as u64;
+        let op = workload::draw_op(
+            &mut self.rng,
+            eager_capacity,
+            self.params.arena_bytes,
+            self.params.fetch_timeout_us,
+        );
+        match op {
+            ClientOp::Put { sizes } => {
+                let id = self.new_object_id();
+                self.client_put(n, client, id, sizes, true);
+            }
+            ClientOp::Hog { sizes, hold_us } => {
+                let id = self.new_object_id();
+                if self.client_put(n, client, id, sizes, false) {
+                    let inc = self.nodes[n.0 as usize].inc;
+                    self.schedule(
+                        self.after(hold_us * 1000),
+                        Event::ClientRelease {
+                            node: n,
+                            inc,
+                            client,
+                            id,
+                        },
+                    );
+                }
+            }
+            ClientOp::Get { count, timeout_us } => {
+                let ids: Vec<ObjectId> = (0..count).map(|_| self.pick_object()).collect();
+                let request = self.new_request();
+                let now = self.now;
+                let timeout = Duration::from_micros(timeout_us);
+                self.expect_reply(n, client, request, "get", &ids, timeout);
+                self.record(|| format!("{client}@{n} get {request} {ids:?} timeout {timeout:?}"));
+                let node = self.nodes[n.0 as usize].node.as_mut().expect("alive");
+                node.store_mut(now)
+                    .get(now, client, request, ids, Some(timeout));
+                self.after_input(n);
+            }
+            ClientOp::Fetch { count, timeout_us } => {
+                let ids: Vec<ObjectId> = (0..count).map(|_| self.pick_object()).collect();
+                self.client_fetch(n, client, ids, Duration::from_micros(timeout_us));
+            }
+            ClientOp::Delete => {
+                let id = self.pick_object();
+                let now = self.now;
+                let node = self.nodes[n.0 as usize].node.as_mut().expect("alive");
+                let result = node.store_mut(now).delete(&[id]);
+                self.record(|| {
+                    format!(
+                        "{client}@{n} delete {id}: {:?}",
+                        result[0].as_ref().map_err(short_store_error)
+                    )
+                });
+                self.after_input(n);
+            }
+            ClientOp::Evict { bytes } => {
+                let now = self.now;
+                let node = self.nodes[n.0 as usize].node.as_mut().expect("alive");
+                let outcome = node.store_mut(now).evict(bytes);
+                self.record(|| {
+                    format!(
+                        "{client}@{n} evict {bytes}: {} objects, {} bytes",
+                        outcome.objects, outcome.bytes
+                    )
+                });
+                self.after_input(n);
+            }
+        }
+    }
+
+    fn new_object_id(&mut self) -> ObjectId {
+        let id = ObjectId::from_u64(self.next_object);
+        self.next_object += 1;
+        id
+    }
+
+    fn new_request(&mut self) -> RequestId {
+        let request = RequestId(self.next_request);
+        self.next_request += 1;
+        request
+    }
+
+    /// A known object most of the time; sometimes one that never exists.
+    fn pick_object(&mut self) -> ObjectId {
+        if self.known_objects.is_empty() || self.rng.gen_range(0..100) < 10 {
+            return ObjectId::from_u64((1 << 40) + self.rng.gen_range(0..1000));
+        }
+        // Prefer recent objects: they are likelier to still exist somewhere.
+        let len = self.known_objects.len();
+        let recent = len.min(64);
+        let index = if self.rng.gen_bool(0.8) {
+            len - 1 - self.rng.gen_range(0..recent)
+        } else {
+            self.rng.gen_range(0..len)
+        };
+        self.known_objects[index]
+    }
+
+    fn expect_reply(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        request: RequestId,
+        kind: &'static str,
+        ids: &[ObjectId],
+        timeout: Duration,
+    ) {
+        let inc = self.nodes[n.0 as usize].inc;
+        let op = PendingOp {
+            kind,
+            ids: ids.to_vec(),
+            issued: self.now,
+            deadline: self.now + timeout,
+        };
+        self.checker.pending.insert((n, inc, client, request), op);
+    }
+
+    fn client_fetch(&mut self, n: NodeId, client: ClientId, ids: Vec<ObjectId>, timeout: Duration) {
+        let request = self.new_request();
+        let now = self.now;
+        self.expect_reply(n, client, request, "fetch", &ids, timeout);
+        self.record(|| format!("{client}@{n} fetch {request} {ids:?} timeout {timeout:?}"));
+        let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
+            return;
+        };
+        node.handle_fetch(now, client, request, ids, Some(timeout));
+        self.after_input(n);
+    }
+
+    /// Create, write, seal; `release` drops the creator's reference at seal. True if created.
+    fn client_put(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        release: bool,
+    ) -> bool {
+        let now = self.now;
+        let sim_node = &mut self.nodes[n.0 as usize];
+        let Some(node) = sim_node.node.as_mut() else {
+            return false;
+        };
+        self.checker.sizes.insert(id, sizes);
+        let info =
+            match node
+                .store_mut(now)
+                .create(now, client, id, sizes.data_size, sizes.metadata_size)
+            {
+                Ok(info) => info,
+                Err(error) => {
+                    let error = short_store_error(&error);
+                    self.record(|| {
+                        format!(
+                            "{client}@{n} create {id} {}+{}: {error}",
+                            sizes.data_size, sizes.metadata_size
+                        )
+                    });
+                    self.after_input(n);
+                    return false;
+                }
+            };
+        let bytes = workload::expected_bytes(&id, info.region.len as usize);
+        let store = node.store();
+        self.checker
+            .check_write_target(now, n, store, id, info.region, "client write");
+        sim_node.memory.write(info.region, &bytes);
+        let node = sim_node.node.as_mut().expect("alive");
+        if let Err(error) = node.store_mut(now).seal(client, id, release) {
+            self.checker.violation(
+                now,
+                format!("{client}@{n}: seal of its own {id} failed: {error}"),
+            );
+        }
+        self.stats.puts += 1;
+        self.known_objects.push(id);
+        self.record(|| {
+            format!(
+                "{client}@{n} put {id} {}+{} at {}",
+                sizes.data_size, sizes.metadata_size, info.region
+            )
+        });
+        self.after_input(n);
+        true
+    }
+
+    // ---- Faults ----
+
+    fn crash_node(&mut self, n: NodeId) {
+        if self.nodes[n.0 as usize].node.is_none() {
+            return;
+        }
+        self.record(|| format!("FAULT crash {n}"));
+        self.stats.crashes += 1;
+        let sim_node = &mut self.nodes[n.0 as usize];
+        if let Some(node) = sim_node.node.take() {
+            self.stats.absorb(&node);
+        }
+        sim_node.timer_at = None;
+        // Reads it posted die with it.
+        let old_inc = sim_node.inc;
+        sim_node.inc += 1;
+        let lost_reads = self.count_reads_of(n, old_inc);
+        self.reads_in_flight -= lost_reads;
+        self.checker.pending.retain(|(node, ..), _| *node != n);
+        for m in 0..self.nodes.len() as u32 {
+            if NodeId(m) != n {
+                self.break_link(n, NodeId(m));
+            }
+        }
+        let at = self.after(self.params.detect_us * 1000);
+        self.schedule(at, Event::DirectoryNodeDied { node: n });
+    }
+
+    fn count_reads_of(&self, n: NodeId, inc: u32) -> u64 {
+        self.queue
+            .iter()
+            .filter(|Reverse(s)| match &s.event {
+                Event::ReadServe {
+                    requester,
+                    requester_inc,
+                    ..
+                } => *requester == n && *requester_inc == inc,
+                Event::ReadComplete { node, inc: i, .. } => *node == n && *i == inc,
+                _ => false,
+            })
+            .count() as u64
+    }
+
+    fn restart_node(&mut self, n: NodeId) {
+        if self.nodes[n.0 as usize].node.is_some() {
+            return;
+        }
+        let inc = self.nodes[n.0 as usize].inc;
+        self.record(|| format!("FAULT restart {n} (incarnation {inc}, empty store)"));
+        let key = self.arena_key(n, inc);
+        self.nodes[n.0 as usize].memory = Memory::new(self.params.arena_bytes, key);
+        let node = Node::new(self.node_config(n, inc), self.now);
+        self.nodes[n.0 as usize].node = Some(node);
+        self.directory.node_joined(n);
+        for m in 0..self.nodes.len() as u32 {
+            if NodeId(m) != n {
+                self.restore_link(n, NodeId(m));
+            }
+        }
+        if self.mode.workload {
+            self.start_clients(n);
+        }
+    }
+
+    fn break_link(&mut self, a: NodeId, b: NodeId) {
+        if !self.network.break_connection(self.now, a, b) {
+            return;
+        }
+        let at = self.after(self.params.detect_us * 1000);
+        for (node, peer) in [(a, b), (b, a)] {
+            if self.nodes[node.0 as usize].node.is_some() {
+                let inc = self.nodes[node.0 as usize].inc;
+                self.schedule(at, Event::PeerLost { node, inc, peer });
+            }
+        }
+    }
+
+    fn restore_link(&mut self, a: NodeId, b: NodeId) {
+        let both_up =
+            self.nodes[a.0 as usize].node.is_some() && self.nodes[b.0 as usize].node.is_some();
+        if !both_up || self.network.partitioned(a, b) || !self.network.restore_connection(a, b) {
+            return;
+        }
+        let connection = self.network.connection(a, b);
+        let earliest = Instant(connection.broke_at.0 + self.params.detect_us * 1000 + 1);
+        let at = self.after(self.params.reconnect_us * 1000).max(earliest);
+        for (node, peer) in [(a, b), (b, a)] {
+            let inc = self.nodes[node.0 as usize].inc;
+            self.schedule(
+                at,
+                Event::PeerConnected {
+                    node,
+                    inc,
+                    peer,
+                    epoch: connection.epoch,
+                },
+            );
+        }
+    }
+}
+
+fn short_store_error(error: &StoreError) -> String {
+    match error {
+        StoreError::ObjectNotFound(_) => "not-found".into(),
+        StoreError::Timeout(_) => "timeout".into(),
+        StoreError::ObjectNotSealed(_) => "not-sealed".into(),
+        StoreError::OutOfMemory { .. } => "out-of-memory".into(),
+        StoreError::ObjectExists(_) => "exists".into(),
+        StoreError::ObjectInUse(_) => "in-use (deferred)".into(),
+        StoreError::ObjectTooLarge { .. } => "too-large".into(),
+        other => other.to_string(),
+    }
+}
+
+fn short_fetch_error(error: &FetchError) -> String {
+    match error {
+        FetchError::NotFound { .. } => "not-found".into(),
+        FetchError::Timeout { stage, .. } => format!("timeout ({stage})"),
+        FetchError::SourcesFailed {
+            attempts,
+            last_error,
+            ..
+        } => {
+            format!("sources-failed after {attempts} attempts ({last_error})")
+        }
+        FetchError::DirectoryUnavailable { .. } => "directory-unavailable".into(),
+        FetchError::Store(error) => short_store_error(error),
+    }
+}
+
+/// The store client id the fetch manager uses, re-exported for scenario tests.
+pub const NODE_FETCH_CLIENT: ClientId = FETCH_CLIENT;

@@ -1,0 +1,215 @@
+//! Every parameter of a run, drawn from its seed and printed first.
+
+use std::fmt;
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use skyriver_core::node::ThresholdPolicy;
+
+/// Parameters of one simulated run.
+#[derive(Debug, Clone)]
+pub struct SimParams {
+    /// The seed everything comes from.
+    pub seed: u64,
+    /// Nodes in the cluster.
+    pub nodes: usize,
+    /// Clients per node.
+    pub clients_per_node: usize,
+    /// Bytes of each node's arena.
+    pub arena_bytes: u64,
+    /// One-way latency range between nodes, ns.
+    pub latency_ns: (u64, u64),
+    /// Link bandwidth, bytes/s.
+    pub bandwidth_bytes_per_sec: u64,
+    /// Queue pairs per peer.
+    pub lanes: u16,
+    /// Receive slot size.
+    pub receive_slot_bytes: u32,
+    /// Eager chunks allowed per object.
+    pub max_eager_chunks: u32,
+    /// Threshold policy.
+    pub threshold: ThresholdPolicy,
+    /// READ slice.
+    pub read_slice_bytes: u64,
+    /// READ window per transfer.
+    pub max_outstanding_reads: u32,
+    /// Admission cap.
+    pub max_bytes_in_flight: u64,
+    /// Holder lease, µs.
+    pub lease_us: u64,
+    /// Requester reply timeout, µs.
+    pub reply_timeout_us: u64,
+    /// Directory latency, ns.
+    pub directory_latency_ns: u64,
+    /// Directory op timeout, µs.
+    pub directory_timeout_us: u64,
+    /// Time for a broken connection to be noticed, µs.
+    pub detect_us: u64,
+    /// Time to re-establish a connection once possible, µs.
+    pub reconnect_us: u64,
+    /// Time for a READ on a broken queue pair to complete in error, µs.
+    pub qp_timeout_us: u64,
+    /// Workload length, µs.
+    pub workload_us: u64,
+    /// Mean pause between one client's operations, µs.
+    pub op_interval_us: u64,
+    /// Longest fetch timeout, µs.
+    pub fetch_timeout_us: u64,
+    /// Faults happen before this time, µs.
+    pub faults_until_us: u64,
+    /// Node crashes (each followed by a restart).
+    pub crashes: u32,
+    /// Partitions between two nodes.
+    pub partitions: u32,
+    /// Directory outages.
+    pub directory_outages: u32,
+    /// Windows in which a node is slow.
+    pub slow_windows: u32,
+    /// Probability (per million) that a READ fails with a QP error while faults are on.
+    pub qp_error_ppm: u32,
+    /// Probability (per million) that a READ carries a bad rkey while faults are on.
+    pub bad_rkey_ppm: u32,
+}
+
+impl SimParams {
+    /// Draws every parameter from `rng` (seeded with `seed`); `nodes` overrides the node count.
+    pub fn draw(seed: u64, rng: &mut ChaCha8Rng, nodes: Option<usize>) -> Self {
+        let drawn_nodes = rng.gen_range(2..=5);
+        let lat_lo = rng.gen_range(1_000..=10_000);
+        let faults_until_us = rng.gen_range(3_000..=12_000);
+        let workload_us = faults_until_us + rng.gen_range(1_000..=5_000);
+        let threshold = if rng.gen_bool(0.7) {
+            ThresholdPolicy::Model {
+                bias: rng.gen_range(0.2..=1.0),
+            }
+        } else {
+            ThresholdPolicy::Fixed(rng.gen_range(0..=16 * 1024))
+        };
+        let detect_us = rng.gen_range(50..=400);
+        SimParams {
+            seed,
+            nodes: nodes.unwrap_or(drawn_nodes).max(1),
+            clients_per_node: rng.gen_range(1..=3),
+            arena_bytes: rng.gen_range(256..=2048) * 1024,
+            latency_ns: (lat_lo, lat_lo + rng.gen_range(0..=20_000)),
+            bandwidth_bytes_per_sec: rng.gen_range(1..=12) * 1_000_000_000,
+            lanes: rng.gen_range(1..=4),
+            receive_slot_bytes: rng.gen_range(512..=8192),
+            max_eager_chunks: rng.gen_range(1..=4),
+            threshold,
+            read_slice_bytes: 1 << rng.gen_range(10..=16),
+            max_outstanding_reads: rng.gen_range(1..=8),
+            max_bytes_in_flight: rng.gen_range(32..=1024) * 1024,
+            lease_us: rng.gen_range(1_000..=20_000),
+            reply_timeout_us: rng.gen_range(1_000..=5_000),
+            directory_latency_ns: rng.gen_range(1_000..=30_000),
+            directory_timeout_us: rng.gen_range(300..=2_000),
+            detect_us,
+            reconnect_us: detect_us + rng.gen_range(100..=1_000),
+            qp_timeout_us: rng.gen_range(100..=500),
+            workload_us,
+            op_interval_us: rng.gen_range(30..=300),
+            fetch_timeout_us: rng.gen_range(500..=20_000),
+            faults_until_us,
+            crashes: rng.gen_range(0..=2),
+            partitions: rng.gen_range(0..=3),
+            directory_outages: rng.gen_range(0..=2),
+            slow_windows: rng.gen_range(0..=2),
+            qp_error_ppm: if rng.gen_bool(0.5) {
+                rng.gen_range(0..=50_000)
+            } else {
+                0
+            },
+            bad_rkey_ppm: if rng.gen_bool(0.3) {
+                rng.gen_range(0..=20_000)
+            } else {
+                0
+            },
+        }
+    }
+
+    /// Fixed parameters for scripted scenarios: no workload, no random faults.
+    pub fn scripted(nodes: usize) -> Self {
+        SimParams {
+            seed: 0,
+            nodes,
+            clients_per_node: 1,
+            arena_bytes: 1 << 20,
+            latency_ns: (5_000, 5_000),
+            bandwidth_bytes_per_sec: 10_000_000_000,
+            lanes: 2,
+            receive_slot_bytes: 4096,
+            max_eager_chunks: 2,
+            threshold: ThresholdPolicy::Fixed(6 * 1024),
+            read_slice_bytes: 16 * 1024,
+            max_outstanding_reads: 2,
+            max_bytes_in_flight: 512 * 1024,
+            lease_us: 2_000,
+            reply_timeout_us: 2_000,
+            directory_latency_ns: 10_000,
+            directory_timeout_us: 1_000,
+            detect_us: 100,
+            reconnect_us: 500,
+            qp_timeout_us: 200,
+            workload_us: 0,
+            op_interval_us: 100,
+            fetch_timeout_us: 10_000,
+            faults_until_us: 0,
+            crashes: 0,
+            partitions: 0,
+            directory_outages: 0,
+            slow_windows: 0,
+            qp_error_ppm: 0,
+            bad_rkey_ppm: 0,
+        }
+    }
+}
+
+impl fmt::Display for SimParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let threshold = match self.threshold {
+            ThresholdPolicy::Model { bias } => format!("model(bias={bias:.2})"),
+            ThresholdPolicy::Fixed(bytes) => format!("fixed({bytes})"),
+        };
+        write!(
+            f,
+            "seed={} nodes={} clients/node={} arena={}KiB latency={}..{}ns bw={}GB/s lanes={} slot={}B \
+             eager_chunks={} threshold={} slice={}B window={} in_flight_cap={}KiB lease={}us reply_timeout={}us \
+             dir_latency={}ns dir_timeout={}us detect={}us reconnect={}us qp_timeout={}us workload={}us \
+             op_interval={}us fetch_timeout<={}us faults_until={}us crashes={} partitions={} dir_outages={} \
+             slow_windows={} qp_error={}ppm bad_rkey={}ppm",
+            self.seed,
+            self.nodes,
+            self.clients_per_node,
+            self.arena_bytes / 1024,
+            self.latency_ns.0,
+            self.latency_ns.1,
+            self.bandwidth_bytes_per_sec / 1_000_000_000,
+            self.lanes,
+            self.receive_slot_bytes,
+            self.max_eager_chunks,
+            threshold,
+            self.read_slice_bytes,
+            self.max_outstanding_reads,
+            self.max_bytes_in_flight / 1024,
+            self.lease_us,
+            self.reply_timeout_us,
+            self.directory_latency_ns,
+            self.directory_timeout_us,
+            self.detect_us,
+            self.reconnect_us,
+            self.qp_timeout_us,
+            self.workload_us,
+            self.op_interval_us,
+            self.fetch_timeout_us,
+            self.faults_until_us,
+            self.crashes,
+            self.partitions,
+            self.directory_outages,
+            self.slow_windows,
+            self.qp_error_ppm,
+            self.bad_rkey_ppm
+        )
+    }
+}

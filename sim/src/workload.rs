@@ -1,0 +1,147 @@
+//! Object contents and the random workload's choices.
+//!
+//! Every object's bytes are a function of its id, so any copy anywhere can be checked without
+//! remembering what was written, and "fetched bytes equal sealed bytes" is a local check.
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use skyriver_core::{ObjectId, ObjectSizes};
+
+use crate::trace::Fnv;
+
+/// The bytes object `id` holds (data then metadata), `len` of them.
+pub fn expected_bytes(id: &ObjectId, len: usize) -> Vec<u8> {
+    let mut hash = Fnv::default();
+    hash.write(id.as_bytes());
+    let mut state = hash.finish() | 1;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        // xorshift64*
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let word = state.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes();
+        let take = (len - out.len()).min(8);
+        out.extend_from_slice(&word[..take]);
+    }
+    out
+}
+
+/// Whether `bytes` are what object `id` holds; the first differing offset if not.
+pub fn check_bytes(id: &ObjectId, bytes: &[u8]) -> Result<(), String> {
+    let expected = expected_bytes(id, bytes.len());
+    match expected.iter().zip(bytes).position(|(a, b)| a != b) {
+        None => Ok(()),
+        Some(at) => Err(format!(
+            "byte {at} of {} is {:#04x}, expected {:#04x}",
+            bytes.len(),
+            bytes[at],
+            expected[at]
+        )),
+    }
+}
+
+/// One thing a client does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientOp {
+    /// Create, write and seal a new object.
+    Put {
+        /// Its sizes.
+        sizes: ObjectSizes,
+    },
+    /// Local get of known objects.
+    Get {
+        /// How many ids.
+        count: usize,
+        /// Timeout in µs.
+        timeout_us: u64,
+    },
+    /// Fetch from the cluster.
+    Fetch {
+        /// How many ids.
+        count: usize,
+        /// Timeout in µs.
+        timeout_us: u64,
+    },
+    /// Delete a known object here.
+    Delete,
+    /// Evict some bytes.
+    Evict {
+        /// Bytes.
+        bytes: u64,
+    },
+    /// Create and hold a large object for a while (memory pressure).
+    Hog {
+        /// Sizes.
+        sizes: ObjectSizes,
+        /// How long it is held, µs.
+        hold_us: u64,
+    },
+}
+
+/// Draws an object size: tiny, eager-sized, or large.
+pub fn draw_sizes(rng: &mut ChaCha8Rng, eager_capacity: u64, arena_bytes: u64) -> ObjectSizes {
+    let total = match rng.gen_range(0..10) {
+        0..=3 => rng.gen_range(0..=256),
+        4..=6 => rng.gen_range(0..=eager_capacity.max(1) * 2),
+        _ => rng.gen_range(1..=(arena_bytes / 6).max(2)),
+    };
+    let metadata_size = rng.gen_range(0..=total.min(64));
+    ObjectSizes {
+        data_size: total - metadata_size,
+        metadata_size,
+    }
+}
+
+/// Draws a client's next operation.
+pub fn draw_op(
+    rng: &mut ChaCha8Rng,
+    eager_capacity: u64,
+    arena_bytes: u64,
+    fetch_timeout_us: u64,
+) -> ClientOp {
+    match rng.gen_range(0..100) {
+        0..=29 => ClientOp::Put {
+            sizes: draw_sizes(rng, eager_capacity, arena_bytes),
+        },
+        30..=39 => ClientOp::Get {
+            count: rng.gen_range(1..=3),
+            timeout_us: rng.gen_range(0..=500),
+        },
+        40..=79 => ClientOp::Fetch {
+            count: rng.gen_range(1..=3),
+            timeout_us: rng.gen_range(fetch_timeout_us / 4..=fetch_timeout_us),
+        },
+        80..=89 => ClientOp::Delete,
+        90..=95 => ClientOp::Evict {
+            bytes: rng.gen_range(1..=arena_bytes / 4),
+        },
+        _ => ClientOp::Hog {
+            sizes: ObjectSizes {
+                data_size: rng.gen_range(arena_bytes / 8..=arena_bytes / 3),
+                metadata_size: 0,
+            },
+            hold_us: rng.gen_range(100..=3_000),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contents_depend_on_the_id_and_check() {
+        let a = expected_bytes(&ObjectId::from_u64(1), 100);
+        let b = expected_bytes(&ObjectId::from_u64(2), 100);
+        assert_ne!(a, b);
+        assert_eq!(&expected_bytes(&ObjectId::from_u64(1), 37)[..], &a[..37]);
+        assert!(check_bytes(&ObjectId::from_u64(1), &a).is_ok());
+        let mut bad = a.clone();
+        bad[50] ^= 1;
+        assert!(check_bytes(&ObjectId::from_u64(1), &bad)
+            .unwrap_err()
+            .starts_with("byte 50"));
+    }
+}
