@@ -412,7 +412,8 @@ impl FrameReader {
         let Some(header) = pending.get(..FRAME_HEADER_BYTES) else {
             return Ok(None);
         };
-        let header: [u8; FRAME_HEADER_BYTES] = header.try_into().expect("sliced to the header size");
+        let header: [u8; FRAME_HEADER_BYTES] =
+            header.try_into().expect("sliced to the header size");
         let len = decode_frame_len(header, MAX_REQUEST_BYTES)?;
         if pending.len() < FRAME_HEADER_BYTES + len {
             return Ok(None);
@@ -490,7 +491,10 @@ async fn handshake(
             Ok(None) => reader.fill(stream).await?,
             Err(error) => {
                 let _ = stream
-                    .write_all(&error_frame(RequestId(0), StoreError::BadRequest(error.to_string())))
+                    .write_all(&error_frame(
+                        RequestId(0),
+                        StoreError::BadRequest(error.to_string()),
+                    ))
                     .await;
                 return Err(error.into());
             }
@@ -510,7 +514,10 @@ async fn handshake(
                     "protocol version {protocol_version} is not supported; this daemon speaks {PROTOCOL_VERSION}"
                 );
                 let _ = stream
-                    .write_all(&error_frame(request, StoreError::BadRequest(reason.clone())))
+                    .write_all(&error_frame(
+                        request,
+                        StoreError::BadRequest(reason.clone()),
+                    ))
                     .await;
                 return Err(ConnectionEnd::Protocol(reason));
             }
@@ -519,13 +526,19 @@ async fn handshake(
         Ok(other) => {
             let reason = "the first request must be Hello".to_string();
             let _ = stream
-                .write_all(&error_frame(other.request, StoreError::BadRequest(reason.clone())))
+                .write_all(&error_frame(
+                    other.request,
+                    StoreError::BadRequest(reason.clone()),
+                ))
                 .await;
             return Err(ConnectionEnd::Protocol(reason));
         }
         Err(error) => {
             let _ = stream
-                .write_all(&error_frame(RequestId(0), StoreError::BadRequest(error.to_string())))
+                .write_all(&error_frame(
+                    RequestId(0),
+                    StoreError::BadRequest(error.to_string()),
+                ))
                 .await;
             return Err(error.into());
         }
@@ -587,7 +600,10 @@ async fn serve_requests(
                 Ok(None) => break,
                 Err(error) => {
                     // The stream cannot be trusted past a bad length: explain, then close.
-                    pending.extend(error_frame(RequestId(0), StoreError::BadRequest(error.to_string())));
+                    pending.extend(error_frame(
+                        RequestId(0),
+                        StoreError::BadRequest(error.to_string()),
+                    ));
                     while let Ok(frame) = outbox.try_recv() {
                         pending.extend(frame);
                     }

@@ -110,6 +110,8 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// Start a throw-away daemon, store and read back a few objects, and show the store.
+    Demo,
     /// Benchmarks that print a table and write JSON.
     #[command(subcommand)]
     Bench(skyriver::bench::BenchCommand),
@@ -162,6 +164,7 @@ fn main() -> ExitCode {
         Command::Stat { json, socket } => stat(&socket, json),
         Command::Watch { count, socket } => watch(&socket, count),
         Command::Evict { size, socket } => evict(&socket, size),
+        Command::Demo => demo(),
         Command::Bench(command) => skyriver::bench::run(command).map_err(|e| e.to_string()),
     };
     match result {
@@ -445,5 +448,82 @@ fn evict(socket: &SocketArg, size: ByteSize) -> Result<(), String> {
         outcome.objects,
         format_bytes(outcome.bytes)
     );
+    Ok(())
+}
+
+fn demo() -> Result<(), String> {
+    let fail = |e: ClientError| e.to_string();
+    println!("starting a daemon with 256 MiB of shared memory on a private socket...");
+    let daemon = skyriver::bench::ChildDaemon::start(256 << 20).map_err(|e| e.to_string())?;
+    println!("  socket: {}", daemon.socket().display());
+    let writer = Client::connect(daemon.socket()).map_err(fail)?;
+    let reader = Client::connect(daemon.socket()).map_err(fail)?;
+
+    let greeting = ObjectId::from_u64(1);
+    writer
+        .create_and_seal(greeting, b"hello from skyriver", b"text/plain")
+        .map_err(fail)?;
+    let object = reader
+        .get_one(greeting, Some(Duration::ZERO))
+        .map_err(fail)?;
+    println!(
+        "put then get {greeting}: {:?} (metadata {:?})",
+        String::from_utf8_lossy(object.data()),
+        String::from_utf8_lossy(object.metadata())
+    );
+    drop(object);
+
+    let big = ObjectId::from_u64(2);
+    let size = 64usize << 20;
+    let started = std::time::Instant::now();
+    let mut builder = writer.create(big, size as u64, 0).map_err(fail)?;
+    for (i, chunk) in builder.data_mut().chunks_mut(4096).enumerate() {
+        chunk.fill(i as u8);
+    }
+    builder.seal().map_err(fail)?;
+    let wrote = started.elapsed();
+    let started = std::time::Instant::now();
+    let object = reader.get_one(big, Some(Duration::ZERO)).map_err(fail)?;
+    let got = started.elapsed();
+    let intact = object
+        .data()
+        .chunks(4096)
+        .enumerate()
+        .all(|(i, c)| c.iter().all(|&b| b == i as u8));
+    println!(
+        "wrote {} in shared memory in {wrote:.1?}; another client mapped it in {got:.1?} (zero-copy), bytes intact: {intact}",
+        format_bytes(size as u64)
+    );
+    drop(object);
+
+    let waiter = {
+        let socket = daemon.socket().to_path_buf();
+        std::thread::spawn(move || {
+            let client = Client::connect(&socket)?;
+            let object = client.get_one(ObjectId::from_u64(3), Some(Duration::from_secs(10)))?;
+            Ok::<_, ClientError>(object.data().to_vec())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    writer
+        .create_and_seal(ObjectId::from_u64(3), b"worth the wait", b"")
+        .map_err(fail)?;
+    let waited = waiter
+        .join()
+        .map_err(|_| "the waiting client panicked".to_string())?
+        .map_err(fail)?;
+    println!(
+        "a blocked get woke up at seal and read {:?}",
+        String::from_utf8_lossy(&waited)
+    );
+
+    let stats = reader.stats().map_err(fail)?;
+    println!(
+        "store: {} objects, {} of {} used",
+        stats.object_count,
+        format_bytes(stats.allocated_bytes),
+        format_bytes(stats.capacity_bytes)
+    );
+    println!("stopping the daemon. Next: `skyriver daemon` in one terminal, `skyriver put FILE` in another.");
     Ok(())
 }

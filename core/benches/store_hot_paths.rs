@@ -54,7 +54,7 @@ fn store(c: &mut Criterion) {
                 store.release(client, id).unwrap();
                 store.delete(&[id]).pop().unwrap().unwrap();
                 while let Some(output) = store.poll_output() {
-                    black_box(output);
+                    let _ = black_box(output);
                 }
             });
         },

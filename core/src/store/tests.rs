@@ -23,9 +23,9 @@ fn outputs(store: &mut Store) -> Vec<StoreOutput> {
     std::iter::from_fn(|| store.poll_output()).collect()
 }
 
-fn get_replies(
-    store: &mut Store,
-) -> Vec<(ClientId, RequestId, Vec<Result<ObjectInfo, StoreError>>)> {
+type GetReply = (ClientId, RequestId, Vec<Result<ObjectInfo, StoreError>>);
+
+fn get_replies(store: &mut Store) -> Vec<GetReply> {
     outputs(store)
         .into_iter()
         .filter_map(|o| match o {

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Skyriver's build and tests need (idempotent; root).
+#   ci/install-deps.sh          build + test dependencies of the host suite
+#   ci/install-deps.sh all      also the SoftRoCE guest (qemu, rdma-core, perftest)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+"$here/softroce/install-deps.sh" build
+if [ "${1:-}" = all ]; then
+    "$here/softroce/install-deps.sh" vm
+fi
