@@ -21,7 +21,9 @@ struct RawConnection {
 impl RawConnection {
     fn open(socket: &std::path::Path) -> Self {
         let stream = UnixStream::connect(socket).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         Self { stream }
     }
 
@@ -30,10 +32,19 @@ impl RawConnection {
         let mut connection = Self::open(socket);
         connection.send(&RequestFrame {
             request: RequestId(1),
-            body: Request::Hello { protocol_version: PROTOCOL_VERSION, client_name: "raw".into() },
+            body: Request::Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client_name: "raw".into(),
+            },
         });
         let reply = connection.reply().expect("welcome");
-        assert!(matches!(reply, ServerFrame::Reply { response: Response::Welcome { .. }, .. }));
+        assert!(matches!(
+            reply,
+            ServerFrame::Reply {
+                response: Response::Welcome { .. },
+                ..
+            }
+        ));
         connection
     }
 
@@ -60,7 +71,10 @@ impl RawConnection {
 
     fn expect_error(&mut self) -> StoreError {
         match self.reply() {
-            Some(ServerFrame::Reply { response: Response::Error(error), .. }) => error,
+            Some(ServerFrame::Reply {
+                response: Response::Error(error),
+                ..
+            }) => error,
             other => panic!("expected an error reply, got {other:?}"),
         }
     }
@@ -85,7 +99,10 @@ fn assert_daemon_healthy(socket: &std::path::Path) {
 }
 
 fn rand_id() -> [u8; 20] {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let mut id = [0u8; 20];
     id[..16].copy_from_slice(&nanos.to_le_bytes());
     id
@@ -109,7 +126,10 @@ fn a_request_before_hello_and_a_wrong_version_are_refused() {
     let dir = common::test_dir();
     let daemon = common::start_daemon(dir.path(), 4 << 20);
     let mut raw = RawConnection::open(daemon.socket_path());
-    raw.send(&RequestFrame { request: RequestId(3), body: Request::List });
+    raw.send(&RequestFrame {
+        request: RequestId(3),
+        body: Request::List,
+    });
     let error = raw.expect_error();
     assert!(error.to_string().contains("Hello"), "{error}");
     assert!(raw.is_closed());
@@ -117,7 +137,10 @@ fn a_request_before_hello_and_a_wrong_version_are_refused() {
     let mut raw = RawConnection::open(daemon.socket_path());
     raw.send(&RequestFrame {
         request: RequestId(1),
-        body: Request::Hello { protocol_version: PROTOCOL_VERSION + 1, client_name: "future".into() },
+        body: Request::Hello {
+            protocol_version: PROTOCOL_VERSION + 1,
+            client_name: "future".into(),
+        },
     });
     let error = raw.expect_error();
     assert!(error.to_string().contains("not supported"), "{error}");
@@ -139,8 +162,17 @@ fn malformed_and_unknown_frames_get_errors_and_the_connection_goes_on() {
     raw.send_raw(&framed(&[9, 1, 1, 2, 3, 4, 5]));
     assert!(matches!(raw.expect_error(), StoreError::BadRequest(_)));
     // Still usable.
-    raw.send(&RequestFrame { request: RequestId(9), body: Request::Stats });
-    assert!(matches!(raw.reply(), Some(ServerFrame::Reply { request: RequestId(9), response: Response::Stats(_) })));
+    raw.send(&RequestFrame {
+        request: RequestId(9),
+        body: Request::Stats,
+    });
+    assert!(matches!(
+        raw.reply(),
+        Some(ServerFrame::Reply {
+            request: RequestId(9),
+            response: Response::Stats(_)
+        })
+    ));
     assert_daemon_healthy(daemon.socket_path());
 }
 
@@ -177,27 +209,53 @@ fn requests_that_break_the_rules_get_clear_errors() {
 
     // Bob may not seal or abort Alice's object.
     let mut raw = RawConnection::greeted(daemon.socket_path());
-    raw.send(&RequestFrame { request: RequestId(2), body: Request::Seal { id, release: true } });
+    raw.send(&RequestFrame {
+        request: RequestId(2),
+        body: Request::Seal { id, release: true },
+    });
     match raw.reply() {
-        Some(ServerFrame::Reply { response: Response::Done(Err(StoreError::NotCreator(got))), .. }) => {
+        Some(ServerFrame::Reply {
+            response: Response::Done(Err(StoreError::NotCreator(got))),
+            ..
+        }) => {
             assert_eq!(got, id)
         }
         other => panic!("{other:?}"),
     }
     // Release of an object not held.
-    raw.send(&RequestFrame { request: RequestId(3), body: Request::Release { id: ObjectId::from_u64(2) } });
+    raw.send(&RequestFrame {
+        request: RequestId(3),
+        body: Request::Release {
+            id: ObjectId::from_u64(2),
+        },
+    });
     assert!(matches!(
         raw.reply(),
-        Some(ServerFrame::Reply { response: Response::Done(Err(StoreError::NotHeld(_))), .. })
+        Some(ServerFrame::Reply {
+            response: Response::Done(Err(StoreError::NotHeld(_))),
+            ..
+        })
     ));
     // A size that can never fit, and one whose sum overflows.
     let error = bob.create(ObjectId::from_u64(3), 1 << 40, 0).err().unwrap();
-    assert!(matches!(error, ClientError::Store(StoreError::ObjectTooLarge { .. })), "{error}");
-    let error = bob.create(ObjectId::from_u64(3), u64::MAX, u64::MAX).err().unwrap();
-    assert!(matches!(error, ClientError::Store(StoreError::ObjectTooLarge { .. })), "{error}");
+    assert!(
+        matches!(error, ClientError::Store(StoreError::ObjectTooLarge { .. })),
+        "{error}"
+    );
+    let error = bob
+        .create(ObjectId::from_u64(3), u64::MAX, u64::MAX)
+        .err()
+        .unwrap();
+    assert!(
+        matches!(error, ClientError::Store(StoreError::ObjectTooLarge { .. })),
+        "{error}"
+    );
     // Too many ids in one request.
     let ids = vec![ObjectId::from_u64(4); 70_000];
-    raw.send(&RequestFrame { request: RequestId(4), body: Request::Delete { ids } });
+    raw.send(&RequestFrame {
+        request: RequestId(4),
+        body: Request::Delete { ids },
+    });
     assert!(matches!(raw.expect_error(), StoreError::BadRequest(_)));
     assert_daemon_healthy(daemon.socket_path());
 }

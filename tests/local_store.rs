@@ -25,7 +25,11 @@ fn bytes_written_by_one_client_are_read_in_place_by_another() {
     object.seal().unwrap();
 
     let first = reader.get_one(id(1), Some(Duration::ZERO)).unwrap();
-    assert!(first.data().iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    assert!(first
+        .data()
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == (i % 251) as u8));
     assert_eq!(first.metadata(), b"abc");
     // Zero-copy: a second get of the same object maps to the same bytes, not a copy.
     let second = reader.get_one(id(1), Some(Duration::ZERO)).unwrap();
@@ -44,7 +48,9 @@ fn get_waits_for_a_seal_from_another_client() {
     let getter = std::thread::spawn(move || {
         let client = Client::connect(&socket).unwrap();
         let started = Instant::now();
-        let object = client.get_one(id(7), Some(Duration::from_secs(20))).unwrap();
+        let object = client
+            .get_one(id(7), Some(Duration::from_secs(20)))
+            .unwrap();
         (object.data().to_vec(), started.elapsed())
     });
     std::thread::sleep(Duration::from_millis(100));
@@ -52,7 +58,10 @@ fn get_waits_for_a_seal_from_another_client() {
     client.create_and_seal(id(7), b"late", b"").unwrap();
     let (data, waited) = getter.join().unwrap();
     assert_eq!(data, b"late");
-    assert!(waited >= Duration::from_millis(90), "the get waited for the seal");
+    assert!(
+        waited >= Duration::from_millis(90),
+        "the get waited for the seal"
+    );
 }
 
 #[test]
@@ -62,10 +71,16 @@ fn get_times_out_and_polls() {
     let client = Client::connect(daemon.socket_path()).unwrap();
     let started = Instant::now();
     let result = client.get_one(id(1), Some(Duration::from_millis(150)));
-    assert!(matches!(result, Err(ClientError::Store(StoreError::Timeout(_)))), "{result:?}");
+    assert!(
+        matches!(result, Err(ClientError::Store(StoreError::Timeout(_)))),
+        "{result:?}"
+    );
     assert!(started.elapsed() >= Duration::from_millis(140));
     let polled = client.get(&[id(1)], Some(Duration::ZERO)).unwrap();
-    assert_eq!(polled[0].as_ref().unwrap_err(), &StoreError::ObjectNotFound(id(1)));
+    assert_eq!(
+        polled[0].as_ref().unwrap_err(),
+        &StoreError::ObjectNotFound(id(1))
+    );
 }
 
 #[test]
@@ -77,15 +92,25 @@ fn delete_is_deferred_while_held_and_subscribers_hear_it() {
     events.set_timeout(Some(Duration::from_secs(10))).unwrap();
     client.create_and_seal(id(1), b"x", b"").unwrap();
     let held = client.get_one(id(1), None).unwrap();
-    assert_eq!(client.delete(&[id(1)]).unwrap(), vec![Err(StoreError::ObjectInUse(id(1)))]);
+    assert_eq!(
+        client.delete(&[id(1)]).unwrap(),
+        vec![Err(StoreError::ObjectInUse(id(1)))]
+    );
     assert!(client.contains(id(1)).unwrap());
     drop(held);
     assert!(!client.contains(id(1)).unwrap(), "deleted once released");
     assert_eq!(
         events.next_event().unwrap(),
-        ObjectEvent::Sealed { id: id(1), data_size: 1, metadata_size: 0 }
+        ObjectEvent::Sealed {
+            id: id(1),
+            data_size: 1,
+            metadata_size: 0
+        }
     );
-    assert_eq!(events.next_event().unwrap(), ObjectEvent::Deleted { id: id(1) });
+    assert_eq!(
+        events.next_event().unwrap(),
+        ObjectEvent::Deleted { id: id(1) }
+    );
 }
 
 #[test]
@@ -97,12 +122,20 @@ fn a_full_store_evicts_unused_objects_and_refuses_when_all_are_held() {
     for n in 0..4 {
         client.create_and_seal(id(n), &chunk, b"").unwrap();
     }
-    let held: Vec<_> = (1..4).map(|n| client.get_one(id(n), None).unwrap()).collect();
+    let held: Vec<_> = (1..4)
+        .map(|n| client.get_one(id(n), None).unwrap())
+        .collect();
     client.create_and_seal(id(10), &chunk, b"").unwrap();
-    assert!(!client.contains(id(0)).unwrap(), "the one unused object was evicted");
+    assert!(
+        !client.contains(id(0)).unwrap(),
+        "the one unused object was evicted"
+    );
     let _also_held = client.get_one(id(10), None).unwrap();
     let error = client.create(id(11), 1 << 20, 0).err().unwrap();
-    assert!(matches!(error, ClientError::Store(StoreError::OutOfMemory { .. })), "{error}");
+    assert!(
+        matches!(error, ClientError::Store(StoreError::OutOfMemory { .. })),
+        "{error}"
+    );
     drop(held);
     client.create_and_seal(id(11), &chunk, b"").unwrap();
     let stats = client.stats().unwrap();

@@ -19,7 +19,9 @@ fn creator_role() {
     let client = Client::connect(socket).unwrap();
     let mut writer = client.create(ObjectId::from_u64(99), 8 << 20, 0).unwrap();
     writer.data_mut()[..4 << 20].fill(7);
-    client.create_and_seal(ObjectId::from_u64(100), b"sealed before the crash", b"").unwrap();
+    client
+        .create_and_seal(ObjectId::from_u64(100), b"sealed before the crash", b"")
+        .unwrap();
     let _held = client.get_one(ObjectId::from_u64(100), None).unwrap();
     println!("ready");
     std::thread::sleep(Duration::from_secs(600));
@@ -37,19 +39,38 @@ fn a_client_killed_mid_create_leaves_no_trace() {
         .unwrap();
     let observer = Client::connect(&daemon.socket).unwrap();
     common::eventually("the creator holds its objects", || {
-        observer.list().unwrap().iter().any(|o| o.info.id == ObjectId::from_u64(100) && o.ref_count == 1)
+        observer
+            .list()
+            .unwrap()
+            .iter()
+            .any(|o| o.info.id == ObjectId::from_u64(100) && o.ref_count == 1)
     });
     let unsealed = observer.list().unwrap();
-    assert!(unsealed.iter().any(|o| o.info.id == ObjectId::from_u64(99) && !o.sealed));
+    assert!(unsealed
+        .iter()
+        .any(|o| o.info.id == ObjectId::from_u64(99) && !o.sealed));
 
     child.kill().unwrap(); // SIGKILL: no chance to clean up.
     child.wait().unwrap();
-    common::eventually("the daemon noticed the dead client", || observer.stats().unwrap().client_count == 1);
+    common::eventually("the daemon noticed the dead client", || {
+        observer.stats().unwrap().client_count == 1
+    });
     let objects = observer.list().unwrap();
-    assert_eq!(objects.len(), 1, "the unsealed object was aborted: {objects:?}");
+    assert_eq!(
+        objects.len(),
+        1,
+        "the unsealed object was aborted: {objects:?}"
+    );
     assert_eq!(objects[0].info.id, ObjectId::from_u64(100));
-    assert_eq!(objects[0].ref_count, 0, "the dead client's reference was released");
-    assert_eq!(observer.stats().unwrap().allocated_bytes, 64, "the 8 MiB were freed");
+    assert_eq!(
+        objects[0].ref_count, 0,
+        "the dead client's reference was released"
+    );
+    assert_eq!(
+        observer.stats().unwrap().allocated_bytes,
+        64,
+        "the 8 MiB were freed"
+    );
     let object = observer.get_one(ObjectId::from_u64(100), None).unwrap();
     assert_eq!(object.data(), b"sealed before the crash");
 }
@@ -68,25 +89,40 @@ fn cli_put_get_ls_rm_across_processes() {
     assert_eq!(id.len(), 40);
 
     let output = dir.path().join("output.bin");
-    let (ok, _, stderr) = common::cli(&daemon.socket, &["get", &id, "-o", output.to_str().unwrap()], None);
+    let (ok, _, stderr) = common::cli(
+        &daemon.socket,
+        &["get", &id, "-o", output.to_str().unwrap()],
+        None,
+    );
     assert!(ok, "{stderr}");
     assert_eq!(std::fs::read(&output).unwrap(), payload);
 
     let chosen = "00112233445566778899aabbccddeeff00112233";
-    let (ok, stdout, stderr) = common::cli(&daemon.socket, &["put", "--id", chosen, "-"], Some(b"from stdin"));
+    let (ok, stdout, stderr) = common::cli(
+        &daemon.socket,
+        &["put", "--id", chosen, "-"],
+        Some(b"from stdin"),
+    );
     assert!(ok, "{stderr}");
     assert_eq!(String::from_utf8(stdout).unwrap().trim(), chosen);
     let (ok, stdout, _) = common::cli(&daemon.socket, &["get", chosen], None);
     assert!(ok);
     assert_eq!(stdout, b"from stdin");
-    let (ok, _, stderr) = common::cli(&daemon.socket, &["put", "--id", chosen, "-"], Some(b"again"));
+    let (ok, _, stderr) = common::cli(
+        &daemon.socket,
+        &["put", "--id", chosen, "-"],
+        Some(b"again"),
+    );
     assert!(!ok);
     assert!(stderr.contains("already exists"), "{stderr}");
 
     let (ok, stdout, _) = common::cli(&daemon.socket, &["ls"], None);
     assert!(ok);
     let listing = String::from_utf8(stdout).unwrap();
-    assert!(listing.contains(&id) && listing.contains(chosen), "{listing}");
+    assert!(
+        listing.contains(&id) && listing.contains(chosen),
+        "{listing}"
+    );
     assert!(listing.contains("2 objects"), "{listing}");
 
     let (ok, _, _) = common::cli(&daemon.socket, &["rm", &id, chosen], None);
@@ -112,7 +148,9 @@ fn watch_prints_events_from_other_processes() {
         .spawn()
         .unwrap();
     let observer = Client::connect(&daemon.socket).unwrap();
-    common::eventually("the watcher subscribed", || observer.stats().unwrap().client_count >= 3);
+    common::eventually("the watcher subscribed", || {
+        observer.stats().unwrap().client_count >= 3
+    });
     let id = "ffffffffffffffffffffffffffffffffffffffff";
     assert!(common::cli(&daemon.socket, &["put", "--id", id, "-"], Some(b"abc")).0);
     assert!(common::cli(&daemon.socket, &["rm", id], None).0);
@@ -120,8 +158,14 @@ fn watch_prints_events_from_other_processes() {
     let text = String::from_utf8(output.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
-    assert!(lines[0].starts_with("sealed") && lines[0].contains(id), "{text}");
-    assert!(lines[1].starts_with("deleted") && lines[1].contains(id), "{text}");
+    assert!(
+        lines[0].starts_with("sealed") && lines[0].contains(id),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("deleted") && lines[1].contains(id),
+        "{text}"
+    );
 }
 
 #[test]

@@ -10,7 +10,10 @@ use skyriver::Client;
 
 /// A temporary directory for one test's sockets and files.
 pub fn test_dir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("skyriver-test").tempdir().expect("temp dir")
+    tempfile::Builder::new()
+        .prefix("skyriver-test")
+        .tempdir()
+        .expect("temp dir")
 }
 
 /// A daemon running on a thread of this test process.
@@ -37,7 +40,10 @@ impl DaemonProcess {
             .expect("spawn skyriver daemon");
         let started = Instant::now();
         while Client::connect(&socket).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(30), "daemon did not start");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "daemon did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         Self { child, socket }
@@ -58,7 +64,11 @@ pub fn cli(socket: &Path, args: &[&str], stdin: Option<&[u8]>) -> (bool, Vec<u8>
         .args(args)
         .arg("--socket")
         .arg(socket)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -78,7 +88,10 @@ pub fn cli(socket: &Path, args: &[&str], stdin: Option<&[u8]>) -> (bool, Vec<u8>
 pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     let started = Instant::now();
     while !condition() {
-        assert!(started.elapsed() < Duration::from_secs(10), "timed out waiting until {what}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "timed out waiting until {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
