@@ -2,6 +2,8 @@
 //! project lives in this crate, each block with a `// SAFETY:` comment.
 
 pub mod arena;
+pub mod directory;
+pub mod fabric;
 pub mod fd_passing;
 pub mod verbs;
 
