@@ -1,0 +1,46 @@
+//! The CI seed sweep: a fixed list of seeds plus some derived from the commit, each a full random
+//! run (workload, faults, then liveness and quiescence checks). Any violation fails the test
+//! with the seed and the command that replays it.
+
+use skyriver_sim::{ci_seeds, replay_command, run_seed, RunMode};
+
+/// Seeds from the fixed list (0..FIXED).
+const FIXED: u64 = 300;
+/// Seeds derived from the commit, when known.
+const FROM_COMMIT: u64 = 50;
+
+fn commit() -> Option<String> {
+    if let Ok(commit) = std::env::var("SKYRIVER_SIM_COMMIT").or_else(|_| std::env::var("GIT_COMMIT")) {
+        return Some(commit);
+    }
+    let output = std::process::Command::new("git").args(["rev-parse", "HEAD"]).output().ok()?;
+    output.status.success().then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+#[test]
+fn seed_sweep_finds_no_violation() {
+    let commit = commit();
+    let seeds = ci_seeds(FIXED, FROM_COMMIT, commit.as_deref());
+    let derived: Vec<u64> = seeds[FIXED as usize..].to_vec();
+    println!(
+        "sim sweep: seeds 0..{FIXED} and {} derived from commit {}: {derived:?}",
+        derived.len(),
+        commit.as_deref().unwrap_or("(unknown)")
+    );
+    let mut failures = Vec::new();
+    let mut events = 0;
+    for &seed in &seeds {
+        let report = run_seed(seed, None, RunMode { workload: true, faults: true, keep_trace: false, echo_trace: false });
+        events += report.stats.events;
+        if !report.passed() {
+            failures.push(format!(
+                "seed {seed} ({})\n  {}\n  replay: {}",
+                report.params,
+                report.violations.iter().take(5).cloned().collect::<Vec<_>>().join("\n  "),
+                replay_command(seed, None)
+            ));
+        }
+    }
+    println!("sim sweep: {} seeds, {events} events, {} failed", seeds.len(), failures.len());
+    assert!(failures.is_empty(), "{} seeds failed:\n{}", failures.len(), failures.join("\n"));
+}
