@@ -219,7 +219,7 @@ pub struct Cluster {
     directory_down: bool,
     trace: Trace,
     checker: Checker,
-    /// Scripted: the next READs served by a holder fail with a QP error.
+    /// Scripted: the next READs a requester posts fail with a QP error.
     failing_reads: BTreeMap<NodeId, u32>,
     reads_in_flight: u64,
     next_object: u64,
@@ -390,20 +390,27 @@ impl Cluster {
         id
     }
 
-    /// Client 1 of `node` creates object `n` of `data_size` bytes and keeps holding it.
-    pub fn put_and_hold(&mut self, node: u32, n: u64, data_size: u64) -> ObjectId {
+    /// Client 1 of `node` creates object `n` of `data_size` bytes and holds it for `hold`.
+    pub fn put_and_hold(&mut self, node: u32, n: u64, data_size: u64, hold: Duration) -> ObjectId {
         let id = ObjectId::from_u64(n);
         let sizes = ObjectSizes {
             data_size,
             metadata_size: 0,
         };
-        self.client_put(
-            NodeId(node),
-            ClientId(WORKLOAD_CLIENT_BASE),
-            id,
-            sizes,
-            false,
-        );
+        let client = ClientId(WORKLOAD_CLIENT_BASE);
+        if self.client_put(NodeId(node), client, id, sizes, false) {
+            let inc = self.nodes[node as usize].inc;
+            let at = self.after(hold.as_nanos() as u64);
+            self.schedule(
+                at,
+                Event::ClientRelease {
+                    node: NodeId(node),
+                    inc,
+                    client,
+                    id,
+                },
+            );
+        }
         id
     }
 
@@ -423,9 +430,9 @@ impl Cluster {
         self.restart_node(NodeId(node));
     }
 
-    /// The next `count` READs served by `holder` fail with a QP error.
-    pub fn fail_reads_from(&mut self, holder: u32, count: u32) {
-        *self.failing_reads.entry(NodeId(holder)).or_default() += count;
+    /// The next `count` READs that `requester` posts fail with a QP error.
+    pub fn fail_next_reads(&mut self, requester: u32, count: u32) {
+        *self.failing_reads.entry(NodeId(requester)).or_default() += count;
     }
 
     /// Runs the next event; false when none is left.
@@ -1005,7 +1012,7 @@ impl Cluster {
             self.schedule(at, complete(Err(ReadError::ConnectionLost)));
             return;
         }
-        if let Some(count) = self.failing_reads.get_mut(&holder).filter(|c| **c > 0) {
+        if let Some(count) = self.failing_reads.get_mut(&requester).filter(|c| **c > 0) {
             *count -= 1;
             let error = ReadError::QueuePair("injected: transport retry counter exceeded".into());
             self.schedule(self.after(latency), complete(Err(error)));
@@ -1379,7 +1386,12 @@ impl Cluster {
                 let now = self.now;
                 let timeout = Duration::from_micros(timeout_us);
                 self.expect_reply(n, client, request, "get", &ids, timeout);
-                self.record(|| format!("{client}@{n} get {request} {ids:?} timeout {timeout:?}"));
+                self.record(|| {
+                    format!(
+                        "{client}@{n} get {request} [{}] timeout {timeout:?}",
+                        id_list(&ids)
+                    )
+                });
                 let node = self.nodes[n.0 as usize].node.as_mut().expect("alive");
                 node.store_mut(now)
                     .get(now, client, request, ids, Some(timeout));
@@ -1468,7 +1480,12 @@ impl Cluster {
         let request = self.new_request();
         let now = self.now;
         self.expect_reply(n, client, request, "fetch", &ids, timeout);
-        self.record(|| format!("{client}@{n} fetch {request} {ids:?} timeout {timeout:?}"));
+        self.record(|| {
+            format!(
+                "{client}@{n} fetch {request} [{}] timeout {timeout:?}",
+                id_list(&ids)
+            )
+        });
         let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
             return;
         };
@@ -1665,3 +1682,10 @@ fn short_fetch_error(error: &FetchError) -> String {
 
 /// The store client id the fetch manager uses, re-exported for scenario tests.
 pub const NODE_FETCH_CLIENT: ClientId = FETCH_CLIENT;
+
+fn id_list(ids: &[ObjectId]) -> String {
+    ids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}

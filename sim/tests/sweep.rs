@@ -10,11 +10,19 @@ const FIXED: u64 = 300;
 const FROM_COMMIT: u64 = 50;
 
 fn commit() -> Option<String> {
-    if let Ok(commit) = std::env::var("SKYRIVER_SIM_COMMIT").or_else(|_| std::env::var("GIT_COMMIT")) {
+    if let Ok(commit) =
+        std::env::var("SKYRIVER_SIM_COMMIT").or_else(|_| std::env::var("GIT_COMMIT"))
+    {
         return Some(commit);
     }
-    let output = std::process::Command::new("git").args(["rev-parse", "HEAD"]).output().ok()?;
-    output.status.success().then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
+    let output = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
 
 #[test]
@@ -30,17 +38,41 @@ fn seed_sweep_finds_no_violation() {
     let mut failures = Vec::new();
     let mut events = 0;
     for &seed in &seeds {
-        let report = run_seed(seed, None, RunMode { workload: true, faults: true, keep_trace: false, echo_trace: false });
+        let report = run_seed(
+            seed,
+            None,
+            RunMode {
+                workload: true,
+                faults: true,
+                keep_trace: false,
+                echo_trace: false,
+            },
+        );
         events += report.stats.events;
         if !report.passed() {
             failures.push(format!(
                 "seed {seed} ({})\n  {}\n  replay: {}",
                 report.params,
-                report.violations.iter().take(5).cloned().collect::<Vec<_>>().join("\n  "),
+                report
+                    .violations
+                    .iter()
+                    .take(5)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("\n  "),
                 replay_command(seed, None)
             ));
         }
     }
-    println!("sim sweep: {} seeds, {events} events, {} failed", seeds.len(), failures.len());
-    assert!(failures.is_empty(), "{} seeds failed:\n{}", failures.len(), failures.join("\n"));
+    println!(
+        "sim sweep: {} seeds, {events} events, {} failed",
+        seeds.len(),
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} seeds failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
