@@ -7,11 +7,13 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 use crate::ids::{NodeId, ObjectId};
 use crate::wire::ObjectSizes;
 
 /// One directory operation of one node, echoed in its reply.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
 pub struct DirectoryOpId(pub u64);
 
 impl fmt::Display for DirectoryOpId {
@@ -21,7 +23,7 @@ impl fmt::Display for DirectoryOpId {
 }
 
 /// What a node asks of the directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DirectoryRequest {
     /// Which live nodes hold `id`? With `subscribe`, and when none does, the directory also
     /// registers a one-shot subscription: the next publication of `id` is sent to this node as
@@ -76,7 +78,7 @@ impl fmt::Display for DirectoryRequest {
 }
 
 /// The directory's answer to one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DirectoryReply {
     /// Answer to `Lookup`: the live holders (possibly none) and the object's sizes if known.
     Located {
@@ -118,7 +120,7 @@ impl fmt::Display for DirectoryReply {
 }
 
 /// Something the directory tells a node without being asked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DirectoryEvent {
     /// An object this node subscribed to was published by `holder`.
     Published {

@@ -39,7 +39,9 @@ const KIND_BUSY: u8 = 6;
 const KIND_ERROR: u8 = 7;
 
 /// Sizes of an object: data then metadata, contiguous.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct ObjectSizes {
     /// Data bytes.
     pub data_size: u64,
