@@ -204,6 +204,22 @@ impl SharedArena {
         })
     }
 
+    /// A mutable view of `[offset, offset + len)`, for fabrics that receive READ data straight
+    /// into the arena.
+    ///
+    /// # Safety
+    /// The caller has exclusive use of the range for the life of the slice: the store granted
+    /// it to one transfer (a created, unsealed object), and nothing else in this process reads
+    /// or writes it meanwhile.
+    pub(crate) unsafe fn bytes_mut(&self, offset: u64, len: u64) -> Result<&mut [u8], OutOfArena> {
+        self.check(offset, len)?;
+        // SAFETY: in bounds (checked above), mapping alive as long as `self`, exclusivity is the
+        // caller's contract (see `# Safety`).
+        Ok(unsafe {
+            std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset as usize), len as usize)
+        })
+    }
+
     /// Copies `data` into the arena at `offset`.
     ///
     /// Callers write only ranges the store gave them exclusively (an unsealed object they

@@ -24,6 +24,8 @@ use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
 
 use crate::arena::SharedArena;
 
+pub mod tcp;
+
 /// What a fabric tells the driver.
 #[derive(Debug)]
 pub enum FabricEvent {
