@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
+use crate::node::FetchError;
 use crate::ids::{ArenaId, NodeId, ObjectId, RequestId};
 use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
 
@@ -99,13 +100,30 @@ pub enum Request {
     Subscribe,
     /// Store counters.
     Stats,
+    /// Get objects from anywhere in the cluster: fetched from other nodes unless already here.
+    /// Waits up to `timeout_ms` (`None`: for ever); the reply holds a reference to each.
+    Fetch {
+        /// The objects.
+        ids: Vec<ObjectId>,
+        /// Milliseconds to wait.
+        timeout_ms: Option<u64>,
+    },
+    /// The cluster's nodes as this daemon sees them.
+    Nodes,
+    /// Which nodes hold a sealed copy of an object, according to the directory.
+    Locate {
+        /// The object.
+        id: ObjectId,
+    },
 }
 
 impl Request {
     /// Checks limits that postcard cannot: batch lengths.
     pub fn validate(&self) -> Result<(), StoreError> {
         let ids = match self {
-            Request::Get { ids, .. } | Request::Delete { ids } => ids.len(),
+            Request::Get { ids, .. } | Request::Delete { ids } | Request::Fetch { ids, .. } => {
+                ids.len()
+            }
             _ => 0,
         };
         if ids > MAX_IDS_PER_REQUEST {
@@ -159,8 +177,51 @@ pub enum Response {
     Evicted(EvictOutcome),
     /// Answer to `Stats`.
     Stats(StoreStats),
+    /// Answer to `Fetch`: one result per id, in order; each `Ok` holds a reference.
+    Fetched(Vec<Result<ObjectInfo, FetchError>>),
+    /// Answer to `Nodes`.
+    Nodes(ClusterView),
+    /// Answer to `Locate`.
+    Located {
+        /// Live nodes holding a sealed copy.
+        holders: Vec<NodeId>,
+        /// The object's data and metadata sizes, when known.
+        sizes: Option<(u64, u64)>,
+    },
     /// The request was refused as a whole.
     Error(StoreError),
+}
+
+/// This daemon's view of its cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// This node.
+    pub node: NodeId,
+    /// The fabric in use (`none` when the daemon runs alone).
+    pub fabric: String,
+    /// The directory in use, described without secrets.
+    pub directory: String,
+    /// Whether the directory answers.
+    pub directory_healthy: bool,
+    /// Every live node the directory lists, this one included.
+    pub members: Vec<MemberView>,
+}
+
+/// One node of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    /// The node.
+    pub node: NodeId,
+    /// Where its fabric listens.
+    pub address: String,
+    /// Its fabric.
+    pub fabric: String,
+    /// Whether this daemon has a connection to it.
+    pub connected: bool,
+    /// The eager threshold this daemon uses for fetches from it, in bytes.
+    pub eager_threshold_bytes: Option<u64>,
+    /// Link details negotiated at connect time.
+    pub link: String,
 }
 
 /// A frame from the daemon.

@@ -465,6 +465,25 @@ impl Node {
         self.reply(waiter);
     }
 
+    /// A client went away: its fetches end without a reply (their references are dropped with
+    /// the client's others by the store).
+    pub(super) fn client_gone(&mut self, client: ClientId) {
+        let gone: Vec<FetchWaiterId> = self
+            .waiters
+            .iter()
+            .filter(|(_, waiter)| waiter.client == client)
+            .map(|(&waiter_id, _)| waiter_id)
+            .collect();
+        for waiter_id in gone {
+            let waiter = self.waiters.remove(&waiter_id).expect("listed above");
+            self.cancel_timer(Timer::FetchDeadline(waiter_id));
+            let ids: BTreeSet<ObjectId> = waiter.ids.iter().copied().collect();
+            for id in ids {
+                self.waiter_left(id, waiter_id);
+            }
+        }
+    }
+
     /// `waiter_id` no longer wants `id`; a fetch nobody wants stops unless its transfer is
     /// already running (it finishes, and the copy stays here).
     fn waiter_left(&mut self, id: ObjectId, waiter_id: FetchWaiterId) {

@@ -170,7 +170,7 @@ pub enum ReadError {
 }
 
 /// Why a fetch of one object failed. Reaches the client with a reason it can show.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum FetchError {
     /// No live node published the object before the deadline.
     #[error("object {id}: no live node holds it (waited until the deadline)")]
@@ -605,6 +605,15 @@ impl Node {
     ) {
         self.advance(now);
         self.start_fetch(client, request, ids, timeout);
+        self.absorb_store();
+    }
+
+    /// A local client disconnected: its fetches are dropped, its references released and its
+    /// unsealed objects aborted.
+    pub fn handle_client_disconnected(&mut self, now: Instant, client: ClientId) {
+        self.advance(now);
+        self.client_gone(client);
+        self.store.disconnect(client);
         self.absorb_store();
     }
 
