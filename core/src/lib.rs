@@ -24,6 +24,9 @@ pub use error::StoreError;
 pub use ids::{ArenaId, ClientId, NodeId, ObjectId, RequestId, TransferId};
 pub use node::{FetchError, Node, NodeConfig, NodeOutput, PeerParams, ReadError, ReadOpId};
 pub use region::{LocalRegion, RemoteRegion};
-pub use store::{ObjectEvent, ObjectInfo, Store, StoreConfig, StoreOutput, StoreStats};
+pub use store::{
+    DurableChange, ObjectEvent, ObjectInfo, RecoveredObject, RecoveryReport, Store, StoreConfig,
+    StoreOutput, StoreStats,
+};
 pub use time::Instant;
 pub use wire::{ObjectSizes, PeerMessage};

@@ -212,6 +212,9 @@ pub struct StoreConfig {
     pub arenas: Vec<(ArenaId, u64)>,
     /// Most ids in one get or delete.
     pub max_batch_len: usize,
+    /// Queue a [`DurableChange`] for every seal and every removal of a sealed object, for a
+    /// driver that keeps the object index on persistent storage (see [`recovery`]).
+    pub record_durable_changes: bool,
 }
 
 impl StoreConfig {
@@ -220,6 +223,7 @@ impl StoreConfig {
         Self {
             arenas: vec![(ArenaId(0), capacity_bytes)],
             max_batch_len: 65_536,
+            record_durable_changes: false,
         }
     }
 }
@@ -240,6 +244,9 @@ pub struct Store {
     deadlines: BTreeSet<(Instant, WaiterId)>,
     next_waiter: u64,
     outputs: VecDeque<StoreOutput>,
+    /// Seals and removals the driver has not made durable yet (empty unless
+    /// [`StoreConfig::record_durable_changes`]).
+    durable_changes: VecDeque<DurableChange>,
     stats: StoreStats,
 }
 
@@ -260,6 +267,7 @@ impl Store {
             deadlines: BTreeSet::new(),
             next_waiter: 0,
             outputs: VecDeque::new(),
+            durable_changes: VecDeque::new(),
             stats: StoreStats::default(),
         }
     }
@@ -381,6 +389,15 @@ impl Store {
         }
         entry.state = ObjectState::Sealed;
         let info = entry.info(id);
+        let block = entry.block;
+        if self.config.record_durable_changes {
+            self.durable_changes.push_back(DurableChange::Sealed {
+                id,
+                block,
+                data_size: info.data_size,
+                metadata_size: info.metadata_size,
+            });
+        }
         if let Some(state) = self.clients.get_mut(&client) {
             state.creating.remove(&id);
         }
@@ -698,6 +715,15 @@ impl Store {
         self.outputs.pop_front()
     }
 
+    /// The next change the driver must make durable, in the order they happened. Always
+    /// `None` unless [`StoreConfig::record_durable_changes`]. A driver drains these after
+    /// every input and, for a seal to be durable when its reply is sent, makes them durable
+    /// before writing any reply; a [`DurableChange::Removed`] must be durable before the
+    /// freed space is handed out again (that is, before the reply to the input that freed it).
+    pub fn poll_durable_change(&mut self) -> Option<DurableChange> {
+        self.durable_changes.pop_front()
+    }
+
     fn is_sealed(&self, id: &ObjectId) -> bool {
         self.objects
             .get(id)
@@ -787,6 +813,10 @@ impl Store {
             self.evictable_bytes -= entry.block.len;
         }
         self.allocator.free(entry.block);
+        if self.config.record_durable_changes && entry.state == ObjectState::Sealed {
+            self.durable_changes
+                .push_back(DurableChange::Removed { id });
+        }
         if notify && entry.state == ObjectState::Sealed {
             self.notify(ObjectEvent::Deleted { id });
         }
@@ -902,6 +932,12 @@ impl Store {
         );
     }
 }
+
+pub mod recovery;
+
+pub use recovery::{
+    DurableChange, RecoveredObject, RecoveryRefusal, RecoveryReport, RefusedRecord,
+};
 
 #[cfg(test)]
 mod tests;

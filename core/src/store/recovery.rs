@@ -1,0 +1,376 @@
+//! Persistence seen from the store: what must be made durable ([`DurableChange`], an output)
+//! and what was found on restart ([`RecoveredObject`], an input to [`Store::recover`]).
+//!
+//! The store never touches the backing file. With [`StoreConfig::record_durable_changes`]
+//! set, it queues one change per seal and per removal of a sealed object (delete, deferred
+//! delete, eviction) for the driver to drain with [`Store::poll_durable_change`]. On restart
+//! the driver reads back the records that survived and hands them to [`Store::recover`],
+//! which re-creates each object as sealed, in place (no byte is copied), and refuses records
+//! that cannot be true: a block outside every arena or overlapping another recovered object,
+//! sizes that do not match the block, or an id seen twice.
+//!
+//! [`StoreConfig::record_durable_changes`]: super::StoreConfig::record_durable_changes
+
+use serde::{Deserialize, Serialize};
+
+use super::{Entry, ObjectEvent, ObjectState, Store};
+use crate::alloc::block_len_for;
+use crate::ids::ObjectId;
+use crate::region::LocalRegion;
+use crate::time::Instant;
+
+/// A change to the set of sealed objects that a persistent driver records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[must_use]
+pub enum DurableChange {
+    /// An object was sealed: its bytes in `block` are final.
+    Sealed {
+        /// The object.
+        id: ObjectId,
+        /// The whole allocated block (aligned), as [`Store::recover`] expects it back.
+        block: LocalRegion,
+        /// Data bytes.
+        data_size: u64,
+        /// Metadata bytes.
+        metadata_size: u64,
+    },
+    /// A sealed object left the store; its block is free again.
+    Removed {
+        /// The object.
+        id: ObjectId,
+    },
+}
+
+/// A sealed object found in persistent storage on restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveredObject {
+    /// The object.
+    pub id: ObjectId,
+    /// Its allocated block, as [`DurableChange::Sealed`] reported it.
+    pub block: LocalRegion,
+    /// Data bytes.
+    pub data_size: u64,
+    /// Metadata bytes.
+    pub metadata_size: u64,
+}
+
+/// Why [`Store::recover`] refused a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RecoveryRefusal {
+    /// The id is already in the store (an earlier record, or a live object).
+    #[error("the id is already in the store")]
+    DuplicateId,
+    /// The block length is not what `data_size + metadata_size` allocates.
+    #[error("the block does not match the object's sizes")]
+    SizeMismatch,
+    /// The block lies outside every arena, or overlaps an object already in the store.
+    #[error("the block is outside the arena or overlaps another object")]
+    SpaceTaken,
+}
+
+/// A record [`Store::recover`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedRecord {
+    /// Position of the record in the input.
+    pub index: usize,
+    /// The record.
+    pub record: RecoveredObject,
+    /// Why.
+    pub reason: RecoveryRefusal,
+}
+
+/// What [`Store::recover`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryReport {
+    /// Objects now in the store, sealed.
+    pub recovered_objects: u64,
+    /// Their data plus metadata bytes.
+    pub recovered_bytes: u64,
+    /// Their allocated blocks' bytes.
+    pub recovered_block_bytes: u64,
+    /// Records not trusted, in input order.
+    pub refused: Vec<RefusedRecord>,
+}
+
+impl Store {
+    /// Re-creates sealed objects found in persistent storage, in place: each record's block is
+    /// reserved in the allocator and the object is sealed, unreferenced and evictable. Call it
+    /// before serving clients. Records are taken in order; one that is inconsistent with the
+    /// arenas or with the records before it is refused and changes nothing.
+    ///
+    /// Each recovered object is announced as [`StoreOutput::Local`] `Sealed` (so the node layer
+    /// publishes it to the directory) and to subscribers, but queues no [`DurableChange`]: it is
+    /// durable already.
+    ///
+    /// [`StoreOutput::Local`]: super::StoreOutput::Local
+    pub fn recover(
+        &mut self,
+        now: Instant,
+        records: impl IntoIterator<Item = RecoveredObject>,
+    ) -> RecoveryReport {
+        let mut report = RecoveryReport::default();
+        for (index, record) in records.into_iter().enumerate() {
+            match self.recover_one(now, record) {
+                Ok(()) => {
+                    report.recovered_objects += 1;
+                    report.recovered_bytes += record.data_size + record.metadata_size;
+                    report.recovered_block_bytes += record.block.len;
+                }
+                Err(reason) => report.refused.push(RefusedRecord {
+                    index,
+                    record,
+                    reason,
+                }),
+            }
+        }
+        report
+    }
+
+    fn recover_one(
+        &mut self,
+        now: Instant,
+        record: RecoveredObject,
+    ) -> Result<(), RecoveryRefusal> {
+        let RecoveredObject {
+            id,
+            block,
+            data_size,
+            metadata_size,
+        } = record;
+        if self.objects.contains_key(&id) {
+            return Err(RecoveryRefusal::DuplicateId);
+        }
+        let expected_block_len = data_size.checked_add(metadata_size).and_then(block_len_for);
+        if expected_block_len != Some(block.len) {
+            return Err(RecoveryRefusal::SizeMismatch);
+        }
+        if block.offset.checked_add(block.len).is_none() || !self.allocator.reserve(block) {
+            return Err(RecoveryRefusal::SpaceTaken);
+        }
+        self.objects.insert(
+            id,
+            Entry {
+                block,
+                data_size,
+                metadata_size,
+                state: ObjectState::Sealed,
+                ref_count: 0,
+                pin_count: 0,
+                delete_pending: false,
+                lru_stamp: None,
+                created_at: now,
+            },
+        );
+        self.settle(id);
+        self.notify(ObjectEvent::Sealed {
+            id,
+            data_size,
+            metadata_size,
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{ArenaId, ClientId};
+    use crate::store::{StoreConfig, StoreOutput};
+
+    const A: ClientId = ClientId(1);
+
+    fn durable_store(capacity: u64) -> Store {
+        let mut config = StoreConfig::single_arena(capacity);
+        config.record_durable_changes = true;
+        let mut store = Store::new(config);
+        store.connect(A);
+        store
+    }
+
+    fn changes(store: &mut Store) -> Vec<DurableChange> {
+        std::iter::from_fn(|| store.poll_durable_change()).collect()
+    }
+
+    fn block(offset: u64, len: u64) -> LocalRegion {
+        LocalRegion {
+            arena: ArenaId(0),
+            offset,
+            len,
+        }
+    }
+
+    fn put(store: &mut Store, n: u64, size: u64) -> crate::store::ObjectInfo {
+        let id = ObjectId::from_u64(n);
+        store.create(Instant(0), A, id, size, 0).unwrap();
+        store.seal(A, id, true).unwrap()
+    }
+
+    /// Replays what a driver would have recorded: seals add, removals take away.
+    fn surviving(records: &[DurableChange]) -> Vec<RecoveredObject> {
+        let mut live = std::collections::BTreeMap::new();
+        for change in records {
+            match *change {
+                DurableChange::Sealed {
+                    id,
+                    block,
+                    data_size,
+                    metadata_size,
+                } => {
+                    live.insert(
+                        id,
+                        RecoveredObject {
+                            id,
+                            block,
+                            data_size,
+                            metadata_size,
+                        },
+                    );
+                }
+                DurableChange::Removed { id } => {
+                    live.remove(&id);
+                }
+            }
+        }
+        live.into_values().collect()
+    }
+
+    #[test]
+    fn durable_changes_are_off_by_default() {
+        let mut store = Store::new(StoreConfig::single_arena(4096));
+        store
+            .create(Instant(0), A, ObjectId::from_u64(1), 10, 0)
+            .unwrap();
+        store.seal(A, ObjectId::from_u64(1), true).unwrap();
+        store.delete(&[ObjectId::from_u64(1)]);
+        assert_eq!(store.poll_durable_change(), None);
+    }
+
+    #[test]
+    fn seals_deletes_and_evictions_are_recorded_aborts_are_not() {
+        let mut store = durable_store(256);
+        let first = put(&mut store, 1, 100);
+        assert_eq!(
+            changes(&mut store),
+            vec![DurableChange::Sealed {
+                id: first.id,
+                block: block(0, 128),
+                data_size: 100,
+                metadata_size: 0,
+            }]
+        );
+        store
+            .create(Instant(0), A, ObjectId::from_u64(2), 10, 0)
+            .unwrap();
+        store.abort(A, ObjectId::from_u64(2)).unwrap();
+        assert_eq!(changes(&mut store), vec![]);
+        // A 256-byte object needs the whole arena: object 1 is evicted.
+        let second = put(&mut store, 3, 256);
+        assert_eq!(
+            changes(&mut store),
+            vec![
+                DurableChange::Removed { id: first.id },
+                DurableChange::Sealed {
+                    id: second.id,
+                    block: block(0, 256),
+                    data_size: 256,
+                    metadata_size: 0,
+                },
+            ]
+        );
+        // A deferred delete is recorded when it happens, not when it is asked for.
+        let _held = store.get_now(A, second.id).unwrap();
+        let _ = store.delete(&[second.id]);
+        assert_eq!(changes(&mut store), vec![]);
+        store.release(A, second.id).unwrap();
+        assert_eq!(
+            changes(&mut store),
+            vec![DurableChange::Removed { id: second.id }]
+        );
+    }
+
+    #[test]
+    fn recovery_restores_what_was_recorded_in_place() {
+        let mut before = durable_store(1 << 20);
+        let mut log = Vec::new();
+        for n in 0..50 {
+            put(&mut before, n, 1 + n * 37);
+        }
+        let _ = before.delete(&[ObjectId::from_u64(3), ObjectId::from_u64(7)]);
+        before.evict(1000);
+        log.extend(changes(&mut before));
+        let records = surviving(&log);
+
+        let mut after = durable_store(1 << 20);
+        let report = after.recover(Instant(5), records.clone());
+        assert!(report.refused.is_empty(), "{report:?}");
+        assert_eq!(report.recovered_objects, records.len() as u64);
+        after.check_invariants();
+        assert_eq!(
+            after.stats().allocated_bytes,
+            before.stats().allocated_bytes
+        );
+        for summary in before.list() {
+            let recovered = after.summary(&summary.info.id).expect("recovered");
+            assert_eq!(recovered.info, summary.info);
+            assert!(recovered.sealed);
+            assert_eq!(recovered.ref_count, 0);
+        }
+        assert_eq!(after.list().len(), before.list().len());
+        // Recovered objects are announced for the directory but are not re-recorded.
+        let announced = std::iter::from_fn(|| after.poll_output())
+            .filter(|o| matches!(o, StoreOutput::Local(ObjectEvent::Sealed { .. })))
+            .count();
+        assert_eq!(announced, records.len());
+        assert_eq!(after.poll_durable_change(), None);
+        // They are ordinary sealed objects: readable, evictable, deletable.
+        let evicted = after.evict(u64::MAX);
+        assert_eq!(evicted.objects, records.len() as u64);
+        assert_eq!(after.stats().allocated_bytes, 0);
+        after.check_invariants();
+    }
+
+    #[test]
+    fn inconsistent_records_are_refused() {
+        let mut store = durable_store(4096);
+        let record = |n: u64, offset: u64, len: u64, data_size: u64| RecoveredObject {
+            id: ObjectId::from_u64(n),
+            block: block(offset, len),
+            data_size,
+            metadata_size: 0,
+        };
+        let report = store.recover(
+            Instant(0),
+            [
+                record(1, 0, 128, 100),
+                record(1, 1024, 128, 100),        // same id again
+                record(2, 64, 128, 100),          // overlaps object 1
+                record(3, 4096, 64, 10),          // past the arena's end
+                record(4, 256, 64, 100),          // block too small for the sizes
+                record(5, 100, 64, 10),           // unaligned
+                record(6, u64::MAX - 63, 64, 10), // overflowing
+                record(7, 512, 128, 65),
+            ],
+        );
+        let refusals: Vec<(usize, RecoveryRefusal)> =
+            report.refused.iter().map(|r| (r.index, r.reason)).collect();
+        assert_eq!(
+            refusals,
+            vec![
+                (1, RecoveryRefusal::DuplicateId),
+                (2, RecoveryRefusal::SpaceTaken),
+                (3, RecoveryRefusal::SpaceTaken),
+                (4, RecoveryRefusal::SizeMismatch),
+                (5, RecoveryRefusal::SpaceTaken),
+                (6, RecoveryRefusal::SpaceTaken),
+            ]
+        );
+        assert_eq!(report.recovered_objects, 2);
+        assert_eq!(report.recovered_block_bytes, 256);
+        assert_eq!(store.stats().allocated_bytes, 256);
+        store.check_invariants();
+        // The refused space is free for new objects.
+        assert!(store
+            .create(Instant(0), A, ObjectId::from_u64(9), 3000, 0)
+            .is_ok());
+    }
+}
