@@ -67,7 +67,7 @@ enum Event {
         op: DirectoryOpId,
         reply: DirectoryReply,
     },
-    DirectoryEvent {
+    DirectoryNotice {
         to: NodeId,
         inc: u32,
         event: DirectoryEvent,
@@ -817,7 +817,7 @@ impl Cluster {
                     let to_inc = self.nodes[to.0 as usize].inc;
                     self.schedule(
                         self.after(latency),
-                        Event::DirectoryEvent {
+                        Event::DirectoryNotice {
                             to,
                             inc: to_inc,
                             event,
@@ -838,7 +838,7 @@ impl Cluster {
                     .handle_directory_reply(now, op, reply);
                 self.after_input(to);
             }
-            Event::DirectoryEvent { to, inc, event } => {
+            Event::DirectoryNotice { to, inc, event } => {
                 if !self.alive(to, inc) {
                     return;
                 }

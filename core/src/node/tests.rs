@@ -459,7 +459,7 @@ fn stale_location_falls_over_to_the_next_holder() {
         .into_iter()
         .filter(|m| matches!(m, PeerMessage::FetchRequest { .. }))
         .count();
-    assert!(requests >= 1 && requests <= 2);
+    assert!((1..=2).contains(&requests));
     w.nodes[1].store_mut(w.now).release(CLIENT, id(1)).unwrap();
     w.assert_settled();
 }
