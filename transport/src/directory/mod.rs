@@ -7,12 +7,18 @@
 //! once, and a slow or dead service shows up as `Unavailable` replies and a `Health` notice,
 //! never as a blocked caller.
 
+pub mod builtin;
+mod frame;
+
 use std::fmt;
 use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use skyriver_core::NodeId;
+use tokio::sync::mpsc;
 
 /// A live node of the cluster, as the directory lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,5 +83,103 @@ pub trait Directory: Send + Sync {
 impl fmt::Debug for dyn Directory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.describe())
+    }
+}
+
+/// Which directory service to use, as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectorySpec {
+    /// The built-in directory served by a head daemon at `HOST:PORT`.
+    Builtin {
+        /// `HOST:PORT` of the head.
+        addr: String,
+    },
+    /// A Redis server: `redis://[USER:PASSWORD@]HOST:PORT[/DB]`.
+    Redis {
+        /// The URL as given (may hold a password: never log it, use [`DirectorySpec`]'s
+        /// `Display`).
+        url: String,
+    },
+}
+
+impl FromStr for DirectorySpec {
+    type Err = DirectoryError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        let bad = || DirectoryError::BadAddress(text.to_string());
+        if let Some(rest) = text.strip_prefix("redis://") {
+            let authority = rest.split('/').next().unwrap_or_default();
+            let host_port = authority.rsplit('@').next().unwrap_or_default();
+            if !valid_host_port(host_port) {
+                return Err(bad());
+            }
+            let db = rest.split_once('/').map(|(_, db)| db).unwrap_or_default();
+            if !(db.is_empty() || db.parse::<u16>().is_ok()) {
+                return Err(bad());
+            }
+            return Ok(DirectorySpec::Redis {
+                url: text.to_string(),
+            });
+        }
+        if text.contains("://") || !valid_host_port(text) {
+            return Err(bad());
+        }
+        Ok(DirectorySpec::Builtin {
+            addr: text.to_string(),
+        })
+    }
+}
+
+/// `HOST:PORT` or `[V6]:PORT` with a non-empty host and a non-zero port.
+fn valid_host_port(text: &str) -> bool {
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return false;
+    };
+    !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0)
+}
+
+impl fmt::Display for DirectorySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DirectorySpec::Builtin { addr } => write!(f, "{addr}"),
+            DirectorySpec::Redis { url } => {
+                let rest = &url["redis://".len()..];
+                match rest.rsplit_once('@') {
+                    Some((_, after)) => write!(f, "redis://***@{after}"),
+                    None => write!(f, "{url}"),
+                }
+            }
+        }
+    }
+}
+
+/// Connects this node (`me`) to the directory `spec` names, for cluster `cluster`, presenting
+/// `token`. Returns once the node is registered (or with why it could not be); from then on
+/// replies, events, member lists and health changes arrive on `notices`, and the backend
+/// reconnects by itself when the service goes away and comes back.
+///
+/// Must be called from within a tokio runtime (the backend spawns its tasks on it).
+pub async fn connect(
+    spec: &DirectorySpec,
+    me: MemberInfo,
+    cluster: &str,
+    token: &str,
+    notices: mpsc::UnboundedSender<DirectoryNotice>,
+) -> Result<Arc<dyn Directory>, DirectoryError> {
+    match spec {
+        DirectorySpec::Builtin { addr } => {
+            let client =
+                builtin::connect(addr, me, token, notices, builtin::ClientConfig::default())
+                    .await?;
+            Ok(Arc::new(client))
+        }
+        DirectorySpec::Redis { .. } => {
+            let _ = cluster;
+            Err(DirectoryError::Unreachable {
+                addr: spec.to_string(),
+                reason: "the Redis directory is not in this build yet".into(),
+            })
+        }
     }
 }

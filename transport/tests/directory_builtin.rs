@@ -1,0 +1,458 @@
+//! The built-in directory: one head server, several node clients over loopback TCP.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
+use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+use skyriver_transport::directory::builtin::{
+    self, BuiltinDirectory, BuiltinDirectoryServer, ClientConfig, ServerConfig,
+};
+use skyriver_transport::directory::{Directory, DirectoryError, DirectoryNotice, MemberInfo};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+const TOKEN: &str = "test-cluster-token";
+/// Bound on every wait in these tests.
+const WAIT: Duration = Duration::from_secs(10);
+
+fn sizes(n: u64) -> ObjectSizes {
+    ObjectSizes {
+        data_size: n,
+        metadata_size: 3,
+    }
+}
+
+fn member(node: u32) -> MemberInfo {
+    MemberInfo {
+        node: NodeId(node),
+        fabric_addr: SocketAddr::from(([127, 0, 0, 1], 7000 + node as u16)),
+        fabric: "tcp".into(),
+        incarnation: 1,
+    }
+}
+
+fn client_config() -> ClientConfig {
+    ClientConfig {
+        heartbeat_interval: Duration::from_millis(100),
+        heartbeat_timeout: Duration::from_millis(1000),
+        connect_timeout: Duration::from_secs(2),
+        join_timeout: Duration::from_millis(200),
+        reconnect_backoff_min: Duration::from_millis(20),
+        reconnect_backoff_max: Duration::from_millis(200),
+    }
+}
+
+async fn start_server(heartbeat_timeout: Duration) -> BuiltinDirectoryServer {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_on(listener, heartbeat_timeout)
+}
+
+fn serve_on(listener: TcpListener, heartbeat_timeout: Duration) -> BuiltinDirectoryServer {
+    let mut config = ServerConfig::new(TOKEN);
+    config.heartbeat_timeout = heartbeat_timeout;
+    BuiltinDirectoryServer::spawn(listener, config).unwrap()
+}
+
+/// One node's directory client and what it has been told.
+struct Node {
+    dir: BuiltinDirectory,
+    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    next_op: u64,
+}
+
+impl Node {
+    async fn join(server: SocketAddr, me: MemberInfo) -> Node {
+        Self::try_join(server, me, TOKEN, client_config())
+            .await
+            .expect("joins")
+    }
+
+    async fn try_join(
+        server: SocketAddr,
+        me: MemberInfo,
+        token: &str,
+        config: ClientConfig,
+    ) -> Result<Node, DirectoryError> {
+        let (tx, notices) = mpsc::unbounded_channel();
+        let dir = builtin::connect(&server.to_string(), me, token, tx, config).await?;
+        Ok(Node {
+            dir,
+            notices,
+            next_op: 0,
+        })
+    }
+
+    /// Waits (bounded) for a notice `pick` accepts; returns it and the notices skipped.
+    async fn wait_for<T>(
+        &mut self,
+        what: &str,
+        mut pick: impl FnMut(&DirectoryNotice) -> Option<T>,
+    ) -> (T, Vec<DirectoryNotice>) {
+        let mut skipped = Vec::new();
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                let notice = self.notices.recv().await.expect("notices open");
+                if let Some(found) = pick(&notice) {
+                    return found;
+                }
+                skipped.push(notice);
+            }
+        })
+        .await;
+        match found {
+            Ok(found) => (found, skipped),
+            Err(_) => panic!("timed out waiting for {what}; got {skipped:?}"),
+        }
+    }
+
+    /// Submits `request` and waits for its reply, returning notices that came first.
+    async fn ask(&mut self, request: DirectoryRequest) -> (DirectoryReply, Vec<DirectoryNotice>) {
+        self.next_op += 1;
+        let op = DirectoryOpId(self.next_op);
+        self.dir.submit(op, request.clone());
+        self.wait_for(&format!("the reply to {request}"), |n| match n {
+            DirectoryNotice::Reply { op: o, reply } if *o == op => Some(reply.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn publish(&mut self, id: ObjectId, sizes: ObjectSizes) {
+        let (reply, _) = self.ask(DirectoryRequest::Publish { id, sizes }).await;
+        assert_eq!(reply, DirectoryReply::Done);
+    }
+
+    async fn lookup(&mut self, id: ObjectId, subscribe: bool) -> DirectoryReply {
+        self.ask(DirectoryRequest::Lookup { id, subscribe }).await.0
+    }
+
+    async fn members_become(&mut self, nodes: &[u32]) {
+        let want: Vec<NodeId> = nodes.iter().map(|&n| NodeId(n)).collect();
+        self.wait_for(&format!("members {want:?}"), |n| match n {
+            DirectoryNotice::Members(m) if m.iter().map(|m| m.node).eq(want.iter().copied()) => {
+                Some(())
+            }
+            _ => None,
+        })
+        .await;
+    }
+}
+
+fn located(holders: &[u32], sizes: Option<ObjectSizes>) -> DirectoryReply {
+    DirectoryReply::Located {
+        holders: holders.iter().map(|&n| NodeId(n)).collect(),
+        sizes,
+    }
+}
+
+fn sorted(reply: DirectoryReply) -> DirectoryReply {
+    match reply {
+        DirectoryReply::Located { mut holders, sizes } => {
+            holders.sort();
+            DirectoryReply::Located { holders, sizes }
+        }
+        other => other,
+    }
+}
+
+#[tokio::test]
+async fn publish_lookup_withdraw_across_nodes() {
+    let server = start_server(Duration::from_secs(5)).await;
+    let addr = server.local_addr();
+    let mut a = Node::join(addr, member(1)).await;
+    let mut b = Node::join(addr, member(2)).await;
+    let mut c = Node::join(addr, member(3)).await;
+    c.members_become(&[1, 2, 3]).await;
+    assert_eq!(
+        server
+            .members()
+            .iter()
+            .map(|m| m.node.0)
+            .collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+
+    let x = ObjectId::from_u64(1);
+    assert_eq!(c.lookup(x, false).await, located(&[], None));
+    a.publish(x, sizes(100)).await;
+    b.publish(x, sizes(100)).await;
+    assert_eq!(
+        sorted(c.lookup(x, false).await),
+        located(&[1, 2], Some(sizes(100)))
+    );
+
+    let (reply, _) = a.ask(DirectoryRequest::Withdraw { id: x }).await;
+    assert_eq!(reply, DirectoryReply::Done);
+    assert_eq!(c.lookup(x, false).await, located(&[2], Some(sizes(100))));
+    b.ask(DirectoryRequest::Withdraw { id: x }).await;
+    assert_eq!(c.lookup(x, false).await, located(&[], None));
+    // Withdrawing what one does not hold is harmless.
+    let (reply, _) = a.ask(DirectoryRequest::Withdraw { id: x }).await;
+    assert_eq!(reply, DirectoryReply::Done);
+}
+
+#[tokio::test]
+async fn lookup_with_subscribe_fires_once_on_publish_elsewhere() {
+    let server = start_server(Duration::from_secs(5)).await;
+    let addr = server.local_addr();
+    let mut a = Node::join(addr, member(1)).await;
+    let mut b = Node::join(addr, member(2)).await;
+    let x = ObjectId::from_u64(7);
+
+    assert_eq!(b.lookup(x, true).await, located(&[], None));
+    a.publish(x, sizes(4096)).await;
+    let (event, _) = b
+        .wait_for("Published", |n| match n {
+            DirectoryNotice::Event(e) => Some(e.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        event,
+        DirectoryEvent::Published {
+            id: x,
+            holder: NodeId(1),
+            sizes: sizes(4096)
+        }
+    );
+
+    // One-shot: a second publication of the same object is not pushed.
+    let mut c = Node::join(addr, member(3)).await;
+    c.publish(x, sizes(4096)).await;
+    let (_, before) = b
+        .ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false,
+        })
+        .await;
+    assert!(
+        !before
+            .iter()
+            .any(|n| matches!(n, DirectoryNotice::Event(_))),
+        "{before:?}"
+    );
+
+    // A lookup that finds a holder registers no subscription.
+    let y = ObjectId::from_u64(8);
+    a.publish(y, sizes(1)).await;
+    assert_eq!(b.lookup(y, true).await, located(&[1], Some(sizes(1))));
+    c.publish(y, sizes(1)).await;
+    let (_, before) = b
+        .ask(DirectoryRequest::Lookup {
+            id: y,
+            subscribe: false,
+        })
+        .await;
+    assert!(!before
+        .iter()
+        .any(|n| matches!(n, DirectoryNotice::Event(_))));
+
+    // Unsubscribe cancels a pending subscription.
+    let z = ObjectId::from_u64(9);
+    assert_eq!(b.lookup(z, true).await, located(&[], None));
+    b.dir
+        .submit(DirectoryOpId(999), DirectoryRequest::Unsubscribe { id: z });
+    a.publish(z, sizes(2)).await;
+    let (_, before) = b
+        .ask(DirectoryRequest::Lookup {
+            id: z,
+            subscribe: false,
+        })
+        .await;
+    assert!(!before
+        .iter()
+        .any(|n| matches!(n, DirectoryNotice::Event(_))));
+}
+
+#[tokio::test]
+async fn many_waiters_all_hear_one_publish() {
+    let server = start_server(Duration::from_secs(5)).await;
+    let addr = server.local_addr();
+    let mut publisher = Node::join(addr, member(0)).await;
+    let mut waiters = Vec::new();
+    for n in 1..=5 {
+        waiters.push(Node::join(addr, member(n)).await);
+    }
+    let x = ObjectId::from_u64(42);
+    for w in &mut waiters {
+        assert_eq!(w.lookup(x, true).await, located(&[], None));
+    }
+    publisher.publish(x, sizes(10)).await;
+    for w in &mut waiters {
+        w.wait_for("Published", |n| match n {
+            DirectoryNotice::Event(DirectoryEvent::Published { id, holder, .. })
+                if *id == x && *holder == NodeId(0) =>
+            {
+                Some(())
+            }
+            _ => None,
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_node_that_disconnects_stops_being_a_holder() {
+    let server = start_server(Duration::from_secs(5)).await;
+    let addr = server.local_addr();
+    let mut a = Node::join(addr, member(1)).await;
+    let mut b = Node::join(addr, member(2)).await;
+    b.members_become(&[1, 2]).await;
+    let x = ObjectId::from_u64(3);
+    a.publish(x, sizes(5)).await;
+    assert_eq!(b.lookup(x, false).await, located(&[1], Some(sizes(5))));
+    let y = ObjectId::from_u64(4);
+    assert_eq!(a.lookup(y, true).await, located(&[], None));
+
+    drop(a);
+    b.members_become(&[2]).await;
+    assert_eq!(b.lookup(x, false).await, located(&[], None));
+    // Its subscription went with it: publishing fires nothing and breaks nothing.
+    b.publish(y, sizes(1)).await;
+    assert_eq!(b.lookup(y, false).await, located(&[2], Some(sizes(1))));
+}
+
+#[tokio::test]
+async fn a_silent_node_expires_after_the_heartbeat_timeout() {
+    let server = start_server(Duration::from_millis(300)).await;
+    let addr = server.local_addr();
+    let mut watcher = Node::join(addr, member(1)).await;
+    let mut silent_config = client_config();
+    // Never pings, and does not give up on the head before the head gives up on it.
+    silent_config.heartbeat_interval = Duration::from_secs(3600);
+    silent_config.heartbeat_timeout = Duration::from_secs(3600);
+    let mut silent = Node::try_join(addr, member(2), TOKEN, silent_config)
+        .await
+        .unwrap();
+    watcher.members_become(&[1, 2]).await;
+    let x = ObjectId::from_u64(11);
+    silent.publish(x, sizes(1)).await;
+    assert_eq!(
+        watcher.lookup(x, false).await,
+        located(&[2], Some(sizes(1)))
+    );
+    watcher.members_become(&[1]).await;
+    assert_eq!(watcher.lookup(x, false).await, located(&[], None));
+}
+
+#[tokio::test]
+async fn wrong_token_is_refused_with_a_clear_error() {
+    let server = start_server(Duration::from_secs(5)).await;
+    let result = Node::try_join(
+        server.local_addr(),
+        member(1),
+        "not-the-token",
+        client_config(),
+    )
+    .await;
+    match result {
+        Err(DirectoryError::Refused(reason)) => {
+            assert!(reason.contains("wrong cluster token"), "{reason}")
+        }
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("a node with the wrong token was accepted"),
+    }
+    assert!(server.members().is_empty());
+}
+
+#[tokio::test]
+async fn a_second_daemon_with_a_live_node_id_is_refused() {
+    let server = start_server(Duration::from_secs(5)).await;
+    let addr = server.local_addr();
+    let _first = Node::join(addr, member(1)).await;
+    let mut other = member(1);
+    other.incarnation = 2;
+    match Node::try_join(addr, other, TOKEN, client_config()).await {
+        Err(DirectoryError::Refused(reason)) => {
+            assert!(reason.contains("already a member"), "{reason}")
+        }
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("a duplicate node id was accepted"),
+    }
+    assert_eq!(server.members(), vec![member(1)]);
+}
+
+#[tokio::test]
+async fn unreachable_head_is_reported() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    match Node::try_join(addr, member(1), TOKEN, client_config()).await {
+        Err(DirectoryError::Unreachable { .. }) => {}
+        Err(other) => panic!("expected Unreachable, got {other}"),
+        Ok(_) => panic!("joined a head that is not there"),
+    }
+}
+
+#[tokio::test]
+async fn garbage_and_oversized_frames_harm_nobody_else() {
+    let server = start_server(Duration::from_secs(5)).await;
+    let addr = server.local_addr();
+    let mut a = Node::join(addr, member(1)).await;
+    let x = ObjectId::from_u64(5);
+    a.publish(x, sizes(9)).await;
+
+    let mut garbage = TcpStream::connect(addr).await.unwrap();
+    garbage.write_all(b"\x05\x00\x00\x00hello").await.unwrap();
+    let mut huge = TcpStream::connect(addr).await.unwrap();
+    huge.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
+    let mut truncated = TcpStream::connect(addr).await.unwrap();
+    truncated.write_all(&[10, 0, 0, 0, 1]).await.unwrap();
+    drop(truncated);
+
+    let mut b = Node::join(addr, member(2)).await;
+    assert_eq!(b.lookup(x, false).await, located(&[1], Some(sizes(9))));
+    assert_eq!(
+        server
+            .members()
+            .iter()
+            .map(|m| m.node.0)
+            .collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+}
+
+#[tokio::test]
+async fn nodes_ride_out_a_head_restart() {
+    let server = start_server(Duration::from_secs(5)).await;
+    let addr = server.local_addr();
+    let mut a = Node::join(addr, member(1)).await;
+    let mut b = Node::join(addr, member(2)).await;
+    let x = ObjectId::from_u64(21);
+    let y = ObjectId::from_u64(22);
+    a.publish(x, sizes(1)).await;
+    assert_eq!(b.lookup(y, true).await, located(&[], None));
+
+    server.shutdown().await;
+    for node in [&mut a, &mut b] {
+        node.wait_for("Health(Err)", |n| match n {
+            DirectoryNotice::Health(Err(reason)) => Some(reason.clone()),
+            _ => None,
+        })
+        .await;
+    }
+    match b.lookup(x, false).await {
+        DirectoryReply::Unavailable { .. } => {}
+        other => panic!("expected Unavailable while the head is down, got {other}"),
+    }
+
+    // A new head on the same port: nodes reconnect and re-register what they hold and wait for.
+    let listener = TcpListener::bind(addr).await.unwrap();
+    let _server = serve_on(listener, Duration::from_secs(5));
+    for node in [&mut a, &mut b] {
+        node.wait_for("Health(Ok)", |n| {
+            matches!(n, DirectoryNotice::Health(Ok(()))).then_some(())
+        })
+        .await;
+    }
+    b.members_become(&[1, 2]).await;
+    assert_eq!(b.lookup(x, false).await, located(&[1], Some(sizes(1))));
+    a.publish(y, sizes(2)).await;
+    b.wait_for("Published after the restart", |n| match n {
+        DirectoryNotice::Event(DirectoryEvent::Published { id, .. }) if *id == y => Some(()),
+        _ => None,
+    })
+    .await;
+}
