@@ -25,6 +25,7 @@ use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
 use crate::arena::SharedArena;
 
 pub mod tcp;
+pub mod verbs;
 
 /// What a fabric tells the driver.
 #[derive(Debug)]
