@@ -5,6 +5,7 @@ pub mod arena;
 pub mod directory;
 pub mod fabric;
 pub mod fd_passing;
+pub mod persist;
 pub mod verbs;
 
 pub use arena::{ArenaError, ArenaOptions, ReadableRegion, SharedArena, WritableRegion};

@@ -1,0 +1,713 @@
+//! Persistent mode: the arena is a file, and so is a crash-consistent index of its sealed
+//! objects, so a daemon restarted after a crash finds every sealed object where it was.
+//!
+//! # Files
+//!
+//! `PATH` (the data file) *is* the arena: `--memory` bytes, object blocks at the offsets the
+//! core allocated, mapped shared by the daemon and by every client exactly as a memfd arena is
+//! (clients receive its fd and map it from offset 0; nothing in the client protocol changes).
+//! On a DAX file system over persistent memory the mapping is the media itself; on tmpfs or an
+//! SSD it is the page cache over the file.
+//!
+//! `PATH.index` (the index file) holds a 4 KiB header (magic, format version, record size,
+//! data-file size, allocation alignment, CRC32C) followed by an array of 64-byte slots. A slot
+//! is all zero (empty) or one record: magic, CRC32C, sequence number, object id, arena,
+//! offset, data size and metadata size of one sealed object (layout in [`record`]). The index
+//! grows by doubling when every slot is used. It is kept apart from the data file so the data
+//! file stays a plain arena, mappable from offset 0, and so the index can grow.
+//!
+//! # Why this is crash-consistent
+//!
+//! The index is a set of independent slots, each written with one 64-byte `pwrite` (aligned,
+//! so it never straddles a sector or page). A slot is the only thing an operation changes, and
+//! after a crash it holds either the old contents, the new contents, or a mix; the checksum
+//! tells a mix (a torn write) or any other corruption apart, and such a slot is discarded and
+//! zeroed, never trusted. Both the old and the new state are correct outcomes for an operation
+//! that had not returned, so a slot table needs no log. Two ordering rules make every valid
+//! record true:
+//!
+//! 1. **Data before record.** A seal's bytes are flushed (`msync` of exactly the object's
+//!    pages, which on DAX flushes the CPU caches) before its record is written, and the record
+//!    is flushed (`fdatasync` of the index) before the seal's reply is sent
+//!    (`--durability seal`). A valid record therefore never points at bytes that are not
+//!    durable.
+//! 2. **Removal before reuse.** When a recorded object is deleted or evicted, its slot is
+//!    zeroed and flushed before the reply to the request that freed it, so before anyone can
+//!    be handed its space. A valid record therefore never points at space another object may
+//!    have overwritten. This holds in both durability modes.
+//!
+//! Sequence numbers only grow (across restarts too); if two valid records ever disagree (same
+//! id, or overlapping blocks), the newest is taken and the store refuses the others, whose
+//! slots are zeroed. Objects that were never sealed have no record: their space is simply free
+//! after a restart. A file of another format version, or a header that fails its checksum, is
+//! refused with an error and left untouched.
+//!
+//! With `--durability async` seal records are staged in memory and written by a periodic
+//! commit (data flushed first, as always): a seal returns at memory speed and becomes durable
+//! within the commit interval; a crash may lose seals of that last interval, never corrupt
+//! one. Rule 2 is unchanged.
+//!
+//! The store core stays sans-IO: it emits [`DurableChange`]s and takes [`RecoveredObject`]s;
+//! everything that touches the files is here.
+
+mod record;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use memmap2::{MmapOptions, MmapRaw};
+use nix::fcntl::{Flock, FlockArg};
+use skyriver_core::alloc::ALIGNMENT;
+use skyriver_core::{DurableChange, ObjectId, RecoveredObject};
+
+pub use record::{
+    Header, HeaderError, Record, Slot, FORMAT_VERSION, HEADER_BYTES, INDEX_MAGIC, RECORD_BYTES,
+};
+
+use crate::arena::{ArenaError, SharedArena};
+
+/// Slots of a new index file (it doubles when full).
+pub const INITIAL_SLOTS: u64 = 1024;
+
+/// Bytes read per `pread` while scanning the index.
+const SCAN_CHUNK_BYTES: usize = 1 << 20;
+
+/// Why the backing files could not be opened, created or written.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    /// An OS call on one of the files failed.
+    #[error("{op} on {path} failed: {source}")]
+    Io {
+        /// The failing call (`open`, `pread`, `pwrite`, `fdatasync`, `msync`, ...).
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The data file exists without its index: refusing to guess.
+    #[error(
+        "{data} exists but its index {index} does not: it is not a Skyriver backing file, or \
+         its creation was interrupted; refusing to overwrite it (remove it to start empty)"
+    )]
+    MissingIndex {
+        /// The data file.
+        data: PathBuf,
+        /// The expected index file.
+        index: PathBuf,
+    },
+    /// The index exists without its data file.
+    #[error("{index} exists but its data file {data} does not; refusing to start")]
+    MissingData {
+        /// The expected data file.
+        data: PathBuf,
+        /// The index file.
+        index: PathBuf,
+    },
+    /// The index file is not one of ours.
+    #[error("{path} is not a Skyriver index file (bad magic); refusing to use it")]
+    NotAnIndex {
+        /// The index file.
+        path: PathBuf,
+    },
+    /// The files were written by an incompatible version.
+    #[error(
+        "{path} uses backing-file format version {found}; this build reads only version \
+         {supported}. Refusing to open it (it was not modified): use a matching skyriver build, \
+         or remove the files to start empty"
+    )]
+    IncompatibleVersion {
+        /// The index file.
+        path: PathBuf,
+        /// Its format version.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// The header fails its checksum or holds values this build cannot use.
+    #[error(
+        "the header of {path} is corrupt ({reason}); refusing to open it (it was not modified)"
+    )]
+    CorruptHeader {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The data file's size is not the one the index was made for.
+    #[error("{path} holds {actual_bytes} bytes but its index says {expected_bytes}; refusing to open it")]
+    DataSizeMismatch {
+        /// The data file.
+        path: PathBuf,
+        /// Size recorded in the index header.
+        expected_bytes: u64,
+        /// Size of the file.
+        actual_bytes: u64,
+    },
+    /// Another process has the files open.
+    #[error("{path} is in use by another skyriver daemon")]
+    Locked {
+        /// The index file.
+        path: PathBuf,
+    },
+    /// The size asked for a new backing file is too small.
+    #[error("a backing file needs at least 4096 bytes; {0} were asked for")]
+    TooSmall(u64),
+    /// Mapping the data file as an arena failed.
+    #[error(transparent)]
+    Arena(#[from] ArenaError),
+}
+
+fn io_error<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> PersistError + 'a {
+    move |source| PersistError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A record found by the recovery scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FoundRecord {
+    /// Its slot.
+    pub slot: u64,
+    /// The record.
+    pub record: Record,
+}
+
+/// What opening found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScanReport {
+    /// The files did not exist and were created empty.
+    pub created: bool,
+    /// Size of the data file (the arena).
+    pub data_bytes: u64,
+    /// Slots in the index.
+    pub slots: u64,
+    /// Slots holding a record with a valid checksum.
+    pub valid_records: u64,
+    /// Slots holding anything else but zeros (torn or corrupt): discarded.
+    pub corrupt_slots: u64,
+}
+
+/// What a commit made durable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Seal records written.
+    pub seals: u64,
+    /// Records removed.
+    pub removals: u64,
+    /// `msync` calls on the data file.
+    pub data_flushes: u64,
+    /// Object bytes covered by them.
+    pub data_bytes: u64,
+}
+
+/// A persistent store's backing files, opened and locked: the index (with its in-memory slot
+/// table) and a mapping of the data file used to flush exactly the ranges of sealed objects.
+#[derive(Debug)]
+pub struct BackingFile {
+    data_path: PathBuf,
+    index_path: PathBuf,
+    index: Flock<File>,
+    data_map: MmapRaw,
+    data_bytes: u64,
+    slot_count: u64,
+    free_slots: BTreeSet<u64>,
+    /// Slot of every object whose record is written.
+    recorded: HashMap<ObjectId, u64>,
+    /// Seals not written yet (async mode, or between stage and commit).
+    staged_seals: BTreeMap<ObjectId, RecoveredObject>,
+    /// Slots to zero.
+    staged_removals: Vec<u64>,
+    /// Zeroed slots that become free once the index is flushed.
+    free_slots_after_sync: Vec<u64>,
+    next_seq: u64,
+    /// Valid records of the scan, newest first, until [`BackingFile::finish_recovery`].
+    found: Vec<FoundRecord>,
+    /// Corrupt slots of the scan, until [`BackingFile::finish_recovery`].
+    corrupt: Vec<u64>,
+}
+
+/// The backing files opened: the index, the arena over the data file, and what the scan saw.
+#[derive(Debug)]
+pub struct Opened {
+    /// The index and its slot table.
+    pub backing: BackingFile,
+    /// The data file mapped as the store's arena.
+    pub arena: SharedArena,
+    /// What the scan found.
+    pub scan: ScanReport,
+}
+
+/// The index file that goes with a data file: `PATH.index`.
+pub fn index_path_for(data_path: &Path) -> PathBuf {
+    let mut name = data_path.as_os_str().to_owned();
+    name.push(".index");
+    PathBuf::from(name)
+}
+
+impl BackingFile {
+    /// Opens the backing files at `data_path` (and `data_path.index`), or creates them with a
+    /// `create_bytes` arena if neither exists. An existing store keeps its own size. Scans the
+    /// index; hand [`BackingFile::found_records`] to the store, then call
+    /// [`BackingFile::finish_recovery`] with what it refused.
+    pub fn open(data_path: &Path, create_bytes: u64) -> Result<Opened, PersistError> {
+        let index_path = index_path_for(data_path);
+        let exists = |path: &Path| path.try_exists().map_err(io_error("stat", path));
+        let created = match (exists(data_path)?, exists(&index_path)?) {
+            (false, false) => {
+                create_files(data_path, &index_path, create_bytes)?;
+                true
+            }
+            (true, true) => false,
+            (true, false) => {
+                return Err(PersistError::MissingIndex {
+                    data: data_path.to_path_buf(),
+                    index: index_path,
+                })
+            }
+            (false, true) => {
+                return Err(PersistError::MissingData {
+                    data: data_path.to_path_buf(),
+                    index: index_path,
+                })
+            }
+        };
+        let open_rw = |path: &Path| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map_err(io_error("open", path))
+        };
+        let index = Flock::lock(open_rw(&index_path)?, FlockArg::LockExclusiveNonblock).map_err(
+            |(_, errno)| match errno {
+                nix::errno::Errno::EWOULDBLOCK => PersistError::Locked {
+                    path: index_path.clone(),
+                },
+                errno => PersistError::Io {
+                    op: "flock",
+                    path: index_path.clone(),
+                    source: errno.into(),
+                },
+            },
+        )?;
+        let header = read_header(&index, &index_path)?;
+        let data = open_rw(data_path)?;
+        let actual_bytes = data.metadata().map_err(io_error("fstat", data_path))?.len();
+        if actual_bytes != header.data_bytes {
+            return Err(PersistError::DataSizeMismatch {
+                path: data_path.to_path_buf(),
+                expected_bytes: header.data_bytes,
+                actual_bytes,
+            });
+        }
+        let data_bytes = header.data_bytes;
+        let data_map = MmapOptions::new()
+            .len(data_bytes as usize)
+            .map_raw_read_only(&data)
+            .map_err(io_error("mmap", data_path))?;
+        let arena = SharedArena::from_fd(data.into(), data_bytes)?;
+        let mut backing = Self {
+            data_path: data_path.to_path_buf(),
+            index_path,
+            index,
+            data_map,
+            data_bytes,
+            slot_count: 0,
+            free_slots: BTreeSet::new(),
+            recorded: HashMap::new(),
+            staged_seals: BTreeMap::new(),
+            staged_removals: Vec::new(),
+            free_slots_after_sync: Vec::new(),
+            next_seq: 1,
+            found: Vec::new(),
+            corrupt: Vec::new(),
+        };
+        let mut scan = backing.scan()?;
+        scan.created = created;
+        Ok(Opened {
+            backing,
+            arena,
+            scan,
+        })
+    }
+
+    /// Reads every slot: valid records are kept (newest first) for the store, corrupt ones
+    /// remembered to be zeroed, empty ones become free.
+    fn scan(&mut self) -> Result<ScanReport, PersistError> {
+        let file_bytes = self
+            .index
+            .metadata()
+            .map_err(io_error("fstat", &self.index_path))?
+            .len();
+        // A partly written last slot (a crash while growing) is ignored and cut off.
+        self.slot_count = file_bytes.saturating_sub(HEADER_BYTES) / RECORD_BYTES as u64;
+        let mut buf = vec![0u8; SCAN_CHUNK_BYTES];
+        let mut slot = 0;
+        while slot < self.slot_count {
+            let count = (self.slot_count - slot).min((SCAN_CHUNK_BYTES / RECORD_BYTES) as u64);
+            let chunk = &mut buf[..count as usize * RECORD_BYTES];
+            self.index
+                .read_exact_at(chunk, slot_offset(slot))
+                .map_err(io_error("pread", &self.index_path))?;
+            for bytes in chunk.chunks_exact(RECORD_BYTES) {
+                let bytes: &[u8; RECORD_BYTES] = bytes.try_into().expect("exact chunks");
+                match Slot::decode(bytes) {
+                    Slot::Empty => {
+                        self.free_slots.insert(slot);
+                    }
+                    Slot::Valid(record) => self.found.push(FoundRecord { slot, record }),
+                    Slot::Corrupt => self.corrupt.push(slot),
+                }
+                slot += 1;
+            }
+        }
+        self.found
+            .sort_by_key(|found| std::cmp::Reverse(found.record.seq));
+        self.next_seq = self.found.first().map_or(1, |f| f.record.seq + 1);
+        Ok(ScanReport {
+            created: false,
+            data_bytes: self.data_bytes,
+            slots: self.slot_count,
+            valid_records: self.found.len() as u64,
+            corrupt_slots: self.corrupt.len() as u64,
+        })
+    }
+
+    /// The records the scan found, newest first: the input of the store's `recover`.
+    pub fn found_records(&self) -> impl Iterator<Item = RecoveredObject> + '_ {
+        self.found.iter().map(|found| found.record.object)
+    }
+
+    /// Takes the store's verdict on [`BackingFile::found_records`]: `refused` are positions
+    /// in that sequence. Refused and corrupt slots are zeroed (and flushed); the accepted
+    /// records are the index from now on. Returns how many slots were zeroed.
+    pub fn finish_recovery(
+        &mut self,
+        refused: impl IntoIterator<Item = usize>,
+    ) -> Result<u64, PersistError> {
+        let refused: BTreeSet<usize> = refused.into_iter().collect();
+        let mut cleared = std::mem::take(&mut self.corrupt);
+        for (position, found) in std::mem::take(&mut self.found).into_iter().enumerate() {
+            if refused.contains(&position) {
+                cleared.push(found.slot);
+            } else {
+                let previous = self.recorded.insert(found.record.object.id, found.slot);
+                assert!(
+                    previous.is_none(),
+                    "the store accepted {} twice",
+                    found.record.object.id
+                );
+            }
+        }
+        for &slot in &cleared {
+            self.write_slot(slot, &[0; RECORD_BYTES])?;
+        }
+        if !cleared.is_empty() {
+            self.sync_index()?;
+        }
+        self.free_slots.extend(cleared.iter().copied());
+        Ok(cleared.len() as u64)
+    }
+
+    /// Takes one change from the store, to be written by the next commit.
+    pub fn stage(&mut self, change: DurableChange) {
+        match change {
+            DurableChange::Sealed {
+                id,
+                block,
+                data_size,
+                metadata_size,
+            } => {
+                debug_assert!(!self.recorded.contains_key(&id), "{id} sealed twice");
+                self.staged_seals.insert(
+                    id,
+                    RecoveredObject {
+                        id,
+                        block,
+                        data_size,
+                        metadata_size,
+                    },
+                );
+            }
+            DurableChange::Removed { id } => {
+                // Sealed and removed before its record was written: nothing to undo.
+                if self.staged_seals.remove(&id).is_some() {
+                    return;
+                }
+                if let Some(slot) = self.recorded.remove(&id) {
+                    self.staged_removals.push(slot);
+                }
+            }
+        }
+    }
+
+    /// Seals staged and not written yet.
+    pub fn staged_seal_count(&self) -> usize {
+        self.staged_seals.len()
+    }
+
+    /// Object bytes of the seals staged and not written yet.
+    pub fn staged_seal_bytes(&self) -> u64 {
+        self.staged_seals
+            .values()
+            .map(|o| o.data_size + o.metadata_size)
+            .sum()
+    }
+
+    /// Whether removals are staged (they must be committed before the freed space is reused).
+    pub fn has_staged_removals(&self) -> bool {
+        !self.staged_removals.is_empty()
+    }
+
+    /// Objects with a written record.
+    pub fn recorded_count(&self) -> usize {
+        self.recorded.len()
+    }
+
+    /// Makes every staged change durable: the staged objects' bytes are flushed, then their
+    /// records and the removals are written, then the index is flushed.
+    pub fn commit(&mut self) -> Result<CommitStats, PersistError> {
+        let mut stats = CommitStats::default();
+        if self.staged_seals.is_empty() && self.staged_removals.is_empty() {
+            return Ok(stats);
+        }
+        self.flush_data(&mut stats)?;
+        stats.removals = self.write_removals()?;
+        let seals = std::mem::take(&mut self.staged_seals);
+        let mut written = Vec::with_capacity(seals.len());
+        for object in seals.into_values() {
+            let slot = self.take_free_slot()?;
+            let record = Record {
+                seq: self.next_seq,
+                object,
+            };
+            self.next_seq += 1;
+            self.write_slot(slot, &record.encode())?;
+            written.push((object.id, slot));
+        }
+        stats.seals = written.len() as u64;
+        self.sync_index()?;
+        self.recorded.extend(written);
+        Ok(stats)
+    }
+
+    /// Makes only the staged removals durable (async mode, before the freed space is reused).
+    pub fn commit_removals(&mut self) -> Result<u64, PersistError> {
+        let removals = self.write_removals()?;
+        if removals > 0 {
+            self.sync_index()?;
+        }
+        Ok(removals)
+    }
+
+    /// The data file.
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
+    }
+
+    /// The index file.
+    pub fn index_path(&self) -> &Path {
+        &self.index_path
+    }
+
+    /// Zeroes the staged removals' slots (not yet flushed). The slots stay out of the free
+    /// set until the caller's flush: a slot is reused only once its removal is durable.
+    fn write_removals(&mut self) -> Result<u64, PersistError> {
+        let slots = std::mem::take(&mut self.staged_removals);
+        for &slot in &slots {
+            self.write_slot(slot, &[0; RECORD_BYTES])?;
+        }
+        self.free_slots_after_sync.extend(slots.iter().copied());
+        Ok(slots.len() as u64)
+    }
+
+    /// `msync` of the staged objects' bytes, adjacent ranges merged.
+    fn flush_data(&mut self, stats: &mut CommitStats) -> Result<(), PersistError> {
+        let page = 4096u64;
+        let mut ranges: Vec<(u64, u64)> = self
+            .staged_seals
+            .values()
+            .filter(|o| o.data_size + o.metadata_size > 0)
+            .map(|o| {
+                let start = o.block.offset / page * page;
+                let end = (o.block.offset + o.data_size + o.metadata_size).div_ceil(page) * page;
+                (start, end.min(self.data_bytes))
+            })
+            .collect();
+        ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+        for (start, end) in ranges {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        for (start, end) in merged {
+            self.data_map
+                .flush_range(start as usize, (end - start) as usize)
+                .map_err(io_error("msync", &self.data_path))?;
+            stats.data_flushes += 1;
+            stats.data_bytes += end - start;
+        }
+        Ok(())
+    }
+
+    fn take_free_slot(&mut self) -> Result<u64, PersistError> {
+        if let Some(slot) = self.free_slots.pop_first() {
+            return Ok(slot);
+        }
+        let grown = (self.slot_count * 2).max(INITIAL_SLOTS);
+        self.index
+            .set_len(slot_offset(grown))
+            .map_err(io_error("ftruncate", &self.index_path))?;
+        self.free_slots.extend(self.slot_count + 1..grown);
+        let slot = self.slot_count;
+        self.slot_count = grown;
+        Ok(slot)
+    }
+
+    fn write_slot(&self, slot: u64, bytes: &[u8; RECORD_BYTES]) -> Result<(), PersistError> {
+        self.index
+            .write_all_at(bytes, slot_offset(slot))
+            .map_err(io_error("pwrite", &self.index_path))
+    }
+
+    fn sync_index(&mut self) -> Result<(), PersistError> {
+        self.index
+            .sync_data()
+            .map_err(io_error("fdatasync", &self.index_path))?;
+        let freed = std::mem::take(&mut self.free_slots_after_sync);
+        self.free_slots.extend(freed);
+        Ok(())
+    }
+}
+
+fn slot_offset(slot: u64) -> u64 {
+    HEADER_BYTES + slot * RECORD_BYTES as u64
+}
+
+fn read_header(index: &File, path: &Path) -> Result<Header, PersistError> {
+    let mut bytes = [0u8; record::HEADER_USED_BYTES];
+    index.read_exact_at(&mut bytes, 0).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::UnexpectedEof {
+            PersistError::NotAnIndex {
+                path: path.to_path_buf(),
+            }
+        } else {
+            PersistError::Io {
+                op: "pread",
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    })?;
+    let header = Header::decode(&bytes).map_err(|error| match error {
+        HeaderError::BadMagic => PersistError::NotAnIndex {
+            path: path.to_path_buf(),
+        },
+        HeaderError::Version { found } => PersistError::IncompatibleVersion {
+            path: path.to_path_buf(),
+            found,
+            supported: FORMAT_VERSION,
+        },
+        HeaderError::Checksum => PersistError::CorruptHeader {
+            path: path.to_path_buf(),
+            reason: "checksum mismatch",
+        },
+        HeaderError::Layout => PersistError::CorruptHeader {
+            path: path.to_path_buf(),
+            reason: "record or header size this build does not use",
+        },
+    })?;
+    if header.alignment_bytes != ALIGNMENT {
+        return Err(PersistError::CorruptHeader {
+            path: path.to_path_buf(),
+            reason: "allocation alignment differs from this build's",
+        });
+    }
+    Ok(header)
+}
+
+/// Creates the data file (sized, space reserved, flushed), then the index: written under a
+/// temporary name, flushed and renamed into place, so an index exists only when complete.
+fn create_files(data_path: &Path, index_path: &Path, bytes: u64) -> Result<(), PersistError> {
+    let bytes = bytes / 4096 * 4096;
+    if bytes < 4096 {
+        return Err(PersistError::TooSmall(bytes));
+    }
+    if let Some(parent) = data_path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io_error("mkdir", parent))?;
+    }
+    let data = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(data_path)
+        .map_err(io_error("open", data_path))?;
+    data.set_len(bytes)
+        .map_err(io_error("ftruncate", data_path))?;
+    // Reserve the blocks so a full file system fails here, not as SIGBUS in a client writing
+    // an object. File systems without fallocate keep a sparse file.
+    match nix::fcntl::fallocate(
+        std::os::fd::AsRawFd::as_raw_fd(&data),
+        nix::fcntl::FallocateFlags::empty(),
+        0,
+        bytes as i64,
+    ) {
+        Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => {}
+        Err(errno) => {
+            let _ = std::fs::remove_file(data_path);
+            return Err(PersistError::Io {
+                op: "fallocate",
+                path: data_path.to_path_buf(),
+                source: errno.into(),
+            });
+        }
+    }
+    data.sync_all().map_err(io_error("fsync", data_path))?;
+
+    let mut temp_name = index_path.as_os_str().to_owned();
+    temp_name.push(".tmp");
+    let temp_path = PathBuf::from(temp_name);
+    let index = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temp_path)
+        .map_err(io_error("open", &temp_path))?;
+    index
+        .set_len(slot_offset(INITIAL_SLOTS))
+        .map_err(io_error("ftruncate", &temp_path))?;
+    let header = Header {
+        data_bytes: bytes,
+        alignment_bytes: ALIGNMENT,
+    };
+    index
+        .write_all_at(&header.encode(), 0)
+        .map_err(io_error("pwrite", &temp_path))?;
+    index.sync_all().map_err(io_error("fsync", &temp_path))?;
+    std::fs::rename(&temp_path, index_path).map_err(io_error("rename", index_path))?;
+    let dir = index_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(io_error("fsync", dir))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,275 @@
+//! Byte formats of the index file: its header and its 64-byte object records.
+//!
+//! All integers are little-endian. Both carry a CRC32C (Castagnoli) so a torn or corrupted
+//! write is detected and never trusted.
+
+use skyriver_core::ids::OBJECT_ID_LEN;
+use skyriver_core::{ArenaId, LocalRegion, ObjectId, RecoveredObject};
+
+/// Identifies an index file: "SKYRIDX" and a NUL.
+pub const INDEX_MAGIC: [u8; 8] = *b"SKYRIDX\0";
+
+/// The on-disk format this build reads and writes. Bump it on any change to the header,
+/// the record layout or their meaning; older or newer files are then refused, not rewritten.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Bytes reserved for the header at the start of the index file (one page, so records start
+/// page-aligned). Only the first [`HEADER_USED_BYTES`] are used.
+pub const HEADER_BYTES: u64 = 4096;
+
+/// Bytes of the header that carry fields; the rest of the page is zero.
+pub const HEADER_USED_BYTES: usize = 64;
+
+/// Bytes of one record: one cache line, so a record never straddles a sector or a page.
+pub const RECORD_BYTES: usize = 64;
+
+/// First four bytes of a used record slot ("SKYR" little-endian). An all-zero slot is empty.
+const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"SKYR");
+
+/// The index file's header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Size of the data file (the arena), in bytes.
+    pub data_bytes: u64,
+    /// Allocation alignment the records assume (the core's `ALIGNMENT`).
+    pub alignment_bytes: u64,
+}
+
+/// Why a header was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderError {
+    /// The magic is not ours: not a Skyriver index file.
+    BadMagic,
+    /// Written by an incompatible version of the format.
+    Version {
+        /// The version in the file.
+        found: u32,
+    },
+    /// The checksum does not match: the header is corrupt.
+    Checksum,
+    /// Fields that this version cannot use (record size, header size).
+    Layout,
+}
+
+impl Header {
+    /// The header's bytes, checksum included.
+    pub fn encode(&self) -> [u8; HEADER_USED_BYTES] {
+        let mut bytes = [0u8; HEADER_USED_BYTES];
+        bytes[0..8].copy_from_slice(&INDEX_MAGIC);
+        bytes[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        bytes[12..16].copy_from_slice(&(RECORD_BYTES as u32).to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.data_bytes.to_le_bytes());
+        bytes[24..32].copy_from_slice(&HEADER_BYTES.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.alignment_bytes.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..60]);
+        bytes[60..64].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Parses a header. The magic and the version are checked before the checksum, so a file
+    /// of another format version is reported as such even if its header layout differs.
+    pub fn decode(bytes: &[u8; HEADER_USED_BYTES]) -> Result<Self, HeaderError> {
+        if bytes[0..8] != INDEX_MAGIC {
+            return Err(HeaderError::BadMagic);
+        }
+        let found = u32_at(bytes, 8);
+        if found != FORMAT_VERSION {
+            return Err(HeaderError::Version { found });
+        }
+        if crc32c::crc32c(&bytes[..60]) != u32_at(bytes, 60) {
+            return Err(HeaderError::Checksum);
+        }
+        if u32_at(bytes, 12) as usize != RECORD_BYTES || u64_at(bytes, 24) != HEADER_BYTES {
+            return Err(HeaderError::Layout);
+        }
+        Ok(Self {
+            data_bytes: u64_at(bytes, 16),
+            alignment_bytes: u64_at(bytes, 32),
+        })
+    }
+}
+
+/// A sealed object as recorded: which object, where, how large, and when (a sequence number
+/// that only grows, across restarts too; the newest record wins if two disagree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record {
+    /// Order of writing.
+    pub seq: u64,
+    /// The object.
+    pub object: RecoveredObject,
+}
+
+/// What a record slot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// All zero: never used, or the object was removed.
+    Empty,
+    /// A record whose checksum matches.
+    Valid(Record),
+    /// Anything else: a torn or corrupted write. Never trusted.
+    Corrupt,
+}
+
+// Record layout (64 bytes):
+//   0..4   magic "SKYR"
+//   4..8   CRC32C of the record with these four bytes zero
+//   8..16  sequence number
+//   16..36 object id
+//   36..40 arena id
+//   40..48 block offset in the arena
+//   48..56 data size
+//   56..64 metadata size
+// The block length is not stored: it is the aligned data + metadata size, and the store
+// refuses a record whose sizes and block disagree.
+
+impl Record {
+    /// The record's bytes.
+    pub fn encode(&self) -> [u8; RECORD_BYTES] {
+        let mut bytes = [0u8; RECORD_BYTES];
+        bytes[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        bytes[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        bytes[16..36].copy_from_slice(&self.object.id.0);
+        bytes[36..40].copy_from_slice(&self.object.block.arena.0.to_le_bytes());
+        bytes[40..48].copy_from_slice(&self.object.block.offset.to_le_bytes());
+        bytes[48..56].copy_from_slice(&self.object.data_size.to_le_bytes());
+        bytes[56..64].copy_from_slice(&self.object.metadata_size.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes);
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+}
+
+impl Slot {
+    /// Reads one slot.
+    pub fn decode(bytes: &[u8; RECORD_BYTES]) -> Self {
+        if bytes.iter().all(|&b| b == 0) {
+            return Slot::Empty;
+        }
+        if u32_at(bytes, 0) != RECORD_MAGIC {
+            return Slot::Corrupt;
+        }
+        let mut zeroed = *bytes;
+        zeroed[4..8].fill(0);
+        if crc32c::crc32c(&zeroed) != u32_at(bytes, 4) {
+            return Slot::Corrupt;
+        }
+        let data_size = u64_at(bytes, 48);
+        let metadata_size = u64_at(bytes, 56);
+        let Some(block_len) = data_size
+            .checked_add(metadata_size)
+            .and_then(skyriver_core::alloc::block_len_for)
+        else {
+            return Slot::Corrupt;
+        };
+        let mut id = [0u8; OBJECT_ID_LEN];
+        id.copy_from_slice(&bytes[16..36]);
+        Slot::Valid(Record {
+            seq: u64_at(bytes, 8),
+            object: RecoveredObject {
+                id: ObjectId(id),
+                block: LocalRegion {
+                    arena: ArenaId(u32_at(bytes, 36)),
+                    offset: u64_at(bytes, 40),
+                    len: block_len,
+                },
+                data_size,
+                metadata_size,
+            },
+        })
+    }
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("four bytes"))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("eight bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            seq: 7,
+            object: RecoveredObject {
+                id: ObjectId::from_u64(0xfeed),
+                block: LocalRegion {
+                    arena: ArenaId(0),
+                    offset: 4096,
+                    len: 192,
+                },
+                data_size: 150,
+                metadata_size: 3,
+            },
+        }
+    }
+
+    #[test]
+    fn a_record_round_trips() {
+        assert_eq!(Slot::decode(&record().encode()), Slot::Valid(record()));
+        assert_eq!(Slot::decode(&[0; RECORD_BYTES]), Slot::Empty);
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let good = record().encode();
+        for byte in 0..RECORD_BYTES {
+            for bit in 0..8 {
+                let mut bad = good;
+                bad[byte] ^= 1 << bit;
+                assert_eq!(Slot::decode(&bad), Slot::Corrupt, "byte {byte} bit {bit}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_torn_record_is_detected() {
+        // A write that stopped part-way: the new record's head over an old record's tail, or
+        // over an empty slot.
+        let old = Record {
+            seq: 3,
+            object: RecoveredObject {
+                id: ObjectId::from_u64(1),
+                ..record().object
+            },
+        }
+        .encode();
+        let new = record().encode();
+        for base in [old, [0; RECORD_BYTES]] {
+            for cut in 1..RECORD_BYTES {
+                let mut torn = base;
+                torn[..cut].copy_from_slice(&new[..cut]);
+                // Bytes the two writes agree on are not torn: skip cuts that change nothing.
+                if torn != new && torn != base {
+                    assert_eq!(Slot::decode(&torn), Slot::Corrupt, "cut at {cut}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn headers_of_other_versions_and_corrupt_headers_are_refused() {
+        let header = Header {
+            data_bytes: 1 << 30,
+            alignment_bytes: 64,
+        };
+        let good = header.encode();
+        assert_eq!(Header::decode(&good), Ok(header));
+        let mut other_version = good;
+        other_version[8..12].copy_from_slice(&2u32.to_le_bytes());
+        assert_eq!(
+            Header::decode(&other_version),
+            Err(HeaderError::Version { found: 2 })
+        );
+        let mut flipped = good;
+        flipped[20] ^= 0x10;
+        assert_eq!(Header::decode(&flipped), Err(HeaderError::Checksum));
+        assert_eq!(
+            Header::decode(&[0; HEADER_USED_BYTES]),
+            Err(HeaderError::BadMagic)
+        );
+    }
+}
