@@ -219,7 +219,13 @@ struct ProbeBuffer {
 
 /// A peer in the table: a handshake in progress or a live connection.
 enum Slot {
-    Connecting { attempt: u64, outgoing: bool },
+    Connecting {
+        attempt: u64,
+        /// This side opened it.
+        outgoing: bool,
+        /// The driver asked for this peer ([`Fabric::connect`]) and waits for an event.
+        driver_waits: bool,
+    },
     Up(Arc<PeerConn>),
 }
 
@@ -300,17 +306,26 @@ impl Shared {
     }
 
     /// Ends a handshake attempt that failed: if the attempt still owns the peer's slot, frees it
-    /// and reports `PeerLost` (only for authenticated or self-initiated attempts).
+    /// and, when the driver asked for this peer, reports `PeerLost`. (A failed handshake the
+    /// peer opened is only logged: the driver never heard of it.)
     fn attempt_failed(&self, peer: NodeId, attempt: u64, reason: String) {
         let mut t = lock(&self.table);
-        if matches!(t.peers.get(&peer), Some(Slot::Connecting { attempt: a, .. }) if *a == attempt)
+        if let Some(&Slot::Connecting {
+            attempt: a,
+            driver_waits,
+            ..
+        }) = t.peers.get(&peer)
         {
-            t.peers.remove(&peer);
-            tracing::warn!(%peer, %reason, "verbs fabric: connection failed");
-            self.emit(FabricEvent::PeerLost { peer, reason });
-        } else {
-            tracing::debug!(%peer, %reason, "verbs fabric: superseded connection attempt ended");
+            if a == attempt {
+                t.peers.remove(&peer);
+                tracing::warn!(%peer, %reason, "verbs fabric: connection failed");
+                if driver_waits {
+                    self.emit(FabricEvent::PeerLost { peer, reason });
+                }
+                return;
+            }
         }
+        tracing::debug!(%peer, %reason, "verbs fabric: superseded connection attempt ended");
     }
 
     fn local_arena(&self, region: &LocalRegion) -> Option<&LocalArena> {
@@ -598,8 +613,14 @@ impl Fabric for VerbsFabric {
         }
         let attempt = {
             let mut t = lock(&s.table);
-            if t.peers.contains_key(&peer) {
-                return;
+            match t.peers.get_mut(&peer) {
+                Some(Slot::Connecting { driver_waits, .. }) => {
+                    // A handshake the peer opened is in progress: report its outcome.
+                    *driver_waits = true;
+                    return;
+                }
+                Some(Slot::Up(_)) => return,
+                None => {}
             }
             t.next_attempt += 1;
             let attempt = t.next_attempt;
@@ -608,6 +629,7 @@ impl Fabric for VerbsFabric {
                 Slot::Connecting {
                     attempt,
                     outgoing: true,
+                    driver_waits: true,
                 },
             );
             attempt
@@ -936,6 +958,7 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
         let mut t = lock(&s.table);
         t.next_attempt += 1;
         let attempt = t.next_attempt;
+        let mut driver_waits = false;
         let refuse = match t.peers.get(&peer) {
             None => None,
             Some(Slot::Up(_)) => Some(format!(
@@ -948,7 +971,11 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
                     s.identity.node
                 ))
             }
-            Some(Slot::Connecting { outgoing: true, .. }) => None,
+            Some(Slot::Connecting { outgoing: true, .. }) => {
+                // This connection replaces the driver's own attempt, which ends quietly.
+                driver_waits = true;
+                None
+            }
             Some(Slot::Connecting {
                 outgoing: false, ..
             }) => Some(format!("another connection from {peer} is being set up")),
@@ -964,6 +991,7 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
             Slot::Connecting {
                 attempt,
                 outgoing: false,
+                driver_waits,
             },
         );
         attempt

@@ -1,0 +1,614 @@
+//! The verbs fabric on real devices: two `VerbsFabric`s in one process, on the devices named in
+//! `SKYRIVER_RDMA_DEVICES` (`"rxe0 rxe1"` inside `ci/softroce/run-in-vm.sh`), each with a memfd
+//! arena. Without that variable every device test prints a skip line and passes:
+//!
+//! ```text
+//! CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER=$PWD/ci/softroce/run-in-vm.sh \
+//!     cargo test -p skyriver-transport --test verbs_fabric
+//! ```
+//!
+//! Every wait has a deadline; assertions are on bytes, statuses and events, never speed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use skyriver_core::node::{ReadError, ReadOpId};
+use skyriver_core::wire::{self, EagerHeader, PeerMessage};
+use skyriver_core::{ArenaId, LocalRegion, NodeId, ObjectSizes, RemoteRegion, TransferId};
+use skyriver_transport::arena::{ArenaOptions, SharedArena};
+use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig};
+use skyriver_transport::fabric::{Fabric, FabricError, FabricEvent, FabricIdentity};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+const WAIT: Duration = Duration::from_secs(60);
+const MIB: u64 = 1 << 20;
+const ARENA: ArenaId = ArenaId(0);
+const TOKEN: &str = "skyriver-test-cluster";
+
+/// The two device names to use, or `None` (after printing a skip line).
+fn devices(test: &str) -> Option<(String, String)> {
+    let list = std::env::var("SKYRIVER_RDMA_DEVICES").unwrap_or_default();
+    let names: Vec<&str> = list.split_whitespace().collect();
+    match names.as_slice() {
+        [] => {
+            println!(
+                "skip {test}: SKYRIVER_RDMA_DEVICES is not set (run in ci/softroce/run-in-vm.sh)"
+            );
+            None
+        }
+        [one] => Some((one.to_string(), one.to_string())),
+        [a, b, ..] => Some((a.to_string(), b.to_string())),
+    }
+}
+
+fn gid_index() -> Option<u32> {
+    std::env::var("SKYRIVER_RDMA_GID_INDEX")
+        .ok()
+        .and_then(|s| s.parse().ok())
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+struct Node {
+    id: NodeId,
+    fabric: VerbsFabric,
+    events: UnboundedReceiver<FabricEvent>,
+    arena: Arc<SharedArena>,
+}
+
+fn config(device: &str) -> VerbsFabricConfig {
+    let mut c = VerbsFabricConfig::new(device, "127.0.0.1:0".parse().unwrap());
+    c.gid_index = gid_index();
+    c.recv_slot_bytes = 16 * 1024;
+    c.recv_slots = 32;
+    c.send_slots = 32;
+    c
+}
+
+fn node_with(id: u32, cfg: VerbsFabricConfig, token: &str, arena_bytes: u64) -> Node {
+    let arena = Arc::new(
+        SharedArena::create(
+            &format!("verbs-fabric-{id}"),
+            arena_bytes,
+            &ArenaOptions::default(),
+        )
+        .unwrap(),
+    );
+    let (tx, events) = unbounded_channel();
+    let identity = FabricIdentity {
+        node: NodeId(id),
+        cluster_token: token.to_string(),
+    };
+    let arenas = BTreeMap::from([(ARENA, arena.clone())]);
+    let fabric = VerbsFabric::start(cfg, identity, arenas, tx).expect("start the verbs fabric");
+    Node {
+        id: NodeId(id),
+        fabric,
+        events,
+        arena,
+    }
+}
+
+fn node(id: u32, device: &str) -> Node {
+    node_with(id, config(device), TOKEN, 24 * MIB)
+}
+
+impl Node {
+    /// The next event, within the deadline.
+    fn next(&mut self) -> FabricEvent {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match self.events.try_recv() {
+                Ok(e) => return e,
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{}: no event within {WAIT:?}",
+                        self.id
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("{}: event channel: {e}", self.id),
+            }
+        }
+    }
+
+    /// No event arrives within `quiet`.
+    fn assert_quiet(&mut self, quiet: Duration) {
+        std::thread::sleep(quiet);
+        if let Ok(e) = self.events.try_recv() {
+            panic!("{}: unexpected event {e:?}", self.id);
+        }
+    }
+
+    fn expect_connected(&mut self, peer: NodeId) -> skyriver_core::PeerParams {
+        match self.next() {
+            FabricEvent::PeerConnected {
+                peer: p,
+                params,
+                summary,
+            } => {
+                assert_eq!(p, peer);
+                println!("{} connected: {summary}", self.id);
+                params
+            }
+            e => panic!("{}: expected PeerConnected({peer}), got {e:?}", self.id),
+        }
+    }
+
+    fn expect_message(&mut self, peer: NodeId) -> Vec<u8> {
+        match self.next() {
+            FabricEvent::Message { peer: p, bytes } => {
+                assert_eq!(p, peer);
+                bytes
+            }
+            e => panic!("{}: expected a Message, got {e:?}", self.id),
+        }
+    }
+
+    /// The next READ completions, until `ops` of them arrived.
+    fn expect_reads(&mut self, ops: usize) -> BTreeMap<ReadOpId, Result<(), ReadError>> {
+        let mut out = BTreeMap::new();
+        while out.len() < ops {
+            match self.next() {
+                FabricEvent::ReadCompleted { op, result } => {
+                    assert!(out.insert(op, result).is_none(), "{op} completed twice");
+                }
+                e => panic!("{}: expected ReadCompleted, got {e:?}", self.id),
+            }
+        }
+        out
+    }
+
+    /// Where `[offset, offset + len)` of this node's arena is, as a peer's core names it.
+    fn remote(&self, offset: u64, len: u64) -> RemoteRegion {
+        let key = self.fabric.region_keys()[&ARENA];
+        RemoteRegion {
+            addr: key.base_addr + offset,
+            len,
+            rkey: key.rkey,
+        }
+    }
+}
+
+fn local(offset: u64, len: u64) -> LocalRegion {
+    LocalRegion {
+        arena: ARENA,
+        offset,
+        len,
+    }
+}
+
+/// Connects `a` to `b` and checks both sides report it.
+fn connect(a: &mut Node, b: &mut Node) -> skyriver_core::PeerParams {
+    a.fabric.connect(b.id, b.fabric.listen_addr());
+    assert!(a.fabric.is_connected_or_connecting(b.id));
+    let pa = a.expect_connected(b.id);
+    let pb = b.expect_connected(a.id);
+    assert_eq!(pa, pb, "both sides use the connector's measured costs");
+    assert!(a.fabric.is_connected_or_connecting(b.id));
+    assert!(b.fabric.is_connected_or_connecting(a.id));
+    pa
+}
+
+fn pair(test: &str) -> Option<(Node, Node)> {
+    let (da, db) = devices(test)?;
+    let mut a = node(1, &da);
+    let mut b = node(2, &db);
+    connect(&mut a, &mut b);
+    Some((a, b))
+}
+
+#[test]
+fn start_without_the_device_is_a_clear_error() {
+    // Runs everywhere: without rdma-core, without devices, or with them.
+    let (tx, _rx) = unbounded_channel();
+    let identity = FabricIdentity {
+        node: NodeId(1),
+        cluster_token: TOKEN.into(),
+    };
+    let cfg = VerbsFabricConfig::new("skyriver_no_such_device", "127.0.0.1:0".parse().unwrap());
+    match VerbsFabric::start(cfg, identity, BTreeMap::new(), tx) {
+        Err(FabricError::Setup(msg)) => {
+            println!("{msg}");
+            assert!(
+                msg.contains("skyriver_no_such_device")
+                    && (msg.contains("not found") || msg.contains("unavailable")),
+                "unclear error: {msg}"
+            );
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("a device that does not exist opened"),
+    }
+}
+
+#[test]
+fn connects_with_the_cluster_token_and_refuses_a_wrong_one() {
+    let Some((da, db)) = devices("connects_with_the_cluster_token_and_refuses_a_wrong_one") else {
+        return;
+    };
+    let mut a = node(1, &da);
+    let mut b = node(2, &db);
+    let params = connect(&mut a, &mut b);
+    assert_eq!(params.lanes, 2);
+    let c = params.costs;
+    assert!(c.round_trip_ns > 0.0 && c.wire_bytes_per_sec > 0.0 && c.copy_bytes_per_sec > 0.0);
+    // Connecting again while connected is a no-op.
+    a.fabric.connect(b.id, b.fabric.listen_addr());
+    b.fabric.connect(a.id, a.fabric.listen_addr());
+    a.assert_quiet(Duration::from_millis(200));
+    b.assert_quiet(Duration::from_millis(10));
+
+    // A node with another token is refused on both sides; the acceptor reports nothing about
+    // the unauthenticated caller.
+    let mut intruder = node_with(3, config(&da), "another-cluster", 4 * MIB);
+    intruder.fabric.connect(b.id, b.fabric.listen_addr());
+    match intruder.next() {
+        FabricEvent::PeerLost { peer, reason } => {
+            println!("intruder: {reason}");
+            assert_eq!(peer, b.id);
+            assert!(reason.contains("token"), "{reason}");
+        }
+        e => panic!("expected PeerLost, got {e:?}"),
+    }
+    assert!(!intruder.fabric.is_connected_or_connecting(b.id));
+    b.assert_quiet(Duration::from_millis(200));
+    assert!(!b.fabric.is_connected_or_connecting(intruder.id));
+
+    // The connector refuses a listener with another token too.
+    let mut c3 = node_with(4, config(&db), "another-cluster", 4 * MIB);
+    a.fabric.connect(c3.id, c3.fabric.listen_addr());
+    match a.next() {
+        FabricEvent::PeerLost { peer, reason } => {
+            println!("a: {reason}");
+            assert_eq!(peer, c3.id);
+            assert!(reason.contains("token"), "{reason}");
+        }
+        e => panic!("expected PeerLost, got {e:?}"),
+    }
+    c3.assert_quiet(Duration::from_millis(200));
+
+    // Asking for one node id at another node's address is refused.
+    let mut d = node(5, &da);
+    d.fabric.connect(NodeId(77), b.fabric.listen_addr());
+    match d.next() {
+        FabricEvent::PeerLost { peer, reason } => {
+            println!("d: {reason}");
+            assert_eq!(peer, NodeId(77));
+            assert!(reason.contains("expected node-77"), "{reason}");
+        }
+        e => panic!("expected PeerLost, got {e:?}"),
+    }
+
+    // The first connection is unharmed.
+    a.fabric.send(b.id, b"still here".to_vec()).unwrap();
+    assert_eq!(b.expect_message(a.id), b"still here");
+}
+
+#[test]
+fn messages_round_trip_in_order() {
+    let Some((mut a, mut b)) = pair("messages_round_trip_in_order") else {
+        return;
+    };
+    let slot = a.fabric.receive_slot_bytes() as usize;
+    let sizes = [1usize, 7, 100, 128, 129, 1000, 4096, slot - 1, slot];
+    // More messages than receive slots (32 per lane) and send slots: slots are reposted and
+    // SENDs queue for room, in order.
+    for round in 0..20u64 {
+        for (i, &size) in sizes.iter().enumerate() {
+            a.fabric
+                .send(b.id, pattern(round * 100 + i as u64, size))
+                .unwrap();
+            b.fabric
+                .send(a.id, pattern(round * 100 + i as u64 + 50, size))
+                .unwrap();
+        }
+    }
+    for round in 0..20u64 {
+        for (i, &size) in sizes.iter().enumerate() {
+            assert_eq!(
+                b.expect_message(a.id),
+                pattern(round * 100 + i as u64, size),
+                "a -> b, round {round}, size {size}"
+            );
+            assert_eq!(
+                a.expect_message(b.id),
+                pattern(round * 100 + i as u64 + 50, size),
+                "b -> a, round {round}, size {size}"
+            );
+        }
+    }
+    assert!(matches!(
+        a.fabric.send(b.id, vec![0; slot + 1]),
+        Err(FabricError::MessageTooLarge { len, limit }) if len == slot + 1 && limit == slot
+    ));
+    assert!(matches!(
+        a.fabric.send(NodeId(99), vec![1]),
+        Err(FabricError::NotConnected(NodeId(99)))
+    ));
+}
+
+#[test]
+fn send_eager_gathers_header_and_arena_bytes() {
+    let Some((a, mut b)) = pair("send_eager_gathers_header_and_arena_bytes") else {
+        return;
+    };
+    let slot = a.fabric.receive_slot_bytes() as u64;
+    let max_payload = slot - (wire::HEADER_BYTES + wire::EAGER_FIXED_BYTES) as u64;
+    for (i, (offset, len)) in [(0u64, 1u64), (4096, 100), (12345, max_payload)]
+        .into_iter()
+        .enumerate()
+    {
+        let data = pattern(i as u64 + 7, len as usize);
+        a.arena.write(offset, &data).unwrap();
+        let header = EagerHeader {
+            req: TransferId(40 + i as u64),
+            sizes: ObjectSizes {
+                data_size: 1 << 20,
+                metadata_size: 3,
+            },
+            offset: 1000 * i as u64,
+        };
+        a.fabric
+            .send_eager(b.id, &header, local(offset, len))
+            .unwrap();
+        let bytes = b.expect_message(a.id);
+        match wire::decode(&bytes).expect("decodes") {
+            PeerMessage::EagerData { header: h, payload } => {
+                assert_eq!(h, header);
+                assert!(payload == data, "payload of {len} bytes differs");
+            }
+            m => panic!("expected EagerData, got {m}"),
+        }
+    }
+    let header = EagerHeader {
+        req: TransferId(1),
+        sizes: ObjectSizes {
+            data_size: 1,
+            metadata_size: 0,
+        },
+        offset: 0,
+    };
+    assert!(matches!(
+        a.fabric
+            .send_eager(b.id, &header, local(0, max_payload + 1)),
+        Err(FabricError::MessageTooLarge { .. })
+    ));
+    assert!(matches!(
+        a.fabric.send_eager(b.id, &header, local(24 * MIB - 10, 11)),
+        Err(FabricError::BadRegion(_))
+    ));
+}
+
+#[test]
+fn reads_of_4kib_1mib_and_8mib_are_exact() {
+    let Some((mut a, b)) = pair("reads_of_4kib_1mib_and_8mib_are_exact") else {
+        return;
+    };
+    let src = pattern(42, (20 * MIB) as usize);
+    b.arena.write(0, &src).unwrap();
+    let cases = [
+        (4096u64, 100u64, 3u64),
+        (MIB, 777, 8192 + 1),
+        (8 * MIB, 8192, 2 * MIB),
+        // Several outstanding at once over both lanes.
+        (4096, 5, 11 * MIB),
+        (MIB, 3 * MIB, 12 * MIB),
+        (8 * MIB, 11 * MIB, 14 * MIB),
+    ];
+    for (i, &(len, src_off, dst_off)) in cases.iter().enumerate() {
+        a.fabric.post_read(
+            b.id,
+            ReadOpId(i as u64),
+            (i % 2) as u16,
+            local(dst_off, len),
+            b.remote(src_off, len),
+        );
+        if i < 3 {
+            let done = a.expect_reads(1);
+            assert_eq!(done[&ReadOpId(i as u64)], Ok(()));
+        }
+    }
+    let done = a.expect_reads(3);
+    assert!(done.values().all(Result::is_ok), "{done:?}");
+    for &(len, src_off, dst_off) in &cases {
+        let got = a.arena.bytes(dst_off, len).unwrap();
+        assert!(
+            got == &src[src_off as usize..(src_off + len) as usize],
+            "READ of {len} bytes from {src_off} into {dst_off} differs"
+        );
+        println!("READ of {len} bytes ok");
+    }
+}
+
+#[test]
+fn reads_outside_the_peer_arena_fail_cleanly() {
+    let Some((mut a, mut b)) = pair("reads_outside_the_peer_arena_fail_cleanly") else {
+        return;
+    };
+    let end = 24 * MIB;
+    let bad = [
+        b.remote(end - 100, 200), // runs past the end
+        b.remote(end, 1),         // just past it
+        RemoteRegion {
+            rkey: b.remote(0, 1).rkey ^ 0x55, // wrong key
+            ..b.remote(0, 4096)
+        },
+        RemoteRegion {
+            addr: 4096, // not the peer's memory at all
+            len: 4096,
+            rkey: b.remote(0, 1).rkey,
+        },
+    ];
+    for (i, remote) in bad.iter().enumerate() {
+        a.fabric
+            .post_read(b.id, ReadOpId(i as u64), 0, local(0, remote.len), *remote);
+        let done = a.expect_reads(1);
+        assert_eq!(
+            done[&ReadOpId(i as u64)],
+            Err(ReadError::RemoteAccess),
+            "{remote}"
+        );
+    }
+    // Local mistakes fail too, without harming the connection.
+    a.fabric
+        .post_read(b.id, ReadOpId(10), 0, local(end - 1, 2), b.remote(0, 2));
+    assert!(matches!(
+        a.expect_reads(1)[&ReadOpId(10)],
+        Err(ReadError::QueuePair(_))
+    ));
+    a.fabric
+        .post_read(b.id, ReadOpId(11), 9, local(0, 2), b.remote(0, 2));
+    assert!(matches!(
+        a.expect_reads(1)[&ReadOpId(11)],
+        Err(ReadError::QueuePair(_))
+    ));
+    a.fabric
+        .post_read(NodeId(99), ReadOpId(12), 0, local(0, 2), b.remote(0, 2));
+    assert_eq!(
+        a.expect_reads(1)[&ReadOpId(12)],
+        Err(ReadError::ConnectionLost)
+    );
+
+    // The connection still works.
+    b.arena.write(0, b"intact").unwrap();
+    a.fabric
+        .post_read(b.id, ReadOpId(20), 1, local(100, 6), b.remote(0, 6));
+    assert_eq!(a.expect_reads(1)[&ReadOpId(20)], Ok(()));
+    assert_eq!(a.arena.bytes(100, 6).unwrap(), b"intact");
+    a.fabric.send(b.id, b"ok".to_vec()).unwrap();
+    assert_eq!(b.expect_message(a.id), b"ok");
+
+    // Exposure bookkeeping (informational; see the fabric's documentation).
+    b.fabric.expose(local(0, 4096));
+    b.fabric.expose(local(0, 4096));
+    b.fabric.unexpose(local(0, 4096));
+    assert_eq!(b.fabric.exposed_regions(), vec![(local(0, 4096), 1)]);
+    b.fabric.unexpose(local(0, 4096));
+    b.fabric.unexpose(local(0, 4096)); // logged, harmless
+    assert!(b.fabric.exposed_regions().is_empty());
+}
+
+#[test]
+fn peer_dropped_mid_reads_completes_every_read_then_peer_lost() {
+    let Some((mut a, b)) = pair("peer_dropped_mid_reads_completes_every_read_then_peer_lost")
+    else {
+        return;
+    };
+    const OPS: u64 = 24;
+    for i in 0..OPS {
+        a.fabric.post_read(
+            b.id,
+            ReadOpId(i),
+            (i % 2) as u16,
+            local(i * MIB / 2, MIB / 2),
+            b.remote(i * MIB / 2, MIB / 2),
+        );
+    }
+    let t = Instant::now();
+    drop(b);
+    let mut completed = BTreeSet::new();
+    let (mut ok, mut failed) = (0, 0);
+    loop {
+        match a.next() {
+            FabricEvent::ReadCompleted { op, result } => {
+                assert!(completed.insert(op), "{op} completed twice");
+                match result {
+                    Ok(()) => ok += 1,
+                    Err(e) => {
+                        failed += 1;
+                        println!("{op}: {e}");
+                    }
+                }
+            }
+            FabricEvent::PeerLost { peer, reason } => {
+                println!("PeerLost({peer}) after {:?}: {reason}", t.elapsed());
+                assert_eq!(peer, NodeId(2));
+                break;
+            }
+            e => panic!("unexpected {e:?}"),
+        }
+    }
+    println!("{ok} READs completed, {failed} failed before PeerLost");
+    assert_eq!(
+        completed.len() as u64,
+        OPS,
+        "every READ completes before PeerLost"
+    );
+    assert!(!a.fabric.is_connected_or_connecting(NodeId(2)));
+    a.assert_quiet(Duration::from_millis(100));
+    // New READs to the lost peer fail at once.
+    a.fabric.post_read(
+        NodeId(2),
+        ReadOpId(100),
+        0,
+        local(0, 8),
+        RemoteRegion {
+            addr: 0,
+            len: 8,
+            rkey: 0,
+        },
+    );
+    assert_eq!(
+        a.expect_reads(1)[&ReadOpId(100)],
+        Err(ReadError::ConnectionLost)
+    );
+}
+
+#[test]
+fn reads_across_a_split_registration() {
+    let Some((da, db)) = devices("reads_across_a_split_registration") else {
+        return;
+    };
+    // Forced small maxima, different on each side so boundaries interleave.
+    let mut ca = config(&da);
+    ca.max_mr_bytes = 48 * 1024;
+    let mut cb = config(&db);
+    cb.max_mr_bytes = 64 * 1024;
+    let mut a = node_with(1, ca, TOKEN, 2 * MIB);
+    let b = node_with(2, cb, TOKEN, 2 * MIB);
+    let mut b = b;
+    connect(&mut a, &mut b);
+    let regs = b.fabric.registrations();
+    assert_eq!(regs[&ARENA].len(), 32, "2 MiB in 64 KiB regions");
+    let keys: BTreeSet<u32> = regs[&ARENA].iter().map(|c| c.rkey).collect();
+    assert_eq!(keys.len(), 32, "each region has its own rkey");
+    assert_eq!(
+        a.fabric.registrations()[&ARENA].len(),
+        (2 * MIB).div_ceil(48 * 1024) as usize
+    );
+    let src = pattern(99, (2 * MIB) as usize);
+    b.arena.write(0, &src).unwrap();
+    // One READ across every boundary of both sides, named by the arena's one key.
+    let cases = [
+        (5000u64, 7000u64, 2 * MIB - 12000),
+        (65535, 49151, 2),
+        (0, 0, 2 * MIB),
+    ];
+    for (i, &(src_off, dst_off, len)) in cases.iter().enumerate() {
+        a.fabric.post_read(
+            b.id,
+            ReadOpId(i as u64),
+            (i % 2) as u16,
+            local(dst_off, len),
+            b.remote(src_off, len),
+        );
+        assert_eq!(a.expect_reads(1)[&ReadOpId(i as u64)], Ok(()));
+        assert!(
+            a.arena.bytes(dst_off, len).unwrap()
+                == &src[src_off as usize..(src_off + len) as usize],
+            "split READ of {len} bytes differs"
+        );
+    }
+}
