@@ -328,6 +328,18 @@ impl Shared {
         tracing::debug!(%peer, %reason, "verbs fabric: superseded connection attempt ended");
     }
 
+    /// The path costs both ends of a connection use: the connector's measurements (or, field by
+    /// field, the defaults of the connector's device kind) and the lower copy bandwidth.
+    fn path_costs(&self, frame: &CostsFrame, theirs: &Hello, connector_device: &str) -> PathCosts {
+        let peer_copy = theirs.copy_bytes_per_sec;
+        let copy = if peer_copy.is_finite() && peer_copy > 0.0 {
+            self.copy_bytes_per_sec.min(peer_copy)
+        } else {
+            self.copy_bytes_per_sec
+        };
+        probe::costs_from(frame, copy, probe::default_costs(connector_device, copy))
+    }
+
     fn local_arena(&self, region: &LocalRegion) -> Option<&LocalArena> {
         let a = self.arenas.get(&region.arena)?;
         let end = region.offset.checked_add(region.len)?;
@@ -341,6 +353,7 @@ impl Shared {
             token: self.identity.cluster_token.clone(),
             device: self.device.name().to_string(),
             recv_slot_bytes: self.config.recv_slot_bytes,
+            copy_bytes_per_sec: self.copy_bytes_per_sec,
             probe_pings,
             probe_region: WireChunk {
                 addr: chunk.addr,
@@ -867,11 +880,7 @@ fn connect_to(s: &Shared, peer: NodeId, addr: SocketAddr, attempt: u64) -> Resul
     let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)));
     ctl.write_frame(&frame)
         .map_err(control_err("sending costs"))?;
-    let costs = probe::costs_from(
-        &frame,
-        s.copy_bytes_per_sec,
-        probe::default_costs(s.device.name(), s.copy_bytes_per_sec),
-    );
+    let costs = s.path_costs(&frame, &theirs, s.device.name());
     install(
         s,
         peer,
@@ -1013,11 +1022,7 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
         let left = deadline.saturating_duration_since(Instant::now());
         let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)));
         let frame: CostsFrame = ctl.read_frame().map_err(control_err("receiving costs"))?;
-        let costs = probe::costs_from(
-            &frame,
-            s.copy_bytes_per_sec,
-            probe::default_costs(s.device.name(), s.copy_bytes_per_sec),
-        );
+        let costs = s.path_costs(&frame, &theirs, &theirs.device);
         Ok(Established {
             conn,
             control: stream,

@@ -88,6 +88,9 @@ pub(super) struct Hello {
     pub device: String,
     /// The receive slot size the sender's core was configured with.
     pub recv_slot_bytes: u32,
+    /// The sender's memory copy bandwidth, bytes/s (both sides use the lower one: an eager
+    /// transfer copies on both).
+    pub copy_bytes_per_sec: f64,
     /// Connector: pings it will send for the cost probe (the acceptor echoes them).
     /// Acceptor: 0.
     pub probe_pings: u32,
@@ -312,6 +315,7 @@ mod tests {
             token: "secret".into(),
             device: "rxe0".into(),
             recv_slot_bytes: 65536,
+            copy_bytes_per_sec: 5e9,
             probe_pings: 24,
             probe_region: WireChunk {
                 addr: 0x1000,
