@@ -5,6 +5,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/softroce/install-deps.sh" build
+# The Redis directory's tests run against a real redis-server (CI sets SKYRIVER_REQUIRE_REDIS=1).
+if ! command -v redis-server >/dev/null 2>&1; then
+    apt-get install -y --no-install-recommends redis-server \
+        || { apt-get update && apt-get install -y --no-install-recommends redis-server; }
+fi
 if [ "${1:-}" = all ]; then
     "$here/softroce/install-deps.sh" vm
 fi

@@ -354,7 +354,7 @@ impl State {
         request: DirectoryRequest,
         permit: mpsc::Permit<'_, Frame>,
     ) {
-        if !self.sessions.get(&node).is_some_and(|s| s.id == session) {
+        if self.sessions.get(&node).is_none_or(|s| s.id != session) {
             return;
         }
         let mut overflowed = Vec::new();
@@ -1162,25 +1162,29 @@ impl Client {
                     }
                     self.reply(op, reply);
                 }
-                Some(Origin::Resubscribe(id)) => match reply {
-                    DirectoryReply::Located {
-                        holders,
-                        sizes: Some(sizes),
-                    } if !holders.is_empty() => {
-                        // Published while this node was away: the subscription fires now.
+                Some(Origin::Resubscribe(id)) => {
+                    let found = match &reply {
+                        DirectoryReply::Located {
+                            holders,
+                            sizes: Some(sizes),
+                        } => holders.first().map(|holder| (*holder, *sizes)),
+                        DirectoryReply::Unavailable { reason } => {
+                            tracing::warn!(%id, %reason, "could not re-register a subscription");
+                            None
+                        }
+                        _ => None,
+                    };
+                    // Published while this node was away: the subscription fires now.
+                    if let Some((holder, sizes)) = found {
                         if self.subscriptions.remove(&id) {
                             self.notice(DirectoryNotice::Event(DirectoryEvent::Published {
                                 id,
-                                holder: holders[0],
+                                holder,
                                 sizes,
                             }));
                         }
                     }
-                    DirectoryReply::Unavailable { reason } => {
-                        tracing::warn!(%id, %reason, "could not re-register a subscription");
-                    }
-                    _ => {}
-                },
+                }
                 Some(Origin::Republish) => {
                     if let DirectoryReply::Unavailable { reason } = reply {
                         tracing::warn!(%reason, "could not re-publish an object");

@@ -9,6 +9,7 @@
 
 pub mod builtin;
 mod frame;
+pub mod redis;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -65,6 +66,9 @@ pub enum DirectoryError {
         /// Why.
         reason: String,
     },
+    /// The cluster name cannot name Redis keys.
+    #[error("bad cluster name {0:?}: use 1 to 64 characters from A-Z a-z 0-9 . _ -")]
+    BadClusterName(String),
     /// The directory refused this node (wrong cluster token, duplicate node id).
     #[error("the directory refused this node: {0}")]
     Refused(String),
@@ -144,10 +148,10 @@ impl fmt::Display for DirectorySpec {
         match self {
             DirectorySpec::Builtin { addr } => write!(f, "{addr}"),
             DirectorySpec::Redis { url } => {
-                let rest = &url["redis://".len()..];
+                let rest = url.strip_prefix("redis://").unwrap_or(url);
                 match rest.rsplit_once('@') {
                     Some((_, after)) => write!(f, "redis://***@{after}"),
-                    None => write!(f, "{url}"),
+                    None => write!(f, "redis://{rest}"),
                 }
             }
         }
@@ -174,12 +178,10 @@ pub async fn connect(
                     .await?;
             Ok(Arc::new(client))
         }
-        DirectorySpec::Redis { .. } => {
-            let _ = cluster;
-            Err(DirectoryError::Unreachable {
-                addr: spec.to_string(),
-                reason: "the Redis directory is not in this build yet".into(),
-            })
+        DirectorySpec::Redis { url } => {
+            let config = self::redis::RedisConfig::new(url.clone(), cluster);
+            let client = self::redis::connect(config, me, token, notices).await?;
+            Ok(Arc::new(client))
         }
     }
 }

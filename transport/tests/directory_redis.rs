@@ -1,0 +1,543 @@
+//! The Redis directory against a real `redis-server` started by each test on a free loopback
+//! port (no persistence, in a temporary directory) and killed at the end.
+//!
+//! Without `redis-server` on the PATH the tests print a skip line and pass, unless
+//! `SKYRIVER_REQUIRE_REDIS` is set (CI sets it), in which case they fail.
+
+use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
+use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+use skyriver_transport::directory::redis::{self, Keys, RedisConfig, RedisDirectory};
+use skyriver_transport::directory::{
+    self as directory, Directory, DirectoryError, DirectoryNotice, DirectorySpec, MemberInfo,
+};
+use tokio::sync::mpsc;
+
+const TOKEN: &str = "redis-test-token";
+/// Bound on every wait in these tests.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A `redis-server` child process on a loopback port.
+struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server, or returns `None` (after printing why) when `redis-server` is missing
+    /// and not required.
+    fn start(test: &str) -> Option<RedisServer> {
+        let installed = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !installed {
+            let required =
+                std::env::var("SKYRIVER_REQUIRE_REDIS").is_ok_and(|v| !v.is_empty() && v != "0");
+            assert!(
+                !required,
+                "SKYRIVER_REQUIRE_REDIS is set but redis-server is not installed \
+                 (apt-get install redis-server, or ci/install-deps.sh)"
+            );
+            eprintln!("SKIPPED {test}: redis-server is not installed (set SKYRIVER_REQUIRE_REDIS=1 to make this a failure)");
+            return None;
+        }
+        let port = StdListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir: tempfile::tempdir().unwrap(),
+        };
+        server.restart();
+        Some(server)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// (Re)starts the server on its port and waits (bounded) until it accepts connections.
+    fn restart(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let deadline = Instant::now() + WAIT;
+        // Readiness of an external process: a bounded retry is the only signal there is.
+        while StdStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Kills the server and waits for it to exit.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn sizes(n: u64) -> ObjectSizes {
+    ObjectSizes {
+        data_size: n,
+        metadata_size: 1,
+    }
+}
+
+fn member(node: u32) -> MemberInfo {
+    MemberInfo {
+        node: NodeId(node),
+        fabric_addr: SocketAddr::from(([127, 0, 0, 1], 7100 + node as u16)),
+        fabric: "tcp".into(),
+        incarnation: 3,
+    }
+}
+
+fn config(server: &RedisServer, cluster: &str) -> RedisConfig {
+    let mut config = RedisConfig::new(server.url(), cluster);
+    config.request_timeout = Duration::from_millis(500);
+    config.connect_timeout = Duration::from_millis(500);
+    config.heartbeat_interval = Duration::from_millis(100);
+    config.node_ttl = Duration::from_millis(1000);
+    config.member_refresh_interval = Duration::from_millis(200);
+    config.join_timeout = Duration::from_millis(300);
+    config.reconnect_backoff_min = Duration::from_millis(20);
+    config.reconnect_backoff_max = Duration::from_millis(200);
+    config
+}
+
+struct Node {
+    dir: RedisDirectory,
+    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    next_op: u64,
+}
+
+impl Node {
+    async fn join(config: RedisConfig, me: MemberInfo) -> Node {
+        Self::try_join(config, me, TOKEN).await.expect("joins")
+    }
+
+    async fn try_join(
+        config: RedisConfig,
+        me: MemberInfo,
+        token: &str,
+    ) -> Result<Node, DirectoryError> {
+        let (tx, notices) = mpsc::unbounded_channel();
+        let dir = redis::connect(config, me, token, tx).await?;
+        Ok(Node {
+            dir,
+            notices,
+            next_op: 0,
+        })
+    }
+
+    async fn wait_for<T>(
+        &mut self,
+        what: &str,
+        mut pick: impl FnMut(&DirectoryNotice) -> Option<T>,
+    ) -> (T, Vec<DirectoryNotice>) {
+        let mut skipped = Vec::new();
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                let notice = self.notices.recv().await.expect("notices open");
+                if let Some(found) = pick(&notice) {
+                    return found;
+                }
+                skipped.push(notice);
+            }
+        })
+        .await;
+        match found {
+            Ok(found) => (found, skipped),
+            Err(_) => panic!("timed out waiting for {what}; got {skipped:?}"),
+        }
+    }
+
+    async fn ask(&mut self, request: DirectoryRequest) -> (DirectoryReply, Vec<DirectoryNotice>) {
+        self.next_op += 1;
+        let op = DirectoryOpId(self.next_op);
+        self.dir.submit(op, request.clone());
+        self.wait_for(&format!("the reply to {request}"), |n| match n {
+            DirectoryNotice::Reply { op: o, reply } if *o == op => Some(reply.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn publish(&mut self, id: ObjectId, sizes: ObjectSizes) {
+        let (reply, _) = self.ask(DirectoryRequest::Publish { id, sizes }).await;
+        assert_eq!(reply, DirectoryReply::Done);
+    }
+
+    async fn lookup(&mut self, id: ObjectId, subscribe: bool) -> DirectoryReply {
+        self.ask(DirectoryRequest::Lookup { id, subscribe }).await.0
+    }
+
+    async fn members_become(&mut self, nodes: &[u32]) {
+        let want: Vec<NodeId> = nodes.iter().map(|&n| NodeId(n)).collect();
+        self.wait_for(&format!("members {want:?}"), |n| match n {
+            DirectoryNotice::Members(m) if m.iter().map(|m| m.node).eq(want.iter().copied()) => {
+                Some(())
+            }
+            _ => None,
+        })
+        .await;
+    }
+
+    async fn health(&mut self, ok: bool) -> Option<String> {
+        self.wait_for(if ok { "Health(Ok)" } else { "Health(Err)" }, |n| match n {
+            DirectoryNotice::Health(Ok(())) if ok => Some(None),
+            DirectoryNotice::Health(Err(reason)) if !ok => Some(Some(reason.clone())),
+            _ => None,
+        })
+        .await
+        .0
+    }
+}
+
+fn located(holders: &[u32], sizes: Option<ObjectSizes>) -> DirectoryReply {
+    DirectoryReply::Located {
+        holders: holders.iter().map(|&n| NodeId(n)).collect(),
+        sizes,
+    }
+}
+
+fn published(id: ObjectId) -> impl FnMut(&DirectoryNotice) -> Option<DirectoryEvent> {
+    move |n| match n {
+        DirectoryNotice::Event(e @ DirectoryEvent::Published { id: i, .. }) if *i == id => {
+            Some(e.clone())
+        }
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn redis_publish_lookup_withdraw_and_members() {
+    let Some(server) = RedisServer::start("redis_publish_lookup_withdraw_and_members") else {
+        return;
+    };
+    let mut a = Node::join(config(&server, "c1"), member(1)).await;
+    let mut b = Node::join(config(&server, "c1"), member(2)).await;
+    let mut c = Node::join(config(&server, "c1"), member(3)).await;
+    c.members_become(&[1, 2, 3]).await;
+    a.members_become(&[1, 2, 3]).await;
+
+    let x = ObjectId::from_u64(1);
+    assert_eq!(c.lookup(x, false).await, located(&[], None));
+    a.publish(x, sizes(100)).await;
+    b.publish(x, sizes(100)).await;
+    assert_eq!(c.lookup(x, false).await, located(&[1, 2], Some(sizes(100))));
+    let (reply, _) = a.ask(DirectoryRequest::Withdraw { id: x }).await;
+    assert_eq!(reply, DirectoryReply::Done);
+    assert_eq!(c.lookup(x, false).await, located(&[2], Some(sizes(100))));
+
+    // A node that leaves stops being a holder and the others hear of it.
+    drop(b);
+    c.members_become(&[1, 3]).await;
+    assert_eq!(c.lookup(x, false).await, located(&[], None));
+
+    // Another cluster in the same Redis sees none of this.
+    let mut other = Node::join(config(&server, "c2"), member(9)).await;
+    other.members_become(&[9]).await;
+    assert_eq!(other.lookup(x, false).await, located(&[], None));
+}
+
+#[tokio::test]
+async fn redis_keys_are_well_formed() {
+    let Some(server) = RedisServer::start("redis_keys_are_well_formed") else {
+        return;
+    };
+    let mut a = Node::join(config(&server, "prod-1"), member(4)).await;
+    let x = ObjectId::from_u64(0xabc);
+    a.publish(x, sizes(7)).await;
+
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    keys.sort();
+    let names = Keys::new("prod-1");
+    let mut want = vec![
+        names.node(NodeId(4)),
+        names.nodes(),
+        names.object(&x),
+        names.token(),
+    ];
+    want.sort();
+    assert_eq!(keys, want);
+    assert_eq!(names.object(&x), format!("skyriver:{{prod-1}}:obj:{x}"));
+    let ttl_ms: i64 = ::redis::cmd("PTTL")
+        .arg(names.node(NodeId(4)))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(ttl_ms > 0 && ttl_ms <= 1000, "node key TTL {ttl_ms} ms");
+    let holder: String = ::redis::cmd("HGET")
+        .arg(names.object(&x))
+        .arg(4)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(holder, "3 7 1");
+    let token: String = ::redis::cmd("GET")
+        .arg(names.token())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!token.contains(TOKEN), "the token itself is never stored");
+}
+
+#[tokio::test]
+async fn redis_lookup_with_subscribe_fires_once() {
+    let Some(server) = RedisServer::start("redis_lookup_with_subscribe_fires_once") else {
+        return;
+    };
+    let mut a = Node::join(config(&server, "c"), member(1)).await;
+    let mut b = Node::join(config(&server, "c"), member(2)).await;
+    let x = ObjectId::from_u64(7);
+    assert_eq!(b.lookup(x, true).await, located(&[], None));
+    a.publish(x, sizes(4096)).await;
+    let (event, _) = b.wait_for("Published", published(x)).await;
+    assert_eq!(
+        event,
+        DirectoryEvent::Published {
+            id: x,
+            holder: NodeId(1),
+            sizes: sizes(4096)
+        }
+    );
+    // One-shot: a second publication is not pushed.
+    let mut c = Node::join(config(&server, "c"), member(3)).await;
+    c.publish(x, sizes(4096)).await;
+    let (reply, before) = b
+        .ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false,
+        })
+        .await;
+    assert_eq!(reply, located(&[1, 3], Some(sizes(4096))));
+    assert!(
+        !before
+            .iter()
+            .any(|n| matches!(n, DirectoryNotice::Event(_))),
+        "{before:?}"
+    );
+
+    // Unsubscribe cancels a pending subscription.
+    let z = ObjectId::from_u64(9);
+    assert_eq!(b.lookup(z, true).await, located(&[], None));
+    b.dir
+        .submit(DirectoryOpId(999), DirectoryRequest::Unsubscribe { id: z });
+    a.publish(z, sizes(2)).await;
+    let (_, before) = b
+        .ask(DirectoryRequest::Lookup {
+            id: z,
+            subscribe: false,
+        })
+        .await;
+    assert!(!before
+        .iter()
+        .any(|n| matches!(n, DirectoryNotice::Event(_))));
+}
+
+#[tokio::test]
+async fn redis_silent_node_expires() {
+    let Some(server) = RedisServer::start("redis_silent_node_expires") else {
+        return;
+    };
+    let mut watcher = Node::join(config(&server, "c"), member(1)).await;
+    let mut silent_config = config(&server, "c");
+    silent_config.heartbeat_interval = Duration::from_secs(3600);
+    silent_config.node_ttl = Duration::from_millis(300);
+    let mut silent = Node::join(silent_config, member(2)).await;
+    let x = ObjectId::from_u64(11);
+    silent.publish(x, sizes(1)).await;
+    watcher.members_become(&[1, 2]).await;
+    watcher.members_become(&[1]).await;
+    assert_eq!(watcher.lookup(x, false).await, located(&[], None));
+}
+
+#[tokio::test]
+async fn redis_wrong_token_is_refused() {
+    let Some(server) = RedisServer::start("redis_wrong_token_is_refused") else {
+        return;
+    };
+    let _first = Node::join(config(&server, "c"), member(1)).await;
+    match Node::try_join(config(&server, "c"), member(2), "another-token").await {
+        Err(DirectoryError::Refused(reason)) => {
+            assert!(reason.contains("wrong cluster token"), "{reason}")
+        }
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("a node with the wrong token joined"),
+    }
+    // A duplicate node id of another daemon is refused too.
+    let mut twin = member(1);
+    twin.incarnation = 4;
+    match Node::try_join(config(&server, "c"), twin, TOKEN).await {
+        Err(DirectoryError::Refused(reason)) => {
+            assert!(reason.contains("already a member"), "{reason}")
+        }
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("a duplicate node id joined"),
+    }
+}
+
+#[tokio::test]
+async fn redis_unreachable_at_start_is_an_error() {
+    let port = StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let spec: DirectorySpec = format!("redis://127.0.0.1:{port}").parse().unwrap();
+    let started = Instant::now();
+    match directory::connect(&spec, member(1), "c", TOKEN, tx).await {
+        Err(DirectoryError::Unreachable { .. }) => {}
+        Err(other) => panic!("expected Unreachable, got {other}"),
+        Ok(_) => panic!("connected to nothing"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn redis_outage_is_reported_and_recovered() {
+    let Some(mut server) = RedisServer::start("redis_outage_is_reported_and_recovered") else {
+        return;
+    };
+    let mut a = Node::join(config(&server, "c"), member(1)).await;
+    let mut b = Node::join(config(&server, "c"), member(2)).await;
+    b.members_become(&[1, 2]).await;
+    let x = ObjectId::from_u64(1);
+    let y = ObjectId::from_u64(2);
+    let z = ObjectId::from_u64(3);
+    a.publish(x, sizes(10)).await;
+    assert_eq!(b.lookup(y, true).await, located(&[], None));
+
+    server.stop();
+    let reason = a.health(false).await.expect("a reason");
+    assert!(!reason.is_empty());
+    b.health(false).await;
+    let started = Instant::now();
+    match b.lookup(x, false).await {
+        DirectoryReply::Unavailable { reason } => assert!(!reason.is_empty()),
+        other => panic!("expected Unavailable while Redis is down, got {other}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "Unavailable took {:?}",
+        started.elapsed()
+    );
+    // Published during the outage: refused now, registered after recovery.
+    match a
+        .ask(DirectoryRequest::Publish {
+            id: z,
+            sizes: sizes(3),
+        })
+        .await
+        .0
+    {
+        DirectoryReply::Unavailable { .. } => {}
+        other => panic!("expected Unavailable, got {other}"),
+    }
+
+    // Redis comes back empty: nodes re-register what they hold and wait for.
+    server.restart();
+    a.health(true).await;
+    b.health(true).await;
+    assert_eq!(b.lookup(x, false).await, located(&[1], Some(sizes(10))));
+    assert_eq!(b.lookup(z, false).await, located(&[1], Some(sizes(3))));
+    a.publish(y, sizes(20)).await;
+    b.wait_for("Published after recovery", published(y)).await;
+}
+
+#[tokio::test]
+async fn redis_subscription_fires_for_a_publish_during_the_outage() {
+    let Some(mut server) =
+        RedisServer::start("redis_subscription_fires_for_a_publish_during_the_outage")
+    else {
+        return;
+    };
+    let mut a = Node::join(config(&server, "c"), member(1)).await;
+    let mut b = Node::join(config(&server, "c"), member(2)).await;
+    let y = ObjectId::from_u64(5);
+    assert_eq!(b.lookup(y, true).await, located(&[], None));
+    server.stop();
+    b.health(false).await;
+    a.health(false).await;
+    // The publication cannot reach Redis now; it is re-published on recovery, and b's
+    // re-registered subscription must not miss it whichever node reconnects first.
+    let _ = a
+        .ask(DirectoryRequest::Publish {
+            id: y,
+            sizes: sizes(1),
+        })
+        .await;
+    server.restart();
+    b.wait_for("Published after recovery", published(y)).await;
+}
+
+#[test]
+fn directory_specs_parse() {
+    let redis: DirectorySpec = "redis://10.0.0.1:6379/2".parse().unwrap();
+    assert_eq!(
+        redis,
+        DirectorySpec::Redis {
+            url: "redis://10.0.0.1:6379/2".into()
+        }
+    );
+    let secret: DirectorySpec = "redis://:hunter2@db.example:6379".parse().unwrap();
+    assert!(!secret.to_string().contains("hunter2"));
+    assert_eq!(
+        "head.example:7700".parse::<DirectorySpec>().unwrap(),
+        DirectorySpec::Builtin {
+            addr: "head.example:7700".into()
+        }
+    );
+    for bad in [
+        "",
+        "redis://",
+        "redis://host",
+        "host",
+        "host:0",
+        "http://h:1",
+        "redis://h:1/x",
+    ] {
+        assert!(bad.parse::<DirectorySpec>().is_err(), "{bad:?} parsed");
+    }
+    assert!(redis::valid_cluster_name("prod_1.a-b"));
+    assert!(!redis::valid_cluster_name("a b"));
+    assert!(!redis::valid_cluster_name("a}b"));
+    assert!(!redis::valid_cluster_name(""));
+}
