@@ -4,6 +4,7 @@
 //! Without `redis-server` on the PATH the tests print a skip line and pass, unless
 //! `SKYRIVER_REQUIRE_REDIS` is set (CI sets it), in which case they fail.
 
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,7 +46,12 @@ impl RedisServer {
                 "SKYRIVER_REQUIRE_REDIS is set but redis-server is not installed \
                  (apt-get install redis-server, or ci/install-deps.sh)"
             );
-            eprintln!("SKIPPED {test}: redis-server is not installed (set SKYRIVER_REQUIRE_REDIS=1 to make this a failure)");
+            // Straight to stderr, past the test harness's capture, so the skip is visible.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {test}: redis-server is not installed \
+                 (set SKYRIVER_REQUIRE_REDIS=1 to make this a failure)"
+            );
             return None;
         }
         let port = StdListener::bind("127.0.0.1:0")
