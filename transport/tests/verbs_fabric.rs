@@ -506,7 +506,7 @@ fn peer_dropped_mid_reads_completes_every_read_then_peer_lost() {
     else {
         return;
     };
-    const OPS: u64 = 24;
+    const OPS: u64 = 40;
     for i in 0..OPS {
         a.fabric.post_read(
             b.id,
@@ -610,5 +610,69 @@ fn reads_across_a_split_registration() {
                 == &src[src_off as usize..(src_off + len) as usize],
             "split READ of {len} bytes differs"
         );
+    }
+}
+
+#[test]
+fn simultaneous_connects_make_one_connection() {
+    let Some((da, db)) = devices("simultaneous_connects_make_one_connection") else {
+        return;
+    };
+    for round in 0..2 {
+        let mut a = node(1, &da);
+        let mut b = node(2, &db);
+        a.fabric.connect(b.id, b.fabric.listen_addr());
+        b.fabric.connect(a.id, a.fabric.listen_addr());
+        a.expect_connected(b.id);
+        b.expect_connected(a.id);
+        a.assert_quiet(Duration::from_millis(300));
+        b.assert_quiet(Duration::from_millis(10));
+        a.fabric.send(b.id, vec![round; 10]).unwrap();
+        b.fabric.send(a.id, vec![round + 1; 10]).unwrap();
+        assert_eq!(b.expect_message(a.id), vec![round; 10]);
+        assert_eq!(a.expect_message(b.id), vec![round + 1; 10]);
+    }
+}
+
+#[test]
+fn reads_beyond_the_send_queue_wait_for_room() {
+    let Some((da, db)) = devices("reads_beyond_the_send_queue_wait_for_room") else {
+        return;
+    };
+    // 2 MiB READs of 64 KiB work requests (32 each) in lists of 4, through send queues of 16.
+    let small = |device: &str| {
+        let mut c = config(device);
+        c.send_queue_depth = 16;
+        c.send_slots = 8;
+        c.max_read_bytes = 64 * 1024;
+        c.max_reads_per_list = 4;
+        c
+    };
+    let mut a = node_with(1, small(&da), TOKEN, 16 * MIB);
+    let mut b = node_with(2, small(&db), TOKEN, 16 * MIB);
+    connect(&mut a, &mut b);
+    let src = pattern(5, (8 * MIB) as usize);
+    b.arena.write(0, &src).unwrap();
+    for i in 0..4u64 {
+        a.fabric.post_read(
+            b.id,
+            ReadOpId(i),
+            (i % 2) as u16,
+            local(8 * MIB + i * 2 * MIB, 2 * MIB),
+            b.remote(i * 2 * MIB, 2 * MIB),
+        );
+    }
+    // Messages share lane 0's send queue with the READs.
+    for i in 0..40u8 {
+        a.fabric.send(b.id, vec![i; 100]).unwrap();
+    }
+    let done = a.expect_reads(4);
+    assert!(done.values().all(Result::is_ok), "{done:?}");
+    assert!(
+        a.arena.bytes(8 * MIB, 8 * MIB).unwrap() == &src[..],
+        "queued READs differ"
+    );
+    for i in 0..40u8 {
+        assert_eq!(b.expect_message(a.id), vec![i; 100]);
     }
 }

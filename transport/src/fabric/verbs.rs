@@ -127,6 +127,9 @@ pub struct VerbsFabricConfig {
     pub idle_poll_max: Duration,
     /// How often the poller checks each connection's TCP stream for EOF.
     pub liveness_interval: Duration,
+    /// TCP keepalive idle time of control streams: a peer whose machine died without closing
+    /// them is noticed after about this plus three 1-second probes, even with no traffic.
+    pub control_keepalive: Duration,
     /// Most handshakes of accepted connections running at once; more are closed at once.
     pub max_pending_accepts: usize,
 }
@@ -158,6 +161,7 @@ impl VerbsFabricConfig {
             probe_bytes: 256 * 1024,
             idle_poll_max: Duration::from_micros(200),
             liveness_interval: Duration::from_millis(5),
+            control_keepalive: Duration::from_secs(2),
             max_pending_accepts: 64,
         }
     }
@@ -326,6 +330,34 @@ impl Shared {
             }
         }
         tracing::debug!(%peer, %reason, "verbs fabric: superseded connection attempt ended");
+    }
+
+    /// The peer answered an outgoing attempt with [`Reply::Yield`]: its own connection to this
+    /// node wins. Wait (until `deadline`) for that connection to take the slot over; the
+    /// attempt then ends quietly. If it never comes, the attempt fails.
+    fn yield_to_peer(
+        &self,
+        peer: NodeId,
+        attempt: u64,
+        deadline: Instant,
+        reason: String,
+    ) -> Result<(), String> {
+        loop {
+            let ours = matches!(
+                lock(&self.table).peers.get(&peer),
+                Some(Slot::Connecting { attempt: a, .. }) if *a == attempt
+            );
+            if !ours {
+                tracing::debug!(%peer, %reason, "verbs fabric: yielded to the peer's connection");
+                return Ok(());
+            }
+            if Instant::now() >= deadline || self.shutdown.load(Ordering::Acquire) {
+                return Err(format!(
+                    "{reason}, but {peer}'s connection did not arrive in time"
+                ));
+            }
+            thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// The path costs both ends of a connection use: the connector's measurements (or, field by
@@ -811,6 +843,17 @@ struct Established {
     backlog: Vec<crate::verbs::Completion>,
 }
 
+/// Control streams: no Nagle delay (small handshake frames), and keepalive probes so a silent
+/// peer is noticed on an idle connection. Best effort: failures only weaken detection.
+fn tune_control(stream: &TcpStream, cfg: &VerbsFabricConfig) {
+    let _ = stream.set_nodelay(true);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(cfg.control_keepalive)
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive);
+}
+
 /// An error with its chain of sources, for logs and `PeerLost` reasons.
 fn render(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
@@ -833,7 +876,7 @@ fn connect_to(s: &Shared, peer: NodeId, addr: SocketAddr, attempt: u64) -> Resul
     let deadline = Instant::now() + cfg.handshake_timeout;
     let mut stream = TcpStream::connect_timeout(&addr, cfg.handshake_timeout)
         .map_err(|e| format!("TCP connect to {addr}: {e}"))?;
-    let _ = stream.set_nodelay(true);
+    tune_control(&stream, &s.config);
     let pings = if cfg.probe { probe::PINGS } else { 0 };
     let mut ctl = Control::new(&mut stream, cfg.handshake_timeout);
     ctl.write_preamble().map_err(control_err("hello"))?;
@@ -842,6 +885,7 @@ fn connect_to(s: &Shared, peer: NodeId, addr: SocketAddr, attempt: u64) -> Resul
     let theirs = match ctl.read_frame::<Reply>().map_err(control_err("hello"))? {
         Reply::Accept(h) => h,
         Reply::Refuse(reason) => return Err(format!("refused by {peer} at {addr}: {reason}")),
+        Reply::Yield(reason) => return s.yield_to_peer(peer, attempt, deadline, reason),
     };
     if let Err(reason) = s.check_hello(&theirs, Some(peer)) {
         let _ = ctl.write_frame(&Verdict::Refuse(reason.clone()));
@@ -936,7 +980,7 @@ fn accept_loop(s: &Arc<Shared>, listener: TcpListener) {
 fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
     let cfg = &s.config;
     let deadline = Instant::now() + cfg.handshake_timeout;
-    let _ = stream.set_nodelay(true);
+    tune_control(&stream, &s.config);
     let mut ctl = Control::new(&mut stream, cfg.handshake_timeout);
     let theirs = match ctl.read_preamble().and_then(|()| ctl.read_frame::<Hello>()) {
         Ok(h) => h,
@@ -970,15 +1014,15 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
         let mut driver_waits = false;
         let refuse = match t.peers.get(&peer) {
             None => None,
-            Some(Slot::Up(_)) => Some(format!(
+            Some(Slot::Up(_)) => Some(Reply::Refuse(format!(
                 "{} is already connected to {peer}",
                 s.identity.node
-            )),
+            ))),
             Some(Slot::Connecting { outgoing: true, .. }) if s.identity.node < peer => {
-                Some(format!(
+                Some(Reply::Yield(format!(
                     "simultaneous connect: the connection opened by {} (the lower id) wins",
                     s.identity.node
-                ))
+                )))
             }
             Some(Slot::Connecting { outgoing: true, .. }) => {
                 // This connection replaces the driver's own attempt, which ends quietly.
@@ -987,12 +1031,14 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
             }
             Some(Slot::Connecting {
                 outgoing: false, ..
-            }) => Some(format!("another connection from {peer} is being set up")),
+            }) => Some(Reply::Refuse(format!(
+                "another connection from {peer} is being set up"
+            ))),
         };
-        if let Some(reason) = refuse {
+        if let Some(reply) = refuse {
             drop(t);
-            tracing::info!(%peer, %reason, "verbs fabric: refusing a duplicate connection");
-            let _ = ctl.write_frame(&Reply::Refuse(reason));
+            tracing::info!(%peer, "verbs fabric: refusing a duplicate connection");
+            let _ = ctl.write_frame(&reply);
             return;
         }
         t.peers.insert(

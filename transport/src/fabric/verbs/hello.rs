@@ -154,6 +154,9 @@ pub(super) enum Reply {
     Accept(Hello),
     /// Refused, with the reason (for both sides' logs).
     Refuse(String),
+    /// Both nodes are connecting to each other at once; the acceptor's own outgoing connection
+    /// (opened by the lower node id) wins, and the connector should wait for it to arrive.
+    Yield(String),
 }
 
 /// The connector's answer to the acceptor's [`Hello`].

@@ -166,8 +166,23 @@ pub(super) fn echo_pings(
         budget,
         out: Vec::new(),
     };
-    let (mut echoed, mut sent) = (0u32, 0u32);
+    // Pongs wait here while the send queue is full.
+    let mut owed: std::collections::VecDeque<[u8; 12]> = std::collections::VecDeque::new();
+    let (mut echoed, mut posted, mut sent) = (0u32, 0u32, 0u32);
     while echoed < pings || sent < echoed {
+        while let Some(pong) = owed.front() {
+            match poller.conn.post_send(0, 0, pong) {
+                Ok(()) => {
+                    owed.pop_front();
+                    posted += 1;
+                }
+                Err(PostError::QueueFull { .. }) => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if echoed >= pings && sent >= posted && owed.is_empty() {
+            break;
+        }
         for c in poller.next()? {
             match c.opcode {
                 Opcode::Recv => {
@@ -181,7 +196,7 @@ pub(super) fn echo_pings(
                     let mut pong = [0u8; 12];
                     pong.copy_from_slice(bytes);
                     poller.conn.release_recv(slot)?;
-                    poller.conn.post_send(0, 0, &pong)?;
+                    owed.push_back(pong);
                     echoed += 1;
                 }
                 Opcode::Send => {
@@ -255,10 +270,18 @@ pub(super) fn measure(
     }
     let rtt = median(&mut rtts);
 
-    // 2. A burst.
+    // 2. A burst, as much of it at once as the send queue takes.
     let t = Instant::now();
-    for seq in 0..BURST {
-        p.conn.post_send(0, 0, &ping(ROUND_TRIPS + seq))?;
+    let mut seq = 0;
+    while seq < BURST {
+        match p.conn.post_send(0, 0, &ping(ROUND_TRIPS + seq)) {
+            Ok(()) => seq += 1,
+            Err(PostError::QueueFull { .. }) => {
+                let done = sends;
+                wait(&mut p, &mut pongs, &mut sends, 0, done + 1)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
     wait(&mut p, &mut pongs, &mut sends, PINGS, 0)?;
     let burst_ns = t.elapsed().as_nanos() as f64;
@@ -288,9 +311,8 @@ pub(super) fn measure(
             lkey: local.lkey,
             remote_addr: remote.addr,
             rkey: remote.rkey,
-            len: SMALL_READ_BYTES
-                .min(remote.len as u32)
-                .min(local.len as u32),
+            // Cannot truncate: at most SMALL_READ_BYTES.
+            len: u64::from(SMALL_READ_BYTES).min(remote.len).min(local.len) as u32,
         };
         let t = Instant::now();
         read_list(&mut p, &[req])?;
@@ -313,7 +335,9 @@ pub(super) fn measure(
                 len: PIECE_BYTES.min(span - off) as u32,
             }
         })
+        .take(p.conn.params().send_queue_depth.max(1) as usize)
         .collect();
+    let span: u64 = pieces.iter().map(|r| u64::from(r.len)).sum();
     let bw_start = Instant::now();
     let (mut bytes, mut busy_ns, mut lists) = (0u64, 0f64, 0u32);
     while lists == 0 || (bw_start.elapsed() < soft_budget && lists < MAX_BW_LISTS) {
