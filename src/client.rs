@@ -17,9 +17,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use skyriver_core::client_protocol::{
-    decode_frame_len, decode_server_frame, encode_frame, Request, RequestFrame, Response,
+    ClusterView, decode_frame_len, decode_server_frame, encode_frame, Request, RequestFrame, Response,
     ServerFrame, FRAME_HEADER_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
 };
+use skyriver_core::node::FetchError;
 use skyriver_core::store::{EvictOutcome, ObjectSummary};
 use skyriver_core::{
     ArenaId, NodeId, ObjectEvent, ObjectId, ObjectInfo, RequestId, StoreError, StoreStats,
@@ -58,6 +59,9 @@ pub enum ClientError {
     /// The store refused the operation.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A fetch from the cluster failed.
+    #[error(transparent)]
+    Fetch(FetchError),
 }
 
 /// Where clients look for the daemon when not told: `$SKYRIVER_SOCKET`, else
@@ -408,6 +412,67 @@ impl Client {
                 let _ = self.connection().release_without_waiting(info.id);
                 Err(ClientError::Protocol(error.to_string()))
             }
+        }
+    }
+
+    /// Gets objects from anywhere in the cluster: each is fetched from a node that holds it
+    /// (unless already here), sealed here, and returned like [`Client::get`]. Waits up to
+    /// `timeout` (`None`: for ever). One result per id, in order.
+    pub fn fetch(
+        &self,
+        ids: &[ObjectId],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
+        let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        let response = self.connection().call(Request::Fetch {
+            ids: ids.to_vec(),
+            timeout_ms,
+        })?;
+        let results = match response {
+            Response::Fetched(results) if results.len() == ids.len() => results,
+            other => return Err(unexpected(other)),
+        };
+        let mut buffers = Vec::with_capacity(results.len());
+        let mut failure = None;
+        for result in results {
+            match result {
+                Ok(info) => match self.readable(info) {
+                    Ok(buffer) => buffers.push(Ok(buffer)),
+                    Err(error) => {
+                        failure.get_or_insert(error);
+                    }
+                },
+                Err(error) => buffers.push(Err(error)),
+            }
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(buffers),
+        }
+    }
+
+    /// Fetches one object from anywhere in the cluster.
+    pub fn fetch_one(&self, id: ObjectId, timeout: Option<Duration>) -> Result<ObjectBuffer, ClientError> {
+        let mut results = self.fetch(&[id], timeout)?;
+        results
+            .pop()
+            .ok_or_else(|| ClientError::Protocol("empty fetch reply".into()))?
+            .map_err(ClientError::Fetch)
+    }
+
+    /// The cluster as this daemon sees it.
+    pub fn nodes(&self) -> Result<ClusterView, ClientError> {
+        match self.connection().call(Request::Nodes)? {
+            Response::Nodes(view) => Ok(view),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The live nodes holding a sealed copy of `id`, and its (data, metadata) sizes.
+    pub fn locate(&self, id: ObjectId) -> Result<(Vec<NodeId>, Option<(u64, u64)>), ClientError> {
+        match self.connection().call(Request::Locate { id })? {
+            Response::Located { holders, sizes } => Ok((holders, sizes)),
+            other => Err(unexpected(other)),
         }
     }
 

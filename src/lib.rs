@@ -20,8 +20,11 @@ pub mod client;
 pub mod daemon;
 pub mod persistence;
 pub mod size;
+pub mod up;
 
 pub use client::{
     default_socket_path, Client, ClientError, ObjectBuffer, ObjectWriter, Subscription,
 };
-pub use skyriver_core::{ObjectEvent, ObjectId, ObjectInfo, StoreError, StoreStats};
+pub use skyriver_core::client_protocol::{ClusterView, MemberView};
+pub use skyriver_core::node::FetchError;
+pub use skyriver_core::{NodeId, ObjectEvent, ObjectId, ObjectInfo, StoreError, StoreStats};

@@ -7,7 +7,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use skyriver::daemon::DaemonConfig;
+use std::net::SocketAddr;
+
+use skyriver::daemon::{ClusterConfig, DaemonConfig, DirectoryChoice, FabricChoice};
+use skyriver_core::node::ThresholdPolicy;
+use skyriver_core::NodeId;
+use skyriver_transport::directory::DirectorySpec;
 use skyriver::size::{format_bytes, ByteSize};
 use skyriver::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
 
@@ -110,6 +115,37 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// Fetch objects from other nodes of the cluster into this node's store.
+    Fetch {
+        /// The objects' ids.
+        #[arg(required = true)]
+        ids: Vec<ObjectId>,
+        /// Write the (single) object's data here; `-` for standard output.
+        #[arg(long, short = 'o')]
+        output: Option<PathBuf>,
+        /// Give up after this many milliseconds.
+        #[arg(long, default_value_t = 30_000)]
+        timeout_ms: u64,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// List the cluster's nodes as this daemon sees them.
+    Nodes {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Show which nodes hold an object.
+    Locate {
+        /// The object's id.
+        id: ObjectId,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Start a local cluster of N daemons on this machine (built-in directory, TCP fabric).
+    Up(skyriver::up::UpArgs),
     /// Start a throw-away daemon, store and read back a few objects, and show the store.
     Demo,
     /// Benchmarks that print a table and write JSON.
@@ -128,6 +164,15 @@ struct DaemonArgs {
     /// Back the store with a file on this hugetlbfs mount (e.g. /dev/hugepages).
     #[arg(long)]
     hugepages: Option<PathBuf>,
+    /// Persistent mode: keep objects in this file (and its index in PATH.index), e.g. on a
+    /// DAX file system over persistent memory, /dev/shm or a local SSD. Sealed objects survive
+    /// a crash and are recovered in place on restart; created with --memory bytes if absent.
+    #[arg(long, value_name = "PATH", conflicts_with = "hugepages")]
+    backing_file: Option<PathBuf>,
+    /// With --backing-file: when a seal is durable. `seal`: before the seal returns. `async`:
+    /// within 10 ms (a crash may lose the last seals, never corrupt one).
+    #[arg(long, value_enum, default_value_t = skyriver::persistence::Durability::Seal)]
+    durability: skyriver::persistence::Durability,
     /// Do not touch every page at start (faster start, first writes fault pages in).
     #[arg(long)]
     no_prefault: bool,
@@ -137,6 +182,43 @@ struct DaemonArgs {
     /// Log filter, e.g. info, debug, skyriver=trace (or RUST_LOG).
     #[arg(long, default_value = "info")]
     log: String,
+    /// This node's id in the cluster [default: $SLURM_NODEID, else 0 with --head]
+    #[arg(long)]
+    node_id: Option<u32>,
+    /// Serve the built-in directory on this address (this daemon is the cluster's head).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "0.0.0.0:7390",
+          conflicts_with_all = ["join", "directory"])]
+    head: Option<SocketAddr>,
+    /// Join the cluster whose head daemon serves the built-in directory at HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "directory")]
+    join: Option<String>,
+    /// Use this directory: redis://HOST:PORT (or HOST:PORT of a head daemon).
+    #[arg(long, value_name = "URL")]
+    directory: Option<String>,
+    /// Where the fabric accepts other daemons (port 0: any free port).
+    #[arg(long, default_value = "0.0.0.0:0")]
+    listen: SocketAddr,
+    /// Fabric between nodes: verbs (RDMA), tcp, or auto (verbs when a device is present).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp", "verbs"])]
+    fabric: String,
+    /// RDMA device for the verbs fabric, e.g. mlx5_0 or rxe0 [default: the first one]
+    #[arg(long)]
+    device: Option<String>,
+    /// Port of the RDMA device.
+    #[arg(long, default_value_t = 1)]
+    ib_port: u8,
+    /// GID index for RoCE [default: the first RoCE v2 IPv4 GID]
+    #[arg(long)]
+    gid_index: Option<u32>,
+    /// Eager/rendezvous switch: auto (from measured costs) or a size such as 64KiB.
+    #[arg(long, default_value = "auto")]
+    eager_threshold: String,
+    /// Name of the cluster (the key prefix in Redis).
+    #[arg(long, default_value = "default", env = "SKYRIVER_CLUSTER")]
+    cluster: String,
+    /// Shared secret every daemon of the cluster presents.
+    #[arg(long, env = "SKYRIVER_CLUSTER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 fn parse_octal(text: &str) -> Result<u32, String> {
@@ -165,6 +247,15 @@ fn main() -> ExitCode {
         Command::Watch { count, socket } => watch(&socket, count),
         Command::Evict { size, socket } => evict(&socket, size),
         Command::Demo => demo(),
+        Command::Fetch {
+            ids,
+            output,
+            timeout_ms,
+            socket,
+        } => fetch(&socket, &ids, output, timeout_ms),
+        Command::Nodes { json, socket } => nodes(&socket, json),
+        Command::Locate { id, socket } => locate(&socket, id),
+        Command::Up(args) => skyriver::up::run(&args),
         Command::Bench(command) => skyriver::bench::run(command).map_err(|e| e.to_string()),
     };
     match result {
@@ -187,13 +278,94 @@ fn init_logging(filter: &str) {
 fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     init_logging(&args.log);
     let mut config = DaemonConfig::new(
-        args.socket.unwrap_or_else(skyriver::default_socket_path),
+        args.socket.clone().unwrap_or_else(skyriver::default_socket_path),
         args.memory.0,
     );
-    config.hugepages_dir = args.hugepages;
+    config.hugepages_dir = args.hugepages.clone();
     config.prefault = !args.no_prefault;
     config.socket_mode = args.socket_mode;
+    config.persistence = args.backing_file.clone().map(|path| {
+        let mut persistence = skyriver::persistence::PersistenceConfig::new(path);
+        persistence.durability = args.durability;
+        persistence
+    });
+    config.threshold = parse_threshold(&args.eager_threshold)?;
+    let directory = match (&args.head, &args.join, &args.directory) {
+        (Some(listen), _, _) => Some(DirectoryChoice::Head { listen: *listen }),
+        (None, Some(head), _) => Some(DirectoryChoice::Join { head: head.clone() }),
+        (None, None, Some(spec)) => {
+            let parsed: DirectorySpec = spec.parse().map_err(|e: skyriver_transport::directory::DirectoryError| e.to_string())?;
+            Some(match parsed {
+                DirectorySpec::Redis { url } => DirectoryChoice::Redis { url },
+                DirectorySpec::Builtin { addr } => DirectoryChoice::Join { head: addr },
+            })
+        }
+        (None, None, None) => None,
+    };
+    let slurm_node = std::env::var("SLURM_NODEID").ok().and_then(|v| v.parse().ok());
+    config.node = NodeId(match (args.node_id, slurm_node, &directory) {
+        (Some(id), _, _) | (None, Some(id), _) => id,
+        (None, None, Some(DirectoryChoice::Head { .. }) | None) => 0,
+        (None, None, Some(_)) => {
+            return Err("a daemon joining a cluster needs --node-id N (unique per node; under Slurm $SLURM_NODEID is used)".into())
+        }
+    });
+    if let Some(directory) = directory {
+        let token = args.token.clone().unwrap_or_else(|| {
+            tracing::warn!("no --token (or SKYRIVER_CLUSTER_TOKEN): using the default cluster token; set one on shared networks");
+            DEFAULT_CLUSTER_TOKEN.to_string()
+        });
+        config.cluster = Some(ClusterConfig {
+            fabric: choose_fabric(&args)?,
+            listen: args.listen,
+            directory,
+            cluster_name: args.cluster.clone(),
+            cluster_token: token,
+        });
+    }
     skyriver::daemon::run_until_signalled(config).map_err(|e| e.to_string())
+}
+
+const DEFAULT_CLUSTER_TOKEN: &str = "skyriver-default-token";
+
+fn parse_threshold(text: &str) -> Result<ThresholdPolicy, String> {
+    if text == "auto" {
+        return Ok(ThresholdPolicy::default());
+    }
+    let size: ByteSize = text
+        .parse()
+        .map_err(|e: String| format!("--eager-threshold: {e} (or auto)"))?;
+    Ok(ThresholdPolicy::Fixed(size.0))
+}
+
+fn choose_fabric(args: &DaemonArgs) -> Result<FabricChoice, String> {
+    let verbs = |device: String| FabricChoice::Verbs {
+        device,
+        port: args.ib_port,
+        gid_index: args.gid_index,
+    };
+    match args.fabric.as_str() {
+        "tcp" => Ok(FabricChoice::Tcp),
+        "verbs" => {
+            let device = match &args.device {
+                Some(device) => device.clone(),
+                None => skyriver_transport::verbs::list_devices()
+                    .map_err(|e| format!("--fabric verbs: {e}"))?
+                    .into_iter()
+                    .next()
+                    .ok_or("--fabric verbs: no RDMA device found (name one with --device)")?,
+            };
+            Ok(verbs(device))
+        }
+        _ => {
+            let device = args.device.clone().or_else(|| {
+                skyriver_transport::verbs::list_devices()
+                    .ok()
+                    .and_then(|devices| devices.into_iter().next())
+            });
+            Ok(device.map_or(FabricChoice::Tcp, verbs))
+        }
+    }
 }
 
 const PROGRESS_MIN_BYTES: u64 = 64 << 20;
@@ -525,5 +697,105 @@ fn demo() -> Result<(), String> {
         format_bytes(stats.capacity_bytes)
     );
     println!("stopping the daemon. Next: `skyriver daemon` in one terminal, `skyriver put FILE` in another.");
+    Ok(())
+}
+
+fn fetch(socket: &SocketArg, ids: &[ObjectId], output: Option<PathBuf>, timeout_ms: u64) -> Result<(), String> {
+    if output.is_some() && ids.len() != 1 {
+        return Err("-o takes exactly one object id".into());
+    }
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    let results = client
+        .fetch(ids, Some(Duration::from_millis(timeout_ms)))
+        .map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    let mut failed = 0;
+    for (id, result) in ids.iter().zip(&results) {
+        match result {
+            Ok(object) => {
+                if output.is_none() {
+                    println!("{id}  {}", format_bytes(object.data().len() as u64));
+                }
+            }
+            Err(error) => {
+                failed += 1;
+                eprintln!("skyriver: {error}");
+            }
+        }
+    }
+    if let (Some(path), Some(Ok(object))) = (&output, results.first()) {
+        if path.as_os_str() == "-" {
+            std::io::stdout().write_all(object.data()).map_err(|e| e.to_string())?;
+        } else {
+            std::fs::write(path, object.data()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+    }
+    let bytes: u64 = results.iter().flatten().map(|o| o.data().len() as u64).sum();
+    eprintln!(
+        "fetched {} of {} objects, {} in {elapsed:.1?}",
+        results.len() - failed,
+        ids.len(),
+        format_bytes(bytes)
+    );
+    if failed > 0 {
+        return Err(format!("{failed} of {} fetches failed", ids.len()));
+    }
+    Ok(())
+}
+
+fn nodes(socket: &SocketArg, json: bool) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let view = client.nodes().map_err(|e| e.to_string())?;
+    if json {
+        let members: Vec<serde_json::Value> = view
+            .members
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "node": m.node.0, "address": m.address, "fabric": m.fabric,
+                    "connected": m.connected, "eager_threshold_bytes": m.eager_threshold_bytes, "link": m.link,
+                })
+            })
+            .collect();
+        let document = serde_json::json!({
+            "node": view.node.0, "fabric": view.fabric, "directory": view.directory,
+            "directory_healthy": view.directory_healthy, "members": members,
+        });
+        println!("{}", serde_json::to_string_pretty(&document).expect("JSON values serialize"));
+        return Ok(());
+    }
+    println!(
+        "this node: {}, fabric {}, directory {}{}",
+        view.node,
+        view.fabric,
+        view.directory,
+        if view.directory_healthy { "" } else { " (UNREACHABLE)" }
+    );
+    println!("{:<10} {:<22} {:<7} {:<10} LINK", "NODE", "ADDRESS", "FABRIC", "CONNECTED");
+    for m in &view.members {
+        println!(
+            "{:<10} {:<22} {:<7} {:<10} {}",
+            m.node.to_string(),
+            m.address,
+            m.fabric,
+            if m.connected { "yes" } else { "no" },
+            m.link
+        );
+    }
+    Ok(())
+}
+
+fn locate(socket: &SocketArg, id: ObjectId) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let (holders, sizes) = client.locate(id).map_err(|e| e.to_string())?;
+    if holders.is_empty() {
+        return Err(format!("no live node holds {id}"));
+    }
+    let names: Vec<String> = holders.iter().map(|n| n.to_string()).collect();
+    match sizes {
+        Some((data, metadata)) => println!("{id}  {} + {} metadata  on {}", format_bytes(data), format_bytes(metadata), names.join(", ")),
+        None => println!("{id}  on {}", names.join(", ")),
+    }
     Ok(())
 }

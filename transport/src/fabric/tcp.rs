@@ -173,8 +173,13 @@ impl TcpFabric {
             .enable_all()
             .build()
             .map_err(|e| FabricError::Setup(format!("cannot start the TCP fabric runtime: {e}")))?;
-        let listener = runtime
-            .block_on(TcpListener::bind(config.listen))
+        // Bound with std so this works from inside another runtime (no block_on).
+        let listener = std::net::TcpListener::bind(config.listen)
+            .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+            .and_then(|listener| {
+                let _context = runtime.enter();
+                TcpListener::from_std(listener)
+            })
             .map_err(|e| FabricError::Setup(format!("cannot listen on {}: {e}", config.listen)))?;
         let listen_addr = listener
             .local_addr()

@@ -1,0 +1,515 @@
+//! The node daemon: owns the arenas and the sans-IO node (store, fetch manager, transfers),
+//! serves local clients on a Unix socket and, in a cluster, talks to other daemons through a
+//! fabric and to the directory.
+//!
+//! One tokio runtime on one thread serves the clients and feeds the node; the fabric runs its
+//! own threads for bulk data. Object bytes never pass through the client protocol: clients map
+//! the arenas' fds, sent once per connection.
+
+mod cluster;
+mod connection;
+mod core;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use skyriver_core::client_protocol::ArenaInfo;
+use skyriver_core::node::{Node, NodeConfig, ThresholdPolicy};
+use skyriver_core::{ArenaId, Instant, NodeId};
+use skyriver_transport::directory::builtin::BuiltinDirectoryServer;
+use skyriver_transport::directory::{Directory, DirectoryNotice, MemberInfo};
+use skyriver_transport::fabric::tcp::{TcpFabric, TcpFabricConfig};
+use skyriver_transport::fabric::{Fabric, FabricEvent, FabricIdentity};
+use skyriver_transport::{ArenaError, ArenaOptions, SharedArena};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, Notify};
+use tracing::{info, warn};
+
+use self::core::CoreState;
+
+/// How to run a daemon.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Where clients connect.
+    pub socket_path: PathBuf,
+    /// Bytes of shared memory for objects.
+    pub memory_bytes: u64,
+    /// Back the arena with a file on this hugetlbfs mount.
+    pub hugepages_dir: Option<PathBuf>,
+    /// Touch every page at start.
+    pub prefault: bool,
+    /// Permission bits of the socket file (owner-only by default).
+    pub socket_mode: u32,
+    /// This node's id.
+    pub node: NodeId,
+    /// Eager/rendezvous threshold policy for fetches.
+    pub threshold: ThresholdPolicy,
+    /// Join a cluster; `None` runs the daemon alone.
+    pub cluster: Option<ClusterConfig>,
+    /// Keep the arena and the object index in files (persistent mode); `None`: a memfd.
+    pub persistence: Option<crate::persistence::PersistenceConfig>,
+}
+
+impl DaemonConfig {
+    /// Defaults for a socket path and memory size: a daemon on its own.
+    pub fn new(socket_path: impl Into<PathBuf>, memory_bytes: u64) -> Self {
+        Self {
+            socket_path: socket_path.into(),
+            memory_bytes,
+            hugepages_dir: None,
+            prefault: true,
+            socket_mode: 0o600,
+            node: NodeId(0),
+            threshold: ThresholdPolicy::default(),
+            cluster: None,
+            persistence: None,
+        }
+    }
+}
+
+/// Which fabric moves objects between nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FabricChoice {
+    /// TCP, everywhere.
+    Tcp,
+    /// RDMA verbs on this device.
+    Verbs {
+        /// Device name, e.g. `mlx5_0` or `rxe0`.
+        device: String,
+        /// Port number (from 1).
+        port: u8,
+        /// GID index; `None` picks RoCE v2 (IPv4) or the InfiniBand GID.
+        gid_index: Option<u32>,
+    },
+}
+
+/// Where the directory is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectoryChoice {
+    /// This daemon serves the built-in directory on this address.
+    Head {
+        /// Listen address of the directory service.
+        listen: SocketAddr,
+    },
+    /// The built-in directory of a head daemon at this address.
+    Join {
+        /// `HOST:PORT` of the head.
+        head: String,
+    },
+    /// A Redis server: `redis://HOST:PORT`.
+    Redis {
+        /// The URL.
+        url: String,
+    },
+}
+
+/// A daemon's place in a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The fabric.
+    pub fabric: FabricChoice,
+    /// Where the fabric accepts peers (port 0: any).
+    pub listen: SocketAddr,
+    /// The directory.
+    pub directory: DirectoryChoice,
+    /// Name of the cluster (the Redis key prefix).
+    pub cluster_name: String,
+    /// Shared secret every node presents.
+    pub cluster_token: String,
+}
+
+/// Why the daemon could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The arena could not be created.
+    #[error(transparent)]
+    Arena(#[from] ArenaError),
+    /// The backing files could not be opened, recovered or created.
+    #[error(transparent)]
+    Persist(#[from] skyriver_transport::persist::PersistError),
+    /// Another daemon already serves this socket.
+    #[error("a daemon is already listening on {0}")]
+    AlreadyRunning(PathBuf),
+    /// Binding or configuring the socket failed.
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The runtime could not start.
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The fabric could not start.
+    #[error("fabric: {0}")]
+    Fabric(String),
+    /// The directory could not be reached or started.
+    #[error("directory: {0}")]
+    Directory(String),
+}
+
+/// State shared by the daemon's tasks.
+struct Shared {
+    core: Mutex<CoreState>,
+    arenas: Vec<Arc<SharedArena>>,
+    arena_infos: Vec<ArenaInfo>,
+    node: NodeId,
+    epoch: std::time::Instant,
+    timer_changed: Notify,
+}
+
+impl Shared {
+    fn now(&self) -> Instant {
+        Instant(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CoreState> {
+        // A panic while holding the lock is a bug already reported; keep serving.
+        self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A daemon running on its own thread, for tests and tools that embed one.
+pub struct DaemonHandle {
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), DaemonError>>>,
+    socket_path: PathBuf,
+}
+
+impl DaemonHandle {
+    /// Starts a daemon and returns once its socket accepts connections.
+    pub fn start(config: DaemonConfig) -> Result<Self, DaemonError> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let socket_path = config.socket_path.clone();
+        let thread = std::thread::Builder::new()
+            .name("skyriver-daemon".into())
+            .spawn(move || {
+                let runtime = build_runtime()?;
+                runtime.block_on(async move {
+                    let server = match Server::bind(config).await {
+                        Ok(server) => server,
+                        Err(error) => {
+                            let _ = ready_tx.send(Err(error.to_string()));
+                            return Err(error);
+                        }
+                    };
+                    let _ = ready_tx.send(Ok(()));
+                    server
+                        .serve(async {
+                            let _ = shutdown_rx.await;
+                        })
+                        .await;
+                    Ok(())
+                })
+            })
+            .map_err(DaemonError::Runtime)?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self {
+                shutdown: Some(shutdown_tx),
+                thread: Some(thread),
+                socket_path,
+            }),
+            _ => Err(thread
+                .join()
+                .unwrap_or_else(|_| {
+                    Err(DaemonError::Runtime(std::io::Error::other(
+                        "daemon thread panicked",
+                    )))
+                })
+                .err()
+                .unwrap_or_else(|| {
+                    DaemonError::Runtime(std::io::Error::other("daemon stopped during start"))
+                })),
+        }
+    }
+
+    /// The socket clients connect to.
+    pub fn socket_path(&self) -> &Path {
+        &self.socket_path
+    }
+
+    /// Stops the daemon and waits for it.
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for DaemonHandle {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}
+
+fn build_runtime() -> Result<tokio::runtime::Runtime, DaemonError> {
+    // One thread: the node is serialized under its lock anyway, and staying on one thread saves
+    // the cross-thread wake-ups that would dominate a local round trip. Fabrics bring their own
+    // threads for bulk data.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(DaemonError::Runtime)
+}
+
+/// Runs a daemon in the foreground until SIGINT or SIGTERM.
+pub fn run_until_signalled(config: DaemonConfig) -> Result<(), DaemonError> {
+    let runtime = build_runtime()?;
+    runtime.block_on(async move {
+        let server = Server::bind(config).await?;
+        server.serve(shutdown_signal()).await;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(terminate) => terminate,
+        Err(error) => {
+            warn!(%error, "cannot watch SIGTERM; stop with SIGINT");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => info!("SIGINT: shutting down"),
+        _ = terminate.recv() => info!("SIGTERM: shutting down"),
+    }
+}
+
+/// What a cluster daemon starts besides the store.
+struct ClusterParts {
+    fabric: Arc<dyn Fabric>,
+    fabric_events: mpsc::UnboundedReceiver<FabricEvent>,
+    directory: Arc<dyn Directory>,
+    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    directory_server: Option<BuiltinDirectoryServer>,
+}
+
+/// A bound daemon, ready to serve.
+pub struct Server {
+    listener: UnixListener,
+    shared: Arc<Shared>,
+    socket_path: PathBuf,
+    cluster: Option<(mpsc::UnboundedReceiver<FabricEvent>, mpsc::UnboundedReceiver<DirectoryNotice>)>,
+    /// The built-in directory, when this daemon is the head.
+    directory_server: Option<BuiltinDirectoryServer>,
+}
+
+impl Server {
+    /// Creates the arena, starts the fabric and joins the directory (in a cluster), binds the
+    /// socket and logs what it serves.
+    pub async fn bind(config: DaemonConfig) -> Result<Self, DaemonError> {
+        let started = std::time::Instant::now();
+        let options = ArenaOptions {
+            hugepages_dir: config.hugepages_dir.clone(),
+            prefault: config.prefault,
+        };
+        let (persistence, arena) = match &config.persistence {
+            Some(persist) => {
+                let (persistence, arena) =
+                    crate::persistence::Persistence::open(persist, config.memory_bytes)?;
+                (Some(persistence), Arc::new(arena))
+            }
+            None => (None, Arc::new(SharedArena::create("skyriver-arena-0", config.memory_bytes, &options)?)),
+        };
+        let arena_infos = vec![ArenaInfo {
+            id: ArenaId(0),
+            size_bytes: arena.size_bytes(),
+        }];
+        let arenas = BTreeMap::from([(ArenaId(0), arena.clone())]);
+        let incarnation = (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+            & 0xffff_ffff) as u32;
+        let mut node_config = NodeConfig::new(config.node, arena.size_bytes());
+        node_config.incarnation = incarnation;
+        node_config.threshold = config.threshold;
+        let cluster = match &config.cluster {
+            Some(cluster) => Some(start_cluster(&config, cluster, &arenas, incarnation).await?),
+            None => None,
+        };
+        if let Some(parts) = &cluster {
+            node_config.region_keys = parts.fabric.region_keys();
+        }
+        let listener = bind_socket(&config.socket_path, config.socket_mode).await?;
+        let epoch = std::time::Instant::now();
+        node_config.store.record_durable_changes = persistence.is_some();
+        let mut core = CoreState::new(Node::new(node_config, Instant::ZERO), arenas);
+        let mut receivers = None;
+        let mut directory_server = None;
+        if let Some(parts) = cluster {
+            directory_server = parts.directory_server;
+            info!(
+                fabric = parts.fabric.name(),
+                listen = %parts.fabric.listen_addr(),
+                directory = %parts.directory.describe(),
+                "joined the cluster"
+            );
+            core.fabric = Some(parts.fabric);
+            core.directory = Some(parts.directory);
+            receivers = Some((parts.fabric_events, parts.notices));
+        }
+        if let Some(mut persistence) = persistence {
+            // Recovered objects leave the store as seals: draining publishes them.
+            persistence.recover(Instant::ZERO, core.node.store_mut(Instant::ZERO))?;
+            core.persistence = Some(persistence);
+            core.drain(Instant::ZERO);
+        }
+        info!(
+            node = %config.node,
+            memory = %crate::size::format_bytes(arena.size_bytes()),
+            backing = if config.persistence.is_some() {
+                "file"
+            } else if config.hugepages_dir.is_some() {
+                "hugetlbfs"
+            } else {
+                "memfd"
+            },
+            prefaulted = config.prefault,
+            startup_ms = started.elapsed().as_millis() as u64,
+            socket = %config.socket_path.display(),
+            "skyriver daemon ready"
+        );
+        let shared = Arc::new(Shared {
+            core: Mutex::new(core),
+            arenas: vec![arena],
+            arena_infos,
+            node: config.node,
+            epoch,
+            timer_changed: Notify::new(),
+        });
+        Ok(Self {
+            listener,
+            shared,
+            socket_path: config.socket_path,
+            cluster: receivers,
+            directory_server,
+        })
+    }
+
+    /// Serves clients until `shutdown` completes, then removes the socket file.
+    pub async fn serve(mut self, shutdown: impl std::future::Future<Output = ()>) {
+        let mut tasks = vec![tokio::spawn(run_timer(self.shared.clone()))];
+        if let Some((fabric_events, notices)) = self.cluster.take() {
+            tasks.push(tokio::spawn(cluster::run_fabric_events(self.shared.clone(), fabric_events)));
+            tasks.push(tokio::spawn(cluster::run_directory_notices(self.shared.clone(), notices)));
+            tasks.push(tokio::spawn(cluster::run_connection_maintenance(self.shared.clone())));
+        }
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        tokio::spawn(connection::serve_connection(self.shared.clone(), stream));
+                    }
+                    Err(error) => warn!(%error, "accept failed"),
+                },
+            }
+        }
+        for task in tasks {
+            task.abort();
+        }
+        if let Some(server) = self.directory_server.take() {
+            server.shutdown().await;
+        }
+        let _ = std::fs::remove_file(&self.socket_path);
+        info!("daemon stopped");
+    }
+}
+
+async fn start_cluster(
+    config: &DaemonConfig,
+    cluster: &ClusterConfig,
+    arenas: &BTreeMap<ArenaId, Arc<SharedArena>>,
+    incarnation: u32,
+) -> Result<ClusterParts, DaemonError> {
+    let identity = FabricIdentity {
+        node: config.node,
+        cluster_token: cluster.cluster_token.clone(),
+    };
+    let (fabric_tx, fabric_events) = mpsc::unbounded_channel();
+    let fabric: Arc<dyn Fabric> = match &cluster.fabric {
+        FabricChoice::Tcp => Arc::new(
+            TcpFabric::start(TcpFabricConfig::new(cluster.listen), identity, arenas.clone(), fabric_tx)
+                .map_err(|e| DaemonError::Fabric(e.to_string()))?,
+        ),
+        FabricChoice::Verbs { device, .. } => {
+            return Err(DaemonError::Fabric(format!(
+                "the verbs fabric on {device} is not available in this build; use --fabric tcp"
+            )))
+        }
+    };
+    let me = MemberInfo {
+        node: config.node,
+        fabric_addr: fabric.listen_addr(),
+        fabric: fabric.name().to_string(),
+        incarnation,
+    };
+    let (notice_tx, notices) = mpsc::unbounded_channel();
+    let (directory, directory_server) = cluster::connect_directory(cluster, me, notice_tx).await?;
+    Ok(ClusterParts {
+        fabric,
+        fabric_events,
+        directory,
+        notices,
+        directory_server,
+    })
+}
+
+async fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
+    let listen_error = |source| DaemonError::Listen {
+        path: path.to_path_buf(),
+        source,
+    };
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
+        }
+        // Left behind by a daemon that died: nobody listens on it.
+        std::fs::remove_file(path).map_err(listen_error)?;
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(listen_error)?;
+    }
+    let listener = UnixListener::bind(path).map_err(listen_error)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(listen_error)?;
+    Ok(listener)
+}
+
+async fn run_timer(shared: Arc<Shared>) {
+    loop {
+        let next = shared.lock().node.poll_timeout();
+        let changed = shared.timer_changed.notified();
+        match next {
+            None => changed.await,
+            Some(deadline) => {
+                let wait = deadline.saturating_since(shared.now());
+                tokio::select! {
+                    _ = changed => {}
+                    _ = tokio::time::sleep(wait) => {
+                        let now = shared.now();
+                        let mut core = shared.lock();
+                        core.node.handle_timeout(now);
+                        core.drain(now);
+                    }
+                }
+            }
+        }
+    }
+}

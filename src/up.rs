@@ -1,0 +1,187 @@
+//! `skyriver up`: a local cluster of N daemons on this machine, for trying Skyriver out.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+use crate::client::Client;
+use crate::size::{format_bytes, ByteSize};
+
+/// Options of `skyriver up`.
+#[derive(Args, Debug, Clone)]
+pub struct UpArgs {
+    /// Number of daemons.
+    #[arg(long, short = 'n', default_value_t = 3)]
+    pub nodes: u32,
+    /// Shared memory of each daemon.
+    #[arg(long, short = 'm', default_value = "256MiB")]
+    pub memory: ByteSize,
+    /// Where the daemons' sockets go [default: a new directory under /tmp]
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Eager/rendezvous switch for every daemon: auto or a size.
+    #[arg(long, default_value = "auto")]
+    pub eager_threshold: String,
+    /// Log filter of the daemons.
+    #[arg(long, default_value = "info")]
+    pub log: String,
+}
+
+/// A local cluster; stops its daemons when dropped.
+pub struct LocalCluster {
+    children: Vec<Child>,
+    /// One Unix socket per node, node 0 first.
+    pub sockets: Vec<PathBuf>,
+    /// The head's directory address.
+    pub head: String,
+}
+
+impl LocalCluster {
+    /// Starts `args.nodes` daemons (node 0 is the head) and waits until every one has connected
+    /// to every other.
+    pub fn start(args: &UpArgs, exe: &std::path::Path) -> Result<Self, String> {
+        if args.nodes == 0 {
+            return Err("--nodes must be at least 1".into());
+        }
+        let dir = match &args.dir {
+            Some(dir) => dir.clone(),
+            None => std::env::temp_dir().join(format!("skyriver-up-{}", std::process::id())),
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let head_port = free_loopback_port()?;
+        let head = format!("127.0.0.1:{head_port}");
+        let token = format!("local-{}-{}", std::process::id(), head_port);
+        let mut cluster = Self {
+            children: Vec::new(),
+            sockets: Vec::new(),
+            head: head.clone(),
+        };
+        for node in 0..args.nodes {
+            let socket = dir.join(format!("node-{node}.sock"));
+            let mut command = Command::new(exe);
+            command
+                .args(["daemon", "--fabric", "tcp", "--listen", "127.0.0.1:0", "--no-prefault"])
+                .args(["--node-id", &node.to_string(), "--memory", &args.memory.0.to_string()])
+                .args(["--eager-threshold", &args.eager_threshold, "--log", &args.log])
+                .arg("--socket")
+                .arg(&socket)
+                .env("SKYRIVER_CLUSTER_TOKEN", &token)
+                .stdin(Stdio::null());
+            if node == 0 {
+                command.args(["--head", &head]);
+            } else {
+                command.args(["--join", &head]);
+            }
+            let child = command
+                .spawn()
+                .map_err(|e| format!("cannot start daemon {node}: {e}"))?;
+            cluster.children.push(child);
+            cluster.sockets.push(socket.clone());
+            // The head must serve the directory before the others join.
+            if node == 0 {
+                wait_for_socket(&socket, Duration::from_secs(30))?;
+            }
+        }
+        for socket in &cluster.sockets {
+            wait_for_socket(socket, Duration::from_secs(30))?;
+        }
+        cluster.wait_connected(Duration::from_secs(30))?;
+        Ok(cluster)
+    }
+
+    fn wait_connected(&self, limit: Duration) -> Result<(), String> {
+        let started = Instant::now();
+        let want = self.sockets.len();
+        loop {
+            let mut ready = true;
+            for socket in &self.sockets {
+                let view = Client::connect(socket)
+                    .and_then(|c| c.nodes())
+                    .map_err(|e| e.to_string())?;
+                ready &= view.members.len() == want && view.members.iter().all(|m| m.connected);
+            }
+            if ready {
+                return Ok(());
+            }
+            if started.elapsed() > limit {
+                return Err(format!("the {want} daemons did not all connect within {limit:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        for child in &mut self.children {
+            let _ = child.wait();
+        }
+    }
+}
+
+fn wait_for_socket(socket: &std::path::Path, limit: Duration) -> Result<(), String> {
+    let started = Instant::now();
+    while Client::connect(socket).is_err() {
+        if started.elapsed() > limit {
+            return Err(format!("no daemon answered on {} within {limit:?}", socket.display()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// A loopback TCP port that was free a moment ago.
+pub fn free_loopback_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// Runs `skyriver up` in the foreground until Ctrl-C.
+pub fn run(args: &UpArgs) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    eprintln!("starting {} daemons with {} each...", args.nodes, format_bytes(args.memory.0));
+    let cluster = LocalCluster::start(args, &exe)?;
+    println!("local cluster up: {} nodes, built-in directory at {}", cluster.sockets.len(), cluster.head);
+    for (node, socket) in cluster.sockets.iter().enumerate() {
+        println!("  node-{node}: export SKYRIVER_SOCKET={}", socket.display());
+    }
+    println!("try:");
+    println!("  id=$(skyriver put --socket {} FILE)", cluster.sockets[0].display());
+    println!(
+        "  skyriver fetch --socket {} $id -o copy",
+        cluster.sockets[cluster.sockets.len() - 1].display()
+    );
+    println!("  skyriver nodes --socket {}", cluster.sockets[0].display());
+    println!("Ctrl-C stops the cluster.");
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc_channel(tx)?;
+    let _ = rx.recv();
+    eprintln!("stopping...");
+    drop(cluster);
+    Ok(())
+}
+
+fn ctrlc_channel(tx: std::sync::mpsc::Sender<()>) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    std::thread::spawn(move || {
+        runtime.block_on(async {
+            let _ = tokio::signal::ctrl_c().await;
+        });
+        let _ = tx.send(());
+    });
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! Several daemons on this machine form a cluster (built-in directory, TCP fabric) and fetch
+//! objects of every size class from each other.
+
+mod common;
+
+use std::time::Duration;
+
+use skyriver::up::{LocalCluster, UpArgs};
+use skyriver::{Client, ClientError, FetchError, NodeId, ObjectId};
+
+fn cluster(nodes: u32, eager_threshold: &str) -> (tempfile::TempDir, LocalCluster) {
+    let dir = common::test_dir();
+    let args = UpArgs {
+        nodes,
+        memory: "192MiB".parse().unwrap(),
+        dir: Some(dir.path().to_path_buf()),
+        eager_threshold: eager_threshold.into(),
+        log: "warn".into(),
+    };
+    let cluster = LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
+    (dir, cluster)
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+const SIZES: [usize; 6] = [1 << 10, 60 << 10, 256 << 10, 1 << 20, 8 << 20, 64 << 20];
+
+fn fetch_every_size(threshold: &str) {
+    let (_dir, cluster) = cluster(2, threshold);
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    let requester = Client::connect(&cluster.sockets[1]).unwrap();
+    for (n, &size) in SIZES.iter().enumerate() {
+        let id = ObjectId::from_u64(1000 + n as u64);
+        let data = pattern(n as u64, size);
+        holder.create_and_seal(id, &data, b"meta").unwrap();
+        let object = requester.fetch_one(id, Some(Duration::from_secs(60))).unwrap();
+        assert_eq!(object.data().len(), size);
+        assert!(object.data() == &data[..], "bytes of {size}-byte object differ");
+        assert_eq!(object.metadata(), b"meta");
+        drop(object);
+        // The copy is now local: an ordinary get sees it, and the directory lists both nodes.
+        assert!(requester.contains(id).unwrap());
+        common::eventually("the new copy is published", || {
+            requester.locate(id).unwrap().0.len() == 2
+        });
+    }
+}
+
+#[test]
+fn fetch_every_size_with_the_automatic_threshold() {
+    fetch_every_size("auto");
+}
+
+#[test]
+fn fetch_every_size_all_eager_as_far_as_slots_allow() {
+    fetch_every_size("1GiB");
+}
+
+#[test]
+fn fetch_every_size_all_rendezvous() {
+    fetch_every_size("0");
+}
+
+#[test]
+fn concurrent_fetches_of_the_same_and_different_objects() {
+    let (_dir, cluster) = cluster(3, "auto");
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    let ids: Vec<ObjectId> = (0..12).map(|n| ObjectId::from_u64(5000 + n)).collect();
+    for (n, id) in ids.iter().enumerate() {
+        holder.create_and_seal(*id, &pattern(n as u64, 100_000 * (n + 1)), b"").unwrap();
+    }
+    let threads: Vec<_> = (0..6)
+        .map(|t| {
+            let socket = cluster.sockets[1 + t % 2].clone();
+            let ids = ids.clone();
+            std::thread::spawn(move || {
+                let client = Client::connect(&socket).unwrap();
+                // Every thread asks for all objects, in a different order.
+                let mut order = ids.clone();
+                order.rotate_left(t * 2);
+                for id in order {
+                    let n = ids.iter().position(|x| *x == id).unwrap();
+                    let object = client.fetch_one(id, Some(Duration::from_secs(60))).unwrap();
+                    assert!(object.data() == &pattern(n as u64, 100_000 * (n + 1))[..]);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let requester = Client::connect(&cluster.sockets[1]).unwrap();
+    assert_eq!(requester.list().unwrap().len(), ids.len(), "one copy each, fetches coalesced");
+}
+
+#[test]
+fn fetch_of_a_missing_object_fails_before_its_deadline() {
+    let (_dir, cluster) = cluster(2, "auto");
+    let client = Client::connect(&cluster.sockets[1]).unwrap();
+    let started = std::time::Instant::now();
+    let error = client
+        .fetch_one(ObjectId::from_u64(404), Some(Duration::from_millis(500)))
+        .unwrap_err();
+    assert!(matches!(error, ClientError::Fetch(FetchError::NotFound { .. })), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_fetch_waits_for_an_object_sealed_later_elsewhere() {
+    let (_dir, cluster) = cluster(2, "auto");
+    let socket = cluster.sockets[1].clone();
+    let waiter = std::thread::spawn(move || {
+        let client = Client::connect(&socket).unwrap();
+        client.fetch_one(ObjectId::from_u64(77), Some(Duration::from_secs(30))).map(|o| o.data().to_vec())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    holder.create_and_seal(ObjectId::from_u64(77), b"published later", b"").unwrap();
+    assert_eq!(waiter.join().unwrap().unwrap(), b"published later");
+}
+
+#[test]
+fn nodes_lists_every_member_connected() {
+    let (_dir, cluster) = cluster(3, "auto");
+    let view = Client::connect(&cluster.sockets[2]).unwrap().nodes().unwrap();
+    assert_eq!(view.node, NodeId(2));
+    assert_eq!(view.fabric, "tcp");
+    let nodes: Vec<u32> = view.members.iter().map(|m| m.node.0).collect();
+    assert_eq!(nodes, vec![0, 1, 2]);
+    assert!(view.members.iter().all(|m| m.connected));
+    let (ok, stdout, _) = common::cli(&cluster.sockets[0], &["nodes"], None);
+    assert!(ok);
+    let text = String::from_utf8(stdout).unwrap();
+    assert!(text.contains("node-2") && text.contains("eager threshold"), "{text}");
+}
