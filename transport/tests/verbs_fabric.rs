@@ -192,10 +192,12 @@ fn local(offset: u64, len: u64) -> LocalRegion {
 
 /// Connects `a` to `b` and checks both sides report it.
 fn connect(a: &mut Node, b: &mut Node) -> skyriver_core::PeerParams {
+    let t = Instant::now();
     a.fabric.connect(b.id, b.fabric.listen_addr());
     assert!(a.fabric.is_connected_or_connecting(b.id));
     let pa = a.expect_connected(b.id);
     let pb = b.expect_connected(a.id);
+    println!("connected in {:?}", t.elapsed());
     assert_eq!(pa, pb, "both sides use the connector's measured costs");
     assert!(a.fabric.is_connected_or_connecting(b.id));
     assert!(b.fabric.is_connected_or_connecting(a.id));
@@ -416,7 +418,9 @@ fn reads_of_4kib_1mib_and_8mib_are_exact() {
             b.remote(src_off, len),
         );
         if i < 3 {
+            let t = Instant::now();
             let done = a.expect_reads(1);
+            println!("READ of {len} bytes took {:?}", t.elapsed());
             assert_eq!(done[&ReadOpId(i as u64)], Ok(()));
         }
     }

@@ -728,7 +728,8 @@ impl Fabric for VerbsFabric {
     ) -> Result<(), FabricError> {
         let s = &self.shared;
         let limit = s.config.recv_slot_bytes as usize;
-        let len = (wire::HEADER_BYTES + wire::EAGER_FIXED_BYTES) as u64 + source.len;
+        let len =
+            ((wire::HEADER_BYTES + wire::EAGER_FIXED_BYTES) as u64).saturating_add(source.len);
         if len > limit as u64 {
             return Err(FabricError::MessageTooLarge {
                 len: usize::try_from(len).unwrap_or(usize::MAX),

@@ -285,7 +285,11 @@ pub(super) fn measure(
     }
     wait(&mut p, &mut pongs, &mut sends, PINGS, 0)?;
     let burst_ns = t.elapsed().as_nanos() as f64;
-    let overhead = ((burst_ns - rtt) / f64::from(BURST - 1)).clamp(100.0, rtt.max(100.0));
+    // No two-sided message costs less than a microsecond end to end (post, wire, completion,
+    // handling); a smaller figure is scheduling noise (software RDMA, emulated CPUs).
+    const MIN_MESSAGE_NS: f64 = 1_000.0;
+    let overhead =
+        ((burst_ns - rtt) / f64::from(BURST - 1)).clamp(MIN_MESSAGE_NS, rtt.max(MIN_MESSAGE_NS));
     // Leave the connection with nothing of the probe in flight.
     wait(&mut p, &mut pongs, &mut sends, PINGS, PINGS)?;
 
