@@ -138,10 +138,11 @@ impl Persistence {
         let opened_at = std::time::Instant::now();
         let opened = BackingFile::open(&config.backing_file, memory_bytes)?;
         if !opened.scan.created && opened.scan.data_bytes != memory_bytes / 4096 * 4096 {
-            warn!(
+            info!(
                 backing_file = %config.backing_file.display(),
                 size = %crate::size::format_bytes(opened.scan.data_bytes),
-                "the backing file keeps the size it was created with; --memory is ignored"
+                "the backing file keeps the size it was created with (--memory applies when \
+                 creating it)"
             );
         }
         let shared = Arc::new(Shared {
