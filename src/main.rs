@@ -213,6 +213,9 @@ struct DaemonArgs {
     /// Eager/rendezvous switch: auto (from measured costs) or a size such as 64KiB.
     #[arg(long, default_value = "auto")]
     eager_threshold: String,
+    /// How long an object stays pinned for a requester that stopped answering mid-transfer.
+    #[arg(long, default_value_t = 10_000)]
+    lease_ms: u64,
     /// Name of the cluster (the key prefix in Redis).
     #[arg(long, default_value = "default", env = "SKYRIVER_CLUSTER")]
     cluster: String,
@@ -290,6 +293,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         persistence
     });
     config.threshold = parse_threshold(&args.eager_threshold)?;
+    config.lease = Duration::from_millis(args.lease_ms.max(1));
     let directory = match (&args.head, &args.join, &args.directory) {
         (Some(listen), _, _) => Some(DirectoryChoice::Head { listen: *listen }),
         (None, Some(head), _) => Some(DirectoryChoice::Join { head: head.clone() }),

@@ -27,11 +27,32 @@ pub struct UpArgs {
     /// Log filter of the daemons.
     #[arg(long, default_value = "info")]
     pub log: String,
+    /// Use this directory (redis://HOST:PORT) instead of the built-in one on node 0.
+    #[arg(long)]
+    pub directory: Option<String>,
+    /// More flags for every daemon, e.g. --daemon-arg=--lease-ms=2000.
+    #[arg(long = "daemon-arg", allow_hyphen_values = true)]
+    pub daemon_args: Vec<String>,
+}
+
+impl UpArgs {
+    /// `nodes` daemons of `memory` each, sockets under `dir`, otherwise the defaults.
+    pub fn new(nodes: u32, memory: ByteSize, dir: Option<PathBuf>) -> Self {
+        Self {
+            nodes,
+            memory,
+            dir,
+            eager_threshold: "auto".into(),
+            log: "warn".into(),
+            directory: None,
+            daemon_args: Vec::new(),
+        }
+    }
 }
 
 /// A local cluster; stops its daemons when dropped.
 pub struct LocalCluster {
-    children: Vec<Child>,
+    children: Vec<Option<Child>>,
     /// One Unix socket per node, node 0 first.
     pub sockets: Vec<PathBuf>,
     /// The head's directory address.
@@ -51,7 +72,10 @@ impl LocalCluster {
         };
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let head_port = free_loopback_port()?;
-        let head = format!("127.0.0.1:{head_port}");
+        let head = match &args.directory {
+            Some(directory) => directory.clone(),
+            None => format!("127.0.0.1:{head_port}"),
+        };
         let token = format!("local-{}-{}", std::process::id(), head_port);
         let mut cluster = Self {
             children: Vec::new(),
@@ -67,17 +91,18 @@ impl LocalCluster {
                 .args(["--eager-threshold", &args.eager_threshold, "--log", &args.log])
                 .arg("--socket")
                 .arg(&socket)
+                .args(&args.daemon_args)
                 .env("SKYRIVER_CLUSTER_TOKEN", &token)
                 .stdin(Stdio::null());
-            if node == 0 {
-                command.args(["--head", &head]);
-            } else {
-                command.args(["--join", &head]);
-            }
+            match (&args.directory, node) {
+                (Some(directory), _) => command.args(["--directory", directory]),
+                (None, 0) => command.args(["--head", &head]),
+                (None, _) => command.args(["--join", &head]),
+            };
             let child = command
                 .spawn()
                 .map_err(|e| format!("cannot start daemon {node}: {e}"))?;
-            cluster.children.push(child);
+            cluster.children.push(Some(child));
             cluster.sockets.push(socket.clone());
             // The head must serve the directory before the others join.
             if node == 0 {
@@ -113,15 +138,25 @@ impl LocalCluster {
     }
 }
 
+impl LocalCluster {
+    /// Kills node `node` at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self, node: usize) {
+        if let Some(mut child) = self.children.get_mut(node).and_then(Option::take) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 impl Drop for LocalCluster {
     fn drop(&mut self) {
-        for child in &mut self.children {
+        for child in self.children.iter().flatten() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(child.id() as i32),
                 nix::sys::signal::Signal::SIGTERM,
             );
         }
-        for child in &mut self.children {
+        for child in self.children.iter_mut().flatten() {
             let _ = child.wait();
         }
     }

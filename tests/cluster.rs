@@ -10,13 +10,8 @@ use skyriver::{Client, ClientError, FetchError, NodeId, ObjectId};
 
 fn cluster(nodes: u32, eager_threshold: &str) -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();
-    let args = UpArgs {
-        nodes,
-        memory: "192MiB".parse().unwrap(),
-        dir: Some(dir.path().to_path_buf()),
-        eager_threshold: eager_threshold.into(),
-        log: "warn".into(),
-    };
+    let mut args = UpArgs::new(nodes, "192MiB".parse().unwrap(), Some(dir.path().to_path_buf()));
+    args.eager_threshold = eager_threshold.into();
     let cluster = LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
     (dir, cluster)
 }

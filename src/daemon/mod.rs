@@ -47,6 +47,8 @@ pub struct DaemonConfig {
     pub node: NodeId,
     /// Eager/rendezvous threshold policy for fetches.
     pub threshold: ThresholdPolicy,
+    /// How long this node keeps an object pinned for a requester that stopped answering.
+    pub lease: std::time::Duration,
     /// Join a cluster; `None` runs the daemon alone.
     pub cluster: Option<ClusterConfig>,
     /// Keep the arena and the object index in files (persistent mode); `None`: a memfd.
@@ -64,6 +66,7 @@ impl DaemonConfig {
             socket_mode: 0o600,
             node: NodeId(0),
             threshold: ThresholdPolicy::default(),
+            lease: std::time::Duration::from_secs(10),
             cluster: None,
             persistence: None,
         }
@@ -339,6 +342,7 @@ impl Server {
         let mut node_config = NodeConfig::new(config.node, arena.size_bytes());
         node_config.incarnation = incarnation;
         node_config.threshold = config.threshold;
+        node_config.lease = config.lease;
         let cluster = match &config.cluster {
             Some(cluster) => Some(start_cluster(&config, cluster, &arenas, incarnation).await?),
             None => None,

@@ -95,3 +95,56 @@ pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A `redis-server` on a free loopback port, stopped on drop. `None` (after printing a skip
+/// line) when redis-server is not installed, unless `SKYRIVER_REQUIRE_REDIS` is set.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    pub fn start(test: &str) -> Option<Self> {
+        if Command::new("redis-server").arg("--version").output().is_err() {
+            assert!(
+                std::env::var_os("SKYRIVER_REQUIRE_REDIS").is_none(),
+                "SKYRIVER_REQUIRE_REDIS is set but redis-server is not installed (ci/install-deps.sh)"
+            );
+            eprintln!("SKIPPED {test}: redis-server is not installed");
+            return None;
+        }
+        let dir = test_dir();
+        let port = skyriver::up::free_loopback_port().unwrap();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(started.elapsed() < Duration::from_secs(10), "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(Self { child: Some(child), port, _dir: dir })
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
