@@ -12,8 +12,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
-use crate::node::FetchError;
 use crate::ids::{ArenaId, NodeId, ObjectId, RequestId};
+use crate::node::FetchError;
 use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
 
 /// Version of this protocol; a client of another version is refused at `Hello`.
