@@ -20,6 +20,8 @@ use skyriver_core::ObjectId;
 pub enum BenchCommand {
     /// The local store: create, put, get, contains and delete by object size.
     Local(LocalArgs),
+    /// Persistent mode: fill a store, kill the daemon, time the recovery.
+    Recovery(crate::persistence::bench::RecoveryArgs),
 }
 
 /// Options of `bench local`.
@@ -41,6 +43,13 @@ pub struct LocalArgs {
     /// Measure an already running daemon instead of starting one.
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Start the daemon in persistent mode on this file (reused if it exists), to measure
+    /// the cost of durability.
+    #[arg(long)]
+    pub backing_file: Option<PathBuf>,
+    /// With --backing-file: when seals are durable.
+    #[arg(long, value_enum, default_value_t = crate::persistence::Durability::Seal)]
+    pub durability: crate::persistence::Durability,
     /// Write the results as JSON here.
     #[arg(long, default_value = "bench-local.json")]
     pub json: PathBuf,
@@ -61,6 +70,9 @@ pub enum BenchError {
 pub fn run(command: BenchCommand) -> Result<(), BenchError> {
     match command {
         BenchCommand::Local(args) => run_local(&args),
+        BenchCommand::Recovery(args) => {
+            crate::persistence::bench::run(&args).map_err(BenchError::Setup)
+        }
     }
 }
 
@@ -122,6 +134,14 @@ pub struct ChildDaemon {
 impl ChildDaemon {
     /// Starts `skyriver daemon` (this executable) with `memory_bytes` on a private socket.
     pub fn start(memory_bytes: u64) -> Result<Self, BenchError> {
+        Self::start_with(memory_bytes, &[])
+    }
+
+    /// [`ChildDaemon::start`] with more `skyriver daemon` arguments.
+    pub fn start_with(
+        memory_bytes: u64,
+        extra_args: &[std::ffi::OsString],
+    ) -> Result<Self, BenchError> {
         let dir = std::env::temp_dir().join(format!("skyriver-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .map_err(|e| BenchError::Setup(format!("cannot create {}: {e}", dir.display())))?;
@@ -132,6 +152,7 @@ impl ChildDaemon {
             .arg(memory_bytes.to_string())
             .arg("--socket")
             .arg(&socket)
+            .args(extra_args)
             .stdin(Stdio::null())
             .spawn()
             .map_err(|e| BenchError::Setup(format!("cannot start the daemon: {e}")))?;
@@ -222,7 +243,16 @@ fn run_local(args: &LocalArgs) -> Result<(), BenchError> {
                 "starting a daemon with {} of memory...",
                 format_bytes(memory)
             );
-            Some(ChildDaemon::start(memory)?)
+            let extra: Vec<std::ffi::OsString> = match &args.backing_file {
+                Some(path) => vec![
+                    "--backing-file".into(),
+                    path.into(),
+                    "--durability".into(),
+                    args.durability.to_string().into(),
+                ],
+                None => Vec::new(),
+            };
+            Some(ChildDaemon::start_with(memory, &extra)?)
         }
     };
     let socket = match (&args.socket, &daemon) {
