@@ -22,7 +22,11 @@ pub enum BenchCommand {
     Local(LocalArgs),
     /// Persistent mode: fill a store, kill the daemon, time the recovery.
     Recovery(crate::persistence::bench::RecoveryArgs),
+    /// Fetches between daemons on this machine, by size and mode, next to a raw TCP stream.
+    Fetch(fetch::FetchArgs),
 }
+
+mod fetch;
 
 /// Options of `bench local`.
 #[derive(Args, Debug, Clone)]
@@ -73,6 +77,7 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Recovery(args) => {
             crate::persistence::bench::run(&args).map_err(BenchError::Setup)
         }
+        BenchCommand::Fetch(args) => fetch::run(&args),
     }
 }
 
@@ -96,7 +101,7 @@ pub struct CaseResult {
 }
 
 impl CaseResult {
-    fn from_samples(operation: &str, size_bytes: u64, samples: &mut [Duration]) -> Self {
+    pub(crate) fn from_samples(operation: &str, size_bytes: u64, samples: &mut [Duration]) -> Self {
         samples.sort_unstable();
         let total: Duration = samples.iter().sum();
         let mean_secs = total.as_secs_f64() / samples.len().max(1) as f64;
@@ -196,15 +201,15 @@ impl Drop for ChildDaemon {
     }
 }
 
-struct Timer {
-    budget: Duration,
-    max_iterations: usize,
+pub(crate) struct Timer {
+    pub(crate) budget: Duration,
+    pub(crate) max_iterations: usize,
 }
 
 impl Timer {
     /// Runs `setup` (untimed) and `op` (timed) until the budget or iteration cap is reached,
     /// at least 5 times.
-    fn measure<S, T>(
+    pub(crate) fn measure<S, T>(
         &self,
         mut setup: impl FnMut(usize) -> Result<S, BenchError>,
         mut op: impl FnMut(S) -> Result<T, BenchError>,

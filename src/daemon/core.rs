@@ -115,10 +115,15 @@ impl CoreState {
             while let Some(output) = self.node.poll_output() {
                 self.carry_out(output);
             }
-            let Some((op, reply)) = self.standalone_replies.pop_front() else {
+            // Timers already due (the node sets some for "right after these outputs") fire
+            // here at once, not a round later through the runtime's millisecond timer wheel.
+            if let Some((op, reply)) = self.standalone_replies.pop_front() {
+                self.node.handle_directory_reply(now, op, reply);
+            } else if self.node.poll_timeout().is_some_and(|due| due <= now) {
+                self.node.handle_timeout(now);
+            } else {
                 break;
-            };
-            self.node.handle_directory_reply(now, op, reply);
+            }
         }
     }
 
