@@ -144,10 +144,12 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
-    /// Start a local cluster of N daemons on this machine (built-in directory, TCP fabric).
+    /// Start a local cluster of N daemons on this machine (built-in directory; TCP or verbs).
     Up(skyriver::up::UpArgs),
     /// Start a throw-away daemon, store and read back a few objects, and show the store.
     Demo,
+    /// Run the deterministic cluster simulator: one seed (--seed N) or a sweep (--seeds COUNT).
+    Sim(skyriver_sim::cli::SimArgs),
     /// Benchmarks that print a table and write JSON.
     #[command(subcommand)]
     Bench(skyriver::bench::BenchCommand),
@@ -231,6 +233,7 @@ fn parse_octal(text: &str) -> Result<u32, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Sim(args) => return skyriver_sim::cli::run(&args),
         Command::Daemon(args) => run_daemon(args),
         Command::Put {
             input,

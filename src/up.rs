@@ -1,4 +1,5 @@
-//! `skyriver up`: a local cluster of N daemons on this machine, for trying Skyriver out.
+//! `skyriver up`: a local cluster of N daemons on this machine, for trying Skyriver out (and
+//! for the benchmarks and tests that need several daemons).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -27,6 +28,12 @@ pub struct UpArgs {
     /// Log filter of the daemons.
     #[arg(long, default_value = "info")]
     pub log: String,
+    /// Fabric between the daemons: tcp, or verbs (RDMA; needs --devices).
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "verbs"])]
+    pub fabric: String,
+    /// RDMA devices for the verbs fabric, given to the nodes in turn (e.g. rxe0,rxe1).
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<String>,
     /// Use this directory (redis://HOST:PORT) instead of the built-in one on node 0.
     #[arg(long)]
     pub directory: Option<String>,
@@ -46,6 +53,8 @@ impl UpArgs {
             log: "warn".into(),
             directory: None,
             daemon_args: Vec::new(),
+            fabric: "tcp".into(),
+            devices: Vec::new(),
         }
     }
 }
@@ -65,6 +74,9 @@ impl LocalCluster {
     pub fn start(args: &UpArgs, exe: &std::path::Path) -> Result<Self, String> {
         if args.nodes == 0 {
             return Err("--nodes must be at least 1".into());
+        }
+        if args.fabric == "verbs" && args.devices.is_empty() {
+            return Err("--fabric verbs needs --devices (e.g. rxe0,rxe1)".into());
         }
         let dir = match &args.dir {
             Some(dir) => dir.clone(),
@@ -86,11 +98,18 @@ impl LocalCluster {
             let socket = dir.join(format!("node-{node}.sock"));
             let mut command = Command::new(exe);
             command
-                .args(["daemon", "--fabric", "tcp", "--listen", "127.0.0.1:0", "--no-prefault"])
+                .args(["daemon", "--fabric", &args.fabric, "--listen", "127.0.0.1:0", "--no-prefault"])
                 .args(["--node-id", &node.to_string(), "--memory", &args.memory.0.to_string()])
                 .args(["--eager-threshold", &args.eager_threshold, "--log", &args.log])
                 .arg("--socket")
                 .arg(&socket)
+                .args(
+                    args.devices
+                        .get(node as usize % args.devices.len().max(1))
+                        .map(|device| ["--device", device.as_str()])
+                        .into_iter()
+                        .flatten(),
+                )
                 .args(&args.daemon_args)
                 .env("SKYRIVER_CLUSTER_TOKEN", &token)
                 .stdin(Stdio::null());

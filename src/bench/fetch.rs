@@ -37,6 +37,12 @@ pub struct FetchArgs {
     /// Most iterations of one case.
     #[arg(long, default_value_t = 2000)]
     pub max_iterations: usize,
+    /// Fabric between the two daemons: tcp, or verbs (needs --devices).
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "verbs"])]
+    pub fabric: String,
+    /// RDMA devices for the verbs fabric: node 0 (holder) and node 1 (requester), e.g. rxe0,rxe1.
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<String>,
     /// Write the results as JSON here.
     #[arg(long, default_value = "bench-fetch.json")]
     pub json: PathBuf,
@@ -78,6 +84,8 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         eprintln!("mode {mode}: starting two daemons with {} each...", format_bytes(memory.0));
         let mut up = UpArgs::new(2, memory, None);
         up.eager_threshold = threshold_flag(mode).into();
+        up.fabric = args.fabric.clone();
+        up.devices = args.devices.clone();
         let cluster = LocalCluster::start(&up, &exe).map_err(BenchError::Setup)?;
         let holder = Client::connect(&cluster.sockets[0])?;
         let requester = Client::connect(&cluster.sockets[1])?;
@@ -115,7 +123,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
     print_table(&tcp, &rows, &args.modes);
     let document = serde_json::json!({
         "benchmark": "fetch",
-        "fabric": "tcp",
+        "fabric": args.fabric,
         "machine": MachineInfo::probe(),
         "raw_tcp": tcp,
         "results": rows,

@@ -22,6 +22,7 @@ use skyriver_core::{ArenaId, Instant, NodeId};
 use skyriver_transport::directory::builtin::BuiltinDirectoryServer;
 use skyriver_transport::directory::{Directory, DirectoryNotice, MemberInfo};
 use skyriver_transport::fabric::tcp::{TcpFabric, TcpFabricConfig};
+use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig};
 use skyriver_transport::fabric::{Fabric, FabricEvent, FabricIdentity};
 use skyriver_transport::{ArenaError, ArenaOptions, SharedArena};
 use tokio::net::{UnixListener, UnixStream};
@@ -301,6 +302,8 @@ struct ClusterParts {
     directory: Arc<dyn Directory>,
     notices: mpsc::UnboundedReceiver<DirectoryNotice>,
     directory_server: Option<BuiltinDirectoryServer>,
+    /// Receive-slot size the fabric fixed, when it fixes one.
+    receive_slot_bytes: Option<u32>,
 }
 
 /// A bound daemon, ready to serve.
@@ -349,6 +352,9 @@ impl Server {
         };
         if let Some(parts) = &cluster {
             node_config.region_keys = parts.fabric.region_keys();
+            if let Some(slot_bytes) = parts.receive_slot_bytes {
+                node_config.receive_slot_bytes = slot_bytes;
+            }
         }
         let listener = bind_socket(&config.socket_path, config.socket_mode).await?;
         let epoch = std::time::Instant::now();
@@ -369,10 +375,14 @@ impl Server {
             receivers = Some((parts.fabric_events, parts.notices));
         }
         if let Some(mut persistence) = persistence {
-            // Recovered objects leave the store as seals: draining publishes them.
-            persistence.recover(Instant::ZERO, core.node.store_mut(Instant::ZERO))?;
+            // Recovered objects leave the store as seals: draining publishes them, a batch
+            // at a time so the directory work stays small.
+            persistence.recover_in_batches(256, |batch| {
+                let report = core.node.store_mut(Instant::ZERO).recover(Instant::ZERO, batch);
+                core.drain(Instant::ZERO);
+                report
+            })?;
             core.persistence = Some(persistence);
-            core.drain(Instant::ZERO);
         }
         info!(
             node = %config.node,
@@ -448,15 +458,25 @@ async fn start_cluster(
         cluster_token: cluster.cluster_token.clone(),
     };
     let (fabric_tx, fabric_events) = mpsc::unbounded_channel();
+    let mut receive_slot_bytes = None;
     let fabric: Arc<dyn Fabric> = match &cluster.fabric {
         FabricChoice::Tcp => Arc::new(
             TcpFabric::start(TcpFabricConfig::new(cluster.listen), identity, arenas.clone(), fabric_tx)
                 .map_err(|e| DaemonError::Fabric(e.to_string()))?,
         ),
-        FabricChoice::Verbs { device, .. } => {
-            return Err(DaemonError::Fabric(format!(
-                "the verbs fabric on {device} is not available in this build; use --fabric tcp"
-            )))
+        FabricChoice::Verbs {
+            device,
+            port,
+            gid_index,
+        } => {
+            let mut verbs_config = VerbsFabricConfig::new(device, cluster.listen);
+            verbs_config.port = *port;
+            verbs_config.gid_index = *gid_index;
+            let verbs = VerbsFabric::start(verbs_config, identity, arenas.clone(), fabric_tx)
+                .map_err(|e| DaemonError::Fabric(format!("{e} (use --fabric tcp where no RDMA device works)")))?;
+            // Eager chunks are sized from the receive slots both ends agreed on.
+            receive_slot_bytes = Some(verbs.receive_slot_bytes());
+            Arc::new(verbs)
         }
     };
     let me = MemberInfo {
@@ -473,6 +493,7 @@ async fn start_cluster(
         directory,
         notices,
         directory_server,
+        receive_slot_bytes,
     })
 }
 
