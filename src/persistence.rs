@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use skyriver_core::{Instant, Store, StoreConfig};
+use skyriver_core::{Instant, RecoveredObject, RecoveryReport, Store, StoreConfig};
 use skyriver_transport::persist::{BackingFile, PersistError, ScanReport};
 use skyriver_transport::SharedArena;
 use tracing::{error, info, warn};
@@ -203,24 +203,43 @@ impl Persistence {
             store.config().record_durable_changes,
             "the store must record durable changes (Persistence::configure_store)"
         );
+        self.recover_in_batches(usize::MAX, |batch| store.recover(now, batch))
+    }
+
+    /// [`Persistence::recover`] in batches of `batch_len` records: `apply` hands each batch
+    /// to the store's `recover` and may drain the outputs in between (so a node publishes a
+    /// few hundred recovered objects at a time rather than all at once).
+    pub fn recover_in_batches(
+        &mut self,
+        batch_len: usize,
+        mut apply: impl FnMut(Vec<RecoveredObject>) -> RecoveryReport,
+    ) -> Result<RecoverySummary, PersistError> {
         let mut backing = self.shared.lock();
-        let report = store.recover(now, backing.found_records());
-        for refused in &report.refused {
-            warn!(
-                id = %refused.record.id,
-                block = %refused.record.block,
-                reason = %refused.reason,
-                "discarding an inconsistent index record"
-            );
+        let records: Vec<RecoveredObject> = backing.found_records().collect();
+        let batch_len = batch_len.max(1);
+        let (mut objects, mut bytes, mut refused) = (0, 0, Vec::new());
+        for (batch, chunk) in records.chunks(batch_len).enumerate() {
+            let report = apply(chunk.to_vec());
+            objects += report.recovered_objects;
+            bytes += report.recovered_bytes;
+            for record in &report.refused {
+                warn!(
+                    id = %record.record.id,
+                    block = %record.record.block,
+                    reason = %record.reason,
+                    "discarding an inconsistent index record"
+                );
+                refused.push(batch * batch_len + record.index);
+            }
         }
-        backing.finish_recovery(report.refused.iter().map(|r| r.index))?;
+        backing.finish_recovery(refused.iter().copied())?;
         let summary = RecoverySummary {
             created: self.scan.created,
             arena_bytes: self.scan.data_bytes,
-            recovered_objects: report.recovered_objects,
-            recovered_bytes: report.recovered_bytes,
+            recovered_objects: objects,
+            recovered_bytes: bytes,
             corrupt_records: self.scan.corrupt_slots,
-            refused_records: report.refused.len() as u64,
+            refused_records: refused.len() as u64,
             elapsed_ms: self.opened_at.elapsed().as_secs_f64() * 1000.0,
         };
         if self.scan.corrupt_slots > 0 {
