@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use skyriver_core::client_protocol::{
-    ClusterView, decode_frame_len, decode_server_frame, encode_frame, Request, RequestFrame, Response,
-    ServerFrame, FRAME_HEADER_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
+    decode_frame_len, decode_server_frame, encode_frame, ClusterView, Request, RequestFrame,
+    Response, ServerFrame, FRAME_HEADER_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
 };
 use skyriver_core::node::FetchError;
 use skyriver_core::store::{EvictOutcome, ObjectSummary};
@@ -70,6 +70,18 @@ pub fn default_socket_path() -> PathBuf {
     std::env::var_os("SKYRIVER_SOCKET")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(format!("/tmp/skyriver-{}.sock", nix::unistd::getuid())))
+}
+
+/// The daemon's arenas as this client maps them.
+type MappedArenas = BTreeMap<ArenaId, Arc<SharedArena>>;
+
+/// Where an object lives in the cluster, according to the directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectLocation {
+    /// Live nodes holding a sealed copy.
+    pub holders: Vec<NodeId>,
+    /// Data and metadata bytes, when known.
+    pub sizes: Option<(u64, u64)>,
 }
 
 /// A connection to the local daemon.
@@ -202,9 +214,7 @@ impl Client {
         })
     }
 
-    fn open(
-        socket_path: &Path,
-    ) -> Result<(Connection, NodeId, BTreeMap<ArenaId, Arc<SharedArena>>), ClientError> {
+    fn open(socket_path: &Path) -> Result<(Connection, NodeId, MappedArenas), ClientError> {
         let stream = UnixStream::connect(socket_path).map_err(|source| ClientError::Connect {
             path: socket_path.to_path_buf(),
             source,
@@ -452,7 +462,11 @@ impl Client {
     }
 
     /// Fetches one object from anywhere in the cluster.
-    pub fn fetch_one(&self, id: ObjectId, timeout: Option<Duration>) -> Result<ObjectBuffer, ClientError> {
+    pub fn fetch_one(
+        &self,
+        id: ObjectId,
+        timeout: Option<Duration>,
+    ) -> Result<ObjectBuffer, ClientError> {
         let mut results = self.fetch(&[id], timeout)?;
         results
             .pop()
@@ -469,9 +483,9 @@ impl Client {
     }
 
     /// The live nodes holding a sealed copy of `id`, and its (data, metadata) sizes.
-    pub fn locate(&self, id: ObjectId) -> Result<(Vec<NodeId>, Option<(u64, u64)>), ClientError> {
+    pub fn locate(&self, id: ObjectId) -> Result<ObjectLocation, ClientError> {
         match self.connection().call(Request::Locate { id })? {
-            Response::Located { holders, sizes } => Ok((holders, sizes)),
+            Response::Located { holders, sizes } => Ok(ObjectLocation { holders, sizes }),
             other => Err(unexpected(other)),
         }
     }

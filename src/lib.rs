@@ -23,7 +23,8 @@ pub mod size;
 pub mod up;
 
 pub use client::{
-    default_socket_path, Client, ClientError, ObjectBuffer, ObjectWriter, Subscription,
+    default_socket_path, Client, ClientError, ObjectBuffer, ObjectLocation, ObjectWriter,
+    Subscription,
 };
 pub use skyriver_core::client_protocol::{ClusterView, MemberView};
 pub use skyriver_core::node::FetchError;

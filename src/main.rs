@@ -10,11 +10,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::net::SocketAddr;
 
 use skyriver::daemon::{ClusterConfig, DaemonConfig, DirectoryChoice, FabricChoice};
+use skyriver::size::{format_bytes, ByteSize};
+use skyriver::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
 use skyriver_core::node::ThresholdPolicy;
 use skyriver_core::NodeId;
 use skyriver_transport::directory::DirectorySpec;
-use skyriver::size::{format_bytes, ByteSize};
-use skyriver::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
 
 /// Skyriver: a distributed in-memory object store for RDMA clusters.
 ///
@@ -284,7 +284,9 @@ fn init_logging(filter: &str) {
 fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     init_logging(&args.log);
     let mut config = DaemonConfig::new(
-        args.socket.clone().unwrap_or_else(skyriver::default_socket_path),
+        args.socket
+            .clone()
+            .unwrap_or_else(skyriver::default_socket_path),
         args.memory.0,
     );
     config.hugepages_dir = args.hugepages.clone();
@@ -301,7 +303,9 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         (Some(listen), _, _) => Some(DirectoryChoice::Head { listen: *listen }),
         (None, Some(head), _) => Some(DirectoryChoice::Join { head: head.clone() }),
         (None, None, Some(spec)) => {
-            let parsed: DirectorySpec = spec.parse().map_err(|e: skyriver_transport::directory::DirectoryError| e.to_string())?;
+            let parsed: DirectorySpec = spec
+                .parse()
+                .map_err(|e: skyriver_transport::directory::DirectoryError| e.to_string())?;
             Some(match parsed {
                 DirectorySpec::Redis { url } => DirectoryChoice::Redis { url },
                 DirectorySpec::Builtin { addr } => DirectoryChoice::Join { head: addr },
@@ -309,7 +313,9 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         }
         (None, None, None) => None,
     };
-    let slurm_node = std::env::var("SLURM_NODEID").ok().and_then(|v| v.parse().ok());
+    let slurm_node = std::env::var("SLURM_NODEID")
+        .ok()
+        .and_then(|v| v.parse().ok());
     config.node = NodeId(match (args.node_id, slurm_node, &directory) {
         (Some(id), _, _) | (None, Some(id), _) => id,
         (None, None, Some(DirectoryChoice::Head { .. }) | None) => 0,
@@ -595,8 +601,7 @@ fn watch(socket: &SocketArg, count: Option<u64>) -> Result<(), String> {
         "watching {} (Ctrl-C to stop)",
         client.socket_path().display()
     );
-    let mut seen = 0;
-    for event in subscription {
+    for (seen, event) in (1u64..).zip(subscription) {
         let event = event.map_err(|e| e.to_string())?;
         match event {
             ObjectEvent::Sealed {
@@ -611,7 +616,6 @@ fn watch(socket: &SocketArg, count: Option<u64>) -> Result<(), String> {
             ObjectEvent::Deleted { id } => println!("deleted {id}"),
         }
         let _ = std::io::stdout().flush();
-        seen += 1;
         if count.is_some_and(|count| seen >= count) {
             break;
         }
@@ -707,7 +711,12 @@ fn demo() -> Result<(), String> {
     Ok(())
 }
 
-fn fetch(socket: &SocketArg, ids: &[ObjectId], output: Option<PathBuf>, timeout_ms: u64) -> Result<(), String> {
+fn fetch(
+    socket: &SocketArg,
+    ids: &[ObjectId],
+    output: Option<PathBuf>,
+    timeout_ms: u64,
+) -> Result<(), String> {
     if output.is_some() && ids.len() != 1 {
         return Err("-o takes exactly one object id".into());
     }
@@ -733,12 +742,19 @@ fn fetch(socket: &SocketArg, ids: &[ObjectId], output: Option<PathBuf>, timeout_
     }
     if let (Some(path), Some(Ok(object))) = (&output, results.first()) {
         if path.as_os_str() == "-" {
-            std::io::stdout().write_all(object.data()).map_err(|e| e.to_string())?;
+            std::io::stdout()
+                .write_all(object.data())
+                .map_err(|e| e.to_string())?;
         } else {
-            std::fs::write(path, object.data()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            std::fs::write(path, object.data())
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         }
     }
-    let bytes: u64 = results.iter().flatten().map(|o| o.data().len() as u64).sum();
+    let bytes: u64 = results
+        .iter()
+        .flatten()
+        .map(|o| o.data().len() as u64)
+        .sum();
     eprintln!(
         "fetched {} of {} objects, {} in {elapsed:.1?}",
         results.len() - failed,
@@ -769,7 +785,10 @@ fn nodes(socket: &SocketArg, json: bool) -> Result<(), String> {
             "node": view.node.0, "fabric": view.fabric, "directory": view.directory,
             "directory_healthy": view.directory_healthy, "members": members,
         });
-        println!("{}", serde_json::to_string_pretty(&document).expect("JSON values serialize"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&document).expect("JSON values serialize")
+        );
         return Ok(());
     }
     println!(
@@ -777,9 +796,16 @@ fn nodes(socket: &SocketArg, json: bool) -> Result<(), String> {
         view.node,
         view.fabric,
         view.directory,
-        if view.directory_healthy { "" } else { " (UNREACHABLE)" }
+        if view.directory_healthy {
+            ""
+        } else {
+            " (UNREACHABLE)"
+        }
     );
-    println!("{:<10} {:<22} {:<7} {:<10} LINK", "NODE", "ADDRESS", "FABRIC", "CONNECTED");
+    println!(
+        "{:<10} {:<22} {:<7} {:<10} LINK",
+        "NODE", "ADDRESS", "FABRIC", "CONNECTED"
+    );
     for m in &view.members {
         println!(
             "{:<10} {:<22} {:<7} {:<10} {}",
@@ -795,13 +821,19 @@ fn nodes(socket: &SocketArg, json: bool) -> Result<(), String> {
 
 fn locate(socket: &SocketArg, id: ObjectId) -> Result<(), String> {
     let client = socket.connect().map_err(|e| e.to_string())?;
-    let (holders, sizes) = client.locate(id).map_err(|e| e.to_string())?;
+    let skyriver::ObjectLocation { holders, sizes } =
+        client.locate(id).map_err(|e| e.to_string())?;
     if holders.is_empty() {
         return Err(format!("no live node holds {id}"));
     }
     let names: Vec<String> = holders.iter().map(|n| n.to_string()).collect();
     match sizes {
-        Some((data, metadata)) => println!("{id}  {} + {} metadata  on {}", format_bytes(data), format_bytes(metadata), names.join(", ")),
+        Some((data, metadata)) => println!(
+            "{id}  {} + {} metadata  on {}",
+            format_bytes(data),
+            format_bytes(metadata),
+            names.join(", ")
+        ),
         None => println!("{id}  on {}", names.join(", ")),
     }
     Ok(())

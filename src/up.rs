@@ -82,7 +82,8 @@ impl LocalCluster {
             Some(dir) => dir.clone(),
             None => std::env::temp_dir().join(format!("skyriver-up-{}", std::process::id())),
         };
-        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let head_port = free_loopback_port()?;
         let head = match &args.directory {
             Some(directory) => directory.clone(),
@@ -98,9 +99,26 @@ impl LocalCluster {
             let socket = dir.join(format!("node-{node}.sock"));
             let mut command = Command::new(exe);
             command
-                .args(["daemon", "--fabric", &args.fabric, "--listen", "127.0.0.1:0", "--no-prefault"])
-                .args(["--node-id", &node.to_string(), "--memory", &args.memory.0.to_string()])
-                .args(["--eager-threshold", &args.eager_threshold, "--log", &args.log])
+                .args([
+                    "daemon",
+                    "--fabric",
+                    &args.fabric,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--no-prefault",
+                ])
+                .args([
+                    "--node-id",
+                    &node.to_string(),
+                    "--memory",
+                    &args.memory.0.to_string(),
+                ])
+                .args([
+                    "--eager-threshold",
+                    &args.eager_threshold,
+                    "--log",
+                    &args.log,
+                ])
                 .arg("--socket")
                 .arg(&socket)
                 .args(
@@ -150,7 +168,9 @@ impl LocalCluster {
                 return Ok(());
             }
             if started.elapsed() > limit {
-                return Err(format!("the {want} daemons did not all connect within {limit:?}"));
+                return Err(format!(
+                    "the {want} daemons did not all connect within {limit:?}"
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -185,7 +205,10 @@ fn wait_for_socket(socket: &std::path::Path, limit: Duration) -> Result<(), Stri
     let started = Instant::now();
     while Client::connect(socket).is_err() {
         if started.elapsed() > limit {
-            return Err(format!("no daemon answered on {} within {limit:?}", socket.display()));
+            return Err(format!(
+                "no daemon answered on {} within {limit:?}",
+                socket.display()
+            ));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -194,7 +217,8 @@ fn wait_for_socket(socket: &std::path::Path, limit: Duration) -> Result<(), Stri
 
 /// A loopback TCP port that was free a moment ago.
 pub fn free_loopback_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
     listener
         .local_addr()
         .map(|a| a.port())
@@ -204,14 +228,25 @@ pub fn free_loopback_port() -> Result<u16, String> {
 /// Runs `skyriver up` in the foreground until Ctrl-C.
 pub fn run(args: &UpArgs) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    eprintln!("starting {} daemons with {} each...", args.nodes, format_bytes(args.memory.0));
+    eprintln!(
+        "starting {} daemons with {} each...",
+        args.nodes,
+        format_bytes(args.memory.0)
+    );
     let cluster = LocalCluster::start(args, &exe)?;
-    println!("local cluster up: {} nodes, built-in directory at {}", cluster.sockets.len(), cluster.head);
+    println!(
+        "local cluster up: {} nodes, built-in directory at {}",
+        cluster.sockets.len(),
+        cluster.head
+    );
     for (node, socket) in cluster.sockets.iter().enumerate() {
         println!("  node-{node}: export SKYRIVER_SOCKET={}", socket.display());
     }
     println!("try:");
-    println!("  id=$(skyriver put --socket {} FILE)", cluster.sockets[0].display());
+    println!(
+        "  id=$(skyriver put --socket {} FILE)",
+        cluster.sockets[0].display()
+    );
     println!(
         "  skyriver fetch --socket {} $id -o copy",
         cluster.sockets[cluster.sockets.len() - 1].display()

@@ -10,9 +10,14 @@ use skyriver::{Client, ClientError, FetchError, NodeId, ObjectId};
 
 fn cluster(nodes: u32, eager_threshold: &str) -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();
-    let mut args = UpArgs::new(nodes, "192MiB".parse().unwrap(), Some(dir.path().to_path_buf()));
+    let mut args = UpArgs::new(
+        nodes,
+        "192MiB".parse().unwrap(),
+        Some(dir.path().to_path_buf()),
+    );
     args.eager_threshold = eager_threshold.into();
-    let cluster = LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
+    let cluster =
+        LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
     (dir, cluster)
 }
 
@@ -38,15 +43,20 @@ fn fetch_every_size(threshold: &str) {
         let id = ObjectId::from_u64(1000 + n as u64);
         let data = pattern(n as u64, size);
         holder.create_and_seal(id, &data, b"meta").unwrap();
-        let object = requester.fetch_one(id, Some(Duration::from_secs(60))).unwrap();
+        let object = requester
+            .fetch_one(id, Some(Duration::from_secs(60)))
+            .unwrap();
         assert_eq!(object.data().len(), size);
-        assert!(object.data() == &data[..], "bytes of {size}-byte object differ");
+        assert!(
+            object.data() == &data[..],
+            "bytes of {size}-byte object differ"
+        );
         assert_eq!(object.metadata(), b"meta");
         drop(object);
         // The copy is now local: an ordinary get sees it, and the directory lists both nodes.
         assert!(requester.contains(id).unwrap());
         common::eventually("the new copy is published", || {
-            requester.locate(id).unwrap().0.len() == 2
+            requester.locate(id).unwrap().holders.len() == 2
         });
     }
 }
@@ -72,7 +82,9 @@ fn concurrent_fetches_of_the_same_and_different_objects() {
     let holder = Client::connect(&cluster.sockets[0]).unwrap();
     let ids: Vec<ObjectId> = (0..12).map(|n| ObjectId::from_u64(5000 + n)).collect();
     for (n, id) in ids.iter().enumerate() {
-        holder.create_and_seal(*id, &pattern(n as u64, 100_000 * (n + 1)), b"").unwrap();
+        holder
+            .create_and_seal(*id, &pattern(n as u64, 100_000 * (n + 1)), b"")
+            .unwrap();
     }
     let threads: Vec<_> = (0..6)
         .map(|t| {
@@ -95,7 +107,11 @@ fn concurrent_fetches_of_the_same_and_different_objects() {
         thread.join().unwrap();
     }
     let requester = Client::connect(&cluster.sockets[1]).unwrap();
-    assert_eq!(requester.list().unwrap().len(), ids.len(), "one copy each, fetches coalesced");
+    assert_eq!(
+        requester.list().unwrap().len(),
+        ids.len(),
+        "one copy each, fetches coalesced"
+    );
 }
 
 #[test]
@@ -106,7 +122,10 @@ fn fetch_of_a_missing_object_fails_before_its_deadline() {
     let error = client
         .fetch_one(ObjectId::from_u64(404), Some(Duration::from_millis(500)))
         .unwrap_err();
-    assert!(matches!(error, ClientError::Fetch(FetchError::NotFound { .. })), "{error}");
+    assert!(
+        matches!(error, ClientError::Fetch(FetchError::NotFound { .. })),
+        "{error}"
+    );
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
@@ -116,18 +135,25 @@ fn a_fetch_waits_for_an_object_sealed_later_elsewhere() {
     let socket = cluster.sockets[1].clone();
     let waiter = std::thread::spawn(move || {
         let client = Client::connect(&socket).unwrap();
-        client.fetch_one(ObjectId::from_u64(77), Some(Duration::from_secs(30))).map(|o| o.data().to_vec())
+        client
+            .fetch_one(ObjectId::from_u64(77), Some(Duration::from_secs(30)))
+            .map(|o| o.data().to_vec())
     });
     std::thread::sleep(Duration::from_millis(300));
     let holder = Client::connect(&cluster.sockets[0]).unwrap();
-    holder.create_and_seal(ObjectId::from_u64(77), b"published later", b"").unwrap();
+    holder
+        .create_and_seal(ObjectId::from_u64(77), b"published later", b"")
+        .unwrap();
     assert_eq!(waiter.join().unwrap().unwrap(), b"published later");
 }
 
 #[test]
 fn nodes_lists_every_member_connected() {
     let (_dir, cluster) = cluster(3, "auto");
-    let view = Client::connect(&cluster.sockets[2]).unwrap().nodes().unwrap();
+    let view = Client::connect(&cluster.sockets[2])
+        .unwrap()
+        .nodes()
+        .unwrap();
     assert_eq!(view.node, NodeId(2));
     assert_eq!(view.fabric, "tcp");
     let nodes: Vec<u32> = view.members.iter().map(|m| m.node.0).collect();
@@ -136,5 +162,8 @@ fn nodes_lists_every_member_connected() {
     let (ok, stdout, _) = common::cli(&cluster.sockets[0], &["nodes"], None);
     assert!(ok);
     let text = String::from_utf8(stdout).unwrap();
-    assert!(text.contains("node-2") && text.contains("eager threshold"), "{text}");
+    assert!(
+        text.contains("node-2") && text.contains("eager threshold"),
+        "{text}"
+    );
 }

@@ -8,17 +8,29 @@ use std::time::{Duration, Instant};
 use skyriver::up::{LocalCluster, UpArgs};
 use skyriver::{Client, ClientError, FetchError, ObjectId, StoreError};
 
-fn start(nodes: u32, memory: &str, extra: &[&str], directory: Option<String>) -> (tempfile::TempDir, LocalCluster) {
+fn start(
+    nodes: u32,
+    memory: &str,
+    extra: &[&str],
+    directory: Option<String>,
+) -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();
-    let mut args = UpArgs::new(nodes, memory.parse().unwrap(), Some(dir.path().to_path_buf()));
+    let mut args = UpArgs::new(
+        nodes,
+        memory.parse().unwrap(),
+        Some(dir.path().to_path_buf()),
+    );
     args.daemon_args = extra.iter().map(|s| s.to_string()).collect();
     args.directory = directory;
-    let cluster = LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
+    let cluster =
+        LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
     (dir, cluster)
 }
 
 fn bytes(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 #[test]
@@ -27,16 +39,32 @@ fn holder_killed_mid_transfer_the_fetch_completes_from_another_holder() {
     let (_dir, mut cluster) = start(4, "512MiB", &[], None);
     let id = ObjectId::from_u64(1);
     let data = bytes(7, 256 << 20);
-    Client::connect(&cluster.sockets[1]).unwrap().create_and_seal(id, &data, b"").unwrap();
-    drop(Client::connect(&cluster.sockets[2]).unwrap().fetch_one(id, Some(Duration::from_secs(60))).unwrap());
+    Client::connect(&cluster.sockets[1])
+        .unwrap()
+        .create_and_seal(id, &data, b"")
+        .unwrap();
+    drop(
+        Client::connect(&cluster.sockets[2])
+            .unwrap()
+            .fetch_one(id, Some(Duration::from_secs(60)))
+            .unwrap(),
+    );
     common::eventually("both copies are published", || {
-        Client::connect(&cluster.sockets[3]).unwrap().locate(id).unwrap().0.len() == 2
+        Client::connect(&cluster.sockets[3])
+            .unwrap()
+            .locate(id)
+            .unwrap()
+            .holders
+            .len()
+            == 2
     });
     let socket = cluster.sockets[3].clone();
     let fetcher = std::thread::spawn(move || {
         let client = Client::connect(&socket).unwrap();
         let started = Instant::now();
-        let result = client.fetch_one(id, Some(Duration::from_secs(60))).map(|o| o.data() == &bytes(7, 256 << 20)[..]);
+        let result = client
+            .fetch_one(id, Some(Duration::from_secs(60)))
+            .map(|o| o.data() == &bytes(7, 256 << 20)[..]);
         (result, started.elapsed())
     });
     // Kill one holder while the transfer runs (whichever one it picked, a copy remains).
@@ -52,12 +80,17 @@ fn only_holder_killed_mid_transfer_the_fetch_fails_cleanly_before_its_deadline()
     // Node 0 is the head; node 1 is the only holder; node 2 fetches.
     let (_dir, mut cluster) = start(3, "512MiB", &[], None);
     let id = ObjectId::from_u64(2);
-    Client::connect(&cluster.sockets[1]).unwrap().create_and_seal(id, &bytes(3, 256 << 20), b"").unwrap();
+    Client::connect(&cluster.sockets[1])
+        .unwrap()
+        .create_and_seal(id, &bytes(3, 256 << 20), b"")
+        .unwrap();
     let socket = cluster.sockets[2].clone();
     let fetcher = std::thread::spawn(move || {
         let client = Client::connect(&socket).unwrap();
         let started = Instant::now();
-        let result = client.fetch_one(id, Some(Duration::from_secs(8))).map(|o| o.data().len());
+        let result = client
+            .fetch_one(id, Some(Duration::from_secs(8)))
+            .map(|o| o.data().len());
         (result, started.elapsed())
     });
     std::thread::sleep(Duration::from_millis(30));
@@ -67,10 +100,16 @@ fn only_holder_killed_mid_transfer_the_fetch_fails_cleanly_before_its_deadline()
     match result {
         Ok(len) => assert_eq!(len, 256 << 20),
         Err(ClientError::Fetch(error)) => {
-            assert!(took <= Duration::from_secs(9), "failed after its deadline: {took:?}");
+            assert!(
+                took <= Duration::from_secs(9),
+                "failed after its deadline: {took:?}"
+            );
             eprintln!("fetch failed as expected: {error}");
             let requester = Client::connect(&cluster.sockets[2]).unwrap();
-            assert!(requester.list().unwrap().is_empty(), "no partial object is left behind");
+            assert!(
+                requester.list().unwrap().is_empty(),
+                "no partial object is left behind"
+            );
             assert_eq!(requester.stats().unwrap().allocated_bytes, 0);
         }
         Err(other) => panic!("{other}"),
@@ -82,18 +121,26 @@ fn requester_killed_the_holder_lease_expires_and_unpins() {
     let (_dir, mut cluster) = start(3, "512MiB", &["--lease-ms=1500"], None);
     let id = ObjectId::from_u64(3);
     let holder = Client::connect(&cluster.sockets[1]).unwrap();
-    holder.create_and_seal(id, &bytes(1, 256 << 20), b"").unwrap();
+    holder
+        .create_and_seal(id, &bytes(1, 256 << 20), b"")
+        .unwrap();
     let socket = cluster.sockets[2].clone();
     std::thread::spawn(move || {
         let client = Client::connect(&socket).unwrap();
         let _ = client.fetch_one(id, Some(Duration::from_secs(30)));
     });
     common::eventually("the holder pinned the object for the transfer", || {
-        holder.list().unwrap().iter().any(|o| o.info.id == id && o.pin_count > 0)
+        holder
+            .list()
+            .unwrap()
+            .iter()
+            .any(|o| o.info.id == id && o.pin_count > 0)
     });
     cluster.kill(2);
     let started = Instant::now();
-    common::eventually("the lease expired", || holder.list().unwrap()[0].pin_count == 0);
+    common::eventually("the lease expired", || {
+        holder.list().unwrap()[0].pin_count == 0
+    });
     assert!(started.elapsed() < Duration::from_secs(8));
     // Unpinned: it can be deleted at once.
     assert_eq!(holder.delete(&[id]).unwrap(), vec![Ok(())]);
@@ -105,13 +152,22 @@ fn a_requester_without_room_fails_with_out_of_memory_and_writes_nothing() {
     let holder = Client::connect(&cluster.sockets[0]).unwrap();
     let requester = Client::connect(&cluster.sockets[1]).unwrap();
     let big = ObjectId::from_u64(4);
-    holder.create_and_seal(big, &bytes(2, 40 << 20), b"").unwrap();
+    holder
+        .create_and_seal(big, &bytes(2, 40 << 20), b"")
+        .unwrap();
     // The requester's memory is held by its own client.
-    requester.create_and_seal(ObjectId::from_u64(5), &bytes(9, 40 << 20), b"").unwrap();
+    requester
+        .create_and_seal(ObjectId::from_u64(5), &bytes(9, 40 << 20), b"")
+        .unwrap();
     let _held = requester.get_one(ObjectId::from_u64(5), None).unwrap();
-    let error = requester.fetch_one(big, Some(Duration::from_secs(5))).unwrap_err();
+    let error = requester
+        .fetch_one(big, Some(Duration::from_secs(5)))
+        .unwrap_err();
     assert!(
-        matches!(error, ClientError::Fetch(FetchError::Store(StoreError::OutOfMemory { .. }))),
+        matches!(
+            error,
+            ClientError::Fetch(FetchError::Store(StoreError::OutOfMemory { .. }))
+        ),
         "{error}"
     );
     let objects = requester.list().unwrap();
@@ -124,10 +180,21 @@ fn garbage_on_a_fabric_port_leaves_the_daemon_unharmed() {
     let (_dir, cluster) = start(2, "64MiB", &[], None);
     let client = Client::connect(&cluster.sockets[0]).unwrap();
     let view = client.nodes().unwrap();
-    let address = &view.members.iter().find(|m| m.node == view.node).unwrap().address;
-    for garbage in [&[0xffu8; 64][..], &[200, 0, 0, 0, 1, 2, 3][..], b"GET / HTTP/1.1\r\n\r\n"] {
+    let address = &view
+        .members
+        .iter()
+        .find(|m| m.node == view.node)
+        .unwrap()
+        .address;
+    for garbage in [
+        &[0xffu8; 64][..],
+        &[200, 0, 0, 0, 1, 2, 3][..],
+        b"GET / HTTP/1.1\r\n\r\n",
+    ] {
         let mut stream = std::net::TcpStream::connect(address).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         stream.write_all(garbage).unwrap();
         let mut rest = Vec::new();
         let _ = stream.read_to_end(&mut rest);
@@ -135,7 +202,13 @@ fn garbage_on_a_fabric_port_leaves_the_daemon_unharmed() {
     let id = ObjectId::from_u64(6);
     client.create_and_seal(id, b"fine", b"").unwrap();
     let other = Client::connect(&cluster.sockets[1]).unwrap();
-    assert_eq!(other.fetch_one(id, Some(Duration::from_secs(10))).unwrap().data(), b"fine");
+    assert_eq!(
+        other
+            .fetch_one(id, Some(Duration::from_secs(10)))
+            .unwrap()
+            .data(),
+        b"fine"
+    );
 }
 
 #[test]
@@ -147,17 +220,30 @@ fn redis_directory_cluster_fetches_and_survives_a_redis_outage() {
     let holder = Client::connect(&cluster.sockets[0]).unwrap();
     let requester = Client::connect(&cluster.sockets[1]).unwrap();
     for (n, size) in [(10u64, 1000usize), (11, 4 << 20)] {
-        holder.create_and_seal(ObjectId::from_u64(n), &bytes(n as u8, size), b"").unwrap();
-        let object = requester.fetch_one(ObjectId::from_u64(n), Some(Duration::from_secs(30))).unwrap();
+        holder
+            .create_and_seal(ObjectId::from_u64(n), &bytes(n as u8, size), b"")
+            .unwrap();
+        let object = requester
+            .fetch_one(ObjectId::from_u64(n), Some(Duration::from_secs(30)))
+            .unwrap();
         assert!(object.data() == &bytes(n as u8, size)[..]);
     }
     redis.stop();
     // Local objects are still served, and the daemons say the directory is gone.
-    holder.create_and_seal(ObjectId::from_u64(12), b"local", b"").unwrap();
-    assert_eq!(holder.get_one(ObjectId::from_u64(12), None).unwrap().data(), b"local");
-    common::eventually("the outage is reported", || !requester.nodes().unwrap().directory_healthy);
+    holder
+        .create_and_seal(ObjectId::from_u64(12), b"local", b"")
+        .unwrap();
+    assert_eq!(
+        holder.get_one(ObjectId::from_u64(12), None).unwrap().data(),
+        b"local"
+    );
+    common::eventually("the outage is reported", || {
+        !requester.nodes().unwrap().directory_healthy
+    });
     let started = Instant::now();
-    let error = requester.fetch_one(ObjectId::from_u64(12), Some(Duration::from_secs(10))).unwrap_err();
+    let error = requester
+        .fetch_one(ObjectId::from_u64(12), Some(Duration::from_secs(10)))
+        .unwrap_err();
     assert!(matches!(error, ClientError::Fetch(_)), "{error}");
     assert!(started.elapsed() < Duration::from_secs(11));
 }

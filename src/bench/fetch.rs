@@ -25,7 +25,11 @@ use skyriver_core::ObjectId;
 #[derive(Args, Debug, Clone)]
 pub struct FetchArgs {
     /// Object sizes to measure.
-    #[arg(long, value_delimiter = ',', default_value = "1KiB,64KiB,1MiB,16MiB,64MiB")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1KiB,64KiB,1MiB,16MiB,64MiB"
+    )]
     pub sizes: Vec<ByteSize>,
     /// Transfer modes to compare.
     #[arg(long, value_delimiter = ',', default_value = "eager,rendezvous,auto",
@@ -81,7 +85,10 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
     let exe = std::env::current_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
     let mut rows = Vec::new();
     for mode in &args.modes {
-        eprintln!("mode {mode}: starting two daemons with {} each...", format_bytes(memory.0));
+        eprintln!(
+            "mode {mode}: starting two daemons with {} each...",
+            format_bytes(memory.0)
+        );
         let mut up = UpArgs::new(2, memory, None);
         up.eager_threshold = threshold_flag(mode).into();
         up.fabric = args.fabric.clone();
@@ -128,8 +135,11 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         "raw_tcp": tcp,
         "results": rows,
     });
-    std::fs::write(&args.json, serde_json::to_string_pretty(&document).expect("results serialize"))
-        .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.json.display())))?;
+    std::fs::write(
+        &args.json,
+        serde_json::to_string_pretty(&document).expect("results serialize"),
+    )
+    .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.json.display())))?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }
@@ -145,7 +155,11 @@ fn print_table(tcp: &[CaseResult], rows: &[FetchRow], modes: &[String]) {
                 continue;
             };
             let (size, tcp_bw, tcp_p50) = if m == 0 {
-                (format_bytes(base.size_bytes), format!("{:.1}", base.mb_per_sec), format!("{:.1}", base.p50_us))
+                (
+                    format_bytes(base.size_bytes),
+                    format!("{:.1}", base.mb_per_sec),
+                    format!("{:.1}", base.p50_us),
+                )
             } else {
                 (String::new(), String::new(), String::new())
             };

@@ -18,7 +18,10 @@ const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
 const EVENT_BATCH: usize = 256;
 
 /// Feeds fabric events to the node, a batch per lock.
-pub(super) async fn run_fabric_events(shared: Arc<Shared>, mut events: UnboundedReceiver<FabricEvent>) {
+pub(super) async fn run_fabric_events(
+    shared: Arc<Shared>,
+    mut events: UnboundedReceiver<FabricEvent>,
+) {
     let mut batch = Vec::with_capacity(EVENT_BATCH);
     while events.recv_many(&mut batch, EVENT_BATCH).await > 0 {
         let now = shared.now();
@@ -45,7 +48,8 @@ fn handle_fabric_event(core: &mut CoreState, now: skyriver_core::Instant, event:
                 .eager_threshold(peer)
                 .map_or_else(|| "-".to_string(), |t| crate::size::format_bytes(t.bytes));
             info!(%peer, link = %summary, eager_threshold = %threshold, "peer connected");
-            core.links.insert(peer, format!("{summary}, eager threshold {threshold}"));
+            core.links
+                .insert(peer, format!("{summary}, eager threshold {threshold}"));
         }
         FabricEvent::PeerLost { peer, reason } => {
             if core.links.remove(&peer).is_some() {
@@ -58,12 +62,17 @@ fn handle_fabric_event(core: &mut CoreState, now: skyriver_core::Instant, event:
                 warn!(%peer, %error, "malformed message from peer: ignored");
             }
         }
-        FabricEvent::ReadCompleted { op, result } => core.node.handle_read_completion(now, op, result),
+        FabricEvent::ReadCompleted { op, result } => {
+            core.node.handle_read_completion(now, op, result)
+        }
     }
 }
 
 /// Feeds directory notices to the node, and connects to members as they appear.
-pub(super) async fn run_directory_notices(shared: Arc<Shared>, mut notices: UnboundedReceiver<DirectoryNotice>) {
+pub(super) async fn run_directory_notices(
+    shared: Arc<Shared>,
+    mut notices: UnboundedReceiver<DirectoryNotice>,
+) {
     while let Some(notice) = notices.recv().await {
         let now = shared.now();
         let mut core = shared.lock();
@@ -143,11 +152,14 @@ pub(super) async fn connect_directory(
     let mut server = None;
     let spec = match &cluster.directory {
         DirectoryChoice::Head { listen } => {
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .map_err(|e| DaemonError::Directory(format!("cannot serve the directory on {listen}: {e}")))?;
-            let head = BuiltinDirectoryServer::spawn(listener, ServerConfig::new(cluster.cluster_token.clone()))
-                .map_err(|e| DaemonError::Directory(e.to_string()))?;
+            let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+                DaemonError::Directory(format!("cannot serve the directory on {listen}: {e}"))
+            })?;
+            let head = BuiltinDirectoryServer::spawn(
+                listener,
+                ServerConfig::new(cluster.cluster_token.clone()),
+            )
+            .map_err(|e| DaemonError::Directory(e.to_string()))?;
             let addr = head.local_addr().to_string();
             info!(directory = %addr, "serving the built-in directory: other daemons join with --join {addr}");
             server = Some(head);

@@ -288,4 +288,3 @@ async fn serve_requests(
         }
     }
 }
-

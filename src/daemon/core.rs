@@ -12,9 +12,7 @@ use skyriver_core::client_protocol::{
 };
 use skyriver_core::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
 use skyriver_core::node::{Node, NodeOutput};
-use skyriver_core::{
-    wire, ArenaId, ClientId, Instant, NodeId, RequestId, StoreError, StoreOutput,
-};
+use skyriver_core::{wire, ArenaId, ClientId, Instant, NodeId, RequestId, StoreError, StoreOutput};
 use skyriver_transport::directory::{Directory, MemberInfo};
 use skyriver_transport::fabric::Fabric;
 use skyriver_transport::SharedArena;
@@ -232,22 +230,35 @@ impl CoreState {
                 metadata_size,
             ))),
             Request::Seal { id, release } => Some(Response::Done(
-                self.node.store_mut(now).seal(client, id, release).map(|_| ()),
-            )),
-            Request::Abort { id } => Some(Response::Done(self.node.store_mut(now).abort(client, id))),
-            Request::Get { ids, timeout_ms } => {
                 self.node
                     .store_mut(now)
-                    .get(now, client, request, ids, Request::timeout(timeout_ms));
+                    .seal(client, id, release)
+                    .map(|_| ()),
+            )),
+            Request::Abort { id } => {
+                Some(Response::Done(self.node.store_mut(now).abort(client, id)))
+            }
+            Request::Get { ids, timeout_ms } => {
+                self.node.store_mut(now).get(
+                    now,
+                    client,
+                    request,
+                    ids,
+                    Request::timeout(timeout_ms),
+                );
                 None
             }
             Request::Release { id } => {
                 Some(Response::Done(self.node.store_mut(now).release(client, id)))
             }
             Request::Contains { id } => Some(Response::Contains(self.node.store().contains(&id))),
-            Request::Delete { ids } => Some(Response::Deleted(self.node.store_mut(now).delete(&ids))),
+            Request::Delete { ids } => {
+                Some(Response::Deleted(self.node.store_mut(now).delete(&ids)))
+            }
             Request::List => Some(Response::Listed(self.node.store().list())),
-            Request::Evict { bytes } => Some(Response::Evicted(self.node.store_mut(now).evict(bytes))),
+            Request::Evict { bytes } => {
+                Some(Response::Evicted(self.node.store_mut(now).evict(bytes)))
+            }
             Request::Subscribe => {
                 self.node.store_mut(now).subscribe(client);
                 Some(Response::Done(Ok(())))
@@ -272,7 +283,12 @@ impl CoreState {
         self.drain(now);
     }
 
-    fn locate(&mut self, client: ClientId, request: RequestId, id: skyriver_core::ObjectId) -> Option<Response> {
+    fn locate(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        id: skyriver_core::ObjectId,
+    ) -> Option<Response> {
         let Some(directory) = &self.directory else {
             let info = self.node.store().sealed_info(&id);
             return Some(Response::Located {
@@ -283,7 +299,13 @@ impl CoreState {
         self.next_driver_op += 1;
         let op = DirectoryOpId(DRIVER_OP_BIT | self.next_driver_op);
         self.locates.insert(op, (client, request));
-        directory.submit(op, DirectoryRequest::Lookup { id, subscribe: false });
+        directory.submit(
+            op,
+            DirectoryRequest::Lookup {
+                id,
+                subscribe: false,
+            },
+        );
         None
     }
 
@@ -301,7 +323,10 @@ impl CoreState {
                 link: if m.node == me {
                     "this node".into()
                 } else {
-                    self.links.get(&m.node).cloned().unwrap_or_else(|| "not connected".into())
+                    self.links
+                        .get(&m.node)
+                        .cloned()
+                        .unwrap_or_else(|| "not connected".into())
                 },
             })
             .collect();

@@ -174,7 +174,9 @@ impl Shared {
 
     fn lock(&self) -> MutexGuard<'_, CoreState> {
         // A panic while holding the lock is a bug already reported; keep serving.
-        self.core.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.core
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -311,7 +313,10 @@ pub struct Server {
     listener: UnixListener,
     shared: Arc<Shared>,
     socket_path: PathBuf,
-    cluster: Option<(mpsc::UnboundedReceiver<FabricEvent>, mpsc::UnboundedReceiver<DirectoryNotice>)>,
+    cluster: Option<(
+        mpsc::UnboundedReceiver<FabricEvent>,
+        mpsc::UnboundedReceiver<DirectoryNotice>,
+    )>,
     /// The built-in directory, when this daemon is the head.
     directory_server: Option<BuiltinDirectoryServer>,
 }
@@ -331,7 +336,14 @@ impl Server {
                     crate::persistence::Persistence::open(persist, config.memory_bytes)?;
                 (Some(persistence), Arc::new(arena))
             }
-            None => (None, Arc::new(SharedArena::create("skyriver-arena-0", config.memory_bytes, &options)?)),
+            None => (
+                None,
+                Arc::new(SharedArena::create(
+                    "skyriver-arena-0",
+                    config.memory_bytes,
+                    &options,
+                )?),
+            ),
         };
         let arena_infos = vec![ArenaInfo {
             id: ArenaId(0),
@@ -378,7 +390,10 @@ impl Server {
             // Recovered objects leave the store as seals: draining publishes them, a batch
             // at a time so the directory work stays small.
             persistence.recover_in_batches(256, |batch| {
-                let report = core.node.store_mut(Instant::ZERO).recover(Instant::ZERO, batch);
+                let report = core
+                    .node
+                    .store_mut(Instant::ZERO)
+                    .recover(Instant::ZERO, batch);
                 core.drain(Instant::ZERO);
                 report
             })?;
@@ -420,9 +435,17 @@ impl Server {
     pub async fn serve(mut self, shutdown: impl std::future::Future<Output = ()>) {
         let mut tasks = vec![tokio::spawn(run_timer(self.shared.clone()))];
         if let Some((fabric_events, notices)) = self.cluster.take() {
-            tasks.push(tokio::spawn(cluster::run_fabric_events(self.shared.clone(), fabric_events)));
-            tasks.push(tokio::spawn(cluster::run_directory_notices(self.shared.clone(), notices)));
-            tasks.push(tokio::spawn(cluster::run_connection_maintenance(self.shared.clone())));
+            tasks.push(tokio::spawn(cluster::run_fabric_events(
+                self.shared.clone(),
+                fabric_events,
+            )));
+            tasks.push(tokio::spawn(cluster::run_directory_notices(
+                self.shared.clone(),
+                notices,
+            )));
+            tasks.push(tokio::spawn(cluster::run_connection_maintenance(
+                self.shared.clone(),
+            )));
         }
         tokio::pin!(shutdown);
         loop {
@@ -461,8 +484,13 @@ async fn start_cluster(
     let mut receive_slot_bytes = None;
     let fabric: Arc<dyn Fabric> = match &cluster.fabric {
         FabricChoice::Tcp => Arc::new(
-            TcpFabric::start(TcpFabricConfig::new(cluster.listen), identity, arenas.clone(), fabric_tx)
-                .map_err(|e| DaemonError::Fabric(e.to_string()))?,
+            TcpFabric::start(
+                TcpFabricConfig::new(cluster.listen),
+                identity,
+                arenas.clone(),
+                fabric_tx,
+            )
+            .map_err(|e| DaemonError::Fabric(e.to_string()))?,
         ),
         FabricChoice::Verbs {
             device,
@@ -473,7 +501,11 @@ async fn start_cluster(
             verbs_config.port = *port;
             verbs_config.gid_index = *gid_index;
             let verbs = VerbsFabric::start(verbs_config, identity, arenas.clone(), fabric_tx)
-                .map_err(|e| DaemonError::Fabric(format!("{e} (use --fabric tcp where no RDMA device works)")))?;
+                .map_err(|e| {
+                    DaemonError::Fabric(format!(
+                        "{e} (use --fabric tcp where no RDMA device works)"
+                    ))
+                })?;
             // Eager chunks are sized from the receive slots both ends agreed on.
             receive_slot_bytes = Some(verbs.receive_slot_bytes());
             Arc::new(verbs)

@@ -106,7 +106,11 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start(test: &str) -> Option<Self> {
-        if Command::new("redis-server").arg("--version").output().is_err() {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
             assert!(
                 std::env::var_os("SKYRIVER_REQUIRE_REDIS").is_none(),
                 "SKYRIVER_REQUIRE_REDIS is set but redis-server is not installed (ci/install-deps.sh)"
@@ -117,7 +121,16 @@ impl RedisServer {
         let dir = test_dir();
         let port = skyriver::up::free_loopback_port().unwrap();
         let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(dir.path())
             .stdout(Stdio::null())
@@ -125,10 +138,17 @@ impl RedisServer {
             .expect("redis-server starts");
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(10), "redis-server did not start");
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Some(Self { child: Some(child), port, _dir: dir })
+        Some(Self {
+            child: Some(child),
+            port,
+            _dir: dir,
+        })
     }
 
     pub fn url(&self) -> String {

@@ -189,7 +189,7 @@ impl TcpFabric {
         let salt = (std::process::id() as u64 ^ now_nanos()) as u32;
         let mut keys = BTreeMap::new();
         let mut arena_by_rkey = BTreeMap::new();
-        for (&arena, _) in &arenas {
+        for &arena in arenas.keys() {
             let rkey = salt.wrapping_add(arena.0.wrapping_mul(0x9e37_79b9));
             keys.insert(arena, ArenaKey { base_addr: 0, rkey });
             arena_by_rkey.insert(rkey, arena);
