@@ -406,3 +406,125 @@ fn async_durability_never_corrupts() {
         env_or("SKYRIVER_CRASH_KILLS", 300u64).div_ceil(5),
     );
 }
+
+fn spawn(args: &[std::ffi::OsString]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args(args)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn skyriver daemon")
+}
+
+fn wait_for_socket(socket: &Path) {
+    let started = Instant::now();
+    while Client::connect(socket).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "daemon did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A persistent node of a cluster is killed and restarted: the objects it recovers are
+/// published to the directory again, and another node fetches them from it.
+#[test]
+fn recovered_objects_are_republished_in_a_cluster() {
+    let dir = common::test_dir();
+    let port = skyriver::up::free_loopback_port().unwrap();
+    let head = format!("127.0.0.1:{port}");
+    let head_socket = dir.path().join("head.sock");
+    let node_socket = dir.path().join("node.sock");
+    let backing = dir.path().join("node-store");
+    let common_args = [
+        "daemon",
+        "--log",
+        "warn",
+        "--no-prefault",
+        "--memory",
+        "64MiB",
+    ];
+    let os = |args: &[&str]| -> Vec<std::ffi::OsString> { args.iter().map(|a| a.into()).collect() };
+    let head_args: Vec<std::ffi::OsString> = os(&common_args)
+        .into_iter()
+        .chain(os(&[
+            "--node-id",
+            "0",
+            "--listen",
+            "127.0.0.1:0",
+            "--head",
+            &head,
+        ]))
+        .chain(["--socket".into(), head_socket.clone().into_os_string()])
+        .collect();
+    let node_args: Vec<std::ffi::OsString> = os(&common_args)
+        .into_iter()
+        .chain(os(&[
+            "--node-id",
+            "1",
+            "--listen",
+            "127.0.0.1:0",
+            "--join",
+            &head,
+        ]))
+        .chain([
+            "--backing-file".into(),
+            backing.clone().into_os_string(),
+            "--socket".into(),
+            node_socket.clone().into_os_string(),
+        ])
+        .collect();
+    let _head = Daemon {
+        child: Some(spawn(&head_args)),
+        socket: head_socket.clone(),
+    };
+    wait_for_socket(&head_socket);
+    let mut node = Daemon {
+        child: Some(spawn(&node_args)),
+        socket: node_socket.clone(),
+    };
+    wait_for_socket(&node_socket);
+
+    let ids = [ObjectId::from_u64(1), ObjectId::from_u64(2)];
+    let sizes = [1 << 20, 300];
+    {
+        let holder = Client::connect(&node_socket).unwrap();
+        for (&id, &size) in ids.iter().zip(&sizes) {
+            holder
+                .create_and_seal(id, &expected(id, size, 0), b"m")
+                .unwrap();
+        }
+    }
+    let requester = Client::connect(&head_socket).unwrap();
+    let held_by_node_1 = |id: ObjectId| {
+        requester
+            .locate(id)
+            .is_ok_and(|located| located.holders.contains(&skyriver::NodeId(1)))
+    };
+    common::eventually("the seals are published", || {
+        ids.iter().all(|&id| held_by_node_1(id))
+    });
+
+    let mut child = node.child.take().unwrap();
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    common::eventually("the dead node's objects are withdrawn", || {
+        ids.iter().all(|&id| !held_by_node_1(id))
+    });
+
+    node.child = Some(spawn(&node_args));
+    wait_for_socket(&node_socket);
+    common::eventually("the recovered objects are published again", || {
+        ids.iter().all(|&id| held_by_node_1(id))
+    });
+    for (&id, &size) in ids.iter().zip(&sizes) {
+        let object = requester
+            .fetch_one(id, Some(Duration::from_secs(30)))
+            .unwrap();
+        assert!(
+            object.data() == expected(id, size, 0).as_slice(),
+            "bytes of {id}"
+        );
+        assert_eq!(object.metadata(), b"m");
+    }
+}
