@@ -189,6 +189,21 @@ enum InFlight {
     Other,
 }
 
+/// After a request that may evict returned: sealed objects no longer listed were evicted, and
+/// their removal is durable. `false` if the daemon is gone.
+fn forget_evicted(client: &Client, model: &mut BTreeMap<ObjectId, Object>) -> bool {
+    let Ok(list) = client.list() else {
+        return false;
+    };
+    let listed: std::collections::BTreeSet<ObjectId> = list.iter().map(|s| s.info.id).collect();
+    for (id, object) in model.iter_mut() {
+        if object.known == Known::Sealed && !listed.contains(id) {
+            object.known = Known::Gone;
+        }
+    }
+    true
+}
+
 /// Runs operations until the daemon dies; returns what was in flight and how many ops ran.
 fn run_workload(
     client: &Client,
@@ -224,21 +239,19 @@ fn run_workload(
                     known: Known::Gone,
                 },
             );
-            let mut writer = match client.create(id, data_size, metadata_size) {
-                Ok(writer) => writer,
-                Err(skyriver::ClientError::Store(_)) => continue, // out of memory
-                Err(_) => return (InFlight::Evicting, ops),
-            };
-            // The create returned: whatever it evicted is gone for good.
-            let listed: std::collections::BTreeSet<ObjectId> = match client.list() {
-                Ok(list) => list.iter().map(|s| s.info.id).collect(),
-                Err(_) => return (InFlight::Other, ops),
-            };
-            for (other, object) in model.iter_mut() {
-                if object.known == Known::Sealed && !listed.contains(other) {
-                    object.known = Known::Gone;
-                }
+            let created = client.create(id, data_size, metadata_size);
+            if matches!(created, Err(ref e) if !matches!(e, skyriver::ClientError::Store(_))) {
+                return (InFlight::Evicting, ops);
             }
+            // The create returned: whatever it evicted is gone for good. A create that fails
+            // with OutOfMemory may have evicted too (free space too fragmented to fit).
+            if !forget_evicted(client, model) {
+                // What the request evicted is durable but unknown.
+                return (InFlight::Evicting, ops);
+            }
+            let Ok(mut writer) = created else {
+                continue; // out of memory
+            };
             fill(id, writer.data_mut(), 0);
             fill(id, writer.metadata_mut(), 7);
             match fate {
@@ -287,15 +300,9 @@ fn run_workload(
             if client.evict(bytes).is_err() {
                 return (InFlight::Evicting, ops);
             }
-            let Ok(list) = client.list() else {
-                return (InFlight::Other, ops);
-            };
-            let listed: std::collections::BTreeSet<ObjectId> =
-                list.iter().map(|s| s.info.id).collect();
-            for (other, object) in model.iter_mut() {
-                if object.known == Known::Sealed && !listed.contains(other) {
-                    object.known = Known::Gone;
-                }
+            if !forget_evicted(client, model) {
+                // What the request evicted is durable but unknown.
+                return (InFlight::Evicting, ops);
             }
         }
     }
