@@ -173,6 +173,17 @@ impl Entry {
         }
     }
 
+    /// Only the creator of an unsealed object may seal or abort it.
+    fn check_creator(&self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
+        match self.state {
+            ObjectState::Sealed => Err(StoreError::AlreadySealed(id)),
+            ObjectState::Unsealed { creator } if creator != client => {
+                Err(StoreError::NotCreator(id))
+            }
+            ObjectState::Unsealed { .. } => Ok(()),
+        }
+    }
+
     fn evictable(&self) -> bool {
         self.state == ObjectState::Sealed
             && self.ref_count == 0
@@ -380,13 +391,7 @@ impl Store {
             .objects
             .get_mut(&id)
             .ok_or(StoreError::ObjectNotFound(id))?;
-        match entry.state {
-            ObjectState::Sealed => return Err(StoreError::AlreadySealed(id)),
-            ObjectState::Unsealed { creator } if creator != client => {
-                return Err(StoreError::NotCreator(id))
-            }
-            ObjectState::Unsealed { .. } => {}
-        }
+        entry.check_creator(client, id)?;
         entry.state = ObjectState::Sealed;
         let info = entry.info(id);
         let block = entry.block;
@@ -419,17 +424,10 @@ impl Store {
 
     /// Drops an unsealed object its creator no longer wants.
     pub fn abort(&mut self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
-        let entry = self
-            .objects
+        self.objects
             .get(&id)
-            .ok_or(StoreError::ObjectNotFound(id))?;
-        match entry.state {
-            ObjectState::Sealed => return Err(StoreError::AlreadySealed(id)),
-            ObjectState::Unsealed { creator } if creator != client => {
-                return Err(StoreError::NotCreator(id))
-            }
-            ObjectState::Unsealed { .. } => {}
-        }
+            .ok_or(StoreError::ObjectNotFound(id))?
+            .check_creator(client, id)?;
         if let Some(state) = self.clients.get_mut(&client) {
             state.creating.remove(&id);
             state.held.remove(&id);

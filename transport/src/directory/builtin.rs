@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
 
 use super::frame;
-use super::{Directory, DirectoryError, DirectoryNotice, MemberInfo};
+use super::{Directory, DirectoryError, DirectoryNotice, MemberInfo, RequestQueue};
 
 /// Version of the built-in directory protocol, checked in the hello.
 pub const PROTOCOL_VERSION: u16 = 1;
@@ -717,28 +717,13 @@ impl Default for ClientConfig {
 /// A node's connection to the built-in directory. Dropping it leaves the cluster.
 #[derive(Debug)]
 pub struct BuiltinDirectory {
-    commands: mpsc::Sender<(DirectoryOpId, DirectoryRequest)>,
-    notices: mpsc::UnboundedSender<DirectoryNotice>,
+    queue: RequestQueue,
     description: String,
 }
 
 impl Directory for BuiltinDirectory {
     fn submit(&self, op: DirectoryOpId, request: DirectoryRequest) {
-        let expects_reply = !matches!(request, DirectoryRequest::Unsubscribe { .. });
-        if let Err(error) = self.commands.try_send((op, request)) {
-            let reason = match error {
-                mpsc::error::TrySendError::Full(_) => "too many directory requests queued",
-                mpsc::error::TrySendError::Closed(_) => "the directory client stopped",
-            };
-            if expects_reply {
-                let _ = self.notices.send(DirectoryNotice::Reply {
-                    op,
-                    reply: DirectoryReply::Unavailable {
-                        reason: reason.into(),
-                    },
-                });
-            }
-        }
+        self.queue.submit(op, request);
     }
 
     fn describe(&self) -> String {
@@ -857,8 +842,7 @@ pub async fn connect(
     };
     tokio::spawn(client.run(connection, command_rx));
     Ok(BuiltinDirectory {
-        commands,
-        notices,
+        queue: RequestQueue { commands, notices },
         description,
     })
 }

@@ -185,3 +185,32 @@ pub async fn connect(
         }
     }
 }
+
+/// The hand-off from [`Directory::submit`] to a backend's task: bounded, never blocking. A
+/// request that cannot be queued is answered `Unavailable` at once, so the core never waits on
+/// a reply that will not come.
+#[derive(Debug)]
+pub(crate) struct RequestQueue {
+    pub(crate) commands: mpsc::Sender<(DirectoryOpId, DirectoryRequest)>,
+    pub(crate) notices: mpsc::UnboundedSender<DirectoryNotice>,
+}
+
+impl RequestQueue {
+    pub(crate) fn submit(&self, op: DirectoryOpId, request: DirectoryRequest) {
+        let expects_reply = !matches!(request, DirectoryRequest::Unsubscribe { .. });
+        if let Err(error) = self.commands.try_send((op, request)) {
+            let reason = match error {
+                mpsc::error::TrySendError::Full(_) => "too many directory requests queued",
+                mpsc::error::TrySendError::Closed(_) => "the directory client stopped",
+            };
+            if expects_reply {
+                let _ = self.notices.send(DirectoryNotice::Reply {
+                    op,
+                    reply: DirectoryReply::Unavailable {
+                        reason: reason.into(),
+                    },
+                });
+            }
+        }
+    }
+}

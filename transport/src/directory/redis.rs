@@ -40,7 +40,7 @@ use skyriver_core::{NodeId, ObjectId, ObjectSizes};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
-use super::{Directory, DirectoryError, DirectoryNotice, MemberInfo};
+use super::{Directory, DirectoryError, DirectoryNotice, MemberInfo, RequestQueue};
 
 /// Most pending one-shot subscriptions of one node.
 pub const MAX_SUBSCRIPTIONS_PER_NODE: usize = 65_536;
@@ -189,28 +189,13 @@ fn parse_holder_value(text: &str) -> Option<(u32, ObjectSizes)> {
 /// A node's connection to the Redis directory. Dropping it leaves the cluster.
 #[derive(Debug)]
 pub struct RedisDirectory {
-    commands: mpsc::Sender<(DirectoryOpId, DirectoryRequest)>,
-    notices: mpsc::UnboundedSender<DirectoryNotice>,
+    queue: RequestQueue,
     description: String,
 }
 
 impl Directory for RedisDirectory {
     fn submit(&self, op: DirectoryOpId, request: DirectoryRequest) {
-        let expects_reply = !matches!(request, DirectoryRequest::Unsubscribe { .. });
-        if let Err(error) = self.commands.try_send((op, request)) {
-            let reason = match error {
-                mpsc::error::TrySendError::Full(_) => "too many directory requests queued",
-                mpsc::error::TrySendError::Closed(_) => "the directory client stopped",
-            };
-            if expects_reply {
-                let _ = self.notices.send(DirectoryNotice::Reply {
-                    op,
-                    reply: DirectoryReply::Unavailable {
-                        reason: reason.into(),
-                    },
-                });
-            }
-        }
+        self.queue.submit(op, request);
     }
 
     fn describe(&self) -> String {
@@ -277,8 +262,7 @@ pub async fn connect(
     let (commands, command_rx) = mpsc::channel(MAX_QUEUED_REQUESTS);
     tokio::spawn(worker.run(live, command_rx));
     Ok(RedisDirectory {
-        commands,
-        notices,
+        queue: RequestQueue { commands, notices },
         description,
     })
 }
