@@ -186,6 +186,8 @@ enum InFlight {
     Nothing,
     /// A create (which may evict) or an explicit evict.
     Evicting,
+    /// A create or evict returned, but the listing of what it evicted was cut by the kill.
+    EvictedUnlisted,
     Other,
 }
 
@@ -247,7 +249,7 @@ fn run_workload(
             // with OutOfMemory may have evicted too (free space too fragmented to fit).
             if !forget_evicted(client, model) {
                 // What the request evicted is durable but unknown.
-                return (InFlight::Evicting, ops);
+                return (InFlight::EvictedUnlisted, ops);
             }
             let Ok(mut writer) = created else {
                 continue; // out of memory
@@ -302,7 +304,7 @@ fn run_workload(
             }
             if !forget_evicted(client, model) {
                 // What the request evicted is durable but unknown.
-                return (InFlight::Evicting, ops);
+                return (InFlight::EvictedUnlisted, ops);
             }
         }
     }
@@ -341,9 +343,13 @@ fn crash_loop(durability: &str, seed: u64, kills: u64) {
         let mut daemon = start_daemon(dir.path(), durability);
         let client = Client::connect(&daemon.socket).unwrap();
         let context = format!("seed {seed}, after kill {kill}");
-        let lost_allowed = in_flight == InFlight::Evicting || durability == "async";
+        let lost_allowed = matches!(in_flight, InFlight::Evicting | InFlight::EvictedUnlisted)
+            || durability == "async";
         let (live, lost) = check_after_restart(&client, &mut model, lost_allowed, &context);
         total_lost += lost;
+        if lost > 0 {
+            println!("kill {kill}: {lost} sealed objects evicted by {in_flight:?} are gone");
+        }
         most_live = most_live.max(live);
         if kill == kills {
             break;
