@@ -3,7 +3,7 @@
 # Idempotent: only missing packages are installed (--no-install-recommends);
 # `apt-get update` runs only when an install fails or a package is unknown.
 #
-#   ci/softroce/install-deps.sh [build|vm|all]     (default: all)
+#   ci/softroce/install-deps.sh [build|rxe|vm|all]     (default: all)
 #
 #   build  what compiling skyriver-transport needs: the verbs bindings
 #          (rdma-mummy-sys) run CMake and bindgen (libclang) at build time;
@@ -11,22 +11,26 @@
 #   vm     what ci/softroce/run-in-vm.sh needs: qemu, busybox, kmod, the
 #          rdma-core user space the guest runs (libibverbs + the rxe provider),
 #          and the verbs tools its selftest uses (ibverbs-utils, perftest)
+#   rxe    only what a machine with its own RDMA kernel needs (the Vagrant VM,
+#          real hardware): rdma-core user space, the verbs tools, perftest,
+#          python3 (the benchmark table)
 #
 # Must run as root. Set SKYRIVER_VM_NO_APT=1 to only report what is missing.
 set -euo pipefail
 
 BUILD_PKGS=(cmake libclang-dev gcc libc6-dev make pkg-config)
-VM_PKGS=(qemu-system-x86 busybox-static kmod cpio gzip xz-utils zstd iproute2 util-linux
-         rdma-core ibverbs-providers libibverbs1 librdmacm1
-         ibverbs-utils rdmacm-utils perftest)
+RXE_PKGS=(kmod iproute2 rdma-core ibverbs-providers libibverbs1 librdmacm1
+          ibverbs-utils rdmacm-utils perftest python3)
+VM_PKGS=(qemu-system-x86 busybox-static cpio gzip xz-utils zstd util-linux "${RXE_PKGS[@]}")
 
 say() { echo "install-deps: $*" >&2; }
 
 case "${1:-all}" in
     build) want=("${BUILD_PKGS[@]}") ;;
+    rxe)   want=("${RXE_PKGS[@]}") ;;
     vm)    want=("${VM_PKGS[@]}") ;;
     all)   want=("${BUILD_PKGS[@]}" "${VM_PKGS[@]}") ;;
-    *)     say "usage: $0 [build|vm|all]"; exit 2 ;;
+    *)     say "usage: $0 [build|rxe|vm|all]"; exit 2 ;;
 esac
 
 missing=()

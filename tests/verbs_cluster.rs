@@ -1,0 +1,342 @@
+//! Daemons on real RDMA devices: `skyriver daemon --fabric verbs` processes on the devices
+//! named in `SKYRIVER_RDMA_DEVICES` (`"rxe0 rxe1"` inside `ci/softroce/run-in-vm.sh`; node i
+//! uses device i mod n) fetch objects of every size class from each other, eager, rendezvous
+//! and by the cost model, and survive a holder killed in the middle of a READ. Without that
+//! variable every test prints a skip line and passes:
+//!
+//! ```text
+//! CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER=$PWD/ci/softroce/run-in-vm.sh \
+//!     cargo test --test verbs_cluster -- --test-threads=1
+//! ```
+//!
+//! `SKYRIVER_RDMA_GID_INDEX` picks the GID index on hardware that needs one. Every wait has a
+//! deadline; assertions are on bytes and outcomes, never speed. Sizes stay small (at most
+//! 16 MiB) because SoftRoCE under an emulated CPU moves a few tens of MB/s.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use skyriver::up::{LocalCluster, UpArgs};
+use skyriver::{Client, ClientError, ObjectId};
+
+/// Every size class: inline-small, one eager chunk, several chunks, around the automatic
+/// threshold, and clearly rendezvous.
+const SIZES: [usize; 7] = [1, 1 << 10, 60 << 10, 256 << 10, 1 << 20, 8 << 20, 16 << 20];
+const FETCH_DEADLINE: Duration = Duration::from_secs(120);
+
+/// The device names to use, or `None` (after printing a skip line past the harness capture).
+fn devices(test: &str) -> Option<Vec<String>> {
+    let list = std::env::var("SKYRIVER_RDMA_DEVICES").unwrap_or_default();
+    let names: Vec<String> = list.split_whitespace().map(str::to_string).collect();
+    if names.is_empty() {
+        eprintln!(
+            "skip {test}: SKYRIVER_RDMA_DEVICES is not set (run in ci/softroce/run-in-vm.sh)"
+        );
+        return None;
+    }
+    Some(names)
+}
+
+/// `nodes` verbs daemons (node 0 is the directory head) with this eager threshold.
+fn cluster(
+    test: &str,
+    nodes: u32,
+    eager_threshold: &str,
+    extra: &[&str],
+) -> Option<(tempfile::TempDir, LocalCluster)> {
+    let devices = devices(test)?;
+    let dir = common::test_dir();
+    let mut args = UpArgs::new(
+        nodes,
+        "96MiB".parse().unwrap(),
+        Some(dir.path().to_path_buf()),
+    );
+    args.fabric = "verbs".into();
+    args.devices = devices;
+    args.eager_threshold = eager_threshold.into();
+    args.daemon_args = extra.iter().map(|s| s.to_string()).collect();
+    if let Ok(gid) = std::env::var("SKYRIVER_RDMA_GID_INDEX") {
+        args.daemon_args.push(format!("--gid-index={gid}"));
+    }
+    let started = Instant::now();
+    let cluster = LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver")))
+        .unwrap_or_else(|e| panic!("{test}: verbs cluster did not start: {e}"));
+    eprintln!(
+        "{test}: {nodes} verbs daemons on {} connected in {:?}",
+        args.devices.join(","),
+        started.elapsed()
+    );
+    Some((dir, cluster))
+}
+
+/// Seeded pseudo-random bytes, 8 at a time (the suite runs unoptimized on an emulated CPU).
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut bytes = Vec::with_capacity(len + 8);
+    while bytes.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        bytes.extend_from_slice(&state.to_le_bytes());
+    }
+    bytes.truncate(len);
+    bytes
+}
+
+/// Where two byte strings first differ, for a readable failure.
+fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
+    if got == want {
+        return None;
+    }
+    Some(
+        got.iter()
+            .zip(want)
+            .position(|(a, b)| a != b)
+            .unwrap_or(got.len().min(want.len())),
+    )
+}
+
+fn fetch_every_size(test: &str, threshold: &str) {
+    let Some((_dir, cluster)) = cluster(test, 2, threshold, &[]) else {
+        return;
+    };
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    let requester = Client::connect(&cluster.sockets[1]).unwrap();
+    let view = requester.nodes().unwrap();
+    assert_eq!(view.fabric, "verbs");
+    let link = &view
+        .members
+        .iter()
+        .find(|m| m.node != view.node)
+        .unwrap()
+        .link;
+    eprintln!("{test}: link {link}");
+    for (n, &size) in SIZES.iter().enumerate() {
+        let id = ObjectId::from_u64(1000 + n as u64);
+        let data = pattern(n as u64 + 1, size);
+        holder.create_and_seal(id, &data, b"meta").unwrap();
+        let started = Instant::now();
+        let object = requester.fetch_one(id, Some(FETCH_DEADLINE)).unwrap();
+        let took = started.elapsed();
+        assert_eq!(
+            first_difference(object.data(), &data),
+            None,
+            "{test}: bytes of the {size}-byte object differ"
+        );
+        assert_eq!(object.metadata(), b"meta");
+        drop(object);
+        eprintln!("{test}: {size} bytes fetched and checked ({took:?})");
+        assert!(requester.contains(id).unwrap());
+        common::eventually("the new copy is published", || {
+            requester.locate(id).unwrap().holders.len() == 2
+        });
+    }
+    // And back: the requester's copies serve the holder after the holder deletes its own.
+    let id = ObjectId::from_u64(1000 + SIZES.len() as u64 - 2);
+    holder.delete(&[id]).unwrap();
+    common::eventually("the holder's copy is gone", || {
+        !holder.contains(id).unwrap()
+    });
+    let object = holder.fetch_one(id, Some(FETCH_DEADLINE)).unwrap();
+    assert_eq!(
+        first_difference(object.data(), &pattern(SIZES.len() as u64 - 1, 8 << 20)),
+        None
+    );
+}
+
+#[test]
+fn fetch_every_size_with_the_automatic_threshold() {
+    fetch_every_size("fetch_every_size_with_the_automatic_threshold", "auto");
+}
+
+#[test]
+fn fetch_every_size_all_eager_as_far_as_slots_allow() {
+    fetch_every_size("fetch_every_size_all_eager_as_far_as_slots_allow", "1GiB");
+}
+
+#[test]
+fn fetch_every_size_all_rendezvous() {
+    fetch_every_size("fetch_every_size_all_rendezvous", "0");
+}
+
+/// Many fetches at once from two requesters: many READs outstanding on several QPs, and
+/// eager chunks interleaved with them.
+#[test]
+fn concurrent_fetches_across_three_daemons() {
+    let test = "concurrent_fetches_across_three_daemons";
+    let Some((_dir, cluster)) = cluster(test, 3, "auto", &[]) else {
+        return;
+    };
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    let size_of = |n: usize| 37_000 * (n + 1) * (n + 1);
+    let ids: Vec<ObjectId> = (0..10).map(|n| ObjectId::from_u64(5000 + n)).collect();
+    for (n, id) in ids.iter().enumerate() {
+        holder
+            .create_and_seal(*id, &pattern(n as u64, size_of(n)), b"")
+            .unwrap();
+    }
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let socket = cluster.sockets[1 + t % 2].clone();
+            let ids = ids.clone();
+            std::thread::spawn(move || {
+                let client = Client::connect(&socket).unwrap();
+                let mut order: Vec<usize> = (0..ids.len()).collect();
+                order.rotate_left(t * 3);
+                for n in order {
+                    let object = client.fetch_one(ids[n], Some(FETCH_DEADLINE)).unwrap();
+                    assert_eq!(
+                        first_difference(object.data(), &pattern(n as u64, size_of(n))),
+                        None
+                    );
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    for socket in &cluster.sockets[1..] {
+        let requester = Client::connect(socket).unwrap();
+        assert_eq!(
+            requester.list().unwrap().len(),
+            ids.len(),
+            "one copy each, fetches coalesced"
+        );
+    }
+}
+
+/// Waits (bounded) until one of `holders` has pinned `id` for a transfer; returns its index.
+fn wait_for_the_serving_holder(
+    cluster: &LocalCluster,
+    holders: &[usize],
+    id: ObjectId,
+) -> Option<usize> {
+    let started = Instant::now();
+    let clients: Vec<Client> = holders
+        .iter()
+        .map(|&n| Client::connect(&cluster.sockets[n]).unwrap())
+        .collect();
+    while started.elapsed() < Duration::from_secs(30) {
+        for (client, &node) in clients.iter().zip(holders) {
+            if client
+                .list()
+                .unwrap()
+                .iter()
+                .any(|o| o.info.id == id && o.pin_count > 0)
+            {
+                return Some(node);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+/// Node 0 is the head; nodes 1 and 2 hold the object; node 3 fetches it by READs (rendezvous)
+/// and the holder it reads from is SIGKILLed while the READs run.
+#[test]
+fn holder_killed_mid_read_the_fetch_completes_from_another_holder() {
+    let test = "holder_killed_mid_read_the_fetch_completes_from_another_holder";
+    let Some((_dir, mut cluster)) = cluster(test, 4, "0", &[]) else {
+        return;
+    };
+    let id = ObjectId::from_u64(1);
+    let size = 16 << 20;
+    let data = pattern(7, size);
+    Client::connect(&cluster.sockets[1])
+        .unwrap()
+        .create_and_seal(id, &data, b"")
+        .unwrap();
+    drop(
+        Client::connect(&cluster.sockets[2])
+            .unwrap()
+            .fetch_one(id, Some(FETCH_DEADLINE))
+            .unwrap(),
+    );
+    common::eventually("both copies are published", || {
+        Client::connect(&cluster.sockets[3])
+            .unwrap()
+            .locate(id)
+            .unwrap()
+            .holders
+            .len()
+            == 2
+    });
+    let socket = cluster.sockets[3].clone();
+    let fetcher = std::thread::spawn(move || {
+        let client = Client::connect(&socket).unwrap();
+        let started = Instant::now();
+        let result = client
+            .fetch_one(id, Some(FETCH_DEADLINE))
+            .map(|o| first_difference(o.data(), &data));
+        (result, started.elapsed())
+    });
+    match wait_for_the_serving_holder(&cluster, &[1, 2], id) {
+        Some(node) => {
+            eprintln!("{test}: killing node {node}, which serves the READs");
+            cluster.kill(node);
+        }
+        None => eprintln!("{test}: no holder pinned the object in time (finished already?)"),
+    }
+    let (result, took) = fetcher.join().unwrap();
+    assert_eq!(result.unwrap(), None, "bytes intact");
+    eprintln!("{test}: fetch completed in {took:?}");
+}
+
+/// Node 1 is the only holder and is SIGKILLed mid-READ: the fetch fails with a reason before
+/// its deadline and leaves nothing behind, or (had it finished first) returns exact bytes.
+#[test]
+fn only_holder_killed_mid_read_the_fetch_fails_cleanly() {
+    let test = "only_holder_killed_mid_read_the_fetch_fails_cleanly";
+    let Some((_dir, mut cluster)) = cluster(test, 3, "0", &[]) else {
+        return;
+    };
+    let id = ObjectId::from_u64(2);
+    let size = 16 << 20;
+    let data = pattern(3, size);
+    Client::connect(&cluster.sockets[1])
+        .unwrap()
+        .create_and_seal(id, &data, b"")
+        .unwrap();
+    let deadline = Duration::from_secs(20);
+    let socket = cluster.sockets[2].clone();
+    let fetcher = std::thread::spawn(move || {
+        let client = Client::connect(&socket).unwrap();
+        let started = Instant::now();
+        let result = client
+            .fetch_one(id, Some(deadline))
+            .map(|o| first_difference(o.data(), &data));
+        (result, started.elapsed())
+    });
+    if wait_for_the_serving_holder(&cluster, &[1], id).is_some() {
+        cluster.kill(1);
+    }
+    let (result, took) = fetcher.join().unwrap();
+    match result {
+        Ok(difference) => assert_eq!(difference, None, "bytes intact"),
+        Err(ClientError::Fetch(error)) => {
+            assert!(
+                took <= deadline + Duration::from_secs(1),
+                "failed after its deadline: {took:?}"
+            );
+            eprintln!("{test}: fetch failed as expected after {took:?}: {error}");
+            let requester = Client::connect(&cluster.sockets[2]).unwrap();
+            assert!(
+                requester.list().unwrap().is_empty(),
+                "no partial object is left behind"
+            );
+            assert_eq!(requester.stats().unwrap().allocated_bytes, 0);
+            // The requester still works: a fresh object from the head arrives intact.
+            let other = ObjectId::from_u64(3);
+            Client::connect(&cluster.sockets[0])
+                .unwrap()
+                .create_and_seal(other, &pattern(4, 3 << 20), b"")
+                .unwrap();
+            let object = requester.fetch_one(other, Some(FETCH_DEADLINE)).unwrap();
+            assert_eq!(first_difference(object.data(), &pattern(4, 3 << 20)), None);
+        }
+        Err(other) => panic!("{other}"),
+    }
+}
