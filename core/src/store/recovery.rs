@@ -329,6 +329,85 @@ mod tests {
         after.check_invariants();
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put { size: u64 },
+        Delete { pick: usize },
+        Evict { bytes: u64 },
+        Hold { pick: usize },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            5 => (0u64..3000).prop_map(|size| Op::Put { size }),
+            2 => any::<usize>().prop_map(|pick| Op::Delete { pick }),
+            1 => (0u64..4000).prop_map(|bytes| Op::Evict { bytes }),
+            1 => any::<usize>().prop_map(|pick| Op::Hold { pick }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the store did, replaying its durable changes up to any input boundary (a
+        /// crash there) recovers exactly the sealed objects of that moment, in place.
+        #[test]
+        fn recovery_at_any_input_boundary_matches_the_store_then(
+            ops in proptest::collection::vec(op(), 1..80),
+            cut in proptest::prelude::any::<proptest::sample::Index>(),
+        ) {
+            let mut store = durable_store(8192);
+            let mut log = Vec::new();
+            let mut boundaries = vec![(0, Vec::new())];
+            let mut next = 0;
+            for op in ops {
+                let sealed: Vec<ObjectId> = store
+                    .list()
+                    .iter()
+                    .filter(|s| s.sealed && !s.delete_pending)
+                    .map(|s| s.info.id)
+                    .collect();
+                match op {
+                    Op::Put { size } => {
+                        next += 1;
+                        let id = ObjectId::from_u64(next);
+                        if store.create(Instant(0), A, id, size, 0).is_ok() {
+                            store.seal(A, id, true).unwrap();
+                        }
+                    }
+                    Op::Delete { pick } if !sealed.is_empty() => {
+                        let _ = store.delete(&[sealed[pick % sealed.len()]]);
+                    }
+                    Op::Hold { pick } if !sealed.is_empty() => {
+                        let id = sealed[pick % sealed.len()];
+                        if store.get_now(A, id).is_ok() {
+                            let _ = store.delete(&[id]);
+                            store.release(A, id).unwrap();
+                        }
+                    }
+                    Op::Evict { bytes } => {
+                        store.evict(bytes);
+                    }
+                    _ => {}
+                }
+                log.extend(changes(&mut store));
+                let infos: Vec<_> = store
+                    .list()
+                    .into_iter()
+                    .filter(|s| s.sealed)
+                    .map(|s| s.info)
+                    .collect();
+                boundaries.push((log.len(), infos));
+            }
+            let (len, expected) = &boundaries[cut.index(boundaries.len())];
+            let mut recovered = durable_store(8192);
+            let report = recovered.recover(Instant(1), surviving(&log[..*len]));
+            proptest::prop_assert!(report.refused.is_empty(), "{:?}", report);
+            recovered.check_invariants();
+            let infos: Vec<_> = recovered.list().into_iter().map(|s| s.info).collect();
+            proptest::prop_assert_eq!(&infos, expected);
+        }
+    }
+
     #[test]
     fn inconsistent_records_are_refused() {
         let mut store = durable_store(4096);
