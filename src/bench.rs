@@ -2,7 +2,11 @@
 //!
 //! `bench local` measures the local store through the real daemon and client: create+seal,
 //! put (create, fill, seal) against a plain memcpy into pre-faulted memory measured in the
-//! same run, zero-copy get+release, get with a full read, contains and delete.
+//! same run, zero-copy get+release, batched gets, get with a full read, contains and delete.
+//!
+//! `bench fetch` measures fetches between daemons against TCP, Plasma-style, chunked and Redis
+//! baselines in the same run; `bench scale` fills one daemon with many small objects and runs
+//! many clients against it; `bench all` runs the three in turn.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,11 +26,33 @@ pub enum BenchCommand {
     Local(LocalArgs),
     /// Persistent mode: fill a store, kill the daemon, time the recovery.
     Recovery(crate::persistence::bench::RecoveryArgs),
-    /// Fetches between daemons on this machine, by size and mode, next to a raw TCP stream.
+    /// Fetches between daemons on this machine, by size and mode, next to raw TCP, Plasma-style
+    /// 4 KiB chunks, 5 MiB chunked pulls and Redis GET measured in the same run.
     Fetch(fetch::FetchArgs),
+    /// Many small objects in one daemon (metadata bytes per object), then many clients doing a
+    /// mixed get/put workload.
+    Scale(scale::ScaleArgs),
+    /// The whole comparison: local, fetch and scale, with JSON and the plot in one directory.
+    All(AllArgs),
 }
 
 mod fetch;
+mod plot;
+mod scale;
+
+/// Options of `bench all`.
+#[derive(Args, Debug, Clone)]
+pub struct AllArgs {
+    /// Directory for the JSON files and the plot.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    /// Time per case in `bench local` and per system and size in `bench fetch`.
+    #[arg(long, default_value_t = 500)]
+    pub millis_per_case: u64,
+    /// Objects in `bench scale`.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub scale_objects: u64,
+}
 
 /// Options of `bench local`.
 #[derive(Args, Debug, Clone)]
@@ -78,7 +104,71 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
             crate::persistence::bench::run(&args).map_err(BenchError::Setup)
         }
         BenchCommand::Fetch(args) => fetch::run(&args),
+        BenchCommand::Scale(args) => scale::run(&args),
+        BenchCommand::All(args) => run_all(&args),
     }
+}
+
+fn run_all(args: &AllArgs) -> Result<(), BenchError> {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(subcommand)]
+        command: BenchCommand,
+    }
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| BenchError::Setup(format!("cannot create {}: {e}", args.out.display())))?;
+    let out = |name: &str| args.out.join(name).display().to_string();
+    let millis = args.millis_per_case.to_string();
+    let objects = args.scale_objects.to_string();
+    let steps: [(&str, Vec<String>); 3] = [
+        (
+            "local",
+            vec![
+                "local".into(),
+                "--millis-per-case".into(),
+                millis.clone(),
+                "--json".into(),
+                out("bench-local.json"),
+            ],
+        ),
+        (
+            "fetch",
+            vec![
+                "fetch".into(),
+                "--millis-per-case".into(),
+                millis,
+                "--json".into(),
+                out("bench-fetch.json"),
+                "--plot".into(),
+                out("bench-fetch.svg"),
+            ],
+        ),
+        (
+            "scale",
+            vec![
+                "scale".into(),
+                "--objects".into(),
+                objects,
+                "--json".into(),
+                out("bench-scale.json"),
+            ],
+        ),
+    ];
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("bench all: load average at start {}", load.trim());
+    for (index, (name, argv)) in steps.into_iter().enumerate() {
+        eprintln!("== [{}/3] bench {name} ==", index + 1);
+        println!("== bench {name} ==");
+        let parsed = Wrapper::try_parse_from(std::iter::once("bench".to_string()).chain(argv))
+            .map_err(|e| BenchError::Setup(e.to_string()))?;
+        run(parsed.command)?;
+    }
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("bench all: load average at end {}", load.trim());
+    eprintln!("results in {}", args.out.display());
+    Ok(())
 }
 
 /// One measured case.
@@ -188,6 +278,11 @@ impl ChildDaemon {
     pub fn socket(&self) -> &Path {
         &self.socket
     }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for ChildDaemon {
@@ -229,6 +324,9 @@ impl Timer {
         Ok(samples)
     }
 }
+
+/// Objects per request in the batched-get case.
+const BATCH: usize = 64;
 
 fn fresh_id(counter: &mut u64) -> ObjectId {
     *counter += 1;
@@ -352,6 +450,31 @@ fn run_local(args: &LocalArgs) -> Result<(), BenchError> {
         )?;
         results.push(CaseResult::from_samples("get+read", size, &mut samples));
 
+        // Batched zero-copy gets: one request for 64 objects, then their releases. Rows count
+        // objects (ops/s, MB/s); latencies are per batch.
+        if size <= 1 << 20 {
+            let batch: Vec<ObjectId> = (0..BATCH).map(|_| fresh_id(&mut counter)).collect();
+            for &id in &batch {
+                client.create_and_seal(id, &source, b"")?;
+            }
+            let mut samples = timer.measure(
+                |_| Ok(()),
+                |()| {
+                    let objects = client.get(&batch, Some(Duration::ZERO))?;
+                    std::hint::black_box(objects.len());
+                    Ok(())
+                },
+                |()| Ok(()),
+            )?;
+            let mut result =
+                CaseResult::from_samples(&format!("get batch ×{BATCH}"), size, &mut samples);
+            result.ops_per_sec *= BATCH as f64;
+            result.mb_per_sec *= BATCH as f64;
+            results.push(result);
+            client.flush()?;
+            client.delete(&batch)?;
+        }
+
         let mut samples = timer.measure(
             |_| Ok(()),
             |()| {
@@ -414,6 +537,34 @@ fn print_local_table(results: &[CaseResult]) {
                 put.mb_per_sec / memcpy.mb_per_sec.max(f64::MIN_POSITIVE)
             );
         }
+    }
+    let zero_copy: Vec<&CaseResult> = results
+        .iter()
+        .filter(|r| r.operation == "get+release (zero-copy)")
+        .collect();
+    if let (Some(smallest), Some(largest)) = (zero_copy.first(), zero_copy.last()) {
+        println!(
+            "zero-copy get p50, largest / smallest size (target: flat, ≈ 1): {:.2} ({:.1} µs at {}, {:.1} µs at {})",
+            largest.p50_us / smallest.p50_us.max(f64::MIN_POSITIVE),
+            smallest.p50_us,
+            format_bytes(smallest.size_bytes),
+            largest.p50_us,
+            format_bytes(largest.size_bytes)
+        );
+    }
+    if let Some(batched) = results
+        .iter()
+        .find(|r| r.operation.starts_with("get batch") && r.size_bytes == 1024)
+    {
+        println!(
+            "batched gets at 1 KiB (target ≥ 200000 objects/s): {:.0} objects/s, {}",
+            batched.ops_per_sec,
+            if batched.ops_per_sec >= 200_000.0 {
+                "met"
+            } else {
+                "MISSED"
+            }
+        );
     }
 }
 
