@@ -19,12 +19,13 @@
 
 mod fetch;
 pub mod threshold;
+mod timers;
 mod transfer;
 
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
@@ -385,7 +386,7 @@ pub struct Node {
     // Directory.
     directory_ops: BTreeMap<DirectoryOpId, DirectoryPurpose>,
     publications: BTreeMap<ObjectId, Publication>,
-    timers: BTreeSet<(Instant, Timer)>,
+    timers: timers::Timers<Timer>,
     outputs: VecDeque<NodeOutput>,
     next_waiter: u64,
     next_transfer: u32,
@@ -414,7 +415,7 @@ impl Node {
             exposed: BTreeMap::new(),
             directory_ops: BTreeMap::new(),
             publications: BTreeMap::new(),
-            timers: BTreeSet::new(),
+            timers: timers::Timers::default(),
             outputs: VecDeque::new(),
             next_waiter: 0,
             next_transfer: 0,
@@ -621,11 +622,7 @@ impl Node {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.advance(now);
         self.store.handle_timeout(now);
-        while let Some(&(at, timer)) = self.timers.first() {
-            if at > now {
-                break;
-            }
-            self.timers.pop_first();
+        while let Some(timer) = self.timers.pop_due(now) {
             match timer {
                 Timer::Seal(tid) => self.seal_written(tid),
                 Timer::FetchDeadline(waiter) => self.fetch_deadline(waiter),
@@ -649,7 +646,7 @@ impl Node {
 
     /// When the node next wants [`Node::handle_timeout`].
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let own = self.timers.first().map(|&(at, _)| at);
+        let own = self.timers.next_due();
         match (own, self.store.poll_timeout()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -767,11 +764,11 @@ impl Node {
     }
 
     fn set_timer(&mut self, at: Instant, timer: Timer) {
-        self.timers.insert((at, timer));
+        self.timers.set(at, timer);
     }
 
     fn cancel_timer(&mut self, timer: Timer) {
-        self.timers.retain(|&(_, t)| t != timer);
+        self.timers.cancel(timer);
     }
 
     fn new_transfer_id(&mut self) -> TransferId {
