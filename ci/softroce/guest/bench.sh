@@ -67,7 +67,7 @@ v=$(perftest ib_send_lat 4096 5 1000) && [ -n "$v" ] && {
 echo "skyriver bench fetch --fabric verbs --devices $dev0,$dev1"
 cd "$out" || exit 1
 timeout 600 "$skyriver" bench fetch --fabric verbs --devices "$dev0,$dev1" \
-    --sizes "$sizes" --modes eager,rendezvous,auto --millis-per-case "${SKYRIVER_BENCH_MILLIS:-1500}" \
+    --sizes "$sizes" --modes eager,rendezvous,auto --baselines tcp --millis-per-case "${SKYRIVER_BENCH_MILLIS:-1000}" \
     --max-iterations 500 --json "$out/bench-fetch.json" > "$out/bench-fetch.log" 2>&1
 rc=$?
 cat "$out/bench-fetch.log"

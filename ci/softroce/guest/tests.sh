@@ -1,6 +1,7 @@
 #!/bin/sh
 # Runs verbs test binaries one after another INSIDE the SoftRoCE VM (started by
-# ../test.sh), each with one test thread and a time limit, and prints a summary.
+# ../test.sh), each with one test thread, its output uncaptured (the tests print
+# connect times and link summaries) and a time limit, and prints a summary.
 #
 #   guest/tests.sh TEST-BINARY...
 #
@@ -8,6 +9,7 @@
 # Exit status 0 when every binary passed.
 set -u
 limit=${SKYRIVER_TEST_TIMEOUT:-600}
+export NO_COLOR=1   # plain CI logs from the daemons too
 echo "verbs suite in the guest: devices ${SKYRIVER_RDMA_DEVICES:-none} (${SKYRIVER_RDMA_IPS:-})"
 [ -n "${SKYRIVER_RDMA_DEVICES:-}" ] || { echo "no RDMA devices: refusing to run (the tests would only skip)"; exit 1; }
 failed="" summary=""
@@ -16,7 +18,7 @@ for bin in "$@"; do
     echo
     echo "=== $name"
     start=$(date +%s)
-    timeout -k 10 "$limit" "$bin" --test-threads=1
+    timeout -k 10 "$limit" "$bin" --test-threads=1 --nocapture --color=never
     rc=$?
     took=$(( $(date +%s) - start ))
     if [ $rc = 0 ]; then
