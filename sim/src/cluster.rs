@@ -25,6 +25,8 @@ use crate::params::SimParams;
 use crate::rdma::Memory;
 use crate::trace::Trace;
 use crate::workload::{self, ClientOp};
+use skyriver_core::alloc::block_len_for;
+use skyriver_core::store::RecoveredObject;
 
 #[derive(Debug)]
 enum Event {
@@ -149,6 +151,8 @@ struct SimNode {
     inc: u32,
     memory: Memory,
     timer_at: Option<Instant>,
+    /// In persistent mode: the objects sealed when the node crashed, for its restart.
+    durable: Vec<RecoveredObject>,
 }
 
 /// Counters of a run, for the summary.
@@ -298,6 +302,7 @@ impl Cluster {
                 inc: 0,
                 memory,
                 timer_at: None,
+                durable: Vec::new(),
             });
             let node = Node::new(cluster.node_config(NodeId(i as u32), 0), Instant::ZERO);
             cluster.nodes[i].node = Some(node);
@@ -425,9 +430,15 @@ impl Cluster {
         self.crash_node(NodeId(node));
     }
 
-    /// Restarts a crashed node now, with an empty store.
+    /// Restarts a crashed node now: with an empty store, or in persistent mode with every
+    /// object it had sealed.
     pub fn restart(&mut self, node: u32) {
         self.restart_node(NodeId(node));
+    }
+
+    /// Turns persistent mode on or off for later crashes (scripted scenarios).
+    pub fn set_persistent(&mut self, persistent: bool) {
+        self.params.persistent = persistent;
     }
 
     /// The next `count` READs that `requester` posts fail with a QP error.
@@ -1558,9 +1569,14 @@ impl Cluster {
         }
         self.record(|| format!("FAULT crash {n}"));
         self.stats.crashes += 1;
+        let persistent = self.params.persistent;
         let sim_node = &mut self.nodes[n.0 as usize];
         if let Some(node) = sim_node.node.take() {
             self.stats.absorb(&node);
+            if persistent {
+                // What a persistent store's index holds: every sealed object not deleted.
+                sim_node.durable = durable_objects(&node);
+            }
         }
         sim_node.timer_at = None;
         // Reads it posted die with it.
@@ -1598,12 +1614,32 @@ impl Cluster {
             return;
         }
         let inc = self.nodes[n.0 as usize].inc;
-        self.record(|| format!("FAULT restart {n} (incarnation {inc}, empty store)"));
         let key = self.arena_key(n, inc);
-        self.nodes[n.0 as usize].memory = Memory::new(self.params.arena_bytes, key);
-        let node = Node::new(self.node_config(n, inc), self.now);
+        let durable = std::mem::take(&mut self.nodes[n.0 as usize].durable);
+        if self.params.persistent {
+            let count = durable.len();
+            self.record(|| {
+                format!(
+                    "FAULT restart {n} (incarnation {inc}, arena kept, recovering {count} objects)"
+                )
+            });
+            self.nodes[n.0 as usize].memory.reregister(key);
+        } else {
+            self.record(|| format!("FAULT restart {n} (incarnation {inc}, empty store)"));
+            self.nodes[n.0 as usize].memory = Memory::new(self.params.arena_bytes, key);
+        }
+        let mut node = Node::new(self.node_config(n, inc), self.now);
+        if !durable.is_empty() {
+            let report = node.store_mut(self.now).recover(self.now, durable);
+            if !report.refused.is_empty() {
+                let what = format!("{n} refused recovered objects: {:?}", report.refused);
+                self.checker.violation(self.now, what);
+            }
+        }
         self.nodes[n.0 as usize].node = Some(node);
         self.directory.node_joined(n);
+        // Recovered objects are published like fresh seals.
+        self.after_input(n);
         for m in 0..self.nodes.len() as u32 {
             if NodeId(m) != n {
                 self.restore_link(n, NodeId(m));
@@ -1688,4 +1724,22 @@ fn id_list(ids: &[ObjectId]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The sealed objects of a node's store that are not being deleted, as recovery records.
+fn durable_objects(node: &Node) -> Vec<RecoveredObject> {
+    node.store()
+        .list()
+        .into_iter()
+        .filter(|summary| summary.sealed && !summary.delete_pending)
+        .map(|summary| RecoveredObject {
+            id: summary.info.id,
+            block: LocalRegion {
+                len: block_len_for(summary.info.region.len).expect("a stored object's block fits"),
+                ..summary.info.region
+            },
+            data_size: summary.info.data_size,
+            metadata_size: summary.info.metadata_size,
+        })
+        .collect()
 }

@@ -60,6 +60,9 @@ pub struct SimParams {
     pub faults_until_us: u64,
     /// Node crashes (each followed by a restart).
     pub crashes: u32,
+    /// Nodes keep their arena across a crash (persistent mode): a restarted node recovers
+    /// every object it had sealed, with the same bytes, instead of starting empty.
+    pub persistent: bool,
     /// Partitions between two nodes.
     pub partitions: u32,
     /// Directory outages.
@@ -126,6 +129,8 @@ impl SimParams {
             } else {
                 0
             },
+            // Drawn last, so every earlier parameter of a seed stays what it was.
+            persistent: rng.gen_bool(0.4),
         }
     }
 
@@ -162,6 +167,7 @@ impl SimParams {
             slow_windows: 0,
             qp_error_ppm: 0,
             bad_rkey_ppm: 0,
+            persistent: false,
         }
     }
 }
@@ -178,7 +184,7 @@ impl fmt::Display for SimParams {
              eager_chunks={} threshold={} slice={}B window={} in_flight_cap={}KiB lease={}us reply_timeout={}us \
              dir_latency={}ns dir_timeout={}us detect={}us reconnect={}us qp_timeout={}us workload={}us \
              op_interval={}us fetch_timeout<={}us faults_until={}us crashes={} partitions={} dir_outages={} \
-             slow_windows={} qp_error={}ppm bad_rkey={}ppm",
+             slow_windows={} qp_error={}ppm bad_rkey={}ppm persistent={}",
             self.seed,
             self.nodes,
             self.clients_per_node,
@@ -209,7 +215,8 @@ impl fmt::Display for SimParams {
             self.directory_outages,
             self.slow_windows,
             self.qp_error_ppm,
-            self.bad_rkey_ppm
+            self.bad_rkey_ppm,
+            self.persistent
         )
     }
 }

@@ -38,6 +38,12 @@ impl Memory {
         }
     }
 
+    /// The same bytes under a new registration, nothing exposed: a restart in persistent mode.
+    pub fn reregister(&mut self, key: ArenaKey) {
+        self.key = key;
+        self.exposed.clear();
+    }
+
     /// The registration of arena 0.
     pub fn key(&self) -> ArenaKey {
         self.key

@@ -92,6 +92,27 @@ fn holder_crash_during_reads() {
 }
 
 #[test]
+fn persistent_holder_restarts_and_serves_again() {
+    let mut c = Cluster::scripted(2);
+    c.set_persistent(true);
+    c.put(0, OBJ, 20_000);
+    c.drive();
+    c.note("node-0 crashes and restarts with its arena intact: it recovers and re-publishes obj#1");
+    c.crash(0);
+    c.drive();
+    c.restart(0);
+    c.drive();
+    c.fetch(1, &[OBJ], Duration::from_millis(8));
+    let text = finish(c);
+    assert!(text.contains("recovering 1 objects"), "{text}");
+    assert!(
+        text.contains("node-1 sealed obj#1"),
+        "the recovered copy is fetched:\n{text}"
+    );
+    insta::assert_snapshot!(text);
+}
+
+#[test]
 fn requester_crash_lease_expires() {
     let mut c = Cluster::scripted(2);
     c.put(0, OBJ, 64_000);
