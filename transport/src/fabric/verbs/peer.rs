@@ -482,7 +482,12 @@ impl PeerConn {
                 result: Err(ReadError::ConnectionLost),
             });
         }
-        tracing::warn!(peer = %self.peer, %reason, reads_failed = ops.len(), "verbs fabric: connection lost");
+        if s.shutdown.load(std::sync::atomic::Ordering::Acquire) {
+            // Our own shutdown (a daemon stopping): expected, not worth a warning.
+            tracing::info!(peer = %self.peer, %reason, reads_failed = ops.len(), "verbs fabric: connection closed");
+        } else {
+            tracing::warn!(peer = %self.peer, %reason, reads_failed = ops.len(), "verbs fabric: connection lost");
+        }
         s.emit(FabricEvent::PeerLost {
             peer: self.peer,
             reason,
