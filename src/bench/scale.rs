@@ -176,7 +176,7 @@ pub(super) fn run(args: &ScaleArgs) -> Result<(), BenchError> {
             .map(|(t, client)| {
                 let (next_put, errors, data) = (&next_put, &errors, &data);
                 scope.spawn(move || {
-                    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1) * 0x1234_5677);
+                    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5677));
                     let (mut gets, mut puts) = (Vec::new(), Vec::new());
                     let threshold = (args.get_fraction.clamp(0.0, 1.0) * u32::MAX as f64) as u64;
                     while mixed_started.elapsed() < budget {
