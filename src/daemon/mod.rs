@@ -485,7 +485,12 @@ async fn start_cluster(
     let fabric: Arc<dyn Fabric> = match &cluster.fabric {
         FabricChoice::Tcp => Arc::new(
             TcpFabric::start(
-                TcpFabricConfig::new(cluster.listen),
+                TcpFabricConfig {
+                    // On the daemon's own thread: a message reaches the node without a
+                    // cross-thread wake-up, and sends are written from the same thread.
+                    worker_threads: 0,
+                    ..TcpFabricConfig::new(cluster.listen)
+                },
                 identity,
                 arenas.clone(),
                 fabric_tx,

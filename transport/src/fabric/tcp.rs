@@ -53,6 +53,9 @@ const PING_ROUNDS: usize = 8;
 /// Largest READ one request may ask for (the core slices larger ones).
 const MAX_READ_BYTES: u64 = 1 << 30;
 const SOCKET_BUFFER_BYTES: usize = 256 * 1024;
+/// Read buffer of a connection: small, because READ data is read straight into the destination
+/// and whatever the buffer already holds of it costs one more copy.
+const READ_BUFFER_BYTES: usize = 16 * 1024;
 
 /// Settings of the TCP fabric.
 #[derive(Debug, Clone)]
@@ -61,7 +64,9 @@ pub struct TcpFabricConfig {
     pub listen: SocketAddr,
     /// Limit on one connection attempt, handshake included.
     pub connect_timeout: Duration,
-    /// Worker threads of the fabric's own runtime.
+    /// Worker threads of the fabric's own runtime; 0: run on the caller's runtime instead
+    /// (`start` must then be called inside it, and the fabric's tasks stop with it). On the
+    /// caller's runtime a message reaches the caller's tasks without a cross-thread wake-up.
     pub worker_threads: usize,
     /// Costs to report instead of the defaults (the round trip is always measured).
     pub costs: PathCosts,
@@ -80,12 +85,19 @@ impl TcpFabricConfig {
 }
 
 /// Costs of the TCP paths used until measured: kernel copies on both ends dominate.
+///
+/// `read_setup_ns` is what a rendezvous costs beyond its extra round trip: the Rendezvous
+/// reply, the READ request and the Finish each cross the fabric's threads and the daemon's.
+/// Measured with `skyriver bench fetch` on loopback, forced rendezvous costs 50–75 µs more than
+/// forced eager at 1 KiB, eager and rendezvous meet near 64–128 KiB, and rendezvous wins from
+/// 256 KiB; 30 µs puts the model's crossover near 160 KiB (threshold about 80 KiB after the
+/// bias toward rendezvous), where both modes are within 10% of each other.
 pub const TCP_DEFAULT_COSTS: PathCosts = PathCosts {
     round_trip_ns: 40_000.0,
     message_overhead_ns: 8_000.0,
     copy_bytes_per_sec: 8e9,
     wire_bytes_per_sec: 2.5e9,
-    read_setup_ns: 10_000.0,
+    read_setup_ns: 30_000.0,
 };
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -119,10 +131,57 @@ enum Outgoing {
 
 enum PeerSlot {
     Connecting,
-    Connected {
-        outgoing: mpsc::UnboundedSender<Outgoing>,
-        generation: u64,
-    },
+    Connected { link: Arc<Link>, generation: u64 },
+}
+
+/// The sending side of one connection.
+///
+/// While the writer task has nothing queued, a frame is written straight from the caller's
+/// thread with one non-blocking `send` on a second handle of the socket: no hand-off to the
+/// writer task and no cross-thread wake-up on the latency path. Whatever does not fit at once
+/// (and every frame while the writer task is busy) queues behind, in order.
+struct Link {
+    /// A second handle (dup) of the connection's socket, non-blocking like the first.
+    socket: std::net::TcpStream,
+    /// Whether the writer task may have frames queued or buffered; set by every enqueue and
+    /// cleared by the writer task, under this lock, once its queue is empty and flushed.
+    writer_busy: Mutex<bool>,
+    outgoing: mpsc::UnboundedSender<Outgoing>,
+}
+
+impl Link {
+    /// Writes `item` now if the writer task is idle and it fits, otherwise queues it (or what
+    /// is left of it). Errs when the writer task has stopped.
+    fn submit(&self, item: Outgoing) -> Result<(), ()> {
+        let mut busy = lock(&self.writer_busy);
+        let item = match item {
+            Outgoing::Frame(frame) if !*busy => match write_now(&self.socket, &frame) {
+                n if n == frame.len() => return Ok(()),
+                0 => Outgoing::Frame(frame),
+                n => Outgoing::Frame(frame[n..].to_vec()),
+            },
+            item => item,
+        };
+        *busy = true;
+        self.outgoing.send(item).map_err(|_| ())
+    }
+}
+
+/// Writes as much of `bytes` as the socket takes without blocking. Errors other than a full
+/// socket are left for the writer task to meet and report.
+fn write_now(socket: &std::net::TcpStream, bytes: &[u8]) -> usize {
+    use std::io::Write;
+    let mut written = 0;
+    let mut socket = socket;
+    while written < bytes.len() {
+        match socket.write(&bytes[written..]) {
+            Ok(0) => break,
+            Ok(n) => written += n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    written
 }
 
 struct PendingRead {
@@ -153,10 +212,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The TCP fabric. Owns a small runtime of its own so bulk transfers never delay the daemon's
-/// local clients.
+/// local clients, or shares the caller's (`worker_threads: 0`) for the shortest latency.
 pub struct TcpFabric {
     inner: Arc<Inner>,
     runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+    accept_task: tokio::task::AbortHandle,
 }
 
 impl TcpFabric {
@@ -167,17 +228,32 @@ impl TcpFabric {
         arenas: Arenas,
         events: mpsc::UnboundedSender<FabricEvent>,
     ) -> Result<Self, FabricError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.worker_threads.max(1))
-            .thread_name("skyriver-tcp-fabric")
-            .enable_all()
-            .build()
-            .map_err(|e| FabricError::Setup(format!("cannot start the TCP fabric runtime: {e}")))?;
+        let runtime = match config.worker_threads {
+            0 => None,
+            threads => Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(threads)
+                    .thread_name("skyriver-tcp-fabric")
+                    .enable_all()
+                    .build()
+                    .map_err(|e| {
+                        FabricError::Setup(format!("cannot start the TCP fabric runtime: {e}"))
+                    })?,
+            ),
+        };
+        let handle = match &runtime {
+            Some(runtime) => runtime.handle().clone(),
+            None => tokio::runtime::Handle::try_current().map_err(|e| {
+                FabricError::Setup(format!(
+                    "the TCP fabric without worker threads must start inside a runtime: {e}"
+                ))
+            })?,
+        };
         // Bound with std so this works from inside another runtime (no block_on).
         let listener = std::net::TcpListener::bind(config.listen)
             .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
             .and_then(|listener| {
-                let _context = runtime.enter();
+                let _context = handle.enter();
                 TcpListener::from_std(listener)
             })
             .map_err(|e| FabricError::Setup(format!("cannot listen on {}: {e}", config.listen)))?;
@@ -207,23 +283,26 @@ impl TcpFabric {
             events,
             next_generation: Mutex::new(0),
         });
-        runtime.spawn(accept_loop(inner.clone(), listener));
+        let accept_task = handle
+            .spawn(accept_loop(inner.clone(), listener))
+            .abort_handle();
         info!(listen = %listen_addr, "TCP fabric listening");
         Ok(Self {
             inner,
-            runtime: Some(runtime),
+            runtime,
+            handle,
+            accept_task,
         })
     }
 
     fn spawn<F: std::future::Future<Output = ()> + Send + 'static>(&self, future: F) {
-        if let Some(runtime) = &self.runtime {
-            runtime.spawn(future);
-        }
+        self.handle.spawn(future);
     }
 }
 
 impl Drop for TcpFabric {
     fn drop(&mut self) {
+        self.accept_task.abort();
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
@@ -330,9 +409,9 @@ impl Fabric for TcpFabric {
         // this read and fails it, or this call sees the peer gone.
         let peers = lock(&self.inner.peers);
         match peers.get(&peer) {
-            Some(PeerSlot::Connected { outgoing, .. }) => {
+            Some(PeerSlot::Connected { link, .. }) => {
                 lock(&self.inner.pending_reads).insert(op.0, PendingRead { peer, local });
-                if outgoing.send(Outgoing::Frame(frame)).is_err() {
+                if link.submit(Outgoing::Frame(frame)).is_err() {
                     lock(&self.inner.pending_reads).remove(&op.0);
                     drop(peers);
                     failed(ReadError::ConnectionLost);
@@ -367,12 +446,12 @@ impl Fabric for TcpFabric {
 
 impl Inner {
     fn queue(&self, peer: NodeId, item: Outgoing) -> Result<(), FabricError> {
-        match lock(&self.peers).get(&peer) {
-            Some(PeerSlot::Connected { outgoing, .. }) => outgoing
-                .send(item)
-                .map_err(|_| FabricError::NotConnected(peer)),
-            _ => Err(FabricError::NotConnected(peer)),
-        }
+        let link = match lock(&self.peers).get(&peer) {
+            Some(PeerSlot::Connected { link, .. }) => link.clone(),
+            _ => return Err(FabricError::NotConnected(peer)),
+        };
+        link.submit(item)
+            .map_err(|()| FabricError::NotConnected(peer))
     }
 
     fn local_ok(&self, region: LocalRegion) -> bool {
@@ -404,7 +483,7 @@ impl Inner {
     }
 
     /// Installs a connected peer; `false` if one is already connected (the new one is dropped).
-    fn install(&self, peer: NodeId, outgoing: mpsc::UnboundedSender<Outgoing>) -> Option<u64> {
+    fn install(&self, peer: NodeId, link: Arc<Link>) -> Option<u64> {
         let generation = {
             let mut next = lock(&self.next_generation);
             *next += 1;
@@ -414,13 +493,7 @@ impl Inner {
         if let Some(PeerSlot::Connected { .. }) = peers.get(&peer) {
             return None;
         }
-        peers.insert(
-            peer,
-            PeerSlot::Connected {
-                outgoing,
-                generation,
-            },
-        );
+        peers.insert(peer, PeerSlot::Connected { link, generation });
         Some(generation)
     }
 
@@ -647,8 +720,25 @@ fn start_connection(inner: Arc<Inner>, peer: NodeId, stream: TcpStream, round_tr
     let socket = socket2::SockRef::from(&stream);
     let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES * 16);
     let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES * 16);
+    // A second handle on the socket for direct writes (see `Link`).
+    let handles = stream.into_std().and_then(|std_stream| {
+        let direct = std_stream.try_clone()?;
+        Ok((TcpStream::from_std(std_stream)?, direct))
+    });
+    let (stream, direct) = match handles {
+        Ok(handles) => handles,
+        Err(error) => {
+            warn!(%peer, %error, "cannot set up the connection's socket");
+            return;
+        }
+    };
     let (outgoing_tx, outgoing_rx) = mpsc::unbounded_channel();
-    let Some(generation) = inner.install(peer, outgoing_tx.clone()) else {
+    let link = Arc::new(Link {
+        socket: direct,
+        writer_busy: Mutex::new(false),
+        outgoing: outgoing_tx,
+    });
+    let Some(generation) = inner.install(peer, link.clone()) else {
         debug!(%peer, "dropping a duplicate connection");
         return;
     };
@@ -664,8 +754,9 @@ fn start_connection(inner: Arc<Inner>, peer: NodeId, stream: TcpStream, round_tr
         summary,
     });
     let writer_inner = inner.clone();
+    let writer_link = link.clone();
     tokio::spawn(async move {
-        if let Err(error) = write_loop(&writer_inner, writer, outgoing_rx).await {
+        if let Err(error) = write_loop(&writer_inner, &writer_link, writer, outgoing_rx).await {
             writer_inner.lose(
                 peer,
                 Some(generation),
@@ -674,7 +765,7 @@ fn start_connection(inner: Arc<Inner>, peer: NodeId, stream: TcpStream, round_tr
         }
     });
     tokio::spawn(async move {
-        let reason = match read_loop(&inner, peer, reader, outgoing_tx).await {
+        let reason = match read_loop(&inner, peer, reader, &link).await {
             Ok(()) => format!("{peer} closed the connection"),
             Err(error) => error,
         };
@@ -684,18 +775,33 @@ fn start_connection(inner: Arc<Inner>, peer: NodeId, stream: TcpStream, round_tr
 
 async fn write_loop(
     inner: &Inner,
+    link: &Link,
     writer: OwnedWriteHalf,
     mut outgoing: mpsc::UnboundedReceiver<Outgoing>,
 ) -> std::io::Result<()> {
     let mut writer = BufWriter::with_capacity(SOCKET_BUFFER_BYTES, writer);
-    while let Some(item) = outgoing.recv().await {
+    let mut next = None;
+    loop {
+        let item = match next.take() {
+            Some(item) => item,
+            None => match outgoing.recv().await {
+                Some(item) => item,
+                None => return Ok(()),
+            },
+        };
         write_item(inner, &mut writer, item).await?;
         while let Ok(item) = outgoing.try_recv() {
             write_item(inner, &mut writer, item).await?;
         }
         writer.flush().await?;
+        // Idle once the queue is empty under the lock that enqueuers take: from then on
+        // callers write directly, and nothing of ours is left to overtake.
+        let mut busy = lock(&link.writer_busy);
+        match outgoing.try_recv() {
+            Ok(item) => next = Some(item),
+            Err(_) => *busy = false,
+        }
     }
-    Ok(())
 }
 
 async fn write_item(
@@ -740,9 +846,9 @@ async fn read_loop(
     inner: &Inner,
     peer: NodeId,
     reader: OwnedReadHalf,
-    outgoing: mpsc::UnboundedSender<Outgoing>,
+    link: &Link,
 ) -> Result<(), String> {
-    let mut reader = BufReader::with_capacity(SOCKET_BUFFER_BYTES, reader);
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let io = |e: std::io::Error| format!("read from {peer} failed: {e}");
     loop {
         let kind = match reader.read_u8().await {
@@ -787,7 +893,7 @@ async fn read_loop(
                         Outgoing::Frame(header)
                     }
                 };
-                if outgoing.send(item).is_err() {
+                if link.submit(item).is_err() {
                     return Err("connection writer stopped".into());
                 }
             }
@@ -830,7 +936,7 @@ async fn read_loop(
                 let nonce = reader.read_u64_le().await.map_err(io)?;
                 let mut frame = vec![KIND_PONG];
                 frame.extend_from_slice(&nonce.to_le_bytes());
-                let _ = outgoing.send(Outgoing::Frame(frame));
+                let _ = link.submit(Outgoing::Frame(frame));
             }
             KIND_PONG => {
                 reader.read_u64_le().await.map_err(io)?;
