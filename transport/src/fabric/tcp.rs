@@ -905,24 +905,36 @@ async fn read_loop(
                 let Some(pending) = pending else {
                     return Err(format!("{peer} answered READ {op} that was not asked for"));
                 };
+                // The READ is ours from here: every way out completes it, so a connection lost
+                // mid-data fails the transfer at once instead of leaving it to its deadline.
+                let fail = |reason: String| {
+                    let _ = inner.events.send(FabricEvent::ReadCompleted {
+                        op: ReadOpId(op),
+                        result: Err(ReadError::ConnectionLost),
+                    });
+                    reason
+                };
                 let result = if status == STATUS_OK {
                     if len != pending.local.len {
-                        return Err(format!(
+                        return Err(fail(format!(
                             "{peer} answered READ {op} with {len} bytes, {} asked",
                             pending.local.len
-                        ));
+                        )));
                     }
                     let arena = inner
                         .arenas
                         .get(&pending.local.arena)
-                        .ok_or_else(|| format!("READ {op} into an unknown arena"))?;
+                        .ok_or_else(|| fail(format!("READ {op} into an unknown arena")))?;
                     // SAFETY: `post_read` checked the region lies in this arena; the core gave it
                     // to this one READ (a slice of an object being fetched, created and not yet
                     // sealed), and nothing else touches it until the completion is delivered.
                     let destination =
                         unsafe { arena.bytes_mut(pending.local.offset, pending.local.len) }
-                            .map_err(|e| e.to_string())?;
-                    reader.read_exact(destination).await.map_err(io)?;
+                            .map_err(|e| fail(e.to_string()))?;
+                    reader
+                        .read_exact(destination)
+                        .await
+                        .map_err(|e| fail(io(e)))?;
                     Ok(())
                 } else {
                     Err(ReadError::RemoteAccess)
