@@ -460,8 +460,10 @@ impl ModeCluster {
     }
 }
 
-/// Round-robin: every system runs one iteration per round (starting at a rotating system), so
-/// load changes hit all of them alike.
+/// In rounds: every system runs one iteration per round, so load changes hit all of them
+/// alike. The order is shuffled every round (seeded, so runs are comparable): a fetch leaves
+/// work behind in its daemons (the delete's directory update, the holder's unpin) that slows
+/// whichever system runs next, and a fixed order would charge it to the same system each time.
 fn measure_interleaved(
     systems: &mut [Prepared],
     size: u64,
@@ -472,22 +474,27 @@ fn measure_interleaved(
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); count];
     let started = Instant::now();
     let total_budget = budget * count as u32;
-    let mut round = 0usize;
+    let mut order: Vec<usize> = (0..count).collect();
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64 ^ size;
     loop {
         let done = samples.iter().all(|s| s.len() >= max_iterations)
             || (samples.iter().all(|s| s.len() >= 5) && started.elapsed() >= total_budget);
         if done {
             break;
         }
-        for k in 0..count {
-            let i = (round + k) % count;
+        for k in (1..count).rev() {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            order.swap(k, (seed % (k as u64 + 1)) as usize);
+        }
+        for &i in &order {
             if samples[i].len() >= max_iterations {
                 continue;
             }
             let worker = &mut systems[i].workers[0];
             samples[i].push(worker()?);
         }
-        round += 1;
     }
     Ok(systems
         .iter()
