@@ -96,7 +96,9 @@ pub struct FabricIdentity {
 impl fmt::Debug for FabricIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Never print the token.
-        f.debug_struct("FabricIdentity").field("node", &self.node).finish_non_exhaustive()
+        f.debug_struct("FabricIdentity")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
     }
 }
 
@@ -126,11 +128,23 @@ pub trait Fabric: Send + Sync {
 
     /// Sends an `EagerData` message whose payload is `source` in a local arena: the fabric
     /// gathers the bytes (verbs: from the registered arena; TCP: one `writev`).
-    fn send_eager(&self, peer: NodeId, header: &EagerHeader, source: LocalRegion) -> Result<(), FabricError>;
+    fn send_eager(
+        &self,
+        peer: NodeId,
+        header: &EagerHeader,
+        source: LocalRegion,
+    ) -> Result<(), FabricError>;
 
     /// Posts a one-sided READ of `remote` on `peer` into `local`, on queue pair `lane`.
     /// Completes with [`FabricEvent::ReadCompleted`] (also when this call fails).
-    fn post_read(&self, peer: NodeId, op: ReadOpId, lane: u16, local: LocalRegion, remote: RemoteRegion);
+    fn post_read(
+        &self,
+        peer: NodeId,
+        op: ReadOpId,
+        lane: u16,
+        local: LocalRegion,
+        remote: RemoteRegion,
+    );
 
     /// Peers may READ `region` until it is unexposed.
     fn expose(&self, region: LocalRegion);
