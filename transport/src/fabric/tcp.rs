@@ -86,18 +86,18 @@ impl TcpFabricConfig {
 
 /// Costs of the TCP paths used until measured: kernel copies on both ends dominate.
 ///
-/// `read_setup_ns` is what a rendezvous costs beyond its extra round trip: the Rendezvous
-/// reply, the READ request and the Finish each cross the fabric's threads and the daemon's.
-/// Measured with `skyriver bench fetch` on loopback, forced rendezvous costs 50–75 µs more than
-/// forced eager at 1 KiB, eager and rendezvous meet near 64–128 KiB, and rendezvous wins from
-/// 256 KiB; 30 µs puts the model's crossover near 160 KiB (threshold about 80 KiB after the
-/// bias toward rendezvous), where both modes are within 10% of each other.
+/// Fitted to `skyriver bench fetch` on loopback (forced eager against forced rendezvous, same
+/// run): rendezvous costs about 40 µs more than eager for small objects — its extra round
+/// trip plus `read_setup_ns` for the Rendezvous reply, the READ request and the Finish — and
+/// eager's lead shrinks with size (`message_overhead_ns` per receive slot and two copies of
+/// cache-warm data) until rendezvous wins from 128–192 KiB on. The model's crossover lands
+/// near 200 KiB, so the threshold after the bias toward rendezvous is about 100 KiB.
 pub const TCP_DEFAULT_COSTS: PathCosts = PathCosts {
     round_trip_ns: 40_000.0,
-    message_overhead_ns: 8_000.0,
-    copy_bytes_per_sec: 8e9,
+    message_overhead_ns: 4_000.0,
+    copy_bytes_per_sec: 20e9,
     wire_bytes_per_sec: 2.5e9,
-    read_setup_ns: 30_000.0,
+    read_setup_ns: 15_000.0,
 };
 
 #[derive(Debug, Serialize, Deserialize)]
