@@ -474,6 +474,12 @@ fn measure_interleaved(
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); count];
     let started = Instant::now();
     let total_budget = budget * count as u32;
+    // One untimed iteration each first: the first fetch of a size faults the requester's
+    // arena pages in (the daemons run without pre-faulting), as the baselines' destination
+    // buffers are faulted in before they are timed.
+    for system in systems.iter_mut() {
+        (system.workers[0])()?;
+    }
     let mut order: Vec<usize> = (0..count).collect();
     let mut seed = 0x2545_f491_4f6c_dd1d_u64 ^ size;
     loop {
@@ -525,6 +531,8 @@ fn measure_concurrent(
                 .iter_mut()
                 .map(|worker| {
                     scope.spawn(move || {
+                        // Untimed warm-up, as in `measure_interleaved`.
+                        worker()?;
                         let mut samples = Vec::new();
                         let begun = Instant::now();
                         while samples.len() < max_iterations
