@@ -670,6 +670,13 @@ impl Cluster {
         Instant(self.now.0 + ns)
     }
 
+    /// Gives node `n` (alive) one input at the current time, then carries out its outputs.
+    fn feed(&mut self, n: NodeId, input: impl FnOnce(&mut Node, Instant)) {
+        let now = self.now;
+        input(self.nodes[n.0 as usize].node.as_mut().expect("alive"), now);
+        self.after_input(n);
+    }
+
     fn alive(&self, node: NodeId, inc: u32) -> bool {
         let sim_node = &self.nodes[node.0 as usize];
         sim_node.node.is_some() && sim_node.inc == inc
@@ -773,13 +780,7 @@ impl Cluster {
                         Err(error)
                     }
                 };
-                let sim_node = &mut self.nodes[node.0 as usize];
-                sim_node
-                    .node
-                    .as_mut()
-                    .expect("alive")
-                    .handle_read_completion(now, op, result);
-                self.after_input(node);
+                self.feed(node, |n, now| n.handle_read_completion(now, op, result));
             }
             Event::DirectoryArrive {
                 from,
@@ -841,26 +842,14 @@ impl Cluster {
                     return;
                 }
                 self.record(|| format!("{to} <- directory {op} {reply}"));
-                let now = self.now;
-                self.nodes[to.0 as usize]
-                    .node
-                    .as_mut()
-                    .expect("alive")
-                    .handle_directory_reply(now, op, reply);
-                self.after_input(to);
+                self.feed(to, |node, now| node.handle_directory_reply(now, op, reply));
             }
             Event::DirectoryNotice { to, inc, event } => {
                 if !self.alive(to, inc) {
                     return;
                 }
                 self.record(|| format!("{to} <- directory {event}"));
-                let now = self.now;
-                self.nodes[to.0 as usize]
-                    .node
-                    .as_mut()
-                    .expect("alive")
-                    .handle_directory_event(now, event);
-                self.after_input(to);
+                self.feed(to, |node, now| node.handle_directory_event(now, event));
             }
             Event::DirectoryNodeDied { node } => {
                 if self.nodes[node.0 as usize].node.is_none() {
@@ -885,13 +874,7 @@ impl Cluster {
                     return;
                 }
                 self.record(|| format!("{node}: connection to {peer} lost"));
-                let now = self.now;
-                self.nodes[node.0 as usize]
-                    .node
-                    .as_mut()
-                    .expect("alive")
-                    .handle_peer_lost(now, peer);
-                self.after_input(node);
+                self.feed(node, |node, now| node.handle_peer_lost(now, peer));
             }
             Event::PeerConnected {
                 node,
@@ -905,13 +888,9 @@ impl Cluster {
                 }
                 self.record(|| format!("{node}: connected to {peer}"));
                 let params = self.peer_params(node, peer);
-                let now = self.now;
-                self.nodes[node.0 as usize]
-                    .node
-                    .as_mut()
-                    .expect("alive")
-                    .handle_peer_connected(now, peer, params);
-                self.after_input(node);
+                self.feed(node, |node, now| {
+                    node.handle_peer_connected(now, peer, params)
+                });
             }
             Event::ClientOp { node, inc, client } => {
                 if !self.alive(node, inc) {
