@@ -33,7 +33,9 @@ use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant};
 
 use super::frame;
-use super::{Directory, DirectoryError, DirectoryNotice, MemberInfo, RequestQueue};
+use super::{
+    remember_while_down, Directory, DirectoryError, DirectoryNotice, MemberInfo, RequestQueue,
+};
 
 /// Version of the built-in directory protocol, checked in the hello.
 pub const PROTOCOL_VERSION: u16 = 1;
@@ -956,29 +958,20 @@ impl Client {
     }
 
     fn submit_while_down(&mut self, op: DirectoryOpId, request: DirectoryRequest, reason: &str) {
-        match request {
-            DirectoryRequest::Unsubscribe { id } => {
-                self.subscriptions.remove(&id);
-                return;
-            }
-            DirectoryRequest::Publish { id, sizes } => {
-                if self.publications.len() < MAX_PUBLICATIONS_PER_NODE
-                    || self.publications.contains_key(&id)
-                {
-                    self.publications.insert(id, sizes);
-                }
-            }
-            DirectoryRequest::Withdraw { id } => {
-                self.publications.remove(&id);
-            }
-            DirectoryRequest::Lookup { .. } => {}
-        }
-        self.reply(
-            op,
-            DirectoryReply::Unavailable {
-                reason: reason.to_string(),
-            },
+        let needs_reply = remember_while_down(
+            &mut self.publications,
+            &mut self.subscriptions,
+            request,
+            MAX_PUBLICATIONS_PER_NODE,
         );
+        if needs_reply {
+            self.reply(
+                op,
+                DirectoryReply::Unavailable {
+                    reason: reason.to_string(),
+                },
+            );
+        }
     }
 
     /// Serves one connection until it is lost or the driver goes away.

@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
-use skyriver_core::NodeId;
+use skyriver_core::wire::ObjectSizes;
+use skyriver_core::{NodeId, ObjectId};
 use tokio::sync::mpsc;
 
 /// A live node of the cluster, as the directory lists it.
@@ -213,4 +214,32 @@ impl RequestQueue {
             }
         }
     }
+}
+
+/// Keeps what a request made while the service is down means for the node's own state, which
+/// is replayed when the connection comes back: publications (at most `max_publications`, a
+/// re-publish always fits) and subscriptions. Returns whether the request still needs a reply
+/// (everything but `Unsubscribe`), which is `Unavailable`.
+pub(crate) fn remember_while_down(
+    publications: &mut std::collections::HashMap<ObjectId, ObjectSizes>,
+    subscriptions: &mut std::collections::HashSet<ObjectId>,
+    request: DirectoryRequest,
+    max_publications: usize,
+) -> bool {
+    match request {
+        DirectoryRequest::Unsubscribe { id } => {
+            subscriptions.remove(&id);
+            return false;
+        }
+        DirectoryRequest::Publish { id, sizes } => {
+            if publications.len() < max_publications || publications.contains_key(&id) {
+                publications.insert(id, sizes);
+            }
+        }
+        DirectoryRequest::Withdraw { id } => {
+            publications.remove(&id);
+        }
+        DirectoryRequest::Lookup { .. } => {}
+    }
+    true
 }

@@ -40,7 +40,9 @@ use skyriver_core::{NodeId, ObjectId, ObjectSizes};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
-use super::{Directory, DirectoryError, DirectoryNotice, MemberInfo, RequestQueue};
+use super::{
+    remember_while_down, Directory, DirectoryError, DirectoryNotice, MemberInfo, RequestQueue,
+};
 
 /// Most pending one-shot subscriptions of one node.
 pub const MAX_SUBSCRIPTIONS_PER_NODE: usize = 65_536;
@@ -732,25 +734,20 @@ impl Worker {
     }
 
     fn submit_while_down(&mut self, op: DirectoryOpId, request: DirectoryRequest, reason: &str) {
-        match request {
-            DirectoryRequest::Unsubscribe { id } => {
-                self.subscriptions.remove(&id);
-                return;
-            }
-            DirectoryRequest::Publish { id, sizes } => {
-                self.publications.insert(id, sizes);
-            }
-            DirectoryRequest::Withdraw { id } => {
-                self.publications.remove(&id);
-            }
-            DirectoryRequest::Lookup { .. } => {}
-        }
-        self.reply(
-            op,
-            DirectoryReply::Unavailable {
-                reason: reason.to_string(),
-            },
+        let needs_reply = remember_while_down(
+            &mut self.publications,
+            &mut self.subscriptions,
+            request,
+            usize::MAX,
         );
+        if needs_reply {
+            self.reply(
+                op,
+                DirectoryReply::Unavailable {
+                    reason: reason.to_string(),
+                },
+            );
+        }
     }
 
     /// Serves while connected: `None` when the driver went away, else why Redis was lost.
