@@ -20,7 +20,7 @@ use skyriver_core::client_protocol::{
     decode_frame_len, decode_server_frame, encode_frame, ClusterView, Request, RequestFrame,
     Response, ServerFrame, FRAME_HEADER_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
 };
-use skyriver_core::node::FetchError;
+use skyriver_core::node::{FetchError, TransferMode};
 use skyriver_core::store::{EvictOutcome, ObjectSummary};
 use skyriver_core::{
     ArenaId, NodeId, ObjectEvent, ObjectId, ObjectInfo, RequestId, StoreError, StoreStats,
@@ -433,10 +433,23 @@ impl Client {
         ids: &[ObjectId],
         timeout: Option<Duration>,
     ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
+        self.fetch_in_mode(ids, timeout, TransferMode::Auto)
+    }
+
+    /// [`Client::fetch`] with the transfer path forced (eager or rendezvous) instead of chosen
+    /// by the daemon's threshold: for comparing the paths on one cluster. An object already
+    /// being fetched for another client keeps that fetch's mode.
+    pub fn fetch_in_mode(
+        &self,
+        ids: &[ObjectId],
+        timeout: Option<Duration>,
+        mode: TransferMode,
+    ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
         let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
         let response = self.connection().call(Request::Fetch {
             ids: ids.to_vec(),
             timeout_ms,
+            mode,
         })?;
         let results = match response {
             Response::Fetched(results) if results.len() == ids.len() => results,

@@ -27,5 +27,5 @@ pub use client::{
     Subscription,
 };
 pub use skyriver_core::client_protocol::{ClusterView, MemberView};
-pub use skyriver_core::node::FetchError;
+pub use skyriver_core::node::{FetchError, TransferMode};
 pub use skyriver_core::{NodeId, ObjectEvent, ObjectId, ObjectInfo, StoreError, StoreStats};

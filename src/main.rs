@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use skyriver::daemon::{ClusterConfig, DaemonConfig, DirectoryChoice, FabricChoice};
 use skyriver::size::{format_bytes, ByteSize};
 use skyriver::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
-use skyriver_core::node::ThresholdPolicy;
+use skyriver_core::node::{ThresholdPolicy, TransferMode};
 use skyriver_core::NodeId;
 use skyriver_transport::directory::DirectorySpec;
 
@@ -126,6 +126,9 @@ enum Command {
         /// Give up after this many milliseconds.
         #[arg(long, default_value_t = 30_000)]
         timeout_ms: u64,
+        /// Transfer path: auto (the daemon's threshold), or eager or rendezvous forced.
+        #[arg(long, default_value = "auto")]
+        mode: TransferMode,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -218,6 +221,10 @@ struct DaemonArgs {
     /// How long an object stays pinned for a requester that stopped answering mid-transfer.
     #[arg(long, default_value_t = 10_000)]
     lease_ms: u64,
+    /// Objects whose holders this node remembers, so fetching one again skips the directory
+    /// lookup (0: ask the directory every time). A stale entry costs one round trip.
+    #[arg(long, default_value_t = 65_536)]
+    location_cache: usize,
     /// Name of the cluster (the key prefix in Redis).
     #[arg(long, default_value = "default", env = "SKYRIVER_CLUSTER")]
     cluster: String,
@@ -257,8 +264,9 @@ fn main() -> ExitCode {
             ids,
             output,
             timeout_ms,
+            mode,
             socket,
-        } => fetch(&socket, &ids, output, timeout_ms),
+        } => fetch(&socket, &ids, output, timeout_ms, mode),
         Command::Nodes { json, socket } => nodes(&socket, json),
         Command::Locate { id, socket } => locate(&socket, id),
         Command::Up(args) => skyriver::up::run(&args),
@@ -299,6 +307,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     });
     config.threshold = parse_threshold(&args.eager_threshold)?;
     config.lease = Duration::from_millis(args.lease_ms.max(1));
+    config.location_cache_entries = args.location_cache;
     let directory = match (&args.head, &args.join, &args.directory) {
         (Some(listen), _, _) => Some(DirectoryChoice::Head { listen: *listen }),
         (None, Some(head), _) => Some(DirectoryChoice::Join { head: head.clone() }),
@@ -716,6 +725,7 @@ fn fetch(
     ids: &[ObjectId],
     output: Option<PathBuf>,
     timeout_ms: u64,
+    mode: TransferMode,
 ) -> Result<(), String> {
     if output.is_some() && ids.len() != 1 {
         return Err("-o takes exactly one object id".into());
@@ -723,7 +733,7 @@ fn fetch(
     let client = socket.connect().map_err(|e| e.to_string())?;
     let started = std::time::Instant::now();
     let results = client
-        .fetch(ids, Some(Duration::from_millis(timeout_ms)))
+        .fetch_in_mode(ids, Some(Duration::from_millis(timeout_ms)), mode)
         .map_err(|e| e.to_string())?;
     let elapsed = started.elapsed();
     let mut failed = 0;

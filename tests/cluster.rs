@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use skyriver::up::{LocalCluster, UpArgs};
-use skyriver::{Client, ClientError, FetchError, NodeId, ObjectId};
+use skyriver::{Client, ClientError, FetchError, NodeId, ObjectId, TransferMode};
 
 fn cluster(nodes: u32, eager_threshold: &str) -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();
@@ -166,4 +166,68 @@ fn nodes_lists_every_member_connected() {
         text.contains("node-2") && text.contains("eager threshold"),
         "{text}"
     );
+}
+
+#[test]
+fn every_forced_mode_moves_the_exact_bytes() {
+    let (_dir, cluster) = cluster(2, "auto");
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    let requester = Client::connect(&cluster.sockets[1]).unwrap();
+    // Below the TCP threshold (about 100 KiB), above it but within the receive slots, and
+    // beyond what the slots carry.
+    for (n, size) in [(1u64, 1000usize), (2, 200 << 10), (3, 3 << 20)] {
+        let id = ObjectId::from_u64(3000 + n);
+        let data = pattern(n, size);
+        holder.create_and_seal(id, &data, b"m").unwrap();
+        for mode in TransferMode::ALL {
+            let mut results = requester
+                .fetch_in_mode(&[id], Some(Duration::from_secs(30)), mode)
+                .unwrap();
+            let object = results.pop().unwrap().unwrap();
+            assert!(object.data() == &data[..], "{size} bytes in {mode} mode");
+            assert_eq!(object.metadata(), b"m");
+            drop(object);
+            requester.flush().unwrap();
+            requester.delete(&[id]).unwrap();
+        }
+    }
+    let id = ObjectId::from_u64(3001).to_string();
+    let (ok, stdout, _) = common::cli(
+        &cluster.sockets[1],
+        &["fetch", "--mode", "rendezvous", &id],
+        None,
+    );
+    assert!(ok);
+    assert!(String::from_utf8(stdout).unwrap().contains(&id));
+    let (ok, _, stderr) = common::cli(&cluster.sockets[1], &["fetch", "--mode", "fast", &id], None);
+    assert!(!ok);
+    assert!(
+        stderr.contains("expected auto, eager or rendezvous"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_remembered_location_of_a_replaced_object_is_not_trusted() {
+    let (_dir, cluster) = cluster(2, "auto");
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    let requester = Client::connect(&cluster.sockets[1]).unwrap();
+    let id = ObjectId::from_u64(4000);
+    holder.create_and_seal(id, b"first version", b"").unwrap();
+    let object = requester
+        .fetch_one(id, Some(Duration::from_secs(30)))
+        .unwrap();
+    assert_eq!(object.data(), b"first version");
+    drop(object);
+    requester.flush().unwrap();
+    requester.delete(&[id]).unwrap();
+    // The holder replaces the object with one of another size: the requester's remembered
+    // sizes are wrong now, and the fetch must still bring the new bytes.
+    holder.delete(&[id]).unwrap();
+    let replacement = pattern(9, 300 << 10);
+    holder.create_and_seal(id, &replacement, b"").unwrap();
+    let object = requester
+        .fetch_one(id, Some(Duration::from_secs(30)))
+        .unwrap();
+    assert!(object.data() == &replacement[..]);
 }

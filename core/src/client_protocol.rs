@@ -13,11 +13,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
 use crate::ids::{ArenaId, NodeId, ObjectId, RequestId};
-use crate::node::FetchError;
+use crate::node::{FetchError, TransferMode};
 use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
 
 /// Version of this protocol; a client of another version is refused at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.
@@ -107,6 +107,8 @@ pub enum Request {
         ids: Vec<ObjectId>,
         /// Milliseconds to wait.
         timeout_ms: Option<u64>,
+        /// How the bytes move; `Auto` unless the client forces a path (to compare them).
+        mode: TransferMode,
     },
     /// The cluster's nodes as this daemon sees them.
     Nodes,

@@ -22,7 +22,9 @@ pub mod wire;
 
 pub use error::StoreError;
 pub use ids::{ArenaId, ClientId, NodeId, ObjectId, RequestId, TransferId};
-pub use node::{FetchError, Node, NodeConfig, NodeOutput, PeerParams, ReadError, ReadOpId};
+pub use node::{
+    FetchError, Node, NodeConfig, NodeOutput, PeerParams, ReadError, ReadOpId, TransferMode,
+};
 pub use region::{LocalRegion, RemoteRegion};
 pub use store::{
     DurableChange, ObjectEvent, ObjectInfo, RecoveredObject, RecoveryReport, Store, StoreConfig,

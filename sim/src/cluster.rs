@@ -15,7 +15,7 @@ use skyriver_core::node::{ArenaKey, PathCosts, FETCH_CLIENT};
 use skyriver_core::{
     wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, NodeOutput,
     ObjectEvent, ObjectId, ObjectInfo, ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion,
-    RequestId, StoreError, StoreOutput,
+    RequestId, StoreError, StoreOutput, TransferMode,
 };
 
 use crate::checker::{Checker, PendingOp};
@@ -567,6 +567,7 @@ impl Cluster {
         config.receive_slot_bytes = p.receive_slot_bytes;
         config.max_eager_chunks = p.max_eager_chunks;
         config.threshold = p.threshold;
+        config.location_cache_entries = p.location_cache_entries;
         config.read_slice_bytes = p.read_slice_bytes;
         config.max_outstanding_reads = p.max_outstanding_reads;
         config.max_bytes_in_flight = p.max_bytes_in_flight;
@@ -1469,17 +1470,27 @@ impl Cluster {
     fn client_fetch(&mut self, n: NodeId, client: ClientId, ids: Vec<ObjectId>, timeout: Duration) {
         let request = self.new_request();
         let now = self.now;
+        let mode = if self.params.forced_modes {
+            TransferMode::ALL[(request.0 % 3) as usize]
+        } else {
+            TransferMode::Auto
+        };
         self.expect_reply(n, client, request, "fetch", &ids, timeout);
         self.record(|| {
             format!(
-                "{client}@{n} fetch {request} [{}] timeout {timeout:?}",
-                id_list(&ids)
+                "{client}@{n} fetch {request} [{}] timeout {timeout:?}{}",
+                id_list(&ids),
+                if mode == TransferMode::Auto {
+                    String::new()
+                } else {
+                    format!(" {mode}")
+                }
             )
         });
         let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
             return;
         };
-        node.handle_fetch(now, client, request, ids, Some(timeout));
+        node.handle_fetch(now, client, request, ids, Some(timeout), mode);
         self.after_input(n);
     }
 

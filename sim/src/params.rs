@@ -73,6 +73,11 @@ pub struct SimParams {
     pub qp_error_ppm: u32,
     /// Probability (per million) that a READ carries a bad rkey while faults are on.
     pub bad_rkey_ppm: u32,
+    /// Objects each node remembers the holders of (0: every fetch asks the directory).
+    pub location_cache_entries: usize,
+    /// Client fetches cycle through forced eager, forced rendezvous and auto instead of all
+    /// being auto.
+    pub forced_modes: bool,
 }
 
 impl SimParams {
@@ -131,6 +136,12 @@ impl SimParams {
             },
             // Drawn last, so every earlier parameter of a seed stays what it was.
             persistent: rng.gen_bool(0.4),
+            location_cache_entries: if rng.gen_bool(0.25) {
+                0
+            } else {
+                rng.gen_range(1..=64)
+            },
+            forced_modes: rng.gen_bool(0.3),
         }
     }
 
@@ -168,6 +179,8 @@ impl SimParams {
             qp_error_ppm: 0,
             bad_rkey_ppm: 0,
             persistent: false,
+            location_cache_entries: 64,
+            forced_modes: false,
         }
     }
 }
@@ -184,7 +197,8 @@ impl fmt::Display for SimParams {
              eager_chunks={} threshold={} slice={}B window={} in_flight_cap={}KiB lease={}us reply_timeout={}us \
              dir_latency={}ns dir_timeout={}us detect={}us reconnect={}us qp_timeout={}us workload={}us \
              op_interval={}us fetch_timeout<={}us faults_until={}us crashes={} partitions={} dir_outages={} \
-             slow_windows={} qp_error={}ppm bad_rkey={}ppm persistent={}",
+             slow_windows={} qp_error={}ppm bad_rkey={}ppm persistent={} location_cache={} \
+             forced_modes={}",
             self.seed,
             self.nodes,
             self.clients_per_node,
@@ -216,7 +230,9 @@ impl fmt::Display for SimParams {
             self.slow_windows,
             self.qp_error_ppm,
             self.bad_rkey_ppm,
-            self.persistent
+            self.persistent,
+            self.location_cache_entries,
+            self.forced_modes
         )
     }
 }

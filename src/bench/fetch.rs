@@ -11,11 +11,13 @@
 //! - `redis`: `GET` from a `redis-server` started on a free loopback port (RESP spoken directly,
 //!   the value read straight into the destination buffer), when the server is installed.
 //!
-//! Each Skyriver mode runs its own two-daemon cluster (`skyriver up`) with the eager threshold
-//! forced (eager: as large as the receive slots allow; rendezvous: 0) or chosen by the cost model
-//! (auto). One iteration fetches an object held by node 0 into node 1 and then deletes the copy,
-//! so every iteration moves the bytes again. With `--concurrency 1` the systems take turns, one
-//! iteration each per round, so every ratio compares numbers taken under the same load.
+//! The Skyriver modes share one two-daemon cluster (`skyriver up`, threshold from the cost
+//! model): each fetch names its mode, eager or rendezvous forced, or auto. One iteration
+//! fetches an object held by node 0 into node 1 and then deletes the copy, so every iteration
+//! moves the bytes again (the requester remembers where the object lives, as it would for any
+//! object fetched before; the 1 KiB breakdown also times a first fetch, with its lookup). With
+//! `--concurrency 1` the systems take turns, one iteration each per round, so every ratio
+//! compares numbers taken under the same load and in the same daemons.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -30,7 +32,7 @@ use super::{BenchError, CaseResult, MachineInfo};
 use crate::client::Client;
 use crate::size::{format_bytes, ByteSize};
 use crate::up::{free_loopback_port, LocalCluster, UpArgs};
-use skyriver_core::ObjectId;
+use skyriver_core::{ObjectId, TransferMode};
 
 /// Options of `bench fetch`.
 #[derive(Args, Debug, Clone)]
@@ -101,14 +103,6 @@ struct AutoRow {
     within_10_percent: bool,
 }
 
-fn threshold_flag(mode: &str) -> &'static str {
-    match mode {
-        "eager" => "1GiB",
-        "rendezvous" => "0",
-        _ => "auto",
-    }
-}
-
 /// One iteration of one system, on one client thread; returns the time of the transfer itself
 /// (a Skyriver iteration also deletes its copy afterwards, untimed).
 type Worker = Box<dyn FnMut() -> Result<Duration, BenchError> + Send>;
@@ -156,26 +150,29 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         None
     };
 
+    let modes: Vec<TransferMode> = args
+        .modes
+        .iter()
+        .map(|m| m.parse().map_err(BenchError::Setup))
+        .collect::<Result<_, _>>()?;
     let mut clusters = Vec::new();
     let mut builds = vec![(String::new(), exe.clone())];
     if let Some(other) = &args.compare_exe {
         builds.push(("@other".to_string(), other.clone()));
     }
-    for (mode, (suffix, exe)) in args
-        .modes
-        .iter()
-        .flat_map(|m| builds.iter().map(move |b| (m, b)))
-    {
+    if modes.is_empty() {
+        builds.clear();
+    }
+    for (suffix, exe) in &builds {
         eprintln!(
-            "mode {mode}{suffix}: starting two daemons with {} each...",
+            "starting two daemons{suffix} with {} each...",
             format_bytes(memory.0)
         );
         let mut up = UpArgs::new(2, memory, None);
         up.dir = Some(std::env::temp_dir().join(format!(
-            "skyriver-bench-fetch-{}-{mode}{suffix}",
+            "skyriver-bench-fetch-{}{suffix}",
             std::process::id()
         )));
-        up.eager_threshold = threshold_flag(mode).into();
         up.fabric = args.fabric.clone();
         up.devices = args.devices.clone();
         let cluster = LocalCluster::start(&up, exe).map_err(BenchError::Setup)?;
@@ -189,8 +186,8 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             eprintln!("  link: {}", peer.link);
             threshold = peer.eager_threshold_bytes;
         }
-        clusters.push(ModeCluster {
-            mode: format!("{mode}{suffix}"),
+        clusters.push(BenchCluster {
+            suffix: suffix.clone(),
             _cluster: cluster,
             holder,
             requesters,
@@ -228,7 +225,9 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             systems.extend(prepared);
         }
         for cluster in &clusters {
-            systems.push(cluster.prepare(index, size)?);
+            for (mode_index, &mode) in modes.iter().enumerate() {
+                systems.push(cluster.prepare(index, size, mode_index, mode)?);
+            }
         }
         let results = if concurrency == 1 {
             measure_interleaved(&mut systems, size, budget, args.max_iterations)?
@@ -242,15 +241,8 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         }
         measured.extend(results);
     }
-    let auto_threshold = clusters
-        .iter()
-        .find(|c| c.mode == "auto")
-        .and_then(|c| c.threshold);
-    let breakdown = match clusters
-        .iter()
-        .find(|c| c.mode == "auto")
-        .or(clusters.first())
-    {
+    let auto_threshold = clusters.first().and_then(|c| c.threshold);
+    let breakdown = match clusters.first() {
         Some(cluster) => Some(cluster.small_fetch_breakdown(budget)?),
         None => None,
     };
@@ -294,24 +286,27 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
     }
     if let Some(b) = &breakdown {
         println!(
-            "where a 1 KiB fetch ({} mode) spends its time, p50 of interleaved calls from the requester's client:",
-            b.mode
+            "where a 1 KiB fetch (auto mode) spends its time, p50 of interleaved calls from the requester's client:"
         );
         println!(
-            "  local request (contains)            {:>8.1} µs",
+            "  local request (contains)                   {:>8.1} µs",
             b.local_rpc_p50_us
         );
         println!(
-            "  directory lookup (locate)           {:>8.1} µs",
+            "  directory lookup (locate)                  {:>8.1} µs",
             b.locate_p50_us
         );
         println!(
-            "  whole fetch                         {:>8.1} µs",
+            "  first fetch of an object (lookup, transfer) {:>7.1} µs",
+            b.first_fetch_p50_us
+        );
+        println!(
+            "  fetch again (location remembered)          {:>8.1} µs",
             b.fetch_p50_us
         );
         println!(
-            "  fabric transfer and store (rest)    {:>8.1} µs",
-            (b.fetch_p50_us - b.locate_p50_us).max(0.0)
+            "  transfer and store (fetch again − local)   {:>8.1} µs",
+            (b.fetch_p50_us - b.local_rpc_p50_us).max(0.0)
         );
         println!();
     }
@@ -381,8 +376,10 @@ fn ratio(result: &CaseResult, base: &CaseResult) -> f64 {
     result.mb_per_sec / base.mb_per_sec.max(f64::MIN_POSITIVE)
 }
 
-struct ModeCluster {
-    mode: String,
+/// The two daemons of one build, shared by every mode.
+struct BenchCluster {
+    /// Appended to the modes' names (`@other` for `--compare-exe`).
+    suffix: String,
     _cluster: LocalCluster,
     holder: Client,
     requesters: Vec<Client>,
@@ -392,56 +389,87 @@ struct ModeCluster {
 /// p50 latencies of the pieces of a small fetch.
 #[derive(Debug, Clone, Serialize)]
 struct Breakdown {
-    mode: String,
     local_rpc_p50_us: f64,
     locate_p50_us: f64,
+    /// A fetch of an object this node never saw: directory lookup, then transfer.
+    first_fetch_p50_us: f64,
+    /// A fetch of an object fetched before (and deleted since): the location is remembered.
     fetch_p50_us: f64,
 }
 
-impl ModeCluster {
+/// An object id for the benchmark, unique per size, mode and client.
+fn bench_object_id(size_index: usize, mode_index: usize, worker: usize) -> ObjectId {
+    let mut bytes = [0u8; 20];
+    bytes[..8].copy_from_slice(b"fetchbch");
+    bytes[8..12].copy_from_slice(&(size_index as u32).to_be_bytes());
+    bytes[12..16].copy_from_slice(&(mode_index as u32).to_be_bytes());
+    bytes[16..].copy_from_slice(&(worker as u32).to_be_bytes());
+    ObjectId(bytes)
+}
+
+impl BenchCluster {
     fn small_fetch_breakdown(&self, budget: Duration) -> Result<Breakdown, BenchError> {
-        let id = ObjectId::from_u64(0xfe7c_ffff);
         let requester = &self.requesters[0];
-        self.holder.create_and_seal(id, &[0x5a; 1024], b"")?;
-        let (mut local, mut locate, mut fetch) = (Vec::new(), Vec::new(), Vec::new());
+        let data = [0x5a; 1024];
+        let (mut local, mut locate, mut first, mut again) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let started = Instant::now();
-        while fetch.len() < 5 || (started.elapsed() < budget && fetch.len() < 2000) {
+        let mut round = 0;
+        while again.len() < 5 || (started.elapsed() < budget && again.len() < 2000) {
+            // A new object every round, so the first fetch of it asks the directory.
+            let id = bench_object_id(usize::MAX >> 1, round % 4096, round / 4096);
+            round += 1;
+            self.holder.create_and_seal(id, &data, b"")?;
             let begin = Instant::now();
             std::hint::black_box(requester.contains(id)?);
             local.push(begin.elapsed());
             let begin = Instant::now();
             std::hint::black_box(requester.locate(id)?);
             locate.push(begin.elapsed());
-            let begin = Instant::now();
-            let object = requester.fetch_one(id, Some(Duration::from_secs(10)))?;
-            fetch.push(begin.elapsed());
-            drop(object);
-            requester.flush()?;
-            requester.delete(&[id])?;
+            for samples in [&mut first, &mut again] {
+                let begin = Instant::now();
+                let object = requester.fetch_one(id, Some(Duration::from_secs(10)))?;
+                samples.push(begin.elapsed());
+                drop(object);
+                requester.flush()?;
+                requester.delete(&[id])?;
+            }
+            self.holder.delete(&[id])?;
         }
-        self.holder.delete(&[id])?;
         let p50 = |samples: &mut Vec<Duration>| CaseResult::from_samples("", 1024, samples).p50_us;
         Ok(Breakdown {
-            mode: self.mode.clone(),
             local_rpc_p50_us: p50(&mut local),
             locate_p50_us: p50(&mut locate),
-            fetch_p50_us: p50(&mut fetch),
+            first_fetch_p50_us: p50(&mut first),
+            fetch_p50_us: p50(&mut again),
         })
     }
 
-    fn prepare(&self, size_index: usize, size: u64) -> Result<Prepared, BenchError> {
+    fn prepare(
+        &self,
+        size_index: usize,
+        size: u64,
+        mode_index: usize,
+        mode: TransferMode,
+    ) -> Result<Prepared, BenchError> {
         let data = vec![0x5a; size as usize];
         let mut ids = Vec::new();
         let mut workers: Vec<Worker> = Vec::new();
         for (w, requester) in self.requesters.iter().enumerate() {
-            let id = ObjectId::from_u64(0xfe7c_0000 + (size_index as u64) * 1024 + w as u64);
+            let id = bench_object_id(size_index, mode_index, w);
             self.holder.create_and_seal(id, &data, b"")?;
             ids.push(id);
             let requester = requester.clone();
             workers.push(Box::new(move || {
                 let begin = Instant::now();
-                let object = requester.fetch_one(id, Some(Duration::from_secs(120)))?;
+                let timeout = Some(Duration::from_secs(120));
+                let object = requester.fetch_in_mode(&[id], timeout, mode)?;
                 let elapsed = begin.elapsed();
+                let object = object
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| BenchError::Setup("empty fetch reply".into()))?
+                    .map_err(crate::client::ClientError::Fetch)?;
                 std::hint::black_box(object.data().as_ptr());
                 drop(object);
                 requester.flush()?;
@@ -451,7 +479,7 @@ impl ModeCluster {
         }
         let holder = self.holder.clone();
         Ok(Prepared {
-            name: format!("skyriver-{}", self.mode),
+            name: format!("skyriver-{mode}{}", self.suffix),
             workers,
             cleanup: Some(Box::new(move || {
                 let _ = holder.delete(&ids);

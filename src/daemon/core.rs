@@ -269,9 +269,14 @@ impl CoreState {
                 stats.client_count = self.outboxes.len() as u64;
                 Some(Response::Stats(stats))
             }
-            Request::Fetch { ids, timeout_ms } => {
+            Request::Fetch {
+                ids,
+                timeout_ms,
+                mode,
+            } => {
+                let timeout = Request::timeout(timeout_ms);
                 self.node
-                    .handle_fetch(now, client, request, ids, Request::timeout(timeout_ms));
+                    .handle_fetch(now, client, request, ids, timeout, mode);
                 None
             }
             Request::Nodes => Some(Response::Nodes(self.cluster_view())),

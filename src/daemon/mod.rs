@@ -50,6 +50,8 @@ pub struct DaemonConfig {
     pub threshold: ThresholdPolicy,
     /// How long this node keeps an object pinned for a requester that stopped answering.
     pub lease: std::time::Duration,
+    /// Objects whose holders the node remembers from the directory (0: none).
+    pub location_cache_entries: usize,
     /// Join a cluster; `None` runs the daemon alone.
     pub cluster: Option<ClusterConfig>,
     /// Keep the arena and the object index in files (persistent mode); `None`: a memfd.
@@ -68,6 +70,7 @@ impl DaemonConfig {
             node: NodeId(0),
             threshold: ThresholdPolicy::default(),
             lease: std::time::Duration::from_secs(10),
+            location_cache_entries: 65_536,
             cluster: None,
             persistence: None,
         }
@@ -358,6 +361,7 @@ impl Server {
         node_config.incarnation = incarnation;
         node_config.threshold = config.threshold;
         node_config.lease = config.lease;
+        node_config.location_cache_entries = config.location_cache_entries;
         let cluster = match &config.cluster {
             Some(cluster) => Some(start_cluster(&config, cluster, &arenas, incarnation).await?),
             None => None,

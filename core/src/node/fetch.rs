@@ -5,7 +5,9 @@
 //! [`ObjectFetch`], shared by every waiter that wants it (coalescing). An object fetch goes:
 //! `LookingUp` (directory) → `AwaitingPublication` if nobody holds it yet (a one-shot directory
 //! subscription, never polling) → `Queued` for admission with a chosen source → `Transferring`
-//! → resolved. A failed source is remembered for the round; when a round has no untried source
+//! → resolved. An object located recently skips `LookingUp`: its holders come from the
+//! location cache, and if every one of them fails, the fetch falls back to a lookup without
+//! counting a round. A failed source is remembered for the round; when a round has no untried source
 //! left, the next round looks the object up again after a backoff, up to
 //! `max_source_rounds`. The waiter's deadline always answers the client, whatever the object
 //! fetch is doing.
@@ -13,7 +15,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::{spread_key, DirectoryPurpose, FetchError, Node, NodeOutput, Timer, FETCH_CLIENT};
+use super::locations::Location;
+use super::{
+    spread_key, DirectoryPurpose, FetchError, Node, NodeOutput, Timer, TransferMode, FETCH_CLIENT,
+};
 use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::error::StoreError;
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
@@ -56,6 +61,10 @@ pub(super) struct ObjectFetch {
     waiters: BTreeSet<FetchWaiterId>,
     sizes: Option<ObjectSizes>,
     holders: Vec<NodeId>,
+    /// `holders` and `sizes` came from the location cache, not from the directory this time.
+    from_cache: bool,
+    /// How the bytes move (the mode of the client fetch that started this one).
+    pub(super) mode: TransferMode,
     /// Sources that failed this round, with why.
     failed: BTreeMap<NodeId, String>,
     rounds: u32,
@@ -95,6 +104,7 @@ impl Node {
         request: RequestId,
         ids: Vec<ObjectId>,
         timeout: Option<Duration>,
+        mode: TransferMode,
     ) {
         self.stats.fetch_requests += 1;
         let refusal = if ids.len() > self.config.store.max_batch_len {
@@ -158,10 +168,19 @@ impl Node {
                     object.waiters.insert(waiter_id);
                 }
                 None => {
+                    let me = self.config.node;
+                    let cached = self
+                        .locations
+                        .get(&id)
+                        .filter(|l| l.holders.iter().any(|&h| h != me));
                     let object = ObjectFetch {
                         waiters: BTreeSet::from([waiter_id]),
-                        sizes: None,
-                        holders: Vec::new(),
+                        sizes: cached.as_ref().map(|l| l.sizes),
+                        holders: cached.as_ref().map_or_else(Vec::new, |l| {
+                            l.holders.iter().copied().filter(|&h| h != me).collect()
+                        }),
+                        from_cache: cached.is_some(),
+                        mode,
                         failed: BTreeMap::new(),
                         rounds: 0,
                         attempts: 0,
@@ -170,7 +189,12 @@ impl Node {
                         state: ObjectFetchState::Backoff,
                     };
                     self.objects.insert(id, object);
-                    self.look_up(id);
+                    if cached.is_some() {
+                        self.stats.location_cache_hits += 1;
+                        self.choose_source(id);
+                    } else {
+                        self.look_up(id);
+                    }
                 }
             }
         }
@@ -216,7 +240,9 @@ impl Node {
                 match sizes {
                     Some(sizes) if !holders.is_empty() => {
                         object.sizes = Some(sizes);
-                        object.holders = holders;
+                        object.holders = holders.clone();
+                        object.from_cache = false;
+                        self.locations.insert(id, Location { holders, sizes });
                         self.choose_source(id);
                     }
                     _ => object.state = ObjectFetchState::AwaitingPublication,
@@ -248,6 +274,14 @@ impl Node {
         }
         object.sizes = Some(sizes);
         object.holders = vec![holder];
+        object.from_cache = false;
+        self.locations.insert(
+            id,
+            Location {
+                holders: vec![holder],
+                sizes,
+            },
+        );
         self.choose_source(id);
     }
 
@@ -280,6 +314,16 @@ impl Node {
                 object.state = ObjectFetchState::Queued(source);
                 self.admission.push_back(id);
                 self.pump_admission();
+            }
+            None if object.from_cache => {
+                // The remembered holders are gone or no longer have it: ask the directory,
+                // as if this fetch had just started.
+                object.from_cache = false;
+                object.failed.clear();
+                object.last_error = None;
+                self.stats.stale_locations += 1;
+                self.locations.remove(&id);
+                self.look_up(id);
             }
             None => {
                 object.rounds += 1;
@@ -347,7 +391,8 @@ impl Node {
                     self.admission.pop_front();
                     let object = self.objects.get_mut(&id).expect("checked above");
                     object.attempts += 1;
-                    let tid = self.start_transfer(id, source, sizes, info);
+                    let mode = object.mode;
+                    let tid = self.start_transfer(id, source, sizes, info, mode);
                     let object = self.objects.get_mut(&id).expect("checked above");
                     object.state = ObjectFetchState::Transferring(tid);
                 }
@@ -377,6 +422,7 @@ impl Node {
         };
         object.last_error = Some(format!("{source}: {reason}"));
         object.failed.insert(source, reason);
+        self.locations.forget_holder(&id, source);
         if object.waiters.is_empty() {
             self.objects.remove(&id);
             return;

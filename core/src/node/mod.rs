@@ -18,6 +18,7 @@
 //! [`Node::store_mut`]; the node learns of seals and deletes from the store's events.
 
 mod fetch;
+mod locations;
 pub mod threshold;
 mod timers;
 mod transfer;
@@ -38,6 +39,7 @@ use crate::time::Instant;
 use crate::wire::{self, EagerHeader, ObjectSizes, PeerMessage, WireError};
 
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
+use locations::LocationCache;
 pub use threshold::{EagerThreshold, PathCosts, ThresholdPolicy, ThresholdSource};
 use transfer::{Incoming, Lease};
 
@@ -116,6 +118,9 @@ pub struct NodeConfig {
     pub max_source_rounds: u32,
     /// Pause before retrying after a failure; grows linearly with the attempt.
     pub retry_backoff: Duration,
+    /// Objects whose holders the node remembers from the directory, so fetching one again
+    /// skips the lookup (0: always ask the directory).
+    pub location_cache_entries: usize,
 }
 
 impl NodeConfig {
@@ -140,6 +145,7 @@ impl NodeConfig {
             max_directory_attempts: 8,
             max_source_rounds: 3,
             retry_backoff: Duration::from_millis(10),
+            location_cache_entries: 65_536,
         }
     }
 
@@ -168,6 +174,60 @@ pub enum ReadError {
     /// The connection to the peer is gone; the READ was flushed.
     #[error("connection lost")]
     ConnectionLost,
+}
+
+/// How a fetch moves an object's bytes, chosen per fetch by the client.
+///
+/// Coalesced fetches of one object share one transfer: the mode of the fetch that started it
+/// applies.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum TransferMode {
+    /// Eager up to the peer's threshold (cost model or `--eager-threshold`), rendezvous above.
+    #[default]
+    Auto,
+    /// Eager whenever the receive slots can carry the object; rendezvous above that.
+    Eager,
+    /// Rendezvous (one-sided READ) for every object that has bytes.
+    Rendezvous,
+}
+
+impl TransferMode {
+    /// Every mode, in the order tools list them.
+    pub const ALL: [TransferMode; 3] = [
+        TransferMode::Eager,
+        TransferMode::Rendezvous,
+        TransferMode::Auto,
+    ];
+
+    /// The lowercase name the command line uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransferMode::Auto => "auto",
+            TransferMode::Eager => "eager",
+            TransferMode::Rendezvous => "rendezvous",
+        }
+    }
+}
+
+impl fmt::Display for TransferMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TransferMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TransferMode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                format!("unknown transfer mode {s:?}: expected auto, eager or rendezvous")
+            })
+    }
 }
 
 /// Why a fetch of one object failed. Reaches the client with a reason it can show.
@@ -322,6 +382,10 @@ pub struct NodeStats {
     pub malformed_messages: u64,
     /// Directory publications abandoned after every retry.
     pub publications_dropped: u64,
+    /// Object fetches that went straight to remembered holders, skipping the lookup.
+    pub location_cache_hits: u64,
+    /// Remembered locations that proved wrong (the fetch then asked the directory).
+    pub stale_locations: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -377,6 +441,7 @@ pub struct Node {
     objects: BTreeMap<ObjectId, ObjectFetch>,
     admission: VecDeque<ObjectId>,
     bytes_in_flight: u64,
+    locations: LocationCache,
     // Requester side of transfers.
     transfers: BTreeMap<TransferId, Incoming>,
     reads: BTreeMap<ReadOpId, (TransferId, u64)>,
@@ -400,6 +465,7 @@ impl Node {
     pub fn new(config: NodeConfig, now: Instant) -> Self {
         let mut store = Store::new(config.store.clone());
         store.connect(FETCH_CLIENT);
+        let locations = LocationCache::new(config.location_cache_entries);
         Self {
             store,
             config,
@@ -409,6 +475,7 @@ impl Node {
             objects: BTreeMap::new(),
             admission: VecDeque::new(),
             bytes_in_flight: 0,
+            locations,
             transfers: BTreeMap::new(),
             reads: BTreeMap::new(),
             leases: BTreeMap::new(),
@@ -603,9 +670,10 @@ impl Node {
         request: RequestId,
         ids: Vec<ObjectId>,
         timeout: Option<Duration>,
+        mode: TransferMode,
     ) {
         self.advance(now);
-        self.start_fetch(client, request, ids, timeout);
+        self.start_fetch(client, request, ids, timeout, mode);
         self.absorb_store();
     }
 
@@ -704,6 +772,7 @@ impl Node {
     /// inconsistency. For tests and the simulator.
     pub fn check_invariants(&self) {
         self.store.check_invariants();
+        self.locations.check_invariants();
         let in_flight: u64 = self.transfers.values().map(|t| t.block_len).sum();
         assert_eq!(in_flight, self.bytes_in_flight, "bytes in flight");
         let mut reads_by_transfer: BTreeMap<TransferId, u32> = BTreeMap::new();

@@ -97,8 +97,46 @@ impl World {
     }
 
     fn fetch(&mut self, node: u32, ns: &[u64], timeout: Duration) {
+        self.fetch_in_mode(node, ns, timeout, TransferMode::Auto);
+    }
+
+    fn fetch_in_mode(&mut self, node: u32, ns: &[u64], timeout: Duration, mode: TransferMode) {
         let ids = ns.iter().map(|&n| id(n)).collect();
-        self.nodes[node as usize].handle_fetch(self.now, CLIENT, RequestId(1), ids, Some(timeout));
+        self.nodes[node as usize].handle_fetch(
+            self.now,
+            CLIENT,
+            RequestId(1),
+            ids,
+            Some(timeout),
+            mode,
+        );
+        self.pump();
+    }
+
+    fn lookups(&self, node: u32) -> usize {
+        self.count(node, |o| {
+            matches!(
+                o,
+                NodeOutput::Directory {
+                    request: DirectoryRequest::Lookup { .. },
+                    ..
+                }
+            )
+        })
+    }
+
+    /// Fetches `n` into `node`, checks its bytes, then drops the copy there again.
+    fn fetch_and_drop(&mut self, node: u32, n: u64, len: u64, mode: TransferMode) {
+        let before = self.replies(node).len();
+        self.fetch_in_mode(node, &[n], Duration::from_millis(50), mode);
+        let replies = self.replies(node);
+        assert_eq!(replies.len(), before + 1, "one reply");
+        let info = ok_info(&replies[before][0]);
+        assert_eq!(self.local_bytes(node, &info), World::bytes_of(n, len));
+        let now = self.now;
+        let store = self.nodes[node as usize].store_mut(now);
+        store.release(CLIENT, id(n)).unwrap();
+        store.delete(&[id(n)]);
         self.pump();
     }
 
@@ -358,6 +396,7 @@ fn concurrent_fetches_of_one_object_share_one_transfer() {
         RequestId(1),
         vec![id(1)],
         Some(Duration::from_millis(50)),
+        TransferMode::Auto,
     );
     w.nodes[1].handle_fetch(
         w.now,
@@ -365,6 +404,7 @@ fn concurrent_fetches_of_one_object_share_one_transfer() {
         RequestId(2),
         vec![id(1), id(1)],
         Some(Duration::from_millis(50)),
+        TransferMode::Auto,
     );
     let lookups: Vec<DirectoryOpId> = std::iter::from_fn(|| w.nodes[1].poll_output())
         .filter_map(|o| match o {
@@ -562,6 +602,7 @@ fn admission_caps_bytes_in_flight_and_keeps_order() {
         RequestId(1),
         vec![id(1), id(2)],
         Some(Duration::from_millis(50)),
+        TransferMode::Auto,
     );
     // Carry out only the directory step: the second object must wait for the first.
     let mut requests = 0;
@@ -640,4 +681,93 @@ fn thresholds_are_exposed_per_peer() {
     let threshold = w.nodes[0].eager_threshold(NodeId(1)).unwrap();
     assert_eq!(threshold.source, ThresholdSource::FixedCappedBySlots);
     assert_eq!(threshold.bytes, w.nodes[0].config().eager_capacity_bytes());
+}
+
+#[test]
+fn a_forced_mode_overrides_the_threshold() {
+    // The threshold is 2048 bytes; four 1 KiB receive slots carry about 4000.
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 1000);
+    w.put(0, 2, 3000);
+    let served = |w: &World| {
+        let stats = w.nodes[0].stats();
+        (stats.served_eager, stats.served_rendezvous)
+    };
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Rendezvous);
+    assert_eq!(served(&w), (0, 1), "a small object read by rendezvous");
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    assert_eq!(served(&w), (1, 1), "auto sends it eagerly");
+    w.fetch_and_drop(1, 2, 3000, TransferMode::Eager);
+    assert_eq!(served(&w), (2, 1), "above the threshold, still eager");
+    w.fetch_and_drop(1, 2, 3000, TransferMode::Auto);
+    assert_eq!(served(&w), (2, 2), "auto reads it");
+    w.put(0, 3, 10_000);
+    w.fetch_and_drop(1, 3, 10_000, TransferMode::Eager);
+    assert_eq!(served(&w), (2, 3), "too large for the receive slots: read");
+    w.assert_settled();
+}
+
+#[test]
+fn fetching_again_skips_the_lookup() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 1000);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    assert_eq!(w.lookups(1), 1);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Rendezvous);
+    assert_eq!(w.lookups(1), 1, "the location was remembered");
+    assert_eq!(w.nodes[1].stats().location_cache_hits, 2);
+    assert_eq!(w.nodes[1].stats().stale_locations, 0);
+    w.assert_settled();
+}
+
+#[test]
+fn a_stale_location_falls_back_to_the_directory() {
+    let mut w = World::new(3, |_| {});
+    w.put(0, 1, 1000);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    // The only remembered holder loses its copy; another node has one.
+    w.nodes[0].store_mut(w.now).delete(&[id(1)]);
+    w.pump();
+    w.put(2, 1, 1000);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    let stats = w.nodes[1].stats().clone();
+    assert_eq!((stats.location_cache_hits, stats.stale_locations), (1, 1));
+    assert_eq!(w.lookups(1), 2, "asked the directory after the stale guess");
+    assert_eq!(w.nodes[0].stats().served_refused, 1, "node 0 said NotFound");
+    // The fresh answer is remembered in turn.
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    assert_eq!(w.lookups(1), 2);
+    assert_eq!(w.nodes[1].stats().stale_locations, 1);
+    w.assert_settled();
+}
+
+#[test]
+fn a_stale_location_of_a_vanished_object_ends_as_not_found() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 1000);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    w.nodes[0].store_mut(w.now).delete(&[id(1)]);
+    w.pump();
+    w.fetch(1, &[1], Duration::from_millis(20));
+    assert_eq!(w.nodes[1].stats().stale_locations, 1);
+    assert_eq!(w.replies(1).len(), 1, "waits for a publication");
+    w.advance(Duration::from_millis(25));
+    let replies = w.replies(1);
+    assert_eq!(
+        replies.last().unwrap()[0],
+        Err(FetchError::NotFound { id: id(1) })
+    );
+    w.assert_settled();
+}
+
+#[test]
+fn no_location_cache_means_a_lookup_every_time() {
+    let mut w = World::new(2, |c| c.location_cache_entries = 0);
+    w.put(0, 1, 1000);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    assert_eq!(w.lookups(1), 2);
+    assert_eq!(w.nodes[1].stats().location_cache_hits, 0);
+    w.assert_settled();
 }

@@ -21,7 +21,7 @@
 //! large one is pinned under a lease, its region exposed, and `Rendezvous` names it; `Finish`
 //! or the lease's end unpins it.
 
-use super::{Node, NodeOutput, ReadError, ReadOpId, Timer, FETCH_CLIENT};
+use super::{Node, NodeOutput, ReadError, ReadOpId, Timer, TransferMode, FETCH_CLIENT};
 use crate::ids::{NodeId, ObjectId, TransferId};
 use crate::region::{LocalRegion, RemoteRegion};
 use crate::store::ObjectInfo;
@@ -118,11 +118,16 @@ impl Node {
         source: NodeId,
         sizes: ObjectSizes,
         local: ObjectInfo,
+        mode: TransferMode,
     ) -> TransferId {
         let tid = self.new_transfer_id();
         let block_len =
             crate::alloc::block_len_for(local.region.len).expect("created objects have a block");
-        let eager_limit = self.peers.get(&source).map_or(0, |p| p.threshold.bytes);
+        let eager_limit = match mode {
+            TransferMode::Auto => self.peers.get(&source).map_or(0, |p| p.threshold.bytes),
+            TransferMode::Eager => self.config.eager_capacity_bytes(),
+            TransferMode::Rendezvous => 0,
+        };
         if let Some(peer) = self.peers.get_mut(&source) {
             peer.active += 1;
         }
