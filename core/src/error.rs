@@ -20,7 +20,8 @@ pub enum StoreError {
     /// released (as in Plasma).
     #[error("object {0} is in use; it will be deleted when the last reference is released")]
     ObjectInUse(ObjectId),
-    /// Not enough memory even after evicting every object that nobody holds.
+    /// Not enough memory (or room in the object table) even after evicting every object that
+    /// nobody holds.
     #[error(
         "out of memory: object {id} needs {requested_bytes} bytes, {free_bytes} of {capacity_bytes} are free and nothing more can be evicted"
     )]

@@ -19,6 +19,8 @@ use crate::ids::{ArenaId, ClientId, ObjectId, RequestId};
 use crate::region::LocalRegion;
 use crate::time::Instant;
 
+use table::{Entry, ObjectTable};
+
 /// Where an object lives and how large it is: what a client needs to map it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectInfo {
@@ -142,53 +144,29 @@ pub struct EvictOutcome {
     pub bytes: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ObjectState {
-    Unsealed { creator: ClientId },
-    Sealed,
-}
-
-#[derive(Debug, Clone)]
-struct Entry {
-    /// The allocated block (aligned length, may exceed data + metadata).
-    block: LocalRegion,
-    data_size: u64,
-    metadata_size: u64,
-    state: ObjectState,
-    ref_count: u32,
-    pin_count: u32,
-    delete_pending: bool,
-    /// Position in the LRU while evictable.
-    lru_stamp: Option<u64>,
-    created_at: Instant,
-}
-
 impl Entry {
-    fn info(&self, id: ObjectId) -> ObjectInfo {
+    fn info(&self) -> ObjectInfo {
         ObjectInfo {
-            id,
-            region: self.block.slice(0, self.data_size + self.metadata_size),
+            id: self.id,
+            region: self.block().slice(0, self.data_size + self.metadata_size),
             data_size: self.data_size,
             metadata_size: self.metadata_size,
         }
     }
 
-    /// Only the creator of an unsealed object may seal or abort it.
-    fn check_creator(&self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
-        match self.state {
-            ObjectState::Sealed => Err(StoreError::AlreadySealed(id)),
-            ObjectState::Unsealed { creator } if creator != client => {
-                Err(StoreError::NotCreator(id))
-            }
-            ObjectState::Unsealed { .. } => Ok(()),
+    fn summary(&self) -> ObjectSummary {
+        ObjectSummary {
+            info: self.info(),
+            sealed: self.sealed,
+            ref_count: self.ref_count,
+            pin_count: self.pin_count,
+            delete_pending: self.delete_pending,
+            created_at: self.created_at,
         }
     }
 
     fn evictable(&self) -> bool {
-        self.state == ObjectState::Sealed
-            && self.ref_count == 0
-            && self.pin_count == 0
-            && !self.delete_pending
+        self.sealed && self.ref_count == 0 && self.pin_count == 0 && !self.delete_pending
     }
 }
 
@@ -244,10 +222,8 @@ impl StoreConfig {
 pub struct Store {
     config: StoreConfig,
     allocator: Allocator,
-    objects: HashMap<ObjectId, Entry>,
-    /// Evictable objects, least recently used first.
-    lru: BTreeMap<u64, ObjectId>,
-    next_lru_stamp: u64,
+    /// Every object, and the LRU order of the evictable ones.
+    objects: ObjectTable,
     evictable_bytes: u64,
     clients: BTreeMap<ClientId, ClientState>,
     waiters: BTreeMap<WaiterId, Waiter>,
@@ -268,9 +244,7 @@ impl Store {
         Self {
             config,
             allocator,
-            objects: HashMap::new(),
-            lru: BTreeMap::new(),
-            next_lru_stamp: 0,
+            objects: ObjectTable::new(),
             evictable_bytes: 0,
             clients: BTreeMap::new(),
             waiters: BTreeMap::new(),
@@ -333,7 +307,7 @@ impl Store {
         data_size: u64,
         metadata_size: u64,
     ) -> Result<ObjectInfo, StoreError> {
-        if self.objects.contains_key(&id) {
+        if self.objects.contains(&id) {
             return Err(StoreError::ObjectExists(id));
         }
         let largest_arena_bytes = self
@@ -360,19 +334,10 @@ impl Store {
             });
         }
         let block = self.allocate_evicting(id, total, block_len)?;
-        let entry = Entry {
-            block,
-            data_size,
-            metadata_size,
-            state: ObjectState::Unsealed { creator: client },
-            ref_count: 1,
-            pin_count: 0,
-            delete_pending: false,
-            lru_stamp: None,
-            created_at: now,
-        };
-        let info = entry.info(id);
-        self.objects.insert(id, entry);
+        let mut entry = Entry::new(id, block, data_size, metadata_size, false, now);
+        entry.ref_count = 1;
+        let info = entry.info();
+        self.objects.insert(entry);
         let state = self.clients.entry(client).or_default();
         state.creating.insert(id);
         *state.held.entry(id).or_default() += 1;
@@ -387,14 +352,14 @@ impl Store {
         id: ObjectId,
         release: bool,
     ) -> Result<ObjectInfo, StoreError> {
+        self.check_creator(client, id)?;
         let entry = self
             .objects
             .get_mut(&id)
-            .ok_or(StoreError::ObjectNotFound(id))?;
-        entry.check_creator(client, id)?;
-        entry.state = ObjectState::Sealed;
-        let info = entry.info(id);
-        let block = entry.block;
+            .expect("check_creator found the object");
+        entry.sealed = true;
+        let info = entry.info();
+        let block = entry.block();
         if self.config.record_durable_changes {
             self.durable_changes.push_back(DurableChange::Sealed {
                 id,
@@ -424,15 +389,32 @@ impl Store {
 
     /// Drops an unsealed object its creator no longer wants.
     pub fn abort(&mut self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
-        self.objects
-            .get(&id)
-            .ok_or(StoreError::ObjectNotFound(id))?
-            .check_creator(client, id)?;
+        self.check_creator(client, id)?;
         if let Some(state) = self.clients.get_mut(&client) {
             state.creating.remove(&id);
             state.held.remove(&id);
         }
         self.remove_object(id, false);
+        Ok(())
+    }
+
+    /// Only the creator of an unsealed object may seal or abort it. An unsealed object is in
+    /// its creator's `creating` set, and in no other.
+    fn check_creator(&self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
+        let entry = self
+            .objects
+            .get(&id)
+            .ok_or(StoreError::ObjectNotFound(id))?;
+        if entry.sealed {
+            return Err(StoreError::AlreadySealed(id));
+        }
+        let created = self
+            .clients
+            .get(&client)
+            .is_some_and(|state| state.creating.contains(&id));
+        if !created {
+            return Err(StoreError::NotCreator(id));
+        }
         Ok(())
     }
 
@@ -500,11 +482,11 @@ impl Store {
             .objects
             .get_mut(&id)
             .ok_or(StoreError::ObjectNotFound(id))?;
-        if entry.state != ObjectState::Sealed {
+        if !entry.sealed {
             return Err(StoreError::ObjectNotSealed(id));
         }
         entry.ref_count += 1;
-        let info = entry.info(id);
+        let info = entry.info();
         *self
             .clients
             .entry(client)
@@ -550,8 +532,8 @@ impl Store {
     pub fn sealed_info(&self, id: &ObjectId) -> Option<ObjectInfo> {
         self.objects
             .get(id)
-            .filter(|entry| entry.state == ObjectState::Sealed)
-            .map(|entry| entry.info(*id))
+            .filter(|entry| entry.sealed)
+            .map(Entry::info)
     }
 
     /// Deletes objects: at once if nobody holds them, otherwise when the last reference goes
@@ -573,7 +555,7 @@ impl Store {
             .objects
             .get_mut(&id)
             .ok_or(StoreError::ObjectNotFound(id))?;
-        if entry.state != ObjectState::Sealed {
+        if !entry.sealed {
             return Err(StoreError::ObjectNotSealed(id));
         }
         if entry.ref_count > 0 || entry.pin_count > 0 {
@@ -587,32 +569,14 @@ impl Store {
 
     /// Every object, sorted by id.
     pub fn list(&self) -> Vec<ObjectSummary> {
-        let mut summaries: Vec<ObjectSummary> = self
-            .objects
-            .iter()
-            .map(|(&id, entry)| ObjectSummary {
-                info: entry.info(id),
-                sealed: entry.state == ObjectState::Sealed,
-                ref_count: entry.ref_count,
-                pin_count: entry.pin_count,
-                delete_pending: entry.delete_pending,
-                created_at: entry.created_at,
-            })
-            .collect();
+        let mut summaries: Vec<ObjectSummary> = self.objects.iter().map(Entry::summary).collect();
         summaries.sort_by_key(|s| s.info.id);
         summaries
     }
 
     /// The `list()` line of one object, sealed or not.
     pub fn summary(&self, id: &ObjectId) -> Option<ObjectSummary> {
-        self.objects.get(id).map(|entry| ObjectSummary {
-            info: entry.info(*id),
-            sealed: entry.state == ObjectState::Sealed,
-            ref_count: entry.ref_count,
-            pin_count: entry.pin_count,
-            delete_pending: entry.delete_pending,
-            created_at: entry.created_at,
-        })
+        self.objects.get(id).map(Entry::summary)
     }
 
     /// Evicts least-recently-used objects nobody holds until at least `bytes` are freed or
@@ -639,14 +603,14 @@ impl Store {
             .objects
             .get_mut(&id)
             .ok_or(StoreError::ObjectNotFound(id))?;
-        if entry.state != ObjectState::Sealed {
+        if !entry.sealed {
             return Err(StoreError::ObjectNotSealed(id));
         }
         if entry.delete_pending {
             return Err(StoreError::ObjectNotFound(id));
         }
         entry.pin_count += 1;
-        let info = entry.info(id);
+        let info = entry.info();
         self.settle(id);
         Ok(info)
     }
@@ -673,11 +637,7 @@ impl Store {
             capacity_bytes: self.allocator.capacity_bytes(),
             allocated_bytes: self.allocator.capacity_bytes() - self.allocator.free_bytes(),
             object_count: self.objects.len() as u64,
-            sealed_count: self
-                .objects
-                .values()
-                .filter(|e| e.state == ObjectState::Sealed)
-                .count() as u64,
+            sealed_count: self.objects.iter().filter(|e| e.sealed).count() as u64,
             evictable_bytes: self.evictable_bytes,
             client_count: self.clients.len() as u64,
             waiting_gets: self.waiters.len() as u64,
@@ -723,9 +683,7 @@ impl Store {
     }
 
     fn is_sealed(&self, id: &ObjectId) -> bool {
-        self.objects
-            .get(id)
-            .is_some_and(|e| e.state == ObjectState::Sealed)
+        self.objects.get(id).is_some_and(|e| e.sealed)
     }
 
     fn allocate_evicting(
@@ -736,6 +694,12 @@ impl Store {
     ) -> Result<LocalRegion, StoreError> {
         if self.reclaimable_bytes() < block_len {
             return Err(self.out_of_memory(id, total));
+        }
+        // The table indexes at most MAX_OBJECTS objects; a full one is full memory too.
+        while self.objects.len() >= table::MAX_OBJECTS {
+            if self.evict_one().is_none() {
+                return Err(self.out_of_memory(id, total));
+            }
         }
         loop {
             if let Some(block) = self.allocator.allocate(total) {
@@ -758,14 +722,13 @@ impl Store {
 
     /// Evicts the least recently used evictable object; returns the bytes freed.
     fn evict_one(&mut self) -> Option<u64> {
-        let (_, id) = self.lru.pop_first()?;
-        let entry = self
+        let id = self.objects.lru_front()?;
+        let freed = self
             .objects
-            .get_mut(&id)
-            .expect("LRU entries are in the table");
-        entry.lru_stamp = None;
-        let freed = entry.block.len;
-        self.evictable_bytes -= freed;
+            .get(&id)
+            .expect("LRU entries are in the table")
+            .block()
+            .len;
         self.stats.evicted_objects_total += 1;
         self.stats.evicted_bytes_total += freed;
         self.remove_object(id, true);
@@ -781,19 +744,14 @@ impl Store {
             self.remove_object(id, true);
             return;
         }
-        let evictable = entry.evictable();
-        match (evictable, entry.lru_stamp) {
-            (true, None) => {
-                let stamp = self.next_lru_stamp;
-                self.next_lru_stamp += 1;
-                entry.lru_stamp = Some(stamp);
-                self.evictable_bytes += entry.block.len;
-                self.lru.insert(stamp, id);
+        match (entry.evictable(), entry.in_lru()) {
+            (true, false) => {
+                self.evictable_bytes += entry.block().len;
+                self.objects.lru_push_back(&id);
             }
-            (false, Some(stamp)) => {
-                entry.lru_stamp = None;
-                self.evictable_bytes -= entry.block.len;
-                self.lru.remove(&stamp);
+            (false, true) => {
+                self.evictable_bytes -= entry.block().len;
+                self.objects.lru_remove(&id);
             }
             _ => {}
         }
@@ -806,16 +764,16 @@ impl Store {
             return;
         };
         assert_eq!(entry.pin_count, 0, "removing pinned object {id}");
-        if let Some(stamp) = entry.lru_stamp {
-            self.lru.remove(&stamp);
-            self.evictable_bytes -= entry.block.len;
+        let block = entry.block();
+        if entry.in_lru() {
+            self.evictable_bytes -= block.len;
         }
-        self.allocator.free(entry.block);
-        if self.config.record_durable_changes && entry.state == ObjectState::Sealed {
+        self.allocator.free(block);
+        if self.config.record_durable_changes && entry.sealed {
             self.durable_changes
                 .push_back(DurableChange::Removed { id });
         }
-        if notify && entry.state == ObjectState::Sealed {
+        if notify && entry.sealed {
             self.notify(ObjectEvent::Deleted { id });
         }
     }
@@ -893,36 +851,39 @@ impl Store {
                 *refs_by_object.entry(id).or_default() += count;
             }
         }
+        let mut creators: BTreeMap<ObjectId, u32> = BTreeMap::new();
+        for state in self.clients.values() {
+            for &id in &state.creating {
+                *creators.entry(id).or_default() += 1;
+            }
+        }
+        self.objects.check_invariants();
         let mut allocated = 0;
         let mut evictable = 0;
-        for (&id, entry) in &self.objects {
+        for entry in self.objects.iter() {
+            let id = entry.id;
             let held = refs_by_object.get(&id).copied().unwrap_or(0);
             assert_eq!(entry.ref_count, held, "ref count of {id}");
+            let expected_creators = u32::from(!entry.sealed);
             assert_eq!(
-                entry.lru_stamp.is_some(),
-                entry.evictable(),
-                "LRU membership of {id}"
+                creators.get(&id).copied().unwrap_or(0),
+                expected_creators,
+                "clients creating {id}"
             );
-            if entry.lru_stamp.is_some() {
-                evictable += entry.block.len;
+            assert_eq!(entry.in_lru(), entry.evictable(), "LRU membership of {id}");
+            if entry.in_lru() {
+                evictable += entry.block().len;
             }
             assert!(
                 !(entry.delete_pending && entry.ref_count == 0 && entry.pin_count == 0),
                 "{id} should have been deleted"
             );
-            allocated += entry.block.len;
+            allocated += entry.block().len;
         }
-        for id in refs_by_object.keys() {
-            assert!(self.objects.contains_key(id), "reference to missing {id}");
+        for id in refs_by_object.keys().chain(creators.keys()) {
+            assert!(self.objects.contains(id), "reference to missing {id}");
         }
         assert_eq!(evictable, self.evictable_bytes, "evictable bytes");
-        assert_eq!(
-            self.lru.len(),
-            self.objects
-                .values()
-                .filter(|e| e.lru_stamp.is_some())
-                .count()
-        );
         assert_eq!(
             allocated + self.allocator.free_bytes(),
             self.allocator.capacity_bytes(),
@@ -932,6 +893,7 @@ impl Store {
 }
 
 pub mod recovery;
+mod table;
 
 pub use recovery::{
     DurableChange, RecoveredObject, RecoveryRefusal, RecoveryReport, RefusedRecord,

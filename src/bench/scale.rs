@@ -40,6 +40,10 @@ pub struct ScaleArgs {
     /// Length of the mixed workload.
     #[arg(long, default_value_t = 5000)]
     pub millis: u64,
+    /// Run the daemon as its own cluster head (built-in directory and TCP fabric on loopback),
+    /// so the directory's state for every published object counts in the metadata too.
+    #[arg(long)]
+    pub head: bool,
     /// Write the results as JSON here.
     #[arg(long, default_value = "bench-scale.json")]
     pub json: PathBuf,
@@ -49,6 +53,7 @@ pub struct ScaleArgs {
 struct ScaleReport {
     objects: u64,
     object_size_bytes: u64,
+    head: bool,
     fill_seconds: f64,
     fill_objects_per_sec: f64,
     rss_anon_before_bytes: u64,
@@ -102,7 +107,21 @@ pub(super) fn run(args: &ScaleArgs) -> Result<(), BenchError> {
         args.objects,
         format_bytes(size)
     );
-    let daemon = ChildDaemon::start(memory)?;
+    let cluster_args: Vec<std::ffi::OsString> = if args.head {
+        [
+            "--head",
+            "127.0.0.1:0",
+            "--listen",
+            "127.0.0.1:0",
+            "--fabric",
+            "tcp",
+        ]
+        .map(Into::into)
+        .to_vec()
+    } else {
+        Vec::new()
+    };
+    let daemon = ChildDaemon::start_with(memory, &cluster_args)?;
     let pid = daemon.pid();
     let socket = daemon.socket().to_path_buf();
     let before = rss_anon_bytes(pid)?;
@@ -228,6 +247,7 @@ pub(super) fn run(args: &ScaleArgs) -> Result<(), BenchError> {
     let report = ScaleReport {
         objects: args.objects,
         object_size_bytes: size,
+        head: args.head,
         fill_seconds,
         fill_objects_per_sec: args.objects as f64 / fill_seconds,
         rss_anon_before_bytes: before,
@@ -259,9 +279,14 @@ pub(super) fn run(args: &ScaleArgs) -> Result<(), BenchError> {
 
 fn print_report(r: &ScaleReport) {
     println!(
-        "scale: {} objects of {} in one daemon",
+        "scale: {} objects of {} in one daemon{}",
         r.objects,
-        format_bytes(r.object_size_bytes)
+        format_bytes(r.object_size_bytes),
+        if r.head {
+            " (its own directory head)"
+        } else {
+            ""
+        }
     );
     println!(
         "  fill                      {:>10.0} objects/s ({:.1} s)",

@@ -13,7 +13,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Entry, ObjectEvent, ObjectState, Store};
+use super::table::{Entry, MAX_OBJECTS};
+use super::{ObjectEvent, Store};
 use crate::alloc::block_len_for;
 use crate::ids::ObjectId;
 use crate::region::LocalRegion;
@@ -66,6 +67,9 @@ pub enum RecoveryRefusal {
     /// The block lies outside every arena, or overlaps an object already in the store.
     #[error("the block is outside the arena or overlaps another object")]
     SpaceTaken,
+    /// The store holds as many objects as its table can index.
+    #[error("the store holds the most objects it can index")]
+    TooManyObjects,
 }
 
 /// A record [`Store::recover`] refused.
@@ -137,8 +141,11 @@ impl Store {
             data_size,
             metadata_size,
         } = record;
-        if self.objects.contains_key(&id) {
+        if self.objects.contains(&id) {
             return Err(RecoveryRefusal::DuplicateId);
+        }
+        if self.objects.len() >= MAX_OBJECTS {
+            return Err(RecoveryRefusal::TooManyObjects);
         }
         let expected_block_len = data_size.checked_add(metadata_size).and_then(block_len_for);
         if expected_block_len != Some(block.len) {
@@ -147,20 +154,8 @@ impl Store {
         if block.offset.checked_add(block.len).is_none() || !self.allocator.reserve(block) {
             return Err(RecoveryRefusal::SpaceTaken);
         }
-        self.objects.insert(
-            id,
-            Entry {
-                block,
-                data_size,
-                metadata_size,
-                state: ObjectState::Sealed,
-                ref_count: 0,
-                pin_count: 0,
-                delete_pending: false,
-                lru_stamp: None,
-                created_at: now,
-            },
-        );
+        self.objects
+            .insert(Entry::new(id, block, data_size, metadata_size, true, now));
         self.settle(id);
         self.notify(ObjectEvent::Sealed {
             id,

@@ -25,6 +25,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+use smallvec::SmallVec;
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -207,22 +208,19 @@ struct Session {
     subscribed: HashSet<ObjectId>,
 }
 
-#[derive(Debug, Default)]
-struct ObjectEntry {
-    holders: BTreeMap<NodeId, ObjectSizes>,
-    subscribers: BTreeSet<NodeId>,
-}
-
-impl ObjectEntry {
-    fn is_empty(&self) -> bool {
-        self.holders.is_empty() && self.subscribers.is_empty()
-    }
-}
+/// The nodes holding one object, sorted by node id, each with the sizes it published. Nearly
+/// always a single node, kept inline: the head keeps one of these for every object of the
+/// cluster, so it must stay small.
+type Holders = SmallVec<[(NodeId, ObjectSizes); 1]>;
 
 #[derive(Debug, Default)]
 struct State {
     sessions: BTreeMap<NodeId, Session>,
-    objects: HashMap<ObjectId, ObjectEntry>,
+    /// Every published object; never an empty list.
+    holders: HashMap<ObjectId, Holders>,
+    /// One-shot subscriptions to objects, by object; never an empty set. Few at a time, so
+    /// kept apart from `holders`.
+    subscribers: HashMap<ObjectId, BTreeSet<NodeId>>,
     next_session: u64,
 }
 
@@ -303,14 +301,11 @@ impl State {
     /// Drops a session with its publications and subscriptions; no push.
     fn remove_session(&mut self, node: NodeId) -> Option<Session> {
         let session = self.sessions.remove(&node)?;
-        for id in session.published.iter().chain(session.subscribed.iter()) {
-            if let Some(entry) = self.objects.get_mut(id) {
-                entry.holders.remove(&node);
-                entry.subscribers.remove(&node);
-                if entry.is_empty() {
-                    self.objects.remove(id);
-                }
-            }
+        for id in &session.published {
+            self.remove_holder(*id, node);
+        }
+        for id in &session.subscribed {
+            self.remove_subscriber(*id, node);
         }
         Some(session)
     }
@@ -381,10 +376,13 @@ impl State {
     }
 
     fn lookup(&mut self, node: NodeId, id: ObjectId, subscribe: bool) -> Option<DirectoryReply> {
-        let (holders, sizes) = match self.objects.get(&id) {
-            Some(entry) => (
-                entry.holders.keys().copied().collect::<Vec<_>>(),
-                entry.holders.values().next().copied(),
+        let (holders, sizes) = match self.holders.get(&id) {
+            Some(holders) => (
+                holders
+                    .iter()
+                    .map(|&(holder, _)| holder)
+                    .collect::<Vec<_>>(),
+                holders.first().map(|&(_, sizes)| sizes),
             ),
             None => (Vec::new(), None),
         };
@@ -402,7 +400,7 @@ impl State {
                 });
             }
             session.subscribed.insert(id);
-            self.objects.entry(id).or_default().subscribers.insert(node);
+            self.subscribers.entry(id).or_default().insert(node);
         }
         Some(DirectoryReply::Located { holders, sizes })
     }
@@ -422,10 +420,12 @@ impl State {
             });
         }
         session.published.insert(id);
-        let entry = self.objects.entry(id).or_default();
-        entry.holders.insert(node, sizes);
-        let subscribers = std::mem::take(&mut entry.subscribers);
-        if !subscribers.is_empty() {
+        let holders = self.holders.entry(id).or_default();
+        match holders.binary_search_by_key(&node, |&(holder, _)| holder) {
+            Ok(at) => holders[at].1 = sizes,
+            Err(at) => holders.insert(at, (node, sizes)),
+        }
+        if let Some(subscribers) = self.subscribers.remove(&id) {
             let event = encode(&ToNode::Event(DirectoryEvent::Published {
                 id,
                 holder: node,
@@ -445,22 +445,30 @@ impl State {
         if let Some(session) = self.sessions.get_mut(&node) {
             session.published.remove(&id);
         }
-        if let Some(entry) = self.objects.get_mut(&id) {
-            entry.holders.remove(&node);
-            if entry.is_empty() {
-                self.objects.remove(&id);
-            }
-        }
+        self.remove_holder(id, node);
     }
 
     fn unsubscribe(&mut self, node: NodeId, id: ObjectId) {
         if let Some(session) = self.sessions.get_mut(&node) {
             session.subscribed.remove(&id);
         }
-        if let Some(entry) = self.objects.get_mut(&id) {
-            entry.subscribers.remove(&node);
-            if entry.is_empty() {
-                self.objects.remove(&id);
+        self.remove_subscriber(id, node);
+    }
+
+    fn remove_holder(&mut self, id: ObjectId, node: NodeId) {
+        if let Some(holders) = self.holders.get_mut(&id) {
+            holders.retain(|&mut (holder, _)| holder != node);
+            if holders.is_empty() {
+                self.holders.remove(&id);
+            }
+        }
+    }
+
+    fn remove_subscriber(&mut self, id: ObjectId, node: NodeId) {
+        if let Some(subscribers) = self.subscribers.get_mut(&id) {
+            subscribers.remove(&node);
+            if subscribers.is_empty() {
+                self.subscribers.remove(&id);
             }
         }
     }
@@ -1221,5 +1229,25 @@ async fn read_from_head(
         if incoming.send(result).is_err() || last {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_holder_is_kept_inline() {
+        let mut holders = Holders::new();
+        holders.push((
+            NodeId(3),
+            ObjectSizes {
+                data_size: 1,
+                metadata_size: 0,
+            },
+        ));
+        assert!(!holders.spilled());
+        // Key and holders of one object in the head's table.
+        assert!(std::mem::size_of::<(ObjectId, Holders)>() <= 56);
     }
 }

@@ -1,0 +1,349 @@
+//! The object table: one compact record per object, with the LRU threaded through it.
+//!
+//! A store may hold millions of small objects, so the bytes kept per object matter as much as
+//! the objects' own bytes. The records live densely in one `Vec` (a removal moves the last
+//! record into the hole), and a hash index of `u32` positions finds a record by its id: the id
+//! is stored once, in the record. The LRU is an intrusive doubly linked list of positions
+//! through the records, so being evictable costs no allocation and eviction, touch and removal
+//! are O(1). About 80 bytes per record plus 5 per index bucket (the index is at most 7/8 full
+//! and grows by doubling).
+//!
+//! Iteration goes over the records in their `Vec` order, which depends only on the sequence of
+//! inserts and removals, never on hashing.
+
+use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
+
+use crate::alloc::block_len_for;
+use crate::ids::{ArenaId, ObjectId};
+use crate::region::LocalRegion;
+use crate::time::Instant;
+
+/// Most objects one table holds: positions are `u32`, and [`NIL`] is not a position.
+pub(super) const MAX_OBJECTS: usize = NIL as usize;
+
+/// No record: the end of the LRU list.
+const NIL: u32 = u32::MAX;
+
+/// One object's record.
+#[derive(Debug, Clone)]
+pub(super) struct Entry {
+    pub(super) id: ObjectId,
+    /// Where the allocated block starts; its length follows from the sizes (see
+    /// [`Entry::block`]).
+    arena: ArenaId,
+    offset: u64,
+    pub(super) data_size: u64,
+    pub(super) metadata_size: u64,
+    pub(super) created_at: Instant,
+    pub(super) ref_count: u32,
+    pub(super) pin_count: u32,
+    pub(super) sealed: bool,
+    pub(super) delete_pending: bool,
+    /// In the LRU list; `lru_prev`/`lru_next` are meaningful only then. Owned by the table.
+    in_lru: bool,
+    lru_prev: u32,
+    lru_next: u32,
+}
+
+impl Entry {
+    /// A record for an object in `block`, which must be the block allocated for
+    /// `data_size + metadata_size` bytes (asserted: anything else is a bug).
+    pub(super) fn new(
+        id: ObjectId,
+        block: LocalRegion,
+        data_size: u64,
+        metadata_size: u64,
+        sealed: bool,
+        created_at: Instant,
+    ) -> Self {
+        let entry = Self {
+            id,
+            arena: block.arena,
+            offset: block.offset,
+            data_size,
+            metadata_size,
+            created_at,
+            ref_count: 0,
+            pin_count: 0,
+            sealed,
+            delete_pending: false,
+            in_lru: false,
+            lru_prev: NIL,
+            lru_next: NIL,
+        };
+        assert_eq!(
+            entry.block(),
+            block,
+            "block of {id} does not match its sizes"
+        );
+        entry
+    }
+
+    /// The allocated block (aligned length, may exceed data + metadata).
+    pub(super) fn block(&self) -> LocalRegion {
+        // `Entry::new` checked that these sizes allocate a block, so neither the sum nor the
+        // rounding overflows.
+        let len = block_len_for(self.data_size + self.metadata_size)
+            .expect("the sizes of a stored object fit a block");
+        LocalRegion {
+            arena: self.arena,
+            offset: self.offset,
+            len,
+        }
+    }
+
+    /// Whether the object is in the LRU list.
+    pub(super) fn in_lru(&self) -> bool {
+        self.in_lru
+    }
+}
+
+/// The objects of a store by id, and the LRU order of the evictable ones.
+#[derive(Debug, Default)]
+pub(super) struct ObjectTable {
+    entries: Vec<Entry>,
+    /// Positions in `entries`, hashed by the id of the record they point to.
+    index: HashTable<u32>,
+    hasher: RandomState,
+    /// Least recently used end of the LRU list.
+    lru_head: u32,
+    /// Most recently used end.
+    lru_tail: u32,
+    lru_len: usize,
+}
+
+impl ObjectTable {
+    pub(super) fn new() -> Self {
+        Self {
+            lru_head: NIL,
+            lru_tail: NIL,
+            ..Self::default()
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter()
+    }
+
+    fn position(&self, id: &ObjectId) -> Option<u32> {
+        let hash = self.hasher.hash_one(id);
+        self.index
+            .find(hash, |&at| self.entries[at as usize].id == *id)
+            .copied()
+    }
+
+    pub(super) fn contains(&self, id: &ObjectId) -> bool {
+        self.position(id).is_some()
+    }
+
+    pub(super) fn get(&self, id: &ObjectId) -> Option<&Entry> {
+        self.position(id).map(|at| &self.entries[at as usize])
+    }
+
+    pub(super) fn get_mut(&mut self, id: &ObjectId) -> Option<&mut Entry> {
+        self.position(id).map(|at| &mut self.entries[at as usize])
+    }
+
+    /// Adds a record whose id is not in the table yet, outside the LRU. The caller keeps the
+    /// table below [`MAX_OBJECTS`]; both are asserted.
+    pub(super) fn insert(&mut self, mut entry: Entry) {
+        assert!(self.entries.len() < MAX_OBJECTS, "object table full");
+        assert!(!self.contains(&entry.id), "{} inserted twice", entry.id);
+        entry.in_lru = false;
+        // Below MAX_OBJECTS, checked above.
+        let at = self.entries.len() as u32;
+        let hash = self.hasher.hash_one(entry.id);
+        self.entries.push(entry);
+        let (entries, hasher) = (&self.entries, &self.hasher);
+        self.index.insert_unique(hash, at, |&other| {
+            hasher.hash_one(entries[other as usize].id)
+        });
+    }
+
+    /// Removes the record of `id`, unlinking it from the LRU, and returns it (its
+    /// [`Entry::in_lru`] still says whether it was in the LRU).
+    pub(super) fn remove(&mut self, id: &ObjectId) -> Option<Entry> {
+        let hash = self.hasher.hash_one(id);
+        let entries = &self.entries;
+        let (at, _) = self
+            .index
+            .find_entry(hash, |&at| entries[at as usize].id == *id)
+            .ok()?
+            .remove();
+        let was_in_lru = self.lru_unlink(at);
+        let last = (self.entries.len() - 1) as u32;
+        if at != last {
+            // The last record moves into the hole: repoint its index slot and LRU neighbours.
+            let moved_hash = self.hasher.hash_one(self.entries[last as usize].id);
+            let slot = self
+                .index
+                .find_mut(moved_hash, |&other| other == last)
+                .expect("every record is indexed");
+            *slot = at;
+            let moved = &self.entries[last as usize];
+            if moved.in_lru {
+                let (prev, next) = (moved.lru_prev, moved.lru_next);
+                self.set_next(prev, at);
+                self.set_prev(next, at);
+            }
+        }
+        let mut entry = self.entries.swap_remove(at as usize);
+        entry.in_lru = was_in_lru;
+        Some(entry)
+    }
+
+    /// Appends `id` at the most recently used end of the LRU. It must be in the table and not
+    /// in the LRU yet.
+    pub(super) fn lru_push_back(&mut self, id: &ObjectId) {
+        let at = self.position(id).expect("only stored objects join the LRU");
+        let tail = self.lru_tail;
+        let entry = &mut self.entries[at as usize];
+        assert!(!entry.in_lru, "{id} is in the LRU already");
+        entry.in_lru = true;
+        entry.lru_prev = tail;
+        entry.lru_next = NIL;
+        self.set_next(tail, at);
+        self.lru_tail = at;
+        self.lru_len += 1;
+    }
+
+    /// Takes `id` out of the LRU if it is there.
+    pub(super) fn lru_remove(&mut self, id: &ObjectId) {
+        if let Some(at) = self.position(id) {
+            let _ = self.lru_unlink(at);
+        }
+    }
+
+    /// The least recently used object, if any.
+    pub(super) fn lru_front(&self) -> Option<ObjectId> {
+        (self.lru_head != NIL).then(|| self.entries[self.lru_head as usize].id)
+    }
+
+    /// Takes the record at `at` out of the LRU; returns whether it was there.
+    fn lru_unlink(&mut self, at: u32) -> bool {
+        let entry = &mut self.entries[at as usize];
+        if !entry.in_lru {
+            return false;
+        }
+        entry.in_lru = false;
+        let (prev, next) = (entry.lru_prev, entry.lru_next);
+        entry.lru_prev = NIL;
+        entry.lru_next = NIL;
+        self.set_next(prev, next);
+        self.set_prev(next, prev);
+        self.lru_len -= 1;
+        true
+    }
+
+    /// Points `at`'s successor link (or the head, for [`NIL`]) to `next`.
+    fn set_next(&mut self, at: u32, next: u32) {
+        match at {
+            NIL => self.lru_head = next,
+            at => self.entries[at as usize].lru_next = next,
+        }
+    }
+
+    /// Points `at`'s predecessor link (or the tail, for [`NIL`]) to `prev`.
+    fn set_prev(&mut self, at: u32, prev: u32) {
+        match at {
+            NIL => self.lru_tail = prev,
+            at => self.entries[at as usize].lru_prev = prev,
+        }
+    }
+
+    /// Checks the index and the LRU list against the records; panics on the first
+    /// inconsistency. Returns the ids in LRU order.
+    pub(super) fn check_invariants(&self) -> Vec<ObjectId> {
+        assert_eq!(self.index.len(), self.entries.len(), "index size");
+        for (at, entry) in self.entries.iter().enumerate() {
+            assert_eq!(
+                self.position(&entry.id),
+                Some(at as u32),
+                "index of {}",
+                entry.id
+            );
+        }
+        let mut order = Vec::with_capacity(self.lru_len);
+        let (mut prev, mut at) = (NIL, self.lru_head);
+        while at != NIL {
+            assert!(order.len() < self.lru_len, "LRU list longer than its count");
+            let entry = &self.entries[at as usize];
+            assert!(
+                entry.in_lru,
+                "{} linked but not marked in the LRU",
+                entry.id
+            );
+            assert_eq!(entry.lru_prev, prev, "LRU back link of {}", entry.id);
+            order.push(entry.id);
+            (prev, at) = (at, entry.lru_next);
+        }
+        assert_eq!(self.lru_tail, prev, "LRU tail");
+        assert_eq!(order.len(), self.lru_len, "LRU count");
+        assert_eq!(
+            self.entries.iter().filter(|e| e.in_lru).count(),
+            self.lru_len,
+            "records marked in the LRU"
+        );
+        order
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(n: u64) -> Entry {
+        let block = LocalRegion {
+            arena: ArenaId(0),
+            offset: n * 64,
+            len: 64,
+        };
+        Entry::new(ObjectId::from_u64(n), block, 10, 0, true, Instant::ZERO)
+    }
+
+    fn lru(table: &ObjectTable) -> Vec<u64> {
+        table
+            .check_invariants()
+            .iter()
+            .map(|id| u64::from_be_bytes(id.0[12..].try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn record_is_compact() {
+        assert!(std::mem::size_of::<Entry>() <= 80);
+    }
+
+    #[test]
+    fn removal_keeps_index_and_lru_consistent() {
+        let mut table = ObjectTable::new();
+        for n in 0..6 {
+            table.insert(entry(n));
+        }
+        for n in [3, 0, 5, 1] {
+            table.lru_push_back(&ObjectId::from_u64(n));
+        }
+        assert_eq!(lru(&table), vec![3, 0, 5, 1]);
+        // Removing 0 moves the last record (5, in the LRU) into its place.
+        let removed = table.remove(&ObjectId::from_u64(0)).unwrap();
+        assert_eq!(removed.id, ObjectId::from_u64(0));
+        assert!(removed.in_lru(), "it was in the LRU");
+        assert_eq!(lru(&table), vec![3, 5, 1]);
+        table.lru_remove(&ObjectId::from_u64(3));
+        assert_eq!(lru(&table), vec![5, 1]);
+        assert_eq!(table.lru_front(), Some(ObjectId::from_u64(5)));
+        table.remove(&ObjectId::from_u64(1));
+        table.remove(&ObjectId::from_u64(5));
+        assert_eq!(lru(&table), Vec::<u64>::new());
+        assert_eq!(table.lru_front(), None);
+        assert_eq!(table.len(), 3);
+        assert!(table.get(&ObjectId::from_u64(4)).is_some());
+        assert!(table.remove(&ObjectId::from_u64(5)).is_none());
+    }
+}
