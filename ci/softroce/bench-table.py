@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints Skyriver's fetch over rxe next to perftest, with ratios, and writes JSON.
 
-    bench-table.py DIR      DIR holds perftest.tsv and bench-fetch-*.json (guest/bench.sh)
+    bench-table.py DIR      DIR holds perftest.tsv and bench-fetch*.json (guest/bench.sh)
 
 Writes DIR/bench-softroce.json. Informational: the targets are reported, never asserted.
 MB/s are 10^6 bytes per second on both sides (perftest's 2^20 MB converted by guest/bench.sh).
@@ -95,6 +95,21 @@ def main():
               f"{rtt:.1f} us (2 x the better one-way t_typical: {shown}): {vs:.2f}x")
         targets.append({"target": f"{mode} 4 KiB fetch p50 <= {LAT_TARGET}x ib_send_lat round trip",
                         "value": vs, "met": vs <= LAT_TARGET})
+    auto_rows = [row for run in runs for row in run.get("auto_vs_forced", [])]
+    if auto_rows:
+        threshold = fetch.get("auto_threshold_bytes")
+        print()
+        print("auto against forced modes, interleaved in one cluster (p50 us)"
+              + (f"; auto threshold {threshold} B" if threshold is not None else ""))
+        print(f"{'size':>8} {'eager':>10} {'rendezvous':>11} {'auto':>10} {'auto/best':>10}")
+        for row in auto_rows:
+            print(f"{size_name(row['size_bytes']):>8} {row['eager_p50_us']:10.1f}"
+                  f" {row['rendezvous_p50_us']:11.1f} {row['auto_p50_us']:10.1f}"
+                  f" {row['auto_over_best']:10.2f}")
+            targets.append({"target": f"auto p50 within 10% of the better forced mode at "
+                                      f"{size_name(row['size_bytes'])}",
+                            "value": row["auto_over_best"], "met": row["within_10_percent"]})
+        print()
     for t in targets:
         print(f"target {'met   ' if t['met'] else 'MISSED'} {t['target']}: {ratio_text(t['value']).strip()}")
 

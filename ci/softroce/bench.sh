@@ -6,7 +6,7 @@
 #   ci/softroce/bench.sh [SIZES]        SIZES in bytes, default 4096,65536,1048576,8388608
 #
 # Results go to $SKYRIVER_BENCH_OUT (default target/softroce-bench): perftest.tsv,
-# bench-fetch-MODE.json, bench-softroce.json (the table's data) and the raw logs.
+# bench-fetch.json, bench-softroce.json (the table's data) and the raw logs.
 # Exit status: 0 when the table was printed.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -28,6 +28,6 @@ say "running perftest and skyriver bench fetch in the VM (limit ${SKYRIVER_VM_TI
 rc=0
 SKYRIVER_VM_OUT="$OUT" "$HERE/run-in-vm.sh" "$HERE/guest/bench.sh" "$exe" "${1:-4096,65536,1048576,8388608}" || rc=$?
 [ "$rc" = 0 ] || say "the guest benchmark ended with status $rc"
-ls "$OUT"/bench-fetch-*.json > /dev/null 2>&1 || { say "no fetch results: nothing to compare"; exit 1; }
+ls "$OUT"/bench-fetch*.json > /dev/null 2>&1 || { say "no fetch results: nothing to compare"; exit 1; }
 echo
 python3 "$HERE/bench-table.py" "$OUT"

@@ -35,6 +35,8 @@
 #   SKYRIVER_VM_OUT       host directory receiving what the command writes to $SKYRIVER_VM_OUT
 #   SKYRIVER_VM_CONSOLE   file to keep the guest kernel log (console + dmesg) in
 #   SKYRIVER_VM_VERBOSE=1 also stream the guest kernel console to stderr
+#   SKYRIVER_VM_KERNEL_ARGS  extra guest kernel arguments (default under TCG:
+#                         "clocksource=tsc tsc=reliable"; empty keeps the kernel's choice)
 #   SKYRIVER_VM_NO_APT=1  never apt-get install (the image must be buildable as is)
 set -euo pipefail
 
@@ -68,8 +70,12 @@ KERNEL="$WORK/vmlinuz"; [ -s "$WORK/vmlinux" ] && KERNEL="$WORK/vmlinux"
 ACCEL=${SKYRIVER_VM_ACCEL:-auto}
 [ "$ACCEL" = auto ] && ACCEL=$(cat "$WORK/accel")
 case "$ACCEL" in
-    kvm) accel_args=(-accel kvm -cpu host) ;;
-    tcg) accel_args=(-accel tcg,thread=multi,tb-size=256 -cpu max) ;;
+    kvm) accel_args=(-accel kvm -cpu host); clock_args= ;;
+    # Under TCG the kernel falls back to the HPET clocksource, and every clock_gettime becomes
+    # an emulated MMIO read (tens of µs): programs that read the clock often (async runtimes,
+    # timers, the daemons) would be measured against that, while perftest reads the TSC
+    # directly. The emulated TSC is constant-rate, so the guest may use it.
+    tcg) accel_args=(-accel tcg,thread=multi,tb-size=256 -cpu max); clock_args="clocksource=tsc tsc=reliable" ;;
     *) say "bad SKYRIVER_VM_ACCEL=$ACCEL"; exit 2 ;;
 esac
 
@@ -120,6 +126,7 @@ mkdir -p "$RUN/out"
 
 append="console=ttyS0 quiet panic=-1 oops=panic skyriver.rundir=$RUN skyriver.moddir=$WORK/modroot"
 append+=" skyriver.net=$NET skyriver.mtu=$MTU skyriver.timeout=$((TIMEOUT + 15))"
+append+=" ${SKYRIVER_VM_KERNEL_ARGS-$clock_args}"
 qemu=(qemu-system-x86_64 -nodefaults -no-user-config -display none -monitor none
       "${accel_args[@]}" -m "$MEM" -smp "$SMP" -no-reboot
       -kernel "$KERNEL" -initrd "$WORK/initrd.img" -append "$append"

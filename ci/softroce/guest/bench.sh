@@ -2,7 +2,7 @@
 # Skyriver's fetch next to perftest on the same rxe devices, run INSIDE the
 # SoftRoCE VM by ../bench.sh. Writes into $SKYRIVER_VM_OUT:
 #   perftest.tsv      tool, message size, value (MB/s in 10^6 bytes, or µs)
-#   bench-fetch-MODE.json  `skyriver bench fetch --fabric verbs --modes MODE` results
+#   bench-fetch.json  `skyriver bench fetch --fabric verbs` results, every mode
 #   *.log             raw outputs
 #
 #   guest/bench.sh SKYRIVER-BINARY [SIZES]      SIZES default 4096,65536,1048576,8388608
@@ -74,19 +74,15 @@ for mode in poll event; do
     echo "  ib_send_lat ($mode) 4096 B: $v us one way"
 done
 
-# One mode per run, so only one pair of daemons (and their completion pollers) shares the
-# guest's few vCPUs at a time; the raw TCP baseline is measured with the first.
+# Every mode in one pair of daemons, interleaved fetch by fetch (each fetch names its mode),
+# next to the raw TCP baseline between the same two addresses.
 cd "$out" || exit 1
-rc=0 baselines=tcp
-for mode in eager rendezvous auto; do
-    echo "skyriver bench fetch --fabric verbs --devices $dev0,$dev1 --modes $mode"
-    timeout 300 "$skyriver" bench fetch --fabric verbs --devices "$dev0,$dev1" --sizes "$sizes" \
-        --modes "$mode" --baselines "$baselines" --millis-per-case "${SKYRIVER_BENCH_MILLIS:-1000}" \
-        --max-iterations 500 --json "$out/bench-fetch-$mode.json" --plot "$out/bench-fetch-$mode.svg" \
-        > "$out/bench-fetch-$mode.log" 2>&1
-    st=$?
-    grep -v 'WARN\|INFO' "$out/bench-fetch-$mode.log"
-    [ $st = 0 ] || { echo "skyriver bench fetch --modes $mode failed (status $st)"; rc=$st; }
-    baselines=
-done
+echo "skyriver bench fetch --fabric verbs --devices $dev0,$dev1 --modes eager,rendezvous,auto"
+timeout 600 "$skyriver" bench fetch --fabric verbs --devices "$dev0,$dev1" --sizes "$sizes" \
+    --modes eager,rendezvous,auto --baselines tcp --millis-per-case "${SKYRIVER_BENCH_MILLIS:-1000}" \
+    --max-iterations 500 --json "$out/bench-fetch.json" --plot "$out/bench-fetch.svg" \
+    > "$out/bench-fetch.log" 2>&1
+rc=$?
+grep -v 'WARN\|INFO' "$out/bench-fetch.log"
+[ $rc = 0 ] || echo "skyriver bench fetch failed (status $rc)"
 exit $rc

@@ -38,8 +38,8 @@
 //! [`VerbsConnection`], the outstanding READs and the queues of posts waiting for send-queue
 //! room), and one `Mutex` over the peer table. Lock order: a connection's state, then the table;
 //! never the reverse. No custom synchronisation (so nothing to model-check beyond the standard
-//! library): the poller is woken with `Thread::unpark` after posts and otherwise backs off from
-//! spinning to short sleeps (`idle_poll_max`).
+//! library): the poller is woken with `Thread::unpark` after posts and otherwise spins for
+//! `busy_poll` after its last completion, then backs off to short sleeps (`idle_poll_max`).
 //!
 //! **Ordering guarantees** (see [`crate::fabric`]): every SEND goes on lane 0, in call order
 //! (queued behind earlier ones when the send queue is full); `PeerConnected` is emitted under the
@@ -122,6 +122,9 @@ pub struct VerbsFabricConfig {
     pub probe_budget: Duration,
     /// Bytes of the probe buffer each side registers (and the peer READs).
     pub probe_bytes: u64,
+    /// How long the poller keeps polling without pause after its last completion (the
+    /// latency of a reply that comes back this soon is a poll, not a wake-up).
+    pub busy_poll: Duration,
     /// Longest sleep of the idle poller between CQ polls (its wake-up latency for arriving
     /// messages when nothing else is going on).
     pub idle_poll_max: Duration,
@@ -159,6 +162,7 @@ impl VerbsFabricConfig {
             probe: true,
             probe_budget: Duration::from_millis(5),
             probe_bytes: 256 * 1024,
+            busy_poll: Duration::from_micros(20),
             idle_poll_max: Duration::from_micros(200),
             liveness_interval: Duration::from_millis(5),
             control_keepalive: Duration::from_secs(2),
@@ -1167,6 +1171,7 @@ fn summary(
 fn poll_loop(s: &Shared) {
     let mut conns: Vec<Arc<PeerConn>> = Vec::new();
     let mut idle_rounds = 0u32;
+    let mut last_work = Instant::now();
     let mut last_liveness = Instant::now();
     while !s.shutdown.load(Ordering::Acquire) {
         conns.clear();
@@ -1185,16 +1190,19 @@ fn poll_loop(s: &Shared) {
         }
         if work > 0 {
             idle_rounds = 0;
+            last_work = Instant::now();
             continue;
         }
-        idle_rounds = idle_rounds.saturating_add(1);
-        if idle_rounds < 64 {
+        // Spin for a bounded time, not a number of rounds: on a busy machine every round
+        // is a CPU slice taken from the daemon's other threads.
+        if last_work.elapsed() < s.config.busy_poll {
             thread::yield_now();
-        } else {
-            // Back off from 10 µs to idle_poll_max; posts unpark the thread at once.
-            let shift = (idle_rounds - 64).min(10);
-            let sleep = Duration::from_micros(10u64 << shift).min(s.config.idle_poll_max);
-            thread::park_timeout(sleep);
+            continue;
         }
+        // Then back off from 10 µs to idle_poll_max; posts unpark the thread at once.
+        let shift = idle_rounds.min(10);
+        idle_rounds = idle_rounds.saturating_add(1);
+        let sleep = Duration::from_micros(10u64 << shift).min(s.config.idle_poll_max);
+        thread::park_timeout(sleep);
     }
 }
