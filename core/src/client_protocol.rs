@@ -205,6 +205,9 @@ pub struct ClusterView {
     pub directory: String,
     /// Whether the directory answers.
     pub directory_healthy: bool,
+    /// Largest object (data + metadata) this node's receive slots take eagerly: above it every
+    /// fetch is a rendezvous, whatever the mode.
+    pub eager_capacity_bytes: u64,
     /// Every live node the directory lists, this one included.
     pub members: Vec<MemberView>,
 }

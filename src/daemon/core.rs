@@ -357,6 +357,7 @@ impl CoreState {
                 .as_ref()
                 .map_or_else(|| "none (standalone)".into(), |d| d.describe()),
             directory_healthy: self.directory_healthy,
+            eager_capacity_bytes: self.node.config().eager_capacity_bytes(),
             members,
         }
     }

@@ -5,13 +5,13 @@
 #   bench-fetch.json  `skyriver bench fetch --fabric verbs` results, every mode
 #   *.log             raw outputs
 #
-#   guest/bench.sh SKYRIVER-BINARY [SIZES]      SIZES default 4096,65536,1048576,8388608
+#   guest/bench.sh SKYRIVER-BINARY [SIZES]      SIZES default 4096,65536,196608,1048576,8388608
 #
 # Every step is bounded by `timeout`; a failed step is reported and skipped, so
 # the table shows what could be measured.
 set -u
 skyriver=$1
-sizes=${2:-4096,65536,1048576,8388608}
+sizes=${2:-4096,65536,196608,1048576,8388608}
 out=${SKYRIVER_VM_OUT:-/tmp}
 set -- $SKYRIVER_RDMA_DEVICES
 dev0=${1:-rxe0} dev1=${2:-${1:-rxe0}}

@@ -1,0 +1,101 @@
+//! The benchmark programs run end to end with tiny budgets and write what their READMEs
+//! promise: every system and mode at every size, the auto-against-forced rows, a plot, and the
+//! scale report. Nothing here is timed; the numbers only have to be there and be sane.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+fn skyriver(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "skyriver {args:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let json = args
+        .windows(2)
+        .find(|w| w[0] == "--json")
+        .map(|w| w[1])
+        .expect("the test names its JSON file");
+    serde_json::from_str(&std::fs::read_to_string(dir.join(json)).unwrap()).unwrap()
+}
+
+#[test]
+fn bench_fetch_measures_every_mode_in_one_cluster_and_marks_single_path_sizes() {
+    let dir = common::test_dir();
+    let report = skyriver(
+        dir.path(),
+        &[
+            "bench",
+            "fetch",
+            "--sizes",
+            "1KiB,300KiB",
+            "--baselines",
+            "tcp",
+            "--millis-per-case",
+            "30",
+            "--max-iterations",
+            "6",
+            "--json",
+            "fetch.json",
+            "--plot",
+            "fetch.svg",
+        ],
+    );
+    let results = report["results"].as_array().unwrap();
+    for mode in ["eager", "rendezvous", "auto"] {
+        for size in [1024, 300 * 1024] {
+            let row = results
+                .iter()
+                .find(|r| r["mode"] == mode && r["size_bytes"] == size)
+                .unwrap_or_else(|| panic!("no {mode} row at {size} bytes"));
+            assert!(row["mb_per_sec"].as_f64().unwrap() > 0.0);
+            assert!(row["ratios"]["tcp"].as_f64().unwrap() > 0.0);
+        }
+    }
+    let capacity = report["eager_capacity_bytes"].as_u64().unwrap();
+    assert!(capacity > 1024 && capacity < 300 * 1024, "{capacity}");
+    let auto_rows = report["auto_vs_forced"].as_array().unwrap();
+    assert_eq!(auto_rows.len(), 2);
+    assert_eq!(auto_rows[0]["one_path"], false, "1 KiB: the modes differ");
+    assert_eq!(auto_rows[1]["one_path"], true, "300 KiB: rendezvous only");
+    assert!(report["breakdown_1kib"]["fetch_p50_us"].as_f64().unwrap() > 0.0);
+    let svg = std::fs::read_to_string(dir.path().join("fetch.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("skyriver-auto"));
+}
+
+#[test]
+fn bench_scale_reports_metadata_per_object_without_errors() {
+    let dir = common::test_dir();
+    let report = skyriver(
+        dir.path(),
+        &[
+            "bench",
+            "scale",
+            "--objects",
+            "20000",
+            "--clients",
+            "4",
+            "--fill-clients",
+            "2",
+            "--millis",
+            "200",
+            "--json",
+            "scale.json",
+        ],
+    );
+    let report = &report["results"];
+    assert_eq!(report["objects"], 20000);
+    assert_eq!(report["errors"], 0);
+    let per_object = report["metadata_bytes_per_object"].as_f64().unwrap();
+    // An object's record alone is tens of bytes; a kilobyte would mean a leak per object.
+    assert!(per_object > 0.0 && per_object < 1024.0, "{per_object}");
+    assert!(report["mixed_ops_per_sec"].as_f64().unwrap() > 0.0);
+}
