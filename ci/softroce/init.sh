@@ -176,6 +176,8 @@ for d in $RXE_DEVS; do
     done
 done
 log "rxe ready: ${RXE_DEVS:-none} ${RXE_IPS:+($RXE_IPS)}"
+# Tell the host the guest is up (it retries a boot that never gets here).
+: > /xfer/started
 
 # The command's output goes to the second serial port, which the host streams.
 stty -F /dev/ttyS1 raw -echo 2>/dev/null

@@ -26,6 +26,8 @@
 # Environment (all optional):
 #   SKYRIVER_VM_WORK      work folder (default ${XDG_CACHE_HOME:-/tmp}/skyriver-softroce)
 #   SKYRIVER_VM_TIMEOUT   seconds for the whole run, boot included (default 900)
+#   SKYRIVER_VM_BOOT_TIMEOUT  seconds for the guest to reach the command (default 240
+#                         under TCG, 60 under KVM); a boot that takes longer is retried once
 #   SKYRIVER_VM_ACCEL     auto (default: what build-image.sh probed) | kvm | tcg
 #   SKYRIVER_VM_SMP       guest CPUs (default 2, at most the host's)
 #   SKYRIVER_VM_MEM       guest memory in MiB (default 2048)
@@ -79,6 +81,7 @@ case "$ACCEL" in
     *) say "bad SKYRIVER_VM_ACCEL=$ACCEL"; exit 2 ;;
 esac
 
+BOOT_TIMEOUT=${SKYRIVER_VM_BOOT_TIMEOUT:-$([ "$ACCEL" = kvm ] && echo 60 || echo 240)}
 RUN=$(mktemp -d "$WORK/run.XXXXXX")
 chmod 700 "$RUN"
 case "$RUN" in *[[:space:],]*) say "work folder path must not contain spaces or commas"; rm -rf "$RUN"; exit 2;; esac
@@ -135,25 +138,41 @@ qemu=(qemu-system-x86_64 -nodefaults -no-user-config -display none -monitor none
       -serial "file:$RUN/console.log"
       -chardev stdio,id=cmdout,signal=off -serial chardev:cmdout)
 
-start=$(date +%s)
-"${qemu[@]}" < /dev/null &
-QPID=$!
-if [ -n "${SKYRIVER_VM_VERBOSE:-}" ]; then
-    (tail -s 0.2 -F --pid="$QPID" "$RUN/console.log" 2>/dev/null | sed -u 's/^/[guest] /' >&2) &
-    TPID=$!
-fi
-
-# Watchdog: the whole run, boot included, gets $TIMEOUT seconds.
+# Watchdogs: the whole run, boot included, gets $TIMEOUT seconds; a guest that has not
+# reached its command (init.sh creates $RUN/started) within $BOOT_TIMEOUT seconds is stopped
+# and booted once more: an emulated boot now and then hangs before user space, and that
+# should not cost the whole time limit or fail the run.
 timed_out=0
-while kill -0 "$QPID" 2>/dev/null; do
-    if [ $(( $(date +%s) - start )) -ge "$TIMEOUT" ]; then
-        timed_out=1
-        say "time limit of ${TIMEOUT}s reached, stopping the VM"
-        break
+for attempt in 1 2; do
+    rm -f "$RUN/started" "$RUN/rc"
+    : > "$RUN/console.log"
+    start=$(date +%s)
+    "${qemu[@]}" < /dev/null &
+    QPID=$!
+    if [ -n "${SKYRIVER_VM_VERBOSE:-}" ]; then
+        (tail -s 0.2 -F --pid="$QPID" "$RUN/console.log" 2>/dev/null | sed -u 's/^/[guest] /' >&2) &
+        TPID=$!
     fi
-    sleep 0.2
+    boot_hung=0
+    while kill -0 "$QPID" 2>/dev/null; do
+        elapsed=$(( $(date +%s) - start ))
+        if [ "$elapsed" -ge "$TIMEOUT" ]; then
+            timed_out=1
+            say "time limit of ${TIMEOUT}s reached, stopping the VM"
+            break
+        fi
+        if [ ! -e "$RUN/started" ] && [ "$elapsed" -ge "$BOOT_TIMEOUT" ]; then
+            boot_hung=1
+            break
+        fi
+        sleep 0.2
+    done
+    stop_qemu
+    [ "$boot_hung" = 1 ] || break
+    say "the guest did not reach its command within ${BOOT_TIMEOUT}s (boot $attempt of 2); console tail:"
+    tr -d '\r' < "$RUN/console.log" | tail -n 20 >&2 || true
+    [ "$attempt" = 2 ] && { say "giving up"; exit 125; }
 done
-stop_qemu
 
 if [ -n "${SKYRIVER_VM_CONSOLE:-}" ]; then
     { cat "$RUN/console.log"; echo "----- dmesg -----"; cat "$RUN/dmesg.txt" 2>/dev/null; } \
