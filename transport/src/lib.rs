@@ -6,6 +6,7 @@ pub mod directory;
 pub mod fabric;
 pub mod fd_passing;
 pub mod persist;
+pub mod token;
 pub mod verbs;
 
 pub use arena::{ArenaError, ArenaOptions, ReadableRegion, SharedArena, WritableRegion};

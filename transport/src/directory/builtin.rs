@@ -507,12 +507,6 @@ async fn accept_loop(
     tracing::info!("built-in directory stopped");
 }
 
-/// Constant-time comparison, so the token is not leaked through timing.
-fn tokens_match(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 fn check_hello(config: &ServerConfig, hello: ToHead) -> Result<MemberInfo, Refusal> {
     let refuse = |reason: String| Refusal {
         reason,
@@ -535,7 +529,7 @@ fn check_hello(config: &ServerConfig, hello: ToHead) -> Result<MemberInfo, Refus
             "directory protocol version {version} is not supported (this head speaks {PROTOCOL_VERSION})"
         )));
     }
-    if token.len() > MAX_TOKEN_BYTES || !tokens_match(&token, &config.cluster_token) {
+    if token.len() > MAX_TOKEN_BYTES || !crate::token::tokens_match(&token, &config.cluster_token) {
         return Err(refuse(
             "wrong cluster token: this node's token does not match the head's".into(),
         ));

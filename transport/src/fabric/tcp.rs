@@ -599,7 +599,7 @@ async fn accept_handshake(inner: &Arc<Inner>, mut stream: TcpStream) -> Result<(
                 Some(format!(
                     "fabric protocol version {version} is not supported (this node speaks {HANDSHAKE_VERSION})"
                 ))
-            } else if token != inner.identity.cluster_token {
+            } else if !crate::token::tokens_match(&token, &inner.identity.cluster_token) {
                 Some(format!("{node} presented a wrong cluster token"))
             } else if node == inner.identity.node {
                 Some(format!("{node} is this node's own id"))

@@ -418,7 +418,7 @@ impl Shared {
 
     /// Checks a peer's hello; `expected` is the node an outgoing connection meant to reach.
     fn check_hello(&self, h: &Hello, expected: Option<NodeId>) -> Result<(), String> {
-        if !hello::tokens_match(&h.token, &self.identity.cluster_token) {
+        if !crate::token::tokens_match(&h.token, &self.identity.cluster_token) {
             return Err(format!(
                 "node-{} presented a wrong cluster token; refused",
                 h.node
