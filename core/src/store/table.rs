@@ -1,8 +1,10 @@
 //! The object table: one compact record per object, with the LRU threaded through it.
 //!
 //! A store may hold millions of small objects, so the bytes kept per object matter as much as
-//! the objects' own bytes. The records live densely in one `Vec` (a removal moves the last
-//! record into the hole), and a hash index of `u32` positions finds a record by its id: the id
+//! the objects' own bytes. The records live densely in segments of [`SEGMENT_RECORDS`] (a
+//! removal moves the last record into the hole; growing never copies more than one segment, so
+//! a store of millions of objects has no pause or transient doubling of its table when it
+//! grows), and a hash index of `u32` positions finds a record by its id: the id
 //! is stored once, in the record. The LRU is an intrusive doubly linked list of positions
 //! through the records, so being evictable costs no allocation and eviction, touch and removal
 //! are O(1). About 80 bytes per record plus 5 per index bucket (the index is at most 7/8 full
@@ -100,10 +102,72 @@ impl Entry {
     }
 }
 
+/// Records per segment of [`Records`] (80 B each: 5 MiB).
+const SEGMENT_RECORDS: usize = 1 << 16;
+
+/// A vector of records in fixed-size segments: indexing is two steps, and a push copies at
+/// most the last segment as it grows, never the whole table.
+#[derive(Debug, Default)]
+struct Records {
+    segments: Vec<Vec<Entry>>,
+    len: usize,
+}
+
+impl Records {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, entry: Entry) {
+        if self.len % SEGMENT_RECORDS == 0 {
+            self.segments.push(Vec::new());
+        }
+        self.segments
+            .last_mut()
+            .expect("a segment with room was just ensured")
+            .push(entry);
+        self.len += 1;
+    }
+
+    /// Removes the record at `at`, moving the last record into its place.
+    fn swap_remove(&mut self, at: usize) -> Entry {
+        assert!(at < self.len, "record {at} of {}", self.len);
+        let last_segment = self.segments.last_mut().expect("not empty");
+        let last = last_segment.pop().expect("segments are never left empty");
+        if last_segment.is_empty() {
+            self.segments.pop();
+        }
+        self.len -= 1;
+        if at == self.len {
+            last
+        } else {
+            std::mem::replace(&mut self[at], last)
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Entry> {
+        self.segments.iter().flatten()
+    }
+}
+
+impl std::ops::Index<usize> for Records {
+    type Output = Entry;
+
+    fn index(&self, at: usize) -> &Entry {
+        &self.segments[at / SEGMENT_RECORDS][at % SEGMENT_RECORDS]
+    }
+}
+
+impl std::ops::IndexMut<usize> for Records {
+    fn index_mut(&mut self, at: usize) -> &mut Entry {
+        &mut self.segments[at / SEGMENT_RECORDS][at % SEGMENT_RECORDS]
+    }
+}
+
 /// The objects of a store by id, and the LRU order of the evictable ones.
 #[derive(Debug, Default)]
 pub(super) struct ObjectTable {
-    entries: Vec<Entry>,
+    entries: Records,
     /// Positions in `entries`, hashed by the id of the record they point to.
     index: HashTable<u32>,
     hasher: RandomState,
@@ -318,6 +382,37 @@ mod tests {
     #[test]
     fn record_is_compact() {
         assert!(std::mem::size_of::<Entry>() <= 80);
+    }
+
+    #[test]
+    fn records_span_segments_and_removals_refill_holes() {
+        let total = 2 * SEGMENT_RECORDS as u64 + 10;
+        let mut table = ObjectTable::new();
+        for n in 0..total {
+            table.insert(entry(n));
+        }
+        for n in (0..total).step_by(1000) {
+            table.lru_push_back(&ObjectId::from_u64(n));
+        }
+        assert_eq!(table.entries.segments.len(), 3);
+        // A record of the first segment goes: the last record (in the third) moves into it.
+        table.remove(&ObjectId::from_u64(5));
+        assert_eq!(
+            table.entries[5].id,
+            ObjectId::from_u64(total - 1),
+            "the last record fills the hole"
+        );
+        // Emptying the third segment drops it.
+        for n in (2 * SEGMENT_RECORDS as u64)..(total - 1) {
+            table.remove(&ObjectId::from_u64(n));
+        }
+        assert_eq!(table.entries.segments.len(), 2);
+        assert_eq!(table.len(), 2 * SEGMENT_RECORDS);
+        let expected: Vec<u64> = (0..2 * SEGMENT_RECORDS as u64).step_by(1000).collect();
+        assert_eq!(lru(&table), expected);
+        assert!(table.get(&ObjectId::from_u64(total - 1)).is_some());
+        assert!(table.get(&ObjectId::from_u64(5)).is_none());
+        assert_eq!(table.iter().count(), table.len());
     }
 
     #[test]
