@@ -872,7 +872,7 @@ fn render(e: &dyn std::error::Error) -> String {
 }
 
 fn control_err(stage: &str) -> impl Fn(ControlError) -> String + '_ {
-    move |e| format!("{stage}: {e}")
+    move |e| format!("{stage}: {}", render(&e))
 }
 
 /// The outgoing side of a handshake. Errors are the reason for `PeerLost`.
@@ -883,7 +883,7 @@ fn connect_to(s: &Shared, peer: NodeId, addr: SocketAddr, attempt: u64) -> Resul
         .map_err(|e| format!("TCP connect to {addr}: {e}"))?;
     tune_control(&stream, &s.config);
     let pings = if cfg.probe { probe::PINGS } else { 0 };
-    let mut ctl = Control::new(&mut stream, cfg.handshake_timeout);
+    let mut ctl = Control::new(&mut stream, cfg.handshake_timeout).map_err(control_err("hello"))?;
     ctl.write_preamble().map_err(control_err("hello"))?;
     ctl.write_frame(&s.my_hello(pings))
         .map_err(control_err("hello"))?;
@@ -900,6 +900,7 @@ fn connect_to(s: &Shared, peer: NodeId, addr: SocketAddr, attempt: u64) -> Resul
     let remote = RemoteTable::from_hello(&theirs.arenas)?;
     ctl.write_frame(&Verdict::Accept)
         .map_err(control_err("hello"))?;
+    drop(ctl);
 
     let mut conn = VerbsConnection::connect(&s.device, &mut stream, &cfg.connection_config())
         .map_err(|e| format!("QP handshake with {peer}: {}", render(&e)))?;
@@ -926,9 +927,11 @@ fn connect_to(s: &Shared, peer: NodeId, addr: SocketAddr, attempt: u64) -> Resul
         }
     };
     let left = deadline.saturating_duration_since(Instant::now());
-    let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)));
+    let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)))
+        .map_err(control_err("sending costs"))?;
     ctl.write_frame(&frame)
         .map_err(control_err("sending costs"))?;
+    drop(ctl);
     let costs = s.path_costs(&frame, &theirs, s.device.name());
     install(
         s,
@@ -986,7 +989,13 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
     let cfg = &s.config;
     let deadline = Instant::now() + cfg.handshake_timeout;
     tune_control(&stream, &s.config);
-    let mut ctl = Control::new(&mut stream, cfg.handshake_timeout);
+    let mut ctl = match Control::new(&mut stream, cfg.handshake_timeout) {
+        Ok(ctl) => ctl,
+        Err(e) => {
+            tracing::warn!(%from, error = %e, "verbs fabric: control stream unusable; closing");
+            return;
+        }
+    };
     let theirs = match ctl.read_preamble().and_then(|()| ctl.read_frame::<Hello>()) {
         Ok(h) => h,
         Err(e) => {
@@ -1056,23 +1065,28 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
         );
         attempt
     };
+    drop(ctl);
     let result = (|| -> Result<Established, String> {
         let left = deadline.saturating_duration_since(Instant::now());
-        let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)));
+        let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)))
+            .map_err(control_err("hello"))?;
         ctl.write_frame(&Reply::Accept(s.my_hello(0)))
             .map_err(control_err("hello"))?;
         match ctl.read_frame::<Verdict>().map_err(control_err("hello"))? {
             Verdict::Accept => {}
             Verdict::Refuse(reason) => return Err(format!("refused by {peer}: {reason}")),
         }
+        drop(ctl);
         let mut conn = VerbsConnection::accept(&s.device, &mut stream, &cfg.connection_config())
             .map_err(|e| format!("QP handshake with {peer}: {}", render(&e)))?;
         let left = deadline.saturating_duration_since(Instant::now());
         let backlog = probe::echo_pings(&mut conn, theirs.probe_pings, left)
             .map_err(|e| format!("cost probe with {peer}: {e}"))?;
         let left = deadline.saturating_duration_since(Instant::now());
-        let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)));
+        let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)))
+            .map_err(control_err("receiving costs"))?;
         let frame: CostsFrame = ctl.read_frame().map_err(control_err("receiving costs"))?;
+        drop(ctl);
         let costs = s.path_costs(&frame, &theirs, &theirs.device);
         Ok(Established {
             conn,

@@ -17,12 +17,14 @@
 //! present the cluster token. Frames are a little-endian `u32` length and a postcard body, at
 //! most [`MAX_FRAME_BYTES`]; every field is checked before use.
 
-use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+/// Why the control-stream handshake failed.
+pub(super) use crate::verbs::HandshakeError as ControlError;
 
 /// First bytes a connector writes: "Skyriver verbs fabric, handshake 1".
 pub(super) const PREAMBLE: [u8; 8] = *b"SKRVVF01";
@@ -36,26 +38,6 @@ pub(super) const MAX_CHUNKS: usize = 16 * 1024;
 pub(super) const MAX_TOKEN_BYTES: usize = 4096;
 /// Most probe pings a connector may ask the acceptor to echo.
 pub(super) const MAX_PROBE_PINGS: u32 = 64;
-
-/// Why the control-stream handshake failed.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum ControlError {
-    /// Reading or writing the control stream failed.
-    #[error("control stream {op} failed: {source}")]
-    Io {
-        /// "read" or "write".
-        op: &'static str,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-    /// The deadline passed.
-    #[error("control handshake timed out after {0:?}")]
-    Timeout(Duration),
-    /// The peer sent something that is not this handshake.
-    #[error("bad handshake from peer: {0}")]
-    Malformed(String),
-}
 
 /// A memory region as the wire carries it.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,69 +167,13 @@ pub(super) struct CostsFrame {
     pub note: String,
 }
 
-/// The control stream with one deadline over every read and write.
-pub(super) struct Control<'a> {
-    stream: &'a mut TcpStream,
-    deadline: Instant,
-    budget: Duration,
-}
+/// The control stream of the verbs layer ([`crate::verbs::Control`]: one deadline over every
+/// read and write) carrying this handshake's frames.
+pub(super) struct Control<'a>(crate::verbs::Control<'a>);
 
 impl<'a> Control<'a> {
-    pub(super) fn new(stream: &'a mut TcpStream, budget: Duration) -> Self {
-        Control {
-            stream,
-            deadline: Instant::now() + budget,
-            budget,
-        }
-    }
-
-    fn left(&self) -> Result<Duration, ControlError> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            Err(ControlError::Timeout(self.budget))
-        } else {
-            Ok(left)
-        }
-    }
-
-    fn map(&self, op: &'static str, e: io::Error) -> ControlError {
-        match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                ControlError::Timeout(self.budget)
-            }
-            _ => ControlError::Io { op, source: e },
-        }
-    }
-
-    pub(super) fn write_all(&mut self, bytes: &[u8]) -> Result<(), ControlError> {
-        let left = self.left()?;
-        self.stream
-            .set_write_timeout(Some(left))
-            .map_err(|e| self.map("write", e))?;
-        let r = self.stream.write_all(bytes);
-        r.map_err(|e| self.map("write", e))
-    }
-
-    pub(super) fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ControlError> {
-        let mut got = 0;
-        while got < buf.len() {
-            let left = self.left()?;
-            self.stream
-                .set_read_timeout(Some(left))
-                .map_err(|e| self.map("read", e))?;
-            match self.stream.read(&mut buf[got..]) {
-                Ok(0) => {
-                    return Err(ControlError::Io {
-                        op: "read",
-                        source: io::ErrorKind::UnexpectedEof.into(),
-                    })
-                }
-                Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.map("read", e)),
-            }
-        }
-        Ok(())
+    pub(super) fn new(stream: &'a mut TcpStream, budget: Duration) -> Result<Self, ControlError> {
+        crate::verbs::Control::new(stream, budget).map(Control)
     }
 
     pub(super) fn write_frame<T: Serialize>(&mut self, value: &T) -> Result<(), ControlError> {
@@ -263,12 +189,12 @@ impl<'a> Control<'a> {
         // Cannot truncate: at most MAX_FRAME_BYTES (checked above).
         out.extend_from_slice(&(body.len() as u32).to_le_bytes());
         out.extend_from_slice(&body);
-        self.write_all(&out)
+        self.0.write_all(&out)
     }
 
     pub(super) fn read_frame<T: DeserializeOwned>(&mut self) -> Result<T, ControlError> {
         let mut len = [0u8; 4];
-        self.read_exact(&mut len)?;
+        self.0.read_exact(&mut len)?;
         let len = u32::from_le_bytes(len) as usize;
         if len > MAX_FRAME_BYTES {
             return Err(ControlError::Malformed(format!(
@@ -276,17 +202,17 @@ impl<'a> Control<'a> {
             )));
         }
         let mut body = vec![0u8; len];
-        self.read_exact(&mut body)?;
+        self.0.read_exact(&mut body)?;
         postcard::from_bytes(&body).map_err(|e| ControlError::Malformed(e.to_string()))
     }
 
     pub(super) fn write_preamble(&mut self) -> Result<(), ControlError> {
-        self.write_all(&PREAMBLE)
+        self.0.write_all(&PREAMBLE)
     }
 
     pub(super) fn read_preamble(&mut self) -> Result<(), ControlError> {
         let mut p = [0u8; 8];
-        self.read_exact(&mut p)?;
+        self.0.read_exact(&mut p)?;
         if p != PREAMBLE {
             return Err(ControlError::Malformed(
                 "wrong preamble (not a Skyriver verbs fabric peer, or another version)".into(),
