@@ -480,7 +480,17 @@ impl Client {
         id: ObjectId,
         timeout: Option<Duration>,
     ) -> Result<ObjectBuffer, ClientError> {
-        let mut results = self.fetch(&[id], timeout)?;
+        self.fetch_one_in_mode(id, timeout, TransferMode::Auto)
+    }
+
+    /// [`Client::fetch_one`] with the transfer path forced (see [`Client::fetch_in_mode`]).
+    pub fn fetch_one_in_mode(
+        &self,
+        id: ObjectId,
+        timeout: Option<Duration>,
+        mode: TransferMode,
+    ) -> Result<ObjectBuffer, ClientError> {
+        let mut results = self.fetch_in_mode(&[id], timeout, mode)?;
         results
             .pop()
             .ok_or_else(|| ClientError::Protocol("empty fetch reply".into()))?

@@ -472,13 +472,8 @@ impl BenchCluster {
             workers.push(Box::new(move || {
                 let begin = Instant::now();
                 let timeout = Some(Duration::from_secs(120));
-                let object = requester.fetch_in_mode(&[id], timeout, mode)?;
+                let object = requester.fetch_one_in_mode(id, timeout, mode)?;
                 let elapsed = begin.elapsed();
-                let object = object
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| BenchError::Setup("empty fetch reply".into()))?
-                    .map_err(crate::client::ClientError::Fetch)?;
                 std::hint::black_box(object.data().as_ptr());
                 drop(object);
                 requester.flush()?;
