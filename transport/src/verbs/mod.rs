@@ -34,8 +34,8 @@ pub use connection::{
     ReadRequest, RecvSlot, VerbsConnection, WcStatus,
 };
 pub use device::{list_devices, DeviceError, DeviceLimits, GidKind, PortInfo, VerbsDevice};
-pub use handshake::{HandshakeError, MAX_LANES};
 pub(crate) use handshake::Control;
+pub use handshake::{HandshakeError, MAX_LANES};
 pub use registration::{plan_reads, MrChunk, PlanError, RegisterError, Registration, RemoteChunk};
 
 /// Largest message a single RDMA READ or SEND may carry (the InfiniBand limit, 2 GiB).
