@@ -285,6 +285,7 @@ fn init_logging(filter: &str) {
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_string());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }
@@ -369,23 +370,35 @@ fn choose_fabric(args: &DaemonArgs) -> Result<FabricChoice, String> {
     match args.fabric.as_str() {
         "tcp" => Ok(FabricChoice::Tcp),
         "verbs" => {
+            let devices = skyriver_transport::verbs::list_devices()
+                .map_err(|e| format!("--fabric verbs: {e}"))?;
             let device = match &args.device {
                 Some(device) => device.clone(),
-                None => skyriver_transport::verbs::list_devices()
-                    .map_err(|e| format!("--fabric verbs: {e}"))?
-                    .into_iter()
-                    .next()
-                    .ok_or("--fabric verbs: no RDMA device found (name one with --device)")?,
+                None => devices.into_iter().next().ok_or(
+                    "--fabric verbs: libibverbs found no RDMA device (load a driver, e.g. \
+                     `rdma link add rxe0 type rxe netdev eth0` for SoftRoCE, name one with \
+                     --device, or use --fabric tcp)",
+                )?,
             };
             Ok(verbs(device))
         }
         _ => {
-            let device = args.device.clone().or_else(|| {
-                skyriver_transport::verbs::list_devices()
-                    .ok()
-                    .and_then(|devices| devices.into_iter().next())
-            });
-            Ok(device.map_or(FabricChoice::Tcp, verbs))
+            if let Some(device) = args.device.clone() {
+                return Ok(verbs(device));
+            }
+            match skyriver_transport::verbs::list_devices() {
+                Ok(devices) => match devices.into_iter().next() {
+                    Some(device) => Ok(verbs(device)),
+                    None => {
+                        tracing::info!("fabric auto: no RDMA device found; using TCP");
+                        Ok(FabricChoice::Tcp)
+                    }
+                },
+                Err(e) => {
+                    tracing::info!("fabric auto: RDMA verbs unavailable ({e}); using TCP");
+                    Ok(FabricChoice::Tcp)
+                }
+            }
         }
     }
 }

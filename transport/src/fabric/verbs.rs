@@ -49,6 +49,7 @@
 //! lock, so a reconnection's `PeerConnected` cannot overtake it.
 
 mod hello;
+mod idle;
 mod peer;
 mod probe;
 
@@ -72,6 +73,7 @@ use crate::verbs::{
     VerbsDevice,
 };
 use hello::{Control, ControlError, CostsFrame, Hello, Reply, Verdict, WireArena, WireChunk};
+use idle::IdleWait;
 use peer::{ConnState, PeerConn, RemoteTable};
 
 /// Configuration of a [`VerbsFabric`]. [`VerbsFabricConfig::new`] gives working defaults.
@@ -286,6 +288,9 @@ struct Shared {
     shutdown: AtomicBool,
     accepts_in_flight: AtomicUsize,
     poller: OnceLock<Thread>,
+    /// How the idle poller sleeps: `None` when the device gave no completion channel (then it
+    /// backs off to short sleeps).
+    idle: Option<IdleWait>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -301,8 +306,20 @@ impl Shared {
     }
 
     fn wake_poller(&self) {
-        if let Some(t) = self.poller.get() {
-            t.unpark();
+        match &self.idle {
+            Some(idle) => idle.wake(),
+            None => {
+                if let Some(t) = self.poller.get() {
+                    t.unpark();
+                }
+            }
+        }
+    }
+
+    fn connection_config(&self) -> ConnectionConfig {
+        ConnectionConfig {
+            completion_channel: self.idle.as_ref().map(|w| w.channel().clone()),
+            ..self.config.connection_config()
         }
     }
 
@@ -502,6 +519,22 @@ impl VerbsFabric {
         // first (field order); its bytes are scratch that only the device writes and reads.
         let probe_reg = unsafe { device.register(probe_mem.as_mut_ptr(), probe_len, u64::MAX) }
             .map_err(|e| setup("registering the probe buffer", &e))?;
+        let idle = match device.completion_channel().and_then(|channel| {
+            IdleWait::new(channel).map_err(|e| crate::verbs::DeviceError::CompletionChannel {
+                name: config.device.clone(),
+                source: e,
+            })
+        }) {
+            Ok(idle) => Some(idle),
+            Err(e) => {
+                tracing::warn!(
+                    "verbs fabric: no completion channel ({}); the idle poller will wake every {:?}",
+                    render(&e),
+                    config.idle_poll_max
+                );
+                None
+            }
+        };
         let listener = TcpListener::bind(config.listen)
             .map_err(|e| setup(&format!("binding {}", config.listen), &e))?;
         let listen_addr = listener
@@ -527,6 +560,7 @@ impl VerbsFabric {
             shutdown: AtomicBool::new(false),
             accepts_in_flight: AtomicUsize::new(0),
             poller: OnceLock::new(),
+            idle,
             config,
         });
         let s = shared.clone();
@@ -902,7 +936,7 @@ fn connect_to(s: &Shared, peer: NodeId, addr: SocketAddr, attempt: u64) -> Resul
         .map_err(control_err("hello"))?;
     drop(ctl);
 
-    let mut conn = VerbsConnection::connect(&s.device, &mut stream, &cfg.connection_config())
+    let mut conn = VerbsConnection::connect(&s.device, &mut stream, &s.connection_config())
         .map_err(|e| format!("QP handshake with {peer}: {}", render(&e)))?;
     let frame = if cfg.probe {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -1077,7 +1111,7 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
             Verdict::Refuse(reason) => return Err(format!("refused by {peer}: {reason}")),
         }
         drop(ctl);
-        let mut conn = VerbsConnection::accept(&s.device, &mut stream, &cfg.connection_config())
+        let mut conn = VerbsConnection::accept(&s.device, &mut stream, &s.connection_config())
             .map_err(|e| format!("QP handshake with {peer}: {}", render(&e)))?;
         let left = deadline.saturating_duration_since(Instant::now());
         let backlog = probe::echo_pings(&mut conn, theirs.probe_pings, left)
@@ -1184,18 +1218,21 @@ fn summary(
 
 fn poll_loop(s: &Shared) {
     let mut conns: Vec<Arc<PeerConn>> = Vec::new();
+    let mut control_fds = Vec::new();
     let mut idle_rounds = 0u32;
     let mut last_work = Instant::now();
     let mut last_liveness = Instant::now();
+    let mut liveness_due = false;
     while !s.shutdown.load(Ordering::Acquire) {
         conns.clear();
         conns.extend(lock(&s.table).peers.values().filter_map(|slot| match slot {
             Slot::Up(c) => Some(c.clone()),
             Slot::Connecting { .. } => None,
         }));
-        let check_liveness = last_liveness.elapsed() >= s.config.liveness_interval;
+        let check_liveness = liveness_due || last_liveness.elapsed() >= s.config.liveness_interval;
         if check_liveness {
             last_liveness = Instant::now();
+            liveness_due = false;
         }
         let mut work = 0;
         for c in &conns {
@@ -1213,10 +1250,48 @@ fn poll_loop(s: &Shared) {
             thread::yield_now();
             continue;
         }
-        // Then back off from 10 µs to idle_poll_max; posts unpark the thread at once.
-        let shift = idle_rounds.min(10);
-        idle_rounds = idle_rounds.saturating_add(1);
-        let sleep = Duration::from_micros(10u64 << shift).min(s.config.idle_poll_max);
-        thread::park_timeout(sleep);
+        let Some(idle) = &s.idle else {
+            // No completion channel: back off from 10 µs to idle_poll_max; posts unpark the
+            // thread at once.
+            let shift = idle_rounds.min(10);
+            idle_rounds = idle_rounds.saturating_add(1);
+            let sleep = Duration::from_micros(10u64 << shift).min(s.config.idle_poll_max);
+            thread::park_timeout(sleep);
+            continue;
+        };
+        // Sleep on events: arm every CQ, then look once more (a completion that arrived before
+        // arming raises no event), and sleep only if that finds nothing.
+        idle.prepare_to_sleep();
+        control_fds.clear();
+        for c in &conns {
+            let mut st = lock(&c.state);
+            if c.arm(&mut st, s) {
+                work += c.service(&mut st, s, false);
+                control_fds.push(st.control_fd());
+            } else {
+                work += 1;
+            }
+        }
+        if work > 0 {
+            idle.cancel_sleep();
+            last_work = Instant::now();
+            continue;
+        }
+        match idle.sleep(&control_fds, IDLE_SLEEP_MAX) {
+            Ok(woken) => {
+                // Control stream events and the periodic safety net both check liveness.
+                liveness_due = woken.control || !woken.completions;
+                if woken.completions {
+                    last_work = Instant::now();
+                }
+            }
+            Err(e) => {
+                tracing::warn!("verbs poller: waiting for events failed: {e}; polling instead");
+                thread::sleep(s.config.idle_poll_max);
+            }
+        }
     }
 }
+
+/// Longest sleep of the idle poller when no event comes: a safety net, not a mechanism.
+const IDLE_SLEEP_MAX: Duration = Duration::from_secs(1);

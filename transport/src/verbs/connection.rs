@@ -1,24 +1,27 @@
-//! An RC connection to one peer: several QPs ("lanes") sharing one completion queue,
-//! registered receive and send slabs of fixed-size slots, SEND (inline when small),
-//! RDMA READ lists with selective signaling, and batched completion polling.
+//! An RC connection to one peer: several QPs ("lanes") sharing one completion queue and one
+//! shared receive queue, registered receive and send slabs of fixed-size slots, SEND (inline
+//! when small), RDMA READ lists with selective signaling, batched completion polling, and an
+//! optional completion channel so an idle owner can sleep until a completion arrives.
+//!
+//! The receive slots live in a shared receive queue (SRQ) that every lane draws from: their
+//! memory grows with the number of peers, not with peers x lanes, and a message arriving on
+//! any lane finds a posted slot.
 
 use std::collections::VecDeque;
+use std::ffi::c_int;
+use std::io;
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
-use rdma_mummy_sys::{ibv_poll_cq, ibv_wc};
-use sideway::ibverbs::address::{AddressHandleAttribute, Gid};
-use sideway::ibverbs::completion::{CompletionQueue, GenericCompletionQueue};
-use sideway::ibverbs::queue_pair::{
-    GenericQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairAttributeMask,
-    QueuePairState, SetInlineData, SetScatterGatherEntry, WorkRequestFlags,
-};
-use sideway::ibverbs::AccessFlags;
 
-use super::device::{mtu_from_bytes, render, VerbsDevice};
+use super::device::{mtu_from_bytes, VerbsDevice};
 use super::handshake::{Control, HandshakeError, Hello, MAX_LANES};
+use super::objects::{CompletionChannel, CompletionQueue, QueuePair, SharedReceiveQueue};
 use super::registration::Registration;
+use super::sys::library::{ibv_poll_cq, ibv_post_send, ibv_post_srq_recv};
+use super::sys::types::*;
 use super::MAX_MESSAGE_BYTES;
 
 // Work request ids carry their kind in the top two bits; the rest is the caller's id
@@ -38,7 +41,8 @@ pub struct ConnectionConfig {
     pub lanes: usize,
     /// Size of each receive slot (agreed: minimum). Bounds the largest SEND.
     pub recv_slot_bytes: u32,
-    /// Receive slots posted per lane (agreed: minimum). A driver's credit count.
+    /// Receive slots posted in the connection's shared receive queue, for all its lanes
+    /// (agreed: minimum). A driver's credit count.
     pub recv_slots: u32,
     /// Send slots per lane: SENDs in flight per lane.
     pub send_slots: u32,
@@ -62,6 +66,9 @@ pub struct ConnectionConfig {
     pub retry_count: u8,
     /// Receiver-not-ready retries (7 = retry forever).
     pub rnr_retry: u8,
+    /// Completion channel the connection's completion queue reports to when armed (see
+    /// [`VerbsConnection::arm`]); `None`: the owner only polls.
+    pub completion_channel: Option<Arc<CompletionChannel>>,
 }
 
 impl Default for ConnectionConfig {
@@ -81,6 +88,7 @@ impl Default for ConnectionConfig {
             ack_timeout: 14,
             retry_count: 7,
             rnr_retry: 7,
+            completion_channel: None,
         }
     }
 }
@@ -96,7 +104,7 @@ pub struct NegotiatedParams {
     pub max_rd_atomic: u32,
     /// Receive slot size on both sides: the largest SEND.
     pub recv_slot_bytes: u32,
-    /// Receive slots per lane on both sides.
+    /// Receive slots of the shared receive queue on both sides.
     pub recv_slots: u32,
     /// Largest SEND this side posts inline (0: never).
     pub max_inline_bytes: u32,
@@ -114,12 +122,13 @@ pub enum ConnectionError {
     #[error(transparent)]
     Handshake(#[from] HandshakeError),
     /// A verb failed while setting up (named).
-    #[error("{verb} failed: {reason}")]
+    #[error("{verb} failed")]
     Verb {
         /// The verb, e.g. `ibv_create_qp`.
         verb: &'static str,
-        /// The verb's error, rendered.
-        reason: String,
+        /// The errno.
+        #[source]
+        source: io::Error,
     },
     /// Mapping or registering the slot slabs failed.
     #[error("slot memory: {0}")]
@@ -161,13 +170,14 @@ pub enum PostError {
     /// A READ's `wr_id` uses the top two bits reserved for the work request kind.
     #[error("wr_id {0:#x} too large (top two bits are reserved)")]
     BadWrId(u64),
-    /// `ibv_post_send` / `ibv_wr_complete` / `ibv_post_recv` failed.
-    #[error("{verb} failed: {reason}")]
+    /// `ibv_post_send`, `ibv_post_srq_recv` or `ibv_modify_qp` failed.
+    #[error("{verb} failed")]
     Verb {
         /// The verb.
         verb: &'static str,
-        /// The verb's error, rendered.
-        reason: String,
+        /// The errno.
+        #[source]
+        source: io::Error,
     },
 }
 
@@ -183,6 +193,9 @@ pub enum PollError {
     /// Reposting released receive slots failed.
     #[error(transparent)]
     Repost(#[from] PostError),
+    /// `ibv_req_notify_cq` failed.
+    #[error("ibv_req_notify_cq failed")]
+    Arm(#[source] io::Error),
 }
 
 /// One RDMA READ: `len` bytes from the peer's `remote_addr` (under `rkey`) into the local
@@ -302,7 +315,7 @@ impl Completion {
 }
 
 struct Lane {
-    qp: GenericQueuePair,
+    qp: QueuePair,
     qpn: u32,
     failed: bool,
     /// Send queue entries in flight.
@@ -310,33 +323,36 @@ struct Lane {
     /// Sizes of the posted blocks, oldest first; each block ends with its one signaled WR.
     blocks: VecDeque<u32>,
     free_send_slots: Vec<u32>,
-    /// Released receive slots waiting to be reposted.
-    to_repost: Vec<u32>,
-    recv_posted: u32,
 }
 
 /// A connected RC connection of one or more lanes. Owned by one thread (it is `Send`).
 pub struct VerbsConnection {
-    // Field order is drop order: QPs go before the CQ and the memory they reference.
+    // Field order is drop order: QPs go before the SRQ, the CQ and the memory they reference.
     lanes: Vec<Lane>,
-    cq: GenericCompletionQueue,
+    srq: Arc<SharedReceiveQueue>,
+    cq: Arc<CompletionQueue>,
     recv_reg: Registration,
     send_reg: Registration,
     recv_mem: MmapMut,
     send_mem: MmapMut,
     params: NegotiatedParams,
     repost_batch: u32,
+    /// Released receive slots waiting to be reposted.
+    to_repost: Vec<u32>,
+    /// Receives posted to the SRQ and not yet completed.
+    recv_posted: u32,
     /// `Some(len)`: the slot holds an arrived message the caller has not released.
     recv_held: Vec<Option<u32>>,
     send_wr_ids: Vec<u64>,
     wc_buf: Vec<ibv_wc>,
 }
 
-fn verb_err(verb: &'static str, e: &dyn std::error::Error) -> ConnectionError {
-    ConnectionError::Verb {
-        verb,
-        reason: render(e),
-    }
+fn verb_err(verb: &'static str) -> impl FnOnce(io::Error) -> ConnectionError {
+    move |source| ConnectionError::Verb { verb, source }
+}
+
+fn post_err(verb: &'static str) -> impl FnOnce(io::Error) -> PostError {
+    move |source| PostError::Verb { verb, source }
 }
 
 fn random_psn() -> u32 {
@@ -389,14 +405,20 @@ impl VerbsConnection {
                 config.mtu_bytes
             ));
         }
+        if limits.max_srq == 0 || limits.max_srq_wr == 0 {
+            return bad(format!(
+                "device {} has no shared receive queues",
+                device.name()
+            ));
+        }
         let sq_depth = config.send_queue_depth.min(limits.max_qp_wr);
-        let recv_slots_cap = config.recv_slots.min(limits.max_qp_wr);
+        let recv_slots_cap = config.recv_slots.min(limits.max_srq_wr);
         let send_slots = config.send_slots.min(sq_depth);
         if sq_depth == 0 || recv_slots_cap == 0 {
             return bad("device allows no work requests".into());
         }
         let lanes_wanted = config.lanes.min(limits.max_qp as usize).max(1);
-        let cqe = (sq_depth + recv_slots_cap) as usize * lanes_wanted;
+        let cqe = sq_depth as usize * lanes_wanted + recv_slots_cap as usize;
         if cqe > limits.max_cqe as usize {
             return bad(format!(
                 "needs {cqe} CQ entries, device allows {}",
@@ -410,28 +432,44 @@ impl VerbsConnection {
             .clamp(1, 255);
         let mtu_bytes = config.mtu_bytes.min(device.port().active_mtu_bytes);
 
-        // 1. CQ and QPs (RESET -> INIT).
-        let cq: GenericCompletionQueue = device
+        // 1. CQ, SRQ and QPs (RESET -> INIT).
+        let cq = device
             .ctx
-            .create_cq_builder()
-            .setup_cqe(cqe as u32)
-            .build()
-            .map_err(|e| verb_err("ibv_create_cq", &e))?
-            .into();
+            // Cannot truncate: checked against max_cqe (a u32) above.
+            .create_cq(cqe as u32, config.completion_channel.as_ref())
+            .map_err(verb_err("ibv_create_cq"))?;
+        let srq = Arc::new(
+            device
+                .pd
+                .create_srq(recv_slots_cap)
+                .map_err(verb_err("ibv_create_srq"))?,
+        );
         let mut inline = config.max_inline_bytes;
         let mut lanes = Vec::with_capacity(lanes_wanted);
         for _ in 0..lanes_wanted {
-            let (qp, granted) = create_qp(device, &cq, sq_depth, recv_slots_cap, inline)?;
-            inline = inline.min(granted);
-            let mut qp = qp;
-            let mut attr = QueuePairAttribute::new();
-            attr.setup_state(QueuePairState::Init)
-                .setup_pkey_index(0)
-                .setup_port(device.port().port)
-                .setup_access_flags(AccessFlags::LocalWrite | AccessFlags::RemoteRead);
-            qp.modify(&attr)
-                .map_err(|e| verb_err("ibv_modify_qp(INIT)", &e))?;
-            let qpn = qp.qp_number();
+            // Fall back to no inline data when the device refuses the size.
+            let (qp, cap) = match device.pd.create_rc_qp(&cq, &srq, sq_depth, inline) {
+                Err(_) if inline > 0 => {
+                    inline = 0;
+                    device.pd.create_rc_qp(&cq, &srq, sq_depth, 0)
+                }
+                other => other,
+            }
+            .map_err(verb_err("ibv_create_qp"))?;
+            inline = inline.min(cap.max_inline_data);
+            let mut attr = ibv_qp_attr {
+                qp_state: IBV_QPS_INIT,
+                pkey_index: 0,
+                port_num: device.port().port,
+                qp_access_flags: (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ) as u32,
+                ..ibv_qp_attr::default()
+            };
+            qp.modify(
+                &mut attr,
+                IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+            )
+            .map_err(verb_err("ibv_modify_qp(INIT)"))?;
+            let qpn = qp.qp_num();
             lanes.push(Lane {
                 qp,
                 qpn,
@@ -439,8 +477,6 @@ impl VerbsConnection {
                 sq_in_flight: 0,
                 blocks: VecDeque::new(),
                 free_send_slots: Vec::new(),
-                to_repost: Vec::new(),
-                recv_posted: 0,
             });
         }
         let psns: Vec<u32> = lanes.iter().map(|_| random_psn()).collect();
@@ -474,7 +510,7 @@ impl VerbsConnection {
 
         // 3. Slot slabs, registered once each.
         let slot = params.recv_slot_bytes as usize;
-        let recv_total = slot * params.recv_slots as usize * n_lanes;
+        let recv_total = slot * params.recv_slots as usize;
         let send_total = slot * send_slots as usize * n_lanes;
         let mut recv_mem =
             MmapMut::map_anon(recv_total).map_err(|e| ConnectionError::Memory(e.to_string()))?;
@@ -492,6 +528,7 @@ impl VerbsConnection {
 
         let mut conn = VerbsConnection {
             lanes,
+            srq,
             cq,
             recv_reg,
             send_reg,
@@ -499,53 +536,78 @@ impl VerbsConnection {
             send_mem,
             params,
             repost_batch: config.repost_batch.min(params.recv_slots),
-            recv_held: vec![None; params.recv_slots as usize * n_lanes],
+            to_repost: (0..params.recv_slots).collect(),
+            recv_posted: 0,
+            recv_held: vec![None; params.recv_slots as usize],
             send_wr_ids: vec![0; send_slots as usize * n_lanes],
             wc_buf: Vec::with_capacity(config.poll_batch as usize),
         };
         for (i, lane) in conn.lanes.iter_mut().enumerate() {
             let first = (i as u32) * send_slots;
             lane.free_send_slots = (first..first + send_slots).rev().collect();
-            let first = (i as u32) * params.recv_slots;
-            lane.to_repost = (first..first + params.recv_slots).collect();
         }
 
         // 4. Post every receive slot, then INIT -> RTR -> RTS.
-        for i in 0..n_lanes {
-            conn.repost(i).map_err(|e| verb_err("ibv_post_recv", &e))?;
-        }
-        let peer_gid = Gid { raw: peer.gid };
+        conn.repost().map_err(verb_err("ibv_post_srq_recv"))?;
         for (i, lane) in conn.lanes.iter_mut().enumerate() {
             let (peer_qpn, peer_psn) = peer.lanes[i];
-            let mut ah = AddressHandleAttribute::new();
-            ah.setup_dest_lid(peer.lid)
-                .setup_port(device.port().port)
-                .setup_service_level(0)
-                // Cannot truncate: VerbsDevice::open rejects GID indexes above 255.
-                .setup_grh_src_gid_index(device.gid_index() as u8)
-                .setup_grh_dest_gid(&peer_gid)
-                .setup_grh_hop_limit(64);
-            let mut attr = QueuePairAttribute::new();
-            attr.setup_state(QueuePairState::ReadyToReceive)
-                .setup_path_mtu(path_mtu)
-                .setup_dest_qp_num(peer_qpn)
-                .setup_rq_psn(peer_psn)
-                .setup_max_dest_read_atomic(params.max_rd_atomic as u8)
-                .setup_min_rnr_timer(12)
-                .setup_address_vector(&ah);
+            let mut attr = ibv_qp_attr {
+                qp_state: IBV_QPS_RTR,
+                path_mtu,
+                dest_qp_num: peer_qpn,
+                rq_psn: peer_psn,
+                max_dest_rd_atomic: params.max_rd_atomic as u8,
+                min_rnr_timer: 12,
+                ah_attr: ibv_ah_attr {
+                    grh: ibv_global_route {
+                        dgid: ibv_gid { raw: peer.gid },
+                        flow_label: 0,
+                        // Cannot truncate: VerbsDevice::open rejects GID indexes above 255.
+                        sgid_index: device.gid_index() as u8,
+                        hop_limit: 64,
+                        traffic_class: 0,
+                    },
+                    dlid: peer.lid,
+                    sl: 0,
+                    src_path_bits: 0,
+                    static_rate: 0,
+                    is_global: 1,
+                    port_num: device.port().port,
+                },
+                ..ibv_qp_attr::default()
+            };
             lane.qp
-                .modify(&attr)
-                .map_err(|e| verb_err("ibv_modify_qp(RTR)", &e))?;
-            let mut attr = QueuePairAttribute::new();
-            attr.setup_state(QueuePairState::ReadyToSend)
-                .setup_sq_psn(psns[i])
-                .setup_timeout(config.ack_timeout)
-                .setup_retry_cnt(config.retry_count)
-                .setup_rnr_retry(config.rnr_retry)
-                .setup_max_read_atomic(params.max_rd_atomic as u8);
+                .modify(
+                    &mut attr,
+                    IBV_QP_STATE
+                        | IBV_QP_AV
+                        | IBV_QP_PATH_MTU
+                        | IBV_QP_DEST_QPN
+                        | IBV_QP_RQ_PSN
+                        | IBV_QP_MAX_DEST_RD_ATOMIC
+                        | IBV_QP_MIN_RNR_TIMER,
+                )
+                .map_err(verb_err("ibv_modify_qp(RTR)"))?;
+            let mut attr = ibv_qp_attr {
+                qp_state: IBV_QPS_RTS,
+                sq_psn: psns[i],
+                timeout: config.ack_timeout,
+                retry_cnt: config.retry_count,
+                rnr_retry: config.rnr_retry,
+                max_rd_atomic: params.max_rd_atomic as u8,
+                ..ibv_qp_attr::default()
+            };
             lane.qp
-                .modify(&attr)
-                .map_err(|e| verb_err("ibv_modify_qp(RTS)", &e))?;
+                .modify(
+                    &mut attr,
+                    IBV_QP_STATE
+                        | IBV_QP_SQ_PSN
+                        | IBV_QP_TIMEOUT
+                        | IBV_QP_RETRY_CNT
+                        | IBV_QP_RNR_RETRY
+                        | IBV_QP_MAX_QP_RD_ATOMIC,
+                )
+                .map_err(verb_err("ibv_modify_qp(RTS)"))?;
         }
 
         // 5. Both sides ready: receives are posted before anyone sends.
@@ -605,36 +667,36 @@ impl VerbsConnection {
         };
         let offset = slot as usize * slot_bytes;
         let id = (KIND_SEND << KIND_SHIFT) | u64::from(slot);
-        let result = {
-            let mut guard = l.qp.start_post_send();
-            // IBV_SEND_INLINE must be in the WR flags too: rxe's ibv_wr_set_inline_data copies
-            // the bytes but the kernel then ignores them without the flag (LOC_QP_OP_ERR).
-            let flags = if inline {
-                WorkRequestFlags::Signaled | WorkRequestFlags::Inline
-            } else {
-                WorkRequestFlags::Signaled
-            };
-            let wr = guard.construct_wr(id, flags).setup_send();
-            if inline {
-                wr.setup_inline_data(bytes);
-            } else {
-                // The slab has one chunk (registered without a size cap); the slot is free,
-                // so the device is not reading it.
-                let dst = &mut self.send_mem[offset..offset + bytes.len()];
-                dst.copy_from_slice(bytes);
-                // SAFETY: [send_base + offset, + len) lies in the registered send slab
-                // (lkey send_lkey), which stays registered and mapped while the QP lives;
-                // the slot is not reused until this WR's completion is polled.
-                unsafe { wr.setup_sge(send_lkey, send_base + offset as u64, bytes.len() as u32) };
+        let mut sge = if inline {
+            // Inline data is copied out of `bytes` by the post itself; no key is needed.
+            ibv_sge {
+                addr: bytes.as_ptr() as u64,
+                length: bytes.len() as u32,
+                lkey: 0,
             }
-            guard.post()
+        } else {
+            // The slab has one chunk (registered without a size cap); the slot is free, so the
+            // device is not reading it.
+            self.send_mem[offset..offset + bytes.len()].copy_from_slice(bytes);
+            ibv_sge {
+                addr: send_base + offset as u64,
+                length: bytes.len() as u32,
+                lkey: send_lkey,
+            }
         };
-        if let Err(e) = result {
+        let mut wr = send_wr(id, IBV_WR_SEND, &mut sge);
+        // IBV_SEND_INLINE must be in the WR flags: the provider copies the bytes at post time.
+        wr.send_flags = IBV_SEND_SIGNALED | if inline { IBV_SEND_INLINE } else { 0 };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP is live; the WR and its one SGE live on this stack frame for the
+        // call. Inline: the provider copies `bytes` before returning. Otherwise the SGE names
+        // the send slot [send_base + offset, + len) of the registered send slab (lkey
+        // send_lkey), which stays registered while the QP lives, and the slot is not reused
+        // until this WR's completion is polled.
+        let rc = unsafe { ibv_post_send(l.qp.as_ptr(), &mut wr, &mut bad) };
+        if let Err(e) = super::objects::check_rc(rc) {
             l.free_send_slots.push(slot);
-            return Err(PostError::Verb {
-                verb: "ibv_post_send(SEND)",
-                reason: render(&e),
-            });
+            return Err(post_err("ibv_post_send(SEND)")(e));
         }
         l.sq_in_flight += 1;
         l.blocks.push_back(1);
@@ -663,31 +725,42 @@ impl VerbsConnection {
         let n = u32::try_from(reads.len()).unwrap_or(u32::MAX);
         let depth = self.params.send_queue_depth;
         let l = lane_checked(&mut self.lanes, lane, n, depth)?;
-        let result = {
-            let mut guard = l.qp.start_post_send();
-            for (i, r) in reads.iter().enumerate() {
-                let flags = if i + 1 == reads.len() {
-                    WorkRequestFlags::Signaled
-                } else {
-                    WorkRequestFlags::none()
+        let mut sges: Vec<ibv_sge> = reads
+            .iter()
+            .map(|r| ibv_sge {
+                addr: r.local_addr,
+                length: r.len,
+                lkey: r.lkey,
+            })
+            .collect();
+        let mut wrs: Vec<ibv_send_wr> = reads
+            .iter()
+            .zip(sges.iter_mut())
+            .map(|(r, sge)| {
+                let mut wr = send_wr((KIND_READ << KIND_SHIFT) | r.wr_id, IBV_WR_RDMA_READ, sge);
+                wr.wr.rdma = ibv_send_wr_rdma {
+                    remote_addr: r.remote_addr,
+                    rkey: r.rkey,
                 };
-                let wr = guard
-                    .construct_wr((KIND_READ << KIND_SHIFT) | r.wr_id, flags)
-                    .setup_read(r.rkey, r.remote_addr);
-                // SAFETY: the device checks the range against lkey's memory region, which the
-                // caller registered under `VerbsDevice::register`'s contract (mapped until the
-                // registration is dropped, and written by the device when it is a READ's
-                // destination).
-                unsafe { wr.setup_sge(r.lkey, r.local_addr, r.len) };
-            }
-            guard.post()
-        };
-        if let Err(e) = result {
-            return Err(PostError::Verb {
-                verb: "ibv_post_send(READ)",
-                reason: render(&e),
-            });
+                wr
+            })
+            .collect();
+        // Only the last one is signaled; link the list.
+        if let Some(last) = wrs.last_mut() {
+            last.send_flags = IBV_SEND_SIGNALED;
         }
+        for i in 1..wrs.len() {
+            let next: *mut ibv_send_wr = &mut wrs[i];
+            wrs[i - 1].next = next;
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP is live; the linked WRs and their SGEs live in `wrs` and `sges` (not
+        // moved or resized after linking) for the call. Each SGE names a local range the device
+        // checks against `lkey`'s memory region, which the caller registered under
+        // `VerbsDevice::register`'s contract (mapped until the registration is dropped, and
+        // written by the device when it is a READ's destination).
+        let rc = unsafe { ibv_post_send(l.qp.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+        super::objects::check_rc(rc).map_err(post_err("ibv_post_send(READ)"))?;
         l.sq_in_flight += n;
         l.blocks.push_back(n);
         Ok(())
@@ -710,58 +783,68 @@ impl VerbsConnection {
     /// Give a receive slot back; slots are reposted in batches. Releasing a slot that holds
     /// no message (twice, or never received) is refused.
     pub fn release_recv(&mut self, slot: RecvSlot) -> Result<(), PostError> {
-        let lane = (slot.0 / self.params.recv_slots) as usize;
         match self.recv_held.get_mut(slot.0 as usize) {
             Some(held @ Some(_)) => *held = None,
             _ => return Err(PostError::SlotNotHeld(slot.0)),
         }
-        let Some(l) = self.lanes.get_mut(lane) else {
-            return Err(PostError::NoSuchLane(lane));
-        };
-        l.to_repost.push(slot.0);
-        // Repost a full batch, or at once when the lane runs low on posted receives.
-        if !l.failed
-            && (l.to_repost.len() as u32 >= self.repost_batch || l.recv_posted < self.repost_batch)
+        self.to_repost.push(slot.0);
+        // Repost a full batch, or at once when the queue runs low on posted receives.
+        if self.to_repost.len() as u32 >= self.repost_batch || self.recv_posted < self.repost_batch
         {
-            self.repost(lane).map_err(|e| PostError::Verb {
-                verb: "ibv_post_recv",
-                reason: render(&e),
-            })?;
+            self.repost().map_err(post_err("ibv_post_srq_recv"))?;
         }
         Ok(())
     }
 
     /// Repost every released receive slot now.
     pub fn flush_reposts(&mut self) -> Result<(), PostError> {
-        for lane in 0..self.lanes.len() {
-            if !self.lanes[lane].failed {
-                self.repost(lane).map_err(|e| PostError::Verb {
-                    verb: "ibv_post_recv",
-                    reason: render(&e),
-                })?;
-            }
-        }
-        Ok(())
+        self.repost().map_err(post_err("ibv_post_srq_recv"))
     }
 
-    fn repost(&mut self, lane: usize) -> Result<(), sideway::ibverbs::queue_pair::PostRecvError> {
+    /// Receive slots posted to the shared receive queue and not yet filled.
+    pub fn recv_posted(&self) -> u32 {
+        self.recv_posted
+    }
+
+    fn repost(&mut self) -> io::Result<()> {
+        if self.to_repost.is_empty() {
+            return Ok(());
+        }
         let slot_bytes = u64::from(self.params.recv_slot_bytes);
         let base = self.recv_reg.addr();
         let lkey = self.recv_reg.chunks()[0].lkey;
-        let l = &mut self.lanes[lane];
-        if l.to_repost.is_empty() {
-            return Ok(());
+        let mut sges: Vec<ibv_sge> = self
+            .to_repost
+            .iter()
+            .map(|&slot| ibv_sge {
+                addr: base + u64::from(slot) * slot_bytes,
+                length: slot_bytes as u32,
+                lkey,
+            })
+            .collect();
+        let mut wrs: Vec<ibv_recv_wr> = self
+            .to_repost
+            .iter()
+            .zip(sges.iter_mut())
+            .map(|(&slot, sge)| ibv_recv_wr {
+                wr_id: (KIND_RECV << KIND_SHIFT) | u64::from(slot),
+                next: std::ptr::null_mut(),
+                sg_list: sge,
+                num_sge: 1,
+            })
+            .collect();
+        for i in 1..wrs.len() {
+            let next: *mut ibv_recv_wr = &mut wrs[i];
+            wrs[i - 1].next = next;
         }
-        let mut guard = l.qp.start_post_recv();
-        for &slot in &l.to_repost {
-            let wr = guard.construct_wr((KIND_RECV << KIND_SHIFT) | u64::from(slot));
-            // SAFETY: the slot lies in the registered receive slab (one region, lkey), which
-            // outlives the QP; it is not handed out again until its completion is polled.
-            unsafe { wr.setup_sge(lkey, base + u64::from(slot) * slot_bytes, slot_bytes as u32) };
-        }
-        guard.post()?;
-        l.recv_posted += l.to_repost.len() as u32;
-        l.to_repost.clear();
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: the SRQ is live; the linked WRs and SGEs live in `wrs`/`sges` for the call.
+        // Each slot lies in the registered receive slab (one region, lkey), which outlives the
+        // QPs; a posted slot is not handed out again until its completion is polled.
+        let rc = unsafe { ibv_post_srq_recv(self.srq.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+        super::objects::check_rc(rc)?;
+        self.recv_posted += self.to_repost.len() as u32;
+        self.to_repost.clear();
         Ok(())
     }
 
@@ -772,12 +855,12 @@ impl VerbsConnection {
             .lanes
             .get_mut(lane)
             .ok_or(PostError::NoSuchLane(lane))?;
-        let mut attr = QueuePairAttribute::new();
-        attr.setup_state(QueuePairState::Error);
-        l.qp.modify(&attr).map_err(|e| PostError::Verb {
-            verb: "ibv_modify_qp(ERR)",
-            reason: render(&e),
-        })?;
+        let mut attr = ibv_qp_attr {
+            qp_state: IBV_QPS_ERR,
+            ..ibv_qp_attr::default()
+        };
+        l.qp.modify(&mut attr, IBV_QP_STATE)
+            .map_err(post_err("ibv_modify_qp(ERR)"))?;
         l.failed = true;
         Ok(())
     }
@@ -790,7 +873,11 @@ impl VerbsConnection {
         // SAFETY: wc_buf has room for `want` entries; ibv_poll_cq writes at most that many
         // and returns how many it wrote, which is all set_len exposes. The CQ is alive (owned).
         let n = unsafe {
-            let n = ibv_poll_cq(self.cq.cq().as_ptr(), want as i32, self.wc_buf.as_mut_ptr());
+            let n = ibv_poll_cq(
+                self.cq.as_ptr(),
+                c_int::try_from(want).unwrap_or(c_int::MAX),
+                self.wc_buf.as_mut_ptr(),
+            );
             if n < 0 {
                 return Err(PollError::PollCq(-n));
             }
@@ -802,6 +889,16 @@ impl VerbsConnection {
             self.complete(&wc, out);
         }
         Ok(n)
+    }
+
+    /// Ask for one event on the completion channel at the next completion (`ibv_req_notify_cq`).
+    /// To sleep without missing a completion: arm, [`VerbsConnection::poll`] once more, and
+    /// only if that found nothing wait on the channel. Without a channel this is a no-op.
+    pub fn arm(&mut self) -> Result<(), PollError> {
+        if !self.cq.has_channel() {
+            return Ok(());
+        }
+        self.cq.arm().map_err(PollError::Arm)
     }
 
     /// Poll until at least one completion arrives or `timeout` passes.
@@ -836,7 +933,7 @@ impl VerbsConnection {
         }
         let completion = match kind {
             KIND_RECV => {
-                l.recv_posted = l.recv_posted.saturating_sub(1);
+                self.recv_posted = self.recv_posted.saturating_sub(1);
                 if let Some(held) = self.recv_held.get_mut(id as usize) {
                     *held = status.is_success().then_some(wc.byte_len);
                 }
@@ -905,43 +1002,31 @@ fn retire(l: &mut Lane, status: WcStatus) {
     }
 }
 
-fn create_qp(
-    device: &VerbsDevice,
-    cq: &GenericCompletionQueue,
-    sq_depth: u32,
-    rq_depth: u32,
-    inline: u32,
-) -> Result<(GenericQueuePair, u32), ConnectionError> {
-    let mut builder = device.pd.create_qp_builder();
-    builder
-        .setup_send_cq(cq.clone())
-        .setup_recv_cq(cq.clone())
-        .setup_max_send_wr(sq_depth)
-        .setup_max_recv_wr(rq_depth)
-        .setup_max_send_sge(1)
-        .setup_max_recv_sge(1)
-        .setup_max_inline_data(inline);
-    // Prefer the extended QP (ibv_wr_* API); fall back to ibv_create_qp, and to no inline
-    // data when the device refuses the size.
-    let qp: GenericQueuePair = match builder.build_ex() {
-        Ok(qp) => qp.into(),
-        Err(_) => match builder.build() {
-            Ok(qp) => qp.into(),
-            Err(_) if inline > 0 => {
-                builder.setup_max_inline_data(0);
-                builder
-                    .build()
-                    .map_err(|e| verb_err("ibv_create_qp", &e))?
-                    .into()
-            }
-            Err(e) => return Err(verb_err("ibv_create_qp", &e)),
+/// A send work request with one scatter/gather entry, unsignaled, not linked.
+fn send_wr(wr_id: u64, opcode: u32, sge: &mut ibv_sge) -> ibv_send_wr {
+    ibv_send_wr {
+        wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: sge,
+        num_sge: 1,
+        opcode,
+        send_flags: 0,
+        imm_data: 0,
+        wr: ibv_send_wr_wr {
+            atomic: ibv_send_wr_atomic::default(),
         },
-    };
-    let granted = match qp.query(QueuePairAttributeMask::Capabilities) {
-        Ok((_, init)) => init.max_inline_data().min(inline),
-        Err(_) => 0,
-    };
-    Ok((qp, granted))
+        qp_type_xrc_remote_srqn: 0,
+        bind_mw: ibv_send_wr_bind_mw {
+            mw: std::ptr::null_mut(),
+            rkey: 0,
+            bind_info: ibv_mw_bind_info {
+                mr: std::ptr::null_mut(),
+                addr: 0,
+                length: 0,
+                mw_access_flags: 0,
+            },
+        },
+    }
 }
 
 impl std::fmt::Debug for VerbsConnection {

@@ -3,9 +3,10 @@
 //! lists with selective signaling, and batched completion polling.
 //!
 //! This layer has no protocol logic: it moves bytes and reports completions; the fabric
-//! driver decides what to send and read. Built on `sideway`, which loads libibverbs at run
-//! time: on a machine without rdma-core (or without an RDMA device), [`VerbsDevice::open`]
-//! returns an error and everything else of Skyriver keeps working over TCP.
+//! driver decides what to send and read. Built on the project's own binding ([`sys`]), which
+//! loads libibverbs at run time: on a machine without rdma-core (or without an RDMA device),
+//! [`VerbsDevice::open`] returns an error that says what to install, and everything else of
+//! Skyriver keeps working over TCP.
 //!
 //! Shape of use:
 //! ```no_run
@@ -27,7 +28,10 @@
 mod connection;
 mod device;
 mod handshake;
+mod objects;
 mod registration;
+#[doc(hidden)]
+pub mod sys;
 
 pub use connection::{
     Completion, ConnectionConfig, ConnectionError, NegotiatedParams, Opcode, PollError, PostError,
@@ -36,7 +40,9 @@ pub use connection::{
 pub use device::{list_devices, DeviceError, DeviceLimits, GidKind, PortInfo, VerbsDevice};
 pub(crate) use handshake::Control;
 pub use handshake::{HandshakeError, MAX_LANES};
+pub use objects::CompletionChannel;
 pub use registration::{plan_reads, MrChunk, PlanError, RegisterError, Registration, RemoteChunk};
+pub use sys::{available as library_available, LoadError, IBVERBS_LIB_ENV, IBVERBS_SONAME};
 
 /// Largest message a single RDMA READ or SEND may carry (the InfiniBand limit, 2 GiB).
 pub const MAX_MESSAGE_BYTES: u64 = 1 << 31;

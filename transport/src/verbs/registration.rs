@@ -2,14 +2,11 @@
 //! is larger than the device (or the caller) allows, and the address arithmetic that keeps
 //! every work request inside one region on each side.
 
+use std::ffi::c_int;
 use std::sync::Arc;
 
-use sideway::ibverbs::memory_region::MemoryRegion;
-use sideway::ibverbs::protection_domain::ProtectionDomain;
-use sideway::ibverbs::AccessFlags;
-
 use super::connection::ReadRequest;
-use super::device::render;
+use super::objects::{MemoryRegion, ProtectionDomain};
 use super::MAX_MESSAGE_BYTES;
 
 const PAGE_BYTES: u64 = 4096;
@@ -21,7 +18,7 @@ pub enum RegisterError {
     #[error("cannot register an empty or null range")]
     Empty,
     /// `ibv_reg_mr` failed for one chunk (earlier chunks were released).
-    #[error("ibv_reg_mr failed for chunk {index} ({len} bytes at {addr:#x}): {reason}")]
+    #[error("ibv_reg_mr failed for chunk {index} ({len} bytes at {addr:#x})")]
     RegisterMr {
         /// Chunk number.
         index: usize,
@@ -29,8 +26,9 @@ pub enum RegisterError {
         addr: u64,
         /// Chunk length.
         len: u64,
-        /// The verb's error, rendered.
-        reason: String,
+        /// The errno.
+        #[source]
+        source: std::io::Error,
     },
 }
 
@@ -62,7 +60,7 @@ pub struct RemoteChunk {
 pub struct Registration {
     chunks: Vec<MrChunk>,
     // Dropping these deregisters the regions.
-    _mrs: Vec<Arc<MemoryRegion>>,
+    _mrs: Vec<MemoryRegion>,
 }
 
 impl std::fmt::Debug for Registration {
@@ -82,7 +80,7 @@ impl Registration {
         ptr: *mut u8,
         len: usize,
         max_mr_bytes: u64,
-        access: AccessFlags,
+        access: c_int,
     ) -> Result<Registration, RegisterError> {
         if ptr.is_null() || len == 0 {
             return Err(RegisterError::Empty);
@@ -98,15 +96,14 @@ impl Registration {
             let addr = base + offset;
             // SAFETY: [addr, addr + chunk_len) lies inside the caller's range, which the
             // caller keeps mapped until this Registration (which owns the MR) is dropped.
-            let mr =
-                unsafe { pd.reg_mr(addr as usize, chunk_len as usize, access) }.map_err(|e| {
-                    RegisterError::RegisterMr {
-                        index: chunks.len(),
-                        addr,
-                        len: chunk_len,
-                        reason: render(&e),
-                    }
-                })?;
+            let mr = unsafe { pd.register(addr as *mut u8, chunk_len as usize, access) }.map_err(
+                |e| RegisterError::RegisterMr {
+                    index: chunks.len(),
+                    addr,
+                    len: chunk_len,
+                    source: e,
+                },
+            )?;
             chunks.push(MrChunk {
                 addr,
                 len: chunk_len,

@@ -156,6 +156,11 @@ impl ConnState {
             completions: Vec::new(),
         }
     }
+
+    /// The control stream's descriptor, for the idle poller to sleep on.
+    pub(super) fn control_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.control)
+    }
 }
 
 /// A live connection to one peer.
@@ -450,6 +455,19 @@ impl PeerConn {
             }
         }
         Ok(())
+    }
+
+    /// Arms the connection's completion queue before the poller sleeps; `Err` tears it down.
+    /// Returns false when the connection is gone.
+    pub(super) fn arm(&self, st: &mut ConnState, s: &Shared) -> bool {
+        let Some(conn) = st.conn.as_mut() else {
+            return false;
+        };
+        if let Err(e) = conn.arm() {
+            self.teardown(st, s, format!("arming the completion queue: {e}"));
+            return false;
+        }
+        true
     }
 
     /// Ends the connection: destroys its QPs (the device stops reading and writing memory for
