@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Skyriver's build and tests need (idempotent; root).
-#   ci/install-deps.sh          build + test dependencies of the host suite
+# Installs the Debian packages Skyriver's tests need beyond a Rust toolchain (idempotent; root).
+# The build itself needs none of them.
+#   ci/install-deps.sh          test dependencies of the host suite
 #   ci/install-deps.sh all      also the SoftRoCE guest (qemu, rdma-core, perftest)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

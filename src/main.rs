@@ -729,8 +729,118 @@ fn demo() -> Result<(), String> {
         format_bytes(stats.allocated_bytes),
         format_bytes(stats.capacity_bytes)
     );
-    println!("stopping the daemon. Next: `skyriver daemon` in one terminal, `skyriver put FILE` in another.");
+    println!("stopping the daemon.");
+    drop(daemon);
+    println!();
+    demo_cluster()?;
+    println!(
+        "Next: `skyriver daemon` in one terminal and `skyriver put FILE` in another, or \
+         `skyriver up` for a local cluster."
+    );
     Ok(())
+}
+
+/// The second half of the demo: what Skyriver exists for, objects moving between two nodes.
+fn demo_cluster() -> Result<(), String> {
+    let fail = |e: ClientError| e.to_string();
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = tempfile_dir("skyriver-demo")?;
+    let mut up = skyriver::up::UpArgs::new(2, ByteSize(192 << 20), Some(dir.path.clone()));
+    // The nodes see each other leave when the demo stops them: not worth a warning here.
+    up.log = "error".into();
+    // Verbs when this machine has RDMA devices, TCP otherwise.
+    let devices = skyriver_transport::verbs::list_devices().unwrap_or_default();
+    if !devices.is_empty() {
+        up.fabric = "verbs".into();
+        up.devices = devices.iter().take(2).cloned().collect();
+    }
+    println!(
+        "starting a two-node cluster on this machine (built-in directory, {} fabric)...",
+        up.fabric
+    );
+    let cluster = match skyriver::up::LocalCluster::start(&up, &exe) {
+        Ok(cluster) => cluster,
+        Err(e) if up.fabric == "verbs" => {
+            println!("  the verbs fabric did not start ({e}); using TCP instead");
+            up.fabric = "tcp".into();
+            up.devices.clear();
+            skyriver::up::LocalCluster::start(&up, &exe)?
+        }
+        Err(e) => return Err(e),
+    };
+    let holder = Client::connect(&cluster.sockets[0]).map_err(fail)?;
+    let requester = Client::connect(&cluster.sockets[1]).map_err(fail)?;
+    let view = requester.nodes().map_err(fail)?;
+    let threshold = view
+        .members
+        .iter()
+        .find(|m| m.node != view.node)
+        .and_then(|m| {
+            println!("  link: {}", m.link);
+            m.eager_threshold_bytes
+        });
+    let eager_limit = threshold.unwrap_or(0).min(view.eager_capacity_bytes);
+    for (id, size) in [
+        (ObjectId::from_u64(10), 4usize << 10),
+        (ObjectId::from_u64(11), 32 << 20),
+    ] {
+        let mut writer = holder.create(id, size as u64, 0).map_err(fail)?;
+        for (i, b) in writer.data_mut().iter_mut().enumerate() {
+            *b = (i as u64).wrapping_mul(0x9e37_79b9) as u8 ^ (i >> 12) as u8;
+        }
+        writer.seal().map_err(fail)?;
+        let started = std::time::Instant::now();
+        let object = requester
+            .fetch_one(id, Some(Duration::from_secs(30)))
+            .map_err(fail)?;
+        let took = started.elapsed();
+        let intact = object
+            .data()
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i as u64).wrapping_mul(0x9e37_79b9) as u8 ^ (i >> 12) as u8);
+        let path = if size as u64 <= eager_limit {
+            "eager: the bytes came in two-sided messages"
+        } else {
+            "rendezvous: node-1 pulled the bytes with one-sided READs into its store"
+        };
+        println!(
+            "put {} on node-0, fetched on node-1 in {took:.1?} ({:.0} MB/s), {path}; bytes match: {intact}",
+            format_bytes(size as u64),
+            size as f64 / took.as_secs_f64() / 1e6,
+        );
+        if !intact {
+            return Err(format!(
+                "the fetched copy of {id} differs from the original"
+            ));
+        }
+    }
+    if let Some(threshold) = threshold {
+        println!(
+            "  (this link's eager threshold, chosen from measured costs: {})",
+            format_bytes(threshold)
+        );
+    }
+    println!("stopping the cluster.");
+    drop(cluster);
+    Ok(())
+}
+
+/// A directory under the system temp dir, removed on drop.
+struct TempDir {
+    path: PathBuf,
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn tempfile_dir(prefix: &str) -> Result<TempDir, String> {
+    let path = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+    std::fs::create_dir_all(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    Ok(TempDir { path })
 }
 
 fn fetch(

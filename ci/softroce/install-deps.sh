@@ -5,9 +5,9 @@
 #
 #   ci/softroce/install-deps.sh [build|rxe|vm|all]     (default: all)
 #
-#   build  what compiling skyriver-transport needs: the verbs bindings
-#          (rdma-mummy-sys) run CMake and bindgen (libclang) at build time;
-#          libibverbs itself is loaded at run time, so no -dev package is needed
+#   build  what the host test suite needs beyond a Rust toolchain: a C compiler
+#          and rdma-core's headers for the verbs layout test (the build itself
+#          needs neither: libibverbs is loaded at run time)
 #   vm     what ci/softroce/run-in-vm.sh needs: qemu, busybox, kmod, the
 #          rdma-core user space the guest runs (libibverbs + the rxe provider),
 #          and the verbs tools its selftest uses (ibverbs-utils, perftest)
@@ -18,7 +18,7 @@
 # Must run as root. Set SKYRIVER_VM_NO_APT=1 to only report what is missing.
 set -euo pipefail
 
-BUILD_PKGS=(cmake libclang-dev gcc libc6-dev make pkg-config)
+BUILD_PKGS=(gcc libc6-dev libibverbs-dev)
 RXE_PKGS=(kmod iproute2 rdma-core ibverbs-providers libibverbs1 librdmacm1
           ibverbs-utils rdmacm-utils perftest python3)
 VM_PKGS=(qemu-system-x86 busybox-static cpio gzip xz-utils zstd util-linux "${RXE_PKGS[@]}")

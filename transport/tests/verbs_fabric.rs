@@ -680,3 +680,61 @@ fn reads_beyond_the_send_queue_wait_for_room() {
         assert_eq!(b.expect_message(a.id), vec![i; 100]);
     }
 }
+
+/// CPU time (user + system, in clock ticks) of this process's threads named `name`.
+fn thread_cpu_ticks(name: &str) -> (usize, u64) {
+    let mut threads = 0;
+    let mut ticks = 0;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+        let after = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        if fields.len() > 12 {
+            threads += 1;
+            ticks +=
+                fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0);
+        }
+    }
+    (threads, ticks)
+}
+
+#[test]
+fn idle_pollers_sleep_on_the_completion_channel_then_wake_for_traffic() {
+    let Some((mut a, mut b)) =
+        pair("idle_pollers_sleep_on_the_completion_channel_then_wake_for_traffic")
+    else {
+        return;
+    };
+    // Let the pollers finish their busy-poll window, then measure a quiet interval.
+    std::thread::sleep(Duration::from_millis(200));
+    let (threads, before) = thread_cpu_ticks("verbs-poller");
+    assert_eq!(threads, 2, "one poller per fabric");
+    let idle = Duration::from_secs(3);
+    std::thread::sleep(idle);
+    let (_, after) = thread_cpu_ticks("verbs-poller");
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let cpu = (after - before) as f64 / hz;
+    let share = cpu / (2.0 * idle.as_secs_f64());
+    println!(
+        "idle pollers: {:.0} ms of CPU in {:?} for two pollers ({:.2}% of a core each)",
+        cpu * 1e3,
+        idle,
+        share * 100.0
+    );
+    assert!(
+        share < 0.05,
+        "idle pollers used {:.1}% of a core each: they should sleep on events",
+        share * 100.0
+    );
+    // Asleep, they still see traffic and peer loss at once.
+    a.fabric.send(b.id, b"after a nap".to_vec()).unwrap();
+    assert_eq!(b.expect_message(a.id), b"after a nap".to_vec());
+    b.fabric.send(a.id, b"and back".to_vec()).unwrap();
+    assert_eq!(a.expect_message(b.id), b"and back".to_vec());
+}

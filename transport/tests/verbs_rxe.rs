@@ -52,6 +52,17 @@ struct End {
 /// Open both devices and connect them over a loopback TCP control stream, the accepting
 /// side in its own thread.
 fn pair(a: &str, b: &str, cfg_a: ConnectionConfig, cfg_b: ConnectionConfig) -> (End, End) {
+    let device = VerbsDevice::open(a, 1, gid_index()).expect("open device A");
+    pair_with(device, b, cfg_a, cfg_b)
+}
+
+/// As [`pair`], with side A's device already open (to make a completion channel on it first).
+fn pair_with(
+    device: VerbsDevice,
+    b: &str,
+    cfg_a: ConnectionConfig,
+    cfg_b: ConnectionConfig,
+) -> (End, End) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let b_name = b.to_string();
@@ -61,7 +72,6 @@ fn pair(a: &str, b: &str, cfg_a: ConnectionConfig, cfg_b: ConnectionConfig) -> (
         let conn = VerbsConnection::accept(&device, &mut stream, &cfg_b).expect("accept");
         End { device, conn }
     });
-    let device = VerbsDevice::open(a, 1, gid_index()).expect("open device A");
     let mut stream = TcpStream::connect(addr).unwrap();
     let conn = VerbsConnection::connect(&device, &mut stream, &cfg_a).expect("connect");
     let end_b = acceptor.join().expect("acceptor thread");
@@ -128,6 +138,7 @@ fn assert_ok(c: &Completion) {
 fn open_of_a_missing_device_is_a_clear_error() {
     // Runs everywhere: without rdma-core, without devices, or with them.
     match VerbsDevice::open("skyriver_no_such_device", 1, None) {
+        Err(DeviceError::Library(e)) => println!("libibverbs cannot be loaded here: {e}"),
         Err(DeviceError::VerbsUnavailable(e)) => println!("verbs unavailable here: {e}"),
         Err(DeviceError::NotFound { available, .. }) => println!("devices here: {available:?}"),
         Err(e) => panic!("unexpected error: {e}"),
@@ -584,5 +595,118 @@ fn qp_forced_into_error_mid_transfer_flushes() {
     let c = out.iter().find(|c| c.lane == 1).unwrap();
     assert_ok(c);
     assert!(dst.mem[..PIECE] == src.mem[..PIECE]);
+    drop(eb);
+}
+
+#[test]
+fn one_shared_receive_queue_serves_every_lane() {
+    let Some((a, b)) = devices("one_shared_receive_queue_serves_every_lane") else {
+        return;
+    };
+    let cfg = ConnectionConfig {
+        lanes: 4,
+        recv_slots: 8,
+        repost_batch: 8,
+        ..ConnectionConfig::default()
+    };
+    let (mut ea, mut eb) = pair(&a, &b, cfg.clone(), cfg);
+    assert_eq!(ea.conn.lanes(), 4);
+    // Eight slots for the whole connection, not eight per lane.
+    assert_eq!(eb.conn.recv_posted(), 8);
+    // Two messages on each lane, none released yet: all eight land in the one pool of slots.
+    for i in 0..8u64 {
+        let lane = (i % 4) as usize;
+        ea.conn
+            .post_send(lane, i, &pattern(i, 100 + i as usize))
+            .unwrap();
+    }
+    let mut sent = Vec::new();
+    poll_until(&mut ea.conn, &mut sent, |c| c.len() >= 8);
+    sent.iter().for_each(assert_ok);
+    let mut got = Vec::new();
+    poll_until(&mut eb.conn, &mut got, |c| c.len() >= 8);
+    let mut slots = Vec::new();
+    for c in &got {
+        assert_ok(c);
+        assert_eq!(c.opcode, Opcode::Recv);
+        let slot = c.recv_slot().unwrap();
+        assert!(slot.0 < 8, "slot {slot:?} outside the shared pool");
+        let len = c.byte_len as usize;
+        let seed = (len - 100) as u64;
+        assert_eq!(
+            c.lane,
+            (seed % 4) as usize,
+            "arrived on the lane it was sent on"
+        );
+        assert!(eb.conn.recv_bytes(slot) == &pattern(seed, len)[..]);
+        slots.push(slot);
+    }
+    slots.sort();
+    slots.dedup();
+    assert_eq!(slots.len(), 8, "every message in its own slot");
+    assert_eq!(eb.conn.recv_posted(), 0, "the pool is used up");
+    for slot in slots {
+        eb.conn.release_recv(slot).unwrap();
+    }
+    eb.conn.flush_reposts().unwrap();
+    assert_eq!(eb.conn.recv_posted(), 8, "released slots are posted again");
+    // And they carry traffic again, on any lane.
+    ea.conn.post_send(3, 99, b"again").unwrap();
+    let mut got = Vec::new();
+    poll_until(&mut eb.conn, &mut got, |c| c.len() == 1);
+    let slot = got[0].recv_slot().unwrap();
+    assert_eq!(eb.conn.recv_bytes(slot), b"again");
+}
+
+#[test]
+fn completion_channel_wakes_only_an_armed_waiter() {
+    let Some((a, b)) = devices("completion_channel_wakes_only_an_armed_waiter") else {
+        return;
+    };
+    let device = VerbsDevice::open(&a, 1, gid_index()).expect("open device A");
+    let channel = device.completion_channel().expect("completion channel");
+    let cfg_a = ConnectionConfig {
+        completion_channel: Some(channel.clone()),
+        ..ConnectionConfig::default()
+    };
+    let (mut ea, mut eb) = pair_with(device, &b, cfg_a, ConnectionConfig::default());
+    let mut out = Vec::new();
+
+    // Armed and idle: no event.
+    ea.conn.arm().unwrap();
+    assert_eq!(ea.conn.poll(&mut out).unwrap(), 0);
+    assert!(!channel.wait(Duration::from_millis(50)).unwrap());
+    assert_eq!(channel.take_events().unwrap(), 0);
+
+    // A message arrives: the sleeper wakes, with exactly one event to acknowledge.
+    eb.conn.post_send(0, 1, b"wake up").unwrap();
+    assert!(channel.wait(WAIT).unwrap(), "no event within {WAIT:?}");
+    assert_eq!(channel.take_events().unwrap(), 1);
+    poll_until(&mut ea.conn, &mut out, |c| !c.is_empty());
+    let slot = out[0].recv_slot().unwrap();
+    assert_eq!(ea.conn.recv_bytes(slot), b"wake up");
+    ea.conn.release_recv(slot).unwrap();
+
+    // Not armed again: the next completion raises no event (it is only polled).
+    eb.conn.post_send(0, 2, b"quiet").unwrap();
+    let mut sent = Vec::new();
+    poll_until(&mut eb.conn, &mut sent, |c| c.len() >= 2);
+    out.clear();
+    poll_until(&mut ea.conn, &mut out, |c| !c.is_empty());
+    assert!(!channel.wait(Duration::from_millis(200)).unwrap());
+    let slot = out[0].recv_slot().unwrap();
+    assert_eq!(ea.conn.recv_bytes(slot), b"quiet");
+    ea.conn.release_recv(slot).unwrap();
+
+    // Armed again: the events come back, for sends this side completes too.
+    ea.conn.arm().unwrap();
+    ea.conn.post_send(0, 3, b"own send").unwrap();
+    assert!(channel.wait(WAIT).unwrap(), "no event for our own SEND");
+    assert_eq!(channel.take_events().unwrap(), 1);
+    out.clear();
+    poll_until(&mut ea.conn, &mut out, |c| !c.is_empty());
+    assert_eq!((out[0].opcode, out[0].wr_id), (Opcode::Send, 3));
+    // Dropping the connection with every event acknowledged does not block.
+    drop(ea);
     drop(eb);
 }

@@ -38,8 +38,11 @@
 //! [`VerbsConnection`], the outstanding READs and the queues of posts waiting for send-queue
 //! room), and one `Mutex` over the peer table. Lock order: a connection's state, then the table;
 //! never the reverse. No custom synchronisation (so nothing to model-check beyond the standard
-//! library): the poller is woken with `Thread::unpark` after posts and otherwise spins for
-//! `busy_poll` after its last completion, then backs off to short sleeps (`idle_poll_max`).
+//! library, plus one flag for the idle hand-off in [`idle`]): the poller keeps polling for
+//! `busy_poll` after its last completion, then arms every connection's CQ, looks once more, and
+//! sleeps on the device's completion channel, the control streams and an eventfd that posts
+//! write to ([`idle`]), so an idle daemon costs no CPU and a busy one polls in batches. Where the
+//! device gives no completion channel it backs off to short sleeps (`idle_poll_max`) instead.
 //!
 //! **Ordering guarantees** (see [`crate::fabric`]): every SEND goes on lane 0, in call order
 //! (queued behind earlier ones when the send queue is full); `PeerConnected` is emitted under the
@@ -95,7 +98,7 @@ pub struct VerbsFabricConfig {
     /// value, and give it to its core as `NodeConfig::receive_slot_bytes`; peers with another
     /// value are refused at handshake. At most `wire::MAX_MESSAGE_BYTES`.
     pub recv_slot_bytes: u32,
-    /// Receive slots per lane.
+    /// Receive slots per connection, in its shared receive queue (every lane draws from it).
     pub recv_slots: u32,
     /// Send slots per lane (SENDs in flight per lane).
     pub send_slots: u32,
@@ -127,8 +130,8 @@ pub struct VerbsFabricConfig {
     /// How long the poller keeps polling without pause after its last completion (the
     /// latency of a reply that comes back this soon is a poll, not a wake-up).
     pub busy_poll: Duration,
-    /// Longest sleep of the idle poller between CQ polls (its wake-up latency for arriving
-    /// messages when nothing else is going on).
+    /// Longest sleep of the idle poller between CQ polls when the device has no completion
+    /// channel (its wake-up latency for arriving messages when nothing else is going on).
     pub idle_poll_max: Duration,
     /// How often the poller checks each connection's TCP stream for EOF.
     pub liveness_interval: Duration,
@@ -1194,7 +1197,7 @@ fn summary(
 ) -> String {
     format!(
         "verbs {}:{} <-> {peer} ({}): {} lane(s), MTU {} B, {} outstanding READs/QP, {} receive \
-         slots x {} B per lane, inline <= {} B, send queue {} per lane; costs ({note}): rtt {:.1} \
+         slots x {} B shared by the lanes, inline <= {} B, send queue {} per lane; costs ({note}): rtt {:.1} \
          us, message {:.1} us, READ {:.0} MB/s, copy {:.0} MB/s, READ setup {:.1} us",
         s.device.name(),
         s.device.port().port,

@@ -22,7 +22,8 @@ pub const IBVERBS_LIB_ENV: &str = "SKYRIVER_IBVERBS_LIB";
 pub enum LoadError {
     /// `dlopen` failed: rdma-core's user space is not installed (or not where it was said to be).
     #[error(
-        "cannot load {library}: {reason}. RDMA verbs need rdma-core's user space: install \
+        "RDMA verbs unavailable: cannot load {library}: {reason}. They need rdma-core's user \
+         space: install \
          `libibverbs1` and `ibverbs-providers` (Debian/Ubuntu) or `rdma-core` (RHEL, SUSE), or \
          use `--fabric tcp`"
     )]
