@@ -78,8 +78,12 @@ done
 # next to the raw TCP baseline between the same two addresses.
 cd "$out" || exit 1
 echo "skyriver bench fetch --fabric verbs --devices $dev0,$dev1 --modes eager,rendezvous,auto"
+# SKYRIVER_BENCH_COMPARE_EXE: another skyriver build whose modes run interleaved with these (A/B).
+compare=()
+[ -n "${SKYRIVER_BENCH_COMPARE_EXE:-}" ] && compare=(--compare-exe "$SKYRIVER_BENCH_COMPARE_EXE")
 timeout 600 "$skyriver" bench fetch --fabric verbs --devices "$dev0,$dev1" --sizes "$sizes" \
     --modes eager,rendezvous,auto --baselines tcp --millis-per-case "${SKYRIVER_BENCH_MILLIS:-1000}" \
+    "${compare[@]}" \
     --max-iterations 500 --json "$out/bench-fetch.json" --plot "$out/bench-fetch.svg" \
     > "$out/bench-fetch.log" 2>&1
 rc=$?
