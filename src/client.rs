@@ -64,10 +64,11 @@ pub enum ClientError {
     Fetch(FetchError),
 }
 
-/// Where clients look for the daemon when not told: `$SKYRIVER_SOCKET`, else
-/// `/tmp/skyriver-<uid>.sock`.
+/// Where clients look for the daemon when not told: `$SKYRIVER_SOCKET` (when set and not
+/// empty), else `/tmp/skyriver-<uid>.sock`.
 pub fn default_socket_path() -> PathBuf {
     std::env::var_os("SKYRIVER_SOCKET")
+        .filter(|value| !value.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(format!("/tmp/skyriver-{}.sock", nix::unistd::getuid())))
 }
@@ -427,13 +428,25 @@ impl Client {
 
     /// Gets objects from anywhere in the cluster: each is fetched from a node that holds it
     /// (unless already here), sealed here, and returned like [`Client::get`]. Waits up to
-    /// `timeout` (`None`: for ever). One result per id, in order.
+    /// `timeout` (`None`: for ever) for the transfers; an object no live node holds fails at
+    /// once with [`FetchError::NotFound`] (see [`Client::fetch_waiting`] to wait for one to be
+    /// published). One result per id, in order.
     pub fn fetch(
         &self,
         ids: &[ObjectId],
         timeout: Option<Duration>,
     ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
-        self.fetch_in_mode(ids, timeout, TransferMode::Auto)
+        self.fetch_with(ids, timeout, TransferMode::Auto, false)
+    }
+
+    /// [`Client::fetch`] that also waits, up to `timeout`, for objects nobody holds yet to be
+    /// published by some node (through the directory's subscription, never polling).
+    pub fn fetch_waiting(
+        &self,
+        ids: &[ObjectId],
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
+        self.fetch_with(ids, timeout, TransferMode::Auto, true)
     }
 
     /// [`Client::fetch`] with the transfer path forced (eager or rendezvous) instead of chosen
@@ -445,11 +458,24 @@ impl Client {
         timeout: Option<Duration>,
         mode: TransferMode,
     ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
+        self.fetch_with(ids, timeout, mode, false)
+    }
+
+    /// The general form of [`Client::fetch`]: a transfer mode, and whether to wait for objects
+    /// nobody holds yet to be published.
+    pub fn fetch_with(
+        &self,
+        ids: &[ObjectId],
+        timeout: Option<Duration>,
+        mode: TransferMode,
+        wait_for_publication: bool,
+    ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
         let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
         let response = self.connection().call(Request::Fetch {
             ids: ids.to_vec(),
             timeout_ms,
             mode,
+            wait_for_publication,
         })?;
         let results = match response {
             Response::Fetched(results) if results.len() == ids.len() => results,

@@ -100,7 +100,8 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
-    /// Print seal and delete events as they happen.
+    /// Print seal and delete events as they happen. Exits 0 after --count events, 1 when the
+    /// daemon stops or dies.
     Watch {
         /// Stop after this many events.
         #[arg(long)]
@@ -108,7 +109,8 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
-    /// Evict unused objects until at least SIZE bytes are freed.
+    /// Evict unused objects until at least SIZE bytes are freed. Exits 1 when less could be
+    /// freed (the rest is in use).
     Evict {
         /// How much to free, e.g. 1GiB.
         size: ByteSize,
@@ -129,6 +131,10 @@ enum Command {
         /// Transfer path: auto (the daemon's threshold), or eager or rendezvous forced.
         #[arg(long, default_value = "auto")]
         mode: TransferMode,
+        /// Wait (up to --timeout-ms) for a node to publish objects nobody holds yet; without
+        /// it such an object fails at once.
+        #[arg(long)]
+        wait: bool,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -159,6 +165,7 @@ enum Command {
 }
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("membership").args(["head", "join", "directory"])))]
 struct DaemonArgs {
     /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>.sock]
     #[arg(long, short = 's')]
@@ -176,19 +183,24 @@ struct DaemonArgs {
     backing_file: Option<PathBuf>,
     /// With --backing-file: when a seal is durable. `seal`: before the seal returns. `async`:
     /// within 10 ms (a crash may lose the last seals, never corrupt one).
-    #[arg(long, value_enum, default_value_t = skyriver::persistence::Durability::Seal)]
+    #[arg(long, value_enum, default_value_t = skyriver::persistence::Durability::Seal,
+          requires = "backing_file")]
     durability: skyriver::persistence::Durability,
     /// Do not touch every page at start (faster start, first writes fault pages in).
     #[arg(long)]
     no_prefault: bool,
+    /// Start even when --memory is more than the machine can give now (MemAvailable, the
+    /// cgroup limit, free huge pages). The kernel may then kill processes when the store fills.
+    #[arg(long)]
+    allow_overcommit: bool,
     /// Permission bits of the socket, in octal.
     #[arg(long, default_value = "600", value_parser = parse_octal)]
     socket_mode: u32,
     /// Log filter, e.g. info, debug, skyriver=trace (or RUST_LOG).
-    #[arg(long, default_value = "info")]
+    #[arg(long, default_value = "info", value_parser = skyriver::logging::parse_filter)]
     log: String,
     /// This node's id in the cluster [default: $SLURM_NODEID, else 0 with --head]
-    #[arg(long)]
+    #[arg(long, requires = "membership")]
     node_id: Option<u32>,
     /// Serve the built-in directory on this address (this daemon is the cluster's head).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "0.0.0.0:7390",
@@ -201,13 +213,14 @@ struct DaemonArgs {
     #[arg(long, value_name = "URL")]
     directory: Option<String>,
     /// Where the fabric accepts other daemons (port 0: any free port).
-    #[arg(long, default_value = "0.0.0.0:0")]
+    #[arg(long, default_value = "0.0.0.0:0", requires = "membership")]
     listen: SocketAddr,
     /// Fabric between nodes: verbs (RDMA), tcp, or auto (verbs when a device is present).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp", "verbs"])]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp", "verbs"],
+          requires = "membership")]
     fabric: String,
     /// RDMA device for the verbs fabric, e.g. mlx5_0 or rxe0 [default: the first one]
-    #[arg(long)]
+    #[arg(long, requires = "membership")]
     device: Option<String>,
     /// Port of the RDMA device.
     #[arg(long, default_value_t = 1)]
@@ -265,8 +278,9 @@ fn main() -> ExitCode {
             output,
             timeout_ms,
             mode,
+            wait,
             socket,
-        } => fetch(&socket, &ids, output, timeout_ms, mode),
+        } => fetch(&socket, &ids, output, timeout_ms, mode, wait),
         Command::Nodes { json, socket } => nodes(&socket, json),
         Command::Locate { id, socket } => locate(&socket, id),
         Command::Up(args) => skyriver::up::run(&args),
@@ -281,17 +295,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(filter: &str) {
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_string());
+fn init_logging(filter: &str) -> Result<(), String> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(env) => skyriver::logging::parse_filter(&env).map_err(|e| format!("RUST_LOG: {e}"))?,
+        Err(_) => filter.to_string(),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
+    Ok(())
 }
 
 fn run_daemon(args: DaemonArgs) -> Result<(), String> {
-    init_logging(&args.log);
+    init_logging(&args.log)?;
     let mut config = DaemonConfig::new(
         args.socket
             .clone()
@@ -300,6 +318,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     );
     config.hugepages_dir = args.hugepages.clone();
     config.prefault = !args.no_prefault;
+    config.allow_overcommit = args.allow_overcommit;
     config.socket_mode = args.socket_mode;
     config.persistence = args.backing_file.clone().map(|path| {
         let mut persistence = skyriver::persistence::PersistenceConfig::new(path);
@@ -323,9 +342,14 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         }
         (None, None, None) => None,
     };
-    let slurm_node = std::env::var("SLURM_NODEID")
-        .ok()
-        .and_then(|v| v.parse().ok());
+    let slurm_node = match std::env::var("SLURM_NODEID") {
+        Ok(v) if args.node_id.is_none() && directory.is_some() => {
+            Some(v.trim().parse::<u32>().map_err(|_| {
+                format!("SLURM_NODEID={v:?} is not a node id (a number); pass --node-id N")
+            })?)
+        }
+        _ => None,
+    };
     config.node = NodeId(match (args.node_id, slurm_node, &directory) {
         (Some(id), _, _) | (None, Some(id), _) => id,
         (None, None, Some(DirectoryChoice::Head { .. }) | None) => 0,
@@ -427,21 +451,23 @@ fn put(
     let client = socket.connect().map_err(|e| e.to_string())?;
     let id = id.unwrap_or_else(|| ObjectId(rand::random()));
     let (mut reader, size): (Box<dyn Read>, u64) = if input.as_os_str() == "-" {
-        // Standard input has no size: read it whole first.
-        let mut data = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut data)
-            .map_err(|e| format!("cannot read standard input: {e}"))?;
-        let size = data.len() as u64;
-        (Box::new(std::io::Cursor::new(data)), size)
+        stage_whole(std::io::stdin(), "standard input")?
     } else {
         let file = std::fs::File::open(input)
             .map_err(|e| format!("cannot open {}: {e}", input.display()))?;
-        let size = file
+        let meta = file
             .metadata()
-            .map_err(|e| format!("cannot stat {}: {e}", input.display()))?
-            .len();
-        (Box::new(file), size)
+            .map_err(|e| format!("cannot stat {}: {e}", input.display()))?;
+        if meta.is_dir() {
+            return Err(format!("{} is a directory, not a file", input.display()));
+        }
+        if meta.is_file() {
+            (Box::new(file), meta.len())
+        } else {
+            // A pipe, FIFO, character device or socket (`<(cmd)`, /dev/stdin): its size is
+            // not known in advance, so read it whole first.
+            stage_whole(file, &input.display().to_string())?
+        }
     };
     let mut writer = client
         .create(id, size, metadata.len() as u64)
@@ -465,9 +491,27 @@ fn put(
         bar.set_position(filled as u64);
     }
     bar.finish_and_clear();
+    // A regular file that grew while being read would be stored cut short: refuse instead.
+    let mut probe = [0u8; 1];
+    if matches!(reader.read(&mut probe), Ok(n) if n > 0) {
+        return Err(format!(
+            "{} grew while being read (more than its {size} bytes); the object was not stored",
+            input.display()
+        ));
+    }
     writer.seal().map_err(|e| e.to_string())?;
     println!("{id}");
     Ok(())
+}
+
+/// Reads an input of unknown length whole, to create an object of the right size.
+fn stage_whole(mut input: impl Read, what: &str) -> Result<(Box<dyn Read>, u64), String> {
+    let mut data = Vec::new();
+    input
+        .read_to_end(&mut data)
+        .map_err(|e| format!("cannot read {what}: {e}"))?;
+    let size = data.len() as u64;
+    Ok((Box::new(std::io::Cursor::new(data)), size))
 }
 
 fn get(
@@ -623,8 +667,16 @@ fn watch(socket: &SocketArg, count: Option<u64>) -> Result<(), String> {
         "watching {} (Ctrl-C to stop)",
         client.socket_path().display()
     );
-    for (seen, event) in (1u64..).zip(subscription) {
-        let event = event.map_err(|e| e.to_string())?;
+    let mut seen = 0u64;
+    for event in subscription {
+        seen += 1;
+        let event = event.map_err(|e| {
+            format!(
+                "lost the daemon at {} after {} event(s): {e}",
+                socket_name(&client),
+                seen - 1
+            )
+        })?;
         match event {
             ObjectEvent::Sealed {
                 id,
@@ -639,10 +691,18 @@ fn watch(socket: &SocketArg, count: Option<u64>) -> Result<(), String> {
         }
         let _ = std::io::stdout().flush();
         if count.is_some_and(|count| seen >= count) {
-            break;
+            return Ok(());
         }
     }
-    Ok(())
+    // The stream only ends when the daemon closes it: it stopped or died.
+    Err(format!(
+        "the daemon at {} closed the connection (stopped or died) after {seen} event(s)",
+        socket_name(&client)
+    ))
+}
+
+fn socket_name(client: &Client) -> String {
+    client.socket_path().display().to_string()
 }
 
 fn evict(socket: &SocketArg, size: ByteSize) -> Result<(), String> {
@@ -653,6 +713,15 @@ fn evict(socket: &SocketArg, size: ByteSize) -> Result<(), String> {
         outcome.objects,
         format_bytes(outcome.bytes)
     );
+    if outcome.bytes < size.0 {
+        // Scripts asking for room must not take "freed less" for success.
+        return Err(format!(
+            "freed {} of the {} asked: every other object is in use, unsealed or pinned by a \
+             transfer",
+            format_bytes(outcome.bytes),
+            format_bytes(size.0)
+        ));
+    }
     Ok(())
 }
 
@@ -849,6 +918,7 @@ fn fetch(
     output: Option<PathBuf>,
     timeout_ms: u64,
     mode: TransferMode,
+    wait: bool,
 ) -> Result<(), String> {
     if output.is_some() && ids.len() != 1 {
         return Err("-o takes exactly one object id".into());
@@ -856,7 +926,7 @@ fn fetch(
     let client = socket.connect().map_err(|e| e.to_string())?;
     let started = std::time::Instant::now();
     let results = client
-        .fetch_in_mode(ids, Some(Duration::from_millis(timeout_ms)), mode)
+        .fetch_with(ids, Some(Duration::from_millis(timeout_ms)), mode, wait)
         .map_err(|e| e.to_string())?;
     let elapsed = started.elapsed();
     let mut failed = 0;

@@ -115,17 +115,54 @@ fn concurrent_fetches_of_the_same_and_different_objects() {
 }
 
 #[test]
-fn fetch_of_a_missing_object_fails_before_its_deadline() {
+fn fetch_of_a_missing_object_fails_at_once_not_at_its_deadline() {
     let (_dir, cluster) = cluster(2, "auto");
     let client = Client::connect(&cluster.sockets[1]).unwrap();
     let started = std::time::Instant::now();
     let error = client
-        .fetch_one(ObjectId::from_u64(404), Some(Duration::from_millis(500)))
+        .fetch_one(ObjectId::from_u64(404), Some(Duration::from_secs(30)))
         .unwrap_err();
     assert!(
         matches!(error, ClientError::Fetch(FetchError::NotFound { .. })),
         "{error}"
     );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?} of a 30 s deadline",
+        started.elapsed()
+    );
+    // Asked to wait for a publication, it waits until its deadline instead.
+    let started = std::time::Instant::now();
+    let results = client
+        .fetch_waiting(&[ObjectId::from_u64(405)], Some(Duration::from_millis(700)))
+        .unwrap();
+    assert!(
+        matches!(results[0], Err(FetchError::NotFound { .. })),
+        "{:?}",
+        results[0].as_ref().err()
+    );
+    assert!(started.elapsed() >= Duration::from_millis(700));
+}
+
+#[test]
+fn fetch_on_a_daemon_in_no_cluster_says_so_at_once() {
+    let dir = common::test_dir();
+    let daemon = common::start_daemon(dir.path(), 16 << 20);
+    let client = Client::connect(daemon.socket_path()).unwrap();
+    client
+        .create_and_seal(ObjectId::from_u64(1), b"here", b"")
+        .unwrap();
+    let started = std::time::Instant::now();
+    let results = client
+        .fetch(
+            &[ObjectId::from_u64(1), ObjectId::from_u64(2)],
+            Some(Duration::from_secs(30)),
+        )
+        .unwrap();
+    assert_eq!(results[0].as_ref().unwrap().data(), b"here");
+    let error = results[1].as_ref().unwrap_err();
+    assert!(matches!(error, FetchError::NoCluster { .. }), "{error}");
+    assert!(error.to_string().contains("--head"), "{error}");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
@@ -136,7 +173,10 @@ fn a_fetch_waits_for_an_object_sealed_later_elsewhere() {
     let waiter = std::thread::spawn(move || {
         let client = Client::connect(&socket).unwrap();
         client
-            .fetch_one(ObjectId::from_u64(77), Some(Duration::from_secs(30)))
+            .fetch_waiting(&[ObjectId::from_u64(77)], Some(Duration::from_secs(30)))
+            .unwrap()
+            .pop()
+            .unwrap()
             .map(|o| o.data().to_vec())
     });
     std::thread::sleep(Duration::from_millis(300));

@@ -17,7 +17,7 @@ use crate::node::{FetchError, TransferMode};
 use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
 
 /// Version of this protocol; a client of another version is refused at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.
@@ -109,6 +109,9 @@ pub enum Request {
         timeout_ms: Option<u64>,
         /// How the bytes move; `Auto` unless the client forces a path (to compare them).
         mode: TransferMode,
+        /// Wait (up to the timeout) for a node to publish an object nobody holds yet, instead of
+        /// failing at once with `NotFound`.
+        wait_for_publication: bool,
     },
     /// The cluster's nodes as this daemon sees them.
     Nodes,

@@ -23,7 +23,8 @@ pub enum StoreError {
     /// Not enough memory (or room in the object table) even after evicting every object that
     /// nobody holds.
     #[error(
-        "out of memory: object {id} needs {requested_bytes} bytes, {free_bytes} of {capacity_bytes} are free and nothing more can be evicted"
+        "out of memory: object {id} needs {}, {} of {} are free and nothing more can be evicted",
+        Bytes(*requested_bytes), Bytes(*free_bytes), Bytes(*capacity_bytes)
     )]
     OutOfMemory {
         /// The object being created.
@@ -39,7 +40,10 @@ pub enum StoreError {
     #[error("timed out waiting for object {0} to be sealed")]
     Timeout(ObjectId),
     /// The object can never fit: larger than the largest arena, or its sizes overflow.
-    #[error("object {id} of {requested_bytes} bytes can never fit: the largest arena holds {largest_arena_bytes} bytes")]
+    #[error(
+        "object {id} of {} can never fit: the largest arena holds {}",
+        Bytes(*requested_bytes), Bytes(*largest_arena_bytes)
+    )]
     ObjectTooLarge {
         /// The object.
         id: ObjectId,
@@ -60,4 +64,43 @@ pub enum StoreError {
     /// A request that breaks the protocol: malformed, out of order or over a limit.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// A get waited for an object whose creator aborted it (or disconnected) before sealing.
+    #[error("object {0} was aborted by its creator before it was sealed")]
+    Aborted(ObjectId),
+}
+
+/// A byte count for messages: `1.5 GiB (1610612736 bytes)`, or `512 bytes` below 1 KiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+impl std::fmt::Display for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+        if self.0 < 1024 {
+            return write!(f, "{} bytes", self.0);
+        }
+        let mut value = self.0 as f64 / 1024.0;
+        let mut unit = 0;
+        while value >= 1024.0 && unit + 1 < UNITS.len() {
+            value /= 1024.0;
+            unit += 1;
+        }
+        write!(f, "{value:.1} {} ({} bytes)", UNITS[unit], self.0)
+    }
+}
+
+#[cfg(test)]
+mod bytes_tests {
+    use super::Bytes;
+
+    #[test]
+    fn human_sizes_keep_the_exact_count() {
+        assert_eq!(Bytes(512).to_string(), "512 bytes");
+        assert_eq!(Bytes(1536).to_string(), "1.5 KiB (1536 bytes)");
+        assert_eq!(Bytes(3 << 30).to_string(), "3.0 GiB (3221225472 bytes)");
+        assert_eq!(
+            Bytes(u64::MAX).to_string(),
+            "16.0 EiB (18446744073709551615 bytes)"
+        );
+    }
 }

@@ -192,6 +192,8 @@ struct Waiter {
     unsealed_remaining: usize,
     /// A zero timeout: report NotFound/NotSealed instead of Timeout.
     poll: bool,
+    /// Ids aborted while waited for: reported as [`StoreError::Aborted`].
+    aborted: Vec<ObjectId>,
 }
 
 /// Limits of a store.
@@ -273,19 +275,6 @@ impl Store {
         let Some(state) = self.clients.remove(&client) else {
             return;
         };
-        for id in state.creating {
-            // Its creator reference is in `held` too; drop the object outright.
-            if let Some(entry) = self.objects.get_mut(&id) {
-                entry.ref_count = 0;
-            }
-            self.remove_object(id, false);
-        }
-        for (id, count) in state.held {
-            if let Some(entry) = self.objects.get_mut(&id) {
-                entry.ref_count -= count;
-                self.settle(id);
-            }
-        }
         let dropped: Vec<WaiterId> = self
             .waiters
             .iter()
@@ -294,6 +283,20 @@ impl Store {
             .collect();
         for waiter_id in dropped {
             self.drop_waiter(waiter_id);
+        }
+        for id in state.creating {
+            // Its creator reference is in `held` too; drop the object outright.
+            if let Some(entry) = self.objects.get_mut(&id) {
+                entry.ref_count = 0;
+            }
+            self.remove_object(id, false);
+            self.abort_waiters(id);
+        }
+        for (id, count) in state.held {
+            if let Some(entry) = self.objects.get_mut(&id) {
+                entry.ref_count -= count;
+                self.settle(id);
+            }
         }
     }
 
@@ -395,6 +398,7 @@ impl Store {
             state.held.remove(&id);
         }
         self.remove_object(id, false);
+        self.abort_waiters(id);
         Ok(())
     }
 
@@ -456,6 +460,7 @@ impl Store {
             deadline,
             unsealed_remaining: unsealed.len(),
             poll: timeout == Some(Duration::ZERO),
+            aborted: Vec::new(),
         };
         if unsealed.is_empty() || deadline <= now {
             self.complete_get(waiter);
@@ -806,6 +811,27 @@ impl Store {
         }
     }
 
+    /// Gets waiting for `id`, aborted before it was sealed, hear so now instead of at their
+    /// deadline: the id counts as settled (with [`StoreError::Aborted`]).
+    fn abort_waiters(&mut self, id: ObjectId) {
+        let Some(waiter_ids) = self.waiters_by_object.remove(&id) else {
+            return;
+        };
+        for waiter_id in waiter_ids {
+            let Some(waiter) = self.waiters.get_mut(&waiter_id) else {
+                continue;
+            };
+            waiter.aborted.push(id);
+            waiter.unsealed_remaining -= 1;
+            if waiter.unsealed_remaining == 0 {
+                let waiter = self
+                    .take_waiter(waiter_id)
+                    .expect("the waiter was just found");
+                self.complete_get(waiter);
+            }
+        }
+    }
+
     fn take_waiter(&mut self, waiter_id: WaiterId) -> Option<Waiter> {
         let waiter = self.waiters.remove(&waiter_id)?;
         self.deadlines.remove(&(waiter.deadline, waiter_id));
@@ -830,6 +856,7 @@ impl Store {
             .iter()
             .map(|&id| match self.get_now(waiter.client, id) {
                 Ok(info) => Ok(info),
+                Err(_) if waiter.aborted.contains(&id) => Err(StoreError::Aborted(id)),
                 Err(error) if waiter.poll => Err(error),
                 Err(_) => Err(StoreError::Timeout(id)),
             })

@@ -419,10 +419,30 @@ impl Cluster {
         id
     }
 
-    /// Client 1 of `node` fetches objects `ns` with a timeout.
+    /// Client 1 of `node` fetches objects `ns` with a timeout, waiting for a publication of
+    /// objects nobody holds yet.
     pub fn fetch(&mut self, node: u32, ns: &[u64], timeout: Duration) {
         let ids = ns.iter().map(|&n| ObjectId::from_u64(n)).collect();
-        self.client_fetch(NodeId(node), ClientId(WORKLOAD_CLIENT_BASE), ids, timeout);
+        self.client_fetch(
+            NodeId(node),
+            ClientId(WORKLOAD_CLIENT_BASE),
+            ids,
+            timeout,
+            true,
+        );
+    }
+
+    /// [`Cluster::fetch`] that does not wait for a publication: an object nobody holds fails
+    /// after the node's publication grace.
+    pub fn fetch_without_waiting(&mut self, node: u32, ns: &[u64], timeout: Duration) {
+        let ids = ns.iter().map(|&n| ObjectId::from_u64(n)).collect();
+        self.client_fetch(
+            NodeId(node),
+            ClientId(WORKLOAD_CLIENT_BASE),
+            ids,
+            timeout,
+            false,
+        );
     }
 
     /// Crashes a node now (its memory is lost).
@@ -568,6 +588,7 @@ impl Cluster {
         config.max_eager_chunks = p.max_eager_chunks;
         config.threshold = p.threshold;
         config.location_cache_entries = p.location_cache_entries;
+        config.publication_grace = Duration::from_micros(p.publication_grace_us);
         config.read_slice_bytes = p.read_slice_bytes;
         config.max_outstanding_reads = p.max_outstanding_reads;
         config.max_bytes_in_flight = p.max_bytes_in_flight;
@@ -1390,7 +1411,10 @@ impl Cluster {
             }
             ClientOp::Fetch { count, timeout_us } => {
                 let ids: Vec<ObjectId> = (0..count).map(|_| self.pick_object()).collect();
-                self.client_fetch(n, client, ids, Duration::from_micros(timeout_us));
+                // Half the fetches wait for a publication, half fail after the grace when
+                // nobody holds an id.
+                let wait = self.rng.gen_bool(0.5);
+                self.client_fetch(n, client, ids, Duration::from_micros(timeout_us), wait);
             }
             ClientOp::Delete => {
                 let id = self.pick_object();
@@ -1467,7 +1491,14 @@ impl Cluster {
         self.checker.pending.insert((n, inc, client, request), op);
     }
 
-    fn client_fetch(&mut self, n: NodeId, client: ClientId, ids: Vec<ObjectId>, timeout: Duration) {
+    fn client_fetch(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        ids: Vec<ObjectId>,
+        timeout: Duration,
+        wait_for_publication: bool,
+    ) {
         let request = self.new_request();
         let now = self.now;
         let mode = if self.params.forced_modes {
@@ -1490,7 +1521,15 @@ impl Cluster {
         let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
             return;
         };
-        node.handle_fetch(now, client, request, ids, Some(timeout), mode);
+        node.handle_fetch(
+            now,
+            client,
+            request,
+            ids,
+            Some(timeout),
+            mode,
+            wait_for_publication,
+        );
         self.after_input(n);
     }
 
@@ -1693,6 +1732,7 @@ fn short_store_error(error: &StoreError) -> String {
 fn short_fetch_error(error: &FetchError) -> String {
     match error {
         FetchError::NotFound { .. } => "not-found".into(),
+        FetchError::NoCluster { .. } => "no-cluster".into(),
         FetchError::Timeout { stage, .. } => format!("timeout ({stage})"),
         FetchError::SourcesFailed {
             attempts,

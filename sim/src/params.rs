@@ -78,6 +78,8 @@ pub struct SimParams {
     /// Client fetches cycle through forced eager, forced rendezvous and auto instead of all
     /// being auto.
     pub forced_modes: bool,
+    /// How long a fetch that does not wait for a publication waits when nobody holds its object.
+    pub publication_grace_us: u64,
 }
 
 impl SimParams {
@@ -142,6 +144,7 @@ impl SimParams {
                 rng.gen_range(1..=64)
             },
             forced_modes: rng.gen_bool(0.3),
+            publication_grace_us: rng.gen_range(50..=3_000),
         }
     }
 
@@ -181,6 +184,7 @@ impl SimParams {
             persistent: false,
             location_cache_entries: 64,
             forced_modes: false,
+            publication_grace_us: 1_000,
         }
     }
 }
@@ -198,7 +202,7 @@ impl fmt::Display for SimParams {
              dir_latency={}ns dir_timeout={}us detect={}us reconnect={}us qp_timeout={}us workload={}us \
              op_interval={}us fetch_timeout<={}us faults_until={}us crashes={} partitions={} dir_outages={} \
              slow_windows={} qp_error={}ppm bad_rkey={}ppm persistent={} location_cache={} \
-             forced_modes={}",
+             forced_modes={} publication_grace={}us",
             self.seed,
             self.nodes,
             self.clients_per_node,
@@ -232,7 +236,8 @@ impl fmt::Display for SimParams {
             self.bad_rkey_ppm,
             self.persistent,
             self.location_cache_entries,
-            self.forced_modes
+            self.forced_modes,
+            self.publication_grace_us
         )
     }
 }

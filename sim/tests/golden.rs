@@ -69,6 +69,14 @@ fn fetch_of_missing_object() {
 }
 
 #[test]
+fn fetch_without_waiting_fails_after_the_grace() {
+    let mut c = Cluster::scripted(2);
+    c.note("nobody holds obj#1 and the fetch does not wait: not-found after the 1 ms grace, well before the 50 ms deadline");
+    c.fetch_without_waiting(1, &[OBJ], Duration::from_millis(50));
+    insta::assert_snapshot!(finish(c));
+}
+
+#[test]
 fn fetch_waits_for_publication() {
     let mut c = Cluster::scripted(2);
     c.fetch(1, &[OBJ], Duration::from_millis(5));

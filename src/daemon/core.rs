@@ -273,10 +273,18 @@ impl CoreState {
                 ids,
                 timeout_ms,
                 mode,
+                wait_for_publication,
             } => {
                 let timeout = Request::timeout(timeout_ms);
-                self.node
-                    .handle_fetch(now, client, request, ids, timeout, mode);
+                self.node.handle_fetch(
+                    now,
+                    client,
+                    request,
+                    ids,
+                    timeout,
+                    mode,
+                    wait_for_publication,
+                );
                 None
             }
             Request::Nodes => Some(Response::Nodes(self.cluster_view())),

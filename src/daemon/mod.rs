@@ -9,6 +9,7 @@
 mod cluster;
 mod connection;
 mod core;
+pub mod host_memory;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -25,7 +26,7 @@ use skyriver_transport::fabric::tcp::{TcpFabric, TcpFabricConfig};
 use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig};
 use skyriver_transport::fabric::{Fabric, FabricEvent, FabricIdentity};
 use skyriver_transport::{ArenaError, ArenaOptions, SharedArena};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::sync::{mpsc, Notify};
 use tracing::{info, warn};
 
@@ -56,6 +57,8 @@ pub struct DaemonConfig {
     pub cluster: Option<ClusterConfig>,
     /// Keep the arena and the object index in files (persistent mode); `None`: a memfd.
     pub persistence: Option<crate::persistence::PersistenceConfig>,
+    /// Start even when `memory_bytes` exceeds what the machine can give (see [`host_memory`]).
+    pub allow_overcommit: bool,
 }
 
 impl DaemonConfig {
@@ -73,6 +76,7 @@ impl DaemonConfig {
             location_cache_entries: 65_536,
             cluster: None,
             persistence: None,
+            allow_overcommit: false,
         }
     }
 }
@@ -137,9 +141,23 @@ pub enum DaemonError {
     /// The backing files could not be opened, recovered or created.
     #[error(transparent)]
     Persist(#[from] skyriver_transport::persist::PersistError),
+    /// The machine cannot give the store what was asked, or the memory flags are unusable.
+    #[error("{0}")]
+    Memory(String),
     /// Another daemon already serves this socket.
     #[error("a daemon is already listening on {0}")]
     AlreadyRunning(PathBuf),
+    /// The socket path names something that is not a socket: it is never replaced.
+    #[error(
+        "{path} is {kind}, not a socket: refusing to replace it (choose another --socket, or \
+         move it away yourself)"
+    )]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+        /// What is there.
+        kind: &'static str,
+    },
     /// Binding or configuring the socket failed.
     #[error("cannot listen on {path}: {source}")]
     Listen {
@@ -329,6 +347,21 @@ impl Server {
     /// socket and logs what it serves.
     pub async fn bind(config: DaemonConfig) -> Result<Self, DaemonError> {
         let started = std::time::Instant::now();
+        // Refuse a bad socket path or memory size before spending seconds on the arena.
+        check_socket_path(&config.socket_path)?;
+        if let Some(dir) = &config.hugepages_dir {
+            check_hugetlbfs(dir)?;
+        }
+        if config.persistence.is_none() {
+            host_memory::check(
+                config.memory_bytes,
+                config.hugepages_dir.as_deref(),
+                config.allow_overcommit,
+            )
+            .map_err(DaemonError::Memory)?;
+        } else if config.memory_bytes < host_memory::MIN_MEMORY_BYTES {
+            host_memory::check(config.memory_bytes, None, true).map_err(DaemonError::Memory)?;
+        }
         let options = ArenaOptions {
             hugepages_dir: config.hugepages_dir.clone(),
             prefault: config.prefault,
@@ -362,6 +395,7 @@ impl Server {
         node_config.threshold = config.threshold;
         node_config.lease = config.lease;
         node_config.location_cache_entries = config.location_cache_entries;
+        node_config.standalone = config.cluster.is_none();
         let cluster = match &config.cluster {
             Some(cluster) => Some(start_cluster(&config, cluster, &arenas, incarnation).await?),
             None => None,
@@ -538,15 +572,30 @@ async fn start_cluster(
     })
 }
 
+/// The socket path must be absent or a socket nobody answers on (left by a daemon that died).
+fn check_socket_path(path: &Path) -> Result<bool, DaemonError> {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(false);
+    };
+    use std::os::unix::fs::FileTypeExt;
+    if !meta.file_type().is_socket() {
+        return Err(DaemonError::NotASocket {
+            path: path.to_path_buf(),
+            kind: file_kind(&meta.file_type()),
+        });
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
+    }
+    Ok(true)
+}
+
 async fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
     let listen_error = |source| DaemonError::Listen {
         path: path.to_path_buf(),
         source,
     };
-    if path.exists() {
-        if UnixStream::connect(path).await.is_ok() {
-            return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
-        }
+    if check_socket_path(path)? {
         // Left behind by a daemon that died: nobody listens on it.
         std::fs::remove_file(path).map_err(listen_error)?;
     }
@@ -556,6 +605,36 @@ async fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, DaemonError
     let listener = UnixListener::bind(path).map_err(listen_error)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(listen_error)?;
     Ok(listener)
+}
+
+/// `--hugepages DIR` must be a hugetlbfs mount: anything else would silently give normal pages.
+fn check_hugetlbfs(dir: &Path) -> Result<(), DaemonError> {
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    let stat = nix::sys::statfs::statfs(dir)
+        .map_err(|e| DaemonError::Memory(format!("--hugepages {}: {e}", dir.display())))?;
+    if stat.filesystem_type().0 as i64 != HUGETLBFS_MAGIC {
+        return Err(DaemonError::Memory(format!(
+            "--hugepages {}: not a hugetlbfs mount (mount one with `mount -t hugetlbfs none \
+             /dev/hugepages` and reserve pages with `sysctl vm.nr_hugepages=N`)",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() || t.is_block_device() {
+        "a device"
+    } else {
+        "a regular file"
+    }
 }
 
 async fn run_timer(shared: Arc<Shared>) {

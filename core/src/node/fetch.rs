@@ -39,6 +39,8 @@ pub(super) struct FetchWaiter {
     /// Positions without a result yet.
     pub(super) remaining: usize,
     pub(super) deadline: Instant,
+    /// Wait for a node to publish an object nobody holds yet, instead of failing at once.
+    wait_for_publication: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +107,7 @@ impl Node {
         ids: Vec<ObjectId>,
         timeout: Option<Duration>,
         mode: TransferMode,
+        wait_for_publication: bool,
     ) {
         self.stats.fetch_requests += 1;
         let refusal = if ids.len() > self.config.store.max_batch_len {
@@ -141,6 +144,7 @@ impl Node {
             remaining: ids.len(),
             ids,
             deadline,
+            wait_for_publication,
         };
         // Objects already here are answered at once; the others join (or start) a fetch.
         let mut missing = BTreeSet::new();
@@ -149,6 +153,9 @@ impl Node {
             if self.store.contains(&id) {
                 waiter.results[position] =
                     Some(self.store.get_now(client, id).map_err(FetchError::from));
+                waiter.remaining -= 1;
+            } else if self.config.standalone {
+                waiter.results[position] = Some(Err(FetchError::NoCluster { id }));
                 waiter.remaining -= 1;
             } else {
                 missing.insert(id);
@@ -237,6 +244,11 @@ impl Node {
                 let mut holders: Vec<NodeId> = holders.into_iter().filter(|&h| h != me).collect();
                 holders.sort();
                 holders.dedup();
+                let waits = object.waiters.iter().any(|w| {
+                    self.waiters
+                        .get(w)
+                        .is_some_and(|waiter| waiter.wait_for_publication)
+                });
                 match sizes {
                     Some(sizes) if !holders.is_empty() => {
                         object.sizes = Some(sizes);
@@ -245,7 +257,16 @@ impl Node {
                         self.locations.insert(id, Location { holders, sizes });
                         self.choose_source(id);
                     }
-                    _ => object.state = ObjectFetchState::AwaitingPublication,
+                    _ => {
+                        object.state = ObjectFetchState::AwaitingPublication;
+                        // Nobody holds it. Unless a waiter asked to wait for a publication, it
+                        // fails after a short grace (a seal elsewhere may be publishing it right
+                        // now), not at its deadline.
+                        if !waits {
+                            let at = self.now + self.config.publication_grace;
+                            self.set_timer(at, Timer::PublicationGrace(id));
+                        }
+                    }
                 }
             }
             DirectoryReply::Done | DirectoryReply::Unavailable { .. } => {
@@ -275,6 +296,7 @@ impl Node {
         object.sizes = Some(sizes);
         object.holders = vec![holder];
         object.from_cache = false;
+        self.cancel_timer(Timer::PublicationGrace(id));
         self.locations.insert(
             id,
             Location {
@@ -283,6 +305,24 @@ impl Node {
             },
         );
         self.choose_source(id);
+    }
+
+    pub(super) fn publication_grace_over(&mut self, id: ObjectId) {
+        let Some(object) = self.objects.get(&id) else {
+            return;
+        };
+        if object.state != ObjectFetchState::AwaitingPublication {
+            return;
+        }
+        let waits = object.waiters.iter().any(|w| {
+            self.waiters
+                .get(w)
+                .is_some_and(|waiter| waiter.wait_for_publication)
+        });
+        if !waits {
+            self.directory(DirectoryRequest::Unsubscribe { id }, None);
+            self.resolve(id, Err(FetchError::NotFound { id }));
+        }
     }
 
     pub(super) fn retry_object(&mut self, id: ObjectId) {
@@ -456,6 +496,9 @@ impl Node {
         let Some(object) = self.objects.remove(&id) else {
             return;
         };
+        if object.state == ObjectFetchState::AwaitingPublication {
+            self.cancel_timer(Timer::PublicationGrace(id));
+        }
         for waiter_id in object.waiters {
             let Some(waiter) = self.waiters.get_mut(&waiter_id) else {
                 continue;
@@ -544,6 +587,7 @@ impl Node {
             ObjectFetchState::Transferring(_) => {}
             ObjectFetchState::AwaitingPublication => {
                 self.objects.remove(&id);
+                self.cancel_timer(Timer::PublicationGrace(id));
                 self.directory(DirectoryRequest::Unsubscribe { id }, None);
             }
             ObjectFetchState::Queued(_) => {

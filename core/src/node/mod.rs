@@ -121,6 +121,12 @@ pub struct NodeConfig {
     /// Objects whose holders the node remembers from the directory, so fetching one again
     /// skips the lookup (0: always ask the directory).
     pub location_cache_entries: usize,
+    /// The node is in no cluster (no directory, no peers): fetches of objects not here fail at
+    /// once with [`FetchError::NoCluster`].
+    pub standalone: bool,
+    /// How long a fetch that does not wait for a publication still waits when the directory
+    /// lists no holder: covers a seal on another node whose publication is still on its way.
+    pub publication_grace: Duration,
 }
 
 impl NodeConfig {
@@ -146,6 +152,8 @@ impl NodeConfig {
             max_source_rounds: 3,
             retry_backoff: Duration::from_millis(10),
             location_cache_entries: 65_536,
+            standalone: false,
+            publication_grace: Duration::from_millis(1500),
         }
     }
 
@@ -233,9 +241,19 @@ impl std::str::FromStr for TransferMode {
 /// Why a fetch of one object failed. Reaches the client with a reason it can show.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum FetchError {
-    /// No live node published the object before the deadline.
-    #[error("object {id}: no live node holds it (waited until the deadline)")]
+    /// No live node holds the object (at once, or by the deadline when the fetch waited for a
+    /// publication).
+    #[error("object {id}: no live node holds it")]
     NotFound {
+        /// The object.
+        id: ObjectId,
+    },
+    /// The object is not here and this daemon is in no cluster, so nothing can bring it.
+    #[error(
+        "object {id} is not here, and this daemon is in no cluster to fetch it from (start it \
+         with --head, --join or --directory)"
+    )]
+    NoCluster {
         /// The object.
         id: ObjectId,
     },
@@ -398,6 +416,9 @@ enum Timer {
     DirectoryOp(DirectoryOpId),
     ObjectRetry(ObjectId),
     Publication(ObjectId),
+    /// End of the grace an object nobody holds gets before a fetch that does not wait for a
+    /// publication fails.
+    PublicationGrace(ObjectId),
 }
 
 #[derive(Debug)]
@@ -663,6 +684,10 @@ impl Node {
     /// A client asks for objects from anywhere in the cluster: each is looked up, transferred
     /// and sealed here unless already present. Completes with [`NodeOutput::FetchReply`] when
     /// every id is here or failed, and at `now + timeout` at the latest (`None`: no deadline).
+    ///
+    /// An object no live node holds fails at once with [`FetchError::NotFound`], unless
+    /// `wait_for_publication`: then the fetch waits (until its timeout) for a node to publish it.
+    #[allow(clippy::too_many_arguments)]
     pub fn handle_fetch(
         &mut self,
         now: Instant,
@@ -671,9 +696,10 @@ impl Node {
         ids: Vec<ObjectId>,
         timeout: Option<Duration>,
         mode: TransferMode,
+        wait_for_publication: bool,
     ) {
         self.advance(now);
-        self.start_fetch(client, request, ids, timeout, mode);
+        self.start_fetch(client, request, ids, timeout, mode, wait_for_publication);
         self.absorb_store();
     }
 
@@ -699,6 +725,7 @@ impl Node {
                 Timer::DirectoryOp(op) => self.directory_op_timed_out(op),
                 Timer::ObjectRetry(id) => self.retry_object(id),
                 Timer::Publication(id) => self.send_publication(id),
+                Timer::PublicationGrace(id) => self.publication_grace_over(id),
             }
         }
         self.absorb_store();

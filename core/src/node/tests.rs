@@ -109,6 +109,7 @@ impl World {
             ids,
             Some(timeout),
             mode,
+            true,
         );
         self.pump();
     }
@@ -397,6 +398,7 @@ fn concurrent_fetches_of_one_object_share_one_transfer() {
         vec![id(1)],
         Some(Duration::from_millis(50)),
         TransferMode::Auto,
+        true,
     );
     w.nodes[1].handle_fetch(
         w.now,
@@ -405,6 +407,7 @@ fn concurrent_fetches_of_one_object_share_one_transfer() {
         vec![id(1), id(1)],
         Some(Duration::from_millis(50)),
         TransferMode::Auto,
+        true,
     );
     let lookups: Vec<DirectoryOpId> = std::iter::from_fn(|| w.nodes[1].poll_output())
         .filter_map(|o| match o {
@@ -603,6 +606,7 @@ fn admission_caps_bytes_in_flight_and_keeps_order() {
         vec![id(1), id(2)],
         Some(Duration::from_millis(50)),
         TransferMode::Auto,
+        true,
     );
     // Carry out only the directory step: the second object must wait for the first.
     let mut requests = 0;

@@ -165,6 +165,35 @@ fn get_waits_for_seal_and_times_out() {
 }
 
 #[test]
+fn a_waiting_get_hears_at_once_that_its_object_was_aborted() {
+    let mut store = store(1 << 20);
+    let now = Instant(1_000);
+    store.create(now, A, id(1), 64, 0).unwrap();
+    store.create(now, A, id(2), 64, 0).unwrap();
+    store.get(now, B, RequestId(7), vec![id(1), id(3)], None);
+    store.get(now, B, RequestId(8), vec![id(2)], None);
+    store.abort(A, id(1)).unwrap();
+    assert!(get_replies(&mut store).is_empty(), "id 3 is still awaited");
+    put(&mut store, A, id(3), 8);
+    let replies = get_replies(&mut store);
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].1, RequestId(7));
+    assert_eq!(replies[0].2[0], Err(StoreError::Aborted(id(1))));
+    assert!(replies[0].2[1].is_ok());
+    store.release(B, id(3)).unwrap();
+    // The creator going away aborts its unsealed objects, for waiters too.
+    store.disconnect(A);
+    let replies = get_replies(&mut store);
+    assert_eq!(replies.len(), 1);
+    assert_eq!(
+        (replies[0].1, &replies[0].2),
+        (RequestId(8), &vec![Err(StoreError::Aborted(id(2)))])
+    );
+    assert_eq!(store.poll_timeout(), None, "no waiter is left");
+    store.check_invariants();
+}
+
+#[test]
 fn get_completes_when_the_last_object_is_sealed() {
     let mut store = store(1 << 20);
     store.get(

@@ -88,6 +88,15 @@ pub enum PersistError {
         #[source]
         source: std::io::Error,
     },
+    /// The backing file path names a directory.
+    #[error(
+        "{path} is a directory: give the path of a file to keep the objects in, e.g. \
+         {path}/skyriver.data (created if absent, with its index beside it)"
+    )]
+    IsADirectory {
+        /// The path given.
+        path: PathBuf,
+    },
     /// The data file exists without its index: refusing to guess.
     #[error(
         "{data} exists but its index {index} does not: it is not a Skyriver backing file, or \
@@ -259,6 +268,11 @@ impl BackingFile {
     /// index; hand [`BackingFile::found_records`] to the store, then call
     /// [`BackingFile::finish_recovery`] with what it refused.
     pub fn open(data_path: &Path, create_bytes: u64) -> Result<Opened, PersistError> {
+        if data_path.is_dir() {
+            return Err(PersistError::IsADirectory {
+                path: data_path.to_path_buf(),
+            });
+        }
         let index_path = index_path_for(data_path);
         let exists = |path: &Path| path.try_exists().map_err(io_error("stat", path));
         let created = match (exists(data_path)?, exists(&index_path)?) {

@@ -1,0 +1,305 @@
+//! Bad input through the real `skyriver` binary never costs data or the host: each test is one
+//! way a new user got it wrong, and the clear refusal (or the right result) it now gets.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{cli, test_dir, DaemonProcess};
+use skyriver::{Client, ObjectId, StoreError};
+
+fn skyriver(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_skyriver"));
+    cmd.args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("SKYRIVER_MEMORY")
+        .env_remove("SKYRIVER_SOCKET")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Runs a daemon command that must refuse to start; returns its output.
+fn refused_daemon(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon started instead of refusing");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "must fail");
+    out
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn daemon_args<'a>(socket: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["daemon", "--socket", socket];
+    args.extend_from_slice(extra);
+    args
+}
+
+#[test]
+fn memory_beyond_what_the_machine_can_give_is_refused_with_an_override() {
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let socket = socket.to_str().unwrap();
+    // What "available" means is overridden, so no test ever needs (or risks) a real 10 TiB.
+    let mut cmd = skyriver(&daemon_args(socket, &["--memory", "2GiB", "--no-prefault"]));
+    cmd.env("SKYRIVER_MEMORY_AVAILABLE", "1GiB");
+    let text = stderr(&refused_daemon(cmd));
+    for needle in [
+        "2.0 GiB",
+        "1.0 GiB available",
+        "--allow-overcommit",
+        "--memory",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from: {text}");
+    }
+    assert!(!Path::new(socket).exists());
+    // The explicit override starts it (small for real: 16 MiB against 1 MiB "available").
+    let mut cmd = skyriver(&daemon_args(
+        socket,
+        &["--memory", "16MiB", "--no-prefault", "--allow-overcommit"],
+    ));
+    cmd.env("SKYRIVER_MEMORY_AVAILABLE", "1MiB");
+    let mut child = cmd.stderr(Stdio::null()).spawn().unwrap();
+    common::eventually("the overcommitted daemon answers", || {
+        Client::connect(socket).is_ok()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn zero_tiny_and_ambiguous_memory_sizes_are_refused() {
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let socket = socket.to_str().unwrap();
+    for (memory, needle) in [
+        ("0", "too small"),
+        ("1", "too small"),
+        ("1gb", "ambiguous"),
+        ("10TB", "ambiguous"),
+    ] {
+        let text = stderr(&refused_daemon(skyriver(&daemon_args(
+            socket,
+            &["--memory", memory],
+        ))));
+        assert!(text.contains(needle), "--memory {memory}: {text}");
+    }
+}
+
+#[test]
+fn a_socket_path_that_is_a_regular_file_is_never_replaced() {
+    let dir = test_dir();
+    let precious = dir.path().join("notes.txt");
+    std::fs::write(&precious, b"do not delete").unwrap();
+    let text = stderr(&refused_daemon(skyriver(&daemon_args(
+        precious.to_str().unwrap(),
+        &["--memory", "16MiB"],
+    ))));
+    assert!(text.contains("not a socket"), "{text}");
+    assert_eq!(std::fs::read(&precious).unwrap(), b"do not delete");
+    let text = stderr(&refused_daemon(skyriver(&daemon_args(
+        dir.path().to_str().unwrap(),
+        &["--memory", "16MiB"],
+    ))));
+    assert!(text.contains("is a directory, not a socket"), "{text}");
+}
+
+#[test]
+fn misspelt_log_levels_are_refused_instead_of_silencing_the_daemon() {
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let socket = socket.to_str().unwrap();
+    for (level, hint) in [("inf", "info"), ("warning", "warn"), ("bogus", "")] {
+        let text = stderr(&refused_daemon(skyriver(&daemon_args(
+            socket,
+            &["--memory", "16MiB", "--log", level],
+        ))));
+        assert!(text.contains("unknown log level"), "{level}: {text}");
+        assert!(text.contains(hint), "{level}: {text}");
+    }
+    let mut cmd = skyriver(&daemon_args(socket, &["--memory", "16MiB"]));
+    cmd.env("RUST_LOG", "inf");
+    let text = stderr(&refused_daemon(cmd));
+    assert!(text.contains("RUST_LOG"), "{text}");
+}
+
+#[test]
+fn flags_that_would_be_ignored_are_refused() {
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let socket = socket.to_str().unwrap();
+    for (flags, needle) in [
+        (vec!["--node-id", "3"], "--head"),
+        (vec!["--listen", "127.0.0.1:7000"], "--head"),
+        (vec!["--fabric", "tcp"], "--head"),
+        (vec!["--durability", "async"], "--backing-file"),
+        (vec!["--hugepages", "/tmp"], "not a hugetlbfs mount"),
+    ] {
+        let mut args = vec!["--memory", "16MiB"];
+        args.extend(flags.iter().copied());
+        let text = stderr(&refused_daemon(skyriver(&daemon_args(socket, &args))));
+        assert!(text.contains(needle), "{flags:?}: {text}");
+    }
+    let mut cmd = skyriver(&daemon_args(
+        socket,
+        &["--memory", "16MiB", "--directory", "redis://127.0.0.1:1"],
+    ));
+    cmd.env("SLURM_NODEID", "abc");
+    let text = stderr(&refused_daemon(cmd));
+    assert!(text.contains("SLURM_NODEID"), "{text}");
+    // A directory given as --backing-file gets advice that loses nothing.
+    let text = stderr(&refused_daemon(skyriver(&daemon_args(
+        socket,
+        &[
+            "--memory",
+            "16MiB",
+            "--backing-file",
+            dir.path().to_str().unwrap(),
+        ],
+    ))));
+    assert!(text.contains("is a directory"), "{text}");
+    assert!(!text.contains("remove it"), "{text}");
+}
+
+#[test]
+fn put_from_a_pipe_stores_every_byte() {
+    let dir = test_dir();
+    let daemon = DaemonProcess::start(dir.path(), "64MiB");
+    let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    // /dev/stdin fed by a pipe: a file with no size of its own.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args(["put", "/dev/stdin", "--socket"])
+        .arg(&daemon.socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&payload).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let (ok, data, err) = cli(&daemon.socket, &["get", &id], None);
+    assert!(ok, "{err}");
+    assert_eq!(data.len(), payload.len(), "no silent empty object");
+    assert!(data == payload);
+    // A FIFO, as `<(cmd)` gives.
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::write(fifo, b"hi\n").unwrap())
+    };
+    let (ok, out, err) = cli(&daemon.socket, &["put", fifo.to_str().unwrap()], None);
+    writer.join().unwrap();
+    assert!(ok, "{err}");
+    let id = String::from_utf8(out).unwrap().trim().to_string();
+    let (ok, data, _) = cli(&daemon.socket, &["get", &id], None);
+    assert!(ok);
+    assert_eq!(data, b"hi\n");
+}
+
+#[test]
+fn watch_fails_when_the_daemon_dies_and_evict_fails_when_nothing_frees() {
+    let dir = test_dir();
+    let mut daemon = DaemonProcess::start(dir.path(), "64MiB");
+    let client = Client::connect(&daemon.socket).unwrap();
+    client
+        .create_and_seal(ObjectId::from_u64(1), &[7u8; 1000], b"")
+        .unwrap();
+    let _held = client.get_one(ObjectId::from_u64(1), None).unwrap();
+    let (ok, _, err) = cli(&daemon.socket, &["evict", "1MiB"], None);
+    assert!(!ok, "nothing could be evicted, yet evict succeeded");
+    assert!(err.contains("freed 0 B of the 1.0 MiB asked"), "{err}");
+
+    let watcher = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args(["watch", "--socket"])
+        .arg(&daemon.socket)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = daemon.child.kill();
+    let _ = daemon.child.wait();
+    let out = watcher.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "watch exited 0 after the daemon died"
+    );
+    assert!(
+        stderr(&out).contains("closed the connection"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_get_waiting_for_an_aborted_put_hears_it_at_once() {
+    let dir = test_dir();
+    let daemon = DaemonProcess::start(dir.path(), "64MiB");
+    let creator = Client::connect(&daemon.socket).unwrap();
+    let writer = creator.create(ObjectId::from_u64(5), 1 << 20, 0).unwrap();
+    let socket = daemon.socket.clone();
+    let getter = std::thread::spawn(move || {
+        let client = Client::connect(&socket).unwrap();
+        let started = Instant::now();
+        let result = client.get(&[ObjectId::from_u64(5)], Some(Duration::from_secs(30)));
+        (result, started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    writer.abort().unwrap();
+    let (result, took) = getter.join().unwrap();
+    let results = result.unwrap();
+    assert!(
+        matches!(results[0], Err(StoreError::Aborted(_))),
+        "{:?}",
+        results[0].as_ref().err()
+    );
+    assert!(took < Duration::from_secs(10), "waited {took:?}");
+}
+
+#[test]
+fn an_empty_skyriver_socket_means_the_default() {
+    let out = skyriver(&["stat"])
+        .env("SKYRIVER_SOCKET", "")
+        .env("TMPDIR", "/nonexistent")
+        .output()
+        .unwrap();
+    let text = stderr(&out);
+    assert!(!out.status.success());
+    assert!(text.contains("/tmp/skyriver-"), "{text}");
+    assert!(!text.contains("at : "), "{text}");
+}
+
+#[test]
+fn out_of_memory_errors_use_human_sizes() {
+    let dir = test_dir();
+    let daemon = DaemonProcess::start(dir.path(), "16MiB");
+    let client = Client::connect(&daemon.socket).unwrap();
+    let _writer = client.create(ObjectId::from_u64(1), 12 << 20, 0).unwrap();
+    let error = client
+        .create(ObjectId::from_u64(2), 8 << 20, 0)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(error.contains("8.0 MiB"), "{error}");
+    assert!(error.contains("16.0 MiB"), "{error}");
+}
