@@ -356,6 +356,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     results: List[Dict[str, Any]] = []
     skipped: Dict[str, str] = {}
     workdir = Path(tempfile.mkdtemp(prefix="skyriver-bench-"))
+    # The copy baseline is measured before and after the systems; the faster one counts (the
+    # conservative choice for the put target).
+    copies = [numpy_copy_baseline(max(sizes), budget_s)]
     try:
         if "skyriver" in wanted:
             if not args.skyriver_bin:
@@ -396,7 +399,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 with process(command, lambda: socket.exists(), "redis-server", workdir / "redis.log"):
                     log("redis:")
                     results += run_system(RedisSystem(redis, socket), sizes, budget_s, log)
-        copy = numpy_copy_baseline(max(sizes), budget_s)
+        copies.append(numpy_copy_baseline(max(sizes), budget_s))
+        copy = max(copies, key=lambda c: c["mb_per_sec"])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -417,14 +421,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("# get = zero-copy get + release (Redis: GET, which copies); get+read also reads every byte;"
           " ratio columns: other system's p50 / Skyriver's (above 1: Skyriver faster)")
     print(table(results, systems, sizes))
-    print(f"\nnumpy copy of {show_size(max(sizes))} into pre-faulted memory: {copy['mb_per_sec']:.0f} MB/s (p50 {copy['p50_us']:.0f} us)")
+    print(f"\nnumpy copy of {show_size(max(sizes))} into pre-faulted memory (best of before/after): "
+          f"{copy['mb_per_sec']:.0f} MB/s (p50 {copy['p50_us']:.0f} us; before {copies[0]['mb_per_sec']:.0f}, after {copies[-1]['mb_per_sec']:.0f})")
     print("\ntargets:")
     for target in found:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[target["met"]]
         print(f"  {target['target']}: {target['value']} ({verdict})")
     with open(args.json, "w") as output:
         json.dump({"machine": machine, "systems": systems, "skipped": skipped, "millis_per_case": args.millis_per_case,
-                   "results": results, "numpy_copy": copy, "targets": found}, output, indent=2)
+                   "results": results, "numpy_copy": copy, "numpy_copy_runs": copies, "targets": found}, output, indent=2)
     print(f"\nwrote {args.json}")
     return 0
 
