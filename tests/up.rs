@@ -96,12 +96,8 @@ impl Up {
                 return (status.code(), stderr, started.elapsed());
             }
             if started.elapsed() > limit {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!(
-                    "up did not exit within {limit:?}; stderr: {}",
-                    self.stderr.take().unwrap().join().unwrap()
-                );
+                // Drop stops up and its daemons; their stderr is not awaited (they hold it).
+                panic!("up did not exit within {limit:?}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -111,7 +107,9 @@ impl Up {
 impl Drop for Up {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
-            // Its daemons are in their own process groups: stop them through up.
+            // Its daemons are in their own process groups: stop them through up, and kill any
+            // that outlive it (only if up failed to do its job).
+            let daemons = children_of(self.pid());
             let _ = kill(self.pid(), Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(15);
             while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
@@ -119,6 +117,13 @@ impl Drop for Up {
             }
             let _ = self.child.kill();
             let _ = self.child.wait();
+            for daemon in daemons {
+                // Still the same process (pids are reused): a skyriver daemon.
+                let cmdline = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap_or_default();
+                if String::from_utf8_lossy(&cmdline).contains("daemon") {
+                    let _ = kill(daemon, Signal::SIGKILL);
+                }
+            }
         }
     }
 }
