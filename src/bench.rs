@@ -223,7 +223,8 @@ impl CaseResult {
 pub struct ChildDaemon {
     child: Child,
     socket: PathBuf,
-    _dir: PathBuf,
+    /// Holds the socket; removed (with anything left in it) on drop, after the daemon stops.
+    _dir: tempfile::TempDir,
 }
 
 impl ChildDaemon {
@@ -237,10 +238,13 @@ impl ChildDaemon {
         memory_bytes: u64,
         extra_args: &[std::ffi::OsString],
     ) -> Result<Self, BenchError> {
-        let dir = std::env::temp_dir().join(format!("skyriver-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| BenchError::Setup(format!("cannot create {}: {e}", dir.display())))?;
-        let socket = dir.join("daemon.sock");
+        let dir = tempfile::Builder::new()
+            .prefix("skyriver-bench-")
+            .tempdir()
+            .map_err(|e| {
+                BenchError::Setup(format!("cannot create a directory under $TMPDIR: {e}"))
+            })?;
+        let socket = dir.path().join("daemon.sock");
         let exe = std::env::current_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
         let child = Command::new(exe)
             .args(["daemon", "--log", "warn", "--memory"])
@@ -292,7 +296,6 @@ impl Drop for ChildDaemon {
             nix::sys::signal::Signal::SIGTERM,
         );
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self._dir);
     }
 }
 

@@ -17,6 +17,7 @@
 
 pub mod bench;
 pub mod client;
+pub mod cluster;
 pub mod daemon;
 pub mod logging;
 pub mod persistence;

@@ -153,8 +153,17 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
-    /// Start a local cluster of N daemons on this machine (built-in directory; TCP or verbs).
+    /// Start a local cluster of N daemons on this machine and supervise them.
+    ///
+    /// Each daemon's output goes to node-N.log in the cluster's directory. If a daemon exits,
+    /// during start-up or later, up reports it at once (exit status and the last lines of its
+    /// log), stops the others and exits with status 1; it does not restart it. Ctrl-C, SIGTERM
+    /// or SIGHUP stop the cluster cleanly (exit status 0). Built-in directory on node 0 by
+    /// default, or --directory redis://HOST:PORT; TCP or verbs fabric.
     Up(skyriver::up::UpArgs),
+    /// Operations on a cluster's records in its directory (e.g. `cluster reset`).
+    #[command(subcommand)]
+    Cluster(skyriver::cluster::ClusterCommand),
     /// Start a throw-away daemon, store and read back a few objects, and show the store.
     Demo,
     /// Run the deterministic cluster simulator: one seed (--seed N) or a sweep (--seeds COUNT).
@@ -298,6 +307,7 @@ fn main() -> ExitCode {
         Command::Nodes { json, socket } => nodes(&socket, json),
         Command::Locate { id, socket } => locate(&socket, id),
         Command::Up(args) => skyriver::up::run(&args),
+        Command::Cluster(command) => skyriver::cluster::run(command),
         Command::Bench(command) => skyriver::bench::run(command).map_err(|e| e.to_string()),
     };
     match result {

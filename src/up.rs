@@ -1,25 +1,47 @@
 //! `skyriver up`: a local cluster of N daemons on this machine, for trying Skyriver out (and
 //! for the benchmarks and tests that need several daemons).
+//!
+//! `up` supervises its daemons: each one's output goes to `node-N.log` next to its socket, and
+//! a daemon that exits — during start-up or later — is reported at once with its exit status
+//! and the last lines of its log, after which `up` stops the others and exits non-zero. A
+//! half-working cluster is never left running unnoticed, and nothing is restarted behind the
+//! user's back (a restarted node would come back empty, which is a different cluster).
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use skyriver_transport::directory::DirectorySpec;
 
 use crate::client::Client;
 use crate::size::{format_bytes, ByteSize};
 
+/// How long each start-up step may take.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long stopping daemons may take before they are killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often `up` looks at its daemons.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Lines of a daemon's log shown when it exits.
+const LOG_TAIL_LINES: usize = 15;
+/// Most bytes read from the end of a log for its last lines.
+const LOG_TAIL_BYTES: u64 = 16 * 1024;
+
 /// Options of `skyriver up`.
 #[derive(Args, Debug, Clone)]
 pub struct UpArgs {
-    /// Number of daemons.
-    #[arg(long, short = 'n', default_value_t = 3)]
+    /// Number of daemons (at least 1).
+    #[arg(long, short = 'n', default_value_t = 3, value_parser = parse_node_count)]
     pub nodes: u32,
     /// Shared memory of each daemon.
     #[arg(long, short = 'm', default_value = "256MiB")]
     pub memory: ByteSize,
-    /// Where the daemons' sockets go [default: a new directory under /tmp]
+    /// Where the daemons' sockets and logs (node-N.log) go; the logs are kept after `up`
+    /// stops [default: a new directory under $TMPDIR, removed with everything in it]
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Eager/rendezvous switch for every daemon: auto or a size.
@@ -37,9 +59,21 @@ pub struct UpArgs {
     /// Use this directory (redis://HOST:PORT) instead of the built-in one on node 0.
     #[arg(long)]
     pub directory: Option<String>,
+    /// Name of the cluster, given to every daemon as --cluster (the key prefix in Redis)
+    /// [default: $SKYRIVER_CLUSTER, else "default"]
+    #[arg(long)]
+    pub cluster: Option<String>,
     /// More flags for every daemon, e.g. --daemon-arg=--lease-ms=2000.
     #[arg(long = "daemon-arg", allow_hyphen_values = true)]
     pub daemon_args: Vec<String>,
+}
+
+fn parse_node_count(text: &str) -> Result<u32, String> {
+    match text.parse::<u32>() {
+        Ok(0) => Err("a cluster needs at least 1 node".into()),
+        Ok(nodes) => Ok(nodes),
+        Err(_) => Err(format!("{text:?} is not a number of nodes")),
+    }
 }
 
 impl UpArgs {
@@ -52,6 +86,7 @@ impl UpArgs {
             eager_threshold: "auto".into(),
             log: "warn".into(),
             directory: None,
+            cluster: None,
             daemon_args: Vec::new(),
             fabric: "tcp".into(),
             devices: Vec::new(),
@@ -59,44 +94,102 @@ impl UpArgs {
     }
 }
 
-/// A local cluster; stops its daemons when dropped.
+/// One daemon of a local cluster.
+struct NodeProcess {
+    /// `None` once it was stopped or reaped.
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+/// A local cluster; stops its daemons when dropped (and removes the directory it created).
 pub struct LocalCluster {
-    children: Vec<Option<Child>>,
+    nodes: Vec<NodeProcess>,
     /// One Unix socket per node, node 0 first.
     pub sockets: Vec<PathBuf>,
-    /// The head's directory address.
+    /// The directory's address: the head's HOST:PORT, or the Redis URL.
     pub head: String,
+    /// Where the sockets and logs are.
+    pub dir: PathBuf,
+    /// The directory this cluster created for itself; removed on drop.
+    _temp: Option<tempfile::TempDir>,
+}
+
+/// How [`LocalCluster::spawn`] runs the daemons.
+struct Supervision<'a> {
+    /// Start each daemon in its own process group, so a terminal's Ctrl-C reaches only `up`,
+    /// which then stops them in order (instead of racing their exits against its own).
+    own_process_group: bool,
+    /// Set when `up` was asked to stop: start-up gives up at once.
+    stop: Option<&'a AtomicBool>,
 }
 
 impl LocalCluster {
     /// Starts `args.nodes` daemons (node 0 is the head) and waits until every one has connected
-    /// to every other.
-    pub fn start(args: &UpArgs, exe: &std::path::Path) -> Result<Self, String> {
+    /// to every other. A daemon that exits meanwhile fails the start at once, with its exit
+    /// status and the last lines of its log.
+    pub fn start(args: &UpArgs, exe: &Path) -> Result<Self, String> {
+        Self::spawn(
+            args,
+            exe,
+            Supervision {
+                own_process_group: false,
+                stop: None,
+            },
+        )
+    }
+
+    fn spawn(args: &UpArgs, exe: &Path, supervision: Supervision<'_>) -> Result<Self, String> {
         if args.nodes == 0 {
             return Err("--nodes must be at least 1".into());
         }
         if args.fabric == "verbs" && args.devices.is_empty() {
             return Err("--fabric verbs needs --devices (e.g. rxe0,rxe1)".into());
         }
-        let dir = match &args.dir {
-            Some(dir) => dir.clone(),
-            None => std::env::temp_dir().join(format!("skyriver-up-{}", std::process::id())),
+        if let Some(name) = &args.cluster {
+            if !skyriver_transport::directory::redis::valid_cluster_name(name) {
+                return Err(format!(
+                    "bad --cluster {name:?}: use 1 to 64 characters from A-Z a-z 0-9 . _ -"
+                ));
+            }
+        }
+        let (dir, temp) = match &args.dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                (dir.clone(), None)
+            }
+            None => {
+                let temp = tempfile::Builder::new()
+                    .prefix("skyriver-up-")
+                    .tempdir()
+                    .map_err(|e| format!("cannot create a directory under $TMPDIR: {e}"))?;
+                (temp.path().to_path_buf(), Some(temp))
+            }
         };
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let head_port = free_loopback_port()?;
         let head = match &args.directory {
             Some(directory) => directory.clone(),
             None => format!("127.0.0.1:{head_port}"),
         };
-        let token = format!("local-{}-{}", std::process::id(), head_port);
+        let token = std::env::var("SKYRIVER_CLUSTER_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| format!("local-{}-{}", std::process::id(), head_port));
         let mut cluster = Self {
-            children: Vec::new(),
+            nodes: Vec::new(),
             sockets: Vec::new(),
             head: head.clone(),
+            dir: dir.clone(),
+            _temp: temp,
         };
         for node in 0..args.nodes {
             let socket = dir.join(format!("node-{node}.sock"));
+            let log = dir.join(format!("node-{node}.log"));
+            let log_file = std::fs::File::create(&log)
+                .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+            let log_out = log_file
+                .try_clone()
+                .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
             let mut command = Command::new(exe);
             command
                 .args([
@@ -128,9 +221,19 @@ impl LocalCluster {
                         .into_iter()
                         .flatten(),
                 )
+                .args(
+                    args.cluster
+                        .iter()
+                        .flat_map(|name| ["--cluster", name.as_str()]),
+                )
                 .args(&args.daemon_args)
                 .env("SKYRIVER_CLUSTER_TOKEN", &token)
-                .stdin(Stdio::null());
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(log_out))
+                .stderr(Stdio::from(log_file));
+            if supervision.own_process_group {
+                std::os::unix::process::CommandExt::process_group(&mut command, 0);
+            }
             match (&args.directory, node) {
                 (Some(directory), _) => command.args(["--directory", directory]),
                 (None, 0) => command.args(["--head", &head]),
@@ -139,80 +242,217 @@ impl LocalCluster {
             let child = command
                 .spawn()
                 .map_err(|e| format!("cannot start daemon {node}: {e}"))?;
-            cluster.children.push(Some(child));
+            cluster.nodes.push(NodeProcess {
+                child: Some(child),
+                log,
+            });
             cluster.sockets.push(socket.clone());
             // The head must serve the directory before the others join.
             if node == 0 {
-                wait_for_socket(&socket, Duration::from_secs(30))?;
+                cluster.wait_for_socket(0, &supervision)?;
             }
         }
-        for socket in &cluster.sockets {
-            wait_for_socket(socket, Duration::from_secs(30))?;
+        for node in 0..cluster.sockets.len() {
+            cluster.wait_for_socket(node, &supervision)?;
         }
-        cluster.wait_connected(Duration::from_secs(30))?;
+        cluster.wait_connected(&supervision)?;
         Ok(cluster)
     }
 
-    fn wait_connected(&self, limit: Duration) -> Result<(), String> {
+    /// Fails at once if a daemon exited or `up` was asked to stop.
+    fn check_start(&mut self, supervision: &Supervision<'_>) -> Result<(), String> {
+        if supervision.stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
+            return Err("interrupted during start-up".into());
+        }
+        match self.poll_exit() {
+            Some(exit) => Err(format!("{} during start-up", exit.report())),
+            None => Ok(()),
+        }
+    }
+
+    fn wait_for_socket(
+        &mut self,
+        node: usize,
+        supervision: &Supervision<'_>,
+    ) -> Result<(), String> {
+        let started = Instant::now();
+        while Client::connect(&self.sockets[node]).is_err() {
+            self.check_start(supervision)?;
+            if started.elapsed() > START_TIMEOUT {
+                return Err(format!(
+                    "node-{node} did not answer on {} within {START_TIMEOUT:?}; its log: {}",
+                    self.sockets[node].display(),
+                    self.nodes[node].log.display()
+                ));
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+        Ok(())
+    }
+
+    fn wait_connected(&mut self, supervision: &Supervision<'_>) -> Result<(), String> {
         let started = Instant::now();
         let want = self.sockets.len();
         loop {
+            self.check_start(supervision)?;
             let mut ready = true;
             for socket in &self.sockets {
-                let view = Client::connect(socket)
-                    .and_then(|c| c.nodes())
-                    .map_err(|e| e.to_string())?;
-                ready &= view.members.len() == want && view.members.iter().all(|m| m.connected);
+                ready &= match Client::connect(socket).and_then(|c| c.nodes()) {
+                    Ok(view) => {
+                        view.members.len() == want && view.members.iter().all(|m| m.connected)
+                    }
+                    // A daemon that just died: the next check reports it.
+                    Err(_) => false,
+                };
             }
             if ready {
                 return Ok(());
             }
-            if started.elapsed() > limit {
+            if started.elapsed() > START_TIMEOUT {
                 return Err(format!(
-                    "the {want} daemons did not all connect within {limit:?}"
+                    "the {want} daemons did not all connect within {START_TIMEOUT:?}; their logs \
+                     are in {}",
+                    self.dir.display()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(POLL_INTERVAL);
         }
     }
-}
 
-impl LocalCluster {
+    /// The first daemon found to have exited (it is reaped, and not reported again).
+    pub fn poll_exit(&mut self) -> Option<NodeExit> {
+        for (node, process) in self.nodes.iter_mut().enumerate() {
+            let Some(child) = &mut process.child else {
+                continue;
+            };
+            if let Ok(Some(status)) = child.try_wait() {
+                let pid = child.id();
+                process.child = None;
+                return Some(NodeExit {
+                    node,
+                    pid,
+                    status,
+                    log: process.log.clone(),
+                    last_lines: last_lines(&process.log, LOG_TAIL_LINES),
+                });
+            }
+        }
+        None
+    }
+
     /// Kills node `node` at once (SIGKILL), as a crash would.
     pub fn kill(&mut self, node: usize) {
-        if let Some(mut child) = self.children.get_mut(node).and_then(Option::take) {
+        if let Some(mut child) = self.nodes.get_mut(node).and_then(|n| n.child.take()) {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// Stops node `node` cleanly (SIGTERM) and waits for it, as an operator would.
+    pub fn stop_node(&mut self, node: usize) {
+        if let Some(mut child) = self.nodes.get_mut(node).and_then(|n| n.child.take()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + STOP_TIMEOUT;
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops every daemon still running: SIGTERM, then SIGKILL for those that have not exited
+    /// within [`STOP_TIMEOUT`]; every one is reaped, and sockets left behind are removed.
+    pub fn stop(&mut self) {
+        for child in self.nodes.iter().filter_map(|n| n.child.as_ref()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        for process in &mut self.nodes {
+            let Some(mut child) = process.child.take() else {
+                continue;
+            };
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+        // A daemon that was killed had no chance to remove its socket.
+        for socket in &self.sockets {
+            let _ = std::fs::remove_file(socket);
         }
     }
 }
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
-        for child in self.children.iter().flatten() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        for child in self.children.iter_mut().flatten() {
-            let _ = child.wait();
-        }
+        self.stop();
     }
 }
 
-fn wait_for_socket(socket: &std::path::Path, limit: Duration) -> Result<(), String> {
-    let started = Instant::now();
-    while Client::connect(socket).is_err() {
-        if started.elapsed() > limit {
-            return Err(format!(
-                "no daemon answered on {} within {limit:?}",
-                socket.display()
-            ));
+/// A daemon of a local cluster that exited.
+#[derive(Debug, Clone)]
+pub struct NodeExit {
+    /// Its node number.
+    pub node: usize,
+    /// Its process id.
+    pub pid: u32,
+    /// How it ended.
+    pub status: ExitStatus,
+    /// Its log file.
+    pub log: PathBuf,
+    /// The last lines of its log.
+    pub last_lines: Vec<String>,
+}
+
+impl NodeExit {
+    /// What happened, with the last lines of the log, for the user.
+    pub fn report(&self) -> String {
+        let mut report = format!(
+            "node-{} (pid {}) exited ({})",
+            self.node, self.pid, self.status
+        );
+        if self.last_lines.is_empty() {
+            report.push_str(&format!("; its log {} is empty", self.log.display()));
+        } else {
+            report.push_str(&format!("; last lines of {}:", self.log.display()));
+            for line in &self.last_lines {
+                report.push_str("\n  | ");
+                report.push_str(line);
+            }
         }
-        std::thread::sleep(Duration::from_millis(20));
+        report
     }
-    Ok(())
+}
+
+/// The last `count` lines of the file at `path` (at most [`LOG_TAIL_BYTES`] read).
+fn last_lines(path: &Path, count: usize) -> Vec<String> {
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let length = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = length.saturating_sub(LOG_TAIL_BYTES);
+    if file.seek(SeekFrom::Start(start)).is_err() {
+        return Vec::new();
+    }
+    let mut bytes = Vec::new();
+    let _ = file.read_to_end(&mut bytes);
+    let text = String::from_utf8_lossy(&bytes);
+    let mut lines: Vec<&str> = text.lines().collect();
+    if start > 0 && !lines.is_empty() {
+        lines.remove(0); // probably cut mid-line
+    }
+    let skip = lines.len().saturating_sub(count);
+    lines[skip..].iter().map(|l| l.to_string()).collect()
 }
 
 /// A loopback TCP port that was free a moment ago.
@@ -225,23 +465,52 @@ pub fn free_loopback_port() -> Result<u16, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Runs `skyriver up` in the foreground until Ctrl-C.
+/// Runs `skyriver up` in the foreground until Ctrl-C (SIGINT), SIGTERM or SIGHUP, or until a
+/// daemon exits: then the others are stopped and the error says which one and why.
 pub fn run(args: &UpArgs) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    watch_stop_signals(stop.clone())?;
     eprintln!(
         "starting {} daemons with {} each...",
         args.nodes,
         format_bytes(args.memory.0)
     );
-    let cluster = LocalCluster::start(args, &exe)?;
+    let mut cluster = LocalCluster::spawn(
+        args,
+        &exe,
+        Supervision {
+            own_process_group: true,
+            stop: Some(&stop),
+        },
+    )?;
+    let directory = match args.directory.as_deref().map(str::parse::<DirectorySpec>) {
+        Some(Ok(spec @ DirectorySpec::Redis { .. })) => format!("Redis directory at {spec}"),
+        Some(Ok(spec)) => format!("directory at {spec}"),
+        Some(Err(_)) => format!("directory at {}", cluster.head),
+        None => format!("built-in directory on node-0 at {}", cluster.head),
+    };
+    let name = args
+        .cluster
+        .clone()
+        .or_else(|| std::env::var("SKYRIVER_CLUSTER").ok())
+        .unwrap_or_else(|| "default".into());
     println!(
-        "local cluster up: {} nodes, built-in directory at {}",
-        cluster.sockets.len(),
-        cluster.head
+        "local cluster {name:?} up: {} nodes, {directory}",
+        cluster.sockets.len()
     );
     for (node, socket) in cluster.sockets.iter().enumerate() {
         println!("  node-{node}: export SKYRIVER_SOCKET={}", socket.display());
     }
+    println!(
+        "logs: {}/node-N.log{}",
+        cluster.dir.display(),
+        if args.dir.is_some() {
+            ""
+        } else {
+            " (removed when up stops; --dir keeps them)"
+        }
+    );
     println!("try:");
     println!(
         "  id=$(skyriver put --socket {} FILE)",
@@ -252,25 +521,52 @@ pub fn run(args: &UpArgs) -> Result<(), String> {
         cluster.sockets[cluster.sockets.len() - 1].display()
     );
     println!("  skyriver nodes --socket {}", cluster.sockets[0].display());
-    println!("Ctrl-C stops the cluster.");
-    let (tx, rx) = std::sync::mpsc::channel();
-    ctrlc_channel(tx)?;
-    let _ = rx.recv();
-    eprintln!("stopping...");
-    drop(cluster);
-    Ok(())
+    println!("Ctrl-C stops the cluster; if a node exits, up stops the others and fails.");
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            eprintln!("stopping...");
+            drop(cluster);
+            return Ok(());
+        }
+        if let Some(exit) = cluster.poll_exit() {
+            eprintln!("skyriver: {}", exit.report());
+            eprintln!("stopping the other nodes...");
+            cluster.stop();
+            return Err(format!(
+                "node-{} exited, so the cluster was stopped",
+                exit.node
+            ));
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
 }
 
-fn ctrlc_channel(tx: std::sync::mpsc::Sender<()>) -> Result<(), String> {
+/// Sets `stop` at SIGINT, SIGTERM or SIGHUP.
+fn watch_stop_signals(stop: Arc<AtomicBool>) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
+    let (mut interrupt, mut terminate, mut hangup) = {
+        // Registering needs the runtime's context; the handlers live on with it.
+        let _guard = runtime.enter();
+        let watch = |kind| signal(kind).map_err(|e| format!("cannot watch signals: {e}"));
+        (
+            watch(SignalKind::interrupt())?,
+            watch(SignalKind::terminate())?,
+            watch(SignalKind::hangup())?,
+        )
+    };
     std::thread::spawn(move || {
-        runtime.block_on(async {
-            let _ = tokio::signal::ctrl_c().await;
+        runtime.block_on(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+                _ = hangup.recv() => {}
+            }
         });
-        let _ = tx.send(());
+        stop.store(true, Ordering::SeqCst);
     });
     Ok(())
 }

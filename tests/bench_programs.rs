@@ -99,3 +99,32 @@ fn bench_scale_reports_metadata_per_object_without_errors() {
     assert!(per_object > 0.0 && per_object < 1024.0, "{per_object}");
     assert!(report["mixed_ops_per_sec"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn bench_fetch_leaves_no_temporary_directories_also_when_it_fails() {
+    let dir = common::test_dir();
+    let tmp = common::test_dir();
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_skyriver"))
+            .current_dir(dir.path())
+            .env("TMPDIR", tmp.path())
+            .args(["bench", "fetch", "--sizes", "1KiB", "--baselines", "tcp"])
+            .args(["--millis-per-case", "20", "--max-iterations", "3"])
+            .args(["--json", "fetch.json", "--plot", "fetch.svg"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let left = || std::fs::read_dir(tmp.path()).unwrap().count();
+    let output = run(&[]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(left(), 0, "bench fetch left something in $TMPDIR");
+    // Daemons that cannot start (no such RDMA device): the error, and still nothing left.
+    let output = run(&["--fabric", "verbs", "--devices", "no-such-device"]);
+    assert!(!output.status.success());
+    assert_eq!(left(), 0, "a failed bench fetch left something in $TMPDIR");
+}

@@ -247,3 +247,84 @@ fn redis_directory_cluster_fetches_and_survives_a_redis_outage() {
     assert!(matches!(error, ClientError::Fetch(_)), "{error}");
     assert!(started.elapsed() < Duration::from_secs(11));
 }
+
+#[test]
+fn redis_a_cleanly_stopped_node_is_gone_from_the_directory_at_once() {
+    let Some(redis) = common::RedisServer::start("redis_cleanly_stopped_node") else {
+        return;
+    };
+    let (_dir, mut cluster) = start(3, "64MiB", &[], Some(redis.url()));
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    let id = ObjectId::from_u64(7);
+    holder.create_and_seal(id, b"held twice", b"").unwrap();
+    let copy = Client::connect(&cluster.sockets[1]).unwrap();
+    drop(copy.fetch_one(id, Some(Duration::from_secs(30))).unwrap());
+    let third = Client::connect(&cluster.sockets[2]).unwrap();
+    let holders = |client: &Client| {
+        let mut holders = client.locate(id).unwrap().holders;
+        holders.sort();
+        holders
+    };
+    assert_eq!(
+        holders(&third),
+        vec![skyriver::NodeId(0), skyriver::NodeId(1)]
+    );
+    drop(copy);
+    // Well within the node record's TTL (5 s): only a clean leave explains its absence.
+    let stopped = Instant::now();
+    cluster.stop_node(1);
+    assert_eq!(holders(&third), vec![skyriver::NodeId(0)]);
+    assert!(stopped.elapsed() < Duration::from_secs(4));
+    let fetched = third.fetch_one(id, Some(Duration::from_secs(10))).unwrap();
+    assert_eq!(fetched.data(), b"held twice");
+}
+
+#[test]
+fn a_duplicate_node_id_waits_with_one_log_line_not_one_per_retry() {
+    let dir = common::test_dir();
+    let port = skyriver::up::free_loopback_port().unwrap();
+    let head_addr = format!("127.0.0.1:{port}");
+    let daemon = |name: &str, role: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_skyriver"))
+            .args([
+                "daemon",
+                "--memory",
+                "32MiB",
+                "--no-prefault",
+                "--fabric",
+                "tcp",
+            ])
+            .args(["--listen", "127.0.0.1:0", "--node-id", "0", "--log", "info"])
+            .arg("--socket")
+            .arg(dir.path().join(name))
+            .args(role)
+            .env("SKYRIVER_CLUSTER_TOKEN", "duplicate-test")
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _head = Reaped(daemon("head.sock", &["--head", &head_addr]));
+    let head_socket = dir.path().join("head.sock");
+    common::eventually("the head is up", || Client::connect(&head_socket).is_ok());
+    let twin = daemon("twin.sock", &["--join", &head_addr]);
+    // The twin is refused for its node id for the whole join timeout, then gives up.
+    let output = twin.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("already a member"), "{stderr}");
+    let waiting = stderr
+        .lines()
+        .filter(|l| l.contains("refused this node for now"))
+        .count();
+    assert_eq!(waiting, 1, "{stderr}");
+}

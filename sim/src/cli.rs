@@ -1,8 +1,20 @@
 //! `skyriver sim`: run one seed (`--seed N`) or a sweep (`--seeds COUNT [--start-seed S]`).
+//!
+//! A sweep shows its progress on stderr: a bar on a terminal, otherwise a line at every tenth
+//! of the seeds and at least every [`PROGRESS_LINE_EVERY`]. `--json` prints one JSON document
+//! on stdout instead of the text summary.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use crate::{replay_command, run_seed, RunMode, SimReport};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::{replay_command, run_seed, RunMode, SimReport, SimStats};
+
+/// Longest wait between two progress lines when stderr is not a terminal.
+pub const PROGRESS_LINE_EVERY: Duration = Duration::from_secs(10);
 
 /// Arguments of `skyriver sim`.
 #[derive(Debug, Clone, clap::Args)]
@@ -16,8 +28,8 @@ pub struct SimArgs {
     /// First seed of a sweep.
     #[arg(long, default_value_t = 0)]
     pub start_seed: u64,
-    /// Number of nodes (default: drawn from the seed, 2 to 5).
-    #[arg(long)]
+    /// Number of nodes, at least 1 (default: drawn from the seed, 2 to 5).
+    #[arg(long, value_parser = parse_nodes)]
     pub nodes: Option<usize>,
     /// Print every trace line of a single run.
     #[arg(long)]
@@ -25,6 +37,17 @@ pub struct SimArgs {
     /// Print each seed's parameters and result during a sweep.
     #[arg(long, short)]
     pub verbose: bool,
+    /// Print the result as one JSON document on stdout (progress stays on stderr).
+    #[arg(long, conflicts_with_all = ["trace", "verbose"])]
+    pub json: bool,
+}
+
+fn parse_nodes(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("the simulator needs at least 1 node".into()),
+        Ok(nodes) => Ok(nodes),
+        Err(_) => Err(format!("{text:?} is not a number of nodes")),
+    }
 }
 
 /// Runs the simulator as the arguments say; failure if any seed found a violation.
@@ -49,26 +72,120 @@ fn run_one(seed: u64, args: &SimArgs) -> ExitCode {
     let params = crate::Cluster::random(seed, args.nodes, mode(false))
         .params()
         .to_string();
-    println!("{params}");
+    if args.json {
+        eprintln!("{params}");
+    } else {
+        println!("{params}");
+    }
     let report = run_seed(seed, args.nodes, mode(args.trace));
-    print_result(&report);
+    if args.json {
+        let mut document = report_json(&report, args.nodes);
+        document["trace_hash"] = json!(format!("{:016x}", report.trace_hash));
+        document["virtual_ms"] = json!(report.end_ns as f64 / 1e6);
+        document["stats"] = stats_json(&report.stats);
+        println!("{document:#}");
+    } else {
+        print_result(&report);
+        if !report.passed() {
+            print_failure(&report, args.nodes);
+        }
+    }
     if report.passed() {
         ExitCode::SUCCESS
     } else {
-        print_failure(&report, args.nodes);
         ExitCode::FAILURE
     }
 }
 
+/// A sweep's progress on stderr: a bar on a terminal, lines otherwise.
+struct Progress {
+    bar: ProgressBar,
+    terminal: bool,
+    count: u64,
+    /// Elapsed time at the last line printed.
+    last_line: Duration,
+    /// Tenths of the sweep already announced.
+    tenths_shown: u64,
+}
+
+impl Progress {
+    fn new(count: u64) -> Self {
+        let terminal = std::io::stderr().is_terminal();
+        let bar = if terminal {
+            let bar = ProgressBar::new(count);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} seeds, {msg} [{elapsed_precise}, about {eta} left]",
+                )
+                // The template is a constant known to parse.
+                .expect("valid progress template"),
+            );
+            bar.set_message("0 failed");
+            bar
+        } else {
+            // Hidden, but it keeps the clock for the lines.
+            ProgressBar::hidden()
+        };
+        Self {
+            bar,
+            terminal,
+            count,
+            last_line: Duration::ZERO,
+            tenths_shown: 0,
+        }
+    }
+
+    /// Prints `line` on stdout without tearing the bar.
+    fn println(&self, line: &str) {
+        self.bar.suspend(|| println!("{line}"));
+    }
+
+    fn seed_done(&mut self, done: u64, failed: usize) {
+        if self.terminal {
+            self.bar.set_position(done);
+            self.bar.set_message(format!("{failed} failed"));
+            return;
+        }
+        let elapsed = self.bar.elapsed();
+        let tenths = done * 10 / self.count.max(1);
+        if tenths > self.tenths_shown || elapsed >= self.last_line + PROGRESS_LINE_EVERY {
+            self.tenths_shown = tenths;
+            self.last_line = elapsed;
+            let left = if done == 0 {
+                String::new()
+            } else {
+                let per_seed = elapsed.as_secs_f64() / done as f64;
+                format!(
+                    ", about {:.0} s left",
+                    per_seed * self.count.saturating_sub(done) as f64
+                )
+            };
+            eprintln!(
+                "sim: {done}/{} seeds ({}%), {failed} failed, {:.1} s{left}",
+                self.count,
+                done * 100 / self.count.max(1),
+                elapsed.as_secs_f64()
+            );
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
 fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
-    println!("sweep of {count} seeds from {start}");
+    if !args.json {
+        println!("sweep of {count} seeds from {start}");
+    }
     let mut failed: Vec<SimReport> = Vec::new();
     let mut totals = crate::SimStats::default();
-    for seed in start..start.saturating_add(count) {
+    let mut progress = Progress::new(count);
+    for (done, seed) in (1u64..).zip(start..start.saturating_add(count)) {
         let report = run_seed(seed, args.nodes, mode(false));
         if args.verbose {
-            println!("{}", report.params);
-            print_result(&report);
+            progress.println(&report.params);
+            progress.bar.suspend(|| print_result(&report));
         }
         let s = &report.stats;
         totals.events += s.events;
@@ -84,9 +201,39 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
         totals.reads += s.reads;
         totals.crashes += s.crashes;
         if !report.passed() {
-            print_failure(&report, args.nodes);
+            if args.json {
+                // The JSON carries the details; a line on stderr says it happened.
+                progress.bar.suspend(|| {
+                    eprintln!(
+                        "seed {} FAILED; replay: {}",
+                        report.seed,
+                        replay_command(report.seed, args.nodes)
+                    )
+                });
+            } else {
+                progress.bar.suspend(|| print_failure(&report, args.nodes));
+            }
             failed.push(report);
         }
+        progress.seed_done(done, failed.len());
+    }
+    progress.finish();
+    if args.json {
+        let document = json!({
+            "start_seed": start,
+            "seeds_run": count,
+            "seeds_failed": failed.len(),
+            "passed": failed.is_empty(),
+            "nodes": args.nodes,
+            "totals": stats_json(&totals),
+            "failures": failed.iter().map(|r| report_json(r, args.nodes)).collect::<Vec<_>>(),
+        });
+        println!("{document:#}");
+        return if failed.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     println!();
     println!("{:<28} {:>14}", "seeds run", count);
@@ -121,6 +268,34 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
         );
         ExitCode::FAILURE
     }
+}
+
+/// A seed's outcome as JSON: seed, parameters, whether it passed, violations, replay command.
+fn report_json(report: &SimReport, nodes: Option<usize>) -> serde_json::Value {
+    json!({
+        "seed": report.seed,
+        "params": report.params,
+        "passed": report.passed(),
+        "violations": report.violations,
+        "replay": replay_command(report.seed, nodes),
+    })
+}
+
+fn stats_json(s: &SimStats) -> serde_json::Value {
+    json!({
+        "events": s.events,
+        "puts": s.puts,
+        "fetch_replies": s.fetch_replies,
+        "fetched_ok": s.fetched_ok,
+        "fetched_err": s.fetched_err,
+        "transfers_ok": s.transfers_ok,
+        "transfers_failed": s.transfers_failed,
+        "served_eager": s.served_eager,
+        "served_rendezvous": s.served_rendezvous,
+        "leases_expired": s.leases_expired,
+        "reads": s.reads,
+        "crashes": s.crashes,
+    })
 }
 
 fn print_result(report: &SimReport) {

@@ -171,11 +171,8 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             "starting two daemons{suffix} with {} each...",
             format_bytes(memory.0)
         );
+        // No --dir: the cluster makes its own directory and removes it when dropped.
         let mut up = UpArgs::new(2, memory, None);
-        up.dir = Some(std::env::temp_dir().join(format!(
-            "skyriver-bench-fetch-{}{suffix}",
-            std::process::id()
-        )));
         up.fabric = args.fabric.clone();
         up.devices = args.devices.clone();
         let cluster = LocalCluster::start(&up, exe).map_err(BenchError::Setup)?;

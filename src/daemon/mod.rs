@@ -497,6 +497,11 @@ impl Server {
                 },
             }
         }
+        // Leave the directory first, so other nodes stop sending fetches here at once.
+        let directory = self.shared.lock().directory.clone();
+        if let Some(directory) = directory {
+            directory.leave().await;
+        }
         for task in tasks {
             task.abort();
         }

@@ -547,3 +547,128 @@ fn directory_specs_parse() {
     assert!(!redis::valid_cluster_name("a}b"));
     assert!(!redis::valid_cluster_name(""));
 }
+
+/// Every key of the server, sorted.
+async fn all_keys(server: &RedisServer) -> Vec<String> {
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+async fn redis_command<T: ::redis::FromRedisValue>(server: &RedisServer, args: &[&str]) -> T {
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut command = ::redis::cmd(args[0]);
+    for arg in &args[1..] {
+        command.arg(*arg);
+    }
+    command.query_async(&mut conn).await.unwrap()
+}
+
+#[tokio::test]
+async fn redis_a_node_that_leaves_removes_its_keys_and_the_last_one_the_token() {
+    let Some(server) = RedisServer::start("redis_a_node_that_leaves_removes_its_keys") else {
+        return;
+    };
+    let mut a = Node::join(config(&server, "c"), member(1)).await;
+    let mut b = Node::join(config(&server, "c"), member(2)).await;
+    b.members_become(&[1, 2]).await;
+    let x = ObjectId::from_u64(21);
+    a.publish(x, sizes(5)).await;
+    b.publish(x, sizes(5)).await;
+
+    // A clean leave takes effect at once, not when the node's TTL runs out.
+    a.dir.leave().await;
+    let names = Keys::new("c");
+    let keys = all_keys(&server).await;
+    assert!(!keys.contains(&names.node(NodeId(1))), "{keys:?}");
+    let holders: Vec<String> = redis_command(&server, &["HKEYS", &names.object(&x)]).await;
+    assert_eq!(holders, vec!["2".to_string()]);
+    assert_eq!(b.lookup(x, false).await, located(&[2], Some(sizes(5))));
+    b.members_become(&[2]).await;
+
+    // The last node to leave takes the token with it: nothing of the cluster is left.
+    b.dir.leave().await;
+    assert_eq!(all_keys(&server).await, Vec::<String>::new());
+    let _fresh = Node::try_join(config(&server, "c"), member(1), "another-token")
+        .await
+        .expect("a stopped cluster's name is free for another token");
+}
+
+#[tokio::test]
+async fn redis_token_expires_once_no_node_refreshes_it_and_a_refusal_says_how_to_reset() {
+    let Some(server) = RedisServer::start("redis_token_expires") else {
+        return;
+    };
+    let mut short = config(&server, "c");
+    short.token_ttl = Duration::from_millis(400);
+    // A live node keeps refreshing the token's TTL.
+    let _live = Node::join(short.clone(), member(1)).await;
+    let token_key = Keys::new("c").token();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let ttl_ms: i64 = redis_command(&server, &["PTTL", &token_key]).await;
+    assert!(ttl_ms > 0 && ttl_ms <= 400, "token TTL {ttl_ms} ms");
+    drop(_live);
+
+    // A token left by a cluster whose nodes all died.
+    let _: () = redis_command(&server, &["SET", &token_key, "fnv1a64:0", "PX", "700"]).await;
+    match Node::try_join(short.clone(), member(2), TOKEN).await {
+        Err(DirectoryError::Refused(reason)) => {
+            let reset = format!(
+                "skyriver cluster reset --directory {} --cluster c",
+                server.url()
+            );
+            assert!(reason.contains("wrong cluster token"), "{reason}");
+            assert!(reason.contains("expires in 1 s"), "{reason}");
+            assert!(reason.contains(&reset), "{reason}");
+        }
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("a node with the wrong token joined"),
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let _joined = Node::try_join(short, member(2), TOKEN)
+        .await
+        .expect("the expired token no longer holds the name");
+}
+
+#[tokio::test]
+async fn redis_reset_refuses_while_nodes_are_alive_unless_forced() {
+    let Some(server) = RedisServer::start("redis_reset_refuses_while_nodes_are_alive") else {
+        return;
+    };
+    let mut a = Node::join(config(&server, "c"), member(3)).await;
+    a.publish(ObjectId::from_u64(1), sizes(1)).await;
+    let _other_cluster = Node::join(config(&server, "d"), member(1)).await;
+    match redis::reset(&server.url(), "c", false).await {
+        Err(redis::ResetError::LiveNodes { nodes, .. }) => assert_eq!(nodes, vec![NodeId(3)]),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let outcome = redis::reset(&server.url(), "c", true).await.unwrap();
+    assert_eq!(outcome.live_nodes, vec![NodeId(3)]);
+    assert!(outcome.keys_removed >= 4, "{outcome:?}");
+    let prefix = "skyriver:{c}:";
+    let left: Vec<String> = all_keys(&server)
+        .await
+        .into_iter()
+        .filter(|k| k.starts_with(prefix) && !k.contains(":node:"))
+        .collect();
+    // The live node may have registered again since (its heartbeat), nothing else.
+    assert!(
+        left.iter()
+            .all(|k| k.ends_with("nodes") || k.ends_with("token")),
+        "{left:?}"
+    );
+    assert!(all_keys(&server)
+        .await
+        .iter()
+        .any(|k| k.starts_with("skyriver:{d}:")));
+    a.dir.leave().await;
+    let outcome = redis::reset(&server.url(), "c", false).await.unwrap();
+    assert_eq!(outcome.live_nodes, Vec::<NodeId>::new());
+}

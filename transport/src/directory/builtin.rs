@@ -815,6 +815,7 @@ pub async fn connect(
         config,
     };
     let deadline = Instant::now() + params.config.join_timeout;
+    let mut waiting_logged = false;
     let connection = loop {
         match handshake(&params).await {
             Ok(connection) => break connection,
@@ -828,7 +829,15 @@ pub async fn connect(
                 if !retryable || Instant::now() >= deadline {
                     return Err(DirectoryError::Refused(reason));
                 }
-                tracing::info!(%reason, "the head refused this node for now; retrying");
+                // Once, not at every retry: the outcome comes when the wait ends.
+                if !waiting_logged {
+                    waiting_logged = true;
+                    tracing::info!(
+                        %reason,
+                        "the head refused this node for now; retrying for up to {} ms",
+                        params.config.join_timeout.as_millis()
+                    );
+                }
                 tokio::time::sleep(params.config.reconnect_backoff_min).await;
             }
         }

@@ -83,7 +83,17 @@ pub trait Directory: Send + Sync {
 
     /// Describes the backend for logs, without secrets.
     fn describe(&self) -> String;
+
+    /// Leaves the cluster cleanly (the daemon is stopping): the service forgets this node and
+    /// the objects it held at once, instead of when its registration expires. Best effort and
+    /// bounded; the future resolves when done or when the service did not answer in time.
+    fn leave(&self) -> LeaveFuture {
+        Box::pin(std::future::ready(()))
+    }
 }
+
+/// What [`Directory::leave`] returns.
+pub type LeaveFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
 
 impl fmt::Debug for dyn Directory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

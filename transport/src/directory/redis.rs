@@ -5,7 +5,7 @@
 //!
 //! | key / channel                  | type    | holds                                           |
 //! |--------------------------------|---------|-------------------------------------------------|
-//! | `token`                        | string  | fingerprint of the cluster token (first joiner) |
+//! | `token`                        | string  | fingerprint of the cluster token, with a TTL    |
 //! | `nodes`                        | set     | node ids that registered (an index; pruned)     |
 //! | `node:<ID>`                    | string  | the node's [`MemberInfo`] as JSON, with a TTL   |
 //! | `obj:<HEX>`                    | hash    | node id → `"<incarnation> <data> <metadata>"`   |
@@ -13,7 +13,11 @@
 //! | `members` (channel)            | pub/sub | `"join <ID>"` / `"leave <ID>"`                  |
 //!
 //! Liveness: a node is alive while its `node:<ID>` key exists; it refreshes the key's TTL every
-//! heartbeat, so a dead or cut-off node expires after the TTL. A holder entry counts only while
+//! heartbeat, so a dead or cut-off node expires after the TTL. The first node of a cluster sets
+//! `token`; every live node refreshes its TTL too, so the token outlives the cluster by at most
+//! `token_ttl` once no node is alive, and the name can then be started with another token. A
+//! node that stops cleanly ([`Directory::leave`]) deletes its node key and its holder entries at
+//! once; the last one to leave deletes the token. [`reset`] removes a cluster's keys by hand. A holder entry counts only while
 //! its node is alive with the same incarnation; stale entries are deleted when a lookup meets
 //! them. Each node keeps a view of the members, refreshed when someone joins or leaves (the
 //! `members` channel) and periodically (to notice expiries).
@@ -37,7 +41,7 @@ use ::redis::{AsyncConnectionConfig, Client, Msg, RedisError, RedisResult, Value
 use futures_util::StreamExt;
 use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use skyriver_core::{NodeId, ObjectId, ObjectSizes};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::{timeout, Instant};
 
 use super::{
@@ -61,6 +65,32 @@ const DELETE_IF_UNCHANGED: &str =
 const PRUNE_IF_EXPIRED: &str =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], ARGV[1]) end return 0";
 
+/// Sets the token fingerprint (`ARGV[1]`) with a TTL of `ARGV[2]` ms if `KEYS[1]` is absent,
+/// refreshes the TTL if it holds the same fingerprint, and returns what the key holds.
+const CLAIM_TOKEN: &str = "local v = redis.call('GET', KEYS[1]) \
+     if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return ARGV[1] end \
+     if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
+     return v";
+/// A clean leave: deletes the node key (`KEYS[1]`) if it still holds this daemon's record
+/// (`ARGV[1]`), drops its id (`ARGV[2]`) from the index (`KEYS[2]`), and when no registered
+/// node is alive any more (node keys are `ARGV[3]` + id) deletes the index and the token
+/// (`KEYS[3]`) if it holds this cluster's fingerprint (`ARGV[4]`). Returns the nodes still alive.
+const LEAVE: &str = "local mine = redis.call('GET', KEYS[1]) \
+     if mine == ARGV[1] then redis.call('DEL', KEYS[1]) end \
+     if mine == ARGV[1] or not mine then redis.call('SREM', KEYS[2], ARGV[2]) end \
+     local alive = 0 \
+     for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do \
+       if redis.call('EXISTS', ARGV[3] .. id) == 1 then alive = alive + 1 end \
+     end \
+     if alive == 0 then \
+       redis.call('DEL', KEYS[2]) \
+       if redis.call('GET', KEYS[3]) == ARGV[4] then redis.call('DEL', KEYS[3]) end \
+     end \
+     return alive";
+
+/// Default TTL of a cluster's token key once no node refreshes it.
+pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(30);
+
 /// How a node uses Redis.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
@@ -76,6 +106,9 @@ pub struct RedisConfig {
     pub heartbeat_interval: Duration,
     /// TTL of the node key: a node not heard from for this long is gone.
     pub node_ttl: Duration,
+    /// TTL of the token key, refreshed by every live node's heartbeat: once no node is alive,
+    /// the cluster's name can be taken with another token after at most this long.
+    pub token_ttl: Duration,
     /// The member list is re-read at least this often (to notice expired nodes).
     pub member_refresh_interval: Duration,
     /// How long the first connection waits for a previous daemon's key with this node id to
@@ -88,8 +121,8 @@ pub struct RedisConfig {
 }
 
 impl RedisConfig {
-    /// Defaults: 1 s request and connect timeouts, 1 s heartbeat, 5 s TTL, member list re-read
-    /// every 2 s, reconnect backoff 100 ms to 5 s.
+    /// Defaults: 1 s request and connect timeouts, 1 s heartbeat, 5 s node TTL, 30 s token
+    /// TTL, member list re-read every 2 s, reconnect backoff 100 ms to 5 s.
     pub fn new(url: impl Into<String>, cluster: &str) -> Self {
         Self {
             url: url.into(),
@@ -98,6 +131,7 @@ impl RedisConfig {
             connect_timeout: Duration::from_secs(1),
             heartbeat_interval: Duration::from_secs(1),
             node_ttl: Duration::from_secs(5),
+            token_ttl: DEFAULT_TOKEN_TTL,
             member_refresh_interval: Duration::from_secs(2),
             join_timeout: Duration::from_secs(8),
             reconnect_backoff_min: Duration::from_millis(100),
@@ -138,6 +172,15 @@ impl Keys {
     /// A node's liveness key.
     pub fn node(&self, node: NodeId) -> String {
         format!("{}node:{}", self.prefix, node.0)
+    }
+    /// The prefix of every node key (the node id follows).
+    fn node_prefix(&self) -> String {
+        format!("{}node:", self.prefix)
+    }
+    /// A `SCAN MATCH` pattern for every key of the cluster (cluster names hold no glob
+    /// characters).
+    fn all_pattern(&self) -> String {
+        format!("{}*", self.prefix)
     }
     /// An object's holders.
     pub fn object(&self, id: &ObjectId) -> String {
@@ -188,16 +231,50 @@ fn parse_holder_value(text: &str) -> Option<(u32, ObjectSizes)> {
     ))
 }
 
+/// Why a node was refused for a token mismatch, and how to get past it.
+fn wrong_token_reason(shown_url: &str, cluster: &str, token_ttl_ms: i64) -> String {
+    let expiry = if token_ttl_ms >= 0 {
+        format!(
+            "if that cluster is gone, its token expires in {} s",
+            (token_ttl_ms + 999) / 1000
+        )
+    } else {
+        "its token has no expiry (written by an older version)".to_string()
+    };
+    format!(
+        "wrong cluster token: cluster {cluster:?} in this Redis was started with a different \
+         token. If it is still running, give this daemon its token (--token or \
+         SKYRIVER_CLUSTER_TOKEN); {expiry}; or remove its records now with `skyriver cluster \
+         reset --directory {shown_url} --cluster {cluster}` (or use another --cluster name)"
+    )
+}
+
 /// A node's connection to the Redis directory. Dropping it leaves the cluster.
 #[derive(Debug)]
 pub struct RedisDirectory {
     queue: RequestQueue,
+    /// Asks the worker to leave the cluster; it answers on the enclosed channel when done.
+    leave: mpsc::Sender<oneshot::Sender<()>>,
     description: String,
 }
+
+/// Bound on a clean leave (one pipeline to Redis).
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Directory for RedisDirectory {
     fn submit(&self, op: DirectoryOpId, request: DirectoryRequest) {
         self.queue.submit(op, request);
+    }
+
+    fn leave(&self) -> super::LeaveFuture {
+        let (done, left) = oneshot::channel();
+        let asked = self.leave.try_send(done).is_ok();
+        Box::pin(async move {
+            if asked {
+                // Bounded: Redis may be unreachable, and then the keys expire by their TTLs.
+                let _ = timeout(LEAVE_TIMEOUT + Duration::from_millis(500), left).await;
+            }
+        })
     }
 
     fn describe(&self) -> String {
@@ -231,6 +308,7 @@ pub async fn connect(
         me,
         member_json,
         client,
+        shown_url: shown.clone(),
         notices: notices.clone(),
         publications: HashMap::new(),
         subscriptions: HashSet::new(),
@@ -238,6 +316,7 @@ pub async fn connect(
         members_sent: false,
     };
     let deadline = Instant::now() + worker.config.join_timeout;
+    let mut waiting_logged = false;
     let live = loop {
         match worker.establish().await {
             Ok(live) => break live,
@@ -251,7 +330,15 @@ pub async fn connect(
                 if !retryable || Instant::now() >= deadline {
                     return Err(DirectoryError::Refused(reason));
                 }
-                tracing::info!(%reason, "waiting for the previous registration to expire");
+                // Once, not at every retry: the outcome comes when the wait ends.
+                if !waiting_logged {
+                    waiting_logged = true;
+                    tracing::info!(
+                        %reason,
+                        "waiting up to {} ms for the previous registration to expire",
+                        worker.config.join_timeout.as_millis()
+                    );
+                }
                 tokio::time::sleep(worker.config.reconnect_backoff_min).await;
             }
         }
@@ -262,9 +349,11 @@ pub async fn connect(
         worker.config.cluster, worker.me.node
     );
     let (commands, command_rx) = mpsc::channel(MAX_QUEUED_REQUESTS);
-    tokio::spawn(worker.run(live, command_rx));
+    let (leave, leave_rx) = mpsc::channel(1);
+    tokio::spawn(worker.run(live, command_rx, leave_rx));
     Ok(RedisDirectory {
         queue: RequestQueue { commands, notices },
+        leave,
         description,
     })
 }
@@ -280,6 +369,14 @@ struct Live {
 enum Establish {
     Unreachable(String),
     Refused { reason: String, retryable: bool },
+}
+
+/// How serving a live connection ended.
+enum Served {
+    /// The driver left (answer on the channel once the node's keys are gone) or went away.
+    Stopped(Option<oneshot::Sender<()>>),
+    /// Redis was lost, for this reason: reconnect.
+    Lost(String),
 }
 
 /// Why a command failed.
@@ -331,6 +428,8 @@ struct Worker {
     member_json: String,
     token_fingerprint: String,
     client: Client,
+    /// The Redis URL with any password masked, for messages.
+    shown_url: String,
     notices: mpsc::UnboundedSender<DirectoryNotice>,
     /// What this node holds, as the driver last said: re-published after reconnecting.
     publications: HashMap<ObjectId, ObjectSizes>,
@@ -405,23 +504,16 @@ impl Worker {
 
         // The first node of a cluster sets the token; later ones must match it.
         let mut pipe = ::redis::pipe();
-        pipe.cmd("SET")
-            .arg(self.keys.token())
-            .arg(&self.token_fingerprint)
-            .arg("NX")
-            .ignore();
-        pipe.cmd("GET").arg(self.keys.token());
+        self.add_claim_token(&mut pipe);
         pipe.cmd("GET").arg(self.keys.node(self.me.node));
-        let (stored, existing): (Option<String>, Option<String>) = self
+        pipe.cmd("PTTL").arg(self.keys.token());
+        let (stored, existing, token_ttl_ms): (Option<String>, Option<String>, i64) = self
             .bounded("the token check", pipe.query_async(&mut live.conn))
             .await
             .map_err(unreachable)?;
         if stored.as_deref() != Some(self.token_fingerprint.as_str()) {
             return Err(Establish::Refused {
-                reason: format!(
-                    "wrong cluster token: cluster {:?} in this Redis was started with a different token",
-                    self.config.cluster
-                ),
+                reason: wrong_token_reason(&self.shown_url, &self.config.cluster, token_ttl_ms),
                 retryable: false,
             });
         }
@@ -497,9 +589,12 @@ impl Worker {
         Ok(live)
     }
 
-    /// Writes this node's key (with its TTL) and index entry; announces a join if `announce`.
+    /// Writes this node's key (with its TTL) and index entry and refreshes the token's TTL;
+    /// announces a join if `announce`.
     async fn register(&self, live: &mut Live, announce: bool) -> Result<(), Failure> {
         let mut pipe = ::redis::pipe();
+        self.add_claim_token(&mut pipe);
+        pipe.ignore();
         pipe.cmd("SET")
             .arg(self.keys.node(self.me.node))
             .arg(&self.member_json)
@@ -518,6 +613,17 @@ impl Worker {
         }
         self.bounded("the heartbeat", pipe.query_async::<()>(&mut live.conn))
             .await
+    }
+
+    /// Claims the token key for this cluster's fingerprint or refreshes its TTL; its result is
+    /// what the key holds.
+    fn add_claim_token(&self, pipe: &mut ::redis::Pipeline) {
+        pipe.cmd("EVAL")
+            .arg(CLAIM_TOKEN)
+            .arg(1)
+            .arg(self.keys.token())
+            .arg(&self.token_fingerprint)
+            .arg(self.config.token_ttl.as_millis().max(1) as u64);
     }
 
     fn add_publish(&self, pipe: &mut ::redis::Pipeline, id: &ObjectId, sizes: &ObjectSizes) {
@@ -689,18 +795,22 @@ impl Worker {
         mut self,
         live: Live,
         mut commands: mpsc::Receiver<(DirectoryOpId, DirectoryRequest)>,
+        mut leave: mpsc::Receiver<oneshot::Sender<()>>,
     ) {
         let mut live = Some(live);
         let mut backoff = self.config.reconnect_backoff_min;
         let mut down_reason = String::new();
         loop {
             if let Some(mut connected) = live.take() {
-                match self.serve(&mut connected, &mut commands).await {
-                    None => {
+                match self.serve(&mut connected, &mut commands, &mut leave).await {
+                    Served::Stopped(done) => {
                         self.leave(&mut connected).await;
+                        if let Some(done) = done {
+                            let _ = done.send(());
+                        }
                         return;
                     }
-                    Some(reason) => {
+                    Served::Lost(reason) => {
                         tracing::warn!(%reason, "lost the Redis directory");
                         down_reason = reason;
                         self.notice(DirectoryNotice::Health(Err(down_reason.clone())));
@@ -716,6 +826,13 @@ impl Worker {
                         None => return,
                         Some((op, request)) => self.submit_while_down(op, request, &down_reason),
                     },
+                    // Redis cannot be told: the node's keys expire by their TTLs.
+                    done = leave.recv() => {
+                        if let Some(done) = done {
+                            let _ = done.send(());
+                        }
+                        return;
+                    }
                 }
             }
             match self.establish().await {
@@ -750,12 +867,13 @@ impl Worker {
         }
     }
 
-    /// Serves while connected: `None` when the driver went away, else why Redis was lost.
+    /// Serves while connected, until the driver leaves or goes away, or Redis is lost.
     async fn serve(
         &mut self,
         live: &mut Live,
         commands: &mut mpsc::Receiver<(DirectoryOpId, DirectoryRequest)>,
-    ) -> Option<String> {
+        leave: &mut mpsc::Receiver<oneshot::Sender<()>>,
+    ) -> Served {
         let mut heartbeat = tokio::time::interval(self.config.heartbeat_interval);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         heartbeat.tick().await;
@@ -763,8 +881,9 @@ impl Worker {
         tokio::pin!(refresh);
         loop {
             let result = tokio::select! {
+                done = leave.recv() => return Served::Stopped(done),
                 command = commands.recv() => match command {
-                    None => return None,
+                    None => return Served::Stopped(None),
                     Some(first) => {
                         let mut batch = vec![first];
                         while batch.len() < MAX_BATCH {
@@ -798,7 +917,7 @@ impl Worker {
             };
             match result {
                 Ok(()) => {}
-                Err(Failure::Lost(reason)) => return Some(reason),
+                Err(Failure::Lost(reason)) => return Served::Lost(reason),
                 Err(Failure::Failed(reason)) => {
                     tracing::warn!(%reason, "Redis directory command failed");
                 }
@@ -997,13 +1116,20 @@ impl Worker {
         Ok(())
     }
 
-    /// Best effort on the way out: drop the node key and its holder entries, announce it.
+    /// Best effort on the way out: drop the node key, its index entry and its holder entries,
+    /// announce it; the last live node also drops the token.
     async fn leave(&mut self, live: &mut Live) {
         let mut pipe = ::redis::pipe();
-        pipe.cmd("DEL").arg(self.keys.node(self.me.node)).ignore();
-        pipe.cmd("SREM")
+        pipe.cmd("EVAL")
+            .arg(LEAVE)
+            .arg(3)
+            .arg(self.keys.node(self.me.node))
             .arg(self.keys.nodes())
+            .arg(self.keys.token())
+            .arg(&self.member_json)
             .arg(self.me.node.0)
+            .arg(self.keys.node_prefix())
+            .arg(&self.token_fingerprint)
             .ignore();
         pipe.cmd("PUBLISH")
             .arg(self.keys.members())
@@ -1015,10 +1141,162 @@ impl Worker {
                 .arg(self.me.node.0)
                 .ignore();
         }
+        match timeout(LEAVE_TIMEOUT, pipe.query_async::<()>(&mut live.conn)).await {
+            Ok(Ok(())) => tracing::debug!("left the Redis directory"),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "could not leave the Redis directory: its keys expire by their TTLs")
+            }
+            Err(_) => tracing::warn!(
+                "Redis did not answer the leave within {} ms: this node's keys expire by their TTLs",
+                LEAVE_TIMEOUT.as_millis()
+            ),
+        }
+    }
+}
+
+/// Why [`reset`] did not reset a cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ResetError {
+    /// The URL could not be parsed.
+    #[error("bad Redis address {0}: use redis://HOST:PORT")]
+    BadAddress(String),
+    /// The cluster name cannot name Redis keys.
+    #[error("bad cluster name {0:?}: use 1 to 64 characters from A-Z a-z 0-9 . _ -")]
+    BadClusterName(String),
+    /// Redis did not answer.
+    #[error("cannot reach Redis at {addr}: {reason}")]
+    Unreachable {
+        /// The address, password masked.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// Nodes of the cluster are alive and `force` was not given.
+    #[error(
+        "cluster {cluster:?} has live nodes registered ({}): stop them first, or pass --force \
+         to remove the records anyway (live nodes register again at their next heartbeat)",
+        nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    LiveNodes {
+        /// The cluster.
+        cluster: String,
+        /// Its live nodes.
+        nodes: Vec<NodeId>,
+    },
+}
+
+/// What [`reset`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetOutcome {
+    /// Nodes that were alive (only with `force`).
+    pub live_nodes: Vec<NodeId>,
+    /// Keys deleted (token, node records, index, holder entries).
+    pub keys_removed: u64,
+}
+
+/// Bound on each command of [`reset`].
+const RESET_COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Removes every key of cluster `cluster` from the Redis at `url` (its token, node records and
+/// object locations), so the name can be started afresh with any token. Refuses while nodes of
+/// the cluster are alive unless `force`.
+pub async fn reset(url: &str, cluster: &str, force: bool) -> Result<ResetOutcome, ResetError> {
+    let shown = super::DirectorySpec::Redis {
+        url: url.to_string(),
+    }
+    .to_string();
+    if !valid_cluster_name(cluster) {
+        return Err(ResetError::BadClusterName(cluster.to_string()));
+    }
+    let client = Client::open(url).map_err(|_| ResetError::BadAddress(shown.clone()))?;
+    let unreachable = |reason: String| ResetError::Unreachable {
+        addr: shown.clone(),
+        reason,
+    };
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(RESET_COMMAND_TIMEOUT))
+        .set_response_timeout(Some(RESET_COMMAND_TIMEOUT));
+    let mut conn = match timeout(
+        RESET_COMMAND_TIMEOUT,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(error)) => return Err(unreachable(error.to_string())),
+        Err(_) => return Err(unreachable("no connection within 5 s".into())),
+    };
+    let keys = Keys::new(cluster);
+    let node_keys = scan(&mut conn, &format!("{}*", keys.node_prefix()))
+        .await
+        .map_err(unreachable)?;
+    let mut live_nodes: Vec<NodeId> = node_keys
+        .iter()
+        .filter_map(|key| key.strip_prefix(&keys.node_prefix())?.parse().ok())
+        .map(NodeId)
+        .collect();
+    live_nodes.sort();
+    if !live_nodes.is_empty() && !force {
+        return Err(ResetError::LiveNodes {
+            cluster: cluster.to_string(),
+            nodes: live_nodes,
+        });
+    }
+    let all = scan(&mut conn, &keys.all_pattern())
+        .await
+        .map_err(unreachable)?;
+    let mut keys_removed = 0;
+    for chunk in all.chunks(RESYNC_CHUNK) {
+        let removed: u64 = timeout(
+            RESET_COMMAND_TIMEOUT,
+            ::redis::cmd("DEL").arg(chunk).query_async(&mut conn),
+        )
+        .await
+        .map_err(|_| unreachable("DEL timed out".into()))?
+        .map_err(|e| unreachable(e.to_string()))?;
+        keys_removed += removed;
+    }
+    if !live_nodes.is_empty() {
+        // The live nodes re-read the members and register again at their next heartbeat.
         let _ = timeout(
-            Duration::from_secs(2),
-            pipe.query_async::<()>(&mut live.conn),
+            RESET_COMMAND_TIMEOUT,
+            ::redis::cmd("PUBLISH")
+                .arg(keys.members())
+                .arg("reset")
+                .query_async::<()>(&mut conn),
         )
         .await;
+    }
+    Ok(ResetOutcome {
+        live_nodes,
+        keys_removed,
+    })
+}
+
+/// Every key matching `pattern` (`SCAN`, so Redis is never blocked on a large keyspace).
+async fn scan(conn: &mut MultiplexedConnection, pattern: &str) -> Result<Vec<String>, String> {
+    let mut cursor: u64 = 0;
+    let mut found = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = timeout(
+            RESET_COMMAND_TIMEOUT,
+            ::redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(conn),
+        )
+        .await
+        .map_err(|_| "SCAN timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+        found.extend(batch);
+        if next == 0 {
+            found.sort();
+            found.dedup();
+            return Ok(found);
+        }
+        cursor = next;
     }
 }
