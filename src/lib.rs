@@ -18,6 +18,7 @@
 pub mod bench;
 pub mod client;
 pub mod daemon;
+pub mod netns;
 pub mod persistence;
 pub mod size;
 pub mod up;

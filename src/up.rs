@@ -40,6 +40,13 @@ pub struct UpArgs {
     /// More flags for every daemon, e.g. --daemon-arg=--lease-ms=2000.
     #[arg(long = "daemon-arg", allow_hyphen_values = true)]
     pub daemon_args: Vec<String>,
+    /// Put each daemon in its own network namespace (root), on a bridge, with its own address.
+    #[arg(long)]
+    pub netns: bool,
+    /// With --netns: shape every node's link, RATE,LATENCY (e.g. 10gbit,50us; tc tbf, and netem
+    /// for the latency where the kernel has it).
+    #[arg(long, requires = "netns")]
+    pub link: Option<crate::netns::LinkShape>,
 }
 
 impl UpArgs {
@@ -55,6 +62,8 @@ impl UpArgs {
             daemon_args: Vec::new(),
             fabric: "tcp".into(),
             devices: Vec::new(),
+            netns: false,
+            link: None,
         }
     }
 }
@@ -66,6 +75,8 @@ pub struct LocalCluster {
     pub sockets: Vec<PathBuf>,
     /// The head's directory address.
     pub head: String,
+    /// The namespaces the daemons run in (with --netns).
+    pub netns: Option<crate::netns::NetnsCluster>,
 }
 
 impl LocalCluster {
@@ -84,29 +95,38 @@ impl LocalCluster {
         };
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let netns = match args.netns {
+            true => Some(
+                crate::netns::NetnsCluster::create(args.nodes, args.link.as_ref())
+                    .map_err(|e| e.to_string())?,
+            ),
+            false => None,
+        };
         let head_port = free_loopback_port()?;
-        let head = match &args.directory {
-            Some(directory) => directory.clone(),
-            None => format!("127.0.0.1:{head_port}"),
+        let head = match (&args.directory, &netns) {
+            (Some(directory), _) => directory.clone(),
+            (None, Some(netns)) => format!("{}:7390", netns.hosts[0].addr),
+            (None, None) => format!("127.0.0.1:{head_port}"),
         };
         let token = format!("local-{}-{}", std::process::id(), head_port);
         let mut cluster = Self {
             children: Vec::new(),
             sockets: Vec::new(),
             head: head.clone(),
+            netns,
         };
         for node in 0..args.nodes {
             let socket = dir.join(format!("node-{node}.sock"));
-            let mut command = Command::new(exe);
+            let (mut command, listen) = match &cluster.netns {
+                Some(netns) => (
+                    netns.command(node as usize, exe),
+                    format!("{}:0", netns.hosts[node as usize].addr),
+                ),
+                None => (Command::new(exe), "127.0.0.1:0".to_string()),
+            };
             command
-                .args([
-                    "daemon",
-                    "--fabric",
-                    &args.fabric,
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--no-prefault",
-                ])
+                .args(["daemon", "--fabric", &args.fabric, "--listen", &listen])
+                .arg("--no-prefault")
                 .args([
                     "--node-id",
                     &node.to_string(),
@@ -242,6 +262,9 @@ pub fn run(args: &UpArgs) -> Result<(), String> {
     for (node, socket) in cluster.sockets.iter().enumerate() {
         println!("  node-{node}: export SKYRIVER_SOCKET={}", socket.display());
     }
+    if let Some(netns) = &cluster.netns {
+        crate::netns::describe(netns);
+    }
     println!("try:");
     println!(
         "  id=$(skyriver put --socket {} FILE)",
@@ -268,7 +291,17 @@ fn ctrlc_channel(tx: std::sync::mpsc::Sender<()>) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     std::thread::spawn(move || {
         runtime.block_on(async {
-            let _ = tokio::signal::ctrl_c().await;
+            use tokio::signal::unix::{signal, SignalKind};
+            // SIGTERM too (kill, timeout, a supervisor): stopping must remove what `up` made.
+            match signal(SignalKind::terminate()) {
+                Ok(mut terminate) => tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                },
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
         });
         let _ = tx.send(());
     });
