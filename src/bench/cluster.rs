@@ -481,9 +481,9 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
             .as_ref()
             .map_or_else(String::new, |l| format!(", links {l}"))
     );
-    let mut up = UpArgs::new(args.nodes, memory, None);
-    up.dir =
-        Some(std::env::temp_dir().join(format!("skyriver-bench-cluster-{}", std::process::id())));
+    let socket_dir =
+        std::env::temp_dir().join(format!("skyriver-bench-cluster-{}", std::process::id()));
+    let mut up = UpArgs::new(args.nodes, memory, Some(socket_dir.clone()));
     up.netns = true;
     up.link = args.link.clone();
     let cluster = LocalCluster::start(&up, &exe).map_err(BenchError::Setup)?;
@@ -635,6 +635,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     drop(redis);
     drop(tcp);
     drop(cluster);
+    let _ = std::fs::remove_dir_all(&socket_dir);
 
     print_table(&rows, args, &shape);
     let document = serde_json::json!({
