@@ -6,14 +6,22 @@
 //! memory, and [`Client::get`] read-only views that release their reference when dropped.
 //!
 //! The client is synchronous and cheap to clone (clones share the connection); it is `Send`
-//! and `Sync`, so buffers may be dropped on any thread.
+//! and `Sync`. Calls from many threads share the one connection: each request carries an id,
+//! and whichever caller is reading the socket routes every reply to the caller waiting for it
+//! (the others sleep until their reply is in). So a `get` that waits for ever never blocks
+//! another thread's call, and buffers may be dropped on any thread at any time: a release is
+//! written and not waited for.
+//!
+//! After `fork()` the child shares the parent's socket; it must not speak on it. Every call
+//! in a child fails with [`ClientError::Forked`], and buffers dropped there send nothing: the
+//! child connects anew.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use skyriver_core::client_protocol::{
@@ -29,6 +37,8 @@ use skyriver_transport::{ReadableRegion, SharedArena, WritableRegion};
 
 /// Fire-and-forget releases allowed in flight before a drop waits for their replies.
 const MAX_UNACKNOWLEDGED_RELEASES: usize = 1024;
+/// The id of every connection's first request.
+const HELLO_REQUEST: RequestId = RequestId(1);
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +72,17 @@ pub enum ClientError {
     /// A fetch from the cluster failed.
     #[error(transparent)]
     Fetch(FetchError),
+    /// This process is a fork of the one that connected: the connection belongs to the parent.
+    #[error(
+        "this client was connected by process {parent_pid}, and this is process {pid} (a fork): \
+         connect again in this process"
+    )]
+    Forked {
+        /// The process that connected.
+        parent_pid: u32,
+        /// This process.
+        pid: u32,
+    },
 }
 
 /// Where clients look for the daemon when not told: `$SKYRIVER_SOCKET`, else
@@ -91,31 +112,51 @@ pub struct Client {
 }
 
 struct ClientInner {
-    connection: Mutex<Connection>,
+    connection: Connection,
     arenas: BTreeMap<ArenaId, Arc<SharedArena>>,
     node: NodeId,
     socket_path: PathBuf,
+    /// The process that connected; a fork must not use the connection.
+    pid: u32,
 }
 
+/// One socket shared by every thread of the client: writes under one lock, replies routed by
+/// request id under another. No lock is held while a thread blocks on the socket.
 struct Connection {
+    writer: Mutex<FrameWriter>,
+    replies: Mutex<Replies>,
+    /// Signalled whenever `replies` changes: a reply came in, the reader is free again, or the
+    /// connection failed.
+    replies_changed: Condvar,
+}
+
+struct FrameWriter {
     stream: UnixStream,
-    /// Buffered reads of the same socket: a reply usually arrives in one `read`.
-    reader: std::io::BufReader<UnixStream>,
     next_request: u64,
-    /// Releases sent without waiting; their replies are read (and checked) later.
-    unacknowledged: BTreeSet<RequestId>,
     write_buf: Vec<u8>,
+}
+
+impl FrameWriter {
+    fn write(&mut self, request: RequestId, body: Request) -> std::io::Result<()> {
+        self.write_buf.clear();
+        encode_frame(&RequestFrame { request, body }, &mut self.write_buf);
+        self.stream.write_all(&self.write_buf)
+    }
+}
+
+/// The read side of a connection.
+struct FrameReader {
+    /// Buffered reads of the socket: a reply usually arrives in one `read`.
+    reader: std::io::BufReader<UnixStream>,
     read_buf: Vec<u8>,
 }
 
-impl Connection {
-    fn send(&mut self, body: Request) -> Result<RequestId, ClientError> {
-        self.next_request += 1;
-        let request = RequestId(self.next_request);
-        self.write_buf.clear();
-        encode_frame(&RequestFrame { request, body }, &mut self.write_buf);
-        self.stream.write_all(&self.write_buf)?;
-        Ok(request)
+impl FrameReader {
+    fn new(stream: &UnixStream) -> Result<Self, ClientError> {
+        Ok(Self {
+            reader: std::io::BufReader::with_capacity(64 * 1024, stream.try_clone()?),
+            read_buf: Vec::new(),
+        })
     }
 
     fn read_frame(&mut self) -> Result<ServerFrame, ClientError> {
@@ -132,58 +173,250 @@ impl Connection {
         self.reader.read_exact(&mut self.read_buf)?;
         decode_server_frame(&self.read_buf).map_err(|e| ClientError::Protocol(e.to_string()))
     }
+}
 
-    /// Reads until the reply to `request`, checking the replies of earlier releases.
-    fn wait_reply(&mut self, request: RequestId) -> Result<Response, ClientError> {
-        loop {
-            match self.read_frame()? {
-                ServerFrame::Reply {
-                    request: got,
-                    response,
-                } if got == request => return Ok(response),
-                ServerFrame::Reply {
-                    request: got,
-                    response,
-                } if self.unacknowledged.remove(&got) => {
-                    if let Response::Done(Err(error)) = response {
-                        tracing::warn!(%error, "a release failed");
-                    }
-                }
-                ServerFrame::Reply {
-                    response: Response::Error(error),
-                    ..
-                } => return Err(error.into()),
-                other => {
-                    return Err(ClientError::Protocol(format!(
-                        "unexpected frame while waiting for {request}: {other:?}"
-                    )))
-                }
-            }
+/// Replies in flight, shared by the threads of one client.
+struct Replies {
+    /// The socket's read side, here when no thread is reading (taken by the one that reads).
+    reader: Option<FrameReader>,
+    /// Calls sent whose callers wait for the reply.
+    awaited: BTreeSet<RequestId>,
+    /// Replies read for callers that have not picked them up yet.
+    arrived: BTreeMap<RequestId, Response>,
+    /// Releases sent without waiting; their replies are read (and checked) by whoever reads.
+    unacknowledged: BTreeSet<RequestId>,
+    /// Why the connection is unusable, once it is: every later call fails with this.
+    failure: Option<Failure>,
+}
+
+/// A connection failure, kept to be reported to every caller.
+#[derive(Debug, Clone)]
+enum Failure {
+    Closed,
+    Io(std::io::ErrorKind, String),
+    Protocol(String),
+}
+
+impl Failure {
+    fn from_error(error: &ClientError) -> Self {
+        match error {
+            ClientError::Closed => Failure::Closed,
+            ClientError::Io(error) => Failure::Io(error.kind(), error.to_string()),
+            other => Failure::Protocol(other.to_string()),
         }
     }
 
-    fn call(&mut self, body: Request) -> Result<Response, ClientError> {
-        let request = self.send(body)?;
+    fn to_error(&self) -> ClientError {
+        match self {
+            Failure::Closed => ClientError::Closed,
+            Failure::Io(kind, message) => {
+                ClientError::Io(std::io::Error::new(*kind, message.clone()))
+            }
+            Failure::Protocol(message) => ClientError::Protocol(message.clone()),
+        }
+    }
+}
+
+/// What a sender does about the reply to its request.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReplyTo {
+    /// The sender waits for it.
+    Caller,
+    /// Nobody waits; whoever reads it checks it (a release).
+    Nobody,
+}
+
+impl Connection {
+    fn new(stream: UnixStream, next_request: u64) -> Result<Self, ClientError> {
+        let reader = FrameReader::new(&stream)?;
+        Ok(Self {
+            writer: Mutex::new(FrameWriter {
+                stream,
+                next_request,
+                write_buf: Vec::new(),
+            }),
+            replies: Mutex::new(Replies {
+                reader: Some(reader),
+                awaited: BTreeSet::new(),
+                arrived: BTreeMap::new(),
+                unacknowledged: BTreeSet::new(),
+                failure: None,
+            }),
+            replies_changed: Condvar::new(),
+        })
+    }
+
+    fn replies(&self) -> MutexGuard<'_, Replies> {
+        // Every update of `Replies` is a single step that cannot panic halfway.
+        self.replies
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn send(&self, body: Request, reply_to: ReplyTo) -> Result<RequestId, ClientError> {
+        // A panic mid-write leaves the stream in an unknown state; the daemon then closes it
+        // and the next call reports that.
+        let mut writer = self
+            .writer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(failure) = &self.replies().failure {
+            return Err(failure.to_error());
+        }
+        writer.next_request += 1;
+        let request = RequestId(writer.next_request);
+        // Registered before the write, so the reader knows the reply when it comes.
+        {
+            let mut replies = self.replies();
+            match reply_to {
+                ReplyTo::Caller => replies.awaited.insert(request),
+                ReplyTo::Nobody => replies.unacknowledged.insert(request),
+            };
+        }
+        if let Err(error) = writer.write(request, body) {
+            let error = ClientError::Io(error);
+            self.fail(&error);
+            return Err(error);
+        }
+        Ok(request)
+    }
+
+    /// Marks the connection failed and wakes every waiting caller to report it.
+    fn fail(&self, error: &ClientError) {
+        let mut replies = self.replies();
+        replies
+            .failure
+            .get_or_insert_with(|| Failure::from_error(error));
+        drop(replies);
+        self.replies_changed.notify_all();
+    }
+
+    /// Waits until `done` holds, reading the socket while no other thread does.
+    fn wait_until<T>(
+        &self,
+        mut done: impl FnMut(&mut Replies) -> Option<T>,
+    ) -> Result<T, ClientError> {
+        let mut replies = self.replies();
+        loop {
+            if let Some(result) = done(&mut replies) {
+                return Ok(result);
+            }
+            if let Some(failure) = &replies.failure {
+                return Err(failure.to_error());
+            }
+            let Some(mut reader) = replies.reader.take() else {
+                replies = self
+                    .replies_changed
+                    .wait(replies)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                continue;
+            };
+            drop(replies);
+            let frame = reader.read_frame();
+            replies = self.replies();
+            replies.reader = Some(reader);
+            match frame {
+                Ok(frame) => replies.route(frame),
+                Err(error) => {
+                    replies
+                        .failure
+                        .get_or_insert_with(|| Failure::from_error(&error));
+                }
+            }
+            self.replies_changed.notify_all();
+        }
+    }
+
+    fn wait_reply(&self, request: RequestId) -> Result<Response, ClientError> {
+        let result = self.wait_until(|replies| replies.arrived.remove(&request));
+        if result.is_err() {
+            self.replies().awaited.remove(&request);
+        }
+        result
+    }
+
+    fn call(&self, body: Request) -> Result<Response, ClientError> {
+        let request = self.send(body, ReplyTo::Caller)?;
         self.wait_reply(request)
     }
 
-    fn release_without_waiting(&mut self, id: ObjectId) -> Result<(), ClientError> {
-        let request = self.send(Request::Release { id })?;
-        self.unacknowledged.insert(request);
-        if self.unacknowledged.len() > MAX_UNACKNOWLEDGED_RELEASES {
-            self.drain_unacknowledged()?;
+    fn release_without_waiting(&self, id: ObjectId) -> Result<(), ClientError> {
+        let request = self.send(Request::Release { id }, ReplyTo::Nobody)?;
+        // Bounded: past the limit, wait until the daemon has answered the older half. The
+        // daemon answers releases at once, so this never waits on another caller's `get`.
+        if self.replies().unacknowledged.len() > MAX_UNACKNOWLEDGED_RELEASES {
+            let keep_after = RequestId(
+                request
+                    .0
+                    .saturating_sub(MAX_UNACKNOWLEDGED_RELEASES as u64 / 2),
+            );
+            self.wait_until(|replies| {
+                (replies
+                    .unacknowledged
+                    .first()
+                    .is_none_or(|&oldest| oldest > keep_after))
+                .then_some(())
+            })?;
         }
         Ok(())
     }
 
-    fn drain_unacknowledged(&mut self) -> Result<(), ClientError> {
-        while let Some(&oldest) = self.unacknowledged.first() {
-            self.unacknowledged.remove(&oldest);
-            if let Response::Done(Err(error)) = self.wait_reply(oldest)? {
-                tracing::warn!(%error, "a release failed");
+    /// Waits for the replies of every release sent so far.
+    fn drain_unacknowledged(&self) -> Result<(), ClientError> {
+        let Some(&newest) = self.replies().unacknowledged.last() else {
+            return Ok(());
+        };
+        self.wait_until(|replies| {
+            (replies
+                .unacknowledged
+                .first()
+                .is_none_or(|&oldest| oldest > newest))
+            .then_some(())
+        })
+    }
+}
+
+impl Replies {
+    /// Files a frame read from the socket under the request it answers.
+    fn route(&mut self, frame: ServerFrame) {
+        match frame {
+            ServerFrame::Reply { request, response } if self.awaited.remove(&request) => {
+                self.arrived.insert(request, response);
+            }
+            ServerFrame::Reply { request, response } if self.unacknowledged.remove(&request) => {
+                if let Response::Done(Err(error)) = response {
+                    tracing::warn!(%error, "a release failed");
+                }
+            }
+            other => {
+                // A reply to nothing we sent, or an event on a request connection: the stream
+                // can no longer be trusted.
+                self.failure = Some(Failure::Protocol(format!(
+                    "unexpected frame from the daemon: {other:?}"
+                )));
             }
         }
-        Ok(())
+    }
+}
+
+/// The one request of a connection that is then only read (a subscription), and its reply.
+fn call_once(
+    stream: &mut UnixStream,
+    reader: &mut FrameReader,
+    body: Request,
+) -> Result<Response, ClientError> {
+    let request = RequestId(HELLO_REQUEST.0 + 1);
+    let mut frame = Vec::new();
+    encode_frame(&RequestFrame { request, body }, &mut frame);
+    stream.write_all(&frame)?;
+    match reader.read_frame()? {
+        ServerFrame::Reply {
+            request: got,
+            response,
+        } if got == request => Ok(response),
+        other => Err(ClientError::Protocol(format!(
+            "unexpected frame from the daemon: {other:?}"
+        ))),
     }
 }
 
@@ -203,50 +436,53 @@ impl Client {
     /// Connects to the daemon listening on `socket_path` and maps its memory.
     pub fn connect(socket_path: impl AsRef<Path>) -> Result<Self, ClientError> {
         let socket_path = socket_path.as_ref().to_path_buf();
-        let (connection, node, arenas) = Self::open(&socket_path)?;
+        let (stream, node, arenas) = Self::open(&socket_path)?;
         Ok(Self {
             inner: Arc::new(ClientInner {
-                connection: Mutex::new(connection),
+                connection: Connection::new(stream, HELLO_REQUEST.0)?,
                 arenas,
                 node,
                 socket_path,
+                pid: std::process::id(),
             }),
         })
     }
 
-    fn open(socket_path: &Path) -> Result<(Connection, NodeId, MappedArenas), ClientError> {
-        let stream = UnixStream::connect(socket_path).map_err(|source| ClientError::Connect {
-            path: socket_path.to_path_buf(),
-            source,
-        })?;
-        let reader = std::io::BufReader::with_capacity(64 * 1024, stream.try_clone()?);
-        let mut connection = Connection {
-            stream,
-            reader,
-            next_request: 0,
-            unacknowledged: BTreeSet::new(),
-            write_buf: Vec::new(),
-            read_buf: Vec::new(),
-        };
+    /// Connects, says hello and maps the arenas; the stream is ready for requests after
+    /// [`HELLO_REQUEST`].
+    fn open(socket_path: &Path) -> Result<(UnixStream, NodeId, MappedArenas), ClientError> {
+        let mut stream =
+            UnixStream::connect(socket_path).map_err(|source| ClientError::Connect {
+                path: socket_path.to_path_buf(),
+                source,
+            })?;
         let client_name = format!(
             "{}[{}]",
             std::env::args().next().unwrap_or_default(),
             std::process::id()
         );
-        connection.send(Request::Hello {
-            protocol_version: PROTOCOL_VERSION,
-            client_name,
-        })?;
+        let mut hello = Vec::new();
+        encode_frame(
+            &RequestFrame {
+                request: HELLO_REQUEST,
+                body: Request::Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    client_name,
+                },
+            },
+            &mut hello,
+        );
+        stream.write_all(&hello)?;
         // The fds come with the first bytes of the Welcome frame: read its header by recvmsg,
         // on the raw socket (the buffered reader has not read anything yet).
         let mut header = [0u8; FRAME_HEADER_BYTES];
         let (mut filled, fds) =
-            skyriver_transport::fd_passing::recv_with_fds(connection.stream.as_fd(), &mut header)?;
+            skyriver_transport::fd_passing::recv_with_fds(stream.as_fd(), &mut header)?;
         if filled == 0 {
             return Err(ClientError::Closed);
         }
         while filled < FRAME_HEADER_BYTES {
-            let n = connection.stream.read(&mut header[filled..])?;
+            let n = stream.read(&mut header[filled..])?;
             if n == 0 {
                 return Err(ClientError::Closed);
             }
@@ -255,7 +491,7 @@ impl Client {
         let len = decode_frame_len(header, MAX_RESPONSE_BYTES)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         let mut body = vec![0u8; len];
-        connection.stream.read_exact(&mut body)?;
+        stream.read_exact(&mut body)?;
         let frame = decode_server_frame(&body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let ServerFrame::Reply {
             response:
@@ -291,15 +527,24 @@ impl Client {
                 Arc::new(SharedArena::from_fd(fd, info.size_bytes)?),
             );
         }
-        Ok((connection, node, mapped))
+        Ok((stream, node, mapped))
     }
 
-    fn connection(&self) -> MutexGuard<'_, Connection> {
-        // A panic mid-call leaves the stream in an unknown state; the next call reports it.
-        self.inner
-            .connection
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The connection, unless this process is a fork of the one that connected.
+    fn connection(&self) -> Result<&Connection, ClientError> {
+        let pid = std::process::id();
+        if pid != self.inner.pid {
+            return Err(ClientError::Forked {
+                parent_pid: self.inner.pid,
+                pid,
+            });
+        }
+        Ok(&self.inner.connection)
+    }
+
+    /// Whether this process is the one that connected (not a fork of it).
+    pub fn is_owned_by_this_process(&self) -> bool {
+        std::process::id() == self.inner.pid
     }
 
     fn arena(&self, info: &ObjectInfo) -> Result<Arc<SharedArena>, ClientError> {
@@ -328,7 +573,7 @@ impl Client {
         data_size: u64,
         metadata_size: u64,
     ) -> Result<ObjectWriter, ClientError> {
-        let response = self.connection().call(Request::Create {
+        let response = self.connection()?.call(Request::Create {
             id,
             data_size,
             metadata_size,
@@ -368,7 +613,7 @@ impl Client {
         timeout: Option<Duration>,
     ) -> Result<Vec<Result<ObjectBuffer, StoreError>>, ClientError> {
         let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
-        let response = self.connection().call(Request::Get {
+        let response = self.connection()?.call(Request::Get {
             ids: ids.to_vec(),
             timeout_ms,
         })?;
@@ -419,7 +664,9 @@ impl Client {
             }),
             Err(error) => {
                 // Do not leak the reference the daemon took for us.
-                let _ = self.connection().release_without_waiting(info.id);
+                if let Ok(connection) = self.connection() {
+                    let _ = connection.release_without_waiting(info.id);
+                }
                 Err(ClientError::Protocol(error.to_string()))
             }
         }
@@ -446,7 +693,7 @@ impl Client {
         mode: TransferMode,
     ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
         let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
-        let response = self.connection().call(Request::Fetch {
+        let response = self.connection()?.call(Request::Fetch {
             ids: ids.to_vec(),
             timeout_ms,
             mode,
@@ -499,7 +746,7 @@ impl Client {
 
     /// The cluster as this daemon sees it.
     pub fn nodes(&self) -> Result<ClusterView, ClientError> {
-        match self.connection().call(Request::Nodes)? {
+        match self.connection()?.call(Request::Nodes)? {
             Response::Nodes(view) => Ok(view),
             other => Err(unexpected(other)),
         }
@@ -507,7 +754,7 @@ impl Client {
 
     /// The live nodes holding a sealed copy of `id`, and its (data, metadata) sizes.
     pub fn locate(&self, id: ObjectId) -> Result<ObjectLocation, ClientError> {
-        match self.connection().call(Request::Locate { id })? {
+        match self.connection()?.call(Request::Locate { id })? {
             Response::Located { holders, sizes } => Ok(ObjectLocation { holders, sizes }),
             other => Err(unexpected(other)),
         }
@@ -515,7 +762,7 @@ impl Client {
 
     /// Whether a sealed object with this id is in the store.
     pub fn contains(&self, id: ObjectId) -> Result<bool, ClientError> {
-        match self.connection().call(Request::Contains { id })? {
+        match self.connection()?.call(Request::Contains { id })? {
             Response::Contains(present) => Ok(present),
             other => Err(unexpected(other)),
         }
@@ -525,7 +772,7 @@ impl Client {
     /// ([`StoreError::ObjectInUse`]).
     pub fn delete(&self, ids: &[ObjectId]) -> Result<Vec<Result<(), StoreError>>, ClientError> {
         match self
-            .connection()
+            .connection()?
             .call(Request::Delete { ids: ids.to_vec() })?
         {
             Response::Deleted(results) => Ok(results),
@@ -535,7 +782,7 @@ impl Client {
 
     /// Every object in the store.
     pub fn list(&self) -> Result<Vec<ObjectSummary>, ClientError> {
-        match self.connection().call(Request::List)? {
+        match self.connection()?.call(Request::List)? {
             Response::Listed(objects) => Ok(objects),
             other => Err(unexpected(other)),
         }
@@ -543,7 +790,7 @@ impl Client {
 
     /// Evicts at least `bytes` of objects nobody holds, least recently used first.
     pub fn evict(&self, bytes: u64) -> Result<EvictOutcome, ClientError> {
-        match self.connection().call(Request::Evict { bytes })? {
+        match self.connection()?.call(Request::Evict { bytes })? {
             Response::Evicted(outcome) => Ok(outcome),
             other => Err(unexpected(other)),
         }
@@ -551,7 +798,7 @@ impl Client {
 
     /// The store's counters.
     pub fn stats(&self) -> Result<StoreStats, ClientError> {
-        match self.connection().call(Request::Stats)? {
+        match self.connection()?.call(Request::Stats)? {
             Response::Stats(stats) => Ok(stats),
             other => Err(unexpected(other)),
         }
@@ -559,21 +806,23 @@ impl Client {
 
     /// A stream of seal and delete events, on a connection of its own.
     pub fn subscribe(&self) -> Result<Subscription, ClientError> {
-        let (mut connection, _, _) = Self::open(&self.inner.socket_path)?;
-        match connection.call(Request::Subscribe)? {
+        self.connection()?;
+        let (mut stream, _, _) = Self::open(&self.inner.socket_path)?;
+        let mut reader = FrameReader::new(&stream)?;
+        match call_once(&mut stream, &mut reader, Request::Subscribe)? {
             Response::Done(result) => result?,
             other => return Err(unexpected(other)),
         }
-        Ok(Subscription { connection })
+        Ok(Subscription { stream, reader })
     }
 
     /// Waits for the replies of releases sent by dropped buffers and reports the first error.
     pub fn flush(&self) -> Result<(), ClientError> {
-        self.connection().drain_unacknowledged()
+        self.connection()?.drain_unacknowledged()
     }
 
     fn call_done(&self, body: Request) -> Result<(), ClientError> {
-        match self.connection().call(body)? {
+        match self.connection()?.call(body)? {
             Response::Done(result) => Ok(result?),
             other => Err(unexpected(other)),
         }
@@ -615,6 +864,29 @@ impl ObjectWriter {
         })
     }
 
+    /// Seals the object and keeps this writer's reference as a read-only view of it, released
+    /// when the view is dropped (Plasma's `create` buffers work this way).
+    pub fn seal_into_buffer(mut self) -> Result<ObjectBuffer, ClientError> {
+        self.finished = true;
+        self.client.call_done(Request::Seal {
+            id: self.info.id,
+            release: false,
+        })?;
+        let region = ReadableRegion::new(
+            self.client.arena(&self.info)?,
+            self.info.region.offset,
+            self.info.region.len,
+        );
+        // The region was checked when the writer was made; a failure here would be a bug, and
+        // the reference is still released by the client's disconnect.
+        let region = region.map_err(|e| ClientError::Protocol(e.to_string()))?;
+        Ok(ObjectBuffer {
+            client: self.client.clone(),
+            info: self.info,
+            region,
+        })
+    }
+
     /// Drops the object without sealing it.
     pub fn abort(mut self) -> Result<(), ClientError> {
         self.finished = true;
@@ -624,7 +896,8 @@ impl ObjectWriter {
 
 impl Drop for ObjectWriter {
     fn drop(&mut self) {
-        if !self.finished {
+        // In a fork the object belongs to the parent's connection: leave it to the parent.
+        if !self.finished && self.client.is_owned_by_this_process() {
             if let Err(error) = self.client.call_done(Request::Abort { id: self.info.id }) {
                 tracing::warn!(id = %self.info.id, %error, "abort of an unsealed object failed");
             }
@@ -671,11 +944,11 @@ impl std::fmt::Debug for ObjectBuffer {
 
 impl Drop for ObjectBuffer {
     fn drop(&mut self) {
-        if let Err(error) = self
-            .client
-            .connection()
-            .release_without_waiting(self.info.id)
-        {
+        // In a fork the reference is the parent's, released by the parent's own buffer.
+        let Ok(connection) = self.client.connection() else {
+            return;
+        };
+        if let Err(error) = connection.release_without_waiting(self.info.id) {
             tracing::warn!(id = %self.info.id, %error, "release failed");
         }
     }
@@ -683,13 +956,14 @@ impl Drop for ObjectBuffer {
 
 /// Seal and delete events, as they happen.
 pub struct Subscription {
-    connection: Connection,
+    stream: UnixStream,
+    reader: FrameReader,
 }
 
 impl Subscription {
     /// Waits for the next event.
     pub fn next_event(&mut self) -> Result<ObjectEvent, ClientError> {
-        match self.connection.read_frame()? {
+        match self.reader.read_frame()? {
             ServerFrame::Event(event) => Ok(event),
             ServerFrame::Reply { response, .. } => Err(unexpected(response)),
         }
@@ -697,7 +971,25 @@ impl Subscription {
 
     /// Sets how long [`Subscription::next_event`] waits (`None`: for ever).
     pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<(), ClientError> {
-        Ok(self.connection.stream.set_read_timeout(timeout)?)
+        Ok(self.stream.set_read_timeout(timeout)?)
+    }
+
+    /// A handle that ends this subscription from another thread, even while
+    /// [`Subscription::next_event`] waits.
+    pub fn closer(&self) -> Result<SubscriptionCloser, ClientError> {
+        Ok(SubscriptionCloser(self.stream.try_clone()?))
+    }
+}
+
+/// Ends a [`Subscription`]: its waiting and later `next_event` calls return
+/// [`ClientError::Closed`].
+pub struct SubscriptionCloser(UnixStream);
+
+impl SubscriptionCloser {
+    /// Shuts the subscription's connection down.
+    pub fn close(&self) {
+        // Already shut down or closed by the daemon: nothing left to do either way.
+        let _ = self.0.shutdown(std::net::Shutdown::Both);
     }
 }
 

@@ -25,7 +25,7 @@ pub mod up;
 
 pub use client::{
     default_socket_path, Client, ClientError, ObjectBuffer, ObjectLocation, ObjectWriter,
-    Subscription,
+    Subscription, SubscriptionCloser,
 };
 pub use skyriver_core::client_protocol::{ClusterView, MemberView};
 pub use skyriver_core::node::{FetchError, TransferMode};

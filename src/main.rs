@@ -158,21 +158,35 @@ enum Command {
     Bench(skyriver::bench::BenchCommand),
 }
 
+/// The daemon takes plasma_store's flags too (`-m BYTES -s SOCKET [-d DIR [-h]]`), so `-h`
+/// means huge pages here, as in plasma_store; `--help` prints help.
 #[derive(Args)]
+#[command(disable_help_flag = true)]
 struct DaemonArgs {
     /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>.sock]
     #[arg(long, short = 's')]
     socket: Option<PathBuf>,
-    /// Shared memory for objects, e.g. 4GiB.
+    /// Shared memory for objects, e.g. 4GiB or 1000000000 (bytes, as plasma_store's -m).
     #[arg(long, short = 'm', default_value = "1GiB", env = "SKYRIVER_MEMORY")]
     memory: ByteSize,
     /// Back the store with a file on this hugetlbfs mount (e.g. /dev/hugepages).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "plasma_directory")]
     hugepages: Option<PathBuf>,
+    /// plasma_store's -d: with -h, the hugetlbfs mount to back the store with (as
+    /// --hugepages DIR); without -h, the store is a memfd (the same shared memory as a file in
+    /// /dev/shm) and DIR is not used.
+    #[arg(short = 'd', value_name = "DIR")]
+    plasma_directory: Option<PathBuf>,
+    /// plasma_store's -h: back the store with huge pages from the -d mount.
+    #[arg(short = 'h', requires = "plasma_directory")]
+    plasma_huge_pages: bool,
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help)]
+    help: Option<bool>,
     /// Persistent mode: keep objects in this file (and its index in PATH.index), e.g. on a
     /// DAX file system over persistent memory, /dev/shm or a local SSD. Sealed objects survive
     /// a crash and are recovered in place on restart; created with --memory bytes if absent.
-    #[arg(long, value_name = "PATH", conflicts_with = "hugepages")]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["hugepages", "plasma_huge_pages"])]
     backing_file: Option<PathBuf>,
     /// With --backing-file: when a seal is durable. `seal`: before the seal returns. `async`:
     /// within 10 ms (a crash may lose the last seals, never corrupt one).
@@ -298,7 +312,10 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
             .unwrap_or_else(skyriver::default_socket_path),
         args.memory.0,
     );
-    config.hugepages_dir = args.hugepages.clone();
+    config.hugepages_dir = match (&args.plasma_directory, args.plasma_huge_pages) {
+        (Some(dir), true) => Some(dir.clone()),
+        _ => args.hugepages.clone(),
+    };
     config.prefault = !args.no_prefault;
     config.socket_mode = args.socket_mode;
     config.persistence = args.backing_file.clone().map(|path| {

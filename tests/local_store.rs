@@ -177,3 +177,104 @@ fn many_clients_on_many_threads() {
     let client = Client::connect(daemon.socket_path()).unwrap();
     assert_eq!(client.list().unwrap().len(), 400);
 }
+
+/// Runs `work` on a thread and fails the test if it does not finish within `limit`.
+fn finishes_within<T: Send + 'static>(
+    limit: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(work());
+    });
+    finished
+        .recv_timeout(limit)
+        .expect("blocked behind another thread's call")
+}
+
+#[test]
+fn a_buffer_dropped_on_another_thread_does_not_wait_for_a_blocked_get() {
+    let dir = common::test_dir();
+    let daemon = common::start_daemon(dir.path(), 16 << 20);
+    let client = Client::connect(daemon.socket_path()).unwrap();
+    client.create_and_seal(id(1), b"held", b"").unwrap();
+    let held = client.get_one(id(1), None).unwrap();
+
+    // A get with no timeout, for an object nobody has created yet, on the same client.
+    let waiting = {
+        let client = client.clone();
+        std::thread::spawn(move || client.get_one(id(2), None).map(|b| b.data().to_vec()))
+    };
+    let other = Client::connect(daemon.socket_path()).unwrap();
+    while other.stats().unwrap().waiting_gets == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    // Dropping the buffer elsewhere, and every other call, go through while the get waits.
+    finishes_within(Duration::from_secs(5), move || drop(held));
+    let flushed = client.clone();
+    finishes_within(Duration::from_secs(5), move || flushed.flush().unwrap());
+    let summary = &client.list().unwrap()[0];
+    assert_eq!((summary.info.id, summary.ref_count), (id(1), 0));
+    assert!(client.contains(id(1)).unwrap());
+
+    // The waiting get still gets its object when it is sealed.
+    other.create_and_seal(id(2), b"late", b"").unwrap();
+    assert_eq!(waiting.join().unwrap().unwrap(), b"late");
+}
+
+#[test]
+fn threads_sharing_one_client_each_get_their_own_replies() {
+    let dir = common::test_dir();
+    let daemon = common::start_daemon(dir.path(), 64 << 20);
+    let client = Client::connect(daemon.socket_path()).unwrap();
+    // One thread waits for ever the whole time, so the socket is usually read by another.
+    let waiting = {
+        let client = client.clone();
+        std::thread::spawn(move || client.get_one(id(999_999), None).map(|b| b.data().len()))
+    };
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                for n in 0..200u64 {
+                    let object = id(t * 1000 + n);
+                    let payload = vec![(t + n) as u8; 10 + n as usize];
+                    client.create_and_seal(object, &payload, b"").unwrap();
+                    let got = client.get_one(object, Some(Duration::ZERO)).unwrap();
+                    assert_eq!(got.data(), &payload[..]);
+                    assert!(client.contains(object).unwrap());
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    client.create_and_seal(id(999_999), b"end", b"").unwrap();
+    assert_eq!(waiting.join().unwrap().unwrap(), 3);
+    client.flush().unwrap();
+    let objects = client.list().unwrap();
+    assert_eq!(objects.len(), 1601);
+    assert!(objects.iter().all(|o| o.ref_count == 0));
+}
+
+#[test]
+fn a_sealed_writer_kept_as_a_buffer_holds_its_reference() {
+    let dir = common::test_dir();
+    let daemon = common::start_daemon(dir.path(), 4 << 20);
+    let client = Client::connect(daemon.socket_path()).unwrap();
+    let mut writer = client.create(id(1), 3, 1).unwrap();
+    writer.data_mut().copy_from_slice(b"abc");
+    writer.metadata_mut().copy_from_slice(b"m");
+    let kept = writer.seal_into_buffer().unwrap();
+    assert_eq!((kept.data(), kept.metadata()), (&b"abc"[..], &b"m"[..]));
+    assert!(matches!(
+        client.delete(&[id(1)]).unwrap()[0],
+        Err(StoreError::ObjectInUse(_))
+    ));
+    drop(kept);
+    client.flush().unwrap();
+    // The deferred delete happened at the release.
+    assert!(!client.contains(id(1)).unwrap());
+}

@@ -189,3 +189,49 @@ fn the_daemon_stops_cleanly_on_sigterm_and_refuses_a_second_instance() {
     assert!(status.success(), "{status:?}");
     assert!(!daemon.socket.exists(), "the socket file is removed");
 }
+
+#[test]
+fn the_daemon_takes_plasma_stores_flags() {
+    let dir = common::test_dir();
+    let socket = dir.path().join("plasma.sock");
+    // As a script written for plasma_store would start it: -m in plain bytes, -s, -d.
+    let child = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args([
+            "daemon", "--log", "warn", "-m", "20000000", "-d", "/dev/shm", "-s",
+        ])
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut daemon = common::DaemonProcess {
+        child,
+        socket: socket.clone(),
+    };
+    let started = std::time::Instant::now();
+    let client = loop {
+        if let Ok(client) = Client::connect(&socket) {
+            break client;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "daemon did not start"
+        );
+        assert!(daemon.child.try_wait().unwrap().is_none(), "daemon exited");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(client.stats().unwrap().capacity_bytes, 20_000_000);
+
+    let skyriver = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_skyriver"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // -h is plasma_store's huge pages flag here, and needs -d; --help still prints help.
+    let help = skyriver(&["daemon", "--help"]);
+    assert!(help.status.success());
+    assert!(String::from_utf8_lossy(&help.stdout).contains("-m, --memory"));
+    let huge_pages_without_dir = skyriver(&["daemon", "-h", "-s", "/nonexistent/x.sock"]);
+    assert!(!huge_pages_without_dir.status.success());
+    assert!(String::from_utf8_lossy(&huge_pages_without_dir.stderr).contains("-d <DIR>"));
+}

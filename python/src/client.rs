@@ -1,0 +1,617 @@
+//! `skyriver.Client`: the Rust client, with every blocking call made without the GIL.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyBufferError, PyStopIteration, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use skyriver::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
+
+use crate::buffers::{Part, PendingWriters, PyMutableBuffer, PyReadBuffer, WriterSlot};
+use crate::errors::{self, ClientClosed};
+use crate::ids::{object_id, object_ids, PyObjectId};
+
+/// The socket clients use when not told: `$SKYRIVER_SOCKET`, else `/tmp/skyriver-<uid>.sock`.
+#[pyfunction]
+pub fn default_socket() -> PathBuf {
+    skyriver::default_socket_path()
+}
+
+/// A timeout in seconds (`None`: wait for ever, `0`: poll).
+fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "timeout must be None (wait for ever) or seconds >= 0, got {s}"
+        ))),
+    }
+}
+
+fn size(name: &str, value: i64) -> PyResult<u64> {
+    u64::try_from(value)
+        .map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {value}")))
+}
+
+/// A contiguous bytes-like object's memory, held exported while it is read.
+struct Source {
+    export: PyUntypedBuffer,
+}
+
+impl Source {
+    fn new(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
+        let export = PyUntypedBuffer::get(value).map_err(|e| {
+            PyBufferError::new_err(format!(
+                "{what} must support the buffer protocol (bytes, bytearray, memoryview, numpy \
+                 array, pyarrow buffer): {e}"
+            ))
+        })?;
+        if !export.is_c_contiguous() {
+            return Err(PyBufferError::new_err(format!(
+                "{what} must be C-contiguous (numpy.ascontiguousarray makes a copy that is)"
+            )));
+        }
+        Ok(Self { export })
+    }
+
+    /// The address and length of the bytes, valid while `self` lives.
+    fn raw(&self) -> (usize, usize) {
+        (self.export.buf_ptr() as usize, self.export.len_bytes())
+    }
+}
+
+/// Bytes at a raw address, for copying without the GIL.
+///
+/// # Safety
+///
+/// The `len` bytes at `address` must stay valid for the returned lifetime: they belong to a
+/// live buffer-protocol export.
+unsafe fn bytes_at<'a>(address: usize, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: as promised by the caller. Another Python thread writing to the exporter's
+    // memory during the copy gives a torn copy, as any copy of a mutable buffer would.
+    unsafe { std::slice::from_raw_parts(address as *const u8, len) }
+}
+
+/// A connection to the local Skyriver daemon.
+///
+/// `Client(socket=None)` connects (the default socket is the CLI's: `$SKYRIVER_SOCKET`, else
+/// `/tmp/skyriver-<uid>.sock`). Safe to share between threads; every blocking call releases
+/// the GIL. Use as a context manager, or call `close()`. Buffers outlive the client.
+#[pyclass(subclass, frozen, name = "Client", module = "skyriver")]
+pub struct PyClient {
+    client: RwLock<Option<Client>>,
+    socket: PathBuf,
+    pending: PendingWriters,
+}
+
+impl PyClient {
+    fn client(&self) -> PyResult<Client> {
+        self.client
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+            .ok_or_else(|| ClientClosed::new_err("the client is closed; connect again"))
+    }
+
+    fn call<T: Send>(
+        &self,
+        py: Python<'_>,
+        work: impl FnOnce(&Client) -> Result<T, ClientError> + Send,
+    ) -> PyResult<T> {
+        let client = self.client()?;
+        py.detach(|| work(&client))
+            .map_err(|e| errors::client_error(py, e))
+    }
+
+    fn buffer(py: Python<'_>, object: skyriver::ObjectBuffer) -> PyResult<Py<PyReadBuffer>> {
+        Py::new(py, PyReadBuffer::new(Arc::new(object), Part::Data))
+    }
+}
+
+#[pymethods]
+impl PyClient {
+    #[new]
+    #[pyo3(signature = (socket=None))]
+    fn new(py: Python<'_>, socket: Option<PathBuf>) -> PyResult<Self> {
+        let socket = socket.unwrap_or_else(skyriver::default_socket_path);
+        let client = py
+            .detach(|| Client::connect(&socket))
+            .map_err(|e| errors::client_error(py, e))?;
+        Ok(Self {
+            client: RwLock::new(Some(client)),
+            socket,
+            pending: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    /// The daemon's socket.
+    #[getter]
+    fn socket(&self) -> PathBuf {
+        self.socket.clone()
+    }
+
+    /// The node id of this client's daemon.
+    #[getter]
+    fn node(&self) -> PyResult<u32> {
+        Ok(self.client()?.node().0)
+    }
+
+    /// Whether `close()` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.client
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .is_none()
+    }
+
+    /// Connects again to the same socket: needed in a child after `fork()`.
+    fn reconnect(&self, py: Python<'_>) -> PyResult<()> {
+        let client = py
+            .detach(|| Client::connect(&self.socket))
+            .map_err(|e| errors::client_error(py, e))?;
+        let old = self
+            .client
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .replace(client);
+        // Unsealed objects of the old connection are the old connection's (or, after a fork,
+        // the parent's): forget them here.
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        py.detach(|| drop((old, pending)));
+        Ok(())
+    }
+
+    /// Closes the connection once no buffer uses it. Unsealed objects are aborted; buffers
+    /// already handed out stay valid until they go.
+    fn close(&self, py: Python<'_>) {
+        let old = self
+            .client
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        py.detach(|| drop((old, pending)));
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) {
+        self.close(py);
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.closed() { " (closed)" } else { "" };
+        format!("<skyriver.Client {}{state}>", self.socket.display())
+    }
+
+    /// Creates an object of `size` data bytes (and `metadata`, stored after them) and returns
+    /// a writable `MutableBuffer` over its data in shared memory. Write, then `seal(id)`.
+    #[pyo3(signature = (id, size, metadata=None))]
+    fn create(
+        &self,
+        py: Python<'_>,
+        id: &Bound<'_, PyAny>,
+        size: i64,
+        metadata: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyMutableBuffer> {
+        let id = object_id(id)?;
+        let data_size = self::size("size", size)?;
+        let metadata = metadata.map(|m| Source::new(m, "metadata")).transpose()?;
+        let (meta_address, meta_len) = metadata.as_ref().map_or((0, 0), Source::raw);
+        let writer = self.call(py, |client| {
+            let mut writer = client.create(id, data_size, meta_len as u64)?;
+            // SAFETY: `metadata` holds the export until after this call.
+            writer
+                .metadata_mut()
+                .copy_from_slice(unsafe { bytes_at(meta_address, meta_len) });
+            Ok(writer)
+        })?;
+        drop(metadata);
+        let slot = WriterSlot::new(writer);
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, slot.clone());
+        Ok(PyMutableBuffer::new(slot, self.pending.clone()))
+    }
+
+    /// Seals an object this client created: it becomes immutable and visible to every
+    /// client. Its `MutableBuffer` turns read-only and keeps a reference until it goes.
+    fn seal(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = object_id(id)?;
+        let slot = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        match slot {
+            Some(slot) => slot.seal(py),
+            None => Err(self.not_pending(py, id)),
+        }
+    }
+
+    /// Drops an unsealed object this client created. Raises `BufferError` while views of its
+    /// buffer are alive.
+    fn abort(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = object_id(id)?;
+        let slot = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned();
+        let Some(slot) = slot else {
+            return Err(self.not_pending(py, id));
+        };
+        slot.abort(py)?;
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        Ok(())
+    }
+
+    /// Stores a copy of `data` (bytes, bytearray, memoryview, a C-contiguous numpy array,
+    /// a pyarrow buffer: anything with the buffer protocol) as a new sealed object and
+    /// returns its id (random unless given). The copy runs without the GIL.
+    #[pyo3(signature = (data, id=None, metadata=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        data: &Bound<'_, PyAny>,
+        id: Option<&Bound<'_, PyAny>>,
+        metadata: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyObjectId> {
+        let id = match id {
+            Some(id) => object_id(id)?,
+            None => PyObjectId::random().0,
+        };
+        let source = Source::new(data, "data")?;
+        let metadata = metadata.map(|m| Source::new(m, "metadata")).transpose()?;
+        let (address, len) = source.raw();
+        let (meta_address, meta_len) = metadata.as_ref().map_or((0, 0), Source::raw);
+        self.call(py, |client| {
+            let mut writer = client.create(id, len as u64, meta_len as u64)?;
+            // SAFETY: `source` and `metadata` hold their exports until after this call.
+            let (data, meta) =
+                unsafe { (bytes_at(address, len), bytes_at(meta_address, meta_len)) };
+            writer.data_mut().copy_from_slice(data);
+            writer.metadata_mut().copy_from_slice(meta);
+            writer.seal()
+        })?;
+        drop((source, metadata));
+        Ok(PyObjectId(id))
+    }
+
+    /// Gets sealed objects as read-only zero-copy `Buffer`s, waiting up to `timeout` seconds
+    /// for those not sealed yet (`None`: for ever; `0`: poll). One id gives one buffer (or
+    /// raises `Timeout`); a list gives a list with `None` where an object was not available.
+    #[pyo3(signature = (ids, timeout=None))]
+    fn get(
+        &self,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let (ids, single) = object_ids(ids)?;
+        let wait = self::timeout(timeout)?;
+        let results = self.call(py, |client| client.get(&ids, wait))?;
+        if single {
+            let result = results.into_iter().next().ok_or_else(|| {
+                errors::ProtocolError::new_err("the daemon answered no result for one id")
+            })?;
+            return match result {
+                Ok(object) => Ok(Self::buffer(py, object)?.into_any()),
+                Err(error) => Err(errors::store_error(py, error)),
+            };
+        }
+        let list = PyList::empty(py);
+        for result in results {
+            match result {
+                Ok(object) => list.append(Self::buffer(py, object)?)?,
+                Err(error) if errors::is_unavailable(&error) => list.append(py.None())?,
+                Err(error) => return Err(errors::store_error(py, error)),
+            }
+        }
+        Ok(list.into_any().unbind())
+    }
+
+    /// Gets objects from anywhere in the cluster: each is fetched from a node that holds it
+    /// (unless already here) and returned like `get`. Waits up to `timeout` seconds.
+    #[pyo3(signature = (ids, timeout=None))]
+    fn fetch(
+        &self,
+        py: Python<'_>,
+        ids: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let (ids, single) = object_ids(ids)?;
+        let wait = self::timeout(timeout)?;
+        let results = self.call(py, |client| client.fetch(&ids, wait))?;
+        if single {
+            let result = results.into_iter().next().ok_or_else(|| {
+                errors::ProtocolError::new_err("the daemon answered no result for one id")
+            })?;
+            return match result {
+                Ok(object) => Ok(Self::buffer(py, object)?.into_any()),
+                Err(error) => Err(errors::fetch_error(py, error)),
+            };
+        }
+        let list = PyList::empty(py);
+        for result in results {
+            match result {
+                Ok(object) => list.append(Self::buffer(py, object)?)?,
+                Err(
+                    skyriver::FetchError::NotFound { .. } | skyriver::FetchError::Timeout { .. },
+                ) => list.append(py.None())?,
+                Err(error) => return Err(errors::fetch_error(py, error)),
+            }
+        }
+        Ok(list.into_any().unbind())
+    }
+
+    /// Whether a sealed object with this id is in the local store.
+    fn contains(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = object_id(id)?;
+        self.call(py, |client| client.contains(id))
+    }
+
+    /// Deletes objects. One id: raises `ObjectNotFound`, or `ObjectInUse` when a client holds
+    /// it (it is then deleted at the last release). A list: a list with `None` per deleted
+    /// object and the exception (not raised) for the others.
+    fn delete(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        let (ids, single) = object_ids(ids)?;
+        let results = self.call(py, |client| client.delete(&ids))?;
+        if single {
+            return match results.into_iter().next() {
+                Some(Err(error)) => Err(errors::store_error(py, error)),
+                _ => Ok(py.None()),
+            };
+        }
+        let list = PyList::empty(py);
+        for result in results {
+            match result {
+                Ok(()) => list.append(py.None())?,
+                Err(error) => list.append(errors::store_error(py, error).into_value(py))?,
+            }
+        }
+        Ok(list.into_any().unbind())
+    }
+
+    /// Every object in the store: a list of dicts with `id`, `data_size`, `metadata_size`,
+    /// `sealed`, `ref_count` (references held by clients), `pin_count` (transfers reading
+    /// it), `delete_pending` and `created_ms` (on the daemon's clock).
+    fn list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let objects = self.call(py, |client| client.list())?;
+        let list = PyList::empty(py);
+        for object in objects {
+            let entry = PyDict::new(py);
+            entry.set_item("id", PyObjectId(object.info.id))?;
+            entry.set_item("data_size", object.info.data_size)?;
+            entry.set_item("metadata_size", object.info.metadata_size)?;
+            entry.set_item("sealed", object.sealed)?;
+            entry.set_item("ref_count", object.ref_count)?;
+            entry.set_item("pin_count", object.pin_count)?;
+            entry.set_item("delete_pending", object.delete_pending)?;
+            entry.set_item("created_ms", object.created_at.as_nanos() / 1_000_000)?;
+            list.append(entry)?;
+        }
+        Ok(list)
+    }
+
+    /// Evicts at least `bytes` of objects nobody holds, least recently used first; returns
+    /// `{"objects": n, "bytes": freed}`.
+    fn evict<'py>(&self, py: Python<'py>, bytes: i64) -> PyResult<Bound<'py, PyDict>> {
+        let bytes = size("bytes", bytes)?;
+        let outcome = self.call(py, |client| client.evict(bytes))?;
+        let result = PyDict::new(py);
+        result.set_item("objects", outcome.objects)?;
+        result.set_item("bytes", outcome.bytes)?;
+        Ok(result)
+    }
+
+    /// The store's counters, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.call(py, |client| client.stats())?;
+        let result = PyDict::new(py);
+        result.set_item("capacity_bytes", stats.capacity_bytes)?;
+        result.set_item("allocated_bytes", stats.allocated_bytes)?;
+        result.set_item("object_count", stats.object_count)?;
+        result.set_item("sealed_count", stats.sealed_count)?;
+        result.set_item("evictable_bytes", stats.evictable_bytes)?;
+        result.set_item("client_count", stats.client_count)?;
+        result.set_item("waiting_gets", stats.waiting_gets)?;
+        result.set_item("evicted_objects_total", stats.evicted_objects_total)?;
+        result.set_item("evicted_bytes_total", stats.evicted_bytes_total)?;
+        result.set_item("sealed_objects_total", stats.sealed_objects_total)?;
+        Ok(result)
+    }
+
+    /// The cluster as this daemon sees it, as a dict.
+    fn nodes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let view = self.call(py, |client| client.nodes())?;
+        let result = PyDict::new(py);
+        result.set_item("node", view.node.0)?;
+        result.set_item("fabric", view.fabric)?;
+        result.set_item("directory", view.directory)?;
+        result.set_item("directory_healthy", view.directory_healthy)?;
+        result.set_item("eager_capacity_bytes", view.eager_capacity_bytes)?;
+        let members = PyList::empty(py);
+        for member in view.members {
+            let entry = PyDict::new(py);
+            entry.set_item("node", member.node.0)?;
+            entry.set_item("address", member.address)?;
+            entry.set_item("fabric", member.fabric)?;
+            entry.set_item("connected", member.connected)?;
+            entry.set_item("eager_threshold_bytes", member.eager_threshold_bytes)?;
+            entry.set_item("link", member.link)?;
+            members.append(entry)?;
+        }
+        result.set_item("members", members)?;
+        Ok(result)
+    }
+
+    /// Where an object lives: `{"holders": [node ids], "sizes": (data, metadata) or None}`.
+    fn locate<'py>(&self, py: Python<'py>, id: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let id = object_id(id)?;
+        let location = self.call(py, |client| client.locate(id))?;
+        let result = PyDict::new(py);
+        let holders: Vec<u32> = location.holders.iter().map(|node| node.0).collect();
+        result.set_item("holders", holders)?;
+        result.set_item("sizes", location.sizes)?;
+        Ok(result)
+    }
+
+    /// A `Subscription`: an iterator of seal and delete events, on a connection of its own.
+    fn subscribe(&self, py: Python<'_>) -> PyResult<PySubscription> {
+        let subscription = self.call(py, |client| client.subscribe())?;
+        let closer = subscription
+            .closer()
+            .map_err(|e| errors::client_error(py, e))?;
+        Ok(PySubscription {
+            subscription: Mutex::new(Some(subscription)),
+            closer,
+        })
+    }
+
+    /// Waits until the daemon has answered every release sent by buffers that went.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        self.call(py, |client| client.flush())
+    }
+}
+
+impl PyClient {
+    /// The error for sealing or aborting an id this client has no unsealed object for.
+    fn not_pending(&self, py: Python<'_>, id: ObjectId) -> PyErr {
+        match self.call(py, |client| client.contains(id)) {
+            Ok(true) => errors::store_error(py, StoreError::AlreadySealed(id)),
+            Ok(false) => errors::ObjectNotFound::new_err(format!(
+                "object {id} was not created by this client, or was sealed or aborted already"
+            )),
+            Err(error) => error,
+        }
+    }
+}
+
+/// A seal or delete event.
+#[pyclass(frozen, get_all, name = "Event", module = "skyriver")]
+pub struct PyEvent {
+    /// `"sealed"` or `"deleted"`.
+    kind: &'static str,
+    /// The object.
+    id: PyObjectId,
+    /// Data bytes (0 for deletions).
+    data_size: u64,
+    /// Metadata bytes (0 for deletions).
+    metadata_size: u64,
+}
+
+#[pymethods]
+impl PyEvent {
+    fn __repr__(&self) -> String {
+        format!(
+            "Event(kind={:?}, id={}, data_size={}, metadata_size={})",
+            self.kind, self.id.0, self.data_size, self.metadata_size
+        )
+    }
+}
+
+impl From<ObjectEvent> for PyEvent {
+    fn from(event: ObjectEvent) -> Self {
+        match event {
+            ObjectEvent::Sealed {
+                id,
+                data_size,
+                metadata_size,
+            } => Self {
+                kind: "sealed",
+                id: PyObjectId(id),
+                data_size,
+                metadata_size,
+            },
+            ObjectEvent::Deleted { id } => Self {
+                kind: "deleted",
+                id: PyObjectId(id),
+                data_size: 0,
+                metadata_size: 0,
+            },
+        }
+    }
+}
+
+/// Seal and delete events as they happen: iterate (blocks without the GIL), or call
+/// `next_event(timeout)`.
+#[pyclass(frozen, name = "Subscription", module = "skyriver")]
+pub struct PySubscription {
+    subscription: Mutex<Option<skyriver::Subscription>>,
+    /// Ends a `next_event` that waits on another thread (which holds `subscription`).
+    closer: skyriver::SubscriptionCloser,
+}
+
+#[pymethods]
+impl PySubscription {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<PyEvent> {
+        match self.next_event(py, None)? {
+            Some(event) => Ok(event),
+            None => Err(PyStopIteration::new_err(())),
+        }
+    }
+
+    /// The next event, waiting up to `timeout` seconds (`None`: for ever); `None` when the
+    /// time passed, or the subscription or daemon closed.
+    #[pyo3(signature = (timeout=None))]
+    fn next_event(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyEvent>> {
+        let wait = self::timeout(timeout)?;
+        let mut guard = self
+            .subscription
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(subscription) = guard.as_mut() else {
+            return Ok(None);
+        };
+        // A zero read timeout means "for ever" to the OS: poll with the shortest instead.
+        let wait = wait.map(|w| w.max(Duration::from_micros(1)));
+        let result = py.detach(|| {
+            subscription.set_timeout(wait)?;
+            subscription.next_event()
+        });
+        match result {
+            Ok(event) => Ok(Some(event.into())),
+            Err(ClientError::Closed) => {
+                *guard = None;
+                Ok(None)
+            }
+            Err(ClientError::Io(error))
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(error) => Err(errors::client_error(py, error)),
+        }
+    }
+
+    /// Closes the subscription's connection; a `next_event` waiting on another thread
+    /// returns `None`.
+    fn close(&self) {
+        self.closer.close();
+    }
+}

@@ -1,0 +1,119 @@
+//! The Python package's test suite (`python/tests/`, pytest) against real daemons.
+//!
+//! Runs when `python3` (or `$PYO3_PYTHON`) has pytest and numpy; otherwise prints a skip
+//! line and passes, unless `SKYRIVER_REQUIRE_PYTHON=1` (CI), where a missing prerequisite
+//! fails. The extension is the workspace's `skyriver-python` cdylib, built by cargo (the
+//! same interpreter found it at build time); it is copied with the package's Python sources
+//! into a temporary directory, so nothing is written into the source tree.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn python() -> String {
+    std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn required() -> bool {
+    std::env::var("SKYRIVER_REQUIRE_PYTHON").is_ok_and(|v| v == "1")
+}
+
+/// Why the suite cannot run here, if it cannot.
+fn missing_prerequisite(python: &str) -> Option<String> {
+    let probe = Command::new(python)
+        .args(["-c", "import pytest, numpy"])
+        .output();
+    match probe {
+        Err(error) => Some(format!("cannot run {python}: {error}")),
+        Ok(output) if !output.status.success() => Some(format!(
+            "{python} lacks pytest or numpy: {}",
+            String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .last()
+                .unwrap_or_default()
+        )),
+        Ok(_) => None,
+    }
+}
+
+/// Builds the extension with cargo (a no-op when up to date) and returns its path.
+fn build_extension() -> PathBuf {
+    let target_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
+        .expect("test binaries live in <target>/<profile>/deps");
+    let profile_dir = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .to_path_buf();
+    let release = profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release");
+    let mut build = Command::new(env!("CARGO"));
+    build
+        .args(["build", "-p", "skyriver-python"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if release {
+        build.arg("--release");
+    }
+    let status = build.status().expect("run cargo build -p skyriver-python");
+    assert!(status.success(), "building the Python extension failed");
+    let library = profile_dir.join("lib_native.so");
+    assert!(library.exists(), "{} was not built", library.display());
+    library
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        let name_text = name.to_string_lossy();
+        if name_text == "__pycache__"
+            || name_text.starts_with("_native") && name_text.ends_with(".so")
+        {
+            continue;
+        }
+        let path = entry.path();
+        if path.is_dir() {
+            copy_dir(&path, &to.join(&name));
+        } else {
+            std::fs::copy(&path, to.join(&name)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn python_package_test_suite() {
+    let python = python();
+    if let Some(reason) = missing_prerequisite(&python) {
+        assert!(
+            !required(),
+            "SKYRIVER_REQUIRE_PYTHON=1 but the Python suite cannot run: {reason}"
+        );
+        println!("skipping the Python test suite: {reason} (pip install pytest numpy pyarrow)");
+        return;
+    }
+    let library = build_extension();
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let staging = tempfile::Builder::new()
+        .prefix("skyriver-python-test")
+        .tempdir()
+        .unwrap();
+    copy_dir(&sources.join("skyriver"), &staging.path().join("skyriver"));
+    copy_dir(&sources.join("tests"), &staging.path().join("tests"));
+    std::fs::copy(&library, staging.path().join("skyriver").join("_native.so")).unwrap();
+
+    let status = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        .current_dir(staging.path())
+        .env("PYTHONPATH", staging.path())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("SKYRIVER_BIN", env!("CARGO_BIN_EXE_skyriver"))
+        .status()
+        .expect("run pytest");
+    assert!(status.success(), "the Python test suite failed ({status})");
+}
