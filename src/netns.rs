@@ -166,6 +166,16 @@ pub struct NetnsCluster {
 
 /// Slots of this process's live clusters, torn down by [`remove_on_signal`].
 static LIVE_SLOTS: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+/// Directories [`remove_on_signal`] removes too (sockets of the cluster's daemons).
+static SIGNAL_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Has [`remove_on_signal`] also remove `dir` if the process is interrupted.
+pub fn remove_dir_on_signal(dir: PathBuf) {
+    SIGNAL_DIRS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .push(dir);
+}
 
 fn namespace_name(slot: u16, node: u32) -> String {
     format!("skyriver-{slot}-{node}")
@@ -549,7 +559,8 @@ impl Drop for NetnsCluster {
 }
 
 /// On SIGINT or SIGTERM, removes this process's namespace clusters (killing what runs in them)
-/// and exits with status 130: for programs that do not stop on their own at Ctrl-C.
+/// and the directories given to [`remove_dir_on_signal`], and exits with status 130: for
+/// programs that do not stop on their own at Ctrl-C.
 pub fn remove_on_signal() {
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
@@ -580,6 +591,13 @@ pub fn remove_on_signal() {
                     .clone();
                 for slot in slots {
                     remove_slot(slot);
+                }
+                let dirs = SIGNAL_DIRS
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clone();
+                for dir in dirs {
+                    let _ = std::fs::remove_dir_all(dir);
                 }
                 std::process::exit(130);
             });

@@ -483,6 +483,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     );
     let socket_dir =
         std::env::temp_dir().join(format!("skyriver-bench-cluster-{}", std::process::id()));
+    crate::netns::remove_dir_on_signal(socket_dir.clone());
     let mut up = UpArgs::new(args.nodes, memory, Some(socket_dir.clone()));
     up.netns = true;
     up.link = args.link.clone();
