@@ -6,7 +6,9 @@
 //!
 //! `bench fetch` measures fetches between daemons against TCP, Plasma-style, chunked and Redis
 //! baselines in the same run; `bench scale` fills one daemon with many small objects and runs
-//! many clients against it; `bench all` runs the three in turn.
+//! many clients against it; `bench cluster` runs N daemons in network namespaces and moves
+//! objects in broadcast, all-to-all and incast patterns; `bench all` runs local, fetch and
+//! scale in turn.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -32,10 +34,14 @@ pub enum BenchCommand {
     /// Many small objects in one daemon (metadata bytes per object), then many clients doing a
     /// mixed get/put workload.
     Scale(scale::ScaleArgs),
+    /// N daemons in network namespaces (root): broadcast, all-to-all and incast fetches next
+    /// to raw TCP between the same namespaces and Redis GET, in the same run.
+    Cluster(cluster::ClusterArgs),
     /// The whole comparison: local, fetch and scale, with JSON and the plot in one directory.
     All(AllArgs),
 }
 
+mod cluster;
 mod fetch;
 mod plot;
 mod scale;
@@ -105,6 +111,7 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
         }
         BenchCommand::Fetch(args) => fetch::run(&args),
         BenchCommand::Scale(args) => scale::run(&args),
+        BenchCommand::Cluster(args) => cluster::run(&args),
         BenchCommand::All(args) => run_all(&args),
     }
 }

@@ -20,6 +20,7 @@ pub mod client;
 pub mod cluster;
 pub mod daemon;
 pub mod logging;
+pub mod netns;
 pub mod persistence;
 pub mod size;
 pub mod up;

@@ -66,6 +66,13 @@ pub struct UpArgs {
     /// More flags for every daemon, e.g. --daemon-arg=--lease-ms=2000.
     #[arg(long = "daemon-arg", allow_hyphen_values = true)]
     pub daemon_args: Vec<String>,
+    /// Put each daemon in its own network namespace (root), on a bridge, with its own address.
+    #[arg(long)]
+    pub netns: bool,
+    /// With --netns: shape every node's link, RATE,LATENCY (e.g. 10gbit,50us; tc tbf, and netem
+    /// for the latency where the kernel has it).
+    #[arg(long, requires = "netns")]
+    pub link: Option<crate::netns::LinkShape>,
 }
 
 fn parse_node_count(text: &str) -> Result<u32, String> {
@@ -90,6 +97,8 @@ impl UpArgs {
             daemon_args: Vec::new(),
             fabric: "tcp".into(),
             devices: Vec::new(),
+            netns: false,
+            link: None,
         }
     }
 }
@@ -112,6 +121,8 @@ pub struct LocalCluster {
     pub dir: PathBuf,
     /// The directory this cluster created for itself; removed on drop.
     _temp: Option<tempfile::TempDir>,
+    /// The namespaces the daemons run in (with --netns).
+    pub netns: Option<crate::netns::NetnsCluster>,
 }
 
 /// How [`LocalCluster::spawn`] runs the daemons.
@@ -166,10 +177,18 @@ impl LocalCluster {
                 (temp.path().to_path_buf(), Some(temp))
             }
         };
+        let netns = match args.netns {
+            true => Some(
+                crate::netns::NetnsCluster::create(args.nodes, args.link.as_ref())
+                    .map_err(|e| e.to_string())?,
+            ),
+            false => None,
+        };
         let head_port = free_loopback_port()?;
-        let head = match &args.directory {
-            Some(directory) => directory.clone(),
-            None => format!("127.0.0.1:{head_port}"),
+        let head = match (&args.directory, &netns) {
+            (Some(directory), _) => directory.clone(),
+            (None, Some(netns)) => format!("{}:7390", netns.hosts[0].addr),
+            (None, None) => format!("127.0.0.1:{head_port}"),
         };
         let token = std::env::var("SKYRIVER_CLUSTER_TOKEN")
             .ok()
@@ -181,6 +200,7 @@ impl LocalCluster {
             head: head.clone(),
             dir: dir.clone(),
             _temp: temp,
+            netns,
         };
         for node in 0..args.nodes {
             let socket = dir.join(format!("node-{node}.sock"));
@@ -190,16 +210,16 @@ impl LocalCluster {
             let log_out = log_file
                 .try_clone()
                 .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
-            let mut command = Command::new(exe);
+            let (mut command, listen) = match &cluster.netns {
+                Some(netns) => (
+                    netns.command(node as usize, exe),
+                    format!("{}:0", netns.hosts[node as usize].addr),
+                ),
+                None => (Command::new(exe), "127.0.0.1:0".to_string()),
+            };
             command
-                .args([
-                    "daemon",
-                    "--fabric",
-                    &args.fabric,
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--no-prefault",
-                ])
+                .args(["daemon", "--fabric", &args.fabric, "--listen", &listen])
+                .arg("--no-prefault")
                 .args([
                     "--node-id",
                     &node.to_string(),
@@ -511,6 +531,9 @@ pub fn run(args: &UpArgs) -> Result<(), String> {
             " (removed when up stops; --dir keeps them)"
         }
     );
+    if let Some(netns) = &cluster.netns {
+        crate::netns::describe(netns);
+    }
     println!("try:");
     println!(
         "  id=$(skyriver put --socket {} FILE)",

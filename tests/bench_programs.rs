@@ -128,3 +128,78 @@ fn bench_fetch_leaves_no_temporary_directories_also_when_it_fails() {
     assert!(!output.status.success());
     assert_eq!(left(), 0, "a failed bench fetch left something in $TMPDIR");
 }
+
+#[test]
+fn bench_cluster_runs_every_pattern_next_to_its_baselines_in_namespaces() {
+    if let Err(reason) = skyriver::netns::available() {
+        assert!(
+            std::env::var_os("SKYRIVER_REQUIRE_NETNS").is_none(),
+            "SKYRIVER_REQUIRE_NETNS is set but namespaces cannot be made: {reason}"
+        );
+        eprintln!("SKIPPED bench_cluster: network namespaces unavailable ({reason})");
+        return;
+    }
+    let dir = common::test_dir();
+    let report = skyriver(
+        dir.path(),
+        &[
+            "bench",
+            "cluster",
+            "--nodes",
+            "3",
+            "--sizes",
+            "1KiB,1MiB",
+            "--link",
+            "1gbit",
+            "--baselines",
+            "tcp",
+            "--millis-per-case",
+            "20",
+            "--min-rounds",
+            "2",
+            "--json",
+            "cluster.json",
+            "--plot",
+            "cluster.svg",
+        ],
+    );
+    assert_eq!(report["nodes"], 3);
+    assert_eq!(
+        report["link_applied"]["rate_bits_per_sec"],
+        1_000_000_000u64
+    );
+    let results = report["results"].as_array().unwrap();
+    for pattern in ["broadcast", "all-to-all", "incast"] {
+        for size in [1024, 1 << 20] {
+            for system in ["skyriver", "tcp"] {
+                let row = results
+                    .iter()
+                    .find(|r| {
+                        r["pattern"] == pattern && r["size_bytes"] == size && r["system"] == system
+                    })
+                    .unwrap_or_else(|| panic!("no {system} {pattern} row at {size} bytes"));
+                assert!(row["rounds"].as_u64().unwrap() >= 2);
+                assert!(row["aggregate_mb_per_sec"].as_f64().unwrap() > 0.0);
+                assert!(row["p99_us"].as_f64().unwrap() >= row["p50_us"].as_f64().unwrap());
+            }
+        }
+    }
+    let skyriver_row = results.iter().find(|r| r["system"] == "skyriver").unwrap();
+    assert!(skyriver_row["ratios"]["tcp"].as_f64().unwrap() > 0.0);
+    let svg = std::fs::read_to_string(dir.path().join("cluster.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("skyriver incast"));
+    // Nothing of the cluster is left.
+    let listed = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let addresses = report["addresses"].as_array().unwrap();
+    let slot = addresses[0]
+        .as_str()
+        .unwrap()
+        .split('.')
+        .nth(2)
+        .unwrap()
+        .to_string();
+    assert!(
+        !String::from_utf8_lossy(&listed.stdout).contains(&format!("skyriver-{slot}-")),
+        "namespaces left behind"
+    );
+}

@@ -250,6 +250,12 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         None => None,
     };
     drop(clusters);
+    for (suffix, _) in &builds {
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!(
+            "skyriver-bench-fetch-{}{suffix}",
+            std::process::id()
+        )));
+    }
     drop(redis);
 
     let baseline_results = |name: &str| -> Vec<CaseResult> {

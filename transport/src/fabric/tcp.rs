@@ -70,6 +70,12 @@ pub struct TcpFabricConfig {
     pub worker_threads: usize,
     /// Costs to report instead of the defaults (the round trip is always measured).
     pub costs: PathCosts,
+    /// A peer that stops answering (its machine or link died, so no FIN or RST ever comes) is
+    /// declared lost after about this long: TCP keepalive probes on a quiet connection, a
+    /// user timeout on unacknowledged data. Its pending READs then fail, so a fetch moves on
+    /// to another holder instead of waiting for a connection the kernel would keep for
+    /// minutes.
+    pub dead_peer_timeout: Duration,
 }
 
 impl TcpFabricConfig {
@@ -80,6 +86,7 @@ impl TcpFabricConfig {
             connect_timeout: Duration::from_secs(5),
             worker_threads: 2,
             costs: TCP_DEFAULT_COSTS,
+            dead_peer_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -720,6 +727,14 @@ fn start_connection(inner: Arc<Inner>, peer: NodeId, stream: TcpStream, round_tr
     let socket = socket2::SockRef::from(&stream);
     let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES * 16);
     let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES * 16);
+    // Best effort: without these a dead peer is only noticed by the transfer deadlines.
+    let timeout = inner.config.dead_peer_timeout;
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time((timeout / 2).max(Duration::from_secs(1)))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    let _ = socket.set_tcp_keepalive(&keepalive);
+    let _ = socket.set_tcp_user_timeout(Some(timeout));
     // A second handle on the socket for direct writes (see `Link`).
     let handles = stream.into_std().and_then(|std_stream| {
         let direct = std_stream.try_clone()?;

@@ -39,8 +39,9 @@
 //! room), and one `Mutex` over the peer table. Lock order: a connection's state, then the table;
 //! never the reverse. No custom synchronisation (so nothing to model-check beyond the standard
 //! library, plus one flag for the idle hand-off in [`idle`]): the poller keeps polling for
-//! `busy_poll` after its last completion, then arms every connection's CQ, looks once more, and
-//! sleeps on the device's completion channel, the control streams and an eventfd that posts
+//! `busy_poll` after its last completion, then takes short sleeps (10 µs up to `idle_poll_max`,
+//! cut short by posts) for `event_sleep_after`, then arms every connection's CQ, looks once
+//! more, and sleeps on the device's completion channel, the control streams and an eventfd that posts
 //! write to ([`idle`]), so an idle daemon costs no CPU and a busy one polls in batches. Where the
 //! device gives no completion channel it backs off to short sleeps (`idle_poll_max`) instead.
 //!
@@ -130,8 +131,12 @@ pub struct VerbsFabricConfig {
     /// How long the poller keeps polling without pause after its last completion (the
     /// latency of a reply that comes back this soon is a poll, not a wake-up).
     pub busy_poll: Duration,
-    /// Longest sleep of the idle poller between CQ polls when the device has no completion
-    /// channel (its wake-up latency for arriving messages when nothing else is going on).
+    /// After this long without work the poller sleeps on completion events (no CPU while idle);
+    /// until then it takes short sleeps, so a busy connection's next reply costs a poll, not an
+    /// event wake-up.
+    pub event_sleep_after: Duration,
+    /// Longest sleep of the idle poller between CQ polls while recently busy, or always when the
+    /// device has no completion channel.
     pub idle_poll_max: Duration,
     /// How often the poller checks each connection's TCP stream for EOF.
     pub liveness_interval: Duration,
@@ -168,6 +173,7 @@ impl VerbsFabricConfig {
             probe_budget: Duration::from_millis(5),
             probe_bytes: 256 * 1024,
             busy_poll: Duration::from_micros(20),
+            event_sleep_after: Duration::from_millis(20),
             idle_poll_max: Duration::from_micros(200),
             liveness_interval: Duration::from_millis(5),
             control_keepalive: Duration::from_secs(2),
@@ -309,13 +315,11 @@ impl Shared {
     }
 
     fn wake_poller(&self) {
-        match &self.idle {
-            Some(idle) => idle.wake(),
-            None => {
-                if let Some(t) = self.poller.get() {
-                    t.unpark();
-                }
-            }
+        if let Some(idle) = &self.idle {
+            idle.wake();
+        }
+        if let Some(t) = self.poller.get() {
+            t.unpark();
         }
     }
 
@@ -1253,14 +1257,18 @@ fn poll_loop(s: &Shared) {
             thread::yield_now();
             continue;
         }
-        let Some(idle) = &s.idle else {
-            // No completion channel: back off from 10 µs to idle_poll_max; posts unpark the
-            // thread at once.
-            let shift = idle_rounds.min(10);
-            idle_rounds = idle_rounds.saturating_add(1);
-            let sleep = Duration::from_micros(10u64 << shift).min(s.config.idle_poll_max);
-            thread::park_timeout(sleep);
-            continue;
+        let idle = match &s.idle {
+            // Recently busy (or no completion channel): short sleeps from 10 µs to
+            // idle_poll_max, cut short by posts (unpark), keep the next reply's latency a poll,
+            // not an event wake-up.
+            Some(idle) if last_work.elapsed() >= s.config.event_sleep_after => idle,
+            _ => {
+                let shift = idle_rounds.min(10);
+                idle_rounds = idle_rounds.saturating_add(1);
+                let sleep = Duration::from_micros(10u64 << shift).min(s.config.idle_poll_max);
+                thread::park_timeout(sleep);
+                continue;
+            }
         };
         // Sleep on events: arm every CQ, then look once more (a completion that arrived before
         // arming raises no event), and sleep only if that finds nothing.
