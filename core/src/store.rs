@@ -793,27 +793,20 @@ impl Store {
         self.outputs.push_back(StoreOutput::Local(event));
     }
 
+    /// `id` was sealed: gets waiting for it count it as settled.
     fn wake_waiters(&mut self, id: ObjectId) {
-        let Some(waiter_ids) = self.waiters_by_object.remove(&id) else {
-            return;
-        };
-        for waiter_id in waiter_ids {
-            let Some(waiter) = self.waiters.get_mut(&waiter_id) else {
-                continue;
-            };
-            waiter.unsealed_remaining -= 1;
-            if waiter.unsealed_remaining == 0 {
-                let waiter = self
-                    .take_waiter(waiter_id)
-                    .expect("the waiter was just found");
-                self.complete_get(waiter);
-            }
-        }
+        self.settle_waiters(id, false);
     }
 
     /// Gets waiting for `id`, aborted before it was sealed, hear so now instead of at their
     /// deadline: the id counts as settled (with [`StoreError::Aborted`]).
     fn abort_waiters(&mut self, id: ObjectId) {
+        self.settle_waiters(id, true);
+    }
+
+    /// Every get waiting for `id` counts it as settled; those with nothing left to wait for
+    /// complete.
+    fn settle_waiters(&mut self, id: ObjectId, aborted: bool) {
         let Some(waiter_ids) = self.waiters_by_object.remove(&id) else {
             return;
         };
@@ -821,7 +814,9 @@ impl Store {
             let Some(waiter) = self.waiters.get_mut(&waiter_id) else {
                 continue;
             };
-            waiter.aborted.push(id);
+            if aborted {
+                waiter.aborted.push(id);
+            }
             waiter.unsealed_remaining -= 1;
             if waiter.unsealed_remaining == 0 {
                 let waiter = self

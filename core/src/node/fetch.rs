@@ -77,6 +77,15 @@ pub(super) struct ObjectFetch {
 }
 
 impl ObjectFetch {
+    /// Whether any client fetch wanting this object asked to wait for a publication.
+    fn waits_for_publication(&self, waiters: &BTreeMap<FetchWaiterId, FetchWaiter>) -> bool {
+        self.waiters.iter().any(|w| {
+            waiters
+                .get(w)
+                .is_some_and(|waiter| waiter.wait_for_publication)
+        })
+    }
+
     pub(super) fn describe(&self) -> String {
         format!(
             "{:?} for {} waiters, round {}, {} attempts{}",
@@ -244,11 +253,7 @@ impl Node {
                 let mut holders: Vec<NodeId> = holders.into_iter().filter(|&h| h != me).collect();
                 holders.sort();
                 holders.dedup();
-                let waits = object.waiters.iter().any(|w| {
-                    self.waiters
-                        .get(w)
-                        .is_some_and(|waiter| waiter.wait_for_publication)
-                });
+                let waits = object.waits_for_publication(&self.waiters);
                 match sizes {
                     Some(sizes) if !holders.is_empty() => {
                         object.sizes = Some(sizes);
@@ -314,11 +319,7 @@ impl Node {
         if object.state != ObjectFetchState::AwaitingPublication {
             return;
         }
-        let waits = object.waiters.iter().any(|w| {
-            self.waiters
-                .get(w)
-                .is_some_and(|waiter| waiter.wait_for_publication)
-        });
+        let waits = object.waits_for_publication(&self.waiters);
         if !waits {
             self.directory(DirectoryRequest::Unsubscribe { id }, None);
             self.resolve(id, Err(FetchError::NotFound { id }));
