@@ -527,10 +527,10 @@ fn qp_forced_into_error_mid_transfer_flushes() {
             .collect();
         ea.conn.post_reads(0, &reqs).unwrap();
     }
-    // Let the transfer start (the first list completes), then fail the QP under it.
+    // Fail the QP under the transfer at once. (Waiting for a first completion first made
+    // the test depend on scheduling: a poller descheduled for the whole 16 MiB under TCG
+    // saw every READ complete before the error.)
     let mut out = Vec::new();
-    poll_until(&mut ea.conn, &mut out, |c| !c.is_empty());
-    assert_ok(&out[0]);
     ea.conn.force_error(0).unwrap();
     assert!(matches!(
         ea.conn.post_reads(
@@ -569,7 +569,7 @@ fn qp_forced_into_error_mid_transfer_flushes() {
         recvs.len()
     );
     assert!(
-        ok >= 1 && flushed > 0,
+        flushed > 0,
         "forcing the QP to error must flush the outstanding READs"
     );
     for c in &reads {
