@@ -8,32 +8,41 @@
 //!   serve; [`Persistence::recover`] feeds the records found to `Store::recover` and reports
 //!   objects, bytes and milliseconds. Recovered objects come out of the store as ordinary
 //!   `Local(Sealed)` events, so the node layer publishes them to the directory like any seal.
-//! * every input: [`Persistence::commit`] drains the store's `DurableChange`s and makes them
-//!   durable before the driver writes any reply or carries out any other output.
+//! * serving: [`Persistence::start_committer`] moves the files to a committer thread. The node
+//!   emits each `DurableChange` as a `Persist` output numbered from 1; the event loop hands it
+//!   to [`CommitQueue::submit`], and the thread stages, flushes and reports the highest number
+//!   durable on a watch channel, which the loop feeds back to the node
+//!   (`Node::handle_persisted`). The loop never waits for a disk: replies that must follow a
+//!   flush wait in the node, every other client and peer goes on being served.
 //!
 //! Durability modes:
-//! * `seal` (default): a seal's bytes and record are flushed before its reply is sent. A seal
-//!   that returned survives any crash, power loss included.
+//! * `seal` (default): a seal's bytes and record are flushed before its reply is sent (the
+//!   node holds the reply). A seal that returned survives any crash, power loss included.
+//!   Seals that arrive while a flush runs are flushed together by the next one (group commit).
 //! * `async`: seals are recorded by a background commit every `async_commit_interval_ms` (or
 //!   sooner when `async_max_staged_seals` / `async_max_staged_bytes` pile up). A seal returns at
 //!   memory speed; a crash may lose the seals of the last interval, never corrupt one.
 //!
-//! In both modes a delete or eviction of a recorded object is durable before the reply to the
-//! request that freed its space, so a deleted object never comes back, and never over bytes
-//! that were reused.
+//! In both modes the space of a deleted or evicted recorded object is reused only once its
+//! removal is durable (the store keeps the block aside until then, and a `create` that needs it
+//! waits), so a recovered record never points at bytes that were reused; removals are
+//! committed as soon as they arrive. In `seal` mode the delete's reply also waits for it.
 //!
 //! A failed flush is fail-stop: the daemon cannot promise durability any more, so it logs the
 //! error and aborts; a restart recovers the last consistent state.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::time::Duration;
 
-use skyriver_core::{Instant, RecoveredObject, RecoveryReport, Store, StoreConfig};
+use skyriver_core::{DurableChange, Instant, RecoveredObject, RecoveryReport, Store, StoreConfig};
 use skyriver_transport::persist::{BackingFile, PersistError, ScanReport};
 use skyriver_transport::SharedArena;
+use tokio::sync::watch;
 use tracing::{error, info, warn};
+
+/// Durable changes the event loop may hand the committer before `submit` waits for it.
+const COMMIT_QUEUE_CHANGES: usize = 65_536;
 
 /// When a seal becomes durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -103,28 +112,13 @@ pub struct RecoverySummary {
 
 /// The daemon's handle on its backing files.
 pub struct Persistence {
-    shared: Arc<Shared>,
+    backing: BackingFile,
     durability: Durability,
+    async_interval: Duration,
     max_staged_seals: usize,
     max_staged_bytes: u64,
     scan: ScanReport,
     opened_at: std::time::Instant,
-    committer: Option<std::thread::JoinHandle<()>>,
-}
-
-struct Shared {
-    backing: Mutex<BackingFile>,
-    stop: AtomicBool,
-    wake: Condvar,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, BackingFile> {
-        // A panic under this lock aborted the daemon already (see `fail_stop`).
-        self.backing
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
 }
 
 impl Persistence {
@@ -145,37 +139,15 @@ impl Persistence {
                  creating it)"
             );
         }
-        let shared = Arc::new(Shared {
-            backing: Mutex::new(opened.backing),
-            stop: AtomicBool::new(false),
-            wake: Condvar::new(),
-        });
-        let committer = match config.durability {
-            Durability::Seal => None,
-            Durability::Async => {
-                let shared = shared.clone();
-                let interval = Duration::from_millis(config.async_commit_interval_ms.max(1));
-                Some(
-                    std::thread::Builder::new()
-                        .name("skyriver-commit".into())
-                        .spawn(move || run_committer(&shared, interval))
-                        .map_err(|source| PersistError::Io {
-                            op: "spawn",
-                            path: config.backing_file.clone(),
-                            source,
-                        })?,
-                )
-            }
-        };
         Ok((
             Self {
-                shared,
+                backing: opened.backing,
                 durability: config.durability,
+                async_interval: Duration::from_millis(config.async_commit_interval_ms.max(1)),
                 max_staged_seals: config.async_max_staged_seals,
                 max_staged_bytes: config.async_max_staged_bytes,
                 scan: opened.scan,
                 opened_at,
-                committer,
             },
             opened.arena,
         ))
@@ -214,7 +186,7 @@ impl Persistence {
         batch_len: usize,
         mut apply: impl FnMut(Vec<RecoveredObject>) -> RecoveryReport,
     ) -> Result<RecoverySummary, PersistError> {
-        let mut backing = self.shared.lock();
+        let backing = &mut self.backing;
         let records: Vec<RecoveredObject> = backing.found_records().collect();
         let batch_len = batch_len.max(1);
         let (mut objects, mut bytes, mut refused) = (0, 0, Vec::new());
@@ -263,63 +235,28 @@ impl Persistence {
         Ok(summary)
     }
 
-    /// Drains the store's durable changes and makes them durable as the mode requires. Call
-    /// after every input to the store, before writing any reply or carrying out any output.
-    pub fn commit(&self, store: &mut Store) -> Result<(), PersistError> {
-        let mut backing = self.shared.lock();
-        let mut changed = false;
-        while let Some(change) = store.poll_durable_change() {
-            backing.stage(change);
-            changed = true;
-        }
-        if !changed {
-            return Ok(());
-        }
-        match self.durability {
-            Durability::Seal => {
-                backing.commit()?;
-            }
-            Durability::Async => {
-                if backing.staged_seal_count() >= self.max_staged_seals
-                    || backing.staged_seal_bytes() >= self.max_staged_bytes
-                {
-                    backing.commit()?;
-                } else if backing.has_staged_removals() {
-                    // Removal before reuse: the freed space is handed out after this returns.
-                    backing.commit_removals()?;
-                }
-                if backing.staged_seal_count() > 0 {
-                    self.shared.wake.notify_one();
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// [`Persistence::commit`], stopping the process if the files cannot be written: a reply
-    /// must never promise durability that was not achieved.
-    pub fn commit_or_abort(&self, store: &mut Store) {
-        if let Err(error) = self.commit(store) {
-            fail_stop(&error);
-        }
-    }
-
-    /// Writes everything staged now (clean shutdown, tests).
-    pub fn flush(&self) -> Result<(), PersistError> {
-        self.shared.lock().commit().map(|_| ())
-    }
-}
-
-impl Drop for Persistence {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.wake.notify_all();
-        if let Some(committer) = self.committer.take() {
-            let _ = committer.join();
-        }
-        if let Err(error) = self.flush() {
-            error!(%error, "final commit of the backing file failed");
-        }
+    /// Starts the committer thread, which owns the files from now on: changes go in with
+    /// [`CommitQueue::submit`], and the returned watch channel tells the highest change number
+    /// durable so far.
+    pub fn start_committer(self) -> Result<(CommitQueue, watch::Receiver<u64>), PersistError> {
+        let (changes, queue) = sync_channel(COMMIT_QUEUE_CHANGES);
+        let (durable_tx, durable_rx) = watch::channel(0);
+        let path = self.backing.data_path().to_path_buf();
+        let thread = std::thread::Builder::new()
+            .name("skyriver-commit".into())
+            .spawn(move || Committer::new(self, durable_tx).run(queue))
+            .map_err(|source| PersistError::Io {
+                op: "spawn",
+                path,
+                source,
+            })?;
+        Ok((
+            CommitQueue {
+                changes: Some(changes),
+                thread: Some(thread),
+            },
+            durable_rx,
+        ))
     }
 }
 
@@ -332,25 +269,97 @@ impl std::fmt::Debug for Persistence {
     }
 }
 
-/// Async mode: commits staged seals at most `interval` after they were staged.
-fn run_committer(shared: &Shared, interval: Duration) {
-    let mut backing = shared.lock();
-    while !shared.stop.load(Ordering::SeqCst) {
-        if backing.staged_seal_count() == 0 {
-            // Sleep until something is staged (or shutdown).
-            backing = shared
-                .wake
-                .wait(backing)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            continue;
+/// The event loop's end of the committer thread. Dropping it commits what is staged and
+/// stops the thread.
+pub struct CommitQueue {
+    changes: Option<SyncSender<(u64, DurableChange)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CommitQueue {
+    /// Hands change number `seq` to the committer. Waits only when the committer is
+    /// [`COMMIT_QUEUE_CHANGES`] changes behind (the disk cannot keep up: back-pressure).
+    pub fn submit(&self, seq: u64, change: DurableChange) {
+        if let Some(changes) = &self.changes {
+            if changes.send((seq, change)).is_err() {
+                // The committer only stops by fail-stop, which aborts the process.
+                error!("the committer thread is gone");
+            }
         }
-        // Let a batch gather, then commit it.
-        drop(backing);
-        std::thread::sleep(interval);
-        backing = shared.lock();
-        if let Err(error) = backing.commit() {
+    }
+}
+
+impl Drop for CommitQueue {
+    fn drop(&mut self) {
+        self.changes.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The committer thread's state.
+struct Committer {
+    persistence: Persistence,
+    durable: watch::Sender<u64>,
+    /// Highest change number staged.
+    staged_upto: u64,
+}
+
+impl Committer {
+    fn new(persistence: Persistence, durable: watch::Sender<u64>) -> Self {
+        Self {
+            persistence,
+            durable,
+            staged_upto: 0,
+        }
+    }
+
+    fn stage(&mut self, (seq, change): (u64, DurableChange)) {
+        self.persistence.backing.stage(change);
+        self.staged_upto = seq;
+    }
+
+    /// Whether what is staged must be committed without waiting for more.
+    fn due(&self) -> bool {
+        let backing = &self.persistence.backing;
+        self.persistence.durability == Durability::Seal
+            || backing.has_staged_removals()
+            || backing.staged_seal_count() >= self.persistence.max_staged_seals
+            || backing.staged_seal_bytes() >= self.persistence.max_staged_bytes
+    }
+
+    fn run(mut self, queue: Receiver<(u64, DurableChange)>) {
+        // Each round: wait for a change, take every change already queued (a group commit),
+        // in async mode wait up to the interval for more unless something is due, commit,
+        // report.
+        while let Ok(first) = queue.recv() {
+            self.stage(first);
+            let gather_until = std::time::Instant::now() + self.persistence.async_interval;
+            loop {
+                while let Ok(change) = queue.try_recv() {
+                    self.stage(change);
+                }
+                if self.due() {
+                    break;
+                }
+                let wait = gather_until.saturating_duration_since(std::time::Instant::now());
+                match queue.recv_timeout(wait) {
+                    Ok(change) => self.stage(change),
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            self.commit();
+        }
+        // The queue closed: the daemon is stopping. Commit the rest (it is staged already).
+        self.commit();
+    }
+
+    fn commit(&mut self) {
+        if let Err(error) = self.persistence.backing.commit() {
             fail_stop(&error);
         }
+        self.durable.send_replace(self.staged_upto);
     }
 }
 

@@ -271,3 +271,52 @@ fn the_cli_refuses_a_malformed_id() {
     assert!(!ok);
     assert!(stderr.contains("hex"), "{stderr}");
 }
+
+#[test]
+fn a_client_that_never_reads_its_replies_is_disconnected_and_others_carry_on() {
+    let dir = common::test_dir();
+    let daemon = common::start_daemon(dir.path(), 64 << 20);
+    let client = Client::connect(daemon.socket_path()).unwrap();
+    // A thousand objects make every `list` reply about 80 KiB.
+    for n in 0..1000 {
+        client
+            .create_and_seal(ObjectId::from_u64(n), b"x", b"")
+            .unwrap();
+    }
+    let mut hog = RawConnection::greeted(daemon.socket_path());
+    hog.stream
+        .set_write_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Ask for far more than the daemon buffers for one client (16 MiB) and never read.
+    let mut list = Vec::new();
+    encode_frame(
+        &RequestFrame {
+            request: RequestId(2),
+            body: Request::List,
+        },
+        &mut list,
+    );
+    let mut sent = 0;
+    for _ in 0..2000 {
+        if hog.stream.write_all(&list).is_err() {
+            break; // the daemon already closed it
+        }
+        sent += 1;
+    }
+    // The daemon never blocked on the hog: another client is served at once.
+    let started = std::time::Instant::now();
+    assert_eq!(client.list().unwrap().len(), 1000);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The hog is cut off: reading drains what the socket held, then reaches the end, well
+    // before all `sent` replies (about 160 MB) could have come.
+    let mut replies = 0;
+    while hog.reply().is_some() {
+        replies += 1;
+    }
+    assert!(
+        replies < sent,
+        "{replies} of {sent} replies arrived: the daemon buffered without limit"
+    );
+    // Its memory came back: the daemon is still there, and the objects too.
+    assert_eq!(client.stats().unwrap().object_count, 1000);
+}

@@ -67,6 +67,9 @@ pub enum StoreError {
     /// A get waited for an object whose creator aborted it (or disconnected) before sealing.
     #[error("object {0} was aborted by its creator before it was sealed")]
     Aborted(ObjectId),
+    /// The cluster's directory did not answer; the request may succeed once it is back.
+    #[error("the directory is unavailable: {0}")]
+    DirectoryUnavailable(String),
 }
 
 /// A byte count for messages: `1.5 GiB (1610612736 bytes)`, or `512 bytes` below 1 KiB.

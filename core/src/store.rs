@@ -8,7 +8,7 @@
 //! `delete`d. A delete of an object in use is deferred until the last reference goes (Plasma's
 //! rule); an object pinned by a transfer is never evicted or freed.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -206,6 +206,9 @@ pub struct StoreConfig {
     /// Queue a [`DurableChange`] for every seal and every removal of a sealed object, for a
     /// driver that keeps the object index on persistent storage (see [`recovery`]).
     pub record_durable_changes: bool,
+    /// Key of the object index's hash. A daemon draws it at random; the simulator and tests
+    /// derive it from their seed, so runs replay.
+    pub hash_seed: u64,
 }
 
 impl StoreConfig {
@@ -215,6 +218,7 @@ impl StoreConfig {
             arenas: vec![(ArenaId(0), capacity_bytes)],
             max_batch_len: 65_536,
             record_durable_changes: false,
+            hash_seed: 0,
         }
     }
 }
@@ -229,13 +233,20 @@ pub struct Store {
     evictable_bytes: u64,
     clients: BTreeMap<ClientId, ClientState>,
     waiters: BTreeMap<WaiterId, Waiter>,
-    waiters_by_object: HashMap<ObjectId, Vec<WaiterId>>,
+    waiters_by_object: BTreeMap<ObjectId, Vec<WaiterId>>,
     deadlines: BTreeSet<(Instant, WaiterId)>,
     next_waiter: u64,
     outputs: VecDeque<StoreOutput>,
     /// Seals and removals the driver has not made durable yet (empty unless
     /// [`StoreConfig::record_durable_changes`]).
     durable_changes: VecDeque<DurableChange>,
+    /// Durable changes queued so far; the n-th one (from 1) has sequence number n.
+    durable_changes_queued: u64,
+    /// Blocks of removed sealed objects, by the sequence number of their removal: free only
+    /// once the removal is durable ([`Store::handle_durable`]), so a recovered record never
+    /// points at space another object has overwritten.
+    quarantine: VecDeque<(u64, LocalRegion)>,
+    quarantined_bytes: u64,
     stats: StoreStats,
 }
 
@@ -243,18 +254,22 @@ impl Store {
     /// An empty store over the configured arenas.
     pub fn new(config: StoreConfig) -> Self {
         let allocator = Allocator::new(config.arenas.iter().copied());
+        let hash_seed = config.hash_seed;
         Self {
             config,
             allocator,
-            objects: ObjectTable::new(),
+            objects: ObjectTable::new(hash_seed),
             evictable_bytes: 0,
             clients: BTreeMap::new(),
             waiters: BTreeMap::new(),
-            waiters_by_object: HashMap::new(),
+            waiters_by_object: BTreeMap::new(),
             deadlines: BTreeSet::new(),
             next_waiter: 0,
             outputs: VecDeque::new(),
             durable_changes: VecDeque::new(),
+            durable_changes_queued: 0,
+            quarantine: VecDeque::new(),
+            quarantined_bytes: 0,
             stats: StoreStats::default(),
         }
     }
@@ -364,7 +379,7 @@ impl Store {
         let info = entry.info();
         let block = entry.block();
         if self.config.record_durable_changes {
-            self.durable_changes.push_back(DurableChange::Sealed {
+            self.queue_durable(DurableChange::Sealed {
                 id,
                 block,
                 data_size: info.data_size,
@@ -640,7 +655,10 @@ impl Store {
     pub fn stats(&self) -> StoreStats {
         StoreStats {
             capacity_bytes: self.allocator.capacity_bytes(),
-            allocated_bytes: self.allocator.capacity_bytes() - self.allocator.free_bytes(),
+            // Blocks waiting for their removal to be durable hold no object.
+            allocated_bytes: self.allocator.capacity_bytes()
+                - self.allocator.free_bytes()
+                - self.quarantined_bytes,
             object_count: self.objects.len() as u64,
             sealed_count: self.objects.iter().filter(|e| e.sealed).count() as u64,
             evictable_bytes: self.evictable_bytes,
@@ -650,9 +668,10 @@ impl Store {
         }
     }
 
-    /// Bytes that could be freed now: free space plus everything evictable.
+    /// Bytes that could be freed: free space, everything evictable, and removed objects'
+    /// blocks waiting for their removal to be durable.
     pub fn reclaimable_bytes(&self) -> u64 {
-        self.allocator.free_bytes() + self.evictable_bytes
+        self.allocator.free_bytes() + self.evictable_bytes + self.quarantined_bytes
     }
 
     /// Time passed: completes every get whose deadline is at or before `now`.
@@ -687,6 +706,35 @@ impl Store {
         self.durable_changes.pop_front()
     }
 
+    /// Every durable change up to sequence number `upto` (the n-th change queued has number
+    /// n, from 1) is durable now: blocks of removals up to there become free space.
+    pub fn handle_durable(&mut self, upto: u64) {
+        while let Some(&(seq, block)) = self.quarantine.front() {
+            if seq > upto {
+                break;
+            }
+            self.quarantine.pop_front();
+            self.quarantined_bytes -= block.len;
+            self.allocator.free(block);
+        }
+    }
+
+    /// Durable changes queued since the store was made (the last one's sequence number).
+    pub fn durable_changes_queued(&self) -> u64 {
+        self.durable_changes_queued
+    }
+
+    /// Bytes of removed objects whose removal is not durable yet (see
+    /// [`Store::handle_durable`]): they become free when it is.
+    pub fn quarantined_bytes(&self) -> u64 {
+        self.quarantined_bytes
+    }
+
+    fn queue_durable(&mut self, change: DurableChange) {
+        self.durable_changes_queued += 1;
+        self.durable_changes.push_back(change);
+    }
+
     fn is_sealed(&self, id: &ObjectId) -> bool {
         self.objects.get(id).is_some_and(|e| e.sealed)
     }
@@ -710,7 +758,9 @@ impl Store {
             if let Some(block) = self.allocator.allocate(total) {
                 return Ok(block);
             }
-            if self.evict_one().is_none() {
+            // Evicted blocks wait for their removal to be durable before they are free; once
+            // enough wait, evicting more only loses objects (the caller retries when they are).
+            if self.quarantined_bytes >= block_len || self.evict_one().is_none() {
                 return Err(self.out_of_memory(id, total));
             }
         }
@@ -773,10 +823,13 @@ impl Store {
         if entry.in_lru() {
             self.evictable_bytes -= block.len;
         }
-        self.allocator.free(block);
         if self.config.record_durable_changes && entry.sealed {
-            self.durable_changes
-                .push_back(DurableChange::Removed { id });
+            self.queue_durable(DurableChange::Removed { id });
+            self.quarantine
+                .push_back((self.durable_changes_queued, block));
+            self.quarantined_bytes += block.len;
+        } else {
+            self.allocator.free(block);
         }
         if notify && entry.sealed {
             self.notify(ObjectEvent::Deleted { id });
@@ -906,10 +959,12 @@ impl Store {
             assert!(self.objects.contains(id), "reference to missing {id}");
         }
         assert_eq!(evictable, self.evictable_bytes, "evictable bytes");
+        let quarantined: u64 = self.quarantine.iter().map(|(_, block)| block.len).sum();
+        assert_eq!(quarantined, self.quarantined_bytes, "quarantined bytes");
         assert_eq!(
-            allocated + self.allocator.free_bytes(),
+            allocated + quarantined + self.allocator.free_bytes(),
             self.allocator.capacity_bytes(),
-            "allocated + free = capacity"
+            "allocated + quarantined + free = capacity"
         );
     }
 }

@@ -206,6 +206,9 @@ pub fn store_error(py: Python<'_>, error: StoreError) -> PyErr {
         StoreError::NotHeld(_) => NotHeld::new_err(message),
         StoreError::BadRequest(_) => BadRequest::new_err(message),
         StoreError::Aborted(_) => ObjectAborted::new_err(message),
+        // Only cluster calls (`locate`) meet it; it says the directory is down, as a failed
+        // fetch's reason does.
+        StoreError::DirectoryUnavailable(_) => FetchFailed::new_err(message),
     }
 }
 

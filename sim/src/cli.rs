@@ -200,6 +200,8 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
         totals.leases_expired += s.leases_expired;
         totals.reads += s.reads;
         totals.crashes += s.crashes;
+        totals.misuses_refused += s.misuses_refused;
+        totals.durable_commits += s.durable_commits;
         if !report.passed() {
             if args.json {
                 // The JSON carries the details; a line on stderr says it happened.
@@ -259,6 +261,11 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
     println!("{:<28} {:>14}", "leases expired", totals.leases_expired);
     println!("{:<28} {:>14}", "READs posted", totals.reads);
     println!("{:<28} {:>14}", "node crashes", totals.crashes);
+    println!(
+        "{:<28} {:>14}",
+        "client misuses refused", totals.misuses_refused
+    );
+    println!("{:<28} {:>14}", "disk commits", totals.durable_commits);
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -295,6 +302,8 @@ fn stats_json(s: &SimStats) -> serde_json::Value {
         "leases_expired": s.leases_expired,
         "reads": s.reads,
         "crashes": s.crashes,
+        "misuses_refused": s.misuses_refused,
+        "durable_commits": s.durable_commits,
     })
 }
 

@@ -80,6 +80,11 @@ pub struct SimParams {
     pub forced_modes: bool,
     /// How long a fetch that does not wait for a publication waits when nobody holds its object.
     pub publication_grace_us: u64,
+    /// Persistent mode: replies to seals and deletes wait until the change is durable
+    /// (`--durability seal`); otherwise they go at once (`async`).
+    pub hold_replies_until_durable: bool,
+    /// Persistent mode: how long one commit of the disk takes, µs (least, most).
+    pub commit_latency_us: (u64, u64),
 }
 
 impl SimParams {
@@ -145,6 +150,11 @@ impl SimParams {
             },
             forced_modes: rng.gen_bool(0.3),
             publication_grace_us: rng.gen_range(50..=3_000),
+            hold_replies_until_durable: rng.gen_bool(0.7),
+            commit_latency_us: {
+                let low = rng.gen_range(5..=200);
+                (low, low + rng.gen_range(0..=800))
+            },
         }
     }
 
@@ -185,6 +195,8 @@ impl SimParams {
             location_cache_entries: 64,
             forced_modes: false,
             publication_grace_us: 1_000,
+            hold_replies_until_durable: true,
+            commit_latency_us: (100, 100),
         }
     }
 }
@@ -202,7 +214,7 @@ impl fmt::Display for SimParams {
              dir_latency={}ns dir_timeout={}us detect={}us reconnect={}us qp_timeout={}us workload={}us \
              op_interval={}us fetch_timeout<={}us faults_until={}us crashes={} partitions={} dir_outages={} \
              slow_windows={} qp_error={}ppm bad_rkey={}ppm persistent={} location_cache={} \
-             forced_modes={} publication_grace={}us",
+             forced_modes={} publication_grace={}us hold_until_durable={} commit={}..{}us",
             self.seed,
             self.nodes,
             self.clients_per_node,
@@ -237,7 +249,10 @@ impl fmt::Display for SimParams {
             self.persistent,
             self.location_cache_entries,
             self.forced_modes,
-            self.publication_grace_us
+            self.publication_grace_us,
+            self.hold_replies_until_durable,
+            self.commit_latency_us.0,
+            self.commit_latency_us.1,
         )
     }
 }

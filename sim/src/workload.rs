@@ -71,6 +71,13 @@ pub enum ClientOp {
         /// Bytes.
         bytes: u64,
     },
+    /// Ask the node something: stats, list, contains, locate or nodes (`which` mod 5).
+    Inspect {
+        /// Which question.
+        which: u32,
+    },
+    /// Break the protocol; the node must refuse it and stay consistent.
+    Misuse(Misuse),
     /// Create and hold a large object for a while (memory pressure).
     Hog {
         /// Sizes.
@@ -78,6 +85,47 @@ pub enum ClientOp {
         /// How long it is held, µs.
         hold_us: u64,
     },
+}
+
+/// Ways a client breaks the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Misuse {
+    /// Seal an id nobody created.
+    SealUnknown,
+    /// Seal an object another client created and sealed.
+    SealOthers,
+    /// Abort an object that is already sealed.
+    AbortOthers,
+    /// Release a reference it does not hold.
+    ReleaseUnheld,
+    /// Create an object larger than any arena.
+    CreateHuge,
+    /// Create an id that is already in the store.
+    CreateExisting,
+    /// Say `Hello` twice.
+    SecondHello,
+    /// More ids in one request than the protocol allows.
+    TooManyIds,
+    /// A new connection whose first request is not `Hello`.
+    NoHello,
+    /// A new connection that says `Hello` with another protocol version.
+    WrongVersion,
+}
+
+impl Misuse {
+    /// Every misuse.
+    pub const ALL: [Misuse; 10] = [
+        Misuse::SealUnknown,
+        Misuse::SealOthers,
+        Misuse::AbortOthers,
+        Misuse::ReleaseUnheld,
+        Misuse::CreateHuge,
+        Misuse::CreateExisting,
+        Misuse::SecondHello,
+        Misuse::TooManyIds,
+        Misuse::NoHello,
+        Misuse::WrongVersion,
+    ];
 }
 
 /// Draws an object size: tiny, eager-sized, or large.
@@ -102,21 +150,25 @@ pub fn draw_op(
     fetch_timeout_us: u64,
 ) -> ClientOp {
     match rng.gen_range(0..100) {
-        0..=29 => ClientOp::Put {
+        0..=27 => ClientOp::Put {
             sizes: draw_sizes(rng, eager_capacity, arena_bytes),
         },
-        30..=39 => ClientOp::Get {
+        28..=37 => ClientOp::Get {
             count: rng.gen_range(1..=3),
             timeout_us: rng.gen_range(0..=500),
         },
-        40..=79 => ClientOp::Fetch {
+        38..=74 => ClientOp::Fetch {
             count: rng.gen_range(1..=3),
             timeout_us: rng.gen_range(fetch_timeout_us / 4..=fetch_timeout_us),
         },
-        80..=89 => ClientOp::Delete,
-        90..=95 => ClientOp::Evict {
+        75..=83 => ClientOp::Delete,
+        84..=89 => ClientOp::Evict {
             bytes: rng.gen_range(1..=arena_bytes / 4),
         },
+        90..=93 => ClientOp::Inspect {
+            which: rng.gen_range(0..5),
+        },
+        94..=95 => ClientOp::Misuse(Misuse::ALL[rng.gen_range(0..Misuse::ALL.len())]),
         _ => ClientOp::Hog {
             sizes: ObjectSizes {
                 data_size: rng.gen_range(arena_bytes / 8..=arena_bytes / 3),

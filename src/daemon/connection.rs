@@ -1,33 +1,67 @@
-//! Local client connections: framing, the Hello handshake with fd passing, and one task per
-//! connection that both serves requests and writes everything queued for its client.
+//! Local client connections, as the event loop sees them: a reader task per connection cuts
+//! the byte stream into requests and hands them to the loop over one bounded channel (a full
+//! channel stops the readers, and the clients feel it as a slow socket); the loop writes every
+//! reply itself, straight into the socket when it takes the bytes, and through a small flush
+//! task when it does not. A client whose unread replies pile up past
+//! [`MAX_CLIENT_BACKLOG_BYTES`] is disconnected with that reason, never buffered without limit.
 
-use std::sync::Arc;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::{Arc, Mutex};
 
 use skyriver_core::client_protocol::{
-    decode_frame_len, decode_request, encode_frame, FrameError, Request, RequestFrame, Response,
-    ServerFrame, FRAME_HEADER_BYTES, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+    decode_frame_len, decode_request, FrameError, RequestFrame, FRAME_HEADER_BYTES,
+    MAX_REQUEST_BYTES,
 };
-use skyriver_core::{ClientId, RequestId, StoreError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
+use skyriver_core::ClientId;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
 
-use super::Shared;
+/// Reply bytes a client may leave unread before it is disconnected (one frame of any size is
+/// always accepted on top of an empty backlog).
+pub(super) const MAX_CLIENT_BACKLOG_BYTES: usize = 16 << 20;
 
-/// Why a connection was closed.
+/// What a connection's reader hands the event loop.
+#[derive(Debug)]
+pub(super) enum ClientInput {
+    /// A decoded request.
+    Request {
+        /// Whose.
+        client: ClientId,
+        /// The request.
+        frame: RequestFrame,
+    },
+    /// A frame that did not decode: answered with an error, the connection stays.
+    Malformed {
+        /// Whose.
+        client: ClientId,
+        /// Why.
+        error: FrameError,
+    },
+    /// The connection ended (closed, or a frame whose length cannot be trusted).
+    Ended {
+        /// Whose.
+        client: ClientId,
+        /// Why.
+        end: ConnectionEnd,
+    },
+}
+
+/// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
-enum ConnectionEnd {
+pub(super) enum ConnectionEnd {
+    /// The client closed it.
     #[error("client closed the connection")]
     Closed,
+    /// The client closed it in the middle of a frame.
     #[error("connection closed mid-frame (truncated frame)")]
     Truncated,
+    /// A frame length over the limit: the stream cannot be trusted past it.
     #[error("{0}")]
     Frame(#[from] FrameError),
-    #[error("io error: {0}")]
+    /// Reading failed.
+    #[error("read failed: {0}")]
     Io(std::io::Error),
-    #[error("protocol violation: {0}")]
-    Protocol(String),
 }
 
 impl From<std::io::Error> for ConnectionEnd {
@@ -41,8 +75,7 @@ impl From<std::io::Error> for ConnectionEnd {
     }
 }
 
-/// Bytes read from a connection, cut into frames. Reading into it is cancel-safe, so one task
-/// can wait on the socket and on its outbox at once.
+/// Bytes read from a connection, cut into frames.
 #[derive(Default)]
 struct FrameReader {
     buf: Vec<u8>,
@@ -70,7 +103,7 @@ impl FrameReader {
     }
 
     /// Reads more bytes; `Closed` or `Truncated` at end of stream.
-    async fn fill(&mut self, stream: &mut UnixStream) -> Result<(), ConnectionEnd> {
+    async fn fill(&mut self, stream: &mut (impl AsyncRead + Unpin)) -> Result<(), ConnectionEnd> {
         if self.start > 0 {
             self.buf.drain(..self.start);
             self.start = 0;
@@ -87,203 +120,171 @@ impl FrameReader {
     }
 }
 
-fn error_frame(request: RequestId, error: StoreError) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    encode_frame(
-        &ServerFrame::Reply {
-            request,
-            response: Response::Error(error),
-        },
-        &mut bytes,
-    );
-    bytes
-}
-
-pub(super) async fn serve_connection(shared: Arc<Shared>, mut stream: UnixStream) {
-    let (client, mut outbox) = {
-        let now = shared.now();
-        let mut core = shared.lock();
-        let client = ClientId(core.next_client);
-        core.next_client += 1;
-        let (tx, rx) = mpsc::unbounded_channel();
-        core.outboxes.insert(client, tx);
-        core.node.store_mut(now).connect(client);
-        (client, rx)
-    };
+/// Reads one connection's requests until it ends, handing each to the loop.
+pub(super) async fn read_requests(
+    client: ClientId,
+    mut stream: OwnedReadHalf,
+    inputs: mpsc::Sender<ClientInput>,
+) {
     let mut reader = FrameReader::default();
-    let end = match handshake(&shared, client, &mut stream, &mut reader).await {
-        Ok(()) => serve_requests(&shared, client, &mut stream, &mut reader, &mut outbox).await,
-        Err(end) => end,
-    };
-    match &end {
-        ConnectionEnd::Closed => debug!(%client, "disconnected"),
-        other => warn!(%client, reason = %other, "closing client connection"),
-    }
-    let now = shared.now();
-    let mut core = shared.lock();
-    core.outboxes.remove(&client);
-    core.node.handle_client_disconnected(now, client);
-    core.drain(now);
-}
-
-/// Reads `Hello`, answers `Welcome` with the arenas' fds attached.
-async fn handshake(
-    shared: &Shared,
-    client: ClientId,
-    stream: &mut UnixStream,
-    reader: &mut FrameReader,
-) -> Result<(), ConnectionEnd> {
-    let body = loop {
+    let end = loop {
         match reader.next_frame() {
-            Ok(Some(body)) => break body,
-            Ok(None) => reader.fill(stream).await?,
-            Err(error) => {
-                let _ = stream
-                    .write_all(&error_frame(
-                        RequestId(0),
-                        StoreError::BadRequest(error.to_string()),
-                    ))
-                    .await;
-                return Err(error.into());
+            Ok(Some(body)) => {
+                let input = match decode_request(&reader.buf[body]) {
+                    Ok(frame) => ClientInput::Request { client, frame },
+                    Err(error) => ClientInput::Malformed { client, error },
+                };
+                if inputs.send(input).await.is_err() {
+                    return; // the loop stopped
+                }
             }
-        }
-    };
-    let (request, client_name) = match decode_request(&reader.buf[body]) {
-        Ok(RequestFrame {
-            request,
-            body:
-                Request::Hello {
-                    protocol_version,
-                    client_name,
-                },
-        }) => {
-            if protocol_version != PROTOCOL_VERSION {
-                let reason = format!(
-                    "protocol version {protocol_version} is not supported; this daemon speaks {PROTOCOL_VERSION}"
-                );
-                let _ = stream
-                    .write_all(&error_frame(
-                        request,
-                        StoreError::BadRequest(reason.clone()),
-                    ))
-                    .await;
-                return Err(ConnectionEnd::Protocol(reason));
+            Ok(None) => {
+                if let Err(end) = reader.fill(&mut stream).await {
+                    break end;
+                }
             }
-            (request, client_name)
-        }
-        Ok(other) => {
-            let reason = "the first request must be Hello".to_string();
-            let _ = stream
-                .write_all(&error_frame(
-                    other.request,
-                    StoreError::BadRequest(reason.clone()),
-                ))
-                .await;
-            return Err(ConnectionEnd::Protocol(reason));
-        }
-        Err(error) => {
-            let _ = stream
-                .write_all(&error_frame(
-                    RequestId(0),
-                    StoreError::BadRequest(error.to_string()),
-                ))
-                .await;
-            return Err(error.into());
+            Err(error) => break ConnectionEnd::Frame(error),
         }
     };
-    let mut welcome = Vec::new();
-    encode_frame(
-        &ServerFrame::Reply {
-            request,
-            response: Response::Welcome {
-                protocol_version: PROTOCOL_VERSION,
-                node: shared.node,
-                arenas: shared.arena_infos.clone(),
-            },
-        },
-        &mut welcome,
-    );
-    let fds: Vec<_> = shared.arenas.iter().map(|arena| arena.fd()).collect();
-    let sent = loop {
-        stream.writable().await?;
-        let socket = &*stream;
-        match socket.try_io(tokio::io::Interest::WRITABLE, || {
-            use std::os::fd::AsFd;
-            skyriver_transport::fd_passing::send_with_fds(socket.as_fd(), &welcome, &fds)
-        }) {
-            Ok(sent) => break sent,
-            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(error) => return Err(error.into()),
-        }
-    };
-    stream.write_all(&welcome[sent..]).await?;
-    debug!(%client, %client_name, "client connected");
-    Ok(())
+    let _ = inputs.send(ClientInput::Ended { client, end }).await;
 }
 
-/// Serves requests and writes everything queued for this client, in one task: a reply is
-/// written by the task that read its request, without a hop to another task.
-async fn serve_requests(
-    shared: &Shared,
-    client: ClientId,
-    stream: &mut UnixStream,
-    reader: &mut FrameReader,
-    outbox: &mut mpsc::UnboundedReceiver<Vec<u8>>,
-) -> ConnectionEnd {
-    let mut pending = Vec::new();
+/// Why a reply could not be written.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum WriteError {
+    /// The client does not read its replies.
+    #[error(
+        "the client left {backlog_bytes} bytes of replies unread (limit {limit}): it is not \
+         reading its socket"
+    )]
+    Backlog {
+        /// Bytes waiting.
+        backlog_bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Writing failed (the client is gone).
+    #[error("write failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[derive(Default)]
+struct Backlog {
+    bytes: Vec<u8>,
+    /// A flush task owns writing the backlog.
+    flushing: bool,
+    /// Why the flush task gave up.
+    failed: Option<std::io::ErrorKind>,
+}
+
+/// The writing side of one connection.
+pub(super) struct ClientWriter {
+    half: Arc<OwnedWriteHalf>,
+    backlog: Arc<Mutex<Backlog>>,
+}
+
+impl ClientWriter {
+    pub(super) fn new(half: OwnedWriteHalf) -> Self {
+        Self {
+            half: Arc::new(half),
+            backlog: Arc::default(),
+        }
+    }
+
+    /// Writes `frame` now if the socket takes it, else queues the rest for a flush task.
+    pub(super) fn write(&self, frame: &[u8]) -> Result<(), WriteError> {
+        self.write_with_fds(frame, &[])
+    }
+
+    /// As [`ClientWriter::write`], passing `fds` along with the frame's first byte.
+    pub(super) fn write_with_fds(
+        &self,
+        frame: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<(), WriteError> {
+        // The loop and flush tasks share one thread; this lock is never contended.
+        let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(kind) = backlog.failed {
+            return Err(WriteError::Io(kind.into()));
+        }
+        if backlog.flushing {
+            if backlog.bytes.len() + frame.len() > MAX_CLIENT_BACKLOG_BYTES {
+                return Err(WriteError::Backlog {
+                    backlog_bytes: backlog.bytes.len() + frame.len(),
+                    limit: MAX_CLIENT_BACKLOG_BYTES,
+                });
+            }
+            // Only the first frame of a connection carries fds, and it never waits here.
+            debug_assert!(fds.is_empty(), "fds queued behind a backlog");
+            backlog.bytes.extend_from_slice(frame);
+            return Ok(());
+        }
+        let written = if fds.is_empty() {
+            self.half.try_write(frame)
+        } else {
+            let stream: &tokio::net::UnixStream = (*self.half).as_ref();
+            skyriver_transport::fd_passing::send_with_fds(stream.as_fd(), frame, fds)
+        };
+        let written = match written {
+            Ok(n) => n,
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock && fds.is_empty() => 0,
+            Err(error) => return Err(error.into()),
+        };
+        if written < frame.len() {
+            backlog.bytes.extend_from_slice(&frame[written..]);
+            backlog.flushing = true;
+            tokio::spawn(flush(self.half.clone(), self.backlog.clone()));
+        }
+        Ok(())
+    }
+}
+
+impl ClientWriter {
+    /// Closes the connection. Replies already written stay readable; a backlog that was not
+    /// (a client that does not read) is dropped, and the socket is shut down so its flush
+    /// task ends too instead of waiting for a reader that never comes.
+    pub(super) fn close(self) {
+        let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        if backlog.flushing {
+            backlog.bytes.clear();
+            backlog.failed = Some(std::io::ErrorKind::ConnectionAborted);
+            let stream: &tokio::net::UnixStream = (*self.half).as_ref();
+            // Ends the flush task's wait for writability (and the reader's for bytes).
+            let _ = nix::sys::socket::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(&stream.as_fd()),
+                nix::sys::socket::Shutdown::Both,
+            );
+        }
+    }
+}
+
+/// Writes a connection's backlog as the socket drains, then hands writing back to the loop.
+async fn flush(half: Arc<OwnedWriteHalf>, backlog: Arc<Mutex<Backlog>>) {
     loop {
-        // Handle every complete request already buffered.
-        loop {
-            match reader.next_frame() {
-                Ok(Some(body)) => match decode_request(&reader.buf[body]) {
-                    Ok(frame) => {
-                        let now = shared.now();
-                        shared.lock().handle_request(now, client, frame);
-                        shared.timer_changed.notify_one();
-                    }
-                    Err(error) => {
-                        warn!(%client, %error, "malformed request");
-                        pending.extend(error_frame(
-                            RequestId(0),
-                            StoreError::BadRequest(error.to_string()),
-                        ));
-                    }
-                },
-                Ok(None) => break,
-                Err(error) => {
-                    // The stream cannot be trusted past a bad length: explain, then close.
-                    pending.extend(error_frame(
-                        RequestId(0),
-                        StoreError::BadRequest(error.to_string()),
-                    ));
-                    while let Ok(frame) = outbox.try_recv() {
-                        pending.extend(frame);
-                    }
-                    let _ = stream.write_all(&pending).await;
-                    return error.into();
+        let stream: &tokio::net::UnixStream = (*half).as_ref();
+        if let Err(error) = stream.writable().await {
+            let mut backlog = backlog.lock().unwrap_or_else(|p| p.into_inner());
+            backlog.failed = Some(error.kind());
+            return;
+        }
+        let mut backlog = backlog.lock().unwrap_or_else(|p| p.into_inner());
+        if backlog.failed.is_some() {
+            return; // closed by the loop
+        }
+        match half.try_write(&backlog.bytes) {
+            Ok(n) => {
+                backlog.bytes.drain(..n);
+                if backlog.bytes.is_empty() {
+                    backlog.flushing = false;
+                    backlog.bytes.shrink_to(64 * 1024);
+                    return;
                 }
             }
-        }
-        while let Ok(frame) = outbox.try_recv() {
-            pending.extend(frame);
-        }
-        if !pending.is_empty() {
-            if let Err(error) = stream.write_all(&pending).await {
-                return error.into();
-            }
-            pending.clear();
-        }
-        tokio::select! {
-            filled = reader.fill(stream) => {
-                if let Err(end) = filled {
-                    return end;
-                }
-            }
-            frame = outbox.recv() => {
-                // The sender lives in the core state until this connection ends.
-                if let Some(frame) = frame {
-                    pending.extend(frame);
-                }
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => {
+                backlog.failed = Some(error.kind());
+                backlog.bytes.clear();
+                return;
             }
         }
     }

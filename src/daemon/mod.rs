@@ -2,22 +2,23 @@
 //! serves local clients on a Unix socket and, in a cluster, talks to other daemons through a
 //! fabric and to the directory.
 //!
-//! One tokio runtime on one thread serves the clients and feeds the node; the fabric runs its
-//! own threads for bulk data. Object bytes never pass through the client protocol: clients map
-//! the arenas' fds, sent once per connection.
+//! One tokio runtime on one thread runs the event loop that owns the node
+//! ([`event_loop`]); the fabric runs its own threads for bulk data, a committer thread makes
+//! changes durable in persistent mode. Object bytes never pass through the client protocol:
+//! clients map the arenas' fds, sent once per connection.
 
 mod cluster;
 mod connection;
-mod core;
+mod effects;
+mod event_loop;
 pub mod host_memory;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use skyriver_core::client_protocol::ArenaInfo;
 use skyriver_core::node::{Node, NodeConfig, ThresholdPolicy};
 use skyriver_core::{ArenaId, Instant, NodeId};
 use skyriver_transport::directory::builtin::BuiltinDirectoryServer;
@@ -27,10 +28,11 @@ use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig};
 use skyriver_transport::fabric::{Fabric, FabricEvent, FabricIdentity};
 use skyriver_transport::{ArenaError, ArenaOptions, SharedArena};
 use tokio::net::UnixListener;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use self::core::CoreState;
+use self::effects::Effects;
+use self::event_loop::{ClusterInputs, EventLoop};
 
 /// How to run a daemon.
 #[derive(Debug, Clone)]
@@ -178,29 +180,6 @@ pub enum DaemonError {
     Directory(String),
 }
 
-/// State shared by the daemon's tasks.
-struct Shared {
-    core: Mutex<CoreState>,
-    arenas: Vec<Arc<SharedArena>>,
-    arena_infos: Vec<ArenaInfo>,
-    node: NodeId,
-    epoch: std::time::Instant,
-    timer_changed: Notify,
-}
-
-impl Shared {
-    fn now(&self) -> Instant {
-        Instant(self.epoch.elapsed().as_nanos() as u64)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, CoreState> {
-        // A panic while holding the lock is a bug already reported; keep serving.
-        self.core
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
 /// A daemon running on its own thread, for tests and tools that embed one.
 pub struct DaemonHandle {
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
@@ -283,9 +262,9 @@ impl Drop for DaemonHandle {
 }
 
 fn build_runtime() -> Result<tokio::runtime::Runtime, DaemonError> {
-    // One thread: the node is serialized under its lock anyway, and staying on one thread saves
-    // the cross-thread wake-ups that would dominate a local round trip. Fabrics bring their own
-    // threads for bulk data.
+    // One thread: one loop owns the node, and staying on one thread saves the cross-thread
+    // wake-ups that would dominate a local round trip. Fabrics bring their own threads for bulk
+    // data.
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -331,13 +310,8 @@ struct ClusterParts {
 
 /// A bound daemon, ready to serve.
 pub struct Server {
-    listener: UnixListener,
-    shared: Arc<Shared>,
+    event_loop: EventLoop,
     socket_path: PathBuf,
-    cluster: Option<(
-        mpsc::UnboundedReceiver<FabricEvent>,
-        mpsc::UnboundedReceiver<DirectoryNotice>,
-    )>,
     /// The built-in directory, when this daemon is the head.
     directory_server: Option<BuiltinDirectoryServer>,
 }
@@ -381,10 +355,6 @@ impl Server {
                 )?),
             ),
         };
-        let arena_infos = vec![ArenaInfo {
-            id: ArenaId(0),
-            size_bytes: arena.size_bytes(),
-        }];
         let arenas = BTreeMap::from([(ArenaId(0), arena.clone())]);
         let incarnation = (std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -396,6 +366,7 @@ impl Server {
         node_config.lease = config.lease;
         node_config.location_cache_entries = config.location_cache_entries;
         node_config.standalone = config.cluster.is_none();
+        node_config.store.hash_seed = random_seed();
         let cluster = match &config.cluster {
             Some(cluster) => Some(start_cluster(&config, cluster, &arenas, incarnation).await?),
             None => None,
@@ -405,12 +376,20 @@ impl Server {
             if let Some(slot_bytes) = parts.receive_slot_bytes {
                 node_config.receive_slot_bytes = slot_bytes;
             }
+            node_config.fabric_name = parts.fabric.name().into();
+            node_config.fabric_address = parts.fabric.listen_addr().to_string();
+            node_config.directory_name = parts.directory.describe();
         }
         let listener = bind_socket(&config.socket_path, config.socket_mode).await?;
         let epoch = std::time::Instant::now();
-        node_config.store.record_durable_changes = persistence.is_some();
-        let mut core = CoreState::new(Node::new(node_config, Instant::ZERO), arenas);
-        let mut receivers = None;
+        if let Some(persistence) = &persistence {
+            node_config.store.record_durable_changes = true;
+            node_config.hold_replies_until_durable =
+                persistence.durability() == crate::persistence::Durability::Seal;
+        }
+        let node = Node::new(node_config, Instant::ZERO);
+        let mut effects = Effects::new(arenas);
+        let mut cluster_inputs = None;
         let mut directory_server = None;
         if let Some(parts) = cluster {
             directory_server = parts.directory_server;
@@ -420,23 +399,28 @@ impl Server {
                 directory = %parts.directory.describe(),
                 "joined the cluster"
             );
-            core.fabric = Some(parts.fabric);
-            core.directory = Some(parts.directory);
-            receivers = Some((parts.fabric_events, parts.notices));
+            effects.fabric = Some(parts.fabric);
+            effects.directory = Some(parts.directory);
+            cluster_inputs = Some(ClusterInputs {
+                fabric_events: parts.fabric_events,
+                notices: parts.notices,
+            });
         }
+        let mut durable = None;
+        let mut event_loop = EventLoop::new(node, effects, epoch, listener, cluster_inputs, None);
         if let Some(mut persistence) = persistence {
             // Recovered objects leave the store as seals: draining publishes them, a batch
             // at a time so the directory work stays small.
             persistence.recover_in_batches(256, |batch| {
-                let report = core
-                    .node
-                    .store_mut(Instant::ZERO)
-                    .recover(Instant::ZERO, batch);
-                core.drain(Instant::ZERO);
+                let report = event_loop.node.handle_recovered(Instant::ZERO, batch);
+                event_loop.drain();
                 report
             })?;
-            core.persistence = Some(persistence);
+            let (commits, durable_rx) = persistence.start_committer()?;
+            event_loop.effects.commits = Some(commits);
+            durable = Some(durable_rx);
         }
+        event_loop.set_durable(durable);
         info!(
             node = %config.node,
             memory = %crate::size::format_bytes(arena.size_bytes()),
@@ -452,65 +436,35 @@ impl Server {
             socket = %config.socket_path.display(),
             "skyriver daemon ready"
         );
-        let shared = Arc::new(Shared {
-            core: Mutex::new(core),
-            arenas: vec![arena],
-            arena_infos,
-            node: config.node,
-            epoch,
-            timer_changed: Notify::new(),
-        });
         Ok(Self {
-            listener,
-            shared,
+            event_loop,
             socket_path: config.socket_path,
-            cluster: receivers,
             directory_server,
         })
     }
 
     /// Serves clients until `shutdown` completes, then removes the socket file.
     pub async fn serve(mut self, shutdown: impl std::future::Future<Output = ()>) {
-        let mut tasks = vec![tokio::spawn(run_timer(self.shared.clone()))];
-        if let Some((fabric_events, notices)) = self.cluster.take() {
-            tasks.push(tokio::spawn(cluster::run_fabric_events(
-                self.shared.clone(),
-                fabric_events,
-            )));
-            tasks.push(tokio::spawn(cluster::run_directory_notices(
-                self.shared.clone(),
-                notices,
-            )));
-            tasks.push(tokio::spawn(cluster::run_connection_maintenance(
-                self.shared.clone(),
-            )));
-        }
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => break,
-                accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        tokio::spawn(connection::serve_connection(self.shared.clone(), stream));
-                    }
-                    Err(error) => warn!(%error, "accept failed"),
-                },
-            }
-        }
+        self.event_loop.run(shutdown).await;
         // Leave the directory first, so other nodes stop sending fetches here at once.
-        let directory = self.shared.lock().directory.clone();
-        if let Some(directory) = directory {
+        if let Some(directory) = self.event_loop.directory() {
             directory.leave().await;
-        }
-        for task in tasks {
-            task.abort();
         }
         if let Some(server) = self.directory_server.take() {
             server.shutdown().await;
         }
         let _ = std::fs::remove_file(&self.socket_path);
+        // Dropping the loop commits what is staged (persistent mode) and closes every client.
+        drop(self.event_loop);
         info!("daemon stopped");
     }
+}
+
+/// A seed for the object index's hash: object ids come from clients, so it must not be
+/// guessable.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::process::id())
 }
 
 async fn start_cluster(
@@ -639,27 +593,5 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
         "a device"
     } else {
         "a regular file"
-    }
-}
-
-async fn run_timer(shared: Arc<Shared>) {
-    loop {
-        let next = shared.lock().node.poll_timeout();
-        let changed = shared.timer_changed.notified();
-        match next {
-            None => changed.await,
-            Some(deadline) => {
-                let wait = deadline.saturating_since(shared.now());
-                tokio::select! {
-                    _ = changed => {}
-                    _ = tokio::time::sleep(wait) => {
-                        let now = shared.now();
-                        let mut core = shared.lock();
-                        core.node.handle_timeout(now);
-                        core.drain(now);
-                    }
-                }
-            }
-        }
     }
 }

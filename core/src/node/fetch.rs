@@ -16,9 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::locations::Location;
-use super::{
-    spread_key, DirectoryPurpose, FetchError, Node, NodeOutput, Timer, TransferMode, FETCH_CLIENT,
-};
+use super::{spread_key, DirectoryPurpose, FetchError, Node, Timer, TransferMode, FETCH_CLIENT};
+use crate::client_protocol::Response;
 use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::error::StoreError;
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
@@ -136,11 +135,7 @@ impl Node {
         };
         if let Some(reason) = refusal {
             let results = vec![Err(FetchError::Store(StoreError::BadRequest(reason))); ids.len()];
-            self.push(NodeOutput::FetchReply {
-                client,
-                request,
-                results,
-            });
+            self.reply(client, request, Response::Fetched(results));
             return;
         }
         let deadline = timeout.map_or(Instant::NEVER, |t| self.now + t);
@@ -171,7 +166,7 @@ impl Node {
             }
         }
         if waiter.remaining == 0 {
-            self.reply(waiter);
+            self.reply_to_waiter(waiter);
             return;
         }
         self.waiters.insert(waiter_id, waiter);
@@ -521,7 +516,7 @@ impl Node {
             if waiter.remaining == 0 {
                 let waiter = self.waiters.remove(&waiter_id).expect("found above");
                 self.cancel_timer(Timer::FetchDeadline(waiter_id));
-                self.reply(waiter);
+                self.reply_to_waiter(waiter);
             }
         }
     }
@@ -552,7 +547,7 @@ impl Node {
             self.waiter_left(id, waiter_id);
         }
         debug_assert!(waiter.deadline <= now);
-        self.reply(waiter);
+        self.reply_to_waiter(waiter);
     }
 
     /// A client went away: its fetches end without a reply (their references are dropped with
@@ -606,17 +601,13 @@ impl Node {
         }
     }
 
-    fn reply(&mut self, waiter: FetchWaiter) {
+    fn reply_to_waiter(&mut self, waiter: FetchWaiter) {
         let results = waiter
             .results
             .into_iter()
             .map(|r| r.expect("a waiter replies once every position has a result"))
             .collect();
-        self.push(NodeOutput::FetchReply {
-            client: waiter.client,
-            request: waiter.request,
-            results,
-        });
+        self.reply(waiter.client, waiter.request, Response::Fetched(results));
     }
 }
 

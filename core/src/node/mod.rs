@@ -17,6 +17,8 @@
 //! stays untouched by the core until then. Local clients use the store through
 //! [`Node::store_mut`]; the node learns of seals and deletes from the store's events.
 
+mod clients;
+mod driver;
 mod fetch;
 mod locations;
 pub mod threshold;
@@ -30,14 +32,19 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
+use crate::client_protocol::Response;
 use crate::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::error::StoreError;
 use crate::ids::{ArenaId, ClientId, NodeId, ObjectId, RequestId, TransferId};
 use crate::region::{LocalRegion, RemoteRegion};
-use crate::store::{ObjectEvent, ObjectInfo, Store, StoreConfig, StoreOutput};
+use crate::store::{
+    DurableChange, ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreConfig, StoreOutput,
+};
 use crate::time::Instant;
 use crate::wire::{self, EagerHeader, ObjectSizes, PeerMessage, WireError};
 
+pub use clients::{ClusterMember, MAX_PARKED_CREATES};
+pub use driver::NodeDriver;
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
 use locations::LocationCache;
 pub use threshold::{EagerThreshold, PathCosts, ThresholdPolicy, ThresholdSource};
@@ -127,6 +134,15 @@ pub struct NodeConfig {
     /// How long a fetch that does not wait for a publication still waits when the directory
     /// lists no holder: covers a seal on another node whose publication is still on its way.
     pub publication_grace: Duration,
+    /// Replies to requests that changed what is durable (seal, delete, eviction) wait until
+    /// [`Node::handle_persisted`] says the change is (`--durability seal`).
+    pub hold_replies_until_durable: bool,
+    /// The fabric's name, for `nodes` replies (`none` without one).
+    pub fabric_name: String,
+    /// Where this node's fabric listens, for `nodes` replies (`-` without one).
+    pub fabric_address: String,
+    /// The directory, described without secrets, for `nodes` replies.
+    pub directory_name: String,
 }
 
 impl NodeConfig {
@@ -154,6 +170,10 @@ impl NodeConfig {
             location_cache_entries: 65_536,
             standalone: false,
             publication_grace: Duration::from_millis(1500),
+            hold_replies_until_durable: false,
+            fabric_name: "none".into(),
+            fabric_address: "-".into(),
+            directory_name: "none (standalone)".into(),
         }
     }
 
@@ -357,18 +377,40 @@ pub enum NodeOutput {
         /// The request.
         request: DirectoryRequest,
     },
-    /// A client's fetch is complete: one result per requested id, in order. Each `Ok` holds a
-    /// reference the client must release, as for `get`.
-    FetchReply {
+    /// Answer a local client's request (a fetch's reply holds, per id, a reference the client
+    /// must release, as for `get`). A [`Response::Welcome`] goes with the arenas' fds.
+    Reply {
         /// The client.
         client: ClientId,
         /// Its request.
         request: RequestId,
-        /// Per id.
-        results: Vec<Result<ObjectInfo, FetchError>>,
+        /// The answer.
+        response: Response,
     },
-    /// Something from the store: a get reply, a subscriber's notification, a local event.
-    Store(StoreOutput),
+    /// Tell a subscribed client what happened to an object.
+    Event {
+        /// The subscriber.
+        client: ClientId,
+        /// What happened.
+        event: ObjectEvent,
+    },
+    /// Close a client's connection after the replies already output (a protocol violation).
+    CloseClient {
+        /// The client.
+        client: ClientId,
+        /// Why, for the log.
+        reason: String,
+    },
+    /// Make this change durable, after every earlier one, then report it with
+    /// [`Node::handle_persisted`]. Only with [`StoreConfig::record_durable_changes`].
+    Persist {
+        /// Its number: 1 for the first change, then one more each.
+        seq: u64,
+        /// The change.
+        change: DurableChange,
+    },
+    /// An object was sealed here or left the store (for logs and traces).
+    Local(ObjectEvent),
 }
 
 /// Counters of a node, for metrics.
@@ -434,6 +476,8 @@ struct PeerState {
 enum DirectoryPurpose {
     Lookup(ObjectId),
     Publication(ObjectId),
+    /// A client's `locate`.
+    Locate(ClientId, RequestId),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -478,6 +522,8 @@ pub struct Node {
     next_transfer: u32,
     next_read: u64,
     next_directory_op: u64,
+    // Local clients.
+    clients: clients::Clients,
     stats: NodeStats,
 }
 
@@ -509,6 +555,7 @@ impl Node {
             next_transfer: 0,
             next_read: 0,
             next_directory_op: 0,
+            clients: clients::Clients::default(),
             stats: NodeStats::default(),
         }
     }
@@ -528,11 +575,17 @@ impl Node {
         &self.store
     }
 
-    /// The local store, for local clients' requests at `now`. Drain [`Node::poll_output`]
-    /// afterwards: seals and deletes reach the directory and waiting fetches from there.
-    pub fn store_mut(&mut self, now: Instant) -> &mut Store {
+    /// Restores objects a persistent store found on restart (see [`Store::recover`]); drain
+    /// the outputs afterwards, which publish them.
+    pub fn handle_recovered(
+        &mut self,
+        now: Instant,
+        objects: Vec<RecoveredObject>,
+    ) -> RecoveryReport {
         self.advance(now);
-        &mut self.store
+        let report = self.store.recover(now, objects);
+        self.absorb_store();
+        report
     }
 
     /// Counters.
@@ -664,6 +717,9 @@ impl Node {
                 self.cancel_timer(Timer::DirectoryOp(op));
                 self.publication_answered(id, op, reply);
             }
+            Some(DirectoryPurpose::Locate(client, request)) => {
+                self.locate_answered(client, request, op, reply)
+            }
             // A reply after the op timed out: the retry owns the outcome.
             None => {}
         }
@@ -700,15 +756,6 @@ impl Node {
     ) {
         self.advance(now);
         self.start_fetch(client, request, ids, timeout, mode, wait_for_publication);
-        self.absorb_store();
-    }
-
-    /// A local client disconnected: its fetches are dropped, its references released and its
-    /// unsealed objects aborted.
-    pub fn handle_client_disconnected(&mut self, now: Instant, client: ClientId) {
-        self.advance(now);
-        self.client_gone(client);
-        self.store.disconnect(client);
         self.absorb_store();
     }
 
@@ -792,6 +839,7 @@ impl Node {
                 publication.want, publication.attempts
             ));
         }
+        self.pending_client_work(&mut lines);
         lines
     }
 
@@ -897,6 +945,9 @@ impl Node {
         match self.directory_ops.remove(&op) {
             Some(DirectoryPurpose::Lookup(id)) => self.lookup_answered(id, op, reason),
             Some(DirectoryPurpose::Publication(id)) => self.publication_answered(id, op, reason),
+            Some(DirectoryPurpose::Locate(client, request)) => {
+                self.locate_answered(client, request, op, reason)
+            }
             None => {}
         }
     }
@@ -924,11 +975,32 @@ impl Node {
                 }
                 _ => {}
             }
-            self.outputs.push_back(NodeOutput::Store(output));
+            self.outputs.push_back(match output {
+                StoreOutput::GetReply {
+                    client,
+                    request,
+                    results,
+                } => NodeOutput::Reply {
+                    client,
+                    request,
+                    response: Response::Got(results),
+                },
+                StoreOutput::Notify { client, event } => NodeOutput::Event { client, event },
+                StoreOutput::Local(event) => NodeOutput::Local(event),
+            });
+        }
+        while let Some(change) = self.store.poll_durable_change() {
+            self.clients.persist_emitted += 1;
+            let seq = self.clients.persist_emitted;
+            self.outputs.push_back(NodeOutput::Persist { seq, change });
         }
     }
 
     fn want_publication(&mut self, id: ObjectId, want: Want) {
+        if self.config.standalone {
+            // No directory to tell.
+            return;
+        }
         let publication = self.publications.entry(id).or_insert(Publication {
             want,
             op: None,

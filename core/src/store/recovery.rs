@@ -169,6 +169,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::StoreError;
     use crate::ids::{ArenaId, ClientId};
     use crate::store::{StoreConfig, StoreOutput};
 
@@ -258,19 +259,31 @@ mod tests {
             .unwrap();
         store.abort(A, ObjectId::from_u64(2)).unwrap();
         assert_eq!(changes(&mut store), vec![]);
-        // A 256-byte object needs the whole arena: object 1 is evicted.
+        // A 256-byte object needs the whole arena: object 1 is evicted, but its block is free
+        // only once its removal is durable (a recovered record must never point at space
+        // another object overwrote), so the create fails until then.
+        let third = ObjectId::from_u64(3);
+        assert!(matches!(
+            store.create(Instant(0), A, third, 256, 0),
+            Err(StoreError::OutOfMemory { .. })
+        ));
+        assert_eq!(
+            changes(&mut store),
+            vec![DurableChange::Removed { id: first.id }]
+        );
+        assert_eq!(store.quarantined_bytes(), 128);
+        store.check_invariants();
+        store.handle_durable(store.durable_changes_queued());
+        assert_eq!(store.quarantined_bytes(), 0);
         let second = put(&mut store, 3, 256);
         assert_eq!(
             changes(&mut store),
-            vec![
-                DurableChange::Removed { id: first.id },
-                DurableChange::Sealed {
-                    id: second.id,
-                    block: block(0, 256),
-                    data_size: 256,
-                    metadata_size: 0,
-                },
-            ]
+            vec![DurableChange::Sealed {
+                id: second.id,
+                block: block(0, 256),
+                data_size: 256,
+                metadata_size: 0,
+            }]
         );
         // A deferred delete is recorded when it happens, not when it is asked for.
         let _held = store.get_now(A, second.id).unwrap();
@@ -293,6 +306,7 @@ mod tests {
         let _ = before.delete(&[ObjectId::from_u64(3), ObjectId::from_u64(7)]);
         before.evict(1000);
         log.extend(changes(&mut before));
+        before.handle_durable(before.durable_changes_queued());
         let records = surviving(&log);
 
         let mut after = durable_store(1 << 20);

@@ -13,7 +13,9 @@
 //! Iteration goes over the records in their `Vec` order, which depends only on the sequence of
 //! inserts and removals, never on hashing.
 
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
+
+use foldhash::quality::FixedState;
 
 use hashbrown::HashTable;
 
@@ -170,7 +172,10 @@ pub(super) struct ObjectTable {
     entries: Records,
     /// Positions in `entries`, hashed by the id of the record they point to.
     index: HashTable<u32>,
-    hasher: RandomState,
+    /// Keyed by the seed the driver passes in ([`super::StoreConfig::hash_seed`]): a daemon
+    /// draws it at random (ids come from clients, so the index must not be floodable), the
+    /// simulator from its run seed (so runs replay).
+    hasher: FixedState,
     /// Least recently used end of the LRU list.
     lru_head: u32,
     /// Most recently used end.
@@ -179,8 +184,9 @@ pub(super) struct ObjectTable {
 }
 
 impl ObjectTable {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(hash_seed: u64) -> Self {
         Self {
+            hasher: FixedState::with_seed(hash_seed),
             lru_head: NIL,
             lru_tail: NIL,
             ..Self::default()
@@ -387,7 +393,7 @@ mod tests {
     #[test]
     fn records_span_segments_and_removals_refill_holes() {
         let total = 2 * SEGMENT_RECORDS as u64 + 10;
-        let mut table = ObjectTable::new();
+        let mut table = ObjectTable::new(7);
         for n in 0..total {
             table.insert(entry(n));
         }
@@ -417,7 +423,7 @@ mod tests {
 
     #[test]
     fn removal_keeps_index_and_lru_consistent() {
-        let mut table = ObjectTable::new();
+        let mut table = ObjectTable::new(7);
         for n in 0..6 {
             table.insert(entry(n));
         }

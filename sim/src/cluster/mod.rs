@@ -3,30 +3,34 @@
 //! the checker. `step()` runs the next event, `drive()` runs until nothing is left,
 //! `drive_bounded()` says what is still pending when a budget runs out.
 
+mod clients;
+mod driver;
+mod durability;
+
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use skyriver_core::client_protocol::Request;
 use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use skyriver_core::node::{ArenaKey, PathCosts, FETCH_CLIENT};
 use skyriver_core::{
-    wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, NodeOutput,
-    ObjectEvent, ObjectId, ObjectInfo, ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion,
-    RequestId, StoreError, StoreOutput, TransferMode,
+    wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, ObjectId,
+    ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion, StoreError,
 };
 
-use crate::checker::{Checker, PendingOp};
+use self::clients::Call;
+use self::driver::SimDriver;
+use self::durability::Disk;
+use crate::checker::{Checker, PendingKey};
 use crate::directory::Directory;
 use crate::network::Network;
 use crate::params::SimParams;
 use crate::rdma::Memory;
 use crate::trace::Trace;
-use crate::workload::{self, ClientOp};
-use skyriver_core::alloc::block_len_for;
-use skyriver_core::store::RecoveredObject;
 
 #[derive(Debug)]
 enum Event {
@@ -103,6 +107,20 @@ enum Event {
         client: ClientId,
         id: ObjectId,
     },
+    /// A client sends a request it decided on earlier (a seal after writing).
+    ClientSend {
+        node: NodeId,
+        inc: u32,
+        client: ClientId,
+        body: Request,
+        call: Call,
+    },
+    /// The node's disk committed its changes up to `upto`.
+    Persisted {
+        node: NodeId,
+        inc: u32,
+        upto: u64,
+    },
     Crash {
         node: NodeId,
     },
@@ -151,8 +169,13 @@ struct SimNode {
     inc: u32,
     memory: Memory,
     timer_at: Option<Instant>,
-    /// In persistent mode: the objects sealed when the node crashed, for its restart.
-    durable: Vec<RecoveredObject>,
+    /// In persistent mode: what survives a crash.
+    disk: Disk,
+    /// Seals acknowledged to clients while replies wait for durability, of objects still in
+    /// the store: each must survive a crash.
+    acked_seals: BTreeSet<ObjectId>,
+    /// Between a crash and the restart: what the disk held.
+    recovering: Vec<skyriver_core::RecoveredObject>,
 }
 
 /// Counters of a run, for the summary.
@@ -182,6 +205,10 @@ pub struct SimStats {
     pub reads: u64,
     /// Node crashes.
     pub crashes: u64,
+    /// Misuses of the client protocol the nodes refused.
+    pub misuses_refused: u64,
+    /// Commits of the simulated disks.
+    pub durable_commits: u64,
 }
 
 impl SimStats {
@@ -229,6 +256,9 @@ pub struct Cluster {
     next_object: u64,
     known_objects: Vec<ObjectId>,
     next_request: u64,
+    /// Client requests awaiting replies, and what the client does with each.
+    calls: BTreeMap<PendingKey, Call>,
+    next_rogue: u64,
     stats: SimStats,
     /// End-of-run checks done.
     finished: bool,
@@ -287,6 +317,8 @@ impl Cluster {
             next_object: 1,
             known_objects: Vec::new(),
             next_request: 1,
+            calls: BTreeMap::new(),
+            next_rogue: 0,
             stats: SimStats::default(),
             finished: false,
             params,
@@ -302,7 +334,9 @@ impl Cluster {
                 inc: 0,
                 memory,
                 timer_at: None,
-                durable: Vec::new(),
+                disk: Disk::default(),
+                acked_seals: BTreeSet::new(),
+                recovering: Vec::new(),
             });
             let node = Node::new(cluster.node_config(NodeId(i as u32), 0), Instant::ZERO);
             cluster.nodes[i].node = Some(node);
@@ -313,6 +347,9 @@ impl Cluster {
                     cluster.connect(NodeId(a as u32), NodeId(b as u32));
                 }
             }
+        }
+        for i in 0..n {
+            cluster.connect_clients(NodeId(i as u32));
         }
         if mode.faults {
             cluster.plan_faults();
@@ -390,8 +427,9 @@ impl Cluster {
             ClientId(WORKLOAD_CLIENT_BASE),
             id,
             sizes,
-            true,
+            None,
         );
+        self.drive_until(|c| c.known_objects.contains(&id) || !c.creating(id));
         id
     }
 
@@ -403,20 +441,19 @@ impl Cluster {
             metadata_size: 0,
         };
         let client = ClientId(WORKLOAD_CLIENT_BASE);
-        if self.client_put(NodeId(node), client, id, sizes, false) {
-            let inc = self.nodes[node as usize].inc;
-            let at = self.after(hold.as_nanos() as u64);
-            self.schedule(
-                at,
-                Event::ClientRelease {
-                    node: NodeId(node),
-                    inc,
-                    client,
-                    id,
-                },
-            );
-        }
+        let hold_us = hold.as_micros() as u64;
+        self.client_put(NodeId(node), client, id, sizes, Some(hold_us));
+        self.drive_until(|c| c.known_objects.contains(&id) || !c.creating(id));
         id
+    }
+
+    /// Whether a client is still creating or sealing `id`.
+    fn creating(&self, id: ObjectId) -> bool {
+        self.calls.values().any(|call| {
+            matches!(call, Call::Create { id: i, .. } | Call::Seal { id: i, .. } if *i == id)
+        }) || self.queue.iter().any(|Reverse(s)| {
+            matches!(&s.event, Event::ClientSend { call: Call::Seal { id: i, .. }, .. } if *i == id)
+        })
     }
 
     /// Client 1 of `node` fetches objects `ns` with a timeout, waiting for a publication of
@@ -600,6 +637,11 @@ impl Cluster {
         config.max_directory_attempts = 6;
         config.max_source_rounds = 3;
         config.retry_backoff = Duration::from_micros(100);
+        // Every node records durable changes for its simulated disk; in persistent mode the
+        // disk also survives a crash.
+        config.store.record_durable_changes = true;
+        config.hold_replies_until_durable = p.hold_replies_until_durable;
+        config.store.hash_seed = p.seed ^ ((node.0 as u64) << 32) ^ inc as u64;
         config
     }
 
@@ -950,20 +992,20 @@ impl Cluster {
                     id,
                     "before release",
                 );
-                let result = sim_node
-                    .node
-                    .as_mut()
-                    .expect("alive")
-                    .store_mut(now)
-                    .release(client, id);
-                if let Err(error) = result {
-                    self.checker.violation(
-                        now,
-                        format!("{client}@{node}: release of {id} failed: {error}"),
-                    );
-                }
-                self.after_input(node);
+                self.client_request(node, client, Request::Release { id }, Call::Release { id });
             }
+            Event::ClientSend {
+                node,
+                inc,
+                client,
+                body,
+                call,
+            } => {
+                if self.alive(node, inc) {
+                    self.client_request(node, client, body, call);
+                }
+            }
+            Event::Persisted { node, inc, upto } => self.persisted(node, inc, upto),
             Event::Crash { node } => self.crash_node(node),
             Event::Restart { node } => self.restart_node(node),
             Event::Partition { a, b, on } => {
@@ -1077,7 +1119,7 @@ impl Cluster {
             let Some(output) = node.poll_output() else {
                 break;
             };
-            self.carry_out(n, output);
+            output.dispatch(&mut SimDriver { cluster: self, n });
         }
         let inc = self.nodes[n.0 as usize].inc;
         let sim_node = &mut self.nodes[n.0 as usize];
@@ -1091,155 +1133,20 @@ impl Cluster {
         }
     }
 
-    fn carry_out(&mut self, n: NodeId, output: NodeOutput) {
-        let now = self.now;
+    /// A node's directory request leaves for the directory.
+    fn send_to_directory(&mut self, n: NodeId, op: DirectoryOpId, request: DirectoryRequest) {
         let inc = self.nodes[n.0 as usize].inc;
-        match output {
-            NodeOutput::Send { peer, message } => {
-                let bytes = wire::to_bytes(&message);
-                self.transmit(n, peer, bytes);
-            }
-            NodeOutput::SendEager {
-                peer,
-                header,
-                source,
-                object,
-            } => {
-                let sim_node = &self.nodes[n.0 as usize];
-                let store = sim_node.node.as_ref().expect("alive").store();
-                match store.summary(&object) {
-                    Some(s)
-                        if s.sealed
-                            && s.info.region.offset <= source.offset
-                            && source.end() <= s.info.region.end() => {}
-                    _ => self.checker.violation(
-                        now,
-                        format!("{n}: eager send of {source} is not inside sealed {object}"),
-                    ),
-                }
-                let mut bytes = Vec::new();
-                wire::encode_eager(&header, sim_node.memory.read(source), &mut bytes);
-                self.transmit(n, peer, bytes);
-            }
-            NodeOutput::PostRead {
-                peer,
+        self.record(|| format!("{n} -> directory {op} {request}"));
+        let at = self.after(self.params.directory_latency_ns);
+        self.schedule(
+            at,
+            Event::DirectoryArrive {
+                from: n,
+                inc,
                 op,
-                lane,
-                local,
-                mut remote,
-                object,
-            } => {
-                let store = self.nodes[n.0 as usize]
-                    .node
-                    .as_ref()
-                    .expect("alive")
-                    .store();
-                self.checker
-                    .check_write_target(now, n, store, object, local, "READ destination");
-                self.record(|| format!("{n} post {op} lane {lane}: {remote} of {peer} -> {local}"));
-                self.reads_in_flight += 1;
-                let faults_on = self.mode.faults && self.now.0 / 1000 < self.params.faults_until_us;
-                if faults_on && self.rng.gen_range(0..1_000_000) < self.params.bad_rkey_ppm {
-                    self.record(|| format!("FAULT bad rkey on {op}"));
-                    remote.rkey ^= 0x5a5a;
-                }
-                let connection = self.network.connection(n, peer);
-                let latency = self.network.latency_ns(n, peer);
-                self.schedule(
-                    self.after(latency),
-                    Event::ReadServe {
-                        requester: n,
-                        requester_inc: inc,
-                        holder: peer,
-                        epoch: connection.epoch,
-                        op,
-                        remote,
-                        local,
-                        object,
-                    },
-                );
-            }
-            NodeOutput::WriteLocal {
-                region,
-                bytes,
-                object,
-            } => {
-                let sim_node = &mut self.nodes[n.0 as usize];
-                let store = sim_node.node.as_ref().expect("alive").store();
-                self.checker
-                    .check_write_target(now, n, store, object, region, "eager write");
-                sim_node.memory.write(region, &bytes);
-            }
-            NodeOutput::ExposeRegion { object, region } => {
-                let sim_node = &mut self.nodes[n.0 as usize];
-                let store = sim_node.node.as_ref().expect("alive").store();
-                match store.summary(&object) {
-                    Some(s) if s.sealed && s.pin_count > 0 && s.info.region == region => {}
-                    _ => self.checker.violation(
-                        now,
-                        format!("{n}: exposes {region} of {object}, not a pinned sealed object"),
-                    ),
-                }
-                sim_node.memory.expose(object, region);
-                self.record(|| format!("{n} expose {object} {region}"));
-            }
-            NodeOutput::UnexposeRegion { object, region } => {
-                self.nodes[n.0 as usize].memory.unexpose(object, region);
-                self.record(|| format!("{n} unexpose {object} {region}"));
-            }
-            NodeOutput::Directory { op, request } => {
-                self.record(|| format!("{n} -> directory {op} {request}"));
-                let at = self.after(self.params.directory_latency_ns);
-                self.schedule(
-                    at,
-                    Event::DirectoryArrive {
-                        from: n,
-                        inc,
-                        op,
-                        request,
-                    },
-                );
-            }
-            NodeOutput::FetchReply {
-                client,
                 request,
-                results,
-            } => {
-                let results: Vec<Result<ObjectInfo, String>> = results
-                    .into_iter()
-                    .map(|r| r.map_err(|e| short_fetch_error(&e)))
-                    .collect();
-                self.client_reply(n, client, request, "fetch", results);
-            }
-            NodeOutput::Store(StoreOutput::GetReply {
-                client,
-                request,
-                results,
-            }) => {
-                let results = results
-                    .into_iter()
-                    .map(|r| r.map_err(|e| short_store_error(&e)))
-                    .collect();
-                self.client_reply(n, client, request, "get", results);
-            }
-            NodeOutput::Store(StoreOutput::Notify { .. }) => {}
-            NodeOutput::Store(StoreOutput::Local(event)) => match event {
-                ObjectEvent::Sealed { id, .. } => {
-                    let sim_node = &self.nodes[n.0 as usize];
-                    let store = sim_node.node.as_ref().expect("alive").store();
-                    self.checker.check_sealed_object(
-                        now,
-                        n,
-                        store,
-                        &sim_node.memory,
-                        id,
-                        "at seal",
-                    );
-                    self.record(|| format!("{n} sealed {id}"));
-                }
-                ObjectEvent::Deleted { id } => self.record(|| format!("{n} dropped {id}")),
             },
-        }
+        );
     }
 
     fn transmit(&mut self, from: NodeId, to: NodeId, bytes: Vec<u8>) {
@@ -1272,324 +1179,6 @@ impl Cluster {
         );
     }
 
-    fn client_reply(
-        &mut self,
-        n: NodeId,
-        client: ClientId,
-        request: RequestId,
-        kind: &str,
-        results: Vec<Result<ObjectInfo, String>>,
-    ) {
-        let now = self.now;
-        let inc = self.nodes[n.0 as usize].inc;
-        let Some(pending) = self.checker.pending.remove(&(n, inc, client, request)) else {
-            self.checker.violation(
-                now,
-                format!("{client}@{n}: {kind} reply to unknown {request}"),
-            );
-            return;
-        };
-        if now > pending.deadline {
-            let late = now.saturating_since(pending.deadline);
-            self.checker.violation(
-                now,
-                format!("{client}@{n}: {kind} {request} answered {late:?} after its deadline"),
-            );
-        }
-        if results.len() != pending.ids.len() {
-            self.checker.violation(
-                now,
-                format!(
-                    "{client}@{n}: {kind} {request} has {} results for {} ids",
-                    results.len(),
-                    pending.ids.len()
-                ),
-            );
-        }
-        let summary: Vec<String> = results
-            .iter()
-            .zip(&pending.ids)
-            .map(|(r, id)| match r {
-                Ok(info) => format!("{id} ok at {}", info.region),
-                Err(e) => format!("{id} {e}"),
-            })
-            .collect();
-        self.record(|| format!("{client}@{n} {kind} {request} -> [{}]", summary.join(", ")));
-        if kind == "fetch" {
-            self.stats.fetch_replies += 1;
-        }
-        for (result, id) in results.into_iter().zip(pending.ids) {
-            let Ok(info) = result else {
-                if kind == "fetch" {
-                    self.stats.fetched_err += 1;
-                }
-                continue;
-            };
-            if kind == "fetch" {
-                self.stats.fetched_ok += 1;
-            }
-            if info.id != id {
-                self.checker.violation(
-                    now,
-                    format!("{client}@{n}: asked for {id}, got {}", info.id),
-                );
-            }
-            let sim_node = &self.nodes[n.0 as usize];
-            let store = sim_node.node.as_ref().expect("alive").store();
-            self.checker.check_sealed_object(
-                now,
-                n,
-                store,
-                &sim_node.memory,
-                info.id,
-                "client read",
-            );
-            let hold_ns = if self.mode.workload {
-                self.rng.gen_range(0..=500_000)
-            } else {
-                100_000
-            };
-            self.schedule(
-                self.after(hold_ns),
-                Event::ClientRelease {
-                    node: n,
-                    inc,
-                    client,
-                    id: info.id,
-                },
-            );
-        }
-    }
-
-    // ---- Workload ----
-
-    fn client_op(&mut self, n: NodeId, client: ClientId) {
-        let eager_capacity =
-            self.params.receive_slot_bytes as u64 * self.params.max_eager_chunks as u64;
-        let op = workload::draw_op(
-            &mut self.rng,
-            eager_capacity,
-            self.params.arena_bytes,
-            self.params.fetch_timeout_us,
-        );
-        match op {
-            ClientOp::Put { sizes } => {
-                let id = self.new_object_id();
-                self.client_put(n, client, id, sizes, true);
-            }
-            ClientOp::Hog { sizes, hold_us } => {
-                let id = self.new_object_id();
-                if self.client_put(n, client, id, sizes, false) {
-                    let inc = self.nodes[n.0 as usize].inc;
-                    self.schedule(
-                        self.after(hold_us * 1000),
-                        Event::ClientRelease {
-                            node: n,
-                            inc,
-                            client,
-                            id,
-                        },
-                    );
-                }
-            }
-            ClientOp::Get { count, timeout_us } => {
-                let ids: Vec<ObjectId> = (0..count).map(|_| self.pick_object()).collect();
-                let request = self.new_request();
-                let now = self.now;
-                let timeout = Duration::from_micros(timeout_us);
-                self.expect_reply(n, client, request, "get", &ids, timeout);
-                self.record(|| {
-                    format!(
-                        "{client}@{n} get {request} [{}] timeout {timeout:?}",
-                        id_list(&ids)
-                    )
-                });
-                let node = self.nodes[n.0 as usize].node.as_mut().expect("alive");
-                node.store_mut(now)
-                    .get(now, client, request, ids, Some(timeout));
-                self.after_input(n);
-            }
-            ClientOp::Fetch { count, timeout_us } => {
-                let ids: Vec<ObjectId> = (0..count).map(|_| self.pick_object()).collect();
-                // Half the fetches wait for a publication, half fail after the grace when
-                // nobody holds an id.
-                let wait = self.rng.gen_bool(0.5);
-                self.client_fetch(n, client, ids, Duration::from_micros(timeout_us), wait);
-            }
-            ClientOp::Delete => {
-                let id = self.pick_object();
-                let now = self.now;
-                let node = self.nodes[n.0 as usize].node.as_mut().expect("alive");
-                let result = node.store_mut(now).delete(&[id]);
-                self.record(|| {
-                    format!(
-                        "{client}@{n} delete {id}: {:?}",
-                        result[0].as_ref().map_err(short_store_error)
-                    )
-                });
-                self.after_input(n);
-            }
-            ClientOp::Evict { bytes } => {
-                let now = self.now;
-                let node = self.nodes[n.0 as usize].node.as_mut().expect("alive");
-                let outcome = node.store_mut(now).evict(bytes);
-                self.record(|| {
-                    format!(
-                        "{client}@{n} evict {bytes}: {} objects, {} bytes",
-                        outcome.objects, outcome.bytes
-                    )
-                });
-                self.after_input(n);
-            }
-        }
-    }
-
-    fn new_object_id(&mut self) -> ObjectId {
-        let id = ObjectId::from_u64(self.next_object);
-        self.next_object += 1;
-        id
-    }
-
-    fn new_request(&mut self) -> RequestId {
-        let request = RequestId(self.next_request);
-        self.next_request += 1;
-        request
-    }
-
-    /// A known object most of the time; sometimes one that never exists.
-    fn pick_object(&mut self) -> ObjectId {
-        if self.known_objects.is_empty() || self.rng.gen_range(0..100) < 10 {
-            return ObjectId::from_u64((1 << 40) + self.rng.gen_range(0..1000));
-        }
-        // Prefer recent objects: they are likelier to still exist somewhere.
-        let len = self.known_objects.len();
-        let recent = len.min(64);
-        let index = if self.rng.gen_bool(0.8) {
-            len - 1 - self.rng.gen_range(0..recent)
-        } else {
-            self.rng.gen_range(0..len)
-        };
-        self.known_objects[index]
-    }
-
-    fn expect_reply(
-        &mut self,
-        n: NodeId,
-        client: ClientId,
-        request: RequestId,
-        kind: &'static str,
-        ids: &[ObjectId],
-        timeout: Duration,
-    ) {
-        let inc = self.nodes[n.0 as usize].inc;
-        let op = PendingOp {
-            kind,
-            ids: ids.to_vec(),
-            issued: self.now,
-            deadline: self.now + timeout,
-        };
-        self.checker.pending.insert((n, inc, client, request), op);
-    }
-
-    fn client_fetch(
-        &mut self,
-        n: NodeId,
-        client: ClientId,
-        ids: Vec<ObjectId>,
-        timeout: Duration,
-        wait_for_publication: bool,
-    ) {
-        let request = self.new_request();
-        let now = self.now;
-        let mode = if self.params.forced_modes {
-            TransferMode::ALL[(request.0 % 3) as usize]
-        } else {
-            TransferMode::Auto
-        };
-        self.expect_reply(n, client, request, "fetch", &ids, timeout);
-        self.record(|| {
-            format!(
-                "{client}@{n} fetch {request} [{}] timeout {timeout:?}{}",
-                id_list(&ids),
-                if mode == TransferMode::Auto {
-                    String::new()
-                } else {
-                    format!(" {mode}")
-                }
-            )
-        });
-        let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
-            return;
-        };
-        node.handle_fetch(
-            now,
-            client,
-            request,
-            ids,
-            Some(timeout),
-            mode,
-            wait_for_publication,
-        );
-        self.after_input(n);
-    }
-
-    /// Create, write, seal; `release` drops the creator's reference at seal. True if created.
-    fn client_put(
-        &mut self,
-        n: NodeId,
-        client: ClientId,
-        id: ObjectId,
-        sizes: ObjectSizes,
-        release: bool,
-    ) -> bool {
-        let now = self.now;
-        let sim_node = &mut self.nodes[n.0 as usize];
-        let Some(node) = sim_node.node.as_mut() else {
-            return false;
-        };
-        self.checker.sizes.insert(id, sizes);
-        let info =
-            match node
-                .store_mut(now)
-                .create(now, client, id, sizes.data_size, sizes.metadata_size)
-            {
-                Ok(info) => info,
-                Err(error) => {
-                    let error = short_store_error(&error);
-                    self.record(|| {
-                        format!(
-                            "{client}@{n} create {id} {}+{}: {error}",
-                            sizes.data_size, sizes.metadata_size
-                        )
-                    });
-                    self.after_input(n);
-                    return false;
-                }
-            };
-        let bytes = workload::expected_bytes(&id, info.region.len as usize);
-        let store = node.store();
-        self.checker
-            .check_write_target(now, n, store, id, info.region, "client write");
-        sim_node.memory.write(info.region, &bytes);
-        let node = sim_node.node.as_mut().expect("alive");
-        if let Err(error) = node.store_mut(now).seal(client, id, release) {
-            self.checker.violation(
-                now,
-                format!("{client}@{n}: seal of its own {id} failed: {error}"),
-            );
-        }
-        self.stats.puts += 1;
-        self.known_objects.push(id);
-        self.record(|| {
-            format!(
-                "{client}@{n} put {id} {}+{} at {}",
-                sizes.data_size, sizes.metadata_size, info.region
-            )
-        });
-        self.after_input(n);
-        true
-    }
-
     // ---- Faults ----
 
     fn crash_node(&mut self, n: NodeId) {
@@ -1598,15 +1187,18 @@ impl Cluster {
         }
         self.record(|| format!("FAULT crash {n}"));
         self.stats.crashes += 1;
-        let persistent = self.params.persistent;
-        let sim_node = &mut self.nodes[n.0 as usize];
-        if let Some(node) = sim_node.node.take() {
+        if let Some(node) = self.nodes[n.0 as usize].node.take() {
             self.stats.absorb(&node);
-            if persistent {
-                // What a persistent store's index holds: every sealed object not deleted.
-                sim_node.durable = durable_objects(&node);
-            }
         }
+        if self.params.persistent {
+            // What the disk holds survives; what was still on its way to it is lost.
+            let durable = self.durable_at_crash(n);
+            self.nodes[n.0 as usize].recovering = durable;
+        } else {
+            self.nodes[n.0 as usize].disk = Disk::default();
+            self.nodes[n.0 as usize].acked_seals.clear();
+        }
+        let sim_node = &mut self.nodes[n.0 as usize];
         sim_node.timer_at = None;
         // Reads it posted die with it.
         let old_inc = sim_node.inc;
@@ -1614,6 +1206,7 @@ impl Cluster {
         let lost_reads = self.count_reads_of(n, old_inc);
         self.reads_in_flight -= lost_reads;
         self.checker.pending.retain(|(node, ..), _| *node != n);
+        self.calls.retain(|(node, ..), _| *node != n);
         for m in 0..self.nodes.len() as u32 {
             if NodeId(m) != n {
                 self.break_link(n, NodeId(m));
@@ -1644,7 +1237,7 @@ impl Cluster {
         }
         let inc = self.nodes[n.0 as usize].inc;
         let key = self.arena_key(n, inc);
-        let durable = std::mem::take(&mut self.nodes[n.0 as usize].durable);
+        let durable = std::mem::take(&mut self.nodes[n.0 as usize].recovering);
         if self.params.persistent {
             let count = durable.len();
             self.record(|| {
@@ -1659,13 +1252,14 @@ impl Cluster {
         }
         let mut node = Node::new(self.node_config(n, inc), self.now);
         if !durable.is_empty() {
-            let report = node.store_mut(self.now).recover(self.now, durable);
+            let report = node.handle_recovered(self.now, durable.clone());
             if !report.refused.is_empty() {
                 let what = format!("{n} refused recovered objects: {:?}", report.refused);
                 self.checker.violation(self.now, what);
             }
         }
         self.nodes[n.0 as usize].node = Some(node);
+        self.check_recovered(n, &durable);
         self.directory.node_joined(n);
         // Recovered objects are published like fresh seals.
         self.after_input(n);
@@ -1674,6 +1268,7 @@ impl Cluster {
                 self.restore_link(n, NodeId(m));
             }
         }
+        self.connect_clients(n);
         if self.mode.workload {
             self.start_clients(n);
         }
@@ -1754,22 +1349,4 @@ fn id_list(ids: &[ObjectId]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The sealed objects of a node's store that are not being deleted, as recovery records.
-fn durable_objects(node: &Node) -> Vec<RecoveredObject> {
-    node.store()
-        .list()
-        .into_iter()
-        .filter(|summary| summary.sealed && !summary.delete_pending)
-        .map(|summary| RecoveredObject {
-            id: summary.info.id,
-            block: LocalRegion {
-                len: block_len_for(summary.info.region.len).expect("a stored object's block fits"),
-                ..summary.info.region
-            },
-            data_size: summary.info.data_size,
-            metadata_size: summary.info.metadata_size,
-        })
-        .collect()
 }

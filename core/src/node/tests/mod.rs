@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use super::*;
+use crate::client_protocol::{Request, RequestFrame, Response, PROTOCOL_VERSION};
 use crate::directory::DirectoryReply;
+use crate::store::ObjectInfo;
 
 const CLIENT: ClientId = ClientId(1);
 const ARENA_BYTES: u64 = 1 << 20;
@@ -35,6 +37,13 @@ struct World {
     /// Every output, for assertions: (node, output).
     log: Vec<(NodeId, NodeOutput)>,
     exposed: Vec<BTreeMap<ObjectId, LocalRegion>>,
+    next_request: u64,
+    /// Durable changes are reported only when a test says so (else at once).
+    manual_disk: bool,
+    /// Durable changes handed out: (node, sequence number).
+    persisted: Vec<(NodeId, u64)>,
+    /// Clients the nodes closed, with why.
+    closed: Vec<(NodeId, ClientId, String)>,
 }
 
 impl World {
@@ -62,7 +71,7 @@ impl World {
                 }
             }
         }
-        World {
+        let mut world = World {
             nodes,
             arenas: vec![vec![0; ARENA_BYTES as usize]; n as usize],
             now: Instant::ZERO,
@@ -73,7 +82,65 @@ impl World {
             fail_reads: 0,
             log: Vec::new(),
             exposed: vec![BTreeMap::new(); n as usize],
+            next_request: 1,
+            manual_disk: false,
+            persisted: Vec::new(),
+            closed: Vec::new(),
+        };
+        for i in 0..n {
+            world.connect(i, CLIENT);
         }
+        world
+    }
+
+    /// Connects `client` to `node` and says Hello.
+    fn connect(&mut self, node: u32, client: ClientId) {
+        self.nodes[node as usize].handle_client_connected(self.now, client);
+        let welcome = self.request_as(
+            node,
+            client,
+            Request::Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client_name: "test".into(),
+            },
+        );
+        assert!(
+            matches!(welcome, Some(Response::Welcome { .. })),
+            "{welcome:?}"
+        );
+    }
+
+    /// Sends a request of [`CLIENT`]; its reply, if it came while the world settled.
+    fn request(&mut self, node: u32, body: Request) -> Option<Response> {
+        self.request_as(node, CLIENT, body)
+    }
+
+    fn request_as(&mut self, node: u32, client: ClientId, body: Request) -> Option<Response> {
+        let request = RequestId(self.next_request);
+        self.next_request += 1;
+        self.nodes[node as usize].handle_client_request(
+            self.now,
+            client,
+            RequestFrame { request, body },
+        );
+        self.pump();
+        self.log.iter().find_map(|(n, o)| match o {
+            NodeOutput::Reply {
+                client: c,
+                request: r,
+                response,
+            } if n.0 == node && *c == client && *r == request => Some(response.clone()),
+            _ => None,
+        })
+    }
+
+    fn release(&mut self, node: u32, n: u64) {
+        let reply = self.request(node, Request::Release { id: id(n) });
+        assert_eq!(reply, Some(Response::Done(Ok(()))));
+    }
+
+    fn delete(&mut self, node: u32, n: u64) {
+        self.request(node, Request::Delete { ids: vec![id(n)] });
     }
 
     fn bytes_of(n: u64, len: u64) -> Vec<u8> {
@@ -83,17 +150,28 @@ impl World {
     }
 
     fn put(&mut self, node: u32, n: u64, len: u64) {
-        let now = self.now;
-        let store = self.nodes[node as usize].store_mut(now);
-        let info = store.create(now, CLIENT, id(n), len, 0).unwrap();
+        let created = self.request(
+            node,
+            Request::Create {
+                id: id(n),
+                data_size: len,
+                metadata_size: 0,
+            },
+        );
+        let Some(Response::Created(Ok(info))) = created else {
+            panic!("create of {n} on node {node}: {created:?}");
+        };
         let region = info.region;
         self.arenas[node as usize][region.offset as usize..region.end() as usize]
             .copy_from_slice(&Self::bytes_of(n, len));
-        self.nodes[node as usize]
-            .store_mut(now)
-            .seal(CLIENT, id(n), true)
-            .unwrap();
-        self.pump();
+        let sealed = self.request(
+            node,
+            Request::Seal {
+                id: id(n),
+                release: true,
+            },
+        );
+        assert_eq!(sealed, Some(Response::Done(Ok(()))));
     }
 
     fn fetch(&mut self, node: u32, ns: &[u64], timeout: Duration) {
@@ -134,11 +212,8 @@ impl World {
         assert_eq!(replies.len(), before + 1, "one reply");
         let info = ok_info(&replies[before][0]);
         assert_eq!(self.local_bytes(node, &info), World::bytes_of(n, len));
-        let now = self.now;
-        let store = self.nodes[node as usize].store_mut(now);
-        store.release(CLIENT, id(n)).unwrap();
-        store.delete(&[id(n)]);
-        self.pump();
+        self.release(node, n);
+        self.delete(node, n);
     }
 
     fn advance(&mut self, by: Duration) {
@@ -200,75 +275,9 @@ impl World {
     }
 
     fn carry_out(&mut self, node: NodeId, output: NodeOutput) {
-        let n = node.0 as usize;
-        match &output {
-            NodeOutput::Send { peer, message } => {
-                self.messages
-                    .push_back((node, *peer, wire::to_bytes(message)))
-            }
-            NodeOutput::SendEager {
-                peer,
-                header,
-                source,
-                ..
-            } => {
-                let mut bytes = Vec::new();
-                wire::encode_eager(
-                    header,
-                    &self.arenas[n][source.offset as usize..source.end() as usize],
-                    &mut bytes,
-                );
-                self.messages.push_back((node, *peer, bytes));
-            }
-            NodeOutput::PostRead {
-                peer,
-                op,
-                local,
-                remote,
-                ..
-            } => self.reads.push_back((node, *op, *local, *remote, *peer)),
-            NodeOutput::WriteLocal { region, bytes, .. } => {
-                self.arenas[n][region.offset as usize..region.end() as usize].copy_from_slice(bytes)
-            }
-            NodeOutput::ExposeRegion { object, region } => {
-                self.exposed[n].insert(*object, *region);
-            }
-            NodeOutput::UnexposeRegion { object, .. } => {
-                self.exposed[n].remove(object);
-            }
-            NodeOutput::Directory { op, request } if self.directory_up => {
-                let reply = match request {
-                    DirectoryRequest::Lookup { id, .. } => match self.locations.get(id) {
-                        Some((sizes, holders)) => Some(DirectoryReply::Located {
-                            holders: holders.clone(),
-                            sizes: Some(*sizes),
-                        }),
-                        None => Some(DirectoryReply::Located {
-                            holders: vec![],
-                            sizes: None,
-                        }),
-                    },
-                    DirectoryRequest::Publish { id, sizes } => {
-                        let entry = self.locations.entry(*id).or_insert((*sizes, vec![]));
-                        entry.1.push(node);
-                        Some(DirectoryReply::Done)
-                    }
-                    DirectoryRequest::Withdraw { id } => {
-                        if let Some(entry) = self.locations.get_mut(id) {
-                            entry.1.retain(|&h| h != node);
-                        }
-                        Some(DirectoryReply::Done)
-                    }
-                    DirectoryRequest::Unsubscribe { .. } => None,
-                };
-                if let Some(reply) = reply {
-                    self.nodes[n].handle_directory_reply(self.now, *op, reply);
-                }
-            }
-            _ => {}
-        }
-        self.nodes[n].check_invariants();
-        self.log.push((node, output));
+        self.log.push((node, output.clone()));
+        output.dispatch(&mut Carrier { world: self, node });
+        self.nodes[node.0 as usize].check_invariants();
     }
 
     fn replies(&self, node: u32) -> Vec<Vec<Result<ObjectInfo, FetchError>>> {
@@ -276,7 +285,10 @@ impl World {
             .iter()
             .filter(|(n, _)| n.0 == node)
             .filter_map(|(_, o)| match o {
-                NodeOutput::FetchReply { results, .. } => Some(results.clone()),
+                NodeOutput::Reply {
+                    response: Response::Fetched(results),
+                    ..
+                } => Some(results.clone()),
                 _ => None,
             })
             .collect()
@@ -342,7 +354,7 @@ fn eager_fetch_copies_small_objects_in_chunks() {
     // The new copy is published.
     assert_eq!(w.locations[&id(1)].1, vec![NodeId(0), NodeId(1)]);
     // The client holds a reference until it releases it.
-    w.nodes[1].store_mut(w.now).release(CLIENT, id(1)).unwrap();
+    w.release(1, 1);
     w.assert_settled();
 }
 
@@ -382,7 +394,7 @@ fn rendezvous_fetch_reads_in_slices_then_finishes() {
         1
     );
     assert!(!w.nodes[0].store().is_pinned(&id(1)), "Finish unpins");
-    w.nodes[1].store_mut(w.now).release(CLIENT, id(1)).unwrap();
+    w.release(1, 1);
     w.assert_settled();
 }
 
@@ -442,7 +454,7 @@ fn concurrent_fetches_of_one_object_share_one_transfer() {
         1
     );
     for _ in 0..3 {
-        w.nodes[1].store_mut(w.now).release(CLIENT, id(1)).unwrap();
+        w.release(1, 1);
     }
     w.assert_settled();
 }
@@ -481,7 +493,7 @@ fn published_object_wakes_a_waiting_fetch() {
     );
     w.pump();
     assert!(w.replies(1)[0][0].is_ok());
-    w.nodes[1].store_mut(w.now).release(CLIENT, id(7)).unwrap();
+    w.release(1, 7);
     w.assert_settled();
 }
 
@@ -491,7 +503,7 @@ fn stale_location_falls_over_to_the_next_holder() {
     w.put(0, 1, 10_000);
     w.put(2, 1, 10_000);
     // Node 0 drops its copy but the directory still lists it first.
-    w.nodes[0].store_mut(w.now).delete(&[id(1)]);
+    w.delete(0, 1);
     w.pump();
     w.locations.get_mut(&id(1)).unwrap().1 = vec![NodeId(0), NodeId(2)];
     w.fetch(1, &[1], Duration::from_millis(50));
@@ -503,7 +515,7 @@ fn stale_location_falls_over_to_the_next_holder() {
         .filter(|m| matches!(m, PeerMessage::FetchRequest { .. }))
         .count();
     assert!((1..=2).contains(&requests));
-    w.nodes[1].store_mut(w.now).release(CLIENT, id(1)).unwrap();
+    w.release(1, 1);
     w.assert_settled();
 }
 
@@ -532,7 +544,7 @@ fn read_failure_drains_outstanding_reads_then_retries_elsewhere() {
         .collect();
     assert_eq!(finishes.len(), 2);
     assert_ne!(finishes[0], finishes[1]);
-    w.nodes[1].store_mut(w.now).release(CLIENT, id(1)).unwrap();
+    w.release(1, 1);
     w.assert_settled();
 }
 
@@ -557,7 +569,10 @@ fn lease_expires_without_finish() {
     )));
     assert!(w.nodes[0].store().is_pinned(&id(1)));
     // Pinned: neither evicted nor deleted under the reader.
-    assert_eq!(w.nodes[0].store_mut(w.now).evict(u64::MAX).objects, 0);
+    assert_eq!(
+        w.request(0, Request::Evict { bytes: u64::MAX }),
+        Some(Response::Evicted(Default::default()))
+    );
     w.advance(Duration::from_millis(9));
     assert!(w.nodes[0].store().is_pinned(&id(1)));
     w.advance(Duration::from_millis(1));
@@ -633,7 +648,7 @@ fn admission_caps_bytes_in_flight_and_keeps_order() {
     let replies = w.replies(1);
     assert!(replies[0].iter().all(|r| r.is_ok()));
     for n in [1, 2] {
-        w.nodes[1].store_mut(w.now).release(CLIENT, id(n)).unwrap();
+        w.release(1, n);
     }
     w.assert_settled();
 }
@@ -642,11 +657,17 @@ fn admission_caps_bytes_in_flight_and_keeps_order() {
 fn full_store_fails_the_fetch_with_out_of_memory() {
     let mut w = World::new(2, |c| c.store = StoreConfig::single_arena(64 * 1024));
     w.put(0, 1, 40_000);
-    let now = w.now;
-    w.nodes[1]
-        .store_mut(now)
-        .create(now, ClientId(9), id(2), 40_000, 0)
-        .unwrap();
+    w.connect(1, ClientId(9));
+    let created = w.request_as(
+        1,
+        ClientId(9),
+        Request::Create {
+            id: id(2),
+            data_size: 40_000,
+            metadata_size: 0,
+        },
+    );
+    assert!(matches!(created, Some(Response::Created(Ok(_)))));
     w.fetch(1, &[1], Duration::from_millis(50));
     assert!(matches!(
         w.replies(1)[0][0],
@@ -731,7 +752,7 @@ fn a_stale_location_falls_back_to_the_directory() {
     w.put(0, 1, 1000);
     w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
     // The only remembered holder loses its copy; another node has one.
-    w.nodes[0].store_mut(w.now).delete(&[id(1)]);
+    w.delete(0, 1);
     w.pump();
     w.put(2, 1, 1000);
     w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
@@ -751,7 +772,7 @@ fn a_stale_location_of_a_vanished_object_ends_as_not_found() {
     let mut w = World::new(2, |_| {});
     w.put(0, 1, 1000);
     w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
-    w.nodes[0].store_mut(w.now).delete(&[id(1)]);
+    w.delete(0, 1);
     w.pump();
     w.fetch(1, &[1], Duration::from_millis(20));
     assert_eq!(w.nodes[1].stats().stale_locations, 1);
@@ -775,3 +796,111 @@ fn no_location_cache_means_a_lookup_every_time() {
     assert_eq!(w.nodes[1].stats().location_cache_hits, 0);
     w.assert_settled();
 }
+
+/// The test world as one node's driver.
+struct Carrier<'a> {
+    world: &'a mut World,
+    node: NodeId,
+}
+
+impl Carrier<'_> {
+    fn arena(&mut self) -> &mut Vec<u8> {
+        &mut self.world.arenas[self.node.0 as usize]
+    }
+}
+
+impl NodeDriver for Carrier<'_> {
+    fn send(&mut self, peer: NodeId, message: PeerMessage) {
+        let bytes = wire::to_bytes(&message);
+        self.world.messages.push_back((self.node, peer, bytes))
+    }
+
+    fn send_eager(&mut self, peer: NodeId, header: EagerHeader, source: LocalRegion, _: ObjectId) {
+        let mut bytes = Vec::new();
+        wire::encode_eager(
+            &header,
+            &self.arena()[source.offset as usize..source.end() as usize],
+            &mut bytes,
+        );
+        self.world.messages.push_back((self.node, peer, bytes));
+    }
+
+    fn post_read(
+        &mut self,
+        peer: NodeId,
+        op: ReadOpId,
+        _lane: u16,
+        local: LocalRegion,
+        remote: RemoteRegion,
+        _object: ObjectId,
+    ) {
+        self.world
+            .reads
+            .push_back((self.node, op, local, remote, peer))
+    }
+
+    fn write_local(&mut self, region: LocalRegion, bytes: Vec<u8>, _: ObjectId) {
+        self.arena()[region.offset as usize..region.end() as usize].copy_from_slice(&bytes)
+    }
+
+    fn expose_region(&mut self, object: ObjectId, region: LocalRegion) {
+        self.world.exposed[self.node.0 as usize].insert(object, region);
+    }
+
+    fn unexpose_region(&mut self, object: ObjectId, _: LocalRegion) {
+        self.world.exposed[self.node.0 as usize].remove(&object);
+    }
+
+    fn directory(&mut self, op: DirectoryOpId, request: DirectoryRequest) {
+        let world = &mut *self.world;
+        if !world.directory_up {
+            return;
+        }
+        let reply = match request {
+            DirectoryRequest::Lookup { id, .. } => match world.locations.get(&id) {
+                Some((sizes, holders)) => Some(DirectoryReply::Located {
+                    holders: holders.clone(),
+                    sizes: Some(*sizes),
+                }),
+                None => Some(DirectoryReply::Located {
+                    holders: vec![],
+                    sizes: None,
+                }),
+            },
+            DirectoryRequest::Publish { id, sizes } => {
+                let entry = world.locations.entry(id).or_insert((sizes, vec![]));
+                entry.1.push(self.node);
+                Some(DirectoryReply::Done)
+            }
+            DirectoryRequest::Withdraw { id } => {
+                if let Some(entry) = world.locations.get_mut(&id) {
+                    entry.1.retain(|&h| h != self.node);
+                }
+                Some(DirectoryReply::Done)
+            }
+            DirectoryRequest::Unsubscribe { .. } => None,
+        };
+        if let Some(reply) = reply {
+            world.nodes[self.node.0 as usize].handle_directory_reply(world.now, op, reply);
+        }
+    }
+
+    // Replies and events stay in the log for the assertions.
+    fn reply(&mut self, _: ClientId, _: RequestId, _: Response) {}
+
+    fn event(&mut self, _: ClientId, _: ObjectEvent) {}
+
+    fn close_client(&mut self, client: ClientId, reason: String) {
+        self.world.closed.push((self.node, client, reason));
+    }
+
+    fn persist(&mut self, seq: u64, _: DurableChange) {
+        let world = &mut *self.world;
+        world.persisted.push((self.node, seq));
+        if !world.manual_disk {
+            world.nodes[self.node.0 as usize].handle_persisted(world.now, seq);
+        }
+    }
+}
+
+mod clients;

@@ -1,0 +1,440 @@
+//! Local clients: every request a client sends over the daemon's socket is an input of the node
+//! ([`Node::handle_client_request`]) and every answer an output ([`NodeOutput::Reply`]), so the
+//! simulator runs exactly what the daemon runs: the `Hello` rules, validation, store calls,
+//! `Locate` through the directory, and durability.
+//!
+//! **Durability.** With [`StoreConfig::record_durable_changes`](crate::StoreConfig) the node
+//! emits one [`NodeOutput::Persist`] per seal and per removal of a sealed object, numbered
+//! from 1. The driver makes them durable in order (on another thread, say) and reports how far
+//! it got with [`Node::handle_persisted`]. Until then:
+//! * the reply to a request that caused a change waits, when
+//!   [`NodeConfig::hold_replies_until_durable`] (`--durability seal`): a client never hears
+//!   "sealed" or "deleted" before it is true after a crash;
+//! * the block of a removed object stays out of the allocator (removal before reuse), and a
+//!   `create` that needs that space waits for it rather than fail or evict more.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::{DirectoryPurpose, Node, NodeOutput, Timer};
+use crate::client_protocol::{
+    ArenaInfo, ClusterView, MemberView, Request, RequestFrame, Response, PROTOCOL_VERSION,
+};
+use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
+use crate::error::StoreError;
+use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
+use crate::time::Instant;
+
+/// Most `create`s waiting at once for space whose removal is not durable yet; more fail with
+/// `OutOfMemory` at once.
+pub const MAX_PARKED_CREATES: usize = 4096;
+
+/// A live node of the cluster as the directory lists it, for `nodes` replies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterMember {
+    /// The node.
+    pub node: NodeId,
+    /// Where its fabric accepts connections.
+    pub address: String,
+    /// Which fabric it runs.
+    pub fabric: String,
+}
+
+/// One connected local client.
+#[derive(Debug, Default)]
+pub(super) struct ClientSession {
+    /// `Hello` was answered: other requests are served.
+    welcomed: bool,
+}
+
+/// What the node knows of its cluster, for `nodes` replies.
+#[derive(Debug, Default)]
+pub(super) struct ClusterInfo {
+    members: Vec<ClusterMember>,
+    links: BTreeMap<NodeId, String>,
+    directory_problem: Option<String>,
+}
+
+/// A `create` waiting for quarantined space.
+#[derive(Debug)]
+pub(super) struct ParkedCreate {
+    client: ClientId,
+    request: RequestId,
+    id: ObjectId,
+    data_size: u64,
+    metadata_size: u64,
+}
+
+/// Client bookkeeping of a node.
+#[derive(Debug, Default)]
+pub(super) struct Clients {
+    sessions: BTreeMap<ClientId, ClientSession>,
+    /// Replies waiting for a durable change: (sequence number needed, reply).
+    held: VecDeque<(u64, NodeOutput)>,
+    parked_creates: VecDeque<ParkedCreate>,
+    /// Durable changes emitted so far (the last one's sequence number).
+    pub(super) persist_emitted: u64,
+    /// Durable changes the driver reported done.
+    persisted: u64,
+    pub(super) cluster: ClusterInfo,
+}
+
+impl Node {
+    /// A local client connected. Its first request must be `Hello`.
+    pub fn handle_client_connected(&mut self, now: Instant, client: ClientId) {
+        self.advance(now);
+        self.clients
+            .sessions
+            .insert(client, ClientSession::default());
+        self.store.connect(client);
+    }
+
+    /// A local client disconnected: its fetches are dropped, its references released and its
+    /// unsealed objects aborted.
+    pub fn handle_client_disconnected(&mut self, now: Instant, client: ClientId) {
+        self.advance(now);
+        self.clients.sessions.remove(&client);
+        self.clients.parked_creates.retain(|c| c.client != client);
+        self.clients.held.retain(
+            |(_, output)| !matches!(output, NodeOutput::Reply { client: c, .. } if *c == client),
+        );
+        self.client_gone(client);
+        self.store.disconnect(client);
+        self.absorb_store();
+    }
+
+    /// Local clients connected now.
+    pub fn client_count(&self) -> usize {
+        self.clients.sessions.len()
+    }
+
+    /// One request of a local client. Every request gets exactly one [`NodeOutput::Reply`]
+    /// (`get` and `fetch` when they complete); a request before `Hello`, or a `Hello` of another
+    /// protocol version, also closes the connection ([`NodeOutput::CloseClient`]).
+    pub fn handle_client_request(&mut self, now: Instant, client: ClientId, frame: RequestFrame) {
+        self.advance(now);
+        let RequestFrame { request, body } = frame;
+        let Some(session) = self.clients.sessions.get_mut(&client) else {
+            // The driver reports a connection before its requests; a request of a client that
+            // is gone has nobody to answer.
+            return;
+        };
+        if !session.welcomed {
+            self.greet(client, request, body);
+            return;
+        }
+        if let Err(error) = body.validate() {
+            self.reply(client, request, Response::Error(error));
+            return;
+        }
+        let durable_before = self.store.durable_changes_queued();
+        let response = self.serve(client, request, body);
+        self.absorb_store();
+        if let Some(response) = response {
+            let needed = self.store.durable_changes_queued();
+            if self.config.hold_replies_until_durable
+                && needed > durable_before
+                && needed > self.clients.persisted
+            {
+                self.clients.held.push_back((
+                    needed,
+                    NodeOutput::Reply {
+                        client,
+                        request,
+                        response,
+                    },
+                ));
+            } else {
+                self.reply(client, request, response);
+            }
+        }
+    }
+
+    /// Every [`NodeOutput::Persist`] up to sequence number `upto` is durable: replies that
+    /// waited for them go out, and space of removed objects up to there is free again.
+    pub fn handle_persisted(&mut self, now: Instant, upto: u64) {
+        self.advance(now);
+        debug_assert!(
+            upto <= self.clients.persist_emitted,
+            "persisted ahead of emitted"
+        );
+        self.clients.persisted = self.clients.persisted.max(upto);
+        self.store.handle_durable(upto);
+        while let Some((needed, _)) = self.clients.held.front() {
+            if *needed > upto {
+                break;
+            }
+            let (_, output) = self.clients.held.pop_front().expect("looked at the front");
+            self.push(output);
+        }
+        self.retry_parked_creates();
+        self.pump_admission();
+        self.absorb_store();
+    }
+
+    /// The directory's list of live members changed.
+    pub fn handle_directory_members(&mut self, now: Instant, members: Vec<ClusterMember>) {
+        self.advance(now);
+        self.clients.cluster.members = members;
+    }
+
+    /// The directory became reachable (`Ok`) or not (`Err` with why).
+    pub fn handle_directory_health(&mut self, now: Instant, health: Result<(), String>) {
+        self.advance(now);
+        self.clients.cluster.directory_problem = health.err();
+    }
+
+    /// How the connection to `peer` is set up (fabric, lanes, MTU…), for `nodes` replies.
+    pub fn handle_peer_link(&mut self, now: Instant, peer: NodeId, link: String) {
+        self.advance(now);
+        self.clients.cluster.links.insert(peer, link);
+    }
+
+    /// Whether the directory answers (as last reported).
+    pub fn directory_healthy(&self) -> bool {
+        self.clients.cluster.directory_problem.is_none()
+    }
+
+    /// Replies held until their durable changes are, and creates waiting for space.
+    pub(super) fn pending_client_work(&self, lines: &mut Vec<String>) {
+        for (needed, output) in &self.clients.held {
+            lines.push(format!(
+                "reply {output:?} waits for durable change {needed} (durable: {})",
+                self.clients.persisted
+            ));
+        }
+        for parked in &self.clients.parked_creates {
+            lines.push(format!(
+                "create of {} for {} {} waits for {} of removed objects to be durable",
+                parked.id,
+                parked.client,
+                parked.request,
+                crate::error::Bytes(self.store.quarantined_bytes())
+            ));
+        }
+    }
+
+    fn greet(&mut self, client: ClientId, request: RequestId, body: Request) {
+        let refusal = match body {
+            Request::Hello {
+                protocol_version, ..
+            } if protocol_version == PROTOCOL_VERSION => None,
+            Request::Hello {
+                protocol_version, ..
+            } => Some(format!(
+                "protocol version {protocol_version} is not supported; this daemon speaks \
+                 {PROTOCOL_VERSION} (use a client of the same release)"
+            )),
+            _ => Some("the first request must be Hello".to_string()),
+        };
+        if let Some(reason) = refusal {
+            self.reply(
+                client,
+                request,
+                Response::Error(StoreError::BadRequest(reason.clone())),
+            );
+            self.push(NodeOutput::CloseClient { client, reason });
+            return;
+        }
+        if let Some(session) = self.clients.sessions.get_mut(&client) {
+            session.welcomed = true;
+        }
+        let arenas = self
+            .config
+            .store
+            .arenas
+            .iter()
+            .map(|&(id, size_bytes)| ArenaInfo { id, size_bytes })
+            .collect();
+        self.reply(
+            client,
+            request,
+            Response::Welcome {
+                protocol_version: PROTOCOL_VERSION,
+                node: self.config.node,
+                arenas,
+            },
+        );
+    }
+
+    /// Serves a validated request; `None` when the reply comes later.
+    fn serve(&mut self, client: ClientId, request: RequestId, body: Request) -> Option<Response> {
+        let now = self.now;
+        Some(match body {
+            Request::Hello { .. } => Response::Error(StoreError::BadRequest(
+                "Hello was already received on this connection".into(),
+            )),
+            Request::Create {
+                id,
+                data_size,
+                metadata_size,
+            } => match self.store.create(now, client, id, data_size, metadata_size) {
+                Err(StoreError::OutOfMemory { .. })
+                    if self.store.quarantined_bytes() > 0
+                        && self.clients.parked_creates.len() < MAX_PARKED_CREATES =>
+                {
+                    self.clients.parked_creates.push_back(ParkedCreate {
+                        client,
+                        request,
+                        id,
+                        data_size,
+                        metadata_size,
+                    });
+                    return None;
+                }
+                result => Response::Created(result),
+            },
+            Request::Seal { id, release } => {
+                Response::Done(self.store.seal(client, id, release).map(|_| ()))
+            }
+            Request::Abort { id } => Response::Done(self.store.abort(client, id)),
+            Request::Get { ids, timeout_ms } => {
+                self.store
+                    .get(now, client, request, ids, Request::timeout(timeout_ms));
+                return None;
+            }
+            Request::Release { id } => Response::Done(self.store.release(client, id)),
+            Request::Contains { id } => Response::Contains(self.store.contains(&id)),
+            Request::Delete { ids } => Response::Deleted(self.store.delete(&ids)),
+            Request::List => Response::Listed(self.store.list()),
+            Request::Evict { bytes } => Response::Evicted(self.store.evict(bytes)),
+            Request::Subscribe => {
+                self.store.subscribe(client);
+                Response::Done(Ok(()))
+            }
+            Request::Stats => {
+                let mut stats = self.store.stats();
+                // The store also counts the node's own fetch client; report connections.
+                stats.client_count = self.clients.sessions.len() as u64;
+                Response::Stats(stats)
+            }
+            Request::Fetch {
+                ids,
+                timeout_ms,
+                mode,
+                wait_for_publication,
+            } => {
+                let timeout = Request::timeout(timeout_ms);
+                self.start_fetch(client, request, ids, timeout, mode, wait_for_publication);
+                return None;
+            }
+            Request::Nodes => Response::Nodes(self.cluster_view()),
+            Request::Locate { id } => return self.locate(client, request, id),
+        })
+    }
+
+    fn locate(&mut self, client: ClientId, request: RequestId, id: ObjectId) -> Option<Response> {
+        if self.config.standalone {
+            let info = self.store.sealed_info(&id);
+            return Some(Response::Located {
+                holders: info.iter().map(|_| self.config.node).collect(),
+                sizes: info.map(|i| (i.data_size, i.metadata_size)),
+            });
+        }
+        self.directory(
+            DirectoryRequest::Lookup {
+                id,
+                subscribe: false,
+            },
+            Some(DirectoryPurpose::Locate(client, request)),
+        );
+        None
+    }
+
+    /// The directory answered (or did not answer in time) a `locate`.
+    pub(super) fn locate_answered(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        op: DirectoryOpId,
+        reply: DirectoryReply,
+    ) {
+        self.cancel_timer(Timer::DirectoryOp(op));
+        if !self.clients.sessions.contains_key(&client) {
+            return;
+        }
+        let response = match reply {
+            DirectoryReply::Located { holders, sizes } => Response::Located {
+                holders,
+                sizes: sizes.map(|s| (s.data_size, s.metadata_size)),
+            },
+            DirectoryReply::Done => Response::Located {
+                holders: Vec::new(),
+                sizes: None,
+            },
+            DirectoryReply::Unavailable { reason } => {
+                Response::Error(StoreError::DirectoryUnavailable(reason))
+            }
+        };
+        self.reply(client, request, response);
+    }
+
+    fn cluster_view(&self) -> ClusterView {
+        let me = self.config.node;
+        let cluster = &self.clients.cluster;
+        let mut members: Vec<MemberView> = cluster
+            .members
+            .iter()
+            .map(|m| MemberView {
+                node: m.node,
+                address: m.address.clone(),
+                fabric: m.fabric.clone(),
+                connected: m.node == me || self.peers.get(&m.node).is_some_and(|p| p.connected),
+                eager_threshold_bytes: self.eager_threshold(m.node).map(|t| t.bytes),
+                link: if m.node == me {
+                    "this node".into()
+                } else {
+                    match (self.peers.get(&m.node), cluster.links.get(&m.node)) {
+                        (Some(peer), Some(link)) if peer.connected => link.clone(),
+                        _ => "not connected".into(),
+                    }
+                },
+            })
+            .collect();
+        if !members.iter().any(|m| m.node == me) {
+            members.push(MemberView {
+                node: me,
+                address: self.config.fabric_address.clone(),
+                fabric: self.config.fabric_name.clone(),
+                connected: true,
+                eager_threshold_bytes: None,
+                link: "this node".into(),
+            });
+        }
+        members.sort_by_key(|m| m.node);
+        ClusterView {
+            node: me,
+            fabric: self.config.fabric_name.clone(),
+            directory: self.config.directory_name.clone(),
+            directory_healthy: self.directory_healthy(),
+            eager_capacity_bytes: self.config.eager_capacity_bytes(),
+            members,
+        }
+    }
+
+    fn retry_parked_creates(&mut self) {
+        let parked = std::mem::take(&mut self.clients.parked_creates);
+        for create in parked {
+            let result = self.store.create(
+                self.now,
+                create.client,
+                create.id,
+                create.data_size,
+                create.metadata_size,
+            );
+            match result {
+                Err(StoreError::OutOfMemory { .. }) if self.store.quarantined_bytes() > 0 => {
+                    self.clients.parked_creates.push_back(create)
+                }
+                result => self.reply(create.client, create.request, Response::Created(result)),
+            }
+        }
+    }
+
+    pub(super) fn reply(&mut self, client: ClientId, request: RequestId, response: Response) {
+        self.push(NodeOutput::Reply {
+            client,
+            request,
+            response,
+        });
+    }
+}

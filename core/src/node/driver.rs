@@ -1,0 +1,95 @@
+//! The one place a [`NodeOutput`] is taken apart: a driver (the daemon, the simulator, the
+//! core's own tests) implements [`NodeDriver`], one method per kind of effect, and hands every
+//! output to [`NodeOutput::dispatch`]. A new kind of output is then a compile error in every
+//! driver rather than a `match` arm forgotten in one of three places.
+
+use super::{NodeOutput, ReadOpId};
+use crate::client_protocol::Response;
+use crate::directory::{DirectoryOpId, DirectoryRequest};
+use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
+use crate::region::{LocalRegion, RemoteRegion};
+use crate::store::{DurableChange, ObjectEvent};
+use crate::wire::{EagerHeader, PeerMessage};
+
+/// What a driver does with each kind of [`NodeOutput`]; see the variants for the contract of
+/// each.
+pub trait NodeDriver {
+    /// [`NodeOutput::Send`].
+    fn send(&mut self, peer: NodeId, message: PeerMessage);
+    /// [`NodeOutput::SendEager`]: gather the payload from `source` now.
+    fn send_eager(
+        &mut self,
+        peer: NodeId,
+        header: EagerHeader,
+        source: LocalRegion,
+        object: ObjectId,
+    );
+    /// [`NodeOutput::PostRead`].
+    fn post_read(
+        &mut self,
+        peer: NodeId,
+        op: ReadOpId,
+        lane: u16,
+        local: LocalRegion,
+        remote: RemoteRegion,
+        object: ObjectId,
+    );
+    /// [`NodeOutput::WriteLocal`].
+    fn write_local(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId);
+    /// [`NodeOutput::ExposeRegion`].
+    fn expose_region(&mut self, object: ObjectId, region: LocalRegion);
+    /// [`NodeOutput::UnexposeRegion`].
+    fn unexpose_region(&mut self, object: ObjectId, region: LocalRegion);
+    /// [`NodeOutput::Directory`].
+    fn directory(&mut self, op: DirectoryOpId, request: DirectoryRequest);
+    /// [`NodeOutput::Reply`].
+    fn reply(&mut self, client: ClientId, request: RequestId, response: Response);
+    /// [`NodeOutput::Event`].
+    fn event(&mut self, client: ClientId, event: ObjectEvent);
+    /// [`NodeOutput::CloseClient`].
+    fn close_client(&mut self, client: ClientId, reason: String);
+    /// [`NodeOutput::Persist`].
+    fn persist(&mut self, seq: u64, change: DurableChange);
+    /// [`NodeOutput::Local`]: nothing to do but log or trace it.
+    fn local(&mut self, _event: ObjectEvent) {}
+}
+
+impl NodeOutput {
+    /// Hands this output to the matching method of `driver`.
+    pub fn dispatch(self, driver: &mut impl NodeDriver) {
+        match self {
+            NodeOutput::Send { peer, message } => driver.send(peer, message),
+            NodeOutput::SendEager {
+                peer,
+                header,
+                source,
+                object,
+            } => driver.send_eager(peer, header, source, object),
+            NodeOutput::PostRead {
+                peer,
+                op,
+                lane,
+                local,
+                remote,
+                object,
+            } => driver.post_read(peer, op, lane, local, remote, object),
+            NodeOutput::WriteLocal {
+                region,
+                bytes,
+                object,
+            } => driver.write_local(region, bytes, object),
+            NodeOutput::ExposeRegion { object, region } => driver.expose_region(object, region),
+            NodeOutput::UnexposeRegion { object, region } => driver.unexpose_region(object, region),
+            NodeOutput::Directory { op, request } => driver.directory(op, request),
+            NodeOutput::Reply {
+                client,
+                request,
+                response,
+            } => driver.reply(client, request, response),
+            NodeOutput::Event { client, event } => driver.event(client, event),
+            NodeOutput::CloseClient { client, reason } => driver.close_client(client, reason),
+            NodeOutput::Persist { seq, change } => driver.persist(seq, change),
+            NodeOutput::Local(event) => driver.local(event),
+        }
+    }
+}

@@ -1,0 +1,790 @@
+//! Simulated local clients. They speak the client protocol to the node exactly as the daemon's
+//! clients do (`Hello` first, then requests, every answer a reply output), so request
+//! validation, the store calls, `locate` through the directory and replies held for
+//! durability all run under the simulator. Besides the workload's puts, gets, fetches,
+//! deletes and evictions, clients misuse the protocol now and then (seal what they did not
+//! create, release what they do not hold, create what can never fit, skip `Hello`…) and the
+//! node must answer each with an error and stay consistent.
+
+use std::time::Duration;
+
+use rand::Rng;
+use skyriver_core::client_protocol::{
+    Request, RequestFrame, Response, MAX_IDS_PER_REQUEST, PROTOCOL_VERSION,
+};
+use skyriver_core::{
+    ClientId, NodeId, ObjectId, ObjectInfo, ObjectSizes, RequestId, StoreError, TransferMode,
+};
+
+use super::{id_list, short_fetch_error, short_store_error, Cluster, Event};
+use crate::checker::PendingOp;
+use crate::workload::{self, ClientOp, Misuse};
+
+/// Ids of clients that only misuse the protocol (connect without `Hello`, …): they start here.
+const ROGUE_CLIENT_BASE: u64 = 1 << 32;
+
+/// What a client waits for from one of its requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Call {
+    /// `Hello`: a `Welcome`.
+    Hello,
+    /// `Create`: then write the bytes and seal; hold the object for `hold_us` when set.
+    Create {
+        id: ObjectId,
+        sizes: ObjectSizes,
+        hold_us: Option<u64>,
+    },
+    /// `Seal`.
+    Seal { id: ObjectId, hold_us: Option<u64> },
+    /// `Release` of a reference the client holds.
+    Release { id: ObjectId },
+    /// `Delete`, `Evict`, `Stats`, `List`, `Contains`, `Locate`, `Nodes`: any reply of the
+    /// right kind.
+    Inspect { kind: &'static str },
+    /// `Get` or `Fetch`: checked against the checker's pending entry.
+    Objects { kind: &'static str },
+    /// A misuse: the reply must be an error.
+    Misuse { what: &'static str },
+}
+
+impl Cluster {
+    /// Connects the node's clients (after a start or restart) and says `Hello` for each.
+    pub(super) fn connect_clients(&mut self, n: NodeId) {
+        let count = self.params.clients_per_node.max(1) as u64;
+        for c in 0..count {
+            let client = ClientId(super::WORKLOAD_CLIENT_BASE + c);
+            let now = self.now;
+            if let Some(node) = self.nodes[n.0 as usize].node.as_mut() {
+                node.handle_client_connected(now, client);
+            }
+            self.client_request(
+                n,
+                client,
+                Request::Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    client_name: format!("sim-{}", client.0),
+                },
+                Call::Hello,
+            );
+        }
+    }
+
+    /// Sends one request of `client` to node `n` now and carries out the node's outputs.
+    pub(super) fn client_request(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        body: Request,
+        call: Call,
+    ) {
+        let now = self.now;
+        let request = self.new_request();
+        let inc = self.nodes[n.0 as usize].inc;
+        let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
+            return;
+        };
+        self.calls.insert((n, inc, client, request), call);
+        let text = request_line(&body);
+        node.handle_client_request(now, client, RequestFrame { request, body });
+        self.trace
+            .record(now, &format!("{client}@{n} {request} {text}"));
+        self.after_input(n);
+    }
+
+    /// A reply reached `client` of node `n`.
+    pub(super) fn client_replied(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        request: RequestId,
+        response: Response,
+    ) {
+        let now = self.now;
+        let inc = self.nodes[n.0 as usize].inc;
+        let Some(call) = self.calls.remove(&(n, inc, client, request)) else {
+            self.checker.violation(
+                now,
+                format!("{client}@{n}: reply to unknown {request}: {response:?}"),
+            );
+            return;
+        };
+        match (call, response) {
+            (Call::Hello, Response::Welcome { .. }) => {}
+            (Call::Create { id, sizes, hold_us }, Response::Created(result)) => {
+                self.created(n, client, id, sizes, hold_us, result)
+            }
+            (Call::Seal { id, hold_us }, Response::Done(result)) => {
+                self.sealed(n, client, id, hold_us, result)
+            }
+            (Call::Release { id }, Response::Done(Err(error))) => self.checker.violation(
+                now,
+                format!("{client}@{n}: release of {id} failed: {error}"),
+            ),
+            (Call::Release { .. }, Response::Done(Ok(()))) => {}
+            (Call::Objects { kind: "get" }, Response::Got(results)) => {
+                let results = results
+                    .into_iter()
+                    .map(|r| r.map_err(|e| short_store_error(&e)))
+                    .collect();
+                self.client_reply(n, client, request, "get", results);
+            }
+            (Call::Objects { kind: "fetch" }, Response::Fetched(results)) => {
+                let results = results
+                    .into_iter()
+                    .map(|r| r.map_err(|e| short_fetch_error(&e)))
+                    .collect();
+                self.client_reply(n, client, request, "fetch", results);
+            }
+            (Call::Inspect { kind }, response) => self.inspected(n, client, kind, response),
+            (Call::Misuse { what }, response) => {
+                if is_error(&response) {
+                    self.stats.misuses_refused += 1;
+                    self.record(|| format!("{client}@{n} {what}: refused ({response:?})"));
+                } else {
+                    self.checker.violation(
+                        now,
+                        format!("{client}@{n}: {what} was not refused: {response:?}"),
+                    );
+                }
+            }
+            (call, response) => self.checker.violation(
+                now,
+                format!("{client}@{n}: {call:?} answered with {response:?}"),
+            ),
+        }
+    }
+
+    /// The node closed a client's connection.
+    pub(super) fn client_closed(&mut self, n: NodeId, client: ClientId, reason: String) {
+        self.record(|| format!("{client}@{n} closed: {reason}"));
+        if client.0 < ROGUE_CLIENT_BASE {
+            self.checker.violation(
+                self.now,
+                format!("{client}@{n}: a well-behaved client was disconnected: {reason}"),
+            );
+        }
+        let now = self.now;
+        let inc = self.nodes[n.0 as usize].inc;
+        self.calls
+            .retain(|(node, i, c, _), _| !(*node == n && *i == inc && *c == client));
+        if let Some(node) = self.nodes[n.0 as usize].node.as_mut() {
+            node.handle_client_disconnected(now, client);
+        }
+    }
+
+    fn created(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        hold_us: Option<u64>,
+        result: Result<ObjectInfo, StoreError>,
+    ) {
+        let now = self.now;
+        let info = match result {
+            Ok(info) => info,
+            Err(error) => {
+                let error = short_store_error(&error);
+                self.record(|| {
+                    format!(
+                        "{client}@{n} create {id} {}+{}: {error}",
+                        sizes.data_size, sizes.metadata_size
+                    )
+                });
+                return;
+            }
+        };
+        // The client writes its object through its mapping, then seals it.
+        let bytes = workload::expected_bytes(&id, info.region.len as usize);
+        let sim_node = &mut self.nodes[n.0 as usize];
+        let store = sim_node.node.as_ref().expect("alive").store();
+        self.checker
+            .check_write_target(now, n, store, id, info.region, "client write");
+        sim_node.memory.write(info.region, &bytes);
+        self.record(|| {
+            format!(
+                "{client}@{n} wrote {id} {}+{} at {}",
+                sizes.data_size, sizes.metadata_size, info.region
+            )
+        });
+        let inc = self.nodes[n.0 as usize].inc;
+        // Right after this step: a node's outputs are all carried out before its next input.
+        self.schedule(
+            self.now,
+            Event::ClientSend {
+                node: n,
+                inc,
+                client,
+                body: Request::Seal {
+                    id,
+                    release: hold_us.is_none(),
+                },
+                call: Call::Seal { id, hold_us },
+            },
+        );
+    }
+
+    fn sealed(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        id: ObjectId,
+        hold_us: Option<u64>,
+        result: Result<(), StoreError>,
+    ) {
+        if let Err(error) = result {
+            self.checker.violation(
+                self.now,
+                format!("{client}@{n}: seal of its own {id} failed: {error}"),
+            );
+            return;
+        }
+        self.stats.puts += 1;
+        self.known_objects.push(id);
+        let still_here = self.nodes[n.0 as usize]
+            .node
+            .as_ref()
+            .is_some_and(|node| node.store().sealed_info(&id).is_some());
+        if self.params.hold_replies_until_durable && still_here {
+            // The node promised: this seal survives a crash until the object leaves the store
+            // (a reply held for durability may arrive after an eviction already took it).
+            self.nodes[n.0 as usize].acked_seals.insert(id);
+        }
+        if let Some(hold_us) = hold_us {
+            let inc = self.nodes[n.0 as usize].inc;
+            self.schedule(
+                self.after(hold_us * 1000),
+                Event::ClientRelease {
+                    node: n,
+                    inc,
+                    client,
+                    id,
+                },
+            );
+        }
+    }
+
+    fn inspected(&mut self, n: NodeId, client: ClientId, kind: &'static str, response: Response) {
+        let fits = matches!(
+            (kind, &response),
+            ("delete", Response::Deleted(_))
+                | ("evict", Response::Evicted(_))
+                | ("stats", Response::Stats(_))
+                | ("list", Response::Listed(_))
+                | ("contains", Response::Contains(_))
+                | ("nodes", Response::Nodes(_))
+                | ("locate", Response::Located { .. })
+                | (
+                    "locate",
+                    Response::Error(StoreError::DirectoryUnavailable(_))
+                )
+        );
+        if !fits {
+            self.checker.violation(
+                self.now,
+                format!("{client}@{n}: {kind} answered with {response:?}"),
+            );
+            return;
+        }
+        if let Response::Nodes(view) = &response {
+            if view.node != n || !view.members.iter().any(|m| m.node == n) {
+                self.checker.violation(
+                    self.now,
+                    format!("{n}: nodes view without itself: {view:?}"),
+                );
+            }
+        }
+        self.record(|| format!("{client}@{n} {kind}: {}", short_response(&response)));
+    }
+
+    /// An object left node `n`'s store: a seal acknowledged there no longer has to survive.
+    pub(super) fn object_left(&mut self, n: NodeId, id: ObjectId) {
+        self.nodes[n.0 as usize].acked_seals.remove(&id);
+    }
+
+    fn client_reply(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        request: RequestId,
+        kind: &str,
+        results: Vec<Result<ObjectInfo, String>>,
+    ) {
+        let now = self.now;
+        let inc = self.nodes[n.0 as usize].inc;
+        let Some(pending) = self.checker.pending.remove(&(n, inc, client, request)) else {
+            self.checker.violation(
+                now,
+                format!("{client}@{n}: {kind} reply to unknown {request}"),
+            );
+            return;
+        };
+        if now > pending.deadline {
+            let late = now.saturating_since(pending.deadline);
+            self.checker.violation(
+                now,
+                format!("{client}@{n}: {kind} {request} answered {late:?} after its deadline"),
+            );
+        }
+        if results.len() != pending.ids.len() {
+            self.checker.violation(
+                now,
+                format!(
+                    "{client}@{n}: {kind} {request} has {} results for {} ids",
+                    results.len(),
+                    pending.ids.len()
+                ),
+            );
+        }
+        let summary: Vec<String> = results
+            .iter()
+            .zip(&pending.ids)
+            .map(|(r, id)| match r {
+                Ok(info) => format!("{id} ok at {}", info.region),
+                Err(e) => format!("{id} {e}"),
+            })
+            .collect();
+        self.record(|| format!("{client}@{n} {kind} {request} -> [{}]", summary.join(", ")));
+        if kind == "fetch" {
+            self.stats.fetch_replies += 1;
+        }
+        for (result, id) in results.into_iter().zip(pending.ids) {
+            let Ok(info) = result else {
+                if kind == "fetch" {
+                    self.stats.fetched_err += 1;
+                }
+                continue;
+            };
+            if kind == "fetch" {
+                self.stats.fetched_ok += 1;
+            }
+            if info.id != id {
+                self.checker.violation(
+                    now,
+                    format!("{client}@{n}: asked for {id}, got {}", info.id),
+                );
+            }
+            let sim_node = &self.nodes[n.0 as usize];
+            let store = sim_node.node.as_ref().expect("alive").store();
+            self.checker.check_sealed_object(
+                now,
+                n,
+                store,
+                &sim_node.memory,
+                info.id,
+                "client read",
+            );
+            let hold_ns = if self.mode.workload {
+                self.rng.gen_range(0..=500_000)
+            } else {
+                100_000
+            };
+            self.schedule(
+                self.after(hold_ns),
+                Event::ClientRelease {
+                    node: n,
+                    inc,
+                    client,
+                    id: info.id,
+                },
+            );
+        }
+    }
+
+    // ---- Workload ----
+
+    pub(super) fn client_op(&mut self, n: NodeId, client: ClientId) {
+        let eager_capacity =
+            self.params.receive_slot_bytes as u64 * self.params.max_eager_chunks as u64;
+        let op = workload::draw_op(
+            &mut self.rng,
+            eager_capacity,
+            self.params.arena_bytes,
+            self.params.fetch_timeout_us,
+        );
+        match op {
+            ClientOp::Put { sizes } => {
+                let id = self.new_object_id();
+                self.client_put(n, client, id, sizes, None);
+            }
+            ClientOp::Hog { sizes, hold_us } => {
+                let id = self.new_object_id();
+                self.client_put(n, client, id, sizes, Some(hold_us));
+            }
+            ClientOp::Get { count, timeout_us } => {
+                let ids: Vec<ObjectId> = (0..count).map(|_| self.pick_object()).collect();
+                let timeout = Duration::from_micros(timeout_us);
+                self.client_objects(
+                    n,
+                    client,
+                    Request::Get {
+                        ids: ids.clone(),
+                        timeout_ms: None,
+                    },
+                    "get",
+                    ids,
+                    timeout,
+                );
+            }
+            ClientOp::Fetch { count, timeout_us } => {
+                let ids: Vec<ObjectId> = (0..count).map(|_| self.pick_object()).collect();
+                // Half the fetches wait for a publication, half fail after the grace when
+                // nobody holds an id.
+                let wait = self.rng.gen_bool(0.5);
+                self.client_fetch(n, client, ids, Duration::from_micros(timeout_us), wait);
+            }
+            ClientOp::Delete => {
+                let id = self.pick_object();
+                self.client_request(
+                    n,
+                    client,
+                    Request::Delete { ids: vec![id] },
+                    Call::Inspect { kind: "delete" },
+                );
+            }
+            ClientOp::Evict { bytes } => self.client_request(
+                n,
+                client,
+                Request::Evict { bytes },
+                Call::Inspect { kind: "evict" },
+            ),
+            ClientOp::Inspect { which } => {
+                let id = self.pick_object();
+                let (body, kind) = match which % 5 {
+                    0 => (Request::Stats, "stats"),
+                    1 => (Request::List, "list"),
+                    2 => (Request::Contains { id }, "contains"),
+                    3 => (Request::Locate { id }, "locate"),
+                    _ => (Request::Nodes, "nodes"),
+                };
+                self.client_request(n, client, body, Call::Inspect { kind });
+            }
+            ClientOp::Misuse(misuse) => self.misuse(n, client, misuse),
+        }
+    }
+
+    fn misuse(&mut self, n: NodeId, client: ClientId, misuse: Misuse) {
+        let known = self.pick_object();
+        let (body, what) = match misuse {
+            Misuse::SealUnknown => (
+                Request::Seal {
+                    id: ObjectId::from_u64((1 << 41) + self.rng.gen_range(0..1000)),
+                    release: true,
+                },
+                "seal of an object nobody created",
+            ),
+            Misuse::SealOthers => (
+                Request::Seal {
+                    id: known,
+                    release: false,
+                },
+                "seal of an object it did not create",
+            ),
+            Misuse::AbortOthers => (Request::Abort { id: known }, "abort of a sealed object"),
+            Misuse::ReleaseUnheld => (
+                Request::Release {
+                    id: ObjectId::from_u64((1 << 41) + self.rng.gen_range(0..1000)),
+                },
+                "release of an object it does not hold",
+            ),
+            Misuse::CreateHuge => (
+                Request::Create {
+                    id: self.new_object_id(),
+                    data_size: u64::MAX - 10,
+                    metadata_size: 20,
+                },
+                "create of an object that can never fit",
+            ),
+            Misuse::CreateExisting => (
+                Request::Create {
+                    id: known,
+                    data_size: 1,
+                    metadata_size: 0,
+                },
+                "create of an id that may exist",
+            ),
+            Misuse::SecondHello => (
+                Request::Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    client_name: "again".into(),
+                },
+                "a second Hello",
+            ),
+            Misuse::TooManyIds => (
+                Request::Delete {
+                    ids: vec![known; MAX_IDS_PER_REQUEST + 1],
+                },
+                "a delete of too many ids",
+            ),
+            Misuse::NoHello | Misuse::WrongVersion => {
+                return self.rogue_client(n, misuse);
+            }
+        };
+        if what == "create of an id that may exist" && !self.known_objects.contains(&known) {
+            // Not a misuse when the id never existed: an ordinary tiny put.
+            let id = self.new_object_id();
+            return self.client_put(
+                n,
+                client,
+                id,
+                ObjectSizes {
+                    data_size: 1,
+                    metadata_size: 0,
+                },
+                None,
+            );
+        }
+        // Re-creating an id that was deleted everywhere is legal; only a live copy here is a
+        // misuse.
+        if what == "create of an id that may exist" {
+            let here = self.nodes[n.0 as usize]
+                .node
+                .as_ref()
+                .is_some_and(|node| node.store().summary(&known).is_some());
+            if !here {
+                return;
+            }
+        }
+        if what == "seal of an object it did not create" || what == "abort of a sealed object" {
+            // Only a sealed object here is certainly not this client's to seal or abort.
+            let sealed_here = self.nodes[n.0 as usize]
+                .node
+                .as_ref()
+                .is_some_and(|node| node.store().sealed_info(&known).is_some());
+            if !sealed_here {
+                return;
+            }
+        }
+        self.client_request(n, client, body, Call::Misuse { what });
+    }
+
+    /// A client that connects and breaks the protocol at once: it must be refused and
+    /// disconnected, everyone else unharmed.
+    fn rogue_client(&mut self, n: NodeId, misuse: Misuse) {
+        self.next_rogue += 1;
+        let client = ClientId(ROGUE_CLIENT_BASE + self.next_rogue);
+        let now = self.now;
+        let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
+            return;
+        };
+        node.handle_client_connected(now, client);
+        let (body, what) = match misuse {
+            Misuse::WrongVersion => (
+                Request::Hello {
+                    protocol_version: PROTOCOL_VERSION + 1000,
+                    client_name: "future".into(),
+                },
+                "a Hello of another protocol version",
+            ),
+            _ => (Request::List, "a request before Hello"),
+        };
+        self.client_request(n, client, body, Call::Misuse { what });
+        // The node closed it (checked in `client_closed` by its id); a client that is still
+        // connected now was not refused.
+        let still = self.nodes[n.0 as usize]
+            .node
+            .as_ref()
+            .is_some_and(|node| node.client_count() > self.params.clients_per_node.max(1));
+        if still {
+            self.checker.violation(
+                self.now,
+                format!("{client}@{n}: {what} did not close the connection"),
+            );
+        }
+    }
+
+    fn new_object_id(&mut self) -> ObjectId {
+        let id = ObjectId::from_u64(self.next_object);
+        self.next_object += 1;
+        id
+    }
+
+    fn new_request(&mut self) -> RequestId {
+        let request = RequestId(self.next_request);
+        self.next_request += 1;
+        request
+    }
+
+    /// A known object most of the time; sometimes one that never exists.
+    fn pick_object(&mut self) -> ObjectId {
+        if self.known_objects.is_empty() || self.rng.gen_range(0..100) < 10 {
+            return ObjectId::from_u64((1 << 40) + self.rng.gen_range(0..1000));
+        }
+        // Prefer recent objects: they are likelier to still exist somewhere.
+        let len = self.known_objects.len();
+        let recent = len.min(64);
+        let index = if self.rng.gen_bool(0.8) {
+            len - 1 - self.rng.gen_range(0..recent)
+        } else {
+            self.rng.gen_range(0..len)
+        };
+        self.known_objects[index]
+    }
+
+    /// A `get` or `fetch` whose reply the checker waits for. The protocol carries whole
+    /// milliseconds: the timeout is rounded up to them, for the node and the checker alike.
+    fn client_objects(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        body: Request,
+        kind: &'static str,
+        ids: Vec<ObjectId>,
+        timeout: Duration,
+    ) {
+        let timeout_ms = timeout.as_micros().div_ceil(1000) as u64;
+        let inc = self.nodes[n.0 as usize].inc;
+        let request = RequestId(self.next_request);
+        let op = PendingOp {
+            kind,
+            ids,
+            issued: self.now,
+            deadline: self.now + Duration::from_millis(timeout_ms),
+        };
+        self.checker.pending.insert((n, inc, client, request), op);
+        let body = match body {
+            Request::Get { ids, .. } => Request::Get {
+                ids,
+                timeout_ms: Some(timeout_ms),
+            },
+            Request::Fetch {
+                ids,
+                mode,
+                wait_for_publication,
+                ..
+            } => Request::Fetch {
+                ids,
+                timeout_ms: Some(timeout_ms),
+                mode,
+                wait_for_publication,
+            },
+            other => other,
+        };
+        self.client_request(n, client, body, Call::Objects { kind });
+    }
+
+    pub(super) fn client_fetch(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        ids: Vec<ObjectId>,
+        timeout: Duration,
+        wait_for_publication: bool,
+    ) {
+        let mode = if self.params.forced_modes {
+            TransferMode::ALL[(self.next_request % 3) as usize]
+        } else {
+            TransferMode::Auto
+        };
+        self.client_objects(
+            n,
+            client,
+            Request::Fetch {
+                ids: ids.clone(),
+                timeout_ms: None,
+                mode,
+                wait_for_publication,
+            },
+            "fetch",
+            ids,
+            timeout,
+        );
+    }
+
+    /// Create, then (on the reply) write and seal; `hold_us`: keep the creator's reference
+    /// that long after the seal.
+    pub(super) fn client_put(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        hold_us: Option<u64>,
+    ) {
+        self.checker.sizes.insert(id, sizes);
+        self.client_request(
+            n,
+            client,
+            Request::Create {
+                id,
+                data_size: sizes.data_size,
+                metadata_size: sizes.metadata_size,
+            },
+            Call::Create { id, sizes, hold_us },
+        );
+    }
+}
+
+fn is_error(response: &Response) -> bool {
+    match response {
+        Response::Error(_) => true,
+        Response::Created(result) => result.is_err(),
+        Response::Done(result) => result.is_err(),
+        Response::Deleted(results) => results.iter().all(|r| r.is_err()),
+        _ => false,
+    }
+}
+
+fn request_line(body: &Request) -> String {
+    match body {
+        Request::Get { ids, timeout_ms } => {
+            format!(
+                "get [{}] timeout {}ms",
+                id_list(ids),
+                timeout_ms.unwrap_or(0)
+            )
+        }
+        Request::Fetch {
+            ids,
+            timeout_ms,
+            mode,
+            wait_for_publication,
+        } => format!(
+            "fetch [{}] timeout {}ms{}{}",
+            id_list(ids),
+            timeout_ms.unwrap_or(0),
+            if *mode == TransferMode::Auto {
+                String::new()
+            } else {
+                format!(" {mode}")
+            },
+            if *wait_for_publication { " wait" } else { "" }
+        ),
+        Request::Hello {
+            protocol_version, ..
+        } => format!("hello v{protocol_version}"),
+        Request::Create {
+            id,
+            data_size,
+            metadata_size,
+        } => format!("create {id} {data_size}+{metadata_size}"),
+        Request::Seal { id, release } => {
+            format!("seal {id}{}", if *release { " and release" } else { "" })
+        }
+        Request::Abort { id } => format!("abort {id}"),
+        Request::Release { id } => format!("release {id}"),
+        Request::Contains { id } => format!("contains {id}"),
+        Request::Locate { id } => format!("locate {id}"),
+        Request::Delete { ids } if ids.len() > 4 => format!("delete {} ids", ids.len()),
+        Request::Delete { ids } => format!("delete [{}]", id_list(ids)),
+        Request::Evict { bytes } => format!("evict {bytes}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+fn short_response(response: &Response) -> String {
+    match response {
+        Response::Listed(objects) => format!("{} objects", objects.len()),
+        Response::Stats(stats) => format!("{} objects", stats.object_count),
+        Response::Nodes(view) => format!("{} members", view.members.len()),
+        Response::Deleted(results) => format!(
+            "{:?}",
+            results
+                .iter()
+                .map(|r| r.as_ref().map_err(short_store_error))
+                .collect::<Vec<_>>()
+        ),
+        other => format!("{other:?}"),
+    }
+}

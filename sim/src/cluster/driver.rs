@@ -1,0 +1,158 @@
+//! The simulator as a node's driver: each kind of output becomes a scheduled event (a message
+//! on the simulated network, a READ served from the simulated arena, a request to the
+//! directory, a write to the simulated disk) or a checked effect on the simulated memory.
+
+use rand::Rng;
+use skyriver_core::client_protocol::Response;
+use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
+use skyriver_core::node::{NodeDriver, ReadOpId};
+use skyriver_core::wire::{self, EagerHeader, PeerMessage};
+use skyriver_core::{
+    ClientId, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, RemoteRegion, RequestId,
+};
+
+use super::{Cluster, Event};
+
+/// One node's outputs, carried out by the cluster.
+pub(super) struct SimDriver<'a> {
+    pub(super) cluster: &'a mut Cluster,
+    pub(super) n: NodeId,
+}
+
+impl NodeDriver for SimDriver<'_> {
+    fn send(&mut self, peer: NodeId, message: PeerMessage) {
+        let bytes = wire::to_bytes(&message);
+        self.cluster.transmit(self.n, peer, bytes);
+    }
+
+    fn send_eager(
+        &mut self,
+        peer: NodeId,
+        header: EagerHeader,
+        source: LocalRegion,
+        object: ObjectId,
+    ) {
+        let (c, n) = (&mut *self.cluster, self.n);
+        let now = c.now;
+        let sim_node = &c.nodes[n.0 as usize];
+        let store = sim_node.node.as_ref().expect("alive").store();
+        match store.summary(&object) {
+            Some(s)
+                if s.sealed
+                    && s.info.region.offset <= source.offset
+                    && source.end() <= s.info.region.end() => {}
+            _ => c.checker.violation(
+                now,
+                format!("{n}: eager send of {source} is not inside sealed {object}"),
+            ),
+        }
+        let mut bytes = Vec::new();
+        wire::encode_eager(&header, sim_node.memory.read(source), &mut bytes);
+        c.transmit(n, peer, bytes);
+    }
+
+    fn post_read(
+        &mut self,
+        peer: NodeId,
+        op: ReadOpId,
+        lane: u16,
+        local: LocalRegion,
+        mut remote: RemoteRegion,
+        object: ObjectId,
+    ) {
+        let (c, n) = (&mut *self.cluster, self.n);
+        let now = c.now;
+        let inc = c.nodes[n.0 as usize].inc;
+        let store = c.nodes[n.0 as usize].node.as_ref().expect("alive").store();
+        c.checker
+            .check_write_target(now, n, store, object, local, "READ destination");
+        c.record(|| format!("{n} post {op} lane {lane}: {remote} of {peer} -> {local}"));
+        c.reads_in_flight += 1;
+        let faults_on = c.mode.faults && c.now.0 / 1000 < c.params.faults_until_us;
+        if faults_on && c.rng.gen_range(0..1_000_000) < c.params.bad_rkey_ppm {
+            c.record(|| format!("FAULT bad rkey on {op}"));
+            remote.rkey ^= 0x5a5a;
+        }
+        let connection = c.network.connection(n, peer);
+        let latency = c.network.latency_ns(n, peer);
+        c.schedule(
+            c.after(latency),
+            Event::ReadServe {
+                requester: n,
+                requester_inc: inc,
+                holder: peer,
+                epoch: connection.epoch,
+                op,
+                remote,
+                local,
+                object,
+            },
+        );
+    }
+
+    fn write_local(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId) {
+        let (c, n) = (&mut *self.cluster, self.n);
+        let sim_node = &mut c.nodes[n.0 as usize];
+        let store = sim_node.node.as_ref().expect("alive").store();
+        c.checker
+            .check_write_target(c.now, n, store, object, region, "eager write");
+        sim_node.memory.write(region, &bytes);
+    }
+
+    fn expose_region(&mut self, object: ObjectId, region: LocalRegion) {
+        let (c, n) = (&mut *self.cluster, self.n);
+        let sim_node = &mut c.nodes[n.0 as usize];
+        let store = sim_node.node.as_ref().expect("alive").store();
+        match store.summary(&object) {
+            Some(s) if s.sealed && s.pin_count > 0 && s.info.region == region => {}
+            _ => c.checker.violation(
+                c.now,
+                format!("{n}: exposes {region} of {object}, not a pinned sealed object"),
+            ),
+        }
+        sim_node.memory.expose(object, region);
+        c.record(|| format!("{n} expose {object} {region}"));
+    }
+
+    fn unexpose_region(&mut self, object: ObjectId, region: LocalRegion) {
+        let (c, n) = (&mut *self.cluster, self.n);
+        c.nodes[n.0 as usize].memory.unexpose(object, region);
+        c.record(|| format!("{n} unexpose {object} {region}"));
+    }
+
+    fn directory(&mut self, op: DirectoryOpId, request: DirectoryRequest) {
+        self.cluster.send_to_directory(self.n, op, request);
+    }
+
+    fn reply(&mut self, client: ClientId, request: RequestId, response: Response) {
+        self.cluster
+            .client_replied(self.n, client, request, response);
+    }
+
+    fn event(&mut self, _client: ClientId, _event: ObjectEvent) {}
+
+    fn close_client(&mut self, client: ClientId, reason: String) {
+        self.cluster.client_closed(self.n, client, reason);
+    }
+
+    fn persist(&mut self, seq: u64, change: DurableChange) {
+        self.cluster.persist(self.n, seq, change);
+    }
+
+    fn local(&mut self, event: ObjectEvent) {
+        let (c, n) = (&mut *self.cluster, self.n);
+        match event {
+            ObjectEvent::Sealed { id, .. } => {
+                let sim_node = &c.nodes[n.0 as usize];
+                let store = sim_node.node.as_ref().expect("alive").store();
+                c.checker
+                    .check_sealed_object(c.now, n, store, &sim_node.memory, id, "at seal");
+                c.record(|| format!("{n} sealed {id}"));
+            }
+            ObjectEvent::Deleted { id } => {
+                c.object_left(n, id);
+                c.record(|| format!("{n} dropped {id}"));
+            }
+        }
+    }
+}

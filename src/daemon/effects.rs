@@ -1,0 +1,190 @@
+//! Where the node's outputs go in the daemon: the [`NodeDriver`] of the event loop. Replies
+//! and events are written to the clients' sockets, messages and READs handed to the fabric,
+//! directory requests to the directory, durable changes to the committer thread.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use skyriver_core::client_protocol::{encode_frame, Response, ServerFrame};
+use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
+use skyriver_core::node::{NodeDriver, ReadOpId};
+use skyriver_core::wire::{self, EagerHeader, PeerMessage};
+use skyriver_core::{
+    ArenaId, ClientId, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, RemoteRegion,
+    RequestId,
+};
+use skyriver_transport::directory::Directory;
+use skyriver_transport::fabric::Fabric;
+use skyriver_transport::SharedArena;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use super::connection::ClientWriter;
+use crate::persistence::CommitQueue;
+
+/// One connected client, as the loop holds it.
+pub(super) struct ClientLink {
+    pub(super) writer: ClientWriter,
+    pub(super) reader: JoinHandle<()>,
+}
+
+/// Everything the node's outputs act on.
+pub(super) struct Effects {
+    pub(super) clients: BTreeMap<ClientId, ClientLink>,
+    /// Clients closed while carrying out outputs, with why: the loop tells the node next.
+    pub(super) closed: Vec<(ClientId, String)>,
+    pub(super) arenas: BTreeMap<ArenaId, Arc<SharedArena>>,
+    pub(super) fabric: Option<Arc<dyn Fabric>>,
+    pub(super) directory: Option<Arc<dyn Directory>>,
+    pub(super) commits: Option<CommitQueue>,
+    /// Reused for encoding frames.
+    frame: Vec<u8>,
+}
+
+impl Effects {
+    pub(super) fn new(arenas: BTreeMap<ArenaId, Arc<SharedArena>>) -> Self {
+        Self {
+            clients: BTreeMap::new(),
+            closed: Vec::new(),
+            arenas,
+            fabric: None,
+            directory: None,
+            commits: None,
+            frame: Vec::new(),
+        }
+    }
+
+    /// Stops serving `client`: its reader ends, its socket closes once the replies already
+    /// written have drained.
+    pub(super) fn close(&mut self, client: ClientId, reason: String) {
+        if let Some(link) = self.clients.remove(&client) {
+            link.reader.abort();
+            link.writer.close();
+            self.closed.push((client, reason));
+        }
+    }
+
+    fn write_frame(&mut self, client: ClientId, frame: &ServerFrame) {
+        let Some(link) = self.clients.get(&client) else {
+            return; // gone; the node hears of it from the loop
+        };
+        self.frame.clear();
+        encode_frame(frame, &mut self.frame);
+        let written = match frame {
+            ServerFrame::Reply {
+                response: Response::Welcome { .. },
+                ..
+            } => {
+                // The arenas' fds travel with the Welcome, once per connection.
+                let fds: Vec<_> = self.arenas.values().map(|arena| arena.fd()).collect();
+                link.writer.write_with_fds(&self.frame, &fds)
+            }
+            _ => link.writer.write(&self.frame),
+        };
+        if let Err(error) = written {
+            self.close(client, error.to_string());
+        }
+    }
+}
+
+impl NodeDriver for Effects {
+    fn send(&mut self, peer: NodeId, message: PeerMessage) {
+        if let Some(fabric) = &self.fabric {
+            if let Err(error) = fabric.send(peer, wire::to_bytes(&message)) {
+                // The fabric reports the lost connection as an event of its own.
+                debug!(%peer, %error, "send failed");
+            }
+        }
+    }
+
+    fn send_eager(
+        &mut self,
+        peer: NodeId,
+        header: EagerHeader,
+        source: LocalRegion,
+        object: ObjectId,
+    ) {
+        if let Some(fabric) = &self.fabric {
+            if let Err(error) = fabric.send_eager(peer, &header, source) {
+                debug!(%peer, %object, %error, "eager send failed");
+            }
+        }
+    }
+
+    fn post_read(
+        &mut self,
+        peer: NodeId,
+        op: ReadOpId,
+        lane: u16,
+        local: LocalRegion,
+        remote: RemoteRegion,
+        _object: ObjectId,
+    ) {
+        match &self.fabric {
+            Some(fabric) => fabric.post_read(peer, op, lane, local, remote),
+            None => warn!(%peer, "a READ without a fabric: the node has no peers"),
+        }
+    }
+
+    fn write_local(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId) {
+        let written = self
+            .arenas
+            .get(&region.arena)
+            .map(|arena| arena.write(region.offset, &bytes));
+        if !matches!(written, Some(Ok(()))) {
+            // The core only names regions it allocated; this is a bug, not bad input.
+            warn!(%object, %region, "eager write outside the arenas");
+        }
+    }
+
+    fn expose_region(&mut self, _object: ObjectId, region: LocalRegion) {
+        if let Some(fabric) = &self.fabric {
+            fabric.expose(region);
+        }
+    }
+
+    fn unexpose_region(&mut self, _object: ObjectId, region: LocalRegion) {
+        if let Some(fabric) = &self.fabric {
+            fabric.unexpose(region);
+        }
+    }
+
+    fn directory(&mut self, op: DirectoryOpId, request: DirectoryRequest) {
+        match &self.directory {
+            Some(directory) => directory.submit(op, request),
+            // A standalone node asks the directory nothing; a cluster node always has one.
+            None => debug!(%op, %request, "no directory"),
+        }
+    }
+
+    fn reply(&mut self, client: ClientId, request: RequestId, response: Response) {
+        self.write_frame(client, &ServerFrame::Reply { request, response });
+    }
+
+    fn event(&mut self, client: ClientId, event: ObjectEvent) {
+        self.write_frame(client, &ServerFrame::Event(event));
+    }
+
+    fn close_client(&mut self, client: ClientId, reason: String) {
+        self.close(client, reason);
+    }
+
+    fn persist(&mut self, seq: u64, change: DurableChange) {
+        match &self.commits {
+            Some(commits) => commits.submit(seq, change),
+            None => warn!(seq, ?change, "a durable change without a backing file"),
+        }
+    }
+
+    fn local(&mut self, event: ObjectEvent) {
+        debug!(?event, "store event");
+    }
+}
+
+impl Drop for Effects {
+    fn drop(&mut self) {
+        for link in self.clients.values() {
+            link.reader.abort();
+        }
+    }
+}

@@ -1,0 +1,320 @@
+//! The daemon's one loop, sole owner of the [`Node`] (in the style of str0m): bounded channels
+//! in (client requests, fabric events, directory notices, the committer's progress), one
+//! input at a time, every output carried out before the next input, then sleep until the
+//! next input or the node's next deadline. No lock is held around the node and nothing here
+//! waits for a disk or a peer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use skyriver_core::client_protocol::Response;
+use skyriver_core::node::{ClusterMember, Node};
+use skyriver_core::{ClientId, Instant, RequestId, StoreError};
+use skyriver_transport::directory::{DirectoryNotice, MemberInfo};
+use skyriver_transport::fabric::FabricEvent;
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use super::connection::{read_requests, ClientInput, ClientWriter, ConnectionEnd};
+use super::effects::{ClientLink, Effects};
+
+/// Requests read from all clients and not yet taken by the loop; a full queue stops the
+/// readers (and so the clients).
+const CLIENT_INPUT_QUEUE: usize = 1024;
+/// How often the daemon checks that it is connected to every live node.
+const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
+
+/// The cluster side of the loop's inputs.
+pub(super) struct ClusterInputs {
+    pub(super) fabric_events: mpsc::UnboundedReceiver<FabricEvent>,
+    pub(super) notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+}
+
+/// The loop and everything it owns.
+pub(super) struct EventLoop {
+    pub(super) node: Node,
+    pub(super) effects: Effects,
+    epoch: std::time::Instant,
+    listener: UnixListener,
+    inputs: mpsc::Receiver<ClientInput>,
+    inputs_tx: mpsc::Sender<ClientInput>,
+    fabric_events: Option<mpsc::UnboundedReceiver<FabricEvent>>,
+    notices: Option<mpsc::UnboundedReceiver<DirectoryNotice>>,
+    durable: Option<watch::Receiver<u64>>,
+    members: Vec<MemberInfo>,
+    next_client: u64,
+}
+
+impl EventLoop {
+    pub(super) fn new(
+        node: Node,
+        effects: Effects,
+        epoch: std::time::Instant,
+        listener: UnixListener,
+        cluster: Option<ClusterInputs>,
+        durable: Option<watch::Receiver<u64>>,
+    ) -> Self {
+        // A stale durable count (0) must not look like news: only changes after now count.
+        let (inputs_tx, inputs) = mpsc::channel(CLIENT_INPUT_QUEUE);
+        let (fabric_events, notices) = match cluster {
+            Some(c) => (Some(c.fabric_events), Some(c.notices)),
+            None => (None, None),
+        };
+        Self {
+            node,
+            effects,
+            epoch,
+            listener,
+            inputs,
+            inputs_tx,
+            fabric_events,
+            notices,
+            durable,
+            members: Vec::new(),
+            next_client: 1,
+        }
+    }
+
+    /// The committer's progress (persistent mode).
+    pub(super) fn set_durable(&mut self, durable: Option<watch::Receiver<u64>>) {
+        self.durable = durable;
+    }
+
+    fn now(&self) -> Instant {
+        Instant(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn deadline(&self, at: Instant) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.epoch + Duration::from_nanos(at.0))
+    }
+
+    /// Serves until `shutdown` completes.
+    pub(super) async fn run(&mut self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut maintain = tokio::time::interval(MAINTAIN_EVERY);
+        maintain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let clustered = self.fabric_events.is_some();
+        loop {
+            self.drain();
+            let next = self.node.poll_timeout().map(|at| self.deadline(at));
+            let sleep = tokio::time::sleep_until(next.unwrap_or_else(far_future));
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                Some(input) = self.inputs.recv() => self.client_input(input),
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, _)) => self.accept(stream),
+                    Err(error) => warn!(%error, "accept failed"),
+                },
+                Some(event) = recv(self.fabric_events.as_mut()) => {
+                    self.fabric_event(event)
+                }
+                Some(notice) = recv(self.notices.as_mut()) => {
+                    self.directory_notice(notice)
+                }
+                Some(upto) = durable_changed(self.durable.as_mut()) => {
+                    let now = self.now();
+                    self.node.handle_persisted(now, upto);
+                }
+                _ = sleep, if next.is_some() => {
+                    let now = self.now();
+                    self.node.handle_timeout(now);
+                }
+                _ = maintain.tick(), if clustered => self.maintain_connections(),
+            }
+        }
+    }
+
+    /// Carries out every output, telling the node of clients closed on the way and firing
+    /// timers already due, until the node has nothing more to say.
+    pub(super) fn drain(&mut self) {
+        loop {
+            while let Some(output) = self.node.poll_output() {
+                output.dispatch(&mut self.effects);
+            }
+            let now = self.now();
+            if let Some((client, reason)) = self.effects.closed.pop() {
+                warn!(%client, %reason, "closing client connection");
+                self.node.handle_client_disconnected(now, client);
+            } else if self.node.poll_timeout().is_some_and(|due| due <= now) {
+                // Timers the node set for "right after these outputs" fire here at once, not
+                // a round later through the runtime's millisecond timer wheel.
+                self.node.handle_timeout(now);
+            } else {
+                return;
+            }
+        }
+    }
+
+    fn accept(&mut self, stream: tokio::net::UnixStream) {
+        let client = ClientId(self.next_client);
+        self.next_client += 1;
+        let (read, write) = stream.into_split();
+        let reader = tokio::spawn(read_requests(client, read, self.inputs_tx.clone()));
+        self.effects.clients.insert(
+            client,
+            ClientLink {
+                writer: ClientWriter::new(write),
+                reader,
+            },
+        );
+        let now = self.now();
+        self.node.handle_client_connected(now, client);
+        debug!(%client, "client connected");
+    }
+
+    fn client_input(&mut self, input: ClientInput) {
+        let now = self.now();
+        match input {
+            ClientInput::Request { client, frame } => {
+                if self.effects.clients.contains_key(&client) {
+                    self.node.handle_client_request(now, client, frame);
+                }
+            }
+            ClientInput::Malformed { client, error } => {
+                warn!(%client, %error, "malformed request");
+                self.error_frame(client, StoreError::BadRequest(error.to_string()));
+            }
+            ClientInput::Ended { client, end } => {
+                if let ConnectionEnd::Frame(error) = &end {
+                    // The stream cannot be trusted past a bad length: explain, then close.
+                    self.error_frame(client, StoreError::BadRequest(error.to_string()));
+                }
+                if let Some(link) = self.effects.clients.remove(&client) {
+                    link.reader.abort();
+                    link.writer.close();
+                    match end {
+                        ConnectionEnd::Closed => debug!(%client, "disconnected"),
+                        other => warn!(%client, reason = %other, "closing client connection"),
+                    }
+                    self.node.handle_client_disconnected(now, client);
+                }
+            }
+        }
+    }
+
+    /// An error about a frame that has no request id to answer.
+    fn error_frame(&mut self, client: ClientId, error: StoreError) {
+        use skyriver_core::node::NodeDriver;
+        self.effects
+            .reply(client, RequestId(0), Response::Error(error));
+    }
+
+    fn fabric_event(&mut self, event: FabricEvent) {
+        let now = self.now();
+        match event {
+            FabricEvent::PeerConnected {
+                peer,
+                params,
+                summary,
+            } => {
+                self.node.handle_peer_connected(now, peer, params);
+                let threshold = self
+                    .node
+                    .eager_threshold(peer)
+                    .map_or_else(|| "-".to_string(), |t| crate::size::format_bytes(t.bytes));
+                info!(%peer, link = %summary, eager_threshold = %threshold, "peer connected");
+                self.node.handle_peer_link(
+                    now,
+                    peer,
+                    format!("{summary}, eager threshold {threshold}"),
+                );
+            }
+            FabricEvent::PeerLost { peer, reason } => {
+                warn!(%peer, %reason, "peer lost");
+                self.node.handle_peer_lost(now, peer);
+            }
+            FabricEvent::Message { peer, bytes } => {
+                if let Err(error) = self.node.handle_peer_bytes(now, peer, &bytes) {
+                    warn!(%peer, %error, "malformed message from peer: ignored");
+                }
+            }
+            FabricEvent::ReadCompleted { op, result } => {
+                self.node.handle_read_completion(now, op, result)
+            }
+        }
+    }
+
+    fn directory_notice(&mut self, notice: DirectoryNotice) {
+        let now = self.now();
+        match notice {
+            DirectoryNotice::Reply { op, reply } => {
+                self.node.handle_directory_reply(now, op, reply)
+            }
+            DirectoryNotice::Event(event) => self.node.handle_directory_event(now, event),
+            DirectoryNotice::Members(members) => {
+                let names: Vec<String> = members.iter().map(|m| m.node.to_string()).collect();
+                info!(members = %names.join(" "), "cluster membership");
+                let view = members
+                    .iter()
+                    .map(|m| ClusterMember {
+                        node: m.node,
+                        address: m.fabric_addr.to_string(),
+                        fabric: m.fabric.clone(),
+                    })
+                    .collect();
+                self.node.handle_directory_members(now, view);
+                self.members = members;
+                self.maintain_connections();
+            }
+            DirectoryNotice::Health(health) => {
+                match (&health, self.node.directory_healthy()) {
+                    (Ok(()), false) => info!("directory reachable again"),
+                    (Err(reason), true) => {
+                        warn!(%reason, "directory unreachable: local objects are still served")
+                    }
+                    _ => {}
+                }
+                self.node.handle_directory_health(now, health);
+            }
+        }
+    }
+
+    /// Dials every live member with a lower id that is not connected (the higher id dials, so
+    /// each pair has exactly one connection).
+    fn maintain_connections(&self) {
+        let Some(fabric) = &self.effects.fabric else {
+            return;
+        };
+        let me = self.node.id();
+        for member in &self.members {
+            if member.node < me && !fabric.is_connected_or_connecting(member.node) {
+                fabric.connect(member.node, member.fabric_addr);
+            }
+        }
+    }
+
+    /// The directory, to leave it at shutdown.
+    pub(super) fn directory(&self) -> Option<Arc<dyn skyriver_transport::directory::Directory>> {
+        self.effects.directory.clone()
+    }
+}
+
+/// The next item of an optional channel; pending forever without one.
+async fn recv<T>(receiver: Option<&mut mpsc::UnboundedReceiver<T>>) -> Option<T> {
+    match receiver {
+        // A closed channel (its sender stopped) never yields again, so the loop cannot spin.
+        Some(receiver) => match receiver.recv().await {
+            Some(item) => Some(item),
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// The committer's progress when it moves; pending forever without a committer.
+async fn durable_changed(durable: Option<&mut watch::Receiver<u64>>) -> Option<u64> {
+    match durable {
+        Some(durable) => match durable.changed().await {
+            Ok(()) => Some(*durable.borrow_and_update()),
+            // The committer stopped (fail-stop aborts the process first).
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400)
+}
