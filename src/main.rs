@@ -41,10 +41,33 @@ impl SocketArg {
             .unwrap_or_else(skyriver::default_socket_path)
     }
 
+    /// Connects, waiting (and saying so) while the daemon is still starting.
     fn connect(&self) -> Result<Client, ClientError> {
-        Client::connect(self.path())
+        let path = self.path();
+        let started = std::time::Instant::now();
+        let mut told = None::<std::time::Instant>;
+        loop {
+            match Client::connect(&path) {
+                Err(ClientError::Store(StoreError::Starting(status)))
+                    if started.elapsed() < STARTING_WAIT =>
+                {
+                    if told.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+                        eprintln!(
+                            "skyriver: the daemon at {} is starting ({status}); waiting",
+                            path.display()
+                        );
+                        told = Some(std::time::Instant::now());
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                other => return other,
+            }
+        }
     }
 }
+
+/// How long a command waits for a daemon that is still starting.
+const STARTING_WAIT: Duration = Duration::from_secs(600);
 
 #[derive(Subcommand)]
 enum Command {

@@ -296,7 +296,27 @@ impl LocalCluster {
         supervision: &Supervision<'_>,
     ) -> Result<(), String> {
         let started = Instant::now();
-        while Client::connect(&self.sockets[node]).is_err() {
+        loop {
+            match Client::connect(&self.sockets[node]) {
+                Ok(_) => break,
+                // Not listening yet, or went away mid-handshake: keep waiting.
+                Err(
+                    crate::client::ClientError::Connect { .. }
+                    | crate::client::ClientError::Io(_)
+                    | crate::client::ClientError::Closed
+                    | crate::client::ClientError::Store(skyriver_core::StoreError::Starting(_)),
+                ) => {}
+                // It answered, and refused this client: waiting will not change that.
+                Err(refused) => {
+                    return Err(format!(
+                        "node-{node} answered on {} but refused this client: {refused} (a \
+                         daemon of another release speaks another client protocol: start it \
+                         with the same build, or compare builds with each one's own `skyriver \
+                         bench`)",
+                        self.sockets[node].display()
+                    ))
+                }
+            }
             self.check_start(supervision)?;
             if started.elapsed() > START_TIMEOUT {
                 return Err(format!(

@@ -303,3 +303,60 @@ fn out_of_memory_errors_use_human_sizes() {
     assert!(error.contains("8.0 MiB"), "{error}");
     assert!(error.contains("16.0 MiB"), "{error}");
 }
+
+#[test]
+fn a_large_arena_reports_progress_and_clients_hear_starting_meanwhile() {
+    // A 3 GiB pre-faulted arena takes seconds to create: long enough to connect during it.
+    const ARENA: u64 = 3 << 30;
+    let available = skyriver::daemon::host_memory::available(None).map_or(0, |a| a.bytes);
+    if available < 3 * ARENA {
+        println!(
+            "skipped: needs {} available for a 3 GiB arena, the machine has {}",
+            skyriver::size::format_bytes(3 * ARENA),
+            skyriver::size::format_bytes(available)
+        );
+        return;
+    }
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let log = dir.path().join("d.log");
+    let mut child = skyriver(&["daemon", "--memory", "3GiB", "--log", "info", "--socket"])
+        .arg(&socket)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(&mut child);
+    // The socket is there at once, and answers "starting" with how far it got.
+    common::eventually("the socket is bound", || socket.exists());
+    let early = Client::connect(&socket).err();
+    let Some(skyriver::ClientError::Store(StoreError::Starting(status))) = early else {
+        panic!("a client during start-up got {early:?}, not Starting");
+    };
+    assert!(status.contains("arena"), "{status}");
+    // The CLI waits for it, says so, and then works.
+    let (ok, stdout, stderr) = cli(&socket, &["ls", "--json"], None);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("is starting"), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&stdout).trim(), "[]");
+    drop(guard);
+    let text = std::fs::read_to_string(&log).unwrap();
+    for needle in [
+        "creating the arena: reserving 1.0 GiB of 3.0 GiB (33%)",
+        "creating the arena: pre-faulting 3.0 GiB of 3.0 GiB (100%)",
+    ] {
+        assert!(
+            text.contains(needle),
+            "{needle:?} missing from the log: {text}"
+        );
+    }
+}
+
+/// Kills and reaps a child when the test ends, also on failure.
+struct KillOnDrop<'a>(&'a mut std::process::Child);
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

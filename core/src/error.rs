@@ -70,6 +70,10 @@ pub enum StoreError {
     /// The cluster's directory did not answer; the request may succeed once it is back.
     #[error("the directory is unavailable: {0}")]
     DirectoryUnavailable(String),
+    /// The daemon is still starting (creating a large arena, joining its cluster); it serves
+    /// requests once ready. The text says how far it got.
+    #[error("the daemon is starting: {0}")]
+    Starting(String),
 }
 
 /// A byte count for messages: `1.5 GiB (1610612736 bytes)`, or `512 bytes` below 1 KiB.

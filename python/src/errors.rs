@@ -209,6 +209,11 @@ pub fn store_error(py: Python<'_>, error: StoreError) -> PyErr {
         // Only cluster calls (`locate`) meet it; it says the directory is down, as a failed
         // fetch's reason does.
         StoreError::DirectoryUnavailable(_) => FetchFailed::new_err(message),
+        StoreError::Starting(_) => new_error(
+            py,
+            daemon_unavailable_class(py),
+            format!("{message}; connect again in a moment"),
+        ),
     }
 }
 

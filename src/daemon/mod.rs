@@ -12,6 +12,7 @@ mod connection;
 mod effects;
 mod event_loop;
 pub mod host_memory;
+mod starting;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -33,6 +34,7 @@ use tracing::{info, warn};
 
 use self::effects::Effects;
 use self::event_loop::{ClusterInputs, EventLoop};
+use self::starting::{StartStatus, StartingResponder};
 
 /// How to run a daemon.
 #[derive(Debug, Clone)]
@@ -336,23 +338,40 @@ impl Server {
         } else if config.memory_bytes < host_memory::MIN_MEMORY_BYTES {
             host_memory::check(config.memory_bytes, None, true).map_err(DaemonError::Memory)?;
         }
+        // Bound before the slow part, so clients hear "starting" rather than "no daemon".
+        let listener = bind_socket(&config.socket_path, config.socket_mode).await?;
+        let status = StartStatus::default();
+        status.set("creating the arena");
+        let responder = StartingResponder::spawn(listener, status.clone());
+        let socket_path = config.socket_path.clone();
+        let result = Self::start(config, started, status, responder).await;
+        if result.is_err() {
+            let _ = std::fs::remove_file(&socket_path);
+        }
+        result
+    }
+
+    /// Everything after the socket is bound: arena, cluster, node, recovery.
+    async fn start(
+        config: DaemonConfig,
+        started: std::time::Instant,
+        status: StartStatus,
+        responder: StartingResponder,
+    ) -> Result<Self, DaemonError> {
         let options = ArenaOptions {
             hugepages_dir: config.hugepages_dir.clone(),
             prefault: config.prefault,
         };
         let (persistence, arena) = match &config.persistence {
             Some(persist) => {
+                status.set("opening the backing file");
                 let (persistence, arena) =
                     crate::persistence::Persistence::open(persist, config.memory_bytes)?;
                 (Some(persistence), Arc::new(arena))
             }
             None => (
                 None,
-                Arc::new(SharedArena::create(
-                    "skyriver-arena-0",
-                    config.memory_bytes,
-                    &options,
-                )?),
+                Arc::new(create_arena(config.memory_bytes, options, status.clone()).await?),
             ),
         };
         let arenas = BTreeMap::from([(ArenaId(0), arena.clone())]);
@@ -368,7 +387,10 @@ impl Server {
         node_config.standalone = config.cluster.is_none();
         node_config.store.hash_seed = random_seed();
         let cluster = match &config.cluster {
-            Some(cluster) => Some(start_cluster(&config, cluster, &arenas, incarnation).await?),
+            Some(cluster) => {
+                status.set("joining the cluster");
+                Some(start_cluster(&config, cluster, &arenas, incarnation).await?)
+            }
             None => None,
         };
         if let Some(parts) = &cluster {
@@ -380,7 +402,10 @@ impl Server {
             node_config.fabric_address = parts.fabric.listen_addr().to_string();
             node_config.directory_name = parts.directory.describe();
         }
-        let listener = bind_socket(&config.socket_path, config.socket_mode).await?;
+        status.set("recovering objects");
+        let listener = responder.stop().await.ok_or_else(|| {
+            DaemonError::Runtime(std::io::Error::other("the start-up responder failed"))
+        })?;
         let epoch = std::time::Instant::now();
         if let Some(persistence) = &persistence {
             node_config.store.record_durable_changes = true;
@@ -458,6 +483,33 @@ impl Server {
         drop(self.event_loop);
         info!("daemon stopped");
     }
+}
+
+/// Creates the arena on a blocking thread (the runtime keeps answering "starting"), logging
+/// progress per GiB on a large one.
+async fn create_arena(
+    size_bytes: u64,
+    options: ArenaOptions,
+    status: StartStatus,
+) -> Result<SharedArena, DaemonError> {
+    let created = tokio::task::spawn_blocking(move || {
+        let mut progress = |stage: skyriver_transport::ArenaStage, done: u64, total: u64| {
+            let line = format!(
+                "creating the arena: {stage} {} of {} ({}%)",
+                crate::size::format_bytes(done),
+                crate::size::format_bytes(total),
+                done * 100 / total.max(1)
+            );
+            if total > skyriver_transport::ARENA_STEP_BYTES {
+                info!("{line}");
+            }
+            status.set(line);
+        };
+        SharedArena::create_with_progress("skyriver-arena-0", size_bytes, &options, &mut progress)
+    })
+    .await
+    .map_err(|e| DaemonError::Runtime(std::io::Error::other(e)))?;
+    Ok(created?)
 }
 
 /// A seed for the object index's hash: object ids come from clients, so it must not be

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::{MmapOptions, MmapRaw};
+use memmap2::{Advice, MmapOptions, MmapRaw};
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 
 /// How to back an arena.
@@ -84,6 +84,35 @@ pub struct OutOfArena {
     pub arena_bytes: u64,
 }
 
+/// The slow steps of creating a large arena, for progress reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArenaStage {
+    /// Reserving (and zeroing) the pages with `fallocate`.
+    Reserving,
+    /// Mapping every page (`MADV_POPULATE_WRITE`).
+    Prefaulting,
+}
+
+impl std::fmt::Display for ArenaStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ArenaStage::Reserving => "reserving",
+            ArenaStage::Prefaulting => "pre-faulting",
+        })
+    }
+}
+
+/// The size of one step of arena creation between progress reports.
+pub const ARENA_STEP_BYTES: u64 = 1 << 30;
+
+/// `(offset, len)` of each step over `size_bytes`.
+fn steps(size_bytes: u64) -> impl Iterator<Item = (u64, u64)> {
+    (0..size_bytes.div_ceil(ARENA_STEP_BYTES)).map(move |i| {
+        let offset = i * ARENA_STEP_BYTES;
+        (offset, ARENA_STEP_BYTES.min(size_bytes - offset))
+    })
+}
+
 /// A shared mapping of an arena's fd.
 #[derive(Debug)]
 pub struct SharedArena {
@@ -95,6 +124,18 @@ pub struct SharedArena {
 impl SharedArena {
     /// Creates a new arena of `size_bytes` and maps it.
     pub fn create(name: &str, size_bytes: u64, options: &ArenaOptions) -> Result<Self, ArenaError> {
+        Self::create_with_progress(name, size_bytes, options, &mut |_, _, _| {})
+    }
+
+    /// [`SharedArena::create`], telling `progress(stage, done_bytes, total_bytes)` after each
+    /// [`ARENA_STEP_BYTES`] of the work that takes time on a large arena: reserving the pages
+    /// (`fallocate`, which zeroes them) and pre-faulting the mapping.
+    pub fn create_with_progress(
+        name: &str,
+        size_bytes: u64,
+        options: &ArenaOptions,
+        progress: &mut dyn FnMut(ArenaStage, u64, u64),
+    ) -> Result<Self, ArenaError> {
         let fd: OwnedFd =
             match &options.hugepages_dir {
                 None => memfd_create(&memfd_name(name), MemFdCreateFlag::MFD_CLOEXEC).map_err(
@@ -115,25 +156,42 @@ impl SharedArena {
             .map_err(|source| ArenaError::Resize { size_bytes, source })?;
         if options.prefault && options.hugepages_dir.is_none() {
             // Reserve the pages up front so a full tmpfs fails here, not on a client's write.
-            nix::fcntl::fallocate(
-                file.as_raw_fd(),
-                nix::fcntl::FallocateFlags::empty(),
-                0,
-                size_bytes as i64,
-            )
-            .map_err(|errno| ArenaError::Resize {
-                size_bytes,
-                source: errno.into(),
-            })?;
+            for (offset, len) in steps(size_bytes) {
+                nix::fcntl::fallocate(
+                    file.as_raw_fd(),
+                    nix::fcntl::FallocateFlags::empty(),
+                    offset as i64,
+                    len as i64,
+                )
+                .map_err(|errno| ArenaError::Resize {
+                    size_bytes,
+                    source: errno.into(),
+                })?;
+                progress(ArenaStage::Reserving, offset + len, size_bytes);
+            }
         }
-        let mut map_options = MmapOptions::new();
-        map_options.len(size_bytes as usize);
-        if options.prefault {
-            map_options.populate();
-        }
-        let map = map_options
+        let mut map = MmapOptions::new()
+            .len(size_bytes as usize)
             .map_raw(&file)
             .map_err(|source| ArenaError::Map { size_bytes, source })?;
+        if options.prefault {
+            for (offset, len) in steps(size_bytes) {
+                let advised =
+                    map.advise_range(Advice::PopulateWrite, offset as usize, len as usize);
+                if advised.is_err() {
+                    // A kernel before 5.14 has no MADV_POPULATE_WRITE: populate the whole
+                    // mapping at once instead, without progress.
+                    map = MmapOptions::new()
+                        .len(size_bytes as usize)
+                        .populate()
+                        .map_raw(&file)
+                        .map_err(|source| ArenaError::Map { size_bytes, source })?;
+                    progress(ArenaStage::Prefaulting, size_bytes, size_bytes);
+                    break;
+                }
+                progress(ArenaStage::Prefaulting, offset + len, size_bytes);
+            }
+        }
         Ok(Self {
             fd: file.into(),
             map,

@@ -9,4 +9,7 @@ pub mod persist;
 pub mod token;
 pub mod verbs;
 
-pub use arena::{ArenaError, ArenaOptions, ReadableRegion, SharedArena, WritableRegion};
+pub use arena::{
+    ArenaError, ArenaOptions, ArenaStage, ReadableRegion, SharedArena, WritableRegion,
+    ARENA_STEP_BYTES,
+};
