@@ -9,140 +9,18 @@
 //! rule); an object pinned by a transfer is never evicted or freed.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 
 use crate::alloc::Allocator;
 use crate::error::StoreError;
-use crate::ids::{ArenaId, ClientId, ObjectId, RequestId};
+use crate::ids::{ArenaId, ClientId, ObjectId};
 use crate::region::LocalRegion;
 use crate::time::Instant;
 
 use table::{Entry, ObjectTable};
-
-/// Where an object lives and how large it is: what a client needs to map it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ObjectInfo {
-    /// The object.
-    pub id: ObjectId,
-    /// Data then metadata, contiguous: `region.len == data_size + metadata_size`.
-    pub region: LocalRegion,
-    /// Data bytes.
-    pub data_size: u64,
-    /// Metadata bytes, stored right after the data.
-    pub metadata_size: u64,
-}
-
-impl ObjectInfo {
-    /// The data part of the object's region.
-    pub fn data_region(&self) -> LocalRegion {
-        self.region.slice(0, self.data_size)
-    }
-
-    /// The metadata part of the object's region.
-    pub fn metadata_region(&self) -> LocalRegion {
-        self.region.slice(self.data_size, self.metadata_size)
-    }
-}
-
-/// A line of `list()`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ObjectSummary {
-    /// Where and how large.
-    pub info: ObjectInfo,
-    /// Whether the object is sealed.
-    pub sealed: bool,
-    /// References held by clients (and the creator, while unsealed).
-    pub ref_count: u32,
-    /// Transfers reading this object right now.
-    pub pin_count: u32,
-    /// A delete is waiting for the references to go.
-    pub delete_pending: bool,
-    /// When it was created.
-    pub created_at: Instant,
-}
-
-/// What happened to an object, as subscribers see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ObjectEvent {
-    /// The object was sealed and can be read.
-    Sealed {
-        /// The object.
-        id: ObjectId,
-        /// Data bytes.
-        data_size: u64,
-        /// Metadata bytes.
-        metadata_size: u64,
-    },
-    /// A sealed object left the store (deleted or evicted).
-    Deleted {
-        /// The object.
-        id: ObjectId,
-    },
-}
-
-/// Counters and gauges of the store.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoreStats {
-    /// Usable bytes over all arenas.
-    pub capacity_bytes: u64,
-    /// Bytes allocated to objects (aligned blocks).
-    pub allocated_bytes: u64,
-    /// Objects in the table, sealed or not.
-    pub object_count: u64,
-    /// Sealed objects.
-    pub sealed_count: u64,
-    /// Bytes of sealed objects nobody holds (what eviction could free).
-    pub evictable_bytes: u64,
-    /// Connected clients.
-    pub client_count: u64,
-    /// Gets waiting for objects to be sealed.
-    pub waiting_gets: u64,
-    /// Objects evicted since start.
-    pub evicted_objects_total: u64,
-    /// Bytes evicted since start.
-    pub evicted_bytes_total: u64,
-    /// Objects sealed since start.
-    pub sealed_objects_total: u64,
-}
-
-/// An effect of the store for the driver to carry out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use]
-pub enum StoreOutput {
-    /// A `get` is complete: one result per requested id, in request order. Each `Ok` took a
-    /// reference the client must release.
-    GetReply {
-        /// The client that asked.
-        client: ClientId,
-        /// Its request.
-        request: RequestId,
-        /// Per id: the object, or why it is not available.
-        results: Vec<Result<ObjectInfo, StoreError>>,
-    },
-    /// A notification for a subscribed client.
-    Notify {
-        /// The subscriber.
-        client: ClientId,
-        /// What happened.
-        event: ObjectEvent,
-    },
-    /// An object became available here or left: for the node layer (directory publication).
-    Local(ObjectEvent),
-}
-
-/// How a `delete` of one id went.
-pub type DeleteResult = Result<(), StoreError>;
-
-/// What `evict` freed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EvictOutcome {
-    /// Objects evicted.
-    pub objects: u64,
-    /// Bytes freed (aligned blocks).
-    pub bytes: u64,
-}
+pub use types::{
+    DeleteResult, EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreOutput, StoreStats,
+};
+use waiters::{Waiter, WaiterId};
 
 impl Entry {
     fn info(&self) -> ObjectInfo {
@@ -177,23 +55,6 @@ struct ClientState {
     /// Unsealed objects this client created.
     creating: BTreeSet<ObjectId>,
     subscribed: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct WaiterId(u64);
-
-#[derive(Debug)]
-struct Waiter {
-    client: ClientId,
-    request: RequestId,
-    ids: Vec<ObjectId>,
-    deadline: Instant,
-    /// Distinct ids not sealed yet.
-    unsealed_remaining: usize,
-    /// A zero timeout: report NotFound/NotSealed instead of Timeout.
-    poll: bool,
-    /// Ids aborted while waited for: reported as [`StoreError::Aborted`].
-    aborted: Vec<ObjectId>,
 }
 
 /// Limits of a store.
@@ -437,64 +298,6 @@ impl Store {
         Ok(())
     }
 
-    /// Asks for objects: completes (as a [`StoreOutput::GetReply`]) when every id is sealed or
-    /// at `now + timeout`. A zero timeout polls; `None` waits for ever.
-    pub fn get(
-        &mut self,
-        now: Instant,
-        client: ClientId,
-        request: RequestId,
-        ids: Vec<ObjectId>,
-        timeout: Option<Duration>,
-    ) {
-        if ids.len() > self.config.max_batch_len {
-            let error = StoreError::BadRequest(format!(
-                "a get names {} ids; the limit is {}",
-                ids.len(),
-                self.config.max_batch_len
-            ));
-            let results = vec![Err(error); ids.len()];
-            self.outputs.push_back(StoreOutput::GetReply {
-                client,
-                request,
-                results,
-            });
-            return;
-        }
-        self.clients.entry(client).or_default();
-        let unsealed: BTreeSet<ObjectId> = ids
-            .iter()
-            .copied()
-            .filter(|id| !self.is_sealed(id))
-            .collect();
-        let deadline = timeout.map_or(Instant::NEVER, |t| now.saturating_add(t));
-        let waiter = Waiter {
-            client,
-            request,
-            ids,
-            deadline,
-            unsealed_remaining: unsealed.len(),
-            poll: timeout == Some(Duration::ZERO),
-            aborted: Vec::new(),
-        };
-        if unsealed.is_empty() || deadline <= now {
-            self.complete_get(waiter);
-            return;
-        }
-        let waiter_id = WaiterId(self.next_waiter);
-        self.next_waiter += 1;
-        for id in unsealed {
-            self.waiters_by_object
-                .entry(id)
-                .or_default()
-                .push(waiter_id);
-        }
-        if deadline != Instant::NEVER {
-            self.deadlines.insert((deadline, waiter_id));
-        }
-        self.waiters.insert(waiter_id, waiter);
-    }
-
     /// Takes a reference on a sealed object for `client` at once, or says why not.
     /// The non-waiting single-object form of `get`.
     pub fn get_now(&mut self, client: ClientId, id: ObjectId) -> Result<ObjectInfo, StoreError> {
@@ -674,24 +477,6 @@ impl Store {
         self.allocator.free_bytes() + self.evictable_bytes + self.quarantined_bytes
     }
 
-    /// Time passed: completes every get whose deadline is at or before `now`.
-    pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(&(deadline, waiter_id)) = self.deadlines.first() {
-            if deadline > now {
-                break;
-            }
-            self.deadlines.pop_first();
-            if let Some(waiter) = self.take_waiter(waiter_id) {
-                self.complete_get(waiter);
-            }
-        }
-    }
-
-    /// The next instant at which [`Store::handle_timeout`] has work, if any.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.deadlines.first().map(|&(deadline, _)| deadline)
-    }
-
     /// The next effect to carry out.
     pub fn poll_output(&mut self) -> Option<StoreOutput> {
         self.outputs.pop_front()
@@ -846,76 +631,6 @@ impl Store {
         self.outputs.push_back(StoreOutput::Local(event));
     }
 
-    /// `id` was sealed: gets waiting for it count it as settled.
-    fn wake_waiters(&mut self, id: ObjectId) {
-        self.settle_waiters(id, false);
-    }
-
-    /// Gets waiting for `id`, aborted before it was sealed, hear so now instead of at their
-    /// deadline: the id counts as settled (with [`StoreError::Aborted`]).
-    fn abort_waiters(&mut self, id: ObjectId) {
-        self.settle_waiters(id, true);
-    }
-
-    /// Every get waiting for `id` counts it as settled; those with nothing left to wait for
-    /// complete.
-    fn settle_waiters(&mut self, id: ObjectId, aborted: bool) {
-        let Some(waiter_ids) = self.waiters_by_object.remove(&id) else {
-            return;
-        };
-        for waiter_id in waiter_ids {
-            let Some(waiter) = self.waiters.get_mut(&waiter_id) else {
-                continue;
-            };
-            if aborted {
-                waiter.aborted.push(id);
-            }
-            waiter.unsealed_remaining -= 1;
-            if waiter.unsealed_remaining == 0 {
-                let waiter = self
-                    .take_waiter(waiter_id)
-                    .expect("the waiter was just found");
-                self.complete_get(waiter);
-            }
-        }
-    }
-
-    fn take_waiter(&mut self, waiter_id: WaiterId) -> Option<Waiter> {
-        let waiter = self.waiters.remove(&waiter_id)?;
-        self.deadlines.remove(&(waiter.deadline, waiter_id));
-        for id in &waiter.ids {
-            if let Some(list) = self.waiters_by_object.get_mut(id) {
-                list.retain(|&w| w != waiter_id);
-                if list.is_empty() {
-                    self.waiters_by_object.remove(id);
-                }
-            }
-        }
-        Some(waiter)
-    }
-
-    fn drop_waiter(&mut self, waiter_id: WaiterId) {
-        let _ = self.take_waiter(waiter_id);
-    }
-
-    fn complete_get(&mut self, waiter: Waiter) {
-        let results = waiter
-            .ids
-            .iter()
-            .map(|&id| match self.get_now(waiter.client, id) {
-                Ok(info) => Ok(info),
-                Err(_) if waiter.aborted.contains(&id) => Err(StoreError::Aborted(id)),
-                Err(error) if waiter.poll => Err(error),
-                Err(_) => Err(StoreError::Timeout(id)),
-            })
-            .collect();
-        self.outputs.push_back(StoreOutput::GetReply {
-            client: waiter.client,
-            request: waiter.request,
-            results,
-        });
-    }
-
     /// Checks the store's internal bookkeeping; panics with a description on the first
     /// inconsistency. For tests and the simulator.
     pub fn check_invariants(&self) {
@@ -971,6 +686,8 @@ impl Store {
 
 pub mod recovery;
 mod table;
+mod types;
+mod waiters;
 
 pub use recovery::{
     DurableChange, RecoveredObject, RecoveryRefusal, RecoveryReport, RefusedRecord,

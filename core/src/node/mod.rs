@@ -18,9 +18,13 @@
 //! [`Node::store_mut`]; the node learns of seals and deletes from the store's events.
 
 mod clients;
+mod config;
 mod driver;
+mod errors;
 mod fetch;
 mod locations;
+mod output;
+mod publications;
 pub mod threshold;
 mod timers;
 mod transfer;
@@ -34,19 +38,20 @@ use std::time::Duration;
 
 use crate::client_protocol::Response;
 use crate::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
-use crate::error::StoreError;
-use crate::ids::{ArenaId, ClientId, NodeId, ObjectId, RequestId, TransferId};
-use crate::region::{LocalRegion, RemoteRegion};
-use crate::store::{
-    DurableChange, ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreConfig, StoreOutput,
-};
+use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
+use crate::region::LocalRegion;
+use crate::store::{ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput};
 use crate::time::Instant;
-use crate::wire::{self, EagerHeader, ObjectSizes, PeerMessage, WireError};
+use crate::wire::{self, ObjectSizes, PeerMessage, WireError};
 
 pub use clients::{ClusterMember, MAX_PARKED_CREATES};
+pub use config::{ArenaKey, NodeConfig, PeerParams};
 pub use driver::NodeDriver;
+pub use errors::{FetchError, ReadError, TransferMode};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
 use locations::LocationCache;
+pub use output::{NodeOutput, NodeStats};
+use publications::{Publication, Want};
 pub use threshold::{EagerThreshold, PathCosts, ThresholdPolicy, ThresholdSource};
 use transfer::{Incoming, Lease};
 
@@ -62,390 +67,6 @@ impl fmt::Display for ReadOpId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "read-{}", self.0)
     }
-}
-
-/// How the fabric names one arena for one-sided READs: the base address its registration starts
-/// at and the key that grants access. The driver registers each arena once, at start, and gives
-/// the node this table, so the core computes a [`RemoteRegion`] for any [`LocalRegion`] itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ArenaKey {
-    /// Address of the arena's first byte in the registration (verbs: virtual address).
-    pub base_addr: u64,
-    /// Remote key of the registration.
-    pub rkey: u32,
-}
-
-/// What the driver knows about a peer when the connection is up.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PeerParams {
-    /// Queue pairs (lanes) to this peer; READs are spread over them. At least one.
-    pub lanes: u16,
-    /// Measured costs of the eager and READ paths to this peer.
-    pub costs: PathCosts,
-}
-
-/// Configuration of a node. Every queue and retry is bounded by one of these.
-#[derive(Debug, Clone)]
-pub struct NodeConfig {
-    /// This node.
-    pub node: NodeId,
-    /// Distinguishes this run of the node from earlier ones (a restart): the high half of every
-    /// [`TransferId`] it chooses, so a holder never confuses a new transfer with an old lease.
-    pub incarnation: u32,
-    /// The local store.
-    pub store: StoreConfig,
-    /// Registration of each arena for one-sided READs.
-    pub region_keys: BTreeMap<ArenaId, ArenaKey>,
-    /// Size of each pre-posted receive slot, in bytes (header included).
-    pub receive_slot_bytes: u32,
-    /// Most `EagerData` messages for one object.
-    pub max_eager_chunks: u32,
-    /// Eager threshold policy.
-    pub threshold: ThresholdPolicy,
-    /// Size of one READ, in bytes.
-    pub read_slice_bytes: u64,
-    /// Most READs outstanding per transfer.
-    pub max_outstanding_reads: u32,
-    /// Bytes of objects being transferred in at once; a single larger object may go alone.
-    pub max_bytes_in_flight: u64,
-    /// Most client fetches waiting at once.
-    pub max_pending_fetches: usize,
-    /// Most objects this node keeps pinned for requesters at once (more get `Busy`).
-    pub max_leases: usize,
-    /// How long a holder keeps an object pinned without a `Finish`.
-    pub lease: Duration,
-    /// How long a requester waits for a holder's reply (and for all eager chunks).
-    pub reply_timeout: Duration,
-    /// How long a directory operation may take before it is retried.
-    pub directory_timeout: Duration,
-    /// Most tries of one directory operation (lookup, publish, withdraw).
-    pub max_directory_attempts: u32,
-    /// Rounds over an object's holders (each a lookup and a try of every holder) before a fetch
-    /// gives up.
-    pub max_source_rounds: u32,
-    /// Pause before retrying after a failure; grows linearly with the attempt.
-    pub retry_backoff: Duration,
-    /// Objects whose holders the node remembers from the directory, so fetching one again
-    /// skips the lookup (0: always ask the directory).
-    pub location_cache_entries: usize,
-    /// The node is in no cluster (no directory, no peers): fetches of objects not here fail at
-    /// once with [`FetchError::NoCluster`].
-    pub standalone: bool,
-    /// How long a fetch that does not wait for a publication still waits when the directory
-    /// lists no holder: covers a seal on another node whose publication is still on its way.
-    pub publication_grace: Duration,
-    /// Replies to requests that changed what is durable (seal, delete, eviction) wait until
-    /// [`Node::handle_persisted`] says the change is (`--durability seal`).
-    pub hold_replies_until_durable: bool,
-    /// The fabric's name, for `nodes` replies (`none` without one).
-    pub fabric_name: String,
-    /// Where this node's fabric listens, for `nodes` replies (`-` without one).
-    pub fabric_address: String,
-    /// The directory, described without secrets, for `nodes` replies.
-    pub directory_name: String,
-}
-
-impl NodeConfig {
-    /// Defaults for a node with one arena of `capacity_bytes`.
-    pub fn new(node: NodeId, capacity_bytes: u64) -> Self {
-        Self {
-            node,
-            incarnation: 0,
-            store: StoreConfig::single_arena(capacity_bytes),
-            region_keys: BTreeMap::new(),
-            receive_slot_bytes: 64 * 1024,
-            max_eager_chunks: 4,
-            threshold: ThresholdPolicy::default(),
-            read_slice_bytes: 1 << 20,
-            max_outstanding_reads: 16,
-            max_bytes_in_flight: 1 << 30,
-            max_pending_fetches: 4096,
-            max_leases: 1024,
-            lease: Duration::from_secs(10),
-            reply_timeout: Duration::from_secs(5),
-            directory_timeout: Duration::from_secs(2),
-            max_directory_attempts: 8,
-            max_source_rounds: 3,
-            retry_backoff: Duration::from_millis(10),
-            location_cache_entries: 65_536,
-            standalone: false,
-            publication_grace: Duration::from_millis(1500),
-            hold_replies_until_durable: false,
-            fabric_name: "none".into(),
-            fabric_address: "-".into(),
-            directory_name: "none (standalone)".into(),
-        }
-    }
-
-    /// Payload bytes one `EagerData` carries in one receive slot.
-    pub fn eager_chunk_bytes(&self) -> u64 {
-        (self.receive_slot_bytes as u64)
-            .saturating_sub((wire::HEADER_BYTES + wire::EAGER_FIXED_BYTES) as u64)
-            .min((wire::MAX_MESSAGE_BYTES - wire::HEADER_BYTES - wire::EAGER_FIXED_BYTES) as u64)
-    }
-
-    /// Largest object the receive slots can take eagerly.
-    pub fn eager_capacity_bytes(&self) -> u64 {
-        self.eager_chunk_bytes() * self.max_eager_chunks as u64
-    }
-}
-
-/// Why a READ failed, as the driver reports it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReadError {
-    /// The queue pair went to the error state (retry exceeded, flushed, ...).
-    #[error("queue pair error: {0}")]
-    QueuePair(String),
-    /// The remote side refused access (bad rkey or range): the region is no longer exposed.
-    #[error("remote access error (region not exposed or bad rkey)")]
-    RemoteAccess,
-    /// The connection to the peer is gone; the READ was flushed.
-    #[error("connection lost")]
-    ConnectionLost,
-}
-
-/// How a fetch moves an object's bytes, chosen per fetch by the client.
-///
-/// Coalesced fetches of one object share one transfer: the mode of the fetch that started it
-/// applies.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
-)]
-pub enum TransferMode {
-    /// Eager up to the peer's threshold (cost model or `--eager-threshold`), rendezvous above.
-    #[default]
-    Auto,
-    /// Eager whenever the receive slots can carry the object; rendezvous above that.
-    Eager,
-    /// Rendezvous (one-sided READ) for every object that has bytes.
-    Rendezvous,
-}
-
-impl TransferMode {
-    /// Every mode, in the order tools list them.
-    pub const ALL: [TransferMode; 3] = [
-        TransferMode::Eager,
-        TransferMode::Rendezvous,
-        TransferMode::Auto,
-    ];
-
-    /// The lowercase name the command line uses.
-    pub fn name(self) -> &'static str {
-        match self {
-            TransferMode::Auto => "auto",
-            TransferMode::Eager => "eager",
-            TransferMode::Rendezvous => "rendezvous",
-        }
-    }
-}
-
-impl fmt::Display for TransferMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for TransferMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        TransferMode::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| {
-                format!("unknown transfer mode {s:?}: expected auto, eager or rendezvous")
-            })
-    }
-}
-
-/// Why a fetch of one object failed. Reaches the client with a reason it can show.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
-pub enum FetchError {
-    /// No live node holds the object (at once, or by the deadline when the fetch waited for a
-    /// publication).
-    #[error("object {id}: no live node holds it")]
-    NotFound {
-        /// The object.
-        id: ObjectId,
-    },
-    /// The object is not here and this daemon is in no cluster, so nothing can bring it.
-    #[error(
-        "object {id} is not here, and this daemon is in no cluster to fetch it from (start it \
-         with --head, --join or --directory)"
-    )]
-    NoCluster {
-        /// The object.
-        id: ObjectId,
-    },
-    /// The deadline passed while the object was on its way.
-    #[error("object {id}: timed out while {stage}")]
-    Timeout {
-        /// The object.
-        id: ObjectId,
-        /// What the fetch was doing.
-        stage: String,
-    },
-    /// Every holder failed, in every round.
-    #[error("object {id}: all sources failed after {attempts} attempts; last: {last_error}")]
-    SourcesFailed {
-        /// The object.
-        id: ObjectId,
-        /// Transfers tried.
-        attempts: u32,
-        /// The last failure.
-        last_error: String,
-    },
-    /// The directory did not answer, after every retry.
-    #[error("object {id}: directory unavailable: {reason}")]
-    DirectoryUnavailable {
-        /// The object.
-        id: ObjectId,
-        /// Its last answer.
-        reason: String,
-    },
-    /// The local store refused the object (out of memory, too large).
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// An effect for the driver to carry out.
-#[derive(Debug, Clone, PartialEq)]
-#[must_use]
-pub enum NodeOutput {
-    /// Send a message to a peer.
-    Send {
-        /// The peer.
-        peer: NodeId,
-        /// The message; encode with [`wire::encode`].
-        message: PeerMessage,
-    },
-    /// Send an `EagerData` chunk whose payload is `source` in this node's arena: gather the bytes
-    /// now (before the next input) and encode with [`wire::encode_eager`].
-    SendEager {
-        /// The peer.
-        peer: NodeId,
-        /// Everything but the payload.
-        header: EagerHeader,
-        /// Where the payload lies.
-        source: LocalRegion,
-        /// The object sent (for logs and traces).
-        object: ObjectId,
-    },
-    /// Post a one-sided READ of `remote` (on `peer`) into `local`, on lane `lane`.
-    PostRead {
-        /// The peer holding the data.
-        peer: NodeId,
-        /// Echoed in the completion.
-        op: ReadOpId,
-        /// Queue pair index, below the peer's lane count.
-        lane: u16,
-        /// Destination in this node's arena.
-        local: LocalRegion,
-        /// Source in the peer's registration.
-        remote: RemoteRegion,
-        /// The object being read (for logs and traces).
-        object: ObjectId,
-    },
-    /// Copy these bytes (an eager chunk) into this node's arena.
-    WriteLocal {
-        /// Destination.
-        region: LocalRegion,
-        /// The bytes; `region.len == bytes.len()`.
-        bytes: Vec<u8>,
-        /// The object being written (for logs and traces).
-        object: ObjectId,
-    },
-    /// Peers may now READ this region (it holds a pinned object).
-    ExposeRegion {
-        /// The object.
-        object: ObjectId,
-        /// Its region.
-        region: LocalRegion,
-    },
-    /// Peers may no longer READ this region.
-    UnexposeRegion {
-        /// The object.
-        object: ObjectId,
-        /// Its region.
-        region: LocalRegion,
-    },
-    /// Send a request to the directory; answer with [`Node::handle_directory_reply`]
-    /// (`Unsubscribe` needs no answer).
-    Directory {
-        /// Echo in the reply.
-        op: DirectoryOpId,
-        /// The request.
-        request: DirectoryRequest,
-    },
-    /// Answer a local client's request (a fetch's reply holds, per id, a reference the client
-    /// must release, as for `get`). A [`Response::Welcome`] goes with the arenas' fds.
-    Reply {
-        /// The client.
-        client: ClientId,
-        /// Its request.
-        request: RequestId,
-        /// The answer.
-        response: Response,
-    },
-    /// Tell a subscribed client what happened to an object.
-    Event {
-        /// The subscriber.
-        client: ClientId,
-        /// What happened.
-        event: ObjectEvent,
-    },
-    /// Close a client's connection after the replies already output (a protocol violation).
-    CloseClient {
-        /// The client.
-        client: ClientId,
-        /// Why, for the log.
-        reason: String,
-    },
-    /// Make this change durable, after every earlier one, then report it with
-    /// [`Node::handle_persisted`]. Only with [`StoreConfig::record_durable_changes`].
-    Persist {
-        /// Its number: 1 for the first change, then one more each.
-        seq: u64,
-        /// The change.
-        change: DurableChange,
-    },
-    /// An object was sealed here or left the store (for logs and traces).
-    Local(ObjectEvent),
-}
-
-/// Counters of a node, for metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeStats {
-    /// Client fetch requests.
-    pub fetch_requests: u64,
-    /// Transfers started as requester.
-    pub transfers_started: u64,
-    /// Transfers that ended with a sealed object.
-    pub transfers_succeeded: u64,
-    /// Transfers that failed (each may be retried elsewhere).
-    pub transfers_failed: u64,
-    /// Objects sent eagerly as holder.
-    pub served_eager: u64,
-    /// Objects served by rendezvous (leases granted).
-    pub served_rendezvous: u64,
-    /// Requests answered `NotFound`, `Busy` or `Error`.
-    pub served_refused: u64,
-    /// Leases that ended without a `Finish`.
-    pub leases_expired: u64,
-    /// READs posted.
-    pub reads_posted: u64,
-    /// READs that failed.
-    pub reads_failed: u64,
-    /// Bytes brought in by completed transfers.
-    pub bytes_fetched: u64,
-    /// Peer messages that failed to decode.
-    pub malformed_messages: u64,
-    /// Directory publications abandoned after every retry.
-    pub publications_dropped: u64,
-    /// Object fetches that went straight to remembered holders, skipping the lookup.
-    pub location_cache_hits: u64,
-    /// Remembered locations that proved wrong (the fetch then asked the directory).
-    pub stale_locations: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -478,20 +99,6 @@ enum DirectoryPurpose {
     Publication(ObjectId),
     /// A client's `locate`.
     Locate(ClientId, RequestId),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Want {
-    Publish(ObjectSizes),
-    Withdraw,
-}
-
-/// The directory should learn that this node holds (or no longer holds) an object.
-#[derive(Debug)]
-struct Publication {
-    want: Want,
-    op: Option<DirectoryOpId>,
-    attempts: u32,
 }
 
 /// One node's sans-IO logic. See the module documentation for the driver contract.
@@ -993,64 +600,6 @@ impl Node {
             self.clients.persist_emitted += 1;
             let seq = self.clients.persist_emitted;
             self.outputs.push_back(NodeOutput::Persist { seq, change });
-        }
-    }
-
-    fn want_publication(&mut self, id: ObjectId, want: Want) {
-        if self.config.standalone {
-            // No directory to tell.
-            return;
-        }
-        let publication = self.publications.entry(id).or_insert(Publication {
-            want,
-            op: None,
-            attempts: 0,
-        });
-        publication.want = want;
-        publication.attempts = 0;
-        self.cancel_timer(Timer::Publication(id));
-        self.send_publication(id);
-    }
-
-    fn send_publication(&mut self, id: ObjectId) {
-        let Some(publication) = self.publications.get(&id) else {
-            return;
-        };
-        let request = match publication.want {
-            Want::Publish(sizes) => DirectoryRequest::Publish { id, sizes },
-            Want::Withdraw => DirectoryRequest::Withdraw { id },
-        };
-        if let Some(old) = publication.op {
-            self.directory_ops.remove(&old);
-            self.cancel_timer(Timer::DirectoryOp(old));
-        }
-        let op = self.directory(request, Some(DirectoryPurpose::Publication(id)));
-        let publication = self.publications.get_mut(&id).expect("looked up above");
-        publication.op = Some(op);
-        publication.attempts += 1;
-    }
-
-    fn publication_answered(&mut self, id: ObjectId, op: DirectoryOpId, reply: DirectoryReply) {
-        let Some(publication) = self.publications.get_mut(&id) else {
-            return;
-        };
-        if publication.op != Some(op) {
-            return;
-        }
-        publication.op = None;
-        match reply {
-            DirectoryReply::Done | DirectoryReply::Located { .. } => {
-                self.publications.remove(&id);
-            }
-            DirectoryReply::Unavailable { .. } => {
-                if publication.attempts >= self.config.max_directory_attempts {
-                    self.publications.remove(&id);
-                    self.stats.publications_dropped += 1;
-                } else {
-                    let at = self.now + self.config.retry_backoff * publication.attempts;
-                    self.set_timer(at, Timer::Publication(id));
-                }
-            }
         }
     }
 }

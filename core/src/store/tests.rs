@@ -4,6 +4,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
+use crate::ids::RequestId;
 
 const A: ClientId = ClientId(1);
 const B: ClientId = ClientId(2);

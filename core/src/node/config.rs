@@ -1,0 +1,135 @@
+//! How a node is configured, and what the driver tells it about arenas and peers.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::threshold::{PathCosts, ThresholdPolicy};
+use crate::ids::{ArenaId, NodeId};
+use crate::store::StoreConfig;
+use crate::wire;
+
+/// How the fabric names one arena for one-sided READs: the base address its registration starts
+/// at and the key that grants access. The driver registers each arena once, at start, and gives
+/// the node this table, so the core computes a [`RemoteRegion`] for any [`LocalRegion`] itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArenaKey {
+    /// Address of the arena's first byte in the registration (verbs: virtual address).
+    pub base_addr: u64,
+    /// Remote key of the registration.
+    pub rkey: u32,
+}
+
+/// What the driver knows about a peer when the connection is up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PeerParams {
+    /// Queue pairs (lanes) to this peer; READs are spread over them. At least one.
+    pub lanes: u16,
+    /// Measured costs of the eager and READ paths to this peer.
+    pub costs: PathCosts,
+}
+
+/// Configuration of a node. Every queue and retry is bounded by one of these.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This node.
+    pub node: NodeId,
+    /// Distinguishes this run of the node from earlier ones (a restart): the high half of every
+    /// [`TransferId`] it chooses, so a holder never confuses a new transfer with an old lease.
+    pub incarnation: u32,
+    /// The local store.
+    pub store: StoreConfig,
+    /// Registration of each arena for one-sided READs.
+    pub region_keys: BTreeMap<ArenaId, ArenaKey>,
+    /// Size of each pre-posted receive slot, in bytes (header included).
+    pub receive_slot_bytes: u32,
+    /// Most `EagerData` messages for one object.
+    pub max_eager_chunks: u32,
+    /// Eager threshold policy.
+    pub threshold: ThresholdPolicy,
+    /// Size of one READ, in bytes.
+    pub read_slice_bytes: u64,
+    /// Most READs outstanding per transfer.
+    pub max_outstanding_reads: u32,
+    /// Bytes of objects being transferred in at once; a single larger object may go alone.
+    pub max_bytes_in_flight: u64,
+    /// Most client fetches waiting at once.
+    pub max_pending_fetches: usize,
+    /// Most objects this node keeps pinned for requesters at once (more get `Busy`).
+    pub max_leases: usize,
+    /// How long a holder keeps an object pinned without a `Finish`.
+    pub lease: Duration,
+    /// How long a requester waits for a holder's reply (and for all eager chunks).
+    pub reply_timeout: Duration,
+    /// How long a directory operation may take before it is retried.
+    pub directory_timeout: Duration,
+    /// Most tries of one directory operation (lookup, publish, withdraw).
+    pub max_directory_attempts: u32,
+    /// Rounds over an object's holders (each a lookup and a try of every holder) before a fetch
+    /// gives up.
+    pub max_source_rounds: u32,
+    /// Pause before retrying after a failure; grows linearly with the attempt.
+    pub retry_backoff: Duration,
+    /// Objects whose holders the node remembers from the directory, so fetching one again
+    /// skips the lookup (0: always ask the directory).
+    pub location_cache_entries: usize,
+    /// The node is in no cluster (no directory, no peers): fetches of objects not here fail at
+    /// once with [`FetchError::NoCluster`].
+    pub standalone: bool,
+    /// How long a fetch that does not wait for a publication still waits when the directory
+    /// lists no holder: covers a seal on another node whose publication is still on its way.
+    pub publication_grace: Duration,
+    /// Replies to requests that changed what is durable (seal, delete, eviction) wait until
+    /// [`Node::handle_persisted`] says the change is (`--durability seal`).
+    pub hold_replies_until_durable: bool,
+    /// The fabric's name, for `nodes` replies (`none` without one).
+    pub fabric_name: String,
+    /// Where this node's fabric listens, for `nodes` replies (`-` without one).
+    pub fabric_address: String,
+    /// The directory, described without secrets, for `nodes` replies.
+    pub directory_name: String,
+}
+
+impl NodeConfig {
+    /// Defaults for a node with one arena of `capacity_bytes`.
+    pub fn new(node: NodeId, capacity_bytes: u64) -> Self {
+        Self {
+            node,
+            incarnation: 0,
+            store: StoreConfig::single_arena(capacity_bytes),
+            region_keys: BTreeMap::new(),
+            receive_slot_bytes: 64 * 1024,
+            max_eager_chunks: 4,
+            threshold: ThresholdPolicy::default(),
+            read_slice_bytes: 1 << 20,
+            max_outstanding_reads: 16,
+            max_bytes_in_flight: 1 << 30,
+            max_pending_fetches: 4096,
+            max_leases: 1024,
+            lease: Duration::from_secs(10),
+            reply_timeout: Duration::from_secs(5),
+            directory_timeout: Duration::from_secs(2),
+            max_directory_attempts: 8,
+            max_source_rounds: 3,
+            retry_backoff: Duration::from_millis(10),
+            location_cache_entries: 65_536,
+            standalone: false,
+            publication_grace: Duration::from_millis(1500),
+            hold_replies_until_durable: false,
+            fabric_name: "none".into(),
+            fabric_address: "-".into(),
+            directory_name: "none (standalone)".into(),
+        }
+    }
+
+    /// Payload bytes one `EagerData` carries in one receive slot.
+    pub fn eager_chunk_bytes(&self) -> u64 {
+        (self.receive_slot_bytes as u64)
+            .saturating_sub((wire::HEADER_BYTES + wire::EAGER_FIXED_BYTES) as u64)
+            .min((wire::MAX_MESSAGE_BYTES - wire::HEADER_BYTES - wire::EAGER_FIXED_BYTES) as u64)
+    }
+
+    /// Largest object the receive slots can take eagerly.
+    pub fn eager_capacity_bytes(&self) -> u64 {
+        self.eager_chunk_bytes() * self.max_eager_chunks as u64
+    }
+}

@@ -1,0 +1,124 @@
+//! Why READs and fetches fail, and how a fetch moves bytes.
+
+use std::fmt;
+
+use crate::error::StoreError;
+use crate::ids::ObjectId;
+
+/// Why a READ failed, as the driver reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    /// The queue pair went to the error state (retry exceeded, flushed, ...).
+    #[error("queue pair error: {0}")]
+    QueuePair(String),
+    /// The remote side refused access (bad rkey or range): the region is no longer exposed.
+    #[error("remote access error (region not exposed or bad rkey)")]
+    RemoteAccess,
+    /// The connection to the peer is gone; the READ was flushed.
+    #[error("connection lost")]
+    ConnectionLost,
+}
+
+/// How a fetch moves an object's bytes, chosen per fetch by the client.
+///
+/// Coalesced fetches of one object share one transfer: the mode of the fetch that started it
+/// applies.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum TransferMode {
+    /// Eager up to the peer's threshold (cost model or `--eager-threshold`), rendezvous above.
+    #[default]
+    Auto,
+    /// Eager whenever the receive slots can carry the object; rendezvous above that.
+    Eager,
+    /// Rendezvous (one-sided READ) for every object that has bytes.
+    Rendezvous,
+}
+
+impl TransferMode {
+    /// Every mode, in the order tools list them.
+    pub const ALL: [TransferMode; 3] = [
+        TransferMode::Eager,
+        TransferMode::Rendezvous,
+        TransferMode::Auto,
+    ];
+
+    /// The lowercase name the command line uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransferMode::Auto => "auto",
+            TransferMode::Eager => "eager",
+            TransferMode::Rendezvous => "rendezvous",
+        }
+    }
+}
+
+impl fmt::Display for TransferMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TransferMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TransferMode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                format!("unknown transfer mode {s:?}: expected auto, eager or rendezvous")
+            })
+    }
+}
+
+/// Why a fetch of one object failed. Reaches the client with a reason it can show.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+pub enum FetchError {
+    /// No live node holds the object (at once, or by the deadline when the fetch waited for a
+    /// publication).
+    #[error("object {id}: no live node holds it")]
+    NotFound {
+        /// The object.
+        id: ObjectId,
+    },
+    /// The object is not here and this daemon is in no cluster, so nothing can bring it.
+    #[error(
+        "object {id} is not here, and this daemon is in no cluster to fetch it from (start it \
+         with --head, --join or --directory)"
+    )]
+    NoCluster {
+        /// The object.
+        id: ObjectId,
+    },
+    /// The deadline passed while the object was on its way.
+    #[error("object {id}: timed out while {stage}")]
+    Timeout {
+        /// The object.
+        id: ObjectId,
+        /// What the fetch was doing.
+        stage: String,
+    },
+    /// Every holder failed, in every round.
+    #[error("object {id}: all sources failed after {attempts} attempts; last: {last_error}")]
+    SourcesFailed {
+        /// The object.
+        id: ObjectId,
+        /// Transfers tried.
+        attempts: u32,
+        /// The last failure.
+        last_error: String,
+    },
+    /// The directory did not answer, after every retry.
+    #[error("object {id}: directory unavailable: {reason}")]
+    DirectoryUnavailable {
+        /// The object.
+        id: ObjectId,
+        /// Its last answer.
+        reason: String,
+    },
+    /// The local store refused the object (out of memory, too large).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

@@ -1,0 +1,149 @@
+//! What a node asks its driver to do ([`NodeOutput`]), and its counters.
+
+use super::ReadOpId;
+use crate::client_protocol::Response;
+use crate::directory::{DirectoryOpId, DirectoryRequest};
+use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
+use crate::region::{LocalRegion, RemoteRegion};
+use crate::store::{DurableChange, ObjectEvent};
+use crate::wire::{EagerHeader, PeerMessage};
+
+/// An effect for the driver to carry out.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub enum NodeOutput {
+    /// Send a message to a peer.
+    Send {
+        /// The peer.
+        peer: NodeId,
+        /// The message; encode with [`wire::encode`].
+        message: PeerMessage,
+    },
+    /// Send an `EagerData` chunk whose payload is `source` in this node's arena: gather the bytes
+    /// now (before the next input) and encode with [`wire::encode_eager`].
+    SendEager {
+        /// The peer.
+        peer: NodeId,
+        /// Everything but the payload.
+        header: EagerHeader,
+        /// Where the payload lies.
+        source: LocalRegion,
+        /// The object sent (for logs and traces).
+        object: ObjectId,
+    },
+    /// Post a one-sided READ of `remote` (on `peer`) into `local`, on lane `lane`.
+    PostRead {
+        /// The peer holding the data.
+        peer: NodeId,
+        /// Echoed in the completion.
+        op: ReadOpId,
+        /// Queue pair index, below the peer's lane count.
+        lane: u16,
+        /// Destination in this node's arena.
+        local: LocalRegion,
+        /// Source in the peer's registration.
+        remote: RemoteRegion,
+        /// The object being read (for logs and traces).
+        object: ObjectId,
+    },
+    /// Copy these bytes (an eager chunk) into this node's arena.
+    WriteLocal {
+        /// Destination.
+        region: LocalRegion,
+        /// The bytes; `region.len == bytes.len()`.
+        bytes: Vec<u8>,
+        /// The object being written (for logs and traces).
+        object: ObjectId,
+    },
+    /// Peers may now READ this region (it holds a pinned object).
+    ExposeRegion {
+        /// The object.
+        object: ObjectId,
+        /// Its region.
+        region: LocalRegion,
+    },
+    /// Peers may no longer READ this region.
+    UnexposeRegion {
+        /// The object.
+        object: ObjectId,
+        /// Its region.
+        region: LocalRegion,
+    },
+    /// Send a request to the directory; answer with [`Node::handle_directory_reply`]
+    /// (`Unsubscribe` needs no answer).
+    Directory {
+        /// Echo in the reply.
+        op: DirectoryOpId,
+        /// The request.
+        request: DirectoryRequest,
+    },
+    /// Answer a local client's request (a fetch's reply holds, per id, a reference the client
+    /// must release, as for `get`). A [`Response::Welcome`] goes with the arenas' fds.
+    Reply {
+        /// The client.
+        client: ClientId,
+        /// Its request.
+        request: RequestId,
+        /// The answer.
+        response: Response,
+    },
+    /// Tell a subscribed client what happened to an object.
+    Event {
+        /// The subscriber.
+        client: ClientId,
+        /// What happened.
+        event: ObjectEvent,
+    },
+    /// Close a client's connection after the replies already output (a protocol violation).
+    CloseClient {
+        /// The client.
+        client: ClientId,
+        /// Why, for the log.
+        reason: String,
+    },
+    /// Make this change durable, after every earlier one, then report it with
+    /// [`Node::handle_persisted`]. Only with [`StoreConfig::record_durable_changes`](crate::store::StoreConfig::record_durable_changes).
+    Persist {
+        /// Its number: 1 for the first change, then one more each.
+        seq: u64,
+        /// The change.
+        change: DurableChange,
+    },
+    /// An object was sealed here or left the store (for logs and traces).
+    Local(ObjectEvent),
+}
+
+/// Counters of a node, for metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Client fetch requests.
+    pub fetch_requests: u64,
+    /// Transfers started as requester.
+    pub transfers_started: u64,
+    /// Transfers that ended with a sealed object.
+    pub transfers_succeeded: u64,
+    /// Transfers that failed (each may be retried elsewhere).
+    pub transfers_failed: u64,
+    /// Objects sent eagerly as holder.
+    pub served_eager: u64,
+    /// Objects served by rendezvous (leases granted).
+    pub served_rendezvous: u64,
+    /// Requests answered `NotFound`, `Busy` or `Error`.
+    pub served_refused: u64,
+    /// Leases that ended without a `Finish`.
+    pub leases_expired: u64,
+    /// READs posted.
+    pub reads_posted: u64,
+    /// READs that failed.
+    pub reads_failed: u64,
+    /// Bytes brought in by completed transfers.
+    pub bytes_fetched: u64,
+    /// Peer messages that failed to decode.
+    pub malformed_messages: u64,
+    /// Directory publications abandoned after every retry.
+    pub publications_dropped: u64,
+    /// Object fetches that went straight to remembered holders, skipping the lookup.
+    pub location_cache_hits: u64,
+    /// Remembered locations that proved wrong (the fetch then asked the directory).
+    pub stale_locations: u64,
+}

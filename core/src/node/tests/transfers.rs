@@ -1,0 +1,468 @@
+//! Each protocol path between nodes: eager, rendezvous, READ failures, leases, admission,
+//! coalescing, directory trouble.
+
+use super::*;
+
+#[test]
+fn eager_fetch_copies_small_objects_in_chunks() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 1500); // two 1 KiB receive slots
+    w.fetch(1, &[1], Duration::from_millis(50));
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1);
+    let info = ok_info(&replies[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 1500));
+    assert_eq!(w.count(0, |o| matches!(o, NodeOutput::SendEager { .. })), 2);
+    assert_eq!(
+        w.count(1, |o| matches!(o, NodeOutput::WriteLocal { .. })),
+        2
+    );
+    assert_eq!(
+        w.count(0, |o| matches!(o, NodeOutput::ExposeRegion { .. })),
+        0
+    );
+    // The new copy is published.
+    assert_eq!(w.locations[&id(1)].1, vec![NodeId(0), NodeId(1)]);
+    // The client holds a reference until it releases it.
+    w.release(1, 1);
+    w.assert_settled();
+}
+
+#[test]
+fn rendezvous_fetch_reads_in_slices_then_finishes() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 10_000);
+    w.fetch(1, &[1], Duration::from_millis(50));
+    let info = ok_info(&w.replies(1)[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 10_000));
+    let reads: Vec<(u16, RemoteRegion)> = w
+        .log
+        .iter()
+        .filter_map(|(_, o)| match o {
+            NodeOutput::PostRead { lane, remote, .. } => Some((*lane, *remote)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reads.len(), 3, "10000 bytes in 4096-byte slices");
+    assert_eq!(
+        reads.iter().map(|(l, _)| *l).collect::<Vec<_>>(),
+        vec![0, 1, 0],
+        "lanes round-robin"
+    );
+    let holder_info = w.nodes[0].store().sealed_info(&id(1)).unwrap();
+    assert_eq!(
+        reads[0].1.addr,
+        key(0).base_addr + holder_info.region.offset
+    );
+    assert_eq!(reads[0].1.rkey, key(0).rkey);
+    assert!(w
+        .sent(1)
+        .iter()
+        .any(|m| matches!(m, PeerMessage::Finish { .. })));
+    assert_eq!(
+        w.count(0, |o| matches!(o, NodeOutput::UnexposeRegion { .. })),
+        1
+    );
+    assert!(!w.nodes[0].store().is_pinned(&id(1)), "Finish unpins");
+    w.release(1, 1);
+    w.assert_settled();
+}
+
+#[test]
+fn concurrent_fetches_of_one_object_share_one_transfer() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 10_000);
+    w.directory_up = false; // hold the lookup so both fetches overlap
+    w.nodes[1].handle_fetch(
+        w.now,
+        CLIENT,
+        RequestId(1),
+        vec![id(1)],
+        Some(Duration::from_millis(50)),
+        TransferMode::Auto,
+        true,
+    );
+    w.nodes[1].handle_fetch(
+        w.now,
+        CLIENT,
+        RequestId(2),
+        vec![id(1), id(1)],
+        Some(Duration::from_millis(50)),
+        TransferMode::Auto,
+        true,
+    );
+    let lookups: Vec<DirectoryOpId> = std::iter::from_fn(|| w.nodes[1].poll_output())
+        .filter_map(|o| match o {
+            NodeOutput::Directory {
+                op,
+                request: DirectoryRequest::Lookup { .. },
+            } => Some(op),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(lookups.len(), 1, "one lookup for two fetches");
+    let (sizes, holders) = w.locations[&id(1)].clone();
+    w.nodes[1].handle_directory_reply(
+        w.now,
+        lookups[0],
+        DirectoryReply::Located {
+            holders,
+            sizes: Some(sizes),
+        },
+    );
+    w.directory_up = true;
+    w.pump();
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 2);
+    assert_eq!(replies[1].len(), 2);
+    assert!(replies.iter().flatten().all(|r| r.is_ok()));
+    assert_eq!(
+        w.sent(1)
+            .iter()
+            .filter(|m| matches!(m, PeerMessage::FetchRequest { .. }))
+            .count(),
+        1
+    );
+    for _ in 0..3 {
+        w.release(1, 1);
+    }
+    w.assert_settled();
+}
+
+#[test]
+fn missing_object_fails_at_the_deadline_not_later() {
+    let mut w = World::new(2, |_| {});
+    w.fetch(1, &[7], Duration::from_millis(3));
+    assert!(w.replies(1).is_empty());
+    assert_eq!(
+        w.nodes[1].poll_timeout(),
+        Some(Instant::ZERO + Duration::from_millis(3))
+    );
+    w.advance(Duration::from_millis(3));
+    let replies = w.replies(1);
+    assert_eq!(replies[0][0], Err(FetchError::NotFound { id: id(7) }));
+    w.assert_settled();
+}
+
+#[test]
+fn published_object_wakes_a_waiting_fetch() {
+    let mut w = World::new(2, |_| {});
+    w.fetch(1, &[7], Duration::from_millis(30));
+    w.put(0, 7, 100);
+    let sizes = ObjectSizes {
+        data_size: 100,
+        metadata_size: 0,
+    };
+    w.nodes[1].handle_directory_event(
+        w.now,
+        DirectoryEvent::Published {
+            id: id(7),
+            holder: NodeId(0),
+            sizes,
+        },
+    );
+    w.pump();
+    assert!(w.replies(1)[0][0].is_ok());
+    w.release(1, 7);
+    w.assert_settled();
+}
+
+#[test]
+fn stale_location_falls_over_to_the_next_holder() {
+    let mut w = World::new(3, |_| {});
+    w.put(0, 1, 10_000);
+    w.put(2, 1, 10_000);
+    // Node 0 drops its copy but the directory still lists it first.
+    w.delete(0, 1);
+    w.pump();
+    w.locations.get_mut(&id(1)).unwrap().1 = vec![NodeId(0), NodeId(2)];
+    w.fetch(1, &[1], Duration::from_millis(50));
+    let info = ok_info(&w.replies(1)[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 10_000));
+    let requests = w
+        .sent(1)
+        .into_iter()
+        .filter(|m| matches!(m, PeerMessage::FetchRequest { .. }))
+        .count();
+    assert!((1..=2).contains(&requests));
+    w.release(1, 1);
+    w.assert_settled();
+}
+
+#[test]
+fn read_failure_drains_outstanding_reads_then_retries_elsewhere() {
+    let mut w = World::new(3, |_| {});
+    w.put(0, 1, 20_000);
+    w.put(2, 1, 20_000);
+    w.fail_reads = 1;
+    w.fetch(1, &[1], Duration::from_millis(50));
+    let info = ok_info(&w.replies(1)[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 20_000));
+    assert_eq!(w.nodes[1].stats().transfers_failed, 1);
+    assert_eq!(w.nodes[1].stats().transfers_succeeded, 1);
+    // Both holders got a Finish: the failed transfer released its lease too.
+    let finishes: Vec<NodeId> = w
+        .log
+        .iter()
+        .filter_map(|(n, o)| match o {
+            NodeOutput::Send {
+                peer,
+                message: PeerMessage::Finish { .. },
+            } if n.0 == 1 => Some(*peer),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finishes.len(), 2);
+    assert_ne!(finishes[0], finishes[1]);
+    w.release(1, 1);
+    w.assert_settled();
+}
+
+#[test]
+fn lease_expires_without_finish() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 10_000);
+    let sent = PeerMessage::FetchRequest {
+        req: TransferId(99),
+        id: id(1),
+        eager_limit: 0,
+        max_chunk_bytes: 1000,
+    };
+    w.nodes[0].handle_peer_message(w.now, NodeId(1), sent);
+    let outputs: Vec<NodeOutput> = std::iter::from_fn(|| w.nodes[0].poll_output()).collect();
+    assert!(outputs.iter().any(|o| matches!(
+        o,
+        NodeOutput::Send {
+            message: PeerMessage::Rendezvous { .. },
+            ..
+        }
+    )));
+    assert!(w.nodes[0].store().is_pinned(&id(1)));
+    // Pinned: neither evicted nor deleted under the reader.
+    assert_eq!(
+        w.request(0, Request::Evict { bytes: u64::MAX }),
+        Some(Response::Evicted(Default::default()))
+    );
+    w.advance(Duration::from_millis(9));
+    assert!(w.nodes[0].store().is_pinned(&id(1)));
+    w.advance(Duration::from_millis(1));
+    assert!(!w.nodes[0].store().is_pinned(&id(1)));
+    assert_eq!(w.nodes[0].stats().leases_expired, 1);
+    assert_eq!(
+        w.count(0, |o| matches!(o, NodeOutput::UnexposeRegion { .. })),
+        1
+    );
+    w.assert_settled();
+}
+
+#[test]
+fn holder_refuses_unknown_objects_and_duplicate_transfers() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 10_000);
+    let request = |n| PeerMessage::FetchRequest {
+        req: TransferId(5),
+        id: id(n),
+        eager_limit: 0,
+        max_chunk_bytes: 1000,
+    };
+    w.nodes[0].handle_peer_message(w.now, NodeId(1), request(2));
+    w.nodes[0].handle_peer_message(w.now, NodeId(1), request(1));
+    w.nodes[0].handle_peer_message(w.now, NodeId(1), request(1));
+    let kinds: Vec<String> = std::iter::from_fn(|| w.nodes[0].poll_output())
+        .filter_map(|o| match o {
+            NodeOutput::Send { message, .. } => Some(format!("{message}")),
+            _ => None,
+        })
+        .collect();
+    assert!(kinds[0].starts_with("NotFound"));
+    assert!(kinds[1].starts_with("Rendezvous"));
+    assert!(kinds[2].starts_with("Error"), "{kinds:?}");
+}
+
+#[test]
+fn admission_caps_bytes_in_flight_and_keeps_order() {
+    let mut w = World::new(2, |c| c.max_bytes_in_flight = 16 * 1024);
+    w.put(0, 1, 10_000);
+    w.put(0, 2, 10_000);
+    w.nodes[1].handle_fetch(
+        w.now,
+        CLIENT,
+        RequestId(1),
+        vec![id(1), id(2)],
+        Some(Duration::from_millis(50)),
+        TransferMode::Auto,
+        true,
+    );
+    // Carry out only the directory step: the second object must wait for the first.
+    let mut requests = 0;
+    for _ in 0..4 {
+        while let Some(output) = w.nodes[1].poll_output() {
+            if matches!(
+                output,
+                NodeOutput::Send {
+                    message: PeerMessage::FetchRequest { .. },
+                    ..
+                }
+            ) {
+                requests += 1;
+            }
+            w.carry_out(NodeId(1), output);
+        }
+    }
+    assert_eq!(
+        requests, 1,
+        "the second 10 KB object waits under a 16 KiB cap"
+    );
+    assert!(w.nodes[1].bytes_in_flight() <= 16 * 1024);
+    w.pump();
+    let replies = w.replies(1);
+    assert!(replies[0].iter().all(|r| r.is_ok()));
+    for n in [1, 2] {
+        w.release(1, n);
+    }
+    w.assert_settled();
+}
+
+#[test]
+fn full_store_fails_the_fetch_with_out_of_memory() {
+    let mut w = World::new(2, |c| c.store = StoreConfig::single_arena(64 * 1024));
+    w.put(0, 1, 40_000);
+    w.connect(1, ClientId(9));
+    let created = w.request_as(
+        1,
+        ClientId(9),
+        Request::Create {
+            id: id(2),
+            data_size: 40_000,
+            metadata_size: 0,
+        },
+    );
+    assert!(matches!(created, Some(Response::Created(Ok(_)))));
+    w.fetch(1, &[1], Duration::from_millis(50));
+    assert!(matches!(
+        w.replies(1)[0][0],
+        Err(FetchError::Store(StoreError::OutOfMemory { .. }))
+    ));
+}
+
+#[test]
+fn malformed_peer_bytes_are_an_error_not_a_panic() {
+    let mut w = World::new(2, |_| {});
+    assert!(w.nodes[0]
+        .handle_peer_bytes(w.now, NodeId(1), b"garbage!")
+        .is_err());
+    assert_eq!(w.nodes[0].stats().malformed_messages, 1);
+    w.assert_settled();
+}
+
+#[test]
+fn unavailable_directory_is_retried_then_reported() {
+    let mut w = World::new(2, |c| c.max_directory_attempts = 2);
+    w.directory_up = false;
+    w.fetch(1, &[1], Duration::from_secs(60));
+    // Each attempt times out; after the last the fetch fails with a reason.
+    for _ in 0..4 {
+        w.advance(Duration::from_secs(2));
+    }
+    assert!(matches!(
+        w.replies(1)[0][0],
+        Err(FetchError::DirectoryUnavailable { .. })
+    ));
+}
+
+#[test]
+fn thresholds_are_exposed_per_peer() {
+    let w = World::new(2, |c| c.threshold = ThresholdPolicy::Fixed(1 << 30));
+    let threshold = w.nodes[0].eager_threshold(NodeId(1)).unwrap();
+    assert_eq!(threshold.source, ThresholdSource::FixedCappedBySlots);
+    assert_eq!(threshold.bytes, w.nodes[0].config().eager_capacity_bytes());
+}
+
+#[test]
+fn a_forced_mode_overrides_the_threshold() {
+    // The threshold is 2048 bytes; four 1 KiB receive slots carry about 4000.
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 1000);
+    w.put(0, 2, 3000);
+    let served = |w: &World| {
+        let stats = w.nodes[0].stats();
+        (stats.served_eager, stats.served_rendezvous)
+    };
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Rendezvous);
+    assert_eq!(served(&w), (0, 1), "a small object read by rendezvous");
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    assert_eq!(served(&w), (1, 1), "auto sends it eagerly");
+    w.fetch_and_drop(1, 2, 3000, TransferMode::Eager);
+    assert_eq!(served(&w), (2, 1), "above the threshold, still eager");
+    w.fetch_and_drop(1, 2, 3000, TransferMode::Auto);
+    assert_eq!(served(&w), (2, 2), "auto reads it");
+    w.put(0, 3, 10_000);
+    w.fetch_and_drop(1, 3, 10_000, TransferMode::Eager);
+    assert_eq!(served(&w), (2, 3), "too large for the receive slots: read");
+    w.assert_settled();
+}
+
+#[test]
+fn fetching_again_skips_the_lookup() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 1000);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    assert_eq!(w.lookups(1), 1);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Rendezvous);
+    assert_eq!(w.lookups(1), 1, "the location was remembered");
+    assert_eq!(w.nodes[1].stats().location_cache_hits, 2);
+    assert_eq!(w.nodes[1].stats().stale_locations, 0);
+    w.assert_settled();
+}
+
+#[test]
+fn a_stale_location_falls_back_to_the_directory() {
+    let mut w = World::new(3, |_| {});
+    w.put(0, 1, 1000);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    // The only remembered holder loses its copy; another node has one.
+    w.delete(0, 1);
+    w.pump();
+    w.put(2, 1, 1000);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    let stats = w.nodes[1].stats().clone();
+    assert_eq!((stats.location_cache_hits, stats.stale_locations), (1, 1));
+    assert_eq!(w.lookups(1), 2, "asked the directory after the stale guess");
+    assert_eq!(w.nodes[0].stats().served_refused, 1, "node 0 said NotFound");
+    // The fresh answer is remembered in turn.
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    assert_eq!(w.lookups(1), 2);
+    assert_eq!(w.nodes[1].stats().stale_locations, 1);
+    w.assert_settled();
+}
+
+#[test]
+fn a_stale_location_of_a_vanished_object_ends_as_not_found() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 1000);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    w.delete(0, 1);
+    w.pump();
+    w.fetch(1, &[1], Duration::from_millis(20));
+    assert_eq!(w.nodes[1].stats().stale_locations, 1);
+    assert_eq!(w.replies(1).len(), 1, "waits for a publication");
+    w.advance(Duration::from_millis(25));
+    let replies = w.replies(1);
+    assert_eq!(
+        replies.last().unwrap()[0],
+        Err(FetchError::NotFound { id: id(1) })
+    );
+    w.assert_settled();
+}
+
+#[test]
+fn no_location_cache_means_a_lookup_every_time() {
+    let mut w = World::new(2, |c| c.location_cache_entries = 0);
+    w.put(0, 1, 1000);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    assert_eq!(w.lookups(1), 2);
+    assert_eq!(w.nodes[1].stats().location_cache_hits, 0);
+    w.assert_settled();
+}
