@@ -188,6 +188,8 @@ struct Replies {
     unacknowledged: BTreeSet<RequestId>,
     /// Why the connection is unusable, once it is: every later call fails with this.
     failure: Option<Failure>,
+    /// Callers asleep on `replies_changed` (waking nobody is skipped: it costs a syscall).
+    sleepers: usize,
 }
 
 /// A connection failure, kept to be reported to every caller.
@@ -242,6 +244,7 @@ impl Connection {
                 arrived: BTreeMap::new(),
                 unacknowledged: BTreeSet::new(),
                 failure: None,
+                sleepers: 0,
             }),
             replies_changed: Condvar::new(),
         })
@@ -306,10 +309,12 @@ impl Connection {
                 return Err(failure.to_error());
             }
             let Some(mut reader) = replies.reader.take() else {
+                replies.sleepers += 1;
                 replies = self
                     .replies_changed
                     .wait(replies)
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
+                replies.sleepers -= 1;
                 continue;
             };
             drop(replies);
@@ -324,7 +329,10 @@ impl Connection {
                         .get_or_insert_with(|| Failure::from_error(&error));
                 }
             }
-            self.replies_changed.notify_all();
+            // Someone else may wait for this frame, or for the reader this thread gives back.
+            if replies.sleepers > 0 {
+                self.replies_changed.notify_all();
+            }
         }
     }
 

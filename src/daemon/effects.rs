@@ -26,6 +26,19 @@ use crate::persistence::CommitQueue;
 pub(super) struct ClientLink {
     pub(super) writer: ClientWriter,
     pub(super) reader: JoinHandle<()>,
+    /// Frames for this client not written yet: the loop writes them in one go once it has
+    /// handled every input that is ready (a pipelined burst of requests costs one write).
+    pub(super) unsent: Vec<u8>,
+}
+
+impl ClientLink {
+    pub(super) fn new(writer: ClientWriter, reader: JoinHandle<()>) -> Self {
+        Self {
+            writer,
+            reader,
+            unsent: Vec::new(),
+        }
+    }
 }
 
 /// Everything the node's outputs act on.
@@ -37,9 +50,14 @@ pub(super) struct Effects {
     pub(super) fabric: Option<Arc<dyn Fabric>>,
     pub(super) directory: Option<Arc<dyn Directory>>,
     pub(super) commits: Option<CommitQueue>,
-    /// Reused for encoding frames.
+    /// Reused for encoding the Welcome frames.
     frame: Vec<u8>,
+    /// Clients with unsent frames, in the order they got their first.
+    unsent: Vec<ClientId>,
 }
+
+/// A client's buffer of unsent frames is freed past this size once written.
+const UNSENT_KEEP_BYTES: usize = 1 << 20;
 
 impl Effects {
     pub(super) fn new(arenas: BTreeMap<ArenaId, Arc<SharedArena>>) -> Self {
@@ -51,6 +69,7 @@ impl Effects {
             directory: None,
             commits: None,
             frame: Vec::new(),
+            unsent: Vec::new(),
         }
     }
 
@@ -65,24 +84,44 @@ impl Effects {
     }
 
     fn write_frame(&mut self, client: ClientId, frame: &ServerFrame) {
-        let Some(link) = self.clients.get(&client) else {
+        let Some(link) = self.clients.get_mut(&client) else {
             return; // gone; the node hears of it from the loop
         };
-        self.frame.clear();
-        encode_frame(frame, &mut self.frame);
-        let written = match frame {
-            ServerFrame::Reply {
-                response: Response::Welcome { .. },
-                ..
-            } => {
-                // The arenas' fds travel with the Welcome, once per connection.
-                let fds: Vec<_> = self.arenas.values().map(|arena| arena.fd()).collect();
-                link.writer.write_with_fds(&self.frame, &fds)
+        if let ServerFrame::Reply {
+            response: Response::Welcome { .. },
+            ..
+        } = frame
+        {
+            // The arenas' fds travel with the Welcome, once per connection, at once.
+            self.frame.clear();
+            encode_frame(frame, &mut self.frame);
+            let fds: Vec<_> = self.arenas.values().map(|arena| arena.fd()).collect();
+            if let Err(error) = link.writer.write_with_fds(&self.frame, &fds) {
+                self.close(client, error.to_string());
             }
-            _ => link.writer.write(&self.frame),
-        };
-        if let Err(error) = written {
-            self.close(client, error.to_string());
+            return;
+        }
+        if link.unsent.is_empty() {
+            self.unsent.push(client);
+        }
+        encode_frame(frame, &mut link.unsent);
+    }
+
+    /// Writes every client's unsent frames (one write each); closes clients that cannot take
+    /// them.
+    pub(super) fn flush(&mut self) {
+        for client in std::mem::take(&mut self.unsent) {
+            let Some(link) = self.clients.get_mut(&client) else {
+                continue;
+            };
+            let written = link.writer.write(&link.unsent);
+            link.unsent.clear();
+            if link.unsent.capacity() > UNSENT_KEEP_BYTES {
+                link.unsent = Vec::new();
+            }
+            if let Err(error) = written {
+                self.close(client, error.to_string());
+            }
         }
     }
 }

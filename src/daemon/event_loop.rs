@@ -22,6 +22,8 @@ use super::effects::{ClientLink, Effects};
 /// Requests read from all clients and not yet taken by the loop; a full queue stops the
 /// readers (and so the clients).
 const CLIENT_INPUT_QUEUE: usize = 1024;
+/// Most requests taken from the queue in one burst before the replies are written.
+const CLIENT_INPUT_BURST: usize = 64;
 /// How often the daemon checks that it is connected to every live node.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
 
@@ -95,14 +97,39 @@ impl EventLoop {
         let mut maintain = tokio::time::interval(MAINTAIN_EVERY);
         maintain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let clustered = self.fabric_events.is_some();
+        // One timer, moved only when the node's deadline moves (registering a fresh one on
+        // every turn of the loop costs more than the request it serves).
+        let sleep = tokio::time::sleep_until(far_future());
+        tokio::pin!(sleep);
+        let mut armed = None;
         loop {
             self.drain();
-            let next = self.node.poll_timeout().map(|at| self.deadline(at));
-            let sleep = tokio::time::sleep_until(next.unwrap_or_else(far_future));
+            // Replies leave before the loop waits again; a client that cannot take them is
+            // closed, and the node hears of it before anything else.
+            self.effects.flush();
+            if !self.effects.closed.is_empty() {
+                continue;
+            }
+            let next = self.node.poll_timeout();
+            if next != armed {
+                let at = next.map_or_else(far_future, |at| self.deadline(at));
+                sleep.as_mut().reset(at);
+                armed = next;
+            }
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
-                Some(input) = self.inputs.recv() => self.client_input(input),
+                Some(input) = self.inputs.recv() => {
+                    self.client_input(input);
+                    // Take the rest of a pipelined burst before writing any reply.
+                    for _ in 0..CLIENT_INPUT_BURST {
+                        self.drain();
+                        match self.inputs.try_recv() {
+                            Ok(input) => self.client_input(input),
+                            Err(_) => break,
+                        }
+                    }
+                }
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, _)) => self.accept(stream),
                     Err(error) => warn!(%error, "accept failed"),
@@ -117,9 +144,10 @@ impl EventLoop {
                     let now = self.now();
                     self.node.handle_persisted(now, upto);
                 }
-                _ = sleep, if next.is_some() => {
+                _ = &mut sleep, if next.is_some() => {
                     let now = self.now();
                     self.node.handle_timeout(now);
+                    armed = None;
                 }
                 _ = maintain.tick(), if clustered => self.maintain_connections(),
             }
@@ -152,13 +180,9 @@ impl EventLoop {
         self.next_client += 1;
         let (read, write) = stream.into_split();
         let reader = tokio::spawn(read_requests(client, read, self.inputs_tx.clone()));
-        self.effects.clients.insert(
-            client,
-            ClientLink {
-                writer: ClientWriter::new(write),
-                reader,
-            },
-        );
+        self.effects
+            .clients
+            .insert(client, ClientLink::new(ClientWriter::new(write), reader));
         let now = self.now();
         self.node.handle_client_connected(now, client);
         debug!(%client, "client connected");
