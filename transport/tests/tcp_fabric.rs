@@ -117,7 +117,7 @@ fn messages_flow_both_ways_in_order() {
 fn reads_of_exposed_memory_land_in_place_and_others_fail() {
     let (mut a, b) = connected_pair();
     let payload: Vec<u8> = (0..8u32 << 20).map(|i| (i % 253) as u8).collect();
-    b.arena.write(4096, &payload).unwrap();
+    write_arena(&b.arena, 4096, &payload);
     b.fabric.expose(region(4096, payload.len() as u64));
 
     a.fabric.post_read(
@@ -135,7 +135,7 @@ fn reads_of_exposed_memory_land_in_place_and_others_fail() {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        a.arena.bytes(1 << 20, payload.len() as u64).unwrap(),
+        arena_bytes(&a.arena, 1 << 20, payload.len() as u64),
         &payload[..]
     );
 
@@ -271,4 +271,18 @@ fn garbage_on_the_fabric_port_is_refused_and_the_fabric_carries_on() {
         matches!(next_event(&mut b), FabricEvent::Message { bytes, .. } if bytes == b"still here")
     );
     let _ = &mut a;
+}
+
+/// Copies `data` into a test arena.
+fn write_arena(arena: &SharedArena, offset: u64, data: &[u8]) {
+    // SAFETY: test arenas are mapped by this test only, and it holds no view of them across
+    // a write; a fabric reads a range only once the test asked for it, after writing it.
+    unsafe { arena.write(offset, data) }.unwrap();
+}
+
+/// A copy of `[offset, offset + len)` of a test arena.
+fn arena_bytes(arena: &SharedArena, offset: u64, len: u64) -> Vec<u8> {
+    // SAFETY: as in `write_arena`; the test reads a range once the READ into it completed, and
+    // copies it before anything writes it again.
+    unsafe { arena.bytes(offset, len) }.unwrap().to_vec()
 }

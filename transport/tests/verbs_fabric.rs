@@ -353,7 +353,7 @@ fn send_eager_gathers_header_and_arena_bytes() {
         .enumerate()
     {
         let data = pattern(i as u64 + 7, len as usize);
-        a.arena.write(offset, &data).unwrap();
+        write_arena(&a.arena, offset, &data);
         let header = EagerHeader {
             req: TransferId(40 + i as u64),
             sizes: ObjectSizes {
@@ -399,7 +399,7 @@ fn reads_of_4kib_1mib_and_8mib_are_exact() {
         return;
     };
     let src = pattern(42, (20 * MIB) as usize);
-    b.arena.write(0, &src).unwrap();
+    write_arena(&b.arena, 0, &src);
     let cases = [
         (4096u64, 100u64, 3u64),
         (MIB, 777, 8192 + 1),
@@ -427,9 +427,9 @@ fn reads_of_4kib_1mib_and_8mib_are_exact() {
     let done = a.expect_reads(3);
     assert!(done.values().all(Result::is_ok), "{done:?}");
     for &(len, src_off, dst_off) in &cases {
-        let got = a.arena.bytes(dst_off, len).unwrap();
+        let got = arena_bytes(&a.arena, dst_off, len);
         assert!(
-            got == &src[src_off as usize..(src_off + len) as usize],
+            got == src[src_off as usize..(src_off + len) as usize],
             "READ of {len} bytes from {src_off} into {dst_off} differs"
         );
         println!("READ of {len} bytes ok");
@@ -486,11 +486,11 @@ fn reads_outside_the_peer_arena_fail_cleanly() {
     );
 
     // The connection still works.
-    b.arena.write(0, b"intact").unwrap();
+    write_arena(&b.arena, 0, b"intact");
     a.fabric
         .post_read(b.id, ReadOpId(20), 1, local(100, 6), b.remote(0, 6));
     assert_eq!(a.expect_reads(1)[&ReadOpId(20)], Ok(()));
-    assert_eq!(a.arena.bytes(100, 6).unwrap(), b"intact");
+    assert_eq!(arena_bytes(&a.arena, 100, 6), b"intact");
     a.fabric.send(b.id, b"ok".to_vec()).unwrap();
     assert_eq!(b.expect_message(a.id), b"ok");
 
@@ -593,7 +593,7 @@ fn reads_across_a_split_registration() {
         (2 * MIB).div_ceil(48 * 1024) as usize
     );
     let src = pattern(99, (2 * MIB) as usize);
-    b.arena.write(0, &src).unwrap();
+    write_arena(&b.arena, 0, &src);
     // One READ across every boundary of both sides, named by the arena's one key.
     let cases = [
         (5000u64, 7000u64, 2 * MIB - 12000),
@@ -610,8 +610,7 @@ fn reads_across_a_split_registration() {
         );
         assert_eq!(a.expect_reads(1)[&ReadOpId(i as u64)], Ok(()));
         assert!(
-            a.arena.bytes(dst_off, len).unwrap()
-                == &src[src_off as usize..(src_off + len) as usize],
+            arena_bytes(&a.arena, dst_off, len) == src[src_off as usize..(src_off + len) as usize],
             "split READ of {len} bytes differs"
         );
     }
@@ -656,7 +655,7 @@ fn reads_beyond_the_send_queue_wait_for_room() {
     let mut b = node_with(2, small(&db), TOKEN, 16 * MIB);
     connect(&mut a, &mut b);
     let src = pattern(5, (8 * MIB) as usize);
-    b.arena.write(0, &src).unwrap();
+    write_arena(&b.arena, 0, &src);
     for i in 0..4u64 {
         a.fabric.post_read(
             b.id,
@@ -673,7 +672,7 @@ fn reads_beyond_the_send_queue_wait_for_room() {
     let done = a.expect_reads(4);
     assert!(done.values().all(Result::is_ok), "{done:?}");
     assert!(
-        a.arena.bytes(8 * MIB, 8 * MIB).unwrap() == &src[..],
+        arena_bytes(&a.arena, 8 * MIB, 8 * MIB) == src[..],
         "queued READs differ"
     );
     for i in 0..40u8 {
@@ -737,4 +736,18 @@ fn idle_pollers_sleep_on_the_completion_channel_then_wake_for_traffic() {
     assert_eq!(b.expect_message(a.id), b"after a nap".to_vec());
     b.fabric.send(a.id, b"and back".to_vec()).unwrap();
     assert_eq!(a.expect_message(b.id), b"and back".to_vec());
+}
+
+/// Copies `data` into a test arena.
+fn write_arena(arena: &SharedArena, offset: u64, data: &[u8]) {
+    // SAFETY: test arenas are mapped by this test only, and it holds no view of them across
+    // a write; a fabric reads a range only once the test asked for it, after writing it.
+    unsafe { arena.write(offset, data) }.unwrap();
+}
+
+/// A copy of `[offset, offset + len)` of a test arena.
+fn arena_bytes(arena: &SharedArena, offset: u64, len: u64) -> Vec<u8> {
+    // SAFETY: as in `write_arena`; the test reads a range once the READ into it completed, and
+    // copies it before anything writes it again.
+    unsafe { arena.bytes(offset, len) }.unwrap().to_vec()
 }

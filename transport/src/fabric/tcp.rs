@@ -298,8 +298,10 @@ impl Fabric for TcpFabric {
             .arenas
             .get(&source.arena)
             .ok_or(FabricError::BadRegion(source))?;
-        let payload = arena
-            .bytes(source.offset, source.len)
+        // SAFETY: `source` is a sealed object the core holds for this send (the `send_eager`
+        // contract: unchanged until the core's next input), and the slice is copied into the
+        // frame before this call returns.
+        let payload = unsafe { arena.bytes(source.offset, source.len) }
             .map_err(|_| FabricError::BadRegion(source))?;
         // Eager payloads are small by construction (below the threshold): one copy into the
         // frame is cheaper than a second write.

@@ -649,9 +649,10 @@ impl Fabric for VerbsFabric {
         let conn = s.peer_conn(peer).ok_or(FabricError::NotConnected(peer))?;
         // The core guarantees the bytes stay unchanged until its next input, not until the SEND
         // completes; so they are copied now (into a send slot or inline), not referenced.
-        let payload = arena
-            .arena
-            .bytes(source.offset, source.len)
+        // SAFETY: `source` is a sealed object the core holds for this send (the `send_eager`
+        // contract: unchanged until the core's next input), and the slice is copied into the
+        // message before this call returns.
+        let payload = unsafe { arena.arena.bytes(source.offset, source.len) }
             .map_err(|_| FabricError::BadRegion(source))?;
         let mut bytes = Vec::with_capacity(len as usize);
         wire::encode_eager(header, payload, &mut bytes);
