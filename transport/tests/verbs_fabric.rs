@@ -17,7 +17,7 @@ use skyriver_core::node::{ReadError, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, PeerMessage};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, ObjectSizes, RemoteRegion, TransferId};
 use skyriver_transport::arena::{ArenaOptions, SharedArena};
-use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig};
+use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig, VerbsStartError};
 use skyriver_transport::fabric::{Fabric, FabricError, FabricEvent, FabricIdentity};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -222,7 +222,8 @@ fn start_without_the_device_is_a_clear_error() {
     };
     let cfg = VerbsFabricConfig::new("skyriver_no_such_device", "127.0.0.1:0".parse().unwrap());
     match VerbsFabric::start(cfg, identity, BTreeMap::new(), tx) {
-        Err(FabricError::Setup(msg)) => {
+        Err(error @ VerbsStartError::OpenDevice { .. }) => {
+            let msg = error.to_string();
             println!("{msg}");
             assert!(
                 msg.contains("skyriver_no_such_device")

@@ -79,9 +79,26 @@ pub enum FabricError {
     /// A region is outside the local arenas.
     #[error("region {0} is outside this node's arenas")]
     BadRegion(LocalRegion),
-    /// Setting up the fabric failed.
-    #[error("{0}")]
-    Setup(String),
+    /// An empty message (every message has at least a header).
+    #[error("cannot send an empty message")]
+    EmptyMessage,
+    /// The peer stopped taking messages: too much already waits for it. The connection was
+    /// dropped (a [`FabricEvent::PeerLost`] with the reason follows), so the node can go on
+    /// with other peers instead of buffering without limit.
+    #[error(
+        "{peer} is not taking messages: {queued} {unit} waiting (limit {limit}); the connection \
+         was dropped"
+    )]
+    PeerNotReading {
+        /// The peer.
+        peer: NodeId,
+        /// How much waited.
+        queued: usize,
+        /// The limit.
+        limit: usize,
+        /// Unit of `queued` and `limit` (`messages`, `bytes`).
+        unit: &'static str,
+    },
 }
 
 /// Identity and secrets every connection handshake checks.

@@ -35,7 +35,10 @@ use connection::{Link, Outgoing};
 use handshake::{accept_loop, dial};
 
 mod connection;
+mod errors;
 mod handshake;
+
+pub use errors::{Refusal, TcpHandshakeError, TcpLinkError, TcpStartError};
 
 const HANDSHAKE_MAGIC: [u8; 8] = *b"SKYRTCP1";
 const HANDSHAKE_VERSION: u32 = 1;
@@ -157,7 +160,7 @@ impl TcpFabric {
         identity: FabricIdentity,
         arenas: Arenas,
         events: mpsc::UnboundedSender<FabricEvent>,
-    ) -> Result<Self, FabricError> {
+    ) -> Result<Self, TcpStartError> {
         let runtime = match config.worker_threads {
             0 => None,
             threads => Some(
@@ -166,18 +169,13 @@ impl TcpFabric {
                     .thread_name("skyriver-tcp-fabric")
                     .enable_all()
                     .build()
-                    .map_err(|e| {
-                        FabricError::Setup(format!("cannot start the TCP fabric runtime: {e}"))
-                    })?,
+                    .map_err(|source| TcpStartError::Runtime { source })?,
             ),
         };
         let handle = match &runtime {
             Some(runtime) => runtime.handle().clone(),
-            None => tokio::runtime::Handle::try_current().map_err(|e| {
-                FabricError::Setup(format!(
-                    "the TCP fabric without worker threads must start inside a runtime: {e}"
-                ))
-            })?,
+            None => tokio::runtime::Handle::try_current()
+                .map_err(|source| TcpStartError::NoRuntime { source })?,
         };
         // Bound with std so this works from inside another runtime (no block_on).
         let listener = std::net::TcpListener::bind(config.listen)
@@ -186,10 +184,16 @@ impl TcpFabric {
                 let _context = handle.enter();
                 TcpListener::from_std(listener)
             })
-            .map_err(|e| FabricError::Setup(format!("cannot listen on {}: {e}", config.listen)))?;
+            .map_err(|source| TcpStartError::Listen {
+                addr: config.listen,
+                source,
+            })?;
         let listen_addr = listener
             .local_addr()
-            .map_err(|e| FabricError::Setup(format!("listener address: {e}")))?;
+            .map_err(|source| TcpStartError::Listen {
+                addr: config.listen,
+                source,
+            })?;
         // An rkey names an arena for this run of the daemon; a stale rkey from an earlier run
         // fails instead of reading whatever lives there now.
         let salt = (std::process::id() as u64 ^ now_nanos()) as u32;
@@ -377,6 +381,11 @@ impl Fabric for TcpFabric {
 }
 
 impl Inner {
+    fn emit(&self, event: FabricEvent) {
+        // The driver may be gone (shutting down); nothing to do then.
+        let _ = self.events.send(event);
+    }
+
     fn queue(&self, peer: NodeId, item: Outgoing) -> Result<(), FabricError> {
         let link = match lock(&self.peers).get(&peer) {
             Some(PeerSlot::Connected { link, .. }) => link.clone(),
@@ -430,7 +439,7 @@ impl Inner {
     }
 
     /// Tears a connection down: fails its pending READs, then reports the peer lost.
-    fn lose(&self, peer: NodeId, generation: Option<u64>, reason: String) {
+    fn lose(&self, peer: NodeId, generation: Option<u64>, reason: TcpLinkError) {
         {
             let mut peers = lock(&self.peers);
             match (peers.get(&peer), generation) {
@@ -464,6 +473,9 @@ impl Inner {
                 result: Err(ReadError::ConnectionLost),
             });
         }
-        let _ = self.events.send(FabricEvent::PeerLost { peer, reason });
+        self.emit(FabricEvent::PeerLost {
+            peer,
+            reason: reason.to_string(),
+        });
     }
 }

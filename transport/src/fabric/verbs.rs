@@ -55,6 +55,7 @@
 //! [`VerbsConnection`]: crate::verbs::VerbsConnection
 
 mod config;
+mod errors;
 mod hello;
 mod idle;
 mod peer;
@@ -79,11 +80,17 @@ use super::{Arenas, Fabric, FabricError, FabricEvent, FabricIdentity};
 use crate::arena::SharedArena;
 use crate::verbs::{plan_reads, ConnectionConfig, MrChunk, Registration, VerbsDevice};
 pub use config::VerbsFabricConfig;
+use errors::render;
+pub use errors::{
+    ConfigError, ConnectionLost, HandshakeFailure, HelloRejection, HelloShapeError,
+    RemoteRegionError, VerbsStartError,
+};
 use hello::{CostsFrame, Hello, WireArena, WireChunk};
 use idle::IdleWait;
 use peer::PeerConn;
 use poller::poll_loop;
-use setup::{accept_loop, connect_to, render};
+pub use probe::ProbeError;
+use setup::{accept_loop, connect_to};
 
 /// One registered local arena. Field order is drop order: the registration goes before the
 /// mapping it covers.
@@ -202,7 +209,7 @@ impl Shared {
     /// Ends a handshake attempt that failed: if the attempt still owns the peer's slot, frees it
     /// and, when the driver asked for this peer, reports `PeerLost`. (A failed handshake the
     /// peer opened is only logged: the driver never heard of it.)
-    fn attempt_failed(&self, peer: NodeId, attempt: u64, reason: String) {
+    fn attempt_failed(&self, peer: NodeId, attempt: u64, reason: HandshakeFailure) {
         let mut t = lock(&self.table);
         if let Some(&Slot::Connecting {
             attempt: a,
@@ -214,7 +221,10 @@ impl Shared {
                 t.peers.remove(&peer);
                 tracing::warn!(%peer, %reason, "verbs fabric: connection failed");
                 if driver_waits {
-                    self.emit(FabricEvent::PeerLost { peer, reason });
+                    self.emit(FabricEvent::PeerLost {
+                        peer,
+                        reason: reason.to_string(),
+                    });
                 }
                 return;
             }
@@ -231,7 +241,7 @@ impl Shared {
         attempt: u64,
         deadline: Instant,
         reason: String,
-    ) -> Result<(), String> {
+    ) -> Result<(), HandshakeFailure> {
         loop {
             let ours = matches!(
                 lock(&self.table).peers.get(&peer),
@@ -242,9 +252,7 @@ impl Shared {
                 return Ok(());
             }
             if Instant::now() >= deadline || self.shutdown.load(Ordering::Acquire) {
-                return Err(format!(
-                    "{reason}, but {peer}'s connection did not arrive in time"
-                ));
+                return Err(HandshakeFailure::YieldTimedOut { peer, reason });
             }
             thread::sleep(Duration::from_millis(2));
         }
@@ -303,31 +311,32 @@ impl Shared {
     }
 
     /// Checks a peer's hello; `expected` is the node an outgoing connection meant to reach.
-    fn check_hello(&self, h: &Hello, expected: Option<NodeId>) -> Result<(), String> {
+    fn check_hello(&self, h: &Hello, expected: Option<NodeId>) -> Result<(), HelloRejection> {
         if !crate::token::tokens_match(&h.token, &self.identity.cluster_token) {
-            return Err(format!(
-                "node-{} presented a wrong cluster token; refused",
-                h.node
-            ));
+            return Err(HelloRejection::WrongToken { node: h.node });
         }
-        h.validate()?;
+        h.validate().map_err(|source| HelloRejection::Shape {
+            node: h.node,
+            source,
+        })?;
         if h.node == self.identity.node.0 {
-            return Err(format!("peer claims this node's own id node-{}", h.node));
+            return Err(HelloRejection::OwnId { node: h.node });
         }
-        if let Some(p) = expected {
-            if p.0 != h.node {
-                return Err(format!(
-                    "expected {p} at this address, found node-{}",
-                    h.node
-                ));
+        if let Some(expected) = expected {
+            if expected.0 != h.node {
+                return Err(HelloRejection::WrongNode {
+                    expected,
+                    found: h.node,
+                });
             }
         }
         if h.recv_slot_bytes != self.config.recv_slot_bytes {
-            return Err(format!(
-                "receive slot size mismatch: node-{} uses {} bytes, {} uses {} (configure every \
-                 node alike)",
-                h.node, h.recv_slot_bytes, self.identity.node, self.config.recv_slot_bytes
-            ));
+            return Err(HelloRejection::SlotSize {
+                peer: h.node,
+                theirs: h.recv_slot_bytes,
+                me: self.identity.node,
+                ours: self.config.recv_slot_bytes,
+            });
         }
         Ok(())
     }
@@ -351,21 +360,28 @@ impl std::fmt::Debug for VerbsFabric {
 
 impl VerbsFabric {
     /// Opens the device, registers `arenas`, listens on `config.listen` and starts the fabric's
-    /// threads. Fails with [`FabricError::Setup`] (saying why, e.g. that RDMA verbs are not
+    /// threads. Fails with a [`VerbsStartError`] (saying why, e.g. that RDMA verbs are not
     /// available on this machine) without starting anything.
     pub fn start(
         config: VerbsFabricConfig,
         identity: FabricIdentity,
         arenas: Arenas,
         events: UnboundedSender<FabricEvent>,
-    ) -> Result<VerbsFabric, FabricError> {
+    ) -> Result<VerbsFabric, VerbsStartError> {
         let device_name = config.device.clone();
-        let setup = |what: &str, e: &dyn std::fmt::Display| {
-            FabricError::Setup(format!("verbs fabric ({device_name}): {what}: {e}"))
-        };
-        config.validate().map_err(|e| setup("bad config", &e))?;
-        let device = VerbsDevice::open(&config.device, config.port, config.gid_index)
-            .map_err(|e| setup("opening the RDMA device", &render(&e)))?;
+        config
+            .validate()
+            .map_err(|source| VerbsStartError::Config {
+                device: device_name.clone(),
+                source,
+            })?;
+        let device =
+            VerbsDevice::open(&config.device, config.port, config.gid_index).map_err(|source| {
+                VerbsStartError::OpenDevice {
+                    device: device_name.clone(),
+                    source,
+                }
+            })?;
         let mut local = BTreeMap::new();
         for (id, arena) in arenas {
             // SAFETY: the arena's mapping lives as long as the Arc kept next to the
@@ -379,15 +395,27 @@ impl VerbsFabric {
                     config.max_mr_bytes,
                 )
             }
-            .map_err(|e| setup(&format!("registering {id}"), &e))?;
+            .map_err(|source| VerbsStartError::RegisterArena {
+                device: device_name.clone(),
+                arena: id,
+                source,
+            })?;
             local.insert(id, LocalArena { reg, arena });
         }
         let probe_len = config.probe_bytes as usize;
-        let mut probe_mem = MmapMut::map_anon(probe_len).map_err(|e| setup("probe buffer", &e))?;
+        let mut probe_mem =
+            MmapMut::map_anon(probe_len).map_err(|source| VerbsStartError::ProbeBuffer {
+                device: device_name.clone(),
+                bytes: config.probe_bytes,
+                source,
+            })?;
         // SAFETY: the map is owned by `ProbeBuffer` next to the registration, which is dropped
         // first (field order); its bytes are scratch that only the device writes and reads.
         let probe_reg = unsafe { device.register(probe_mem.as_mut_ptr(), probe_len, u64::MAX) }
-            .map_err(|e| setup("registering the probe buffer", &e))?;
+            .map_err(|source| VerbsStartError::RegisterProbe {
+                device: device_name.clone(),
+                source,
+            })?;
         let idle = match device.completion_channel().and_then(|channel| {
             IdleWait::new(channel).map_err(|e| crate::verbs::DeviceError::CompletionChannel {
                 name: config.device.clone(),
@@ -404,14 +432,14 @@ impl VerbsFabric {
                 None
             }
         };
-        let listener = TcpListener::bind(config.listen)
-            .map_err(|e| setup(&format!("binding {}", config.listen), &e))?;
-        let listen_addr = listener
-            .local_addr()
-            .map_err(|e| setup("listener address", &e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| setup("listener", &e))?;
+        let listen_error = |source| VerbsStartError::Listen {
+            device: device_name.clone(),
+            addr: config.listen,
+            source,
+        };
+        let listener = TcpListener::bind(config.listen).map_err(listen_error)?;
+        let listen_addr = listener.local_addr().map_err(listen_error)?;
+        listener.set_nonblocking(true).map_err(listen_error)?;
 
         let shared = Arc::new(Shared {
             table: Mutex::new(Table::default()),
@@ -436,7 +464,11 @@ impl VerbsFabric {
         let poller = thread::Builder::new()
             .name("verbs-poller".into())
             .spawn(move || poll_loop(&s))
-            .map_err(|e| setup("starting the poller thread", &e))?;
+            .map_err(|source| VerbsStartError::Thread {
+                device: device_name.clone(),
+                thread: "poller",
+                source,
+            })?;
         let _ = shared.poller.set(poller.thread().clone());
         let s = shared.clone();
         let acceptor = match thread::Builder::new()
@@ -448,7 +480,11 @@ impl VerbsFabric {
                 shared.shutdown.store(true, Ordering::Release);
                 shared.wake_poller();
                 let _ = poller.join();
-                return Err(setup("starting the acceptor thread", &e));
+                return Err(VerbsStartError::Thread {
+                    device: device_name,
+                    thread: "acceptor",
+                    source: e,
+                });
             }
         };
         let regions: Vec<String> = shared
@@ -523,7 +559,7 @@ impl Drop for VerbsFabric {
             .collect();
         for c in conns {
             let mut st = lock(&c.state);
-            c.teardown(&mut st, &self.shared, "the local fabric shut down".into());
+            c.teardown(&mut st, &self.shared, ConnectionLost::Shutdown);
         }
     }
 }
@@ -559,7 +595,7 @@ impl Fabric for VerbsFabric {
         if peer == s.identity.node {
             s.emit(FabricEvent::PeerLost {
                 peer,
-                reason: "refusing to connect to this node itself".into(),
+                reason: HandshakeFailure::SelfConnect.to_string(),
             });
             return;
         }
@@ -595,11 +631,7 @@ impl Fabric for VerbsFabric {
                 }
             });
         if let Err(e) = spawned {
-            s.attempt_failed(
-                peer,
-                attempt,
-                format!("cannot start a handshake thread: {e}"),
-            );
+            s.attempt_failed(peer, attempt, HandshakeFailure::Thread { source: e });
         }
     }
 
@@ -617,7 +649,7 @@ impl Fabric for VerbsFabric {
             });
         }
         if bytes.is_empty() {
-            return Err(FabricError::Setup("cannot send an empty message".into()));
+            return Err(FabricError::EmptyMessage);
         }
         let conn = s.peer_conn(peer).ok_or(FabricError::NotConnected(peer))?;
         let mut st = lock(&conn.state);

@@ -238,18 +238,24 @@ impl VerbsConnection {
         let recv_total = slot * params.recv_slots as usize;
         let send_total = slot * send_slots as usize * n_lanes;
         let mut recv_mem =
-            MmapMut::map_anon(recv_total).map_err(|e| ConnectionError::Memory(e.to_string()))?;
+            MmapMut::map_anon(recv_total).map_err(|source| ConnectionError::SlabMap {
+                bytes: recv_total,
+                source,
+            })?;
         let mut send_mem =
-            MmapMut::map_anon(send_total).map_err(|e| ConnectionError::Memory(e.to_string()))?;
+            MmapMut::map_anon(send_total).map_err(|source| ConnectionError::SlabMap {
+                bytes: send_total,
+                source,
+            })?;
         // SAFETY: both maps are owned by the connection and outlive the registrations (field
         // order drops the registrations first); the device only writes receive slots that are
         // posted and reads send slots that are in flight, which the slot bookkeeping keeps
         // apart from the slices the connection hands out.
         let recv_reg = unsafe { device.register(recv_mem.as_mut_ptr(), recv_total, u64::MAX) }
-            .map_err(|e| ConnectionError::Memory(e.to_string()))?;
+            .map_err(ConnectionError::SlabRegister)?;
         // SAFETY: as above.
         let send_reg = unsafe { device.register(send_mem.as_mut_ptr(), send_total, u64::MAX) }
-            .map_err(|e| ConnectionError::Memory(e.to_string()))?;
+            .map_err(ConnectionError::SlabRegister)?;
 
         let mut conn = VerbsConnection {
             lanes,

@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+use super::errors::TcpLinkError;
 use super::{
     lock, Inner, KIND_MESSAGE, KIND_PING, KIND_PONG, KIND_READ_REQUEST, KIND_READ_RESPONSE,
     MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS,
@@ -137,17 +138,13 @@ pub(super) fn start_connection(
     let writer_inner = inner.clone();
     let writer_link = link.clone();
     tokio::spawn(async move {
-        if let Err(error) = write_loop(&writer_inner, &writer_link, writer, outgoing_rx).await {
-            writer_inner.lose(
-                peer,
-                Some(generation),
-                format!("write to {peer} failed: {error}"),
-            );
+        if let Err(source) = write_loop(&writer_inner, &writer_link, writer, outgoing_rx).await {
+            writer_inner.lose(peer, Some(generation), TcpLinkError::Write { peer, source });
         }
     });
     tokio::spawn(async move {
         let reason = match read_loop(&inner, peer, reader, &link).await {
-            Ok(()) => format!("{peer} closed the connection"),
+            Ok(()) => TcpLinkError::Closed { peer },
             Err(error) => error,
         };
         inner.lose(peer, Some(generation), reason);
@@ -233,9 +230,9 @@ async fn read_loop(
     peer: NodeId,
     reader: OwnedReadHalf,
     link: &Link,
-) -> Result<(), String> {
+) -> Result<(), TcpLinkError> {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
-    let io = |e: std::io::Error| format!("read from {peer} failed: {e}");
+    let io = |source: std::io::Error| TcpLinkError::Read { peer, source };
     loop {
         let kind = match reader.read_u8().await {
             Ok(kind) => kind,
@@ -246,10 +243,11 @@ async fn read_loop(
             KIND_MESSAGE => {
                 let len = reader.read_u32_le().await.map_err(io)? as usize;
                 if len > wire::MAX_MESSAGE_BYTES {
-                    return Err(format!(
-                        "{peer} sent a {len}-byte message (limit {})",
-                        wire::MAX_MESSAGE_BYTES
-                    ));
+                    return Err(TcpLinkError::MessageTooLarge {
+                        peer,
+                        len,
+                        limit: wire::MAX_MESSAGE_BYTES,
+                    });
                 }
                 let mut bytes = vec![0u8; len];
                 reader.read_exact(&mut bytes).await.map_err(io)?;
@@ -280,7 +278,7 @@ async fn read_loop(
                     }
                 };
                 if link.submit(item).is_err() {
-                    return Err("connection writer stopped".into());
+                    return Err(TcpLinkError::WriterStopped);
                 }
             }
             KIND_READ_RESPONSE => {
@@ -289,11 +287,11 @@ async fn read_loop(
                 let len = reader.read_u64_le().await.map_err(io)?;
                 let pending = lock(&inner.pending_reads).remove(&op);
                 let Some(pending) = pending else {
-                    return Err(format!("{peer} answered READ {op} that was not asked for"));
+                    return Err(TcpLinkError::UnaskedReadResponse { peer, op });
                 };
                 // The READ is ours from here: every way out completes it, so a connection lost
                 // mid-data fails the transfer at once instead of leaving it to its deadline.
-                let fail = |reason: String| {
+                let fail = |reason: TcpLinkError| {
                     let _ = inner.events.send(FabricEvent::ReadCompleted {
                         op: ReadOpId(op),
                         result: Err(ReadError::ConnectionLost),
@@ -302,21 +300,23 @@ async fn read_loop(
                 };
                 let result = if status == STATUS_OK {
                     if len != pending.local.len {
-                        return Err(fail(format!(
-                            "{peer} answered READ {op} with {len} bytes, {} asked",
-                            pending.local.len
-                        )));
+                        return Err(fail(TcpLinkError::ReadLength {
+                            peer,
+                            op,
+                            len,
+                            asked: pending.local.len,
+                        }));
                     }
                     let arena = inner
                         .arenas
                         .get(&pending.local.arena)
-                        .ok_or_else(|| fail(format!("READ {op} into an unknown arena")))?;
+                        .ok_or_else(|| fail(TcpLinkError::UnknownArena { op }))?;
                     // SAFETY: `post_read` checked the region lies in this arena; the core gave it
                     // to this one READ (a slice of an object being fetched, created and not yet
                     // sealed), and nothing else touches it until the completion is delivered.
                     let destination =
                         unsafe { arena.bytes_mut(pending.local.offset, pending.local.len) }
-                            .map_err(|e| fail(e.to_string()))?;
+                            .map_err(|source| fail(TcpLinkError::Destination { op, source }))?;
                     reader
                         .read_exact(destination)
                         .await
@@ -339,11 +339,7 @@ async fn read_loop(
             KIND_PONG => {
                 reader.read_u64_le().await.map_err(io)?;
             }
-            other => {
-                return Err(format!(
-                    "{peer} sent an unknown frame kind {other}: dropping the connection"
-                ))
-            }
+            other => return Err(TcpLinkError::UnknownFrame { peer, kind: other }),
         }
     }
 }

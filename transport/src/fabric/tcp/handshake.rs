@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::warn;
 
 use super::connection::start_connection;
+use super::errors::{Refusal, TcpHandshakeError};
 use super::{
     Inner, HANDSHAKE_MAGIC, HANDSHAKE_VERSION, KIND_PING, KIND_PONG, MAX_HANDSHAKE_BYTES,
     PING_ROUNDS,
@@ -56,34 +57,58 @@ pub(super) async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
     }
 }
 
-async fn write_handshake(stream: &mut TcpStream, message: &Handshake) -> std::io::Result<()> {
-    let body = postcard::to_stdvec(message).map_err(std::io::Error::other)?;
-    stream.write_all(&(body.len() as u32).to_le_bytes()).await?;
-    stream.write_all(&body).await
+impl Handshake {
+    fn name(&self) -> &'static str {
+        match self {
+            Handshake::Hello { .. } => "Hello",
+            Handshake::Welcome { .. } => "Welcome",
+            Handshake::Refused { .. } => "Refused",
+        }
+    }
 }
 
-async fn read_handshake(stream: &mut TcpStream) -> Result<Handshake, String> {
+fn io_error(stage: &'static str) -> impl Fn(std::io::Error) -> TcpHandshakeError {
+    move |source| TcpHandshakeError::Io { stage, source }
+}
+
+async fn write_handshake(
+    stream: &mut TcpStream,
+    message: &Handshake,
+) -> Result<(), TcpHandshakeError> {
+    let body =
+        postcard::to_stdvec(message).map_err(|source| TcpHandshakeError::Malformed { source })?;
+    stream
+        .write_all(&(body.len() as u32).to_le_bytes())
+        .await
+        .map_err(io_error("write"))?;
+    stream.write_all(&body).await.map_err(io_error("write"))
+}
+
+async fn read_handshake(stream: &mut TcpStream) -> Result<Handshake, TcpHandshakeError> {
     let mut len = [0u8; 4];
     stream
         .read_exact(&mut len)
         .await
-        .map_err(|e| format!("handshake read: {e}"))?;
+        .map_err(io_error("read"))?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_HANDSHAKE_BYTES {
-        return Err(format!(
-            "handshake of {len} bytes is over the limit (not a skyriver peer?)"
-        ));
+        return Err(TcpHandshakeError::TooLarge {
+            len,
+            limit: MAX_HANDSHAKE_BYTES,
+        });
     }
     let mut body = vec![0u8; len];
     stream
         .read_exact(&mut body)
         .await
-        .map_err(|e| format!("handshake read: {e}"))?;
-    postcard::from_bytes(&body)
-        .map_err(|e| format!("malformed handshake (not a skyriver peer?): {e}"))
+        .map_err(io_error("read"))?;
+    postcard::from_bytes(&body).map_err(|source| TcpHandshakeError::Malformed { source })
 }
 
-async fn accept_handshake(inner: &Arc<Inner>, mut stream: TcpStream) -> Result<(), String> {
+async fn accept_handshake(
+    inner: &Arc<Inner>,
+    mut stream: TcpStream,
+) -> Result<(), TcpHandshakeError> {
     let (peer, refusal) = match read_handshake(&mut stream).await? {
         Handshake::Hello {
             magic,
@@ -92,31 +117,37 @@ async fn accept_handshake(inner: &Arc<Inner>, mut stream: TcpStream) -> Result<(
             token,
         } => {
             let refusal = if magic != HANDSHAKE_MAGIC {
-                Some("not a skyriver TCP fabric peer".to_string())
+                Some(Refusal::NotSkyriver)
             } else if version != HANDSHAKE_VERSION {
-                Some(format!(
-                    "fabric protocol version {version} is not supported (this node speaks {HANDSHAKE_VERSION})"
-                ))
+                Some(Refusal::Version {
+                    theirs: version,
+                    ours: HANDSHAKE_VERSION,
+                })
             } else if !crate::token::tokens_match(&token, &inner.identity.cluster_token) {
-                Some(format!("{node} presented a wrong cluster token"))
+                Some(Refusal::WrongToken { node })
             } else if node == inner.identity.node {
-                Some(format!("{node} is this node's own id"))
+                Some(Refusal::OwnId { node })
             } else {
                 None
             };
             (node, refusal)
         }
-        other => return Err(format!("expected Hello, got {other:?}")),
+        other => {
+            return Err(TcpHandshakeError::Unexpected {
+                expected: "Hello",
+                got: other.name(),
+            })
+        }
     };
-    if let Some(reason) = refusal {
+    if let Some(refusal) = refusal {
         let _ = write_handshake(
             &mut stream,
             &Handshake::Refused {
-                reason: reason.clone(),
+                reason: refusal.to_string(),
             },
         )
         .await;
-        return Err(reason);
+        return Err(refusal.into());
     }
     write_handshake(
         &mut stream,
@@ -124,11 +155,10 @@ async fn accept_handshake(inner: &Arc<Inner>, mut stream: TcpStream) -> Result<(
             node: inner.identity.node,
         },
     )
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let round_trip = measure_round_trip(&mut stream, false)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(io_error("round trip"))?;
     start_connection(inner.clone(), peer, stream, round_trip);
     Ok(())
 }
@@ -137,7 +167,7 @@ pub(super) async fn dial(inner: Arc<Inner>, peer: NodeId, addr: SocketAddr) {
     let attempt = async {
         let mut stream = TcpStream::connect(addr)
             .await
-            .map_err(|e| format!("connect to {addr}: {e}"))?;
+            .map_err(|source| TcpHandshakeError::Connect { addr, source })?;
         write_handshake(
             &mut stream,
             &Handshake::Hello {
@@ -147,37 +177,49 @@ pub(super) async fn dial(inner: Arc<Inner>, peer: NodeId, addr: SocketAddr) {
                 token: inner.identity.cluster_token.clone(),
             },
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         match read_handshake(&mut stream).await? {
             Handshake::Welcome { node } if node == peer => {}
             Handshake::Welcome { node } => {
-                return Err(format!("{addr} is {node}, not {peer}"));
+                return Err(TcpHandshakeError::WrongNode {
+                    addr,
+                    found: node,
+                    expected: peer,
+                });
             }
-            Handshake::Refused { reason } => return Err(format!("refused by {peer}: {reason}")),
-            other => return Err(format!("unexpected handshake reply {other:?}")),
+            Handshake::Refused { reason } => {
+                return Err(TcpHandshakeError::RefusedByPeer { peer, reason })
+            }
+            other => {
+                return Err(TcpHandshakeError::Unexpected {
+                    expected: "Welcome",
+                    got: other.name(),
+                })
+            }
         }
         let round_trip = measure_round_trip(&mut stream, true)
             .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>((stream, round_trip))
+            .map_err(io_error("round trip"))?;
+        Ok((stream, round_trip))
     };
-    match tokio::time::timeout(inner.config.connect_timeout, attempt).await {
-        Ok(Ok((stream, round_trip))) => {
-            // Drop the Connecting placeholder; `start_connection` installs the real one.
-            inner.forget_connecting(peer);
-            start_connection(inner, peer, stream, round_trip);
-        }
-        Ok(Err(reason)) => {
-            warn!(%peer, %reason, "cannot connect to peer");
-            inner.forget_connecting(peer);
-            let _ = inner.events.send(FabricEvent::PeerLost { peer, reason });
-        }
-        Err(_) => {
-            inner.forget_connecting(peer);
-            let reason = format!("connection to {addr} timed out");
-            warn!(%peer, %reason, "cannot connect to peer");
-            let _ = inner.events.send(FabricEvent::PeerLost { peer, reason });
+    let timeout = inner.config.connect_timeout;
+    let outcome = match tokio::time::timeout(timeout, attempt).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(TcpHandshakeError::TimedOut {
+            addr,
+            timeout_ms: timeout.as_millis(),
+        }),
+    };
+    // Drop the Connecting placeholder; `start_connection` installs the real one.
+    inner.forget_connecting(peer);
+    match outcome {
+        Ok((stream, round_trip)) => start_connection(inner, peer, stream, round_trip),
+        Err(error) => {
+            warn!(%peer, %error, "cannot connect to peer");
+            inner.emit(FabricEvent::PeerLost {
+                peer,
+                reason: error.to_string(),
+            });
         }
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use skyriver_core::wire;
 
+use super::errors::ConfigError;
 use crate::verbs::ConnectionConfig;
 
 /// Configuration of a [`VerbsFabric`]. [`VerbsFabricConfig::new`] gives working defaults.
@@ -123,28 +124,28 @@ impl VerbsFabricConfig {
         }
     }
 
-    pub(super) fn validate(&self) -> Result<(), String> {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let min = wire::HEADER_BYTES + wire::EAGER_FIXED_BYTES + 1;
         if self.recv_slot_bytes as usize > wire::MAX_MESSAGE_BYTES
-            || (self.recv_slot_bytes as usize) < wire::HEADER_BYTES + wire::EAGER_FIXED_BYTES + 1
+            || (self.recv_slot_bytes as usize) < min
         {
-            return Err(format!(
-                "recv_slot_bytes {} not in {}..={}",
-                self.recv_slot_bytes,
-                wire::HEADER_BYTES + wire::EAGER_FIXED_BYTES + 1,
-                wire::MAX_MESSAGE_BYTES
-            ));
+            return Err(ConfigError::RecvSlotBytes {
+                value: self.recv_slot_bytes,
+                min,
+                max: wire::MAX_MESSAGE_BYTES,
+            });
         }
         if self.max_read_bytes == 0 || self.max_reads_per_list == 0 {
-            return Err("max_read_bytes and max_reads_per_list must be positive".into());
+            return Err(ConfigError::ZeroReadLimit);
         }
         if self.max_reads_per_list > self.send_queue_depth {
-            return Err(format!(
-                "max_reads_per_list {} exceeds send_queue_depth {}",
-                self.max_reads_per_list, self.send_queue_depth
-            ));
+            return Err(ConfigError::ReadsPerList {
+                per_list: self.max_reads_per_list,
+                depth: self.send_queue_depth,
+            });
         }
         if self.probe_bytes == 0 || self.probe_bytes > 64 << 20 {
-            return Err("probe_bytes must be in 1..=64 MiB".into());
+            return Err(ConfigError::ProbeBytes(self.probe_bytes));
         }
         Ok(())
     }

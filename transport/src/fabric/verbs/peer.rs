@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use skyriver_core::node::{ReadError, ReadOpId};
 use skyriver_core::{NodeId, RemoteRegion};
 
+use super::errors::{ConnectionLost, HelloShapeError, RemoteRegionError};
 use super::hello::WireArena;
 use super::{lock, Shared, Slot};
 use crate::fabric::{FabricError, FabricEvent};
@@ -39,7 +40,7 @@ pub(super) struct RemoteTable {
 
 impl RemoteTable {
     /// Builds the table; the hello was validated (chunks non-empty and contiguous).
-    pub(super) fn from_hello(arenas: &[WireArena]) -> Result<RemoteTable, String> {
+    pub(super) fn from_hello(arenas: &[WireArena]) -> Result<RemoteTable, HelloShapeError> {
         let mut out: Vec<RemoteArena> = arenas
             .iter()
             .filter(|a| !a.chunks.is_empty())
@@ -65,7 +66,7 @@ impl RemoteTable {
                 .checked_add(w[0].len)
                 .is_none_or(|end| end > w[1].base)
             {
-                return Err("peer announced overlapping arenas".into());
+                return Err(HelloShapeError::OverlappingArenas);
             }
         }
         Ok(RemoteTable { arenas: out })
@@ -73,11 +74,14 @@ impl RemoteTable {
 
     /// The memory regions of the peer's arena holding all of `region`, if its key is that
     /// arena's; otherwise why not.
-    pub(super) fn resolve(&self, region: &RemoteRegion) -> Result<&[RemoteChunk], String> {
+    pub(super) fn resolve(
+        &self,
+        region: &RemoteRegion,
+    ) -> Result<&[RemoteChunk], RemoteRegionError> {
         let end = region
             .addr
             .checked_add(region.len)
-            .ok_or_else(|| "address overflow".to_string())?;
+            .ok_or(RemoteRegionError::Overflow)?;
         let i = self
             .arenas
             .partition_point(|a| a.base + a.len <= region.addr);
@@ -85,18 +89,19 @@ impl RemoteTable {
             .arenas
             .get(i)
             .filter(|a| a.base <= region.addr)
-            .ok_or_else(|| "not inside any of the peer's registered arenas".to_string())?;
+            .ok_or(RemoteRegionError::OutsideArenas)?;
         if end > a.base + a.len {
-            return Err(format!(
-                "runs past the end of the peer's arena at {:#x}+{}",
-                a.base, a.len
-            ));
+            return Err(RemoteRegionError::PastEnd {
+                base: a.base,
+                len: a.len,
+            });
         }
         if region.rkey != a.key {
-            return Err(format!(
-                "rkey {:#x} is not the key of the peer's arena at {:#x} ({:#x})",
-                region.rkey, a.base, a.key
-            ));
+            return Err(RemoteRegionError::WrongKey {
+                rkey: region.rkey,
+                base: a.base,
+                key: a.key,
+            });
         }
         Ok(&a.chunks)
     }
@@ -208,19 +213,21 @@ impl PeerConn {
             match conn.post_send(0, 0, &bytes) {
                 Ok(()) => return Ok(()),
                 Err(PostError::QueueFull { .. }) => {}
-                Err(e) => {
-                    self.teardown(st, s, format!("SEND failed: {e}"));
+                Err(source) => {
+                    self.teardown(st, s, ConnectionLost::PostSend { source });
                     return Err(FabricError::NotConnected(self.peer));
                 }
             }
         }
         if st.queued_sends.len() >= s.config.max_queued_sends {
-            let reason = format!(
-                "{} messages waiting for send-queue room: the peer stopped taking messages",
-                st.queued_sends.len()
-            );
-            self.teardown(st, s, reason);
-            return Err(FabricError::NotConnected(self.peer));
+            let (queued, limit) = (st.queued_sends.len(), s.config.max_queued_sends);
+            self.teardown(st, s, ConnectionLost::PeerNotReading { queued, limit });
+            return Err(FabricError::PeerNotReading {
+                peer: self.peer,
+                queued,
+                limit,
+                unit: "messages",
+            });
         }
         st.queued_sends.push_back(bytes);
         Ok(())
@@ -289,8 +296,8 @@ impl PeerConn {
                 match conn.post_reads(lane, &list) {
                     Ok(()) => continue,
                     Err(PostError::QueueFull { .. }) => {}
-                    Err(e) => {
-                        failure = Some(format!("posting READs on lane {lane}: {e}"));
+                    Err(source) => {
+                        failure = Some(ConnectionLost::PostReads { lane, source });
                         continue;
                     }
                 }
@@ -316,8 +323,8 @@ impl PeerConn {
             let conn = st.conn.as_mut().expect("checked above");
             conn.poll(&mut batch)
         };
-        if let Err(e) = polled {
-            self.teardown(st, s, format!("polling the completion queue: {e}"));
+        if let Err(source) = polled {
+            self.teardown(st, s, ConnectionLost::Poll { source });
             return 1;
         }
         work += batch.len();
@@ -334,8 +341,8 @@ impl PeerConn {
         }
         if work == 0 {
             if let Some(conn) = st.conn.as_mut() {
-                if let Err(e) = conn.flush_reposts() {
-                    self.teardown(st, s, format!("reposting receive slots: {e}"));
+                if let Err(source) = conn.flush_reposts() {
+                    self.teardown(st, s, ConnectionLost::Repost { source });
                     return 1;
                 }
             }
@@ -344,15 +351,15 @@ impl PeerConn {
             let mut buf = [0u8; 64];
             match st.control.read(&mut buf) {
                 Ok(0) => {
-                    self.teardown(st, s, "the peer closed the control connection".into());
+                    self.teardown(st, s, ConnectionLost::ControlClosed);
                     return 1;
                 }
                 // Nothing is sent after the handshake; ignore stray bytes.
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.teardown(st, s, format!("control connection: {e}"));
+                Err(source) => {
+                    self.teardown(st, s, ConnectionLost::Control { source });
                     return 1;
                 }
             }
@@ -361,16 +368,24 @@ impl PeerConn {
     }
 
     /// Handles one completion; `Err` is a reason to tear the connection down.
-    fn complete(&self, st: &mut ConnState, s: &Shared, c: Completion) -> Result<(), String> {
+    fn complete(
+        &self,
+        st: &mut ConnState,
+        s: &Shared,
+        c: Completion,
+    ) -> Result<(), ConnectionLost> {
         match c.opcode {
             Opcode::Recv => {
                 let Some(slot) = c.recv_slot() else {
-                    return Err(format!("receive on lane {} failed: {}", c.lane, c.status));
+                    return Err(ConnectionLost::Recv {
+                        lane: c.lane,
+                        status: c.status,
+                    });
                 };
                 let conn = st.conn.as_mut().expect("serviced connections are live");
                 let bytes = conn.recv_bytes(slot).to_vec();
                 conn.release_recv(slot)
-                    .map_err(|e| format!("releasing a receive slot: {e}"))?;
+                    .map_err(|source| ConnectionLost::Repost { source })?;
                 s.emit(FabricEvent::Message {
                     peer: self.peer,
                     bytes,
@@ -378,7 +393,10 @@ impl PeerConn {
                 Ok(())
             }
             Opcode::Send if c.status.is_success() => Ok(()),
-            Opcode::Send => Err(format!("SEND on lane {} failed: {}", c.lane, c.status)),
+            Opcode::Send => Err(ConnectionLost::Send {
+                lane: c.lane,
+                status: c.status,
+            }),
             Opcode::Read => {
                 let list = st
                     .lists
@@ -391,7 +409,10 @@ impl PeerConn {
                     return if c.status.is_success() {
                         Ok(())
                     } else {
-                        Err(format!("READ on lane {} failed: {}", c.lane, c.status))
+                        Err(ConnectionLost::Read {
+                            lane: c.lane,
+                            status: c.status,
+                        })
                     };
                 };
                 if c.status.is_success() {
@@ -416,13 +437,16 @@ impl PeerConn {
                         result: Err(read_error(c.status)),
                     });
                 }
-                Err(format!("READ on lane {} failed: {}", c.lane, c.status))
+                Err(ConnectionLost::Read {
+                    lane: c.lane,
+                    status: c.status,
+                })
             }
         }
     }
 
     /// Posts queued messages and READ lists while the send queues have room.
-    fn post_queued(&self, st: &mut ConnState) -> Result<(), String> {
+    fn post_queued(&self, st: &mut ConnState) -> Result<(), ConnectionLost> {
         let ConnState {
             conn,
             queued_sends,
@@ -439,7 +463,7 @@ impl PeerConn {
                     queued_sends.pop_front();
                 }
                 Err(PostError::QueueFull { .. }) => break,
-                Err(e) => return Err(format!("SEND failed: {e}")),
+                Err(source) => return Err(ConnectionLost::PostSend { source }),
             }
         }
         for (lane, queue) in queued_reads.iter_mut().enumerate() {
@@ -450,7 +474,7 @@ impl PeerConn {
                         *queued_read_lists -= 1;
                     }
                     Err(PostError::QueueFull { .. }) => break,
-                    Err(e) => return Err(format!("posting READs on lane {lane}: {e}")),
+                    Err(source) => return Err(ConnectionLost::PostReads { lane, source }),
                 }
             }
         }
@@ -463,8 +487,8 @@ impl PeerConn {
         let Some(conn) = st.conn.as_mut() else {
             return false;
         };
-        if let Err(e) = conn.arm() {
-            self.teardown(st, s, format!("arming the completion queue: {e}"));
+        if let Err(source) = conn.arm() {
+            self.teardown(st, s, ConnectionLost::Arm { source });
             return false;
         }
         true
@@ -474,7 +498,7 @@ impl PeerConn {
     /// it), completes every outstanding READ with [`ReadError::ConnectionLost`], removes it from
     /// the table and reports `PeerLost`, the last three under the table lock so a new
     /// connection's `PeerConnected` cannot come before them. Idempotent.
-    pub(super) fn teardown(&self, st: &mut ConnState, s: &Shared, reason: String) {
+    pub(super) fn teardown(&self, st: &mut ConnState, s: &Shared, reason: ConnectionLost) {
         let Some(mut conn) = st.conn.take() else {
             return;
         };
@@ -508,7 +532,7 @@ impl PeerConn {
         }
         s.emit(FabricEvent::PeerLost {
             peer: self.peer,
-            reason,
+            reason: reason.to_string(),
         });
         drop(t);
     }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use skyriver_core::node::{PathCosts, PeerParams};
 use skyriver_core::NodeId;
 
+use super::errors::{HandshakeFailure, HelloRejection};
 use super::hello::{Control, ControlError, CostsFrame, Hello, Reply, Verdict};
 use super::peer::{ConnState, PeerConn, RemoteTable};
 use super::{lock, probe, Shared, Slot, VerbsFabricConfig};
@@ -39,20 +40,8 @@ fn tune_control(stream: &TcpStream, cfg: &VerbsFabricConfig) {
     let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive);
 }
 
-/// An error with its chain of sources, for logs and `PeerLost` reasons.
-pub(super) fn render(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(err) = cur {
-        s.push_str(": ");
-        s.push_str(&err.to_string());
-        cur = err.source();
-    }
-    s
-}
-
-fn control_err(stage: &str) -> impl Fn(ControlError) -> String + '_ {
-    move |e| format!("{stage}: {}", render(&e))
+fn control_err(stage: &'static str) -> impl Fn(ControlError) -> HandshakeFailure {
+    move |source| HandshakeFailure::Control { stage, source }
 }
 
 /// The outgoing side of a handshake. Errors are the reason for `PeerLost`.
@@ -61,11 +50,11 @@ pub(super) fn connect_to(
     peer: NodeId,
     addr: SocketAddr,
     attempt: u64,
-) -> Result<(), String> {
+) -> Result<(), HandshakeFailure> {
     let cfg = &s.config;
     let deadline = Instant::now() + cfg.handshake_timeout;
     let mut stream = TcpStream::connect_timeout(&addr, cfg.handshake_timeout)
-        .map_err(|e| format!("TCP connect to {addr}: {e}"))?;
+        .map_err(|source| HandshakeFailure::Connect { addr, source })?;
     tune_control(&stream, &s.config);
     let pings = if cfg.probe { probe::PINGS } else { 0 };
     let mut ctl = Control::new(&mut stream, cfg.handshake_timeout).map_err(control_err("hello"))?;
@@ -74,21 +63,25 @@ pub(super) fn connect_to(
         .map_err(control_err("hello"))?;
     let theirs = match ctl.read_frame::<Reply>().map_err(control_err("hello"))? {
         Reply::Accept(h) => h,
-        Reply::Refuse(reason) => return Err(format!("refused by {peer} at {addr}: {reason}")),
+        Reply::Refuse(reason) => return Err(HandshakeFailure::RefusedByPeer { peer, reason }),
         Reply::Yield(reason) => return s.yield_to_peer(peer, attempt, deadline, reason),
     };
     if let Err(reason) = s.check_hello(&theirs, Some(peer)) {
-        let _ = ctl.write_frame(&Verdict::Refuse(reason.clone()));
+        let _ = ctl.write_frame(&Verdict::Refuse(reason.to_string()));
         tracing::warn!(%peer, %addr, %reason, "verbs fabric: refusing the peer");
-        return Err(reason);
+        return Err(reason.into());
     }
-    let remote = RemoteTable::from_hello(&theirs.arenas)?;
+    let remote =
+        RemoteTable::from_hello(&theirs.arenas).map_err(|source| HelloRejection::Shape {
+            node: theirs.node,
+            source,
+        })?;
     ctl.write_frame(&Verdict::Accept)
         .map_err(control_err("hello"))?;
     drop(ctl);
 
     let mut conn = VerbsConnection::connect(&s.device, &mut stream, &s.connection_config())
-        .map_err(|e| format!("QP handshake with {peer}: {}", render(&e)))?;
+        .map_err(|source| HandshakeFailure::QpHandshake { peer, source })?;
     let frame = if cfg.probe {
         let left = deadline.saturating_duration_since(Instant::now());
         match probe::measure(
@@ -99,7 +92,7 @@ pub(super) fn connect_to(
             left,
         ) {
             Ok(m) => m.frame,
-            Err(e) => return Err(format!("measuring the path to {peer}: {e}")),
+            Err(source) => return Err(HandshakeFailure::Probe { peer, source }),
         }
     } else {
         CostsFrame {
@@ -193,14 +186,14 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
         // Unauthenticated: no event (the claimed node id is unverified; a PeerLost for it would
         // let anyone without the token disturb a real peer's connection).
         tracing::warn!(%from, claimed = %peer, %reason, "verbs fabric: refusing a connection");
-        let _ = ctl.write_frame(&Reply::Refuse(reason));
+        let _ = ctl.write_frame(&Reply::Refuse(reason.to_string()));
         return;
     }
     let remote = match RemoteTable::from_hello(&theirs.arenas) {
         Ok(r) => r,
         Err(reason) => {
             tracing::warn!(%from, %peer, %reason, "verbs fabric: refusing a connection");
-            let _ = ctl.write_frame(&Reply::Refuse(reason));
+            let _ = ctl.write_frame(&Reply::Refuse(reason.to_string()));
             return;
         }
     };
@@ -251,7 +244,7 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
         attempt
     };
     drop(ctl);
-    let result = (|| -> Result<Established, String> {
+    let result = (|| -> Result<Established, HandshakeFailure> {
         let left = deadline.saturating_duration_since(Instant::now());
         let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)))
             .map_err(control_err("hello"))?;
@@ -259,14 +252,16 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
             .map_err(control_err("hello"))?;
         match ctl.read_frame::<Verdict>().map_err(control_err("hello"))? {
             Verdict::Accept => {}
-            Verdict::Refuse(reason) => return Err(format!("refused by {peer}: {reason}")),
+            Verdict::Refuse(reason) => {
+                return Err(HandshakeFailure::RefusedByPeer { peer, reason })
+            }
         }
         drop(ctl);
         let mut conn = VerbsConnection::accept(&s.device, &mut stream, &s.connection_config())
-            .map_err(|e| format!("QP handshake with {peer}: {}", render(&e)))?;
+            .map_err(|source| HandshakeFailure::QpHandshake { peer, source })?;
         let left = deadline.saturating_duration_since(Instant::now());
         let backlog = probe::echo_pings(&mut conn, theirs.probe_pings, left)
-            .map_err(|e| format!("cost probe with {peer}: {e}"))?;
+            .map_err(|source| HandshakeFailure::Probe { peer, source })?;
         let left = deadline.saturating_duration_since(Instant::now());
         let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)))
             .map_err(control_err("receiving costs"))?;
@@ -306,8 +301,8 @@ fn install(s: &Shared, peer: NodeId, attempt: u64, est: Established, remote: Rem
         lanes: params.lanes as u16,
         costs: est.costs,
     };
-    if let Err(e) = est.control.set_nonblocking(true) {
-        s.attempt_failed(peer, attempt, format!("control stream: {e}"));
+    if let Err(source) = est.control.set_nonblocking(true) {
+        s.attempt_failed(peer, attempt, HandshakeFailure::ControlStream { source });
         return;
     }
     let conn = Arc::new(PeerConn::new(

@@ -4,6 +4,7 @@ use std::io;
 use std::time::Duration;
 
 use crate::verbs::handshake::HandshakeError;
+use crate::verbs::registration::RegisterError;
 
 /// Why connecting failed.
 #[derive(Debug, thiserror::Error)]
@@ -23,9 +24,18 @@ pub enum ConnectionError {
         #[source]
         source: io::Error,
     },
-    /// Mapping or registering the slot slabs failed.
-    #[error("slot memory: {0}")]
-    Memory(String),
+    /// `mmap` of a slot slab failed.
+    #[error("mmap of a {bytes}-byte slot slab failed")]
+    SlabMap {
+        /// Size of the slab.
+        bytes: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Registering a slot slab (`ibv_reg_mr`) failed.
+    #[error("registering a slot slab")]
+    SlabRegister(#[source] RegisterError),
 }
 
 /// Why a post was refused. Nothing was posted when this is returned.
