@@ -151,7 +151,7 @@ impl Node {
         match self.next() {
             FabricEvent::Message { peer: p, bytes } => {
                 assert_eq!(p, peer);
-                bytes
+                bytes.to_vec()
             }
             e => panic!("{}: expected a Message, got {e:?}", self.id),
         }
@@ -737,6 +737,114 @@ fn idle_pollers_sleep_on_the_completion_channel_then_wake_for_traffic() {
     assert_eq!(b.expect_message(a.id), b"after a nap".to_vec());
     b.fabric.send(a.id, b"and back".to_vec()).unwrap();
     assert_eq!(a.expect_message(b.id), b"and back".to_vec());
+}
+
+/// Takes every event queued for `node` now, without dropping any (so their receive slots stay
+/// held).
+fn drain_events(node: &mut Node) -> Vec<FabricEvent> {
+    let mut events = Vec::new();
+    while let Ok(event) = node.events.try_recv() {
+        events.push(event);
+    }
+    events
+}
+
+#[test]
+fn a_slow_receiver_holds_a_fast_sender_back_with_its_receive_slots() {
+    let Some((mut a, b)) = pair("a_slow_receiver_holds_a_fast_sender_back_with_its_receive_slots")
+    else {
+        return;
+    };
+    let slots = config("-").recv_slots as usize;
+    const MESSAGES: u64 = 1000;
+    let sender = std::thread::spawn(move || {
+        for n in 0..MESSAGES {
+            b.fabric.send(NodeId(1), pattern(n, 1000)).unwrap();
+        }
+        b
+    });
+    // The receiving driver is slow: it lets messages pile up, then handles a batch at once.
+    // Undelivered messages keep their receive slots, so no more than the slots can pile up,
+    // and the sender waits on receiver-not-ready retries meanwhile.
+    let deadline = Instant::now() + WAIT;
+    let (mut next, mut most_held) = (0u64, 0usize);
+    while next < MESSAGES {
+        assert!(Instant::now() < deadline, "only {next} messages arrived");
+        std::thread::sleep(Duration::from_millis(5));
+        let batch = drain_events(&mut a);
+        let held = batch
+            .iter()
+            .filter(|e| matches!(e, FabricEvent::Message { .. }))
+            .count();
+        most_held = most_held.max(held);
+        assert!(held <= slots, "{held} messages held, {slots} receive slots");
+        for event in batch {
+            match event {
+                FabricEvent::Message { peer, bytes } => {
+                    assert_eq!(peer, NodeId(2));
+                    assert_eq!(*bytes, *pattern(next, 1000), "message {next}");
+                    next += 1;
+                }
+                e => panic!("expected a Message, got {e:?}"),
+            }
+        }
+    }
+    println!("at most {most_held} of {slots} receive slots held at once");
+    let mut b = sender.join().unwrap();
+    b.assert_quiet(Duration::from_millis(50));
+}
+
+#[test]
+fn a_peer_that_takes_no_messages_is_dropped_with_a_reason() {
+    let Some((da, db)) = devices("a_peer_that_takes_no_messages_is_dropped_with_a_reason") else {
+        return;
+    };
+    let mut a = node(1, &da);
+    let mut flooder_config = config(&db);
+    flooder_config.max_queued_sends = 64;
+    let mut b = node_with(2, flooder_config, TOKEN, 24 * MIB);
+    connect(&mut a, &mut b);
+    let slots = config("-").recv_slots as usize;
+    // a's driver takes nothing: its slots fill, b's SENDs wait on receiver-not-ready retries,
+    // its send slots and then its queue fill, and b gives up on a.
+    let mut refused = None;
+    for n in 0..10_000u64 {
+        if let Err(error) = b.fabric.send(a.id, pattern(n, 1000)) {
+            refused = Some((n, error));
+            break;
+        }
+    }
+    let (sent, error) = refused.expect("the flooder was never held back");
+    println!("flooder refused after {sent} messages: {error}");
+    assert!(
+        matches!(error, FabricError::PeerNotReading { peer, .. } if peer == a.id),
+        "{error}"
+    );
+    match b.next() {
+        FabricEvent::PeerLost { peer, reason } => {
+            assert_eq!(peer, a.id);
+            assert!(reason.contains("stopped taking messages"), "{reason}");
+        }
+        e => panic!("expected PeerLost, got {e:?}"),
+    }
+    // a holds at most its slots' worth, and hears that b dropped the connection.
+    let mut held = Vec::new();
+    loop {
+        match a.next() {
+            FabricEvent::Message { bytes, .. } => held.push(bytes),
+            FabricEvent::PeerLost { peer, .. } => {
+                assert_eq!(peer, b.id);
+                break;
+            }
+            e => panic!("expected Message or PeerLost, got {e:?}"),
+        }
+    }
+    assert!(held.len() <= slots, "{} messages held", held.len());
+    // Held messages outlive their connection and fabric: the slots' memory stays mapped.
+    drop(a);
+    for (n, bytes) in held.iter().enumerate() {
+        assert_eq!(**bytes, *pattern(n as u64, 1000), "held message {n}");
+    }
 }
 
 /// Copies `data` into a test arena.

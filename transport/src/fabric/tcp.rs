@@ -27,11 +27,10 @@ use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tracing::info;
 
-use super::{Arenas, Fabric, FabricError, FabricEvent, FabricIdentity};
-use connection::{Link, Outgoing};
+use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
+use connection::{Link, Outgoing, SubmitError};
 use handshake::{accept_loop, dial};
 
 mod connection;
@@ -81,6 +80,18 @@ pub struct TcpFabricConfig {
     /// to another holder instead of waiting for a connection the kernel would keep for
     /// minutes.
     pub dead_peer_timeout: Duration,
+    /// Most bytes of frames queued for one peer behind its socket (READ data is written from
+    /// the arena and counts only its header). A peer that does not read what is sent to it is
+    /// disconnected when this or `max_queued_frames` is reached, with a reason, instead of
+    /// buffered without limit.
+    pub max_queued_bytes: usize,
+    /// Most frames queued for one peer behind its socket; see `max_queued_bytes`.
+    pub max_queued_frames: usize,
+    /// Most bytes of one peer's messages handed to the driver and not yet dropped (each
+    /// message counts 64 bytes more than its length). When reached, the connection's reader
+    /// stops reading until the driver catches up, so a peer sending faster than this node
+    /// handles is slowed by TCP flow control. Never less than one message of the largest size.
+    pub max_undelivered_bytes: usize,
 }
 
 impl TcpFabricConfig {
@@ -92,6 +103,9 @@ impl TcpFabricConfig {
             worker_threads: 2,
             costs: TCP_DEFAULT_COSTS,
             dead_peer_timeout: Duration::from_secs(5),
+            max_queued_bytes: 64 << 20,
+            max_queued_frames: 16 * 1024,
+            max_undelivered_bytes: 4 << 20,
         }
     }
 }
@@ -133,7 +147,7 @@ struct Inner {
     /// Exposed ranges: (arena, offset) → (len, times exposed).
     exposed: Mutex<BTreeMap<(ArenaId, u64), (u64, u32)>>,
     pending_reads: Mutex<BTreeMap<u64, PendingRead>>,
-    events: mpsc::UnboundedSender<FabricEvent>,
+    events: EventSender,
     next_generation: Mutex<u64>,
 }
 
@@ -159,7 +173,7 @@ impl TcpFabric {
         config: TcpFabricConfig,
         identity: FabricIdentity,
         arenas: Arenas,
-        events: mpsc::UnboundedSender<FabricEvent>,
+        events: EventSender,
     ) -> Result<Self, TcpStartError> {
         let runtime = match config.worker_threads {
             0 => None,
@@ -324,7 +338,7 @@ impl Fabric for TcpFabric {
     ) {
         let _ = lane; // One connection per peer: every lane is the same stream.
         let failed = |error| {
-            let _ = self.inner.events.send(FabricEvent::ReadCompleted {
+            self.inner.emit(FabricEvent::ReadCompleted {
                 op,
                 result: Err(error),
             });
@@ -345,12 +359,17 @@ impl Fabric for TcpFabric {
         // this read and fails it, or this call sees the peer gone.
         let peers = lock(&self.inner.peers);
         match peers.get(&peer) {
-            Some(PeerSlot::Connected { link, .. }) => {
+            Some(PeerSlot::Connected { link, generation }) => {
                 lock(&self.inner.pending_reads).insert(op.0, PendingRead { peer, local });
-                if link.submit(Outgoing::Frame(frame)).is_err() {
+                if let Err(error) = link.submit(Outgoing::Frame(frame)) {
+                    let generation = *generation;
                     lock(&self.inner.pending_reads).remove(&op.0);
                     drop(peers);
                     failed(ReadError::ConnectionLost);
+                    if let SubmitError::Full { .. } = error {
+                        let reason = error.into_link_error(peer, &self.inner.config);
+                        self.inner.lose(peer, Some(generation), reason);
+                    }
                 }
             }
             _ => {
@@ -386,13 +405,30 @@ impl Inner {
         let _ = self.events.send(event);
     }
 
+    /// Sends or queues `item` to `peer`; a peer whose queue is full is not reading what it is
+    /// sent, and is disconnected.
     fn queue(&self, peer: NodeId, item: Outgoing) -> Result<(), FabricError> {
-        let link = match lock(&self.peers).get(&peer) {
-            Some(PeerSlot::Connected { link, .. }) => link.clone(),
+        let (link, generation) = match lock(&self.peers).get(&peer) {
+            Some(PeerSlot::Connected { link, generation }) => (link.clone(), *generation),
             _ => return Err(FabricError::NotConnected(peer)),
         };
-        link.submit(item)
-            .map_err(|()| FabricError::NotConnected(peer))
+        match link.submit(item) {
+            Ok(()) => Ok(()),
+            Err(SubmitError::WriterStopped) => Err(FabricError::NotConnected(peer)),
+            Err(full @ SubmitError::Full { bytes, .. }) => {
+                self.lose(
+                    peer,
+                    Some(generation),
+                    full.into_link_error(peer, &self.config),
+                );
+                Err(FabricError::PeerNotReading {
+                    peer,
+                    queued: bytes,
+                    limit: self.config.max_queued_bytes,
+                    unit: "bytes",
+                })
+            }
+        }
     }
 
     fn local_ok(&self, region: LocalRegion) -> bool {
@@ -453,7 +489,11 @@ impl Inner {
                 (None, _) => return,
                 _ => {}
             }
-            peers.remove(&peer);
+            if let Some(PeerSlot::Connected { link, .. }) = peers.remove(&peer) {
+                // Ends both tasks of the connection, also a writer waiting on a peer that does
+                // not read.
+                link.close();
+            }
         }
         let failed: Vec<u64> = {
             let mut pending = lock(&self.pending_reads);
@@ -468,7 +508,7 @@ impl Inner {
             ops
         };
         for op in failed {
-            let _ = self.events.send(FabricEvent::ReadCompleted {
+            self.emit(FabricEvent::ReadCompleted {
                 op: ReadOpId(op),
                 result: Err(ReadError::ConnectionLost),
             });

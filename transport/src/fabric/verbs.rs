@@ -74,9 +74,8 @@ use memmap2::MmapMut;
 use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
-use tokio::sync::mpsc::UnboundedSender;
 
-use super::{Arenas, Fabric, FabricError, FabricEvent, FabricIdentity};
+use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
 use crate::arena::SharedArena;
 use crate::verbs::{plan_reads, ConnectionConfig, MrChunk, Registration, VerbsDevice};
 pub use config::VerbsFabricConfig;
@@ -155,7 +154,7 @@ impl Exposures {
 struct Shared {
     table: Mutex<Table>,
     exposures: Mutex<Exposures>,
-    events: UnboundedSender<FabricEvent>,
+    events: EventSender,
     identity: FabricIdentity,
     config: VerbsFabricConfig,
     listen_addr: SocketAddr,
@@ -366,7 +365,7 @@ impl VerbsFabric {
         config: VerbsFabricConfig,
         identity: FabricIdentity,
         arenas: Arenas,
-        events: UnboundedSender<FabricEvent>,
+        events: EventSender,
     ) -> Result<VerbsFabric, VerbsStartError> {
         let device_name = config.device.clone();
         config

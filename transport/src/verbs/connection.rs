@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Instant;
 
-use memmap2::MmapMut;
+use memmap2::{MmapMut, MmapRaw};
 
 use super::device::{mtu_from_bytes, VerbsDevice};
 use super::handshake::{Control, Hello, MAX_LANES};
@@ -25,10 +25,13 @@ mod completion;
 mod config;
 mod data_path;
 mod errors;
+mod recv_slab;
 
 pub use completion::{Completion, Opcode, ReadRequest, RecvSlot, WcStatus};
 pub use config::{ConnectionConfig, NegotiatedParams};
 pub use errors::{ConnectionError, PollError, PostError};
+use recv_slab::RecvSlab;
+pub use recv_slab::{RecvMessage, ReturnWaker};
 
 // Work request ids carry their kind in the top two bits; the rest is the caller's id
 // (READ) or a slot index (SEND, RECV). A flushed completion's opcode is undefined, so the
@@ -58,7 +61,8 @@ pub struct VerbsConnection {
     cq: Arc<CompletionQueue>,
     recv_reg: Registration,
     send_reg: Registration,
-    recv_mem: MmapMut,
+    /// Shared with the messages lent out of it (see [`RecvMessage`]), which keep it mapped.
+    recv_slab: Arc<RecvSlab>,
     send_mem: MmapMut,
     params: NegotiatedParams,
     repost_batch: u32,
@@ -68,6 +72,8 @@ pub struct VerbsConnection {
     recv_posted: u32,
     /// `Some(len)`: the slot holds an arrived message the caller has not released.
     recv_held: Vec<Option<u32>>,
+    /// Slots lent out as [`RecvMessage`]s and not yet taken back by `reclaim_returned`.
+    recv_lent: u32,
     send_wr_ids: Vec<u64>,
     wc_buf: Vec<ibv_wc>,
 }
@@ -237,22 +243,29 @@ impl VerbsConnection {
         let slot = params.recv_slot_bytes as usize;
         let recv_total = slot * params.recv_slots as usize;
         let send_total = slot * send_slots as usize * n_lanes;
-        let mut recv_mem =
+        let recv_mem =
             MmapMut::map_anon(recv_total).map_err(|source| ConnectionError::SlabMap {
                 bytes: recv_total,
                 source,
             })?;
+        let recv_slab = Arc::new(RecvSlab::new(
+            MmapRaw::from(recv_mem),
+            slot,
+            params.recv_slots,
+        ));
         let mut send_mem =
             MmapMut::map_anon(send_total).map_err(|source| ConnectionError::SlabMap {
                 bytes: send_total,
                 source,
             })?;
-        // SAFETY: both maps are owned by the connection and outlive the registrations (field
-        // order drops the registrations first); the device only writes receive slots that are
-        // posted and reads send slots that are in flight, which the slot bookkeeping keeps
-        // apart from the slices the connection hands out.
-        let recv_reg = unsafe { device.register(recv_mem.as_mut_ptr(), recv_total, u64::MAX) }
-            .map_err(ConnectionError::SlabRegister)?;
+        // SAFETY: both maps outlive the registrations (the send map is owned by the connection,
+        // whose field order drops the registrations first; the receive slab is kept by an Arc
+        // the connection holds, and by lent messages after it); the device only writes
+        // receive slots that are posted and reads send slots that are in flight, which the
+        // slot bookkeeping keeps apart from the slices the connection hands out.
+        let recv_reg =
+            unsafe { device.register(recv_slab.as_mut_ptr(), recv_slab.len(), u64::MAX) }
+                .map_err(ConnectionError::SlabRegister)?;
         // SAFETY: as above.
         let send_reg = unsafe { device.register(send_mem.as_mut_ptr(), send_total, u64::MAX) }
             .map_err(ConnectionError::SlabRegister)?;
@@ -263,13 +276,14 @@ impl VerbsConnection {
             cq,
             recv_reg,
             send_reg,
-            recv_mem,
+            recv_slab,
             send_mem,
             params,
             repost_batch: config.repost_batch.min(params.recv_slots),
             to_repost: (0..params.recv_slots).collect(),
             recv_posted: 0,
             recv_held: vec![None; params.recv_slots as usize],
+            recv_lent: 0,
             send_wr_ids: vec![0; send_slots as usize * n_lanes],
             wc_buf: Vec::with_capacity(config.poll_batch as usize),
         };

@@ -11,15 +11,16 @@ use skyriver_core::{ArenaId, NodeId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tracing::{debug, warn};
 
 use super::errors::TcpLinkError;
+use super::TcpFabricConfig;
 use super::{
     lock, Inner, KIND_MESSAGE, KIND_PING, KIND_PONG, KIND_READ_REQUEST, KIND_READ_RESPONSE,
     MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS,
 };
-use crate::fabric::FabricEvent;
+use crate::fabric::{FabricEvent, MessageBytes};
 
 /// What the connection's writer task sends.
 pub(super) enum Outgoing {
@@ -34,37 +35,131 @@ pub(super) enum Outgoing {
     },
 }
 
+impl Outgoing {
+    /// Bytes the item holds in memory while queued (READ data stays in the arena).
+    fn queued_bytes(&self) -> usize {
+        match self {
+            Outgoing::Frame(frame) => frame.len(),
+            Outgoing::ReadData { .. } => READ_RESPONSE_HEADER_BYTES,
+        }
+    }
+}
+
+const READ_RESPONSE_HEADER_BYTES: usize = 18;
+
+/// What waits for the writer task, under one lock.
+#[derive(Default)]
+struct Queued {
+    /// Whether the writer task may have frames queued or buffered; set by every enqueue and
+    /// cleared by the writer task once its queue is empty and flushed.
+    busy: bool,
+    /// Bytes of the items queued and not yet written.
+    bytes: usize,
+    /// Items queued and not yet written.
+    frames: usize,
+}
+
+/// Why [`Link::submit`] refused an item.
+#[derive(Debug)]
+pub(super) enum SubmitError {
+    /// The writer task has stopped (the connection is going down).
+    WriterStopped,
+    /// The queue is full: the peer does not read what is sent to it.
+    Full {
+        /// Bytes queued.
+        bytes: usize,
+        /// Items queued.
+        frames: usize,
+    },
+}
+
 /// The sending side of one connection.
 ///
 /// While the writer task has nothing queued, a frame is written straight from the caller's
 /// thread with one non-blocking `send` on a second handle of the socket: no hand-off to the
 /// writer task and no cross-thread wake-up on the latency path. Whatever does not fit at once
-/// (and every frame while the writer task is busy) queues behind, in order.
+/// (and every frame while the writer task is busy) queues behind, in order, up to
+/// `max_queued_bytes` and `max_queued_frames`; beyond that the peer is not reading, and the
+/// caller drops the connection.
 pub(super) struct Link {
     /// A second handle (dup) of the connection's socket, non-blocking like the first.
     socket: std::net::TcpStream,
-    /// Whether the writer task may have frames queued or buffered; set by every enqueue and
-    /// cleared by the writer task, under this lock, once its queue is empty and flushed.
-    writer_busy: Mutex<bool>,
-    outgoing: mpsc::UnboundedSender<Outgoing>,
+    queued: Mutex<Queued>,
+    /// Bounded by `max_queued_frames`.
+    outgoing: mpsc::Sender<Outgoing>,
+    max_queued_bytes: usize,
 }
 
 impl Link {
     /// Writes `item` now if the writer task is idle and it fits, otherwise queues it (or what
-    /// is left of it). Errs when the writer task has stopped.
-    pub(super) fn submit(&self, item: Outgoing) -> Result<(), ()> {
-        let mut busy = lock(&self.writer_busy);
+    /// is left of it).
+    pub(super) fn submit(&self, item: Outgoing) -> Result<(), SubmitError> {
+        let mut queued = lock(&self.queued);
         let item = match item {
-            Outgoing::Frame(frame) if !*busy => match write_now(&self.socket, &frame) {
+            Outgoing::Frame(frame) if !queued.busy => match write_now(&self.socket, &frame) {
                 n if n == frame.len() => return Ok(()),
                 0 => Outgoing::Frame(frame),
                 n => Outgoing::Frame(frame[n..].to_vec()),
             },
             item => item,
         };
-        *busy = true;
-        self.outgoing.send(item).map_err(|_| ())
+        let bytes = item.queued_bytes();
+        // One item always fits an empty queue, whatever its size (a message is at most
+        // `wire::MAX_MESSAGE_BYTES`).
+        if queued.frames > 0 && queued.bytes + bytes > self.max_queued_bytes {
+            return Err(SubmitError::Full {
+                bytes: queued.bytes,
+                frames: queued.frames,
+            });
+        }
+        match self.outgoing.try_send(item) {
+            Ok(()) => {
+                queued.busy = true;
+                queued.bytes += bytes;
+                queued.frames += 1;
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Err(SubmitError::Full {
+                bytes: queued.bytes,
+                frames: queued.frames,
+            }),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(SubmitError::WriterStopped),
+        }
     }
+
+    /// Shuts the socket down both ways: the reader and writer tasks end at once, even when
+    /// the writer waits on a peer that does not read.
+    pub(super) fn close(&self) {
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl SubmitError {
+    /// The reason to drop the connection.
+    pub(super) fn into_link_error(self, peer: NodeId, config: &TcpFabricConfig) -> TcpLinkError {
+        match self {
+            SubmitError::WriterStopped => TcpLinkError::WriterStopped,
+            SubmitError::Full { bytes, frames } => TcpLinkError::PeerNotReading {
+                peer,
+                queued_bytes: bytes,
+                queued_frames: frames,
+                max_bytes: config.max_queued_bytes,
+                max_frames: config.max_queued_frames,
+            },
+        }
+    }
+}
+
+/// What a received message costs of its connection's undelivered budget beyond its bytes, so
+/// a flood of empty messages is bounded too.
+const MESSAGE_OVERHEAD_BYTES: usize = 64;
+
+/// Permits of a connection's undelivered-bytes budget: room for one message of any size.
+fn undelivered_permits(config: &TcpFabricConfig) -> u32 {
+    let bytes = config
+        .max_undelivered_bytes
+        .max(wire::MAX_MESSAGE_BYTES + MESSAGE_OVERHEAD_BYTES);
+    u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
 /// Writes as much of `bytes` as the socket takes without blocking. Errors other than a full
@@ -114,12 +209,15 @@ pub(super) fn start_connection(
             return;
         }
     };
-    let (outgoing_tx, outgoing_rx) = mpsc::unbounded_channel();
+    let (outgoing_tx, outgoing_rx) = mpsc::channel(inner.config.max_queued_frames.max(1));
     let link = Arc::new(Link {
         socket: direct,
-        writer_busy: Mutex::new(false),
+        queued: Mutex::new(Queued::default()),
         outgoing: outgoing_tx,
+        max_queued_bytes: inner.config.max_queued_bytes,
     });
+    // Every message handed to the driver holds its share of this until dropped.
+    let undelivered_budget = Arc::new(Semaphore::new(undelivered_permits(&inner.config) as usize));
     let Some(generation) = inner.install(peer, link.clone()) else {
         debug!(%peer, "dropping a duplicate connection");
         return;
@@ -130,7 +228,7 @@ pub(super) fn start_connection(
         ..inner.config.costs
     };
     let summary = format!("tcp, 1 lane, round trip {round_trip:.1?}");
-    let _ = inner.events.send(FabricEvent::PeerConnected {
+    inner.emit(FabricEvent::PeerConnected {
         peer,
         params: PeerParams { lanes: 1, costs },
         summary,
@@ -143,7 +241,7 @@ pub(super) fn start_connection(
         }
     });
     tokio::spawn(async move {
-        let reason = match read_loop(&inner, peer, reader, &link).await {
+        let reason = match read_loop(&inner, peer, reader, &link, &undelivered_budget).await {
             Ok(()) => TcpLinkError::Closed { peer },
             Err(error) => error,
         };
@@ -155,7 +253,7 @@ async fn write_loop(
     inner: &Inner,
     link: &Link,
     writer: OwnedWriteHalf,
-    mut outgoing: mpsc::UnboundedReceiver<Outgoing>,
+    mut outgoing: mpsc::Receiver<Outgoing>,
 ) -> std::io::Result<()> {
     let mut writer = BufWriter::with_capacity(SOCKET_BUFFER_BYTES, writer);
     let mut next = None;
@@ -167,22 +265,38 @@ async fn write_loop(
                 None => return Ok(()),
             },
         };
-        write_item(inner, &mut writer, item).await?;
+        write_item(inner, link, &mut writer, item).await?;
         while let Ok(item) = outgoing.try_recv() {
-            write_item(inner, &mut writer, item).await?;
+            write_item(inner, link, &mut writer, item).await?;
         }
         writer.flush().await?;
         // Idle once the queue is empty under the lock that enqueuers take: from then on
         // callers write directly, and nothing of ours is left to overtake.
-        let mut busy = lock(&link.writer_busy);
+        let mut queued = lock(&link.queued);
         match outgoing.try_recv() {
             Ok(item) => next = Some(item),
-            Err(_) => *busy = false,
+            Err(_) => queued.busy = false,
         }
     }
 }
 
 async fn write_item(
+    inner: &Inner,
+    link: &Link,
+    writer: &mut BufWriter<OwnedWriteHalf>,
+    item: Outgoing,
+) -> std::io::Result<()> {
+    let bytes = item.queued_bytes();
+    let written = write_item_bytes(inner, writer, item).await;
+    let mut queued = lock(&link.queued);
+    // Each queued item is counted once, by `submit`, and written once, here.
+    debug_assert!(queued.frames > 0 && queued.bytes >= bytes);
+    queued.bytes = queued.bytes.saturating_sub(bytes);
+    queued.frames = queued.frames.saturating_sub(1);
+    written
+}
+
+async fn write_item_bytes(
     inner: &Inner,
     writer: &mut BufWriter<OwnedWriteHalf>,
     item: Outgoing,
@@ -204,7 +318,7 @@ async fn write_item(
                 .arenas
                 .get(&arena)
                 .and_then(|a| unsafe { a.bytes(offset, len) }.ok());
-            let mut header = [0u8; 18];
+            let mut header = [0u8; READ_RESPONSE_HEADER_BYTES];
             header[0] = KIND_READ_RESPONSE;
             header[1..9].copy_from_slice(&op.to_le_bytes());
             match data {
@@ -230,9 +344,15 @@ async fn read_loop(
     peer: NodeId,
     reader: OwnedReadHalf,
     link: &Link,
+    undelivered_budget: &Arc<Semaphore>,
 ) -> Result<(), TcpLinkError> {
     let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let io = |source: std::io::Error| TcpLinkError::Read { peer, source };
+    let submit = |item| {
+        link.submit(item)
+            .map_err(|e| e.into_link_error(peer, &inner.config))
+    };
+    let budget_permits = undelivered_permits(&inner.config);
     loop {
         let kind = match reader.read_u8().await {
             Ok(kind) => kind,
@@ -249,9 +369,23 @@ async fn read_loop(
                         limit: wire::MAX_MESSAGE_BYTES,
                     });
                 }
+                // Wait for the driver to drop enough earlier messages: until then this
+                // connection reads nothing more, its receive window fills and the peer's
+                // sends wait (TCP flow control), instead of piling up here.
+                let cost = (len + MESSAGE_OVERHEAD_BYTES).min(budget_permits as usize);
+                let budget = undelivered_budget
+                    .clone()
+                    // Cannot truncate: at most `budget_permits`, a u32.
+                    .acquire_many_owned(cost as u32)
+                    .await
+                    // The semaphore is never closed.
+                    .map_err(|_| TcpLinkError::WriterStopped)?;
                 let mut bytes = vec![0u8; len];
                 reader.read_exact(&mut bytes).await.map_err(io)?;
-                let _ = inner.events.send(FabricEvent::Message { peer, bytes });
+                inner.emit(FabricEvent::Message {
+                    peer,
+                    bytes: MessageBytes::budgeted(bytes, budget),
+                });
             }
             KIND_READ_REQUEST => {
                 let op = reader.read_u64_le().await.map_err(io)?;
@@ -277,9 +411,7 @@ async fn read_loop(
                         Outgoing::Frame(header)
                     }
                 };
-                if link.submit(item).is_err() {
-                    return Err(TcpLinkError::WriterStopped);
-                }
+                submit(item)?;
             }
             KIND_READ_RESPONSE => {
                 let op = reader.read_u64_le().await.map_err(io)?;
@@ -292,7 +424,7 @@ async fn read_loop(
                 // The READ is ours from here: every way out completes it, so a connection lost
                 // mid-data fails the transfer at once instead of leaving it to its deadline.
                 let fail = |reason: TcpLinkError| {
-                    let _ = inner.events.send(FabricEvent::ReadCompleted {
+                    inner.emit(FabricEvent::ReadCompleted {
                         op: ReadOpId(op),
                         result: Err(ReadError::ConnectionLost),
                     });
@@ -325,7 +457,7 @@ async fn read_loop(
                 } else {
                     Err(ReadError::RemoteAccess)
                 };
-                let _ = inner.events.send(FabricEvent::ReadCompleted {
+                inner.emit(FabricEvent::ReadCompleted {
                     op: ReadOpId(op),
                     result,
                 });
@@ -334,7 +466,7 @@ async fn read_loop(
                 let nonce = reader.read_u64_le().await.map_err(io)?;
                 let mut frame = vec![KIND_PONG];
                 frame.extend_from_slice(&nonce.to_le_bytes());
-                let _ = link.submit(Outgoing::Frame(frame));
+                submit(Outgoing::Frame(frame))?;
             }
             KIND_PONG => {
                 reader.read_u64_le().await.map_err(io)?;

@@ -16,7 +16,7 @@ use skyriver_core::{NodeId, RemoteRegion};
 use super::errors::{ConnectionLost, HelloShapeError, RemoteRegionError};
 use super::hello::WireArena;
 use super::{lock, Shared, Slot};
-use crate::fabric::{FabricError, FabricEvent};
+use crate::fabric::{FabricError, FabricEvent, MessageBytes};
 use crate::verbs::{
     Completion, NegotiatedParams, Opcode, PostError, ReadRequest, RemoteChunk, VerbsConnection,
     WcStatus,
@@ -318,6 +318,17 @@ impl PeerConn {
             return 0;
         }
         let mut work = 0;
+        let reclaimed = {
+            let conn = st.conn.as_mut().expect("checked above");
+            conn.reclaim_returned()
+        };
+        match reclaimed {
+            Ok(n) => work += n,
+            Err(source) => {
+                self.teardown(st, s, ConnectionLost::Repost { source });
+                return 1;
+            }
+        }
         let mut batch = std::mem::take(&mut st.backlog);
         let polled = {
             let conn = st.conn.as_mut().expect("checked above");
@@ -383,12 +394,14 @@ impl PeerConn {
                     });
                 };
                 let conn = st.conn.as_mut().expect("serviced connections are live");
-                let bytes = conn.recv_bytes(slot).to_vec();
-                conn.release_recv(slot)
+                // The slot goes to the driver with the message and is re-posted only when the
+                // driver dropped it: a peer cannot have more messages waiting than slots.
+                let message = conn
+                    .take_recv(slot)
                     .map_err(|source| ConnectionLost::Repost { source })?;
                 s.emit(FabricEvent::Message {
                     peer: self.peer,
-                    bytes,
+                    bytes: MessageBytes::slot(message),
                 });
                 Ok(())
             }

@@ -46,7 +46,7 @@ fn control_err(stage: &'static str) -> impl Fn(ControlError) -> HandshakeFailure
 
 /// The outgoing side of a handshake. Errors are the reason for `PeerLost`.
 pub(super) fn connect_to(
-    s: &Shared,
+    s: &Arc<Shared>,
     peer: NodeId,
     addr: SocketAddr,
     attempt: u64,
@@ -286,7 +286,7 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
 /// Makes an established connection live: `PeerConnected`, then visible to callers and the
 /// poller (both under the table lock). Drops it quietly if the attempt was superseded or the
 /// fabric is shutting down.
-fn install(s: &Shared, peer: NodeId, attempt: u64, est: Established, remote: RemoteTable) {
+fn install(s: &Arc<Shared>, peer: NodeId, attempt: u64, est: Established, remote: RemoteTable) {
     let params = est.conn.params();
     let summary = summary(
         s,
@@ -305,6 +305,14 @@ fn install(s: &Shared, peer: NodeId, attempt: u64, est: Established, remote: Rem
         s.attempt_failed(peer, attempt, HandshakeFailure::ControlStream { source });
         return;
     }
+    // A message the driver drops hands its receive slot back: wake the poller to re-post it
+    // (it may sleep on completion events, and a peer held back by full slots sends none).
+    let weak = Arc::downgrade(s);
+    est.conn.set_return_waker(Box::new(move || {
+        if let Some(shared) = weak.upgrade() {
+            shared.wake_poller();
+        }
+    }));
     let conn = Arc::new(PeerConn::new(
         peer,
         params,

@@ -138,16 +138,55 @@ impl VerbsConnection {
 
     /// The message in a receive slot reported by a RECV completion.
     pub fn recv_bytes(&self, slot: RecvSlot) -> &[u8] {
-        let i = slot.0 as usize;
-        let slot_bytes = self.params.recv_slot_bytes as usize;
-        match self.recv_held.get(i) {
-            Some(&Some(len)) => {
-                let len = (len as usize).min(slot_bytes);
-                &self.recv_mem[i * slot_bytes..i * slot_bytes + len]
-            }
+        match self.recv_held.get(slot.0 as usize) {
+            // SAFETY: the slot holds an arrived message: it is not posted, and it is not
+            // re-posted while `&self` is borrowed (that takes `&mut self`).
+            Some(&Some(len)) => unsafe { self.recv_slab.slot_bytes(slot.0, len) },
             // Not holding a message (never arrived, or released): the device may be writing it.
             _ => &[],
         }
+    }
+
+    /// Takes the message in a receive slot out of the connection, as a handle that keeps the
+    /// slot out of circulation until dropped (on any thread); the slot is then re-posted by
+    /// [`VerbsConnection::reclaim_returned`]. Taking a slot that holds no message is refused.
+    pub fn take_recv(&mut self, slot: RecvSlot) -> Result<RecvMessage, PostError> {
+        let len = match self.recv_held.get_mut(slot.0 as usize) {
+            Some(held @ Some(_)) => held.take().unwrap_or(0),
+            _ => return Err(PostError::SlotNotHeld(slot.0)),
+        };
+        self.recv_lent += 1;
+        // SAFETY: the slot held an arrived message (so it is not posted), and it is now
+        // neither held nor queued for reposting: only the handle's drop brings it back.
+        Ok(unsafe { RecvMessage::lend(self.recv_slab.clone(), slot.0, len) })
+    }
+
+    /// Re-posts the slots whose [`RecvMessage`]s were dropped since the last call (in batches,
+    /// or at once when few receives are posted); returns how many came back.
+    pub fn reclaim_returned(&mut self) -> Result<usize, PostError> {
+        let n = self.recv_slab.take_returned(&mut self.to_repost);
+        if n == 0 {
+            return Ok(0);
+        }
+        // Cannot underflow: every returned slot was lent by `take_recv`, once.
+        self.recv_lent -= n as u32;
+        if self.to_repost.len() as u32 >= self.repost_batch || self.recv_posted < self.repost_batch
+        {
+            self.repost().map_err(post_err("ibv_post_srq_recv"))?;
+        }
+        Ok(n)
+    }
+
+    /// Runs `waker` (on the dropping thread) whenever a lent message is dropped, so an owner
+    /// that sleeps knows to call [`VerbsConnection::reclaim_returned`]. Set once; false if a
+    /// waker was already set.
+    pub fn set_return_waker(&self, waker: ReturnWaker) -> bool {
+        self.recv_slab.set_waker(waker)
+    }
+
+    /// Messages taken with [`VerbsConnection::take_recv`] and not yet reclaimed.
+    pub fn recv_lent(&self) -> u32 {
+        self.recv_lent
     }
 
     /// Give a receive slot back; slots are reposted in batches. Releasing a slot that holds
@@ -166,8 +205,10 @@ impl VerbsConnection {
         Ok(())
     }
 
-    /// Repost every released receive slot now.
+    /// Repost every released or returned receive slot now.
     pub fn flush_reposts(&mut self) -> Result<(), PostError> {
+        let n = self.recv_slab.take_returned(&mut self.to_repost);
+        self.recv_lent -= n as u32;
         self.repost().map_err(post_err("ibv_post_srq_recv"))
     }
 
