@@ -8,6 +8,10 @@
 //! ```
 //!
 //! Every wait has a deadline; assertions are on bytes, statuses and events, never speed.
+//!
+//! One file over 800 lines on purpose: every test here needs the SoftRoCE VM, and
+//! `ci/softroce/test.sh` runs the file as one suite (one binary, one boot of the VM) with the
+//! harness above serving all of them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -46,6 +46,9 @@ pub struct VerbsFabricConfig {
     /// Most SENDs waiting for send-queue room per peer; beyond it the peer is dropped (it stopped
     /// taking messages).
     pub max_queued_sends: usize,
+    /// Most bytes of SENDs waiting for send-queue room per peer (one message always fits);
+    /// beyond it the peer is dropped, as for `max_queued_sends`.
+    pub max_queued_send_bytes: usize,
     /// Most READ lists waiting for send-queue room per peer; beyond it new READs fail.
     pub max_queued_read_lists: usize,
     /// Deadline of a whole connection handshake (TCP connect, hello, QPs, probe).
@@ -95,6 +98,7 @@ impl VerbsFabricConfig {
             max_read_bytes: 1 << 20,
             max_reads_per_list: 64,
             max_queued_sends: 16 * 1024,
+            max_queued_send_bytes: 64 << 20,
             max_queued_read_lists: 16 * 1024,
             handshake_timeout: Duration::from_secs(10),
             probe: true,

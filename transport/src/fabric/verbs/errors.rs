@@ -400,14 +400,18 @@ pub enum ConnectionLost {
     /// Too many messages wait for send-queue room: the peer stopped taking them (its receive
     /// slots stay full, so every SEND waits on receiver-not-ready retries).
     #[error(
-        "{queued} messages waiting for send-queue room (limit {limit}): the peer stopped taking \
-         messages"
+        "{queued} messages of {queued_bytes} bytes waiting for send-queue room (limits \
+         {max_messages} messages, {max_bytes} bytes): the peer stopped taking messages"
     )]
     PeerNotReading {
         /// Messages queued.
         queued: usize,
-        /// The limit (`max_queued_sends`).
-        limit: usize,
+        /// Their bytes.
+        queued_bytes: usize,
+        /// `max_queued_sends`.
+        max_messages: usize,
+        /// `max_queued_send_bytes`.
+        max_bytes: usize,
     },
     /// The peer closed the control stream.
     #[error("the peer closed the control connection")]

@@ -136,6 +136,8 @@ pub(super) struct ConnState {
     queued_read_lists: usize,
     /// Messages waiting for send-queue room, in order.
     queued_sends: VecDeque<Vec<u8>>,
+    /// Bytes of `queued_sends`.
+    queued_send_bytes: usize,
     /// Receives polled during the handshake's probe, delivered first.
     backlog: Vec<Completion>,
     completions: Vec<Completion>,
@@ -157,6 +159,7 @@ impl ConnState {
             queued_reads: (0..lanes).map(|_| VecDeque::new()).collect(),
             queued_read_lists: 0,
             queued_sends: VecDeque::new(),
+            queued_send_bytes: 0,
             backlog,
             completions: Vec::new(),
         }
@@ -219,16 +222,24 @@ impl PeerConn {
                 }
             }
         }
-        if st.queued_sends.len() >= s.config.max_queued_sends {
-            let (queued, limit) = (st.queued_sends.len(), s.config.max_queued_sends);
-            self.teardown(st, s, ConnectionLost::PeerNotReading { queued, limit });
+        let (queued, queued_bytes) = (st.queued_sends.len(), st.queued_send_bytes);
+        let (max_messages, max_bytes) = (s.config.max_queued_sends, s.config.max_queued_send_bytes);
+        if queued >= max_messages || (queued > 0 && queued_bytes + bytes.len() > max_bytes) {
+            let reason = ConnectionLost::PeerNotReading {
+                queued,
+                queued_bytes,
+                max_messages,
+                max_bytes,
+            };
+            self.teardown(st, s, reason);
             return Err(FabricError::PeerNotReading {
                 peer: self.peer,
                 queued,
-                limit,
+                limit: max_messages,
                 unit: "messages",
             });
         }
+        st.queued_send_bytes += bytes.len();
         st.queued_sends.push_back(bytes);
         Ok(())
     }
@@ -463,6 +474,7 @@ impl PeerConn {
         let ConnState {
             conn,
             queued_sends,
+            queued_send_bytes,
             queued_reads,
             queued_read_lists,
             ..
@@ -473,6 +485,7 @@ impl PeerConn {
         while let Some(bytes) = queued_sends.front() {
             match conn.post_send(0, 0, bytes) {
                 Ok(()) => {
+                    *queued_send_bytes -= bytes.len();
                     queued_sends.pop_front();
                 }
                 Err(PostError::QueueFull { .. }) => break,
@@ -521,6 +534,7 @@ impl PeerConn {
         drop(conn);
         let _ = st.control.shutdown(Shutdown::Both);
         st.queued_sends.clear();
+        st.queued_send_bytes = 0;
         st.queued_reads.iter_mut().for_each(VecDeque::clear);
         st.queued_read_lists = 0;
         st.lists.clear();
