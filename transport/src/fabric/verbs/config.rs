@@ -8,7 +8,7 @@ use skyriver_core::wire;
 use super::errors::ConfigError;
 use crate::verbs::ConnectionConfig;
 
-/// Configuration of a [`VerbsFabric`]. [`VerbsFabricConfig::new`] gives working defaults.
+/// Configuration of a [`VerbsFabric`](super::VerbsFabric). [`VerbsFabricConfig::new`] gives working defaults.
 #[derive(Clone, Debug)]
 pub struct VerbsFabricConfig {
     /// RDMA device name (`mlx5_0`, `rxe0`).

@@ -376,6 +376,14 @@ pub enum ConnectionLost {
         #[source]
         source: PostError,
     },
+    /// A receive completion named a slot that holds no message (a bug of the slot
+    /// bookkeeping, reported rather than trusted).
+    #[error("taking a message out of its receive slot: {}", render(source))]
+    RecvSlot {
+        /// Why.
+        #[source]
+        source: PostError,
+    },
     /// Reposting receive slots (`ibv_post_srq_recv`) failed.
     #[error("reposting receive slots (ibv_post_srq_recv): {}", render(source))]
     Repost {

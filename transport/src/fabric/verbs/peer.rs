@@ -409,7 +409,7 @@ impl PeerConn {
                 // driver dropped it: a peer cannot have more messages waiting than slots.
                 let message = conn
                     .take_recv(slot)
-                    .map_err(|source| ConnectionLost::Repost { source })?;
+                    .map_err(|source| ConnectionLost::RecvSlot { source })?;
                 s.emit(FabricEvent::Message {
                     peer: self.peer,
                     bytes: MessageBytes::slot(message),

@@ -3,7 +3,7 @@
 
 /// One RDMA READ: `len` bytes from the peer's `remote_addr` (under `rkey`) into the local
 /// `local_addr` (under `lkey`). Both ranges must lie inside one memory region each; see
-/// [`super::plan_reads`].
+/// [`plan_reads`](crate::verbs::plan_reads).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadRequest {
     /// Caller's id, reported in the completion (top two bits must be zero).
@@ -90,7 +90,9 @@ pub enum Opcode {
     Recv,
 }
 
-/// A receive slot holding an arrived message until [`VerbsConnection::release_recv`].
+/// A receive slot holding an arrived message until it is released
+/// ([`release_recv`](super::VerbsConnection::release_recv)) or lent out
+/// ([`take_recv`](super::VerbsConnection::take_recv)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RecvSlot(pub u32);
 

@@ -40,7 +40,7 @@ pub struct ConnectionConfig {
     /// Receiver-not-ready retries (7 = retry forever).
     pub rnr_retry: u8,
     /// Completion channel the connection's completion queue reports to when armed (see
-    /// [`VerbsConnection::arm`]); `None`: the owner only polls.
+    /// [`VerbsConnection::arm`](super::VerbsConnection::arm)); `None`: the owner only polls.
     pub completion_channel: Option<Arc<CompletionChannel>>,
 }
 

@@ -156,6 +156,7 @@ impl VerbsConnection {
             _ => return Err(PostError::SlotNotHeld(slot.0)),
         };
         self.recv_lent += 1;
+        self.debug_check_recv_slots();
         // SAFETY: the slot held an arrived message (so it is not posted), and it is now
         // neither held nor queued for reposting: only the handle's drop brings it back.
         Ok(unsafe { RecvMessage::lend(self.recv_slab.clone(), slot.0, len) })
@@ -170,6 +171,7 @@ impl VerbsConnection {
         }
         // Cannot underflow: every returned slot was lent by `take_recv`, once.
         self.recv_lent -= n as u32;
+        self.debug_check_recv_slots();
         if self.to_repost.len() as u32 >= self.repost_batch || self.recv_posted < self.repost_batch
         {
             self.repost().map_err(post_err("ibv_post_srq_recv"))?;
@@ -182,6 +184,24 @@ impl VerbsConnection {
     /// waker was already set.
     pub fn set_return_waker(&self, waker: ReturnWaker) -> bool {
         self.recv_slab.set_waker(waker)
+    }
+
+    /// Every receive slot is in exactly one place: posted, holding a message, lent out (or
+    /// returned and not yet reclaimed), or waiting to be reposted. A flushed receive leaves the
+    /// count (the connection is dead by then), hence at most.
+    fn debug_check_recv_slots(&self) {
+        if cfg!(debug_assertions) {
+            let held = self.recv_held.iter().filter(|h| h.is_some()).count() as u32;
+            let accounted = self.recv_posted + held + self.recv_lent + self.to_repost.len() as u32;
+            debug_assert!(
+                accounted <= self.params.recv_slots,
+                "receive slots: {} posted + {held} held + {} lent + {} to repost > {}",
+                self.recv_posted,
+                self.recv_lent,
+                self.to_repost.len(),
+                self.params.recv_slots
+            );
+        }
     }
 
     /// Messages taken with [`VerbsConnection::take_recv`] and not yet reclaimed.
