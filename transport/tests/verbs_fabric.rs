@@ -670,9 +670,14 @@ fn reads_beyond_the_send_queue_wait_for_room() {
             b.remote(i * 2 * MIB, 2 * MIB),
         );
     }
-    // Messages share lane 0's send queue with the READs.
+    // Messages share lane 0's send queue with the READs. They are more than b's receive
+    // slots, so b's driver takes them first: a SEND waiting on receiver-not-ready retries
+    // holds up what follows it on its queue pair, READs included, until b takes messages.
     for i in 0..40u8 {
         a.fabric.send(b.id, vec![i; 100]).unwrap();
+    }
+    for i in 0..40u8 {
+        assert_eq!(b.expect_message(a.id), vec![i; 100]);
     }
     let done = a.expect_reads(4);
     assert!(done.values().all(Result::is_ok), "{done:?}");
@@ -680,9 +685,6 @@ fn reads_beyond_the_send_queue_wait_for_room() {
         arena_bytes(&a.arena, 8 * MIB, 8 * MIB) == src[..],
         "queued READs differ"
     );
-    for i in 0..40u8 {
-        assert_eq!(b.expect_message(a.id), vec![i; 100]);
-    }
 }
 
 /// CPU time (user + system, in clock ticks) of this process's threads named `name`.
