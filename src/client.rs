@@ -591,8 +591,11 @@ impl Client {
             Response::Created(result) => result?,
             other => return Err(unexpected(other)),
         };
-        let region = WritableRegion::new(self.arena(&info)?, info.region.offset, info.region.len)
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        // SAFETY: the daemon granted this unsealed object to this create only, and this is the
+        // one region made of it; other views come only after the writer is consumed by a seal.
+        let region =
+            unsafe { WritableRegion::new(self.arena(&info)?, info.region.offset, info.region.len) }
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
         Ok(ObjectWriter {
             client: self.clone(),
             info,
@@ -664,7 +667,10 @@ impl Client {
     }
 
     fn readable(&self, info: ObjectInfo) -> Result<ObjectBuffer, ClientError> {
-        let region = ReadableRegion::new(self.arena(&info)?, info.region.offset, info.region.len);
+        // SAFETY: a sealed object the daemon took a reference for on our behalf; the buffer
+        // releases it only when dropped, after the region.
+        let region =
+            unsafe { ReadableRegion::new(self.arena(&info)?, info.region.offset, info.region.len) };
         match region {
             Ok(region) => Ok(ObjectBuffer {
                 client: self.clone(),
@@ -906,11 +912,15 @@ impl ObjectWriter {
             id: self.info.id,
             release: false,
         })?;
-        let region = ReadableRegion::new(
-            self.client.arena(&self.info)?,
-            self.info.region.offset,
-            self.info.region.len,
-        );
+        // SAFETY: sealed above with this writer's reference kept, which the buffer releases
+        // when dropped; the writer is consumed here, so its writable region is never used again.
+        let region = unsafe {
+            ReadableRegion::new(
+                self.client.arena(&self.info)?,
+                self.info.region.offset,
+                self.info.region.len,
+            )
+        };
         // The region was checked when the writer was made; a failure here would be a bug, and
         // the reference is still released by the client's disconnect.
         let region = region.map_err(|e| ClientError::Protocol(e.to_string()))?;

@@ -4,6 +4,19 @@
 //! An arena is a file descriptor (a memfd by default, or an unlinked file on a hugetlbfs mount)
 //! and a shared mapping of it. The daemon creates it; a client receives the fd over the Unix
 //! socket and maps the same pages, so object bytes are never copied between processes.
+//!
+//! # Why views of an arena are `unsafe fn`
+//!
+//! Whether a range may be read ([`SharedArena::bytes`], [`ReadableRegion::new`]) or written
+//! ([`SharedArena::write`], [`WritableRegion::new`]) is decided by the store: an unsealed object
+//! belongs to its one creator until sealed, a sealed object never changes while referenced or
+//! pinned. That grant lives in the core of the daemon, often in another process, and reaches the
+//! code holding the mapping as a reply on a socket or a core output. No value in this process
+//! can witness it: a "grant" type minted from a socket reply would only move the `unsafe` to
+//! whoever mints it, and hide it. So these functions are `unsafe fn` with a `# Safety` section,
+//! every call site says in its `// SAFETY:` comment which grant it relies on, and the regions
+//! they return are then safe to use. Two `WritableRegion`s over one range are a bug of the
+//! caller that made the second, visible at its `unsafe` block.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -251,12 +264,14 @@ impl SharedArena {
 
     /// The bytes of `[offset, offset + len)`.
     ///
-    /// The store protocol makes this range immutable while anyone reads it (objects are
-    /// written only before they are sealed, by their one creator), so the slice is stable.
-    pub fn bytes(&self, offset: u64, len: u64) -> Result<&[u8], OutOfArena> {
+    /// # Safety
+    /// Nothing may write the range, in this process or another one mapping the arena, while
+    /// the slice lives: the store keeps it unchanged for the caller (a sealed object the caller
+    /// holds a reference to or has pinned), or the caller has it exclusively.
+    pub unsafe fn bytes(&self, offset: u64, len: u64) -> Result<&[u8], OutOfArena> {
         self.check(offset, len)?;
         // SAFETY: the range is inside the mapping (checked above), the mapping lives as long as
-        // `self`, and the store protocol keeps sealed object bytes unchanged while referenced.
+        // `self`, and nothing writes it while the slice lives (the caller's contract).
         Ok(unsafe {
             std::slice::from_raw_parts(self.map.as_ptr().add(offset as usize), len as usize)
         })
@@ -281,12 +296,14 @@ impl SharedArena {
 
     /// Copies `data` into the arena at `offset`.
     ///
-    /// Callers write only ranges the store gave them exclusively (an unsealed object they
-    /// created, or a transfer's destination).
-    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), OutOfArena> {
+    /// # Safety
+    /// The store granted `[offset, offset + data.len())` to the caller exclusively (an unsealed
+    /// object it created, or a transfer's destination): no reference to the range is alive,
+    /// and nothing else reads or writes it during the call.
+    pub unsafe fn write(&self, offset: u64, data: &[u8]) -> Result<(), OutOfArena> {
         self.check(offset, data.len() as u64)?;
-        // SAFETY: the range is inside the mapping (checked above); the store grants it to one
-        // writer at a time, so no reference to it is alive elsewhere in this process.
+        // SAFETY: the range is inside the mapping (checked above); the caller has it
+        // exclusively (see `# Safety`), so no reference to it is alive in this process.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr(),
@@ -309,9 +326,12 @@ pub struct WritableRegion {
 impl WritableRegion {
     /// Takes `[offset, offset + len)` of `arena` for writing.
     ///
-    /// The store grants each unsealed object to exactly one creator, and the client library
-    /// makes exactly one `WritableRegion` per created object, so no other view of it exists.
-    pub fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, OutOfArena> {
+    /// # Safety
+    /// The store granted the range to the caller exclusively (an unsealed object it created),
+    /// and no other view of the range ([`WritableRegion`], [`ReadableRegion`],
+    /// [`SharedArena::bytes`]) exists or is made while this region lives: the store gives each
+    /// unsealed object to exactly one creator, and the caller makes exactly one region of it.
+    pub unsafe fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, OutOfArena> {
         arena.check(offset, len)?;
         Ok(Self { arena, offset, len })
     }
@@ -319,8 +339,8 @@ impl WritableRegion {
     /// The bytes, for writing.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: the range was checked in `new`, the Arc keeps the mapping alive, and this
-        // region is the only view of these bytes (see `new`); `&mut self` makes the borrow
-        // unique within this process.
+        // region is the only view of these bytes (the contract of `new`); `&mut self` makes the
+        // borrow unique within this process.
         unsafe {
             std::slice::from_raw_parts_mut(
                 self.arena.map.as_mut_ptr().add(self.offset as usize),
@@ -351,15 +371,20 @@ pub struct ReadableRegion {
 
 impl ReadableRegion {
     /// Views `[offset, offset + len)` of `arena`.
-    pub fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, OutOfArena> {
+    ///
+    /// # Safety
+    /// Nothing writes the range while this region (or a clone) lives: it is a sealed object
+    /// the caller holds a reference to, which the store neither changes nor frees until the
+    /// reference is released, and the caller releases it only after dropping the region.
+    pub unsafe fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, OutOfArena> {
         arena.check(offset, len)?;
         Ok(Self { arena, offset, len })
     }
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: range checked in `new`, mapping kept alive by the Arc, and a sealed object
-        // never changes while a reference to it is held.
+        // SAFETY: range checked in `new`, mapping kept alive by the Arc, and nothing writes the
+        // range while the region lives (the contract of `new`).
         unsafe {
             std::slice::from_raw_parts(
                 self.arena.map.as_ptr().add(self.offset as usize),
@@ -418,23 +443,30 @@ mod tests {
         .unwrap();
         let fd = arena.fd().try_clone_to_owned().unwrap();
         let other = Arc::new(SharedArena::from_fd(fd, 1 << 20).unwrap());
-        let mut region = WritableRegion::new(other.clone(), 4096, 5).unwrap();
+        // SAFETY: the test owns both mappings and uses each range through one view at a time.
+        let mut region = unsafe { WritableRegion::new(other.clone(), 4096, 5) }.unwrap();
         region.as_mut_slice().copy_from_slice(b"hello");
-        assert_eq!(arena.bytes(4096, 5).unwrap(), b"hello");
-        arena.write(8192, b"world").unwrap();
-        assert_eq!(
-            ReadableRegion::new(other, 8192, 5).unwrap().as_slice(),
-            b"world"
-        );
+        drop(region);
+        // SAFETY: as above; the writer is gone.
+        assert_eq!(unsafe { arena.bytes(4096, 5) }.unwrap(), b"hello");
+        // SAFETY: as above; no view of this range exists.
+        unsafe { arena.write(8192, b"world") }.unwrap();
+        // SAFETY: as above; nothing writes the range any more.
+        let readable = unsafe { ReadableRegion::new(other, 8192, 5) }.unwrap();
+        assert_eq!(readable.as_slice(), b"world");
     }
 
     #[test]
     fn ranges_outside_the_arena_are_refused() {
         let arena = Arc::new(SharedArena::create("test", 4096, &ArenaOptions::default()).unwrap());
-        assert!(arena.bytes(4090, 7).is_err());
-        assert!(arena.bytes(u64::MAX, 2).is_err());
-        assert!(WritableRegion::new(arena.clone(), 0, 4097).is_err());
-        assert!(ReadableRegion::new(arena, 4096, 0).is_ok());
+        // SAFETY: nothing else maps the arena, and no view of it is used.
+        assert!(unsafe { arena.bytes(4090, 7) }.is_err());
+        // SAFETY: as above.
+        assert!(unsafe { arena.bytes(u64::MAX, 2) }.is_err());
+        // SAFETY: as above.
+        assert!(unsafe { WritableRegion::new(arena.clone(), 0, 4097) }.is_err());
+        // SAFETY: as above.
+        assert!(unsafe { ReadableRegion::new(arena, 4096, 0) }.is_ok());
     }
 
     #[test]

@@ -20,6 +20,14 @@ struct Node {
 }
 
 fn node(id: u32, token: &str) -> Node {
+    node_with(
+        id,
+        token,
+        TcpFabricConfig::new("127.0.0.1:0".parse().unwrap()),
+    )
+}
+
+fn node_with(id: u32, token: &str, config: TcpFabricConfig) -> Node {
     let arena =
         Arc::new(SharedArena::create("test", ARENA_BYTES, &ArenaOptions::default()).unwrap());
     let (tx, events) = unbounded_channel();
@@ -28,13 +36,7 @@ fn node(id: u32, token: &str) -> Node {
         cluster_token: token.into(),
     };
     let arenas = BTreeMap::from([(ArenaId(0), arena.clone())]);
-    let fabric = TcpFabric::start(
-        TcpFabricConfig::new("127.0.0.1:0".parse().unwrap()),
-        identity,
-        arenas,
-        tx,
-    )
-    .unwrap();
+    let fabric = TcpFabric::start(config, identity, arenas, tx).unwrap();
     Node {
         fabric,
         events,
@@ -57,8 +59,14 @@ fn next_event(node: &mut Node) -> FabricEvent {
 }
 
 fn connected_pair() -> (Node, Node) {
-    let mut a = node(1, "secret");
-    let mut b = node(2, "secret");
+    let config = || TcpFabricConfig::new("127.0.0.1:0".parse().unwrap());
+    connect(
+        node_with(1, "secret", config()),
+        node_with(2, "secret", config()),
+    )
+}
+
+fn connect(mut a: Node, mut b: Node) -> (Node, Node) {
     a.fabric.connect(NodeId(2), b.fabric.listen_addr());
     assert!(matches!(
         next_event(&mut a),
@@ -105,19 +113,19 @@ fn messages_flow_both_ways_in_order() {
             FabricEvent::Message {
                 peer: NodeId(1),
                 bytes,
-            } => assert_eq!(bytes, n.to_le_bytes()),
+            } => assert_eq!(*bytes, n.to_le_bytes()),
             other => panic!("{other:?}"),
         }
     }
     b.fabric.send(NodeId(1), b"back".to_vec()).unwrap();
-    assert!(matches!(next_event(&mut a), FabricEvent::Message { bytes, .. } if bytes == b"back"));
+    assert!(matches!(next_event(&mut a), FabricEvent::Message { bytes, .. } if *bytes == *b"back"));
 }
 
 #[test]
 fn reads_of_exposed_memory_land_in_place_and_others_fail() {
     let (mut a, b) = connected_pair();
     let payload: Vec<u8> = (0..8u32 << 20).map(|i| (i % 253) as u8).collect();
-    b.arena.write(4096, &payload).unwrap();
+    write_arena(&b.arena, 4096, &payload);
     b.fabric.expose(region(4096, payload.len() as u64));
 
     a.fabric.post_read(
@@ -135,7 +143,7 @@ fn reads_of_exposed_memory_land_in_place_and_others_fail() {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        a.arena.bytes(1 << 20, payload.len() as u64).unwrap(),
+        arena_bytes(&a.arena, 1 << 20, payload.len() as u64),
         &payload[..]
     );
 
@@ -268,7 +276,156 @@ fn garbage_on_the_fabric_port_is_refused_and_the_fabric_carries_on() {
     let _ = raw.read_to_end(&mut rest);
     a.fabric.send(NodeId(2), b"still here".to_vec()).unwrap();
     assert!(
-        matches!(next_event(&mut b), FabricEvent::Message { bytes, .. } if bytes == b"still here")
+        matches!(next_event(&mut b), FabricEvent::Message { bytes, .. } if *bytes == *b"still here")
     );
     let _ = &mut a;
+}
+
+/// Takes every event queued for `node` now, without dropping any (so their budget stays held).
+fn drain_events(node: &mut Node) -> Vec<FabricEvent> {
+    let mut events = Vec::new();
+    while let Ok(event) = node.events.try_recv() {
+        events.push(event);
+    }
+    events
+}
+
+const FLOOD_MESSAGE_BYTES: usize = 16 * 1024;
+
+/// Messages of `FLOOD_MESSAGE_BYTES` that fit one undelivered-bytes budget (64 bytes of
+/// overhead each, one message of the largest size at least).
+fn messages_per_budget(config: &TcpFabricConfig) -> usize {
+    let budget = config
+        .max_undelivered_bytes
+        .max(skyriver_core::wire::MAX_MESSAGE_BYTES + 64);
+    budget / (FLOOD_MESSAGE_BYTES + 64)
+}
+
+fn flood_message(n: u32) -> Vec<u8> {
+    let mut bytes = vec![(n % 251) as u8; FLOOD_MESSAGE_BYTES];
+    bytes[..4].copy_from_slice(&n.to_le_bytes());
+    bytes
+}
+
+#[test]
+fn a_fast_sender_is_slowed_to_the_pace_of_a_slow_receiver() {
+    let config = || TcpFabricConfig::new("127.0.0.1:0".parse().unwrap());
+    let (mut a, b) = connect(
+        node_with(1, "secret", config()),
+        node_with(2, "secret", config()),
+    );
+    let held_max = messages_per_budget(&config());
+    const MESSAGES: u32 = 600; // about 10 MB: several budgets, well under b's queue limit
+    let sender = std::thread::spawn(move || {
+        for n in 0..MESSAGES {
+            b.fabric.send(NodeId(1), flood_message(n)).unwrap();
+        }
+        b
+    });
+    // The receiving driver is slow: it lets events pile up, then handles a batch at once.
+    let mut next = 0u32;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while next < MESSAGES {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {next} messages arrived"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        let batch = drain_events(&mut a);
+        let messages = batch
+            .iter()
+            .filter(|e| matches!(e, FabricEvent::Message { .. }))
+            .count();
+        assert!(
+            messages <= held_max,
+            "{messages} messages waited for the driver, the budget holds {held_max}"
+        );
+        for event in batch {
+            match event {
+                FabricEvent::Message { peer, bytes } => {
+                    assert_eq!(peer, NodeId(2));
+                    assert_eq!(*bytes, *flood_message(next), "message {next}");
+                    next += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    let _b = sender.join().unwrap();
+}
+
+#[test]
+fn a_peer_that_does_not_read_is_disconnected_with_a_reason() {
+    let mut slow_config = TcpFabricConfig::new("127.0.0.1:0".parse().unwrap());
+    slow_config.max_undelivered_bytes = 0; // one message of the largest size
+    let held_max = messages_per_budget(&slow_config);
+    let mut flooder_config = TcpFabricConfig::new("127.0.0.1:0".parse().unwrap());
+    flooder_config.max_queued_bytes = 1 << 20;
+    let (mut a, mut b) = connect(
+        node_with(1, "secret", slow_config),
+        node_with(2, "secret", flooder_config),
+    );
+    // a's driver never handles anything: b fills its budget, both socket buffers, then its own
+    // queue, and gives up on a.
+    let mut refused = None;
+    for n in 0..100_000u32 {
+        match b.fabric.send(NodeId(1), flood_message(n)) {
+            Ok(()) => {}
+            Err(error) => {
+                refused = Some((n, error));
+                break;
+            }
+        }
+    }
+    let (sent, error) = refused.expect("the flooder was never held back");
+    println!("flooder refused after {sent} messages: {error}");
+    assert!(
+        matches!(
+            error,
+            skyriver_transport::fabric::FabricError::PeerNotReading {
+                peer: NodeId(1),
+                ..
+            }
+        ),
+        "{error}"
+    );
+    match next_event(&mut b) {
+        FabricEvent::PeerLost {
+            peer: NodeId(1),
+            reason,
+        } => assert!(reason.contains("not reading"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let held = drain_events(&mut a);
+    assert!(
+        held.len() <= held_max,
+        "{} messages waited for the driver, the budget holds {held_max}",
+        held.len()
+    );
+    // Once a's driver catches up, a learns that b dropped the connection.
+    drop(held);
+    loop {
+        match next_event(&mut a) {
+            FabricEvent::Message { .. } => {}
+            FabricEvent::PeerLost {
+                peer: NodeId(2), ..
+            } => break,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Copies `data` into a test arena.
+fn write_arena(arena: &SharedArena, offset: u64, data: &[u8]) {
+    // SAFETY: test arenas are mapped by this test only, and it holds no view of them across
+    // a write; a fabric reads a range only once the test asked for it, after writing it.
+    unsafe { arena.write(offset, data) }.unwrap();
+}
+
+/// A copy of `[offset, offset + len)` of a test arena.
+fn arena_bytes(arena: &SharedArena, offset: u64, len: u64) -> Vec<u8> {
+    // SAFETY: as in `write_arena`; the test reads a range once the READ into it completed, and
+    // copies it before anything writes it again.
+    unsafe { arena.bytes(offset, len) }.unwrap().to_vec()
 }

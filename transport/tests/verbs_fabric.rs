@@ -8,6 +8,10 @@
 //! ```
 //!
 //! Every wait has a deadline; assertions are on bytes, statuses and events, never speed.
+//!
+//! One file over 800 lines on purpose: every test here needs the SoftRoCE VM, and
+//! `ci/softroce/test.sh` runs the file as one suite (one binary, one boot of the VM) with the
+//! harness above serving all of them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,7 +21,7 @@ use skyriver_core::node::{ReadError, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, PeerMessage};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, ObjectSizes, RemoteRegion, TransferId};
 use skyriver_transport::arena::{ArenaOptions, SharedArena};
-use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig};
+use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig, VerbsStartError};
 use skyriver_transport::fabric::{Fabric, FabricError, FabricEvent, FabricIdentity};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -151,7 +155,7 @@ impl Node {
         match self.next() {
             FabricEvent::Message { peer: p, bytes } => {
                 assert_eq!(p, peer);
-                bytes
+                bytes.to_vec()
             }
             e => panic!("{}: expected a Message, got {e:?}", self.id),
         }
@@ -222,7 +226,8 @@ fn start_without_the_device_is_a_clear_error() {
     };
     let cfg = VerbsFabricConfig::new("skyriver_no_such_device", "127.0.0.1:0".parse().unwrap());
     match VerbsFabric::start(cfg, identity, BTreeMap::new(), tx) {
-        Err(FabricError::Setup(msg)) => {
+        Err(error @ VerbsStartError::OpenDevice { .. }) => {
+            let msg = error.to_string();
             println!("{msg}");
             assert!(
                 msg.contains("skyriver_no_such_device")
@@ -353,7 +358,7 @@ fn send_eager_gathers_header_and_arena_bytes() {
         .enumerate()
     {
         let data = pattern(i as u64 + 7, len as usize);
-        a.arena.write(offset, &data).unwrap();
+        write_arena(&a.arena, offset, &data);
         let header = EagerHeader {
             req: TransferId(40 + i as u64),
             sizes: ObjectSizes {
@@ -399,7 +404,7 @@ fn reads_of_4kib_1mib_and_8mib_are_exact() {
         return;
     };
     let src = pattern(42, (20 * MIB) as usize);
-    b.arena.write(0, &src).unwrap();
+    write_arena(&b.arena, 0, &src);
     let cases = [
         (4096u64, 100u64, 3u64),
         (MIB, 777, 8192 + 1),
@@ -427,9 +432,9 @@ fn reads_of_4kib_1mib_and_8mib_are_exact() {
     let done = a.expect_reads(3);
     assert!(done.values().all(Result::is_ok), "{done:?}");
     for &(len, src_off, dst_off) in &cases {
-        let got = a.arena.bytes(dst_off, len).unwrap();
+        let got = arena_bytes(&a.arena, dst_off, len);
         assert!(
-            got == &src[src_off as usize..(src_off + len) as usize],
+            got == src[src_off as usize..(src_off + len) as usize],
             "READ of {len} bytes from {src_off} into {dst_off} differs"
         );
         println!("READ of {len} bytes ok");
@@ -486,11 +491,11 @@ fn reads_outside_the_peer_arena_fail_cleanly() {
     );
 
     // The connection still works.
-    b.arena.write(0, b"intact").unwrap();
+    write_arena(&b.arena, 0, b"intact");
     a.fabric
         .post_read(b.id, ReadOpId(20), 1, local(100, 6), b.remote(0, 6));
     assert_eq!(a.expect_reads(1)[&ReadOpId(20)], Ok(()));
-    assert_eq!(a.arena.bytes(100, 6).unwrap(), b"intact");
+    assert_eq!(arena_bytes(&a.arena, 100, 6), b"intact");
     a.fabric.send(b.id, b"ok".to_vec()).unwrap();
     assert_eq!(b.expect_message(a.id), b"ok");
 
@@ -593,7 +598,7 @@ fn reads_across_a_split_registration() {
         (2 * MIB).div_ceil(48 * 1024) as usize
     );
     let src = pattern(99, (2 * MIB) as usize);
-    b.arena.write(0, &src).unwrap();
+    write_arena(&b.arena, 0, &src);
     // One READ across every boundary of both sides, named by the arena's one key.
     let cases = [
         (5000u64, 7000u64, 2 * MIB - 12000),
@@ -610,8 +615,7 @@ fn reads_across_a_split_registration() {
         );
         assert_eq!(a.expect_reads(1)[&ReadOpId(i as u64)], Ok(()));
         assert!(
-            a.arena.bytes(dst_off, len).unwrap()
-                == &src[src_off as usize..(src_off + len) as usize],
+            arena_bytes(&a.arena, dst_off, len) == src[src_off as usize..(src_off + len) as usize],
             "split READ of {len} bytes differs"
         );
     }
@@ -656,7 +660,7 @@ fn reads_beyond_the_send_queue_wait_for_room() {
     let mut b = node_with(2, small(&db), TOKEN, 16 * MIB);
     connect(&mut a, &mut b);
     let src = pattern(5, (8 * MIB) as usize);
-    b.arena.write(0, &src).unwrap();
+    write_arena(&b.arena, 0, &src);
     for i in 0..4u64 {
         a.fabric.post_read(
             b.id,
@@ -666,19 +670,21 @@ fn reads_beyond_the_send_queue_wait_for_room() {
             b.remote(i * 2 * MIB, 2 * MIB),
         );
     }
-    // Messages share lane 0's send queue with the READs.
+    // Messages share lane 0's send queue with the READs. They are more than b's receive
+    // slots, so b's driver takes them first: a SEND waiting on receiver-not-ready retries
+    // holds up what follows it on its queue pair, READs included, until b takes messages.
     for i in 0..40u8 {
         a.fabric.send(b.id, vec![i; 100]).unwrap();
+    }
+    for i in 0..40u8 {
+        assert_eq!(b.expect_message(a.id), vec![i; 100]);
     }
     let done = a.expect_reads(4);
     assert!(done.values().all(Result::is_ok), "{done:?}");
     assert!(
-        a.arena.bytes(8 * MIB, 8 * MIB).unwrap() == &src[..],
+        arena_bytes(&a.arena, 8 * MIB, 8 * MIB) == src[..],
         "queued READs differ"
     );
-    for i in 0..40u8 {
-        assert_eq!(b.expect_message(a.id), vec![i; 100]);
-    }
 }
 
 /// CPU time (user + system, in clock ticks) of this process's threads named `name`.
@@ -737,4 +743,126 @@ fn idle_pollers_sleep_on_the_completion_channel_then_wake_for_traffic() {
     assert_eq!(b.expect_message(a.id), b"after a nap".to_vec());
     b.fabric.send(a.id, b"and back".to_vec()).unwrap();
     assert_eq!(a.expect_message(b.id), b"and back".to_vec());
+}
+
+/// Takes every event queued for `node` now, without dropping any (so their receive slots stay
+/// held).
+fn drain_events(node: &mut Node) -> Vec<FabricEvent> {
+    let mut events = Vec::new();
+    while let Ok(event) = node.events.try_recv() {
+        events.push(event);
+    }
+    events
+}
+
+#[test]
+fn a_slow_receiver_holds_a_fast_sender_back_with_its_receive_slots() {
+    let Some((mut a, b)) = pair("a_slow_receiver_holds_a_fast_sender_back_with_its_receive_slots")
+    else {
+        return;
+    };
+    let slots = config("-").recv_slots as usize;
+    const MESSAGES: u64 = 1000;
+    let sender = std::thread::spawn(move || {
+        for n in 0..MESSAGES {
+            b.fabric.send(NodeId(1), pattern(n, 1000)).unwrap();
+        }
+        b
+    });
+    // The receiving driver is slow: it lets messages pile up, then handles a batch at once.
+    // Undelivered messages keep their receive slots, so no more than the slots can pile up,
+    // and the sender waits on receiver-not-ready retries meanwhile.
+    let deadline = Instant::now() + WAIT;
+    let (mut next, mut most_held) = (0u64, 0usize);
+    while next < MESSAGES {
+        assert!(Instant::now() < deadline, "only {next} messages arrived");
+        std::thread::sleep(Duration::from_millis(5));
+        let batch = drain_events(&mut a);
+        let held = batch
+            .iter()
+            .filter(|e| matches!(e, FabricEvent::Message { .. }))
+            .count();
+        most_held = most_held.max(held);
+        assert!(held <= slots, "{held} messages held, {slots} receive slots");
+        for event in batch {
+            match event {
+                FabricEvent::Message { peer, bytes } => {
+                    assert_eq!(peer, NodeId(2));
+                    assert_eq!(*bytes, *pattern(next, 1000), "message {next}");
+                    next += 1;
+                }
+                e => panic!("expected a Message, got {e:?}"),
+            }
+        }
+    }
+    println!("at most {most_held} of {slots} receive slots held at once");
+    let mut b = sender.join().unwrap();
+    b.assert_quiet(Duration::from_millis(50));
+}
+
+#[test]
+fn a_peer_that_takes_no_messages_is_dropped_with_a_reason() {
+    let Some((da, db)) = devices("a_peer_that_takes_no_messages_is_dropped_with_a_reason") else {
+        return;
+    };
+    let mut a = node(1, &da);
+    let mut flooder_config = config(&db);
+    flooder_config.max_queued_sends = 64;
+    let mut b = node_with(2, flooder_config, TOKEN, 24 * MIB);
+    connect(&mut a, &mut b);
+    let slots = config("-").recv_slots as usize;
+    // a's driver takes nothing: its slots fill, b's SENDs wait on receiver-not-ready retries,
+    // its send slots and then its queue fill, and b gives up on a.
+    let mut refused = None;
+    for n in 0..10_000u64 {
+        if let Err(error) = b.fabric.send(a.id, pattern(n, 1000)) {
+            refused = Some((n, error));
+            break;
+        }
+    }
+    let (sent, error) = refused.expect("the flooder was never held back");
+    println!("flooder refused after {sent} messages: {error}");
+    assert!(
+        matches!(error, FabricError::PeerNotReading { peer, .. } if peer == a.id),
+        "{error}"
+    );
+    match b.next() {
+        FabricEvent::PeerLost { peer, reason } => {
+            assert_eq!(peer, a.id);
+            assert!(reason.contains("stopped taking messages"), "{reason}");
+        }
+        e => panic!("expected PeerLost, got {e:?}"),
+    }
+    // a holds at most its slots' worth, and hears that b dropped the connection.
+    let mut held = Vec::new();
+    loop {
+        match a.next() {
+            FabricEvent::Message { bytes, .. } => held.push(bytes),
+            FabricEvent::PeerLost { peer, .. } => {
+                assert_eq!(peer, b.id);
+                break;
+            }
+            e => panic!("expected Message or PeerLost, got {e:?}"),
+        }
+    }
+    assert!(held.len() <= slots, "{} messages held", held.len());
+    // Held messages outlive their connection and fabric: the slots' memory stays mapped.
+    drop(a);
+    for (n, bytes) in held.iter().enumerate() {
+        assert_eq!(**bytes, *pattern(n as u64, 1000), "held message {n}");
+    }
+}
+
+/// Copies `data` into a test arena.
+fn write_arena(arena: &SharedArena, offset: u64, data: &[u8]) {
+    // SAFETY: test arenas are mapped by this test only, and it holds no view of them across
+    // a write; a fabric reads a range only once the test asked for it, after writing it.
+    unsafe { arena.write(offset, data) }.unwrap();
+}
+
+/// A copy of `[offset, offset + len)` of a test arena.
+fn arena_bytes(arena: &SharedArena, offset: u64, len: u64) -> Vec<u8> {
+    // SAFETY: as in `write_arena`; the test reads a range once the READ into it completed, and
+    // copies it before anything writes it again.
+    unsafe { arena.bytes(offset, len) }.unwrap().to_vec()
 }

@@ -12,10 +12,22 @@
 //!   core, and a READ of a region that is not exposed fails with [`ReadError::RemoteAccess`];
 //! - when a connection is lost, every READ posted on it completes (with an error) before or
 //!   with the [`FabricEvent::PeerLost`] event, and nothing arrives from that peer after it.
+//!
+//! **Bounds and back-pressure.** A received message is handed over as [`MessageBytes`], which
+//! holds the memory it arrived in (a verbs receive slot, or a TCP connection's share of its
+//! undelivered-bytes budget) until the driver drops it. So the messages waiting in the event
+//! channel are bounded per peer by that peer's receive slots or budget, and a peer that sends
+//! faster than the driver consumes is slowed where it sends: receiver-not-ready retries on
+//! verbs, a full TCP window on TCP. What a fabric queues to send is bounded too; a peer that
+//! stops reading is disconnected with [`FabricError::PeerNotReading`] and a `PeerLost`
+//! saying why. The other events are bounded by what the driver asked for (one
+//! `ReadCompleted` per posted READ) and by connections (a `PeerConnected` and a `PeerLost`
+//! per handshake), so the channel, unbounded in type, is bounded in use; see [`event_channel`].
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::ops::Deref;
 use std::sync::Arc;
 
 use skyriver_core::node::{ArenaKey, PeerParams, ReadError, ReadOpId};
@@ -46,12 +58,14 @@ pub enum FabricEvent {
         /// Why, for the log.
         reason: String,
     },
-    /// A whole message arrived from `peer`; decode with `skyriver_core::wire::decode`.
+    /// A whole message arrived from `peer`; decode with `skyriver_core::wire::decode`, from
+    /// the borrowed bytes (`node.handle_peer_bytes(now, peer, &bytes)`), then drop them: until
+    /// dropped they hold the receive slot or budget they arrived in.
     Message {
         /// The sender.
         peer: NodeId,
-        /// The encoded message.
-        bytes: Vec<u8>,
+        /// The encoded message, where it arrived.
+        bytes: MessageBytes,
     },
     /// A READ posted with [`Fabric::post_read`] finished; on success its bytes are in place.
     ReadCompleted {
@@ -60,6 +74,92 @@ pub enum FabricEvent {
         /// How it went.
         result: Result<(), ReadError>,
     },
+}
+
+/// The bytes of one received message, still in the memory they arrived in. Derefs to
+/// `[u8]`. Dropping it gives that memory back to the fabric: a verbs receive slot is re-posted,
+/// a TCP connection's reader may read on. Keep it only as long as it takes to handle.
+pub struct MessageBytes(Held);
+
+enum Held {
+    /// Read off a TCP stream into a buffer of its own, counted against the connection's
+    /// undelivered-bytes budget until dropped (`None`: not counted).
+    Buffer {
+        bytes: Vec<u8>,
+        _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+    },
+    /// Still in the verbs receive slot it arrived in.
+    Slot(crate::verbs::RecvMessage),
+}
+
+impl MessageBytes {
+    /// Bytes that hold nothing back (tests, in-process drivers).
+    pub fn from_vec(bytes: Vec<u8>) -> MessageBytes {
+        MessageBytes(Held::Buffer {
+            bytes,
+            _budget: None,
+        })
+    }
+
+    /// Bytes read into a buffer, holding `budget` until dropped.
+    pub(crate) fn budgeted(
+        bytes: Vec<u8>,
+        budget: tokio::sync::OwnedSemaphorePermit,
+    ) -> MessageBytes {
+        MessageBytes(Held::Buffer {
+            bytes,
+            _budget: Some(budget),
+        })
+    }
+
+    /// Bytes in a receive slot, re-posted when dropped.
+    pub(crate) fn slot(message: crate::verbs::RecvMessage) -> MessageBytes {
+        MessageBytes(Held::Slot(message))
+    }
+}
+
+impl Deref for MessageBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Held::Buffer { bytes, .. } => bytes,
+            Held::Slot(message) => message,
+        }
+    }
+}
+
+impl AsRef<[u8]> for MessageBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl fmt::Debug for MessageBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let held = match &self.0 {
+            Held::Buffer { .. } => "buffer",
+            Held::Slot(_) => "receive slot",
+        };
+        write!(f, "MessageBytes({} bytes in a {held})", self.len())
+    }
+}
+
+/// Where a fabric sends its [`FabricEvent`]s.
+pub type EventSender = tokio::sync::mpsc::UnboundedSender<FabricEvent>;
+/// Where the driver hears a fabric's [`FabricEvent`]s.
+pub type EventReceiver = tokio::sync::mpsc::UnboundedReceiver<FabricEvent>;
+
+/// The channel from a fabric to its driver.
+///
+/// Unbounded in type, bounded in use: every [`FabricEvent::Message`] in it holds a receive
+/// slot or a share of a connection's undelivered-bytes budget, so a peer can have only so many
+/// messages waiting before it is slowed where it sends (see the module documentation); every
+/// `ReadCompleted` answers a READ the driver posted; connection events come a few per
+/// handshake. A bounded channel would add nothing but a way for a fabric thread to block on
+/// the driver while holding a connection's lock.
+pub fn event_channel() -> (EventSender, EventReceiver) {
+    tokio::sync::mpsc::unbounded_channel()
 }
 
 /// Why a fabric call failed at once.
@@ -79,9 +179,26 @@ pub enum FabricError {
     /// A region is outside the local arenas.
     #[error("region {0} is outside this node's arenas")]
     BadRegion(LocalRegion),
-    /// Setting up the fabric failed.
-    #[error("{0}")]
-    Setup(String),
+    /// An empty message (every message has at least a header).
+    #[error("cannot send an empty message")]
+    EmptyMessage,
+    /// The peer stopped taking messages: too much already waits for it. The connection was
+    /// dropped (a [`FabricEvent::PeerLost`] with the reason follows), so the node can go on
+    /// with other peers instead of buffering without limit.
+    #[error(
+        "{peer} is not taking messages: {queued} {unit} waiting (limit {limit}); the connection \
+         was dropped"
+    )]
+    PeerNotReading {
+        /// The peer.
+        peer: NodeId,
+        /// How much waited.
+        queued: usize,
+        /// The limit.
+        limit: usize,
+        /// Unit of `queued` and `limit` (`messages`, `bytes`).
+        unit: &'static str,
+    },
 }
 
 /// Identity and secrets every connection handshake checks.

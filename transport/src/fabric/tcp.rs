@@ -21,19 +21,23 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use skyriver_core::node::{ArenaKey, PathCosts, PeerParams, ReadError, ReadOpId};
+use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tokio::net::TcpListener;
+use tracing::info;
 
-use super::{Arenas, Fabric, FabricError, FabricEvent, FabricIdentity};
+use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
+use connection::{Link, Outgoing, SubmitError};
+use handshake::{accept_loop, dial};
+
+mod connection;
+mod errors;
+mod handshake;
+
+pub use errors::{Refusal, TcpHandshakeError, TcpLinkError, TcpStartError};
 
 const HANDSHAKE_MAGIC: [u8; 8] = *b"SKYRTCP1";
 const HANDSHAKE_VERSION: u32 = 1;
@@ -76,6 +80,18 @@ pub struct TcpFabricConfig {
     /// to another holder instead of waiting for a connection the kernel would keep for
     /// minutes.
     pub dead_peer_timeout: Duration,
+    /// Most bytes of frames queued for one peer behind its socket (READ data is written from
+    /// the arena and counts only its header). A peer that does not read what is sent to it is
+    /// disconnected when this or `max_queued_frames` is reached, with a reason, instead of
+    /// buffered without limit.
+    pub max_queued_bytes: usize,
+    /// Most frames queued for one peer behind its socket; see `max_queued_bytes`.
+    pub max_queued_frames: usize,
+    /// Most bytes of one peer's messages handed to the driver and not yet dropped (each
+    /// message counts 64 bytes more than its length). When reached, the connection's reader
+    /// stops reading until the driver catches up, so a peer sending faster than this node
+    /// handles is slowed by TCP flow control. Never less than one message of the largest size.
+    pub max_undelivered_bytes: usize,
 }
 
 impl TcpFabricConfig {
@@ -87,6 +103,9 @@ impl TcpFabricConfig {
             worker_threads: 2,
             costs: TCP_DEFAULT_COSTS,
             dead_peer_timeout: Duration::from_secs(5),
+            max_queued_bytes: 64 << 20,
+            max_queued_frames: 16 * 1024,
+            max_undelivered_bytes: 4 << 20,
         }
     }
 }
@@ -107,88 +126,9 @@ pub const TCP_DEFAULT_COSTS: PathCosts = PathCosts {
     read_setup_ns: 15_000.0,
 };
 
-#[derive(Debug, Serialize, Deserialize)]
-enum Handshake {
-    Hello {
-        magic: [u8; 8],
-        version: u32,
-        node: NodeId,
-        token: String,
-    },
-    Welcome {
-        node: NodeId,
-    },
-    Refused {
-        reason: String,
-    },
-}
-
-/// What the connection's writer task sends.
-enum Outgoing {
-    /// A ready frame.
-    Frame(Vec<u8>),
-    /// A READ response whose data is written straight from the arena.
-    ReadData {
-        op: u64,
-        arena: ArenaId,
-        offset: u64,
-        len: u64,
-    },
-}
-
 enum PeerSlot {
     Connecting,
     Connected { link: Arc<Link>, generation: u64 },
-}
-
-/// The sending side of one connection.
-///
-/// While the writer task has nothing queued, a frame is written straight from the caller's
-/// thread with one non-blocking `send` on a second handle of the socket: no hand-off to the
-/// writer task and no cross-thread wake-up on the latency path. Whatever does not fit at once
-/// (and every frame while the writer task is busy) queues behind, in order.
-struct Link {
-    /// A second handle (dup) of the connection's socket, non-blocking like the first.
-    socket: std::net::TcpStream,
-    /// Whether the writer task may have frames queued or buffered; set by every enqueue and
-    /// cleared by the writer task, under this lock, once its queue is empty and flushed.
-    writer_busy: Mutex<bool>,
-    outgoing: mpsc::UnboundedSender<Outgoing>,
-}
-
-impl Link {
-    /// Writes `item` now if the writer task is idle and it fits, otherwise queues it (or what
-    /// is left of it). Errs when the writer task has stopped.
-    fn submit(&self, item: Outgoing) -> Result<(), ()> {
-        let mut busy = lock(&self.writer_busy);
-        let item = match item {
-            Outgoing::Frame(frame) if !*busy => match write_now(&self.socket, &frame) {
-                n if n == frame.len() => return Ok(()),
-                0 => Outgoing::Frame(frame),
-                n => Outgoing::Frame(frame[n..].to_vec()),
-            },
-            item => item,
-        };
-        *busy = true;
-        self.outgoing.send(item).map_err(|_| ())
-    }
-}
-
-/// Writes as much of `bytes` as the socket takes without blocking. Errors other than a full
-/// socket are left for the writer task to meet and report.
-fn write_now(socket: &std::net::TcpStream, bytes: &[u8]) -> usize {
-    use std::io::Write;
-    let mut written = 0;
-    let mut socket = socket;
-    while written < bytes.len() {
-        match socket.write(&bytes[written..]) {
-            Ok(0) => break,
-            Ok(n) => written += n,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
-    written
 }
 
 struct PendingRead {
@@ -207,7 +147,7 @@ struct Inner {
     /// Exposed ranges: (arena, offset) → (len, times exposed).
     exposed: Mutex<BTreeMap<(ArenaId, u64), (u64, u32)>>,
     pending_reads: Mutex<BTreeMap<u64, PendingRead>>,
-    events: mpsc::UnboundedSender<FabricEvent>,
+    events: EventSender,
     next_generation: Mutex<u64>,
 }
 
@@ -233,8 +173,8 @@ impl TcpFabric {
         config: TcpFabricConfig,
         identity: FabricIdentity,
         arenas: Arenas,
-        events: mpsc::UnboundedSender<FabricEvent>,
-    ) -> Result<Self, FabricError> {
+        events: EventSender,
+    ) -> Result<Self, TcpStartError> {
         let runtime = match config.worker_threads {
             0 => None,
             threads => Some(
@@ -243,18 +183,13 @@ impl TcpFabric {
                     .thread_name("skyriver-tcp-fabric")
                     .enable_all()
                     .build()
-                    .map_err(|e| {
-                        FabricError::Setup(format!("cannot start the TCP fabric runtime: {e}"))
-                    })?,
+                    .map_err(|source| TcpStartError::Runtime { source })?,
             ),
         };
         let handle = match &runtime {
             Some(runtime) => runtime.handle().clone(),
-            None => tokio::runtime::Handle::try_current().map_err(|e| {
-                FabricError::Setup(format!(
-                    "the TCP fabric without worker threads must start inside a runtime: {e}"
-                ))
-            })?,
+            None => tokio::runtime::Handle::try_current()
+                .map_err(|source| TcpStartError::NoRuntime { source })?,
         };
         // Bound with std so this works from inside another runtime (no block_on).
         let listener = std::net::TcpListener::bind(config.listen)
@@ -263,10 +198,16 @@ impl TcpFabric {
                 let _context = handle.enter();
                 TcpListener::from_std(listener)
             })
-            .map_err(|e| FabricError::Setup(format!("cannot listen on {}: {e}", config.listen)))?;
+            .map_err(|source| TcpStartError::Listen {
+                addr: config.listen,
+                source,
+            })?;
         let listen_addr = listener
             .local_addr()
-            .map_err(|e| FabricError::Setup(format!("listener address: {e}")))?;
+            .map_err(|source| TcpStartError::Listen {
+                addr: config.listen,
+                source,
+            })?;
         // An rkey names an arena for this run of the daemon; a stale rkey from an earlier run
         // fails instead of reading whatever lives there now.
         let salt = (std::process::id() as u64 ^ now_nanos()) as u32;
@@ -375,8 +316,10 @@ impl Fabric for TcpFabric {
             .arenas
             .get(&source.arena)
             .ok_or(FabricError::BadRegion(source))?;
-        let payload = arena
-            .bytes(source.offset, source.len)
+        // SAFETY: `source` is a sealed object the core holds for this send (the `send_eager`
+        // contract: unchanged until the core's next input), and the slice is copied into the
+        // frame before this call returns.
+        let payload = unsafe { arena.bytes(source.offset, source.len) }
             .map_err(|_| FabricError::BadRegion(source))?;
         // Eager payloads are small by construction (below the threshold): one copy into the
         // frame is cheaper than a second write.
@@ -395,7 +338,7 @@ impl Fabric for TcpFabric {
     ) {
         let _ = lane; // One connection per peer: every lane is the same stream.
         let failed = |error| {
-            let _ = self.inner.events.send(FabricEvent::ReadCompleted {
+            self.inner.emit(FabricEvent::ReadCompleted {
                 op,
                 result: Err(error),
             });
@@ -416,12 +359,17 @@ impl Fabric for TcpFabric {
         // this read and fails it, or this call sees the peer gone.
         let peers = lock(&self.inner.peers);
         match peers.get(&peer) {
-            Some(PeerSlot::Connected { link, .. }) => {
+            Some(PeerSlot::Connected { link, generation }) => {
                 lock(&self.inner.pending_reads).insert(op.0, PendingRead { peer, local });
-                if link.submit(Outgoing::Frame(frame)).is_err() {
+                if let Err(error) = link.submit(Outgoing::Frame(frame)) {
+                    let generation = *generation;
                     lock(&self.inner.pending_reads).remove(&op.0);
                     drop(peers);
                     failed(ReadError::ConnectionLost);
+                    if let SubmitError::Full { .. } = error {
+                        let reason = error.into_link_error(peer, &self.inner.config);
+                        self.inner.lose(peer, Some(generation), reason);
+                    }
                 }
             }
             _ => {
@@ -452,13 +400,35 @@ impl Fabric for TcpFabric {
 }
 
 impl Inner {
+    fn emit(&self, event: FabricEvent) {
+        // The driver may be gone (shutting down); nothing to do then.
+        let _ = self.events.send(event);
+    }
+
+    /// Sends or queues `item` to `peer`; a peer whose queue is full is not reading what it is
+    /// sent, and is disconnected.
     fn queue(&self, peer: NodeId, item: Outgoing) -> Result<(), FabricError> {
-        let link = match lock(&self.peers).get(&peer) {
-            Some(PeerSlot::Connected { link, .. }) => link.clone(),
+        let (link, generation) = match lock(&self.peers).get(&peer) {
+            Some(PeerSlot::Connected { link, generation }) => (link.clone(), *generation),
             _ => return Err(FabricError::NotConnected(peer)),
         };
-        link.submit(item)
-            .map_err(|()| FabricError::NotConnected(peer))
+        match link.submit(item) {
+            Ok(()) => Ok(()),
+            Err(SubmitError::WriterStopped) => Err(FabricError::NotConnected(peer)),
+            Err(full @ SubmitError::Full { bytes, .. }) => {
+                self.lose(
+                    peer,
+                    Some(generation),
+                    full.into_link_error(peer, &self.config),
+                );
+                Err(FabricError::PeerNotReading {
+                    peer,
+                    queued: bytes,
+                    limit: self.config.max_queued_bytes,
+                    unit: "bytes",
+                })
+            }
+        }
     }
 
     fn local_ok(&self, region: LocalRegion) -> bool {
@@ -505,7 +475,7 @@ impl Inner {
     }
 
     /// Tears a connection down: fails its pending READs, then reports the peer lost.
-    fn lose(&self, peer: NodeId, generation: Option<u64>, reason: String) {
+    fn lose(&self, peer: NodeId, generation: Option<u64>, reason: TcpLinkError) {
         {
             let mut peers = lock(&self.peers);
             match (peers.get(&peer), generation) {
@@ -519,7 +489,11 @@ impl Inner {
                 (None, _) => return,
                 _ => {}
             }
-            peers.remove(&peer);
+            if let Some(PeerSlot::Connected { link, .. }) = peers.remove(&peer) {
+                // Ends both tasks of the connection, also a writer waiting on a peer that does
+                // not read.
+                link.close();
+            }
         }
         let failed: Vec<u64> = {
             let mut pending = lock(&self.pending_reads);
@@ -534,445 +508,14 @@ impl Inner {
             ops
         };
         for op in failed {
-            let _ = self.events.send(FabricEvent::ReadCompleted {
+            self.emit(FabricEvent::ReadCompleted {
                 op: ReadOpId(op),
                 result: Err(ReadError::ConnectionLost),
             });
         }
-        let _ = self.events.send(FabricEvent::PeerLost { peer, reason });
-    }
-}
-
-async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, from)) => {
-                let inner = inner.clone();
-                tokio::spawn(async move {
-                    let timeout = inner.config.connect_timeout;
-                    match tokio::time::timeout(timeout, accept_handshake(&inner, stream)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(reason)) => warn!(%from, %reason, "refused a peer connection"),
-                        Err(_) => warn!(%from, "peer handshake timed out"),
-                    }
-                });
-            }
-            Err(error) => {
-                warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-async fn write_handshake(stream: &mut TcpStream, message: &Handshake) -> std::io::Result<()> {
-    let body = postcard::to_stdvec(message).map_err(std::io::Error::other)?;
-    stream.write_all(&(body.len() as u32).to_le_bytes()).await?;
-    stream.write_all(&body).await
-}
-
-async fn read_handshake(stream: &mut TcpStream) -> Result<Handshake, String> {
-    let mut len = [0u8; 4];
-    stream
-        .read_exact(&mut len)
-        .await
-        .map_err(|e| format!("handshake read: {e}"))?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_HANDSHAKE_BYTES {
-        return Err(format!(
-            "handshake of {len} bytes is over the limit (not a skyriver peer?)"
-        ));
-    }
-    let mut body = vec![0u8; len];
-    stream
-        .read_exact(&mut body)
-        .await
-        .map_err(|e| format!("handshake read: {e}"))?;
-    postcard::from_bytes(&body)
-        .map_err(|e| format!("malformed handshake (not a skyriver peer?): {e}"))
-}
-
-async fn accept_handshake(inner: &Arc<Inner>, mut stream: TcpStream) -> Result<(), String> {
-    let (peer, refusal) = match read_handshake(&mut stream).await? {
-        Handshake::Hello {
-            magic,
-            version,
-            node,
-            token,
-        } => {
-            let refusal = if magic != HANDSHAKE_MAGIC {
-                Some("not a skyriver TCP fabric peer".to_string())
-            } else if version != HANDSHAKE_VERSION {
-                Some(format!(
-                    "fabric protocol version {version} is not supported (this node speaks {HANDSHAKE_VERSION})"
-                ))
-            } else if !crate::token::tokens_match(&token, &inner.identity.cluster_token) {
-                Some(format!("{node} presented a wrong cluster token"))
-            } else if node == inner.identity.node {
-                Some(format!("{node} is this node's own id"))
-            } else {
-                None
-            };
-            (node, refusal)
-        }
-        other => return Err(format!("expected Hello, got {other:?}")),
-    };
-    if let Some(reason) = refusal {
-        let _ = write_handshake(
-            &mut stream,
-            &Handshake::Refused {
-                reason: reason.clone(),
-            },
-        )
-        .await;
-        return Err(reason);
-    }
-    write_handshake(
-        &mut stream,
-        &Handshake::Welcome {
-            node: inner.identity.node,
-        },
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    let round_trip = measure_round_trip(&mut stream, false)
-        .await
-        .map_err(|e| e.to_string())?;
-    start_connection(inner.clone(), peer, stream, round_trip);
-    Ok(())
-}
-
-async fn dial(inner: Arc<Inner>, peer: NodeId, addr: SocketAddr) {
-    let attempt = async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("connect to {addr}: {e}"))?;
-        write_handshake(
-            &mut stream,
-            &Handshake::Hello {
-                magic: HANDSHAKE_MAGIC,
-                version: HANDSHAKE_VERSION,
-                node: inner.identity.node,
-                token: inner.identity.cluster_token.clone(),
-            },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        match read_handshake(&mut stream).await? {
-            Handshake::Welcome { node } if node == peer => {}
-            Handshake::Welcome { node } => {
-                return Err(format!("{addr} is {node}, not {peer}"));
-            }
-            Handshake::Refused { reason } => return Err(format!("refused by {peer}: {reason}")),
-            other => return Err(format!("unexpected handshake reply {other:?}")),
-        }
-        let round_trip = measure_round_trip(&mut stream, true)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>((stream, round_trip))
-    };
-    match tokio::time::timeout(inner.config.connect_timeout, attempt).await {
-        Ok(Ok((stream, round_trip))) => {
-            // Drop the Connecting placeholder; `start_connection` installs the real one.
-            inner.forget_connecting(peer);
-            start_connection(inner, peer, stream, round_trip);
-        }
-        Ok(Err(reason)) => {
-            warn!(%peer, %reason, "cannot connect to peer");
-            inner.forget_connecting(peer);
-            let _ = inner.events.send(FabricEvent::PeerLost { peer, reason });
-        }
-        Err(_) => {
-            inner.forget_connecting(peer);
-            let reason = format!("connection to {addr} timed out");
-            warn!(%peer, %reason, "cannot connect to peer");
-            let _ = inner.events.send(FabricEvent::PeerLost { peer, reason });
-        }
-    }
-}
-
-/// Ping-pongs in both directions; returns this side's median round trip.
-async fn measure_round_trip(stream: &mut TcpStream, dialer: bool) -> std::io::Result<Duration> {
-    stream.set_nodelay(true)?;
-    let mut samples = Vec::with_capacity(PING_ROUNDS);
-    let mut frame = [0u8; 9];
-    for turn in [dialer, !dialer] {
-        for round in 0..PING_ROUNDS as u64 {
-            if turn {
-                frame[0] = KIND_PING;
-                frame[1..].copy_from_slice(&round.to_le_bytes());
-                let started = Instant::now();
-                stream.write_all(&frame).await?;
-                stream.read_exact(&mut frame).await?;
-                samples.push(started.elapsed());
-                if frame[0] != KIND_PONG {
-                    return Err(std::io::Error::other("expected PONG"));
-                }
-            } else {
-                stream.read_exact(&mut frame).await?;
-                if frame[0] != KIND_PING {
-                    return Err(std::io::Error::other("expected PING"));
-                }
-                frame[0] = KIND_PONG;
-                stream.write_all(&frame).await?;
-            }
-        }
-    }
-    samples.sort_unstable();
-    Ok(samples[samples.len() / 2])
-}
-
-fn start_connection(inner: Arc<Inner>, peer: NodeId, stream: TcpStream, round_trip: Duration) {
-    let _ = stream.set_nodelay(true);
-    let socket = socket2::SockRef::from(&stream);
-    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES * 16);
-    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES * 16);
-    // Best effort: without these a dead peer is only noticed by the transfer deadlines.
-    let timeout = inner.config.dead_peer_timeout;
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time((timeout / 2).max(Duration::from_secs(1)))
-        .with_interval(Duration::from_secs(1))
-        .with_retries(3);
-    let _ = socket.set_tcp_keepalive(&keepalive);
-    let _ = socket.set_tcp_user_timeout(Some(timeout));
-    // A second handle on the socket for direct writes (see `Link`).
-    let handles = stream.into_std().and_then(|std_stream| {
-        let direct = std_stream.try_clone()?;
-        Ok((TcpStream::from_std(std_stream)?, direct))
-    });
-    let (stream, direct) = match handles {
-        Ok(handles) => handles,
-        Err(error) => {
-            warn!(%peer, %error, "cannot set up the connection's socket");
-            return;
-        }
-    };
-    let (outgoing_tx, outgoing_rx) = mpsc::unbounded_channel();
-    let link = Arc::new(Link {
-        socket: direct,
-        writer_busy: Mutex::new(false),
-        outgoing: outgoing_tx,
-    });
-    let Some(generation) = inner.install(peer, link.clone()) else {
-        debug!(%peer, "dropping a duplicate connection");
-        return;
-    };
-    let (reader, writer) = stream.into_split();
-    let costs = PathCosts {
-        round_trip_ns: round_trip.as_nanos() as f64,
-        ..inner.config.costs
-    };
-    let summary = format!("tcp, 1 lane, round trip {round_trip:.1?}");
-    let _ = inner.events.send(FabricEvent::PeerConnected {
-        peer,
-        params: PeerParams { lanes: 1, costs },
-        summary,
-    });
-    let writer_inner = inner.clone();
-    let writer_link = link.clone();
-    tokio::spawn(async move {
-        if let Err(error) = write_loop(&writer_inner, &writer_link, writer, outgoing_rx).await {
-            writer_inner.lose(
-                peer,
-                Some(generation),
-                format!("write to {peer} failed: {error}"),
-            );
-        }
-    });
-    tokio::spawn(async move {
-        let reason = match read_loop(&inner, peer, reader, &link).await {
-            Ok(()) => format!("{peer} closed the connection"),
-            Err(error) => error,
-        };
-        inner.lose(peer, Some(generation), reason);
-    });
-}
-
-async fn write_loop(
-    inner: &Inner,
-    link: &Link,
-    writer: OwnedWriteHalf,
-    mut outgoing: mpsc::UnboundedReceiver<Outgoing>,
-) -> std::io::Result<()> {
-    let mut writer = BufWriter::with_capacity(SOCKET_BUFFER_BYTES, writer);
-    let mut next = None;
-    loop {
-        let item = match next.take() {
-            Some(item) => item,
-            None => match outgoing.recv().await {
-                Some(item) => item,
-                None => return Ok(()),
-            },
-        };
-        write_item(inner, &mut writer, item).await?;
-        while let Ok(item) = outgoing.try_recv() {
-            write_item(inner, &mut writer, item).await?;
-        }
-        writer.flush().await?;
-        // Idle once the queue is empty under the lock that enqueuers take: from then on
-        // callers write directly, and nothing of ours is left to overtake.
-        let mut busy = lock(&link.writer_busy);
-        match outgoing.try_recv() {
-            Ok(item) => next = Some(item),
-            Err(_) => *busy = false,
-        }
-    }
-}
-
-async fn write_item(
-    inner: &Inner,
-    writer: &mut BufWriter<OwnedWriteHalf>,
-    item: Outgoing,
-) -> std::io::Result<()> {
-    match item {
-        Outgoing::Frame(frame) => writer.write_all(&frame).await,
-        Outgoing::ReadData {
-            op,
-            arena,
-            offset,
-            len,
-        } => {
-            let data = inner
-                .arenas
-                .get(&arena)
-                .and_then(|a| a.bytes(offset, len).ok());
-            let mut header = [0u8; 18];
-            header[0] = KIND_READ_RESPONSE;
-            header[1..9].copy_from_slice(&op.to_le_bytes());
-            match data {
-                Some(data) => {
-                    header[9] = STATUS_OK;
-                    header[10..18].copy_from_slice(&len.to_le_bytes());
-                    writer.write_all(&header).await?;
-                    // Straight from the shared arena into the socket: large writes bypass the
-                    // BufWriter's buffer.
-                    writer.write_all(data).await
-                }
-                None => {
-                    header[9] = STATUS_REMOTE_ACCESS;
-                    writer.write_all(&header).await
-                }
-            }
-        }
-    }
-}
-
-async fn read_loop(
-    inner: &Inner,
-    peer: NodeId,
-    reader: OwnedReadHalf,
-    link: &Link,
-) -> Result<(), String> {
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
-    let io = |e: std::io::Error| format!("read from {peer} failed: {e}");
-    loop {
-        let kind = match reader.read_u8().await {
-            Ok(kind) => kind,
-            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(error) => return Err(io(error)),
-        };
-        match kind {
-            KIND_MESSAGE => {
-                let len = reader.read_u32_le().await.map_err(io)? as usize;
-                if len > wire::MAX_MESSAGE_BYTES {
-                    return Err(format!(
-                        "{peer} sent a {len}-byte message (limit {})",
-                        wire::MAX_MESSAGE_BYTES
-                    ));
-                }
-                let mut bytes = vec![0u8; len];
-                reader.read_exact(&mut bytes).await.map_err(io)?;
-                let _ = inner.events.send(FabricEvent::Message { peer, bytes });
-            }
-            KIND_READ_REQUEST => {
-                let op = reader.read_u64_le().await.map_err(io)?;
-                let addr = reader.read_u64_le().await.map_err(io)?;
-                let len = reader.read_u64_le().await.map_err(io)?;
-                let rkey = reader.read_u32_le().await.map_err(io)?;
-                let arena = inner.arena_by_rkey.get(&rkey).copied();
-                let item = match arena {
-                    Some(arena) if len <= MAX_READ_BYTES && inner.is_exposed(arena, addr, len) => {
-                        Outgoing::ReadData {
-                            op,
-                            arena,
-                            offset: addr,
-                            len,
-                        }
-                    }
-                    _ => {
-                        debug!(%peer, op, addr, len, rkey, "refused a READ of memory that is not exposed");
-                        let mut header = vec![0u8; 18];
-                        header[0] = KIND_READ_RESPONSE;
-                        header[1..9].copy_from_slice(&op.to_le_bytes());
-                        header[9] = STATUS_REMOTE_ACCESS;
-                        Outgoing::Frame(header)
-                    }
-                };
-                if link.submit(item).is_err() {
-                    return Err("connection writer stopped".into());
-                }
-            }
-            KIND_READ_RESPONSE => {
-                let op = reader.read_u64_le().await.map_err(io)?;
-                let status = reader.read_u8().await.map_err(io)?;
-                let len = reader.read_u64_le().await.map_err(io)?;
-                let pending = lock(&inner.pending_reads).remove(&op);
-                let Some(pending) = pending else {
-                    return Err(format!("{peer} answered READ {op} that was not asked for"));
-                };
-                // The READ is ours from here: every way out completes it, so a connection lost
-                // mid-data fails the transfer at once instead of leaving it to its deadline.
-                let fail = |reason: String| {
-                    let _ = inner.events.send(FabricEvent::ReadCompleted {
-                        op: ReadOpId(op),
-                        result: Err(ReadError::ConnectionLost),
-                    });
-                    reason
-                };
-                let result = if status == STATUS_OK {
-                    if len != pending.local.len {
-                        return Err(fail(format!(
-                            "{peer} answered READ {op} with {len} bytes, {} asked",
-                            pending.local.len
-                        )));
-                    }
-                    let arena = inner
-                        .arenas
-                        .get(&pending.local.arena)
-                        .ok_or_else(|| fail(format!("READ {op} into an unknown arena")))?;
-                    // SAFETY: `post_read` checked the region lies in this arena; the core gave it
-                    // to this one READ (a slice of an object being fetched, created and not yet
-                    // sealed), and nothing else touches it until the completion is delivered.
-                    let destination =
-                        unsafe { arena.bytes_mut(pending.local.offset, pending.local.len) }
-                            .map_err(|e| fail(e.to_string()))?;
-                    reader
-                        .read_exact(destination)
-                        .await
-                        .map_err(|e| fail(io(e)))?;
-                    Ok(())
-                } else {
-                    Err(ReadError::RemoteAccess)
-                };
-                let _ = inner.events.send(FabricEvent::ReadCompleted {
-                    op: ReadOpId(op),
-                    result,
-                });
-            }
-            KIND_PING => {
-                let nonce = reader.read_u64_le().await.map_err(io)?;
-                let mut frame = vec![KIND_PONG];
-                frame.extend_from_slice(&nonce.to_le_bytes());
-                let _ = link.submit(Outgoing::Frame(frame));
-            }
-            KIND_PONG => {
-                reader.read_u64_le().await.map_err(io)?;
-            }
-            other => {
-                return Err(format!(
-                    "{peer} sent an unknown frame kind {other}: dropping the connection"
-                ))
-            }
-        }
+        self.emit(FabricEvent::PeerLost {
+            peer,
+            reason: reason.to_string(),
+        });
     }
 }

@@ -51,177 +51,45 @@
 //! a torn-down connection first destroys its QPs (no DMA after this), then completes every
 //! outstanding READ with [`ReadError::ConnectionLost`] and emits `PeerLost`, all under the table
 //! lock, so a reconnection's `PeerConnected` cannot overtake it.
+//!
+//! [`VerbsConnection`]: crate::verbs::VerbsConnection
 
+mod config;
+mod errors;
 mod hello;
 mod idle;
 mod peer;
+mod poller;
 mod probe;
+mod setup;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
-use skyriver_core::node::{ArenaKey, PathCosts, PeerParams, ReadError, ReadOpId};
+use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
-use tokio::sync::mpsc::UnboundedSender;
 
-use super::{Arenas, Fabric, FabricError, FabricEvent, FabricIdentity};
+use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
 use crate::arena::SharedArena;
-use crate::verbs::{
-    plan_reads, ConnectionConfig, MrChunk, NegotiatedParams, Registration, VerbsConnection,
-    VerbsDevice,
+use crate::verbs::{plan_reads, ConnectionConfig, MrChunk, Registration, VerbsDevice};
+pub use config::VerbsFabricConfig;
+use errors::render;
+pub use errors::{
+    ConfigError, ConnectionLost, HandshakeFailure, HelloRejection, HelloShapeError,
+    RemoteRegionError, VerbsStartError,
 };
-use hello::{Control, ControlError, CostsFrame, Hello, Reply, Verdict, WireArena, WireChunk};
+use hello::{CostsFrame, Hello, WireArena, WireChunk};
 use idle::IdleWait;
-use peer::{ConnState, PeerConn, RemoteTable};
-
-/// Configuration of a [`VerbsFabric`]. [`VerbsFabricConfig::new`] gives working defaults.
-#[derive(Clone, Debug)]
-pub struct VerbsFabricConfig {
-    /// RDMA device name (`mlx5_0`, `rxe0`).
-    pub device: String,
-    /// Port of the device, from 1.
-    pub port: u8,
-    /// GID index; `None` picks the port's RoCE v2 GID (Ethernet) or GID 0 (InfiniBand).
-    pub gid_index: Option<u32>,
-    /// Where to listen for control connections (port 0: any free port).
-    pub listen: SocketAddr,
-    /// Queue pairs per peer (agreed: minimum of both sides).
-    pub lanes: usize,
-    /// Largest memory region of an arena registration (further capped by the device).
-    pub max_mr_bytes: u64,
-    /// Size of one receive slot, header included. Every node of a cluster must use the same
-    /// value, and give it to its core as `NodeConfig::receive_slot_bytes`; peers with another
-    /// value are refused at handshake. At most `wire::MAX_MESSAGE_BYTES`.
-    pub recv_slot_bytes: u32,
-    /// Receive slots per connection, in its shared receive queue (every lane draws from it).
-    pub recv_slots: u32,
-    /// Send slots per lane (SENDs in flight per lane).
-    pub send_slots: u32,
-    /// Send queue depth per lane (SENDs plus READs in flight).
-    pub send_queue_depth: u32,
-    /// Outstanding READs per QP wanted.
-    pub max_rd_atomic: u32,
-    /// Largest SEND posted inline.
-    pub max_inline_bytes: u32,
-    /// Largest path MTU wanted, in bytes.
-    pub mtu_bytes: u32,
-    /// Largest single READ work request; a READ of a longer region is sliced.
-    pub max_read_bytes: u64,
-    /// Most READ work requests in one posted list (one signaled completion per list).
-    pub max_reads_per_list: u32,
-    /// Most SENDs waiting for send-queue room per peer; beyond it the peer is dropped (it stopped
-    /// taking messages).
-    pub max_queued_sends: usize,
-    /// Most READ lists waiting for send-queue room per peer; beyond it new READs fail.
-    pub max_queued_read_lists: usize,
-    /// Deadline of a whole connection handshake (TCP connect, hello, QPs, probe).
-    pub handshake_timeout: Duration,
-    /// Measure path costs at connect time (else use the device kind's defaults).
-    pub probe: bool,
-    /// Time the READ bandwidth probe may take once it has one sample.
-    pub probe_budget: Duration,
-    /// Bytes of the probe buffer each side registers (and the peer READs).
-    pub probe_bytes: u64,
-    /// How long the poller keeps polling without pause after its last completion (the
-    /// latency of a reply that comes back this soon is a poll, not a wake-up).
-    pub busy_poll: Duration,
-    /// After this long without work the poller sleeps on completion events (no CPU while idle);
-    /// until then it takes short sleeps, so a busy connection's next reply costs a poll, not an
-    /// event wake-up.
-    pub event_sleep_after: Duration,
-    /// Longest sleep of the idle poller between CQ polls while recently busy, or always when the
-    /// device has no completion channel.
-    pub idle_poll_max: Duration,
-    /// How often the poller checks each connection's TCP stream for EOF.
-    pub liveness_interval: Duration,
-    /// TCP keepalive idle time of control streams: a peer whose machine died without closing
-    /// them is noticed after about this plus three 1-second probes, even with no traffic.
-    pub control_keepalive: Duration,
-    /// Most handshakes of accepted connections running at once; more are closed at once.
-    pub max_pending_accepts: usize,
-}
-
-impl VerbsFabricConfig {
-    /// Defaults for `device` (port 1, default GID), listening on `listen`.
-    pub fn new(device: &str, listen: SocketAddr) -> Self {
-        VerbsFabricConfig {
-            device: device.to_string(),
-            port: 1,
-            gid_index: None,
-            listen,
-            lanes: 2,
-            max_mr_bytes: u64::MAX,
-            recv_slot_bytes: 64 * 1024,
-            recv_slots: 64,
-            send_slots: 64,
-            send_queue_depth: 512,
-            max_rd_atomic: 16,
-            max_inline_bytes: 128,
-            mtu_bytes: 4096,
-            max_read_bytes: 1 << 20,
-            max_reads_per_list: 64,
-            max_queued_sends: 16 * 1024,
-            max_queued_read_lists: 16 * 1024,
-            handshake_timeout: Duration::from_secs(10),
-            probe: true,
-            probe_budget: Duration::from_millis(5),
-            probe_bytes: 256 * 1024,
-            busy_poll: Duration::from_micros(20),
-            event_sleep_after: Duration::from_millis(20),
-            idle_poll_max: Duration::from_micros(200),
-            liveness_interval: Duration::from_millis(5),
-            control_keepalive: Duration::from_secs(2),
-            max_pending_accepts: 64,
-        }
-    }
-
-    fn connection_config(&self) -> ConnectionConfig {
-        ConnectionConfig {
-            lanes: self.lanes,
-            recv_slot_bytes: self.recv_slot_bytes,
-            recv_slots: self.recv_slots,
-            send_slots: self.send_slots,
-            send_queue_depth: self.send_queue_depth,
-            max_rd_atomic: self.max_rd_atomic,
-            max_inline_bytes: self.max_inline_bytes,
-            mtu_bytes: self.mtu_bytes,
-            handshake_timeout: self.handshake_timeout,
-            ..ConnectionConfig::default()
-        }
-    }
-
-    fn validate(&self) -> Result<(), String> {
-        if self.recv_slot_bytes as usize > wire::MAX_MESSAGE_BYTES
-            || (self.recv_slot_bytes as usize) < wire::HEADER_BYTES + wire::EAGER_FIXED_BYTES + 1
-        {
-            return Err(format!(
-                "recv_slot_bytes {} not in {}..={}",
-                self.recv_slot_bytes,
-                wire::HEADER_BYTES + wire::EAGER_FIXED_BYTES + 1,
-                wire::MAX_MESSAGE_BYTES
-            ));
-        }
-        if self.max_read_bytes == 0 || self.max_reads_per_list == 0 {
-            return Err("max_read_bytes and max_reads_per_list must be positive".into());
-        }
-        if self.max_reads_per_list > self.send_queue_depth {
-            return Err(format!(
-                "max_reads_per_list {} exceeds send_queue_depth {}",
-                self.max_reads_per_list, self.send_queue_depth
-            ));
-        }
-        if self.probe_bytes == 0 || self.probe_bytes > 64 << 20 {
-            return Err("probe_bytes must be in 1..=64 MiB".into());
-        }
-        Ok(())
-    }
-}
+use peer::PeerConn;
+use poller::poll_loop;
+pub use probe::ProbeError;
+use setup::{accept_loop, connect_to};
 
 /// One registered local arena. Field order is drop order: the registration goes before the
 /// mapping it covers.
@@ -286,7 +154,7 @@ impl Exposures {
 struct Shared {
     table: Mutex<Table>,
     exposures: Mutex<Exposures>,
-    events: UnboundedSender<FabricEvent>,
+    events: EventSender,
     identity: FabricIdentity,
     config: VerbsFabricConfig,
     listen_addr: SocketAddr,
@@ -340,7 +208,7 @@ impl Shared {
     /// Ends a handshake attempt that failed: if the attempt still owns the peer's slot, frees it
     /// and, when the driver asked for this peer, reports `PeerLost`. (A failed handshake the
     /// peer opened is only logged: the driver never heard of it.)
-    fn attempt_failed(&self, peer: NodeId, attempt: u64, reason: String) {
+    fn attempt_failed(&self, peer: NodeId, attempt: u64, reason: HandshakeFailure) {
         let mut t = lock(&self.table);
         if let Some(&Slot::Connecting {
             attempt: a,
@@ -352,7 +220,10 @@ impl Shared {
                 t.peers.remove(&peer);
                 tracing::warn!(%peer, %reason, "verbs fabric: connection failed");
                 if driver_waits {
-                    self.emit(FabricEvent::PeerLost { peer, reason });
+                    self.emit(FabricEvent::PeerLost {
+                        peer,
+                        reason: reason.to_string(),
+                    });
                 }
                 return;
             }
@@ -360,7 +231,7 @@ impl Shared {
         tracing::debug!(%peer, %reason, "verbs fabric: superseded connection attempt ended");
     }
 
-    /// The peer answered an outgoing attempt with [`Reply::Yield`]: its own connection to this
+    /// The peer answered an outgoing attempt with [`Reply::Yield`](hello::Reply::Yield): its own connection to this
     /// node wins. Wait (until `deadline`) for that connection to take the slot over; the
     /// attempt then ends quietly. If it never comes, the attempt fails.
     fn yield_to_peer(
@@ -369,7 +240,7 @@ impl Shared {
         attempt: u64,
         deadline: Instant,
         reason: String,
-    ) -> Result<(), String> {
+    ) -> Result<(), HandshakeFailure> {
         loop {
             let ours = matches!(
                 lock(&self.table).peers.get(&peer),
@@ -380,9 +251,7 @@ impl Shared {
                 return Ok(());
             }
             if Instant::now() >= deadline || self.shutdown.load(Ordering::Acquire) {
-                return Err(format!(
-                    "{reason}, but {peer}'s connection did not arrive in time"
-                ));
+                return Err(HandshakeFailure::YieldTimedOut { peer, reason });
             }
             thread::sleep(Duration::from_millis(2));
         }
@@ -441,31 +310,32 @@ impl Shared {
     }
 
     /// Checks a peer's hello; `expected` is the node an outgoing connection meant to reach.
-    fn check_hello(&self, h: &Hello, expected: Option<NodeId>) -> Result<(), String> {
+    fn check_hello(&self, h: &Hello, expected: Option<NodeId>) -> Result<(), HelloRejection> {
         if !crate::token::tokens_match(&h.token, &self.identity.cluster_token) {
-            return Err(format!(
-                "node-{} presented a wrong cluster token; refused",
-                h.node
-            ));
+            return Err(HelloRejection::WrongToken { node: h.node });
         }
-        h.validate()?;
+        h.validate().map_err(|source| HelloRejection::Shape {
+            node: h.node,
+            source,
+        })?;
         if h.node == self.identity.node.0 {
-            return Err(format!("peer claims this node's own id node-{}", h.node));
+            return Err(HelloRejection::OwnId { node: h.node });
         }
-        if let Some(p) = expected {
-            if p.0 != h.node {
-                return Err(format!(
-                    "expected {p} at this address, found node-{}",
-                    h.node
-                ));
+        if let Some(expected) = expected {
+            if expected.0 != h.node {
+                return Err(HelloRejection::WrongNode {
+                    expected,
+                    found: h.node,
+                });
             }
         }
         if h.recv_slot_bytes != self.config.recv_slot_bytes {
-            return Err(format!(
-                "receive slot size mismatch: node-{} uses {} bytes, {} uses {} (configure every \
-                 node alike)",
-                h.node, h.recv_slot_bytes, self.identity.node, self.config.recv_slot_bytes
-            ));
+            return Err(HelloRejection::SlotSize {
+                peer: h.node,
+                theirs: h.recv_slot_bytes,
+                me: self.identity.node,
+                ours: self.config.recv_slot_bytes,
+            });
         }
         Ok(())
     }
@@ -489,21 +359,28 @@ impl std::fmt::Debug for VerbsFabric {
 
 impl VerbsFabric {
     /// Opens the device, registers `arenas`, listens on `config.listen` and starts the fabric's
-    /// threads. Fails with [`FabricError::Setup`] (saying why, e.g. that RDMA verbs are not
+    /// threads. Fails with a [`VerbsStartError`] (saying why, e.g. that RDMA verbs are not
     /// available on this machine) without starting anything.
     pub fn start(
         config: VerbsFabricConfig,
         identity: FabricIdentity,
         arenas: Arenas,
-        events: UnboundedSender<FabricEvent>,
-    ) -> Result<VerbsFabric, FabricError> {
+        events: EventSender,
+    ) -> Result<VerbsFabric, VerbsStartError> {
         let device_name = config.device.clone();
-        let setup = |what: &str, e: &dyn std::fmt::Display| {
-            FabricError::Setup(format!("verbs fabric ({device_name}): {what}: {e}"))
-        };
-        config.validate().map_err(|e| setup("bad config", &e))?;
-        let device = VerbsDevice::open(&config.device, config.port, config.gid_index)
-            .map_err(|e| setup("opening the RDMA device", &render(&e)))?;
+        config
+            .validate()
+            .map_err(|source| VerbsStartError::Config {
+                device: device_name.clone(),
+                source,
+            })?;
+        let device =
+            VerbsDevice::open(&config.device, config.port, config.gid_index).map_err(|source| {
+                VerbsStartError::OpenDevice {
+                    device: device_name.clone(),
+                    source,
+                }
+            })?;
         let mut local = BTreeMap::new();
         for (id, arena) in arenas {
             // SAFETY: the arena's mapping lives as long as the Arc kept next to the
@@ -517,15 +394,27 @@ impl VerbsFabric {
                     config.max_mr_bytes,
                 )
             }
-            .map_err(|e| setup(&format!("registering {id}"), &e))?;
+            .map_err(|source| VerbsStartError::RegisterArena {
+                device: device_name.clone(),
+                arena: id,
+                source,
+            })?;
             local.insert(id, LocalArena { reg, arena });
         }
         let probe_len = config.probe_bytes as usize;
-        let mut probe_mem = MmapMut::map_anon(probe_len).map_err(|e| setup("probe buffer", &e))?;
+        let mut probe_mem =
+            MmapMut::map_anon(probe_len).map_err(|source| VerbsStartError::ProbeBuffer {
+                device: device_name.clone(),
+                bytes: config.probe_bytes,
+                source,
+            })?;
         // SAFETY: the map is owned by `ProbeBuffer` next to the registration, which is dropped
         // first (field order); its bytes are scratch that only the device writes and reads.
         let probe_reg = unsafe { device.register(probe_mem.as_mut_ptr(), probe_len, u64::MAX) }
-            .map_err(|e| setup("registering the probe buffer", &e))?;
+            .map_err(|source| VerbsStartError::RegisterProbe {
+                device: device_name.clone(),
+                source,
+            })?;
         let idle = match device.completion_channel().and_then(|channel| {
             IdleWait::new(channel).map_err(|e| crate::verbs::DeviceError::CompletionChannel {
                 name: config.device.clone(),
@@ -542,14 +431,14 @@ impl VerbsFabric {
                 None
             }
         };
-        let listener = TcpListener::bind(config.listen)
-            .map_err(|e| setup(&format!("binding {}", config.listen), &e))?;
-        let listen_addr = listener
-            .local_addr()
-            .map_err(|e| setup("listener address", &e))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| setup("listener", &e))?;
+        let listen_error = |source| VerbsStartError::Listen {
+            device: device_name.clone(),
+            addr: config.listen,
+            source,
+        };
+        let listener = TcpListener::bind(config.listen).map_err(listen_error)?;
+        let listen_addr = listener.local_addr().map_err(listen_error)?;
+        listener.set_nonblocking(true).map_err(listen_error)?;
 
         let shared = Arc::new(Shared {
             table: Mutex::new(Table::default()),
@@ -574,7 +463,11 @@ impl VerbsFabric {
         let poller = thread::Builder::new()
             .name("verbs-poller".into())
             .spawn(move || poll_loop(&s))
-            .map_err(|e| setup("starting the poller thread", &e))?;
+            .map_err(|source| VerbsStartError::Thread {
+                device: device_name.clone(),
+                thread: "poller",
+                source,
+            })?;
         let _ = shared.poller.set(poller.thread().clone());
         let s = shared.clone();
         let acceptor = match thread::Builder::new()
@@ -586,7 +479,11 @@ impl VerbsFabric {
                 shared.shutdown.store(true, Ordering::Release);
                 shared.wake_poller();
                 let _ = poller.join();
-                return Err(setup("starting the acceptor thread", &e));
+                return Err(VerbsStartError::Thread {
+                    device: device_name,
+                    thread: "acceptor",
+                    source: e,
+                });
             }
         };
         let regions: Vec<String> = shared
@@ -661,7 +558,7 @@ impl Drop for VerbsFabric {
             .collect();
         for c in conns {
             let mut st = lock(&c.state);
-            c.teardown(&mut st, &self.shared, "the local fabric shut down".into());
+            c.teardown(&mut st, &self.shared, ConnectionLost::Shutdown);
         }
     }
 }
@@ -697,7 +594,7 @@ impl Fabric for VerbsFabric {
         if peer == s.identity.node {
             s.emit(FabricEvent::PeerLost {
                 peer,
-                reason: "refusing to connect to this node itself".into(),
+                reason: HandshakeFailure::SelfConnect.to_string(),
             });
             return;
         }
@@ -733,11 +630,7 @@ impl Fabric for VerbsFabric {
                 }
             });
         if let Err(e) = spawned {
-            s.attempt_failed(
-                peer,
-                attempt,
-                format!("cannot start a handshake thread: {e}"),
-            );
+            s.attempt_failed(peer, attempt, HandshakeFailure::Thread { source: e });
         }
     }
 
@@ -755,7 +648,7 @@ impl Fabric for VerbsFabric {
             });
         }
         if bytes.is_empty() {
-            return Err(FabricError::Setup("cannot send an empty message".into()));
+            return Err(FabricError::EmptyMessage);
         }
         let conn = s.peer_conn(peer).ok_or(FabricError::NotConnected(peer))?;
         let mut st = lock(&conn.state);
@@ -787,9 +680,10 @@ impl Fabric for VerbsFabric {
         let conn = s.peer_conn(peer).ok_or(FabricError::NotConnected(peer))?;
         // The core guarantees the bytes stay unchanged until its next input, not until the SEND
         // completes; so they are copied now (into a send slot or inline), not referenced.
-        let payload = arena
-            .arena
-            .bytes(source.offset, source.len)
+        // SAFETY: `source` is a sealed object the core holds for this send (the `send_eager`
+        // contract: unchanged until the core's next input), and the slice is copied into the
+        // message before this call returns.
+        let payload = unsafe { arena.arena.bytes(source.offset, source.len) }
             .map_err(|_| FabricError::BadRegion(source))?;
         let mut bytes = Vec::with_capacity(len as usize);
         wire::encode_eager(header, payload, &mut bytes);
@@ -876,433 +770,3 @@ impl Fabric for VerbsFabric {
         }
     }
 }
-
-// ---- connection set-up ----------------------------------------------------------------------
-
-/// What a finished handshake hands to [`install`].
-struct Established {
-    conn: VerbsConnection,
-    control: TcpStream,
-    peer_hello: Hello,
-    costs: PathCosts,
-    cost_note: String,
-    backlog: Vec<crate::verbs::Completion>,
-}
-
-/// Control streams: no Nagle delay (small handshake frames), and keepalive probes so a silent
-/// peer is noticed on an idle connection. Best effort: failures only weaken detection.
-fn tune_control(stream: &TcpStream, cfg: &VerbsFabricConfig) {
-    let _ = stream.set_nodelay(true);
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(cfg.control_keepalive)
-        .with_interval(Duration::from_secs(1))
-        .with_retries(3);
-    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive);
-}
-
-/// An error with its chain of sources, for logs and `PeerLost` reasons.
-fn render(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(err) = cur {
-        s.push_str(": ");
-        s.push_str(&err.to_string());
-        cur = err.source();
-    }
-    s
-}
-
-fn control_err(stage: &str) -> impl Fn(ControlError) -> String + '_ {
-    move |e| format!("{stage}: {}", render(&e))
-}
-
-/// The outgoing side of a handshake. Errors are the reason for `PeerLost`.
-fn connect_to(s: &Shared, peer: NodeId, addr: SocketAddr, attempt: u64) -> Result<(), String> {
-    let cfg = &s.config;
-    let deadline = Instant::now() + cfg.handshake_timeout;
-    let mut stream = TcpStream::connect_timeout(&addr, cfg.handshake_timeout)
-        .map_err(|e| format!("TCP connect to {addr}: {e}"))?;
-    tune_control(&stream, &s.config);
-    let pings = if cfg.probe { probe::PINGS } else { 0 };
-    let mut ctl = Control::new(&mut stream, cfg.handshake_timeout).map_err(control_err("hello"))?;
-    ctl.write_preamble().map_err(control_err("hello"))?;
-    ctl.write_frame(&s.my_hello(pings))
-        .map_err(control_err("hello"))?;
-    let theirs = match ctl.read_frame::<Reply>().map_err(control_err("hello"))? {
-        Reply::Accept(h) => h,
-        Reply::Refuse(reason) => return Err(format!("refused by {peer} at {addr}: {reason}")),
-        Reply::Yield(reason) => return s.yield_to_peer(peer, attempt, deadline, reason),
-    };
-    if let Err(reason) = s.check_hello(&theirs, Some(peer)) {
-        let _ = ctl.write_frame(&Verdict::Refuse(reason.clone()));
-        tracing::warn!(%peer, %addr, %reason, "verbs fabric: refusing the peer");
-        return Err(reason);
-    }
-    let remote = RemoteTable::from_hello(&theirs.arenas)?;
-    ctl.write_frame(&Verdict::Accept)
-        .map_err(control_err("hello"))?;
-    drop(ctl);
-
-    let mut conn = VerbsConnection::connect(&s.device, &mut stream, &s.connection_config())
-        .map_err(|e| format!("QP handshake with {peer}: {}", render(&e)))?;
-    let frame = if cfg.probe {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match probe::measure(
-            &mut conn,
-            s.probe.reg.chunks()[0],
-            theirs.probe_region,
-            cfg.probe_budget,
-            left,
-        ) {
-            Ok(m) => m.frame,
-            Err(e) => return Err(format!("measuring the path to {peer}: {e}")),
-        }
-    } else {
-        CostsFrame {
-            measured: false,
-            round_trip_ns: 0.0,
-            message_overhead_ns: 0.0,
-            wire_bytes_per_sec: 0.0,
-            read_setup_ns: 0.0,
-            note: "probe disabled".into(),
-        }
-    };
-    let left = deadline.saturating_duration_since(Instant::now());
-    let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)))
-        .map_err(control_err("sending costs"))?;
-    ctl.write_frame(&frame)
-        .map_err(control_err("sending costs"))?;
-    drop(ctl);
-    let costs = s.path_costs(&frame, &theirs, s.device.name());
-    install(
-        s,
-        peer,
-        attempt,
-        Established {
-            conn,
-            control: stream,
-            peer_hello: theirs,
-            costs,
-            cost_note: frame.note,
-            backlog: Vec::new(),
-        },
-        remote,
-    );
-    Ok(())
-}
-
-fn accept_loop(s: &Arc<Shared>, listener: TcpListener) {
-    while !s.shutdown.load(Ordering::Acquire) {
-        match listener.accept() {
-            Ok((stream, from)) => {
-                let _ = stream.set_nonblocking(false);
-                if s.accepts_in_flight.load(Ordering::Acquire) >= s.config.max_pending_accepts {
-                    tracing::warn!(%from, "verbs fabric: too many handshakes in progress; closing");
-                    continue;
-                }
-                s.accepts_in_flight.fetch_add(1, Ordering::AcqRel);
-                let shared = s.clone();
-                let spawned =
-                    thread::Builder::new()
-                        .name("verbs-accepted".into())
-                        .spawn(move || {
-                            accept_from(&shared, stream, from);
-                            shared.accepts_in_flight.fetch_sub(1, Ordering::AcqRel);
-                        });
-                if let Err(e) = spawned {
-                    s.accepts_in_flight.fetch_sub(1, Ordering::AcqRel);
-                    tracing::warn!(%from, error = %e, "verbs fabric: cannot start a handshake thread");
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "verbs fabric: accept failed");
-                thread::sleep(Duration::from_millis(10));
-            }
-        }
-    }
-}
-
-/// The accepting side of a handshake.
-fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
-    let cfg = &s.config;
-    let deadline = Instant::now() + cfg.handshake_timeout;
-    tune_control(&stream, &s.config);
-    let mut ctl = match Control::new(&mut stream, cfg.handshake_timeout) {
-        Ok(ctl) => ctl,
-        Err(e) => {
-            tracing::warn!(%from, error = %e, "verbs fabric: control stream unusable; closing");
-            return;
-        }
-    };
-    let theirs = match ctl.read_preamble().and_then(|()| ctl.read_frame::<Hello>()) {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::warn!(%from, error = %e, "verbs fabric: bad handshake; closing");
-            return;
-        }
-    };
-    let peer = NodeId(theirs.node);
-    if let Err(reason) = s.check_hello(&theirs, None) {
-        // Unauthenticated: no event (the claimed node id is unverified; a PeerLost for it would
-        // let anyone without the token disturb a real peer's connection).
-        tracing::warn!(%from, claimed = %peer, %reason, "verbs fabric: refusing a connection");
-        let _ = ctl.write_frame(&Reply::Refuse(reason));
-        return;
-    }
-    let remote = match RemoteTable::from_hello(&theirs.arenas) {
-        Ok(r) => r,
-        Err(reason) => {
-            tracing::warn!(%from, %peer, %reason, "verbs fabric: refusing a connection");
-            let _ = ctl.write_frame(&Reply::Refuse(reason));
-            return;
-        }
-    };
-    // Claim the peer's slot, or refuse a duplicate. Of two simultaneous connections between the
-    // same nodes, the one opened by the lower node id wins on both sides.
-    let attempt = {
-        let mut t = lock(&s.table);
-        t.next_attempt += 1;
-        let attempt = t.next_attempt;
-        let mut driver_waits = false;
-        let refuse = match t.peers.get(&peer) {
-            None => None,
-            Some(Slot::Up(_)) => Some(Reply::Refuse(format!(
-                "{} is already connected to {peer}",
-                s.identity.node
-            ))),
-            Some(Slot::Connecting { outgoing: true, .. }) if s.identity.node < peer => {
-                Some(Reply::Yield(format!(
-                    "simultaneous connect: the connection opened by {} (the lower id) wins",
-                    s.identity.node
-                )))
-            }
-            Some(Slot::Connecting { outgoing: true, .. }) => {
-                // This connection replaces the driver's own attempt, which ends quietly.
-                driver_waits = true;
-                None
-            }
-            Some(Slot::Connecting {
-                outgoing: false, ..
-            }) => Some(Reply::Refuse(format!(
-                "another connection from {peer} is being set up"
-            ))),
-        };
-        if let Some(reply) = refuse {
-            drop(t);
-            tracing::info!(%peer, "verbs fabric: refusing a duplicate connection");
-            let _ = ctl.write_frame(&reply);
-            return;
-        }
-        t.peers.insert(
-            peer,
-            Slot::Connecting {
-                attempt,
-                outgoing: false,
-                driver_waits,
-            },
-        );
-        attempt
-    };
-    drop(ctl);
-    let result = (|| -> Result<Established, String> {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)))
-            .map_err(control_err("hello"))?;
-        ctl.write_frame(&Reply::Accept(s.my_hello(0)))
-            .map_err(control_err("hello"))?;
-        match ctl.read_frame::<Verdict>().map_err(control_err("hello"))? {
-            Verdict::Accept => {}
-            Verdict::Refuse(reason) => return Err(format!("refused by {peer}: {reason}")),
-        }
-        drop(ctl);
-        let mut conn = VerbsConnection::accept(&s.device, &mut stream, &s.connection_config())
-            .map_err(|e| format!("QP handshake with {peer}: {}", render(&e)))?;
-        let left = deadline.saturating_duration_since(Instant::now());
-        let backlog = probe::echo_pings(&mut conn, theirs.probe_pings, left)
-            .map_err(|e| format!("cost probe with {peer}: {e}"))?;
-        let left = deadline.saturating_duration_since(Instant::now());
-        let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)))
-            .map_err(control_err("receiving costs"))?;
-        let frame: CostsFrame = ctl.read_frame().map_err(control_err("receiving costs"))?;
-        drop(ctl);
-        let costs = s.path_costs(&frame, &theirs, &theirs.device);
-        Ok(Established {
-            conn,
-            control: stream,
-            peer_hello: theirs,
-            costs,
-            cost_note: frame.note,
-            backlog,
-        })
-    })();
-    match result {
-        Ok(est) => install(s, peer, attempt, est, remote),
-        Err(reason) => s.attempt_failed(peer, attempt, reason),
-    }
-}
-
-/// Makes an established connection live: `PeerConnected`, then visible to callers and the
-/// poller (both under the table lock). Drops it quietly if the attempt was superseded or the
-/// fabric is shutting down.
-fn install(s: &Shared, peer: NodeId, attempt: u64, est: Established, remote: RemoteTable) {
-    let params = est.conn.params();
-    let summary = summary(
-        s,
-        peer,
-        &est.peer_hello,
-        &params,
-        &est.costs,
-        &est.cost_note,
-    );
-    let peer_params = PeerParams {
-        // Cannot truncate: at most MAX_LANES (16).
-        lanes: params.lanes as u16,
-        costs: est.costs,
-    };
-    if let Err(e) = est.control.set_nonblocking(true) {
-        s.attempt_failed(peer, attempt, format!("control stream: {e}"));
-        return;
-    }
-    let conn = Arc::new(PeerConn::new(
-        peer,
-        params,
-        remote,
-        ConnState::new(est.conn, est.control, est.backlog, params.lanes),
-    ));
-    let mut t = lock(&s.table);
-    let ours =
-        matches!(t.peers.get(&peer), Some(Slot::Connecting { attempt: a, .. }) if *a == attempt);
-    if !ours || s.shutdown.load(Ordering::Acquire) {
-        drop(t);
-        tracing::debug!(%peer, "verbs fabric: dropping a superseded connection");
-        return;
-    }
-    tracing::info!(%peer, %summary, "verbs fabric: peer connected");
-    s.emit(FabricEvent::PeerConnected {
-        peer,
-        params: peer_params,
-        summary,
-    });
-    t.peers.insert(peer, Slot::Up(conn));
-    drop(t);
-    s.wake_poller();
-}
-
-fn summary(
-    s: &Shared,
-    peer: NodeId,
-    theirs: &Hello,
-    p: &NegotiatedParams,
-    c: &PathCosts,
-    note: &str,
-) -> String {
-    format!(
-        "verbs {}:{} <-> {peer} ({}): {} lane(s), MTU {} B, {} outstanding READs/QP, {} receive \
-         slots x {} B shared by the lanes, inline <= {} B, send queue {} per lane; costs ({note}): rtt {:.1} \
-         us, message {:.1} us, READ {:.0} MB/s, copy {:.0} MB/s, READ setup {:.1} us",
-        s.device.name(),
-        s.device.port().port,
-        theirs.device,
-        p.lanes,
-        p.mtu_bytes,
-        p.max_rd_atomic,
-        p.recv_slots,
-        p.recv_slot_bytes,
-        p.max_inline_bytes,
-        p.send_queue_depth,
-        c.round_trip_ns / 1e3,
-        c.message_overhead_ns / 1e3,
-        c.wire_bytes_per_sec / 1e6,
-        c.copy_bytes_per_sec / 1e6,
-        c.read_setup_ns / 1e3,
-    )
-}
-
-// ---- the poller ---------------------------------------------------------------------------
-
-fn poll_loop(s: &Shared) {
-    let mut conns: Vec<Arc<PeerConn>> = Vec::new();
-    let mut control_fds = Vec::new();
-    let mut idle_rounds = 0u32;
-    let mut last_work = Instant::now();
-    let mut last_liveness = Instant::now();
-    let mut liveness_due = false;
-    while !s.shutdown.load(Ordering::Acquire) {
-        conns.clear();
-        conns.extend(lock(&s.table).peers.values().filter_map(|slot| match slot {
-            Slot::Up(c) => Some(c.clone()),
-            Slot::Connecting { .. } => None,
-        }));
-        let check_liveness = liveness_due || last_liveness.elapsed() >= s.config.liveness_interval;
-        if check_liveness {
-            last_liveness = Instant::now();
-            liveness_due = false;
-        }
-        let mut work = 0;
-        for c in &conns {
-            let mut st = lock(&c.state);
-            work += c.service(&mut st, s, check_liveness);
-        }
-        if work > 0 {
-            idle_rounds = 0;
-            last_work = Instant::now();
-            continue;
-        }
-        // Spin for a bounded time, not a number of rounds: on a busy machine every round
-        // is a CPU slice taken from the daemon's other threads.
-        if last_work.elapsed() < s.config.busy_poll {
-            thread::yield_now();
-            continue;
-        }
-        let idle = match &s.idle {
-            // Recently busy (or no completion channel): short sleeps from 10 µs to
-            // idle_poll_max, cut short by posts (unpark), keep the next reply's latency a poll,
-            // not an event wake-up.
-            Some(idle) if last_work.elapsed() >= s.config.event_sleep_after => idle,
-            _ => {
-                let shift = idle_rounds.min(10);
-                idle_rounds = idle_rounds.saturating_add(1);
-                let sleep = Duration::from_micros(10u64 << shift).min(s.config.idle_poll_max);
-                thread::park_timeout(sleep);
-                continue;
-            }
-        };
-        // Sleep on events: arm every CQ, then look once more (a completion that arrived before
-        // arming raises no event), and sleep only if that finds nothing.
-        idle.prepare_to_sleep();
-        control_fds.clear();
-        for c in &conns {
-            let mut st = lock(&c.state);
-            if c.arm(&mut st, s) {
-                work += c.service(&mut st, s, false);
-                control_fds.push(st.control_fd());
-            } else {
-                work += 1;
-            }
-        }
-        if work > 0 {
-            idle.cancel_sleep();
-            last_work = Instant::now();
-            continue;
-        }
-        match idle.sleep(&control_fds, IDLE_SLEEP_MAX) {
-            Ok(woken) => {
-                // Control stream events and the periodic safety net both check liveness.
-                liveness_due = woken.control || !woken.completions;
-                if woken.completions {
-                    last_work = Instant::now();
-                }
-            }
-            Err(e) => {
-                tracing::warn!("verbs poller: waiting for events failed: {e}; polling instead");
-                thread::sleep(s.config.idle_poll_max);
-            }
-        }
-    }
-}
-
-/// Longest sleep of the idle poller when no event comes: a safety net, not a mechanism.
-const IDLE_SLEEP_MAX: Duration = Duration::from_secs(1);

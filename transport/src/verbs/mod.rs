@@ -35,7 +35,7 @@ pub mod sys;
 
 pub use connection::{
     Completion, ConnectionConfig, ConnectionError, NegotiatedParams, Opcode, PollError, PostError,
-    ReadRequest, RecvSlot, VerbsConnection, WcStatus,
+    ReadRequest, RecvMessage, RecvSlot, ReturnWaker, VerbsConnection, WcStatus,
 };
 pub use device::{list_devices, DeviceError, DeviceLimits, GidKind, PortInfo, VerbsDevice};
 pub(crate) use handshake::Control;

@@ -26,6 +26,8 @@ use serde::{Deserialize, Serialize};
 /// Why the control-stream handshake failed.
 pub(super) use crate::verbs::HandshakeError as ControlError;
 
+use super::errors::HelloShapeError;
+
 /// First bytes a connector writes: "Skyriver verbs fabric, handshake 1".
 pub(super) const PREAMBLE: [u8; 8] = *b"SKRVVF01";
 /// Largest handshake frame.
@@ -84,44 +86,50 @@ pub(super) struct Hello {
 
 impl Hello {
     /// Checks the limits and the shape of the chunk tables.
-    pub(super) fn validate(&self) -> Result<(), String> {
+    pub(super) fn validate(&self) -> Result<(), HelloShapeError> {
         if self.token.len() > MAX_TOKEN_BYTES {
-            return Err(format!("token longer than {MAX_TOKEN_BYTES} bytes"));
+            return Err(HelloShapeError::TokenTooLong {
+                limit: MAX_TOKEN_BYTES,
+            });
         }
         if self.probe_pings > MAX_PROBE_PINGS {
-            return Err(format!(
-                "{} probe pings (at most {MAX_PROBE_PINGS})",
-                self.probe_pings
-            ));
+            return Err(HelloShapeError::TooManyPings {
+                pings: self.probe_pings,
+                limit: MAX_PROBE_PINGS,
+            });
         }
         if self.recv_slot_bytes == 0 {
-            return Err("zero receive slot size".into());
+            return Err(HelloShapeError::ZeroSlot);
         }
         if self.arenas.len() > MAX_ARENAS {
-            return Err(format!(
-                "{} arenas (at most {MAX_ARENAS})",
-                self.arenas.len()
-            ));
+            return Err(HelloShapeError::TooManyArenas {
+                arenas: self.arenas.len(),
+                limit: MAX_ARENAS,
+            });
         }
         let chunks: usize = self.arenas.iter().map(|a| a.chunks.len()).sum();
         if chunks > MAX_CHUNKS {
-            return Err(format!("{chunks} memory regions (at most {MAX_CHUNKS})"));
+            return Err(HelloShapeError::TooManyChunks {
+                chunks,
+                limit: MAX_CHUNKS,
+            });
         }
         for a in &self.arenas {
             if a.chunks.is_empty() {
-                return Err(format!("arena-{} has no memory region", a.arena));
+                return Err(HelloShapeError::NoRegion { arena: a.arena });
             }
             for c in &a.chunks {
                 if c.len == 0 || c.addr.checked_add(c.len).is_none() {
-                    return Err(format!(
-                        "arena-{}: bad region {:#x}+{}",
-                        a.arena, c.addr, c.len
-                    ));
+                    return Err(HelloShapeError::BadRegion {
+                        arena: a.arena,
+                        addr: c.addr,
+                        len: c.len,
+                    });
                 }
             }
             for w in a.chunks.windows(2) {
                 if w[0].addr + w[0].len != w[1].addr {
-                    return Err(format!("arena-{}: regions not contiguous", a.arena));
+                    return Err(HelloShapeError::NotContiguous { arena: a.arena });
                 }
             }
         }
@@ -279,7 +287,10 @@ mod tests {
     fn bad_hellos_are_refused() {
         let mut h = hello();
         h.arenas[0].chunks[1].addr += 1;
-        assert!(h.validate().unwrap_err().contains("contiguous"));
+        assert!(matches!(
+            h.validate(),
+            Err(HelloShapeError::NotContiguous { .. })
+        ));
         let mut h = hello();
         h.arenas[0].chunks.clear();
         assert!(h.validate().is_err());

@@ -13,9 +13,10 @@ use std::sync::{Arc, Mutex};
 use skyriver_core::node::{ReadError, ReadOpId};
 use skyriver_core::{NodeId, RemoteRegion};
 
+use super::errors::{ConnectionLost, HelloShapeError, RemoteRegionError};
 use super::hello::WireArena;
 use super::{lock, Shared, Slot};
-use crate::fabric::{FabricError, FabricEvent};
+use crate::fabric::{FabricError, FabricEvent, MessageBytes};
 use crate::verbs::{
     Completion, NegotiatedParams, Opcode, PostError, ReadRequest, RemoteChunk, VerbsConnection,
     WcStatus,
@@ -39,7 +40,7 @@ pub(super) struct RemoteTable {
 
 impl RemoteTable {
     /// Builds the table; the hello was validated (chunks non-empty and contiguous).
-    pub(super) fn from_hello(arenas: &[WireArena]) -> Result<RemoteTable, String> {
+    pub(super) fn from_hello(arenas: &[WireArena]) -> Result<RemoteTable, HelloShapeError> {
         let mut out: Vec<RemoteArena> = arenas
             .iter()
             .filter(|a| !a.chunks.is_empty())
@@ -65,7 +66,7 @@ impl RemoteTable {
                 .checked_add(w[0].len)
                 .is_none_or(|end| end > w[1].base)
             {
-                return Err("peer announced overlapping arenas".into());
+                return Err(HelloShapeError::OverlappingArenas);
             }
         }
         Ok(RemoteTable { arenas: out })
@@ -73,11 +74,14 @@ impl RemoteTable {
 
     /// The memory regions of the peer's arena holding all of `region`, if its key is that
     /// arena's; otherwise why not.
-    pub(super) fn resolve(&self, region: &RemoteRegion) -> Result<&[RemoteChunk], String> {
+    pub(super) fn resolve(
+        &self,
+        region: &RemoteRegion,
+    ) -> Result<&[RemoteChunk], RemoteRegionError> {
         let end = region
             .addr
             .checked_add(region.len)
-            .ok_or_else(|| "address overflow".to_string())?;
+            .ok_or(RemoteRegionError::Overflow)?;
         let i = self
             .arenas
             .partition_point(|a| a.base + a.len <= region.addr);
@@ -85,18 +89,19 @@ impl RemoteTable {
             .arenas
             .get(i)
             .filter(|a| a.base <= region.addr)
-            .ok_or_else(|| "not inside any of the peer's registered arenas".to_string())?;
+            .ok_or(RemoteRegionError::OutsideArenas)?;
         if end > a.base + a.len {
-            return Err(format!(
-                "runs past the end of the peer's arena at {:#x}+{}",
-                a.base, a.len
-            ));
+            return Err(RemoteRegionError::PastEnd {
+                base: a.base,
+                len: a.len,
+            });
         }
         if region.rkey != a.key {
-            return Err(format!(
-                "rkey {:#x} is not the key of the peer's arena at {:#x} ({:#x})",
-                region.rkey, a.base, a.key
-            ));
+            return Err(RemoteRegionError::WrongKey {
+                rkey: region.rkey,
+                base: a.base,
+                key: a.key,
+            });
         }
         Ok(&a.chunks)
     }
@@ -131,6 +136,8 @@ pub(super) struct ConnState {
     queued_read_lists: usize,
     /// Messages waiting for send-queue room, in order.
     queued_sends: VecDeque<Vec<u8>>,
+    /// Bytes of `queued_sends`.
+    queued_send_bytes: usize,
     /// Receives polled during the handshake's probe, delivered first.
     backlog: Vec<Completion>,
     completions: Vec<Completion>,
@@ -152,6 +159,7 @@ impl ConnState {
             queued_reads: (0..lanes).map(|_| VecDeque::new()).collect(),
             queued_read_lists: 0,
             queued_sends: VecDeque::new(),
+            queued_send_bytes: 0,
             backlog,
             completions: Vec::new(),
         }
@@ -208,20 +216,30 @@ impl PeerConn {
             match conn.post_send(0, 0, &bytes) {
                 Ok(()) => return Ok(()),
                 Err(PostError::QueueFull { .. }) => {}
-                Err(e) => {
-                    self.teardown(st, s, format!("SEND failed: {e}"));
+                Err(source) => {
+                    self.teardown(st, s, ConnectionLost::PostSend { source });
                     return Err(FabricError::NotConnected(self.peer));
                 }
             }
         }
-        if st.queued_sends.len() >= s.config.max_queued_sends {
-            let reason = format!(
-                "{} messages waiting for send-queue room: the peer stopped taking messages",
-                st.queued_sends.len()
-            );
+        let (queued, queued_bytes) = (st.queued_sends.len(), st.queued_send_bytes);
+        let (max_messages, max_bytes) = (s.config.max_queued_sends, s.config.max_queued_send_bytes);
+        if queued >= max_messages || (queued > 0 && queued_bytes + bytes.len() > max_bytes) {
+            let reason = ConnectionLost::PeerNotReading {
+                queued,
+                queued_bytes,
+                max_messages,
+                max_bytes,
+            };
             self.teardown(st, s, reason);
-            return Err(FabricError::NotConnected(self.peer));
+            return Err(FabricError::PeerNotReading {
+                peer: self.peer,
+                queued,
+                limit: max_messages,
+                unit: "messages",
+            });
         }
+        st.queued_send_bytes += bytes.len();
         st.queued_sends.push_back(bytes);
         Ok(())
     }
@@ -289,8 +307,8 @@ impl PeerConn {
                 match conn.post_reads(lane, &list) {
                     Ok(()) => continue,
                     Err(PostError::QueueFull { .. }) => {}
-                    Err(e) => {
-                        failure = Some(format!("posting READs on lane {lane}: {e}"));
+                    Err(source) => {
+                        failure = Some(ConnectionLost::PostReads { lane, source });
                         continue;
                     }
                 }
@@ -311,13 +329,24 @@ impl PeerConn {
             return 0;
         }
         let mut work = 0;
+        let reclaimed = {
+            let conn = st.conn.as_mut().expect("checked above");
+            conn.reclaim_returned()
+        };
+        match reclaimed {
+            Ok(n) => work += n,
+            Err(source) => {
+                self.teardown(st, s, ConnectionLost::Repost { source });
+                return 1;
+            }
+        }
         let mut batch = std::mem::take(&mut st.backlog);
         let polled = {
             let conn = st.conn.as_mut().expect("checked above");
             conn.poll(&mut batch)
         };
-        if let Err(e) = polled {
-            self.teardown(st, s, format!("polling the completion queue: {e}"));
+        if let Err(source) = polled {
+            self.teardown(st, s, ConnectionLost::Poll { source });
             return 1;
         }
         work += batch.len();
@@ -334,8 +363,8 @@ impl PeerConn {
         }
         if work == 0 {
             if let Some(conn) = st.conn.as_mut() {
-                if let Err(e) = conn.flush_reposts() {
-                    self.teardown(st, s, format!("reposting receive slots: {e}"));
+                if let Err(source) = conn.flush_reposts() {
+                    self.teardown(st, s, ConnectionLost::Repost { source });
                     return 1;
                 }
             }
@@ -344,15 +373,15 @@ impl PeerConn {
             let mut buf = [0u8; 64];
             match st.control.read(&mut buf) {
                 Ok(0) => {
-                    self.teardown(st, s, "the peer closed the control connection".into());
+                    self.teardown(st, s, ConnectionLost::ControlClosed);
                     return 1;
                 }
                 // Nothing is sent after the handshake; ignore stray bytes.
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.teardown(st, s, format!("control connection: {e}"));
+                Err(source) => {
+                    self.teardown(st, s, ConnectionLost::Control { source });
                     return 1;
                 }
             }
@@ -361,24 +390,37 @@ impl PeerConn {
     }
 
     /// Handles one completion; `Err` is a reason to tear the connection down.
-    fn complete(&self, st: &mut ConnState, s: &Shared, c: Completion) -> Result<(), String> {
+    fn complete(
+        &self,
+        st: &mut ConnState,
+        s: &Shared,
+        c: Completion,
+    ) -> Result<(), ConnectionLost> {
         match c.opcode {
             Opcode::Recv => {
                 let Some(slot) = c.recv_slot() else {
-                    return Err(format!("receive on lane {} failed: {}", c.lane, c.status));
+                    return Err(ConnectionLost::Recv {
+                        lane: c.lane,
+                        status: c.status,
+                    });
                 };
                 let conn = st.conn.as_mut().expect("serviced connections are live");
-                let bytes = conn.recv_bytes(slot).to_vec();
-                conn.release_recv(slot)
-                    .map_err(|e| format!("releasing a receive slot: {e}"))?;
+                // The slot goes to the driver with the message and is re-posted only when the
+                // driver dropped it: a peer cannot have more messages waiting than slots.
+                let message = conn
+                    .take_recv(slot)
+                    .map_err(|source| ConnectionLost::RecvSlot { source })?;
                 s.emit(FabricEvent::Message {
                     peer: self.peer,
-                    bytes,
+                    bytes: MessageBytes::slot(message),
                 });
                 Ok(())
             }
             Opcode::Send if c.status.is_success() => Ok(()),
-            Opcode::Send => Err(format!("SEND on lane {} failed: {}", c.lane, c.status)),
+            Opcode::Send => Err(ConnectionLost::Send {
+                lane: c.lane,
+                status: c.status,
+            }),
             Opcode::Read => {
                 let list = st
                     .lists
@@ -391,7 +433,10 @@ impl PeerConn {
                     return if c.status.is_success() {
                         Ok(())
                     } else {
-                        Err(format!("READ on lane {} failed: {}", c.lane, c.status))
+                        Err(ConnectionLost::Read {
+                            lane: c.lane,
+                            status: c.status,
+                        })
                     };
                 };
                 if c.status.is_success() {
@@ -416,16 +461,20 @@ impl PeerConn {
                         result: Err(read_error(c.status)),
                     });
                 }
-                Err(format!("READ on lane {} failed: {}", c.lane, c.status))
+                Err(ConnectionLost::Read {
+                    lane: c.lane,
+                    status: c.status,
+                })
             }
         }
     }
 
     /// Posts queued messages and READ lists while the send queues have room.
-    fn post_queued(&self, st: &mut ConnState) -> Result<(), String> {
+    fn post_queued(&self, st: &mut ConnState) -> Result<(), ConnectionLost> {
         let ConnState {
             conn,
             queued_sends,
+            queued_send_bytes,
             queued_reads,
             queued_read_lists,
             ..
@@ -436,10 +485,11 @@ impl PeerConn {
         while let Some(bytes) = queued_sends.front() {
             match conn.post_send(0, 0, bytes) {
                 Ok(()) => {
+                    *queued_send_bytes -= bytes.len();
                     queued_sends.pop_front();
                 }
                 Err(PostError::QueueFull { .. }) => break,
-                Err(e) => return Err(format!("SEND failed: {e}")),
+                Err(source) => return Err(ConnectionLost::PostSend { source }),
             }
         }
         for (lane, queue) in queued_reads.iter_mut().enumerate() {
@@ -450,7 +500,7 @@ impl PeerConn {
                         *queued_read_lists -= 1;
                     }
                     Err(PostError::QueueFull { .. }) => break,
-                    Err(e) => return Err(format!("posting READs on lane {lane}: {e}")),
+                    Err(source) => return Err(ConnectionLost::PostReads { lane, source }),
                 }
             }
         }
@@ -463,8 +513,8 @@ impl PeerConn {
         let Some(conn) = st.conn.as_mut() else {
             return false;
         };
-        if let Err(e) = conn.arm() {
-            self.teardown(st, s, format!("arming the completion queue: {e}"));
+        if let Err(source) = conn.arm() {
+            self.teardown(st, s, ConnectionLost::Arm { source });
             return false;
         }
         true
@@ -474,7 +524,7 @@ impl PeerConn {
     /// it), completes every outstanding READ with [`ReadError::ConnectionLost`], removes it from
     /// the table and reports `PeerLost`, the last three under the table lock so a new
     /// connection's `PeerConnected` cannot come before them. Idempotent.
-    pub(super) fn teardown(&self, st: &mut ConnState, s: &Shared, reason: String) {
+    pub(super) fn teardown(&self, st: &mut ConnState, s: &Shared, reason: ConnectionLost) {
         let Some(mut conn) = st.conn.take() else {
             return;
         };
@@ -484,6 +534,7 @@ impl PeerConn {
         drop(conn);
         let _ = st.control.shutdown(Shutdown::Both);
         st.queued_sends.clear();
+        st.queued_send_bytes = 0;
         st.queued_reads.iter_mut().for_each(VecDeque::clear);
         st.queued_read_lists = 0;
         st.lists.clear();
@@ -508,7 +559,7 @@ impl PeerConn {
         }
         s.emit(FabricEvent::PeerLost {
             peer: self.peer,
-            reason,
+            reason: reason.to_string(),
         });
         drop(t);
     }

@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use skyriver_core::node::PathCosts;
 
 use super::hello::{CostsFrame, WireChunk};
-use crate::verbs::{Completion, MrChunk, Opcode, PostError, ReadRequest, VerbsConnection};
+use crate::verbs::{
+    Completion, MrChunk, Opcode, PollError, PostError, ReadRequest, VerbsConnection, WcStatus,
+};
 
 /// Sequential ping-pongs.
 const ROUND_TRIPS: u32 = 16;
@@ -48,7 +50,7 @@ const PING_MAGIC: [u8; 8] = *b"SKRVPING";
 
 /// Why probing failed.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum ProbeError {
+pub enum ProbeError {
     /// The hard deadline passed.
     #[error("cost probe timed out after {0:?}")]
     Timeout(Duration),
@@ -56,15 +58,15 @@ pub(super) enum ProbeError {
     #[error("cost probe: {0}")]
     Post(#[from] PostError),
     /// Polling failed.
-    #[error("cost probe: {0}")]
-    Poll(String),
+    #[error("cost probe: {}", super::errors::render(.0))]
+    Poll(#[source] PollError),
     /// A work request completed with an error.
     #[error("cost probe: {what} completed with {status}")]
     Completion {
         /// What failed.
         what: &'static str,
-        /// The status name.
-        status: String,
+        /// The completion status.
+        status: WcStatus,
     },
 }
 
@@ -131,10 +133,7 @@ impl Poller<'_> {
     fn next(&mut self) -> Result<Vec<Completion>, ProbeError> {
         loop {
             self.out.clear();
-            let n = self
-                .conn
-                .poll(&mut self.out)
-                .map_err(|e| ProbeError::Poll(e.to_string()))?;
+            let n = self.conn.poll(&mut self.out).map_err(ProbeError::Poll)?;
             if n > 0 {
                 return Ok(std::mem::take(&mut self.out));
             }
@@ -152,7 +151,7 @@ fn check(c: &Completion, what: &'static str) -> Result<(), ProbeError> {
     } else {
         Err(ProbeError::Completion {
             what,
-            status: c.status.to_string(),
+            status: c.status,
         })
     }
 }

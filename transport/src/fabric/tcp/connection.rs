@@ -1,0 +1,477 @@
+//! One live TCP fabric connection: the sending side ([`Link`]: direct writes, then a writer
+//! task), the writer task that serves READ data from the arena, and the reader task that
+//! delivers messages and READ data.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use skyriver_core::node::{PathCosts, PeerParams, ReadError, ReadOpId};
+use skyriver_core::wire;
+use skyriver_core::{ArenaId, NodeId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, Semaphore};
+use tracing::{debug, warn};
+
+use super::errors::TcpLinkError;
+use super::TcpFabricConfig;
+use super::{
+    lock, Inner, KIND_MESSAGE, KIND_PING, KIND_PONG, KIND_READ_REQUEST, KIND_READ_RESPONSE,
+    MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS,
+};
+use crate::fabric::{FabricEvent, MessageBytes};
+
+/// What the connection's writer task sends.
+pub(super) enum Outgoing {
+    /// A ready frame.
+    Frame(Vec<u8>),
+    /// A READ response whose data is written straight from the arena.
+    ReadData {
+        op: u64,
+        arena: ArenaId,
+        offset: u64,
+        len: u64,
+    },
+}
+
+impl Outgoing {
+    /// Bytes the item holds in memory while queued (READ data stays in the arena).
+    fn queued_bytes(&self) -> usize {
+        match self {
+            Outgoing::Frame(frame) => frame.len(),
+            Outgoing::ReadData { .. } => READ_RESPONSE_HEADER_BYTES,
+        }
+    }
+}
+
+const READ_RESPONSE_HEADER_BYTES: usize = 18;
+
+/// What waits for the writer task, under one lock.
+#[derive(Default)]
+struct Queued {
+    /// Whether the writer task may have frames queued or buffered; set by every enqueue and
+    /// cleared by the writer task once its queue is empty and flushed.
+    busy: bool,
+    /// Bytes of the items queued and not yet written.
+    bytes: usize,
+    /// Items queued and not yet written.
+    frames: usize,
+}
+
+/// Why [`Link::submit`] refused an item.
+#[derive(Debug)]
+pub(super) enum SubmitError {
+    /// The writer task has stopped (the connection is going down).
+    WriterStopped,
+    /// The queue is full: the peer does not read what is sent to it.
+    Full {
+        /// Bytes queued.
+        bytes: usize,
+        /// Items queued.
+        frames: usize,
+    },
+}
+
+/// The sending side of one connection.
+///
+/// While the writer task has nothing queued, a frame is written straight from the caller's
+/// thread with one non-blocking `send` on a second handle of the socket: no hand-off to the
+/// writer task and no cross-thread wake-up on the latency path. Whatever does not fit at once
+/// (and every frame while the writer task is busy) queues behind, in order, up to
+/// `max_queued_bytes` and `max_queued_frames`; beyond that the peer is not reading, and the
+/// caller drops the connection.
+pub(super) struct Link {
+    /// A second handle (dup) of the connection's socket, non-blocking like the first.
+    socket: std::net::TcpStream,
+    queued: Mutex<Queued>,
+    /// Bounded by `max_queued_frames`.
+    outgoing: mpsc::Sender<Outgoing>,
+    max_queued_bytes: usize,
+}
+
+impl Link {
+    /// Writes `item` now if the writer task is idle and it fits, otherwise queues it (or what
+    /// is left of it).
+    pub(super) fn submit(&self, item: Outgoing) -> Result<(), SubmitError> {
+        let mut queued = lock(&self.queued);
+        let item = match item {
+            Outgoing::Frame(frame) if !queued.busy => match write_now(&self.socket, &frame) {
+                n if n == frame.len() => return Ok(()),
+                0 => Outgoing::Frame(frame),
+                n => Outgoing::Frame(frame[n..].to_vec()),
+            },
+            item => item,
+        };
+        let bytes = item.queued_bytes();
+        // One item always fits an empty queue, whatever its size (a message is at most
+        // `wire::MAX_MESSAGE_BYTES`).
+        if queued.frames > 0 && queued.bytes + bytes > self.max_queued_bytes {
+            return Err(SubmitError::Full {
+                bytes: queued.bytes,
+                frames: queued.frames,
+            });
+        }
+        match self.outgoing.try_send(item) {
+            Ok(()) => {
+                queued.busy = true;
+                queued.bytes += bytes;
+                queued.frames += 1;
+                Ok(())
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => Err(SubmitError::Full {
+                bytes: queued.bytes,
+                frames: queued.frames,
+            }),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(SubmitError::WriterStopped),
+        }
+    }
+
+    /// Shuts the socket down both ways: the reader and writer tasks end at once, even when
+    /// the writer waits on a peer that does not read.
+    pub(super) fn close(&self) {
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl SubmitError {
+    /// The reason to drop the connection.
+    pub(super) fn into_link_error(self, peer: NodeId, config: &TcpFabricConfig) -> TcpLinkError {
+        match self {
+            SubmitError::WriterStopped => TcpLinkError::WriterStopped,
+            SubmitError::Full { bytes, frames } => TcpLinkError::PeerNotReading {
+                peer,
+                queued_bytes: bytes,
+                queued_frames: frames,
+                max_bytes: config.max_queued_bytes,
+                max_frames: config.max_queued_frames,
+            },
+        }
+    }
+}
+
+/// What a received message costs of its connection's undelivered budget beyond its bytes, so
+/// a flood of empty messages is bounded too.
+const MESSAGE_OVERHEAD_BYTES: usize = 64;
+
+/// Permits of a connection's undelivered-bytes budget: room for one message of any size.
+fn undelivered_permits(config: &TcpFabricConfig) -> u32 {
+    let bytes = config
+        .max_undelivered_bytes
+        .max(wire::MAX_MESSAGE_BYTES + MESSAGE_OVERHEAD_BYTES);
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// Writes as much of `bytes` as the socket takes without blocking. Errors other than a full
+/// socket are left for the writer task to meet and report.
+fn write_now(socket: &std::net::TcpStream, bytes: &[u8]) -> usize {
+    use std::io::Write;
+    let mut written = 0;
+    let mut socket = socket;
+    while written < bytes.len() {
+        match socket.write(&bytes[written..]) {
+            Ok(0) => break,
+            Ok(n) => written += n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    written
+}
+
+pub(super) fn start_connection(
+    inner: Arc<Inner>,
+    peer: NodeId,
+    stream: TcpStream,
+    round_trip: Duration,
+) {
+    let _ = stream.set_nodelay(true);
+    let socket = socket2::SockRef::from(&stream);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES * 16);
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES * 16);
+    // Best effort: without these a dead peer is only noticed by the transfer deadlines.
+    let timeout = inner.config.dead_peer_timeout;
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time((timeout / 2).max(Duration::from_secs(1)))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    let _ = socket.set_tcp_keepalive(&keepalive);
+    let _ = socket.set_tcp_user_timeout(Some(timeout));
+    // A second handle on the socket for direct writes (see `Link`).
+    let handles = stream.into_std().and_then(|std_stream| {
+        let direct = std_stream.try_clone()?;
+        Ok((TcpStream::from_std(std_stream)?, direct))
+    });
+    let (stream, direct) = match handles {
+        Ok(handles) => handles,
+        Err(error) => {
+            warn!(%peer, %error, "cannot set up the connection's socket");
+            return;
+        }
+    };
+    let (outgoing_tx, outgoing_rx) = mpsc::channel(inner.config.max_queued_frames.max(1));
+    let link = Arc::new(Link {
+        socket: direct,
+        queued: Mutex::new(Queued::default()),
+        outgoing: outgoing_tx,
+        max_queued_bytes: inner.config.max_queued_bytes,
+    });
+    // Every message handed to the driver holds its share of this until dropped.
+    let undelivered_budget = Arc::new(Semaphore::new(undelivered_permits(&inner.config) as usize));
+    let Some(generation) = inner.install(peer, link.clone()) else {
+        debug!(%peer, "dropping a duplicate connection");
+        return;
+    };
+    let (reader, writer) = stream.into_split();
+    let costs = PathCosts {
+        round_trip_ns: round_trip.as_nanos() as f64,
+        ..inner.config.costs
+    };
+    let summary = format!("tcp, 1 lane, round trip {round_trip:.1?}");
+    inner.emit(FabricEvent::PeerConnected {
+        peer,
+        params: PeerParams { lanes: 1, costs },
+        summary,
+    });
+    let writer_inner = inner.clone();
+    let writer_link = link.clone();
+    tokio::spawn(async move {
+        if let Err(source) = write_loop(&writer_inner, &writer_link, writer, outgoing_rx).await {
+            writer_inner.lose(peer, Some(generation), TcpLinkError::Write { peer, source });
+        }
+    });
+    tokio::spawn(async move {
+        let reason = match read_loop(&inner, peer, reader, &link, &undelivered_budget).await {
+            Ok(()) => TcpLinkError::Closed { peer },
+            Err(error) => error,
+        };
+        inner.lose(peer, Some(generation), reason);
+    });
+}
+
+async fn write_loop(
+    inner: &Inner,
+    link: &Link,
+    writer: OwnedWriteHalf,
+    mut outgoing: mpsc::Receiver<Outgoing>,
+) -> std::io::Result<()> {
+    let mut writer = BufWriter::with_capacity(SOCKET_BUFFER_BYTES, writer);
+    let mut next = None;
+    loop {
+        let item = match next.take() {
+            Some(item) => item,
+            None => match outgoing.recv().await {
+                Some(item) => item,
+                None => return Ok(()),
+            },
+        };
+        write_item(inner, link, &mut writer, item).await?;
+        while let Ok(item) = outgoing.try_recv() {
+            write_item(inner, link, &mut writer, item).await?;
+        }
+        writer.flush().await?;
+        // Idle once the queue is empty under the lock that enqueuers take: from then on
+        // callers write directly, and nothing of ours is left to overtake.
+        let mut queued = lock(&link.queued);
+        match outgoing.try_recv() {
+            Ok(item) => next = Some(item),
+            Err(_) => queued.busy = false,
+        }
+    }
+}
+
+async fn write_item(
+    inner: &Inner,
+    link: &Link,
+    writer: &mut BufWriter<OwnedWriteHalf>,
+    item: Outgoing,
+) -> std::io::Result<()> {
+    let bytes = item.queued_bytes();
+    let written = write_item_bytes(inner, writer, item).await;
+    let mut queued = lock(&link.queued);
+    // Each queued item is counted once, by `submit`, and written once, here.
+    debug_assert!(queued.frames > 0 && queued.bytes >= bytes);
+    queued.bytes = queued.bytes.saturating_sub(bytes);
+    queued.frames = queued.frames.saturating_sub(1);
+    written
+}
+
+async fn write_item_bytes(
+    inner: &Inner,
+    writer: &mut BufWriter<OwnedWriteHalf>,
+    item: Outgoing,
+) -> std::io::Result<()> {
+    match item {
+        Outgoing::Frame(frame) => writer.write_all(&frame).await,
+        Outgoing::ReadData {
+            op,
+            arena,
+            offset,
+            len,
+        } => {
+            // SAFETY: the range lay inside an exposed region when the request arrived; the core
+            // exposes only sealed objects it pinned with a lease, which stay unchanged until
+            // unpinned. A READ still being served when a lease expires may send bytes of a
+            // range being reused, as a NIC would; the requester's transfer has failed by then
+            // and never uses them.
+            let data = inner
+                .arenas
+                .get(&arena)
+                .and_then(|a| unsafe { a.bytes(offset, len) }.ok());
+            let mut header = [0u8; READ_RESPONSE_HEADER_BYTES];
+            header[0] = KIND_READ_RESPONSE;
+            header[1..9].copy_from_slice(&op.to_le_bytes());
+            match data {
+                Some(data) => {
+                    header[9] = STATUS_OK;
+                    header[10..18].copy_from_slice(&len.to_le_bytes());
+                    writer.write_all(&header).await?;
+                    // Straight from the shared arena into the socket: large writes bypass the
+                    // BufWriter's buffer.
+                    writer.write_all(data).await
+                }
+                None => {
+                    header[9] = STATUS_REMOTE_ACCESS;
+                    writer.write_all(&header).await
+                }
+            }
+        }
+    }
+}
+
+async fn read_loop(
+    inner: &Inner,
+    peer: NodeId,
+    reader: OwnedReadHalf,
+    link: &Link,
+    undelivered_budget: &Arc<Semaphore>,
+) -> Result<(), TcpLinkError> {
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+    let io = |source: std::io::Error| TcpLinkError::Read { peer, source };
+    let submit = |item| {
+        link.submit(item)
+            .map_err(|e| e.into_link_error(peer, &inner.config))
+    };
+    let budget_permits = undelivered_permits(&inner.config);
+    loop {
+        let kind = match reader.read_u8().await {
+            Ok(kind) => kind,
+            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(error) => return Err(io(error)),
+        };
+        match kind {
+            KIND_MESSAGE => {
+                let len = reader.read_u32_le().await.map_err(io)? as usize;
+                if len > wire::MAX_MESSAGE_BYTES {
+                    return Err(TcpLinkError::MessageTooLarge {
+                        peer,
+                        len,
+                        limit: wire::MAX_MESSAGE_BYTES,
+                    });
+                }
+                // Wait for the driver to drop enough earlier messages: until then this
+                // connection reads nothing more, its receive window fills and the peer's
+                // sends wait (TCP flow control), instead of piling up here.
+                let cost = (len + MESSAGE_OVERHEAD_BYTES).min(budget_permits as usize);
+                let budget = undelivered_budget
+                    .clone()
+                    // Cannot truncate: at most `budget_permits`, a u32.
+                    .acquire_many_owned(cost as u32)
+                    .await
+                    // The semaphore is never closed.
+                    .map_err(|_| TcpLinkError::WriterStopped)?;
+                let mut bytes = vec![0u8; len];
+                reader.read_exact(&mut bytes).await.map_err(io)?;
+                inner.emit(FabricEvent::Message {
+                    peer,
+                    bytes: MessageBytes::budgeted(bytes, budget),
+                });
+            }
+            KIND_READ_REQUEST => {
+                let op = reader.read_u64_le().await.map_err(io)?;
+                let addr = reader.read_u64_le().await.map_err(io)?;
+                let len = reader.read_u64_le().await.map_err(io)?;
+                let rkey = reader.read_u32_le().await.map_err(io)?;
+                let arena = inner.arena_by_rkey.get(&rkey).copied();
+                let item = match arena {
+                    Some(arena) if len <= MAX_READ_BYTES && inner.is_exposed(arena, addr, len) => {
+                        Outgoing::ReadData {
+                            op,
+                            arena,
+                            offset: addr,
+                            len,
+                        }
+                    }
+                    _ => {
+                        debug!(%peer, op, addr, len, rkey, "refused a READ of memory that is not exposed");
+                        let mut header = vec![0u8; 18];
+                        header[0] = KIND_READ_RESPONSE;
+                        header[1..9].copy_from_slice(&op.to_le_bytes());
+                        header[9] = STATUS_REMOTE_ACCESS;
+                        Outgoing::Frame(header)
+                    }
+                };
+                submit(item)?;
+            }
+            KIND_READ_RESPONSE => {
+                let op = reader.read_u64_le().await.map_err(io)?;
+                let status = reader.read_u8().await.map_err(io)?;
+                let len = reader.read_u64_le().await.map_err(io)?;
+                let pending = lock(&inner.pending_reads).remove(&op);
+                let Some(pending) = pending else {
+                    return Err(TcpLinkError::UnaskedReadResponse { peer, op });
+                };
+                // The READ is ours from here: every way out completes it, so a connection lost
+                // mid-data fails the transfer at once instead of leaving it to its deadline.
+                let fail = |reason: TcpLinkError| {
+                    inner.emit(FabricEvent::ReadCompleted {
+                        op: ReadOpId(op),
+                        result: Err(ReadError::ConnectionLost),
+                    });
+                    reason
+                };
+                let result = if status == STATUS_OK {
+                    if len != pending.local.len {
+                        return Err(fail(TcpLinkError::ReadLength {
+                            peer,
+                            op,
+                            len,
+                            asked: pending.local.len,
+                        }));
+                    }
+                    let arena = inner
+                        .arenas
+                        .get(&pending.local.arena)
+                        .ok_or_else(|| fail(TcpLinkError::UnknownArena { op }))?;
+                    // SAFETY: `post_read` checked the region lies in this arena; the core gave it
+                    // to this one READ (a slice of an object being fetched, created and not yet
+                    // sealed), and nothing else touches it until the completion is delivered.
+                    let destination =
+                        unsafe { arena.bytes_mut(pending.local.offset, pending.local.len) }
+                            .map_err(|source| fail(TcpLinkError::Destination { op, source }))?;
+                    reader
+                        .read_exact(destination)
+                        .await
+                        .map_err(|e| fail(io(e)))?;
+                    Ok(())
+                } else {
+                    Err(ReadError::RemoteAccess)
+                };
+                inner.emit(FabricEvent::ReadCompleted {
+                    op: ReadOpId(op),
+                    result,
+                });
+            }
+            KIND_PING => {
+                let nonce = reader.read_u64_le().await.map_err(io)?;
+                let mut frame = vec![KIND_PONG];
+                frame.extend_from_slice(&nonce.to_le_bytes());
+                submit(Outgoing::Frame(frame))?;
+            }
+            KIND_PONG => {
+                reader.read_u64_le().await.map_err(io)?;
+            }
+            other => return Err(TcpLinkError::UnknownFrame { peer, kind: other }),
+        }
+    }
+}
