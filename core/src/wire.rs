@@ -309,8 +309,50 @@ pub fn message_len(header: &[u8]) -> Result<usize, WireError> {
     Ok(HEADER_BYTES + body_len)
 }
 
+/// Bytes `start..start + len` of the message a node was given, where an eager payload lies:
+/// the driver copies them straight from its receive buffer into the object, once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputBytes {
+    /// Offset in the message.
+    pub start: usize,
+    /// Length.
+    pub len: usize,
+}
+
+impl InputBytes {
+    /// As a range of the message's bytes.
+    pub fn range(self) -> std::ops::Range<usize> {
+        self.start..self.start + self.len
+    }
+}
+
+/// A decoded message; an `EagerData` payload stays where it is in the input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodedMessage {
+    /// `EagerData`: its header, and where its payload lies in the input.
+    Eager {
+        /// Everything but the payload.
+        header: EagerHeader,
+        /// The payload's place in the input.
+        payload: InputBytes,
+    },
+    /// Any other message.
+    Message(PeerMessage),
+}
+
 /// Decodes exactly one message from `bytes`, validating every field.
 pub fn decode(bytes: &[u8]) -> Result<PeerMessage, WireError> {
+    Ok(match decode_in_place(bytes)? {
+        DecodedMessage::Eager { header, payload } => PeerMessage::EagerData {
+            header,
+            payload: bytes[payload.range()].to_vec(),
+        },
+        DecodedMessage::Message(message) => message,
+    })
+}
+
+/// [`decode`], leaving an eager payload in `bytes` (no copy).
+pub fn decode_in_place(bytes: &[u8]) -> Result<DecodedMessage, WireError> {
     let (kind, body_len) = parse_header(bytes)?;
     let have = bytes.len() - HEADER_BYTES;
     if have < body_len {
@@ -351,7 +393,11 @@ pub fn decode(bytes: &[u8]) -> Result<PeerMessage, WireError> {
             let sizes = r.sizes()?;
             let offset = r.u64()?;
             let payload_len = r.u32()? as usize;
-            let payload = r.take(payload_len)?.to_vec();
+            let payload = InputBytes {
+                start: HEADER_BYTES + r.pos,
+                len: payload_len,
+            };
+            r.take(payload_len)?;
             let total = sizes.total().unwrap_or(u64::MAX);
             let end = offset.checked_add(payload_len as u64);
             if end.is_none_or(|end| end > total) {
@@ -360,10 +406,13 @@ pub fn decode(bytes: &[u8]) -> Result<PeerMessage, WireError> {
                     format!("chunk {offset}+{payload_len} runs past the object's {total} bytes"),
                 ));
             }
-            PeerMessage::EagerData {
-                header: EagerHeader { req, sizes, offset },
-                payload,
-            }
+            return finish_decoding(
+                &r,
+                DecodedMessage::Eager {
+                    header: EagerHeader { req, sizes, offset },
+                    payload,
+                },
+            );
         }
         KIND_RENDEZVOUS => {
             let req = TransferId(r.u64()?);
@@ -435,6 +484,11 @@ pub fn decode(bytes: &[u8]) -> Result<PeerMessage, WireError> {
         }
         other => return Err(WireError::UnknownKind(other)),
     };
+    finish_decoding(&r, DecodedMessage::Message(message))
+}
+
+/// The whole body must have been read.
+fn finish_decoding(r: &Reader<'_>, message: DecodedMessage) -> Result<DecodedMessage, WireError> {
     if r.pos != r.bytes.len() {
         return Err(WireError::Invalid {
             field: "body",

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use skyriver_core::client_protocol::{encode_frame, Response, ServerFrame};
 use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
 use skyriver_core::node::{NodeDriver, ReadOpId};
-use skyriver_core::wire::{self, EagerHeader, PeerMessage};
+use skyriver_core::wire::{self, EagerHeader, InputBytes, PeerMessage};
 use skyriver_core::{
     ArenaId, ClientId, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, RemoteRegion,
     RequestId,
 };
 use skyriver_transport::directory::Directory;
-use skyriver_transport::fabric::Fabric;
+use skyriver_transport::fabric::{Fabric, MessageBytes};
 use skyriver_transport::SharedArena;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
@@ -50,6 +50,9 @@ pub(super) struct Effects {
     pub(super) fabric: Option<Arc<dyn Fabric>>,
     pub(super) directory: Option<Arc<dyn Directory>>,
     pub(super) commits: Option<CommitQueue>,
+    /// The peer message being handled: an eager chunk is copied from it into the object,
+    /// straight from the receive slot it arrived in.
+    pub(super) input: Option<MessageBytes>,
     /// Reused for encoding the Welcome frames.
     frame: Vec<u8>,
     /// Clients with unsent frames, in the order they got their first.
@@ -68,6 +71,7 @@ impl Effects {
             fabric: None,
             directory: None,
             commits: None,
+            input: None,
             frame: Vec::new(),
             unsent: Vec::new(),
         }
@@ -78,6 +82,10 @@ impl Effects {
     pub(super) fn close(&mut self, client: ClientId, reason: String) {
         if let Some(link) = self.clients.remove(&client) {
             link.reader.abort();
+            // What was already answered (the error that explains the close, say) still goes.
+            if !link.unsent.is_empty() {
+                let _ = link.writer.write(&link.unsent);
+            }
             link.writer.close();
             self.closed.push((client, reason));
         }
@@ -120,6 +128,7 @@ impl Effects {
                 link.unsent = Vec::new();
             }
             if let Err(error) = written {
+                warn!(%client, %error, "closing client connection");
                 self.close(client, error.to_string());
             }
         }
@@ -165,13 +174,22 @@ impl NodeDriver for Effects {
         }
     }
 
-    fn write_local(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId) {
+    fn write_local(&mut self, region: LocalRegion, payload: InputBytes, object: ObjectId) {
+        let Some(bytes) = self
+            .input
+            .as_deref()
+            .and_then(|input| input.get(payload.range()))
+        else {
+            // The core names bytes of the message it was just given; a bug, not bad input.
+            warn!(%object, %region, "eager write without its input message");
+            return;
+        };
         let written = self
             .arenas
             .get(&region.arena)
             // SAFETY: the core names the unsealed object it created for this transfer, which
             // nothing else reads or writes until the core seals it.
-            .map(|arena| unsafe { arena.write(region.offset, &bytes) });
+            .map(|arena| unsafe { arena.write(region.offset, bytes) });
         if !matches!(written, Some(Ok(()))) {
             // The core only names regions it allocated; this is a bug, not bad input.
             warn!(%object, %region, "eager write outside the arenas");
@@ -207,6 +225,7 @@ impl NodeDriver for Effects {
     }
 
     fn close_client(&mut self, client: ClientId, reason: String) {
+        warn!(%client, %reason, "closing client connection");
         self.close(client, reason);
     }
 

@@ -163,7 +163,7 @@ impl EventLoop {
             }
             let now = self.now();
             if let Some((client, reason)) = self.effects.closed.pop() {
-                warn!(%client, %reason, "closing client connection");
+                debug!(%client, %reason, "client connection closed");
                 self.node.handle_client_disconnected(now, client);
             } else if self.node.poll_timeout().is_some_and(|due| due <= now) {
                 // Timers the node set for "right after these outputs" fire here at once, not
@@ -205,14 +205,14 @@ impl EventLoop {
                     // The stream cannot be trusted past a bad length: explain, then close.
                     self.error_frame(client, StoreError::BadRequest(error.to_string()));
                 }
-                if let Some(link) = self.effects.clients.remove(&client) {
-                    link.reader.abort();
-                    link.writer.close();
-                    match end {
+                if self.effects.clients.contains_key(&client) {
+                    match &end {
                         ConnectionEnd::Closed => debug!(%client, "disconnected"),
                         other => warn!(%client, reason = %other, "closing client connection"),
                     }
-                    self.node.handle_client_disconnected(now, client);
+                    // Writes what is still unsent (the error above), then closes; the node
+                    // hears of it in the next drain.
+                    self.effects.close(client, end.to_string());
                 }
             }
         }
@@ -253,6 +253,11 @@ impl EventLoop {
                 if let Err(error) = self.node.handle_peer_bytes(now, peer, &bytes) {
                     warn!(%peer, %error, "malformed message from peer: ignored");
                 }
+                // Its outputs copy an eager payload from these bytes: carry them out now, then
+                // give the receive slot back.
+                self.effects.input = Some(bytes);
+                self.drain();
+                self.effects.input = None;
             }
             FabricEvent::ReadCompleted { op, result } => {
                 self.node.handle_read_completion(now, op, result)

@@ -9,7 +9,7 @@ use crate::directory::{DirectoryOpId, DirectoryRequest};
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
 use crate::region::{LocalRegion, RemoteRegion};
 use crate::store::{DurableChange, ObjectEvent};
-use crate::wire::{EagerHeader, PeerMessage};
+use crate::wire::{EagerHeader, InputBytes, PeerMessage};
 
 /// What a driver does with each kind of [`NodeOutput`]; see the variants for the contract of
 /// each.
@@ -34,8 +34,8 @@ pub trait NodeDriver {
         remote: RemoteRegion,
         object: ObjectId,
     );
-    /// [`NodeOutput::WriteLocal`].
-    fn write_local(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId);
+    /// [`NodeOutput::WriteLocal`]: copy `payload` of the input message being handled.
+    fn write_local(&mut self, region: LocalRegion, payload: InputBytes, object: ObjectId);
     /// [`NodeOutput::ExposeRegion`].
     fn expose_region(&mut self, object: ObjectId, region: LocalRegion);
     /// [`NodeOutput::UnexposeRegion`].
@@ -75,9 +75,9 @@ impl NodeOutput {
             } => driver.post_read(peer, op, lane, local, remote, object),
             NodeOutput::WriteLocal {
                 region,
-                bytes,
+                payload,
                 object,
-            } => driver.write_local(region, bytes, object),
+            } => driver.write_local(region, payload, object),
             NodeOutput::ExposeRegion { object, region } => driver.expose_region(object, region),
             NodeOutput::UnexposeRegion { object, region } => driver.unexpose_region(object, region),
             NodeOutput::Directory { op, request } => driver.directory(op, request),

@@ -42,7 +42,7 @@ use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
 use crate::region::LocalRegion;
 use crate::store::{ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput};
 use crate::time::Instant;
-use crate::wire::{self, ObjectSizes, PeerMessage, WireError};
+use crate::wire::{self, DecodedMessage, ObjectSizes, PeerMessage, WireError};
 
 pub use clients::{ClusterMember, MAX_PARKED_CREATES};
 pub use config::{ArenaKey, NodeConfig, PeerParams};
@@ -258,27 +258,34 @@ impl Node {
 
     /// A message arrived from `peer` as bytes: decodes and handles it. A malformed message is
     /// counted and returned as an error (the driver logs it and may drop the connection); the
-    /// node's state is unchanged.
+    /// node's state is unchanged. Keep `bytes` until the outputs are carried out: an eager
+    /// chunk's [`NodeOutput::WriteLocal`] names its payload in them (copied once, from there).
     pub fn handle_peer_bytes(
         &mut self,
         now: Instant,
         peer: NodeId,
         bytes: &[u8],
     ) -> Result<(), WireError> {
-        match wire::decode(bytes) {
-            Ok(message) => {
+        self.advance(now);
+        match wire::decode_in_place(bytes) {
+            Ok(DecodedMessage::Eager { header, payload }) => {
+                self.handle_eager_chunk(peer, header, payload);
+                self.absorb_store();
+                Ok(())
+            }
+            Ok(DecodedMessage::Message(message)) => {
                 self.handle_peer_message(now, peer, message);
                 Ok(())
             }
             Err(error) => {
-                self.advance(now);
                 self.stats.malformed_messages += 1;
                 Err(error)
             }
         }
     }
 
-    /// A decoded message arrived from `peer`.
+    /// A decoded message other than `EagerData` (whose payload must come as bytes, through
+    /// [`Node::handle_peer_bytes`]).
     pub fn handle_peer_message(&mut self, now: Instant, peer: NodeId, message: PeerMessage) {
         self.advance(now);
         match message {
@@ -289,6 +296,16 @@ impl Node {
                 max_chunk_bytes,
             } => self.serve_fetch_request(peer, req, id, eager_limit, max_chunk_bytes),
             PeerMessage::Finish { req } => self.handle_finish(peer, req),
+            PeerMessage::EagerData { header, .. } => {
+                // Nowhere to copy the payload from: the transfer fails, and is retried.
+                if self
+                    .transfers
+                    .get(&header.req)
+                    .is_some_and(|t| t.source == peer)
+                {
+                    self.fail_transfer(header.req, "eager data without its bytes".into());
+                }
+            }
             reply => self.handle_transfer_reply(peer, reply),
         }
         self.absorb_store();

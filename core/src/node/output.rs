@@ -6,7 +6,7 @@ use crate::directory::{DirectoryOpId, DirectoryRequest};
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
 use crate::region::{LocalRegion, RemoteRegion};
 use crate::store::{DurableChange, ObjectEvent};
-use crate::wire::{EagerHeader, PeerMessage};
+use crate::wire::{EagerHeader, InputBytes, PeerMessage};
 
 /// An effect for the driver to carry out.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,12 +46,14 @@ pub enum NodeOutput {
         /// The object being read (for logs and traces).
         object: ObjectId,
     },
-    /// Copy these bytes (an eager chunk) into this node's arena.
+    /// Copy bytes `payload` of the peer message just given to the node (an eager chunk) into
+    /// this node's arena at `region`: straight from where the message arrived, the one copy
+    /// of an eager transfer.
     WriteLocal {
-        /// Destination.
+        /// Destination; `region.len == payload.len`.
         region: LocalRegion,
-        /// The bytes; `region.len == bytes.len()`.
-        bytes: Vec<u8>,
+        /// Where the bytes are in the input message.
+        payload: InputBytes,
         /// The object being written (for logs and traces).
         object: ObjectId,
     },

@@ -26,7 +26,7 @@ use crate::ids::{NodeId, ObjectId, TransferId};
 use crate::region::{LocalRegion, RemoteRegion};
 use crate::store::ObjectInfo;
 use crate::time::Instant;
-use crate::wire::{self, EagerHeader, ObjectSizes, PeerMessage};
+use crate::wire::{self, EagerHeader, InputBytes, ObjectSizes, PeerMessage};
 
 /// Most chunks a holder sends for one eager object, whatever the requester allows.
 const MAX_EAGER_CHUNKS_SENT: u64 = 64;
@@ -172,44 +172,7 @@ impl Node {
             }
             return;
         };
-        let total = transfer.local.region.len;
         match (message, &mut transfer.state) {
-            (PeerMessage::EagerData { header, payload }, IncomingState::AwaitingReply)
-            | (PeerMessage::EagerData { header, payload }, IncomingState::ReceivingEager { .. }) => {
-                let received = match transfer.state {
-                    IncomingState::ReceivingEager { received } => received,
-                    _ => 0,
-                };
-                if header.sizes != transfer.sizes || header.offset != received {
-                    let why = format!(
-                        "eager chunk at {} of size {}+{}, expected at {received} of {}+{}",
-                        header.offset,
-                        header.sizes.data_size,
-                        header.sizes.metadata_size,
-                        transfer.sizes.data_size,
-                        transfer.sizes.metadata_size
-                    );
-                    self.fail_transfer(tid, why);
-                    return;
-                }
-                let len = payload.len() as u64;
-                let region = transfer.local.region.slice(received, len);
-                let object = transfer.id;
-                let received = received + len;
-                if received == total {
-                    transfer.state = IncomingState::Sealing;
-                    self.set_timer(self.now, Timer::Seal(tid));
-                } else {
-                    transfer.state = IncomingState::ReceivingEager { received };
-                }
-                if len > 0 {
-                    self.push(NodeOutput::WriteLocal {
-                        region,
-                        bytes: payload,
-                        object,
-                    });
-                }
-            }
             (
                 PeerMessage::Rendezvous {
                     sizes,
@@ -270,6 +233,62 @@ impl Node {
                 }
                 self.fail_transfer(tid, why);
             }
+        }
+    }
+
+    /// An `EagerData` chunk of one of this node's transfers; its payload lies at `payload` in
+    /// the message the driver just gave the node, which copies it into the object from there.
+    pub(super) fn handle_eager_chunk(
+        &mut self,
+        peer: NodeId,
+        header: EagerHeader,
+        payload: InputBytes,
+    ) {
+        let tid = header.req;
+        let Some(transfer) = self.transfers.get_mut(&tid).filter(|t| t.source == peer) else {
+            return; // a late chunk of a transfer that already ended
+        };
+        let total = transfer.local.region.len;
+        if !matches!(
+            transfer.state,
+            IncomingState::AwaitingReply | IncomingState::ReceivingEager { .. }
+        ) {
+            let why = format!("unexpected eager chunk in state {}", transfer.describe());
+            self.fail_transfer(tid, why);
+            return;
+        }
+        let received = match transfer.state {
+            IncomingState::ReceivingEager { received } => received,
+            _ => 0,
+        };
+        if header.sizes != transfer.sizes || header.offset != received {
+            let why = format!(
+                "eager chunk at {} of size {}+{}, expected at {received} of {}+{}",
+                header.offset,
+                header.sizes.data_size,
+                header.sizes.metadata_size,
+                transfer.sizes.data_size,
+                transfer.sizes.metadata_size
+            );
+            self.fail_transfer(tid, why);
+            return;
+        }
+        let len = payload.len as u64;
+        let region = transfer.local.region.slice(received, len);
+        let object = transfer.id;
+        let received = received + len;
+        if received == total {
+            transfer.state = IncomingState::Sealing;
+            self.set_timer(self.now, Timer::Seal(tid));
+        } else {
+            transfer.state = IncomingState::ReceivingEager { received };
+        }
+        if len > 0 {
+            self.push(NodeOutput::WriteLocal {
+                region,
+                payload,
+                object,
+            });
         }
     }
 

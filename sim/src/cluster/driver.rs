@@ -6,7 +6,7 @@ use rand::Rng;
 use skyriver_core::client_protocol::Response;
 use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
 use skyriver_core::node::{NodeDriver, ReadOpId};
-use skyriver_core::wire::{self, EagerHeader, PeerMessage};
+use skyriver_core::wire::{self, EagerHeader, InputBytes, PeerMessage};
 use skyriver_core::{
     ClientId, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, RemoteRegion, RequestId,
 };
@@ -90,13 +90,19 @@ impl NodeDriver for SimDriver<'_> {
         );
     }
 
-    fn write_local(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId) {
+    fn write_local(&mut self, region: LocalRegion, payload: InputBytes, object: ObjectId) {
         let (c, n) = (&mut *self.cluster, self.n);
         let sim_node = &mut c.nodes[n.0 as usize];
         let store = sim_node.node.as_ref().expect("alive").store();
         c.checker
             .check_write_target(c.now, n, store, object, region, "eager write");
-        sim_node.memory.write(region, &bytes);
+        match c.input.get(payload.range()) {
+            Some(bytes) => sim_node.memory.write(region, bytes),
+            None => c.checker.violation(
+                c.now,
+                format!("{n}: eager write of {object} names bytes outside the input message"),
+            ),
+        }
     }
 
     fn expose_region(&mut self, object: ObjectId, region: LocalRegion) {

@@ -259,6 +259,8 @@ pub struct Cluster {
     /// Client requests awaiting replies, and what the client does with each.
     calls: BTreeMap<PendingKey, Call>,
     next_rogue: u64,
+    /// The message being delivered: a `WriteLocal` copies its payload from here.
+    input: Vec<u8>,
     stats: SimStats,
     /// End-of-run checks done.
     finished: bool,
@@ -319,6 +321,7 @@ impl Cluster {
             next_request: 1,
             calls: BTreeMap::new(),
             next_rogue: 0,
+            input: Vec::new(),
             stats: SimStats::default(),
             finished: false,
             params,
@@ -779,7 +782,10 @@ impl Cluster {
                         format!("{to}: message from {from} does not decode: {error}"),
                     );
                 }
+                // The outputs copy an eager payload straight from the delivered bytes.
+                self.input = bytes;
                 self.after_input(to);
+                self.input = Vec::new();
             }
             Event::ReadServe {
                 requester,

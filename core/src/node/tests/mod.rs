@@ -12,7 +12,7 @@ use crate::error::StoreError;
 use crate::ids::ArenaId;
 use crate::region::RemoteRegion;
 use crate::store::{DurableChange, ObjectInfo, StoreConfig};
-use crate::wire::EagerHeader;
+use crate::wire::{EagerHeader, InputBytes};
 
 const CLIENT: ClientId = ClientId(1);
 const ARENA_BYTES: u64 = 1 << 20;
@@ -48,6 +48,8 @@ struct World {
     persisted: Vec<(NodeId, u64)>,
     /// Clients the nodes closed, with why.
     closed: Vec<(NodeId, ClientId, String)>,
+    /// The last message delivered, whose eager payload a `WriteLocal` names.
+    input: Vec<u8>,
 }
 
 impl World {
@@ -90,6 +92,7 @@ impl World {
             manual_disk: false,
             persisted: Vec::new(),
             closed: Vec::new(),
+            input: Vec::new(),
         };
         for i in 0..n {
             world.connect(i, CLIENT);
@@ -246,6 +249,8 @@ impl World {
                 self.nodes[to.0 as usize]
                     .handle_peer_bytes(self.now, from, &bytes)
                     .unwrap();
+                // Kept until the next delivery: an eager chunk's write copies from it.
+                self.input = bytes;
                 moved = true;
             } else if let Some((node, op, local, remote, peer)) = self.reads.pop_front() {
                 let result = if self.fail_reads > 0 {
@@ -379,8 +384,11 @@ impl NodeDriver for Carrier<'_> {
             .push_back((self.node, op, local, remote, peer))
     }
 
-    fn write_local(&mut self, region: LocalRegion, bytes: Vec<u8>, _: ObjectId) {
-        self.arena()[region.offset as usize..region.end() as usize].copy_from_slice(&bytes)
+    fn write_local(&mut self, region: LocalRegion, payload: InputBytes, _: ObjectId) {
+        let n = self.node.0 as usize;
+        let world = &mut *self.world;
+        world.arenas[n][region.offset as usize..region.end() as usize]
+            .copy_from_slice(&world.input[payload.range()])
     }
 
     fn expose_region(&mut self, object: ObjectId, region: LocalRegion) {
