@@ -591,11 +591,9 @@ impl Client {
             Response::Created(result) => result?,
             other => return Err(unexpected(other)),
         };
-        // SAFETY: the daemon granted this unsealed object to this create only, and this is the
-        // one region made of it; other views come only after the writer is consumed by a seal.
-        let region =
-            unsafe { WritableRegion::new(self.arena(&info)?, info.region.offset, info.region.len) }
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        // The daemon granted this unsealed object to this create only.
+        let region = WritableRegion::new(self.arena(&info)?, info.region.offset, info.region.len)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
         Ok(ObjectWriter {
             client: self.clone(),
             info,
@@ -667,10 +665,9 @@ impl Client {
     }
 
     fn readable(&self, info: ObjectInfo) -> Result<ObjectBuffer, ClientError> {
-        // SAFETY: a sealed object the daemon took a reference for on our behalf; the buffer
-        // releases it only when dropped, after the region.
-        let region =
-            unsafe { ReadableRegion::new(self.arena(&info)?, info.region.offset, info.region.len) };
+        // A sealed object the daemon took a reference for on our behalf; the buffer releases it
+        // only when dropped, after the region.
+        let region = ReadableRegion::new(self.arena(&info)?, info.region.offset, info.region.len);
         match region {
             Ok(region) => Ok(ObjectBuffer {
                 client: self.clone(),
@@ -898,32 +895,36 @@ impl ObjectWriter {
     /// Seals the object (it becomes immutable and visible) and drops this writer's reference.
     pub fn seal(mut self) -> Result<(), ClientError> {
         self.finished = true;
+        // Writing is over: give up the writable view before the seal makes the object visible,
+        // so another thread's `get` of it can view it at once.
+        let empty = self.empty_region()?;
+        drop(std::mem::replace(&mut self.region, empty));
         self.client.call_done(Request::Seal {
             id: self.info.id,
             release: true,
         })
     }
 
+    /// A view of nothing, to take the writable view's place once writing is over.
+    fn empty_region(&self) -> Result<WritableRegion, ClientError> {
+        WritableRegion::new(self.client.arena(&self.info)?, self.info.region.offset, 0)
+            .map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
     /// Seals the object and keeps this writer's reference as a read-only view of it, released
     /// when the view is dropped (Plasma's `create` buffers work this way).
     pub fn seal_into_buffer(mut self) -> Result<ObjectBuffer, ClientError> {
         self.finished = true;
+        // Writing is over: the writable view becomes a read-only one before the seal makes the
+        // object visible to other threads' `get`s (an empty view takes its place in the writer,
+        // which is consumed here). The buffer keeps this writer's reference and releases it
+        // when dropped.
+        let empty = self.empty_region()?;
+        let region = std::mem::replace(&mut self.region, empty).into_readable();
         self.client.call_done(Request::Seal {
             id: self.info.id,
             release: false,
         })?;
-        // SAFETY: sealed above with this writer's reference kept, which the buffer releases
-        // when dropped; the writer is consumed here, so its writable region is never used again.
-        let region = unsafe {
-            ReadableRegion::new(
-                self.client.arena(&self.info)?,
-                self.info.region.offset,
-                self.info.region.len,
-            )
-        };
-        // The region was checked when the writer was made; a failure here would be a bug, and
-        // the reference is still released by the client's disconnect.
-        let region = region.map_err(|e| ClientError::Protocol(e.to_string()))?;
         Ok(ObjectBuffer {
             client: self.client.clone(),
             info: self.info,

@@ -15,6 +15,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod client;
 pub mod cluster;

@@ -1,5 +1,7 @@
 //! `skyriver`: the node daemon and the tools around it.
 
+#![forbid(unsafe_code)]
+
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -187,9 +187,8 @@ impl NodeDriver for Effects {
         let written = self
             .arenas
             .get(&region.arena)
-            // SAFETY: the core names the unsealed object it created for this transfer, which
-            // nothing else reads or writes until the core seals it.
-            .map(|arena| unsafe { arena.write(region.offset, bytes) });
+            // The unsealed object the core created for this transfer: nothing views it here.
+            .map(|arena| arena.write(region.offset, bytes));
         if !matches!(written, Some(Ok(()))) {
             // The core only names regions it allocated; this is a bug, not bad input.
             warn!(%object, %region, "eager write outside the arenas");

@@ -10,6 +10,6 @@ pub mod token;
 pub mod verbs;
 
 pub use arena::{
-    ArenaError, ArenaOptions, ArenaStage, ReadableRegion, SharedArena, WritableRegion,
+    ArenaError, ArenaOptions, ArenaStage, ReadableRegion, SharedArena, ViewError, WritableRegion,
     ARENA_STEP_BYTES,
 };

@@ -855,9 +855,7 @@ fn a_peer_that_takes_no_messages_is_dropped_with_a_reason() {
 
 /// Copies `data` into a test arena.
 fn write_arena(arena: &SharedArena, offset: u64, data: &[u8]) {
-    // SAFETY: test arenas are mapped by this test only, and it holds no view of them across
-    // a write; a fabric reads a range only once the test asked for it, after writing it.
-    unsafe { arena.write(offset, data) }.unwrap();
+    arena.write(offset, data).unwrap();
 }
 
 /// A copy of `[offset, offset + len)` of a test arena.

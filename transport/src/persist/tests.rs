@@ -43,10 +43,8 @@ fn sealed_objects_and_their_bytes_survive_a_reopen() {
         assert!(opened.scan.created);
         assert_eq!(opened.arena.size_bytes(), ARENA_BYTES);
         opened.backing.finish_recovery([]).unwrap();
-        // SAFETY: the test owns the only mapping, and no view of these ranges is alive.
-        unsafe { opened.arena.write(0, b"first object") }.unwrap();
-        // SAFETY: as above.
-        unsafe { opened.arena.write(4096, b"second") }.unwrap();
+        opened.arena.write(0, b"first object").unwrap();
+        opened.arena.write(4096, b"second").unwrap();
         opened.backing.stage(sealed(1, 0, 12));
         opened.backing.stage(sealed(2, 4096, 6));
         let stats = opened.backing.commit().unwrap();

@@ -5,24 +5,28 @@
 //! and a shared mapping of it. The daemon creates it; a client receives the fd over the Unix
 //! socket and maps the same pages, so object bytes are never copied between processes.
 //!
-//! # Why views of an arena are `unsafe fn`
+//! # Views of an arena
 //!
-//! Whether a range may be read ([`SharedArena::bytes`], [`ReadableRegion::new`]) or written
-//! ([`SharedArena::write`], [`WritableRegion::new`]) is decided by the store: an unsealed object
-//! belongs to its one creator until sealed, a sealed object never changes while referenced or
-//! pinned. That grant lives in the core of the daemon, often in another process, and reaches the
-//! code holding the mapping as a reply on a socket or a core output. No value in this process
-//! can witness it: a "grant" type minted from a socket reply would only move the `unsafe` to
-//! whoever mints it, and hide it. So these functions are `unsafe fn` with a `# Safety` section,
-//! every call site says in its `// SAFETY:` comment which grant it relies on, and the regions
-//! they return are then safe to use. Two `WritableRegion`s over one range are a bug of the
-//! caller that made the second, visible at its `unsafe` block.
+//! Whether a range may be read or written is decided by the store: an unsealed object belongs
+//! to its one creator until sealed, a sealed object never changes while referenced or pinned.
+//! That grant lives in the daemon's core, often in another process, and reaches the code
+//! holding the mapping as a reply on a socket; no value here can witness it. What this module
+//! can and does enforce is the half Rust's aliasing rules are about, within this process:
+//! every view is registered in the arena's claims ([`claims`]), a [`WritableRegion`] only over
+//! a range no other view overlaps, a [`ReadableRegion`] only where no writable one does, and
+//! [`SharedArena::write`] only into a range nobody views. So two `&mut` to the same bytes, or a
+//! `&mut` beside a `&`, cannot be made in safe code; a range the store did not grant is a
+//! protocol bug that shows as wrong bytes, never as aliasing in this process. The raw views the
+//! fabrics use to serve READs ([`SharedArena::bytes`]) stay `unsafe fn`, inside this crate's
+//! drivers.
+
+mod claims;
 
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use memmap2::{Advice, MmapOptions, MmapRaw};
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
@@ -132,6 +136,8 @@ pub struct SharedArena {
     fd: OwnedFd,
     map: MmapRaw,
     size_bytes: u64,
+    /// The views of this mapping alive in this process.
+    claims: Mutex<claims::Claims>,
 }
 
 impl SharedArena {
@@ -209,6 +215,7 @@ impl SharedArena {
             fd: file.into(),
             map,
             size_bytes,
+            claims: Mutex::default(),
         })
     }
 
@@ -233,6 +240,7 @@ impl SharedArena {
             fd: file.into(),
             map,
             size_bytes,
+            claims: Mutex::default(),
         })
     }
 
@@ -294,16 +302,20 @@ impl SharedArena {
         })
     }
 
-    /// Copies `data` into the arena at `offset`.
-    ///
-    /// # Safety
-    /// The store granted `[offset, offset + data.len())` to the caller exclusively (an unsealed
-    /// object it created, or a transfer's destination): no reference to the range is alive,
-    /// and nothing else reads or writes it during the call.
-    pub unsafe fn write(&self, offset: u64, data: &[u8]) -> Result<(), OutOfArena> {
+    /// Copies `data` into the arena at `offset` (an eager chunk into the unsealed object the
+    /// store made for its transfer). Refused while any view of the range is alive here.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), ViewError> {
         self.check(offset, data.len() as u64)?;
-        // SAFETY: the range is inside the mapping (checked above); the caller has it
-        // exclusively (see `# Safety`), so no reference to it is alive in this process.
+        let claims = self.claims();
+        if !claims.is_free(offset, data.len() as u64) {
+            return Err(ViewError::InUse {
+                offset,
+                len: data.len() as u64,
+            });
+        }
+        // SAFETY: the range is inside the mapping (checked above), and no view of it is alive
+        // in this process (checked, and kept so while the claims are locked): no reference to
+        // these bytes exists while they are copied.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr(),
@@ -311,8 +323,31 @@ impl SharedArena {
                 data.len(),
             );
         }
+        drop(claims);
         Ok(())
     }
+
+    fn claims(&self) -> MutexGuard<'_, claims::Claims> {
+        // The table stays consistent between calls; a panic elsewhere does not corrupt it.
+        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Why a view of an arena could not be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ViewError {
+    /// The range is not inside the arena.
+    #[error(transparent)]
+    OutOfArena(#[from] OutOfArena),
+    /// Another view of the range is alive in this process (a writable view of anything
+    /// viewed, or any view of something being written).
+    #[error("range {offset}+{len} of the arena is in use by another view in this process")]
+    InUse {
+        /// Start of the range.
+        offset: u64,
+        /// Length of the range.
+        len: u64,
+    },
 }
 
 /// An exclusive, writable range of an arena: an unsealed object a client is filling.
@@ -324,23 +359,40 @@ pub struct WritableRegion {
 }
 
 impl WritableRegion {
-    /// Takes `[offset, offset + len)` of `arena` for writing.
-    ///
-    /// # Safety
-    /// The store granted the range to the caller exclusively (an unsealed object it created),
-    /// and no other view of the range ([`WritableRegion`], [`ReadableRegion`],
-    /// [`SharedArena::bytes`]) exists or is made while this region lives: the store gives each
-    /// unsealed object to exactly one creator, and the caller makes exactly one region of it.
-    pub unsafe fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, OutOfArena> {
+    /// Takes `[offset, offset + len)` of `arena` for writing: an unsealed object the store
+    /// granted to this process's caller. Refused while any other view of the range is alive
+    /// here.
+    pub fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, ViewError> {
         arena.check(offset, len)?;
+        if !arena.claims().claim_write(offset, len) {
+            return Err(ViewError::InUse { offset, len });
+        }
         Ok(Self { arena, offset, len })
+    }
+
+    /// The same bytes as a read-only view (the object was sealed), without a moment in which
+    /// another writable view could be made.
+    pub fn into_readable(self) -> ReadableRegion {
+        let mut claims = self.arena.claims();
+        claims.release_write(self.offset, self.len);
+        let readable = claims.claim_read(self.offset, self.len);
+        debug_assert!(readable, "nothing can claim the range while it was written");
+        drop(claims);
+        let region = ReadableRegion {
+            arena: self.arena.clone(),
+            offset: self.offset,
+            len: self.len,
+        };
+        // The write claim is released above; skip this region's own release.
+        std::mem::forget(self);
+        region
     }
 
     /// The bytes, for writing.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: the range was checked in `new`, the Arc keeps the mapping alive, and this
-        // region is the only view of these bytes (the contract of `new`); `&mut self` makes the
-        // borrow unique within this process.
+        // region holds the only claim on these bytes in this process (made in `new`); `&mut
+        // self` makes the borrow unique.
         unsafe {
             std::slice::from_raw_parts_mut(
                 self.arena.map.as_mut_ptr().add(self.offset as usize),
@@ -361,8 +413,14 @@ impl WritableRegion {
     }
 }
 
+impl Drop for WritableRegion {
+    fn drop(&mut self) {
+        self.arena.claims().release_write(self.offset, self.len);
+    }
+}
+
 /// A read-only range of an arena: a sealed object a client holds a reference to.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ReadableRegion {
     arena: Arc<SharedArena>,
     offset: u64,
@@ -370,27 +428,45 @@ pub struct ReadableRegion {
 }
 
 impl ReadableRegion {
-    /// Views `[offset, offset + len)` of `arena`.
-    ///
-    /// # Safety
-    /// Nothing writes the range while this region (or a clone) lives: it is a sealed object
-    /// the caller holds a reference to, which the store neither changes nor frees until the
-    /// reference is released, and the caller releases it only after dropping the region.
-    pub unsafe fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, OutOfArena> {
+    /// Views `[offset, offset + len)` of `arena`: a sealed object this process holds a
+    /// reference to (which the store neither changes nor frees until it is released). Refused
+    /// while a writable view of the range is alive here.
+    pub fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, ViewError> {
         arena.check(offset, len)?;
+        if !arena.claims().claim_read(offset, len) {
+            return Err(ViewError::InUse { offset, len });
+        }
         Ok(Self { arena, offset, len })
     }
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: range checked in `new`, mapping kept alive by the Arc, and nothing writes the
-        // range while the region lives (the contract of `new`).
+        // SAFETY: range checked in `new`, mapping kept alive by the Arc, and no writable view of
+        // the range exists in this process while this one holds its read claim.
         unsafe {
             std::slice::from_raw_parts(
                 self.arena.map.as_ptr().add(self.offset as usize),
                 self.len as usize,
             )
         }
+    }
+}
+
+impl Clone for ReadableRegion {
+    fn clone(&self) -> Self {
+        let claimed = self.arena.claims().claim_read(self.offset, self.len);
+        debug_assert!(claimed, "a read claim is held by the original");
+        Self {
+            arena: self.arena.clone(),
+            offset: self.offset,
+            len: self.len,
+        }
+    }
+}
+
+impl Drop for ReadableRegion {
+    fn drop(&mut self) {
+        self.arena.claims().release_read(self.offset, self.len);
     }
 }
 
@@ -443,16 +519,13 @@ mod tests {
         .unwrap();
         let fd = arena.fd().try_clone_to_owned().unwrap();
         let other = Arc::new(SharedArena::from_fd(fd, 1 << 20).unwrap());
-        // SAFETY: the test owns both mappings and uses each range through one view at a time.
-        let mut region = unsafe { WritableRegion::new(other.clone(), 4096, 5) }.unwrap();
+        let mut region = WritableRegion::new(other.clone(), 4096, 5).unwrap();
         region.as_mut_slice().copy_from_slice(b"hello");
         drop(region);
-        // SAFETY: as above; the writer is gone.
+        // SAFETY: the test owns both mappings; the writer is gone and nothing writes the range.
         assert_eq!(unsafe { arena.bytes(4096, 5) }.unwrap(), b"hello");
-        // SAFETY: as above; no view of this range exists.
-        unsafe { arena.write(8192, b"world") }.unwrap();
-        // SAFETY: as above; nothing writes the range any more.
-        let readable = unsafe { ReadableRegion::new(other, 8192, 5) }.unwrap();
+        arena.write(8192, b"world").unwrap();
+        let readable = ReadableRegion::new(other, 8192, 5).unwrap();
         assert_eq!(readable.as_slice(), b"world");
     }
 
@@ -463,10 +536,46 @@ mod tests {
         assert!(unsafe { arena.bytes(4090, 7) }.is_err());
         // SAFETY: as above.
         assert!(unsafe { arena.bytes(u64::MAX, 2) }.is_err());
-        // SAFETY: as above.
-        assert!(unsafe { WritableRegion::new(arena.clone(), 0, 4097) }.is_err());
-        // SAFETY: as above.
-        assert!(unsafe { ReadableRegion::new(arena, 4096, 0) }.is_ok());
+        assert!(WritableRegion::new(arena.clone(), 0, 4097).is_err());
+        assert!(ReadableRegion::new(arena, 4096, 0).is_ok());
+    }
+
+    #[test]
+    fn views_that_would_alias_are_refused() {
+        let arena =
+            Arc::new(SharedArena::create("test", 1 << 16, &ArenaOptions::default()).unwrap());
+        let mut writer = WritableRegion::new(arena.clone(), 1024, 512).unwrap();
+        let in_use = Err(ViewError::InUse {
+            offset: 1500,
+            len: 100,
+        });
+        assert_eq!(
+            WritableRegion::new(arena.clone(), 1500, 100).map(|_| ()),
+            in_use
+        );
+        assert_eq!(
+            ReadableRegion::new(arena.clone(), 1500, 100).map(|_| ()),
+            in_use
+        );
+        assert!(
+            arena.write(1500, &[0; 100]).is_err(),
+            "a copy under a live writer"
+        );
+        writer.as_mut_slice()[0] = 7;
+        // Sealed: the writer becomes a reader, and readers share.
+        let reader = writer.into_readable();
+        let again = ReadableRegion::new(arena.clone(), 1024, 512).unwrap();
+        let clone = again.clone();
+        assert_eq!(reader.as_slice()[0], 7);
+        assert!(WritableRegion::new(arena.clone(), 1024, 1).is_err());
+        drop((reader, again));
+        assert!(
+            WritableRegion::new(arena.clone(), 1024, 1).is_err(),
+            "the clone still reads"
+        );
+        drop(clone);
+        assert!(WritableRegion::new(arena.clone(), 1024, 512).is_ok());
+        assert!(arena.write(1024, b"free again").is_ok());
     }
 
     #[test]

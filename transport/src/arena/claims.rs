@@ -1,0 +1,129 @@
+//! The views of one arena alive in this process: writable ones exclusive, readable ones shared
+//! with other readable ones. Making a view checks this table, so two views that would alias a
+//! `&mut` cannot be made in safe code; what other processes do with the same memory is the
+//! store's protocol (an unsealed object has one creator; a sealed one never changes while
+//! referenced), which no value here can witness.
+
+use std::collections::BTreeMap;
+
+/// Live views, by range.
+#[derive(Debug, Default)]
+pub(super) struct Claims {
+    /// Writable views: start → length. Never overlap each other.
+    writes: BTreeMap<u64, u64>,
+    /// Readable views: (start, length) → how many.
+    reads: BTreeMap<(u64, u64), u32>,
+    /// Longest readable view ever claimed, to bound the overlap search.
+    longest_read: u64,
+}
+
+impl Claims {
+    /// Claims `[offset, offset + len)` for writing, unless any view overlaps it.
+    pub(super) fn claim_write(&mut self, offset: u64, len: u64) -> bool {
+        if len == 0 {
+            return true;
+        }
+        if self.overlaps_write(offset, len) || self.overlaps_read(offset, len) {
+            return false;
+        }
+        self.writes.insert(offset, len);
+        true
+    }
+
+    /// Claims `[offset, offset + len)` for reading, unless a writable view overlaps it.
+    pub(super) fn claim_read(&mut self, offset: u64, len: u64) -> bool {
+        if len == 0 {
+            return true;
+        }
+        if self.overlaps_write(offset, len) {
+            return false;
+        }
+        *self.reads.entry((offset, len)).or_default() += 1;
+        self.longest_read = self.longest_read.max(len);
+        true
+    }
+
+    /// Whether nothing overlaps `[offset, offset + len)` (for a one-off copy into it).
+    pub(super) fn is_free(&self, offset: u64, len: u64) -> bool {
+        len == 0 || !(self.overlaps_write(offset, len) || self.overlaps_read(offset, len))
+    }
+
+    pub(super) fn release_write(&mut self, offset: u64, len: u64) {
+        if len > 0 {
+            let removed = self.writes.remove(&offset);
+            debug_assert_eq!(removed, Some(len), "released a write claim never made");
+        }
+    }
+
+    pub(super) fn release_read(&mut self, offset: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        if let Some(count) = self.reads.get_mut(&(offset, len)) {
+            *count -= 1;
+            if *count == 0 {
+                self.reads.remove(&(offset, len));
+            }
+        } else {
+            debug_assert!(false, "released a read claim never made");
+        }
+    }
+
+    fn overlaps_write(&self, offset: u64, len: u64) -> bool {
+        let end = offset.saturating_add(len);
+        // Writes never overlap each other: only the last one starting before `end` can reach
+        // into the range.
+        self.writes
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&start, &l)| start.saturating_add(l) > offset)
+    }
+
+    fn overlaps_read(&self, offset: u64, len: u64) -> bool {
+        let end = offset.saturating_add(len);
+        for (&(start, l), _) in self.reads.range(..(end, 0)).rev() {
+            if start.saturating_add(l) > offset {
+                return true;
+            }
+            if start.saturating_add(self.longest_read) <= offset {
+                break; // every earlier view ends before the range
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_exclusive_and_reads_shared() {
+        let mut claims = Claims::default();
+        assert!(claims.claim_write(100, 50));
+        assert!(!claims.claim_write(120, 10), "inside a write");
+        assert!(!claims.claim_write(60, 41), "reaching into a write");
+        assert!(!claims.claim_read(149, 1), "last byte of a write");
+        assert!(claims.claim_read(150, 10), "right after a write");
+        assert!(claims.claim_read(150, 10), "reads share");
+        assert!(!claims.claim_write(155, 1), "inside a read");
+        assert!(claims.claim_write(0, 100), "right before a write");
+        claims.release_write(100, 50);
+        assert!(claims.claim_read(100, 50));
+        claims.release_read(150, 10);
+        assert!(!claims.claim_write(150, 10), "one read left");
+        claims.release_read(150, 10);
+        assert!(claims.claim_write(150, 10));
+        assert!(claims.claim_write(7, 0), "empty ranges alias nothing");
+        assert!(!claims.is_free(99, 2));
+    }
+
+    #[test]
+    fn a_long_read_far_before_is_found() {
+        let mut claims = Claims::default();
+        assert!(claims.claim_read(0, 1000));
+        assert!(claims.claim_read(10, 5));
+        assert!(!claims.claim_write(900, 10), "inside the long read");
+        assert!(claims.claim_write(1000, 10));
+    }
+}
