@@ -410,6 +410,7 @@ async fn redis_wrong_token_is_refused() {
     // A duplicate node id of another daemon is refused too.
     let mut twin = member(1);
     twin.incarnation = 4;
+    twin.fabric_addr = SocketAddr::from(([127, 0, 0, 2], 7001));
     match Node::try_join(config(&server, "c"), twin, TOKEN).await {
         Err(DirectoryError::Refused(reason)) => {
             assert!(reason.contains("already a member"), "{reason}")
