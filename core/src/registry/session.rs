@@ -148,8 +148,11 @@ pub struct DirectorySession {
     token: String,
     replay: ReplayState,
     link: Link,
-    /// Whether the driver was told the directory is reachable (so a loss is reported once).
+    /// Whether the driver was told the directory is reachable (so a loss is reported once); set
+    /// once the replay after a welcome is answered.
     reported_up: bool,
+    /// The member list received while the replay runs, passed on after `Health(Ok)`.
+    pending_members: Option<Vec<MemberInfo>>,
     backoff: Duration,
     in_flight: BTreeMap<WireOpId, Origin>,
     next_wire_op: u64,
@@ -173,6 +176,7 @@ impl DirectorySession {
                 retry_at: now,
             },
             reported_up: false,
+            pending_members: None,
             backoff,
             in_flight: BTreeMap::new(),
             next_wire_op: 0,
@@ -355,7 +359,13 @@ impl DirectorySession {
                     self.notice(DirectoryNotice::Event(event));
                 }
             }
-            FromRegistry::Members(members) => self.notice(DirectoryNotice::Members(members)),
+            FromRegistry::Members(members) => {
+                if self.reported_up {
+                    self.notice(DirectoryNotice::Members(members));
+                } else {
+                    self.pending_members = Some(members);
+                }
+            }
             FromRegistry::Pong { .. } => {}
             FromRegistry::Refused { reason, retryable } => {
                 return Err(SessionError::Refused { reason, retryable })
@@ -456,8 +466,6 @@ impl DirectorySession {
             next_ping: now + self.config.heartbeat_interval,
         };
         self.backoff = self.config.reconnect_backoff_min;
-        self.reported_up = true;
-        self.notice(DirectoryNotice::Health(Ok(())));
         // Re-register what the registry may not know (all of it after a head restart).
         let republish: Vec<(ObjectId, ObjectSizes)> = self
             .replay
@@ -484,6 +492,19 @@ impl DirectorySession {
                 },
             );
         }
+        self.report_up_once_replayed();
+    }
+
+    /// Health(Ok) once the registry knows everything again (the replay is answered), so a
+    /// driver that sees it can count on the node's publications being listed.
+    fn report_up_once_replayed(&mut self) {
+        if self.is_up() && !self.reported_up && !self.replaying() {
+            self.reported_up = true;
+            self.notice(DirectoryNotice::Health(Ok(())));
+            if let Some(members) = self.pending_members.take() {
+                self.notice(DirectoryNotice::Members(members));
+            }
+        }
     }
 
     /// The connection is gone: in-flight requests of the driver are answered `Unavailable`, a
@@ -503,6 +524,7 @@ impl DirectorySession {
             self.reported_up = false;
             self.notice(DirectoryNotice::Health(Err(reason.clone())));
         }
+        self.pending_members = None;
         let retry_at = now + self.backoff;
         self.backoff = (self.backoff * 2).min(self.config.reconnect_backoff_max);
         self.link = Link::Down { reason, retry_at };
@@ -539,6 +561,7 @@ impl DirectorySession {
             }
             Origin::Republish => {}
         }
+        self.report_up_once_replayed();
     }
 
     fn send(&mut self, origin: Option<Origin>, request: DirectoryRequest) {

@@ -76,6 +76,7 @@ pub(crate) trait Connector: Clone + Send + Sync + 'static {
 enum Command {
     Submit(DirectoryOpId, DirectoryRequest),
     Leave(oneshot::Sender<()>),
+    Abandon,
 }
 
 /// A node's connection to a directory service, of either backend. Dropping it leaves the
@@ -92,7 +93,18 @@ impl std::fmt::Debug for Command {
         match self {
             Command::Submit(op, request) => write!(f, "Submit({op}, {request})"),
             Command::Leave(_) => write!(f, "Leave"),
+            Command::Abandon => write!(f, "Abandon"),
         }
+    }
+}
+
+impl DirectoryClient {
+    /// Stops without leaving, as a crash would: no goodbye; the connection just drops (Redis
+    /// keeps the node's keys until their TTL). For fault drills and tests.
+    pub async fn abandon(self) {
+        let _ = self.commands.send(Command::Abandon).await;
+        // The task drops the link on receipt; wait until it did.
+        self.commands.closed().await;
     }
 }
 
@@ -315,6 +327,7 @@ impl<C: Connector> Driver<C> {
                     Some(Command::Submit(op, request)) => {
                         self.session.handle_submit(self.clock.now(), op, request);
                     }
+                    Some(Command::Abandon) => return,
                     Some(Command::Leave(done)) => {
                         self.leave().await;
                         let _ = done.send(());
