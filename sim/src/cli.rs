@@ -200,6 +200,7 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
         totals.leases_expired += s.leases_expired;
         totals.reads += s.reads;
         totals.crashes += s.crashes;
+        totals.directory.add(&s.directory);
         if !report.passed() {
             if args.json {
                 // The JSON carries the details; a line on stderr says it happened.
@@ -259,6 +260,15 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
     println!("{:<28} {:>14}", "leases expired", totals.leases_expired);
     println!("{:<28} {:>14}", "READs posted", totals.reads);
     println!("{:<28} {:>14}", "node crashes", totals.crashes);
+    let d = &totals.directory;
+    println!("{:<28} {:>14}", "directory head crashes", d.head_crashes);
+    println!(
+        "{:<28} {:>14}",
+        "partitions from the head", d.head_partitions
+    );
+    println!("{:<28} {:>14}", "directory pushes lost", d.lost_pushes);
+    println!("{:<28} {:>14}", "heartbeat expiries", d.heartbeat_expiries);
+    println!("{:<28} {:>14}", "directory re-registrations", d.reconnects);
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -295,6 +305,11 @@ fn stats_json(s: &SimStats) -> serde_json::Value {
         "leases_expired": s.leases_expired,
         "reads": s.reads,
         "crashes": s.crashes,
+        "directory_head_crashes": s.directory.head_crashes,
+        "directory_head_partitions": s.directory.head_partitions,
+        "directory_lost_pushes": s.directory.lost_pushes,
+        "directory_heartbeat_expiries": s.directory.heartbeat_expiries,
+        "directory_reregistrations": s.directory.reconnects,
     })
 }
 

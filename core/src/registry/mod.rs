@@ -21,8 +21,8 @@
 //! - **Lookup with subscribe** is one atomic step: either the lookup sees a holder, or the
 //!   subscription is registered before any later publish, which then fires it (exactly once:
 //!   subscriptions are one-shot).
-//! - Replies and events for one connection leave in the order they were decided, so an event a
-//!   request fired for the requester itself comes before the request's reply.
+//! - Output for one connection leaves in the order it was decided; a publish's reply is queued
+//!   before the events it fires.
 
 pub mod session;
 #[cfg(test)]
@@ -379,9 +379,10 @@ impl Registry {
         request: DirectoryRequest,
     ) -> Result<(), RegistryError> {
         let node = self.heard_from(now, conn)?;
+        let mut fired = Vec::new();
         let reply = match request {
             DirectoryRequest::Lookup { id, subscribe } => self.lookup(node, id, subscribe),
-            DirectoryRequest::Publish { id, sizes } => self.publish(node, id, sizes),
+            DirectoryRequest::Publish { id, sizes } => self.publish(node, id, sizes, &mut fired),
             DirectoryRequest::Withdraw { id } => {
                 self.withdraw(node, id);
                 Some(DirectoryReply::Done)
@@ -397,6 +398,7 @@ impl Registry {
                 message: FromRegistry::Reply { op, reply },
             });
         }
+        self.outputs.extend(fired);
         Ok(())
     }
 
@@ -497,6 +499,13 @@ impl Registry {
     /// The live members, sorted by node id.
     pub fn members(&self) -> Vec<MemberInfo> {
         self.members.values().map(|m| m.info.clone()).collect()
+    }
+
+    /// Each member's node, incarnation and connection, by node id (no allocation).
+    pub fn registrations(&self) -> impl Iterator<Item = (NodeId, u32, ConnId)> + '_ {
+        self.members
+            .iter()
+            .map(|(node, m)| (*node, m.info.incarnation, m.conn))
     }
 
     /// The member registered as `node`.
@@ -651,6 +660,7 @@ impl Registry {
         node: NodeId,
         id: ObjectId,
         sizes: ObjectSizes,
+        fired: &mut Vec<RegistryOutput>,
     ) -> Option<DirectoryReply> {
         let limit = self.config.limits.max_publications_per_node;
         let member = self
@@ -677,7 +687,7 @@ impl Registry {
             for subscriber in subscribers {
                 if let Some(member) = self.members.get_mut(&subscriber) {
                     member.subscribed.remove(&id);
-                    self.outputs.push_back(RegistryOutput::Send {
+                    fired.push(RegistryOutput::Send {
                         conn: member.conn,
                         message: FromRegistry::Event(event.clone()),
                     });

@@ -158,8 +158,6 @@ pub struct DirectorySession {
     next_wire_op: u64,
     ping_seq: u64,
     outputs: VecDeque<SessionOutput>,
-    /// Test hook for the simulator's planted-bug check: forget subscriptions on reconnect.
-    forget_subscriptions_on_reconnect: bool,
 }
 
 impl DirectorySession {
@@ -182,7 +180,6 @@ impl DirectorySession {
             next_wire_op: 0,
             ping_seq: 0,
             outputs: VecDeque::new(),
-            forget_subscriptions_on_reconnect: false,
         }
     }
 
@@ -201,6 +198,11 @@ impl DirectorySession {
         matches!(self.link, Link::Up { .. })
     }
 
+    /// Whether the session is down, waiting to try connecting again.
+    pub fn is_down(&self) -> bool {
+        matches!(self.link, Link::Down { .. })
+    }
+
     /// Whether replayed requests of the current connection still await their replies.
     pub fn replaying(&self) -> bool {
         self.in_flight
@@ -211,13 +213,6 @@ impl DirectorySession {
     /// Whether the session waits for `id` to be published.
     pub fn waits_for(&self, id: &ObjectId) -> bool {
         self.replay.subscriptions.contains(id)
-    }
-
-    /// Planted bug, for proving the simulator's checks: forget every subscription when the
-    /// node reconnects instead of replaying them. Never set outside such a test.
-    #[doc(hidden)]
-    pub fn plant_forget_subscriptions_on_reconnect(&mut self) {
-        self.forget_subscriptions_on_reconnect = true;
     }
 
     // ---- Inputs ----
@@ -478,9 +473,6 @@ impl DirectorySession {
                 Some(Origin::Republish),
                 DirectoryRequest::Publish { id, sizes },
             );
-        }
-        if self.forget_subscriptions_on_reconnect {
-            self.replay.subscriptions.clear();
         }
         let resubscribe: Vec<ObjectId> = self.replay.subscriptions.iter().copied().collect();
         for id in resubscribe {
