@@ -463,6 +463,43 @@ impl Cluster {
         *self.failing_reads.entry(NodeId(requester)).or_default() += count;
     }
 
+    /// The directory head crashes and loses its registry; `silent`: the nodes' connections
+    /// do not reset, they find out by heartbeat.
+    pub fn crash_head(&mut self, silent: bool) {
+        self.handle(Event::Directory(DirEvent::Head { up: false, silent }));
+    }
+
+    /// The directory head comes back, with an empty registry.
+    pub fn restart_head(&mut self) {
+        self.handle(Event::Directory(DirEvent::Head {
+            up: true,
+            silent: false,
+        }));
+    }
+
+    /// Cuts `node` off from the directory head (`on`) or heals the cut.
+    pub fn partition_from_head(&mut self, node: u32, on: bool) {
+        let node = NodeId(node);
+        self.handle(Event::Directory(DirEvent::HeadPartition { node, on }));
+    }
+
+    /// The simulated directory (head and sessions), for assertions.
+    pub fn directory(&self) -> &SimDirectory {
+        &self.directory
+    }
+
+    /// Runs events until virtual time `until` (heartbeats included), whatever is pending.
+    pub fn run_until(&mut self, until: Instant) {
+        while self
+            .queue
+            .peek()
+            .is_some_and(|Reverse(next)| next.at <= until)
+        {
+            self.step();
+        }
+        self.now = self.now.max(until);
+    }
+
     /// Runs the next event; false when none is left.
     pub fn step(&mut self) -> bool {
         let Some(Reverse(scheduled)) = self.queue.pop() else {

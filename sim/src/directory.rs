@@ -173,9 +173,19 @@ struct NodeEnd {
     relied: BTreeSet<ObjectId>,
 }
 
+/// What a violation is about, so each is reported once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum ViolationKey {
+    Outlived(NodeId, ConnId),
+    SessionForgot(NodeId, ObjectId),
+    RegistryForgot(NodeId, ObjectId, ConnId),
+}
+
 /// The head and every node's directory session.
 #[derive(Debug)]
 pub struct SimDirectory {
+    /// Violations already reported.
+    reported: BTreeSet<ViolationKey>,
     params: DirectoryParams,
     cluster_token: String,
     registry: Option<Registry>,
@@ -238,6 +248,7 @@ impl SimDirectory {
     pub fn formed(params: DirectoryParams, nodes: usize, now: Instant) -> (Self, Vec<Effect>) {
         let cluster_token = "sim-cluster-token".to_string();
         let mut directory = SimDirectory {
+            reported: BTreeSet::new(),
             registry: Some(Registry::new(RegistryConfig {
                 cluster_token: cluster_token.clone(),
                 heartbeat_timeout: params.registry_heartbeat_timeout,
@@ -909,8 +920,29 @@ impl SimDirectory {
 
     // ---- Checks ----
 
-    /// The safety checks that hold at every moment; one line per violation.
-    pub fn check(&self, now: Instant) -> Vec<String> {
+    /// The registry, when the head is up.
+    pub fn registry(&self) -> Option<&Registry> {
+        self.registry.as_ref()
+    }
+
+    /// Whether `node`'s session is registered with the head.
+    pub fn is_registered(&self, node: NodeId) -> bool {
+        self.ends.get(&node).is_some_and(|e| e.session.is_up())
+    }
+
+    /// The safety checks that hold at every moment; one line per violation, each reported
+    /// once.
+    pub fn check(&mut self, now: Instant) -> Vec<String> {
+        let mut violations = Vec::new();
+        for (key, violation) in self.find_violations(now) {
+            if self.reported.insert(key) {
+                violations.push(violation);
+            }
+        }
+        violations
+    }
+
+    fn find_violations(&self, now: Instant) -> Vec<(ViolationKey, String)> {
         let mut violations = Vec::new();
         // Dead nodes vanish within the heartbeat bound.
         if let Some(registry) = &self.registry {
@@ -918,11 +950,14 @@ impl SimDirectory {
             for (node, incarnation, conn) in registry.registrations() {
                 let heard = self.last_heard.get(&conn).copied().unwrap_or(Instant::ZERO);
                 if now > heard + bound {
-                    violations.push(format!(
+                    violations.push((
+                        ViolationKey::Outlived(node, conn),
+                        format!(
                         "directory: {node} (incarnation {incarnation}) still listed {} us after \
                          it was last heard at {heard}, beyond the heartbeat bound of {} us",
                         now.saturating_since(heard).as_micros(),
                         bound.as_micros()
+                    ),
                     ));
                 }
             }
@@ -934,9 +969,12 @@ impl SimDirectory {
                     continue;
                 }
                 if !end.session.waits_for(id) {
-                    violations.push(format!(
+                    violations.push((
+                        ViolationKey::SessionForgot(*node, *id),
+                        format!(
                         "{node} waits for {id} to be published, but its directory session forgot \
                          the subscription"
+                    ),
                     ));
                     continue;
                 }
@@ -952,9 +990,12 @@ impl SimDirectory {
                     continue;
                 }
                 if !registry.is_subscribed(*node, id) {
-                    violations.push(format!(
-                        "{node} waits for {id} to be published, but the directory forgot the \
+                    violations.push((
+                        ViolationKey::RegistryForgot(*node, *id, conn),
+                        format!(
+                            "{node} waits for {id} to be published, but the directory forgot the \
                          subscription ({conn}, registered and replayed)"
+                        ),
                     ));
                 }
             }
