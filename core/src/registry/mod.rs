@@ -109,7 +109,8 @@ pub enum RegistryOutput {
         /// The message.
         message: FromRegistry,
     },
-    /// Send the member list to each of `conns` (one encoding serves them all).
+    /// Send the member list to each of `conns` (one encoding serves them all). Output at
+    /// every membership change, so it also tells drivers the current list.
     SendMembers {
         /// The connections, in node id order.
         conns: Vec<ConnId>,
@@ -587,14 +588,14 @@ impl Registry {
         });
     }
 
+    /// The member list changed: it goes to every member (an empty list to nobody, still
+    /// output so drivers can follow the membership from outputs alone).
     fn push_members(&mut self) {
         let conns: Vec<ConnId> = self.members.values().map(|m| m.conn).collect();
-        if !conns.is_empty() {
-            self.outputs.push_back(RegistryOutput::SendMembers {
-                conns,
-                members: self.members(),
-            });
-        }
+        self.outputs.push_back(RegistryOutput::SendMembers {
+            conns,
+            members: self.members(),
+        });
     }
 
     /// The member on `conn`, whose heartbeat deadline moves on.

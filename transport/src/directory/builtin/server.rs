@@ -210,34 +210,45 @@ impl Head {
             .find(|&node| self.registry.connection_of(node) == Some(conn))
     }
 
-    /// Publishes the member list, then sends what the registry decided.
+    /// Sends what the registry decided; a new member list is published (for
+    /// [`BuiltinDirectoryServer::members`]) before it goes to any node.
     fn carry_out(&mut self) {
-        let members = self.registry.members();
-        if *self.members.borrow() != members {
-            let _ = self.members.send(members);
-        }
-        while let Some(output) = self.registry.poll_output() {
-            match output {
-                RegistryOutput::Send { conn, message } => {
-                    let frame: Arc<[u8]> = frame::encode(&message).into();
-                    self.send(conn, frame);
-                }
-                RegistryOutput::SendMembers { conns, members } => {
-                    let frame: Arc<[u8]> = frame::encode(&FromRegistry::Members(members)).into();
-                    for conn in conns {
-                        self.send(conn, frame.clone());
-                    }
-                }
-                RegistryOutput::Close { conn, reason } => {
-                    tracing::info!(%conn, %reason, "closing a directory connection");
-                    // The writer flushes what is queued, then closes the stream.
-                    self.writers.remove(&conn);
+        // Until nothing is left: dropping a node that stopped reading decides more.
+        loop {
+            let outputs: Vec<RegistryOutput> =
+                std::iter::from_fn(|| self.registry.poll_output()).collect();
+            if outputs.is_empty() {
+                return;
+            }
+            let latest_members = outputs.iter().rev().find_map(|output| match output {
+                RegistryOutput::SendMembers { members, .. } => Some(members),
+                _ => None,
+            });
+            if let Some(members) = latest_members {
+                if *self.members.borrow() != *members {
+                    let _ = self.members.send(members.clone());
                 }
             }
-        }
-        let members = self.registry.members();
-        if *self.members.borrow() != members {
-            let _ = self.members.send(members);
+            for output in outputs {
+                match output {
+                    RegistryOutput::Send { conn, message } => {
+                        let frame: Arc<[u8]> = frame::encode(&message).into();
+                        self.send(conn, frame);
+                    }
+                    RegistryOutput::SendMembers { conns, members } => {
+                        let frame: Arc<[u8]> =
+                            frame::encode(&FromRegistry::Members(members)).into();
+                        for conn in conns {
+                            self.send(conn, frame.clone());
+                        }
+                    }
+                    RegistryOutput::Close { conn, reason } => {
+                        tracing::info!(%conn, %reason, "closing a directory connection");
+                        // The writer flushes what is queued, then closes the stream.
+                        self.writers.remove(&conn);
+                    }
+                }
+            }
         }
     }
 
