@@ -710,3 +710,67 @@ fn session_backoff_doubles_to_its_cap_and_resets_after_a_welcome() {
     }
     assert_eq!(delays, vec![5, 10, 20, 40, 40]);
 }
+
+#[test]
+fn after_a_reconnect_health_comes_once_the_replay_is_answered_then_the_members() {
+    let mut r = registry();
+    let now = at_ms(0);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), now);
+    s.handle_timeout(now);
+    exchange(&mut s, &mut r, 1, now);
+    let x = ObjectId::from_u64(1);
+    s.handle_submit(
+        now,
+        DirectoryOpId(1),
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(1),
+        },
+    );
+    exchange(&mut s, &mut r, 1, now);
+    r.handle_disconnect(at_ms(1), ConnId(1));
+    drain(&mut r);
+    s.handle_disconnected(at_ms(1), "reset");
+    assert!(matches!(
+        drain_session(&mut s).as_slice(),
+        [SessionOutput::Notice(DirectoryNotice::Health(Err(_)))]
+    ));
+    let retry = s.poll_timeout().unwrap();
+    s.handle_timeout(retry);
+    assert_eq!(drain_session(&mut s), vec![SessionOutput::Connect]);
+    s.handle_connected(retry);
+    for output in drain_session(&mut s) {
+        if let SessionOutput::Send(message) = output {
+            r.handle_message(retry, ConnId(2), message).unwrap();
+        }
+    }
+    // Welcome and member list arrive; the replayed publish goes out, no Health yet.
+    for (_, message) in drain(&mut r) {
+        s.handle_message(retry, message).unwrap();
+    }
+    let replay = drain_session(&mut s);
+    assert!(
+        replay
+            .iter()
+            .all(|o| matches!(o, SessionOutput::Send(ToRegistry::Request { .. }))),
+        "{replay:?}"
+    );
+    assert!(s.replaying());
+    for output in replay {
+        if let SessionOutput::Send(message) = output {
+            r.handle_message(retry, ConnId(2), message).unwrap();
+        }
+    }
+    for (_, message) in drain(&mut r) {
+        s.handle_message(retry, message).unwrap();
+    }
+    // The replay is answered: Health(Ok), then the list.
+    assert_eq!(
+        drain_session(&mut s),
+        vec![
+            SessionOutput::Notice(DirectoryNotice::Health(Ok(()))),
+            SessionOutput::Notice(DirectoryNotice::Members(vec![member(1, 1)])),
+        ]
+    );
+    assert_eq!(r.holders_of(&x), vec![NodeId(1)]);
+}
