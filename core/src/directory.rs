@@ -6,6 +6,7 @@
 //! (`Unavailable`, or no reply before the op's timeout), never a blocked thread.
 
 use std::fmt;
+use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
@@ -143,4 +144,35 @@ impl fmt::Display for DirectoryEvent {
             ),
         }
     }
+}
+
+/// A live node of the cluster, as the directory lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    /// The node.
+    pub node: NodeId,
+    /// Where its fabric accepts connections.
+    pub fabric_addr: SocketAddr,
+    /// Which fabric it runs (`tcp`, `verbs`).
+    pub fabric: String,
+    /// Changes each time the node's daemon starts.
+    pub incarnation: u32,
+}
+
+/// What a node's directory client tells its driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectoryNotice {
+    /// The answer to a submitted request.
+    Reply {
+        /// The request's op id.
+        op: DirectoryOpId,
+        /// The answer.
+        reply: DirectoryReply,
+    },
+    /// A subscription fired.
+    Event(DirectoryEvent),
+    /// The live members changed (sent at join and at every change).
+    Members(Vec<MemberInfo>),
+    /// The service became reachable (`Ok`) or unreachable (`Err` with the reason).
+    Health(Result<(), String>),
 }

@@ -16,6 +16,7 @@ pub mod error;
 pub mod ids;
 pub mod node;
 pub mod region;
+pub mod registry;
 pub mod store;
 pub mod time;
 pub mod wire;

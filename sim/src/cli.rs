@@ -202,6 +202,7 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
         totals.crashes += s.crashes;
         totals.misuses_refused += s.misuses_refused;
         totals.durable_commits += s.durable_commits;
+        totals.directory.add(&s.directory);
         if !report.passed() {
             if args.json {
                 // The JSON carries the details; a line on stderr says it happened.
@@ -266,6 +267,15 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
         "client misuses refused", totals.misuses_refused
     );
     println!("{:<28} {:>14}", "disk commits", totals.durable_commits);
+    let d = &totals.directory;
+    println!("{:<28} {:>14}", "directory head crashes", d.head_crashes);
+    println!(
+        "{:<28} {:>14}",
+        "partitions from the head", d.head_partitions
+    );
+    println!("{:<28} {:>14}", "directory pushes lost", d.lost_pushes);
+    println!("{:<28} {:>14}", "heartbeat expiries", d.heartbeat_expiries);
+    println!("{:<28} {:>14}", "directory re-registrations", d.reconnects);
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -304,6 +314,11 @@ fn stats_json(s: &SimStats) -> serde_json::Value {
         "crashes": s.crashes,
         "misuses_refused": s.misuses_refused,
         "durable_commits": s.durable_commits,
+        "directory_head_crashes": s.directory.head_crashes,
+        "directory_head_partitions": s.directory.head_partitions,
+        "directory_lost_pushes": s.directory.lost_pushes,
+        "directory_heartbeat_expiries": s.directory.heartbeat_expiries,
+        "directory_reregistrations": s.directory.reconnects,
     })
 }
 

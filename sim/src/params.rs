@@ -5,7 +5,10 @@ use std::fmt;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
+use std::time::Duration;
+
 use skyriver_core::node::ThresholdPolicy;
+use skyriver_core::registry::session::SessionConfig;
 
 /// Parameters of one simulated run.
 #[derive(Debug, Clone)]
@@ -65,7 +68,7 @@ pub struct SimParams {
     pub persistent: bool,
     /// Partitions between two nodes.
     pub partitions: u32,
-    /// Directory outages.
+    /// Directory head crashes (each followed by a restart with an empty registry).
     pub directory_outages: u32,
     /// Windows in which a node is slow.
     pub slow_windows: u32,
@@ -85,6 +88,21 @@ pub struct SimParams {
     pub hold_replies_until_durable: bool,
     /// Persistent mode: how long one commit of the disk takes, µs (least, most).
     pub commit_latency_us: (u64, u64),
+    /// A node's directory session pings the head this often, µs.
+    pub heartbeat_interval_us: u64,
+    /// A node gives up on a head not heard from for this long, µs.
+    pub session_heartbeat_timeout_us: u64,
+    /// The head drops a node not heard from for this long, µs.
+    pub registry_heartbeat_timeout_us: u64,
+    /// First delay between a session's reconnection attempts, µs.
+    pub reconnect_backoff_min_us: u64,
+    /// Longest delay between a session's reconnection attempts, µs.
+    pub reconnect_backoff_max_us: u64,
+    /// Partitions between one node and the directory head.
+    pub head_partitions: u32,
+    /// Probability (per million) that a pushed directory event is lost with its connection
+    /// while faults are on.
+    pub lost_push_ppm: u32,
 }
 
 impl SimParams {
@@ -102,7 +120,7 @@ impl SimParams {
             ThresholdPolicy::Fixed(rng.gen_range(0..=16 * 1024))
         };
         let detect_us = rng.gen_range(50..=400);
-        SimParams {
+        let mut params = SimParams {
             seed,
             nodes: nodes.unwrap_or(drawn_nodes).max(1),
             clients_per_node: rng.gen_range(1..=3),
@@ -155,7 +173,28 @@ impl SimParams {
                 let low = rng.gen_range(5..=200);
                 (low, low + rng.gen_range(0..=800))
             },
-        }
+            heartbeat_interval_us: 0,
+            session_heartbeat_timeout_us: 0,
+            registry_heartbeat_timeout_us: 0,
+            reconnect_backoff_min_us: 0,
+            reconnect_backoff_max_us: 0,
+            head_partitions: rng.gen_range(0..=3),
+            lost_push_ppm: 0,
+        };
+        // The directory's timing and faults, drawn last, so every earlier parameter of a seed
+        // stays what it was.
+        params.heartbeat_interval_us = rng.gen_range(100..=1_000);
+        params.session_heartbeat_timeout_us = params.heartbeat_interval_us * rng.gen_range(3..=8);
+        params.registry_heartbeat_timeout_us = params.heartbeat_interval_us * rng.gen_range(3..=8);
+        params.reconnect_backoff_min_us = rng.gen_range(50..=500);
+        params.reconnect_backoff_max_us = params.reconnect_backoff_min_us * rng.gen_range(4..=16);
+        params.head_partitions = rng.gen_range(0..=3);
+        params.lost_push_ppm = if rng.gen_bool(0.5) {
+            rng.gen_range(0..=300_000)
+        } else {
+            0
+        };
+        params
     }
 
     /// Fixed parameters for scripted scenarios: no workload, no random faults.
@@ -197,6 +236,30 @@ impl SimParams {
             publication_grace_us: 1_000,
             hold_replies_until_durable: true,
             commit_latency_us: (100, 100),
+            heartbeat_interval_us: 1_000,
+            session_heartbeat_timeout_us: 5_000,
+            registry_heartbeat_timeout_us: 5_000,
+            reconnect_backoff_min_us: 100,
+            reconnect_backoff_max_us: 2_000,
+            head_partitions: 0,
+            lost_push_ppm: 0,
+        }
+    }
+
+    /// The simulated directory's parameters.
+    pub fn directory_params(&self) -> crate::directory::DirectoryParams {
+        crate::directory::DirectoryParams {
+            latency_ns: self.directory_latency_ns,
+            detect_ns: self.detect_us * 1000,
+            registry_heartbeat_timeout: Duration::from_micros(self.registry_heartbeat_timeout_us),
+            session: SessionConfig {
+                heartbeat_interval: Duration::from_micros(self.heartbeat_interval_us),
+                heartbeat_timeout: Duration::from_micros(self.session_heartbeat_timeout_us),
+                reconnect_backoff_min: Duration::from_micros(self.reconnect_backoff_min_us),
+                reconnect_backoff_max: Duration::from_micros(self.reconnect_backoff_max_us),
+                ..SessionConfig::default()
+            },
+            lost_push_ppm: self.lost_push_ppm,
         }
     }
 }
@@ -214,7 +277,9 @@ impl fmt::Display for SimParams {
              dir_latency={}ns dir_timeout={}us detect={}us reconnect={}us qp_timeout={}us workload={}us \
              op_interval={}us fetch_timeout<={}us faults_until={}us crashes={} partitions={} dir_outages={} \
              slow_windows={} qp_error={}ppm bad_rkey={}ppm persistent={} location_cache={} \
-             forced_modes={} publication_grace={}us hold_until_durable={} commit={}..{}us",
+             forced_modes={} publication_grace={}us hold_until_durable={} commit={}..{}us \
+             heartbeat={}us session_timeout={}us registry_timeout={}us backoff={}..{}us \
+             head_partitions={} lost_push={}ppm",
             self.seed,
             self.nodes,
             self.clients_per_node,
@@ -253,6 +318,13 @@ impl fmt::Display for SimParams {
             self.hold_replies_until_durable,
             self.commit_latency_us.0,
             self.commit_latency_us.1,
+            self.heartbeat_interval_us,
+            self.session_heartbeat_timeout_us,
+            self.registry_heartbeat_timeout_us,
+            self.reconnect_backoff_min_us,
+            self.reconnect_backoff_max_us,
+            self.head_partitions,
+            self.lost_push_ppm
         )
     }
 }

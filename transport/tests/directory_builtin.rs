@@ -362,8 +362,10 @@ async fn a_second_daemon_with_a_live_node_id_is_refused() {
     let server = start_server(Duration::from_secs(5)).await;
     let addr = server.local_addr();
     let _first = Node::join(addr, member(1)).await;
+    // Another daemon (another fabric address) claiming a live node id.
     let mut other = member(1);
     other.incarnation = 2;
+    other.fabric_addr = SocketAddr::from(([127, 0, 0, 2], 7001));
     match Node::try_join(addr, other, TOKEN, client_config()).await {
         Err(DirectoryError::Refused(reason)) => {
             assert!(reason.contains("already a member"), "{reason}")

@@ -4,9 +4,7 @@
 //! Without `redis-server` on the PATH the tests print a skip line and pass, unless
 //! `SKYRIVER_REQUIRE_REDIS` is set (CI sets it), in which case they fail.
 
-use std::io::Write;
-use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpListener as StdListener};
 use std::time::{Duration, Instant};
 
 use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
@@ -21,95 +19,9 @@ const TOKEN: &str = "redis-test-token";
 /// Bound on every wait in these tests.
 const WAIT: Duration = Duration::from_secs(10);
 
-/// A `redis-server` child process on a loopback port.
-struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl RedisServer {
-    /// Starts a server, or returns `None` (after printing why) when `redis-server` is missing
-    /// and not required.
-    fn start(test: &str) -> Option<RedisServer> {
-        let installed = Command::new("redis-server")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !installed {
-            let required =
-                std::env::var("SKYRIVER_REQUIRE_REDIS").is_ok_and(|v| !v.is_empty() && v != "0");
-            assert!(
-                !required,
-                "SKYRIVER_REQUIRE_REDIS is set but redis-server is not installed \
-                 (apt-get install redis-server, or ci/install-deps.sh)"
-            );
-            // Straight to stderr, past the test harness's capture, so the skip is visible.
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED {test}: redis-server is not installed \
-                 (set SKYRIVER_REQUIRE_REDIS=1 to make this a failure)"
-            );
-            return None;
-        }
-        let port = StdListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut server = RedisServer {
-            child: None,
-            port,
-            dir: tempfile::tempdir().unwrap(),
-        };
-        server.restart();
-        Some(server)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// (Re)starts the server on its port and waits (bounded) until it accepts connections.
-    fn restart(&mut self) {
-        assert!(self.child.is_none(), "already running");
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server starts");
-        self.child = Some(child);
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
-        let deadline = Instant::now() + WAIT;
-        // Readiness of an external process: a bounded retry is the only signal there is.
-        while StdStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Kills the server and waits for it to exit.
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::RedisServer;
 
 fn sizes(n: u64) -> ObjectSizes {
     ObjectSizes {
@@ -410,6 +322,7 @@ async fn redis_wrong_token_is_refused() {
     // A duplicate node id of another daemon is refused too.
     let mut twin = member(1);
     twin.incarnation = 4;
+    twin.fabric_addr = SocketAddr::from(([127, 0, 0, 2], 7001));
     match Node::try_join(config(&server, "c"), twin, TOKEN).await {
         Err(DirectoryError::Refused(reason)) => {
             assert!(reason.contains("already a member"), "{reason}")

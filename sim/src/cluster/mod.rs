@@ -15,7 +15,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use skyriver_core::client_protocol::Request;
-use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
+use skyriver_core::directory::{DirectoryNotice, DirectoryOpId, DirectoryRequest};
 use skyriver_core::node::{ArenaKey, PathCosts, FETCH_CLIENT};
 use skyriver_core::{
     wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, ObjectId,
@@ -26,7 +26,7 @@ use self::clients::Call;
 use self::driver::SimDriver;
 use self::durability::Disk;
 use crate::checker::{Checker, PendingKey};
-use crate::directory::Directory;
+use crate::directory::{DirEvent, Effect, SimDirectory};
 use crate::network::Network;
 use crate::params::SimParams;
 use crate::rdma::Memory;
@@ -61,25 +61,13 @@ enum Event {
         object: ObjectId,
         result: Result<Vec<u8>, ReadError>,
     },
-    DirectoryArrive {
-        from: NodeId,
-        inc: u32,
-        op: DirectoryOpId,
-        request: DirectoryRequest,
-    },
-    DirectoryReply {
-        to: NodeId,
-        inc: u32,
-        op: DirectoryOpId,
-        reply: DirectoryReply,
-    },
+    /// Something of the directory (the head, a session, the link between them) is due.
+    Directory(DirEvent),
+    /// A directory reply or event reaches a node's core.
     DirectoryNotice {
         to: NodeId,
         inc: u32,
-        event: DirectoryEvent,
-    },
-    DirectoryNodeDied {
-        node: NodeId,
+        notice: DirectoryNotice,
     },
     Timer {
         node: NodeId,
@@ -144,6 +132,8 @@ enum Event {
 struct Scheduled {
     at: Instant,
     seq: u64,
+    /// Heartbeats: they do not keep a run going (`drive` stops when only these are left).
+    background: bool,
     event: Event,
 }
 
@@ -209,6 +199,8 @@ pub struct SimStats {
     pub misuses_refused: u64,
     /// Commits of the simulated disks.
     pub durable_commits: u64,
+    /// Directory faults and reconnections.
+    pub directory: crate::directory::DirectoryStats,
 }
 
 impl SimStats {
@@ -246,8 +238,9 @@ pub struct Cluster {
     seq: u64,
     nodes: Vec<SimNode>,
     network: Network,
-    directory: Directory,
-    directory_down: bool,
+    directory: SimDirectory,
+    /// Queued events that are not background.
+    foreground: u64,
     trace: Trace,
     checker: Checker,
     /// Scripted: the next READs a requester posts fail with a QP error.
@@ -303,6 +296,8 @@ impl Cluster {
             }
         }
         let network = Network::new(latency, params.bandwidth_bytes_per_sec);
+        let (directory, directory_effects) =
+            SimDirectory::formed(params.directory_params(), n, Instant::ZERO);
         let mut cluster = Cluster {
             mode,
             now: Instant::ZERO,
@@ -310,8 +305,8 @@ impl Cluster {
             seq: 0,
             nodes: Vec::new(),
             network,
-            directory: Directory::default(),
-            directory_down: false,
+            directory,
+            foreground: 0,
             trace: Trace::new(mode.keep_trace, mode.echo_trace),
             checker: Checker::default(),
             failing_reads: BTreeMap::new(),
@@ -327,6 +322,7 @@ impl Cluster {
             params,
             rng,
         };
+        cluster.apply_directory(directory_effects);
         for i in 0..n {
             let memory = Memory::new(
                 cluster.params.arena_bytes,
@@ -395,6 +391,7 @@ impl Cluster {
     /// Counters.
     pub fn stats(&self) -> SimStats {
         let mut stats = self.stats.clone();
+        stats.directory = self.directory.stats.clone();
         for sim_node in &self.nodes {
             if let Some(node) = &sim_node.node {
                 stats.absorb(node);
@@ -506,6 +503,43 @@ impl Cluster {
         *self.failing_reads.entry(NodeId(requester)).or_default() += count;
     }
 
+    /// The directory head crashes and loses its registry; `silent`: the nodes' connections
+    /// do not reset, they find out by heartbeat.
+    pub fn crash_head(&mut self, silent: bool) {
+        self.handle(Event::Directory(DirEvent::Head { up: false, silent }));
+    }
+
+    /// The directory head comes back, with an empty registry.
+    pub fn restart_head(&mut self) {
+        self.handle(Event::Directory(DirEvent::Head {
+            up: true,
+            silent: false,
+        }));
+    }
+
+    /// Cuts `node` off from the directory head (`on`) or heals the cut.
+    pub fn partition_from_head(&mut self, node: u32, on: bool) {
+        let node = NodeId(node);
+        self.handle(Event::Directory(DirEvent::HeadPartition { node, on }));
+    }
+
+    /// The simulated directory (head and sessions), for assertions.
+    pub fn directory(&self) -> &SimDirectory {
+        &self.directory
+    }
+
+    /// Runs events until virtual time `until` (heartbeats included), whatever is pending.
+    pub fn run_until(&mut self, until: Instant) {
+        while self
+            .queue
+            .peek()
+            .is_some_and(|Reverse(next)| next.at <= until)
+        {
+            self.step();
+        }
+        self.now = self.now.max(until);
+    }
+
     /// Runs the next event; false when none is left.
     pub fn step(&mut self) -> bool {
         let Some(Reverse(scheduled)) = self.queue.pop() else {
@@ -514,32 +548,42 @@ impl Cluster {
         debug_assert!(scheduled.at >= self.now, "time went back");
         self.now = scheduled.at;
         self.stats.events += 1;
+        if !scheduled.background {
+            self.foreground -= 1;
+        }
         self.handle(scheduled.event);
+        for violation in self.directory.check(self.now) {
+            self.checker.violation(self.now, violation);
+        }
         true
     }
 
-    /// Runs until no event is left.
+    /// Runs until no event is left but heartbeats.
     pub fn drive(&mut self) {
-        while self.step() {}
+        while self.foreground > 0 && self.step() {}
     }
 
-    /// Runs until `done` holds (checked after each event) or nothing is left; true if it held.
+    /// Runs until `done` holds (checked after each event) or nothing is left but heartbeats;
+    /// true if it held.
     pub fn drive_until(&mut self, mut done: impl FnMut(&Cluster) -> bool) -> bool {
         loop {
             if done(self) {
                 return true;
             }
-            if !self.step() {
+            if self.foreground == 0 || !self.step() {
                 return false;
             }
         }
     }
 
-    /// Runs until nothing is left or the budget (events, or virtual time `until`) runs out.
-    /// `Err` lists everything still pending, with the reason each gives.
+    /// Runs until nothing is left but heartbeats or the budget (events, or virtual time
+    /// `until`) runs out. `Err` lists everything still pending, with the reason each gives.
     pub fn drive_bounded(&mut self, max_events: u64, until: Instant) -> Result<(), Vec<String>> {
         let mut events = 0;
         while let Some(Reverse(next)) = self.queue.peek() {
+            if self.foreground == 0 {
+                break;
+            }
             if events >= max_events || next.at > until {
                 let mut pending = vec![format!(
                     "budget ran out at {} after {events} events with {} events queued (next at {})",
@@ -580,6 +624,7 @@ impl Cluster {
     /// End-of-run checks, once faults stopped and the cluster settled: liveness (nothing
     /// pending) and balance (no reference, pin, lease, exposure or unsealed object left).
     pub fn check_quiescence(&mut self) {
+        self.settle_directory();
         let now = self.now;
         for line in self.pending_work() {
             self.checker.violation(
@@ -699,6 +744,19 @@ impl Cluster {
             self.schedule_us(at, Event::DirectoryOutage { on: true });
             self.schedule_us(at + length, Event::DirectoryOutage { on: false });
         }
+        for _ in 0..p.head_partitions {
+            let node = NodeId(self.rng.gen_range(0..n));
+            let at = self.rng.gen_range(0..until);
+            let length = self.rng.gen_range(200..=4_000);
+            self.schedule_us(
+                at,
+                Event::Directory(DirEvent::HeadPartition { node, on: true }),
+            );
+            self.schedule_us(
+                at + length,
+                Event::Directory(DirEvent::HeadPartition { node, on: false }),
+            );
+        }
         for _ in 0..p.slow_windows {
             let node = NodeId(self.rng.gen_range(0..n));
             let at = self.rng.gen_range(0..until);
@@ -721,10 +779,18 @@ impl Cluster {
     }
 
     fn schedule(&mut self, at: Instant, event: Event) {
+        self.schedule_as(at, event, false);
+    }
+
+    fn schedule_as(&mut self, at: Instant, event: Event, background: bool) {
         self.seq += 1;
+        if !background {
+            self.foreground += 1;
+        }
         self.queue.push(Reverse(Scheduled {
             at: at.max(self.now),
             seq: self.seq,
+            background,
             event,
         }));
     }
@@ -852,79 +918,28 @@ impl Cluster {
                 };
                 self.feed(node, |n, now| n.handle_read_completion(now, op, result));
             }
-            Event::DirectoryArrive {
-                from,
-                inc,
-                op,
-                request,
-            } => {
-                if !self.alive(from, inc) {
+            Event::Directory(event) => {
+                let faults_on = self.mode.faults && self.now.0 / 1000 < self.params.faults_until_us;
+                let effects = self
+                    .directory
+                    .handle(self.now, event, &mut self.rng, faults_on);
+                self.apply_directory(effects);
+            }
+            Event::DirectoryNotice { to, inc, notice } => {
+                if !self.alive(to, inc) {
                     return;
                 }
-                let latency = self.params.directory_latency_ns;
-                if self.directory_down {
-                    if self.rng.gen_bool(0.5) {
-                        self.record(|| {
-                            format!("directory drops {op} {request} from {from} (outage)")
-                        });
-                    } else {
-                        let reply = DirectoryReply::Unavailable {
-                            reason: "directory outage".into(),
-                        };
-                        self.schedule(
-                            self.after(latency),
-                            Event::DirectoryReply {
-                                to: from,
-                                inc,
-                                op,
-                                reply,
-                            },
-                        );
+                self.directory.delivering(to, &notice);
+                match notice {
+                    DirectoryNotice::Reply { op, reply } => {
+                        self.record(|| format!("{to} <- directory {op} {reply}"));
+                        self.feed(to, |node, now| node.handle_directory_reply(now, op, reply));
                     }
-                    return;
-                }
-                let served = self.directory.serve(from, &request);
-                if let Some(reply) = served.reply {
-                    self.schedule(
-                        self.after(latency),
-                        Event::DirectoryReply {
-                            to: from,
-                            inc,
-                            op,
-                            reply,
-                        },
-                    );
-                }
-                for (to, event) in served.events {
-                    let to_inc = self.nodes[to.0 as usize].inc;
-                    self.schedule(
-                        self.after(latency),
-                        Event::DirectoryNotice {
-                            to,
-                            inc: to_inc,
-                            event,
-                        },
-                    );
-                }
-            }
-            Event::DirectoryReply { to, inc, op, reply } => {
-                if !self.alive(to, inc) {
-                    return;
-                }
-                self.record(|| format!("{to} <- directory {op} {reply}"));
-                self.feed(to, |node, now| node.handle_directory_reply(now, op, reply));
-            }
-            Event::DirectoryNotice { to, inc, event } => {
-                if !self.alive(to, inc) {
-                    return;
-                }
-                self.record(|| format!("{to} <- directory {event}"));
-                self.feed(to, |node, now| node.handle_directory_event(now, event));
-            }
-            Event::DirectoryNodeDied { node } => {
-                if self.nodes[node.0 as usize].node.is_none() {
-                    self.record(|| format!("directory: session of {node} expired"));
-                    self.directory.node_died(node);
+                    DirectoryNotice::Event(event) => {
+                        self.record(|| format!("{to} <- directory {event}"));
+                        self.feed(to, |node, now| node.handle_directory_event(now, event));
+                    }
+                    DirectoryNotice::Members(_) | DirectoryNotice::Health(_) => {}
                 }
             }
             Event::Timer { node, inc } => {
@@ -1025,13 +1040,11 @@ impl Cluster {
                 }
             }
             Event::DirectoryOutage { on } => {
-                self.directory_down = on;
-                self.record(|| {
-                    format!(
-                        "FAULT directory {}",
-                        if on { "unavailable" } else { "back" }
-                    )
-                });
+                // An outage is a crash of the head: its registry is lost. Half the time the
+                // nodes' connections reset at once; otherwise only heartbeats tell.
+                let silent = on && self.rng.gen_bool(0.5);
+                let event = DirEvent::Head { up: !on, silent };
+                self.handle(Event::Directory(event));
             }
             Event::Slow { node, factor } => {
                 self.network.set_slow(node, factor);
@@ -1139,20 +1152,11 @@ impl Cluster {
         }
     }
 
-    /// A node's directory request leaves for the directory.
+    /// A node's directory request goes to its directory session.
     fn send_to_directory(&mut self, n: NodeId, op: DirectoryOpId, request: DirectoryRequest) {
-        let inc = self.nodes[n.0 as usize].inc;
         self.record(|| format!("{n} -> directory {op} {request}"));
-        let at = self.after(self.params.directory_latency_ns);
-        self.schedule(
-            at,
-            Event::DirectoryArrive {
-                from: n,
-                inc,
-                op,
-                request,
-            },
-        );
+        let effects = self.directory.submit(self.now, n, op, request);
+        self.apply_directory(effects);
     }
 
     fn transmit(&mut self, from: NodeId, to: NodeId, bytes: Vec<u8>) {
@@ -1183,6 +1187,72 @@ impl Cluster {
                 bytes,
             },
         );
+    }
+
+    // ---- Directory ----
+
+    /// Schedules what the directory asked for.
+    fn apply_directory(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Schedule {
+                    at,
+                    event,
+                    background,
+                } => self.schedule_as(at, Event::Directory(event), background),
+                Effect::Notice { node, inc, notice } => self.schedule(
+                    self.now,
+                    Event::DirectoryNotice {
+                        to: node,
+                        inc,
+                        notice,
+                    },
+                ),
+                Effect::Trace(line) => self.record(|| line),
+            }
+        }
+    }
+
+    /// Once faults stopped and the cluster is idle: runs on (heartbeats, reconnections,
+    /// replays) until the directory converged, within a bound; a violation if it did not.
+    pub fn settle_directory(&mut self) {
+        let p = &self.params;
+        let bound_us = 4
+            * (p.registry_heartbeat_timeout_us
+                + p.session_heartbeat_timeout_us
+                + p.reconnect_backoff_max_us)
+            + 10 * p.directory_latency_ns / 1000
+            + 1_000;
+        let deadline = Instant(self.now.0 + bound_us * 1000);
+        loop {
+            let live: Vec<(NodeId, u32)> = (0..self.nodes.len())
+                .filter(|&i| self.nodes[i].node.is_some())
+                .map(|i| (NodeId(i as u32), self.nodes[i].inc))
+                .collect();
+            let converged = self.directory.converged(&live);
+            if converged.is_ok() && self.foreground == 0 {
+                return;
+            }
+            let next_at = self.queue.peek().map(|Reverse(next)| next.at);
+            if next_at.is_none_or(|at| at > deadline) {
+                if let Err(what) = converged {
+                    let now = self.now;
+                    self.checker.violation(
+                        now,
+                        format!(
+                            "liveness: the directory did not converge after faults stopped: {what}"
+                        ),
+                    );
+                }
+                return;
+            }
+            self.step();
+        }
+    }
+
+    /// Directory fault and traffic counters.
+    pub fn directory_stats(&self) -> crate::directory::DirectoryStats {
+        self.directory.stats.clone()
     }
 
     // ---- Faults ----
@@ -1218,8 +1288,10 @@ impl Cluster {
                 self.break_link(n, NodeId(m));
             }
         }
-        let at = self.after(self.params.detect_us * 1000);
-        self.schedule(at, Event::DirectoryNodeDied { node: n });
+        // A crashed process's connection to the head resets; a crashed host's goes silent.
+        let silent = self.mode.faults && self.rng.gen_bool(0.5);
+        let effects = self.directory.node_crashed(self.now, n, silent);
+        self.apply_directory(effects);
     }
 
     fn count_reads_of(&self, n: NodeId, inc: u32) -> u64 {
@@ -1266,7 +1338,8 @@ impl Cluster {
         }
         self.nodes[n.0 as usize].node = Some(node);
         self.check_recovered(n, &durable);
-        self.directory.node_joined(n);
+        let effects = self.directory.node_started(self.now, n, inc);
+        self.apply_directory(effects);
         // Recovered objects are published like fresh seals.
         self.after_input(n);
         for m in 0..self.nodes.len() as u32 {

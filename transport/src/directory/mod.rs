@@ -1,57 +1,31 @@
 //! Directory backends: where objects live and which nodes are alive.
 //!
-//! The core speaks to the directory in values ([`DirectoryRequest`] out, [`DirectoryReply`] and
-//! [`DirectoryEvent`] in); a backend carries them to a real service: the built-in directory
-//! served by a head daemon over TCP (zero setup), or Redis (for real clusters). A backend runs
-//! its own tasks and reports through [`DirectoryNotice`]s on a channel; every call returns at
-//! once, and a slow or dead service shows up as `Unavailable` replies and a `Health` notice,
-//! never as a blocked caller.
+//! The core speaks to the directory in values ([`DirectoryRequest`] out,
+//! [`DirectoryReply`](skyriver_core::directory::DirectoryReply) and
+//! [`DirectoryEvent`](skyriver_core::directory::DirectoryEvent) in); a backend carries them to a
+//! real service: the built-in directory served by a head daemon over TCP (zero setup), or Redis
+//! (for real clusters). The head's rules are the core's sans-IO
+//! [`Registry`](skyriver_core::registry::Registry), which the built-in server only drives; the
+//! node side is one reconnecting client ([`DirectoryClient`], driving the core's
+//! [`DirectorySession`](skyriver_core::registry::session::DirectorySession)) for both backends,
+//! over a TCP link to the head or an adapter that answers from Redis. A backend reports through
+//! [`DirectoryNotice`]s on a channel; every call returns at once, and a slow or dead service
+//! shows up as `Unavailable` replies and a `Health` notice, never as a blocked caller.
 
 pub mod builtin;
+mod client;
 mod frame;
 pub mod redis;
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
-use skyriver_core::wire::ObjectSizes;
-use skyriver_core::{NodeId, ObjectId};
+use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
 use tokio::sync::mpsc;
 
-/// A live node of the cluster, as the directory lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberInfo {
-    /// The node.
-    pub node: NodeId,
-    /// Where its fabric accepts connections.
-    pub fabric_addr: SocketAddr,
-    /// Which fabric it runs (`tcp`, `verbs`).
-    pub fabric: String,
-    /// Changes each time the node's daemon starts.
-    pub incarnation: u32,
-}
-
-/// What a directory backend tells the driver.
-#[derive(Debug)]
-pub enum DirectoryNotice {
-    /// The answer to a request submitted with [`Directory::submit`].
-    Reply {
-        /// The request's op id.
-        op: DirectoryOpId,
-        /// The answer.
-        reply: DirectoryReply,
-    },
-    /// A subscription fired.
-    Event(DirectoryEvent),
-    /// The live members changed (sent at join and at every change).
-    Members(Vec<MemberInfo>),
-    /// The service became reachable (`Ok`) or unreachable (`Err` with the reason).
-    Health(Result<(), String>),
-}
+pub use client::DirectoryClient;
+pub use skyriver_core::directory::{DirectoryNotice, MemberInfo};
 
 /// Why a backend could not start.
 #[derive(Debug, thiserror::Error)]
@@ -195,61 +169,4 @@ pub async fn connect(
             Ok(Arc::new(client))
         }
     }
-}
-
-/// The hand-off from [`Directory::submit`] to a backend's task: bounded, never blocking. A
-/// request that cannot be queued is answered `Unavailable` at once, so the core never waits on
-/// a reply that will not come.
-#[derive(Debug)]
-pub(crate) struct RequestQueue {
-    pub(crate) commands: mpsc::Sender<(DirectoryOpId, DirectoryRequest)>,
-    pub(crate) notices: mpsc::UnboundedSender<DirectoryNotice>,
-}
-
-impl RequestQueue {
-    pub(crate) fn submit(&self, op: DirectoryOpId, request: DirectoryRequest) {
-        let expects_reply = !matches!(request, DirectoryRequest::Unsubscribe { .. });
-        if let Err(error) = self.commands.try_send((op, request)) {
-            let reason = match error {
-                mpsc::error::TrySendError::Full(_) => "too many directory requests queued",
-                mpsc::error::TrySendError::Closed(_) => "the directory client stopped",
-            };
-            if expects_reply {
-                let _ = self.notices.send(DirectoryNotice::Reply {
-                    op,
-                    reply: DirectoryReply::Unavailable {
-                        reason: reason.into(),
-                    },
-                });
-            }
-        }
-    }
-}
-
-/// Keeps what a request made while the service is down means for the node's own state, which
-/// is replayed when the connection comes back: publications (at most `max_publications`, a
-/// re-publish always fits) and subscriptions. Returns whether the request still needs a reply
-/// (everything but `Unsubscribe`), which is `Unavailable`.
-pub(crate) fn remember_while_down(
-    publications: &mut std::collections::HashMap<ObjectId, ObjectSizes>,
-    subscriptions: &mut std::collections::HashSet<ObjectId>,
-    request: DirectoryRequest,
-    max_publications: usize,
-) -> bool {
-    match request {
-        DirectoryRequest::Unsubscribe { id } => {
-            subscriptions.remove(&id);
-            return false;
-        }
-        DirectoryRequest::Publish { id, sizes } => {
-            if publications.len() < max_publications || publications.contains_key(&id) {
-                publications.insert(id, sizes);
-            }
-        }
-        DirectoryRequest::Withdraw { id } => {
-            publications.remove(&id);
-        }
-        DirectoryRequest::Lookup { .. } => {}
-    }
-    true
 }

@@ -1,0 +1,743 @@
+//! The directory registry: the head's rules, sans-IO. The built-in directory's server is a thin
+//! tokio driver of it, the simulator runs the very same code behind a simulated link, and
+//! [`session::DirectorySession`] is the node's side of the same conversation.
+//!
+//! Inputs carry `now` and name the connection they came on ([`ConnId`], chosen by the driver):
+//! [`Registry::handle_hello`], [`Registry::handle_request`], [`Registry::handle_ping`],
+//! [`Registry::handle_goodbye`], [`Registry::handle_disconnect`], [`Registry::handle_timeout`].
+//! Outputs are values drained with [`Registry::poll_output`]: messages to connections and
+//! connections to close. [`Registry::poll_timeout`] says when the next heartbeat expires.
+//!
+//! Rules:
+//! - **Join**: a hello must carry the magic, the protocol version and the cluster token
+//!   (compared in constant time). A node id already registered by a live daemon is refused
+//!   (retryably: it may be about to expire), unless the hello is that same daemon (same
+//!   incarnation and fabric address) reconnecting, which takes over the registration, or a
+//!   restart of it (same fabric address, higher incarnation): then the old incarnation's
+//!   locations and subscriptions are dropped at once and the new one joins.
+//! - **Liveness**: a member not heard from (any message counts) within the heartbeat timeout is
+//!   dead; so is one whose connection closed. Its locations and subscriptions vanish and the new
+//!   member list goes to every member.
+//! - **Lookup with subscribe** is one atomic step: either the lookup sees a holder, or the
+//!   subscription is registered before any later publish, which then fires it (exactly once:
+//!   subscriptions are one-shot).
+//! - Output for one connection leaves in the order it was decided; a publish's reply is queued
+//!   before the events it fires.
+
+pub mod session;
+#[cfg(test)]
+mod tests;
+pub mod wire;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo};
+use crate::ids::{NodeId, ObjectId};
+use crate::time::Instant;
+use crate::wire::ObjectSizes;
+
+pub use wire::{FromRegistry, Hello, ToRegistry, WireOpId, HELLO_MAGIC, PROTOCOL_VERSION};
+
+/// One connection to the registry, named by the driver; never reused while the registry knows it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct ConnId(pub u64);
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "conn-{}", self.0)
+    }
+}
+
+/// Limits of one registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegistryLimits {
+    /// Most members at once.
+    pub max_nodes: usize,
+    /// Most pending one-shot subscriptions of one node.
+    pub max_subscriptions_per_node: usize,
+    /// Most objects one node may publish.
+    pub max_publications_per_node: usize,
+    /// Longest cluster token accepted.
+    pub max_token_bytes: usize,
+}
+
+impl Default for RegistryLimits {
+    fn default() -> Self {
+        Self {
+            max_nodes: 4096,
+            max_subscriptions_per_node: 65_536,
+            max_publications_per_node: 1 << 24,
+            max_token_bytes: 1024,
+        }
+    }
+}
+
+/// How a registry serves.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// Nodes must present this token in their hello.
+    pub cluster_token: String,
+    /// A member not heard from for this long is dead.
+    pub heartbeat_timeout: Duration,
+    /// Limits.
+    pub limits: RegistryLimits,
+}
+
+impl RegistryConfig {
+    /// Default limits, a 5 s heartbeat timeout, and `cluster_token`.
+    pub fn new(cluster_token: impl Into<String>) -> Self {
+        Self {
+            cluster_token: cluster_token.into(),
+            heartbeat_timeout: Duration::from_secs(5),
+            limits: RegistryLimits::default(),
+        }
+    }
+}
+
+/// What the registry asks its driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum RegistryOutput {
+    /// Send `message` on `conn`.
+    Send {
+        /// The connection.
+        conn: ConnId,
+        /// The message.
+        message: FromRegistry,
+    },
+    /// Send the member list to each of `conns` (one encoding serves them all). Output at
+    /// every membership change, so it also tells drivers the current list.
+    SendMembers {
+        /// The connections, in node id order.
+        conns: Vec<ConnId>,
+        /// The live members, sorted by node id.
+        members: Vec<MemberInfo>,
+    },
+    /// Close `conn` after what was queued for it; the registry has forgotten it.
+    Close {
+        /// The connection.
+        conn: ConnId,
+        /// Why, for logs.
+        reason: String,
+    },
+}
+
+/// Why a hello was turned down (also sent to the node as [`FromRegistry::Refused`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HelloRefused {
+    /// The hello does not open with [`HELLO_MAGIC`].
+    #[error("not a Skyriver directory hello")]
+    NotAHello,
+    /// The node speaks another protocol version.
+    #[error("directory protocol version {version} is not supported (this head speaks {PROTOCOL_VERSION})")]
+    Version {
+        /// The node's version.
+        version: u16,
+    },
+    /// The token does not match.
+    #[error("wrong cluster token: this node's token does not match the head's")]
+    WrongToken,
+    /// Another live daemon holds this node id.
+    #[error(
+        "{node} is already a member (incarnation {incarnation}, fabric at {fabric_addr}); a \
+         restarted daemon is accepted once the old connection closes or is silent for \
+         {heartbeat_timeout_ms} ms"
+    )]
+    DuplicateNode {
+        /// The node id.
+        node: NodeId,
+        /// The live member's incarnation.
+        incarnation: u32,
+        /// The live member's fabric address.
+        fabric_addr: std::net::SocketAddr,
+        /// The heartbeat timeout.
+        heartbeat_timeout_ms: u128,
+    },
+    /// A daemon older than the registered one.
+    #[error(
+        "{node} is registered with the newer incarnation {registered}; this daemon has {offered}"
+    )]
+    StaleIncarnation {
+        /// The node id.
+        node: NodeId,
+        /// The registered incarnation.
+        registered: u32,
+        /// The hello's incarnation.
+        offered: u32,
+    },
+    /// The registry is full.
+    #[error("the directory serves at most {max_nodes} nodes")]
+    Full {
+        /// The limit.
+        max_nodes: usize,
+    },
+    /// The connection already said hello.
+    #[error("a second hello on one connection")]
+    SecondHello,
+}
+
+impl HelloRefused {
+    /// Whether trying again shortly may succeed.
+    pub fn retryable(&self) -> bool {
+        matches!(self, HelloRefused::DuplicateNode { .. })
+    }
+}
+
+/// Why a message from a connection was not served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// The connection has no member (no hello yet, or it was dropped): the driver closes it.
+    #[error("{conn} is not a member's connection (no hello, or its registration ended)")]
+    NotAMember {
+        /// The connection.
+        conn: ConnId,
+    },
+}
+
+/// The nodes holding one object, sorted by node id, each with the sizes it published. Nearly
+/// always a single node, kept inline: the registry keeps one of these for every object of the
+/// cluster, so it must stay small.
+type Holders = SmallVec<[(NodeId, ObjectSizes); 1]>;
+
+/// One registered node.
+#[derive(Debug)]
+struct Member {
+    info: MemberInfo,
+    conn: ConnId,
+    /// The member is dead unless heard from again by this time.
+    expires_at: Instant,
+    published: BTreeSet<ObjectId>,
+    subscribed: BTreeSet<ObjectId>,
+}
+
+/// The directory registry. See the module documentation for its rules.
+#[derive(Debug)]
+pub struct Registry {
+    config: RegistryConfig,
+    members: BTreeMap<NodeId, Member>,
+    by_conn: BTreeMap<ConnId, NodeId>,
+    /// Heartbeat deadlines, earliest first.
+    expiry: BTreeSet<(Instant, NodeId)>,
+    /// Every published object; never an empty list.
+    holders: BTreeMap<ObjectId, Holders>,
+    /// One-shot subscriptions by object; never an empty set.
+    subscribers: BTreeMap<ObjectId, BTreeSet<NodeId>>,
+    outputs: VecDeque<RegistryOutput>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new(config: RegistryConfig) -> Self {
+        Self {
+            config,
+            members: BTreeMap::new(),
+            by_conn: BTreeMap::new(),
+            expiry: BTreeSet::new(),
+            holders: BTreeMap::new(),
+            subscribers: BTreeMap::new(),
+            outputs: VecDeque::new(),
+        }
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.config
+    }
+
+    // ---- Inputs ----
+
+    /// A connection said hello. Accepted: `Welcome` and the member list go to it, and the new
+    /// list to every member. Refused: `Refused` goes to it and it is closed; the reason is also
+    /// returned, for the driver's logs.
+    pub fn handle_hello(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        hello: Hello,
+    ) -> Result<(), HelloRefused> {
+        let result = self.admit(now, conn, hello);
+        if let Err(refusal) = &result {
+            self.outputs.push_back(RegistryOutput::Send {
+                conn,
+                message: FromRegistry::Refused {
+                    reason: refusal.to_string(),
+                    retryable: refusal.retryable(),
+                },
+            });
+            // A second hello comes from a member: drop it with its connection.
+            if let Some(node) = self.by_conn.get(&conn).copied() {
+                self.remove_member(node);
+                self.push_members();
+            }
+            self.outputs.push_back(RegistryOutput::Close {
+                conn,
+                reason: refusal.to_string(),
+            });
+        }
+        result
+    }
+
+    fn admit(&mut self, now: Instant, conn: ConnId, hello: Hello) -> Result<(), HelloRefused> {
+        if self.by_conn.contains_key(&conn) {
+            return Err(HelloRefused::SecondHello);
+        }
+        if hello.magic != HELLO_MAGIC {
+            return Err(HelloRefused::NotAHello);
+        }
+        if hello.version != PROTOCOL_VERSION {
+            return Err(HelloRefused::Version {
+                version: hello.version,
+            });
+        }
+        if hello.token.len() > self.config.limits.max_token_bytes
+            || !wire::tokens_match(&hello.token, &self.config.cluster_token)
+        {
+            return Err(HelloRefused::WrongToken);
+        }
+        let member = hello.member;
+        let node = member.node;
+        if let Some(old) = self.members.get(&node) {
+            let same_address = old.info.fabric_addr == member.fabric_addr;
+            if same_address && old.info.incarnation == member.incarnation {
+                // The same daemon on a new connection (it noticed a broken link before the
+                // registry did): the registration moves over; the node replays its state.
+                let old_conn = old.conn;
+                self.by_conn.remove(&old_conn);
+                self.by_conn.insert(conn, node);
+                let expires_at = now + self.config.heartbeat_timeout;
+                let member_entry = self.members.get_mut(&node).expect("checked above");
+                member_entry.conn = conn;
+                self.expiry.remove(&(member_entry.expires_at, node));
+                member_entry.expires_at = expires_at;
+                self.expiry.insert((expires_at, node));
+                self.outputs.push_back(RegistryOutput::Close {
+                    conn: old_conn,
+                    reason: format!("{node} reconnected on {conn}"),
+                });
+                self.welcome(conn);
+                self.outputs.push_back(RegistryOutput::SendMembers {
+                    conns: vec![conn],
+                    members: self.members(),
+                });
+                return Ok(());
+            }
+            if same_address && member.incarnation > old.info.incarnation {
+                // A restart: the old daemon is gone (its fabric address is the new one's), and
+                // so is everything it held or waited for.
+                let old_conn = old.conn;
+                self.remove_member(node);
+                self.outputs.push_back(RegistryOutput::Close {
+                    conn: old_conn,
+                    reason: format!("{node} restarted as incarnation {}", member.incarnation),
+                });
+            } else if same_address {
+                return Err(HelloRefused::StaleIncarnation {
+                    node,
+                    registered: old.info.incarnation,
+                    offered: member.incarnation,
+                });
+            } else {
+                return Err(HelloRefused::DuplicateNode {
+                    node,
+                    incarnation: old.info.incarnation,
+                    fabric_addr: old.info.fabric_addr,
+                    heartbeat_timeout_ms: self.config.heartbeat_timeout.as_millis(),
+                });
+            }
+        } else if self.members.len() >= self.config.limits.max_nodes {
+            return Err(HelloRefused::Full {
+                max_nodes: self.config.limits.max_nodes,
+            });
+        }
+        let expires_at = now + self.config.heartbeat_timeout;
+        self.members.insert(
+            node,
+            Member {
+                info: member,
+                conn,
+                expires_at,
+                published: BTreeSet::new(),
+                subscribed: BTreeSet::new(),
+            },
+        );
+        self.by_conn.insert(conn, node);
+        self.expiry.insert((expires_at, node));
+        self.welcome(conn);
+        self.push_members();
+        Ok(())
+    }
+
+    /// A request from a member's connection. Replies (and any events it fires) are queued.
+    pub fn handle_request(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        op: WireOpId,
+        request: DirectoryRequest,
+    ) -> Result<(), RegistryError> {
+        let node = self.heard_from(now, conn)?;
+        let mut fired = Vec::new();
+        let reply = match request {
+            DirectoryRequest::Lookup { id, subscribe } => self.lookup(node, id, subscribe),
+            DirectoryRequest::Publish { id, sizes } => self.publish(node, id, sizes, &mut fired),
+            DirectoryRequest::Withdraw { id } => {
+                self.withdraw(node, id);
+                Some(DirectoryReply::Done)
+            }
+            DirectoryRequest::Unsubscribe { id } => {
+                self.unsubscribe(node, id);
+                None
+            }
+        };
+        if let Some(reply) = reply {
+            self.outputs.push_back(RegistryOutput::Send {
+                conn,
+                message: FromRegistry::Reply { op, reply },
+            });
+        }
+        self.outputs.extend(fired);
+        Ok(())
+    }
+
+    /// A heartbeat from a member's connection; answered with `Pong`.
+    pub fn handle_ping(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        seq: u64,
+    ) -> Result<(), RegistryError> {
+        self.heard_from(now, conn)?;
+        self.outputs.push_back(RegistryOutput::Send {
+            conn,
+            message: FromRegistry::Pong { seq },
+        });
+        Ok(())
+    }
+
+    /// A member leaves cleanly: it is forgotten at once, its connection closed.
+    pub fn handle_goodbye(&mut self, _now: Instant, conn: ConnId) -> Result<(), RegistryError> {
+        let node = *self
+            .by_conn
+            .get(&conn)
+            .ok_or(RegistryError::NotAMember { conn })?;
+        self.remove_member(node);
+        self.outputs.push_back(RegistryOutput::Close {
+            conn,
+            reason: format!("{node} left"),
+        });
+        self.push_members();
+        Ok(())
+    }
+
+    /// Any message from a connection, dispatched to the `handle_*` above.
+    pub fn handle_message(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        message: ToRegistry,
+    ) -> Result<(), RegistryMessageError> {
+        match message {
+            ToRegistry::Hello(hello) => self.handle_hello(now, conn, hello)?,
+            ToRegistry::Request { op, request } => self.handle_request(now, conn, op, request)?,
+            ToRegistry::Ping { seq } => self.handle_ping(now, conn, seq)?,
+            ToRegistry::Goodbye => self.handle_goodbye(now, conn)?,
+        }
+        Ok(())
+    }
+
+    /// `conn` closed (or the driver gave up on it). Its member, if any, is dead.
+    pub fn handle_disconnect(&mut self, _now: Instant, conn: ConnId) {
+        if let Some(node) = self.by_conn.get(&conn).copied() {
+            self.remove_member(node);
+            self.push_members();
+        }
+    }
+
+    /// Time passed: members not heard from within the heartbeat timeout are dead. Calling early
+    /// is harmless.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut changed = false;
+        while let Some(&(at, node)) = self.expiry.first() {
+            if at > now {
+                break;
+            }
+            let conn = self.members.get(&node).map(|m| m.conn);
+            self.remove_member(node);
+            if let Some(conn) = conn {
+                self.outputs.push_back(RegistryOutput::Close {
+                    conn,
+                    reason: format!(
+                        "{node} not heard from for {} ms",
+                        self.config.heartbeat_timeout.as_millis()
+                    ),
+                });
+            }
+            changed = true;
+        }
+        if changed {
+            self.push_members();
+        }
+    }
+
+    // ---- Outputs ----
+
+    /// The next thing to do, if any.
+    pub fn poll_output(&mut self) -> Option<RegistryOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// When [`Registry::handle_timeout`] next has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.expiry.first().map(|&(at, _)| at)
+    }
+
+    // ---- Queries ----
+
+    /// The live members, sorted by node id.
+    pub fn members(&self) -> Vec<MemberInfo> {
+        self.members.values().map(|m| m.info.clone()).collect()
+    }
+
+    /// Each member's node, incarnation and connection, by node id (no allocation).
+    pub fn registrations(&self) -> impl Iterator<Item = (NodeId, u32, ConnId)> + '_ {
+        self.members
+            .iter()
+            .map(|(node, m)| (*node, m.info.incarnation, m.conn))
+    }
+
+    /// The member registered as `node`.
+    pub fn member(&self, node: NodeId) -> Option<&MemberInfo> {
+        self.members.get(&node).map(|m| &m.info)
+    }
+
+    /// The connection `node` is registered on.
+    pub fn connection_of(&self, node: NodeId) -> Option<ConnId> {
+        self.members.get(&node).map(|m| m.conn)
+    }
+
+    /// The nodes listed as holding `id`.
+    pub fn holders_of(&self, id: &ObjectId) -> Vec<NodeId> {
+        self.holders
+            .get(id)
+            .map(|h| h.iter().map(|&(node, _)| node).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether `node` has a pending subscription to `id`.
+    pub fn is_subscribed(&self, node: NodeId, id: &ObjectId) -> bool {
+        self.members
+            .get(&node)
+            .is_some_and(|m| m.subscribed.contains(id))
+    }
+
+    /// Every (holder, object) pair, for checkers.
+    pub fn locations(&self) -> impl Iterator<Item = (NodeId, ObjectId)> + '_ {
+        self.holders
+            .iter()
+            .flat_map(|(id, h)| h.iter().map(move |&(node, _)| (node, *id)))
+    }
+
+    /// Asserts the registry's internal consistency (a bug if it fails).
+    pub fn check_invariants(&self) {
+        for (id, holders) in &self.holders {
+            assert!(!holders.is_empty(), "empty holder list of {id}");
+            for (node, _) in holders {
+                let member = self.members.get(node).expect("holders are members");
+                assert!(
+                    member.published.contains(id),
+                    "{node} holds unpublished {id}"
+                );
+            }
+        }
+        for (id, subscribers) in &self.subscribers {
+            assert!(!subscribers.is_empty(), "empty subscriber set of {id}");
+            for node in subscribers {
+                let member = self.members.get(node).expect("subscribers are members");
+                assert!(
+                    member.subscribed.contains(id),
+                    "{node} subscription to {id}"
+                );
+            }
+        }
+        for (node, member) in &self.members {
+            assert_eq!(
+                self.by_conn.get(&member.conn),
+                Some(node),
+                "{node}'s connection"
+            );
+            assert!(self.expiry.contains(&(member.expires_at, *node)));
+            assert!(member.published.len() <= self.config.limits.max_publications_per_node);
+            assert!(member.subscribed.len() <= self.config.limits.max_subscriptions_per_node);
+        }
+        assert_eq!(self.by_conn.len(), self.members.len());
+        assert_eq!(self.expiry.len(), self.members.len());
+    }
+
+    // ---- Rules ----
+
+    fn welcome(&mut self, conn: ConnId) {
+        self.outputs.push_back(RegistryOutput::Send {
+            conn,
+            message: FromRegistry::Welcome {
+                version: PROTOCOL_VERSION,
+            },
+        });
+    }
+
+    /// The member list changed: it goes to every member (an empty list to nobody, still
+    /// output so drivers can follow the membership from outputs alone).
+    fn push_members(&mut self) {
+        let conns: Vec<ConnId> = self.members.values().map(|m| m.conn).collect();
+        self.outputs.push_back(RegistryOutput::SendMembers {
+            conns,
+            members: self.members(),
+        });
+    }
+
+    /// The member on `conn`, whose heartbeat deadline moves on.
+    fn heard_from(&mut self, now: Instant, conn: ConnId) -> Result<NodeId, RegistryError> {
+        let node = *self
+            .by_conn
+            .get(&conn)
+            .ok_or(RegistryError::NotAMember { conn })?;
+        let member = self.members.get_mut(&node).expect("by_conn names members");
+        let expires_at = now + self.config.heartbeat_timeout;
+        if expires_at != member.expires_at {
+            self.expiry.remove(&(member.expires_at, node));
+            member.expires_at = expires_at;
+            self.expiry.insert((expires_at, node));
+        }
+        Ok(node)
+    }
+
+    /// Drops a member with its locations and subscriptions; no push.
+    fn remove_member(&mut self, node: NodeId) {
+        let Some(member) = self.members.remove(&node) else {
+            return;
+        };
+        self.by_conn.remove(&member.conn);
+        self.expiry.remove(&(member.expires_at, node));
+        for id in &member.published {
+            self.remove_holder(*id, node);
+        }
+        for id in &member.subscribed {
+            self.remove_subscriber(*id, node);
+        }
+    }
+
+    fn lookup(&mut self, node: NodeId, id: ObjectId, subscribe: bool) -> Option<DirectoryReply> {
+        let (holders, sizes) = match self.holders.get(&id) {
+            Some(holders) => (
+                holders.iter().map(|&(holder, _)| holder).collect(),
+                holders.first().map(|&(_, sizes)| sizes),
+            ),
+            None => (Vec::new(), None),
+        };
+        if holders.is_empty() && subscribe {
+            let limit = self.config.limits.max_subscriptions_per_node;
+            let member = self
+                .members
+                .get_mut(&node)
+                .expect("requests come from members");
+            if !member.subscribed.contains(&id) && member.subscribed.len() >= limit {
+                return Some(DirectoryReply::Unavailable {
+                    reason: format!(
+                        "{node} has {limit} pending subscriptions, the most the directory keeps"
+                    ),
+                });
+            }
+            member.subscribed.insert(id);
+            self.subscribers.entry(id).or_default().insert(node);
+        }
+        Some(DirectoryReply::Located { holders, sizes })
+    }
+
+    fn publish(
+        &mut self,
+        node: NodeId,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        fired: &mut Vec<RegistryOutput>,
+    ) -> Option<DirectoryReply> {
+        let limit = self.config.limits.max_publications_per_node;
+        let member = self
+            .members
+            .get_mut(&node)
+            .expect("requests come from members");
+        if !member.published.contains(&id) && member.published.len() >= limit {
+            return Some(DirectoryReply::Unavailable {
+                reason: format!("{node} published {limit} objects, the most the directory keeps"),
+            });
+        }
+        member.published.insert(id);
+        let holders = self.holders.entry(id).or_default();
+        match holders.binary_search_by_key(&node, |&(holder, _)| holder) {
+            Ok(at) => holders[at].1 = sizes,
+            Err(at) => holders.insert(at, (node, sizes)),
+        }
+        if let Some(subscribers) = self.subscribers.remove(&id) {
+            let event = DirectoryEvent::Published {
+                id,
+                holder: node,
+                sizes,
+            };
+            for subscriber in subscribers {
+                if let Some(member) = self.members.get_mut(&subscriber) {
+                    member.subscribed.remove(&id);
+                    fired.push(RegistryOutput::Send {
+                        conn: member.conn,
+                        message: FromRegistry::Event(event.clone()),
+                    });
+                }
+            }
+        }
+        Some(DirectoryReply::Done)
+    }
+
+    fn withdraw(&mut self, node: NodeId, id: ObjectId) {
+        if let Some(member) = self.members.get_mut(&node) {
+            member.published.remove(&id);
+        }
+        self.remove_holder(id, node);
+    }
+
+    fn unsubscribe(&mut self, node: NodeId, id: ObjectId) {
+        if let Some(member) = self.members.get_mut(&node) {
+            member.subscribed.remove(&id);
+        }
+        self.remove_subscriber(id, node);
+    }
+
+    fn remove_holder(&mut self, id: ObjectId, node: NodeId) {
+        if let Some(holders) = self.holders.get_mut(&id) {
+            holders.retain(|&mut (holder, _)| holder != node);
+            if holders.is_empty() {
+                self.holders.remove(&id);
+            }
+        }
+    }
+
+    fn remove_subscriber(&mut self, id: ObjectId, node: NodeId) {
+        if let Some(subscribers) = self.subscribers.get_mut(&id) {
+            subscribers.remove(&node);
+            if subscribers.is_empty() {
+                self.subscribers.remove(&id);
+            }
+        }
+    }
+}
+
+/// Why [`Registry::handle_message`] did not serve a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryMessageError {
+    /// A hello was refused.
+    #[error("hello refused: {0}")]
+    Refused(#[from] HelloRefused),
+    /// A message from a connection that is not a member's.
+    #[error(transparent)]
+    NotAMember(#[from] RegistryError),
+}

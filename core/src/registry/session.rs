@@ -1,0 +1,576 @@
+//! A node's side of the directory, sans-IO: one [`DirectorySession`] per node, across every
+//! connection it makes. Both directory backends drive it (the built-in one over TCP frames, the
+//! Redis one through an adapter that answers [`ToRegistry`] from Redis), and so does the
+//! simulator, so reconnecting, backoff, heartbeats and replay are one piece of code.
+//!
+//! What it does:
+//! - **Connects with backoff**: while down it asks for a connection ([`SessionOutput::Connect`])
+//!   at `reconnect_backoff_min`, doubling to `reconnect_backoff_max` after each failure.
+//! - **Says hello** and waits for `Welcome` (a refusal ends the attempt).
+//! - **Replays** after every welcome what the registry may have lost (all of it after a head
+//!   restart): a `Publish` of each object the node holds and a `Lookup` with `subscribe` of
+//!   each object it waits for; a replayed lookup that finds a holder fires the subscription
+//!   locally, so a publication missed while away (or a push lost with a connection) still
+//!   reaches the node exactly once.
+//! - **Heartbeats**: pings every `heartbeat_interval`; a registry not heard from within
+//!   `heartbeat_timeout` is gone ([`SessionOutput::Disconnect`]).
+//! - **Answers every request**: while down, or when a connection is lost with requests in
+//!   flight, the driver gets `Unavailable` at once, never silence.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use crate::directory::{
+    DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
+};
+use crate::ids::ObjectId;
+use crate::time::Instant;
+use crate::wire::ObjectSizes;
+
+use super::wire::{FromRegistry, Hello, ToRegistry, WireOpId, HELLO_MAGIC, PROTOCOL_VERSION};
+
+/// How a node's session behaves.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// A ping goes to the registry this often.
+    pub heartbeat_interval: Duration,
+    /// The registry is gone when not heard from for this long (also bounds the hello).
+    pub heartbeat_timeout: Duration,
+    /// First delay between connection attempts; doubles up to `reconnect_backoff_max`.
+    pub reconnect_backoff_min: Duration,
+    /// Longest delay between connection attempts.
+    pub reconnect_backoff_max: Duration,
+    /// Most objects the node may publish (what is replayed after reconnecting).
+    pub max_publications: usize,
+    /// Most pending subscriptions of the node.
+    pub max_subscriptions: usize,
+    /// Most requests in flight; more are answered `Unavailable` at once.
+    pub max_in_flight: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(5),
+            reconnect_backoff_min: Duration::from_millis(100),
+            reconnect_backoff_max: Duration::from_secs(5),
+            max_publications: 1 << 24,
+            max_subscriptions: 65_536,
+            max_in_flight: 65_536,
+        }
+    }
+}
+
+/// What the session asks its driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum SessionOutput {
+    /// Open a new connection to the registry, then call
+    /// [`DirectorySession::handle_connected`] (or [`DirectorySession::handle_connect_failed`]).
+    Connect,
+    /// Send `message` on the current connection.
+    Send(ToRegistry),
+    /// Tell the node's core / daemon.
+    Notice(DirectoryNotice),
+    /// Close the current connection; the session already counts it as lost.
+    Disconnect {
+        /// Why, for logs.
+        reason: String,
+    },
+}
+
+/// Why the session dropped a message from the registry (the connection is then lost).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    /// The registry refused this node.
+    #[error("the directory refused this node: {reason}")]
+    Refused {
+        /// Why.
+        reason: String,
+        /// Trying again shortly may succeed.
+        retryable: bool,
+    },
+    /// The registry broke the protocol.
+    #[error("directory protocol violation: {0}")]
+    Protocol(String),
+    /// A message arrived with no connection up.
+    #[error("a message arrived while not connected")]
+    NotConnected,
+}
+
+/// Who a request on the wire is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// The driver's request; `subscribe_to` is the object of a `Lookup` with `subscribe` (until
+    /// an `Unsubscribe` for it is submitted).
+    Driver {
+        op: DirectoryOpId,
+        subscribe_to: Option<ObjectId>,
+    },
+    /// A publication re-sent after connecting.
+    Republish,
+    /// A subscription re-registered after connecting.
+    Resubscribe(ObjectId),
+}
+
+/// The connection's state, named for what it waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Link {
+    /// No connection; the next attempt is due at `retry_at`.
+    Down { reason: String, retry_at: Instant },
+    /// The driver is opening a connection.
+    AwaitingConnection,
+    /// Hello sent; the registry must answer by `deadline`.
+    AwaitingWelcome { deadline: Instant },
+    /// Registered.
+    Up {
+        last_heard: Instant,
+        next_ping: Instant,
+    },
+}
+
+/// What the node keeps so a registry that lost it can be told again: its publications and the
+/// subscriptions it waits on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayState {
+    /// What the node holds, as its core last said.
+    pub publications: BTreeMap<ObjectId, ObjectSizes>,
+    /// Objects the node waits for (subscriptions the registry holds, or will after replay).
+    pub subscriptions: BTreeSet<ObjectId>,
+}
+
+/// A node's directory session. See the module documentation.
+#[derive(Debug)]
+pub struct DirectorySession {
+    config: SessionConfig,
+    me: MemberInfo,
+    token: String,
+    replay: ReplayState,
+    link: Link,
+    /// Whether the driver was told the directory is reachable (so a loss is reported once); set
+    /// once the replay after a welcome is answered.
+    reported_up: bool,
+    /// The member list received while the replay runs, passed on after `Health(Ok)`.
+    pending_members: Option<Vec<MemberInfo>>,
+    backoff: Duration,
+    in_flight: BTreeMap<WireOpId, Origin>,
+    next_wire_op: u64,
+    ping_seq: u64,
+    outputs: VecDeque<SessionOutput>,
+}
+
+impl DirectorySession {
+    /// A session for `me`, presenting `token`; it asks for its first connection at once.
+    pub fn new(config: SessionConfig, me: MemberInfo, token: String, now: Instant) -> Self {
+        let backoff = config.reconnect_backoff_min;
+        Self {
+            config,
+            me,
+            token,
+            replay: ReplayState::default(),
+            link: Link::Down {
+                reason: "not connected yet".into(),
+                retry_at: now,
+            },
+            reported_up: false,
+            pending_members: None,
+            backoff,
+            in_flight: BTreeMap::new(),
+            next_wire_op: 0,
+            ping_seq: 0,
+            outputs: VecDeque::new(),
+        }
+    }
+
+    /// Who this node is.
+    pub fn me(&self) -> &MemberInfo {
+        &self.me
+    }
+
+    /// What would be replayed after a reconnect.
+    pub fn replay_state(&self) -> &ReplayState {
+        &self.replay
+    }
+
+    /// Whether the session is registered.
+    pub fn is_up(&self) -> bool {
+        matches!(self.link, Link::Up { .. })
+    }
+
+    /// Whether the session is down, waiting to try connecting again.
+    pub fn is_down(&self) -> bool {
+        matches!(self.link, Link::Down { .. })
+    }
+
+    /// Whether replayed requests of the current connection still await their replies.
+    pub fn replaying(&self) -> bool {
+        self.in_flight
+            .values()
+            .any(|o| matches!(o, Origin::Republish | Origin::Resubscribe(_)))
+    }
+
+    /// Whether the session waits for `id` to be published.
+    pub fn waits_for(&self, id: &ObjectId) -> bool {
+        self.replay.subscriptions.contains(id)
+    }
+
+    // ---- Inputs ----
+
+    /// The driver submits a request of the node's core.
+    pub fn handle_submit(&mut self, now: Instant, op: DirectoryOpId, request: DirectoryRequest) {
+        let _ = now;
+        if let DirectoryRequest::Unsubscribe { id } = request {
+            self.replay.subscriptions.remove(&id);
+            for origin in self.in_flight.values_mut() {
+                if let Origin::Driver { subscribe_to, .. } = origin {
+                    if *subscribe_to == Some(id) {
+                        *subscribe_to = None;
+                    }
+                }
+            }
+            if self.is_up() {
+                self.send(None, request);
+            }
+            return;
+        }
+        let mut subscribe_to = None;
+        match request {
+            DirectoryRequest::Lookup { id, subscribe } => subscribe_to = subscribe.then_some(id),
+            DirectoryRequest::Publish { id, sizes } => {
+                if self.replay.publications.len() >= self.config.max_publications
+                    && !self.replay.publications.contains_key(&id)
+                {
+                    let limit = self.config.max_publications;
+                    return self.reply(
+                        op,
+                        DirectoryReply::Unavailable {
+                            reason: format!(
+                                "{limit} objects published, the most the directory keeps"
+                            ),
+                        },
+                    );
+                }
+                self.replay.publications.insert(id, sizes);
+            }
+            DirectoryRequest::Withdraw { id } => {
+                self.replay.publications.remove(&id);
+            }
+            DirectoryRequest::Unsubscribe { .. } => unreachable!("handled above"),
+        }
+        if !self.is_up() {
+            let reason = match &self.link {
+                Link::Down { reason, .. } => reason.clone(),
+                _ => "connecting to the directory".into(),
+            };
+            return self.reply(op, DirectoryReply::Unavailable { reason });
+        }
+        if self.in_flight.len() >= self.config.max_in_flight {
+            let limit = self.config.max_in_flight;
+            return self.reply(
+                op,
+                DirectoryReply::Unavailable {
+                    reason: format!("{limit} directory requests in flight"),
+                },
+            );
+        }
+        self.send(Some(Origin::Driver { op, subscribe_to }), request);
+    }
+
+    /// The connection the session asked for is open: the hello goes out.
+    pub fn handle_connected(&mut self, now: Instant) {
+        self.link = Link::AwaitingWelcome {
+            deadline: now + self.config.heartbeat_timeout,
+        };
+        self.outputs.push_back(SessionOutput::Send(self.hello()));
+    }
+
+    /// The connection the session asked for could not be opened.
+    pub fn handle_connect_failed(&mut self, now: Instant, reason: &str) {
+        self.lost(now, format!("directory unreachable: {reason}"));
+    }
+
+    /// The current connection closed or failed.
+    pub fn handle_disconnected(&mut self, now: Instant, reason: &str) {
+        if !matches!(self.link, Link::Down { .. }) {
+            self.lost(now, format!("directory connection lost: {reason}"));
+        }
+    }
+
+    /// A message from the registry on the current connection. An error means the connection
+    /// is done for (the session already counts it as lost; the driver closes it).
+    pub fn handle_message(
+        &mut self,
+        now: Instant,
+        message: FromRegistry,
+    ) -> Result<(), SessionError> {
+        let result = self.receive(now, message);
+        if let Err(error) = &result {
+            if !matches!(error, SessionError::NotConnected) {
+                self.lost(now, error.to_string());
+                if !matches!(error, SessionError::Refused { .. }) {
+                    self.outputs.push_back(SessionOutput::Disconnect {
+                        reason: error.to_string(),
+                    });
+                }
+            }
+        }
+        result
+    }
+
+    fn receive(&mut self, now: Instant, message: FromRegistry) -> Result<(), SessionError> {
+        match &mut self.link {
+            Link::Down { .. } | Link::AwaitingConnection => return Err(SessionError::NotConnected),
+            Link::AwaitingWelcome { .. } => {
+                return match message {
+                    FromRegistry::Welcome { .. } => {
+                        self.welcomed(now);
+                        Ok(())
+                    }
+                    FromRegistry::Refused { reason, retryable } => {
+                        Err(SessionError::Refused { reason, retryable })
+                    }
+                    other => Err(SessionError::Protocol(format!(
+                        "expected a welcome, got {other}"
+                    ))),
+                };
+            }
+            Link::Up { last_heard, .. } => *last_heard = now,
+        }
+        match message {
+            FromRegistry::Reply { op, reply } => match self.in_flight.remove(&op) {
+                Some(origin) => self.replied(origin, reply),
+                None => {
+                    return Err(SessionError::Protocol(format!(
+                        "the head answered unknown {op}"
+                    )))
+                }
+            },
+            FromRegistry::Event(event) => {
+                let DirectoryEvent::Published { id, .. } = &event;
+                // One-shot: an event for a subscription already fired (by a replayed lookup)
+                // or dropped is not passed on twice.
+                if self.replay.subscriptions.remove(id) {
+                    self.notice(DirectoryNotice::Event(event));
+                }
+            }
+            FromRegistry::Members(members) => {
+                if self.reported_up {
+                    self.notice(DirectoryNotice::Members(members));
+                } else {
+                    self.pending_members = Some(members);
+                }
+            }
+            FromRegistry::Pong { .. } => {}
+            FromRegistry::Refused { reason, retryable } => {
+                return Err(SessionError::Refused { reason, retryable })
+            }
+            FromRegistry::Welcome { .. } => {
+                return Err(SessionError::Protocol("a second welcome".into()))
+            }
+        }
+        Ok(())
+    }
+
+    /// Time passed: heartbeats, the hello's deadline, the next connection attempt. Calling
+    /// early is harmless.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match &mut self.link {
+            Link::Down { retry_at, .. } if *retry_at <= now => {
+                self.link = Link::AwaitingConnection;
+                self.outputs.push_back(SessionOutput::Connect);
+            }
+            Link::AwaitingWelcome { deadline } if *deadline <= now => {
+                let reason = format!(
+                    "no welcome within {} ms",
+                    self.config.heartbeat_timeout.as_millis()
+                );
+                self.lost(now, reason.clone());
+                self.outputs.push_back(SessionOutput::Disconnect { reason });
+            }
+            Link::Up {
+                last_heard,
+                next_ping,
+            } => {
+                if now.saturating_since(*last_heard) >= self.config.heartbeat_timeout {
+                    let reason = format!(
+                        "the head was silent for {} ms",
+                        self.config.heartbeat_timeout.as_millis()
+                    );
+                    self.lost(now, reason.clone());
+                    self.outputs.push_back(SessionOutput::Disconnect { reason });
+                } else if *next_ping <= now {
+                    *next_ping = now + self.config.heartbeat_interval;
+                    self.ping_seq += 1;
+                    let seq = self.ping_seq;
+                    self.outputs
+                        .push_back(SessionOutput::Send(ToRegistry::Ping { seq }));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The driver stops: a clean goodbye if registered.
+    pub fn handle_leave(&mut self, now: Instant) {
+        if self.is_up() {
+            self.outputs
+                .push_back(SessionOutput::Send(ToRegistry::Goodbye));
+        }
+        self.link = Link::Down {
+            reason: "the node left the cluster".into(),
+            retry_at: Instant::NEVER,
+        };
+        let _ = now;
+    }
+
+    // ---- Outputs ----
+
+    /// The next thing to do, if any.
+    pub fn poll_output(&mut self) -> Option<SessionOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// When [`DirectorySession::handle_timeout`] next has something to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.link {
+            Link::Down { retry_at, .. } => (*retry_at != Instant::NEVER).then_some(*retry_at),
+            Link::AwaitingConnection => None,
+            Link::AwaitingWelcome { deadline } => Some(*deadline),
+            Link::Up {
+                last_heard,
+                next_ping,
+            } => Some((*next_ping).min(*last_heard + self.config.heartbeat_timeout)),
+        }
+    }
+
+    // ---- Internals ----
+
+    fn hello(&self) -> ToRegistry {
+        ToRegistry::Hello(Hello {
+            magic: HELLO_MAGIC,
+            version: PROTOCOL_VERSION,
+            token: self.token.clone(),
+            member: self.me.clone(),
+        })
+    }
+
+    fn welcomed(&mut self, now: Instant) {
+        self.link = Link::Up {
+            last_heard: now,
+            next_ping: now + self.config.heartbeat_interval,
+        };
+        self.backoff = self.config.reconnect_backoff_min;
+        // Re-register what the registry may not know (all of it after a head restart).
+        let republish: Vec<(ObjectId, ObjectSizes)> = self
+            .replay
+            .publications
+            .iter()
+            .map(|(i, s)| (*i, *s))
+            .collect();
+        for (id, sizes) in republish {
+            self.send(
+                Some(Origin::Republish),
+                DirectoryRequest::Publish { id, sizes },
+            );
+        }
+        let resubscribe: Vec<ObjectId> = self.replay.subscriptions.iter().copied().collect();
+        for id in resubscribe {
+            self.send(
+                Some(Origin::Resubscribe(id)),
+                DirectoryRequest::Lookup {
+                    id,
+                    subscribe: true,
+                },
+            );
+        }
+        self.report_up_once_replayed();
+    }
+
+    /// Health(Ok) once the registry knows everything again (the replay is answered), so a
+    /// driver that sees it can count on the node's publications being listed.
+    fn report_up_once_replayed(&mut self) {
+        if self.is_up() && !self.reported_up && !self.replaying() {
+            self.reported_up = true;
+            self.notice(DirectoryNotice::Health(Ok(())));
+            if let Some(members) = self.pending_members.take() {
+                self.notice(DirectoryNotice::Members(members));
+            }
+        }
+    }
+
+    /// The connection is gone: in-flight requests of the driver are answered `Unavailable`, a
+    /// loss is reported once, and the next attempt is scheduled with backoff.
+    fn lost(&mut self, now: Instant, reason: String) {
+        for origin in std::mem::take(&mut self.in_flight).into_values() {
+            if let Origin::Driver { op, .. } = origin {
+                self.reply(
+                    op,
+                    DirectoryReply::Unavailable {
+                        reason: reason.clone(),
+                    },
+                );
+            }
+        }
+        if self.reported_up {
+            self.reported_up = false;
+            self.notice(DirectoryNotice::Health(Err(reason.clone())));
+        }
+        self.pending_members = None;
+        let retry_at = now + self.backoff;
+        self.backoff = (self.backoff * 2).min(self.config.reconnect_backoff_max);
+        self.link = Link::Down { reason, retry_at };
+    }
+
+    fn replied(&mut self, origin: Origin, reply: DirectoryReply) {
+        match origin {
+            Origin::Driver { op, subscribe_to } => {
+                if let (Some(id), DirectoryReply::Located { holders, .. }) = (subscribe_to, &reply)
+                {
+                    if holders.is_empty() {
+                        self.replay.subscriptions.insert(id);
+                    }
+                }
+                self.reply(op, reply);
+            }
+            Origin::Resubscribe(id) => {
+                // Published while this node was away: the subscription fires now.
+                if let DirectoryReply::Located {
+                    holders,
+                    sizes: Some(sizes),
+                } = &reply
+                {
+                    if let Some(holder) = holders.first() {
+                        if self.replay.subscriptions.remove(&id) {
+                            self.notice(DirectoryNotice::Event(DirectoryEvent::Published {
+                                id,
+                                holder: *holder,
+                                sizes: *sizes,
+                            }));
+                        }
+                    }
+                }
+            }
+            Origin::Republish => {}
+        }
+        self.report_up_once_replayed();
+    }
+
+    fn send(&mut self, origin: Option<Origin>, request: DirectoryRequest) {
+        let op = WireOpId(self.next_wire_op);
+        self.next_wire_op += 1;
+        if let Some(origin) = origin {
+            self.in_flight.insert(op, origin);
+        }
+        self.outputs
+            .push_back(SessionOutput::Send(ToRegistry::Request { op, request }));
+    }
+
+    fn reply(&mut self, op: DirectoryOpId, reply: DirectoryReply) {
+        self.notice(DirectoryNotice::Reply { op, reply });
+    }
+
+    fn notice(&mut self, notice: DirectoryNotice) {
+        self.outputs.push_back(SessionOutput::Notice(notice));
+    }
+}

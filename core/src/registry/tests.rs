@@ -1,0 +1,776 @@
+//! The registry's rules and the session's reconnect logic, driven by hand.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::session::{DirectorySession, SessionConfig, SessionOutput};
+use super::*;
+use crate::directory::{DirectoryNotice, DirectoryOpId};
+
+const TOKEN: &str = "token";
+
+fn member(node: u32, incarnation: u32) -> MemberInfo {
+    MemberInfo {
+        node: NodeId(node),
+        fabric_addr: SocketAddr::from(([127, 0, 0, 1], 7000 + node as u16)),
+        fabric: "tcp".into(),
+        incarnation,
+    }
+}
+
+fn hello(member: MemberInfo) -> Hello {
+    Hello {
+        magic: HELLO_MAGIC,
+        version: PROTOCOL_VERSION,
+        token: TOKEN.into(),
+        member,
+    }
+}
+
+fn sizes(n: u64) -> ObjectSizes {
+    ObjectSizes {
+        data_size: n,
+        metadata_size: 0,
+    }
+}
+
+fn at_ms(ms: u64) -> Instant {
+    Instant(ms * 1_000_000)
+}
+
+fn registry() -> Registry {
+    let mut config = RegistryConfig::new(TOKEN);
+    config.heartbeat_timeout = Duration::from_millis(100);
+    Registry::new(config)
+}
+
+/// Everything the registry queued, with member lists flattened per connection.
+fn drain(registry: &mut Registry) -> Vec<(ConnId, FromRegistry)> {
+    let mut out = Vec::new();
+    while let Some(output) = registry.poll_output() {
+        match output {
+            RegistryOutput::Send { conn, message } => out.push((conn, message)),
+            RegistryOutput::SendMembers { conns, members } => {
+                for conn in conns {
+                    out.push((conn, FromRegistry::Members(members.clone())));
+                }
+            }
+            RegistryOutput::Close { conn, reason } => out.push((
+                conn,
+                FromRegistry::Refused {
+                    reason: format!("closed: {reason}"),
+                    retryable: false,
+                },
+            )),
+        }
+    }
+    registry.check_invariants();
+    out
+}
+
+fn request(
+    registry: &mut Registry,
+    now: Instant,
+    conn: u64,
+    op: u64,
+    request: DirectoryRequest,
+) -> Vec<(ConnId, FromRegistry)> {
+    registry
+        .handle_request(now, ConnId(conn), WireOpId(op), request)
+        .expect("a member's connection");
+    drain(registry)
+}
+
+fn events_for(out: &[(ConnId, FromRegistry)], conn: u64) -> Vec<DirectoryEvent> {
+    out.iter()
+        .filter_map(|(c, m)| match m {
+            FromRegistry::Event(e) if *c == ConnId(conn) => Some(e.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn join(registry: &mut Registry, now: Instant, conn: u64, node: u32) {
+    registry
+        .handle_hello(now, ConnId(conn), hello(member(node, 1)))
+        .expect("joins");
+    drain(registry);
+}
+
+#[test]
+fn publish_then_lookup_lists_the_holder_and_withdraw_removes_it() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 1, 1);
+    join(&mut r, at_ms(0), 2, 2);
+    let x = ObjectId::from_u64(1);
+    let out = request(
+        &mut r,
+        at_ms(1),
+        1,
+        0,
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(5),
+        },
+    );
+    assert_eq!(
+        out,
+        vec![(
+            ConnId(1),
+            FromRegistry::Reply {
+                op: WireOpId(0),
+                reply: DirectoryReply::Done
+            }
+        )]
+    );
+    let out = request(
+        &mut r,
+        at_ms(1),
+        2,
+        0,
+        DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false,
+        },
+    );
+    assert_eq!(
+        out[0].1,
+        FromRegistry::Reply {
+            op: WireOpId(0),
+            reply: DirectoryReply::Located {
+                holders: vec![NodeId(1)],
+                sizes: Some(sizes(5))
+            }
+        }
+    );
+    request(&mut r, at_ms(2), 1, 1, DirectoryRequest::Withdraw { id: x });
+    assert!(r.holders_of(&x).is_empty());
+}
+
+#[test]
+fn a_publish_after_a_subscribing_lookup_that_found_nothing_reaches_the_subscriber_once() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 1, 1);
+    join(&mut r, at_ms(0), 2, 2);
+    let x = ObjectId::from_u64(2);
+    let out = request(
+        &mut r,
+        at_ms(1),
+        2,
+        7,
+        DirectoryRequest::Lookup {
+            id: x,
+            subscribe: true,
+        },
+    );
+    assert_eq!(
+        out[0].1,
+        FromRegistry::Reply {
+            op: WireOpId(7),
+            reply: DirectoryReply::Located {
+                holders: vec![],
+                sizes: None
+            }
+        }
+    );
+    assert!(r.is_subscribed(NodeId(2), &x));
+    let out = request(
+        &mut r,
+        at_ms(2),
+        1,
+        0,
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(3),
+        },
+    );
+    let fired = DirectoryEvent::Published {
+        id: x,
+        holder: NodeId(1),
+        sizes: sizes(3),
+    };
+    assert_eq!(events_for(&out, 2), vec![fired]);
+    // One-shot: a second publication (by another node) does not fire again.
+    join(&mut r, at_ms(2), 3, 3);
+    let out = request(
+        &mut r,
+        at_ms(3),
+        3,
+        0,
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(3),
+        },
+    );
+    assert!(events_for(&out, 2).is_empty());
+}
+
+#[test]
+fn unsubscribe_drops_the_subscription() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 1, 1);
+    join(&mut r, at_ms(0), 2, 2);
+    let x = ObjectId::from_u64(3);
+    request(
+        &mut r,
+        at_ms(1),
+        2,
+        0,
+        DirectoryRequest::Lookup {
+            id: x,
+            subscribe: true,
+        },
+    );
+    let out = request(
+        &mut r,
+        at_ms(1),
+        2,
+        1,
+        DirectoryRequest::Unsubscribe { id: x },
+    );
+    assert!(out.is_empty(), "unsubscribe has no reply: {out:?}");
+    let out = request(
+        &mut r,
+        at_ms(2),
+        1,
+        0,
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(1),
+        },
+    );
+    assert!(events_for(&out, 2).is_empty());
+}
+
+#[test]
+fn a_silent_node_dies_at_the_heartbeat_bound_and_its_locations_vanish() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 1, 1);
+    join(&mut r, at_ms(0), 2, 2);
+    let x = ObjectId::from_u64(4);
+    request(
+        &mut r,
+        at_ms(10),
+        1,
+        0,
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(1),
+        },
+    );
+    // Node 2 keeps pinging; node 1 goes silent after 10 ms.
+    r.handle_ping(at_ms(90), ConnId(2), 1).unwrap();
+    drain(&mut r);
+    assert_eq!(r.poll_timeout(), Some(at_ms(110)));
+    r.handle_timeout(at_ms(109));
+    assert_eq!(
+        r.holders_of(&x),
+        vec![NodeId(1)],
+        "early timeout is a no-op"
+    );
+    r.handle_timeout(at_ms(110));
+    let out = drain(&mut r);
+    assert!(r.holders_of(&x).is_empty());
+    assert_eq!(r.members(), vec![member(2, 1)]);
+    assert!(out
+        .iter()
+        .any(|(c, m)| *c == ConnId(2) && *m == FromRegistry::Members(vec![member(2, 1)])));
+    assert!(r.handle_ping(at_ms(111), ConnId(1), 2).is_err());
+}
+
+#[test]
+fn a_disconnect_drops_the_member_with_its_locations_and_subscriptions() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 1, 1);
+    let x = ObjectId::from_u64(5);
+    let y = ObjectId::from_u64(6);
+    request(
+        &mut r,
+        at_ms(1),
+        1,
+        0,
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(1),
+        },
+    );
+    request(
+        &mut r,
+        at_ms(1),
+        1,
+        1,
+        DirectoryRequest::Lookup {
+            id: y,
+            subscribe: true,
+        },
+    );
+    r.handle_disconnect(at_ms(2), ConnId(1));
+    drain(&mut r);
+    assert!(r.members().is_empty());
+    assert!(r.holders_of(&x).is_empty());
+    assert!(!r.is_subscribed(NodeId(1), &y));
+}
+
+#[test]
+fn wrong_token_and_bad_hellos_are_refused_and_closed() {
+    let mut r = registry();
+    let mut bad = hello(member(1, 1));
+    bad.token = "nope".into();
+    assert_eq!(
+        r.handle_hello(at_ms(0), ConnId(1), bad),
+        Err(HelloRefused::WrongToken)
+    );
+    let out = drain(&mut r);
+    assert!(
+        matches!(&out[0].1, FromRegistry::Refused { reason, retryable: false } if reason.contains("wrong cluster token"))
+    );
+    assert_eq!(out.len(), 2, "refused, then closed: {out:?}");
+    let mut old = hello(member(1, 1));
+    old.version = 0;
+    assert!(matches!(
+        r.handle_hello(at_ms(0), ConnId(2), old),
+        Err(HelloRefused::Version { .. })
+    ));
+    let mut stray = hello(member(1, 1));
+    stray.magic = *b"GET / HT";
+    assert_eq!(
+        r.handle_hello(at_ms(0), ConnId(3), stray),
+        Err(HelloRefused::NotAHello)
+    );
+    assert!(r.members().is_empty());
+    assert!(r
+        .handle_request(
+            at_ms(0),
+            ConnId(1),
+            WireOpId(0),
+            DirectoryRequest::Withdraw {
+                id: ObjectId::from_u64(1)
+            }
+        )
+        .is_err());
+}
+
+#[test]
+fn a_live_node_id_from_another_daemon_is_refused_retryably() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 1, 1);
+    let mut other = member(1, 2);
+    other.fabric_addr = SocketAddr::from(([127, 0, 0, 2], 7001));
+    let refusal = r
+        .handle_hello(at_ms(1), ConnId(2), hello(other))
+        .unwrap_err();
+    assert!(refusal.retryable());
+    assert!(
+        refusal.to_string().contains("already a member"),
+        "{refusal}"
+    );
+    assert_eq!(r.members(), vec![member(1, 1)]);
+    // An older incarnation at the same address is stale, not retryable.
+    join(&mut r, at_ms(1), 3, 2);
+    r.handle_hello(at_ms(1), ConnId(4), hello(member(2, 1)))
+        .unwrap();
+    drain(&mut r);
+    let mut restarted = member(2, 5);
+    restarted.node = NodeId(2);
+    r.handle_hello(at_ms(2), ConnId(5), hello(restarted))
+        .unwrap();
+    drain(&mut r);
+    let stale = r
+        .handle_hello(at_ms(3), ConnId(6), hello(member(2, 3)))
+        .unwrap_err();
+    assert!(!stale.retryable());
+}
+
+#[test]
+fn a_restart_with_a_new_incarnation_drops_the_old_incarnations_state() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 1, 1);
+    join(&mut r, at_ms(0), 2, 2);
+    let x = ObjectId::from_u64(7);
+    let y = ObjectId::from_u64(8);
+    request(
+        &mut r,
+        at_ms(1),
+        1,
+        0,
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(1),
+        },
+    );
+    request(
+        &mut r,
+        at_ms(1),
+        1,
+        1,
+        DirectoryRequest::Lookup {
+            id: y,
+            subscribe: true,
+        },
+    );
+    r.handle_hello(at_ms(2), ConnId(3), hello(member(1, 2)))
+        .expect("a restart is accepted");
+    let out = drain(&mut r);
+    assert!(
+        out.iter().any(|(c, m)| *c == ConnId(1)
+            && matches!(m, FromRegistry::Refused { reason, .. } if reason.starts_with("closed"))),
+        "{out:?}"
+    );
+    assert!(r.holders_of(&x).is_empty());
+    assert!(!r.is_subscribed(NodeId(1), &y));
+    assert_eq!(r.member(NodeId(1)).map(|m| m.incarnation), Some(2));
+    // The old connection is no member's any more.
+    assert!(r.handle_ping(at_ms(3), ConnId(1), 1).is_err());
+    // A publication of y now reaches nobody on the old incarnation.
+    let out = request(
+        &mut r,
+        at_ms(3),
+        2,
+        0,
+        DirectoryRequest::Publish {
+            id: y,
+            sizes: sizes(1),
+        },
+    );
+    assert!(events_for(&out, 1).is_empty() && events_for(&out, 3).is_empty());
+}
+
+#[test]
+fn the_same_daemon_reconnecting_keeps_its_registration() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 1, 1);
+    join(&mut r, at_ms(0), 2, 2);
+    let x = ObjectId::from_u64(9);
+    request(
+        &mut r,
+        at_ms(1),
+        1,
+        0,
+        DirectoryRequest::Lookup {
+            id: x,
+            subscribe: true,
+        },
+    );
+    r.handle_hello(at_ms(2), ConnId(3), hello(member(1, 1)))
+        .unwrap();
+    drain(&mut r);
+    assert_eq!(r.connection_of(NodeId(1)), Some(ConnId(3)));
+    assert!(r.is_subscribed(NodeId(1), &x));
+    let out = request(
+        &mut r,
+        at_ms(3),
+        2,
+        0,
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(1),
+        },
+    );
+    assert_eq!(
+        events_for(&out, 3).len(),
+        1,
+        "the event goes to the new connection"
+    );
+}
+
+#[test]
+fn limits_answer_unavailable() {
+    let mut config = RegistryConfig::new(TOKEN);
+    config.limits.max_subscriptions_per_node = 1;
+    config.limits.max_publications_per_node = 1;
+    config.limits.max_nodes = 1;
+    let mut r = Registry::new(config);
+    join(&mut r, at_ms(0), 1, 1);
+    assert!(matches!(
+        r.handle_hello(at_ms(0), ConnId(2), hello(member(2, 1))),
+        Err(HelloRefused::Full { max_nodes: 1 })
+    ));
+    drain(&mut r);
+    let (a, b) = (ObjectId::from_u64(1), ObjectId::from_u64(2));
+    request(
+        &mut r,
+        at_ms(1),
+        1,
+        0,
+        DirectoryRequest::Lookup {
+            id: a,
+            subscribe: true,
+        },
+    );
+    let out = request(
+        &mut r,
+        at_ms(1),
+        1,
+        1,
+        DirectoryRequest::Lookup {
+            id: b,
+            subscribe: true,
+        },
+    );
+    assert!(matches!(
+        &out[0].1,
+        FromRegistry::Reply {
+            reply: DirectoryReply::Unavailable { .. },
+            ..
+        }
+    ));
+    request(
+        &mut r,
+        at_ms(1),
+        1,
+        2,
+        DirectoryRequest::Publish {
+            id: a,
+            sizes: sizes(1),
+        },
+    );
+    let out = request(
+        &mut r,
+        at_ms(1),
+        1,
+        3,
+        DirectoryRequest::Publish {
+            id: b,
+            sizes: sizes(1),
+        },
+    );
+    assert!(matches!(
+        &out[0].1,
+        FromRegistry::Reply {
+            reply: DirectoryReply::Unavailable { .. },
+            ..
+        }
+    ));
+}
+
+// ---- Session ----
+
+fn session_config() -> SessionConfig {
+    SessionConfig {
+        heartbeat_interval: Duration::from_millis(10),
+        heartbeat_timeout: Duration::from_millis(50),
+        reconnect_backoff_min: Duration::from_millis(5),
+        reconnect_backoff_max: Duration::from_millis(40),
+        ..SessionConfig::default()
+    }
+}
+
+fn drain_session(session: &mut DirectorySession) -> Vec<SessionOutput> {
+    std::iter::from_fn(|| session.poll_output()).collect()
+}
+
+/// Carries a session's messages to the registry and back until both are quiet; returns the
+/// session's notices.
+fn exchange(
+    session: &mut DirectorySession,
+    r: &mut Registry,
+    conn: u64,
+    now: Instant,
+) -> Vec<DirectoryNotice> {
+    let mut notices = Vec::new();
+    loop {
+        let mut progressed = false;
+        for output in drain_session(session) {
+            progressed = true;
+            match output {
+                SessionOutput::Send(message) => {
+                    let _ = r.handle_message(now, ConnId(conn), message);
+                }
+                SessionOutput::Notice(n) => notices.push(n),
+                SessionOutput::Connect => session.handle_connected(now),
+                SessionOutput::Disconnect { .. } => r.handle_disconnect(now, ConnId(conn)),
+            }
+        }
+        for (c, message) in drain(r) {
+            progressed = true;
+            if c == ConnId(conn) {
+                let _ = session.handle_message(now, message);
+            }
+        }
+        if !progressed {
+            return notices;
+        }
+    }
+}
+
+#[test]
+fn a_session_replays_its_state_to_a_registry_that_lost_it() {
+    let mut r = registry();
+    let now = at_ms(0);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), now);
+    s.handle_timeout(now);
+    let notices = exchange(&mut s, &mut r, 1, now);
+    assert!(notices.contains(&DirectoryNotice::Health(Ok(()))));
+    let (x, y) = (ObjectId::from_u64(1), ObjectId::from_u64(2));
+    s.handle_submit(
+        now,
+        DirectoryOpId(1),
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(1),
+        },
+    );
+    s.handle_submit(
+        now,
+        DirectoryOpId(2),
+        DirectoryRequest::Lookup {
+            id: y,
+            subscribe: true,
+        },
+    );
+    exchange(&mut s, &mut r, 1, now);
+    assert!(r.is_subscribed(NodeId(1), &y));
+
+    // The head restarts with nothing; the session notices the silence, backs off, reconnects.
+    let mut r = registry();
+    let later = at_ms(60);
+    s.handle_timeout(later);
+    let notices = exchange(&mut s, &mut r, 2, later);
+    assert!(
+        matches!(notices.as_slice(), [DirectoryNotice::Health(Err(_))]),
+        "{notices:?}"
+    );
+    s.handle_submit(
+        later,
+        DirectoryOpId(3),
+        DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false,
+        },
+    );
+    assert!(matches!(
+        drain_session(&mut s).as_slice(),
+        [SessionOutput::Notice(DirectoryNotice::Reply {
+            reply: DirectoryReply::Unavailable { .. },
+            ..
+        })]
+    ));
+    let retry = s.poll_timeout().expect("a retry is scheduled");
+    s.handle_timeout(retry);
+    exchange(&mut s, &mut r, 2, retry);
+    assert_eq!(r.holders_of(&x), vec![NodeId(1)]);
+    assert!(r.is_subscribed(NodeId(1), &y));
+}
+
+#[test]
+fn a_replayed_lookup_fires_a_subscription_published_while_away_exactly_once() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 9, 2);
+    let now = at_ms(0);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), now);
+    s.handle_timeout(now);
+    exchange(&mut s, &mut r, 1, now);
+    let y = ObjectId::from_u64(2);
+    s.handle_submit(
+        now,
+        DirectoryOpId(1),
+        DirectoryRequest::Lookup {
+            id: y,
+            subscribe: true,
+        },
+    );
+    exchange(&mut s, &mut r, 1, now);
+    // The connection breaks; y is published meanwhile (the push is lost with the connection).
+    r.handle_disconnect(at_ms(1), ConnId(1));
+    s.handle_disconnected(at_ms(1), "reset");
+    drain_session(&mut s);
+    request(
+        &mut r,
+        at_ms(2),
+        9,
+        0,
+        DirectoryRequest::Publish {
+            id: y,
+            sizes: sizes(4),
+        },
+    );
+    let retry = s.poll_timeout().unwrap();
+    s.handle_timeout(retry);
+    let notices = exchange(&mut s, &mut r, 3, retry);
+    let fired: Vec<_> = notices
+        .iter()
+        .filter(|n| matches!(n, DirectoryNotice::Event(_)))
+        .collect();
+    assert_eq!(fired.len(), 1, "{notices:?}");
+    assert!(!s.waits_for(&y));
+}
+
+#[test]
+fn session_backoff_doubles_to_its_cap_and_resets_after_a_welcome() {
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), at_ms(0));
+    let mut now = at_ms(0);
+    let mut delays = Vec::new();
+    for _ in 0..5 {
+        s.handle_timeout(now);
+        assert_eq!(drain_session(&mut s), vec![SessionOutput::Connect]);
+        s.handle_connect_failed(now, "refused");
+        let next = s.poll_timeout().unwrap();
+        delays.push((next - now).as_millis());
+        now = next;
+    }
+    assert_eq!(delays, vec![5, 10, 20, 40, 40]);
+}
+
+#[test]
+fn after_a_reconnect_health_comes_once_the_replay_is_answered_then_the_members() {
+    let mut r = registry();
+    let now = at_ms(0);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), now);
+    s.handle_timeout(now);
+    exchange(&mut s, &mut r, 1, now);
+    let x = ObjectId::from_u64(1);
+    s.handle_submit(
+        now,
+        DirectoryOpId(1),
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(1),
+        },
+    );
+    exchange(&mut s, &mut r, 1, now);
+    r.handle_disconnect(at_ms(1), ConnId(1));
+    drain(&mut r);
+    s.handle_disconnected(at_ms(1), "reset");
+    assert!(matches!(
+        drain_session(&mut s).as_slice(),
+        [SessionOutput::Notice(DirectoryNotice::Health(Err(_)))]
+    ));
+    let retry = s.poll_timeout().unwrap();
+    s.handle_timeout(retry);
+    assert_eq!(drain_session(&mut s), vec![SessionOutput::Connect]);
+    s.handle_connected(retry);
+    for output in drain_session(&mut s) {
+        if let SessionOutput::Send(message) = output {
+            r.handle_message(retry, ConnId(2), message).unwrap();
+        }
+    }
+    // Welcome and member list arrive; the replayed publish goes out, no Health yet.
+    for (_, message) in drain(&mut r) {
+        s.handle_message(retry, message).unwrap();
+    }
+    let replay = drain_session(&mut s);
+    assert!(
+        replay
+            .iter()
+            .all(|o| matches!(o, SessionOutput::Send(ToRegistry::Request { .. }))),
+        "{replay:?}"
+    );
+    assert!(s.replaying());
+    for output in replay {
+        if let SessionOutput::Send(message) = output {
+            r.handle_message(retry, ConnId(2), message).unwrap();
+        }
+    }
+    for (_, message) in drain(&mut r) {
+        s.handle_message(retry, message).unwrap();
+    }
+    // The replay is answered: Health(Ok), then the list.
+    assert_eq!(
+        drain_session(&mut s),
+        vec![
+            SessionOutput::Notice(DirectoryNotice::Health(Ok(()))),
+            SessionOutput::Notice(DirectoryNotice::Members(vec![member(1, 1)])),
+        ]
+    );
+    assert_eq!(r.holders_of(&x), vec![NodeId(1)]);
+}

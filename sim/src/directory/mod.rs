@@ -1,0 +1,655 @@
+//! The real directory behind a simulated link: the core's [`Registry`] as the head, one core
+//! [`DirectorySession`] per node, and a model of the connections between them.
+//!
+//! A connection carries messages in order with the directory latency. Faults: the head crashes
+//! (its registry state is lost; nodes notice after the detection delay or, when the crash is
+//! silent, by their heartbeat timeout, and re-register with backoff); a node is partitioned from
+//! the head (messages both ways vanish, connection attempts fail; both sides find out by
+//! heartbeat); a push is lost (its connection breaks with it; both sides notice after the
+//! detection delay). The cluster turns [`Effect`]s into scheduled events and hands
+//! [`DirEvent`]s back when they are due.
+//!
+//! Checks kept here, because only here both ends are visible:
+//! - **no forgotten subscription**: a node whose fetch waits on a publication (its subscribing
+//!   lookup found nobody, and neither the event nor an unsubscribe came since) must have that
+//!   subscription known to its session, and, while the session is registered and done
+//!   replaying on the connection the registry holds, known to the registry, unless the event
+//!   is already on its way;
+//! - **dead nodes vanish in time**: no member (and so none of its locations) is listed longer
+//!   than the registry's heartbeat timeout after its connection was last heard from;
+//! - **members converge** once faults stop: every live node registered with its current
+//!   incarnation, its replay done, its member list equal to the registry's, and its
+//!   publications listed.
+
+mod checks;
+mod link;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use rand_chacha::ChaCha8Rng;
+
+use skyriver_core::directory::{
+    DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
+};
+use skyriver_core::registry::session::{DirectorySession, SessionConfig, SessionOutput};
+use skyriver_core::registry::{
+    ConnId, FromRegistry, Registry, RegistryConfig, RegistryOutput, ToRegistry,
+};
+use skyriver_core::{Instant, NodeId, ObjectId};
+
+/// How the simulated directory behaves, drawn from the seed.
+#[derive(Debug, Clone)]
+pub struct DirectoryParams {
+    /// One-way latency between a node and the head, ns.
+    pub latency_ns: u64,
+    /// Time for a broken connection to be noticed (a reset), ns.
+    pub detect_ns: u64,
+    /// The registry's heartbeat timeout.
+    pub registry_heartbeat_timeout: Duration,
+    /// The nodes' session settings.
+    pub session: SessionConfig,
+    /// Probability (per million) that a pushed event is lost with its connection, while faults
+    /// are on.
+    pub lost_push_ppm: u32,
+}
+
+/// Something due at a time, handed back to [`SimDirectory::handle`].
+#[derive(Debug)]
+pub enum DirEvent {
+    /// A message reaches the head.
+    ToHead {
+        /// The connection it came on.
+        conn: ConnId,
+        /// The head it was sent to (void if the head crashed since).
+        head_epoch: u64,
+        /// The message.
+        message: ToRegistry,
+    },
+    /// A message reaches a node.
+    ToNode {
+        /// The node.
+        node: NodeId,
+        /// Its incarnation when it was sent.
+        inc: u32,
+        /// The connection it came on.
+        conn: ConnId,
+        /// The message.
+        message: FromRegistry,
+    },
+    /// The head side of a connection finds it closed.
+    HeadSeesClosed {
+        /// The connection.
+        conn: ConnId,
+        /// The head that owned it.
+        head_epoch: u64,
+    },
+    /// The node side of a connection finds it closed.
+    NodeSeesClosed {
+        /// The node.
+        node: NodeId,
+        /// Its incarnation.
+        inc: u32,
+        /// The connection.
+        conn: ConnId,
+    },
+    /// A connection attempt of a node completes.
+    Connected {
+        /// The node.
+        node: NodeId,
+        /// Its incarnation.
+        inc: u32,
+        /// The new connection, `None` when the head was unreachable.
+        conn: Option<ConnId>,
+        /// The head it reached.
+        head_epoch: u64,
+    },
+    /// A session's timer.
+    SessionTimer {
+        /// The node.
+        node: NodeId,
+        /// Its incarnation.
+        inc: u32,
+    },
+    /// The registry's timer.
+    RegistryTimer {
+        /// The head that set it.
+        head_epoch: u64,
+    },
+    /// Fault: the head crashes or comes back (with an empty registry).
+    Head {
+        /// Back (`true`) or crashing.
+        up: bool,
+        /// A crash nodes learn of only by heartbeat (a host crash), not by a reset.
+        silent: bool,
+    },
+    /// Fault: a node is cut off from the head, or reconnected.
+    HeadPartition {
+        /// The node.
+        node: NodeId,
+        /// Cut off (`true`) or healed.
+        on: bool,
+    },
+}
+
+/// What the cluster must do for the directory.
+#[derive(Debug)]
+pub enum Effect {
+    /// Schedule an event.
+    Schedule {
+        /// When.
+        at: Instant,
+        /// What.
+        event: DirEvent,
+        /// Heartbeats: they do not keep a run going.
+        background: bool,
+    },
+    /// Give a notice (a reply or an event) to a node's core now.
+    Notice {
+        /// The node.
+        node: NodeId,
+        /// Its incarnation.
+        inc: u32,
+        /// The notice.
+        notice: DirectoryNotice,
+    },
+    /// A trace line.
+    Trace(String),
+}
+
+/// One node's end: its session and its current connection.
+#[derive(Debug)]
+struct NodeEnd {
+    inc: u32,
+    session: DirectorySession,
+    conn: Option<ConnId>,
+    /// Requests of the core held until the first welcome of this incarnation (a daemon serves
+    /// only once registered).
+    held: Vec<(DirectoryOpId, DirectoryRequest)>,
+    welcomed_once: bool,
+    timer_at: Option<Instant>,
+    members: Vec<MemberInfo>,
+    /// Subscribing lookups of the core in flight: op → object.
+    lookups: BTreeMap<DirectoryOpId, ObjectId>,
+    /// Objects a fetch of the core waits to see published.
+    relied: BTreeSet<ObjectId>,
+}
+
+/// What a violation is about, so each is reported once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum ViolationKey {
+    Outlived(NodeId, ConnId),
+    SessionForgot(NodeId, ObjectId),
+    RegistryForgot(NodeId, ObjectId, ConnId),
+}
+
+/// The head and every node's directory session.
+#[derive(Debug)]
+pub struct SimDirectory {
+    /// Violations already reported.
+    reported: BTreeSet<ViolationKey>,
+    params: DirectoryParams,
+    cluster_token: String,
+    registry: Option<Registry>,
+    /// Changes at every head crash: messages and timers of an older head are void.
+    head_epoch: u64,
+    registry_timer_at: Option<Instant>,
+    ends: BTreeMap<NodeId, NodeEnd>,
+    next_conn: u64,
+    /// Connections that are broken (one side closed or a push was lost with them).
+    broken: BTreeSet<ConnId>,
+    /// The owner of each connection.
+    owners: BTreeMap<ConnId, (NodeId, u32)>,
+    /// When the head last heard from each connection.
+    last_heard: BTreeMap<ConnId, Instant>,
+    partitioned: BTreeSet<NodeId>,
+    /// Published events on their way to a node's core, per (node, object).
+    events_in_flight: BTreeMap<(NodeId, ObjectId), u32>,
+    /// Counters for the summary.
+    pub stats: DirectoryStats,
+}
+
+/// Directory fault and traffic counters of a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirectoryStats {
+    /// Head crashes.
+    pub head_crashes: u64,
+    /// Partitions between a node and the head.
+    pub head_partitions: u64,
+    /// Pushed events lost (with their connection).
+    pub lost_pushes: u64,
+    /// Members the registry dropped for silence.
+    pub heartbeat_expiries: u64,
+    /// Sessions that re-registered after losing the head.
+    pub reconnects: u64,
+}
+
+impl DirectoryStats {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &DirectoryStats) {
+        self.head_crashes += other.head_crashes;
+        self.head_partitions += other.head_partitions;
+        self.lost_pushes += other.lost_pushes;
+        self.heartbeat_expiries += other.heartbeat_expiries;
+        self.reconnects += other.reconnects;
+    }
+}
+
+fn member_info(node: NodeId, inc: u32) -> MemberInfo {
+    MemberInfo {
+        node,
+        fabric_addr: std::net::SocketAddr::from(([10, 0, (node.0 >> 8) as u8, node.0 as u8], 7000)),
+        fabric: "sim".into(),
+        incarnation: inc,
+    }
+}
+
+impl SimDirectory {
+    /// A head serving `nodes` (each at incarnation 0), registered before time starts, as a
+    /// cluster whose daemons all joined before the workload.
+    pub fn formed(params: DirectoryParams, nodes: usize, now: Instant) -> (Self, Vec<Effect>) {
+        let cluster_token = "sim-cluster-token".to_string();
+        let mut directory = SimDirectory {
+            reported: BTreeSet::new(),
+            registry: Some(Registry::new(RegistryConfig {
+                cluster_token: cluster_token.clone(),
+                heartbeat_timeout: params.registry_heartbeat_timeout,
+                limits: Default::default(),
+            })),
+            params,
+            cluster_token,
+            head_epoch: 0,
+            registry_timer_at: None,
+            ends: BTreeMap::new(),
+            next_conn: 0,
+            broken: BTreeSet::new(),
+            owners: BTreeMap::new(),
+            last_heard: BTreeMap::new(),
+            partitioned: BTreeSet::new(),
+            events_in_flight: BTreeMap::new(),
+            stats: DirectoryStats::default(),
+        };
+        for n in 0..nodes as u32 {
+            directory.add_end(NodeId(n), 0, now);
+        }
+        // Instant hand-over: every session connects and the registry answers at once.
+        loop {
+            let mut progressed = false;
+            for n in 0..nodes as u32 {
+                let node = NodeId(n);
+                let end = directory.ends.get_mut(&node).expect("added");
+                while let Some(output) = end.session.poll_output() {
+                    progressed = true;
+                    match output {
+                        SessionOutput::Connect => {
+                            directory.next_conn += 1;
+                            let conn = ConnId(directory.next_conn);
+                            end.conn = Some(conn);
+                            directory.owners.insert(conn, (node, 0));
+                            end.session.handle_connected(now);
+                        }
+                        SessionOutput::Send(message) => {
+                            let conn = end.conn.expect("connected");
+                            directory.last_heard.insert(conn, now);
+                            let registry = directory.registry.as_mut().expect("up");
+                            let _ = registry.handle_message(now, conn, message);
+                        }
+                        SessionOutput::Notice(DirectoryNotice::Members(members)) => {
+                            end.members = members
+                        }
+                        SessionOutput::Notice(_) => {}
+                        SessionOutput::Disconnect { reason } => {
+                            panic!("{node} could not join the simulated head: {reason}")
+                        }
+                    }
+                }
+            }
+            let registry = directory.registry.as_mut().expect("up");
+            while let Some(output) = registry.poll_output() {
+                progressed = true;
+                let mut deliver = |conn: ConnId, message: FromRegistry| {
+                    let (node, _) = directory.owners[&conn];
+                    let end = directory.ends.get_mut(&node).expect("owner");
+                    end.session
+                        .handle_message(now, message)
+                        .expect("a fresh registry welcomes every node");
+                };
+                match output {
+                    RegistryOutput::Send { conn, message } => deliver(conn, message),
+                    RegistryOutput::SendMembers { conns, members } => {
+                        for conn in conns {
+                            deliver(conn, FromRegistry::Members(members.clone()));
+                        }
+                    }
+                    RegistryOutput::Close { reason, .. } => {
+                        panic!("the simulated head closed a joining node: {reason}")
+                    }
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        let mut effects = Vec::new();
+        for n in 0..nodes as u32 {
+            let end = directory.ends.get_mut(&NodeId(n)).expect("added");
+            end.welcomed_once = true;
+            directory.reschedule_session(now, NodeId(n), &mut effects);
+        }
+        directory.reschedule_registry(&mut effects);
+        (directory, effects)
+    }
+
+    fn add_end(&mut self, node: NodeId, inc: u32, now: Instant) {
+        let mut session = DirectorySession::new(
+            self.params.session.clone(),
+            member_info(node, inc),
+            self.cluster_token.clone(),
+            now,
+        );
+        session.handle_timeout(now);
+        self.ends.insert(
+            node,
+            NodeEnd {
+                inc,
+                session,
+                conn: None,
+                held: Vec::new(),
+                welcomed_once: false,
+                timer_at: None,
+                members: Vec::new(),
+                lookups: BTreeMap::new(),
+                relied: BTreeSet::new(),
+            },
+        );
+    }
+
+    // ---- Hooks of the cluster ----
+
+    /// `node` restarted as incarnation `inc`: a fresh session starts joining.
+    pub fn node_started(&mut self, now: Instant, node: NodeId, inc: u32) -> Vec<Effect> {
+        self.add_end(node, inc, now);
+        let mut effects = Vec::new();
+        self.pump_session(now, node, &mut effects);
+        effects
+    }
+
+    /// `node` crashed. Unless `silent`, the head sees its connection reset after the
+    /// detection delay; otherwise only its heartbeat timeout tells.
+    pub fn node_crashed(&mut self, now: Instant, node: NodeId, silent: bool) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let Some(end) = self.ends.remove(&node) else {
+            return effects;
+        };
+        self.events_in_flight.retain(|(n, _), _| *n != node);
+        if let Some(conn) = end.conn {
+            if !silent && !self.partitioned.contains(&node) && self.broken.insert(conn) {
+                effects.push(Effect::Schedule {
+                    at: Instant(now.0 + self.params.detect_ns),
+                    event: DirEvent::HeadSeesClosed {
+                        conn,
+                        head_epoch: self.head_epoch,
+                    },
+                    background: false,
+                });
+            }
+            self.broken.insert(conn);
+        }
+        effects
+    }
+
+    /// The core of `node` asks the directory something.
+    pub fn submit(
+        &mut self,
+        now: Instant,
+        node: NodeId,
+        op: DirectoryOpId,
+        request: DirectoryRequest,
+    ) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let Some(end) = self.ends.get_mut(&node) else {
+            return effects;
+        };
+        match &request {
+            DirectoryRequest::Lookup {
+                id,
+                subscribe: true,
+            } => {
+                end.lookups.insert(op, *id);
+            }
+            DirectoryRequest::Unsubscribe { id } => {
+                // As the session does: a subscribing lookup still in flight no longer counts.
+                end.relied.remove(id);
+                end.lookups.retain(|_, object| object != id);
+            }
+            _ => {}
+        }
+        if !end.welcomed_once {
+            end.held.push((op, request));
+            return effects;
+        }
+        end.session.handle_submit(now, op, request);
+        self.pump_session(now, node, &mut effects);
+        effects
+    }
+
+    /// A notice is about to reach `node`'s core: keeps what the checks need.
+    pub fn delivering(&mut self, node: NodeId, notice: &DirectoryNotice) {
+        let Some(end) = self.ends.get_mut(&node) else {
+            return;
+        };
+        match notice {
+            DirectoryNotice::Reply { op, reply } => {
+                if let Some(id) = end.lookups.remove(op) {
+                    if matches!(reply, DirectoryReply::Located { holders, .. } if holders.is_empty())
+                    {
+                        end.relied.insert(id);
+                    }
+                }
+            }
+            DirectoryNotice::Event(DirectoryEvent::Published { id, .. }) => {
+                end.relied.remove(id);
+                if let Some(count) = self.events_in_flight.get_mut(&(node, *id)) {
+                    *count -= 1;
+                    if *count == 0 {
+                        self.events_in_flight.remove(&(node, *id));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Something due now.
+    pub fn handle(
+        &mut self,
+        now: Instant,
+        event: DirEvent,
+        rng: &mut ChaCha8Rng,
+        faults_on: bool,
+    ) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        match event {
+            DirEvent::ToHead {
+                conn,
+                head_epoch,
+                message,
+            } => {
+                if head_epoch != self.head_epoch || self.broken.contains(&conn) {
+                    return effects;
+                }
+                if let Some((node, _)) = self.owners.get(&conn) {
+                    if self.partitioned.contains(node) {
+                        self.broken.insert(conn);
+                        return effects;
+                    }
+                }
+                let Some(registry) = self.registry.as_mut() else {
+                    return effects;
+                };
+                self.last_heard.insert(conn, now);
+                let _ = registry.handle_message(now, conn, message);
+                self.pump_registry(now, rng, faults_on, &mut effects);
+            }
+            DirEvent::ToNode {
+                node,
+                inc,
+                conn,
+                message,
+            } => {
+                let event_id = match &message {
+                    FromRegistry::Event(DirectoryEvent::Published { id, .. }) => Some(*id),
+                    _ => None,
+                };
+                if self.partitioned.contains(&node) {
+                    self.broken.insert(conn);
+                }
+                let delivered = self.ends.get(&node).is_some_and(|end| {
+                    end.inc == inc && end.conn == Some(conn) && !self.broken.contains(&conn)
+                });
+                if let Some(id) = event_id {
+                    self.event_landed(node, id);
+                }
+                if !delivered {
+                    return effects;
+                }
+                let end = self.ends.get_mut(&node).expect("checked");
+                if let Err(error) = end.session.handle_message(now, message) {
+                    effects.push(Effect::Trace(format!("{node}: directory session: {error}")));
+                }
+                self.pump_session(now, node, &mut effects);
+            }
+            DirEvent::HeadSeesClosed { conn, head_epoch } => {
+                if head_epoch == self.head_epoch {
+                    if let Some(registry) = self.registry.as_mut() {
+                        if let Some(&(node, _)) = self.owners.get(&conn) {
+                            if registry.connection_of(node) == Some(conn) {
+                                effects.push(Effect::Trace(format!(
+                                    "directory: session of {node} expired"
+                                )));
+                            }
+                        }
+                        registry.handle_disconnect(now, conn);
+                        self.pump_registry(now, rng, faults_on, &mut effects);
+                    }
+                }
+            }
+            DirEvent::NodeSeesClosed { node, inc, conn } => {
+                let Some(end) = self.ends.get_mut(&node) else {
+                    return effects;
+                };
+                if end.inc == inc && end.conn == Some(conn) {
+                    end.conn = None;
+                    end.session.handle_disconnected(now, "connection reset");
+                    self.pump_session(now, node, &mut effects);
+                }
+            }
+            DirEvent::Connected {
+                node,
+                inc,
+                conn,
+                head_epoch,
+            } => {
+                let Some(end) = self.ends.get_mut(&node) else {
+                    return effects;
+                };
+                if end.inc != inc {
+                    return effects;
+                }
+                let usable = head_epoch == self.head_epoch
+                    && self.registry.is_some()
+                    && !self.partitioned.contains(&node);
+                match conn {
+                    Some(conn) if usable => {
+                        end.conn = Some(conn);
+                        end.session.handle_connected(now);
+                    }
+                    _ => end
+                        .session
+                        .handle_connect_failed(now, "the head is unreachable"),
+                }
+                self.pump_session(now, node, &mut effects);
+            }
+            DirEvent::SessionTimer { node, inc } => {
+                let Some(end) = self.ends.get_mut(&node) else {
+                    return effects;
+                };
+                if end.inc != inc {
+                    return effects;
+                }
+                if end.timer_at.is_some_and(|at| at <= now) {
+                    end.timer_at = None;
+                }
+                end.session.handle_timeout(now);
+                self.pump_session(now, node, &mut effects);
+            }
+            DirEvent::RegistryTimer { head_epoch } => {
+                if head_epoch != self.head_epoch {
+                    return effects;
+                }
+                if self.registry_timer_at.is_some_and(|at| at <= now) {
+                    self.registry_timer_at = None;
+                }
+                if let Some(registry) = self.registry.as_mut() {
+                    let before = registry.members().len();
+                    registry.handle_timeout(now);
+                    let after = registry.members().len();
+                    self.stats.heartbeat_expiries += (before - after) as u64;
+                    self.pump_registry(now, rng, faults_on, &mut effects);
+                }
+            }
+            DirEvent::Head { up: false, silent } => {
+                if self.registry.take().is_none() {
+                    return effects;
+                }
+                self.stats.head_crashes += 1;
+                self.head_epoch += 1;
+                self.registry_timer_at = None;
+                effects.push(Effect::Trace(format!(
+                    "FAULT directory head crashes{}, its registry lost",
+                    if silent { " silently" } else { "" }
+                )));
+                let ends: Vec<(NodeId, u32, Option<ConnId>)> =
+                    self.ends.iter().map(|(n, e)| (*n, e.inc, e.conn)).collect();
+                for (node, inc, conn) in ends {
+                    let Some(conn) = conn else { continue };
+                    self.broken.insert(conn);
+                    if !silent && !self.partitioned.contains(&node) {
+                        effects.push(Effect::Schedule {
+                            at: Instant(now.0 + self.params.detect_ns),
+                            event: DirEvent::NodeSeesClosed { node, inc, conn },
+                            background: false,
+                        });
+                    }
+                }
+            }
+            DirEvent::Head { up: true, .. } => {
+                if self.registry.is_none() {
+                    effects.push(Effect::Trace(
+                        "FAULT directory head back, with an empty registry".into(),
+                    ));
+                    self.registry = Some(Registry::new(RegistryConfig {
+                        cluster_token: self.cluster_token.clone(),
+                        heartbeat_timeout: self.params.registry_heartbeat_timeout,
+                        limits: Default::default(),
+                    }));
+                }
+            }
+            DirEvent::HeadPartition { node, on } => {
+                if on {
+                    self.stats.head_partitions += 1;
+                    self.partitioned.insert(node);
+                    effects.push(Effect::Trace(format!("FAULT partition {node} / head")));
+                } else {
+                    self.partitioned.remove(&node);
+                    effects.push(Effect::Trace(format!(
+                        "FAULT healed partition {node} / head"
+                    )));
+                    // A connection the head closed meanwhile is reset at the node's next send;
+                    // the node learns it by its heartbeat timeout at the latest.
+                }
+            }
+        }
+        effects
+    }
+}

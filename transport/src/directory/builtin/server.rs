@@ -1,0 +1,434 @@
+//! The head's server: a thin tokio driver of the core's [`Registry`].
+//!
+//! One task owns the registry (no lock): connection tasks hand it what they read, through one
+//! bounded channel (a fast node waits for room; it cannot starve the others of memory), and it
+//! hands each connection's writer the frames the registry decided, through a bounded queue per
+//! connection: a node that stops reading fills its queue and is disconnected, never buffered
+//! without limit. Connections that have not said hello yet are capped too.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use skyriver_core::directory::MemberInfo;
+use skyriver_core::registry::{
+    ConnId, FromRegistry, Registry, RegistryConfig, RegistryMessageError, RegistryOutput,
+    ToRegistry,
+};
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinHandle;
+use tokio::time::{timeout, Instant as TokioInstant};
+
+use super::super::frame;
+
+/// Frames queued for one node; a node that lets this fill up is disconnected.
+const NODE_QUEUE_FRAMES: usize = 4096;
+/// Connections still in their hello, on top of the registry's node limit.
+const MAX_PENDING_HELLOS: usize = 64;
+/// Messages read from all connections and not yet handled by the registry.
+const INBOX_MESSAGES: usize = 1024;
+
+/// How the head serves the directory.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Nodes must present this token in their hello.
+    pub cluster_token: String,
+    /// A node not heard from for this long is dropped.
+    pub heartbeat_timeout: Duration,
+    /// A connection must say hello within this long.
+    pub hello_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// Defaults (5 s heartbeat timeout, 5 s hello timeout) with `cluster_token`.
+    pub fn new(cluster_token: impl Into<String>) -> Self {
+        Self {
+            cluster_token: cluster_token.into(),
+            heartbeat_timeout: Duration::from_secs(5),
+            hello_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The built-in directory service, running on the current tokio runtime.
+#[derive(Debug)]
+pub struct BuiltinDirectoryServer {
+    local_addr: SocketAddr,
+    members: watch::Receiver<Vec<MemberInfo>>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl BuiltinDirectoryServer {
+    /// Serves the directory on `listener` until [`shutdown`](Self::shutdown) or drop. Must be
+    /// called from within a tokio runtime.
+    pub fn spawn(listener: TcpListener, config: ServerConfig) -> std::io::Result<Self> {
+        let local_addr = listener.local_addr()?;
+        let registry = Registry::new(RegistryConfig {
+            cluster_token: config.cluster_token.clone(),
+            heartbeat_timeout: config.heartbeat_timeout,
+            limits: super::registry_limits(),
+        });
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (members_tx, members) = watch::channel(Vec::new());
+        let (inbox, inbox_rx) = mpsc::channel(INBOX_MESSAGES);
+        let head = Head {
+            registry,
+            epoch: TokioInstant::now(),
+            writers: BTreeMap::new(),
+            members: members_tx,
+        };
+        let tasks = vec![
+            tokio::spawn(head.run(inbox_rx, shutdown_rx.clone())),
+            tokio::spawn(accept_loop(listener, config, inbox, shutdown_rx)),
+        ];
+        tracing::info!(%local_addr, "built-in directory serving");
+        Ok(Self {
+            local_addr,
+            members,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// Where the service listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The live members, sorted by node id.
+    pub fn members(&self) -> Vec<MemberInfo> {
+        self.members.borrow().clone()
+    }
+
+    /// Stops accepting, closes every node's connection and waits for the service's tasks.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for BuiltinDirectoryServer {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+/// What connection tasks tell the registry's task.
+enum HeadInput {
+    /// A connection was accepted; its frames go to `writer`.
+    Opened {
+        conn: ConnId,
+        writer: mpsc::Sender<Arc<[u8]>>,
+    },
+    /// A message arrived on `conn`.
+    Message { conn: ConnId, message: ToRegistry },
+    /// `conn` closed or failed.
+    Closed { conn: ConnId, reason: String },
+}
+
+/// The task that owns the registry.
+struct Head {
+    registry: Registry,
+    epoch: TokioInstant,
+    writers: BTreeMap<ConnId, mpsc::Sender<Arc<[u8]>>>,
+    members: watch::Sender<Vec<MemberInfo>>,
+}
+
+impl Head {
+    fn now(&self) -> skyriver_core::Instant {
+        skyriver_core::Instant(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    async fn run(
+        mut self,
+        mut inbox: mpsc::Receiver<HeadInput>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            let wake = self
+                .registry
+                .poll_timeout()
+                .map(|at| self.epoch + Duration::from_nanos(at.0))
+                .unwrap_or_else(|| TokioInstant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                input = inbox.recv() => match input {
+                    Some(input) => self.handle(input),
+                    None => break,
+                },
+                _ = tokio::time::sleep_until(wake) => {
+                    let now = self.now();
+                    self.registry.handle_timeout(now);
+                }
+                _ = shutdown.changed() => break,
+            }
+            self.carry_out();
+        }
+        // Dropping the writers closes every connection.
+        tracing::info!("built-in directory stopped");
+    }
+
+    fn handle(&mut self, input: HeadInput) {
+        let now = self.now();
+        match input {
+            HeadInput::Opened { conn, writer } => {
+                self.writers.insert(conn, writer);
+            }
+            HeadInput::Message { conn, message } => {
+                match self.registry.handle_message(now, conn, message) {
+                    Ok(()) => {}
+                    Err(RegistryMessageError::Refused(refusal)) => {
+                        tracing::warn!(%conn, reason = %refusal, "directory hello refused");
+                    }
+                    Err(RegistryMessageError::NotAMember(error)) => {
+                        tracing::debug!(%error, "closing a connection that is not a member's");
+                        self.writers.remove(&conn);
+                    }
+                }
+            }
+            HeadInput::Closed { conn, reason } => {
+                if let Some(node) = self.member_on(conn) {
+                    tracing::info!(%node, %reason, "node left");
+                }
+                self.writers.remove(&conn);
+                self.registry.handle_disconnect(now, conn);
+            }
+        }
+    }
+
+    fn member_on(&self, conn: ConnId) -> Option<skyriver_core::NodeId> {
+        self.registry
+            .members()
+            .iter()
+            .map(|m| m.node)
+            .find(|&node| self.registry.connection_of(node) == Some(conn))
+    }
+
+    /// Sends what the registry decided; a new member list is published (for
+    /// [`BuiltinDirectoryServer::members`]) before it goes to any node.
+    fn carry_out(&mut self) {
+        // Until nothing is left: dropping a node that stopped reading decides more.
+        loop {
+            let outputs: Vec<RegistryOutput> =
+                std::iter::from_fn(|| self.registry.poll_output()).collect();
+            if outputs.is_empty() {
+                return;
+            }
+            let latest_members = outputs.iter().rev().find_map(|output| match output {
+                RegistryOutput::SendMembers { members, .. } => Some(members),
+                _ => None,
+            });
+            if let Some(members) = latest_members {
+                if *self.members.borrow() != *members {
+                    let _ = self.members.send(members.clone());
+                }
+            }
+            for output in outputs {
+                match output {
+                    RegistryOutput::Send { conn, message } => {
+                        let frame: Arc<[u8]> = frame::encode(&message).into();
+                        self.send(conn, frame);
+                    }
+                    RegistryOutput::SendMembers { conns, members } => {
+                        let frame: Arc<[u8]> =
+                            frame::encode(&FromRegistry::Members(members)).into();
+                        for conn in conns {
+                            self.send(conn, frame.clone());
+                        }
+                    }
+                    RegistryOutput::Close { conn, reason } => {
+                        tracing::info!(%conn, %reason, "closing a directory connection");
+                        // The writer flushes what is queued, then closes the stream.
+                        self.writers.remove(&conn);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues `frame` for `conn`; a connection whose queue is full is dropped.
+    fn send(&mut self, conn: ConnId, frame: Arc<[u8]>) {
+        let Some(writer) = self.writers.get(&conn) else {
+            return;
+        };
+        if writer.try_send(frame).is_err() {
+            tracing::warn!(%conn, "node disconnected: it stopped reading its queue");
+            self.writers.remove(&conn);
+            let now = self.now();
+            self.registry.handle_disconnect(now, conn);
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    config: ServerConfig,
+    inbox: mpsc::Sender<HeadInput>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let connections = Arc::new(Semaphore::new(super::MAX_NODES + MAX_PENDING_HELLOS));
+    let mut next_conn = 0u64;
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let Ok(slot) = connections.clone().try_acquire_owned() else {
+                        tracing::warn!(%peer, "directory connection refused: too many connections");
+                        continue;
+                    };
+                    next_conn += 1;
+                    let conn = ConnId(next_conn);
+                    let inbox = inbox.clone();
+                    let shutdown = shutdown.clone();
+                    let hello_timeout = config.hello_timeout;
+                    tokio::spawn(async move {
+                        serve_connection(conn, stream, peer, hello_timeout, inbox, shutdown).await;
+                        drop(slot);
+                    });
+                }
+                Err(error) => {
+                    // Out of fds or similar: back off briefly instead of spinning.
+                    tracing::warn!(%error, "directory accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+/// Writes a refusal the registry never saw (the first frame was not a hello) and closes.
+async fn refuse(writer: &mut OwnedWriteHalf, reason: String) {
+    let frame = frame::encode(&FromRegistry::Refused {
+        reason,
+        retryable: false,
+    });
+    let _ = timeout(Duration::from_secs(1), async {
+        writer.write_all(&frame).await?;
+        writer.shutdown().await
+    })
+    .await;
+}
+
+async fn serve_connection(
+    conn: ConnId,
+    stream: TcpStream,
+    peer: SocketAddr,
+    hello_timeout: Duration,
+    inbox: mpsc::Sender<HeadInput>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (mut reader, mut writer) = stream.into_split();
+    let mut buf = Vec::new();
+    let first = timeout(
+        hello_timeout,
+        frame::read::<ToRegistry, _>(&mut reader, &mut buf),
+    )
+    .await;
+    let hello = match first {
+        Ok(Ok(Some(hello @ ToRegistry::Hello(_)))) => hello,
+        Ok(Ok(None)) => return,
+        Ok(Ok(Some(_))) => {
+            return refuse(&mut writer, "the first frame must be a hello".into()).await;
+        }
+        Ok(Err(error)) => {
+            let reason = format!(
+                "malformed hello ({error}); is this a Skyriver daemon of the same version?"
+            );
+            tracing::warn!(%peer, %reason, "directory hello refused");
+            return refuse(&mut writer, reason).await;
+        }
+        Err(_) => {
+            let reason = format!("no hello within {} ms", hello_timeout.as_millis());
+            return refuse(&mut writer, reason).await;
+        }
+    };
+    let (frames_tx, frames) = mpsc::channel(NODE_QUEUE_FRAMES);
+    let opened = HeadInput::Opened {
+        conn,
+        writer: frames_tx,
+    };
+    if inbox.send(opened).await.is_err() {
+        return;
+    }
+    if inbox
+        .send(HeadInput::Message {
+            conn,
+            message: hello,
+        })
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let reason = tokio::select! {
+        reason = read_messages(conn, &mut reader, &inbox) => reason,
+        reason = write_frames(writer, frames) => reason,
+        _ = shutdown.changed() => "the head is shutting down".to_string(),
+    };
+    let _ = inbox.send(HeadInput::Closed { conn, reason }).await;
+}
+
+async fn read_messages(
+    conn: ConnId,
+    reader: &mut OwnedReadHalf,
+    inbox: &mpsc::Sender<HeadInput>,
+) -> String {
+    let mut buf = Vec::new();
+    loop {
+        let message = match frame::read::<ToRegistry, _>(reader, &mut buf).await {
+            Ok(Some(message)) => message,
+            Ok(None) => return "connection closed".into(),
+            Err(error) => return error.to_string(),
+        };
+        // Waits for room: a node that floods the head is slowed, not buffered.
+        if inbox
+            .send(HeadInput::Message { conn, message })
+            .await
+            .is_err()
+        {
+            return "the head stopped".into();
+        }
+    }
+}
+
+async fn write_frames(writer: OwnedWriteHalf, mut frames: mpsc::Receiver<Arc<[u8]>>) -> String {
+    let mut writer = BufWriter::new(writer);
+    while let Some(frame) = frames.recv().await {
+        if let Err(error) = writer.write_all(&frame).await {
+            return format!("write failed: {error}");
+        }
+        if frames.is_empty() {
+            if let Err(error) = writer.flush().await {
+                return format!("write failed: {error}");
+            }
+        }
+    }
+    let _ = writer.shutdown().await;
+    "session ended".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_members_frame_decodes_as_sent() {
+        let members = vec![MemberInfo {
+            node: skyriver_core::NodeId(3),
+            fabric_addr: SocketAddr::from(([127, 0, 0, 1], 9)),
+            fabric: "tcp".into(),
+            incarnation: 2,
+        }];
+        let bytes = frame::encode(&FromRegistry::Members(members.clone()));
+        let decoded: FromRegistry = postcard::from_bytes(&bytes[4..]).unwrap();
+        assert_eq!(decoded, FromRegistry::Members(members));
+    }
+}

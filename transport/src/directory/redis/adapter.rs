@@ -1,0 +1,779 @@
+//! The Redis backend's link: an adapter task that answers the registry protocol
+//! ([`ToRegistry`] in, [`FromRegistry`] out) from Redis, so the Redis backend runs the same
+//! reconnecting client and session as the built-in one. One adapter serves one connection
+//! attempt: the session's hello checks the token and the node id and registers the node, its
+//! pings refresh the node key's TTL, its requests become pipelines, and pub/sub messages become
+//! events and member lists. When Redis is lost the adapter ends with the reason and the session
+//! reconnects, replaying what the node holds and waits for.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
+use ::redis::{AsyncConnectionConfig, Client, Msg, RedisError, RedisResult, Value};
+use futures_util::StreamExt;
+use skyriver_core::directory::{
+    DirectoryEvent, DirectoryNotice, DirectoryReply, DirectoryRequest, MemberInfo,
+};
+use skyriver_core::registry::{FromRegistry, Hello, ToRegistry, WireOpId};
+use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+use tokio::sync::mpsc;
+use tokio::time::{timeout, Instant};
+
+use super::super::client::{Connector, Link};
+use super::{
+    holder_value, parse_holder_value, wrong_token_reason, Keys, RedisConfig, CLAIM_TOKEN,
+    DELETE_IF_UNCHANGED, LEAVE, MAX_BATCH, MAX_SUBSCRIPTIONS_PER_NODE, PRUNE_IF_EXPIRED,
+};
+
+/// Bound on a clean leave (one pipeline to Redis).
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What every adapter of one node needs.
+#[derive(Debug)]
+pub(super) struct Params {
+    pub(super) config: RedisConfig,
+    pub(super) keys: Keys,
+    pub(super) me: MemberInfo,
+    pub(super) member_json: String,
+    pub(super) token_fingerprint: String,
+    pub(super) client: Client,
+    /// The Redis URL with any password masked, for messages.
+    pub(super) shown_url: String,
+}
+
+/// Opens Redis links: both connections, then an adapter task.
+#[derive(Debug, Clone)]
+pub(super) struct RedisConnector {
+    pub(super) params: Arc<Params>,
+}
+
+impl Connector for RedisConnector {
+    async fn connect(&mut self) -> Result<Link, String> {
+        let params = self.params.clone();
+        let connect_timeout = params.config.connect_timeout;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(params.config.request_timeout));
+        let conn = match timeout(
+            connect_timeout,
+            params
+                .client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(error)) => return Err(error.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "no connection within {} ms",
+                    connect_timeout.as_millis()
+                ))
+            }
+        };
+        let pubsub = match timeout(connect_timeout, params.client.get_async_pubsub()).await {
+            Ok(Ok(pubsub)) => pubsub,
+            Ok(Err(error)) => return Err(error.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "no pub/sub connection within {} ms",
+                    connect_timeout.as_millis()
+                ))
+            }
+        };
+        let (sink, stream) = pubsub.split();
+        let (outgoing, requests) = mpsc::unbounded_channel();
+        let (answers, incoming) = mpsc::unbounded_channel();
+        let adapter = Adapter {
+            config: params.config.clone(),
+            keys: params.keys.clone(),
+            me: params.me.clone(),
+            member_json: params.member_json.clone(),
+            token_fingerprint: params.token_fingerprint.clone(),
+            shown_url: params.shown_url.clone(),
+            answers,
+            publications: BTreeMap::new(),
+            subscriptions: BTreeSet::new(),
+            members: BTreeMap::new(),
+            members_sent: false,
+        };
+        let live = Live { conn, sink, stream };
+        Ok(Link {
+            outgoing: Some(outgoing),
+            incoming,
+            task: Some(tokio::spawn(adapter.run(live, requests))),
+            helper: None,
+        })
+    }
+}
+
+/// Open connections to Redis.
+struct Live {
+    conn: MultiplexedConnection,
+    sink: PubSubSink,
+    stream: PubSubStream,
+}
+
+/// Why a command failed.
+enum Failure {
+    /// The connection is gone or Redis does not answer: reconnect.
+    Lost(String),
+    /// Redis answered with an error: this request fails, the connection stays.
+    Failed(String),
+}
+
+impl Failure {
+    fn reason(&self) -> &str {
+        match self {
+            Failure::Lost(reason) | Failure::Failed(reason) => reason,
+        }
+    }
+}
+
+fn classify(error: RedisError) -> Failure {
+    if error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_unrecoverable_error()
+    {
+        Failure::Lost(format!("Redis connection failed: {error}"))
+    } else {
+        Failure::Failed(format!("Redis error: {error}"))
+    }
+}
+
+/// One item of a batch, waiting for its pipeline results.
+enum Pending {
+    Lookup {
+        op: WireOpId,
+        id: ObjectId,
+        subscribe: bool,
+        index: usize,
+    },
+    Write {
+        op: WireOpId,
+    },
+}
+
+/// The adapter of one connection attempt.
+struct Adapter {
+    config: RedisConfig,
+    keys: Keys,
+    me: MemberInfo,
+    member_json: String,
+    token_fingerprint: String,
+    shown_url: String,
+    answers: mpsc::UnboundedSender<Result<FromRegistry, String>>,
+    /// What this node published on this connection (for a clean leave).
+    publications: BTreeMap<ObjectId, ObjectSizes>,
+    /// Objects this node waits for (subscribed on the pub/sub connection).
+    subscriptions: BTreeSet<ObjectId>,
+    /// Live members as last read.
+    members: BTreeMap<NodeId, MemberInfo>,
+    members_sent: bool,
+}
+
+impl Adapter {
+    fn answer(&self, message: FromRegistry) {
+        // The session dropped the link: nothing to do, the task ends with its requests.
+        let _ = self.answers.send(Ok(message));
+    }
+
+    fn notice(&self, notice: DirectoryNotice) {
+        match notice {
+            DirectoryNotice::Members(members) => self.answer(FromRegistry::Members(members)),
+            DirectoryNotice::Event(event) => self.answer(FromRegistry::Event(event)),
+            DirectoryNotice::Reply { .. } | DirectoryNotice::Health(_) => {}
+        }
+    }
+
+    fn reply(&self, op: WireOpId, reply: DirectoryReply) {
+        self.answer(FromRegistry::Reply { op, reply });
+    }
+
+    async fn run(mut self, mut live: Live, mut requests: mpsc::UnboundedReceiver<ToRegistry>) {
+        if let Err(failure) = self.serve(&mut live, &mut requests).await {
+            let _ = self.answers.send(Err(failure.reason().to_string()));
+        }
+    }
+
+    /// Answers the session until it drops the link or leaves, or Redis is lost.
+    async fn serve(
+        &mut self,
+        live: &mut Live,
+        requests: &mut mpsc::UnboundedReceiver<ToRegistry>,
+    ) -> Result<(), Failure> {
+        let mut welcomed = false;
+        let mut next: Option<ToRegistry> = None;
+        let refresh = tokio::time::sleep(self.config.member_refresh_interval);
+        tokio::pin!(refresh);
+        loop {
+            let message = match next.take() {
+                Some(message) => Some(message),
+                None => tokio::select! {
+                    message = requests.recv() => match message {
+                        None => return Ok(()),
+                        Some(message) => Some(message),
+                    },
+                    message = live.stream.next(), if welcomed => match message {
+                        None => return Err(Failure::Lost("the Redis pub/sub connection closed".into())),
+                        Some(message) => {
+                            if self.on_message(live, message).await? {
+                                // Coalesce a burst of joins into one re-read.
+                                let soon = Instant::now() + Duration::from_millis(50);
+                                if refresh.deadline() > soon {
+                                    refresh.as_mut().reset(soon);
+                                }
+                            }
+                            None
+                        }
+                    },
+                    _ = &mut refresh, if welcomed => {
+                        refresh.as_mut().reset(Instant::now() + self.config.member_refresh_interval);
+                        Self::tolerate(self.refresh_members(live).await)?;
+                        None
+                    }
+                },
+            };
+            let Some(message) = message else { continue };
+            match message {
+                ToRegistry::Hello(hello) => {
+                    if welcomed {
+                        return Err(Failure::Lost("a second hello on one connection".into()));
+                    }
+                    match self.hello(live, hello).await? {
+                        Ok(()) => welcomed = true,
+                        Err((reason, retryable)) => {
+                            self.answer(FromRegistry::Refused { reason, retryable });
+                            return Ok(());
+                        }
+                    }
+                }
+                ToRegistry::Ping { seq } => {
+                    Self::tolerate(self.register(live, false).await)?;
+                    self.answer(FromRegistry::Pong { seq });
+                }
+                ToRegistry::Goodbye => {
+                    self.leave(live).await;
+                    return Ok(());
+                }
+                ToRegistry::Request { op, request } => {
+                    if !welcomed {
+                        return Err(Failure::Lost("a request before the hello".into()));
+                    }
+                    let mut batch = vec![(op, request)];
+                    while batch.len() < MAX_BATCH {
+                        match requests.try_recv() {
+                            Ok(ToRegistry::Request { op, request }) => batch.push((op, request)),
+                            Ok(other) => {
+                                next = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    Self::tolerate(self.serve_batch(live, batch).await)?;
+                }
+            }
+        }
+    }
+
+    /// A failed command that left the connection up is logged; a lost one ends the adapter.
+    fn tolerate(result: Result<(), Failure>) -> Result<(), Failure> {
+        match result {
+            Err(Failure::Failed(reason)) => {
+                tracing::warn!(%reason, "Redis directory command failed");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Checks the token and the node id, registers the node and answers `Welcome` and the
+    /// members; `Ok(Err((reason, retryable)))` when the node is refused.
+    async fn hello(
+        &mut self,
+        live: &mut Live,
+        hello: Hello,
+    ) -> Result<Result<(), (String, bool)>, Failure> {
+        if hello.member != self.me {
+            return Ok(Err(("the hello names another node".into(), false)));
+        }
+        // The first node of a cluster sets the token; later ones must match it.
+        let mut pipe = ::redis::pipe();
+        self.add_claim_token(&mut pipe);
+        pipe.cmd("GET").arg(self.keys.node(self.me.node));
+        pipe.cmd("PTTL").arg(self.keys.token());
+        let (stored, existing, token_ttl_ms): (Option<String>, Option<String>, i64) = self
+            .bounded("the token check", pipe.query_async(&mut live.conn))
+            .await?;
+        if stored.as_deref() != Some(self.token_fingerprint.as_str()) {
+            let reason = wrong_token_reason(&self.shown_url, &self.config.cluster, token_ttl_ms);
+            return Ok(Err((reason, false)));
+        }
+        if let Some(existing) = existing {
+            if let Ok(other) = serde_json::from_str::<MemberInfo>(&existing) {
+                let same_address = other.fabric_addr == self.me.fabric_addr;
+                let restart = same_address && self.me.incarnation > other.incarnation;
+                if restart {
+                    // The old daemon is gone: its holder entries no longer count (their
+                    // incarnation is not the member's) and its subscriptions died with its
+                    // pub/sub connection.
+                    tracing::info!(node = %self.me.node, old = other.incarnation, "node restarted");
+                } else if other.incarnation != self.me.incarnation || !same_address {
+                    let reason = format!(
+                        "{} is already a member (incarnation {}, fabric at {}); a restarted \
+                         daemon is accepted once the old registration expires ({} ms)",
+                        self.me.node,
+                        other.incarnation,
+                        other.fabric_addr,
+                        self.config.node_ttl.as_millis()
+                    );
+                    return Ok(Err((reason, !same_address)));
+                }
+            }
+        }
+        self.bounded("SUBSCRIBE", live.sink.subscribe(self.keys.members()))
+            .await?;
+        self.register(live, true).await?;
+        self.answer(FromRegistry::Welcome {
+            version: skyriver_core::registry::PROTOCOL_VERSION,
+        });
+        self.refresh_members(live).await?;
+        Ok(Ok(()))
+    }
+
+    /// Runs `future` under the request timeout.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        future: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, Failure> {
+        match timeout(self.config.request_timeout, future).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(classify(error)),
+            Err(_) => Err(Failure::Lost(format!(
+                "Redis did not answer {what} within {} ms",
+                self.config.request_timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Writes this node's key (with its TTL) and index entry and refreshes the token's TTL;
+    /// announces a join if `announce`.
+    async fn register(&self, live: &mut Live, announce: bool) -> Result<(), Failure> {
+        let mut pipe = ::redis::pipe();
+        self.add_claim_token(&mut pipe);
+        pipe.ignore();
+        pipe.cmd("SET")
+            .arg(self.keys.node(self.me.node))
+            .arg(&self.member_json)
+            .arg("PX")
+            .arg(self.config.node_ttl.as_millis() as u64)
+            .ignore();
+        pipe.cmd("SADD")
+            .arg(self.keys.nodes())
+            .arg(self.me.node.0)
+            .ignore();
+        if announce {
+            pipe.cmd("PUBLISH")
+                .arg(self.keys.members())
+                .arg(format!("join {}", self.me.node.0))
+                .ignore();
+        }
+        self.bounded("the heartbeat", pipe.query_async::<()>(&mut live.conn))
+            .await
+    }
+
+    /// Claims the token key for this cluster's fingerprint or refreshes its TTL; its result is
+    /// what the key holds.
+    fn add_claim_token(&self, pipe: &mut ::redis::Pipeline) {
+        pipe.cmd("EVAL")
+            .arg(CLAIM_TOKEN)
+            .arg(1)
+            .arg(self.keys.token())
+            .arg(&self.token_fingerprint)
+            .arg(self.config.token_ttl.as_millis().max(1) as u64);
+    }
+
+    /// Re-reads the live members and tells the driver when they changed.
+    async fn refresh_members(&mut self, live: &mut Live) -> Result<(), Failure> {
+        let ids: Vec<u32> = self
+            .bounded(
+                "SMEMBERS",
+                ::redis::cmd("SMEMBERS")
+                    .arg(self.keys.nodes())
+                    .query_async(&mut live.conn),
+            )
+            .await?;
+        let mut members = BTreeMap::new();
+        if !ids.is_empty() {
+            let keys: Vec<String> = ids.iter().map(|n| self.keys.node(NodeId(*n))).collect();
+            let found: Vec<Option<String>> = self
+                .bounded(
+                    "MGET",
+                    ::redis::cmd("MGET").arg(&keys).query_async(&mut live.conn),
+                )
+                .await?;
+            let mut prune = ::redis::pipe();
+            let mut expired = Vec::new();
+            for ((id, key), json) in ids.iter().zip(&keys).zip(found) {
+                match json.map(|j| serde_json::from_str::<MemberInfo>(&j)) {
+                    Some(Ok(member)) if member.node.0 == *id => {
+                        members.insert(member.node, member);
+                    }
+                    Some(_) => tracing::warn!(key, "ignoring a malformed node entry in Redis"),
+                    None => {
+                        expired.push(*id);
+                        prune
+                            .cmd("EVAL")
+                            .arg(PRUNE_IF_EXPIRED)
+                            .arg(2)
+                            .arg(key)
+                            .arg(self.keys.nodes())
+                            .arg(*id);
+                    }
+                }
+            }
+            if !expired.is_empty() {
+                let pruned: Vec<i64> = self
+                    .bounded("pruning expired nodes", prune.query_async(&mut live.conn))
+                    .await?;
+                let mut announce = ::redis::pipe();
+                for (id, pruned) in expired.iter().zip(pruned) {
+                    if pruned == 1 {
+                        tracing::info!(node = %NodeId(*id), "node expired");
+                        announce
+                            .cmd("PUBLISH")
+                            .arg(self.keys.members())
+                            .arg(format!("leave {id}"))
+                            .ignore();
+                    }
+                }
+                self.bounded("PUBLISH", announce.query_async::<()>(&mut live.conn))
+                    .await?;
+            }
+        }
+        if members != self.members || !self.members_sent {
+            self.members = members;
+            self.members_sent = true;
+            self.notice(DirectoryNotice::Members(
+                self.members.values().cloned().collect(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The holders in an `obj:` hash that are alive with the incarnation that published, and
+    /// the sizes. Refreshes the member view when it meets an unknown node, and deletes entries
+    /// of nodes that are gone or restarted.
+    async fn live_holders(
+        &mut self,
+        live: &mut Live,
+        id: &ObjectId,
+        value: Value,
+    ) -> Result<(Vec<NodeId>, Option<ObjectSizes>), Failure> {
+        let raw: HashMap<String, String> = ::redis::from_redis_value(value)
+            .map_err(|e| Failure::Failed(format!("unexpected holder entry: {e}")))?;
+        let entries: Vec<(String, NodeId, u32, ObjectSizes, String)> = raw
+            .into_iter()
+            .filter_map(|(field, value)| {
+                let node = NodeId(field.parse().ok()?);
+                let (incarnation, sizes) = parse_holder_value(&value)?;
+                Some((field, node, incarnation, sizes, value))
+            })
+            .collect();
+        let is_live = |members: &BTreeMap<NodeId, MemberInfo>, node: &NodeId, inc: u32| {
+            members.get(node).is_some_and(|m| m.incarnation == inc)
+        };
+        if entries
+            .iter()
+            .any(|(_, node, inc, _, _)| !is_live(&self.members, node, *inc))
+        {
+            self.refresh_members(live).await?;
+        }
+        let mut holders = Vec::new();
+        let mut sizes = None;
+        let mut stale = ::redis::pipe();
+        let mut any_stale = false;
+        for (field, node, incarnation, s, value) in entries {
+            if is_live(&self.members, &node, incarnation) {
+                holders.push(node);
+                sizes.get_or_insert(s);
+            } else {
+                any_stale = true;
+                stale
+                    .cmd("EVAL")
+                    .arg(DELETE_IF_UNCHANGED)
+                    .arg(1)
+                    .arg(self.keys.object(id))
+                    .arg(field)
+                    .arg(value)
+                    .ignore();
+            }
+        }
+        if any_stale {
+            self.bounded(
+                "deleting stale holders",
+                stale.query_async::<()>(&mut live.conn),
+            )
+            .await?;
+        }
+        holders.sort();
+        Ok((holders, sizes))
+    }
+
+    /// A subscription fired: tell the driver and stop listening on the object's channel.
+    async fn fire(
+        &mut self,
+        live: &mut Live,
+        id: ObjectId,
+        holder: NodeId,
+        sizes: ObjectSizes,
+    ) -> Result<(), Failure> {
+        if !self.subscriptions.remove(&id) {
+            return Ok(());
+        }
+        self.notice(DirectoryNotice::Event(DirectoryEvent::Published {
+            id,
+            holder,
+            sizes,
+        }));
+        self.bounded(
+            "UNSUBSCRIBE",
+            live.sink.unsubscribe(self.keys.published(&id)),
+        )
+        .await
+    }
+
+    /// Handles one pub/sub message; `Ok(true)` when the members may have changed.
+    async fn on_message(&mut self, live: &mut Live, message: Msg) -> Result<bool, Failure> {
+        let channel = message.get_channel_name();
+        if channel == self.keys.members() {
+            return Ok(true);
+        }
+        let Some(id) = self.keys.object_of_channel(channel) else {
+            return Ok(false);
+        };
+        let payload = String::from_utf8_lossy(message.get_payload_bytes()).into_owned();
+        let parsed = (|| {
+            let mut parts = payload.split(' ');
+            let node = NodeId(parts.next()?.parse().ok()?);
+            let (_, sizes) = parse_holder_value(&parts.collect::<Vec<_>>().join(" "))?;
+            Some((node, sizes))
+        })();
+        match parsed {
+            Some((holder, sizes)) => self.fire(live, id, holder, sizes).await?,
+            None => tracing::warn!(%id, %payload, "ignoring a malformed publication message"),
+        }
+        Ok(false)
+    }
+
+    /// Serves requests queued together: subscriptions first (confirmed by Redis), then one
+    /// pipeline for everything else.
+    async fn serve_batch(
+        &mut self,
+        live: &mut Live,
+        batch: Vec<(WireOpId, DirectoryRequest)>,
+    ) -> Result<(), Failure> {
+        let mut pipe = ::redis::pipe();
+        let mut commands = 0;
+        let mut pending = Vec::new();
+        let mut touched = HashSet::new();
+        let mut result = Ok(());
+        for (op, request) in batch {
+            match request {
+                DirectoryRequest::Unsubscribe { id } => {
+                    for p in &mut pending {
+                        if let Pending::Lookup {
+                            id: i, subscribe, ..
+                        } = p
+                        {
+                            if *i == id {
+                                *subscribe = false;
+                            }
+                        }
+                    }
+                    if self.subscriptions.remove(&id) {
+                        touched.insert(id);
+                    }
+                }
+                DirectoryRequest::Lookup { id, subscribe } => {
+                    if subscribe && !self.subscriptions.contains(&id) && touched.insert(id) {
+                        if let Err(failure) = self
+                            .bounded("SUBSCRIBE", live.sink.subscribe(self.keys.published(&id)))
+                            .await
+                        {
+                            result = Err(failure);
+                        }
+                    }
+                    pipe.cmd("HGETALL").arg(self.keys.object(&id));
+                    pending.push(Pending::Lookup {
+                        op,
+                        id,
+                        subscribe,
+                        index: commands,
+                    });
+                    commands += 1;
+                }
+                DirectoryRequest::Publish { id, sizes } => {
+                    self.publications.insert(id, sizes);
+                    pipe.cmd("HSET")
+                        .arg(self.keys.object(&id))
+                        .arg(self.me.node.0)
+                        .arg(holder_value(self.me.incarnation, &sizes));
+                    pipe.cmd("PUBLISH")
+                        .arg(self.keys.published(&id))
+                        .arg(format!(
+                            "{} {} {} {}",
+                            self.me.node.0,
+                            self.me.incarnation,
+                            sizes.data_size,
+                            sizes.metadata_size
+                        ));
+                    pending.push(Pending::Write { op });
+                    commands += 2;
+                }
+                DirectoryRequest::Withdraw { id } => {
+                    self.publications.remove(&id);
+                    pipe.cmd("HDEL")
+                        .arg(self.keys.object(&id))
+                        .arg(self.me.node.0);
+                    pending.push(Pending::Write { op });
+                    commands += 1;
+                }
+            }
+        }
+        let values: Vec<Value> = match result {
+            Ok(()) if commands > 0 => {
+                match self
+                    .bounded("a request pipeline", pipe.query_async(&mut live.conn))
+                    .await
+                {
+                    Ok(values) => values,
+                    Err(failure) => {
+                        result = Err(failure);
+                        Vec::new()
+                    }
+                }
+            }
+            _ => Vec::new(),
+        };
+        if let Err(failure) = &result {
+            for p in pending {
+                let (Pending::Lookup { op, .. } | Pending::Write { op, .. }) = p;
+                self.reply(
+                    op,
+                    DirectoryReply::Unavailable {
+                        reason: failure.reason().to_string(),
+                    },
+                );
+            }
+            return result;
+        }
+        let mut values: Vec<Option<Value>> = values.into_iter().map(Some).collect();
+        let mut failure = None;
+        for p in pending {
+            match p {
+                Pending::Write { op } => self.reply(op, DirectoryReply::Done),
+                Pending::Lookup {
+                    op,
+                    id,
+                    subscribe,
+                    index,
+                } => {
+                    let value = values.get_mut(index).and_then(Option::take);
+                    let found = match (value, &failure) {
+                        (Some(value), None) => self.live_holders(live, &id, value).await,
+                        (_, Some(Failure::Lost(reason))) => Err(Failure::Lost(reason.clone())),
+                        _ => Err(Failure::Failed("missing pipeline result".into())),
+                    };
+                    match found {
+                        Ok((holders, sizes)) => {
+                            if subscribe && holders.is_empty() {
+                                if self.subscriptions.len() >= MAX_SUBSCRIPTIONS_PER_NODE {
+                                    self.reply(
+                                        op,
+                                        DirectoryReply::Unavailable {
+                                            reason: format!(
+                                                "{MAX_SUBSCRIPTIONS_PER_NODE} pending subscriptions, the most a node keeps"
+                                            ),
+                                        },
+                                    );
+                                    continue;
+                                }
+                                self.subscriptions.insert(id);
+                            }
+                            self.reply(op, DirectoryReply::Located { holders, sizes });
+                        }
+                        Err(f) => {
+                            self.reply(
+                                op,
+                                DirectoryReply::Unavailable {
+                                    reason: f.reason().to_string(),
+                                },
+                            );
+                            if matches!(f, Failure::Lost(_)) {
+                                failure = Some(f);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        // Channels subscribed or kept for requests that no longer need them.
+        for id in touched {
+            if !self.subscriptions.contains(&id) {
+                self.bounded(
+                    "UNSUBSCRIBE",
+                    live.sink.unsubscribe(self.keys.published(&id)),
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Best effort on the way out: drop the node key, its index entry and its holder entries,
+    /// announce it; the last live node also drops the token.
+    async fn leave(&mut self, live: &mut Live) {
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("EVAL")
+            .arg(LEAVE)
+            .arg(3)
+            .arg(self.keys.node(self.me.node))
+            .arg(self.keys.nodes())
+            .arg(self.keys.token())
+            .arg(&self.member_json)
+            .arg(self.me.node.0)
+            .arg(self.keys.node_prefix())
+            .arg(&self.token_fingerprint)
+            .ignore();
+        pipe.cmd("PUBLISH")
+            .arg(self.keys.members())
+            .arg(format!("leave {}", self.me.node.0))
+            .ignore();
+        for id in self.publications.keys() {
+            pipe.cmd("HDEL")
+                .arg(self.keys.object(id))
+                .arg(self.me.node.0)
+                .ignore();
+        }
+        match timeout(LEAVE_TIMEOUT, pipe.query_async::<()>(&mut live.conn)).await {
+            Ok(Ok(())) => tracing::debug!("left the Redis directory"),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "could not leave the Redis directory: its keys expire by their TTLs")
+            }
+            Err(_) => tracing::warn!(
+                "Redis did not answer the leave within {} ms: this node's keys expire by their TTLs",
+                LEAVE_TIMEOUT.as_millis()
+            ),
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The Redis directory, for real clusters: every daemon talks to one Redis server.
+//!
+//! Keys, all under `skyriver:{CLUSTER}:` (the braces make the cluster name a Redis Cluster hash
+//! tag, so one cluster's keys share a slot):
+//!
+//! | key / channel                  | type    | holds                                           |
+//! |--------------------------------|---------|-------------------------------------------------|
+//! | `token`                        | string  | fingerprint of the cluster token, with a TTL    |
+//! | `nodes`                        | set     | node ids that registered (an index; pruned)     |
+//! | `node:<ID>`                    | string  | the node's [`MemberInfo`] as JSON, with a TTL   |
+//! | `obj:<HEX>`                    | hash    | node id → `"<incarnation> <data> <metadata>"`   |
+//! | `published:<HEX>` (channel)    | pub/sub | `"<node> <incarnation> <data> <metadata>"`      |
+//! | `members` (channel)            | pub/sub | `"join <ID>"` / `"leave <ID>"`                  |
+//!
+//! Liveness: a node is alive while its `node:<ID>` key exists; it refreshes the key's TTL every
+//! heartbeat, so a dead or cut-off node expires after the TTL. The first node of a cluster sets
+//! `token`; every live node refreshes its TTL too, so the token outlives the cluster by at most
+//! `token_ttl` once no node is alive, and the name can then be started with another token. A
+//! node that stops cleanly ([`Directory::leave`](super::Directory::leave)) deletes its node key and its holder entries at
+//! once; the last one to leave deletes the token. [`reset`] removes a cluster's keys by hand. A holder entry counts only while
+//! its node is alive with the same incarnation; stale entries are deleted when a lookup meets
+//! them. Each node keeps a view of the members, refreshed when someone joins or leaves (the
+//! `members` channel) and periodically (to notice expiries).
+//!
+//! Waiting for an object uses pub/sub, never polling: a `Lookup` with `subscribe` first
+//! SUBSCRIBEs to the object's channel (confirmed by Redis), then reads the holders, so a
+//! publication in between is delivered on the channel. Publish is `HSET` + `PUBLISH` in one
+//! pipeline; requests queued together go in one pipeline.
+//!
+//! The node side is the same reconnecting client and sans-IO session as the built-in
+//! directory's (`directory::client`); what differs is the link: an adapter task
+//! (`redis::adapter`) that answers the registry protocol from Redis. So when Redis is unreachable,
+//! requests are answered `Unavailable` within the request timeout, the driver gets
+//! `Health(Err)`, and the session reconnects with backoff; then it registers the node again,
+//! re-publishes what the node holds, re-subscribes and re-checks what it waits for, and sends
+//! `Health(Ok)`. A restarted daemon (same fabric address, higher incarnation) takes over its
+//! node id at once; another daemon with a live node id is refused until that one expires.
+
+mod adapter;
+mod reset;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::Client;
+use skyriver_core::directory::{DirectoryNotice, MemberInfo};
+use skyriver_core::registry::session::{DirectorySession, SessionConfig};
+use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+use tokio::sync::mpsc;
+
+pub use reset::{reset, ResetError, ResetOutcome};
+
+use super::client::{self, ClientTiming, DirectoryClient};
+use super::DirectoryError;
+
+/// Most pending one-shot subscriptions of one node.
+pub const MAX_SUBSCRIPTIONS_PER_NODE: usize = 65_536;
+/// Most requests queued for Redis; more are answered `Unavailable` at once.
+pub const MAX_QUEUED_REQUESTS: usize = 65_536;
+/// Most requests in one pipeline.
+const MAX_BATCH: usize = 512;
+/// Most commands in one re-registration pipeline.
+const RESYNC_CHUNK: usize = 512;
+
+/// Deletes a holder entry only if it still holds the stale value (the node may have
+/// re-published meanwhile).
+const DELETE_IF_UNCHANGED: &str =
+    "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0";
+/// Drops a node id from the index only if its node key is gone.
+const PRUNE_IF_EXPIRED: &str =
+    "if redis.call('EXISTS', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], ARGV[1]) end return 0";
+
+/// Sets the token fingerprint (`ARGV[1]`) with a TTL of `ARGV[2]` ms if `KEYS[1]` is absent,
+/// refreshes the TTL if it holds the same fingerprint, and returns what the key holds.
+const CLAIM_TOKEN: &str = "local v = redis.call('GET', KEYS[1]) \
+     if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return ARGV[1] end \
+     if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
+     return v";
+/// A clean leave: deletes the node key (`KEYS[1]`) if it still holds this daemon's record
+/// (`ARGV[1]`), drops its id (`ARGV[2]`) from the index (`KEYS[2]`), and when no registered
+/// node is alive any more (node keys are `ARGV[3]` + id) deletes the index and the token
+/// (`KEYS[3]`) if it holds this cluster's fingerprint (`ARGV[4]`). Returns the nodes still alive.
+const LEAVE: &str = "local mine = redis.call('GET', KEYS[1]) \
+     if mine == ARGV[1] then redis.call('DEL', KEYS[1]) end \
+     if mine == ARGV[1] or not mine then redis.call('SREM', KEYS[2], ARGV[2]) end \
+     local alive = 0 \
+     for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do \
+       if redis.call('EXISTS', ARGV[3] .. id) == 1 then alive = alive + 1 end \
+     end \
+     if alive == 0 then \
+       redis.call('DEL', KEYS[2]) \
+       if redis.call('GET', KEYS[3]) == ARGV[4] then redis.call('DEL', KEYS[3]) end \
+     end \
+     return alive";
+
+/// Default TTL of a cluster's token key once no node refreshes it.
+pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(30);
+
+/// How a node uses Redis.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://[USER:PASSWORD@]HOST:PORT[/DB]`.
+    pub url: String,
+    /// The cluster's name: keys live under `skyriver:{cluster}:`.
+    pub cluster: String,
+    /// Bound on every command or pipeline; past it Redis counts as unreachable.
+    pub request_timeout: Duration,
+    /// Bound on opening a connection.
+    pub connect_timeout: Duration,
+    /// The node key's TTL is refreshed this often.
+    pub heartbeat_interval: Duration,
+    /// TTL of the node key: a node not heard from for this long is gone.
+    pub node_ttl: Duration,
+    /// TTL of the token key, refreshed by every live node's heartbeat: once no node is alive,
+    /// the cluster's name can be taken with another token after at most this long.
+    pub token_ttl: Duration,
+    /// The member list is re-read at least this often (to notice expired nodes).
+    pub member_refresh_interval: Duration,
+    /// How long the first connection waits for a previous daemon's key with this node id to
+    /// expire.
+    pub join_timeout: Duration,
+    /// First delay between reconnection attempts; doubles up to `reconnect_backoff_max`.
+    pub reconnect_backoff_min: Duration,
+    /// Longest delay between reconnection attempts.
+    pub reconnect_backoff_max: Duration,
+}
+
+impl RedisConfig {
+    /// Defaults: 1 s request and connect timeouts, 1 s heartbeat, 5 s node TTL, 30 s token
+    /// TTL, member list re-read every 2 s, reconnect backoff 100 ms to 5 s.
+    pub fn new(url: impl Into<String>, cluster: &str) -> Self {
+        Self {
+            url: url.into(),
+            cluster: cluster.to_string(),
+            request_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(1),
+            heartbeat_interval: Duration::from_secs(1),
+            node_ttl: Duration::from_secs(5),
+            token_ttl: DEFAULT_TOKEN_TTL,
+            member_refresh_interval: Duration::from_secs(2),
+            join_timeout: Duration::from_secs(8),
+            reconnect_backoff_min: Duration::from_millis(100),
+            reconnect_backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Whether `name` may be a cluster name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
+pub fn valid_cluster_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Key and channel names of one cluster.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// Names for cluster `cluster` (checked with [`valid_cluster_name`]).
+    pub fn new(cluster: &str) -> Self {
+        Self {
+            prefix: format!("skyriver:{{{cluster}}}:"),
+        }
+    }
+    /// The token fingerprint key.
+    pub fn token(&self) -> String {
+        format!("{}token", self.prefix)
+    }
+    /// The set of registered node ids.
+    pub fn nodes(&self) -> String {
+        format!("{}nodes", self.prefix)
+    }
+    /// A node's liveness key.
+    pub fn node(&self, node: NodeId) -> String {
+        format!("{}node:{}", self.prefix, node.0)
+    }
+    /// The prefix of every node key (the node id follows).
+    pub(crate) fn node_prefix(&self) -> String {
+        format!("{}node:", self.prefix)
+    }
+    /// A `SCAN MATCH` pattern for every key of the cluster (cluster names hold no glob
+    /// characters).
+    pub(crate) fn all_pattern(&self) -> String {
+        format!("{}*", self.prefix)
+    }
+    /// An object's holders.
+    pub fn object(&self, id: &ObjectId) -> String {
+        format!("{}obj:{id}", self.prefix)
+    }
+    /// An object's publication channel.
+    pub fn published(&self, id: &ObjectId) -> String {
+        format!("{}published:{id}", self.prefix)
+    }
+    /// The membership channel.
+    pub fn members(&self) -> String {
+        format!("{}members", self.prefix)
+    }
+    pub(crate) fn object_of_channel(&self, channel: &str) -> Option<ObjectId> {
+        channel
+            .strip_prefix(&self.prefix)?
+            .strip_prefix("published:")?
+            .parse()
+            .ok()
+    }
+}
+
+/// A stable, non-reversible fingerprint of the token (FNV-1a), so Redis never stores the token.
+fn token_fingerprint(token: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in b"skyriver cluster token\0".iter().chain(token.as_bytes()) {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("fnv1a64:{hash:016x}")
+}
+
+fn holder_value(incarnation: u32, sizes: &ObjectSizes) -> String {
+    format!("{incarnation} {} {}", sizes.data_size, sizes.metadata_size)
+}
+
+fn parse_holder_value(text: &str) -> Option<(u32, ObjectSizes)> {
+    let mut parts = text.split(' ');
+    let incarnation = parts.next()?.parse().ok()?;
+    let data_size = parts.next()?.parse().ok()?;
+    let metadata_size = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some((
+        incarnation,
+        ObjectSizes {
+            data_size,
+            metadata_size,
+        },
+    ))
+}
+
+/// Why a node was refused for a token mismatch, and how to get past it.
+fn wrong_token_reason(shown_url: &str, cluster: &str, token_ttl_ms: i64) -> String {
+    let expiry = if token_ttl_ms >= 0 {
+        format!(
+            "if that cluster is gone, its token expires in {} s",
+            (token_ttl_ms + 999) / 1000
+        )
+    } else {
+        "its token has no expiry (written by an older version)".to_string()
+    };
+    format!(
+        "wrong cluster token: cluster {cluster:?} in this Redis was started with a different \
+         token. If it is still running, give this daemon its token (--token or \
+         SKYRIVER_CLUSTER_TOKEN); {expiry}; or remove its records now with `skyriver cluster \
+         reset --directory {shown_url} --cluster {cluster}` (or use another --cluster name)"
+    )
+}
+
+/// A node's connection to the Redis directory. Dropping it leaves the cluster.
+pub type RedisDirectory = DirectoryClient;
+
+/// Joins the directory in Redis as `me`. Fails if Redis cannot be reached, the cluster was
+/// started with another token, or another live daemon has this node id; afterwards the
+/// connection is kept up in the background and reported through `notices`.
+pub async fn connect(
+    config: RedisConfig,
+    me: MemberInfo,
+    token: &str,
+    notices: mpsc::UnboundedSender<DirectoryNotice>,
+) -> Result<RedisDirectory, DirectoryError> {
+    let shown = super::DirectorySpec::Redis {
+        url: config.url.clone(),
+    }
+    .to_string();
+    if !valid_cluster_name(&config.cluster) {
+        return Err(DirectoryError::BadClusterName(config.cluster.clone()));
+    }
+    let client =
+        Client::open(config.url.as_str()).map_err(|_| DirectoryError::BadAddress(shown.clone()))?;
+    // Serialising a struct of plain fields to JSON cannot fail.
+    let member_json = serde_json::to_string(&me).expect("MemberInfo serialises to JSON");
+    let session_config = SessionConfig {
+        heartbeat_interval: config.heartbeat_interval,
+        // Every command is bounded by the request timeout, so a ping is answered by then or
+        // the adapter reports Redis lost.
+        heartbeat_timeout: config.heartbeat_interval + config.request_timeout * 2,
+        reconnect_backoff_min: config.reconnect_backoff_min,
+        reconnect_backoff_max: config.reconnect_backoff_max,
+        max_publications: usize::MAX,
+        max_subscriptions: MAX_SUBSCRIPTIONS_PER_NODE,
+        max_in_flight: MAX_QUEUED_REQUESTS,
+    };
+    let description = format!(
+        "Redis directory at {shown}, cluster {} ({})",
+        config.cluster, me.node
+    );
+    let timing = ClientTiming {
+        connect_timeout: config.connect_timeout + config.request_timeout * 4,
+        join_timeout: config.join_timeout,
+        max_queued_requests: MAX_QUEUED_REQUESTS,
+    };
+    let session = DirectorySession::new(
+        session_config,
+        me.clone(),
+        String::new(),
+        skyriver_core::Instant::ZERO,
+    );
+    let connector = adapter::RedisConnector {
+        params: Arc::new(adapter::Params {
+            keys: Keys::new(&config.cluster),
+            token_fingerprint: token_fingerprint(token),
+            config,
+            me,
+            member_json,
+            client,
+            shown_url: shown.clone(),
+        }),
+    };
+    client::start(session, connector, timing, notices, shown, description).await
+}

@@ -1,0 +1,344 @@
+//! One directory, three implementations, one suite: the same scenarios run against the core's
+//! sans-IO `Registry` in process (nodes are the core's `DirectorySession`s, time is virtual),
+//! the built-in head over loopback TCP, and Redis (a private `redis-server`, skipped when not
+//! installed unless `SKYRIVER_REQUIRE_REDIS` is set).
+//!
+//! A scenario is written once against [`Harness`] (joining, crashing, letting the heartbeat
+//! bound pass) and [`Participant`] (one node: ask, submit, events, members).
+
+use std::net::SocketAddr;
+
+use skyriver_core::directory::{
+    DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
+};
+use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::RedisServer;
+#[path = "support/directory_harness.rs"]
+mod directory_harness;
+use directory_harness::{BuiltinHarness, CoreHarness, Harness, Participant, RedisHarness, TOKEN};
+
+fn member(node: u32, incarnation: u32) -> MemberInfo {
+    MemberInfo {
+        node: NodeId(node),
+        fabric_addr: SocketAddr::from(([127, 0, 0, 1], 7200 + node as u16)),
+        fabric: "tcp".into(),
+        incarnation,
+    }
+}
+
+fn sizes(n: u64) -> ObjectSizes {
+    ObjectSizes {
+        data_size: n,
+        metadata_size: 2,
+    }
+}
+
+fn located(holders: &[u32], sizes: Option<ObjectSizes>) -> DirectoryReply {
+    DirectoryReply::Located {
+        holders: holders.iter().map(|&n| NodeId(n)).collect(),
+        sizes,
+    }
+}
+
+fn sorted(reply: DirectoryReply) -> DirectoryReply {
+    match reply {
+        DirectoryReply::Located { mut holders, sizes } => {
+            holders.sort();
+            DirectoryReply::Located { holders, sizes }
+        }
+        other => other,
+    }
+}
+
+// ---- Scenarios ----
+
+async fn publish_lookup_withdraw<H: Harness>(h: &mut H) {
+    let mut a = h.join(member(1, 1)).await;
+    let mut b = h.join(member(2, 1)).await;
+    let mut c = h.join(member(3, 1)).await;
+    let x = ObjectId::from_u64(0x10);
+    assert_eq!(
+        c.ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false
+        })
+        .await,
+        located(&[], None)
+    );
+    assert_eq!(
+        a.ask(DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(8)
+        })
+        .await,
+        DirectoryReply::Done
+    );
+    assert_eq!(
+        b.ask(DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(8)
+        })
+        .await,
+        DirectoryReply::Done
+    );
+    assert_eq!(
+        sorted(
+            c.ask(DirectoryRequest::Lookup {
+                id: x,
+                subscribe: false
+            })
+            .await
+        ),
+        located(&[1, 2], Some(sizes(8)))
+    );
+    assert_eq!(
+        a.ask(DirectoryRequest::Withdraw { id: x }).await,
+        DirectoryReply::Done
+    );
+    assert_eq!(
+        c.ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false
+        })
+        .await,
+        located(&[2], Some(sizes(8)))
+    );
+    b.ask(DirectoryRequest::Withdraw { id: x }).await;
+    assert_eq!(
+        c.ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false
+        })
+        .await,
+        located(&[], None)
+    );
+}
+
+async fn subscribe_then_publish_delivers_exactly_once<H: Harness>(h: &mut H) {
+    let mut a = h.join(member(1, 1)).await;
+    let mut b = h.join(member(2, 1)).await;
+    let x = ObjectId::from_u64(0x20);
+    assert_eq!(
+        b.ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: true
+        })
+        .await,
+        located(&[], None)
+    );
+    a.ask(DirectoryRequest::Publish {
+        id: x,
+        sizes: sizes(3),
+    })
+    .await;
+    assert_eq!(
+        b.next_event().await,
+        DirectoryEvent::Published {
+            id: x,
+            holder: NodeId(1),
+            sizes: sizes(3)
+        }
+    );
+    // One-shot: another publication of the same object is not pushed again.
+    let mut c = h.join(member(3, 1)).await;
+    c.ask(DirectoryRequest::Publish {
+        id: x,
+        sizes: sizes(3),
+    })
+    .await;
+    assert_eq!(b.events_after_quiet().await, vec![]);
+    // A lookup that finds a holder registers no subscription.
+    let y = ObjectId::from_u64(0x21);
+    a.ask(DirectoryRequest::Publish {
+        id: y,
+        sizes: sizes(1),
+    })
+    .await;
+    assert_eq!(
+        b.ask(DirectoryRequest::Lookup {
+            id: y,
+            subscribe: true
+        })
+        .await,
+        located(&[1], Some(sizes(1)))
+    );
+    c.ask(DirectoryRequest::Publish {
+        id: y,
+        sizes: sizes(1),
+    })
+    .await;
+    assert_eq!(b.events_after_quiet().await, vec![]);
+}
+
+async fn unsubscribe_cancels_a_subscription<H: Harness>(h: &mut H) {
+    let mut a = h.join(member(1, 1)).await;
+    let mut b = h.join(member(2, 1)).await;
+    let z = ObjectId::from_u64(0x30);
+    assert_eq!(
+        b.ask(DirectoryRequest::Lookup {
+            id: z,
+            subscribe: true
+        })
+        .await,
+        located(&[], None)
+    );
+    b.submit(
+        DirectoryOpId(9_999),
+        DirectoryRequest::Unsubscribe { id: z },
+    );
+    // A round trip on b's connection: the unsubscribe is served before a's publish.
+    b.ask(DirectoryRequest::Lookup {
+        id: ObjectId::from_u64(0x31),
+        subscribe: false,
+    })
+    .await;
+    a.ask(DirectoryRequest::Publish {
+        id: z,
+        sizes: sizes(2),
+    })
+    .await;
+    assert_eq!(b.events_after_quiet().await, vec![]);
+    assert_eq!(
+        b.ask(DirectoryRequest::Lookup {
+            id: z,
+            subscribe: false
+        })
+        .await,
+        located(&[1], Some(sizes(2)))
+    );
+}
+
+async fn a_dead_node_loses_its_locations<H: Harness>(h: &mut H) {
+    let mut silent = h.join_silent(member(1, 1)).await;
+    let mut b = h.join(member(2, 1)).await;
+    let x = ObjectId::from_u64(0x40);
+    silent
+        .ask(DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(5),
+        })
+        .await;
+    assert_eq!(
+        b.ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false
+        })
+        .await,
+        located(&[1], Some(sizes(5)))
+    );
+    h.outlive_heartbeat_bound(&mut [&mut b]).await;
+    b.wait_members(&[member(2, 1)]).await;
+    assert_eq!(
+        b.ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false
+        })
+        .await,
+        located(&[], None)
+    );
+}
+
+async fn a_restart_with_a_new_incarnation_starts_clean<H: Harness>(h: &mut H) {
+    let mut old = h.join(member(1, 1)).await;
+    let mut b = h.join(member(2, 1)).await;
+    let (x, y) = (ObjectId::from_u64(0x50), ObjectId::from_u64(0x51));
+    old.ask(DirectoryRequest::Publish {
+        id: x,
+        sizes: sizes(1),
+    })
+    .await;
+    assert_eq!(
+        old.ask(DirectoryRequest::Lookup {
+            id: y,
+            subscribe: true
+        })
+        .await,
+        located(&[], None)
+    );
+    h.crash(old).await;
+    // At once, not after the old registration expires.
+    let mut restarted = h.join(member(1, 2)).await;
+    b.wait_members(&[member(1, 2), member(2, 1)]).await;
+    assert_eq!(
+        b.ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false
+        })
+        .await,
+        located(&[], None)
+    );
+    b.ask(DirectoryRequest::Publish {
+        id: y,
+        sizes: sizes(1),
+    })
+    .await;
+    assert_eq!(
+        restarted.events_after_quiet().await,
+        vec![],
+        "the old incarnation's subscription is gone"
+    );
+    assert_eq!(
+        restarted
+            .ask(DirectoryRequest::Lookup {
+                id: y,
+                subscribe: false
+            })
+            .await,
+        located(&[2], Some(sizes(1)))
+    );
+}
+
+async fn refusals<H: Harness>(h: &mut H) {
+    // (With Redis the first node of a cluster sets its token: join it first.)
+    let _first = h.join(member(1, 1)).await;
+    match h.join_as(member(2, 1), "not-the-token").await {
+        Err(reason) => assert!(reason.contains("wrong cluster token"), "{reason}"),
+        Ok(_) => panic!("a node with the wrong token joined"),
+    }
+    let mut other_daemon = member(1, 2);
+    other_daemon.fabric_addr = SocketAddr::from(([127, 0, 0, 2], 7201));
+    match h.join_as(other_daemon, TOKEN).await {
+        Err(reason) => assert!(reason.contains("already a member"), "{reason}"),
+        Ok(_) => panic!("a second daemon with a live node id joined"),
+    }
+}
+
+// ---- The suite, once per implementation ----
+
+macro_rules! conformance {
+    ($scenario:ident) => {
+        mod $scenario {
+            use super::*;
+
+            #[tokio::test]
+            async fn core_registry() {
+                super::$scenario(&mut CoreHarness::new()).await;
+            }
+
+            #[tokio::test]
+            async fn builtin_server() {
+                super::$scenario(&mut BuiltinHarness::new().await).await;
+            }
+
+            #[tokio::test]
+            async fn redis() {
+                let Some(server) =
+                    RedisServer::start(concat!("conformance ", stringify!($scenario)))
+                else {
+                    return;
+                };
+                super::$scenario(&mut RedisHarness { server }).await;
+            }
+        }
+    };
+}
+
+conformance!(publish_lookup_withdraw);
+conformance!(subscribe_then_publish_delivers_exactly_once);
+conformance!(unsubscribe_cancels_a_subscription);
+conformance!(a_dead_node_loses_its_locations);
+conformance!(a_restart_with_a_new_incarnation_starts_clean);
+conformance!(refusals);

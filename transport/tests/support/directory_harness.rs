@@ -1,0 +1,567 @@
+//! The implementations the directory conformance suite runs against: the core's `Registry`
+//! in process (virtual time), the built-in head over loopback TCP, and Redis. Each is a
+//! [`Harness`] that joins, crashes and waits out heartbeats, with [`Participant`] nodes.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+use skyriver_core::directory::{
+    DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
+};
+use skyriver_core::registry::session::{
+    DirectorySession, SessionConfig, SessionError, SessionOutput,
+};
+use skyriver_core::registry::{ConnId, Registry, RegistryConfig, RegistryOutput};
+use skyriver_core::{Instant, NodeId};
+use skyriver_transport::directory::builtin::{
+    self, BuiltinDirectoryServer, ClientConfig, ServerConfig,
+};
+use skyriver_transport::directory::redis::{self, RedisConfig};
+use skyriver_transport::directory::{Directory, DirectoryClient};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+use super::redis_server::RedisServer;
+
+/// The cluster token every harness uses.
+pub const TOKEN: &str = "conformance-token";
+/// Bound on every wait on a real backend.
+const WAIT: Duration = Duration::from_secs(10);
+/// How long a real backend gets to deliver a push that must not come.
+const QUIET: Duration = Duration::from_millis(300);
+
+/// A directory under test.
+pub trait Harness {
+    type Node: Participant;
+    /// Joins as `member` presenting `token`; `Err` with the refusal's reason.
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<Self::Node, String>;
+    /// Joins as `member` with the cluster's token; panics when refused.
+    async fn join(&mut self, member: MemberInfo) -> Self::Node {
+        let node = member.node;
+        match self.join_as(member, TOKEN).await {
+            Ok(joined) => joined,
+            Err(reason) => panic!("{node} was refused: {reason}"),
+        }
+    }
+    /// Joins a node that never sends heartbeats.
+    async fn join_silent(&mut self, member: MemberInfo) -> Self::Node;
+    /// The node's process dies: no goodbye.
+    async fn crash(&mut self, node: Self::Node);
+    /// Lets the heartbeat bound pass (with margin) while `live` nodes keep heartbeating.
+    async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut Self::Node]);
+}
+
+/// One node of a directory under test.
+pub trait Participant {
+    /// Submits `request` without waiting.
+    fn submit(&mut self, op: DirectoryOpId, request: DirectoryRequest);
+    /// Submits `request` and waits for its reply.
+    async fn ask(&mut self, request: DirectoryRequest) -> DirectoryReply;
+    /// Waits for the next event.
+    async fn next_event(&mut self) -> DirectoryEvent;
+    /// Every event that arrives within a short quiet period.
+    async fn events_after_quiet(&mut self) -> Vec<DirectoryEvent>;
+    /// Waits until the member list is exactly `want`.
+    async fn wait_members(&mut self, want: &[MemberInfo]);
+}
+
+// ---- The core registry, in process ----
+
+struct CoreNode {
+    node: NodeId,
+    conn: ConnId,
+    session: DirectorySession,
+    silent: bool,
+    notices: VecDeque<DirectoryNotice>,
+    refusal: Option<String>,
+    members: Vec<MemberInfo>,
+}
+
+struct CoreWorld {
+    registry: Registry,
+    now: Instant,
+    next_conn: u64,
+    nodes: BTreeMap<NodeId, CoreNode>,
+}
+
+impl CoreWorld {
+    /// Carries messages between the sessions and the registry until both are quiet.
+    fn pump(&mut self) {
+        loop {
+            let mut progressed = false;
+            let now = self.now;
+            for node in self.nodes.values_mut() {
+                while let Some(output) = node.session.poll_output() {
+                    progressed = true;
+                    match output {
+                        SessionOutput::Connect => {
+                            self.next_conn += 1;
+                            node.conn = ConnId(self.next_conn);
+                            node.session.handle_connected(now);
+                        }
+                        SessionOutput::Send(message) => {
+                            let _ = self.registry.handle_message(now, node.conn, message);
+                        }
+                        SessionOutput::Notice(notice) => {
+                            if let DirectoryNotice::Members(members) = &notice {
+                                node.members = members.clone();
+                            }
+                            node.notices.push_back(notice);
+                        }
+                        SessionOutput::Disconnect { .. } => {
+                            self.registry.handle_disconnect(now, node.conn)
+                        }
+                    }
+                }
+            }
+            while let Some(output) = self.registry.poll_output() {
+                progressed = true;
+                let mut deliver = |conn: ConnId, message| {
+                    if let Some(node) = self.nodes.values_mut().find(|n| n.conn == conn) {
+                        if let Err(SessionError::Refused { reason, .. }) =
+                            node.session.handle_message(now, message)
+                        {
+                            node.refusal = Some(reason);
+                        }
+                    }
+                };
+                match output {
+                    RegistryOutput::Send { conn, message } => deliver(conn, message),
+                    RegistryOutput::SendMembers { conns, members } => {
+                        for conn in conns {
+                            deliver(
+                                conn,
+                                skyriver_core::registry::FromRegistry::Members(members.clone()),
+                            );
+                        }
+                    }
+                    RegistryOutput::Close { conn, reason } => {
+                        if let Some(node) = self.nodes.values_mut().find(|n| n.conn == conn) {
+                            node.session.handle_disconnected(now, &reason);
+                        }
+                    }
+                }
+            }
+            self.registry.check_invariants();
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now = self.now + by;
+        let now = self.now;
+        self.registry.handle_timeout(now);
+        for node in self.nodes.values_mut().filter(|n| !n.silent) {
+            node.session.handle_timeout(now);
+        }
+        self.pump();
+    }
+}
+
+#[derive(Clone)]
+pub struct CoreHarness {
+    world: Rc<RefCell<CoreWorld>>,
+}
+
+impl CoreHarness {
+    pub fn new() -> Self {
+        let mut config = RegistryConfig::new(TOKEN);
+        config.heartbeat_timeout = Duration::from_millis(100);
+        Self {
+            world: Rc::new(RefCell::new(CoreWorld {
+                registry: Registry::new(config),
+                now: Instant(1),
+                next_conn: 0,
+                nodes: BTreeMap::new(),
+            })),
+        }
+    }
+
+    fn add(
+        &mut self,
+        me: MemberInfo,
+        token: &str,
+        silent: bool,
+    ) -> Result<CoreParticipant, String> {
+        let config = SessionConfig {
+            heartbeat_interval: Duration::from_millis(10),
+            heartbeat_timeout: Duration::from_secs(3600),
+            ..SessionConfig::default()
+        };
+        let mut world = self.world.borrow_mut();
+        let now = world.now;
+        let node = me.node;
+        let mut session = DirectorySession::new(config, me, token.into(), now);
+        session.handle_timeout(now);
+        world.nodes.insert(
+            node,
+            CoreNode {
+                node,
+                conn: ConnId(0),
+                session,
+                silent,
+                notices: VecDeque::new(),
+                refusal: None,
+                members: Vec::new(),
+            },
+        );
+        world.pump();
+        let joined = world.nodes[&node].session.is_up();
+        if !joined {
+            let removed = world.nodes.remove(&node).expect("just added");
+            return Err(removed.refusal.unwrap_or_else(|| "not welcomed".into()));
+        }
+        Ok(CoreParticipant {
+            node,
+            world: self.world.clone(),
+            next_op: 0,
+        })
+    }
+}
+
+pub struct CoreParticipant {
+    node: NodeId,
+    world: Rc<RefCell<CoreWorld>>,
+    next_op: u64,
+}
+
+impl CoreParticipant {
+    fn take(&mut self, mut pick: impl FnMut(&DirectoryNotice) -> bool) -> Vec<DirectoryNotice> {
+        let mut world = self.world.borrow_mut();
+        world.pump();
+        let node = world.nodes.get_mut(&self.node).expect("a member");
+        let (picked, kept): (Vec<_>, Vec<_>) = node.notices.drain(..).partition(|n| pick(n));
+        node.notices.extend(kept);
+        picked
+    }
+}
+
+impl Harness for CoreHarness {
+    type Node = CoreParticipant;
+
+    async fn join_as(
+        &mut self,
+        member: MemberInfo,
+        token: &str,
+    ) -> Result<CoreParticipant, String> {
+        self.add(member, token, false)
+    }
+
+    async fn join_silent(&mut self, member: MemberInfo) -> CoreParticipant {
+        self.add(member, TOKEN, true).expect("joins")
+    }
+
+    async fn crash(&mut self, node: CoreParticipant) {
+        // Gone without a word: the registry hears nothing.
+        self.world.borrow_mut().nodes.remove(&node.node);
+    }
+
+    async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut CoreParticipant]) {
+        let mut world = self.world.borrow_mut();
+        let bound = world.registry.config().heartbeat_timeout;
+        let silent: Vec<NodeId> = world
+            .nodes
+            .values()
+            .filter(|n| n.silent)
+            .map(|n| n.node)
+            .collect();
+        // Step by step: the registry must have dropped the silent nodes by the bound, exactly.
+        for _ in 0..bound.as_millis() / 5 {
+            world.advance(Duration::from_millis(5));
+        }
+        for node in silent {
+            assert!(
+                world.registry.member(node).is_none(),
+                "{node} outlived the heartbeat bound"
+            );
+        }
+    }
+}
+
+impl Participant for CoreParticipant {
+    fn submit(&mut self, op: DirectoryOpId, request: DirectoryRequest) {
+        let mut world = self.world.borrow_mut();
+        let now = world.now;
+        world
+            .nodes
+            .get_mut(&self.node)
+            .expect("a member")
+            .session
+            .handle_submit(now, op, request);
+        world.pump();
+    }
+
+    async fn ask(&mut self, request: DirectoryRequest) -> DirectoryReply {
+        self.next_op += 1;
+        let op = DirectoryOpId(self.next_op);
+        self.submit(op, request);
+        let replies = self.take(|n| matches!(n, DirectoryNotice::Reply { op: o, .. } if *o == op));
+        match replies.into_iter().next() {
+            Some(DirectoryNotice::Reply { reply, .. }) => reply,
+            other => panic!("no reply in process: {other:?}"),
+        }
+    }
+
+    async fn next_event(&mut self) -> DirectoryEvent {
+        match self
+            .take(|n| matches!(n, DirectoryNotice::Event(_)))
+            .into_iter()
+            .next()
+        {
+            Some(DirectoryNotice::Event(event)) => event,
+            other => panic!("no event in process: {other:?}"),
+        }
+    }
+
+    async fn events_after_quiet(&mut self) -> Vec<DirectoryEvent> {
+        self.take(|n| matches!(n, DirectoryNotice::Event(_)))
+            .into_iter()
+            .filter_map(|n| match n {
+                DirectoryNotice::Event(e) => Some(e),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn wait_members(&mut self, want: &[MemberInfo]) {
+        let mut world = self.world.borrow_mut();
+        world.pump();
+        assert_eq!(world.nodes[&self.node].members, want);
+    }
+}
+
+// ---- Real backends: the shared client over TCP or Redis ----
+
+pub struct ClientNode {
+    dir: DirectoryClient,
+    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    next_op: u64,
+    /// Notices received while waiting for something else.
+    backlog: VecDeque<DirectoryNotice>,
+}
+
+impl ClientNode {
+    fn new(dir: DirectoryClient, notices: mpsc::UnboundedReceiver<DirectoryNotice>) -> Self {
+        Self {
+            dir,
+            notices,
+            next_op: 0,
+            backlog: VecDeque::new(),
+        }
+    }
+
+    async fn wait_for<T>(
+        &mut self,
+        what: &str,
+        mut pick: impl FnMut(&DirectoryNotice) -> Option<T>,
+    ) -> T {
+        if let Some(at) = self.backlog.iter().position(|n| pick(n).is_some()) {
+            let notice = self.backlog.remove(at).expect("found");
+            return pick(&notice).expect("picked");
+        }
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match tokio::time::timeout_at(deadline, self.notices.recv()).await {
+                Ok(Some(notice)) => match pick(&notice) {
+                    Some(found) => return found,
+                    None => self.backlog.push_back(notice),
+                },
+                Ok(None) => panic!("notices closed waiting for {what}"),
+                Err(_) => panic!("timed out waiting for {what}; got {:?}", self.backlog),
+            }
+        }
+    }
+}
+
+impl Participant for ClientNode {
+    fn submit(&mut self, op: DirectoryOpId, request: DirectoryRequest) {
+        self.dir.submit(op, request);
+    }
+
+    async fn ask(&mut self, request: DirectoryRequest) -> DirectoryReply {
+        self.next_op += 1;
+        let op = DirectoryOpId(self.next_op);
+        self.dir.submit(op, request.clone());
+        self.wait_for(&format!("the reply to {request}"), |n| match n {
+            DirectoryNotice::Reply { op: o, reply } if *o == op => Some(reply.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn next_event(&mut self) -> DirectoryEvent {
+        self.wait_for("an event", |n| match n {
+            DirectoryNotice::Event(e) => Some(e.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn events_after_quiet(&mut self) -> Vec<DirectoryEvent> {
+        tokio::time::sleep(QUIET).await;
+        while let Ok(notice) = self.notices.try_recv() {
+            self.backlog.push_back(notice);
+        }
+        let (events, rest): (Vec<_>, Vec<_>) = self
+            .backlog
+            .drain(..)
+            .partition(|n| matches!(n, DirectoryNotice::Event(_)));
+        self.backlog.extend(rest);
+        events
+            .into_iter()
+            .filter_map(|n| match n {
+                DirectoryNotice::Event(e) => Some(e),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn wait_members(&mut self, want: &[MemberInfo]) {
+        // The latest list counts: older ones in the backlog are dropped on the way.
+        self.backlog
+            .retain(|n| !matches!(n, DirectoryNotice::Members(_)));
+        self.wait_for(&format!("members {want:?}"), |n| match n {
+            DirectoryNotice::Members(m) if m == want => Some(()),
+            _ => None,
+        })
+        .await;
+    }
+}
+
+pub struct BuiltinHarness {
+    server: BuiltinDirectoryServer,
+    heartbeat_timeout: Duration,
+}
+
+impl BuiltinHarness {
+    /// A head with a 300 ms heartbeat timeout on a loopback port.
+    pub async fn new() -> Self {
+        let heartbeat_timeout = Duration::from_millis(300);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut config = ServerConfig::new(TOKEN);
+        config.heartbeat_timeout = heartbeat_timeout;
+        let server = BuiltinDirectoryServer::spawn(listener, config).unwrap();
+        Self {
+            server,
+            heartbeat_timeout,
+        }
+    }
+
+    fn client_config(silent: bool) -> ClientConfig {
+        ClientConfig {
+            heartbeat_interval: if silent {
+                Duration::from_secs(3600)
+            } else {
+                Duration::from_millis(50)
+            },
+            heartbeat_timeout: if silent {
+                Duration::from_secs(3600)
+            } else {
+                Duration::from_secs(1)
+            },
+            connect_timeout: Duration::from_secs(2),
+            join_timeout: Duration::from_millis(200),
+            // Once dropped by the head, a silent node stays away: it stands for a dead one.
+            reconnect_backoff_min: if silent {
+                Duration::from_secs(3600)
+            } else {
+                Duration::from_millis(20)
+            },
+            reconnect_backoff_max: if silent {
+                Duration::from_secs(3600)
+            } else {
+                Duration::from_millis(200)
+            },
+        }
+    }
+
+    async fn open(&self, me: MemberInfo, token: &str, silent: bool) -> Result<ClientNode, String> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let addr = self.server.local_addr().to_string();
+        let dir = builtin::connect(&addr, me, token, tx, Self::client_config(silent))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(ClientNode::new(dir, rx))
+    }
+}
+
+impl Harness for BuiltinHarness {
+    type Node = ClientNode;
+
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, String> {
+        self.open(member, token, false).await
+    }
+
+    async fn join_silent(&mut self, member: MemberInfo) -> ClientNode {
+        self.open(member, TOKEN, true).await.expect("joins")
+    }
+
+    async fn crash(&mut self, node: ClientNode) {
+        node.dir.abandon().await;
+    }
+
+    async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
+        tokio::time::sleep(self.heartbeat_timeout * 2).await;
+    }
+}
+
+pub struct RedisHarness {
+    /// The private Redis.
+    pub server: RedisServer,
+}
+
+impl RedisHarness {
+    fn config(&self, silent: bool) -> RedisConfig {
+        let mut config = RedisConfig::new(self.server.url(), "conformance");
+        config.request_timeout = Duration::from_millis(500);
+        config.connect_timeout = Duration::from_millis(500);
+        config.heartbeat_interval = if silent {
+            Duration::from_secs(3600)
+        } else {
+            Duration::from_millis(100)
+        };
+        config.node_ttl = if silent {
+            Duration::from_millis(300)
+        } else {
+            Duration::from_millis(1000)
+        };
+        config.member_refresh_interval = Duration::from_millis(100);
+        config.join_timeout = Duration::from_millis(300);
+        config.reconnect_backoff_min = Duration::from_millis(20);
+        config.reconnect_backoff_max = Duration::from_millis(200);
+        config
+    }
+
+    async fn open(&self, me: MemberInfo, token: &str, silent: bool) -> Result<ClientNode, String> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let dir = redis::connect(self.config(silent), me, token, tx)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(ClientNode::new(dir, rx))
+    }
+}
+
+impl Harness for RedisHarness {
+    type Node = ClientNode;
+
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, String> {
+        self.open(member, token, false).await
+    }
+
+    async fn join_silent(&mut self, member: MemberInfo) -> ClientNode {
+        self.open(member, TOKEN, true).await.expect("joins")
+    }
+
+    async fn crash(&mut self, node: ClientNode) {
+        node.dir.abandon().await;
+    }
+
+    async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
+        // The silent node's TTL, then a member refresh of the observers.
+        tokio::time::sleep(Duration::from_millis(300 + 400)).await;
+    }
+}
