@@ -1,0 +1,209 @@
+use super::*;
+use proptest::prelude::*;
+
+fn samples() -> Vec<PeerMessage> {
+    let req = TransferId(0x0102_0304_0506_0708);
+    let sizes = ObjectSizes {
+        data_size: 100,
+        metadata_size: 28,
+    };
+    vec![
+        PeerMessage::FetchRequest {
+            req,
+            id: ObjectId::from_u64(9),
+            eager_limit: 4096,
+            max_chunk_bytes: 8000,
+        },
+        PeerMessage::EagerData {
+            header: EagerHeader {
+                req,
+                sizes,
+                offset: 28,
+            },
+            payload: vec![7; 100],
+        },
+        PeerMessage::Rendezvous {
+            req,
+            sizes,
+            regions: vec![
+                RemoteRegion {
+                    addr: 0x1000,
+                    len: 64,
+                    rkey: 5,
+                },
+                RemoteRegion {
+                    addr: 0x9000,
+                    len: 64,
+                    rkey: 6,
+                },
+            ],
+            lease_ms: 100,
+        },
+        PeerMessage::Finish { req },
+        PeerMessage::NotFound { req },
+        PeerMessage::Busy { req },
+        PeerMessage::Error {
+            req,
+            reason: "arena not registered".into(),
+        },
+    ]
+}
+
+#[test]
+fn every_kind_round_trips() {
+    for message in samples() {
+        let bytes = to_bytes(&message);
+        assert_eq!(message_len(&bytes[..HEADER_BYTES]).unwrap(), bytes.len());
+        assert_eq!(decode(&bytes).unwrap(), message, "{message}");
+    }
+}
+
+#[test]
+fn eager_encoding_matches_message_encoding() {
+    let header = EagerHeader {
+        req: TransferId(3),
+        sizes: ObjectSizes {
+            data_size: 10,
+            metadata_size: 0,
+        },
+        offset: 0,
+    };
+    let mut out = Vec::new();
+    encode_eager(&header, &[1; 10], &mut out);
+    assert_eq!(
+        out,
+        to_bytes(&PeerMessage::EagerData {
+            header,
+            payload: vec![1; 10]
+        })
+    );
+}
+
+#[test]
+fn truncation_and_trailing_bytes_are_refused() {
+    for message in samples() {
+        let bytes = to_bytes(&message);
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "{message} cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(decode(&longer), Err(WireError::Trailing(1)));
+    }
+}
+
+#[test]
+fn bad_fields_are_refused() {
+    let mut bytes = to_bytes(&samples()[0]);
+    bytes[2] = 2;
+    assert_eq!(decode(&bytes), Err(WireError::Version { got: 2 }));
+    let mut bytes = to_bytes(&samples()[0]);
+    bytes[0] = b'X';
+    assert!(matches!(decode(&bytes), Err(WireError::BadMagic(_))));
+    let mut bytes = to_bytes(&samples()[0]);
+    bytes[3] = 99;
+    assert_eq!(decode(&bytes), Err(WireError::UnknownKind(99)));
+
+    // Regions that do not add up to the object's size.
+    let mismatched = PeerMessage::Rendezvous {
+        req: TransferId(1),
+        sizes: ObjectSizes {
+            data_size: 100,
+            metadata_size: 0,
+        },
+        regions: vec![RemoteRegion {
+            addr: 0,
+            len: 99,
+            rkey: 1,
+        }],
+        lease_ms: 10,
+    };
+    assert!(matches!(
+        decode(&to_bytes(&mismatched)),
+        Err(WireError::Invalid {
+            field: "regions",
+            ..
+        })
+    ));
+    // A chunk past the object's end.
+    let past_end = PeerMessage::EagerData {
+        header: EagerHeader {
+            req: TransferId(1),
+            sizes: ObjectSizes {
+                data_size: 4,
+                metadata_size: 0,
+            },
+            offset: 2,
+        },
+        payload: vec![0; 3],
+    };
+    assert!(matches!(
+        decode(&to_bytes(&past_end)),
+        Err(WireError::Invalid {
+            field: "offset",
+            ..
+        })
+    ));
+    // A zero lease.
+    let zero_lease = PeerMessage::Rendezvous {
+        req: TransferId(1),
+        sizes: ObjectSizes {
+            data_size: 1,
+            metadata_size: 0,
+        },
+        regions: vec![RemoteRegion {
+            addr: 0,
+            len: 1,
+            rkey: 1,
+        }],
+        lease_ms: 0,
+    };
+    assert!(decode(&to_bytes(&zero_lease)).is_err());
+    // Announced length over the limit.
+    let mut huge = to_bytes(&samples()[3]);
+    huge[4..8].copy_from_slice(&(MAX_MESSAGE_BYTES as u32).to_le_bytes());
+    assert!(matches!(decode(&huge), Err(WireError::TooLarge { .. })));
+}
+
+#[test]
+fn long_reasons_are_cut_on_a_char_boundary() {
+    let reason = "é".repeat(MAX_REASON_BYTES);
+    let bytes = to_bytes(&PeerMessage::Error {
+        req: TransferId(1),
+        reason,
+    });
+    let PeerMessage::Error { reason, .. } = decode(&bytes).unwrap() else {
+        panic!("kind changed")
+    };
+    assert!(reason.len() <= MAX_REASON_BYTES && reason.chars().all(|c| c == 'é'));
+}
+
+proptest! {
+    /// Arbitrary bytes never panic the decoder.
+    #[test]
+    fn decoding_garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        let _ = decode(&bytes);
+        let _ = message_len(&bytes);
+    }
+
+    /// Garbage behind a valid header (so the decoder gets past the header checks).
+    #[test]
+    fn decoding_garbage_bodies_never_panics(kind in 0u8..10, body in prop::collection::vec(any::<u8>(), 0..256)) {
+        let mut bytes = vec![MAGIC[0], MAGIC[1], WIRE_VERSION, kind];
+        bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&body);
+        if let Ok(message) = decode(&bytes) {
+            // Whatever decodes re-encodes to the same bytes.
+            prop_assert_eq!(to_bytes(&message), bytes);
+        }
+    }
+
+    /// Flipping any byte of a valid message gives an error or another valid message.
+    #[test]
+    fn mutated_messages_never_panic(which in 0usize..7, pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+        let mut bytes = to_bytes(&samples()[which]);
+        let at = pos.index(bytes.len());
+        bytes[at] = byte;
+        let _ = decode(&bytes);
+    }
+}

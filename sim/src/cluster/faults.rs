@@ -1,0 +1,190 @@
+//! Faults: the random plan drawn from the seed (crashes, partitions, slow windows, QP errors
+//! and directory faults are scheduled up front), and what a crash, a restart or a broken link
+//! does to the nodes and the network.
+
+use super::*;
+
+impl Cluster {
+    pub(super) fn plan_faults(&mut self) {
+        let p = self.params.clone();
+        let n = p.nodes as u32;
+        let until = p.faults_until_us;
+        for _ in 0..p.crashes {
+            let node = NodeId(self.rng.gen_range(0..n));
+            let at = self.rng.gen_range(0..until);
+            let down = p.detect_us + self.rng.gen_range(100..=3_000);
+            self.schedule_us(at, Event::Crash { node });
+            self.schedule_us(at + down, Event::Restart { node });
+        }
+        if n >= 2 {
+            for _ in 0..p.partitions {
+                let a = self.rng.gen_range(0..n);
+                let b = (a + self.rng.gen_range(1..n)) % n;
+                let at = self.rng.gen_range(0..until);
+                let length = self.rng.gen_range(200..=3_000);
+                let (a, b) = (NodeId(a), NodeId(b));
+                self.schedule_us(at, Event::Partition { a, b, on: true });
+                self.schedule_us(at + length, Event::Partition { a, b, on: false });
+            }
+        }
+        for _ in 0..p.directory_outages {
+            let at = self.rng.gen_range(0..until);
+            let length = self.rng.gen_range(100..=2_000);
+            self.schedule_us(at, Event::DirectoryOutage { on: true });
+            self.schedule_us(at + length, Event::DirectoryOutage { on: false });
+        }
+        for _ in 0..p.head_partitions {
+            let node = NodeId(self.rng.gen_range(0..n));
+            let at = self.rng.gen_range(0..until);
+            let length = self.rng.gen_range(200..=4_000);
+            self.schedule_us(
+                at,
+                Event::Directory(DirEvent::HeadPartition { node, on: true }),
+            );
+            self.schedule_us(
+                at + length,
+                Event::Directory(DirEvent::HeadPartition { node, on: false }),
+            );
+        }
+        for _ in 0..p.slow_windows {
+            let node = NodeId(self.rng.gen_range(0..n));
+            let at = self.rng.gen_range(0..until);
+            let length = self.rng.gen_range(500..=5_000);
+            let factor = self.rng.gen_range(5..=30);
+            self.schedule_us(at, Event::Slow { node, factor });
+            self.schedule_us(at + length, Event::Slow { node, factor: 1 });
+        }
+    }
+
+    pub(super) fn crash_node(&mut self, n: NodeId) {
+        if self.nodes[n.0 as usize].node.is_none() {
+            return;
+        }
+        self.record(|| format!("FAULT crash {n}"));
+        self.stats.crashes += 1;
+        if let Some(node) = self.nodes[n.0 as usize].node.take() {
+            self.stats.absorb(&node);
+        }
+        if self.params.persistent {
+            // What the disk holds survives; what was still on its way to it is lost.
+            let durable = self.durable_at_crash(n);
+            self.nodes[n.0 as usize].recovering = durable;
+        } else {
+            self.nodes[n.0 as usize].disk = Disk::default();
+            self.nodes[n.0 as usize].acked_seals.clear();
+        }
+        let sim_node = &mut self.nodes[n.0 as usize];
+        sim_node.timer_at = None;
+        // Reads it posted die with it.
+        let old_inc = sim_node.inc;
+        sim_node.inc += 1;
+        let lost_reads = self.count_reads_of(n, old_inc);
+        self.reads_in_flight -= lost_reads;
+        self.checker.pending.retain(|(node, ..), _| *node != n);
+        self.calls.retain(|(node, ..), _| *node != n);
+        for m in 0..self.nodes.len() as u32 {
+            if NodeId(m) != n {
+                self.break_link(n, NodeId(m));
+            }
+        }
+        // A crashed process's connection to the head resets; a crashed host's goes silent.
+        let silent = self.mode.faults && self.rng.gen_bool(0.5);
+        let effects = self.directory.node_crashed(self.now, n, silent);
+        self.apply_directory(effects);
+    }
+
+    pub(super) fn count_reads_of(&self, n: NodeId, inc: u32) -> u64 {
+        self.queue
+            .iter()
+            .filter(|Reverse(s)| match &s.event {
+                Event::ReadServe {
+                    requester,
+                    requester_inc,
+                    ..
+                } => *requester == n && *requester_inc == inc,
+                Event::ReadComplete { node, inc: i, .. } => *node == n && *i == inc,
+                _ => false,
+            })
+            .count() as u64
+    }
+
+    pub(super) fn restart_node(&mut self, n: NodeId) {
+        if self.nodes[n.0 as usize].node.is_some() {
+            return;
+        }
+        let inc = self.nodes[n.0 as usize].inc;
+        let key = self.arena_key(n, inc);
+        let durable = std::mem::take(&mut self.nodes[n.0 as usize].recovering);
+        if self.params.persistent {
+            let count = durable.len();
+            self.record(|| {
+                format!(
+                    "FAULT restart {n} (incarnation {inc}, arena kept, recovering {count} objects)"
+                )
+            });
+            self.nodes[n.0 as usize].memory.reregister(key);
+        } else {
+            self.record(|| format!("FAULT restart {n} (incarnation {inc}, empty store)"));
+            self.nodes[n.0 as usize].memory = Memory::new(self.params.arena_bytes, key);
+        }
+        let mut node = Node::new(self.node_config(n, inc), self.now);
+        if !durable.is_empty() {
+            let report = node.handle_recovered(self.now, durable.clone());
+            if !report.refused.is_empty() {
+                let what = format!("{n} refused recovered objects: {:?}", report.refused);
+                self.checker.violation(self.now, what);
+            }
+        }
+        self.nodes[n.0 as usize].node = Some(node);
+        self.check_recovered(n, &durable);
+        let effects = self.directory.node_started(self.now, n, inc);
+        self.apply_directory(effects);
+        // Recovered objects are published like fresh seals.
+        self.after_input(n);
+        for m in 0..self.nodes.len() as u32 {
+            if NodeId(m) != n {
+                self.restore_link(n, NodeId(m));
+            }
+        }
+        self.connect_clients(n);
+        if self.mode.workload {
+            self.start_clients(n);
+        }
+    }
+
+    pub(super) fn break_link(&mut self, a: NodeId, b: NodeId) {
+        if !self.network.break_connection(self.now, a, b) {
+            return;
+        }
+        let at = self.after(self.params.detect_us * 1000);
+        for (node, peer) in [(a, b), (b, a)] {
+            if self.nodes[node.0 as usize].node.is_some() {
+                let inc = self.nodes[node.0 as usize].inc;
+                self.schedule(at, Event::PeerLost { node, inc, peer });
+            }
+        }
+    }
+
+    pub(super) fn restore_link(&mut self, a: NodeId, b: NodeId) {
+        let both_up =
+            self.nodes[a.0 as usize].node.is_some() && self.nodes[b.0 as usize].node.is_some();
+        if !both_up || self.network.partitioned(a, b) || !self.network.restore_connection(a, b) {
+            return;
+        }
+        let connection = self.network.connection(a, b);
+        let earliest = Instant(connection.broke_at.0 + self.params.detect_us * 1000 + 1);
+        let at = self.after(self.params.reconnect_us * 1000).max(earliest);
+        for (node, peer) in [(a, b), (b, a)] {
+            let inc = self.nodes[node.0 as usize].inc;
+            self.schedule(
+                at,
+                Event::PeerConnected {
+                    node,
+                    inc,
+                    peer,
+                    epoch: connection.epoch,
+                },
+            );
+        }
+    }
+}
