@@ -16,23 +16,22 @@ use skyriver_core::{
 use skyriver_transport::directory::Directory;
 use skyriver_transport::fabric::{Fabric, MessageBytes};
 use skyriver_transport::SharedArena;
-use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use super::connection::ClientWriter;
+use super::connection::{ClientReader, ClientWriter};
 use crate::persistence::CommitQueue;
 
 /// One connected client, as the loop holds it.
 pub(super) struct ClientLink {
     pub(super) writer: ClientWriter,
-    pub(super) reader: JoinHandle<()>,
+    pub(super) reader: ClientReader,
     /// Frames for this client not written yet: the loop writes them in one go once it has
     /// handled every input that is ready (a pipelined burst of requests costs one write).
     pub(super) unsent: Vec<u8>,
 }
 
 impl ClientLink {
-    pub(super) fn new(writer: ClientWriter, reader: JoinHandle<()>) -> Self {
+    pub(super) fn new(writer: ClientWriter, reader: ClientReader) -> Self {
         Self {
             writer,
             reader,
@@ -81,7 +80,7 @@ impl Effects {
     /// written have drained.
     pub(super) fn close(&mut self, client: ClientId, reason: String) {
         if let Some(link) = self.clients.remove(&client) {
-            link.reader.abort();
+            link.reader.close();
             // What was already answered (the error that explains the close, say) still goes.
             if !link.unsent.is_empty() {
                 let _ = link.writer.write(&link.unsent);
@@ -243,7 +242,7 @@ impl NodeDriver for Effects {
 impl Drop for Effects {
     fn drop(&mut self) {
         for link in self.clients.values() {
-            link.reader.abort();
+            link.reader.close();
         }
     }
 }

@@ -1,8 +1,8 @@
-//! The daemon's one loop, sole owner of the [`Node`] (in the style of str0m): bounded channels
-//! in (client requests, fabric events, directory notices, the committer's progress), one
-//! input at a time, every output carried out before the next input, then sleep until the
-//! next input or the node's next deadline. No lock is held around the node and nothing here
-//! waits for a disk or a peer.
+//! The daemon's one loop, sole owner of the [`Node`] (in the style of str0m): inputs are the
+//! clients' sockets (read by the loop itself, a bounded turn at a time), fabric events,
+//! directory notices and the committer's progress; one input at a time, every output carried
+//! out before the next input, then sleep until the next input or the node's next deadline. No
+//! lock is held around the node and nothing here waits for a disk or a peer.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,14 +16,11 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-use super::connection::{read_requests, ClientInput, ClientWriter, ConnectionEnd};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+
+use super::connection::{ClientInput, ClientReader, ClientWriter, ConnectionEnd, Readable};
 use super::effects::{ClientLink, Effects};
 
-/// Requests read from all clients and not yet taken by the loop; a full queue stops the
-/// readers (and so the clients).
-const CLIENT_INPUT_QUEUE: usize = 1024;
-/// Most requests taken from the queue in one burst before the replies are written.
-const CLIENT_INPUT_BURST: usize = 64;
 /// How often the daemon checks that it is connected to every live node.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
 
@@ -39,8 +36,10 @@ pub(super) struct EventLoop {
     pub(super) effects: Effects,
     epoch: std::time::Instant,
     listener: UnixListener,
-    inputs: mpsc::Receiver<ClientInput>,
-    inputs_tx: mpsc::Sender<ClientInput>,
+    /// One readiness wait per connected client.
+    readable: FuturesUnordered<Readable>,
+    /// Reused for the inputs of one client's turn.
+    turn: Vec<ClientInput>,
     fabric_events: Option<mpsc::UnboundedReceiver<FabricEvent>>,
     notices: Option<mpsc::UnboundedReceiver<DirectoryNotice>>,
     durable: Option<watch::Receiver<u64>>,
@@ -58,7 +57,6 @@ impl EventLoop {
         durable: Option<watch::Receiver<u64>>,
     ) -> Self {
         // A stale durable count (0) must not look like news: only changes after now count.
-        let (inputs_tx, inputs) = mpsc::channel(CLIENT_INPUT_QUEUE);
         let (fabric_events, notices) = match cluster {
             Some(c) => (Some(c.fabric_events), Some(c.notices)),
             None => (None, None),
@@ -68,8 +66,8 @@ impl EventLoop {
             effects,
             epoch,
             listener,
-            inputs,
-            inputs_tx,
+            readable: FuturesUnordered::new(),
+            turn: Vec::new(),
             fabric_events,
             notices,
             durable,
@@ -119,16 +117,8 @@ impl EventLoop {
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
-                Some(input) = self.inputs.recv() => {
-                    self.client_input(input);
-                    // Take the rest of a pipelined burst before writing any reply.
-                    for _ in 0..CLIENT_INPUT_BURST {
-                        self.drain();
-                        match self.inputs.try_recv() {
-                            Ok(input) => self.client_input(input),
-                            Err(_) => break,
-                        }
-                    }
+                Some(client) = self.readable.next(), if !self.readable.is_empty() => {
+                    self.read_client(client)
                 }
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, _)) => self.accept(stream),
@@ -179,13 +169,36 @@ impl EventLoop {
         let client = ClientId(self.next_client);
         self.next_client += 1;
         let (read, write) = stream.into_split();
-        let reader = tokio::spawn(read_requests(client, read, self.inputs_tx.clone()));
+        let reader = ClientReader::new(read);
+        self.readable.push(reader.readable(client));
         self.effects
             .clients
             .insert(client, ClientLink::new(ClientWriter::new(write), reader));
         let now = self.now();
         self.node.handle_client_connected(now, client);
         debug!(%client, "client connected");
+    }
+
+    /// A client's socket is readable: one turn of its requests, each handled and its outputs
+    /// carried out (replies leave together after the turn), then the next readiness wait.
+    fn read_client(&mut self, client: ClientId) {
+        let Some(link) = self.effects.clients.get_mut(&client) else {
+            return; // closed meanwhile; its wait ended with the close
+        };
+        let mut turn = std::mem::take(&mut self.turn);
+        let (open, full) = link.reader.read_turn(client, &mut turn);
+        if open {
+            self.readable.push(if full {
+                ClientReader::again(client)
+            } else {
+                link.reader.readable(client)
+            });
+        }
+        for input in turn.drain(..) {
+            self.client_input(input);
+            self.drain();
+        }
+        self.turn = turn;
     }
 
     fn client_input(&mut self, input: ClientInput) {
