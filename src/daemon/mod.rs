@@ -12,6 +12,7 @@ mod connection;
 mod effects;
 mod event_loop;
 pub mod host_memory;
+pub mod metrics;
 mod starting;
 
 use std::collections::BTreeMap;
@@ -63,6 +64,8 @@ pub struct DaemonConfig {
     pub persistence: Option<crate::persistence::PersistenceConfig>,
     /// Start even when `memory_bytes` exceeds what the machine can give (see [`host_memory`]).
     pub allow_overcommit: bool,
+    /// Serve `/metrics` and `/healthz` over HTTP on this address; `None`: no exporter.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl DaemonConfig {
@@ -81,6 +84,7 @@ impl DaemonConfig {
             cluster: None,
             persistence: None,
             allow_overcommit: false,
+            metrics_addr: None,
         }
     }
 }
@@ -180,6 +184,9 @@ pub enum DaemonError {
     /// The directory could not be reached or started.
     #[error("directory: {0}")]
     Directory(String),
+    /// The metrics exporter could not start.
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
 }
 
 /// A daemon running on its own thread, for tests and tools that embed one.
@@ -316,6 +323,8 @@ pub struct Server {
     socket_path: PathBuf,
     /// The built-in directory, when this daemon is the head.
     directory_server: Option<BuiltinDirectoryServer>,
+    /// The metrics exporter, with `--metrics`.
+    metrics: Option<metrics::MetricsServer>,
 }
 
 impl Server {
@@ -461,16 +470,28 @@ impl Server {
             socket = %config.socket_path.display(),
             "skyriver daemon ready"
         );
+        let metrics = match config.metrics_addr {
+            Some(addr) => {
+                let (requests_tx, requests_rx) = mpsc::channel(metrics::SNAPSHOT_QUEUE);
+                let server = metrics::MetricsServer::start(addr, requests_tx)?;
+                event_loop.set_metrics_requests(requests_rx);
+                Some(server)
+            }
+            None => None,
+        };
         Ok(Self {
             event_loop,
             socket_path: config.socket_path,
             directory_server,
+            metrics,
         })
     }
 
     /// Serves clients until `shutdown` completes, then removes the socket file.
     pub async fn serve(mut self, shutdown: impl std::future::Future<Output = ()>) {
         self.event_loop.run(shutdown).await;
+        // Scrapes stop before the node goes.
+        drop(self.metrics.take());
         // Leave the directory first, so other nodes stop sending fetches here at once.
         if let Some(directory) = self.event_loop.directory() {
             directory.leave().await;
