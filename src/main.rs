@@ -169,6 +169,10 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// A live view of one daemon or several (--socket repeated): memory, ops/s, fetch MB/s in
+    /// and out, work in flight, and every node of the cluster with its traffic and errors.
+    /// `q` quits; --once prints one frame, --once --json one JSON document.
+    Top(skyriver::top::TopArgs),
     /// Show which nodes hold an object.
     Locate {
         /// The object's id.
@@ -336,6 +340,7 @@ fn main() -> ExitCode {
         } => fetch(&socket, &ids, output, timeout_ms, mode, wait),
         Command::Nodes { json, socket } => nodes(&socket, json),
         Command::Locate { id, socket } => locate(&socket, id),
+        Command::Top(args) => skyriver::top::run(&args).map_err(|e| e.to_string()),
         Command::Up(args) => skyriver::up::run(&args),
         Command::Cluster(command) => skyriver::cluster::run(command),
         Command::Bench(command) => skyriver::bench::run(command).map_err(|e| e.to_string()),
