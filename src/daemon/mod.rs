@@ -422,7 +422,7 @@ impl Server {
                 persistence.durability() == crate::persistence::Durability::Seal;
         }
         let node = Node::new(node_config, Instant::ZERO);
-        let mut effects = Effects::new(arenas);
+        let mut effects = Effects::new(config.node, arenas);
         let mut cluster_inputs = None;
         let mut directory_server = None;
         if let Some(parts) = cluster {
