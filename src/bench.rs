@@ -507,7 +507,7 @@ fn measure_size(
         |()| Ok(()),
     )?;
     results.push(CaseResult::from_samples(
-        "get+release (zero-copy)",
+        &format!("get+release (zero-copy){tag}"),
         size,
         &mut samples,
     ));
@@ -597,7 +597,13 @@ const METRICS_TAG: &str = " [metrics]";
 /// Each case with metrics on next to the same case without: ops/s on / off.
 fn print_metrics_overhead(results: &[CaseResult]) {
     println!();
-    println!("metrics on / off, ops/s (1.00 = no cost; same run, cases interleaved):");
+    println!(
+        "metrics on / off (1.00 = no cost; same run, cases interleaved; p50 is the steadier):"
+    );
+    println!(
+        "  {:<26} {:>10} {:>12} {:>10} {:>12} {:>12}",
+        "operation", "size", "ops/s ratio", "p50 ratio", "p50 µs on", "p50 µs off"
+    );
     for on in results
         .iter()
         .filter(|r| r.operation.ends_with(METRICS_TAG))
@@ -608,10 +614,11 @@ fn print_metrics_overhead(results: &[CaseResult]) {
             .find(|r| r.operation == name && r.size_bytes == on.size_bytes)
         {
             println!(
-                "  {:<26} {:>10}  {:.3}  (p50 {:.1} µs on, {:.1} µs off)",
+                "  {:<26} {:>10} {:>12.3} {:>10.3} {:>12.1} {:>12.1}",
                 name,
                 format_bytes(on.size_bytes),
                 on.ops_per_sec / off.ops_per_sec.max(f64::MIN_POSITIVE),
+                on.p50_us / off.p50_us.max(f64::MIN_POSITIVE),
                 on.p50_us,
                 off.p50_us
             );

@@ -67,7 +67,6 @@ pub enum MetricsError {
 
 /// The running exporter; stops when dropped.
 pub(super) struct MetricsServer {
-    addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -112,16 +111,9 @@ impl MetricsServer {
             .map_err(MetricsError::Start)?;
         info!(addr = %bound, "metrics at http://{bound}/metrics, health at http://{bound}/healthz");
         Ok(Self {
-            addr: bound,
             stop: Some(stop_tx),
             thread: Some(thread),
         })
-    }
-
-    /// The bound address.
-    #[allow(dead_code)]
-    pub(super) fn addr(&self) -> SocketAddr {
-        self.addr
     }
 }
 
