@@ -93,6 +93,10 @@ impl Effects {
     /// written have drained.
     pub(super) fn close(&mut self, client: ClientId, reason: String) {
         if let Some(link) = self.clients.remove(&client) {
+            // Replies output before the close (e.g. the error that explains it) still leave.
+            if !link.unsent.is_empty() {
+                let _ = link.writer.write(&link.unsent);
+            }
             link.reader.abort();
             link.writer.close();
             self.closed.push((client, reason));

@@ -235,6 +235,10 @@ impl EventLoop {
                     self.error_frame(client, StoreError::BadRequest(error.to_string()));
                 }
                 if let Some(link) = self.effects.clients.remove(&client) {
+                    // The error explaining the close is still in the unsent buffer.
+                    if !link.unsent.is_empty() {
+                        let _ = link.writer.write(&link.unsent);
+                    }
                     link.reader.abort();
                     link.writer.close();
                     match end {
