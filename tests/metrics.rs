@@ -484,4 +484,16 @@ fn a_bad_metrics_address_fails_the_start() {
     );
     assert!(!ok);
     assert!(stderr.contains("not an address"), "{stderr}");
+    // A taken port fails the start at once, before the arena is made, and leaves no socket.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let socket = dir.path().join("s.sock");
+    let (ok, _, stderr) = common::cli(
+        &socket,
+        &["daemon", "-m", "32MiB", "--metrics", &addr],
+        None,
+    );
+    assert!(!ok);
+    assert!(stderr.contains("cannot listen for metrics"), "{stderr}");
+    assert!(!socket.exists());
 }

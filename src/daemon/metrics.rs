@@ -72,19 +72,12 @@ pub(super) struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Binds `addr` now (so a bad address fails the start-up) and serves on a thread.
+    /// Serves on `listener` (from [`bind`]) on a thread of its own.
     pub(super) fn start(
-        addr: SocketAddr,
+        listener: std::net::TcpListener,
         requests: mpsc::Sender<SnapshotRequest>,
     ) -> Result<Self, MetricsError> {
-        let listener = std::net::TcpListener::bind(addr)
-            .map_err(|source| MetricsError::Bind { addr, source })?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| MetricsError::Bind { addr, source })?;
-        let bound = listener
-            .local_addr()
-            .map_err(|source| MetricsError::Bind { addr, source })?;
+        let bound = listener.local_addr().map_err(MetricsError::Start)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -115,6 +108,17 @@ impl MetricsServer {
             thread: Some(thread),
         })
     }
+}
+
+/// Binds the exporter's address: done first at start-up, so a taken or bad address fails
+/// before the arena is made or the cluster joined.
+pub(super) fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, MetricsError> {
+    let listener =
+        std::net::TcpListener::bind(addr).map_err(|source| MetricsError::Bind { addr, source })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| MetricsError::Bind { addr, source })?;
+    Ok(listener)
 }
 
 impl Drop for MetricsServer {

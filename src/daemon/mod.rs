@@ -5,7 +5,8 @@
 //! One tokio runtime on one thread runs the event loop that owns the node
 //! ([`event_loop`]); the fabric runs its own threads for bulk data, a committer thread makes
 //! changes durable in persistent mode. Object bytes never pass through the client protocol:
-//! clients map the arenas' fds, sent once per connection.
+//! clients map the arenas' fds, sent once per connection. With `--metrics`, an exporter thread
+//! serves `/metrics` and `/healthz` from snapshots the loop hands it ([`metrics`]).
 
 mod cluster;
 mod connection;
@@ -347,13 +348,14 @@ impl Server {
         } else if config.memory_bytes < host_memory::MIN_MEMORY_BYTES {
             host_memory::check(config.memory_bytes, None, true).map_err(DaemonError::Memory)?;
         }
+        let metrics_listener = config.metrics_addr.map(metrics::bind).transpose()?;
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
         let listener = bind_socket(&config.socket_path, config.socket_mode).await?;
         let status = StartStatus::default();
         status.set("creating the arena");
         let responder = StartingResponder::spawn(listener, status.clone());
         let socket_path = config.socket_path.clone();
-        let result = Self::start(config, started, status, responder).await;
+        let result = Self::start(config, started, status, responder, metrics_listener).await;
         if result.is_err() {
             let _ = std::fs::remove_file(&socket_path);
         }
@@ -366,6 +368,7 @@ impl Server {
         started: std::time::Instant,
         status: StartStatus,
         responder: StartingResponder,
+        metrics_listener: Option<std::net::TcpListener>,
     ) -> Result<Self, DaemonError> {
         let options = ArenaOptions {
             hugepages_dir: config.hugepages_dir.clone(),
@@ -470,10 +473,10 @@ impl Server {
             socket = %config.socket_path.display(),
             "skyriver daemon ready"
         );
-        let metrics = match config.metrics_addr {
-            Some(addr) => {
+        let metrics = match metrics_listener {
+            Some(listener) => {
                 let (requests_tx, requests_rx) = mpsc::channel(metrics::SNAPSHOT_QUEUE);
-                let server = metrics::MetricsServer::start(addr, requests_tx)?;
+                let server = metrics::MetricsServer::start(listener, requests_tx)?;
                 event_loop.set_metrics_requests(requests_rx);
                 Some(server)
             }
