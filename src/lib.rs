@@ -25,6 +25,7 @@ pub mod logging;
 pub mod netns;
 pub mod persistence;
 pub mod size;
+pub mod top;
 pub mod up;
 
 pub use client::{

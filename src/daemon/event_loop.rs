@@ -20,6 +20,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::connection::{ClientInput, ClientReader, ClientWriter, ConnectionEnd, Readable};
 use super::effects::{ClientLink, Effects};
+use super::metrics::{Snapshot, SnapshotRequest};
 
 /// How often the daemon checks that it is connected to every live node.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
@@ -45,6 +46,8 @@ pub(super) struct EventLoop {
     durable: Option<watch::Receiver<u64>>,
     members: Vec<MemberInfo>,
     next_client: u64,
+    /// Snapshot requests of the metrics exporter (`--metrics`).
+    metrics_requests: Option<mpsc::Receiver<SnapshotRequest>>,
 }
 
 impl EventLoop {
@@ -73,6 +76,28 @@ impl EventLoop {
             durable,
             members: Vec::new(),
             next_client: 1,
+            metrics_requests: None,
+        }
+    }
+
+    /// Answers the metrics exporter's requests from now on.
+    pub(super) fn set_metrics_requests(&mut self, requests: mpsc::Receiver<SnapshotRequest>) {
+        self.metrics_requests = Some(requests);
+    }
+
+    /// A copy of the node's counters for the exporter: plain values, taken between inputs.
+    fn snapshot(&self) -> Snapshot {
+        let node = self.node.metrics();
+        let connected_peers = node.peers.iter().filter(|p| p.connected).count();
+        Snapshot {
+            node,
+            fabric: self
+                .effects
+                .fabric
+                .as_ref()
+                .map_or_else(|| "none".to_string(), |f| f.name().to_string()),
+            members: self.members.len(),
+            connected_peers,
         }
     }
 
@@ -140,6 +165,10 @@ impl EventLoop {
                     armed = None;
                 }
                 _ = maintain.tick(), if clustered => self.maintain_connections(),
+                Some(answer) = recv_bounded(self.metrics_requests.as_mut()) => {
+                    // The scraper may have given up; nothing to do then.
+                    let _ = answer.send(self.snapshot());
+                }
             }
         }
     }
@@ -337,6 +366,17 @@ impl EventLoop {
 async fn recv<T>(receiver: Option<&mut mpsc::UnboundedReceiver<T>>) -> Option<T> {
     match receiver {
         // A closed channel (its sender stopped) never yields again, so the loop cannot spin.
+        Some(receiver) => match receiver.recv().await {
+            Some(item) => Some(item),
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// The next item of an optional bounded channel; pending forever without one.
+async fn recv_bounded<T>(receiver: Option<&mut mpsc::Receiver<T>>) -> Option<T> {
+    match receiver {
         Some(receiver) => match receiver.recv().await {
             Some(item) => Some(item),
             None => std::future::pending().await,

@@ -67,7 +67,7 @@ pub(super) struct ParkedCreate {
 /// Client bookkeeping of a node.
 #[derive(Debug, Default)]
 pub(super) struct Clients {
-    sessions: BTreeMap<ClientId, ClientSession>,
+    pub(super) sessions: BTreeMap<ClientId, ClientSession>,
     /// Replies waiting for a durable change: (sequence number needed, reply).
     held: VecDeque<(u64, NodeOutput)>,
     parked_creates: VecDeque<ParkedCreate>,
@@ -288,13 +288,17 @@ impl Node {
             }
             Request::Abort { id } => Response::Done(self.store.abort(client, id)),
             Request::Get { ids, timeout_ms } => {
+                self.store.count_requests(ids.len() as u64, 0);
                 self.store
                     .get(now, client, request, ids, Request::timeout(timeout_ms));
                 return None;
             }
             Request::Release { id } => Response::Done(self.store.release(client, id)),
             Request::Contains { id } => Response::Contains(self.store.contains(&id)),
-            Request::Delete { ids } => Response::Deleted(self.store.delete(&ids)),
+            Request::Delete { ids } => {
+                self.store.count_requests(0, ids.len() as u64);
+                Response::Deleted(self.store.delete(&ids))
+            }
             Request::List => Response::Listed(self.store.list()),
             Request::Evict { bytes } => Response::Evicted(self.store.evict(bytes)),
             Request::Subscribe => {
@@ -307,6 +311,7 @@ impl Node {
                 stats.client_count = self.clients.sessions.len() as u64;
                 Response::Stats(stats)
             }
+            Request::Metrics => Response::Metrics(Box::new(self.metrics())),
             Request::Fetch {
                 ids,
                 timeout_ms,
