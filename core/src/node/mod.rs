@@ -41,7 +41,9 @@ use crate::client_protocol::Response;
 use crate::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
 use crate::region::LocalRegion;
-use crate::store::{ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput};
+use crate::store::{
+    DurableChange, ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput,
+};
 use crate::time::Instant;
 use crate::wire::{self, DecodedMessage, ObjectSizes, PeerMessage, WireError};
 
@@ -697,6 +699,9 @@ impl Node {
         while let Some(change) = self.store.poll_durable_change() {
             self.clients.persist_emitted += 1;
             let seq = self.clients.persist_emitted;
+            if matches!(change, DurableChange::Removed { .. }) {
+                self.clients.last_removal = seq;
+            }
             self.outputs.push_back(NodeOutput::Persist { seq, change });
         }
     }
