@@ -289,9 +289,21 @@ struct DaemonArgs {
     /// Name of the cluster (the key prefix in Redis).
     #[arg(long, default_value = "default", env = "SKYRIVER_CLUSTER")]
     cluster: String,
-    /// Shared secret every daemon of the cluster presents.
+    /// Shared secret of the cluster (the same on every node); without one (or --token-file,
+    /// or --insecure) the fabric and the directory listen on loopback only.
     #[arg(long, env = "SKYRIVER_CLUSTER_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Read the cluster token from this file, which only its owner may read (mode 0600).
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+    /// Without a token, listen on other addresses than loopback anyway: any host that reaches
+    /// this node can join the cluster and read every object.
+    #[arg(long)]
+    insecure: bool,
+    /// The IP peers dial this node's fabric at, when --listen is unspecified (0.0.0.0)
+    /// [default: the source address of the route towards the directory]
+    #[arg(long, value_name = "IP", requires = "membership")]
+    advertise: Option<std::net::IpAddr>,
 }
 
 fn parse_octal(text: &str) -> Result<u32, String> {
@@ -409,23 +421,42 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
             return Err("a daemon joining a cluster needs --node-id N (unique per node; under Slurm $SLURM_NODEID is used)".into())
         }
     });
-    if let Some(directory) = directory {
-        let token = args.token.clone().unwrap_or_else(|| {
-            tracing::warn!("no --token (or SKYRIVER_CLUSTER_TOKEN): using the default cluster token; set one on shared networks");
-            DEFAULT_CLUSTER_TOKEN.to_string()
-        });
+    if let Some(mut directory) = directory {
+        use skyriver::security::{choose_token, listen_address, TokenChoice};
+        let choice = choose_token(
+            args.token.clone(),
+            args.token_file.as_deref(),
+            args.insecure,
+        )
+        .map_err(|e| e.to_string())?;
+        let listen = listen_address("--listen", args.listen, &choice).map_err(|e| e.to_string())?;
+        if let DirectoryChoice::Head { listen } = &mut directory {
+            *listen = listen_address("--head", *listen, &choice).map_err(|e| e.to_string())?;
+        }
+        match &choice {
+            TokenChoice::LoopbackOnly => tracing::info!(
+                %listen,
+                "no cluster token: the fabric and the directory listen on loopback only \
+                 (other hosts cannot join); set one with --token-file PATH, --token or \
+                 SKYRIVER_CLUSTER_TOKEN"
+            ),
+            TokenChoice::Insecure => tracing::warn!(
+                "--insecure without a token: any host that reaches this node can join the \
+                 cluster and read every object"
+            ),
+            TokenChoice::Set(_) => {}
+        }
         config.cluster = Some(ClusterConfig {
             fabric: choose_fabric(&args)?,
-            listen: args.listen,
+            listen,
             directory,
             cluster_name: args.cluster.clone(),
-            cluster_token: token,
+            cluster_token: choice.token(),
+            advertise: args.advertise,
         });
     }
     skyriver::daemon::run_until_signalled(config).map_err(|e| e.to_string())
 }
-
-const DEFAULT_CLUSTER_TOKEN: &str = "skyriver-default-token";
 
 fn parse_threshold(text: &str) -> Result<ThresholdPolicy, String> {
     if text == "auto" {

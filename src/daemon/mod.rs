@@ -134,6 +134,9 @@ pub struct ClusterConfig {
     pub cluster_name: String,
     /// Shared secret every node presents.
     pub cluster_token: String,
+    /// The IP peers dial when `listen` is unspecified (`0.0.0.0`) [default: the source
+    /// address of the route towards the directory].
+    pub advertise: Option<std::net::IpAddr>,
 }
 
 /// Why the daemon could not start or stopped.
@@ -308,6 +311,8 @@ struct ClusterParts {
     directory_server: Option<BuiltinDirectoryServer>,
     /// Receive-slot size the fabric fixed, when it fixes one.
     receive_slot_bytes: Option<u32>,
+    /// The fabric address published for peers (never unspecified).
+    fabric_addr: std::net::SocketAddr,
 }
 
 /// A bound daemon, ready to serve.
@@ -399,7 +404,7 @@ impl Server {
                 node_config.receive_slot_bytes = slot_bytes;
             }
             node_config.fabric_name = parts.fabric.name().into();
-            node_config.fabric_address = parts.fabric.listen_addr().to_string();
+            node_config.fabric_address = parts.fabric_addr.to_string();
             node_config.directory_name = parts.directory.describe();
         }
         status.set("recovering objects");
@@ -421,6 +426,7 @@ impl Server {
             info!(
                 fabric = parts.fabric.name(),
                 listen = %parts.fabric.listen_addr(),
+                advertised = %parts.fabric_addr,
                 directory = %parts.directory.describe(),
                 "joined the cluster"
             );
@@ -565,9 +571,15 @@ async fn start_cluster(
             Arc::new(verbs)
         }
     };
+    let fabric_addr = crate::security::advertised_address(
+        fabric.listen_addr(),
+        cluster.advertise,
+        cluster::directory_host(&cluster.directory).as_deref(),
+    )
+    .map_err(|e| DaemonError::Fabric(e.to_string()))?;
     let me = MemberInfo {
         node: config.node,
-        fabric_addr: fabric.listen_addr(),
+        fabric_addr,
         fabric: fabric.name().to_string(),
         incarnation,
     };
@@ -580,6 +592,7 @@ async fn start_cluster(
         notices,
         directory_server,
         receive_slot_bytes,
+        fabric_addr,
     })
 }
 
