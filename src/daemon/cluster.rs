@@ -35,7 +35,11 @@ pub(super) async fn connect_directory(
             )
             .map_err(|e| DaemonError::Directory(e.to_string()))?;
             let addr = head.local_addr().to_string();
-            info!(directory = %addr, "serving the built-in directory: other daemons join with --join {addr}");
+            // What other hosts dial: never `0.0.0.0`.
+            let dial =
+                crate::security::advertised_address(head.local_addr(), cluster.advertise, None)
+                    .map_or_else(|_| addr.clone(), |a| a.to_string());
+            info!(directory = %addr, "serving the built-in directory: other daemons join with --join {dial}");
             server = Some(head);
             DirectorySpec::Builtin { addr }
         }
