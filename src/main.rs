@@ -74,7 +74,7 @@ const STARTING_WAIT: Duration = Duration::from_secs(600);
 #[derive(Subcommand)]
 enum Command {
     /// Run the node daemon: holds objects in shared memory and serves local clients.
-    Daemon(DaemonArgs),
+    Daemon(Box<DaemonArgs>),
     /// Store a file (or standard input) as a new object and print its id.
     Put {
         /// The file to store; `-` reads standard input.
@@ -241,9 +241,12 @@ struct DaemonArgs {
     /// cgroup limit, free huge pages). The kernel may then kill processes when the store fills.
     #[arg(long)]
     allow_overcommit: bool,
-    /// Permission bits of the socket, in octal.
-    #[arg(long, default_value = "600", value_parser = parse_octal)]
-    socket_mode: u32,
+    /// Permission bits of the socket, in octal [default: 600, or 660 with --socket-group]
+    #[arg(long, value_parser = parse_octal)]
+    socket_mode: Option<u32>,
+    /// Give this group's members access to the socket (its group, mode 660), for shared nodes.
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
     /// Log filter, e.g. info, debug, skyriver=trace (or RUST_LOG).
     #[arg(long, default_value = "info", value_parser = skyriver::logging::parse_filter)]
     log: String,
@@ -314,7 +317,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Sim(args) => return skyriver_sim::cli::run(&args),
-        Command::Daemon(args) => run_daemon(args),
+        Command::Daemon(args) => run_daemon(*args),
         Command::Put {
             input,
             id,
@@ -383,7 +386,16 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     };
     config.prefault = !args.no_prefault;
     config.allow_overcommit = args.allow_overcommit;
-    config.socket_mode = args.socket_mode;
+    config.socket_group = args
+        .socket_group
+        .as_deref()
+        .map(skyriver::security::group_id)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    config.socket_mode = args.socket_mode.unwrap_or(match config.socket_group {
+        Some(_) => 0o660,
+        None => 0o600,
+    });
     config.persistence = args.backing_file.clone().map(|path| {
         let mut persistence = skyriver::persistence::PersistenceConfig::new(path);
         persistence.durability = args.durability;

@@ -67,6 +67,9 @@ pub enum SecurityError {
         /// The address asked for.
         addr: SocketAddr,
     },
+    /// `--socket-group` names no group.
+    #[error("--socket-group {0}: no such group (see /etc/group or `getent group`)")]
+    NoSuchGroup(String),
     /// No concrete address to publish for a fabric listening on an unspecified address.
     #[error(
         "the fabric listens on {listen}, an address peers cannot dial, and no route gives one \
@@ -227,6 +230,17 @@ fn route_source(target: SocketAddr) -> Option<IpAddr> {
     socket.connect(target).ok()?;
     let ip = socket.local_addr().ok()?.ip();
     (!ip.is_unspecified()).then_some(ip)
+}
+
+/// The id of group `name` (a name, or a number).
+pub fn group_id(name: &str) -> Result<u32, SecurityError> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(name) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        _ => Err(SecurityError::NoSuchGroup(name.to_string())),
+    }
 }
 
 /// A fresh random token (32 hex digits from the operating system's generator).

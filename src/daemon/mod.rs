@@ -49,6 +49,8 @@ pub struct DaemonConfig {
     pub prefault: bool,
     /// Permission bits of the socket file (owner-only by default).
     pub socket_mode: u32,
+    /// Group the socket file belongs to (`None`: the daemon's own group).
+    pub socket_group: Option<u32>,
     /// This node's id.
     pub node: NodeId,
     /// Eager/rendezvous threshold policy for fetches.
@@ -74,6 +76,7 @@ impl DaemonConfig {
             hugepages_dir: None,
             prefault: true,
             socket_mode: 0o600,
+            socket_group: None,
             node: NodeId(0),
             threshold: ThresholdPolicy::default(),
             lease: std::time::Duration::from_secs(10),
@@ -344,7 +347,8 @@ impl Server {
             host_memory::check(config.memory_bytes, None, true).map_err(DaemonError::Memory)?;
         }
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
-        let listener = bind_socket(&config.socket_path, config.socket_mode).await?;
+        let listener =
+            bind_socket(&config.socket_path, config.socket_mode, config.socket_group).await?;
         let status = StartStatus::default();
         status.set("creating the arena");
         let responder = StartingResponder::spawn(listener, status.clone());
@@ -614,7 +618,11 @@ fn check_socket_path(path: &Path) -> Result<bool, DaemonError> {
     Ok(true)
 }
 
-async fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
+async fn bind_socket(
+    path: &Path,
+    mode: u32,
+    group: Option<u32>,
+) -> Result<UnixListener, DaemonError> {
     let listen_error = |source| DaemonError::Listen {
         path: path.to_path_buf(),
         source,
@@ -627,6 +635,9 @@ async fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, DaemonError
         std::fs::create_dir_all(parent).map_err(listen_error)?;
     }
     let listener = UnixListener::bind(path).map_err(listen_error)?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(listen_error)?;
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(listen_error)?;
     Ok(listener)
 }
