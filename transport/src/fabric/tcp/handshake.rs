@@ -121,11 +121,12 @@ async fn write_handshake(
 ) -> Result<(), TcpHandshakeError> {
     let body =
         postcard::to_stdvec(message).map_err(|source| TcpHandshakeError::Malformed { source })?;
-    stream
-        .write_all(&(body.len() as u32).to_le_bytes())
-        .await
-        .map_err(io_error("write"))?;
-    stream.write_all(&body).await.map_err(io_error("write"))
+    // One write per frame: a length and a body written apart would wait on Nagle's algorithm
+    // for the peer's delayed ACK at every step of the handshake.
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame).await.map_err(io_error("write"))
 }
 
 async fn read_handshake(stream: &mut TcpStream) -> Result<Handshake, TcpHandshakeError> {
