@@ -11,6 +11,16 @@ if ! command -v redis-server >/dev/null 2>&1; then
     apt-get install -y --no-install-recommends redis-server \
         || { apt-get update && apt-get install -y --no-install-recommends redis-server; }
 fi
+# The metrics tests run a real Prometheus server of their own (CI sets
+# SKYRIVER_REQUIRE_PROMETHEUS=1; promtool comes with it) and drive `skyriver top` in tmux.
+# Debian's package also starts a system prometheus on :9090; the tests never use it.
+missing=()
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get install -y --no-install-recommends "${missing[@]}" \
+        || { apt-get update && apt-get install -y --no-install-recommends "${missing[@]}"; }
+fi
 if [ "${1:-}" = all ]; then
     "$here/softroce/install-deps.sh" vm
 fi

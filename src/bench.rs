@@ -89,6 +89,10 @@ pub struct LocalArgs {
     /// Write the results as JSON here.
     #[arg(long, default_value = "bench-local.json")]
     pub json: PathBuf,
+    /// Also run every case against a second daemon with --metrics, scraped each second, and
+    /// print the ratio on / off (rows marked [metrics]).
+    #[arg(long)]
+    pub metrics: bool,
 }
 
 /// Why a benchmark could not run.
@@ -380,141 +384,296 @@ fn run_local(args: &LocalArgs) -> Result<(), BenchError> {
     };
     let mut counter = 0u64;
     let mut results = Vec::new();
+    // With --metrics, a second daemon serves /metrics, scraped each second, and every case
+    // runs against both, one after the other: the rows side by side show what exporting costs.
+    let metered = match (args.metrics, &args.socket) {
+        (true, None) => {
+            let memory = (largest * 4).max(256 << 20);
+            let port = crate::up::free_loopback_port().map_err(BenchError::Setup)?;
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let daemon =
+                ChildDaemon::start_with(memory, &["--metrics".into(), addr.to_string().into()])?;
+            let client = Client::connect(daemon.socket())?;
+            Some((daemon, client, Scraper::start(addr, Duration::from_secs(1))))
+        }
+        (true, Some(_)) => {
+            return Err(BenchError::Setup(
+                "--metrics starts its own daemons; leave out --socket".into(),
+            ))
+        }
+        (false, _) => None,
+    };
     for &ByteSize(size) in &args.sizes {
         eprintln!("measuring {}...", format_bytes(size));
-        let source = vec![0xa5u8; size as usize];
-
-        // create + seal (no data written): the control-path round trips.
-        let mut samples = timer.measure(
-            |_| Ok(fresh_id(&mut counter)),
-            |id| {
-                client.create(id, size, 0)?.seal()?;
-                Ok(id)
-            },
-            |id| {
-                client.delete(&[id])?;
-                Ok(())
-            },
-        )?;
-        results.push(CaseResult::from_samples("create+seal", size, &mut samples));
-
-        // put: create, copy the data in, seal.
-        let mut samples = timer.measure(
-            |_| Ok(fresh_id(&mut counter)),
-            |id| {
-                let mut writer = client.create(id, size, 0)?;
-                writer.data_mut().copy_from_slice(&source);
-                writer.seal()?;
-                Ok(id)
-            },
-            |id| {
-                client.delete(&[id])?;
-                Ok(())
-            },
-        )?;
-        results.push(CaseResult::from_samples("put", size, &mut samples));
-
-        // memcpy into pre-faulted private memory: the ceiling for put.
-        let mut destination = vec![0u8; size as usize];
-        destination.iter_mut().step_by(4096).for_each(|b| *b = 1);
-        let mut samples = timer.measure(
-            |_| Ok(()),
-            |()| {
-                destination.copy_from_slice(std::hint::black_box(&source));
-                std::hint::black_box(&destination);
-                Ok(())
-            },
-            |()| Ok(()),
-        )?;
-        results.push(CaseResult::from_samples("memcpy", size, &mut samples));
-        drop(destination);
-
-        let id = fresh_id(&mut counter);
-        client.create_and_seal(id, &source, b"")?;
-        let mut samples = timer.measure(
-            |_| Ok(()),
-            |()| {
-                let object = client.get_one(id, Some(Duration::ZERO))?;
-                std::hint::black_box(object.data().as_ptr());
-                Ok(())
-            },
-            |()| Ok(()),
-        )?;
-        results.push(CaseResult::from_samples(
-            "get+release (zero-copy)",
-            size,
-            &mut samples,
-        ));
-
-        let mut samples = timer.measure(
-            |_| Ok(()),
-            |()| {
-                let object = client.get_one(id, Some(Duration::ZERO))?;
-                let sum = object.data().chunks_exact(8).fold(0u64, |acc, c| {
-                    acc.wrapping_add(u64::from_ne_bytes(c.try_into().expect("8 bytes")))
-                });
-                std::hint::black_box(sum);
-                Ok(())
-            },
-            |()| Ok(()),
-        )?;
-        results.push(CaseResult::from_samples("get+read", size, &mut samples));
-
-        // Batched zero-copy gets: one request for 64 objects, then their releases. Rows count
-        // objects (ops/s, MB/s); latencies are per batch.
-        if size <= 1 << 20 {
-            let batch: Vec<ObjectId> = (0..BATCH).map(|_| fresh_id(&mut counter)).collect();
-            for &id in &batch {
-                client.create_and_seal(id, &source, b"")?;
-            }
-            let mut samples = timer.measure(
-                |_| Ok(()),
-                |()| {
-                    let objects = client.get(&batch, Some(Duration::ZERO))?;
-                    std::hint::black_box(objects.len());
-                    Ok(())
-                },
-                |()| Ok(()),
+        measure_size(&client, &timer, &mut counter, size, "", &mut results)?;
+        if let Some((_, metered_client, _)) = &metered {
+            measure_size(
+                metered_client,
+                &timer,
+                &mut counter,
+                size,
+                METRICS_TAG,
+                &mut results,
             )?;
-            let mut result =
-                CaseResult::from_samples(&format!("get batch ×{BATCH}"), size, &mut samples);
-            result.ops_per_sec *= BATCH as f64;
-            result.mb_per_sec *= BATCH as f64;
-            results.push(result);
-            client.flush()?;
-            client.delete(&batch)?;
         }
-
-        let mut samples = timer.measure(
-            |_| Ok(()),
-            |()| {
-                std::hint::black_box(client.contains(id)?);
-                Ok(())
-            },
-            |()| Ok(()),
-        )?;
-        results.push(CaseResult::from_samples("contains", size, &mut samples));
-        client.flush()?;
-        client.delete(&[id])?;
-
-        let mut samples = timer.measure(
-            |_| {
-                let id = fresh_id(&mut counter);
-                client.create(id, size, 0)?.seal()?;
-                Ok(id)
-            },
-            |id| {
-                client.delete(&[id])?;
-                Ok(())
-            },
-            |()| Ok(()),
-        )?;
-        results.push(CaseResult::from_samples("delete", size, &mut samples));
+    }
+    if let Some((_, _, scraper)) = metered {
+        eprintln!("{} scrapes of /metrics during the run", scraper.stop());
+        print_metrics_overhead(&results);
     }
     print_local_table(&results);
     write_json(&args.json, &results)?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
+}
+
+/// Every case of `bench local` at one size, against `client`; `tag` marks the rows' names.
+fn measure_size(
+    client: &Client,
+    timer: &Timer,
+    counter: &mut u64,
+    size: u64,
+    tag: &str,
+    results: &mut Vec<CaseResult>,
+) -> Result<(), BenchError> {
+    let source = vec![0xa5u8; size as usize];
+
+    // create + seal (no data written): the control-path round trips.
+    let mut samples = timer.measure(
+        |_| Ok(fresh_id(counter)),
+        |id| {
+            client.create(id, size, 0)?.seal()?;
+            Ok(id)
+        },
+        |id| {
+            client.delete(&[id])?;
+            Ok(())
+        },
+    )?;
+    results.push(CaseResult::from_samples(
+        &format!("create+seal{tag}"),
+        size,
+        &mut samples,
+    ));
+
+    // put: create, copy the data in, seal.
+    let mut samples = timer.measure(
+        |_| Ok(fresh_id(counter)),
+        |id| {
+            let mut writer = client.create(id, size, 0)?;
+            writer.data_mut().copy_from_slice(&source);
+            writer.seal()?;
+            Ok(id)
+        },
+        |id| {
+            client.delete(&[id])?;
+            Ok(())
+        },
+    )?;
+    results.push(CaseResult::from_samples(
+        &format!("put{tag}"),
+        size,
+        &mut samples,
+    ));
+
+    // memcpy into pre-faulted private memory: the ceiling for put.
+    let mut destination = vec![0u8; size as usize];
+    destination.iter_mut().step_by(4096).for_each(|b| *b = 1);
+    let mut samples = timer.measure(
+        |_| Ok(()),
+        |()| {
+            destination.copy_from_slice(std::hint::black_box(&source));
+            std::hint::black_box(&destination);
+            Ok(())
+        },
+        |()| Ok(()),
+    )?;
+    results.push(CaseResult::from_samples(
+        &format!("memcpy{tag}"),
+        size,
+        &mut samples,
+    ));
+    drop(destination);
+
+    let id = fresh_id(counter);
+    client.create_and_seal(id, &source, b"")?;
+    let mut samples = timer.measure(
+        |_| Ok(()),
+        |()| {
+            let object = client.get_one(id, Some(Duration::ZERO))?;
+            std::hint::black_box(object.data().as_ptr());
+            Ok(())
+        },
+        |()| Ok(()),
+    )?;
+    results.push(CaseResult::from_samples(
+        &format!("get+release (zero-copy){tag}"),
+        size,
+        &mut samples,
+    ));
+
+    let mut samples = timer.measure(
+        |_| Ok(()),
+        |()| {
+            let object = client.get_one(id, Some(Duration::ZERO))?;
+            let sum = object.data().chunks_exact(8).fold(0u64, |acc, c| {
+                acc.wrapping_add(u64::from_ne_bytes(c.try_into().expect("8 bytes")))
+            });
+            std::hint::black_box(sum);
+            Ok(())
+        },
+        |()| Ok(()),
+    )?;
+    results.push(CaseResult::from_samples(
+        &format!("get+read{tag}"),
+        size,
+        &mut samples,
+    ));
+
+    // Batched zero-copy gets: one request for 64 objects, then their releases. Rows count
+    // objects (ops/s, MB/s); latencies are per batch.
+    if size <= 1 << 20 {
+        let batch: Vec<ObjectId> = (0..BATCH).map(|_| fresh_id(counter)).collect();
+        for &id in &batch {
+            client.create_and_seal(id, &source, b"")?;
+        }
+        let mut samples = timer.measure(
+            |_| Ok(()),
+            |()| {
+                let objects = client.get(&batch, Some(Duration::ZERO))?;
+                std::hint::black_box(objects.len());
+                Ok(())
+            },
+            |()| Ok(()),
+        )?;
+        let mut result =
+            CaseResult::from_samples(&format!("get batch ×{BATCH}{tag}"), size, &mut samples);
+        result.ops_per_sec *= BATCH as f64;
+        result.mb_per_sec *= BATCH as f64;
+        results.push(result);
+        client.flush()?;
+        client.delete(&batch)?;
+    }
+
+    let mut samples = timer.measure(
+        |_| Ok(()),
+        |()| {
+            std::hint::black_box(client.contains(id)?);
+            Ok(())
+        },
+        |()| Ok(()),
+    )?;
+    results.push(CaseResult::from_samples(
+        &format!("contains{tag}"),
+        size,
+        &mut samples,
+    ));
+    client.flush()?;
+    client.delete(&[id])?;
+
+    let mut samples = timer.measure(
+        |_| {
+            let id = fresh_id(counter);
+            client.create(id, size, 0)?.seal()?;
+            Ok(id)
+        },
+        |id| {
+            client.delete(&[id])?;
+            Ok(())
+        },
+        |()| Ok(()),
+    )?;
+    results.push(CaseResult::from_samples(
+        &format!("delete{tag}"),
+        size,
+        &mut samples,
+    ));
+    Ok(())
+}
+
+/// Marks the rows measured against the daemon with `--metrics`.
+const METRICS_TAG: &str = " [metrics]";
+
+/// Each case with metrics on next to the same case without: ops/s on / off.
+fn print_metrics_overhead(results: &[CaseResult]) {
+    println!();
+    println!(
+        "metrics on / off (1.00 = no cost; same run, cases interleaved; p50 is the steadier):"
+    );
+    println!(
+        "  {:<26} {:>10} {:>12} {:>10} {:>12} {:>12}",
+        "operation", "size", "ops/s ratio", "p50 ratio", "p50 µs on", "p50 µs off"
+    );
+    for on in results
+        .iter()
+        .filter(|r| r.operation.ends_with(METRICS_TAG))
+    {
+        let name = on.operation.trim_end_matches(METRICS_TAG);
+        if let Some(off) = results
+            .iter()
+            .find(|r| r.operation == name && r.size_bytes == on.size_bytes)
+        {
+            println!(
+                "  {:<26} {:>10} {:>12.3} {:>10.3} {:>12.1} {:>12.1}",
+                name,
+                format_bytes(on.size_bytes),
+                on.ops_per_sec / off.ops_per_sec.max(f64::MIN_POSITIVE),
+                on.p50_us / off.p50_us.max(f64::MIN_POSITIVE),
+                on.p50_us,
+                off.p50_us
+            );
+        }
+    }
+}
+
+/// Scrapes a daemon's `/metrics` every interval on a thread, as Prometheus would.
+pub(crate) struct Scraper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Scraper {
+    pub(crate) fn start(addr: std::net::SocketAddr, every: Duration) -> Self {
+        use std::io::{Read, Write};
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut scrapes = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(mut stream) = std::net::TcpStream::connect(addr) {
+                    let request = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+                    let mut response = Vec::new();
+                    if stream.write_all(request.as_bytes()).is_ok()
+                        && stream.read_to_end(&mut response).is_ok()
+                        && response.starts_with(b"HTTP/1.1 200")
+                    {
+                        scrapes += 1;
+                    }
+                }
+                std::thread::sleep(every);
+            }
+            scrapes
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops; returns how many scrapes succeeded.
+    pub(crate) fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().map_or(0, |t| t.join().unwrap_or(0))
+    }
+}
+
+impl Drop for Scraper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 fn print_local_table(results: &[CaseResult]) {

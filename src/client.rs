@@ -841,6 +841,14 @@ impl Client {
         }
     }
 
+    /// Every counter and gauge of the node: store, fetches, transfers, peers.
+    pub fn metrics(&self) -> Result<skyriver_core::node::NodeMetrics, ClientError> {
+        match self.connection()?.call(Request::Metrics)? {
+            Response::Metrics(metrics) => Ok(*metrics),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// A stream of seal and delete events, on a connection of its own.
     pub fn subscribe(&self) -> Result<Subscription, ClientError> {
         self.connection()?;

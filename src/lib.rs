@@ -26,6 +26,7 @@ pub mod netns;
 pub mod persistence;
 pub mod security;
 pub mod size;
+pub mod top;
 pub mod up;
 
 pub use client::{

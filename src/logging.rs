@@ -1,6 +1,25 @@
 //! Log filters given on the command line (`--log`) or in `RUST_LOG`, checked before use: a
 //! misspelt level would otherwise be read as a target name and silence every log line.
 
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, with the current span's fields (e.g. a fetch's id).
+    Json,
+}
+
+/// Parses `--metrics`: `HOST:PORT`, or a bare port (then on loopback, safe by default).
+pub fn parse_metrics_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse().map_err(|_| {
+        format!("{text:?} is not an address: expected HOST:PORT (e.g. 127.0.0.1:9464) or a port")
+    })
+}
+
 const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
 /// Checks a filter: comma-separated directives, each a level (`info`) or `TARGET=LEVEL`

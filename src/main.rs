@@ -171,6 +171,10 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// A live view of one daemon or several (--socket repeated): memory, ops/s, fetch MB/s in
+    /// and out, work in flight, and every node of the cluster with its traffic and errors.
+    /// `q` quits; --once prints one frame, --once --json one JSON document.
+    Top(skyriver::top::TopArgs),
     /// Show which nodes hold an object.
     Locate {
         /// The object's id.
@@ -250,6 +254,13 @@ struct DaemonArgs {
     /// Log filter, e.g. info, debug, skyriver=trace (or RUST_LOG).
     #[arg(long, default_value = "info", value_parser = skyriver::logging::parse_filter)]
     log: String,
+    /// Log lines as text, or as one JSON object per line (for log shippers).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: skyriver::logging::LogFormat,
+    /// Serve Prometheus metrics (GET /metrics) and health (GET /healthz) over HTTP on this
+    /// address, e.g. 127.0.0.1:9464; a bare port listens on loopback [default: off]
+    #[arg(long, value_name = "ADDR", value_parser = skyriver::logging::parse_metrics_addr)]
+    metrics: Option<SocketAddr>,
     /// This node's id in the cluster [default: $SLURM_NODEID, else 0 with --head]
     #[arg(long, requires = "membership")]
     node_id: Option<u32>,
@@ -346,6 +357,7 @@ fn main() -> ExitCode {
         } => fetch(&socket, &ids, output, timeout_ms, mode, wait),
         Command::Nodes { json, socket } => nodes(&socket, json),
         Command::Locate { id, socket } => locate(&socket, id),
+        Command::Top(args) => skyriver::top::run(&args).map_err(|e| e.to_string()),
         Command::Up(args) => skyriver::up::run(&args),
         Command::Cluster(command) => skyriver::cluster::run(command),
         Command::Bench(command) => skyriver::bench::run(command).map_err(|e| e.to_string()),
@@ -359,21 +371,30 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(filter: &str) -> Result<(), String> {
+fn init_logging_as(filter: &str, format: skyriver::logging::LogFormat) -> Result<(), String> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(env) => skyriver::logging::parse_filter(&env).map_err(|e| format!("RUST_LOG: {e}"))?,
         Err(_) => filter.to_string(),
     };
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        skyriver::logging::LogFormat::Text => {
+            builder.with_ansi(std::io::stderr().is_terminal()).init()
+        }
+        // One object per line, the current span and its parents included (a fetch's id).
+        skyriver::logging::LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
     Ok(())
 }
 
 fn run_daemon(args: DaemonArgs) -> Result<(), String> {
-    init_logging(&args.log)?;
+    init_logging_as(&args.log, args.log_format)?;
     let mut config = DaemonConfig::new(
         args.socket
             .clone()
@@ -396,6 +417,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         Some(_) => 0o660,
         None => 0o600,
     });
+    config.metrics_addr = args.metrics;
     config.persistence = args.backing_file.clone().map(|path| {
         let mut persistence = skyriver::persistence::PersistenceConfig::new(path);
         persistence.durability = args.durability;

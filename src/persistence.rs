@@ -26,7 +26,7 @@
 //! In both modes the space of a deleted or evicted recorded object is reused only once its
 //! removal is durable (the store keeps the block aside until then, and a `create` that needs it
 //! waits), so a recovered record never points at bytes that were reused; removals are
-//! committed as soon as they arrive. In `seal` mode the delete's reply also waits for it.
+//! committed as soon as they arrive, and the delete's reply waits for that commit.
 //!
 //! A failed flush is fail-stop: the daemon cannot promise durability any more, so it logs the
 //! error and aborts; a restart recovers the last consistent state.

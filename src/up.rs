@@ -73,6 +73,10 @@ pub struct UpArgs {
     /// for the latency where the kernel has it).
     #[arg(long, requires = "netns")]
     pub link: Option<crate::netns::LinkShape>,
+    /// Give every daemon `--metrics` on a free port (loopback, or its namespace's address),
+    /// printed at start-up: /metrics for Prometheus, /healthz.
+    #[arg(long)]
+    pub metrics: bool,
 }
 
 fn parse_node_count(text: &str) -> Result<u32, String> {
@@ -99,6 +103,7 @@ impl UpArgs {
             devices: Vec::new(),
             netns: false,
             link: None,
+            metrics: false,
         }
     }
 }
@@ -123,6 +128,8 @@ pub struct LocalCluster {
     _temp: Option<tempfile::TempDir>,
     /// The namespaces the daemons run in (with --netns).
     pub netns: Option<crate::netns::NetnsCluster>,
+    /// Where each node serves `/metrics` and `/healthz` (with `--metrics`), node 0 first.
+    pub metrics: Vec<std::net::SocketAddr>,
 }
 
 /// How [`LocalCluster::spawn`] runs the daemons.
@@ -201,6 +208,7 @@ impl LocalCluster {
             dir: dir.clone(),
             _temp: temp,
             netns,
+            metrics: Vec::new(),
         };
         for node in 0..args.nodes {
             let socket = dir.join(format!("node-{node}.sock"));
@@ -253,6 +261,15 @@ impl LocalCluster {
                 .stderr(Stdio::from(log_file));
             if supervision.own_process_group {
                 std::os::unix::process::CommandExt::process_group(&mut command, 0);
+            }
+            if args.metrics {
+                let ip = match &cluster.netns {
+                    Some(netns) => netns.hosts[node as usize].addr,
+                    None => std::net::Ipv4Addr::LOCALHOST,
+                };
+                let addr = std::net::SocketAddr::from((ip, free_loopback_port()?));
+                command.args(["--metrics", &addr.to_string()]);
+                cluster.metrics.push(addr);
             }
             match (&args.directory, node) {
                 (Some(directory), _) => command.args(["--directory", directory]),
@@ -540,7 +557,13 @@ pub fn run(args: &UpArgs) -> Result<(), String> {
         cluster.sockets.len()
     );
     for (node, socket) in cluster.sockets.iter().enumerate() {
-        println!("  node-{node}: export SKYRIVER_SOCKET={}", socket.display());
+        match cluster.metrics.get(node) {
+            Some(addr) => println!(
+                "  node-{node}: export SKYRIVER_SOCKET={}   metrics: http://{addr}/metrics",
+                socket.display()
+            ),
+            None => println!("  node-{node}: export SKYRIVER_SOCKET={}", socket.display()),
+        }
     }
     println!(
         "logs: {}/node-N.log{}",

@@ -13,11 +13,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
 use crate::ids::{ArenaId, NodeId, ObjectId, RequestId};
-use crate::node::{FetchError, TransferMode};
+use crate::node::{FetchError, NodeMetrics, TransferMode};
 use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
 
 /// Version of this protocol; a client of another version is refused at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.
@@ -100,6 +100,9 @@ pub enum Request {
     Subscribe,
     /// Store counters.
     Stats,
+    /// Every counter and gauge of the node (store, fetches, transfers, peers): what
+    /// `skyriver top` shows and the daemon's `/metrics` exports.
+    Metrics,
     /// Get objects from anywhere in the cluster: fetched from other nodes unless already here.
     /// Waits up to `timeout_ms` (`None`: for ever); the reply holds a reference to each.
     Fetch {
@@ -182,6 +185,8 @@ pub enum Response {
     Evicted(EvictOutcome),
     /// Answer to `Stats`.
     Stats(StoreStats),
+    /// Answer to `Metrics`.
+    Metrics(Box<NodeMetrics>),
     /// Answer to `Fetch`: one result per id, in order; each `Ok` holds a reference.
     Fetched(Vec<Result<ObjectInfo, FetchError>>),
     /// Answer to `Nodes`.

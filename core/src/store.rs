@@ -212,7 +212,16 @@ impl Store {
                 largest_arena_bytes,
             });
         }
-        let block = self.allocate_evicting(id, total, block_len)?;
+        let block = match self.allocate_evicting(id, total, block_len) {
+            Ok(block) => block,
+            Err(error) => {
+                if matches!(error, StoreError::OutOfMemory { .. }) {
+                    self.stats.out_of_memory_total += 1;
+                }
+                return Err(error);
+            }
+        };
+        self.stats.created_objects_total += 1;
         let mut entry = Entry::new(id, block, data_size, metadata_size, false, now);
         entry.ref_count = 1;
         let info = entry.info();
@@ -454,6 +463,12 @@ impl Store {
         self.objects.get(id).is_some_and(|e| e.pin_count > 0)
     }
 
+    /// Counts requests the node layer handles for clients (`get`, `delete`), per id.
+    pub fn count_requests(&mut self, gets: u64, deletes: u64) {
+        self.stats.get_requests_total += gets;
+        self.stats.delete_requests_total += deletes;
+    }
+
     /// Current counters and gauges.
     pub fn stats(&self) -> StoreStats {
         StoreStats {
@@ -465,6 +480,12 @@ impl Store {
             object_count: self.objects.len() as u64,
             sealed_count: self.objects.iter().filter(|e| e.sealed).count() as u64,
             evictable_bytes: self.evictable_bytes,
+            pinned_bytes: self
+                .objects
+                .iter()
+                .filter(|e| e.pin_count > 0)
+                .map(|e| e.block().len)
+                .sum(),
             client_count: self.clients.len() as u64,
             waiting_gets: self.waiters.len() as u64,
             ..self.stats.clone()

@@ -71,6 +71,10 @@ pub struct FetchArgs {
     /// with this one's: before/after numbers of a change, taken under the same load.
     #[arg(long)]
     pub compare_exe: Option<PathBuf>,
+    /// Also run every mode with daemons serving --metrics, each scraped every second (rows
+    /// `MODE@metrics`), interleaved with the plain ones: what exporting metrics costs.
+    #[arg(long)]
+    pub metrics: bool,
     /// Write the results as JSON here.
     #[arg(long, default_value = "bench-fetch.json")]
     pub json: PathBuf,
@@ -159,14 +163,17 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         .map(|m| m.parse().map_err(BenchError::Setup))
         .collect::<Result<_, _>>()?;
     let mut clusters = Vec::new();
-    let mut builds = vec![(String::new(), exe.clone())];
+    let mut builds = vec![(String::new(), exe.clone(), false)];
     if let Some(other) = &args.compare_exe {
-        builds.push(("@other".to_string(), other.clone()));
+        builds.push(("@other".to_string(), other.clone(), false));
+    }
+    if args.metrics {
+        builds.push(("@metrics".to_string(), exe.clone(), true));
     }
     if modes.is_empty() {
         builds.clear();
     }
-    for (suffix, exe) in &builds {
+    for (suffix, exe, metrics) in &builds {
         eprintln!(
             "starting two daemons{suffix} with {} each...",
             format_bytes(memory.0)
@@ -175,7 +182,13 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         let mut up = UpArgs::new(2, memory, None);
         up.fabric = args.fabric.clone();
         up.devices = args.devices.clone();
+        up.metrics = *metrics;
         let cluster = LocalCluster::start(&up, exe).map_err(BenchError::Setup)?;
+        let scrapers = cluster
+            .metrics
+            .iter()
+            .map(|&addr| crate::bench::Scraper::start(addr, Duration::from_secs(1)))
+            .collect();
         let holder = Client::connect(&cluster.sockets[0])?;
         let requesters = (0..concurrency)
             .map(|_| Client::connect(&cluster.sockets[1]))
@@ -189,6 +202,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         }
         clusters.push(BenchCluster {
             suffix: suffix.clone(),
+            _scrapers: scrapers,
             _cluster: cluster,
             holder,
             requesters,
@@ -250,7 +264,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         None => None,
     };
     drop(clusters);
-    for (suffix, _) in &builds {
+    for (suffix, _, _) in &builds {
         let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!(
             "skyriver-bench-fetch-{}{suffix}",
             std::process::id()
@@ -390,6 +404,8 @@ fn ratio(result: &CaseResult, base: &CaseResult) -> f64 {
 struct BenchCluster {
     /// Appended to the modes' names (`@other` for `--compare-exe`).
     suffix: String,
+    /// Scrape the daemons' /metrics while the cluster lives (`--metrics`).
+    _scrapers: Vec<crate::bench::Scraper>,
     _cluster: LocalCluster,
     holder: Client,
     requesters: Vec<Client>,

@@ -1,9 +1,11 @@
-//! Local client connections, as the event loop sees them: a reader task per connection cuts
-//! the byte stream into requests and hands them to the loop over one bounded channel (a full
-//! channel stops the readers, and the clients feel it as a slow socket); the loop writes every
-//! reply itself, straight into the socket when it takes the bytes, and through a small flush
-//! task when it does not. A client whose unread replies pile up past
-//! [`MAX_CLIENT_BACKLOG_BYTES`] is disconnected with that reason, never buffered without limit.
+//! Local client connections, as the event loop sees them. The loop reads each socket itself
+//! when it is readable (no task hop between a request and the node): at most
+//! [`READ_TURN_BYTES`] per turn, so one busy client cannot starve the others, and nothing more
+//! than the loop handles is read (a client that sends faster than it is served meets a full
+//! socket). The loop writes every reply itself, straight into the socket when it takes the
+//! bytes, and through a small flush task when it does not. A client whose unread replies pile
+//! up past [`MAX_CLIENT_BACKLOG_BYTES`] is disconnected with that reason, never buffered
+//! without limit.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex};
@@ -13,15 +15,16 @@ use skyriver_core::client_protocol::{
     MAX_REQUEST_BYTES,
 };
 use skyriver_core::ClientId;
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::mpsc;
 
 /// Reply bytes a client may leave unread before it is disconnected (one frame of any size is
 /// always accepted on top of an empty backlog).
 pub(super) const MAX_CLIENT_BACKLOG_BYTES: usize = 16 << 20;
 
-/// What a connection's reader hands the event loop.
+/// Bytes the loop reads from one client in one turn before serving the others.
+pub(super) const READ_TURN_BYTES: usize = 256 * 1024;
+
+/// What reading a connection gives the event loop.
 #[derive(Debug)]
 pub(super) enum ClientInput {
     /// A decoded request.
@@ -102,51 +105,107 @@ impl FrameReader {
         Ok(Some(body))
     }
 
-    /// Reads more bytes; `Closed` or `Truncated` at end of stream.
-    async fn fill(&mut self, stream: &mut (impl AsyncRead + Unpin)) -> Result<(), ConnectionEnd> {
+    /// Reads what the socket holds now, up to `limit` bytes: `Ok(true)` when the limit was
+    /// reached (more may wait), `Closed` or `Truncated` at end of stream.
+    fn fill_now(&mut self, stream: &OwnedReadHalf, limit: usize) -> Result<bool, ConnectionEnd> {
         if self.start > 0 {
             self.buf.drain(..self.start);
             self.start = 0;
         }
-        self.buf.reserve(Self::READ_CHUNK_BYTES);
-        if stream.read_buf(&mut self.buf).await? == 0 {
-            return Err(if self.buf.is_empty() {
-                ConnectionEnd::Closed
-            } else {
-                ConnectionEnd::Truncated
-            });
+        let mut taken = 0;
+        while taken < limit {
+            self.buf.reserve(Self::READ_CHUNK_BYTES);
+            match stream.try_read_buf(&mut self.buf) {
+                Ok(0) => {
+                    return Err(if self.buf.is_empty() {
+                        ConnectionEnd::Closed
+                    } else {
+                        ConnectionEnd::Truncated
+                    })
+                }
+                Ok(n) => taken += n,
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                Err(error) => return Err(error.into()),
+            }
         }
-        Ok(())
+        Ok(true)
     }
 }
 
-/// Reads one connection's requests until it ends, handing each to the loop.
-pub(super) async fn read_requests(
-    client: ClientId,
-    mut stream: OwnedReadHalf,
-    inputs: mpsc::Sender<ClientInput>,
-) {
-    let mut reader = FrameReader::default();
-    let end = loop {
-        match reader.next_frame() {
-            Ok(Some(body)) => {
-                let input = match decode_request(&reader.buf[body]) {
+/// The reading side of one connection, read by the event loop itself.
+pub(super) struct ClientReader {
+    half: Arc<OwnedReadHalf>,
+    frames: FrameReader,
+}
+
+/// A future the loop polls among all clients': resolves with the client once its socket is
+/// readable (or closed).
+pub(super) type Readable = std::pin::Pin<Box<dyn std::future::Future<Output = ClientId> + Send>>;
+
+impl ClientReader {
+    pub(super) fn new(half: OwnedReadHalf) -> Self {
+        Self {
+            half: Arc::new(half),
+            frames: FrameReader::default(),
+        }
+    }
+
+    /// Resolves with `client` when there is something to read.
+    pub(super) fn readable(&self, client: ClientId) -> Readable {
+        let half = self.half.clone();
+        Box::pin(async move {
+            // An error means the socket is gone; reading says so.
+            let _ = half.readable().await;
+            client
+        })
+    }
+
+    /// Resolves with `client` at once: a full turn was read, more may wait.
+    pub(super) fn again(client: ClientId) -> Readable {
+        Box::pin(std::future::ready(client))
+    }
+
+    /// Reads this turn's bytes and cuts them into inputs. Returns whether the connection is
+    /// still open and whether a full turn was read (the loop comes back at once).
+    pub(super) fn read_turn(
+        &mut self,
+        client: ClientId,
+        out: &mut Vec<ClientInput>,
+    ) -> (bool, bool) {
+        let filled = self.frames.fill_now(&self.half, READ_TURN_BYTES);
+        loop {
+            match self.frames.next_frame() {
+                Ok(Some(body)) => out.push(match decode_request(&self.frames.buf[body]) {
                     Ok(frame) => ClientInput::Request { client, frame },
                     Err(error) => ClientInput::Malformed { client, error },
-                };
-                if inputs.send(input).await.is_err() {
-                    return; // the loop stopped
+                }),
+                Ok(None) => break,
+                Err(error) => {
+                    out.push(ClientInput::Ended {
+                        client,
+                        end: ConnectionEnd::Frame(error),
+                    });
+                    return (false, false);
                 }
             }
-            Ok(None) => {
-                if let Err(end) = reader.fill(&mut stream).await {
-                    break end;
-                }
-            }
-            Err(error) => break ConnectionEnd::Frame(error),
         }
-    };
-    let _ = inputs.send(ClientInput::Ended { client, end }).await;
+        match filled {
+            Ok(full) => (true, full),
+            Err(end) => {
+                out.push(ClientInput::Ended { client, end });
+                (false, false)
+            }
+        }
+    }
+
+    /// Stops reading: the socket's read side is shut down, so a pending readiness wait ends.
+    pub(super) fn close(&self) {
+        let stream: &tokio::net::UnixStream = (*self.half).as_ref();
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(&stream.as_fd()),
+            nix::sys::socket::Shutdown::Read,
+        );
+    }
 }
 
 /// Why a reply could not be written.

@@ -11,28 +11,27 @@ use skyriver_core::node::{NodeDriver, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, InputBytes, PeerMessage};
 use skyriver_core::{
     ArenaId, ClientId, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, RemoteRegion,
-    RequestId,
+    RequestId, TransferId,
 };
 use skyriver_transport::directory::Directory;
 use skyriver_transport::fabric::{Fabric, MessageBytes};
 use skyriver_transport::SharedArena;
-use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::{debug, debug_span, warn, Level};
 
-use super::connection::ClientWriter;
+use super::connection::{ClientReader, ClientWriter};
 use crate::persistence::CommitQueue;
 
 /// One connected client, as the loop holds it.
 pub(super) struct ClientLink {
     pub(super) writer: ClientWriter,
-    pub(super) reader: JoinHandle<()>,
+    pub(super) reader: ClientReader,
     /// Frames for this client not written yet: the loop writes them in one go once it has
     /// handled every input that is ready (a pipelined burst of requests costs one write).
     pub(super) unsent: Vec<u8>,
 }
 
 impl ClientLink {
-    pub(super) fn new(writer: ClientWriter, reader: JoinHandle<()>) -> Self {
+    pub(super) fn new(writer: ClientWriter, reader: ClientReader) -> Self {
         Self {
             writer,
             reader,
@@ -57,14 +56,30 @@ pub(super) struct Effects {
     frame: Vec<u8>,
     /// Clients with unsent frames, in the order they got their first.
     unsent: Vec<ClientId>,
+    /// This node, for fetch ids in log lines.
+    node: NodeId,
+    /// Objects being fetched, with their transfer (only while debug logging is on): the line
+    /// saying the object was sealed carries the fetch's id.
+    fetching: BTreeMap<ObjectId, TransferId>,
+}
+
+/// Fetches remembered for their log lines at most (a failed fetch leaves its entry behind).
+const FETCHING_KEPT: usize = 4096;
+
+/// A fetch's id in log lines: the requester and its transfer id, the same on both nodes, so
+/// `RUST_LOG=skyriver=debug` on two nodes follows one object across the cluster.
+fn fetch_id(requester: NodeId, transfer: TransferId) -> String {
+    format!("{requester}/{transfer}")
 }
 
 /// A client's buffer of unsent frames is freed past this size once written.
 const UNSENT_KEEP_BYTES: usize = 1 << 20;
 
 impl Effects {
-    pub(super) fn new(arenas: BTreeMap<ArenaId, Arc<SharedArena>>) -> Self {
+    pub(super) fn new(node: NodeId, arenas: BTreeMap<ArenaId, Arc<SharedArena>>) -> Self {
         Self {
+            node,
+            fetching: BTreeMap::new(),
             clients: BTreeMap::new(),
             closed: Vec::new(),
             arenas,
@@ -81,7 +96,7 @@ impl Effects {
     /// written have drained.
     pub(super) fn close(&mut self, client: ClientId, reason: String) {
         if let Some(link) = self.clients.remove(&client) {
-            link.reader.abort();
+            link.reader.close();
             // What was already answered (the error that explains the close, say) still goes.
             if !link.unsent.is_empty() {
                 let _ = link.writer.write(&link.unsent);
@@ -135,8 +150,46 @@ impl Effects {
     }
 }
 
+impl Effects {
+    /// Debug lines of a transfer's messages, in the span of its fetch id.
+    fn trace_message(&mut self, peer: NodeId, message: &PeerMessage) {
+        let (requester, req) = match message {
+            PeerMessage::FetchRequest { req, .. } | PeerMessage::Finish { req } => {
+                (self.node, *req)
+            }
+            other => (peer, other.req()),
+        };
+        let span = debug_span!("fetch", id = %fetch_id(requester, req));
+        let _entered = span.enter();
+        match message {
+            PeerMessage::FetchRequest {
+                id, eager_limit, ..
+            } => {
+                if self.fetching.len() >= FETCHING_KEPT {
+                    self.fetching.pop_first();
+                }
+                self.fetching.insert(*id, req);
+                debug!(object = %id, holder = %peer, eager_limit, "fetch requested");
+            }
+            PeerMessage::Finish { .. } => debug!(holder = %peer, "reads done: lease released"),
+            PeerMessage::Rendezvous {
+                sizes, lease_ms, ..
+            } => debug!(
+                requester = %peer,
+                bytes = sizes.data_size + sizes.metadata_size,
+                lease_ms,
+                "serving by rendezvous: object pinned and exposed"
+            ),
+            other => debug!(requester = %peer, reply = %other, "fetch refused"),
+        }
+    }
+}
+
 impl NodeDriver for Effects {
     fn send(&mut self, peer: NodeId, message: PeerMessage) {
+        if tracing::enabled!(Level::DEBUG) {
+            self.trace_message(peer, &message);
+        }
         if let Some(fabric) = &self.fabric {
             if let Err(error) = fabric.send(peer, wire::to_bytes(&message)) {
                 // The fabric reports the lost connection as an event of its own.
@@ -152,6 +205,12 @@ impl NodeDriver for Effects {
         source: LocalRegion,
         object: ObjectId,
     ) {
+        if header.offset == 0 && tracing::enabled!(Level::DEBUG) {
+            let span = debug_span!("fetch", id = %fetch_id(peer, header.req));
+            let _entered = span.enter();
+            let bytes = header.sizes.data_size + header.sizes.metadata_size;
+            debug!(requester = %peer, %object, bytes, "serving eagerly");
+        }
         if let Some(fabric) = &self.fabric {
             if let Err(error) = fabric.send_eager(peer, &header, source) {
                 debug!(%peer, %object, %error, "eager send failed");
@@ -236,14 +295,28 @@ impl NodeDriver for Effects {
     }
 
     fn local(&mut self, event: ObjectEvent) {
-        debug!(?event, "store event");
+        if !tracing::enabled!(Level::DEBUG) {
+            return;
+        }
+        let fetched = match event {
+            ObjectEvent::Sealed { id, .. } => self.fetching.remove(&id),
+            ObjectEvent::Deleted { .. } => None,
+        };
+        match fetched {
+            Some(req) => {
+                let span = debug_span!("fetch", id = %fetch_id(self.node, req));
+                let _entered = span.enter();
+                debug!(?event, "fetched object sealed");
+            }
+            None => debug!(?event, "store event"),
+        }
     }
 }
 
 impl Drop for Effects {
     fn drop(&mut self) {
         for link in self.clients.values() {
-            link.reader.abort();
+            link.reader.close();
         }
     }
 }

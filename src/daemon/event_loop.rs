@@ -1,8 +1,8 @@
-//! The daemon's one loop, sole owner of the [`Node`] (in the style of str0m): bounded channels
-//! in (client requests, fabric events, directory notices, the committer's progress), one
-//! input at a time, every output carried out before the next input, then sleep until the
-//! next input or the node's next deadline. No lock is held around the node and nothing here
-//! waits for a disk or a peer.
+//! The daemon's one loop, sole owner of the [`Node`] (in the style of str0m): inputs are the
+//! clients' sockets (read by the loop itself, a bounded turn at a time), fabric events,
+//! directory notices and the committer's progress; one input at a time, every output carried
+//! out before the next input, then sleep until the next input or the node's next deadline. No
+//! lock is held around the node and nothing here waits for a disk or a peer.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,14 +16,12 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
-use super::connection::{read_requests, ClientInput, ClientWriter, ConnectionEnd};
-use super::effects::{ClientLink, Effects};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 
-/// Requests read from all clients and not yet taken by the loop; a full queue stops the
-/// readers (and so the clients).
-const CLIENT_INPUT_QUEUE: usize = 1024;
-/// Most requests taken from the queue in one burst before the replies are written.
-const CLIENT_INPUT_BURST: usize = 64;
+use super::connection::{ClientInput, ClientReader, ClientWriter, ConnectionEnd, Readable};
+use super::effects::{ClientLink, Effects};
+use super::metrics::{Snapshot, SnapshotRequest};
+
 /// How often the daemon checks that it is connected to every live node.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
 
@@ -39,13 +37,17 @@ pub(super) struct EventLoop {
     pub(super) effects: Effects,
     epoch: std::time::Instant,
     listener: UnixListener,
-    inputs: mpsc::Receiver<ClientInput>,
-    inputs_tx: mpsc::Sender<ClientInput>,
+    /// One readiness wait per connected client.
+    readable: FuturesUnordered<Readable>,
+    /// Reused for the inputs of one client's turn.
+    turn: Vec<ClientInput>,
     fabric_events: Option<mpsc::UnboundedReceiver<FabricEvent>>,
     notices: Option<mpsc::UnboundedReceiver<DirectoryNotice>>,
     durable: Option<watch::Receiver<u64>>,
     members: Vec<MemberInfo>,
     next_client: u64,
+    /// Snapshot requests of the metrics exporter (`--metrics`).
+    metrics_requests: Option<mpsc::Receiver<SnapshotRequest>>,
 }
 
 impl EventLoop {
@@ -58,7 +60,6 @@ impl EventLoop {
         durable: Option<watch::Receiver<u64>>,
     ) -> Self {
         // A stale durable count (0) must not look like news: only changes after now count.
-        let (inputs_tx, inputs) = mpsc::channel(CLIENT_INPUT_QUEUE);
         let (fabric_events, notices) = match cluster {
             Some(c) => (Some(c.fabric_events), Some(c.notices)),
             None => (None, None),
@@ -68,13 +69,35 @@ impl EventLoop {
             effects,
             epoch,
             listener,
-            inputs,
-            inputs_tx,
+            readable: FuturesUnordered::new(),
+            turn: Vec::new(),
             fabric_events,
             notices,
             durable,
             members: Vec::new(),
             next_client: 1,
+            metrics_requests: None,
+        }
+    }
+
+    /// Answers the metrics exporter's requests from now on.
+    pub(super) fn set_metrics_requests(&mut self, requests: mpsc::Receiver<SnapshotRequest>) {
+        self.metrics_requests = Some(requests);
+    }
+
+    /// A copy of the node's counters for the exporter: plain values, taken between inputs.
+    fn snapshot(&self) -> Snapshot {
+        let node = self.node.metrics();
+        let connected_peers = node.peers.iter().filter(|p| p.connected).count();
+        Snapshot {
+            node,
+            fabric: self
+                .effects
+                .fabric
+                .as_ref()
+                .map_or_else(|| "none".to_string(), |f| f.name().to_string()),
+            members: self.members.len(),
+            connected_peers,
         }
     }
 
@@ -119,16 +142,8 @@ impl EventLoop {
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
-                Some(input) = self.inputs.recv() => {
-                    self.client_input(input);
-                    // Take the rest of a pipelined burst before writing any reply.
-                    for _ in 0..CLIENT_INPUT_BURST {
-                        self.drain();
-                        match self.inputs.try_recv() {
-                            Ok(input) => self.client_input(input),
-                            Err(_) => break,
-                        }
-                    }
+                Some(client) = self.readable.next(), if !self.readable.is_empty() => {
+                    self.read_client(client)
                 }
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, _)) => self.accept(stream),
@@ -150,6 +165,10 @@ impl EventLoop {
                     armed = None;
                 }
                 _ = maintain.tick(), if clustered => self.maintain_connections(),
+                Some(answer) = recv_bounded(self.metrics_requests.as_mut()) => {
+                    // The scraper may have given up; nothing to do then.
+                    let _ = answer.send(self.snapshot());
+                }
             }
         }
     }
@@ -179,13 +198,36 @@ impl EventLoop {
         let client = ClientId(self.next_client);
         self.next_client += 1;
         let (read, write) = stream.into_split();
-        let reader = tokio::spawn(read_requests(client, read, self.inputs_tx.clone()));
+        let reader = ClientReader::new(read);
+        self.readable.push(reader.readable(client));
         self.effects
             .clients
             .insert(client, ClientLink::new(ClientWriter::new(write), reader));
         let now = self.now();
         self.node.handle_client_connected(now, client);
         debug!(%client, "client connected");
+    }
+
+    /// A client's socket is readable: one turn of its requests, each handled and its outputs
+    /// carried out (replies leave together after the turn), then the next readiness wait.
+    fn read_client(&mut self, client: ClientId) {
+        let Some(link) = self.effects.clients.get_mut(&client) else {
+            return; // closed meanwhile; its wait ended with the close
+        };
+        let mut turn = std::mem::take(&mut self.turn);
+        let (open, full) = link.reader.read_turn(client, &mut turn);
+        if open {
+            self.readable.push(if full {
+                ClientReader::again(client)
+            } else {
+                link.reader.readable(client)
+            });
+        }
+        for input in turn.drain(..) {
+            self.client_input(input);
+            self.drain();
+        }
+        self.turn = turn;
     }
 
     fn client_input(&mut self, input: ClientInput) {
@@ -324,6 +366,17 @@ impl EventLoop {
 async fn recv<T>(receiver: Option<&mut mpsc::UnboundedReceiver<T>>) -> Option<T> {
     match receiver {
         // A closed channel (its sender stopped) never yields again, so the loop cannot spin.
+        Some(receiver) => match receiver.recv().await {
+            Some(item) => Some(item),
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// The next item of an optional bounded channel; pending forever without one.
+async fn recv_bounded<T>(receiver: Option<&mut mpsc::Receiver<T>>) -> Option<T> {
+    match receiver {
         Some(receiver) => match receiver.recv().await {
             Some(item) => Some(item),
             None => std::future::pending().await,

@@ -5,13 +5,15 @@
 //! One tokio runtime on one thread runs the event loop that owns the node
 //! ([`event_loop`]); the fabric runs its own threads for bulk data, a committer thread makes
 //! changes durable in persistent mode. Object bytes never pass through the client protocol:
-//! clients map the arenas' fds, sent once per connection.
+//! clients map the arenas' fds, sent once per connection. With `--metrics`, an exporter thread
+//! serves `/metrics` and `/healthz` from snapshots the loop hands it ([`metrics`]).
 
 mod cluster;
 mod connection;
 mod effects;
 mod event_loop;
 pub mod host_memory;
+pub mod metrics;
 mod starting;
 
 use std::collections::BTreeMap;
@@ -65,6 +67,8 @@ pub struct DaemonConfig {
     pub persistence: Option<crate::persistence::PersistenceConfig>,
     /// Start even when `memory_bytes` exceeds what the machine can give (see [`host_memory`]).
     pub allow_overcommit: bool,
+    /// Serve `/metrics` and `/healthz` over HTTP on this address; `None`: no exporter.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl DaemonConfig {
@@ -84,6 +88,7 @@ impl DaemonConfig {
             cluster: None,
             persistence: None,
             allow_overcommit: false,
+            metrics_addr: None,
         }
     }
 }
@@ -186,6 +191,9 @@ pub enum DaemonError {
     /// The directory could not be reached or started.
     #[error("directory: {0}")]
     Directory(String),
+    /// The metrics exporter could not start.
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
 }
 
 /// A daemon running on its own thread, for tests and tools that embed one.
@@ -324,6 +332,8 @@ pub struct Server {
     socket_path: PathBuf,
     /// The built-in directory, when this daemon is the head.
     directory_server: Option<BuiltinDirectoryServer>,
+    /// The metrics exporter, with `--metrics`.
+    metrics: Option<metrics::MetricsServer>,
 }
 
 impl Server {
@@ -346,6 +356,7 @@ impl Server {
         } else if config.memory_bytes < host_memory::MIN_MEMORY_BYTES {
             host_memory::check(config.memory_bytes, None, true).map_err(DaemonError::Memory)?;
         }
+        let metrics_listener = config.metrics_addr.map(metrics::bind).transpose()?;
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
         let listener =
             bind_socket(&config.socket_path, config.socket_mode, config.socket_group).await?;
@@ -353,7 +364,7 @@ impl Server {
         status.set("creating the arena");
         let responder = StartingResponder::spawn(listener, status.clone());
         let socket_path = config.socket_path.clone();
-        let result = Self::start(config, started, status, responder).await;
+        let result = Self::start(config, started, status, responder, metrics_listener).await;
         if result.is_err() {
             let _ = std::fs::remove_file(&socket_path);
         }
@@ -366,6 +377,7 @@ impl Server {
         started: std::time::Instant,
         status: StartStatus,
         responder: StartingResponder,
+        metrics_listener: Option<std::net::TcpListener>,
     ) -> Result<Self, DaemonError> {
         let options = ArenaOptions {
             hugepages_dir: config.hugepages_dir.clone(),
@@ -422,7 +434,7 @@ impl Server {
                 persistence.durability() == crate::persistence::Durability::Seal;
         }
         let node = Node::new(node_config, Instant::ZERO);
-        let mut effects = Effects::new(arenas);
+        let mut effects = Effects::new(config.node, arenas);
         let mut cluster_inputs = None;
         let mut directory_server = None;
         if let Some(parts) = cluster {
@@ -471,16 +483,28 @@ impl Server {
             socket = %config.socket_path.display(),
             "skyriver daemon ready"
         );
+        let metrics = match metrics_listener {
+            Some(listener) => {
+                let (requests_tx, requests_rx) = mpsc::channel(metrics::SNAPSHOT_QUEUE);
+                let server = metrics::MetricsServer::start(listener, requests_tx)?;
+                event_loop.set_metrics_requests(requests_rx);
+                Some(server)
+            }
+            None => None,
+        };
         Ok(Self {
             event_loop,
             socket_path: config.socket_path,
             directory_server,
+            metrics,
         })
     }
 
     /// Serves clients until `shutdown` completes, then removes the socket file.
     pub async fn serve(mut self, shutdown: impl std::future::Future<Output = ()>) {
         self.event_loop.run(shutdown).await;
+        // Scrapes stop before the node goes.
+        drop(self.metrics.take());
         // Leave the directory first, so other nodes stop sending fetches here at once.
         if let Some(directory) = self.event_loop.directory() {
             directory.leave().await;

@@ -504,15 +504,15 @@ fn qp_forced_into_error_mid_transfer_flushes() {
         send_queue_depth: 256,
         ..ConnectionConfig::default()
     };
-    let (mut ea, eb) = pair(&a, &b, cfg.clone(), cfg);
+    let (mut ea, mut eb) = pair(&a, &b, cfg.clone(), cfg);
     const PIECE: usize = 64 * 1024;
     const LISTS: usize = 64;
-    const PER_LIST: usize = 4; // 16 MiB in flight: still moving when the QP fails
+    const PER_LIST: usize = 4;
     let src = buffer(&eb.device, PIECE * LISTS * PER_LIST, u64::MAX, Some(3));
     let dst = buffer(&ea.device, PIECE * LISTS * PER_LIST, u64::MAX, None);
     let (l0, r0) = (dst.reg.chunks()[0], src.reg.chunks()[0]);
-    for list in 0..LISTS {
-        let reqs: Vec<ReadRequest> = (0..PER_LIST)
+    let list = |list: usize| -> Vec<ReadRequest> {
+        (0..PER_LIST)
             .map(|j| {
                 let p = list * PER_LIST + j;
                 ReadRequest {
@@ -524,13 +524,22 @@ fn qp_forced_into_error_mid_transfer_flushes() {
                     len: PIECE as u32,
                 }
             })
-            .collect();
-        ea.conn.post_reads(0, &reqs).unwrap();
-    }
-    // Fail the QP under the transfer at once. (Waiting for a first completion first made
-    // the test depend on scheduling: a poller descheduled for the whole 16 MiB under TCG
-    // saw every READ complete before the error.)
+            .collect()
+    };
+    let last =
+        |c: &Completion| c.opcode == Opcode::Read && c.wr_id as usize % PER_LIST == PER_LIST - 1;
+    // The transfer is under way: its first list completes.
     let mut out = Vec::new();
+    ea.conn.post_reads(0, &list(0)).unwrap();
+    poll_until(&mut ea.conn, &mut out, |cs| cs.iter().any(&last));
+    // Then the holder's side of lane 0 stops answering, so the READs posted next are
+    // certainly outstanding when the requester's QP fails. (Failing the QP right after
+    // posting was not enough: rxe may run a whole posted list inside ibv_post_send, and
+    // on a fast guest every READ had completed before the error.)
+    eb.conn.force_error(0).unwrap();
+    for l in 1..LISTS {
+        ea.conn.post_reads(0, &list(l)).unwrap();
+    }
     ea.conn.force_error(0).unwrap();
     assert!(matches!(
         ea.conn.post_reads(
@@ -548,8 +557,6 @@ fn qp_forced_into_error_mid_transfer_flushes() {
     ));
     // Every list's signaled READ completes, successfully or flushed; nothing hangs.
     // Posted receives of the failed lane are flushed too.
-    let last =
-        |c: &Completion| c.opcode == Opcode::Read && c.wr_id as usize % PER_LIST == PER_LIST - 1;
     poll_until(&mut ea.conn, &mut out, |cs| {
         cs.iter().filter(|c| last(c)).count() == LISTS
     });
@@ -574,7 +581,13 @@ fn qp_forced_into_error_mid_transfer_flushes() {
     );
     for c in &reads {
         assert_eq!((c.lane, c.opcode), (0, Opcode::Read));
-        // Lists that completed before the error carry correct data.
+        // Nothing posted after the holder stopped answering can succeed; what completed
+        // before carries correct data.
+        assert!(
+            c.wr_id < PER_LIST as u64 || !c.status.is_success(),
+            "READ {} succeeded from a holder that had stopped answering",
+            c.wr_id
+        );
         if c.status.is_success() {
             let p = c.wr_id as usize;
             assert!(dst.mem[p * PIECE..(p + 1) * PIECE] == src.mem[p * PIECE..(p + 1) * PIECE]);

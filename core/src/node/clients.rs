@@ -7,9 +7,10 @@
 //! emits one [`NodeOutput::Persist`] per seal and per removal of a sealed object, numbered
 //! from 1. The driver makes them durable in order (on another thread, say) and reports how far
 //! it got with [`Node::handle_persisted`]. Until then:
-//! * the reply to a request that caused a change waits, when
-//!   [`NodeConfig::hold_replies_until_durable`] (`--durability seal`): a client never hears
-//!   "sealed" or "deleted" before it is true after a crash;
+//! * the reply to a request that removed a recorded object (delete, eviction) waits in both
+//!   modes, so a deleted object never comes back after a crash; the reply to any other
+//!   request that caused a change (a seal) waits when
+//!   [`NodeConfig::hold_replies_until_durable`] (`--durability seal`);
 //! * the block of a removed object stays out of the allocator (removal before reuse), and a
 //!   `create` that needs that space waits for it rather than fail or evict more.
 
@@ -67,7 +68,7 @@ pub(super) struct ParkedCreate {
 /// Client bookkeeping of a node.
 #[derive(Debug, Default)]
 pub(super) struct Clients {
-    sessions: BTreeMap<ClientId, ClientSession>,
+    pub(super) sessions: BTreeMap<ClientId, ClientSession>,
     /// Replies waiting for a durable change: (sequence number needed, reply).
     held: VecDeque<(u64, NodeOutput)>,
     parked_creates: VecDeque<ParkedCreate>,
@@ -75,6 +76,8 @@ pub(super) struct Clients {
     pub(super) persist_emitted: u64,
     /// Durable changes the driver reported done.
     persisted: u64,
+    /// Number of the last durable change that was a removal.
+    pub(super) last_removal: u64,
     pub(super) cluster: ClusterInfo,
 }
 
@@ -131,10 +134,11 @@ impl Node {
         self.absorb_store();
         if let Some(response) = response {
             let needed = self.store.durable_changes_queued();
-            if self.config.hold_replies_until_durable
-                && needed > durable_before
-                && needed > self.clients.persisted
-            {
+            // A removal is durable before its reply in both modes (a deleted object never
+            // comes back); a seal only with `hold_replies_until_durable`.
+            let must_wait = self.config.hold_replies_until_durable
+                || self.clients.last_removal > durable_before;
+            if must_wait && needed > durable_before && needed > self.clients.persisted {
                 self.clients.held.push_back((
                     needed,
                     NodeOutput::Reply {
@@ -288,13 +292,17 @@ impl Node {
             }
             Request::Abort { id } => Response::Done(self.store.abort(client, id)),
             Request::Get { ids, timeout_ms } => {
+                self.store.count_requests(ids.len() as u64, 0);
                 self.store
                     .get(now, client, request, ids, Request::timeout(timeout_ms));
                 return None;
             }
             Request::Release { id } => Response::Done(self.store.release(client, id)),
             Request::Contains { id } => Response::Contains(self.store.contains(&id)),
-            Request::Delete { ids } => Response::Deleted(self.store.delete(&ids)),
+            Request::Delete { ids } => {
+                self.store.count_requests(0, ids.len() as u64);
+                Response::Deleted(self.store.delete(&ids))
+            }
             Request::List => Response::Listed(self.store.list()),
             Request::Evict { bytes } => Response::Evicted(self.store.evict(bytes)),
             Request::Subscribe => {
@@ -307,6 +315,7 @@ impl Node {
                 stats.client_count = self.clients.sessions.len() as u64;
                 Response::Stats(stats)
             }
+            Request::Metrics => Response::Metrics(Box::new(self.metrics())),
             Request::Fetch {
                 ids,
                 timeout_ms,

@@ -463,6 +463,7 @@ impl Node {
             self.objects.remove(&id);
             return;
         }
+        self.stats.retries += 1;
         self.choose_source(id);
     }
 
@@ -606,7 +607,16 @@ impl Node {
             .results
             .into_iter()
             .map(|r| r.expect("a waiter replies once every position has a result"))
-            .collect();
+            .collect::<Vec<_>>();
+        let counts = &mut self.stats.fetch_results;
+        for result in &results {
+            match result {
+                Ok(_) => counts.ok += 1,
+                Err(FetchError::NotFound { .. }) => counts.not_found += 1,
+                Err(FetchError::Timeout { .. }) => counts.timeout += 1,
+                Err(_) => counts.error += 1,
+            }
+        }
         self.reply(waiter.client, waiter.request, Response::Fetched(results));
     }
 }

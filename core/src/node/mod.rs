@@ -23,6 +23,7 @@ mod driver;
 mod errors;
 mod fetch;
 mod locations;
+mod metrics;
 mod output;
 mod publications;
 pub mod threshold;
@@ -40,7 +41,9 @@ use crate::client_protocol::Response;
 use crate::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
 use crate::region::LocalRegion;
-use crate::store::{ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput};
+use crate::store::{
+    DurableChange, ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput,
+};
 use crate::time::Instant;
 use crate::wire::{self, DecodedMessage, ObjectSizes, PeerMessage, WireError};
 
@@ -50,6 +53,10 @@ pub use driver::NodeDriver;
 pub use errors::{FetchError, ReadError, TransferMode};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
 use locations::LocationCache;
+pub use metrics::{
+    FetchResults, LatencyHistogram, NodeMetrics, PeerCounters, PeerMetrics, SizeClass,
+    TransferOutcomes, TransferPath, LATENCY_BUCKETS_NANOS,
+};
 pub use output::{NodeOutput, NodeStats};
 use publications::{Publication, Want};
 pub use threshold::{EagerThreshold, PathCosts, ThresholdPolicy, ThresholdSource};
@@ -132,6 +139,10 @@ pub struct Node {
     // Local clients.
     clients: clients::Clients,
     stats: NodeStats,
+    histograms: metrics::Histograms,
+    peer_counters: BTreeMap<NodeId, PeerCounters>,
+    /// When each answered directory request was sent (for its latency).
+    directory_sent: BTreeMap<DirectoryOpId, Instant>,
 }
 
 impl Node {
@@ -164,6 +175,9 @@ impl Node {
             next_directory_op: 0,
             clients: clients::Clients::default(),
             stats: NodeStats::default(),
+            histograms: metrics::Histograms::default(),
+            peer_counters: BTreeMap::new(),
+            directory_sent: BTreeMap::new(),
         }
     }
 
@@ -198,6 +212,62 @@ impl Node {
     /// Counters.
     pub fn stats(&self) -> &NodeStats {
         &self.stats
+    }
+
+    /// Every counter and gauge, at the node's current time: cheap enough to take each second.
+    pub fn metrics(&self) -> NodeMetrics {
+        let mut store = self.store.stats();
+        // The store also counts the node's own fetch client; report connections.
+        store.client_count = self.clients.sessions.len() as u64;
+        let mut peers: BTreeMap<NodeId, PeerMetrics> = BTreeMap::new();
+        for (&node, state) in &self.peers {
+            peers.insert(
+                node,
+                PeerMetrics {
+                    node,
+                    connected: state.connected,
+                    eager_threshold_bytes: Some(state.threshold.bytes),
+                    transfers_in_flight: state.active,
+                    counters: PeerCounters::default(),
+                },
+            );
+        }
+        for (&node, counters) in &self.peer_counters {
+            peers
+                .entry(node)
+                .or_insert(PeerMetrics {
+                    node,
+                    connected: false,
+                    eager_threshold_bytes: None,
+                    transfers_in_flight: 0,
+                    counters: PeerCounters::default(),
+                })
+                .counters = counters.clone();
+        }
+        NodeMetrics {
+            node: self.config.node,
+            at_nanos: self.now.as_nanos(),
+            store,
+            counters: self.stats.clone(),
+            transfers_in_flight: self.transfers.len() as u64,
+            reads_in_flight: self.reads.len() as u64,
+            bytes_in_flight: self.bytes_in_flight,
+            leases_held: self.leases.len() as u64,
+            fetches_waiting: self.waiters.len() as u64,
+            directory_healthy: self.directory_healthy(),
+            standalone: self.config.standalone,
+            fetch_latency: SizeClass::ALL
+                .iter()
+                .zip(self.histograms.fetch_latency.iter())
+                .map(|(&class, h)| (class, h.clone()))
+                .collect(),
+            directory_latency: self.histograms.directory_latency.clone(),
+            peers: peers.into_values().collect(),
+        }
+    }
+
+    fn peer_counters(&mut self, peer: NodeId) -> &mut PeerCounters {
+        self.peer_counters.entry(peer).or_default()
     }
 
     /// Bytes of objects being transferred in now.
@@ -242,6 +312,9 @@ impl Node {
     pub fn handle_peer_lost(&mut self, now: Instant, peer: NodeId) {
         self.advance(now);
         if let Some(state) = self.peers.get_mut(&peer) {
+            if state.connected {
+                self.peer_counters.entry(peer).or_default().connections_lost += 1;
+            }
             state.connected = false;
         }
         let from_peer: Vec<TransferId> = self
@@ -279,6 +352,7 @@ impl Node {
             }
             Err(error) => {
                 self.stats.malformed_messages += 1;
+                self.peer_counters(peer).malformed_messages += 1;
                 Err(error)
             }
         }
@@ -332,6 +406,11 @@ impl Node {
         reply: DirectoryReply,
     ) {
         self.advance(now);
+        if let Some(sent) = self.directory_sent.remove(&op) {
+            self.histograms
+                .directory_latency
+                .observe(self.now.saturating_since(sent));
+        }
         match self.directory_ops.remove(&op) {
             Some(DirectoryPurpose::Lookup(id)) => {
                 self.cancel_timer(Timer::DirectoryOp(op));
@@ -553,6 +632,7 @@ impl Node {
         let op = DirectoryOpId(self.next_directory_op);
         if let Some(purpose) = purpose {
             self.directory_ops.insert(op, purpose);
+            self.directory_sent.insert(op, self.now);
             self.set_timer(
                 self.now + self.config.directory_timeout,
                 Timer::DirectoryOp(op),
@@ -566,6 +646,9 @@ impl Node {
         let reason = DirectoryReply::Unavailable {
             reason: "no reply before the timeout".into(),
         };
+        if self.directory_sent.remove(&op).is_some() {
+            self.stats.directory_timeouts += 1;
+        }
         match self.directory_ops.remove(&op) {
             Some(DirectoryPurpose::Lookup(id)) => self.lookup_answered(id, op, reason),
             Some(DirectoryPurpose::Publication(id)) => self.publication_answered(id, op, reason),
@@ -616,6 +699,9 @@ impl Node {
         while let Some(change) = self.store.poll_durable_change() {
             self.clients.persist_emitted += 1;
             let seq = self.clients.persist_emitted;
+            if matches!(change, DurableChange::Removed { .. }) {
+                self.clients.last_removal = seq;
+            }
             self.outputs.push_back(NodeOutput::Persist { seq, change });
         }
     }

@@ -116,7 +116,7 @@ pub enum NodeOutput {
 }
 
 /// Counters of a node, for metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeStats {
     /// Client fetch requests.
     pub fetch_requests: u64,
@@ -148,4 +148,14 @@ pub struct NodeStats {
     pub location_cache_hits: u64,
     /// Remembered locations that proved wrong (the fetch then asked the directory).
     pub stale_locations: u64,
+    /// Bytes sent eagerly or exposed under a lease, as holder.
+    pub bytes_served: u64,
+    /// Times a failed source was followed by another attempt (another holder, or a new round).
+    pub retries: u64,
+    /// Directory requests that got no answer in time.
+    pub directory_timeouts: u64,
+    /// Requester transfers by path and outcome.
+    pub transfer_outcomes: super::metrics::TransferOutcomes,
+    /// Client fetches by result, per id.
+    pub fetch_results: super::metrics::FetchResults,
 }

@@ -48,6 +48,7 @@ impl Node {
         };
         if let Some(old) = publication.op {
             self.directory_ops.remove(&old);
+            self.directory_sent.remove(&old);
             self.cancel_timer(Timer::DirectoryOp(old));
         }
         let op = self.directory(request, Some(DirectoryPurpose::Publication(id)));

@@ -21,7 +21,9 @@
 //! large one is pinned under a lease, its region exposed, and `Rendezvous` names it; `Finish`
 //! or the lease's end unpins it.
 
-use super::{Node, NodeOutput, ReadError, ReadOpId, Timer, TransferMode, FETCH_CLIENT};
+use super::{
+    Node, NodeOutput, ReadError, ReadOpId, Timer, TransferMode, TransferPath, FETCH_CLIENT,
+};
 use crate::ids::{NodeId, ObjectId, TransferId};
 use crate::region::{LocalRegion, RemoteRegion};
 use crate::store::ObjectInfo;
@@ -67,6 +69,17 @@ pub(super) struct Incoming {
 }
 
 impl Incoming {
+    /// The path the bytes took, as far as the transfer got.
+    fn path(&self) -> TransferPath {
+        match self.state {
+            IncomingState::AwaitingReply => TransferPath::Unanswered,
+            IncomingState::ReceivingEager { .. } | IncomingState::Sealing => TransferPath::Eager,
+            IncomingState::Reading { .. } | IncomingState::Draining { .. } => {
+                TransferPath::Rendezvous
+            }
+        }
+    }
+
     pub(super) fn outstanding_reads(&self) -> u32 {
         match self.state {
             IncomingState::Reading { outstanding, .. }
@@ -366,6 +379,9 @@ impl Node {
         };
         if result.is_err() {
             self.stats.reads_failed += 1;
+            if let Some(source) = self.transfers.get(&tid).map(|t| t.source) {
+                self.peer_counters(source).read_errors += 1;
+            }
         }
         let transfer = self
             .transfers
@@ -473,8 +489,28 @@ impl Node {
         if let Some(peer) = self.peers.get_mut(&transfer.source) {
             peer.active -= 1;
         }
+        let path = transfer.path();
+        let bytes = transfer.local.region.len;
+        let outcomes = &mut self.stats.transfer_outcomes;
+        match (path, outcome.is_ok()) {
+            (TransferPath::Eager, true) => outcomes.eager_ok += 1,
+            (TransferPath::Eager, false) => outcomes.eager_failed += 1,
+            (TransferPath::Rendezvous, true) => outcomes.rendezvous_ok += 1,
+            (TransferPath::Rendezvous, false) => outcomes.rendezvous_failed += 1,
+            // A transfer only succeeds once the holder answered.
+            (TransferPath::Unanswered, _) => outcomes.unanswered_failed += 1,
+        }
+        let peer = self.peer_counters(transfer.source);
+        if outcome.is_ok() {
+            peer.bytes_fetched += bytes;
+            peer.objects_fetched += 1;
+        } else {
+            peer.transfer_errors += 1;
+        }
         match outcome {
             Ok(()) => {
+                let latency = self.now.saturating_since(transfer.requested_at);
+                self.histograms.observe_fetch(bytes, latency);
                 self.stats.transfers_succeeded += 1;
                 self.stats.bytes_fetched += transfer.local.region.len;
                 // The fetch client created it and nobody else can seal or abort it.
@@ -532,6 +568,10 @@ impl Node {
                 && total.div_ceil(chunk) <= MAX_EAGER_CHUNKS_SENT);
         if eager {
             self.stats.served_eager += 1;
+            self.stats.bytes_served += total;
+            let counters = self.peer_counters(peer);
+            counters.bytes_served += total;
+            counters.objects_served += 1;
             let mut offset = 0;
             loop {
                 let len = chunk.min(total - offset);
@@ -566,6 +606,10 @@ impl Node {
             }
         };
         self.stats.served_rendezvous += 1;
+        self.stats.bytes_served += total;
+        let counters = self.peer_counters(peer);
+        counters.bytes_served += total;
+        counters.objects_served += 1;
         self.expose(id, info.region);
         let expires = self.now + self.config.lease;
         self.leases.insert((peer, req), Lease { id, expires });

@@ -166,6 +166,36 @@ impl Store {
     }
 }
 
+/// What a log of durable changes leaves, as a restart finds it: every object sealed and not
+/// removed since, in id order. For drivers that keep the log themselves (the simulator's disk).
+pub fn replay(log: &[DurableChange]) -> Vec<RecoveredObject> {
+    let mut live = std::collections::BTreeMap::new();
+    for change in log {
+        match *change {
+            DurableChange::Sealed {
+                id,
+                block,
+                data_size,
+                metadata_size,
+            } => {
+                live.insert(
+                    id,
+                    RecoveredObject {
+                        id,
+                        block,
+                        data_size,
+                        metadata_size,
+                    },
+                );
+            }
+            DurableChange::Removed { id } => {
+                live.remove(&id);
+            }
+        }
+    }
+    live.into_values().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,35 +229,6 @@ mod tests {
         let id = ObjectId::from_u64(n);
         store.create(Instant(0), A, id, size, 0).unwrap();
         store.seal(A, id, true).unwrap()
-    }
-
-    /// Replays what a driver would have recorded: seals add, removals take away.
-    fn surviving(records: &[DurableChange]) -> Vec<RecoveredObject> {
-        let mut live = std::collections::BTreeMap::new();
-        for change in records {
-            match *change {
-                DurableChange::Sealed {
-                    id,
-                    block,
-                    data_size,
-                    metadata_size,
-                } => {
-                    live.insert(
-                        id,
-                        RecoveredObject {
-                            id,
-                            block,
-                            data_size,
-                            metadata_size,
-                        },
-                    );
-                }
-                DurableChange::Removed { id } => {
-                    live.remove(&id);
-                }
-            }
-        }
-        live.into_values().collect()
     }
 
     #[test]
@@ -307,7 +308,7 @@ mod tests {
         before.evict(1000);
         log.extend(changes(&mut before));
         before.handle_durable(before.durable_changes_queued());
-        let records = surviving(&log);
+        let records = replay(&log);
 
         let mut after = durable_store(1 << 20);
         let report = after.recover(Instant(5), records.clone());
@@ -409,7 +410,7 @@ mod tests {
             }
             let (len, expected) = &boundaries[cut.index(boundaries.len())];
             let mut recovered = durable_store(8192);
-            let report = recovered.recover(Instant(1), surviving(&log[..*len]));
+            let report = recovered.recover(Instant(1), replay(&log[..*len]));
             proptest::prop_assert!(report.refused.is_empty(), "{:?}", report);
             recovered.check_invariants();
             let infos: Vec<_> = recovered.list().into_iter().map(|s| s.info).collect();

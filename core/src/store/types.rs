@@ -91,6 +91,16 @@ pub struct StoreStats {
     pub evicted_bytes_total: u64,
     /// Objects sealed since start.
     pub sealed_objects_total: u64,
+    /// Bytes of objects pinned by transfers (rendezvous leases) right now.
+    pub pinned_bytes: u64,
+    /// Objects created since start (by clients and by fetches).
+    pub created_objects_total: u64,
+    /// Creates refused with `OutOfMemory` since start.
+    pub out_of_memory_total: u64,
+    /// Objects asked for by client `get`s since start (one per id).
+    pub get_requests_total: u64,
+    /// Objects named by client `delete`s since start (one per id).
+    pub delete_requests_total: u64,
 }
 
 /// An effect of the store for the driver to carry out.

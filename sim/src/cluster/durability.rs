@@ -7,10 +7,10 @@
 //! recovered after a crash unless the object had left the store; and every recovered object
 //! still holds its own bytes, so a block was never reused before its removal was durable.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 use rand::Rng;
-use skyriver_core::alloc::block_len_for;
+use skyriver_core::store::recovery::replay;
 use skyriver_core::store::RecoveredObject;
 use skyriver_core::{DurableChange, Instant, NodeId, ObjectId};
 
@@ -68,7 +68,7 @@ impl Cluster {
         let disk = &mut self.nodes[n.0 as usize].disk;
         disk.pending.clear();
         disk.busy_until = Instant::ZERO;
-        let records = surviving(&disk.committed);
+        let records = replay(&disk.committed);
         // Keep the log short: what survives is all a later restart needs.
         disk.committed = records
             .iter()
@@ -109,34 +109,4 @@ impl Cluster {
             );
         }
     }
-}
-
-/// Replays a committed log: seals add, removals take away.
-fn surviving(log: &[DurableChange]) -> Vec<RecoveredObject> {
-    let mut live = BTreeMap::new();
-    for change in log {
-        match *change {
-            DurableChange::Sealed {
-                id,
-                block,
-                data_size,
-                metadata_size,
-            } => {
-                debug_assert_eq!(block_len_for(data_size + metadata_size), Some(block.len));
-                live.insert(
-                    id,
-                    RecoveredObject {
-                        id,
-                        block,
-                        data_size,
-                        metadata_size,
-                    },
-                );
-            }
-            DurableChange::Removed { id } => {
-                live.remove(&id);
-            }
-        }
-    }
-    live.into_values().collect()
 }

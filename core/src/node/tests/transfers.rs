@@ -466,3 +466,52 @@ fn no_location_cache_means_a_lookup_every_time() {
     assert_eq!(w.nodes[1].stats().location_cache_hits, 0);
     w.assert_settled();
 }
+
+#[test]
+fn metrics_count_each_path_per_peer() {
+    let mut w = World::new(3, |_| {});
+    w.put(0, 1, 1500); // eager
+    w.put(0, 2, 10_000); // rendezvous
+    w.put(2, 3, 20_000);
+    w.put(0, 3, 20_000);
+    w.fetch(1, &[1, 2], Duration::from_millis(50));
+    w.fail_reads = 1;
+    w.fetch(1, &[3], Duration::from_millis(50));
+    w.fetch(1, &[99], Duration::from_millis(50));
+    w.advance(Duration::from_millis(60));
+    let m = w.nodes[1].metrics();
+    let t = &m.counters.transfer_outcomes;
+    assert_eq!(
+        (t.eager_ok, t.rendezvous_ok, t.rendezvous_failed),
+        (1, 2, 1)
+    );
+    let r = &m.counters.fetch_results;
+    assert_eq!((r.ok, r.not_found, r.timeout, r.error), (3, 1, 0, 0));
+    assert_eq!(
+        m.counters.retries, 1,
+        "the failed READ moved to the other holder"
+    );
+    let fetched: u64 = m.peers.iter().map(|p| p.counters.bytes_fetched).sum();
+    assert_eq!(fetched, 1500 + 10_000 + 20_000);
+    assert_eq!(fetched, m.counters.bytes_fetched);
+    let read_errors: u64 = m.peers.iter().map(|p| p.counters.read_errors).sum();
+    assert_eq!(read_errors, 1);
+    // Time stands still in this harness: the histograms count, their sums stay 0.
+    let small = &m.fetch_latency[0].1;
+    assert_eq!(small.count, 3, "all three objects are below 64 KiB");
+    assert!(m.directory_latency.count > 0);
+    // The holders count what they served, per requester.
+    let served: u64 = [0, 2]
+        .iter()
+        .map(|&n| w.nodes[n].metrics().counters.bytes_served)
+        .sum();
+    assert!(served >= fetched, "a failed rendezvous was served too");
+    let holder = w.nodes[0].metrics();
+    let to_requester = holder.peers.iter().find(|p| p.node == NodeId(1)).unwrap();
+    assert!(to_requester.counters.objects_served >= 2);
+    assert_eq!(holder.leases_held, 0);
+    for n in [1, 2, 3] {
+        w.release(1, n);
+    }
+    w.assert_settled();
+}

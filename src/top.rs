@@ -1,0 +1,433 @@
+//! `skyriver top`: a live view of one daemon or several (`--socket` repeated, e.g. every node
+//! of a `skyriver up` cluster), refreshed each interval, like `htop` or `redis-cli --stat`.
+//! For each daemon: a memory bar, operations per second, fetch throughput in and out, work in
+//! flight, and a table of every node the directory lists with the traffic and errors this
+//! daemon counts for it. `q` (or Ctrl-C) quits; `--once` prints one frame, `--json` one JSON
+//! document. It reads the daemon's `Metrics` and `Nodes` requests, never scraped text.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use skyriver_core::client_protocol::ClusterView;
+use skyriver_core::node::NodeMetrics;
+
+use crate::size::format_bytes;
+use crate::Client;
+
+/// Options of `skyriver top`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TopArgs {
+    /// A daemon's Unix socket; repeat it to watch several daemons [default: $SKYRIVER_SOCKET
+    /// or /tmp/skyriver-<uid>.sock]
+    #[arg(long = "socket", short = 's')]
+    pub sockets: Vec<PathBuf>,
+    /// Print one frame (rates over one interval) and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// With --once: print one JSON document instead of the text frame.
+    #[arg(long, requires = "once")]
+    pub json: bool,
+    /// Time between frames, in milliseconds.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub interval_ms: u64,
+}
+
+/// Why `top` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TopError {
+    /// The terminal could not be set up or written.
+    #[error("terminal: {0}")]
+    Terminal(#[source] std::io::Error),
+    /// No daemon answered.
+    #[error("no daemon answered: {0}")]
+    Unreachable(String),
+    /// The JSON document could not be written.
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// One daemon at one instant.
+struct Sample {
+    at: Instant,
+    metrics: NodeMetrics,
+    view: Option<ClusterView>,
+}
+
+/// What a frame shows of one daemon: its sample and rates since the previous one.
+#[derive(Debug, Serialize)]
+pub struct NodeFrame {
+    /// The socket asked.
+    pub socket: PathBuf,
+    /// Why the daemon did not answer, when it did not.
+    pub error: Option<String>,
+    /// Its counters.
+    pub metrics: Option<NodeMetrics>,
+    /// Its view of the cluster.
+    pub cluster: Option<ClusterView>,
+    /// Rates over the last interval.
+    pub rates: Rates,
+    /// One row per node the directory lists (and per peer counted), this node excluded.
+    pub peers: Vec<PeerRow>,
+}
+
+/// Per-second rates of one daemon.
+#[derive(Debug, Default, Serialize)]
+pub struct Rates {
+    /// Seconds the rates are over (0 on the first frame).
+    pub interval_seconds: f64,
+    /// Objects created per second.
+    pub creates_per_second: f64,
+    /// Objects asked for by gets per second.
+    pub gets_per_second: f64,
+    /// Objects asked for by fetches per second.
+    pub fetches_per_second: f64,
+    /// Objects evicted per second.
+    pub evictions_per_second: f64,
+    /// Bytes fetched from other nodes per second.
+    pub fetched_bytes_per_second: f64,
+    /// Bytes served to other nodes per second.
+    pub served_bytes_per_second: f64,
+}
+
+/// One peer of a daemon.
+#[derive(Debug, Serialize)]
+pub struct PeerRow {
+    /// The peer.
+    pub node: u32,
+    /// Its fabric address, when the directory lists it.
+    pub address: Option<String>,
+    /// Whether this daemon's fabric is connected to it.
+    pub connected: bool,
+    /// Eager threshold for fetches from it.
+    pub eager_threshold_bytes: Option<u64>,
+    /// Bytes per second fetched from it.
+    pub in_bytes_per_second: f64,
+    /// Bytes per second served to it.
+    pub out_bytes_per_second: f64,
+    /// Bytes fetched from it in total.
+    pub fetched_bytes: u64,
+    /// Bytes served to it in total.
+    pub served_bytes: u64,
+    /// Errors with it (READs, transfers, malformed messages, connections lost).
+    pub errors: u64,
+}
+
+/// Runs `skyriver top`.
+pub fn run(args: &TopArgs) -> Result<(), TopError> {
+    let sockets = if args.sockets.is_empty() {
+        vec![crate::client::default_socket_path()]
+    } else {
+        args.sockets.clone()
+    };
+    let interval = Duration::from_millis(args.interval_ms);
+    let mut watcher = Watcher::new(sockets);
+    if args.once {
+        watcher.sample();
+        std::thread::sleep(interval);
+        let frames = watcher.sample();
+        if frames.iter().all(|f| f.error.is_some()) {
+            let errors: Vec<String> = frames.iter().filter_map(|f| f.error.clone()).collect();
+            return Err(TopError::Unreachable(errors.join("; ")));
+        }
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            serde_json::to_writer_pretty(&mut out, &serde_json::json!({ "nodes": frames }))?;
+            writeln!(out).map_err(TopError::Terminal)?;
+        } else {
+            out.write_all(render(&frames, None).as_bytes())
+                .map_err(TopError::Terminal)?;
+        }
+        return Ok(());
+    }
+    live(&mut watcher, interval)
+}
+
+/// The full-screen loop: redraw each interval, quit on `q`, `Esc` or Ctrl-C.
+fn live(watcher: &mut Watcher, interval: Duration) -> Result<(), TopError> {
+    use crossterm::event::{self, Event, KeyCode, KeyModifiers};
+    use crossterm::{cursor, execute, terminal};
+    let mut stdout = std::io::stdout();
+    terminal::enable_raw_mode().map_err(TopError::Terminal)?;
+    // Restores the terminal however the loop ends.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = crossterm::terminal::disable_raw_mode();
+            let _ = crossterm::execute!(
+                std::io::stdout(),
+                crossterm::terminal::LeaveAlternateScreen,
+                crossterm::cursor::Show
+            );
+        }
+    }
+    let _restore = Restore;
+    execute!(stdout, terminal::EnterAlternateScreen, cursor::Hide).map_err(TopError::Terminal)?;
+    loop {
+        let frames = watcher.sample();
+        let (width, _) = terminal::size().unwrap_or((100, 40));
+        let text = render(&frames, Some(width as usize));
+        execute!(
+            stdout,
+            cursor::MoveTo(0, 0),
+            terminal::Clear(terminal::ClearType::All)
+        )
+        .map_err(TopError::Terminal)?;
+        // Raw mode: lines need a carriage return.
+        stdout
+            .write_all(text.replace('\n', "\r\n").as_bytes())
+            .and_then(|()| stdout.flush())
+            .map_err(TopError::Terminal)?;
+        let deadline = Instant::now() + interval;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if !event::poll(left).map_err(TopError::Terminal)? {
+                break;
+            }
+            if let Event::Key(key) = event::read().map_err(TopError::Terminal)? {
+                let ctrl_c =
+                    key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL);
+                if matches!(key.code, KeyCode::Char('q') | KeyCode::Esc) || ctrl_c {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Clients to the watched daemons and their previous samples.
+struct Watcher {
+    nodes: Vec<(PathBuf, Option<Client>, Option<Sample>)>,
+}
+
+impl Watcher {
+    fn new(sockets: Vec<PathBuf>) -> Self {
+        Self {
+            nodes: sockets.into_iter().map(|s| (s, None, None)).collect(),
+        }
+    }
+
+    /// Asks every daemon once; reconnects to those that went away.
+    fn sample(&mut self) -> Vec<NodeFrame> {
+        let mut frames = Vec::new();
+        for (socket, client, previous) in &mut self.nodes {
+            if client.is_none() {
+                *client = Client::connect(&*socket).ok();
+            }
+            let answer = match client {
+                Some(c) => c
+                    .metrics()
+                    .map(|metrics| (metrics, c.nodes().ok()))
+                    .map_err(|e| e.to_string()),
+                None => Err("cannot connect".to_string()),
+            };
+            match answer {
+                Ok((metrics, view)) => {
+                    let sample = Sample {
+                        at: Instant::now(),
+                        metrics,
+                        view,
+                    };
+                    frames.push(frame(socket, &sample, previous.as_ref()));
+                    *previous = Some(sample);
+                }
+                Err(error) => {
+                    *client = None;
+                    *previous = None;
+                    frames.push(NodeFrame {
+                        socket: socket.clone(),
+                        error: Some(error),
+                        metrics: None,
+                        cluster: None,
+                        rates: Rates::default(),
+                        peers: Vec::new(),
+                    });
+                }
+            }
+        }
+        frames
+    }
+}
+
+fn frame(socket: &std::path::Path, now: &Sample, before: Option<&Sample>) -> NodeFrame {
+    let seconds = before.map_or(0.0, |b| now.at.duration_since(b.at).as_secs_f64());
+    let rate = |f: &dyn Fn(&NodeMetrics) -> u64| match before {
+        Some(b) if seconds > 0.0 => f(&now.metrics).saturating_sub(f(&b.metrics)) as f64 / seconds,
+        _ => 0.0,
+    };
+    let m = &now.metrics;
+    let rates = Rates {
+        interval_seconds: seconds,
+        creates_per_second: rate(&|m| m.store.created_objects_total),
+        gets_per_second: rate(&|m| m.store.get_requests_total),
+        fetches_per_second: rate(&|m| {
+            let r = &m.counters.fetch_results;
+            r.ok + r.not_found + r.timeout + r.error
+        }),
+        evictions_per_second: rate(&|m| m.store.evicted_objects_total),
+        fetched_bytes_per_second: rate(&|m| m.counters.bytes_fetched),
+        served_bytes_per_second: rate(&|m| m.counters.bytes_served),
+    };
+    // Every member the directory lists, then any peer counted that it no longer lists.
+    let mut ids: Vec<u32> = now
+        .view
+        .iter()
+        .flat_map(|v| v.members.iter().map(|member| member.node.0))
+        .chain(m.peers.iter().map(|p| p.node.0))
+        .filter(|&id| id != m.node.0)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let peers = ids
+        .into_iter()
+        .map(|id| {
+            let member = now
+                .view
+                .as_ref()
+                .and_then(|v| v.members.iter().find(|x| x.node.0 == id));
+            let counters = |s: &Sample| {
+                s.metrics
+                    .peers
+                    .iter()
+                    .find(|p| p.node.0 == id)
+                    .map(|p| p.counters.clone())
+                    .unwrap_or_default()
+            };
+            let peer = m.peers.iter().find(|p| p.node.0 == id);
+            let c = counters(now);
+            let per_second = |f: &dyn Fn(&skyriver_core::node::PeerCounters) -> u64| match before {
+                Some(b) if seconds > 0.0 => f(&c).saturating_sub(f(&counters(b))) as f64 / seconds,
+                _ => 0.0,
+            };
+            PeerRow {
+                node: id,
+                address: member.map(|x| x.address.clone()),
+                connected: peer.is_some_and(|p| p.connected) || member.is_some_and(|x| x.connected),
+                eager_threshold_bytes: peer
+                    .and_then(|p| p.eager_threshold_bytes)
+                    .or(member.and_then(|x| x.eager_threshold_bytes)),
+                in_bytes_per_second: per_second(&|c| c.bytes_fetched),
+                out_bytes_per_second: per_second(&|c| c.bytes_served),
+                fetched_bytes: c.bytes_fetched,
+                served_bytes: c.bytes_served,
+                errors: c.read_errors
+                    + c.transfer_errors
+                    + c.malformed_messages
+                    + c.connections_lost,
+            }
+        })
+        .collect();
+    NodeFrame {
+        socket: socket.to_path_buf(),
+        error: None,
+        metrics: Some(now.metrics.clone()),
+        cluster: now.view.clone(),
+        rates,
+        peers,
+    }
+}
+
+fn mb_per_second(bytes: f64) -> String {
+    format!("{:.1} MB/s", bytes / 1e6)
+}
+
+/// The text of one frame; `width` sizes the memory bar (a terminal's width, or 80).
+pub fn render(frames: &[NodeFrame], width: Option<usize>) -> String {
+    let width = width.unwrap_or(80).clamp(40, 200);
+    let mut out = String::new();
+    let answering = frames.iter().filter(|f| f.error.is_none()).count();
+    out.push_str(&format!(
+        "skyriver top: {answering} of {} daemons answering   (q quits)\n",
+        frames.len()
+    ));
+    for f in frames {
+        out.push('\n');
+        let (Some(m), None) = (&f.metrics, &f.error) else {
+            out.push_str(&format!(
+                "{}: {}\n",
+                f.socket.display(),
+                f.error.as_deref().unwrap_or("no answer")
+            ));
+            continue;
+        };
+        let s = &m.store;
+        let directory = match (&f.cluster, m.standalone) {
+            (_, true) => "alone".to_string(),
+            (Some(view), false) => format!(
+                "{} directory {}",
+                view.fabric,
+                if m.directory_healthy { "up" } else { "DOWN" }
+            ),
+            (None, false) => format!(
+                "directory {}",
+                if m.directory_healthy { "up" } else { "DOWN" }
+            ),
+        };
+        out.push_str(&format!(
+            "node {}  {}  clients {}  socket {}\n",
+            m.node.0,
+            directory,
+            s.client_count,
+            f.socket.display()
+        ));
+        let bar_width = width.saturating_sub(50).max(10);
+        let used = s.allocated_bytes as f64 / s.capacity_bytes.max(1) as f64;
+        let filled = ((used * bar_width as f64).round() as usize).min(bar_width);
+        out.push_str(&format!(
+            "  memory [{}{}] {:>5.1}%  {} of {}  pinned {}  evictable {}\n",
+            "#".repeat(filled),
+            ".".repeat(bar_width - filled),
+            used * 100.0,
+            format_bytes(s.allocated_bytes),
+            format_bytes(s.capacity_bytes),
+            format_bytes(s.pinned_bytes),
+            format_bytes(s.evictable_bytes),
+        ));
+        let r = &f.rates;
+        out.push_str(&format!(
+            "  objects {} sealed, {} unsealed   ops/s: create {:.0}  get {:.0}  fetch {:.0}  evict {:.0}\n",
+            s.sealed_count,
+            s.object_count.saturating_sub(s.sealed_count),
+            r.creates_per_second,
+            r.gets_per_second,
+            r.fetches_per_second,
+            r.evictions_per_second,
+        ));
+        let fr = &m.counters.fetch_results;
+        out.push_str(&format!(
+            "  fetch in {}  out {}   in flight: {} transfers, {} READs, {} leases, {} waiting\n",
+            mb_per_second(r.fetched_bytes_per_second),
+            mb_per_second(r.served_bytes_per_second),
+            m.transfers_in_flight,
+            m.reads_in_flight,
+            m.leases_held,
+            m.fetches_waiting,
+        ));
+        out.push_str(&format!(
+            "  fetches: {} ok, {} not found, {} timed out, {} failed; {} evicted, {} out of memory\n",
+            fr.ok, fr.not_found, fr.timeout, fr.error, s.evicted_objects_total, s.out_of_memory_total
+        ));
+        if f.peers.is_empty() {
+            continue;
+        }
+        out.push_str(&format!(
+            "  {:<6} {:<22} {:<9} {:>10} {:>12} {:>12} {:>10} {:>10} {:>6}\n",
+            "peer", "address", "link", "eager max", "in", "out", "fetched", "served", "errors"
+        ));
+        for p in &f.peers {
+            out.push_str(&format!(
+                "  {:<6} {:<22} {:<9} {:>10} {:>12} {:>12} {:>10} {:>10} {:>6}\n",
+                format!("node {}", p.node),
+                p.address.as_deref().unwrap_or("-"),
+                if p.connected { "up" } else { "down" },
+                p.eager_threshold_bytes.map_or("-".into(), format_bytes),
+                mb_per_second(p.in_bytes_per_second),
+                mb_per_second(p.out_bytes_per_second),
+                format_bytes(p.fetched_bytes),
+                format_bytes(p.served_bytes),
+                p.errors,
+            ));
+        }
+    }
+    out
+}
