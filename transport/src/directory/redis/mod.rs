@@ -300,7 +300,8 @@ pub async fn connect(
     let session = DirectorySession::new(
         session_config,
         me.clone(),
-        String::new(),
+        adapter::SESSION_TOKEN.to_string(),
+        crate::token::fresh_nonce(),
         skyriver_core::Instant::ZERO,
     );
     let connector = adapter::RedisConnector {
