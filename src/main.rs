@@ -31,7 +31,7 @@ struct Cli {
 
 #[derive(Args, Clone)]
 struct SocketArg {
-    /// The daemon's Unix socket [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>.sock]
+    /// The daemon's Unix socket [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>/skyriver.sock]
     #[arg(long, short = 's', global = true)]
     socket: Option<PathBuf>,
 }
@@ -208,7 +208,7 @@ enum Command {
 #[command(group(clap::ArgGroup::new("membership").args(["head", "join", "directory"])))]
 #[command(disable_help_flag = true)]
 struct DaemonArgs {
-    /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>.sock]
+    /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>/skyriver.sock]
     #[arg(long, short = 's')]
     socket: Option<PathBuf>,
     /// Shared memory for objects, e.g. 4GiB or 1000000000 (bytes, as plasma_store's -m).
@@ -251,6 +251,10 @@ struct DaemonArgs {
     /// Give this group's members access to the socket (its group, mode 660), for shared nodes.
     #[arg(long, value_name = "GROUP")]
     socket_group: Option<String>,
+    /// Accept a socket directory that other users can write or own (by default the daemon
+    /// refuses one, e.g. a bare /tmp: another user could take the socket's path)
+    #[arg(long)]
+    allow_shared_socket_dir: bool,
     /// Log filter, e.g. info, debug, skyriver=trace (or RUST_LOG).
     #[arg(long, default_value = "info", value_parser = skyriver::logging::parse_filter)]
     log: String,
@@ -407,6 +411,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     };
     config.prefault = !args.no_prefault;
     config.allow_overcommit = args.allow_overcommit;
+    config.allow_shared_socket_dir = args.allow_shared_socket_dir;
     config.socket_group = args
         .socket_group
         .as_deref()
