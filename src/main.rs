@@ -275,8 +275,9 @@ struct DaemonArgs {
     /// Join the cluster whose head daemon serves the built-in directory at HOST:PORT.
     #[arg(long, value_name = "HOST:PORT", conflicts_with = "directory")]
     join: Option<String>,
-    /// Use this directory: redis://HOST:PORT (or HOST:PORT of a head daemon).
-    #[arg(long, value_name = "URL")]
+    /// Use this directory: redis://[USER:PASSWORD@]HOST:PORT, rediss://… for TLS (or HOST:PORT
+    /// of a head daemon). From the environment it stays out of `ps`.
+    #[arg(long, value_name = "URL", env = "SKYRIVER_DIRECTORY", hide_env_values = true)]
     directory: Option<String>,
     /// Where the fabric accepts other daemons (port 0: any free port).
     #[arg(long, default_value = "0.0.0.0:0", requires = "membership")]
