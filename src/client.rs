@@ -86,12 +86,18 @@ pub enum ClientError {
 }
 
 /// Where clients look for the daemon when not told: `$SKYRIVER_SOCKET` (when set and not
-/// empty), else `/tmp/skyriver-<uid>.sock`.
+/// empty), else `/tmp/skyriver-<uid>/skyriver.sock`, in a directory only that user can write
+/// (the daemon makes it mode 0700).
 pub fn default_socket_path() -> PathBuf {
     std::env::var_os("SKYRIVER_SOCKET")
         .filter(|value| !value.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/tmp/skyriver-{}.sock", nix::unistd::getuid())))
+        .unwrap_or_else(|| {
+            PathBuf::from(format!(
+                "/tmp/skyriver-{}/skyriver.sock",
+                nix::unistd::getuid()
+            ))
+        })
 }
 
 /// The daemon's arenas as this client maps them.

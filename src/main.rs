@@ -31,7 +31,7 @@ struct Cli {
 
 #[derive(Args, Clone)]
 struct SocketArg {
-    /// The daemon's Unix socket [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>.sock]
+    /// The daemon's Unix socket [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>/skyriver.sock]
     #[arg(long, short = 's', global = true)]
     socket: Option<PathBuf>,
 }
@@ -74,7 +74,7 @@ const STARTING_WAIT: Duration = Duration::from_secs(600);
 #[derive(Subcommand)]
 enum Command {
     /// Run the node daemon: holds objects in shared memory and serves local clients.
-    Daemon(DaemonArgs),
+    Daemon(Box<DaemonArgs>),
     /// Store a file (or standard input) as a new object and print its id.
     Put {
         /// The file to store; `-` reads standard input.
@@ -208,7 +208,7 @@ enum Command {
 #[command(group(clap::ArgGroup::new("membership").args(["head", "join", "directory"])))]
 #[command(disable_help_flag = true)]
 struct DaemonArgs {
-    /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>.sock]
+    /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>/skyriver.sock]
     #[arg(long, short = 's')]
     socket: Option<PathBuf>,
     /// Shared memory for objects, e.g. 4GiB or 1000000000 (bytes, as plasma_store's -m).
@@ -245,9 +245,16 @@ struct DaemonArgs {
     /// cgroup limit, free huge pages). The kernel may then kill processes when the store fills.
     #[arg(long)]
     allow_overcommit: bool,
-    /// Permission bits of the socket, in octal.
-    #[arg(long, default_value = "600", value_parser = parse_octal)]
-    socket_mode: u32,
+    /// Permission bits of the socket, in octal [default: 600, or 660 with --socket-group]
+    #[arg(long, value_parser = parse_octal)]
+    socket_mode: Option<u32>,
+    /// Give this group's members access to the socket (its group, mode 660), for shared nodes.
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
+    /// Accept a socket directory that other users can write or own (by default the daemon
+    /// refuses one, e.g. a bare /tmp: another user could take the socket's path)
+    #[arg(long)]
+    allow_shared_socket_dir: bool,
     /// Log filter, e.g. info, debug, skyriver=trace (or RUST_LOG).
     #[arg(long, default_value = "info", value_parser = skyriver::logging::parse_filter)]
     log: String,
@@ -268,8 +275,9 @@ struct DaemonArgs {
     /// Join the cluster whose head daemon serves the built-in directory at HOST:PORT.
     #[arg(long, value_name = "HOST:PORT", conflicts_with = "directory")]
     join: Option<String>,
-    /// Use this directory: redis://HOST:PORT (or HOST:PORT of a head daemon).
-    #[arg(long, value_name = "URL")]
+    /// Use this directory: redis://[USER:PASSWORD@]HOST:PORT, rediss://… for TLS (or HOST:PORT
+    /// of a head daemon). From the environment it stays out of `ps`.
+    #[arg(long, value_name = "URL", env = "SKYRIVER_DIRECTORY_URL", hide_env_values = true)]
     directory: Option<String>,
     /// Where the fabric accepts other daemons (port 0: any free port).
     #[arg(long, default_value = "0.0.0.0:0", requires = "membership")]
@@ -300,9 +308,21 @@ struct DaemonArgs {
     /// Name of the cluster (the key prefix in Redis).
     #[arg(long, default_value = "default", env = "SKYRIVER_CLUSTER")]
     cluster: String,
-    /// Shared secret every daemon of the cluster presents.
+    /// Shared secret of the cluster (the same on every node); without one (or --token-file,
+    /// or --insecure) the fabric and the directory listen on loopback only.
     #[arg(long, env = "SKYRIVER_CLUSTER_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Read the cluster token from this file, which only its owner may read (mode 0600).
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+    /// Without a token, listen on other addresses than loopback anyway: any host that reaches
+    /// this node can join the cluster and read every object.
+    #[arg(long)]
+    insecure: bool,
+    /// The IP peers dial this node's fabric at, when --listen is unspecified (0.0.0.0)
+    /// [default: the source address of the route towards the directory]
+    #[arg(long, value_name = "IP", requires = "membership")]
+    advertise: Option<std::net::IpAddr>,
 }
 
 fn parse_octal(text: &str) -> Result<u32, String> {
@@ -313,7 +333,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Sim(args) => return skyriver_sim::cli::run(&args),
-        Command::Daemon(args) => run_daemon(args),
+        Command::Daemon(args) => run_daemon(*args),
         Command::Put {
             input,
             id,
@@ -392,8 +412,18 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     };
     config.prefault = !args.no_prefault;
     config.allow_overcommit = args.allow_overcommit;
+    config.allow_shared_socket_dir = args.allow_shared_socket_dir;
+    config.socket_group = args
+        .socket_group
+        .as_deref()
+        .map(skyriver::security::group_id)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    config.socket_mode = args.socket_mode.unwrap_or(match config.socket_group {
+        Some(_) => 0o660,
+        None => 0o600,
+    });
     config.metrics_addr = args.metrics;
-    config.socket_mode = args.socket_mode;
     config.persistence = args.backing_file.clone().map(|path| {
         let mut persistence = skyriver::persistence::PersistenceConfig::new(path);
         persistence.durability = args.durability;
@@ -431,23 +461,42 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
             return Err("a daemon joining a cluster needs --node-id N (unique per node; under Slurm $SLURM_NODEID is used)".into())
         }
     });
-    if let Some(directory) = directory {
-        let token = args.token.clone().unwrap_or_else(|| {
-            tracing::warn!("no --token (or SKYRIVER_CLUSTER_TOKEN): using the default cluster token; set one on shared networks");
-            DEFAULT_CLUSTER_TOKEN.to_string()
-        });
+    if let Some(mut directory) = directory {
+        use skyriver::security::{choose_token, listen_address, TokenChoice};
+        let choice = choose_token(
+            args.token.clone(),
+            args.token_file.as_deref(),
+            args.insecure,
+        )
+        .map_err(|e| e.to_string())?;
+        let listen = listen_address("--listen", args.listen, &choice).map_err(|e| e.to_string())?;
+        if let DirectoryChoice::Head { listen } = &mut directory {
+            *listen = listen_address("--head", *listen, &choice).map_err(|e| e.to_string())?;
+        }
+        match &choice {
+            TokenChoice::LoopbackOnly => tracing::info!(
+                %listen,
+                "no cluster token: the fabric and the directory listen on loopback only \
+                 (other hosts cannot join); set one with --token-file PATH, --token or \
+                 SKYRIVER_CLUSTER_TOKEN"
+            ),
+            TokenChoice::Insecure => tracing::warn!(
+                "--insecure without a token: any host that reaches this node can join the \
+                 cluster and read every object"
+            ),
+            TokenChoice::Set(_) => {}
+        }
         config.cluster = Some(ClusterConfig {
             fabric: choose_fabric(&args)?,
-            listen: args.listen,
+            listen,
             directory,
             cluster_name: args.cluster.clone(),
-            cluster_token: token,
+            cluster_token: choice.token(),
+            advertise: args.advertise,
         });
     }
     skyriver::daemon::run_until_signalled(config).map_err(|e| e.to_string())
 }
-
-const DEFAULT_CLUSTER_TOKEN: &str = "skyriver-default-token";
 
 fn parse_threshold(text: &str) -> Result<ThresholdPolicy, String> {
     if text == "auto" {

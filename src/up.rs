@@ -200,7 +200,7 @@ impl LocalCluster {
         let token = std::env::var("SKYRIVER_CLUSTER_TOKEN")
             .ok()
             .filter(|t| !t.is_empty())
-            .unwrap_or_else(|| format!("local-{}-{}", std::process::id(), head_port));
+            .unwrap_or_else(crate::security::random_token);
         let mut cluster = Self {
             nodes: Vec::new(),
             sockets: Vec::new(),

@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod auth;
 pub mod client_protocol;
 pub mod directory;
 pub mod error;

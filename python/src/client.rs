@@ -16,7 +16,7 @@ use crate::buffers::{Part, PendingWriters, PyMutableBuffer, PyReadBuffer, Writer
 use crate::errors::{self, ClientClosed};
 use crate::ids::{object_id, object_ids, PyObjectId};
 
-/// The socket clients use when not told: `$SKYRIVER_SOCKET`, else `/tmp/skyriver-<uid>.sock`.
+/// The socket clients use when not told: `$SKYRIVER_SOCKET`, else `/tmp/skyriver-<uid>/skyriver.sock`.
 #[pyfunction]
 pub fn default_socket() -> PathBuf {
     skyriver::default_socket_path()
@@ -83,7 +83,7 @@ unsafe fn bytes_at<'a>(address: usize, len: usize) -> &'a [u8] {
 /// A connection to the local Skyriver daemon.
 ///
 /// `Client(socket=None)` connects (the default socket is the CLI's: `$SKYRIVER_SOCKET`, else
-/// `/tmp/skyriver-<uid>.sock`). Safe to share between threads; every blocking call releases
+/// `/tmp/skyriver-<uid>/skyriver.sock`). Safe to share between threads; every blocking call releases
 /// the GIL. Use as a context manager, or call `close()`. Buffers outlive the client.
 #[pyclass(subclass, frozen, name = "Client", module = "skyriver")]
 pub struct PyClient {

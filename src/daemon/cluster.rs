@@ -35,7 +35,11 @@ pub(super) async fn connect_directory(
             )
             .map_err(|e| DaemonError::Directory(e.to_string()))?;
             let addr = head.local_addr().to_string();
-            info!(directory = %addr, "serving the built-in directory: other daemons join with --join {addr}");
+            // What other hosts dial: never `0.0.0.0`.
+            let dial =
+                crate::security::advertised_address(head.local_addr(), cluster.advertise, None)
+                    .map_or_else(|_| addr.clone(), |a| a.to_string());
+            info!(directory = %addr, "serving the built-in directory: other daemons join with --join {dial}");
             server = Some(head);
             DirectorySpec::Builtin { addr }
         }
@@ -52,4 +56,22 @@ pub(super) async fn connect_directory(
     .await
     .map_err(|e| DaemonError::Directory(e.to_string()))?;
     Ok((directory, server))
+}
+
+/// `HOST:PORT` of the directory, to find the route (and so the source address) peers reach
+/// this node by; `None` for a head listening on an unspecified address.
+pub(super) fn directory_host(directory: &super::DirectoryChoice) -> Option<String> {
+    use super::DirectoryChoice;
+    match directory {
+        DirectoryChoice::Head { listen } => {
+            (!listen.ip().is_unspecified()).then(|| listen.to_string())
+        }
+        DirectoryChoice::Join { head } => Some(head.clone()),
+        DirectoryChoice::Redis { url } => {
+            let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+            let authority = rest.split('/').next().unwrap_or_default();
+            // Never the credentials: only what follows the last `@`.
+            Some(authority.rsplit('@').next().unwrap_or_default().to_string())
+        }
+    }
 }

@@ -14,6 +14,7 @@ mod effects;
 mod event_loop;
 pub mod host_memory;
 pub mod metrics;
+pub mod socket_dir;
 mod starting;
 
 use std::collections::BTreeMap;
@@ -51,6 +52,10 @@ pub struct DaemonConfig {
     pub prefault: bool,
     /// Permission bits of the socket file (owner-only by default).
     pub socket_mode: u32,
+    /// Group the socket file belongs to (`None`: the daemon's own group).
+    pub socket_group: Option<u32>,
+    /// Accept a socket directory other users control (see [`socket_dir`]).
+    pub allow_shared_socket_dir: bool,
     /// This node's id.
     pub node: NodeId,
     /// Eager/rendezvous threshold policy for fetches.
@@ -78,6 +83,8 @@ impl DaemonConfig {
             hugepages_dir: None,
             prefault: true,
             socket_mode: 0o600,
+            socket_group: None,
+            allow_shared_socket_dir: false,
             node: NodeId(0),
             threshold: ThresholdPolicy::default(),
             lease: std::time::Duration::from_secs(10),
@@ -139,6 +146,9 @@ pub struct ClusterConfig {
     pub cluster_name: String,
     /// Shared secret every node presents.
     pub cluster_token: String,
+    /// The IP peers dial when `listen` is unspecified (`0.0.0.0`) [default: the source
+    /// address of the route towards the directory].
+    pub advertise: Option<std::net::IpAddr>,
 }
 
 /// Why the daemon could not start or stopped.
@@ -167,6 +177,9 @@ pub enum DaemonError {
         /// What is there.
         kind: &'static str,
     },
+    /// The socket's directory is not safe.
+    #[error(transparent)]
+    SocketDir(#[from] socket_dir::SocketDirError),
     /// Binding or configuring the socket failed.
     #[error("cannot listen on {path}: {source}")]
     Listen {
@@ -316,6 +329,8 @@ struct ClusterParts {
     directory_server: Option<BuiltinDirectoryServer>,
     /// Receive-slot size the fabric fixed, when it fixes one.
     receive_slot_bytes: Option<u32>,
+    /// The fabric address published for peers (never unspecified).
+    fabric_addr: std::net::SocketAddr,
 }
 
 /// A bound daemon, ready to serve.
@@ -350,7 +365,7 @@ impl Server {
         }
         let metrics_listener = config.metrics_addr.map(metrics::bind).transpose()?;
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
-        let listener = bind_socket(&config.socket_path, config.socket_mode).await?;
+        let listener = bind_socket(&config).await?;
         let status = StartStatus::default();
         status.set("creating the arena");
         let responder = StartingResponder::spawn(listener, status.clone());
@@ -411,7 +426,7 @@ impl Server {
                 node_config.receive_slot_bytes = slot_bytes;
             }
             node_config.fabric_name = parts.fabric.name().into();
-            node_config.fabric_address = parts.fabric.listen_addr().to_string();
+            node_config.fabric_address = parts.fabric_addr.to_string();
             node_config.directory_name = parts.directory.describe();
         }
         status.set("recovering objects");
@@ -433,6 +448,7 @@ impl Server {
             info!(
                 fabric = parts.fabric.name(),
                 listen = %parts.fabric.listen_addr(),
+                advertised = %parts.fabric_addr,
                 directory = %parts.directory.describe(),
                 "joined the cluster"
             );
@@ -589,9 +605,15 @@ async fn start_cluster(
             Arc::new(verbs)
         }
     };
+    let fabric_addr = crate::security::advertised_address(
+        fabric.listen_addr(),
+        cluster.advertise,
+        cluster::directory_host(&cluster.directory).as_deref(),
+    )
+    .map_err(|e| DaemonError::Fabric(e.to_string()))?;
     let me = MemberInfo {
         node: config.node,
-        fabric_addr: fabric.listen_addr(),
+        fabric_addr,
         fabric: fabric.name().to_string(),
         incarnation,
     };
@@ -604,6 +626,7 @@ async fn start_cluster(
         notices,
         directory_server,
         receive_slot_bytes,
+        fabric_addr,
     })
 }
 
@@ -625,19 +648,27 @@ fn check_socket_path(path: &Path) -> Result<bool, DaemonError> {
     Ok(true)
 }
 
-async fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, DaemonError> {
+async fn bind_socket(config: &DaemonConfig) -> Result<UnixListener, DaemonError> {
+    let (path, mode, group) = (
+        config.socket_path.as_path(),
+        config.socket_mode,
+        config.socket_group,
+    );
     let listen_error = |source| DaemonError::Listen {
         path: path.to_path_buf(),
         source,
     };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        socket_dir::prepare(parent, group, config.allow_shared_socket_dir)?;
+    }
     if check_socket_path(path)? {
         // Left behind by a daemon that died: nobody listens on it.
         std::fs::remove_file(path).map_err(listen_error)?;
     }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(listen_error)?;
-    }
     let listener = UnixListener::bind(path).map_err(listen_error)?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(listen_error)?;
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(listen_error)?;
     Ok(listener)
 }

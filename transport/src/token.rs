@@ -1,17 +1,15 @@
-//! The cluster token every daemon presents when it connects (fabric peers, the built-in
-//! directory).
+//! The cluster token's nonces. The proofs themselves are [`skyriver_core::auth`]'s, so the
+//! directory registry (in the core) and the fabrics check them with one piece of code.
 
-/// Whether two tokens are equal, in time independent of where they differ (so a caller cannot
-/// find the token byte by byte by timing refusals).
-pub fn tokens_match(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut diff = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= usize::from(x ^ y);
-    }
-    diff == 0
+pub use skyriver_core::auth::{prove, tokens_match, verify, Nonce, Proof, Role, Transcript};
+
+/// A nonce from the operating system's generator.
+pub fn fresh_nonce() -> Nonce {
+    let mut nonce = [0u8; 32];
+    // The kernel's generator does not fail once the system has booted; if it ever does, a
+    // handshake must not go on with a predictable nonce.
+    getrandom::getrandom(&mut nonce).expect("the operating system's random generator works");
+    nonce
 }
 
 #[cfg(test)]
@@ -19,12 +17,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn equal_tokens_match_and_any_difference_does_not() {
-        assert!(tokens_match("abc", "abc"));
-        assert!(tokens_match("", ""));
-        assert!(!tokens_match("abc", "abd"));
-        assert!(!tokens_match("abc", "abc\0"));
-        assert!(!tokens_match("abc", ""));
-        assert!(!tokens_match("", "abc"));
+    fn fresh_nonces_differ() {
+        assert_ne!(fresh_nonce(), fresh_nonce());
     }
 }

@@ -458,3 +458,173 @@ async fn nodes_ride_out_a_head_restart() {
     })
     .await;
 }
+
+/// One frame as the directory sends them: a little-endian length, then postcard.
+async fn send_frame<T: serde::Serialize>(stream: &mut TcpStream, message: &T) {
+    let body = postcard::to_allocvec(message).unwrap();
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame).await.unwrap();
+}
+
+/// The next frame, or `None` once the peer closed.
+async fn receive_frame<T: serde::de::DeserializeOwned>(stream: &mut TcpStream) -> Option<T> {
+    use tokio::io::AsyncReadExt;
+    let mut len = [0u8; 4];
+    tokio::time::timeout(WAIT, stream.read_exact(&mut len))
+        .await
+        .expect("an answer in time")
+        .ok()?;
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    stream.read_exact(&mut body).await.ok()?;
+    Some(postcard::from_bytes(&body).expect("a valid frame"))
+}
+
+mod handshake {
+    use super::*;
+    use skyriver_core::auth::{prove, Nonce, Proof, Role};
+    use skyriver_core::registry::{
+        wire, FromRegistry, Hello, ToRegistry, HELLO_MAGIC, PROTOCOL_VERSION,
+    };
+
+    fn hello(nonce: Nonce) -> Hello {
+        Hello {
+            magic: HELLO_MAGIC,
+            version: PROTOCOL_VERSION,
+            legacy_token: String::new(),
+            member: member(1),
+            nonce,
+        }
+    }
+
+    fn proof(token: &str, hello: &Hello, challenge: &Nonce) -> Proof {
+        let identity = wire::member_identity(&hello.member);
+        prove(
+            token,
+            Role::Dialer,
+            &wire::transcript(&hello.nonce, challenge, &identity),
+        )
+    }
+
+    async fn challenge(stream: &mut TcpStream, hello: &Hello) -> Nonce {
+        send_frame(stream, &ToRegistry::Hello(hello.clone())).await;
+        match receive_frame(stream).await {
+            Some(FromRegistry::Challenge { nonce }) => nonce,
+            other => panic!("expected a challenge, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replayed_handshake_gets_no_session() {
+        let server = start_server(Duration::from_secs(5)).await;
+        let addr = server.local_addr();
+        // An honest handshake, recorded.
+        let recorded_hello = hello([7; 32]);
+        let mut honest = TcpStream::connect(addr).await.unwrap();
+        let first = challenge(&mut honest, &recorded_hello).await;
+        let recorded_proof = proof(TOKEN, &recorded_hello, &first);
+        send_frame(&mut honest, &ToRegistry::Proof(recorded_proof)).await;
+        assert!(matches!(
+            receive_frame(&mut honest).await,
+            Some(FromRegistry::Welcome { .. })
+        ));
+        drop(honest);
+        wait_until(|| server.members().is_empty()).await;
+        // Replayed word for word on a new connection: a new challenge, so the proof fails.
+        let mut replay = TcpStream::connect(addr).await.unwrap();
+        let second = challenge(&mut replay, &recorded_hello).await;
+        assert_ne!(first, second, "every connection gets a fresh challenge");
+        send_frame(&mut replay, &ToRegistry::Proof(recorded_proof)).await;
+        match receive_frame::<FromRegistry>(&mut replay).await {
+            Some(FromRegistry::Refused { reason, .. }) => {
+                assert!(reason.contains("wrong cluster token"), "{reason}")
+            }
+            other => panic!("a replayed proof must be refused, got {other:?}"),
+        }
+        assert!(receive_frame::<FromRegistry>(&mut replay).await.is_none());
+        assert!(server.members().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_version_1_node_is_told_which_version_the_head_speaks() {
+        /// Version 1's hello: the token in clear, no nonce.
+        #[derive(serde::Serialize)]
+        struct HelloV1 {
+            magic: [u8; 8],
+            version: u16,
+            token: String,
+            member: MemberInfo,
+        }
+        #[derive(serde::Serialize)]
+        enum ToRegistryV1 {
+            Hello(HelloV1),
+        }
+        let server = start_server(Duration::from_secs(5)).await;
+        let mut old = TcpStream::connect(server.local_addr()).await.unwrap();
+        let v1 = ToRegistryV1::Hello(HelloV1 {
+            magic: HELLO_MAGIC,
+            version: 1,
+            token: TOKEN.into(),
+            member: member(1),
+        });
+        send_frame(&mut old, &v1).await;
+        match receive_frame::<FromRegistry>(&mut old).await {
+            Some(FromRegistry::Refused { reason, retryable }) => {
+                assert!(
+                    reason.contains("version 1") && reason.contains("speaks 2"),
+                    "{reason}"
+                );
+                assert!(!retryable);
+            }
+            other => panic!("expected a refusal naming the versions, got {other:?}"),
+        }
+        assert!(server.members().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_node_drops_a_head_that_cannot_prove_the_token() {
+        // Something at the head's address that speaks the protocol without the token: it
+        // challenges, then welcomes with a made-up proof.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let impostor = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let Some(ToRegistry::Hello(h)) = receive_frame(&mut stream).await else {
+                panic!("expected a hello");
+            };
+            assert!(h.legacy_token.is_empty(), "the token never travels");
+            send_frame(&mut stream, &FromRegistry::Challenge { nonce: [1; 32] }).await;
+            let Some(ToRegistry::Proof(_)) = receive_frame(&mut stream).await else {
+                panic!("expected a proof");
+            };
+            send_frame(
+                &mut stream,
+                &FromRegistry::Welcome {
+                    version: PROTOCOL_VERSION,
+                    proof: [0; 32],
+                },
+            )
+            .await;
+            // Hold the connection until the node drops it.
+            let _ = receive_frame::<ToRegistry>(&mut stream).await;
+        });
+        match Node::try_join(addr, member(1), TOKEN, client_config()).await {
+            Err(error) => assert!(
+                error
+                    .to_string()
+                    .contains("could not prove the cluster token"),
+                "{error}"
+            ),
+            Ok(_) => panic!("joined a head that cannot prove the token"),
+        }
+        impostor.abort();
+    }
+
+    async fn wait_until(mut done: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

@@ -298,6 +298,23 @@ fn connects_with_the_cluster_token_and_refuses_a_wrong_one() {
         e => panic!("expected PeerLost, got {e:?}"),
     }
 
+    // A version-1 connector (it sent the token in clear) is told which version to speak.
+    {
+        use std::io::{Read, Write};
+        let mut old = std::net::TcpStream::connect(b.fabric.listen_addr()).unwrap();
+        old.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        old.write_all(b"SKRVVF01").unwrap();
+        let mut len = [0u8; 4];
+        old.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+        old.read_exact(&mut body).unwrap();
+        assert_eq!(body[0], 1, "version 1's Reply::Refuse");
+        let text = String::from_utf8_lossy(&body);
+        println!("version 1 connector: {text}");
+        assert!(text.contains("version 2"), "{text}");
+    }
+    b.assert_quiet(Duration::from_millis(100));
+
     // The first connection is unharmed.
     a.fabric.send(b.id, b"still here".to_vec()).unwrap();
     assert_eq!(b.expect_message(a.id), b"still here");

@@ -9,8 +9,13 @@
 //! connections to close. [`Registry::poll_timeout`] says when the next heartbeat expires.
 //!
 //! Rules:
-//! - **Join**: a hello must carry the magic, the protocol version and the cluster token
-//!   (compared in constant time). A node id already registered by a live daemon is refused
+//! - **Join**: a hello must carry the magic and the protocol version; the registry answers
+//!   with a fresh nonce ([`FromRegistry::Challenge`]), the node proves the cluster token with
+//!   an HMAC over both nonces and its identity ([`ToRegistry::Proof`], see [`crate::auth`]),
+//!   and only then does the registry judge the hello and, admitting it, prove the token in
+//!   turn in its `Welcome`. The token never travels, a recorded handshake fails against the
+//!   next nonce, and a caller without the token learns no proof. A node id already registered
+//!   by a live daemon is refused
 //!   (retryably: it may be about to expire), unless the hello is that same daemon (same
 //!   incarnation and fabric address) reconnecting, which takes over the registration, or a
 //!   restart of it (same fabric address, higher incarnation): then the old incarnation's
@@ -35,6 +40,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use crate::auth::{self, Nonce, NonceSource, Proof, Role};
 use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo};
 use crate::ids::{NodeId, ObjectId};
 use crate::time::Instant;
@@ -61,8 +67,8 @@ pub struct RegistryLimits {
     pub max_subscriptions_per_node: usize,
     /// Most objects one node may publish.
     pub max_publications_per_node: usize,
-    /// Longest cluster token accepted.
-    pub max_token_bytes: usize,
+    /// Most hellos waiting for their proof at once.
+    pub max_handshakes: usize,
 }
 
 impl Default for RegistryLimits {
@@ -71,16 +77,19 @@ impl Default for RegistryLimits {
             max_nodes: 4096,
             max_subscriptions_per_node: 65_536,
             max_publications_per_node: 1 << 24,
-            max_token_bytes: 1024,
+            max_handshakes: 1024,
         }
     }
 }
 
-/// How a registry serves.
-#[derive(Debug, Clone)]
+/// How a registry serves. Its `Debug` output leaves out the token and the nonce key.
+#[derive(Clone)]
 pub struct RegistryConfig {
-    /// Nodes must present this token in their hello.
+    /// Nodes must prove this token.
     pub cluster_token: String,
+    /// Keys the registry's nonces: secret and random (the driver draws it from the operating
+    /// system, the simulator from its seed).
+    pub nonce_key: [u8; 32],
     /// A member not heard from for this long is dead.
     pub heartbeat_timeout: Duration,
     /// Limits.
@@ -88,13 +97,23 @@ pub struct RegistryConfig {
 }
 
 impl RegistryConfig {
-    /// Default limits, a 5 s heartbeat timeout, and `cluster_token`.
-    pub fn new(cluster_token: impl Into<String>) -> Self {
+    /// Default limits, a 5 s heartbeat timeout, `cluster_token` and `nonce_key`.
+    pub fn new(cluster_token: impl Into<String>, nonce_key: [u8; 32]) -> Self {
         Self {
             cluster_token: cluster_token.into(),
+            nonce_key,
             heartbeat_timeout: Duration::from_secs(5),
             limits: RegistryLimits::default(),
         }
+    }
+}
+
+impl fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryConfig")
+            .field("heartbeat_timeout", &self.heartbeat_timeout)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
     }
 }
 
@@ -138,9 +157,18 @@ pub enum HelloRefused {
         /// The node's version.
         version: u16,
     },
-    /// The token does not match.
+    /// The node's proof does not hold for the head's token.
     #[error("wrong cluster token: this node's token does not match the head's")]
     WrongToken,
+    /// Too many hellos wait for their proofs.
+    #[error("the directory is busy with {max_handshakes} handshakes; try again")]
+    Busy {
+        /// The limit.
+        max_handshakes: usize,
+    },
+    /// A proof came on a connection that sent no hello (or was already admitted).
+    #[error("a proof without a pending hello")]
+    UnexpectedProof,
     /// Another live daemon holds this node id.
     #[error(
         "{node} is already a member (incarnation {incarnation}, fabric at {fabric_addr}); a \
@@ -183,7 +211,10 @@ pub enum HelloRefused {
 impl HelloRefused {
     /// Whether trying again shortly may succeed.
     pub fn retryable(&self) -> bool {
-        matches!(self, HelloRefused::DuplicateNode { .. })
+        matches!(
+            self,
+            HelloRefused::DuplicateNode { .. } | HelloRefused::Busy { .. }
+        )
     }
 }
 
@@ -202,6 +233,14 @@ pub enum RegistryError {
 /// always a single node, kept inline: the registry keeps one of these for every object of the
 /// cluster, so it must stay small.
 type Holders = SmallVec<[(NodeId, ObjectSizes); 1]>;
+
+/// A hello waiting for its proof.
+#[derive(Debug)]
+struct Handshake {
+    hello: Hello,
+    /// The registry's nonce, sent in the challenge.
+    nonce: Nonce,
+}
 
 /// One registered node.
 #[derive(Debug)]
@@ -226,6 +265,9 @@ pub struct Registry {
     holders: BTreeMap<ObjectId, Holders>,
     /// One-shot subscriptions by object; never an empty set.
     subscribers: BTreeMap<ObjectId, BTreeSet<NodeId>>,
+    /// Hellos waiting for their proofs, by connection; never a member's connection.
+    handshakes: BTreeMap<ConnId, Handshake>,
+    nonces: NonceSource,
     outputs: VecDeque<RegistryOutput>,
 }
 
@@ -233,6 +275,8 @@ impl Registry {
     /// An empty registry.
     pub fn new(config: RegistryConfig) -> Self {
         Self {
+            nonces: NonceSource::new(config.nonce_key),
+            handshakes: BTreeMap::new(),
             config,
             members: BTreeMap::new(),
             by_conn: BTreeMap::new(),
@@ -250,17 +294,76 @@ impl Registry {
 
     // ---- Inputs ----
 
-    /// A connection said hello. Accepted: `Welcome` and the member list go to it, and the new
-    /// list to every member. Refused: `Refused` goes to it and it is closed; the reason is also
-    /// returned, for the driver's logs.
+    /// A connection said hello. Well-formed: a `Challenge` goes to it, and the hello waits
+    /// for the node's proof ([`Registry::handle_proof`]). Refused: `Refused` goes to it and it
+    /// is closed; the reason is also returned, for the driver's logs.
     pub fn handle_hello(
         &mut self,
-        now: Instant,
+        _now: Instant,
         conn: ConnId,
         hello: Hello,
     ) -> Result<(), HelloRefused> {
-        let result = self.admit(now, conn, hello);
-        if let Err(refusal) = &result {
+        let result = self.challenge(conn, hello);
+        self.refuse_on_error(conn, &result);
+        result
+    }
+
+    fn challenge(&mut self, conn: ConnId, hello: Hello) -> Result<(), HelloRefused> {
+        if self.by_conn.contains_key(&conn) || self.handshakes.contains_key(&conn) {
+            return Err(HelloRefused::SecondHello);
+        }
+        if hello.magic != HELLO_MAGIC {
+            return Err(HelloRefused::NotAHello);
+        }
+        if hello.version != PROTOCOL_VERSION {
+            return Err(HelloRefused::Version {
+                version: hello.version,
+            });
+        }
+        if self.handshakes.len() >= self.config.limits.max_handshakes {
+            return Err(HelloRefused::Busy {
+                max_handshakes: self.config.limits.max_handshakes,
+            });
+        }
+        let nonce = self.nonces.next_nonce();
+        self.handshakes.insert(conn, Handshake { hello, nonce });
+        self.outputs.push_back(RegistryOutput::Send {
+            conn,
+            message: FromRegistry::Challenge { nonce },
+        });
+        Ok(())
+    }
+
+    /// The node's proof of the token, answering the challenge. Holds: the hello is judged;
+    /// admitted, `Welcome` (with the registry's proof) and the member list go to it and the new
+    /// list to every member. Otherwise `Refused` goes to it and it is closed.
+    pub fn handle_proof(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        proof: Proof,
+    ) -> Result<(), HelloRefused> {
+        let result = match self.handshakes.remove(&conn) {
+            None => Err(HelloRefused::UnexpectedProof),
+            Some(Handshake { hello, nonce }) => {
+                let node_identity = wire::member_identity(&hello.member);
+                let transcript = wire::transcript(&hello.nonce, &nonce, &node_identity);
+                let token = &self.config.cluster_token;
+                if auth::verify(token, Role::Dialer, &transcript, &proof) {
+                    let own_proof = auth::prove(token, Role::Acceptor, &transcript);
+                    self.admit(now, conn, hello, own_proof)
+                } else {
+                    Err(HelloRefused::WrongToken)
+                }
+            }
+        };
+        self.refuse_on_error(conn, &result);
+        result
+    }
+
+    /// A refused hello or proof: `Refused` to the connection, which is closed.
+    fn refuse_on_error(&mut self, conn: ConnId, result: &Result<(), HelloRefused>) {
+        if let Err(refusal) = result {
             self.outputs.push_back(RegistryOutput::Send {
                 conn,
                 message: FromRegistry::Refused {
@@ -278,26 +381,15 @@ impl Registry {
                 reason: refusal.to_string(),
             });
         }
-        result
     }
 
-    fn admit(&mut self, now: Instant, conn: ConnId, hello: Hello) -> Result<(), HelloRefused> {
-        if self.by_conn.contains_key(&conn) {
-            return Err(HelloRefused::SecondHello);
-        }
-        if hello.magic != HELLO_MAGIC {
-            return Err(HelloRefused::NotAHello);
-        }
-        if hello.version != PROTOCOL_VERSION {
-            return Err(HelloRefused::Version {
-                version: hello.version,
-            });
-        }
-        if hello.token.len() > self.config.limits.max_token_bytes
-            || !wire::tokens_match(&hello.token, &self.config.cluster_token)
-        {
-            return Err(HelloRefused::WrongToken);
-        }
+    fn admit(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        hello: Hello,
+        proof: Proof,
+    ) -> Result<(), HelloRefused> {
         let member = hello.member;
         let node = member.node;
         if let Some(old) = self.members.get(&node) {
@@ -318,7 +410,7 @@ impl Registry {
                     conn: old_conn,
                     reason: format!("{node} reconnected on {conn}"),
                 });
-                self.welcome(conn);
+                self.welcome(conn, proof);
                 self.outputs.push_back(RegistryOutput::SendMembers {
                     conns: vec![conn],
                     members: self.members(),
@@ -366,7 +458,7 @@ impl Registry {
         );
         self.by_conn.insert(conn, node);
         self.expiry.insert((expires_at, node));
-        self.welcome(conn);
+        self.welcome(conn, proof);
         self.push_members();
         Ok(())
     }
@@ -445,12 +537,14 @@ impl Registry {
             ToRegistry::Request { op, request } => self.handle_request(now, conn, op, request)?,
             ToRegistry::Ping { seq } => self.handle_ping(now, conn, seq)?,
             ToRegistry::Goodbye => self.handle_goodbye(now, conn)?,
+            ToRegistry::Proof(proof) => self.handle_proof(now, conn, proof)?,
         }
         Ok(())
     }
 
     /// `conn` closed (or the driver gave up on it). Its member, if any, is dead.
     pub fn handle_disconnect(&mut self, _now: Instant, conn: ConnId) {
+        self.handshakes.remove(&conn);
         if let Some(node) = self.by_conn.get(&conn).copied() {
             self.remove_member(node);
             self.push_members();
@@ -574,16 +668,24 @@ impl Registry {
             assert!(member.subscribed.len() <= self.config.limits.max_subscriptions_per_node);
         }
         assert_eq!(self.by_conn.len(), self.members.len());
+        assert!(self.handshakes.len() <= self.config.limits.max_handshakes);
+        assert!(
+            self.handshakes
+                .keys()
+                .all(|c| !self.by_conn.contains_key(c)),
+            "a member's connection waits for a proof"
+        );
         assert_eq!(self.expiry.len(), self.members.len());
     }
 
     // ---- Rules ----
 
-    fn welcome(&mut self, conn: ConnId) {
+    fn welcome(&mut self, conn: ConnId, proof: Proof) {
         self.outputs.push_back(RegistryOutput::Send {
             conn,
             message: FromRegistry::Welcome {
                 version: PROTOCOL_VERSION,
+                proof,
             },
         });
     }

@@ -6,7 +6,9 @@
 //! What it does:
 //! - **Connects with backoff**: while down it asks for a connection ([`SessionOutput::Connect`])
 //!   at `reconnect_backoff_min`, doubling to `reconnect_backoff_max` after each failure.
-//! - **Says hello** and waits for `Welcome` (a refusal ends the attempt).
+//! - **Says hello**, answers the registry's challenge with its proof of the cluster token and
+//!   waits for `Welcome`, whose proof must hold too (a refusal, or a registry that cannot prove
+//!   the token, ends the attempt). See [`crate::registry`] for the handshake.
 //! - **Replays** after every welcome what the registry may have lost (all of it after a head
 //!   restart): a `Publish` of each object the node holds and a `Lookup` with `subscribe` of
 //!   each object it waits for; a replayed lookup that finds a holder fires the subscription
@@ -20,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
+use crate::auth::{self, Nonce, NonceSource, Role};
 use crate::directory::{
     DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
 };
@@ -27,7 +30,7 @@ use crate::ids::ObjectId;
 use crate::time::Instant;
 use crate::wire::ObjectSizes;
 
-use super::wire::{FromRegistry, Hello, ToRegistry, WireOpId, HELLO_MAGIC, PROTOCOL_VERSION};
+use super::wire::{self, FromRegistry, Hello, ToRegistry, WireOpId, HELLO_MAGIC, PROTOCOL_VERSION};
 
 /// How a node's session behaves.
 #[derive(Debug, Clone)]
@@ -97,6 +100,12 @@ pub enum SessionError {
     /// A message arrived with no connection up.
     #[error("a message arrived while not connected")]
     NotConnected,
+    /// The welcome's proof does not hold: whoever answered does not know the cluster token.
+    #[error(
+        "the directory could not prove the cluster token: something other than this \
+         cluster's head answers at its address, or the head has another token"
+    )]
+    Unproven,
 }
 
 /// Who a request on the wire is for.
@@ -121,8 +130,15 @@ enum Link {
     Down { reason: String, retry_at: Instant },
     /// The driver is opening a connection.
     AwaitingConnection,
-    /// Hello sent; the registry must answer by `deadline`.
-    AwaitingWelcome { deadline: Instant },
+    /// Hello sent with `nonce`; the registry must challenge (and then welcome) by `deadline`.
+    AwaitingChallenge { deadline: Instant, nonce: Nonce },
+    /// Proof sent; the registry must welcome by `deadline`, proving the token over the same
+    /// nonces.
+    AwaitingWelcome {
+        deadline: Instant,
+        nonce: Nonce,
+        registry_nonce: Nonce,
+    },
     /// Registered.
     Up {
         last_heard: Instant,
@@ -145,7 +161,8 @@ pub struct ReplayState {
 pub struct DirectorySession {
     config: SessionConfig,
     me: MemberInfo,
-    token: String,
+    token: auth::Secret,
+    nonces: NonceSource,
     replay: ReplayState,
     link: Link,
     /// Whether the driver was told the directory is reachable (so a loss is reported once); set
@@ -161,13 +178,21 @@ pub struct DirectorySession {
 }
 
 impl DirectorySession {
-    /// A session for `me`, presenting `token`; it asks for its first connection at once.
-    pub fn new(config: SessionConfig, me: MemberInfo, token: String, now: Instant) -> Self {
+    /// A session for `me`, proving `token`, with nonces keyed by `nonce_key` (secret and
+    /// random); it asks for its first connection at once.
+    pub fn new(
+        config: SessionConfig,
+        me: MemberInfo,
+        token: String,
+        nonce_key: [u8; 32],
+        now: Instant,
+    ) -> Self {
         let backoff = config.reconnect_backoff_min;
         Self {
             config,
             me,
-            token,
+            token: auth::Secret::new(token),
+            nonces: NonceSource::new(nonce_key),
             replay: ReplayState::default(),
             link: Link::Down {
                 reason: "not connected yet".into(),
@@ -279,10 +304,13 @@ impl DirectorySession {
 
     /// The connection the session asked for is open: the hello goes out.
     pub fn handle_connected(&mut self, now: Instant) {
-        self.link = Link::AwaitingWelcome {
+        let nonce = self.nonces.next_nonce();
+        self.link = Link::AwaitingChallenge {
             deadline: now + self.config.heartbeat_timeout,
+            nonce,
         };
-        self.outputs.push_back(SessionOutput::Send(self.hello()));
+        self.outputs
+            .push_back(SessionOutput::Send(self.hello(nonce)));
     }
 
     /// The connection the session asked for could not be opened.
@@ -321,11 +349,47 @@ impl DirectorySession {
     fn receive(&mut self, now: Instant, message: FromRegistry) -> Result<(), SessionError> {
         match &mut self.link {
             Link::Down { .. } | Link::AwaitingConnection => return Err(SessionError::NotConnected),
-            Link::AwaitingWelcome { .. } => {
+            Link::AwaitingChallenge { deadline, nonce } => {
                 return match message {
-                    FromRegistry::Welcome { .. } => {
-                        self.welcomed(now);
+                    FromRegistry::Challenge {
+                        nonce: registry_nonce,
+                    } => {
+                        let (deadline, nonce) = (*deadline, *nonce);
+                        let identity = wire::member_identity(&self.me);
+                        let transcript = wire::transcript(&nonce, &registry_nonce, &identity);
+                        let proof = auth::prove(self.token.expose(), Role::Dialer, &transcript);
+                        self.link = Link::AwaitingWelcome {
+                            deadline,
+                            nonce,
+                            registry_nonce,
+                        };
+                        self.outputs
+                            .push_back(SessionOutput::Send(ToRegistry::Proof(proof)));
                         Ok(())
+                    }
+                    FromRegistry::Refused { reason, retryable } => {
+                        Err(SessionError::Refused { reason, retryable })
+                    }
+                    other => Err(SessionError::Protocol(format!(
+                        "expected a challenge, got {other}"
+                    ))),
+                };
+            }
+            Link::AwaitingWelcome {
+                nonce,
+                registry_nonce,
+                ..
+            } => {
+                return match message {
+                    FromRegistry::Welcome { proof, .. } => {
+                        let identity = wire::member_identity(&self.me);
+                        let transcript = wire::transcript(nonce, registry_nonce, &identity);
+                        if auth::verify(self.token.expose(), Role::Acceptor, &transcript, &proof) {
+                            self.welcomed(now);
+                            Ok(())
+                        } else {
+                            Err(SessionError::Unproven)
+                        }
                     }
                     FromRegistry::Refused { reason, retryable } => {
                         Err(SessionError::Refused { reason, retryable })
@@ -368,6 +432,11 @@ impl DirectorySession {
             FromRegistry::Welcome { .. } => {
                 return Err(SessionError::Protocol("a second welcome".into()))
             }
+            FromRegistry::Challenge { .. } => {
+                return Err(SessionError::Protocol(
+                    "a challenge after the welcome".into(),
+                ))
+            }
         }
         Ok(())
     }
@@ -380,7 +449,9 @@ impl DirectorySession {
                 self.link = Link::AwaitingConnection;
                 self.outputs.push_back(SessionOutput::Connect);
             }
-            Link::AwaitingWelcome { deadline } if *deadline <= now => {
+            Link::AwaitingChallenge { deadline, .. } | Link::AwaitingWelcome { deadline, .. }
+                if *deadline <= now =>
+            {
                 let reason = format!(
                     "no welcome within {} ms",
                     self.config.heartbeat_timeout.as_millis()
@@ -436,7 +507,9 @@ impl DirectorySession {
         match &self.link {
             Link::Down { retry_at, .. } => (*retry_at != Instant::NEVER).then_some(*retry_at),
             Link::AwaitingConnection => None,
-            Link::AwaitingWelcome { deadline } => Some(*deadline),
+            Link::AwaitingChallenge { deadline, .. } | Link::AwaitingWelcome { deadline, .. } => {
+                Some(*deadline)
+            }
             Link::Up {
                 last_heard,
                 next_ping,
@@ -446,12 +519,13 @@ impl DirectorySession {
 
     // ---- Internals ----
 
-    fn hello(&self) -> ToRegistry {
+    fn hello(&self, nonce: Nonce) -> ToRegistry {
         ToRegistry::Hello(Hello {
             magic: HELLO_MAGIC,
             version: PROTOCOL_VERSION,
-            token: self.token.clone(),
+            legacy_token: String::new(),
             member: self.me.clone(),
+            nonce,
         })
     }
 

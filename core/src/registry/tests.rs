@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::session::{DirectorySession, SessionConfig, SessionOutput};
+use super::session::{DirectorySession, SessionConfig, SessionError, SessionOutput};
 use super::*;
 use crate::directory::{DirectoryNotice, DirectoryOpId};
 
@@ -18,13 +18,57 @@ fn member(node: u32, incarnation: u32) -> MemberInfo {
     }
 }
 
+const NONCE_KEY: [u8; 32] = [5; 32];
+
 fn hello(member: MemberInfo) -> Hello {
     Hello {
         magic: HELLO_MAGIC,
         version: PROTOCOL_VERSION,
-        token: TOKEN.into(),
+        legacy_token: String::new(),
         member,
+        nonce: [9; 32],
     }
+}
+
+/// The registry's challenge, the one thing a well-formed hello gets.
+fn challenge_of(registry: &mut Registry, conn: u64) -> crate::auth::Nonce {
+    match registry.poll_output() {
+        Some(RegistryOutput::Send {
+            conn: c,
+            message: FromRegistry::Challenge { nonce },
+        }) if c == ConnId(conn) => nonce,
+        other => panic!("expected a challenge to conn-{conn}, got {other:?}"),
+    }
+}
+
+/// The node's proof of `token` for `hello` and the registry's `challenge`.
+fn proof_for(token: &str, hello: &Hello, challenge: &crate::auth::Nonce) -> crate::auth::Proof {
+    let identity = wire::member_identity(&hello.member);
+    let transcript = wire::transcript(&hello.nonce, challenge, &identity);
+    crate::auth::prove(token, crate::auth::Role::Dialer, &transcript)
+}
+
+/// A whole handshake on `conn` proving `token`: the hello, the challenge, the proof.
+fn admit_with(
+    registry: &mut Registry,
+    now: Instant,
+    conn: u64,
+    member: MemberInfo,
+    token: &str,
+) -> Result<(), HelloRefused> {
+    let hello = hello(member);
+    registry.handle_hello(now, ConnId(conn), hello.clone())?;
+    let challenge = challenge_of(registry, conn);
+    registry.handle_proof(now, ConnId(conn), proof_for(token, &hello, &challenge))
+}
+
+fn admit(
+    registry: &mut Registry,
+    now: Instant,
+    conn: u64,
+    member: MemberInfo,
+) -> Result<(), HelloRefused> {
+    admit_with(registry, now, conn, member, TOKEN)
 }
 
 fn sizes(n: u64) -> ObjectSizes {
@@ -39,7 +83,7 @@ fn at_ms(ms: u64) -> Instant {
 }
 
 fn registry() -> Registry {
-    let mut config = RegistryConfig::new(TOKEN);
+    let mut config = RegistryConfig::new(TOKEN, NONCE_KEY);
     config.heartbeat_timeout = Duration::from_millis(100);
     Registry::new(config)
 }
@@ -91,9 +135,7 @@ fn events_for(out: &[(ConnId, FromRegistry)], conn: u64) -> Vec<DirectoryEvent> 
 }
 
 fn join(registry: &mut Registry, now: Instant, conn: u64, node: u32) {
-    registry
-        .handle_hello(now, ConnId(conn), hello(member(node, 1)))
-        .expect("joins");
+    admit(registry, now, conn, member(node, 1)).expect("joins");
     drain(registry);
 }
 
@@ -314,10 +356,8 @@ fn a_disconnect_drops_the_member_with_its_locations_and_subscriptions() {
 #[test]
 fn wrong_token_and_bad_hellos_are_refused_and_closed() {
     let mut r = registry();
-    let mut bad = hello(member(1, 1));
-    bad.token = "nope".into();
     assert_eq!(
-        r.handle_hello(at_ms(0), ConnId(1), bad),
+        admit_with(&mut r, at_ms(0), 1, member(1, 1), "nope"),
         Err(HelloRefused::WrongToken)
     );
     let out = drain(&mut r);
@@ -356,28 +396,23 @@ fn a_live_node_id_from_another_daemon_is_refused_retryably() {
     join(&mut r, at_ms(0), 1, 1);
     let mut other = member(1, 2);
     other.fabric_addr = SocketAddr::from(([127, 0, 0, 2], 7001));
-    let refusal = r
-        .handle_hello(at_ms(1), ConnId(2), hello(other))
-        .unwrap_err();
+    let refusal = admit(&mut r, at_ms(1), 2, other).unwrap_err();
     assert!(refusal.retryable());
     assert!(
         refusal.to_string().contains("already a member"),
         "{refusal}"
     );
     assert_eq!(r.members(), vec![member(1, 1)]);
+    drain(&mut r);
     // An older incarnation at the same address is stale, not retryable.
     join(&mut r, at_ms(1), 3, 2);
-    r.handle_hello(at_ms(1), ConnId(4), hello(member(2, 1)))
-        .unwrap();
+    admit(&mut r, at_ms(1), 4, member(2, 1)).unwrap();
     drain(&mut r);
     let mut restarted = member(2, 5);
     restarted.node = NodeId(2);
-    r.handle_hello(at_ms(2), ConnId(5), hello(restarted))
-        .unwrap();
+    admit(&mut r, at_ms(2), 5, restarted).unwrap();
     drain(&mut r);
-    let stale = r
-        .handle_hello(at_ms(3), ConnId(6), hello(member(2, 3)))
-        .unwrap_err();
+    let stale = admit(&mut r, at_ms(3), 6, member(2, 3)).unwrap_err();
     assert!(!stale.retryable());
 }
 
@@ -408,8 +443,7 @@ fn a_restart_with_a_new_incarnation_drops_the_old_incarnations_state() {
             subscribe: true,
         },
     );
-    r.handle_hello(at_ms(2), ConnId(3), hello(member(1, 2)))
-        .expect("a restart is accepted");
+    admit(&mut r, at_ms(2), 3, member(1, 2)).expect("a restart is accepted");
     let out = drain(&mut r);
     assert!(
         out.iter().any(|(c, m)| *c == ConnId(1)
@@ -451,8 +485,7 @@ fn the_same_daemon_reconnecting_keeps_its_registration() {
             subscribe: true,
         },
     );
-    r.handle_hello(at_ms(2), ConnId(3), hello(member(1, 1)))
-        .unwrap();
+    admit(&mut r, at_ms(2), 3, member(1, 1)).unwrap();
     drain(&mut r);
     assert_eq!(r.connection_of(NodeId(1)), Some(ConnId(3)));
     assert!(r.is_subscribed(NodeId(1), &x));
@@ -475,14 +508,14 @@ fn the_same_daemon_reconnecting_keeps_its_registration() {
 
 #[test]
 fn limits_answer_unavailable() {
-    let mut config = RegistryConfig::new(TOKEN);
+    let mut config = RegistryConfig::new(TOKEN, NONCE_KEY);
     config.limits.max_subscriptions_per_node = 1;
     config.limits.max_publications_per_node = 1;
     config.limits.max_nodes = 1;
     let mut r = Registry::new(config);
     join(&mut r, at_ms(0), 1, 1);
     assert!(matches!(
-        r.handle_hello(at_ms(0), ConnId(2), hello(member(2, 1))),
+        admit(&mut r, at_ms(0), 2, member(2, 1)),
         Err(HelloRefused::Full { max_nodes: 1 })
     ));
     drain(&mut r);
@@ -597,7 +630,7 @@ fn exchange(
 fn a_session_replays_its_state_to_a_registry_that_lost_it() {
     let mut r = registry();
     let now = at_ms(0);
-    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), now);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
     s.handle_timeout(now);
     let notices = exchange(&mut s, &mut r, 1, now);
     assert!(notices.contains(&DirectoryNotice::Health(Ok(()))));
@@ -657,7 +690,7 @@ fn a_replayed_lookup_fires_a_subscription_published_while_away_exactly_once() {
     let mut r = registry();
     join(&mut r, at_ms(0), 9, 2);
     let now = at_ms(0);
-    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), now);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
     s.handle_timeout(now);
     exchange(&mut s, &mut r, 1, now);
     let y = ObjectId::from_u64(2);
@@ -697,7 +730,13 @@ fn a_replayed_lookup_fires_a_subscription_published_while_away_exactly_once() {
 
 #[test]
 fn session_backoff_doubles_to_its_cap_and_resets_after_a_welcome() {
-    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), at_ms(0));
+    let mut s = DirectorySession::new(
+        session_config(),
+        member(1, 1),
+        TOKEN.into(),
+        NONCE_KEY,
+        at_ms(0),
+    );
     let mut now = at_ms(0);
     let mut delays = Vec::new();
     for _ in 0..5 {
@@ -715,7 +754,7 @@ fn session_backoff_doubles_to_its_cap_and_resets_after_a_welcome() {
 fn after_a_reconnect_health_comes_once_the_replay_is_answered_then_the_members() {
     let mut r = registry();
     let now = at_ms(0);
-    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), now);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
     s.handle_timeout(now);
     exchange(&mut s, &mut r, 1, now);
     let x = ObjectId::from_u64(1);
@@ -740,6 +779,19 @@ fn after_a_reconnect_health_comes_once_the_replay_is_answered_then_the_members()
     assert_eq!(drain_session(&mut s), vec![SessionOutput::Connect]);
     s.handle_connected(retry);
     for output in drain_session(&mut s) {
+        if let SessionOutput::Send(message) = output {
+            r.handle_message(retry, ConnId(2), message).unwrap();
+        }
+    }
+    // The challenge arrives and the proof goes back.
+    for (_, message) in drain(&mut r) {
+        s.handle_message(retry, message).unwrap();
+    }
+    for output in drain_session(&mut s) {
+        assert!(
+            matches!(output, SessionOutput::Send(ToRegistry::Proof(_))),
+            "{output:?}"
+        );
         if let SessionOutput::Send(message) = output {
             r.handle_message(retry, ConnId(2), message).unwrap();
         }
@@ -773,4 +825,100 @@ fn after_a_reconnect_health_comes_once_the_replay_is_answered_then_the_members()
         ]
     );
     assert_eq!(r.holders_of(&x), vec![NodeId(1)]);
+}
+
+#[test]
+fn a_replayed_proof_gets_no_session_and_no_proof_is_given_to_a_caller_without_the_token() {
+    let mut r = registry();
+    // An honest node joins; an eavesdropper records its hello and proof.
+    let honest = hello(member(1, 1));
+    r.handle_hello(at_ms(0), ConnId(1), honest.clone()).unwrap();
+    let first_challenge = challenge_of(&mut r, 1);
+    let recorded = proof_for(TOKEN, &honest, &first_challenge);
+    r.handle_proof(at_ms(0), ConnId(1), recorded).unwrap();
+    drain(&mut r);
+    r.handle_disconnect(at_ms(1), ConnId(1));
+    drain(&mut r);
+    // Replayed on a new connection, the proof fails against the new challenge.
+    r.handle_hello(at_ms(2), ConnId(2), honest.clone()).unwrap();
+    let second_challenge = challenge_of(&mut r, 2);
+    assert_ne!(first_challenge, second_challenge);
+    assert_eq!(
+        r.handle_proof(at_ms(2), ConnId(2), recorded),
+        Err(HelloRefused::WrongToken)
+    );
+    let out = drain(&mut r);
+    assert!(
+        out.iter()
+            .all(|(_, m)| !matches!(m, FromRegistry::Welcome { .. })),
+        "no welcome, so no proof of the registry's, for a wrong proof: {out:?}"
+    );
+    assert!(r.members().is_empty());
+    // A proof with no hello before it, and a request before the proof, are refused.
+    assert_eq!(
+        r.handle_proof(at_ms(3), ConnId(3), recorded),
+        Err(HelloRefused::UnexpectedProof)
+    );
+    drain(&mut r);
+    r.handle_hello(at_ms(3), ConnId(4), hello(member(2, 1)))
+        .unwrap();
+    challenge_of(&mut r, 4);
+    assert!(r.handle_ping(at_ms(3), ConnId(4), 1).is_err());
+    // A disconnect forgets the pending handshake.
+    r.handle_disconnect(at_ms(3), ConnId(4));
+    r.check_invariants();
+}
+
+#[test]
+fn handshakes_waiting_for_proofs_are_bounded() {
+    let mut config = RegistryConfig::new(TOKEN, NONCE_KEY);
+    config.limits.max_handshakes = 2;
+    let mut r = Registry::new(config);
+    for conn in 1..=2 {
+        r.handle_hello(at_ms(0), ConnId(conn), hello(member(conn as u32, 1)))
+            .unwrap();
+    }
+    let refusal = r
+        .handle_hello(at_ms(0), ConnId(3), hello(member(3, 1)))
+        .unwrap_err();
+    assert!(refusal.retryable(), "{refusal}");
+    drain(&mut r);
+}
+
+#[test]
+fn a_session_drops_a_registry_that_cannot_prove_the_token() {
+    let mut impostor = Registry::new(RegistryConfig::new("another token", NONCE_KEY));
+    let now = at_ms(0);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
+    s.handle_timeout(now);
+    assert_eq!(drain_session(&mut s), vec![SessionOutput::Connect]);
+    s.handle_connected(now);
+    let Some(SessionOutput::Send(ToRegistry::Hello(h))) = drain_session(&mut s).pop() else {
+        panic!("a hello");
+    };
+    assert!(h.legacy_token.is_empty(), "the token never travels");
+    impostor.handle_hello(now, ConnId(1), h.clone()).unwrap();
+    let challenge = challenge_of(&mut impostor, 1);
+    s.handle_message(now, FromRegistry::Challenge { nonce: challenge })
+        .unwrap();
+    drain_session(&mut s);
+    // The impostor cannot make the registry's proof: a welcome with any other proof (here
+    // one made with its own token) ends the attempt.
+    let identity = wire::member_identity(&h.member);
+    let transcript = wire::transcript(&h.nonce, &challenge, &identity);
+    let forged = crate::auth::prove("another token", crate::auth::Role::Acceptor, &transcript);
+    assert_eq!(
+        s.handle_message(
+            now,
+            FromRegistry::Welcome {
+                version: PROTOCOL_VERSION,
+                proof: forged
+            }
+        ),
+        Err(SessionError::Unproven)
+    );
+    assert!(!s.is_up());
+    assert!(drain_session(&mut s)
+        .iter()
+        .any(|o| matches!(o, SessionOutput::Disconnect { .. })));
 }

@@ -6,10 +6,12 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{Nonce, Proof};
 use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo};
 
-/// Version of the directory protocol, checked in the hello.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version of the directory protocol, checked in the hello. Version 2 replaced the token in
+/// the hello with a challenge-response (see [`crate::registry`]).
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Opens every hello, so a stray client (or an old daemon) is told apart from a bad token.
 pub const HELLO_MAGIC: [u8; 8] = *b"skyrdir\0";
 
@@ -23,17 +25,20 @@ impl fmt::Display for WireOpId {
     }
 }
 
-/// The first message of every connection.
+/// The first message of every connection. Its first fields are those of version 1, so a
+/// registry of either version reads the version and answers an old peer with a clear refusal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
     /// [`HELLO_MAGIC`].
     pub magic: [u8; 8],
     /// [`PROTOCOL_VERSION`] of the node.
     pub version: u16,
-    /// The cluster token; compared in constant time.
-    pub token: String,
+    /// Always empty: where version 1 sent the token in clear.
+    pub legacy_token: String,
     /// Who the node is.
     pub member: MemberInfo,
+    /// The node's fresh nonce for this connection.
+    pub nonce: Nonce,
 }
 
 /// Node → registry.
@@ -55,6 +60,8 @@ pub enum ToRegistry {
     },
     /// The node leaves the cluster cleanly: forget it and what it held at once.
     Goodbye,
+    /// The answer to [`FromRegistry::Challenge`]: the node's proof of the cluster token.
+    Proof(Proof),
 }
 
 impl fmt::Display for ToRegistry {
@@ -68,6 +75,7 @@ impl fmt::Display for ToRegistry {
             ToRegistry::Request { op, request } => write!(f, "{op} {request}"),
             ToRegistry::Ping { seq } => write!(f, "Ping{{{seq}}}"),
             ToRegistry::Goodbye => write!(f, "Goodbye"),
+            ToRegistry::Proof(_) => write!(f, "Proof"),
         }
     }
 }
@@ -75,10 +83,12 @@ impl fmt::Display for ToRegistry {
 /// Registry → node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FromRegistry {
-    /// The hello was accepted.
+    /// The node proved the token and was admitted.
     Welcome {
         /// The registry's protocol version.
         version: u16,
+        /// The registry's own proof of the token, over the same transcript.
+        proof: Proof,
     },
     /// The node is not (or no longer) served; the connection closes after this message.
     Refused {
@@ -103,6 +113,11 @@ pub enum FromRegistry {
         /// Echoed.
         seq: u64,
     },
+    /// The answer to a well-formed hello: the registry's fresh nonce, to prove the token over.
+    Challenge {
+        /// The registry's nonce for this connection.
+        nonce: Nonce,
+    },
 }
 
 impl fmt::Display for FromRegistry {
@@ -125,19 +140,51 @@ impl fmt::Display for FromRegistry {
                 write!(f, "}}")
             }
             FromRegistry::Pong { seq } => write!(f, "Pong{{{seq}}}"),
+            FromRegistry::Challenge { .. } => write!(f, "Challenge"),
         }
     }
 }
 
-/// Whether two tokens are equal, in time independent of where they differ (so a caller cannot
-/// find the token byte by byte by timing refusals).
-pub fn tokens_match(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut diff = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= usize::from(x ^ y);
+/// The version a hello of any protocol version announces, if `body` opens like one: every
+/// version keeps the hello's magic and version first, so a head can tell an old or newer node
+/// which version it speaks instead of calling its hello malformed.
+pub fn announced_version(body: &[u8]) -> Option<u16> {
+    #[derive(Deserialize)]
+    enum Opening {
+        Hello { magic: [u8; 8], version: u16 },
     }
-    diff == 0
+    match postcard::take_from_bytes::<Opening>(body) {
+        Ok((Opening::Hello { magic, version }, _)) if magic == HELLO_MAGIC => Some(version),
+        _ => None,
+    }
+}
+
+/// Names the directory protocol in every proof.
+pub const PROOF_CONTEXT: &[u8] = b"skyriver-directory-v2";
+
+/// How a node names itself in the proofs: its node id and incarnation, so a proof made for one
+/// daemon (or one run of it) proves nothing for another.
+pub fn member_identity(member: &MemberInfo) -> [u8; 8] {
+    let mut id = [0u8; 8];
+    id[..4].copy_from_slice(&member.node.0.to_le_bytes());
+    id[4..].copy_from_slice(&member.incarnation.to_le_bytes());
+    id
+}
+
+/// How the registry names itself in the proofs.
+pub const REGISTRY_IDENTITY: &[u8] = b"registry";
+
+/// The transcript both sides of one connection prove over.
+pub fn transcript<'a>(
+    node_nonce: &'a Nonce,
+    registry_nonce: &'a Nonce,
+    node_identity: &'a [u8; 8],
+) -> crate::auth::Transcript<'a> {
+    crate::auth::Transcript {
+        context: PROOF_CONTEXT,
+        dialer_nonce: node_nonce,
+        acceptor_nonce: registry_nonce,
+        dialer: node_identity,
+        acceptor: REGISTRY_IDENTITY,
+    }
 }

@@ -244,6 +244,16 @@ fn member_info(node: NodeId, inc: u32) -> MemberInfo {
     }
 }
 
+/// A nonce key per head epoch or node incarnation: fixed, so runs replay exactly, and distinct,
+/// so no two parties' nonces coincide.
+fn sim_nonce_key(party: u8, id: u64, incarnation: u32) -> [u8; 32] {
+    let mut key = [0u8; 32];
+    key[0] = party;
+    key[1..9].copy_from_slice(&id.to_le_bytes());
+    key[9..13].copy_from_slice(&incarnation.to_le_bytes());
+    key
+}
+
 impl SimDirectory {
     /// A head serving `nodes` (each at incarnation 0), registered before time starts, as a
     /// cluster whose daemons all joined before the workload.
@@ -253,6 +263,7 @@ impl SimDirectory {
             reported: BTreeSet::new(),
             registry: Some(Registry::new(RegistryConfig {
                 cluster_token: cluster_token.clone(),
+                nonce_key: sim_nonce_key(b'h', 0, 0),
                 heartbeat_timeout: params.registry_heartbeat_timeout,
                 limits: Default::default(),
             })),
@@ -345,6 +356,7 @@ impl SimDirectory {
             self.params.session.clone(),
             member_info(node, inc),
             self.cluster_token.clone(),
+            sim_nonce_key(b'n', node.0 as u64, inc),
             now,
         );
         session.handle_timeout(now);
@@ -630,6 +642,7 @@ impl SimDirectory {
                     ));
                     self.registry = Some(Registry::new(RegistryConfig {
                         cluster_token: self.cluster_token.clone(),
+                        nonce_key: sim_nonce_key(b'h', self.head_epoch, 0),
                         heartbeat_timeout: self.params.registry_heartbeat_timeout,
                         limits: Default::default(),
                     }));

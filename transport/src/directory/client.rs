@@ -233,7 +233,7 @@ enum FirstConnection {
     Refused { reason: String, retryable: bool },
 }
 
-/// One attempt at the first connection: open, hello, welcome.
+/// One attempt at the first connection: open, hello, challenge, proof, welcome.
 async fn first_connection<C: Connector>(
     session: &mut DirectorySession,
     connector: &mut C,
@@ -252,22 +252,30 @@ async fn first_connection<C: Connector>(
             "no connection attempt was due".into(),
         ));
     }
+    // Open, then carry the handshake (hello, challenge, proof, welcome) until the session is
+    // registered or turned away, all under the connect timeout.
     let attempt = async {
         let mut link = connector.connect().await?;
         session.handle_connected(clock.now());
-        while let Some(output) = session.poll_output() {
-            if let SessionOutput::Send(message) = output {
-                link.send(message)
-                    .map_err(|()| "the connection closed during the hello".to_string())?;
+        loop {
+            while let Some(output) = session.poll_output() {
+                if let SessionOutput::Send(message) = output {
+                    link.send(message)
+                        .map_err(|()| "the connection closed during the hello".to_string())?;
+                }
+            }
+            let message = match link.incoming.recv().await {
+                Some(Ok(message)) => message,
+                Some(Err(reason)) => return Err(reason),
+                None => return Err("the connection closed during the hello".into()),
+            };
+            let result = session.handle_message(clock.now(), message);
+            if result.is_err() || session.is_up() {
+                return Ok((link, result));
             }
         }
-        match link.incoming.recv().await {
-            Some(Ok(message)) => Ok((link, message)),
-            Some(Err(reason)) => Err(reason),
-            None => Err("the connection closed during the hello".into()),
-        }
     };
-    let (link, first) = match timeout(timing.connect_timeout, attempt).await {
+    let (link, result) = match timeout(timing.connect_timeout, attempt).await {
         Ok(Ok(got)) => got,
         Ok(Err(reason)) => {
             session.handle_connect_failed(clock.now(), &reason);
@@ -279,7 +287,6 @@ async fn first_connection<C: Connector>(
             return Err(FirstConnection::Unreachable(reason));
         }
     };
-    let result = session.handle_message(clock.now(), first);
     // Health(Ok) and the replay (nothing yet on a first connection) go out now.
     while let Some(output) = session.poll_output() {
         match output {

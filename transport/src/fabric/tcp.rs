@@ -14,9 +14,11 @@
 //! - `READ_RESPONSE`: `op: u64, status: u8, len: u64`, then `len` bytes when status is OK;
 //! - `PING`/`PONG`: `nonce: u64` (cost measurement at connect time).
 //!
-//! Connections start with an authenticated handshake (postcard, versioned): the dialing node
-//! names itself and presents the cluster token; a peer with another token or version is refused
-//! with a reason both sides log.
+//! Connections start with an authenticated handshake (postcard, versioned): a mutual
+//! challenge-response in which each side proves the cluster token with an HMAC over both
+//! sides' fresh nonces and node ids, so the token never crosses the wire and a recorded
+//! handshake cannot be replayed; a peer with another token or version is refused with a
+//! reason both sides log (see `handshake`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -40,7 +42,7 @@ mod handshake;
 pub use errors::{Refusal, TcpHandshakeError, TcpLinkError, TcpStartError};
 
 const HANDSHAKE_MAGIC: [u8; 8] = *b"SKYRTCP1";
-const HANDSHAKE_VERSION: u32 = 1;
+const HANDSHAKE_VERSION: u32 = 2;
 const MAX_HANDSHAKE_BYTES: usize = 4096;
 
 const KIND_MESSAGE: u8 = 1;

@@ -279,7 +279,6 @@ impl Shared {
         let chunk = self.probe.reg.chunks()[0];
         Hello {
             node: self.identity.node.0,
-            token: self.identity.cluster_token.clone(),
             device: self.device.name().to_string(),
             recv_slot_bytes: self.config.recv_slot_bytes,
             copy_bytes_per_sec: self.copy_bytes_per_sec,
@@ -311,9 +310,6 @@ impl Shared {
 
     /// Checks a peer's hello; `expected` is the node an outgoing connection meant to reach.
     fn check_hello(&self, h: &Hello, expected: Option<NodeId>) -> Result<(), HelloRejection> {
-        if !crate::token::tokens_match(&h.token, &self.identity.cluster_token) {
-            return Err(HelloRejection::WrongToken { node: h.node });
-        }
         h.validate().map_err(|source| HelloRejection::Shape {
             node: h.node,
             source,

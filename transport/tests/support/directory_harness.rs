@@ -169,7 +169,7 @@ pub struct CoreHarness {
 
 impl CoreHarness {
     pub fn new() -> Self {
-        let mut config = RegistryConfig::new(TOKEN);
+        let mut config = RegistryConfig::new(TOKEN, [1; 32]);
         config.heartbeat_timeout = Duration::from_millis(100);
         Self {
             world: Rc::new(RefCell::new(CoreWorld {
@@ -195,7 +195,7 @@ impl CoreHarness {
         let mut world = self.world.borrow_mut();
         let now = world.now;
         let node = me.node;
-        let mut session = DirectorySession::new(config, me, token.into(), now);
+        let mut session = DirectorySession::new(config, me, token.into(), [node.0 as u8; 32], now);
         session.handle_timeout(now);
         world.nodes.insert(
             node,

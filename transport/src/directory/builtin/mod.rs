@@ -37,8 +37,8 @@ pub const MAX_SUBSCRIPTIONS_PER_NODE: usize = 65_536;
 pub const MAX_PUBLICATIONS_PER_NODE: usize = 1 << 24;
 /// Most requests one node keeps in flight; more are answered `Unavailable` at once.
 pub const MAX_IN_FLIGHT_PER_NODE: usize = 65_536;
-/// Longest cluster token accepted.
-pub const MAX_TOKEN_BYTES: usize = 1024;
+/// Most hellos waiting for their proofs at once.
+pub const MAX_HANDSHAKES: usize = 1024;
 
 /// The head's limits.
 pub fn registry_limits() -> RegistryLimits {
@@ -46,7 +46,7 @@ pub fn registry_limits() -> RegistryLimits {
         max_nodes: MAX_NODES,
         max_subscriptions_per_node: MAX_SUBSCRIPTIONS_PER_NODE,
         max_publications_per_node: MAX_PUBLICATIONS_PER_NODE,
-        max_token_bytes: MAX_TOKEN_BYTES,
+        max_handshakes: MAX_HANDSHAKES,
     }
 }
 
@@ -108,6 +108,7 @@ pub async fn connect(
         session_config,
         me,
         token.to_string(),
+        crate::token::fresh_nonce(),
         skyriver_core::Instant::ZERO,
     );
     let timing = ClientTiming {

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use skyriver_core::directory::MemberInfo;
 use skyriver_core::registry::{
-    ConnId, FromRegistry, Registry, RegistryConfig, RegistryMessageError, RegistryOutput,
-    ToRegistry,
+    ConnId, FromRegistry, HelloRefused, Registry, RegistryConfig, RegistryMessageError,
+    RegistryOutput, ToRegistry, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -70,6 +70,7 @@ impl BuiltinDirectoryServer {
         let local_addr = listener.local_addr()?;
         let registry = Registry::new(RegistryConfig {
             cluster_token: config.cluster_token.clone(),
+            nonce_key: crate::token::fresh_nonce(),
             heartbeat_timeout: config.heartbeat_timeout,
             limits: super::registry_limits(),
         });
@@ -339,9 +340,14 @@ async fn serve_connection(
             return refuse(&mut writer, "the first frame must be a hello".into()).await;
         }
         Ok(Err(error)) => {
-            let reason = format!(
-                "malformed hello ({error}); is this a Skyriver daemon of the same version?"
-            );
+            let reason = match skyriver_core::registry::wire::announced_version(&buf) {
+                Some(version) if version != PROTOCOL_VERSION => {
+                    HelloRefused::Version { version }.to_string()
+                }
+                _ => format!(
+                    "malformed hello ({error}); is this a Skyriver daemon of the same version?"
+                ),
+            };
             tracing::warn!(%peer, %reason, "directory hello refused");
             return refuse(&mut writer, reason).await;
         }

@@ -14,10 +14,11 @@ use std::time::Duration;
 use ::redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
 use ::redis::{AsyncConnectionConfig, Client, Msg, RedisError, RedisResult, Value};
 use futures_util::StreamExt;
+use skyriver_core::auth::{self, Nonce, Proof, Role};
 use skyriver_core::directory::{
     DirectoryEvent, DirectoryNotice, DirectoryReply, DirectoryRequest, MemberInfo,
 };
-use skyriver_core::registry::{FromRegistry, Hello, ToRegistry, WireOpId};
+use skyriver_core::registry::{wire as registry_wire, FromRegistry, Hello, ToRegistry, WireOpId};
 use skyriver_core::{NodeId, ObjectId, ObjectSizes};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
@@ -28,6 +29,10 @@ use super::{
     DELETE_IF_UNCHANGED, LEAVE, MAX_BATCH, MAX_SUBSCRIPTIONS_PER_NODE, PRUNE_IF_EXPIRED,
 };
 
+/// What this process's session proves to its adapter: both are in one process, so the
+/// handshake between them checks the plumbing, not a secret (that is Redis's credentials and
+/// the token fingerprint's job).
+pub(super) const SESSION_TOKEN: &str = "";
 /// Bound on a clean leave (one pipeline to Redis).
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -207,6 +212,10 @@ impl Adapter {
         requests: &mut mpsc::UnboundedReceiver<ToRegistry>,
     ) -> Result<(), Failure> {
         let mut welcomed = false;
+        // The hello waiting for its proof, with the nonce this side sent. The session runs the
+        // same handshake here as with the built-in head; Redis itself is guarded by its own
+        // credentials and the cluster token's fingerprint (checked when the proof arrives).
+        let mut handshake: Option<(Hello, Nonce)> = None;
         let mut next: Option<ToRegistry> = None;
         let refresh = tokio::time::sleep(self.config.member_refresh_interval);
         tokio::pin!(refresh);
@@ -241,10 +250,24 @@ impl Adapter {
             let Some(message) = message else { continue };
             match message {
                 ToRegistry::Hello(hello) => {
-                    if welcomed {
+                    if welcomed || handshake.is_some() {
                         return Err(Failure::Lost("a second hello on one connection".into()));
                     }
-                    match self.hello(live, hello).await? {
+                    let nonce = crate::token::fresh_nonce();
+                    handshake = Some((hello, nonce));
+                    self.answer(FromRegistry::Challenge { nonce });
+                }
+                ToRegistry::Proof(proof) => {
+                    let Some((hello, nonce)) = handshake.take() else {
+                        return Err(Failure::Lost("a proof without a hello".into()));
+                    };
+                    let identity = registry_wire::member_identity(&hello.member);
+                    let transcript = registry_wire::transcript(&hello.nonce, &nonce, &identity);
+                    if !auth::verify(SESSION_TOKEN, Role::Dialer, &transcript, &proof) {
+                        return Err(Failure::Lost("the session's proof does not hold".into()));
+                    }
+                    let own_proof = auth::prove(SESSION_TOKEN, Role::Acceptor, &transcript);
+                    match self.hello(live, hello, own_proof).await? {
                         Ok(()) => welcomed = true,
                         Err((reason, retryable)) => {
                             self.answer(FromRegistry::Refused { reason, retryable });
@@ -298,6 +321,7 @@ impl Adapter {
         &mut self,
         live: &mut Live,
         hello: Hello,
+        proof: Proof,
     ) -> Result<Result<(), (String, bool)>, Failure> {
         if hello.member != self.me {
             return Ok(Err(("the hello names another node".into(), false)));
@@ -341,6 +365,7 @@ impl Adapter {
         self.register(live, true).await?;
         self.answer(FromRegistry::Welcome {
             version: skyriver_core::registry::PROTOCOL_VERSION,
+            proof,
         });
         self.refresh_members(live).await?;
         Ok(Ok(()))

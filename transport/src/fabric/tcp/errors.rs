@@ -125,6 +125,16 @@ pub enum TcpHandshakeError {
     /// This side refused the peer.
     #[error(transparent)]
     Refused(#[from] Refusal),
+    /// The peer's proof of the token does not hold: it does not have the cluster token (or
+    /// replayed another handshake).
+    #[error(
+        "{peer} could not prove the cluster token (every node of a cluster needs the same \
+         token); connection dropped"
+    )]
+    PeerLacksToken {
+        /// The peer.
+        peer: NodeId,
+    },
     /// Another node answered at the address.
     #[error("{addr} is {found}, not {expected}")]
     WrongNode {

@@ -1,5 +1,19 @@
 //! Connection set-up of the TCP fabric: the accept loop, the authenticated handshake both ways
 //! (postcard, versioned) and the ping-pong that measures the round trip.
+//!
+//! The handshake is a mutual challenge-response; the token never crosses the wire:
+//!
+//! ```text
+//!   dialer                                      acceptor
+//!   Hello {magic, version, node, nonce_d}  ──►  checks magic, version, node
+//!                                          ◄──  Challenge {node, nonce_a}
+//!   Proof {HMAC(token, dialer, transcript)} ──►  checks the proof
+//!                                          ◄──  Welcome {node, HMAC(token, acceptor, transcript)}
+//!   checks the proof; both measure the round trip
+//! ```
+//!
+//! The transcript holds both nonces and both node ids, so a recorded handshake fails against a
+//! fresh nonce, and the acceptor proves nothing to a caller that did not prove first.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,21 +32,49 @@ use super::{
     PING_ROUNDS,
 };
 use crate::fabric::FabricEvent;
+use crate::token::{fresh_nonce, prove, verify, Nonce, Proof as TokenProof, Role, Transcript};
 
+/// The handshake's frames. The order of the variants and the first fields of `Hello` are
+/// those of version 1, so an old peer still reads the version (and says which one it
+/// speaks) and understands `Refused`.
 #[derive(Debug, Serialize, Deserialize)]
 enum Handshake {
     Hello {
         magic: [u8; 8],
         version: u32,
         node: NodeId,
-        token: String,
+        /// Always empty: the place version 1 sent its token in.
+        legacy_token: String,
+        nonce: Nonce,
     },
     Welcome {
         node: NodeId,
+        proof: TokenProof,
     },
     Refused {
         reason: String,
     },
+    Challenge {
+        node: NodeId,
+        nonce: Nonce,
+    },
+    Proof {
+        proof: TokenProof,
+    },
+}
+
+/// Names this protocol in every proof.
+const PROOF_CONTEXT: &[u8] = b"skyriver-tcp-fabric-v2";
+
+/// The transcript both sides prove over.
+fn transcript<'a>(nonces: &'a (Nonce, Nonce), ids: &'a ([u8; 4], [u8; 4])) -> Transcript<'a> {
+    Transcript {
+        context: PROOF_CONTEXT,
+        dialer_nonce: &nonces.0,
+        acceptor_nonce: &nonces.1,
+        dialer: &ids.0,
+        acceptor: &ids.1,
+    }
 }
 
 pub(super) async fn accept_loop(inner: Arc<Inner>, listener: TcpListener) {
@@ -63,6 +105,8 @@ impl Handshake {
             Handshake::Hello { .. } => "Hello",
             Handshake::Welcome { .. } => "Welcome",
             Handshake::Refused { .. } => "Refused",
+            Handshake::Challenge { .. } => "Challenge",
+            Handshake::Proof { .. } => "Proof",
         }
     }
 }
@@ -77,11 +121,12 @@ async fn write_handshake(
 ) -> Result<(), TcpHandshakeError> {
     let body =
         postcard::to_stdvec(message).map_err(|source| TcpHandshakeError::Malformed { source })?;
-    stream
-        .write_all(&(body.len() as u32).to_le_bytes())
-        .await
-        .map_err(io_error("write"))?;
-    stream.write_all(&body).await.map_err(io_error("write"))
+    // One write per frame: a length and a body written apart would wait on Nagle's algorithm
+    // for the peer's delayed ACK at every step of the handshake.
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    stream.write_all(&frame).await.map_err(io_error("write"))
 }
 
 async fn read_handshake(stream: &mut TcpStream) -> Result<Handshake, TcpHandshakeError> {
@@ -102,19 +147,43 @@ async fn read_handshake(stream: &mut TcpStream) -> Result<Handshake, TcpHandshak
         .read_exact(&mut body)
         .await
         .map_err(io_error("read"))?;
-    postcard::from_bytes(&body).map_err(|source| TcpHandshakeError::Malformed { source })
+    decode_handshake(&body)
+}
+
+/// Decodes a frame; a `Hello` of another version is told apart from garbage by its first
+/// fields (variant, magic, version), which every version keeps.
+fn decode_handshake(body: &[u8]) -> Result<Handshake, TcpHandshakeError> {
+    if let Ok(((0u32, magic, version), _)) = postcard::take_from_bytes::<(u32, [u8; 8], u32)>(body)
+    {
+        if magic == HANDSHAKE_MAGIC && version != HANDSHAKE_VERSION {
+            return Err(Refusal::Version {
+                theirs: version,
+                ours: HANDSHAKE_VERSION,
+            }
+            .into());
+        }
+    }
+    postcard::from_bytes(body).map_err(|source| TcpHandshakeError::Malformed { source })
 }
 
 async fn accept_handshake(
     inner: &Arc<Inner>,
     mut stream: TcpStream,
 ) -> Result<(), TcpHandshakeError> {
-    let (peer, refusal) = match read_handshake(&mut stream).await? {
+    let hello = match read_handshake(&mut stream).await {
+        Err(TcpHandshakeError::Refused(refusal)) => {
+            refuse(&mut stream, &refusal).await;
+            return Err(refusal.into());
+        }
+        other => other?,
+    };
+    let (peer, dialer_nonce) = match hello {
         Handshake::Hello {
             magic,
             version,
             node,
-            token,
+            nonce,
+            ..
         } => {
             let refusal = if magic != HANDSHAKE_MAGIC {
                 Some(Refusal::NotSkyriver)
@@ -123,14 +192,16 @@ async fn accept_handshake(
                     theirs: version,
                     ours: HANDSHAKE_VERSION,
                 })
-            } else if !crate::token::tokens_match(&token, &inner.identity.cluster_token) {
-                Some(Refusal::WrongToken { node })
             } else if node == inner.identity.node {
                 Some(Refusal::OwnId { node })
             } else {
                 None
             };
-            (node, refusal)
+            if let Some(refusal) = refusal {
+                refuse(&mut stream, &refusal).await;
+                return Err(refusal.into());
+            }
+            (node, nonce)
         }
         other => {
             return Err(TcpHandshakeError::Unexpected {
@@ -139,20 +210,37 @@ async fn accept_handshake(
             })
         }
     };
-    if let Some(refusal) = refusal {
-        let _ = write_handshake(
-            &mut stream,
-            &Handshake::Refused {
-                reason: refusal.to_string(),
-            },
-        )
-        .await;
-        return Err(refusal.into());
+    let nonces = (dialer_nonce, fresh_nonce());
+    let ids = (peer.0.to_le_bytes(), inner.identity.node.0.to_le_bytes());
+    let transcript = transcript(&nonces, &ids);
+    write_handshake(
+        &mut stream,
+        &Handshake::Challenge {
+            node: inner.identity.node,
+            nonce: nonces.1,
+        },
+    )
+    .await?;
+    let token = &inner.identity.cluster_token;
+    match read_handshake(&mut stream).await? {
+        Handshake::Proof { proof } if verify(token, Role::Dialer, &transcript, &proof) => {}
+        Handshake::Proof { .. } => {
+            let refusal = Refusal::WrongToken { node: peer };
+            refuse(&mut stream, &refusal).await;
+            return Err(refusal.into());
+        }
+        other => {
+            return Err(TcpHandshakeError::Unexpected {
+                expected: "Proof",
+                got: other.name(),
+            })
+        }
     }
     write_handshake(
         &mut stream,
         &Handshake::Welcome {
             node: inner.identity.node,
+            proof: prove(token, Role::Acceptor, &transcript),
         },
     )
     .await?;
@@ -163,30 +251,69 @@ async fn accept_handshake(
     Ok(())
 }
 
+/// Tells the peer why it is refused (best effort: the connection closes anyway).
+async fn refuse(stream: &mut TcpStream, refusal: &Refusal) {
+    let _ = write_handshake(
+        stream,
+        &Handshake::Refused {
+            reason: refusal.to_string(),
+        },
+    )
+    .await;
+}
+
 pub(super) async fn dial(inner: Arc<Inner>, peer: NodeId, addr: SocketAddr) {
     let attempt = async {
         let mut stream = TcpStream::connect(addr)
             .await
             .map_err(|source| TcpHandshakeError::Connect { addr, source })?;
+        let me = inner.identity.node;
+        let dialer_nonce = fresh_nonce();
         write_handshake(
             &mut stream,
             &Handshake::Hello {
                 magic: HANDSHAKE_MAGIC,
                 version: HANDSHAKE_VERSION,
-                node: inner.identity.node,
-                token: inner.identity.cluster_token.clone(),
+                node: me,
+                legacy_token: String::new(),
+                nonce: dialer_nonce,
             },
         )
         .await?;
-        match read_handshake(&mut stream).await? {
-            Handshake::Welcome { node } if node == peer => {}
-            Handshake::Welcome { node } => {
+        let acceptor_nonce = match read_handshake(&mut stream).await? {
+            Handshake::Challenge { node, nonce } if node == peer => nonce,
+            Handshake::Challenge { node, .. } => {
                 return Err(TcpHandshakeError::WrongNode {
                     addr,
                     found: node,
                     expected: peer,
                 });
             }
+            Handshake::Refused { reason } => {
+                return Err(TcpHandshakeError::RefusedByPeer { peer, reason })
+            }
+            other => {
+                return Err(TcpHandshakeError::Unexpected {
+                    expected: "Challenge",
+                    got: other.name(),
+                })
+            }
+        };
+        let nonces = (dialer_nonce, acceptor_nonce);
+        let ids = (me.0.to_le_bytes(), peer.0.to_le_bytes());
+        let transcript = transcript(&nonces, &ids);
+        let token = &inner.identity.cluster_token;
+        write_handshake(
+            &mut stream,
+            &Handshake::Proof {
+                proof: prove(token, Role::Dialer, &transcript),
+            },
+        )
+        .await?;
+        match read_handshake(&mut stream).await? {
+            Handshake::Welcome { node, proof }
+                if node == peer && verify(token, Role::Acceptor, &transcript, &proof) => {}
+            Handshake::Welcome { .. } => return Err(TcpHandshakeError::PeerLacksToken { peer }),
             Handshake::Refused { reason } => {
                 return Err(TcpHandshakeError::RefusedByPeer { peer, reason })
             }
@@ -253,4 +380,248 @@ async fn measure_round_trip(stream: &mut TcpStream, dialer: bool) -> std::io::Re
     }
     samples.sort_unstable();
     Ok(samples[samples.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    //! The handshake against callers that do not follow it: frames written by hand to a real
+    //! acceptor, and a hand-written acceptor a real dialer connects to.
+
+    use std::collections::BTreeMap;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener as StdListener, TcpStream as StdStream};
+
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+    use super::*;
+    use crate::fabric::tcp::{TcpFabric, TcpFabricConfig};
+    use crate::fabric::{Fabric, FabricIdentity};
+    use crate::{ArenaOptions, SharedArena};
+
+    fn fabric(id: u32, token: &str) -> (TcpFabric, UnboundedReceiver<FabricEvent>) {
+        let arena = SharedArena::create("handshake", 1 << 20, &ArenaOptions::default()).unwrap();
+        let arenas = BTreeMap::from([(skyriver_core::ArenaId(0), Arc::new(arena))]);
+        let (tx, events) = unbounded_channel();
+        let identity = FabricIdentity {
+            node: NodeId(id),
+            cluster_token: token.into(),
+        };
+        let config = TcpFabricConfig::new("127.0.0.1:0".parse().unwrap());
+        (
+            TcpFabric::start(config, identity, arenas, tx).unwrap(),
+            events,
+        )
+    }
+
+    fn send(stream: &mut StdStream, message: &Handshake) {
+        let body = postcard::to_stdvec(message).unwrap();
+        stream
+            .write_all(&(body.len() as u32).to_le_bytes())
+            .unwrap();
+        stream.write_all(&body).unwrap();
+    }
+
+    /// The next frame, or `None` when the peer closed.
+    fn receive(stream: &mut StdStream) -> Option<Handshake> {
+        let mut len = [0u8; 4];
+        stream.read_exact(&mut len).ok()?;
+        let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+        stream.read_exact(&mut body).ok()?;
+        Some(decode_handshake(&body).unwrap())
+    }
+
+    fn dial(addr: SocketAddr) -> StdStream {
+        let stream = StdStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream
+    }
+
+    fn hello(node: u32, nonce: Nonce) -> Handshake {
+        Handshake::Hello {
+            magic: HANDSHAKE_MAGIC,
+            version: HANDSHAKE_VERSION,
+            node: NodeId(node),
+            legacy_token: String::new(),
+            nonce,
+        }
+    }
+
+    fn assert_no_session(events: &mut UnboundedReceiver<FabricEvent>) {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Ok(event) = events.try_recv() {
+            panic!("the acceptor reported {event:?}");
+        }
+    }
+
+    /// Plays a dialer holding `token` against `addr`; returns its frames as sent.
+    fn honest_dialer(addr: SocketAddr, token: &str) -> (StdStream, Handshake, Handshake) {
+        let mut stream = dial(addr);
+        let nonce = fresh_nonce();
+        send(&mut stream, &hello(7, nonce));
+        let Some(Handshake::Challenge {
+            node,
+            nonce: theirs,
+        }) = receive(&mut stream)
+        else {
+            panic!("no challenge");
+        };
+        let nonces = (nonce, theirs);
+        let ids = (7u32.to_le_bytes(), node.0.to_le_bytes());
+        let proof = Handshake::Proof {
+            proof: prove(token, Role::Dialer, &transcript(&nonces, &ids)),
+        };
+        send(&mut stream, &proof);
+        assert!(matches!(
+            receive(&mut stream),
+            Some(Handshake::Welcome { .. })
+        ));
+        // The round trip measurement, as the dialer plays it.
+        let mut frame = [0u8; 9];
+        for _ in 0..PING_ROUNDS {
+            frame[0] = KIND_PING;
+            stream.write_all(&frame).unwrap();
+            stream.read_exact(&mut frame).unwrap();
+        }
+        for _ in 0..PING_ROUNDS {
+            stream.read_exact(&mut frame).unwrap();
+            frame[0] = KIND_PONG;
+            stream.write_all(&frame).unwrap();
+        }
+        (stream, hello(7, nonce), proof)
+    }
+
+    #[test]
+    fn a_replayed_handshake_gets_no_session() {
+        let (acceptor, mut events) = fabric(1, "secret");
+        let addr = acceptor.listen_addr();
+        // A real session, recorded by someone on the path.
+        let (_session, recorded_hello, recorded_proof) = honest_dialer(addr, "secret");
+        assert!(matches!(
+            events.blocking_recv(),
+            Some(FabricEvent::PeerConnected { .. })
+        ));
+        // The same frames again: the acceptor's nonce is new, so the proof does not hold.
+        let mut stream = dial(addr);
+        send(&mut stream, &recorded_hello);
+        assert!(matches!(
+            receive(&mut stream),
+            Some(Handshake::Challenge { .. })
+        ));
+        send(&mut stream, &recorded_proof);
+        match receive(&mut stream) {
+            Some(Handshake::Refused { reason }) => assert!(reason.contains("token"), "{reason}"),
+            other => panic!("a replayed proof got {other:?}"),
+        }
+        assert!(receive(&mut stream).is_none(), "the connection stays open");
+        assert_no_session(&mut events);
+    }
+
+    #[test]
+    fn a_caller_without_the_token_is_refused_and_learns_no_proof() {
+        let (acceptor, mut events) = fabric(1, "secret");
+        for token in ["", "Secret", "secret "] {
+            let mut stream = dial(acceptor.listen_addr());
+            let nonce = fresh_nonce();
+            send(&mut stream, &hello(7, nonce));
+            let Some(Handshake::Challenge { nonce: theirs, .. }) = receive(&mut stream) else {
+                panic!("no challenge");
+            };
+            let nonces = (nonce, theirs);
+            let ids = (7u32.to_le_bytes(), 1u32.to_le_bytes());
+            let proof = prove(token, Role::Dialer, &transcript(&nonces, &ids));
+            send(&mut stream, &Handshake::Proof { proof });
+            assert!(
+                matches!(receive(&mut stream), Some(Handshake::Refused { .. })),
+                "token {token:?}"
+            );
+        }
+        // Skipping the proof altogether.
+        let mut stream = dial(acceptor.listen_addr());
+        send(&mut stream, &hello(7, fresh_nonce()));
+        receive(&mut stream);
+        send(&mut stream, &hello(7, fresh_nonce()));
+        assert!(receive(&mut stream).is_none());
+        assert_no_session(&mut events);
+    }
+
+    #[test]
+    fn a_version_1_peer_is_told_which_version_is_spoken() {
+        #[derive(Serialize)]
+        enum OldHandshake {
+            Hello {
+                magic: [u8; 8],
+                version: u32,
+                node: NodeId,
+                token: String,
+            },
+        }
+        let (acceptor, mut events) = fabric(1, "secret");
+        let mut stream = dial(acceptor.listen_addr());
+        let old = OldHandshake::Hello {
+            magic: HANDSHAKE_MAGIC,
+            version: 1,
+            node: NodeId(7),
+            token: "secret".into(),
+        };
+        let body = postcard::to_stdvec(&old).unwrap();
+        stream
+            .write_all(&(body.len() as u32).to_le_bytes())
+            .unwrap();
+        stream.write_all(&body).unwrap();
+        match receive(&mut stream) {
+            Some(Handshake::Refused { reason }) => assert!(
+                reason.contains("version 1 is not supported") && reason.contains("speaks 2"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert_no_session(&mut events);
+    }
+
+    #[test]
+    fn a_dialer_drops_an_acceptor_that_cannot_prove_the_token() {
+        let (dialer, mut events) = fabric(2, "secret");
+        let listener = StdListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let impostor = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let Some(Handshake::Hello { .. }) = receive(&mut stream) else {
+                panic!("no hello");
+            };
+            let nonce = fresh_nonce();
+            send(
+                &mut stream,
+                &Handshake::Challenge {
+                    node: NodeId(1),
+                    nonce,
+                },
+            );
+            // The dialer's proof is of no use without the token: answer with a guess.
+            assert!(matches!(
+                receive(&mut stream),
+                Some(Handshake::Proof { .. })
+            ));
+            send(
+                &mut stream,
+                &Handshake::Welcome {
+                    node: NodeId(1),
+                    proof: [0; 32],
+                },
+            );
+            // The dialer closes instead of measuring the round trip.
+            let mut rest = Vec::new();
+            let _ = stream.read_to_end(&mut rest);
+        });
+        dialer.connect(NodeId(1), addr);
+        match events.blocking_recv() {
+            Some(FabricEvent::PeerLost { reason, .. }) => {
+                assert!(reason.contains("could not prove"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(dialer);
+        impostor.join().unwrap();
+    }
 }

@@ -143,12 +143,6 @@ pub enum VerbsStartError {
 /// What is wrong with a hello's limits or chunk tables.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HelloShapeError {
-    /// The token is over the limit.
-    #[error("token longer than {limit} bytes")]
-    TokenTooLong {
-        /// The limit.
-        limit: usize,
-    },
     /// More probe pings than allowed.
     #[error("{pings} probe pings (at most {limit})")]
     TooManyPings {
@@ -214,6 +208,23 @@ pub enum HelloRejection {
     WrongToken {
         /// The node it claimed to be.
         node: u32,
+    },
+    /// The acceptor's proof of the token does not hold.
+    #[error(
+        "node-{node} could not prove the cluster token; refused (something other than this \
+         cluster's node answers at its address, or it has another token)"
+    )]
+    Unproven {
+        /// The node it claimed to be.
+        node: u32,
+    },
+    /// The proven hello names another node than the handshake opened with.
+    #[error("the hello names node-{hello} but the handshake opened as node-{opened}")]
+    SwitchedNode {
+        /// The node of the opening frame.
+        opened: u32,
+        /// The node of the hello.
+        hello: u32,
     },
     /// Limits or chunk tables out of shape.
     #[error("node-{node}: {source}")]

@@ -11,7 +11,10 @@ use skyriver_core::node::{PathCosts, PeerParams};
 use skyriver_core::NodeId;
 
 use super::errors::{HandshakeFailure, HelloRejection};
-use super::hello::{Control, ControlError, CostsFrame, Hello, Reply, Verdict};
+use super::hello::{
+    Accepted, Challenge, Control, ControlError, CostsFrame, Hello, Open, Preamble, Proven, Reply,
+    Transcript, Verdict,
+};
 use super::peer::{ConnState, PeerConn, RemoteTable};
 use super::{lock, probe, Shared, Slot, VerbsFabricConfig};
 use crate::fabric::FabricEvent;
@@ -59,10 +62,46 @@ pub(super) fn connect_to(
     let pings = if cfg.probe { probe::PINGS } else { 0 };
     let mut ctl = Control::new(&mut stream, cfg.handshake_timeout).map_err(control_err("hello"))?;
     ctl.write_preamble().map_err(control_err("hello"))?;
-    ctl.write_frame(&s.my_hello(pings))
-        .map_err(control_err("hello"))?;
+    let nonce = crate::token::fresh_nonce();
+    ctl.write_frame(&Open {
+        node: s.identity.node.0,
+        nonce,
+    })
+    .map_err(control_err("hello"))?;
+    let challenge: Challenge = ctl.read_frame().map_err(control_err("hello"))?;
+    if challenge.node != peer.0 {
+        return Err(HelloRejection::WrongNode {
+            expected: peer,
+            found: challenge.node,
+        }
+        .into());
+    }
+    let transcript = Transcript {
+        connector_nonce: nonce,
+        acceptor_nonce: challenge.nonce,
+        connector: s.identity.node.0,
+        acceptor: challenge.node,
+    };
+    let mine = s.my_hello(pings);
+    ctl.write_frame(&Proven {
+        proof: transcript.connector_proof(&s.identity.cluster_token, &mine),
+        hello: mine.clone(),
+    })
+    .map_err(control_err("hello"))?;
     let theirs = match ctl.read_frame::<Reply>().map_err(control_err("hello"))? {
-        Reply::Accept(h) => h,
+        Reply::Accept(Accepted { hello, proof }) => {
+            let proven =
+                transcript.check_acceptor(&s.identity.cluster_token, &mine, &hello, &proof);
+            if !proven || hello.node != challenge.node {
+                let reason = HelloRejection::Unproven {
+                    node: challenge.node,
+                };
+                let _ = ctl.write_frame(&Verdict::Refuse(reason.to_string()));
+                tracing::warn!(%peer, %addr, %reason, "verbs fabric: refusing the peer");
+                return Err(reason.into());
+            }
+            hello
+        }
         Reply::Refuse(reason) => return Err(HandshakeFailure::RefusedByPeer { peer, reason }),
         Reply::Yield(reason) => return s.yield_to_peer(peer, attempt, deadline, reason),
     };
@@ -174,15 +213,60 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
             return;
         }
     };
-    let theirs = match ctl.read_preamble().and_then(|()| ctl.read_frame::<Hello>()) {
-        Ok(h) => h,
+    match ctl.read_preamble() {
+        Ok(Preamble::Current) => {}
+        Ok(Preamble::Version1) => {
+            let reason = "this node speaks verbs fabric handshake version 2, which proves the \
+                          cluster token instead of sending it; version 1 is not supported \
+                          (run the same Skyriver version on every node)";
+            tracing::warn!(%from, "verbs fabric: refusing a version 1 handshake");
+            let _ = ctl.write_frame(&Reply::Refuse(reason.into()));
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(%from, error = %e, "verbs fabric: bad handshake; closing");
+            return;
+        }
+    }
+    let proven = (|| -> Result<(Transcript, Proven), ControlError> {
+        let open: Open = ctl.read_frame()?;
+        let transcript = Transcript {
+            connector_nonce: open.nonce,
+            acceptor_nonce: crate::token::fresh_nonce(),
+            connector: open.node,
+            acceptor: s.identity.node.0,
+        };
+        ctl.write_frame(&Challenge {
+            node: s.identity.node.0,
+            nonce: transcript.acceptor_nonce,
+        })?;
+        Ok((transcript, ctl.read_frame()?))
+    })();
+    let (
+        transcript,
+        Proven {
+            proof,
+            hello: theirs,
+        },
+    ) = match proven {
+        Ok(p) => p,
         Err(e) => {
             tracing::warn!(%from, error = %e, "verbs fabric: bad handshake; closing");
             return;
         }
     };
     let peer = NodeId(theirs.node);
-    if let Err(reason) = s.check_hello(&theirs, None) {
+    let authentic = if !transcript.check_connector(&s.identity.cluster_token, &theirs, &proof) {
+        Err(HelloRejection::WrongToken { node: theirs.node })
+    } else if theirs.node != transcript.connector {
+        Err(HelloRejection::SwitchedNode {
+            opened: transcript.connector,
+            hello: theirs.node,
+        })
+    } else {
+        Ok(())
+    };
+    if let Err(reason) = authentic.and_then(|()| s.check_hello(&theirs, None)) {
         // Unauthenticated: no event (the claimed node id is unverified; a PeerLost for it would
         // let anyone without the token disturb a real peer's connection).
         tracing::warn!(%from, claimed = %peer, %reason, "verbs fabric: refusing a connection");
@@ -248,7 +332,9 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
         let left = deadline.saturating_duration_since(Instant::now());
         let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)))
             .map_err(control_err("hello"))?;
-        ctl.write_frame(&Reply::Accept(s.my_hello(0)))
+        let mine = s.my_hello(0);
+        let proof = transcript.acceptor_proof(&s.identity.cluster_token, &theirs, &mine);
+        ctl.write_frame(&Reply::Accept(Accepted { hello: mine, proof }))
             .map_err(control_err("hello"))?;
         match ctl.read_frame::<Verdict>().map_err(control_err("hello"))? {
             Verdict::Accept => {}
