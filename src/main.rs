@@ -277,7 +277,12 @@ struct DaemonArgs {
     join: Option<String>,
     /// Use this directory: redis://[USER:PASSWORD@]HOST:PORT, rediss://… for TLS (or HOST:PORT
     /// of a head daemon). From the environment it stays out of `ps`.
-    #[arg(long, value_name = "URL", env = "SKYRIVER_DIRECTORY_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "SKYRIVER_DIRECTORY_URL",
+        hide_env_values = true
+    )]
     directory: Option<String>,
     /// Where the fabric accepts other daemons (port 0: any free port).
     #[arg(long, default_value = "0.0.0.0:0", requires = "membership")]
