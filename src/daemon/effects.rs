@@ -147,10 +147,10 @@ impl Effects {
             // Nothing queued before it: straight to the socket, no wait for the loop's flush.
             self.frame.clear();
             encode_frame(frame, &mut self.frame);
-            let written = link.writer.write(&self.frame);
             if is_fetch_reply(frame) {
-                trace::stamp("reply_written");
+                trace::stamp("reply_write");
             }
+            let written = link.writer.write(&self.frame);
             if let Err(error) = written {
                 warn!(%client, %error, "closing client connection");
                 self.close(client, error.to_string());
@@ -171,10 +171,10 @@ impl Effects {
             let Some(link) = self.clients.get_mut(&client) else {
                 continue;
             };
-            let written = link.writer.write(&link.unsent);
             if std::mem::take(&mut self.fetch_reply_unsent) {
-                trace::stamp("reply_written");
+                trace::stamp("reply_write");
             }
+            let written = link.writer.write(&link.unsent);
             link.unsent.clear();
             if link.unsent.capacity() > UNSENT_KEEP_BYTES {
                 link.unsent = Vec::new();
@@ -227,15 +227,14 @@ impl NodeDriver for Effects {
         if tracing::enabled!(Level::DEBUG) {
             self.trace_message(peer, &message);
         }
-        let fetch_request = matches!(message, PeerMessage::FetchRequest { .. });
+        if matches!(message, PeerMessage::FetchRequest { .. }) {
+            trace::stamp("fetch_request_send");
+        }
         if let Some(fabric) = &self.fabric {
             if let Err(error) = fabric.send(peer, wire::to_bytes(&message)) {
                 // The fabric reports the lost connection as an event of its own.
                 debug!(%peer, %error, "send failed");
             }
-        }
-        if fetch_request {
-            trace::stamp("fetch_request_sent");
         }
     }
 
@@ -252,12 +251,12 @@ impl NodeDriver for Effects {
             let bytes = header.sizes.data_size + header.sizes.metadata_size;
             debug!(requester = %peer, %object, bytes, "serving eagerly");
         }
+        trace::stamp("eager_send");
         if let Some(fabric) = &self.fabric {
             if let Err(error) = fabric.send_eager(peer, &header, source) {
                 debug!(%peer, %object, %error, "eager send failed");
             }
         }
-        trace::stamp("eager_sent");
     }
 
     fn post_read(

@@ -416,8 +416,9 @@ impl Node {
         };
         let durable_before = self.store.durable_changes_queued();
         let sealed = self.store.seal(client, id, true).map(|_| ());
-        self.absorb_store();
+        // The reply first, then what the seal causes (its publication, waiting gets).
         self.reply_once_durable(client, request, Response::Done(sealed), durable_before);
+        self.absorb_store();
     }
 
     fn locate(&mut self, client: ClientId, request: RequestId, id: ObjectId) -> Option<Response> {
