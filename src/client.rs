@@ -189,8 +189,15 @@ impl FrameReader {
         }
     }
 
+    /// The next frame; with `poll`, the socket is polled for it first.
+    fn read_frame_polling(&mut self, poll: bool) -> Result<ServerFrame, ClientError> {
+        if poll {
+            self.poll_readable();
+        }
+        self.read_frame()
+    }
+
     fn read_frame(&mut self) -> Result<ServerFrame, ClientError> {
-        self.poll_readable();
         let mut header = [0u8; FRAME_HEADER_BYTES];
         match self.reader.read_exact(&mut header) {
             Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -326,9 +333,16 @@ impl Connection {
     }
 
     /// Waits until `done` holds, reading the socket while no other thread does.
-    fn wait_until<T>(
+    fn wait_until<T>(&self, done: impl FnMut(&mut Replies) -> Option<T>) -> Result<T, ClientError> {
+        self.wait_until_polling(done, true)
+    }
+
+    /// [`Connection::wait_until`]; with `poll`, the reading thread polls the socket for a while
+    /// before it blocks ([`crate::poll`]).
+    fn wait_until_polling<T>(
         &self,
         mut done: impl FnMut(&mut Replies) -> Option<T>,
+        poll: bool,
     ) -> Result<T, ClientError> {
         let mut replies = self.replies();
         loop {
@@ -348,7 +362,7 @@ impl Connection {
                 continue;
             };
             drop(replies);
-            let frame = reader.read_frame();
+            let frame = reader.read_frame_polling(poll);
             replies = self.replies();
             replies.reader = Some(reader);
             match frame {
@@ -366,8 +380,8 @@ impl Connection {
         }
     }
 
-    fn wait_reply(&self, request: RequestId) -> Result<Response, ClientError> {
-        let result = self.wait_until(|replies| replies.arrived.remove(&request));
+    fn wait_reply(&self, request: RequestId, poll: bool) -> Result<Response, ClientError> {
+        let result = self.wait_until_polling(|replies| replies.arrived.remove(&request), poll);
         if result.is_err() {
             self.replies().awaited.remove(&request);
         }
@@ -375,8 +389,12 @@ impl Connection {
     }
 
     fn call(&self, body: Request) -> Result<Response, ClientError> {
+        // A fetch's reply waits on other nodes (tens of microseconds at best): the caller
+        // sleeps at once and leaves the CPUs to the daemons. Local requests are answered in
+        // about a round trip: the caller polls for those.
+        let poll = !matches!(body, Request::Fetch { .. });
         let request = self.send(body, ReplyTo::Caller)?;
-        self.wait_reply(request)
+        self.wait_reply(request, poll)
     }
 
     fn release_without_waiting(&self, id: ObjectId) -> Result<(), ClientError> {
