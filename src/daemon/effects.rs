@@ -143,8 +143,11 @@ impl Effects {
             }
             return;
         }
-        if link.unsent.is_empty() && !self.batch_replies {
+        let reply = matches!(frame, ServerFrame::Reply { .. });
+        if reply && link.unsent.is_empty() && !self.batch_replies {
             // Nothing queued before it: straight to the socket, no wait for the loop's flush.
+            // (Events, which come in bursts, e.g. a seal per recovered object, leave together
+            // at the flush.)
             self.frame.clear();
             encode_frame(frame, &mut self.frame);
             if is_fetch_reply(frame) {
