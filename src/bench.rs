@@ -39,8 +39,12 @@ pub enum BenchCommand {
     Cluster(cluster::ClusterArgs),
     /// The whole comparison: local, fetch and scale, with JSON and the plot in one directory.
     All(AllArgs),
+    /// Where a 1 KiB fetch's time goes, hop by hop from timestamps on the path, next to raw
+    /// UDS and TCP ping-pongs, a small put and a local get, by polling time.
+    Breakdown(breakdown::BreakdownArgs),
 }
 
+mod breakdown;
 mod cluster;
 mod fetch;
 mod plot;
@@ -117,6 +121,7 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Scale(args) => scale::run(&args),
         BenchCommand::Cluster(args) => cluster::run(&args),
         BenchCommand::All(args) => run_all(&args),
+        BenchCommand::Breakdown(args) => breakdown::run(&args),
     }
 }
 

@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use std::io::{IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use skyriver::daemon::{ClusterConfig, DaemonConfig, DirectoryChoice, FabricChoice};
 use skyriver::size::{format_bytes, ByteSize};
 use skyriver::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
+use skyriver_core::client_protocol::MAX_INLINE_PUT_BYTES;
 use skyriver_core::node::{ThresholdPolicy, TransferMode};
 use skyriver_core::NodeId;
 use skyriver_transport::directory::DirectorySpec;
@@ -265,6 +266,10 @@ struct DaemonArgs {
     /// address, e.g. 127.0.0.1:9464; a bare port listens on loopback [default: off]
     #[arg(long, value_name = "ADDR", value_parser = skyriver::logging::parse_metrics_addr)]
     metrics: Option<SocketAddr>,
+    /// Microseconds the daemon keeps polling for input after activity before it sleeps (a
+    /// sleeping daemon pays a wake-up per request; an idle one spends no CPU); 0: never poll
+    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_US", default_value_t = skyriver::poll::DEFAULT_POLL_US)]
+    poll_us: u64,
     /// This node's id in the cluster [default: $SLURM_NODEID, else 0 with --head]
     #[arg(long, requires = "membership")]
     node_id: Option<u32>,
@@ -429,6 +434,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         None => 0o600,
     });
     config.metrics_addr = args.metrics;
+    config.poll = std::time::Duration::from_micros(args.poll_us);
     config.persistence = args.backing_file.clone().map(|path| {
         let mut persistence = skyriver::persistence::PersistenceConfig::new(path);
         persistence.durability = args.durability;
@@ -597,12 +603,28 @@ fn put(
             stage_whole(file, &input.display().to_string())?
         }
     };
-    let mut writer = client
-        .create(id, size, metadata.len() as u64)
-        .map_err(|e| e.to_string())?;
-    writer.metadata_mut().copy_from_slice(metadata);
-    let bar = progress_bar(size);
-    let data = writer.data_mut();
+    if size + metadata.len() as u64 <= MAX_INLINE_PUT_BYTES as u64 {
+        // Small: the bytes travel in the request, one round trip.
+        let mut data = vec![0u8; size as usize];
+        read_input_into(&mut reader, &mut data, input)?;
+        client.put(id, &data, metadata).map_err(|e| e.to_string())?;
+    } else {
+        let mut writer = client
+            .create(id, size, metadata.len() as u64)
+            .map_err(|e| e.to_string())?;
+        writer.metadata_mut().copy_from_slice(metadata);
+        read_input_into(&mut reader, writer.data_mut(), input)?;
+        writer.seal().map_err(|e| e.to_string())?;
+    }
+    println!("{id}");
+    Ok(())
+}
+
+/// Fills `data` from `reader` (the whole of `input`, with a progress bar), refusing an input
+/// that shrank or grew while being read.
+fn read_input_into(reader: &mut dyn Read, data: &mut [u8], input: &Path) -> Result<(), String> {
+    let size = data.len();
+    let bar = progress_bar(size as u64);
     let mut filled = 0;
     while filled < data.len() {
         let chunk_end = (filled + (8 << 20)).min(data.len());
@@ -627,8 +649,6 @@ fn put(
             input.display()
         ));
     }
-    writer.seal().map_err(|e| e.to_string())?;
-    println!("{id}");
     Ok(())
 }
 

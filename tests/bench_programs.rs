@@ -72,6 +72,44 @@ fn bench_fetch_measures_every_mode_in_one_cluster_and_marks_single_path_sizes() 
 }
 
 #[test]
+fn bench_breakdown_times_every_hop_of_a_fetch_next_to_the_ping_pongs() {
+    let dir = common::test_dir();
+    let report = skyriver(
+        dir.path(),
+        &[
+            "bench",
+            "breakdown",
+            "--poll-us",
+            "0,20",
+            "--iterations",
+            "20",
+            "--paused-iterations",
+            "3",
+            "--idle-secs",
+            "0",
+            "--json",
+            "breakdown.json",
+        ],
+    );
+    assert_eq!(report["cpus"], "spread");
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for run in runs {
+        let rows = run["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 10, "5 cases, back to back and after a pause");
+        assert!(rows.iter().all(|r| r["p50_us"].as_f64().unwrap() > 0.0));
+        let hops = run["hops"].as_array().unwrap();
+        assert_eq!(hops.len(), 11);
+        for hop in hops {
+            // Every stamp was taken (a missing one makes the median NaN, null in JSON).
+            assert!(hop["p50_us"].as_f64().is_some(), "{hop}");
+        }
+        assert_eq!(run["traced_fetches"], 20);
+        assert_eq!(run["targets"].as_array().unwrap().len(), 6);
+    }
+}
+
+#[test]
 fn bench_scale_reports_metadata_per_object_without_errors() {
     let dir = common::test_dir();
     let report = skyriver(

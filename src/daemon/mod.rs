@@ -72,6 +72,9 @@ pub struct DaemonConfig {
     pub allow_overcommit: bool,
     /// Serve `/metrics` and `/healthz` over HTTP on this address; `None`: no exporter.
     pub metrics_addr: Option<SocketAddr>,
+    /// How long the loop keeps polling for input after its last one before it sleeps
+    /// ([`crate::poll`]); zero: it sleeps at once.
+    pub poll: std::time::Duration,
 }
 
 impl DaemonConfig {
@@ -93,6 +96,7 @@ impl DaemonConfig {
             persistence: None,
             allow_overcommit: false,
             metrics_addr: None,
+            poll: crate::poll::poll_from_env(),
         }
     }
 }
@@ -461,6 +465,7 @@ impl Server {
         }
         let mut durable = None;
         let mut event_loop = EventLoop::new(node, effects, epoch, listener, cluster_inputs, None);
+        event_loop.set_poll(config.poll);
         if let Some(mut persistence) = persistence {
             // Recovered objects leave the store as seals: draining publishes them, a batch
             // at a time so the directory work stays small.

@@ -80,6 +80,8 @@ impl fmt::Display for ReadOpId {
 enum Timer {
     /// Seal a transfer whose bytes are all written out (one step after the last write).
     Seal(TransferId),
+    /// Seal a put's object once its bytes are written out (one step after the writes).
+    SealPut(ClientId, RequestId),
     FetchDeadline(FetchWaiterId),
     TransferDeadline(TransferId),
     Lease(NodeId, TransferId),
@@ -469,6 +471,7 @@ impl Node {
         while let Some(timer) = self.timers.pop_due(now) {
             match timer {
                 Timer::Seal(tid) => self.seal_written(tid),
+                Timer::SealPut(client, request) => self.seal_put(client, request),
                 Timer::FetchDeadline(waiter) => self.fetch_deadline(waiter),
                 Timer::TransferDeadline(tid) => self.transfer_deadline(tid),
                 Timer::Lease(peer, req) => self.lease_expired(peer, req),

@@ -382,6 +382,7 @@ async fn read_loop(
                     .map_err(|_| TcpLinkError::WriterStopped)?;
                 let mut bytes = vec![0u8; len];
                 reader.read_exact(&mut bytes).await.map_err(io)?;
+                crate::trace::stamp("message_read");
                 inner.emit(FabricEvent::Message {
                     peer,
                     bytes: MessageBytes::budgeted(bytes, budget),
