@@ -329,10 +329,18 @@ fn a_client_that_never_reads_its_replies_is_disconnected_and_others_carry_on() {
         }
         sent += 1;
     }
-    // The daemon never blocked on the hog: another client is served at once.
-    let started = std::time::Instant::now();
-    assert_eq!(client.list().unwrap().len(), 1000);
-    assert!(started.elapsed() < Duration::from_secs(5));
+    // The daemon never blocked on the hog: another client is served. (Bounded generously: a
+    // daemon stuck on the hog would never answer; a loaded machine answers late.)
+    let (tx, rx) = std::sync::mpsc::channel();
+    let socket = daemon.socket_path().to_path_buf();
+    std::thread::spawn(move || {
+        let other = Client::connect(&socket).unwrap();
+        let _ = tx.send(other.list().map(|l| l.len()));
+    });
+    let listed = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("another client is served while the hog does not read");
+    assert_eq!(listed.unwrap(), 1000);
     // The hog is cut off: reading drains what the socket held, then reaches the end, well
     // before all `sent` replies (about 160 MB) could have come.
     let mut replies = 0;
