@@ -531,7 +531,7 @@ fn qp_forced_into_error_mid_transfer_flushes() {
     // The transfer is under way: its first list completes.
     let mut out = Vec::new();
     ea.conn.post_reads(0, &list(0)).unwrap();
-    poll_until(&mut ea.conn, &mut out, |cs| cs.iter().any(|c| last(c)));
+    poll_until(&mut ea.conn, &mut out, |cs| cs.iter().any(&last));
     // Then the holder's side of lane 0 stops answering, so the READs posted next are
     // certainly outstanding when the requester's QP fails. (Failing the QP right after
     // posting was not enough: rxe may run a whole posted list inside ibv_post_send, and

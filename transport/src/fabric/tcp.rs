@@ -57,6 +57,9 @@ const PING_ROUNDS: usize = 8;
 /// Largest READ one request may ask for (the core slices larger ones).
 const MAX_READ_BYTES: u64 = 1 << 30;
 const SOCKET_BUFFER_BYTES: usize = 256 * 1024;
+/// Send and receive buffer size set on every peer connection's socket (`SO_SNDBUF`,
+/// `SO_RCVBUF`): room for a few READ slices in flight.
+pub const SOCKET_BUFFER_SIZE_BYTES: usize = SOCKET_BUFFER_BYTES * 16;
 /// Read buffer of a connection: small, because READ data is read straight into the destination
 /// and whatever the buffer already holds of it costs one more copy.
 const READ_BUFFER_BYTES: usize = 16 * 1024;

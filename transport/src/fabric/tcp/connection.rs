@@ -18,7 +18,8 @@ use super::errors::TcpLinkError;
 use super::TcpFabricConfig;
 use super::{
     lock, Inner, KIND_MESSAGE, KIND_PING, KIND_PONG, KIND_READ_REQUEST, KIND_READ_RESPONSE,
-    MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS,
+    MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES, SOCKET_BUFFER_SIZE_BYTES, STATUS_OK,
+    STATUS_REMOTE_ACCESS,
 };
 use crate::fabric::{FabricEvent, MessageBytes};
 
@@ -187,8 +188,8 @@ pub(super) fn start_connection(
 ) {
     let _ = stream.set_nodelay(true);
     let socket = socket2::SockRef::from(&stream);
-    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES * 16);
-    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES * 16);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_SIZE_BYTES);
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_SIZE_BYTES);
     // Best effort: without these a dead peer is only noticed by the transfer deadlines.
     let timeout = inner.config.dead_peer_timeout;
     let keepalive = socket2::TcpKeepalive::new()
