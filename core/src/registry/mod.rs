@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
-use holders::Holders;
+use holders::HolderIndex;
 
 use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo};
 use crate::ids::{NodeId, ObjectId};
@@ -220,8 +220,8 @@ pub struct Registry {
     by_conn: BTreeMap<ConnId, NodeId>,
     /// Heartbeat deadlines, earliest first.
     expiry: BTreeSet<(Instant, NodeId)>,
-    /// Every published object with its holders (16 bytes for one holder).
-    holders: BTreeMap<ObjectId, Holders>,
+    /// Every published object with its holders.
+    holders: HolderIndex,
     /// One-shot subscriptions by object; never an empty set.
     subscribers: BTreeMap<ObjectId, BTreeSet<NodeId>>,
     outputs: VecDeque<RegistryOutput>,
@@ -235,7 +235,7 @@ impl Registry {
             members: BTreeMap::new(),
             by_conn: BTreeMap::new(),
             expiry: BTreeSet::new(),
-            holders: BTreeMap::new(),
+            holders: HolderIndex::default(),
             subscribers: BTreeMap::new(),
             outputs: VecDeque::new(),
         }
@@ -542,7 +542,8 @@ impl Registry {
     /// Asserts the registry's internal consistency (a bug if it fails).
     pub fn check_invariants(&self) {
         let mut published: BTreeMap<NodeId, usize> = BTreeMap::new();
-        for (id, holders) in &self.holders {
+        self.holders.check_invariants();
+        for (id, holders) in self.holders.iter() {
             let mut previous = None;
             for (node, _) in holders.iter() {
                 assert!(
@@ -634,7 +635,7 @@ impl Registry {
         // Its locations: one pass over the objects (members leave seldom; a per-member index
         // of them would double the head's memory per object).
         if member.published > 0 {
-            self.holders.retain(|_, holders| holders.remove(node));
+            self.holders.withdraw_everywhere(node);
         }
         for id in &member.subscribed {
             self.remove_subscriber(*id, node);
@@ -686,14 +687,7 @@ impl Registry {
                 reason: format!("{node} published {limit} objects, the most the directory keeps"),
             });
         }
-        match self.holders.entry(id) {
-            std::collections::btree_map::Entry::Occupied(mut entry) => {
-                entry.get_mut().insert(node, sizes)
-            }
-            std::collections::btree_map::Entry::Vacant(entry) => {
-                entry.insert(Holders::one(node, sizes));
-            }
-        }
+        self.holders.publish(id, node, sizes);
         if !listed {
             member.published += 1;
         }
@@ -717,17 +711,10 @@ impl Registry {
     }
 
     fn withdraw(&mut self, node: NodeId, id: ObjectId) {
-        let Some(holders) = self.holders.get_mut(&id) else {
-            return;
-        };
-        if !holders.contains(node) {
-            return;
-        }
-        if !holders.remove(node) {
-            self.holders.remove(&id);
-        }
-        if let Some(member) = self.members.get_mut(&node) {
-            member.published -= 1;
+        if self.holders.withdraw(&id, node) {
+            if let Some(member) = self.members.get_mut(&node) {
+                member.published -= 1;
+            }
         }
     }
 
