@@ -3,16 +3,40 @@
 //! A B-tree map leaves its nodes half full when keys arrive in increasing order (object ids
 //! made from counters or timestamps), which doubles the memory per entry of a map that holds
 //! one entry per object. [`SortedChunks`] keeps the entries in sorted chunks of up to
-//! [`CHUNK_ENTRIES`], found through a B-tree of each chunk's first key; a full chunk splits at
-//! the insertion point (never leaving less than half behind), so keys arriving in order fill
-//! chunks to the brim and random ones leave them at least half full. Lookups are a B-tree
-//! search over the chunks and a binary search in one.
+//! [`CHUNK_ENTRIES`], found through a B-tree of each chunk's first key. A key past the end of a
+//! full chunk goes to the front of the next or starts a chunk of its own; a key inside a full
+//! chunk splits it there, the part before complete and trimmed, the part after open for the
+//! keys still missing (writers interleaved, one lagging behind). Chunks grow by a quarter, so
+//! unused capacity stays small. Lookups are a B-tree search over the chunks and a binary
+//! search in one.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
 /// Most entries of one chunk.
 pub const CHUNK_ENTRIES: usize = 512;
+
+/// Fewest entries a chunk grows by when full of its capacity.
+const GROWTH_MIN: usize = 16;
+
+/// A chunk of one entry, with room for a few more.
+fn new_chunk<K, V>(key: K, value: V) -> Vec<(K, V)> {
+    let mut chunk = Vec::with_capacity(GROWTH_MIN);
+    chunk.push((key, value));
+    chunk
+}
+
+/// Room for one more entry: a quarter more (at least [`GROWTH_MIN`], at most up to
+/// [`CHUNK_ENTRIES`]), so chunks carry little unused capacity.
+fn grow_for_one<T>(chunk: &mut Vec<T>) {
+    if chunk.len() == chunk.capacity() {
+        let more = (chunk.len() / 4)
+            .max(GROWTH_MIN)
+            .min(CHUNK_ENTRIES.saturating_sub(chunk.len()))
+            .max(1);
+        chunk.reserve_exact(more);
+    }
+}
 
 /// A sorted map of `K` to `V` in nearly full chunks. See the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,15 +108,20 @@ impl<K: Ord + Copy, V> SortedChunks<K, V> {
         }
         self.len += 1;
         let Some(first) = self.chunk_of(&key) else {
-            let mut chunk = Vec::with_capacity(CHUNK_ENTRIES);
-            chunk.push((key, value));
-            self.chunks.insert(key, chunk);
+            self.chunks.insert(key, new_chunk(key, value));
             return None;
         };
         let chunk = self.chunks.get(&first).expect("chunk_of names a chunk");
         let at = chunk
             .binary_search_by(|(k, _)| k.cmp(&key))
             .expect_err("not in the map yet");
+        if chunk.len() < CHUNK_ENTRIES {
+            let mut chunk = self.chunks.remove(&first).expect("chunk_of names a chunk");
+            grow_for_one(&mut chunk);
+            chunk.insert(at, (key, value));
+            self.chunks.insert(chunk[0].0, chunk);
+            return None;
+        }
         if at == CHUNK_ENTRIES {
             // Past the end of a full chunk: the front of the next one, if it has room.
             let next = self
@@ -103,31 +132,28 @@ impl<K: Ord + Copy, V> SortedChunks<K, V> {
                 .map(|(next_first, _)| *next_first);
             if let Some(next_first) = next {
                 let mut next = self.chunks.remove(&next_first).expect("just found");
+                grow_for_one(&mut next);
                 next.insert(0, (key, value));
                 self.chunks.insert(key, next);
                 return None;
             }
         }
-        let mut chunk = self.chunks.remove(&first).expect("chunk_of names a chunk");
-        if chunk.len() < CHUNK_ENTRIES {
-            chunk.insert(at, (key, value));
-            self.chunks.insert(chunk[0].0, chunk);
+        if at == 0 || at == CHUNK_ENTRIES {
+            // Before the first chunk or past a full one: a chunk of its own, which the keys
+            // that follow fill.
+            self.chunks.insert(key, new_chunk(key, value));
             return None;
         }
-        // Full: split at the insertion point, never leaving the left part under half.
-        let split = at.max(CHUNK_ENTRIES / 2);
-        let mut right = Vec::with_capacity(CHUNK_ENTRIES);
-        right.extend(chunk.drain(split..));
-        if at < split {
-            chunk.insert(at, (key, value));
-        } else {
-            right.insert(at - split, (key, value));
-        }
-        for part in [chunk, right] {
-            if let Some(&(first, _)) = part.first() {
-                self.chunks.insert(first, part);
-            }
-        }
+        // Full, and the key falls inside: split at the key. The part before it is complete
+        // (it keeps no spare room); the key starts the part after it, which the keys still
+        // missing between (a writer lagging behind others) fill.
+        let mut left = self.chunks.remove(&first).expect("chunk_of names a chunk");
+        let mut right = Vec::with_capacity(left.len() - at + 1 + GROWTH_MIN);
+        right.push((key, value));
+        right.extend(left.drain(at..));
+        left.shrink_to_fit();
+        self.chunks.insert(first, left);
+        self.chunks.insert(key, right);
         None
     }
 
@@ -242,6 +268,31 @@ mod tests {
         assert!(map.keys().eq(model.keys()));
     }
 
+    /// Entries the chunks have room for, in all.
+    fn capacity<K, V>(map: &SortedChunks<K, V>) -> usize {
+        map.chunks.values().map(Vec::capacity).sum()
+    }
+
+    #[test]
+    fn interleaved_writers_one_lagging_leave_little_unused_room() {
+        // Eight writers, each publishing ids `w, w + 8, w + 16, …`; writer 0 runs at half the
+        // others' pace, so its ids land inside chunks the others already filled.
+        let mut map = SortedChunks::new();
+        let mut next = [0u64; 8];
+        for round in 0..40_000u64 {
+            for (w, n) in next.iter_mut().enumerate() {
+                if w == 0 && round % 2 == 1 {
+                    continue;
+                }
+                map.insert(*n * 8 + w as u64, ());
+                *n += 1;
+            }
+        }
+        map.check_invariants();
+        let (len, room) = (map.len(), capacity(&map));
+        assert!(room * 10 <= len * 13, "{room} slots for {len} entries");
+    }
+
     #[test]
     fn keys_in_increasing_order_fill_chunks() {
         let mut map = SortedChunks::new();
@@ -252,11 +303,13 @@ mod tests {
         map.check_invariants();
         // Nearly full chunks, not the half-full nodes a B-tree leaves.
         assert!(map.chunks() <= 11, "{} chunks", map.chunks());
+        assert!(capacity(&map) * 10 <= map.len() * 11);
         // Nearly increasing (several writers interleaved) fills them too.
         let mut map = SortedChunks::new();
         for i in 0..n {
             map.insert(i ^ 7, ());
         }
         assert!(map.chunks() <= 11, "{} chunks", map.chunks());
+        assert!(capacity(&map) * 10 <= map.len() * 11);
     }
 }
