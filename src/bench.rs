@@ -297,15 +297,19 @@ impl std::fmt::Display for CpuPlacement {
 }
 
 impl CpuPlacement {
-    /// The CPUs this process may use, lowest first.
-    fn allowed() -> Vec<usize> {
-        nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
-            .map(|set| {
-                (0..nix::sched::CpuSet::count())
-                    .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
-                    .collect()
-            })
-            .unwrap_or_default()
+    /// The CPUs this process may use, lowest first, as at the first call: before the run
+    /// binds its threads (after that, this thread's own set is the one CPU it was bound to).
+    fn allowed() -> &'static [usize] {
+        static ALLOWED: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+        ALLOWED.get_or_init(|| {
+            nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+                .map(|set| {
+                    (0..nix::sched::CpuSet::count())
+                        .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
     }
 
     /// The CPU of the near end (this process's clients, the holder daemon) and of the far end
