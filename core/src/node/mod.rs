@@ -59,7 +59,9 @@ pub use metrics::{
 };
 pub use output::{NodeOutput, NodeStats};
 use publications::{Publication, Want};
-pub use threshold::{EagerThreshold, PathCosts, ThresholdPolicy, ThresholdSource};
+pub use threshold::{
+    EagerThreshold, PathCosts, RoundTripBatch, RoundTripEstimate, ThresholdPolicy, ThresholdSource,
+};
 use transfer::{Incoming, Lease};
 
 /// The store client the node uses for objects it is fetching: it creates them, and seals or
