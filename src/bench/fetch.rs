@@ -372,7 +372,9 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             "  fetch again (location remembered)          {:>8.1} µs",
             b.fetch_p50_us
         );
-        println!("  (each line is measured on its own; `skyriver bench breakdown` times every hop)");
+        println!(
+            "  (each line is measured on its own; `skyriver bench breakdown` times every hop)"
+        );
         println!();
     }
     if args.fabric == "tcp" {

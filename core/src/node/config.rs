@@ -67,7 +67,10 @@ pub struct NodeConfig {
     /// Rounds over an object's holders (each a lookup and a try of every holder) before a fetch
     /// gives up.
     pub max_source_rounds: u32,
-    /// Pause before retrying after a failure; grows linearly with the attempt.
+    /// Pause before retrying after a failure; grows linearly with the attempt. With the
+    /// default rounds it is also how long a fetch waits for a holder whose connection is still
+    /// being set up (100 ms + 200 ms: a connection's handshake and round-trip measurement take
+    /// a few to tens of milliseconds, more on a loaded machine).
     pub retry_backoff: Duration,
     /// Objects whose holders the node remembers from the directory, so fetching one again
     /// skips the lookup (0: always ask the directory).
@@ -110,7 +113,7 @@ impl NodeConfig {
             directory_timeout: Duration::from_secs(2),
             max_directory_attempts: 8,
             max_source_rounds: 3,
-            retry_backoff: Duration::from_millis(10),
+            retry_backoff: Duration::from_millis(100),
             location_cache_entries: 65_536,
             standalone: false,
             publication_grace: Duration::from_millis(1500),

@@ -372,8 +372,11 @@ const PING_BATCHES: [Spacing; 5] = [
     Spacing::Paused,
 ];
 
-/// The pause before each ping of a [`Spacing::Paused`] batch.
-const PING_PAUSE: Duration = Duration::from_millis(1);
+/// The pause before each ping of a [`Spacing::Paused`] batch: longer than a daemon polls
+/// before it sleeps (`--poll-us`, 50 µs by default), so the far end's thread is asleep, and
+/// short enough that the whole measurement stays at a few milliseconds (a fetch waits only
+/// briefly for a holder's connection).
+const PING_PAUSE: Duration = Duration::from_micros(200);
 
 /// This side's round trips measured at connect time, one summary per batch.
 #[derive(Debug, Default)]
@@ -525,17 +528,20 @@ mod tests {
             receive(&mut stream),
             Some(Handshake::Welcome { .. })
         ));
-        // The round trip measurement, as the dialer plays it.
+        // The round trip measurement, as the dialer plays it: every batch, pings then pongs
+        // (the pauses are the pinger's choice and left out here).
         let mut frame = [0u8; 9];
-        for _ in 0..PING_ROUNDS {
-            frame[0] = KIND_PING;
-            stream.write_all(&frame).unwrap();
-            stream.read_exact(&mut frame).unwrap();
-        }
-        for _ in 0..PING_ROUNDS {
-            stream.read_exact(&mut frame).unwrap();
-            frame[0] = KIND_PONG;
-            stream.write_all(&frame).unwrap();
+        for _ in PING_BATCHES {
+            for _ in 0..PING_ROUNDS {
+                frame[0] = KIND_PING;
+                stream.write_all(&frame).unwrap();
+                stream.read_exact(&mut frame).unwrap();
+            }
+            for _ in 0..PING_ROUNDS {
+                stream.read_exact(&mut frame).unwrap();
+                frame[0] = KIND_PONG;
+                stream.write_all(&frame).unwrap();
+            }
         }
         (stream, hello(7, nonce), proof)
     }
