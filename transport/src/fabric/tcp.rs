@@ -40,6 +40,8 @@ mod errors;
 mod handshake;
 
 pub use errors::{Refusal, TcpHandshakeError, TcpLinkError, TcpStartError};
+#[doc(hidden)]
+pub use handshake::fuzzing;
 
 const HANDSHAKE_MAGIC: [u8; 8] = *b"SKYRTCP1";
 const HANDSHAKE_VERSION: u32 = 2;
