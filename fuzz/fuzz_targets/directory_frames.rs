@@ -1,7 +1,8 @@
 //! The built-in directory's frames, as the head reads them from a node's connection.
 //!
 //! The first byte chooses how the rest is read: as one frame body (even) or as a stream of
-//! length-prefixed frames read by the transport's frame reader (odd). Checks:
+//! length-prefixed frames read by the transport's frame reader (odd), and which connections
+//! the messages come from (see the end). Checks:
 //! - `ToRegistry` and `FromRegistry` bodies that decode encode back to an equal value, and
 //!   `announced_version` reads the version of every hello with the magic;
 //! - the frame reader agrees with decoding each body on its own and consumes exactly one frame;
@@ -106,6 +107,9 @@ fn seeds() -> Vec<Vec<u8>> {
     for message in &to_registry {
         stream.extend(skyriver_fuzz::frame(&to_stdvec(message).expect("encodes")));
     }
+    seeds.push(stream.clone());
+    // The same from connection 1, which does not know the token.
+    stream[0] = 0b011;
     seeds.push(stream);
     seeds
 }
@@ -278,10 +282,15 @@ fuzz_target!(init: skyriver_fuzz::write_seeds(seeds()), |data: &[u8]| {
     } else {
         read_frames(rest)
     };
+    // The mode's bits 1-2 choose the connection of the first message; bit 3 + i set moves the
+    // messages after the i-th to the next connection. So a whole stream can come from one
+    // connection (as over TCP), or its first messages from several.
     let mut head = Head::new();
+    let mut slot = usize::from(mode >> 1 & 3) % CONNECTIONS as usize;
     for (i, message) in messages.into_iter().enumerate() {
-        // Spread the messages over the connections by the mode's upper bits and the position.
-        let slot = ((u64::from(mode >> 1) + i as u64) % CONNECTIONS) as usize;
         head.deliver(slot, message);
+        if i < 5 && mode >> (3 + i) & 1 == 1 {
+            slot = (slot + 1) % CONNECTIONS as usize;
+        }
     }
 });
