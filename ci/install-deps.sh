@@ -14,7 +14,9 @@ fi
 # The metrics tests run a real Prometheus server of their own (CI sets
 # SKYRIVER_REQUIRE_PROMETHEUS=1; promtool comes with it) and drive `skyriver top` in tmux.
 # Debian's package also starts a system prometheus on :9090; the tests never use it.
+# The Redis TLS test makes its own CA and server certificate with the openssl tool.
 missing=()
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -1,14 +1,16 @@
 //! `skyriver bench`: benchmark programs that print a table and write JSON.
 //!
-//! `bench local` measures the local store through the real daemon and client: create+seal,
-//! put (create, fill, seal) against a plain memcpy into pre-faulted memory measured in the
-//! same run, zero-copy get+release, batched gets, get with a full read, contains and delete.
+//! `bench local` ([`local`]) measures the local store through the real daemon and client next
+//! to raw Unix-socket and TCP round trips; `bench fetch` ([`fetch`]) measures fetches between
+//! daemons against raw TCP streams and round trips, Plasma-style, chunked and Redis baselines
+//! ([`baselines`]) in the same run; `bench scale` fills one daemon with many small objects and
+//! runs many clients against it; `bench cluster` runs N daemons in network namespaces and
+//! moves objects in broadcast, all-to-all and incast patterns; `bench all` runs local, fetch
+//! and scale in turn.
 //!
-//! `bench fetch` measures fetches between daemons against TCP, Plasma-style, chunked and Redis
-//! baselines in the same run; `bench scale` fills one daemon with many small objects and runs
-//! many clients against it; `bench cluster` runs N daemons in network namespaces and moves
-//! objects in broadcast, all-to-all and incast patterns; `bench all` runs local, fetch and
-//! scale in turn.
+//! This file holds what they share: results with percentiles and the spread of repeated
+//! medians, the daemon started for a run, the timer, CPU placement (`--cpus`) and the facts
+//! about the machine.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,17 +20,17 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::client::Client;
-use crate::size::{format_bytes, ByteSize};
-use skyriver_core::ObjectId;
 
 /// Benchmarks.
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// The local store: create, put, get, contains and delete by object size.
-    Local(LocalArgs),
+    /// The local store: create, put, get, contains and delete by object size, next to raw
+    /// Unix-socket and TCP round trips.
+    Local(local::LocalArgs),
     /// Persistent mode: fill a store, kill the daemon, time the recovery.
     Recovery(crate::persistence::bench::RecoveryArgs),
-    /// Fetches between daemons on this machine, by size and mode, next to raw TCP, Plasma-style
+    /// Fetches between daemons on this machine, by size and mode, next to raw TCP streams
+    /// (default and tuned like the fabric), raw Unix-socket and TCP round trips, Plasma-style
     /// 4 KiB chunks, 5 MiB chunked pulls and Redis GET measured in the same run.
     Fetch(fetch::FetchArgs),
     /// Many small objects in one daemon (metadata bytes per object), then many clients doing a
@@ -39,10 +41,16 @@ pub enum BenchCommand {
     Cluster(cluster::ClusterArgs),
     /// The whole comparison: local, fetch and scale, with JSON and the plot in one directory.
     All(AllArgs),
+    /// Where a 1 KiB fetch's time goes, hop by hop from timestamps on the path, next to raw
+    /// UDS and TCP ping-pongs, a small put and a local get, by polling time.
+    Breakdown(breakdown::BreakdownArgs),
 }
 
+mod baselines;
+mod breakdown;
 mod cluster;
 mod fetch;
+mod local;
 mod plot;
 mod scale;
 
@@ -58,41 +66,9 @@ pub struct AllArgs {
     /// Objects in `bench scale`.
     #[arg(long, default_value_t = 1_000_000)]
     pub scale_objects: u64,
-}
-
-/// Options of `bench local`.
-#[derive(Args, Debug, Clone)]
-pub struct LocalArgs {
-    /// Object sizes to measure.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "1KiB,64KiB,1MiB,16MiB,128MiB"
-    )]
-    pub sizes: Vec<ByteSize>,
-    /// Time spent on each operation at each size (more gives steadier percentiles).
-    #[arg(long, default_value_t = 400)]
-    pub millis_per_case: u64,
-    /// Most iterations of one case.
-    #[arg(long, default_value_t = 20_000)]
-    pub max_iterations: usize,
-    /// Measure an already running daemon instead of starting one.
-    #[arg(long)]
-    pub socket: Option<PathBuf>,
-    /// Start the daemon in persistent mode on this file (reused if it exists), to measure
-    /// the cost of durability.
-    #[arg(long)]
-    pub backing_file: Option<PathBuf>,
-    /// With --backing-file: when seals are durable.
-    #[arg(long, value_enum, default_value_t = crate::persistence::Durability::Seal)]
-    pub durability: crate::persistence::Durability,
-    /// Write the results as JSON here.
-    #[arg(long, default_value = "bench-local.json")]
-    pub json: PathBuf,
-    /// Also run every case against a second daemon with --metrics, scraped each second, and
-    /// print the ratio on / off (rows marked [metrics]).
-    #[arg(long)]
-    pub metrics: bool,
+    /// Where `bench local` and `bench fetch` run their ends (see `bench fetch --help`).
+    #[arg(long, value_enum, default_value_t = CpuPlacement::Spread)]
+    pub cpus: CpuPlacement,
 }
 
 /// Why a benchmark could not run.
@@ -109,7 +85,7 @@ pub enum BenchError {
 /// Runs a benchmark command.
 pub fn run(command: BenchCommand) -> Result<(), BenchError> {
     match command {
-        BenchCommand::Local(args) => run_local(&args),
+        BenchCommand::Local(args) => local::run(&args),
         BenchCommand::Recovery(args) => {
             crate::persistence::bench::run(&args).map_err(BenchError::Setup)
         }
@@ -117,6 +93,7 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Scale(args) => scale::run(&args),
         BenchCommand::Cluster(args) => cluster::run(&args),
         BenchCommand::All(args) => run_all(&args),
+        BenchCommand::Breakdown(args) => breakdown::run(&args),
     }
 }
 
@@ -133,11 +110,14 @@ fn run_all(args: &AllArgs) -> Result<(), BenchError> {
     let out = |name: &str| args.out.join(name).display().to_string();
     let millis = args.millis_per_case.to_string();
     let objects = args.scale_objects.to_string();
+    let cpus = args.cpus.to_string();
     let steps: [(&str, Vec<String>); 3] = [
         (
             "local",
             vec![
                 "local".into(),
+                "--cpus".into(),
+                cpus.clone(),
                 "--millis-per-case".into(),
                 millis.clone(),
                 "--json".into(),
@@ -148,6 +128,8 @@ fn run_all(args: &AllArgs) -> Result<(), BenchError> {
             "fetch",
             vec![
                 "fetch".into(),
+                "--cpus".into(),
+                cpus,
                 "--millis-per-case".into(),
                 millis,
                 "--json".into(),
@@ -199,9 +181,68 @@ pub struct CaseResult {
     pub p50_us: f64,
     /// 99th percentile latency, microseconds.
     pub p99_us: f64,
+    /// The medians of consecutive parts of the run, when it was split: how much the p50
+    /// moves between repeats of the same measurement.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_repeats_us: Option<Repeats>,
+}
+
+/// The p50s of a measurement's repeats (consecutive parts of its samples).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Repeats {
+    /// How many parts.
+    pub count: usize,
+    /// Lowest p50 of a part, microseconds.
+    pub min: f64,
+    /// Median of the parts' p50s.
+    pub median: f64,
+    /// Highest p50 of a part.
+    pub max: f64,
+}
+
+impl Repeats {
+    /// Splits `samples` (in the order they were taken) into `count` consecutive parts and
+    /// summarises their p50s; `None` with fewer than two samples per part.
+    pub(crate) fn of(samples: &[Duration], count: usize) -> Option<Self> {
+        let per_part = samples.len() / count.max(1);
+        if count < 2 || per_part < 2 {
+            return None;
+        }
+        let mut medians: Vec<f64> = samples
+            .chunks_exact(per_part)
+            .take(count)
+            .map(|part| {
+                let mut part = part.to_vec();
+                part.sort_unstable();
+                part[(part.len() - 1) / 2].as_secs_f64() * 1e6
+            })
+            .collect();
+        medians.sort_by(f64::total_cmp);
+        Some(Self {
+            count,
+            min: medians[0],
+            median: medians[(medians.len() - 1) / 2],
+            max: medians[medians.len() - 1],
+        })
+    }
 }
 
 impl CaseResult {
+    /// [`CaseResult::from_samples`] with the p50s of `repeats` consecutive parts of the run
+    /// (`samples` in the order they were taken).
+    pub(crate) fn with_repeats(
+        operation: &str,
+        size_bytes: u64,
+        samples: &mut [Duration],
+        repeats: usize,
+    ) -> Self {
+        let spread = Repeats::of(samples, repeats);
+        Self {
+            p50_repeats_us: spread,
+            ..Self::from_samples(operation, size_bytes, samples)
+        }
+    }
+
     pub(crate) fn from_samples(operation: &str, size_bytes: u64, samples: &mut [Duration]) -> Self {
         samples.sort_unstable();
         let total: Duration = samples.iter().sum();
@@ -226,8 +267,113 @@ impl CaseResult {
             },
             p50_us: percentile(0.50),
             p99_us: percentile(0.99),
+            p50_repeats_us: None,
         }
     }
+
+    /// `min–max` of the repeats' p50s, or blank.
+    pub(crate) fn repeats_range(&self) -> String {
+        self.p50_repeats_us
+            .map(|r| format!("{:.1}–{:.1}", r.min, r.max))
+            .unwrap_or_default()
+    }
+}
+
+/// Where the two ends of every measured round trip run (`--cpus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuPlacement {
+    /// Every process of the run (this one, the daemons, baseline servers) on one vCPU: each
+    /// hand-off is a context switch on a CPU that is awake, no cross-CPU wake-up.
+    Pinned,
+    /// The two ends of each hop on different vCPUs (this process and the holder on the first,
+    /// the requester daemon or baseline server on the second): each hand-off wakes an idle
+    /// CPU, as between cores of a quiet machine.
+    Spread,
+}
+
+impl std::fmt::Display for CpuPlacement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CpuPlacement::Pinned => "pinned",
+            CpuPlacement::Spread => "spread",
+        })
+    }
+}
+
+impl CpuPlacement {
+    /// The CPUs this process may use, lowest first, as at the first call: before the run
+    /// binds its threads (after that, this thread's own set is the one CPU it was bound to).
+    fn allowed() -> &'static [usize] {
+        static ALLOWED: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+        ALLOWED.get_or_init(|| {
+            nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+                .map(|set| {
+                    (0..nix::sched::CpuSet::count())
+                        .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+    }
+
+    /// The CPU of the near end (this process's clients, the holder daemon) and of the far end
+    /// (the requester daemon, baseline servers).
+    pub fn cpus(self) -> (usize, usize) {
+        let allowed = Self::allowed();
+        let near = allowed.first().copied().unwrap_or(0);
+        let far = match self {
+            CpuPlacement::Pinned => near,
+            CpuPlacement::Spread => allowed.get(1).copied().unwrap_or(near),
+        };
+        (near, far)
+    }
+
+    /// One line for a table's header.
+    pub fn describe(self) -> String {
+        let (near, far) = self.cpus();
+        match self {
+            CpuPlacement::Pinned => {
+                format!("cpus: pinned (every end on vCPU {near}: hand-offs on an awake CPU)")
+            }
+            CpuPlacement::Spread if near == far => {
+                format!("cpus: spread requested, but only vCPU {near} is allowed: every end on it")
+            }
+            CpuPlacement::Spread => {
+                format!("cpus: spread (ends on vCPUs {near} and {far}: hand-offs wake an idle CPU)")
+            }
+        }
+    }
+}
+
+/// Binds the calling thread to `cpu`.
+pub(crate) fn pin_this_thread(cpu: usize) -> Result<(), BenchError> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu)
+        .map_err(|e| BenchError::Setup(format!("cpu {cpu}: {e}")))?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .map_err(|e| BenchError::Setup(format!("cannot bind this thread to cpu {cpu}: {e}")))
+}
+
+/// Binds every thread of process `pid` to `cpu` (threads it starts later inherit it).
+pub(crate) fn pin_process(pid: u32, cpu: usize) -> Result<(), BenchError> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu)
+        .map_err(|e| BenchError::Setup(format!("cpu {cpu}: {e}")))?;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map_err(|e| BenchError::Setup(format!("cannot list the threads of {pid}: {e}")))?;
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // A thread may have ended since the listing.
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set);
+    }
+    Ok(())
 }
 
 /// A daemon started for a benchmark, stopped on drop.
@@ -339,293 +485,6 @@ impl Timer {
     }
 }
 
-/// Objects per request in the batched-get case.
-const BATCH: usize = 64;
-
-fn fresh_id(counter: &mut u64) -> ObjectId {
-    *counter += 1;
-    let mut bytes = [0u8; 20];
-    bytes[..8].copy_from_slice(b"benchobj");
-    bytes[12..].copy_from_slice(&counter.to_be_bytes());
-    ObjectId(bytes)
-}
-
-fn run_local(args: &LocalArgs) -> Result<(), BenchError> {
-    let largest = args.sizes.iter().map(|s| s.0).max().unwrap_or(0);
-    let daemon = match &args.socket {
-        Some(_) => None,
-        None => {
-            let memory = (largest * 4).max(256 << 20);
-            eprintln!(
-                "starting a daemon with {} of memory...",
-                format_bytes(memory)
-            );
-            let extra: Vec<std::ffi::OsString> = match &args.backing_file {
-                Some(path) => vec![
-                    "--backing-file".into(),
-                    path.into(),
-                    "--durability".into(),
-                    args.durability.to_string().into(),
-                ],
-                None => Vec::new(),
-            };
-            Some(ChildDaemon::start_with(memory, &extra)?)
-        }
-    };
-    let socket = match (&args.socket, &daemon) {
-        (Some(socket), _) => socket.clone(),
-        (None, Some(daemon)) => daemon.socket().to_path_buf(),
-        (None, None) => unreachable!("a daemon is started when no socket is given"),
-    };
-    let client = Client::connect(&socket)?;
-    let timer = Timer {
-        budget: Duration::from_millis(args.millis_per_case),
-        max_iterations: args.max_iterations,
-    };
-    let mut counter = 0u64;
-    let mut results = Vec::new();
-    // With --metrics, a second daemon serves /metrics, scraped each second, and every case
-    // runs against both, one after the other: the rows side by side show what exporting costs.
-    let metered = match (args.metrics, &args.socket) {
-        (true, None) => {
-            let memory = (largest * 4).max(256 << 20);
-            let port = crate::up::free_loopback_port().map_err(BenchError::Setup)?;
-            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-            let daemon =
-                ChildDaemon::start_with(memory, &["--metrics".into(), addr.to_string().into()])?;
-            let client = Client::connect(daemon.socket())?;
-            Some((daemon, client, Scraper::start(addr, Duration::from_secs(1))))
-        }
-        (true, Some(_)) => {
-            return Err(BenchError::Setup(
-                "--metrics starts its own daemons; leave out --socket".into(),
-            ))
-        }
-        (false, _) => None,
-    };
-    for &ByteSize(size) in &args.sizes {
-        eprintln!("measuring {}...", format_bytes(size));
-        measure_size(&client, &timer, &mut counter, size, "", &mut results)?;
-        if let Some((_, metered_client, _)) = &metered {
-            measure_size(
-                metered_client,
-                &timer,
-                &mut counter,
-                size,
-                METRICS_TAG,
-                &mut results,
-            )?;
-        }
-    }
-    if let Some((_, _, scraper)) = metered {
-        eprintln!("{} scrapes of /metrics during the run", scraper.stop());
-        print_metrics_overhead(&results);
-    }
-    print_local_table(&results);
-    write_json(&args.json, &results)?;
-    eprintln!("wrote {}", args.json.display());
-    Ok(())
-}
-
-/// Every case of `bench local` at one size, against `client`; `tag` marks the rows' names.
-fn measure_size(
-    client: &Client,
-    timer: &Timer,
-    counter: &mut u64,
-    size: u64,
-    tag: &str,
-    results: &mut Vec<CaseResult>,
-) -> Result<(), BenchError> {
-    let source = vec![0xa5u8; size as usize];
-
-    // create + seal (no data written): the control-path round trips.
-    let mut samples = timer.measure(
-        |_| Ok(fresh_id(counter)),
-        |id| {
-            client.create(id, size, 0)?.seal()?;
-            Ok(id)
-        },
-        |id| {
-            client.delete(&[id])?;
-            Ok(())
-        },
-    )?;
-    results.push(CaseResult::from_samples(
-        &format!("create+seal{tag}"),
-        size,
-        &mut samples,
-    ));
-
-    // put: create, copy the data in, seal.
-    let mut samples = timer.measure(
-        |_| Ok(fresh_id(counter)),
-        |id| {
-            let mut writer = client.create(id, size, 0)?;
-            writer.data_mut().copy_from_slice(&source);
-            writer.seal()?;
-            Ok(id)
-        },
-        |id| {
-            client.delete(&[id])?;
-            Ok(())
-        },
-    )?;
-    results.push(CaseResult::from_samples(
-        &format!("put{tag}"),
-        size,
-        &mut samples,
-    ));
-
-    // memcpy into pre-faulted private memory: the ceiling for put.
-    let mut destination = vec![0u8; size as usize];
-    destination.iter_mut().step_by(4096).for_each(|b| *b = 1);
-    let mut samples = timer.measure(
-        |_| Ok(()),
-        |()| {
-            destination.copy_from_slice(std::hint::black_box(&source));
-            std::hint::black_box(&destination);
-            Ok(())
-        },
-        |()| Ok(()),
-    )?;
-    results.push(CaseResult::from_samples(
-        &format!("memcpy{tag}"),
-        size,
-        &mut samples,
-    ));
-    drop(destination);
-
-    let id = fresh_id(counter);
-    client.create_and_seal(id, &source, b"")?;
-    let mut samples = timer.measure(
-        |_| Ok(()),
-        |()| {
-            let object = client.get_one(id, Some(Duration::ZERO))?;
-            std::hint::black_box(object.data().as_ptr());
-            Ok(())
-        },
-        |()| Ok(()),
-    )?;
-    results.push(CaseResult::from_samples(
-        &format!("get+release (zero-copy){tag}"),
-        size,
-        &mut samples,
-    ));
-
-    let mut samples = timer.measure(
-        |_| Ok(()),
-        |()| {
-            let object = client.get_one(id, Some(Duration::ZERO))?;
-            let sum = object.data().chunks_exact(8).fold(0u64, |acc, c| {
-                acc.wrapping_add(u64::from_ne_bytes(c.try_into().expect("8 bytes")))
-            });
-            std::hint::black_box(sum);
-            Ok(())
-        },
-        |()| Ok(()),
-    )?;
-    results.push(CaseResult::from_samples(
-        &format!("get+read{tag}"),
-        size,
-        &mut samples,
-    ));
-
-    // Batched zero-copy gets: one request for 64 objects, then their releases. Rows count
-    // objects (ops/s, MB/s); latencies are per batch.
-    if size <= 1 << 20 {
-        let batch: Vec<ObjectId> = (0..BATCH).map(|_| fresh_id(counter)).collect();
-        for &id in &batch {
-            client.create_and_seal(id, &source, b"")?;
-        }
-        let mut samples = timer.measure(
-            |_| Ok(()),
-            |()| {
-                let objects = client.get(&batch, Some(Duration::ZERO))?;
-                std::hint::black_box(objects.len());
-                Ok(())
-            },
-            |()| Ok(()),
-        )?;
-        let mut result =
-            CaseResult::from_samples(&format!("get batch ×{BATCH}{tag}"), size, &mut samples);
-        result.ops_per_sec *= BATCH as f64;
-        result.mb_per_sec *= BATCH as f64;
-        results.push(result);
-        client.flush()?;
-        client.delete(&batch)?;
-    }
-
-    let mut samples = timer.measure(
-        |_| Ok(()),
-        |()| {
-            std::hint::black_box(client.contains(id)?);
-            Ok(())
-        },
-        |()| Ok(()),
-    )?;
-    results.push(CaseResult::from_samples(
-        &format!("contains{tag}"),
-        size,
-        &mut samples,
-    ));
-    client.flush()?;
-    client.delete(&[id])?;
-
-    let mut samples = timer.measure(
-        |_| {
-            let id = fresh_id(counter);
-            client.create(id, size, 0)?.seal()?;
-            Ok(id)
-        },
-        |id| {
-            client.delete(&[id])?;
-            Ok(())
-        },
-        |()| Ok(()),
-    )?;
-    results.push(CaseResult::from_samples(
-        &format!("delete{tag}"),
-        size,
-        &mut samples,
-    ));
-    Ok(())
-}
-
-/// Marks the rows measured against the daemon with `--metrics`.
-const METRICS_TAG: &str = " [metrics]";
-
-/// Each case with metrics on next to the same case without: ops/s on / off.
-fn print_metrics_overhead(results: &[CaseResult]) {
-    println!();
-    println!(
-        "metrics on / off (1.00 = no cost; same run, cases interleaved; p50 is the steadier):"
-    );
-    println!(
-        "  {:<26} {:>10} {:>12} {:>10} {:>12} {:>12}",
-        "operation", "size", "ops/s ratio", "p50 ratio", "p50 µs on", "p50 µs off"
-    );
-    for on in results
-        .iter()
-        .filter(|r| r.operation.ends_with(METRICS_TAG))
-    {
-        let name = on.operation.trim_end_matches(METRICS_TAG);
-        if let Some(off) = results
-            .iter()
-            .find(|r| r.operation == name && r.size_bytes == on.size_bytes)
-        {
-            println!(
-                "  {:<26} {:>10} {:>12.3} {:>10.3} {:>12.1} {:>12.1}",
-                name,
-                format_bytes(on.size_bytes),
-                on.ops_per_sec / off.ops_per_sec.max(f64::MIN_POSITIVE),
-                on.p50_us / off.p50_us.max(f64::MIN_POSITIVE),
-                on.p50_us,
-                off.p50_us
-            );
-        }
-    }
-}
-
 /// Scrapes a daemon's `/metrics` every interval on a thread, as Prometheus would.
 pub(crate) struct Scraper {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -676,67 +535,6 @@ impl Drop for Scraper {
     }
 }
 
-fn print_local_table(results: &[CaseResult]) {
-    println!(
-        "{:<26} {:>10} {:>8} {:>12} {:>11} {:>10} {:>10}",
-        "operation", "size", "iters", "ops/s", "MB/s", "p50 µs", "p99 µs"
-    );
-    for r in results {
-        println!(
-            "{:<26} {:>10} {:>8} {:>12.0} {:>11.1} {:>10.1} {:>10.1}",
-            r.operation,
-            format_bytes(r.size_bytes),
-            r.iterations,
-            r.ops_per_sec,
-            r.mb_per_sec,
-            r.p50_us,
-            r.p99_us
-        );
-    }
-    println!();
-    println!("put / memcpy bandwidth (target ≥ 0.8 at 128 MiB):");
-    for put in results.iter().filter(|r| r.operation == "put") {
-        if let Some(memcpy) = results
-            .iter()
-            .find(|r| r.operation == "memcpy" && r.size_bytes == put.size_bytes)
-        {
-            println!(
-                "  {:>10}  {:.2}",
-                format_bytes(put.size_bytes),
-                put.mb_per_sec / memcpy.mb_per_sec.max(f64::MIN_POSITIVE)
-            );
-        }
-    }
-    let zero_copy: Vec<&CaseResult> = results
-        .iter()
-        .filter(|r| r.operation == "get+release (zero-copy)")
-        .collect();
-    if let (Some(smallest), Some(largest)) = (zero_copy.first(), zero_copy.last()) {
-        println!(
-            "zero-copy get p50, largest / smallest size (target: flat, ≈ 1): {:.2} ({:.1} µs at {}, {:.1} µs at {})",
-            largest.p50_us / smallest.p50_us.max(f64::MIN_POSITIVE),
-            smallest.p50_us,
-            format_bytes(smallest.size_bytes),
-            largest.p50_us,
-            format_bytes(largest.size_bytes)
-        );
-    }
-    if let Some(batched) = results
-        .iter()
-        .find(|r| r.operation.starts_with("get batch") && r.size_bytes == 1024)
-    {
-        println!(
-            "batched gets at 1 KiB (target ≥ 200000 objects/s): {:.0} objects/s, {}",
-            batched.ops_per_sec,
-            if batched.ops_per_sec >= 200_000.0 {
-                "met"
-            } else {
-                "MISSED"
-            }
-        );
-    }
-}
-
 /// Facts about the machine a benchmark ran on.
 #[derive(Debug, Serialize)]
 pub struct MachineInfo {
@@ -773,15 +571,4 @@ impl MachineInfo {
                 .map_or(0, |d| d.as_secs()),
         }
     }
-}
-
-fn write_json(path: &Path, results: &[CaseResult]) -> Result<(), BenchError> {
-    let document = serde_json::json!({
-        "benchmark": "local",
-        "machine": MachineInfo::probe(),
-        "results": results,
-    });
-    let text = serde_json::to_string_pretty(&document).expect("results serialize");
-    std::fs::write(path, text)
-        .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", path.display())))
 }

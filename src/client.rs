@@ -18,15 +18,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+use nix::sys::socket::MsgFlags;
 use skyriver_core::client_protocol::{
     decode_frame_len, decode_server_frame, encode_frame, ClusterView, Request, RequestFrame,
-    Response, ServerFrame, FRAME_HEADER_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
+    Response, ServerFrame, TraceStamp, FRAME_HEADER_BYTES, MAX_INLINE_PUT_BYTES,
+    MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
 };
 use skyriver_core::node::{FetchError, TransferMode};
 use skyriver_core::store::{EvictOutcome, ObjectSummary};
@@ -86,12 +88,18 @@ pub enum ClientError {
 }
 
 /// Where clients look for the daemon when not told: `$SKYRIVER_SOCKET` (when set and not
-/// empty), else `/tmp/skyriver-<uid>.sock`.
+/// empty), else `/tmp/skyriver-<uid>/skyriver.sock`, in a directory only that user can write
+/// (the daemon makes it mode 0700).
 pub fn default_socket_path() -> PathBuf {
     std::env::var_os("SKYRIVER_SOCKET")
         .filter(|value| !value.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(format!("/tmp/skyriver-{}.sock", nix::unistd::getuid())))
+        .unwrap_or_else(|| {
+            PathBuf::from(format!(
+                "/tmp/skyriver-{}/skyriver.sock",
+                nix::unistd::getuid()
+            ))
+        })
 }
 
 /// The daemon's arenas as this client maps them.
@@ -150,14 +158,49 @@ struct FrameReader {
     /// Buffered reads of the socket: a reply usually arrives in one `read`.
     reader: std::io::BufReader<UnixStream>,
     read_buf: Vec<u8>,
+    /// How long to poll the socket for a reply before blocking on it ([`crate::poll`]).
+    poll: Duration,
 }
 
 impl FrameReader {
-    fn new(stream: &UnixStream) -> Result<Self, ClientError> {
+    fn new(stream: &UnixStream, poll: Duration) -> Result<Self, ClientError> {
         Ok(Self {
             reader: std::io::BufReader::with_capacity(64 * 1024, stream.try_clone()?),
             read_buf: Vec::new(),
+            poll,
         })
+    }
+
+    /// Polls the socket until it has bytes (or reports an end or error) or the polling time
+    /// is over, yielding the CPU between polls; the blocking read that follows then finds
+    /// the reply without a wake-up.
+    fn poll_readable(&self) {
+        if self.poll.is_zero() || !self.reader.buffer().is_empty() {
+            return;
+        }
+        let start = std::time::Instant::now();
+        let fd = self.reader.get_ref().as_raw_fd();
+        let mut probe = [0u8; 1];
+        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+        loop {
+            match nix::sys::socket::recv(fd, &mut probe, flags) {
+                Err(nix::errno::Errno::EAGAIN) => {}
+                // Bytes, the end of the stream or an error: the read reports it.
+                _ => return,
+            }
+            if start.elapsed() >= self.poll {
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// The next frame; with `poll`, the socket is polled for it first.
+    fn read_frame_polling(&mut self, poll: bool) -> Result<ServerFrame, ClientError> {
+        if poll {
+            self.poll_readable();
+        }
+        self.read_frame()
     }
 
     fn read_frame(&mut self) -> Result<ServerFrame, ClientError> {
@@ -230,8 +273,8 @@ enum ReplyTo {
 }
 
 impl Connection {
-    fn new(stream: UnixStream, next_request: u64) -> Result<Self, ClientError> {
-        let reader = FrameReader::new(&stream)?;
+    fn new(stream: UnixStream, next_request: u64, poll: Duration) -> Result<Self, ClientError> {
+        let reader = FrameReader::new(&stream, poll)?;
         Ok(Self {
             writer: Mutex::new(FrameWriter {
                 stream,
@@ -296,9 +339,16 @@ impl Connection {
     }
 
     /// Waits until `done` holds, reading the socket while no other thread does.
-    fn wait_until<T>(
+    fn wait_until<T>(&self, done: impl FnMut(&mut Replies) -> Option<T>) -> Result<T, ClientError> {
+        self.wait_until_polling(done, true)
+    }
+
+    /// [`Connection::wait_until`]; with `poll`, the reading thread polls the socket for a while
+    /// before it blocks ([`crate::poll`]).
+    fn wait_until_polling<T>(
         &self,
         mut done: impl FnMut(&mut Replies) -> Option<T>,
+        poll: bool,
     ) -> Result<T, ClientError> {
         let mut replies = self.replies();
         loop {
@@ -318,7 +368,7 @@ impl Connection {
                 continue;
             };
             drop(replies);
-            let frame = reader.read_frame();
+            let frame = reader.read_frame_polling(poll);
             replies = self.replies();
             replies.reader = Some(reader);
             match frame {
@@ -336,8 +386,8 @@ impl Connection {
         }
     }
 
-    fn wait_reply(&self, request: RequestId) -> Result<Response, ClientError> {
-        let result = self.wait_until(|replies| replies.arrived.remove(&request));
+    fn wait_reply(&self, request: RequestId, poll: bool) -> Result<Response, ClientError> {
+        let result = self.wait_until_polling(|replies| replies.arrived.remove(&request), poll);
         if result.is_err() {
             self.replies().awaited.remove(&request);
         }
@@ -345,8 +395,12 @@ impl Connection {
     }
 
     fn call(&self, body: Request) -> Result<Response, ClientError> {
+        // A fetch's reply waits on other nodes (tens of microseconds at best): the caller
+        // sleeps at once and leaves the CPUs to the daemons. Local requests are answered in
+        // about a round trip: the caller polls for those.
+        let poll = !matches!(body, Request::Fetch { .. });
         let request = self.send(body, ReplyTo::Caller)?;
-        self.wait_reply(request)
+        self.wait_reply(request, poll)
     }
 
     fn release_without_waiting(&self, id: ObjectId) -> Result<(), ClientError> {
@@ -448,7 +502,7 @@ impl Client {
         let (stream, node, arenas) = Self::open(&socket_path)?;
         Ok(Self {
             inner: Arc::new(ClientInner {
-                connection: Connection::new(stream, HELLO_REQUEST.0)?,
+                connection: Connection::new(stream, HELLO_REQUEST.0, crate::poll::poll_from_env())?,
                 arenas,
                 node,
                 socket_path,
@@ -602,17 +656,41 @@ impl Client {
         })
     }
 
-    /// Creates, fills and seals an object in one call.
+    /// Stores a copy of `data` and `metadata` as a new sealed object. An object of up to
+    /// [`MAX_INLINE_PUT_BYTES`] travels in the request itself: created, written and sealed by
+    /// the daemon in one round trip. A larger one is created, copied into shared memory and
+    /// sealed (two round trips, one copy).
+    pub fn put(&self, id: ObjectId, data: &[u8], metadata: &[u8]) -> Result<(), ClientError> {
+        if data.len() + metadata.len() <= MAX_INLINE_PUT_BYTES {
+            return self.call_done(Request::Put {
+                id,
+                data: data.to_vec(),
+                metadata: metadata.to_vec(),
+            });
+        }
+        let mut writer = self.create(id, data.len() as u64, metadata.len() as u64)?;
+        writer.data_mut().copy_from_slice(data);
+        writer.metadata_mut().copy_from_slice(metadata);
+        writer.seal()
+    }
+
+    /// Creates, fills and seals an object in one call: [`Client::put`].
     pub fn create_and_seal(
         &self,
         id: ObjectId,
         data: &[u8],
         metadata: &[u8],
     ) -> Result<(), ClientError> {
-        let mut writer = self.create(id, data.len() as u64, metadata.len() as u64)?;
-        writer.data_mut().copy_from_slice(data);
-        writer.metadata_mut().copy_from_slice(metadata);
-        writer.seal()
+        self.put(id, data, metadata)
+    }
+
+    /// The timestamps the daemon took since the last call (for `skyriver bench breakdown`),
+    /// taking them from now on when `record`. Stamps are in nanoseconds of `CLOCK_MONOTONIC`.
+    pub fn trace_stamps(&self, record: bool) -> Result<Vec<TraceStamp>, ClientError> {
+        match self.connection()?.call(Request::Trace { record })? {
+            Response::Traced(stamps) => Ok(stamps),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Gets objects, waiting up to `timeout` for those not sealed yet (`Some(ZERO)` polls,
@@ -853,7 +931,7 @@ impl Client {
     pub fn subscribe(&self) -> Result<Subscription, ClientError> {
         self.connection()?;
         let (mut stream, _, _) = Self::open(&self.inner.socket_path)?;
-        let mut reader = FrameReader::new(&stream)?;
+        let mut reader = FrameReader::new(&stream, Duration::ZERO)?;
         match call_once(&mut stream, &mut reader, Request::Subscribe)? {
             Response::Done(result) => result?,
             other => return Err(unexpected(other)),

@@ -22,7 +22,12 @@ pub enum ClusterCommand {
 pub struct ResetArgs {
     /// The cluster's directory: redis://HOST:PORT (a built-in directory lives in its head
     /// daemon: stopping the head resets it).
-    #[arg(long, value_name = "URL")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "SKYRIVER_DIRECTORY_URL",
+        hide_env_values = true
+    )]
     pub directory: String,
     /// Name of the cluster.
     #[arg(long, default_value = "default", env = "SKYRIVER_CLUSTER")]

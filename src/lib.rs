@@ -24,6 +24,7 @@ pub mod daemon;
 pub mod logging;
 pub mod netns;
 pub mod persistence;
+pub mod poll;
 pub mod security;
 pub mod size;
 pub mod top;

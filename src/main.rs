@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use std::io::{IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use skyriver::daemon::{ClusterConfig, DaemonConfig, DirectoryChoice, FabricChoice};
 use skyriver::size::{format_bytes, ByteSize};
 use skyriver::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
+use skyriver_core::client_protocol::MAX_INLINE_PUT_BYTES;
 use skyriver_core::node::{ThresholdPolicy, TransferMode};
 use skyriver_core::NodeId;
 use skyriver_transport::directory::DirectorySpec;
@@ -31,7 +32,7 @@ struct Cli {
 
 #[derive(Args, Clone)]
 struct SocketArg {
-    /// The daemon's Unix socket [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>.sock]
+    /// The daemon's Unix socket [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>/skyriver.sock]
     #[arg(long, short = 's', global = true)]
     socket: Option<PathBuf>,
 }
@@ -208,7 +209,7 @@ enum Command {
 #[command(group(clap::ArgGroup::new("membership").args(["head", "join", "directory"])))]
 #[command(disable_help_flag = true)]
 struct DaemonArgs {
-    /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>.sock]
+    /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>/skyriver.sock]
     #[arg(long, short = 's')]
     socket: Option<PathBuf>,
     /// Shared memory for objects, e.g. 4GiB or 1000000000 (bytes, as plasma_store's -m).
@@ -251,6 +252,10 @@ struct DaemonArgs {
     /// Give this group's members access to the socket (its group, mode 660), for shared nodes.
     #[arg(long, value_name = "GROUP")]
     socket_group: Option<String>,
+    /// Accept a socket directory that other users can write or own (by default the daemon
+    /// refuses one, e.g. a bare /tmp: another user could take the socket's path)
+    #[arg(long)]
+    allow_shared_socket_dir: bool,
     /// Log filter, e.g. info, debug, skyriver=trace (or RUST_LOG).
     #[arg(long, default_value = "info", value_parser = skyriver::logging::parse_filter)]
     log: String,
@@ -261,6 +266,10 @@ struct DaemonArgs {
     /// address, e.g. 127.0.0.1:9464; a bare port listens on loopback [default: off]
     #[arg(long, value_name = "ADDR", value_parser = skyriver::logging::parse_metrics_addr)]
     metrics: Option<SocketAddr>,
+    /// Microseconds the daemon keeps polling for input after activity before it sleeps (a
+    /// sleeping daemon pays a wake-up per request; an idle one spends no CPU); 0: never poll
+    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_US", default_value_t = skyriver::poll::DEFAULT_POLL_US)]
+    poll_us: u64,
     /// This node's id in the cluster [default: $SLURM_NODEID, else 0 with --head]
     #[arg(long, requires = "membership")]
     node_id: Option<u32>,
@@ -271,8 +280,14 @@ struct DaemonArgs {
     /// Join the cluster whose head daemon serves the built-in directory at HOST:PORT.
     #[arg(long, value_name = "HOST:PORT", conflicts_with = "directory")]
     join: Option<String>,
-    /// Use this directory: redis://HOST:PORT (or HOST:PORT of a head daemon).
-    #[arg(long, value_name = "URL")]
+    /// Use this directory: redis://[USER:PASSWORD@]HOST:PORT, rediss://… for TLS (or HOST:PORT
+    /// of a head daemon). From the environment it stays out of `ps`.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "SKYRIVER_DIRECTORY_URL",
+        hide_env_values = true
+    )]
     directory: Option<String>,
     /// Where the fabric accepts other daemons (port 0: any free port).
     #[arg(long, default_value = "0.0.0.0:0", requires = "membership")]
@@ -407,6 +422,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     };
     config.prefault = !args.no_prefault;
     config.allow_overcommit = args.allow_overcommit;
+    config.allow_shared_socket_dir = args.allow_shared_socket_dir;
     config.socket_group = args
         .socket_group
         .as_deref()
@@ -418,6 +434,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         None => 0o600,
     });
     config.metrics_addr = args.metrics;
+    config.poll = std::time::Duration::from_micros(args.poll_us);
     config.persistence = args.backing_file.clone().map(|path| {
         let mut persistence = skyriver::persistence::PersistenceConfig::new(path);
         persistence.durability = args.durability;
@@ -586,12 +603,28 @@ fn put(
             stage_whole(file, &input.display().to_string())?
         }
     };
-    let mut writer = client
-        .create(id, size, metadata.len() as u64)
-        .map_err(|e| e.to_string())?;
-    writer.metadata_mut().copy_from_slice(metadata);
-    let bar = progress_bar(size);
-    let data = writer.data_mut();
+    if size + metadata.len() as u64 <= MAX_INLINE_PUT_BYTES as u64 {
+        // Small: the bytes travel in the request, one round trip.
+        let mut data = vec![0u8; size as usize];
+        read_input_into(&mut reader, &mut data, input)?;
+        client.put(id, &data, metadata).map_err(|e| e.to_string())?;
+    } else {
+        let mut writer = client
+            .create(id, size, metadata.len() as u64)
+            .map_err(|e| e.to_string())?;
+        writer.metadata_mut().copy_from_slice(metadata);
+        read_input_into(&mut reader, writer.data_mut(), input)?;
+        writer.seal().map_err(|e| e.to_string())?;
+    }
+    println!("{id}");
+    Ok(())
+}
+
+/// Fills `data` from `reader` (the whole of `input`, with a progress bar), refusing an input
+/// that shrank or grew while being read.
+fn read_input_into(reader: &mut dyn Read, data: &mut [u8], input: &Path) -> Result<(), String> {
+    let size = data.len();
+    let bar = progress_bar(size as u64);
     let mut filled = 0;
     while filled < data.len() {
         let chunk_end = (filled + (8 << 20)).min(data.len());
@@ -616,8 +649,6 @@ fn put(
             input.display()
         ));
     }
-    writer.seal().map_err(|e| e.to_string())?;
-    println!("{id}");
     Ok(())
 }
 

@@ -20,7 +20,7 @@ use crate::Client;
 #[derive(Debug, Clone, clap::Args)]
 pub struct TopArgs {
     /// A daemon's Unix socket; repeat it to watch several daemons [default: $SKYRIVER_SOCKET
-    /// or /tmp/skyriver-<uid>.sock]
+    /// or /tmp/skyriver-<uid>/skyriver.sock]
     #[arg(long = "socket", short = 's')]
     pub sockets: Vec<PathBuf>,
     /// Print one frame (rates over one interval) and exit.

@@ -142,6 +142,14 @@ struct Supervision<'a> {
 }
 
 impl LocalCluster {
+    /// The daemons' process ids, node 0 first (`None` for one already stopped).
+    pub fn pids(&self) -> Vec<Option<u32>> {
+        self.nodes
+            .iter()
+            .map(|node| node.child.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// Starts `args.nodes` daemons (node 0 is the head) and waits until every one has connected
     /// to every other. A daemon that exits meanwhile fails the start at once, with its exit
     /// status and the last lines of its log.

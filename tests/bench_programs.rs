@@ -28,7 +28,7 @@ fn skyriver(dir: &Path, args: &[&str]) -> serde_json::Value {
 }
 
 #[test]
-fn bench_fetch_measures_every_mode_in_one_cluster_and_marks_single_path_sizes() {
+fn bench_fetch_measures_every_mode_in_one_cluster_and_compares_auto_only_where_eager_exists() {
     let dir = common::test_dir();
     let report = skyriver(
         dir.path(),
@@ -38,7 +38,9 @@ fn bench_fetch_measures_every_mode_in_one_cluster_and_marks_single_path_sizes() 
             "--sizes",
             "1KiB,300KiB",
             "--baselines",
-            "tcp",
+            "tcp,tcp-tuned,uds-rtt,tcp-rtt",
+            "--cpus",
+            "pinned",
             "--millis-per-case",
             "30",
             "--max-iterations",
@@ -58,17 +60,100 @@ fn bench_fetch_measures_every_mode_in_one_cluster_and_marks_single_path_sizes() 
                 .unwrap_or_else(|| panic!("no {mode} row at {size} bytes"));
             assert!(row["mb_per_sec"].as_f64().unwrap() > 0.0);
             assert!(row["ratios"]["tcp"].as_f64().unwrap() > 0.0);
+            assert!(row["ratios"]["tcp-tuned"].as_f64().unwrap() > 0.0);
         }
+    }
+    assert_eq!(report["cpus"], "pinned");
+    let round_trips = report["round_trips"].as_array().unwrap();
+    for name in ["uds-rtt", "tcp-rtt"] {
+        let trip = round_trips
+            .iter()
+            .find(|r| r["operation"] == name)
+            .unwrap_or_else(|| panic!("no {name} round trip"));
+        assert!(trip["p50_us"].as_f64().unwrap() > 0.0);
     }
     let capacity = report["eager_capacity_bytes"].as_u64().unwrap();
     assert!(capacity > 1024 && capacity < 300 * 1024, "{capacity}");
+    // Auto is compared with the forced modes only where eager exists: 1 KiB, not 300 KiB.
     let auto_rows = report["auto_vs_forced"].as_array().unwrap();
-    assert_eq!(auto_rows.len(), 2);
-    assert_eq!(auto_rows[0]["one_path"], false, "1 KiB: the modes differ");
-    assert_eq!(auto_rows[1]["one_path"], true, "300 KiB: rendezvous only");
+    assert_eq!(auto_rows.len(), 1);
+    assert_eq!(auto_rows[0]["size_bytes"], 1024);
+    assert!(auto_rows[0]["auto_over_best"].as_f64().unwrap() > 0.0);
     assert!(report["breakdown_1kib"]["fetch_p50_us"].as_f64().unwrap() > 0.0);
     let svg = std::fs::read_to_string(dir.path().join("fetch.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("skyriver-auto"));
+}
+
+#[test]
+fn bench_local_measures_the_raw_round_trips_in_the_placement_asked_for() {
+    let dir = common::test_dir();
+    let report = skyriver(
+        dir.path(),
+        &[
+            "bench",
+            "local",
+            "--sizes",
+            "1KiB",
+            "--cpus",
+            "spread",
+            "--millis-per-case",
+            "20",
+            "--max-iterations",
+            "10",
+            "--json",
+            "local.json",
+        ],
+    );
+    assert_eq!(report["cpus"], "spread");
+    let results = report["results"].as_array().unwrap();
+    assert!(results.iter().any(|r| r["operation"] == "put"));
+    let round_trips = report["round_trips"].as_array().unwrap();
+    let names: Vec<&str> = round_trips
+        .iter()
+        .map(|r| r["operation"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["uds-rtt", "tcp-rtt"]);
+    assert!(round_trips
+        .iter()
+        .all(|r| r["p50_us"].as_f64().unwrap() > 0.0));
+}
+
+#[test]
+fn bench_breakdown_times_every_hop_of_a_fetch_next_to_the_ping_pongs() {
+    let dir = common::test_dir();
+    let report = skyriver(
+        dir.path(),
+        &[
+            "bench",
+            "breakdown",
+            "--poll-us",
+            "0,20",
+            "--iterations",
+            "20",
+            "--paused-iterations",
+            "3",
+            "--idle-secs",
+            "0",
+            "--json",
+            "breakdown.json",
+        ],
+    );
+    assert_eq!(report["cpus"], "spread");
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for run in runs {
+        let rows = run["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 10, "5 cases, back to back and after a pause");
+        assert!(rows.iter().all(|r| r["p50_us"].as_f64().unwrap() > 0.0));
+        let hops = run["hops"].as_array().unwrap();
+        assert_eq!(hops.len(), 11);
+        for hop in hops {
+            // Every stamp was taken (a missing one makes the median NaN, null in JSON).
+            assert!(hop["p50_us"].as_f64().is_some(), "{hop}");
+        }
+        assert_eq!(run["traced_fetches"], 20);
+        assert_eq!(run["targets"].as_array().unwrap().len(), 6);
+    }
 }
 
 #[test]

@@ -41,6 +41,35 @@ fn bytes_written_by_one_client_are_read_in_place_by_another() {
 }
 
 #[test]
+fn small_and_large_puts_store_their_bytes_and_refuse_a_taken_id() {
+    use skyriver_core::client_protocol::MAX_INLINE_PUT_BYTES;
+    let dir = common::test_dir();
+    let daemon = common::start_daemon(dir.path(), 64 << 20);
+    let client = Client::connect(daemon.socket_path()).unwrap();
+    // Inline (one round trip), at the limit, and above it (create, copy, seal).
+    let sizes = [0, 1024, MAX_INLINE_PUT_BYTES - 4, MAX_INLINE_PUT_BYTES + 1];
+    for (n, &size) in sizes.iter().enumerate() {
+        let data: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
+        client.put(id(100 + n as u64), &data, b"meta").unwrap();
+        let got = client
+            .get_one(id(100 + n as u64), Some(Duration::ZERO))
+            .unwrap();
+        assert_eq!(got.data(), &data[..], "size {size}");
+        assert_eq!(got.metadata(), b"meta");
+    }
+    let error = client.put(id(101), b"again", b"").unwrap_err();
+    assert!(
+        matches!(error, ClientError::Store(StoreError::ObjectExists(_))),
+        "{error}"
+    );
+    client.flush().unwrap();
+    // Sealed, and the putter holds no reference.
+    for summary in client.list().unwrap() {
+        assert_eq!((summary.sealed, summary.ref_count), (true, 0));
+    }
+}
+
+#[test]
 fn get_waits_for_a_seal_from_another_client() {
     let dir = common::test_dir();
     let daemon = common::start_daemon(dir.path(), 16 << 20);

@@ -89,3 +89,54 @@ fn an_unknown_socket_group_is_refused_by_name() {
     assert!(!output.status.success());
     assert!(stderr.contains("no-such-group-xyz"), "{stderr}");
 }
+
+/// A directory every user can write and another user owns: a fresh one given to `nobody`
+/// when running as root, else the machine's shared /tmp (root's, mode 1777).
+fn shared_dir() -> (Option<tempfile::TempDir>, std::path::PathBuf) {
+    if nix::unistd::geteuid().is_root() {
+        let dir = common::test_dir();
+        std::os::unix::fs::chown(dir.path(), Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let path = dir.path().to_path_buf();
+        (Some(dir), path)
+    } else {
+        let tmp = std::path::PathBuf::from("/tmp");
+        let meta = std::fs::metadata(&tmp).unwrap();
+        assert!(
+            meta.uid() == 0 && meta.mode() & 0o002 != 0,
+            "/tmp is not shared here"
+        );
+        (None, tmp)
+    }
+}
+
+#[test]
+fn a_socket_in_a_directory_other_users_control_is_refused_unless_allowed() {
+    let (_guard, dir) = shared_dir();
+    let socket = dir.join(format!("skyriver-test-{}.sock", std::process::id()));
+    let output = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args(["daemon", "--memory", "16MiB", "--no-prefault"])
+        .arg("--socket")
+        .arg(&socket)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("writable by every user"), "{stderr}");
+    assert!(stderr.contains("--allow-shared-socket-dir"), "{stderr}");
+    assert!(!socket.exists(), "nothing was bound");
+    // Told otherwise, it starts.
+    let daemon = daemon(&socket, &["--allow-shared-socket-dir"]);
+    drop(daemon);
+    let _ = std::fs::remove_file(&socket);
+}
+
+#[test]
+fn a_missing_socket_directory_is_made_private() {
+    let dir = common::test_dir();
+    let socket = dir.path().join("run/skyriver/d.sock");
+    let _daemon = daemon(&socket, &[]);
+    let meta = std::fs::metadata(socket.parent().unwrap()).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+}

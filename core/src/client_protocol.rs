@@ -17,7 +17,7 @@ use crate::node::{FetchError, NodeMetrics, TransferMode};
 use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
 
 /// Version of this protocol; a client of another version is refused at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.
@@ -26,6 +26,9 @@ pub const MAX_REQUEST_BYTES: usize = 4 << 20;
 pub const MAX_RESPONSE_BYTES: usize = 1 << 30;
 /// Most ids in one request.
 pub const MAX_IDS_PER_REQUEST: usize = 65_536;
+/// Largest object (data + metadata) a [`Request::Put`] carries inline: above it a put is
+/// `Create`, a write into shared memory and `Seal`, whose copy costs less than the socket's.
+pub const MAX_INLINE_PUT_BYTES: usize = 64 * 1024;
 
 /// A request with the id its reply will carry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +57,17 @@ pub enum Request {
         data_size: u64,
         /// Metadata bytes (stored after the data).
         metadata_size: u64,
+    },
+    /// Create an object with these bytes and seal it, in one round trip (a small put). The
+    /// reply is `Done`; the client holds no reference afterwards. At most
+    /// [`MAX_INLINE_PUT_BYTES`] of data and metadata together.
+    Put {
+        /// The new object's id.
+        id: ObjectId,
+        /// Its data.
+        data: Vec<u8>,
+        /// Its metadata (stored after the data).
+        metadata: Vec<u8>,
     },
     /// Seal an object this client created; with `release`, drop its reference too.
     Seal {
@@ -123,6 +137,12 @@ pub enum Request {
         /// The object.
         id: ObjectId,
     },
+    /// Timestamps the daemon took on the path of requests and peer messages since the last
+    /// `Trace` (for `skyriver bench breakdown`); `record` turns taking them on or off from now.
+    Trace {
+        /// Take timestamps from now on.
+        record: bool,
+    },
 }
 
 impl Request {
@@ -138,6 +158,15 @@ impl Request {
             return Err(StoreError::BadRequest(format!(
                 "{ids} ids in one request; the limit is {MAX_IDS_PER_REQUEST}"
             )));
+        }
+        if let Request::Put { data, metadata, .. } = self {
+            let bytes = data.len() + metadata.len();
+            if bytes > MAX_INLINE_PUT_BYTES {
+                return Err(StoreError::BadRequest(format!(
+                    "a put of {bytes} bytes inline; the limit is {MAX_INLINE_PUT_BYTES} \
+                     (create, write and seal larger objects)"
+                )));
+            }
         }
         Ok(())
     }
@@ -171,7 +200,7 @@ pub enum Response {
     },
     /// Answer to `Create`.
     Created(Result<ObjectInfo, StoreError>),
-    /// Answer to `Seal`, `Abort`, `Release` and `Subscribe`.
+    /// Answer to `Put`, `Seal`, `Abort`, `Release` and `Subscribe`.
     Done(Result<(), StoreError>),
     /// Answer to `Get`: one result per id, in order; each `Ok` holds a reference.
     Got(Vec<Result<ObjectInfo, StoreError>>),
@@ -198,8 +227,20 @@ pub enum Response {
         /// The object's data and metadata sizes, when known.
         sizes: Option<(u64, u64)>,
     },
+    /// Answer to `Trace`: the stamps taken since the last one, oldest first.
+    Traced(Vec<TraceStamp>),
     /// The request was refused as a whole.
     Error(StoreError),
+}
+
+/// One moment on the path of a request, as the daemon saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceStamp {
+    /// What happened (`request_read`, `message_read`, `eager_sent`…).
+    pub event: String,
+    /// When, in nanoseconds of the machine's monotonic clock (`CLOCK_MONOTONIC`), which every
+    /// process of the machine shares.
+    pub at_ns: u64,
 }
 
 /// This daemon's view of its cluster.

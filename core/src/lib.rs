@@ -18,6 +18,7 @@ pub mod ids;
 pub mod node;
 pub mod region;
 pub mod registry;
+pub mod sorted_chunks;
 pub mod store;
 pub mod time;
 pub mod wire;

@@ -186,6 +186,6 @@ class Client(_native.Client):
 
 def connect(socket: Union[str, "os.PathLike[str]", None] = None) -> Client:
     """Connects to the Skyriver daemon listening on ``socket`` (default: ``$SKYRIVER_SOCKET``,
-    else ``/tmp/skyriver-<uid>.sock``, as the CLI). Raises ``DaemonUnavailable`` (a
+    else ``/tmp/skyriver-<uid>/skyriver.sock``, as the CLI). Raises ``DaemonUnavailable`` (a
     ``ConnectionError``) naming the socket when no daemon listens there."""
     return Client(socket)

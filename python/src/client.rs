@@ -16,7 +16,7 @@ use crate::buffers::{Part, PendingWriters, PyMutableBuffer, PyReadBuffer, Writer
 use crate::errors::{self, ClientClosed};
 use crate::ids::{object_id, object_ids, PyObjectId};
 
-/// The socket clients use when not told: `$SKYRIVER_SOCKET`, else `/tmp/skyriver-<uid>.sock`.
+/// The socket clients use when not told: `$SKYRIVER_SOCKET`, else `/tmp/skyriver-<uid>/skyriver.sock`.
 #[pyfunction]
 pub fn default_socket() -> PathBuf {
     skyriver::default_socket_path()
@@ -83,7 +83,7 @@ unsafe fn bytes_at<'a>(address: usize, len: usize) -> &'a [u8] {
 /// A connection to the local Skyriver daemon.
 ///
 /// `Client(socket=None)` connects (the default socket is the CLI's: `$SKYRIVER_SOCKET`, else
-/// `/tmp/skyriver-<uid>.sock`). Safe to share between threads; every blocking call releases
+/// `/tmp/skyriver-<uid>/skyriver.sock`). Safe to share between threads; every blocking call releases
 /// the GIL. Use as a context manager, or call `close()`. Buffers outlive the client.
 #[pyclass(subclass, frozen, name = "Client", module = "skyriver")]
 pub struct PyClient {
@@ -265,7 +265,8 @@ impl PyClient {
 
     /// Stores a copy of `data` (bytes, bytearray, memoryview, a C-contiguous numpy array,
     /// a pyarrow buffer: anything with the buffer protocol) as a new sealed object and
-    /// returns its id (random unless given). The copy runs without the GIL.
+    /// returns its id (random unless given). The copy runs without the GIL. Up to 64 KiB
+    /// (data and metadata) takes one round trip to the daemon.
     #[pyo3(signature = (data, id=None, metadata=None))]
     fn put(
         &self,
@@ -283,13 +284,12 @@ impl PyClient {
         let (address, len) = source.raw();
         let (meta_address, meta_len) = metadata.as_ref().map_or((0, 0), Source::raw);
         self.call(py, |client| {
-            let mut writer = client.create(id, len as u64, meta_len as u64)?;
             // SAFETY: `source` and `metadata` hold their exports until after this call.
             let (data, meta) =
                 unsafe { (bytes_at(address, len), bytes_at(meta_address, meta_len)) };
-            writer.data_mut().copy_from_slice(data);
-            writer.metadata_mut().copy_from_slice(meta);
-            writer.seal()
+            // Small objects go inline, in one round trip; larger ones are created, copied
+            // into shared memory and sealed.
+            client.put(id, data, meta)
         })?;
         drop((source, metadata));
         Ok(PyObjectId(id))

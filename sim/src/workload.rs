@@ -102,6 +102,10 @@ pub enum Misuse {
     CreateHuge,
     /// Create an id that is already in the store.
     CreateExisting,
+    /// Put (inline) an id that is already in the store.
+    PutExisting,
+    /// Put more bytes inline than a request may carry.
+    PutOversized,
     /// Say `Hello` twice.
     SecondHello,
     /// More ids in one request than the protocol allows.
@@ -114,13 +118,15 @@ pub enum Misuse {
 
 impl Misuse {
     /// Every misuse.
-    pub const ALL: [Misuse; 10] = [
+    pub const ALL: [Misuse; 12] = [
         Misuse::SealUnknown,
         Misuse::SealOthers,
         Misuse::AbortOthers,
         Misuse::ReleaseUnheld,
         Misuse::CreateHuge,
         Misuse::CreateExisting,
+        Misuse::PutExisting,
+        Misuse::PutOversized,
         Misuse::SecondHello,
         Misuse::TooManyIds,
         Misuse::NoHello,

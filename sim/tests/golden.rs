@@ -161,3 +161,14 @@ fn requester_store_full() {
     c.fetch(1, &[OBJ], Duration::from_millis(5));
     insta::assert_snapshot!(finish(c));
 }
+
+#[test]
+fn inline_put_then_eager_fetch() {
+    let mut c = Cluster::scripted(2);
+    c.note("a 1000-byte put in one request: created, written and sealed by node-0");
+    c.put_inline(0, OBJ, 1_000);
+    c.drive();
+    c.note("node-1 fetches it: the bytes it gets are the ones the put carried");
+    c.fetch(1, &[OBJ], Duration::from_millis(5));
+    insta::assert_snapshot!(finish(c));
+}

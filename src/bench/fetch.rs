@@ -1,15 +1,8 @@
 //! `bench fetch`: fetch bandwidth, latency and objects/s between daemons on this machine, by
-//! object size and transfer mode, side by side with baselines measured in the same run:
-//!
-//! - `tcp`: a raw TCP stream between two endpoints, one request byte then the object written
-//!   with one `write_all` and read with one `read_exact` into a destination buffer (the ceiling
-//!   of the TCP fabric);
-//! - `plasma-4k`: what Plasma's manager did: a header, then the object written and read in
-//!   4 KiB chunks, one syscall per chunk on each side;
-//! - `chunked-5m`: a tuned chunked pull like Ray's object manager: one request per 5 MiB chunk,
-//!   each chunk read straight into the destination;
-//! - `redis`: `GET` from a `redis-server` started on a free loopback port (RESP spoken directly,
-//!   the value read straight into the destination buffer), when the server is installed.
+//! object size and transfer mode, side by side with baselines measured in the same run (see
+//! [`super::baselines`]): raw TCP streams, default and tuned like the fabric; the raw Unix-socket
+//! and TCP round trips a small fetch cannot beat; Plasma-style 4 KiB chunks, 5 MiB chunked
+//! pulls and Redis GET.
 //!
 //! The Skyriver modes share one two-daemon cluster (`skyriver up`, threshold from the cost
 //! model): each fetch names its mode, eager or rendezvous forced, or auto. One iteration
@@ -17,21 +10,24 @@
 //! moves the bytes again (the requester remembers where the object lives, as it would for any
 //! object fetched before; the 1 KiB breakdown also times a first fetch, with its lookup). With
 //! `--concurrency 1` the systems take turns, one iteration each per round, so every ratio
-//! compares numbers taken under the same load and in the same daemons.
+//! compares numbers taken under the same load and in the same daemons; the round trips are
+//! measured in the rounds of the smallest size.
+//!
+//! `--cpus` places the processes (see [`super::CpuPlacement`]); each system's samples are split
+//! into `--repeats` consecutive parts whose p50s show how much a median moves between repeats.
+//! The targets are printed as met or missed, every size counted.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde::Serialize;
 
-use super::{BenchError, CaseResult, MachineInfo};
+use super::baselines::{self, Prepared, RedisServer, StreamTuning, Worker};
+use super::{pin_process, pin_this_thread, BenchError, CaseResult, CpuPlacement, MachineInfo};
 use crate::client::Client;
 use crate::size::{format_bytes, ByteSize};
-use crate::up::{free_loopback_port, LocalCluster, UpArgs};
+use crate::up::{LocalCluster, UpArgs};
 use skyriver_core::{ObjectId, TransferMode};
 
 /// Options of `bench fetch`.
@@ -48,10 +44,26 @@ pub struct FetchArgs {
     #[arg(long, value_delimiter = ',', default_value = "eager,rendezvous,auto",
           value_parser = ["eager", "rendezvous", "auto"])]
     pub modes: Vec<String>,
-    /// Baselines measured in the same run (none: `--baselines ''`).
-    #[arg(long, value_delimiter = ',', default_value = "tcp,plasma-4k,chunked-5m,redis",
-          value_parser = ["tcp", "plasma-4k", "chunked-5m", "redis", ""])]
+    /// Baselines measured in the same run (none: `--baselines ''`): `tcp` (a raw TCP stream,
+    /// kernel defaults), `tcp-tuned` (the fabric's socket buffers and write size), `uds-rtt`,
+    /// `tcp-rtt` (1 byte each way), `tcp-rr-1k` (1 KiB each way), `plasma-4k`, `chunked-5m`,
+    /// `redis`.
+    #[arg(long, value_delimiter = ',',
+          default_value = "tcp,tcp-tuned,uds-rtt,tcp-rtt,tcp-rr-1k,plasma-4k,chunked-5m,redis",
+          value_parser = ["tcp", "tcp-tuned", "uds-rtt", "tcp-rtt", "tcp-rr-1k", "plasma-4k",
+                          "chunked-5m", "redis", ""])]
     pub baselines: Vec<String>,
+    /// Where the processes run. `pinned`: this process, both daemons and every baseline
+    /// server on one vCPU, so a hand-off is a switch on an awake CPU (the floor of a busy
+    /// machine). `spread`: this process and the holder (node 0) on one vCPU, the requester
+    /// (node 1) and the baseline servers on another, so every hop wakes an idle CPU (a quiet
+    /// machine). Recorded in the JSON and printed over every table.
+    #[arg(long, value_enum, default_value_t = CpuPlacement::Spread)]
+    pub cpus: CpuPlacement,
+    /// Parts each system's samples are split into (consecutive in time): the tables show the
+    /// lowest and highest p50 of the parts next to the p50 of all samples.
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
     /// Fetches (and baseline transfers) in flight at once, each from its own client thread.
     #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
@@ -95,42 +107,17 @@ struct FetchRow {
     ratios: std::collections::BTreeMap<String, f64>,
 }
 
-/// Auto against the better forced mode at one size.
+/// Auto against the better forced mode at one size where both paths exist (at most what
+/// the receive slots take eagerly).
 #[derive(Debug, Clone, Serialize)]
 struct AutoRow {
     size_bytes: u64,
-    eager_p50_us: f64,
-    rendezvous_p50_us: f64,
-    auto_p50_us: f64,
-    /// auto p50 / the better forced p50 (≤ 1.1 is the target).
+    eager: CaseResult,
+    rendezvous: CaseResult,
+    auto: CaseResult,
+    /// auto p50 / the better forced p50 (the target is ≤ 1.10).
     auto_over_best: f64,
     within_10_percent: bool,
-    /// The size is above what the receive slots take eagerly, so all three modes ran the same
-    /// rendezvous path and their spread is measurement noise, not a choice of auto.
-    one_path: bool,
-}
-
-/// One iteration of one system, on one client thread; returns the time of the transfer itself
-/// (a Skyriver iteration also deletes its copy afterwards, untimed).
-type Worker = Box<dyn FnMut() -> Result<Duration, BenchError> + Send>;
-
-/// Times `transfer`.
-fn timed(transfer: impl FnOnce() -> Result<(), BenchError>) -> Result<Duration, BenchError> {
-    let begin = Instant::now();
-    transfer()?;
-    Ok(begin.elapsed())
-}
-
-/// A system under measurement at one size: one worker per concurrent client, and what to
-/// undo afterwards.
-struct Prepared {
-    name: String,
-    workers: Vec<Worker>,
-    cleanup: Option<Box<dyn FnOnce()>>,
-}
-
-fn setup_error(what: &str) -> impl Fn(std::io::Error) -> BenchError + '_ {
-    move |e| BenchError::Setup(format!("{what}: {e}"))
 }
 
 pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
@@ -144,9 +131,16 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         .filter(|b| !b.is_empty())
         .cloned()
         .collect();
+    let (near, far) = args.cpus.cpus();
+    if args.cpus == CpuPlacement::Pinned {
+        // Before anything starts, so the daemons are born on this CPU (their connect-time
+        // cost measurement included).
+        pin_this_thread(near)?;
+    }
+    eprintln!("{}", args.cpus.describe());
 
     let redis = if baselines.iter().any(|b| b == "redis") {
-        match RedisServer::start(largest) {
+        match RedisServer::start(largest, far) {
             Ok(server) => Some(server),
             Err(reason) => {
                 eprintln!("redis baseline skipped: {reason}");
@@ -184,6 +178,11 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         up.devices = args.devices.clone();
         up.metrics = *metrics;
         let cluster = LocalCluster::start(&up, exe).map_err(BenchError::Setup)?;
+        for (pid, cpu) in cluster.pids().into_iter().zip([near, far]) {
+            if let Some(pid) = pid {
+                pin_process(pid, cpu)?;
+            }
+        }
         let scrapers = cluster
             .metrics
             .iter()
@@ -211,8 +210,12 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         });
     }
 
+    pin_this_thread(near)?;
     let budget = Duration::from_millis(args.millis_per_case);
     let mut measured: Vec<(String, CaseResult)> = Vec::new();
+    let mut round_trips: Vec<CaseResult> = Vec::new();
+    // The round trips do not depend on the size: they run in the rounds of the smallest.
+    let round_trip_size = args.sizes.iter().map(|s| s.0).min();
     let total_cases = args.sizes.len();
     for (index, &ByteSize(size)) in args.sizes.iter().enumerate() {
         eprintln!(
@@ -227,11 +230,26 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             }
         );
         let mut systems = Vec::new();
+        let with_round_trips = concurrency == 1 && Some(size) == round_trip_size;
         for baseline in &baselines {
             let prepared = match baseline.as_str() {
-                "tcp" => Some(raw_tcp(size, concurrency)?),
-                "plasma-4k" => Some(plasma_chunks(size, concurrency)?),
-                "chunked-5m" => Some(pulled_chunks(size, concurrency)?),
+                "tcp" => Some(baselines::tcp_stream(
+                    size,
+                    concurrency,
+                    far,
+                    StreamTuning::Default,
+                )?),
+                "tcp-tuned" => Some(baselines::tcp_stream(
+                    size,
+                    concurrency,
+                    far,
+                    StreamTuning::Fabric,
+                )?),
+                "uds-rtt" if with_round_trips => Some(baselines::uds_round_trip(far)?),
+                "tcp-rtt" if with_round_trips => Some(baselines::tcp_round_trip(1, far)?),
+                "tcp-rr-1k" if with_round_trips => Some(baselines::tcp_round_trip(1024, far)?),
+                "plasma-4k" => Some(baselines::plasma_chunks(size, concurrency, far)?),
+                "chunked-5m" => Some(baselines::pulled_chunks(size, concurrency, far)?),
                 "redis" => match &redis {
                     Some(server) => Some(server.prepare(size, concurrency)?),
                     None => None,
@@ -246,7 +264,13 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             }
         }
         let results = if concurrency == 1 {
-            measure_interleaved(&mut systems, size, budget, args.max_iterations)?
+            measure_interleaved(
+                &mut systems,
+                size,
+                budget,
+                args.max_iterations,
+                args.repeats,
+            )?
         } else {
             measure_concurrent(&mut systems, size, budget, args.max_iterations)?
         };
@@ -255,7 +279,15 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
                 cleanup();
             }
         }
-        measured.extend(results);
+        for (name, mut result) in results {
+            match ROUND_TRIPS.iter().find(|(n, _)| *n == name) {
+                Some(&(_, bytes)) => {
+                    result.size_bytes = bytes;
+                    round_trips.push(result);
+                }
+                None => measured.push((name, result)),
+            }
+        }
     }
     let auto_threshold = clusters.first().and_then(|c| c.threshold);
     let eager_capacity = clusters.first().map_or(u64::MAX, |c| c.eager_capacity);
@@ -301,15 +333,28 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             ratios,
         });
     }
-    let auto_rows = auto_against_forced(&rows, &args.sizes, eager_capacity);
+    let auto_rows = auto_against_forced(&measured, &args.sizes, eager_capacity);
+    let columns: Vec<String> = baselines
+        .iter()
+        .filter(|b| !ROUND_TRIPS.iter().any(|(n, _)| n == b))
+        .cloned()
+        .collect();
 
-    print_table(&measured, &baselines);
-    if !auto_rows.is_empty() {
-        print_auto_table(&auto_rows, &auto_threshold, eager_capacity);
+    println!("{}", args.cpus.describe());
+    print_table(&measured, &columns);
+    print_round_trips(&round_trips);
+    if modes.len() == 3 {
+        print_auto_table(
+            &auto_rows,
+            &auto_threshold,
+            eager_capacity,
+            &args.sizes,
+            args.repeats,
+        );
     }
     if let Some(b) = &breakdown {
         println!(
-            "where a 1 KiB fetch (auto mode) spends its time, p50 of interleaved calls from the requester's client:"
+            "a 1 KiB fetch (auto mode) next to the requests around it, p50 of interleaved calls from the requester's client:"
         );
         println!(
             "  local request (contains)                   {:>8.1} µs",
@@ -327,13 +372,18 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             "  fetch again (location remembered)          {:>8.1} µs",
             b.fetch_p50_us
         );
-        println!(
-            "  transfer and store (fetch again − local)   {:>8.1} µs",
-            (b.fetch_p50_us - b.local_rpc_p50_us).max(0.0)
-        );
+        println!("  (each line is measured on its own; `skyriver bench breakdown` times every hop)");
         println!();
     }
-    print_targets(&rows, &baselines, args.fabric == "tcp");
+    if args.fabric == "tcp" {
+        print_targets(
+            &measured,
+            &round_trips,
+            &auto_rows,
+            &args.sizes,
+            eager_capacity,
+        );
+    }
 
     let systems: Vec<String> = {
         let mut names: Vec<String> = Vec::new();
@@ -359,8 +409,16 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         "devices": args.devices,
         "concurrency": concurrency,
         "millis_per_case": args.millis_per_case,
+        "cpus": args.cpus,
+        "cpu_ids": args.cpus.cpus(),
+        "repeats": args.repeats,
         "machine": MachineInfo::probe(),
         "raw_tcp": tcp,
+        "tcp_tuned": {
+            "socket_buffer_bytes": baselines::fabric_stream_settings().0,
+            "write_bytes": baselines::fabric_stream_settings().1,
+        },
+        "round_trips": round_trips,
         "results": rows,
         "systems": by_system,
         "auto_vs_forced": auto_rows,
@@ -424,6 +482,9 @@ struct Breakdown {
     /// A fetch of an object fetched before (and deleted since): the location is remembered.
     fetch_p50_us: f64,
 }
+
+/// The round-trip baselines and the bytes they send each way.
+const ROUND_TRIPS: [(&str, u64); 3] = [("uds-rtt", 1), ("tcp-rtt", 1), ("tcp-rr-1k", 1024)];
 
 /// An object id for the benchmark, unique per size, mode and client.
 fn bench_object_id(size_index: usize, mode_index: usize, worker: usize) -> ObjectId {
@@ -520,6 +581,7 @@ fn measure_interleaved(
     size: u64,
     budget: Duration,
     max_iterations: usize,
+    repeats: usize,
 ) -> Result<Vec<(String, CaseResult)>, BenchError> {
     let count = systems.len();
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); count];
@@ -559,7 +621,7 @@ fn measure_interleaved(
         .map(|(system, samples)| {
             (
                 system.name.clone(),
-                CaseResult::from_samples(&system.name, size, samples),
+                CaseResult::with_repeats(&system.name, size, samples, repeats),
             )
         })
         .collect())
@@ -619,38 +681,50 @@ fn measure_concurrent(
     Ok(out)
 }
 
-fn auto_against_forced(rows: &[FetchRow], sizes: &[ByteSize], eager_capacity: u64) -> Vec<AutoRow> {
+/// Auto against the better forced mode at every size where forced eager is possible (object
+/// at most the eager capacity); above it every mode runs the same rendezvous path and there
+/// is nothing to choose, so nothing is compared.
+fn auto_against_forced(
+    measured: &[(String, CaseResult)],
+    sizes: &[ByteSize],
+    eager_capacity: u64,
+) -> Vec<AutoRow> {
     let find = |mode: &str, size: u64| {
-        rows.iter()
-            .find(|r| r.mode == mode && r.result.size_bytes == size)
-            .map(|r| r.result.p50_us)
+        measured
+            .iter()
+            .find(|(name, r)| name == &format!("skyriver-{mode}") && r.size_bytes == size)
+            .map(|(_, r)| r.clone())
     };
     sizes
         .iter()
+        .filter(|&&ByteSize(size)| size <= eager_capacity)
         .filter_map(|&ByteSize(size)| {
             let eager = find("eager", size)?;
             let rendezvous = find("rendezvous", size)?;
             let auto = find("auto", size)?;
-            let best = eager.min(rendezvous).max(f64::MIN_POSITIVE);
+            let best = eager.p50_us.min(rendezvous.p50_us).max(f64::MIN_POSITIVE);
+            let auto_over_best = auto.p50_us / best;
             Some(AutoRow {
                 size_bytes: size,
-                eager_p50_us: eager,
-                rendezvous_p50_us: rendezvous,
-                auto_p50_us: auto,
-                auto_over_best: auto / best,
+                eager,
+                rendezvous,
+                auto,
+                auto_over_best,
                 // Judged at the two decimals the table prints.
-                within_10_percent: (auto / best * 100.0).round() <= 110.0,
-                one_path: size > eager_capacity,
+                within_10_percent: (auto_over_best * 100.0).round() <= 110.0,
             })
         })
         .collect()
 }
 
 fn print_table(measured: &[(String, CaseResult)], baselines: &[String]) {
-    println!("fetch over loopback, side by side (ratios: bandwidth / the baseline's at that size)");
+    println!(
+        "fetch over loopback, side by side (ratios: bandwidth / the baseline's at that size; \
+         p50 range: lowest–highest p50 of the run's repeats)"
+    );
     print!(
-        "{:>10} {:<24} {:>10} {:>10} {:>10} {:>10}",
-        "size", "system", "MB/s", "p50 µs", "p99 µs", "objects/s"
+        "{:>10} {:<24} {:>10} {:>10} {:>13} {:>10} {:>10}",
+        "size", "system", "MB/s", "p50 µs", "p50 range", "p99 µs", "objects/s"
     );
     for baseline in baselines {
         print!(" {:>11}", format!("×{baseline}"));
@@ -665,8 +739,12 @@ fn print_table(measured: &[(String, CaseResult)], baselines: &[String]) {
         };
         last_size = Some(result.size_bytes);
         print!(
-            "{size:>10} {name:<20} {:>10.1} {:>10.1} {:>10.1} {:>10.0}",
-            result.mb_per_sec, result.p50_us, result.p99_us, result.ops_per_sec
+            "{size:>10} {name:<24} {:>10.1} {:>10.1} {:>13} {:>10.1} {:>10.0}",
+            result.mb_per_sec,
+            result.p50_us,
+            result.repeats_range(),
+            result.p99_us,
+            result.ops_per_sec
         );
         for baseline in baselines {
             let base = measured
@@ -684,361 +762,169 @@ fn print_table(measured: &[(String, CaseResult)], baselines: &[String]) {
     println!();
 }
 
-fn print_auto_table(rows: &[AutoRow], threshold: &Option<u64>, eager_capacity: u64) {
+fn print_round_trips(round_trips: &[CaseResult]) {
+    if round_trips.is_empty() {
+        return;
+    }
+    println!("raw round trips (interleaved with the smallest size's fetches; the floor of a small request):");
     println!(
-        "auto against forced modes (p50 latency; target: auto within 10% of the better forced mode){}",
+        "  {:<12} {:>9} {:>10} {:>13} {:>10}",
+        "system", "each way", "p50 µs", "p50 range", "p99 µs"
+    );
+    for r in round_trips {
+        println!(
+            "  {:<12} {:>9} {:>10.1} {:>13} {:>10.1}",
+            r.operation,
+            format_bytes(r.size_bytes),
+            r.p50_us,
+            r.repeats_range(),
+            r.p99_us
+        );
+    }
+    println!();
+}
+
+fn print_auto_table(
+    rows: &[AutoRow],
+    threshold: &Option<u64>,
+    eager_capacity: u64,
+    sizes: &[ByteSize],
+    repeats: usize,
+) {
+    println!(
+        "auto against forced modes, where both paths exist (object ≤ eager capacity {}){}:",
+        format_bytes(eager_capacity),
         match threshold {
             Some(bytes) => format!("; auto threshold {}", format_bytes(*bytes)),
             None => String::new(),
         }
     );
     println!(
-        "{:>10} {:>12} {:>14} {:>10} {:>10} {:>8}",
+        "  p50 of all samples, [lowest–highest p50 of {repeats} repeats]; target: auto ≤ 1.10 × the better forced mode"
+    );
+    println!(
+        "{:>10} {:>24} {:>24} {:>24} {:>10} {:>8}",
         "size", "eager µs", "rendezvous µs", "auto µs", "auto/best", "≤ 1.10"
     );
+    let cell = |r: &CaseResult| format!("{:.1} [{}]", r.p50_us, r.repeats_range());
     for row in rows {
         println!(
-            "{:>10} {:>12.1} {:>14.1} {:>10.1} {:>10.2} {:>8}",
+            "{:>10} {:>24} {:>24} {:>24} {:>10.2} {:>8}",
             format_bytes(row.size_bytes),
-            row.eager_p50_us,
-            row.rendezvous_p50_us,
-            row.auto_p50_us,
+            cell(&row.eager),
+            cell(&row.rendezvous),
+            cell(&row.auto),
             row.auto_over_best,
-            match (row.within_10_percent, row.one_path) {
-                (true, _) => "yes",
-                (false, true) => "(noise)",
-                (false, false) => "NO",
+            if row.within_10_percent {
+                "met"
+            } else {
+                "MISSED"
             }
         );
     }
-    if rows.iter().any(|r| r.one_path) {
+    let above: Vec<String> = sizes
+        .iter()
+        .filter(|s| s.0 > eager_capacity)
+        .map(|s| format_bytes(s.0))
+        .collect();
+    if !above.is_empty() {
         println!(
-            "  above {} (what the receive slots take eagerly) all three modes run the same \
-             rendezvous path: there the spread between them is the measurement's noise",
-            format_bytes(eager_capacity)
+            "  not compared: {} (above the eager capacity only rendezvous exists)",
+            above.join(", ")
         );
     }
     println!();
 }
 
-fn print_targets(rows: &[FetchRow], baselines: &[String], tcp_fabric: bool) {
-    if !tcp_fabric {
-        return;
-    }
-    let auto: Vec<&FetchRow> = rows.iter().filter(|r| r.mode == "auto").collect();
-    if auto.is_empty() {
-        return;
-    }
-    println!("targets (auto mode over the TCP fabric):");
-    let check = |what: &str, baseline: &str, min_size: u64, max_size: u64, want: f64| {
-        if !baselines.iter().any(|b| b == baseline) {
-            return;
-        }
-        for row in &auto {
-            let size = row.result.size_bytes;
-            if size < min_size || size > max_size {
-                continue;
-            }
-            if let Some(&r) = row.ratios.get(baseline) {
-                println!(
-                    "  {what:<34} {:>10}: {r:>6.2}x  {}",
-                    format_bytes(size),
-                    if r >= want {
-                        "met".to_string()
-                    } else {
-                        format!("MISSED by {:.0}%", (1.0 - r / want) * 100.0)
-                    }
-                );
-            }
-        }
+/// What an auto-mode result is held to, printed as met or missed; ratios from this run.
+fn print_targets(
+    measured: &[(String, CaseResult)],
+    round_trips: &[CaseResult],
+    auto_rows: &[AutoRow],
+    sizes: &[ByteSize],
+    eager_capacity: u64,
+) {
+    let find = |name: &str, size: u64| {
+        measured
+            .iter()
+            .find(|(n, r)| n == name && r.size_bytes == size)
+            .map(|(_, r)| r)
     };
-    check("≥ 0.8× raw TCP at ≥ 16 MiB", "tcp", 16 << 20, u64::MAX, 0.8);
-    check(
-        "≥ 8× Plasma 4 KiB chunks at 16 MiB",
-        "plasma-4k",
-        16 << 20,
-        16 << 20,
-        8.0,
-    );
-    check("≥ 2× Redis GET at ≥ 1 MiB", "redis", 1 << 20, u64::MAX, 2.0);
-    println!();
-}
-
-/// A server thread per connection, answering each request byte with `serve`.
-fn spawn_server(
-    concurrency: usize,
-    serve: impl Fn(TcpStream) -> std::io::Result<()> + Send + Sync + 'static,
-) -> Result<std::net::SocketAddr, BenchError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(setup_error("baseline listener"))?;
-    let addr = listener
-        .local_addr()
-        .map_err(setup_error("baseline listener"))?;
-    let serve = std::sync::Arc::new(serve);
-    std::thread::spawn(move || {
-        for _ in 0..concurrency {
-            let Ok((stream, _)) = listener.accept() else {
-                return;
-            };
-            let _ = stream.set_nodelay(true);
-            let serve = serve.clone();
-            std::thread::spawn(move || {
-                let _ = serve(stream);
-            });
-        }
-    });
-    Ok(addr)
-}
-
-fn connect(addr: std::net::SocketAddr) -> Result<TcpStream, BenchError> {
-    let stream = TcpStream::connect(addr).map_err(setup_error("baseline connect"))?;
-    stream
-        .set_nodelay(true)
-        .map_err(setup_error("baseline connect"))?;
-    Ok(stream)
-}
-
-/// A destination buffer with its pages already faulted in, like a store's arena.
-fn destination(size: u64) -> Vec<u8> {
-    let mut buffer = vec![0u8; size as usize];
-    buffer.iter_mut().step_by(4096).for_each(|b| *b = 1);
-    buffer
-}
-
-/// The raw TCP stream: a one-byte request, then the object in one `write_all`.
-fn raw_tcp(size: u64, concurrency: usize) -> Result<Prepared, BenchError> {
-    let payload = std::sync::Arc::new(vec![0x5au8; size as usize]);
-    let addr = spawn_server(concurrency, move |mut stream| {
-        let mut request = [0u8; 1];
-        while stream.read_exact(&mut request).is_ok() {
-            stream.write_all(&payload)?;
-        }
-        Ok(())
-    })?;
-    let mut workers: Vec<Worker> = Vec::new();
-    for _ in 0..concurrency {
-        let mut stream = connect(addr)?;
-        let mut buffer = destination(size);
-        workers.push(Box::new(move || {
-            timed(|| {
-                stream.write_all(&[1]).map_err(setup_error("raw TCP"))?;
-                stream
-                    .read_exact(&mut buffer)
-                    .map_err(setup_error("raw TCP"))?;
-                Ok(())
-            })
-        }));
-    }
-    Ok(Prepared {
-        name: "tcp".into(),
-        workers,
-        cleanup: None,
-    })
-}
-
-/// Plasma's manager: the object size first, then the object in 4 KiB chunks, one `write` per
-/// chunk on the sender and one `read` of at most 4 KiB per step on the receiver.
-fn plasma_chunks(size: u64, concurrency: usize) -> Result<Prepared, BenchError> {
-    const CHUNK: usize = 4096;
-    let payload = std::sync::Arc::new(vec![0x5au8; size as usize]);
-    let addr = spawn_server(concurrency, move |mut stream| {
-        let mut request = [0u8; 1];
-        while stream.read_exact(&mut request).is_ok() {
-            stream.write_all(&(payload.len() as u64).to_le_bytes())?;
-            for chunk in payload.chunks(CHUNK) {
-                stream.write_all(chunk)?;
-            }
-        }
-        Ok(())
-    })?;
-    let mut workers: Vec<Worker> = Vec::new();
-    for _ in 0..concurrency {
-        let mut stream = connect(addr)?;
-        let mut buffer = destination(size);
-        workers.push(Box::new(move || {
-            timed(|| {
-                let io = setup_error("plasma-4k");
-                stream.write_all(&[1]).map_err(&io)?;
-                let mut header = [0u8; 8];
-                stream.read_exact(&mut header).map_err(&io)?;
-                let len = u64::from_le_bytes(header) as usize;
-                let mut cursor = 0;
-                while cursor < len {
-                    let end = (cursor + CHUNK).min(len);
-                    let n = stream.read(&mut buffer[cursor..end]).map_err(&io)?;
-                    if n == 0 {
-                        return Err(BenchError::Setup("plasma-4k: server closed".into()));
-                    }
-                    cursor += n;
-                }
-                Ok(())
-            })
-        }));
-    }
-    Ok(Prepared {
-        name: "plasma-4k".into(),
-        workers,
-        cleanup: None,
-    })
-}
-
-/// A chunked pull like Ray's object manager: a request per 5 MiB chunk (offset, length), the
-/// chunk read straight into place.
-fn pulled_chunks(size: u64, concurrency: usize) -> Result<Prepared, BenchError> {
-    const CHUNK: u64 = 5 << 20;
-    let payload = std::sync::Arc::new(vec![0x5au8; size as usize]);
-    let addr = spawn_server(concurrency, move |mut stream| {
-        let mut request = [0u8; 16];
-        while stream.read_exact(&mut request).is_ok() {
-            let offset = u64::from_le_bytes(request[..8].try_into().expect("8 bytes")) as usize;
-            let len = u64::from_le_bytes(request[8..].try_into().expect("8 bytes")) as usize;
-            let chunk = payload
-                .get(offset..offset.saturating_add(len))
-                .ok_or_else(|| std::io::Error::other("chunk out of range"))?;
-            stream.write_all(chunk)?;
-        }
-        Ok(())
-    })?;
-    let mut workers: Vec<Worker> = Vec::new();
-    for _ in 0..concurrency {
-        let mut stream = connect(addr)?;
-        let mut buffer = destination(size);
-        workers.push(Box::new(move || {
-            timed(|| {
-                let io = setup_error("chunked-5m");
-                let mut offset = 0u64;
-                while offset < size || (size == 0 && offset == 0) {
-                    let len = CHUNK.min(size - offset);
-                    let mut request = [0u8; 16];
-                    request[..8].copy_from_slice(&offset.to_le_bytes());
-                    request[8..].copy_from_slice(&len.to_le_bytes());
-                    stream.write_all(&request).map_err(&io)?;
-                    stream
-                        .read_exact(&mut buffer[offset as usize..(offset + len) as usize])
-                        .map_err(&io)?;
-                    offset += len;
-                    if size == 0 {
-                        break;
-                    }
-                }
-                Ok(())
-            })
-        }));
-    }
-    Ok(Prepared {
-        name: "chunked-5m".into(),
-        workers,
-        cleanup: None,
-    })
-}
-
-/// A `redis-server` on a free loopback port, without persistence, stopped on drop.
-struct RedisServer {
-    child: Child,
-    port: u16,
-}
-
-impl RedisServer {
-    fn start(largest: u64) -> Result<Self, String> {
-        let port = free_loopback_port()?;
-        let max_bulk = (largest + (1 << 20)).max(512 << 20).to_string();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .args(["--proto-max-bulk-len", &max_bulk])
-            .args(["--client-query-buffer-limit", &max_bulk])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                format!("cannot start redis-server ({e}); install it (ci/install-deps.sh)")
-            })?;
-        let server = Self { child, port };
-        let started = Instant::now();
-        loop {
-            if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) {
-                let mut reply = [0u8; 7];
-                if stream.write_all(b"*1\r\n$4\r\nPING\r\n").is_ok()
-                    && stream.read_exact(&mut reply).is_ok()
-                {
-                    eprintln!("redis baseline: redis-server on 127.0.0.1:{port}");
-                    return Ok(server);
-                }
-            }
-            if started.elapsed() > Duration::from_secs(10) {
-                return Err("redis-server did not answer within 10 s".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn prepare(&self, size: u64, concurrency: usize) -> Result<Prepared, BenchError> {
-        let io = setup_error("redis");
-        let key = format!("skyriver-bench-{size}");
-        let mut stream = connect(std::net::SocketAddr::from(([127, 0, 0, 1], self.port)))?;
-        let mut command =
-            format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${size}\r\n", key.len()).into_bytes();
-        command.extend(std::iter::repeat_n(0x5au8, size as usize));
-        command.extend_from_slice(b"\r\n");
-        stream.write_all(&command).map_err(&io)?;
-        drop(command);
-        let mut reply = [0u8; 5];
-        stream.read_exact(&mut reply).map_err(&io)?;
-        if &reply != b"+OK\r\n" {
-            return Err(BenchError::Setup(format!(
-                "redis SET answered {:?}",
-                String::from_utf8_lossy(&reply)
-            )));
-        }
-        let get = format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len()).into_bytes();
-        let mut workers: Vec<Worker> = Vec::new();
-        for _ in 0..concurrency {
-            let mut reader = BufReader::with_capacity(
-                64 * 1024,
-                connect(std::net::SocketAddr::from(([127, 0, 0, 1], self.port)))?,
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    // Ratios are judged at the two decimals printed, as in the auto table.
+    let shown = |r: f64| (r * 100.0).round() / 100.0;
+    println!("targets (auto mode over the TCP fabric, this run):");
+    let trip = |name: &str| round_trips.iter().find(|r| r.operation == name);
+    match (find("skyriver-auto", 1024), trip("uds-rtt"), trip("tcp-rtt")) {
+        (Some(fetch), Some(uds), Some(tcp)) => {
+            let floor = uds.p50_us + tcp.p50_us;
+            let r = fetch.p50_us / floor.max(f64::MIN_POSITIVE);
+            println!(
+                "  1 KiB fetch p50 ≤ 2× (UDS + TCP round trip): {:.1} µs / ({:.1} + {:.1} µs) = {r:.2}×  {}",
+                fetch.p50_us,
+                uds.p50_us,
+                tcp.p50_us,
+                verdict(shown(r) <= 2.0)
             );
-            let mut buffer = destination(size);
-            let get = get.clone();
-            let mut line = String::new();
-            workers.push(Box::new(move || {
-                timed(|| {
-                    let io = setup_error("redis GET");
-                    reader.get_mut().write_all(&get).map_err(&io)?;
-                    line.clear();
-                    reader.read_line(&mut line).map_err(&io)?;
-                    let len: usize = line
-                        .strip_prefix('$')
-                        .and_then(|l| l.trim_end().parse().ok())
-                        .ok_or_else(|| BenchError::Setup(format!("redis GET answered {line:?}")))?;
-                    if len != buffer.len() {
-                        return Err(BenchError::Setup(format!("redis GET returned {len} bytes")));
-                    }
-                    reader.read_exact(&mut buffer).map_err(&io)?;
-                    let mut crlf = [0u8; 2];
-                    reader.read_exact(&mut crlf).map_err(&io)?;
-                    Ok(())
-                })
-            }));
         }
-        let port = self.port;
-        Ok(Prepared {
-            name: "redis".into(),
-            workers,
-            cleanup: Some(Box::new(move || {
-                if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) {
-                    let del = format!("*2\r\n$3\r\nDEL\r\n${}\r\n{key}\r\n", key.len());
-                    let _ = stream.write_all(del.as_bytes());
-                    let mut reply = [0u8; 4];
-                    let _ = stream.read_exact(&mut reply);
-                }
-            })),
-        })
+        _ => println!(
+            "  1 KiB fetch p50 ≤ 2× (UDS + TCP round trip): not measured (needs 1KiB, auto, uds-rtt, tcp-rtt)"
+        ),
     }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    let mut measured_any = false;
+    for &ByteSize(size) in sizes.iter().filter(|s| s.0 >= 16 << 20) {
+        if let (Some(auto), Some(tuned)) = (find("skyriver-auto", size), find("tcp-tuned", size)) {
+            measured_any = true;
+            let r = ratio(auto, tuned);
+            println!(
+                "  ≥ 0.9× the tuned TCP stream at {:>9}: {r:.2}×  {}",
+                format_bytes(size),
+                verdict(shown(r) >= 0.9)
+            );
+        }
     }
+    if !measured_any {
+        println!("  ≥ 0.9× the tuned TCP stream at ≥ 16 MiB: not measured (needs sizes ≥ 16MiB, tcp-tuned)");
+    }
+    if auto_rows.is_empty() {
+        println!("  auto within 10% of the better forced mode: not measured (needs all three modes at sizes ≤ {})", format_bytes(eager_capacity));
+    } else {
+        let missed: Vec<String> = auto_rows
+            .iter()
+            .filter(|r| !r.within_10_percent)
+            .map(|r| format!("{} ({:.2}×)", format_bytes(r.size_bytes), r.auto_over_best))
+            .collect();
+        println!(
+            "  auto within 10% of the better forced mode at every size ≤ {}: {} of {} sizes  {}{}",
+            format_bytes(eager_capacity),
+            auto_rows.len() - missed.len(),
+            auto_rows.len(),
+            verdict(missed.is_empty()),
+            if missed.is_empty() {
+                String::new()
+            } else {
+                format!(" at {}", missed.join(", "))
+            }
+        );
+    }
+    if let (Some(auto), Some(plasma)) =
+        (find("skyriver-auto", 16 << 20), find("plasma-4k", 16 << 20))
+    {
+        let r = ratio(auto, plasma);
+        println!(
+            "  ≥ 8× Plasma 4 KiB chunks at 16 MiB: {r:.2}×  {}",
+            verdict(shown(r) >= 8.0)
+        );
+    }
+    for &ByteSize(size) in sizes.iter().filter(|s| s.0 >= 1 << 20) {
+        if let (Some(auto), Some(redis)) = (find("skyriver-auto", size), find("redis", size)) {
+            let r = ratio(auto, redis);
+            println!(
+                "  ≥ 2× Redis GET at {:>9}: {r:.2}×  {}",
+                format_bytes(size),
+                verdict(shown(r) >= 2.0)
+            );
+        }
+    }
+    println!();
 }

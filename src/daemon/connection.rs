@@ -50,6 +50,18 @@ pub(super) enum ClientInput {
     },
 }
 
+impl ClientInput {
+    /// Whether `skyriver bench breakdown` follows this input (a fetch or a put).
+    pub(super) fn is_traced(&self) -> bool {
+        use skyriver_core::client_protocol::Request;
+        matches!(
+            self,
+            ClientInput::Request { frame, .. }
+                if matches!(frame.body, Request::Fetch { .. } | Request::Put { .. })
+        )
+    }
+}
+
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ConnectionEnd {

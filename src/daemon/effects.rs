@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use skyriver_core::client_protocol::{encode_frame, Response, ServerFrame};
+use skyriver_core::client_protocol::{encode_frame, Response, ServerFrame, TraceStamp};
 use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
 use skyriver_core::node::{NodeDriver, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, InputBytes, PeerMessage};
@@ -15,7 +15,7 @@ use skyriver_core::{
 };
 use skyriver_transport::directory::Directory;
 use skyriver_transport::fabric::{Fabric, MessageBytes};
-use skyriver_transport::SharedArena;
+use skyriver_transport::{trace, SharedArena};
 use tracing::{debug, debug_span, warn, Level};
 
 use super::connection::{ClientReader, ClientWriter};
@@ -52,8 +52,14 @@ pub(super) struct Effects {
     /// The peer message being handled: an eager chunk is copied from it into the object,
     /// straight from the receive slot it arrived in.
     pub(super) input: Option<MessageBytes>,
-    /// Reused for encoding the Welcome frames.
+    /// Reused for encoding the Welcome frames and replies written at once.
     frame: Vec<u8>,
+    /// Replies wait in `unsent` for [`Effects::flush`] (the loop is handling a pipelined burst
+    /// of one client's requests); otherwise a reply to a connection with nothing queued is
+    /// written to its socket at once.
+    pub(super) batch_replies: bool,
+    /// A fetch's reply waits in `unsent` (its write is stamped for `bench breakdown`).
+    fetch_reply_unsent: bool,
     /// Clients with unsent frames, in the order they got their first.
     unsent: Vec<ClientId>,
     /// This node, for fetch ids in log lines.
@@ -72,6 +78,17 @@ fn fetch_id(requester: NodeId, transfer: TransferId) -> String {
     format!("{requester}/{transfer}")
 }
 
+/// Whether `frame` answers a fetch (the write `bench breakdown` follows).
+fn is_fetch_reply(frame: &ServerFrame) -> bool {
+    matches!(
+        frame,
+        ServerFrame::Reply {
+            response: Response::Fetched(_),
+            ..
+        }
+    )
+}
+
 /// A client's buffer of unsent frames is freed past this size once written.
 const UNSENT_KEEP_BYTES: usize = 1 << 20;
 
@@ -88,6 +105,8 @@ impl Effects {
             commits: None,
             input: None,
             frame: Vec::new(),
+            batch_replies: false,
+            fetch_reply_unsent: false,
             unsent: Vec::new(),
         }
     }
@@ -124,9 +143,27 @@ impl Effects {
             }
             return;
         }
+        let reply = matches!(frame, ServerFrame::Reply { .. });
+        if reply && link.unsent.is_empty() && !self.batch_replies {
+            // Nothing queued before it: straight to the socket, no wait for the loop's flush.
+            // (Events, which come in bursts, e.g. a seal per recovered object, leave together
+            // at the flush.)
+            self.frame.clear();
+            encode_frame(frame, &mut self.frame);
+            if is_fetch_reply(frame) {
+                trace::stamp("reply_write");
+            }
+            let written = link.writer.write(&self.frame);
+            if let Err(error) = written {
+                warn!(%client, %error, "closing client connection");
+                self.close(client, error.to_string());
+            }
+            return;
+        }
         if link.unsent.is_empty() {
             self.unsent.push(client);
         }
+        self.fetch_reply_unsent |= is_fetch_reply(frame);
         encode_frame(frame, &mut link.unsent);
     }
 
@@ -137,6 +174,9 @@ impl Effects {
             let Some(link) = self.clients.get_mut(&client) else {
                 continue;
             };
+            if std::mem::take(&mut self.fetch_reply_unsent) {
+                trace::stamp("reply_write");
+            }
             let written = link.writer.write(&link.unsent);
             link.unsent.clear();
             if link.unsent.capacity() > UNSENT_KEEP_BYTES {
@@ -190,6 +230,9 @@ impl NodeDriver for Effects {
         if tracing::enabled!(Level::DEBUG) {
             self.trace_message(peer, &message);
         }
+        if matches!(message, PeerMessage::FetchRequest { .. }) {
+            trace::stamp("fetch_request_send");
+        }
         if let Some(fabric) = &self.fabric {
             if let Err(error) = fabric.send(peer, wire::to_bytes(&message)) {
                 // The fabric reports the lost connection as an event of its own.
@@ -211,6 +254,7 @@ impl NodeDriver for Effects {
             let bytes = header.sizes.data_size + header.sizes.metadata_size;
             debug!(requester = %peer, %object, bytes, "serving eagerly");
         }
+        trace::stamp("eager_send");
         if let Some(fabric) = &self.fabric {
             if let Err(error) = fabric.send_eager(peer, &header, source) {
                 debug!(%peer, %object, %error, "eager send failed");
@@ -252,6 +296,30 @@ impl NodeDriver for Effects {
             // The core only names regions it allocated; this is a bug, not bad input.
             warn!(%object, %region, "eager write outside the arenas");
         }
+        trace::stamp("eager_written");
+    }
+
+    fn write_inline(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId) {
+        let written = self
+            .arenas
+            .get(&region.arena)
+            // The object a put just created: no client has heard of it yet.
+            .map(|arena| arena.write(region.offset, &bytes));
+        if !matches!(written, Some(Ok(()))) {
+            // The core only names regions it allocated; this is a bug, not bad input.
+            warn!(%object, %region, "inline write outside the arenas");
+        }
+    }
+
+    fn trace(&mut self, client: ClientId, request: RequestId, record: bool) {
+        let stamps = trace::collect(record)
+            .into_iter()
+            .map(|(event, at_ns)| TraceStamp {
+                event: event.to_string(),
+                at_ns,
+            })
+            .collect();
+        self.reply(client, request, Response::Traced(stamps));
     }
 
     fn expose_region(&mut self, _object: ObjectId, region: LocalRegion) {
@@ -275,6 +343,9 @@ impl NodeDriver for Effects {
     }
 
     fn reply(&mut self, client: ClientId, request: RequestId, response: Response) {
+        if matches!(response, Response::Fetched(_)) {
+            trace::stamp("reply_queued");
+        }
         self.write_frame(client, &ServerFrame::Reply { request, response });
     }
 
@@ -295,6 +366,9 @@ impl NodeDriver for Effects {
     }
 
     fn local(&mut self, event: ObjectEvent) {
+        if matches!(event, ObjectEvent::Sealed { .. }) {
+            trace::stamp("sealed");
+        }
         if !tracing::enabled!(Level::DEBUG) {
             return;
         }

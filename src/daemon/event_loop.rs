@@ -12,6 +12,7 @@ use skyriver_core::node::{ClusterMember, Node};
 use skyriver_core::{ClientId, Instant, RequestId, StoreError};
 use skyriver_transport::directory::{DirectoryNotice, MemberInfo};
 use skyriver_transport::fabric::FabricEvent;
+use skyriver_transport::trace;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
@@ -48,6 +49,8 @@ pub(super) struct EventLoop {
     next_client: u64,
     /// Snapshot requests of the metrics exporter (`--metrics`).
     metrics_requests: Option<mpsc::Receiver<SnapshotRequest>>,
+    /// How long the loop polls for input after its last one before it sleeps.
+    poll: Duration,
 }
 
 impl EventLoop {
@@ -77,7 +80,13 @@ impl EventLoop {
             members: Vec::new(),
             next_client: 1,
             metrics_requests: None,
+            poll: Duration::ZERO,
         }
+    }
+
+    /// Polls for input this long after each one before sleeping ([`crate::poll`]).
+    pub(super) fn set_poll(&mut self, poll: Duration) {
+        self.poll = poll;
     }
 
     /// Answers the metrics exporter's requests from now on.
@@ -125,6 +134,9 @@ impl EventLoop {
         let sleep = tokio::time::sleep_until(far_future());
         tokio::pin!(sleep);
         let mut armed = None;
+        // Until then the loop polls (a ready input is taken at once, with no wake-up);
+        // afterwards it sleeps in the kernel until an input or a deadline.
+        let mut poll_until = std::time::Instant::now();
         loop {
             self.drain();
             // Replies leave before the loop waits again; a client that cannot take them is
@@ -139,6 +151,8 @@ impl EventLoop {
                 sleep.as_mut().reset(at);
                 armed = next;
             }
+            let polling = !self.poll.is_zero() && std::time::Instant::now() < poll_until;
+            let mut polled_nothing = false;
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
@@ -169,6 +183,12 @@ impl EventLoop {
                     // The scraper may have given up; nothing to do then.
                     let _ = answer.send(self.snapshot());
                 }
+                // Last: only when nothing above is ready. Gives the CPU away for a moment,
+                // then the runtime checks every socket and channel without sleeping.
+                () = poll_once(), if polling => polled_nothing = true,
+            }
+            if !polled_nothing && !self.poll.is_zero() {
+                poll_until = std::time::Instant::now() + self.poll;
             }
         }
     }
@@ -223,10 +243,18 @@ impl EventLoop {
                 link.reader.readable(client)
             });
         }
-        for input in turn.drain(..) {
+        if trace::recording() && turn.iter().any(ClientInput::is_traced) {
+            trace::stamp("request_read");
+        }
+        // Replies to a pipelined burst leave together after it (one write); the reply to the
+        // last (or only) request of the turn goes out at once.
+        let last = turn.len().saturating_sub(1);
+        for (index, input) in turn.drain(..).enumerate() {
+            self.effects.batch_replies = index < last;
             self.client_input(input);
             self.drain();
         }
+        self.effects.batch_replies = false;
         self.turn = turn;
     }
 
@@ -292,6 +320,7 @@ impl EventLoop {
                 self.node.handle_peer_lost(now, peer);
             }
             FabricEvent::Message { peer, bytes } => {
+                trace::stamp("message_handled");
                 if let Err(error) = self.node.handle_peer_bytes(now, peer, &bytes) {
                     warn!(%peer, %error, "malformed message from peer: ignored");
                 }
@@ -395,6 +424,14 @@ async fn durable_changed(durable: Option<&mut watch::Receiver<u64>>) -> Option<u
         },
         None => std::future::pending().await,
     }
+}
+
+/// One round of polling: yields the CPU to whatever else is runnable on it (the process this
+/// daemon waits for, when they share a CPU), then lets the runtime look for ready I/O without
+/// blocking (a deferred wake-up makes it poll its driver with a zero timeout).
+async fn poll_once() {
+    std::thread::yield_now();
+    tokio::task::yield_now().await;
 }
 
 fn far_future() -> tokio::time::Instant {

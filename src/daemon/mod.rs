@@ -14,6 +14,7 @@ mod effects;
 mod event_loop;
 pub mod host_memory;
 pub mod metrics;
+pub mod socket_dir;
 mod starting;
 
 use std::collections::BTreeMap;
@@ -53,6 +54,8 @@ pub struct DaemonConfig {
     pub socket_mode: u32,
     /// Group the socket file belongs to (`None`: the daemon's own group).
     pub socket_group: Option<u32>,
+    /// Accept a socket directory other users control (see [`socket_dir`]).
+    pub allow_shared_socket_dir: bool,
     /// This node's id.
     pub node: NodeId,
     /// Eager/rendezvous threshold policy for fetches.
@@ -69,6 +72,9 @@ pub struct DaemonConfig {
     pub allow_overcommit: bool,
     /// Serve `/metrics` and `/healthz` over HTTP on this address; `None`: no exporter.
     pub metrics_addr: Option<SocketAddr>,
+    /// How long the loop keeps polling for input after its last one before it sleeps
+    /// ([`crate::poll`]); zero: it sleeps at once.
+    pub poll: std::time::Duration,
 }
 
 impl DaemonConfig {
@@ -81,6 +87,7 @@ impl DaemonConfig {
             prefault: true,
             socket_mode: 0o600,
             socket_group: None,
+            allow_shared_socket_dir: false,
             node: NodeId(0),
             threshold: ThresholdPolicy::default(),
             lease: std::time::Duration::from_secs(10),
@@ -89,6 +96,7 @@ impl DaemonConfig {
             persistence: None,
             allow_overcommit: false,
             metrics_addr: None,
+            poll: crate::poll::poll_from_env(),
         }
     }
 }
@@ -173,6 +181,9 @@ pub enum DaemonError {
         /// What is there.
         kind: &'static str,
     },
+    /// The socket's directory is not safe.
+    #[error(transparent)]
+    SocketDir(#[from] socket_dir::SocketDirError),
     /// Binding or configuring the socket failed.
     #[error("cannot listen on {path}: {source}")]
     Listen {
@@ -358,8 +369,7 @@ impl Server {
         }
         let metrics_listener = config.metrics_addr.map(metrics::bind).transpose()?;
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
-        let listener =
-            bind_socket(&config.socket_path, config.socket_mode, config.socket_group).await?;
+        let listener = bind_socket(&config).await?;
         let status = StartStatus::default();
         status.set("creating the arena");
         let responder = StartingResponder::spawn(listener, status.clone());
@@ -455,6 +465,7 @@ impl Server {
         }
         let mut durable = None;
         let mut event_loop = EventLoop::new(node, effects, epoch, listener, cluster_inputs, None);
+        event_loop.set_poll(config.poll);
         if let Some(mut persistence) = persistence {
             // Recovered objects leave the store as seals: draining publishes them, a batch
             // at a time so the directory work stays small.
@@ -642,21 +653,22 @@ fn check_socket_path(path: &Path) -> Result<bool, DaemonError> {
     Ok(true)
 }
 
-async fn bind_socket(
-    path: &Path,
-    mode: u32,
-    group: Option<u32>,
-) -> Result<UnixListener, DaemonError> {
+async fn bind_socket(config: &DaemonConfig) -> Result<UnixListener, DaemonError> {
+    let (path, mode, group) = (
+        config.socket_path.as_path(),
+        config.socket_mode,
+        config.socket_group,
+    );
     let listen_error = |source| DaemonError::Listen {
         path: path.to_path_buf(),
         source,
     };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        socket_dir::prepare(parent, group, config.allow_shared_socket_dir)?;
+    }
     if check_socket_path(path)? {
         // Left behind by a daemon that died: nobody listens on it.
         std::fs::remove_file(path).map_err(listen_error)?;
-    }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(listen_error)?;
     }
     let listener = UnixListener::bind(path).map_err(listen_error)?;
     if let Some(gid) = group {

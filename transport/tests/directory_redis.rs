@@ -585,3 +585,68 @@ async fn redis_reset_refuses_while_nodes_are_alive_unless_forced() {
     let outcome = redis::reset(&server.url(), "c", false).await.unwrap();
     assert_eq!(outcome.live_nodes, Vec::<NodeId>::new());
 }
+
+#[tokio::test]
+async fn redis_with_a_password_joins_and_a_wrong_password_is_refused_without_showing_it() {
+    const PASSWORD: &str = "s3cret-redis-pass";
+    let Some(server) = RedisServer::start_with(
+        "redis_with_a_password_joins_and_a_wrong_password_is_refused_without_showing_it",
+        Some(PASSWORD),
+        false,
+    ) else {
+        return;
+    };
+    let mut a = Node::join(config(&server, "pw"), member(1)).await;
+    let x = ObjectId::from_u64(21);
+    a.publish(x, sizes(2)).await;
+    assert_eq!(a.lookup(x, false).await, located(&[1], Some(sizes(2))));
+    // A wrong password, and none: refused, and neither the URL's password shows.
+    let wrong = server.url().replace(PASSWORD, "not-the-password");
+    for url in [wrong, format!("redis://127.0.0.1:{}", server_port(&server))] {
+        let mut c = config(&server, "pw");
+        c.url = url.clone();
+        match Node::try_join(c, member(2), TOKEN).await {
+            Ok(_) => panic!("joined with {url}"),
+            Err(error) => {
+                let text = error.to_string();
+                println!("{text}");
+                assert!(
+                    !text.contains("not-the-password") && !text.contains(PASSWORD),
+                    "{text}"
+                );
+                assert!(text.contains("***@") || !url.contains('@'), "{text}");
+            }
+        }
+    }
+    let shown = server.url().parse::<DirectorySpec>().unwrap().to_string();
+    assert!(!shown.contains(PASSWORD), "{shown}");
+}
+
+#[tokio::test]
+async fn redis_over_tls_with_a_test_ca() {
+    let Some(server) = RedisServer::start_with("redis_over_tls_with_a_test_ca", None, true) else {
+        return;
+    };
+    assert!(server.url().starts_with("rediss://"));
+    let mut c = config(&server, "tls");
+    c.tls_ca_file = Some(server.ca_file());
+    let mut a = Node::join(c, member(1)).await;
+    let x = ObjectId::from_u64(22);
+    a.publish(x, sizes(3)).await;
+    assert_eq!(a.lookup(x, false).await, located(&[1], Some(sizes(3))));
+    // Without the test CA the server's certificate is not trusted: a clear failure.
+    let mut untrusted = config(&server, "tls");
+    untrusted.tls_ca_file = None;
+    match Node::try_join(untrusted, member(2), TOKEN).await {
+        Ok(_) => panic!("trusted a certificate no known CA signed"),
+        Err(error) => println!("without the CA: {error}"),
+    }
+    // Plain text to the TLS port is not a directory either.
+    let mut plain = config(&server, "tls");
+    plain.url = format!("redis://127.0.0.1:{}", server_port(&server));
+    assert!(Node::try_join(plain, member(3), TOKEN).await.is_err());
+}
+
+fn server_port(server: &RedisServer) -> u16 {
+    server.url().rsplit(':').next().unwrap().parse().unwrap()
+}

@@ -101,6 +101,13 @@ fn checks() -> Vec<Check> {
         gid, gid_index, port_num, gid_type, ndev_ifindex,
     });
     layout!(v, ibv_pd, "struct ibv_pd" { context, handle });
+    layout!(v, ibv_mw, "struct ibv_mw" { context, pd, rkey, handle });
+    v.push(Check::Field {
+        c_type: "struct ibv_mw",
+        c_field: "type",
+        offset: offset_of!(ibv_mw, type_),
+        size: 4,
+    });
     layout!(v, ibv_mr, "struct ibv_mr" { context, pd, addr, length, handle, lkey, rkey });
     layout!(v, ibv_comp_channel, "struct ibv_comp_channel" { context, fd, refcnt });
     layout!(v, ibv_cq, "struct ibv_cq" {
@@ -204,6 +211,12 @@ fn checks() -> Vec<Check> {
         v,
         IBV_ACCESS_LOCAL_WRITE,
         IBV_ACCESS_REMOTE_READ,
+        IBV_ACCESS_MW_BIND,
+        IBV_MW_TYPE_2,
+        IBV_WR_LOCAL_INV,
+        IBV_WR_BIND_MW,
+        IBV_WC_BIND_MW,
+        IBV_WC_LOCAL_INV,
         IBV_QPT_RC,
         IBV_QPS_INIT,
         IBV_QPS_RTR,

@@ -23,6 +23,7 @@ use crate::client_protocol::{
 use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::error::StoreError;
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
+use crate::store::ObjectInfo;
 use crate::time::Instant;
 
 /// Most `create`s waiting at once for space whose removal is not durable yet; more fail with
@@ -55,7 +56,7 @@ pub(super) struct ClusterInfo {
     directory_problem: Option<String>,
 }
 
-/// A `create` waiting for quarantined space.
+/// A `create` (or a small `put`) waiting for quarantined space.
 #[derive(Debug)]
 pub(super) struct ParkedCreate {
     client: ClientId,
@@ -63,6 +64,8 @@ pub(super) struct ParkedCreate {
     id: ObjectId,
     data_size: u64,
     metadata_size: u64,
+    /// A put's data and metadata, written and sealed once the object is created.
+    inline: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Client bookkeeping of a node.
@@ -72,6 +75,8 @@ pub(super) struct Clients {
     /// Replies waiting for a durable change: (sequence number needed, reply).
     held: VecDeque<(u64, NodeOutput)>,
     parked_creates: VecDeque<ParkedCreate>,
+    /// Puts whose bytes are being written, sealed by [`Timer::SealPut`]: their objects.
+    sealing_puts: BTreeMap<(ClientId, RequestId), ObjectId>,
     /// Durable changes emitted so far (the last one's sequence number).
     pub(super) persist_emitted: u64,
     /// Durable changes the driver reported done.
@@ -97,6 +102,7 @@ impl Node {
         self.advance(now);
         self.clients.sessions.remove(&client);
         self.clients.parked_creates.retain(|c| c.client != client);
+        self.clients.sealing_puts.retain(|&(c, _), _| c != client);
         self.clients.held.retain(
             |(_, output)| !matches!(output, NodeOutput::Reply { client: c, .. } if *c == client),
         );
@@ -133,23 +139,35 @@ impl Node {
         let response = self.serve(client, request, body);
         self.absorb_store();
         if let Some(response) = response {
-            let needed = self.store.durable_changes_queued();
-            // A removal is durable before its reply in both modes (a deleted object never
-            // comes back); a seal only with `hold_replies_until_durable`.
-            let must_wait = self.config.hold_replies_until_durable
-                || self.clients.last_removal > durable_before;
-            if must_wait && needed > durable_before && needed > self.clients.persisted {
-                self.clients.held.push_back((
-                    needed,
-                    NodeOutput::Reply {
-                        client,
-                        request,
-                        response,
-                    },
-                ));
-            } else {
-                self.reply(client, request, response);
-            }
+            self.reply_once_durable(client, request, response, durable_before);
+        }
+    }
+
+    /// Replies now, or once the durable changes made since `durable_before` are durable when
+    /// the reply must wait for them.
+    fn reply_once_durable(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        response: Response,
+        durable_before: u64,
+    ) {
+        let needed = self.store.durable_changes_queued();
+        // A removal is durable before its reply in both modes (a deleted object never
+        // comes back); a seal only with `hold_replies_until_durable`.
+        let must_wait =
+            self.config.hold_replies_until_durable || self.clients.last_removal > durable_before;
+        if must_wait && needed > durable_before && needed > self.clients.persisted {
+            self.clients.held.push_back((
+                needed,
+                NodeOutput::Reply {
+                    client,
+                    request,
+                    response,
+                },
+            ));
+        } else {
+            self.reply(client, request, response);
         }
     }
 
@@ -282,11 +300,36 @@ impl Node {
                         id,
                         data_size,
                         metadata_size,
+                        inline: None,
                     });
                     return None;
                 }
                 result => Response::Created(result),
             },
+            Request::Put { id, data, metadata } => {
+                let (data_size, metadata_size) = (data.len() as u64, metadata.len() as u64);
+                match self.store.create(now, client, id, data_size, metadata_size) {
+                    Err(StoreError::OutOfMemory { .. })
+                        if self.store.quarantined_bytes() > 0
+                            && self.clients.parked_creates.len() < MAX_PARKED_CREATES =>
+                    {
+                        self.clients.parked_creates.push_back(ParkedCreate {
+                            client,
+                            request,
+                            id,
+                            data_size,
+                            metadata_size,
+                            inline: Some((data, metadata)),
+                        });
+                        return None;
+                    }
+                    Err(error) => Response::Done(Err(error)),
+                    Ok(info) => {
+                        self.fill_then_seal(client, request, info, data, metadata);
+                        return None;
+                    }
+                }
+            }
             Request::Seal { id, release } => {
                 Response::Done(self.store.seal(client, id, release).map(|_| ()))
             }
@@ -328,7 +371,54 @@ impl Node {
             }
             Request::Nodes => Response::Nodes(self.cluster_view()),
             Request::Locate { id } => return self.locate(client, request, id),
+            Request::Trace { record } => {
+                self.push(NodeOutput::Trace {
+                    client,
+                    request,
+                    record,
+                });
+                return None;
+            }
         })
+    }
+
+    /// A put's object was created: its bytes are written (outputs the driver carries out
+    /// before the next input), and it is sealed right after them, the creator's reference
+    /// dropped, by [`Timer::SealPut`]. Until then it is an unsealed object its creator holds:
+    /// nothing evicts it or hands its space to another object while the bytes are on their way.
+    fn fill_then_seal(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        info: ObjectInfo,
+        data: Vec<u8>,
+        metadata: Vec<u8>,
+    ) {
+        let (data_size, metadata_size) = (data.len() as u64, metadata.len() as u64);
+        debug_assert_eq!(info.region.len, data_size + metadata_size);
+        for (start, bytes) in [(0, data), (data_size, metadata)] {
+            if !bytes.is_empty() {
+                self.push(NodeOutput::WriteInline {
+                    region: info.region.slice(start, bytes.len() as u64),
+                    bytes,
+                    object: info.id,
+                });
+            }
+        }
+        self.clients.sealing_puts.insert((client, request), info.id);
+        self.set_timer(self.now, Timer::SealPut(client, request));
+    }
+
+    /// A put's bytes are in place: seal its object and answer the put.
+    pub(super) fn seal_put(&mut self, client: ClientId, request: RequestId) {
+        let Some(id) = self.clients.sealing_puts.remove(&(client, request)) else {
+            return; // the client left; its unsealed object was aborted
+        };
+        let durable_before = self.store.durable_changes_queued();
+        let sealed = self.store.seal(client, id, true).map(|_| ());
+        // The reply first, then what the seal causes (its publication, waiting gets).
+        self.reply_once_durable(client, request, Response::Done(sealed), durable_before);
+        self.absorb_store();
     }
 
     fn locate(&mut self, client: ClientId, request: RequestId, id: ObjectId) -> Option<Response> {
@@ -422,7 +512,7 @@ impl Node {
 
     fn retry_parked_creates(&mut self) {
         let parked = std::mem::take(&mut self.clients.parked_creates);
-        for create in parked {
+        for mut create in parked {
             let result = self.store.create(
                 self.now,
                 create.client,
@@ -434,7 +524,17 @@ impl Node {
                 Err(StoreError::OutOfMemory { .. }) if self.store.quarantined_bytes() > 0 => {
                     self.clients.parked_creates.push_back(create)
                 }
-                result => self.reply(create.client, create.request, Response::Created(result)),
+                result => match (create.inline.take(), result) {
+                    (None, result) => {
+                        self.reply(create.client, create.request, Response::Created(result))
+                    }
+                    (Some((data, metadata)), Ok(info)) => {
+                        self.fill_then_seal(create.client, create.request, info, data, metadata)
+                    }
+                    (Some(_), Err(error)) => {
+                        self.reply(create.client, create.request, Response::Done(Err(error)))
+                    }
+                },
             }
         }
     }

@@ -36,6 +36,11 @@ pub trait NodeDriver {
     );
     /// [`NodeOutput::WriteLocal`]: copy `payload` of the input message being handled.
     fn write_local(&mut self, region: LocalRegion, payload: InputBytes, object: ObjectId);
+    /// [`NodeOutput::WriteInline`]: copy `bytes` into the arena now.
+    fn write_inline(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId);
+    /// [`NodeOutput::Trace`]: reply with the timestamps taken so far (none where there is no
+    /// clock, as in the simulator).
+    fn trace(&mut self, client: ClientId, request: RequestId, record: bool);
     /// [`NodeOutput::ExposeRegion`].
     fn expose_region(&mut self, object: ObjectId, region: LocalRegion);
     /// [`NodeOutput::UnexposeRegion`].
@@ -78,6 +83,16 @@ impl NodeOutput {
                 payload,
                 object,
             } => driver.write_local(region, payload, object),
+            NodeOutput::WriteInline {
+                region,
+                bytes,
+                object,
+            } => driver.write_inline(region, bytes, object),
+            NodeOutput::Trace {
+                client,
+                request,
+                record,
+            } => driver.trace(client, request, record),
             NodeOutput::ExposeRegion { object, region } => driver.expose_region(object, region),
             NodeOutput::UnexposeRegion { object, region } => driver.unexpose_region(object, region),
             NodeOutput::Directory { op, request } => driver.directory(op, request),

@@ -59,7 +59,9 @@ pub use metrics::{
 };
 pub use output::{NodeOutput, NodeStats};
 use publications::{Publication, Want};
-pub use threshold::{EagerThreshold, PathCosts, ThresholdPolicy, ThresholdSource};
+pub use threshold::{
+    EagerThreshold, PathCosts, RoundTripBatch, RoundTripEstimate, ThresholdPolicy, ThresholdSource,
+};
 use transfer::{Incoming, Lease};
 
 /// The store client the node uses for objects it is fetching: it creates them, and seals or
@@ -80,6 +82,8 @@ impl fmt::Display for ReadOpId {
 enum Timer {
     /// Seal a transfer whose bytes are all written out (one step after the last write).
     Seal(TransferId),
+    /// Seal a put's object once its bytes are written out (one step after the writes).
+    SealPut(ClientId, RequestId),
     FetchDeadline(FetchWaiterId),
     TransferDeadline(TransferId),
     Lease(NodeId, TransferId),
@@ -469,6 +473,7 @@ impl Node {
         while let Some(timer) = self.timers.pop_due(now) {
             match timer {
                 Timer::Seal(tid) => self.seal_written(tid),
+                Timer::SealPut(client, request) => self.seal_put(client, request),
                 Timer::FetchDeadline(waiter) => self.fetch_deadline(waiter),
                 Timer::TransferDeadline(tid) => self.transfer_deadline(tid),
                 Timer::Lease(peer, req) => self.lease_expired(peer, req),

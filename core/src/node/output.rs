@@ -57,6 +57,27 @@ pub enum NodeOutput {
         /// The object being written (for logs and traces).
         object: ObjectId,
     },
+    /// Copy `bytes` (a small put's data or metadata, carried by the client's request) into this
+    /// node's arena at `region`, now, before any later output: the object is sealed by the
+    /// time the driver sees this, and no reply or event about it precedes this write.
+    WriteInline {
+        /// Destination; `region.len == bytes.len()`.
+        region: LocalRegion,
+        /// The bytes.
+        bytes: Vec<u8>,
+        /// The object being written (for logs and traces).
+        object: ObjectId,
+    },
+    /// Answer a client's [`Request::Trace`](crate::client_protocol::Request::Trace) with the
+    /// driver's timestamps (the core has no clock), and take them from now on when `record`.
+    Trace {
+        /// The client.
+        client: ClientId,
+        /// Its request.
+        request: RequestId,
+        /// Take timestamps from now on.
+        record: bool,
+    },
     /// Peers may now READ this region (it holds a pinned object).
     ExposeRegion {
         /// The object.

@@ -13,6 +13,11 @@
 //! wire term is common to both. The threshold is the largest size where eager is cheaper,
 //! multiplied by a bias below one (rendezvous keeps the receiver's slots free and scales with
 //! size, so a tie goes to it), and capped by what the receive slots can carry.
+//!
+//! The round trip is measured by the driver, in batches of ping-pongs, and one batch on a
+//! shared machine can be hit by a descheduled or preempted end. [`RoundTripEstimate`] keeps the
+//! best batch of a link (the least spread) over every batch measured on it, and starts over
+//! when the link changes.
 
 use std::fmt;
 
@@ -73,6 +78,109 @@ impl PathCosts {
         .all(|v| v.is_finite() && *v >= 0.0)
             && self.copy_bytes_per_sec > 0.0
             && self.wire_bytes_per_sec > 0.0
+    }
+}
+
+/// One batch of round-trip samples, summarised.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoundTripBatch {
+    /// Median round trip, in nanoseconds.
+    pub median_ns: f64,
+    /// Interquartile range (p75 − p25), in nanoseconds: how noisy the batch was.
+    pub spread_ns: f64,
+    /// Samples in the batch.
+    pub samples: u32,
+}
+
+impl RoundTripBatch {
+    /// Summarises round trips measured in nanoseconds (sorted in place); `None` when empty.
+    pub fn from_samples(samples_ns: &mut [u64]) -> Option<Self> {
+        if samples_ns.is_empty() {
+            return None;
+        }
+        samples_ns.sort_unstable();
+        let at = |q: usize| samples_ns[(samples_ns.len() - 1) * q / 4] as f64;
+        Some(Self {
+            median_ns: at(2),
+            spread_ns: at(3) - at(1),
+            samples: u32::try_from(samples_ns.len()).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// Whether this batch is a better estimate than `other`: less spread, or as little and a
+    /// lower median. Noise on a shared machine only adds time and scatters the samples, so the
+    /// quietest batch is the closest to the link's own round trip.
+    fn better_than(&self, other: &RoundTripBatch) -> bool {
+        (self.spread_ns, self.median_ns) < (other.spread_ns, other.median_ns)
+    }
+
+    fn is_sane(&self) -> bool {
+        self.median_ns.is_finite()
+            && self.median_ns >= 0.0
+            && self.spread_ns.is_finite()
+            && self.spread_ns >= 0.0
+            && self.samples > 0
+    }
+}
+
+/// The best round-trip estimate of one peer over repeated batches, per link: `L` names the
+/// link (e.g. the addresses at both ends), and a batch on another link starts over, since its
+/// round trip may differ.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundTripEstimate<L> {
+    link: Option<L>,
+    best: Option<RoundTripBatch>,
+    batches: u32,
+}
+
+impl<L> Default for RoundTripEstimate<L> {
+    fn default() -> Self {
+        Self {
+            link: None,
+            best: None,
+            batches: 0,
+        }
+    }
+}
+
+impl<L: PartialEq> RoundTripEstimate<L> {
+    /// Takes a batch measured on `link`. Batches with nonsense figures are ignored.
+    pub fn observe(&mut self, link: L, batch: RoundTripBatch) {
+        if self.link.as_ref() != Some(&link) {
+            *self = Self {
+                link: Some(link),
+                best: None,
+                batches: 0,
+            };
+        }
+        if !batch.is_sane() {
+            return;
+        }
+        self.batches += 1;
+        if self.best.is_none_or(|best| batch.better_than(&best)) {
+            self.best = Some(batch);
+        }
+    }
+
+    /// The best batch so far on the current link.
+    pub fn best(&self) -> Option<RoundTripBatch> {
+        self.best
+    }
+
+    /// Batches taken on the current link.
+    pub fn batches(&self) -> u32 {
+        self.batches
+    }
+
+    /// `base` with the best round trip, or `base` unchanged before any batch.
+    pub fn costs(&self, base: PathCosts) -> PathCosts {
+        match self.best {
+            Some(best) => PathCosts {
+                round_trip_ns: best.median_ns,
+                ..base
+            },
+            None => base,
+        }
     }
 }
 
@@ -272,6 +380,80 @@ mod tests {
         assert_eq!(
             (too_big.bytes, too_big.source),
             (4096, ThresholdSource::FixedCappedBySlots)
+        );
+    }
+
+    fn batch(median_ns: f64, spread_ns: f64) -> RoundTripBatch {
+        RoundTripBatch {
+            median_ns,
+            spread_ns,
+            samples: 8,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_summarised_by_its_median_and_interquartile_range() {
+        let mut samples = vec![90, 10, 30, 20, 1000, 40, 50, 60, 70];
+        let b = RoundTripBatch::from_samples(&mut samples).unwrap();
+        // Sorted: 10 20 30 40 50 60 70 90 1000; p25 = 30, p50 = 50, p75 = 70.
+        assert_eq!((b.median_ns, b.spread_ns, b.samples), (50.0, 40.0, 9));
+        assert_eq!(RoundTripBatch::from_samples(&mut []), None);
+    }
+
+    #[test]
+    fn the_quietest_batch_of_a_link_is_kept() {
+        let mut estimate = RoundTripEstimate::default();
+        assert_eq!(
+            estimate.costs(PathCosts::RDMA_DEFAULT),
+            PathCosts::RDMA_DEFAULT
+        );
+        estimate.observe("a", batch(40_000.0, 30_000.0));
+        estimate.observe("a", batch(12_000.0, 1_000.0));
+        // Noisier, even with a lower median: a preempted end scatters a batch.
+        estimate.observe("a", batch(9_000.0, 20_000.0));
+        // As quiet, higher: not better.
+        estimate.observe("a", batch(13_000.0, 1_000.0));
+        assert_eq!(estimate.best(), Some(batch(12_000.0, 1_000.0)));
+        assert_eq!(estimate.batches(), 4);
+        assert_eq!(
+            estimate.costs(PathCosts::RDMA_DEFAULT).round_trip_ns,
+            12_000.0
+        );
+        // Nonsense is ignored.
+        estimate.observe("a", batch(f64::NAN, 0.0));
+        estimate.observe("a", batch(-1.0, 0.0));
+        assert_eq!(estimate.best(), Some(batch(12_000.0, 1_000.0)));
+        assert_eq!(estimate.batches(), 4);
+    }
+
+    #[test]
+    fn a_new_link_starts_over() {
+        let mut estimate = RoundTripEstimate::default();
+        estimate.observe(1, batch(3_000.0, 100.0));
+        estimate.observe(1, batch(4_000.0, 900.0));
+        // The peer came back over another link: its slower round trip replaces the old one,
+        // however quiet that was.
+        estimate.observe(2, batch(70_000.0, 5_000.0));
+        assert_eq!(estimate.best(), Some(batch(70_000.0, 5_000.0)));
+        assert_eq!(estimate.batches(), 1);
+        // And the same link again keeps what it had.
+        estimate.observe(2, batch(80_000.0, 9_000.0));
+        assert_eq!(estimate.best(), Some(batch(70_000.0, 5_000.0)));
+    }
+
+    #[test]
+    fn a_slower_idle_round_trip_moves_the_threshold_up() {
+        // Rendezvous pays one round trip more than eager: the slower the round trip the link
+        // really has, the larger the objects worth sending eagerly.
+        let mut awake = RoundTripEstimate::default();
+        awake.observe((), batch(5_000.0, 500.0));
+        let mut idle = RoundTripEstimate::default();
+        idle.observe((), batch(70_000.0, 4_000.0));
+        let base = PathCosts::RDMA_DEFAULT;
+        let large = 1 << 30;
+        assert!(
+            crossover_bytes(&idle.costs(base), CHUNK, large)
+                > crossover_bytes(&awake.costs(base), CHUNK, large)
         );
     }
 

@@ -29,6 +29,7 @@
 //! - Output for one connection leaves in the order it was decided; a publish's reply is queued
 //!   before the events it fires.
 
+mod holders;
 pub mod session;
 #[cfg(test)]
 mod tests;
@@ -38,7 +39,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
-use smallvec::SmallVec;
+use holders::HolderIndex;
 
 use crate::auth::{self, Nonce, NonceSource, Proof, Role};
 use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo};
@@ -229,11 +230,6 @@ pub enum RegistryError {
     },
 }
 
-/// The nodes holding one object, sorted by node id, each with the sizes it published. Nearly
-/// always a single node, kept inline: the registry keeps one of these for every object of the
-/// cluster, so it must stay small.
-type Holders = SmallVec<[(NodeId, ObjectSizes); 1]>;
-
 /// A hello waiting for its proof.
 #[derive(Debug)]
 struct Handshake {
@@ -249,7 +245,9 @@ struct Member {
     conn: ConnId,
     /// The member is dead unless heard from again by this time.
     expires_at: Instant,
-    published: BTreeSet<ObjectId>,
+    /// Objects it is listed as holding (the list itself is `Registry::holders`: a second,
+    /// per-member index would cost the head as much again per object).
+    published: usize,
     subscribed: BTreeSet<ObjectId>,
 }
 
@@ -261,8 +259,8 @@ pub struct Registry {
     by_conn: BTreeMap<ConnId, NodeId>,
     /// Heartbeat deadlines, earliest first.
     expiry: BTreeSet<(Instant, NodeId)>,
-    /// Every published object; never an empty list.
-    holders: BTreeMap<ObjectId, Holders>,
+    /// Every published object with its holders.
+    holders: HolderIndex,
     /// One-shot subscriptions by object; never an empty set.
     subscribers: BTreeMap<ObjectId, BTreeSet<NodeId>>,
     /// Hellos waiting for their proofs, by connection; never a member's connection.
@@ -281,7 +279,7 @@ impl Registry {
             members: BTreeMap::new(),
             by_conn: BTreeMap::new(),
             expiry: BTreeSet::new(),
-            holders: BTreeMap::new(),
+            holders: HolderIndex::default(),
             subscribers: BTreeMap::new(),
             outputs: VecDeque::new(),
         }
@@ -452,7 +450,7 @@ impl Registry {
                 info: member,
                 conn,
                 expires_at,
-                published: BTreeSet::new(),
+                published: 0,
                 subscribed: BTreeSet::new(),
             },
         );
@@ -617,7 +615,7 @@ impl Registry {
     pub fn holders_of(&self, id: &ObjectId) -> Vec<NodeId> {
         self.holders
             .get(id)
-            .map(|h| h.iter().map(|&(node, _)| node).collect())
+            .map(|h| h.iter().map(|(node, _)| node).collect())
             .unwrap_or_default()
     }
 
@@ -632,20 +630,28 @@ impl Registry {
     pub fn locations(&self) -> impl Iterator<Item = (NodeId, ObjectId)> + '_ {
         self.holders
             .iter()
-            .flat_map(|(id, h)| h.iter().map(move |&(node, _)| (node, *id)))
+            .flat_map(|(id, h)| h.iter().map(move |(node, _)| (node, *id)))
     }
 
     /// Asserts the registry's internal consistency (a bug if it fails).
     pub fn check_invariants(&self) {
-        for (id, holders) in &self.holders {
-            assert!(!holders.is_empty(), "empty holder list of {id}");
-            for (node, _) in holders {
-                let member = self.members.get(node).expect("holders are members");
+        let mut published: BTreeMap<NodeId, usize> = BTreeMap::new();
+        self.holders.check_invariants();
+        for (id, holders) in self.holders.iter() {
+            let mut previous = None;
+            for (node, _) in holders.iter() {
                 assert!(
-                    member.published.contains(id),
-                    "{node} holds unpublished {id}"
+                    self.members.contains_key(&node),
+                    "{node} holding {id} is a member"
                 );
+                assert!(
+                    previous < Some(node),
+                    "holders of {id} sorted, no duplicates"
+                );
+                previous = Some(node);
+                *published.entry(node).or_default() += 1;
             }
+            assert!(previous.is_some(), "empty holder list of {id}");
         }
         for (id, subscribers) in &self.subscribers {
             assert!(!subscribers.is_empty(), "empty subscriber set of {id}");
@@ -664,7 +670,12 @@ impl Registry {
                 "{node}'s connection"
             );
             assert!(self.expiry.contains(&(member.expires_at, *node)));
-            assert!(member.published.len() <= self.config.limits.max_publications_per_node);
+            assert_eq!(
+                member.published,
+                published.get(node).copied().unwrap_or(0),
+                "{node}'s publication count"
+            );
+            assert!(member.published <= self.config.limits.max_publications_per_node);
             assert!(member.subscribed.len() <= self.config.limits.max_subscriptions_per_node);
         }
         assert_eq!(self.by_conn.len(), self.members.len());
@@ -723,8 +734,10 @@ impl Registry {
         };
         self.by_conn.remove(&member.conn);
         self.expiry.remove(&(member.expires_at, node));
-        for id in &member.published {
-            self.remove_holder(*id, node);
+        // Its locations: one pass over the objects (members leave seldom; a per-member index
+        // of them would double the head's memory per object).
+        if member.published > 0 {
+            self.holders.withdraw_everywhere(node);
         }
         for id in &member.subscribed {
             self.remove_subscriber(*id, node);
@@ -734,8 +747,8 @@ impl Registry {
     fn lookup(&mut self, node: NodeId, id: ObjectId, subscribe: bool) -> Option<DirectoryReply> {
         let (holders, sizes) = match self.holders.get(&id) {
             Some(holders) => (
-                holders.iter().map(|&(holder, _)| holder).collect(),
-                holders.first().map(|&(_, sizes)| sizes),
+                holders.iter().map(|(holder, _)| holder).collect(),
+                holders.iter().next().map(|(_, sizes)| sizes),
             ),
             None => (Vec::new(), None),
         };
@@ -770,16 +783,15 @@ impl Registry {
             .members
             .get_mut(&node)
             .expect("requests come from members");
-        if !member.published.contains(&id) && member.published.len() >= limit {
+        let listed = self.holders.get(&id).is_some_and(|h| h.contains(node));
+        if !listed && member.published >= limit {
             return Some(DirectoryReply::Unavailable {
                 reason: format!("{node} published {limit} objects, the most the directory keeps"),
             });
         }
-        member.published.insert(id);
-        let holders = self.holders.entry(id).or_default();
-        match holders.binary_search_by_key(&node, |&(holder, _)| holder) {
-            Ok(at) => holders[at].1 = sizes,
-            Err(at) => holders.insert(at, (node, sizes)),
+        self.holders.publish(id, node, sizes);
+        if !listed {
+            member.published += 1;
         }
         if let Some(subscribers) = self.subscribers.remove(&id) {
             let event = DirectoryEvent::Published {
@@ -801,10 +813,11 @@ impl Registry {
     }
 
     fn withdraw(&mut self, node: NodeId, id: ObjectId) {
-        if let Some(member) = self.members.get_mut(&node) {
-            member.published.remove(&id);
+        if self.holders.withdraw(&id, node) {
+            if let Some(member) = self.members.get_mut(&node) {
+                member.published -= 1;
+            }
         }
-        self.remove_holder(id, node);
     }
 
     fn unsubscribe(&mut self, node: NodeId, id: ObjectId) {
@@ -812,15 +825,6 @@ impl Registry {
             member.subscribed.remove(&id);
         }
         self.remove_subscriber(id, node);
-    }
-
-    fn remove_holder(&mut self, id: ObjectId, node: NodeId) {
-        if let Some(holders) = self.holders.get_mut(&id) {
-            holders.retain(|&mut (holder, _)| holder != node);
-            if holders.is_empty() {
-                self.holders.remove(&id);
-            }
-        }
     }
 
     fn remove_subscriber(&mut self, id: ObjectId, node: NodeId) {

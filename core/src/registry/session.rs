@@ -27,6 +27,7 @@ use crate::directory::{
     DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
 };
 use crate::ids::ObjectId;
+use crate::sorted_chunks::SortedChunks;
 use crate::time::Instant;
 use crate::wire::ObjectSizes;
 
@@ -150,8 +151,9 @@ enum Link {
 /// subscriptions it waits on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplayState {
-    /// What the node holds, as its core last said.
-    pub publications: BTreeMap<ObjectId, ObjectSizes>,
+    /// What the node holds, as its core last said (one entry per object of the node, so in
+    /// chunks that stay nearly full).
+    pub publications: SortedChunks<ObjectId, ObjectSizes>,
     /// Objects the node waits for (subscriptions the registry holds, or will after replay).
     pub subscriptions: BTreeSet<ObjectId>,
 }

@@ -922,3 +922,71 @@ fn a_session_drops_a_registry_that_cannot_prove_the_token() {
         .iter()
         .any(|o| matches!(o, SessionOutput::Disconnect { .. })));
 }
+
+#[test]
+fn shared_objects_keep_every_holder_and_a_leaving_member_takes_only_its_own() {
+    let mut config = RegistryConfig::new(TOKEN, NONCE_KEY);
+    config.limits.max_publications_per_node = 2;
+    let mut r = Registry::new(config);
+    join(&mut r, at_ms(0), 1, 1);
+    join(&mut r, at_ms(0), 2, 2);
+    let (x, y, z) = (
+        ObjectId::from_u64(1),
+        ObjectId::from_u64(2),
+        ObjectId::from_u64(3),
+    );
+    let publish = |r: &mut Registry, conn: u64, op: u64, id: ObjectId, n: u64| {
+        let out = request(
+            r,
+            at_ms(1),
+            conn,
+            op,
+            DirectoryRequest::Publish {
+                id,
+                sizes: sizes(n),
+            },
+        );
+        match &out[0].1 {
+            FromRegistry::Reply { reply, .. } => reply.clone(),
+            other => panic!("expected a reply, got {other:?}"),
+        }
+    };
+    assert_eq!(publish(&mut r, 2, 0, x, 7), DirectoryReply::Done);
+    assert_eq!(publish(&mut r, 1, 0, x, 7), DirectoryReply::Done);
+    assert_eq!(publish(&mut r, 1, 1, y, 8), DirectoryReply::Done);
+    // Publishing again counts once: node 1 still has room for nothing new, but x again is fine.
+    assert_eq!(publish(&mut r, 1, 2, x, 7), DirectoryReply::Done);
+    assert!(matches!(
+        publish(&mut r, 1, 3, z, 9),
+        DirectoryReply::Unavailable { .. }
+    ));
+    assert_eq!(r.holders_of(&x), vec![NodeId(1), NodeId(2)]);
+    // The lowest node id's sizes answer a lookup.
+    let out = request(
+        &mut r,
+        at_ms(1),
+        2,
+        1,
+        DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false,
+        },
+    );
+    assert!(matches!(
+        &out[0].1,
+        FromRegistry::Reply {
+            reply: DirectoryReply::Located { holders, sizes: Some(s) },
+            ..
+        } if *holders == vec![NodeId(1), NodeId(2)] && s.data_size == 7
+    ));
+    // A withdrawal frees room; withdrawing what is not listed changes nothing.
+    request(&mut r, at_ms(1), 1, 4, DirectoryRequest::Withdraw { id: y });
+    request(&mut r, at_ms(1), 1, 5, DirectoryRequest::Withdraw { id: y });
+    assert_eq!(publish(&mut r, 1, 6, z, 9), DirectoryReply::Done);
+    // Node 1 leaves: x keeps node 2, z is gone.
+    r.handle_disconnect(at_ms(2), ConnId(1));
+    drain(&mut r);
+    assert_eq!(r.holders_of(&x), vec![NodeId(2)]);
+    assert!(r.holders_of(&z).is_empty());
+    assert_eq!(r.locations().count(), 1);
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use skyriver_core::client_protocol::{
-    Request, RequestFrame, Response, MAX_IDS_PER_REQUEST, PROTOCOL_VERSION,
+    Request, RequestFrame, Response, MAX_IDS_PER_REQUEST, MAX_INLINE_PUT_BYTES, PROTOCOL_VERSION,
 };
 use skyriver_core::{
     ClientId, NodeId, ObjectId, ObjectInfo, ObjectSizes, RequestId, StoreError, TransferMode,
@@ -36,6 +36,8 @@ pub(super) enum Call {
     },
     /// `Seal`.
     Seal { id: ObjectId, hold_us: Option<u64> },
+    /// `Put`: the object created with its bytes and sealed in one request.
+    Put { id: ObjectId, sizes: ObjectSizes },
     /// `Release` of a reference the client holds.
     Release { id: ObjectId },
     /// `Delete`, `Evict`, `Stats`, `List`, `Contains`, `Locate`, `Nodes`: any reply of the
@@ -116,6 +118,19 @@ impl Cluster {
             (Call::Seal { id, hold_us }, Response::Done(result)) => {
                 self.sealed(n, client, id, hold_us, result)
             }
+            (Call::Put { id, sizes }, Response::Done(result)) => match result {
+                // The store may be full (or the id taken by a create of another client).
+                Err(error) => {
+                    let error = short_store_error(&error);
+                    self.record(|| {
+                        format!(
+                            "{client}@{n} put {id} {}+{}: {error}",
+                            sizes.data_size, sizes.metadata_size
+                        )
+                    });
+                }
+                Ok(()) => self.sealed(n, client, id, None, Ok(())),
+            },
             (Call::Release { id }, Response::Done(Err(error))) => self.checker.violation(
                 now,
                 format!("{client}@{n}: release of {id} failed: {error}"),
@@ -406,7 +421,14 @@ impl Cluster {
         match op {
             ClientOp::Put { sizes } => {
                 let id = self.new_object_id();
-                self.client_put(n, client, id, sizes, None);
+                let total = sizes.data_size + sizes.metadata_size;
+                // Small objects go inline half the time (by id, so no draw of the seeded RNG
+                // changes): both ways of putting them stay exercised.
+                if total <= MAX_INLINE_PUT_BYTES as u64 && self.next_object % 2 == 0 {
+                    self.client_put_inline(n, client, id, sizes);
+                } else {
+                    self.client_put(n, client, id, sizes, None);
+                }
             }
             ClientOp::Hog { sizes, hold_us } => {
                 let id = self.new_object_id();
@@ -504,6 +526,22 @@ impl Cluster {
                 },
                 "create of an id that may exist",
             ),
+            Misuse::PutExisting => (
+                Request::Put {
+                    id: known,
+                    data: vec![0],
+                    metadata: Vec::new(),
+                },
+                "put of an id that may exist",
+            ),
+            Misuse::PutOversized => (
+                Request::Put {
+                    id: self.new_object_id(),
+                    data: vec![0; MAX_INLINE_PUT_BYTES + 1],
+                    metadata: Vec::new(),
+                },
+                "put of more bytes than a request carries inline",
+            ),
             Misuse::SecondHello => (
                 Request::Hello {
                     protocol_version: PROTOCOL_VERSION,
@@ -521,7 +559,9 @@ impl Cluster {
                 return self.rogue_client(n, misuse);
             }
         };
-        if what == "create of an id that may exist" && !self.known_objects.contains(&known) {
+        let reuses_id =
+            what == "create of an id that may exist" || what == "put of an id that may exist";
+        if reuses_id && !self.known_objects.contains(&known) {
             // Not a misuse when the id never existed: an ordinary tiny put.
             let id = self.new_object_id();
             return self.client_put(
@@ -537,7 +577,7 @@ impl Cluster {
         }
         // Re-creating an id that was deleted everywhere is legal; only a live copy here is a
         // misuse.
-        if what == "create of an id that may exist" {
+        if reuses_id {
             let here = self.nodes[n.0 as usize]
                 .node
                 .as_ref()
@@ -692,6 +732,30 @@ impl Cluster {
         );
     }
 
+    /// One `Put` carrying the object's bytes: created, written and sealed by the node.
+    pub(super) fn client_put_inline(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        id: ObjectId,
+        sizes: ObjectSizes,
+    ) {
+        self.checker.sizes.insert(id, sizes);
+        let mut bytes =
+            workload::expected_bytes(&id, (sizes.data_size + sizes.metadata_size) as usize);
+        let metadata = bytes.split_off(sizes.data_size as usize);
+        self.client_request(
+            n,
+            client,
+            Request::Put {
+                id,
+                data: bytes,
+                metadata,
+            },
+            Call::Put { id, sizes },
+        );
+    }
+
     /// Create, then (on the reply) write and seal; `hold_us`: keep the creator's reference
     /// that long after the seal.
     pub(super) fn client_put(
@@ -763,6 +827,9 @@ fn request_line(body: &Request) -> String {
             format!("seal {id}{}", if *release { " and release" } else { "" })
         }
         Request::Abort { id } => format!("abort {id}"),
+        Request::Put { id, data, metadata } => {
+            format!("put {id} {}+{} inline", data.len(), metadata.len())
+        }
         Request::Release { id } => format!("release {id}"),
         Request::Contains { id } => format!("contains {id}"),
         Request::Locate { id } => format!("locate {id}"),

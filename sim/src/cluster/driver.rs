@@ -105,6 +105,28 @@ impl NodeDriver for SimDriver<'_> {
         }
     }
 
+    fn write_inline(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId) {
+        let (c, n) = (&mut *self.cluster, self.n);
+        let sim_node = &mut c.nodes[n.0 as usize];
+        let store = sim_node.node.as_ref().expect("alive").store();
+        c.checker
+            .check_write_target(c.now, n, store, object, region, "inline write");
+        if region.len != bytes.len() as u64 {
+            c.checker.violation(
+                c.now,
+                format!("{n}: inline write of {} bytes into {region}", bytes.len()),
+            );
+        }
+        sim_node.memory.write(region, &bytes);
+        c.record(|| format!("{n} wrote {object} inline at {region}"));
+    }
+
+    fn trace(&mut self, client: ClientId, request: RequestId, _record: bool) {
+        // No clock to stamp with in the simulator.
+        self.cluster
+            .client_replied(self.n, client, request, Response::Traced(Vec::new()));
+    }
+
     fn expose_region(&mut self, object: ObjectId, region: LocalRegion) {
         let (c, n) = (&mut *self.cluster, self.n);
         let sim_node = &mut c.nodes[n.0 as usize];

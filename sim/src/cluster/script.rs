@@ -74,6 +74,18 @@ impl Cluster {
         id
     }
 
+    /// Client 1 of `node` puts object `n` of `data_size` bytes in one request (inline).
+    pub fn put_inline(&mut self, node: u32, n: u64, data_size: u64) -> ObjectId {
+        let id = ObjectId::from_u64(n);
+        let sizes = ObjectSizes {
+            data_size,
+            metadata_size: 0,
+        };
+        self.client_put_inline(NodeId(node), ClientId(WORKLOAD_CLIENT_BASE), id, sizes);
+        self.drive_until(|c| c.known_objects.contains(&id) || !c.creating(id));
+        id
+    }
+
     /// Client 1 of `node` creates object `n` of `data_size` bytes and holds it for `hold`.
     pub fn put_and_hold(&mut self, node: u32, n: u64, data_size: u64, hold: Duration) -> ObjectId {
         let id = ObjectId::from_u64(n);
@@ -91,7 +103,11 @@ impl Cluster {
     /// Whether a client is still creating or sealing `id`.
     pub(super) fn creating(&self, id: ObjectId) -> bool {
         self.calls.values().any(|call| {
-            matches!(call, Call::Create { id: i, .. } | Call::Seal { id: i, .. } if *i == id)
+            matches!(
+                call,
+                Call::Create { id: i, .. } | Call::Seal { id: i, .. } | Call::Put { id: i, .. }
+                    if *i == id
+            )
         }) || self.queue.iter().any(|Reverse(s)| {
             matches!(&s.event, Event::ClientSend { call: Call::Seal { id: i, .. }, .. } if *i == id)
         })

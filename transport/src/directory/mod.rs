@@ -32,7 +32,7 @@ pub use skyriver_core::directory::{DirectoryNotice, MemberInfo};
 #[derive(Debug, thiserror::Error)]
 pub enum DirectoryError {
     /// The directory address could not be parsed.
-    #[error("bad directory address {0:?}: use redis://HOST:PORT or HOST:PORT of a head daemon")]
+    #[error("bad directory address {0:?}: use redis://HOST:PORT, rediss://HOST:PORT (TLS) or HOST:PORT of a head daemon")]
     BadAddress(String),
     /// The first connection failed.
     #[error("cannot reach the directory at {addr}: {reason}")]
@@ -84,7 +84,7 @@ pub enum DirectorySpec {
         /// `HOST:PORT` of the head.
         addr: String,
     },
-    /// A Redis server: `redis://[USER:PASSWORD@]HOST:PORT[/DB]`.
+    /// A Redis server: `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, or `rediss://` for TLS.
     Redis {
         /// The URL as given (may hold a password: never log it, use [`DirectorySpec`]'s
         /// `Display`).
@@ -98,7 +98,10 @@ impl FromStr for DirectorySpec {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let text = text.trim();
         let bad = || DirectoryError::BadAddress(text.to_string());
-        if let Some(rest) = text.strip_prefix("redis://") {
+        if let Some(rest) = text
+            .strip_prefix("redis://")
+            .or_else(|| text.strip_prefix("rediss://"))
+        {
             let authority = rest.split('/').next().unwrap_or_default();
             let host_port = authority.rsplit('@').next().unwrap_or_default();
             if !valid_host_port(host_port) {
@@ -134,10 +137,14 @@ impl fmt::Display for DirectorySpec {
         match self {
             DirectorySpec::Builtin { addr } => write!(f, "{addr}"),
             DirectorySpec::Redis { url } => {
-                let rest = url.strip_prefix("redis://").unwrap_or(url);
+                let (scheme, rest) = match url.split_once("://") {
+                    Some((scheme, rest)) => (scheme, rest),
+                    None => ("redis", url.as_str()),
+                };
+                // The credentials, if any, never show.
                 match rest.rsplit_once('@') {
-                    Some((_, after)) => write!(f, "redis://***@{after}"),
-                    None => write!(f, "redis://{rest}"),
+                    Some((_, after)) => write!(f, "{scheme}://***@{after}"),
+                    None => write!(f, "{scheme}://{rest}"),
                 }
             }
         }

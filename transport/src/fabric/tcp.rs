@@ -12,7 +12,9 @@
 //! - `READ_REQUEST`: `op: u64, addr: u64, len: u64, rkey: u32` (addr = offset in the arena the
 //!   rkey names);
 //! - `READ_RESPONSE`: `op: u64, status: u8, len: u64`, then `len` bytes when status is OK;
-//! - `PING`/`PONG`: `nonce: u64` (cost measurement at connect time).
+//! - `PING`/`PONG`: `nonce: u64` (cost measurement at connect time: batches of ping-pongs, back
+//!   to back and after a pause, whose best estimates per peer and link set the round trip the
+//!   eager threshold is chosen with).
 //!
 //! Connections start with an authenticated handshake (postcard, versioned): a mutual
 //! challenge-response in which each side proves the cluster token with an HMAC over both
@@ -25,7 +27,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadOpId};
+use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadOpId, RoundTripEstimate};
 use skyriver_core::wire::{self, EagerHeader};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
 use tokio::net::TcpListener;
@@ -44,7 +46,9 @@ pub use errors::{Refusal, TcpHandshakeError, TcpLinkError, TcpStartError};
 pub use handshake::fuzzing;
 
 const HANDSHAKE_MAGIC: [u8; 8] = *b"SKYRTCP1";
-const HANDSHAKE_VERSION: u32 = 2;
+/// 2: a challenge-response instead of the token in clear; 3: five batches of connect-time
+/// ping-pongs instead of one.
+const HANDSHAKE_VERSION: u32 = 3;
 const MAX_HANDSHAKE_BYTES: usize = 4096;
 
 const KIND_MESSAGE: u8 = 1;
@@ -56,11 +60,14 @@ const KIND_PONG: u8 = 5;
 const STATUS_OK: u8 = 0;
 const STATUS_REMOTE_ACCESS: u8 = 1;
 
-/// Ping-pongs at connect time to measure the round trip.
+/// Ping-pongs each way in one batch of the connect-time round-trip measurement.
 const PING_ROUNDS: usize = 8;
 /// Largest READ one request may ask for (the core slices larger ones).
 const MAX_READ_BYTES: u64 = 1 << 30;
 const SOCKET_BUFFER_BYTES: usize = 256 * 1024;
+/// Send and receive buffer size set on every peer connection's socket (`SO_SNDBUF`,
+/// `SO_RCVBUF`): room for a few READ slices in flight.
+pub const SOCKET_BUFFER_SIZE_BYTES: usize = SOCKET_BUFFER_BYTES * 16;
 /// Read buffer of a connection: small, because READ data is read straight into the destination
 /// and whatever the buffer already holds of it costs one more copy.
 const READ_BUFFER_BYTES: usize = 16 * 1024;
@@ -153,6 +160,22 @@ struct Inner {
     pending_reads: Mutex<BTreeMap<u64, PendingRead>>,
     events: EventSender,
     next_generation: Mutex<u64>,
+    /// The best round trips measured to each peer, kept across its reconnections while the
+    /// link (the addresses at both ends) stays the same.
+    round_trips: Mutex<BTreeMap<NodeId, PeerRoundTrips>>,
+}
+
+/// Names a link by its ends' addresses: a peer reached from another address, or at another,
+/// has its round trips measured anew.
+type LinkEnds = (std::net::IpAddr, std::net::IpAddr);
+
+/// The round-trip estimates of one peer.
+#[derive(Debug, Default)]
+struct PeerRoundTrips {
+    /// From back-to-back pings.
+    awake: RoundTripEstimate<LinkEnds>,
+    /// From pings after a pause (a wake-up on a quiet machine).
+    idle: RoundTripEstimate<LinkEnds>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -234,6 +257,7 @@ impl TcpFabric {
             pending_reads: Mutex::new(BTreeMap::new()),
             events,
             next_generation: Mutex::new(0),
+            round_trips: Mutex::new(BTreeMap::new()),
         });
         let accept_task = handle
             .spawn(accept_loop(inner.clone(), listener))
@@ -454,6 +478,52 @@ impl Inner {
             .range((arena, 0)..=(arena, offset))
             .next_back()
             .is_some_and(|(&(_, start), &(exposed_len, _))| end <= start + exposed_len)
+    }
+
+    /// Folds a new connection's round trips into the peer's estimates and returns the costs
+    /// its threshold is chosen with, and a line for the log. The round trip is the quietest
+    /// batch of pings after a pause (a lone fetch's messages find the other end idle, and pay
+    /// its wake-up when it runs on another CPU), the back-to-back one when no paused batch
+    /// came through.
+    fn path_costs(
+        &self,
+        peer: NodeId,
+        stream: &tokio::net::TcpStream,
+        measured: handshake::MeasuredRoundTrips,
+    ) -> (PathCosts, String) {
+        let ends = match (stream.local_addr(), stream.peer_addr()) {
+            (Ok(local), Ok(remote)) => (local.ip(), remote.ip()),
+            _ => (
+                std::net::Ipv4Addr::UNSPECIFIED.into(),
+                std::net::Ipv4Addr::UNSPECIFIED.into(),
+            ),
+        };
+        let mut all = lock(&self.round_trips);
+        let estimates = all.entry(peer).or_default();
+        for batch in measured.awake {
+            estimates.awake.observe(ends, batch);
+        }
+        for batch in measured.idle {
+            estimates.idle.observe(ends, batch);
+        }
+        let costs = estimates
+            .idle
+            .costs(estimates.awake.costs(self.config.costs));
+        let show = |estimate: &RoundTripEstimate<LinkEnds>| match estimate.best() {
+            Some(best) => format!(
+                "{:.1?} (±{:.1?}, best of {})",
+                Duration::from_nanos(best.median_ns as u64),
+                Duration::from_nanos((best.spread_ns / 2.0) as u64),
+                estimate.batches()
+            ),
+            None => "not measured".to_string(),
+        };
+        let summary = format!(
+            "tcp, 1 lane, round trip {} awake, {} after a pause",
+            show(&estimates.awake),
+            show(&estimates.idle)
+        );
+        (costs, summary)
     }
 
     fn forget_connecting(&self, peer: NodeId) {

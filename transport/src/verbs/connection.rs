@@ -20,6 +20,7 @@ use super::handshake::{Control, Hello, MAX_LANES};
 use super::objects::{CompletionQueue, QueuePair, SharedReceiveQueue};
 use super::registration::Registration;
 use super::sys::types::*;
+use super::window::MemoryWindow;
 
 mod completion;
 mod config;
@@ -40,6 +41,7 @@ const KIND_SHIFT: u32 = 62;
 const KIND_READ: u64 = 0;
 const KIND_SEND: u64 = 1;
 const KIND_RECV: u64 = 2;
+const KIND_WINDOW: u64 = 3;
 const ID_MASK: u64 = (1 << KIND_SHIFT) - 1;
 
 struct Lane {

@@ -9,6 +9,7 @@ use super::objects::{CompletionChannel, Context, ProtectionDomain};
 use super::registration::{RegisterError, Registration};
 use super::sys::types::*;
 use super::sys::{ibverbs, Ibverbs, LoadError};
+use super::window::MemoryWindow;
 
 /// Why a device could not be listed or opened.
 #[derive(Debug, thiserror::Error)]
@@ -487,6 +488,30 @@ impl VerbsDevice {
         let cap = max_mr_bytes.min(self.limits.max_mr_size_bytes);
         // SAFETY: forwarded from this function's contract.
         unsafe { Registration::new(&self.pd, ptr, len, cap, access) }
+    }
+
+    /// As [`VerbsDevice::register`], and memory windows may be bound to the regions
+    /// ([`VerbsConnection::bind_window`](super::VerbsConnection::bind_window)).
+    ///
+    /// # Safety
+    ///
+    /// As [`VerbsDevice::register`].
+    pub unsafe fn register_for_windows(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        max_mr_bytes: u64,
+    ) -> Result<Registration, RegisterError> {
+        let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_MW_BIND;
+        let cap = max_mr_bytes.min(self.limits.max_mr_size_bytes);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Registration::new(&self.pd, ptr, len, cap, access) }
+    }
+
+    /// A type 2 memory window of this device's protection domain, unbound.
+    /// `ErrorKind::Unsupported` when the provider has none.
+    pub fn alloc_window(&self) -> std::io::Result<MemoryWindow> {
+        MemoryWindow::alloc(&self.pd)
     }
 }
 

@@ -32,6 +32,7 @@ mod objects;
 mod registration;
 #[doc(hidden)]
 pub mod sys;
+mod window;
 
 pub use connection::{
     Completion, ConnectionConfig, ConnectionError, NegotiatedParams, Opcode, PollError, PostError,
@@ -43,6 +44,7 @@ pub use handshake::{HandshakeError, MAX_LANES};
 pub use objects::CompletionChannel;
 pub use registration::{plan_reads, MrChunk, PlanError, RegisterError, Registration, RemoteChunk};
 pub use sys::{available as library_available, LoadError, IBVERBS_LIB_ENV, IBVERBS_SONAME};
+pub use window::MemoryWindow;
 
 /// Largest message a single RDMA READ or SEND may carry (the InfiniBand limit, 2 GiB).
 pub const MAX_MESSAGE_BYTES: u64 = 1 << 31;

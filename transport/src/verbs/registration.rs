@@ -60,7 +60,7 @@ pub struct RemoteChunk {
 pub struct Registration {
     chunks: Vec<MrChunk>,
     // Dropping these deregisters the regions.
-    _mrs: Vec<MemoryRegion>,
+    mrs: Vec<MemoryRegion>,
 }
 
 impl std::fmt::Debug for Registration {
@@ -113,7 +113,7 @@ impl Registration {
             mrs.push(mr);
             offset += chunk_len;
         }
-        Ok(Registration { chunks, _mrs: mrs })
+        Ok(Registration { chunks, mrs })
     }
 
     /// The memory regions, in address order.
@@ -154,6 +154,15 @@ impl Registration {
     }
 
     /// Local key covering the whole of `[addr, addr + len)`, if one region does.
+    /// The memory region holding all of `[addr, addr + len)`, to bind a window in.
+    pub(crate) fn region_for(&self, addr: u64, len: u64) -> Option<&MemoryRegion> {
+        let end = addr.checked_add(len)?;
+        self.chunks
+            .iter()
+            .position(|c| c.addr <= addr && end <= c.addr + c.len)
+            .map(|i| &self.mrs[i])
+    }
+
     pub fn lkey_for(&self, addr: u64, len: u64) -> Option<u32> {
         let c = self.chunk_for(addr)?;
         (addr + len <= c.addr + c.len).then_some(c.lkey)

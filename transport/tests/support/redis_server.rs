@@ -17,12 +17,21 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    password: Option<String>,
+    /// Serves TLS only, with a certificate for 127.0.0.1 signed by `ca.crt` in `dir`.
+    tls: bool,
 }
 
 impl RedisServer {
     /// Starts a server, or returns `None` (after printing why) when `redis-server` is missing
     /// and not required.
     pub fn start(test: &str) -> Option<RedisServer> {
+        Self::start_with(test, None, false)
+    }
+
+    /// As [`RedisServer::start`], requiring `password` (`requirepass`) and/or serving TLS only
+    /// with a test CA made here (`ca_file`).
+    pub fn start_with(test: &str, password: Option<&str>, tls: bool) -> Option<RedisServer> {
         let installed = Command::new("redis-server")
             .arg("--version")
             .stdout(Stdio::null())
@@ -54,20 +63,125 @@ impl RedisServer {
             child: None,
             port,
             dir: tempfile::tempdir().unwrap(),
+            password: password.map(str::to_string),
+            tls,
         };
+        if tls {
+            server.make_test_ca();
+        }
         server.restart();
         Some(server)
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        match &self.password {
+            Some(password) => format!("{scheme}://:{password}@127.0.0.1:{}", self.port),
+            None => format!("{scheme}://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The test CA's certificate (PEM), with `tls`.
+    #[allow(dead_code)] // Not every test binary that shares this file serves TLS.
+    pub fn ca_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    /// A CA and a server certificate for 127.0.0.1 it signed, made with the openssl tool.
+    fn make_test_ca(&self) {
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(self.dir.path())
+                .output()
+                .expect("the openssl tool runs (apt-get install openssl)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        run(&[
+            &["req", "-x509"][..],
+            &ec[..],
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=skyriver test CA",
+            ][..],
+        ]
+        .concat());
+        run(&[
+            &["req"][..],
+            &ec[..],
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ][..],
+        ]
+        .concat());
+        std::fs::write(
+            self.dir.path().join("san.ext"),
+            "subjectAltName=IP:127.0.0.1\n",
+        )
+        .unwrap();
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
     }
 
     /// (Re)starts the server on its port and waits (bounded) until it accepts connections.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
+        let mut command = Command::new("redis-server");
+        if self.tls {
+            command
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .args([
+                    "--tls-cert-file",
+                    "server.crt",
+                    "--tls-key-file",
+                    "server.key",
+                ])
+                .args(["--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no"])
+                .current_dir(self.dir.path());
+        } else {
+            command.args(["--port", &self.port.to_string()]);
+        }
+        if let Some(password) = &self.password {
+            command.args(["--requirepass", password]);
+        }
+        let child = command
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args(["--appendonly", "no"])

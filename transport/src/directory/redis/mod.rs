@@ -42,7 +42,9 @@ mod reset;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::Client;
+use std::path::{Path, PathBuf};
+
+use ::redis::{Client, IntoConnectionInfo, TlsCertificates};
 use skyriver_core::directory::{DirectoryNotice, MemberInfo};
 use skyriver_core::registry::session::{DirectorySession, SessionConfig};
 use skyriver_core::{NodeId, ObjectId, ObjectSizes};
@@ -99,8 +101,11 @@ pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(30);
 /// How a node uses Redis.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    /// `redis://[USER:PASSWORD@]HOST:PORT[/DB]`.
+    /// `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, or `rediss://…` for TLS.
     pub url: String,
+    /// For `rediss://`: trust this CA (PEM) instead of the system's roots. Defaults to
+    /// `$SKYRIVER_REDIS_CA`.
+    pub tls_ca_file: Option<PathBuf>,
     /// The cluster's name: keys live under `skyriver:{cluster}:`.
     pub cluster: String,
     /// Bound on every command or pipeline; past it Redis counts as unreachable.
@@ -131,6 +136,9 @@ impl RedisConfig {
     pub fn new(url: impl Into<String>, cluster: &str) -> Self {
         Self {
             url: url.into(),
+            tls_ca_file: std::env::var_os(REDIS_CA_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
             cluster: cluster.to_string(),
             request_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
@@ -143,6 +151,47 @@ impl RedisConfig {
             reconnect_backoff_max: Duration::from_secs(5),
         }
     }
+}
+
+/// Names the CA file (PEM) a `rediss://` connection trusts instead of the system's roots.
+pub const REDIS_CA_ENV: &str = "SKYRIVER_REDIS_CA";
+
+/// Why [`open_client`] made no client. Never holds the URL (it may carry a password).
+#[derive(Debug)]
+pub(super) enum OpenClientError {
+    /// The URL is not one Redis understands.
+    BadUrl,
+    /// The CA file cannot be read or used.
+    CaFile(String),
+}
+
+/// A Redis client for `url`: plain for `redis://`; for `rediss://`, TLS with rustls (ring),
+/// verifying the server against `ca_file` if given, else the system's roots.
+pub(super) fn open_client(url: &str, ca_file: Option<&Path>) -> Result<Client, OpenClientError> {
+    if url.starts_with("rediss://") {
+        // One process-wide TLS provider; a second install (already done) is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let Some(path) = ca_file.filter(|_| url.starts_with("rediss://")) else {
+        return Client::open(url).map_err(|_| OpenClientError::BadUrl);
+    };
+    let root_cert = std::fs::read(path).map_err(|e| {
+        OpenClientError::CaFile(format!(
+            "cannot read the Redis CA file {} ({REDIS_CA_ENV}): {e}",
+            path.display()
+        ))
+    })?;
+    let info = url
+        .into_connection_info()
+        .map_err(|_| OpenClientError::BadUrl)?;
+    Client::build_with_tls(
+        info,
+        TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root_cert),
+        },
+    )
+    .map_err(|e| OpenClientError::CaFile(format!("the Redis CA file {}: {e}", path.display())))
 }
 
 /// Whether `name` may be a cluster name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
@@ -274,7 +323,13 @@ pub async fn connect(
         return Err(DirectoryError::BadClusterName(config.cluster.clone()));
     }
     let client =
-        Client::open(config.url.as_str()).map_err(|_| DirectoryError::BadAddress(shown.clone()))?;
+        open_client(&config.url, config.tls_ca_file.as_deref()).map_err(|error| match error {
+            OpenClientError::BadUrl => DirectoryError::BadAddress(shown.clone()),
+            OpenClientError::CaFile(reason) => DirectoryError::Unreachable {
+                addr: shown.clone(),
+                reason,
+            },
+        })?;
     // Serialising a struct of plain fields to JSON cannot fail.
     let member_json = serde_json::to_string(&me).expect("MemberInfo serialises to JSON");
     let session_config = SessionConfig {
@@ -315,5 +370,27 @@ pub async fn connect(
             shown_url: shown.clone(),
         }),
     };
-    client::start(session, connector, timing, notices, shown, description).await
+    client::start(session, connector, timing, notices, shown, description)
+        .await
+        .map_err(with_auth_hint)
+}
+
+/// A refusal for credentials says where they go.
+fn with_auth_hint(error: DirectoryError) -> DirectoryError {
+    match error {
+        DirectoryError::Unreachable { addr, reason }
+            if reason.contains("NOAUTH")
+                || reason.contains("WRONGPASS")
+                || reason.contains("AuthenticationFailed") =>
+        {
+            DirectoryError::Unreachable {
+                addr,
+                reason: format!(
+                    "{reason} (Redis wants credentials: redis://:PASSWORD@HOST:PORT, or \
+                     redis://USER:PASSWORD@HOST:PORT for an ACL user; rediss:// for TLS)"
+                ),
+            }
+        }
+        other => other,
+    }
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
-use ::redis::{AsyncConnectionConfig, Client};
+use ::redis::AsyncConnectionConfig;
 use skyriver_core::NodeId;
 use tokio::time::timeout;
 
@@ -63,7 +63,16 @@ pub async fn reset(url: &str, cluster: &str, force: bool) -> Result<ResetOutcome
     if !valid_cluster_name(cluster) {
         return Err(ResetError::BadClusterName(cluster.to_string()));
     }
-    let client = Client::open(url).map_err(|_| ResetError::BadAddress(shown.clone()))?;
+    let ca_file = std::env::var_os(super::REDIS_CA_ENV)
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from);
+    let client = super::open_client(url, ca_file.as_deref()).map_err(|error| match error {
+        super::OpenClientError::BadUrl => ResetError::BadAddress(shown.clone()),
+        super::OpenClientError::CaFile(reason) => ResetError::Unreachable {
+            addr: shown.clone(),
+            reason,
+        },
+    })?;
     let unreachable = |reason: String| ResetError::Unreachable {
         addr: shown.clone(),
         reason,

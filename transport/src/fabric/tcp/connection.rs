@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use skyriver_core::node::{PathCosts, PeerParams, ReadError, ReadOpId};
+use skyriver_core::node::{PeerParams, ReadError, ReadOpId};
 use skyriver_core::wire;
 use skyriver_core::{ArenaId, NodeId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
@@ -15,10 +15,12 @@ use tokio::sync::{mpsc, Semaphore};
 use tracing::{debug, warn};
 
 use super::errors::TcpLinkError;
+use super::handshake::MeasuredRoundTrips;
 use super::TcpFabricConfig;
 use super::{
     lock, Inner, KIND_MESSAGE, KIND_PING, KIND_PONG, KIND_READ_REQUEST, KIND_READ_RESPONSE,
-    MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS,
+    MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES, SOCKET_BUFFER_SIZE_BYTES, STATUS_OK,
+    STATUS_REMOTE_ACCESS,
 };
 use crate::fabric::{FabricEvent, MessageBytes};
 
@@ -183,12 +185,13 @@ pub(super) fn start_connection(
     inner: Arc<Inner>,
     peer: NodeId,
     stream: TcpStream,
-    round_trip: Duration,
+    round_trips: MeasuredRoundTrips,
 ) {
+    let (costs, summary) = inner.path_costs(peer, &stream, round_trips);
     let _ = stream.set_nodelay(true);
     let socket = socket2::SockRef::from(&stream);
-    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES * 16);
-    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES * 16);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_SIZE_BYTES);
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_SIZE_BYTES);
     // Best effort: without these a dead peer is only noticed by the transfer deadlines.
     let timeout = inner.config.dead_peer_timeout;
     let keepalive = socket2::TcpKeepalive::new()
@@ -223,11 +226,6 @@ pub(super) fn start_connection(
         return;
     };
     let (reader, writer) = stream.into_split();
-    let costs = PathCosts {
-        round_trip_ns: round_trip.as_nanos() as f64,
-        ..inner.config.costs
-    };
-    let summary = format!("tcp, 1 lane, round trip {round_trip:.1?}");
     inner.emit(FabricEvent::PeerConnected {
         peer,
         params: PeerParams { lanes: 1, costs },
@@ -382,6 +380,7 @@ async fn read_loop(
                     .map_err(|_| TcpLinkError::WriterStopped)?;
                 let mut bytes = vec![0u8; len];
                 reader.read_exact(&mut bytes).await.map_err(io)?;
+                crate::trace::stamp("message_read");
                 inner.emit(FabricEvent::Message {
                     peer,
                     bytes: MessageBytes::budgeted(bytes, budget),

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use skyriver_core::node::RoundTripBatch;
 use skyriver_core::NodeId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -244,10 +245,10 @@ async fn accept_handshake(
         },
     )
     .await?;
-    let round_trip = measure_round_trip(&mut stream, false)
+    let round_trips = measure_round_trips(&mut stream, false)
         .await
         .map_err(io_error("round trip"))?;
-    start_connection(inner.clone(), peer, stream, round_trip);
+    start_connection(inner.clone(), peer, stream, round_trips);
     Ok(())
 }
 
@@ -324,10 +325,10 @@ pub(super) async fn dial(inner: Arc<Inner>, peer: NodeId, addr: SocketAddr) {
                 })
             }
         }
-        let round_trip = measure_round_trip(&mut stream, true)
+        let round_trips = measure_round_trips(&mut stream, true)
             .await
             .map_err(io_error("round trip"))?;
-        Ok((stream, round_trip))
+        Ok((stream, round_trips))
     };
     let timeout = inner.config.connect_timeout;
     let outcome = match tokio::time::timeout(timeout, attempt).await {
@@ -340,7 +341,7 @@ pub(super) async fn dial(inner: Arc<Inner>, peer: NodeId, addr: SocketAddr) {
     // Drop the Connecting placeholder; `start_connection` installs the real one.
     inner.forget_connecting(peer);
     match outcome {
-        Ok((stream, round_trip)) => start_connection(inner, peer, stream, round_trip),
+        Ok((stream, round_trips)) => start_connection(inner, peer, stream, round_trips),
         Err(error) => {
             warn!(%peer, %error, "cannot connect to peer");
             inner.emit(FabricEvent::PeerLost {
@@ -351,35 +352,82 @@ pub(super) async fn dial(inner: Arc<Inner>, peer: NodeId, addr: SocketAddr) {
     }
 }
 
-/// Ping-pongs in both directions; returns this side's median round trip.
-async fn measure_round_trip(stream: &mut TcpStream, dialer: bool) -> std::io::Result<Duration> {
+/// How the pings of one batch are spaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spacing {
+    /// Each ping right after the previous pong: both ends' threads are awake.
+    BackToBack,
+    /// A pause before each ping, long enough for the far end's thread to sleep: each ping
+    /// pays the wake-up a lone message pays on a quiet machine (none when both ends share a
+    /// CPU).
+    Paused,
+}
+
+/// The batches of [`PING_ROUNDS`] ping-pongs each way measured on every new connection.
+const PING_BATCHES: [Spacing; 5] = [
+    Spacing::BackToBack,
+    Spacing::BackToBack,
+    Spacing::BackToBack,
+    Spacing::Paused,
+    Spacing::Paused,
+];
+
+/// The pause before each ping of a [`Spacing::Paused`] batch.
+const PING_PAUSE: Duration = Duration::from_millis(1);
+
+/// This side's round trips measured at connect time, one summary per batch.
+#[derive(Debug, Default)]
+pub(super) struct MeasuredRoundTrips {
+    /// Batches of back-to-back pings.
+    pub(super) awake: Vec<RoundTripBatch>,
+    /// Batches of pings after a pause.
+    pub(super) idle: Vec<RoundTripBatch>,
+}
+
+/// Ping-pongs in both directions, in [`PING_BATCHES`]; returns this side's batches.
+async fn measure_round_trips(
+    stream: &mut TcpStream,
+    dialer: bool,
+) -> std::io::Result<MeasuredRoundTrips> {
     stream.set_nodelay(true)?;
-    let mut samples = Vec::with_capacity(PING_ROUNDS);
+    let mut measured = MeasuredRoundTrips::default();
     let mut frame = [0u8; 9];
-    for turn in [dialer, !dialer] {
-        for round in 0..PING_ROUNDS as u64 {
-            if turn {
-                frame[0] = KIND_PING;
-                frame[1..].copy_from_slice(&round.to_le_bytes());
-                let started = Instant::now();
-                stream.write_all(&frame).await?;
-                stream.read_exact(&mut frame).await?;
-                samples.push(started.elapsed());
-                if frame[0] != KIND_PONG {
-                    return Err(std::io::Error::other("expected PONG"));
+    let mut nonce = 0u64;
+    for spacing in PING_BATCHES {
+        let mut samples = Vec::with_capacity(PING_ROUNDS);
+        for turn in [dialer, !dialer] {
+            for _ in 0..PING_ROUNDS {
+                if turn {
+                    if spacing == Spacing::Paused {
+                        tokio::time::sleep(PING_PAUSE).await;
+                    }
+                    nonce += 1;
+                    frame[0] = KIND_PING;
+                    frame[1..].copy_from_slice(&nonce.to_le_bytes());
+                    let started = Instant::now();
+                    stream.write_all(&frame).await?;
+                    stream.read_exact(&mut frame).await?;
+                    samples.push(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX));
+                    if frame[0] != KIND_PONG {
+                        return Err(std::io::Error::other("expected PONG"));
+                    }
+                } else {
+                    stream.read_exact(&mut frame).await?;
+                    if frame[0] != KIND_PING {
+                        return Err(std::io::Error::other("expected PING"));
+                    }
+                    frame[0] = KIND_PONG;
+                    stream.write_all(&frame).await?;
                 }
-            } else {
-                stream.read_exact(&mut frame).await?;
-                if frame[0] != KIND_PING {
-                    return Err(std::io::Error::other("expected PING"));
-                }
-                frame[0] = KIND_PONG;
-                stream.write_all(&frame).await?;
             }
         }
+        let batches = match spacing {
+            Spacing::BackToBack => &mut measured.awake,
+            Spacing::Paused => &mut measured.idle,
+        };
+        batches.extend(RoundTripBatch::from_samples(&mut samples));
     }
-    samples.sort_unstable();
-    Ok(samples[samples.len() / 2])
+    Ok(measured)
 }
 
 /// Entry points for the fuzz targets (`fuzz/`).
@@ -631,7 +679,8 @@ mod tests {
         stream.write_all(&body).unwrap();
         match receive(&mut stream) {
             Some(Handshake::Refused { reason }) => assert!(
-                reason.contains("version 1 is not supported") && reason.contains("speaks 2"),
+                reason.contains("version 1 is not supported")
+                    && reason.contains(&format!("speaks {HANDSHAKE_VERSION}")),
                 "{reason}"
             ),
             other => panic!("{other:?}"),

@@ -421,6 +421,12 @@ impl PeerConn {
                 lane: c.lane,
                 status: c.status,
             }),
+            // The fabric binds no windows yet; a failed one would have failed its lane.
+            Opcode::BindWindow | Opcode::InvalidateWindow if c.status.is_success() => Ok(()),
+            Opcode::BindWindow | Opcode::InvalidateWindow => Err(ConnectionLost::Send {
+                lane: c.lane,
+                status: c.status,
+            }),
             Opcode::Read => {
                 let list = st
                     .lists

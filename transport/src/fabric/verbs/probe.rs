@@ -209,6 +209,8 @@ pub(super) fn echo_pings(
                     sent += 1;
                 }
                 Opcode::Read => check(&c, "probe READ")?,
+                // The probe binds no windows.
+                Opcode::BindWindow | Opcode::InvalidateWindow => check(&c, "probe window")?,
             }
         }
     }
@@ -259,6 +261,8 @@ pub(super) fn measure(
                         *sends += 1;
                     }
                     Opcode::Read => check(&c, "probe READ")?,
+                    // The probe binds no windows.
+                    Opcode::BindWindow | Opcode::InvalidateWindow => check(&c, "probe window")?,
                 }
             }
         }

@@ -88,6 +88,10 @@ pub enum Opcode {
     Read,
     /// A message arrived in a receive slot (or a posted receive was flushed).
     Recv,
+    /// A memory window bind this side posted.
+    BindWindow,
+    /// A memory window invalidation this side posted.
+    InvalidateWindow,
 }
 
 /// A receive slot holding an arrived message until it is released

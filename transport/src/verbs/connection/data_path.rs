@@ -1,7 +1,7 @@
 //! The data path of a connection: SEND (inline when small), READ lists, receive slots and
 //! their reposting, completion polling.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, c_uint};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -133,6 +133,94 @@ impl VerbsConnection {
         crate::verbs::objects::check_rc(rc).map_err(post_err("ibv_post_send(READ)"))?;
         l.sq_in_flight += n;
         l.blocks.push_back(n);
+        Ok(())
+    }
+
+    /// Binds `window` to `[addr, addr + len)` of `registration` for remote READs through
+    /// `lane`'s queue pair (a type 2 window is usable through that QP only), as one signaled
+    /// work request; its completion (`Opcode::BindWindow`) says the binding holds. Returns the
+    /// window's new rkey, which the peer READs with; the previous binding's rkey is refused
+    /// from then on.
+    pub fn bind_window(
+        &mut self,
+        lane: usize,
+        wr_id: u64,
+        window: &mut MemoryWindow,
+        registration: &Registration,
+        addr: u64,
+        len: u64,
+    ) -> Result<u32, PostError> {
+        if wr_id > ID_MASK {
+            return Err(PostError::BadWrId(wr_id));
+        }
+        let mr = registration
+            .region_for(addr, len)
+            .filter(|_| len > 0)
+            .ok_or(PostError::OutsideRegistration { addr, len })?;
+        let depth = self.params.send_queue_depth;
+        let l = lane_checked(&mut self.lanes, lane, 1, depth)?;
+        let rkey = window.next_rkey();
+        let mut sge = ibv_sge::default();
+        let mut wr = send_wr(
+            (KIND_WINDOW << KIND_SHIFT) | wr_id,
+            IBV_WR_BIND_MW,
+            &mut sge,
+        );
+        wr.num_sge = 0;
+        wr.sg_list = std::ptr::null_mut();
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.bind_mw = ibv_send_wr_bind_mw {
+            mw: window.as_ptr(),
+            rkey,
+            bind_info: ibv_mw_bind_info {
+                mr: mr.as_ptr(),
+                addr,
+                length: len,
+                mw_access_flags: IBV_ACCESS_REMOTE_READ as c_uint,
+            },
+        };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP, the window and the region are live for the call (borrowed); the
+        // request names no local memory. The device checks the range against the region.
+        let rc = unsafe { ibv_post_send(l.qp.as_ptr(), &mut wr, &mut bad) };
+        crate::verbs::objects::check_rc(rc).map_err(post_err("ibv_post_send(BIND_MW)"))?;
+        l.sq_in_flight += 1;
+        l.blocks.push_back(1);
+        window.set_rkey(rkey);
+        Ok(rkey)
+    }
+
+    /// Invalidates `window`'s current binding on `lane` (the lane it was bound on), as one
+    /// signaled work request; once it completes (`Opcode::InvalidateWindow`) a READ with the
+    /// window's rkey fails with a remote access error.
+    pub fn invalidate_window(
+        &mut self,
+        lane: usize,
+        wr_id: u64,
+        window: &MemoryWindow,
+    ) -> Result<(), PostError> {
+        if wr_id > ID_MASK {
+            return Err(PostError::BadWrId(wr_id));
+        }
+        let depth = self.params.send_queue_depth;
+        let l = lane_checked(&mut self.lanes, lane, 1, depth)?;
+        let mut sge = ibv_sge::default();
+        let mut wr = send_wr(
+            (KIND_WINDOW << KIND_SHIFT) | wr_id,
+            IBV_WR_LOCAL_INV,
+            &mut sge,
+        );
+        wr.num_sge = 0;
+        wr.sg_list = std::ptr::null_mut();
+        wr.send_flags = IBV_SEND_SIGNALED;
+        // `imm_data` is the union's `invalidate_rkey`.
+        wr.imm_data = window.rkey();
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP is live; the request names no memory, only the rkey to invalidate.
+        let rc = unsafe { ibv_post_send(l.qp.as_ptr(), &mut wr, &mut bad) };
+        crate::verbs::objects::check_rc(rc).map_err(post_err("ibv_post_send(LOCAL_INV)"))?;
+        l.sq_in_flight += 1;
+        l.blocks.push_back(1);
         Ok(())
     }
 
@@ -385,6 +473,20 @@ impl VerbsConnection {
                     status,
                     opcode: Opcode::Send,
                     byte_len: wc.byte_len,
+                }
+            }
+            KIND_WINDOW => {
+                retire(l, status);
+                Completion {
+                    lane,
+                    wr_id: id,
+                    status,
+                    opcode: if wc.opcode == IBV_WC_LOCAL_INV {
+                        Opcode::InvalidateWindow
+                    } else {
+                        Opcode::BindWindow
+                    },
+                    byte_len: 0,
                 }
             }
             _ => {

@@ -67,6 +67,14 @@ pub enum PostError {
         /// Limit.
         limit: u64,
     },
+    /// A window's range is empty or not inside one memory region of the registration.
+    #[error("window of {len} bytes at {addr:#x} is not inside one registered region")]
+    OutsideRegistration {
+        /// Start.
+        addr: u64,
+        /// Length.
+        len: u64,
+    },
     /// The receive slot holds no message: released twice, or never received.
     #[error("receive slot {0} holds no message")]
     SlotNotHeld(u32),

@@ -38,10 +38,15 @@ pub struct ibv_ah {
     _opaque: [u8; 0],
 }
 
-/// `struct ibv_mw`: opaque (appears in `ibv_send_wr`'s bind union).
+/// `struct ibv_mw`: a memory window.
 #[repr(C)]
 pub struct ibv_mw {
-    _opaque: [u8; 0],
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `enum ibv_mw_type`.
+    pub type_: u32,
 }
 
 /// `union ibv_gid`: 16 raw bytes (the `global` view is the same bytes as two big-endian
@@ -64,9 +69,9 @@ pub struct ibv_context_ops {
     pub _compat_reg_mr: *mut c_void,
     pub _compat_rereg_mr: *mut c_void,
     pub _compat_dereg_mr: *mut c_void,
-    pub alloc_mw: *mut c_void,
+    pub alloc_mw: Option<unsafe extern "C" fn(*mut ibv_pd, u32) -> *mut ibv_mw>,
     pub bind_mw: *mut c_void,
-    pub dealloc_mw: *mut c_void,
+    pub dealloc_mw: Option<unsafe extern "C" fn(*mut ibv_mw) -> c_int>,
     pub _compat_create_cq: *mut c_void,
     pub poll_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int>,
     pub req_notify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int>,
@@ -469,6 +474,11 @@ pub struct ibv_qp_attr {
 pub const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
 /// `IBV_ACCESS_REMOTE_READ`.
 pub const IBV_ACCESS_REMOTE_READ: c_int = 1 << 2;
+/// `IBV_ACCESS_MW_BIND`: memory windows may be bound to the region.
+pub const IBV_ACCESS_MW_BIND: c_int = 1 << 4;
+
+/// `enum ibv_mw_type`: `IBV_MW_TYPE_2` (bound by a work request on a QP, usable through it).
+pub const IBV_MW_TYPE_2: u32 = 2;
 
 /// `IBV_QPT_RC`.
 pub const IBV_QPT_RC: u32 = 2;
@@ -519,6 +529,15 @@ pub const IBV_QP_DEST_QPN: c_int = 1 << 20;
 pub const IBV_WR_SEND: u32 = 2;
 /// `IBV_WR_RDMA_READ`.
 pub const IBV_WR_RDMA_READ: u32 = 4;
+/// `IBV_WR_LOCAL_INV`.
+pub const IBV_WR_LOCAL_INV: u32 = 7;
+/// `IBV_WR_BIND_MW`.
+pub const IBV_WR_BIND_MW: u32 = 8;
+
+/// `enum ibv_wc_opcode`: `IBV_WC_BIND_MW`.
+pub const IBV_WC_BIND_MW: u32 = 5;
+/// `IBV_WC_LOCAL_INV`.
+pub const IBV_WC_LOCAL_INV: u32 = 6;
 
 /// `enum ibv_send_flags`: `IBV_SEND_SIGNALED`.
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;

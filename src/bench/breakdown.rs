@@ -1,0 +1,672 @@
+//! `skyriver bench breakdown`: where the time of a 1 KiB fetch goes, hop by hop, next to raw
+//! Unix-socket and TCP ping-pongs, a small put and a local get measured in the same run.
+//!
+//! Two daemons on this machine (a local cluster, TCP fabric) for the fetches, and a daemon of
+//! its own for the puts and gets (as `bench local` measures them). The requester's and the
+//! holder's daemons stamp named moments of each traced fetch (request read, fetch request about
+//! to be sent, message read off the fabric, message handled by the loop, eager reply about to be
+//! sent, bytes written, sealed, reply queued, reply about to be written: every send is stamped
+//! before its system call, so a receiver that runs first cannot make a hop negative) with
+//! `CLOCK_MONOTONIC`, which the client and both daemons share,
+//! and the client stamps its send and its receipt of the reply on the same clock. The median of
+//! every hop is printed, with the median total beside the sum of the medians (they differ by
+//! the spread, not by a hidden hop).
+//!
+//! Each polling time in `--poll-us` gets a cluster of its own (the daemons' `--poll-us` and the
+//! client's `SKYRIVER_POLL_US`), measured back to back (every process stays awake) and after a
+//! pause longer than any polling window (every process has gone to sleep: each hop pays a
+//! wake-up, as on an idle machine), and then left idle for a while to measure the daemons' CPU
+//! use when nothing happens.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use skyriver_core::client_protocol::TraceStamp;
+use skyriver_core::ObjectId;
+use skyriver_transport::trace::monotonic_ns;
+
+use super::{BenchError, CaseResult, ChildDaemon};
+use crate::client::Client;
+use crate::poll::POLL_US_ENV;
+use crate::size::ByteSize;
+use crate::up::{LocalCluster, UpArgs};
+
+/// Bytes of the object fetched, put and got.
+const OBJECT_BYTES: usize = 1024;
+/// Iterations of one case between turns of the others (so drift hits every case alike).
+const ROUND_ITERATIONS: usize = 100;
+
+/// Where the benchmark and the daemons it starts run.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CpuPlacement {
+    /// Everything on CPU 0: a round trip needs no cross-CPU wake-up.
+    Pinned,
+    /// Wherever the kernel puts each process.
+    Spread,
+}
+
+/// Options of `bench breakdown`.
+#[derive(Args, Debug, Clone)]
+pub struct BreakdownArgs {
+    /// Polling times to compare, in microseconds: the daemons' `--poll-us` and the client's
+    /// `SKYRIVER_POLL_US`, one cluster each.
+    #[arg(long, value_delimiter = ',', default_value = "0,50")]
+    pub poll_us: Vec<u64>,
+    /// `pinned`: this process and the daemons it starts on CPU 0; `spread`: anywhere.
+    #[arg(long, value_enum, default_value_t = CpuPlacement::Spread)]
+    pub cpus: CpuPlacement,
+    /// Back-to-back iterations of each case (per polling time).
+    #[arg(long, default_value_t = 2000)]
+    pub iterations: usize,
+    /// Iterations of each case after a pause (per polling time).
+    #[arg(long, default_value_t = 300)]
+    pub paused_iterations: usize,
+    /// The pause before each of those iterations, in microseconds (longer than any polling
+    /// time, so every process sleeps when the request comes).
+    #[arg(long, default_value_t = 2000)]
+    pub pause_us: u64,
+    /// Seconds the daemons are left idle while their CPU use is measured.
+    #[arg(long, default_value_t = 2)]
+    pub idle_secs: u64,
+    /// Write the results as JSON here.
+    #[arg(long, default_value = "bench-breakdown.json")]
+    pub json: PathBuf,
+}
+
+/// The hops of a traced fetch: (name, from stamp, to stamp). `client_send` and
+/// `client_received` are the client's; `A.` stamps the requester's daemon, `B.` the holder's.
+const HOPS: [(&str, &str, &str); 11] = [
+    (
+        "client send -> daemon has read it",
+        "client_send",
+        "A.request_read",
+    ),
+    (
+        "daemon: request handled",
+        "A.request_read",
+        "A.fetch_request_send",
+    ),
+    (
+        "send -> holder's fabric has read it",
+        "A.fetch_request_send",
+        "B.message_read",
+    ),
+    (
+        "holder: fabric -> loop hand-off",
+        "B.message_read",
+        "B.message_handled",
+    ),
+    (
+        "holder: fetch request handled",
+        "B.message_handled",
+        "B.eager_send",
+    ),
+    (
+        "gather + send -> requester's fabric read",
+        "B.eager_send",
+        "A.message_read",
+    ),
+    (
+        "requester: fabric -> loop hand-off",
+        "A.message_read",
+        "A.message_handled",
+    ),
+    (
+        "requester: create + copy",
+        "A.message_handled",
+        "A.eager_written",
+    ),
+    (
+        "requester: seal + reply built",
+        "A.eager_written",
+        "A.reply_queued",
+    ),
+    (
+        "requester: reply queued -> write",
+        "A.reply_queued",
+        "A.reply_write",
+    ),
+    (
+        "write -> client has the reply",
+        "A.reply_write",
+        "client_received",
+    ),
+];
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    case: String,
+    /// `back-to-back` or `after a pause`.
+    pacing: &'static str,
+    iterations: usize,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// One hop's median.
+#[derive(Debug, Clone, Serialize)]
+struct Hop {
+    hop: &'static str,
+    p50_us: f64,
+}
+
+/// A target of the issue, from this run.
+#[derive(Debug, Clone, Serialize)]
+struct Target {
+    what: String,
+    measured_us: f64,
+    limit_us: f64,
+    met: bool,
+}
+
+/// Everything measured with one polling time.
+#[derive(Debug, Clone, Serialize)]
+struct PollRun {
+    poll_us: u64,
+    rows: Vec<Row>,
+    hops: Vec<Hop>,
+    hops_sum_us: f64,
+    traced_total_p50_us: f64,
+    traced_fetches: usize,
+    /// CPU time of each daemon (holder, requester, the lone daemon) over the idle period, in
+    /// percent of one CPU.
+    idle_cpu_percent: Vec<f64>,
+    /// CPU time of each daemon while the back-to-back cases ran, in percent of one CPU.
+    busy_cpu_percent: Vec<f64>,
+    targets: Vec<Target>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    cpus: CpuPlacement,
+    object_bytes: usize,
+    pause_us: u64,
+    load_average: String,
+    runs: Vec<PollRun>,
+}
+
+pub(super) fn run(args: &BreakdownArgs) -> Result<(), BenchError> {
+    if args.cpus == CpuPlacement::Pinned {
+        // Threads and processes started from here on inherit it.
+        let mut set = nix::sched::CpuSet::new();
+        set.set(0)
+            .map_err(|e| BenchError::Setup(format!("cpu set: {e}")))?;
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+            .map_err(|e| BenchError::Setup(format!("cannot pin to CPU 0: {e}")))?;
+    }
+    let exe = std::env::current_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+    let load_average = std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let mut runs = Vec::new();
+    for &poll_us in &args.poll_us {
+        eprintln!("poll {poll_us} µs: starting two daemons...");
+        // The daemons inherit it as their --poll-us; the clients read it when they connect.
+        std::env::set_var(POLL_US_ENV, poll_us.to_string());
+        let up = UpArgs::new(2, ByteSize(64 << 20), None);
+        let cluster = LocalCluster::start(&up, &exe).map_err(BenchError::Setup)?;
+        // Puts and gets on a daemon of its own, as `bench local` measures them (a cluster
+        // node also publishes each put to the directory).
+        let alone = ChildDaemon::start(64 << 20)?;
+        let run = measure(args, poll_us, &cluster, &alone)?;
+        print_run(args, &run);
+        runs.push(run);
+    }
+    std::env::remove_var(POLL_US_ENV);
+    let report = Report {
+        cpus: args.cpus,
+        object_bytes: OBJECT_BYTES,
+        pause_us: args.pause_us,
+        load_average,
+        runs,
+    };
+    let json = serde_json::to_string_pretty(&report).expect("plain data serializes");
+    std::fs::write(&args.json, json)
+        .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.json.display())))?;
+    eprintln!("wrote {}", args.json.display());
+    Ok(())
+}
+
+/// A case measured in turns with the others.
+struct Case {
+    name: &'static str,
+    back_to_back: Vec<Duration>,
+    paused: Vec<Duration>,
+}
+
+fn measure(
+    args: &BreakdownArgs,
+    poll_us: u64,
+    cluster: &LocalCluster,
+    alone: &ChildDaemon,
+) -> Result<PollRun, BenchError> {
+    let holder = Client::connect(&cluster.sockets[0])?;
+    let requester = Client::connect(&cluster.sockets[1])?;
+    let local = Client::connect(alone.socket())?;
+    let data = vec![0x5au8; OBJECT_BYTES];
+    let mut uds = UdsPingPong::start()?;
+    let mut tcp = TcpPingPong::start()?;
+    let got = object_id(u64::MAX);
+    local.put(got, &data, b"")?;
+    let fetched = object_id(u64::MAX - 1);
+    holder.put(fetched, &data, b"")?;
+    let mut counter = 0u64;
+
+    let names = [
+        "raw UDS ping-pong (1 B)",
+        "raw TCP ping-pong (1 B)",
+        "put 1 KiB",
+        "get+release 1 KiB",
+        "fetch 1 KiB",
+    ];
+    let mut cases: Vec<Case> = names
+        .iter()
+        .map(|&name| Case {
+            name,
+            back_to_back: Vec::new(),
+            paused: Vec::new(),
+        })
+        .collect();
+    let mut one = |index: usize| -> Result<Duration, BenchError> {
+        Ok(match index {
+            0 => uds.round_trip()?,
+            1 => tcp.round_trip()?,
+            2 => {
+                counter += 1;
+                let id = object_id(counter);
+                let begin = Instant::now();
+                local.put(id, &data, b"")?;
+                let took = begin.elapsed();
+                local.delete(&[id])?;
+                took
+            }
+            3 => {
+                let begin = Instant::now();
+                drop(std::hint::black_box(
+                    local.get_one(got, Some(Duration::ZERO))?,
+                ));
+                begin.elapsed()
+            }
+            _ => {
+                let begin = Instant::now();
+                let object = requester.fetch_one(fetched, Some(Duration::from_secs(10)))?;
+                let took = begin.elapsed();
+                drop(object);
+                requester.flush()?;
+                requester.delete(&[fetched])?;
+                took
+            }
+        })
+    };
+    // Warm up every path (connections, caches) untimed.
+    for index in 0..cases.len() {
+        for _ in 0..20 {
+            one(index)?;
+        }
+    }
+    let mut pids: Vec<u32> = cluster.pids().into_iter().flatten().collect();
+    pids.push(alone.pid());
+    let cpu_before = cpu_ticks(&pids);
+    let busy_started = Instant::now();
+    eprintln!(
+        "  back to back: {} iterations of each case...",
+        args.iterations
+    );
+    let mut done = 0;
+    while done < args.iterations {
+        let turn = ROUND_ITERATIONS.min(args.iterations - done);
+        for (index, case) in cases.iter_mut().enumerate() {
+            for _ in 0..turn {
+                case.back_to_back.push(one(index)?);
+            }
+        }
+        done += turn;
+    }
+    let busy_cpu_percent = cpu_percent(&cpu_before, &cpu_ticks(&pids), busy_started.elapsed());
+    eprintln!(
+        "  after a {} µs pause: {} iterations of each case...",
+        args.pause_us, args.paused_iterations
+    );
+    let pause = Duration::from_micros(args.pause_us);
+    for _ in 0..args.paused_iterations {
+        for (index, case) in cases.iter_mut().enumerate() {
+            std::thread::sleep(pause);
+            case.paused.push(one(index)?);
+        }
+    }
+
+    eprintln!("  traced fetches: {}...", args.iterations);
+    let traced = traced_fetches(&holder, &requester, fetched, args.iterations)?;
+
+    eprintln!("  idle for {} s...", args.idle_secs);
+    let idle_before = cpu_ticks(&pids);
+    let idle_started = Instant::now();
+    std::thread::sleep(Duration::from_secs(args.idle_secs));
+    let idle_cpu_percent = cpu_percent(&idle_before, &cpu_ticks(&pids), idle_started.elapsed());
+
+    let mut rows = Vec::new();
+    for case in &mut cases {
+        for (pacing, samples) in [
+            ("back-to-back", &mut case.back_to_back),
+            ("after a pause", &mut case.paused),
+        ] {
+            let result = CaseResult::from_samples(case.name, OBJECT_BYTES as u64, samples);
+            rows.push(Row {
+                case: case.name.to_string(),
+                pacing,
+                iterations: result.iterations,
+                p50_us: result.p50_us,
+                p99_us: result.p99_us,
+            });
+        }
+    }
+    let p50 = |case: &str, pacing: &str| {
+        rows.iter()
+            .find(|r| r.case == case && r.pacing == pacing)
+            .map_or(f64::NAN, |r| r.p50_us)
+    };
+    let mut targets = Vec::new();
+    for pacing in ["back-to-back", "after a pause"] {
+        let uds = p50(names[0], pacing);
+        let tcp = p50(names[1], pacing);
+        for (case, limit, what) in [
+            (names[2], 1.5 * uds, "put ≤ 1.5× raw UDS"),
+            (names[3], 1.5 * uds, "get ≤ 1.5× raw UDS"),
+            (
+                names[4],
+                2.0 * (uds + tcp),
+                "fetch ≤ 2× (raw UDS + raw TCP)",
+            ),
+        ] {
+            let measured = p50(case, pacing);
+            targets.push(Target {
+                what: format!("{what}, {pacing}"),
+                measured_us: measured,
+                limit_us: limit,
+                met: measured <= limit,
+            });
+        }
+    }
+    let hops: Vec<Hop> = HOPS
+        .iter()
+        .map(|&(hop, from, to)| Hop {
+            hop,
+            p50_us: median(traced.iter().filter_map(|t| t.span_us(from, to))),
+        })
+        .collect();
+    let hops_sum_us = hops.iter().map(|h| h.p50_us).sum();
+    let traced_total_p50_us = median(
+        traced
+            .iter()
+            .filter_map(|t| t.span_us("client_send", "client_received")),
+    );
+    Ok(PollRun {
+        poll_us,
+        rows,
+        hops,
+        hops_sum_us,
+        traced_total_p50_us,
+        traced_fetches: traced.len(),
+        idle_cpu_percent,
+        busy_cpu_percent,
+        targets,
+    })
+}
+
+/// The stamps of one traced fetch, by name (the first of each name).
+struct TracedFetch {
+    stamps: Vec<(String, u64)>,
+}
+
+impl TracedFetch {
+    fn at(&self, name: &str) -> Option<u64> {
+        self.stamps
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, at)| at)
+    }
+
+    fn span_us(&self, from: &str, to: &str) -> Option<f64> {
+        let (from, to) = (self.at(from)?, self.at(to)?);
+        Some((to as f64 - from as f64) / 1e3)
+    }
+}
+
+fn traced_fetches(
+    holder: &Client,
+    requester: &Client,
+    id: ObjectId,
+    iterations: usize,
+) -> Result<Vec<TracedFetch>, BenchError> {
+    holder.trace_stamps(true)?;
+    requester.trace_stamps(true)?;
+    let mut traced = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let sent = monotonic_ns();
+        let object = requester.fetch_one(id, Some(Duration::from_secs(10)))?;
+        let received = monotonic_ns();
+        drop(object);
+        requester.flush()?;
+        requester.delete(&[id])?;
+        let mut stamps = vec![
+            ("client_send".to_string(), sent),
+            ("client_received".to_string(), received),
+        ];
+        let named = |prefix: &str, list: Vec<TraceStamp>| {
+            list.into_iter()
+                .map(|s| (format!("{prefix}.{}", s.event), s.at_ns))
+                .collect::<Vec<_>>()
+        };
+        stamps.extend(named("A", requester.trace_stamps(true)?));
+        stamps.extend(named("B", holder.trace_stamps(true)?));
+        traced.push(TracedFetch { stamps });
+    }
+    holder.trace_stamps(false)?;
+    requester.trace_stamps(false)?;
+    Ok(traced)
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn object_id(n: u64) -> ObjectId {
+    let mut bytes = [0u8; 20];
+    bytes[..8].copy_from_slice(b"breakdwn");
+    bytes[12..].copy_from_slice(&n.to_be_bytes());
+    ObjectId(bytes)
+}
+
+/// User + system CPU ticks of each process (from `/proc/PID/stat`).
+fn cpu_ticks(pids: &[u32]) -> Vec<u64> {
+    pids.iter()
+        .map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // Fields after the command name (which may hold spaces) in parentheses.
+            let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+            let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+            field(11).unwrap_or(0) + field(12).unwrap_or(0)
+        })
+        .collect()
+}
+
+fn cpu_percent(before: &[u64], after: &[u64], over: Duration) -> Vec<f64> {
+    let ticks_per_sec = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| (a.saturating_sub(*b) as f64 / ticks_per_sec) / over.as_secs_f64() * 100.0)
+        .collect()
+}
+
+/// A raw Unix-socket ping-pong: one byte each way, the echo on a thread of its own that
+/// blocks in `read` like any server.
+struct UdsPingPong {
+    stream: UnixStream,
+    echo: Option<std::thread::JoinHandle<()>>,
+}
+
+impl UdsPingPong {
+    fn start() -> Result<Self, BenchError> {
+        let (stream, mut peer) =
+            UnixStream::pair().map_err(|e| BenchError::Setup(format!("socketpair: {e}")))?;
+        let echo = std::thread::spawn(move || {
+            let mut byte = [0u8; 1];
+            while matches!(peer.read(&mut byte), Ok(1)) {
+                if peer.write_all(&byte).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self {
+            stream,
+            echo: Some(echo),
+        })
+    }
+
+    fn round_trip(&mut self) -> Result<Duration, BenchError> {
+        let mut byte = [1u8; 1];
+        let begin = Instant::now();
+        self.stream
+            .write_all(&byte)
+            .and_then(|()| self.stream.read_exact(&mut byte))
+            .map_err(|e| BenchError::Setup(format!("UDS ping-pong: {e}")))?;
+        Ok(begin.elapsed())
+    }
+}
+
+impl Drop for UdsPingPong {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(echo) = self.echo.take() {
+            let _ = echo.join();
+        }
+    }
+}
+
+/// A raw TCP ping-pong over loopback (no Nagle delay), one byte each way.
+struct TcpPingPong {
+    stream: TcpStream,
+    echo: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TcpPingPong {
+    fn start() -> Result<Self, BenchError> {
+        let setup = |e: std::io::Error| BenchError::Setup(format!("TCP ping-pong: {e}"));
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(setup)?;
+        let addr = listener.local_addr().map_err(setup)?;
+        let echo = std::thread::spawn(move || {
+            let Ok((mut peer, _)) = listener.accept() else {
+                return;
+            };
+            let _ = peer.set_nodelay(true);
+            let mut byte = [0u8; 1];
+            while matches!(peer.read(&mut byte), Ok(1)) {
+                if peer.write_all(&byte).is_err() {
+                    break;
+                }
+            }
+        });
+        let stream = TcpStream::connect(addr).map_err(setup)?;
+        stream.set_nodelay(true).map_err(setup)?;
+        Ok(Self {
+            stream,
+            echo: Some(echo),
+        })
+    }
+
+    fn round_trip(&mut self) -> Result<Duration, BenchError> {
+        let mut byte = [1u8; 1];
+        let begin = Instant::now();
+        self.stream
+            .write_all(&byte)
+            .and_then(|()| self.stream.read_exact(&mut byte))
+            .map_err(|e| BenchError::Setup(format!("TCP ping-pong: {e}")))?;
+        Ok(begin.elapsed())
+    }
+}
+
+impl Drop for TcpPingPong {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(echo) = self.echo.take() {
+            let _ = echo.join();
+        }
+    }
+}
+
+fn print_run(args: &BreakdownArgs, run: &PollRun) {
+    let placement = match args.cpus {
+        CpuPlacement::Pinned => "pinned (everything on CPU 0)",
+        CpuPlacement::Spread => "spread (anywhere)",
+    };
+    println!();
+    println!(
+        "== poll {} µs, CPUs {placement}, 1 KiB objects ==",
+        run.poll_us
+    );
+    println!(
+        "{:<28} {:>14} {:>10} {:>10}",
+        "case", "pacing", "p50 µs", "p99 µs"
+    );
+    for row in &run.rows {
+        println!(
+            "{:<28} {:>14} {:>10.1} {:>10.1}",
+            row.case, row.pacing, row.p50_us, row.p99_us
+        );
+    }
+    println!();
+    println!(
+        "1 KiB fetch, hop by hop (medians of {} traced fetches, back to back; A = requester's \
+         daemon, B = holder's):",
+        run.traced_fetches
+    );
+    for hop in &run.hops {
+        println!("  {:<40} {:>8.1} µs", hop.hop, hop.p50_us);
+    }
+    println!(
+        "  {:<40} {:>8.1} µs (median total of the traced fetches: {:.1} µs)",
+        "sum of the hops' medians", run.hops_sum_us, run.traced_total_p50_us
+    );
+    println!();
+    let percents = |values: &[f64]| {
+        values
+            .iter()
+            .map(|p| format!("{p:.1}%"))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    println!(
+        "daemon CPU (holder + requester + lone daemon): {} while busy, {} idle",
+        percents(&run.busy_cpu_percent),
+        percents(&run.idle_cpu_percent)
+    );
+    println!("targets:");
+    for target in &run.targets {
+        println!(
+            "  {:<52} {:>8.1} µs vs {:>8.1} µs: {}",
+            target.what,
+            target.measured_us,
+            target.limit_us,
+            if target.met { "met" } else { "MISSED" }
+        );
+    }
+}
