@@ -10,7 +10,9 @@ use libfuzzer_sys::fuzz_target;
 use skyriver_core::{wire, Instant, Node, NodeConfig, NodeId};
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else { return };
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
     let bytes = if mode % 2 == 0 || rest.is_empty() {
         rest.to_vec()
     } else {

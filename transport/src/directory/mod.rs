@@ -14,7 +14,8 @@
 
 pub mod builtin;
 mod client;
-mod frame;
+#[doc(hidden)] // public for the fuzz targets (fuzz/) only
+pub mod frame;
 pub mod redis;
 
 use std::fmt;

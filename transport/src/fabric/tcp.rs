@@ -42,6 +42,8 @@ mod errors;
 mod handshake;
 
 pub use errors::{Refusal, TcpHandshakeError, TcpLinkError, TcpStartError};
+#[doc(hidden)]
+pub use handshake::fuzzing;
 
 const HANDSHAKE_MAGIC: [u8; 8] = *b"SKYRTCP1";
 /// 2: a challenge-response instead of the token in clear; 3: five batches of connect-time

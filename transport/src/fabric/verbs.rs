@@ -56,6 +56,8 @@
 
 mod config;
 mod errors;
+#[doc(hidden)]
+pub mod fuzzing;
 mod hello;
 mod idle;
 mod peer;

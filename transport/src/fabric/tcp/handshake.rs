@@ -433,6 +433,65 @@ async fn measure_round_trips(
     Ok(measured)
 }
 
+/// Entry points for the fuzz targets (`fuzz/`).
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Decodes `body` as both sides decode a handshake frame and checks what decodes: it
+    /// encodes to a frame that decodes to the same encoding, and a `Hello` of another version
+    /// never decodes (it is refused with the version instead). Returns whether `body` decoded.
+    ///
+    /// # Panics
+    /// If a decoded frame does not survive the round trip.
+    pub fn handshake_frame(body: &[u8]) -> bool {
+        let Ok(frame) = decode_handshake(body) else {
+            return false;
+        };
+        let encoded = postcard::to_stdvec(&frame).expect("a decoded frame encodes");
+        let again = decode_handshake(&encoded).expect("an encoded frame decodes");
+        assert_eq!(
+            postcard::to_stdvec(&again).expect("a decoded frame encodes"),
+            encoded,
+            "{} changed in a round trip",
+            frame.name()
+        );
+        if let Handshake::Hello { magic, version, .. } = frame {
+            assert!(magic != HANDSHAKE_MAGIC || version == HANDSHAKE_VERSION);
+        }
+        true
+    }
+
+    /// A body of every frame, as an honest peer sends it: where the fuzzer starts.
+    pub fn seeds() -> Vec<Vec<u8>> {
+        let frames = [
+            Handshake::Hello {
+                magic: HANDSHAKE_MAGIC,
+                version: HANDSHAKE_VERSION,
+                node: NodeId(7),
+                legacy_token: String::new(),
+                nonce: [1; 32],
+            },
+            Handshake::Challenge {
+                node: NodeId(1),
+                nonce: [2; 32],
+            },
+            Handshake::Proof { proof: [3; 32] },
+            Handshake::Welcome {
+                node: NodeId(1),
+                proof: [4; 32],
+            },
+            Handshake::Refused {
+                reason: "version 1 is not supported".into(),
+            },
+        ];
+        frames
+            .iter()
+            .map(|frame| postcard::to_stdvec(frame).expect("a frame encodes"))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The handshake against callers that do not follow it: frames written by hand to a real
