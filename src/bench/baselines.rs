@@ -51,7 +51,7 @@ pub(super) fn setup_error(what: &str) -> impl Fn(std::io::Error) -> BenchError +
 /// A server thread per connection, bound to `cpu`, answering each request with `serve`.
 fn spawn_server(
     concurrency: usize,
-    cpu: usize,
+    cpu: Option<usize>,
     serve: impl Fn(TcpStream) -> std::io::Result<()> + Send + Sync + 'static,
 ) -> Result<std::net::SocketAddr, BenchError> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(setup_error("baseline listener"))?;
@@ -67,7 +67,7 @@ fn spawn_server(
             let _ = stream.set_nodelay(true);
             let serve = serve.clone();
             std::thread::spawn(move || {
-                if pin_this_thread(cpu).is_ok() {
+                if pin_server(cpu) {
                     let _ = serve(stream);
                 }
             });
@@ -139,7 +139,7 @@ pub(super) fn tcp_stream(
         StreamTuning::Default => usize::MAX,
         StreamTuning::Fabric => slice.max(1),
     };
-    let addr = spawn_server(concurrency, cpu, move |mut stream| {
+    let addr = spawn_server(concurrency, Some(cpu), move |mut stream| {
         if tuning == StreamTuning::Fabric {
             set_fabric_buffers(&stream)?;
         }
@@ -200,12 +200,18 @@ fn ping_pong(
     })
 }
 
-/// A round trip over a Unix socket pair: 1 byte each way, the server on `cpu` (what a local
-/// request to the daemon costs at least).
-pub(super) fn uds_round_trip(cpu: usize) -> Result<Prepared, BenchError> {
+/// Binds a baseline server's thread to `cpu` (`None`: where the scheduler puts it); whether
+/// it may serve.
+fn pin_server(cpu: Option<usize>) -> bool {
+    cpu.is_none_or(|cpu| pin_this_thread(cpu).is_ok())
+}
+
+/// A round trip over a Unix socket pair: 1 byte each way, the server on `cpu` (`None`:
+/// anywhere) (what a local request to the daemon costs at least).
+pub(super) fn uds_round_trip(cpu: Option<usize>) -> Result<Prepared, BenchError> {
     let (client, server) = UnixStream::pair().map_err(setup_error("uds-rtt"))?;
     std::thread::spawn(move || {
-        if pin_this_thread(cpu).is_ok() {
+        if pin_server(cpu) {
             let _ = echo(server, 1);
         }
     });
@@ -217,8 +223,9 @@ pub(super) fn uds_round_trip(cpu: usize) -> Result<Prepared, BenchError> {
 }
 
 /// A request/response over TCP loopback with `bytes` each way (1: `tcp-rtt`, 1024:
-/// `tcp-rr-1k`), the server on `cpu` (what a hop between daemons costs at least).
-pub(super) fn tcp_round_trip(bytes: usize, cpu: usize) -> Result<Prepared, BenchError> {
+/// `tcp-rr-1k`), the server on `cpu` (`None`: anywhere) (what a hop between daemons costs at
+/// least).
+pub(super) fn tcp_round_trip(bytes: usize, cpu: Option<usize>) -> Result<Prepared, BenchError> {
     let name = if bytes == 1 { "tcp-rtt" } else { "tcp-rr-1k" };
     let addr = spawn_server(1, cpu, move |stream| echo(stream, bytes))?;
     Ok(Prepared {
@@ -237,7 +244,7 @@ pub(super) fn plasma_chunks(
 ) -> Result<Prepared, BenchError> {
     const CHUNK: usize = 4096;
     let payload = std::sync::Arc::new(vec![0x5au8; size as usize]);
-    let addr = spawn_server(concurrency, cpu, move |mut stream| {
+    let addr = spawn_server(concurrency, Some(cpu), move |mut stream| {
         let mut request = [0u8; 1];
         while stream.read_exact(&mut request).is_ok() {
             stream.write_all(&(payload.len() as u64).to_le_bytes())?;
@@ -287,7 +294,7 @@ pub(super) fn pulled_chunks(
 ) -> Result<Prepared, BenchError> {
     const CHUNK: u64 = 5 << 20;
     let payload = std::sync::Arc::new(vec![0x5au8; size as usize]);
-    let addr = spawn_server(concurrency, cpu, move |mut stream| {
+    let addr = spawn_server(concurrency, Some(cpu), move |mut stream| {
         let mut request = [0u8; 16];
         while stream.read_exact(&mut request).is_ok() {
             let offset = u64::from_le_bytes(request[..8].try_into().expect("8 bytes")) as usize;

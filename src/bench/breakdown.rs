@@ -18,19 +18,16 @@
 //! wake-up, as on an idle machine), and then left idle for a while to measure the daemons' CPU
 //! use when nothing happens.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use serde::Serialize;
 use skyriver_core::client_protocol::TraceStamp;
 use skyriver_core::ObjectId;
 use skyriver_transport::trace::monotonic_ns;
 
-use super::{BenchError, CaseResult, ChildDaemon};
+use super::{baselines, pin_this_thread, BenchError, CaseResult, ChildDaemon, CpuPlacement};
 use crate::client::Client;
 use crate::poll::POLL_US_ENV;
 use crate::size::ByteSize;
@@ -40,16 +37,6 @@ use crate::up::{LocalCluster, UpArgs};
 const OBJECT_BYTES: usize = 1024;
 /// Iterations of one case between turns of the others (so drift hits every case alike).
 const ROUND_ITERATIONS: usize = 100;
-
-/// Where the benchmark and the daemons it starts run.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CpuPlacement {
-    /// Everything on CPU 0: a round trip needs no cross-CPU wake-up.
-    Pinned,
-    /// Wherever the kernel puts each process.
-    Spread,
-}
 
 /// Options of `bench breakdown`.
 #[derive(Args, Debug, Clone)]
@@ -195,11 +182,7 @@ struct Report {
 pub(super) fn run(args: &BreakdownArgs) -> Result<(), BenchError> {
     if args.cpus == CpuPlacement::Pinned {
         // Threads and processes started from here on inherit it.
-        let mut set = nix::sched::CpuSet::new();
-        set.set(0)
-            .map_err(|e| BenchError::Setup(format!("cpu set: {e}")))?;
-        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
-            .map_err(|e| BenchError::Setup(format!("cannot pin to CPU 0: {e}")))?;
+        pin_this_thread(args.cpus.cpus().0)?;
     }
     let exe = std::env::current_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
     let load_average = std::fs::read_to_string("/proc/loadavg")
@@ -252,8 +235,10 @@ fn measure(
     let requester = Client::connect(&cluster.sockets[1])?;
     let local = Client::connect(alone.socket())?;
     let data = vec![0x5au8; OBJECT_BYTES];
-    let mut uds = UdsPingPong::start()?;
-    let mut tcp = TcpPingPong::start()?;
+    // The raw round trips, their echo threads where the scheduler (or the pinning above) puts
+    // them, like any server's.
+    let mut uds = baselines::uds_round_trip(None)?.workers.remove(0);
+    let mut tcp = baselines::tcp_round_trip(1, None)?.workers.remove(0);
     let got = object_id(u64::MAX);
     local.put(got, &data, b"")?;
     let fetched = object_id(u64::MAX - 1);
@@ -277,8 +262,8 @@ fn measure(
         .collect();
     let mut one = |index: usize| -> Result<Duration, BenchError> {
         Ok(match index {
-            0 => uds.round_trip()?,
-            1 => tcp.round_trip()?,
+            0 => uds()?,
+            1 => tcp()?,
             2 => {
                 counter += 1;
                 let id = object_id(counter);
@@ -515,102 +500,6 @@ fn cpu_percent(before: &[u64], after: &[u64], over: Duration) -> Vec<f64> {
         .zip(after)
         .map(|(b, a)| (a.saturating_sub(*b) as f64 / ticks_per_sec) / over.as_secs_f64() * 100.0)
         .collect()
-}
-
-/// A raw Unix-socket ping-pong: one byte each way, the echo on a thread of its own that
-/// blocks in `read` like any server.
-struct UdsPingPong {
-    stream: UnixStream,
-    echo: Option<std::thread::JoinHandle<()>>,
-}
-
-impl UdsPingPong {
-    fn start() -> Result<Self, BenchError> {
-        let (stream, mut peer) =
-            UnixStream::pair().map_err(|e| BenchError::Setup(format!("socketpair: {e}")))?;
-        let echo = std::thread::spawn(move || {
-            let mut byte = [0u8; 1];
-            while matches!(peer.read(&mut byte), Ok(1)) {
-                if peer.write_all(&byte).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Self {
-            stream,
-            echo: Some(echo),
-        })
-    }
-
-    fn round_trip(&mut self) -> Result<Duration, BenchError> {
-        let mut byte = [1u8; 1];
-        let begin = Instant::now();
-        self.stream
-            .write_all(&byte)
-            .and_then(|()| self.stream.read_exact(&mut byte))
-            .map_err(|e| BenchError::Setup(format!("UDS ping-pong: {e}")))?;
-        Ok(begin.elapsed())
-    }
-}
-
-impl Drop for UdsPingPong {
-    fn drop(&mut self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        if let Some(echo) = self.echo.take() {
-            let _ = echo.join();
-        }
-    }
-}
-
-/// A raw TCP ping-pong over loopback (no Nagle delay), one byte each way.
-struct TcpPingPong {
-    stream: TcpStream,
-    echo: Option<std::thread::JoinHandle<()>>,
-}
-
-impl TcpPingPong {
-    fn start() -> Result<Self, BenchError> {
-        let setup = |e: std::io::Error| BenchError::Setup(format!("TCP ping-pong: {e}"));
-        let listener = TcpListener::bind("127.0.0.1:0").map_err(setup)?;
-        let addr = listener.local_addr().map_err(setup)?;
-        let echo = std::thread::spawn(move || {
-            let Ok((mut peer, _)) = listener.accept() else {
-                return;
-            };
-            let _ = peer.set_nodelay(true);
-            let mut byte = [0u8; 1];
-            while matches!(peer.read(&mut byte), Ok(1)) {
-                if peer.write_all(&byte).is_err() {
-                    break;
-                }
-            }
-        });
-        let stream = TcpStream::connect(addr).map_err(setup)?;
-        stream.set_nodelay(true).map_err(setup)?;
-        Ok(Self {
-            stream,
-            echo: Some(echo),
-        })
-    }
-
-    fn round_trip(&mut self) -> Result<Duration, BenchError> {
-        let mut byte = [1u8; 1];
-        let begin = Instant::now();
-        self.stream
-            .write_all(&byte)
-            .and_then(|()| self.stream.read_exact(&mut byte))
-            .map_err(|e| BenchError::Setup(format!("TCP ping-pong: {e}")))?;
-        Ok(begin.elapsed())
-    }
-}
-
-impl Drop for TcpPingPong {
-    fn drop(&mut self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        if let Some(echo) = self.echo.take() {
-            let _ = echo.join();
-        }
-    }
 }
 
 fn print_run(args: &BreakdownArgs, run: &PollRun) {

@@ -245,9 +245,11 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
                     far,
                     StreamTuning::Fabric,
                 )?),
-                "uds-rtt" if with_round_trips => Some(baselines::uds_round_trip(far)?),
-                "tcp-rtt" if with_round_trips => Some(baselines::tcp_round_trip(1, far)?),
-                "tcp-rr-1k" if with_round_trips => Some(baselines::tcp_round_trip(1024, far)?),
+                "uds-rtt" if with_round_trips => Some(baselines::uds_round_trip(Some(far))?),
+                "tcp-rtt" if with_round_trips => Some(baselines::tcp_round_trip(1, Some(far))?),
+                "tcp-rr-1k" if with_round_trips => {
+                    Some(baselines::tcp_round_trip(1024, Some(far))?)
+                }
                 "plasma-4k" => Some(baselines::plasma_chunks(size, concurrency, far)?),
                 "chunked-5m" => Some(baselines::pulled_chunks(size, concurrency, far)?),
                 "redis" => match &redis {

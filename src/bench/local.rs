@@ -166,8 +166,8 @@ pub(super) fn run(args: &LocalArgs) -> Result<(), BenchError> {
 fn measure_round_trips(timer: &Timer, far: usize) -> Result<Vec<CaseResult>, BenchError> {
     let mut results = Vec::new();
     for (mut prepared, bytes) in [
-        (baselines::uds_round_trip(far)?, 1),
-        (baselines::tcp_round_trip(1, far)?, 1),
+        (baselines::uds_round_trip(Some(far))?, 1),
+        (baselines::tcp_round_trip(1, Some(far))?, 1),
     ] {
         let worker = &mut prepared.workers[0];
         // Untimed once: the server thread starts and binds itself.
