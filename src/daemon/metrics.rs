@@ -386,7 +386,8 @@ impl Value {
             Value::Histogram(h) => encoder.encode_histogram::<NoLabelSet>(
                 h.sum_nanos as f64 / 1e9,
                 h.count,
-                &h.cumulative_seconds(),
+                // Per bucket: the encoder sums them into the cumulative lines.
+                &h.bucket_seconds(),
                 None,
             ),
         }

@@ -57,17 +57,17 @@ impl LatencyHistogram {
         self.count += 1;
     }
 
-    /// Cumulative counts per upper bound in seconds, as Prometheus wants them; the last pair
-    /// is `+Inf` and equals [`count`](Self::count).
-    pub fn cumulative_seconds(&self) -> Vec<(f64, u64)> {
-        let mut total = 0;
-        let mut out = Vec::with_capacity(LATENCY_BUCKETS_NANOS.len() + 1);
-        for (i, &bound) in LATENCY_BUCKETS_NANOS.iter().enumerate() {
-            total += self.buckets.get(i).copied().unwrap_or(0);
-            out.push((bound as f64 / 1e9, total));
-        }
-        out.push((f64::INFINITY, self.count));
-        out
+    /// Observations per bucket (not cumulative) with each bucket's upper bound in seconds;
+    /// the last pair is `+Inf`. An OpenMetrics encoder sums them into the cumulative `_bucket`
+    /// lines, whose last equals [`count`](Self::count).
+    pub fn bucket_seconds(&self) -> Vec<(f64, u64)> {
+        LATENCY_BUCKETS_NANOS
+            .iter()
+            .map(|&bound| bound as f64 / 1e9)
+            .chain([f64::INFINITY])
+            .enumerate()
+            .map(|(i, bound)| (bound, self.buckets.get(i).copied().unwrap_or(0)))
+            .collect()
     }
 }
 
@@ -244,7 +244,15 @@ mod tests {
         h.observe(Duration::from_micros(100));
         h.observe(Duration::from_millis(3));
         h.observe(Duration::from_secs(60));
-        let c = h.cumulative_seconds();
+        // Cumulated as an encoder does.
+        let c: Vec<(f64, u64)> = h
+            .bucket_seconds()
+            .into_iter()
+            .scan(0, |total, (bound, n)| {
+                *total += n;
+                Some((bound, *total))
+            })
+            .collect();
         assert_eq!(c[0], (0.0001, 2), "bounds are inclusive");
         assert_eq!(c[5].1, 3, "3 ms falls under 5 ms");
         assert_eq!(c[15].1, 3);
