@@ -63,7 +63,7 @@ fn one_fetch_id_appears_in_both_nodes_json_logs() {
     });
     for wanted in [
         "serving eagerly",
-        "serving by rendezvous: object pinned and exposed",
+        "serving by rendezvous: object pinned, READ access granted",
     ] {
         let (id, _) = holder_lines
             .iter()

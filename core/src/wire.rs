@@ -13,7 +13,7 @@ use crate::region::RemoteRegion;
 /// First two bytes of every message.
 pub const MAGIC: [u8; 2] = *b"SR";
 /// Version of this format; a message of another version is refused.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 /// Bytes of the header.
 pub const HEADER_BYTES: usize = 8;
 /// Largest message (header and body) either side sends or accepts.
@@ -22,6 +22,8 @@ pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 pub const MAX_OBJECT_BYTES: u64 = 1 << 48;
 /// Most remote regions in one `Rendezvous`.
 pub const MAX_REGIONS: usize = 16;
+/// Most per-lane access keys for one region of a `Rendezvous` (a fabric's lanes to a peer).
+pub const MAX_LANE_KEYS: usize = 64;
 /// Longest `Error` reason, in bytes.
 pub const MAX_REASON_BYTES: usize = 256;
 /// Longest lease a holder may grant, in milliseconds.
@@ -98,6 +100,11 @@ pub enum PeerMessage {
         sizes: ObjectSizes,
         /// Where the object lies, in order; lengths sum to the object's size.
         regions: Vec<RemoteRegion>,
+        /// Keys scoped to this lease, per lane: empty when each region's `rkey` serves every
+        /// lane, else `k` keys per region (region-major) and a READ on lane `l` of region `i`
+        /// uses `lane_keys[i * k + l % k]`. Opaque to the core: the holder's fabric made them
+        /// (verbs: one memory window per lane, since a type 2 window serves one queue pair).
+        lane_keys: Vec<u32>,
         /// How long the holder keeps the object pinned without a `Finish`.
         lease_ms: u32,
     },
@@ -162,7 +169,13 @@ impl fmt::Display for PeerMessage {
                 header.offset,
                 payload.len()
             ),
-            PeerMessage::Rendezvous { req, sizes, regions, lease_ms } => {
+            PeerMessage::Rendezvous {
+                req,
+                sizes,
+                regions,
+                lane_keys,
+                lease_ms,
+            } => {
                 write!(
                     f,
                     "Rendezvous{{{req}, size={}+{}, lease={lease_ms}ms, regions=[",
@@ -174,7 +187,11 @@ impl fmt::Display for PeerMessage {
                     }
                     write!(f, "{region}")?;
                 }
-                write!(f, "]}}")
+                write!(f, "]")?;
+                if !lane_keys.is_empty() {
+                    write!(f, ", lane keys={lane_keys:#x?}")?;
+                }
+                write!(f, "}}")
             }
             PeerMessage::Finish { req } => write!(f, "Finish{{{req}}}"),
             PeerMessage::NotFound { req } => write!(f, "NotFound{{{req}}}"),
@@ -256,6 +273,7 @@ pub fn encode(message: &PeerMessage, out: &mut Vec<u8>) {
             req,
             sizes,
             regions,
+            lane_keys,
             lease_ms,
         } => {
             put_u64(out, req.0);
@@ -271,6 +289,13 @@ pub fn encode(message: &PeerMessage, out: &mut Vec<u8>) {
                 put_u64(out, region.addr);
                 put_u64(out, region.len);
                 put_u32(out, region.rkey);
+            }
+            put_u16(
+                out,
+                u16::try_from(lane_keys.len()).expect("lane keys within the limits"),
+            );
+            for key in lane_keys {
+                put_u32(out, *key);
             }
         }
         PeerMessage::Finish { req } | PeerMessage::NotFound { req } | PeerMessage::Busy { req } => {
@@ -452,10 +477,25 @@ pub fn decode_in_place(bytes: &[u8]) -> Result<DecodedMessage, WireError> {
                     format!("regions hold {sum} bytes, the object {total}"),
                 ));
             }
+            let keys = r.u16()? as usize;
+            if keys % count != 0 || keys / count > MAX_LANE_KEYS {
+                return Err(invalid(
+                    "lane_keys",
+                    format!(
+                        "{keys} keys for {count} regions: not a multiple, or more than \
+                         {MAX_LANE_KEYS} per region"
+                    ),
+                ));
+            }
+            let mut lane_keys = Vec::with_capacity(keys);
+            for _ in 0..keys {
+                lane_keys.push(r.u32()?);
+            }
             PeerMessage::Rendezvous {
                 req,
                 sizes,
                 regions,
+                lane_keys,
                 lease_ms,
             }
         }

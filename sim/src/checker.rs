@@ -124,7 +124,7 @@ impl Checker {
     }
 
     /// At the end of a run, after faults stopped and everything settled: every object of a live
-    /// node is sealed, unheld, unpinned and intact; nothing is exposed.
+    /// node is sealed, unheld, unpinned and intact; nothing is granted.
     pub fn check_quiescent_store(
         &mut self,
         now: Instant,
@@ -158,10 +158,13 @@ impl Checker {
             }
             self.check_sealed_object(now, node, store, memory, id, "at the end");
         }
-        for (id, region) in memory.exposed() {
+        for grant in memory.grants() {
             self.violation(
                 now,
-                format!("{node}: {id} at {region} is still exposed at the end"),
+                format!(
+                    "{node}: READs of {} at {} are still granted to {} at the end",
+                    grant.object, grant.region, grant.reader
+                ),
             );
         }
     }

@@ -1,12 +1,13 @@
 //! Simulated memory and one-sided READs. Each node has one arena of real bytes, registered under
 //! a base address and rkey that change when the node restarts. A READ is served here, from the
 //! holder's arena, without the holder's core — as a NIC (or the TCP fabric's thread) serves it —
-//! and only from regions the holder's core exposed.
+//! and only through a key the holder's fabric granted for one lease: to that reader, within
+//! that object's region, until the revocation took effect (as a verbs memory window).
 
 use std::collections::BTreeMap;
 
 use skyriver_core::node::ArenaKey;
-use skyriver_core::{ArenaId, LocalRegion, ObjectId, RemoteRegion};
+use skyriver_core::{ArenaId, LocalRegion, NodeId, ObjectId, RemoteRegion, TransferId};
 
 /// Byte written over fresh and lost memory, so reads of it are easy to spot.
 pub const POISON: u8 = 0xA5;
@@ -16,16 +17,33 @@ pub const POISON: u8 = 0xA5;
 pub struct Memory {
     arena: Vec<u8>,
     key: ArenaKey,
-    exposed: BTreeMap<ObjectId, LocalRegion>,
+    /// READ keys granted and not yet revoked.
+    grants: BTreeMap<u32, Grant>,
+    next_grant: u32,
+}
+
+/// One lease's READ access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// Who may READ.
+    pub reader: NodeId,
+    /// The reader's transfer.
+    pub req: TransferId,
+    /// The object.
+    pub object: ObjectId,
+    /// Its region.
+    pub region: LocalRegion,
 }
 
 /// Why a READ was refused by the holder's fabric.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServeError {
-    /// Wrong rkey (an older registration, or garbage).
+    /// No live grant has this key (revoked, an older registration, or garbage).
     BadRkey,
-    /// The range is not inside a region the core exposed.
-    NotExposed,
+    /// The key was granted to another node.
+    OtherReader,
+    /// The range is not inside the granted region.
+    OutsideGrant,
 }
 
 impl Memory {
@@ -34,14 +52,15 @@ impl Memory {
         Memory {
             arena: vec![POISON; bytes as usize],
             key,
-            exposed: BTreeMap::new(),
+            grants: BTreeMap::new(),
+            next_grant: 0,
         }
     }
 
-    /// The same bytes under a new registration, nothing exposed: a restart in persistent mode.
+    /// The same bytes under a new registration, nothing granted: a restart in persistent mode.
     pub fn reregister(&mut self, key: ArenaKey) {
         self.key = key;
-        self.exposed.clear();
+        self.grants.clear();
     }
 
     /// The registration of arena 0.
@@ -80,46 +99,57 @@ impl Memory {
         self.arena[region.offset as usize..region.end() as usize].copy_from_slice(bytes);
     }
 
-    /// The core exposed a region.
-    pub fn expose(&mut self, object: ObjectId, region: LocalRegion) {
-        let previous = self.exposed.insert(object, region);
-        assert!(
-            previous.is_none(),
-            "{object} exposed twice without unexpose"
-        );
-    }
-
-    /// The core withdrew an exposure.
-    pub fn unexpose(&mut self, object: ObjectId, region: LocalRegion) {
-        let previous = self.exposed.remove(&object);
-        assert_eq!(
-            previous,
-            Some(region),
-            "unexpose of {object} that was not exposed at {region}"
-        );
-    }
-
-    /// Regions exposed now.
-    pub fn exposed(&self) -> &BTreeMap<ObjectId, LocalRegion> {
-        &self.exposed
-    }
-
-    /// Serves a READ of `remote`: the object whose exposed region holds it, and the bytes.
-    pub fn serve(&self, remote: RemoteRegion) -> Result<(ObjectId, Vec<u8>), ServeError> {
-        if remote.rkey != self.key.rkey {
-            return Err(ServeError::BadRkey);
-        }
-        let Some(offset) = remote.addr.checked_sub(self.key.base_addr) else {
-            return Err(ServeError::NotExposed);
+    /// The fabric grants `grant.reader` READs of `grant.region`: a key no live grant and no
+    /// registration uses.
+    pub fn grant(&mut self, grant: Grant) -> u32 {
+        let key = loop {
+            self.next_grant = self.next_grant.wrapping_add(1);
+            let key = self.key.rkey.rotate_left(16) ^ self.next_grant.wrapping_mul(0x9e37_79b9);
+            if key != self.key.rkey && !self.grants.contains_key(&key) {
+                break key;
+            }
         };
+        self.grants.insert(key, grant);
+        key
+    }
+
+    /// The lease `(reader, req)` ended: its key reaches nothing any more. False when no grant
+    /// matched.
+    pub fn revoke(&mut self, reader: NodeId, req: TransferId) -> bool {
+        let before = self.grants.len();
+        self.grants
+            .retain(|_, g| !(g.reader == reader && g.req == req));
+        self.grants.len() < before
+    }
+
+    /// Grants alive now.
+    pub fn grants(&self) -> impl Iterator<Item = &Grant> {
+        self.grants.values()
+    }
+
+    /// Serves `reader`'s READ of `remote`: the object whose grant covers it, and the bytes.
+    pub fn serve(
+        &self,
+        reader: NodeId,
+        remote: RemoteRegion,
+    ) -> Result<(ObjectId, Vec<u8>), ServeError> {
+        let grant = self.grants.get(&remote.rkey).ok_or(ServeError::BadRkey)?;
+        if grant.reader != reader {
+            return Err(ServeError::OtherReader);
+        }
+        let offset = remote
+            .addr
+            .checked_sub(self.key.base_addr)
+            .ok_or(ServeError::OutsideGrant)?;
         let end = offset
             .checked_add(remote.len)
-            .ok_or(ServeError::NotExposed)?;
-        let (object, _) = self
-            .exposed
-            .iter()
-            .find(|(_, r)| r.offset <= offset && end <= r.end())
-            .ok_or(ServeError::NotExposed)?;
-        Ok((*object, self.arena[offset as usize..end as usize].to_vec()))
+            .ok_or(ServeError::OutsideGrant)?;
+        if offset < grant.region.offset || end > grant.region.end() {
+            return Err(ServeError::OutsideGrant);
+        }
+        Ok((
+            grant.object,
+            self.arena[offset as usize..end as usize].to_vec(),
+        ))
     }
 }

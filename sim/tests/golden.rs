@@ -131,7 +131,7 @@ fn requester_crash_lease_expires() {
     c.crash(1);
     let text = finish(c);
     assert!(
-        text.contains("node-0 unexpose obj#1"),
+        text.contains("node-0 revoked node-1 xfer-1"),
         "the lease must end:\n{text}"
     );
     insta::assert_snapshot!(text);

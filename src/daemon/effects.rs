@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use skyriver_core::client_protocol::{encode_frame, Response, ServerFrame, TraceStamp};
 use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
-use skyriver_core::node::{NodeDriver, ReadOpId};
+use skyriver_core::node::{NodeDriver, ReadGrant, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, InputBytes, PeerMessage};
 use skyriver_core::{
     ArenaId, ClientId, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, RemoteRegion,
@@ -45,6 +45,9 @@ pub(super) struct Effects {
     pub(super) clients: BTreeMap<ClientId, ClientLink>,
     /// Clients closed while carrying out outputs, with why: the loop tells the node next.
     pub(super) closed: Vec<(ClientId, String)>,
+    /// The fabric's answers to grants and revocations it gave at once: the loop tells the node
+    /// next (the others come later as fabric events).
+    pub(super) access_answers: Vec<AccessAnswer>,
     pub(super) arenas: BTreeMap<ArenaId, Arc<SharedArena>>,
     pub(super) fabric: Option<Arc<dyn Fabric>>,
     pub(super) directory: Option<Arc<dyn Directory>>,
@@ -67,6 +70,19 @@ pub(super) struct Effects {
     /// Objects being fetched, with their transfer (only while debug logging is on): the line
     /// saying the object was sealed carries the fetch's id.
     fetching: BTreeMap<ObjectId, TransferId>,
+}
+
+/// A fabric's answer about one lease's READ access, for the node.
+#[derive(Debug)]
+pub(super) enum AccessAnswer {
+    /// `Node::handle_read_granted`.
+    Granted {
+        peer: NodeId,
+        req: TransferId,
+        result: Result<ReadGrant, String>,
+    },
+    /// `Node::handle_read_revoked`.
+    Revoked { peer: NodeId, req: TransferId },
 }
 
 /// Fetches remembered for their log lines at most (a failed fetch leaves its entry behind).
@@ -99,6 +115,7 @@ impl Effects {
             fetching: BTreeMap::new(),
             clients: BTreeMap::new(),
             closed: Vec::new(),
+            access_answers: Vec::new(),
             arenas,
             fabric: None,
             directory: None,
@@ -218,7 +235,7 @@ impl Effects {
                 requester = %peer,
                 bytes = sizes.data_size + sizes.metadata_size,
                 lease_ms,
-                "serving by rendezvous: object pinned and exposed"
+                "serving by rendezvous: object pinned, READ access granted"
             ),
             other => debug!(requester = %peer, reply = %other, "fetch refused"),
         }
@@ -322,15 +339,37 @@ impl NodeDriver for Effects {
         self.reply(client, request, Response::Traced(stamps));
     }
 
-    fn expose_region(&mut self, _object: ObjectId, region: LocalRegion) {
-        if let Some(fabric) = &self.fabric {
-            fabric.expose(region);
-        }
+    fn grant_read(&mut self, peer: NodeId, req: TransferId, object: ObjectId, region: LocalRegion) {
+        let result = match &self.fabric {
+            Some(fabric) => match fabric.grant_read(peer, req, region) {
+                Ok(Some(grant)) => Ok(grant),
+                Ok(None) => return, // answered by a fabric event
+                Err(error) => {
+                    warn!(%peer, %object, %region, %error, "cannot grant READ access");
+                    Err(error.to_string())
+                }
+            },
+            // A standalone node serves no peers; the core never asks it to.
+            None => Err("no fabric".to_string()),
+        };
+        self.access_answers
+            .push(AccessAnswer::Granted { peer, req, result });
     }
 
-    fn unexpose_region(&mut self, _object: ObjectId, region: LocalRegion) {
-        if let Some(fabric) = &self.fabric {
-            fabric.unexpose(region);
+    fn revoke_read(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        _object: ObjectId,
+        _region: LocalRegion,
+    ) {
+        let done = self
+            .fabric
+            .as_ref()
+            .is_none_or(|fabric| fabric.revoke_read(peer, req));
+        if done {
+            self.access_answers
+                .push(AccessAnswer::Revoked { peer, req });
         }
     }
 

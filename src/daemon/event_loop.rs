@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
 use super::connection::{ClientInput, ClientReader, ClientWriter, ConnectionEnd, Readable};
-use super::effects::{ClientLink, Effects};
+use super::effects::{AccessAnswer, ClientLink, Effects};
 use super::metrics::{Snapshot, SnapshotRequest};
 
 /// How often the daemon checks that it is connected to every live node.
@@ -204,6 +204,17 @@ impl EventLoop {
             if let Some((client, reason)) = self.effects.closed.pop() {
                 debug!(%client, %reason, "client connection closed");
                 self.node.handle_client_disconnected(now, client);
+            } else if !self.effects.access_answers.is_empty() {
+                for answer in std::mem::take(&mut self.effects.access_answers) {
+                    match answer {
+                        AccessAnswer::Granted { peer, req, result } => {
+                            self.node.handle_read_granted(now, peer, req, result)
+                        }
+                        AccessAnswer::Revoked { peer, req } => {
+                            self.node.handle_read_revoked(now, peer, req)
+                        }
+                    }
+                }
             } else if self.node.poll_timeout().is_some_and(|due| due <= now) {
                 // Timers the node set for "right after these outputs" fire here at once, not
                 // a round later through the runtime's millisecond timer wheel.
@@ -333,6 +344,14 @@ impl EventLoop {
             FabricEvent::ReadCompleted { op, result } => {
                 self.node.handle_read_completion(now, op, result)
             }
+            FabricEvent::ReadGranted { peer, req, result } => {
+                let result = result.map_err(|error| {
+                    warn!(%peer, %req, %error, "cannot grant READ access");
+                    error.to_string()
+                });
+                self.node.handle_read_granted(now, peer, req, result)
+            }
+            FabricEvent::ReadRevoked { peer, req } => self.node.handle_read_revoked(now, peer, req),
         }
     }
 

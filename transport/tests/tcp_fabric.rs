@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use skyriver_core::node::{ReadError, ReadOpId};
-use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
+use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 use skyriver_transport::fabric::tcp::{TcpFabric, TcpFabricConfig};
 use skyriver_transport::fabric::{Fabric, FabricEvent, FabricIdentity};
 use skyriver_transport::{ArenaOptions, SharedArena};
@@ -94,6 +94,28 @@ fn remote(node: &Node, offset: u64, len: u64) -> RemoteRegion {
     }
 }
 
+/// Grants `reader` READs of `[offset, offset + len)` of `holder`'s arena for its transfer `req`,
+/// and names the region as the holder's core would in a `Rendezvous`.
+fn granted(holder: &Node, reader: NodeId, req: u64, offset: u64, len: u64) -> RemoteRegion {
+    let grant = holder
+        .fabric
+        .grant_read(reader, TransferId(req), region(offset, len))
+        .unwrap()
+        .expect("the TCP fabric grants at once");
+    assert_eq!(grant.keys.len(), 1, "one key serves every lane");
+    RemoteRegion {
+        rkey: grant.keys[0],
+        ..remote(holder, offset, len)
+    }
+}
+
+fn read_result(node: &mut Node, op: u64) -> Result<(), ReadError> {
+    match next_event(node) {
+        FabricEvent::ReadCompleted { op: got, result } if got == ReadOpId(op) => result,
+        other => panic!("{other:?}"),
+    }
+}
+
 fn region(offset: u64, len: u64) -> LocalRegion {
     LocalRegion {
         arena: ArenaId(0),
@@ -122,62 +144,36 @@ fn messages_flow_both_ways_in_order() {
 }
 
 #[test]
-fn reads_of_exposed_memory_land_in_place_and_others_fail() {
+fn reads_under_a_grant_land_in_place_and_every_other_read_fails() {
     let (mut a, b) = connected_pair();
     let payload: Vec<u8> = (0..8u32 << 20).map(|i| (i % 253) as u8).collect();
+    let len = payload.len() as u64;
     write_arena(&b.arena, 4096, &payload);
-    b.fabric.expose(region(4096, payload.len() as u64));
+    let key = granted(&b, NodeId(1), 7, 4096, len);
 
-    a.fabric.post_read(
-        NodeId(2),
-        ReadOpId(1),
-        0,
-        region(1 << 20, payload.len() as u64),
-        remote(&b, 4096, payload.len() as u64),
-    );
-    match next_event(&mut a) {
-        FabricEvent::ReadCompleted {
-            op: ReadOpId(1),
-            result,
-        } => result.unwrap(),
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(
-        arena_bytes(&a.arena, 1 << 20, payload.len() as u64),
-        &payload[..]
-    );
+    a.fabric
+        .post_read(NodeId(2), ReadOpId(1), 0, region(1 << 20, len), key);
+    read_result(&mut a, 1).unwrap();
+    assert_eq!(arena_bytes(&a.arena, 1 << 20, len), &payload[..]);
 
-    // A slice of the exposed region is fine; one byte past it is not.
-    a.fabric.post_read(
-        NodeId(2),
-        ReadOpId(2),
-        0,
-        region(0, 100),
-        remote(&b, 8192, 100),
-    );
-    assert!(matches!(
-        next_event(&mut a),
-        FabricEvent::ReadCompleted {
-            op: ReadOpId(2),
-            result: Ok(())
-        }
-    ));
-    a.fabric.post_read(
-        NodeId(2),
-        ReadOpId(3),
-        0,
-        region(0, 100),
-        remote(&b, 4096 + payload.len() as u64 - 99, 100),
-    );
-    assert!(matches!(
-        next_event(&mut a),
-        FabricEvent::ReadCompleted {
-            op: ReadOpId(3),
-            result: Err(ReadError::RemoteAccess)
-        }
-    ));
-    // After unexpose, and with a wrong rkey, READs fail.
-    b.fabric.unexpose(region(4096, payload.len() as u64));
+    // A slice of the granted region is fine, on any lane; one byte past it is not.
+    let slice = RemoteRegion {
+        addr: key.addr + 4096,
+        len: 100,
+        ..key
+    };
+    a.fabric
+        .post_read(NodeId(2), ReadOpId(2), 1, region(0, 100), slice);
+    assert_eq!(read_result(&mut a, 2), Ok(()));
+    let past_end = RemoteRegion {
+        addr: key.addr + len - 99,
+        len: 100,
+        ..key
+    };
+    a.fabric
+        .post_read(NodeId(2), ReadOpId(3), 0, region(0, 100), past_end);
+    assert_eq!(read_result(&mut a, 3), Err(ReadError::RemoteAccess));
+    // The arena's own key opens nothing, nor does a wrong key.
     a.fabric.post_read(
         NodeId(2),
         ReadOpId(4),
@@ -185,24 +181,49 @@ fn reads_of_exposed_memory_land_in_place_and_others_fail() {
         region(0, 100),
         remote(&b, 4096, 100),
     );
-    assert!(matches!(
-        next_event(&mut a),
-        FabricEvent::ReadCompleted {
-            op: ReadOpId(4),
-            result: Err(ReadError::RemoteAccess)
-        }
-    ));
-    let mut bad_key = remote(&b, 4096, 100);
-    bad_key.rkey ^= 1;
+    assert_eq!(read_result(&mut a, 4), Err(ReadError::RemoteAccess));
+    let wrong = RemoteRegion {
+        rkey: key.rkey ^ 1,
+        len: 100,
+        ..key
+    };
     a.fabric
-        .post_read(NodeId(2), ReadOpId(5), 0, region(0, 100), bad_key);
+        .post_read(NodeId(2), ReadOpId(5), 0, region(0, 100), wrong);
+    assert_eq!(read_result(&mut a, 5), Err(ReadError::RemoteAccess));
+
+    // Another peer of the holder cannot use the key it did not get.
+    let mut c = node_with(
+        3,
+        "secret",
+        TcpFabricConfig::new("127.0.0.1:0".parse().unwrap()),
+    );
+    c.fabric.connect(NodeId(2), b.fabric.listen_addr());
     assert!(matches!(
-        next_event(&mut a),
-        FabricEvent::ReadCompleted {
-            op: ReadOpId(5),
-            result: Err(ReadError::RemoteAccess)
+        next_event(&mut c),
+        FabricEvent::PeerConnected {
+            peer: NodeId(2),
+            ..
         }
     ));
+    c.fabric.post_read(
+        NodeId(2),
+        ReadOpId(6),
+        0,
+        region(0, 100),
+        RemoteRegion { len: 100, ..key },
+    );
+    assert_eq!(read_result(&mut c, 6), Err(ReadError::RemoteAccess));
+
+    // After the revocation (nothing being served: at once), the key is dead.
+    assert!(b.fabric.revoke_read(NodeId(1), TransferId(7)));
+    a.fabric.post_read(
+        NodeId(2),
+        ReadOpId(7),
+        0,
+        region(0, 100),
+        RemoteRegion { len: 100, ..key },
+    );
+    assert_eq!(read_result(&mut a, 7), Err(ReadError::RemoteAccess));
 }
 
 #[test]
@@ -223,14 +244,14 @@ fn a_wrong_token_is_refused() {
 #[test]
 fn a_lost_peer_fails_outstanding_reads_before_reporting_the_loss() {
     let (mut a, b) = connected_pair();
-    b.fabric.expose(region(0, ARENA_BYTES));
+    let key = granted(&b, NodeId(1), 1, 0, 4 << 20);
     for op in 0..8 {
         a.fabric.post_read(
             NodeId(2),
             ReadOpId(op),
             0,
             region(op * (4 << 20), 4 << 20),
-            remote(&b, 0, 4 << 20),
+            key,
         );
     }
     drop(b);

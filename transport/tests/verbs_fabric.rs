@@ -311,7 +311,7 @@ fn connects_with_the_cluster_token_and_refuses_a_wrong_one() {
         assert_eq!(body[0], 1, "version 1's Reply::Refuse");
         let text = String::from_utf8_lossy(&body);
         println!("version 1 connector: {text}");
-        assert!(text.contains("version 2"), "{text}");
+        assert!(text.contains("version 3"), "{text}");
     }
     b.assert_quiet(Duration::from_millis(100));
 
@@ -516,14 +516,21 @@ fn reads_outside_the_peer_arena_fail_cleanly() {
     a.fabric.send(b.id, b"ok".to_vec()).unwrap();
     assert_eq!(b.expect_message(a.id), b"ok");
 
-    // Exposure bookkeeping (informational; see the fabric's documentation).
-    b.fabric.expose(local(0, 4096));
-    b.fabric.expose(local(0, 4096));
-    b.fabric.unexpose(local(0, 4096));
-    assert_eq!(b.fabric.exposed_regions(), vec![(local(0, 4096), 1)]);
-    b.fabric.unexpose(local(0, 4096));
-    b.fabric.unexpose(local(0, 4096)); // logged, harmless
-    assert!(b.fabric.exposed_regions().is_empty());
+    // Grant bookkeeping, per lease.
+    b.fabric
+        .grant_read(a.id, TransferId(1), local(0, 4096))
+        .unwrap();
+    b.fabric
+        .grant_read(a.id, TransferId(2), local(0, 4096))
+        .unwrap();
+    assert!(b.fabric.revoke_read(a.id, TransferId(1)));
+    assert_eq!(
+        b.fabric.granted_regions(),
+        vec![(a.id, TransferId(2), local(0, 4096))]
+    );
+    assert!(b.fabric.revoke_read(a.id, TransferId(2)));
+    assert!(b.fabric.revoke_read(a.id, TransferId(2))); // logged, harmless
+    assert!(b.fabric.granted_regions().is_empty());
 }
 
 #[test]

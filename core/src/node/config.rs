@@ -19,6 +19,17 @@ pub struct ArenaKey {
     pub rkey: u32,
 }
 
+/// The keys a fabric gave for one lease ([`NodeOutput::GrantRead`](super::NodeOutput)):
+/// opaque to the core, which hands them to the reader in the `Rendezvous`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReadGrant {
+    /// No key: the arena's registration key ([`ArenaKey::rkey`]) serves the reader, for as long
+    /// as it is connected (a fabric that cannot scope access to a lease). One key: it serves
+    /// every lane. More: one per lane, in lane order (verbs memory windows: a type 2 window
+    /// serves the one queue pair it was bound on).
+    pub keys: Vec<u32>,
+}
+
 /// What the driver knows about a peer when the connection is up.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PeerParams {

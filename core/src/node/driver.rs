@@ -6,7 +6,7 @@
 use super::{NodeOutput, ReadOpId};
 use crate::client_protocol::Response;
 use crate::directory::{DirectoryOpId, DirectoryRequest};
-use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
+use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
 use crate::region::{LocalRegion, RemoteRegion};
 use crate::store::{DurableChange, ObjectEvent};
 use crate::wire::{EagerHeader, InputBytes, PeerMessage};
@@ -41,10 +41,10 @@ pub trait NodeDriver {
     /// [`NodeOutput::Trace`]: reply with the timestamps taken so far (none where there is no
     /// clock, as in the simulator).
     fn trace(&mut self, client: ClientId, request: RequestId, record: bool);
-    /// [`NodeOutput::ExposeRegion`].
-    fn expose_region(&mut self, object: ObjectId, region: LocalRegion);
-    /// [`NodeOutput::UnexposeRegion`].
-    fn unexpose_region(&mut self, object: ObjectId, region: LocalRegion);
+    /// [`NodeOutput::GrantRead`]: answer with `handle_read_granted`.
+    fn grant_read(&mut self, peer: NodeId, req: TransferId, object: ObjectId, region: LocalRegion);
+    /// [`NodeOutput::RevokeRead`]: answer with `handle_read_revoked`.
+    fn revoke_read(&mut self, peer: NodeId, req: TransferId, object: ObjectId, region: LocalRegion);
     /// [`NodeOutput::Directory`].
     fn directory(&mut self, op: DirectoryOpId, request: DirectoryRequest);
     /// [`NodeOutput::Reply`].
@@ -93,8 +93,18 @@ impl NodeOutput {
                 request,
                 record,
             } => driver.trace(client, request, record),
-            NodeOutput::ExposeRegion { object, region } => driver.expose_region(object, region),
-            NodeOutput::UnexposeRegion { object, region } => driver.unexpose_region(object, region),
+            NodeOutput::GrantRead {
+                peer,
+                req,
+                object,
+                region,
+            } => driver.grant_read(peer, req, object, region),
+            NodeOutput::RevokeRead {
+                peer,
+                req,
+                object,
+                region,
+            } => driver.revoke_read(peer, req, object, region),
             NodeOutput::Directory { op, request } => driver.directory(op, request),
             NodeOutput::Reply {
                 client,

@@ -40,7 +40,6 @@ use std::time::Duration;
 use crate::client_protocol::Response;
 use crate::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
-use crate::region::LocalRegion;
 use crate::store::{
     DurableChange, ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput,
 };
@@ -48,7 +47,7 @@ use crate::time::Instant;
 use crate::wire::{self, DecodedMessage, ObjectSizes, PeerMessage, WireError};
 
 pub use clients::{ClusterMember, MAX_PARKED_CREATES};
-pub use config::{ArenaKey, NodeConfig, PeerParams};
+pub use config::{ArenaKey, NodeConfig, PeerParams, ReadGrant};
 pub use driver::NodeDriver;
 pub use errors::{FetchError, ReadError, TransferMode};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
@@ -130,7 +129,6 @@ pub struct Node {
     reads: BTreeMap<ReadOpId, (TransferId, u64)>,
     // Holder side.
     leases: BTreeMap<(NodeId, TransferId), Lease>,
-    exposed: BTreeMap<ObjectId, (LocalRegion, u32)>,
     // Directory.
     directory_ops: BTreeMap<DirectoryOpId, DirectoryPurpose>,
     publications: BTreeMap<ObjectId, Publication>,
@@ -168,7 +166,6 @@ impl Node {
             transfers: BTreeMap::new(),
             reads: BTreeMap::new(),
             leases: BTreeMap::new(),
-            exposed: BTreeMap::new(),
             directory_ops: BTreeMap::new(),
             publications: BTreeMap::new(),
             timers: timers::Timers::default(),
@@ -389,6 +386,28 @@ impl Node {
         self.absorb_store();
     }
 
+    /// The fabric's answer to [`NodeOutput::GrantRead`]: the keys `peer` reads the lease's
+    /// object with, or why it cannot (the fetch is refused with that reason).
+    pub fn handle_read_granted(
+        &mut self,
+        now: Instant,
+        peer: NodeId,
+        req: TransferId,
+        result: Result<ReadGrant, String>,
+    ) {
+        self.advance(now);
+        self.read_granted(peer, req, result);
+        self.absorb_store();
+    }
+
+    /// The fabric's answer to [`NodeOutput::RevokeRead`]: the lease's keys reach nothing any
+    /// more, so its object is unpinned.
+    pub fn handle_read_revoked(&mut self, now: Instant, peer: NodeId, req: TransferId) {
+        self.advance(now);
+        self.read_revoked(peer, req);
+        self.absorb_store();
+    }
+
     /// A READ posted with [`NodeOutput::PostRead`] completed. On success its bytes are in the
     /// local region.
     pub fn handle_read_completion(
@@ -579,27 +598,13 @@ impl Node {
                 transfer.id
             );
         }
-        let mut leases_by_object: BTreeMap<ObjectId, u32> = BTreeMap::new();
         for lease in self.leases.values() {
-            *leases_by_object.entry(lease.id).or_default() += 1;
             assert!(
                 self.store.is_pinned(&lease.id),
                 "leased {} is not pinned",
                 lease.id
             );
         }
-        for (id, (_, count)) in &self.exposed {
-            assert_eq!(
-                leases_by_object.get(id).copied().unwrap_or(0),
-                *count,
-                "exposures of {id}"
-            );
-        }
-        assert_eq!(
-            leases_by_object.len(),
-            self.exposed.len(),
-            "exposed objects"
-        );
     }
 
     fn advance(&mut self, now: Instant) {

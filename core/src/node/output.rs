@@ -3,7 +3,7 @@
 use super::ReadOpId;
 use crate::client_protocol::Response;
 use crate::directory::{DirectoryOpId, DirectoryRequest};
-use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
+use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
 use crate::region::{LocalRegion, RemoteRegion};
 use crate::store::{DurableChange, ObjectEvent};
 use crate::wire::{EagerHeader, InputBytes, PeerMessage};
@@ -78,15 +78,28 @@ pub enum NodeOutput {
         /// Take timestamps from now on.
         record: bool,
     },
-    /// Peers may now READ this region (it holds a pinned object).
-    ExposeRegion {
+    /// Let `peer` READ `region` (a pinned object) for the lease of its transfer `req`, and
+    /// answer with [`Node::handle_read_granted`](super::Node::handle_read_granted): the keys
+    /// the peer must use (a fabric scopes them to this lease where it can: verbs memory
+    /// windows, TCP per-lease keys). Until the answer nothing names the region to the peer.
+    GrantRead {
+        /// The reader.
+        peer: NodeId,
+        /// Its transfer (with `peer`, names the lease).
+        req: TransferId,
         /// The object.
         object: ObjectId,
         /// Its region.
         region: LocalRegion,
     },
-    /// Peers may no longer READ this region.
-    UnexposeRegion {
+    /// The lease of `peer`'s transfer `req` ended: no READ may reach `region` through its keys
+    /// any more. Answer with [`Node::handle_read_revoked`](super::Node::handle_read_revoked)
+    /// once that holds; the object stays pinned until then.
+    RevokeRead {
+        /// The reader.
+        peer: NodeId,
+        /// Its transfer.
+        req: TransferId,
         /// The object.
         object: ObjectId,
         /// Its region.

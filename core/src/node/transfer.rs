@@ -18,11 +18,21 @@
 //! seals was read while the holder had the object pinned.
 //!
 //! Holder H: a small object goes out as `EagerData` chunks gathered by the driver at once. A
-//! large one is pinned under a lease, its region exposed, and `Rendezvous` names it; `Finish`
-//! or the lease's end unpins it.
+//! large one is pinned under a lease:
+//!
+//! ```text
+//! FetchRequest ──pin, GrantRead──► Granting ──granted──► Rendezvous, Granted
+//!                                     │                     └─ Finish / lease end ──RevokeRead──► Revoking
+//!                                     ├─ refused ──► Error, unpinned                                 └─ revoked ──► unpinned
+//!                                     └─ Finish / lease end ──► (granted ──RevokeRead──► Revoking)
+//! ```
+//!
+//! The fabric scopes the READ keys to the lease where it can, and the object stays pinned until
+//! the fabric confirms the keys are dead: no READ through them reaches memory reused since.
 
 use super::{
-    Node, NodeOutput, ReadError, ReadOpId, Timer, TransferMode, TransferPath, FETCH_CLIENT,
+    Node, NodeOutput, ReadError, ReadGrant, ReadOpId, Timer, TransferMode, TransferPath,
+    FETCH_CLIENT,
 };
 use crate::ids::{NodeId, ObjectId, TransferId};
 use crate::region::{LocalRegion, RemoteRegion};
@@ -44,6 +54,8 @@ enum IncomingState {
     Sealing,
     Reading {
         regions: Vec<RemoteRegion>,
+        /// The lease's per-lane keys (see `PeerMessage::Rendezvous`); empty: each region's.
+        lane_keys: Vec<u32>,
         next_offset: u64,
         done_bytes: u64,
         outstanding: u32,
@@ -120,7 +132,21 @@ impl Incoming {
 #[derive(Debug)]
 pub(super) struct Lease {
     pub(super) id: ObjectId,
+    pub(super) region: LocalRegion,
     pub(super) expires: Instant,
+    pub(super) state: LeaseState,
+}
+
+/// Where a holder's lease stands: the object is pinned in every state.
+#[derive(Debug)]
+pub(super) enum LeaseState {
+    /// `GrantRead` went out; the `Rendezvous` waits for the fabric's keys. `ended`: `Finish`
+    /// or the lease's end came first, so the grant is revoked as soon as it is answered.
+    Granting { sizes: ObjectSizes, ended: bool },
+    /// The reader has the keys.
+    Granted,
+    /// `RevokeRead` went out; unpinned when the fabric confirms no READ can reach the object.
+    Revoking,
 }
 
 impl Node {
@@ -190,6 +216,7 @@ impl Node {
                 PeerMessage::Rendezvous {
                     sizes,
                     regions,
+                    lane_keys,
                     lease_ms,
                     ..
                 },
@@ -221,6 +248,7 @@ impl Node {
                 }
                 transfer.state = IncomingState::Reading {
                     regions,
+                    lane_keys,
                     next_offset: 0,
                     done_bytes: 0,
                     outstanding: 0,
@@ -320,6 +348,7 @@ impl Node {
             .expect("posting READs for a live transfer");
         let IncomingState::Reading {
             regions,
+            lane_keys,
             next_offset,
             outstanding,
             lane_cursor,
@@ -334,23 +363,29 @@ impl Node {
             // Find the remote region holding `next_offset`.
             let mut region_start = 0;
             let mut found = None;
-            for region in regions.iter() {
+            for (index, region) in regions.iter().enumerate() {
                 if *next_offset < region_start + region.len {
-                    found = Some((*region, *next_offset - region_start));
+                    found = Some((index, *region, *next_offset - region_start));
                     break;
                 }
                 region_start += region.len;
             }
             // Decoding checked that the regions cover the object exactly.
-            let (region, within) = found.expect("remote regions cover the object");
+            let (index, region, within) = found.expect("remote regions cover the object");
             let len = slice_bytes.min(region.len - within);
+            let lane = *lane_cursor % lanes;
+            // Decoding checked that the keys come in whole sets per region.
+            let per_region = lane_keys.len() / regions.len();
+            let rkey = match per_region {
+                0 => region.rkey,
+                k => lane_keys[index * k + lane as usize % k],
+            };
             let remote = RemoteRegion {
                 addr: region.addr + within,
                 len,
-                rkey: region.rkey,
+                rkey,
             };
             let local = transfer.local.region.slice(*next_offset, len);
-            let lane = *lane_cursor % lanes;
             *lane_cursor = lane_cursor.wrapping_add(1);
             *next_offset += len;
             *outstanding += 1;
@@ -593,11 +628,11 @@ impl Node {
             self.refuse(peer, PeerMessage::Busy { req });
             return;
         }
-        let Some(key) = self.config.region_keys.get(&info.region.arena).copied() else {
+        if !self.config.region_keys.contains_key(&info.region.arena) {
             let reason = format!("{} is not registered for READs", info.region.arena);
             self.refuse(peer, PeerMessage::Error { req, reason });
             return;
-        };
+        }
         let info = match self.store.pin(id) {
             Ok(info) => info,
             Err(_) => {
@@ -605,19 +640,76 @@ impl Node {
                 return;
             }
         };
-        self.stats.served_rendezvous += 1;
-        self.stats.bytes_served += total;
-        let counters = self.peer_counters(peer);
-        counters.bytes_served += total;
-        counters.objects_served += 1;
-        self.expose(id, info.region);
         let expires = self.now + self.config.lease;
-        self.leases.insert((peer, req), Lease { id, expires });
+        self.leases.insert(
+            (peer, req),
+            Lease {
+                id,
+                region: info.region,
+                expires,
+                state: LeaseState::Granting {
+                    sizes,
+                    ended: false,
+                },
+            },
+        );
         self.set_timer(expires, Timer::Lease(peer, req));
+        self.push(NodeOutput::GrantRead {
+            peer,
+            req,
+            object: id,
+            region: info.region,
+        });
+    }
+
+    /// The fabric's answer to a `GrantRead`.
+    pub(super) fn read_granted(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        result: Result<ReadGrant, String>,
+    ) {
+        let Some(lease) = self.leases.get_mut(&(peer, req)) else {
+            return;
+        };
+        let LeaseState::Granting { sizes, ended } = lease.state else {
+            return; // answered already; a driver bug, but nothing to undo
+        };
+        let (id, region) = (lease.id, lease.region);
+        let grant = match result {
+            Ok(grant) => grant,
+            Err(reason) => {
+                // Nothing was granted, so nothing to revoke.
+                self.leases.remove(&(peer, req));
+                self.cancel_timer(Timer::Lease(peer, req));
+                self.store.unpin(id);
+                if !ended {
+                    let reason = format!("cannot grant READ access: {reason}");
+                    self.refuse(peer, PeerMessage::Error { req, reason });
+                }
+                return;
+            }
+        };
+        if ended {
+            self.revoke(peer, req);
+            return;
+        }
+        lease.state = LeaseState::Granted;
+        self.stats.served_rendezvous += 1;
+        self.stats.bytes_served += region.len;
+        let counters = self.peer_counters(peer);
+        counters.bytes_served += region.len;
+        counters.objects_served += 1;
+        let key = self.config.region_keys[&region.arena];
+        let (rkey, lane_keys) = match grant.keys.as_slice() {
+            [] => (key.rkey, Vec::new()),
+            [only] => (*only, Vec::new()),
+            [first, ..] => (*first, grant.keys),
+        };
         let remote = RemoteRegion {
-            addr: key.base_addr + info.region.offset,
-            len: total,
-            rkey: key.rkey,
+            addr: key.base_addr + region.offset,
+            len: region.len,
+            rkey,
         };
         let lease_ms = u32::try_from(self.config.lease.as_millis())
             .unwrap_or(u32::MAX)
@@ -628,9 +720,22 @@ impl Node {
                 req,
                 sizes,
                 regions: vec![remote],
+                lane_keys,
                 lease_ms,
             },
         );
+    }
+
+    /// The fabric's answer to a `RevokeRead`: no READ reaches the object through the lease's
+    /// keys any more.
+    pub(super) fn read_revoked(&mut self, peer: NodeId, req: TransferId) {
+        if let Some(lease) = self.leases.get(&(peer, req)) {
+            if matches!(lease.state, LeaseState::Revoking) {
+                let id = lease.id;
+                self.leases.remove(&(peer, req));
+                self.store.unpin(id);
+            }
+        }
     }
 
     fn refuse(&mut self, peer: NodeId, message: PeerMessage) {
@@ -640,9 +745,7 @@ impl Node {
 
     pub(super) fn handle_finish(&mut self, peer: NodeId, req: TransferId) {
         // Unknown: the lease already ran out.
-        if self.leases.contains_key(&(peer, req)) {
-            self.release_lease(peer, req);
-        }
+        self.end_lease(peer, req);
     }
 
     pub(super) fn lease_expired(&mut self, peer: NodeId, req: TransferId) {
@@ -652,37 +755,35 @@ impl Node {
             .is_some_and(|l| l.expires <= self.now)
         {
             self.stats.leases_expired += 1;
-            self.release_lease(peer, req);
+            self.end_lease(peer, req);
         }
     }
 
-    fn release_lease(&mut self, peer: NodeId, req: TransferId) {
+    /// `Finish` or the lease's end: revoke what was granted (or will be).
+    fn end_lease(&mut self, peer: NodeId, req: TransferId) {
+        let Some(lease) = self.leases.get_mut(&(peer, req)) else {
+            return;
+        };
+        match &mut lease.state {
+            LeaseState::Granting { ended, .. } => *ended = true,
+            LeaseState::Granted => self.revoke(peer, req),
+            LeaseState::Revoking => {}
+        }
+    }
+
+    fn revoke(&mut self, peer: NodeId, req: TransferId) {
         let lease = self
             .leases
-            .remove(&(peer, req))
-            .expect("releasing a held lease");
+            .get_mut(&(peer, req))
+            .expect("revoking a held lease");
+        lease.state = LeaseState::Revoking;
+        let (object, region) = (lease.id, lease.region);
         self.cancel_timer(Timer::Lease(peer, req));
-        self.unexpose(lease.id);
-        self.store.unpin(lease.id);
-    }
-
-    fn expose(&mut self, id: ObjectId, region: LocalRegion) {
-        let entry = self.exposed.entry(id).or_insert((region, 0));
-        entry.1 += 1;
-        if entry.1 == 1 {
-            self.push(NodeOutput::ExposeRegion { object: id, region });
-        }
-    }
-
-    fn unexpose(&mut self, id: ObjectId) {
-        let entry = self
-            .exposed
-            .get_mut(&id)
-            .expect("unexposing an exposed object");
-        entry.1 -= 1;
-        if entry.1 == 0 {
-            let (region, _) = self.exposed.remove(&id).expect("found above");
-            self.push(NodeOutput::UnexposeRegion { object: id, region });
-        }
+        self.push(NodeOutput::RevokeRead {
+            peer,
+            req,
+            object,
+            region,
+        });
     }
 }

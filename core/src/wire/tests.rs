@@ -37,6 +37,18 @@ fn samples() -> Vec<PeerMessage> {
                     rkey: 6,
                 },
             ],
+            lane_keys: Vec::new(),
+            lease_ms: 100,
+        },
+        PeerMessage::Rendezvous {
+            req,
+            sizes,
+            regions: vec![RemoteRegion {
+                addr: 0x1000,
+                len: 128,
+                rkey: 0x1207,
+            }],
+            lane_keys: vec![0x1207, 0x1308, 0x1409],
             lease_ms: 100,
         },
         PeerMessage::Finish { req },
@@ -95,8 +107,13 @@ fn truncation_and_trailing_bytes_are_refused() {
 #[test]
 fn bad_fields_are_refused() {
     let mut bytes = to_bytes(&samples()[0]);
-    bytes[2] = 2;
-    assert_eq!(decode(&bytes), Err(WireError::Version { got: 2 }));
+    bytes[2] = WIRE_VERSION - 1;
+    assert_eq!(
+        decode(&bytes),
+        Err(WireError::Version {
+            got: WIRE_VERSION - 1
+        })
+    );
     let mut bytes = to_bytes(&samples()[0]);
     bytes[0] = b'X';
     assert!(matches!(decode(&bytes), Err(WireError::BadMagic(_))));
@@ -116,6 +133,7 @@ fn bad_fields_are_refused() {
             len: 99,
             rkey: 1,
         }],
+        lane_keys: Vec::new(),
         lease_ms: 10,
     };
     assert!(matches!(
@@ -156,6 +174,7 @@ fn bad_fields_are_refused() {
             len: 1,
             rkey: 1,
         }],
+        lane_keys: Vec::new(),
         lease_ms: 0,
     };
     assert!(decode(&to_bytes(&zero_lease)).is_err());
@@ -205,5 +224,42 @@ proptest! {
         let at = pos.index(bytes.len());
         bytes[at] = byte;
         let _ = decode(&bytes);
+    }
+}
+
+#[test]
+fn lane_keys_must_be_whole_per_region_and_bounded() {
+    let rendezvous = |regions: usize, keys: usize| PeerMessage::Rendezvous {
+        req: TransferId(1),
+        sizes: ObjectSizes {
+            data_size: 64 * regions as u64,
+            metadata_size: 0,
+        },
+        regions: (0..regions)
+            .map(|i| RemoteRegion {
+                addr: 0x1000 * (i as u64 + 1),
+                len: 64,
+                rkey: 1,
+            })
+            .collect(),
+        lane_keys: (0..keys as u32).collect(),
+        lease_ms: 10,
+    };
+    for (regions, keys) in [(1, 0), (1, 1), (2, 4), (1, MAX_LANE_KEYS)] {
+        let message = rendezvous(regions, keys);
+        assert_eq!(decode(&to_bytes(&message)).unwrap(), message);
+    }
+    for (regions, keys) in [(2, 3), (1, MAX_LANE_KEYS + 1)] {
+        let error = decode(&to_bytes(&rendezvous(regions, keys))).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                WireError::Invalid {
+                    field: "lane_keys",
+                    ..
+                }
+            ),
+            "{regions} regions, {keys} keys: {error}"
+        );
     }
 }

@@ -5,13 +5,19 @@
 use rand::Rng;
 use skyriver_core::client_protocol::Response;
 use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
-use skyriver_core::node::{NodeDriver, ReadOpId};
+use skyriver_core::node::{NodeDriver, ReadGrant, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, InputBytes, PeerMessage};
 use skyriver_core::{
     ClientId, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, RemoteRegion, RequestId,
+    TransferId,
 };
 
 use super::{Cluster, Event};
+use crate::rdma::Grant;
+
+/// How long the simulated fabric takes to grant or revoke READ access (a memory window's bind
+/// or invalidation).
+const FABRIC_ACCESS_NS: u64 = 2_000;
 
 /// One node's outputs, carried out by the cluster.
 pub(super) struct SimDriver<'a> {
@@ -127,7 +133,7 @@ impl NodeDriver for SimDriver<'_> {
             .client_replied(self.n, client, request, Response::Traced(Vec::new()));
     }
 
-    fn expose_region(&mut self, object: ObjectId, region: LocalRegion) {
+    fn grant_read(&mut self, peer: NodeId, req: TransferId, object: ObjectId, region: LocalRegion) {
         let (c, n) = (&mut *self.cluster, self.n);
         let sim_node = &mut c.nodes[n.0 as usize];
         let store = sim_node.node.as_ref().expect("alive").store();
@@ -135,17 +141,42 @@ impl NodeDriver for SimDriver<'_> {
             Some(s) if s.sealed && s.pin_count > 0 && s.info.region == region => {}
             _ => c.checker.violation(
                 c.now,
-                format!("{n}: exposes {region} of {object}, not a pinned sealed object"),
+                format!("{n}: grants READs of {region} of {object}, not a pinned sealed object"),
             ),
         }
-        sim_node.memory.expose(object, region);
-        c.record(|| format!("{n} expose {object} {region}"));
+        let key = sim_node.memory.grant(Grant {
+            reader: peer,
+            req,
+            object,
+            region,
+        });
+        let inc = sim_node.inc;
+        c.record(|| format!("{n} grant {peer} {req} {object} {region} key {key:#x}"));
+        c.schedule(
+            c.after(FABRIC_ACCESS_NS),
+            Event::ReadGranted {
+                node: n,
+                inc,
+                reader: peer,
+                req,
+                result: Ok(ReadGrant { keys: vec![key] }),
+            },
+        );
     }
 
-    fn unexpose_region(&mut self, object: ObjectId, region: LocalRegion) {
+    fn revoke_read(&mut self, peer: NodeId, req: TransferId, object: ObjectId, _: LocalRegion) {
         let (c, n) = (&mut *self.cluster, self.n);
-        c.nodes[n.0 as usize].memory.unexpose(object, region);
-        c.record(|| format!("{n} unexpose {object} {region}"));
+        let inc = c.nodes[n.0 as usize].inc;
+        c.record(|| format!("{n} revoke {peer} {req} {object}"));
+        c.schedule(
+            c.after(FABRIC_ACCESS_NS),
+            Event::ReadRevoked {
+                node: n,
+                inc,
+                reader: peer,
+                req,
+            },
+        );
     }
 
     fn directory(&mut self, op: DirectoryOpId, request: DirectoryRequest) {

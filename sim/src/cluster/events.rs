@@ -124,6 +124,52 @@ impl Cluster {
                     DirectoryNotice::Members(_) | DirectoryNotice::Health(_) => {}
                 }
             }
+            Event::ReadGranted {
+                node,
+                inc,
+                reader,
+                req,
+                result,
+            } => {
+                if !self.alive(node, inc) {
+                    return;
+                }
+                let now = self.now;
+                self.nodes[node.0 as usize]
+                    .node
+                    .as_mut()
+                    .expect("alive")
+                    .handle_read_granted(now, reader, req, result);
+                self.after_input(node);
+            }
+            Event::ReadRevoked {
+                node,
+                inc,
+                reader,
+                req,
+            } => {
+                if !self.alive(node, inc) {
+                    return;
+                }
+                // Only now does the key stop working (a verbs invalidation completes later than
+                // it is posted): until here the core must keep the object pinned.
+                let now = self.now;
+                let sim_node = &mut self.nodes[node.0 as usize];
+                if !sim_node.memory.revoke(reader, req) {
+                    self.checker.violation(
+                        now,
+                        format!("{node}: revokes {reader}'s {req}, which was never granted"),
+                    );
+                }
+                self.record(|| format!("{node} revoked {reader} {req}: its key reaches nothing"));
+                let sim_node = &mut self.nodes[node.0 as usize];
+                sim_node
+                    .node
+                    .as_mut()
+                    .expect("alive")
+                    .handle_read_revoked(now, reader, req);
+                self.after_input(node);
+            }
             Event::Timer { node, inc } => {
                 if !self.alive(node, inc) {
                     return;
@@ -281,15 +327,15 @@ impl Cluster {
             return;
         }
         let holder_node = &self.nodes[holder.0 as usize];
-        match holder_node.memory.serve(remote) {
+        match holder_node.memory.serve(requester, remote) {
             Err(why) => {
                 self.record(|| format!("{holder} refuses {op} of {remote}: {why:?}"));
                 self.schedule(self.after(latency), complete(Err(ReadError::RemoteAccess)));
             }
-            Ok((exposed_object, bytes)) => {
+            Ok((granted_object, bytes)) => {
                 // Being read: the holder's core must keep the object sealed and pinned.
                 let store = holder_node.node.as_ref().expect("checked above").store();
-                match store.summary(&exposed_object) {
+                match store.summary(&granted_object) {
                     Some(s) if s.sealed && s.pin_count > 0 => {}
                     other => {
                         let state = other.map_or("gone".to_string(), |s| {
@@ -299,7 +345,7 @@ impl Cluster {
                             )
                         });
                         let what = format!(
-                            "{holder}: READ {op} by {requester} served from {exposed_object}, which is not pinned ({state})"
+                            "{holder}: READ {op} by {requester} served from {granted_object}, which is not pinned ({state})"
                         );
                         self.checker.violation(self.now, what);
                     }

@@ -19,10 +19,10 @@ use rand_chacha::ChaCha8Rng;
 
 use skyriver_core::client_protocol::Request;
 use skyriver_core::directory::{DirectoryNotice, DirectoryOpId, DirectoryRequest};
-use skyriver_core::node::{ArenaKey, PathCosts, FETCH_CLIENT};
+use skyriver_core::node::{ArenaKey, PathCosts, ReadGrant, FETCH_CLIENT};
 use skyriver_core::{
     wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, ObjectId,
-    ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion, StoreError,
+    ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion, StoreError, TransferId,
 };
 
 use self::clients::Call;
@@ -71,6 +71,21 @@ enum Event {
         to: NodeId,
         inc: u32,
         notice: DirectoryNotice,
+    },
+    /// The fabric answers a node's `GrantRead`.
+    ReadGranted {
+        node: NodeId,
+        inc: u32,
+        reader: NodeId,
+        req: TransferId,
+        result: Result<ReadGrant, String>,
+    },
+    /// A node's `RevokeRead` took effect.
+    ReadRevoked {
+        node: NodeId,
+        inc: u32,
+        reader: NodeId,
+        req: TransferId,
     },
     Timer {
         node: NodeId,

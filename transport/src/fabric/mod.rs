@@ -8,8 +8,10 @@
 //!
 //! Semantics every fabric keeps, because the protocol core relies on them:
 //! - messages to one peer arrive in order, whole, at most once (RC QP semantics);
-//! - a READ is served from the holder's exposed memory by the fabric, never by the holder's
-//!   core, and a READ of a region that is not exposed fails with [`ReadError::RemoteAccess`];
+//! - a READ is served from the holder's memory by the fabric, never by the holder's core, and
+//!   only through keys granted for a lease ([`Fabric::grant_read`]): a READ with a revoked or
+//!   unknown key, or outside the granted region, fails with [`ReadError::RemoteAccess`] (on
+//!   verbs without memory windows, the arena's key serves every connected peer instead);
 //! - when a connection is lost, every READ posted on it completes (with an error) before or
 //!   with the [`FabricEvent::PeerLost`] event, and nothing arrives from that peer after it.
 //!
@@ -30,9 +32,9 @@ use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::Arc;
 
-use skyriver_core::node::{ArenaKey, PeerParams, ReadError, ReadOpId};
+use skyriver_core::node::{ArenaKey, PeerParams, ReadError, ReadGrant, ReadOpId};
 use skyriver_core::wire::EagerHeader;
-use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
+use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 
 use crate::arena::SharedArena;
 
@@ -66,6 +68,23 @@ pub enum FabricEvent {
         peer: NodeId,
         /// The encoded message, where it arrived.
         bytes: MessageBytes,
+    },
+    /// A [`Fabric::grant_read`] that was under way is answered.
+    ReadGranted {
+        /// The reader.
+        peer: NodeId,
+        /// Its transfer.
+        req: TransferId,
+        /// The keys, or why not.
+        result: Result<ReadGrant, FabricError>,
+    },
+    /// A [`Fabric::revoke_read`] that was under way took effect: no READ reaches the region
+    /// through the lease's keys any more.
+    ReadRevoked {
+        /// The reader.
+        peer: NodeId,
+        /// Its transfer.
+        req: TransferId,
     },
     /// A READ posted with [`Fabric::post_read`] finished; on success its bytes are in place.
     ReadCompleted {
@@ -182,6 +201,10 @@ pub enum FabricError {
     /// An empty message (every message has at least a header).
     #[error("cannot send an empty message")]
     EmptyMessage,
+    /// READ access to a region could not be granted (verbs: a memory window could not be
+    /// allocated or bound).
+    #[error("cannot grant READ access: {0}")]
+    Grant(String),
     /// The peer stopped taking messages: too much already waits for it. The connection was
     /// dropped (a [`FabricEvent::PeerLost`] with the reason follows), so the node can go on
     /// with other peers instead of buffering without limit.
@@ -263,9 +286,20 @@ pub trait Fabric: Send + Sync {
         remote: RemoteRegion,
     );
 
-    /// Peers may READ `region` until it is unexposed.
-    fn expose(&self, region: LocalRegion);
+    /// Lets `peer` READ `region` (a pinned object) for the lease of its transfer `req`: the
+    /// keys it must READ with, scoped to that lease where the fabric can (TCP: a random key
+    /// that serves only `peer` and only `region`; verbs: a memory window bound to `region` on
+    /// each lane to `peer`). `Ok(None)`: under way, answered by [`FabricEvent::ReadGranted`].
+    fn grant_read(
+        &self,
+        peer: NodeId,
+        req: TransferId,
+        region: LocalRegion,
+    ) -> Result<Option<ReadGrant>, FabricError>;
 
-    /// Peers may no longer READ `region`. READs already being served may finish.
-    fn unexpose(&self, region: LocalRegion);
+    /// Ends the access [`Fabric::grant_read`] gave for `peer`'s lease `req`. `true`: no READ
+    /// reaches the region through its keys from now on; `false`: once
+    /// [`FabricEvent::ReadRevoked`] comes (a READ still being served, an invalidation posted).
+    /// The caller keeps the region's memory unchanged until then.
+    fn revoke_read(&self, peer: NodeId, req: TransferId) -> bool;
 }

@@ -1,16 +1,17 @@
 //! The TCP fabric: the fallback wherever no RDMA device exists (Ethernet, IPoIB).
 //!
 //! One TCP connection per peer carries both two-sided messages and emulated one-sided READs.
-//! A READ is a request that the holder's *fabric* serves straight from its exposed arena memory,
-//! without the holder's core, so the protocol behaves exactly as over verbs: the requester's
+//! A READ is a request that the holder's *fabric* serves straight from its arena memory, without
+//! the holder's core, and only under a key granted for one lease (`grants`: random, for one
+//! peer and one object's region, dead once revoked), so the protocol behaves exactly as over verbs: the requester's
 //! core learns nothing until the bytes are in place. Data moves without intermediate copies:
 //! the holder writes from its shared arena mapping into the socket, and the requester reads from
 //! the socket straight into the destination object.
 //!
 //! Frames (little endian): `kind: u8` then
 //! - `MESSAGE`: `len: u32`, the encoded peer message;
-//! - `READ_REQUEST`: `op: u64, addr: u64, len: u64, rkey: u32` (addr = offset in the arena the
-//!   rkey names);
+//! - `READ_REQUEST`: `op: u64, addr: u64, len: u64, rkey: u32` (addr = offset in the arena;
+//!   rkey = the lease's key);
 //! - `READ_RESPONSE`: `op: u64, status: u8, len: u64`, then `len` bytes when status is OK;
 //! - `PING`/`PONG`: `nonce: u64` (cost measurement at connect time: batches of ping-pongs, back
 //!   to back and after a pause, whose best estimates per peer and link set the round trip the
@@ -27,18 +28,20 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadOpId, RoundTripEstimate};
+use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadGrant, ReadOpId, RoundTripEstimate};
 use skyriver_core::wire::{self, EagerHeader};
-use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
+use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 use tokio::net::TcpListener;
 use tracing::info;
 
 use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
 use connection::{Link, Outgoing, SubmitError};
+use grants::Grants;
 use handshake::{accept_loop, dial};
 
 mod connection;
 mod errors;
+mod grants;
 mod handshake;
 
 pub use errors::{Refusal, TcpHandshakeError, TcpLinkError, TcpStartError};
@@ -47,8 +50,9 @@ pub use handshake::fuzzing;
 
 const HANDSHAKE_MAGIC: [u8; 8] = *b"SKYRTCP1";
 /// 2: a challenge-response instead of the token in clear; 3: five batches of connect-time
-/// ping-pongs instead of one.
-const HANDSHAKE_VERSION: u32 = 3;
+/// ping-pongs instead of one; 4: peer messages of wire version 2 (`Rendezvous` with per-lane
+/// keys) and READs only under per-lease keys.
+const HANDSHAKE_VERSION: u32 = 4;
 const MAX_HANDSHAKE_BYTES: usize = 4096;
 
 const KIND_MESSAGE: u8 = 1;
@@ -152,11 +156,10 @@ struct Inner {
     config: TcpFabricConfig,
     arenas: Arenas,
     keys: BTreeMap<ArenaId, ArenaKey>,
-    arena_by_rkey: BTreeMap<u32, ArenaId>,
     listen_addr: SocketAddr,
     peers: Mutex<BTreeMap<NodeId, PeerSlot>>,
-    /// Exposed ranges: (arena, offset) → (len, times exposed).
-    exposed: Mutex<BTreeMap<(ArenaId, u64), (u64, u32)>>,
+    /// READ access per lease.
+    grants: Arc<Mutex<Grants>>,
     pending_reads: Mutex<BTreeMap<u64, PendingRead>>,
     events: EventSender,
     next_generation: Mutex<u64>,
@@ -235,25 +238,28 @@ impl TcpFabric {
                 addr: config.listen,
                 source,
             })?;
-        // An rkey names an arena for this run of the daemon; a stale rkey from an earlier run
-        // fails instead of reading whatever lives there now.
-        let salt = (std::process::id() as u64 ^ now_nanos()) as u32;
-        let mut keys = BTreeMap::new();
-        let mut arena_by_rkey = BTreeMap::new();
-        for &arena in arenas.keys() {
-            let rkey = salt.wrapping_add(arena.0.wrapping_mul(0x9e37_79b9));
-            keys.insert(arena, ArenaKey { base_addr: 0, rkey });
-            arena_by_rkey.insert(rkey, arena);
-        }
+        // Peers name arena bytes by offset; the key that lets them READ is granted per lease
+        // (`grant_read`), so the arenas' own keys open nothing.
+        let keys = arenas
+            .keys()
+            .map(|&arena| {
+                (
+                    arena,
+                    ArenaKey {
+                        base_addr: 0,
+                        rkey: 0,
+                    },
+                )
+            })
+            .collect();
         let inner = Arc::new(Inner {
             identity,
             config,
             arenas,
             keys,
-            arena_by_rkey,
             listen_addr,
             peers: Mutex::new(BTreeMap::new()),
-            exposed: Mutex::new(BTreeMap::new()),
+            grants: Arc::new(Mutex::new(Grants::default())),
             pending_reads: Mutex::new(BTreeMap::new()),
             events,
             next_generation: Mutex::new(0),
@@ -283,12 +289,6 @@ impl Drop for TcpFabric {
             runtime.shutdown_background();
         }
     }
-}
-
-fn now_nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 impl Fabric for TcpFabric {
@@ -407,23 +407,21 @@ impl Fabric for TcpFabric {
         }
     }
 
-    fn expose(&self, region: LocalRegion) {
-        let mut exposed = lock(&self.inner.exposed);
-        let entry = exposed
-            .entry((region.arena, region.offset))
-            .or_insert((region.len, 0));
-        entry.0 = entry.0.max(region.len);
-        entry.1 += 1;
+    fn grant_read(
+        &self,
+        peer: NodeId,
+        req: TransferId,
+        region: LocalRegion,
+    ) -> Result<Option<ReadGrant>, FabricError> {
+        if !self.inner.local_ok(region) {
+            return Err(FabricError::BadRegion(region));
+        }
+        let key = lock(&self.inner.grants).grant(peer, req, region);
+        Ok(Some(ReadGrant { keys: vec![key] }))
     }
 
-    fn unexpose(&self, region: LocalRegion) {
-        let mut exposed = lock(&self.inner.exposed);
-        if let Some(entry) = exposed.get_mut(&(region.arena, region.offset)) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                exposed.remove(&(region.arena, region.offset));
-            }
-        }
+    fn revoke_read(&self, peer: NodeId, req: TransferId) -> bool {
+        lock(&self.inner.grants).revoke(peer, req)
     }
 }
 
@@ -466,18 +464,6 @@ impl Inner {
                 .checked_add(region.len)
                 .is_some_and(|end| end <= arena.size_bytes())
         })
-    }
-
-    /// Whether `[offset, offset + len)` of `arena` lies inside one exposed region.
-    fn is_exposed(&self, arena: ArenaId, offset: u64, len: u64) -> bool {
-        let Some(end) = offset.checked_add(len) else {
-            return false;
-        };
-        let exposed = lock(&self.exposed);
-        exposed
-            .range((arena, 0)..=(arena, offset))
-            .next_back()
-            .is_some_and(|(&(_, start), &(exposed_len, _))| end <= start + exposed_len)
     }
 
     /// Folds a new connection's round trips into the peer's estimates and returns the costs

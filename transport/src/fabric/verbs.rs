@@ -73,9 +73,9 @@ use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
-use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadOpId};
+use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadGrant, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader};
-use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion};
+use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 
 use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
 use crate::arena::SharedArena;
@@ -124,38 +124,12 @@ struct Table {
     next_attempt: u64,
 }
 
-/// Exposed regions, counted (nested exposures of one region are allowed).
-#[derive(Default)]
-struct Exposures {
-    regions: BTreeMap<LocalRegion, u32>,
-}
-
-impl Exposures {
-    fn expose(&mut self, region: LocalRegion) {
-        *self.regions.entry(region).or_insert(0) += 1;
-    }
-
-    /// False when `region` was not exposed.
-    fn unexpose(&mut self, region: LocalRegion) -> bool {
-        match self.regions.get_mut(&region) {
-            Some(n) if *n > 1 => {
-                *n -= 1;
-                true
-            }
-            Some(_) => {
-                self.regions.remove(&region);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
 /// Everything the fabric's threads share. Field order is drop order: connections (in the
 /// table) go before the registrations, which go before the device.
 struct Shared {
     table: Mutex<Table>,
-    exposures: Mutex<Exposures>,
+    /// READ access granted per lease: (reader, its transfer) → region.
+    grants: Mutex<BTreeMap<(NodeId, TransferId), LocalRegion>>,
     events: EventSender,
     identity: FabricIdentity,
     config: VerbsFabricConfig,
@@ -440,7 +414,7 @@ impl VerbsFabric {
 
         let shared = Arc::new(Shared {
             table: Mutex::new(Table::default()),
-            exposures: Mutex::new(Exposures::default()),
+            grants: Mutex::new(BTreeMap::new()),
             events,
             identity,
             listen_addr,
@@ -524,13 +498,11 @@ impl VerbsFabric {
             .collect()
     }
 
-    /// The regions currently exposed, with how many times each is. Informational: see the
-    /// module documentation for what exposure does and does not enforce.
-    pub fn exposed_regions(&self) -> Vec<(LocalRegion, u32)> {
-        lock(&self.shared.exposures)
-            .regions
+    /// The leases READ access is granted to now: (reader, its transfer, region).
+    pub fn granted_regions(&self) -> Vec<(NodeId, TransferId, LocalRegion)> {
+        lock(&self.shared.grants)
             .iter()
-            .map(|(r, n)| (*r, *n))
+            .map(|(&(peer, req), &region)| (peer, req, region))
             .collect()
     }
 }
@@ -755,16 +727,23 @@ impl Fabric for VerbsFabric {
         s.wake_poller();
     }
 
-    fn expose(&self, region: LocalRegion) {
+    fn grant_read(
+        &self,
+        peer: NodeId,
+        req: TransferId,
+        region: LocalRegion,
+    ) -> Result<Option<ReadGrant>, FabricError> {
         if self.shared.local_arena(&region).is_none() {
-            tracing::warn!(%region, "verbs fabric: exposing a region outside the registered arenas");
+            return Err(FabricError::BadRegion(region));
         }
-        lock(&self.shared.exposures).expose(region);
+        lock(&self.shared.grants).insert((peer, req), region);
+        Ok(Some(ReadGrant::default()))
     }
 
-    fn unexpose(&self, region: LocalRegion) {
-        if !lock(&self.shared.exposures).unexpose(region) {
-            tracing::warn!(%region, "verbs fabric: unexposing a region that is not exposed");
+    fn revoke_read(&self, peer: NodeId, req: TransferId) -> bool {
+        if lock(&self.shared.grants).remove(&(peer, req)).is_none() {
+            tracing::warn!(%peer, %req, "verbs fabric: revoking READ access that was not granted");
         }
+        true
     }
 }

@@ -10,7 +10,7 @@ use crate::client_protocol::{Request, RequestFrame, Response, PROTOCOL_VERSION};
 use crate::directory::DirectoryReply;
 use crate::error::StoreError;
 use crate::ids::ArenaId;
-use crate::region::RemoteRegion;
+use crate::region::{LocalRegion, RemoteRegion};
 use crate::store::{DurableChange, ObjectInfo, StoreConfig};
 use crate::wire::{EagerHeader, InputBytes};
 
@@ -36,11 +36,22 @@ struct World {
     /// Directory requests not answered yet (when `directory_up` is false they wait).
     directory_up: bool,
     messages: VecDeque<(NodeId, NodeId, Vec<u8>)>,
-    reads: VecDeque<(NodeId, ReadOpId, LocalRegion, RemoteRegion, NodeId)>,
+    reads: VecDeque<(NodeId, ReadOpId, LocalRegion, RemoteRegion, u16, NodeId)>,
     fail_reads: u32,
     /// Every output, for assertions: (node, output).
     log: Vec<(NodeId, NodeOutput)>,
-    exposed: Vec<BTreeMap<ObjectId, LocalRegion>>,
+    /// Per node, the READ keys it granted: key → (reader, lane, region).
+    granted: Vec<BTreeMap<u32, (NodeId, u16, LocalRegion)>>,
+    /// The next key each node grants.
+    next_key: u32,
+    /// Grants and revocations the "fabric" answers on the next turn: (holder, reader, req,
+    /// granted or revoked).
+    fabric_answers: VecDeque<(NodeId, NodeId, TransferId, bool)>,
+    /// Grants refused with this reason instead (while `Some`).
+    refuse_grants: Option<String>,
+    /// Revocations kept unanswered (while true) in `held_revocations`.
+    hold_revocations: bool,
+    held_revocations: Vec<(NodeId, NodeId, TransferId, bool)>,
     next_request: u64,
     /// Durable changes are reported only when a test says so (else at once).
     manual_disk: bool,
@@ -87,7 +98,12 @@ impl World {
             reads: VecDeque::new(),
             fail_reads: 0,
             log: Vec::new(),
-            exposed: vec![BTreeMap::new(); n as usize],
+            granted: vec![BTreeMap::new(); n as usize],
+            next_key: 0x100,
+            fabric_answers: VecDeque::new(),
+            refuse_grants: None,
+            hold_revocations: false,
+            held_revocations: Vec::new(),
             next_request: 1,
             manual_disk: false,
             persisted: Vec::new(),
@@ -252,17 +268,38 @@ impl World {
                 // Kept until the next delivery: an eager chunk's write copies from it.
                 self.input = bytes;
                 moved = true;
-            } else if let Some((node, op, local, remote, peer)) = self.reads.pop_front() {
+            } else if let Some((holder, reader, req, granted)) = self.fabric_answers.pop_front() {
+                let node = &mut self.nodes[holder.0 as usize];
+                if !granted {
+                    node.handle_read_revoked(self.now, reader, req);
+                } else if let Some(reason) = &self.refuse_grants {
+                    node.handle_read_granted(self.now, reader, req, Err(reason.clone()));
+                } else {
+                    let keys: Vec<u32> = self.granted[holder.0 as usize]
+                        .iter()
+                        .filter(|(_, (r, _, _))| *r == reader)
+                        .map(|(key, _)| *key)
+                        .filter(|key| key >> 16 == req.0 as u32 & 0xffff)
+                        .collect();
+                    node.handle_read_granted(self.now, reader, req, Ok(ReadGrant { keys }));
+                }
+                moved = true;
+            } else if let Some((node, op, local, remote, lane, peer)) = self.reads.pop_front() {
                 let result = if self.fail_reads > 0 {
                     self.fail_reads -= 1;
                     Err(ReadError::QueuePair("test".into()))
                 } else {
                     let k = key(peer.0);
                     let offset = remote.addr - k.base_addr;
-                    let allowed = remote.rkey == k.rkey
-                        && self.exposed[peer.0 as usize]
-                            .values()
-                            .any(|r| r.offset <= offset && offset + remote.len <= r.end());
+                    // Keys work only for the reader and lane they were granted to.
+                    let allowed = self.granted[peer.0 as usize].get(&remote.rkey).is_some_and(
+                        |(reader, granted_lane, r)| {
+                            *reader == node
+                                && *granted_lane == lane
+                                && r.offset <= offset
+                                && offset + remote.len <= r.end()
+                        },
+                    );
                     if allowed {
                         let src = self.arenas[peer.0 as usize]
                             [offset as usize..(offset + remote.len) as usize]
@@ -374,14 +411,14 @@ impl NodeDriver for Carrier<'_> {
         &mut self,
         peer: NodeId,
         op: ReadOpId,
-        _lane: u16,
+        lane: u16,
         local: LocalRegion,
         remote: RemoteRegion,
         _object: ObjectId,
     ) {
         self.world
             .reads
-            .push_back((self.node, op, local, remote, peer))
+            .push_back((self.node, op, local, remote, lane, peer))
     }
 
     fn write_local(&mut self, region: LocalRegion, payload: InputBytes, _: ObjectId) {
@@ -398,12 +435,30 @@ impl NodeDriver for Carrier<'_> {
     // The log keeps the output for the assertions; there is no clock to stamp with.
     fn trace(&mut self, _: ClientId, _: RequestId, _: bool) {}
 
-    fn expose_region(&mut self, object: ObjectId, region: LocalRegion) {
-        self.world.exposed[self.node.0 as usize].insert(object, region);
+    /// A key per lane (two lanes), like verbs memory windows; the key's high half names the
+    /// transfer so the answer finds them.
+    fn grant_read(&mut self, peer: NodeId, req: TransferId, _: ObjectId, region: LocalRegion) {
+        let world = &mut *self.world;
+        if world.refuse_grants.is_none() {
+            for lane in 0..2 {
+                world.next_key += 1;
+                let key = (req.0 as u32 & 0xffff) << 16 | (world.next_key & 0xffff);
+                world.granted[self.node.0 as usize].insert(key, (peer, lane, region));
+            }
+        }
+        world.fabric_answers.push_back((self.node, peer, req, true));
     }
 
-    fn unexpose_region(&mut self, object: ObjectId, _: LocalRegion) {
-        self.world.exposed[self.node.0 as usize].remove(&object);
+    fn revoke_read(&mut self, peer: NodeId, req: TransferId, _: ObjectId, _: LocalRegion) {
+        let world = &mut *self.world;
+        world.granted[self.node.0 as usize]
+            .retain(|key, (reader, _, _)| !(*reader == peer && key >> 16 == req.0 as u32 & 0xffff));
+        let answer = (self.node, peer, req, false);
+        if world.hold_revocations {
+            world.held_revocations.push(answer);
+        } else {
+            world.fabric_answers.push_back(answer);
+        }
     }
 
     fn directory(&mut self, op: DirectoryOpId, request: DirectoryRequest) {

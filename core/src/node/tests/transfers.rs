@@ -17,10 +17,7 @@ fn eager_fetch_copies_small_objects_in_chunks() {
         w.count(1, |o| matches!(o, NodeOutput::WriteLocal { .. })),
         2
     );
-    assert_eq!(
-        w.count(0, |o| matches!(o, NodeOutput::ExposeRegion { .. })),
-        0
-    );
+    assert_eq!(w.count(0, |o| matches!(o, NodeOutput::GrantRead { .. })), 0);
     // The new copy is published.
     assert_eq!(w.locations[&id(1)].1, vec![NodeId(0), NodeId(1)]);
     // The client holds a reference until it releases it.
@@ -54,15 +51,19 @@ fn rendezvous_fetch_reads_in_slices_then_finishes() {
         reads[0].1.addr,
         key(0).base_addr + holder_info.region.offset
     );
-    assert_eq!(reads[0].1.rkey, key(0).rkey);
+    // Each lane reads with the key granted for it, not the arena's.
+    assert_ne!(reads[0].1.rkey, key(0).rkey);
+    assert_ne!(reads[0].1.rkey, reads[1].1.rkey, "a key per lane");
+    assert_eq!(reads[0].1.rkey, reads[2].1.rkey, "lane 0 both times");
     assert!(w
         .sent(1)
         .iter()
         .any(|m| matches!(m, PeerMessage::Finish { .. })));
     assert_eq!(
-        w.count(0, |o| matches!(o, NodeOutput::UnexposeRegion { .. })),
+        w.count(0, |o| matches!(o, NodeOutput::RevokeRead { .. })),
         1
     );
+    assert!(w.granted[0].is_empty(), "Finish revokes the lease's keys");
     assert!(!w.nodes[0].store().is_pinned(&id(1)), "Finish unpins");
     w.release(1, 1);
     w.assert_settled();
@@ -230,6 +231,13 @@ fn lease_expires_without_finish() {
     };
     w.nodes[0].handle_peer_message(w.now, NodeId(1), sent);
     let outputs: Vec<NodeOutput> = std::iter::from_fn(|| w.nodes[0].poll_output()).collect();
+    assert!(outputs
+        .iter()
+        .any(|o| matches!(o, NodeOutput::GrantRead { .. })));
+    // Nothing names the region until the fabric granted access.
+    assert!(!outputs.iter().any(|o| matches!(o, NodeOutput::Send { .. })));
+    w.nodes[0].handle_read_granted(w.now, NodeId(1), TransferId(99), Ok(ReadGrant::default()));
+    let outputs: Vec<NodeOutput> = std::iter::from_fn(|| w.nodes[0].poll_output()).collect();
     assert!(outputs.iter().any(|o| matches!(
         o,
         NodeOutput::Send {
@@ -249,7 +257,7 @@ fn lease_expires_without_finish() {
     assert!(!w.nodes[0].store().is_pinned(&id(1)));
     assert_eq!(w.nodes[0].stats().leases_expired, 1);
     assert_eq!(
-        w.count(0, |o| matches!(o, NodeOutput::UnexposeRegion { .. })),
+        w.count(0, |o| matches!(o, NodeOutput::RevokeRead { .. })),
         1
     );
     w.assert_settled();
@@ -274,9 +282,10 @@ fn holder_refuses_unknown_objects_and_duplicate_transfers() {
             _ => None,
         })
         .collect();
+    // The Rendezvous waits for the grant; the duplicate is refused at once.
     assert!(kinds[0].starts_with("NotFound"));
-    assert!(kinds[1].starts_with("Rendezvous"));
-    assert!(kinds[2].starts_with("Error"), "{kinds:?}");
+    assert!(kinds[1].starts_with("Error"), "{kinds:?}");
+    assert_eq!(kinds.len(), 2, "{kinds:?}");
 }
 
 #[test]
@@ -513,5 +522,56 @@ fn metrics_count_each_path_per_peer() {
     for n in [1, 2, 3] {
         w.release(1, n);
     }
+    w.assert_settled();
+}
+
+#[test]
+fn a_refused_grant_refuses_the_fetch_and_unpins() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 10_000);
+    w.refuse_grants = Some("no memory window left".into());
+    w.fetch(1, &[1], Duration::from_millis(50));
+    w.advance(Duration::from_millis(60));
+    let replies = w.replies(1);
+    assert!(replies[0][0].is_err(), "fetched without READ access");
+    assert!(w.sent(0).iter().any(|m| matches!(
+        m,
+        PeerMessage::Error { reason, .. } if reason.contains("no memory window left")
+    )));
+    assert!(!w.nodes[0].store().is_pinned(&id(1)));
+    assert_eq!(w.nodes[0].metrics().leases_held, 0);
+    assert_eq!(
+        w.count(0, |o| matches!(o, NodeOutput::RevokeRead { .. })),
+        0,
+        "nothing granted, nothing to revoke"
+    );
+    w.assert_settled();
+}
+
+#[test]
+fn the_object_stays_pinned_until_the_fabric_confirms_the_revocation() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, 10_000);
+    w.hold_revocations = true;
+    w.fetch(1, &[1], Duration::from_millis(50));
+    let info = ok_info(&w.replies(1)[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 10_000));
+    // Finish arrived and the keys are being revoked: still pinned, still leased.
+    assert!(w.nodes[0].store().is_pinned(&id(1)));
+    assert_eq!(w.nodes[0].metrics().leases_held, 1);
+    // The lease's end changes nothing while the revocation is under way.
+    w.advance(Duration::from_millis(20));
+    assert!(w.nodes[0].store().is_pinned(&id(1)));
+    assert_eq!(
+        w.count(0, |o| matches!(o, NodeOutput::RevokeRead { .. })),
+        1
+    );
+    w.hold_revocations = false;
+    let held = std::mem::take(&mut w.held_revocations);
+    w.fabric_answers.extend(held);
+    w.pump();
+    assert!(!w.nodes[0].store().is_pinned(&id(1)));
+    assert_eq!(w.nodes[0].metrics().leases_held, 0);
+    w.release(1, 1);
     w.assert_settled();
 }

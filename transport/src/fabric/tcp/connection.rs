@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tracing::{debug, warn};
 
 use super::errors::TcpLinkError;
+use super::grants::Serving;
 use super::handshake::MeasuredRoundTrips;
 use super::TcpFabricConfig;
 use super::{
@@ -28,12 +29,14 @@ use crate::fabric::{FabricEvent, MessageBytes};
 pub(super) enum Outgoing {
     /// A ready frame.
     Frame(Vec<u8>),
-    /// A READ response whose data is written straight from the arena.
+    /// A READ response whose data is written straight from the arena, admitted under a
+    /// lease's grant (held until written or dropped, so a revocation waits for it).
     ReadData {
         op: u64,
         arena: ArenaId,
         offset: u64,
         len: u64,
+        serving: Serving,
     },
 }
 
@@ -306,12 +309,12 @@ async fn write_item_bytes(
             arena,
             offset,
             len,
+            serving: _serving,
         } => {
-            // SAFETY: the range lay inside an exposed region when the request arrived; the core
-            // exposes only sealed objects it pinned with a lease, which stay unchanged until
-            // unpinned. A READ still being served when a lease expires may send bytes of a
-            // range being reused, as a NIC would; the requester's transfer has failed by then
-            // and never uses them.
+            // SAFETY: the range lies inside a region granted for a lease (checked when the
+            // request arrived); the core grants only sealed objects it pinned, and keeps them
+            // pinned, unchanged, until the grant's revocation is complete, which waits for
+            // `_serving` to drop after this write.
             let data = inner
                 .arenas
                 .get(&arena)
@@ -391,18 +394,19 @@ async fn read_loop(
                 let addr = reader.read_u64_le().await.map_err(io)?;
                 let len = reader.read_u64_le().await.map_err(io)?;
                 let rkey = reader.read_u32_le().await.map_err(io)?;
-                let arena = inner.arena_by_rkey.get(&rkey).copied();
-                let item = match arena {
-                    Some(arena) if len <= MAX_READ_BYTES && inner.is_exposed(arena, addr, len) => {
-                        Outgoing::ReadData {
-                            op,
-                            arena,
-                            offset: addr,
-                            len,
-                        }
-                    }
-                    _ => {
-                        debug!(%peer, op, addr, len, rkey, "refused a READ of memory that is not exposed");
+                let admitted = (len <= MAX_READ_BYTES)
+                    .then(|| Serving::admit(&inner.grants, &inner.events, peer, rkey, addr, len))
+                    .flatten();
+                let item = match admitted {
+                    Some((arena, serving)) => Outgoing::ReadData {
+                        op,
+                        arena,
+                        offset: addr,
+                        len,
+                        serving,
+                    },
+                    None => {
+                        debug!(%peer, op, addr, len, rkey, "refused a READ no live grant of this peer covers");
                         let mut header = vec![0u8; 18];
                         header[0] = KIND_READ_RESPONSE;
                         header[1..9].copy_from_slice(&op.to_le_bytes());

@@ -36,13 +36,16 @@ pub(super) use crate::verbs::HandshakeError as ControlError;
 
 use super::errors::HelloShapeError;
 
-/// First bytes a connector writes: "Skyriver verbs fabric, handshake 2".
-pub(super) const PREAMBLE: [u8; 8] = *b"SKRVVF02";
+/// First bytes a connector writes: "Skyriver verbs fabric, handshake 3" (3: peer messages of
+/// wire version 2, whose `Rendezvous` carries per-lane memory window keys).
+pub(super) const PREAMBLE: [u8; 8] = *b"SKRVVF03";
+/// The preamble of handshake version 2 (same handshake, older peer messages).
+pub(super) const PREAMBLE_V2: [u8; 8] = *b"SKRVVF02";
 /// The preamble of handshake version 1 (the token in clear), answered with a refusal that
 /// version reads.
 pub(super) const PREAMBLE_V1: [u8; 8] = *b"SKRVVF01";
 /// Names this handshake in every proof.
-const PROOF_CONTEXT: &[u8] = b"skyriver-verbs-fabric-v2";
+const PROOF_CONTEXT: &[u8] = b"skyriver-verbs-fabric-v3";
 /// Largest handshake frame.
 pub(super) const MAX_FRAME_BYTES: usize = 1 << 20;
 /// Most arenas a peer may announce.
@@ -283,6 +286,8 @@ pub(super) enum Preamble {
     Current,
     /// Version 1: it sent its token in clear and waits for a [`Reply`].
     Version1,
+    /// Version 2: the same handshake, but peer messages this node cannot decode.
+    Version2,
 }
 
 /// What the connector measured, so both sides use the same path costs.
@@ -351,6 +356,7 @@ impl<'a> Control<'a> {
         match p {
             PREAMBLE => Ok(Preamble::Current),
             PREAMBLE_V1 => Ok(Preamble::Version1),
+            PREAMBLE_V2 => Ok(Preamble::Version2),
             _ => Err(ControlError::Malformed(
                 "wrong preamble (not a Skyriver verbs fabric peer, or another version)".into(),
             )),

@@ -216,11 +216,22 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
     match ctl.read_preamble() {
         Ok(Preamble::Current) => {}
         Ok(Preamble::Version1) => {
-            let reason = "this node speaks verbs fabric handshake version 2, which proves the \
+            let reason = "this node speaks verbs fabric handshake version 3, which proves the \
                           cluster token instead of sending it; version 1 is not supported \
                           (run the same Skyriver version on every node)";
             tracing::warn!(%from, "verbs fabric: refusing a version 1 handshake");
             let _ = ctl.write_frame(&Reply::Refuse(reason.into()));
+            return;
+        }
+        Ok(Preamble::Version2) => {
+            // Version 2 waits for a challenge it cannot tell from a refusal: it fails on its
+            // side with a malformed frame; the reason is logged here.
+            tracing::warn!(
+                %from,
+                "verbs fabric: refusing a version 2 handshake: this node speaks version 3 \
+                 (peer messages with per-lease READ keys); run the same Skyriver version on \
+                 every node"
+            );
             return;
         }
         Err(e) => {
