@@ -305,6 +305,11 @@ struct DaemonArgs {
     /// GID index for RoCE [default: the first RoCE v2 IPv4 GID]
     #[arg(long)]
     gid_index: Option<u32>,
+    /// Verbs: let peers READ through the arenas' registrations instead of a memory window per
+    /// lease (any connected peer can then READ any arena byte; for devices whose windows
+    /// misbehave, and to measure what windows cost).
+    #[arg(long)]
+    no_memory_windows: bool,
     /// Eager/rendezvous switch: auto (from measured costs) or a size such as 64KiB.
     #[arg(long, default_value = "auto")]
     eager_threshold: String,
@@ -524,6 +529,7 @@ fn choose_fabric(args: &DaemonArgs) -> Result<FabricChoice, String> {
         device,
         port: args.ib_port,
         gid_index: args.gid_index,
+        memory_windows: !args.no_memory_windows,
     };
     match args.fabric.as_str() {
         "tcp" => Ok(FabricChoice::Tcp),

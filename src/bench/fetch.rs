@@ -87,6 +87,11 @@ pub struct FetchArgs {
     /// `MODE@metrics`), interleaved with the plain ones: what exporting metrics costs.
     #[arg(long)]
     pub metrics: bool,
+    /// Verbs: also run every mode with daemons started with --no-memory-windows (rows
+    /// `MODE@arena-keys`), interleaved with the others: what scoping each lease's READs with
+    /// memory windows costs.
+    #[arg(long)]
+    pub arena_keys: bool,
     /// Write the results as JSON here.
     #[arg(long, default_value = "bench-fetch.json")]
     pub json: PathBuf,
@@ -157,17 +162,21 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         .map(|m| m.parse().map_err(BenchError::Setup))
         .collect::<Result<_, _>>()?;
     let mut clusters = Vec::new();
-    let mut builds = vec![(String::new(), exe.clone(), false)];
+    let mut builds = vec![(String::new(), exe.clone(), false, Vec::new())];
     if let Some(other) = &args.compare_exe {
-        builds.push(("@other".to_string(), other.clone(), false));
+        builds.push(("@other".to_string(), other.clone(), false, Vec::new()));
     }
     if args.metrics {
-        builds.push(("@metrics".to_string(), exe.clone(), true));
+        builds.push(("@metrics".to_string(), exe.clone(), true, Vec::new()));
+    }
+    if args.arena_keys {
+        let flag = vec!["--no-memory-windows".to_string()];
+        builds.push(("@arena-keys".to_string(), exe.clone(), false, flag));
     }
     if modes.is_empty() {
         builds.clear();
     }
-    for (suffix, exe, metrics) in &builds {
+    for (suffix, exe, metrics, daemon_args) in &builds {
         eprintln!(
             "starting two daemons{suffix} with {} each...",
             format_bytes(memory.0)
@@ -177,6 +186,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         up.fabric = args.fabric.clone();
         up.devices = args.devices.clone();
         up.metrics = *metrics;
+        up.daemon_args.extend(daemon_args.iter().cloned());
         let cluster = LocalCluster::start(&up, exe).map_err(BenchError::Setup)?;
         for (pid, cpu) in cluster.pids().into_iter().zip([near, far]) {
             if let Some(pid) = pid {
@@ -298,7 +308,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         None => None,
     };
     drop(clusters);
-    for (suffix, _, _) in &builds {
+    for (suffix, ..) in &builds {
         let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!(
             "skyriver-bench-fetch-{}{suffix}",
             std::process::id()

@@ -114,6 +114,8 @@ pub enum FabricChoice {
         port: u8,
         /// GID index; `None` picks RoCE v2 (IPv4) or the InfiniBand GID.
         gid_index: Option<u32>,
+        /// Scope each lease's READs with memory windows where the device has them.
+        memory_windows: bool,
     },
 }
 
@@ -595,9 +597,11 @@ async fn start_cluster(
             device,
             port,
             gid_index,
+            memory_windows,
         } => {
             let mut verbs_config = VerbsFabricConfig::new(device, cluster.listen);
             verbs_config.port = *port;
+            verbs_config.memory_windows = *memory_windows;
             verbs_config.gid_index = *gid_index;
             let verbs = VerbsFabric::start(verbs_config, identity, arenas.clone(), fabric_tx)
                 .map_err(|e| {

@@ -81,6 +81,8 @@ echo "skyriver bench fetch --fabric verbs --devices $dev0,$dev1 --modes eager,re
 # SKYRIVER_BENCH_COMPARE_EXE: another skyriver build whose modes run interleaved with these (A/B).
 compare=()
 [ -n "${SKYRIVER_BENCH_COMPARE_EXE:-}" ] && compare=(--compare-exe "$SKYRIVER_BENCH_COMPARE_EXE")
+# SKYRIVER_BENCH_ARENA_KEYS=1: also daemons without memory windows (rows MODE@arena-keys).
+[ -n "${SKYRIVER_BENCH_ARENA_KEYS:-}" ] && compare+=(--arena-keys)
 timeout 600 "$skyriver" bench fetch --fabric verbs --devices "$dev0,$dev1" --sizes "$sizes" \
     --modes eager,rendezvous,auto --baselines tcp --millis-per-case "${SKYRIVER_BENCH_MILLIS:-1000}" \
     "${compare[@]}" \

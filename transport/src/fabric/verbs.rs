@@ -22,17 +22,23 @@
 //! peer's arenas and carries that arena's key, then plans work requests with
 //! [`plan_reads`], which cuts at every region boundary of either side and picks each piece's own
 //! rkey. So READs may cross split boundaries and the core never learns about splits. A region
-//! outside the peer's arenas, or with a stale rkey, fails with [`ReadError::RemoteAccess`]
-//! before anything is posted (a NIC-level remote access error would break the whole QP).
+//! outside the peer's arenas fails with [`ReadError::RemoteAccess`] before anything is posted
+//! (a NIC-level remote access error would break the whole QP). A key that is not the arena's
+//! is a memory window the peer bound for a lease (see below) and is posted as is: a wrong one
+//! fails at the NIC, and the connection with it.
 //!
-//! **Expose / unexpose.** One registration per arena means the NIC can serve any byte of a
-//! registered arena to a connected peer. The fabric keeps a table of exposed regions (counted,
-//! so two transfers of one object nest) for logs and checks, but cannot revoke access at the NIC:
-//! that would need a memory region or a type-2 memory window per exposed object, i.e. control
-//! verbs (`ibv_reg_mr` / `ibv_bind_mw`, tens of µs, and rxe's MW support is young) on the data
-//! path of every rendezvous. Protection therefore rests on: only peers holding the cluster token
-//! get a QP; READs are confined to registered arenas (rkey + chunk table check); and the core only
-//! hands out regions of objects it pinned. See [`VerbsFabric::exposed_regions`].
+//! **READ access per lease** ([`Fabric::grant_read`], `windows`). With memory windows (the
+//! default, where the device has them: rxe and mlx5 do) the arenas are registered without
+//! remote access of their own, and each lease gets a type 2 window per lane, bound to exactly
+//! the object's bytes on that lane's queue pair; the grant is answered with the windows' rkeys
+//! once every bind completed, and a revocation once every invalidation did, so the holder's
+//! core unpins the object only when no key reaches it. A READ with a key of an ended lease, of
+//! another lease, through another peer's QP, or with the arena's own key fails with a remote
+//! access error (which breaks the reader's QP, as RDMA does). Where the device has no memory
+//! windows (or `memory_windows` is off) the fabric says so at start, registers the arenas for
+//! remote READs, and grants the arena's key: any connected peer can then READ any arena byte
+//! while connected. The requester accepts either: a key that is not the arena's is a window,
+//! READ as one piece. See [`VerbsFabric::granted_regions`].
 //!
 //! **Threads.** Callers and the poller share, per connection, one `Mutex<ConnState>` (the
 //! [`VerbsConnection`], the outstanding READs and the queues of posts waiting for send-queue
@@ -64,6 +70,7 @@ mod peer;
 mod poller;
 mod probe;
 mod setup;
+mod windows;
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
@@ -79,7 +86,7 @@ use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 
 use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
 use crate::arena::SharedArena;
-use crate::verbs::{plan_reads, ConnectionConfig, MrChunk, Registration, VerbsDevice};
+use crate::verbs::{plan_reads, ConnectionConfig, MrChunk, Registration, RemoteChunk, VerbsDevice};
 pub use config::VerbsFabricConfig;
 use errors::render;
 pub use errors::{
@@ -128,8 +135,10 @@ struct Table {
 /// table) go before the registrations, which go before the device.
 struct Shared {
     table: Mutex<Table>,
-    /// READ access granted per lease: (reader, its transfer) → region.
+    /// READ access granted per lease without memory windows: (reader, its transfer) → region.
     grants: Mutex<BTreeMap<(NodeId, TransferId), LocalRegion>>,
+    /// Memory windows per lease, when the device has them (else `None`).
+    windows: windows::WindowState,
     events: EventSender,
     identity: FabricIdentity,
     config: VerbsFabricConfig,
@@ -353,18 +362,46 @@ impl VerbsFabric {
                     source,
                 }
             })?;
+        // The probe for memory windows: one allocated (kept in the pool) or a warning.
+        let window_state = if config.memory_windows {
+            match device.alloc_window() {
+                Ok(first) => {
+                    tracing::info!(
+                        device = %device_name,
+                        "verbs fabric: memory windows: each lease's READs reach only its object"
+                    );
+                    Some(Mutex::new(windows::Windows::new(
+                        first,
+                        config.max_memory_windows.max(1),
+                    )))
+                }
+                Err(error) => {
+                    tracing::warn!(
+                        device = %device_name,
+                        %error,
+                        "verbs fabric: the device has no memory windows; peers READ objects \
+                         through the arenas' registrations, so a connected peer can READ any \
+                         arena byte while it is connected"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let mut local = BTreeMap::new();
         for (id, arena) in arenas {
+            let (ptr, len) = (arena.base_addr() as *mut u8, arena.size_bytes() as usize);
             // SAFETY: the arena's mapping lives as long as the Arc kept next to the
             // registration in `LocalArena`, whose field order drops the registration first; the
             // store treats arena memory as shared with concurrent writers (other processes map
             // it too), which covers the device writing READ destinations into it.
             let reg = unsafe {
-                device.register(
-                    arena.base_addr() as *mut u8,
-                    arena.size_bytes() as usize,
-                    config.max_mr_bytes,
-                )
+                if window_state.is_some() {
+                    device.register_windows_only(ptr, len, config.max_mr_bytes)
+                } else {
+                    device.register(ptr, len, config.max_mr_bytes)
+                }
             }
             .map_err(|source| VerbsStartError::RegisterArena {
                 device: device_name.clone(),
@@ -415,6 +452,7 @@ impl VerbsFabric {
         let shared = Arc::new(Shared {
             table: Mutex::new(Table::default()),
             grants: Mutex::new(BTreeMap::new()),
+            windows: window_state,
             events,
             identity,
             listen_addr,
@@ -500,10 +538,22 @@ impl VerbsFabric {
 
     /// The leases READ access is granted to now: (reader, its transfer, region).
     pub fn granted_regions(&self) -> Vec<(NodeId, TransferId, LocalRegion)> {
-        lock(&self.shared.grants)
-            .iter()
-            .map(|(&(peer, req), &region)| (peer, req, region))
-            .collect()
+        match windows::windows(&self.shared) {
+            Some(windows) => windows
+                .granted()
+                .into_iter()
+                .map(|(peer, req, region, _)| (peer, req, region))
+                .collect(),
+            None => lock(&self.shared.grants)
+                .iter()
+                .map(|(&(peer, req), &region)| (peer, req, region))
+                .collect(),
+        }
+    }
+
+    /// Whether leases are scoped by memory windows (the device has them and they are on).
+    pub fn uses_memory_windows(&self) -> bool {
+        self.shared.windows.is_some()
     }
 }
 
@@ -697,8 +747,19 @@ impl Fabric for VerbsFabric {
                 conn.lanes
             )));
         }
+        let window;
         let remote_chunks = match conn.remote.resolve(&remote) {
             Ok(c) => c,
+            // Not the arena's key: a memory window the holder bound for this lease over the
+            // object's bytes (which lie inside the arena, as checked), one piece under its key.
+            Err(RemoteRegionError::WrongKey { .. }) => {
+                window = [RemoteChunk {
+                    addr: remote.addr,
+                    len: remote.len,
+                    rkey: remote.rkey,
+                }];
+                &window[..]
+            }
             Err(why) => {
                 tracing::warn!(%peer, %remote, %why, "verbs fabric: READ of memory the peer did not register");
                 return fail(ReadError::RemoteAccess);
@@ -733,17 +794,46 @@ impl Fabric for VerbsFabric {
         req: TransferId,
         region: LocalRegion,
     ) -> Result<Option<ReadGrant>, FabricError> {
-        if self.shared.local_arena(&region).is_none() {
+        let s = &self.shared;
+        if s.local_arena(&region).is_none() {
             return Err(FabricError::BadRegion(region));
         }
-        lock(&self.shared.grants).insert((peer, req), region);
-        Ok(Some(ReadGrant::default()))
+        if s.windows.is_none() {
+            lock(&s.grants).insert((peer, req), region);
+            return Ok(Some(ReadGrant::default()));
+        }
+        let conn = s.peer_conn(peer).ok_or(FabricError::NotConnected(peer))?;
+        let mut st = lock(&conn.state);
+        let granted = windows::windows(s)
+            .expect("checked above")
+            .grant(s, &conn, &mut st, req, region);
+        drop(st);
+        s.wake_poller();
+        granted.map(|()| None)
     }
 
     fn revoke_read(&self, peer: NodeId, req: TransferId) -> bool {
-        if lock(&self.shared.grants).remove(&(peer, req)).is_none() {
-            tracing::warn!(%peer, %req, "verbs fabric: revoking READ access that was not granted");
+        let s = &self.shared;
+        if s.windows.is_none() {
+            if lock(&s.grants).remove(&(peer, req)).is_none() {
+                tracing::warn!(%peer, %req, "verbs fabric: revoking READ access that was not granted");
+            }
+            return true;
         }
-        true
+        let done = match s.peer_conn(peer) {
+            Some(conn) => {
+                let mut st = lock(&conn.state);
+                let done = windows::windows(s)
+                    .expect("checked above")
+                    .revoke(Some((&conn, &mut st)), (peer, req));
+                drop(st);
+                done
+            }
+            None => windows::windows(s)
+                .expect("checked above")
+                .revoke(None, (peer, req)),
+        };
+        s.wake_poller();
+        done
     }
 }

@@ -43,6 +43,8 @@ const KIND_SEND: u64 = 1;
 const KIND_RECV: u64 = 2;
 const KIND_WINDOW: u64 = 3;
 const ID_MASK: u64 = (1 << KIND_SHIFT) - 1;
+/// Largest work request id a caller may give (the high bits name the request's kind).
+pub const WR_ID_MASK: u64 = ID_MASK;
 
 struct Lane {
     qp: QueuePair,

@@ -508,6 +508,24 @@ impl VerbsDevice {
         unsafe { Registration::new(&self.pd, ptr, len, cap, access) }
     }
 
+    /// As [`VerbsDevice::register`], but peers may READ the regions only through memory
+    /// windows bound to them: the regions' own rkeys grant no remote access.
+    ///
+    /// # Safety
+    ///
+    /// As [`VerbsDevice::register`].
+    pub unsafe fn register_windows_only(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        max_mr_bytes: u64,
+    ) -> Result<Registration, RegisterError> {
+        let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+        let cap = max_mr_bytes.min(self.limits.max_mr_size_bytes);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { Registration::new(&self.pd, ptr, len, cap, access) }
+    }
+
     /// A type 2 memory window of this device's protection domain, unbound.
     /// `ErrorKind::Unsupported` when the provider has none.
     pub fn alloc_window(&self) -> std::io::Result<MemoryWindow> {

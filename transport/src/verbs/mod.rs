@@ -36,7 +36,7 @@ mod window;
 
 pub use connection::{
     Completion, ConnectionConfig, ConnectionError, NegotiatedParams, Opcode, PollError, PostError,
-    ReadRequest, RecvMessage, RecvSlot, ReturnWaker, VerbsConnection, WcStatus,
+    ReadRequest, RecvMessage, RecvSlot, ReturnWaker, VerbsConnection, WcStatus, WR_ID_MASK,
 };
 pub use device::{list_devices, DeviceError, DeviceLimits, GidKind, PortInfo, VerbsDevice};
 pub(crate) use handshake::Control;

@@ -76,6 +76,14 @@ pub struct VerbsFabricConfig {
     pub control_keepalive: Duration,
     /// Most handshakes of accepted connections running at once; more are closed at once.
     pub max_pending_accepts: usize,
+    /// Scope each lease's READ access with memory windows (one per lane, bound to the object's
+    /// bytes, invalidated when the lease ends) and register the arenas without remote access
+    /// of their own. Where the device has no memory windows the fabric says so at start and
+    /// peers READ through the arenas' registrations instead. Nodes with and without windows
+    /// work together: the holder's grant says which keys to READ with.
+    pub memory_windows: bool,
+    /// Most memory windows bound at once (leases × lanes); a grant beyond it is refused.
+    pub max_memory_windows: usize,
 }
 
 impl VerbsFabricConfig {
@@ -110,6 +118,8 @@ impl VerbsFabricConfig {
             liveness_interval: Duration::from_millis(5),
             control_keepalive: Duration::from_secs(2),
             max_pending_accepts: 64,
+            memory_windows: true,
+            max_memory_windows: 4096,
         }
     }
 

@@ -122,7 +122,7 @@ struct ListRef {
 /// Everything behind a connection's lock.
 pub(super) struct ConnState {
     /// `None` once torn down (QPs destroyed).
-    conn: Option<VerbsConnection>,
+    pub(super) conn: Option<VerbsConnection>,
     /// The TCP control stream, non-blocking: EOF means the peer is gone.
     control: TcpStream,
     /// Next READ work request id.
@@ -421,8 +421,14 @@ impl PeerConn {
                 lane: c.lane,
                 status: c.status,
             }),
-            // The fabric binds no windows yet; a failed one would have failed its lane.
-            Opcode::BindWindow | Opcode::InvalidateWindow if c.status.is_success() => Ok(()),
+            Opcode::BindWindow | Opcode::InvalidateWindow if c.status.is_success() => {
+                if let Some(mut windows) = super::windows::windows(s) {
+                    windows.completed(s, c.wr_id);
+                }
+                Ok(())
+            }
+            // The lane is in the error state: teardown fails the lease's grant (or completes
+            // its revocation) with the connection.
             Opcode::BindWindow | Opcode::InvalidateWindow => Err(ConnectionLost::Send {
                 lane: c.lane,
                 status: c.status,
@@ -538,6 +544,10 @@ impl PeerConn {
             let _ = conn.force_error(lane);
         }
         drop(conn);
+        // No READ reaches the destroyed QPs: their leases' windows go with them.
+        if let Some(mut windows) = super::windows::windows(s) {
+            windows.connection_gone(s, self);
+        }
         let _ = st.control.shutdown(Shutdown::Both);
         st.queued_sends.clear();
         st.queued_send_bytes = 0;
