@@ -98,14 +98,22 @@ fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
 }
 
 fn fetch_every_size(test: &str, threshold: &str) {
-    let Some((dir, cluster)) = cluster(test, 2, threshold, &[]) else {
+    fetch_every_size_with(test, threshold, &[]);
+}
+
+fn fetch_every_size_with(test: &str, threshold: &str, daemon_args: &[&str]) {
+    let Some((dir, cluster)) = cluster(test, 2, threshold, daemon_args) else {
         return;
     };
-    // rxe has memory windows: every rendezvous below READs through a window of its own.
+    // rxe has memory windows: unless told otherwise, every rendezvous below READs through
+    // windows of its own.
+    let windows = !daemon_args.contains(&"--no-memory-windows");
     let log = std::fs::read_to_string(dir.path().join("node-0.log")).unwrap_or_default();
-    assert!(
+    assert_eq!(
         log.contains("memory windows: each lease's READs reach only its object"),
-        "{test}: the holder does not scope READs with memory windows:\n{log}"
+        windows,
+        "{test}: memory windows should be {}:\n{log}",
+        if windows { "on" } else { "off" }
     );
     let holder = Client::connect(&cluster.sockets[0]).unwrap();
     let requester = Client::connect(&cluster.sockets[1]).unwrap();
@@ -164,6 +172,16 @@ fn fetch_every_size_all_eager_as_far_as_slots_allow() {
 #[test]
 fn fetch_every_size_all_rendezvous() {
     fetch_every_size("fetch_every_size_all_rendezvous", "0");
+}
+
+/// The fallback where a device has no memory windows: peers READ with the arenas' keys.
+#[test]
+fn fetch_every_size_all_rendezvous_without_memory_windows() {
+    fetch_every_size_with(
+        "fetch_every_size_all_rendezvous_without_memory_windows",
+        "0",
+        &["--no-memory-windows"],
+    );
 }
 
 /// Many fetches at once from two requesters: many READs outstanding on several QPs, and

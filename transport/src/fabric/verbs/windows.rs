@@ -196,9 +196,13 @@ impl Windows {
             {
                 self.invalidate(st, lease, true)
             }
-            // Its connection is gone: its queue pairs were destroyed with it.
+            // Its connection is gone: its queue pairs were destroyed with it (the windows,
+            // bound to a dead QP, are freed rather than re-used).
             _ => {
-                self.leases.remove(&lease);
+                if let Some(entry) = self.leases.remove(&lease) {
+                    self.requests.retain(|_, (l, _)| *l != lease);
+                    self.allocated -= entry.windows.len();
+                }
                 true
             }
         }
