@@ -114,26 +114,16 @@ fn node(id: u32, device: &str) -> Node {
 impl Node {
     /// The next event, within the deadline.
     fn next(&mut self) -> FabricEvent {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match self.events.try_recv() {
-                Ok(e) => return e,
-                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "{}: no event within {WAIT:?}",
-                        self.id
-                    );
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(e) => panic!("{}: event channel: {e}", self.id),
-            }
-        }
+        self.next_waiting(|| std::thread::sleep(Duration::from_millis(1)))
     }
 
     /// The next event, polling without sleeping (for timings: `next` sleeps 1 ms between
     /// looks, which would be all a fast operation measures).
     fn next_spinning(&mut self) -> FabricEvent {
+        self.next_waiting(std::thread::yield_now)
+    }
+
+    fn next_waiting(&mut self, pause: impl Fn()) -> FabricEvent {
         let deadline = Instant::now() + WAIT;
         loop {
             match self.events.try_recv() {
@@ -144,7 +134,7 @@ impl Node {
                         "{}: no event within {WAIT:?}",
                         self.id
                     );
-                    std::thread::yield_now();
+                    pause();
                 }
                 Err(e) => panic!("{}: event channel: {e}", self.id),
             }

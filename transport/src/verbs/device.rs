@@ -484,10 +484,15 @@ impl VerbsDevice {
         len: usize,
         max_mr_bytes: u64,
     ) -> Result<Registration, RegisterError> {
-        let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
-        let cap = max_mr_bytes.min(self.limits.max_mr_size_bytes);
         // SAFETY: forwarded from this function's contract.
-        unsafe { Registration::new(&self.pd, ptr, len, cap, access) }
+        unsafe {
+            self.register_with(
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+                ptr,
+                len,
+                max_mr_bytes,
+            )
+        }
     }
 
     /// As [`VerbsDevice::register`], and memory windows may be bound to the regions
@@ -502,10 +507,15 @@ impl VerbsDevice {
         len: usize,
         max_mr_bytes: u64,
     ) -> Result<Registration, RegisterError> {
-        let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_MW_BIND;
-        let cap = max_mr_bytes.min(self.limits.max_mr_size_bytes);
         // SAFETY: forwarded from this function's contract.
-        unsafe { Registration::new(&self.pd, ptr, len, cap, access) }
+        unsafe {
+            self.register_with(
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_MW_BIND,
+                ptr,
+                len,
+                max_mr_bytes,
+            )
+        }
     }
 
     /// As [`VerbsDevice::register`], but peers may READ the regions only through memory
@@ -520,7 +530,29 @@ impl VerbsDevice {
         len: usize,
         max_mr_bytes: u64,
     ) -> Result<Registration, RegisterError> {
-        let access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND;
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            self.register_with(
+                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND,
+                ptr,
+                len,
+                max_mr_bytes,
+            )
+        }
+    }
+
+    /// Registers with `access`, capped as [`VerbsDevice::register`] says.
+    ///
+    /// # Safety
+    ///
+    /// As [`VerbsDevice::register`].
+    unsafe fn register_with(
+        &self,
+        access: c_int,
+        ptr: *mut u8,
+        len: usize,
+        max_mr_bytes: u64,
+    ) -> Result<Registration, RegisterError> {
         let cap = max_mr_bytes.min(self.limits.max_mr_size_bytes);
         // SAFETY: forwarded from this function's contract.
         unsafe { Registration::new(&self.pd, ptr, len, cap, access) }
