@@ -56,6 +56,8 @@ fn cluster(
     args.devices = devices;
     args.eager_threshold = eager_threshold.into();
     args.daemon_args = extra.iter().map(|s| s.to_string()).collect();
+    // The start-up lines (which fabric, memory windows or not) are at info.
+    args.log = "info".into();
     if let Ok(gid) = std::env::var("SKYRIVER_RDMA_GID_INDEX") {
         args.daemon_args.push(format!("--gid-index={gid}"));
     }
@@ -108,12 +110,17 @@ fn fetch_every_size_with(test: &str, threshold: &str, daemon_args: &[&str]) {
     // rxe has memory windows: unless told otherwise, every rendezvous below READs through
     // windows of its own.
     let windows = !daemon_args.contains(&"--no-memory-windows");
-    let log = std::fs::read_to_string(dir.path().join("node-0.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(dir.path().join("node-0.log")).unwrap();
     assert_eq!(
         log.contains("memory windows: each lease's READs reach only its object"),
         windows,
         "{test}: memory windows should be {}:\n{log}",
         if windows { "on" } else { "off" }
+    );
+    assert_eq!(
+        log.contains("a connected peer can READ any arena byte"),
+        !windows,
+        "{test}: the daemon must warn when windows are off:\n{log}"
     );
     let holder = Client::connect(&cluster.sockets[0]).unwrap();
     let requester = Client::connect(&cluster.sockets[1]).unwrap();

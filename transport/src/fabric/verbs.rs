@@ -387,6 +387,12 @@ impl VerbsFabric {
                 }
             }
         } else {
+            tracing::warn!(
+                device = %device_name,
+                "verbs fabric: memory windows turned off: peers READ objects through the \
+                 arenas' registrations, so a connected peer can READ any arena byte while it is \
+                 connected"
+            );
             None
         };
         let mut local = BTreeMap::new();
