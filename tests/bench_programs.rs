@@ -146,7 +146,7 @@ fn bench_breakdown_times_every_hop_of_a_fetch_next_to_the_ping_pongs() {
         assert_eq!(rows.len(), 10, "5 cases, back to back and after a pause");
         assert!(rows.iter().all(|r| r["p50_us"].as_f64().unwrap() > 0.0));
         let hops = run["hops"].as_array().unwrap();
-        assert_eq!(hops.len(), 11);
+        assert_eq!(hops.len(), 13);
         for hop in hops {
             // Every stamp was taken (a missing one makes the median NaN, null in JSON).
             assert!(hop["p50_us"].as_f64().is_some(), "{hop}");

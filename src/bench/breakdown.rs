@@ -8,6 +8,11 @@
 //! sent, bytes written, sealed, reply queued, reply about to be written: every send is stamped
 //! before its system call, so a receiver that runs first cannot make a hop negative) with
 //! `CLOCK_MONOTONIC`, which the client and both daemons share,
+//! and the fabric stamps each message's write once its system call returns, which splits a
+//! fabric crossing into the sender's write (on loopback it also runs the receiving side of
+//! the TCP stack and wakes the receiver) and the receiver's way to the bytes (on a shared
+//! CPU a receiver that preempts the writer runs inside the write, and the second part can
+//! come out negative; the pair's sum stays right),
 //! and the client stamps its send and its receipt of the reply on the same clock. The median of
 //! every hop is printed, with the median total beside the sum of the medians (they differ by
 //! the spread, not by a hidden hop).
@@ -68,7 +73,7 @@ pub struct BreakdownArgs {
 
 /// The hops of a traced fetch: (name, from stamp, to stamp). `client_send` and
 /// `client_received` are the client's; `A.` stamps the requester's daemon, `B.` the holder's.
-const HOPS: [(&str, &str, &str); 11] = [
+const HOPS: [(&str, &str, &str); 13] = [
     (
         "client send -> daemon has read it",
         "client_send",
@@ -80,8 +85,13 @@ const HOPS: [(&str, &str, &str); 11] = [
         "A.fetch_request_send",
     ),
     (
-        "send -> holder's fabric has read it",
+        "requester: frame + write to the fabric",
         "A.fetch_request_send",
+        "A.message_written",
+    ),
+    (
+        "written -> holder's fabric has read it",
+        "A.message_written",
         "B.message_read",
     ),
     (
@@ -95,8 +105,13 @@ const HOPS: [(&str, &str, &str); 11] = [
         "B.eager_send",
     ),
     (
-        "gather + send -> requester's fabric read",
+        "holder: gather + write to the fabric",
         "B.eager_send",
+        "B.message_written",
+    ),
+    (
+        "written -> requester's fabric has read it",
+        "B.message_written",
         "A.message_read",
     ),
     (

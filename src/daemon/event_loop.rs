@@ -183,8 +183,9 @@ impl EventLoop {
                     // The scraper may have given up; nothing to do then.
                     let _ = answer.send(self.snapshot());
                 }
-                // Last: only when nothing above is ready. Gives the CPU away for a moment,
-                // then the runtime checks every socket and channel without sleeping.
+                // Last: only when nothing above is ready. Gives the CPU away for a moment, then
+                // the runtime checks every socket and channel without sleeping and runs what
+                // woke.
                 () = poll_once(), if polling => polled_nothing = true,
             }
             if !polled_nothing && !self.poll.is_zero() {
@@ -445,11 +446,23 @@ async fn durable_changed(durable: Option<&mut watch::Receiver<u64>>) -> Option<u
     }
 }
 
-/// One round of polling: yields the CPU to whatever else is runnable on it (the process this
-/// daemon waits for, when they share a CPU), then lets the runtime look for ready I/O without
-/// blocking (a deferred wake-up makes it poll its driver with a zero timeout).
+/// One round of polling: gives the CPU away for a moment (to the process this daemon waits
+/// for, when they share a CPU), lets the runtime look for ready I/O without blocking, then
+/// lets it run the tasks that check woke before this loop looks at its inputs again.
+///
+/// The runtime polls its `block_on` future (this loop) before the tasks an I/O check woke, so
+/// a message read by a fabric connection's reader task reaches this loop's channel only one
+/// yield after the check that found it. With a single yield, a message that arrived while the
+/// loop polled waited for another `sched_yield` and round of the loop before it was handled:
+/// the second yield saves that (a quarter of a back-to-back 1 KiB fetch in `skyriver bench
+/// breakdown` with the CPUs spread). Giving the CPU away first matters when processes share
+/// a CPU: the process this loop just answered (or sent to) runs at once.
 async fn poll_once() {
     std::thread::yield_now();
+    // A deferred wake-up: the runtime polls its driver with a zero timeout, then this loop (a
+    // client's request is taken here).
+    tokio::task::yield_now().await;
+    // The tasks that check woke (a connection's reader) run before this loop is polled again.
     tokio::task::yield_now().await;
 }
 

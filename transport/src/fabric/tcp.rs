@@ -330,7 +330,10 @@ impl Fabric for TcpFabric {
         frame.push(KIND_MESSAGE);
         frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         frame.extend_from_slice(&bytes);
-        self.inner.queue(peer, Outgoing::Frame(frame))
+        let queued = self.inner.queue(peer, Outgoing::Frame(frame));
+        // After the write (or the queueing): `bench breakdown` splits a crossing here.
+        crate::trace::stamp("message_written");
+        queued
     }
 
     fn send_eager(
