@@ -24,7 +24,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use nix::sys::socket::MsgFlags;
 use skyriver_core::client_protocol::{
     decode_frame_len, decode_server_frame, encode_frame, ClusterView, Request, RequestFrame,
     Response, ServerFrame, TraceStamp, FRAME_HEADER_BYTES, MAX_INLINE_PUT_BYTES,
@@ -175,23 +174,8 @@ impl FrameReader {
     /// is over, yielding the CPU between polls; the blocking read that follows then finds
     /// the reply without a wake-up.
     fn poll_readable(&self) {
-        if self.poll.is_zero() || !self.reader.buffer().is_empty() {
-            return;
-        }
-        let start = std::time::Instant::now();
-        let fd = self.reader.get_ref().as_raw_fd();
-        let mut probe = [0u8; 1];
-        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-        loop {
-            match nix::sys::socket::recv(fd, &mut probe, flags) {
-                Err(nix::errno::Errno::EAGAIN) => {}
-                // Bytes, the end of the stream or an error: the read reports it.
-                _ => return,
-            }
-            if start.elapsed() >= self.poll {
-                return;
-            }
-            std::thread::yield_now();
+        if self.reader.buffer().is_empty() {
+            crate::poll::wait_readable(self.reader.get_ref().as_raw_fd(), self.poll);
         }
     }
 

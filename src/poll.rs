@@ -29,3 +29,27 @@ pub fn poll_from_env() -> Duration {
         .unwrap_or(DEFAULT_POLL_US);
     Duration::from_micros(micros)
 }
+
+/// Polls `fd` until it has bytes to read (or reports an end or error) or `poll` is over,
+/// yielding the CPU between looks, so the blocking read that follows finds them without a
+/// wake-up. Used by the client awaiting a reply, and by the benchmarks' raw round trips so
+/// they get the same tuning.
+pub fn wait_readable(fd: std::os::fd::RawFd, poll: Duration) {
+    if poll.is_zero() {
+        return;
+    }
+    let start = std::time::Instant::now();
+    let mut probe = [0u8; 1];
+    let flags = nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT;
+    loop {
+        match nix::sys::socket::recv(fd, &mut probe, flags) {
+            Err(nix::errno::Errno::EAGAIN) => {}
+            // Bytes, the end of the stream or an error: the read reports it.
+            _ => return,
+        }
+        if start.elapsed() >= poll {
+            return;
+        }
+        std::thread::yield_now();
+    }
+}

@@ -6,7 +6,10 @@
 //!   socket buffers (`SO_SNDBUF`/`SO_RCVBUF`) and its write size (one READ slice per `write`):
 //!   the ceiling Skyriver's fetches over the TCP fabric are held to;
 //! - round trips, the floor of any small request: `uds-rtt` and `tcp-rtt` (1 byte each way
-//!   over a Unix socket and over TCP loopback) and `tcp-rr-1k` (1 KiB request, 1 KiB response);
+//!   over a Unix socket and over TCP loopback) and `tcp-rr-1k` (1 KiB request, 1 KiB response).
+//!   Both ends poll for the next message before they block for as long as Skyriver's daemon
+//!   and client do (`SKYRIVER_POLL_US`, [`crate::poll`]): the same tuning, or a quiet machine
+//!   would charge the floor wake-ups that Skyriver's polling avoids;
 //! - other systems' ways of moving an object: `plasma-4k` (Plasma's manager: 4 KiB chunks, a
 //!   syscall each), `chunked-5m` (a chunked pull like Ray's object manager: a request per 5 MiB
 //!   chunk) and `redis` (`GET` from a local `redis-server`, RESP spoken directly).
@@ -16,6 +19,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -175,25 +179,33 @@ pub(super) fn tcp_stream(
     })
 }
 
-/// Echoes `bytes`-byte requests with `bytes`-byte responses until the peer closes.
-fn echo(mut stream: impl Read + Write, bytes: usize) -> std::io::Result<()> {
+/// Echoes `bytes`-byte requests with `bytes`-byte responses until the peer closes. Like the
+/// daemon, it polls for the next request for a while (`SKYRIVER_POLL_US`) before it blocks.
+fn echo(mut stream: impl Read + Write + AsRawFd, bytes: usize) -> std::io::Result<()> {
     let mut message = vec![0u8; bytes];
-    while stream.read_exact(&mut message).is_ok() {
+    let poll = crate::poll::poll_from_env();
+    loop {
+        crate::poll::wait_readable(stream.as_raw_fd(), poll);
+        if stream.read_exact(&mut message).is_err() {
+            return Ok(());
+        }
         stream.write_all(&message)?;
     }
-    Ok(())
 }
 
-/// A ping-pong worker: `bytes` out, `bytes` back, timed.
+/// A ping-pong worker: `bytes` out, `bytes` back, timed. Like the client awaiting a reply, it
+/// polls for the answer for a while (`SKYRIVER_POLL_US`) before it blocks.
 fn ping_pong(
-    mut stream: impl Read + Write + Send + 'static,
+    mut stream: impl Read + Write + AsRawFd + Send + 'static,
     bytes: usize,
     name: &'static str,
 ) -> Worker {
     let mut message = vec![0x5au8; bytes];
+    let poll = crate::poll::poll_from_env();
     Box::new(move || {
         timed(|| {
             stream.write_all(&message).map_err(setup_error(name))?;
+            crate::poll::wait_readable(stream.as_raw_fd(), poll);
             stream.read_exact(&mut message).map_err(setup_error(name))?;
             Ok(())
         })

@@ -1,6 +1,6 @@
-//! `bench local`: the local store through the real daemon and client: create+seal, put
-//! (create, fill, seal) against a plain memcpy into pre-faulted memory measured in the same
-//! run, zero-copy get+release, batched gets, get with a full read, contains and delete; next to
+//! `bench local`: the local store through the real daemon and client: create+seal, put (as
+//! `Client::put`: one round trip with the bytes up to 64 KiB), create+write+seal (the
+//! zero-copy writer) against a plain memcpy into pre-faulted memory measured in the same run, zero-copy get+release, batched gets, get with a full read, contains and delete; next to
 //! the raw Unix-socket and TCP round trips that any request to the daemon costs at least, with
 //! the targets for small puts and gets printed as met or missed.
 
@@ -211,7 +211,26 @@ fn measure_size(
         &mut samples,
     ));
 
-    // put: create, copy the data in, seal.
+    // put, as users call it (`Client::put`): one round trip carrying the bytes up to 64 KiB,
+    // create + copy into the mapping + seal above.
+    let mut samples = timer.measure(
+        |_| Ok(fresh_id(counter)),
+        |id| {
+            client.put(id, &source, b"")?;
+            Ok(id)
+        },
+        |id| {
+            client.delete(&[id])?;
+            Ok(())
+        },
+    )?;
+    results.push(CaseResult::from_samples(
+        &format!("put{tag}"),
+        size,
+        &mut samples,
+    ));
+
+    // The zero-copy writer: create, copy the data into the mapping, seal (two round trips).
     let mut samples = timer.measure(
         |_| Ok(fresh_id(counter)),
         |id| {
@@ -226,7 +245,7 @@ fn measure_size(
         },
     )?;
     results.push(CaseResult::from_samples(
-        &format!("put{tag}"),
+        &format!("create+write+seal{tag}"),
         size,
         &mut samples,
     ));
