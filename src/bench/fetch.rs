@@ -11,7 +11,8 @@
 //! object fetched before; the 1 KiB breakdown also times a first fetch, with its lookup). With
 //! `--concurrency 1` the systems take turns, one iteration each per round, so every ratio
 //! compares numbers taken under the same load and in the same daemons; the round trips are
-//! measured in the rounds of the smallest size.
+//! measured after the smallest size, apart, once the daemons stopped polling (both ends poll
+//! as the daemons and client do, so the floor gets the same tuning).
 //!
 //! `--cpus` places the processes (see [`super::CpuPlacement`]); each system's samples are split
 //! into `--repeats` consecutive parts whose p50s show how much a median moves between repeats.
@@ -240,6 +241,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             }
         );
         let mut systems = Vec::new();
+        let mut rtt_systems = Vec::new();
         let with_round_trips = concurrency == 1 && Some(size) == round_trip_size;
         for baseline in &baselines {
             let prepared = match baseline.as_str() {
@@ -255,10 +257,18 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
                     far,
                     StreamTuning::Fabric,
                 )?),
-                "uds-rtt" if with_round_trips => Some(baselines::uds_round_trip(Some(far))?),
-                "tcp-rtt" if with_round_trips => Some(baselines::tcp_round_trip(1, Some(far))?),
+                // The round trips run apart, below: not among spinning daemons.
+                "uds-rtt" if with_round_trips => {
+                    rtt_systems.push(baselines::uds_round_trip(Some(far))?);
+                    None
+                }
+                "tcp-rtt" if with_round_trips => {
+                    rtt_systems.push(baselines::tcp_round_trip(1, Some(far))?);
+                    None
+                }
                 "tcp-rr-1k" if with_round_trips => {
-                    Some(baselines::tcp_round_trip(1024, Some(far))?)
+                    rtt_systems.push(baselines::tcp_round_trip(1024, Some(far))?);
+                    None
                 }
                 "plasma-4k" => Some(baselines::plasma_chunks(size, concurrency, far)?),
                 "chunked-5m" => Some(baselines::pulled_chunks(size, concurrency, far)?),
@@ -275,7 +285,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
                 systems.push(cluster.prepare(index, size, mode_index, mode)?);
             }
         }
-        let results = if concurrency == 1 {
+        let mut results = if concurrency == 1 {
             measure_interleaved(
                 &mut systems,
                 size,
@@ -286,6 +296,19 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         } else {
             measure_concurrent(&mut systems, size, budget, args.max_iterations)?
         };
+        if !rtt_systems.is_empty() {
+            // The floor as a small program measures it: both ends poll like the daemons and
+            // the client do, on a machine the daemons leave alone (they stopped polling after
+            // their last fetch; spinning daemons on the same vCPUs would inflate it).
+            std::thread::sleep(IDLE_DAEMONS);
+            results.extend(measure_interleaved(
+                &mut rtt_systems,
+                size,
+                budget,
+                args.max_iterations,
+                args.repeats,
+            )?);
+        }
         for system in systems {
             if let Some(cleanup) = system.cleanup {
                 cleanup();
@@ -590,6 +613,10 @@ impl BenchCluster {
 /// alike. The order is shuffled every round (seeded, so runs are comparable): a fetch leaves
 /// work behind in its daemons (the delete's directory update, the holder's unpin) that slows
 /// whichever system runs next, and a fixed order would charge it to the same system each time.
+/// Longer than the daemons' polling window (`--poll-us`, 50 µs by default): after it they
+/// sleep, and take no CPU from the raw round trips.
+const IDLE_DAEMONS: Duration = Duration::from_millis(5);
+
 fn measure_interleaved(
     systems: &mut [Prepared],
     size: u64,
@@ -780,7 +807,7 @@ fn print_round_trips(round_trips: &[CaseResult]) {
     if round_trips.is_empty() {
         return;
     }
-    println!("raw round trips (interleaved with the smallest size's fetches; the floor of a small request):");
+    println!("raw round trips (the floor of a small request; both ends poll like the daemons and client, measured while the daemons are idle):");
     println!(
         "  {:<12} {:>9} {:>10} {:>13} {:>10}",
         "system", "each way", "p50 µs", "p50 range", "p99 µs"
