@@ -118,7 +118,7 @@ impl FrameReader {
     }
 
     /// Reads what the socket holds now, up to `limit` bytes: `Ok(true)` when the limit was
-    /// reached (more may wait), `Closed` or `Truncated` at end of stream.
+    /// reached (more may wait), `Closed` at end of stream.
     fn fill_now(&mut self, stream: &OwnedReadHalf, limit: usize) -> Result<bool, ConnectionEnd> {
         if self.start > 0 {
             self.buf.drain(..self.start);
@@ -128,13 +128,9 @@ impl FrameReader {
         while taken < limit {
             self.buf.reserve(Self::READ_CHUNK_BYTES);
             match stream.try_read_buf(&mut self.buf) {
-                Ok(0) => {
-                    return Err(if self.buf.is_empty() {
-                        ConnectionEnd::Closed
-                    } else {
-                        ConnectionEnd::Truncated
-                    })
-                }
+                // Whether a frame was cut short is known once the frames read are taken
+                // ([`ClientReader::read_turn`]).
+                Ok(0) => return Err(ConnectionEnd::Closed),
                 Ok(n) => taken += n,
                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
                 Err(error) => return Err(error.into()),
@@ -204,6 +200,14 @@ impl ClientReader {
         match filled {
             Ok(full) => (true, full),
             Err(end) => {
+                // A client may send its last requests and close at once (a release on its
+                // way out): only bytes left over after the whole frames are a cut frame.
+                let end = match end {
+                    ConnectionEnd::Closed if self.frames.start < self.frames.buf.len() => {
+                        ConnectionEnd::Truncated
+                    }
+                    end => end,
+                };
                 out.push(ClientInput::Ended { client, end });
                 (false, false)
             }
@@ -358,5 +362,85 @@ async fn flush(half: Arc<OwnedWriteHalf>, backlog: Arc<Mutex<Backlog>>) {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use skyriver_core::client_protocol::{encode_frame, Request, RequestFrame};
+    use skyriver_core::{ObjectId, RequestId};
+
+    use super::*;
+
+    /// What the reader makes of `bytes` written by a client that then closes its socket.
+    async fn read_then_close(bytes: Vec<u8>) -> Vec<ClientInput> {
+        let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
+        let (read, _write) = ours.into_split();
+        let mut reader = ClientReader::new(read);
+        tokio::io::AsyncWriteExt::write_all(&mut theirs, &bytes)
+            .await
+            .unwrap();
+        drop(theirs);
+        let mut out = Vec::new();
+        loop {
+            reader.readable(ClientId(1)).await;
+            let (open, _) = reader.read_turn(ClientId(1), &mut out);
+            if !open {
+                return out;
+            }
+        }
+    }
+
+    fn release_frame() -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let frame = RequestFrame {
+            request: RequestId(7),
+            body: Request::Release {
+                id: ObjectId::from_u64(1),
+            },
+        };
+        encode_frame(&frame, &mut bytes);
+        bytes
+    }
+
+    #[tokio::test]
+    async fn a_last_request_then_a_close_is_a_clean_end() {
+        let inputs = read_then_close(release_frame()).await;
+        assert!(
+            matches!(inputs[0], ClientInput::Request { .. }),
+            "{inputs:?}"
+        );
+        assert!(
+            matches!(
+                inputs[1],
+                ClientInput::Ended {
+                    end: ConnectionEnd::Closed,
+                    ..
+                }
+            ),
+            "{inputs:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_frame_cut_short_by_the_close_is_truncated() {
+        let mut bytes = release_frame();
+        let whole = bytes.clone();
+        bytes.extend_from_slice(&whole[..whole.len() - 1]);
+        let inputs = read_then_close(bytes).await;
+        assert!(
+            matches!(inputs[0], ClientInput::Request { .. }),
+            "{inputs:?}"
+        );
+        assert!(
+            matches!(
+                inputs[1],
+                ClientInput::Ended {
+                    end: ConnectionEnd::Truncated,
+                    ..
+                }
+            ),
+            "{inputs:?}"
+        );
     }
 }

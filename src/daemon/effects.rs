@@ -18,7 +18,7 @@ use skyriver_transport::fabric::{Fabric, MessageBytes};
 use skyriver_transport::{trace, SharedArena};
 use tracing::{debug, debug_span, warn, Level};
 
-use super::connection::{ClientReader, ClientWriter};
+use super::connection::{ClientReader, ClientWriter, WriteError};
 use crate::persistence::CommitQueue;
 
 /// One connected client, as the loop holds it.
@@ -87,6 +87,24 @@ pub(super) enum AccessAnswer {
 
 /// Fetches remembered for their log lines at most (a failed fetch leaves its entry behind).
 const FETCHING_KEPT: usize = 4096;
+
+/// A reply that cannot be written closes the connection: worth a warning when the client is
+/// too slow, not when it has simply left (a client may release an object and exit without
+/// waiting for the answer).
+fn log_write_failure(client: ClientId, error: &WriteError) {
+    let gone = matches!(
+        error,
+        WriteError::Io(e) if matches!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        )
+    );
+    if gone {
+        debug!(%client, %error, "client left before its reply");
+    } else {
+        warn!(%client, %error, "closing client connection");
+    }
+}
 
 /// A fetch's id in log lines: the requester and its transfer id, the same on both nodes, so
 /// `RUST_LOG=skyriver=debug` on two nodes follows one object across the cluster.
@@ -172,7 +190,7 @@ impl Effects {
             }
             let written = link.writer.write(&self.frame);
             if let Err(error) = written {
-                warn!(%client, %error, "closing client connection");
+                log_write_failure(client, &error);
                 self.close(client, error.to_string());
             }
             return;
@@ -200,7 +218,7 @@ impl Effects {
                 link.unsent = Vec::new();
             }
             if let Err(error) = written {
-                warn!(%client, %error, "closing client connection");
+                log_write_failure(client, &error);
                 self.close(client, error.to_string());
             }
         }
