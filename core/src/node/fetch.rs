@@ -321,6 +321,22 @@ impl Node {
         }
     }
 
+    /// `peer`'s connection came up: fetches pausing because none of their holders was
+    /// connected try again now instead of at the end of their pause (a holder that just
+    /// restarted, or a first fetch from a node not yet connected).
+    pub(super) fn wake_fetches_waiting_for(&mut self, peer: NodeId) {
+        let waiting: Vec<ObjectId> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| o.state == ObjectFetchState::Backoff && o.holders.contains(&peer))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in waiting {
+            self.cancel_timer(Timer::ObjectRetry(id));
+            self.choose_source(id);
+        }
+    }
+
     pub(super) fn retry_object(&mut self, id: ObjectId) {
         if self
             .objects

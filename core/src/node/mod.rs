@@ -304,6 +304,7 @@ impl Node {
                 active,
             },
         );
+        self.wake_fetches_waiting_for(peer);
         self.pump_admission();
         self.absorb_store();
     }

@@ -575,3 +575,29 @@ fn the_object_stays_pinned_until_the_fabric_confirms_the_revocation() {
     w.release(1, 1);
     w.assert_settled();
 }
+
+#[test]
+fn a_fetch_waiting_for_a_connection_goes_on_when_it_comes_up() {
+    let mut w = World::new(2, |c| c.retry_backoff = Duration::from_millis(100));
+    w.put(0, 1, 1500);
+    // The holder's connection is not up yet (it restarted, or was never made).
+    w.nodes[1].handle_peer_lost(w.now, NodeId(0));
+    w.fetch(1, &[1], Duration::from_secs(1));
+    assert!(
+        w.replies(1).is_empty(),
+        "no connected holder: the fetch pauses"
+    );
+    // The connection comes up well before the pause ends: the fetch goes on at once.
+    let params = PeerParams {
+        lanes: 2,
+        costs: PathCosts::RDMA_DEFAULT,
+    };
+    w.nodes[1].handle_peer_connected(w.now, NodeId(0), params);
+    w.pump();
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1, "answered without waiting out the pause");
+    let info = ok_info(&replies[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 1500));
+    w.release(1, 1);
+    w.assert_settled();
+}
