@@ -133,6 +133,7 @@ pub struct LocalCluster {
 }
 
 /// How [`LocalCluster::spawn`] runs the daemons.
+#[derive(Clone, Copy)]
 struct Supervision<'a> {
     /// Start each daemon in its own process group, so a terminal's Ctrl-C reaches only `up`,
     /// which then stops them in order (instead of racing their exits against its own).
@@ -164,7 +165,27 @@ impl LocalCluster {
         )
     }
 
+    /// [`LocalCluster::spawn_once`], again with other ports when a daemon found a port this
+    /// function chose (the head's, a metrics endpoint's) taken: a port is free when chosen and
+    /// bound a moment later, and on a busy machine another process can take it in between.
     fn spawn(args: &UpArgs, exe: &Path, supervision: Supervision<'_>) -> Result<Self, String> {
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            match Self::spawn_once(args, exe, supervision) {
+                Err(error) if attempt < ATTEMPTS && error.contains("Address already in use") => {
+                    eprintln!(
+                        "a port chosen for the cluster was taken meanwhile; starting again with \
+                         other ports ({error})"
+                    );
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn spawn_once(args: &UpArgs, exe: &Path, supervision: Supervision<'_>) -> Result<Self, String> {
         if args.nodes == 0 {
             return Err("--nodes must be at least 1".into());
         }
