@@ -193,62 +193,40 @@ fn measure_size(
 ) -> Result<(), BenchError> {
     let source = vec![0xa5u8; size as usize];
 
+    // Each write case makes a fresh object per iteration (timed) and deletes it (untimed).
+    let mut write_case = |name: &str,
+                          write: &mut dyn FnMut(ObjectId) -> Result<(), BenchError>|
+     -> Result<(), BenchError> {
+        let mut samples = timer.measure(
+            |_| Ok(fresh_id(counter)),
+            |id| write(id).map(|()| id),
+            |id| {
+                client.delete(&[id])?;
+                Ok(())
+            },
+        )?;
+        results.push(CaseResult::from_samples(
+            &format!("{name}{tag}"),
+            size,
+            &mut samples,
+        ));
+        Ok(())
+    };
     // create + seal (no data written): the control-path round trips.
-    let mut samples = timer.measure(
-        |_| Ok(fresh_id(counter)),
-        |id| {
-            client.create(id, size, 0)?.seal()?;
-            Ok(id)
-        },
-        |id| {
-            client.delete(&[id])?;
-            Ok(())
-        },
-    )?;
-    results.push(CaseResult::from_samples(
-        &format!("create+seal{tag}"),
-        size,
-        &mut samples,
-    ));
-
+    write_case("create+seal", &mut |id| {
+        client.create(id, size, 0)?.seal()?;
+        Ok(())
+    })?;
     // put, as users call it (`Client::put`): one round trip carrying the bytes up to 64 KiB,
     // create + copy into the mapping + seal above.
-    let mut samples = timer.measure(
-        |_| Ok(fresh_id(counter)),
-        |id| {
-            client.put(id, &source, b"")?;
-            Ok(id)
-        },
-        |id| {
-            client.delete(&[id])?;
-            Ok(())
-        },
-    )?;
-    results.push(CaseResult::from_samples(
-        &format!("put{tag}"),
-        size,
-        &mut samples,
-    ));
-
+    write_case("put", &mut |id| Ok(client.put(id, &source, b"")?))?;
     // The zero-copy writer: create, copy the data into the mapping, seal (two round trips).
-    let mut samples = timer.measure(
-        |_| Ok(fresh_id(counter)),
-        |id| {
-            let mut writer = client.create(id, size, 0)?;
-            writer.data_mut().copy_from_slice(&source);
-            writer.seal()?;
-            Ok(id)
-        },
-        |id| {
-            client.delete(&[id])?;
-            Ok(())
-        },
-    )?;
-    results.push(CaseResult::from_samples(
-        &format!("create+write+seal{tag}"),
-        size,
-        &mut samples,
-    ));
+    write_case("create+write+seal", &mut |id| {
+        let mut writer = client.create(id, size, 0)?;
+        writer.data_mut().copy_from_slice(&source);
+        writer.seal()?;
+        Ok(())
+    })?;
 
     // memcpy into pre-faulted private memory: the ceiling for put.
     let mut destination = vec![0u8; size as usize];
