@@ -33,6 +33,8 @@ struct Grant {
 pub(super) struct Grants {
     by_key: BTreeMap<u32, Grant>,
     by_lease: BTreeMap<(NodeId, TransferId), u32>,
+    /// Keys drawn so far, mixed into each new one.
+    attempts: u32,
 }
 
 impl Grants {
@@ -41,10 +43,11 @@ impl Grants {
     pub(super) fn grant(&mut self, peer: NodeId, req: TransferId, region: LocalRegion) -> u32 {
         let key = loop {
             let mut bytes = [0u8; 4];
-            // The OS's generator does not fail on Linux once booted; a fixed fallback would
-            // still be unique (checked below), only guessable.
+            // The OS's generator does not fail on Linux once booted. Were it to, the counter
+            // still makes every attempt a new key (unique, only guessable), so this ends.
             let _ = getrandom::getrandom(&mut bytes);
-            let key = u32::from_le_bytes(bytes);
+            self.attempts = self.attempts.wrapping_add(1);
+            let key = u32::from_le_bytes(bytes) ^ self.attempts.wrapping_mul(0x9e37_79b9);
             if !self.by_key.contains_key(&key) {
                 break key;
             }

@@ -43,6 +43,8 @@ struct LeaseWindows {
     /// Work requests posted and not completed.
     pending: usize,
     phase: Phase,
+    /// The core waits for this lease's `ReadRevoked` (false: a failed grant's undo).
+    report_revoked: bool,
 }
 
 /// Every lease's windows, and the pool of free ones.
@@ -163,6 +165,7 @@ impl Windows {
             keys,
             pending,
             phase: Phase::Binding,
+            report_revoked: true,
         };
         match failure {
             None => {
@@ -248,10 +251,8 @@ impl Windows {
         }
         entry.pending = posted;
         entry.phase = Phase::Invalidating;
-        if !report {
-            // A failed grant's undo: no one waits for its revocation.
-            entry.keys.clear();
-        }
+        // `report` is false for a failed grant's undo: no one waits for its revocation.
+        entry.report_revoked = report;
         self.leases.insert(lease, entry);
         !report
     }
@@ -283,9 +284,8 @@ impl Windows {
             }
             Phase::Invalidating => {
                 let entry = self.leases.remove(&lease).expect("found above");
-                let report = !entry.keys.is_empty();
                 self.free.extend(entry.windows);
-                if report {
+                if entry.report_revoked {
                     s.emit(FabricEvent::ReadRevoked { peer, req });
                 }
             }
@@ -315,7 +315,7 @@ impl Windows {
                     req,
                     result: Err(FabricError::NotConnected(peer)),
                 }),
-                Phase::Invalidating if !entry.keys.is_empty() => {
+                Phase::Invalidating if entry.report_revoked => {
                     s.emit(FabricEvent::ReadRevoked { peer, req })
                 }
                 Phase::Invalidating | Phase::Bound => {}
