@@ -270,6 +270,11 @@ struct DaemonArgs {
     /// sleeping daemon pays a wake-up per request; an idle one spends no CPU); 0: never poll
     #[arg(long, value_name = "N", env = "SKYRIVER_POLL_US", default_value_t = skyriver::poll::DEFAULT_POLL_US)]
     poll_us: u64,
+    /// Microseconds the polling time may grow to while requests keep arriving just after it
+    /// ends (it doubles each time, and falls back to --poll-us after a longer quiet spell); at
+    /// or below --poll-us: it never grows
+    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_MAX_US", default_value_t = skyriver::poll::DEFAULT_POLL_MAX_US)]
+    poll_max_us: u64,
     /// This node's id in the cluster [default: $SLURM_NODEID, else 0 with --head]
     #[arg(long, requires = "membership")]
     node_id: Option<u32>,
@@ -440,6 +445,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     });
     config.metrics_addr = args.metrics;
     config.poll = std::time::Duration::from_micros(args.poll_us);
+    config.poll_max = std::time::Duration::from_micros(args.poll_max_us);
     config.persistence = args.backing_file.clone().map(|path| {
         let mut persistence = skyriver::persistence::PersistenceConfig::new(path);
         persistence.durability = args.durability;

@@ -50,7 +50,7 @@ pub(super) struct EventLoop {
     /// Snapshot requests of the metrics exporter (`--metrics`).
     metrics_requests: Option<mpsc::Receiver<SnapshotRequest>>,
     /// How long the loop polls for input after its last one before it sleeps.
-    poll: Duration,
+    poll: crate::poll::AdaptivePoll,
 }
 
 impl EventLoop {
@@ -80,12 +80,12 @@ impl EventLoop {
             members: Vec::new(),
             next_client: 1,
             metrics_requests: None,
-            poll: Duration::ZERO,
+            poll: crate::poll::AdaptivePoll::new(Duration::ZERO, Duration::ZERO),
         }
     }
 
     /// Polls for input this long after each one before sleeping ([`crate::poll`]).
-    pub(super) fn set_poll(&mut self, poll: Duration) {
+    pub(super) fn set_poll(&mut self, poll: crate::poll::AdaptivePoll) {
         self.poll = poll;
     }
 
@@ -151,7 +151,10 @@ impl EventLoop {
                 sleep.as_mut().reset(at);
                 armed = next;
             }
-            let polling = !self.poll.is_zero() && std::time::Instant::now() < poll_until;
+            let polls = !self.poll.window().is_zero();
+            let polling = polls && std::time::Instant::now() < poll_until;
+            // Whether what ends this wait is an input (not the loop's own timers).
+            let mut input = true;
             let mut polled_nothing = false;
             tokio::select! {
                 biased;
@@ -177,8 +180,12 @@ impl EventLoop {
                     let now = self.now();
                     self.node.handle_timeout(now);
                     armed = None;
+                    input = false;
                 }
-                _ = maintain.tick(), if clustered => self.maintain_connections(),
+                _ = maintain.tick(), if clustered => {
+                    self.maintain_connections();
+                    input = false;
+                }
                 Some(answer) = recv_bounded(self.metrics_requests.as_mut()) => {
                     // The scraper may have given up; nothing to do then.
                     let _ = answer.send(self.snapshot());
@@ -188,8 +195,14 @@ impl EventLoop {
                 // woke.
                 () = poll_once(), if polling => polled_nothing = true,
             }
-            if !polled_nothing && !self.poll.is_zero() {
-                poll_until = std::time::Instant::now() + self.poll;
+            if polls && input && !polled_nothing {
+                let now = std::time::Instant::now();
+                if !polling {
+                    // The loop slept in the kernel since its window ended, and an input woke it.
+                    self.poll
+                        .woke_after_sleeping(now.saturating_duration_since(poll_until));
+                }
+                poll_until = now + self.poll.window();
             }
         }
     }

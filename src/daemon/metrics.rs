@@ -780,6 +780,11 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             Value::Counter(c.publications_dropped),
         )?;
         out.one(
+            "skyriver_publications_skipped",
+            "Fetched copies removed before their deferred publication was due (never published).",
+            Value::Counter(c.publications_skipped),
+        )?;
+        out.one(
             "skyriver_cluster_members",
             "Live nodes the directory lists, this one included.",
             gauge(s.members as u64),

@@ -75,6 +75,9 @@ pub struct DaemonConfig {
     /// How long the loop keeps polling for input after its last one before it sleeps
     /// ([`crate::poll`]); zero: it sleeps at once.
     pub poll: std::time::Duration,
+    /// How far that window may grow while inputs keep coming just after it
+    /// ([`crate::poll::AdaptivePoll`]); at or below `poll`: it never grows.
+    pub poll_max: std::time::Duration,
 }
 
 impl DaemonConfig {
@@ -97,6 +100,7 @@ impl DaemonConfig {
             allow_overcommit: false,
             metrics_addr: None,
             poll: crate::poll::poll_from_env(),
+            poll_max: std::time::Duration::from_micros(crate::poll::DEFAULT_POLL_MAX_US),
         }
     }
 }
@@ -467,7 +471,7 @@ impl Server {
         }
         let mut durable = None;
         let mut event_loop = EventLoop::new(node, effects, epoch, listener, cluster_inputs, None);
-        event_loop.set_poll(config.poll);
+        event_loop.set_poll(crate::poll::AdaptivePoll::new(config.poll, config.poll_max));
         if let Some(mut persistence) = persistence {
             // Recovered objects leave the store as seals: draining publishes them, a batch
             // at a time so the directory work stays small.

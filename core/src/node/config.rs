@@ -92,6 +92,10 @@ pub struct NodeConfig {
     /// How long a fetch that does not wait for a publication still waits when the directory
     /// lists no holder: covers a seal on another node whose publication is still on its way.
     pub publication_grace: Duration,
+    /// How long the publication of a copy fetched here waits before it goes to the directory:
+    /// the holder it came from serves it meanwhile, and a copy removed within that time is
+    /// never published nor withdrawn (zero: published at once, like an object put here).
+    pub replica_publication_delay: Duration,
     /// Replies to requests that changed what is durable (seal, delete, eviction) wait until
     /// [`Node::handle_persisted`] says the change is (`--durability seal`).
     pub hold_replies_until_durable: bool,
@@ -128,6 +132,7 @@ impl NodeConfig {
             location_cache_entries: 65_536,
             standalone: false,
             publication_grace: Duration::from_millis(1500),
+            replica_publication_delay: Duration::from_millis(1),
             hold_replies_until_durable: false,
             fabric_name: "none".into(),
             fabric_address: "-".into(),

@@ -33,7 +33,7 @@ mod transfer;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
@@ -132,6 +132,9 @@ pub struct Node {
     // Directory.
     directory_ops: BTreeMap<DirectoryOpId, DirectoryPurpose>,
     publications: BTreeMap<ObjectId, Publication>,
+    /// Copies a transfer sealed whose seal the node has not absorbed yet (their publication is
+    /// deferred).
+    sealed_copies: BTreeSet<ObjectId>,
     timers: timers::Timers<Timer>,
     outputs: VecDeque<NodeOutput>,
     next_waiter: u64,
@@ -168,6 +171,7 @@ impl Node {
             leases: BTreeMap::new(),
             directory_ops: BTreeMap::new(),
             publications: BTreeMap::new(),
+            sealed_copies: BTreeSet::new(),
             timers: timers::Timers::default(),
             outputs: VecDeque::new(),
             next_waiter: 0,
@@ -679,13 +683,15 @@ impl Node {
                     data_size,
                     metadata_size,
                 }) => {
-                    self.want_publication(
-                        id,
-                        Want::Publish(ObjectSizes {
-                            data_size,
-                            metadata_size,
-                        }),
-                    );
+                    let sizes = ObjectSizes {
+                        data_size,
+                        metadata_size,
+                    };
+                    if self.sealed_copies.remove(&id) {
+                        self.want_replica_publication(id, sizes);
+                    } else {
+                        self.want_publication(id, Want::Publish(sizes));
+                    }
                     self.sealed_locally(id);
                 }
                 StoreOutput::Local(ObjectEvent::Deleted { id }) => {

@@ -178,6 +178,9 @@ pub struct NodeStats {
     pub malformed_messages: u64,
     /// Directory publications abandoned after every retry.
     pub publications_dropped: u64,
+    /// Fetched copies removed before their deferred publication was due: neither published
+    /// nor withdrawn.
+    pub publications_skipped: u64,
     /// Object fetches that went straight to remembered holders, skipping the lookup.
     pub location_cache_hits: u64,
     /// Remembered locations that proved wrong (the fetch then asked the directory).

@@ -1,6 +1,13 @@
 //! Keeping the directory told what this node holds: every seal wants a `Publish`, every
 //! removal a `Withdraw`; the latest want per object wins, and each is retried with backoff
 //! until the directory confirms it or the attempts run out.
+//!
+//! A copy fetched here is published only after [`NodeConfig::replica_publication_delay`]: the
+//! holder it came from serves it meanwhile, and a copy removed before then was never announced,
+//! so neither its publication nor its withdrawal is sent (a fetch, use and delete loop costs the
+//! directory nothing, and its traffic stays off the next fetch's path).
+//!
+//! [`NodeConfig::replica_publication_delay`]: super::NodeConfig::replica_publication_delay
 
 use super::{DirectoryPurpose, Node, Timer};
 use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
@@ -19,6 +26,9 @@ pub(super) struct Publication {
     pub(super) want: Want,
     pub(super) op: Option<DirectoryOpId>,
     pub(super) attempts: u32,
+    /// Whether a request for this entry ever left: until then the directory's view of the
+    /// object is what it was before the entry (a deferred publication can simply be dropped).
+    pub(super) sent: bool,
 }
 
 impl Node {
@@ -27,15 +37,48 @@ impl Node {
             // No directory to tell.
             return;
         }
+        self.cancel_timer(Timer::Publication(id));
+        if want == Want::Withdraw
+            && self
+                .publications
+                .get(&id)
+                .is_some_and(|p| !p.sent && matches!(p.want, Want::Publish(_)))
+        {
+            // A deferred publication of a copy removed before it was due: the directory never
+            // heard of the copy, and need not.
+            self.publications.remove(&id);
+            self.stats.publications_skipped += 1;
+            return;
+        }
         let publication = self.publications.entry(id).or_insert(Publication {
             want,
             op: None,
             attempts: 0,
+            sent: false,
         });
         publication.want = want;
         publication.attempts = 0;
-        self.cancel_timer(Timer::Publication(id));
         self.send_publication(id);
+    }
+
+    /// A copy fetched here was sealed: publish it after the configured delay (at once when the
+    /// delay is zero, or when an earlier want of the object is still on its way).
+    pub(super) fn want_replica_publication(&mut self, id: ObjectId, sizes: ObjectSizes) {
+        let delay = self.config.replica_publication_delay;
+        if self.config.standalone || delay.is_zero() || self.publications.contains_key(&id) {
+            self.want_publication(id, Want::Publish(sizes));
+            return;
+        }
+        self.publications.insert(
+            id,
+            Publication {
+                want: Want::Publish(sizes),
+                op: None,
+                attempts: 0,
+                sent: false,
+            },
+        );
+        self.set_timer(self.now + delay, Timer::Publication(id));
     }
 
     pub(super) fn send_publication(&mut self, id: ObjectId) {
@@ -55,6 +98,7 @@ impl Node {
         let publication = self.publications.get_mut(&id).expect("looked up above");
         publication.op = Some(op);
         publication.attempts += 1;
+        publication.sent = true;
     }
 
     pub(super) fn publication_answered(

@@ -552,6 +552,7 @@ impl Node {
                 self.store
                     .seal(FETCH_CLIENT, transfer.id, true)
                     .expect("the fetch client seals its own object");
+                self.sealed_copies.insert(transfer.id);
                 self.transfer_sealed(transfer.id);
             }
             Err(reason) => {

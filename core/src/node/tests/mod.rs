@@ -74,6 +74,8 @@ impl World {
             config.read_slice_bytes = 4096;
             config.max_outstanding_reads = 2;
             config.lease = Duration::from_millis(10);
+            // Copies are published at once unless a test looks at the deferral.
+            config.replica_publication_delay = Duration::ZERO;
             tweak(&mut config);
             nodes.push(Node::new(config, Instant::ZERO));
         }
@@ -514,4 +516,5 @@ impl NodeDriver for Carrier<'_> {
 }
 
 mod clients;
+mod publications;
 mod transfers;
