@@ -36,8 +36,6 @@ use skyriver_core::{
 };
 use skyriver_transport::{ReadableRegion, SharedArena, WritableRegion};
 
-/// Fire-and-forget releases allowed in flight before a drop waits for their replies.
-const MAX_UNACKNOWLEDGED_RELEASES: usize = 1024;
 /// The id of every connection's first request.
 const HELLO_REQUEST: RequestId = RequestId(1);
 
@@ -211,8 +209,6 @@ struct Replies {
     awaited: BTreeSet<RequestId>,
     /// Replies read for callers that have not picked them up yet.
     arrived: BTreeMap<RequestId, Response>,
-    /// Releases sent without waiting; their replies are read (and checked) by whoever reads.
-    unacknowledged: BTreeSet<RequestId>,
     /// Why the connection is unusable, once it is: every later call fails with this.
     failure: Option<Failure>,
     /// Callers asleep on `replies_changed` (waking nobody is skipped: it costs a syscall).
@@ -252,7 +248,7 @@ impl Failure {
 enum ReplyTo {
     /// The sender waits for it.
     Caller,
-    /// Nobody waits; whoever reads it checks it (a release).
+    /// No reply comes (an unanswered release; its failure is reported by a later flush).
     Nobody,
 }
 
@@ -269,7 +265,6 @@ impl Connection {
                 reader: Some(reader),
                 awaited: BTreeSet::new(),
                 arrived: BTreeMap::new(),
-                unacknowledged: BTreeSet::new(),
                 failure: None,
                 sleepers: 0,
             }),
@@ -299,10 +294,9 @@ impl Connection {
         // Registered before the write, so the reader knows the reply when it comes.
         {
             let mut replies = self.replies();
-            match reply_to {
-                ReplyTo::Caller => replies.awaited.insert(request),
-                ReplyTo::Nobody => replies.unacknowledged.insert(request),
-            };
+            if reply_to == ReplyTo::Caller {
+                replies.awaited.insert(request);
+            }
         }
         if let Err(error) = writer.write(request, body) {
             let error = ClientError::Io(error);
@@ -322,13 +316,8 @@ impl Connection {
         self.replies_changed.notify_all();
     }
 
-    /// Waits until `done` holds, reading the socket while no other thread does.
-    fn wait_until<T>(&self, done: impl FnMut(&mut Replies) -> Option<T>) -> Result<T, ClientError> {
-        self.wait_until_polling(done, true)
-    }
-
-    /// [`Connection::wait_until`]; with `poll`, the reading thread polls the socket for a while
-    /// before it blocks ([`crate::poll`]).
+    /// Waits until `done` holds, reading the socket while no other thread does; with `poll`,
+    /// the reading thread polls the socket for a while before it blocks ([`crate::poll`]).
     fn wait_until_polling<T>(
         &self,
         mut done: impl FnMut(&mut Replies) -> Option<T>,
@@ -387,39 +376,11 @@ impl Connection {
         self.wait_reply(request, poll)
     }
 
+    /// Sends a release the daemon does not answer: a dropped buffer costs one write and no
+    /// reply to read. A failure is reported by the next [`Client::flush`].
     fn release_without_waiting(&self, id: ObjectId) -> Result<(), ClientError> {
-        let request = self.send(Request::Release { id }, ReplyTo::Nobody)?;
-        // Bounded: past the limit, wait until the daemon has answered the older half. The
-        // daemon answers releases at once, so this never waits on another caller's `get`.
-        if self.replies().unacknowledged.len() > MAX_UNACKNOWLEDGED_RELEASES {
-            let keep_after = RequestId(
-                request
-                    .0
-                    .saturating_sub(MAX_UNACKNOWLEDGED_RELEASES as u64 / 2),
-            );
-            self.wait_until(|replies| {
-                (replies
-                    .unacknowledged
-                    .first()
-                    .is_none_or(|&oldest| oldest > keep_after))
-                .then_some(())
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Waits for the replies of every release sent so far.
-    fn drain_unacknowledged(&self) -> Result<(), ClientError> {
-        let Some(&newest) = self.replies().unacknowledged.last() else {
-            return Ok(());
-        };
-        self.wait_until(|replies| {
-            (replies
-                .unacknowledged
-                .first()
-                .is_none_or(|&oldest| oldest > newest))
-            .then_some(())
-        })
+        self.send(Request::ReleaseUnanswered { id }, ReplyTo::Nobody)
+            .map(|_| ())
     }
 }
 
@@ -429,11 +390,6 @@ impl Replies {
         match frame {
             ServerFrame::Reply { request, response } if self.awaited.remove(&request) => {
                 self.arrived.insert(request, response);
-            }
-            ServerFrame::Reply { request, response } if self.unacknowledged.remove(&request) => {
-                if let Response::Done(Err(error)) = response {
-                    tracing::warn!(%error, "a release failed");
-                }
             }
             other => {
                 // A reply to nothing we sent, or an event on a request connection: the stream
@@ -923,9 +879,10 @@ impl Client {
         Ok(Subscription { stream, reader })
     }
 
-    /// Waits for the replies of releases sent by dropped buffers and reports the first error.
+    /// Waits until the daemon has handled the releases of every buffer dropped so far (they
+    /// are sent without a reply) and reports the first that failed since the last flush.
     pub fn flush(&self) -> Result<(), ClientError> {
-        self.connection()?.drain_unacknowledged()
+        self.call_done(Request::Flush)
     }
 
     fn call_done(&self, body: Request) -> Result<(), ClientError> {

@@ -17,7 +17,7 @@ use crate::node::{FetchError, NodeMetrics, TransferMode};
 use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
 
 /// Version of this protocol; a client of another version is refused at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.
@@ -143,6 +143,15 @@ pub enum Request {
         /// Take timestamps from now on.
         record: bool,
     },
+    /// `Release` without a reply (what a client sends when a buffer is dropped): a failure is
+    /// kept for the connection's next `Flush`.
+    ReleaseUnanswered {
+        /// The object.
+        id: ObjectId,
+    },
+    /// Answered once every earlier request of this connection was handled: `Done(Err)` with
+    /// the first failure of a `ReleaseUnanswered` since the last `Flush`, else `Done(Ok)`.
+    Flush,
 }
 
 impl Request {

@@ -156,7 +156,10 @@ struct Row {
 #[derive(Debug, Clone, Serialize)]
 struct Hop {
     hop: &'static str,
+    /// Median over the back-to-back traced fetches.
     p50_us: f64,
+    /// Median over the traced fetches after a pause (every process asleep when one starts).
+    paused_p50_us: f64,
 }
 
 /// A target of the issue, from this run.
@@ -177,6 +180,9 @@ struct PollRun {
     hops_sum_us: f64,
     traced_total_p50_us: f64,
     traced_fetches: usize,
+    paused_hops_sum_us: f64,
+    paused_traced_total_p50_us: f64,
+    paused_traced_fetches: usize,
     /// CPU time of each daemon (holder, requester, the lone daemon) over the idle period, in
     /// percent of one CPU.
     idle_cpu_percent: Vec<f64>,
@@ -344,7 +350,18 @@ fn measure(
     }
 
     eprintln!("  traced fetches: {}...", args.iterations);
-    let traced = traced_fetches(&holder, &requester, fetched, args.iterations)?;
+    let traced = traced_fetches(&holder, &requester, fetched, args.iterations, None)?;
+    eprintln!(
+        "  traced fetches after a {} µs pause: {}...",
+        args.pause_us, args.paused_iterations
+    );
+    let traced_paused = traced_fetches(
+        &holder,
+        &requester,
+        fetched,
+        args.paused_iterations,
+        Some(pause),
+    )?;
 
     eprintln!("  idle for {} s...", args.idle_secs);
     let idle_before = cpu_ticks(&pids);
@@ -400,21 +417,28 @@ fn measure(
         .map(|&(hop, from, to)| Hop {
             hop,
             p50_us: median(traced.iter().filter_map(|t| t.span_us(from, to))),
+            paused_p50_us: median(traced_paused.iter().filter_map(|t| t.span_us(from, to))),
         })
         .collect();
     let hops_sum_us = hops.iter().map(|h| h.p50_us).sum();
-    let traced_total_p50_us = median(
-        traced
-            .iter()
-            .filter_map(|t| t.span_us("client_send", "client_received")),
-    );
+    let paused_hops_sum_us = hops.iter().map(|h| h.paused_p50_us).sum();
+    let total = |traced: &[TracedFetch]| {
+        median(
+            traced
+                .iter()
+                .filter_map(|t| t.span_us("client_send", "client_received")),
+        )
+    };
     Ok(PollRun {
         poll_us,
         rows,
         hops,
         hops_sum_us,
-        traced_total_p50_us,
+        traced_total_p50_us: total(&traced),
         traced_fetches: traced.len(),
+        paused_hops_sum_us,
+        paused_traced_total_p50_us: total(&traced_paused),
+        paused_traced_fetches: traced_paused.len(),
         idle_cpu_percent,
         busy_cpu_percent,
         targets,
@@ -454,6 +478,7 @@ fn traced_fetches(
     requester: &Client,
     id: ObjectId,
     iterations: usize,
+    pause: Option<Duration>,
 ) -> Result<Vec<TracedFetch>, BenchError> {
     holder.trace_stamps(true)?;
     requester.trace_stamps(true)?;
@@ -467,6 +492,9 @@ fn traced_fetches(
     while traced.len() < iterations {
         spans.clear();
         for _ in 0..TRACED_PER_COLLECTION.min(iterations - traced.len()) {
+            if let Some(pause) = pause {
+                std::thread::sleep(pause);
+            }
             let sent = monotonic_ns();
             let object = requester.fetch_one(id, Some(Duration::from_secs(10)))?;
             let received = monotonic_ns();
@@ -561,16 +589,29 @@ fn print_run(args: &BreakdownArgs, run: &PollRun) {
     }
     println!();
     println!(
-        "1 KiB fetch, hop by hop (medians of {} traced fetches, back to back; A = requester's \
-         daemon, B = holder's):",
-        run.traced_fetches
+        "1 KiB fetch, hop by hop (medians of {} traced fetches back to back and {} after a \
+         pause, in µs; A = requester's daemon, B = holder's):",
+        run.traced_fetches, run.paused_traced_fetches
+    );
+    println!(
+        "  {:<42} {:>12} {:>14}",
+        "hop", "back-to-back", "after a pause"
     );
     for hop in &run.hops {
-        println!("  {:<40} {:>8.1} µs", hop.hop, hop.p50_us);
+        println!(
+            "  {:<42} {:>12.1} {:>14.1}",
+            hop.hop, hop.p50_us, hop.paused_p50_us
+        );
     }
     println!(
-        "  {:<40} {:>8.1} µs (median total of the traced fetches: {:.1} µs)",
-        "sum of the hops' medians", run.hops_sum_us, run.traced_total_p50_us
+        "  {:<42} {:>12.1} {:>14.1}",
+        "sum of the hops' medians", run.hops_sum_us, run.paused_hops_sum_us
+    );
+    println!(
+        "  {:<42} {:>12.1} {:>14.1}",
+        "median total of the traced fetches",
+        run.traced_total_p50_us,
+        run.paused_traced_total_p50_us
     );
     println!();
     let percents = |values: &[f64]| {

@@ -117,20 +117,49 @@ impl FrameReader {
         Ok(Some(body))
     }
 
-    /// Reads what the socket holds now, up to `limit` bytes: `Ok(true)` when the limit was
-    /// reached (more may wait), `Closed` at end of stream.
-    fn fill_now(&mut self, stream: &OwnedReadHalf, limit: usize) -> Result<bool, ConnectionEnd> {
+    fn compact(&mut self) {
         if self.start > 0 {
             self.buf.drain(..self.start);
             self.start = 0;
         }
+    }
+
+    /// One read of the socket straight from `fd`, bypassing the runtime's readiness (which may
+    /// still say "not readable"): `Ok(false)` when the socket holds nothing now.
+    fn fill_direct(
+        &mut self,
+        fd: std::os::fd::RawFd,
+        scratch: &mut [u8],
+    ) -> Result<bool, ConnectionEnd> {
+        use nix::sys::socket::{recv, MsgFlags};
+        match recv(fd, scratch, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => Err(ConnectionEnd::Closed),
+            Ok(n) => {
+                self.compact();
+                self.buf.extend_from_slice(&scratch[..n]);
+                Ok(true)
+            }
+            Err(nix::errno::Errno::EAGAIN) => Ok(false),
+            Err(errno) => Err(std::io::Error::from(errno).into()),
+        }
+    }
+
+    /// Reads what the socket holds now, up to `limit` bytes: `Ok(true)` when the limit was
+    /// reached (more may wait), `Closed` at end of stream.
+    fn fill_now(&mut self, stream: &OwnedReadHalf, limit: usize) -> Result<bool, ConnectionEnd> {
+        self.compact();
         let mut taken = 0;
         while taken < limit {
             self.buf.reserve(Self::READ_CHUNK_BYTES);
+            let room = self.buf.capacity() - self.buf.len();
             match stream.try_read_buf(&mut self.buf) {
                 // Whether a frame was cut short is known once the frames read are taken
                 // ([`ClientReader::read_turn`]).
                 Ok(0) => return Err(ConnectionEnd::Closed),
+                // Less than there was room for: the socket held no more just now. The read
+                // that would say so (and clear the runtime's readiness) comes with the next
+                // readiness wait, after this turn's replies are out, not before them.
+                Ok(n) if n < room => return Ok(taken + n >= limit),
                 Ok(n) => taken += n,
                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
                 Err(error) => return Err(error.into()),
@@ -181,6 +210,36 @@ impl ClientReader {
         out: &mut Vec<ClientInput>,
     ) -> (bool, bool) {
         let filled = self.frames.fill_now(&self.half, READ_TURN_BYTES);
+        self.take_frames(client, filled, out)
+    }
+
+    /// One read straight from the socket, while the loop polls a client it just served (no
+    /// readiness wait, no runtime round): `None` when nothing was there, else whether the
+    /// connection is still open. The client's readiness wait stays armed; when it fires for
+    /// bytes read here, the read it leads to finds nothing and re-arms it.
+    pub(super) fn read_direct(
+        &mut self,
+        client: ClientId,
+        scratch: &mut [u8],
+        out: &mut Vec<ClientInput>,
+    ) -> Option<bool> {
+        let stream: &tokio::net::UnixStream = (*self.half).as_ref();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream.as_fd());
+        let filled = match self.frames.fill_direct(fd, scratch) {
+            Ok(false) => return None,
+            Ok(true) => Ok(false),
+            Err(end) => Err(end),
+        };
+        Some(self.take_frames(client, filled, out).0)
+    }
+
+    /// Cuts the bytes read into inputs; `filled` is what reading said.
+    fn take_frames(
+        &mut self,
+        client: ClientId,
+        filled: Result<bool, ConnectionEnd>,
+        out: &mut Vec<ClientInput>,
+    ) -> (bool, bool) {
         loop {
             match self.frames.next_frame() {
                 Ok(Some(body)) => out.push(match decode_request(&self.frames.buf[body]) {

@@ -26,6 +26,13 @@ use super::metrics::{Snapshot, SnapshotRequest};
 /// How often the daemon checks that it is connected to every live node.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
 
+/// Turns in a row the polling loop may take straight from the client it serves before it
+/// looks at every other input (a client that never stops sending cannot starve the rest).
+const MAX_DIRECT_TURNS: u32 = 16;
+
+/// Bytes one direct read of a client's socket takes at most.
+const DIRECT_READ_BYTES: usize = 64 * 1024;
+
 /// The cluster side of the loop's inputs.
 pub(super) struct ClusterInputs {
     pub(super) fabric_events: mpsc::UnboundedReceiver<FabricEvent>,
@@ -51,6 +58,13 @@ pub(super) struct EventLoop {
     metrics_requests: Option<mpsc::Receiver<SnapshotRequest>>,
     /// How long the loop polls for input after its last one before it sleeps.
     poll: crate::poll::AdaptivePoll,
+    /// The client whose request the loop read last: while polling, the loop reads its socket
+    /// directly first (one `recv`, no readiness wait and runtime round in between).
+    hot: Option<ClientId>,
+    /// Turns taken that way in a row.
+    direct_turns: u32,
+    /// Where a direct read lands (allocated once the loop polls).
+    scratch: Vec<u8>,
 }
 
 impl EventLoop {
@@ -81,12 +95,18 @@ impl EventLoop {
             next_client: 1,
             metrics_requests: None,
             poll: crate::poll::AdaptivePoll::new(Duration::ZERO, Duration::ZERO),
+            hot: None,
+            direct_turns: 0,
+            scratch: Vec::new(),
         }
     }
 
     /// Polls for input this long after each one before sleeping ([`crate::poll`]).
     pub(super) fn set_poll(&mut self, poll: crate::poll::AdaptivePoll) {
         self.poll = poll;
+        if !poll.window().is_zero() {
+            self.scratch = vec![0; DIRECT_READ_BYTES];
+        }
     }
 
     /// Answers the metrics exporter's requests from now on.
@@ -153,6 +173,17 @@ impl EventLoop {
             }
             let polls = !self.poll.window().is_zero();
             let polling = polls && std::time::Instant::now() < poll_until;
+            if polling {
+                // A polling round: give the CPU away (to the client, when they share one), then
+                // look at the socket of the client served last, straight.
+                std::thread::yield_now();
+                if self.direct_turns < MAX_DIRECT_TURNS && self.read_hot_client() {
+                    self.direct_turns += 1;
+                    poll_until = std::time::Instant::now() + self.poll.window();
+                    continue;
+                }
+            }
+            self.direct_turns = 0;
             // Whether what ends this wait is an input (not the loop's own timers).
             let mut input = true;
             let mut polled_nothing = false;
@@ -190,10 +221,9 @@ impl EventLoop {
                     // The scraper may have given up; nothing to do then.
                     let _ = answer.send(self.snapshot());
                 }
-                // Last: only when nothing above is ready. Gives the CPU away for a moment, then
-                // the runtime checks every socket and channel without sleeping and runs what
-                // woke.
-                () = poll_once(), if polling => polled_nothing = true,
+                // Last: only when nothing above is ready. The runtime checks every socket and
+                // channel without sleeping and runs what woke.
+                () = runtime_round(), if polling => polled_nothing = true,
             }
             if polls && input && !polled_nothing {
                 let now = std::time::Instant::now();
@@ -268,6 +298,36 @@ impl EventLoop {
                 link.reader.readable(client)
             });
         }
+        self.hot = Some(client);
+        self.serve_turn(turn);
+    }
+
+    /// While polling: one read straight from the socket of the client served last. Whether it
+    /// gave anything (then served, like a turn).
+    fn read_hot_client(&mut self) -> bool {
+        let Some(client) = self.hot else {
+            return false;
+        };
+        let Some(link) = self.effects.clients.get_mut(&client) else {
+            self.hot = None;
+            return false;
+        };
+        let mut turn = std::mem::take(&mut self.turn);
+        // Its readiness wait stays armed (see `read_direct`): nothing to push.
+        if link
+            .reader
+            .read_direct(client, &mut self.scratch, &mut turn)
+            .is_none()
+        {
+            self.turn = turn;
+            return false;
+        }
+        self.serve_turn(turn);
+        true
+    }
+
+    /// Serves the inputs of one read of a client's socket.
+    fn serve_turn(&mut self, mut turn: Vec<ClientInput>) {
         if trace::recording() && turn.iter().any(ClientInput::is_traced) {
             trace::stamp("request_read");
         }
@@ -459,19 +519,18 @@ async fn durable_changed(durable: Option<&mut watch::Receiver<u64>>) -> Option<u
     }
 }
 
-/// One round of polling: gives the CPU away for a moment (to the process this daemon waits
-/// for, when they share a CPU), lets the runtime look for ready I/O without blocking, then
-/// lets it run the tasks that check woke before this loop looks at its inputs again.
+/// One round of the runtime while the loop polls: it looks for ready I/O without blocking,
+/// then runs the tasks that check woke before this loop looks at its inputs again.
 ///
 /// The runtime polls its `block_on` future (this loop) before the tasks an I/O check woke, so
 /// a message read by a fabric connection's reader task reaches this loop's channel only one
 /// yield after the check that found it. With a single yield, a message that arrived while the
 /// loop polled waited for another `sched_yield` and round of the loop before it was handled:
 /// the second yield saves that (a quarter of a back-to-back 1 KiB fetch in `skyriver bench
-/// breakdown` with the CPUs spread). Giving the CPU away first matters when processes share
-/// a CPU: the process this loop just answered (or sent to) runs at once.
-async fn poll_once() {
-    std::thread::yield_now();
+/// breakdown` with the CPUs spread). The loop gives the CPU away (`sched_yield`) before each
+/// round: when processes share a CPU, the process this loop just answered (or sent to) runs at
+/// once.
+async fn runtime_round() {
     // A deferred wake-up: the runtime polls its driver with a zero timeout, then this loop (a
     // client's request is taken here).
     tokio::task::yield_now().await;

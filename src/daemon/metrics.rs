@@ -785,6 +785,11 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             Value::Counter(c.publications_skipped),
         )?;
         out.one(
+            "skyriver_unanswered_release_failures",
+            "Releases of dropped buffers (sent without a reply) that failed.",
+            Value::Counter(c.unanswered_release_failures),
+        )?;
+        out.one(
             "skyriver_cluster_members",
             "Live nodes the directory lists, this one included.",
             gauge(s.members as u64),

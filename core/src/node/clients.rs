@@ -46,6 +46,8 @@ pub struct ClusterMember {
 pub(super) struct ClientSession {
     /// `Hello` was answered: other requests are served.
     welcomed: bool,
+    /// The first failure of an unanswered release since the last `Flush`.
+    release_failure: Option<StoreError>,
 }
 
 /// What the node knows of its cluster, for `nodes` replies.
@@ -117,8 +119,9 @@ impl Node {
     }
 
     /// One request of a local client. Every request gets exactly one [`NodeOutput::Reply`]
-    /// (`get` and `fetch` when they complete); a request before `Hello`, or a `Hello` of another
-    /// protocol version, also closes the connection ([`NodeOutput::CloseClient`]).
+    /// (`get` and `fetch` when they complete), except `ReleaseUnanswered`, which gets none; a
+    /// request before `Hello`, or a `Hello` of another protocol version, also closes the
+    /// connection ([`NodeOutput::CloseClient`]).
     pub fn handle_client_request(&mut self, now: Instant, client: ClientId, frame: RequestFrame) {
         self.advance(now);
         let RequestFrame { request, body } = frame;
@@ -341,6 +344,22 @@ impl Node {
                 return None;
             }
             Request::Release { id } => Response::Done(self.store.release(client, id)),
+            Request::ReleaseUnanswered { id } => {
+                if let Err(error) = self.store.release(client, id) {
+                    self.stats.unanswered_release_failures += 1;
+                    if let Some(session) = self.clients.sessions.get_mut(&client) {
+                        session.release_failure.get_or_insert(error);
+                    }
+                }
+                return None;
+            }
+            Request::Flush => Response::Done(
+                self.clients
+                    .sessions
+                    .get_mut(&client)
+                    .and_then(|session| session.release_failure.take())
+                    .map_or(Ok(()), Err),
+            ),
             Request::Contains { id } => Response::Contains(self.store.contains(&id)),
             Request::Delete { ids } => {
                 self.store.count_requests(0, ids.len() as u64);

@@ -181,6 +181,9 @@ pub struct NodeStats {
     /// Fetched copies removed before their deferred publication was due: neither published
     /// nor withdrawn.
     pub publications_skipped: u64,
+    /// Releases sent without a reply (a dropped buffer's) that failed; each connection's
+    /// first is reported by its next `Flush`.
+    pub unanswered_release_failures: u64,
     /// Object fetches that went straight to remembered holders, skipping the lookup.
     pub location_cache_hits: u64,
     /// Remembered locations that proved wrong (the fetch then asked the directory).

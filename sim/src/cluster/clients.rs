@@ -831,6 +831,7 @@ fn request_line(body: &Request) -> String {
             format!("put {id} {}+{} inline", data.len(), metadata.len())
         }
         Request::Release { id } => format!("release {id}"),
+        Request::ReleaseUnanswered { id } => format!("release {id} unanswered"),
         Request::Contains { id } => format!("contains {id}"),
         Request::Locate { id } => format!("locate {id}"),
         Request::Delete { ids } if ids.len() > 4 => format!("delete {} ids", ids.len()),

@@ -233,3 +233,34 @@ fn a_standalone_node_answers_locate_itself_and_asks_no_directory() {
     );
     assert_eq!(w.count(0, |o| matches!(o, NodeOutput::Directory { .. })), 0);
 }
+
+#[test]
+fn an_unanswered_release_gets_no_reply_and_its_failure_waits_for_the_next_flush() {
+    let mut w = World::new(1, |_| {});
+    w.put(0, 1, 100);
+    let got = w.request(
+        0,
+        Request::Get {
+            ids: vec![id(1)],
+            timeout_ms: Some(0),
+        },
+    );
+    assert!(matches!(got, Some(Response::Got(_))), "{got:?}");
+    let replies_before = w.count(0, |o| matches!(o, NodeOutput::Reply { .. }));
+    // The reference the get took is dropped, silently.
+    assert_eq!(w.request(0, Request::ReleaseUnanswered { id: id(1) }), None);
+    assert_eq!(w.nodes[0].store().list()[0].pin_count, 0);
+    // A second one fails (nothing held): still no reply, but the next flush reports it, once.
+    assert_eq!(w.request(0, Request::ReleaseUnanswered { id: id(1) }), None);
+    assert_eq!(
+        w.count(0, |o| matches!(o, NodeOutput::Reply { .. })),
+        replies_before
+    );
+    assert_eq!(w.nodes[0].stats().unanswered_release_failures, 1);
+    assert_eq!(
+        w.request(0, Request::Flush),
+        Some(Response::Done(Err(StoreError::NotHeld(id(1)))))
+    );
+    assert_eq!(w.request(0, Request::Flush), Some(Response::Done(Ok(()))));
+    w.assert_settled();
+}
