@@ -177,11 +177,9 @@ impl FrameReader {
         }
     }
 
-    /// The next frame; with `poll`, the socket is polled for it first.
-    fn read_frame_polling(&mut self, poll: bool) -> Result<ServerFrame, ClientError> {
-        if poll {
-            self.poll_readable();
-        }
+    /// The next frame, the socket polled for it first.
+    fn read_frame_polling(&mut self) -> Result<ServerFrame, ClientError> {
+        self.poll_readable();
         self.read_frame()
     }
 
@@ -316,12 +314,14 @@ impl Connection {
         self.replies_changed.notify_all();
     }
 
-    /// Waits until `done` holds, reading the socket while no other thread does; with `poll`,
-    /// the reading thread polls the socket for a while before it blocks ([`crate::poll`]).
-    fn wait_until_polling<T>(
+    /// Waits until `done` holds, reading the socket while no other thread does. The reading
+    /// thread polls the socket for a while before it blocks ([`crate::poll`]): every caller,
+    /// a fetch's too, since a small fetch is answered within the polling time, and a caller
+    /// asleep on a CPU that a polling daemon keeps busy waits for it to yield (`bench fetch
+    /// --cpus spread`: a 1 KiB fetch took twice as long when its client slept).
+    fn wait_until<T>(
         &self,
         mut done: impl FnMut(&mut Replies) -> Option<T>,
-        poll: bool,
     ) -> Result<T, ClientError> {
         let mut replies = self.replies();
         loop {
@@ -341,7 +341,7 @@ impl Connection {
                 continue;
             };
             drop(replies);
-            let frame = reader.read_frame_polling(poll);
+            let frame = reader.read_frame_polling();
             replies = self.replies();
             replies.reader = Some(reader);
             match frame {
@@ -359,8 +359,8 @@ impl Connection {
         }
     }
 
-    fn wait_reply(&self, request: RequestId, poll: bool) -> Result<Response, ClientError> {
-        let result = self.wait_until_polling(|replies| replies.arrived.remove(&request), poll);
+    fn wait_reply(&self, request: RequestId) -> Result<Response, ClientError> {
+        let result = self.wait_until(|replies| replies.arrived.remove(&request));
         if result.is_err() {
             self.replies().awaited.remove(&request);
         }
@@ -368,12 +368,8 @@ impl Connection {
     }
 
     fn call(&self, body: Request) -> Result<Response, ClientError> {
-        // A fetch's reply waits on other nodes (tens of microseconds at best): the caller
-        // sleeps at once and leaves the CPUs to the daemons. Local requests are answered in
-        // about a round trip: the caller polls for those.
-        let poll = !matches!(body, Request::Fetch { .. });
         let request = self.send(body, ReplyTo::Caller)?;
-        self.wait_reply(request, poll)
+        self.wait_reply(request)
     }
 
     /// Sends a release the daemon does not answer: a dropped buffer costs one write and no

@@ -5,11 +5,9 @@
 //! an idle virtual CPU, more than the round trip itself. MPI and UCX progress engines poll
 //! for a while instead, and so does Skyriver, but only right after activity: the daemon polls
 //! for `--poll-us` after its last input (then sleeps in `epoll_wait` as before), and a client
-//! polls its socket for up to `SKYRIVER_POLL_US` while it awaits the reply to a local request
-//! (a fetch's reply waits on other nodes: the client sleeps at once and leaves the CPUs to the
-//! daemons). Each poll yields the
-//! CPU (`sched_yield`), so a spinner sharing a CPU with the process it waits for lets it run.
-//! An idle daemon burns nothing; 0 turns polling off.
+//! polls its socket for up to `SKYRIVER_POLL_US` while it awaits a reply (a fetch's too). Each
+//! poll yields the CPU (`sched_yield`), so a spinner sharing a CPU with the process it waits
+//! for lets it run. An idle daemon burns nothing; 0 turns polling off.
 //!
 //! The daemon's window adapts, as KVM's halt polling does: when the loop slept and its next
 //! input came soon after the window ended (within `--poll-max-us` of the last input), the

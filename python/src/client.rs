@@ -492,7 +492,8 @@ impl PyClient {
         })
     }
 
-    /// Waits until the daemon has answered every release sent by buffers that went.
+    /// Waits until the daemon has handled every release sent by buffers that went (they get no
+    /// reply) and raises the first that failed since the last flush.
     fn flush(&self, py: Python<'_>) -> PyResult<()> {
         self.call(py, |client| client.flush())
     }
