@@ -307,3 +307,33 @@ fn a_sealed_writer_kept_as_a_buffer_holds_its_reference() {
     // The deferred delete happened at the release.
     assert!(!client.contains(id(1)).unwrap());
 }
+
+#[test]
+fn thousands_of_dropped_buffers_are_released_without_replies_and_flush_waits_for_them() {
+    let dir = common::test_dir();
+    let daemon = common::start_daemon(dir.path(), 64 << 20);
+    let client = Client::connect(daemon.socket_path()).unwrap();
+    client.put(id(1), b"shared", b"").unwrap();
+    // Each get takes a reference; each drop sends a release the daemon does not answer, so
+    // thousands of them go out back to back, cut anywhere by the socket.
+    let buffers: Vec<_> = (0..5000)
+        .map(|_| client.get_one(id(1), Some(Duration::ZERO)).unwrap())
+        .collect();
+    let held = |client: &Client| {
+        client
+            .list()
+            .unwrap()
+            .into_iter()
+            .find(|s| s.info.id == id(1))
+            .unwrap()
+            .ref_count
+    };
+    assert_eq!(held(&client), 5000);
+    drop(buffers);
+    client.flush().unwrap();
+    assert_eq!(held(&client), 0);
+    // Requests with replies still pair with theirs after the unanswered ones.
+    assert!(client.contains(id(1)).unwrap());
+    let metrics = client.metrics().unwrap();
+    assert_eq!(metrics.counters.unanswered_release_failures, 0);
+}
