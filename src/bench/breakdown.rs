@@ -32,7 +32,9 @@ use skyriver_core::client_protocol::TraceStamp;
 use skyriver_core::ObjectId;
 use skyriver_transport::trace::monotonic_ns;
 
-use super::{baselines, pin_this_thread, BenchError, CaseResult, ChildDaemon, CpuPlacement};
+use super::{
+    baselines, pin_process, pin_this_thread, BenchError, CaseResult, ChildDaemon, CpuPlacement,
+};
 use crate::client::Client;
 use crate::poll::POLL_US_ENV;
 use crate::size::ByteSize;
@@ -50,7 +52,9 @@ pub struct BreakdownArgs {
     /// `SKYRIVER_POLL_US`, one cluster each.
     #[arg(long, value_delimiter = ',', default_value = "0,50")]
     pub poll_us: Vec<u64>,
-    /// `pinned`: this process and the daemons it starts on CPU 0; `spread`: anywhere.
+    /// `pinned`: this process and everything it starts on the first vCPU; `spread`: this
+    /// process and the holder on the first, the requester, the lone daemon and the echo
+    /// servers on the second (every hop crosses vCPUs).
     #[arg(long, value_enum, default_value_t = CpuPlacement::Spread)]
     pub cpus: CpuPlacement,
     /// Back-to-back iterations of each case (per polling time).
@@ -220,6 +224,17 @@ pub(super) fn run(args: &BreakdownArgs) -> Result<(), BenchError> {
         // Puts and gets on a daemon of its own, as `bench local` measures them (a cluster
         // node also publishes each put to the directory).
         let alone = ChildDaemon::start(64 << 20)?;
+        if args.cpus == CpuPlacement::Spread {
+            // As `bench fetch` places them: this process and the holder on the first vCPU,
+            // the requester, the lone daemon and the echo servers on the second, so every hop
+            // crosses vCPUs.
+            let (near, far) = args.cpus.cpus();
+            let daemons = cluster.pids().into_iter().flatten().zip([near, far]);
+            for (pid, cpu) in daemons.chain([(alone.pid(), far)]) {
+                pin_process(pid, cpu)?;
+            }
+            pin_this_thread(near)?;
+        }
         let run = measure(args, poll_us, &cluster, &alone)?;
         print_run(args, &run);
         runs.push(run);
@@ -258,8 +273,11 @@ fn measure(
     let data = vec![0x5au8; OBJECT_BYTES];
     // The raw round trips, their echo threads where the scheduler (or the pinning above) puts
     // them, like any server's.
-    let mut uds = baselines::uds_round_trip(None)?.workers.remove(0);
-    let mut tcp = baselines::tcp_round_trip(1, None)?.workers.remove(0);
+    // The echo servers on the requester's vCPU when spread (pinned: this process's, which
+    // every thread started here inherits).
+    let far = (args.cpus == CpuPlacement::Spread).then(|| args.cpus.cpus().1);
+    let mut uds = baselines::uds_round_trip(far)?.workers.remove(0);
+    let mut tcp = baselines::tcp_round_trip(1, far)?.workers.remove(0);
     let got = object_id(u64::MAX);
     local.put(got, &data, b"")?;
     let fetched = object_id(u64::MAX - 1);
