@@ -271,10 +271,8 @@ fn measure(
     let requester = Client::connect(&cluster.sockets[1])?;
     let local = Client::connect(alone.socket())?;
     let data = vec![0x5au8; OBJECT_BYTES];
-    // The raw round trips, their echo threads where the scheduler (or the pinning above) puts
-    // them, like any server's.
-    // The echo servers on the requester's vCPU when spread (pinned: this process's, which
-    // every thread started here inherits).
+    // The raw round trips' echo servers on the requester's vCPU when spread (pinned: this
+    // process's, which every thread started here inherits).
     let far = (args.cpus == CpuPlacement::Spread).then(|| args.cpus.cpus().1);
     let mut uds = baselines::uds_round_trip(far)?.workers.remove(0);
     let mut tcp = baselines::tcp_round_trip(1, far)?.workers.remove(0);
@@ -320,13 +318,8 @@ fn measure(
                 begin.elapsed()
             }
             _ => {
-                let begin = Instant::now();
-                let object = requester.fetch_one(fetched, Some(Duration::from_secs(10)))?;
-                let took = begin.elapsed();
-                drop(object);
-                requester.flush()?;
-                requester.delete(&[fetched])?;
-                took
+                let (sent, received) = fetch_then_delete(&requester, fetched)?;
+                Duration::from_nanos(received - sent)
             }
         })
     };
@@ -482,6 +475,19 @@ impl TracedFetch {
     }
 }
 
+/// One fetch of the benchmark, timed or traced alike: fetch, release, flush, delete (so the next
+/// fetch moves the bytes again). Returns the `CLOCK_MONOTONIC` nanoseconds of the send and of
+/// the reply's arrival (the clock the daemons stamp with).
+fn fetch_then_delete(requester: &Client, id: ObjectId) -> Result<(u64, u64), BenchError> {
+    let sent = monotonic_ns();
+    let object = requester.fetch_one(id, Some(Duration::from_secs(10)))?;
+    let received = monotonic_ns();
+    drop(object);
+    requester.flush()?;
+    requester.delete(&[id])?;
+    Ok((sent, received))
+}
+
 /// Fetches traced between two collections of the daemons' stamps: few enough that their
 /// stamps fit the daemons' buffers, many enough that collecting stays off the measured path.
 const TRACED_PER_COLLECTION: usize = 64;
@@ -513,13 +519,7 @@ fn traced_fetches(
             if let Some(pause) = pause {
                 std::thread::sleep(pause);
             }
-            let sent = monotonic_ns();
-            let object = requester.fetch_one(id, Some(Duration::from_secs(10)))?;
-            let received = monotonic_ns();
-            drop(object);
-            requester.flush()?;
-            requester.delete(&[id])?;
-            spans.push((sent, received));
+            spans.push(fetch_then_delete(requester, id)?);
         }
         let mut stamps = named("A", requester.trace_stamps(true)?);
         stamps.extend(named("B", holder.trace_stamps(true)?));

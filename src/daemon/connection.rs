@@ -223,9 +223,7 @@ impl ClientReader {
         scratch: &mut [u8],
         out: &mut Vec<ClientInput>,
     ) -> Option<bool> {
-        let stream: &tokio::net::UnixStream = (*self.half).as_ref();
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream.as_fd());
-        let filled = match self.frames.fill_direct(fd, scratch) {
+        let filled = match self.frames.fill_direct(self.raw_fd(), scratch) {
             Ok(false) => return None,
             Ok(true) => Ok(false),
             Err(end) => Err(end),
@@ -275,11 +273,12 @@ impl ClientReader {
 
     /// Stops reading: the socket's read side is shut down, so a pending readiness wait ends.
     pub(super) fn close(&self) {
+        let _ = nix::sys::socket::shutdown(self.raw_fd(), nix::sys::socket::Shutdown::Read);
+    }
+
+    fn raw_fd(&self) -> std::os::fd::RawFd {
         let stream: &tokio::net::UnixStream = (*self.half).as_ref();
-        let _ = nix::sys::socket::shutdown(
-            std::os::fd::AsRawFd::as_raw_fd(&stream.as_fd()),
-            nix::sys::socket::Shutdown::Read,
-        );
+        std::os::fd::AsRawFd::as_raw_fd(&stream.as_fd())
     }
 }
 
