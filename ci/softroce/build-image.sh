@@ -4,7 +4,7 @@
 #
 # The kernel .deb is fetched with `apt-get download` and unpacked into the work
 # folder with `dpkg -x`; it is never installed on the host. Everything goes to
-# $SKYRIVER_VM_WORK (default ${XDG_CACHE_HOME:-/tmp}/skyriver-softroce):
+# $SKYRIVER_VM_WORK (default ${XDG_CACHE_HOME:-${HOME:-/var/tmp}/.cache}/skyriver-softroce):
 #   vmlinuz, vmlinux      the kernel (bzImage, and uncompressed for PVH direct boot)
 #   modroot/lib/modules/<kver>   its depmod'ed modules; the guest bind-mounts them
 #   initrd.img            busybox-static + init.sh + the modules init.sh loads
@@ -19,7 +19,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-WORK=${SKYRIVER_VM_WORK:-${XDG_CACHE_HOME:-/tmp}/skyriver-softroce}
+WORK=${SKYRIVER_VM_WORK:-${XDG_CACHE_HOME:-${HOME:-/var/tmp}/.cache}/skyriver-softroce}
 PROBE_TIMEOUT=${SKYRIVER_VM_PROBE_TIMEOUT:-30}
 
 say() { echo "build-image: $*" >&2; }

@@ -24,7 +24,7 @@
 # failed (the guest kernel log is then printed to stderr); 2 on bad usage.
 #
 # Environment (all optional):
-#   SKYRIVER_VM_WORK      work folder (default ${XDG_CACHE_HOME:-/tmp}/skyriver-softroce)
+#   SKYRIVER_VM_WORK      work folder (default ${XDG_CACHE_HOME:-${HOME:-/var/tmp}/.cache}/skyriver-softroce)
 #   SKYRIVER_VM_TIMEOUT   seconds for the whole run, boot included (default 900)
 #   SKYRIVER_VM_BOOT_TIMEOUT  seconds for the guest to reach the command (default 240
 #                         under TCG, 60 under KVM); a boot that takes longer is retried once
@@ -43,7 +43,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-WORK=${SKYRIVER_VM_WORK:-${XDG_CACHE_HOME:-/tmp}/skyriver-softroce}
+WORK=${SKYRIVER_VM_WORK:-${XDG_CACHE_HOME:-${HOME:-/var/tmp}/.cache}/skyriver-softroce}
 TIMEOUT=${SKYRIVER_VM_TIMEOUT:-900}
 MEM=${SKYRIVER_VM_MEM:-2048}
 NET=${SKYRIVER_VM_NET:-veth}
