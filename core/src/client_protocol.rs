@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::digest::ContentDigest;
 use crate::error::StoreError;
 use crate::ids::{ArenaId, NodeId, ObjectId, RequestId};
 use crate::node::{FetchError, NodeMetrics, TransferMode};
 use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
 
 /// Version of this protocol; a client of another version is refused at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.
@@ -69,12 +70,17 @@ pub enum Request {
         /// Its metadata (stored after the data).
         metadata: Vec<u8>,
     },
-    /// Seal an object this client created; with `release`, drop its reference too.
+    /// Seal an object this client created; with `release`, drop its reference too. On a
+    /// node of a cluster the reply waits for the directory to accept the object's publication:
+    /// an id that live nodes hold with another content is refused (`ObjectExists`) and the
+    /// object aborted.
     Seal {
         /// The object.
         id: ObjectId,
         /// Drop the creator's reference in the same step.
         release: bool,
+        /// The digest of the bytes the client wrote (data, then metadata).
+        digest: ContentDigest,
     },
     /// Drop an unsealed object this client created.
     Abort {
@@ -235,6 +241,8 @@ pub enum Response {
         holders: Vec<NodeId>,
         /// The object's data and metadata sizes, when known.
         sizes: Option<(u64, u64)>,
+        /// The digest of its bytes, with the sizes.
+        digest: Option<ContentDigest>,
     },
     /// Answer to `Trace`: the stamps taken since the last one, oldest first.
     Traced(Vec<TraceStamp>),

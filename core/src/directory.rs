@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::digest::ContentDigest;
 use crate::ids::{NodeId, ObjectId};
 use crate::wire::ObjectSizes;
 
@@ -36,12 +37,16 @@ pub enum DirectoryRequest {
         /// Register a subscription when nobody holds it.
         subscribe: bool,
     },
-    /// This node holds a sealed copy of `id`.
+    /// This node holds a sealed copy of `id`. Refused with [`DirectoryReply::Conflict`] when
+    /// live holders published `id` with other sizes or another digest: one id names one
+    /// content.
     Publish {
         /// The object.
         id: ObjectId,
         /// Its sizes.
         sizes: ObjectSizes,
+        /// The digest of its bytes.
+        digest: ContentDigest,
     },
     /// This node no longer holds `id`.
     Withdraw {
@@ -65,10 +70,10 @@ impl fmt::Display for DirectoryRequest {
                     if *subscribe { ", subscribe" } else { "" }
                 )
             }
-            DirectoryRequest::Publish { id, sizes } => {
+            DirectoryRequest::Publish { id, sizes, digest } => {
                 write!(
                     f,
-                    "Publish{{{id}, size={}+{}}}",
+                    "Publish{{{id}, size={}+{}, digest={digest}}}",
                     sizes.data_size, sizes.metadata_size
                 )
             }
@@ -87,9 +92,19 @@ pub enum DirectoryReply {
         holders: Vec<NodeId>,
         /// Sizes of the object, when any holder published it.
         sizes: Option<ObjectSizes>,
+        /// The digest of its bytes, with the sizes.
+        digest: Option<ContentDigest>,
     },
     /// Answer to `Publish` and `Withdraw`.
     Done,
+    /// Answer to `Publish`: live holders published this id with another content, which keeps
+    /// the id; the publication was refused.
+    Conflict {
+        /// The sizes the id names.
+        sizes: ObjectSizes,
+        /// The digest the id names.
+        digest: ContentDigest,
+    },
     /// The directory could not serve the request; try again later.
     Unavailable {
         /// Why, for logs.
@@ -100,7 +115,11 @@ pub enum DirectoryReply {
 impl fmt::Display for DirectoryReply {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DirectoryReply::Located { holders, sizes } => {
+            DirectoryReply::Located {
+                holders,
+                sizes,
+                digest,
+            } => {
                 write!(f, "Located{{[")?;
                 for (i, holder) in holders.iter().enumerate() {
                     if i > 0 {
@@ -112,9 +131,17 @@ impl fmt::Display for DirectoryReply {
                 if let Some(sizes) = sizes {
                     write!(f, ", size={}+{}", sizes.data_size, sizes.metadata_size)?;
                 }
+                if let Some(digest) = digest {
+                    write!(f, ", digest={digest}")?;
+                }
                 write!(f, "}}")
             }
             DirectoryReply::Done => write!(f, "Done"),
+            DirectoryReply::Conflict { sizes, digest } => write!(
+                f,
+                "Conflict{{size={}+{}, digest={digest}}}",
+                sizes.data_size, sizes.metadata_size
+            ),
             DirectoryReply::Unavailable { reason } => write!(f, "Unavailable{{{reason:?}}}"),
         }
     }
@@ -131,15 +158,22 @@ pub enum DirectoryEvent {
         holder: NodeId,
         /// Its sizes.
         sizes: ObjectSizes,
+        /// The digest of its bytes.
+        digest: ContentDigest,
     },
 }
 
 impl fmt::Display for DirectoryEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DirectoryEvent::Published { id, holder, sizes } => write!(
+            DirectoryEvent::Published {
+                id,
+                holder,
+                sizes,
+                digest,
+            } => write!(
                 f,
-                "Published{{{id}, {holder}, size={}+{}}}",
+                "Published{{{id}, {holder}, size={}+{}, digest={digest}}}",
                 sizes.data_size, sizes.metadata_size
             ),
         }

@@ -12,6 +12,7 @@
 pub mod alloc;
 pub mod auth;
 pub mod client_protocol;
+pub mod digest;
 pub mod directory;
 pub mod error;
 pub mod ids;
@@ -23,6 +24,7 @@ pub mod store;
 pub mod time;
 pub mod wire;
 
+pub use digest::ContentDigest;
 pub use error::StoreError;
 pub use ids::{ArenaId, ClientId, NodeId, ObjectId, RequestId, TransferId};
 pub use node::{

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use crate::digest::ContentDigest;
 use crate::alloc::Allocator;
 use crate::error::StoreError;
 use crate::ids::{ArenaId, ClientId, ObjectId};
@@ -289,7 +290,7 @@ impl Store {
 
     /// Only the creator of an unsealed object may seal or abort it. An unsealed object is in
     /// its creator's `creating` set, and in no other.
-    fn check_creator(&self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
+    pub fn check_creator(&self, client: ClientId, id: ObjectId) -> Result<(), StoreError> {
         let entry = self
             .objects
             .get(&id)
@@ -358,6 +359,29 @@ impl Store {
     /// Whether a sealed object with this id is here.
     pub fn contains(&self, id: &ObjectId) -> bool {
         self.is_sealed(id)
+    }
+
+    /// The sizes of an object that is not sealed yet.
+    pub fn unsealed_sizes(&self, id: &ObjectId) -> Option<crate::wire::ObjectSizes> {
+        let entry = self.objects.get(id).filter(|entry| !entry.sealed)?;
+        Some(crate::wire::ObjectSizes {
+            data_size: entry.data_size,
+            metadata_size: entry.metadata_size,
+        })
+    }
+
+    /// The digest of a sealed object's bytes, when known.
+    pub fn digest(&self, id: &ObjectId) -> Option<ContentDigest> {
+        self.objects.get(id).filter(|entry| entry.sealed)?.digest
+    }
+
+    /// Records the digest of a sealed object's bytes (computed by whoever knows them: the
+    /// client that wrote it, the node that verified a fetched copy, the driver that recovered
+    /// it). Ignored for an object that is not sealed here.
+    pub fn set_digest(&mut self, id: &ObjectId, digest: ContentDigest) {
+        if let Some(entry) = self.objects.get_mut(id).filter(|entry| entry.sealed) {
+            entry.digest = Some(digest);
+        }
     }
 
     /// Information about a sealed object without taking a reference.

@@ -7,13 +7,14 @@
 
 use std::fmt;
 
+use crate::digest::ContentDigest;
 use crate::ids::{ObjectId, TransferId, OBJECT_ID_LEN};
 use crate::region::RemoteRegion;
 
 /// First two bytes of every message.
 pub const MAGIC: [u8; 2] = *b"SR";
 /// Version of this format; a message of another version is refused.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 /// Bytes of the header.
 pub const HEADER_BYTES: usize = 8;
 /// Largest message (header and body) either side sends or accepts.
@@ -30,7 +31,7 @@ pub const MAX_REASON_BYTES: usize = 256;
 pub const MAX_LEASE_MS: u32 = 600_000;
 /// Bytes of an `EagerData` body before its payload; a receive slot of `n` bytes carries at most
 /// `n - HEADER_BYTES - EAGER_FIXED_BYTES` payload bytes.
-pub const EAGER_FIXED_BYTES: usize = 8 * 4 + 4;
+pub const EAGER_FIXED_BYTES: usize = 8 * 5 + 4;
 
 const KIND_FETCH_REQUEST: u8 = 1;
 const KIND_EAGER_DATA: u8 = 2;
@@ -67,6 +68,8 @@ pub struct EagerHeader {
     pub req: TransferId,
     /// Sizes of the whole object.
     pub sizes: ObjectSizes,
+    /// The digest of the whole object's bytes, as the holder sealed it.
+    pub digest: ContentDigest,
     /// Offset of this chunk's payload within the object.
     pub offset: u64,
 }
@@ -98,6 +101,8 @@ pub enum PeerMessage {
         req: TransferId,
         /// Sizes of the object.
         sizes: ObjectSizes,
+        /// The digest of the object's bytes, as the holder sealed it.
+        digest: ContentDigest,
         /// Where the object lies, in order; lengths sum to the object's size.
         regions: Vec<RemoteRegion>,
         /// Keys scoped to this lease, per lane: empty when each region's `rkey` serves every
@@ -172,6 +177,7 @@ impl fmt::Display for PeerMessage {
             PeerMessage::Rendezvous {
                 req,
                 sizes,
+                digest: _,
                 regions,
                 lane_keys,
                 lease_ms,
@@ -272,6 +278,7 @@ pub fn encode(message: &PeerMessage, out: &mut Vec<u8>) {
         PeerMessage::Rendezvous {
             req,
             sizes,
+            digest,
             regions,
             lane_keys,
             lease_ms,
@@ -279,6 +286,7 @@ pub fn encode(message: &PeerMessage, out: &mut Vec<u8>) {
             put_u64(out, req.0);
             put_u64(out, sizes.data_size);
             put_u64(out, sizes.metadata_size);
+            put_u64(out, digest.0);
             put_u32(out, *lease_ms);
             // Encoding is only ever asked of messages the core built within the limits.
             put_u16(
@@ -416,6 +424,7 @@ pub fn decode_in_place(bytes: &[u8]) -> Result<DecodedMessage, WireError> {
         KIND_EAGER_DATA => {
             let req = TransferId(r.u64()?);
             let sizes = r.sizes()?;
+            let digest = ContentDigest(r.u64()?);
             let offset = r.u64()?;
             let payload_len = r.u32()? as usize;
             let payload = InputBytes {
@@ -434,7 +443,12 @@ pub fn decode_in_place(bytes: &[u8]) -> Result<DecodedMessage, WireError> {
             return finish_decoding(
                 &r,
                 DecodedMessage::Eager {
-                    header: EagerHeader { req, sizes, offset },
+                    header: EagerHeader {
+                        req,
+                        sizes,
+                        digest,
+                        offset,
+                    },
                     payload,
                 },
             );
@@ -442,6 +456,7 @@ pub fn decode_in_place(bytes: &[u8]) -> Result<DecodedMessage, WireError> {
         KIND_RENDEZVOUS => {
             let req = TransferId(r.u64()?);
             let sizes = r.sizes()?;
+            let digest = ContentDigest(r.u64()?);
             let lease_ms = r.u32()?;
             if lease_ms == 0 || lease_ms > MAX_LEASE_MS {
                 return Err(invalid(
@@ -494,6 +509,7 @@ pub fn decode_in_place(bytes: &[u8]) -> Result<DecodedMessage, WireError> {
             PeerMessage::Rendezvous {
                 req,
                 sizes,
+                digest,
                 regions,
                 lane_keys,
                 lease_ms,
@@ -596,6 +612,7 @@ fn put_eager_fixed(out: &mut Vec<u8>, header: &EagerHeader, payload_len: usize) 
     put_u64(out, header.req.0);
     put_u64(out, header.sizes.data_size);
     put_u64(out, header.sizes.metadata_size);
+    put_u64(out, header.digest.0);
     put_u64(out, header.offset);
     put_u32(
         out,

@@ -20,6 +20,7 @@ use super::{DirectoryPurpose, Node, NodeOutput, Timer};
 use crate::client_protocol::{
     ArenaInfo, ClusterView, MemberView, Request, RequestFrame, Response, PROTOCOL_VERSION,
 };
+use crate::digest::ContentDigest;
 use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::error::StoreError;
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
@@ -77,8 +78,9 @@ pub(super) struct Clients {
     /// Replies waiting for a durable change: (sequence number needed, reply).
     held: VecDeque<(u64, NodeOutput)>,
     parked_creates: VecDeque<ParkedCreate>,
-    /// Puts whose bytes are being written, sealed by [`Timer::SealPut`]: their objects.
-    sealing_puts: BTreeMap<(ClientId, RequestId), ObjectId>,
+    /// Puts whose bytes are being written, sealed by [`Timer::SealPut`]: their objects and
+    /// digests.
+    sealing_puts: BTreeMap<(ClientId, RequestId), (ObjectId, ContentDigest)>,
     /// Durable changes emitted so far (the last one's sequence number).
     pub(super) persist_emitted: u64,
     /// Durable changes the driver reported done.
@@ -109,6 +111,7 @@ impl Node {
             |(_, output)| !matches!(output, NodeOutput::Reply { client: c, .. } if *c == client),
         );
         self.client_gone(client);
+        self.drop_pending_seals_of(client);
         self.store.disconnect(client);
         self.absorb_store();
     }
@@ -148,7 +151,7 @@ impl Node {
 
     /// Replies now, or once the durable changes made since `durable_before` are durable when
     /// the reply must wait for them.
-    fn reply_once_durable(
+    pub(super) fn reply_once_durable(
         &mut self,
         client: ClientId,
         request: RequestId,
@@ -333,10 +336,18 @@ impl Node {
                     }
                 }
             }
-            Request::Seal { id, release } => {
-                Response::Done(self.store.seal(client, id, release).map(|_| ()))
+            Request::Seal {
+                id,
+                release,
+                digest,
+            } => return self.seal_request(client, request, id, release, digest),
+            Request::Abort { id } => {
+                let result = self.store.abort(client, id);
+                if result.is_ok() {
+                    self.drop_pending_seal(id);
+                }
+                Response::Done(result)
             }
-            Request::Abort { id } => Response::Done(self.store.abort(client, id)),
             Request::Get { ids, timeout_ms } => {
                 self.store.count_requests(ids.len() as u64, 0);
                 self.store
@@ -415,6 +426,7 @@ impl Node {
     ) {
         let (data_size, metadata_size) = (data.len() as u64, metadata.len() as u64);
         debug_assert_eq!(info.region.len, data_size + metadata_size);
+        let digest = ContentDigest::of(&data, &metadata);
         for (start, bytes) in [(0, data), (data_size, metadata)] {
             if !bytes.is_empty() {
                 self.push(NodeOutput::WriteInline {
@@ -424,19 +436,22 @@ impl Node {
                 });
             }
         }
-        self.clients.sealing_puts.insert((client, request), info.id);
+        self.clients
+            .sealing_puts
+            .insert((client, request), (info.id, digest));
         self.set_timer(self.now, Timer::SealPut(client, request));
     }
 
     /// A put's bytes are in place: seal its object and answer the put.
     pub(super) fn seal_put(&mut self, client: ClientId, request: RequestId) {
-        let Some(id) = self.clients.sealing_puts.remove(&(client, request)) else {
+        let Some((id, digest)) = self.clients.sealing_puts.remove(&(client, request)) else {
             return; // the client left; its unsealed object was aborted
         };
         let durable_before = self.store.durable_changes_queued();
-        let sealed = self.store.seal(client, id, true).map(|_| ());
         // The reply first, then what the seal causes (its publication, waiting gets).
-        self.reply_once_durable(client, request, Response::Done(sealed), durable_before);
+        if let Some(response) = self.seal_request(client, request, id, true, digest) {
+            self.reply_once_durable(client, request, response, durable_before);
+        }
         self.absorb_store();
     }
 
@@ -446,6 +461,7 @@ impl Node {
             return Some(Response::Located {
                 holders: info.iter().map(|_| self.config.node).collect(),
                 sizes: info.map(|i| (i.data_size, i.metadata_size)),
+                digest: self.store.digest(&id),
             });
         }
         self.directory(
@@ -471,13 +487,19 @@ impl Node {
             return;
         }
         let response = match reply {
-            DirectoryReply::Located { holders, sizes } => Response::Located {
+            DirectoryReply::Located {
+                holders,
+                sizes,
+                digest,
+            } => Response::Located {
                 holders,
                 sizes: sizes.map(|s| (s.data_size, s.metadata_size)),
+                digest,
             },
-            DirectoryReply::Done => Response::Located {
+            DirectoryReply::Done | DirectoryReply::Conflict { .. } => Response::Located {
                 holders: Vec::new(),
                 sizes: None,
+                digest: None,
             },
             DirectoryReply::Unavailable { reason } => {
                 Response::Error(StoreError::DirectoryUnavailable(reason))

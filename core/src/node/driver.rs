@@ -38,6 +38,8 @@ pub trait NodeDriver {
     fn write_local(&mut self, region: LocalRegion, payload: InputBytes, object: ObjectId);
     /// [`NodeOutput::WriteInline`]: copy `bytes` into the arena now.
     fn write_inline(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId);
+    /// [`NodeOutput::VerifyContent`]: answer with `handle_content_hashed`.
+    fn verify_content(&mut self, transfer: TransferId, region: LocalRegion, object: ObjectId);
     /// [`NodeOutput::Trace`]: reply with the timestamps taken so far (none where there is no
     /// clock, as in the simulator).
     fn trace(&mut self, client: ClientId, request: RequestId, record: bool);
@@ -88,6 +90,11 @@ impl NodeOutput {
                 bytes,
                 object,
             } => driver.write_inline(region, bytes, object),
+            NodeOutput::VerifyContent {
+                transfer,
+                region,
+                object,
+            } => driver.verify_content(transfer, region, object),
             NodeOutput::Trace {
                 client,
                 request,

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use super::locations::Location;
 use super::{spread_key, DirectoryPurpose, FetchError, Node, Timer, TransferMode, FETCH_CLIENT};
+use crate::digest::ContentDigest;
 use crate::client_protocol::Response;
 use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::error::StoreError;
@@ -60,9 +61,10 @@ enum ObjectFetchState {
 #[derive(Debug)]
 pub(super) struct ObjectFetch {
     waiters: BTreeSet<FetchWaiterId>,
-    sizes: Option<ObjectSizes>,
+    /// The sizes and digest the id names, once known.
+    content: Option<(ObjectSizes, ContentDigest)>,
     holders: Vec<NodeId>,
-    /// `holders` and `sizes` came from the location cache, not from the directory this time.
+    /// `holders` and `content` came from the location cache, not from the directory this time.
     from_cache: bool,
     /// How the bytes move (the mode of the client fetch that started this one).
     pub(super) mode: TransferMode,
@@ -186,7 +188,7 @@ impl Node {
                         .filter(|l| l.holders.iter().any(|&h| h != me));
                     let object = ObjectFetch {
                         waiters: BTreeSet::from([waiter_id]),
-                        sizes: cached.as_ref().map(|l| l.sizes),
+                        content: cached.as_ref().map(|l| (l.sizes, l.digest)),
                         holders: cached.as_ref().map_or_else(Vec::new, |l| {
                             l.holders.iter().copied().filter(|&h| h != me).collect()
                         }),
@@ -243,18 +245,29 @@ impl Node {
             return;
         }
         match reply {
-            DirectoryReply::Located { holders, sizes } => {
+            DirectoryReply::Located {
+                holders,
+                sizes,
+                digest,
+            } => {
                 object.directory_attempts = 0;
                 let mut holders: Vec<NodeId> = holders.into_iter().filter(|&h| h != me).collect();
                 holders.sort();
                 holders.dedup();
                 let waits = object.waits_for_publication(&self.waiters);
-                match sizes {
-                    Some(sizes) if !holders.is_empty() => {
-                        object.sizes = Some(sizes);
+                match sizes.zip(digest) {
+                    Some((sizes, digest)) if !holders.is_empty() => {
+                        object.content = Some((sizes, digest));
                         object.holders = holders.clone();
                         object.from_cache = false;
-                        self.locations.insert(id, Location { holders, sizes });
+                        self.locations.insert(
+                            id,
+                            Location {
+                                holders,
+                                sizes,
+                                digest,
+                            },
+                        );
                         self.choose_source(id);
                     }
                     _ => {
@@ -269,7 +282,9 @@ impl Node {
                     }
                 }
             }
-            DirectoryReply::Done | DirectoryReply::Unavailable { .. } => {
+            DirectoryReply::Done
+            | DirectoryReply::Conflict { .. }
+            | DirectoryReply::Unavailable { .. } => {
                 let reason = match reply {
                     DirectoryReply::Unavailable { reason } => reason,
                     _ => "unexpected reply to a lookup".into(),
@@ -286,14 +301,20 @@ impl Node {
         }
     }
 
-    pub(super) fn object_published(&mut self, id: ObjectId, holder: NodeId, sizes: ObjectSizes) {
+    pub(super) fn object_published(
+        &mut self,
+        id: ObjectId,
+        holder: NodeId,
+        sizes: ObjectSizes,
+        digest: ContentDigest,
+    ) {
         let Some(object) = self.objects.get_mut(&id) else {
             return;
         };
         if object.state != ObjectFetchState::AwaitingPublication || holder == self.config.node {
             return;
         }
-        object.sizes = Some(sizes);
+        object.content = Some((sizes, digest));
         object.holders = vec![holder];
         object.from_cache = false;
         self.cancel_timer(Timer::PublicationGrace(id));
@@ -302,6 +323,7 @@ impl Node {
             Location {
                 holders: vec![holder],
                 sizes,
+                digest,
             },
         );
         self.choose_source(id);
@@ -417,7 +439,7 @@ impl Node {
                 self.admission.pop_front();
                 continue;
             };
-            let sizes = object.sizes.expect("queued objects have sizes");
+            let (sizes, digest) = object.content.expect("queued objects have sizes");
             if !self.peers.get(&source).is_some_and(|p| p.connected) {
                 self.admission.pop_front();
                 self.source_failed(id, source, format!("{source} disconnected while queued"));
@@ -444,7 +466,7 @@ impl Node {
                     let object = self.objects.get_mut(&id).expect("checked above");
                     object.attempts += 1;
                     let mode = object.mode;
-                    let tid = self.start_transfer(id, source, sizes, info, mode);
+                    let tid = self.start_transfer(id, source, (sizes, digest), info, mode);
                     let object = self.objects.get_mut(&id).expect("checked above");
                     object.state = ObjectFetchState::Transferring(tid);
                 }

@@ -3,11 +3,12 @@
 //!
 //! Objects are immutable but not eternal: a holder may have deleted or evicted its copy since.
 //! A cached location is therefore only a first guess. The fetch manager drops the entry and
-//! asks the directory as soon as a holder it names fails (not found, sizes differ, busy,
+//! asks the directory as soon as a holder it names fails (not found, content differs, busy,
 //! disconnected), so a stale entry costs one round trip, never a failed fetch.
 
 use std::collections::BTreeMap;
 
+use crate::digest::ContentDigest;
 use crate::ids::{NodeId, ObjectId};
 use crate::wire::ObjectSizes;
 
@@ -16,6 +17,7 @@ use crate::wire::ObjectSizes;
 pub(super) struct Location {
     pub(super) holders: Vec<NodeId>,
     pub(super) sizes: ObjectSizes,
+    pub(super) digest: ContentDigest,
 }
 
 #[derive(Debug)]
@@ -127,6 +129,7 @@ mod tests {
                 data_size: size,
                 metadata_size: 0,
             },
+            digest: ContentDigest(size),
         }
     }
 

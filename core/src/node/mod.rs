@@ -26,6 +26,7 @@ mod locations;
 mod metrics;
 mod output;
 mod publications;
+mod sealing;
 pub mod threshold;
 mod timers;
 mod transfer;
@@ -38,6 +39,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::client_protocol::Response;
+use crate::digest::ContentDigest;
 use crate::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
 use crate::store::{
@@ -135,6 +137,11 @@ pub struct Node {
     /// Copies a transfer sealed whose seal the node has not absorbed yet (their publication is
     /// deferred).
     sealed_copies: BTreeSet<ObjectId>,
+    /// Client seals waiting for the directory's verdict on their publication.
+    pending_seals: BTreeMap<ObjectId, sealing::PendingSeal>,
+    /// Objects whose publication was accepted before their seal, which the node has not
+    /// absorbed yet (not to be published again).
+    published_at_seal: BTreeSet<ObjectId>,
     timers: timers::Timers<Timer>,
     outputs: VecDeque<NodeOutput>,
     next_waiter: u64,
@@ -172,6 +179,8 @@ impl Node {
             directory_ops: BTreeMap::new(),
             publications: BTreeMap::new(),
             sealed_copies: BTreeSet::new(),
+            pending_seals: BTreeMap::new(),
+            published_at_seal: BTreeSet::new(),
             timers: timers::Timers::default(),
             outputs: VecDeque::new(),
             next_waiter: 0,
@@ -405,6 +414,13 @@ impl Node {
         self.absorb_store();
     }
 
+    /// The driver's answer to [`NodeOutput::VerifyContent`]: what the copy's bytes hash to.
+    pub fn handle_content_hashed(&mut self, now: Instant, transfer: TransferId, actual: ContentDigest) {
+        self.advance(now);
+        self.content_hashed(transfer, actual);
+        self.absorb_store();
+    }
+
     /// The fabric's answer to [`NodeOutput::RevokeRead`]: the lease's keys reach nothing any
     /// more, so its object is unpinned.
     pub fn handle_read_revoked(&mut self, now: Instant, peer: NodeId, req: TransferId) {
@@ -461,9 +477,12 @@ impl Node {
     pub fn handle_directory_event(&mut self, now: Instant, event: DirectoryEvent) {
         self.advance(now);
         match event {
-            DirectoryEvent::Published { id, holder, sizes } => {
-                self.object_published(id, holder, sizes)
-            }
+            DirectoryEvent::Published {
+                id,
+                holder,
+                sizes,
+                digest,
+            } => self.object_published(id, holder, sizes, digest),
         }
         self.absorb_store();
     }
@@ -687,10 +706,18 @@ impl Node {
                         data_size,
                         metadata_size,
                     };
-                    if self.sealed_copies.remove(&id) {
-                        self.want_replica_publication(id, sizes);
+                    let copy = self.sealed_copies.remove(&id);
+                    if self.published_at_seal.remove(&id) {
+                        // Published before the seal (see `sealing`).
+                    } else if let Some(digest) = self.store.digest(&id) {
+                        if copy {
+                            self.want_replica_publication(id, sizes, digest);
+                        } else {
+                            self.want_publication(id, Want::Publish(sizes, digest));
+                        }
                     } else {
-                        self.want_publication(id, Want::Publish(sizes));
+                        // Recovered without a digest: it stays local, never published.
+                        self.stats.unpublished_without_digest += 1;
                     }
                     self.sealed_locally(id);
                 }

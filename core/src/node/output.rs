@@ -68,6 +68,18 @@ pub enum NodeOutput {
         /// The object being written (for logs and traces).
         object: ObjectId,
     },
+    /// Hash the bytes of `region` (a fetched copy, every byte in) with
+    /// [`ContentDigest::of_contiguous`](crate::digest::ContentDigest::of_contiguous) and answer
+    /// with [`Node::handle_content_hashed`](super::Node::handle_content_hashed); the copy is
+    /// sealed only if they match the id's digest.
+    VerifyContent {
+        /// The transfer.
+        transfer: TransferId,
+        /// The copy's bytes (data then metadata).
+        region: LocalRegion,
+        /// The object (for logs and traces).
+        object: ObjectId,
+    },
     /// Answer a client's [`Request::Trace`](crate::client_protocol::Request::Trace) with the
     /// driver's timestamps (the core has no clock), and take them from now on when `record`.
     Trace {
@@ -181,6 +193,15 @@ pub struct NodeStats {
     /// Fetched copies removed before their deferred publication was due: neither published
     /// nor withdrawn.
     pub publications_skipped: u64,
+    /// Publications the directory refused because live nodes hold the id with another content
+    /// (a seal then fails with `ObjectExists`, or a copy sealed during a directory outage
+    /// stays local).
+    pub id_conflicts: u64,
+    /// Fetched copies whose bytes did not hash to the digest the id names (each failed its
+    /// source; the fetch went on elsewhere).
+    pub digest_mismatches: u64,
+    /// Sealed objects with no digest (recovered without one): kept here, never published.
+    pub unpublished_without_digest: u64,
     /// Releases sent without a reply (a dropped buffer's) that failed; each connection's
     /// first is reported by its next `Flush`.
     pub unanswered_release_failures: u64,

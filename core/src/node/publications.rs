@@ -9,14 +9,16 @@
 //!
 //! [`NodeConfig::replica_publication_delay`]: super::NodeConfig::replica_publication_delay
 
+use super::sealing::Verdict;
 use super::{DirectoryPurpose, Node, Timer};
+use crate::digest::ContentDigest;
 use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::ids::ObjectId;
 use crate::wire::ObjectSizes;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Want {
-    Publish(ObjectSizes),
+    Publish(ObjectSizes, ContentDigest),
     Withdraw,
 }
 
@@ -42,7 +44,7 @@ impl Node {
             && self
                 .publications
                 .get(&id)
-                .is_some_and(|p| !p.sent && matches!(p.want, Want::Publish(_)))
+                .is_some_and(|p| !p.sent && matches!(p.want, Want::Publish(..)))
         {
             // A deferred publication of a copy removed before it was due: the directory never
             // heard of the copy, and need not.
@@ -63,16 +65,21 @@ impl Node {
 
     /// A copy fetched here was sealed: publish it after the configured delay (at once when the
     /// delay is zero, or when an earlier want of the object is still on its way).
-    pub(super) fn want_replica_publication(&mut self, id: ObjectId, sizes: ObjectSizes) {
+    pub(super) fn want_replica_publication(
+        &mut self,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        digest: ContentDigest,
+    ) {
         let delay = self.config.replica_publication_delay;
         if self.config.standalone || delay.is_zero() || self.publications.contains_key(&id) {
-            self.want_publication(id, Want::Publish(sizes));
+            self.want_publication(id, Want::Publish(sizes, digest));
             return;
         }
         self.publications.insert(
             id,
             Publication {
-                want: Want::Publish(sizes),
+                want: Want::Publish(sizes, digest),
                 op: None,
                 attempts: 0,
                 sent: false,
@@ -86,7 +93,7 @@ impl Node {
             return;
         };
         let request = match publication.want {
-            Want::Publish(sizes) => DirectoryRequest::Publish { id, sizes },
+            Want::Publish(sizes, digest) => DirectoryRequest::Publish { id, sizes, digest },
             Want::Withdraw => DirectoryRequest::Withdraw { id },
         };
         if let Some(old) = publication.op {
@@ -117,6 +124,12 @@ impl Node {
         match reply {
             DirectoryReply::Done | DirectoryReply::Located { .. } => {
                 self.publications.remove(&id);
+                self.seal_verdict(id, Verdict::Accepted);
+            }
+            DirectoryReply::Conflict { .. } => {
+                self.publications.remove(&id);
+                self.stats.id_conflicts += 1;
+                self.seal_verdict(id, Verdict::Refused);
             }
             DirectoryReply::Unavailable { .. } => {
                 if publication.attempts >= self.config.max_directory_attempts {
@@ -126,6 +139,7 @@ impl Node {
                     let at = self.now + self.config.retry_backoff * publication.attempts;
                     self.set_timer(at, Timer::Publication(id));
                 }
+                self.seal_verdict(id, Verdict::Unknown);
             }
         }
     }

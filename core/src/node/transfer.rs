@@ -3,9 +3,11 @@
 //! Requester R, for one object it created locally (unsealed, owned by [`FETCH_CLIENT`]):
 //!
 //! ```text
-//! AwaitingReply ──EagerData──► ReceivingEager ──last chunk written──► Sealing ──► sealed
+//! AwaitingReply ──EagerData──► ReceivingEager ──last chunk written──► Sealing ──► Verifying
 //!       │──Rendezvous──► Reading (sliced READs, bounded window, lanes round-robin)
-//!       │                   └─ all READs done ──► Finish, sealed
+//!       │                   └─ all READs done ──► Finish, Verifying
+//!       │     Verifying ──bytes hash to the id's digest──► sealed
+//!       │               └─ another digest ──► aborted, next source
 //!       │                   └─ READ error / lost connection / lease about to end
 //!       │                          ──► Draining (wait for posted READs) ──► Finish, aborted
 //!       └─ NotFound / Busy / Error / timeout / lost connection ──► aborted, next source
@@ -16,6 +18,12 @@
 //! counts the lease from the moment it sent the request (earlier than the holder's start), less
 //! a margin, and gives up on the transfer if the READs are not done by then. So every byte R
 //! seals was read while the holder had the object pinned.
+//!
+//! Every copy is verified before its seal: the driver hashes the bytes that landed
+//! ([`NodeOutput::VerifyContent`]) and the copy is sealed only when they hash to the digest the
+//! directory named for the id (which the holder's reply must name too). A transfer damaged on
+//! the way, or a holder with another content under the id, fails that source, never yields
+//! other bytes.
 //!
 //! Holder H: a small object goes out as `EagerData` chunks gathered by the driver at once. A
 //! large one is pinned under a lease:
@@ -34,6 +42,7 @@ use super::{
     Node, NodeOutput, ReadError, ReadGrant, ReadOpId, Timer, TransferMode, TransferPath,
     FETCH_CLIENT,
 };
+use crate::digest::ContentDigest;
 use crate::ids::{NodeId, ObjectId, TransferId};
 use crate::region::{LocalRegion, RemoteRegion};
 use crate::store::ObjectInfo;
@@ -49,9 +58,13 @@ enum IncomingState {
     ReceivingEager {
         received: u64,
     },
-    /// Every byte is written out; sealed on the next step, after the driver carried out the
+    /// Every byte is written out; verified on the next step, after the driver carried out the
     /// writes.
     Sealing,
+    /// Every byte is in; the driver is hashing them (`VerifyContent`).
+    Verifying {
+        path: TransferPath,
+    },
     Reading {
         regions: Vec<RemoteRegion>,
         /// The lease's per-lane keys (see `PeerMessage::Rendezvous`); empty: each region's.
@@ -75,6 +88,8 @@ pub(super) struct Incoming {
     pub(super) source: NodeId,
     local: ObjectInfo,
     sizes: ObjectSizes,
+    /// The digest the id names: the copy is sealed only if its bytes hash to it.
+    digest: ContentDigest,
     pub(super) block_len: u64,
     requested_at: Instant,
     state: IncomingState,
@@ -89,6 +104,7 @@ impl Incoming {
             IncomingState::Reading { .. } | IncomingState::Draining { .. } => {
                 TransferPath::Rendezvous
             }
+            IncomingState::Verifying { path } => path,
         }
     }
 
@@ -110,6 +126,7 @@ impl Incoming {
                 )
             }
             IncomingState::Sealing => "sealing".into(),
+            IncomingState::Verifying { .. } => "verifying the bytes against the digest".into(),
             IncomingState::Reading {
                 done_bytes,
                 outstanding,
@@ -142,7 +159,11 @@ pub(super) struct Lease {
 pub(super) enum LeaseState {
     /// `GrantRead` went out; the `Rendezvous` waits for the fabric's keys. `ended`: `Finish`
     /// or the lease's end came first, so the grant is revoked as soon as it is answered.
-    Granting { sizes: ObjectSizes, ended: bool },
+    Granting {
+        sizes: ObjectSizes,
+        digest: ContentDigest,
+        ended: bool,
+    },
     /// The reader has the keys.
     Granted,
     /// `RevokeRead` went out; unpinned when the fabric confirms no READ can reach the object.
@@ -155,7 +176,7 @@ impl Node {
         &mut self,
         id: ObjectId,
         source: NodeId,
-        sizes: ObjectSizes,
+        (sizes, digest): (ObjectSizes, ContentDigest),
         local: ObjectInfo,
         mode: TransferMode,
     ) -> TransferId {
@@ -179,6 +200,7 @@ impl Node {
                 source,
                 local,
                 sizes,
+                digest,
                 block_len,
                 requested_at: self.now,
                 state: IncomingState::AwaitingReply,
@@ -215,6 +237,7 @@ impl Node {
             (
                 PeerMessage::Rendezvous {
                     sizes,
+                    digest,
                     regions,
                     lane_keys,
                     lease_ms,
@@ -222,13 +245,15 @@ impl Node {
                 },
                 IncomingState::AwaitingReply,
             ) => {
-                if sizes != transfer.sizes {
+                if sizes != transfer.sizes || digest != transfer.digest {
                     let why = format!(
-                        "holder has size {}+{}, the directory said {}+{}",
+                        "holder has size {}+{} and digest {digest}, the directory said {}+{} \
+                         and {}",
                         sizes.data_size,
                         sizes.metadata_size,
                         transfer.sizes.data_size,
-                        transfer.sizes.metadata_size
+                        transfer.sizes.metadata_size,
+                        transfer.digest
                     );
                     self.send(peer, PeerMessage::Finish { req: tid });
                     self.fail_transfer(tid, why);
@@ -302,14 +327,20 @@ impl Node {
             IncomingState::ReceivingEager { received } => received,
             _ => 0,
         };
-        if header.sizes != transfer.sizes || header.offset != received {
+        if header.sizes != transfer.sizes
+            || header.digest != transfer.digest
+            || header.offset != received
+        {
             let why = format!(
-                "eager chunk at {} of size {}+{}, expected at {received} of {}+{}",
+                "eager chunk at {} of size {}+{} and digest {}, expected at {received} of {}+{} \
+                 and {}",
                 header.offset,
                 header.sizes.data_size,
                 header.sizes.metadata_size,
+                header.digest,
                 transfer.sizes.data_size,
-                transfer.sizes.metadata_size
+                transfer.sizes.metadata_size,
+                transfer.digest
             );
             self.fail_transfer(tid, why);
             return;
@@ -436,7 +467,7 @@ impl Node {
                         *done_bytes += len;
                         if *done_bytes == total {
                             self.send(source, PeerMessage::Finish { req: tid });
-                            self.end_transfer(tid, Ok(()));
+                            self.verify(tid, TransferPath::Rendezvous);
                         } else {
                             self.post_reads(tid);
                         }
@@ -479,7 +510,7 @@ impl Node {
             // Already failing; the first reason stands.
             IncomingState::Draining { .. } => {}
             // Every byte is written; a late failure cannot unwrite them.
-            IncomingState::Sealing => {}
+            IncomingState::Sealing | IncomingState::Verifying { .. } => {}
             IncomingState::AwaitingReply | IncomingState::ReceivingEager { .. } => {
                 self.end_transfer(tid, Err(reason))
             }
@@ -495,7 +526,9 @@ impl Node {
                 "no complete reply from the holder in time"
             }
             IncomingState::Reading { .. } => "READs not done before the holder's lease would end",
-            IncomingState::Sealing | IncomingState::Draining { .. } => return,
+            IncomingState::Sealing
+            | IncomingState::Verifying { .. }
+            | IncomingState::Draining { .. } => return,
         };
         self.fail_transfer(tid, why.into());
     }
@@ -506,7 +539,39 @@ impl Node {
             .get(&tid)
             .is_some_and(|t| matches!(t.state, IncomingState::Sealing))
         {
+            self.verify(tid, TransferPath::Eager);
+        }
+    }
+
+    /// Every byte of `tid` is in: the driver hashes them.
+    fn verify(&mut self, tid: TransferId, path: TransferPath) {
+        let transfer = self.transfers.get_mut(&tid).expect("verifying a live transfer");
+        transfer.state = IncomingState::Verifying { path };
+        let (region, object) = (transfer.local.region, transfer.id);
+        self.push(NodeOutput::VerifyContent {
+            transfer: tid,
+            region,
+            object,
+        });
+    }
+
+    /// The driver hashed the bytes of transfer `tid` (see [`NodeOutput::VerifyContent`]).
+    pub(super) fn content_hashed(&mut self, tid: TransferId, actual: ContentDigest) {
+        let Some(transfer) = self.transfers.get(&tid) else {
+            return;
+        };
+        if !matches!(transfer.state, IncomingState::Verifying { .. }) {
+            return; // a driver bug; nothing was asked
+        }
+        if actual == transfer.digest {
             self.end_transfer(tid, Ok(()));
+        } else {
+            self.stats.digest_mismatches += 1;
+            let why = format!(
+                "the bytes from {} hash to {actual}, not to the id's digest {}",
+                transfer.source, transfer.digest
+            );
+            self.end_transfer(tid, Err(why));
         }
     }
 
@@ -552,6 +617,7 @@ impl Node {
                 self.store
                     .seal(FETCH_CLIENT, transfer.id, true)
                     .expect("the fetch client seals its own object");
+                self.store.set_digest(&transfer.id, transfer.digest);
                 self.sealed_copies.insert(transfer.id);
                 self.transfer_sealed(transfer.id);
             }
@@ -590,6 +656,11 @@ impl Node {
             self.refuse(peer, PeerMessage::NotFound { req });
             return;
         };
+        let Some(digest) = self.store.digest(&id) else {
+            // Recovered without a digest: never published, so nobody should ask for it.
+            self.refuse(peer, PeerMessage::NotFound { req });
+            return;
+        };
         let total = info.region.len;
         let sizes = ObjectSizes {
             data_size: info.data_size,
@@ -611,7 +682,12 @@ impl Node {
             let mut offset = 0;
             loop {
                 let len = chunk.min(total - offset);
-                let header = EagerHeader { req, sizes, offset };
+                let header = EagerHeader {
+                    req,
+                    sizes,
+                    digest,
+                    offset,
+                };
                 self.push(NodeOutput::SendEager {
                     peer,
                     header,
@@ -650,6 +726,7 @@ impl Node {
                 expires,
                 state: LeaseState::Granting {
                     sizes,
+                    digest,
                     ended: false,
                 },
             },
@@ -673,7 +750,12 @@ impl Node {
         let Some(lease) = self.leases.get_mut(&(peer, req)) else {
             return;
         };
-        let LeaseState::Granting { sizes, ended } = lease.state else {
+        let LeaseState::Granting {
+            sizes,
+            digest,
+            ended,
+        } = lease.state
+        else {
             return; // answered already; a driver bug, but nothing to undo
         };
         let (id, region) = (lease.id, lease.region);
@@ -720,6 +802,7 @@ impl Node {
             PeerMessage::Rendezvous {
                 req,
                 sizes,
+                digest,
                 regions: vec![remote],
                 lane_keys,
                 lease_ms,

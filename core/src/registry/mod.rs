@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use holders::HolderIndex;
 
+use crate::digest::ContentDigest;
 use crate::auth::{self, Nonce, NonceSource, Proof, Role};
 use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo};
 use crate::ids::{NodeId, ObjectId};
@@ -473,7 +474,9 @@ impl Registry {
         let mut fired = Vec::new();
         let reply = match request {
             DirectoryRequest::Lookup { id, subscribe } => self.lookup(node, id, subscribe),
-            DirectoryRequest::Publish { id, sizes } => self.publish(node, id, sizes, &mut fired),
+            DirectoryRequest::Publish { id, sizes, digest } => {
+                self.publish(node, id, sizes, digest, &mut fired)
+            }
             DirectoryRequest::Withdraw { id } => {
                 self.withdraw(node, id);
                 Some(DirectoryReply::Done)
@@ -615,7 +618,7 @@ impl Registry {
     pub fn holders_of(&self, id: &ObjectId) -> Vec<NodeId> {
         self.holders
             .get(id)
-            .map(|h| h.iter().map(|(node, _)| node).collect())
+            .map(|h| h.iter().map(|node| node).collect())
             .unwrap_or_default()
     }
 
@@ -630,7 +633,7 @@ impl Registry {
     pub fn locations(&self) -> impl Iterator<Item = (NodeId, ObjectId)> + '_ {
         self.holders
             .iter()
-            .flat_map(|(id, h)| h.iter().map(move |(node, _)| (node, *id)))
+            .flat_map(|(id, h)| h.iter().map(move |node| (node, *id)))
     }
 
     /// Asserts the registry's internal consistency (a bug if it fails).
@@ -639,7 +642,7 @@ impl Registry {
         self.holders.check_invariants();
         for (id, holders) in self.holders.iter() {
             let mut previous = None;
-            for (node, _) in holders.iter() {
+            for node in holders.iter() {
                 assert!(
                     self.members.contains_key(&node),
                     "{node} holding {id} is a member"
@@ -745,11 +748,8 @@ impl Registry {
     }
 
     fn lookup(&mut self, node: NodeId, id: ObjectId, subscribe: bool) -> Option<DirectoryReply> {
-        let (holders, sizes) = match self.holders.get(&id) {
-            Some(holders) => (
-                holders.iter().map(|(holder, _)| holder).collect(),
-                holders.iter().next().map(|(_, sizes)| sizes),
-            ),
+        let (holders, content) = match self.holders.get(&id) {
+            Some(holders) => (holders.iter().collect(), Some(holders.content())),
             None => (Vec::new(), None),
         };
         if holders.is_empty() && subscribe {
@@ -768,7 +768,11 @@ impl Registry {
             member.subscribed.insert(id);
             self.subscribers.entry(id).or_default().insert(node);
         }
-        Some(DirectoryReply::Located { holders, sizes })
+        Some(DirectoryReply::Located {
+            holders,
+            sizes: content.map(|(sizes, _)| sizes),
+            digest: content.map(|(_, digest)| digest),
+        })
     }
 
     fn publish(
@@ -776,6 +780,7 @@ impl Registry {
         node: NodeId,
         id: ObjectId,
         sizes: ObjectSizes,
+        digest: ContentDigest,
         fired: &mut Vec<RegistryOutput>,
     ) -> Option<DirectoryReply> {
         let limit = self.config.limits.max_publications_per_node;
@@ -789,7 +794,12 @@ impl Registry {
                 reason: format!("{node} published {limit} objects, the most the directory keeps"),
             });
         }
-        self.holders.publish(id, node, sizes);
+        if let Err(conflict) = self.holders.publish(id, node, sizes, digest) {
+            return Some(DirectoryReply::Conflict {
+                sizes: conflict.sizes,
+                digest: conflict.digest,
+            });
+        }
         if !listed {
             member.published += 1;
         }
@@ -798,6 +808,7 @@ impl Registry {
                 id,
                 holder: node,
                 sizes,
+                digest,
             };
             for subscriber in subscribers {
                 if let Some(member) = self.members.get_mut(&subscriber) {

@@ -26,6 +26,7 @@ use crate::auth::{self, Nonce, NonceSource, Role};
 use crate::directory::{
     DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
 };
+use crate::digest::ContentDigest;
 use crate::ids::ObjectId;
 use crate::sorted_chunks::SortedChunks;
 use crate::time::Instant;
@@ -117,9 +118,11 @@ enum Origin {
     Driver {
         op: DirectoryOpId,
         subscribe_to: Option<ObjectId>,
+        /// The object of a `Publish`.
+        publishes: Option<ObjectId>,
     },
     /// A publication re-sent after connecting.
-    Republish,
+    Republish(ObjectId),
     /// A subscription re-registered after connecting.
     Resubscribe(ObjectId),
 }
@@ -153,7 +156,7 @@ enum Link {
 pub struct ReplayState {
     /// What the node holds, as its core last said (one entry per object of the node, so in
     /// chunks that stay nearly full).
-    pub publications: SortedChunks<ObjectId, ObjectSizes>,
+    pub publications: SortedChunks<ObjectId, (ObjectSizes, ContentDigest)>,
     /// Objects the node waits for (subscriptions the registry holds, or will after replay).
     pub subscriptions: BTreeSet<ObjectId>,
 }
@@ -234,7 +237,7 @@ impl DirectorySession {
     pub fn replaying(&self) -> bool {
         self.in_flight
             .values()
-            .any(|o| matches!(o, Origin::Republish | Origin::Resubscribe(_)))
+            .any(|o| matches!(o, Origin::Republish(_) | Origin::Resubscribe(_)))
     }
 
     /// Whether the session waits for `id` to be published.
@@ -262,9 +265,10 @@ impl DirectorySession {
             return;
         }
         let mut subscribe_to = None;
+        let mut publishes = None;
         match request {
             DirectoryRequest::Lookup { id, subscribe } => subscribe_to = subscribe.then_some(id),
-            DirectoryRequest::Publish { id, sizes } => {
+            DirectoryRequest::Publish { id, sizes, digest } => {
                 if self.replay.publications.len() >= self.config.max_publications
                     && !self.replay.publications.contains_key(&id)
                 {
@@ -278,7 +282,8 @@ impl DirectorySession {
                         },
                     );
                 }
-                self.replay.publications.insert(id, sizes);
+                self.replay.publications.insert(id, (sizes, digest));
+                publishes = Some(id);
             }
             DirectoryRequest::Withdraw { id } => {
                 self.replay.publications.remove(&id);
@@ -301,7 +306,14 @@ impl DirectorySession {
                 },
             );
         }
-        self.send(Some(Origin::Driver { op, subscribe_to }), request);
+        self.send(
+            Some(Origin::Driver {
+                op,
+                subscribe_to,
+                publishes,
+            }),
+            request,
+        );
     }
 
     /// The connection the session asked for is open: the hello goes out.
@@ -538,16 +550,16 @@ impl DirectorySession {
         };
         self.backoff = self.config.reconnect_backoff_min;
         // Re-register what the registry may not know (all of it after a head restart).
-        let republish: Vec<(ObjectId, ObjectSizes)> = self
+        let republish: Vec<(ObjectId, (ObjectSizes, ContentDigest))> = self
             .replay
             .publications
             .iter()
             .map(|(i, s)| (*i, *s))
             .collect();
-        for (id, sizes) in republish {
+        for (id, (sizes, digest)) in republish {
             self.send(
-                Some(Origin::Republish),
-                DirectoryRequest::Publish { id, sizes },
+                Some(Origin::Republish(id)),
+                DirectoryRequest::Publish { id, sizes, digest },
             );
         }
         let resubscribe: Vec<ObjectId> = self.replay.subscriptions.iter().copied().collect();
@@ -600,12 +612,20 @@ impl DirectorySession {
 
     fn replied(&mut self, origin: Origin, reply: DirectoryReply) {
         match origin {
-            Origin::Driver { op, subscribe_to } => {
+            Origin::Driver {
+                op,
+                subscribe_to,
+                publishes,
+            } => {
                 if let (Some(id), DirectoryReply::Located { holders, .. }) = (subscribe_to, &reply)
                 {
                     if holders.is_empty() {
                         self.replay.subscriptions.insert(id);
                     }
+                }
+                if let (Some(id), DirectoryReply::Conflict { .. }) = (publishes, &reply) {
+                    // Refused: nothing to tell a registry that loses its state.
+                    self.replay.publications.remove(&id);
                 }
                 self.reply(op, reply);
             }
@@ -614,6 +634,7 @@ impl DirectorySession {
                 if let DirectoryReply::Located {
                     holders,
                     sizes: Some(sizes),
+                    digest: Some(digest),
                 } = &reply
                 {
                     if let Some(holder) = holders.first() {
@@ -622,12 +643,19 @@ impl DirectorySession {
                                 id,
                                 holder: *holder,
                                 sizes: *sizes,
+                                digest: *digest,
                             }));
                         }
                     }
                 }
             }
-            Origin::Republish => {}
+            Origin::Republish(id) => {
+                // Another node published another content under this id while the registry
+                // did not know this node's: the id stays theirs, this copy unpublished.
+                if matches!(reply, DirectoryReply::Conflict { .. }) {
+                    self.replay.publications.remove(&id);
+                }
+            }
         }
         self.report_up_once_replayed();
     }

@@ -19,6 +19,7 @@ use foldhash::quality::FixedState;
 
 use hashbrown::HashTable;
 
+use crate::digest::ContentDigest;
 use crate::alloc::block_len_for;
 use crate::ids::{ArenaId, ObjectId};
 use crate::region::LocalRegion;
@@ -45,6 +46,9 @@ pub(super) struct Entry {
     pub(super) pin_count: u32,
     pub(super) sealed: bool,
     pub(super) delete_pending: bool,
+    /// The digest of its bytes, once sealed (set by the node; unknown for an object recovered
+    /// without one).
+    pub(super) digest: Option<ContentDigest>,
     /// In the LRU list; `lru_prev`/`lru_next` are meaningful only then. Owned by the table.
     in_lru: bool,
     lru_prev: u32,
@@ -73,6 +77,7 @@ impl Entry {
             pin_count: 0,
             sealed,
             delete_pending: false,
+            digest: None,
             in_lru: false,
             lru_prev: NIL,
             lru_next: NIL,

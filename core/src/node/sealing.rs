@@ -1,0 +1,155 @@
+//! Seals that wait for the directory's verdict, so one object id names one content across the
+//! cluster.
+//!
+//! On a standalone node a client's seal (or small put) seals at once. On a node of a cluster it
+//! first publishes the object's sizes and digest, and seals once the directory answered:
+//!
+//! - accepted: sealed; the reply is `Ok`, and the publication is already made;
+//! - `Conflict`: live nodes hold the id with another content, which keeps it; the object is
+//!   aborted and the reply is `ObjectExists`;
+//! - unavailable, or no answer within the directory timeout: sealed here, the reply is `Ok`,
+//!   and the publication is retried in the background. Should the directory refuse it once it
+//!   answers (another node took the id meanwhile), this copy stays local and unpublished, so
+//!   no other node fetches it, and `id_conflicts` counts it.
+//!
+//! The cost is one directory round trip per seal on a cluster node. Until the verdict the
+//! object is unsealed (a `get` waits for it, nothing else can be written to it by protocol);
+//! an abort or a disconnect of its creator meanwhile drops the seal and withdraws the
+//! publication, in case the directory accepted it.
+
+use super::publications::Want;
+use super::Node;
+use crate::client_protocol::Response;
+use crate::digest::ContentDigest;
+use crate::error::StoreError;
+use crate::ids::{ClientId, ObjectId, RequestId};
+
+/// A seal waiting for the directory's verdict on the object's publication.
+#[derive(Debug)]
+pub(super) struct PendingSeal {
+    client: ClientId,
+    request: RequestId,
+    release: bool,
+    digest: ContentDigest,
+}
+
+/// What the directory said of a pending seal's publication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Verdict {
+    /// Published.
+    Accepted,
+    /// Another content holds the id.
+    Refused,
+    /// No answer: seal here, keep trying to publish.
+    Unknown,
+}
+
+impl Node {
+    /// A client asks to seal `id`, whose bytes hash to `digest`: seals now (a standalone node)
+    /// or once the directory accepted the publication. `Some` is the reply when it is due now.
+    pub(super) fn seal_request(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        id: ObjectId,
+        release: bool,
+        digest: ContentDigest,
+    ) -> Option<Response> {
+        if self.config.standalone {
+            return Some(Response::Done(self.seal_now(client, id, release, digest)));
+        }
+        if let Err(error) = self.store.check_creator(client, id) {
+            return Some(Response::Done(Err(error)));
+        }
+        if self.pending_seals.contains_key(&id) {
+            return Some(Response::Done(Err(StoreError::BadRequest(format!(
+                "a seal of {id} is already waiting for the directory"
+            )))));
+        }
+        let Some(sizes) = self.store.unsealed_sizes(&id) else {
+            return Some(Response::Done(Err(StoreError::ObjectNotFound(id))));
+        };
+        self.pending_seals.insert(
+            id,
+            PendingSeal {
+                client,
+                request,
+                release,
+                digest,
+            },
+        );
+        self.want_publication(id, Want::Publish(sizes, digest));
+        None
+    }
+
+    fn seal_now(
+        &mut self,
+        client: ClientId,
+        id: ObjectId,
+        release: bool,
+        digest: ContentDigest,
+    ) -> Result<(), StoreError> {
+        self.store.seal(client, id, release)?;
+        self.store.set_digest(&id, digest);
+        Ok(())
+    }
+
+    /// The directory answered the publication of `id` (or will not in time).
+    pub(super) fn seal_verdict(&mut self, id: ObjectId, verdict: Verdict) {
+        let Some(pending) = self.pending_seals.remove(&id) else {
+            return;
+        };
+        match verdict {
+            Verdict::Accepted | Verdict::Unknown => {
+                let durable_before = self.store.durable_changes_queued();
+                self.published_at_seal.insert(id);
+                let result = self.seal_now(pending.client, id, pending.release, pending.digest);
+                if result.is_err() {
+                    self.published_at_seal.remove(&id);
+                }
+                self.reply_once_durable(
+                    pending.client,
+                    pending.request,
+                    Response::Done(result),
+                    durable_before,
+                );
+            }
+            Verdict::Refused => {
+                // The creator's unsealed object: it may abort it, and so does the node.
+                let _ = self.store.abort(pending.client, id);
+                self.reply(
+                    pending.client,
+                    pending.request,
+                    Response::Done(Err(StoreError::ObjectExists(id))),
+                );
+            }
+        }
+    }
+
+    /// The creator of a pending seal's object aborted it or left: nobody waits for the
+    /// verdict, and the directory must not keep a publication it may have accepted.
+    pub(super) fn drop_pending_seal(&mut self, id: ObjectId) {
+        if let Some(pending) = self.pending_seals.remove(&id) {
+            self.want_publication(id, Want::Withdraw);
+            self.reply(
+                pending.client,
+                pending.request,
+                Response::Done(Err(StoreError::ObjectNotFound(id))),
+            );
+        }
+    }
+
+    /// Drops the pending seals of a client that left.
+    pub(super) fn drop_pending_seals_of(&mut self, client: ClientId) {
+        let ids: Vec<ObjectId> = self
+            .pending_seals
+            .iter()
+            .filter(|(_, pending)| pending.client == client)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.pending_seals.remove(&id);
+            self.want_publication(id, Want::Withdraw);
+        }
+    }
+}
