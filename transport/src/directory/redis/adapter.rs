@@ -19,14 +19,14 @@ use skyriver_core::directory::{
     DirectoryEvent, DirectoryNotice, DirectoryReply, DirectoryRequest, MemberInfo,
 };
 use skyriver_core::registry::{wire as registry_wire, FromRegistry, Hello, ToRegistry, WireOpId};
-use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
 use super::super::client::{Connector, Link};
 use super::{
     holder_value, parse_holder_value, wrong_token_reason, Keys, RedisConfig, CLAIM_TOKEN,
-    DELETE_IF_UNCHANGED, LEAVE, MAX_BATCH, MAX_SUBSCRIPTIONS_PER_NODE, PRUNE_IF_EXPIRED,
+    content_value, DELETE_IF_UNCHANGED, LEAVE, PUBLISH_SAME_CONTENT, MAX_BATCH, MAX_SUBSCRIPTIONS_PER_NODE, PRUNE_IF_EXPIRED,
 };
 
 /// What this process's session proves to its adapter: both are in one process, so the
@@ -161,6 +161,11 @@ enum Pending {
     Write {
         op: WireOpId,
     },
+    Publish {
+        op: WireOpId,
+        id: ObjectId,
+        index: usize,
+    },
 }
 
 /// The adapter of one connection attempt.
@@ -173,7 +178,7 @@ struct Adapter {
     shown_url: String,
     answers: mpsc::UnboundedSender<Result<FromRegistry, String>>,
     /// What this node published on this connection (for a clean leave).
-    publications: BTreeMap<ObjectId, ObjectSizes>,
+    publications: BTreeMap<ObjectId, (ObjectSizes, ContentDigest)>,
     /// Objects this node waits for (subscribed on the pub/sub connection).
     subscriptions: BTreeSet<ObjectId>,
     /// Live members as last read.
@@ -500,15 +505,28 @@ impl Adapter {
         live: &mut Live,
         id: &ObjectId,
         value: Value,
-    ) -> Result<(Vec<NodeId>, Option<ObjectSizes>), Failure> {
+    ) -> Result<(Vec<NodeId>, Option<(ObjectSizes, ContentDigest)>), Failure> {
         let raw: HashMap<String, String> = ::redis::from_redis_value(value)
             .map_err(|e| Failure::Failed(format!("unexpected holder entry: {e}")))?;
-        let entries: Vec<(String, NodeId, u32, ObjectSizes, String)> = raw
+        self.live_entries(live, id, raw.into_iter().collect()).await
+    }
+
+    /// Of holder entries (field, value) of `id`'s hash: the live holders and the content they
+    /// name. Refreshes the member view when it meets an unknown node, and deletes entries of
+    /// nodes that are gone or restarted.
+    async fn live_entries(
+        &mut self,
+        live: &mut Live,
+        id: &ObjectId,
+        raw: Vec<(String, String)>,
+    ) -> Result<(Vec<NodeId>, Option<(ObjectSizes, ContentDigest)>), Failure> {
+        type Entry = (String, NodeId, u32, (ObjectSizes, ContentDigest), String);
+        let entries: Vec<Entry> = raw
             .into_iter()
             .filter_map(|(field, value)| {
                 let node = NodeId(field.parse().ok()?);
-                let (incarnation, sizes) = parse_holder_value(&value)?;
-                Some((field, node, incarnation, sizes, value))
+                let (incarnation, sizes, digest) = parse_holder_value(&value)?;
+                Some((field, node, incarnation, (sizes, digest), value))
             })
             .collect();
         let is_live = |members: &BTreeMap<NodeId, MemberInfo>, node: &NodeId, inc: u32| {
@@ -521,13 +539,13 @@ impl Adapter {
             self.refresh_members(live).await?;
         }
         let mut holders = Vec::new();
-        let mut sizes = None;
+        let mut content = None;
         let mut stale = ::redis::pipe();
         let mut any_stale = false;
-        for (field, node, incarnation, s, value) in entries {
+        for (field, node, incarnation, c, value) in entries {
             if is_live(&self.members, &node, incarnation) {
                 holders.push(node);
-                sizes.get_or_insert(s);
+                content.get_or_insert(c);
             } else {
                 any_stale = true;
                 stale
@@ -548,7 +566,70 @@ impl Adapter {
             .await?;
         }
         holders.sort();
-        Ok((holders, sizes))
+        Ok((holders, content))
+    }
+
+    /// Publishes `id` unless live nodes hold it with another content (then that content).
+    /// Entries of dead nodes that stand in the way are deleted and the publish tried again.
+    async fn publish_checked(
+        &mut self,
+        live: &mut Live,
+        id: ObjectId,
+        first_answer: Value,
+    ) -> Result<DirectoryReply, Failure> {
+        let Some(&(sizes, digest)) = self.publications.get(&id) else {
+            // Withdrawn in the same batch, after the publish.
+            return Ok(DirectoryReply::Done);
+        };
+        let mut answer = first_answer;
+        for attempt in 0..2 {
+            let conflicts: Vec<String> = ::redis::from_redis_value(answer)
+                .map_err(|e| Failure::Failed(format!("unexpected publish answer: {e}")))?;
+            if conflicts.is_empty() {
+                return Ok(DirectoryReply::Done);
+            }
+            let pairs: Vec<(String, String)> = conflicts
+                .chunks_exact(2)
+                .map(|pair| (pair[0].clone(), pair[1].clone()))
+                .collect();
+            let (holders, content) = self.live_entries(live, &id, pairs).await?;
+            if let (false, Some((sizes, digest))) = (holders.is_empty(), content) {
+                self.publications.remove(&id);
+                return Ok(DirectoryReply::Conflict { sizes, digest });
+            }
+            if attempt == 1 {
+                break;
+            }
+            // Only dead nodes' entries were in the way (deleted by `live_entries`): again.
+            answer = self
+                .bounded(
+                    "publishing",
+                    self.publish_command(id, sizes, digest)
+                        .query_async(&mut live.conn),
+                )
+                .await?;
+        }
+        Err(Failure::Failed(format!(
+            "{id}: holder entries of another content keep coming back"
+        )))
+    }
+
+    /// The [`PUBLISH_SAME_CONTENT`] call for one publication.
+    fn publish_command(&self, id: ObjectId, sizes: ObjectSizes, digest: ContentDigest) -> ::redis::Cmd {
+        let mut cmd = ::redis::cmd("EVAL");
+        cmd.arg(PUBLISH_SAME_CONTENT)
+            .arg(2)
+            .arg(self.keys.object(&id))
+            .arg(self.keys.published(&id))
+            .arg(self.me.node.0)
+            .arg(holder_value(self.me.incarnation, &sizes, digest))
+            .arg(content_value(&sizes, digest))
+            .arg(format!(
+                "{} {}",
+                self.me.node.0,
+                holder_value(self.me.incarnation, &sizes, digest)
+            ));
+        cmd
     }
 
     /// A subscription fired: tell the driver and stop listening on the object's channel.
@@ -557,7 +638,7 @@ impl Adapter {
         live: &mut Live,
         id: ObjectId,
         holder: NodeId,
-        sizes: ObjectSizes,
+        (sizes, digest): (ObjectSizes, ContentDigest),
     ) -> Result<(), Failure> {
         if !self.subscriptions.remove(&id) {
             return Ok(());
@@ -566,6 +647,7 @@ impl Adapter {
             id,
             holder,
             sizes,
+            digest,
         }));
         self.bounded(
             "UNSUBSCRIBE",
@@ -587,11 +669,11 @@ impl Adapter {
         let parsed = (|| {
             let mut parts = payload.split(' ');
             let node = NodeId(parts.next()?.parse().ok()?);
-            let (_, sizes) = parse_holder_value(&parts.collect::<Vec<_>>().join(" "))?;
-            Some((node, sizes))
+            let (_, sizes, digest) = parse_holder_value(&parts.collect::<Vec<_>>().join(" "))?;
+            Some((node, (sizes, digest)))
         })();
         match parsed {
-            Some((holder, sizes)) => self.fire(live, id, holder, sizes).await?,
+            Some((holder, content)) => self.fire(live, id, holder, content).await?,
             None => tracing::warn!(%id, %payload, "ignoring a malformed publication message"),
         }
         Ok(false)
@@ -644,23 +726,15 @@ impl Adapter {
                     });
                     commands += 1;
                 }
-                DirectoryRequest::Publish { id, sizes } => {
-                    self.publications.insert(id, sizes);
-                    pipe.cmd("HSET")
-                        .arg(self.keys.object(&id))
-                        .arg(self.me.node.0)
-                        .arg(holder_value(self.me.incarnation, &sizes));
-                    pipe.cmd("PUBLISH")
-                        .arg(self.keys.published(&id))
-                        .arg(format!(
-                            "{} {} {} {}",
-                            self.me.node.0,
-                            self.me.incarnation,
-                            sizes.data_size,
-                            sizes.metadata_size
-                        ));
-                    pending.push(Pending::Write { op });
-                    commands += 2;
+                DirectoryRequest::Publish { id, sizes, digest } => {
+                    self.publications.insert(id, (sizes, digest));
+                    pipe.add_command(self.publish_command(id, sizes, digest));
+                    pending.push(Pending::Publish {
+                        op,
+                        id,
+                        index: commands,
+                    });
+                    commands += 1;
                 }
                 DirectoryRequest::Withdraw { id } => {
                     self.publications.remove(&id);
@@ -689,7 +763,9 @@ impl Adapter {
         };
         if let Err(failure) = &result {
             for p in pending {
-                let (Pending::Lookup { op, .. } | Pending::Write { op, .. }) = p;
+                let (Pending::Lookup { op, .. }
+                | Pending::Write { op, .. }
+                | Pending::Publish { op, .. }) = p;
                 self.reply(
                     op,
                     DirectoryReply::Unavailable {
@@ -704,6 +780,28 @@ impl Adapter {
         for p in pending {
             match p {
                 Pending::Write { op } => self.reply(op, DirectoryReply::Done),
+                Pending::Publish { op, id, index } => {
+                    let value = values.get_mut(index).and_then(Option::take);
+                    let answered = match (value, &failure) {
+                        (Some(value), None) => self.publish_checked(live, id, value).await,
+                        (_, Some(Failure::Lost(reason))) => Err(Failure::Lost(reason.clone())),
+                        _ => Err(Failure::Failed("missing pipeline result".into())),
+                    };
+                    match answered {
+                        Ok(reply) => self.reply(op, reply),
+                        Err(f) => {
+                            self.reply(
+                                op,
+                                DirectoryReply::Unavailable {
+                                    reason: f.reason().to_string(),
+                                },
+                            );
+                            if matches!(f, Failure::Lost(_)) {
+                                failure = Some(f);
+                            }
+                        }
+                    }
+                }
                 Pending::Lookup {
                     op,
                     id,
@@ -717,7 +815,7 @@ impl Adapter {
                         _ => Err(Failure::Failed("missing pipeline result".into())),
                     };
                     match found {
-                        Ok((holders, sizes)) => {
+                        Ok((holders, content)) => {
                             if subscribe && holders.is_empty() {
                                 if self.subscriptions.len() >= MAX_SUBSCRIPTIONS_PER_NODE {
                                     self.reply(
@@ -732,7 +830,14 @@ impl Adapter {
                                 }
                                 self.subscriptions.insert(id);
                             }
-                            self.reply(op, DirectoryReply::Located { holders, sizes });
+                            self.reply(
+                                op,
+                                DirectoryReply::Located {
+                                    holders,
+                                    sizes: content.map(|(sizes, _)| sizes),
+                                    digest: content.map(|(_, digest)| digest),
+                                },
+                            );
                         }
                         Err(f) => {
                             self.reply(

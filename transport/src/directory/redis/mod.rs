@@ -47,7 +47,7 @@ use std::path::{Path, PathBuf};
 use ::redis::{Client, IntoConnectionInfo, TlsCertificates};
 use skyriver_core::directory::{DirectoryNotice, MemberInfo};
 use skyriver_core::registry::session::{DirectorySession, SessionConfig};
-use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use tokio::sync::mpsc;
 
 pub use reset::{reset, ResetError, ResetOutcome};
@@ -68,6 +68,23 @@ const RESYNC_CHUNK: usize = 512;
 /// re-published meanwhile).
 const DELETE_IF_UNCHANGED: &str =
     "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0";
+/// One id names one content: sets this node's holder entry (`ARGV[1]` → `ARGV[2]`) in the
+/// object's hash (`KEYS[1]`) and announces it on the object's channel (`KEYS[2]`, message
+/// `ARGV[4]`) unless another node's entry names another content than `ARGV[3]` (see
+/// `content_value`); then it changes nothing and returns those entries (field, value, ...),
+/// which the adapter checks for liveness (a dead node's entry is deleted and the publish run
+/// again).
+const PUBLISH_SAME_CONTENT: &str = "local entries = redis.call('HGETALL', KEYS[1]) \
+     local conflicts = {} \
+     for i = 1, #entries, 2 do \
+       if entries[i] ~= ARGV[1] and string.match(entries[i + 1], '^%S+ (.*)$') ~= ARGV[3] then \
+         table.insert(conflicts, entries[i]) table.insert(conflicts, entries[i + 1]) \
+       end \
+     end \
+     if #conflicts > 0 then return conflicts end \
+     redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) \
+     redis.call('PUBLISH', KEYS[2], ARGV[4]) \
+     return conflicts";
 /// Drops a node id from the index only if its node key is gone.
 const PRUNE_IF_EXPIRED: &str =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], ARGV[1]) end return 0";
@@ -267,21 +284,31 @@ fn token_fingerprint(token: &str) -> String {
     format!("fnv1a64:{hash:016x}")
 }
 
-fn holder_value(incarnation: u32, sizes: &ObjectSizes) -> String {
-    format!("{incarnation} {} {}", sizes.data_size, sizes.metadata_size)
+/// A holder entry of an `obj:` hash: `"<incarnation> <content>"`, the content as
+/// [`content_value`] writes it.
+fn holder_value(incarnation: u32, sizes: &ObjectSizes, digest: ContentDigest) -> String {
+    format!("{incarnation} {}", content_value(sizes, digest))
 }
 
-fn parse_holder_value(text: &str) -> Option<(u32, ObjectSizes)> {
+/// The content an id names, as holder entries and [`PUBLISH_SAME_CONTENT`] compare it:
+/// `"<data size> <metadata size> <digest in hex>"`.
+fn content_value(sizes: &ObjectSizes, digest: ContentDigest) -> String {
+    format!("{} {} {digest}", sizes.data_size, sizes.metadata_size)
+}
+
+fn parse_holder_value(text: &str) -> Option<(u32, ObjectSizes, ContentDigest)> {
     let mut parts = text.split(' ');
     let incarnation = parts.next()?.parse().ok()?;
     let data_size = parts.next()?.parse().ok()?;
     let metadata_size = parts.next()?.parse().ok()?;
+    let digest = ContentDigest(u64::from_str_radix(parts.next()?, 16).ok()?);
     parts.next().is_none().then_some((
         incarnation,
         ObjectSizes {
             data_size,
             metadata_size,
         },
+        digest,
     ))
 }
 
