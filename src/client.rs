@@ -30,6 +30,7 @@ use skyriver_core::client_protocol::{
     MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
 };
 use skyriver_core::node::{FetchError, TransferMode};
+use skyriver_core::digest::{ContentDigest, ContentHasher};
 use skyriver_core::store::{EvictOutcome, ObjectSummary};
 use skyriver_core::{
     ArenaId, NodeId, ObjectEvent, ObjectId, ObjectInfo, RequestId, StoreError, StoreStats,
@@ -109,6 +110,8 @@ pub struct ObjectLocation {
     pub holders: Vec<NodeId>,
     /// Data and metadata bytes, when known.
     pub sizes: Option<(u64, u64)>,
+    /// The digest of the object's bytes (the content its id names), when known.
+    pub digest: Option<ContentDigest>,
 }
 
 /// A connection to the local daemon.
@@ -605,9 +608,12 @@ impl Client {
             });
         }
         let mut writer = self.create(id, data.len() as u64, metadata.len() as u64)?;
-        writer.data_mut().copy_from_slice(data);
-        writer.metadata_mut().copy_from_slice(metadata);
-        writer.seal()
+        // The digest is taken as the bytes are copied, a chunk at a time while it is in cache,
+        // so a large put reads its source once.
+        let mut hasher = ContentHasher::new();
+        copy_hashing(writer.data_mut(), data, &mut hasher);
+        copy_hashing(writer.metadata_mut(), metadata, &mut hasher);
+        writer.seal_with_digest(hasher.finish())
     }
 
     /// Creates, fills and seals an object in one call: [`Client::put`].
@@ -806,7 +812,15 @@ impl Client {
     /// The live nodes holding a sealed copy of `id`, and its (data, metadata) sizes.
     pub fn locate(&self, id: ObjectId) -> Result<ObjectLocation, ClientError> {
         match self.connection()?.call(Request::Locate { id })? {
-            Response::Located { holders, sizes } => Ok(ObjectLocation { holders, sizes }),
+            Response::Located {
+                holders,
+                sizes,
+                digest,
+            } => Ok(ObjectLocation {
+                holders,
+                sizes,
+                digest,
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -916,7 +930,14 @@ impl ObjectWriter {
     }
 
     /// Seals the object (it becomes immutable and visible) and drops this writer's reference.
-    pub fn seal(mut self) -> Result<(), ClientError> {
+    pub fn seal(self) -> Result<(), ClientError> {
+        let digest = ContentDigest::of_contiguous(self.region.as_slice());
+        self.seal_with_digest(digest)
+    }
+
+    /// [`ObjectWriter::seal`] with the digest of the bytes already taken (as they were
+    /// written).
+    fn seal_with_digest(mut self, digest: ContentDigest) -> Result<(), ClientError> {
         self.finished = true;
         // Writing is over: give up the writable view before the seal makes the object visible,
         // so another thread's `get` of it can view it at once.
@@ -925,6 +946,7 @@ impl ObjectWriter {
         self.client.call_done(Request::Seal {
             id: self.info.id,
             release: true,
+            digest,
         })
     }
 
@@ -944,9 +966,11 @@ impl ObjectWriter {
         // when dropped.
         let empty = self.empty_region()?;
         let region = std::mem::replace(&mut self.region, empty).into_readable();
+        let digest = ContentDigest::of_contiguous(region.as_slice());
         self.client.call_done(Request::Seal {
             id: self.info.id,
             release: false,
+            digest,
         })?;
         Ok(ObjectBuffer {
             client: self.client.clone(),
@@ -1069,5 +1093,18 @@ impl Iterator for Subscription {
             Err(ClientError::Closed) => None,
             other => Some(other),
         }
+    }
+}
+
+/// Copies `source` into `destination` (of the same length) and feeds it to `hasher`, a chunk at
+/// a time so each chunk is hashed while it is still in cache.
+fn copy_hashing(destination: &mut [u8], source: &[u8], hasher: &mut ContentHasher) {
+    const CHUNK_BYTES: usize = 256 << 10;
+    for (to, from) in destination
+        .chunks_mut(CHUNK_BYTES)
+        .zip(source.chunks(CHUNK_BYTES))
+    {
+        to.copy_from_slice(from);
+        hasher.update(from);
     }
 }

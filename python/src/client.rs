@@ -469,7 +469,8 @@ impl PyClient {
         Ok(result)
     }
 
-    /// Where an object lives: `{"holders": [node ids], "sizes": (data, metadata) or None}`.
+    /// Where an object lives: `{"holders": [node ids], "sizes": (data, metadata) or None,
+    /// "digest": the content digest (16 hex characters) or None}`.
     fn locate<'py>(&self, py: Python<'py>, id: &Bound<'_, PyAny>) -> PyResult<Bound<'py, PyDict>> {
         let id = object_id(id)?;
         let location = self.call(py, |client| client.locate(id))?;
@@ -477,6 +478,7 @@ impl PyClient {
         let holders: Vec<u32> = location.holders.iter().map(|node| node.0).collect();
         result.set_item("holders", holders)?;
         result.set_item("sizes", location.sizes)?;
+        result.set_item("digest", location.digest.map(|d| d.to_string()))?;
         Ok(result)
     }
 

@@ -259,6 +259,10 @@ impl EventLoop {
                         }
                     }
                 }
+            } else if !self.effects.content_hashes.is_empty() {
+                for (transfer, actual) in std::mem::take(&mut self.effects.content_hashes) {
+                    self.node.handle_content_hashed(now, transfer, actual);
+                }
             } else if self.node.poll_timeout().is_some_and(|due| due <= now) {
                 // Timers the node set for "right after these outputs" fire here at once, not
                 // a round later through the runtime's millisecond timer wheel.

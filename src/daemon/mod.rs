@@ -475,7 +475,17 @@ impl Server {
         if let Some(mut persistence) = persistence {
             // Recovered objects leave the store as seals: draining publishes them, a batch
             // at a time so the directory work stays small.
+            let recovered_arena = arena.clone();
             persistence.recover_in_batches(256, |batch| {
+                // The digests the objects were published with, from their bytes (the index
+                // records do not keep them).
+                let batch = batch
+                    .into_iter()
+                    .map(|object| {
+                        let digest = recovered_digest(&recovered_arena, &object);
+                        (object, digest)
+                    })
+                    .collect();
                 let report = event_loop.node.handle_recovered(Instant::ZERO, batch);
                 event_loop.drain();
                 report
@@ -713,5 +723,18 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
         "a device"
     } else {
         "a regular file"
+    }
+}
+
+/// The digest of a recovered object's bytes in `arena`; one that cannot match any content when
+/// the record names bytes outside the arena (the store refuses such a record anyway).
+fn recovered_digest(
+    arena: &Arc<SharedArena>,
+    object: &skyriver_core::RecoveredObject,
+) -> skyriver_core::ContentDigest {
+    let len = object.data_size.saturating_add(object.metadata_size);
+    match skyriver_transport::ReadableRegion::new(arena.clone(), object.block.offset, len) {
+        Ok(view) => skyriver_core::ContentDigest::of_contiguous(view.as_slice()),
+        Err(_) => skyriver_core::ContentDigest(!0),
     }
 }

@@ -210,15 +210,23 @@ impl Node {
         &self.store
     }
 
-    /// Restores objects a persistent store found on restart (see [`Store::recover`]); drain
-    /// the outputs afterwards, which publish them.
+    /// Restores objects a persistent store found on restart (see [`Store::recover`]), each
+    /// with the digest of its bytes as the driver found them; drain the outputs afterwards,
+    /// which publish them.
     pub fn handle_recovered(
         &mut self,
         now: Instant,
-        objects: Vec<RecoveredObject>,
+        objects: Vec<(RecoveredObject, ContentDigest)>,
     ) -> RecoveryReport {
         self.advance(now);
+        let (objects, digests): (Vec<RecoveredObject>, Vec<(ObjectId, ContentDigest)>) = objects
+            .into_iter()
+            .map(|(object, digest)| (object, (object.id, digest)))
+            .unzip();
         let report = self.store.recover(now, objects);
+        for (id, digest) in digests {
+            self.store.set_digest(&id, digest);
+        }
         self.absorb_store();
         report
     }
