@@ -36,4 +36,6 @@ pub use client::{
 };
 pub use skyriver_core::client_protocol::{ClusterView, MemberView};
 pub use skyriver_core::node::{FetchError, TransferMode};
-pub use skyriver_core::{NodeId, ObjectEvent, ObjectId, ObjectInfo, StoreError, StoreStats};
+pub use skyriver_core::{
+    ContentDigest, NodeId, ObjectEvent, ObjectId, ObjectInfo, StoreError, StoreStats,
+};

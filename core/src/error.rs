@@ -7,7 +7,8 @@ use crate::ids::ObjectId;
 /// An error a client can match on. Every variant says which object it is about.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum StoreError {
-    /// `create` of an id that is already in the store (sealed or not).
+    /// `create` of an id that is already in the store (sealed or not), or the seal of an id
+    /// that live nodes of the cluster hold with another content (one id names one content).
     #[error("object {0} already exists")]
     ObjectExists(ObjectId),
     /// The object is not in this store.

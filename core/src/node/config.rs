@@ -90,7 +90,9 @@ pub struct NodeConfig {
     /// once with [`FetchError::NoCluster`].
     pub standalone: bool,
     /// How long a fetch that does not wait for a publication still waits when the directory
-    /// lists no holder: covers a seal on another node whose publication is still on its way.
+    /// lists no holder. Zero by default: a seal on a node of a cluster returns only once the
+    /// directory accepted its publication (see `sealing`), so an object whose put returned is
+    /// listed already; only a seal during a directory outage is published later.
     pub publication_grace: Duration,
     /// How long the publication of a copy fetched here waits before it goes to the directory:
     /// the holder it came from serves it meanwhile, and a copy removed within that time is
@@ -131,7 +133,7 @@ impl NodeConfig {
             retry_backoff: Duration::from_millis(100),
             location_cache_entries: 65_536,
             standalone: false,
-            publication_grace: Duration::from_millis(1500),
+            publication_grace: Duration::ZERO,
             replica_publication_delay: Duration::from_millis(1),
             hold_replies_until_durable: false,
             fabric_name: "none".into(),

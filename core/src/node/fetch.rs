@@ -140,6 +140,12 @@ impl Node {
             self.reply(client, request, Response::Fetched(results));
             return;
         }
+        // A zero timeout polls: what live nodes hold now is fetched (bounded by the transfers'
+        // own timeouts and retries, not by the zero), and an id nobody holds fails at once.
+        let (timeout, wait_for_publication) = match timeout {
+            Some(Duration::ZERO) => (None, false),
+            other => (other, wait_for_publication),
+        };
         let deadline = timeout.map_or(Instant::NEVER, |t| self.now + t);
         let waiter_id = FetchWaiterId(self.next_waiter);
         self.next_waiter += 1;
