@@ -48,6 +48,7 @@ pub enum BenchCommand {
 
 mod baselines;
 mod breakdown;
+mod digest_cost;
 mod cluster;
 mod fetch;
 mod local;

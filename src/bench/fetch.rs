@@ -412,6 +412,10 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         );
         println!();
     }
+    let sizes_bytes: Vec<u64> = args.sizes.iter().map(|s| s.0).collect();
+    let digest_costs =
+        super::digest_cost::measure(&sizes_bytes, &measured, Duration::from_millis(200));
+    super::digest_cost::print(&digest_costs);
     if args.fabric == "tcp" {
         print_targets(
             &measured,
@@ -462,6 +466,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         "auto_threshold_bytes": auto_threshold,
         "eager_capacity_bytes": eager_capacity,
         "breakdown_1kib": breakdown,
+        "verification": digest_costs,
     });
     std::fs::write(
         &args.json,

@@ -785,6 +785,16 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             Value::Counter(c.publications_skipped),
         )?;
         out.one(
+            "skyriver_id_conflicts",
+            "Publications refused because live nodes hold the id with another content.",
+            Value::Counter(c.id_conflicts),
+        )?;
+        out.one(
+            "skyriver_digest_mismatches",
+            "Fetched copies whose bytes did not hash to the id's digest (never sealed).",
+            Value::Counter(c.digest_mismatches),
+        )?;
+        out.one(
             "skyriver_unanswered_release_failures",
             "Releases of dropped buffers (sent without a reply) that failed.",
             Value::Counter(c.unanswered_release_failures),
