@@ -7,7 +7,9 @@
 //! the lock is the only record of ownership, so a run killed with SIGKILL leaves a slot whose
 //! lock nobody holds, and [`NetnsCluster::create`] clears every such slot before it makes its
 //! own (processes left in the namespaces are killed, the namespaces and the bridge deleted).
-//! Only these namespaces' addresses carry traffic; the host's own namespace gets no address.
+//! The bridge itself has `10.213.S.254`, the host's address on that network, so the host
+//! reaches every node (e.g. its metrics endpoint) directly; the nodes talk to each other only
+//! through the bridge, not through the host's routing.
 //!
 //! Links can be shaped ([`LinkShape`], `10gbit,50us`): a token bucket (`tc tbf`) on both ends
 //! of every veth limits each node's bandwidth in each direction, and, where the kernel has the
@@ -28,6 +30,8 @@ const LOCK_DIR: &str = "/run/skyriver-netns";
 const SLOTS: u16 = 256;
 /// Most nodes in one cluster (addresses .1 to .200 of the slot's /24).
 pub const MAX_NODES: u32 = 200;
+/// The host's address on a slot's /24 (on the bridge).
+const HOST_OCTET: u8 = 254;
 
 /// Why a namespace cluster could not be made or changed.
 #[derive(Debug, thiserror::Error)]
@@ -373,6 +377,9 @@ impl NetnsCluster {
             "0",
         ])?;
         ip(&["link", "set", &bridge, "up"])?;
+        // The host's own address on the cluster's network, so it can reach the nodes.
+        let host = format!("{}/24", self.host_addr());
+        ip(&["addr", "add", &host, "dev", &bridge])?;
         for node in 0..nodes {
             let namespace = namespace_name(self.slot, node);
             let outer = outer_veth_name(self.slot, node);
@@ -488,6 +495,12 @@ impl NetnsCluster {
     /// The slot of this cluster (its subnet is 10.213.SLOT.0/24).
     pub fn slot(&self) -> u16 {
         self.slot
+    }
+
+    /// The host's address on the cluster's network (the bridge's), from which the host reaches
+    /// the nodes' addresses.
+    pub fn host_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 213, self.slot as u8, HOST_OCTET)
     }
 
     /// A command that runs `program` inside node `node`'s namespace.
@@ -622,7 +635,11 @@ pub fn describe(netns: &NetnsCluster) {
         (None, Some(_)) => ", latency NOT applied (no netem in this kernel)".to_string(),
         (None, None) => String::new(),
     };
-    println!("  links: bridge {}, {rate}{latency}", netns.bridge);
+    println!(
+        "  links: bridge {} (the host's address on it: {}), {rate}{latency}",
+        netns.bridge,
+        netns.host_addr()
+    );
 }
 
 #[cfg(test)]

@@ -6,8 +6,17 @@
 //! and the last lines of its log, after which `up` stops the others and exits non-zero. A
 //! half-working cluster is never left running unnoticed, and nothing is restarted behind the
 //! user's back (a restarted node would come back empty, which is a different cluster).
+//!
+//! One cluster per directory: `up.lock` in it is locked (`flock`) for the cluster's life and
+//! names the `up` and the daemons. A second `up` in the same directory is refused before it
+//! touches anything; a directory whose lock is free but names an `up` was left by one that
+//! did not stop (SIGKILL): the next `up` there kills what still runs of its daemons and removes
+//! their sockets, and `up` without `--dir` removes such directories under `$TMPDIR`. The
+//! daemons of `up` itself get SIGTERM from the kernel when `up` dies however it dies
+//! (`PR_SET_PDEATHSIG`), so they do not outlive it.
 
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +27,7 @@ use clap::Args;
 use skyriver_transport::directory::DirectorySpec;
 
 use crate::client::Client;
+use crate::daemon::host_memory;
 use crate::size::{format_bytes, ByteSize};
 
 /// How long each start-up step may take.
@@ -30,6 +40,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(50);
 const LOG_TAIL_LINES: usize = 15;
 /// Most bytes read from the end of a log for its last lines.
 const LOG_TAIL_BYTES: u64 = 16 * 1024;
+/// The lock of a cluster's directory, held for the cluster's life.
+const LOCK_FILE: &str = "up.lock";
+/// What the directories `up` makes under $TMPDIR are called.
+const TEMP_PREFIX: &str = "skyriver-up-";
 
 /// Options of `skyriver up`.
 #[derive(Args, Debug, Clone)]
@@ -37,11 +51,17 @@ pub struct UpArgs {
     /// Number of daemons (at least 1).
     #[arg(long, short = 'n', default_value_t = 3, value_parser = parse_node_count)]
     pub nodes: u32,
-    /// Shared memory of each daemon.
+    /// Shared memory of each daemon. All of them together must fit in what the machine can
+    /// give now (as a single daemon checks its own), unless --allow-overcommit.
     #[arg(long, short = 'm', default_value = "256MiB")]
     pub memory: ByteSize,
+    /// Start even when --nodes × --memory is more than the machine can give now (MemAvailable,
+    /// the cgroup limit); given to every daemon. The kernel may kill processes when they fill.
+    #[arg(long)]
+    pub allow_overcommit: bool,
     /// Where the daemons' sockets and logs (node-N.log) go; the logs are kept after `up`
-    /// stops [default: a new directory under $TMPDIR, removed with everything in it]
+    /// stops. One cluster at a time per directory (up.lock in it)
+    /// [default: a new directory under $TMPDIR, removed with everything in it]
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Eager/rendezvous switch for every daemon: auto or a size.
@@ -63,7 +83,8 @@ pub struct UpArgs {
     /// [default: $SKYRIVER_CLUSTER, else "default"]
     #[arg(long)]
     pub cluster: Option<String>,
-    /// More flags for every daemon, e.g. --daemon-arg=--lease-ms=2000.
+    /// One more flag for every daemon, as `skyriver daemon` takes it; repeat for more, e.g.
+    /// --daemon-arg=--lease-ms=2000 --daemon-arg=--location-cache=0.
     #[arg(long = "daemon-arg", allow_hyphen_values = true)]
     pub daemon_args: Vec<String>,
     /// Put each daemon in its own network namespace (root), on a bridge, with its own address.
@@ -73,8 +94,9 @@ pub struct UpArgs {
     /// for the latency where the kernel has it).
     #[arg(long, requires = "netns")]
     pub link: Option<crate::netns::LinkShape>,
-    /// Give every daemon `--metrics` on a free port (loopback, or its namespace's address),
-    /// printed at start-up: /metrics for Prometheus, /healthz.
+    /// Give every daemon `--metrics` on a free port (loopback, or with --netns its namespace's
+    /// address, which the host reaches through the bridge), printed at start-up: /metrics for
+    /// Prometheus, /healthz.
     #[arg(long)]
     pub metrics: bool,
 }
@@ -93,6 +115,7 @@ impl UpArgs {
         Self {
             nodes,
             memory,
+            allow_overcommit: false,
             dir,
             eager_threshold: "auto".into(),
             log: "warn".into(),
@@ -124,6 +147,8 @@ pub struct LocalCluster {
     pub head: String,
     /// Where the sockets and logs are.
     pub dir: PathBuf,
+    /// The lock of `dir`; released (and its file removed) on drop, after the daemons stopped.
+    lock: Option<DirLock>,
     /// The directory this cluster created for itself; removed on drop.
     _temp: Option<tempfile::TempDir>,
     /// The namespaces the daemons run in (with --netns).
@@ -140,6 +165,9 @@ struct Supervision<'a> {
     own_process_group: bool,
     /// Set when `up` was asked to stop: start-up gives up at once.
     stop: Option<&'a AtomicBool>,
+    /// The kernel sends each daemon SIGTERM when the thread that spawns it ends (so when `up`
+    /// dies, even by SIGKILL): only for a spawning thread that lives as long as the cluster.
+    die_with_spawner: bool,
 }
 
 impl LocalCluster {
@@ -161,6 +189,7 @@ impl LocalCluster {
             Supervision {
                 own_process_group: false,
                 stop: None,
+                die_with_spawner: false,
             },
         )
     }
@@ -199,20 +228,34 @@ impl LocalCluster {
                 ));
             }
         }
+        check_memory(args)?;
         let (dir, temp) = match &args.dir {
             Some(dir) => {
                 std::fs::create_dir_all(dir)
                     .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-                (dir.clone(), None)
+                // Absolute, so the paths printed for other shells work from anywhere.
+                let dir = std::fs::canonicalize(dir)
+                    .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
+                (dir, None)
             }
             None => {
+                remove_stale_temp_dirs();
                 let temp = tempfile::Builder::new()
-                    .prefix("skyriver-up-")
+                    .prefix(TEMP_PREFIX)
                     .tempdir()
                     .map_err(|e| format!("cannot create a directory under $TMPDIR: {e}"))?;
                 (temp.path().to_path_buf(), Some(temp))
             }
         };
+        // Nothing in the directory is touched before its lock is held.
+        let mut lock = match DirLock::try_take(&dir)? {
+            Ok(lock) => lock,
+            Err(holder) => return Err(holder.refusal(&dir)),
+        };
+        if let Err(error) = lock.clear_leftovers(&dir, args.nodes) {
+            lock.remove();
+            return Err(error);
+        }
         let netns = match args.netns {
             true => Some(
                 crate::netns::NetnsCluster::create(args.nodes, args.link.as_ref())
@@ -235,6 +278,7 @@ impl LocalCluster {
             sockets: Vec::new(),
             head: head.clone(),
             dir: dir.clone(),
+            lock: Some(lock),
             _temp: temp,
             netns,
             metrics: Vec::new(),
@@ -291,6 +335,15 @@ impl LocalCluster {
             if supervision.own_process_group {
                 std::os::unix::process::CommandExt::process_group(&mut command, 0);
             }
+            if supervision.die_with_spawner {
+                skyriver_transport::process::die_with_parent(
+                    &mut command,
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            if args.allow_overcommit {
+                command.arg("--allow-overcommit");
+            }
             if args.metrics {
                 let ip = match &cluster.netns {
                     Some(netns) => netns.hosts[node as usize].addr,
@@ -308,6 +361,9 @@ impl LocalCluster {
             let child = command
                 .spawn()
                 .map_err(|e| format!("cannot start daemon {node}: {e}"))?;
+            if let Some(lock) = &mut cluster.lock {
+                lock.record_daemon(child.id(), &socket)?;
+            }
             cluster.nodes.push(NodeProcess {
                 child: Some(child),
                 log,
@@ -472,9 +528,12 @@ impl LocalCluster {
             }
             let _ = child.wait();
         }
-        // A daemon that was killed had no chance to remove its socket.
+        // A daemon that was killed had no chance to remove its socket. One that answers is
+        // not this cluster's (its daemon failed to bind it): it stays.
         for socket in &self.sockets {
-            let _ = std::fs::remove_file(socket);
+            if !answers(socket) {
+                let _ = std::fs::remove_file(socket);
+            }
         }
     }
 }
@@ -482,6 +541,280 @@ impl LocalCluster {
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         self.stop();
+        if let Some(lock) = self.lock.take() {
+            lock.remove();
+        }
+    }
+}
+
+/// Whether a process listens on the Unix socket at `path`.
+fn answers(path: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
+/// Refuses `--nodes` × `--memory` beyond what the machine can give now, as each daemon
+/// refuses its own `--memory` ([`host_memory::check`]): each one alone may fit where all of
+/// them together do not.
+fn check_memory(args: &UpArgs) -> Result<(), String> {
+    let flag = |name: &str| daemon_flag(&args.daemon_args, name);
+    // A persistent store is a file, not memory the daemon checks.
+    if args.allow_overcommit
+        || flag("--allow-overcommit").is_some()
+        || flag("--backing-file").is_some()
+    {
+        return Ok(());
+    }
+    let hugepages = flag("--hugepages").flatten().map(PathBuf::from);
+    let Some(available) = host_memory::available(hugepages.as_deref()) else {
+        return Ok(()); // Nothing to measure against: each daemon decides.
+    };
+    let nodes = u64::from(args.nodes.max(1));
+    let total = args.memory.0.saturating_mul(nodes);
+    if total <= available.bytes {
+        return Ok(());
+    }
+    let each = ((available.bytes / nodes / 10 * 9) >> 20) << 20;
+    Err(format!(
+        "{nodes} nodes × --memory {} = {} in total is more than this machine can give the \
+         stores: {} available ({}). Stores that large would drive the kernel into killing \
+         processes when they fill. Use --memory {} or less, fewer --nodes, or \
+         --allow-overcommit to start anyway.",
+        format_bytes(args.memory.0),
+        format_bytes(total),
+        format_bytes(available.bytes),
+        available.source,
+        format_bytes(each.max(host_memory::MIN_MEMORY_BYTES)),
+    ))
+}
+
+/// A flag among `--daemon-arg`s: `None` if absent, `Some(value)` if present (`--flag=VALUE` or
+/// `--flag VALUE`; `Some(None)` without one).
+fn daemon_flag(args: &[String], name: &str) -> Option<Option<String>> {
+    args.iter().enumerate().find_map(|(index, arg)| {
+        if arg == name {
+            Some(args.get(index + 1).filter(|v| !v.starts_with('-')).cloned())
+        } else {
+            let value = arg.strip_prefix(name)?.strip_prefix('=')?;
+            Some(Some(value.to_string()))
+        }
+    })
+}
+
+/// The lock of a cluster's directory: `up.lock`, locked (`flock`) while the cluster runs. It
+/// holds `up PID` and a `daemon PID SOCKET` line per daemon, so the next `up` in the directory
+/// can name a running cluster, and clear what one that was killed left behind.
+struct DirLock {
+    path: PathBuf,
+    file: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// Who holds a directory's lock.
+struct Holder {
+    /// The `up` holding it (`None` if it has not written its pid yet).
+    pid: Option<u32>,
+}
+
+impl Holder {
+    fn refusal(&self, dir: &Path) -> String {
+        match self.pid {
+            Some(pid) => format!(
+                "a cluster is already running in {}, pid {pid}: stop it (Ctrl-C where it runs, \
+                 or kill {pid}) or use another --dir",
+                dir.display()
+            ),
+            None => format!(
+                "a cluster is already starting in {}: stop it or use another --dir",
+                dir.display()
+            ),
+        }
+    }
+}
+
+/// What a lock file says: the `up` and its daemons (pid, socket).
+#[derive(Default)]
+struct LockRecord {
+    up: Option<u32>,
+    daemons: Vec<(u32, PathBuf)>,
+}
+
+impl LockRecord {
+    fn parse(text: &str) -> Self {
+        let mut record = Self::default();
+        for line in text.lines() {
+            let mut words = line.splitn(3, ' ');
+            match (
+                words.next(),
+                words.next().and_then(|p| p.parse().ok()),
+                words.next(),
+            ) {
+                (Some("up"), Some(pid), _) => record.up = Some(pid),
+                (Some("daemon"), Some(pid), Some(socket)) => {
+                    record.daemons.push((pid, PathBuf::from(socket)))
+                }
+                _ => {}
+            }
+        }
+        record
+    }
+}
+
+impl DirLock {
+    /// Takes `dir`'s lock if nobody holds it; else says who does.
+    fn try_take(dir: &Path) -> Result<Result<Self, Holder>, String> {
+        let path = dir.join(LOCK_FILE);
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(file) => {
+                    // A holder removes the file before it lets go: a lock taken on a removed
+                    // file guards nothing, so take it again on the file now there.
+                    let current = std::fs::metadata(&path).ok();
+                    let locked = file.metadata().ok();
+                    match (current, locked) {
+                        (Some(a), Some(b)) if a.dev() == b.dev() && a.ino() == b.ino() => {
+                            return Ok(Ok(Self { path, file }))
+                        }
+                        _ => continue,
+                    }
+                }
+                Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
+                    let mut text = String::new();
+                    let _ = file.read_to_string(&mut text);
+                    return Ok(Err(Holder {
+                        pid: LockRecord::parse(&text).up,
+                    }));
+                }
+                Err((_, errno)) => return Err(format!("cannot lock {}: {errno}", path.display())),
+            }
+        }
+    }
+
+    /// What the previous holder wrote (empty after a clean stop: the file was removed).
+    fn previous(&mut self) -> LockRecord {
+        let mut text = String::new();
+        let _ = (&*self.file).seek(SeekFrom::Start(0));
+        let _ = (&*self.file).read_to_string(&mut text);
+        LockRecord::parse(&text)
+    }
+
+    /// Clears what an `up` that did not stop left in `dir` (its daemons still running are
+    /// killed, sockets nobody answers on removed), refuses a daemon that listens on one of the
+    /// `nodes` sockets, and records this process as the holder.
+    fn clear_leftovers(&mut self, dir: &Path, nodes: u32) -> Result<(), String> {
+        let previous = self.previous();
+        let mut done = Vec::new();
+        for (pid, socket) in &previous.daemons {
+            if is_daemon_of(*pid, socket) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(*pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                let deadline = Instant::now() + STOP_TIMEOUT;
+                while is_daemon_of(*pid, socket) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                done.push(format!("killed daemon pid {pid}"));
+            }
+        }
+        let sockets = std::fs::read_dir(dir)
+            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                name.is_some_and(|n| n.starts_with("node-") && n.ends_with(".sock"))
+            });
+        for socket in sockets {
+            if answers(&socket) {
+                let node = (0..nodes).find(|n| socket.ends_with(format!("node-{n}.sock")));
+                if node.is_some() {
+                    return Err(format!(
+                        "a daemon that is not this cluster's listens on {}: stop it or use \
+                         another --dir",
+                        socket.display()
+                    ));
+                }
+            } else if std::fs::remove_file(&socket).is_ok() {
+                done.push(format!("removed stale {}", socket.display()));
+            }
+        }
+        if let Some(pid) = previous.up {
+            let what = if done.is_empty() {
+                "none of its daemons was left running".to_string()
+            } else {
+                done.join(", ")
+            };
+            eprintln!(
+                "the cluster of up pid {pid} in {} was not stopped cleanly: {what}",
+                dir.display()
+            );
+        }
+        let file = &*self.file;
+        file.set_len(0)
+            .and_then(|()| (&*file).seek(SeekFrom::Start(0)).map(drop))
+            .and_then(|()| writeln!(&*file, "up {}", std::process::id()))
+            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))
+    }
+
+    /// Records a daemon this cluster started.
+    fn record_daemon(&mut self, pid: u32, socket: &Path) -> Result<(), String> {
+        writeln!(&*self.file, "daemon {pid} {}", socket.display())
+            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))
+    }
+
+    /// Removes the lock file, then lets go of the lock (a cluster stopped cleanly).
+    fn remove(self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether `pid` is a running `skyriver daemon` serving `socket` (pids are reused).
+fn is_daemon_of(pid: u32, socket: &Path) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let zombie = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let socket = socket.as_os_str().as_encoded_bytes();
+    !zombie
+        && cmdline.split(|&b| b == 0).any(|arg| arg == b"daemon")
+        && cmdline.split(|&b| b == 0).any(|arg| arg == socket)
+}
+
+/// Removes the directories under $TMPDIR of `up`s that were killed: their lock is free and
+/// names an `up` (a directory being made names none yet).
+fn remove_stale_temp_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let dir = entry.path();
+        let owned = entry
+            .metadata()
+            .is_ok_and(|m| m.is_dir() && m.uid() == nix::unistd::geteuid().as_raw());
+        if !name.starts_with(TEMP_PREFIX) || !owned || !dir.join(LOCK_FILE).exists() {
+            continue;
+        }
+        let Ok(Ok(mut lock)) = DirLock::try_take(&dir) else {
+            continue;
+        };
+        // A live `up` holds its lock: this one's holder is gone, if it ever wrote its pid.
+        if lock.previous().up.is_none() {
+            continue;
+        }
+        if lock.clear_leftovers(&dir, 0).is_ok() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }
 
@@ -568,6 +901,8 @@ pub fn run(args: &UpArgs) -> Result<(), String> {
         Supervision {
             own_process_group: true,
             stop: Some(&stop),
+            // This is the main thread: it lives as long as `up`.
+            die_with_spawner: true,
         },
     )?;
     let directory = match args.directory.as_deref().map(str::parse::<DirectorySpec>) {

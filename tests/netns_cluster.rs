@@ -262,3 +262,50 @@ fn leftovers_of_a_killed_run_are_removed_at_the_next_start() {
     assert!(!waited.success(), "the stale process was not killed");
     drop(cluster);
 }
+
+/// The answer to `GET path` at `addr` (HTTP/1.0, the connection closes after it).
+fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+#[test]
+fn metrics_of_a_namespace_cluster_answer_from_the_host() {
+    if !namespaces_or_skip("metrics_of_a_namespace_cluster_answer_from_the_host") {
+        return;
+    }
+    let dir = common::test_dir();
+    let mut args = UpArgs::new(2, "64MiB".parse().unwrap(), Some(dir.path().to_path_buf()));
+    args.netns = true;
+    args.metrics = true;
+    let cluster =
+        LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
+    assert_eq!(cluster.metrics.len(), 2);
+    let netns = cluster.netns.as_ref().unwrap();
+    for (node, &addr) in cluster.metrics.iter().enumerate() {
+        assert_eq!(addr.ip(), std::net::IpAddr::V4(netns.hosts[node].addr));
+        // From this process, in the host's namespace.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let answer = loop {
+            match http_get(addr, "/metrics") {
+                Ok(answer) => break answer,
+                Err(error) => assert!(
+                    Instant::now() < deadline,
+                    "node-{node}'s metrics at {addr} do not answer from the host: {error}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let status = answer.lines().next().unwrap_or_default();
+        assert!(
+            status.starts_with("HTTP/1.") && status.split_whitespace().nth(1) == Some("200"),
+            "{status}"
+        );
+        assert!(answer.contains("# EOF"), "not OpenMetrics: {answer}");
+    }
+}

@@ -1,6 +1,8 @@
 //! `skyriver up` through the real binary: it supervises its daemons (a daemon that exits is
 //! reported at once and the others are stopped), names its directory, passes `--cluster`,
-//! leaves nothing behind in $TMPDIR, and with Redis leaves no keys after a clean stop.
+//! leaves nothing behind in $TMPDIR, and with Redis leaves no keys after a clean stop. One
+//! `up` per directory (a second is refused without touching the first), its daemons die with
+//! it, and it refuses a total memory the machine cannot give.
 
 mod common;
 
@@ -24,12 +26,19 @@ struct Up {
 
 impl Up {
     fn spawn(tmp: &Path, args: &[&str], envs: &[(&str, &str)]) -> Up {
+        Up::spawn_in(tmp, tmp, args, envs)
+    }
+
+    /// As [`Up::spawn`], in the working directory `cwd`.
+    fn spawn_in(cwd: &Path, tmp: &Path, args: &[&str], envs: &[(&str, &str)]) -> Up {
         let mut child = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+            .current_dir(cwd)
             .arg("up")
             .args(args)
             .env("TMPDIR", tmp)
             .env_remove("SKYRIVER_CLUSTER_TOKEN")
             .env_remove("SKYRIVER_CLUSTER")
+            .env_remove("SKYRIVER_MEMORY_AVAILABLE")
             .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -153,6 +162,49 @@ fn children_of(parent: Pid) -> Vec<Pid> {
 
 fn alive(pid: Pid) -> bool {
     kill(pid, None).is_ok()
+}
+
+/// Whether `pid` runs (a zombie whose parent has not reaped it yet does not).
+fn running(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
+/// Daemons SIGKILLed on drop if still running: for tests whose `up` can no longer stop them.
+struct KillOnDrop(Vec<Pid>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &daemon in &self.0 {
+            // Still the same process (pids are reused): a skyriver daemon.
+            let cmdline = std::fs::read(format!("/proc/{daemon}/cmdline")).unwrap_or_default();
+            if running(daemon) && String::from_utf8_lossy(&cmdline).contains("daemon") {
+                let _ = kill(daemon, Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Waits (bounded) until none of `pids` runs; false if some still do after `limit`.
+fn all_gone(pids: &[Pid], limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while pids.iter().any(|&pid| running(pid)) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
 }
 
 fn entries(dir: &Path) -> Vec<PathBuf> {
@@ -344,4 +396,182 @@ fn cluster_reset_frees_the_name_of_a_crashed_redis_cluster() {
     assert_eq!(redis_keys(redis.port, "*"), Vec::<String>::new());
     let mut fresh = Up::spawn(tmp.path(), &args, &[("SKYRIVER_CLUSTER_TOKEN", "second")]);
     fresh.wait_up();
+}
+
+#[test]
+fn a_second_up_in_the_same_dir_is_refused_and_leaves_the_first_cluster_intact() {
+    let tmp = common::test_dir();
+    let dir = common::test_dir();
+    let cluster_dir = dir.path().join("sky");
+    let args = [
+        "--nodes",
+        "2",
+        "--memory",
+        "64MiB",
+        "--dir",
+        cluster_dir.to_str().unwrap(),
+    ];
+    let mut first = Up::spawn(tmp.path(), &args, &[]);
+    first.wait_up();
+    let logs = [
+        cluster_dir.join("node-0.log"),
+        cluster_dir.join("node-1.log"),
+    ];
+    let log_lengths: Vec<u64> = logs
+        .iter()
+        .map(|log| std::fs::metadata(log).unwrap().len())
+        .collect();
+    assert!(log_lengths.iter().all(|&l| l > 0), "{log_lengths:?}");
+
+    let mut second = Up::spawn(tmp.path(), &args, &[]);
+    let (code, stderr, _) = second.wait_exit(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{stderr}");
+    let expected = format!(
+        "a cluster is already running in {}, pid {}",
+        std::fs::canonicalize(&cluster_dir).unwrap().display(),
+        first.pid()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+
+    // The first cluster's sockets answer, its daemons still see each other, its logs are whole.
+    for node in 0..2 {
+        let socket = cluster_dir.join(format!("node-{node}.sock"));
+        let view = skyriver::Client::connect(&socket)
+            .and_then(|client| client.nodes())
+            .unwrap_or_else(|e| panic!("{} does not answer: {e}", socket.display()));
+        assert_eq!(view.members.len(), 2);
+        assert!(view.members.iter().all(|m| m.connected), "{view:?}");
+    }
+    for (log, &before) in logs.iter().zip(&log_lengths) {
+        let now = std::fs::metadata(log).unwrap().len();
+        assert!(
+            now >= before,
+            "{} shrank from {before} to {now}",
+            log.display()
+        );
+    }
+    assert!(alive(first.pid()));
+    kill(first.pid(), Signal::SIGTERM).unwrap();
+    let (code, stderr, _) = first.wait_exit(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+#[test]
+fn a_killed_up_takes_its_daemons_with_it_and_the_next_up_in_its_dir_starts_cleanly() {
+    let tmp = common::test_dir();
+    let dir = common::test_dir();
+    let cluster_dir = dir.path().join("sky");
+    let args = [
+        "--nodes",
+        "2",
+        "--memory",
+        "64MiB",
+        "--dir",
+        cluster_dir.to_str().unwrap(),
+    ];
+    let mut killed = Up::spawn(tmp.path(), &args, &[]);
+    killed.wait_up();
+    let daemons = children_of(killed.pid());
+    assert_eq!(daemons.len(), 2, "{daemons:?}");
+    let _cleanup = KillOnDrop(daemons.clone());
+    kill(killed.pid(), Signal::SIGKILL).unwrap();
+    let _ = killed.child.wait();
+    assert!(
+        all_gone(&daemons, Duration::from_secs(20)),
+        "the daemons of a killed up still run: {daemons:?}"
+    );
+
+    let mut next = Up::spawn(tmp.path(), &args, &[]);
+    let banner = next.wait_up();
+    assert!(banner.contains("2 nodes"), "{banner}");
+    kill(next.pid(), Signal::SIGTERM).unwrap();
+    let (code, stderr, _) = next.wait_exit(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!("pid {}", killed.pid())),
+        "the leftovers of the killed up are not reported: {stderr}"
+    );
+}
+
+#[test]
+fn up_refuses_a_total_memory_the_machine_cannot_give_before_starting_anything() {
+    let available = skyriver::daemon::host_memory::available(None)
+        .expect("/proc/meminfo is readable here")
+        .bytes;
+    // Each daemon fits on its own; the two together do not.
+    let each = ((available / 10 * 6) >> 20) << 20;
+    let tmp = common::test_dir();
+    let dir = common::test_dir();
+    let cluster_dir = dir.path().join("sky");
+    let memory = format!("{}MiB", each >> 20);
+    let mut up = Up::spawn(
+        tmp.path(),
+        &[
+            "--nodes",
+            "2",
+            "--memory",
+            &memory,
+            "--dir",
+            cluster_dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (code, stderr, _) = up.wait_exit(Duration::from_secs(30));
+    assert_eq!(code, Some(1), "{stderr}");
+    let total = skyriver::size::format_bytes(2 * each);
+    assert!(stderr.contains(&total), "no total {total}: {stderr}");
+    assert!(stderr.contains("available"), "{stderr}");
+    assert!(stderr.contains("--allow-overcommit"), "{stderr}");
+    assert!(!cluster_dir.exists(), "up made {}", cluster_dir.display());
+}
+
+#[test]
+fn up_prints_absolute_socket_paths_for_a_relative_dir() {
+    let tmp = common::test_dir();
+    let cwd = common::test_dir();
+    let mut up = Up::spawn_in(
+        cwd.path(),
+        tmp.path(),
+        &["--nodes", "1", "--memory", "64MiB", "--dir", "relsky"],
+        &[],
+    );
+    let banner = up.wait_up();
+    let absolute = std::fs::canonicalize(cwd.path()).unwrap().join("relsky");
+    let export = format!(
+        "export SKYRIVER_SOCKET={}",
+        absolute.join("node-0.sock").display()
+    );
+    assert!(banner.contains(&export), "{banner}");
+    assert!(
+        banner.contains(&format!("logs: {}/node-N.log", absolute.display())),
+        "{banner}"
+    );
+}
+
+#[test]
+fn the_directory_of_a_killed_up_under_tmpdir_is_removed_by_the_next_up() {
+    let tmp = common::test_dir();
+    let args = ["--nodes", "1", "--memory", "64MiB"];
+    let mut killed = Up::spawn(tmp.path(), &args, &[]);
+    killed.wait_up();
+    let daemons = children_of(killed.pid());
+    let _cleanup = KillOnDrop(daemons.clone());
+    kill(killed.pid(), Signal::SIGKILL).unwrap();
+    let _ = killed.child.wait();
+    assert!(
+        all_gone(&daemons, Duration::from_secs(20)),
+        "the daemons of a killed up still run: {daemons:?}"
+    );
+    let left = entries(tmp.path());
+    assert_eq!(left.len(), 1, "{left:?}");
+
+    let mut next = Up::spawn(tmp.path(), &args, &[]);
+    next.wait_up();
+    let now = entries(tmp.path());
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now[0], left[0], "the killed up's directory is still there");
+    kill(next.pid(), Signal::SIGTERM).unwrap();
+    let (code, stderr, _) = next.wait_exit(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(entries(tmp.path()), Vec::<PathBuf>::new());
 }

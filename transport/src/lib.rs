@@ -6,6 +6,7 @@ pub mod directory;
 pub mod fabric;
 pub mod fd_passing;
 pub mod persist;
+pub mod process;
 pub mod token;
 pub mod trace;
 pub mod verbs;
