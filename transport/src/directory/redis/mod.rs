@@ -5,7 +5,7 @@
 //!
 //! | key / channel                  | type    | holds                                           |
 //! |--------------------------------|---------|-------------------------------------------------|
-//! | `token`                        | string  | fingerprint of the cluster token, with a TTL    |
+//! | `token`                        | string  | the token's record (`token_record`), with a TTL |
 //! | `nodes`                        | set     | node ids that registered (an index; pruned)     |
 //! | `node:<ID>`                    | string  | the node's [`MemberInfo`] as JSON, with a TTL   |
 //! | `obj:<HEX>`                    | hash    | node id → `"<incarnation> <data> <metadata>"`   |
@@ -38,6 +38,7 @@
 
 mod adapter;
 mod reset;
+mod token_record;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +52,7 @@ use skyriver_core::{NodeId, ObjectId, ObjectSizes};
 use tokio::sync::mpsc;
 
 pub use reset::{reset, ResetError, ResetOutcome};
+pub use token_record::KdfCost;
 
 use super::client::{self, ClientTiming, DirectoryClient};
 use super::DirectoryError;
@@ -72,8 +74,8 @@ const DELETE_IF_UNCHANGED: &str =
 const PRUNE_IF_EXPIRED: &str =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], ARGV[1]) end return 0";
 
-/// Sets the token fingerprint (`ARGV[1]`) with a TTL of `ARGV[2]` ms if `KEYS[1]` is absent,
-/// refreshes the TTL if it holds the same fingerprint, and returns what the key holds.
+/// Sets the token record (`ARGV[1]`) with a TTL of `ARGV[2]` ms if `KEYS[1]` is absent,
+/// refreshes the TTL if it holds the same record, and returns what the key holds.
 const CLAIM_TOKEN: &str = "local v = redis.call('GET', KEYS[1]) \
      if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return ARGV[1] end \
      if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
@@ -81,7 +83,7 @@ const CLAIM_TOKEN: &str = "local v = redis.call('GET', KEYS[1]) \
 /// A clean leave: deletes the node key (`KEYS[1]`) if it still holds this daemon's record
 /// (`ARGV[1]`), drops its id (`ARGV[2]`) from the index (`KEYS[2]`), and when no registered
 /// node is alive any more (node keys are `ARGV[3]` + id) deletes the index and the token
-/// (`KEYS[3]`) if it holds this cluster's fingerprint (`ARGV[4]`). Returns the nodes still alive.
+/// (`KEYS[3]`) if it holds this cluster's token record (`ARGV[4]`). Returns the nodes still alive.
 const LEAVE: &str = "local mine = redis.call('GET', KEYS[1]) \
      if mine == ARGV[1] then redis.call('DEL', KEYS[1]) end \
      if mine == ARGV[1] or not mine then redis.call('SREM', KEYS[2], ARGV[2]) end \
@@ -119,6 +121,9 @@ pub struct RedisConfig {
     /// TTL of the token key, refreshed by every live node's heartbeat: once no node is alive,
     /// the cluster's name can be taken with another token after at most this long.
     pub token_ttl: Duration,
+    /// Cost of the token record (Argon2id) when this node is the first of its cluster; later
+    /// nodes use the cost stored in the record.
+    pub token_kdf: KdfCost,
     /// The member list is re-read at least this often (to notice expired nodes).
     pub member_refresh_interval: Duration,
     /// How long the first connection waits for a previous daemon's key with this node id to
@@ -132,7 +137,7 @@ pub struct RedisConfig {
 
 impl RedisConfig {
     /// Defaults: 1 s request and connect timeouts, 1 s heartbeat, 5 s node TTL, 30 s token
-    /// TTL, member list re-read every 2 s, reconnect backoff 100 ms to 5 s.
+    /// TTL, token record at [`KdfCost::default`], member list re-read every 2 s, reconnect backoff 100 ms to 5 s.
     pub fn new(url: impl Into<String>, cluster: &str) -> Self {
         Self {
             url: url.into(),
@@ -145,6 +150,7 @@ impl RedisConfig {
             heartbeat_interval: Duration::from_secs(1),
             node_ttl: Duration::from_secs(5),
             token_ttl: DEFAULT_TOKEN_TTL,
+            token_kdf: KdfCost::default(),
             member_refresh_interval: Duration::from_secs(2),
             join_timeout: Duration::from_secs(8),
             reconnect_backoff_min: Duration::from_millis(100),
@@ -215,7 +221,7 @@ impl Keys {
             prefix: format!("skyriver:{{{cluster}}}:"),
         }
     }
-    /// The token fingerprint key.
+    /// The token record key.
     pub fn token(&self) -> String {
         format!("{}token", self.prefix)
     }
@@ -257,16 +263,6 @@ impl Keys {
     }
 }
 
-/// A stable, non-reversible fingerprint of the token (FNV-1a), so Redis never stores the token.
-fn token_fingerprint(token: &str) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in b"skyriver cluster token\0".iter().chain(token.as_bytes()) {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("fnv1a64:{hash:016x}")
-}
-
 fn holder_value(incarnation: u32, sizes: &ObjectSizes) -> String {
     format!("{incarnation} {} {}", sizes.data_size, sizes.metadata_size)
 }
@@ -300,6 +296,16 @@ fn wrong_token_reason(shown_url: &str, cluster: &str, token_ttl_ms: i64) -> Stri
          token. If it is still running, give this daemon its token (--token or \
          SKYRIVER_CLUSTER_TOKEN); {expiry}; or remove its records now with `skyriver cluster \
          reset --directory {shown_url} --cluster {cluster}` (or use another --cluster name)"
+    )
+}
+
+/// Why a node was refused for a token record this version does not read.
+fn old_token_record_reason(shown_url: &str, cluster: &str) -> String {
+    format!(
+        "cluster {cluster:?} in this Redis has a token record this version does not accept \
+         (an unsalted fingerprint written by an earlier version, or a damaged one): stop that \
+         cluster's daemons and remove its records with `skyriver cluster reset --directory \
+         {shown_url} --cluster {cluster}`, then start it again (or use another --cluster name)"
     )
 }
 
@@ -362,7 +368,8 @@ pub async fn connect(
     let connector = adapter::RedisConnector {
         params: Arc::new(adapter::Params {
             keys: Keys::new(&config.cluster),
-            token_fingerprint: token_fingerprint(token),
+            token: adapter::Secret(token.to_string()),
+            verified_record: std::sync::Mutex::new(None),
             config,
             me,
             member_json,
