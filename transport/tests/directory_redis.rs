@@ -213,6 +213,8 @@ async fn redis_keys_are_well_formed() {
         names.nodes(),
         names.object(&x),
         names.token(),
+        names.held(NodeId(4), 3),
+        names.held_index(),
     ];
     want.sort();
     assert_eq!(keys, want);
@@ -747,4 +749,104 @@ async fn redis_an_old_unsalted_token_record_is_refused_with_the_reset_command() 
     let _node = Node::join(config(&server, "old"), member(1)).await;
     let fresh: String = redis_command(&server, &["GET", &token_key]).await;
     assert!(fresh.starts_with("v2:$argon2id$"), "{fresh}");
+}
+
+/// Polls Redis until `done` holds for what `read` returns, or fails after [`WAIT`].
+async fn redis_becomes<T: std::fmt::Debug>(
+    what: &str,
+    mut read: impl AsyncFnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let value = read().await;
+        if done(&value) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {value:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn redis_a_crashed_nodes_locations_and_membership_go_after_its_lifetime() {
+    let Some(server) = RedisServer::start("redis_a_crashed_nodes_locations_and_membership_go")
+    else {
+        return;
+    };
+    let names = Keys::new("c");
+    let mut watcher = Node::join(config(&server, "c"), member(1)).await;
+    let mut short = config(&server, "c");
+    short.node_ttl = Duration::from_millis(400);
+    let mut doomed = Node::join(short, member(2)).await;
+    let (mine, shared) = (ObjectId::from_u64(31), ObjectId::from_u64(32));
+    doomed.publish(mine, sizes(1)).await;
+    doomed.publish(shared, sizes(2)).await;
+    watcher.publish(shared, sizes(2)).await;
+    watcher.members_become(&[1, 2]).await;
+    // No goodbye: the node's keys stay behind as after a crash.
+    doomed.dir.abandon().await;
+    let crashed = Instant::now();
+    assert!(all_keys(&server).await.contains(&names.object(&mine)));
+
+    // Its node key expires after its TTL; the watcher's next member refresh then drops it
+    // from the members and removes its holder entries (no lookup needed).
+    watcher.members_become(&[1]).await;
+    redis_becomes(
+        "the crashed node's keys",
+        async || all_keys(&server).await,
+        |keys| {
+            !keys.contains(&names.object(&mine))
+                && !keys.contains(&names.node(NodeId(2)))
+                && !keys.contains(&names.held(NodeId(2), 3))
+        },
+    )
+    .await;
+    let bound = Duration::from_millis(400 + 200) + WAIT / 10;
+    assert!(crashed.elapsed() < bound, "took {:?}", crashed.elapsed());
+    let holders: Vec<String> = redis_command(&server, &["HKEYS", &names.object(&shared)]).await;
+    assert_eq!(holders, vec!["1".to_string()], "the live holder stays");
+    let nodes: Vec<String> = redis_command(&server, &["SMEMBERS", &names.nodes()]).await;
+    assert_eq!(nodes, vec!["1".to_string()]);
+    let index: Vec<String> = redis_command(&server, &["SMEMBERS", &names.held_index()]).await;
+    assert_eq!(index, vec!["1:3".to_string()]);
+}
+
+#[tokio::test]
+async fn redis_a_restart_with_a_new_incarnation_drops_the_old_locations() {
+    let Some(server) = RedisServer::start("redis_a_restart_with_a_new_incarnation_drops") else {
+        return;
+    };
+    let names = Keys::new("c");
+    let mut other = Node::join(config(&server, "c"), member(1)).await;
+    let mut old = Node::join(config(&server, "c"), member(2)).await;
+    let (only_old, shared) = (ObjectId::from_u64(41), ObjectId::from_u64(42));
+    old.publish(only_old, sizes(1)).await;
+    old.publish(shared, sizes(2)).await;
+    other.publish(shared, sizes(2)).await;
+    old.dir.abandon().await;
+
+    // The same daemon restarted (same address, newer incarnation) before its old key expired.
+    let mut restarted = member(2);
+    restarted.incarnation = 4;
+    let _new = Node::join(config(&server, "c"), restarted).await;
+    redis_becomes(
+        "the old incarnation's keys",
+        async || all_keys(&server).await,
+        |keys| {
+            !keys.contains(&names.object(&only_old)) && !keys.contains(&names.held(NodeId(2), 3))
+        },
+    )
+    .await;
+    let holders: Vec<String> = redis_command(&server, &["HKEYS", &names.object(&shared)]).await;
+    assert_eq!(holders, vec!["1".to_string()]);
+    // The new incarnation's own publications are kept.
+    let mut new = _new;
+    new.publish(only_old, sizes(1)).await;
+    let holder: String = redis_command(&server, &["HGET", &names.object(&only_old), "2"]).await;
+    assert!(holder.starts_with("4 "), "{holder}");
+    let index: Vec<String> = redis_command(&server, &["SMEMBERS", &names.held_index()]).await;
+    let mut index = index;
+    index.sort();
+    assert_eq!(index, vec!["1:3".to_string(), "2:4".to_string()]);
 }

@@ -27,8 +27,8 @@ use super::super::client::{Connector, Link};
 use super::token_record::{self, Mismatch};
 use super::{
     holder_value, old_token_record_reason, parse_holder_value, wrong_token_reason, Keys,
-    RedisConfig, CLAIM_TOKEN, DELETE_IF_UNCHANGED, LEAVE, MAX_BATCH, MAX_SUBSCRIPTIONS_PER_NODE,
-    PRUNE_IF_EXPIRED,
+    RedisConfig, CLAIM_TOKEN, DELETE_IF_UNCHANGED, DROP_STALE_HOLDERS, LEAVE, MAX_BATCH,
+    MAX_SUBSCRIPTIONS_PER_NODE, PRUNE_IF_EXPIRED, RESYNC_CHUNK,
 };
 
 /// What this process's session proves to its adapter: both are in one process, so the
@@ -415,6 +415,9 @@ impl Adapter {
             proof,
         });
         self.refresh_members(live).await?;
+        // What an earlier incarnation of this node, or nodes gone while none of the cluster
+        // ran, left behind.
+        Self::tolerate(self.drop_stale_holders(live).await)?;
         Ok(Ok(()))
     }
 
@@ -485,6 +488,10 @@ impl Adapter {
             .arg(self.keys.nodes())
             .arg(self.me.node.0)
             .ignore();
+        pipe.cmd("SADD")
+            .arg(self.keys.held_index())
+            .arg(self.held_entry())
+            .ignore();
         if announce {
             pipe.cmd("PUBLISH")
                 .arg(self.keys.members())
@@ -493,6 +500,70 @@ impl Adapter {
         }
         self.bounded("the heartbeat", pipe.query_async::<()>(&mut live.conn))
             .await
+    }
+
+    /// This node incarnation's entry in the index of `held:` sets.
+    fn held_entry(&self) -> String {
+        format!("{}:{}", self.me.node.0, self.me.incarnation)
+    }
+
+    /// Adds to (or removes from) this node incarnation's `held:` set, which lets others drop
+    /// its holder entries once it is gone.
+    fn add_held(&self, pipe: &mut ::redis::Pipeline, id: &ObjectId, published: bool) {
+        pipe.cmd(if published { "SADD" } else { "SREM" })
+            .arg(self.keys.held(self.me.node, self.me.incarnation))
+            .arg(id.to_string())
+            .ignore();
+    }
+
+    /// Drops the holder entries of every node incarnation that is gone (its node key expired,
+    /// or the node restarted with a newer incarnation), from their `held:` sets, in chunks.
+    /// Any node may run it at any time: an incarnation alive again is left alone.
+    async fn drop_stale_holders(&mut self, live: &mut Live) -> Result<(), Failure> {
+        let entries: Vec<String> = self
+            .bounded(
+                "SMEMBERS",
+                ::redis::cmd("SMEMBERS")
+                    .arg(self.keys.held_index())
+                    .query_async(&mut live.conn),
+            )
+            .await?;
+        for entry in entries {
+            let parsed = entry
+                .split_once(':')
+                .and_then(|(n, i)| Some((n.parse::<u32>().ok()?, i.parse::<u32>().ok()?)));
+            let Some((node, incarnation)) = parsed else {
+                tracing::warn!(entry, "ignoring a malformed held index entry in Redis");
+                continue;
+            };
+            if node == self.me.node.0 && incarnation == self.me.incarnation {
+                continue;
+            }
+            let mut dropped = false;
+            loop {
+                let left: i64 = self
+                    .bounded(
+                        "dropping a gone node's holder entries",
+                        ::redis::cmd("EVAL")
+                            .arg(DROP_STALE_HOLDERS)
+                            .arg(0)
+                            .arg(self.keys.prefix())
+                            .arg(node)
+                            .arg(incarnation)
+                            .arg(RESYNC_CHUNK)
+                            .query_async(&mut live.conn),
+                    )
+                    .await?;
+                dropped |= left >= 0;
+                if left <= 0 {
+                    break;
+                }
+            }
+            if dropped {
+                tracing::info!(node = %NodeId(node), incarnation, "dropped a gone node's holder entries");
+            }
+        }
+        Ok(())
     }
 
     /// Claims the token key for this cluster's token record or refreshes its TTL; its result is
@@ -550,6 +621,7 @@ impl Adapter {
                     .bounded("pruning expired nodes", prune.query_async(&mut live.conn))
                     .await?;
                 let mut announce = ::redis::pipe();
+                let pruned_any = pruned.contains(&1);
                 for (id, pruned) in expired.iter().zip(pruned) {
                     if pruned == 1 {
                         tracing::info!(node = %NodeId(*id), "node expired");
@@ -562,6 +634,9 @@ impl Adapter {
                 }
                 self.bounded("PUBLISH", announce.query_async::<()>(&mut live.conn))
                     .await?;
+                if pruned_any {
+                    Self::tolerate(self.drop_stale_holders(live).await)?;
+                }
             }
         }
         if members != self.members || !self.members_sent {
@@ -741,6 +816,7 @@ impl Adapter {
                             sizes.data_size,
                             sizes.metadata_size
                         ));
+                    self.add_held(&mut pipe, &id, true);
                     pending.push(Pending::Write { op });
                     commands += 2;
                 }
@@ -749,6 +825,7 @@ impl Adapter {
                     pipe.cmd("HDEL")
                         .arg(self.keys.object(&id))
                         .arg(self.me.node.0);
+                    self.add_held(&mut pipe, &id, false);
                     pending.push(Pending::Write { op });
                     commands += 1;
                 }
@@ -872,6 +949,13 @@ impl Adapter {
                 .arg(self.me.node.0)
                 .ignore();
         }
+        pipe.cmd("DEL")
+            .arg(self.keys.held(self.me.node, self.me.incarnation))
+            .ignore();
+        pipe.cmd("SREM")
+            .arg(self.keys.held_index())
+            .arg(self.held_entry())
+            .ignore();
         match timeout(LEAVE_TIMEOUT, pipe.query_async::<()>(&mut live.conn)).await {
             Ok(Ok(())) => tracing::debug!("left the Redis directory"),
             Ok(Err(error)) => {

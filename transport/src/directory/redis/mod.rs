@@ -9,6 +9,8 @@
 //! | `nodes`                        | set     | node ids that registered (an index; pruned)     |
 //! | `node:<ID>`                    | string  | the node's [`MemberInfo`] as JSON, with a TTL   |
 //! | `obj:<HEX>`                    | hash    | node id → `"<incarnation> <data> <metadata>"`   |
+//! | `held:<ID>:<INC>`              | set     | objects node ID published in incarnation INC    |
+//! | `held`                         | set     | `"<ID>:<INC>"` of every `held:` set (an index)  |
 //! | `published:<HEX>` (channel)    | pub/sub | `"<node> <incarnation> <data> <metadata>"`      |
 //! | `members` (channel)            | pub/sub | `"join <ID>"` / `"leave <ID>"`                  |
 //!
@@ -19,7 +21,10 @@
 //! node that stops cleanly ([`Directory::leave`](super::Directory::leave)) deletes its node key and its holder entries at
 //! once; the last one to leave deletes the token. [`reset`] removes a cluster's keys by hand. A holder entry counts only while
 //! its node is alive with the same incarnation; stale entries are deleted when a lookup meets
-//! them. Each node keeps a view of the members, refreshed when someone joins or leaves (the
+//! them, and all of a gone incarnation's entries are deleted (through its `held:` set) by the
+//! live node that notices its node key expired, and by every node as it joins (so a restarted
+//! daemon drops its previous incarnation's, and the first node of a restarted cluster those of
+//! nodes that died while none ran); an `obj:` hash goes with its last holder. Each node keeps a view of the members, refreshed when someone joins or leaves (the
 //! `members` channel) and periodically (to notice expiries).
 //!
 //! Waiting for an object uses pub/sub, never polling: a `Lookup` with `subscribe` first
@@ -73,6 +78,27 @@ const DELETE_IF_UNCHANGED: &str =
 /// Drops a node id from the index only if its node key is gone.
 const PRUNE_IF_EXPIRED: &str =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], ARGV[1]) end return 0";
+
+/// Drops up to `ARGV[4]` holder entries of node `ARGV[2]`'s incarnation `ARGV[3]` (its
+/// `held:` set; keys are `ARGV[1]` + name) unless that incarnation is alive (its node key holds
+/// it): pops them from the set and deletes each object's entry if the entry is of that
+/// incarnation (a hash left without holders goes with its last field). Once the set is empty
+/// its index entry goes too. Returns -1 if the incarnation is alive, else how many are left.
+const DROP_STALE_HOLDERS: &str = "local p = ARGV[1] \
+     local record = redis.call('GET', p .. 'node:' .. ARGV[2]) \
+     if record then \
+       local ok, member = pcall(cjson.decode, record) \
+       if ok and type(member) == 'table' and tostring(member.incarnation) == ARGV[3] then return -1 end \
+     end \
+     local set = p .. 'held:' .. ARGV[2] .. ':' .. ARGV[3] \
+     for _, id in ipairs(redis.call('SPOP', set, ARGV[4])) do \
+       local key = p .. 'obj:' .. id \
+       local entry = redis.call('HGET', key, ARGV[2]) \
+       if entry and string.match(entry, '^%d+') == ARGV[3] then redis.call('HDEL', key, ARGV[2]) end \
+     end \
+     local left = redis.call('SCARD', set) \
+     if left == 0 then redis.call('SREM', p .. 'held', ARGV[2] .. ':' .. ARGV[3]) end \
+     return left";
 
 /// Sets the token record (`ARGV[1]`) with a TTL of `ARGV[2]` ms if `KEYS[1]` is absent,
 /// refreshes the TTL if it holds the same record, and returns what the key holds.
@@ -221,6 +247,10 @@ impl Keys {
             prefix: format!("skyriver:{{{cluster}}}:"),
         }
     }
+    /// What every key name of the cluster starts with.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
     /// The token record key.
     pub fn token(&self) -> String {
         format!("{}token", self.prefix)
@@ -241,6 +271,15 @@ impl Keys {
     /// characters).
     pub(crate) fn all_pattern(&self) -> String {
         format!("{}*", self.prefix)
+    }
+    /// The objects node `node` published in incarnation `incarnation` (so they can be found
+    /// and dropped once that incarnation is gone).
+    pub fn held(&self, node: NodeId, incarnation: u32) -> String {
+        format!("{}held:{}:{incarnation}", self.prefix, node.0)
+    }
+    /// The index of [`Keys::held`] sets: `"<ID>:<INCARNATION>"` entries.
+    pub fn held_index(&self) -> String {
+        format!("{}held", self.prefix)
     }
     /// An object's holders.
     pub fn object(&self, id: &ObjectId) -> String {
