@@ -226,6 +226,69 @@ pub(super) fn open_client(url: &str, ca_file: Option<&Path>) -> Result<Client, O
     .map_err(|e| OpenClientError::CaFile(format!("the Redis CA file {}: {e}", path.display())))
 }
 
+/// Longest Redis password file read.
+const MAX_PASSWORD_FILE_BYTES: u64 = 4096;
+
+/// `url` (`redis://HOST:PORT…` or `rediss://…`, without credentials) with the password in the
+/// file at `path` (its content without the trailing line break; only its owner may read it,
+/// mode 0600 or stricter), so the password stays out of command lines and the environment.
+pub fn url_with_password_file(url: &str, path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let shown = path.display();
+    let (scheme, rest) = url
+        .split_once("://")
+        .filter(|(scheme, _)| matches!(*scheme, "redis" | "rediss"))
+        .ok_or_else(|| {
+            "--directory-password-file is for a Redis directory (redis://HOST:PORT)".to_string()
+        })?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(
+            "the directory URL already has credentials: give the password either in the URL \
+             or with --directory-password-file, not both"
+                .into(),
+        );
+    }
+    let file = std::fs::File::open(path)
+        .map_err(|e| format!("cannot read the Redis password file {shown}: {e}"))?;
+    let mode = file
+        .metadata()
+        .map_err(|e| format!("cannot read the Redis password file {shown}: {e}"))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "the Redis password file {shown} has mode {mode:04o}: others than its owner may \
+             read it; `chmod 600 {shown}` and start again"
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_PASSWORD_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read the Redis password file {shown}: {e}"))?;
+    if text.len() as u64 > MAX_PASSWORD_FILE_BYTES {
+        return Err(format!(
+            "the Redis password file {shown} is over {MAX_PASSWORD_FILE_BYTES} bytes"
+        ));
+    }
+    let password = text.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(format!("the Redis password file {shown} is empty"));
+    }
+    // Percent-encoded: the URL's password is decoded again when it is parsed.
+    let mut encoded = String::with_capacity(password.len());
+    for byte in password.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    Ok(format!("{scheme}://:{encoded}@{rest}"))
+}
+
 /// Whether `name` may be a cluster name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
 pub fn valid_cluster_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
@@ -299,6 +362,44 @@ impl Keys {
             .strip_prefix("published:")?
             .parse()
             .ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn password_file(mode: u32, text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("password");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn a_password_file_goes_into_the_url_encoded() {
+        let (_dir, path) = password_file(0o600, "p@ss:w/rd\n");
+        let url = url_with_password_file("redis://10.0.0.1:6379/2", &path).unwrap();
+        assert_eq!(url, "redis://:p%40ss%3Aw%2Frd@10.0.0.1:6379/2");
+        let info = url.as_str().into_connection_info().unwrap();
+        assert_eq!(info.redis_settings().password(), Some("p@ss:w/rd"));
+        let url = url_with_password_file("rediss://h:1", &path).unwrap();
+        assert!(url.starts_with("rediss://:p%40ss"), "{url}");
+    }
+
+    #[test]
+    fn a_password_file_others_can_read_or_a_url_with_credentials_is_refused() {
+        let (_dir, open) = password_file(0o640, "secret");
+        let error = url_with_password_file("redis://h:1", &open).unwrap_err();
+        assert!(error.contains("chmod 600"), "{error}");
+        let (_dir, path) = password_file(0o600, "secret");
+        let error = url_with_password_file("redis://:other@h:1", &path).unwrap_err();
+        assert!(error.contains("already has credentials"), "{error}");
+        assert!(url_with_password_file("10.0.0.1:7390", &path).is_err());
+        let (_dir, empty) = password_file(0o600, "\n");
+        assert!(url_with_password_file("redis://h:1", &empty).is_err());
     }
 }
 
