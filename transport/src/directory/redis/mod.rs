@@ -365,44 +365,6 @@ impl Keys {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::PermissionsExt;
-
-    fn password_file(mode: u32, text: &str) -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("password");
-        std::fs::write(&path, text).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-        (dir, path)
-    }
-
-    #[test]
-    fn a_password_file_goes_into_the_url_encoded() {
-        let (_dir, path) = password_file(0o600, "p@ss:w/rd\n");
-        let url = url_with_password_file("redis://10.0.0.1:6379/2", &path).unwrap();
-        assert_eq!(url, "redis://:p%40ss%3Aw%2Frd@10.0.0.1:6379/2");
-        let info = url.as_str().into_connection_info().unwrap();
-        assert_eq!(info.redis_settings().password(), Some("p@ss:w/rd"));
-        let url = url_with_password_file("rediss://h:1", &path).unwrap();
-        assert!(url.starts_with("rediss://:p%40ss"), "{url}");
-    }
-
-    #[test]
-    fn a_password_file_others_can_read_or_a_url_with_credentials_is_refused() {
-        let (_dir, open) = password_file(0o640, "secret");
-        let error = url_with_password_file("redis://h:1", &open).unwrap_err();
-        assert!(error.contains("chmod 600"), "{error}");
-        let (_dir, path) = password_file(0o600, "secret");
-        let error = url_with_password_file("redis://:other@h:1", &path).unwrap_err();
-        assert!(error.contains("already has credentials"), "{error}");
-        assert!(url_with_password_file("10.0.0.1:7390", &path).is_err());
-        let (_dir, empty) = password_file(0o600, "\n");
-        assert!(url_with_password_file("redis://h:1", &empty).is_err());
-    }
-}
-
 fn holder_value(incarnation: u32, sizes: &ObjectSizes) -> String {
     format!("{incarnation} {} {}", sizes.data_size, sizes.metadata_size)
 }
@@ -539,5 +501,43 @@ fn with_auth_hint(error: DirectoryError) -> DirectoryError {
             }
         }
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn password_file(mode: u32, text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("password");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn a_password_file_goes_into_the_url_encoded() {
+        let (_dir, path) = password_file(0o600, "p@ss:w/rd\n");
+        let url = url_with_password_file("redis://10.0.0.1:6379/2", &path).unwrap();
+        assert_eq!(url, "redis://:p%40ss%3Aw%2Frd@10.0.0.1:6379/2");
+        let info = url.as_str().into_connection_info().unwrap();
+        assert_eq!(info.redis_settings().password(), Some("p@ss:w/rd"));
+        let url = url_with_password_file("rediss://h:1", &path).unwrap();
+        assert!(url.starts_with("rediss://:p%40ss"), "{url}");
+    }
+
+    #[test]
+    fn a_password_file_others_can_read_or_a_url_with_credentials_is_refused() {
+        let (_dir, open) = password_file(0o640, "secret");
+        let error = url_with_password_file("redis://h:1", &open).unwrap_err();
+        assert!(error.contains("chmod 600"), "{error}");
+        let (_dir, path) = password_file(0o600, "secret");
+        let error = url_with_password_file("redis://:other@h:1", &path).unwrap_err();
+        assert!(error.contains("already has credentials"), "{error}");
+        assert!(url_with_password_file("10.0.0.1:7390", &path).is_err());
+        let (_dir, empty) = password_file(0o600, "\n");
+        assert!(url_with_password_file("redis://h:1", &empty).is_err());
     }
 }
