@@ -294,6 +294,10 @@ struct DaemonArgs {
         hide_env_values = true
     )]
     directory: Option<String>,
+    /// Read the Redis password of --directory redis://HOST:PORT from this file, which only its
+    /// owner may read (mode 0600), instead of putting it in the URL.
+    #[arg(long, value_name = "PATH", requires = "directory")]
+    directory_password_file: Option<PathBuf>,
     /// Where the fabric accepts other daemons (port 0: any free port).
     #[arg(long, default_value = "0.0.0.0:0", requires = "membership")]
     listen: SocketAddr,
@@ -462,7 +466,19 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
                 .parse()
                 .map_err(|e: skyriver_transport::directory::DirectoryError| e.to_string())?;
             Some(match parsed {
-                DirectorySpec::Redis { url } => DirectoryChoice::Redis { url },
+                DirectorySpec::Redis { url } => DirectoryChoice::Redis {
+                    url: match &args.directory_password_file {
+                        Some(path) => skyriver_transport::directory::redis::url_with_password_file(
+                            &url, path,
+                        )?,
+                        None => url,
+                    },
+                },
+                DirectorySpec::Builtin { .. } if args.directory_password_file.is_some() => {
+                    return Err("--directory-password-file is for a Redis directory \
+                                (redis://HOST:PORT)"
+                        .into())
+                }
                 DirectorySpec::Builtin { addr } => DirectoryChoice::Join { head: addr },
             })
         }

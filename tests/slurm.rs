@@ -193,3 +193,64 @@ fn scancel_stops_the_daemons_and_removes_the_run_directory() {
         cancelled.elapsed()
     );
 }
+
+#[test]
+fn the_jobs_redis_wants_a_password_and_no_secret_is_on_a_command_line() {
+    if !slurm_or_skip("the_jobs_redis_wants_a_password") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("skyriver-slurm")
+        .tempdir()
+        .unwrap();
+    // From inside the job: the secrets' modes, an unauthenticated FLUSHALL to the job's Redis,
+    // how many command lines on the machine hold a secret (patterns from the files, so the
+    // check's own command line holds none), then an object through the daemon.
+    let command = [
+        "bash",
+        "-c",
+        r#"s=$SKYRIVER_RUN_DIR/secrets
+        echo "modes: $(stat -c %a "$s" "$s/token" "$s/redis-password" "$s/redis.conf" | tr '\n' ' ')"
+        exec 3<>"/dev/tcp/$SKYRIVER_HEAD_ADDR/$SKYRIVER_PORT"
+        printf 'FLUSHALL\r\n' >&3
+        IFS= read -r -t 5 reply <&3
+        exec 3>&-
+        echo "unauthenticated: $reply"
+        leaked=$(for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' <"$f" 2>/dev/null; echo; done |
+            grep -c -F -f "$s/redis-password" -f "$s/token")
+        echo "command lines with a secret: $leaked"
+        printf 'still works' | $SKYRIVER_BIN put --id $(printf %040x 5) - &&
+            $SKYRIVER_BIN get $(printf %040x 5) && echo
+        echo socket=$SKYRIVER_SOCKET"#,
+    ];
+    let output = sbatch(
+        dir.path(),
+        &["--wait", "-N1", "-n1", "--time=5"],
+        &[("SKYRIVER_DIRECTORY", "redis")],
+        &command,
+    )
+    .output()
+    .unwrap();
+    let id = job_id(&output.stdout);
+    let log = std::fs::read_to_string(dir.path().join(format!("job-{id}.out"))).unwrap_or_default();
+    assert!(
+        output.status.success(),
+        "job {id} failed: {}\n{log}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(log.contains("directory redis"), "{log}");
+    assert!(log.contains("modes: 700 600 600 600"), "{log}");
+    assert!(log.contains("unauthenticated: -NOAUTH"), "{log}");
+    assert!(log.contains("command lines with a secret: 0"), "{log}");
+    assert!(log.contains("still works"), "{log}");
+    let socket = log
+        .lines()
+        .find_map(|l| l.strip_prefix("socket="))
+        .unwrap_or_else(|| panic!("no socket line in\n{log}"));
+    let run_dir = Path::new(socket).parent().unwrap();
+    assert!(
+        !run_dir.exists(),
+        "{} (and its secrets) left behind",
+        run_dir.display()
+    );
+}

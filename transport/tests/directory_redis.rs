@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use skyriver_core::{NodeId, ObjectId, ObjectSizes};
-use skyriver_transport::directory::redis::{self, Keys, RedisConfig, RedisDirectory};
+use skyriver_transport::directory::redis::{self, KdfCost, Keys, RedisConfig, RedisDirectory};
 use skyriver_transport::directory::{
     self as directory, Directory, DirectoryError, DirectoryNotice, DirectorySpec, MemberInfo,
 };
@@ -49,6 +49,8 @@ fn config(server: &RedisServer, cluster: &str) -> RedisConfig {
     config.join_timeout = Duration::from_millis(300);
     config.reconnect_backoff_min = Duration::from_millis(20);
     config.reconnect_backoff_max = Duration::from_millis(200);
+    // The token is no secret here: the cheapest token record keeps the tests fast.
+    config.token_kdf = KdfCost::TESTING;
     config
 }
 
@@ -211,6 +213,8 @@ async fn redis_keys_are_well_formed() {
         names.nodes(),
         names.object(&x),
         names.token(),
+        names.held(NodeId(4), 3),
+        names.held_index(),
     ];
     want.sort();
     assert_eq!(keys, want);
@@ -530,7 +534,14 @@ async fn redis_token_expires_once_no_node_refreshes_it_and_a_refusal_says_how_to
     drop(_live);
 
     // A token left by a cluster whose nodes all died.
-    let _: () = redis_command(&server, &["SET", &token_key, "fnv1a64:0", "PX", "700"]).await;
+    let mut other_token = short.clone();
+    other_token.cluster = "other".into();
+    let gone = Node::try_join(other_token, member(9), "another-token")
+        .await
+        .unwrap();
+    gone.dir.abandon().await;
+    let record: String = redis_command(&server, &["GET", &Keys::new("other").token()]).await;
+    let _: () = redis_command(&server, &["SET", &token_key, &record, "PX", "700"]).await;
     match Node::try_join(short.clone(), member(2), TOKEN).await {
         Err(DirectoryError::Refused(reason)) => {
             let reset = format!(
@@ -649,4 +660,193 @@ async fn redis_over_tls_with_a_test_ca() {
 
 fn server_port(server: &RedisServer) -> u16 {
     server.url().rsplit(':').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn redis_token_record_is_salted_and_slow_per_cluster() {
+    let Some(server) = RedisServer::start("redis_token_record_is_salted_and_slow_per_cluster")
+    else {
+        return;
+    };
+    let mut costly = config(&server, "c1");
+    costly.token_kdf = KdfCost::default();
+    let mut a = Node::join(costly, member(1)).await;
+    let mut b = Node::join(config(&server, "c2"), member(1)).await;
+    a.members_become(&[1]).await;
+    b.members_become(&[1]).await;
+    let one: String = redis_command(&server, &["GET", &Keys::new("c1").token()]).await;
+    let two: String = redis_command(&server, &["GET", &Keys::new("c2").token()]).await;
+    // Argon2id with the cost its first node chose, a salt and a 32-byte hash; never the
+    // token, never the unsalted fingerprint of earlier versions.
+    let default = KdfCost::default();
+    let want = format!(
+        "v2:$argon2id$v=19$m={},t={},p={}$",
+        default.memory_kib, default.passes, default.lanes
+    );
+    assert!(one.starts_with(&want), "{one}");
+    assert!(two.starts_with("v2:$argon2id$v=19$m=8,t=1,p=1$"), "{two}");
+    for record in [&one, &two] {
+        let fields: Vec<&str> = record.split('$').collect();
+        assert_eq!(fields.len(), 6, "{record}");
+        assert!(fields[4].len() >= 22, "a 16-byte salt: {record}");
+        assert_eq!(fields[5].len(), 43, "a 32-byte hash: {record}");
+        assert!(!record.contains(TOKEN) && !record.contains("fnv1a64"));
+    }
+    // Same token, two clusters: two salts, two hashes.
+    let tail = |r: &str| {
+        r.rsplit('$')
+            .take(2)
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_ne!(tail(&one)[0], tail(&two)[0]);
+    assert_ne!(tail(&one)[1], tail(&two)[1]);
+
+    // A later node derives with the stored salt and cost: the right token joins, a wrong one
+    // is refused.
+    let mut c1 = config(&server, "c1");
+    c1.token_kdf = KdfCost::TESTING;
+    let mut second = Node::join(c1.clone(), member(2)).await;
+    second.members_become(&[1, 2]).await;
+    match Node::try_join(c1, member(3), "redis-test-tokeN").await {
+        Err(DirectoryError::Refused(reason)) => {
+            assert!(reason.contains("wrong cluster token"), "{reason}")
+        }
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("a node with the wrong token joined"),
+    }
+    let after: String = redis_command(&server, &["GET", &Keys::new("c1").token()]).await;
+    assert_eq!(after, one, "later nodes keep the first node's record");
+}
+
+#[tokio::test]
+async fn redis_an_old_unsalted_token_record_is_refused_with_the_reset_command() {
+    let Some(server) = RedisServer::start("redis_an_old_unsalted_token_record_is_refused") else {
+        return;
+    };
+    let token_key = Keys::new("old").token();
+    // What earlier versions wrote: FNV-1a of the token, unsalted.
+    let _: () = redis_command(&server, &["SET", &token_key, "fnv1a64:0123456789abcdef"]).await;
+    match Node::try_join(config(&server, "old"), member(1), TOKEN).await {
+        Err(DirectoryError::Refused(reason)) => {
+            let reset = format!(
+                "skyriver cluster reset --directory {} --cluster old",
+                server.url()
+            );
+            assert!(reason.contains("earlier version"), "{reason}");
+            assert!(reason.contains(&reset), "{reason}");
+        }
+        Err(other) => panic!("expected a refusal, got {other}"),
+        Ok(_) => panic!("joined over an old token record"),
+    }
+    let kept: String = redis_command(&server, &["GET", &token_key]).await;
+    assert_eq!(
+        kept, "fnv1a64:0123456789abcdef",
+        "a refused node writes nothing"
+    );
+    // The hint works: after the reset the cluster starts with a new record.
+    redis::reset(&server.url(), "old", false).await.unwrap();
+    let _node = Node::join(config(&server, "old"), member(1)).await;
+    let fresh: String = redis_command(&server, &["GET", &token_key]).await;
+    assert!(fresh.starts_with("v2:$argon2id$"), "{fresh}");
+}
+
+/// Polls Redis until `done` holds for what `read` returns, or fails after [`WAIT`].
+async fn redis_becomes<T: std::fmt::Debug>(
+    what: &str,
+    mut read: impl AsyncFnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let value = read().await;
+        if done(&value) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: still {value:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn redis_a_crashed_nodes_locations_and_membership_go_after_its_lifetime() {
+    let Some(server) = RedisServer::start("redis_a_crashed_nodes_locations_and_membership_go")
+    else {
+        return;
+    };
+    let names = Keys::new("c");
+    let mut watcher = Node::join(config(&server, "c"), member(1)).await;
+    let mut short = config(&server, "c");
+    short.node_ttl = Duration::from_millis(400);
+    let mut doomed = Node::join(short, member(2)).await;
+    let (mine, shared) = (ObjectId::from_u64(31), ObjectId::from_u64(32));
+    doomed.publish(mine, sizes(1)).await;
+    doomed.publish(shared, sizes(2)).await;
+    watcher.publish(shared, sizes(2)).await;
+    watcher.members_become(&[1, 2]).await;
+    // No goodbye: the node's keys stay behind as after a crash.
+    doomed.dir.abandon().await;
+    let crashed = Instant::now();
+    assert!(all_keys(&server).await.contains(&names.object(&mine)));
+
+    // Its node key expires after its TTL; the watcher's next member refresh then drops it
+    // from the members and removes its holder entries (no lookup needed).
+    watcher.members_become(&[1]).await;
+    redis_becomes(
+        "the crashed node's keys",
+        async || all_keys(&server).await,
+        |keys| {
+            !keys.contains(&names.object(&mine))
+                && !keys.contains(&names.node(NodeId(2)))
+                && !keys.contains(&names.held(NodeId(2), 3))
+        },
+    )
+    .await;
+    let bound = Duration::from_millis(400 + 200) + WAIT / 10;
+    assert!(crashed.elapsed() < bound, "took {:?}", crashed.elapsed());
+    let holders: Vec<String> = redis_command(&server, &["HKEYS", &names.object(&shared)]).await;
+    assert_eq!(holders, vec!["1".to_string()], "the live holder stays");
+    let nodes: Vec<String> = redis_command(&server, &["SMEMBERS", &names.nodes()]).await;
+    assert_eq!(nodes, vec!["1".to_string()]);
+    let index: Vec<String> = redis_command(&server, &["SMEMBERS", &names.held_index()]).await;
+    assert_eq!(index, vec!["1:3".to_string()]);
+}
+
+#[tokio::test]
+async fn redis_a_restart_with_a_new_incarnation_drops_the_old_locations() {
+    let Some(server) = RedisServer::start("redis_a_restart_with_a_new_incarnation_drops") else {
+        return;
+    };
+    let names = Keys::new("c");
+    let mut other = Node::join(config(&server, "c"), member(1)).await;
+    let mut old = Node::join(config(&server, "c"), member(2)).await;
+    let (only_old, shared) = (ObjectId::from_u64(41), ObjectId::from_u64(42));
+    old.publish(only_old, sizes(1)).await;
+    old.publish(shared, sizes(2)).await;
+    other.publish(shared, sizes(2)).await;
+    old.dir.abandon().await;
+
+    // The same daemon restarted (same address, newer incarnation) before its old key expired.
+    let mut restarted = member(2);
+    restarted.incarnation = 4;
+    let _new = Node::join(config(&server, "c"), restarted).await;
+    redis_becomes(
+        "the old incarnation's keys",
+        async || all_keys(&server).await,
+        |keys| {
+            !keys.contains(&names.object(&only_old)) && !keys.contains(&names.held(NodeId(2), 3))
+        },
+    )
+    .await;
+    let holders: Vec<String> = redis_command(&server, &["HKEYS", &names.object(&shared)]).await;
+    assert_eq!(holders, vec!["1".to_string()]);
+    // The new incarnation's own publications are kept.
+    let mut new = _new;
+    new.publish(only_old, sizes(1)).await;
+    let holder: String = redis_command(&server, &["HGET", &names.object(&only_old), "2"]).await;
+    assert!(holder.starts_with("4 "), "{holder}");
+    let index: Vec<String> = redis_command(&server, &["SMEMBERS", &names.held_index()]).await;
+    let mut index = index;
+    index.sort();
+    assert_eq!(index, vec!["1:3".to_string(), "2:4".to_string()]);
 }

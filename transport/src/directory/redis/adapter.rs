@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ::redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
@@ -24,14 +24,16 @@ use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
 use super::super::client::{Connector, Link};
+use super::token_record::{self, Mismatch};
 use super::{
-    holder_value, parse_holder_value, wrong_token_reason, Keys, RedisConfig, CLAIM_TOKEN,
-    content_value, DELETE_IF_UNCHANGED, LEAVE, PUBLISH_SAME_CONTENT, MAX_BATCH, MAX_SUBSCRIPTIONS_PER_NODE, PRUNE_IF_EXPIRED,
+    content_value, holder_value, old_token_record_reason, parse_holder_value, wrong_token_reason,
+    Keys, RedisConfig, CLAIM_TOKEN, DELETE_IF_UNCHANGED, DROP_STALE_HOLDERS, LEAVE, MAX_BATCH,
+    MAX_SUBSCRIPTIONS_PER_NODE, PRUNE_IF_EXPIRED, PUBLISH_SAME_CONTENT, RESYNC_CHUNK,
 };
 
 /// What this process's session proves to its adapter: both are in one process, so the
 /// handshake between them checks the plumbing, not a secret (that is Redis's credentials and
-/// the token fingerprint's job).
+/// the token record's job).
 pub(super) const SESSION_TOKEN: &str = "";
 /// Bound on a clean leave (one pipeline to Redis).
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -43,10 +45,22 @@ pub(super) struct Params {
     pub(super) keys: Keys,
     pub(super) me: MemberInfo,
     pub(super) member_json: String,
-    pub(super) token_fingerprint: String,
+    /// The cluster token, to check against the token record.
+    pub(super) token: Secret,
+    /// The token record last found to admit the token (a reconnection skips the derivation).
+    pub(super) verified_record: Mutex<Option<String>>,
     pub(super) client: Client,
     /// The Redis URL with any password masked, for messages.
     pub(super) shown_url: String,
+}
+
+/// A secret that never shows in `Debug` output.
+pub(super) struct Secret(pub(super) String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// Opens Redis links: both connections, then an adapter task.
@@ -97,7 +111,8 @@ impl Connector for RedisConnector {
             keys: params.keys.clone(),
             me: params.me.clone(),
             member_json: params.member_json.clone(),
-            token_fingerprint: params.token_fingerprint.clone(),
+            token_record: String::new(),
+            params: params.clone(),
             shown_url: params.shown_url.clone(),
             answers,
             publications: BTreeMap::new(),
@@ -174,7 +189,10 @@ struct Adapter {
     keys: Keys,
     me: MemberInfo,
     member_json: String,
-    token_fingerprint: String,
+    /// The cluster's token record once the hello checked it (claimed or refreshed by every
+    /// heartbeat).
+    token_record: String,
+    params: Arc<Params>,
     shown_url: String,
     answers: mpsc::UnboundedSender<Result<FromRegistry, String>>,
     /// What this node published on this connection (for a clean leave).
@@ -219,7 +237,7 @@ impl Adapter {
         let mut welcomed = false;
         // The hello waiting for its proof, with the nonce this side sent. The session runs the
         // same handshake here as with the built-in head; Redis itself is guarded by its own
-        // credentials and the cluster token's fingerprint (checked when the proof arrives).
+        // credentials and the cluster token's record (checked when the proof arrives).
         let mut handshake: Option<(Hello, Nonce)> = None;
         let mut next: Option<ToRegistry> = None;
         let refresh = tokio::time::sleep(self.config.member_refresh_interval);
@@ -331,18 +349,47 @@ impl Adapter {
         if hello.member != self.me {
             return Ok(Err(("the hello names another node".into(), false)));
         }
-        // The first node of a cluster sets the token; later ones must match it.
+        // The first node of a cluster sets the token record; later ones must match it.
         let mut pipe = ::redis::pipe();
-        self.add_claim_token(&mut pipe);
+        pipe.cmd("GET").arg(self.keys.token());
         pipe.cmd("GET").arg(self.keys.node(self.me.node));
         pipe.cmd("PTTL").arg(self.keys.token());
         let (stored, existing, token_ttl_ms): (Option<String>, Option<String>, i64) = self
             .bounded("the token check", pipe.query_async(&mut live.conn))
             .await?;
-        if stored.as_deref() != Some(self.token_fingerprint.as_str()) {
-            let reason = wrong_token_reason(&self.shown_url, &self.config.cluster, token_ttl_ms);
+        let stored = match stored {
+            Some(stored) => stored,
+            None => {
+                let (cluster, cost) = (self.config.cluster.clone(), self.config.token_kdf);
+                let params = self.params.clone();
+                let fresh = tokio::task::spawn_blocking(move || {
+                    token_record::create(&cluster, &params.token.0, cost)
+                })
+                .await
+                .map_err(|e| Failure::Lost(format!("the token record's derivation failed: {e}")))?
+                .map_err(Failure::Lost)?;
+                self.token_record = fresh;
+                // SET if absent; another node may have claimed it meanwhile.
+                let mut pipe = ::redis::pipe();
+                self.add_claim_token(&mut pipe);
+                let (held,): (String,) = self
+                    .bounded("the token claim", pipe.query_async(&mut live.conn))
+                    .await?;
+                held
+            }
+        };
+        if let Err(mismatch) = self.check_token_record(&stored).await? {
+            let reason = match mismatch {
+                Mismatch::WrongToken => {
+                    wrong_token_reason(&self.shown_url, &self.config.cluster, token_ttl_ms)
+                }
+                Mismatch::OldFormat | Mismatch::TooCostly => {
+                    old_token_record_reason(&self.shown_url, &self.config.cluster)
+                }
+            };
             return Ok(Err((reason, false)));
         }
+        self.token_record = stored;
         if let Some(existing) = existing {
             if let Ok(other) = serde_json::from_str::<MemberInfo>(&existing) {
                 let same_address = other.fabric_addr == self.me.fabric_addr;
@@ -373,7 +420,45 @@ impl Adapter {
             proof,
         });
         self.refresh_members(live).await?;
+        // What an earlier incarnation of this node, or nodes gone while none of the cluster
+        // ran, left behind.
+        Self::tolerate(self.drop_stale_holders(live).await)?;
         Ok(Ok(()))
+    }
+
+    /// Whether the stored token record admits this node's token: the record verified last
+    /// time, or a derivation with the record's salt and cost (off the async threads).
+    async fn check_token_record(&self, stored: &str) -> Result<Result<(), Mismatch>, Failure> {
+        let verified = |params: &Params| {
+            params
+                .verified_record
+                .lock()
+                .is_ok_and(|v| v.as_deref() == Some(stored))
+        };
+        if verified(&self.params) {
+            return Ok(Ok(()));
+        }
+        if stored == self.token_record {
+            // This node made the record.
+            if let Ok(mut verified) = self.params.verified_record.lock() {
+                *verified = Some(stored.to_string());
+            }
+            return Ok(Ok(()));
+        }
+        let params = self.params.clone();
+        let (record, cluster) = (stored.to_string(), self.config.cluster.clone());
+        let outcome = tokio::task::spawn_blocking(move || {
+            let outcome = token_record::verify(&record, &cluster, &params.token.0);
+            if outcome.is_ok() {
+                if let Ok(mut verified) = params.verified_record.lock() {
+                    *verified = Some(record);
+                }
+            }
+            outcome
+        })
+        .await
+        .map_err(|e| Failure::Lost(format!("the token record's check failed: {e}")))?;
+        Ok(outcome)
     }
 
     /// Runs `future` under the request timeout.
@@ -408,6 +493,10 @@ impl Adapter {
             .arg(self.keys.nodes())
             .arg(self.me.node.0)
             .ignore();
+        pipe.cmd("SADD")
+            .arg(self.keys.held_index())
+            .arg(self.held_entry())
+            .ignore();
         if announce {
             pipe.cmd("PUBLISH")
                 .arg(self.keys.members())
@@ -418,14 +507,78 @@ impl Adapter {
             .await
     }
 
-    /// Claims the token key for this cluster's fingerprint or refreshes its TTL; its result is
+    /// This node incarnation's entry in the index of `held:` sets.
+    fn held_entry(&self) -> String {
+        format!("{}:{}", self.me.node.0, self.me.incarnation)
+    }
+
+    /// Adds to (or removes from) this node incarnation's `held:` set, which lets others drop
+    /// its holder entries once it is gone.
+    fn add_held(&self, pipe: &mut ::redis::Pipeline, id: &ObjectId, published: bool) {
+        pipe.cmd(if published { "SADD" } else { "SREM" })
+            .arg(self.keys.held(self.me.node, self.me.incarnation))
+            .arg(id.to_string())
+            .ignore();
+    }
+
+    /// Drops the holder entries of every node incarnation that is gone (its node key expired,
+    /// or the node restarted with a newer incarnation), from their `held:` sets, in chunks.
+    /// Any node may run it at any time: an incarnation alive again is left alone.
+    async fn drop_stale_holders(&mut self, live: &mut Live) -> Result<(), Failure> {
+        let entries: Vec<String> = self
+            .bounded(
+                "SMEMBERS",
+                ::redis::cmd("SMEMBERS")
+                    .arg(self.keys.held_index())
+                    .query_async(&mut live.conn),
+            )
+            .await?;
+        for entry in entries {
+            let parsed = entry
+                .split_once(':')
+                .and_then(|(n, i)| Some((n.parse::<u32>().ok()?, i.parse::<u32>().ok()?)));
+            let Some((node, incarnation)) = parsed else {
+                tracing::warn!(entry, "ignoring a malformed held index entry in Redis");
+                continue;
+            };
+            if node == self.me.node.0 && incarnation == self.me.incarnation {
+                continue;
+            }
+            let mut dropped = false;
+            loop {
+                let left: i64 = self
+                    .bounded(
+                        "dropping a gone node's holder entries",
+                        ::redis::cmd("EVAL")
+                            .arg(DROP_STALE_HOLDERS)
+                            .arg(0)
+                            .arg(self.keys.prefix())
+                            .arg(node)
+                            .arg(incarnation)
+                            .arg(RESYNC_CHUNK)
+                            .query_async(&mut live.conn),
+                    )
+                    .await?;
+                dropped |= left >= 0;
+                if left <= 0 {
+                    break;
+                }
+            }
+            if dropped {
+                tracing::info!(node = %NodeId(node), incarnation, "dropped a gone node's holder entries");
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims the token key for this cluster's token record or refreshes its TTL; its result is
     /// what the key holds.
     fn add_claim_token(&self, pipe: &mut ::redis::Pipeline) {
         pipe.cmd("EVAL")
             .arg(CLAIM_TOKEN)
             .arg(1)
             .arg(self.keys.token())
-            .arg(&self.token_fingerprint)
+            .arg(&self.token_record)
             .arg(self.config.token_ttl.as_millis().max(1) as u64);
     }
 
@@ -473,6 +626,7 @@ impl Adapter {
                     .bounded("pruning expired nodes", prune.query_async(&mut live.conn))
                     .await?;
                 let mut announce = ::redis::pipe();
+                let pruned_any = pruned.contains(&1);
                 for (id, pruned) in expired.iter().zip(pruned) {
                     if pruned == 1 {
                         tracing::info!(node = %NodeId(*id), "node expired");
@@ -485,6 +639,9 @@ impl Adapter {
                 }
                 self.bounded("PUBLISH", announce.query_async::<()>(&mut live.conn))
                     .await?;
+                if pruned_any {
+                    Self::tolerate(self.drop_stale_holders(live).await)?;
+                }
             }
         }
         if members != self.members || !self.members_sent {
@@ -729,6 +886,8 @@ impl Adapter {
                 DirectoryRequest::Publish { id, sizes, digest } => {
                     self.publications.insert(id, (sizes, digest));
                     pipe.add_command(self.publish_command(id, sizes, digest));
+                    // Listed even if refused: dropping a field this node never set is harmless.
+                    self.add_held(&mut pipe, &id, true);
                     pending.push(Pending::Publish {
                         op,
                         id,
@@ -741,6 +900,7 @@ impl Adapter {
                     pipe.cmd("HDEL")
                         .arg(self.keys.object(&id))
                         .arg(self.me.node.0);
+                    self.add_held(&mut pipe, &id, false);
                     pending.push(Pending::Write { op });
                     commands += 1;
                 }
@@ -883,7 +1043,7 @@ impl Adapter {
             .arg(&self.member_json)
             .arg(self.me.node.0)
             .arg(self.keys.node_prefix())
-            .arg(&self.token_fingerprint)
+            .arg(&self.token_record)
             .ignore();
         pipe.cmd("PUBLISH")
             .arg(self.keys.members())
@@ -895,6 +1055,13 @@ impl Adapter {
                 .arg(self.me.node.0)
                 .ignore();
         }
+        pipe.cmd("DEL")
+            .arg(self.keys.held(self.me.node, self.me.incarnation))
+            .ignore();
+        pipe.cmd("SREM")
+            .arg(self.keys.held_index())
+            .arg(self.held_entry())
+            .ignore();
         match timeout(LEAVE_TIMEOUT, pipe.query_async::<()>(&mut live.conn)).await {
             Ok(Ok(())) => tracing::debug!("left the Redis directory"),
             Ok(Err(error)) => {

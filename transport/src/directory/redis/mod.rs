@@ -5,10 +5,12 @@
 //!
 //! | key / channel                  | type    | holds                                           |
 //! |--------------------------------|---------|-------------------------------------------------|
-//! | `token`                        | string  | fingerprint of the cluster token, with a TTL    |
+//! | `token`                        | string  | the token's record (`token_record`), with a TTL |
 //! | `nodes`                        | set     | node ids that registered (an index; pruned)     |
 //! | `node:<ID>`                    | string  | the node's [`MemberInfo`] as JSON, with a TTL   |
 //! | `obj:<HEX>`                    | hash    | node id → `"<incarnation> <data> <metadata>"`   |
+//! | `held:<ID>:<INC>`              | set     | objects node ID published in incarnation INC    |
+//! | `held`                         | set     | `"<ID>:<INC>"` of every `held:` set (an index)  |
 //! | `published:<HEX>` (channel)    | pub/sub | `"<node> <incarnation> <data> <metadata>"`      |
 //! | `members` (channel)            | pub/sub | `"join <ID>"` / `"leave <ID>"`                  |
 //!
@@ -19,7 +21,10 @@
 //! node that stops cleanly ([`Directory::leave`](super::Directory::leave)) deletes its node key and its holder entries at
 //! once; the last one to leave deletes the token. [`reset`] removes a cluster's keys by hand. A holder entry counts only while
 //! its node is alive with the same incarnation; stale entries are deleted when a lookup meets
-//! them. Each node keeps a view of the members, refreshed when someone joins or leaves (the
+//! them, and all of a gone incarnation's entries are deleted (through its `held:` set) by the
+//! live node that notices its node key expired, and by every node as it joins (so a restarted
+//! daemon drops its previous incarnation's, and the first node of a restarted cluster those of
+//! nodes that died while none ran); an `obj:` hash goes with its last holder. Each node keeps a view of the members, refreshed when someone joins or leaves (the
 //! `members` channel) and periodically (to notice expiries).
 //!
 //! Waiting for an object uses pub/sub, never polling: a `Lookup` with `subscribe` first
@@ -38,6 +43,7 @@
 
 mod adapter;
 mod reset;
+mod token_record;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +57,7 @@ use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use tokio::sync::mpsc;
 
 pub use reset::{reset, ResetError, ResetOutcome};
+pub use token_record::KdfCost;
 
 use super::client::{self, ClientTiming, DirectoryClient};
 use super::DirectoryError;
@@ -89,8 +96,29 @@ const PUBLISH_SAME_CONTENT: &str = "local entries = redis.call('HGETALL', KEYS[1
 const PRUNE_IF_EXPIRED: &str =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], ARGV[1]) end return 0";
 
-/// Sets the token fingerprint (`ARGV[1]`) with a TTL of `ARGV[2]` ms if `KEYS[1]` is absent,
-/// refreshes the TTL if it holds the same fingerprint, and returns what the key holds.
+/// Drops up to `ARGV[4]` holder entries of node `ARGV[2]`'s incarnation `ARGV[3]` (its
+/// `held:` set; keys are `ARGV[1]` + name) unless that incarnation is alive (its node key holds
+/// it): pops them from the set and deletes each object's entry if the entry is of that
+/// incarnation (a hash left without holders goes with its last field). Once the set is empty
+/// its index entry goes too. Returns -1 if the incarnation is alive, else how many are left.
+const DROP_STALE_HOLDERS: &str = "local p = ARGV[1] \
+     local record = redis.call('GET', p .. 'node:' .. ARGV[2]) \
+     if record then \
+       local ok, member = pcall(cjson.decode, record) \
+       if ok and type(member) == 'table' and tostring(member.incarnation) == ARGV[3] then return -1 end \
+     end \
+     local set = p .. 'held:' .. ARGV[2] .. ':' .. ARGV[3] \
+     for _, id in ipairs(redis.call('SPOP', set, ARGV[4])) do \
+       local key = p .. 'obj:' .. id \
+       local entry = redis.call('HGET', key, ARGV[2]) \
+       if entry and string.match(entry, '^%d+') == ARGV[3] then redis.call('HDEL', key, ARGV[2]) end \
+     end \
+     local left = redis.call('SCARD', set) \
+     if left == 0 then redis.call('SREM', p .. 'held', ARGV[2] .. ':' .. ARGV[3]) end \
+     return left";
+
+/// Sets the token record (`ARGV[1]`) with a TTL of `ARGV[2]` ms if `KEYS[1]` is absent,
+/// refreshes the TTL if it holds the same record, and returns what the key holds.
 const CLAIM_TOKEN: &str = "local v = redis.call('GET', KEYS[1]) \
      if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return ARGV[1] end \
      if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
@@ -98,7 +126,7 @@ const CLAIM_TOKEN: &str = "local v = redis.call('GET', KEYS[1]) \
 /// A clean leave: deletes the node key (`KEYS[1]`) if it still holds this daemon's record
 /// (`ARGV[1]`), drops its id (`ARGV[2]`) from the index (`KEYS[2]`), and when no registered
 /// node is alive any more (node keys are `ARGV[3]` + id) deletes the index and the token
-/// (`KEYS[3]`) if it holds this cluster's fingerprint (`ARGV[4]`). Returns the nodes still alive.
+/// (`KEYS[3]`) if it holds this cluster's token record (`ARGV[4]`). Returns the nodes still alive.
 const LEAVE: &str = "local mine = redis.call('GET', KEYS[1]) \
      if mine == ARGV[1] then redis.call('DEL', KEYS[1]) end \
      if mine == ARGV[1] or not mine then redis.call('SREM', KEYS[2], ARGV[2]) end \
@@ -136,6 +164,9 @@ pub struct RedisConfig {
     /// TTL of the token key, refreshed by every live node's heartbeat: once no node is alive,
     /// the cluster's name can be taken with another token after at most this long.
     pub token_ttl: Duration,
+    /// Cost of the token record (Argon2id) when this node is the first of its cluster; later
+    /// nodes use the cost stored in the record.
+    pub token_kdf: KdfCost,
     /// The member list is re-read at least this often (to notice expired nodes).
     pub member_refresh_interval: Duration,
     /// How long the first connection waits for a previous daemon's key with this node id to
@@ -149,7 +180,7 @@ pub struct RedisConfig {
 
 impl RedisConfig {
     /// Defaults: 1 s request and connect timeouts, 1 s heartbeat, 5 s node TTL, 30 s token
-    /// TTL, member list re-read every 2 s, reconnect backoff 100 ms to 5 s.
+    /// TTL, token record at [`KdfCost::default`], member list re-read every 2 s, reconnect backoff 100 ms to 5 s.
     pub fn new(url: impl Into<String>, cluster: &str) -> Self {
         Self {
             url: url.into(),
@@ -162,6 +193,7 @@ impl RedisConfig {
             heartbeat_interval: Duration::from_secs(1),
             node_ttl: Duration::from_secs(5),
             token_ttl: DEFAULT_TOKEN_TTL,
+            token_kdf: KdfCost::default(),
             member_refresh_interval: Duration::from_secs(2),
             join_timeout: Duration::from_secs(8),
             reconnect_backoff_min: Duration::from_millis(100),
@@ -211,6 +243,69 @@ pub(super) fn open_client(url: &str, ca_file: Option<&Path>) -> Result<Client, O
     .map_err(|e| OpenClientError::CaFile(format!("the Redis CA file {}: {e}", path.display())))
 }
 
+/// Longest Redis password file read.
+const MAX_PASSWORD_FILE_BYTES: u64 = 4096;
+
+/// `url` (`redis://HOST:PORT…` or `rediss://…`, without credentials) with the password in the
+/// file at `path` (its content without the trailing line break; only its owner may read it,
+/// mode 0600 or stricter), so the password stays out of command lines and the environment.
+pub fn url_with_password_file(url: &str, path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let shown = path.display();
+    let (scheme, rest) = url
+        .split_once("://")
+        .filter(|(scheme, _)| matches!(*scheme, "redis" | "rediss"))
+        .ok_or_else(|| {
+            "--directory-password-file is for a Redis directory (redis://HOST:PORT)".to_string()
+        })?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(
+            "the directory URL already has credentials: give the password either in the URL \
+             or with --directory-password-file, not both"
+                .into(),
+        );
+    }
+    let file = std::fs::File::open(path)
+        .map_err(|e| format!("cannot read the Redis password file {shown}: {e}"))?;
+    let mode = file
+        .metadata()
+        .map_err(|e| format!("cannot read the Redis password file {shown}: {e}"))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "the Redis password file {shown} has mode {mode:04o}: others than its owner may \
+             read it; `chmod 600 {shown}` and start again"
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_PASSWORD_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read the Redis password file {shown}: {e}"))?;
+    if text.len() as u64 > MAX_PASSWORD_FILE_BYTES {
+        return Err(format!(
+            "the Redis password file {shown} is over {MAX_PASSWORD_FILE_BYTES} bytes"
+        ));
+    }
+    let password = text.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(format!("the Redis password file {shown} is empty"));
+    }
+    // Percent-encoded: the URL's password is decoded again when it is parsed.
+    let mut encoded = String::with_capacity(password.len());
+    for byte in password.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    Ok(format!("{scheme}://:{encoded}@{rest}"))
+}
+
 /// Whether `name` may be a cluster name: 1 to 64 of `A-Z a-z 0-9 . _ -`.
 pub fn valid_cluster_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
@@ -232,7 +327,11 @@ impl Keys {
             prefix: format!("skyriver:{{{cluster}}}:"),
         }
     }
-    /// The token fingerprint key.
+    /// What every key name of the cluster starts with.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+    /// The token record key.
     pub fn token(&self) -> String {
         format!("{}token", self.prefix)
     }
@@ -253,6 +352,15 @@ impl Keys {
     pub(crate) fn all_pattern(&self) -> String {
         format!("{}*", self.prefix)
     }
+    /// The objects node `node` published in incarnation `incarnation` (so they can be found
+    /// and dropped once that incarnation is gone).
+    pub fn held(&self, node: NodeId, incarnation: u32) -> String {
+        format!("{}held:{}:{incarnation}", self.prefix, node.0)
+    }
+    /// The index of [`Keys::held`] sets: `"<ID>:<INCARNATION>"` entries.
+    pub fn held_index(&self) -> String {
+        format!("{}held", self.prefix)
+    }
     /// An object's holders.
     pub fn object(&self, id: &ObjectId) -> String {
         format!("{}obj:{id}", self.prefix)
@@ -272,16 +380,6 @@ impl Keys {
             .parse()
             .ok()
     }
-}
-
-/// A stable, non-reversible fingerprint of the token (FNV-1a), so Redis never stores the token.
-fn token_fingerprint(token: &str) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in b"skyriver cluster token\0".iter().chain(token.as_bytes()) {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("fnv1a64:{hash:016x}")
 }
 
 /// A holder entry of an `obj:` hash: `"<incarnation> <content>"`, the content as
@@ -327,6 +425,16 @@ fn wrong_token_reason(shown_url: &str, cluster: &str, token_ttl_ms: i64) -> Stri
          token. If it is still running, give this daemon its token (--token or \
          SKYRIVER_CLUSTER_TOKEN); {expiry}; or remove its records now with `skyriver cluster \
          reset --directory {shown_url} --cluster {cluster}` (or use another --cluster name)"
+    )
+}
+
+/// Why a node was refused for a token record this version does not read.
+fn old_token_record_reason(shown_url: &str, cluster: &str) -> String {
+    format!(
+        "cluster {cluster:?} in this Redis has a token record this version does not accept \
+         (an unsalted fingerprint written by an earlier version, or a damaged one): stop that \
+         cluster's daemons and remove its records with `skyriver cluster reset --directory \
+         {shown_url} --cluster {cluster}`, then start it again (or use another --cluster name)"
     )
 }
 
@@ -389,7 +497,8 @@ pub async fn connect(
     let connector = adapter::RedisConnector {
         params: Arc::new(adapter::Params {
             keys: Keys::new(&config.cluster),
-            token_fingerprint: token_fingerprint(token),
+            token: adapter::Secret(token.to_string()),
+            verified_record: std::sync::Mutex::new(None),
             config,
             me,
             member_json,
@@ -419,5 +528,43 @@ fn with_auth_hint(error: DirectoryError) -> DirectoryError {
             }
         }
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn password_file(mode: u32, text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("password");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn a_password_file_goes_into_the_url_encoded() {
+        let (_dir, path) = password_file(0o600, "p@ss:w/rd\n");
+        let url = url_with_password_file("redis://10.0.0.1:6379/2", &path).unwrap();
+        assert_eq!(url, "redis://:p%40ss%3Aw%2Frd@10.0.0.1:6379/2");
+        let info = url.as_str().into_connection_info().unwrap();
+        assert_eq!(info.redis_settings().password(), Some("p@ss:w/rd"));
+        let url = url_with_password_file("rediss://h:1", &path).unwrap();
+        assert!(url.starts_with("rediss://:p%40ss"), "{url}");
+    }
+
+    #[test]
+    fn a_password_file_others_can_read_or_a_url_with_credentials_is_refused() {
+        let (_dir, open) = password_file(0o640, "secret");
+        let error = url_with_password_file("redis://h:1", &open).unwrap_err();
+        assert!(error.contains("chmod 600"), "{error}");
+        let (_dir, path) = password_file(0o600, "secret");
+        let error = url_with_password_file("redis://:other@h:1", &path).unwrap_err();
+        assert!(error.contains("already has credentials"), "{error}");
+        assert!(url_with_password_file("10.0.0.1:7390", &path).is_err());
+        let (_dir, empty) = password_file(0o600, "\n");
+        assert!(url_with_password_file("redis://h:1", &empty).is_err());
     }
 }
