@@ -10,8 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use crate::digest::ContentDigest;
 use crate::alloc::Allocator;
+use crate::digest::ContentDigest;
 use crate::error::StoreError;
 use crate::ids::{ArenaId, ClientId, ObjectId};
 use crate::region::LocalRegion;

@@ -26,6 +26,7 @@ use postcard::{from_bytes, to_stdvec};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use skyriver_core::auth::{self, Nonce, Role};
+use skyriver_core::digest::ContentDigest;
 use skyriver_core::directory::{DirectoryReply, DirectoryRequest, MemberInfo};
 use skyriver_core::registry::wire::{announced_version, member_identity, transcript, WireOpId};
 use skyriver_core::registry::{
@@ -64,7 +65,11 @@ fn seeds() -> Vec<Vec<u8>> {
         ToRegistry::Proof([6; 32]),
         ToRegistry::Request {
             op: WireOpId(1),
-            request: DirectoryRequest::Publish { id, sizes },
+            request: DirectoryRequest::Publish {
+                id,
+                sizes,
+                digest: ContentDigest(0x0123_4567_89ab_cdef),
+            },
         },
         ToRegistry::Request {
             op: WireOpId(2),
@@ -87,6 +92,14 @@ fn seeds() -> Vec<Vec<u8>> {
             reply: DirectoryReply::Located {
                 holders: vec![NodeId(3)],
                 sizes: Some(sizes),
+                digest: Some(ContentDigest(0x0123_4567_89ab_cdef)),
+            },
+        },
+        FromRegistry::Reply {
+            op: WireOpId(1),
+            reply: DirectoryReply::Conflict {
+                sizes,
+                digest: ContentDigest(7),
             },
         },
         FromRegistry::Refused {

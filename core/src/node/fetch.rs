@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use super::locations::Location;
 use super::{spread_key, DirectoryPurpose, FetchError, Node, Timer, TransferMode, FETCH_CLIENT};
-use crate::digest::ContentDigest;
 use crate::client_protocol::Response;
+use crate::digest::ContentDigest;
 use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::error::StoreError;
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};

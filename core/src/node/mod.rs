@@ -423,7 +423,12 @@ impl Node {
     }
 
     /// The driver's answer to [`NodeOutput::VerifyContent`]: what the copy's bytes hash to.
-    pub fn handle_content_hashed(&mut self, now: Instant, transfer: TransferId, actual: ContentDigest) {
+    pub fn handle_content_hashed(
+        &mut self,
+        now: Instant,
+        transfer: TransferId,
+        actual: ContentDigest,
+    ) {
         self.advance(now);
         self.content_hashed(transfer, actual);
         self.absorb_store();

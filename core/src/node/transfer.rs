@@ -545,7 +545,10 @@ impl Node {
 
     /// Every byte of `tid` is in: the driver hashes them.
     fn verify(&mut self, tid: TransferId, path: TransferPath) {
-        let transfer = self.transfers.get_mut(&tid).expect("verifying a live transfer");
+        let transfer = self
+            .transfers
+            .get_mut(&tid)
+            .expect("verifying a live transfer");
         transfer.state = IncomingState::Verifying { path };
         let (region, object) = (transfer.local.region, transfer.id);
         self.push(NodeOutput::VerifyContent {

@@ -41,8 +41,8 @@ use std::time::Duration;
 
 use holders::HolderIndex;
 
-use crate::digest::ContentDigest;
 use crate::auth::{self, Nonce, NonceSource, Proof, Role};
+use crate::digest::ContentDigest;
 use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo};
 use crate::ids::{NodeId, ObjectId};
 use crate::time::Instant;
@@ -618,7 +618,7 @@ impl Registry {
     pub fn holders_of(&self, id: &ObjectId) -> Vec<NodeId> {
         self.holders
             .get(id)
-            .map(|h| h.iter().map(|node| node).collect())
+            .map(|h| h.iter().collect())
             .unwrap_or_default()
     }
 

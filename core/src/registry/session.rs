@@ -23,10 +23,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use crate::auth::{self, Nonce, NonceSource, Role};
+use crate::digest::ContentDigest;
 use crate::directory::{
     DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
 };
-use crate::digest::ContentDigest;
 use crate::ids::ObjectId;
 use crate::sorted_chunks::SortedChunks;
 use crate::time::Instant;

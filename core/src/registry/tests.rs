@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::session::{DirectorySession, SessionConfig, SessionError, SessionOutput};
 use super::*;
+use crate::digest::ContentDigest;
 use crate::directory::{DirectoryNotice, DirectoryOpId};
 
 const TOKEN: &str = "token";
@@ -76,6 +77,11 @@ fn sizes(n: u64) -> ObjectSizes {
         data_size: n,
         metadata_size: 0,
     }
+}
+
+/// The digest of the `n`-byte object these tests publish as `sizes(n)`.
+fn digest(n: u64) -> ContentDigest {
+    ContentDigest::of(&vec![n as u8; n as usize], &[])
 }
 
 fn at_ms(ms: u64) -> Instant {
@@ -153,6 +159,7 @@ fn publish_then_lookup_lists_the_holder_and_withdraw_removes_it() {
         DirectoryRequest::Publish {
             id: x,
             sizes: sizes(5),
+            digest: digest(5),
         },
     );
     assert_eq!(
@@ -181,12 +188,161 @@ fn publish_then_lookup_lists_the_holder_and_withdraw_removes_it() {
             op: WireOpId(0),
             reply: DirectoryReply::Located {
                 holders: vec![NodeId(1)],
-                sizes: Some(sizes(5))
+                sizes: Some(sizes(5)),
+                digest: Some(digest(5)),
             }
         }
     );
     request(&mut r, at_ms(2), 1, 1, DirectoryRequest::Withdraw { id: x });
     assert!(r.holders_of(&x).is_empty());
+}
+
+/// The registry's one reply to a `Publish` of `id` by the member on `conn`.
+fn publish_reply(
+    r: &mut Registry,
+    conn: u64,
+    op: u64,
+    id: ObjectId,
+    sizes: ObjectSizes,
+    digest: ContentDigest,
+) -> DirectoryReply {
+    let out = request(
+        r,
+        at_ms(1),
+        conn,
+        op,
+        DirectoryRequest::Publish { id, sizes, digest },
+    );
+    match out.as_slice() {
+        [(c, FromRegistry::Reply { op: o, reply })] if *c == ConnId(conn) && *o == WireOpId(op) => {
+            reply.clone()
+        }
+        other => panic!("expected one reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_publish_of_an_id_held_with_another_content_is_refused_and_lists_nobody() {
+    let mut r = registry();
+    for node in 1..=3 {
+        join(&mut r, at_ms(0), node as u64, node);
+    }
+    let x = ObjectId::from_u64(1);
+    let (ours, theirs) = (
+        ContentDigest::of(b"node 1 wrote this", &[]),
+        ContentDigest::of(b"node 2 wrote that", &[]),
+    );
+    assert_eq!(
+        publish_reply(&mut r, 1, 0, x, sizes(17), ours),
+        DirectoryReply::Done
+    );
+    let conflict = DirectoryReply::Conflict {
+        sizes: sizes(17),
+        digest: ours,
+    };
+    assert_eq!(
+        publish_reply(&mut r, 2, 0, x, sizes(17), theirs),
+        conflict,
+        "same sizes, other bytes"
+    );
+    assert_eq!(
+        publish_reply(&mut r, 3, 0, x, sizes(18), ours),
+        conflict,
+        "other sizes are another content even with the digest"
+    );
+    assert_eq!(
+        r.holders_of(&x),
+        vec![NodeId(1)],
+        "the refused are not listed"
+    );
+    // A lookup names the accepted content only.
+    let out = request(
+        &mut r,
+        at_ms(1),
+        3,
+        1,
+        DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false,
+        },
+    );
+    assert_eq!(
+        out[0].1,
+        FromRegistry::Reply {
+            op: WireOpId(1),
+            reply: DirectoryReply::Located {
+                holders: vec![NodeId(1)],
+                sizes: Some(sizes(17)),
+                digest: Some(ours),
+            }
+        }
+    );
+    // Once its last holder leaves, the id may name another content.
+    r.handle_disconnect(at_ms(2), ConnId(1));
+    drain(&mut r);
+    assert_eq!(
+        publish_reply(&mut r, 2, 1, x, sizes(17), theirs),
+        DirectoryReply::Done
+    );
+    assert_eq!(r.holders_of(&x), vec![NodeId(2)]);
+}
+
+#[test]
+fn the_same_content_from_a_second_node_is_accepted_and_fires_no_conflict() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 1, 1);
+    join(&mut r, at_ms(0), 2, 2);
+    let x = ObjectId::from_u64(1);
+    let d = ContentDigest::of(&[7; 40], &[1, 2, 3]);
+    let s = ObjectSizes {
+        data_size: 40,
+        metadata_size: 3,
+    };
+    assert_eq!(publish_reply(&mut r, 1, 0, x, s, d), DirectoryReply::Done);
+    assert_eq!(publish_reply(&mut r, 2, 0, x, s, d), DirectoryReply::Done);
+    // Publishing it again changes nothing.
+    assert_eq!(publish_reply(&mut r, 2, 1, x, s, d), DirectoryReply::Done);
+    assert_eq!(r.holders_of(&x), vec![NodeId(1), NodeId(2)]);
+}
+
+#[test]
+fn a_refused_publication_is_not_replayed_to_a_registry_that_lost_its_state() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 9, 2);
+    let x = ObjectId::from_u64(1);
+    let (theirs, ours) = (digest(1), ContentDigest::of(&[2], &[]));
+    assert_eq!(
+        publish_reply(&mut r, 9, 0, x, sizes(1), theirs),
+        DirectoryReply::Done
+    );
+    let now = at_ms(0);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
+    s.handle_timeout(now);
+    exchange(&mut s, &mut r, 1, now);
+    s.handle_submit(
+        now,
+        DirectoryOpId(1),
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(1),
+            digest: ours,
+        },
+    );
+    let notices = exchange(&mut s, &mut r, 1, now);
+    assert!(
+        notices.contains(&DirectoryNotice::Reply {
+            op: DirectoryOpId(1),
+            reply: DirectoryReply::Conflict {
+                sizes: sizes(1),
+                digest: theirs,
+            },
+        }),
+        "{notices:?}"
+    );
+    assert!(
+        s.replay_state().publications.is_empty(),
+        "nothing to replay"
+    );
 }
 
 #[test]
@@ -211,7 +367,8 @@ fn a_publish_after_a_subscribing_lookup_that_found_nothing_reaches_the_subscribe
             op: WireOpId(7),
             reply: DirectoryReply::Located {
                 holders: vec![],
-                sizes: None
+                sizes: None,
+                digest: None,
             }
         }
     );
@@ -224,12 +381,14 @@ fn a_publish_after_a_subscribing_lookup_that_found_nothing_reaches_the_subscribe
         DirectoryRequest::Publish {
             id: x,
             sizes: sizes(3),
+            digest: digest(3),
         },
     );
     let fired = DirectoryEvent::Published {
         id: x,
         holder: NodeId(1),
         sizes: sizes(3),
+        digest: digest(3),
     };
     assert_eq!(events_for(&out, 2), vec![fired]);
     // One-shot: a second publication (by another node) does not fire again.
@@ -242,6 +401,7 @@ fn a_publish_after_a_subscribing_lookup_that_found_nothing_reaches_the_subscribe
         DirectoryRequest::Publish {
             id: x,
             sizes: sizes(3),
+            digest: digest(3),
         },
     );
     assert!(events_for(&out, 2).is_empty());
@@ -279,6 +439,7 @@ fn unsubscribe_drops_the_subscription() {
         DirectoryRequest::Publish {
             id: x,
             sizes: sizes(1),
+            digest: digest(1),
         },
     );
     assert!(events_for(&out, 2).is_empty());
@@ -298,6 +459,7 @@ fn a_silent_node_dies_at_the_heartbeat_bound_and_its_locations_vanish() {
         DirectoryRequest::Publish {
             id: x,
             sizes: sizes(1),
+            digest: digest(1),
         },
     );
     // Node 2 keeps pinging; node 1 goes silent after 10 ms.
@@ -334,6 +496,7 @@ fn a_disconnect_drops_the_member_with_its_locations_and_subscriptions() {
         DirectoryRequest::Publish {
             id: x,
             sizes: sizes(1),
+            digest: digest(1),
         },
     );
     request(
@@ -431,6 +594,7 @@ fn a_restart_with_a_new_incarnation_drops_the_old_incarnations_state() {
         DirectoryRequest::Publish {
             id: x,
             sizes: sizes(1),
+            digest: digest(1),
         },
     );
     request(
@@ -464,6 +628,7 @@ fn a_restart_with_a_new_incarnation_drops_the_old_incarnations_state() {
         DirectoryRequest::Publish {
             id: y,
             sizes: sizes(1),
+            digest: digest(1),
         },
     );
     assert!(events_for(&out, 1).is_empty() && events_for(&out, 3).is_empty());
@@ -497,6 +662,7 @@ fn the_same_daemon_reconnecting_keeps_its_registration() {
         DirectoryRequest::Publish {
             id: x,
             sizes: sizes(1),
+            digest: digest(1),
         },
     );
     assert_eq!(
@@ -555,6 +721,7 @@ fn limits_answer_unavailable() {
         DirectoryRequest::Publish {
             id: a,
             sizes: sizes(1),
+            digest: digest(1),
         },
     );
     let out = request(
@@ -565,6 +732,7 @@ fn limits_answer_unavailable() {
         DirectoryRequest::Publish {
             id: b,
             sizes: sizes(1),
+            digest: digest(1),
         },
     );
     assert!(matches!(
@@ -641,6 +809,7 @@ fn a_session_replays_its_state_to_a_registry_that_lost_it() {
         DirectoryRequest::Publish {
             id: x,
             sizes: sizes(1),
+            digest: digest(1),
         },
     );
     s.handle_submit(
@@ -715,6 +884,7 @@ fn a_replayed_lookup_fires_a_subscription_published_while_away_exactly_once() {
         DirectoryRequest::Publish {
             id: y,
             sizes: sizes(4),
+            digest: digest(4),
         },
     );
     let retry = s.poll_timeout().unwrap();
@@ -764,6 +934,7 @@ fn after_a_reconnect_health_comes_once_the_replay_is_answered_then_the_members()
         DirectoryRequest::Publish {
             id: x,
             sizes: sizes(1),
+            digest: digest(1),
         },
     );
     exchange(&mut s, &mut r, 1, now);
@@ -944,6 +1115,7 @@ fn shared_objects_keep_every_holder_and_a_leaving_member_takes_only_its_own() {
             DirectoryRequest::Publish {
                 id,
                 sizes: sizes(n),
+                digest: digest(n),
             },
         );
         match &out[0].1 {
@@ -961,7 +1133,7 @@ fn shared_objects_keep_every_holder_and_a_leaving_member_takes_only_its_own() {
         DirectoryReply::Unavailable { .. }
     ));
     assert_eq!(r.holders_of(&x), vec![NodeId(1), NodeId(2)]);
-    // The lowest node id's sizes answer a lookup.
+    // The id's one content answers a lookup.
     let out = request(
         &mut r,
         at_ms(1),
@@ -975,9 +1147,9 @@ fn shared_objects_keep_every_holder_and_a_leaving_member_takes_only_its_own() {
     assert!(matches!(
         &out[0].1,
         FromRegistry::Reply {
-            reply: DirectoryReply::Located { holders, sizes: Some(s) },
+            reply: DirectoryReply::Located { holders, sizes: Some(s), digest: Some(d) },
             ..
-        } if *holders == vec![NodeId(1), NodeId(2)] && s.data_size == 7
+        } if *holders == vec![NodeId(1), NodeId(2)] && s.data_size == 7 && *d == digest(7)
     ));
     // A withdrawal frees room; withdrawing what is not listed changes nothing.
     request(&mut r, at_ms(1), 1, 4, DirectoryRequest::Withdraw { id: y });

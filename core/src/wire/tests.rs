@@ -1,4 +1,5 @@
 use super::*;
+use crate::digest::ContentDigest;
 use proptest::prelude::*;
 
 fn samples() -> Vec<PeerMessage> {
@@ -18,6 +19,7 @@ fn samples() -> Vec<PeerMessage> {
             header: EagerHeader {
                 req,
                 sizes,
+                digest: ContentDigest(0x1122_3344_5566_7788),
                 offset: 28,
             },
             payload: vec![7; 100],
@@ -25,6 +27,7 @@ fn samples() -> Vec<PeerMessage> {
         PeerMessage::Rendezvous {
             req,
             sizes,
+            digest: ContentDigest(u64::MAX),
             regions: vec![
                 RemoteRegion {
                     addr: 0x1000,
@@ -43,6 +46,7 @@ fn samples() -> Vec<PeerMessage> {
         PeerMessage::Rendezvous {
             req,
             sizes,
+            digest: ContentDigest(u64::MAX),
             regions: vec![RemoteRegion {
                 addr: 0x1000,
                 len: 128,
@@ -78,6 +82,7 @@ fn eager_encoding_matches_message_encoding() {
             data_size: 10,
             metadata_size: 0,
         },
+        digest: ContentDigest::of(&[1; 10], &[]),
         offset: 0,
     };
     let mut out = Vec::new();
@@ -128,6 +133,7 @@ fn bad_fields_are_refused() {
             data_size: 100,
             metadata_size: 0,
         },
+        digest: ContentDigest(1),
         regions: vec![RemoteRegion {
             addr: 0,
             len: 99,
@@ -151,6 +157,7 @@ fn bad_fields_are_refused() {
                 data_size: 4,
                 metadata_size: 0,
             },
+            digest: ContentDigest(1),
             offset: 2,
         },
         payload: vec![0; 3],
@@ -169,6 +176,7 @@ fn bad_fields_are_refused() {
             data_size: 1,
             metadata_size: 0,
         },
+        digest: ContentDigest(1),
         regions: vec![RemoteRegion {
             addr: 0,
             len: 1,
@@ -235,6 +243,7 @@ fn lane_keys_must_be_whole_per_region_and_bounded() {
             data_size: 64 * regions as u64,
             metadata_size: 0,
         },
+        digest: ContentDigest(1),
         regions: (0..regions)
             .map(|i| RemoteRegion {
                 addr: 0x1000 * (i as u64 + 1),

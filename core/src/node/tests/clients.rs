@@ -99,6 +99,7 @@ fn a_seal_is_answered_once_it_is_durable() {
         Request::Seal {
             id: id(1),
             release: true,
+            digest: ContentDigest::of(&[0; 100], &[]),
         },
     );
     assert_eq!(seal, None, "no reply before the seal is durable");
@@ -198,7 +199,8 @@ fn locate_asks_the_directory_and_says_when_it_does_not_answer() {
         reply,
         Some(Response::Located {
             holders: vec![NodeId(0)],
-            sizes: Some((100, 0))
+            sizes: Some((100, 0)),
+            digest: Some(ContentDigest::of(&World::bytes_of(1, 100), &[])),
         })
     );
     w.directory_up = false;
@@ -228,7 +230,8 @@ fn a_standalone_node_answers_locate_itself_and_asks_no_directory() {
         w.request(0, Request::Locate { id: id(1) }),
         Some(Response::Located {
             holders: vec![NodeId(0)],
-            sizes: Some((100, 0))
+            sizes: Some((100, 0)),
+            digest: Some(ContentDigest::of(&World::bytes_of(1, 100), &[])),
         })
     );
     assert_eq!(w.count(0, |o| matches!(o, NodeOutput::Directory { .. })), 0);

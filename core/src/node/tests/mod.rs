@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::client_protocol::{Request, RequestFrame, Response, PROTOCOL_VERSION};
+use crate::digest::ContentDigest;
 use crate::directory::DirectoryReply;
 use crate::error::StoreError;
 use crate::ids::ArenaId;
@@ -32,9 +33,17 @@ struct World {
     nodes: Vec<Node>,
     arenas: Vec<Vec<u8>>,
     now: Instant,
-    locations: BTreeMap<ObjectId, (ObjectSizes, Vec<NodeId>)>,
-    /// Directory requests not answered yet (when `directory_up` is false they wait).
+    /// The directory: per object, the content it names and its holders. Like the registry, it
+    /// refuses a publication of another content while the id has holders.
+    locations: BTreeMap<ObjectId, (ObjectSizes, Vec<NodeId>, ContentDigest)>,
+    /// Directory requests are dropped unanswered while this is false.
     directory_up: bool,
+    /// Directory requests wait in `held_directory` while this is true, for the test to answer.
+    hold_directory: bool,
+    held_directory: Vec<(NodeId, DirectoryOpId, DirectoryRequest)>,
+    /// Holders whose transfers arrive damaged: one byte flipped in every eager chunk and in
+    /// every READ's data they serve.
+    corrupt_from: Vec<NodeId>,
     messages: VecDeque<(NodeId, NodeId, Vec<u8>)>,
     reads: VecDeque<(NodeId, ReadOpId, LocalRegion, RemoteRegion, u16, NodeId)>,
     fail_reads: u32,
@@ -96,6 +105,9 @@ impl World {
             now: Instant::ZERO,
             locations: BTreeMap::new(),
             directory_up: true,
+            hold_directory: false,
+            held_directory: Vec::new(),
+            corrupt_from: Vec::new(),
             messages: VecDeque::new(),
             reads: VecDeque::new(),
             fail_reads: 0,
@@ -149,6 +161,11 @@ impl World {
             RequestFrame { request, body },
         );
         self.pump();
+        self.reply_to(node, client, request)
+    }
+
+    /// The reply to request `request` of `client` on `node`, if it went out.
+    fn reply_to(&self, node: u32, client: ClientId, request: RequestId) -> Option<Response> {
         self.log.iter().find_map(|(n, o)| match o {
             NodeOutput::Reply {
                 client: c,
@@ -157,6 +174,28 @@ impl World {
             } if n.0 == node && *c == client && *r == request => Some(response.clone()),
             _ => None,
         })
+    }
+
+    /// The id of the last request sent.
+    fn last_request(&self) -> RequestId {
+        RequestId(self.next_request - 1)
+    }
+
+    /// Answers the held directory request of `node` that matches `pred` with `reply`.
+    fn answer_directory(
+        &mut self,
+        node: u32,
+        pred: impl Fn(&DirectoryRequest) -> bool,
+        reply: DirectoryReply,
+    ) {
+        let at = self
+            .held_directory
+            .iter()
+            .position(|(n, _, r)| n.0 == node && pred(r))
+            .expect("a held directory request");
+        let (_, op, _) = self.held_directory.remove(at);
+        self.nodes[node as usize].handle_directory_reply(self.now, op, reply);
+        self.pump();
     }
 
     fn release(&mut self, node: u32, n: u64) {
@@ -175,11 +214,18 @@ impl World {
     }
 
     fn put(&mut self, node: u32, n: u64, len: u64) {
+        let sealed = self.put_bytes(node, n, &Self::bytes_of(n, len));
+        assert_eq!(sealed, Some(Response::Done(Ok(()))));
+    }
+
+    /// Creates object `n` on `node` with these data bytes and asks to seal it (with the
+    /// bytes' digest): the seal's reply, if it came.
+    fn put_bytes(&mut self, node: u32, n: u64, data: &[u8]) -> Option<Response> {
         let created = self.request(
             node,
             Request::Create {
                 id: id(n),
-                data_size: len,
+                data_size: data.len() as u64,
                 metadata_size: 0,
             },
         );
@@ -188,15 +234,15 @@ impl World {
         };
         let region = info.region;
         self.arenas[node as usize][region.offset as usize..region.end() as usize]
-            .copy_from_slice(&Self::bytes_of(n, len));
-        let sealed = self.request(
+            .copy_from_slice(data);
+        self.request(
             node,
             Request::Seal {
                 id: id(n),
                 release: true,
+                digest: ContentDigest::of(data, &[]),
             },
-        );
-        assert_eq!(sealed, Some(Response::Done(Ok(()))));
+        )
     }
 
     fn fetch(&mut self, node: u32, ns: &[u64], timeout: Duration) {
@@ -303,9 +349,12 @@ impl World {
                         },
                     );
                     if allowed {
-                        let src = self.arenas[peer.0 as usize]
+                        let mut src = self.arenas[peer.0 as usize]
                             [offset as usize..(offset + remote.len) as usize]
                             .to_vec();
+                        if self.corrupt_from.contains(&peer) {
+                            src[0] ^= 0x20;
+                        }
                         self.arenas[node.0 as usize][local.offset as usize..local.end() as usize]
                             .copy_from_slice(&src);
                         Ok(())
@@ -406,6 +455,10 @@ impl NodeDriver for Carrier<'_> {
             &self.arena()[source.offset as usize..source.end() as usize],
             &mut bytes,
         );
+        if self.world.corrupt_from.contains(&self.node) {
+            // The payload ends the message.
+            *bytes.last_mut().expect("a chunk carries bytes") ^= 0x20;
+        }
         self.world.messages.push_back((self.node, peer, bytes));
     }
 
@@ -432,6 +485,15 @@ impl NodeDriver for Carrier<'_> {
 
     fn write_inline(&mut self, region: LocalRegion, bytes: Vec<u8>, _: ObjectId) {
         self.arena()[region.offset as usize..region.end() as usize].copy_from_slice(&bytes)
+    }
+
+    fn verify_content(&mut self, transfer: TransferId, region: LocalRegion, _: ObjectId) {
+        let world = &mut *self.world;
+        let n = self.node.0 as usize;
+        let actual = ContentDigest::of_contiguous(
+            &world.arenas[n][region.offset as usize..region.end() as usize],
+        );
+        world.nodes[n].handle_content_hashed(world.now, transfer, actual);
     }
 
     // The log keeps the output for the assertions; there is no clock to stamp with.
@@ -468,21 +530,39 @@ impl NodeDriver for Carrier<'_> {
         if !world.directory_up {
             return;
         }
+        if world.hold_directory {
+            world.held_directory.push((self.node, op, request));
+            return;
+        }
         let reply = match request {
             DirectoryRequest::Lookup { id, .. } => match world.locations.get(&id) {
-                Some((sizes, holders)) => Some(DirectoryReply::Located {
-                    holders: holders.clone(),
-                    sizes: Some(*sizes),
-                }),
-                None => Some(DirectoryReply::Located {
+                Some((sizes, holders, digest)) if !holders.is_empty() => {
+                    Some(DirectoryReply::Located {
+                        holders: holders.clone(),
+                        sizes: Some(*sizes),
+                        digest: Some(*digest),
+                    })
+                }
+                _ => Some(DirectoryReply::Located {
                     holders: vec![],
                     sizes: None,
+                    digest: None,
                 }),
             },
-            DirectoryRequest::Publish { id, sizes } => {
-                let entry = world.locations.entry(id).or_insert((sizes, vec![]));
-                entry.1.push(self.node);
-                Some(DirectoryReply::Done)
+            DirectoryRequest::Publish { id, sizes, digest } => {
+                let entry = world.locations.entry(id).or_insert((sizes, vec![], digest));
+                if entry.1.is_empty() {
+                    (entry.0, entry.2) = (sizes, digest);
+                }
+                if (entry.0, entry.2) != (sizes, digest) {
+                    Some(DirectoryReply::Conflict {
+                        sizes: entry.0,
+                        digest: entry.2,
+                    })
+                } else {
+                    entry.1.push(self.node);
+                    Some(DirectoryReply::Done)
+                }
             }
             DirectoryRequest::Withdraw { id } => {
                 if let Some(entry) = world.locations.get_mut(&id) {
@@ -517,4 +597,5 @@ impl NodeDriver for Carrier<'_> {
 
 mod clients;
 mod publications;
+mod sealing;
 mod transfers;

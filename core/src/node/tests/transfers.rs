@@ -102,13 +102,14 @@ fn concurrent_fetches_of_one_object_share_one_transfer() {
         })
         .collect();
     assert_eq!(lookups.len(), 1, "one lookup for two fetches");
-    let (sizes, holders) = w.locations[&id(1)].clone();
+    let (sizes, holders, digest) = w.locations[&id(1)].clone();
     w.nodes[1].handle_directory_reply(
         w.now,
         lookups[0],
         DirectoryReply::Located {
             holders,
             sizes: Some(sizes),
+            digest: Some(digest),
         },
     );
     w.directory_up = true;
@@ -160,6 +161,7 @@ fn published_object_wakes_a_waiting_fetch() {
             id: id(7),
             holder: NodeId(0),
             sizes,
+            digest: ContentDigest::of(&World::bytes_of(7, 100), &[]),
         },
     );
     w.pump();
