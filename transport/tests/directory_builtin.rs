@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
-use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use skyriver_transport::directory::builtin::{
     self, BuiltinDirectory, BuiltinDirectoryServer, ClientConfig, ServerConfig,
 };
@@ -120,7 +120,10 @@ impl Node {
     }
 
     async fn publish(&mut self, id: ObjectId, sizes: ObjectSizes) {
-        let (reply, _) = self.ask(DirectoryRequest::Publish { id, sizes }).await;
+        let digest = digest_of(sizes);
+        let (reply, _) = self
+            .ask(DirectoryRequest::Publish { id, sizes, digest })
+            .await;
         assert_eq!(reply, DirectoryReply::Done);
     }
 
@@ -140,18 +143,32 @@ impl Node {
     }
 }
 
+/// The content digest these tests publish with objects of `sizes`.
+fn digest_of(sizes: ObjectSizes) -> ContentDigest {
+    ContentDigest(sizes.data_size ^ 0x5eed)
+}
+
 fn located(holders: &[u32], sizes: Option<ObjectSizes>) -> DirectoryReply {
     DirectoryReply::Located {
         holders: holders.iter().map(|&n| NodeId(n)).collect(),
         sizes,
+        digest: sizes.map(digest_of),
     }
 }
 
 fn sorted(reply: DirectoryReply) -> DirectoryReply {
     match reply {
-        DirectoryReply::Located { mut holders, sizes } => {
+        DirectoryReply::Located {
+            mut holders,
+            sizes,
+            digest,
+        } => {
             holders.sort();
-            DirectoryReply::Located { holders, sizes }
+            DirectoryReply::Located {
+                holders,
+                sizes,
+                digest,
+            }
         }
         other => other,
     }
@@ -214,7 +231,8 @@ async fn lookup_with_subscribe_fires_once_on_publish_elsewhere() {
         DirectoryEvent::Published {
             id: x,
             holder: NodeId(1),
-            sizes: sizes(4096)
+            sizes: sizes(4096),
+            digest: digest_of(sizes(4096)),
         }
     );
 

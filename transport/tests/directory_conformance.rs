@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use skyriver_core::directory::{
     DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
 };
-use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
@@ -36,18 +36,32 @@ fn sizes(n: u64) -> ObjectSizes {
     }
 }
 
+/// The content digest these tests publish with objects of `sizes`.
+fn digest_of(sizes: ObjectSizes) -> ContentDigest {
+    ContentDigest(sizes.data_size ^ 0x5eed)
+}
+
 fn located(holders: &[u32], sizes: Option<ObjectSizes>) -> DirectoryReply {
     DirectoryReply::Located {
         holders: holders.iter().map(|&n| NodeId(n)).collect(),
         sizes,
+        digest: sizes.map(digest_of),
     }
 }
 
 fn sorted(reply: DirectoryReply) -> DirectoryReply {
     match reply {
-        DirectoryReply::Located { mut holders, sizes } => {
+        DirectoryReply::Located {
+            mut holders,
+            sizes,
+            digest,
+        } => {
             holders.sort();
-            DirectoryReply::Located { holders, sizes }
+            DirectoryReply::Located {
+                holders,
+                sizes,
+                digest,
+            }
         }
         other => other,
     }
@@ -71,7 +85,8 @@ async fn publish_lookup_withdraw<H: Harness>(h: &mut H) {
     assert_eq!(
         a.ask(DirectoryRequest::Publish {
             id: x,
-            sizes: sizes(8)
+            sizes: sizes(8),
+            digest: digest_of(sizes(8)),
         })
         .await,
         DirectoryReply::Done
@@ -79,7 +94,8 @@ async fn publish_lookup_withdraw<H: Harness>(h: &mut H) {
     assert_eq!(
         b.ask(DirectoryRequest::Publish {
             id: x,
-            sizes: sizes(8)
+            sizes: sizes(8),
+            digest: digest_of(sizes(8)),
         })
         .await,
         DirectoryReply::Done
@@ -132,6 +148,7 @@ async fn subscribe_then_publish_delivers_exactly_once<H: Harness>(h: &mut H) {
     a.ask(DirectoryRequest::Publish {
         id: x,
         sizes: sizes(3),
+        digest: digest_of(sizes(3)),
     })
     .await;
     assert_eq!(
@@ -139,7 +156,8 @@ async fn subscribe_then_publish_delivers_exactly_once<H: Harness>(h: &mut H) {
         DirectoryEvent::Published {
             id: x,
             holder: NodeId(1),
-            sizes: sizes(3)
+            sizes: sizes(3),
+            digest: digest_of(sizes(3)),
         }
     );
     // One-shot: another publication of the same object is not pushed again.
@@ -147,6 +165,7 @@ async fn subscribe_then_publish_delivers_exactly_once<H: Harness>(h: &mut H) {
     c.ask(DirectoryRequest::Publish {
         id: x,
         sizes: sizes(3),
+        digest: digest_of(sizes(3)),
     })
     .await;
     assert_eq!(b.events_after_quiet().await, vec![]);
@@ -155,6 +174,7 @@ async fn subscribe_then_publish_delivers_exactly_once<H: Harness>(h: &mut H) {
     a.ask(DirectoryRequest::Publish {
         id: y,
         sizes: sizes(1),
+        digest: digest_of(sizes(1)),
     })
     .await;
     assert_eq!(
@@ -168,6 +188,7 @@ async fn subscribe_then_publish_delivers_exactly_once<H: Harness>(h: &mut H) {
     c.ask(DirectoryRequest::Publish {
         id: y,
         sizes: sizes(1),
+        digest: digest_of(sizes(1)),
     })
     .await;
     assert_eq!(b.events_after_quiet().await, vec![]);
@@ -198,6 +219,7 @@ async fn unsubscribe_cancels_a_subscription<H: Harness>(h: &mut H) {
     a.ask(DirectoryRequest::Publish {
         id: z,
         sizes: sizes(2),
+        digest: digest_of(sizes(2)),
     })
     .await;
     assert_eq!(b.events_after_quiet().await, vec![]);
@@ -219,6 +241,7 @@ async fn a_dead_node_loses_its_locations<H: Harness>(h: &mut H) {
         .ask(DirectoryRequest::Publish {
             id: x,
             sizes: sizes(5),
+            digest: digest_of(sizes(5)),
         })
         .await;
     assert_eq!(
@@ -248,6 +271,7 @@ async fn a_restart_with_a_new_incarnation_starts_clean<H: Harness>(h: &mut H) {
     old.ask(DirectoryRequest::Publish {
         id: x,
         sizes: sizes(1),
+        digest: digest_of(sizes(1)),
     })
     .await;
     assert_eq!(
@@ -273,6 +297,7 @@ async fn a_restart_with_a_new_incarnation_starts_clean<H: Harness>(h: &mut H) {
     b.ask(DirectoryRequest::Publish {
         id: y,
         sizes: sizes(1),
+        digest: digest_of(sizes(1)),
     })
     .await;
     assert_eq!(
@@ -288,6 +313,60 @@ async fn a_restart_with_a_new_incarnation_starts_clean<H: Harness>(h: &mut H) {
             })
             .await,
         located(&[2], Some(sizes(1)))
+    );
+}
+
+/// One id names one content: while live nodes hold an id, a publication of other sizes or
+/// another digest is refused with the content they hold; the same content is a second holder;
+/// a dead node's content stands in nobody's way.
+async fn one_id_names_one_content<H: Harness>(h: &mut H) {
+    let mut silent = h.join_silent(member(1, 1)).await;
+    let mut b = h.join(member(2, 1)).await;
+    let mut c = h.join(member(3, 1)).await;
+    let x = ObjectId::from_u64(0x50);
+    let publish = |sizes: ObjectSizes, digest: u64| DirectoryRequest::Publish {
+        id: x,
+        sizes,
+        digest: ContentDigest(digest),
+    };
+    assert_eq!(
+        silent.ask(publish(sizes(4), 0xaaaa)).await,
+        DirectoryReply::Done
+    );
+    let held = DirectoryReply::Conflict {
+        sizes: sizes(4),
+        digest: ContentDigest(0xaaaa),
+    };
+    assert_eq!(b.ask(publish(sizes(4), 0xbbbb)).await, held);
+    assert_eq!(b.ask(publish(sizes(6), 0xaaaa)).await, held);
+    assert_eq!(c.ask(publish(sizes(4), 0xaaaa)).await, DirectoryReply::Done);
+    let lookup = DirectoryRequest::Lookup {
+        id: x,
+        subscribe: false,
+    };
+    assert_eq!(
+        sorted(b.ask(lookup.clone()).await),
+        DirectoryReply::Located {
+            holders: vec![NodeId(1), NodeId(3)],
+            sizes: Some(sizes(4)),
+            digest: Some(ContentDigest(0xaaaa)),
+        }
+    );
+    // Once its holders are gone (one withdrew, one died), the id may name new bytes.
+    assert_eq!(
+        c.ask(DirectoryRequest::Withdraw { id: x }).await,
+        DirectoryReply::Done
+    );
+    h.outlive_heartbeat_bound(&mut [&mut b, &mut c]).await;
+    b.wait_members(&[member(2, 1), member(3, 1)]).await;
+    assert_eq!(b.ask(publish(sizes(6), 0xbbbb)).await, DirectoryReply::Done);
+    assert_eq!(
+        c.ask(lookup).await,
+        DirectoryReply::Located {
+            holders: vec![NodeId(2)],
+            sizes: Some(sizes(6)),
+            digest: Some(ContentDigest(0xbbbb)),
+        }
     );
 }
 
@@ -342,3 +421,4 @@ conformance!(unsubscribe_cancels_a_subscription);
 conformance!(a_dead_node_loses_its_locations);
 conformance!(a_restart_with_a_new_incarnation_starts_clean);
 conformance!(refusals);
+conformance!(one_id_names_one_content);

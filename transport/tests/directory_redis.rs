@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpListener as StdListener};
 use std::time::{Duration, Instant};
 
 use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
-use skyriver_core::{NodeId, ObjectId, ObjectSizes};
+use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use skyriver_transport::directory::redis::{self, KdfCost, Keys, RedisConfig, RedisDirectory};
 use skyriver_transport::directory::{
     self as directory, Directory, DirectoryError, DirectoryNotice, DirectorySpec, MemberInfo,
@@ -113,7 +113,10 @@ impl Node {
     }
 
     async fn publish(&mut self, id: ObjectId, sizes: ObjectSizes) {
-        let (reply, _) = self.ask(DirectoryRequest::Publish { id, sizes }).await;
+        let digest = digest_of(sizes);
+        let (reply, _) = self
+            .ask(DirectoryRequest::Publish { id, sizes, digest })
+            .await;
         assert_eq!(reply, DirectoryReply::Done);
     }
 
@@ -143,10 +146,16 @@ impl Node {
     }
 }
 
+/// The content digest these tests publish with objects of `sizes`.
+fn digest_of(sizes: ObjectSizes) -> ContentDigest {
+    ContentDigest(sizes.data_size ^ 0x5eed)
+}
+
 fn located(holders: &[u32], sizes: Option<ObjectSizes>) -> DirectoryReply {
     DirectoryReply::Located {
         holders: holders.iter().map(|&n| NodeId(n)).collect(),
         sizes,
+        digest: sizes.map(digest_of),
     }
 }
 
@@ -231,7 +240,8 @@ async fn redis_keys_are_well_formed() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(holder, "3 7 1");
+    // Incarnation, data and metadata sizes, content digest in hex.
+    assert_eq!(holder, format!("3 7 1 {}", digest_of(sizes(7))));
     let token: String = ::redis::cmd("GET")
         .arg(names.token())
         .query_async(&mut conn)
@@ -256,7 +266,8 @@ async fn redis_lookup_with_subscribe_fires_once() {
         DirectoryEvent::Published {
             id: x,
             holder: NodeId(1),
-            sizes: sizes(4096)
+            sizes: sizes(4096),
+            digest: digest_of(sizes(4096)),
         }
     );
     // One-shot: a second publication is not pushed.
@@ -387,6 +398,7 @@ async fn redis_outage_is_reported_and_recovered() {
         .ask(DirectoryRequest::Publish {
             id: z,
             sizes: sizes(3),
+            digest: digest_of(sizes(3)),
         })
         .await
         .0
@@ -425,6 +437,7 @@ async fn redis_subscription_fires_for_a_publish_during_the_outage() {
         .ask(DirectoryRequest::Publish {
             id: y,
             sizes: sizes(1),
+            digest: digest_of(sizes(1)),
         })
         .await;
     server.restart();

@@ -395,6 +395,7 @@ fn send_eager_gathers_header_and_arena_bytes() {
                 data_size: 1 << 20,
                 metadata_size: 3,
             },
+            digest: skyriver_core::ContentDigest(0xd1 + i as u64),
             offset: 1000 * i as u64,
         };
         a.fabric
@@ -415,6 +416,7 @@ fn send_eager_gathers_header_and_arena_bytes() {
             data_size: 1,
             metadata_size: 0,
         },
+        digest: skyriver_core::ContentDigest(1),
         offset: 0,
     };
     assert!(matches!(
