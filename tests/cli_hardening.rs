@@ -360,3 +360,134 @@ impl Drop for KillOnDrop<'_> {
         let _ = self.0.wait();
     }
 }
+
+#[test]
+fn a_closed_standard_output_ends_commands_quietly() {
+    let dir = test_dir();
+    let daemon = DaemonProcess::start(dir.path(), "64MiB");
+    let client = Client::connect(&daemon.socket).unwrap();
+    // More listing than a pipe holds (64 KiB), so `ls` still writes after the reader left.
+    for i in 0..2_000 {
+        client
+            .create_and_seal(ObjectId::from_u64(i), b"x", b"")
+            .unwrap();
+    }
+    client
+        .create_and_seal(ObjectId::from_u64(9_999), &vec![5u8; 1 << 20], b"")
+        .unwrap();
+    let big = ObjectId::from_u64(9_999).to_string();
+    for args in [vec!["ls"], vec!["ls", "--json"], vec!["get", big.as_str()]] {
+        // As `skyriver ls | head -1`: the reader takes one line and closes the pipe.
+        let mut child = skyriver(&args)
+            .arg("--socket")
+            .arg(&daemon.socket)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = Vec::new();
+        std::io::BufRead::read_until(&mut stdout, b'\n', &mut line).unwrap();
+        assert!(!line.is_empty(), "{args:?} printed nothing");
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let text = stderr(&out);
+        assert_ne!(out.status.code(), Some(101), "{args:?} panicked: {text}");
+        assert!(text.is_empty(), "{args:?} was not quiet: {text}");
+    }
+}
+
+#[test]
+fn daemon_dash_h_prints_help_and_plasma_store_keeps_plasmas_flags() {
+    let out = skyriver(&["daemon", "-h"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Usage: skyriver daemon"), "{help}");
+    assert!(help.contains("--memory"), "{help}");
+    // plasma_store's -h (huge pages) needs its -d there.
+    let out = skyriver(&[
+        "plasma_store",
+        "-h",
+        "-m",
+        "20000000",
+        "-s",
+        "/nonexistent/x.sock",
+    ])
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("-d <DIR>"), "{}", stderr(&out));
+    // Through a link named plasma_store, as scripts written for Plasma start it.
+    let dir = test_dir();
+    let link = dir.path().join("plasma_store");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_skyriver"), &link).unwrap();
+    let socket = dir.path().join("plasma.sock");
+    let child = Command::new(&link)
+        .args(["-m", "20000000", "-d", "/dev/shm", "-s"])
+        .arg(&socket)
+        .args(["--", "--log", "warn", "--no-prefault"])
+        .env_remove("SKYRIVER_MEMORY")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut daemon = DaemonProcess {
+        child,
+        socket: socket.clone(),
+    };
+    let started = Instant::now();
+    let client = loop {
+        if let Ok(client) = Client::connect(&socket) {
+            break client;
+        }
+        assert!(
+            daemon.child.try_wait().unwrap().is_none(),
+            "plasma_store exited"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30), "no daemon");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(client.stats().unwrap().capacity_bytes, 20_000_000);
+    let help = Command::new(&link).arg("--help").output().unwrap();
+    assert!(help.status.success());
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Usage: plasma_store"));
+}
+
+#[test]
+fn numeric_daemon_flags_outside_their_range_are_refused_with_the_range_and_why() {
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let socket = socket.to_str().unwrap();
+    for (flag, value, needles) in [
+        ("--lease-ms", "0", ["1000 to 3600000", "rendezvous"]),
+        ("--poll-us", "100000000", ["0 to 10000", "CPU"]),
+        ("--poll-max-us", "100000000", ["0 to 10000", "CPU"]),
+        ("--location-cache", "99999999", ["0 to 16777216", "memory"]),
+        ("--ib-port", "0", ["1 to 255", "numbered from 1"]),
+        ("--gid-index", "256", ["0 to 255", "one byte"]),
+        ("--socket-mode", "1666", ["beyond 777", "permission bits"]),
+        ("--socket-mode", "066", ["owner", "600"]),
+    ] {
+        let text = stderr(&refused_daemon(skyriver(&daemon_args(
+            socket,
+            &["--memory", "16MiB", flag, value],
+        ))));
+        for needle in needles {
+            assert!(
+                text.contains(needle),
+                "{flag} {value}: {needle:?} missing: {text}"
+            );
+        }
+    }
+    assert!(!Path::new(socket).exists());
+}
+
+#[test]
+fn evict_on_an_empty_store_succeeds_and_says_nothing_was_there() {
+    let dir = test_dir();
+    let daemon = DaemonProcess::start(dir.path(), "64MiB");
+    let (ok, out, err) = cli(&daemon.socket, &["evict", "1GiB"], None);
+    let out = String::from_utf8_lossy(&out);
+    assert!(ok, "evict on an empty store failed: {err}");
+    assert!(out.contains("evicted 0 objects, 0 B"), "{out}");
+    assert!(out.contains("the store is empty"), "{out}");
+}
