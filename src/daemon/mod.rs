@@ -672,7 +672,7 @@ async fn bind_socket(config: &DaemonConfig) -> Result<UnixListener, DaemonError>
         source,
     };
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        socket_dir::prepare(parent, group, config.allow_shared_socket_dir)?;
+        socket_dir::prepare(parent, mode, group, config.allow_shared_socket_dir)?;
     }
     if check_socket_path(path)? {
         // Left behind by a daemon that died: nobody listens on it.
