@@ -491,3 +491,84 @@ fn evict_on_an_empty_store_succeeds_and_says_nothing_was_there() {
     assert!(out.contains("evicted 0 objects, 0 B"), "{out}");
     assert!(out.contains("the store is empty"), "{out}");
 }
+
+/// Starts a daemon with `extra` flags, waits until it answers "starting", sends SIGTERM and
+/// checks that it stops cleanly: status 0, a log line, the socket removed.
+fn sigterm_during_start_up(extra: &[&str]) {
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let log = dir.path().join("d.log");
+    let mut args = vec![
+        "daemon",
+        "--log",
+        "info",
+        "--socket",
+        socket.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let mut child = skyriver(&args)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(&mut child);
+    common::eventually("the daemon answers \"starting\"", || {
+        matches!(
+            Client::connect(&socket),
+            Err(skyriver::ClientError::Store(StoreError::Starting(_)))
+        )
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(guard.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = guard.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the daemon did not stop within 10 s of SIGTERM during start-up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(0), "{status}: {text}");
+    assert!(text.contains("SIGTERM during start-up"), "{text}");
+    assert!(!socket.exists(), "the socket was left behind");
+}
+
+#[test]
+fn sigterm_while_joining_a_silent_directory_stops_cleanly() {
+    // A directory that accepts connections and never answers: the join waits.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let head = silent.local_addr().unwrap().to_string();
+    sigterm_during_start_up(&[
+        "--memory",
+        "16MiB",
+        "--no-prefault",
+        "--fabric",
+        "tcp",
+        "--node-id",
+        "1",
+        "--join",
+        &head,
+    ]);
+}
+
+#[test]
+fn sigterm_while_creating_a_large_arena_stops_cleanly() {
+    // A 2 GiB pre-faulted arena takes seconds to create: long enough to signal during it.
+    const ARENA: u64 = 2 << 30;
+    let available = skyriver::daemon::host_memory::available(None).map_or(0, |a| a.bytes);
+    if available < 3 * ARENA {
+        println!(
+            "skipped: needs {} available for a 2 GiB arena, the machine has {}",
+            skyriver::size::format_bytes(3 * ARENA),
+            skyriver::size::format_bytes(available)
+        );
+        return;
+    }
+    sigterm_during_start_up(&["--memory", "2GiB"]);
+}

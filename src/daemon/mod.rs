@@ -304,29 +304,88 @@ fn build_runtime() -> Result<tokio::runtime::Runtime, DaemonError> {
         .map_err(DaemonError::Runtime)
 }
 
-/// Runs a daemon in the foreground until SIGINT or SIGTERM.
+/// Runs a daemon in the foreground until SIGINT or SIGTERM, which also stop it cleanly while it
+/// starts (creating the arena, joining the cluster): the socket is removed, the status is 0.
 pub fn run_until_signalled(config: DaemonConfig) -> Result<(), DaemonError> {
     let runtime = build_runtime()?;
-    runtime.block_on(async move {
-        let server = Server::bind(config).await?;
-        server.serve(shutdown_signal()).await;
+    let outcome = runtime.block_on(async move {
+        // Watched before anything is bound, so no signal finds the default action (death).
+        let mut signals = ShutdownSignals::watch();
+        let server = tokio::select! {
+            biased;
+            signal = signals.recv() => {
+                // Dropping the start-up removes the socket it bound and stops what it started.
+                info!("{signal} during start-up: stopping before serving");
+                return Ok(());
+            }
+            server = Server::bind(config) => server?,
+        };
+        server
+            .serve(async move {
+                let signal = signals.recv().await;
+                info!("{signal}: shutting down");
+            })
+            .await;
         Ok(())
-    })
+    });
+    // A start-up stopped mid-way may leave the arena's creation running on a blocking thread:
+    // the process does not wait for it.
+    runtime.shutdown_background();
+    outcome
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = match signal(SignalKind::terminate()) {
-        Ok(terminate) => terminate,
-        Err(error) => {
-            warn!(%error, "cannot watch SIGTERM; stop with SIGINT");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// SIGINT and SIGTERM, watched from the moment this is made.
+struct ShutdownSignals {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    fn watch() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        let watch = |kind, name| {
+            signal(kind)
+                .inspect_err(|error| warn!(%error, "cannot watch {name}"))
+                .ok()
+        };
+        Self {
+            interrupt: watch(SignalKind::interrupt(), "SIGINT"),
+            terminate: watch(SignalKind::terminate(), "SIGTERM"),
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => info!("SIGINT: shutting down"),
-        _ = terminate.recv() => info!("SIGTERM: shutting down"),
+    }
+
+    /// The name of the next signal.
+    async fn recv(&mut self) -> &'static str {
+        async fn next(signal: Option<&mut tokio::signal::unix::Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(self.interrupt.as_mut()) => "SIGINT",
+            () = next(self.terminate.as_mut()) => "SIGTERM",
+        }
+    }
+}
+
+/// Removes the socket file when dropped, unless disarmed: a start-up that fails or is stopped
+/// (its future dropped) leaves no socket behind.
+struct RemoveSocketOnDrop(Option<PathBuf>);
+
+impl RemoveSocketOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for RemoveSocketOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -376,15 +435,13 @@ impl Server {
         let metrics_listener = config.metrics_addr.map(metrics::bind).transpose()?;
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
         let listener = bind_socket(&config).await?;
+        let bound = RemoveSocketOnDrop(Some(config.socket_path.clone()));
         let status = StartStatus::default();
         status.set("creating the arena");
         let responder = StartingResponder::spawn(listener, status.clone());
-        let socket_path = config.socket_path.clone();
-        let result = Self::start(config, started, status, responder, metrics_listener).await;
-        if result.is_err() {
-            let _ = std::fs::remove_file(&socket_path);
-        }
-        result
+        let server = Self::start(config, started, status, responder, metrics_listener).await?;
+        bound.disarm();
+        Ok(server)
     }
 
     /// Everything after the socket is bound: arena, cluster, node, recovery.
