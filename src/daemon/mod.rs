@@ -396,6 +396,8 @@ struct ClusterParts {
     directory: Arc<dyn Directory>,
     notices: mpsc::UnboundedReceiver<DirectoryNotice>,
     directory_server: Option<BuiltinDirectoryServer>,
+    /// What the directory is called in `skyriver nodes` and the logs.
+    directory_description: String,
     /// Receive-slot size the fabric fixed, when it fixes one.
     receive_slot_bytes: Option<u32>,
     /// The fabric address published for peers (never unspecified).
@@ -494,7 +496,7 @@ impl Server {
             }
             node_config.fabric_name = parts.fabric.name().into();
             node_config.fabric_address = parts.fabric_addr.to_string();
-            node_config.directory_name = parts.directory.describe();
+            node_config.directory_name = parts.directory_description.clone();
         }
         status.set("recovering objects");
         let listener = responder.stop().await.ok_or_else(|| {
@@ -516,7 +518,7 @@ impl Server {
                 fabric = parts.fabric.name(),
                 listen = %parts.fabric.listen_addr(),
                 advertised = %parts.fabric_addr,
-                directory = %parts.directory.describe(),
+                directory = %parts.directory_description,
                 "joined the cluster"
             );
             effects.fabric = Some(parts.fabric);
@@ -688,13 +690,14 @@ async fn start_cluster(
         incarnation,
     };
     let (notice_tx, notices) = mpsc::unbounded_channel();
-    let (directory, directory_server) = cluster::connect_directory(cluster, me, notice_tx).await?;
+    let joined = cluster::connect_directory(cluster, me, notice_tx).await?;
     Ok(ClusterParts {
         fabric,
         fabric_events,
-        directory,
+        directory: joined.directory,
         notices,
-        directory_server,
+        directory_server: joined.server,
+        directory_description: joined.description,
         receive_slot_bytes,
         fabric_addr,
     })
