@@ -173,3 +173,16 @@ fn nodes_and_logs_do_not_name_the_local_node_as_the_directory() {
     assert!(log.contains("joined the cluster"), "{log}");
     assert!(!log.contains("(node-1)"), "{log}");
 }
+
+#[test]
+fn top_once_says_why_it_could_not_connect() {
+    let dir = common::test_dir();
+    let (ok, _, stderr) = common::cli(
+        &dir.path().join("missing.sock"),
+        &["top", "--once", "--interval-ms", "100"],
+        None,
+    );
+    assert!(!ok);
+    assert!(stderr.contains("missing.sock"), "{stderr}");
+    assert!(stderr.contains("No such file or directory"), "{stderr}");
+}
