@@ -572,3 +572,84 @@ fn sigterm_while_creating_a_large_arena_stops_cleanly() {
     }
     sigterm_during_start_up(&["--memory", "2GiB"]);
 }
+
+#[test]
+fn an_unreachable_peer_is_warned_about_once_not_on_every_dial() {
+    let dir = test_dir();
+    let port = skyriver::up::free_loopback_port().unwrap();
+    let head = format!("127.0.0.1:{port}");
+    let token = "unreachable-peer-test";
+    let daemon = |node: &str, membership: &[&str], log: &str| {
+        let socket = dir.path().join(format!("node-{node}.sock"));
+        let mut args = vec!["daemon", "--memory", "16MiB", "--no-prefault", "--log", log];
+        args.extend_from_slice(&[
+            "--fabric",
+            "tcp",
+            "--listen",
+            "127.0.0.1:0",
+            "--node-id",
+            node,
+        ]);
+        args.extend_from_slice(membership);
+        let mut cmd = skyriver(&args);
+        cmd.arg("--socket")
+            .arg(&socket)
+            .env("SKYRIVER_CLUSTER_TOKEN", token)
+            .stderr(std::fs::File::create(dir.path().join(format!("node-{node}.log"))).unwrap());
+        let child = cmd.spawn().unwrap();
+        (
+            DaemonProcess { child, socket },
+            dir.path().join(format!("node-{node}.log")),
+        )
+    };
+    let (_head, _) = daemon("0", &["--head", &head], "warn");
+    common::eventually("the head serves the directory", || {
+        std::net::TcpStream::connect(&head).is_ok()
+    });
+    // A member whose fabric nobody serves (port 1 refuses at once): a node that the directory
+    // still lists but no one can reach, for as long as this test keeps its session.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (notices, _keep) = tokio::sync::mpsc::unbounded_channel();
+    let ghost = runtime
+        .block_on(skyriver_transport::directory::connect(
+            &skyriver_transport::directory::DirectorySpec::Builtin { addr: head.clone() },
+            skyriver_transport::directory::MemberInfo {
+                node: skyriver_core::NodeId(1),
+                fabric_addr: "127.0.0.1:1".parse().unwrap(),
+                fabric: "tcp".into(),
+                incarnation: 1,
+            },
+            "default",
+            token,
+            notices,
+        ))
+        .unwrap();
+    // Node 2 dials node 1 (the higher id dials); debug shows every failed dial.
+    let (_node2, log) = daemon("2", &["--join", &head], "debug");
+    let dials = |text: &str| {
+        text.lines()
+            .filter(|l| l.contains("cannot connect to peer") && l.contains("node-1"))
+            .count()
+    };
+    let started = Instant::now();
+    while dials(&std::fs::read_to_string(&log).unwrap()) < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "node-2 did not dial node-1 three times"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("node-1"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(warnings[0].contains("back-off"), "{}", warnings[0]);
+    let repeats = text
+        .lines()
+        .filter(|l| l.contains("peer still unreachable") && l.contains("node-1"))
+        .count();
+    assert!(repeats >= 2, "{text}");
+    drop(ghost);
+}

@@ -14,6 +14,7 @@ mod effects;
 mod event_loop;
 pub mod host_memory;
 pub mod metrics;
+mod reachability;
 pub mod socket_dir;
 mod starting;
 
