@@ -752,7 +752,8 @@ fn choose_fabric(args: &DaemonArgs) -> Result<FabricChoice, String> {
                     }
                 },
                 Err(e) => {
-                    tracing::info!("fabric auto: RDMA verbs unavailable ({e}); using TCP");
+                    // `e` says what is missing (it starts "RDMA verbs unavailable").
+                    tracing::info!("fabric auto: {e}; using TCP");
                     Ok(FabricChoice::Tcp)
                 }
             }

@@ -653,3 +653,67 @@ fn an_unreachable_peer_is_warned_about_once_not_on_every_dial() {
     assert!(repeats >= 2, "{text}");
     drop(ghost);
 }
+
+#[test]
+fn a_socket_path_taken_by_another_users_daemon_names_the_owner() {
+    let dir = test_dir();
+    let socket = dir.path().join("taken.sock");
+    // Someone listens there (the kernel accepts into the backlog: it answers).
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    // Root's daemon meets another user's socket; others meet their own.
+    let (uid, name) = match nix::unistd::geteuid().is_root() {
+        true => {
+            std::os::unix::fs::chown(&socket, Some(65534), None).unwrap();
+            (65534, nix::unistd::User::from_uid(65534.into()).unwrap())
+        }
+        false => {
+            let me = nix::unistd::geteuid();
+            (me.as_raw(), nix::unistd::User::from_uid(me).unwrap())
+        }
+    };
+    let text = stderr(&refused_daemon(skyriver(&daemon_args(
+        socket.to_str().unwrap(),
+        &["--memory", "16MiB", "--no-prefault"],
+    ))));
+    assert!(text.contains("already listening"), "{text}");
+    assert!(text.contains(&format!("uid {uid}")), "{text}");
+    if let Some(user) = name {
+        assert!(text.contains(&format!("user {}", user.name)), "{text}");
+    }
+    assert!(socket.exists(), "another daemon's socket is never removed");
+}
+
+#[test]
+fn fabric_auto_without_verbs_says_why_once() {
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let log = dir.path().join("d.log");
+    let mut child = skyriver(&[
+        "daemon",
+        "--memory",
+        "16MiB",
+        "--no-prefault",
+        "--log",
+        "info",
+    ])
+    .args(["--head", "127.0.0.1:0", "--socket"])
+    .arg(&socket)
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    let _guard = KillOnDrop(&mut child);
+    common::eventually("the daemon joined its own cluster", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("joined the cluster")
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    let Some(line) = text.lines().find(|l| l.contains("fabric auto:")) else {
+        println!("skipped: this machine has RDMA verbs, so fabric auto did not fall back");
+        return;
+    };
+    if line.contains("RDMA verbs unavailable") {
+        assert_eq!(line.matches("RDMA verbs unavailable").count(), 1, "{line}");
+    }
+    assert!(line.contains("using TCP"), "{line}");
+}

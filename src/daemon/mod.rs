@@ -175,18 +175,28 @@ pub enum DaemonError {
     #[error("{0}")]
     Memory(String),
     /// Another daemon already serves this socket.
-    #[error("a daemon is already listening on {0}")]
-    AlreadyRunning(PathBuf),
+    #[error(
+        "a daemon is already listening on {path} (the socket belongs to {owner}); stop it, or \
+         choose another --socket"
+    )]
+    AlreadyRunning {
+        /// The path.
+        path: PathBuf,
+        /// Who owns the socket file: the user that daemon most likely runs as.
+        owner: String,
+    },
     /// The socket path names something that is not a socket: it is never replaced.
     #[error(
-        "{path} is {kind}, not a socket: refusing to replace it (choose another --socket, or \
-         move it away yourself)"
+        "{path} is {kind}, not a socket (it belongs to {owner}): refusing to replace it \
+         (choose another --socket, or move it away yourself)"
     )]
     NotASocket {
         /// The path.
         path: PathBuf,
         /// What is there.
         kind: &'static str,
+        /// Who owns it.
+        owner: String,
     },
     /// The socket's directory is not safe.
     #[error(transparent)]
@@ -714,10 +724,14 @@ fn check_socket_path(path: &Path) -> Result<bool, DaemonError> {
         return Err(DaemonError::NotASocket {
             path: path.to_path_buf(),
             kind: file_kind(&meta.file_type()),
+            owner: owner_name(&meta),
         });
     }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
+        return Err(DaemonError::AlreadyRunning {
+            path: path.to_path_buf(),
+            owner: owner_name(&meta),
+        });
     }
     Ok(true)
 }
@@ -760,6 +774,16 @@ fn check_hugetlbfs(dir: &Path) -> Result<(), DaemonError> {
         )));
     }
     Ok(())
+}
+
+/// The owner of a file, as `user alice (uid 1000)`, or `uid 1000` when no user has that id.
+fn owner_name(meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let uid = meta.uid();
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => format!("user {} (uid {uid})", user.name),
+        _ => format!("uid {uid}"),
+    }
 }
 
 fn file_kind(t: &std::fs::FileType) -> &'static str {
