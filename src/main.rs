@@ -502,9 +502,9 @@ fn stdout_closed() -> ! {
     std::panic::resume_unwind(Box::new(StdoutClosed))
 }
 
-/// Whether a panic means that standard output was closed: `println!` panics with "failed
-/// printing to stdout: Broken pipe" (SIGPIPE is ignored in Rust programs, so a write to a
-/// closed pipe fails instead of killing the process).
+/// Whether a panic means that standard output (or error, as in `skyriver sim 2>&1 | head`) was
+/// closed: `println!` panics with "failed printing to stdout: Broken pipe" (SIGPIPE is ignored
+/// in Rust programs, so a write to a closed pipe fails instead of killing the process).
 fn is_stdout_closed(payload: &(dyn std::any::Any + Send)) -> bool {
     let message = payload
         .downcast_ref::<String>()
@@ -512,7 +512,9 @@ fn is_stdout_closed(payload: &(dyn std::any::Any + Send)) -> bool {
         .or_else(|| payload.downcast_ref::<&str>().copied());
     payload.is::<StdoutClosed>()
         || message.is_some_and(|m| {
-            m.starts_with("failed printing to stdout") && m.contains("Broken pipe")
+            (m.starts_with("failed printing to stdout")
+                || m.starts_with("failed printing to stderr"))
+                && m.contains("Broken pipe")
         })
 }
 
