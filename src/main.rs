@@ -76,6 +76,11 @@ const STARTING_WAIT: Duration = Duration::from_secs(600);
 enum Command {
     /// Run the node daemon: holds objects in shared memory and serves local clients.
     Daemon(Box<DaemonArgs>),
+    /// Run the daemon with plasma_store's flags, `-m BYTES -s SOCKET [-d DIR -h]`, for scripts
+    /// written for Plasma. Also runs as `plasma_store` (a symbolic link to skyriver by that
+    /// name).
+    #[command(name = "plasma_store", alias = "plasma-store")]
+    PlasmaStore(PlasmaStoreArgs),
     /// Store a file (or standard input) as a new object and print its id.
     Put {
         /// The file to store; `-` reads standard input.
@@ -136,7 +141,8 @@ enum Command {
         socket: SocketArg,
     },
     /// Evict unused objects until at least SIZE bytes are freed. Exits 1 when less could be
-    /// freed (the rest is in use).
+    /// freed because the objects left are in use; a store left empty succeeds, however little
+    /// it held.
     Evict {
         /// How much to free, e.g. 1GiB.
         size: ByteSize,
@@ -203,11 +209,10 @@ enum Command {
     Bench(skyriver::bench::BenchCommand),
 }
 
-/// The daemon takes plasma_store's flags too (`-m BYTES -s SOCKET [-d DIR [-h]]`), so `-h`
-/// means huge pages here, as in plasma_store; `--help` prints help.
+/// The daemon's flags. plasma_store's `-m BYTES` and `-s SOCKET` work here too; its `-d DIR -h`
+/// (huge pages) belong to `skyriver plasma_store`, so `-h` prints help here as everywhere.
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("membership").args(["head", "join", "directory"])))]
-#[command(disable_help_flag = true)]
 struct DaemonArgs {
     /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>/skyriver.sock]
     #[arg(long, short = 's')]
@@ -216,23 +221,12 @@ struct DaemonArgs {
     #[arg(long, short = 'm', default_value = "1GiB", env = "SKYRIVER_MEMORY")]
     memory: ByteSize,
     /// Back the store with a file on this hugetlbfs mount (e.g. /dev/hugepages).
-    #[arg(long, conflicts_with = "plasma_directory")]
+    #[arg(long)]
     hugepages: Option<PathBuf>,
-    /// plasma_store's -d: with -h, the hugetlbfs mount to back the store with (as
-    /// --hugepages DIR); without -h, the store is a memfd (the same shared memory as a file in
-    /// /dev/shm) and DIR is not used.
-    #[arg(short = 'd', value_name = "DIR")]
-    plasma_directory: Option<PathBuf>,
-    /// plasma_store's -h: back the store with huge pages from the -d mount.
-    #[arg(short = 'h', requires = "plasma_directory")]
-    plasma_huge_pages: bool,
-    /// Print help.
-    #[arg(long, action = clap::ArgAction::Help)]
-    help: Option<bool>,
     /// Persistent mode: keep objects in this file (and its index in PATH.index), e.g. on a
     /// DAX file system over persistent memory, /dev/shm or a local SSD. Sealed objects survive
     /// a crash and are recovered in place on restart; created with --memory bytes if absent.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["hugepages", "plasma_huge_pages"])]
+    #[arg(long, value_name = "PATH", conflicts_with = "hugepages")]
     backing_file: Option<PathBuf>,
     /// With --backing-file: when a seal is durable. `seal`: before the seal returns. `async`:
     /// within 10 ms (a crash may lose the last seals, never corrupt one).
@@ -268,12 +262,14 @@ struct DaemonArgs {
     metrics: Option<SocketAddr>,
     /// Microseconds the daemon keeps polling for input after activity before it sleeps (a
     /// sleeping daemon pays a wake-up per request; an idle one spends no CPU); 0: never poll
-    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_US", default_value_t = skyriver::poll::DEFAULT_POLL_US)]
+    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_US", default_value_t = skyriver::poll::DEFAULT_POLL_US,
+          value_parser = parse_poll_us)]
     poll_us: u64,
     /// Microseconds the polling time may grow to while requests keep arriving just after it
     /// ends (it doubles each time, and falls back to --poll-us after a longer quiet spell); at
     /// or below --poll-us: it never grows
-    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_MAX_US", default_value_t = skyriver::poll::DEFAULT_POLL_MAX_US)]
+    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_MAX_US", default_value_t = skyriver::poll::DEFAULT_POLL_MAX_US,
+          value_parser = parse_poll_us)]
     poll_max_us: u64,
     /// This node's id in the cluster [default: $SLURM_NODEID, else 0 with --head]
     #[arg(long, requires = "membership")]
@@ -308,11 +304,11 @@ struct DaemonArgs {
     /// RDMA device for the verbs fabric, e.g. mlx5_0 or rxe0 [default: the first one]
     #[arg(long, requires = "membership")]
     device: Option<String>,
-    /// Port of the RDMA device.
-    #[arg(long, default_value_t = 1)]
+    /// Port of the RDMA device (1 to 255).
+    #[arg(long, default_value_t = 1, value_parser = parse_ib_port)]
     ib_port: u8,
-    /// GID index for RoCE [default: the first RoCE v2 IPv4 GID]
-    #[arg(long)]
+    /// GID index for RoCE, 0 to 255 [default: the first RoCE v2 IPv4 GID]
+    #[arg(long, value_parser = parse_gid_index)]
     gid_index: Option<u32>,
     /// Verbs: let peers READ through the arenas' registrations instead of a memory window per
     /// lease (any connected peer can then READ any arena byte; for devices whose windows
@@ -322,12 +318,14 @@ struct DaemonArgs {
     /// Eager/rendezvous switch: auto (from measured costs) or a size such as 64KiB.
     #[arg(long, default_value = "auto")]
     eager_threshold: String,
-    /// How long an object stays pinned for a requester that stopped answering mid-transfer.
-    #[arg(long, default_value_t = 10_000)]
+    /// How long an object stays pinned for a requester that stopped answering mid-transfer
+    /// (1000 to 3600000: a rendezvous must finish within it).
+    #[arg(long, default_value_t = 10_000, value_parser = parse_lease_ms)]
     lease_ms: u64,
     /// Objects whose holders this node remembers, so fetching one again skips the directory
-    /// lookup (0: ask the directory every time). A stale entry costs one round trip.
-    #[arg(long, default_value_t = 65_536)]
+    /// lookup (0: ask the directory every time; at most 16777216). A stale entry costs one
+    /// round trip.
+    #[arg(long, default_value_t = 65_536, value_parser = parse_location_cache)]
     location_cache: usize,
     /// Name of the cluster (the key prefix in Redis).
     #[arg(long, default_value = "default", env = "SKYRIVER_CLUSTER")]
@@ -349,15 +347,205 @@ struct DaemonArgs {
     advertise: Option<std::net::IpAddr>,
 }
 
+/// plasma_store's flags: `-h` means huge pages here, as in plasma_store; `--help` prints help.
+#[derive(Args)]
+#[command(disable_help_flag = true)]
+struct PlasmaStoreArgs {
+    /// Shared memory for objects, in bytes (or a size such as 4GiB).
+    #[arg(short = 'm', value_name = "BYTES")]
+    memory: ByteSize,
+    /// The Unix socket to serve clients on.
+    #[arg(short = 's', value_name = "SOCKET")]
+    socket: PathBuf,
+    /// With -h, the hugetlbfs mount to back the store with (as `skyriver daemon --hugepages
+    /// DIR`); without -h, the store is a memfd (the same shared memory as a file in /dev/shm)
+    /// and DIR is not used.
+    #[arg(short = 'd', value_name = "DIR")]
+    directory: Option<PathBuf>,
+    /// Back the store with huge pages from the -d mount.
+    #[arg(short = 'h', requires = "directory")]
+    huge_pages: bool,
+    /// Print help.
+    #[arg(long, action = clap::ArgAction::Help)]
+    help: Option<bool>,
+    /// More `skyriver daemon` flags after `--`, e.g. `-- --log debug --no-prefault`.
+    #[arg(last = true, value_name = "DAEMON FLAGS")]
+    daemon_flags: Vec<std::ffi::OsString>,
+}
+
+/// `skyriver` started through a link named `plasma_store`.
+#[derive(Parser)]
+#[command(name = "plasma_store", version)]
+struct PlasmaStoreCli {
+    #[command(flatten)]
+    args: PlasmaStoreArgs,
+}
+
+/// Runs the daemon from plasma_store's flags: they are turned into `skyriver daemon`'s.
+fn run_plasma_store(args: PlasmaStoreArgs) -> Result<(), String> {
+    let mut argv: Vec<std::ffi::OsString> = vec![
+        "skyriver".into(),
+        "daemon".into(),
+        "--memory".into(),
+        args.memory.0.to_string().into(),
+        "--socket".into(),
+        args.socket.into(),
+    ];
+    if let (true, Some(dir)) = (args.huge_pages, args.directory) {
+        argv.push("--hugepages".into());
+        argv.push(dir.into());
+    }
+    argv.extend(args.daemon_flags);
+    match Cli::try_parse_from(argv) {
+        Ok(Cli {
+            command: Command::Daemon(daemon),
+        }) => run_daemon(*daemon),
+        Ok(_) => unreachable!("the arguments start with the daemon subcommand"),
+        Err(error) => error.exit(),
+    }
+}
+
+/// Whether this process was started as `plasma_store` (through a link of that name).
+fn invoked_as_plasma_store() -> bool {
+    std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .is_some_and(|argv0| argv0.file_name() == Some("plasma_store".as_ref()))
+}
+
 fn parse_octal(text: &str) -> Result<u32, String> {
-    u32::from_str_radix(text, 8).map_err(|_| format!("{text:?} is not an octal mode like 600"))
+    let mode = u32::from_str_radix(text, 8)
+        .map_err(|_| format!("{text:?} is not an octal mode like 600"))?;
+    if mode > 0o777 {
+        return Err(format!(
+            "{text} has bits beyond 777: only the permission bits of the socket can be set"
+        ));
+    }
+    if mode & 0o600 != 0o600 {
+        return Err(format!(
+            "{text} takes read and write away from the socket's owner: the daemon's own user \
+             could not reach it (and a second daemon could not tell it is running); use 600, \
+             660 or 666"
+        ));
+    }
+    Ok(mode)
+}
+
+/// A number in `range`, or an error that names the range and why it is the limit.
+fn in_range<T>(text: &str, range: std::ops::RangeInclusive<T>, why: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    let bounds = format!("{} to {}", range.start(), range.end());
+    let value: T = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number from {bounds}"))?;
+    if !range.contains(&value) {
+        return Err(format!("{value} is outside {bounds}: {why}"));
+    }
+    Ok(value)
+}
+
+fn parse_lease_ms(text: &str) -> Result<u64, String> {
+    in_range(
+        text,
+        1_000..=3_600_000,
+        "a fetch's transfer must finish within its lease (under a second a large one cannot, \
+         and every rendezvous fails), and a requester that stopped answering keeps its object \
+         pinned, so unevictable, that long (over an hour, memory stays stuck)",
+    )
+}
+
+fn parse_poll_us(text: &str) -> Result<u64, String> {
+    in_range(
+        text,
+        0..=10_000,
+        "the daemon keeps a CPU busy while it polls, and beyond 10 ms polling saves nothing a \
+         wake-up (tens of microseconds) would cost",
+    )
+}
+
+fn parse_location_cache(text: &str) -> Result<usize, String> {
+    in_range(
+        text,
+        0..=16_777_216,
+        "every entry takes the daemon's own memory (outside the store), and 16 Mi entries take \
+         about a GiB",
+    )
+}
+
+fn parse_ib_port(text: &str) -> Result<u8, String> {
+    in_range(
+        text,
+        1..=255,
+        "RDMA device ports are numbered from 1 (`ibv_devinfo` lists them)",
+    )
+}
+
+fn parse_gid_index(text: &str) -> Result<u32, String> {
+    in_range(
+        text,
+        0..=255,
+        "an RDMA address carries the GID index in one byte (`show_gids` lists them)",
+    )
+}
+
+/// The exit status of a command whose standard output was closed early, as a process killed by
+/// SIGPIPE shows in a shell (128 + 13).
+const STDOUT_CLOSED_STATUS: u8 = 141;
+
+/// Raised (as an unwinding payload) when standard output is closed early, e.g. `skyriver ls |
+/// head -1`: the command stops quietly, its destructors run (child daemons, temporary
+/// directories), and it exits with [`STDOUT_CLOSED_STATUS`].
+struct StdoutClosed;
+
+/// Stops the command quietly: nobody reads its output any more.
+fn stdout_closed() -> ! {
+    // `resume_unwind` does not call the panic hook: nothing is printed.
+    std::panic::resume_unwind(Box::new(StdoutClosed))
+}
+
+/// Whether a panic means that standard output (or error, as in `skyriver sim 2>&1 | head`) was
+/// closed: `println!` panics with "failed printing to stdout: Broken pipe" (SIGPIPE is ignored
+/// in Rust programs, so a write to a closed pipe fails instead of killing the process).
+fn is_stdout_closed(payload: &(dyn std::any::Any + Send)) -> bool {
+    let message = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied());
+    payload.is::<StdoutClosed>()
+        || message.is_some_and(|m| {
+            (m.starts_with("failed printing to stdout")
+                || m.starts_with("failed printing to stderr"))
+                && m.contains("Broken pipe")
+        })
 }
 
 fn main() -> ExitCode {
+    // Every command's output may be piped into `head`: a closed pipe is no bug to report.
+    let report_panic = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !is_stdout_closed(info.payload()) {
+            report_panic(info)
+        }
+    }));
+    match std::panic::catch_unwind(run) {
+        Ok(code) => code,
+        Err(payload) if is_stdout_closed(&*payload) => ExitCode::from(STDOUT_CLOSED_STATUS),
+        Err(payload) => std::panic::resume_unwind(payload),
+    }
+}
+
+fn run() -> ExitCode {
+    if invoked_as_plasma_store() {
+        return exit_code(run_plasma_store(PlasmaStoreCli::parse().args));
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Sim(args) => return skyriver_sim::cli::run(&args),
         Command::Daemon(args) => run_daemon(*args),
+        Command::PlasmaStore(args) => run_plasma_store(args),
         Command::Put {
             input,
             id,
@@ -391,6 +579,10 @@ fn main() -> ExitCode {
         Command::Cluster(command) => skyriver::cluster::run(command),
         Command::Bench(command) => skyriver::bench::run(command).map_err(|e| e.to_string()),
     };
+    exit_code(result)
+}
+
+fn exit_code(result: Result<(), String>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -430,10 +622,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
             .unwrap_or_else(skyriver::default_socket_path),
         args.memory.0,
     );
-    config.hugepages_dir = match (&args.plasma_directory, args.plasma_huge_pages) {
-        (Some(dir), true) => Some(dir.clone()),
-        _ => args.hugepages.clone(),
-    };
+    config.hugepages_dir = args.hugepages.clone();
     config.prefault = !args.no_prefault;
     config.allow_overcommit = args.allow_overcommit;
     config.allow_shared_socket_dir = args.allow_shared_socket_dir;
@@ -456,7 +645,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         persistence
     });
     config.threshold = parse_threshold(&args.eager_threshold)?;
-    config.lease = Duration::from_millis(args.lease_ms.max(1));
+    config.lease = Duration::from_millis(args.lease_ms);
     config.location_cache_entries = args.location_cache;
     let directory = match (&args.head, &args.join, &args.directory) {
         (Some(listen), _, _) => Some(DirectoryChoice::Head { listen: *listen }),
@@ -581,7 +770,8 @@ fn choose_fabric(args: &DaemonArgs) -> Result<FabricChoice, String> {
                     }
                 },
                 Err(e) => {
-                    tracing::info!("fabric auto: RDMA verbs unavailable ({e}); using TCP");
+                    // `e` says what is missing (it starts "RDMA verbs unavailable").
+                    tracing::info!("fabric auto: {e}; using TCP");
                     Ok(FabricChoice::Tcp)
                 }
             }
@@ -718,10 +908,18 @@ fn get(
             stdout
                 .write_all(data)
                 .and_then(|()| stdout.flush())
-                .map_err(|e| format!("cannot write standard output: {e}"))?;
+                .map_err(stdout_error)?;
         }
     }
     Ok(())
+}
+
+/// A failed write to standard output: quiet when the reader closed it, else an error.
+fn stdout_error(error: std::io::Error) -> String {
+    if error.kind() == std::io::ErrorKind::BrokenPipe {
+        stdout_closed();
+    }
+    format!("cannot write standard output: {error}")
 }
 
 fn list(socket: &SocketArg, json: bool) -> Result<(), String> {
@@ -890,6 +1088,15 @@ fn evict(socket: &SocketArg, size: ByteSize) -> Result<(), String> {
         format_bytes(outcome.bytes)
     );
     if outcome.bytes < size.0 {
+        let left = client.stats().map_err(|e| e.to_string())?;
+        if left.object_count == 0 {
+            // Nothing more to free: all the memory is free.
+            println!(
+                "the store is empty: all {} is free",
+                format_bytes(left.capacity_bytes)
+            );
+            return Ok(());
+        }
         // Scripts asking for room must not take "freed less" for success.
         return Err(format!(
             "freed {} of the {} asked: every other object is in use, unsealed or pinned by a \
@@ -1121,9 +1328,11 @@ fn fetch(
     }
     if let (Some(path), Some(Ok(object))) = (&output, results.first()) {
         if path.as_os_str() == "-" {
-            std::io::stdout()
+            let mut stdout = std::io::stdout().lock();
+            stdout
                 .write_all(object.data())
-                .map_err(|e| e.to_string())?;
+                .and_then(|()| stdout.flush())
+                .map_err(stdout_error)?;
         } else {
             std::fs::write(path, object.data())
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;

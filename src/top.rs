@@ -211,15 +211,19 @@ impl Watcher {
     fn sample(&mut self) -> Vec<NodeFrame> {
         let mut frames = Vec::new();
         for (socket, client, previous) in &mut self.nodes {
+            let mut connect_error = None;
             if client.is_none() {
-                *client = Client::connect(&*socket).ok();
+                // The reason is shown: a missing socket, a refused one, a daemon starting.
+                *client = Client::connect(&*socket)
+                    .map_err(|e| connect_error = Some(e.to_string()))
+                    .ok();
             }
             let answer = match client {
                 Some(c) => c
                     .metrics()
                     .map(|metrics| (metrics, c.nodes().ok()))
                     .map_err(|e| e.to_string()),
-                None => Err("cannot connect".to_string()),
+                None => Err(connect_error.unwrap_or_else(|| "cannot connect".to_string())),
             };
             match answer {
                 Ok((metrics, view)) => {
@@ -331,9 +335,24 @@ fn mb_per_second(bytes: f64) -> String {
     format!("{:.1} MB/s", bytes / 1e6)
 }
 
-/// The text of one frame; `width` sizes the memory bar (a terminal's width, or 80).
+/// Columns of the peer table: header, width, and whether it is left-aligned. The last two
+/// totals are dropped on a terminal too narrow for them.
+const PEER_COLUMNS: [(&str, usize, bool); 9] = [
+    ("peer", 7, true),
+    ("address", 21, true),
+    ("link", 4, true),
+    ("eager max", 9, false),
+    ("in", 11, false),
+    ("out", 11, false),
+    ("errors", 6, false),
+    ("fetched", 10, false),
+    ("served", 10, false),
+];
+
+/// The text of one frame, laid out for `width` columns (a terminal's; lines longer than it are
+/// cut, so nothing wraps), or for 80 columns and never cut (`None`: `--once`).
 pub fn render(frames: &[NodeFrame], width: Option<usize>) -> String {
-    let width = width.unwrap_or(80).clamp(40, 200);
+    let columns = width.unwrap_or(80).clamp(40, 400);
     let mut out = String::new();
     let answering = frames.iter().filter(|f| f.error.is_none()).count();
     out.push_str(&format!(
@@ -370,64 +389,219 @@ pub fn render(frames: &[NodeFrame], width: Option<usize>) -> String {
             s.client_count,
             f.socket.display()
         ));
-        let bar_width = width.saturating_sub(50).max(10);
         let used = s.allocated_bytes as f64 / s.capacity_bytes.max(1) as f64;
-        let filled = ((used * bar_width as f64).round() as usize).min(bar_width);
-        out.push_str(&format!(
-            "  memory [{}{}] {:>5.1}%  {} of {}  pinned {}  evictable {}\n",
-            "#".repeat(filled),
-            ".".repeat(bar_width - filled),
+        let amounts = format!(
+            "] {:>5.1}%  {} of {}",
             used * 100.0,
             format_bytes(s.allocated_bytes),
             format_bytes(s.capacity_bytes),
-            format_bytes(s.pinned_bytes),
-            format_bytes(s.evictable_bytes),
-        ));
+        );
+        let bar_width = columns
+            .saturating_sub("  memory [".len() + amounts.chars().count())
+            .clamp(10, 60);
+        let filled = ((used * bar_width as f64).round() as usize).min(bar_width);
         let r = &f.rates;
-        out.push_str(&format!(
-            "  objects {} sealed, {} unsealed   ops/s: create {:.0}  get {:.0}  fetch {:.0}  evict {:.0}\n",
-            s.sealed_count,
-            s.object_count.saturating_sub(s.sealed_count),
-            r.creates_per_second,
-            r.gets_per_second,
-            r.fetches_per_second,
-            r.evictions_per_second,
-        ));
         let fr = &m.counters.fetch_results;
-        out.push_str(&format!(
-            "  fetch in {}  out {}   in flight: {} transfers, {} READs, {} leases, {} waiting\n",
-            mb_per_second(r.fetched_bytes_per_second),
-            mb_per_second(r.served_bytes_per_second),
-            m.transfers_in_flight,
-            m.reads_in_flight,
-            m.leases_held,
-            m.fetches_waiting,
-        ));
-        out.push_str(&format!(
-            "  fetches: {} ok, {} not found, {} timed out, {} failed; {} evicted, {} out of memory\n",
-            fr.ok, fr.not_found, fr.timeout, fr.error, s.evicted_objects_total, s.out_of_memory_total
-        ));
+        push_parts(
+            &mut out,
+            columns,
+            &[
+                format!(
+                    "memory [{}{}{amounts}",
+                    "#".repeat(filled),
+                    ".".repeat(bar_width - filled)
+                ),
+                format!(
+                    "pinned {}  evictable {}",
+                    format_bytes(s.pinned_bytes),
+                    format_bytes(s.evictable_bytes)
+                ),
+                format!(
+                    "objects {} sealed, {} unsealed, {} evicted, {} out of memory",
+                    s.sealed_count,
+                    s.object_count.saturating_sub(s.sealed_count),
+                    s.evicted_objects_total,
+                    s.out_of_memory_total
+                ),
+                format!(
+                    "ops/s: create {:.0}  get {:.0}  fetch {:.0}  evict {:.0}",
+                    r.creates_per_second,
+                    r.gets_per_second,
+                    r.fetches_per_second,
+                    r.evictions_per_second,
+                ),
+                format!(
+                    "fetch in {}  out {}",
+                    mb_per_second(r.fetched_bytes_per_second),
+                    mb_per_second(r.served_bytes_per_second),
+                ),
+                format!(
+                    "fetches: {} ok, {} not found, {} timed out, {} failed",
+                    fr.ok, fr.not_found, fr.timeout, fr.error
+                ),
+                format!(
+                    "in flight: {} transfers, {} READs, {} leases, {} waiting",
+                    m.transfers_in_flight, m.reads_in_flight, m.leases_held, m.fetches_waiting,
+                ),
+            ],
+        );
         if f.peers.is_empty() {
             continue;
         }
-        out.push_str(&format!(
-            "  {:<6} {:<22} {:<9} {:>10} {:>12} {:>12} {:>10} {:>10} {:>6}\n",
-            "peer", "address", "link", "eager max", "in", "out", "fetched", "served", "errors"
-        ));
+        // As many columns as fit (the totals last).
+        let mut shown = PEER_COLUMNS.len();
+        while shown > 7 && table_width(&PEER_COLUMNS[..shown]) > columns {
+            shown -= 1;
+        }
+        let header: Vec<String> = PEER_COLUMNS.iter().map(|c| c.0.to_string()).collect();
+        push_row(&mut out, &PEER_COLUMNS[..shown], &header);
         for p in &f.peers {
-            out.push_str(&format!(
-                "  {:<6} {:<22} {:<9} {:>10} {:>12} {:>12} {:>10} {:>10} {:>6}\n",
+            let cells = [
                 format!("node {}", p.node),
-                p.address.as_deref().unwrap_or("-"),
-                if p.connected { "up" } else { "down" },
+                p.address.clone().unwrap_or_else(|| "-".into()),
+                (if p.connected { "up" } else { "down" }).to_string(),
                 p.eager_threshold_bytes.map_or("-".into(), format_bytes),
                 mb_per_second(p.in_bytes_per_second),
                 mb_per_second(p.out_bytes_per_second),
+                p.errors.to_string(),
                 format_bytes(p.fetched_bytes),
                 format_bytes(p.served_bytes),
-                p.errors,
-            ));
+            ];
+            push_row(&mut out, &PEER_COLUMNS[..shown], &cells);
         }
     }
-    out
+    match width {
+        Some(_) => out
+            .lines()
+            .map(|line| format!("{}\n", line.chars().take(columns).collect::<String>()))
+            .collect(),
+        None => out,
+    }
+}
+
+/// Appends `parts` indented, as many on a line as fit in `columns`.
+fn push_parts(out: &mut String, columns: usize, parts: &[String]) {
+    const INDENT: &str = "  ";
+    const GAP: &str = "   ";
+    let mut line = String::new();
+    for part in parts {
+        let needed = if line.is_empty() {
+            INDENT.len() + part.chars().count()
+        } else {
+            line.chars().count() + GAP.len() + part.chars().count()
+        };
+        if !line.is_empty() && needed > columns {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        line.push_str(if line.is_empty() { INDENT } else { GAP });
+        line.push_str(part);
+    }
+    if !line.is_empty() {
+        out.push_str(&line);
+        out.push('\n');
+    }
+}
+
+/// Characters a table row of these columns takes, indent included.
+fn table_width(columns: &[(&str, usize, bool)]) -> usize {
+    2 + columns.iter().map(|c| c.1).sum::<usize>() + columns.len().saturating_sub(1)
+}
+
+/// Appends one row of the peer table.
+fn push_row(out: &mut String, columns: &[(&str, usize, bool)], cells: &[String]) {
+    out.push_str("  ");
+    for (i, ((_, width, left), cell)) in columns.iter().zip(cells).enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        match left {
+            true => out.push_str(&format!("{cell:<width$}")),
+            false => out.push_str(&format!("{cell:>width$}")),
+        }
+    }
+    // No trailing spaces.
+    let kept = out.trim_end_matches(' ').len();
+    out.truncate(kept);
+    out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skyriver_core::node::{Node, NodeConfig};
+    use skyriver_core::{Instant as NodeInstant, NodeId};
+
+    /// A busy node's frame: large counts and sizes, two peers, the longest IPv4 addresses.
+    fn busy_frame() -> NodeFrame {
+        let mut metrics =
+            Node::new(NodeConfig::new(NodeId(12), 1 << 40), NodeInstant::ZERO).metrics();
+        metrics.standalone = false;
+        let s = &mut metrics.store;
+        (s.allocated_bytes, s.pinned_bytes, s.evictable_bytes) = (1 << 39, 3 << 38, 5 << 37);
+        (s.object_count, s.sealed_count) = (12_345_678, 12_300_000);
+        (s.evicted_objects_total, s.out_of_memory_total) = (9_876_543, 123_456);
+        let r = &mut metrics.counters.fetch_results;
+        (r.ok, r.not_found, r.timeout, r.error) = (98_765_432, 1_234_567, 765_432, 54_321);
+        let peer = |node| PeerRow {
+            node,
+            address: Some("255.255.255.255:65535".into()),
+            connected: node % 2 == 0,
+            eager_threshold_bytes: Some(1 << 20),
+            in_bytes_per_second: 9_876.5e6,
+            out_bytes_per_second: 8_765.4e6,
+            fetched_bytes: 999 << 30,
+            served_bytes: 998 << 30,
+            errors: 123_456,
+        };
+        NodeFrame {
+            socket: "/tmp/skyriver-1000/skyriver.sock".into(),
+            error: None,
+            metrics: Some(metrics),
+            cluster: None,
+            rates: Rates {
+                interval_seconds: 1.0,
+                creates_per_second: 123_456.0,
+                gets_per_second: 1_234_567.0,
+                fetches_per_second: 98_765.0,
+                evictions_per_second: 12_345.0,
+                fetched_bytes_per_second: 9_876.5e6,
+                served_bytes_per_second: 8_765.4e6,
+            },
+            peers: vec![peer(10), peer(11)],
+        }
+    }
+
+    #[test]
+    fn frames_fit_the_terminal_without_wrapping() {
+        let frames = [busy_frame()];
+        for width in [80, 100, 120, 200] {
+            let text = render(&frames, Some(width));
+            for line in text.lines() {
+                assert!(
+                    line.chars().count() <= width,
+                    "a line of {} columns at {width}:\n{line}\n{text}",
+                    line.chars().count()
+                );
+            }
+            // Everything is there; only the per-peer totals wait for a wider terminal.
+            for needle in [
+                "evictable",
+                "out of memory",
+                "evict 12345",
+                "timed out",
+                "waiting",
+            ] {
+                assert!(
+                    text.contains(needle),
+                    "{needle:?} missing at {width}:\n{text}"
+                );
+            }
+            assert_eq!(text.contains("fetched"), width >= 100, "{text}");
+        }
+        // --once lays out for 80 columns and cuts nothing.
+        let text = render(&frames, None);
+        assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+    }
 }

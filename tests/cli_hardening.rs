@@ -360,3 +360,360 @@ impl Drop for KillOnDrop<'_> {
         let _ = self.0.wait();
     }
 }
+
+#[test]
+fn a_closed_standard_output_ends_commands_quietly() {
+    let dir = test_dir();
+    let daemon = DaemonProcess::start(dir.path(), "64MiB");
+    let client = Client::connect(&daemon.socket).unwrap();
+    // More listing than a pipe holds (64 KiB), so `ls` still writes after the reader left.
+    for i in 0..2_000 {
+        client
+            .create_and_seal(ObjectId::from_u64(i), b"x", b"")
+            .unwrap();
+    }
+    client
+        .create_and_seal(ObjectId::from_u64(9_999), &vec![5u8; 1 << 20], b"")
+        .unwrap();
+    let big = ObjectId::from_u64(9_999).to_string();
+    for args in [vec!["ls"], vec!["ls", "--json"], vec!["get", big.as_str()]] {
+        // As `skyriver ls | head -1`: the reader takes one line and closes the pipe.
+        let mut child = skyriver(&args)
+            .arg("--socket")
+            .arg(&daemon.socket)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = Vec::new();
+        std::io::BufRead::read_until(&mut stdout, b'\n', &mut line).unwrap();
+        assert!(!line.is_empty(), "{args:?} printed nothing");
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let text = stderr(&out);
+        assert_ne!(out.status.code(), Some(101), "{args:?} panicked: {text}");
+        assert!(text.is_empty(), "{args:?} was not quiet: {text}");
+    }
+}
+
+#[test]
+fn daemon_dash_h_prints_help_and_plasma_store_keeps_plasmas_flags() {
+    let out = skyriver(&["daemon", "-h"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Usage: skyriver daemon"), "{help}");
+    assert!(help.contains("--memory"), "{help}");
+    // plasma_store's -h (huge pages) needs its -d there.
+    let out = skyriver(&[
+        "plasma_store",
+        "-h",
+        "-m",
+        "20000000",
+        "-s",
+        "/nonexistent/x.sock",
+    ])
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("-d <DIR>"), "{}", stderr(&out));
+    // Through a link named plasma_store, as scripts written for Plasma start it.
+    let dir = test_dir();
+    let link = dir.path().join("plasma_store");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_skyriver"), &link).unwrap();
+    let socket = dir.path().join("plasma.sock");
+    let child = Command::new(&link)
+        .args(["-m", "20000000", "-d", "/dev/shm", "-s"])
+        .arg(&socket)
+        .args(["--", "--log", "warn", "--no-prefault"])
+        .env_remove("SKYRIVER_MEMORY")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut daemon = DaemonProcess {
+        child,
+        socket: socket.clone(),
+    };
+    let started = Instant::now();
+    let client = loop {
+        if let Ok(client) = Client::connect(&socket) {
+            break client;
+        }
+        assert!(
+            daemon.child.try_wait().unwrap().is_none(),
+            "plasma_store exited"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30), "no daemon");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(client.stats().unwrap().capacity_bytes, 20_000_000);
+    let help = Command::new(&link).arg("--help").output().unwrap();
+    assert!(help.status.success());
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Usage: plasma_store"));
+}
+
+#[test]
+fn numeric_daemon_flags_outside_their_range_are_refused_with_the_range_and_why() {
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let socket = socket.to_str().unwrap();
+    for (flag, value, needles) in [
+        ("--lease-ms", "0", ["1000 to 3600000", "rendezvous"]),
+        ("--poll-us", "100000000", ["0 to 10000", "CPU"]),
+        ("--poll-max-us", "100000000", ["0 to 10000", "CPU"]),
+        ("--location-cache", "99999999", ["0 to 16777216", "memory"]),
+        ("--ib-port", "0", ["1 to 255", "numbered from 1"]),
+        ("--gid-index", "256", ["0 to 255", "one byte"]),
+        ("--socket-mode", "1666", ["beyond 777", "permission bits"]),
+        ("--socket-mode", "066", ["owner", "600"]),
+    ] {
+        let text = stderr(&refused_daemon(skyriver(&daemon_args(
+            socket,
+            &["--memory", "16MiB", flag, value],
+        ))));
+        for needle in needles {
+            assert!(
+                text.contains(needle),
+                "{flag} {value}: {needle:?} missing: {text}"
+            );
+        }
+    }
+    assert!(!Path::new(socket).exists());
+}
+
+#[test]
+fn evict_on_an_empty_store_succeeds_and_says_nothing_was_there() {
+    let dir = test_dir();
+    let daemon = DaemonProcess::start(dir.path(), "64MiB");
+    let (ok, out, err) = cli(&daemon.socket, &["evict", "1GiB"], None);
+    let out = String::from_utf8_lossy(&out);
+    assert!(ok, "evict on an empty store failed: {err}");
+    assert!(out.contains("evicted 0 objects, 0 B"), "{out}");
+    assert!(out.contains("the store is empty"), "{out}");
+}
+
+/// Starts a daemon with `extra` flags, waits until it answers "starting", sends SIGTERM and
+/// checks that it stops cleanly: status 0, a log line, the socket removed.
+fn sigterm_during_start_up(extra: &[&str]) {
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let log = dir.path().join("d.log");
+    let mut args = vec![
+        "daemon",
+        "--log",
+        "info",
+        "--socket",
+        socket.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let mut child = skyriver(&args)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let guard = KillOnDrop(&mut child);
+    common::eventually("the daemon answers \"starting\"", || {
+        matches!(
+            Client::connect(&socket),
+            Err(skyriver::ClientError::Store(StoreError::Starting(_)))
+        )
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(guard.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = guard.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the daemon did not stop within 10 s of SIGTERM during start-up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(0), "{status}: {text}");
+    assert!(text.contains("SIGTERM during start-up"), "{text}");
+    assert!(!socket.exists(), "the socket was left behind");
+}
+
+#[test]
+fn sigterm_while_joining_a_silent_directory_stops_cleanly() {
+    // A directory that accepts connections and never answers: the join waits.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let head = silent.local_addr().unwrap().to_string();
+    sigterm_during_start_up(&[
+        "--memory",
+        "16MiB",
+        "--no-prefault",
+        "--fabric",
+        "tcp",
+        "--node-id",
+        "1",
+        "--join",
+        &head,
+    ]);
+}
+
+#[test]
+fn sigterm_while_creating_a_large_arena_stops_cleanly() {
+    // A 2 GiB pre-faulted arena takes seconds to create: long enough to signal during it.
+    const ARENA: u64 = 2 << 30;
+    let available = skyriver::daemon::host_memory::available(None).map_or(0, |a| a.bytes);
+    if available < 3 * ARENA {
+        println!(
+            "skipped: needs {} available for a 2 GiB arena, the machine has {}",
+            skyriver::size::format_bytes(3 * ARENA),
+            skyriver::size::format_bytes(available)
+        );
+        return;
+    }
+    sigterm_during_start_up(&["--memory", "2GiB"]);
+}
+
+#[test]
+fn an_unreachable_peer_is_warned_about_once_not_on_every_dial() {
+    let dir = test_dir();
+    let port = skyriver::up::free_loopback_port().unwrap();
+    let head = format!("127.0.0.1:{port}");
+    let token = "unreachable-peer-test";
+    let daemon = |node: &str, membership: &[&str], log: &str| {
+        let socket = dir.path().join(format!("node-{node}.sock"));
+        let mut args = vec!["daemon", "--memory", "16MiB", "--no-prefault", "--log", log];
+        args.extend_from_slice(&[
+            "--fabric",
+            "tcp",
+            "--listen",
+            "127.0.0.1:0",
+            "--node-id",
+            node,
+        ]);
+        args.extend_from_slice(membership);
+        let mut cmd = skyriver(&args);
+        cmd.arg("--socket")
+            .arg(&socket)
+            .env("SKYRIVER_CLUSTER_TOKEN", token)
+            .stderr(std::fs::File::create(dir.path().join(format!("node-{node}.log"))).unwrap());
+        let child = cmd.spawn().unwrap();
+        (
+            DaemonProcess { child, socket },
+            dir.path().join(format!("node-{node}.log")),
+        )
+    };
+    let (_head, _) = daemon("0", &["--head", &head], "warn");
+    common::eventually("the head serves the directory", || {
+        std::net::TcpStream::connect(&head).is_ok()
+    });
+    // A member whose fabric nobody serves (port 1 refuses at once): a node that the directory
+    // still lists but no one can reach, for as long as this test keeps its session.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (notices, _keep) = tokio::sync::mpsc::unbounded_channel();
+    let ghost = runtime
+        .block_on(skyriver_transport::directory::connect(
+            &skyriver_transport::directory::DirectorySpec::Builtin { addr: head.clone() },
+            skyriver_transport::directory::MemberInfo {
+                node: skyriver_core::NodeId(1),
+                fabric_addr: "127.0.0.1:1".parse().unwrap(),
+                fabric: "tcp".into(),
+                incarnation: 1,
+            },
+            "default",
+            token,
+            notices,
+        ))
+        .unwrap();
+    // Node 2 dials node 1 (the higher id dials); debug shows every failed dial.
+    let (_node2, log) = daemon("2", &["--join", &head], "debug");
+    let dials = |text: &str| {
+        text.lines()
+            .filter(|l| l.contains("cannot connect to peer") && l.contains("node-1"))
+            .count()
+    };
+    let started = Instant::now();
+    while dials(&std::fs::read_to_string(&log).unwrap()) < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "node-2 did not dial node-1 three times"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let warnings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("node-1"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(warnings[0].contains("back-off"), "{}", warnings[0]);
+    let repeats = text
+        .lines()
+        .filter(|l| l.contains("peer still unreachable") && l.contains("node-1"))
+        .count();
+    assert!(repeats >= 2, "{text}");
+    drop(ghost);
+}
+
+#[test]
+fn a_socket_path_taken_by_another_users_daemon_names_the_owner() {
+    let dir = test_dir();
+    let socket = dir.path().join("taken.sock");
+    // Someone listens there (the kernel accepts into the backlog: it answers).
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    // Root's daemon meets another user's socket; others meet their own.
+    let (uid, name) = match nix::unistd::geteuid().is_root() {
+        true => {
+            std::os::unix::fs::chown(&socket, Some(65534), None).unwrap();
+            (65534, nix::unistd::User::from_uid(65534.into()).unwrap())
+        }
+        false => {
+            let me = nix::unistd::geteuid();
+            (me.as_raw(), nix::unistd::User::from_uid(me).unwrap())
+        }
+    };
+    let text = stderr(&refused_daemon(skyriver(&daemon_args(
+        socket.to_str().unwrap(),
+        &["--memory", "16MiB", "--no-prefault"],
+    ))));
+    assert!(text.contains("already listening"), "{text}");
+    assert!(text.contains(&format!("uid {uid}")), "{text}");
+    if let Some(user) = name {
+        assert!(text.contains(&format!("user {}", user.name)), "{text}");
+    }
+    assert!(socket.exists(), "another daemon's socket is never removed");
+}
+
+#[test]
+fn fabric_auto_without_verbs_says_why_once() {
+    let dir = test_dir();
+    let socket = dir.path().join("d.sock");
+    let log = dir.path().join("d.log");
+    let mut child = skyriver(&[
+        "daemon",
+        "--memory",
+        "16MiB",
+        "--no-prefault",
+        "--log",
+        "info",
+    ])
+    .args(["--head", "127.0.0.1:0", "--socket"])
+    .arg(&socket)
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap();
+    let _guard = KillOnDrop(&mut child);
+    common::eventually("the daemon joined its own cluster", || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("joined the cluster")
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    let Some(line) = text.lines().find(|l| l.contains("fabric auto:")) else {
+        println!("skipped: this machine has RDMA verbs, so fabric auto did not fall back");
+        return;
+    };
+    if line.contains("RDMA verbs unavailable") {
+        assert_eq!(line.matches("RDMA verbs unavailable").count(), 1, "{line}");
+    }
+    assert!(line.contains("using TCP"), "{line}");
+}

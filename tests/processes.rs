@@ -196,10 +196,9 @@ fn the_daemon_takes_plasma_stores_flags() {
     let socket = dir.path().join("plasma.sock");
     // As a script written for plasma_store would start it: -m in plain bytes, -s, -d.
     let child = Command::new(env!("CARGO_BIN_EXE_skyriver"))
-        .args([
-            "daemon", "--log", "warn", "-m", "20000000", "-d", "/dev/shm", "-s",
-        ])
+        .args(["plasma_store", "-m", "20000000", "-d", "/dev/shm", "-s"])
         .arg(&socket)
+        .args(["--", "--log", "warn"])
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
@@ -227,11 +226,12 @@ fn the_daemon_takes_plasma_stores_flags() {
             .output()
             .unwrap()
     };
-    // -h is plasma_store's huge pages flag here, and needs -d; --help still prints help.
-    let help = skyriver(&["daemon", "--help"]);
+    // -h is plasma_store's huge pages flag there, and needs -d; `skyriver daemon -h` is help.
+    let help = skyriver(&["daemon", "-h"]);
     assert!(help.status.success());
     assert!(String::from_utf8_lossy(&help.stdout).contains("-m, --memory"));
-    let huge_pages_without_dir = skyriver(&["daemon", "-h", "-s", "/nonexistent/x.sock"]);
+    let huge_pages_without_dir =
+        skyriver(&["plasma_store", "-h", "-m", "1", "-s", "/nonexistent/x.sock"]);
     assert!(!huge_pages_without_dir.status.success());
     assert!(String::from_utf8_lossy(&huge_pages_without_dir.stderr).contains("-d <DIR>"));
 }

@@ -140,3 +140,48 @@ fn a_missing_socket_directory_is_made_private() {
     let meta = std::fs::metadata(socket.parent().unwrap()).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o700);
 }
+
+#[test]
+fn a_socket_mode_for_others_opens_the_directory_it_creates_and_warns_about_one_that_exists() {
+    let dir = common::test_dir();
+    // A directory the daemon creates lets in whom the socket's mode does (search only).
+    let socket = dir.path().join("run/d.sock");
+    let daemon = daemon(&socket, &["--socket-mode", "666"]);
+    let meta = std::fs::metadata(socket.parent().unwrap()).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o711);
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o666);
+    drop(daemon);
+    // One that exists, private, is kept as it is, and the daemon says what to do.
+    let private = dir.path().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let socket = private.join("d.sock");
+    let log = dir.path().join("daemon.log");
+    let mut child = Daemon(
+        Command::new(env!("CARGO_BIN_EXE_skyriver"))
+            .args([
+                "daemon",
+                "--log",
+                "warn",
+                "--memory",
+                "16MiB",
+                "--no-prefault",
+            ])
+            .args(["--socket-mode", "666", "--socket"])
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    common::eventually("the daemon answers", || {
+        assert!(child.0.try_wait().unwrap().is_none(), "the daemon exited");
+        Client::connect(&socket).is_ok()
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("keeps them from reaching it"), "{text}");
+    assert!(text.contains("chmod o+x"), "{text}");
+    let meta = std::fs::metadata(&private).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+}

@@ -146,3 +146,43 @@ fn top_once_json_is_one_document_with_both_nodes() {
     assert!(!ok);
     assert!(stderr.contains("no daemon answered"), "{stderr}");
 }
+
+#[test]
+fn nodes_and_logs_do_not_name_the_local_node_as_the_directory() {
+    let dir = common::test_dir();
+    let mut args = UpArgs::new(2, "64MiB".parse().unwrap(), Some(dir.path().to_path_buf()));
+    args.log = "info".into();
+    let cluster = LocalCluster::start(&args, Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
+    let directory = |node: usize| {
+        let (ok, out, err) = common::cli(&cluster.sockets[node], &["nodes", "--json"], None);
+        assert!(ok, "{err}");
+        let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        json["directory"].as_str().unwrap().to_string()
+    };
+    let head = directory(0);
+    assert!(head.starts_with("built-in directory at"), "{head}");
+    assert!(head.contains("served by this node"), "{head}");
+    let joined = directory(1);
+    assert!(joined.starts_with("built-in directory at"), "{joined}");
+    assert!(
+        !joined.contains("node-1"),
+        "node-1 is not the head: {joined}"
+    );
+    assert!(!joined.contains("this node"), "{joined}");
+    let log = std::fs::read_to_string(dir.path().join("node-1.log")).unwrap();
+    assert!(log.contains("joined the cluster"), "{log}");
+    assert!(!log.contains("(node-1)"), "{log}");
+}
+
+#[test]
+fn top_once_says_why_it_could_not_connect() {
+    let dir = common::test_dir();
+    let (ok, _, stderr) = common::cli(
+        &dir.path().join("missing.sock"),
+        &["top", "--once", "--interval-ms", "100"],
+        None,
+    );
+    assert!(!ok);
+    assert!(stderr.contains("missing.sock"), "{stderr}");
+    assert!(stderr.contains("No such file or directory"), "{stderr}");
+}

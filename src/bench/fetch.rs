@@ -105,6 +105,9 @@ pub struct FetchArgs {
 #[derive(Debug, Clone, Serialize)]
 struct FetchRow {
     mode: String,
+    /// The path the fetches took: `eager` forced above the eager capacity runs as a
+    /// rendezvous.
+    ran_as: String,
     #[serde(flatten)]
     result: CaseResult,
     /// Bandwidth relative to the raw TCP stream at this size.
@@ -363,6 +366,10 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         }
         rows.push(FetchRow {
             mode: mode.to_string(),
+            ran_as: match (mode, result.size_bytes > eager_capacity) {
+                ("eager", true) => "rendezvous".to_string(),
+                _ => mode.to_string(),
+            },
             result: result.clone(),
             ratio_to_tcp: ratios.get("tcp").copied().unwrap_or(0.0),
             ratios,
@@ -376,7 +383,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         .collect();
 
     println!("{}", args.cpus.describe());
-    print_table(&measured, &columns);
+    print_table(&measured, &columns, eager_capacity);
     print_round_trips(&round_trips);
     if modes.len() == 3 {
         print_auto_table(
@@ -763,7 +770,20 @@ fn auto_against_forced(
         .collect()
 }
 
-fn print_table(measured: &[(String, CaseResult)], baselines: &[String]) {
+/// The suffix of a forced-eager row above the eager capacity: such a fetch runs as a rendezvous.
+const RAN_AS_RENDEZVOUS: &str = " (rdv)";
+
+/// How the table names a system's row at `size`: forced eager above the eager capacity is
+/// marked, since only a rendezvous exists there.
+fn row_label(name: &str, size: u64, eager_capacity: u64) -> String {
+    if name.starts_with("skyriver-eager") && size > eager_capacity {
+        format!("{name}{RAN_AS_RENDEZVOUS}")
+    } else {
+        name.to_string()
+    }
+}
+
+fn print_table(measured: &[(String, CaseResult)], baselines: &[String], eager_capacity: u64) {
     println!(
         "fetch over loopback, side by side (ratios: bandwidth / the baseline's at that size; \
          p50 range: lowest–highest p50 of the run's repeats)"
@@ -784,8 +804,9 @@ fn print_table(measured: &[(String, CaseResult)], baselines: &[String]) {
             format_bytes(result.size_bytes)
         };
         last_size = Some(result.size_bytes);
+        let label = row_label(name, result.size_bytes, eager_capacity);
         print!(
-            "{size:>10} {name:<24} {:>10.1} {:>10.1} {:>13} {:>10.1} {:>10.0}",
+            "{size:>10} {label:<24} {:>10.1} {:>10.1} {:>13} {:>10.1} {:>10.0}",
             result.mb_per_sec,
             result.p50_us,
             result.repeats_range(),
@@ -804,6 +825,15 @@ fn print_table(measured: &[(String, CaseResult)], baselines: &[String]) {
             }
         }
         println!();
+    }
+    if measured
+        .iter()
+        .any(|(name, r)| row_label(name, r.size_bytes, eager_capacity) != *name)
+    {
+        println!(
+            "{RAN_AS_RENDEZVOUS}: eager forced above the eager capacity ({}) runs as a rendezvous",
+            format_bytes(eager_capacity)
+        );
     }
     println!();
 }
@@ -973,4 +1003,31 @@ fn print_targets(
         }
     }
     println!();
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+
+    #[test]
+    fn forced_eager_above_the_eager_capacity_is_labelled_as_the_rendezvous_it_is() {
+        let capacity = 256 << 10;
+        assert_eq!(
+            row_label("skyriver-eager", 4 << 10, capacity),
+            "skyriver-eager"
+        );
+        assert_eq!(
+            row_label("skyriver-eager", capacity, capacity),
+            "skyriver-eager"
+        );
+        assert_eq!(
+            row_label("skyriver-eager", 1 << 20, capacity),
+            "skyriver-eager (rdv)"
+        );
+        assert_eq!(
+            row_label("skyriver-auto", 1 << 20, capacity),
+            "skyriver-auto"
+        );
+        assert_eq!(row_label("tcp", 1 << 20, capacity), "tcp");
+    }
 }

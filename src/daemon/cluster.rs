@@ -6,18 +6,22 @@ use std::sync::Arc;
 use skyriver_transport::directory::DirectoryNotice;
 use tracing::info;
 
+/// The directory this daemon joined.
+pub(super) struct JoinedDirectory {
+    pub(super) directory: Arc<dyn skyriver_transport::directory::Directory>,
+    /// The built-in directory's server, when this daemon is the head.
+    pub(super) server: Option<skyriver_transport::directory::builtin::BuiltinDirectoryServer>,
+    /// What `skyriver nodes` and the logs call it: where it is, and whether this node serves
+    /// it (a joining node does not know the head's node id, so it names none).
+    pub(super) description: String,
+}
+
 /// Serves the built-in directory when this daemon is the head, then joins the directory.
 pub(super) async fn connect_directory(
     cluster: &super::ClusterConfig,
     me: skyriver_transport::directory::MemberInfo,
     notices: tokio::sync::mpsc::UnboundedSender<DirectoryNotice>,
-) -> Result<
-    (
-        Arc<dyn skyriver_transport::directory::Directory>,
-        Option<skyriver_transport::directory::builtin::BuiltinDirectoryServer>,
-    ),
-    super::DaemonError,
-> {
+) -> Result<JoinedDirectory, super::DaemonError> {
     use skyriver_transport::directory::builtin::{BuiltinDirectoryServer, ServerConfig};
     use skyriver_transport::directory::DirectorySpec;
 
@@ -55,7 +59,18 @@ pub(super) async fn connect_directory(
     )
     .await
     .map_err(|e| DaemonError::Directory(e.to_string()))?;
-    Ok((directory, server))
+    let description = match (&spec, &server) {
+        (DirectorySpec::Builtin { addr }, Some(_)) => {
+            format!("built-in directory at {addr} (served by this node)")
+        }
+        (DirectorySpec::Builtin { addr }, None) => format!("built-in directory at {addr}"),
+        (DirectorySpec::Redis { .. }, _) => directory.describe(),
+    };
+    Ok(JoinedDirectory {
+        directory,
+        server,
+        description,
+    })
 }
 
 /// `HOST:PORT` of the directory, to find the route (and so the source address) peers reach

@@ -22,6 +22,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use super::connection::{ClientInput, ClientReader, ClientWriter, ConnectionEnd, Readable};
 use super::effects::{AccessAnswer, ClientLink, Effects};
 use super::metrics::{Snapshot, SnapshotRequest};
+use super::reachability::{Failure, Reachability};
 
 /// How often the daemon checks that it is connected to every live node.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
@@ -53,6 +54,8 @@ pub(super) struct EventLoop {
     notices: Option<mpsc::UnboundedReceiver<DirectoryNotice>>,
     durable: Option<watch::Receiver<u64>>,
     members: Vec<MemberInfo>,
+    /// Peers the fabric could not reach: their dial back-off and what the log said.
+    reachability: Reachability,
     next_client: u64,
     /// Snapshot requests of the metrics exporter (`--metrics`).
     metrics_requests: Option<mpsc::Receiver<SnapshotRequest>>,
@@ -92,6 +95,7 @@ impl EventLoop {
             notices,
             durable,
             members: Vec::new(),
+            reachability: Reachability::default(),
             next_client: 1,
             metrics_requests: None,
             poll: crate::poll::AdaptivePoll::new(Duration::ZERO, Duration::ZERO),
@@ -397,7 +401,15 @@ impl EventLoop {
                     .node
                     .eager_threshold(peer)
                     .map_or_else(|| "-".to_string(), |t| crate::size::format_bytes(t.bytes));
-                info!(%peer, link = %summary, eager_threshold = %threshold, "peer connected");
+                match self.reachability.connected(peer) {
+                    None => {
+                        info!(%peer, link = %summary, eager_threshold = %threshold, "peer connected")
+                    }
+                    Some(failures) => info!(
+                        %peer, link = %summary, eager_threshold = %threshold, failures,
+                        "peer connected: reachable again"
+                    ),
+                }
                 self.node.handle_peer_link(
                     now,
                     peer,
@@ -405,7 +417,17 @@ impl EventLoop {
                 );
             }
             FabricEvent::PeerLost { peer, reason } => {
-                warn!(%peer, %reason, "peer lost");
+                // Said once per change of state; dials back off while it stays unreachable.
+                match self.reachability.failed(peer, std::time::Instant::now()) {
+                    Failure::BecameUnreachable { retry_in } => warn!(
+                        %peer, %reason, retry_in = ?retry_in,
+                        "peer lost: dialing it again with back-off (up to every 30 s; further \
+                         failures are logged at debug level)"
+                    ),
+                    Failure::StillUnreachable { failures, retry_in } => debug!(
+                        %peer, %reason, failures, retry_in = ?retry_in, "peer still unreachable"
+                    ),
+                }
                 self.node.handle_peer_lost(now, peer);
             }
             FabricEvent::Message { peer, bytes } => {
@@ -452,6 +474,11 @@ impl EventLoop {
                     })
                     .collect();
                 self.node.handle_directory_members(now, view);
+                if members != self.members {
+                    let ids: Vec<_> = members.iter().map(|m| m.node).collect();
+                    self.reachability
+                        .membership_changed(&ids, std::time::Instant::now());
+                }
                 self.members = members;
                 self.maintain_connections();
             }
@@ -469,14 +496,18 @@ impl EventLoop {
     }
 
     /// Dials every live member with a lower id that is not connected (the higher id dials, so
-    /// each pair has exactly one connection).
+    /// each pair has exactly one connection), unless its back-off says not yet.
     fn maintain_connections(&self) {
         let Some(fabric) = &self.effects.fabric else {
             return;
         };
         let me = self.node.id();
+        let now = std::time::Instant::now();
         for member in &self.members {
-            if member.node < me && !fabric.is_connected_or_connecting(member.node) {
+            if member.node < me
+                && !fabric.is_connected_or_connecting(member.node)
+                && self.reachability.may_dial(member.node, now)
+            {
                 fabric.connect(member.node, member.fabric_addr);
             }
         }

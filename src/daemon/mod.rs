@@ -14,6 +14,7 @@ mod effects;
 mod event_loop;
 pub mod host_memory;
 pub mod metrics;
+mod reachability;
 pub mod socket_dir;
 mod starting;
 
@@ -174,18 +175,28 @@ pub enum DaemonError {
     #[error("{0}")]
     Memory(String),
     /// Another daemon already serves this socket.
-    #[error("a daemon is already listening on {0}")]
-    AlreadyRunning(PathBuf),
+    #[error(
+        "a daemon is already listening on {path} (the socket belongs to {owner}); stop it, or \
+         choose another --socket"
+    )]
+    AlreadyRunning {
+        /// The path.
+        path: PathBuf,
+        /// Who owns the socket file: the user that daemon most likely runs as.
+        owner: String,
+    },
     /// The socket path names something that is not a socket: it is never replaced.
     #[error(
-        "{path} is {kind}, not a socket: refusing to replace it (choose another --socket, or \
-         move it away yourself)"
+        "{path} is {kind}, not a socket (it belongs to {owner}): refusing to replace it \
+         (choose another --socket, or move it away yourself)"
     )]
     NotASocket {
         /// The path.
         path: PathBuf,
         /// What is there.
         kind: &'static str,
+        /// Who owns it.
+        owner: String,
     },
     /// The socket's directory is not safe.
     #[error(transparent)]
@@ -304,29 +315,88 @@ fn build_runtime() -> Result<tokio::runtime::Runtime, DaemonError> {
         .map_err(DaemonError::Runtime)
 }
 
-/// Runs a daemon in the foreground until SIGINT or SIGTERM.
+/// Runs a daemon in the foreground until SIGINT or SIGTERM, which also stop it cleanly while it
+/// starts (creating the arena, joining the cluster): the socket is removed, the status is 0.
 pub fn run_until_signalled(config: DaemonConfig) -> Result<(), DaemonError> {
     let runtime = build_runtime()?;
-    runtime.block_on(async move {
-        let server = Server::bind(config).await?;
-        server.serve(shutdown_signal()).await;
+    let outcome = runtime.block_on(async move {
+        // Watched before anything is bound, so no signal finds the default action (death).
+        let mut signals = ShutdownSignals::watch();
+        let server = tokio::select! {
+            biased;
+            signal = signals.recv() => {
+                // Dropping the start-up removes the socket it bound and stops what it started.
+                info!("{signal} during start-up: stopping before serving");
+                return Ok(());
+            }
+            server = Server::bind(config) => server?,
+        };
+        server
+            .serve(async move {
+                let signal = signals.recv().await;
+                info!("{signal}: shutting down");
+            })
+            .await;
         Ok(())
-    })
+    });
+    // A start-up stopped mid-way may leave the arena's creation running on a blocking thread:
+    // the process does not wait for it.
+    runtime.shutdown_background();
+    outcome
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = match signal(SignalKind::terminate()) {
-        Ok(terminate) => terminate,
-        Err(error) => {
-            warn!(%error, "cannot watch SIGTERM; stop with SIGINT");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// SIGINT and SIGTERM, watched from the moment this is made.
+struct ShutdownSignals {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    fn watch() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        let watch = |kind, name| {
+            signal(kind)
+                .inspect_err(|error| warn!(%error, "cannot watch {name}"))
+                .ok()
+        };
+        Self {
+            interrupt: watch(SignalKind::interrupt(), "SIGINT"),
+            terminate: watch(SignalKind::terminate(), "SIGTERM"),
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => info!("SIGINT: shutting down"),
-        _ = terminate.recv() => info!("SIGTERM: shutting down"),
+    }
+
+    /// The name of the next signal.
+    async fn recv(&mut self) -> &'static str {
+        async fn next(signal: Option<&mut tokio::signal::unix::Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(self.interrupt.as_mut()) => "SIGINT",
+            () = next(self.terminate.as_mut()) => "SIGTERM",
+        }
+    }
+}
+
+/// Removes the socket file when dropped, unless disarmed: a start-up that fails or is stopped
+/// (its future dropped) leaves no socket behind.
+struct RemoveSocketOnDrop(Option<PathBuf>);
+
+impl RemoveSocketOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for RemoveSocketOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -337,6 +407,8 @@ struct ClusterParts {
     directory: Arc<dyn Directory>,
     notices: mpsc::UnboundedReceiver<DirectoryNotice>,
     directory_server: Option<BuiltinDirectoryServer>,
+    /// What the directory is called in `skyriver nodes` and the logs.
+    directory_description: String,
     /// Receive-slot size the fabric fixed, when it fixes one.
     receive_slot_bytes: Option<u32>,
     /// The fabric address published for peers (never unspecified).
@@ -376,15 +448,13 @@ impl Server {
         let metrics_listener = config.metrics_addr.map(metrics::bind).transpose()?;
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
         let listener = bind_socket(&config).await?;
+        let bound = RemoveSocketOnDrop(Some(config.socket_path.clone()));
         let status = StartStatus::default();
         status.set("creating the arena");
         let responder = StartingResponder::spawn(listener, status.clone());
-        let socket_path = config.socket_path.clone();
-        let result = Self::start(config, started, status, responder, metrics_listener).await;
-        if result.is_err() {
-            let _ = std::fs::remove_file(&socket_path);
-        }
-        result
+        let server = Self::start(config, started, status, responder, metrics_listener).await?;
+        bound.disarm();
+        Ok(server)
     }
 
     /// Everything after the socket is bound: arena, cluster, node, recovery.
@@ -437,7 +507,7 @@ impl Server {
             }
             node_config.fabric_name = parts.fabric.name().into();
             node_config.fabric_address = parts.fabric_addr.to_string();
-            node_config.directory_name = parts.directory.describe();
+            node_config.directory_name = parts.directory_description.clone();
         }
         status.set("recovering objects");
         let listener = responder.stop().await.ok_or_else(|| {
@@ -459,7 +529,7 @@ impl Server {
                 fabric = parts.fabric.name(),
                 listen = %parts.fabric.listen_addr(),
                 advertised = %parts.fabric_addr,
-                directory = %parts.directory.describe(),
+                directory = %parts.directory_description,
                 "joined the cluster"
             );
             effects.fabric = Some(parts.fabric);
@@ -641,13 +711,14 @@ async fn start_cluster(
         incarnation,
     };
     let (notice_tx, notices) = mpsc::unbounded_channel();
-    let (directory, directory_server) = cluster::connect_directory(cluster, me, notice_tx).await?;
+    let joined = cluster::connect_directory(cluster, me, notice_tx).await?;
     Ok(ClusterParts {
         fabric,
         fabric_events,
-        directory,
+        directory: joined.directory,
         notices,
-        directory_server,
+        directory_server: joined.server,
+        directory_description: joined.description,
         receive_slot_bytes,
         fabric_addr,
     })
@@ -663,10 +734,14 @@ fn check_socket_path(path: &Path) -> Result<bool, DaemonError> {
         return Err(DaemonError::NotASocket {
             path: path.to_path_buf(),
             kind: file_kind(&meta.file_type()),
+            owner: owner_name(&meta),
         });
     }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(DaemonError::AlreadyRunning(path.to_path_buf()));
+        return Err(DaemonError::AlreadyRunning {
+            path: path.to_path_buf(),
+            owner: owner_name(&meta),
+        });
     }
     Ok(true)
 }
@@ -682,7 +757,7 @@ async fn bind_socket(config: &DaemonConfig) -> Result<UnixListener, DaemonError>
         source,
     };
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        socket_dir::prepare(parent, group, config.allow_shared_socket_dir)?;
+        socket_dir::prepare(parent, mode, group, config.allow_shared_socket_dir)?;
     }
     if check_socket_path(path)? {
         // Left behind by a daemon that died: nobody listens on it.
@@ -709,6 +784,16 @@ fn check_hugetlbfs(dir: &Path) -> Result<(), DaemonError> {
         )));
     }
     Ok(())
+}
+
+/// The owner of a file, as `user alice (uid 1000)`, or `uid 1000` when no user has that id.
+fn owner_name(meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let uid = meta.uid();
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => format!("user {} (uid {uid})", user.name),
+        _ => format!("uid {uid}"),
+    }
 }
 
 fn file_kind(t: &std::fs::FileType) -> &'static str {

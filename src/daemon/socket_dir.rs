@@ -3,7 +3,10 @@
 //! directory every user can write to and that someone else owns (a shared `/tmp`) would let
 //! another user bind the path first, or swap it, and receive every client's objects. The
 //! default path is therefore in a private directory, `/tmp/skyriver-<uid>/`, made mode 0700
-//! (0710 with `--socket-group`, so the group can reach the socket), as tmux does.
+//! (as tmux does), with search permission added for whom the socket's mode lets in: 0710 with
+//! `--socket-group` or `--socket-mode 660`, 0711 with `--socket-mode 666`. Nobody but the owner
+//! may list or write it. An existing directory is never changed; when it keeps out whom the
+//! socket's mode lets in, the daemon says so.
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -52,10 +55,16 @@ pub enum SocketDirError {
     },
 }
 
-/// Makes sure the socket's directory `dir` exists and is safe: created private (0700, or 0710
-/// and owned by `group` when the socket is shared with a group) when missing; refused when it
-/// exists and another user controls it, unless `allow_shared`.
-pub fn prepare(dir: &Path, group: Option<u32>, allow_shared: bool) -> Result<(), SocketDirError> {
+/// Makes sure the socket's directory `dir` exists and is safe: created private when missing
+/// (see [`dir_mode_for`]; owned by `group` when the socket is shared with a group); refused
+/// when it exists and another user controls it, unless `allow_shared`. An existing directory
+/// that keeps out whom `socket_mode` lets in is kept, with a warning.
+pub fn prepare(
+    dir: &Path,
+    socket_mode: u32,
+    group: Option<u32>,
+    allow_shared: bool,
+) -> Result<(), SocketDirError> {
     let io = |source| SocketDirError::Io {
         dir: dir.to_path_buf(),
         source,
@@ -63,16 +72,34 @@ pub fn prepare(dir: &Path, group: Option<u32>, allow_shared: bool) -> Result<(),
     let me = nix::unistd::geteuid().as_raw();
     match std::fs::metadata(dir) {
         Ok(meta) => {
-            if allow_shared {
-                return Ok(());
+            if !allow_shared {
+                check(dir, meta.uid(), meta.mode(), me)?;
             }
-            check(dir, meta.uid(), meta.mode(), me)
+            let socket_gid = group.unwrap_or_else(|| nix::unistd::getegid().as_raw());
+            if let Some(missing) =
+                unreachable_for(socket_mode, meta.mode(), meta.gid() == socket_gid)
+            {
+                tracing::warn!(
+                    "--socket-mode {socket_mode:o} lets {missing} open the socket, but its \
+                     directory {} (mode {:o}) keeps them from reaching it; give them search \
+                     permission with `chmod {} {}`, or put the socket elsewhere",
+                    dir.display(),
+                    meta.mode() & 0o7777,
+                    if missing == "every user" {
+                        "o+x"
+                    } else {
+                        "g+x"
+                    },
+                    dir.display(),
+                );
+            }
+            Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).map_err(io)?;
             }
-            let mode = if group.is_some() { 0o710 } else { 0o700 };
+            let mode = dir_mode_for(socket_mode);
             std::fs::DirBuilder::new()
                 .mode(mode)
                 .create(dir)
@@ -86,6 +113,33 @@ pub fn prepare(dir: &Path, group: Option<u32>, allow_shared: bool) -> Result<(),
         }
         Err(e) => Err(io(e)),
     }
+}
+
+/// The mode of a socket directory the daemon creates: private (0700), plus search permission
+/// (only: no listing, no writing) for the group and for others when the socket's mode lets
+/// them open it, so that `--socket-mode` has its effect.
+pub fn dir_mode_for(socket_mode: u32) -> u32 {
+    let mut mode = 0o700;
+    if socket_mode & 0o060 != 0 {
+        mode |= 0o010;
+    }
+    if socket_mode & 0o006 != 0 {
+        mode |= 0o001;
+    }
+    mode
+}
+
+/// Who the socket's mode lets in but an existing directory of mode `dir_mode` keeps out
+/// (`same_group`: the directory's group is the socket's); `None` when nobody.
+fn unreachable_for(socket_mode: u32, dir_mode: u32, same_group: bool) -> Option<&'static str> {
+    if socket_mode & 0o006 != 0 && dir_mode & 0o001 == 0 {
+        return Some("every user");
+    }
+    let group_searches = (same_group && dir_mode & 0o010 != 0) || dir_mode & 0o001 != 0;
+    if socket_mode & 0o060 != 0 && !group_searches {
+        return Some("the socket's group");
+    }
+    None
 }
 
 /// The rule, on a directory's owner and mode.
@@ -138,15 +192,37 @@ mod tests {
     fn a_missing_directory_is_made_private() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("a/b");
-        prepare(&dir, None, false).unwrap();
+        prepare(&dir, 0o600, None, false).unwrap();
         let mode = std::fs::metadata(&dir).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o700);
         // Now it exists and is ours: accepted again.
-        prepare(&dir, None, false).unwrap();
+        prepare(&dir, 0o600, None, false).unwrap();
         let shared = tmp.path().join("shared");
         let gid = nix::unistd::getegid().as_raw();
-        prepare(&shared, Some(gid), false).unwrap();
+        prepare(&shared, 0o660, Some(gid), false).unwrap();
         let meta = std::fs::metadata(&shared).unwrap();
         assert_eq!((meta.mode() & 0o777, meta.gid()), (0o710, gid));
+    }
+
+    #[test]
+    fn the_directory_lets_in_whom_the_socket_mode_does() {
+        assert_eq!(dir_mode_for(0o600), 0o700);
+        assert_eq!(dir_mode_for(0o660), 0o710);
+        assert_eq!(dir_mode_for(0o666), 0o711);
+        assert_eq!(dir_mode_for(0o606), 0o701);
+        // An existing directory: who is kept out.
+        assert_eq!(unreachable_for(0o600, 0o700, true), None);
+        assert_eq!(unreachable_for(0o666, 0o700, true), Some("every user"));
+        assert_eq!(unreachable_for(0o666, 0o711, true), None);
+        assert_eq!(
+            unreachable_for(0o660, 0o700, true),
+            Some("the socket's group")
+        );
+        assert_eq!(unreachable_for(0o660, 0o710, true), None);
+        assert_eq!(
+            unreachable_for(0o660, 0o710, false),
+            Some("the socket's group")
+        );
+        assert_eq!(unreachable_for(0o660, 0o701, false), None);
     }
 }

@@ -203,7 +203,12 @@ impl Shared {
         {
             if a == attempt {
                 t.peers.remove(&peer);
-                tracing::warn!(%peer, %reason, "verbs fabric: connection failed");
+                if driver_waits {
+                    // The daemon logs the PeerLost, once per change of state.
+                    tracing::debug!(%peer, %reason, "verbs fabric: connection failed");
+                } else {
+                    tracing::warn!(%peer, %reason, "verbs fabric: connection failed");
+                }
                 if driver_waits {
                     self.emit(FabricEvent::PeerLost {
                         peer,

@@ -343,7 +343,8 @@ pub(super) async fn dial(inner: Arc<Inner>, peer: NodeId, addr: SocketAddr) {
     match outcome {
         Ok((stream, round_trips)) => start_connection(inner, peer, stream, round_trips),
         Err(error) => {
-            warn!(%peer, %error, "cannot connect to peer");
+            // The daemon logs the PeerLost that follows, once per change of state.
+            tracing::debug!(%peer, %error, "cannot connect to peer");
             inner.emit(FabricEvent::PeerLost {
                 peer,
                 reason: error.to_string(),
