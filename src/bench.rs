@@ -48,8 +48,8 @@ pub enum BenchCommand {
 
 mod baselines;
 mod breakdown;
-mod digest_cost;
 mod cluster;
+mod digest_cost;
 mod fetch;
 mod local;
 mod plot;

@@ -29,8 +29,8 @@ use skyriver_core::client_protocol::{
     Response, ServerFrame, TraceStamp, FRAME_HEADER_BYTES, MAX_INLINE_PUT_BYTES,
     MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
 };
-use skyriver_core::node::{FetchError, TransferMode};
 use skyriver_core::digest::{ContentDigest, ContentHasher};
+use skyriver_core::node::{FetchError, TransferMode};
 use skyriver_core::store::{EvictOutcome, ObjectSummary};
 use skyriver_core::{
     ArenaId, NodeId, ObjectEvent, ObjectId, ObjectInfo, RequestId, StoreError, StoreStats,

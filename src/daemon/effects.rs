@@ -10,8 +10,8 @@ use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
 use skyriver_core::node::{NodeDriver, ReadGrant, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, InputBytes, PeerMessage};
 use skyriver_core::{
-    ArenaId, ClientId, ContentDigest, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, RemoteRegion,
-    RequestId, TransferId,
+    ArenaId, ClientId, ContentDigest, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId,
+    RemoteRegion, RequestId, TransferId,
 };
 use skyriver_transport::directory::Directory;
 use skyriver_transport::fabric::{Fabric, MessageBytes};

@@ -772,7 +772,12 @@ impl Adapter {
     }
 
     /// The [`PUBLISH_SAME_CONTENT`] call for one publication.
-    fn publish_command(&self, id: ObjectId, sizes: ObjectSizes, digest: ContentDigest) -> ::redis::Cmd {
+    fn publish_command(
+        &self,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        digest: ContentDigest,
+    ) -> ::redis::Cmd {
         let mut cmd = ::redis::cmd("EVAL");
         cmd.arg(PUBLISH_SAME_CONTENT)
             .arg(2)
