@@ -7,7 +7,8 @@
 //! - accepted: sealed; the reply is `Ok`, and the publication is already made;
 //! - `Conflict`: live nodes hold the id with another content, which keeps it; the object is
 //!   aborted and the reply is `ObjectExists`;
-//! - unavailable, or no answer within the directory timeout: sealed here, the reply is `Ok`,
+//! - unavailable, no answer within the directory timeout, or a directory known to be down:
+//!   sealed here, the reply is `Ok`,
 //!   and the publication is retried in the background. Should the directory refuse it once it
 //!   answers (another node took the id meanwhile), this copy stays local and unpublished, so
 //!   no other node fetches it, and `id_conflicts` counts it.
@@ -69,6 +70,16 @@ impl Node {
         let Some(sizes) = self.store.unsealed_sizes(&id) else {
             return Some(Response::Done(Err(StoreError::ObjectNotFound(id))));
         };
+        if !self.directory_healthy() {
+            // The directory is known to be down: no verdict would come in time. Seal here and
+            // publish (checked) once it is back, as after a timeout.
+            let result = self.seal_now(client, id, release, digest);
+            if result.is_ok() {
+                self.published_at_seal.insert(id);
+                self.want_publication(id, Want::Publish(sizes, digest));
+            }
+            return Some(Response::Done(result));
+        }
         self.pending_seals.insert(
             id,
             PendingSeal {
