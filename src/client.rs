@@ -683,9 +683,8 @@ fn group_name(gid: u32) -> String {
 fn access_explanation(path: &Path) -> String {
     use std::os::unix::fs::MetadataExt;
     let me = user_name(nix::unistd::geteuid().as_raw());
-    let how = "the daemon's owner can give access with `skyriver daemon --socket-group GROUP` \
-               (a group you are in; the socket gets mode 660) or `--socket-mode 666` (every \
-               user), or you can run as that user";
+    let flags = "`skyriver daemon --socket-group GROUP` (a group you are in; the socket gets mode \
+                 660) or `--socket-mode 666` (every user)";
     // The first directory on the way this user may not enter, if any.
     let mut directories: Vec<&Path> = path.ancestors().skip(1).collect();
     directories.reverse();
@@ -693,30 +692,37 @@ fn access_explanation(path: &Path) -> String {
         !dir.as_os_str().is_empty()
             && nix::unistd::access(*dir, nix::unistd::AccessFlags::X_OK).is_err()
     });
-    match closed.map(|dir| (dir, std::fs::metadata(dir))) {
-        Some((dir, Ok(meta))) => format!(
-            "its directory {} belongs to user {} (group {}, mode {:03o}) and {me} may not enter \
-             it; {how}, with the socket in a directory you may enter",
-            dir.display(),
-            user_name(meta.uid()),
-            group_name(meta.gid()),
-            meta.mode() & 0o777
-        ),
-        Some((dir, Err(_))) => format!(
-            "{me} may not enter its directory {}; {how}, with the socket in a directory you \
-             may enter",
-            dir.display()
-        ),
-        None => match std::fs::metadata(path) {
+    if let Some(dir) = closed {
+        let whose = match std::fs::metadata(dir) {
             Ok(meta) => format!(
-                "the socket belongs to user {} (group {}, mode {:03o}) and this process runs as \
-                 {me}; {how}",
+                " (user {}, group {}, mode {:03o})",
                 user_name(meta.uid()),
                 group_name(meta.gid()),
                 meta.mode() & 0o777
             ),
-            Err(_) => format!("this process runs as {me}; {how}"),
-        },
+            Err(_) => String::new(),
+        };
+        return format!(
+            "user {me} may not enter its directory {}{whose}; the daemon's owner can put the \
+             socket in a directory you may enter (one the daemon makes with --socket-group is \
+             mode 710) and give access with {flags}",
+            dir.display()
+        );
+    }
+    match std::fs::metadata(path) {
+        Ok(meta) => {
+            let owner = user_name(meta.uid());
+            format!(
+                "the socket belongs to user {owner} (group {}, mode {:03o}) and this process \
+                 runs as user {me}; the daemon's owner can give access with {flags}, or run \
+                 this as user {owner}",
+                group_name(meta.gid()),
+                meta.mode() & 0o777
+            )
+        }
+        Err(_) => format!(
+            "this process runs as user {me}; the daemon's owner can give access with {flags}"
+        ),
     }
 }
 
