@@ -353,6 +353,8 @@ impl PyClient {
     /// Gets sealed objects as read-only zero-copy `Buffer`s, waiting up to `timeout` seconds
     /// for those not sealed yet (`None`: for ever; `0`: poll). One id gives one buffer (or
     /// raises `Timeout`); a list gives a list with `None` where an object was not available.
+    /// Ctrl-C interrupts the wait (`KeyboardInterrupt`), and `close()` on another thread ends
+    /// it (`ClientClosed`).
     #[pyo3(signature = (ids, timeout=None))]
     fn get(
         &self,
