@@ -1482,3 +1482,41 @@ impl Iterator for Subscription {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_over_the_daemons_limit_is_refused_before_it_is_written() {
+        let (stream, mut peer) = UnixStream::pair().unwrap();
+        let mut writer = FrameWriter {
+            stream,
+            next_request: 1,
+            write_buf: Vec::new(),
+        };
+        // 250,000 ids encode to about 5 MB, over the 4 MiB the daemon reads.
+        let ids = vec![ObjectId([7; 20]); 250_000];
+        match writer.encode(RequestId(2), Request::Delete { ids }) {
+            Err(ClientError::Store(StoreError::BadRequest(message))) => {
+                assert!(message.contains("fewer ids"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Nothing reached the socket; a request that fits goes through.
+        writer
+            .encode(
+                RequestId(3),
+                Request::Delete {
+                    ids: vec![ObjectId([7; 20])],
+                },
+            )
+            .unwrap();
+        writer.write().unwrap();
+        drop(writer);
+        let mut written = Vec::new();
+        peer.read_to_end(&mut written).unwrap();
+        let len = decode_frame_len(written[..4].try_into().unwrap(), MAX_REQUEST_BYTES).unwrap();
+        assert_eq!(written.len(), FRAME_HEADER_BYTES + len);
+    }
+}

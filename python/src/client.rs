@@ -97,14 +97,17 @@ fn detach_interruptible<T: Send>(
 ) -> Result<PyResult<T>, ClientError> {
     let mut raised: Option<PyErr> = None;
     let result = py.detach(|| {
+        // While the interpreter shuts down (a daemon thread still waiting) there is nothing to
+        // check: the wait goes on.
         let mut check = || {
-            Python::attach(|py| match py.check_signals() {
+            Python::try_attach(|py| match py.check_signals() {
                 Ok(()) => false,
                 Err(error) => {
                     raised = Some(error);
                     true
                 }
             })
+            .unwrap_or(false)
         };
         work(&mut check)
     });
