@@ -12,6 +12,13 @@
 //! another thread's call, and buffers may be dropped on any thread at any time: a release is
 //! written and not waited for.
 //!
+//! A large batch of ids is sent in as many requests as the daemon's limits need
+//! ([`MAX_IDS_PER_REQUEST`] ids each), all in flight at once: one call, one timeout.
+//!
+//! A blocked wait looks up every [`WAIT_SLICE`]: at the caller's interrupt check (the
+//! `*_interruptible` calls; Python's Ctrl-C) and at [`Client::close`] from another thread.
+//! The daemon's later reply to a call given up that way is read and its references released.
+//!
 //! After `fork()` the child shares the parent's socket; it must not speak on it. Every call
 //! in a child fails with [`ClientError::Forked`], and buffers dropped there send nothing: the
 //! child connects anew.
@@ -22,12 +29,12 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use skyriver_core::client_protocol::{
     decode_frame_len, decode_server_frame, encode_frame, ClusterView, Request, RequestFrame,
-    Response, ServerFrame, TraceStamp, FRAME_HEADER_BYTES, MAX_INLINE_PUT_BYTES,
-    MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
+    Response, ServerFrame, TraceStamp, FRAME_HEADER_BYTES, MAX_IDS_PER_REQUEST,
+    MAX_INLINE_PUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
 };
 use skyriver_core::digest::{ContentDigest, ContentHasher};
 use skyriver_core::node::{FetchError, TransferMode};
@@ -39,6 +46,15 @@ use skyriver_transport::{ReadableRegion, SharedArena, WritableRegion};
 
 /// The id of every connection's first request.
 const HELLO_REQUEST: RequestId = RequestId(1);
+
+/// How long a blocked wait sleeps before it looks at its interrupt check and at
+/// [`Client::close`] again.
+pub const WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// An interrupt check that never interrupts.
+fn never() -> bool {
+    false
+}
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +70,21 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    /// The daemon's socket is there, but this user may not open it.
+    #[error("permission denied on the skyriver daemon's socket {path}: {explanation}")]
+    PermissionDenied {
+        /// The socket path.
+        path: PathBuf,
+        /// Whose socket (or directory) it is, and how its owner gives access.
+        explanation: String,
+    },
+    /// [`Client::close`] was called (on this client or a clone): the call was refused, or its
+    /// wait ended.
+    #[error("the client was closed")]
+    ClientClosed,
+    /// The caller's interrupt check ended the wait (Ctrl-C in Python).
+    #[error("the wait was interrupted")]
+    Interrupted,
     /// Reading or writing the socket failed.
     #[error("connection to the daemon failed: {0}")]
     Io(#[from] std::io::Error),
@@ -146,9 +177,23 @@ struct FrameWriter {
 }
 
 impl FrameWriter {
-    fn write(&mut self, request: RequestId, body: Request) -> std::io::Result<()> {
+    /// Encodes a request into the write buffer, refusing one over the daemon's limit (the
+    /// daemon would close the connection on it) without touching the connection.
+    fn encode(&mut self, request: RequestId, body: Request) -> Result<(), ClientError> {
         self.write_buf.clear();
         encode_frame(&RequestFrame { request, body }, &mut self.write_buf);
+        let bytes = self.write_buf.len() - FRAME_HEADER_BYTES;
+        if bytes > MAX_REQUEST_BYTES {
+            return Err(ClientError::Store(StoreError::BadRequest(format!(
+                "a request of {bytes} bytes; the daemon takes at most {MAX_REQUEST_BYTES} \
+                 (send fewer ids at once)"
+            ))));
+        }
+        Ok(())
+    }
+
+    /// Writes the encoded request.
+    fn write(&mut self) -> std::io::Result<()> {
         self.stream.write_all(&self.write_buf)
     }
 }
@@ -160,15 +205,77 @@ struct FrameReader {
     read_buf: Vec<u8>,
     /// How long to poll the socket for a reply before blocking on it ([`crate::poll`]).
     poll: Duration,
+    /// The socket's read timeout: how long one blocking read waits for bytes.
+    read_timeout: Duration,
+}
+
+/// Whether a read error only says that no bytes came in time (or a signal came first).
+fn no_bytes_yet(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted
+    )
 }
 
 impl FrameReader {
     fn new(stream: &UnixStream, poll: Duration) -> Result<Self, ClientError> {
+        let stream = stream.try_clone()?;
+        // Reads wait a slice at a time (the stream's clones share the timeout; it only
+        // bounds reads).
+        stream.set_read_timeout(Some(WAIT_SLICE))?;
         Ok(Self {
-            reader: std::io::BufReader::with_capacity(64 * 1024, stream.try_clone()?),
+            reader: std::io::BufReader::with_capacity(64 * 1024, stream),
             read_buf: Vec::new(),
             poll,
+            read_timeout: WAIT_SLICE,
         })
+    }
+
+    /// Waits up to `within` (at least a microsecond) for bytes, the socket's end or an error
+    /// to read; false when none came. Reads no frame, so nothing is lost when it gives up.
+    fn wait_for_bytes(&mut self, within: Duration) -> Result<bool, ClientError> {
+        if !self.reader.buffer().is_empty() {
+            return Ok(true);
+        }
+        let within = within.max(Duration::from_micros(1));
+        if within != self.read_timeout {
+            self.reader.get_ref().set_read_timeout(Some(within))?;
+            self.read_timeout = within;
+        }
+        match std::io::BufRead::fill_buf(&mut self.reader) {
+            // Bytes, or the end of the stream (which `read_frame` reports).
+            Ok(_) => Ok(true),
+            Err(error) if no_bytes_yet(&error) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The next frame if one starts within [`WAIT_SLICE`] (after polling for it, see
+    /// [`crate::poll`]); a frame once started is read to its end.
+    fn next_frame_within_slice(&mut self) -> Result<Option<ServerFrame>, ClientError> {
+        self.poll_readable();
+        if !self.wait_for_bytes(WAIT_SLICE)? {
+            return Ok(None);
+        }
+        self.read_frame().map(Some)
+    }
+
+    /// Fills `buf` whole, waiting past read timeouts: a frame once started is read to its end.
+    /// An end of the stream before the first byte is [`ClientError::Closed`].
+    fn read_fully(&mut self, buf: &mut [u8]) -> Result<(), ClientError> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match self.reader.read(&mut buf[filled..]) {
+                Ok(0) if filled == 0 => return Err(ClientError::Closed),
+                Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into()),
+                Ok(n) => filled += n,
+                Err(error) if no_bytes_yet(&error) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
     }
 
     /// Polls the socket until it has bytes (or reports an end or error) or the polling time
@@ -180,25 +287,23 @@ impl FrameReader {
         }
     }
 
-    /// The next frame, the socket polled for it first.
-    fn read_frame_polling(&mut self) -> Result<ServerFrame, ClientError> {
-        self.poll_readable();
-        self.read_frame()
-    }
-
+    /// The next frame, however long it takes to come.
     fn read_frame(&mut self) -> Result<ServerFrame, ClientError> {
         let mut header = [0u8; FRAME_HEADER_BYTES];
-        match self.reader.read_exact(&mut header) {
-            Err(error) if error.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(ClientError::Closed)
-            }
-            other => other?,
-        }
+        self.read_fully(&mut header)?;
         let len = decode_frame_len(header, MAX_RESPONSE_BYTES)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        self.read_buf.resize(len, 0);
-        self.reader.read_exact(&mut self.read_buf)?;
-        decode_server_frame(&self.read_buf).map_err(|e| ClientError::Protocol(e.to_string()))
+        let mut body = std::mem::take(&mut self.read_buf);
+        body.resize(len, 0);
+        let read = self.read_fully(&mut body).map_err(|error| match error {
+            ClientError::Closed => std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into(),
+            other => other,
+        });
+        let frame = read.and_then(|()| {
+            decode_server_frame(&body).map_err(|e| ClientError::Protocol(e.to_string()))
+        });
+        self.read_buf = body;
+        frame
     }
 }
 
@@ -214,6 +319,13 @@ struct Replies {
     failure: Option<Failure>,
     /// Callers asleep on `replies_changed` (waking nobody is skipped: it costs a syscall).
     sleepers: usize,
+    /// Calls whose callers stopped waiting (interrupted, or the client closed): their replies
+    /// are read and dropped, the references they hold released.
+    abandoned: BTreeSet<RequestId>,
+    /// References held by replies nobody waits for any more, to release.
+    orphaned: Vec<ObjectId>,
+    /// [`Client::close`] was called: calls are refused and waits end.
+    closed: bool,
 }
 
 /// A connection failure, kept to be reported to every caller.
@@ -268,6 +380,9 @@ impl Connection {
                 arrived: BTreeMap::new(),
                 failure: None,
                 sleepers: 0,
+                abandoned: BTreeSet::new(),
+                orphaned: Vec::new(),
+                closed: false,
             }),
             replies_changed: Condvar::new(),
         })
@@ -287,19 +402,24 @@ impl Connection {
             .writer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(failure) = &self.replies().failure {
-            return Err(failure.to_error());
-        }
-        writer.next_request += 1;
-        let request = RequestId(writer.next_request);
-        // Registered before the write, so the reader knows the reply when it comes.
         {
-            let mut replies = self.replies();
-            if reply_to == ReplyTo::Caller {
-                replies.awaited.insert(request);
+            let replies = self.replies();
+            if let Some(failure) = &replies.failure {
+                return Err(failure.to_error());
+            }
+            // Releases still go out after a close: the buffers handed out are still in use.
+            if replies.closed && reply_to == ReplyTo::Caller {
+                return Err(ClientError::ClientClosed);
             }
         }
-        if let Err(error) = writer.write(request, body) {
+        let request = RequestId(writer.next_request + 1);
+        writer.encode(request, body)?;
+        writer.next_request += 1;
+        // Registered before the write, so the reader knows the reply when it comes.
+        if reply_to == ReplyTo::Caller {
+            self.replies().awaited.insert(request);
+        }
+        if let Err(error) = writer.write() {
             let error = ClientError::Io(error);
             self.fail(&error);
             return Err(error);
@@ -317,15 +437,27 @@ impl Connection {
         self.replies_changed.notify_all();
     }
 
+    /// Marks the connection closed by its user and wakes every waiting caller to say so.
+    fn close(&self) {
+        self.replies().closed = true;
+        self.replies_changed.notify_all();
+    }
+
     /// Waits until `done` holds, reading the socket while no other thread does. The reading
     /// thread polls the socket for a while before it blocks ([`crate::poll`]): every caller,
     /// a fetch's too, since a small fetch is answered within the polling time, and a caller
     /// asleep on a CPU that a polling daemon keeps busy waits for it to yield (`bench fetch
     /// --cpus spread`: a 1 KiB fetch took twice as long when its client slept).
+    ///
+    /// Every [`WAIT_SLICE`] of waiting, `interrupted` is asked (without any lock held) whether
+    /// to give up with [`ClientError::Interrupted`]; a [`Client::close`] ends the wait with
+    /// [`ClientError::ClientClosed`].
     fn wait_until<T>(
         &self,
         mut done: impl FnMut(&mut Replies) -> Option<T>,
+        interrupted: &mut dyn FnMut() -> bool,
     ) -> Result<T, ClientError> {
+        let mut next_check = Instant::now() + WAIT_SLICE;
         let mut replies = self.replies();
         loop {
             if let Some(result) = done(&mut replies) {
@@ -334,45 +466,129 @@ impl Connection {
             if let Some(failure) = &replies.failure {
                 return Err(failure.to_error());
             }
-            let Some(mut reader) = replies.reader.take() else {
+            if replies.closed {
+                return Err(ClientError::ClientClosed);
+            }
+            if let Some(mut reader) = replies.reader.take() {
+                drop(replies);
+                let frame = reader.next_frame_within_slice();
+                replies = self.replies();
+                replies.reader = Some(reader);
+                match frame {
+                    Ok(Some(frame)) => replies.route(frame),
+                    Ok(None) => {}
+                    Err(error) => {
+                        replies
+                            .failure
+                            .get_or_insert_with(|| Failure::from_error(&error));
+                    }
+                }
+                // Someone else may wait for this frame, or for the reader this thread gives
+                // back.
+                if replies.sleepers > 0 {
+                    self.replies_changed.notify_all();
+                }
+            } else {
                 replies.sleepers += 1;
                 replies = self
                     .replies_changed
-                    .wait(replies)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    .wait_timeout(replies, WAIT_SLICE)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .0;
                 replies.sleepers -= 1;
-                continue;
-            };
-            drop(replies);
-            let frame = reader.read_frame_polling();
-            replies = self.replies();
-            replies.reader = Some(reader);
-            match frame {
-                Ok(frame) => replies.route(frame),
-                Err(error) => {
-                    replies
-                        .failure
-                        .get_or_insert_with(|| Failure::from_error(&error));
-                }
             }
-            // Someone else may wait for this frame, or for the reader this thread gives back.
-            if replies.sleepers > 0 {
-                self.replies_changed.notify_all();
+            let orphaned = std::mem::take(&mut replies.orphaned);
+            let check = Instant::now() >= next_check;
+            if orphaned.is_empty() && !check {
+                continue;
+            }
+            drop(replies);
+            self.release_all(orphaned);
+            if check {
+                if interrupted() {
+                    return Err(ClientError::Interrupted);
+                }
+                next_check = Instant::now() + WAIT_SLICE;
+            }
+            replies = self.replies();
+        }
+    }
+
+    /// Releases references nobody holds any more; failures are reported by the next flush.
+    fn release_all(&self, ids: Vec<ObjectId>) {
+        for id in ids {
+            if self.release_without_waiting(id).is_err() {
+                // The connection failed: the daemon drops every reference of it anyway.
+                break;
             }
         }
     }
 
-    fn wait_reply(&self, request: RequestId) -> Result<Response, ClientError> {
-        let result = self.wait_until(|replies| replies.arrived.remove(&request));
+    fn wait_reply(
+        &self,
+        request: RequestId,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Response, ClientError> {
+        let result = self.wait_until(|replies| replies.arrived.remove(&request), interrupted);
         if result.is_err() {
-            self.replies().awaited.remove(&request);
+            self.abandon(request);
         }
         result
     }
 
+    /// Stops waiting for a request's reply: it is dropped when it comes (or now, if it came in
+    /// the meantime), and the references it holds released.
+    fn abandon(&self, request: RequestId) {
+        let mut replies = self.replies();
+        let orphaned = match replies.arrived.remove(&request) {
+            Some(response) => references_in(&response),
+            None => {
+                if replies.awaited.remove(&request) && replies.failure.is_none() {
+                    replies.abandoned.insert(request);
+                }
+                Vec::new()
+            }
+        };
+        drop(replies);
+        self.release_all(orphaned);
+    }
+
     fn call(&self, body: Request) -> Result<Response, ClientError> {
         let request = self.send(body, ReplyTo::Caller)?;
-        self.wait_reply(request)
+        self.wait_reply(request, &mut never)
+    }
+
+    /// Sends every request at once, then waits for their replies, in order. Stops at the first
+    /// failure: returns the replies before it and the failure (the requests after it are
+    /// abandoned, their references released).
+    fn call_all(
+        &self,
+        bodies: impl IntoIterator<Item = Request>,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> (Vec<Response>, Option<ClientError>) {
+        let mut failure = None;
+        let mut requests = Vec::new();
+        for body in bodies {
+            match self.send(body, ReplyTo::Caller) {
+                Ok(request) => requests.push(request),
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            }
+        }
+        let mut responses = Vec::with_capacity(requests.len());
+        for request in requests {
+            if failure.is_some() {
+                self.abandon(request);
+                continue;
+            }
+            match self.wait_reply(request, interrupted) {
+                Ok(response) => responses.push(response),
+                Err(error) => failure = Some(error),
+            }
+        }
+        (responses, failure)
     }
 
     /// Sends a release the daemon does not answer: a dropped buffer costs one write and no
@@ -383,12 +599,24 @@ impl Connection {
     }
 }
 
+/// The objects a reply holds a reference to (on the caller's behalf).
+fn references_in(response: &Response) -> Vec<ObjectId> {
+    match response {
+        Response::Got(results) => results.iter().flatten().map(|info| info.id).collect(),
+        Response::Fetched(results) => results.iter().flatten().map(|info| info.id).collect(),
+        _ => Vec::new(),
+    }
+}
+
 impl Replies {
     /// Files a frame read from the socket under the request it answers.
     fn route(&mut self, frame: ServerFrame) {
         match frame {
             ServerFrame::Reply { request, response } if self.awaited.remove(&request) => {
                 self.arrived.insert(request, response);
+            }
+            ServerFrame::Reply { request, response } if self.abandoned.remove(&request) => {
+                self.orphaned.extend(references_in(&response));
             }
             other => {
                 // A reply to nothing we sent, or an event on a request connection: the stream
@@ -419,6 +647,85 @@ fn call_once(
         other => Err(ClientError::Protocol(format!(
             "unexpected frame from the daemon: {other:?}"
         ))),
+    }
+}
+
+/// The error of a failed connect: a refused permission is told apart, with whose socket it
+/// is and how its owner gives access.
+fn connect_error(path: &Path, source: std::io::Error) -> ClientError {
+    if source.kind() != std::io::ErrorKind::PermissionDenied {
+        return ClientError::Connect {
+            path: path.to_path_buf(),
+            source,
+        };
+    }
+    ClientError::PermissionDenied {
+        path: path.to_path_buf(),
+        explanation: access_explanation(path),
+    }
+}
+
+/// A user's name, else their uid.
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(user)) => user.name,
+        _ => format!("uid {uid}"),
+    }
+}
+
+/// A group's name, else its gid.
+fn group_name(gid: u32) -> String {
+    match nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)) {
+        Ok(Some(group)) => group.name,
+        _ => format!("gid {gid}"),
+    }
+}
+
+/// Why this user may not open the socket at `path`: the socket's owner, group and mode, or the
+/// directory on its way this user cannot enter; and what its owner can do about it.
+fn access_explanation(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let me = user_name(nix::unistd::geteuid().as_raw());
+    let flags = "`skyriver daemon --socket-group GROUP` (a group you are in; the socket gets mode \
+                 660) or `--socket-mode 666` (every user)";
+    // The first directory on the way this user may not enter, if any.
+    let mut directories: Vec<&Path> = path.ancestors().skip(1).collect();
+    directories.reverse();
+    let closed = directories.into_iter().find(|dir| {
+        !dir.as_os_str().is_empty()
+            && nix::unistd::access(*dir, nix::unistd::AccessFlags::X_OK).is_err()
+    });
+    if let Some(dir) = closed {
+        let whose = match std::fs::metadata(dir) {
+            Ok(meta) => format!(
+                " (user {}, group {}, mode {:03o})",
+                user_name(meta.uid()),
+                group_name(meta.gid()),
+                meta.mode() & 0o777
+            ),
+            Err(_) => String::new(),
+        };
+        return format!(
+            "user {me} may not enter its directory {}{whose}; the daemon's owner can put the \
+             socket in a directory you may enter (one the daemon makes with --socket-group is \
+             mode 710) and give access with {flags}",
+            dir.display()
+        );
+    }
+    match std::fs::metadata(path) {
+        Ok(meta) => {
+            let owner = user_name(meta.uid());
+            format!(
+                "the socket belongs to user {owner} (group {}, mode {:03o}) and this process \
+                 runs as user {me}; the daemon's owner can give access with {flags}, or run \
+                 this as user {owner}",
+                group_name(meta.gid()),
+                meta.mode() & 0o777
+            )
+        }
+        Err(_) => format!(
+            "this process runs as user {me}; the daemon's owner can give access with {flags}"
+        ),
     }
 }
 
@@ -453,11 +760,8 @@ impl Client {
     /// Connects, says hello and maps the arenas; the stream is ready for requests after
     /// [`HELLO_REQUEST`].
     fn open(socket_path: &Path) -> Result<(UnixStream, NodeId, MappedArenas), ClientError> {
-        let mut stream =
-            UnixStream::connect(socket_path).map_err(|source| ClientError::Connect {
-                path: socket_path.to_path_buf(),
-                source,
-            })?;
+        let mut stream = UnixStream::connect(socket_path)
+            .map_err(|source| connect_error(socket_path, source))?;
         let client_name = format!(
             "{}[{}]",
             std::env::args().next().unwrap_or_default(),
@@ -542,6 +846,14 @@ impl Client {
             });
         }
         Ok(&self.inner.connection)
+    }
+
+    /// Closes this client and its clones for calls: every later call fails with
+    /// [`ClientError::ClientClosed`], and so does a call waiting on another thread, within
+    /// [`WAIT_SLICE`]. Buffers handed out stay valid and are still released when dropped; the
+    /// connection itself closes when the last clone and buffer are gone.
+    pub fn close(&self) {
+        self.inner.connection.close();
     }
 
     /// Whether this process is the one that connected (not a fork of it).
@@ -636,35 +948,58 @@ impl Client {
     }
 
     /// Gets objects, waiting up to `timeout` for those not sealed yet (`Some(ZERO)` polls,
-    /// `None` waits for ever). One result per id, in order.
+    /// `None` waits for ever). One result per id, in order. Any number of ids: more than
+    /// [`MAX_IDS_PER_REQUEST`] go in several requests at once, waiting together.
     pub fn get(
         &self,
         ids: &[ObjectId],
         timeout: Option<Duration>,
     ) -> Result<Vec<Result<ObjectBuffer, StoreError>>, ClientError> {
+        self.get_interruptible(ids, timeout, &mut never)
+    }
+
+    /// [`Client::get`] that asks `interrupted` every [`WAIT_SLICE`] of waiting whether to give
+    /// up, with [`ClientError::Interrupted`] (the daemon's late reply is then released).
+    pub fn get_interruptible(
+        &self,
+        ids: &[ObjectId],
+        timeout: Option<Duration>,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<Result<ObjectBuffer, StoreError>>, ClientError> {
         let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
-        let response = self.connection()?.call(Request::Get {
-            ids: ids.to_vec(),
-            timeout_ms,
-        })?;
-        let results = match response {
-            Response::Got(results) if results.len() == ids.len() => results,
-            other => return Err(unexpected(other)),
-        };
+        let chunks = ids.chunks(MAX_IDS_PER_REQUEST);
+        let lens: Vec<usize> = chunks.clone().map(<[ObjectId]>::len).collect();
+        let (responses, failure) = self.connection()?.call_all(
+            chunks.map(|chunk| Request::Get {
+                ids: chunk.to_vec(),
+                timeout_ms,
+            }),
+            interrupted,
+        );
         // Build every buffer first so the references of a bad reply are still released.
-        let mut buffers = Vec::with_capacity(results.len());
-        let mut failure = None;
-        for result in results {
-            buffers.push(match result {
-                Ok(info) => match self.readable(info) {
-                    Ok(buffer) => Ok(buffer),
-                    Err(error) => {
-                        failure.get_or_insert(error);
-                        continue;
-                    }
-                },
-                Err(error) => Err(error),
-            });
+        let mut buffers = Vec::with_capacity(ids.len());
+        let mut failure = failure;
+        for (response, len) in responses.into_iter().zip(lens) {
+            let results = match response {
+                Response::Got(results) if results.len() == len => results,
+                other => {
+                    let error = unexpected(other);
+                    failure.get_or_insert(error);
+                    continue;
+                }
+            };
+            for result in results {
+                buffers.push(match result {
+                    Ok(info) => match self.readable(info) {
+                        Ok(buffer) => Ok(buffer),
+                        Err(error) => {
+                            failure.get_or_insert(error);
+                            continue;
+                        }
+                    },
+                    Err(error) => Err(error),
+                });
+            }
         }
         match failure {
             Some(error) => Err(error),
@@ -748,28 +1083,53 @@ impl Client {
         mode: TransferMode,
         wait_for_publication: bool,
     ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
+        self.fetch_interruptible(ids, timeout, mode, wait_for_publication, &mut never)
+    }
+
+    /// [`Client::fetch_with`] that asks `interrupted` every [`WAIT_SLICE`] of waiting whether
+    /// to give up, with [`ClientError::Interrupted`] (the daemon's late reply is then
+    /// released). Like [`Client::get`], any number of ids.
+    pub fn fetch_interruptible(
+        &self,
+        ids: &[ObjectId],
+        timeout: Option<Duration>,
+        mode: TransferMode,
+        wait_for_publication: bool,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
         let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
-        let response = self.connection()?.call(Request::Fetch {
-            ids: ids.to_vec(),
-            timeout_ms,
-            mode,
-            wait_for_publication,
-        })?;
-        let results = match response {
-            Response::Fetched(results) if results.len() == ids.len() => results,
-            other => return Err(unexpected(other)),
-        };
-        let mut buffers = Vec::with_capacity(results.len());
-        let mut failure = None;
-        for result in results {
-            match result {
-                Ok(info) => match self.readable(info) {
-                    Ok(buffer) => buffers.push(Ok(buffer)),
-                    Err(error) => {
-                        failure.get_or_insert(error);
-                    }
-                },
-                Err(error) => buffers.push(Err(error)),
+        let chunks = ids.chunks(MAX_IDS_PER_REQUEST);
+        let lens: Vec<usize> = chunks.clone().map(<[ObjectId]>::len).collect();
+        let (responses, failure) = self.connection()?.call_all(
+            chunks.map(|chunk| Request::Fetch {
+                ids: chunk.to_vec(),
+                timeout_ms,
+                mode,
+                wait_for_publication,
+            }),
+            interrupted,
+        );
+        let mut buffers = Vec::with_capacity(ids.len());
+        let mut failure = failure;
+        for (response, len) in responses.into_iter().zip(lens) {
+            let results = match response {
+                Response::Fetched(results) if results.len() == len => results,
+                other => {
+                    let error = unexpected(other);
+                    failure.get_or_insert(error);
+                    continue;
+                }
+            };
+            for result in results {
+                match result {
+                    Ok(info) => match self.readable(info) {
+                        Ok(buffer) => buffers.push(Ok(buffer)),
+                        Err(error) => {
+                            failure.get_or_insert(error);
+                        }
+                    },
+                    Err(error) => buffers.push(Err(error)),
+                }
             }
         }
         match failure {
@@ -834,15 +1194,26 @@ impl Client {
     }
 
     /// Deletes objects; one result per id. An object in use is deleted when released
-    /// ([`StoreError::ObjectInUse`]).
+    /// ([`StoreError::ObjectInUse`]). Like [`Client::get`], any number of ids.
     pub fn delete(&self, ids: &[ObjectId]) -> Result<Vec<Result<(), StoreError>>, ClientError> {
-        match self
-            .connection()?
-            .call(Request::Delete { ids: ids.to_vec() })?
-        {
-            Response::Deleted(results) => Ok(results),
-            other => Err(unexpected(other)),
+        let (responses, failure) = self.connection()?.call_all(
+            ids.chunks(MAX_IDS_PER_REQUEST)
+                .map(|chunk| Request::Delete {
+                    ids: chunk.to_vec(),
+                }),
+            &mut never,
+        );
+        if let Some(error) = failure {
+            return Err(error);
         }
+        let mut results = Vec::with_capacity(ids.len());
+        for response in responses {
+            match response {
+                Response::Deleted(deleted) => results.extend(deleted),
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(results)
     }
 
     /// Every object in the store.
@@ -886,7 +1257,11 @@ impl Client {
             Response::Done(result) => result?,
             other => return Err(unexpected(other)),
         }
-        Ok(Subscription { stream, reader })
+        Ok(Subscription {
+            stream,
+            reader,
+            timeout: None,
+        })
     }
 
     /// Waits until the daemon has handled the releases of every buffer dropped so far (they
@@ -1050,11 +1425,46 @@ impl Drop for ObjectBuffer {
 pub struct Subscription {
     stream: UnixStream,
     reader: FrameReader,
+    /// How long [`Subscription::next_event`] waits (`None`: for ever).
+    timeout: Option<Duration>,
 }
 
 impl Subscription {
-    /// Waits for the next event.
+    /// Waits for the next event, up to the timeout set by [`Subscription::set_timeout`]
+    /// (then fails with an [`std::io::ErrorKind::TimedOut`] error).
     pub fn next_event(&mut self) -> Result<ObjectEvent, ClientError> {
+        self.next_event_interruptible(&mut never)
+    }
+
+    /// [`Subscription::next_event`] that asks `interrupted` every [`WAIT_SLICE`] of waiting
+    /// whether to give up, with [`ClientError::Interrupted`] (no event is lost).
+    pub fn next_event_interruptible(
+        &mut self,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<ObjectEvent, ClientError> {
+        let deadline = self.timeout.map(|timeout| Instant::now() + timeout);
+        loop {
+            let slice = match deadline {
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    left.min(WAIT_SLICE)
+                }
+                None => WAIT_SLICE,
+            };
+            if self.reader.wait_for_bytes(slice)? {
+                break;
+            }
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no event before the timeout",
+                )
+                .into());
+            }
+            if interrupted() {
+                return Err(ClientError::Interrupted);
+            }
+        }
         match self.reader.read_frame()? {
             ServerFrame::Event(event) => Ok(event),
             ServerFrame::Reply { response, .. } => Err(unexpected(response)),
@@ -1063,7 +1473,8 @@ impl Subscription {
 
     /// Sets how long [`Subscription::next_event`] waits (`None`: for ever).
     pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<(), ClientError> {
-        Ok(self.stream.set_read_timeout(timeout)?)
+        self.timeout = timeout;
+        Ok(())
     }
 
     /// A handle that ends this subscription from another thread, even while
@@ -1106,5 +1517,43 @@ fn copy_hashing(destination: &mut [u8], source: &[u8], hasher: &mut ContentHashe
     {
         to.copy_from_slice(from);
         hasher.update(from);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_over_the_daemons_limit_is_refused_before_it_is_written() {
+        let (stream, mut peer) = UnixStream::pair().unwrap();
+        let mut writer = FrameWriter {
+            stream,
+            next_request: 1,
+            write_buf: Vec::new(),
+        };
+        // 250,000 ids encode to about 5 MB, over the 4 MiB the daemon reads.
+        let ids = vec![ObjectId([7; 20]); 250_000];
+        match writer.encode(RequestId(2), Request::Delete { ids }) {
+            Err(ClientError::Store(StoreError::BadRequest(message))) => {
+                assert!(message.contains("fewer ids"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Nothing reached the socket; a request that fits goes through.
+        writer
+            .encode(
+                RequestId(3),
+                Request::Delete {
+                    ids: vec![ObjectId([7; 20])],
+                },
+            )
+            .unwrap();
+        writer.write().unwrap();
+        drop(writer);
+        let mut written = Vec::new();
+        peer.read_to_end(&mut written).unwrap();
+        let len = decode_frame_len(written[..4].try_into().unwrap(), MAX_REQUEST_BYTES).unwrap();
+        assert_eq!(written.len(), FRAME_HEADER_BYTES + len);
     }
 }

@@ -21,6 +21,7 @@ pub mod bench;
 pub mod client;
 pub mod cluster;
 pub mod daemon;
+pub mod ids;
 pub mod logging;
 pub mod netns;
 pub mod persistence;
@@ -34,6 +35,7 @@ pub use client::{
     default_socket_path, Client, ClientError, ObjectBuffer, ObjectLocation, ObjectWriter,
     Subscription, SubscriptionCloser,
 };
+pub use ids::random_object_id;
 pub use skyriver_core::client_protocol::{ClusterView, MemberView};
 pub use skyriver_core::node::{FetchError, TransferMode};
 pub use skyriver_core::{

@@ -801,7 +801,7 @@ fn put(
     metadata: &[u8],
 ) -> Result<(), String> {
     let client = socket.connect().map_err(|e| e.to_string())?;
-    let id = id.unwrap_or_else(|| ObjectId(rand::random()));
+    let id = id.unwrap_or_else(skyriver::random_object_id);
     let (mut reader, size): (Box<dyn Read>, u64) = if input.as_os_str() == "-" {
         stage_whole(std::io::stdin(), "standard input")?
     } else {

@@ -227,7 +227,11 @@ fn requests_that_break_the_rules_get_clear_errors() {
     let mut raw = RawConnection::greeted(daemon.socket_path());
     raw.send(&RequestFrame {
         request: RequestId(2),
-        body: Request::Seal { id, release: true },
+        body: Request::Seal {
+            id,
+            release: true,
+            digest: skyriver::ContentDigest(0),
+        },
     });
     match raw.reply() {
         Some(ServerFrame::Reply {

@@ -185,3 +185,56 @@ fn a_socket_mode_for_others_opens_the_directory_it_creates_and_warns_about_one_t
     let meta = std::fs::metadata(&private).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o700);
 }
+
+/// What `skyriver stat` says when run as `nobody` against `socket`.
+fn stats_as_nobody(socket: &std::path::Path) -> String {
+    use std::os::unix::process::CommandExt;
+    let output = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args(["stat", "--socket"])
+        .arg(socket)
+        .uid(65534)
+        .gid(65534)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn permission_denied_names_the_owner_and_how_to_give_access() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED permission_denied_names_the_owner_and_how_to_give_access: needs root to run a client as another user");
+        return;
+    }
+    let dir = common::test_dir();
+    let socket = dir.path().join("d.sock");
+    let _daemon = daemon(&socket, &[]);
+    // The test directory is root's and private: `nobody` may not enter it.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let stderr = stats_as_nobody(&socket);
+    assert!(stderr.contains("permission denied"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "user nobody may not enter its directory {} (user root, group root, mode 700)",
+            dir.path().display()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--socket-group"), "{stderr}");
+    assert!(!stderr.contains("is `skyriver daemon` running"), "{stderr}");
+    // The directory open to all, the socket itself (mode 600) is what refuses.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let stderr = stats_as_nobody(&socket);
+    assert!(
+        stderr.contains(&format!("socket {}", socket.display())),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the socket belongs to user root (group root, mode 600)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("runs as user nobody"), "{stderr}");
+    assert!(stderr.contains("--socket-group GROUP"), "{stderr}");
+    assert!(stderr.contains("--socket-mode 666"), "{stderr}");
+}

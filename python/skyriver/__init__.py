@@ -98,6 +98,14 @@ def _tuplify(descr: Any) -> Any:
     return descr
 
 
+def _is_dataframe(value: Any) -> bool:
+    """Whether ``value`` is a pandas DataFrame (without importing pandas when it is not loaded)."""
+    import sys
+
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(value, pandas.DataFrame)
+
+
 class Client(_native.Client):
     """A connection to the local Skyriver daemon (see ``skyriver.connect``).
 
@@ -148,12 +156,22 @@ class Client(_native.Client):
     def put_table(
         self, table: "Union[pyarrow.Table, pyarrow.RecordBatch]", id: Optional[IdLike] = None
     ) -> ObjectID:
-        """Stores a pyarrow Table (or RecordBatch) as an Arrow IPC stream written straight
-        into shared memory; returns its id."""
+        """Stores a pyarrow Table (or RecordBatch, or pandas DataFrame, converted with
+        ``pa.Table.from_pandas``) as an Arrow IPC stream written straight into shared memory;
+        returns its id."""
         import pyarrow as pa
 
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
+        elif not isinstance(table, pa.Table):
+            if _is_dataframe(table):
+                table = pa.Table.from_pandas(table)
+            else:
+                raise TypeError(
+                    f"put_table takes a pyarrow.Table or RecordBatch (or a pandas DataFrame), "
+                    f"got {type(table).__module__}.{type(table).__qualname__}; convert it with "
+                    f"pa.Table.from_pandas(df), pa.table(dict_of_columns) or pa.Table.from_pylist(rows)"
+                )
         oid = ObjectID(id) if isinstance(id, bytes) else (id or ObjectID.from_random())
         sizer = pa.MockOutputStream()
         with pa.ipc.new_stream(sizer, table.schema) as writer:

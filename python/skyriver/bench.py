@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -336,16 +337,38 @@ def targets(results: List[Dict[str, Any]], copy: Optional[Dict[str, float]], siz
     return found
 
 
+def hide_plasma_warnings() -> None:
+    """pyarrow.plasma warns that it is deprecated on import and use: those warnings would land
+    in the middle of the table, so they are hidden (the output says it once instead)."""
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"pyarrow(\..*)?$")
+    warnings.filterwarnings("ignore", message=r"(?i).*plasma.*", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=r"(?i).*plasma.*", category=FutureWarning)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m skyriver.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1KiB,64KiB,1MiB,16MiB,128MiB")
-    parser.add_argument("--millis-per-case", type=int, default=300)
-    parser.add_argument("--memory", default="1GiB", help="memory of every store (default 1GiB)")
-    parser.add_argument("--cpus", choices=["pinned", "spread", "any"], default="pinned")
-    parser.add_argument("--systems", default="skyriver,plasma,redis")
-    parser.add_argument("--skyriver-bin", default=os.environ.get("SKYRIVER_BIN") or shutil.which("skyriver"))
-    parser.add_argument("--json", default="bench-python.json")
+    parser = argparse.ArgumentParser(
+        prog="python -m skyriver.bench",
+        description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--sizes", default="1KiB,64KiB,1MiB,16MiB,128MiB",
+                        help="object sizes to measure, comma-separated, with B/KiB/MiB/GiB (default %(default)s)")
+    parser.add_argument("--millis-per-case", type=int, default=300,
+                        help="time spent measuring each operation at each size, in ms (default %(default)s)")
+    parser.add_argument("--memory", default="1GiB", help="memory of every store (default %(default)s)")
+    parser.add_argument("--cpus", choices=["pinned", "spread", "any"], default="pinned",
+                        help="CPU placement: pinned = the benchmark and every store on one CPU, spread = the "
+                             "benchmark and the store on different CPUs, any = left to the kernel (default %(default)s)")
+    parser.add_argument("--systems", default="skyriver,plasma,redis",
+                        help="systems to measure, comma-separated; those not installed are skipped and "
+                             "reported (default %(default)s)")
+    parser.add_argument("--skyriver-bin", default=os.environ.get("SKYRIVER_BIN") or shutil.which("skyriver"),
+                        help="the skyriver binary that runs the daemon (default: $SKYRIVER_BIN, else "
+                             "skyriver on PATH)")
+    parser.add_argument("--json", default="bench-python.json",
+                        help="where to write the results as JSON (default %(default)s)")
     args = parser.parse_args(argv)
+    hide_plasma_warnings()
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     memory = parse_size(args.memory)
@@ -362,7 +385,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if "skyriver" in wanted:
             if not args.skyriver_bin:
-                raise SystemExit("no skyriver binary: pass --skyriver-bin or set SKYRIVER_BIN")
+                raise SystemExit(
+                    "no skyriver binary: none named `skyriver` on PATH and no --skyriver-bin or "
+                    "$SKYRIVER_BIN; build it (`cargo build --release` in the repository) and put "
+                    "target/release on PATH, pass --skyriver-bin PATH/TO/skyriver, or measure "
+                    "without it (--systems plasma,redis)"
+                )
             socket = workdir / "skyriver.sock"
             command = placement.prefix() + [args.skyriver_bin, "daemon", "--log", "warn", "--memory", str(memory), "--socket", str(socket)]
             with process(command, lambda: _connects(socket), "skyriver daemon", workdir / "skyriver.log"):
@@ -418,6 +446,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{args.millis_per_case} ms per case; Python {platform.python_version()}")
     for name, reason in skipped.items():
         print(f"# {name} skipped: {reason}")
+    if "plasma" in systems:
+        print("# pyarrow.plasma is deprecated upstream (its DeprecationWarnings are hidden here)")
     print("# get = zero-copy get + release (Redis: GET, which copies); get+read also reads every byte;"
           " ratio columns: other system's p50 / Skyriver's (above 1: Skyriver faster)")
     print(table(results, systems, sizes))

@@ -80,6 +80,44 @@ unsafe fn bytes_at<'a>(address: usize, len: usize) -> &'a [u8] {
     unsafe { std::slice::from_raw_parts(address as *const u8, len) }
 }
 
+/// Runs `work` without the GIL, giving it an interrupt check that runs Python's signal
+/// handlers: the exception one raises (`KeyboardInterrupt` for Ctrl-C) ends the wait and is
+/// raised here.
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    work: impl FnOnce(&mut dyn FnMut() -> bool) -> Result<T, ClientError> + Send,
+) -> PyResult<T> {
+    detach_interruptible(py, work).unwrap_or_else(|error| Err(errors::client_error(py, error)))
+}
+
+/// [`interruptible`] that hands back the client's errors other than the interruption.
+fn detach_interruptible<T: Send>(
+    py: Python<'_>,
+    work: impl FnOnce(&mut dyn FnMut() -> bool) -> Result<T, ClientError> + Send,
+) -> Result<PyResult<T>, ClientError> {
+    let mut raised: Option<PyErr> = None;
+    let result = py.detach(|| {
+        // While the interpreter shuts down (a daemon thread still waiting) there is nothing to
+        // check: the wait goes on.
+        let mut check = || {
+            Python::try_attach(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(error) => {
+                    raised = Some(error);
+                    true
+                }
+            })
+            .unwrap_or(false)
+        };
+        work(&mut check)
+    });
+    match (result, raised) {
+        (Ok(value), _) => Ok(Ok(value)),
+        (Err(ClientError::Interrupted), Some(raised)) => Ok(Err(raised)),
+        (Err(error), _) => Err(error),
+    }
+}
+
 /// A connection to the local Skyriver daemon.
 ///
 /// `Client(socket=None)` connects (the default socket is the CLI's: `$SKYRIVER_SOCKET`, else
@@ -109,6 +147,18 @@ impl PyClient {
         let client = self.client()?;
         py.detach(|| work(&client))
             .map_err(|e| errors::client_error(py, e))
+    }
+
+    /// [`PyClient::call`] for a call that may wait long: the wait looks every
+    /// [`skyriver::client::WAIT_SLICE`] at Python's signals, so Ctrl-C raises
+    /// `KeyboardInterrupt` promptly (the call is abandoned, its late reply released).
+    fn call_interruptible<T: Send>(
+        &self,
+        py: Python<'_>,
+        work: impl FnOnce(&Client, &mut dyn FnMut() -> bool) -> Result<T, ClientError> + Send,
+    ) -> PyResult<T> {
+        let client = self.client()?;
+        interruptible(py, |interrupted| work(&client, interrupted))
     }
 
     fn buffer(py: Python<'_>, object: skyriver::ObjectBuffer) -> PyResult<Py<PyReadBuffer>> {
@@ -171,7 +221,8 @@ impl PyClient {
     }
 
     /// Closes the connection once no buffer uses it. Unsealed objects are aborted; buffers
-    /// already handed out stay valid until they go.
+    /// already handed out stay valid until they go. A call waiting on another thread (a
+    /// `get`) raises `ClientClosed` at once.
     fn close(&self, py: Python<'_>) {
         let old = self
             .client
@@ -179,7 +230,14 @@ impl PyClient {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
         let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
-        py.detach(|| drop((old, pending)));
+        py.detach(|| {
+            // The aborts of unsealed objects go out before the client closes for calls.
+            drop(pending);
+            if let Some(client) = &old {
+                client.close();
+            }
+            drop(old);
+        });
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -298,6 +356,8 @@ impl PyClient {
     /// Gets sealed objects as read-only zero-copy `Buffer`s, waiting up to `timeout` seconds
     /// for those not sealed yet (`None`: for ever; `0`: poll). One id gives one buffer (or
     /// raises `Timeout`); a list gives a list with `None` where an object was not available.
+    /// Ctrl-C interrupts the wait (`KeyboardInterrupt`), and `close()` on another thread ends
+    /// it (`ClientClosed`).
     #[pyo3(signature = (ids, timeout=None))]
     fn get(
         &self,
@@ -307,7 +367,9 @@ impl PyClient {
     ) -> PyResult<Py<PyAny>> {
         let (ids, single) = object_ids(ids)?;
         let wait = self::timeout(timeout)?;
-        let results = self.call(py, |client| client.get(&ids, wait))?;
+        let results = self.call_interruptible(py, |client, interrupted| {
+            client.get_interruptible(&ids, wait, interrupted)
+        })?;
         if single {
             let result = results.into_iter().next().ok_or_else(|| {
                 errors::ProtocolError::new_err("the daemon answered no result for one id")
@@ -343,8 +405,14 @@ impl PyClient {
     ) -> PyResult<Py<PyAny>> {
         let (ids, single) = object_ids(ids)?;
         let deadline = self::timeout(timeout)?;
-        let results = self.call(py, |client| {
-            client.fetch_with(&ids, deadline, skyriver::TransferMode::Auto, wait)
+        let results = self.call_interruptible(py, |client, interrupted| {
+            client.fetch_interruptible(
+                &ids,
+                deadline,
+                skyriver::TransferMode::Auto,
+                wait,
+                interrupted,
+            )
         })?;
         if single {
             let result = results.into_iter().next().ok_or_else(|| {
@@ -594,12 +662,16 @@ impl PySubscription {
         let Some(subscription) = guard.as_mut() else {
             return Ok(None);
         };
-        // A zero read timeout means "for ever" to the OS: poll with the shortest instead.
-        let wait = wait.map(|w| w.max(Duration::from_micros(1)));
-        let result = py.detach(|| {
+        let result = detach_interruptible(py, |interrupted| {
             subscription.set_timeout(wait)?;
-            subscription.next_event()
+            subscription.next_event_interruptible(interrupted)
         });
+        // Ctrl-C (or another signal handler's exception) is raised as it is.
+        let result = match result {
+            Ok(Err(raised)) => return Err(raised),
+            Ok(Ok(event)) => Ok(event),
+            Err(error) => Err(error),
+        };
         match result {
             Ok(event) => Ok(Some(event.into())),
             Err(ClientError::Closed) => {

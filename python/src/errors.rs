@@ -5,7 +5,7 @@
 //! and `DaemonUnavailable` (no daemon, or the connection to it broke) a `ConnectionError`.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyConnectionError, PyException, PyTimeoutError};
+use pyo3::exceptions::{PyConnectionError, PyException, PyKeyboardInterrupt, PyTimeoutError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
@@ -241,6 +241,13 @@ pub fn client_error(py: Python<'_>, error: ClientError) -> PyErr {
                 path = path.display()
             ),
         ),
+        ClientError::PermissionDenied { .. } => {
+            new_error(py, daemon_unavailable_class(py), error.to_string())
+        }
+        ClientError::ClientClosed => {
+            ClientClosed::new_err("the client was closed (by close() on another thread?)")
+        }
+        ClientError::Interrupted => PyKeyboardInterrupt::new_err(()),
         ClientError::Io(_) | ClientError::Closed => new_error(
             py,
             daemon_unavailable_class(py),

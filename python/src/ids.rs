@@ -3,7 +3,6 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
-use rand::RngCore;
 
 use skyriver::ObjectId;
 use skyriver_core::ids::OBJECT_ID_LEN;
@@ -29,7 +28,8 @@ impl PyObjectId {
         from_bytes(bytes.as_bytes()).map(Self)
     }
 
-    /// A new random id.
+    /// A new random id, drawn from the operating system: never the same in two processes,
+    /// also after `fork()`.
     #[staticmethod]
     fn from_random() -> Self {
         Self::random()
@@ -81,11 +81,9 @@ impl PyObjectId {
 }
 
 impl PyObjectId {
-    /// A new random id.
+    /// A new random id, drawn from the operating system ([`skyriver::random_object_id`]).
     pub fn random() -> Self {
-        let mut bytes = [0u8; OBJECT_ID_LEN];
-        rand::thread_rng().fill_bytes(&mut bytes);
-        Self(ObjectId(bytes))
+        Self(skyriver::random_object_id())
     }
 }
 

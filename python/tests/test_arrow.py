@@ -36,3 +36,17 @@ def test_record_batches_and_py_buffer_views(client):
     wrapped = pa.py_buffer(buffer)
     assert wrapped.address == buffer.address and not wrapped.is_mutable
     assert wrapped.to_pybytes() == b"abcdef"
+
+
+def test_put_table_takes_a_pandas_dataframe(client):
+    pd = pytest.importorskip("pandas", reason="pandas is not installed")
+    frame = pd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]})
+    got = client.get_table(client.put_table(frame))
+    assert got.column("a").to_pylist() == [1, 2, 3]
+    assert got.to_pandas()[["a", "b"]].equals(frame)
+
+
+@pytest.mark.parametrize("wrong", [{"a": [1, 2]}, [1, 2, 3], b"bytes"])
+def test_put_table_of_something_else_names_the_conversion(client, wrong):
+    with pytest.raises(TypeError, match=r"pa\.Table\.from_pandas"):
+        client.put_table(wrong)
