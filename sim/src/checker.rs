@@ -2,10 +2,11 @@
 //! (a write lands, a READ is served, a client reads or releases an object, a run ends); each
 //! failure is recorded as a violation with the virtual time and what was wrong.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
+use skyriver_core::digest::ContentDigest;
 use skyriver_core::{
-    ClientId, Instant, LocalRegion, NodeId, ObjectId, ObjectSizes, RequestId, Store,
+    ClientId, Instant, LocalRegion, NodeId, ObjectId, ObjectInfo, ObjectSizes, RequestId, Store,
 };
 
 use crate::rdma::Memory;
@@ -24,6 +25,16 @@ pub struct PendingOp {
     pub deadline: Instant,
 }
 
+/// One content put under an id: which bytes (see [`crate::workload::content_bytes`]) and
+/// its sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Content {
+    /// The variant of the id's bytes.
+    pub variant: u32,
+    /// Data and metadata sizes.
+    pub sizes: ObjectSizes,
+}
+
 /// Key of a pending client request: node, incarnation, client, request.
 pub type PendingKey = (NodeId, u32, ClientId, RequestId);
 
@@ -33,8 +44,11 @@ pub struct Checker {
     violations: Vec<String>,
     /// Requests awaiting replies.
     pub pending: BTreeMap<PendingKey, PendingOp>,
-    /// Sizes of every object ever created (ids are never reused with other sizes).
-    pub sizes: BTreeMap<ObjectId, ObjectSizes>,
+    /// Every content ever put under each id (one, unless the workload reused the id).
+    pub contents: BTreeMap<ObjectId, Vec<Content>>,
+    /// Every digest the directory named for each id, to any node (in a lookup's answer, a
+    /// publication event, or the acceptance of a publication).
+    pub named: BTreeMap<ObjectId, BTreeSet<ContentDigest>>,
 }
 
 impl Checker {
@@ -83,7 +97,71 @@ impl Checker {
         }
     }
 
-    /// `object` is sealed in `store`, and its bytes in `memory` are the ones it was sealed with.
+    /// A client puts `content` under `id`.
+    pub fn put(&mut self, id: ObjectId, content: Content) {
+        let contents = self.contents.entry(id).or_default();
+        if !contents.contains(&content) {
+            contents.push(content);
+        }
+    }
+
+    /// Which content put under `info.id` the bytes in `memory` are; why none, if none.
+    pub fn content_of(&self, info: &ObjectInfo, memory: &Memory) -> Result<Content, String> {
+        let sizes = ObjectSizes {
+            data_size: info.data_size,
+            metadata_size: info.metadata_size,
+        };
+        let bytes = memory.read(info.region);
+        let Some(contents) = self.contents.get(&info.id) else {
+            // Not put by a client the checker saw (a scripted scenario's object): its usual
+            // content, whatever its sizes.
+            return check_bytes(&info.id, 0, bytes).map(|()| Content { variant: 0, sizes });
+        };
+        let mut why = Vec::new();
+        for content in contents {
+            if content.sizes != sizes {
+                continue;
+            }
+            match check_bytes(&info.id, content.variant, bytes) {
+                Ok(()) => return Ok(*content),
+                Err(diff) => why.push(format!("not content {}: {diff}", content.variant)),
+            }
+        }
+        if why.is_empty() {
+            why.push(format!(
+                "no content of size {}+{} was put under it",
+                sizes.data_size, sizes.metadata_size
+            ));
+        }
+        Err(why.join("; "))
+    }
+
+    /// A copy sealed by a transfer on `node`: its bytes hash to a digest the directory named
+    /// for the id (the one content the id was accepted with, never damaged bytes nor another
+    /// content under the id).
+    pub fn check_transferred_copy(
+        &mut self,
+        now: Instant,
+        node: NodeId,
+        info: &ObjectInfo,
+        memory: &Memory,
+    ) {
+        let actual = ContentDigest::of_contiguous(memory.read(info.region));
+        let named = self.named.get(&info.id);
+        if !named.is_some_and(|named| named.contains(&actual)) {
+            self.violation(
+                now,
+                format!(
+                    "{node}: a fetched copy of {} hashes to {actual}, which the directory never \
+                     named for it (named: {named:?})",
+                    info.id
+                ),
+            );
+        }
+    }
+
+    /// `object` is sealed in `store`, and its bytes in `memory` are those of a content put
+    /// under its id.
     pub fn check_sealed_object(
         &mut self,
         now: Instant,
@@ -101,23 +179,12 @@ impl Checker {
             }
             return;
         };
-        if let Some(sizes) = self.sizes.get(&object) {
-            if (sizes.data_size, sizes.metadata_size) != (info.data_size, info.metadata_size) {
-                self.violation(
-                    now,
-                    format!(
-                        "{node}: {why}: {object} has size {}+{}, created as {}+{}",
-                        info.data_size, info.metadata_size, sizes.data_size, sizes.metadata_size
-                    ),
-                );
-            }
-        }
-        if let Err(diff) = check_bytes(&object, memory.read(info.region)) {
+        if let Err(diff) = self.content_of(&info, memory) {
             self.violation(
                 now,
                 format!(
-                    "{node}: {why}: {object} at {} has wrong bytes: {diff}",
-                    info.region
+                    "{node}: {why}: {object} of size {}+{} at {} has wrong bytes: {diff}",
+                    info.data_size, info.metadata_size, info.region
                 ),
             );
         }

@@ -4,8 +4,9 @@
 //! virtual time and one seeded RNG from which every parameter of a run is drawn. Messages travel
 //! as real encoded bytes with latency and bandwidth, in order per connection; one-sided READs
 //! are served from the holder's simulated arena without its core; faults (crashes with memory
-//! loss, partitions, QP errors, bad rkeys, slow nodes, directory outages, memory pressure) fly
-//! while a random workload runs, and checkers outside the nodes verify safety throughout and
+//! loss, partitions, QP errors, bad rkeys, damaged transfers, slow nodes, directory outages,
+//! memory pressure) fly while a random workload runs (which now and then puts a known id again
+//! with other bytes), and checkers outside the nodes verify safety throughout and
 //! liveness once faults stop. A failing seed replays bit for bit.
 
 #![forbid(unsafe_code)]
@@ -23,7 +24,7 @@ pub mod workload;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-pub use cluster::{Cluster, RunMode, SimStats};
+pub use cluster::{Cluster, Flaws, RunMode, SimStats};
 pub use params::SimParams;
 
 /// Events one random run may take before it is called a livelock.
@@ -58,9 +59,20 @@ impl SimReport {
 /// Runs one random seed to the end: workload and faults, then liveness and quiescence checks.
 /// A panic inside a node (a failed internal assertion) is reported as a violation.
 pub fn run_seed(seed: u64, nodes: Option<usize>, mode: RunMode) -> SimReport {
+    run_seed_with_flaws(seed, nodes, mode, Flaws::default())
+}
+
+/// [`run_seed`] with planted bugs: a test shows that the checker catches what a protection
+/// prevents by removing it.
+pub fn run_seed_with_flaws(
+    seed: u64,
+    nodes: Option<usize>,
+    mode: RunMode,
+    flaws: Flaws,
+) -> SimReport {
     let mut params = String::new();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let mut cluster = Cluster::random(seed, nodes, mode);
+        let mut cluster = Cluster::random_with_flaws(seed, nodes, mode, flaws);
         params = cluster.params().to_string();
         let until = skyriver_core::Instant((cluster.params().workload_us + SETTLE_US) * 1000);
         let mut violations = Vec::new();

@@ -103,6 +103,9 @@ pub struct SimParams {
     /// Probability (per million) that a pushed directory event is lost with its connection
     /// while faults are on.
     pub lost_push_ppm: u32,
+    /// Probability (per million) that a transfer's bytes arrive damaged (one byte flipped in an
+    /// eager chunk or in a READ's data) while faults are on.
+    pub corrupt_ppm: u32,
 }
 
 impl SimParams {
@@ -180,6 +183,7 @@ impl SimParams {
             reconnect_backoff_max_us: 0,
             head_partitions: rng.gen_range(0..=3),
             lost_push_ppm: 0,
+            corrupt_ppm: 0,
         };
         // The directory's timing and faults, drawn last, so every earlier parameter of a seed
         // stays what it was.
@@ -191,6 +195,12 @@ impl SimParams {
         params.head_partitions = rng.gen_range(0..=3);
         params.lost_push_ppm = if rng.gen_bool(0.5) {
             rng.gen_range(0..=300_000)
+        } else {
+            0
+        };
+        // Drawn last, so every earlier parameter of a seed stays what it was.
+        params.corrupt_ppm = if rng.gen_bool(0.5) {
+            rng.gen_range(0..=30_000)
         } else {
             0
         };
@@ -243,6 +253,7 @@ impl SimParams {
             reconnect_backoff_max_us: 2_000,
             head_partitions: 0,
             lost_push_ppm: 0,
+            corrupt_ppm: 0,
         }
     }
 
@@ -279,7 +290,7 @@ impl fmt::Display for SimParams {
              slow_windows={} qp_error={}ppm bad_rkey={}ppm persistent={} location_cache={} \
              forced_modes={} publication_grace={}us hold_until_durable={} commit={}..{}us \
              heartbeat={}us session_timeout={}us registry_timeout={}us backoff={}..{}us \
-             head_partitions={} lost_push={}ppm",
+             head_partitions={} lost_push={}ppm corrupt={}ppm",
             self.seed,
             self.nodes,
             self.clients_per_node,
@@ -324,7 +335,8 @@ impl fmt::Display for SimParams {
             self.reconnect_backoff_min_us,
             self.reconnect_backoff_max_us,
             self.head_partitions,
-            self.lost_push_ppm
+            self.lost_push_ppm,
+            self.corrupt_ppm
         )
     }
 }

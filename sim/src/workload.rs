@@ -1,7 +1,8 @@
 //! Object contents and the random workload's choices.
 //!
-//! Every object's bytes are a function of its id, so any copy anywhere can be checked without
-//! remembering what was written, and "fetched bytes equal sealed bytes" is a local check.
+//! Every object's bytes are a function of its id and a variant (0 for every object but those
+//! the workload puts again under a known id with other bytes), so any copy anywhere can be
+//! checked against the few contents put under its id without remembering what was written.
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -10,10 +11,19 @@ use skyriver_core::{ObjectId, ObjectSizes};
 
 use crate::trace::Fnv;
 
-/// The bytes object `id` holds (data then metadata), `len` of them.
+/// The bytes object `id` holds (data then metadata), `len` of them, as first put.
 pub fn expected_bytes(id: &ObjectId, len: usize) -> Vec<u8> {
+    content_bytes(id, 0, len)
+}
+
+/// The bytes of content `variant` of object `id` (data then metadata), `len` of them: variant
+/// 0 is the id's usual content, any other is another content put under the same id.
+pub fn content_bytes(id: &ObjectId, variant: u32, len: usize) -> Vec<u8> {
     let mut hash = Fnv::default();
     hash.write(id.as_bytes());
+    if variant != 0 {
+        hash.write(&variant.to_le_bytes());
+    }
     let mut state = hash.finish() | 1;
     let mut out = Vec::with_capacity(len);
     while out.len() < len {
@@ -28,9 +38,9 @@ pub fn expected_bytes(id: &ObjectId, len: usize) -> Vec<u8> {
     out
 }
 
-/// Whether `bytes` are what object `id` holds; the first differing offset if not.
-pub fn check_bytes(id: &ObjectId, bytes: &[u8]) -> Result<(), String> {
-    let expected = expected_bytes(id, bytes.len());
+/// Whether `bytes` are content `variant` of object `id`; the first differing offset if not.
+pub fn check_bytes(id: &ObjectId, variant: u32, bytes: &[u8]) -> Result<(), String> {
+    let expected = content_bytes(id, variant, bytes.len());
     match expected.iter().zip(bytes).position(|(a, b)| a != b) {
         None => Ok(()),
         Some(at) => Err(format!(
@@ -50,6 +60,9 @@ pub enum ClientOp {
         /// Its sizes.
         sizes: ObjectSizes,
     },
+    /// Put a known id again with other bytes (same sizes): one id named for two contents,
+    /// which the cluster must refuse while the first is held.
+    Reuse,
     /// Local get of known objects.
     Get {
         /// How many ids.
@@ -156,9 +169,10 @@ pub fn draw_op(
     fetch_timeout_us: u64,
 ) -> ClientOp {
     match rng.gen_range(0..100) {
-        0..=27 => ClientOp::Put {
+        0..=24 => ClientOp::Put {
             sizes: draw_sizes(rng, eager_capacity, arena_bytes),
         },
+        25..=27 => ClientOp::Reuse,
         28..=37 => ClientOp::Get {
             count: rng.gen_range(1..=3),
             timeout_us: rng.gen_range(0..=500),
@@ -195,11 +209,14 @@ mod tests {
         let b = expected_bytes(&ObjectId::from_u64(2), 100);
         assert_ne!(a, b);
         assert_eq!(&expected_bytes(&ObjectId::from_u64(1), 37)[..], &a[..37]);
-        assert!(check_bytes(&ObjectId::from_u64(1), &a).is_ok());
+        assert!(check_bytes(&ObjectId::from_u64(1), 0, &a).is_ok());
         let mut bad = a.clone();
         bad[50] ^= 1;
-        assert!(check_bytes(&ObjectId::from_u64(1), &bad)
+        assert!(check_bytes(&ObjectId::from_u64(1), 0, &bad)
             .unwrap_err()
             .starts_with("byte 50"));
+        let other = content_bytes(&ObjectId::from_u64(1), 1, 100);
+        assert_ne!(other, a, "another content under the same id");
+        assert!(check_bytes(&ObjectId::from_u64(1), 1, &other).is_ok());
     }
 }

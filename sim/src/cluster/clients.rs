@@ -12,12 +12,13 @@ use rand::Rng;
 use skyriver_core::client_protocol::{
     Request, RequestFrame, Response, MAX_IDS_PER_REQUEST, MAX_INLINE_PUT_BYTES, PROTOCOL_VERSION,
 };
+use skyriver_core::digest::ContentDigest;
 use skyriver_core::{
     ClientId, NodeId, ObjectId, ObjectInfo, ObjectSizes, RequestId, StoreError, TransferMode,
 };
 
 use super::{id_list, short_fetch_error, short_store_error, Cluster, Event};
-use crate::checker::PendingOp;
+use crate::checker::{Content, PendingOp};
 use crate::workload::{self, ClientOp, Misuse};
 
 /// Ids of clients that only misuse the protocol (connect without `Hello`, …): they start here.
@@ -33,11 +34,20 @@ pub(super) enum Call {
         id: ObjectId,
         sizes: ObjectSizes,
         hold_us: Option<u64>,
+        variant: u32,
     },
-    /// `Seal`.
-    Seal { id: ObjectId, hold_us: Option<u64> },
+    /// `Seal` of content `variant` of `id`.
+    Seal {
+        id: ObjectId,
+        hold_us: Option<u64>,
+        variant: u32,
+    },
     /// `Put`: the object created with its bytes and sealed in one request.
-    Put { id: ObjectId, sizes: ObjectSizes },
+    Put {
+        id: ObjectId,
+        sizes: ObjectSizes,
+        variant: u32,
+    },
     /// `Release` of a reference the client holds.
     Release { id: ObjectId },
     /// `Delete`, `Evict`, `Stats`, `List`, `Contains`, `Locate`, `Nodes`: any reply of the
@@ -112,13 +122,27 @@ impl Cluster {
         };
         match (call, response) {
             (Call::Hello, Response::Welcome { .. }) => {}
-            (Call::Create { id, sizes, hold_us }, Response::Created(result)) => {
-                self.created(n, client, id, sizes, hold_us, result)
-            }
-            (Call::Seal { id, hold_us }, Response::Done(result)) => {
-                self.sealed(n, client, id, hold_us, result)
-            }
-            (Call::Put { id, sizes }, Response::Done(result)) => match result {
+            (
+                Call::Create {
+                    id,
+                    sizes,
+                    hold_us,
+                    variant,
+                },
+                Response::Created(result),
+            ) => self.created(n, client, id, (sizes, variant), hold_us, result),
+            (
+                Call::Seal {
+                    id,
+                    hold_us,
+                    variant,
+                },
+                Response::Done(result),
+            ) => self.sealed(n, client, id, hold_us, variant, result),
+            (Call::Put { id, sizes, variant }, Response::Done(result)) => match result {
+                Err(StoreError::ObjectExists(_)) if variant != 0 => {
+                    self.another_content_refused(n, client, id, variant)
+                }
                 // The store may be full (or the id taken by a create of another client).
                 Err(error) => {
                     let error = short_store_error(&error);
@@ -129,7 +153,7 @@ impl Cluster {
                         )
                     });
                 }
-                Ok(()) => self.sealed(n, client, id, None, Ok(())),
+                Ok(()) => self.sealed(n, client, id, None, variant, Ok(())),
             },
             (Call::Release { id }, Response::Done(Err(error))) => self.checker.violation(
                 now,
@@ -192,7 +216,7 @@ impl Cluster {
         n: NodeId,
         client: ClientId,
         id: ObjectId,
-        sizes: ObjectSizes,
+        (sizes, variant): (ObjectSizes, u32),
         hold_us: Option<u64>,
         result: Result<ObjectInfo, StoreError>,
     ) {
@@ -211,7 +235,8 @@ impl Cluster {
             }
         };
         // The client writes its object through its mapping, then seals it.
-        let bytes = workload::expected_bytes(&id, info.region.len as usize);
+        let bytes = workload::content_bytes(&id, variant, info.region.len as usize);
+        let digest = ContentDigest::of_contiguous(&bytes);
         let sim_node = &mut self.nodes[n.0 as usize];
         let store = sim_node.node.as_ref().expect("alive").store();
         self.checker
@@ -234,8 +259,13 @@ impl Cluster {
                 body: Request::Seal {
                     id,
                     release: hold_us.is_none(),
+                    digest,
                 },
-                call: Call::Seal { id, hold_us },
+                call: Call::Seal {
+                    id,
+                    hold_us,
+                    variant,
+                },
             },
         );
     }
@@ -246,17 +276,29 @@ impl Cluster {
         client: ClientId,
         id: ObjectId,
         hold_us: Option<u64>,
+        variant: u32,
         result: Result<(), StoreError>,
     ) {
-        if let Err(error) = result {
-            self.checker.violation(
-                self.now,
-                format!("{client}@{n}: seal of its own {id} failed: {error}"),
-            );
-            return;
+        match result {
+            Err(StoreError::ObjectExists(_)) if variant != 0 => {
+                return self.another_content_refused(n, client, id, variant);
+            }
+            Err(error) => {
+                self.checker.violation(
+                    self.now,
+                    format!("{client}@{n}: seal of its own {id} failed: {error}"),
+                );
+                return;
+            }
+            Ok(()) => {}
         }
         self.stats.puts += 1;
-        self.known_objects.push(id);
+        if variant == 0 {
+            self.known_objects.push(id);
+        } else {
+            self.stats.reused_ids_accepted += 1;
+        }
+        self.check_one_content(n, id);
         let still_here = self.nodes[n.0 as usize]
             .node
             .as_ref()
@@ -278,6 +320,13 @@ impl Cluster {
                 },
             );
         }
+    }
+
+    /// A put of another content under a known id was refused: the id names its first content
+    /// while live nodes hold it.
+    fn another_content_refused(&mut self, n: NodeId, client: ClientId, id: ObjectId, variant: u32) {
+        self.stats.reused_ids_refused += 1;
+        self.record(|| format!("{client}@{n} put of content {variant} under {id}: exists"));
     }
 
     fn inspected(&mut self, n: NodeId, client: ClientId, kind: &'static str, response: Response) {
@@ -316,6 +365,7 @@ impl Cluster {
     /// An object left node `n`'s store: a seal acknowledged there no longer has to survive.
     pub(super) fn object_left(&mut self, n: NodeId, id: ObjectId) {
         self.nodes[n.0 as usize].acked_seals.remove(&id);
+        self.forget_accepted(n, Some(id));
     }
 
     fn client_reply(
@@ -430,6 +480,25 @@ impl Cluster {
                     self.client_put(n, client, id, sizes, None);
                 }
             }
+            ClientOp::Reuse => {
+                // Another content under an id put before, with the same sizes (other bytes
+                // are the case a size check alone misses).
+                if self.known_objects.is_empty() {
+                    return;
+                }
+                let id = self.known_objects[self.rng.gen_range(0..self.known_objects.len())];
+                let Some(first) = self.checker.contents.get(&id).and_then(|c| c.first()) else {
+                    return;
+                };
+                let sizes = first.sizes;
+                let variant = self.next_variant();
+                let total = sizes.data_size + sizes.metadata_size;
+                if total <= MAX_INLINE_PUT_BYTES as u64 && variant % 2 == 0 {
+                    self.client_put_inline_content(n, client, id, sizes, variant);
+                } else {
+                    self.client_put_content(n, client, id, sizes, None, variant);
+                }
+            }
             ClientOp::Hog { sizes, hold_us } => {
                 let id = self.new_object_id();
                 self.client_put(n, client, id, sizes, Some(hold_us));
@@ -493,6 +562,7 @@ impl Cluster {
                 Request::Seal {
                     id: ObjectId::from_u64((1 << 41) + self.rng.gen_range(0..1000)),
                     release: true,
+                    digest: ContentDigest(0),
                 },
                 "seal of an object nobody created",
             ),
@@ -500,6 +570,7 @@ impl Cluster {
                 Request::Seal {
                     id: known,
                     release: false,
+                    digest: ContentDigest(0),
                 },
                 "seal of an object it did not create",
             ),
@@ -740,9 +811,24 @@ impl Cluster {
         id: ObjectId,
         sizes: ObjectSizes,
     ) {
-        self.checker.sizes.insert(id, sizes);
-        let mut bytes =
-            workload::expected_bytes(&id, (sizes.data_size + sizes.metadata_size) as usize);
+        self.client_put_inline_content(n, client, id, sizes, 0);
+    }
+
+    /// [`Cluster::client_put_inline`] of content `variant`.
+    pub(super) fn client_put_inline_content(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        variant: u32,
+    ) {
+        self.checker.put(id, Content { variant, sizes });
+        let mut bytes = workload::content_bytes(
+            &id,
+            variant,
+            (sizes.data_size + sizes.metadata_size) as usize,
+        );
         let metadata = bytes.split_off(sizes.data_size as usize);
         self.client_request(
             n,
@@ -752,7 +838,7 @@ impl Cluster {
                 data: bytes,
                 metadata,
             },
-            Call::Put { id, sizes },
+            Call::Put { id, sizes, variant },
         );
     }
 
@@ -766,7 +852,20 @@ impl Cluster {
         sizes: ObjectSizes,
         hold_us: Option<u64>,
     ) {
-        self.checker.sizes.insert(id, sizes);
+        self.client_put_content(n, client, id, sizes, hold_us, 0);
+    }
+
+    /// [`Cluster::client_put`] of content `variant`.
+    pub(super) fn client_put_content(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        hold_us: Option<u64>,
+        variant: u32,
+    ) {
+        self.checker.put(id, Content { variant, sizes });
         self.client_request(
             n,
             client,
@@ -775,7 +874,12 @@ impl Cluster {
                 data_size: sizes.data_size,
                 metadata_size: sizes.metadata_size,
             },
-            Call::Create { id, sizes, hold_us },
+            Call::Create {
+                id,
+                sizes,
+                hold_us,
+                variant,
+            },
         );
     }
 }
@@ -823,7 +927,7 @@ fn request_line(body: &Request) -> String {
             data_size,
             metadata_size,
         } => format!("create {id} {data_size}+{metadata_size}"),
-        Request::Seal { id, release } => {
+        Request::Seal { id, release, .. } => {
             format!("seal {id}{}", if *release { " and release" } else { "" })
         }
         Request::Abort { id } => format!("abort {id}"),

@@ -54,6 +54,17 @@ impl NodeDriver for SimDriver<'_> {
         }
         let mut bytes = Vec::new();
         wire::encode_eager(&header, sim_node.memory.read(source), &mut bytes);
+        if let Some((at, flip)) = c.corruption(source.len as usize) {
+            // The payload ends the message.
+            let payload_start = bytes.len() - source.len as usize;
+            bytes[payload_start + at] ^= flip;
+            c.record(|| {
+                format!(
+                    "FAULT corrupt byte {} of the eager chunk at {} of {object} to {peer}",
+                    at, header.offset
+                )
+            });
+        }
         c.transmit(n, peer, bytes);
     }
 
@@ -125,6 +136,11 @@ impl NodeDriver for SimDriver<'_> {
         }
         sim_node.memory.write(region, &bytes);
         c.record(|| format!("{n} wrote {object} inline at {region}"));
+    }
+
+    fn verify_content(&mut self, transfer: TransferId, region: LocalRegion, object: ObjectId) {
+        self.cluster
+            .verify_content(self.n, transfer, region, object);
     }
 
     fn trace(&mut self, client: ClientId, request: RequestId, _record: bool) {

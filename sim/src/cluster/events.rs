@@ -112,6 +112,7 @@ impl Cluster {
                     return;
                 }
                 self.directory.delivering(to, &notice);
+                self.directory_named(to, inc, &notice);
                 match notice {
                     DirectoryNotice::Reply { op, reply } => {
                         self.record(|| format!("{to} <- directory {op} {reply}"));
@@ -352,6 +353,11 @@ impl Cluster {
                 }
                 let at = self
                     .after(self.network.wire_ns(holder, requester, bytes.len() as u64) + latency);
+                let mut bytes = bytes;
+                if let Some(at) = self.corruption(bytes.len()) {
+                    bytes[at.0] ^= at.1;
+                    self.record(|| format!("FAULT corrupt byte {} of {op}'s data", at.0));
+                }
                 self.schedule(at, complete(Ok(bytes)));
             }
         }

@@ -2,6 +2,8 @@
 //! and directory faults are scheduled up front), and what a crash, a restart or a broken link
 //! does to the nodes and the network.
 
+use skyriver_core::digest::ContentDigest;
+
 use super::*;
 
 impl Cluster {
@@ -81,6 +83,7 @@ impl Cluster {
         let lost_reads = self.count_reads_of(n, old_inc);
         self.reads_in_flight -= lost_reads;
         self.checker.pending.retain(|(node, ..), _| *node != n);
+        self.forget_accepted(n, None);
         self.calls.retain(|(node, ..), _| *node != n);
         for m in 0..self.nodes.len() as u32 {
             if NodeId(m) != n {
@@ -129,7 +132,20 @@ impl Cluster {
         }
         let mut node = Node::new(self.node_config(n, inc), self.now);
         if !durable.is_empty() {
-            let report = node.handle_recovered(self.now, durable.clone());
+            // The driver hashes what it finds, as the daemon does.
+            let memory = &self.nodes[n.0 as usize].memory;
+            let with_digests = durable
+                .iter()
+                .map(|record| {
+                    let region = LocalRegion {
+                        len: record.data_size + record.metadata_size,
+                        ..record.block
+                    };
+                    let digest = ContentDigest::of_contiguous(memory.read(region));
+                    (*record, digest)
+                })
+                .collect();
+            let report = node.handle_recovered(self.now, with_digests);
             if !report.refused.is_empty() {
                 let what = format!("{n} refused recovered objects: {:?}", report.refused);
                 self.checker.violation(self.now, what);

@@ -4,6 +4,7 @@
 //! `drive_bounded()` says what is still pending when a budget runs out.
 
 mod clients;
+mod content;
 mod driver;
 mod durability;
 mod events;
@@ -24,6 +25,8 @@ use skyriver_core::{
     wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, ObjectId,
     ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion, StoreError, TransferId,
 };
+
+pub use self::content::Flaws;
 
 use self::clients::Call;
 use self::driver::SimDriver;
@@ -213,6 +216,14 @@ pub struct SimStats {
     pub reads: u64,
     /// Node crashes.
     pub crashes: u64,
+    /// Fetched copies whose bytes did not hash to the id's digest, summed over nodes.
+    pub digest_mismatches: u64,
+    /// Publications refused for another content under the id, summed over nodes.
+    pub id_conflicts: u64,
+    /// Puts of another content under a known id that were accepted (nobody held the id).
+    pub reused_ids_accepted: u64,
+    /// Puts of another content under a known id refused because live nodes held it.
+    pub reused_ids_refused: u64,
     /// Misuses of the client protocol the nodes refused.
     pub misuses_refused: u64,
     /// Commits of the simulated disks.
@@ -230,6 +241,8 @@ impl SimStats {
         self.served_rendezvous += s.served_rendezvous;
         self.leases_expired += s.leases_expired;
         self.reads += s.reads_posted;
+        self.digest_mismatches += s.digest_mismatches;
+        self.id_conflicts += s.id_conflicts;
     }
 }
 
@@ -275,6 +288,20 @@ pub struct Cluster {
     stats: SimStats,
     /// End-of-run checks done.
     finished: bool,
+    /// Planted bugs (none in a real run).
+    flaws: Flaws,
+    /// Directory requests of each node (incarnation) awaiting their answer: the object, and
+    /// the digest a publication names.
+    dir_ops: BTreeMap<
+        (NodeId, u32, DirectoryOpId),
+        (ObjectId, Option<skyriver_core::digest::ContentDigest>),
+    >,
+    /// Publications the directory accepted, of copies still held.
+    accepted: BTreeSet<(NodeId, u32, ObjectId)>,
+    /// The digest the directory last named to each node for each id.
+    last_named: BTreeMap<(NodeId, ObjectId), skyriver_core::digest::ContentDigest>,
+    /// The last content variant a client put under a known id.
+    next_variant: u32,
 }
 
 const WORKLOAD_CLIENT_BASE: u64 = 1;
@@ -282,9 +309,14 @@ const WORKLOAD_CLIENT_BASE: u64 = 1;
 impl Cluster {
     /// A cluster for a random run of `seed`; `nodes` overrides the drawn node count.
     pub fn random(seed: u64, nodes: Option<usize>, mode: RunMode) -> Self {
+        Self::random_with_flaws(seed, nodes, mode, Flaws::default())
+    }
+
+    /// [`Cluster::random`] with planted bugs, for tests that show the checker catches them.
+    pub fn random_with_flaws(seed: u64, nodes: Option<usize>, mode: RunMode, flaws: Flaws) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let params = SimParams::draw(seed, &mut rng, nodes);
-        Self::build(params, rng, mode)
+        Self::build(params, rng, mode, flaws)
     }
 
     /// A cluster of `nodes` with fixed parameters, no workload and no random faults, keeping its
@@ -301,10 +333,11 @@ impl Cluster {
                 keep_trace: true,
                 echo_trace: false,
             },
+            Flaws::default(),
         )
     }
 
-    fn build(params: SimParams, mut rng: ChaCha8Rng, mode: RunMode) -> Self {
+    fn build(params: SimParams, mut rng: ChaCha8Rng, mode: RunMode, flaws: Flaws) -> Self {
         let n = params.nodes;
         let mut latency = BTreeMap::new();
         for a in 0..n {
@@ -337,6 +370,11 @@ impl Cluster {
             input: Vec::new(),
             stats: SimStats::default(),
             finished: false,
+            flaws,
+            dir_ops: BTreeMap::new(),
+            accepted: BTreeSet::new(),
+            last_named: BTreeMap::new(),
+            next_variant: 0,
             params,
             rng,
         };
@@ -521,6 +559,7 @@ impl Cluster {
 
     /// A node's directory request goes to its directory session.
     fn send_to_directory(&mut self, n: NodeId, op: DirectoryOpId, request: DirectoryRequest) {
+        let request = self.directory_request(n, op, request);
         self.record(|| format!("{n} -> directory {op} {request}"));
         let effects = self.directory.submit(self.now, n, op, request);
         self.apply_directory(effects);

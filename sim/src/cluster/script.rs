@@ -282,6 +282,7 @@ impl Cluster {
     /// pending) and balance (no reference, pin, lease, exposure or unsealed object left).
     pub fn check_quiescence(&mut self) {
         self.settle_directory();
+        self.check_listed_contents();
         let now = self.now;
         for line in self.pending_work() {
             self.checker.violation(
