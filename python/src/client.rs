@@ -392,9 +392,9 @@ impl PyClient {
 
     /// Gets objects from anywhere in the cluster: each is fetched from a node that holds it
     /// (unless already here) and returned like `get`. Waits up to `timeout` seconds for the
-    /// transfers. An object no live node holds fails at once (after a short grace for a
-    /// publication on its way) unless `wait=True`: then the fetch waits, up to `timeout`, for a
-    /// node to publish it.
+    /// transfers; `timeout=0` polls: what live nodes hold is still fetched, however long the
+    /// transfer takes. An object no live node holds fails at once unless `wait=True`: then the
+    /// fetch waits, up to `timeout`, for a node to publish it.
     #[pyo3(signature = (ids, timeout=None, wait=false))]
     fn fetch(
         &self,

@@ -153,3 +153,31 @@ def test_fetch_across_two_daemons(daemons):
         with pytest.raises((skyriver.ObjectNotFound, skyriver.Timeout)):
             here.fetch(missing, timeout=0.3)
         assert here.fetch([oid, missing], timeout=0.3)[1] is None
+
+
+def test_fetch_polls_with_timeout_zero_and_ids_name_one_content(daemons):
+    port = free_port()
+    head = daemons.start("64MiB", "--head", f"127.0.0.1:{port}", "--node-id", "0",
+                         "--listen", "127.0.0.1:0", "--fabric", "tcp", name="head")
+    member = daemons.start("64MiB", "--join", f"127.0.0.1:{port}", "--node-id", "1",
+                           "--listen", "127.0.0.1:0", "--fabric", "tcp", name="member")
+    with skyriver.connect(head.socket) as there, skyriver.connect(member.socket) as here:
+        # timeout=0 polls: an object another live node holds is still fetched ...
+        oid = there.put(b"held over there")
+        deadline = time.monotonic() + 10
+        while len(here.nodes()["members"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert bytes(here.fetch(oid, timeout=0)) == b"held over there"
+        # ... and an id nobody holds fails at once, not after a grace or the timeout.
+        started = time.monotonic()
+        with pytest.raises(skyriver.ObjectNotFound):
+            here.fetch(ObjectID.from_random(), timeout=0)
+        assert time.monotonic() - started < 1.0
+        # One id names one content: other bytes under a held id are refused on any node.
+        taken = ObjectID.from_random()
+        there.put(b"AAAA", id=taken)
+        with pytest.raises(skyriver.ObjectExists):
+            here.put(b"BBBB", id=taken)
+        assert not here.contains(taken)
+        assert here.locate(taken)["digest"] == there.locate(taken)["digest"]
+        assert len(here.locate(taken)["digest"]) == 16

@@ -415,6 +415,10 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             b.fetch_p50_us
         );
         println!(
+            "  put, its seal checked by the directory     {:>8.1} µs",
+            b.put_p50_us
+        );
+        println!(
             "  (each line is measured on its own; `skyriver bench breakdown` times every hop)"
         );
         println!();
@@ -530,6 +534,9 @@ struct Breakdown {
     first_fetch_p50_us: f64,
     /// A fetch of an object fetched before (and deleted since): the location is remembered.
     fetch_p50_us: f64,
+    /// A 1 KiB put on the requester, whose directory is the other node: its seal waits for
+    /// the directory to accept the publication (one id, one content).
+    put_p50_us: f64,
 }
 
 /// The round-trip baselines and the bytes they send each way.
@@ -549,8 +556,8 @@ impl BenchCluster {
     fn small_fetch_breakdown(&self, budget: Duration) -> Result<Breakdown, BenchError> {
         let requester = &self.requesters[0];
         let data = [0x5a; 1024];
-        let (mut local, mut locate, mut first, mut again) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut local, mut locate, mut first, mut again, mut put) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let started = Instant::now();
         let mut round = 0;
         while again.len() < 5 || (started.elapsed() < budget && again.len() < 2000) {
@@ -573,11 +580,16 @@ impl BenchCluster {
                 requester.delete(&[id])?;
             }
             self.holder.delete(&[id])?;
+            let begin = Instant::now();
+            requester.put(id, &data, b"")?;
+            put.push(begin.elapsed());
+            requester.delete(&[id])?;
         }
         let p50 = |samples: &mut Vec<Duration>| CaseResult::from_samples("", 1024, samples).p50_us;
         Ok(Breakdown {
             local_rpc_p50_us: p50(&mut local),
             locate_p50_us: p50(&mut locate),
+            put_p50_us: p50(&mut put),
             first_fetch_p50_us: p50(&mut first),
             fetch_p50_us: p50(&mut again),
         })
