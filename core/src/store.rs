@@ -372,7 +372,7 @@ impl Store {
 
     /// The digest of a sealed object's bytes, when known.
     pub fn digest(&self, id: &ObjectId) -> Option<ContentDigest> {
-        self.objects.get(id).filter(|entry| entry.sealed)?.digest
+        self.objects.get(id).filter(|entry| entry.sealed)?.digest()
     }
 
     /// Records the digest of a sealed object's bytes (computed by whoever knows them: the
@@ -380,7 +380,7 @@ impl Store {
     /// it). Ignored for an object that is not sealed here.
     pub fn set_digest(&mut self, id: &ObjectId, digest: ContentDigest) {
         if let Some(entry) = self.objects.get_mut(id).filter(|entry| entry.sealed) {
-            entry.digest = Some(digest);
+            entry.set_digest(digest);
         }
     }
 

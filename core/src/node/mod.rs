@@ -580,6 +580,12 @@ impl Node {
         for (id, object) in &self.objects {
             lines.push(format!("object {id}: {}", object.describe()));
         }
+        for (id, pending) in &self.pending_seals {
+            lines.push(format!(
+                "seal of {id} by {} waits for the directory's verdict on its publication",
+                pending.client()
+            ));
+        }
         for (tid, transfer) in &self.transfers {
             lines.push(format!(
                 "transfer {tid} of {} from {}: {}",
@@ -614,6 +620,12 @@ impl Node {
         self.locations.check_invariants();
         let in_flight: u64 = self.transfers.values().map(|t| t.block_len).sum();
         assert_eq!(in_flight, self.bytes_in_flight, "bytes in flight");
+        for (id, pending) in &self.pending_seals {
+            assert!(
+                self.store.check_creator(pending.client(), *id).is_ok(),
+                "a pending seal's object {id} is unsealed and its client's"
+            );
+        }
         let mut reads_by_transfer: BTreeMap<TransferId, u32> = BTreeMap::new();
         for (tid, _) in self.reads.values() {
             assert!(

@@ -34,6 +34,13 @@ pub(super) struct PendingSeal {
     digest: ContentDigest,
 }
 
+impl PendingSeal {
+    /// The client whose seal waits.
+    pub(super) fn client(&self) -> ClientId {
+        self.client
+    }
+}
+
 /// What the directory said of a pending seal's publication.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Verdict {

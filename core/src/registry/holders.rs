@@ -38,8 +38,9 @@ impl HolderIndex {
         self.objects.get(id)
     }
 
-    /// Lists `node` as holding `id` with this content; refused when `id` is listed with
-    /// another content.
+    /// Lists `node` as holding `id` with this content; refused when other nodes list `id`
+    /// with another content. A node listed alone with another content (its withdrawal was
+    /// lost, and it put the id again) is listed with the new one: a node holds one copy.
     pub(super) fn publish(
         &mut self,
         id: ObjectId,
@@ -50,6 +51,10 @@ impl HolderIndex {
         match self.objects.get_mut(&id) {
             Some(holders) => {
                 let (listed_sizes, listed_digest) = holders.content();
+                if holders.iter().all(|holder| holder == node) {
+                    *holders = Holders::one(node, sizes, digest);
+                    return Ok(());
+                }
                 if (listed_sizes, listed_digest) != (sizes, digest) {
                     return Err(ContentConflict {
                         sizes: listed_sizes,
@@ -329,6 +334,13 @@ mod tests {
             index.publish(id(1), NodeId(1), sizes(6, 0), b),
             Ok(()),
             "once nobody holds the id, it may name a new content"
+        );
+        // A node listed alone (its withdrawal lost) that puts the id again with other bytes
+        // is listed with them.
+        assert_eq!(index.publish(id(1), NodeId(1), sizes(8, 1), a), Ok(()));
+        assert_eq!(
+            index.get(&id(1)).map(Holders::content),
+            Some((sizes(8, 1), a))
         );
     }
 

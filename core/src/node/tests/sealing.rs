@@ -146,6 +146,21 @@ fn a_seal_the_directory_never_answers_is_made_here_after_its_timeout() {
 }
 
 #[test]
+fn a_seal_on_a_node_whose_directory_is_down_is_made_at_once_and_published_later() {
+    let mut w = World::new(2, |_| {});
+    w.hold_directory = true;
+    let now = w.now;
+    w.nodes[0].handle_directory_health(now, Err("head unreachable".into()));
+    let reply = w.put_bytes(0, 1, &[6; 100]);
+    assert_eq!(reply, Some(Response::Done(Ok(()))), "no wait for a verdict");
+    assert!(w.nodes[0].store().sealed_info(&id(1)).is_some());
+    // The publication still goes out (the directory's client replays it once it is back).
+    assert_eq!(directory_requests(&w, 0, is_publish), 1);
+    w.answer_directory(0, is_publish, DirectoryReply::Done);
+    assert_eq!(directory_requests(&w, 0, is_publish), 1, "published once");
+}
+
+#[test]
 fn an_abort_during_a_pending_seal_withdraws_and_ignores_the_late_verdict() {
     let (mut w, seal) = seal_waiting_for_the_directory(&[5; 100]);
     assert_eq!(
