@@ -103,7 +103,7 @@ pub async fn connect(
         max_subscriptions: MAX_SUBSCRIPTIONS_PER_NODE,
         max_in_flight: MAX_IN_FLIGHT_PER_NODE,
     };
-    let description = format!("built-in directory at {addr} ({})", me.node);
+    let description = format!("built-in directory at {addr}");
     let session = DirectorySession::new(
         session_config,
         me,
