@@ -133,12 +133,18 @@ def test_a_forked_child_gets_a_clear_error_until_it_reconnects(client):
     assert [e["ref_count"] for e in client.list() if e["id"] == oid] == [0]
 
 
-def test_fetch_across_two_daemons(daemons):
+def two_node_cluster(daemons):
+    """A head and a member on loopback (TCP fabric): their daemons."""
     port = free_port()
     head = daemons.start("64MiB", "--head", f"127.0.0.1:{port}", "--node-id", "0",
                          "--listen", "127.0.0.1:0", "--fabric", "tcp", name="head")
     member = daemons.start("64MiB", "--join", f"127.0.0.1:{port}", "--node-id", "1",
                            "--listen", "127.0.0.1:0", "--fabric", "tcp", name="member")
+    return head, member
+
+
+def test_fetch_across_two_daemons(daemons):
+    head, member = two_node_cluster(daemons)
     with skyriver.connect(head.socket) as there, skyriver.connect(member.socket) as here:
         payload = np.arange(1 << 18, dtype=np.int32)
         oid = there.put_array(payload)
@@ -156,11 +162,7 @@ def test_fetch_across_two_daemons(daemons):
 
 
 def test_fetch_polls_with_timeout_zero_and_ids_name_one_content(daemons):
-    port = free_port()
-    head = daemons.start("64MiB", "--head", f"127.0.0.1:{port}", "--node-id", "0",
-                         "--listen", "127.0.0.1:0", "--fabric", "tcp", name="head")
-    member = daemons.start("64MiB", "--join", f"127.0.0.1:{port}", "--node-id", "1",
-                           "--listen", "127.0.0.1:0", "--fabric", "tcp", name="member")
+    head, member = two_node_cluster(daemons)
     with skyriver.connect(head.socket) as there, skyriver.connect(member.socket) as here:
         # timeout=0 polls: an object another live node holds is still fetched ...
         oid = there.put(b"held over there")
