@@ -53,11 +53,8 @@ subnet=${first_addr%.*}.0/24
 grep -E '^  (node-[0-9]+: namespace|links:)' "$work/up.out" >&2
 
 # The ranks run inside the namespaces and mpirun outside: Open MPI's runtime (PMIx, ORTE)
-# reaches mpirun over TCP, so the host gets the subnet's last address on the cluster's bridge
-# (it goes with the bridge) and mpirun's servers listen there.
-bridge=$(awk '$1 == "links:" { sub(",", "", $3); print $3 }' "$work/up.out")
-host_addr=${first_addr%.*}.254
-ip addr add "$host_addr/24" dev "$bridge"
+# reaches mpirun over TCP, on the host's address on the cluster's bridge (the subnet's last,
+# which `up --netns` gives the host), where mpirun's servers listen.
 export PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include=$subnet
 
 export SKYRIVER_NETNS_NAMESPACES=$namespaces
