@@ -13,6 +13,9 @@
 //!   answers (another node took the id meanwhile), this copy stays local and unpublished, so
 //!   no other node fetches it, and `id_conflicts` counts it.
 //!
+//! A peer that asks for the object between the directory's acceptance and the seal here (it
+//! heard of the publication first) is served right after the seal.
+//!
 //! The cost is one directory round trip per seal on a cluster node. Until the verdict the
 //! object is unsealed (a `get` waits for it, nothing else can be written to it by protocol);
 //! an abort or a disconnect of its creator meanwhile drops the seal and withdraws the
@@ -23,7 +26,11 @@ use super::Node;
 use crate::client_protocol::Response;
 use crate::digest::ContentDigest;
 use crate::error::StoreError;
-use crate::ids::{ClientId, ObjectId, RequestId};
+use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
+use crate::wire::PeerMessage;
+
+/// Most fetch requests of peers one pending seal keeps for after the seal.
+const MAX_PARKED_FETCHES: usize = 64;
 
 /// A seal waiting for the directory's verdict on the object's publication.
 #[derive(Debug)]
@@ -32,12 +39,31 @@ pub(super) struct PendingSeal {
     request: RequestId,
     release: bool,
     digest: ContentDigest,
+    /// Peers' fetch requests that came before the seal: (peer, transfer, eager limit, most
+    /// bytes per chunk), served once it is made.
+    parked_fetches: Vec<(NodeId, TransferId, u64, u32)>,
 }
 
 impl PendingSeal {
     /// The client whose seal waits.
     pub(super) fn client(&self) -> ClientId {
         self.client
+    }
+
+    /// Keeps a peer's fetch request for after the seal; `false` when too many wait already.
+    pub(super) fn park_fetch(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        eager_limit: u64,
+        max_chunk_bytes: u32,
+    ) -> bool {
+        if self.parked_fetches.len() >= MAX_PARKED_FETCHES {
+            return false;
+        }
+        self.parked_fetches
+            .push((peer, req, eager_limit, max_chunk_bytes));
+        true
     }
 }
 
@@ -94,6 +120,7 @@ impl Node {
                 request,
                 release,
                 digest,
+                parked_fetches: Vec::new(),
             },
         );
         self.want_publication(id, Want::Publish(sizes, digest));
@@ -117,6 +144,7 @@ impl Node {
         let Some(pending) = self.pending_seals.remove(&id) else {
             return;
         };
+        let parked = pending.parked_fetches;
         match verdict {
             Verdict::Accepted | Verdict::Unknown => {
                 let durable_before = self.store.durable_changes_queued();
@@ -131,6 +159,9 @@ impl Node {
                     Response::Done(result),
                     durable_before,
                 );
+                for (peer, req, eager_limit, max_chunk_bytes) in parked {
+                    self.serve_fetch_request(peer, req, id, eager_limit, max_chunk_bytes);
+                }
             }
             Verdict::Refused => {
                 // The creator's unsealed object: it may abort it, and so does the node.
@@ -140,6 +171,7 @@ impl Node {
                     pending.request,
                     Response::Done(Err(StoreError::ObjectExists(id))),
                 );
+                self.refuse_parked(parked);
             }
         }
     }
@@ -149,6 +181,7 @@ impl Node {
     pub(super) fn drop_pending_seal(&mut self, id: ObjectId) {
         if let Some(pending) = self.pending_seals.remove(&id) {
             self.want_publication(id, Want::Withdraw);
+            self.refuse_parked(pending.parked_fetches);
             self.reply(
                 pending.client,
                 pending.request,
@@ -166,8 +199,17 @@ impl Node {
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
-            self.pending_seals.remove(&id);
+            if let Some(pending) = self.pending_seals.remove(&id) {
+                self.refuse_parked(pending.parked_fetches);
+            }
             self.want_publication(id, Want::Withdraw);
+        }
+    }
+
+    /// Fetch requests kept for a seal that will not be made: the object is not here.
+    fn refuse_parked(&mut self, parked: Vec<(NodeId, TransferId, u64, u32)>) {
+        for (peer, req, _, _) in parked {
+            self.send(peer, PeerMessage::NotFound { req });
         }
     }
 }

@@ -656,6 +656,14 @@ impl Node {
             return;
         }
         let Some(info) = self.store.sealed_info(&id) else {
+            // Published but not sealed yet (its seal waits for the directory's answer, which
+            // may reach this node after the requester heard of the publication): served once
+            // the seal is made.
+            if let Some(pending) = self.pending_seals.get_mut(&id) {
+                if pending.park_fetch(peer, req, eager_limit, max_chunk_bytes) {
+                    return;
+                }
+            }
             self.refuse(peer, PeerMessage::NotFound { req });
             return;
         };

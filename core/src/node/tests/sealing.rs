@@ -161,6 +161,41 @@ fn a_seal_on_a_node_whose_directory_is_down_is_made_at_once_and_published_later(
 }
 
 #[test]
+fn a_fetch_that_arrives_before_the_holders_seal_is_served_right_after_it() {
+    let bytes = World::bytes_of(1, 300);
+    let (mut w, seal) = seal_waiting_for_the_directory(&bytes);
+    // The directory accepted the publication and a fetcher heard of it before node 0 did.
+    w.fetch(1, &[1], Duration::from_secs(5));
+    let sizes = ObjectSizes {
+        data_size: 300,
+        metadata_size: 0,
+    };
+    let digest = ContentDigest::of(&bytes, &[]);
+    w.answer_directory(
+        1,
+        |r| matches!(r, DirectoryRequest::Lookup { .. }),
+        DirectoryReply::Located {
+            holders: vec![NodeId(0)],
+            sizes: Some(sizes),
+            digest: Some(digest),
+        },
+    );
+    assert!(w.replies(1).is_empty(), "the request waits at the holder");
+    assert!(
+        !w.sent(0)
+            .iter()
+            .any(|m| matches!(m, PeerMessage::NotFound { .. })),
+        "not refused while the seal is pending"
+    );
+    w.answer_directory(0, is_publish, DirectoryReply::Done);
+    assert_eq!(w.reply_to(0, CLIENT, seal), Some(Response::Done(Ok(()))));
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1, "served right after the seal");
+    let info = ok_info(&replies[0][0]);
+    assert_eq!(w.local_bytes(1, &info), bytes);
+}
+
+#[test]
 fn an_abort_during_a_pending_seal_withdraws_and_ignores_the_late_verdict() {
     let (mut w, seal) = seal_waiting_for_the_directory(&[5; 100]);
     assert_eq!(
