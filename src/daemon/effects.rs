@@ -19,6 +19,7 @@ use skyriver_transport::{trace, ReadableRegion, SharedArena};
 use tracing::{debug, debug_span, warn, Level};
 
 use super::connection::{ClientReader, ClientWriter, WriteError};
+use super::verification::CopyHashers;
 use crate::persistence::CommitQueue;
 
 /// One connected client, as the loop holds it.
@@ -50,6 +51,8 @@ pub(super) struct Effects {
     pub(super) access_answers: Vec<AccessAnswer>,
     /// What fetched copies hash to (`verify_content`): the loop tells the node next.
     pub(super) content_hashes: Vec<(TransferId, ContentDigest)>,
+    /// Copies hashed ahead while their last bytes are read.
+    copy_hashers: CopyHashers,
     pub(super) arenas: BTreeMap<ArenaId, Arc<SharedArena>>,
     pub(super) fabric: Option<Arc<dyn Fabric>>,
     pub(super) directory: Option<Arc<dyn Directory>>,
@@ -114,6 +117,14 @@ fn fetch_id(requester: NodeId, transfer: TransferId) -> String {
     format!("{requester}/{transfer}")
 }
 
+impl Effects {
+    /// A read-only view of `region`, when it lies in an arena and nothing here writes it.
+    fn view(&self, region: LocalRegion) -> Option<ReadableRegion> {
+        let arena = self.arenas.get(&region.arena)?;
+        ReadableRegion::new(arena.clone(), region.offset, region.len).ok()
+    }
+}
+
 /// Whether `frame` answers a fetch (the write `bench breakdown` follows).
 fn is_fetch_reply(frame: &ServerFrame) -> bool {
     matches!(
@@ -137,6 +148,7 @@ impl Effects {
             closed: Vec::new(),
             access_answers: Vec::new(),
             content_hashes: Vec::new(),
+            copy_hashers: CopyHashers::default(),
             arenas,
             fabric: None,
             directory: None,
@@ -337,23 +349,36 @@ impl NodeDriver for Effects {
         trace::stamp("eager_written");
     }
 
+    fn hash_ahead(&mut self, transfer: TransferId, region: LocalRegion, object: ObjectId) {
+        // Bytes of the copy the core created for this transfer that are in and final: nothing
+        // else views them. Hashed now, on the loop, while the rest is being read.
+        match self.view(region) {
+            Some(view) => self
+                .copy_hashers
+                .hash_ahead(transfer, region, view.as_slice()),
+            None => debug!(%object, %region, "cannot view a fetched copy to hash it ahead"),
+        }
+    }
+
     fn verify_content(&mut self, transfer: TransferId, region: LocalRegion, object: ObjectId) {
         // The copy the core created for this transfer, every byte in: nothing else views it.
-        // Hashed here, on the loop: XXH3 runs at memory speed, a fraction of the transfer's
-        // own time (see README, "One id, one content").
-        let view = self
-            .arenas
-            .get(&region.arena)
-            .map(|arena| ReadableRegion::new(arena.clone(), region.offset, region.len));
-        let actual = match view {
-            Some(Ok(view)) => ContentDigest::of_contiguous(view.as_slice()),
-            _ => {
+        // What was not hashed ahead is hashed here, on the loop: XXH3 runs at memory speed
+        // (see README, "One id, one content").
+        let arena = region.arena;
+        let view = |offset: u64, len: u64| {
+            self.arenas
+                .get(&arena)
+                .and_then(|a| ReadableRegion::new(a.clone(), offset, len).ok())
+        };
+        let actual = self
+            .copy_hashers
+            .finish(transfer, region, view)
+            .unwrap_or_else(|| {
                 // The core only names regions it allocated; a bug, not bad input. A digest
                 // that cannot match fails the transfer rather than sealing unverified bytes.
                 warn!(%object, %region, "cannot view a fetched copy to verify it");
                 ContentDigest(!0)
-            }
-        };
+            });
         self.content_hashes.push((transfer, actual));
     }
 

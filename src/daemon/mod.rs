@@ -17,6 +17,7 @@ pub mod metrics;
 mod reachability;
 pub mod socket_dir;
 mod starting;
+mod verification;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -38,6 +38,8 @@ pub trait NodeDriver {
     fn write_local(&mut self, region: LocalRegion, payload: InputBytes, object: ObjectId);
     /// [`NodeOutput::WriteInline`]: copy `bytes` into the arena now.
     fn write_inline(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId);
+    /// [`NodeOutput::HashAhead`]: optional; nothing to answer.
+    fn hash_ahead(&mut self, _transfer: TransferId, _region: LocalRegion, _object: ObjectId) {}
     /// [`NodeOutput::VerifyContent`]: answer with `handle_content_hashed`.
     fn verify_content(&mut self, transfer: TransferId, region: LocalRegion, object: ObjectId);
     /// [`NodeOutput::Trace`]: reply with the timestamps taken so far (none where there is no
@@ -90,6 +92,11 @@ impl NodeOutput {
                 bytes,
                 object,
             } => driver.write_inline(region, bytes, object),
+            NodeOutput::HashAhead {
+                transfer,
+                region,
+                object,
+            } => driver.hash_ahead(transfer, region, object),
             NodeOutput::VerifyContent {
                 transfer,
                 region,

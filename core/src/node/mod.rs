@@ -128,7 +128,8 @@ pub struct Node {
     locations: LocationCache,
     // Requester side of transfers.
     transfers: BTreeMap<TransferId, Incoming>,
-    reads: BTreeMap<ReadOpId, (TransferId, u64)>,
+    /// READs in flight: their transfer, and where in the object and how long they are.
+    reads: BTreeMap<ReadOpId, (TransferId, u64, u64)>,
     // Holder side.
     leases: BTreeMap<(NodeId, TransferId), Lease>,
     // Directory.
@@ -627,7 +628,7 @@ impl Node {
             );
         }
         let mut reads_by_transfer: BTreeMap<TransferId, u32> = BTreeMap::new();
-        for (tid, _) in self.reads.values() {
+        for (tid, _, _) in self.reads.values() {
             assert!(
                 self.transfers.contains_key(tid),
                 "READ of a finished transfer {tid}"

@@ -80,6 +80,18 @@ pub enum NodeOutput {
         /// The object (for logs and traces).
         object: ObjectId,
     },
+    /// The bytes of `region`, the start of a fetched copy or the part right after the last
+    /// `HashAhead` of the same transfer, are in and final: a driver may hash them now, while
+    /// the rest is read, and continue from there at the transfer's `VerifyContent` (whose
+    /// answer is still the digest of the whole copy). A driver may ignore this.
+    HashAhead {
+        /// The transfer.
+        transfer: TransferId,
+        /// The next bytes of the copy.
+        region: LocalRegion,
+        /// The object (for logs and traces).
+        object: ObjectId,
+    },
     /// Answer a client's [`Request::Trace`](crate::client_protocol::Request::Trace) with the
     /// driver's timestamps (the core has no clock), and take them from now on when `record`.
     Trace {

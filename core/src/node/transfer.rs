@@ -38,6 +38,8 @@
 //! The fabric scopes the READ keys to the lease where it can, and the object stays pinned until
 //! the fabric confirms the keys are dead: no READ through them reaches memory reused since.
 
+use std::collections::BTreeMap;
+
 use super::{
     Node, NodeOutput, ReadError, ReadGrant, ReadOpId, Timer, TransferMode, TransferPath,
     FETCH_CLIENT,
@@ -71,6 +73,10 @@ enum IncomingState {
         lane_keys: Vec<u32>,
         next_offset: u64,
         done_bytes: u64,
+        /// Completed READs past `in_prefix`, by offset (lanes complete out of order).
+        done_after_prefix: BTreeMap<u64, u64>,
+        /// Every byte before this offset is in: offered to the driver to hash ahead.
+        in_prefix: u64,
         outstanding: u32,
         lane_cursor: u16,
     },
@@ -276,6 +282,8 @@ impl Node {
                     lane_keys,
                     next_offset: 0,
                     done_bytes: 0,
+                    done_after_prefix: BTreeMap::new(),
+                    in_prefix: 0,
                     outstanding: 0,
                     lane_cursor: 0,
                 };
@@ -423,10 +431,12 @@ impl Node {
             posts.push((lane, local, remote));
         }
         let (source, object) = (transfer.source, transfer.id);
+        let start = transfer.local.region.offset;
         for (lane, local, remote) in posts {
             self.next_read += 1;
             let op = ReadOpId(self.next_read);
-            self.reads.insert(op, (tid, local.len));
+            self.reads
+                .insert(op, (tid, local.offset - start, local.len));
             self.stats.reads_posted += 1;
             self.push(NodeOutput::PostRead {
                 peer: source,
@@ -440,7 +450,7 @@ impl Node {
     }
 
     pub(super) fn read_completed(&mut self, op: ReadOpId, result: Result<(), ReadError>) {
-        let Some((tid, len)) = self.reads.remove(&op) else {
+        let Some((tid, offset, len)) = self.reads.remove(&op) else {
             return;
         };
         if result.is_err() {
@@ -459,6 +469,8 @@ impl Node {
             IncomingState::Reading {
                 outstanding,
                 done_bytes,
+                done_after_prefix,
+                in_prefix,
                 ..
             } => {
                 *outstanding -= 1;
@@ -469,6 +481,23 @@ impl Node {
                             self.send(source, PeerMessage::Finish { req: tid });
                             self.verify(tid, TransferPath::Rendezvous);
                         } else {
+                            // The bytes in so far, from the start, may be hashed while the
+                            // rest is read: the verification at the end then has less to do.
+                            let before = *in_prefix;
+                            done_after_prefix.insert(offset, len);
+                            while let Some(len) = done_after_prefix.remove(in_prefix) {
+                                *in_prefix += len;
+                            }
+                            if *in_prefix > before {
+                                let region =
+                                    transfer.local.region.slice(before, *in_prefix - before);
+                                let object = transfer.id;
+                                self.push(NodeOutput::HashAhead {
+                                    transfer: tid,
+                                    region,
+                                    object,
+                                });
+                            }
                             self.post_reads(tid);
                         }
                     }
