@@ -36,17 +36,20 @@ pub(super) enum Call {
         hold_us: Option<u64>,
         variant: u32,
     },
-    /// `Seal` of content `variant` of `id`.
+    /// `Seal` of content `variant` of `id`; `removals`: how often `id` had left the node's
+    /// store when the request went out.
     Seal {
         id: ObjectId,
         hold_us: Option<u64>,
         variant: u32,
+        removals: u64,
     },
     /// `Put`: the object created with its bytes and sealed in one request.
     Put {
         id: ObjectId,
         sizes: ObjectSizes,
         variant: u32,
+        removals: u64,
     },
     /// `Release` of a reference the client holds.
     Release { id: ObjectId },
@@ -136,10 +139,19 @@ impl Cluster {
                     id,
                     hold_us,
                     variant,
+                    removals,
                 },
                 Response::Done(result),
-            ) => self.sealed(n, client, id, hold_us, variant, result),
-            (Call::Put { id, sizes, variant }, Response::Done(result)) => match result {
+            ) => self.sealed(n, client, id, (hold_us, variant, removals), result),
+            (
+                Call::Put {
+                    id,
+                    sizes,
+                    variant,
+                    removals,
+                },
+                Response::Done(result),
+            ) => match result {
                 Err(StoreError::ObjectExists(_)) if variant != 0 => {
                     self.another_content_refused(n, client, id, variant)
                 }
@@ -153,7 +165,7 @@ impl Cluster {
                         )
                     });
                 }
-                Ok(()) => self.sealed(n, client, id, None, variant, Ok(())),
+                Ok(()) => self.sealed(n, client, id, (None, variant, removals), Ok(())),
             },
             (Call::Release { id }, Response::Done(Err(error))) => self.checker.violation(
                 now,
@@ -249,6 +261,7 @@ impl Cluster {
             )
         });
         let inc = self.nodes[n.0 as usize].inc;
+        let removals = self.removals(n, id);
         // Right after this step: a node's outputs are all carried out before its next input.
         self.schedule(
             self.now,
@@ -265,6 +278,7 @@ impl Cluster {
                     id,
                     hold_us,
                     variant,
+                    removals,
                 },
             },
         );
@@ -275,8 +289,7 @@ impl Cluster {
         n: NodeId,
         client: ClientId,
         id: ObjectId,
-        hold_us: Option<u64>,
-        variant: u32,
+        (hold_us, variant, removals): (Option<u64>, u32, u64),
         result: Result<(), StoreError>,
     ) {
         match result {
@@ -299,10 +312,13 @@ impl Cluster {
             self.stats.reused_ids_accepted += 1;
         }
         self.check_one_content(n, id);
+        // The object this request sealed, not another under the same id: a reply held for
+        // durability may arrive after the object left and the id was created again.
         let still_here = self.nodes[n.0 as usize]
             .node
             .as_ref()
-            .is_some_and(|node| node.store().sealed_info(&id).is_some());
+            .is_some_and(|node| node.store().sealed_info(&id).is_some())
+            && self.removals(n, id) == removals;
         if self.params.hold_replies_until_durable && still_here {
             // The node promised: this seal survives a crash until the object leaves the store
             // (a reply held for durability may arrive after an eviction already took it).
@@ -362,9 +378,19 @@ impl Cluster {
         self.record(|| format!("{client}@{n} {kind}: {}", short_response(&response)));
     }
 
+    /// How often `id` left node `n`'s store.
+    fn removals(&self, n: NodeId, id: ObjectId) -> u64 {
+        self.nodes[n.0 as usize]
+            .removals
+            .get(&id)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// An object left node `n`'s store: a seal acknowledged there no longer has to survive.
     pub(super) fn object_left(&mut self, n: NodeId, id: ObjectId) {
         self.nodes[n.0 as usize].acked_seals.remove(&id);
+        *self.nodes[n.0 as usize].removals.entry(id).or_default() += 1;
         self.forget_accepted(n, Some(id));
     }
 
@@ -830,6 +856,7 @@ impl Cluster {
             (sizes.data_size + sizes.metadata_size) as usize,
         );
         let metadata = bytes.split_off(sizes.data_size as usize);
+        let removals = self.removals(n, id);
         self.client_request(
             n,
             client,
@@ -838,7 +865,12 @@ impl Cluster {
                 data: bytes,
                 metadata,
             },
-            Call::Put { id, sizes, variant },
+            Call::Put {
+                id,
+                sizes,
+                variant,
+                removals,
+            },
         );
     }
 

@@ -185,6 +185,8 @@ struct SimNode {
     /// Seals acknowledged to clients while replies wait for durability, of objects still in
     /// the store: each must survive a crash.
     acked_seals: BTreeSet<ObjectId>,
+    /// How often each object left the store (a reply names its object by id only).
+    removals: BTreeMap<ObjectId, u64>,
     /// Between a crash and the restart: what the disk held.
     recovering: Vec<skyriver_core::RecoveredObject>,
 }
@@ -391,6 +393,7 @@ impl Cluster {
                 timer_at: None,
                 disk: Disk::default(),
                 acked_seals: BTreeSet::new(),
+                removals: BTreeMap::new(),
                 recovering: Vec::new(),
             });
             let node = Node::new(cluster.node_config(NodeId(i as u32), 0), Instant::ZERO);
