@@ -26,7 +26,8 @@ def wait_until(condition, what: str, deadline: float = DEADLINE) -> None:
         time.sleep(0.01)
 
 
-def process_state(pid: int) -> str:
+def process_state(pid) -> str:
+    """The state letter of /proc/PID (or PID/task/TID) of a process or thread."""
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0]
 
@@ -59,8 +60,6 @@ def test_ctrl_c_interrupts_a_blocking_wait(daemon, kind):
                 wait_until(lambda: observer.stats()["waiting_gets"] == 1, "the get to wait")
             else:
                 # Asleep in the kernel, waiting (not running Python code).
-                wait_until(lambda: process_state(child.pid) == "S", "the child to block")
-                time.sleep(0.2)
                 wait_until(lambda: process_state(child.pid) == "S", "the child to block")
         sent = time.monotonic()
         child.send_signal(signal.SIGINT)
@@ -134,8 +133,12 @@ def test_closing_a_subscription_wakes_its_waiting_thread(client):
     thread = threading.Thread(target=lambda: outcome.append(events.next_event()))
     thread.start()
     try:
-        wait_until(lambda: thread.is_alive(), "the thread to start")
-        time.sleep(0.1)
+        # The thread asleep in the kernel: waiting for an event, not starting up.
+        wait_until(
+            lambda: thread.native_id is not None
+            and process_state(f"{os.getpid()}/task/{thread.native_id}") == "S",
+            "the thread to wait",
+        )
         started = time.monotonic()
         events.close()
         thread.join(timeout=DEADLINE)

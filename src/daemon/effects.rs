@@ -117,12 +117,13 @@ fn fetch_id(requester: NodeId, transfer: TransferId) -> String {
     format!("{requester}/{transfer}")
 }
 
-impl Effects {
-    /// A read-only view of `region`, when it lies in an arena and nothing here writes it.
-    fn view(&self, region: LocalRegion) -> Option<ReadableRegion> {
-        let arena = self.arenas.get(&region.arena)?;
-        ReadableRegion::new(arena.clone(), region.offset, region.len).ok()
-    }
+/// A read-only view of `region`, when it lies in one of `arenas` and nothing here writes it.
+fn view(
+    arenas: &BTreeMap<ArenaId, Arc<SharedArena>>,
+    region: LocalRegion,
+) -> Option<ReadableRegion> {
+    let arena = arenas.get(&region.arena)?;
+    ReadableRegion::new(arena.clone(), region.offset, region.len).ok()
 }
 
 /// Whether `frame` answers a fetch (the write `bench breakdown` follows).
@@ -352,7 +353,7 @@ impl NodeDriver for Effects {
     fn hash_ahead(&mut self, transfer: TransferId, region: LocalRegion, object: ObjectId) {
         // Bytes of the copy the core created for this transfer that are in and final: nothing
         // else views them. Hashed now, on the loop, while the rest is being read.
-        match self.view(region) {
+        match view(&self.arenas, region) {
             Some(view) => self
                 .copy_hashers
                 .hash_ahead(transfer, region, view.as_slice()),
@@ -364,15 +365,14 @@ impl NodeDriver for Effects {
         // The copy the core created for this transfer, every byte in: nothing else views it.
         // What was not hashed ahead is hashed here, on the loop: XXH3 runs at memory speed
         // (see README, "One id, one content").
-        let arena = region.arena;
-        let view = |offset: u64, len: u64| {
-            self.arenas
-                .get(&arena)
-                .and_then(|a| ReadableRegion::new(a.clone(), offset, len).ok())
+        let arenas = &self.arenas;
+        let rest = |offset: u64, len: u64| {
+            let arena = region.arena;
+            view(arenas, LocalRegion { arena, offset, len })
         };
         let actual = self
             .copy_hashers
-            .finish(transfer, region, view)
+            .finish(transfer, region, rest)
             .unwrap_or_else(|| {
                 // The core only names regions it allocated; a bug, not bad input. A digest
                 // that cannot match fails the transfer rather than sealing unverified bytes.

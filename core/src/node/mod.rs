@@ -742,8 +742,9 @@ impl Node {
                             self.want_publication(id, Want::Publish(sizes, digest));
                         }
                     } else {
-                        // Recovered without a digest: it stays local, never published.
-                        self.stats.unpublished_without_digest += 1;
+                        // Every seal records its digest; none here means the object already
+                        // left the store in the same step (its removal follows): nothing to
+                        // publish.
                     }
                     self.sealed_locally(id);
                 }

@@ -212,8 +212,6 @@ pub struct NodeStats {
     /// Fetched copies whose bytes did not hash to the digest the id names (each failed its
     /// source; the fetch went on elsewhere).
     pub digest_mismatches: u64,
-    /// Sealed objects with no digest (recovered without one): kept here, never published.
-    pub unpublished_without_digest: u64,
     /// Releases sent without a reply (a dropped buffer's) that failed; each connection's
     /// first is reported by its next `Flush`.
     pub unanswered_release_failures: u64,

@@ -697,7 +697,8 @@ impl Node {
             return;
         };
         let Some(digest) = self.store.digest(&id) else {
-            // Recovered without a digest: never published, so nobody should ask for it.
+            // Every seal records its digest; without one, nothing was published, and bytes
+            // nobody can verify are not served.
             self.refuse(peer, PeerMessage::NotFound { req });
             return;
         };

@@ -525,14 +525,7 @@ impl Adapter {
     /// or the node restarted with a newer incarnation), from their `held:` sets, in chunks.
     /// Any node may run it at any time: an incarnation alive again is left alone.
     async fn drop_stale_holders(&mut self, live: &mut Live) -> Result<(), Failure> {
-        let entries: Vec<String> = self
-            .bounded(
-                "SMEMBERS",
-                ::redis::cmd("SMEMBERS")
-                    .arg(self.keys.held_index())
-                    .query_async(&mut live.conn),
-            )
-            .await?;
+        let entries: Vec<String> = self.set_members(live, self.keys.held_index()).await?;
         for entry in entries {
             let parsed = entry
                 .split_once(':')
@@ -582,16 +575,24 @@ impl Adapter {
             .arg(self.config.token_ttl.as_millis().max(1) as u64);
     }
 
+    /// The members of the set at `key`.
+    async fn set_members<T: ::redis::FromRedisValue>(
+        &self,
+        live: &mut Live,
+        key: String,
+    ) -> Result<Vec<T>, Failure> {
+        self.bounded(
+            "SMEMBERS",
+            ::redis::cmd("SMEMBERS")
+                .arg(key)
+                .query_async(&mut live.conn),
+        )
+        .await
+    }
+
     /// Re-reads the live members and tells the driver when they changed.
     async fn refresh_members(&mut self, live: &mut Live) -> Result<(), Failure> {
-        let ids: Vec<u32> = self
-            .bounded(
-                "SMEMBERS",
-                ::redis::cmd("SMEMBERS")
-                    .arg(self.keys.nodes())
-                    .query_async(&mut live.conn),
-            )
-            .await?;
+        let ids: Vec<u32> = self.set_members(live, self.keys.nodes()).await?;
         let mut members = BTreeMap::new();
         if !ids.is_empty() {
             let keys: Vec<String> = ids.iter().map(|n| self.keys.node(NodeId(*n))).collect();
