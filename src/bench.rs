@@ -403,7 +403,7 @@ impl ChildDaemon {
                 BenchError::Setup(format!("cannot create a directory under $TMPDIR: {e}"))
             })?;
         let socket = dir.path().join("daemon.sock");
-        let exe = std::env::current_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+        let exe = crate::self_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
         let child = Command::new(exe)
             .args(["daemon", "--log", "warn", "--memory"])
             .arg(memory_bytes.to_string())

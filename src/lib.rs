@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod cli;
 pub mod client;
 pub mod cluster;
 pub mod daemon;
@@ -41,3 +42,13 @@ pub use skyriver_core::node::{FetchError, TransferMode};
 pub use skyriver_core::{
     ContentDigest, NodeId, ObjectEvent, ObjectId, ObjectInfo, StoreError, StoreStats,
 };
+
+/// The program to run for `skyriver` subcommands this process starts (daemons of `up`, `demo`
+/// and the benchmarks): `$SKYRIVER_EXE` when set (the Python package's `skyriver` entry point
+/// sets it to itself, since its process is the Python interpreter), else this executable.
+pub fn self_exe() -> std::io::Result<std::path::PathBuf> {
+    match std::env::var_os("SKYRIVER_EXE") {
+        Some(exe) if !exe.is_empty() => Ok(exe.into()),
+        _ => std::env::current_exe(),
+    }
+}

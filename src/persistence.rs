@@ -475,7 +475,7 @@ pub mod bench {
         memory: u64,
         durability: Durability,
     ) -> Result<(std::process::Child, Duration), String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let exe = crate::self_exe().map_err(|e| e.to_string())?;
         let started = Instant::now();
         let child = Command::new(exe)
             .args(["daemon", "--log", "warn", "--no-prefault", "--memory"])

@@ -887,7 +887,7 @@ pub fn free_loopback_port() -> Result<u16, String> {
 /// Runs `skyriver up` in the foreground until Ctrl-C (SIGINT), SIGTERM or SIGHUP, or until a
 /// daemon exits: then the others are stopped and the error says which one and why.
 pub fn run(args: &UpArgs) -> Result<(), String> {
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = crate::self_exe().map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
     watch_stop_signals(stop.clone())?;
     eprintln!(

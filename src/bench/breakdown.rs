@@ -209,7 +209,7 @@ pub(super) fn run(args: &BreakdownArgs) -> Result<(), BenchError> {
         // Threads and processes started from here on inherit it.
         pin_this_thread(args.cpus.cpus().0)?;
     }
-    let exe = std::env::current_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+    let exe = crate::self_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
     let load_average = std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
         .trim()

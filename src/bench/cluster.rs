@@ -473,7 +473,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     let largest = args.sizes.iter().map(|s| s.0).max().unwrap_or(0);
     // all-to-all: a node holds its object and N−1 copies; broadcast: N−1 copies.
     let memory = ByteSize((largest * nodes as u64 + (64 << 20)).max(128 << 20));
-    let exe = std::env::current_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+    let exe = crate::self_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
     eprintln!(
         "starting {nodes} daemons in network namespaces with {} each{}...",
         format_bytes(memory.0),

@@ -133,7 +133,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
     let concurrency = args.concurrency.max(1);
     let largest = args.sizes.iter().map(|s| s.0).max().unwrap_or(0);
     let memory = ByteSize((largest * (2 * concurrency as u64 + 1)).max(128 << 20));
-    let exe = std::env::current_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+    let exe = crate::self_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
     let baselines: Vec<String> = args
         .baselines
         .iter()
