@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use crate::client::Client;
+use skyriver_client::Client;
 
 /// Benchmarks.
 #[derive(Subcommand, Debug)]
@@ -28,7 +28,7 @@ pub enum BenchCommand {
     /// Unix-socket and TCP round trips.
     Local(local::LocalArgs),
     /// Persistent mode: fill a store, kill the daemon, time the recovery.
-    Recovery(crate::persistence::bench::RecoveryArgs),
+    Recovery(crate::bench::recovery::RecoveryArgs),
     /// Fetches between daemons on this machine, by size and mode, next to raw TCP streams
     /// (default and tuned like the fabric), raw Unix-socket and TCP round trips, Plasma-style
     /// 4 KiB chunks, 5 MiB chunked pulls and Redis GET measured in the same run.
@@ -53,6 +53,7 @@ mod digest_cost;
 mod fetch;
 mod local;
 mod plot;
+mod recovery;
 mod scale;
 
 /// Options of `bench all`.
@@ -77,7 +78,7 @@ pub struct AllArgs {
 pub enum BenchError {
     /// The client failed.
     #[error(transparent)]
-    Client(#[from] crate::client::ClientError),
+    Client(#[from] skyriver_client::ClientError),
     /// Starting the daemon or writing the results failed.
     #[error("{0}")]
     Setup(String),
@@ -88,7 +89,7 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
     match command {
         BenchCommand::Local(args) => local::run(&args),
         BenchCommand::Recovery(args) => {
-            crate::persistence::bench::run(&args).map_err(BenchError::Setup)
+            crate::bench::recovery::run(&args).map_err(BenchError::Setup)
         }
         BenchCommand::Fetch(args) => fetch::run(&args),
         BenchCommand::Scale(args) => scale::run(&args),

@@ -10,12 +10,12 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::net::SocketAddr;
 
-use crate::daemon::{ClusterConfig, DaemonConfig, DirectoryChoice, FabricChoice};
-use crate::size::{format_bytes, ByteSize};
-use crate::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
+use skyriver_client::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
 use skyriver_core::client_protocol::MAX_INLINE_PUT_BYTES;
 use skyriver_core::node::{ThresholdPolicy, TransferMode};
 use skyriver_core::NodeId;
+use skyriver_daemon::size::{format_bytes, ByteSize};
+use skyriver_daemon::{ClusterConfig, DaemonConfig, DirectoryChoice, FabricChoice};
 use skyriver_transport::directory::DirectorySpec;
 
 /// Skyriver: a distributed in-memory object store for RDMA clusters.
@@ -40,7 +40,7 @@ impl SocketArg {
     fn path(&self) -> PathBuf {
         self.socket
             .clone()
-            .unwrap_or_else(crate::default_socket_path)
+            .unwrap_or_else(skyriver_client::default_socket_path)
     }
 
     /// Connects, waiting (and saying so) while the daemon is still starting.
@@ -229,9 +229,9 @@ struct DaemonArgs {
     backing_file: Option<PathBuf>,
     /// With --backing-file: when a seal is durable. `seal`: before the seal returns. `async`:
     /// within 10 ms (a crash may lose the last seals, never corrupt one).
-    #[arg(long, value_enum, default_value_t = crate::persistence::Durability::Seal,
+    #[arg(long, value_enum, default_value_t = skyriver_daemon::persistence::Durability::Seal,
           requires = "backing_file")]
-    durability: crate::persistence::Durability,
+    durability: skyriver_daemon::persistence::Durability,
     /// Do not touch every page at start (faster start, first writes fault pages in).
     #[arg(long)]
     no_prefault: bool,
@@ -250,24 +250,24 @@ struct DaemonArgs {
     #[arg(long)]
     allow_shared_socket_dir: bool,
     /// Log filter, e.g. info, debug, skyriver=trace (or RUST_LOG).
-    #[arg(long, default_value = "info", value_parser = crate::logging::parse_filter)]
+    #[arg(long, default_value = "info", value_parser = skyriver_daemon::logging::parse_filter)]
     log: String,
     /// Log lines as text, or as one JSON object per line (for log shippers).
     #[arg(long, value_enum, default_value = "text")]
-    log_format: crate::logging::LogFormat,
+    log_format: skyriver_daemon::logging::LogFormat,
     /// Serve Prometheus metrics (GET /metrics) and health (GET /healthz) over HTTP on this
     /// address, e.g. 127.0.0.1:9464; a bare port listens on loopback [default: off]
-    #[arg(long, value_name = "ADDR", value_parser = crate::logging::parse_metrics_addr)]
+    #[arg(long, value_name = "ADDR", value_parser = skyriver_daemon::logging::parse_metrics_addr)]
     metrics: Option<SocketAddr>,
     /// Microseconds the daemon keeps polling for input after activity before it sleeps (a
     /// sleeping daemon pays a wake-up per request; an idle one spends no CPU); 0: never poll
-    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_US", default_value_t = crate::poll::DEFAULT_POLL_US,
+    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_US", default_value_t = skyriver_transport::poll::DEFAULT_POLL_US,
           value_parser = parse_poll_us)]
     poll_us: u64,
     /// Microseconds the polling time may grow to while requests keep arriving just after it
     /// ends (it doubles each time, and falls back to --poll-us after a longer quiet spell); at
     /// or below --poll-us: it never grows
-    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_MAX_US", default_value_t = crate::poll::DEFAULT_POLL_MAX_US,
+    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_MAX_US", default_value_t = skyriver_transport::poll::DEFAULT_POLL_MAX_US,
           value_parser = parse_poll_us)]
     poll_max_us: u64,
     /// This node's id in the cluster [default: $SLURM_NODEID, else 0 with --head]
@@ -596,20 +596,25 @@ fn exit_code(result: Result<(), String>) -> ExitCode {
     }
 }
 
-fn init_logging_as(filter: &str, format: crate::logging::LogFormat) -> Result<(), String> {
+fn init_logging_as(
+    filter: &str,
+    format: skyriver_daemon::logging::LogFormat,
+) -> Result<(), String> {
     let filter = match std::env::var("RUST_LOG") {
-        Ok(env) => crate::logging::parse_filter(&env).map_err(|e| format!("RUST_LOG: {e}"))?,
+        Ok(env) => {
+            skyriver_daemon::logging::parse_filter(&env).map_err(|e| format!("RUST_LOG: {e}"))?
+        }
         Err(_) => filter.to_string(),
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr);
     match format {
-        crate::logging::LogFormat::Text => {
+        skyriver_daemon::logging::LogFormat::Text => {
             builder.with_ansi(std::io::stderr().is_terminal()).init()
         }
         // One object per line, the current span and its parents included (a fetch's id).
-        crate::logging::LogFormat::Json => builder
+        skyriver_daemon::logging::LogFormat::Json => builder
             .json()
             .with_current_span(true)
             .with_span_list(true)
@@ -623,7 +628,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     let mut config = DaemonConfig::new(
         args.socket
             .clone()
-            .unwrap_or_else(crate::default_socket_path),
+            .unwrap_or_else(skyriver_client::default_socket_path),
         args.memory.0,
     );
     config.hugepages_dir = args.hugepages.clone();
@@ -633,7 +638,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     config.socket_group = args
         .socket_group
         .as_deref()
-        .map(crate::security::group_id)
+        .map(skyriver_daemon::security::group_id)
         .transpose()
         .map_err(|e| e.to_string())?;
     config.socket_mode = args.socket_mode.unwrap_or(match config.socket_group {
@@ -644,7 +649,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
     config.poll = std::time::Duration::from_micros(args.poll_us);
     config.poll_max = std::time::Duration::from_micros(args.poll_max_us);
     config.persistence = args.backing_file.clone().map(|path| {
-        let mut persistence = crate::persistence::PersistenceConfig::new(path);
+        let mut persistence = skyriver_daemon::persistence::PersistenceConfig::new(path);
         persistence.durability = args.durability;
         persistence
     });
@@ -693,7 +698,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         }
     });
     if let Some(mut directory) = directory {
-        use crate::security::{choose_token, listen_address, TokenChoice};
+        use skyriver_daemon::security::{choose_token, listen_address, TokenChoice};
         let choice = choose_token(
             args.token.clone(),
             args.token_file.as_deref(),
@@ -726,7 +731,7 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
             advertise: args.advertise,
         });
     }
-    crate::daemon::run_until_signalled(config).map_err(|e| e.to_string())
+    skyriver_daemon::run_until_signalled(config).map_err(|e| e.to_string())
 }
 
 fn parse_threshold(text: &str) -> Result<ThresholdPolicy, String> {
@@ -805,7 +810,7 @@ fn put(
     metadata: &[u8],
 ) -> Result<(), String> {
     let client = socket.connect().map_err(|e| e.to_string())?;
-    let id = id.unwrap_or_else(crate::random_object_id);
+    let id = id.unwrap_or_else(skyriver_client::random_object_id);
     let (mut reader, size): (Box<dyn Read>, u64) = if input.as_os_str() == "-" {
         stage_whole(std::io::stdin(), "standard input")?
     } else {
@@ -1413,7 +1418,7 @@ fn nodes(socket: &SocketArg, json: bool) -> Result<(), String> {
 
 fn locate(socket: &SocketArg, id: ObjectId) -> Result<(), String> {
     let client = socket.connect().map_err(|e| e.to_string())?;
-    let crate::ObjectLocation {
+    let skyriver_client::ObjectLocation {
         holders,
         sizes,
         digest,

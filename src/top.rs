@@ -13,8 +13,8 @@ use serde::Serialize;
 use skyriver_core::client_protocol::ClusterView;
 use skyriver_core::node::NodeMetrics;
 
-use crate::size::format_bytes;
-use crate::Client;
+use skyriver_client::Client;
+use skyriver_daemon::size::format_bytes;
 
 /// Options of `skyriver top`.
 #[derive(Debug, Clone, clap::Args)]
@@ -117,7 +117,7 @@ pub struct PeerRow {
 /// Runs `skyriver top`.
 pub fn run(args: &TopArgs) -> Result<(), TopError> {
     let sockets = if args.sockets.is_empty() {
-        vec![crate::client::default_socket_path()]
+        vec![skyriver_client::default_socket_path()]
     } else {
         args.sockets.clone()
     };

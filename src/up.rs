@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use skyriver_transport::directory::DirectorySpec;
 
-use crate::client::Client;
-use crate::daemon::host_memory;
-use crate::size::{format_bytes, ByteSize};
+use skyriver_client::Client;
+use skyriver_daemon::host_memory;
+use skyriver_daemon::size::{format_bytes, ByteSize};
 
 /// How long each start-up step may take.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -272,7 +272,7 @@ impl LocalCluster {
         let token = std::env::var("SKYRIVER_CLUSTER_TOKEN")
             .ok()
             .filter(|t| !t.is_empty())
-            .unwrap_or_else(crate::security::random_token);
+            .unwrap_or_else(skyriver_daemon::security::random_token);
         let mut cluster = Self {
             nodes: Vec::new(),
             sockets: Vec::new(),
@@ -403,10 +403,10 @@ impl LocalCluster {
                 Ok(_) => break,
                 // Not listening yet, or went away mid-handshake: keep waiting.
                 Err(
-                    crate::client::ClientError::Connect { .. }
-                    | crate::client::ClientError::Io(_)
-                    | crate::client::ClientError::Closed
-                    | crate::client::ClientError::Store(skyriver_core::StoreError::Starting(_)),
+                    skyriver_client::ClientError::Connect { .. }
+                    | skyriver_client::ClientError::Io(_)
+                    | skyriver_client::ClientError::Closed
+                    | skyriver_client::ClientError::Store(skyriver_core::StoreError::Starting(_)),
                 ) => {}
                 // It answered, and refused this client: waiting will not change that.
                 Err(refused) => {

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use skyriver::{Client, ClientError, ObjectId, StoreError};
+use skyriver_client::{Client, ClientError, ObjectId, StoreError};
 use skyriver_core::client_protocol::{
     decode_server_frame, encode_frame, Request, RequestFrame, Response, ServerFrame,
     MAX_INLINE_PUT_BYTES, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
@@ -230,7 +230,7 @@ fn requests_that_break_the_rules_get_clear_errors() {
         body: Request::Seal {
             id,
             release: true,
-            digest: skyriver::ContentDigest(0),
+            digest: skyriver_client::ContentDigest(0),
         },
     });
     match raw.reply() {

@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{cli, test_dir, DaemonProcess};
-use skyriver::{Client, ObjectId, StoreError};
+use skyriver_client::{Client, ObjectId, StoreError};
 
 fn skyriver(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_skyriver"));
@@ -308,12 +308,12 @@ fn out_of_memory_errors_use_human_sizes() {
 fn a_large_arena_reports_progress_and_clients_hear_starting_meanwhile() {
     // A 3 GiB pre-faulted arena takes seconds to create: long enough to connect during it.
     const ARENA: u64 = 3 << 30;
-    let available = skyriver::daemon::host_memory::available(None).map_or(0, |a| a.bytes);
+    let available = skyriver_daemon::host_memory::available(None).map_or(0, |a| a.bytes);
     if available < 3 * ARENA {
         println!(
             "skipped: needs {} available for a 3 GiB arena, the machine has {}",
-            skyriver::size::format_bytes(3 * ARENA),
-            skyriver::size::format_bytes(available)
+            skyriver_daemon::size::format_bytes(3 * ARENA),
+            skyriver_daemon::size::format_bytes(available)
         );
         return;
     }
@@ -329,7 +329,7 @@ fn a_large_arena_reports_progress_and_clients_hear_starting_meanwhile() {
     // The socket is there at once, and answers "starting" with how far it got.
     common::eventually("the socket is bound", || socket.exists());
     let early = Client::connect(&socket).err();
-    let Some(skyriver::ClientError::Store(StoreError::Starting(status))) = early else {
+    let Some(skyriver_client::ClientError::Store(StoreError::Starting(status))) = early else {
         panic!("a client during start-up got {early:?}, not Starting");
     };
     assert!(status.contains("arena"), "{status}");
@@ -514,7 +514,7 @@ fn sigterm_during_start_up(extra: &[&str]) {
     common::eventually("the daemon answers \"starting\"", || {
         matches!(
             Client::connect(&socket),
-            Err(skyriver::ClientError::Store(StoreError::Starting(_)))
+            Err(skyriver_client::ClientError::Store(StoreError::Starting(_)))
         )
     });
     nix::sys::signal::kill(
@@ -561,12 +561,12 @@ fn sigterm_while_joining_a_silent_directory_stops_cleanly() {
 fn sigterm_while_creating_a_large_arena_stops_cleanly() {
     // A 2 GiB pre-faulted arena takes seconds to create: long enough to signal during it.
     const ARENA: u64 = 2 << 30;
-    let available = skyriver::daemon::host_memory::available(None).map_or(0, |a| a.bytes);
+    let available = skyriver_daemon::host_memory::available(None).map_or(0, |a| a.bytes);
     if available < 3 * ARENA {
         println!(
             "skipped: needs {} available for a 2 GiB arena, the machine has {}",
-            skyriver::size::format_bytes(3 * ARENA),
-            skyriver::size::format_bytes(available)
+            skyriver_daemon::size::format_bytes(3 * ARENA),
+            skyriver_daemon::size::format_bytes(available)
         );
         return;
     }

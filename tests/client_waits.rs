@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use skyriver::{random_object_id, Client, ClientError, ObjectEvent, StoreError};
+use skyriver_client::{random_object_id, Client, ClientError, ObjectEvent, StoreError};
 
 /// How long a woken wait may take to return.
 const PROMPTLY: Duration = Duration::from_secs(5);

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use skyriver::up::{LocalCluster, UpArgs};
-use skyriver::{Client, ClientError, FetchError, NodeId, ObjectId, TransferMode};
+use skyriver_client::{Client, ClientError, FetchError, NodeId, ObjectId, TransferMode};
 
 fn cluster(nodes: u32, eager_threshold: &str) -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use skyriver::up::{LocalCluster, UpArgs};
-use skyriver::{Client, ClientError, FetchError, ObjectId, StoreError};
+use skyriver_client::{Client, ClientError, FetchError, ObjectId, StoreError};
 
 fn start(
     nodes: u32,
@@ -267,13 +267,13 @@ fn redis_a_cleanly_stopped_node_is_gone_from_the_directory_at_once() {
     };
     // The fetched copy is published after the fetch's reply, on its way to Redis.
     common::eventually("node-1's copy is published", || {
-        holders(&third) == vec![skyriver::NodeId(0), skyriver::NodeId(1)]
+        holders(&third) == vec![skyriver_client::NodeId(0), skyriver_client::NodeId(1)]
     });
     drop(copy);
     // Well within the node record's TTL (5 s): only a clean leave explains its absence.
     let stopped = Instant::now();
     cluster.stop_node(1);
-    assert_eq!(holders(&third), vec![skyriver::NodeId(0)]);
+    assert_eq!(holders(&third), vec![skyriver_client::NodeId(0)]);
     assert!(stopped.elapsed() < Duration::from_secs(4));
     let fetched = third.fetch_one(id, Some(Duration::from_secs(10))).unwrap();
     assert_eq!(fetched.data(), b"held twice");

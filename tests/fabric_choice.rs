@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::test_dir;
-use skyriver::Client;
+use skyriver_client::Client;
 
 const MISSING_LIBRARY: &str = "/nonexistent/libibverbs.so.1";
 

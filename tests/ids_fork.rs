@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::io::{Read, Seek, Write};
 
-use skyriver::{random_object_id, ObjectId};
+use skyriver_client::{random_object_id, ObjectId};
 
 const CHILDREN: usize = 8;
 const IDS_PER_PROCESS: usize = 100_000;

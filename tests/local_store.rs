@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use skyriver::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
+use skyriver_client::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
 
 fn id(n: u64) -> ObjectId {
     ObjectId::from_u64(n)

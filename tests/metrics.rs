@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use skyriver::up::{LocalCluster, UpArgs};
-use skyriver::{Client, ObjectId, TransferMode};
+use skyriver_client::{Client, ObjectId, TransferMode};
 
 fn require_prometheus() -> bool {
     std::env::var_os("SKYRIVER_REQUIRE_PROMETHEUS").is_some()

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use skyriver::netns::NetnsCluster;
 use skyriver::up::{LocalCluster, UpArgs};
-use skyriver::{Client, ObjectId, TransferMode};
+use skyriver_client::{Client, ObjectId, TransferMode};
 
 fn namespaces_or_skip(test: &str) -> bool {
     match skyriver::netns::available() {

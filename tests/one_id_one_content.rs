@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use skyriver::up::{LocalCluster, UpArgs};
-use skyriver::{Client, ClientError, ContentDigest, ObjectId, StoreError};
+use skyriver_client::{Client, ClientError, ContentDigest, ObjectId, StoreError};
 
 fn cluster(nodes: u32) -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();

@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
-use skyriver::{Client, ObjectId};
+use skyriver_client::{Client, ObjectId};
 
 const ARENA: &str = "4MiB";
 const ALIGNMENT: u64 = 64;
@@ -242,7 +242,8 @@ fn run_workload(
                 },
             );
             let created = client.create(id, data_size, metadata_size);
-            if matches!(created, Err(ref e) if !matches!(e, skyriver::ClientError::Store(_))) {
+            if matches!(created, Err(ref e) if !matches!(e, skyriver_client::ClientError::Store(_)))
+            {
                 return (InFlight::Evicting, ops);
             }
             // The create returned: whatever it evicted is gone for good. A create that fails
@@ -292,7 +293,7 @@ fn run_workload(
                     buffer.data() == expected(id, object.data_size, 0).as_slice(),
                     "the data of {id} changed while the daemon ran"
                 ),
-                Err(skyriver::ClientError::Store(error)) => {
+                Err(skyriver_client::ClientError::Store(error)) => {
                     panic!("{id} is sealed but get says {error}")
                 }
                 Err(_) => return (InFlight::Other, ops),
@@ -512,7 +513,7 @@ fn recovered_objects_are_republished_in_a_cluster() {
     let held_by_node_1 = |id: ObjectId| {
         requester
             .locate(id)
-            .is_ok_and(|located| located.holders.contains(&skyriver::NodeId(1)))
+            .is_ok_and(|located| located.holders.contains(&skyriver_client::NodeId(1)))
     };
     common::eventually("the seals are published", || {
         ids.iter().all(|&id| held_by_node_1(id))

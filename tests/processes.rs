@@ -5,7 +5,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use skyriver::{Client, ObjectId};
+use skyriver_client::{Client, ObjectId};
 
 /// When this variable is set, the test binary acts as a client process that creates an object,
 /// writes half of it and then waits to be killed.

@@ -12,7 +12,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use skyriver::netns::NetnsCluster;
-use skyriver::Client;
+use skyriver_client::Client;
 
 fn namespaces_or_skip(test: &str) -> bool {
     match skyriver::netns::available() {
@@ -155,7 +155,7 @@ fn a_daemon_with_a_token_file_is_reachable_and_publishes_a_concrete_address() {
     let netns = NetnsCluster::create(2, None).unwrap();
     let dir = common::test_dir();
     let token_file = dir.path().join("token");
-    std::fs::write(&token_file, skyriver::security::random_token()).unwrap();
+    std::fs::write(&token_file, skyriver_daemon::security::random_token()).unwrap();
     std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let host0 = netns.hosts[0].addr;
     let head_addr = format!("{host0}:7390");

@@ -6,7 +6,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use skyriver::Client;
+use skyriver_client::Client;
 
 /// A daemon process, killed and reaped when dropped (also when the test fails).
 struct Daemon(Child);

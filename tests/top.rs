@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use skyriver::up::{LocalCluster, UpArgs};
-use skyriver::{Client, ObjectId};
+use skyriver_client::{Client, ObjectId};
 
 fn cluster() -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use skyriver::up::{LocalCluster, UpArgs};
-use skyriver::{Client, ObjectId, TransferMode};
+use skyriver_client::{Client, ObjectId, TransferMode};
 
 /// The JSON log lines of a node whose span is a fetch, as (fetch id, message).
 fn fetch_lines(log: &Path) -> Vec<(String, String)> {

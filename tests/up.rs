@@ -436,7 +436,7 @@ fn a_second_up_in_the_same_dir_is_refused_and_leaves_the_first_cluster_intact() 
     // The first cluster's sockets answer, its daemons still see each other, its logs are whole.
     for node in 0..2 {
         let socket = cluster_dir.join(format!("node-{node}.sock"));
-        let view = skyriver::Client::connect(&socket)
+        let view = skyriver_client::Client::connect(&socket)
             .and_then(|client| client.nodes())
             .unwrap_or_else(|e| panic!("{} does not answer: {e}", socket.display()));
         assert_eq!(view.members.len(), 2);
@@ -495,7 +495,7 @@ fn a_killed_up_takes_its_daemons_with_it_and_the_next_up_in_its_dir_starts_clean
 
 #[test]
 fn up_refuses_a_total_memory_the_machine_cannot_give_before_starting_anything() {
-    let available = skyriver::daemon::host_memory::available(None)
+    let available = skyriver_daemon::host_memory::available(None)
         .expect("/proc/meminfo is readable here")
         .bytes;
     // Each daemon fits on its own; the two together do not.
@@ -518,7 +518,7 @@ fn up_refuses_a_total_memory_the_machine_cannot_give_before_starting_anything() 
     );
     let (code, stderr, _) = up.wait_exit(Duration::from_secs(30));
     assert_eq!(code, Some(1), "{stderr}");
-    let total = skyriver::size::format_bytes(2 * each);
+    let total = skyriver_daemon::size::format_bytes(2 * each);
     assert!(stderr.contains(&total), "no total {total}: {stderr}");
     assert!(stderr.contains("available"), "{stderr}");
     assert!(stderr.contains("--allow-overcommit"), "{stderr}");

@@ -18,7 +18,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use skyriver::up::{LocalCluster, UpArgs};
-use skyriver::{Client, ClientError, ObjectId};
+use skyriver_client::{Client, ClientError, ObjectId};
 
 /// Every size class: inline-small, one eager chunk, several chunks, around the automatic
 /// threshold, and clearly rendezvous.

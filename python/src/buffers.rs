@@ -18,7 +18,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use skyriver::{ObjectBuffer, ObjectId, ObjectWriter};
+use skyriver_client::{ObjectBuffer, ObjectId, ObjectWriter};
 
 use crate::errors;
 use crate::ids::PyObjectId;

@@ -10,7 +10,7 @@ use pyo3::exceptions::{PyBufferError, PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use skyriver::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
+use skyriver_client::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
 
 use crate::buffers::{Part, PendingWriters, PyMutableBuffer, PyReadBuffer, WriterSlot};
 use crate::errors::{self, ClientClosed};
@@ -19,7 +19,7 @@ use crate::ids::{object_id, object_ids, PyObjectId};
 /// The socket clients use when not told: `$SKYRIVER_SOCKET`, else `/tmp/skyriver-<uid>/skyriver.sock`.
 #[pyfunction]
 pub fn default_socket() -> PathBuf {
-    skyriver::default_socket_path()
+    skyriver_client::default_socket_path()
 }
 
 /// A timeout in seconds (`None`: wait for ever, `0`: poll).
@@ -150,7 +150,7 @@ impl PyClient {
     }
 
     /// [`PyClient::call`] for a call that may wait long: the wait looks every
-    /// [`skyriver::client::WAIT_SLICE`] at Python's signals, so Ctrl-C raises
+    /// [`skyriver_client::client::WAIT_SLICE`] at Python's signals, so Ctrl-C raises
     /// `KeyboardInterrupt` promptly (the call is abandoned, its late reply released).
     fn call_interruptible<T: Send>(
         &self,
@@ -161,7 +161,7 @@ impl PyClient {
         interruptible(py, |interrupted| work(&client, interrupted))
     }
 
-    fn buffer(py: Python<'_>, object: skyriver::ObjectBuffer) -> PyResult<Py<PyReadBuffer>> {
+    fn buffer(py: Python<'_>, object: skyriver_client::ObjectBuffer) -> PyResult<Py<PyReadBuffer>> {
         Py::new(py, PyReadBuffer::new(Arc::new(object), Part::Data))
     }
 }
@@ -171,7 +171,7 @@ impl PyClient {
     #[new]
     #[pyo3(signature = (socket=None))]
     fn new(py: Python<'_>, socket: Option<PathBuf>) -> PyResult<Self> {
-        let socket = socket.unwrap_or_else(skyriver::default_socket_path);
+        let socket = socket.unwrap_or_else(skyriver_client::default_socket_path);
         let client = py
             .detach(|| Client::connect(&socket))
             .map_err(|e| errors::client_error(py, e))?;
@@ -409,7 +409,7 @@ impl PyClient {
             client.fetch_interruptible(
                 &ids,
                 deadline,
-                skyriver::TransferMode::Auto,
+                skyriver_client::TransferMode::Auto,
                 wait,
                 interrupted,
             )
@@ -428,7 +428,8 @@ impl PyClient {
             match result {
                 Ok(object) => list.append(Self::buffer(py, object)?)?,
                 Err(
-                    skyriver::FetchError::NotFound { .. } | skyriver::FetchError::Timeout { .. },
+                    skyriver_client::FetchError::NotFound { .. }
+                    | skyriver_client::FetchError::Timeout { .. },
                 ) => list.append(py.None())?,
                 Err(error) => return Err(errors::fetch_error(py, error)),
             }
@@ -632,9 +633,9 @@ impl From<ObjectEvent> for PyEvent {
 /// `next_event(timeout)`.
 #[pyclass(frozen, name = "Subscription", module = "skyriver")]
 pub struct PySubscription {
-    subscription: Mutex<Option<skyriver::Subscription>>,
+    subscription: Mutex<Option<skyriver_client::Subscription>>,
     /// Ends a `next_event` that waits on another thread (which holds `subscription`).
-    closer: skyriver::SubscriptionCloser,
+    closer: skyriver_client::SubscriptionCloser,
 }
 
 #[pymethods]

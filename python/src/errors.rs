@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
-use skyriver::{ClientError, FetchError, StoreError};
+use skyriver_client::{ClientError, FetchError, StoreError};
 
 create_exception!(
     skyriver,

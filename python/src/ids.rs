@@ -4,7 +4,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString, PyTuple};
 
-use skyriver::ObjectId;
+use skyriver_client::ObjectId;
 use skyriver_core::ids::OBJECT_ID_LEN;
 
 /// A 20-byte object id (as Plasma's and Ray's), shown as 40 hex characters.
@@ -81,9 +81,9 @@ impl PyObjectId {
 }
 
 impl PyObjectId {
-    /// A new random id, drawn from the operating system ([`skyriver::random_object_id`]).
+    /// A new random id, drawn from the operating system ([`skyriver_client::random_object_id`]).
     pub fn random() -> Self {
-        Self(skyriver::random_object_id())
+        Self(skyriver_client::random_object_id())
     }
 }
 

@@ -1,6 +1,6 @@
 //! The native module of the `skyriver` Python package (`skyriver._native`).
 //!
-//! A thin layer over the Rust [`skyriver::Client`]: ids, zero-copy buffers that export the
+//! A thin layer over the Rust [`skyriver_client::Client`]: ids, zero-copy buffers that export the
 //! object's shared memory through the buffer protocol, a client whose blocking calls release
 //! the GIL, and the exception classes. The Python package (`python/skyriver/`) adds numpy
 //! and pyarrow conveniences and the `skyriver.plasma` compatibility layer on top.

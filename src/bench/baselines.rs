@@ -8,7 +8,7 @@
 //! - round trips, the floor of any small request: `uds-rtt` and `tcp-rtt` (1 byte each way
 //!   over a Unix socket and over TCP loopback) and `tcp-rr-1k` (1 KiB request, 1 KiB response).
 //!   Both ends poll for the next message before they block for as long as Skyriver's daemon
-//!   and client do (`SKYRIVER_POLL_US`, [`crate::poll`]): the same tuning, or a quiet machine
+//!   and client do (`SKYRIVER_POLL_US`, [`skyriver_transport::poll`]): the same tuning, or a quiet machine
 //!   would charge the floor wake-ups that Skyriver's polling avoids;
 //! - other systems' ways of moving an object: `plasma-4k` (Plasma's manager: 4 KiB chunks, a
 //!   syscall each), `chunked-5m` (a chunked pull like Ray's object manager: a request per 5 MiB
@@ -183,9 +183,9 @@ pub(super) fn tcp_stream(
 /// daemon, it polls for the next request for a while (`SKYRIVER_POLL_US`) before it blocks.
 fn echo(mut stream: impl Read + Write + AsRawFd, bytes: usize) -> std::io::Result<()> {
     let mut message = vec![0u8; bytes];
-    let poll = crate::poll::poll_from_env();
+    let poll = skyriver_transport::poll::poll_from_env();
     loop {
-        crate::poll::wait_readable(stream.as_raw_fd(), poll);
+        skyriver_transport::poll::wait_readable(stream.as_raw_fd(), poll);
         if stream.read_exact(&mut message).is_err() {
             return Ok(());
         }
@@ -201,11 +201,11 @@ fn ping_pong(
     name: &'static str,
 ) -> Worker {
     let mut message = vec![0x5au8; bytes];
-    let poll = crate::poll::poll_from_env();
+    let poll = skyriver_transport::poll::poll_from_env();
     Box::new(move || {
         timed(|| {
             stream.write_all(&message).map_err(setup_error(name))?;
-            crate::poll::wait_readable(stream.as_raw_fd(), poll);
+            skyriver_transport::poll::wait_readable(stream.as_raw_fd(), poll);
             stream.read_exact(&mut message).map_err(setup_error(name))?;
             Ok(())
         })

@@ -35,10 +35,10 @@ use skyriver_transport::trace::monotonic_ns;
 use super::{
     baselines, pin_process, pin_this_thread, BenchError, CaseResult, ChildDaemon, CpuPlacement,
 };
-use crate::client::Client;
-use crate::poll::POLL_US_ENV;
-use crate::size::ByteSize;
 use crate::up::{LocalCluster, UpArgs};
+use skyriver_client::Client;
+use skyriver_daemon::size::ByteSize;
+use skyriver_transport::poll::POLL_US_ENV;
 
 /// Bytes of the object fetched, put and got.
 const OBJECT_BYTES: usize = 1024;

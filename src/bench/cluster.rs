@@ -29,11 +29,11 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{BenchError, MachineInfo};
-use crate::client::Client;
 use crate::netns::{LinkShape, NetnsCluster};
-use crate::size::{format_bytes, ByteSize};
 use crate::up::{LocalCluster, UpArgs};
+use skyriver_client::Client;
 use skyriver_core::ObjectId;
+use skyriver_daemon::size::{format_bytes, ByteSize};
 
 /// Options of `bench cluster`.
 #[derive(Args, Debug, Clone)]

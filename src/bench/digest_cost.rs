@@ -8,7 +8,7 @@ use serde::Serialize;
 use skyriver_core::ContentDigest;
 
 use super::CaseResult;
-use crate::size::format_bytes;
+use skyriver_daemon::size::format_bytes;
 
 /// The hashing time of one size, against a fetch of that size.
 #[derive(Debug, Clone, Serialize)]

@@ -26,10 +26,10 @@ use serde::Serialize;
 
 use super::baselines::{self, Prepared, RedisServer, StreamTuning, Worker};
 use super::{pin_process, pin_this_thread, BenchError, CaseResult, CpuPlacement, MachineInfo};
-use crate::client::Client;
-use crate::size::{format_bytes, ByteSize};
 use crate::up::{LocalCluster, UpArgs};
+use skyriver_client::Client;
 use skyriver_core::{ObjectId, TransferMode};
+use skyriver_daemon::size::{format_bytes, ByteSize};
 
 /// Options of `bench fetch`.
 #[derive(Args, Debug, Clone)]

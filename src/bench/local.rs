@@ -14,9 +14,9 @@ use super::{
     pin_process, pin_this_thread, BenchError, CaseResult, ChildDaemon, CpuPlacement, MachineInfo,
     Scraper, Timer,
 };
-use crate::client::Client;
-use crate::size::{format_bytes, ByteSize};
+use skyriver_client::Client;
 use skyriver_core::ObjectId;
+use skyriver_daemon::size::{format_bytes, ByteSize};
 
 /// Options of `bench local`.
 #[derive(Args, Debug, Clone)]
@@ -42,8 +42,8 @@ pub struct LocalArgs {
     #[arg(long)]
     pub backing_file: Option<PathBuf>,
     /// With --backing-file: when seals are durable.
-    #[arg(long, value_enum, default_value_t = crate::persistence::Durability::Seal)]
-    pub durability: crate::persistence::Durability,
+    #[arg(long, value_enum, default_value_t = skyriver_daemon::persistence::Durability::Seal)]
+    pub durability: skyriver_daemon::persistence::Durability,
     /// Write the results as JSON here.
     #[arg(long, default_value = "bench-local.json")]
     pub json: PathBuf,

@@ -29,7 +29,7 @@ fn escape(text: &str) -> String {
 }
 
 fn size_label(bytes: f64) -> String {
-    crate::size::format_bytes(bytes as u64)
+    skyriver_daemon::size::format_bytes(bytes as u64)
 }
 
 /// Renders the series as an SVG document.

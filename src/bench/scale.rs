@@ -15,9 +15,9 @@ use clap::Args;
 use serde::Serialize;
 
 use super::{BenchError, CaseResult, ChildDaemon, MachineInfo};
-use crate::client::Client;
-use crate::size::{format_bytes, ByteSize};
+use skyriver_client::Client;
 use skyriver_core::ObjectId;
+use skyriver_daemon::size::{format_bytes, ByteSize};
 
 /// Options of `bench scale`.
 #[derive(Args, Debug, Clone)]

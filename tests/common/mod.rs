@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use skyriver::daemon::{DaemonConfig, DaemonHandle};
-use skyriver::Client;
+use skyriver_client::Client;
+use skyriver_daemon::{DaemonConfig, DaemonHandle};
 
 /// A temporary directory for one test's sockets and files.
 pub fn test_dir() -> tempfile::TempDir {

@@ -2,13 +2,20 @@
 //! project lives in this crate, each block with a `// SAFETY:` comment.
 
 pub mod arena;
+#[cfg(feature = "node")]
 pub mod directory;
+#[cfg(feature = "node")]
 pub mod fabric;
 pub mod fd_passing;
+#[cfg(feature = "node")]
 pub mod persist;
+pub mod poll;
 pub mod process;
+#[cfg(feature = "node")]
 pub mod token;
+#[cfg(feature = "node")]
 pub mod trace;
+#[cfg(feature = "node")]
 pub mod verbs;
 
 pub use arena::{

@@ -293,6 +293,7 @@ impl SharedArena {
     /// it to one transfer (a created, unsealed object), and nothing else in this process reads
     /// or writes it meanwhile.
     #[allow(clippy::mut_from_ref)] // Exclusivity is the caller's contract, as for a raw pointer.
+    #[cfg_attr(not(feature = "node"), allow(dead_code))] // used by the fabrics
     pub(crate) unsafe fn bytes_mut(&self, offset: u64, len: u64) -> Result<&mut [u8], OutOfArena> {
         self.check(offset, len)?;
         // SAFETY: in bounds (checked above), mapping alive as long as `self`, exclusivity is the

@@ -8,6 +8,13 @@
 //! clients map the arenas' fds, sent once per connection. With `--metrics`, an exporter thread
 //! serves `/metrics` and `/healthz` from snapshots the loop hands it ([`metrics`]).
 
+#![forbid(unsafe_code)]
+
+pub mod logging;
+pub mod persistence;
+pub mod security;
+pub mod size;
+
 mod cluster;
 mod connection;
 mod effects;
@@ -75,10 +82,10 @@ pub struct DaemonConfig {
     /// Serve `/metrics` and `/healthz` over HTTP on this address; `None`: no exporter.
     pub metrics_addr: Option<SocketAddr>,
     /// How long the loop keeps polling for input after its last one before it sleeps
-    /// ([`crate::poll`]); zero: it sleeps at once.
+    /// ([`skyriver_transport::poll`]); zero: it sleeps at once.
     pub poll: std::time::Duration,
     /// How far that window may grow while inputs keep coming just after it
-    /// ([`crate::poll::AdaptivePoll`]); at or below `poll`: it never grows.
+    /// ([`skyriver_transport::poll::AdaptivePoll`]); at or below `poll`: it never grows.
     pub poll_max: std::time::Duration,
 }
 
@@ -101,8 +108,10 @@ impl DaemonConfig {
             persistence: None,
             allow_overcommit: false,
             metrics_addr: None,
-            poll: crate::poll::poll_from_env(),
-            poll_max: std::time::Duration::from_micros(crate::poll::DEFAULT_POLL_MAX_US),
+            poll: skyriver_transport::poll::poll_from_env(),
+            poll_max: std::time::Duration::from_micros(
+                skyriver_transport::poll::DEFAULT_POLL_MAX_US,
+            ),
         }
     }
 }
@@ -542,7 +551,10 @@ impl Server {
         }
         let mut durable = None;
         let mut event_loop = EventLoop::new(node, effects, epoch, listener, cluster_inputs, None);
-        event_loop.set_poll(crate::poll::AdaptivePoll::new(config.poll, config.poll_max));
+        event_loop.set_poll(skyriver_transport::poll::AdaptivePoll::new(
+            config.poll,
+            config.poll_max,
+        ));
         if let Some(mut persistence) = persistence {
             // Recovered objects leave the store as seals: draining publishes them, a batch
             // at a time so the directory work stays small.

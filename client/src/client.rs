@@ -203,7 +203,7 @@ struct FrameReader {
     /// Buffered reads of the socket: a reply usually arrives in one `read`.
     reader: std::io::BufReader<UnixStream>,
     read_buf: Vec<u8>,
-    /// How long to poll the socket for a reply before blocking on it ([`crate::poll`]).
+    /// How long to poll the socket for a reply before blocking on it ([`skyriver_transport::poll`]).
     poll: Duration,
     /// The socket's read timeout: how long one blocking read waits for bytes.
     read_timeout: Duration,
@@ -253,7 +253,7 @@ impl FrameReader {
     }
 
     /// The next frame if one starts within [`WAIT_SLICE`] (after polling for it, see
-    /// [`crate::poll`]); a frame once started is read to its end.
+    /// [`skyriver_transport::poll`]); a frame once started is read to its end.
     fn next_frame_within_slice(&mut self) -> Result<Option<ServerFrame>, ClientError> {
         self.poll_readable();
         if !self.wait_for_bytes(WAIT_SLICE)? {
@@ -283,7 +283,7 @@ impl FrameReader {
     /// the reply without a wake-up.
     fn poll_readable(&self) {
         if self.reader.buffer().is_empty() {
-            crate::poll::wait_readable(self.reader.get_ref().as_raw_fd(), self.poll);
+            skyriver_transport::poll::wait_readable(self.reader.get_ref().as_raw_fd(), self.poll);
         }
     }
 
@@ -444,7 +444,7 @@ impl Connection {
     }
 
     /// Waits until `done` holds, reading the socket while no other thread does. The reading
-    /// thread polls the socket for a while before it blocks ([`crate::poll`]): every caller,
+    /// thread polls the socket for a while before it blocks ([`skyriver_transport::poll`]): every caller,
     /// a fetch's too, since a small fetch is answered within the polling time, and a caller
     /// asleep on a CPU that a polling daemon keeps busy waits for it to yield (`bench fetch
     /// --cpus spread`: a 1 KiB fetch took twice as long when its client slept).
@@ -748,7 +748,11 @@ impl Client {
         let (stream, node, arenas) = Self::open(&socket_path)?;
         Ok(Self {
             inner: Arc::new(ClientInner {
-                connection: Connection::new(stream, HELLO_REQUEST.0, crate::poll::poll_from_env())?,
+                connection: Connection::new(
+                    stream,
+                    HELLO_REQUEST.0,
+                    skyriver_transport::poll::poll_from_env(),
+                )?,
                 arenas,
                 node,
                 socket_path,

@@ -60,7 +60,7 @@ pub(super) struct EventLoop {
     /// Snapshot requests of the metrics exporter (`--metrics`).
     metrics_requests: Option<mpsc::Receiver<SnapshotRequest>>,
     /// How long the loop polls for input after its last one before it sleeps.
-    poll: crate::poll::AdaptivePoll,
+    poll: skyriver_transport::poll::AdaptivePoll,
     /// The client whose request the loop read last: while polling, the loop reads its socket
     /// directly first (one `recv`, no readiness wait and runtime round in between).
     hot: Option<ClientId>,
@@ -98,15 +98,15 @@ impl EventLoop {
             reachability: Reachability::default(),
             next_client: 1,
             metrics_requests: None,
-            poll: crate::poll::AdaptivePoll::new(Duration::ZERO, Duration::ZERO),
+            poll: skyriver_transport::poll::AdaptivePoll::new(Duration::ZERO, Duration::ZERO),
             hot: None,
             direct_turns: 0,
             scratch: Vec::new(),
         }
     }
 
-    /// Polls for input this long after each one before sleeping ([`crate::poll`]).
-    pub(super) fn set_poll(&mut self, poll: crate::poll::AdaptivePoll) {
+    /// Polls for input this long after each one before sleeping ([`skyriver_transport::poll`]).
+    pub(super) fn set_poll(&mut self, poll: skyriver_transport::poll::AdaptivePoll) {
         self.poll = poll;
         if !poll.window().is_zero() {
             self.scratch = vec![0; DIRECT_READ_BYTES];
