@@ -915,9 +915,9 @@ fn write_arena(arena: &SharedArena, offset: u64, data: &[u8]) {
 
 /// A copy of `[offset, offset + len)` of a test arena.
 fn arena_bytes(arena: &SharedArena, offset: u64, len: u64) -> Vec<u8> {
-    // SAFETY: as in `write_arena`; the test reads a range once the READ into it completed, and
-    // copies it before anything writes it again.
-    unsafe { arena.bytes(offset, len) }.unwrap().to_vec()
+    let mut bytes = vec![0; len as usize];
+    arena.read(offset, &mut bytes).unwrap();
+    bytes
 }
 
 /// The next `ReadGranted` for `req`, with its keys.
