@@ -340,8 +340,7 @@ fn rdma_read_1kib_to_8mib() {
         )
         .unwrap();
         assert_eq!(reqs.len(), 1);
-        post_reads(&mut ea.conn, id as usize % 2, &reqs)
-            .expect("post_reads");
+        post_reads(&mut ea.conn, id as usize % 2, &reqs).expect("post_reads");
         let mut done = Vec::new();
         poll_until(&mut ea.conn, &mut done, |c| !c.is_empty());
         assert_eq!(done.len(), 1);
@@ -803,8 +802,7 @@ fn a_memory_window_scopes_reads_to_its_range_until_invalidated() {
     let mut reads = Vec::new();
     for i in 0..100 {
         let t = Instant::now();
-        post_reads(&mut ea.conn, 0, &[read(i, 0, 4096, region.rkey)])
-            .unwrap();
+        post_reads(&mut ea.conn, 0, &[read(i, 0, 4096, region.rkey)]).unwrap();
         assert_ok(&next_of(&mut ea.conn, Opcode::Read));
         reads.push(t.elapsed());
     }
@@ -822,15 +820,13 @@ fn a_memory_window_scopes_reads_to_its_range_until_invalidated() {
         .unwrap();
     assert_ok(&next_of(&mut eb.conn, Opcode::BindWindow));
     assert_ne!(rkey, region.rkey, "the window has its own rkey");
-    post_reads(&mut ea.conn, 0, &[read(1, offset, window_len, rkey)])
-        .unwrap();
+    post_reads(&mut ea.conn, 0, &[read(1, offset, window_len, rkey)]).unwrap();
     assert_ok(&next_of(&mut ea.conn, Opcode::Read));
     let range = offset as usize..(offset + window_len) as usize;
     assert!(dst.mem[range.clone()] == mem[range]);
 
     // The same rkey through another queue pair (lane 2): refused, the window belongs to lane 0.
-    post_reads(&mut ea.conn, 2, &[read(2, offset, 4096, rkey)])
-        .unwrap();
+    post_reads(&mut ea.conn, 2, &[read(2, offset, 4096, rkey)]).unwrap();
     let other_qp = next_of(&mut ea.conn, Opcode::Read);
     println!("window rkey through another QP: {}", other_qp.status);
     assert!(!other_qp.status.is_success());
@@ -846,8 +842,12 @@ fn a_memory_window_scopes_reads_to_its_range_until_invalidated() {
         .unwrap();
     assert_ok(&next_of(&mut eb.conn, Opcode::BindWindow));
     assert_ne!(rkey, stale, "every binding has a new rkey");
-    post_reads(&mut ea.conn, 1, &[read(3, offset + window_len - 4096, 8192, rkey)])
-        .unwrap();
+    post_reads(
+        &mut ea.conn,
+        1,
+        &[read(3, offset + window_len - 4096, 8192, rkey)],
+    )
+    .unwrap();
     let outside = next_of(&mut ea.conn, Opcode::Read);
     println!("READ across the window's end: {}", outside.status);
     if b.starts_with("rxe") {
@@ -863,8 +863,7 @@ fn a_memory_window_scopes_reads_to_its_range_until_invalidated() {
 
     // The first binding's rkey after its invalidation, through lane 0 where it was bound:
     // refused.
-    post_reads(&mut ea.conn, 0, &[read(4, offset, 4096, stale)])
-        .unwrap();
+    post_reads(&mut ea.conn, 0, &[read(4, offset, 4096, stale)]).unwrap();
     let after = next_of(&mut ea.conn, Opcode::Read);
     println!(
         "READ with the rkey of an invalidated binding: {}",

@@ -614,7 +614,10 @@ mod tests {
         let clone = again.clone();
         assert_eq!(reader.as_slice()[0], 7);
         assert!(WritableRegion::new(arena.clone(), 1024, 1).is_err());
-        assert!(arena.write(1024, &[0; 1]).is_err(), "a copy into a read range");
+        assert!(
+            arena.write(1024, &[0; 1]).is_err(),
+            "a copy into a read range"
+        );
         let mut copy = [0; 1];
         arena.read(1024, &mut copy).unwrap();
         assert_eq!(copy, [7], "readers share with a copy out");

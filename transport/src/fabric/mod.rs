@@ -46,9 +46,9 @@ use skyriver_core::node::{ArenaKey, PeerParams, ReadError, ReadGrant, ReadOpId};
 use skyriver_core::wire::EagerHeader;
 use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 
-use crate::arena::{SharedArena, ViewError};
 #[cfg(doc)]
 use crate::arena::{ReadableRegion, WritableRegion};
+use crate::arena::{SharedArena, ViewError};
 
 pub mod tcp;
 pub mod verbs;

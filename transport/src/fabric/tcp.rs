@@ -36,6 +36,7 @@ use tracing::info;
 
 use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
 use crate::arena::{ReadableRegion, ViewError, WritableRegion};
+use crate::sync;
 use connection::{Link, Outgoing, SubmitError};
 use grants::Grants;
 use handshake::{accept_loop, dial};
@@ -165,7 +166,7 @@ struct Inner {
     listen_addr: SocketAddr,
     peers: Mutex<BTreeMap<NodeId, PeerSlot>>,
     /// READ access per lease.
-    grants: Arc<Mutex<Grants<GrantView>>>,
+    grants: Arc<sync::Mutex<Grants<GrantView>>>,
     pending_reads: Mutex<BTreeMap<u64, PendingRead>>,
     events: EventSender,
     next_generation: Mutex<u64>,
@@ -265,7 +266,7 @@ impl TcpFabric {
             keys,
             listen_addr,
             peers: Mutex::new(BTreeMap::new()),
-            grants: Arc::new(Mutex::new(Grants::default())),
+            grants: Arc::new(sync::Mutex::new(Grants::default())),
             pending_reads: Mutex::new(BTreeMap::new()),
             events,
             next_generation: Mutex::new(0),
@@ -423,12 +424,12 @@ impl Fabric for TcpFabric {
         region: LocalRegion,
     ) -> Result<Option<ReadGrant>, FabricError> {
         let view = Arc::new(self.inner.view(region)?);
-        let key = lock(&self.inner.grants).grant(peer, req, region, view);
+        let key = sync::lock(&self.inner.grants).grant(peer, req, region, view);
         Ok(Some(ReadGrant { keys: vec![key] }))
     }
 
     fn revoke_read(&self, peer: NodeId, req: TransferId) -> bool {
-        lock(&self.inner.grants).revoke(peer, req)
+        sync::lock(&self.inner.grants).revoke(peer, req)
     }
 }
 

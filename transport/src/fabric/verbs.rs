@@ -763,8 +763,7 @@ impl Fabric for VerbsFabric {
         }
         // Claimed until the READ is over (its `ReadCompleted`, or the QP destroyed): nothing in
         // this process views the bytes the device writes.
-        let destination = match WritableRegion::new(arena.arena.clone(), local.offset, local.len)
-        {
+        let destination = match WritableRegion::new(arena.arena.clone(), local.offset, local.len) {
             Ok(destination) => destination,
             Err(error) => return fail(ReadError::QueuePair(format!("READ into {local}: {error}"))),
         };

@@ -19,9 +19,9 @@ use super::grants::Serving;
 use super::handshake::MeasuredRoundTrips;
 use super::TcpFabricConfig;
 use super::{
-    lock, GrantView, Inner, KIND_MESSAGE, KIND_PING, KIND_PONG, KIND_READ_REQUEST, KIND_READ_RESPONSE,
-    MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES, SOCKET_BUFFER_SIZE_BYTES, STATUS_OK,
-    STATUS_REMOTE_ACCESS,
+    lock, GrantView, Inner, KIND_MESSAGE, KIND_PING, KIND_PONG, KIND_READ_REQUEST,
+    KIND_READ_RESPONSE, MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES,
+    SOCKET_BUFFER_SIZE_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS,
 };
 use crate::fabric::{FabricEvent, MessageBytes};
 
@@ -432,7 +432,11 @@ async fn read_loop(
                         // Straight into the destination, claimed for this READ since it was
                         // posted.
                         let destination = pending.destination.as_mut_slice();
-                        reader.read_exact(destination).await.map(|_| Ok(())).map_err(io)
+                        reader
+                            .read_exact(destination)
+                            .await
+                            .map(|_| Ok(()))
+                            .map_err(io)
                     }
                 } else {
                     Ok(Err(ReadError::RemoteAccess))

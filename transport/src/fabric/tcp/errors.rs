@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 
 use skyriver_core::NodeId;
 
-
 /// Why [`TcpFabric::start`](super::TcpFabric::start) failed; nothing was started.
 #[derive(Debug, thiserror::Error)]
 pub enum TcpStartError {

@@ -273,6 +273,26 @@ mod tests {
     }
 
     #[test]
+    fn a_read_being_served_keeps_its_region_claimed_past_the_revocation() {
+        use crate::arena::{ArenaOptions, ReadableRegion, SharedArena};
+        let arena =
+            Arc::new(SharedArena::create("test", 1 << 16, &ArenaOptions::default()).unwrap());
+        let grants = Arc::new(Mutex::new(Grants::default()));
+        let (events, _received) = crate::fabric::event_channel();
+        let a = NodeId(1);
+        let view = Arc::new(ReadableRegion::new(arena.clone(), 4096, 8192).unwrap());
+        let key = lock(&grants).grant(a, TransferId(9), region(), view);
+        let serving = Serving::admit(&grants, &events, a, key, 4096, 1).unwrap();
+        assert!(!lock(&grants).revoke(a, TransferId(9)));
+        assert!(
+            arena.write(4096, b"reuse").is_err(),
+            "a READ still reads it"
+        );
+        drop(serving);
+        arena.write(4096, b"reuse").unwrap();
+    }
+
+    #[test]
     fn dropping_a_serving_read_completes_the_revocation() {
         let grants = Arc::new(Mutex::new(Grants::default()));
         let (events, mut received) = crate::fabric::event_channel();
@@ -288,5 +308,71 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+}
+
+/// The serve-then-revoke guard under every interleaving of a READ being served and its lease
+/// being revoked: the holder reuses the region (the core unpins it) only once no READ reads
+/// it. The region is a loom cell, so a read beside the reuse is reported.
+#[cfg(all(test, skyriver_loom))]
+mod loom_models {
+    use loom::cell::UnsafeCell;
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use loom::sync::Arc;
+
+    use super::*;
+    use skyriver_core::ArenaId;
+
+    /// The driver's side of `ReadRevoked`: a flag the revoker waits on.
+    #[derive(Clone, Default)]
+    struct Revoked(Arc<AtomicBool>);
+
+    impl RevocationSink for Revoked {
+        fn revoked(&self, _: NodeId, _: TransferId) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+
+    fn serve_while_revoking(grants: Grants<()>) {
+        let (peer, req) = (NodeId(1), TransferId(7));
+        let region = LocalRegion {
+            arena: ArenaId(0),
+            offset: 0,
+            len: 64,
+        };
+        let grants = std::sync::Arc::new(Mutex::new(grants));
+        let key = lock(&grants).grant(peer, req, region, ());
+        let revoked = Revoked::default();
+        let bytes = Arc::new(UnsafeCell::new(0u8));
+        let server = {
+            let (grants, revoked, bytes) = (grants.clone(), revoked.clone(), bytes.clone());
+            loom::thread::spawn(move || {
+                if let Some(serving) = Serving::admit(&grants, &revoked, peer, key, 0, 64) {
+                    // SAFETY: (the model) a read of the region while the READ is served;
+                    // loom reports it if the reuse below can run beside it.
+                    bytes.with(|p| unsafe { *p });
+                    drop(serving);
+                }
+            })
+        };
+        if !lock(&grants).revoke(peer, req) {
+            while !revoked.0.load(Ordering::Acquire) {
+                loom::thread::yield_now();
+            }
+        }
+        // SAFETY: (the model) the region reused once the revocation is complete.
+        bytes.with_mut(|p| unsafe { *p = 1 });
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn loom_a_revocation_completes_only_after_the_reads_being_served() {
+        loom::model(|| serve_while_revoking(Grants::default()));
+    }
+
+    #[test]
+    #[should_panic(expected = "Causality violation")]
+    fn loom_finds_a_revocation_that_does_not_wait_for_reads() {
+        loom::model(|| serve_while_revoking(Grants::with_planted_race()));
     }
 }
