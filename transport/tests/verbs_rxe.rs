@@ -22,8 +22,6 @@ use skyriver_transport::verbs::{
 
 const WAIT: Duration = Duration::from_secs(60);
 
-/// The two device names to use, or `None` (after printing a skip line).
-
 /// Posts `reads` on `lane` of `conn`.
 fn post_reads(
     conn: &mut VerbsConnection,
@@ -36,6 +34,7 @@ fn post_reads(
     unsafe { conn.post_reads(lane, reads) }
 }
 
+/// The two device names to use, or `None` (after printing a skip line).
 fn devices(test: &str) -> Option<(String, String)> {
     let list = std::env::var("SKYRIVER_RDMA_DEVICES").unwrap_or_default();
     let names: Vec<&str> = list.split_whitespace().collect();
