@@ -1,5 +1,10 @@
-//! Skyriver's IO: shared-memory arenas, fd passing and fabrics. All unsafe code of the
-//! project lives in this crate, each block with a `// SAFETY:` comment.
+//! All unsafe code of the project lives in this crate, each block with a `// SAFETY:` comment;
+//! outside it, only the glue PyO3's buffer protocol demands (`__getbuffer__`/`__releasebuffer__`
+//! in `python/`).
+//!
+//! Skyriver's IO: shared-memory arenas, fd passing and fabrics. Arena memory is viewed only
+//! through claim-checked views ([`ReadableRegion`], [`WritableRegion`]), by clients, the
+//! daemon and the fabrics alike, so safe code cannot alias it.
 
 pub mod arena;
 #[cfg(feature = "node")]
@@ -11,6 +16,7 @@ pub mod fd_passing;
 pub mod persist;
 pub mod poll;
 pub mod process;
+mod sync;
 #[cfg(feature = "node")]
 pub mod token;
 #[cfg(feature = "node")]

@@ -5,10 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use skyriver_core::node::{ReadError, ReadOpId};
-use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
+use skyriver_core::wire::{self, EagerHeader, PeerMessage};
+use skyriver_core::{
+    ArenaId, ContentDigest, LocalRegion, NodeId, ObjectSizes, RemoteRegion, TransferId,
+};
 use skyriver_transport::fabric::tcp::{TcpFabric, TcpFabricConfig};
-use skyriver_transport::fabric::{Fabric, FabricEvent, FabricIdentity};
-use skyriver_transport::{ArenaOptions, SharedArena};
+use skyriver_transport::fabric::{Fabric, FabricError, FabricEvent, FabricIdentity};
+use skyriver_transport::{ArenaOptions, ReadableRegion, SharedArena, WritableRegion};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 const ARENA_BYTES: u64 = 32 << 20;
@@ -141,6 +144,70 @@ fn messages_flow_both_ways_in_order() {
     }
     b.fabric.send(NodeId(1), b"back".to_vec()).unwrap();
     assert!(matches!(next_event(&mut a), FabricEvent::Message { bytes, .. } if *bytes == *b"back"));
+}
+
+/// The fabric's uses of arena memory are claims like any other view in the process: one that
+/// would alias a live view is refused with an error, and made once the view is gone.
+#[test]
+fn fabric_views_that_would_alias_a_live_view_are_refused() {
+    let (mut a, b) = connected_pair();
+    write_arena(&b.arena, 0, &[7; 4096]);
+    write_arena(&a.arena, 0, b"intact");
+
+    // A READ into bytes this process reads fails at once and leaves them alone.
+    let reading = ReadableRegion::new(a.arena.clone(), 0, 4096).unwrap();
+    let source = granted(&b, NodeId(1), 1, 0, 4096);
+    a.fabric
+        .post_read(NodeId(2), ReadOpId(1), 0, region(0, 4096), source);
+    assert!(matches!(
+        read_result(&mut a, 1),
+        Err(ReadError::QueuePair(_))
+    ));
+    assert_eq!(&reading.as_slice()[..6], b"intact");
+    drop(reading);
+    a.fabric
+        .post_read(NodeId(2), ReadOpId(2), 0, region(0, 4096), source);
+    read_result(&mut a, 2).unwrap();
+    // The destination's claim ended before the completion was told.
+    assert_eq!(arena_bytes(&a.arena, 0, 4096), [7; 4096]);
+
+    // A granted region is claimed for reading until revoked: nothing writes it meanwhile.
+    assert!(WritableRegion::new(b.arena.clone(), 100, 1).is_err());
+    assert!(b.arena.write(100, b"x").is_err());
+    assert!(b.fabric.revoke_read(NodeId(1), TransferId(1)));
+    b.arena.write(100, b"x").unwrap();
+
+    // Nor is a region being written granted, or sent eagerly.
+    let writing = WritableRegion::new(b.arena.clone(), 8192, 100).unwrap();
+    assert!(matches!(
+        b.fabric
+            .grant_read(NodeId(1), TransferId(2), region(8000, 1000)),
+        Err(FabricError::InUse { .. })
+    ));
+    let header = EagerHeader {
+        req: TransferId(3),
+        sizes: ObjectSizes {
+            data_size: 100,
+            metadata_size: 0,
+        },
+        digest: ContentDigest(1),
+        offset: 0,
+    };
+    assert!(matches!(
+        b.fabric.send_eager(NodeId(1), &header, region(8192, 100)),
+        Err(FabricError::InUse { .. })
+    ));
+    drop(writing);
+    b.fabric
+        .send_eager(NodeId(1), &header, region(8192, 100))
+        .unwrap();
+    match next_event(&mut a) {
+        FabricEvent::Message { bytes, .. } => match wire::decode(&bytes).unwrap() {
+            PeerMessage::EagerData { header: got, .. } => assert_eq!(got, header),
+            other => panic!("{other}"),
+        },
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
@@ -444,7 +511,7 @@ fn write_arena(arena: &SharedArena, offset: u64, data: &[u8]) {
 
 /// A copy of `[offset, offset + len)` of a test arena.
 fn arena_bytes(arena: &SharedArena, offset: u64, len: u64) -> Vec<u8> {
-    // SAFETY: as in `write_arena`; the test reads a range once the READ into it completed, and
-    // copies it before anything writes it again.
-    unsafe { arena.bytes(offset, len) }.unwrap().to_vec()
+    let mut bytes = vec![0; len as usize];
+    arena.read(offset, &mut bytes).unwrap();
+    bytes
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use skyriver_core::node::{ReadError, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, PeerMessage};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, ObjectSizes, RemoteRegion, TransferId};
-use skyriver_transport::arena::{ArenaOptions, SharedArena};
+use skyriver_transport::arena::{ArenaOptions, ReadableRegion, SharedArena, WritableRegion};
 use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig, VerbsStartError};
 use skyriver_transport::fabric::{Fabric, FabricError, FabricEvent, FabricIdentity};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -564,6 +564,65 @@ fn reads_outside_the_peer_arena_fail_cleanly() {
     assert_eq!(a.expect_reads(1)[&ReadOpId(31)], Ok(()));
 }
 
+/// The fabric's uses of arena memory are claims like any other view in the process: a READ
+/// into bytes being read, an eager send or a grant of bytes being written are refused with an
+/// error; a granted region cannot be written until revoked.
+#[test]
+fn fabric_views_that_would_alias_a_live_view_are_refused() {
+    let Some((mut a, b)) = pair("fabric_views_that_would_alias_a_live_view_are_refused") else {
+        return;
+    };
+    write_arena(&b.arena, 0, &[7; 4096]);
+    write_arena(&a.arena, 0, b"intact");
+    let reading = ReadableRegion::new(a.arena.clone(), 0, 4096).unwrap();
+    a.fabric
+        .post_read(b.id, ReadOpId(1), 0, local(0, 4096), b.remote(0, 4096));
+    assert!(matches!(
+        a.expect_reads(1)[&ReadOpId(1)],
+        Err(ReadError::QueuePair(_))
+    ));
+    assert_eq!(&reading.as_slice()[..6], b"intact");
+    drop(reading);
+    a.fabric
+        .post_read(b.id, ReadOpId(2), 0, local(0, 4096), b.remote(0, 4096));
+    assert_eq!(a.expect_reads(1)[&ReadOpId(2)], Ok(()));
+    assert_eq!(arena_bytes(&a.arena, 0, 4096), [7; 4096]);
+
+    b.fabric
+        .grant_read(a.id, TransferId(1), local(0, 4096))
+        .unwrap();
+    assert!(b.arena.write(100, b"x").is_err(), "granted: read only");
+    assert!(b.fabric.revoke_read(a.id, TransferId(1)));
+    b.arena.write(100, b"x").unwrap();
+
+    let writing = WritableRegion::new(b.arena.clone(), 8192, 100).unwrap();
+    assert!(matches!(
+        b.fabric.grant_read(a.id, TransferId(2), local(8000, 1000)),
+        Err(FabricError::InUse { .. })
+    ));
+    let header = EagerHeader {
+        req: TransferId(3),
+        sizes: ObjectSizes {
+            data_size: 100,
+            metadata_size: 0,
+        },
+        digest: skyriver_core::ContentDigest(1),
+        offset: 0,
+    };
+    assert!(matches!(
+        b.fabric.send_eager(a.id, &header, local(8192, 100)),
+        Err(FabricError::InUse { .. })
+    ));
+    drop(writing);
+    b.fabric
+        .send_eager(a.id, &header, local(8192, 100))
+        .unwrap();
+    match wire::decode(&a.expect_message(b.id)).expect("decodes") {
+        PeerMessage::EagerData { header: got, .. } => assert_eq!(got, header),
+        m => panic!("expected EagerData, got {m}"),
+    }
+}
+
 #[test]
 fn peer_dropped_mid_reads_completes_every_read_then_peer_lost() {
     let Some((mut a, b)) = pair("peer_dropped_mid_reads_completes_every_read_then_peer_lost")
@@ -915,9 +974,9 @@ fn write_arena(arena: &SharedArena, offset: u64, data: &[u8]) {
 
 /// A copy of `[offset, offset + len)` of a test arena.
 fn arena_bytes(arena: &SharedArena, offset: u64, len: u64) -> Vec<u8> {
-    // SAFETY: as in `write_arena`; the test reads a range once the READ into it completed, and
-    // copies it before anything writes it again.
-    unsafe { arena.bytes(offset, len) }.unwrap().to_vec()
+    let mut bytes = vec![0; len as usize];
+    arena.read(offset, &mut bytes).unwrap();
+    bytes
 }
 
 /// The next `ReadGranted` for `req`, with its keys.

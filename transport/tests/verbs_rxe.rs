@@ -22,6 +22,18 @@ use skyriver_transport::verbs::{
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// Posts `reads` on `lane` of `conn`.
+fn post_reads(
+    conn: &mut VerbsConnection,
+    lane: usize,
+    reads: &[ReadRequest],
+) -> Result<(), PostError> {
+    // SAFETY: every READ of this suite lands in a buffer the test registered and keeps mapped
+    // for the test's length, and of which it makes no reference until the READ is over (its
+    // completion polled, or the queue pair in the error state).
+    unsafe { conn.post_reads(lane, reads) }
+}
+
 /// The two device names to use, or `None` (after printing a skip line).
 fn devices(test: &str) -> Option<(String, String)> {
     let list = std::env::var("SKYRIVER_RDMA_DEVICES").unwrap_or_default();
@@ -327,9 +339,7 @@ fn rdma_read_1kib_to_8mib() {
         )
         .unwrap();
         assert_eq!(reqs.len(), 1);
-        ea.conn
-            .post_reads(id as usize % 2, &reqs)
-            .expect("post_reads");
+        post_reads(&mut ea.conn, id as usize % 2, &reqs).expect("post_reads");
         let mut done = Vec::new();
         poll_until(&mut ea.conn, &mut done, |c| !c.is_empty());
         assert_eq!(done.len(), 1);
@@ -389,7 +399,7 @@ fn many_outstanding_reads_across_lanes() {
         assert!(Instant::now() < deadline, "stalled at {completed} lists");
         // Keep every lane's queue as full as it allows.
         while next < lists.len() {
-            match ea.conn.post_reads(next % 4, &lists[next]) {
+            match post_reads(&mut ea.conn, next % 4, &lists[next]) {
                 Ok(()) => next += 1,
                 Err(PostError::QueueFull { .. }) => break,
                 Err(e) => panic!("post_reads: {e}"),
@@ -458,7 +468,7 @@ fn registration_split_into_several_regions() {
     println!("{} bytes across regions -> {} READs", len, reqs.len());
     // Cut at every boundary of either side: 15 source and 21 destination boundaries, 5 shared.
     assert_eq!(reqs.len(), 32);
-    ea.conn.post_reads(0, &reqs).unwrap();
+    post_reads(&mut ea.conn, 0, &reqs).unwrap();
     let mut out = Vec::new();
     poll_until(&mut ea.conn, &mut out, |c| !c.is_empty());
     assert_eq!(out.len(), 1);
@@ -481,7 +491,7 @@ fn registration_split_into_several_regions() {
         rkey: r0.rkey,
         len: 200 * 1024,
     };
-    ea.conn.post_reads(1, &[bad]).unwrap();
+    post_reads(&mut ea.conn, 1, &[bad]).unwrap();
     let mut out = Vec::new();
     poll_until(&mut ea.conn, &mut out, |c| !c.is_empty());
     println!(
@@ -530,7 +540,7 @@ fn qp_forced_into_error_mid_transfer_flushes() {
         |c: &Completion| c.opcode == Opcode::Read && c.wr_id as usize % PER_LIST == PER_LIST - 1;
     // The transfer is under way: its first list completes.
     let mut out = Vec::new();
-    ea.conn.post_reads(0, &list(0)).unwrap();
+    post_reads(&mut ea.conn, 0, &list(0)).unwrap();
     poll_until(&mut ea.conn, &mut out, |cs| cs.iter().any(&last));
     // Then the holder's side of lane 0 stops answering, so the READs posted next are
     // certainly outstanding when the requester's QP fails. (Failing the QP right after
@@ -538,11 +548,12 @@ fn qp_forced_into_error_mid_transfer_flushes() {
     // on a fast guest every READ had completed before the error.)
     eb.conn.force_error(0).unwrap();
     for l in 1..LISTS {
-        ea.conn.post_reads(0, &list(l)).unwrap();
+        post_reads(&mut ea.conn, 0, &list(l)).unwrap();
     }
     ea.conn.force_error(0).unwrap();
     assert!(matches!(
-        ea.conn.post_reads(
+        post_reads(
+            &mut ea.conn,
             0,
             &[ReadRequest {
                 wr_id: 1,
@@ -602,7 +613,7 @@ fn qp_forced_into_error_mid_transfer_flushes() {
         rkey: r0.rkey,
         len: PIECE as u32,
     }];
-    ea.conn.post_reads(1, &reqs).unwrap();
+    post_reads(&mut ea.conn, 1, &reqs).unwrap();
     let mut out = Vec::new();
     poll_until(&mut ea.conn, &mut out, |c| c.iter().any(|c| c.lane == 1));
     let c = out.iter().find(|c| c.lane == 1).unwrap();
@@ -790,9 +801,7 @@ fn a_memory_window_scopes_reads_to_its_range_until_invalidated() {
     let mut reads = Vec::new();
     for i in 0..100 {
         let t = Instant::now();
-        ea.conn
-            .post_reads(0, &[read(i, 0, 4096, region.rkey)])
-            .unwrap();
+        post_reads(&mut ea.conn, 0, &[read(i, 0, 4096, region.rkey)]).unwrap();
         assert_ok(&next_of(&mut ea.conn, Opcode::Read));
         reads.push(t.elapsed());
     }
@@ -810,17 +819,13 @@ fn a_memory_window_scopes_reads_to_its_range_until_invalidated() {
         .unwrap();
     assert_ok(&next_of(&mut eb.conn, Opcode::BindWindow));
     assert_ne!(rkey, region.rkey, "the window has its own rkey");
-    ea.conn
-        .post_reads(0, &[read(1, offset, window_len, rkey)])
-        .unwrap();
+    post_reads(&mut ea.conn, 0, &[read(1, offset, window_len, rkey)]).unwrap();
     assert_ok(&next_of(&mut ea.conn, Opcode::Read));
     let range = offset as usize..(offset + window_len) as usize;
     assert!(dst.mem[range.clone()] == mem[range]);
 
     // The same rkey through another queue pair (lane 2): refused, the window belongs to lane 0.
-    ea.conn
-        .post_reads(2, &[read(2, offset, 4096, rkey)])
-        .unwrap();
+    post_reads(&mut ea.conn, 2, &[read(2, offset, 4096, rkey)]).unwrap();
     let other_qp = next_of(&mut ea.conn, Opcode::Read);
     println!("window rkey through another QP: {}", other_qp.status);
     assert!(!other_qp.status.is_success());
@@ -836,9 +841,12 @@ fn a_memory_window_scopes_reads_to_its_range_until_invalidated() {
         .unwrap();
     assert_ok(&next_of(&mut eb.conn, Opcode::BindWindow));
     assert_ne!(rkey, stale, "every binding has a new rkey");
-    ea.conn
-        .post_reads(1, &[read(3, offset + window_len - 4096, 8192, rkey)])
-        .unwrap();
+    post_reads(
+        &mut ea.conn,
+        1,
+        &[read(3, offset + window_len - 4096, 8192, rkey)],
+    )
+    .unwrap();
     let outside = next_of(&mut ea.conn, Opcode::Read);
     println!("READ across the window's end: {}", outside.status);
     if b.starts_with("rxe") {
@@ -854,9 +862,7 @@ fn a_memory_window_scopes_reads_to_its_range_until_invalidated() {
 
     // The first binding's rkey after its invalidation, through lane 0 where it was bound:
     // refused.
-    ea.conn
-        .post_reads(0, &[read(4, offset, 4096, stale)])
-        .unwrap();
+    post_reads(&mut ea.conn, 0, &[read(4, offset, 4096, stale)]).unwrap();
     let after = next_of(&mut ea.conn, Opcode::Read);
     println!(
         "READ with the rkey of an invalidated binding: {}",

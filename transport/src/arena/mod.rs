@@ -14,11 +14,42 @@
 //! can and does enforce is the half Rust's aliasing rules are about, within this process:
 //! every view is registered in the arena's claims ([`claims`]), a [`WritableRegion`] only over
 //! a range no other view overlaps, a [`ReadableRegion`] only where no writable one does, and
-//! [`SharedArena::write`] only into a range nobody views. So two `&mut` to the same bytes, or a
-//! `&mut` beside a `&`, cannot be made in safe code; a range the store did not grant is a
-//! protocol bug that shows as wrong bytes, never as aliasing in this process. The raw views the
-//! fabrics use to serve READs ([`SharedArena::bytes`]) stay `unsafe fn`, inside this crate's
-//! drivers.
+//! the one-off copies [`SharedArena::write`] and [`SharedArena::read`] only where no view
+//! that would conflict is alive. So two `&mut` to the same bytes, or a `&mut` beside a `&`,
+//! cannot be made in safe code; a range the store did not grant is a protocol bug that shows as
+//! wrong bytes or a refused view, never as aliasing in this process.
+//!
+//! There is no other way to the bytes: the fabrics, too, take these views (the source of an
+//! eager send and a served READ a [`ReadableRegion`], a READ's destination a
+//! [`WritableRegion`] held until the READ completes), so a fabric's use of arena memory is in
+//! the same table as the daemon's and its clients', and a conflict is refused with
+//! [`ViewError::InUse`]. A readable view cannot be written through, and a view's bytes do not
+//! outlive it:
+//!
+//! ```compile_fail
+//! # use std::sync::Arc;
+//! # use skyriver_transport::{ArenaOptions, ReadableRegion, SharedArena};
+//! let arena = Arc::new(SharedArena::create("doc", 4096, &ArenaOptions::default()).unwrap());
+//! let view = ReadableRegion::new(arena, 0, 16).unwrap();
+//! view.as_mut_slice()[0] = 1; // no such method: a readable view only reads
+//! ```
+//!
+//! ```compile_fail
+//! # use std::sync::Arc;
+//! # use skyriver_transport::{ArenaOptions, WritableRegion, SharedArena};
+//! let arena = Arc::new(SharedArena::create("doc", 4096, &ArenaOptions::default()).unwrap());
+//! let mut view = WritableRegion::new(arena, 0, 16).unwrap();
+//! let bytes = view.as_mut_slice();
+//! drop(view); // the claim ends here...
+//! bytes[0] = 1; // ...so its bytes cannot be used after it
+//! ```
+//!
+//! ```compile_fail
+//! # use skyriver_transport::{ArenaOptions, SharedArena};
+//! let arena = SharedArena::create("doc", 4096, &ArenaOptions::default()).unwrap();
+//! // No unclaimed view of the mapping exists, unsafe or not.
+//! let bytes = unsafe { arena.bytes(0, 16) };
+//! ```
 
 mod claims;
 
@@ -26,7 +57,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use memmap2::{Advice, MmapOptions, MmapRaw};
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
@@ -137,7 +168,7 @@ pub struct SharedArena {
     map: MmapRaw,
     size_bytes: u64,
     /// The views of this mapping alive in this process.
-    claims: Mutex<claims::Claims>,
+    claims: claims::ClaimTable,
 }
 
 impl SharedArena {
@@ -215,7 +246,7 @@ impl SharedArena {
             fd: file.into(),
             map,
             size_bytes,
-            claims: Mutex::default(),
+            claims: claims::ClaimTable::default(),
         })
     }
 
@@ -240,7 +271,7 @@ impl SharedArena {
             fd: file.into(),
             map,
             size_bytes,
-            claims: Mutex::default(),
+            claims: claims::ClaimTable::default(),
         })
     }
 
@@ -270,67 +301,46 @@ impl SharedArena {
         }
     }
 
-    /// The bytes of `[offset, offset + len)`.
-    ///
-    /// # Safety
-    /// Nothing may write the range, in this process or another one mapping the arena, while
-    /// the slice lives: the store keeps it unchanged for the caller (a sealed object the caller
-    /// holds a reference to or has pinned), or the caller has it exclusively.
-    pub unsafe fn bytes(&self, offset: u64, len: u64) -> Result<&[u8], OutOfArena> {
-        self.check(offset, len)?;
-        // SAFETY: the range is inside the mapping (checked above), the mapping lives as long as
-        // `self`, and nothing writes it while the slice lives (the caller's contract).
-        Ok(unsafe {
-            std::slice::from_raw_parts(self.map.as_ptr().add(offset as usize), len as usize)
-        })
-    }
-
-    /// A mutable view of `[offset, offset + len)`, for fabrics that receive READ data straight
-    /// into the arena.
-    ///
-    /// # Safety
-    /// The caller has exclusive use of the range for the life of the slice: the store granted
-    /// it to one transfer (a created, unsealed object), and nothing else in this process reads
-    /// or writes it meanwhile.
-    #[allow(clippy::mut_from_ref)] // Exclusivity is the caller's contract, as for a raw pointer.
-    #[cfg_attr(not(feature = "node"), allow(dead_code))] // used by the fabrics
-    pub(crate) unsafe fn bytes_mut(&self, offset: u64, len: u64) -> Result<&mut [u8], OutOfArena> {
-        self.check(offset, len)?;
-        // SAFETY: in bounds (checked above), mapping alive as long as `self`, exclusivity is the
-        // caller's contract (see `# Safety`).
-        Ok(unsafe {
-            std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(offset as usize), len as usize)
-        })
-    }
-
     /// Copies `data` into the arena at `offset` (an eager chunk into the unsealed object the
     /// store made for its transfer). Refused while any view of the range is alive here.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), ViewError> {
-        self.check(offset, data.len() as u64)?;
-        let claims = self.claims();
-        if !claims.is_free(offset, data.len() as u64) {
-            return Err(ViewError::InUse {
-                offset,
-                len: data.len() as u64,
-            });
-        }
-        // SAFETY: the range is inside the mapping (checked above), and no view of it is alive
-        // in this process (checked, and kept so while the claims are locked): no reference to
-        // these bytes exists while they are copied.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.map.as_mut_ptr().add(offset as usize),
-                data.len(),
-            );
-        }
-        drop(claims);
-        Ok(())
+        let len = data.len() as u64;
+        self.check(offset, len)?;
+        self.claims
+            .while_unviewed(offset, len, true, || {
+                // SAFETY: the range is inside the mapping (checked above), and no view of it is
+                // alive in this process (checked, and kept so while the claims are locked): no
+                // reference to these bytes exists while they are copied.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        data.as_ptr(),
+                        self.map.as_mut_ptr().add(offset as usize),
+                        data.len(),
+                    );
+                }
+            })
+            .ok_or(ViewError::InUse { offset, len })
     }
 
-    fn claims(&self) -> MutexGuard<'_, claims::Claims> {
-        // The table stays consistent between calls; a panic elsewhere does not corrupt it.
-        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    /// Copies `[offset, offset + out.len())` of the arena into `out` (a sealed object this
+    /// process holds, read once). Refused while a writable view of the range is alive here.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), ViewError> {
+        let len = out.len() as u64;
+        self.check(offset, len)?;
+        self.claims
+            .while_unviewed(offset, len, false, || {
+                // SAFETY: the range is inside the mapping (checked above), and no writable view
+                // of it is alive in this process (checked, and kept so while the claims are
+                // locked); `out` is a `&mut` of the caller's, so not arena memory viewed here.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.map.as_ptr().add(offset as usize),
+                        out.as_mut_ptr(),
+                        out.len(),
+                    );
+                }
+            })
+            .ok_or(ViewError::InUse { offset, len })
     }
 }
 
@@ -365,7 +375,7 @@ impl WritableRegion {
     /// here.
     pub fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, ViewError> {
         arena.check(offset, len)?;
-        if !arena.claims().claim_write(offset, len) {
+        if !arena.claims.claim_write(offset, len) {
             return Err(ViewError::InUse { offset, len });
         }
         Ok(Self { arena, offset, len })
@@ -374,11 +384,7 @@ impl WritableRegion {
     /// The same bytes as a read-only view (the object was sealed), without a moment in which
     /// another writable view could be made.
     pub fn into_readable(self) -> ReadableRegion {
-        let mut claims = self.arena.claims();
-        claims.release_write(self.offset, self.len);
-        let readable = claims.claim_read(self.offset, self.len);
-        debug_assert!(readable, "nothing can claim the range while it was written");
-        drop(claims);
+        self.arena.claims.write_to_read(self.offset, self.len);
         let region = ReadableRegion {
             arena: self.arena.clone(),
             offset: self.offset,
@@ -387,6 +393,26 @@ impl WritableRegion {
         // The write claim is released above; skip this region's own release.
         std::mem::forget(self);
         region
+    }
+
+    /// Where the range starts in its arena.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The arena it is a range of.
+    pub fn arena(&self) -> &Arc<SharedArena> {
+        &self.arena
     }
 
     /// The bytes, for writing.
@@ -416,7 +442,7 @@ impl WritableRegion {
 
 impl Drop for WritableRegion {
     fn drop(&mut self) {
-        self.arena.claims().release_write(self.offset, self.len);
+        self.arena.claims.release_write(self.offset, self.len);
     }
 }
 
@@ -434,10 +460,25 @@ impl ReadableRegion {
     /// while a writable view of the range is alive here.
     pub fn new(arena: Arc<SharedArena>, offset: u64, len: u64) -> Result<Self, ViewError> {
         arena.check(offset, len)?;
-        if !arena.claims().claim_read(offset, len) {
+        if !arena.claims.claim_read(offset, len) {
             return Err(ViewError::InUse { offset, len });
         }
         Ok(Self { arena, offset, len })
+    }
+
+    /// Where the range starts in its arena.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// The bytes.
@@ -455,7 +496,7 @@ impl ReadableRegion {
 
 impl Clone for ReadableRegion {
     fn clone(&self) -> Self {
-        let claimed = self.arena.claims().claim_read(self.offset, self.len);
+        let claimed = self.arena.claims.claim_read(self.offset, self.len);
         debug_assert!(claimed, "a read claim is held by the original");
         Self {
             arena: self.arena.clone(),
@@ -467,7 +508,7 @@ impl Clone for ReadableRegion {
 
 impl Drop for ReadableRegion {
     fn drop(&mut self) {
-        self.arena.claims().release_read(self.offset, self.len);
+        self.arena.claims.release_read(self.offset, self.len);
     }
 }
 
@@ -523,8 +564,9 @@ mod tests {
         let mut region = WritableRegion::new(other.clone(), 4096, 5).unwrap();
         region.as_mut_slice().copy_from_slice(b"hello");
         drop(region);
-        // SAFETY: the test owns both mappings; the writer is gone and nothing writes the range.
-        assert_eq!(unsafe { arena.bytes(4096, 5) }.unwrap(), b"hello");
+        let mut copy = [0; 5];
+        arena.read(4096, &mut copy).unwrap();
+        assert_eq!(&copy, b"hello");
         arena.write(8192, b"world").unwrap();
         let readable = ReadableRegion::new(other, 8192, 5).unwrap();
         assert_eq!(readable.as_slice(), b"world");
@@ -533,10 +575,8 @@ mod tests {
     #[test]
     fn ranges_outside_the_arena_are_refused() {
         let arena = Arc::new(SharedArena::create("test", 4096, &ArenaOptions::default()).unwrap());
-        // SAFETY: nothing else maps the arena, and no view of it is used.
-        assert!(unsafe { arena.bytes(4090, 7) }.is_err());
-        // SAFETY: as above.
-        assert!(unsafe { arena.bytes(u64::MAX, 2) }.is_err());
+        assert!(arena.read(4090, &mut [0; 7]).is_err());
+        assert!(arena.write(u64::MAX, &[0; 2]).is_err());
         assert!(WritableRegion::new(arena.clone(), 0, 4097).is_err());
         assert!(ReadableRegion::new(arena, 4096, 0).is_ok());
     }
@@ -562,6 +602,11 @@ mod tests {
             arena.write(1500, &[0; 100]).is_err(),
             "a copy under a live writer"
         );
+        assert_eq!(
+            arena.read(1500, &mut [0; 100]),
+            in_use,
+            "a copy out of a live writer's range"
+        );
         writer.as_mut_slice()[0] = 7;
         // Sealed: the writer becomes a reader, and readers share.
         let reader = writer.into_readable();
@@ -569,6 +614,13 @@ mod tests {
         let clone = again.clone();
         assert_eq!(reader.as_slice()[0], 7);
         assert!(WritableRegion::new(arena.clone(), 1024, 1).is_err());
+        assert!(
+            arena.write(1024, &[0; 1]).is_err(),
+            "a copy into a read range"
+        );
+        let mut copy = [0; 1];
+        arena.read(1024, &mut copy).unwrap();
+        assert_eq!(copy, [7], "readers share with a copy out");
         drop((reader, again));
         assert!(
             WritableRegion::new(arena.clone(), 1024, 1).is_err(),

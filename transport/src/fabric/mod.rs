@@ -15,6 +15,16 @@
 //! - when a connection is lost, every READ posted on it completes (with an error) before or
 //!   with the [`FabricEvent::PeerLost`] event, and nothing arrives from that peer after it.
 //!
+//! **Arena memory.** A fabric touches arena bytes only through the arena's claim-checked views
+//! ([`crate::arena`]): an eager send's source is a [`ReadableRegion`] while it is copied; a
+//! READ's destination a [`WritableRegion`] from `post_read` until just before its
+//! `ReadCompleted` (so the driver may view the bytes once told); a region granted for READs a
+//! [`ReadableRegion`] from `grant_read` until the revocation is complete (TCP serves READs
+//! from it; verbs lets the device read it). So the methods are safe: a call that would alias
+//! a view alive in this process (a READ into an object being read, a send of one being
+//! written) is refused with [`FabricError::InUse`] or a failed `ReadCompleted`, not undefined
+//! behaviour.
+//!
 //! **Bounds and back-pressure.** A received message is handed over as [`MessageBytes`], which
 //! holds the memory it arrived in (a verbs receive slot, or a TCP connection's share of its
 //! undelivered-bytes budget) until the driver drops it. So the messages waiting in the event
@@ -36,7 +46,9 @@ use skyriver_core::node::{ArenaKey, PeerParams, ReadError, ReadGrant, ReadOpId};
 use skyriver_core::wire::EagerHeader;
 use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 
-use crate::arena::SharedArena;
+#[cfg(doc)]
+use crate::arena::{ReadableRegion, WritableRegion};
+use crate::arena::{SharedArena, ViewError};
 
 pub mod tcp;
 pub mod verbs;
@@ -198,6 +210,16 @@ pub enum FabricError {
     /// A region is outside the local arenas.
     #[error("region {0} is outside this node's arenas")]
     BadRegion(LocalRegion),
+    /// A view of a local region alive in this process conflicts with the one the call needs
+    /// (a send or grant of bytes being written): refused rather than aliased.
+    #[error("region {region} is in use in this process")]
+    InUse {
+        /// The region.
+        region: LocalRegion,
+        /// Which conflict.
+        #[source]
+        source: ViewError,
+    },
     /// An empty message (every message has at least a header).
     #[error("cannot send an empty message")]
     EmptyMessage,
@@ -267,7 +289,8 @@ pub trait Fabric: Send + Sync {
     fn send(&self, peer: NodeId, bytes: Vec<u8>) -> Result<(), FabricError>;
 
     /// Sends an `EagerData` message whose payload is `source` in a local arena: the fabric
-    /// gathers the bytes (verbs: from the registered arena; TCP: one `writev`).
+    /// copies the bytes through a [`ReadableRegion`] of `source` before it returns (refused
+    /// with [`FabricError::InUse`] while a writable view of it is alive here).
     fn send_eager(
         &self,
         peer: NodeId,
@@ -276,7 +299,9 @@ pub trait Fabric: Send + Sync {
     ) -> Result<(), FabricError>;
 
     /// Posts a one-sided READ of `remote` on `peer` into `local`, on queue pair `lane`.
-    /// Completes with [`FabricEvent::ReadCompleted`] (also when this call fails).
+    /// Completes with [`FabricEvent::ReadCompleted`] (also when this call fails). The fabric
+    /// holds a [`WritableRegion`] of `local` until the READ is over and releases it before the
+    /// event; a `local` another view of this process overlaps fails at once.
     fn post_read(
         &self,
         peer: NodeId,
@@ -290,6 +315,8 @@ pub trait Fabric: Send + Sync {
     /// keys it must READ with, scoped to that lease where the fabric can (TCP: a random key
     /// that serves only `peer` and only `region`; verbs: a memory window bound to `region` on
     /// each lane to `peer`). `Ok(None)`: under way, answered by [`FabricEvent::ReadGranted`].
+    /// The fabric holds a [`ReadableRegion`] of `region` until the revocation is complete, so
+    /// nothing in this process can write it while a READ may read it.
     fn grant_read(
         &self,
         peer: NodeId,

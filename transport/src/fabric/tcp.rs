@@ -35,6 +35,8 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
+use crate::arena::{ReadableRegion, ViewError, WritableRegion};
+use crate::sync;
 use connection::{Link, Outgoing, SubmitError};
 use grants::Grants;
 use handshake::{accept_loop, dial};
@@ -148,8 +150,13 @@ enum PeerSlot {
 
 struct PendingRead {
     peer: NodeId,
-    local: LocalRegion,
+    /// The READ's destination, claimed until its data is in (or the READ failed).
+    destination: WritableRegion,
 }
+
+/// How a grant views its region: claimed for reading from the grant until the revocation is
+/// complete, and by every READ served from it until that READ's data is written.
+type GrantView = Arc<ReadableRegion>;
 
 struct Inner {
     identity: FabricIdentity,
@@ -159,7 +166,7 @@ struct Inner {
     listen_addr: SocketAddr,
     peers: Mutex<BTreeMap<NodeId, PeerSlot>>,
     /// READ access per lease.
-    grants: Arc<Mutex<Grants>>,
+    grants: Arc<sync::Mutex<Grants<GrantView>>>,
     pending_reads: Mutex<BTreeMap<u64, PendingRead>>,
     events: EventSender,
     next_generation: Mutex<u64>,
@@ -259,7 +266,7 @@ impl TcpFabric {
             keys,
             listen_addr,
             peers: Mutex::new(BTreeMap::new()),
-            grants: Arc::new(Mutex::new(Grants::default())),
+            grants: Arc::new(sync::Mutex::new(Grants::default())),
             pending_reads: Mutex::new(BTreeMap::new()),
             events,
             next_generation: Mutex::new(0),
@@ -342,20 +349,12 @@ impl Fabric for TcpFabric {
         header: &EagerHeader,
         source: LocalRegion,
     ) -> Result<(), FabricError> {
-        let arena = self
-            .inner
-            .arenas
-            .get(&source.arena)
-            .ok_or(FabricError::BadRegion(source))?;
-        // SAFETY: `source` is a sealed object the core holds for this send (the `send_eager`
-        // contract: unchanged until the core's next input), and the slice is copied into the
-        // frame before this call returns.
-        let payload = unsafe { arena.bytes(source.offset, source.len) }
-            .map_err(|_| FabricError::BadRegion(source))?;
+        let payload = self.inner.view(source)?;
         // Eager payloads are small by construction (below the threshold): one copy into the
         // frame is cheaper than a second write.
-        let mut message = Vec::with_capacity(payload.len() + 64);
-        wire::encode_eager(header, payload, &mut message);
+        let mut message = Vec::with_capacity(payload.as_slice().len() + 64);
+        wire::encode_eager(header, payload.as_slice(), &mut message);
+        drop(payload);
         self.send(peer, message)
     }
 
@@ -374,12 +373,19 @@ impl Fabric for TcpFabric {
                 result: Err(error),
             });
         };
-        if local.len != remote.len || local.len > MAX_READ_BYTES || !self.inner.local_ok(local) {
+        if local.len != remote.len || local.len > MAX_READ_BYTES {
             failed(ReadError::QueuePair(format!(
                 "bad READ: local {local} for remote {remote}"
             )));
             return;
         }
+        let destination = match self.inner.destination(local) {
+            Ok(destination) => destination,
+            Err(error) => {
+                failed(ReadError::QueuePair(format!("READ into {local}: {error}")));
+                return;
+            }
+        };
         let mut frame = Vec::with_capacity(29);
         frame.push(KIND_READ_REQUEST);
         frame.extend_from_slice(&op.0.to_le_bytes());
@@ -391,9 +397,10 @@ impl Fabric for TcpFabric {
         let peers = lock(&self.inner.peers);
         match peers.get(&peer) {
             Some(PeerSlot::Connected { link, generation }) => {
-                lock(&self.inner.pending_reads).insert(op.0, PendingRead { peer, local });
+                lock(&self.inner.pending_reads).insert(op.0, PendingRead { peer, destination });
                 if let Err(error) = link.submit(Outgoing::Frame(frame)) {
                     let generation = *generation;
+                    // Its destination's claim ends with it, before the failure is told.
                     lock(&self.inner.pending_reads).remove(&op.0);
                     drop(peers);
                     failed(ReadError::ConnectionLost);
@@ -404,7 +411,7 @@ impl Fabric for TcpFabric {
                 }
             }
             _ => {
-                drop(peers);
+                drop((peers, destination));
                 failed(ReadError::ConnectionLost);
             }
         }
@@ -416,15 +423,21 @@ impl Fabric for TcpFabric {
         req: TransferId,
         region: LocalRegion,
     ) -> Result<Option<ReadGrant>, FabricError> {
-        if !self.inner.local_ok(region) {
-            return Err(FabricError::BadRegion(region));
-        }
-        let key = lock(&self.inner.grants).grant(peer, req, region);
+        let view = Arc::new(self.inner.view(region)?);
+        let key = sync::lock(&self.inner.grants).grant(peer, req, region, view);
         Ok(Some(ReadGrant { keys: vec![key] }))
     }
 
     fn revoke_read(&self, peer: NodeId, req: TransferId) -> bool {
-        lock(&self.inner.grants).revoke(peer, req)
+        sync::lock(&self.inner.grants).revoke(peer, req)
+    }
+}
+
+/// A view of `region` refused: outside the arena, or in use.
+fn view_error(region: LocalRegion, source: ViewError) -> FabricError {
+    match source {
+        ViewError::OutOfArena(_) => FabricError::BadRegion(region),
+        source @ ViewError::InUse { .. } => FabricError::InUse { region, source },
     }
 }
 
@@ -460,13 +473,24 @@ impl Inner {
         }
     }
 
-    fn local_ok(&self, region: LocalRegion) -> bool {
-        self.arenas.get(&region.arena).is_some_and(|arena| {
-            region
-                .offset
-                .checked_add(region.len)
-                .is_some_and(|end| end <= arena.size_bytes())
-        })
+    /// A readable view of a local region (an eager send's source, a region granted for READs).
+    fn view(&self, region: LocalRegion) -> Result<ReadableRegion, FabricError> {
+        let arena = self
+            .arenas
+            .get(&region.arena)
+            .ok_or(FabricError::BadRegion(region))?;
+        ReadableRegion::new(arena.clone(), region.offset, region.len)
+            .map_err(|source| view_error(region, source))
+    }
+
+    /// A writable view of a local region (a READ's destination).
+    fn destination(&self, region: LocalRegion) -> Result<WritableRegion, FabricError> {
+        let arena = self
+            .arenas
+            .get(&region.arena)
+            .ok_or(FabricError::BadRegion(region))?;
+        WritableRegion::new(arena.clone(), region.offset, region.len)
+            .map_err(|source| view_error(region, source))
     }
 
     /// Folds a new connection's round trips into the peer's estimates and returns the costs

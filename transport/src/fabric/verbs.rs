@@ -85,7 +85,7 @@ use skyriver_core::wire::{self, EagerHeader};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 
 use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
-use crate::arena::SharedArena;
+use crate::arena::{ReadableRegion, SharedArena, ViewError, WritableRegion};
 use crate::verbs::{plan_reads, ConnectionConfig, MrChunk, Registration, RemoteChunk, VerbsDevice};
 pub use config::VerbsFabricConfig;
 use errors::render;
@@ -135,8 +135,9 @@ struct Table {
 /// table) go before the registrations, which go before the device.
 struct Shared {
     table: Mutex<Table>,
-    /// READ access granted per lease without memory windows: (reader, its transfer) → region.
-    grants: Mutex<BTreeMap<(NodeId, TransferId), LocalRegion>>,
+    /// READ access granted per lease without memory windows: (reader, its transfer) → region,
+    /// claimed for reading until revoked.
+    grants: Mutex<BTreeMap<(NodeId, TransferId), (LocalRegion, ReadableRegion)>>,
     /// Memory windows per lease, when the device has them (else `None`).
     windows: windows::WindowState,
     events: EventSender,
@@ -263,6 +264,20 @@ impl Shared {
         let a = self.arenas.get(&region.arena)?;
         let end = region.offset.checked_add(region.len)?;
         (end <= a.arena.size_bytes()).then_some(a)
+    }
+
+    /// A readable view of a local region (an eager send's source, a region granted for READs).
+    fn view(&self, region: LocalRegion) -> Result<ReadableRegion, FabricError> {
+        let a = self
+            .arenas
+            .get(&region.arena)
+            .ok_or(FabricError::BadRegion(region))?;
+        ReadableRegion::new(a.arena.clone(), region.offset, region.len).map_err(|source| {
+            match source {
+                ViewError::OutOfArena(_) => FabricError::BadRegion(region),
+                source @ ViewError::InUse { .. } => FabricError::InUse { region, source },
+            }
+        })
     }
 
     fn my_hello(&self, probe_pings: u32) -> Hello {
@@ -404,9 +419,12 @@ impl VerbsFabric {
         for (id, arena) in arenas {
             let (ptr, len) = (arena.base_addr() as *mut u8, arena.size_bytes() as usize);
             // SAFETY: the arena's mapping lives as long as the Arc kept next to the
-            // registration in `LocalArena`, whose field order drops the registration first; the
-            // store treats arena memory as shared with concurrent writers (other processes map
-            // it too), which covers the device writing READ destinations into it.
+            // registration in `LocalArena`, whose field order drops the registration first. The
+            // device writes arena bytes only as READ destinations, each claimed by a
+            // `WritableRegion` for as long as the device may write it (`post_reads`' contract),
+            // and reads them for peers only inside regions claimed by a `ReadableRegion` while
+            // granted; without memory windows peers may READ any byte, which a DMA read does
+            // without a reference in this process.
             let reg = unsafe {
                 if window_state.is_some() {
                     device.register_windows_only(ptr, len, config.max_mr_bytes)
@@ -557,7 +575,7 @@ impl VerbsFabric {
                 .collect(),
             None => lock(&self.shared.grants)
                 .iter()
-                .map(|(&(peer, req), &region)| (peer, req, region))
+                .map(|(&(peer, req), &(region, _))| (peer, req, region))
                 .collect(),
         }
     }
@@ -705,19 +723,13 @@ impl Fabric for VerbsFabric {
                 limit,
             });
         }
-        let arena = s
-            .local_arena(&source)
-            .ok_or(FabricError::BadRegion(source))?;
+        let payload = s.view(source)?;
         let conn = s.peer_conn(peer).ok_or(FabricError::NotConnected(peer))?;
-        // The core guarantees the bytes stay unchanged until its next input, not until the SEND
+        // The core keeps the bytes unchanged until its next input, not until the SEND
         // completes; so they are copied now (into a send slot or inline), not referenced.
-        // SAFETY: `source` is a sealed object the core holds for this send (the `send_eager`
-        // contract: unchanged until the core's next input), and the slice is copied into the
-        // message before this call returns.
-        let payload = unsafe { arena.arena.bytes(source.offset, source.len) }
-            .map_err(|_| FabricError::BadRegion(source))?;
         let mut bytes = Vec::with_capacity(len as usize);
-        wire::encode_eager(header, payload, &mut bytes);
+        wire::encode_eager(header, payload.as_slice(), &mut bytes);
+        drop(payload);
         let mut st = lock(&conn.state);
         let r = conn.send(&mut st, s, bytes);
         drop(st);
@@ -749,10 +761,18 @@ impl Fabric for VerbsFabric {
                 remote.len, local.len
             )));
         }
+        // Claimed until the READ is over (its `ReadCompleted`, or the QP destroyed): nothing in
+        // this process views the bytes the device writes.
+        let destination = match WritableRegion::new(arena.arena.clone(), local.offset, local.len) {
+            Ok(destination) => destination,
+            Err(error) => return fail(ReadError::QueuePair(format!("READ into {local}: {error}"))),
+        };
         let Some(conn) = s.peer_conn(peer) else {
+            drop(destination);
             return fail(ReadError::ConnectionLost);
         };
         if usize::from(lane) >= conn.lanes {
+            drop(destination);
             return fail(ReadError::QueuePair(format!(
                 "lane {lane} does not exist ({} lanes to {peer})",
                 conn.lanes
@@ -773,6 +793,7 @@ impl Fabric for VerbsFabric {
             }
             Err(why) => {
                 tracing::warn!(%peer, %remote, %why, "verbs fabric: READ of memory the peer did not register");
+                drop(destination);
                 return fail(ReadError::RemoteAccess);
             }
         };
@@ -790,11 +811,11 @@ impl Fabric for VerbsFabric {
         ) {
             Ok(r) => r,
             Err(e) => {
-                drop(st);
+                drop((st, destination));
                 return fail(ReadError::QueuePair(format!("planning the READ: {e}")));
             }
         };
-        conn.post_read(&mut st, s, op, usize::from(lane), reqs);
+        conn.post_read(&mut st, s, op, usize::from(lane), reqs, destination);
         drop(st);
         s.wake_poller();
     }
@@ -806,18 +827,18 @@ impl Fabric for VerbsFabric {
         region: LocalRegion,
     ) -> Result<Option<ReadGrant>, FabricError> {
         let s = &self.shared;
-        if s.local_arena(&region).is_none() {
-            return Err(FabricError::BadRegion(region));
-        }
+        // Claimed for reading until the revocation is complete: nothing in this process writes
+        // the bytes peers may READ.
+        let view = s.view(region)?;
         if s.windows.is_none() {
-            lock(&s.grants).insert((peer, req), region);
+            lock(&s.grants).insert((peer, req), (region, view));
             return Ok(Some(ReadGrant::default()));
         }
         let conn = s.peer_conn(peer).ok_or(FabricError::NotConnected(peer))?;
         let mut st = lock(&conn.state);
         let granted = windows::windows(s)
             .expect("checked above")
-            .grant(s, &conn, &mut st, req, region);
+            .grant(s, &conn, &mut st, req, region, view);
         drop(st);
         s.wake_poller();
         granted.map(|()| None)

@@ -62,10 +62,13 @@ fn sealed_objects_and_their_bytes_survive_a_reopen() {
     assert_eq!(
         found
             .iter()
-            // SAFETY: the test owns the only mapping and nothing writes it any more.
-            .map(|o| unsafe { opened.arena.bytes(o.block.offset, o.data_size) }.unwrap())
+            .map(|o| {
+                let mut bytes = vec![0; o.data_size as usize];
+                opened.arena.read(o.block.offset, &mut bytes).unwrap();
+                bytes
+            })
             .collect::<Vec<_>>(),
-        vec![&b"first object"[..], &b"second"[..]]
+        vec![b"first object".to_vec(), b"second".to_vec()]
     );
 }
 

@@ -474,10 +474,14 @@ impl VerbsDevice {
     /// # Safety
     ///
     /// The range must be mapped memory that stays mapped, and is not unmapped or remapped,
-    /// until the returned [`Registration`] is dropped. While registered, the device may read
-    /// it at any time (for remote READs) and write it (as the destination of local READs and
-    /// receives): the caller must treat it as memory shared with a concurrent writer, as it
-    /// does for the store's shared arenas.
+    /// until the returned [`Registration`] is dropped. Registering makes no reference to it:
+    /// peers may READ it at any time (a DMA read, which aliases nothing in this process),
+    /// and the device writes it only where this process asks it to, through work requests
+    /// whose own contracts keep those bytes unviewed while written
+    /// ([`VerbsConnection::post_reads`](super::VerbsConnection::post_reads) for READ
+    /// destinations; the receive slab and send slots of a connection, owned by it). For an
+    /// arena, that is the same model as every other view of it: the device's writes go to a
+    /// range a [`WritableRegion`](crate::WritableRegion) claims.
     pub unsafe fn register(
         &self,
         ptr: *mut u8,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use skyriver_core::node::{PeerParams, ReadError, ReadOpId};
 use skyriver_core::wire;
-use skyriver_core::{ArenaId, NodeId};
+use skyriver_core::NodeId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -19,9 +19,9 @@ use super::grants::Serving;
 use super::handshake::MeasuredRoundTrips;
 use super::TcpFabricConfig;
 use super::{
-    lock, Inner, KIND_MESSAGE, KIND_PING, KIND_PONG, KIND_READ_REQUEST, KIND_READ_RESPONSE,
-    MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES, SOCKET_BUFFER_SIZE_BYTES, STATUS_OK,
-    STATUS_REMOTE_ACCESS,
+    lock, GrantView, Inner, KIND_MESSAGE, KIND_PING, KIND_PONG, KIND_READ_REQUEST,
+    KIND_READ_RESPONSE, MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES,
+    SOCKET_BUFFER_SIZE_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS,
 };
 use crate::fabric::{FabricEvent, MessageBytes};
 
@@ -30,13 +30,13 @@ pub(super) enum Outgoing {
     /// A ready frame.
     Frame(Vec<u8>),
     /// A READ response whose data is written straight from the arena, admitted under a
-    /// lease's grant (held until written or dropped, so a revocation waits for it).
+    /// lease's grant (held until written or dropped, so a revocation waits for it, and with
+    /// it the grant's readable view of the region).
     ReadData {
         op: u64,
-        arena: ArenaId,
         offset: u64,
         len: u64,
-        serving: Serving,
+        serving: Serving<GrantView>,
     },
 }
 
@@ -237,7 +237,7 @@ pub(super) fn start_connection(
     let writer_inner = inner.clone();
     let writer_link = link.clone();
     tokio::spawn(async move {
-        if let Err(source) = write_loop(&writer_inner, &writer_link, writer, outgoing_rx).await {
+        if let Err(source) = write_loop(&writer_link, writer, outgoing_rx).await {
             writer_inner.lose(peer, Some(generation), TcpLinkError::Write { peer, source });
         }
     });
@@ -251,7 +251,6 @@ pub(super) fn start_connection(
 }
 
 async fn write_loop(
-    inner: &Inner,
     link: &Link,
     writer: OwnedWriteHalf,
     mut outgoing: mpsc::Receiver<Outgoing>,
@@ -266,9 +265,9 @@ async fn write_loop(
                 None => return Ok(()),
             },
         };
-        write_item(inner, link, &mut writer, item).await?;
+        write_item(link, &mut writer, item).await?;
         while let Ok(item) = outgoing.try_recv() {
-            write_item(inner, link, &mut writer, item).await?;
+            write_item(link, &mut writer, item).await?;
         }
         writer.flush().await?;
         // Idle once the queue is empty under the lock that enqueuers take: from then on
@@ -282,13 +281,12 @@ async fn write_loop(
 }
 
 async fn write_item(
-    inner: &Inner,
     link: &Link,
     writer: &mut BufWriter<OwnedWriteHalf>,
     item: Outgoing,
 ) -> std::io::Result<()> {
     let bytes = item.queued_bytes();
-    let written = write_item_bytes(inner, writer, item).await;
+    let written = write_item_bytes(writer, item).await;
     let mut queued = lock(&link.queued);
     // Each queued item is counted once, by `submit`, and written once, here.
     debug_assert!(queued.frames > 0 && queued.bytes >= bytes);
@@ -298,7 +296,6 @@ async fn write_item(
 }
 
 async fn write_item_bytes(
-    inner: &Inner,
     writer: &mut BufWriter<OwnedWriteHalf>,
     item: Outgoing,
 ) -> std::io::Result<()> {
@@ -306,19 +303,16 @@ async fn write_item_bytes(
         Outgoing::Frame(frame) => writer.write_all(&frame).await,
         Outgoing::ReadData {
             op,
-            arena,
             offset,
             len,
-            serving: _serving,
+            serving,
         } => {
-            // SAFETY: the range lies inside a region granted for a lease (checked when the
-            // request arrived); the core grants only sealed objects it pinned, and keeps them
-            // pinned, unchanged, until the grant's revocation is complete, which waits for
-            // `_serving` to drop after this write.
-            let data = inner
-                .arenas
-                .get(&arena)
-                .and_then(|a| unsafe { a.bytes(offset, len) }.ok());
+            // The range lies inside the granted region (checked when the request arrived),
+            // which `serving` keeps claimed for reading until this write is done.
+            let view = serving.view();
+            let data = offset
+                .checked_sub(view.offset())
+                .and_then(|start| view.as_slice().get(start as usize..)?.get(..len as usize));
             let mut header = [0u8; READ_RESPONSE_HEADER_BYTES];
             header[0] = KIND_READ_RESPONSE;
             header[1..9].copy_from_slice(&op.to_le_bytes());
@@ -398,9 +392,8 @@ async fn read_loop(
                     .then(|| Serving::admit(&inner.grants, &inner.events, peer, rkey, addr, len))
                     .flatten();
                 let item = match admitted {
-                    Some((arena, serving)) => Outgoing::ReadData {
+                    Some(serving) => Outgoing::ReadData {
                         op,
-                        arena,
                         offset: addr,
                         len,
                         serving,
@@ -421,49 +414,47 @@ async fn read_loop(
                 let status = reader.read_u8().await.map_err(io)?;
                 let len = reader.read_u64_le().await.map_err(io)?;
                 let pending = lock(&inner.pending_reads).remove(&op);
-                let Some(pending) = pending else {
+                let Some(mut pending) = pending else {
                     return Err(TcpLinkError::UnaskedReadResponse { peer, op });
                 };
                 // The READ is ours from here: every way out completes it, so a connection lost
                 // mid-data fails the transfer at once instead of leaving it to its deadline.
-                let fail = |reason: TcpLinkError| {
-                    inner.emit(FabricEvent::ReadCompleted {
-                        op: ReadOpId(op),
-                        result: Err(ReadError::ConnectionLost),
-                    });
-                    reason
-                };
-                let result = if status == STATUS_OK {
-                    if len != pending.local.len {
-                        return Err(fail(TcpLinkError::ReadLength {
+                let outcome = if status == STATUS_OK {
+                    let asked = pending.destination.len();
+                    if len != asked {
+                        Err(TcpLinkError::ReadLength {
                             peer,
                             op,
                             len,
-                            asked: pending.local.len,
-                        }));
+                            asked,
+                        })
+                    } else {
+                        // Straight into the destination, claimed for this READ since it was
+                        // posted.
+                        let destination = pending.destination.as_mut_slice();
+                        reader
+                            .read_exact(destination)
+                            .await
+                            .map(|_| Ok(()))
+                            .map_err(io)
                     }
-                    let arena = inner
-                        .arenas
-                        .get(&pending.local.arena)
-                        .ok_or_else(|| fail(TcpLinkError::UnknownArena { op }))?;
-                    // SAFETY: `post_read` checked the region lies in this arena; the core gave it
-                    // to this one READ (a slice of an object being fetched, created and not yet
-                    // sealed), and nothing else touches it until the completion is delivered.
-                    let destination =
-                        unsafe { arena.bytes_mut(pending.local.offset, pending.local.len) }
-                            .map_err(|source| fail(TcpLinkError::Destination { op, source }))?;
-                    reader
-                        .read_exact(destination)
-                        .await
-                        .map_err(|e| fail(io(e)))?;
-                    Ok(())
                 } else {
-                    Err(ReadError::RemoteAccess)
+                    Ok(Err(ReadError::RemoteAccess))
+                };
+                // The destination's claim ends before the driver hears of the READ, which may
+                // then view the bytes.
+                drop(pending);
+                let (result, broken) = match outcome {
+                    Ok(result) => (result, None),
+                    Err(reason) => (Err(ReadError::ConnectionLost), Some(reason)),
                 };
                 inner.emit(FabricEvent::ReadCompleted {
                     op: ReadOpId(op),
                     result,
                 });
+                if let Some(reason) = broken {
+                    return Err(reason);
+                }
             }
             KIND_PING => {
                 let nonce = reader.read_u64_le().await.map_err(io)?;

@@ -7,8 +7,6 @@ use std::net::SocketAddr;
 
 use skyriver_core::NodeId;
 
-use crate::arena::OutOfArena;
-
 /// Why [`TcpFabric::start`](super::TcpFabric::start) failed; nothing was started.
 #[derive(Debug, thiserror::Error)]
 pub enum TcpStartError {
@@ -211,21 +209,6 @@ pub enum TcpLinkError {
         len: u64,
         /// Bytes asked.
         asked: u64,
-    },
-    /// A READ destination outside the local arenas (a bug: `post_read` checks it).
-    #[error("READ {op} into memory outside the arenas: {source}")]
-    Destination {
-        /// The READ.
-        op: u64,
-        /// Where it pointed.
-        #[source]
-        source: OutOfArena,
-    },
-    /// A READ destination in an arena this node does not have (a bug: `post_read` checks it).
-    #[error("READ {op} into an unknown arena")]
-    UnknownArena {
-        /// The READ.
-        op: u64,
     },
     /// A frame kind this side does not know.
     #[error("{peer} sent an unknown frame kind {kind}: dropping the connection")]

@@ -7,40 +7,69 @@
 //! admitting new READs at once and the revocation is complete when the last READ in progress
 //! is written or dropped ([`Serving`]'s `Drop`), so the core never unpins memory a READ still
 //! copies from.
+//!
+//! Each grant keeps a view of its region (on the fabric, a claim-checked `ReadableRegion`),
+//! and each READ it admits a clone of it: the bytes a READ's data is written from stay
+//! claimed for reading, in this process's arena claims, until that READ is done, whatever
+//! the revocation does meanwhile.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use skyriver_core::{ArenaId, LocalRegion, NodeId, TransferId};
+use skyriver_core::{LocalRegion, NodeId, TransferId};
 
-use super::lock;
 use crate::fabric::{EventSender, FabricEvent};
+use crate::sync::{lock, Mutex};
 
 /// One lease's access.
 #[derive(Debug)]
-struct Grant {
+struct Grant<V> {
     peer: NodeId,
     req: TransferId,
     region: LocalRegion,
+    /// The region's bytes, for the READs admitted.
+    view: V,
     /// READs admitted and not yet written or dropped.
     serving: u32,
     /// Revoked while READs were serving: admits nothing more, removed when they are done.
     revoked: bool,
 }
 
-/// Every live grant of one fabric.
-#[derive(Debug, Default)]
-pub(super) struct Grants {
-    by_key: BTreeMap<u32, Grant>,
+/// Every live grant of one fabric; `V` is how a grant views its region's bytes.
+#[derive(Debug)]
+pub(super) struct Grants<V> {
+    by_key: BTreeMap<u32, Grant<V>>,
     by_lease: BTreeMap<(NodeId, TransferId), u32>,
     /// Keys drawn so far, mixed into each new one.
     attempts: u32,
+    /// A planted race for the loom model: a revocation does not wait for READs being served.
+    #[cfg(skyriver_loom)]
+    revoke_ignores_serving: bool,
 }
 
-impl Grants {
-    /// A fresh key for `peer`'s lease `req` on `region`; random, so a peer cannot guess
-    /// another lease's key (and a guessed one still fails: keys work for their own peer only).
-    pub(super) fn grant(&mut self, peer: NodeId, req: TransferId, region: LocalRegion) -> u32 {
+impl<V> Default for Grants<V> {
+    fn default() -> Self {
+        Grants {
+            by_key: BTreeMap::new(),
+            by_lease: BTreeMap::new(),
+            attempts: 0,
+            #[cfg(skyriver_loom)]
+            revoke_ignores_serving: false,
+        }
+    }
+}
+
+impl<V: Clone> Grants<V> {
+    /// A fresh key for `peer`'s lease `req` on `region`, viewed through `view`; random, so a
+    /// peer cannot guess another lease's key (and a guessed one still fails: keys work for
+    /// their own peer only).
+    pub(super) fn grant(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        region: LocalRegion,
+        view: V,
+    ) -> u32 {
         let key = loop {
             let mut bytes = [0u8; 4];
             // The OS's generator does not fail on Linux once booted. Were it to, the counter
@@ -62,6 +91,7 @@ impl Grants {
                 peer,
                 req,
                 region,
+                view,
                 serving: 0,
                 revoked: false,
             },
@@ -75,8 +105,12 @@ impl Grants {
         let Some(key) = self.by_lease.remove(&(peer, req)) else {
             return true;
         };
+        #[cfg(skyriver_loom)]
+        let planted = self.revoke_ignores_serving;
+        #[cfg(not(skyriver_loom))]
+        let planted = false;
         match self.by_key.get_mut(&key) {
-            Some(grant) if grant.serving > 0 => {
+            Some(grant) if grant.serving > 0 && !planted => {
                 grant.revoked = true;
                 false
             }
@@ -87,9 +121,10 @@ impl Grants {
         }
     }
 
-    /// Admits `peer`'s READ of `[offset, offset + len)` under `key`: the arena to serve it
-    /// from, or `None` (unknown or revoked key, another peer's key, outside the region).
-    fn admit(&mut self, peer: NodeId, key: u32, offset: u64, len: u64) -> Option<ArenaId> {
+    /// Admits `peer`'s READ of `[offset, offset + len)` under `key`: the grant's view of the
+    /// region to serve it from, or `None` (unknown or revoked key, another peer's key, outside
+    /// the region).
+    fn admit(&mut self, peer: NodeId, key: u32, offset: u64, len: u64) -> Option<V> {
         let grant = self.by_key.get_mut(&key)?;
         let end = offset.checked_add(len)?;
         let allowed = !grant.revoked
@@ -100,7 +135,7 @@ impl Grants {
             return None;
         }
         grant.serving += 1;
-        Some(grant.region.arena)
+        Some(grant.view.clone())
     }
 
     /// A READ admitted under `key` is done; the lease whose revocation it completes, if any.
@@ -119,42 +154,72 @@ impl Grants {
     fn len(&self) -> usize {
         self.by_key.len()
     }
+
+    /// Grants with the planted race, for the loom model to show it catches one.
+    #[cfg(skyriver_loom)]
+    fn with_planted_race() -> Self {
+        Grants {
+            revoke_ignores_serving: true,
+            ..Grants::default()
+        }
+    }
+}
+
+/// Where [`Serving`] reports a revocation it completed: the fabric's event channel.
+pub(super) trait RevocationSink {
+    /// `peer`'s lease `req` is revoked and no READ under it is served any more.
+    fn revoked(&self, peer: NodeId, req: TransferId);
+}
+
+impl RevocationSink for EventSender {
+    fn revoked(&self, peer: NodeId, req: TransferId) {
+        // The driver may be gone (shutting down); nothing to do then.
+        let _ = self.send(FabricEvent::ReadRevoked { peer, req });
+    }
 }
 
 /// One admitted READ, from its request to the end of its data's write: dropping it (written,
 /// or discarded with its connection) ends it and may complete a revocation.
-pub(super) struct Serving {
-    grants: Arc<Mutex<Grants>>,
-    events: EventSender,
+pub(super) struct Serving<V: Clone, S: RevocationSink = EventSender> {
+    grants: Arc<Mutex<Grants<V>>>,
+    events: S,
     key: u32,
+    /// The granted region's bytes, viewed while this READ is served.
+    view: V,
 }
 
-impl Serving {
+impl<V: Clone, S: RevocationSink + Clone> Serving<V, S> {
     /// Admits `peer`'s READ under `key` (see [`Grants::admit`]).
     pub(super) fn admit(
-        grants: &Arc<Mutex<Grants>>,
-        events: &EventSender,
+        grants: &Arc<Mutex<Grants<V>>>,
+        events: &S,
         peer: NodeId,
         key: u32,
         offset: u64,
         len: u64,
-    ) -> Option<(ArenaId, Serving)> {
-        let arena = lock(grants).admit(peer, key, offset, len)?;
-        let serving = Serving {
+    ) -> Option<Serving<V, S>> {
+        let view = lock(grants).admit(peer, key, offset, len)?;
+        Some(Serving {
             grants: grants.clone(),
             events: events.clone(),
             key,
-        };
-        Some((arena, serving))
+            view,
+        })
     }
 }
 
-impl Drop for Serving {
+impl<V: Clone, S: RevocationSink> Serving<V, S> {
+    /// The granted region's bytes this READ is served from.
+    pub(super) fn view(&self) -> &V {
+        &self.view
+    }
+}
+
+impl<V: Clone, S: RevocationSink> Drop for Serving<V, S> {
     fn drop(&mut self) {
         let revoked = lock(&self.grants).done(self.key);
         if let Some((peer, req)) = revoked {
-            // The driver may be gone (shutting down); nothing to do then.
-            let _ = self.events.send(FabricEvent::ReadRevoked { peer, req });
+            self.events.revoked(peer, req);
         }
     }
 }
@@ -162,6 +227,7 @@ impl Drop for Serving {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skyriver_core::ArenaId;
 
     fn region() -> LocalRegion {
         LocalRegion {
@@ -175,8 +241,8 @@ mod tests {
     fn a_key_serves_its_peer_inside_its_region_until_revoked() {
         let mut grants = Grants::default();
         let (a, b) = (NodeId(1), NodeId(2));
-        let key = grants.grant(a, TransferId(7), region());
-        assert_eq!(grants.admit(a, key, 4096, 8192), Some(ArenaId(3)));
+        let key = grants.grant(a, TransferId(7), region(), "view");
+        assert_eq!(grants.admit(a, key, 4096, 8192), Some("view"));
         assert_eq!(grants.done(key), None);
         assert_eq!(grants.admit(b, key, 4096, 10), None, "another peer");
         assert_eq!(grants.admit(a, key, 4095, 10), None, "before the region");
@@ -192,7 +258,7 @@ mod tests {
     fn a_revocation_waits_for_the_reads_being_served() {
         let mut grants = Grants::default();
         let a = NodeId(1);
-        let key = grants.grant(a, TransferId(7), region());
+        let key = grants.grant(a, TransferId(7), region(), ());
         assert!(grants.admit(a, key, 4096, 10).is_some());
         assert!(grants.admit(a, key, 5000, 10).is_some());
         assert!(!grants.revoke(a, TransferId(7)), "two READs still serving");
@@ -207,12 +273,32 @@ mod tests {
     }
 
     #[test]
+    fn a_read_being_served_keeps_its_region_claimed_past_the_revocation() {
+        use crate::arena::{ArenaOptions, ReadableRegion, SharedArena};
+        let arena =
+            Arc::new(SharedArena::create("test", 1 << 16, &ArenaOptions::default()).unwrap());
+        let grants = Arc::new(Mutex::new(Grants::default()));
+        let (events, _received) = crate::fabric::event_channel();
+        let a = NodeId(1);
+        let view = Arc::new(ReadableRegion::new(arena.clone(), 4096, 8192).unwrap());
+        let key = lock(&grants).grant(a, TransferId(9), region(), view);
+        let serving = Serving::admit(&grants, &events, a, key, 4096, 1).unwrap();
+        assert!(!lock(&grants).revoke(a, TransferId(9)));
+        assert!(
+            arena.write(4096, b"reuse").is_err(),
+            "a READ still reads it"
+        );
+        drop(serving);
+        arena.write(4096, b"reuse").unwrap();
+    }
+
+    #[test]
     fn dropping_a_serving_read_completes_the_revocation() {
         let grants = Arc::new(Mutex::new(Grants::default()));
         let (events, mut received) = crate::fabric::event_channel();
         let a = NodeId(1);
-        let key = lock(&grants).grant(a, TransferId(9), region());
-        let (_, serving) = Serving::admit(&grants, &events, a, key, 4096, 1).unwrap();
+        let key = lock(&grants).grant(a, TransferId(9), region(), ());
+        let serving = Serving::admit(&grants, &events, a, key, 4096, 1).unwrap();
         assert!(!lock(&grants).revoke(a, TransferId(9)));
         assert!(received.try_recv().is_err());
         drop(serving);
@@ -222,5 +308,71 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+}
+
+/// The serve-then-revoke guard under every interleaving of a READ being served and its lease
+/// being revoked: the holder reuses the region (the core unpins it) only once no READ reads
+/// it. The region is a loom cell, so a read beside the reuse is reported.
+#[cfg(all(test, skyriver_loom))]
+mod loom_models {
+    use loom::cell::UnsafeCell;
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    use loom::sync::Arc;
+
+    use super::*;
+    use skyriver_core::ArenaId;
+
+    /// The driver's side of `ReadRevoked`: a flag the revoker waits on.
+    #[derive(Clone, Default)]
+    struct Revoked(Arc<AtomicBool>);
+
+    impl RevocationSink for Revoked {
+        fn revoked(&self, _: NodeId, _: TransferId) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+
+    fn serve_while_revoking(grants: Grants<()>) {
+        let (peer, req) = (NodeId(1), TransferId(7));
+        let region = LocalRegion {
+            arena: ArenaId(0),
+            offset: 0,
+            len: 64,
+        };
+        let grants = std::sync::Arc::new(Mutex::new(grants));
+        let key = lock(&grants).grant(peer, req, region, ());
+        let revoked = Revoked::default();
+        let bytes = Arc::new(UnsafeCell::new(0u8));
+        let server = {
+            let (grants, revoked, bytes) = (grants.clone(), revoked.clone(), bytes.clone());
+            loom::thread::spawn(move || {
+                if let Some(serving) = Serving::admit(&grants, &revoked, peer, key, 0, 64) {
+                    // SAFETY: (the model) a read of the region while the READ is served;
+                    // loom reports it if the reuse below can run beside it.
+                    bytes.with(|p| unsafe { *p });
+                    drop(serving);
+                }
+            })
+        };
+        if !lock(&grants).revoke(peer, req) {
+            while !revoked.0.load(Ordering::Acquire) {
+                loom::thread::yield_now();
+            }
+        }
+        // SAFETY: (the model) the region reused once the revocation is complete.
+        bytes.with_mut(|p| unsafe { *p = 1 });
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn loom_a_revocation_completes_only_after_the_reads_being_served() {
+        loom::model(|| serve_while_revoking(Grants::default()));
+    }
+
+    #[test]
+    #[should_panic(expected = "Causality violation")]
+    fn loom_finds_a_revocation_that_does_not_wait_for_reads() {
+        loom::model(|| serve_while_revoking(Grants::with_planted_race()));
     }
 }

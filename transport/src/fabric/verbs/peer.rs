@@ -16,6 +16,7 @@ use skyriver_core::{NodeId, RemoteRegion};
 use super::errors::{ConnectionLost, HelloShapeError, RemoteRegionError};
 use super::hello::WireArena;
 use super::{lock, Shared, Slot};
+use crate::arena::WritableRegion;
 use crate::fabric::{FabricError, FabricEvent, MessageBytes};
 use crate::verbs::{
     Completion, NegotiatedParams, Opcode, PostError, ReadRequest, RemoteChunk, VerbsConnection,
@@ -111,6 +112,11 @@ impl RemoteTable {
 struct OpState {
     op: ReadOpId,
     lists_left: usize,
+    /// Where the device writes the data: claimed from the post until the op is over (all its
+    /// lists completed, one failed, or the QPs destroyed), and released before the
+    /// `ReadCompleted`, so nothing in this process views these bytes while the device may
+    /// write them.
+    _destination: WritableRegion,
 }
 
 /// A posted (or queued) list of READ work requests; keyed by its last (signaled) wr id.
@@ -247,6 +253,9 @@ impl PeerConn {
     /// Posts a planned READ operation (work request ids from `st.next_wr_id`) on `lane`, in
     /// lists of at most `max_reads_per_list`, queueing what does not fit. Completes the op with
     /// an error when it cannot be posted at all.
+    ///
+    /// `reqs` write only into `destination` (planned from it, through the arena's
+    /// registration), which the op holds until it is over.
     pub(super) fn post_read(
         &self,
         st: &mut ConnState,
@@ -254,15 +263,18 @@ impl PeerConn {
         op: ReadOpId,
         lane: usize,
         reqs: Vec<ReadRequest>,
+        destination: WritableRegion,
     ) {
-        let fail = |e: ReadError| {
+        // The destination's claim ends before the failure is told.
+        let fail = |destination: WritableRegion, e: ReadError| {
+            drop(destination);
             s.emit(FabricEvent::ReadCompleted { op, result: Err(e) });
         };
         if st.conn.is_none() {
-            return fail(ReadError::ConnectionLost);
+            return fail(destination, ReadError::ConnectionLost);
         }
         let (Some(first), Some(last)) = (reqs.first(), reqs.last()) else {
-            return fail(ReadError::QueuePair("empty READ".into()));
+            return fail(destination, ReadError::QueuePair("empty READ".into()));
         };
         assert_eq!(
             first.wr_id, st.next_wr_id,
@@ -272,10 +284,13 @@ impl PeerConn {
         let per_list = s.config.max_reads_per_list as usize;
         let lists: Vec<Vec<ReadRequest>> = reqs.chunks(per_list).map(<[_]>::to_vec).collect();
         if st.queued_read_lists + lists.len() > s.config.max_queued_read_lists {
-            return fail(ReadError::QueuePair(format!(
-                "{} READ lists already waiting for send-queue room",
-                st.queued_read_lists
-            )));
+            return fail(
+                destination,
+                ReadError::QueuePair(format!(
+                    "{} READ lists already waiting for send-queue room",
+                    st.queued_read_lists
+                )),
+            );
         }
         st.next_wr_id = last_id + 1;
         st.ops.insert(
@@ -283,6 +298,7 @@ impl PeerConn {
             OpState {
                 op,
                 lists_left: lists.len(),
+                _destination: destination,
             },
         );
         let mut failure = None;
@@ -304,7 +320,12 @@ impl PeerConn {
                 .as_mut()
                 .expect("checked above, not torn down since");
             if st.queued_reads[lane].is_empty() {
-                match conn.post_reads(lane, &list) {
+                // SAFETY: the list writes only into the op's destination, claimed in `st.ops`
+                // (no other view of it in this process) until the op is over: its last
+                // completion polled, a failed one (the QP then writes nothing more), or the QP
+                // destroyed at teardown before `st.ops` is cleared. The arena stays mapped and
+                // registered while the connection lives (`Shared`'s drop order).
+                match unsafe { conn.post_reads(lane, &list) } {
                     Ok(()) => continue,
                     Err(PostError::QueueFull { .. }) => {}
                     Err(source) => {
@@ -458,6 +479,7 @@ impl PeerConn {
                         op.lists_left -= 1;
                         if op.lists_left == 0 {
                             let op = op.op;
+                            // Its destination's claim ends before the driver hears of it.
                             st.ops.remove(&op_key);
                             s.emit(FabricEvent::ReadCompleted { op, result: Ok(()) });
                         }
@@ -467,9 +489,9 @@ impl PeerConn {
                 // The QP is in the error state now: this op fails with the cause, the others
                 // with ConnectionLost at teardown.
                 st.lists.retain(|_, l| l.op_key != op_key);
-                if let Some(op) = st.ops.remove(&op_key) {
+                if let Some(op) = st.ops.remove(&op_key).map(|op| op.op) {
                     s.emit(FabricEvent::ReadCompleted {
-                        op: op.op,
+                        op,
                         result: Err(read_error(c.status)),
                     });
                 }
@@ -506,7 +528,9 @@ impl PeerConn {
         }
         for (lane, queue) in queued_reads.iter_mut().enumerate() {
             while let Some(list) = queue.front() {
-                match conn.post_reads(lane, list) {
+                // SAFETY: as in `post_read`: a queued list belongs to an op still in `st.ops`
+                // (teardown clears the queues with the ops), whose destination it alone writes.
+                match unsafe { conn.post_reads(lane, list) } {
                     Ok(()) => {
                         queue.pop_front();
                         *queued_read_lists -= 1;
@@ -555,15 +579,20 @@ impl PeerConn {
         st.queued_read_lists = 0;
         st.lists.clear();
         st.backlog.clear();
-        let ops = std::mem::take(&mut st.ops);
+        // The QPs are destroyed (above): the device writes no destination any more, and their
+        // claims end here, before the failures are told.
+        let ops: Vec<ReadOpId> = std::mem::take(&mut st.ops)
+            .into_values()
+            .map(|op| op.op)
+            .collect();
         let mut t = lock(&s.table);
         if matches!(t.peers.get(&self.peer), Some(Slot::Up(c)) if std::ptr::eq(Arc::as_ptr(c), self))
         {
             t.peers.remove(&self.peer);
         }
-        for op in ops.values() {
+        for &op in &ops {
             s.emit(FabricEvent::ReadCompleted {
-                op: op.op,
+                op,
                 result: Err(ReadError::ConnectionLost),
             });
         }

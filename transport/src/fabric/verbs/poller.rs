@@ -59,19 +59,20 @@ pub(super) fn poll_loop(s: &Shared) {
         };
         // Sleep on events: arm every CQ, then look once more (a completion that arrived before
         // arming raises no event), and sleep only if that finds nothing.
-        idle.prepare_to_sleep();
         control_fds.clear();
-        for c in &conns {
-            let mut st = lock(&c.state);
-            if c.arm(&mut st, s) {
-                work += c.service(&mut st, s, false);
-                control_fds.push(st.control_fd());
-            } else {
-                work += 1;
+        let quiet = idle.last_look(|| {
+            for c in &conns {
+                let mut st = lock(&c.state);
+                if c.arm(&mut st, s) {
+                    work += c.service(&mut st, s, false);
+                    control_fds.push(st.control_fd());
+                } else {
+                    work += 1;
+                }
             }
-        }
-        if work > 0 {
-            idle.cancel_sleep();
+            work > 0
+        });
+        if !quiet {
             last_work = Instant::now();
             continue;
         }

@@ -305,7 +305,11 @@ pub(super) fn measure(
     // 3. Small READs.
     let mut wr = PROBE_WR_ID;
     let read_list = |p: &mut Poller<'_>, reqs: &[ReadRequest]| -> Result<(), ProbeError> {
-        p.conn.post_reads(0, reqs)?;
+        // SAFETY: every probe READ writes into the fabric's probe buffer (registered under its
+        // lkey, mapped while the fabric lives), scratch memory of which this process makes no
+        // reference (`ProbeBuffer` keeps its map only to own it): the device's writes alias
+        // nothing.
+        unsafe { p.conn.post_reads(0, reqs) }?;
         loop {
             for c in p.next()? {
                 check(&c, "probe READ")?;

@@ -19,6 +19,7 @@ use skyriver_core::{LocalRegion, NodeId, TransferId};
 
 use super::peer::{ConnState, PeerConn};
 use super::{lock, FabricError, FabricEvent, Shared};
+use crate::arena::ReadableRegion;
 use crate::verbs::{MemoryWindow, PostError};
 
 /// Where one lease's windows stand.
@@ -37,6 +38,10 @@ struct LeaseWindows {
     /// The connection (by address) whose lanes they are bound on.
     conn: usize,
     region: LocalRegion,
+    /// `region` claimed for reading while a window may be bound over it: nothing in this
+    /// process writes the bytes peers may READ. Released when the lease's windows are
+    /// invalidated or gone with their connection, before the `ReadRevoked`.
+    _view: ReadableRegion,
     /// One per lane, in lane order.
     windows: Vec<MemoryWindow>,
     keys: Vec<u32>,
@@ -106,8 +111,8 @@ impl Windows {
         id
     }
 
-    /// Binds a window over `region` on every lane of `conn` for `peer`'s lease `req`.
-    /// `Ok(())`: answered by `ReadGranted` once the binds complete.
+    /// Binds a window over `region` (claimed for reading by `view`) on every lane of `conn`
+    /// for `peer`'s lease `req`. `Ok(())`: answered by `ReadGranted` once the binds complete.
     pub(super) fn grant(
         &mut self,
         s: &Shared,
@@ -115,6 +120,7 @@ impl Windows {
         st: &mut ConnState,
         req: TransferId,
         region: LocalRegion,
+        view: ReadableRegion,
     ) -> Result<(), FabricError> {
         let peer = conn.peer;
         let lease = (peer, req);
@@ -161,6 +167,7 @@ impl Windows {
         let entry = LeaseWindows {
             conn: conn as *const PeerConn as usize,
             region,
+            _view: view,
             windows,
             keys,
             pending,
@@ -283,9 +290,12 @@ impl Windows {
                 });
             }
             Phase::Invalidating => {
-                let entry = self.leases.remove(&lease).expect("found above");
-                self.free.extend(entry.windows);
-                if entry.report_revoked {
+                let mut entry = self.leases.remove(&lease).expect("found above");
+                self.free.extend(std::mem::take(&mut entry.windows));
+                let report_revoked = entry.report_revoked;
+                // The region's claim ends before the core hears the revocation.
+                drop(entry);
+                if report_revoked {
                     s.emit(FabricEvent::ReadRevoked { peer, req });
                 }
             }
@@ -309,13 +319,16 @@ impl Windows {
             // Bound to a destroyed QP: freed, not re-used.
             self.allocated -= entry.windows.len();
             let (peer, req) = lease;
-            match entry.phase {
+            let (phase, report_revoked) = (entry.phase, entry.report_revoked);
+            // The region's claim ends before the core hears of the lease.
+            drop(entry);
+            match phase {
                 Phase::Binding => s.emit(FabricEvent::ReadGranted {
                     peer,
                     req,
                     result: Err(FabricError::NotConnected(peer)),
                 }),
-                Phase::Invalidating if entry.report_revoked => {
+                Phase::Invalidating if report_revoked => {
                     s.emit(FabricEvent::ReadRevoked { peer, req })
                 }
                 Phase::Invalidating | Phase::Bound => {}

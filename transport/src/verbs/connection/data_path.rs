@@ -77,7 +77,26 @@ impl VerbsConnection {
     /// Post `reads` on `lane` as one work request list. Only the last one is signaled: its
     /// successful completion means the whole list is done (a QP executes its work requests
     /// in order). Any failed request completes on its own with an error status.
-    pub fn post_reads(&mut self, lane: usize, reads: &[ReadRequest]) -> Result<(), PostError> {
+    ///
+    /// # Safety
+    ///
+    /// The device writes each read's `[local_addr, local_addr + len)` at some time until the
+    /// read is over: the list's signaled completion polled, an error completion of this
+    /// lane polled (the QP then writes nothing more), or the connection dropped. Until then,
+    /// for every read:
+    /// - the range lies in memory registered under `lkey` (the device checks this much), and
+    ///   stays mapped;
+    /// - nothing in this process reads or writes the range: for arena memory, the caller holds
+    ///   a [`WritableRegion`](crate::WritableRegion) of it; for memory of its own, it makes
+    ///   no reference to it.
+    ///
+    /// The remote side needs no promise: the peer's device checks `rkey` and the range
+    /// against what the peer registered or bound.
+    pub unsafe fn post_reads(
+        &mut self,
+        lane: usize,
+        reads: &[ReadRequest],
+    ) -> Result<(), PostError> {
         if reads.is_empty() {
             return Ok(());
         }
@@ -125,10 +144,9 @@ impl VerbsConnection {
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is live; the linked WRs and their SGEs live in `wrs` and `sges` (not
-        // moved or resized after linking) for the call. Each SGE names a local range the device
-        // checks against `lkey`'s memory region, which the caller registered under
-        // `VerbsDevice::register`'s contract (mapped until the registration is dropped, and
-        // written by the device when it is a READ's destination).
+        // moved or resized after linking) for the call. Each SGE names a local range that stays
+        // mapped and that nothing in this process views until the read is over (this
+        // function's contract), so the device's writes alias no reference.
         let rc = unsafe { ibv_post_send(l.qp.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
         crate::verbs::objects::check_rc(rc).map_err(post_err("ibv_post_send(READ)"))?;
         l.sq_in_flight += n;
