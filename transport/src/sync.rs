@@ -13,11 +13,13 @@
 //! ```
 
 #[cfg(skyriver_loom)]
+#[cfg_attr(not(feature = "node"), allow(unused_imports))] // the verbs poller's
 pub(crate) use loom::sync::atomic::{AtomicBool, Ordering};
 #[cfg(skyriver_loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(skyriver_loom))]
+#[cfg_attr(not(feature = "node"), allow(unused_imports))] // the verbs poller's
 pub(crate) use std::sync::atomic::{AtomicBool, Ordering};
 #[cfg(not(skyriver_loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
