@@ -74,6 +74,9 @@ pub(super) struct EventLoop {
     scratch: Vec<u8>,
     /// Where inputs and outputs are recorded (`--record`).
     recorder: Option<Recorder>,
+    /// The time of the input given last, not yet driven: the drive after it runs at that
+    /// time, so a replay of the recorded inputs drives at the same instants.
+    drive_at: Option<Instant>,
 }
 
 impl EventLoop {
@@ -109,6 +112,7 @@ impl EventLoop {
             direct_turns: 0,
             scratch: Vec::new(),
             recorder: None,
+            drive_at: None,
         }
     }
 
@@ -122,6 +126,7 @@ impl EventLoop {
         if let Some(recorder) = &mut self.recorder {
             recorder.input(now, false, &input);
         }
+        self.drive_at = Some(now);
         self.node.handle(now, input)
     }
 
@@ -278,7 +283,10 @@ impl EventLoop {
     /// Carries out every output, telling the node of clients closed on the way and firing
     /// timers already due, until the node has nothing more to say (the core's drive loop).
     pub(super) fn drain(&mut self) {
-        let now = self.now();
+        let now = match self.drive_at.take() {
+            Some(at) => at,
+            None => self.now(),
+        };
         drive_host(self, now);
     }
 
@@ -531,7 +539,7 @@ impl EventLoop {
 
 /// The loop as its node's drive host: the effects carry out the outputs, and what they learnt
 /// at once (a client closed, a fabric's immediate answer, a hash) goes back to the node first.
-impl DriveHost for EventLoop {
+impl DriveHost<'static> for EventLoop {
     type Driver = Effects;
 
     fn node(&mut self) -> &mut Node {

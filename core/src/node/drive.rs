@@ -10,8 +10,9 @@ use crate::time::Instant;
 /// answers that driver owes the node at once, and (optionally) a look at what goes in and out.
 ///
 /// The node and the driver are reached through methods, not held, so a driver may look at the
-/// node (its store, for checks) between outputs.
-pub trait DriveHost {
+/// node (its store, for checks) between outputs. `'i` is how long the answers' borrowed bytes
+/// live (`'static` for a driver whose answers own everything).
+pub trait DriveHost<'i> {
     /// What carries out the outputs.
     type Driver: NodeDriver;
 
@@ -24,7 +25,7 @@ pub trait DriveHost {
     /// The next input the driver owes the node right away, produced while it carried out
     /// outputs (a client it had to close, a fabric's immediate answer to a grant, a hash); fed
     /// before any due timer. None by default.
-    fn poll_answer(&mut self) -> Option<NodeInput<'static>> {
+    fn poll_answer(&mut self) -> Option<NodeInput<'i>> {
         None
     }
 
@@ -40,7 +41,7 @@ pub trait DriveHost {
 /// back, every timer due at or before `now` fired. Returns when the node next wants time to
 /// pass (feed it [`NodeInput::Timeout`] then, or call this again). Calling it early, or twice,
 /// is a harmless no-op.
-pub fn drive_host(host: &mut impl DriveHost, now: Instant) -> Option<Instant> {
+pub fn drive_host<'i>(host: &mut impl DriveHost<'i>, now: Instant) -> Option<Instant> {
     loop {
         while let Some(output) = host.node().poll_output() {
             host.observe_output(&output);
@@ -68,7 +69,7 @@ struct Pair<'a, D> {
     driver: &'a mut D,
 }
 
-impl<D: NodeDriver> DriveHost for Pair<'_, D> {
+impl<D: NodeDriver> DriveHost<'static> for Pair<'_, D> {
     type Driver = D;
 
     fn node(&mut self) -> &mut Node {

@@ -27,7 +27,7 @@ pub(super) struct SimDriver<'a> {
 
 /// The simulator answers nothing at once: grants, revocations and the rest come back as
 /// scheduled events; a copy's hash is fed back while it is checked (see `verify_content`).
-impl DriveHost for SimDriver<'_> {
+impl DriveHost<'static> for SimDriver<'_> {
     type Driver = Self;
 
     fn node(&mut self) -> &mut Node {

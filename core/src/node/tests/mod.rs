@@ -487,7 +487,7 @@ impl Carrier<'_> {
     }
 }
 
-impl DriveHost for Carrier<'_> {
+impl DriveHost<'static> for Carrier<'_> {
     type Driver = Self;
 
     fn node(&mut self) -> &mut Node {
