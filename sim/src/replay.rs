@@ -301,3 +301,115 @@ impl NodeDriver for Replay<'_> {
 
     fn persist(&mut self, _: u64, _: DurableChange) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use skyriver_core::client_protocol::{Request, RequestFrame, PROTOCOL_VERSION};
+    use skyriver_core::node::recording::{encode_frame, encode_start, RECORD_VERSION};
+    use skyriver_core::NodeConfig;
+
+    use super::*;
+
+    const CLIENT: ClientId = ClientId(1);
+
+    fn header(segment: u64) -> RecordHeader {
+        RecordHeader {
+            version: RECORD_VERSION,
+            node: NodeId(2),
+            segment,
+            config: NodeConfig::new(NodeId(2), 1 << 20),
+            started_at: Instant::ZERO,
+        }
+    }
+
+    /// A client says hello and puts an object; a timer comes due on the way.
+    fn inputs() -> Vec<(Instant, NodeInput<'static>)> {
+        let request = |n: u64, body: Request| NodeInput::ClientRequest {
+            client: CLIENT,
+            frame: RequestFrame {
+                request: RequestId(n),
+                body,
+            },
+        };
+        vec![
+            (Instant(10), NodeInput::ClientConnected { client: CLIENT }),
+            (
+                Instant(20),
+                request(
+                    1,
+                    Request::Hello {
+                        protocol_version: PROTOCOL_VERSION,
+                        client_name: "replay".into(),
+                    },
+                ),
+            ),
+            (
+                Instant(30),
+                request(
+                    2,
+                    Request::Put {
+                        id: ObjectId::from_u64(9),
+                        data: vec![7; 100],
+                        metadata: vec![],
+                    },
+                ),
+            ),
+            (Instant(5_000_000), NodeInput::Timeout),
+        ]
+    }
+
+    /// The record a daemon would write for [`inputs`]: the outputs come from running them.
+    fn record(segment: u64, tamper: bool) -> Vec<u8> {
+        let mut replay = Replay {
+            node: Node::new(header(0).config, Instant::ZERO),
+            node_id: NodeId(2),
+            inputs: VecDeque::new(),
+            now: Instant::ZERO,
+            counts: BTreeMap::new(),
+            outputs: Vec::new(),
+            checker: Checker::default(),
+        };
+        let mut file = encode_start(&header(segment)).unwrap();
+        for (at, input) in inputs() {
+            let entry = RecordEntry::Input {
+                at,
+                from_drive: false,
+                input: input.clone(),
+            };
+            encode_frame(&entry, &mut file).unwrap();
+            let _ = replay.node.handle(at, input);
+            drive_host(&mut replay, at);
+            for (kind, digest) in replay.outputs.drain(..) {
+                let digest = if tamper { digest ^ 1 } else { digest };
+                encode_frame(&RecordEntry::Output { kind, digest }, &mut file).unwrap();
+            }
+        }
+        file
+    }
+
+    #[test]
+    fn a_faithful_record_replays_to_its_outputs() {
+        let report = replay_bytes(&record(0, false)).unwrap();
+        assert!(report.passed(), "{report:?}");
+        assert_eq!(report.input_count(), 4);
+        // The welcome; the put waits for the directory's verdict on its publication.
+        assert_eq!(report.outputs.get("reply"), Some(&1), "{report:?}");
+        assert_eq!(report.outputs.get("directory"), Some(&1), "{report:?}");
+        assert_eq!(report.output_count(), report.recorded_outputs);
+    }
+
+    #[test]
+    fn an_output_other_than_recorded_is_reported() {
+        let report = replay_bytes(&record(0, true)).unwrap();
+        let divergence = report.divergence.expect("a divergence");
+        assert!(divergence.starts_with("output 0:"), "{divergence}");
+    }
+
+    #[test]
+    fn a_later_segment_is_refused() {
+        assert!(matches!(
+            replay_bytes(&record(3, false)),
+            Err(ReplayError::MidRun { segment: 3 })
+        ));
+    }
+}

@@ -253,3 +253,115 @@ impl Writer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use skyriver_core::node::recording::decode_record;
+    use skyriver_core::{NodeConfig, NodeId};
+
+    use super::*;
+
+    fn node() -> Node {
+        Node::new(NodeConfig::new(NodeId(4), 1 << 20), Instant::ZERO)
+    }
+
+    /// A file's segment, and the times of its entries (all timeouts).
+    fn decode(path: &Path) -> (u64, Vec<u64>) {
+        let bytes = std::fs::read(path).unwrap();
+        let record = decode_record(&bytes).unwrap();
+        assert!(!record.truncated);
+        let times = record
+            .entries
+            .iter()
+            .map(|entry| match entry {
+                RecordEntry::Input {
+                    at,
+                    input: NodeInput::Timeout,
+                    ..
+                } => at.0,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        (record.header.segment, times)
+    }
+
+    fn timeout_at(at: u64) -> RecordEntry<'static> {
+        RecordEntry::Input {
+            at: Instant(at),
+            from_drive: false,
+            input: NodeInput::Timeout,
+        }
+    }
+
+    #[test]
+    fn a_full_file_moves_to_its_first_rotation_and_a_new_segment_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.rec");
+        let config = RecordConfig {
+            path: path.clone(),
+            max_bytes: 4096,
+        };
+        let mut recorder = Recorder::start(&config, &node()).unwrap();
+        for at in 0..2000 {
+            recorder.input(Instant(at), false, &NodeInput::Timeout);
+        }
+        drop(recorder);
+        let rotated = dir.path().join("node.rec.1");
+        for file in [&path, &rotated] {
+            let len = std::fs::metadata(file).unwrap().len();
+            assert!(len <= 4096, "{} holds {len} bytes", file.display());
+        }
+        let (segment, entries) = decode(&path);
+        let (previous_segment, previous) = decode(&rotated);
+        assert_eq!(previous_segment + 1, segment);
+        assert!(
+            segment > 1,
+            "2000 entries fill more than two files of 4 KiB"
+        );
+        // The two files hold the last entries, in order, with nothing missing between them.
+        let all: Vec<_> = previous.into_iter().chain(entries).collect();
+        let first = 2000 - all.len() as u64;
+        assert_eq!(all, (first..2000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn entries_the_writer_cannot_take_are_dropped_and_the_gap_recorded() {
+        // A queue of two that nobody empties yet: the loop never waits on it.
+        let (entries, queue) = mpsc::sync_channel(2);
+        let mut recorder = Recorder {
+            entries: Some(entries),
+            dropped_since: 0,
+            dropped_total: 0,
+            writer: None,
+        };
+        for at in 0..5 {
+            recorder.input(Instant(at), false, &NodeInput::Timeout);
+        }
+        assert_eq!(recorder.dropped_total, 3);
+        let frames: Vec<Vec<u8>> = queue.try_iter().collect();
+        assert_eq!(frames.len(), 2);
+        // Room again: the gap is said first, then the entry.
+        recorder.input(Instant(5), false, &NodeInput::Timeout);
+        let mut file = skyriver_core::node::recording::encode_start(&RecordHeader {
+            version: RECORD_VERSION,
+            node: NodeId(4),
+            segment: 0,
+            config: NodeConfig::new(NodeId(4), 1 << 20),
+            started_at: Instant::ZERO,
+        })
+        .unwrap();
+        for frame in frames.into_iter().chain(queue.try_iter()) {
+            file.extend_from_slice(&frame);
+        }
+        let record = decode_record(&file).unwrap();
+        assert_eq!(
+            record.entries,
+            vec![
+                timeout_at(0),
+                timeout_at(1),
+                RecordEntry::Dropped { entries: 3 },
+                timeout_at(5)
+            ]
+        );
+    }
+}
