@@ -6,7 +6,7 @@
 use super::{Node, NodeDriver, NodeInput, NodeOutput};
 use crate::time::Instant;
 
-/// What [`drive`] needs of its caller: the node, the driver that carries out its outputs, the
+/// What [`drive_host`] needs of its caller: the node, the driver that carries out its outputs, the
 /// answers that driver owes the node at once, and (optionally) a look at what goes in and out.
 ///
 /// The node and the driver are reached through methods, not held, so a driver may look at the
@@ -29,7 +29,7 @@ pub trait DriveHost<'i> {
         None
     }
 
-    /// Sees each input [`drive`] feeds the node (answers and due timers) just before it does:
+    /// Sees each input [`drive_host`] feeds the node (answers and due timers) just before it does:
     /// for recording. Does nothing by default.
     fn observe_input(&mut self, _now: Instant, _input: &NodeInput<'_>) {}
 

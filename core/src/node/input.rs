@@ -197,7 +197,7 @@ pub enum Handled {
 impl Node {
     /// Gives the node one input that happened at `now` (times never go back; an earlier `now`
     /// counts as the latest seen). Drain the outputs afterwards, with
-    /// [`drive`](super::drive::drive) or [`Node::poll_output`].
+    /// [`drive_host`](super::drive_host) or [`Node::poll_output`].
     pub fn handle(&mut self, now: Instant, input: NodeInput<'_>) -> Handled {
         match input {
             NodeInput::ClientConnected { client } => self.handle_client_connected(now, client),

@@ -8,13 +8,13 @@
 //!   directory reply or event, the disk's progress, and time passing ([`NodeInput::Timeout`]);
 //! * outputs are [`NodeOutput`] values drained with [`Node::poll_output`]; the next instant at
 //!   which the node wants [`NodeInput::Timeout`] is [`Node::poll_timeout`];
-//! * [`drive`] is the one loop between the two that every driver runs after an input: it
+//! * [`drive_host`] is the one loop between the two that every driver runs after an input: it
 //!   carries out every output, feeds back the driver's immediate answers, fires due timers and
 //!   returns the next deadline. Inputs are values, so a driver can record them and a replay
 //!   can feed them again ([`recording`]).
 //!
 //! **Driver contract.** After every input, drain `poll_output()` and carry out every output, in
-//! order, before giving the node its next input ([`drive`] does). `SendEager` in particular names
+//! order, before giving the node its next input ([`drive_host`] does). `SendEager` in particular names
 //! a region of a sealed object whose bytes the driver gathers right then. Every posted READ gets
 //! exactly one completion (success or error, also when the connection breaks), and the local
 //! region it writes stays untouched by the core until then. Local clients use the store

@@ -41,7 +41,7 @@ pub enum RecordEntry<'a> {
     Input {
         /// Its time.
         at: Instant,
-        /// Fed by the [`drive`](super::drive) loop (an answer of the driver or a due timer),
+        /// Fed by the [`drive_host`](super::drive_host) loop (an answer of the driver or a due timer),
         /// not by the driver's own loop: a replay feeds it at the same point of its drive.
         from_drive: bool,
         /// The input.
