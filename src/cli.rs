@@ -259,6 +259,21 @@ struct DaemonArgs {
     /// address, e.g. 127.0.0.1:9464; a bare port listens on loopback [default: off]
     #[arg(long, value_name = "ADDR", value_parser = skyriver_daemon::logging::parse_metrics_addr)]
     metrics: Option<SocketAddr>,
+    /// Record every input of the node (client requests, peer messages, completions, timers)
+    /// and a digest of every output to FILE, for `skyriver sim --replay FILE`. Written by a
+    /// background thread; entries it cannot keep up with are dropped and counted. Holds the
+    /// bytes of small objects sent eagerly and of inline puts.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// With --record: bytes FILE may reach before it moves to FILE.1 (replacing the previous
+    /// one) and a new FILE starts.
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "256MiB",
+        requires = "record"
+    )]
+    record_max_bytes: ByteSize,
     /// Microseconds the daemon keeps polling for input after activity before it sleeps (a
     /// sleeping daemon pays a wake-up per request; an idle one spends no CPU); 0: never poll
     #[arg(long, value_name = "N", env = "SKYRIVER_POLL_US", default_value_t = skyriver_transport::poll::DEFAULT_POLL_US,
@@ -646,6 +661,10 @@ fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         None => 0o600,
     });
     config.metrics_addr = args.metrics;
+    config.record = args.record.clone().map(|path| skyriver_daemon::RecordConfig {
+        path,
+        max_bytes: args.record_max_bytes.0,
+    });
     config.poll = std::time::Duration::from_micros(args.poll_us);
     config.poll_max = std::time::Duration::from_micros(args.poll_max_us);
     config.persistence = args.backing_file.clone().map(|path| {

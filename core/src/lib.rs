@@ -28,7 +28,8 @@ pub use digest::ContentDigest;
 pub use error::StoreError;
 pub use ids::{ArenaId, ClientId, NodeId, ObjectId, RequestId, TransferId};
 pub use node::{
-    FetchError, Node, NodeConfig, NodeOutput, PeerParams, ReadError, ReadOpId, TransferMode,
+    FetchError, Node, NodeConfig, NodeInput, NodeOutput, PeerParams, ReadError, ReadOpId,
+    TransferMode,
 };
 pub use region::{LocalRegion, RemoteRegion};
 pub use store::{

@@ -59,7 +59,7 @@ struct ClientState {
 }
 
 /// Limits of a store.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StoreConfig {
     /// Arenas and their sizes in bytes.
     pub arenas: Vec<(ArenaId, u64)>,

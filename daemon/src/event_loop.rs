@@ -1,15 +1,18 @@
 //! The daemon's one loop, sole owner of the [`Node`] (in the style of str0m): inputs are the
 //! clients' sockets (read by the loop itself, a bounded turn at a time), fabric events,
-//! directory notices and the committer's progress; one input at a time, every output carried
-//! out before the next input, then sleep until the next input or the node's next deadline. No
-//! lock is held around the node and nothing here waits for a disk or a peer.
+//! directory notices and the committer's progress; one input at a time, each a [`NodeInput`]
+//! given to [`Node::handle`], then the core's drive loop ([`drive_host`]) carries out every
+//! output before the next input; then sleep until the next input or the node's next deadline.
+//! No lock is held around the node and nothing here waits for a disk or a peer. With
+//! `--record`, every input and a digest of every output also go to the [`Recorder`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use skyriver_core::client_protocol::Response;
-use skyriver_core::node::{ClusterMember, Node};
-use skyriver_core::{ClientId, Instant, RequestId, StoreError};
+use skyriver_core::node::{drive_host, ClusterMember, DriveHost, Handled, Node, NodeInput};
+use skyriver_core::{ClientId, Instant, NodeOutput, RecoveredObject, RecoveryReport, RequestId};
+use skyriver_core::{ContentDigest, StoreError};
 use skyriver_transport::directory::{DirectoryNotice, MemberInfo};
 use skyriver_transport::fabric::FabricEvent;
 use skyriver_transport::trace;
@@ -23,6 +26,7 @@ use super::connection::{ClientInput, ClientReader, ClientWriter, ConnectionEnd, 
 use super::effects::{AccessAnswer, ClientLink, Effects};
 use super::metrics::{Snapshot, SnapshotRequest};
 use super::reachability::{Failure, Reachability};
+use super::record::Recorder;
 
 /// How often the daemon checks that it is connected to every live node.
 const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
@@ -68,6 +72,11 @@ pub(super) struct EventLoop {
     direct_turns: u32,
     /// Where a direct read lands (allocated once the loop polls).
     scratch: Vec<u8>,
+    /// Where inputs and outputs are recorded (`--record`).
+    recorder: Option<Recorder>,
+    /// The time of the input given last, not yet driven: the drive after it runs at that
+    /// time, so a replay of the recorded inputs drives at the same instants.
+    drive_at: Option<Instant>,
 }
 
 impl EventLoop {
@@ -102,6 +111,36 @@ impl EventLoop {
             hot: None,
             direct_turns: 0,
             scratch: Vec::new(),
+            recorder: None,
+            drive_at: None,
+        }
+    }
+
+    /// Records every input and output from now on (before the first input).
+    pub(super) fn set_recorder(&mut self, recorder: Recorder) {
+        self.recorder = Some(recorder);
+    }
+
+    /// Gives the node one input (recorded first when recording).
+    fn feed(&mut self, now: Instant, input: NodeInput<'_>) -> Handled {
+        if let Some(recorder) = &mut self.recorder {
+            recorder.input(now, false, &input);
+        }
+        self.drive_at = Some(now);
+        self.node.handle(now, input)
+    }
+
+    /// Restores objects the persistent store found, and drives the node (which publishes
+    /// them).
+    pub(super) fn recover(
+        &mut self,
+        objects: Vec<(RecoveredObject, ContentDigest)>,
+    ) -> RecoveryReport {
+        let handled = self.feed(Instant::ZERO, NodeInput::Recovered { objects });
+        self.drain();
+        match handled {
+            Handled::Recovered(report) => report,
+            other => unreachable!("recovered objects are answered with a report, not {other:?}"),
         }
     }
 
@@ -209,11 +248,11 @@ impl EventLoop {
                 }
                 Some(upto) = durable_changed(self.durable.as_mut()) => {
                     let now = self.now();
-                    self.node.handle_persisted(now, upto);
+                    self.feed(now, NodeInput::Persisted { upto });
                 }
                 _ = &mut sleep, if next.is_some() => {
                     let now = self.now();
-                    self.node.handle_timeout(now);
+                    self.feed(now, NodeInput::Timeout);
                     armed = None;
                     input = false;
                 }
@@ -242,39 +281,13 @@ impl EventLoop {
     }
 
     /// Carries out every output, telling the node of clients closed on the way and firing
-    /// timers already due, until the node has nothing more to say.
+    /// timers already due, until the node has nothing more to say (the core's drive loop).
     pub(super) fn drain(&mut self) {
-        loop {
-            while let Some(output) = self.node.poll_output() {
-                output.dispatch(&mut self.effects);
-            }
-            let now = self.now();
-            if let Some((client, reason)) = self.effects.closed.pop() {
-                debug!(%client, %reason, "client connection closed");
-                self.node.handle_client_disconnected(now, client);
-            } else if !self.effects.access_answers.is_empty() {
-                for answer in std::mem::take(&mut self.effects.access_answers) {
-                    match answer {
-                        AccessAnswer::Granted { peer, req, result } => {
-                            self.node.handle_read_granted(now, peer, req, result)
-                        }
-                        AccessAnswer::Revoked { peer, req } => {
-                            self.node.handle_read_revoked(now, peer, req)
-                        }
-                    }
-                }
-            } else if !self.effects.content_hashes.is_empty() {
-                for (transfer, actual) in std::mem::take(&mut self.effects.content_hashes) {
-                    self.node.handle_content_hashed(now, transfer, actual);
-                }
-            } else if self.node.poll_timeout().is_some_and(|due| due <= now) {
-                // Timers the node set for "right after these outputs" fire here at once, not
-                // a round later through the runtime's millisecond timer wheel.
-                self.node.handle_timeout(now);
-            } else {
-                return;
-            }
-        }
+        let now = match self.drive_at.take() {
+            Some(at) => at,
+            None => self.now(),
+        };
+        drive_host(self, now);
     }
 
     fn accept(&mut self, stream: tokio::net::UnixStream) {
@@ -287,7 +300,7 @@ impl EventLoop {
             .clients
             .insert(client, ClientLink::new(ClientWriter::new(write), reader));
         let now = self.now();
-        self.node.handle_client_connected(now, client);
+        self.feed(now, NodeInput::ClientConnected { client });
         debug!(%client, "client connected");
     }
 
@@ -356,7 +369,7 @@ impl EventLoop {
         match input {
             ClientInput::Request { client, frame } => {
                 if self.effects.clients.contains_key(&client) {
-                    self.node.handle_client_request(now, client, frame);
+                    self.feed(now, NodeInput::ClientRequest { client, frame });
                 }
             }
             ClientInput::Malformed { client, error } => {
@@ -396,7 +409,7 @@ impl EventLoop {
                 params,
                 summary,
             } => {
-                self.node.handle_peer_connected(now, peer, params);
+                self.feed(now, NodeInput::PeerConnected { peer, params });
                 let threshold = self
                     .node
                     .eager_threshold(peer)
@@ -410,11 +423,8 @@ impl EventLoop {
                         "peer connected: reachable again"
                     ),
                 }
-                self.node.handle_peer_link(
-                    now,
-                    peer,
-                    format!("{summary}, eager threshold {threshold}"),
-                );
+                let link = format!("{summary}, eager threshold {threshold}");
+                self.feed(now, NodeInput::PeerLink { peer, link });
             }
             FabricEvent::PeerLost { peer, reason } => {
                 // Said once per change of state; dials back off while it stays unreachable.
@@ -428,11 +438,15 @@ impl EventLoop {
                         %peer, %reason, failures, retry_in = ?retry_in, "peer still unreachable"
                     ),
                 }
-                self.node.handle_peer_lost(now, peer);
+                self.feed(now, NodeInput::PeerLost { peer });
             }
             FabricEvent::Message { peer, bytes } => {
                 trace::stamp("message_handled");
-                if let Err(error) = self.node.handle_peer_bytes(now, peer, &bytes) {
+                let input = NodeInput::PeerBytes {
+                    peer,
+                    bytes: &bytes,
+                };
+                if let Handled::Malformed(error) = self.feed(now, input) {
                     warn!(%peer, %error, "malformed message from peer: ignored");
                 }
                 // Its outputs copy an eager payload from these bytes: carry them out now, then
@@ -442,16 +456,18 @@ impl EventLoop {
                 self.effects.input = None;
             }
             FabricEvent::ReadCompleted { op, result } => {
-                self.node.handle_read_completion(now, op, result)
+                self.feed(now, NodeInput::ReadCompletion { op, result });
             }
             FabricEvent::ReadGranted { peer, req, result } => {
                 let result = result.map_err(|error| {
                     warn!(%peer, %req, %error, "cannot grant READ access");
                     error.to_string()
                 });
-                self.node.handle_read_granted(now, peer, req, result)
+                self.feed(now, NodeInput::ReadGranted { peer, req, result });
             }
-            FabricEvent::ReadRevoked { peer, req } => self.node.handle_read_revoked(now, peer, req),
+            FabricEvent::ReadRevoked { peer, req } => {
+                self.feed(now, NodeInput::ReadRevoked { peer, req });
+            }
         }
     }
 
@@ -459,9 +475,11 @@ impl EventLoop {
         let now = self.now();
         match notice {
             DirectoryNotice::Reply { op, reply } => {
-                self.node.handle_directory_reply(now, op, reply)
+                self.feed(now, NodeInput::DirectoryReply { op, reply });
             }
-            DirectoryNotice::Event(event) => self.node.handle_directory_event(now, event),
+            DirectoryNotice::Event(event) => {
+                self.feed(now, NodeInput::DirectoryEvent { event });
+            }
             DirectoryNotice::Members(members) => {
                 let names: Vec<String> = members.iter().map(|m| m.node.to_string()).collect();
                 info!(members = %names.join(" "), "cluster membership");
@@ -473,7 +491,7 @@ impl EventLoop {
                         fabric: m.fabric.clone(),
                     })
                     .collect();
-                self.node.handle_directory_members(now, view);
+                self.feed(now, NodeInput::DirectoryMembers { members: view });
                 if members != self.members {
                     let ids: Vec<_> = members.iter().map(|m| m.node).collect();
                     self.reachability
@@ -490,7 +508,7 @@ impl EventLoop {
                     }
                     _ => {}
                 }
-                self.node.handle_directory_health(now, health);
+                self.feed(now, NodeInput::DirectoryHealth { health });
             }
         }
     }
@@ -516,6 +534,53 @@ impl EventLoop {
     /// The directory, to leave it at shutdown.
     pub(super) fn directory(&self) -> Option<Arc<dyn skyriver_transport::directory::Directory>> {
         self.effects.directory.clone()
+    }
+}
+
+/// The loop as its node's drive host: the effects carry out the outputs, and what they learnt
+/// at once (a client closed, a fabric's immediate answer, a hash) goes back to the node first.
+impl DriveHost<'static> for EventLoop {
+    type Driver = Effects;
+
+    fn node(&mut self) -> &mut Node {
+        &mut self.node
+    }
+
+    fn driver(&mut self) -> &mut Effects {
+        &mut self.effects
+    }
+
+    fn poll_answer(&mut self) -> Option<NodeInput<'static>> {
+        let effects = &mut self.effects;
+        if let Some((client, reason)) = effects.closed.pop() {
+            debug!(%client, %reason, "client connection closed");
+            return Some(NodeInput::ClientDisconnected { client });
+        }
+        if !effects.access_answers.is_empty() {
+            return Some(match effects.access_answers.remove(0) {
+                AccessAnswer::Granted { peer, req, result } => {
+                    NodeInput::ReadGranted { peer, req, result }
+                }
+                AccessAnswer::Revoked { peer, req } => NodeInput::ReadRevoked { peer, req },
+            });
+        }
+        if !effects.content_hashes.is_empty() {
+            let (transfer, actual) = effects.content_hashes.remove(0);
+            return Some(NodeInput::ContentHashed { transfer, actual });
+        }
+        None
+    }
+
+    fn observe_input(&mut self, now: Instant, input: &NodeInput<'_>) {
+        if let Some(recorder) = &mut self.recorder {
+            recorder.input(now, true, input);
+        }
+    }
+
+    fn observe_output(&mut self, output: &NodeOutput) {
+        if let Some(recorder) = &mut self.recorder {
+            recorder.output(output);
+        }
     }
 }
 

@@ -22,6 +22,7 @@ mod event_loop;
 pub mod host_memory;
 pub mod metrics;
 mod reachability;
+mod record;
 pub mod socket_dir;
 mod starting;
 mod verification;
@@ -46,6 +47,8 @@ use tracing::{info, warn};
 
 use self::effects::Effects;
 use self::event_loop::{ClusterInputs, EventLoop};
+use self::record::Recorder;
+pub use self::record::{RecordConfig, RecordStartError};
 use self::starting::{StartStatus, StartingResponder};
 
 /// How to run a daemon.
@@ -87,6 +90,8 @@ pub struct DaemonConfig {
     /// How far that window may grow while inputs keep coming just after it
     /// ([`skyriver_transport::poll::AdaptivePoll`]); at or below `poll`: it never grows.
     pub poll_max: std::time::Duration,
+    /// Record every input of the node and a digest of every output (`--record`).
+    pub record: Option<RecordConfig>,
 }
 
 impl DaemonConfig {
@@ -109,9 +114,8 @@ impl DaemonConfig {
             allow_overcommit: false,
             metrics_addr: None,
             poll: skyriver_transport::poll::poll_from_env(),
-            poll_max: std::time::Duration::from_micros(
-                skyriver_transport::poll::DEFAULT_POLL_MAX_US,
-            ),
+            poll_max: std::time::Duration::from_micros(skyriver_transport::poll::DEFAULT_POLL_MAX_US),
+            record: None,
         }
     }
 }
@@ -178,6 +182,9 @@ pub enum DaemonError {
     /// The arena could not be created.
     #[error(transparent)]
     Arena(#[from] ArenaError),
+    /// `--record` could not start.
+    #[error(transparent)]
+    Record(#[from] RecordStartError),
     /// The backing files could not be opened, recovered or created.
     #[error(transparent)]
     Persist(#[from] skyriver_transport::persist::PersistError),
@@ -551,10 +558,10 @@ impl Server {
         }
         let mut durable = None;
         let mut event_loop = EventLoop::new(node, effects, epoch, listener, cluster_inputs, None);
-        event_loop.set_poll(skyriver_transport::poll::AdaptivePoll::new(
-            config.poll,
-            config.poll_max,
-        ));
+        if let Some(record) = &config.record {
+            event_loop.set_recorder(Recorder::start(record, &event_loop.node)?);
+        }
+        event_loop.set_poll(skyriver_transport::poll::AdaptivePoll::new(config.poll, config.poll_max));
         if let Some(mut persistence) = persistence {
             // Recovered objects leave the store as seals: draining publishes them, a batch
             // at a time so the directory work stays small.
@@ -569,9 +576,7 @@ impl Server {
                         (object, digest)
                     })
                     .collect();
-                let report = event_loop.node.handle_recovered(Instant::ZERO, batch);
-                event_loop.drain();
-                report
+                event_loop.recover(batch)
             })?;
             let (commits, durable_rx) = persistence.start_committer()?;
             event_loop.effects.commits = Some(commits);

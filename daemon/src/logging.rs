@@ -23,7 +23,7 @@ pub fn parse_metrics_addr(text: &str) -> Result<std::net::SocketAddr, String> {
 const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
 /// Checks a filter: comma-separated directives, each a level (`info`) or `TARGET=LEVEL`
-/// (`skyriver=debug`, `skyriver::daemon=trace`). Returns it unchanged when valid.
+/// (`skyriver_daemon=debug`, `skyriver_transport::fabric=trace`). Returns it unchanged when valid.
 pub fn parse_filter(text: &str) -> Result<String, String> {
     let hint = "expected a level (off, error, warn, info, debug, trace) or TARGET=LEVEL, \
                 comma-separated, e.g. info or warn,skyriver=debug";

@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use skyriver_core::{wire, Instant, Node, NodeConfig, NodeId};
+use skyriver_core::{wire, Instant, Node, NodeConfig, NodeId, NodeInput};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
@@ -26,7 +26,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(message) = wire::decode(&bytes) {
         assert_eq!(wire::to_bytes(&message), bytes, "decode/encode round trip");
         let mut node = Node::new(NodeConfig::new(NodeId(0), 1 << 16), Instant::ZERO);
-        node.handle_peer_message(Instant::ZERO, NodeId(1), message);
+        let peer = NodeId(1);
+        let _ = node.handle(Instant::ZERO, NodeInput::PeerMessage { peer, message });
         while node.poll_output().is_some() {}
         node.check_invariants();
     }

@@ -1,4 +1,5 @@
-//! `skyriver sim`: run one seed (`--seed N`) or a sweep (`--seeds COUNT [--start-seed S]`).
+//! `skyriver sim`: run one seed (`--seed N`) or a sweep (`--seeds COUNT [--start-seed S]`), or
+//! replay a daemon's record (`--replay FILE`, see [`crate::replay`]).
 //!
 //! A sweep shows its progress on stderr: a bar on a terminal, otherwise a line at every tenth
 //! of the seeds and at least every [`PROGRESS_LINE_EVERY`]. `--json` prints one JSON document
@@ -22,6 +23,10 @@ pub struct SimArgs {
     /// Run this one seed (prints its parameters first).
     #[arg(long, conflicts_with = "seeds")]
     pub seed: Option<u64>,
+    /// Replay a record written by `skyriver daemon --record FILE`: its inputs go through the
+    /// core again, whose outputs must be the recorded ones.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["seed", "seeds", "nodes", "trace", "verbose"])]
+    pub replay: Option<std::path::PathBuf>,
     /// Run a sweep of this many seeds.
     #[arg(long)]
     pub seeds: Option<u64>,
@@ -52,6 +57,9 @@ fn parse_nodes(text: &str) -> Result<usize, String> {
 
 /// Runs the simulator as the arguments say; failure if any seed found a violation.
 pub fn run(args: &SimArgs) -> ExitCode {
+    if let Some(path) = &args.replay {
+        return run_replay(path, args.json);
+    }
     match args.seed {
         Some(seed) => run_one(seed, args),
         None => sweep(args.start_seed, args.seeds.unwrap_or(100), args),
@@ -88,6 +96,84 @@ fn run_one(seed: u64, args: &SimArgs) -> ExitCode {
         print_result(&report);
         if !report.passed() {
             print_failure(&report, args.nodes);
+        }
+    }
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn run_replay(path: &std::path::Path, json: bool) -> ExitCode {
+    let report = match crate::replay::replay_file(path) {
+        Ok(report) => report,
+        Err(error) => {
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            eprintln!("skyriver sim --replay: {text}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if json {
+        let document = json!({
+            "record": path.display().to_string(),
+            "node": report.node.0,
+            "passed": report.passed(),
+            "inputs": report.input_count(),
+            "inputs_by_kind": report.inputs,
+            "outputs": report.output_count(),
+            "outputs_by_kind": report.outputs,
+            "recorded_outputs": report.recorded_outputs,
+            "malformed_messages": report.malformed_messages,
+            "dropped_entries": report.dropped_entries,
+            "truncated": report.truncated,
+            "divergence": report.divergence,
+            "violations": report.violations,
+            "virtual_ms": report.end_ns as f64 / 1e6,
+        });
+        println!("{document:#}");
+    } else {
+        println!(
+            "replayed {} of node {}: {} inputs, {} outputs ({} recorded) over {:.3} ms",
+            path.display(),
+            report.node,
+            report.input_count(),
+            report.output_count(),
+            report.recorded_outputs,
+            report.end_ns as f64 / 1e6
+        );
+        let list = |counts: &std::collections::BTreeMap<&str, u64>| {
+            counts
+                .iter()
+                .map(|(kind, n)| format!("{kind} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!("  inputs:  {}", list(&report.inputs));
+        println!("  outputs: {}", list(&report.outputs));
+        if report.malformed_messages > 0 {
+            println!("  malformed peer messages: {}", report.malformed_messages);
+        }
+        if report.dropped_entries > 0 {
+            println!(
+                "  the recorder dropped {} entries: replayed up to there",
+                report.dropped_entries
+            );
+        }
+        if report.truncated {
+            println!("  the record ends inside an entry (cut short): replayed up to there");
+        }
+        match &report.divergence {
+            None => println!("  outputs: the same as recorded"),
+            Some(divergence) => println!("  DIVERGED: {divergence}"),
+        }
+        for violation in &report.violations {
+            println!("  VIOLATION: {violation}");
         }
     }
     if report.passed() {

@@ -19,6 +19,7 @@ pub mod directory;
 pub mod network;
 pub mod params;
 pub mod rdma;
+pub mod replay;
 pub mod trace;
 pub mod workload;
 

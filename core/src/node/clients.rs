@@ -1,12 +1,12 @@
 //! Local clients: every request a client sends over the daemon's socket is an input of the node
-//! ([`Node::handle_client_request`]) and every answer an output ([`NodeOutput::Reply`]), so the
+//! ([`NodeInput::ClientRequest`](super::NodeInput::ClientRequest)) and every answer an output ([`NodeOutput::Reply`]), so the
 //! simulator runs exactly what the daemon runs: the `Hello` rules, validation, store calls,
 //! `Locate` through the directory, and durability.
 //!
 //! **Durability.** With [`StoreConfig::record_durable_changes`](crate::StoreConfig) the node
 //! emits one [`NodeOutput::Persist`] per seal and per removal of a sealed object, numbered
 //! from 1. The driver makes them durable in order (on another thread, say) and reports how far
-//! it got with [`Node::handle_persisted`]. Until then:
+//! it got with [`NodeInput::Persisted`](super::NodeInput::Persisted). Until then:
 //! * the reply to a request that removed a recorded object (delete, eviction) waits in both
 //!   modes, so a deleted object never comes back after a crash; the reply to any other
 //!   request that caused a change (a seal) waits when
@@ -32,7 +32,7 @@ use crate::time::Instant;
 pub const MAX_PARKED_CREATES: usize = 4096;
 
 /// A live node of the cluster as the directory lists it, for `nodes` replies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClusterMember {
     /// The node.
     pub node: NodeId,
@@ -92,7 +92,7 @@ pub(super) struct Clients {
 
 impl Node {
     /// A local client connected. Its first request must be `Hello`.
-    pub fn handle_client_connected(&mut self, now: Instant, client: ClientId) {
+    pub(super) fn handle_client_connected(&mut self, now: Instant, client: ClientId) {
         self.advance(now);
         self.clients
             .sessions
@@ -102,7 +102,7 @@ impl Node {
 
     /// A local client disconnected: its fetches are dropped, its references released and its
     /// unsealed objects aborted.
-    pub fn handle_client_disconnected(&mut self, now: Instant, client: ClientId) {
+    pub(super) fn handle_client_disconnected(&mut self, now: Instant, client: ClientId) {
         self.advance(now);
         self.clients.sessions.remove(&client);
         self.clients.parked_creates.retain(|c| c.client != client);
@@ -125,7 +125,12 @@ impl Node {
     /// (`get` and `fetch` when they complete), except `ReleaseUnanswered`, which gets none; a
     /// request before `Hello`, or a `Hello` of another protocol version, also closes the
     /// connection ([`NodeOutput::CloseClient`]).
-    pub fn handle_client_request(&mut self, now: Instant, client: ClientId, frame: RequestFrame) {
+    pub(super) fn handle_client_request(
+        &mut self,
+        now: Instant,
+        client: ClientId,
+        frame: RequestFrame,
+    ) {
         self.advance(now);
         let RequestFrame { request, body } = frame;
         let Some(session) = self.clients.sessions.get_mut(&client) else {
@@ -179,7 +184,7 @@ impl Node {
 
     /// Every [`NodeOutput::Persist`] up to sequence number `upto` is durable: replies that
     /// waited for them go out, and space of removed objects up to there is free again.
-    pub fn handle_persisted(&mut self, now: Instant, upto: u64) {
+    pub(super) fn handle_persisted(&mut self, now: Instant, upto: u64) {
         self.advance(now);
         debug_assert!(
             upto <= self.clients.persist_emitted,
@@ -200,19 +205,19 @@ impl Node {
     }
 
     /// The directory's list of live members changed.
-    pub fn handle_directory_members(&mut self, now: Instant, members: Vec<ClusterMember>) {
+    pub(super) fn handle_directory_members(&mut self, now: Instant, members: Vec<ClusterMember>) {
         self.advance(now);
         self.clients.cluster.members = members;
     }
 
     /// The directory became reachable (`Ok`) or not (`Err` with why).
-    pub fn handle_directory_health(&mut self, now: Instant, health: Result<(), String>) {
+    pub(super) fn handle_directory_health(&mut self, now: Instant, health: Result<(), String>) {
         self.advance(now);
         self.clients.cluster.directory_problem = health.err();
     }
 
     /// How the connection to `peer` is set up (fabric, lanes, MTU…), for `nodes` replies.
-    pub fn handle_peer_link(&mut self, now: Instant, peer: NodeId, link: String) {
+    pub(super) fn handle_peer_link(&mut self, now: Instant, peer: NodeId, link: String) {
         self.advance(now);
         self.clients.cluster.links.insert(peer, link);
     }

@@ -11,7 +11,7 @@ use crate::wire;
 /// How the fabric names one arena for one-sided READs: the base address its registration starts
 /// at and the key that grants access. The driver registers each arena once, at start, and gives
 /// the node this table, so the core computes a [`RemoteRegion`] for any [`LocalRegion`] itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ArenaKey {
     /// Address of the arena's first byte in the registration (verbs: virtual address).
     pub base_addr: u64,
@@ -21,7 +21,7 @@ pub struct ArenaKey {
 
 /// The keys a fabric gave for one lease ([`NodeOutput::GrantRead`](super::NodeOutput)):
 /// opaque to the core, which hands them to the reader in the `Rendezvous`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct ReadGrant {
     /// No key: the arena's registration key ([`ArenaKey::rkey`]) serves the reader, for as long
     /// as it is connected (a fabric that cannot scope access to a lease). One key: it serves
@@ -31,7 +31,7 @@ pub struct ReadGrant {
 }
 
 /// What the driver knows about a peer when the connection is up.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PeerParams {
     /// Queue pairs (lanes) to this peer; READs are spread over them. At least one.
     pub lanes: u16,
@@ -40,7 +40,7 @@ pub struct PeerParams {
 }
 
 /// Configuration of a node. Every queue and retry is bounded by one of these.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NodeConfig {
     /// This node.
     pub node: NodeId,
@@ -99,7 +99,7 @@ pub struct NodeConfig {
     /// never published nor withdrawn (zero: published at once, like an object put here).
     pub replica_publication_delay: Duration,
     /// Replies to requests that changed what is durable (seal, delete, eviction) wait until
-    /// [`Node::handle_persisted`] says the change is (`--durability seal`).
+    /// [`NodeInput::Persisted`](super::NodeInput::Persisted) says the change is (`--durability seal`).
     pub hold_replies_until_durable: bool,
     /// The fabric's name, for `nodes` replies (`none` without one).
     pub fabric_name: String,

@@ -40,14 +40,14 @@ pub trait NodeDriver {
     fn write_inline(&mut self, region: LocalRegion, bytes: Vec<u8>, object: ObjectId);
     /// [`NodeOutput::HashAhead`]: optional; nothing to answer.
     fn hash_ahead(&mut self, _transfer: TransferId, _region: LocalRegion, _object: ObjectId) {}
-    /// [`NodeOutput::VerifyContent`]: answer with `handle_content_hashed`.
+    /// [`NodeOutput::VerifyContent`]: answer with [`NodeInput::ContentHashed`](super::NodeInput::ContentHashed).
     fn verify_content(&mut self, transfer: TransferId, region: LocalRegion, object: ObjectId);
     /// [`NodeOutput::Trace`]: reply with the timestamps taken so far (none where there is no
     /// clock, as in the simulator).
     fn trace(&mut self, client: ClientId, request: RequestId, record: bool);
-    /// [`NodeOutput::GrantRead`]: answer with `handle_read_granted`.
+    /// [`NodeOutput::GrantRead`]: answer with [`NodeInput::ReadGranted`](super::NodeInput::ReadGranted).
     fn grant_read(&mut self, peer: NodeId, req: TransferId, object: ObjectId, region: LocalRegion);
-    /// [`NodeOutput::RevokeRead`]: answer with `handle_read_revoked`.
+    /// [`NodeOutput::RevokeRead`]: answer with [`NodeInput::ReadRevoked`](super::NodeInput::ReadRevoked).
     fn revoke_read(&mut self, peer: NodeId, req: TransferId, object: ObjectId, region: LocalRegion);
     /// [`NodeOutput::Directory`].
     fn directory(&mut self, op: DirectoryOpId, request: DirectoryRequest);

@@ -6,7 +6,7 @@ use crate::error::StoreError;
 use crate::ids::ObjectId;
 
 /// Why a READ failed, as the driver reports it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ReadError {
     /// The queue pair went to the error state (retry exceeded, flushed, ...).
     #[error("queue pair error: {0}")]

@@ -3,29 +3,35 @@
 //!
 //! The interface is narrow, in the style of quinn-proto and str0m:
 //!
-//! * inputs are `handle_*` calls, each carrying `now`: a client's fetch
-//!   ([`Node::handle_fetch`]), a peer's message ([`Node::handle_peer_message`] or
-//!   [`Node::handle_peer_bytes`]), a READ completion, a peer connected or lost, a directory reply
-//!   or event, and timers ([`Node::handle_timeout`]);
+//! * every input is a [`NodeInput`] value handed to [`Node::handle`] with its `now`: a client
+//!   connected or asked, a peer's message, a READ completion, a peer connected or lost, a
+//!   directory reply or event, the disk's progress, and time passing ([`NodeInput::Timeout`]);
 //! * outputs are [`NodeOutput`] values drained with [`Node::poll_output`]; the next instant at
-//!   which the node wants [`Node::handle_timeout`] is [`Node::poll_timeout`].
+//!   which the node wants [`NodeInput::Timeout`] is [`Node::poll_timeout`];
+//! * [`drive_host`] is the one loop between the two that every driver runs after an input: it
+//!   carries out every output, feeds back the driver's immediate answers, fires due timers and
+//!   returns the next deadline. Inputs are values, so a driver can record them and a replay
+//!   can feed them again ([`recording`]).
 //!
 //! **Driver contract.** After every input, drain `poll_output()` and carry out every output, in
-//! order, before giving the node its next input. `SendEager` in particular names a region of
-//! a sealed object whose bytes the driver gathers right then. Every posted READ gets exactly one
-//! completion (success or error, also when the connection breaks), and the local region it writes
-//! stays untouched by the core until then. Local clients use the store through
-//! [`Node::store_mut`]; the node learns of seals and deletes from the store's events.
+//! order, before giving the node its next input ([`drive_host`] does). `SendEager` in particular names
+//! a region of a sealed object whose bytes the driver gathers right then. Every posted READ gets
+//! exactly one completion (success or error, also when the connection breaks), and the local
+//! region it writes stays untouched by the core until then. Local clients use the store
+//! through their requests; the node learns of seals and deletes from the store's events.
 
 mod clients;
 mod config;
+pub mod drive;
 mod driver;
 mod errors;
 mod fetch;
+mod input;
 mod locations;
 mod metrics;
 mod output;
 mod publications;
+pub mod recording;
 mod sealing;
 pub mod threshold;
 mod timers;
@@ -36,7 +42,6 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
-use std::time::Duration;
 
 use crate::client_protocol::Response;
 use crate::digest::ContentDigest;
@@ -50,9 +55,11 @@ use crate::wire::{self, DecodedMessage, ObjectSizes, PeerMessage, WireError};
 
 pub use clients::{ClusterMember, MAX_PARKED_CREATES};
 pub use config::{ArenaKey, NodeConfig, PeerParams, ReadGrant};
+pub use drive::{drive, drive_host, DriveHost};
 pub use driver::NodeDriver;
 pub use errors::{FetchError, ReadError, TransferMode};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
+pub use input::{Handled, NodeInput};
 use locations::LocationCache;
 pub use metrics::{
     FetchResults, LatencyHistogram, NodeMetrics, PeerCounters, PeerMetrics, SizeClass,
@@ -70,7 +77,9 @@ use transfer::{Incoming, Lease};
 pub const FETCH_CLIENT: ClientId = ClientId(u64::MAX);
 
 /// A READ posted by this node, echoed in its completion.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize,
+)]
 pub struct ReadOpId(pub u64);
 
 impl fmt::Display for ReadOpId {
@@ -214,7 +223,7 @@ impl Node {
     /// Restores objects a persistent store found on restart (see [`Store::recover`]), each
     /// with the digest of its bytes as the driver found them; drain the outputs afterwards,
     /// which publish them.
-    pub fn handle_recovered(
+    fn handle_recovered(
         &mut self,
         now: Instant,
         objects: Vec<(RecoveredObject, ContentDigest)>,
@@ -304,7 +313,7 @@ impl Node {
     }
 
     /// The connection to `peer` is up (again), with its lanes and measured costs.
-    pub fn handle_peer_connected(&mut self, now: Instant, peer: NodeId, params: PeerParams) {
+    fn handle_peer_connected(&mut self, now: Instant, peer: NodeId, params: PeerParams) {
         self.advance(now);
         let threshold = threshold::choose(
             self.config.threshold,
@@ -333,7 +342,7 @@ impl Node {
 
     /// The connection to `peer` is gone. Transfers from it fail over (after their posted READs
     /// complete); leases granted to it run out on their own, since a READ may still be in flight.
-    pub fn handle_peer_lost(&mut self, now: Instant, peer: NodeId) {
+    fn handle_peer_lost(&mut self, now: Instant, peer: NodeId) {
         self.advance(now);
         if let Some(state) = self.peers.get_mut(&peer) {
             if state.connected {
@@ -357,7 +366,7 @@ impl Node {
     /// counted and returned as an error (the driver logs it and may drop the connection); the
     /// node's state is unchanged. Keep `bytes` until the outputs are carried out: an eager
     /// chunk's [`NodeOutput::WriteLocal`] names its payload in them (copied once, from there).
-    pub fn handle_peer_bytes(
+    fn handle_peer_bytes(
         &mut self,
         now: Instant,
         peer: NodeId,
@@ -383,8 +392,8 @@ impl Node {
     }
 
     /// A decoded message other than `EagerData` (whose payload must come as bytes, through
-    /// [`Node::handle_peer_bytes`]).
-    pub fn handle_peer_message(&mut self, now: Instant, peer: NodeId, message: PeerMessage) {
+    /// [`NodeInput::PeerBytes`]).
+    fn handle_peer_message(&mut self, now: Instant, peer: NodeId, message: PeerMessage) {
         self.advance(now);
         match message {
             PeerMessage::FetchRequest {
@@ -411,7 +420,7 @@ impl Node {
 
     /// The fabric's answer to [`NodeOutput::GrantRead`]: the keys `peer` reads the lease's
     /// object with, or why it cannot (the fetch is refused with that reason).
-    pub fn handle_read_granted(
+    fn handle_read_granted(
         &mut self,
         now: Instant,
         peer: NodeId,
@@ -424,12 +433,7 @@ impl Node {
     }
 
     /// The driver's answer to [`NodeOutput::VerifyContent`]: what the copy's bytes hash to.
-    pub fn handle_content_hashed(
-        &mut self,
-        now: Instant,
-        transfer: TransferId,
-        actual: ContentDigest,
-    ) {
+    fn handle_content_hashed(&mut self, now: Instant, transfer: TransferId, actual: ContentDigest) {
         self.advance(now);
         self.content_hashed(transfer, actual);
         self.absorb_store();
@@ -437,7 +441,7 @@ impl Node {
 
     /// The fabric's answer to [`NodeOutput::RevokeRead`]: the lease's keys reach nothing any
     /// more, so its object is unpinned.
-    pub fn handle_read_revoked(&mut self, now: Instant, peer: NodeId, req: TransferId) {
+    fn handle_read_revoked(&mut self, now: Instant, peer: NodeId, req: TransferId) {
         self.advance(now);
         self.read_revoked(peer, req);
         self.absorb_store();
@@ -445,7 +449,7 @@ impl Node {
 
     /// A READ posted with [`NodeOutput::PostRead`] completed. On success its bytes are in the
     /// local region.
-    pub fn handle_read_completion(
+    fn handle_read_completion(
         &mut self,
         now: Instant,
         op: ReadOpId,
@@ -457,12 +461,7 @@ impl Node {
     }
 
     /// The directory answered operation `op`.
-    pub fn handle_directory_reply(
-        &mut self,
-        now: Instant,
-        op: DirectoryOpId,
-        reply: DirectoryReply,
-    ) {
+    fn handle_directory_reply(&mut self, now: Instant, op: DirectoryOpId, reply: DirectoryReply) {
         self.advance(now);
         if let Some(sent) = self.directory_sent.remove(&op) {
             self.histograms
@@ -488,7 +487,7 @@ impl Node {
     }
 
     /// The directory told this node something it subscribed to.
-    pub fn handle_directory_event(&mut self, now: Instant, event: DirectoryEvent) {
+    fn handle_directory_event(&mut self, now: Instant, event: DirectoryEvent) {
         self.advance(now);
         match event {
             DirectoryEvent::Published {
@@ -501,30 +500,8 @@ impl Node {
         self.absorb_store();
     }
 
-    /// A client asks for objects from anywhere in the cluster: each is looked up, transferred
-    /// and sealed here unless already present. Completes with [`NodeOutput::FetchReply`] when
-    /// every id is here or failed, and at `now + timeout` at the latest (`None`: no deadline).
-    ///
-    /// An object no live node holds fails at once with [`FetchError::NotFound`], unless
-    /// `wait_for_publication`: then the fetch waits (until its timeout) for a node to publish it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn handle_fetch(
-        &mut self,
-        now: Instant,
-        client: ClientId,
-        request: RequestId,
-        ids: Vec<ObjectId>,
-        timeout: Option<Duration>,
-        mode: TransferMode,
-        wait_for_publication: bool,
-    ) {
-        self.advance(now);
-        self.start_fetch(client, request, ids, timeout, mode, wait_for_publication);
-        self.absorb_store();
-    }
-
     /// Time passed: fires every timer due at or before `now`. Early calls are harmless.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    fn handle_timeout(&mut self, now: Instant) {
         self.advance(now);
         self.store.handle_timeout(now);
         while let Some(timer) = self.timers.pop_due(now) {
@@ -551,7 +528,7 @@ impl Node {
         self.outputs.pop_front()
     }
 
-    /// When the node next wants [`Node::handle_timeout`].
+    /// When the node next wants [`NodeInput::Timeout`].
     pub fn poll_timeout(&self) -> Option<Instant> {
         let own = self.timers.next_due();
         match (own, self.store.poll_timeout()) {

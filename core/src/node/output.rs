@@ -70,7 +70,7 @@ pub enum NodeOutput {
     },
     /// Hash the bytes of `region` (a fetched copy, every byte in) with
     /// [`ContentDigest::of_contiguous`](crate::digest::ContentDigest::of_contiguous) and answer
-    /// with [`Node::handle_content_hashed`](super::Node::handle_content_hashed); the copy is
+    /// with [`NodeInput::ContentHashed`](super::NodeInput::ContentHashed); the copy is
     /// sealed only if they match the id's digest.
     VerifyContent {
         /// The transfer.
@@ -103,7 +103,7 @@ pub enum NodeOutput {
         record: bool,
     },
     /// Let `peer` READ `region` (a pinned object) for the lease of its transfer `req`, and
-    /// answer with [`Node::handle_read_granted`](super::Node::handle_read_granted): the keys
+    /// answer with [`NodeInput::ReadGranted`](super::NodeInput::ReadGranted): the keys
     /// the peer must use (a fabric scopes them to this lease where it can: verbs memory
     /// windows, TCP per-lease keys). Until the answer nothing names the region to the peer.
     GrantRead {
@@ -117,7 +117,7 @@ pub enum NodeOutput {
         region: LocalRegion,
     },
     /// The lease of `peer`'s transfer `req` ended: no READ may reach `region` through its keys
-    /// any more. Answer with [`Node::handle_read_revoked`](super::Node::handle_read_revoked)
+    /// any more. Answer with [`NodeInput::ReadRevoked`](super::NodeInput::ReadRevoked)
     /// once that holds; the object stays pinned until then.
     RevokeRead {
         /// The reader.
@@ -129,7 +129,7 @@ pub enum NodeOutput {
         /// Its region.
         region: LocalRegion,
     },
-    /// Send a request to the directory; answer with [`Node::handle_directory_reply`]
+    /// Send a request to the directory; answer with [`NodeInput::DirectoryReply`](super::NodeInput::DirectoryReply)
     /// (`Unsubscribe` needs no answer).
     Directory {
         /// Echo in the reply.
@@ -162,7 +162,7 @@ pub enum NodeOutput {
         reason: String,
     },
     /// Make this change durable, after every earlier one, then report it with
-    /// [`Node::handle_persisted`]. Only with [`StoreConfig::record_durable_changes`](crate::store::StoreConfig::record_durable_changes).
+    /// [`NodeInput::Persisted`](super::NodeInput::Persisted). Only with [`StoreConfig::record_durable_changes`](crate::store::StoreConfig::record_durable_changes).
     Persist {
         /// Its number: 1 for the first change, then one more each.
         seq: u64,
@@ -171,6 +171,30 @@ pub enum NodeOutput {
     },
     /// An object was sealed here or left the store (for logs and traces).
     Local(ObjectEvent),
+}
+
+impl NodeOutput {
+    /// The variant's name, for summaries and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            NodeOutput::Send { .. } => "send",
+            NodeOutput::SendEager { .. } => "send_eager",
+            NodeOutput::PostRead { .. } => "post_read",
+            NodeOutput::WriteLocal { .. } => "write_local",
+            NodeOutput::WriteInline { .. } => "write_inline",
+            NodeOutput::VerifyContent { .. } => "verify_content",
+            NodeOutput::HashAhead { .. } => "hash_ahead",
+            NodeOutput::Trace { .. } => "trace",
+            NodeOutput::GrantRead { .. } => "grant_read",
+            NodeOutput::RevokeRead { .. } => "revoke_read",
+            NodeOutput::Directory { .. } => "directory",
+            NodeOutput::Reply { .. } => "reply",
+            NodeOutput::Event { .. } => "event",
+            NodeOutput::CloseClient { .. } => "close_client",
+            NodeOutput::Persist { .. } => "persist",
+            NodeOutput::Local(_) => "local",
+        }
+    }
 }
 
 /// Counters of a node, for metrics.

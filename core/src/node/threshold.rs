@@ -22,7 +22,7 @@
 use std::fmt;
 
 /// Costs of one peer's paths, measured by the driver (or drawn by the simulator).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PathCosts {
     /// One network round trip, in nanoseconds.
     pub round_trip_ns: f64,
@@ -185,7 +185,7 @@ impl<L: PartialEq> RoundTripEstimate<L> {
 }
 
 /// How a node chooses its eager threshold.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ThresholdPolicy {
     /// From the cost model, times `bias` (in `(0, 1]`; lower favours rendezvous).
     Model {

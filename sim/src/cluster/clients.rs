@@ -14,7 +14,8 @@ use skyriver_core::client_protocol::{
 };
 use skyriver_core::digest::ContentDigest;
 use skyriver_core::{
-    ClientId, NodeId, ObjectId, ObjectInfo, ObjectSizes, RequestId, StoreError, TransferMode,
+    ClientId, NodeId, NodeInput, ObjectId, ObjectInfo, ObjectSizes, RequestId, StoreError,
+    TransferMode,
 };
 
 use super::{id_list, short_fetch_error, short_store_error, Cluster, Event};
@@ -70,7 +71,7 @@ impl Cluster {
             let client = ClientId(super::WORKLOAD_CLIENT_BASE + c);
             let now = self.now;
             if let Some(node) = self.nodes[n.0 as usize].node.as_mut() {
-                node.handle_client_connected(now, client);
+                let _ = node.handle(now, NodeInput::ClientConnected { client });
             }
             self.client_request(
                 n,
@@ -100,7 +101,8 @@ impl Cluster {
         };
         self.calls.insert((n, inc, client, request), call);
         let text = request_line(&body);
-        node.handle_client_request(now, client, RequestFrame { request, body });
+        let frame = RequestFrame { request, body };
+        let _ = node.handle(now, NodeInput::ClientRequest { client, frame });
         self.trace
             .record(now, &format!("{client}@{n} {request} {text}"));
         self.after_input(n);
@@ -219,7 +221,7 @@ impl Cluster {
         self.calls
             .retain(|(node, i, c, _), _| !(*node == n && *i == inc && *c == client));
         if let Some(node) = self.nodes[n.0 as usize].node.as_mut() {
-            node.handle_client_disconnected(now, client);
+            let _ = node.handle(now, NodeInput::ClientDisconnected { client });
         }
     }
 
@@ -705,7 +707,7 @@ impl Cluster {
         let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
             return;
         };
-        node.handle_client_connected(now, client);
+        let _ = node.handle(now, NodeInput::ClientConnected { client });
         let (body, what) = match misuse {
             Misuse::WrongVersion => (
                 Request::Hello {

@@ -136,7 +136,7 @@ impl Cluster {
             .node
             .as_mut()
             .expect("alive")
-            .handle_content_hashed(now, transfer, actual);
+            .handle(now, NodeInput::ContentHashed { transfer, actual });
         let sim_node = &self.nodes[n.0 as usize];
         let store = sim_node.node.as_ref().expect("alive").store();
         if let Some(info) = store.sealed_info(&object) {

@@ -5,7 +5,7 @@
 use rand::Rng;
 use skyriver_core::client_protocol::Response;
 use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
-use skyriver_core::node::{NodeDriver, ReadGrant, ReadOpId};
+use skyriver_core::node::{DriveHost, Node, NodeDriver, ReadGrant, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, InputBytes, PeerMessage};
 use skyriver_core::{
     ClientId, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, RemoteRegion, RequestId,
@@ -23,6 +23,23 @@ const FABRIC_ACCESS_NS: u64 = 2_000;
 pub(super) struct SimDriver<'a> {
     pub(super) cluster: &'a mut Cluster,
     pub(super) n: NodeId,
+}
+
+/// The simulator answers nothing at once: grants, revocations and the rest come back as
+/// scheduled events; a copy's hash is fed back while it is checked (see `verify_content`).
+impl DriveHost<'static> for SimDriver<'_> {
+    type Driver = Self;
+
+    fn node(&mut self) -> &mut Node {
+        self.cluster.nodes[self.n.0 as usize]
+            .node
+            .as_mut()
+            .expect("a node being driven is alive")
+    }
+
+    fn driver(&mut self) -> &mut Self {
+        self
+    }
 }
 
 impl NodeDriver for SimDriver<'_> {

@@ -12,7 +12,7 @@ use std::collections::{BTreeSet, VecDeque};
 use rand::Rng;
 use skyriver_core::store::recovery::replay;
 use skyriver_core::store::RecoveredObject;
-use skyriver_core::{DurableChange, Instant, NodeId, ObjectId};
+use skyriver_core::{DurableChange, Instant, NodeId, NodeInput, ObjectId};
 
 use super::{Cluster, Event};
 
@@ -59,7 +59,7 @@ impl Cluster {
         }
         self.stats.durable_commits += 1;
         self.record(|| format!("{n} durable up to change {upto}"));
-        self.feed(n, |node, now| node.handle_persisted(now, upto));
+        self.feed(n, NodeInput::Persisted { upto });
     }
 
     /// At a crash: what the disk holds (what was not committed is lost), checked against the

@@ -24,7 +24,11 @@ impl Cluster {
                 };
                 self.record(|| text);
                 let node = self.nodes[to.0 as usize].node.as_mut().expect("alive");
-                if let Err(error) = node.handle_peer_bytes(now, from, &bytes) {
+                let input = NodeInput::PeerBytes {
+                    peer: from,
+                    bytes: &bytes,
+                };
+                if let Handled::Malformed(error) = node.handle(now, input) {
                     self.checker.violation(
                         now,
                         format!("{to}: message from {from} does not decode: {error}"),
@@ -98,7 +102,7 @@ impl Cluster {
                         Err(error)
                     }
                 };
-                self.feed(node, |n, now| n.handle_read_completion(now, op, result));
+                self.feed(node, NodeInput::ReadCompletion { op, result });
             }
             Event::Directory(event) => {
                 let faults_on = self.mode.faults && self.now.0 / 1000 < self.params.faults_until_us;
@@ -116,11 +120,11 @@ impl Cluster {
                 match notice {
                     DirectoryNotice::Reply { op, reply } => {
                         self.record(|| format!("{to} <- directory {op} {reply}"));
-                        self.feed(to, |node, now| node.handle_directory_reply(now, op, reply));
+                        self.feed(to, NodeInput::DirectoryReply { op, reply });
                     }
                     DirectoryNotice::Event(event) => {
                         self.record(|| format!("{to} <- directory {event}"));
-                        self.feed(to, |node, now| node.handle_directory_event(now, event));
+                        self.feed(to, NodeInput::DirectoryEvent { event });
                     }
                     DirectoryNotice::Members(_) | DirectoryNotice::Health(_) => {}
                 }
@@ -135,13 +139,8 @@ impl Cluster {
                 if !self.alive(node, inc) {
                     return;
                 }
-                let now = self.now;
-                self.nodes[node.0 as usize]
-                    .node
-                    .as_mut()
-                    .expect("alive")
-                    .handle_read_granted(now, reader, req, result);
-                self.after_input(node);
+                let peer = reader;
+                self.feed(node, NodeInput::ReadGranted { peer, req, result });
             }
             Event::ReadRevoked {
                 node,
@@ -163,13 +162,8 @@ impl Cluster {
                     );
                 }
                 self.record(|| format!("{node} revoked {reader} {req}: its key reaches nothing"));
-                let sim_node = &mut self.nodes[node.0 as usize];
-                sim_node
-                    .node
-                    .as_mut()
-                    .expect("alive")
-                    .handle_read_revoked(now, reader, req);
-                self.after_input(node);
+                let peer = reader;
+                self.feed(node, NodeInput::ReadRevoked { peer, req });
             }
             Event::Timer { node, inc } => {
                 if !self.alive(node, inc) {
@@ -180,15 +174,14 @@ impl Cluster {
                 if sim_node.timer_at.is_some_and(|at| at <= now) {
                     sim_node.timer_at = None;
                 }
-                sim_node.node.as_mut().expect("alive").handle_timeout(now);
-                self.after_input(node);
+                self.feed(node, NodeInput::Timeout);
             }
             Event::PeerLost { node, inc, peer } => {
                 if !self.alive(node, inc) {
                     return;
                 }
                 self.record(|| format!("{node}: connection to {peer} lost"));
-                self.feed(node, |node, now| node.handle_peer_lost(now, peer));
+                self.feed(node, NodeInput::PeerLost { peer });
             }
             Event::PeerConnected {
                 node,
@@ -202,9 +195,7 @@ impl Cluster {
                 }
                 self.record(|| format!("{node}: connected to {peer}"));
                 let params = self.peer_params(node, peer);
-                self.feed(node, |node, now| {
-                    node.handle_peer_connected(now, peer, params)
-                });
+                self.feed(node, NodeInput::PeerConnected { peer, params });
             }
             Event::ClientOp { node, inc, client } => {
                 if !self.alive(node, inc) {

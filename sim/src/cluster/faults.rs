@@ -145,7 +145,12 @@ impl Cluster {
                     (*record, digest)
                 })
                 .collect();
-            let report = node.handle_recovered(self.now, with_digests);
+            let objects = with_digests;
+            let Handled::Recovered(report) =
+                node.handle(self.now, NodeInput::Recovered { objects })
+            else {
+                unreachable!("recovered objects are answered with a report")
+            };
             if !report.refused.is_empty() {
                 let what = format!("{n} refused recovered objects: {:?}", report.refused);
                 self.checker.violation(self.now, what);

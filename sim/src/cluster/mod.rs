@@ -20,10 +20,10 @@ use rand_chacha::ChaCha8Rng;
 
 use skyriver_core::client_protocol::Request;
 use skyriver_core::directory::{DirectoryNotice, DirectoryOpId, DirectoryRequest};
-use skyriver_core::node::{ArenaKey, PathCosts, ReadGrant, FETCH_CLIENT};
+use skyriver_core::node::{drive_host, ArenaKey, Handled, PathCosts, ReadGrant, FETCH_CLIENT};
 use skyriver_core::{
-    wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, ObjectId,
-    ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion, StoreError, TransferId,
+    wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, NodeInput,
+    ObjectId, ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion, StoreError, TransferId,
 };
 
 pub use self::content::Flaws;
@@ -479,7 +479,7 @@ impl Cluster {
     fn connect(&mut self, a: NodeId, b: NodeId) {
         let params = self.peer_params(a, b);
         if let Some(node) = self.nodes[a.0 as usize].node.as_mut() {
-            node.handle_peer_connected(self.now, b, params);
+            let _ = node.handle(self.now, NodeInput::PeerConnected { peer: b, params });
         }
         self.after_input(a);
     }
@@ -521,9 +521,13 @@ impl Cluster {
     }
 
     /// Gives node `n` (alive) one input at the current time, then carries out its outputs.
-    fn feed(&mut self, n: NodeId, input: impl FnOnce(&mut Node, Instant)) {
+    fn feed(&mut self, n: NodeId, input: NodeInput<'_>) {
         let now = self.now;
-        input(self.nodes[n.0 as usize].node.as_mut().expect("alive"), now);
+        let _ = self.nodes[n.0 as usize]
+            .node
+            .as_mut()
+            .expect("alive")
+            .handle(now, input);
         self.after_input(n);
     }
 
@@ -537,22 +541,18 @@ impl Cluster {
         self.trace.record(self.now, &line);
     }
 
-    /// Drains a node's outputs, then reschedules its timer.
+    /// Drives a node until idle (the core's drive loop), then reschedules its timer.
     fn after_input(&mut self, n: NodeId) {
-        loop {
-            let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
-                return;
-            };
-            let Some(output) = node.poll_output() else {
-                break;
-            };
-            output.dispatch(&mut SimDriver { cluster: self, n });
+        if self.nodes[n.0 as usize].node.is_none() {
+            return;
         }
+        let now = self.now;
+        let next = drive_host(&mut SimDriver { cluster: self, n }, now);
         let inc = self.nodes[n.0 as usize].inc;
         let sim_node = &mut self.nodes[n.0 as usize];
         let node = sim_node.node.as_ref().expect("alive");
         node.check_invariants();
-        if let Some(at) = node.poll_timeout() {
+        if let Some(at) = next {
             if sim_node.timer_at.is_none_or(|t| at < t) {
                 sim_node.timer_at = Some(at);
                 self.schedule(at, Event::Timer { node: n, inc });

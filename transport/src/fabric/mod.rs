@@ -73,7 +73,7 @@ pub enum FabricEvent {
         reason: String,
     },
     /// A whole message arrived from `peer`; decode with `skyriver_core::wire::decode`, from
-    /// the borrowed bytes (`node.handle_peer_bytes(now, peer, &bytes)`), then drop them: until
+    /// the borrowed bytes (`NodeInput::PeerBytes { peer, bytes: &bytes }`), then drop them: until
     /// dropped they hold the receive slot or budget they arrived in.
     Message {
         /// The sender.

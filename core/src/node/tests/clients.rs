@@ -23,7 +23,12 @@ fn create(w: &mut World, node: u32, n: u64, len: u64) -> Option<Response> {
 fn the_first_request_must_be_hello_of_this_version() {
     let mut w = World::new(1, |_| {});
     // No Hello: refused and closed.
-    w.nodes[0].handle_client_connected(w.now, ClientId(7));
+    w.feed(
+        0,
+        NodeInput::ClientConnected {
+            client: ClientId(7),
+        },
+    );
     let reply = w.request_as(0, ClientId(7), Request::List);
     assert!(
         matches!(reply, Some(Response::Error(StoreError::BadRequest(ref r))) if r.contains("Hello")),
@@ -32,7 +37,12 @@ fn the_first_request_must_be_hello_of_this_version() {
     assert_eq!(w.closed.len(), 1);
     assert_eq!(w.closed[0].1, ClientId(7));
     // Another version: refused, saying which one the node speaks, and closed.
-    w.nodes[0].handle_client_connected(w.now, ClientId(8));
+    w.feed(
+        0,
+        NodeInput::ClientConnected {
+            client: ClientId(8),
+        },
+    );
     let reply = w.request_as(
         0,
         ClientId(8),
@@ -60,8 +70,18 @@ fn the_first_request_must_be_hello_of_this_version() {
     ));
     assert_eq!(w.closed.len(), 2);
     // The refused connections are gone once the driver reports them.
-    w.nodes[0].handle_client_disconnected(w.now, ClientId(7));
-    w.nodes[0].handle_client_disconnected(w.now, ClientId(8));
+    w.feed(
+        0,
+        NodeInput::ClientDisconnected {
+            client: ClientId(7),
+        },
+    );
+    w.feed(
+        0,
+        NodeInput::ClientDisconnected {
+            client: ClientId(8),
+        },
+    );
     assert_eq!(w.nodes[0].client_count(), 1);
     let Some(Response::Stats(stats)) = w.request(0, Request::Stats) else {
         panic!("stats");
@@ -110,7 +130,7 @@ fn a_seal_is_answered_once_it_is_durable() {
         w.request(0, Request::Contains { id: id(1) }),
         Some(Response::Contains(true))
     );
-    w.nodes[0].handle_persisted(w.now, 1);
+    w.feed(0, NodeInput::Persisted { upto: 1 });
     w.pump();
     let sealed = w.log.iter().any(|(_, o)| {
         matches!(
@@ -147,7 +167,7 @@ fn removed_space_is_reused_only_once_the_removal_is_durable() {
         first.len.next_multiple_of(64)
     );
     let (_, seq) = *w.persisted.last().unwrap();
-    w.nodes[0].handle_persisted(w.now, seq);
+    w.feed(0, NodeInput::Persisted { upto: seq });
     w.pump();
     let replies: Vec<&Response> = w
         .log
@@ -181,9 +201,9 @@ fn a_parked_create_of_a_client_that_left_is_dropped() {
     w.manual_disk = true;
     w.request(0, Request::Delete { ids: vec![id(1)] });
     assert_eq!(create(&mut w, 0, 2, 40_000), None);
-    w.nodes[0].handle_client_disconnected(w.now, CLIENT);
+    w.feed(0, NodeInput::ClientDisconnected { client: CLIENT });
     let (_, seq) = *w.persisted.last().unwrap();
-    w.nodes[0].handle_persisted(w.now, seq);
+    w.feed(0, NodeInput::Persisted { upto: seq });
     w.pump();
     assert!(!w.nodes[0].store().contains(&id(2)));
     assert_eq!(w.nodes[0].store().stats().object_count, 0);

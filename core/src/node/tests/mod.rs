@@ -70,6 +70,9 @@ struct World {
     closed: Vec<(NodeId, ClientId, String)>,
     /// The last message delivered, whose eager payload a `WriteLocal` names.
     input: Vec<u8>,
+    /// Per node, the inputs its driver owes it at once (directory replies, hashes, durable
+    /// changes), fed by the drive loop.
+    answers: Vec<VecDeque<NodeInput<'static>>>,
 }
 
 impl World {
@@ -95,7 +98,13 @@ impl World {
                         lanes: 2,
                         costs: PathCosts::RDMA_DEFAULT,
                     };
-                    nodes[a as usize].handle_peer_connected(Instant::ZERO, NodeId(b), params);
+                    let _ = nodes[a as usize].handle(
+                        Instant::ZERO,
+                        NodeInput::PeerConnected {
+                            peer: NodeId(b),
+                            params,
+                        },
+                    );
                 }
             }
         }
@@ -123,6 +132,7 @@ impl World {
             persisted: Vec::new(),
             closed: Vec::new(),
             input: Vec::new(),
+            answers: vec![VecDeque::new(); n as usize],
         };
         for i in 0..n {
             world.connect(i, CLIENT);
@@ -132,7 +142,7 @@ impl World {
 
     /// Connects `client` to `node` and says Hello.
     fn connect(&mut self, node: u32, client: ClientId) {
-        self.nodes[node as usize].handle_client_connected(self.now, client);
+        self.feed(node, NodeInput::ClientConnected { client });
         let welcome = self.request_as(
             node,
             client,
@@ -153,15 +163,23 @@ impl World {
     }
 
     fn request_as(&mut self, node: u32, client: ClientId, body: Request) -> Option<Response> {
-        let request = RequestId(self.next_request);
-        self.next_request += 1;
-        self.nodes[node as usize].handle_client_request(
-            self.now,
-            client,
-            RequestFrame { request, body },
-        );
+        let request = self.hand_request(node, client, body);
         self.pump();
         self.reply_to(node, client, request)
+    }
+
+    /// Gives `node` a request of `client` and nothing more (the outputs stay in the node).
+    fn hand_request(&mut self, node: u32, client: ClientId, body: Request) -> RequestId {
+        let request = RequestId(self.next_request);
+        self.next_request += 1;
+        let frame = RequestFrame { request, body };
+        self.feed(node, NodeInput::ClientRequest { client, frame });
+        request
+    }
+
+    /// Gives `node` an input at the current time, and nothing more.
+    fn feed(&mut self, node: u32, input: NodeInput<'_>) -> Handled {
+        self.nodes[node as usize].handle(self.now, input)
     }
 
     /// The reply to request `request` of `client` on `node`, if it went out.
@@ -194,7 +212,7 @@ impl World {
             .position(|(n, _, r)| n.0 == node && pred(r))
             .expect("a held directory request");
         let (_, op, _) = self.held_directory.remove(at);
-        self.nodes[node as usize].handle_directory_reply(self.now, op, reply);
+        self.feed(node, NodeInput::DirectoryReply { op, reply });
         self.pump();
     }
 
@@ -250,17 +268,20 @@ impl World {
     }
 
     fn fetch_in_mode(&mut self, node: u32, ns: &[u64], timeout: Duration, mode: TransferMode) {
-        let ids = ns.iter().map(|&n| id(n)).collect();
-        self.nodes[node as usize].handle_fetch(
-            self.now,
-            CLIENT,
-            RequestId(1),
-            ids,
-            Some(timeout),
-            mode,
-            true,
-        );
+        self.hand_fetch(node, ns, timeout, mode);
         self.pump();
+    }
+
+    /// Hands `node` a fetch request of [`CLIENT`] (waiting for publications) and nothing more.
+    fn hand_fetch(&mut self, node: u32, ns: &[u64], timeout: Duration, mode: TransferMode) {
+        let ids = ns.iter().map(|&n| id(n)).collect();
+        let body = Request::Fetch {
+            ids,
+            timeout_ms: Some(timeout.as_millis() as u64),
+            mode,
+            wait_for_publication: true,
+        };
+        self.hand_request(node, CLIENT, body);
     }
 
     fn lookups(&self, node: u32) -> usize {
@@ -290,9 +311,20 @@ impl World {
     fn advance(&mut self, by: Duration) {
         self.now = self.now + by;
         for node in &mut self.nodes {
-            node.handle_timeout(self.now);
+            let _ = node.handle(self.now, NodeInput::Timeout);
         }
         self.pump();
+    }
+
+    /// Runs the drive loop of `node` alone: its outputs are carried out and its driver's
+    /// answers fed, but no message, READ or fabric answer is delivered.
+    fn drive_alone(&mut self, node: u32) {
+        let now = self.now;
+        let host = &mut Carrier {
+            world: self,
+            node: NodeId(node),
+        };
+        drive_host(host, now);
     }
 
     /// Carries out outputs and deliveries until nothing moves (time stands still).
@@ -300,28 +332,39 @@ impl World {
         loop {
             let mut moved = false;
             for i in 0..self.nodes.len() {
-                while let Some(output) = self.nodes[i].poll_output() {
-                    moved = true;
-                    self.carry_out(NodeId(i as u32), output);
-                }
-                if self.nodes[i].poll_timeout().is_some_and(|t| t <= self.now) {
-                    self.nodes[i].handle_timeout(self.now);
-                    moved = true;
-                }
+                let before = self.log.len();
+                let now = self.now;
+                drive_host(
+                    &mut Carrier {
+                        world: self,
+                        node: NodeId(i as u32),
+                    },
+                    now,
+                );
+                moved |= self.log.len() > before;
+                self.nodes[i].check_invariants();
             }
             if let Some((from, to, bytes)) = self.messages.pop_front() {
-                self.nodes[to.0 as usize]
-                    .handle_peer_bytes(self.now, from, &bytes)
-                    .unwrap();
+                let peer = from;
+                let handled = self.nodes[to.0 as usize].handle(
+                    self.now,
+                    NodeInput::PeerBytes {
+                        peer,
+                        bytes: &bytes,
+                    },
+                );
+                assert_eq!(handled, Handled::Done);
                 // Kept until the next delivery: an eager chunk's write copies from it.
                 self.input = bytes;
                 moved = true;
             } else if let Some((holder, reader, req, granted)) = self.fabric_answers.pop_front() {
                 let node = &mut self.nodes[holder.0 as usize];
-                if !granted {
-                    node.handle_read_revoked(self.now, reader, req);
+                let peer = reader;
+                let input = if !granted {
+                    NodeInput::ReadRevoked { peer, req }
                 } else if let Some(reason) = &self.refuse_grants {
-                    node.handle_read_granted(self.now, reader, req, Err(reason.clone()));
+                    let result = Err(reason.clone());
+                    NodeInput::ReadGranted { peer, req, result }
                 } else {
                     let keys: Vec<u32> = self.granted[holder.0 as usize]
                         .iter()
@@ -329,8 +372,10 @@ impl World {
                         .map(|(key, _)| *key)
                         .filter(|key| key >> 16 == req.0 as u32 & 0xffff)
                         .collect();
-                    node.handle_read_granted(self.now, reader, req, Ok(ReadGrant { keys }));
-                }
+                    let result = Ok(ReadGrant { keys });
+                    NodeInput::ReadGranted { peer, req, result }
+                };
+                let _ = node.handle(self.now, input);
                 moved = true;
             } else if let Some((node, op, local, remote, lane, peer)) = self.reads.pop_front() {
                 let result = if self.fail_reads > 0 {
@@ -362,19 +407,14 @@ impl World {
                         Err(ReadError::RemoteAccess)
                     }
                 };
-                self.nodes[node.0 as usize].handle_read_completion(self.now, op, result);
+                let input = NodeInput::ReadCompletion { op, result };
+                let _ = self.nodes[node.0 as usize].handle(self.now, input);
                 moved = true;
             }
             if !moved {
                 return;
             }
         }
-    }
-
-    fn carry_out(&mut self, node: NodeId, output: NodeOutput) {
-        self.log.push((node, output.clone()));
-        output.dispatch(&mut Carrier { world: self, node });
-        self.nodes[node.0 as usize].check_invariants();
     }
 
     fn replies(&self, node: u32) -> Vec<Vec<Result<ObjectInfo, FetchError>>> {
@@ -440,6 +480,31 @@ impl Carrier<'_> {
     fn arena(&mut self) -> &mut Vec<u8> {
         &mut self.world.arenas[self.node.0 as usize]
     }
+
+    /// An input the node gets from the drive loop, right after this output.
+    fn answer(&mut self, input: NodeInput<'static>) {
+        self.world.answers[self.node.0 as usize].push_back(input);
+    }
+}
+
+impl DriveHost<'static> for Carrier<'_> {
+    type Driver = Self;
+
+    fn node(&mut self) -> &mut Node {
+        &mut self.world.nodes[self.node.0 as usize]
+    }
+
+    fn driver(&mut self) -> &mut Self {
+        self
+    }
+
+    fn poll_answer(&mut self) -> Option<NodeInput<'static>> {
+        self.world.answers[self.node.0 as usize].pop_front()
+    }
+
+    fn observe_output(&mut self, output: &NodeOutput) {
+        self.world.log.push((self.node, output.clone()));
+    }
 }
 
 impl NodeDriver for Carrier<'_> {
@@ -493,7 +558,7 @@ impl NodeDriver for Carrier<'_> {
         let actual = ContentDigest::of_contiguous(
             &world.arenas[n][region.offset as usize..region.end() as usize],
         );
-        world.nodes[n].handle_content_hashed(world.now, transfer, actual);
+        self.answer(NodeInput::ContentHashed { transfer, actual });
     }
 
     // The log keeps the output for the assertions; there is no clock to stamp with.
@@ -573,7 +638,7 @@ impl NodeDriver for Carrier<'_> {
             DirectoryRequest::Unsubscribe { .. } => None,
         };
         if let Some(reply) = reply {
-            world.nodes[self.node.0 as usize].handle_directory_reply(world.now, op, reply);
+            self.answer(NodeInput::DirectoryReply { op, reply });
         }
     }
 
@@ -590,12 +655,13 @@ impl NodeDriver for Carrier<'_> {
         let world = &mut *self.world;
         world.persisted.push((self.node, seq));
         if !world.manual_disk {
-            world.nodes[self.node.0 as usize].handle_persisted(world.now, seq);
+            self.answer(NodeInput::Persisted { upto: seq });
         }
     }
 }
 
 mod clients;
+mod drive;
 mod publications;
 mod sealing;
 mod transfers;

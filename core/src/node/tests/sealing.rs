@@ -149,8 +149,8 @@ fn a_seal_the_directory_never_answers_is_made_here_after_its_timeout() {
 fn a_seal_on_a_node_whose_directory_is_down_is_made_at_once_and_published_later() {
     let mut w = World::new(2, |_| {});
     w.hold_directory = true;
-    let now = w.now;
-    w.nodes[0].handle_directory_health(now, Err("head unreachable".into()));
+    let health = Err("head unreachable".into());
+    w.feed(0, NodeInput::DirectoryHealth { health });
     let reply = w.put_bytes(0, 1, &[6; 100]);
     assert_eq!(reply, Some(Response::Done(Ok(()))), "no wait for a verdict");
     assert!(w.nodes[0].store().sealed_info(&id(1)).is_some());
@@ -227,7 +227,7 @@ fn an_abort_during_a_pending_seal_withdraws_and_ignores_the_late_verdict() {
 #[test]
 fn a_disconnect_during_a_pending_seal_withdraws_and_seals_nothing() {
     let (mut w, _) = seal_waiting_for_the_directory(&[6; 100]);
-    w.nodes[0].handle_client_disconnected(w.now, CLIENT);
+    w.feed(0, NodeInput::ClientDisconnected { client: CLIENT });
     w.pump();
     assert!(
         !w.nodes[0].store().contains(&id(1)),

@@ -74,24 +74,8 @@ fn concurrent_fetches_of_one_object_share_one_transfer() {
     let mut w = World::new(2, |_| {});
     w.put(0, 1, 10_000);
     w.directory_up = false; // hold the lookup so both fetches overlap
-    w.nodes[1].handle_fetch(
-        w.now,
-        CLIENT,
-        RequestId(1),
-        vec![id(1)],
-        Some(Duration::from_millis(50)),
-        TransferMode::Auto,
-        true,
-    );
-    w.nodes[1].handle_fetch(
-        w.now,
-        CLIENT,
-        RequestId(2),
-        vec![id(1), id(1)],
-        Some(Duration::from_millis(50)),
-        TransferMode::Auto,
-        true,
-    );
+    w.hand_fetch(1, &[1], Duration::from_millis(50), TransferMode::Auto);
+    w.hand_fetch(1, &[1, 1], Duration::from_millis(50), TransferMode::Auto);
     let lookups: Vec<DirectoryOpId> = std::iter::from_fn(|| w.nodes[1].poll_output())
         .filter_map(|o| match o {
             NodeOutput::Directory {
@@ -103,13 +87,16 @@ fn concurrent_fetches_of_one_object_share_one_transfer() {
         .collect();
     assert_eq!(lookups.len(), 1, "one lookup for two fetches");
     let (sizes, holders, digest) = w.locations[&id(1)].clone();
-    w.nodes[1].handle_directory_reply(
-        w.now,
-        lookups[0],
-        DirectoryReply::Located {
-            holders,
-            sizes: Some(sizes),
-            digest: Some(digest),
+    let reply = DirectoryReply::Located {
+        holders,
+        sizes: Some(sizes),
+        digest: Some(digest),
+    };
+    w.feed(
+        1,
+        NodeInput::DirectoryReply {
+            op: lookups[0],
+            reply,
         },
     );
     w.directory_up = true;
@@ -155,15 +142,13 @@ fn published_object_wakes_a_waiting_fetch() {
         data_size: 100,
         metadata_size: 0,
     };
-    w.nodes[1].handle_directory_event(
-        w.now,
-        DirectoryEvent::Published {
-            id: id(7),
-            holder: NodeId(0),
-            sizes,
-            digest: ContentDigest::of(&World::bytes_of(7, 100), &[]),
-        },
-    );
+    let event = DirectoryEvent::Published {
+        id: id(7),
+        holder: NodeId(0),
+        sizes,
+        digest: ContentDigest::of(&World::bytes_of(7, 100), &[]),
+    };
+    w.feed(1, NodeInput::DirectoryEvent { event });
     w.pump();
     assert!(w.replies(1)[0][0].is_ok());
     w.release(1, 7);
@@ -231,14 +216,27 @@ fn lease_expires_without_finish() {
         eager_limit: 0,
         max_chunk_bytes: 1000,
     };
-    w.nodes[0].handle_peer_message(w.now, NodeId(1), sent);
+    w.feed(
+        0,
+        NodeInput::PeerMessage {
+            peer: NodeId(1),
+            message: sent,
+        },
+    );
     let outputs: Vec<NodeOutput> = std::iter::from_fn(|| w.nodes[0].poll_output()).collect();
     assert!(outputs
         .iter()
         .any(|o| matches!(o, NodeOutput::GrantRead { .. })));
     // Nothing names the region until the fabric granted access.
     assert!(!outputs.iter().any(|o| matches!(o, NodeOutput::Send { .. })));
-    w.nodes[0].handle_read_granted(w.now, NodeId(1), TransferId(99), Ok(ReadGrant::default()));
+    w.feed(
+        0,
+        NodeInput::ReadGranted {
+            peer: NodeId(1),
+            req: TransferId(99),
+            result: Ok(ReadGrant::default()),
+        },
+    );
     let outputs: Vec<NodeOutput> = std::iter::from_fn(|| w.nodes[0].poll_output()).collect();
     assert!(outputs.iter().any(|o| matches!(
         o,
@@ -275,9 +273,27 @@ fn holder_refuses_unknown_objects_and_duplicate_transfers() {
         eager_limit: 0,
         max_chunk_bytes: 1000,
     };
-    w.nodes[0].handle_peer_message(w.now, NodeId(1), request(2));
-    w.nodes[0].handle_peer_message(w.now, NodeId(1), request(1));
-    w.nodes[0].handle_peer_message(w.now, NodeId(1), request(1));
+    w.feed(
+        0,
+        NodeInput::PeerMessage {
+            peer: NodeId(1),
+            message: request(2),
+        },
+    );
+    w.feed(
+        0,
+        NodeInput::PeerMessage {
+            peer: NodeId(1),
+            message: request(1),
+        },
+    );
+    w.feed(
+        0,
+        NodeInput::PeerMessage {
+            peer: NodeId(1),
+            message: request(1),
+        },
+    );
     let kinds: Vec<String> = std::iter::from_fn(|| w.nodes[0].poll_output())
         .filter_map(|o| match o {
             NodeOutput::Send { message, .. } => Some(format!("{message}")),
@@ -295,31 +311,14 @@ fn admission_caps_bytes_in_flight_and_keeps_order() {
     let mut w = World::new(2, |c| c.max_bytes_in_flight = 16 * 1024);
     w.put(0, 1, 10_000);
     w.put(0, 2, 10_000);
-    w.nodes[1].handle_fetch(
-        w.now,
-        CLIENT,
-        RequestId(1),
-        vec![id(1), id(2)],
-        Some(Duration::from_millis(50)),
-        TransferMode::Auto,
-        true,
-    );
-    // Carry out only the directory step: the second object must wait for the first.
-    let mut requests = 0;
-    for _ in 0..4 {
-        while let Some(output) = w.nodes[1].poll_output() {
-            if matches!(
-                output,
-                NodeOutput::Send {
-                    message: PeerMessage::FetchRequest { .. },
-                    ..
-                }
-            ) {
-                requests += 1;
-            }
-            w.carry_out(NodeId(1), output);
-        }
-    }
+    w.hand_fetch(1, &[1, 2], Duration::from_millis(50), TransferMode::Auto);
+    // Drive node 1 alone (no message is delivered): the second object must wait for the first.
+    w.drive_alone(1);
+    let requests = w
+        .sent(1)
+        .iter()
+        .filter(|m| matches!(m, PeerMessage::FetchRequest { .. }))
+        .count();
     assert_eq!(
         requests, 1,
         "the second 10 KB object waits under a 16 KiB cap"
@@ -359,9 +358,15 @@ fn full_store_fails_the_fetch_with_out_of_memory() {
 #[test]
 fn malformed_peer_bytes_are_an_error_not_a_panic() {
     let mut w = World::new(2, |_| {});
-    assert!(w.nodes[0]
-        .handle_peer_bytes(w.now, NodeId(1), b"garbage!")
-        .is_err());
+    let bytes = b"garbage!";
+    let handled = w.feed(
+        0,
+        NodeInput::PeerBytes {
+            peer: NodeId(1),
+            bytes,
+        },
+    );
+    assert!(matches!(handled, Handled::Malformed(_)), "{handled:?}");
     assert_eq!(w.nodes[0].stats().malformed_messages, 1);
     w.assert_settled();
 }
@@ -583,7 +588,7 @@ fn a_fetch_waiting_for_a_connection_goes_on_when_it_comes_up() {
     let mut w = World::new(2, |c| c.retry_backoff = Duration::from_millis(100));
     w.put(0, 1, 1500);
     // The holder's connection is not up yet (it restarted, or was never made).
-    w.nodes[1].handle_peer_lost(w.now, NodeId(0));
+    w.feed(1, NodeInput::PeerLost { peer: NodeId(0) });
     w.fetch(1, &[1], Duration::from_secs(1));
     assert!(
         w.replies(1).is_empty(),
@@ -594,7 +599,13 @@ fn a_fetch_waiting_for_a_connection_goes_on_when_it_comes_up() {
         lanes: 2,
         costs: PathCosts::RDMA_DEFAULT,
     };
-    w.nodes[1].handle_peer_connected(w.now, NodeId(0), params);
+    w.feed(
+        1,
+        NodeInput::PeerConnected {
+            peer: NodeId(0),
+            params,
+        },
+    );
     w.pump();
     let replies = w.replies(1);
     assert_eq!(replies.len(), 1, "answered without waiting out the pause");
