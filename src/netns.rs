@@ -36,7 +36,10 @@ const HOST_OCTET: u8 = 254;
 /// Why a namespace cluster could not be made or changed.
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
-    /// Not root, or the kernel refuses namespaces.
+    /// This process cannot create namespaces at all.
+    #[error("network namespaces are not available here: {0}")]
+    Unsupported(#[from] NetnsUnavailable),
+    /// A tool is missing, or every slot is taken.
     #[error("network namespaces are not available here: {0}")]
     Unavailable(String),
     /// An `ip` or `tc` command failed.
@@ -212,17 +215,31 @@ fn ip(args: &[&str]) -> Result<String, NetnsError> {
     run("ip", args)
 }
 
+/// Why this process cannot create network namespaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NetnsUnavailable {
+    /// Only root may create namespaces and veth links.
+    #[error("not running as root")]
+    NotRoot,
+    /// `ip` does the work.
+    #[error("the `ip` command (iproute2) is not installed")]
+    NoIpCommand,
+    /// The kernel was built without them.
+    #[error("the kernel has no network namespaces")]
+    NoKernelSupport,
+}
+
 /// Whether this process may create namespaces (root with iproute2), with the reason if not.
-pub fn available() -> Result<(), String> {
+pub fn available() -> Result<(), NetnsUnavailable> {
     if !nix::unistd::geteuid().is_root() {
-        return Err("not running as root".into());
+        return Err(NetnsUnavailable::NotRoot);
     }
     match Command::new("ip").arg("-V").output() {
         Ok(output) if output.status.success() => {}
-        _ => return Err("the `ip` command (iproute2) is not installed".into()),
+        _ => return Err(NetnsUnavailable::NoIpCommand),
     }
     if !Path::new("/proc/self/ns/net").exists() {
-        return Err("the kernel has no network namespaces".into());
+        return Err(NetnsUnavailable::NoKernelSupport);
     }
     Ok(())
 }
@@ -323,7 +340,7 @@ impl NetnsCluster {
     /// Makes `nodes` namespaces on a new bridge, shaped by `shape`, after clearing what killed
     /// runs left behind.
     pub fn create(nodes: u32, shape: Option<&LinkShape>) -> Result<Self, NetnsError> {
-        available().map_err(NetnsError::Unavailable)?;
+        available()?;
         if nodes == 0 || nodes > MAX_NODES {
             return Err(NetnsError::Unavailable(format!(
                 "a namespace cluster has 1 to {MAX_NODES} nodes, not {nodes}"

@@ -263,7 +263,7 @@ impl LocalCluster {
             ),
             false => None,
         };
-        let head_port = free_loopback_port()?;
+        let head_port = free_port_or_say_why()?;
         let head = match (&args.directory, &netns) {
             (Some(directory), _) => directory.clone(),
             (None, Some(netns)) => format!("{}:7390", netns.hosts[0].addr),
@@ -349,7 +349,7 @@ impl LocalCluster {
                     Some(netns) => netns.hosts[node as usize].addr,
                     None => std::net::Ipv4Addr::LOCALHOST,
                 };
-                let addr = std::net::SocketAddr::from((ip, free_loopback_port()?));
+                let addr = std::net::SocketAddr::from((ip, free_port_or_say_why()?));
                 command.args(["--metrics", &addr.to_string()]);
                 cluster.metrics.push(addr);
             }
@@ -875,13 +875,14 @@ fn last_lines(path: &Path, count: usize) -> Vec<String> {
 }
 
 /// A loopback TCP port that was free a moment ago.
-pub fn free_loopback_port() -> Result<u16, String> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
+pub fn free_loopback_port() -> std::io::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// [`free_loopback_port`] for the start-up paths that report errors as text.
+fn free_port_or_say_why() -> Result<u16, String> {
+    free_loopback_port().map_err(|e| format!("no free loopback port: {e}"))
 }
 
 /// Runs `skyriver up` in the foreground until Ctrl-C (SIGINT), SIGTERM or SIGHUP, or until a

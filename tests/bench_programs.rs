@@ -217,11 +217,11 @@ fn bench_fetch_leaves_no_temporary_directories_also_when_it_fails() {
 #[test]
 fn bench_cluster_runs_every_pattern_next_to_its_baselines_in_namespaces() {
     if let Err(reason) = skyriver::netns::available() {
-        assert!(
-            std::env::var_os("SKYRIVER_REQUIRE_NETNS").is_none(),
-            "SKYRIVER_REQUIRE_NETNS is set but namespaces cannot be made: {reason}"
+        common::skip::skip(
+            "bench_cluster_runs_every_pattern_next_to_its_baselines_in_namespaces",
+            &common::skip::NETNS,
+            &format!("network namespaces unavailable ({reason})"),
         );
-        eprintln!("SKIPPED bench_cluster: network namespaces unavailable ({reason})");
         return;
     }
     let dir = common::test_dir();

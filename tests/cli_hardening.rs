@@ -229,26 +229,24 @@ fn watch_fails_when_the_daemon_dies_and_evict_fails_when_nothing_frees() {
     assert!(!ok, "nothing could be evicted, yet evict succeeded");
     assert!(err.contains("freed 0 B of the 1.0 MiB asked"), "{err}");
 
-    let watcher = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+    let mut watcher = Command::new(env!("CARGO_BIN_EXE_skyriver"))
         .args(["watch", "--socket"])
         .arg(&daemon.socket)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // `watch` says so on stderr once its subscription is in place.
+    let mut watcher_stderr = std::io::BufReader::new(watcher.stderr.take().unwrap());
+    let mut first_line = String::new();
+    std::io::BufRead::read_line(&mut watcher_stderr, &mut first_line).unwrap();
+    assert!(first_line.starts_with("watching "), "{first_line}");
     let _ = daemon.child.kill();
     let _ = daemon.child.wait();
-    let out = watcher.wait_with_output().unwrap();
-    assert!(
-        !out.status.success(),
-        "watch exited 0 after the daemon died"
-    );
-    assert!(
-        stderr(&out).contains("closed the connection"),
-        "{}",
-        stderr(&out)
-    );
+    let rest = std::io::read_to_string(watcher_stderr).unwrap();
+    let status = watcher.wait().unwrap();
+    assert!(!status.success(), "watch exited 0 after the daemon died");
+    assert!(rest.contains("closed the connection"), "{rest}");
 }
 
 #[test]
@@ -264,7 +262,9 @@ fn a_get_waiting_for_an_aborted_put_hears_it_at_once() {
         let result = client.get(&[ObjectId::from_u64(5)], Some(Duration::from_secs(30)));
         (result, started.elapsed())
     });
-    std::thread::sleep(Duration::from_millis(200));
+    common::eventually("the get waits in the daemon", || {
+        creator.stats().unwrap().waiting_gets == 1
+    });
     writer.abort().unwrap();
     let (result, took) = getter.join().unwrap();
     let results = result.unwrap();
@@ -310,10 +310,14 @@ fn a_large_arena_reports_progress_and_clients_hear_starting_meanwhile() {
     const ARENA: u64 = 3 << 30;
     let available = skyriver_daemon::host_memory::available(None).map_or(0, |a| a.bytes);
     if available < 3 * ARENA {
-        println!(
-            "skipped: needs {} available for a 3 GiB arena, the machine has {}",
-            skyriver_daemon::size::format_bytes(3 * ARENA),
-            skyriver_daemon::size::format_bytes(available)
+        common::skip::skip(
+            "a_large_arena_reports_progress_and_clients_hear_starting_meanwhile",
+            &common::skip::MEMORY,
+            &format!(
+                "needs {} available for a 3 GiB arena, the machine has {}",
+                skyriver_daemon::size::format_bytes(3 * ARENA),
+                skyriver_daemon::size::format_bytes(available)
+            ),
         );
         return;
     }
@@ -563,10 +567,14 @@ fn sigterm_while_creating_a_large_arena_stops_cleanly() {
     const ARENA: u64 = 2 << 30;
     let available = skyriver_daemon::host_memory::available(None).map_or(0, |a| a.bytes);
     if available < 3 * ARENA {
-        println!(
-            "skipped: needs {} available for a 2 GiB arena, the machine has {}",
-            skyriver_daemon::size::format_bytes(3 * ARENA),
-            skyriver_daemon::size::format_bytes(available)
+        common::skip::skip(
+            "sigterm_while_creating_a_large_arena_stops_cleanly",
+            &common::skip::MEMORY,
+            &format!(
+                "needs {} available for a 2 GiB arena, the machine has {}",
+                skyriver_daemon::size::format_bytes(3 * ARENA),
+                skyriver_daemon::size::format_bytes(available)
+            ),
         );
         return;
     }
@@ -620,7 +628,7 @@ fn an_unreachable_peer_is_warned_about_once_not_on_every_dial() {
                 incarnation: 1,
             },
             "default",
-            token,
+            &token.into(),
             notices,
         ))
         .unwrap();
@@ -709,7 +717,11 @@ fn fabric_auto_without_verbs_says_why_once() {
     });
     let text = std::fs::read_to_string(&log).unwrap();
     let Some(line) = text.lines().find(|l| l.contains("fabric auto:")) else {
-        println!("skipped: this machine has RDMA verbs, so fabric auto did not fall back");
+        common::skip::skip(
+            "fabric_auto_without_verbs_says_why_once",
+            &common::skip::NO_VERBS,
+            "this machine has RDMA verbs, so fabric auto did not fall back",
+        );
         return;
     };
     if line.contains("RDMA verbs unavailable") {

@@ -179,7 +179,11 @@ fn a_fetch_waits_for_an_object_sealed_later_elsewhere() {
             .unwrap()
             .map(|o| o.data().to_vec())
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // Node 1 holds the fetch before anyone has the object: the seal on node 0 answers it.
+    let fetcher = Client::connect(&cluster.sockets[1]).unwrap();
+    common::eventually("the fetch waits on node 1", || {
+        fetcher.metrics().unwrap().fetches_waiting == 1
+    });
     let holder = Client::connect(&cluster.sockets[0]).unwrap();
     holder
         .create_and_seal(ObjectId::from_u64(77), b"published later", b"")

@@ -33,6 +33,15 @@ fn bytes(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Waits until the fetching node has a transfer under way (or the fetch already ended, which
+/// a fast machine may manage): the kill that follows lands mid-transfer, not before it.
+fn transfer_started<T>(fetching_node: &std::path::Path, fetcher: &std::thread::JoinHandle<T>) {
+    let client = Client::connect(fetching_node).unwrap();
+    common::eventually("the transfer starts", || {
+        fetcher.is_finished() || client.metrics().unwrap().transfers_in_flight > 0
+    });
+}
+
 #[test]
 fn holder_killed_mid_transfer_the_fetch_completes_from_another_holder() {
     // Node 0 is the head (directory); nodes 1 and 2 hold the object; node 3 fetches it.
@@ -68,7 +77,7 @@ fn holder_killed_mid_transfer_the_fetch_completes_from_another_holder() {
         (result, started.elapsed())
     });
     // Kill one holder while the transfer runs (whichever one it picked, a copy remains).
-    std::thread::sleep(Duration::from_millis(30));
+    transfer_started(&cluster.sockets[3], &fetcher);
     cluster.kill(1);
     let (result, took) = fetcher.join().unwrap();
     assert!(result.unwrap(), "bytes intact");
@@ -93,7 +102,7 @@ fn only_holder_killed_mid_transfer_the_fetch_fails_cleanly_before_its_deadline()
             .map(|o| o.data().len());
         (result, started.elapsed())
     });
-    std::thread::sleep(Duration::from_millis(30));
+    transfer_started(&cluster.sockets[2], &fetcher);
     cluster.kill(1);
     let (result, took) = fetcher.join().unwrap();
     // Either the copy made it before the kill, or the fetch reports why it could not.

@@ -17,16 +17,8 @@ use std::time::{Duration, Instant};
 use skyriver::up::{LocalCluster, UpArgs};
 use skyriver_client::{Client, ObjectId, TransferMode};
 
-fn require_prometheus() -> bool {
-    std::env::var_os("SKYRIVER_REQUIRE_PROMETHEUS").is_some()
-}
-
 fn skip(test: &str, why: &str) {
-    assert!(
-        !require_prometheus(),
-        "SKYRIVER_REQUIRE_PROMETHEUS is set but {why} (ci/install-deps.sh)"
-    );
-    eprintln!("SKIPPED {test}: {why}");
+    common::skip::skip(test, &common::skip::PROMETHEUS, why);
 }
 
 /// `GET path` over HTTP/1.1: the status code and body.

@@ -18,11 +18,11 @@ fn namespaces_or_skip(test: &str) -> bool {
     match skyriver::netns::available() {
         Ok(()) => true,
         Err(reason) => {
-            assert!(
-                std::env::var_os("SKYRIVER_REQUIRE_NETNS").is_none(),
-                "SKYRIVER_REQUIRE_NETNS is set but namespaces cannot be made: {reason}"
+            common::skip::skip(
+                test,
+                &common::skip::NETNS,
+                &format!("network namespaces unavailable ({reason})"),
             );
-            eprintln!("SKIPPED {test}: network namespaces unavailable ({reason})");
             false
         }
     }

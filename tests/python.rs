@@ -6,15 +6,14 @@
 //! same interpreter found it at build time); it is copied with the package's Python sources
 //! into a temporary directory, so nothing is written into the source tree.
 
+mod common;
+
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn python() -> String {
     std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-fn required() -> bool {
-    std::env::var("SKYRIVER_REQUIRE_PYTHON").is_ok_and(|v| v == "1")
 }
 
 /// Why the suite cannot run here, if it cannot.
@@ -89,12 +88,9 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn python_package_test_suite() {
     let python = python();
+    let test = "python_package_test_suite";
     if let Some(reason) = missing_prerequisite(&python) {
-        assert!(
-            !required(),
-            "SKYRIVER_REQUIRE_PYTHON=1 but the Python suite cannot run: {reason}"
-        );
-        println!("skipping the Python test suite: {reason} (pip install pytest numpy pyarrow)");
+        common::skip::skip(test, &common::skip::PYTHON, &reason);
         return;
     }
     let library = build_extension();
@@ -107,13 +103,36 @@ fn python_package_test_suite() {
     copy_dir(&sources.join("tests"), &staging.path().join("tests"));
     std::fs::copy(&library, staging.path().join("skyriver").join("_native.so")).unwrap();
 
-    let status = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+    // `-rs` lists each pytest skip with its reason, as `SKIPPED [n] file:line: reason`.
+    let output = Command::new(&python)
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "tests",
+        ])
         .current_dir(staging.path())
         .env("PYTHONPATH", staging.path())
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("SKYRIVER_BIN", env!("CARGO_BIN_EXE_skyriver"))
-        .status()
+        .stderr(std::process::Stdio::inherit())
+        .output()
         .expect("run pytest");
-    assert!(status.success(), "the Python test suite failed ({status})");
+    // Shown as pytest prints it (past the harness's capture, like a child's stderr).
+    let _ = std::io::stdout().write_all(&output.stdout);
+    let report = String::from_utf8_lossy(&output.stdout);
+    for skipped in report.lines().filter_map(|l| l.strip_prefix("SKIPPED ")) {
+        // `[n] tests/test_arrow.py:10: could not import 'pyarrow'`: a whole pytest test (or
+        // n of them) that did not run, reported like any other skip.
+        let (place, reason) = skipped.split_once(": ").unwrap_or((skipped, "skipped"));
+        common::skip::skip(&format!("{test} {place}"), &common::skip::PYTHON, reason);
+    }
+    assert!(
+        output.status.success(),
+        "the Python test suite failed ({})",
+        output.status
+    );
 }

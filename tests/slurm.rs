@@ -4,6 +4,8 @@
 //! job cancelled with `scancel` leaves no daemon and no run directory behind. Skips with a
 //! line without Slurm, unless `SKYRIVER_REQUIRE_SLURM` is set (CI), where it fails instead.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -17,11 +19,7 @@ fn slurm_or_skip(test: &str) -> bool {
     if idle {
         return true;
     }
-    assert!(
-        std::env::var_os("SKYRIVER_REQUIRE_SLURM").is_none(),
-        "SKYRIVER_REQUIRE_SLURM is set but no Slurm answers (ci/slurm/setup.sh)"
-    );
-    eprintln!("SKIPPED {test}: no Slurm cluster answers sinfo");
+    common::skip::skip(test, &common::skip::SLURM, "no Slurm cluster answers sinfo");
     false
 }
 

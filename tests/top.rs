@@ -49,11 +49,7 @@ impl Drop for Tmux {
 fn top_in_tmux_shows_both_nodes_and_quits_on_q() {
     let test = "top_in_tmux_shows_both_nodes_and_quits_on_q";
     if Command::new("tmux").arg("-V").output().is_err() {
-        assert!(
-            std::env::var_os("SKYRIVER_REQUIRE_PROMETHEUS").is_none(),
-            "SKYRIVER_REQUIRE_PROMETHEUS is set but tmux is not installed (ci/install-deps.sh)"
-        );
-        eprintln!("SKIPPED {test}: tmux is not installed");
+        common::skip::skip(test, &common::skip::PROMETHEUS, "tmux is not installed");
         return;
     }
     let (_dir, cluster) = cluster();

@@ -25,13 +25,15 @@ use skyriver_client::{Client, ClientError, ObjectId};
 const SIZES: [usize; 7] = [1, 1 << 10, 60 << 10, 256 << 10, 1 << 20, 8 << 20, 16 << 20];
 const FETCH_DEADLINE: Duration = Duration::from_secs(120);
 
-/// The device names to use, or `None` (after printing a skip line past the harness capture).
+/// The device names to use, or `None` (after reporting a skip).
 fn devices(test: &str) -> Option<Vec<String>> {
     let list = std::env::var("SKYRIVER_RDMA_DEVICES").unwrap_or_default();
     let names: Vec<String> = list.split_whitespace().map(str::to_string).collect();
     if names.is_empty() {
-        eprintln!(
-            "skip {test}: SKYRIVER_RDMA_DEVICES is not set (run in ci/softroce/run-in-vm.sh)"
+        common::skip::skip(
+            test,
+            &common::skip::RDMA_DEVICES,
+            "SKYRIVER_RDMA_DEVICES is not set",
         );
         return None;
     }

@@ -4,33 +4,62 @@
 //! so a captured handshake cannot be replayed (the other side's nonce is new every time) nor
 //! reflected (the roles differ). The fabric, verbs and directory handshakes all use it.
 
+use std::sync::Arc;
+
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use zeroize::Zeroizing;
 
 /// A fresh random value one side contributes to a handshake.
 pub type Nonce = [u8; 32];
 /// An HMAC-SHA256 proof.
 pub type Proof = [u8; 32];
 
-/// A secret (the cluster token) that never shows in `Debug` output or logs.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
+/// The cluster token: the secret every node of a cluster proves it knows ([`prove`]).
+///
+/// It never shows: `Debug` prints `ClusterToken(***)` and there is no `Display`, so a
+/// `{:?}` of any config that holds one cannot print it. The secret is kept once, behind an
+/// `Arc`: a clone shares it (a daemon hands its one token to its fabric, its directory
+/// client and the head it serves) instead of copying it, and when the last holder drops it
+/// its bytes are zeroed. Equality is constant-time ([`tokens_match`]).
+#[derive(Clone)]
+pub struct ClusterToken(Arc<Zeroizing<String>>);
 
-impl Secret {
-    /// Wraps `secret`.
-    pub fn new(secret: String) -> Self {
-        Self(secret)
+impl ClusterToken {
+    /// Takes `secret` over (no copy of it is left behind).
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(Arc::new(Zeroizing::new(secret.into())))
     }
 
-    /// The secret itself, to key a proof with.
-    pub fn expose(&self) -> &str {
+    /// The secret itself, to key a proof with or to derive a record from. Never log it.
+    pub fn expose_secret(&self) -> &str {
         &self.0
     }
 }
 
-impl std::fmt::Debug for Secret {
+impl From<String> for ClusterToken {
+    fn from(secret: String) -> Self {
+        Self::new(secret)
+    }
+}
+
+impl From<&str> for ClusterToken {
+    fn from(secret: &str) -> Self {
+        Self::new(secret)
+    }
+}
+
+impl PartialEq for ClusterToken {
+    fn eq(&self, other: &Self) -> bool {
+        tokens_match(self.expose_secret(), other.expose_secret())
+    }
+}
+
+impl Eq for ClusterToken {}
+
+impl std::fmt::Debug for ClusterToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Secret(<{} bytes, redacted>)", self.0.len())
+        f.write_str("ClusterToken(***)")
     }
 }
 
@@ -138,6 +167,20 @@ pub fn tokens_match(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_token_never_shows_and_clones_share_one_secret() {
+        let token = ClusterToken::new("hunter2-secret");
+        assert_eq!(format!("{token:?}"), "ClusterToken(***)");
+        assert_eq!(
+            format!("{:#?}", Some(&token)),
+            "Some(\n    ClusterToken(***),\n)"
+        );
+        let shared = token.clone();
+        assert!(std::ptr::eq(token.expose_secret(), shared.expose_secret()));
+        assert_eq!(token, ClusterToken::from("hunter2-secret"));
+        assert_ne!(token, ClusterToken::from("hunter2-secreT"));
+    }
 
     #[test]
     fn equal_tokens_match_and_any_difference_does_not() {

@@ -16,28 +16,51 @@ pub(super) struct JoinedDirectory {
     pub(super) description: String,
 }
 
+/// Why the daemon could not serve or join its directory.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectoryStartError {
+    /// The head's directory port could not be bound.
+    #[error("cannot serve the directory on {addr}: {source}")]
+    Bind {
+        /// The address asked for (`--head`).
+        addr: std::net::SocketAddr,
+        /// From `bind`.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The head's directory server could not start.
+    #[error("cannot start the directory server: {0}")]
+    Serve(#[source] std::io::Error),
+    /// The directory could not be reached, or refused this node.
+    #[error(transparent)]
+    Join(skyriver_transport::directory::DirectoryError),
+}
+
 /// Serves the built-in directory when this daemon is the head, then joins the directory.
 pub(super) async fn connect_directory(
     cluster: &super::ClusterConfig,
     me: skyriver_transport::directory::MemberInfo,
     notices: tokio::sync::mpsc::UnboundedSender<DirectoryNotice>,
-) -> Result<JoinedDirectory, super::DaemonError> {
+) -> Result<JoinedDirectory, DirectoryStartError> {
     use skyriver_transport::directory::builtin::{BuiltinDirectoryServer, ServerConfig};
     use skyriver_transport::directory::DirectorySpec;
 
-    use super::{DaemonError, DirectoryChoice};
+    use super::DirectoryChoice;
 
     let mut server = None;
     let spec = match &cluster.directory {
         DirectoryChoice::Head { listen } => {
-            let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
-                DaemonError::Directory(format!("cannot serve the directory on {listen}: {e}"))
-            })?;
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|source| DirectoryStartError::Bind {
+                    addr: *listen,
+                    source,
+                })?;
             let head = BuiltinDirectoryServer::spawn(
                 listener,
                 ServerConfig::new(cluster.cluster_token.clone()),
             )
-            .map_err(|e| DaemonError::Directory(e.to_string()))?;
+            .map_err(DirectoryStartError::Serve)?;
             let addr = head.local_addr().to_string();
             // What other hosts dial: never `0.0.0.0`.
             let dial =
@@ -58,7 +81,7 @@ pub(super) async fn connect_directory(
         notices,
     )
     .await
-    .map_err(|e| DaemonError::Directory(e.to_string()))?;
+    .map_err(DirectoryStartError::Join)?;
     let description = match (&spec, &server) {
         (DirectorySpec::Builtin { addr }, Some(_)) => {
             format!("built-in directory at {addr} (served by this node)")

@@ -26,18 +26,70 @@ pub struct Available {
     pub source: String,
 }
 
-/// Checks `memory_bytes` against the machine; `Err` is a message that says what to do.
+/// Why the machine cannot give the store what was asked, or the memory flags are unusable.
+/// Each message says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// `--memory` below [`MIN_MEMORY_BYTES`].
+    #[error(
+        "--memory {} is too small: a store needs at least {} (e.g. --memory 1GiB)",
+        format_bytes(*asked_bytes),
+        format_bytes(MIN_MEMORY_BYTES)
+    )]
+    TooSmall {
+        /// What was asked.
+        asked_bytes: u64,
+    },
+    /// `--memory` above what is available, without `--allow-overcommit`.
+    #[error(
+        "--memory {} is more than this machine can give the store: {} available ({}). A store \
+         that large would drive the kernel into killing processes when it fills (memfd pages \
+         belong to no process, so the OOM killer cannot find the store); --no-prefault only \
+         delays that. Use --memory {} or less, or --allow-overcommit to start anyway.",
+        format_bytes(*asked_bytes),
+        format_bytes(available.bytes),
+        available.source,
+        format_bytes(*suggested_bytes)
+    )]
+    MoreThanAvailable {
+        /// What was asked.
+        asked_bytes: u64,
+        /// What the machine has.
+        available: Available,
+        /// What to ask instead (nine tenths of it).
+        suggested_bytes: u64,
+    },
+    /// `--hugepages DIR` cannot be examined.
+    #[error("--hugepages {}: {source}", dir.display())]
+    HugepagesStat {
+        /// The directory.
+        dir: std::path::PathBuf,
+        /// From `statfs`.
+        #[source]
+        source: nix::Error,
+    },
+    /// `--hugepages DIR` is not a hugetlbfs mount: it would silently give normal pages.
+    #[error(
+        "--hugepages {}: not a hugetlbfs mount (mount one with `mount -t hugetlbfs none \
+         /dev/hugepages` and reserve pages with `sysctl vm.nr_hugepages=N`)",
+        dir.display()
+    )]
+    NotHugetlbfs {
+        /// The directory.
+        dir: std::path::PathBuf,
+    },
+}
+
+/// Checks `memory_bytes` against the machine.
 pub fn check(
     memory_bytes: u64,
     hugepages_dir: Option<&Path>,
     allow_overcommit: bool,
-) -> Result<(), String> {
+) -> Result<(), MemoryError> {
     if memory_bytes < MIN_MEMORY_BYTES {
-        return Err(format!(
-            "--memory {} is too small: a store needs at least {} (e.g. --memory 1GiB)",
-            format_bytes(memory_bytes),
-            format_bytes(MIN_MEMORY_BYTES)
-        ));
+        return Err(MemoryError::TooSmall {
+            asked_bytes: memory_bytes,
+        });
     }
     if allow_overcommit {
         return Ok(());
@@ -49,16 +101,11 @@ pub fn check(
         return Ok(());
     }
     let suggestion = ((available.bytes / 10 * 9) >> 20) << 20;
-    Err(format!(
-        "--memory {} is more than this machine can give the store: {} available ({}). A store \
-         that large would drive the kernel into killing processes when it fills (memfd pages \
-         belong to no process, so the OOM killer cannot find the store); --no-prefault only \
-         delays that. Use --memory {} or less, or --allow-overcommit to start anyway.",
-        format_bytes(memory_bytes),
-        format_bytes(available.bytes),
-        available.source,
-        format_bytes(suggestion.max(MIN_MEMORY_BYTES)),
-    ))
+    Err(MemoryError::MoreThanAvailable {
+        asked_bytes: memory_bytes,
+        available,
+        suggested_bytes: suggestion.max(MIN_MEMORY_BYTES),
+    })
 }
 
 /// The most the store can take now: the override, else the smallest of what the sources say.
@@ -167,8 +214,15 @@ mod tests {
     #[test]
     fn too_small_is_refused_even_with_overcommit() {
         let e = check(0, None, true).unwrap_err();
-        assert!(e.contains("at least 1.0 MiB"), "{e}");
-        assert!(check(1, None, true).is_err());
+        assert!(
+            matches!(e, MemoryError::TooSmall { asked_bytes: 0 }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("at least 1.0 MiB"), "{e}");
+        assert!(matches!(
+            check(1, None, true),
+            Err(MemoryError::TooSmall { .. })
+        ));
         assert!(check(MIN_MEMORY_BYTES, None, true).is_ok());
     }
 

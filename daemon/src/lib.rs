@@ -45,6 +45,7 @@ use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+pub use self::cluster::DirectoryStartError;
 use self::effects::Effects;
 use self::event_loop::{ClusterInputs, EventLoop};
 use self::record::Recorder;
@@ -169,8 +170,9 @@ pub struct ClusterConfig {
     pub directory: DirectoryChoice,
     /// Name of the cluster (the Redis key prefix).
     pub cluster_name: String,
-    /// Shared secret every node presents.
-    pub cluster_token: String,
+    /// Shared secret every node proves (`Debug` shows `ClusterToken(***)`); the fabric, the
+    /// directory client and a served head share it.
+    pub cluster_token: crate::security::ClusterToken,
     /// The IP peers dial when `listen` is unspecified (`0.0.0.0`) [default: the source
     /// address of the route towards the directory].
     pub advertise: Option<std::net::IpAddr>,
@@ -189,8 +191,8 @@ pub enum DaemonError {
     #[error(transparent)]
     Persist(#[from] skyriver_transport::persist::PersistError),
     /// The machine cannot give the store what was asked, or the memory flags are unusable.
-    #[error("{0}")]
-    Memory(String),
+    #[error(transparent)]
+    Memory(#[from] host_memory::MemoryError),
     /// Another daemon already serves this socket.
     #[error(
         "a daemon is already listening on {path} (the socket belongs to {owner}); stop it, or \
@@ -232,13 +234,27 @@ pub enum DaemonError {
     Runtime(#[source] std::io::Error),
     /// The fabric could not start.
     #[error("fabric: {0}")]
-    Fabric(String),
+    Fabric(#[from] FabricStartError),
     /// The directory could not be reached or started.
     #[error("directory: {0}")]
-    Directory(String),
+    Directory(#[from] cluster::DirectoryStartError),
     /// The metrics exporter could not start.
     #[error(transparent)]
     Metrics(#[from] metrics::MetricsError),
+}
+
+/// Why a daemon's fabric could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FabricStartError {
+    /// The TCP fabric could not listen.
+    #[error(transparent)]
+    Tcp(#[from] skyriver_transport::fabric::tcp::TcpStartError),
+    /// The verbs fabric could not open its device or listen.
+    #[error("{0} (use --fabric tcp where no RDMA device works)")]
+    Verbs(#[source] skyriver_transport::fabric::verbs::VerbsStartError),
+    /// No address to publish for peers to dial.
+    #[error(transparent)]
+    Advertise(#[from] crate::security::SecurityError),
 }
 
 /// A daemon running on its own thread, for tests and tools that embed one.
@@ -457,10 +473,9 @@ impl Server {
                 config.memory_bytes,
                 config.hugepages_dir.as_deref(),
                 config.allow_overcommit,
-            )
-            .map_err(DaemonError::Memory)?;
+            )?;
         } else if config.memory_bytes < host_memory::MIN_MEMORY_BYTES {
-            host_memory::check(config.memory_bytes, None, true).map_err(DaemonError::Memory)?;
+            host_memory::check(config.memory_bytes, None, true)?;
         }
         let metrics_listener = config.metrics_addr.map(metrics::bind).transpose()?;
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
@@ -693,7 +708,7 @@ async fn start_cluster(
                 arenas.clone(),
                 fabric_tx,
             )
-            .map_err(|e| DaemonError::Fabric(e.to_string()))?,
+            .map_err(FabricStartError::from)?,
         ),
         FabricChoice::Verbs {
             device,
@@ -706,11 +721,7 @@ async fn start_cluster(
             verbs_config.memory_windows = *memory_windows;
             verbs_config.gid_index = *gid_index;
             let verbs = VerbsFabric::start(verbs_config, identity, arenas.clone(), fabric_tx)
-                .map_err(|e| {
-                    DaemonError::Fabric(format!(
-                        "{e} (use --fabric tcp where no RDMA device works)"
-                    ))
-                })?;
+                .map_err(FabricStartError::Verbs)?;
             // Eager chunks are sized from the receive slots both ends agreed on.
             receive_slot_bytes = Some(verbs.receive_slot_bytes());
             Arc::new(verbs)
@@ -721,7 +732,7 @@ async fn start_cluster(
         cluster.advertise,
         cluster::directory_host(&cluster.directory).as_deref(),
     )
-    .map_err(|e| DaemonError::Fabric(e.to_string()))?;
+    .map_err(FabricStartError::from)?;
     let me = MemberInfo {
         node: config.node,
         fabric_addr,
@@ -792,14 +803,17 @@ async fn bind_socket(config: &DaemonConfig) -> Result<UnixListener, DaemonError>
 /// `--hugepages DIR` must be a hugetlbfs mount: anything else would silently give normal pages.
 fn check_hugetlbfs(dir: &Path) -> Result<(), DaemonError> {
     const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
-    let stat = nix::sys::statfs::statfs(dir)
-        .map_err(|e| DaemonError::Memory(format!("--hugepages {}: {e}", dir.display())))?;
+    let stat = nix::sys::statfs::statfs(dir).map_err(|source| {
+        host_memory::MemoryError::HugepagesStat {
+            dir: dir.to_path_buf(),
+            source,
+        }
+    })?;
     if stat.filesystem_type().0 as i64 != HUGETLBFS_MAGIC {
-        return Err(DaemonError::Memory(format!(
-            "--hugepages {}: not a hugetlbfs mount (mount one with `mount -t hugetlbfs none \
-             /dev/hugepages` and reserve pages with `sysctl vm.nr_hugepages=N`)",
-            dir.display()
-        )));
+        return Err(host_memory::MemoryError::NotHugetlbfs {
+            dir: dir.to_path_buf(),
+        }
+        .into());
     }
     Ok(())
 }

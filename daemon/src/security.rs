@@ -11,6 +11,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket}
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+pub use skyriver_transport::token::ClusterToken;
+use zeroize::Zeroizing;
+
 /// The token an `--insecure` daemon without a token uses (every such daemon shares it, so it
 /// keeps out nobody).
 pub const INSECURE_DEFAULT_TOKEN: &str = "skyriver-default-token";
@@ -81,34 +84,25 @@ pub enum SecurityError {
     },
 }
 
-/// Where this daemon's token comes from.
-#[derive(Clone, PartialEq, Eq)]
+/// Where this daemon's token comes from. `Debug` shows a set token as `ClusterToken(***)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenChoice {
     /// A token the operator set: other hosts may join.
-    Set(String),
+    Set(ClusterToken),
     /// No token and `--insecure`: everybody shares [`INSECURE_DEFAULT_TOKEN`].
     Insecure,
     /// No token: loopback only.
     LoopbackOnly,
 }
 
-impl std::fmt::Debug for TokenChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the token.
-        match self {
-            TokenChoice::Set(_) => f.write_str("Set(..)"),
-            TokenChoice::Insecure => f.write_str("Insecure"),
-            TokenChoice::LoopbackOnly => f.write_str("LoopbackOnly"),
-        }
-    }
-}
-
 impl TokenChoice {
-    /// The token to present to peers.
-    pub fn token(&self) -> String {
+    /// The token to present to peers (shared, not copied: see [`ClusterToken`]).
+    pub fn token(&self) -> ClusterToken {
         match self {
             TokenChoice::Set(token) => token.clone(),
-            TokenChoice::Insecure | TokenChoice::LoopbackOnly => INSECURE_DEFAULT_TOKEN.into(),
+            TokenChoice::Insecure | TokenChoice::LoopbackOnly => {
+                ClusterToken::new(INSECURE_DEFAULT_TOKEN)
+            }
         }
     }
 }
@@ -122,12 +116,12 @@ pub fn choose_token(
 ) -> Result<TokenChoice, SecurityError> {
     let token = match (token, token_file) {
         (Some(_), Some(_)) => return Err(SecurityError::TwoTokens),
-        (Some(token), None) => Some(token),
+        (Some(token), None) => Some(ClusterToken::new(token)),
         (None, Some(path)) => Some(read_token_file(path)?),
         (None, None) => None,
     };
     match token {
-        Some(token) if token.is_empty() => Err(SecurityError::EmptyToken),
+        Some(token) if token.expose_secret().is_empty() => Err(SecurityError::EmptyToken),
         Some(token) => Ok(TokenChoice::Set(token)),
         None if insecure => Ok(TokenChoice::Insecure),
         None => Ok(TokenChoice::LoopbackOnly),
@@ -135,8 +129,8 @@ pub fn choose_token(
 }
 
 /// Reads a token file: only its owner may read or write it (mode 0600 or stricter); the
-/// token is its content without the trailing line break.
-pub fn read_token_file(path: &Path) -> Result<String, SecurityError> {
+/// token is its content without the trailing line break. What was read is zeroed.
+pub fn read_token_file(path: &Path) -> Result<ClusterToken, SecurityError> {
     let read_error = |source| SecurityError::ReadTokenFile {
         path: path.to_path_buf(),
         source,
@@ -149,7 +143,8 @@ pub fn read_token_file(path: &Path) -> Result<String, SecurityError> {
             mode,
         });
     }
-    let mut text = String::new();
+    // Room for the whole read up front: a buffer that grew would leave copies behind.
+    let mut text = Zeroizing::new(String::with_capacity(MAX_TOKEN_FILE_BYTES as usize + 1));
     file.take(MAX_TOKEN_FILE_BYTES + 1)
         .read_to_string(&mut text)
         .map_err(read_error)?;
@@ -158,11 +153,12 @@ pub fn read_token_file(path: &Path) -> Result<String, SecurityError> {
             path: path.display().to_string(),
         });
     }
-    let token = text.trim_end_matches(['\n', '\r']).to_string();
-    if token.is_empty() {
+    let line_break = text.trim_end_matches(['\n', '\r']).len();
+    text.truncate(line_break);
+    if text.is_empty() {
         return Err(SecurityError::EmptyToken);
     }
-    Ok(token)
+    Ok(ClusterToken::new(std::mem::take(&mut *text)))
 }
 
 /// The address to listen on, given the token choice: without a token an unspecified address
@@ -273,9 +269,9 @@ mod tests {
     #[test]
     fn an_owner_only_token_file_gives_its_first_line_without_the_break() {
         let (_dir, path) = file_with(0o600, "secret\n");
-        assert_eq!(read_token_file(&path).unwrap(), "secret");
+        assert_eq!(read_token_file(&path).unwrap().expose_secret(), "secret");
         let (_dir, path) = file_with(0o400, "s3\r\n");
-        assert_eq!(read_token_file(&path).unwrap(), "s3");
+        assert_eq!(read_token_file(&path).unwrap().expose_secret(), "s3");
         let (_dir, path) = file_with(0o600, "\n");
         assert!(matches!(
             read_token_file(&path),
@@ -306,7 +302,10 @@ mod tests {
             choose_token(Some(String::new()), None, false),
             Err(SecurityError::EmptyToken)
         ));
-        assert_eq!(format!("{:?}", TokenChoice::Set("hush".into())), "Set(..)");
+        assert_eq!(
+            format!("{:?}", TokenChoice::Set("hush".into())),
+            "Set(ClusterToken(***))"
+        );
     }
 
     #[test]

@@ -360,7 +360,7 @@ pub(super) struct RedisServer {
 impl RedisServer {
     /// Starts the server with room for values of `largest` bytes, bound to `cpu`.
     pub(super) fn start(largest: u64, cpu: usize) -> Result<Self, String> {
-        let port = free_loopback_port()?;
+        let port = free_loopback_port().map_err(|e| format!("no free loopback port: {e}"))?;
         let max_bulk = (largest + (1 << 20)).max(512 << 20).to_string();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])

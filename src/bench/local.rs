@@ -119,7 +119,8 @@ pub(super) fn run(args: &LocalArgs) -> Result<(), BenchError> {
     let metered = match (args.metrics, &args.socket) {
         (true, None) => {
             let memory = (largest * 4).max(256 << 20);
-            let port = crate::up::free_loopback_port().map_err(BenchError::Setup)?;
+            let port = crate::up::free_loopback_port()
+                .map_err(|e| BenchError::Setup(format!("no free loopback port: {e}")))?;
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
             let daemon =
                 ChildDaemon::start_with(memory, &["--metrics".into(), addr.to_string().into()])?;

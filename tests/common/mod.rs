@@ -8,6 +8,11 @@ use std::time::{Duration, Instant};
 use skyriver_client::Client;
 use skyriver_daemon::{DaemonConfig, DaemonHandle};
 
+/// Skips that show (`SKIPPED: …` lines, `ci/test.sh` lists them); shared with the transport
+/// crate's tests.
+#[path = "../../transport/tests/support/skip.rs"]
+pub mod skip;
+
 /// A temporary directory for one test's sockets and files.
 pub fn test_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -96,8 +101,8 @@ pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
-/// A `redis-server` on a free loopback port, stopped on drop. `None` (after printing a skip
-/// line) when redis-server is not installed, unless `SKYRIVER_REQUIRE_REDIS` is set.
+/// A `redis-server` on a free loopback port, stopped on drop. `None` (after reporting a skip)
+/// when redis-server is not installed, unless `SKYRIVER_REQUIRE_REDIS` is set.
 pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
@@ -111,11 +116,7 @@ impl RedisServer {
             .output()
             .is_err()
         {
-            assert!(
-                std::env::var_os("SKYRIVER_REQUIRE_REDIS").is_none(),
-                "SKYRIVER_REQUIRE_REDIS is set but redis-server is not installed (ci/install-deps.sh)"
-            );
-            eprintln!("SKIPPED {test}: redis-server is not installed");
+            skip::skip(test, &skip::REDIS, "redis-server is not installed");
             return None;
         }
         let dir = test_dir();

@@ -1,7 +1,10 @@
-//! The cluster token's nonces. The proofs themselves are [`skyriver_core::auth`]'s, so the
-//! directory registry (in the core) and the fabrics check them with one piece of code.
+//! The cluster token's nonces. The token type ([`ClusterToken`]: redacted, shared, zeroed on
+//! drop) and the proofs are [`skyriver_core::auth`]'s, so the directory registry (in the core)
+//! and the fabrics check them with one piece of code.
 
-pub use skyriver_core::auth::{prove, tokens_match, verify, Nonce, Proof, Role, Transcript};
+pub use skyriver_core::auth::{
+    prove, tokens_match, verify, ClusterToken, Nonce, Proof, Role, Transcript,
+};
 
 /// A nonce from the operating system's generator.
 pub fn fresh_nonce() -> Nonce {

@@ -76,7 +76,7 @@ impl Node {
         config: ClientConfig,
     ) -> Result<Node, DirectoryError> {
         let (tx, notices) = mpsc::unbounded_channel();
-        let dir = builtin::connect(&server.to_string(), me, token, tx, config).await?;
+        let dir = builtin::connect(&server.to_string(), me, &token.into(), tx, config).await?;
         Ok(Node {
             dir,
             notices,

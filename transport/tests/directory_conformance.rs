@@ -15,6 +15,8 @@ use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/skip.rs"]
+mod skip;
 use redis_server::RedisServer;
 #[path = "support/directory_harness.rs"]
 mod directory_harness;

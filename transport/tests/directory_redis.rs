@@ -21,6 +21,8 @@ const WAIT: Duration = Duration::from_secs(10);
 
 #[path = "support/redis_server.rs"]
 mod redis_server;
+#[path = "support/skip.rs"]
+mod skip;
 use redis_server::RedisServer;
 
 fn sizes(n: u64) -> ObjectSizes {
@@ -71,7 +73,7 @@ impl Node {
         token: &str,
     ) -> Result<Node, DirectoryError> {
         let (tx, notices) = mpsc::unbounded_channel();
-        let dir = redis::connect(config, me, token, tx).await?;
+        let dir = redis::connect(config, me, &token.into(), tx).await?;
         Ok(Node {
             dir,
             notices,
@@ -357,7 +359,7 @@ async fn redis_unreachable_at_start_is_an_error() {
     let (tx, _rx) = mpsc::unbounded_channel();
     let spec: DirectorySpec = format!("redis://127.0.0.1:{port}").parse().unwrap();
     let started = Instant::now();
-    match directory::connect(&spec, member(1), "c", TOKEN, tx).await {
+    match directory::connect(&spec, member(1), "c", &TOKEN.into(), tx).await {
         Err(DirectoryError::Unreachable { .. }) => {}
         Err(other) => panic!("expected Unreachable, got {other}"),
         Ok(_) => panic!("connected to nothing"),

@@ -369,13 +369,14 @@ fn garbage_on_the_fabric_port_is_refused_and_the_fabric_carries_on() {
     let _ = &mut a;
 }
 
-/// Takes every event queued for `node` now, without dropping any (so their budget stays held).
-fn drain_events(node: &mut Node) -> Vec<FabricEvent> {
-    let mut events = Vec::new();
-    while let Ok(event) = node.events.try_recv() {
-        events.push(event);
+/// Waits (bounded) until `count` events have arrived, and holds them (a held message keeps
+/// its share of the connection's undelivered-bytes budget).
+fn hold_events(node: &mut Node, count: usize) -> Vec<FabricEvent> {
+    let mut held = Vec::with_capacity(count);
+    while held.len() < count {
+        held.push(next_event(node));
     }
-    events
+    held
 }
 
 const FLOOD_MESSAGE_BYTES: usize = 16 * 1024;
@@ -410,23 +411,15 @@ fn a_fast_sender_is_slowed_to_the_pace_of_a_slow_receiver() {
         }
         b
     });
-    // The receiving driver is slow: it lets events pile up, then handles a batch at once.
+    // The receiving driver is slow: it holds the messages that arrive until its budget is full
+    // (or the last ones came), then handles them as one batch.
     let mut next = 0u32;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while next < MESSAGES {
+        let full = held_max.min((MESSAGES - next) as usize);
+        let batch = hold_events(&mut a, full);
         assert!(
-            std::time::Instant::now() < deadline,
-            "only {next} messages arrived"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-        let batch = drain_events(&mut a);
-        let messages = batch
-            .iter()
-            .filter(|e| matches!(e, FabricEvent::Message { .. }))
-            .count();
-        assert!(
-            messages <= held_max,
-            "{messages} messages waited for the driver, the budget holds {held_max}"
+            a.events.try_recv().is_err(),
+            "more than the {held_max} messages the budget holds waited for the driver"
         );
         for event in batch {
             match event {
@@ -484,12 +477,13 @@ fn a_peer_that_does_not_read_is_disconnected_with_a_reason() {
         } => assert!(reason.contains("not reading"), "{reason}"),
         other => panic!("{other:?}"),
     }
-    std::thread::sleep(Duration::from_millis(100));
-    let held = drain_events(&mut a);
+    // a's reader took what its budget holds and stopped there: held, these messages keep it
+    // stopped, so nothing more is waiting (checked at once, not after a quiet period).
+    assert!(sent as usize > held_max, "b sent only {sent} messages");
+    let held = hold_events(&mut a, held_max);
     assert!(
-        held.len() <= held_max,
-        "{} messages waited for the driver, the budget holds {held_max}",
-        held.len()
+        a.events.try_recv().is_err(),
+        "more than the {held_max} messages the budget holds waited for the driver"
     );
     // Once a's driver catches up, a learns that b dropped the connection.
     drop(held);

@@ -13,6 +13,9 @@
 //! `ci/softroce/test.sh` runs the file as one suite (one binary, one boot of the VM) with the
 //! harness above serving all of them.
 
+#[path = "support/skip.rs"]
+mod skip;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,14 +33,16 @@ const MIB: u64 = 1 << 20;
 const ARENA: ArenaId = ArenaId(0);
 const TOKEN: &str = "skyriver-test-cluster";
 
-/// The two device names to use, or `None` (after printing a skip line).
+/// The two device names to use, or `None` (after reporting a skip).
 fn devices(test: &str) -> Option<(String, String)> {
     let list = std::env::var("SKYRIVER_RDMA_DEVICES").unwrap_or_default();
     let names: Vec<&str> = list.split_whitespace().collect();
     match names.as_slice() {
         [] => {
-            println!(
-                "skip {test}: SKYRIVER_RDMA_DEVICES is not set (run in ci/softroce/run-in-vm.sh)"
+            skip::skip(
+                test,
+                &skip::RDMA_DEVICES,
+                "SKYRIVER_RDMA_DEVICES is not set",
             );
             None
         }
@@ -95,7 +100,7 @@ fn node_with(id: u32, cfg: VerbsFabricConfig, token: &str, arena_bytes: u64) -> 
     let (tx, events) = unbounded_channel();
     let identity = FabricIdentity {
         node: NodeId(id),
-        cluster_token: token.to_string(),
+        cluster_token: token.into(),
     };
     let arenas = BTreeMap::from([(ARENA, arena.clone())]);
     let fabric = VerbsFabric::start(cfg, identity, arenas, tx).expect("start the verbs fabric");

@@ -10,6 +10,9 @@
 //! With two devices the two ends of every connection use different devices, so traffic
 //! crosses the guest's veth pair. Assertions are on data and completion status, never speed.
 
+#[path = "support/skip.rs"]
+mod skip;
+
 use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -34,14 +37,16 @@ fn post_reads(
     unsafe { conn.post_reads(lane, reads) }
 }
 
-/// The two device names to use, or `None` (after printing a skip line).
+/// The two device names to use, or `None` (after reporting a skip).
 fn devices(test: &str) -> Option<(String, String)> {
     let list = std::env::var("SKYRIVER_RDMA_DEVICES").unwrap_or_default();
     let names: Vec<&str> = list.split_whitespace().collect();
     match names.as_slice() {
         [] => {
-            println!(
-                "skip {test}: SKYRIVER_RDMA_DEVICES is not set (run in ci/softroce/run-in-vm.sh)"
+            skip::skip(
+                test,
+                &skip::RDMA_DEVICES,
+                "SKYRIVER_RDMA_DEVICES is not set",
             );
             None
         }

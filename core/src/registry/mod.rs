@@ -88,7 +88,7 @@ impl Default for RegistryLimits {
 #[derive(Clone)]
 pub struct RegistryConfig {
     /// Nodes must prove this token.
-    pub cluster_token: String,
+    pub cluster_token: auth::ClusterToken,
     /// Keys the registry's nonces: secret and random (the driver draws it from the operating
     /// system, the simulator from its seed).
     pub nonce_key: [u8; 32],
@@ -100,7 +100,7 @@ pub struct RegistryConfig {
 
 impl RegistryConfig {
     /// Default limits, a 5 s heartbeat timeout, `cluster_token` and `nonce_key`.
-    pub fn new(cluster_token: impl Into<String>, nonce_key: [u8; 32]) -> Self {
+    pub fn new(cluster_token: impl Into<auth::ClusterToken>, nonce_key: [u8; 32]) -> Self {
         Self {
             cluster_token: cluster_token.into(),
             nonce_key,
@@ -347,7 +347,7 @@ impl Registry {
             Some(Handshake { hello, nonce }) => {
                 let node_identity = wire::member_identity(&hello.member);
                 let transcript = wire::transcript(&hello.nonce, &nonce, &node_identity);
-                let token = &self.config.cluster_token;
+                let token = self.config.cluster_token.expose_secret();
                 if auth::verify(token, Role::Dialer, &transcript, &proof) {
                     let own_proof = auth::prove(token, Role::Acceptor, &transcript);
                     self.admit(now, conn, hello, own_proof)

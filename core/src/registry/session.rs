@@ -166,7 +166,7 @@ pub struct ReplayState {
 pub struct DirectorySession {
     config: SessionConfig,
     me: MemberInfo,
-    token: auth::Secret,
+    token: auth::ClusterToken,
     nonces: NonceSource,
     replay: ReplayState,
     link: Link,
@@ -188,7 +188,7 @@ impl DirectorySession {
     pub fn new(
         config: SessionConfig,
         me: MemberInfo,
-        token: String,
+        token: auth::ClusterToken,
         nonce_key: [u8; 32],
         now: Instant,
     ) -> Self {
@@ -196,7 +196,7 @@ impl DirectorySession {
         Self {
             config,
             me,
-            token: auth::Secret::new(token),
+            token,
             nonces: NonceSource::new(nonce_key),
             replay: ReplayState::default(),
             link: Link::Down {
@@ -371,7 +371,8 @@ impl DirectorySession {
                         let (deadline, nonce) = (*deadline, *nonce);
                         let identity = wire::member_identity(&self.me);
                         let transcript = wire::transcript(&nonce, &registry_nonce, &identity);
-                        let proof = auth::prove(self.token.expose(), Role::Dialer, &transcript);
+                        let proof =
+                            auth::prove(self.token.expose_secret(), Role::Dialer, &transcript);
                         self.link = Link::AwaitingWelcome {
                             deadline,
                             nonce,
@@ -398,7 +399,12 @@ impl DirectorySession {
                     FromRegistry::Welcome { proof, .. } => {
                         let identity = wire::member_identity(&self.me);
                         let transcript = wire::transcript(nonce, registry_nonce, &identity);
-                        if auth::verify(self.token.expose(), Role::Acceptor, &transcript, &proof) {
+                        if auth::verify(
+                            self.token.expose_secret(),
+                            Role::Acceptor,
+                            &transcript,
+                            &proof,
+                        ) {
                             self.welcomed(now);
                             Ok(())
                         } else {

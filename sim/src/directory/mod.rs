@@ -189,7 +189,7 @@ pub struct SimDirectory {
     /// Violations already reported.
     reported: BTreeSet<ViolationKey>,
     params: DirectoryParams,
-    cluster_token: String,
+    cluster_token: skyriver_core::auth::ClusterToken,
     registry: Option<Registry>,
     /// Changes at every head crash: messages and timers of an older head are void.
     head_epoch: u64,
@@ -258,7 +258,7 @@ impl SimDirectory {
     /// A head serving `nodes` (each at incarnation 0), registered before time starts, as a
     /// cluster whose daemons all joined before the workload.
     pub fn formed(params: DirectoryParams, nodes: usize, now: Instant) -> (Self, Vec<Effect>) {
-        let cluster_token = "sim-cluster-token".to_string();
+        let cluster_token = skyriver_core::auth::ClusterToken::new("sim-cluster-token");
         let mut directory = SimDirectory {
             reported: BTreeSet::new(),
             registry: Some(Registry::new(RegistryConfig {

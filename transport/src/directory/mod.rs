@@ -161,7 +161,7 @@ pub async fn connect(
     spec: &DirectorySpec,
     me: MemberInfo,
     cluster: &str,
-    token: &str,
+    token: &crate::token::ClusterToken,
     notices: mpsc::UnboundedSender<DirectoryNotice>,
 ) -> Result<Arc<dyn Directory>, DirectoryError> {
     match spec {

@@ -246,22 +246,14 @@ pub enum FabricError {
     },
 }
 
-/// Identity and secrets every connection handshake checks.
-#[derive(Clone)]
+/// Identity and secrets every connection handshake checks. `Debug` shows the token as
+/// `ClusterToken(***)`.
+#[derive(Debug, Clone)]
 pub struct FabricIdentity {
     /// This node.
     pub node: NodeId,
-    /// Shared by every node of one cluster; a peer presenting another token is refused.
-    pub cluster_token: String,
-}
-
-impl fmt::Debug for FabricIdentity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never print the token.
-        f.debug_struct("FabricIdentity")
-            .field("node", &self.node)
-            .finish_non_exhaustive()
-    }
+    /// Shared by every node of one cluster; a peer that cannot prove it is refused.
+    pub cluster_token: crate::token::ClusterToken,
 }
 
 /// The arenas a fabric serves READs from and writes READ data into, by id.

@@ -482,7 +482,7 @@ impl BuiltinHarness {
     async fn open(&self, me: MemberInfo, token: &str, silent: bool) -> Result<ClientNode, String> {
         let (tx, rx) = mpsc::unbounded_channel();
         let addr = self.server.local_addr().to_string();
-        let dir = builtin::connect(&addr, me, token, tx, Self::client_config(silent))
+        let dir = builtin::connect(&addr, me, &token.into(), tx, Self::client_config(silent))
             .await
             .map_err(|e| e.to_string())?;
         Ok(ClientNode::new(dir, rx))
@@ -538,7 +538,7 @@ impl RedisHarness {
 
     async fn open(&self, me: MemberInfo, token: &str, silent: bool) -> Result<ClientNode, String> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let dir = redis::connect(self.config(silent), me, token, tx)
+        let dir = redis::connect(self.config(silent), me, &token.into(), tx)
             .await
             .map_err(|e| e.to_string())?;
         Ok(ClientNode::new(dir, rx))

@@ -90,7 +90,7 @@ pub type BuiltinDirectory = DirectoryClient;
 pub async fn connect(
     addr: &str,
     me: MemberInfo,
-    token: &str,
+    token: &crate::token::ClusterToken,
     notices: mpsc::UnboundedSender<DirectoryNotice>,
     config: ClientConfig,
 ) -> Result<BuiltinDirectory, DirectoryError> {
@@ -107,7 +107,7 @@ pub async fn connect(
     let session = DirectorySession::new(
         session_config,
         me,
-        token.to_string(),
+        token.clone(),
         crate::token::fresh_nonce(),
         skyriver_core::Instant::ZERO,
     );

@@ -35,8 +35,8 @@ const INBOX_MESSAGES: usize = 1024;
 /// How the head serves the directory.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Nodes must present this token in their hello.
-    pub cluster_token: String,
+    /// Nodes must prove this token in their hello (`Debug` shows `ClusterToken(***)`).
+    pub cluster_token: crate::token::ClusterToken,
     /// A node not heard from for this long is dropped.
     pub heartbeat_timeout: Duration,
     /// A connection must say hello within this long.
@@ -45,7 +45,7 @@ pub struct ServerConfig {
 
 impl ServerConfig {
     /// Defaults (5 s heartbeat timeout, 5 s hello timeout) with `cluster_token`.
-    pub fn new(cluster_token: impl Into<String>) -> Self {
+    pub fn new(cluster_token: impl Into<crate::token::ClusterToken>) -> Self {
         Self {
             cluster_token: cluster_token.into(),
             heartbeat_timeout: Duration::from_secs(5),

@@ -46,21 +46,12 @@ pub(super) struct Params {
     pub(super) me: MemberInfo,
     pub(super) member_json: String,
     /// The cluster token, to check against the token record.
-    pub(super) token: Secret,
+    pub(super) token: crate::token::ClusterToken,
     /// The token record last found to admit the token (a reconnection skips the derivation).
     pub(super) verified_record: Mutex<Option<String>>,
     pub(super) client: Client,
     /// The Redis URL with any password masked, for messages.
     pub(super) shown_url: String,
-}
-
-/// A secret that never shows in `Debug` output.
-pub(super) struct Secret(pub(super) String);
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(..)")
-    }
 }
 
 /// Opens Redis links: both connections, then an adapter task.
@@ -363,7 +354,7 @@ impl Adapter {
                 let (cluster, cost) = (self.config.cluster.clone(), self.config.token_kdf);
                 let params = self.params.clone();
                 let fresh = tokio::task::spawn_blocking(move || {
-                    token_record::create(&cluster, &params.token.0, cost)
+                    token_record::create(&cluster, params.token.expose_secret(), cost)
                 })
                 .await
                 .map_err(|e| Failure::Lost(format!("the token record's derivation failed: {e}")))?
@@ -448,7 +439,7 @@ impl Adapter {
         let params = self.params.clone();
         let (record, cluster) = (stored.to_string(), self.config.cluster.clone());
         let outcome = tokio::task::spawn_blocking(move || {
-            let outcome = token_record::verify(&record, &cluster, &params.token.0);
+            let outcome = token_record::verify(&record, &cluster, params.token.expose_secret());
             if outcome.is_ok() {
                 if let Ok(mut verified) = params.verified_record.lock() {
                     *verified = Some(record);

@@ -447,7 +447,7 @@ pub type RedisDirectory = DirectoryClient;
 pub async fn connect(
     config: RedisConfig,
     me: MemberInfo,
-    token: &str,
+    token: &crate::token::ClusterToken,
     notices: mpsc::UnboundedSender<DirectoryNotice>,
 ) -> Result<RedisDirectory, DirectoryError> {
     let shown = super::DirectorySpec::Redis {
@@ -490,14 +490,14 @@ pub async fn connect(
     let session = DirectorySession::new(
         session_config,
         me.clone(),
-        adapter::SESSION_TOKEN.to_string(),
+        adapter::SESSION_TOKEN.into(),
         crate::token::fresh_nonce(),
         skyriver_core::Instant::ZERO,
     );
     let connector = adapter::RedisConnector {
         params: Arc::new(adapter::Params {
             keys: Keys::new(&config.cluster),
-            token: adapter::Secret(token.to_string()),
+            token: token.clone(),
             verified_record: std::sync::Mutex::new(None),
             config,
             me,

@@ -84,14 +84,18 @@ pub(super) fn connect_to(
     };
     let mine = s.my_hello(pings);
     ctl.write_frame(&Proven {
-        proof: transcript.connector_proof(&s.identity.cluster_token, &mine),
+        proof: transcript.connector_proof(s.identity.cluster_token.expose_secret(), &mine),
         hello: mine.clone(),
     })
     .map_err(control_err("hello"))?;
     let theirs = match ctl.read_frame::<Reply>().map_err(control_err("hello"))? {
         Reply::Accept(Accepted { hello, proof }) => {
-            let proven =
-                transcript.check_acceptor(&s.identity.cluster_token, &mine, &hello, &proof);
+            let proven = transcript.check_acceptor(
+                s.identity.cluster_token.expose_secret(),
+                &mine,
+                &hello,
+                &proof,
+            );
             if !proven || hello.node != challenge.node {
                 let reason = HelloRejection::Unproven {
                     node: challenge.node,
@@ -267,16 +271,17 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
         }
     };
     let peer = NodeId(theirs.node);
-    let authentic = if !transcript.check_connector(&s.identity.cluster_token, &theirs, &proof) {
-        Err(HelloRejection::WrongToken { node: theirs.node })
-    } else if theirs.node != transcript.connector {
-        Err(HelloRejection::SwitchedNode {
-            opened: transcript.connector,
-            hello: theirs.node,
-        })
-    } else {
-        Ok(())
-    };
+    let authentic =
+        if !transcript.check_connector(s.identity.cluster_token.expose_secret(), &theirs, &proof) {
+            Err(HelloRejection::WrongToken { node: theirs.node })
+        } else if theirs.node != transcript.connector {
+            Err(HelloRejection::SwitchedNode {
+                opened: transcript.connector,
+                hello: theirs.node,
+            })
+        } else {
+            Ok(())
+        };
     if let Err(reason) = authentic.and_then(|()| s.check_hello(&theirs, None)) {
         // Unauthenticated: no event (the claimed node id is unverified; a PeerLost for it would
         // let anyone without the token disturb a real peer's connection).
@@ -344,7 +349,8 @@ fn accept_from(s: &Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
         let mut ctl = Control::new(&mut stream, left.max(Duration::from_millis(1)))
             .map_err(control_err("hello"))?;
         let mine = s.my_hello(0);
-        let proof = transcript.acceptor_proof(&s.identity.cluster_token, &theirs, &mine);
+        let proof =
+            transcript.acceptor_proof(s.identity.cluster_token.expose_secret(), &theirs, &mine);
         ctl.write_frame(&Reply::Accept(Accepted { hello: mine, proof }))
             .map_err(control_err("hello"))?;
         match ctl.read_frame::<Verdict>().map_err(control_err("hello"))? {
