@@ -27,6 +27,7 @@ pub mod logging;
 pub mod netns;
 pub mod persistence;
 pub mod poll;
+mod reply_routing;
 pub mod security;
 pub mod size;
 pub mod top;
