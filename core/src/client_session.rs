@@ -387,7 +387,7 @@ mod tests {
         let event = ObjectEvent::Deleted { id: id(1) };
         let mut session = ClientSession::<()>::new();
         assert!(matches!(
-            session.receive(ServerFrame::Event(event.clone())),
+            session.receive(ServerFrame::Event(event)),
             Err(ProtocolViolation::UnexpectedEvent(_))
         ));
 
@@ -399,7 +399,7 @@ mod tests {
             Some(((), Response::Done(Ok(()))))
         );
         assert!(session.is_subscribed());
-        session.receive(ServerFrame::Event(event.clone())).unwrap();
+        session.receive(ServerFrame::Event(event)).unwrap();
         assert_eq!(session.poll_event(), Some(event));
         assert_eq!(
             session.send(Request::List, ()),
