@@ -23,12 +23,12 @@
 //! in a child fails with [`ClientError::Forked`], and buffers dropped there send nothing: the
 //! child connects anew.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use skyriver_core::client_protocol::{
@@ -36,25 +36,21 @@ use skyriver_core::client_protocol::{
     Response, ServerFrame, TraceStamp, FRAME_HEADER_BYTES, MAX_IDS_PER_REQUEST,
     MAX_INLINE_PUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
 };
+use skyriver_core::client_session::{ClientSession, ConnectionLost, ProtocolViolation};
 use skyriver_core::digest::{ContentDigest, ContentHasher};
 use skyriver_core::node::{FetchError, TransferMode};
 use skyriver_core::store::{EvictOutcome, ObjectSummary};
-use skyriver_core::{
-    ArenaId, NodeId, ObjectEvent, ObjectId, ObjectInfo, RequestId, StoreError, StoreStats,
-};
+use skyriver_core::{ArenaId, NodeId, ObjectEvent, ObjectId, ObjectInfo, StoreError, StoreStats};
 use skyriver_transport::{ReadableRegion, SharedArena, WritableRegion};
 
-/// The id of every connection's first request.
-const HELLO_REQUEST: RequestId = RequestId(1);
+use crate::reply_routing::{io_lost, never, FrameRead, FrameWrite, ReplyRouter};
+
+/// A connection that said `Hello`: its stream and session, the daemon's node and arenas.
+type OpenedConnection = (UnixStream, ClientSession<()>, NodeId, MappedArenas);
 
 /// How long a blocked wait sleeps before it looks at its interrupt check and at
 /// [`Client::close`] again.
 pub const WAIT_SLICE: Duration = Duration::from_millis(50);
-
-/// An interrupt check that never interrupts.
-fn never() -> bool {
-    false
-}
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -160,28 +156,20 @@ struct ClientInner {
     pid: u32,
 }
 
-/// One socket shared by every thread of the client: writes under one lock, replies routed by
-/// request id under another. No lock is held while a thread blocks on the socket.
-struct Connection {
-    writer: Mutex<FrameWriter>,
-    replies: Mutex<Replies>,
-    /// Signalled whenever `replies` changes: a reply came in, the reader is free again, or the
-    /// connection failed.
-    replies_changed: Condvar,
-}
+/// One socket shared by every thread of the client ([`ReplyRouter`]).
+type Connection = ReplyRouter<FrameWriter, FrameReader>;
 
 struct FrameWriter {
     stream: UnixStream,
-    next_request: u64,
     write_buf: Vec<u8>,
 }
 
-impl FrameWriter {
+impl FrameWrite for FrameWriter {
     /// Encodes a request into the write buffer, refusing one over the daemon's limit (the
     /// daemon would close the connection on it) without touching the connection.
-    fn encode(&mut self, request: RequestId, body: Request) -> Result<(), ClientError> {
+    fn encode(&mut self, frame: &RequestFrame) -> Result<(), ClientError> {
         self.write_buf.clear();
-        encode_frame(&RequestFrame { request, body }, &mut self.write_buf);
+        encode_frame(frame, &mut self.write_buf);
         let bytes = self.write_buf.len() - FRAME_HEADER_BYTES;
         if bytes > MAX_REQUEST_BYTES {
             return Err(ClientError::Store(StoreError::BadRequest(format!(
@@ -235,44 +223,37 @@ impl FrameReader {
 
     /// Waits up to `within` (at least a microsecond) for bytes, the socket's end or an error
     /// to read; false when none came. Reads no frame, so nothing is lost when it gives up.
-    fn wait_for_bytes(&mut self, within: Duration) -> Result<bool, ClientError> {
+    fn wait_for_bytes(&mut self, within: Duration) -> Result<bool, ConnectionLost> {
         if !self.reader.buffer().is_empty() {
             return Ok(true);
         }
         let within = within.max(Duration::from_micros(1));
         if within != self.read_timeout {
-            self.reader.get_ref().set_read_timeout(Some(within))?;
+            self.reader
+                .get_ref()
+                .set_read_timeout(Some(within))
+                .map_err(|error| io_lost(&error))?;
             self.read_timeout = within;
         }
         match std::io::BufRead::fill_buf(&mut self.reader) {
             // Bytes, or the end of the stream (which `read_frame` reports).
             Ok(_) => Ok(true),
             Err(error) if no_bytes_yet(&error) => Ok(false),
-            Err(error) => Err(error.into()),
+            Err(error) => Err(io_lost(&error)),
         }
-    }
-
-    /// The next frame if one starts within [`WAIT_SLICE`] (after polling for it, see
-    /// [`skyriver_transport::poll`]); a frame once started is read to its end.
-    fn next_frame_within_slice(&mut self) -> Result<Option<ServerFrame>, ClientError> {
-        self.poll_readable();
-        if !self.wait_for_bytes(WAIT_SLICE)? {
-            return Ok(None);
-        }
-        self.read_frame().map(Some)
     }
 
     /// Fills `buf` whole, waiting past read timeouts: a frame once started is read to its end.
-    /// An end of the stream before the first byte is [`ClientError::Closed`].
-    fn read_fully(&mut self, buf: &mut [u8]) -> Result<(), ClientError> {
+    /// An end of the stream before the first byte is [`ConnectionLost::Closed`].
+    fn read_fully(&mut self, buf: &mut [u8]) -> Result<(), ConnectionLost> {
         let mut filled = 0;
         while filled < buf.len() {
             match self.reader.read(&mut buf[filled..]) {
-                Ok(0) if filled == 0 => return Err(ClientError::Closed),
-                Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into()),
+                Ok(0) if filled == 0 => return Err(ConnectionLost::Closed),
+                Ok(0) => return Err(io_lost(&std::io::ErrorKind::UnexpectedEof.into())),
                 Ok(n) => filled += n,
                 Err(error) if no_bytes_yet(&error) => {}
-                Err(error) => return Err(error.into()),
+                Err(error) => return Err(io_lost(&error)),
             }
         }
         Ok(())
@@ -288,365 +269,33 @@ impl FrameReader {
     }
 
     /// The next frame, however long it takes to come.
-    fn read_frame(&mut self) -> Result<ServerFrame, ClientError> {
+    fn read_frame(&mut self) -> Result<ServerFrame, ConnectionLost> {
         let mut header = [0u8; FRAME_HEADER_BYTES];
         self.read_fully(&mut header)?;
-        let len = decode_frame_len(header, MAX_RESPONSE_BYTES)
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let len = decode_frame_len(header, MAX_RESPONSE_BYTES).map_err(ProtocolViolation::from)?;
         let mut body = std::mem::take(&mut self.read_buf);
         body.resize(len, 0);
         let read = self.read_fully(&mut body).map_err(|error| match error {
-            ClientError::Closed => std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into(),
+            ConnectionLost::Closed => io_lost(&std::io::ErrorKind::UnexpectedEof.into()),
             other => other,
         });
         let frame = read.and_then(|()| {
-            decode_server_frame(&body).map_err(|e| ClientError::Protocol(e.to_string()))
+            decode_server_frame(&body).map_err(|e| ProtocolViolation::from(e).into())
         });
         self.read_buf = body;
         frame
     }
 }
 
-/// Replies in flight, shared by the threads of one client.
-struct Replies {
-    /// The socket's read side, here when no thread is reading (taken by the one that reads).
-    reader: Option<FrameReader>,
-    /// Calls sent whose callers wait for the reply.
-    awaited: BTreeSet<RequestId>,
-    /// Replies read for callers that have not picked them up yet.
-    arrived: BTreeMap<RequestId, Response>,
-    /// Why the connection is unusable, once it is: every later call fails with this.
-    failure: Option<Failure>,
-    /// Callers asleep on `replies_changed` (waking nobody is skipped: it costs a syscall).
-    sleepers: usize,
-    /// Calls whose callers stopped waiting (interrupted, or the client closed): their replies
-    /// are read and dropped, the references they hold released.
-    abandoned: BTreeSet<RequestId>,
-    /// References held by replies nobody waits for any more, to release.
-    orphaned: Vec<ObjectId>,
-    /// [`Client::close`] was called: calls are refused and waits end.
-    closed: bool,
-}
-
-/// A connection failure, kept to be reported to every caller.
-#[derive(Debug, Clone)]
-enum Failure {
-    Closed,
-    Io(std::io::ErrorKind, String),
-    Protocol(String),
-}
-
-impl Failure {
-    fn from_error(error: &ClientError) -> Self {
-        match error {
-            ClientError::Closed => Failure::Closed,
-            ClientError::Io(error) => Failure::Io(error.kind(), error.to_string()),
-            other => Failure::Protocol(other.to_string()),
+impl FrameRead for FrameReader {
+    /// The next frame if one starts within [`WAIT_SLICE`] (after polling for it, see
+    /// [`skyriver_transport::poll`]); a frame once started is read to its end.
+    fn next_frame_within_slice(&mut self) -> Result<Option<ServerFrame>, ConnectionLost> {
+        self.poll_readable();
+        if !self.wait_for_bytes(WAIT_SLICE)? {
+            return Ok(None);
         }
-    }
-
-    fn to_error(&self) -> ClientError {
-        match self {
-            Failure::Closed => ClientError::Closed,
-            Failure::Io(kind, message) => {
-                ClientError::Io(std::io::Error::new(*kind, message.clone()))
-            }
-            Failure::Protocol(message) => ClientError::Protocol(message.clone()),
-        }
-    }
-}
-
-/// What a sender does about the reply to its request.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ReplyTo {
-    /// The sender waits for it.
-    Caller,
-    /// No reply comes (an unanswered release; its failure is reported by a later flush).
-    Nobody,
-}
-
-impl Connection {
-    fn new(stream: UnixStream, next_request: u64, poll: Duration) -> Result<Self, ClientError> {
-        let reader = FrameReader::new(&stream, poll)?;
-        Ok(Self {
-            writer: Mutex::new(FrameWriter {
-                stream,
-                next_request,
-                write_buf: Vec::new(),
-            }),
-            replies: Mutex::new(Replies {
-                reader: Some(reader),
-                awaited: BTreeSet::new(),
-                arrived: BTreeMap::new(),
-                failure: None,
-                sleepers: 0,
-                abandoned: BTreeSet::new(),
-                orphaned: Vec::new(),
-                closed: false,
-            }),
-            replies_changed: Condvar::new(),
-        })
-    }
-
-    fn replies(&self) -> MutexGuard<'_, Replies> {
-        // Every update of `Replies` is a single step that cannot panic halfway.
-        self.replies
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn send(&self, body: Request, reply_to: ReplyTo) -> Result<RequestId, ClientError> {
-        // A panic mid-write leaves the stream in an unknown state; the daemon then closes it
-        // and the next call reports that.
-        let mut writer = self
-            .writer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        {
-            let replies = self.replies();
-            if let Some(failure) = &replies.failure {
-                return Err(failure.to_error());
-            }
-            // Releases still go out after a close: the buffers handed out are still in use.
-            if replies.closed && reply_to == ReplyTo::Caller {
-                return Err(ClientError::ClientClosed);
-            }
-        }
-        let request = RequestId(writer.next_request + 1);
-        writer.encode(request, body)?;
-        writer.next_request += 1;
-        // Registered before the write, so the reader knows the reply when it comes.
-        if reply_to == ReplyTo::Caller {
-            self.replies().awaited.insert(request);
-        }
-        if let Err(error) = writer.write() {
-            let error = ClientError::Io(error);
-            self.fail(&error);
-            return Err(error);
-        }
-        Ok(request)
-    }
-
-    /// Marks the connection failed and wakes every waiting caller to report it.
-    fn fail(&self, error: &ClientError) {
-        let mut replies = self.replies();
-        replies
-            .failure
-            .get_or_insert_with(|| Failure::from_error(error));
-        drop(replies);
-        self.replies_changed.notify_all();
-    }
-
-    /// Marks the connection closed by its user and wakes every waiting caller to say so.
-    fn close(&self) {
-        self.replies().closed = true;
-        self.replies_changed.notify_all();
-    }
-
-    /// Waits until `done` holds, reading the socket while no other thread does. The reading
-    /// thread polls the socket for a while before it blocks ([`skyriver_transport::poll`]): every caller,
-    /// a fetch's too, since a small fetch is answered within the polling time, and a caller
-    /// asleep on a CPU that a polling daemon keeps busy waits for it to yield (`bench fetch
-    /// --cpus spread`: a 1 KiB fetch took twice as long when its client slept).
-    ///
-    /// Every [`WAIT_SLICE`] of waiting, `interrupted` is asked (without any lock held) whether
-    /// to give up with [`ClientError::Interrupted`]; a [`Client::close`] ends the wait with
-    /// [`ClientError::ClientClosed`].
-    fn wait_until<T>(
-        &self,
-        mut done: impl FnMut(&mut Replies) -> Option<T>,
-        interrupted: &mut dyn FnMut() -> bool,
-    ) -> Result<T, ClientError> {
-        let mut next_check = Instant::now() + WAIT_SLICE;
-        let mut replies = self.replies();
-        loop {
-            if let Some(result) = done(&mut replies) {
-                return Ok(result);
-            }
-            if let Some(failure) = &replies.failure {
-                return Err(failure.to_error());
-            }
-            if replies.closed {
-                return Err(ClientError::ClientClosed);
-            }
-            if let Some(mut reader) = replies.reader.take() {
-                drop(replies);
-                let frame = reader.next_frame_within_slice();
-                replies = self.replies();
-                replies.reader = Some(reader);
-                match frame {
-                    Ok(Some(frame)) => replies.route(frame),
-                    Ok(None) => {}
-                    Err(error) => {
-                        replies
-                            .failure
-                            .get_or_insert_with(|| Failure::from_error(&error));
-                    }
-                }
-                // Someone else may wait for this frame, or for the reader this thread gives
-                // back.
-                if replies.sleepers > 0 {
-                    self.replies_changed.notify_all();
-                }
-            } else {
-                replies.sleepers += 1;
-                replies = self
-                    .replies_changed
-                    .wait_timeout(replies, WAIT_SLICE)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .0;
-                replies.sleepers -= 1;
-            }
-            let orphaned = std::mem::take(&mut replies.orphaned);
-            let check = Instant::now() >= next_check;
-            if orphaned.is_empty() && !check {
-                continue;
-            }
-            drop(replies);
-            self.release_all(orphaned);
-            if check {
-                if interrupted() {
-                    return Err(ClientError::Interrupted);
-                }
-                next_check = Instant::now() + WAIT_SLICE;
-            }
-            replies = self.replies();
-        }
-    }
-
-    /// Releases references nobody holds any more; failures are reported by the next flush.
-    fn release_all(&self, ids: Vec<ObjectId>) {
-        for id in ids {
-            if self.release_without_waiting(id).is_err() {
-                // The connection failed: the daemon drops every reference of it anyway.
-                break;
-            }
-        }
-    }
-
-    fn wait_reply(
-        &self,
-        request: RequestId,
-        interrupted: &mut dyn FnMut() -> bool,
-    ) -> Result<Response, ClientError> {
-        let result = self.wait_until(|replies| replies.arrived.remove(&request), interrupted);
-        if result.is_err() {
-            self.abandon(request);
-        }
-        result
-    }
-
-    /// Stops waiting for a request's reply: it is dropped when it comes (or now, if it came in
-    /// the meantime), and the references it holds released.
-    fn abandon(&self, request: RequestId) {
-        let mut replies = self.replies();
-        let orphaned = match replies.arrived.remove(&request) {
-            Some(response) => references_in(&response),
-            None => {
-                if replies.awaited.remove(&request) && replies.failure.is_none() {
-                    replies.abandoned.insert(request);
-                }
-                Vec::new()
-            }
-        };
-        drop(replies);
-        self.release_all(orphaned);
-    }
-
-    fn call(&self, body: Request) -> Result<Response, ClientError> {
-        let request = self.send(body, ReplyTo::Caller)?;
-        self.wait_reply(request, &mut never)
-    }
-
-    /// Sends every request at once, then waits for their replies, in order. Stops at the first
-    /// failure: returns the replies before it and the failure (the requests after it are
-    /// abandoned, their references released).
-    fn call_all(
-        &self,
-        bodies: impl IntoIterator<Item = Request>,
-        interrupted: &mut dyn FnMut() -> bool,
-    ) -> (Vec<Response>, Option<ClientError>) {
-        let mut failure = None;
-        let mut requests = Vec::new();
-        for body in bodies {
-            match self.send(body, ReplyTo::Caller) {
-                Ok(request) => requests.push(request),
-                Err(error) => {
-                    failure = Some(error);
-                    break;
-                }
-            }
-        }
-        let mut responses = Vec::with_capacity(requests.len());
-        for request in requests {
-            if failure.is_some() {
-                self.abandon(request);
-                continue;
-            }
-            match self.wait_reply(request, interrupted) {
-                Ok(response) => responses.push(response),
-                Err(error) => failure = Some(error),
-            }
-        }
-        (responses, failure)
-    }
-
-    /// Sends a release the daemon does not answer: a dropped buffer costs one write and no
-    /// reply to read. A failure is reported by the next [`Client::flush`].
-    fn release_without_waiting(&self, id: ObjectId) -> Result<(), ClientError> {
-        self.send(Request::ReleaseUnanswered { id }, ReplyTo::Nobody)
-            .map(|_| ())
-    }
-}
-
-/// The objects a reply holds a reference to (on the caller's behalf).
-fn references_in(response: &Response) -> Vec<ObjectId> {
-    match response {
-        Response::Got(results) => results.iter().flatten().map(|info| info.id).collect(),
-        Response::Fetched(results) => results.iter().flatten().map(|info| info.id).collect(),
-        _ => Vec::new(),
-    }
-}
-
-impl Replies {
-    /// Files a frame read from the socket under the request it answers.
-    fn route(&mut self, frame: ServerFrame) {
-        match frame {
-            ServerFrame::Reply { request, response } if self.awaited.remove(&request) => {
-                self.arrived.insert(request, response);
-            }
-            ServerFrame::Reply { request, response } if self.abandoned.remove(&request) => {
-                self.orphaned.extend(references_in(&response));
-            }
-            other => {
-                // A reply to nothing we sent, or an event on a request connection: the stream
-                // can no longer be trusted.
-                self.failure = Some(Failure::Protocol(format!(
-                    "unexpected frame from the daemon: {other:?}"
-                )));
-            }
-        }
-    }
-}
-
-/// The one request of a connection that is then only read (a subscription), and its reply.
-fn call_once(
-    stream: &mut UnixStream,
-    reader: &mut FrameReader,
-    body: Request,
-) -> Result<Response, ClientError> {
-    let request = RequestId(HELLO_REQUEST.0 + 1);
-    let mut frame = Vec::new();
-    encode_frame(&RequestFrame { request, body }, &mut frame);
-    stream.write_all(&frame)?;
-    match reader.read_frame()? {
-        ServerFrame::Reply {
-            request: got,
-            response,
-        } if got == request => Ok(response),
-        other => Err(ClientError::Protocol(format!(
-            "unexpected frame from the daemon: {other:?}"
-        ))),
+        self.read_frame().map(Some)
     }
 }
 
@@ -745,14 +394,15 @@ impl Client {
     /// Connects to the daemon listening on `socket_path` and maps its memory.
     pub fn connect(socket_path: impl AsRef<Path>) -> Result<Self, ClientError> {
         let socket_path = socket_path.as_ref().to_path_buf();
-        let (stream, node, arenas) = Self::open(&socket_path)?;
+        let (stream, session, node, arenas) = Self::open(&socket_path)?;
+        let reader = FrameReader::new(&stream, skyriver_transport::poll::poll_from_env())?;
+        let writer = FrameWriter {
+            stream,
+            write_buf: Vec::new(),
+        };
         Ok(Self {
             inner: Arc::new(ClientInner {
-                connection: Connection::new(
-                    stream,
-                    HELLO_REQUEST.0,
-                    skyriver_transport::poll::poll_from_env(),
-                )?,
+                connection: Connection::new(writer, reader, session),
                 arenas,
                 node,
                 socket_path,
@@ -761,9 +411,9 @@ impl Client {
         })
     }
 
-    /// Connects, says hello and maps the arenas; the stream is ready for requests after
-    /// [`HELLO_REQUEST`].
-    fn open(socket_path: &Path) -> Result<(UnixStream, NodeId, MappedArenas), ClientError> {
+    /// Connects, says hello and maps the arenas; the stream and its session are ready for
+    /// requests.
+    fn open(socket_path: &Path) -> Result<OpenedConnection, ClientError> {
         let mut stream = UnixStream::connect(socket_path)
             .map_err(|source| connect_error(socket_path, source))?;
         let client_name = format!(
@@ -771,18 +421,17 @@ impl Client {
             std::env::args().next().unwrap_or_default(),
             std::process::id()
         );
-        let mut hello = Vec::new();
-        encode_frame(
-            &RequestFrame {
-                request: HELLO_REQUEST,
-                body: Request::Hello {
-                    protocol_version: PROTOCOL_VERSION,
-                    client_name,
-                },
+        let mut session = ClientSession::new();
+        let hello = session.send(
+            Request::Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client_name,
             },
-            &mut hello,
-        );
-        stream.write_all(&hello)?;
+            (),
+        )?;
+        let mut bytes = Vec::new();
+        encode_frame(&hello, &mut bytes);
+        stream.write_all(&bytes)?;
         // The fds come with the first bytes of the Welcome frame: read its header by recvmsg,
         // on the raw socket (the buffered reader has not read anything yet).
         let mut header = [0u8; FRAME_HEADER_BYTES];
@@ -803,20 +452,19 @@ impl Client {
         let mut body = vec![0u8; len];
         stream.read_exact(&mut body)?;
         let frame = decode_server_frame(&body).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let ServerFrame::Reply {
-            response:
-                Response::Welcome {
-                    protocol_version,
-                    node,
-                    arenas,
-                },
-            ..
-        } = frame
+        session
+            .receive(frame)
+            .map_err(|violation| ClientError::Protocol(violation.to_string()))?;
+        let Some(((), response)) = session.take_reply(hello.request) else {
+            return Err(ClientError::Protocol("no reply to Hello".into()));
+        };
+        let Response::Welcome {
+            protocol_version,
+            node,
+            arenas,
+        } = response
         else {
-            return Err(match frame {
-                ServerFrame::Reply { response, .. } => unexpected(response),
-                other => ClientError::Protocol(format!("expected Welcome, got {other:?}")),
-            });
+            return Err(unexpected(response));
         };
         if protocol_version != PROTOCOL_VERSION {
             return Err(ClientError::Protocol(format!(
@@ -837,7 +485,7 @@ impl Client {
                 Arc::new(SharedArena::from_fd(fd, info.size_bytes)?),
             );
         }
-        Ok((stream, node, mapped))
+        Ok((stream, session, node, mapped))
     }
 
     /// The connection, unless this process is a fork of the one that connected.
@@ -1255,15 +903,25 @@ impl Client {
     /// A stream of seal and delete events, on a connection of its own.
     pub fn subscribe(&self) -> Result<Subscription, ClientError> {
         self.connection()?;
-        let (mut stream, _, _) = Self::open(&self.inner.socket_path)?;
+        let (mut stream, mut session, _, _) = Self::open(&self.inner.socket_path)?;
         let mut reader = FrameReader::new(&stream, Duration::ZERO)?;
-        match call_once(&mut stream, &mut reader, Request::Subscribe)? {
-            Response::Done(result) => result?,
-            other => return Err(unexpected(other)),
+        let subscribe = session.send(Request::Subscribe, ())?;
+        let mut bytes = Vec::new();
+        encode_frame(&subscribe, &mut bytes);
+        stream.write_all(&bytes)?;
+        let frame = reader.read_frame()?;
+        session
+            .receive(frame)
+            .map_err(|violation| ClientError::Protocol(violation.to_string()))?;
+        match session.take_reply(subscribe.request) {
+            Some(((), Response::Done(result))) => result?,
+            Some(((), other)) => return Err(unexpected(other)),
+            None => return Err(ClientError::Protocol("no reply to Subscribe".into())),
         }
         Ok(Subscription {
             stream,
             reader,
+            session,
             timeout: None,
         })
     }
@@ -1429,6 +1087,8 @@ impl Drop for ObjectBuffer {
 pub struct Subscription {
     stream: UnixStream,
     reader: FrameReader,
+    /// Takes the events, and refuses anything else on the stream.
+    session: ClientSession<()>,
     /// How long [`Subscription::next_event`] waits (`None`: for ever).
     timeout: Option<Duration>,
 }
@@ -1469,10 +1129,13 @@ impl Subscription {
                 return Err(ClientError::Interrupted);
             }
         }
-        match self.reader.read_frame()? {
-            ServerFrame::Event(event) => Ok(event),
-            ServerFrame::Reply { response, .. } => Err(unexpected(response)),
-        }
+        let frame = self.reader.read_frame()?;
+        self.session
+            .receive(frame)
+            .map_err(|violation| ClientError::Protocol(violation.to_string()))?;
+        self.session
+            .poll_event()
+            .ok_or_else(|| ClientError::Protocol("a frame without an event".into()))
     }
 
     /// Sets how long [`Subscription::next_event`] waits (`None`: for ever).
@@ -1527,18 +1190,21 @@ fn copy_hashing(destination: &mut [u8], source: &[u8], hasher: &mut ContentHashe
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skyriver_core::RequestId;
 
     #[test]
     fn a_request_over_the_daemons_limit_is_refused_before_it_is_written() {
         let (stream, mut peer) = UnixStream::pair().unwrap();
         let mut writer = FrameWriter {
             stream,
-            next_request: 1,
             write_buf: Vec::new(),
         };
         // 250,000 ids encode to about 5 MB, over the 4 MiB the daemon reads.
         let ids = vec![ObjectId([7; 20]); 250_000];
-        match writer.encode(RequestId(2), Request::Delete { ids }) {
+        match writer.encode(&RequestFrame {
+            request: RequestId(2),
+            body: Request::Delete { ids },
+        }) {
             Err(ClientError::Store(StoreError::BadRequest(message))) => {
                 assert!(message.contains("fewer ids"), "{message}")
             }
@@ -1546,12 +1212,12 @@ mod tests {
         }
         // Nothing reached the socket; a request that fits goes through.
         writer
-            .encode(
-                RequestId(3),
-                Request::Delete {
+            .encode(&RequestFrame {
+                request: RequestId(3),
+                body: Request::Delete {
                     ids: vec![ObjectId([7; 20])],
                 },
-            )
+            })
             .unwrap();
         writer.write().unwrap();
         drop(writer);

@@ -17,6 +17,7 @@
 
 mod client;
 pub mod ids;
+mod reply_routing;
 
 pub use client::{
     default_socket_path, Client, ClientError, ObjectBuffer, ObjectLocation, ObjectWriter,

@@ -1,7 +1,9 @@
 //! Simulated local clients. They speak the client protocol to the node exactly as the daemon's
 //! clients do (`Hello` first, then requests, every answer a reply output), so request
 //! validation, the store calls, `locate` through the directory and replies held for
-//! durability all run under the simulator. Besides the workload's puts, gets, fetches,
+//! durability all run under the simulator. Each client pairs requests and replies with the
+//! [`ClientSession`] the Rust client uses, and releases what it holds as a dropped buffer
+//! does (`ReleaseUnanswered`, no reply), with a `Flush` now and then to hear of failures. Besides the workload's puts, gets, fetches,
 //! deletes and evictions, clients misuse the protocol now and then (seal what they did not
 //! create, release what they do not hold, create what can never fit, skip `Hello`…) and the
 //! node must answer each with an error and stay consistent.
@@ -10,8 +12,10 @@ use std::time::Duration;
 
 use rand::Rng;
 use skyriver_core::client_protocol::{
-    Request, RequestFrame, Response, MAX_IDS_PER_REQUEST, MAX_INLINE_PUT_BYTES, PROTOCOL_VERSION,
+    Request, RequestFrame, Response, ServerFrame, MAX_IDS_PER_REQUEST, MAX_INLINE_PUT_BYTES,
+    PROTOCOL_VERSION,
 };
+use skyriver_core::client_session::{ClientSession, ConnectionLost};
 use skyriver_core::digest::ContentDigest;
 use skyriver_core::{
     ClientId, NodeId, NodeInput, ObjectId, ObjectInfo, ObjectSizes, RequestId, StoreError,
@@ -24,6 +28,12 @@ use crate::workload::{self, ClientOp, Misuse};
 
 /// Ids of clients that only misuse the protocol (connect without `Hello`, …): they start here.
 const ROGUE_CLIENT_BASE: u64 = 1 << 32;
+
+/// A client flushes once it sent this many releases without a reply since its last flush.
+const RELEASES_PER_FLUSH: u64 = 4;
+
+/// Which client session: node, incarnation, client.
+pub(super) type SessionKey = (NodeId, u32, ClientId);
 
 /// What a client waits for from one of its requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,8 +62,11 @@ pub(super) enum Call {
         variant: u32,
         removals: u64,
     },
-    /// `Release` of a reference the client holds.
+    /// `ReleaseUnanswered` of a reference the client holds (as a dropped buffer does): no
+    /// reply comes, a later `Flush` reports a failure.
     Release { id: ObjectId },
+    /// `Flush`: every release before it succeeded, since the client held what it released.
+    Flush { releases: u64 },
     /// `Delete`, `Evict`, `Stats`, `List`, `Contains`, `Locate`, `Nodes`: any reply of the
     /// right kind.
     Inspect { kind: &'static str },
@@ -67,8 +80,10 @@ impl Cluster {
     /// Connects the node's clients (after a start or restart) and says `Hello` for each.
     pub(super) fn connect_clients(&mut self, n: NodeId) {
         let count = self.params.clients_per_node.max(1) as u64;
+        let inc = self.nodes[n.0 as usize].inc;
         for c in 0..count {
             let client = ClientId(super::WORKLOAD_CLIENT_BASE + c);
+            self.sessions.insert((n, inc, client), ClientSession::new());
             let now = self.now;
             if let Some(node) = self.nodes[n.0 as usize].node.as_mut() {
                 let _ = node.handle(now, NodeInput::ClientConnected { client });
@@ -93,19 +108,73 @@ impl Cluster {
         body: Request,
         call: Call,
     ) {
-        let now = self.now;
-        let request = self.new_request();
+        if let Some(frame) = self.client_frame(n, client, body, call) {
+            self.deliver_request(n, client, frame);
+        }
+    }
+
+    /// Numbers a request of `client` of node `n` in its session, awaiting its reply with
+    /// `call`; `None` when the node is down or the session refuses (its connection was
+    /// closed).
+    fn client_frame(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        body: Request,
+        call: Call,
+    ) -> Option<RequestFrame> {
         let inc = self.nodes[n.0 as usize].inc;
+        self.nodes[n.0 as usize].node.as_ref()?;
+        let session = self.sessions.entry((n, inc, client)).or_default();
+        match session.send(body, call) {
+            Ok(frame) => Some(frame),
+            Err(refused) => {
+                self.record(|| format!("{client}@{n} cannot send: {refused}"));
+                None
+            }
+        }
+    }
+
+    /// Hands a numbered request to the node and carries out the node's outputs.
+    fn deliver_request(&mut self, n: NodeId, client: ClientId, frame: RequestFrame) {
+        let now = self.now;
         let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
             return;
         };
-        self.calls.insert((n, inc, client, request), call);
-        let text = request_line(&body);
-        let frame = RequestFrame { request, body };
+        self.requests_sent += 1;
+        let request = frame.request;
+        let text = request_line(&frame.body);
         let _ = node.handle(now, NodeInput::ClientRequest { client, frame });
         self.trace
             .record(now, &format!("{client}@{n} {request} {text}"));
         self.after_input(n);
+    }
+
+    /// `client` of node `n` drops its reference to `id`, as a dropped buffer does: a release
+    /// without a reply, and a `Flush` once a few of them went out.
+    pub(super) fn client_release(&mut self, n: NodeId, client: ClientId, id: ObjectId) {
+        self.client_request(
+            n,
+            client,
+            Request::ReleaseUnanswered { id },
+            Call::Release { id },
+        );
+        if self.unflushed_releases(n, client) >= RELEASES_PER_FLUSH {
+            self.client_flush(n, client);
+        }
+    }
+
+    /// `client` of node `n` asks whether its releases since the last flush all succeeded.
+    pub(super) fn client_flush(&mut self, n: NodeId, client: ClientId) {
+        let releases = self.unflushed_releases(n, client);
+        self.client_request(n, client, Request::Flush, Call::Flush { releases });
+    }
+
+    fn unflushed_releases(&self, n: NodeId, client: ClientId) -> u64 {
+        let inc = self.nodes[n.0 as usize].inc;
+        self.sessions
+            .get(&(n, inc, client))
+            .map_or(0, ClientSession::unflushed_releases)
     }
 
     /// A reply reached `client` of node `n`.
@@ -118,12 +187,20 @@ impl Cluster {
     ) {
         let now = self.now;
         let inc = self.nodes[n.0 as usize].inc;
-        let Some(call) = self.calls.remove(&(n, inc, client, request)) else {
+        let Some(session) = self.sessions.get_mut(&(n, inc, client)) else {
             self.checker.violation(
                 now,
-                format!("{client}@{n}: reply to unknown {request}: {response:?}"),
+                format!("{client}@{n}: reply to {request} of a client never connected"),
             );
             return;
+        };
+        if let Err(violation) = session.receive(ServerFrame::Reply { request, response }) {
+            self.checker
+                .violation(now, format!("{client}@{n}: {violation}"));
+            return;
+        }
+        let Some((call, response)) = session.take_reply(request) else {
+            unreachable!("a reply the session took in is there to take");
         };
         match (call, response) {
             (Call::Hello, Response::Welcome { .. }) => {}
@@ -169,11 +246,14 @@ impl Cluster {
                 }
                 Ok(()) => self.sealed(n, client, id, (None, variant, removals), Ok(())),
             },
-            (Call::Release { id }, Response::Done(Err(error))) => self.checker.violation(
+            (Call::Flush { releases }, Response::Done(Err(error))) => self.checker.violation(
                 now,
-                format!("{client}@{n}: release of {id} failed: {error}"),
+                format!("{client}@{n}: one of {releases} releases failed: {error}"),
             ),
-            (Call::Release { .. }, Response::Done(Ok(()))) => {}
+            (Call::Flush { releases }, Response::Done(Ok(()))) => {
+                self.stats.flushes += 1;
+                self.record(|| format!("{client}@{n} flushed {releases} releases"));
+            }
             (Call::Objects { kind: "get" }, Response::Got(results)) => {
                 let results = results
                     .into_iter()
@@ -218,8 +298,10 @@ impl Cluster {
         }
         let now = self.now;
         let inc = self.nodes[n.0 as usize].inc;
-        self.calls
-            .retain(|(node, i, c, _), _| !(*node == n && *i == inc && *c == client));
+        if let Some(session) = self.sessions.get_mut(&(n, inc, client)) {
+            // Nothing more comes: what it waited for is forgotten, later sends refused.
+            session.disconnect(ConnectionLost::Closed);
+        }
         if let Some(node) = self.nodes[n.0 as usize].node.as_mut() {
             let _ = node.handle(now, NodeInput::ClientDisconnected { client });
         }
@@ -739,12 +821,6 @@ impl Cluster {
         id
     }
 
-    fn new_request(&mut self) -> RequestId {
-        let request = RequestId(self.next_request);
-        self.next_request += 1;
-        request
-    }
-
     /// A known object most of the time; sometimes one that never exists.
     fn pick_object(&mut self) -> ObjectId {
         if self.known_objects.is_empty() || self.rng.gen_range(0..100) < 10 {
@@ -774,14 +850,6 @@ impl Cluster {
     ) {
         let timeout_ms = timeout.as_micros().div_ceil(1000) as u64;
         let inc = self.nodes[n.0 as usize].inc;
-        let request = RequestId(self.next_request);
-        let op = PendingOp {
-            kind,
-            ids,
-            issued: self.now,
-            deadline: self.now + Duration::from_millis(timeout_ms),
-        };
-        self.checker.pending.insert((n, inc, client, request), op);
         let body = match body {
             Request::Get { ids, .. } => Request::Get {
                 ids,
@@ -800,7 +868,20 @@ impl Cluster {
             },
             other => other,
         };
-        self.client_request(n, client, body, Call::Objects { kind });
+        let Some(frame) = self.client_frame(n, client, body, Call::Objects { kind }) else {
+            return;
+        };
+        let op = PendingOp {
+            kind,
+            ids,
+            issued: self.now,
+            deadline: self.now + Duration::from_millis(timeout_ms),
+        };
+        // Before the node sees it: it may answer at once.
+        self.checker
+            .pending
+            .insert((n, inc, client, frame.request), op);
+        self.deliver_request(n, client, frame);
     }
 
     pub(super) fn client_fetch(
@@ -812,7 +893,7 @@ impl Cluster {
         wait_for_publication: bool,
     ) {
         let mode = if self.params.forced_modes {
-            TransferMode::ALL[(self.next_request % 3) as usize]
+            TransferMode::ALL[((self.requests_sent + 1) % 3) as usize]
         } else {
             TransferMode::Auto
         };

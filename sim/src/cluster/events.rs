@@ -233,7 +233,7 @@ impl Cluster {
                     id,
                     "before release",
                 );
-                self.client_request(node, client, Request::Release { id }, Call::Release { id });
+                self.client_release(node, client, id);
             }
             Event::ClientSend {
                 node,

@@ -84,7 +84,7 @@ impl Cluster {
         self.reads_in_flight -= lost_reads;
         self.checker.pending.retain(|(node, ..), _| *node != n);
         self.forget_accepted(n, None);
-        self.calls.retain(|(node, ..), _| *node != n);
+        self.sessions.retain(|(node, ..), _| *node != n);
         for m in 0..self.nodes.len() as u32 {
             if NodeId(m) != n {
                 self.break_link(n, NodeId(m));

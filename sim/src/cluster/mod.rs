@@ -19,6 +19,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use skyriver_core::client_protocol::Request;
+use skyriver_core::client_session::ClientSession;
 use skyriver_core::directory::{DirectoryNotice, DirectoryOpId, DirectoryRequest};
 use skyriver_core::node::{drive_host, ArenaKey, Handled, PathCosts, ReadGrant, FETCH_CLIENT};
 use skyriver_core::{
@@ -28,10 +29,10 @@ use skyriver_core::{
 
 pub use self::content::Flaws;
 
-use self::clients::Call;
+use self::clients::{Call, SessionKey};
 use self::driver::SimDriver;
 use self::durability::Disk;
-use crate::checker::{Checker, PendingKey};
+use crate::checker::Checker;
 use crate::directory::{DirEvent, Effect, SimDirectory};
 use crate::network::Network;
 use crate::params::SimParams;
@@ -228,6 +229,8 @@ pub struct SimStats {
     pub reused_ids_refused: u64,
     /// Misuses of the client protocol the nodes refused.
     pub misuses_refused: u64,
+    /// `Flush`es of clients' unanswered releases that reported no failure.
+    pub flushes: u64,
     /// Commits of the simulated disks.
     pub durable_commits: u64,
     /// Directory faults and reconnections.
@@ -281,9 +284,11 @@ pub struct Cluster {
     reads_in_flight: u64,
     next_object: u64,
     known_objects: Vec<ObjectId>,
-    next_request: u64,
-    /// Client requests awaiting replies, and what the client does with each.
-    calls: BTreeMap<PendingKey, Call>,
+    /// Requests clients sent, all together.
+    requests_sent: u64,
+    /// Each client's session (node, incarnation, client): its requests awaiting replies, and
+    /// what the client does with each reply.
+    sessions: BTreeMap<SessionKey, ClientSession<Call>>,
     next_rogue: u64,
     /// The message being delivered: a `WriteLocal` copies its payload from here.
     input: Vec<u8>,
@@ -366,8 +371,8 @@ impl Cluster {
             reads_in_flight: 0,
             next_object: 1,
             known_objects: Vec::new(),
-            next_request: 1,
-            calls: BTreeMap::new(),
+            requests_sent: 0,
+            sessions: BTreeMap::new(),
             next_rogue: 0,
             input: Vec::new(),
             stats: SimStats::default(),

@@ -102,7 +102,7 @@ impl Cluster {
 
     /// Whether a client is still creating or sealing `id`.
     pub(super) fn creating(&self, id: ObjectId) -> bool {
-        self.calls.values().any(|call| {
+        self.sessions.values().flat_map(|s| s.awaited()).any(|(_, call)| {
             matches!(
                 call,
                 Call::Create { id: i, .. } | Call::Seal { id: i, .. } | Call::Put { id: i, .. }
@@ -137,6 +137,21 @@ impl Cluster {
             timeout,
             false,
         );
+    }
+
+    /// Client 1 of `node` drops a reference to object `n` (held or not), as a dropped buffer
+    /// does: a release without a reply (and a flush once a few went out).
+    pub fn release(&mut self, node: u32, n: u64) {
+        self.client_release(
+            NodeId(node),
+            ClientId(WORKLOAD_CLIENT_BASE),
+            ObjectId::from_u64(n),
+        );
+    }
+
+    /// Client 1 of `node` flushes its releases: every one must have succeeded.
+    pub fn flush(&mut self, node: u32) {
+        self.client_flush(NodeId(node), ClientId(WORKLOAD_CLIENT_BASE));
     }
 
     /// Crashes a node now (its memory is lost).
