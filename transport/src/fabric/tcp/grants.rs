@@ -6,33 +6,21 @@
 //! *serving*. A revocation with nothing serving takes effect at once; otherwise the key stops
 //! admitting new READs at once and the revocation is complete when the last READ in progress
 //! is written or dropped ([`Serving`]'s `Drop`), so the core never unpins memory a READ still
-//! copies from.
+//! copies from. The table's rules are the core's [`GrantTable`], which the simulator runs too;
+//! here it lives behind the fabric's mutex and draws its keys from the OS.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use skyriver_core::grants::GrantTable;
 use skyriver_core::{ArenaId, LocalRegion, NodeId, TransferId};
 
 use super::lock;
 use crate::fabric::{EventSender, FabricEvent};
 
-/// One lease's access.
-#[derive(Debug)]
-struct Grant {
-    peer: NodeId,
-    req: TransferId,
-    region: LocalRegion,
-    /// READs admitted and not yet written or dropped.
-    serving: u32,
-    /// Revoked while READs were serving: admits nothing more, removed when they are done.
-    revoked: bool,
-}
-
-/// Every live grant of one fabric.
+/// Every live grant of one fabric: the shared table's rules ([`GrantTable`]) with random keys.
 #[derive(Debug, Default)]
 pub(super) struct Grants {
-    by_key: BTreeMap<u32, Grant>,
-    by_lease: BTreeMap<(NodeId, TransferId), u32>,
+    table: GrantTable,
     /// Keys drawn so far, mixed into each new one.
     attempts: u32,
 }
@@ -41,83 +29,41 @@ impl Grants {
     /// A fresh key for `peer`'s lease `req` on `region`; random, so a peer cannot guess
     /// another lease's key (and a guessed one still fails: keys work for their own peer only).
     pub(super) fn grant(&mut self, peer: NodeId, req: TransferId, region: LocalRegion) -> u32 {
-        let key = loop {
+        let attempts = &mut self.attempts;
+        self.table.grant(peer, req, None, region, || {
             let mut bytes = [0u8; 4];
             // The OS's generator does not fail on Linux once booted. Were it to, the counter
             // still makes every attempt a new key (unique, only guessable), so this ends.
             let _ = getrandom::getrandom(&mut bytes);
-            self.attempts = self.attempts.wrapping_add(1);
-            let key = u32::from_le_bytes(bytes) ^ self.attempts.wrapping_mul(0x9e37_79b9);
-            if !self.by_key.contains_key(&key) {
-                break key;
-            }
-        };
-        if let Some(old) = self.by_lease.insert((peer, req), key) {
-            // A second grant for one lease is a driver bug; the older key dies with it.
-            self.by_key.remove(&old);
-        }
-        self.by_key.insert(
-            key,
-            Grant {
-                peer,
-                req,
-                region,
-                serving: 0,
-                revoked: false,
-            },
-        );
-        key
+            *attempts = attempts.wrapping_add(1);
+            u32::from_le_bytes(bytes) ^ attempts.wrapping_mul(0x9e37_79b9)
+        })
     }
 
     /// Ends the lease's access: `true` when no READ can touch the region any more, `false`
     /// when READs under it are still being written (see the module documentation).
     pub(super) fn revoke(&mut self, peer: NodeId, req: TransferId) -> bool {
-        let Some(key) = self.by_lease.remove(&(peer, req)) else {
-            return true;
-        };
-        match self.by_key.get_mut(&key) {
-            Some(grant) if grant.serving > 0 => {
-                grant.revoked = true;
-                false
-            }
-            _ => {
-                self.by_key.remove(&key);
-                true
-            }
-        }
+        self.table.revoke(peer, req).is_complete()
     }
 
     /// Admits `peer`'s READ of `[offset, offset + len)` under `key`: the arena to serve it
     /// from, or `None` (unknown or revoked key, another peer's key, outside the region).
     fn admit(&mut self, peer: NodeId, key: u32, offset: u64, len: u64) -> Option<ArenaId> {
-        let grant = self.by_key.get_mut(&key)?;
-        let end = offset.checked_add(len)?;
-        let allowed = !grant.revoked
-            && grant.peer == peer
-            && grant.region.offset <= offset
-            && end <= grant.region.end();
-        if !allowed {
-            return None;
-        }
-        grant.serving += 1;
-        Some(grant.region.arena)
+        self.table
+            .admit(peer, key, offset, len)
+            .ok()
+            .map(|admitted| admitted.arena)
     }
 
     /// A READ admitted under `key` is done; the lease whose revocation it completes, if any.
     fn done(&mut self, key: u32) -> Option<(NodeId, TransferId)> {
-        let grant = self.by_key.get_mut(&key)?;
-        grant.serving = grant.serving.saturating_sub(1);
-        if grant.revoked && grant.serving == 0 {
-            let grant = self.by_key.remove(&key).expect("found above");
-            return Some((grant.peer, grant.req));
-        }
-        None
+        self.table.done(key)
     }
 
     /// Live grants.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.by_key.len()
+        self.table.len()
     }
 }
 
