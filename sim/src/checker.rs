@@ -230,7 +230,11 @@ impl Checker {
                 now,
                 format!(
                     "{node}: READs of {} at {} are still granted to {} at the end",
-                    grant.object, grant.region, grant.reader
+                    grant
+                        .object
+                        .map_or_else(|| "an unnamed object".to_string(), |o| o.to_string()),
+                    grant.region,
+                    grant.peer
                 ),
             );
         }

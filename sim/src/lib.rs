@@ -3,9 +3,11 @@
 //! It runs N nodes of the real sans-IO core ([`skyriver_core::Node`]) in one thread, with
 //! virtual time and one seeded RNG from which every parameter of a run is drawn. Messages travel
 //! as real encoded bytes with latency and bandwidth, in order per connection; one-sided READs
-//! are served from the holder's simulated arena without its core; faults (crashes with memory
-//! loss, partitions, QP errors, bad rkeys, damaged transfers, slow nodes, directory outages,
-//! memory pressure) fly while a random workload runs (which now and then puts a known id again
+//! are served from the holder's simulated arena without its core, under the core's grant table
+//! (the TCP fabric's); a persistent node's disk is the core's slot index over a simulated
+//! medium; faults (crashes with memory loss, partitions, QP errors, bad rkeys, damaged
+//! transfers, slow nodes, directory outages, memory pressure, stalled READ serving, index writes
+//! lost or torn at a crash) fly while a random workload runs (which now and then puts a known id again
 //! with other bytes), and checkers outside the nodes verify safety throughout and
 //! liveness once faults stop. A failing seed replays bit for bit.
 

@@ -2,10 +2,14 @@
 //! a base address and rkey that change when the node restarts. A READ is served here, from the
 //! holder's arena, without the holder's core — as a NIC (or the TCP fabric's thread) serves it —
 //! and only through a key the holder's fabric granted for one lease: to that reader, within
-//! that object's region, until the revocation took effect (as a verbs memory window).
+//! that object's region, until the revocation took effect (as a verbs memory window). The
+//! grants are the core's [`GrantTable`], the TCP fabric's own rules: a READ is admitted, serves
+//! while its data is copied out, and a revocation that arrives meanwhile completes only when
+//! the last READ under the key is done.
 
 use std::collections::BTreeMap;
 
+use skyriver_core::grants::{AdmitError, Grant, GrantTable, Revocation};
 use skyriver_core::node::ArenaKey;
 use skyriver_core::{ArenaId, LocalRegion, NodeId, ObjectId, RemoteRegion, TransferId};
 
@@ -17,33 +21,21 @@ pub const POISON: u8 = 0xA5;
 pub struct Memory {
     arena: Vec<u8>,
     key: ArenaKey,
-    /// READ keys granted and not yet revoked.
-    grants: BTreeMap<u32, Grant>,
+    /// READ keys granted and still reaching memory.
+    grants: GrantTable,
     next_grant: u32,
 }
 
-/// One lease's READ access.
+/// A READ the holder's fabric admitted: copy `range` for `object`, then call [`Memory::done`]
+/// with `key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grant {
-    /// Who may READ.
-    pub reader: NodeId,
-    /// The reader's transfer.
-    pub req: TransferId,
-    /// The object.
+pub struct AdmittedRead {
+    /// The key it was admitted under.
+    pub key: u32,
+    /// The object whose grant covers it.
     pub object: ObjectId,
-    /// Its region.
-    pub region: LocalRegion,
-}
-
-/// Why a READ was refused by the holder's fabric.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ServeError {
-    /// No live grant has this key (revoked, an older registration, or garbage).
-    BadRkey,
-    /// The key was granted to another node.
-    OtherReader,
-    /// The range is not inside the granted region.
-    OutsideGrant,
+    /// The bytes it reads.
+    pub range: LocalRegion,
 }
 
 impl Memory {
@@ -52,17 +44,17 @@ impl Memory {
         Memory {
             arena: vec![POISON; bytes as usize],
             key,
-            grants: BTreeMap::new(),
+            grants: GrantTable::new(),
             next_grant: 0,
         }
     }
 
-    /// The same bytes under a new registration, nothing granted: a restart in persistent mode.
+    /// The same bytes under a new registration, nothing granted: a restart in persistent mode
+    /// (READs the old registration was serving died with the process).
     pub fn reregister(&mut self, key: ArenaKey) {
         self.key = key;
         self.grants.clear();
     }
-
     /// The registration of arena 0.
     pub fn key(&self) -> ArenaKey {
         self.key
@@ -99,57 +91,62 @@ impl Memory {
         self.arena[region.offset as usize..region.end() as usize].copy_from_slice(bytes);
     }
 
-    /// The fabric grants `grant.reader` READs of `grant.region`: a key no live grant and no
-    /// registration uses.
-    pub fn grant(&mut self, grant: Grant) -> u32 {
-        let key = loop {
-            self.next_grant = self.next_grant.wrapping_add(1);
-            let key = self.key.rkey.rotate_left(16) ^ self.next_grant.wrapping_mul(0x9e37_79b9);
-            if key != self.key.rkey && !self.grants.contains_key(&key) {
-                break key;
-            }
-        };
-        self.grants.insert(key, grant);
-        key
-    }
-
-    /// The lease `(reader, req)` ended: its key reaches nothing any more. False when no grant
-    /// matched.
-    pub fn revoke(&mut self, reader: NodeId, req: TransferId) -> bool {
-        let before = self.grants.len();
+    /// The fabric grants `reader`'s lease `req` READs of `object`'s `region`: a key no live
+    /// grant and no registration uses.
+    pub fn grant(
+        &mut self,
+        reader: NodeId,
+        req: TransferId,
+        object: ObjectId,
+        region: LocalRegion,
+    ) -> u32 {
+        let (rkey, next) = (self.key.rkey, &mut self.next_grant);
         self.grants
-            .retain(|_, g| !(g.reader == reader && g.req == req));
-        self.grants.len() < before
+            .grant(reader, req, Some(object), region, || loop {
+                *next = next.wrapping_add(1);
+                let key = rkey.rotate_left(16) ^ next.wrapping_mul(0x9e37_79b9);
+                if key != rkey {
+                    break key;
+                }
+            })
     }
 
-    /// Grants alive now.
+    /// The lease `(reader, req)` ended (see [`Revocation`]).
+    pub fn revoke(&mut self, reader: NodeId, req: TransferId) -> Revocation {
+        self.grants.revoke(reader, req)
+    }
+
+    /// Grants reaching memory now (live, or revoked with READs still serving).
     pub fn grants(&self) -> impl Iterator<Item = &Grant> {
-        self.grants.values()
+        self.grants.grants()
     }
 
-    /// Serves `reader`'s READ of `remote`: the object whose grant covers it, and the bytes.
-    pub fn serve(
-        &self,
+    /// Admits `reader`'s READ of `remote`: it serves until [`Memory::done`].
+    pub fn admit(
+        &mut self,
         reader: NodeId,
         remote: RemoteRegion,
-    ) -> Result<(ObjectId, Vec<u8>), ServeError> {
-        let grant = self.grants.get(&remote.rkey).ok_or(ServeError::BadRkey)?;
-        if grant.reader != reader {
-            return Err(ServeError::OtherReader);
-        }
+    ) -> Result<AdmittedRead, AdmitError> {
         let offset = remote
             .addr
             .checked_sub(self.key.base_addr)
-            .ok_or(ServeError::OutsideGrant)?;
-        let end = offset
-            .checked_add(remote.len)
-            .ok_or(ServeError::OutsideGrant)?;
-        if offset < grant.region.offset || end > grant.region.end() {
-            return Err(ServeError::OutsideGrant);
-        }
-        Ok((
-            grant.object,
-            self.arena[offset as usize..end as usize].to_vec(),
-        ))
+            .ok_or(AdmitError::OutsideGrant)?;
+        let admitted = self.grants.admit(reader, remote.rkey, offset, remote.len)?;
+        Ok(AdmittedRead {
+            key: remote.rkey,
+            // The simulator names the object of every grant.
+            object: admitted.object.expect("simulated grants name their object"),
+            range: LocalRegion {
+                arena: admitted.arena,
+                offset,
+                len: remote.len,
+            },
+        })
+    }
+
+    /// An admitted READ's data was copied out (or dropped): the lease whose revocation this
+    /// completes, if any.
+    pub fn done(&mut self, key: u32) -> Option<(NodeId, TransferId)> {
+        self.grants.done(key)
     }
 }

@@ -20,6 +20,12 @@ pub struct Flaws {
     /// Every publication reaches the directory with one and the same digest, so the directory
     /// cannot tell two contents of an id apart.
     pub directory_ignores_content: bool,
+    /// The holder's fabric reports a revocation complete while READs under the key are still
+    /// being served, so the core unpins memory they copy from.
+    pub revoke_ignores_serving_reads: bool,
+    /// The disk reports changes durable once their index slots are written, before the sync,
+    /// so a crash can lose or tear a record whose seal was acknowledged.
+    pub persisted_before_sync: bool,
 }
 
 impl Cluster {

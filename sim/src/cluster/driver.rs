@@ -13,7 +13,6 @@ use skyriver_core::{
 };
 
 use super::{Cluster, Event};
-use crate::rdma::Grant;
 
 /// How long the simulated fabric takes to grant or revoke READ access (a memory window's bind
 /// or invalidation).
@@ -177,12 +176,7 @@ impl NodeDriver for SimDriver<'_> {
                 format!("{n}: grants READs of {region} of {object}, not a pinned sealed object"),
             ),
         }
-        let key = sim_node.memory.grant(Grant {
-            reader: peer,
-            req,
-            object,
-            region,
-        });
+        let key = sim_node.memory.grant(peer, req, object, region);
         let inc = sim_node.inc;
         c.record(|| format!("{n} grant {peer} {req} {object} {region} key {key:#x}"));
         c.schedule(

@@ -1,30 +1,52 @@
-//! The simulated disk of a persistent node. Each `Persist` output joins the disk's queue; the
-//! disk commits in order, one commit at a time, after a latency drawn from the seed, and tells
-//! the node how far it got (`handle_persisted`), as the daemon's committer thread does. A
-//! crash loses what was not committed; the restart recovers what was.
+//! The simulated disk of a persistent node: the real slot index (the core's [`SlotIndex`], the
+//! daemon's own) over an in-memory medium that loses and tears writes not synced at a crash.
+//!
+//! Each `Persist` output joins the disk's queue; the disk commits in order, one commit at a
+//! time, after a latency drawn from the seed: it stages the changes, writes their slots,
+//! syncs, and tells the node how far it got (`handle_persisted`), as the daemon's committer
+//! thread does. At a crash the changes still queued may have been written but not synced:
+//! each such write is lost, lands whole or lands torn ([`super::faults::MediaFaults`]). The
+//! restart scans the index, discards torn records, and recovers the rest. The arena itself
+//! survives whole (it is the data file, flushed before any record points into it).
 //!
 //! Checked here: a seal whose reply a client received (with replies held until durable) is
 //! recovered after a crash unless the object had left the store; and every recovered object
-//! still holds its own bytes, so a block was never reused before its removal was durable.
+//! still holds its own bytes, so a block was never reused before its removal was durable and
+//! no torn record was trusted.
 
 use std::collections::{BTreeSet, VecDeque};
 
 use rand::Rng;
-use skyriver_core::store::recovery::replay;
+use skyriver_core::persist::{MemoryStorage, SlotIndex};
 use skyriver_core::store::RecoveredObject;
 use skyriver_core::{DurableChange, Instant, NodeId, NodeInput, ObjectId};
 
 use super::{Cluster, Event};
 
 /// One node's disk.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Disk {
-    /// Handed to the disk, not committed yet: lost in a crash.
+    /// Handed to the disk, not committed yet: at a crash, written but not synced.
     pending: VecDeque<(u64, DurableChange)>,
-    /// What a restart finds.
-    committed: Vec<DurableChange>,
+    /// The index on the simulated medium.
+    index: SlotIndex<MemoryStorage>,
     /// When the commit in progress ends.
     busy_until: Instant,
+}
+
+impl Disk {
+    /// A fresh, empty index for an arena of `arena_bytes`.
+    pub(super) fn new(arena_bytes: u64) -> Self {
+        let mut storage = MemoryStorage::new();
+        let Ok(()) = SlotIndex::format(&mut storage, arena_bytes);
+        let (mut index, _) = SlotIndex::open(storage).expect("a fresh index opens");
+        let Ok(_) = index.finish_recovery([]);
+        Disk {
+            pending: VecDeque::new(),
+            index,
+            busy_until: Instant::ZERO,
+        }
+    }
 }
 
 impl Cluster {
@@ -47,7 +69,7 @@ impl Cluster {
         );
     }
 
-    /// The disk committed everything up to change `upto`.
+    /// The disk committed everything up to change `upto`: written and synced.
     pub(super) fn persisted(&mut self, n: NodeId, inc: u32, upto: u64) {
         if !self.alive(n, inc) {
             return;
@@ -55,30 +77,65 @@ impl Cluster {
         let disk = &mut self.nodes[n.0 as usize].disk;
         while disk.pending.front().is_some_and(|(seq, _)| *seq <= upto) {
             let (_, change) = disk.pending.pop_front().expect("looked at the front");
-            disk.committed.push(change);
+            disk.index.stage(change);
+        }
+        let Ok(_) = disk.index.write_staged();
+        if !self.flaws.persisted_before_sync {
+            let Ok(()) = disk.index.sync();
         }
         self.stats.durable_commits += 1;
         self.record(|| format!("{n} durable up to change {upto}"));
         self.feed(n, NodeInput::Persisted { upto });
     }
 
-    /// At a crash: what the disk holds (what was not committed is lost), checked against the
-    /// seals the node acknowledged.
+    /// At a crash: the committer may have written the changes still queued, unsynced; the
+    /// medium loses or tears what was not synced; the index is scanned as a restart scans it.
+    /// Returns what it holds, checked against the seals the node acknowledged.
     pub(super) fn durable_at_crash(&mut self, n: NodeId) -> Vec<RecoveredObject> {
-        let disk = &mut self.nodes[n.0 as usize].disk;
-        disk.pending.clear();
-        disk.busy_until = Instant::ZERO;
-        let records = replay(&disk.committed);
-        // Keep the log short: what survives is all a later restart needs.
-        disk.committed = records
-            .iter()
-            .map(|r| DurableChange::Sealed {
-                id: r.id,
-                block: r.block,
-                data_size: r.data_size,
-                metadata_size: r.metadata_size,
-            })
-            .collect();
+        let arena_bytes = self.params.arena_bytes;
+        let disk = std::mem::replace(&mut self.nodes[n.0 as usize].disk, Disk::new(arena_bytes));
+        let Disk {
+            pending, mut index, ..
+        } = disk;
+        for (_, change) in pending {
+            index.stage(change);
+        }
+        let Ok(_) = index.write_staged();
+        let mut storage = index.into_storage();
+        let (mut lost, mut torn) = (0, 0);
+        let media = &mut self.media;
+        storage.crash(|_, len| {
+            let fate = media.write_fate(len);
+            match fate {
+                skyriver_core::persist::WriteFate::Lost => lost += 1,
+                skyriver_core::persist::WriteFate::Torn { .. } => torn += 1,
+                skyriver_core::persist::WriteFate::Landed => {}
+            }
+            fate
+        });
+        self.stats.unsynced_writes_lost += lost;
+        self.stats.unsynced_writes_torn += torn;
+        let (index, scan) = match SlotIndex::open(storage) {
+            Ok(opened) => opened,
+            Err(error) => {
+                // Only the header could fail, and it is synced at format.
+                let what = format!("{n}: the index does not open after a crash: {error}");
+                self.checker.violation(self.now, what);
+                return Vec::new();
+            }
+        };
+        self.stats.torn_records_discarded += scan.corrupt_slots;
+        if lost + torn + scan.corrupt_slots > 0 {
+            self.record(|| {
+                format!(
+                    "FAULT {n}'s disk: {lost} unsynced writes lost, {torn} torn; \
+                     {} torn records discarded",
+                    scan.corrupt_slots
+                )
+            });
+        }
+        let records: Vec<RecoveredObject> = index.found_records().collect();
+        self.nodes[n.0 as usize].disk.index = index;
         let durable: BTreeSet<ObjectId> = records.iter().map(|r| r.id).collect();
         let acked = std::mem::take(&mut self.nodes[n.0 as usize].acked_seals);
         for id in &acked {
@@ -89,6 +146,12 @@ impl Cluster {
         }
         self.nodes[n.0 as usize].acked_seals = acked.intersection(&durable).copied().collect();
         records
+    }
+
+    /// At the restart: the store's verdict on the records (positions it refused) goes back to
+    /// the index, which clears those and the torn slots.
+    pub(super) fn finish_disk_recovery(&mut self, n: NodeId, refused: Vec<usize>) {
+        let Ok(_) = self.nodes[n.0 as usize].disk.index.finish_recovery(refused);
     }
 
     /// After a restart recovered `records`: each holds the bytes it was sealed with.

@@ -1,6 +1,8 @@
 //! What each scheduled event does: deliveries, READs served from the simulated arena without
 //! the holder's core, timers, client operations, the disk's commits, faults.
 
+use skyriver_core::grants::Revocation;
+
 use super::*;
 
 impl Cluster {
@@ -129,6 +131,27 @@ impl Cluster {
                     DirectoryNotice::Members(_) | DirectoryNotice::Health(_) => {}
                 }
             }
+            Event::ReadServed {
+                holder,
+                holder_inc,
+                read,
+                requester,
+                requester_inc,
+                epoch,
+                op,
+                local,
+                object,
+            } => self.read_served(
+                holder,
+                holder_inc,
+                read,
+                requester,
+                requester_inc,
+                epoch,
+                op,
+                local,
+                object,
+            ),
             Event::ReadGranted {
                 node,
                 inc,
@@ -151,19 +174,28 @@ impl Cluster {
                 if !self.alive(node, inc) {
                     return;
                 }
-                // Only now does the key stop working (a verbs invalidation completes later than
-                // it is posted): until here the core must keep the object pinned.
+                // Only now does the key stop admitting READs (a verbs invalidation completes
+                // later than it is posted); READs being served keep the region reached until
+                // they are done. Until the revocation is complete the core keeps the pin.
                 let now = self.now;
                 let sim_node = &mut self.nodes[node.0 as usize];
-                if !sim_node.memory.revoke(reader, req) {
-                    self.checker.violation(
+                match sim_node.memory.revoke(reader, req) {
+                    Revocation::Complete => {}
+                    Revocation::NotGranted => self.checker.violation(
                         now,
                         format!("{node}: revokes {reader}'s {req}, which was never granted"),
-                    );
+                    ),
+                    Revocation::AfterServing => {
+                        self.stats.revocations_after_serving += 1;
+                        self.record(|| {
+                            format!("{node} revoking {reader} {req}: waits for READs being served")
+                        });
+                        if !self.flaws.revoke_ignores_serving_reads {
+                            return;
+                        }
+                    }
                 }
-                self.record(|| format!("{node} revoked {reader} {req}: its key reaches nothing"));
-                let peer = reader;
-                self.feed(node, NodeInput::ReadRevoked { peer, req });
+                self.read_access_ended(node, reader, req);
             }
             Event::Timer { node, inc } => {
                 if !self.alive(node, inc) {
@@ -318,39 +350,119 @@ impl Cluster {
             self.schedule(self.after(latency), complete(Err(error)));
             return;
         }
-        let holder_node = &self.nodes[holder.0 as usize];
-        match holder_node.memory.serve(requester, remote) {
+        let holder_node = &mut self.nodes[holder.0 as usize];
+        let holder_inc = holder_node.inc;
+        match holder_node.memory.admit(requester, remote) {
             Err(why) => {
-                self.record(|| format!("{holder} refuses {op} of {remote}: {why:?}"));
+                self.record(|| format!("{holder} refuses {op} of {remote}: {why}"));
                 self.schedule(self.after(latency), complete(Err(ReadError::RemoteAccess)));
             }
-            Ok((granted_object, bytes)) => {
-                // Being read: the holder's core must keep the object sealed and pinned.
-                let store = holder_node.node.as_ref().expect("checked above").store();
-                match store.summary(&granted_object) {
-                    Some(s) if s.sealed && s.pin_count > 0 => {}
-                    other => {
-                        let state = other.map_or("gone".to_string(), |s| {
+            Ok(read) => {
+                let served = Event::ReadServed {
+                    holder,
+                    holder_inc,
+                    read,
+                    requester,
+                    requester_inc,
+                    epoch,
+                    op,
+                    local,
+                    object,
+                };
+                match self.media.serve_stall_ns(faults_on) {
+                    Some(stall_ns) => {
+                        self.stats.serves_stalled += 1;
+                        self.record(|| {
                             format!(
-                                "sealed={} pins={} refs={}",
-                                s.sealed, s.pin_count, s.ref_count
+                                "FAULT {holder}'s fabric stalls {} µs serving {op} of {requester}",
+                                stall_ns / 1000
                             )
                         });
-                        let what = format!(
-                            "{holder}: READ {op} by {requester} served from {granted_object}, which is not pinned ({state})"
-                        );
-                        self.checker.violation(self.now, what);
+                        self.schedule(self.after(stall_ns), served);
                     }
+                    None => self.handle(served),
                 }
-                let at = self
-                    .after(self.network.wire_ns(holder, requester, bytes.len() as u64) + latency);
-                let mut bytes = bytes;
-                if let Some(at) = self.corruption(bytes.len()) {
-                    bytes[at.0] ^= at.1;
-                    self.record(|| format!("FAULT corrupt byte {} of {op}'s data", at.0));
-                }
-                self.schedule(at, complete(Ok(bytes)));
             }
         }
+    }
+
+    /// The holder's fabric copies an admitted READ's data out of its arena and sends it; the
+    /// READ is done, which may complete a revocation that waited for it.
+    #[allow(clippy::too_many_arguments)]
+    fn read_served(
+        &mut self,
+        holder: NodeId,
+        holder_inc: u32,
+        read: AdmittedRead,
+        requester: NodeId,
+        requester_inc: u32,
+        epoch: u64,
+        op: ReadOpId,
+        local: LocalRegion,
+        object: ObjectId,
+    ) {
+        let complete = |result| Event::ReadComplete {
+            node: requester,
+            inc: requester_inc,
+            peer: holder,
+            epoch,
+            op,
+            local,
+            object,
+            result,
+        };
+        let latency = self.network.latency_ns(requester, holder);
+        if !self.alive(holder, holder_inc) {
+            // The holder died while serving: its memory's grants went with it.
+            self.schedule(
+                self.after(latency),
+                complete(Err(ReadError::ConnectionLost)),
+            );
+            return;
+        }
+        let holder_node = &mut self.nodes[holder.0 as usize];
+        // Being copied from: the holder's core must keep the object sealed and pinned.
+        let store = holder_node.node.as_ref().expect("alive").store();
+        let granted_object = read.object;
+        match store.summary(&granted_object) {
+            Some(s)
+                if s.sealed
+                    && s.pin_count > 0
+                    && s.info.region.offset <= read.range.offset
+                    && read.range.end() <= s.info.region.end() => {}
+            other => {
+                let state = other.map_or("gone".to_string(), |s| {
+                    format!(
+                        "sealed={} pins={} refs={} at {}",
+                        s.sealed, s.pin_count, s.ref_count, s.info.region
+                    )
+                });
+                let what = format!(
+                    "{holder}: READ {op} by {requester} served from {granted_object}, which is not pinned there ({state})"
+                );
+                self.checker.violation(self.now, what);
+            }
+        }
+        let bytes = holder_node.memory.read(read.range).to_vec();
+        if let Some((reader, req)) = holder_node.memory.done(read.key) {
+            if !self.flaws.revoke_ignores_serving_reads {
+                self.read_access_ended(holder, reader, req);
+            }
+        }
+        let at = self.after(self.network.wire_ns(holder, requester, bytes.len() as u64) + latency);
+        let mut bytes = bytes;
+        if let Some(at) = self.corruption(bytes.len()) {
+            bytes[at.0] ^= at.1;
+            self.record(|| format!("FAULT corrupt byte {} of {op}'s data", at.0));
+        }
+        self.schedule(at, complete(Ok(bytes)));
+    }
+
+    /// No READ reaches the lease's region any more: the holder's core learns it (and may
+    /// unpin).
+    fn read_access_ended(&mut self, node: NodeId, reader: NodeId, req: TransferId) {
+        self.record(|| format!("{node} revoked {reader} {req}: its key reaches nothing"));
+        let peer = reader;
+        self.feed(node, NodeInput::ReadRevoked { peer, req });
     }
 }

@@ -1,10 +1,91 @@
 //! Faults: the random plan drawn from the seed (crashes, partitions, slow windows, QP errors
 //! and directory faults are scheduled up front), and what a crash, a restart or a broken link
-//! does to the nodes and the network.
+//! does to the nodes and the network. [`MediaFaults`] draw what the holder's fabric and the
+//! disks do wrong: READs whose serving stalls, index writes lost or torn at a crash.
 
 use skyriver_core::digest::ContentDigest;
+use skyriver_core::persist::WriteFate;
+use skyriver_core::store::recovery::RecoveryRefusal;
 
 use super::*;
+
+/// Faults of the media under the core: the fabric that serves READs and the disk that holds
+/// the index. Drawn from their own stream of the seed, so every other draw of a seed stays
+/// what it was before they existed.
+#[derive(Debug)]
+pub(super) struct MediaFaults {
+    rng: ChaCha8Rng,
+    /// Probability (per million) that the holder's fabric stalls while serving a READ (a TCP
+    /// writer blocked on a full socket, a NIC retrying), while faults are on.
+    serve_stall_ppm: u32,
+    /// Longest such stall, µs.
+    serve_stall_max_us: u64,
+    /// Of the index writes not synced at a crash: probability (per million) that one is lost,
+    /// and that one lands torn (a prefix of it); the rest land whole.
+    lost_write_ppm: u32,
+    torn_write_ppm: u32,
+}
+
+/// Mixed into the seed for the media's stream.
+const MEDIA_STREAM: u64 = 0x6d65_6469_615f_6661;
+
+impl MediaFaults {
+    /// The faults of a random run of `seed`.
+    pub(super) fn draw(seed: u64) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ MEDIA_STREAM);
+        let serve_stall_ppm = if rng.gen_bool(0.5) {
+            rng.gen_range(5_000..=100_000)
+        } else {
+            0
+        };
+        let serve_stall_max_us = rng.gen_range(500..=10_000);
+        let lost_write_ppm = rng.gen_range(0..=600_000);
+        let torn_write_ppm = rng.gen_range(0..=1_000_000 - lost_write_ppm);
+        MediaFaults {
+            rng,
+            serve_stall_ppm,
+            serve_stall_max_us,
+            lost_write_ppm,
+            torn_write_ppm,
+        }
+    }
+
+    /// No stalls; at a crash, every unsynced write is lost.
+    pub(super) fn none() -> Self {
+        MediaFaults {
+            rng: ChaCha8Rng::seed_from_u64(MEDIA_STREAM),
+            serve_stall_ppm: 0,
+            serve_stall_max_us: 0,
+            lost_write_ppm: 1_000_000,
+            torn_write_ppm: 0,
+        }
+    }
+
+    /// How long the holder's fabric stalls serving the READ just admitted, if it does.
+    pub(super) fn serve_stall_ns(&mut self, faults_on: bool) -> Option<u64> {
+        if !faults_on || self.serve_stall_ppm == 0 {
+            return None;
+        }
+        if self.rng.gen_range(0..1_000_000) >= self.serve_stall_ppm {
+            return None;
+        }
+        Some(self.rng.gen_range(1..=self.serve_stall_max_us) * 1000)
+    }
+
+    /// What became of an index write of `len` bytes not synced at a crash.
+    pub(super) fn write_fate(&mut self, len: usize) -> WriteFate {
+        let draw = self.rng.gen_range(0..1_000_000);
+        if draw < self.lost_write_ppm {
+            WriteFate::Lost
+        } else if draw < self.lost_write_ppm + self.torn_write_ppm && len > 1 {
+            WriteFate::Torn {
+                landed_bytes: self.rng.gen_range(1..len),
+            }
+        } else {
+            WriteFate::Landed
+        }
+    }
+}
 
 impl Cluster {
     pub(super) fn plan_faults(&mut self) {
@@ -72,7 +153,7 @@ impl Cluster {
             let durable = self.durable_at_crash(n);
             self.nodes[n.0 as usize].recovering = durable;
         } else {
-            self.nodes[n.0 as usize].disk = Disk::default();
+            self.nodes[n.0 as usize].disk = Disk::new(self.params.arena_bytes);
             self.nodes[n.0 as usize].acked_seals.clear();
         }
         let sim_node = &mut self.nodes[n.0 as usize];
@@ -105,6 +186,11 @@ impl Cluster {
                     requester_inc,
                     ..
                 } => *requester == n && *requester_inc == inc,
+                Event::ReadServed {
+                    requester,
+                    requester_inc,
+                    ..
+                } => *requester == n && *requester_inc == inc,
                 Event::ReadComplete { node, inc: i, .. } => *node == n && *i == inc,
                 _ => false,
             })
@@ -131,6 +217,7 @@ impl Cluster {
             self.nodes[n.0 as usize].memory = Memory::new(self.params.arena_bytes, key);
         }
         let mut node = Node::new(self.node_config(n, inc), self.now);
+        let mut refused = Vec::new();
         if !durable.is_empty() {
             // The driver hashes what it finds, as the daemon does.
             let memory = &self.nodes[n.0 as usize].memory;
@@ -151,10 +238,22 @@ impl Cluster {
             else {
                 unreachable!("recovered objects are answered with a report")
             };
-            if !report.refused.is_empty() {
-                let what = format!("{n} refused recovered objects: {:?}", report.refused);
+            // Records come newest first, so an older record of an id sealed again is refused
+            // as a duplicate: the removal that cleared it was not synced, the newer seal was
+            // (or landed). Any other refusal means a record lied.
+            let lying: Vec<_> = report
+                .refused
+                .iter()
+                .filter(|r| r.reason != RecoveryRefusal::DuplicateId)
+                .collect();
+            if !lying.is_empty() {
+                let what = format!("{n} refused recovered objects: {lying:?}");
                 self.checker.violation(self.now, what);
             }
+            refused.extend(report.refused.iter().map(|r| r.index));
+        }
+        if self.params.persistent {
+            self.finish_disk_recovery(n, refused);
         }
         self.nodes[n.0 as usize].node = Some(node);
         self.check_recovered(n, &durable);

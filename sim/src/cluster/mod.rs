@@ -32,11 +32,12 @@ pub use self::content::Flaws;
 use self::clients::{Call, SessionKey};
 use self::driver::SimDriver;
 use self::durability::Disk;
+use self::faults::MediaFaults;
 use crate::checker::Checker;
 use crate::directory::{DirEvent, Effect, SimDirectory};
 use crate::network::Network;
 use crate::params::SimParams;
-use crate::rdma::Memory;
+use crate::rdma::{AdmittedRead, Memory};
 use crate::trace::Trace;
 
 #[derive(Debug)]
@@ -75,6 +76,19 @@ enum Event {
         to: NodeId,
         inc: u32,
         notice: DirectoryNotice,
+    },
+    /// The holder's fabric finished copying an admitted READ's data out of its arena (after a
+    /// stall; an unstalled READ is copied when admitted).
+    ReadServed {
+        holder: NodeId,
+        holder_inc: u32,
+        read: AdmittedRead,
+        requester: NodeId,
+        requester_inc: u32,
+        epoch: u64,
+        op: ReadOpId,
+        local: LocalRegion,
+        object: ObjectId,
     },
     /// The fabric answers a node's `GrantRead`.
     ReadGranted {
@@ -188,7 +202,7 @@ struct SimNode {
     acked_seals: BTreeSet<ObjectId>,
     /// How often each object left the store (a reply names its object by id only).
     removals: BTreeMap<ObjectId, u64>,
-    /// Between a crash and the restart: what the disk held.
+    /// Between a crash and the restart: what the disk's index held.
     recovering: Vec<skyriver_core::RecoveredObject>,
 }
 
@@ -233,6 +247,16 @@ pub struct SimStats {
     pub flushes: u64,
     /// Commits of the simulated disks.
     pub durable_commits: u64,
+    /// Index records found torn or corrupt after a crash, and discarded.
+    pub torn_records_discarded: u64,
+    /// Index writes not synced at a crash that were lost.
+    pub unsynced_writes_lost: u64,
+    /// Index writes not synced at a crash that landed torn.
+    pub unsynced_writes_torn: u64,
+    /// READs whose serving the holder's fabric stalled.
+    pub serves_stalled: u64,
+    /// Revocations that waited for READs being served.
+    pub revocations_after_serving: u64,
     /// Directory faults and reconnections.
     pub directory: crate::directory::DirectoryStats,
 }
@@ -297,6 +321,8 @@ pub struct Cluster {
     finished: bool,
     /// Planted bugs (none in a real run).
     flaws: Flaws,
+    /// Faults of READ serving and of the disks, from their own stream of the seed.
+    media: MediaFaults,
     /// Directory requests of each node (incarnation) awaiting their answer: the object, and
     /// the digest a publication names.
     dir_ops: BTreeMap<
@@ -378,6 +404,11 @@ impl Cluster {
             stats: SimStats::default(),
             finished: false,
             flaws,
+            media: if mode.faults {
+                MediaFaults::draw(params.seed)
+            } else {
+                MediaFaults::none()
+            },
             dir_ops: BTreeMap::new(),
             accepted: BTreeSet::new(),
             last_named: BTreeMap::new(),
@@ -396,7 +427,7 @@ impl Cluster {
                 inc: 0,
                 memory,
                 timer_at: None,
-                disk: Disk::default(),
+                disk: Disk::new(cluster.params.arena_bytes),
                 acked_seals: BTreeSet::new(),
                 removals: BTreeMap::new(),
                 recovering: Vec::new(),

@@ -12,8 +12,8 @@
 //! `PATH.index` (the index file) holds a 4 KiB header (magic, format version, record size,
 //! data-file size, allocation alignment, CRC32C) followed by an array of 64-byte slots. A slot
 //! is all zero (empty) or one record: magic, CRC32C, sequence number, object id, arena,
-//! offset, data size and metadata size of one sealed object (layout in [`record`]). The index
-//! grows by doubling when every slot is used. It is kept apart from the data file so the data
+//! offset, data size and metadata size of one sealed object (layout in
+//! [`skyriver_core::persist::record`]). The index grows by doubling when every slot is used. It is kept apart from the data file so the data
 //! file stays a plain arena, mappable from offset 0, and so the index can grow.
 //!
 //! # Why this is crash-consistent
@@ -47,32 +47,26 @@
 //! within the commit interval; a crash may lose seals of that last interval, never corrupt
 //! one. Rule 2 is unchanged.
 //!
-//! The store core stays sans-IO: it emits [`DurableChange`]s and takes [`RecoveredObject`]s;
-//! everything that touches the files is here.
+//! The store core stays sans-IO: it emits [`DurableChange`]s and takes [`RecoveredObject`]s.
+//! The slot table, the record format and the recovery scan are the core's [`SlotIndex`] (the
+//! simulator runs the same code over a disk with torn and lost writes); everything that
+//! touches the files is here: [`IndexFile`] is the index's [`Storage`].
 
-mod record;
-
-use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{Flock, FlockArg};
-use skyriver_core::alloc::ALIGNMENT;
-use skyriver_core::{DurableChange, ObjectId, RecoveredObject};
+use skyriver_core::persist::{OpenError, SlotIndex, Storage};
+use skyriver_core::{DurableChange, RecoveredObject};
 
-pub use record::{
-    Header, HeaderError, Record, Slot, FORMAT_VERSION, HEADER_BYTES, INDEX_MAGIC, RECORD_BYTES,
+pub use skyriver_core::persist::{
+    FoundRecord, Header, HeaderError, Record, ScanReport, Slot, FORMAT_VERSION, HEADER_BYTES,
+    INDEX_MAGIC, INITIAL_SLOTS, RECORD_BYTES,
 };
 
 use crate::arena::{ArenaError, SharedArena};
-
-/// Slots of a new index file (it doubles when full).
-pub const INITIAL_SLOTS: u64 = 1024;
-
-/// Bytes read per `pread` while scanning the index.
-const SCAN_CHUNK_BYTES: usize = 1 << 20;
 
 /// Why the backing files could not be opened, created or written.
 #[derive(Debug, thiserror::Error)]
@@ -181,30 +175,6 @@ fn io_error<'a>(
     }
 }
 
-/// A record found by the recovery scan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FoundRecord {
-    /// Its slot.
-    pub slot: u64,
-    /// The record.
-    pub record: Record,
-}
-
-/// What opening found.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ScanReport {
-    /// The files did not exist and were created empty.
-    pub created: bool,
-    /// Size of the data file (the arena).
-    pub data_bytes: u64,
-    /// Slots in the index.
-    pub slots: u64,
-    /// Slots holding a record with a valid checksum.
-    pub valid_records: u64,
-    /// Slots holding anything else but zeros (torn or corrupt): discarded.
-    pub corrupt_slots: u64,
-}
-
 /// What a commit made durable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitStats {
@@ -218,30 +188,57 @@ pub struct CommitStats {
     pub data_bytes: u64,
 }
 
+/// The index file as the slot index's medium: `pread`, `pwrite`, `ftruncate`, `fdatasync`.
+#[derive(Debug)]
+pub struct IndexFile<F = Flock<File>> {
+    file: F,
+    path: PathBuf,
+}
+
+impl<F: std::ops::Deref<Target = File>> Storage for IndexFile<F> {
+    type Error = PersistError;
+
+    fn len_bytes(&mut self) -> Result<u64, PersistError> {
+        Ok(self
+            .file
+            .metadata()
+            .map_err(io_error("fstat", &self.path))?
+            .len())
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), PersistError> {
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(io_error("pread", &self.path))
+    }
+
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<(), PersistError> {
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(io_error("pwrite", &self.path))
+    }
+
+    fn set_len(&mut self, len_bytes: u64) -> Result<(), PersistError> {
+        self.file
+            .set_len(len_bytes)
+            .map_err(io_error("ftruncate", &self.path))
+    }
+
+    fn sync(&mut self) -> Result<(), PersistError> {
+        self.file
+            .sync_data()
+            .map_err(io_error("fdatasync", &self.path))
+    }
+}
+
 /// A persistent store's backing files, opened and locked: the index (with its in-memory slot
 /// table) and a mapping of the data file used to flush exactly the ranges of sealed objects.
 #[derive(Debug)]
 pub struct BackingFile {
     data_path: PathBuf,
-    index_path: PathBuf,
-    index: Flock<File>,
+    index: SlotIndex<IndexFile>,
     data_map: MmapRaw,
     data_bytes: u64,
-    slot_count: u64,
-    free_slots: BTreeSet<u64>,
-    /// Slot of every object whose record is written.
-    recorded: HashMap<ObjectId, u64>,
-    /// Seals not written yet (async mode, or between stage and commit).
-    staged_seals: BTreeMap<ObjectId, RecoveredObject>,
-    /// Slots to zero.
-    staged_removals: Vec<u64>,
-    /// Zeroed slots that become free once the index is flushed.
-    free_slots_after_sync: Vec<u64>,
-    next_seq: u64,
-    /// Valid records of the scan, newest first, until [`BackingFile::finish_recovery`].
-    found: Vec<FoundRecord>,
-    /// Corrupt slots of the scan, until [`BackingFile::finish_recovery`].
-    corrupt: Vec<u64>,
 }
 
 /// The backing files opened: the index, the arena over the data file, and what the scan saw.
@@ -313,92 +310,42 @@ impl BackingFile {
                 },
             },
         )?;
-        let header = read_header(&index, &index_path)?;
+        let (index, mut scan) = SlotIndex::open(IndexFile {
+            file: index,
+            path: index_path.clone(),
+        })
+        .map_err(|error| header_error(error, &index_path))?;
         let data = open_rw(data_path)?;
         let actual_bytes = data.metadata().map_err(io_error("fstat", data_path))?.len();
-        if actual_bytes != header.data_bytes {
+        let data_bytes = index.header().data_bytes;
+        if actual_bytes != data_bytes {
             return Err(PersistError::DataSizeMismatch {
                 path: data_path.to_path_buf(),
-                expected_bytes: header.data_bytes,
+                expected_bytes: data_bytes,
                 actual_bytes,
             });
         }
-        let data_bytes = header.data_bytes;
         let data_map = MmapOptions::new()
             .len(data_bytes as usize)
             .map_raw_read_only(&data)
             .map_err(io_error("mmap", data_path))?;
         let arena = SharedArena::from_fd(data.into(), data_bytes)?;
-        let mut backing = Self {
-            data_path: data_path.to_path_buf(),
-            index_path,
-            index,
-            data_map,
-            data_bytes,
-            slot_count: 0,
-            free_slots: BTreeSet::new(),
-            recorded: HashMap::new(),
-            staged_seals: BTreeMap::new(),
-            staged_removals: Vec::new(),
-            free_slots_after_sync: Vec::new(),
-            next_seq: 1,
-            found: Vec::new(),
-            corrupt: Vec::new(),
-        };
-        let mut scan = backing.scan()?;
         scan.created = created;
         Ok(Opened {
-            backing,
+            backing: Self {
+                data_path: data_path.to_path_buf(),
+                index,
+                data_map,
+                data_bytes,
+            },
             arena,
             scan,
         })
     }
 
-    /// Reads every slot: valid records are kept (newest first) for the store, corrupt ones
-    /// remembered to be zeroed, empty ones become free.
-    fn scan(&mut self) -> Result<ScanReport, PersistError> {
-        let file_bytes = self
-            .index
-            .metadata()
-            .map_err(io_error("fstat", &self.index_path))?
-            .len();
-        // A partly written last slot (a crash while growing) is ignored and cut off.
-        self.slot_count = file_bytes.saturating_sub(HEADER_BYTES) / RECORD_BYTES as u64;
-        let mut buf = vec![0u8; SCAN_CHUNK_BYTES];
-        let mut slot = 0;
-        while slot < self.slot_count {
-            let count = (self.slot_count - slot).min((SCAN_CHUNK_BYTES / RECORD_BYTES) as u64);
-            let chunk = &mut buf[..count as usize * RECORD_BYTES];
-            self.index
-                .read_exact_at(chunk, slot_offset(slot))
-                .map_err(io_error("pread", &self.index_path))?;
-            for bytes in chunk.chunks_exact(RECORD_BYTES) {
-                let bytes: &[u8; RECORD_BYTES] = bytes.try_into().expect("exact chunks");
-                match Slot::decode(bytes) {
-                    Slot::Empty => {
-                        self.free_slots.insert(slot);
-                    }
-                    Slot::Valid(record) => self.found.push(FoundRecord { slot, record }),
-                    Slot::Corrupt => self.corrupt.push(slot),
-                }
-                slot += 1;
-            }
-        }
-        self.found
-            .sort_by_key(|found| std::cmp::Reverse(found.record.seq));
-        self.next_seq = self.found.first().map_or(1, |f| f.record.seq + 1);
-        Ok(ScanReport {
-            created: false,
-            data_bytes: self.data_bytes,
-            slots: self.slot_count,
-            valid_records: self.found.len() as u64,
-            corrupt_slots: self.corrupt.len() as u64,
-        })
-    }
-
     /// The records the scan found, newest first: the input of the store's `recover`.
     pub fn found_records(&self) -> impl Iterator<Item = RecoveredObject> + '_ {
-        self.found.iter().map(|found| found.record.object)
+        self.index.found_records()
     }
 
     /// Takes the store's verdict on [`BackingFile::found_records`]: `refused` are positions
@@ -408,119 +355,51 @@ impl BackingFile {
         &mut self,
         refused: impl IntoIterator<Item = usize>,
     ) -> Result<u64, PersistError> {
-        let refused: BTreeSet<usize> = refused.into_iter().collect();
-        let mut cleared = std::mem::take(&mut self.corrupt);
-        for (position, found) in std::mem::take(&mut self.found).into_iter().enumerate() {
-            if refused.contains(&position) {
-                cleared.push(found.slot);
-            } else {
-                let previous = self.recorded.insert(found.record.object.id, found.slot);
-                assert!(
-                    previous.is_none(),
-                    "the store accepted {} twice",
-                    found.record.object.id
-                );
-            }
-        }
-        for &slot in &cleared {
-            self.write_slot(slot, &[0; RECORD_BYTES])?;
-        }
-        if !cleared.is_empty() {
-            self.sync_index()?;
-        }
-        self.free_slots.extend(cleared.iter().copied());
-        Ok(cleared.len() as u64)
+        self.index.finish_recovery(refused)
     }
 
     /// Takes one change from the store, to be written by the next commit.
     pub fn stage(&mut self, change: DurableChange) {
-        match change {
-            DurableChange::Sealed {
-                id,
-                block,
-                data_size,
-                metadata_size,
-            } => {
-                debug_assert!(!self.recorded.contains_key(&id), "{id} sealed twice");
-                self.staged_seals.insert(
-                    id,
-                    RecoveredObject {
-                        id,
-                        block,
-                        data_size,
-                        metadata_size,
-                    },
-                );
-            }
-            DurableChange::Removed { id } => {
-                // Sealed and removed before its record was written: nothing to undo.
-                if self.staged_seals.remove(&id).is_some() {
-                    return;
-                }
-                if let Some(slot) = self.recorded.remove(&id) {
-                    self.staged_removals.push(slot);
-                }
-            }
-        }
+        self.index.stage(change);
     }
 
     /// Seals staged and not written yet.
     pub fn staged_seal_count(&self) -> usize {
-        self.staged_seals.len()
+        self.index.staged_seal_count()
     }
 
     /// Object bytes of the seals staged and not written yet.
     pub fn staged_seal_bytes(&self) -> u64 {
-        self.staged_seals
-            .values()
-            .map(|o| o.data_size + o.metadata_size)
-            .sum()
+        self.index.staged_seal_bytes()
     }
 
     /// Whether removals are staged (they must be committed before the freed space is reused).
     pub fn has_staged_removals(&self) -> bool {
-        !self.staged_removals.is_empty()
+        self.index.has_staged_removals()
     }
 
     /// Objects with a written record.
     pub fn recorded_count(&self) -> usize {
-        self.recorded.len()
+        self.index.recorded_count()
     }
 
     /// Makes every staged change durable: the staged objects' bytes are flushed, then their
     /// records and the removals are written, then the index is flushed.
     pub fn commit(&mut self) -> Result<CommitStats, PersistError> {
         let mut stats = CommitStats::default();
-        if self.staged_seals.is_empty() && self.staged_removals.is_empty() {
+        if !self.index.has_staged() {
             return Ok(stats);
         }
         self.flush_data(&mut stats)?;
-        stats.removals = self.write_removals()?;
-        let seals = std::mem::take(&mut self.staged_seals);
-        let mut written = Vec::with_capacity(seals.len());
-        for object in seals.into_values() {
-            let slot = self.take_free_slot()?;
-            let record = Record {
-                seq: self.next_seq,
-                object,
-            };
-            self.next_seq += 1;
-            self.write_slot(slot, &record.encode())?;
-            written.push((object.id, slot));
-        }
-        stats.seals = written.len() as u64;
-        self.sync_index()?;
-        self.recorded.extend(written);
+        let written = self.index.commit()?;
+        stats.seals = written.seals;
+        stats.removals = written.removals;
         Ok(stats)
     }
 
     /// Makes only the staged removals durable (async mode, before the freed space is reused).
     pub fn commit_removals(&mut self) -> Result<u64, PersistError> {
-        let removals = self.write_removals()?;
-        if removals > 0 {
-            self.sync_index()?;
-        }
-        Ok(removals)
+        self.index.commit_removals()
     }
 
     /// The data file.
@@ -530,26 +409,15 @@ impl BackingFile {
 
     /// The index file.
     pub fn index_path(&self) -> &Path {
-        &self.index_path
-    }
-
-    /// Zeroes the staged removals' slots (not yet flushed). The slots stay out of the free
-    /// set until the caller's flush: a slot is reused only once its removal is durable.
-    fn write_removals(&mut self) -> Result<u64, PersistError> {
-        let slots = std::mem::take(&mut self.staged_removals);
-        for &slot in &slots {
-            self.write_slot(slot, &[0; RECORD_BYTES])?;
-        }
-        self.free_slots_after_sync.extend(slots.iter().copied());
-        Ok(slots.len() as u64)
+        &self.index.storage().path
     }
 
     /// `msync` of the staged objects' bytes, adjacent ranges merged.
     fn flush_data(&mut self, stats: &mut CommitStats) -> Result<(), PersistError> {
         let page = 4096u64;
         let mut ranges: Vec<(u64, u64)> = self
-            .staged_seals
-            .values()
+            .index
+            .staged_seals()
             .filter(|o| o.data_size + o.metadata_size > 0)
             .map(|o| {
                 let start = o.block.offset / page * page;
@@ -574,81 +442,32 @@ impl BackingFile {
         }
         Ok(())
     }
-
-    fn take_free_slot(&mut self) -> Result<u64, PersistError> {
-        if let Some(slot) = self.free_slots.pop_first() {
-            return Ok(slot);
-        }
-        let grown = (self.slot_count * 2).max(INITIAL_SLOTS);
-        self.index
-            .set_len(slot_offset(grown))
-            .map_err(io_error("ftruncate", &self.index_path))?;
-        self.free_slots.extend(self.slot_count + 1..grown);
-        let slot = self.slot_count;
-        self.slot_count = grown;
-        Ok(slot)
-    }
-
-    fn write_slot(&self, slot: u64, bytes: &[u8; RECORD_BYTES]) -> Result<(), PersistError> {
-        self.index
-            .write_all_at(bytes, slot_offset(slot))
-            .map_err(io_error("pwrite", &self.index_path))
-    }
-
-    fn sync_index(&mut self) -> Result<(), PersistError> {
-        self.index
-            .sync_data()
-            .map_err(io_error("fdatasync", &self.index_path))?;
-        let freed = std::mem::take(&mut self.free_slots_after_sync);
-        self.free_slots.extend(freed);
-        Ok(())
-    }
 }
 
-fn slot_offset(slot: u64) -> u64 {
-    HEADER_BYTES + slot * RECORD_BYTES as u64
-}
-
-fn read_header(index: &File, path: &Path) -> Result<Header, PersistError> {
-    let mut bytes = [0u8; record::HEADER_USED_BYTES];
-    index.read_exact_at(&mut bytes, 0).map_err(|source| {
-        if source.kind() == std::io::ErrorKind::UnexpectedEof {
-            PersistError::NotAnIndex {
-                path: path.to_path_buf(),
-            }
-        } else {
-            PersistError::Io {
-                op: "pread",
-                path: path.to_path_buf(),
-                source,
-            }
-        }
-    })?;
-    let header = Header::decode(&bytes).map_err(|error| match error {
-        HeaderError::BadMagic => PersistError::NotAnIndex {
-            path: path.to_path_buf(),
-        },
-        HeaderError::Version { found } => PersistError::IncompatibleVersion {
-            path: path.to_path_buf(),
+/// An index that could not be opened, as the error of its path.
+fn header_error(error: OpenError<PersistError>, path: &Path) -> PersistError {
+    let path = path.to_path_buf();
+    match error {
+        OpenError::Storage(error) => error,
+        OpenError::Header(HeaderError::BadMagic) => PersistError::NotAnIndex { path },
+        OpenError::Header(HeaderError::Version { found }) => PersistError::IncompatibleVersion {
+            path,
             found,
             supported: FORMAT_VERSION,
         },
-        HeaderError::Checksum => PersistError::CorruptHeader {
-            path: path.to_path_buf(),
+        OpenError::Header(HeaderError::Checksum) => PersistError::CorruptHeader {
+            path,
             reason: "checksum mismatch",
         },
-        HeaderError::Layout => PersistError::CorruptHeader {
-            path: path.to_path_buf(),
+        OpenError::Header(HeaderError::Layout) => PersistError::CorruptHeader {
+            path,
             reason: "record or header size this build does not use",
         },
-    })?;
-    if header.alignment_bytes != ALIGNMENT {
-        return Err(PersistError::CorruptHeader {
-            path: path.to_path_buf(),
+        OpenError::Header(HeaderError::Alignment) => PersistError::CorruptHeader {
+            path,
             reason: "allocation alignment differs from this build's",
-        });
+        },
     }
-    Ok(header)
 }
 
 /// Creates the data file (sized, space reserved, flushed), then the index: written under a
@@ -701,16 +520,13 @@ fn create_files(data_path: &Path, index_path: &Path, bytes: u64) -> Result<(), P
         .mode(0o600)
         .open(&temp_path)
         .map_err(io_error("open", &temp_path))?;
-    index
-        .set_len(slot_offset(INITIAL_SLOTS))
-        .map_err(io_error("ftruncate", &temp_path))?;
-    let header = Header {
-        data_bytes: bytes,
-        alignment_bytes: ALIGNMENT,
-    };
-    index
-        .write_all_at(&header.encode(), 0)
-        .map_err(io_error("pwrite", &temp_path))?;
+    SlotIndex::format(
+        &mut IndexFile {
+            file: &index,
+            path: temp_path.clone(),
+        },
+        bytes,
+    )?;
     index.sync_all().map_err(io_error("fsync", &temp_path))?;
     std::fs::rename(&temp_path, index_path).map_err(io_error("rename", index_path))?;
     let dir = index_path

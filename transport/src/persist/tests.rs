@@ -1,3 +1,6 @@
+use std::collections::BTreeSet;
+
+use skyriver_core::persist::slot_offset;
 use skyriver_core::{ArenaId, LocalRegion, ObjectId};
 
 use super::*;

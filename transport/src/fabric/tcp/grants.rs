@@ -6,7 +6,8 @@
 //! *serving*. A revocation with nothing serving takes effect at once; otherwise the key stops
 //! admitting new READs at once and the revocation is complete when the last READ in progress
 //! is written or dropped ([`Serving`]'s `Drop`), so the core never unpins memory a READ still
-//! copies from.
+//! copies from. The table's rules are the core's [`GrantTable`], which the simulator runs too;
+//! here it lives behind the fabric's mutex and draws its keys from the OS.
 //!
 //! Each grant keeps a view of its region (on the fabric, a claim-checked `ReadableRegion`),
 //! and each READ it admits a clone of it: the bytes a READ's data is written from stay
@@ -16,30 +17,20 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use skyriver_core::grants::GrantTable;
 use skyriver_core::{LocalRegion, NodeId, TransferId};
 
 use crate::fabric::{EventSender, FabricEvent};
 use crate::sync::{lock, Mutex};
 
-/// One lease's access.
-#[derive(Debug)]
-struct Grant<V> {
-    peer: NodeId,
-    req: TransferId,
-    region: LocalRegion,
-    /// The region's bytes, for the READs admitted.
-    view: V,
-    /// READs admitted and not yet written or dropped.
-    serving: u32,
-    /// Revoked while READs were serving: admits nothing more, removed when they are done.
-    revoked: bool,
-}
-
-/// Every live grant of one fabric; `V` is how a grant views its region's bytes.
+/// Every live grant of one fabric: the shared table's rules ([`GrantTable`], which the
+/// simulator runs too) with keys drawn from the OS, and each grant's view of its region's
+/// bytes (`V`), handed to the READs it admits.
 #[derive(Debug)]
 pub(super) struct Grants<V> {
-    by_key: BTreeMap<u32, Grant<V>>,
-    by_lease: BTreeMap<(NodeId, TransferId), u32>,
+    table: GrantTable,
+    /// Each live key's view of its region (removed when its grant leaves the table).
+    views: BTreeMap<u32, V>,
     /// Keys drawn so far, mixed into each new one.
     attempts: u32,
     /// A planted race for the loom model: a revocation does not wait for READs being served.
@@ -50,8 +41,8 @@ pub(super) struct Grants<V> {
 impl<V> Default for Grants<V> {
     fn default() -> Self {
         Grants {
-            by_key: BTreeMap::new(),
-            by_lease: BTreeMap::new(),
+            table: GrantTable::new(),
+            views: BTreeMap::new(),
             attempts: 0,
             #[cfg(skyriver_loom)]
             revoke_ignores_serving: false,
@@ -70,89 +61,64 @@ impl<V: Clone> Grants<V> {
         region: LocalRegion,
         view: V,
     ) -> u32 {
-        let key = loop {
+        let attempts = &mut self.attempts;
+        let key = self.table.grant(peer, req, None, region, || {
             let mut bytes = [0u8; 4];
             // The OS's generator does not fail on Linux once booted. Were it to, the counter
             // still makes every attempt a new key (unique, only guessable), so this ends.
             let _ = getrandom::getrandom(&mut bytes);
-            self.attempts = self.attempts.wrapping_add(1);
-            let key = u32::from_le_bytes(bytes) ^ self.attempts.wrapping_mul(0x9e37_79b9);
-            if !self.by_key.contains_key(&key) {
-                break key;
-            }
-        };
-        if let Some(old) = self.by_lease.insert((peer, req), key) {
-            // A second grant for one lease is a driver bug; the older key dies with it.
-            self.by_key.remove(&old);
-        }
-        self.by_key.insert(
-            key,
-            Grant {
-                peer,
-                req,
-                region,
-                view,
-                serving: 0,
-                revoked: false,
-            },
-        );
+            *attempts = attempts.wrapping_add(1);
+            u32::from_le_bytes(bytes) ^ attempts.wrapping_mul(0x9e37_79b9)
+        });
+        // A second grant for one lease replaced the first in the table (a driver bug): its
+        // older key's view goes with it.
+        let table = &self.table;
+        self.views.retain(|k, _| table.contains_key(*k));
+        self.views.insert(key, view);
         key
     }
 
     /// Ends the lease's access: `true` when no READ can touch the region any more, `false`
     /// when READs under it are still being written (see the module documentation).
     pub(super) fn revoke(&mut self, peer: NodeId, req: TransferId) -> bool {
-        let Some(key) = self.by_lease.remove(&(peer, req)) else {
-            return true;
-        };
-        #[cfg(skyriver_loom)]
-        let planted = self.revoke_ignores_serving;
-        #[cfg(not(skyriver_loom))]
-        let planted = false;
-        match self.by_key.get_mut(&key) {
-            Some(grant) if grant.serving > 0 && !planted => {
-                grant.revoked = true;
-                false
-            }
-            _ => {
-                self.by_key.remove(&key);
-                true
-            }
+        let complete = self.table.revoke(peer, req).is_complete();
+        if complete {
+            let table = &self.table;
+            self.views.retain(|k, _| table.contains_key(*k));
         }
+        #[cfg(skyriver_loom)]
+        if self.revoke_ignores_serving {
+            return true;
+        }
+        complete
     }
 
     /// Admits `peer`'s READ of `[offset, offset + len)` under `key`: the grant's view of the
     /// region to serve it from, or `None` (unknown or revoked key, another peer's key, outside
     /// the region).
     fn admit(&mut self, peer: NodeId, key: u32, offset: u64, len: u64) -> Option<V> {
-        let grant = self.by_key.get_mut(&key)?;
-        let end = offset.checked_add(len)?;
-        let allowed = !grant.revoked
-            && grant.peer == peer
-            && grant.region.offset <= offset
-            && end <= grant.region.end();
-        if !allowed {
-            return None;
+        self.table.admit(peer, key, offset, len).ok()?;
+        let view = self.views.get(&key).cloned();
+        if view.is_none() {
+            // Every key in the table has its view; were one missing, the READ is refused.
+            self.table.done(key);
         }
-        grant.serving += 1;
-        Some(grant.view.clone())
+        view
     }
 
     /// A READ admitted under `key` is done; the lease whose revocation it completes, if any.
     fn done(&mut self, key: u32) -> Option<(NodeId, TransferId)> {
-        let grant = self.by_key.get_mut(&key)?;
-        grant.serving = grant.serving.saturating_sub(1);
-        if grant.revoked && grant.serving == 0 {
-            let grant = self.by_key.remove(&key).expect("found above");
-            return Some((grant.peer, grant.req));
+        let revoked = self.table.done(key);
+        if revoked.is_some() {
+            self.views.remove(&key);
         }
-        None
+        revoked
     }
 
     /// Live grants.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.by_key.len()
+        self.table.len()
     }
 
     /// Grants with the planted race, for the loom model to show it catches one.

@@ -3,8 +3,8 @@
 //! All integers are little-endian. Both carry a CRC32C (Castagnoli) so a torn or corrupted
 //! write is detected and never trusted.
 
-use skyriver_core::ids::OBJECT_ID_LEN;
-use skyriver_core::{ArenaId, LocalRegion, ObjectId, RecoveredObject};
+use crate::ids::OBJECT_ID_LEN;
+use crate::{ArenaId, LocalRegion, ObjectId, RecoveredObject};
 
 /// Identifies an index file: "SKYRIDX" and a NUL.
 pub const INDEX_MAGIC: [u8; 8] = *b"SKYRIDX\0";
@@ -36,19 +36,26 @@ pub struct Header {
 }
 
 /// Why a header was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum HeaderError {
-    /// The magic is not ours: not a Skyriver index file.
+    /// The magic is not ours (or the file is shorter than a header): not a Skyriver index.
+    #[error("not a Skyriver index file")]
     BadMagic,
     /// Written by an incompatible version of the format.
+    #[error("index format version {found}; this build reads version {FORMAT_VERSION}")]
     Version {
         /// The version in the file.
         found: u32,
     },
     /// The checksum does not match: the header is corrupt.
+    #[error("checksum mismatch")]
     Checksum,
     /// Fields that this version cannot use (record size, header size).
+    #[error("record or header size this build does not use")]
     Layout,
+    /// The records assume another allocation alignment than this build's.
+    #[error("allocation alignment differs from this build's")]
+    Alignment,
 }
 
 impl Header {
@@ -157,7 +164,7 @@ impl Slot {
         let metadata_size = u64_at(bytes, 56);
         let Some(block_len) = data_size
             .checked_add(metadata_size)
-            .and_then(skyriver_core::alloc::block_len_for)
+            .and_then(crate::alloc::block_len_for)
         else {
             return Slot::Corrupt;
         };

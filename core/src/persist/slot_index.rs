@@ -1,0 +1,371 @@
+//! The slot table of the index: which slot holds which object's record, which slots are free,
+//! what is staged for the next commit, and the recovery scan.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::record::{Header, HeaderError, Record, Slot, HEADER_BYTES, HEADER_USED_BYTES};
+use super::{Storage, RECORD_BYTES};
+use crate::alloc::ALIGNMENT;
+use crate::{DurableChange, ObjectId, RecoveredObject};
+
+/// Slots of a new index (it doubles when full).
+pub const INITIAL_SLOTS: u64 = 1024;
+
+/// Bytes read per call while scanning the index.
+const SCAN_CHUNK_BYTES: usize = 1 << 20;
+
+/// Why an index could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError<E: std::error::Error + 'static> {
+    /// The medium failed.
+    #[error(transparent)]
+    Storage(E),
+    /// The header was refused; nothing was written.
+    #[error("index header refused: {0}")]
+    Header(#[source] HeaderError),
+}
+
+/// A record found by the recovery scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FoundRecord {
+    /// Its slot.
+    pub slot: u64,
+    /// The record.
+    pub record: Record,
+}
+
+/// What the recovery scan found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScanReport {
+    /// The files did not exist and were created empty (set by the driver that created them).
+    pub created: bool,
+    /// Size of the data file (the arena), from the header.
+    pub data_bytes: u64,
+    /// Slots in the index.
+    pub slots: u64,
+    /// Slots holding a record with a valid checksum.
+    pub valid_records: u64,
+    /// Slots holding anything else but zeros (torn or corrupt): discarded.
+    pub corrupt_slots: u64,
+}
+
+/// What writing the staged changes did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteStats {
+    /// Seal records written.
+    pub seals: u64,
+    /// Records removed (slots zeroed).
+    pub removals: u64,
+}
+
+/// The index over its medium: the in-memory slot table and the staged changes.
+///
+/// Rules (see the daemon's persistence module for why they make every valid record true):
+/// a seal's record is written only after its data is durable (the caller flushes the data of
+/// [`SlotIndex::staged_seals`] before [`SlotIndex::write_staged`]); a zeroed slot is reused
+/// only after a [`SlotIndex::sync`]; sequence numbers only grow, across restarts too.
+#[derive(Debug)]
+pub struct SlotIndex<S> {
+    storage: S,
+    header: Header,
+    slot_count: u64,
+    free_slots: BTreeSet<u64>,
+    /// Slot of every object whose record is written.
+    recorded: BTreeMap<ObjectId, u64>,
+    /// Seals not written yet.
+    staged_seals: BTreeMap<ObjectId, RecoveredObject>,
+    /// Slots to zero.
+    staged_removals: Vec<u64>,
+    /// Zeroed slots that become free once the index is synced.
+    free_slots_after_sync: Vec<u64>,
+    next_seq: u64,
+    /// Valid records of the scan, newest first, until [`SlotIndex::finish_recovery`].
+    found: Vec<FoundRecord>,
+    /// Corrupt slots of the scan, until [`SlotIndex::finish_recovery`].
+    corrupt: Vec<u64>,
+}
+
+/// Where slot `slot` starts.
+pub fn slot_offset(slot: u64) -> u64 {
+    HEADER_BYTES + slot * RECORD_BYTES as u64
+}
+
+impl<S: Storage> SlotIndex<S> {
+    /// Writes an empty index for a `data_bytes` arena onto `storage` and syncs it.
+    pub fn format(storage: &mut S, data_bytes: u64) -> Result<(), S::Error> {
+        storage.set_len(slot_offset(INITIAL_SLOTS))?;
+        let header = Header {
+            data_bytes,
+            alignment_bytes: ALIGNMENT,
+        };
+        storage.write_at(0, &header.encode())?;
+        storage.sync()
+    }
+
+    /// Opens the index on `storage`: checks its header and scans every slot. Valid records
+    /// wait (newest first) in [`SlotIndex::found_records`] for the store's verdict, handed
+    /// back with [`SlotIndex::finish_recovery`].
+    pub fn open(mut storage: S) -> Result<(Self, ScanReport), OpenError<S::Error>> {
+        let len_bytes = storage.len_bytes().map_err(OpenError::Storage)?;
+        if len_bytes < HEADER_USED_BYTES as u64 {
+            return Err(OpenError::Header(HeaderError::BadMagic));
+        }
+        let mut bytes = [0u8; HEADER_USED_BYTES];
+        storage.read_at(0, &mut bytes).map_err(OpenError::Storage)?;
+        let header = Header::decode(&bytes).map_err(OpenError::Header)?;
+        if header.alignment_bytes != ALIGNMENT {
+            return Err(OpenError::Header(HeaderError::Alignment));
+        }
+        let mut index = Self {
+            storage,
+            header,
+            slot_count: 0,
+            free_slots: BTreeSet::new(),
+            recorded: BTreeMap::new(),
+            staged_seals: BTreeMap::new(),
+            staged_removals: Vec::new(),
+            free_slots_after_sync: Vec::new(),
+            next_seq: 1,
+            found: Vec::new(),
+            corrupt: Vec::new(),
+        };
+        let report = index.scan(len_bytes).map_err(OpenError::Storage)?;
+        Ok((index, report))
+    }
+
+    /// Reads every slot: valid records are kept (newest first) for the store, corrupt ones
+    /// remembered to be zeroed, empty ones become free.
+    fn scan(&mut self, len_bytes: u64) -> Result<ScanReport, S::Error> {
+        // A partly written last slot (a crash while growing) is ignored and cut off.
+        self.slot_count = len_bytes.saturating_sub(HEADER_BYTES) / RECORD_BYTES as u64;
+        let mut buf = vec![0u8; SCAN_CHUNK_BYTES];
+        let mut slot = 0;
+        while slot < self.slot_count {
+            let count = (self.slot_count - slot).min((SCAN_CHUNK_BYTES / RECORD_BYTES) as u64);
+            let chunk = &mut buf[..count as usize * RECORD_BYTES];
+            self.storage.read_at(slot_offset(slot), chunk)?;
+            for bytes in chunk.chunks_exact(RECORD_BYTES) {
+                let bytes: &[u8; RECORD_BYTES] = bytes.try_into().expect("exact chunks");
+                match Slot::decode(bytes) {
+                    Slot::Empty => {
+                        self.free_slots.insert(slot);
+                    }
+                    Slot::Valid(record) => self.found.push(FoundRecord { slot, record }),
+                    Slot::Corrupt => self.corrupt.push(slot),
+                }
+                slot += 1;
+            }
+        }
+        self.found
+            .sort_by_key(|found| std::cmp::Reverse(found.record.seq));
+        self.next_seq = self.found.first().map_or(1, |f| f.record.seq + 1);
+        Ok(ScanReport {
+            created: false,
+            data_bytes: self.header.data_bytes,
+            slots: self.slot_count,
+            valid_records: self.found.len() as u64,
+            corrupt_slots: self.corrupt.len() as u64,
+        })
+    }
+
+    /// The header read at open.
+    pub fn header(&self) -> Header {
+        self.header
+    }
+
+    /// The records the scan found and their slots, newest first.
+    pub fn found(&self) -> impl Iterator<Item = &FoundRecord> {
+        self.found.iter()
+    }
+
+    /// The records the scan found, newest first: the input of the store's `recover`.
+    pub fn found_records(&self) -> impl Iterator<Item = RecoveredObject> + '_ {
+        self.found.iter().map(|found| found.record.object)
+    }
+
+    /// Takes the store's verdict on [`SlotIndex::found_records`]: `refused` are positions in
+    /// that sequence. Refused and corrupt slots are zeroed (and synced); the accepted records
+    /// are the index from now on. Returns how many slots were zeroed.
+    pub fn finish_recovery(
+        &mut self,
+        refused: impl IntoIterator<Item = usize>,
+    ) -> Result<u64, S::Error> {
+        let refused: BTreeSet<usize> = refused.into_iter().collect();
+        let mut cleared = std::mem::take(&mut self.corrupt);
+        for (position, found) in std::mem::take(&mut self.found).into_iter().enumerate() {
+            if refused.contains(&position) {
+                cleared.push(found.slot);
+            } else {
+                let previous = self.recorded.insert(found.record.object.id, found.slot);
+                assert!(
+                    previous.is_none(),
+                    "the store accepted {} twice",
+                    found.record.object.id
+                );
+            }
+        }
+        for &slot in &cleared {
+            self.write_slot(slot, &[0; RECORD_BYTES])?;
+        }
+        if !cleared.is_empty() {
+            self.storage.sync()?;
+        }
+        self.free_slots.extend(cleared.iter().copied());
+        Ok(cleared.len() as u64)
+    }
+
+    /// Takes one change from the store, to be written by the next commit.
+    pub fn stage(&mut self, change: DurableChange) {
+        match change {
+            DurableChange::Sealed {
+                id,
+                block,
+                data_size,
+                metadata_size,
+            } => {
+                debug_assert!(!self.recorded.contains_key(&id), "{id} sealed twice");
+                self.staged_seals.insert(
+                    id,
+                    RecoveredObject {
+                        id,
+                        block,
+                        data_size,
+                        metadata_size,
+                    },
+                );
+            }
+            DurableChange::Removed { id } => {
+                // Sealed and removed before its record was written: nothing to undo.
+                if self.staged_seals.remove(&id).is_some() {
+                    return;
+                }
+                if let Some(slot) = self.recorded.remove(&id) {
+                    self.staged_removals.push(slot);
+                }
+            }
+        }
+    }
+
+    /// Seals staged and not written yet, by id: their data must be durable before
+    /// [`SlotIndex::write_staged`].
+    pub fn staged_seals(&self) -> impl Iterator<Item = &RecoveredObject> {
+        self.staged_seals.values()
+    }
+
+    /// Seals staged and not written yet.
+    pub fn staged_seal_count(&self) -> usize {
+        self.staged_seals.len()
+    }
+
+    /// Object bytes of the seals staged and not written yet.
+    pub fn staged_seal_bytes(&self) -> u64 {
+        self.staged_seals
+            .values()
+            .map(|o| o.data_size + o.metadata_size)
+            .sum()
+    }
+
+    /// Whether removals are staged (they must be committed before the freed space is reused).
+    pub fn has_staged_removals(&self) -> bool {
+        !self.staged_removals.is_empty()
+    }
+
+    /// Whether anything is staged.
+    pub fn has_staged(&self) -> bool {
+        !self.staged_seals.is_empty() || !self.staged_removals.is_empty()
+    }
+
+    /// Objects with a written record.
+    pub fn recorded_count(&self) -> usize {
+        self.recorded.len()
+    }
+
+    /// Writes every staged change, not synced: the removals' slots are zeroed, each staged
+    /// seal gets a record in a free slot. Durable only after [`SlotIndex::sync`].
+    pub fn write_staged(&mut self) -> Result<WriteStats, S::Error> {
+        let removals = self.write_removals()?;
+        let seals = std::mem::take(&mut self.staged_seals);
+        let mut stats = WriteStats { seals: 0, removals };
+        for object in seals.into_values() {
+            let slot = self.take_free_slot()?;
+            let record = Record {
+                seq: self.next_seq,
+                object,
+            };
+            self.next_seq += 1;
+            self.write_slot(slot, &record.encode())?;
+            self.recorded.insert(object.id, slot);
+            stats.seals += 1;
+        }
+        Ok(stats)
+    }
+
+    /// The barrier: everything written is durable; zeroed slots become free.
+    pub fn sync(&mut self) -> Result<(), S::Error> {
+        self.storage.sync()?;
+        let freed = std::mem::take(&mut self.free_slots_after_sync);
+        self.free_slots.extend(freed);
+        Ok(())
+    }
+
+    /// Writes and syncs every staged change (the caller flushed the staged seals' data).
+    pub fn commit(&mut self) -> Result<WriteStats, S::Error> {
+        if !self.has_staged() {
+            return Ok(WriteStats::default());
+        }
+        let stats = self.write_staged()?;
+        self.sync()?;
+        Ok(stats)
+    }
+
+    /// Makes only the staged removals durable (before the freed space is reused).
+    pub fn commit_removals(&mut self) -> Result<u64, S::Error> {
+        let removals = self.write_removals()?;
+        if removals > 0 {
+            self.sync()?;
+        }
+        Ok(removals)
+    }
+
+    /// The medium.
+    pub fn storage(&self) -> &S {
+        &self.storage
+    }
+
+    /// The medium, for drivers that model it (the simulator's crash).
+    pub fn storage_mut(&mut self) -> &mut S {
+        &mut self.storage
+    }
+
+    /// Gives the medium back (the in-memory state is dropped, as in a crash).
+    pub fn into_storage(self) -> S {
+        self.storage
+    }
+
+    /// Zeroes the staged removals' slots (not yet synced). The slots stay out of the free set
+    /// until the sync: a slot is reused only once its removal is durable.
+    fn write_removals(&mut self) -> Result<u64, S::Error> {
+        let slots = std::mem::take(&mut self.staged_removals);
+        for &slot in &slots {
+            self.write_slot(slot, &[0; RECORD_BYTES])?;
+        }
+        self.free_slots_after_sync.extend(slots.iter().copied());
+        Ok(slots.len() as u64)
+    }
+
+    fn take_free_slot(&mut self) -> Result<u64, S::Error> {
+        if let Some(slot) = self.free_slots.pop_first() {
+            return Ok(slot);
+        }
+        let grown = (self.slot_count * 2).max(INITIAL_SLOTS);
+        self.storage.set_len(slot_offset(grown))?;
+        self.free_slots.extend(self.slot_count + 1..grown);
+        let slot = self.slot_count;
+        self.slot_count = grown;
+        Ok(slot)
+    }
+
+    fn write_slot(&mut self, slot: u64, bytes: &[u8; RECORD_BYTES]) -> Result<(), S::Error> {
+        self.storage.write_at(slot_offset(slot), bytes)
+    }
+}
