@@ -7,6 +7,7 @@ pub mod fabric;
 pub mod fd_passing;
 pub mod persist;
 pub mod process;
+pub mod shared_copy;
 pub mod token;
 pub mod trace;
 pub mod verbs;
