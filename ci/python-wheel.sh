@@ -20,13 +20,14 @@ rm -rf "$build_venv" target/wheels
 "$build_venv/bin/pip" install --quiet "maturin>=1.9.4,<2"
 "$build_venv/bin/maturin" build --release --manifest-path python/Cargo.toml \
     --interpreter "$build_venv/bin/python" --out target/wheels
-wheel=$(ls target/wheels/skyriver-*.whl)
+wheel=$(ls target/wheels/skyriver-*manylinux*.whl)
 echo "built $wheel"
 case "$wheel" in
     *manylinux*) ;;
     *) echo "the wheel has no manylinux tag: $wheel" >&2; exit 1 ;;
 esac
 
+# (pip builds in place, so target/ caches it; maturin may leave a linux_x86_64 wheel beside.)
 "$build_venv/bin/pip" install --quiet ./python
 "$build_venv/bin/skyriver" --version
 
