@@ -379,6 +379,10 @@ struct PlasmaStoreArgs {
     /// Back the store with huge pages from the -d mount.
     #[arg(short = 'h', requires = "directory")]
     huge_pages: bool,
+    /// Plasma's external store for evicted objects (`file://DIR`): refused until Skyriver
+    /// spills evicted objects to disk (`--spill-dir DIR`).
+    #[arg(short = 'e', value_name = "URL")]
+    external_store: Option<String>,
     /// Print help.
     #[arg(long, action = clap::ArgAction::Help)]
     help: Option<bool>,
@@ -397,6 +401,9 @@ struct PlasmaStoreCli {
 
 /// Runs the daemon from plasma_store's flags: they are turned into `skyriver daemon`'s.
 fn run_plasma_store(args: PlasmaStoreArgs) -> Result<(), String> {
+    if let Some(url) = &args.external_store {
+        return Err(external_store_refusal(url));
+    }
     let mut argv: Vec<std::ffi::OsString> = vec![
         "skyriver".into(),
         "daemon".into(),
@@ -417,6 +424,19 @@ fn run_plasma_store(args: PlasmaStoreArgs) -> Result<(), String> {
         Ok(_) => unreachable!("the arguments start with the daemon subcommand"),
         Err(error) => error.exit(),
     }
+}
+
+/// Why `-e URL` is refused: Plasma's external store is Skyriver's future spill tier.
+fn external_store_refusal(url: &str) -> String {
+    let spill = match url.strip_prefix("file://") {
+        Some(dir) => format!("`--spill-dir {dir}`"),
+        None => "`--spill-dir DIR` (as `-e file://DIR`)".to_string(),
+    };
+    format!(
+        "-e {url}: Skyriver has no external store yet. Evicted objects are dropped, not \
+         spilled; spilling them to a directory is planned as the daemon's {spill}, which \
+         `-e file://DIR` will then mean. Start without -e."
+    )
 }
 
 /// Whether this process was started as `plasma_store` (through a link of that name).

@@ -5,6 +5,10 @@
 //! fails. The extension is the workspace's `skyriver-python` cdylib, built by cargo (the
 //! same interpreter found it at build time); it is copied with the package's Python sources
 //! into a temporary directory, so nothing is written into the source tree.
+//!
+//! With `SKYRIVER_PYTHON_SUITE=installed` (CI, after installing the wheel) the suite runs
+//! against the package installed in that interpreter instead, daemons included (its
+//! `skyriver` command, first on PATH): nothing is built or copied but the tests.
 
 mod common;
 
@@ -14,6 +18,11 @@ use std::process::Command;
 
 fn python() -> String {
     std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Whether the suite runs against the installed package rather than this build.
+fn against_installed_package() -> bool {
+    std::env::var("SKYRIVER_PYTHON_SUITE").is_ok_and(|v| v == "installed")
 }
 
 /// Why the suite cannot run here, if it cannot.
@@ -93,34 +102,31 @@ fn python_package_test_suite() {
         common::skip::skip(test, &common::skip::PYTHON, &reason);
         return;
     }
-    let library = build_extension();
     let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
     let staging = tempfile::Builder::new()
         .prefix("skyriver-python-test")
         .tempdir()
         .unwrap();
-    copy_dir(&sources.join("skyriver"), &staging.path().join("skyriver"));
     copy_dir(&sources.join("tests"), &staging.path().join("tests"));
-    std::fs::copy(&library, staging.path().join("skyriver").join("_native.so")).unwrap();
-
+    let mut pytest = Command::new(&python);
     // `-rs` lists each pytest skip with its reason, as `SKIPPED [n] file:line: reason`.
-    let output = Command::new(&python)
-        .args([
-            "-m",
-            "pytest",
-            "-q",
-            "-rs",
-            "-p",
-            "no:cacheprovider",
-            "tests",
-        ])
+    pytest
+        .args(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests"])
         .current_dir(staging.path())
-        .env("PYTHONPATH", staging.path())
         .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("SKYRIVER_BIN", env!("CARGO_BIN_EXE_skyriver"))
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .expect("run pytest");
+        .stderr(std::process::Stdio::inherit());
+    if against_installed_package() {
+        // The installed package, and its `skyriver` command for the daemons.
+        pytest.env_remove("PYTHONPATH").env_remove("SKYRIVER_BIN");
+    } else {
+        let library = build_extension();
+        copy_dir(&sources.join("skyriver"), &staging.path().join("skyriver"));
+        std::fs::copy(&library, staging.path().join("skyriver").join("_native.so")).unwrap();
+        pytest
+            .env("PYTHONPATH", staging.path())
+            .env("SKYRIVER_BIN", env!("CARGO_BIN_EXE_skyriver"));
+    }
+    let output = pytest.output().expect("run pytest");
     // Shown as pytest prints it (past the harness's capture, like a child's stderr).
     let _ = std::io::stdout().write_all(&output.stdout);
     let report = String::from_utf8_lossy(&output.stdout);

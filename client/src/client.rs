@@ -973,8 +973,8 @@ impl ObjectWriter {
     }
 
     /// [`ObjectWriter::seal`] with the digest of the bytes already taken (as they were
-    /// written).
-    fn seal_with_digest(mut self, digest: ContentDigest) -> Result<(), ClientError> {
+    /// written): `digest` must be [`ContentDigest::of_contiguous`] of the data and metadata.
+    pub fn seal_with_digest(mut self, digest: ContentDigest) -> Result<(), ClientError> {
         self.finished = true;
         // Writing is over: give up the writable view before the seal makes the object visible,
         // so another thread's `get` of it can view it at once.

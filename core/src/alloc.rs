@@ -24,6 +24,8 @@ pub fn block_len_for(len: u64) -> Option<u64> {
 #[derive(Debug, Clone)]
 pub struct ArenaAllocator {
     size_bytes: u64,
+    /// The size given, before rounding down to the alignment.
+    given_bytes: u64,
     free_by_offset: BTreeMap<u64, u64>,
     free_by_len: BTreeSet<(u64, u64)>,
     free_bytes: u64,
@@ -31,10 +33,11 @@ pub struct ArenaAllocator {
 
 impl ArenaAllocator {
     /// An allocator for an arena of `size_bytes` (rounded down to the alignment).
-    pub fn new(size_bytes: u64) -> Self {
-        let size_bytes = size_bytes & !(ALIGNMENT - 1);
+    pub fn new(given_bytes: u64) -> Self {
+        let size_bytes = given_bytes & !(ALIGNMENT - 1);
         let mut allocator = Self {
             size_bytes,
+            given_bytes,
             free_by_offset: BTreeMap::new(),
             free_by_len: BTreeSet::new(),
             free_bytes: 0,
@@ -48,6 +51,12 @@ impl ArenaAllocator {
     /// Usable size of the arena.
     pub fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+
+    /// Size of the arena as given (what the store reports as its capacity), of which the
+    /// bytes past the last whole [`ALIGNMENT`] unit hold no object.
+    pub fn given_bytes(&self) -> u64 {
+        self.given_bytes
     }
 
     /// Bytes not allocated.
@@ -196,6 +205,11 @@ impl Allocator {
         self.arenas.iter().map(|(_, a)| a.size_bytes()).sum()
     }
 
+    /// Total bytes of the arenas as given ([`ArenaAllocator::given_bytes`]).
+    pub fn given_bytes(&self) -> u64 {
+        self.arenas.iter().map(|(_, a)| a.given_bytes()).sum()
+    }
+
     /// Total free bytes (possibly fragmented).
     pub fn free_bytes(&self) -> u64 {
         self.arenas.iter().map(|(_, a)| a.free_bytes()).sum()
@@ -236,6 +250,14 @@ mod tests {
         arena.free(c, 256);
         assert_eq!(arena.free_block_count(), 1);
         assert_eq!(arena.free_bytes(), 1024);
+    }
+
+    #[test]
+    fn an_arena_of_an_odd_size_reports_it_and_uses_whole_blocks() {
+        let allocator = Allocator::new([(ArenaId(0), 10_000), (ArenaId(1), 640)]);
+        assert_eq!(allocator.given_bytes(), 10_640);
+        assert_eq!(allocator.capacity_bytes(), 9_984 + 640);
+        assert_eq!(allocator.free_bytes(), allocator.capacity_bytes());
     }
 
     #[test]

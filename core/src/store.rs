@@ -496,7 +496,8 @@ impl Store {
     /// Current counters and gauges.
     pub fn stats(&self) -> StoreStats {
         StoreStats {
-            capacity_bytes: self.allocator.capacity_bytes(),
+            // The memory as given (plasma_store's `-m` exactly), not rounded to whole blocks.
+            capacity_bytes: self.allocator.given_bytes(),
             // Blocks waiting for their removal to be durable hold no object.
             allocated_bytes: self.allocator.capacity_bytes()
                 - self.allocator.free_bytes()

@@ -10,8 +10,9 @@ use std::path::Path;
 
 use crate::size::format_bytes;
 
-/// Smallest arena a daemon starts with.
-pub const MIN_MEMORY_BYTES: u64 = 1 << 20;
+/// Smallest arena a daemon starts with: one page. plasma_store took stores of a few KiB
+/// (`-m 10000`), and scripts written for it still start such stores.
+pub const MIN_MEMORY_BYTES: u64 = 4 << 10;
 
 /// Environment variable that replaces what the machine reports as available (bytes, or a size
 /// such as `4GiB`): for tests, and for operators who know better than `/proc/meminfo`.
@@ -218,7 +219,7 @@ mod tests {
             matches!(e, MemoryError::TooSmall { asked_bytes: 0 }),
             "{e:?}"
         );
-        assert!(e.to_string().contains("at least 1.0 MiB"), "{e}");
+        assert!(e.to_string().contains("at least 4.0 KiB"), "{e}");
         assert!(matches!(
             check(1, None, true),
             Err(MemoryError::TooSmall { .. })

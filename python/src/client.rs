@@ -11,6 +11,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use skyriver_client::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
+use skyriver_core::client_protocol::MAX_INLINE_PUT_BYTES;
+use skyriver_core::digest::ContentHasher;
+use skyriver_transport::shared_copy::SharedBytes;
 
 use crate::buffers::{Part, PendingWriters, PyMutableBuffer, PyReadBuffer, WriterSlot};
 use crate::errors::{self, ClientClosed};
@@ -38,46 +41,42 @@ fn size(name: &str, value: i64) -> PyResult<u64> {
         .map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {value}")))
 }
 
-/// A contiguous bytes-like object's memory, held exported while it is read.
-struct Source {
-    export: PyUntypedBuffer,
+/// A contiguous bytes-like object's memory, held exported while it is copied. Its owner (any
+/// Python thread) may write it meanwhile, so it is only ever copied out, never viewed.
+type Source = SharedBytes<PyUntypedBuffer>;
+
+/// Exports `value`'s bytes for copying (without the GIL).
+fn source(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Source> {
+    let export = PyUntypedBuffer::get(value).map_err(|e| {
+        PyBufferError::new_err(format!(
+            "{what} must support the buffer protocol (bytes, bytearray, memoryview, numpy \
+             array, pyarrow buffer): {e}"
+        ))
+    })?;
+    if !export.is_c_contiguous() {
+        return Err(PyBufferError::new_err(format!(
+            "{what} must be C-contiguous (numpy.ascontiguousarray makes a copy that is)"
+        )));
+    }
+    let (start, len) = (
+        export.buf_ptr().cast::<u8>().cast_const(),
+        export.len_bytes(),
+    );
+    // SAFETY: the consumer's half of the buffer protocol: an export's `len` contiguous bytes
+    // at `buf` stay valid until the export is released, and the `SharedBytes` holds the
+    // export until it is dropped. It copies them out by raw pointers only, since the
+    // exporter's other users may write them.
+    Ok(unsafe { SharedBytes::new(export, start, len) })
 }
 
-impl Source {
-    fn new(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
-        let export = PyUntypedBuffer::get(value).map_err(|e| {
-            PyBufferError::new_err(format!(
-                "{what} must support the buffer protocol (bytes, bytearray, memoryview, numpy \
-                 array, pyarrow buffer): {e}"
-            ))
-        })?;
-        if !export.is_c_contiguous() {
-            return Err(PyBufferError::new_err(format!(
-                "{what} must be C-contiguous (numpy.ascontiguousarray makes a copy that is)"
-            )));
-        }
-        Ok(Self { export })
+/// Copies `source` into `destination` (of the same length), a chunk at a time, feeding each
+/// copied chunk to `hasher` while it is in cache: the digest is of what the object holds.
+fn copy_hashing(destination: &mut [u8], source: &Source, hasher: &mut ContentHasher) {
+    const CHUNK_BYTES: usize = 256 << 10;
+    for (index, chunk) in destination.chunks_mut(CHUNK_BYTES).enumerate() {
+        source.copy_to(index * CHUNK_BYTES, chunk);
+        hasher.update(chunk);
     }
-
-    /// The address and length of the bytes, valid while `self` lives.
-    fn raw(&self) -> (usize, usize) {
-        (self.export.buf_ptr() as usize, self.export.len_bytes())
-    }
-}
-
-/// Bytes at a raw address, for copying without the GIL.
-///
-/// # Safety
-///
-/// The `len` bytes at `address` must stay valid for the returned lifetime: they belong to a
-/// live buffer-protocol export.
-unsafe fn bytes_at<'a>(address: usize, len: usize) -> &'a [u8] {
-    if len == 0 {
-        return &[];
-    }
-    // SAFETY: as promised by the caller. Another Python thread writing to the exporter's
-    // memory during the copy gives a torn copy, as any copy of a mutable buffer would.
-    unsafe { std::slice::from_raw_parts(address as *const u8, len) }
 }
 
 /// Runs `work` without the GIL, giving it an interrupt check that runs Python's signal
@@ -266,14 +265,13 @@ impl PyClient {
     ) -> PyResult<PyMutableBuffer> {
         let id = object_id(id)?;
         let data_size = self::size("size", size)?;
-        let metadata = metadata.map(|m| Source::new(m, "metadata")).transpose()?;
-        let (meta_address, meta_len) = metadata.as_ref().map_or((0, 0), Source::raw);
+        let metadata = metadata.map(|m| source(m, "metadata")).transpose()?;
         let writer = self.call(py, |client| {
+            let meta_len = metadata.as_ref().map_or(0, Source::len);
             let mut writer = client.create(id, data_size, meta_len as u64)?;
-            // SAFETY: `metadata` holds the export until after this call.
-            writer
-                .metadata_mut()
-                .copy_from_slice(unsafe { bytes_at(meta_address, meta_len) });
+            if let Some(metadata) = &metadata {
+                metadata.copy_to(0, writer.metadata_mut());
+            }
             Ok(writer)
         })?;
         drop(metadata);
@@ -337,19 +335,25 @@ impl PyClient {
             Some(id) => object_id(id)?,
             None => PyObjectId::random().0,
         };
-        let source = Source::new(data, "data")?;
-        let metadata = metadata.map(|m| Source::new(m, "metadata")).transpose()?;
-        let (address, len) = source.raw();
-        let (meta_address, meta_len) = metadata.as_ref().map_or((0, 0), Source::raw);
+        let data = source(data, "data")?;
+        let metadata = metadata.map(|m| source(m, "metadata")).transpose()?;
         self.call(py, |client| {
-            // SAFETY: `source` and `metadata` hold their exports until after this call.
-            let (data, meta) =
-                unsafe { (bytes_at(address, len), bytes_at(meta_address, meta_len)) };
-            // Small objects go inline, in one round trip; larger ones are created, copied
-            // into shared memory and sealed.
-            client.put(id, data, meta)
+            let meta_len = metadata.as_ref().map_or(0, Source::len);
+            // Small objects go inline, in one round trip (copied out first); larger ones are
+            // created and copied into shared memory, hashed as they are copied, and sealed.
+            if data.len() + meta_len <= MAX_INLINE_PUT_BYTES {
+                let meta = metadata.as_ref().map(Source::to_vec).unwrap_or_default();
+                return client.put(id, &data.to_vec(), &meta);
+            }
+            let mut writer = client.create(id, data.len() as u64, meta_len as u64)?;
+            let mut hasher = ContentHasher::new();
+            copy_hashing(writer.data_mut(), &data, &mut hasher);
+            if let Some(metadata) = &metadata {
+                copy_hashing(writer.metadata_mut(), metadata, &mut hasher);
+            }
+            writer.seal_with_digest(hasher.finish())
         })?;
-        drop((source, metadata));
+        drop((data, metadata));
         Ok(PyObjectId(id))
     }
 

@@ -10,8 +10,17 @@ use skyriver_core::ids::OBJECT_ID_LEN;
 /// A 20-byte object id (as Plasma's and Ray's), shown as 40 hex characters.
 ///
 /// `ObjectID(b"...20 bytes...")`, `ObjectID.from_random()`, `ObjectID.from_hex("00ff...")`.
-/// Hashable and ordered (by bytes); pickles as its bytes.
-#[pyclass(frozen, eq, ord, hash, name = "ObjectID", module = "skyriver")]
+/// Hashable and ordered (by bytes); pickles as its bytes. `skyriver.plasma.ObjectID` derives
+/// from it.
+#[pyclass(
+    frozen,
+    eq,
+    ord,
+    hash,
+    subclass,
+    name = "ObjectID",
+    module = "skyriver"
+)]
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PyObjectId(pub ObjectId);
 

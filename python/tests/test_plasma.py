@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import select
 import threading
 import time
 
@@ -161,19 +160,6 @@ def test_notifications(client):
         assert client.get_next_notification() == (object_id, i + 1, i)
     client.delete([object_ids[0]])
     assert client.get_next_notification() == (object_ids[0], -1, -1)
-
-
-def test_notification_socket_and_decode(store):
-    client = plasma.connect(store)
-    client.subscribe()
-    sock = client.get_notification_socket()
-    object_id = random_id()
-    client.create_and_seal(object_id, b"abcd", b"m")
-    ready, _, _ = select.select([sock], [], [], 5)
-    assert ready
-    ids, data_sizes, metadata_sizes = client.decode_notifications(sock.recv(4096))
-    assert (ids, data_sizes, metadata_sizes) == ([object_id], [4], [1])
-    client.disconnect()
 
 
 def test_eviction(client):

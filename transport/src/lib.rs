@@ -16,6 +16,7 @@ pub mod fd_passing;
 pub mod persist;
 pub mod poll;
 pub mod process;
+pub mod shared_copy;
 mod sync;
 #[cfg(feature = "node")]
 pub mod token;

@@ -71,7 +71,8 @@ pub enum ObjectEvent {
 /// Counters and gauges of the store.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreStats {
-    /// Usable bytes over all arenas.
+    /// Bytes of memory the store was given, over all arenas (the daemon's `--memory`); up to
+    /// 63 bytes of each arena, past its last 64-byte block, hold no object.
     pub capacity_bytes: u64,
     /// Bytes allocated to objects (aligned blocks).
     pub allocated_bytes: u64,
