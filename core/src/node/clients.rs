@@ -37,7 +37,7 @@ pub struct ClusterMember {
     /// The node.
     pub node: NodeId,
     /// Where its fabric accepts connections.
-    pub address: String,
+    pub address: std::net::SocketAddr,
     /// Which fabric it runs.
     pub fabric: String,
 }
@@ -55,7 +55,6 @@ pub(super) struct ClientSession {
 #[derive(Debug, Default)]
 pub(super) struct ClusterInfo {
     members: Vec<ClusterMember>,
-    links: BTreeMap<NodeId, String>,
     directory_problem: Option<String>,
 }
 
@@ -199,9 +198,11 @@ impl Node {
         self.absorb_store();
     }
 
-    /// The directory's list of live members changed.
+    /// The directory's list of live members changed: dials the lower ones not connected (see
+    /// `links`).
     pub fn handle_directory_members(&mut self, now: Instant, members: Vec<ClusterMember>) {
         self.advance(now);
+        self.links_members(members.iter().map(|m| (m.node, m.address)).collect());
         self.clients.cluster.members = members;
     }
 
@@ -212,9 +213,9 @@ impl Node {
     }
 
     /// How the connection to `peer` is set up (fabric, lanes, MTU…), for `nodes` replies.
-    pub fn handle_peer_link(&mut self, now: Instant, peer: NodeId, link: String) {
+    pub fn handle_peer_link(&mut self, now: Instant, peer: NodeId, link: super::PeerLink) {
         self.advance(now);
-        self.clients.cluster.links.insert(peer, link);
+        self.links_negotiated(peer, link);
     }
 
     /// Whether the directory answers (as last reported).
@@ -516,17 +517,14 @@ impl Node {
             .iter()
             .map(|m| MemberView {
                 node: m.node,
-                address: m.address.clone(),
+                address: m.address.to_string(),
                 fabric: m.fabric.clone(),
                 connected: m.node == me || self.peers.get(&m.node).is_some_and(|p| p.connected),
                 eager_threshold_bytes: self.eager_threshold(m.node).map(|t| t.bytes),
                 link: if m.node == me {
                     "this node".into()
                 } else {
-                    match (self.peers.get(&m.node), cluster.links.get(&m.node)) {
-                        (Some(peer), Some(link)) if peer.connected => link.clone(),
-                        _ => "not connected".into(),
-                    }
+                    self.describe_link(m.node)
                 },
             })
             .collect();

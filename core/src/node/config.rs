@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::links::DialPolicy;
 use super::threshold::{PathCosts, ThresholdPolicy};
 use crate::ids::{ArenaId, NodeId};
 use crate::store::StoreConfig;
@@ -107,6 +108,8 @@ pub struct NodeConfig {
     pub fabric_address: String,
     /// The directory, described without secrets, for `nodes` replies.
     pub directory_name: String,
+    /// When the node dials its peers (see `links`).
+    pub dial: DialPolicy,
 }
 
 impl NodeConfig {
@@ -139,6 +142,7 @@ impl NodeConfig {
             fabric_name: "none".into(),
             fabric_address: "-".into(),
             directory_name: "none (standalone)".into(),
+            dial: DialPolicy::default(),
         }
     }
 

@@ -22,6 +22,7 @@ mod config;
 mod driver;
 mod errors;
 mod fetch;
+mod links;
 mod locations;
 mod metrics;
 mod output;
@@ -52,6 +53,7 @@ pub use clients::{ClusterMember, MAX_PARKED_CREATES};
 pub use config::{ArenaKey, NodeConfig, PeerParams, ReadGrant};
 pub use driver::NodeDriver;
 pub use errors::{FetchError, ReadError, TransferMode};
+pub use links::{DialPolicy, PeerLink, Unreachable};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
 use locations::LocationCache;
 pub use metrics::{
@@ -94,6 +96,8 @@ enum Timer {
     /// End of the grace an object nobody holds gets before a fetch that does not wait for a
     /// publication fails.
     PublicationGrace(ObjectId),
+    /// Dial the peers still missing (see `links`).
+    Dial,
 }
 
 #[derive(Debug)]
@@ -156,6 +160,7 @@ pub struct Node {
     peer_counters: BTreeMap<NodeId, PeerCounters>,
     /// When each answered directory request was sent (for its latency).
     directory_sent: BTreeMap<DirectoryOpId, Instant>,
+    links: links::Links,
 }
 
 impl Node {
@@ -193,6 +198,7 @@ impl Node {
             histograms: metrics::Histograms::default(),
             peer_counters: BTreeMap::new(),
             directory_sent: BTreeMap::new(),
+            links: links::Links::default(),
         }
     }
 
@@ -326,6 +332,7 @@ impl Node {
                 active,
             },
         );
+        self.links_up(peer);
         self.wake_fetches_waiting_for(peer);
         self.pump_admission();
         self.absorb_store();
@@ -341,6 +348,7 @@ impl Node {
             }
             state.connected = false;
         }
+        self.links_lost(peer);
         let from_peer: Vec<TransferId> = self
             .transfers
             .iter()
@@ -538,6 +546,7 @@ impl Node {
                 Timer::ObjectRetry(id) => self.retry_object(id),
                 Timer::Publication(id) => self.send_publication(id),
                 Timer::PublicationGrace(id) => self.publication_grace_over(id),
+                Timer::Dial => self.dial_missing(),
             }
         }
         self.absorb_store();

@@ -593,6 +593,9 @@ impl NodeDriver for Carrier<'_> {
             world.nodes[self.node.0 as usize].handle_persisted(world.now, seq);
         }
     }
+
+    /// Tests connect their nodes themselves; a dial is only logged.
+    fn connect(&mut self, _: NodeId, _: std::net::SocketAddr) {}
 }
 
 mod clients;
