@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use skyriver_core::client_protocol::Response;
-use skyriver_core::node::{ClusterMember, Node};
+use skyriver_core::node::{ClusterMember, Node, PeerLink};
 use skyriver_core::{ClientId, Instant, RequestId, StoreError};
 use skyriver_transport::directory::{DirectoryNotice, MemberInfo};
 use skyriver_transport::fabric::FabricEvent;
@@ -22,10 +22,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use super::connection::{ClientInput, ClientReader, ClientWriter, ConnectionEnd, Readable};
 use super::effects::{AccessAnswer, ClientLink, Effects};
 use super::metrics::{Snapshot, SnapshotRequest};
-use super::reachability::{Failure, Reachability};
-
-/// How often the daemon checks that it is connected to every live node.
-const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
+use super::reachability;
 
 /// Turns in a row the polling loop may take straight from the client it serves before it
 /// looks at every other input (a client that never stops sending cannot starve the rest).
@@ -54,8 +51,6 @@ pub(super) struct EventLoop {
     notices: Option<mpsc::UnboundedReceiver<DirectoryNotice>>,
     durable: Option<watch::Receiver<u64>>,
     members: Vec<MemberInfo>,
-    /// Peers the fabric could not reach: their dial back-off and what the log said.
-    reachability: Reachability,
     next_client: u64,
     /// Snapshot requests of the metrics exporter (`--metrics`).
     metrics_requests: Option<mpsc::Receiver<SnapshotRequest>>,
@@ -95,7 +90,6 @@ impl EventLoop {
             notices,
             durable,
             members: Vec::new(),
-            reachability: Reachability::default(),
             next_client: 1,
             metrics_requests: None,
             poll: crate::poll::AdaptivePoll::new(Duration::ZERO, Duration::ZERO),
@@ -150,9 +144,6 @@ impl EventLoop {
     /// Serves until `shutdown` completes.
     pub(super) async fn run(&mut self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
-        let mut maintain = tokio::time::interval(MAINTAIN_EVERY);
-        maintain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let clustered = self.fabric_events.is_some();
         // One timer, moved only when the node's deadline moves (registering a fresh one on
         // every turn of the loop costs more than the request it serves).
         let sleep = tokio::time::sleep_until(far_future());
@@ -215,10 +206,6 @@ impl EventLoop {
                     let now = self.now();
                     self.node.handle_timeout(now);
                     armed = None;
-                    input = false;
-                }
-                _ = maintain.tick(), if clustered => {
-                    self.maintain_connections();
                     input = false;
                 }
                 Some(answer) = recv_bounded(self.metrics_requests.as_mut()) => {
@@ -396,39 +383,17 @@ impl EventLoop {
                 params,
                 summary,
             } => {
+                let failures = reachability::failures_before_connect(&self.node, peer);
                 self.node.handle_peer_connected(now, peer, params);
-                let threshold = self
-                    .node
-                    .eager_threshold(peer)
-                    .map_or_else(|| "-".to_string(), |t| crate::size::format_bytes(t.bytes));
-                match self.reachability.connected(peer) {
-                    None => {
-                        info!(%peer, link = %summary, eager_threshold = %threshold, "peer connected")
-                    }
-                    Some(failures) => info!(
-                        %peer, link = %summary, eager_threshold = %threshold, failures,
-                        "peer connected: reachable again"
-                    ),
-                }
-                self.node.handle_peer_link(
-                    now,
-                    peer,
-                    format!("{summary}, eager threshold {threshold}"),
-                );
+                let link = PeerLink {
+                    negotiated: summary,
+                };
+                self.node.handle_peer_link(now, peer, link);
+                reachability::log_connected(&self.node, peer, failures);
             }
             FabricEvent::PeerLost { peer, reason } => {
-                // Said once per change of state; dials back off while it stays unreachable.
-                match self.reachability.failed(peer, std::time::Instant::now()) {
-                    Failure::BecameUnreachable { retry_in } => warn!(
-                        %peer, %reason, retry_in = ?retry_in,
-                        "peer lost: dialing it again with back-off (up to every 30 s; further \
-                         failures are logged at debug level)"
-                    ),
-                    Failure::StillUnreachable { failures, retry_in } => debug!(
-                        %peer, %reason, failures, retry_in = ?retry_in, "peer still unreachable"
-                    ),
-                }
                 self.node.handle_peer_lost(now, peer);
+                reachability::log_lost(&self.node, peer, &reason);
             }
             FabricEvent::Message { peer, bytes } => {
                 trace::stamp("message_handled");
@@ -469,18 +434,13 @@ impl EventLoop {
                     .iter()
                     .map(|m| ClusterMember {
                         node: m.node,
-                        address: m.fabric_addr.to_string(),
+                        incarnation: m.incarnation,
+                        address: m.fabric_addr,
                         fabric: m.fabric.clone(),
                     })
                     .collect();
                 self.node.handle_directory_members(now, view);
-                if members != self.members {
-                    let ids: Vec<_> = members.iter().map(|m| m.node).collect();
-                    self.reachability
-                        .membership_changed(&ids, std::time::Instant::now());
-                }
                 self.members = members;
-                self.maintain_connections();
             }
             DirectoryNotice::Health(health) => {
                 match (&health, self.node.directory_healthy()) {
@@ -491,24 +451,6 @@ impl EventLoop {
                     _ => {}
                 }
                 self.node.handle_directory_health(now, health);
-            }
-        }
-    }
-
-    /// Dials every live member with a lower id that is not connected (the higher id dials, so
-    /// each pair has exactly one connection), unless its back-off says not yet.
-    fn maintain_connections(&self) {
-        let Some(fabric) = &self.effects.fabric else {
-            return;
-        };
-        let me = self.node.id();
-        let now = std::time::Instant::now();
-        for member in &self.members {
-            if member.node < me
-                && !fabric.is_connected_or_connecting(member.node)
-                && self.reachability.may_dial(member.node, now)
-            {
-                fabric.connect(member.node, member.fabric_addr);
             }
         }
     }

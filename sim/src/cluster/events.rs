@@ -1,6 +1,8 @@
 //! What each scheduled event does: deliveries, READs served from the simulated arena without
 //! the holder's core, timers, client operations, the disk's commits, faults.
 
+use skyriver_core::node::ClusterMember;
+
 use super::*;
 
 impl Cluster {
@@ -122,7 +124,27 @@ impl Cluster {
                         self.record(|| format!("{to} <- directory {event}"));
                         self.feed(to, |node, now| node.handle_directory_event(now, event));
                     }
-                    DirectoryNotice::Members(_) | DirectoryNotice::Health(_) => {}
+                    DirectoryNotice::Members(members) => {
+                        self.record(|| {
+                            let names: Vec<String> =
+                                members.iter().map(|m| m.node.to_string()).collect();
+                            format!("{to} <- directory members {}", names.join(" "))
+                        });
+                        let view = members
+                            .iter()
+                            .map(|m| ClusterMember {
+                                node: m.node,
+                                incarnation: m.incarnation,
+                                address: m.fabric_addr,
+                                fabric: m.fabric.clone(),
+                            })
+                            .collect();
+                        self.feed(to, |node, now| node.handle_directory_members(now, view));
+                    }
+                    DirectoryNotice::Health(health) => {
+                        // The directory's own trace says when it goes up or down.
+                        self.feed(to, |node, now| node.handle_directory_health(now, health));
+                    }
                 }
             }
             Event::ReadGranted {
@@ -264,8 +286,8 @@ impl Cluster {
                     self.record(|| format!("FAULT partition {a} / {b}"));
                     self.break_link(a, b);
                 } else {
+                    // The connection comes back when the higher id dials (its core's rule).
                     self.record(|| format!("FAULT healed partition {a} / {b}"));
-                    self.restore_link(a, b);
                 }
             }
             Event::DirectoryOutage { on } => {
