@@ -36,6 +36,8 @@ pub const MAX_PARKED_CREATES: usize = 4096;
 pub struct ClusterMember {
     /// The node.
     pub node: NodeId,
+    /// Which start of its daemon.
+    pub incarnation: u32,
     /// Where its fabric accepts connections.
     pub address: std::net::SocketAddr,
     /// Which fabric it runs.
@@ -83,7 +85,7 @@ pub(super) struct Clients {
     /// Durable changes emitted so far (the last one's sequence number).
     pub(super) persist_emitted: u64,
     /// Durable changes the driver reported done.
-    persisted: u64,
+    pub(super) persisted: u64,
     /// Number of the last durable change that was a removal.
     pub(super) last_removal: u64,
     pub(super) cluster: ClusterInfo,
@@ -110,6 +112,7 @@ impl Node {
             |(_, output)| !matches!(output, NodeOutput::Reply { client: c, .. } if *c == client),
         );
         self.client_gone(client);
+        self.drop_deferred_of(client);
         self.drop_pending_seals_of(client);
         self.store.disconnect(client);
         self.absorb_store();
@@ -136,6 +139,14 @@ impl Node {
             self.greet(client, request, body);
             return;
         }
+        let Some(body) = self.defer_until_persisted(client, request, body) else {
+            return; // held back until the disk catches up (see `backpressure`), or refused
+        };
+        self.serve_welcomed(client, request, body);
+    }
+
+    /// A request of a welcomed client, now: validated, served, answered (at once or later).
+    pub(super) fn serve_welcomed(&mut self, client: ClientId, request: RequestId, body: Request) {
         if let Err(error) = body.validate() {
             self.reply(client, request, Response::Error(error));
             return;
@@ -196,13 +207,19 @@ impl Node {
         self.retry_parked_creates();
         self.pump_admission();
         self.absorb_store();
+        self.serve_deferred();
     }
 
     /// The directory's list of live members changed: dials the lower ones not connected (see
     /// `links`).
     pub fn handle_directory_members(&mut self, now: Instant, members: Vec<ClusterMember>) {
         self.advance(now);
-        self.links_members(members.iter().map(|m| (m.node, m.address)).collect());
+        self.links_members(
+            members
+                .iter()
+                .map(|m| (m.node, (m.incarnation, m.address)))
+                .collect(),
+        );
         self.clients.cluster.members = members;
     }
 
@@ -225,6 +242,7 @@ impl Node {
 
     /// Replies held until their durable changes are, and creates waiting for space.
     pub(super) fn pending_client_work(&self, lines: &mut Vec<String>) {
+        self.pending_deferred_work(lines);
         for (needed, output) in &self.clients.held {
             lines.push(format!(
                 "reply {output:?} waits for durable change {needed} (durable: {})",
@@ -350,6 +368,9 @@ impl Node {
                 Response::Done(result)
             }
             Request::Get { ids, timeout_ms } => {
+                if let Some(refusal) = self.refuse_waiting_get(&ids, timeout_ms) {
+                    return Some(Response::Error(refusal));
+                }
                 self.store.count_requests(ids.len() as u64, 0);
                 self.store
                     .get(now, client, request, ids, Request::timeout(timeout_ms));

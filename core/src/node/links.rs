@@ -77,6 +77,8 @@ pub struct Unreachable {
     pub failures: u32,
     /// Not dialed again before this.
     pub next_dial: Instant,
+    /// The back-off that ends at `next_dial`.
+    pub retry_in: Duration,
     /// Failures since the back-off last started over (what the delay grows with).
     backoff_failures: u32,
 }
@@ -84,8 +86,8 @@ pub struct Unreachable {
 /// The node's connection bookkeeping.
 #[derive(Debug, Default)]
 pub(super) struct Links {
-    /// Live members the directory lists, with where their fabrics listen.
-    members: BTreeMap<NodeId, SocketAddr>,
+    /// Live members the directory lists: which start of each, and where its fabric listens.
+    members: BTreeMap<NodeId, (u32, SocketAddr)>,
     /// Peers that could not be reached, with their back-off.
     unreachable: BTreeMap<NodeId, Unreachable>,
     /// What each peer's fabric negotiated, for as long as it is connected.
@@ -119,7 +121,7 @@ impl Node {
 
     /// The directory's list of live members changed: a change dials every missing lower peer
     /// at once and starts their back-off over; peers no longer listed are forgotten.
-    pub(super) fn links_members(&mut self, members: BTreeMap<NodeId, SocketAddr>) {
+    pub(super) fn links_members(&mut self, members: BTreeMap<NodeId, (u32, SocketAddr)>) {
         if members == self.links.members {
             return;
         }
@@ -130,6 +132,7 @@ impl Node {
         for state in self.links.unreachable.values_mut() {
             state.backoff_failures = 0;
             state.next_dial = now;
+            state.retry_in = Duration::ZERO;
         }
         self.links.members = members;
         self.dial_missing();
@@ -154,11 +157,13 @@ impl Node {
         let state = self.links.unreachable.entry(peer).or_insert(Unreachable {
             failures: 0,
             next_dial: now,
+            retry_in: Duration::ZERO,
             backoff_failures: 0,
         });
         state.failures += 1;
         state.backoff_failures += 1;
-        state.next_dial = now + policy.backoff_after(state.backoff_failures);
+        state.retry_in = policy.backoff_after(state.backoff_failures);
+        state.next_dial = now + state.retry_in;
         self.stats.peers_unreachable += u64::from(state.failures == 1);
         self.arm_dial_timer();
     }
@@ -179,7 +184,7 @@ impl Node {
                     .get(peer)
                     .is_none_or(|state| now >= state.next_dial)
             })
-            .map(|(&peer, &address)| (peer, address))
+            .map(|(&peer, &(_, address))| (peer, address))
             .collect();
         for (peer, address) in due {
             self.stats.dials += 1;
@@ -218,6 +223,7 @@ mod tests {
     fn member(n: u32) -> ClusterMember {
         ClusterMember {
             node: NodeId(n),
+            incarnation: 0,
             address: SocketAddr::from(([10, 0, 0, n as u8], 7000)),
             fabric: "tcp".into(),
         }

@@ -18,10 +18,12 @@
 //! [`Node::store_mut`]; the node learns of seals and deletes from the store's events.
 
 mod clients;
+mod backpressure;
 mod config;
 mod driver;
 mod errors;
 mod fetch;
+mod limits;
 mod links;
 mod locations;
 mod metrics;
@@ -43,9 +45,7 @@ use crate::client_protocol::Response;
 use crate::digest::ContentDigest;
 use crate::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
-use crate::store::{
-    DurableChange, ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput,
-};
+use crate::store::{ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput};
 use crate::time::Instant;
 use crate::wire::{self, DecodedMessage, ObjectSizes, PeerMessage, WireError};
 
@@ -57,7 +57,7 @@ pub use links::{DialPolicy, PeerLink, Unreachable};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
 use locations::LocationCache;
 pub use metrics::{
-    FetchResults, LatencyHistogram, NodeMetrics, PeerCounters, PeerMetrics, SizeClass,
+    BusyRefusals, FetchResults, LatencyHistogram, NodeMetrics, PeerCounters, PeerMetrics, SizeClass,
     TransferOutcomes, TransferPath, LATENCY_BUCKETS_NANOS,
 };
 pub use output::{NodeOutput, NodeStats};
@@ -98,6 +98,9 @@ enum Timer {
     PublicationGrace(ObjectId),
     /// Dial the peers still missing (see `links`).
     Dial,
+    /// Serve the next request held back for the disk (see `backpressure`); last, so what the
+    /// request before it set for the same instant (a put's seal) fires first.
+    ServeDeferred,
 }
 
 #[derive(Debug)]
@@ -161,6 +164,7 @@ pub struct Node {
     /// When each answered directory request was sent (for its latency).
     directory_sent: BTreeMap<DirectoryOpId, Instant>,
     links: links::Links,
+    backpressure: backpressure::Backpressure,
 }
 
 impl Node {
@@ -199,6 +203,7 @@ impl Node {
             peer_counters: BTreeMap::new(),
             directory_sent: BTreeMap::new(),
             links: links::Links::default(),
+            backpressure: backpressure::Backpressure::default(),
         }
     }
 
@@ -283,6 +288,9 @@ impl Node {
             bytes_in_flight: self.bytes_in_flight,
             leases_held: self.leases.len() as u64,
             fetches_waiting: self.waiters.len() as u64,
+            transfers_queued: self.admission.len() as u64,
+            requests_deferred: self.deferred_requests() as u64,
+            changes_unpersisted: self.unpersisted_changes(),
             directory_healthy: self.directory_healthy(),
             standalone: self.config.standalone,
             fetch_latency: SizeClass::ALL
@@ -547,6 +555,7 @@ impl Node {
                 Timer::Publication(id) => self.send_publication(id),
                 Timer::PublicationGrace(id) => self.publication_grace_over(id),
                 Timer::Dial => self.dial_missing(),
+                Timer::ServeDeferred => self.serve_deferred(),
             }
         }
         self.absorb_store();
@@ -776,14 +785,7 @@ impl Node {
                 StoreOutput::Local(event) => NodeOutput::Local(event),
             });
         }
-        while let Some(change) = self.store.poll_durable_change() {
-            self.clients.persist_emitted += 1;
-            let seq = self.clients.persist_emitted;
-            if matches!(change, DurableChange::Removed { .. }) {
-                self.clients.last_removal = seq;
-            }
-            self.outputs.push_back(NodeOutput::Persist { seq, change });
-        }
+        self.absorb_durable_changes();
     }
 }
 

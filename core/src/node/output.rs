@@ -239,6 +239,8 @@ pub struct NodeStats {
     pub transfer_outcomes: super::metrics::TransferOutcomes,
     /// Client fetches by result, per id.
     pub fetch_results: super::metrics::FetchResults,
+    /// Requests refused because a waiting queue was full, per queue.
+    pub busy_refusals: super::metrics::BusyRefusals,
     /// Connections this node dialed ([`NodeOutput::Connect`]).
     pub dials: u64,
     /// Times a peer became unreachable (its connection failed or was lost while it was
