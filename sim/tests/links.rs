@@ -27,7 +27,10 @@ fn a_restarted_node_is_dialed_by_the_higher_ids_once_the_membership_lists_it() {
     let text = c.trace_text();
     assert!(text.contains("node-1 dials node-0"), "{text}");
     assert!(text.contains("node-2 dials node-0"), "{text}");
-    assert!(!text.contains("node-0 dials"), "the lower id never dials:\n{text}");
+    assert!(
+        !text.contains("node-0 dials"),
+        "the lower id never dials:\n{text}"
+    );
     for (node, peer) in [(0, 1), (0, 2), (1, 0), (2, 0), (1, 2)] {
         assert!(connected(&c, node, peer), "{node} to {peer}:\n{text}");
     }
@@ -54,7 +57,11 @@ fn a_healed_partition_is_redialed_after_failed_dials_back_off() {
     assert!(!connected(&c, 1, 0));
     c.partition(0, 1, false);
     c.drive();
-    assert!(connected(&c, 1, 0) && connected(&c, 0, 1), "{}", c.trace_text());
+    assert!(
+        connected(&c, 1, 0) && connected(&c, 0, 1),
+        "{}",
+        c.trace_text()
+    );
     assert!(c.violations().is_empty(), "{:?}", c.violations());
 }
 
@@ -76,7 +83,9 @@ fn the_directory_health_reaches_the_core() {
     let healthy = |c: &Cluster| c.node(1).expect("alive").directory_healthy();
     assert!(healthy(&c));
     c.partition_from_head(1, true);
-    assert!(run_until_holds(&mut c, Duration::from_secs(1), |c| !healthy(c)));
+    assert!(run_until_holds(&mut c, Duration::from_secs(1), |c| {
+        !healthy(c)
+    }));
     c.partition_from_head(1, false);
     assert!(run_until_holds(&mut c, Duration::from_secs(1), healthy));
 }

@@ -125,6 +125,11 @@ impl EventLoop {
                 .map_or_else(|| "none".to_string(), |f| f.name().to_string()),
             members: self.members.len(),
             connected_peers,
+            channels: super::metrics::ChannelDepths {
+                fabric_events: self.fabric_events.as_ref().map_or(0, |r| r.len() as u64),
+                directory_notices: self.notices.as_ref().map_or(0, |r| r.len() as u64),
+                commit_queue: self.node.unpersisted_changes(),
+            },
         }
     }
 

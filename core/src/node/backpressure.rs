@@ -7,9 +7,10 @@
 //!   ones are reported. A driver's queue to its disk with room for that many never fills, so
 //!   handing a change over never blocks (a full one is a bug the driver asserts).
 //! * **Requests.** While that many changes are not durable, a client request that may change
-//!   what is durable (create, put, seal, delete, evict, release, fetch) is held back, in
-//!   arrival order, and served once the disk catches up; so is every later request of the same
-//!   client, which keeps each client's requests in order. At most
+//!   what is durable (create, put, seal, delete, evict, release) is held back, in arrival
+//!   order, and served once the disk catches up; so is every later request of the same client
+//!   (which keeps each client's requests in order) but `get`s and fetches: they carry
+//!   deadlines, and wait for what they name anyway. At most
 //!   [`NodeConfig::max_deferred_requests`](super::NodeConfig) wait; beyond that a request is
 //!   refused with [`StoreError::Busy`] (nothing done), except releases, which are bounded by
 //!   the references their client holds.
@@ -46,8 +47,13 @@ fn may_change_durable_state(body: &Request) -> bool {
             | Request::Evict { .. }
             | Request::Release { .. }
             | Request::ReleaseUnanswered { .. }
-            | Request::Fetch { .. }
     )
+}
+
+/// Whether `body` carries a deadline: never held back (a `get` after a held-back put waits for
+/// the seal like any `get`; a fetch's copies are paced by the outputs' bound).
+fn has_deadline(body: &Request) -> bool {
+    matches!(body, Request::Get { .. } | Request::Fetch { .. })
 }
 
 impl Node {
@@ -106,7 +112,8 @@ impl Node {
             .deferred
             .iter()
             .any(|(c, _, _)| *c == client);
-        if !queued_before && !(may_change_durable_state(&body) && self.disk_behind()) {
+        let behind = may_change_durable_state(&body) && self.disk_behind();
+        if has_deadline(&body) || !(queued_before || behind) {
             return Some(body);
         }
         let release = matches!(
@@ -119,7 +126,9 @@ impl Node {
             self.reply(client, request, Response::Error(error));
             return None;
         }
-        self.backpressure.deferred.push_back((client, request, body));
+        self.backpressure
+            .deferred
+            .push_back((client, request, body));
         None
     }
 
@@ -293,7 +302,10 @@ mod tests {
         ask(&mut n, CLIENT, 10, Request::Delete { ids });
         let (replies, persists) = outputs(&mut n);
         assert_eq!(persists, [4, 5], "two out, the third waits in the core");
-        assert!(replies.is_empty(), "a delete's reply waits until it is durable");
+        assert!(
+            replies.is_empty(),
+            "a delete's reply waits until it is durable"
+        );
         n.handle_persisted(Instant::ZERO, 4);
         assert_eq!(outputs(&mut n).1, [6]);
         n.handle_persisted(Instant::ZERO, 6);

@@ -21,7 +21,9 @@ impl Node {
     ) -> Option<StoreError> {
         let limit = self.config.max_waiting_gets;
         let polls = Request::timeout(timeout_ms).is_some_and(|t| t.is_zero());
-        if polls || self.store.waiting_gets() < limit || ids.iter().all(|id| self.store.contains(id))
+        if polls
+            || self.store.waiting_gets() < limit
+            || ids.iter().all(|id| self.store.contains(id))
         {
             return None;
         }

@@ -294,7 +294,11 @@ mod tests {
             last_dial = now;
         }
         assert_eq!(gaps, [1, 2, 4, 8, 16, 30, 30]);
-        assert_eq!(n.stats().peers_unreachable, 1, "said once while it stays away");
+        assert_eq!(
+            n.stats().peers_unreachable,
+            1,
+            "said once while it stays away"
+        );
         // A change of membership dials at once and starts the back-off over.
         n.handle_peer_lost(now, NodeId(1));
         n.handle_directory_members(now, vec![member(1), member(2), member(3)]);

@@ -17,8 +17,8 @@
 //! stays untouched by the core until then. Local clients use the store through
 //! [`Node::store_mut`]; the node learns of seals and deletes from the store's events.
 
-mod clients;
 mod backpressure;
+mod clients;
 mod config;
 mod driver;
 mod errors;
@@ -53,12 +53,12 @@ pub use clients::{ClusterMember, MAX_PARKED_CREATES};
 pub use config::{ArenaKey, NodeConfig, PeerParams, ReadGrant};
 pub use driver::NodeDriver;
 pub use errors::{FetchError, ReadError, TransferMode};
-pub use links::{DialPolicy, PeerLink, Unreachable};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
+pub use links::{DialPolicy, PeerLink, Unreachable};
 use locations::LocationCache;
 pub use metrics::{
-    BusyRefusals, FetchResults, LatencyHistogram, NodeMetrics, PeerCounters, PeerMetrics, SizeClass,
-    TransferOutcomes, TransferPath, LATENCY_BUCKETS_NANOS,
+    BusyRefusals, FetchResults, LatencyHistogram, NodeMetrics, PeerCounters, PeerMetrics,
+    SizeClass, TransferOutcomes, TransferPath, LATENCY_BUCKETS_NANOS,
 };
 pub use output::{NodeOutput, NodeStats};
 use publications::{Publication, Want};
@@ -555,7 +555,12 @@ impl Node {
                 Timer::Publication(id) => self.send_publication(id),
                 Timer::PublicationGrace(id) => self.publication_grace_over(id),
                 Timer::Dial => self.dial_missing(),
-                Timer::ServeDeferred => self.serve_deferred(),
+                Timer::ServeDeferred => {
+                    // The request's outputs are carried out before its own timers (a put's
+                    // seal, due now) fire, at the driver's next call, as for any request.
+                    self.serve_deferred();
+                    break;
+                }
             }
         }
         self.absorb_store();
