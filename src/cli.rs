@@ -1279,7 +1279,6 @@ fn demo_cluster() -> Result<(), String> {
             println!("  link: {}", m.link);
             m.eager_threshold_bytes
         });
-    let eager_limit = threshold.unwrap_or(0).min(view.eager_capacity_bytes);
     for (id, size) in [
         (ObjectId::from_u64(10), 4usize << 10),
         (ObjectId::from_u64(11), 32 << 20),
@@ -1289,6 +1288,11 @@ fn demo_cluster() -> Result<(), String> {
             *b = (i as u64).wrapping_mul(0x9e37_79b9) as u8 ^ (i >> 12) as u8;
         }
         writer.seal().map_err(fail)?;
+        let before = requester
+            .metrics()
+            .map_err(fail)?
+            .counters
+            .transfer_outcomes;
         let started = std::time::Instant::now();
         let object = requester
             .fetch_one(id, Some(Duration::from_secs(30)))
@@ -1299,10 +1303,18 @@ fn demo_cluster() -> Result<(), String> {
             .iter()
             .enumerate()
             .all(|(i, &b)| b == (i as u64).wrapping_mul(0x9e37_79b9) as u8 ^ (i >> 12) as u8);
-        let path = if size as u64 <= eager_limit {
+        // The path the requester's core took, from its own counters.
+        let after = requester
+            .metrics()
+            .map_err(fail)?
+            .counters
+            .transfer_outcomes;
+        let path = if after.eager_ok > before.eager_ok {
             "eager: the bytes came in two-sided messages"
-        } else {
+        } else if after.rendezvous_ok > before.rendezvous_ok {
             "rendezvous: node-1 pulled the bytes with one-sided READs into its store"
+        } else {
+            "no transfer counted"
         };
         println!(
             "put {} on node-0, fetched on node-1 in {took:.1?} ({:.0} MB/s), {path}; bytes match: {intact}",

@@ -71,10 +71,71 @@ pub enum StoreError {
     /// The cluster's directory did not answer; the request may succeed once it is back.
     #[error("the directory is unavailable: {0}")]
     DirectoryUnavailable(String),
+    /// The daemon refused the request rather than let one of its waiting queues grow past its
+    /// cap: it is overloaded (or, for `Durability`, its disk is behind). Nothing changed;
+    /// retry after a moment, send fewer requests at once, or raise the cap.
+    #[error(
+        "the daemon is busy: {limit} {queue} already (its limit); nothing was done, retry later \
+         or send fewer requests at once"
+    )]
+    Busy {
+        /// The queue that is full.
+        queue: WaitQueue,
+        /// Its cap.
+        limit: u64,
+    },
     /// The daemon is still starting (creating a large arena, joining its cluster); it serves
     /// requests once ready. The text says how far it got.
     #[error("the daemon is starting: {0}")]
     Starting(String),
+}
+
+/// A queue of requests that wait inside the daemon, each with a cap
+/// ([`NodeConfig`](crate::node::NodeConfig)); a request that would grow one past its cap is
+/// refused with [`StoreError::Busy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum WaitQueue {
+    /// `get`s waiting for objects to be sealed (`max_waiting_gets`).
+    Gets,
+    /// Client fetches in progress (`max_pending_fetches`).
+    Fetches,
+    /// Objects waiting for memory or bytes in flight before their transfer starts
+    /// (`max_queued_transfers`).
+    QueuedTransfers,
+    /// Requests held back until the disk catches up with the changes already made
+    /// (`max_deferred_requests`, persistent mode).
+    Durability,
+}
+
+impl WaitQueue {
+    /// Every queue, for metrics.
+    pub const ALL: [WaitQueue; 4] = [
+        WaitQueue::Gets,
+        WaitQueue::Fetches,
+        WaitQueue::QueuedTransfers,
+        WaitQueue::Durability,
+    ];
+
+    /// Its label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            WaitQueue::Gets => "gets",
+            WaitQueue::Fetches => "fetches",
+            WaitQueue::QueuedTransfers => "queued_transfers",
+            WaitQueue::Durability => "durability",
+        }
+    }
+}
+
+impl std::fmt::Display for WaitQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WaitQueue::Gets => "gets waiting for objects",
+            WaitQueue::Fetches => "fetches in progress",
+            WaitQueue::QueuedTransfers => "transfers waiting for memory",
+            WaitQueue::Durability => "requests waiting for the disk",
+        })
+    }
 }
 
 /// A byte count for messages: `1.5 GiB (1610612736 bytes)`, or `512 bytes` below 1 KiB.

@@ -28,7 +28,7 @@ pub mod time;
 pub mod wire;
 
 pub use digest::ContentDigest;
-pub use error::StoreError;
+pub use error::{StoreError, WaitQueue};
 pub use ids::{ArenaId, ClientId, NodeId, ObjectId, RequestId, TransferId};
 pub use node::{
     FetchError, Node, NodeConfig, NodeInput, NodeOutput, PeerParams, ReadError, ReadOpId,

@@ -487,6 +487,11 @@ impl Store {
         self.objects.get(id).is_some_and(|e| e.pin_count > 0)
     }
 
+    /// `get`s waiting for objects now.
+    pub fn waiting_gets(&self) -> usize {
+        self.waiters.len()
+    }
+
     /// Counts requests the node layer handles for clients (`get`, `delete`), per id.
     pub fn count_requests(&mut self, gets: u64, deletes: u64) {
         self.stats.get_requests_total += gets;

@@ -470,6 +470,16 @@ impl NodeDriver for Effects {
         }
     }
 
+    fn connect(&mut self, peer: NodeId, address: std::net::SocketAddr) {
+        // The core dials again each interval while the connection is not up; one handshake
+        // at a time is enough.
+        if let Some(fabric) = &self.fabric {
+            if !fabric.is_connected_or_connecting(peer) {
+                fabric.connect(peer, address);
+            }
+        }
+    }
+
     fn local(&mut self, event: ObjectEvent) {
         if matches!(event, ObjectEvent::Sealed { .. }) {
             trace::stamp("sealed");

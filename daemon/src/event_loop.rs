@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use skyriver_core::client_protocol::Response;
-use skyriver_core::node::{drive_host, ClusterMember, DriveHost, Handled, Node, NodeInput};
+use skyriver_core::node::{
+    drive_host, ClusterMember, DriveHost, Handled, Node, NodeInput, PeerLink,
+};
 use skyriver_core::{ClientId, Instant, NodeOutput, RecoveredObject, RecoveryReport, RequestId};
 use skyriver_core::{ContentDigest, StoreError};
 use skyriver_transport::directory::{DirectoryNotice, MemberInfo};
@@ -25,11 +27,8 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use super::connection::{ClientInput, ClientReader, ClientWriter, ConnectionEnd, Readable};
 use super::effects::{AccessAnswer, ClientLink, Effects};
 use super::metrics::{Snapshot, SnapshotRequest};
-use super::reachability::{Failure, Reachability};
+use super::reachability;
 use super::record::Recorder;
-
-/// How often the daemon checks that it is connected to every live node.
-const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
 
 /// Turns in a row the polling loop may take straight from the client it serves before it
 /// looks at every other input (a client that never stops sending cannot starve the rest).
@@ -58,8 +57,6 @@ pub(super) struct EventLoop {
     notices: Option<mpsc::UnboundedReceiver<DirectoryNotice>>,
     durable: Option<watch::Receiver<u64>>,
     members: Vec<MemberInfo>,
-    /// Peers the fabric could not reach: their dial back-off and what the log said.
-    reachability: Reachability,
     next_client: u64,
     /// Snapshot requests of the metrics exporter (`--metrics`).
     metrics_requests: Option<mpsc::Receiver<SnapshotRequest>>,
@@ -104,7 +101,6 @@ impl EventLoop {
             notices,
             durable,
             members: Vec::new(),
-            reachability: Reachability::default(),
             next_client: 1,
             metrics_requests: None,
             poll: skyriver_transport::poll::AdaptivePoll::new(Duration::ZERO, Duration::ZERO),
@@ -170,6 +166,11 @@ impl EventLoop {
                 .map_or_else(|| "none".to_string(), |f| f.name().to_string()),
             members: self.members.len(),
             connected_peers,
+            channels: super::metrics::ChannelDepths {
+                fabric_events: self.fabric_events.as_ref().map_or(0, |r| r.len() as u64),
+                directory_notices: self.notices.as_ref().map_or(0, |r| r.len() as u64),
+                commit_queue: self.node.unpersisted_changes(),
+            },
         }
     }
 
@@ -189,9 +190,6 @@ impl EventLoop {
     /// Serves until `shutdown` completes.
     pub(super) async fn run(&mut self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
-        let mut maintain = tokio::time::interval(MAINTAIN_EVERY);
-        maintain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let clustered = self.fabric_events.is_some();
         // One timer, moved only when the node's deadline moves (registering a fresh one on
         // every turn of the loop costs more than the request it serves).
         let sleep = tokio::time::sleep_until(far_future());
@@ -254,10 +252,6 @@ impl EventLoop {
                     let now = self.now();
                     self.feed(now, NodeInput::Timeout);
                     armed = None;
-                    input = false;
-                }
-                _ = maintain.tick(), if clustered => {
-                    self.maintain_connections();
                     input = false;
                 }
                 Some(answer) = recv_bounded(self.metrics_requests.as_mut()) => {
@@ -409,36 +403,17 @@ impl EventLoop {
                 params,
                 summary,
             } => {
+                let failures = reachability::failures_before_connect(&self.node, peer);
                 self.feed(now, NodeInput::PeerConnected { peer, params });
-                let threshold = self
-                    .node
-                    .eager_threshold(peer)
-                    .map_or_else(|| "-".to_string(), |t| crate::size::format_bytes(t.bytes));
-                match self.reachability.connected(peer) {
-                    None => {
-                        info!(%peer, link = %summary, eager_threshold = %threshold, "peer connected")
-                    }
-                    Some(failures) => info!(
-                        %peer, link = %summary, eager_threshold = %threshold, failures,
-                        "peer connected: reachable again"
-                    ),
-                }
-                let link = format!("{summary}, eager threshold {threshold}");
+                let link = PeerLink {
+                    negotiated: summary,
+                };
                 self.feed(now, NodeInput::PeerLink { peer, link });
+                reachability::log_connected(&self.node, peer, failures);
             }
             FabricEvent::PeerLost { peer, reason } => {
-                // Said once per change of state; dials back off while it stays unreachable.
-                match self.reachability.failed(peer, std::time::Instant::now()) {
-                    Failure::BecameUnreachable { retry_in } => warn!(
-                        %peer, %reason, retry_in = ?retry_in,
-                        "peer lost: dialing it again with back-off (up to every 30 s; further \
-                         failures are logged at debug level)"
-                    ),
-                    Failure::StillUnreachable { failures, retry_in } => debug!(
-                        %peer, %reason, failures, retry_in = ?retry_in, "peer still unreachable"
-                    ),
-                }
                 self.feed(now, NodeInput::PeerLost { peer });
+                reachability::log_lost(&self.node, peer, &reason);
             }
             FabricEvent::Message { peer, bytes } => {
                 trace::stamp("message_handled");
@@ -487,18 +462,13 @@ impl EventLoop {
                     .iter()
                     .map(|m| ClusterMember {
                         node: m.node,
-                        address: m.fabric_addr.to_string(),
+                        incarnation: m.incarnation,
+                        address: m.fabric_addr,
                         fabric: m.fabric.clone(),
                     })
                     .collect();
                 self.feed(now, NodeInput::DirectoryMembers { members: view });
-                if members != self.members {
-                    let ids: Vec<_> = members.iter().map(|m| m.node).collect();
-                    self.reachability
-                        .membership_changed(&ids, std::time::Instant::now());
-                }
                 self.members = members;
-                self.maintain_connections();
             }
             DirectoryNotice::Health(health) => {
                 match (&health, self.node.directory_healthy()) {
@@ -509,24 +479,6 @@ impl EventLoop {
                     _ => {}
                 }
                 self.feed(now, NodeInput::DirectoryHealth { health });
-            }
-        }
-    }
-
-    /// Dials every live member with a lower id that is not connected (the higher id dials, so
-    /// each pair has exactly one connection), unless its back-off says not yet.
-    fn maintain_connections(&self) {
-        let Some(fabric) = &self.effects.fabric else {
-            return;
-        };
-        let me = self.node.id();
-        let now = std::time::Instant::now();
-        for member in &self.members {
-            if member.node < me
-                && !fabric.is_connected_or_connecting(member.node)
-                && self.reachability.may_dial(member.node, now)
-            {
-                fabric.connect(member.node, member.fabric_addr);
             }
         }
     }

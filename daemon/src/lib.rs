@@ -593,7 +593,9 @@ impl Server {
                     .collect();
                 event_loop.recover(batch)
             })?;
-            let (commits, durable_rx) = persistence.start_committer()?;
+            let window = event_loop.node.config().max_unpersisted_changes;
+            let window = usize::try_from(window).unwrap_or(usize::MAX);
+            let (commits, durable_rx) = persistence.start_committer(window)?;
             event_loop.effects.commits = Some(commits);
             durable = Some(durable_rx);
         }

@@ -20,6 +20,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use skyriver_core::node::{LatencyHistogram, NodeMetrics};
+use skyriver_core::WaitQueue;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tracing::{debug, info, warn};
 
@@ -43,6 +44,31 @@ pub struct Snapshot {
     pub members: usize,
     /// Members (other than this node) the fabric is connected to.
     pub connected_peers: usize,
+    /// Items waiting in each channel into the loop, by name (see [`ChannelDepths`]).
+    pub channels: ChannelDepths,
+}
+
+/// How many items wait in each channel into the event loop, taken with the snapshot. What
+/// happens when each is full, or why it needs no bound of its own type:
+/// * `fabric_events` (unbounded in type): every message in it holds a receive slot or a share
+///   of its connection's undelivered-bytes budget, so a peer that sends faster than the loop
+///   takes is slowed where it sends; completions answer READs the loop posted (bounded by the
+///   core's outstanding READs) and connection events come a few per handshake
+///   (`skyriver_transport::fabric::event_channel`).
+/// * `directory_notices` (unbounded in type): replies answer directory requests the core made
+///   (each with a timeout and a bounded number of tries), events come for objects the core
+///   subscribed to, membership and health a few per change.
+/// * `commit_queue` (bounded, `max_unpersisted_changes`): never full; the core holds further
+///   changes, and the client requests that would make them, until the disk catches up.
+/// * `metrics_requests` (bounded, [`SNAPSHOT_QUEUE`]): a scraper waits for a free slot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChannelDepths {
+    /// Fabric events not yet handled.
+    pub fabric_events: u64,
+    /// Directory notices not yet handled.
+    pub directory_notices: u64,
+    /// Durable changes handed to the committer and not reported durable.
+    pub commit_queue: u64,
 }
 
 /// A request for a snapshot, answered by the loop.
@@ -653,6 +679,49 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "skyriver_fetches_waiting",
             "Client fetch requests waiting.",
             gauge(n.fetches_waiting),
+        )?;
+        out.one(
+            "skyriver_transfers_queued",
+            "Objects waiting for memory or bytes in flight before their transfer starts.",
+            gauge(n.transfers_queued),
+        )?;
+        out.one(
+            "skyriver_requests_deferred",
+            "Client requests held back until the disk catches up with the changes made.",
+            gauge(n.requests_deferred),
+        )?;
+        out.one(
+            "skyriver_changes_unpersisted",
+            "Durable changes made and not yet reported durable by the disk.",
+            gauge(n.changes_unpersisted),
+        )?;
+        out.metric(
+            "skyriver_busy_refusals",
+            "Requests refused because a waiting queue was at its cap, by queue.",
+            WaitQueue::ALL
+                .iter()
+                .map(|&queue| {
+                    (
+                        labels(&[("queue", queue.name().to_string())]),
+                        Value::Counter(c.busy_refusals.get(queue)),
+                    )
+                })
+                .collect(),
+        )?;
+        let depth = |channel: &str, v: u64| (labels(&[("channel", channel.to_string())]), gauge(v));
+        out.metric(
+            "skyriver_channel_depth",
+            "Items waiting in each channel into the event loop.",
+            vec![
+                depth("fabric_events", s.channels.fabric_events),
+                depth("directory_notices", s.channels.directory_notices),
+                depth("commit_queue", s.channels.commit_queue),
+            ],
+        )?;
+        out.one(
+            "skyriver_dials",
+            "Connections this node dialed (the higher id of each pair dials).",
+            Value::Counter(c.dials),
         )?;
         out.one(
             "skyriver_reads_posted",

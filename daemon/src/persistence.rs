@@ -32,7 +32,7 @@
 //! error and aborts; a restart recovers the last consistent state.
 
 use std::path::PathBuf;
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::Duration;
 
 use skyriver_core::{DurableChange, Instant, RecoveredObject, RecoveryReport, Store, StoreConfig};
@@ -40,9 +40,6 @@ use skyriver_transport::persist::{BackingFile, PersistError, ScanReport};
 use skyriver_transport::SharedArena;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
-
-/// Durable changes the event loop may hand the committer before `submit` waits for it.
-const COMMIT_QUEUE_CHANGES: usize = 65_536;
 
 /// When a seal becomes durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -238,8 +235,16 @@ impl Persistence {
     /// Starts the committer thread, which owns the files from now on: changes go in with
     /// [`CommitQueue::submit`], and the returned watch channel tells the highest change number
     /// durable so far.
-    pub fn start_committer(self) -> Result<(CommitQueue, watch::Receiver<u64>), PersistError> {
-        let (changes, queue) = sync_channel(COMMIT_QUEUE_CHANGES);
+    ///
+    /// The queue takes `queue_changes` changes: the node's `max_unpersisted_changes`, the most
+    /// it hands out before the committer reports them durable, so [`CommitQueue::submit`]
+    /// never finds it full (the core holds further changes, and the requests that would make
+    /// them, until the disk catches up).
+    pub fn start_committer(
+        self,
+        queue_changes: usize,
+    ) -> Result<(CommitQueue, watch::Receiver<u64>), PersistError> {
+        let (changes, queue) = sync_channel(queue_changes.max(1));
         let (durable_tx, durable_rx) = watch::channel(0);
         let path = self.backing.data_path().to_path_buf();
         let thread = std::thread::Builder::new()
@@ -277,13 +282,22 @@ pub struct CommitQueue {
 }
 
 impl CommitQueue {
-    /// Hands change number `seq` to the committer. Waits only when the committer is
-    /// [`COMMIT_QUEUE_CHANGES`] changes behind (the disk cannot keep up: back-pressure).
+    /// Hands change number `seq` to the committer, without ever waiting: the core keeps the
+    /// changes it hands out within the queue's room (see [`Persistence::start_committer`]).
+    ///
+    /// # Panics
+    /// When the queue is full: the core handed out more changes than it may, a bug that would
+    /// otherwise stall the event loop on the disk.
     pub fn submit(&self, seq: u64, change: DurableChange) {
         if let Some(changes) = &self.changes {
-            if changes.send((seq, change)).is_err() {
+            match changes.try_send((seq, change)) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => panic!(
+                    "durable change {seq} finds the committer's queue full: the node handed out \
+                     more than max_unpersisted_changes changes"
+                ),
                 // The committer only stops by fail-stop, which aborts the process.
-                error!("the committer thread is gone");
+                Err(TrySendError::Disconnected(_)) => error!("the committer thread is gone"),
             }
         }
     }

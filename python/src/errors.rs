@@ -20,6 +20,12 @@ create_exception!(
 );
 create_exception!(
     skyriver,
+    DaemonBusy,
+    SkyriverError,
+    "The daemon is at a cap of requests waiting and refused this one (nothing was done); retry later."
+);
+create_exception!(
+    skyriver,
     ObjectExists,
     SkyriverError,
     "`create` or `put` of an id that is already in the store."
@@ -169,6 +175,7 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     add!(
         SkyriverError,
+        DaemonBusy,
         ObjectExists,
         ObjectNotFound,
         ObjectNotSealed,
@@ -209,6 +216,7 @@ pub fn store_error(py: Python<'_>, error: StoreError) -> PyErr {
         // Only cluster calls (`locate`) meet it; it says the directory is down, as a failed
         // fetch's reason does.
         StoreError::DirectoryUnavailable(_) => FetchFailed::new_err(message),
+        StoreError::Busy { .. } => DaemonBusy::new_err(message),
         StoreError::Starting(_) => new_error(
             py,
             daemon_unavailable_class(py),

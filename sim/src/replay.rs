@@ -293,6 +293,8 @@ impl NodeDriver for Replay<'_> {
 
     fn directory(&mut self, _: DirectoryOpId, _: DirectoryRequest) {}
 
+    fn connect(&mut self, _: NodeId, _: std::net::SocketAddr) {}
+
     fn reply(&mut self, _: ClientId, _: RequestId, _: Response) {}
 
     fn event(&mut self, _: ClientId, _: ObjectEvent) {}

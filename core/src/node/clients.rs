@@ -36,8 +36,10 @@ pub const MAX_PARKED_CREATES: usize = 4096;
 pub struct ClusterMember {
     /// The node.
     pub node: NodeId,
+    /// Which start of its daemon.
+    pub incarnation: u32,
     /// Where its fabric accepts connections.
-    pub address: String,
+    pub address: std::net::SocketAddr,
     /// Which fabric it runs.
     pub fabric: String,
 }
@@ -55,7 +57,6 @@ pub(super) struct ClientSession {
 #[derive(Debug, Default)]
 pub(super) struct ClusterInfo {
     members: Vec<ClusterMember>,
-    links: BTreeMap<NodeId, String>,
     directory_problem: Option<String>,
 }
 
@@ -84,7 +85,7 @@ pub(super) struct Clients {
     /// Durable changes emitted so far (the last one's sequence number).
     pub(super) persist_emitted: u64,
     /// Durable changes the driver reported done.
-    persisted: u64,
+    pub(super) persisted: u64,
     /// Number of the last durable change that was a removal.
     pub(super) last_removal: u64,
     pub(super) cluster: ClusterInfo,
@@ -111,6 +112,7 @@ impl Node {
             |(_, output)| !matches!(output, NodeOutput::Reply { client: c, .. } if *c == client),
         );
         self.client_gone(client);
+        self.drop_deferred_of(client);
         self.drop_pending_seals_of(client);
         self.store.disconnect(client);
         self.absorb_store();
@@ -142,6 +144,14 @@ impl Node {
             self.greet(client, request, body);
             return;
         }
+        let Some(body) = self.defer_until_persisted(client, request, body) else {
+            return; // held back until the disk catches up (see `backpressure`), or refused
+        };
+        self.serve_welcomed(client, request, body);
+    }
+
+    /// A request of a welcomed client, now: validated, served, answered (at once or later).
+    pub(super) fn serve_welcomed(&mut self, client: ClientId, request: RequestId, body: Request) {
         if let Err(error) = body.validate() {
             self.reply(client, request, Response::Error(error));
             return;
@@ -202,11 +212,19 @@ impl Node {
         self.retry_parked_creates();
         self.pump_admission();
         self.absorb_store();
+        self.serve_deferred();
     }
 
-    /// The directory's list of live members changed.
+    /// The directory's list of live members changed: dials the lower ones not connected (see
+    /// `links`).
     pub(super) fn handle_directory_members(&mut self, now: Instant, members: Vec<ClusterMember>) {
         self.advance(now);
+        self.links_members(
+            members
+                .iter()
+                .map(|m| (m.node, (m.incarnation, m.address)))
+                .collect(),
+        );
         self.clients.cluster.members = members;
     }
 
@@ -217,9 +235,9 @@ impl Node {
     }
 
     /// How the connection to `peer` is set up (fabric, lanes, MTU…), for `nodes` replies.
-    pub(super) fn handle_peer_link(&mut self, now: Instant, peer: NodeId, link: String) {
+    pub(super) fn handle_peer_link(&mut self, now: Instant, peer: NodeId, link: super::PeerLink) {
         self.advance(now);
-        self.clients.cluster.links.insert(peer, link);
+        self.links_negotiated(peer, link);
     }
 
     /// Whether the directory answers (as last reported).
@@ -229,6 +247,7 @@ impl Node {
 
     /// Replies held until their durable changes are, and creates waiting for space.
     pub(super) fn pending_client_work(&self, lines: &mut Vec<String>) {
+        self.pending_deferred_work(lines);
         for (needed, output) in &self.clients.held {
             lines.push(format!(
                 "reply {output:?} waits for durable change {needed} (durable: {})",
@@ -354,6 +373,9 @@ impl Node {
                 Response::Done(result)
             }
             Request::Get { ids, timeout_ms } => {
+                if let Some(refusal) = self.refuse_waiting_get(&ids, timeout_ms) {
+                    return Some(Response::Error(refusal));
+                }
                 self.store.count_requests(ids.len() as u64, 0);
                 self.store
                     .get(now, client, request, ids, Request::timeout(timeout_ms));
@@ -521,17 +543,14 @@ impl Node {
             .iter()
             .map(|m| MemberView {
                 node: m.node,
-                address: m.address.clone(),
+                address: m.address.to_string(),
                 fabric: m.fabric.clone(),
                 connected: m.node == me || self.peers.get(&m.node).is_some_and(|p| p.connected),
                 eager_threshold_bytes: self.eager_threshold(m.node).map(|t| t.bytes),
                 link: if m.node == me {
                     "this node".into()
                 } else {
-                    match (self.peers.get(&m.node), cluster.links.get(&m.node)) {
-                        (Some(peer), Some(link)) if peer.connected => link.clone(),
-                        _ => "not connected".into(),
-                    }
+                    self.describe_link(m.node)
                 },
             })
             .collect();

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::links::DialPolicy;
 use super::threshold::{PathCosts, ThresholdPolicy};
 use crate::ids::{ArenaId, NodeId};
 use crate::store::StoreConfig;
@@ -65,6 +66,19 @@ pub struct NodeConfig {
     pub max_bytes_in_flight: u64,
     /// Most client fetches waiting at once.
     pub max_pending_fetches: usize,
+    /// Most `get`s waiting for objects at once; more that would wait are refused with
+    /// [`StoreError::Busy`](crate::StoreError::Busy).
+    pub max_waiting_gets: usize,
+    /// Most objects waiting for memory or bytes in flight before their transfer starts; more
+    /// fail with [`StoreError::Busy`](crate::StoreError::Busy).
+    pub max_queued_transfers: usize,
+    /// Most durable changes not yet reported durable before requests that change what is
+    /// durable are held back; also the most [`NodeOutput::Persist`](super::NodeOutput) out at
+    /// once (a driver's queue to its disk takes at least this many). See `backpressure`.
+    pub max_unpersisted_changes: u64,
+    /// Most requests held back for the disk; more are refused with
+    /// [`StoreError::Busy`](crate::StoreError::Busy).
+    pub max_deferred_requests: usize,
     /// Most objects this node keeps pinned for requesters at once (more get `Busy`).
     pub max_leases: usize,
     /// How long a holder keeps an object pinned without a `Finish`.
@@ -107,6 +121,8 @@ pub struct NodeConfig {
     pub fabric_address: String,
     /// The directory, described without secrets, for `nodes` replies.
     pub directory_name: String,
+    /// When the node dials its peers (see `links`).
+    pub dial: DialPolicy,
 }
 
 impl NodeConfig {
@@ -124,6 +140,10 @@ impl NodeConfig {
             max_outstanding_reads: 16,
             max_bytes_in_flight: 1 << 30,
             max_pending_fetches: 4096,
+            max_waiting_gets: 65_536,
+            max_queued_transfers: 65_536,
+            max_unpersisted_changes: 16_384,
+            max_deferred_requests: 4096,
             max_leases: 1024,
             lease: Duration::from_secs(10),
             reply_timeout: Duration::from_secs(5),
@@ -139,6 +159,7 @@ impl NodeConfig {
             fabric_name: "none".into(),
             fabric_address: "-".into(),
             directory_name: "none (standalone)".into(),
+            dial: DialPolicy::default(),
         }
     }
 

@@ -3,6 +3,8 @@
 //! output to [`NodeOutput::dispatch`]. A new kind of output is then a compile error in every
 //! driver rather than a `match` arm forgotten in one of three places.
 
+use std::net::SocketAddr;
+
 use super::{NodeOutput, ReadOpId};
 use crate::client_protocol::Response;
 use crate::directory::{DirectoryOpId, DirectoryRequest};
@@ -59,6 +61,9 @@ pub trait NodeDriver {
     fn close_client(&mut self, client: ClientId, reason: String);
     /// [`NodeOutput::Persist`].
     fn persist(&mut self, seq: u64, change: DurableChange);
+    /// [`NodeOutput::Connect`]: dial `peer` at `address` (or do nothing when already dialing
+    /// it), then report a peer connected or lost.
+    fn connect(&mut self, peer: NodeId, address: SocketAddr);
     /// [`NodeOutput::Local`]: nothing to do but log or trace it.
     fn local(&mut self, _event: ObjectEvent) {}
 }
@@ -129,6 +134,7 @@ impl NodeOutput {
             NodeOutput::CloseClient { client, reason } => driver.close_client(client, reason),
             NodeOutput::Persist { seq, change } => driver.persist(seq, change),
             NodeOutput::Local(event) => driver.local(event),
+            NodeOutput::Connect { peer, address } => driver.connect(peer, address),
         }
     }
 }

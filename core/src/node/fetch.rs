@@ -121,22 +121,16 @@ impl Node {
     ) {
         self.stats.fetch_requests += 1;
         let refusal = if ids.len() > self.config.store.max_batch_len {
-            Some(format!(
+            Some(StoreError::BadRequest(format!(
                 "a fetch names {} ids; the limit is {}",
                 ids.len(),
                 self.config.store.max_batch_len
-            ))
-        } else if self.waiters.len() >= self.config.max_pending_fetches {
-            Some(format!(
-                "{} fetches are pending; the limit is {}",
-                self.waiters.len(),
-                self.config.max_pending_fetches
-            ))
+            )))
         } else {
-            None
+            self.refuse_fetch()
         };
-        if let Some(reason) = refusal {
-            let results = vec![Err(FetchError::Store(StoreError::BadRequest(reason))); ids.len()];
+        if let Some(error) = refusal {
+            let results = vec![Err(FetchError::Store(error)); ids.len()];
             self.reply(client, request, Response::Fetched(results));
             return;
         }
@@ -391,6 +385,11 @@ impl Node {
             .min_by_key(|h| (peers[h].active, spread_key(&id, *h)));
         match source {
             Some(source) => {
+                if let Some(error) = self.refuse_queued_transfer() {
+                    self.resolve(id, Err(FetchError::Store(error)));
+                    return;
+                }
+                let object = self.objects.get_mut(&id).expect("checked above");
                 object.state = ObjectFetchState::Queued(source);
                 self.admission.push_back(id);
                 self.pump_admission();

@@ -72,8 +72,8 @@ pub enum NodeInput<'a> {
     PeerLink {
         /// The peer.
         peer: NodeId,
-        /// The link, described.
-        link: String,
+        /// The link as the fabric negotiated it.
+        link: super::PeerLink,
     },
     /// The connection to `peer` is up (again), with its lanes and measured costs.
     PeerConnected {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::WaitQueue;
 use crate::ids::NodeId;
 use crate::store::StoreStats;
 
@@ -137,6 +138,40 @@ pub struct TransferOutcomes {
     pub unanswered_failed: u64,
 }
 
+/// Requests refused because a waiting queue was at its cap, per queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BusyRefusals {
+    /// `get`s that would have waited.
+    pub gets: u64,
+    /// Fetches.
+    pub fetches: u64,
+    /// Objects of fetches that would have waited for admission.
+    pub queued_transfers: u64,
+    /// Requests that would have waited for the disk.
+    pub durability: u64,
+}
+
+impl BusyRefusals {
+    /// The count of `queue`.
+    pub fn get(&self, queue: WaitQueue) -> u64 {
+        match queue {
+            WaitQueue::Gets => self.gets,
+            WaitQueue::Fetches => self.fetches,
+            WaitQueue::QueuedTransfers => self.queued_transfers,
+            WaitQueue::Durability => self.durability,
+        }
+    }
+
+    pub(super) fn count(&mut self, queue: WaitQueue) {
+        *match queue {
+            WaitQueue::Gets => &mut self.gets,
+            WaitQueue::Fetches => &mut self.fetches,
+            WaitQueue::QueuedTransfers => &mut self.queued_transfers,
+            WaitQueue::Durability => &mut self.durability,
+        } += 1;
+    }
+}
+
 /// How client fetches ended, one count per requested id.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FetchResults {
@@ -207,6 +242,12 @@ pub struct NodeMetrics {
     pub leases_held: u64,
     /// Client fetches waiting.
     pub fetches_waiting: u64,
+    /// Objects waiting for memory or bytes in flight before their transfer starts.
+    pub transfers_queued: u64,
+    /// Client requests held back until the disk catches up.
+    pub requests_deferred: u64,
+    /// Durable changes recorded but not reported durable yet.
+    pub changes_unpersisted: u64,
     /// Whether the directory answers (always true on a daemon alone).
     pub directory_healthy: bool,
     /// Whether the node runs without a cluster.

@@ -20,6 +20,7 @@
 //! region it writes stays untouched by the core until then. Local clients use the store
 //! through their requests; the node learns of seals and deletes from the store's events.
 
+mod backpressure;
 mod clients;
 mod config;
 pub mod drive;
@@ -27,6 +28,8 @@ mod driver;
 mod errors;
 mod fetch;
 mod input;
+mod limits;
+mod links;
 mod locations;
 mod metrics;
 mod output;
@@ -47,9 +50,7 @@ use crate::client_protocol::Response;
 use crate::digest::ContentDigest;
 use crate::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
-use crate::store::{
-    DurableChange, ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput,
-};
+use crate::store::{ObjectEvent, RecoveredObject, RecoveryReport, Store, StoreOutput};
 use crate::time::Instant;
 use crate::wire::{self, DecodedMessage, ObjectSizes, PeerMessage, WireError};
 
@@ -60,10 +61,11 @@ pub use driver::NodeDriver;
 pub use errors::{FetchError, ReadError, TransferMode};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
 pub use input::{Handled, NodeInput};
+pub use links::{DialPolicy, PeerLink, Unreachable};
 use locations::LocationCache;
 pub use metrics::{
-    FetchResults, LatencyHistogram, NodeMetrics, PeerCounters, PeerMetrics, SizeClass,
-    TransferOutcomes, TransferPath, LATENCY_BUCKETS_NANOS,
+    BusyRefusals, FetchResults, LatencyHistogram, NodeMetrics, PeerCounters, PeerMetrics,
+    SizeClass, TransferOutcomes, TransferPath, LATENCY_BUCKETS_NANOS,
 };
 pub use output::{NodeOutput, NodeStats};
 use publications::{Publication, Want};
@@ -103,6 +105,11 @@ enum Timer {
     /// End of the grace an object nobody holds gets before a fetch that does not wait for a
     /// publication fails.
     PublicationGrace(ObjectId),
+    /// Dial the peers still missing (see `links`).
+    Dial,
+    /// Serve the next request held back for the disk (see `backpressure`); last, so what the
+    /// request before it set for the same instant (a put's seal) fires first.
+    ServeDeferred,
 }
 
 #[derive(Debug)]
@@ -165,6 +172,8 @@ pub struct Node {
     peer_counters: BTreeMap<NodeId, PeerCounters>,
     /// When each answered directory request was sent (for its latency).
     directory_sent: BTreeMap<DirectoryOpId, Instant>,
+    links: links::Links,
+    backpressure: backpressure::Backpressure,
 }
 
 impl Node {
@@ -202,6 +211,8 @@ impl Node {
             histograms: metrics::Histograms::default(),
             peer_counters: BTreeMap::new(),
             directory_sent: BTreeMap::new(),
+            links: links::Links::default(),
+            backpressure: backpressure::Backpressure::default(),
         }
     }
 
@@ -286,6 +297,9 @@ impl Node {
             bytes_in_flight: self.bytes_in_flight,
             leases_held: self.leases.len() as u64,
             fetches_waiting: self.waiters.len() as u64,
+            transfers_queued: self.admission.len() as u64,
+            requests_deferred: self.deferred_requests() as u64,
+            changes_unpersisted: self.unpersisted_changes(),
             directory_healthy: self.directory_healthy(),
             standalone: self.config.standalone,
             fetch_latency: SizeClass::ALL
@@ -335,6 +349,7 @@ impl Node {
                 active,
             },
         );
+        self.links_up(peer);
         self.wake_fetches_waiting_for(peer);
         self.pump_admission();
         self.absorb_store();
@@ -350,6 +365,7 @@ impl Node {
             }
             state.connected = false;
         }
+        self.links_lost(peer);
         let from_peer: Vec<TransferId> = self
             .transfers
             .iter()
@@ -515,6 +531,13 @@ impl Node {
                 Timer::ObjectRetry(id) => self.retry_object(id),
                 Timer::Publication(id) => self.send_publication(id),
                 Timer::PublicationGrace(id) => self.publication_grace_over(id),
+                Timer::Dial => self.dial_missing(),
+                Timer::ServeDeferred => {
+                    // The request's outputs are carried out before its own timers (a put's
+                    // seal, due now) fire, at the driver's next call, as for any request.
+                    self.serve_deferred();
+                    break;
+                }
             }
         }
         self.absorb_store();
@@ -744,14 +767,7 @@ impl Node {
                 StoreOutput::Local(event) => NodeOutput::Local(event),
             });
         }
-        while let Some(change) = self.store.poll_durable_change() {
-            self.clients.persist_emitted += 1;
-            let seq = self.clients.persist_emitted;
-            if matches!(change, DurableChange::Removed { .. }) {
-                self.clients.last_removal = seq;
-            }
-            self.outputs.push_back(NodeOutput::Persist { seq, change });
-        }
+        self.absorb_durable_changes();
     }
 }
 

@@ -1,5 +1,7 @@
 //! What a node asks its driver to do ([`NodeOutput`]), and its counters.
 
+use std::net::SocketAddr;
+
 use super::ReadOpId;
 use crate::client_protocol::Response;
 use crate::directory::{DirectoryOpId, DirectoryRequest};
@@ -171,6 +173,14 @@ pub enum NodeOutput {
     },
     /// An object was sealed here or left the store (for logs and traces).
     Local(ObjectEvent),
+    /// Open a connection to `peer`, whose fabric listens at `address`, and report how it went
+    /// as a peer connected or lost. A driver already connecting to `peer` may ignore this.
+    Connect {
+        /// The peer (always a lower id than this node's: the higher id dials).
+        peer: NodeId,
+        /// Where its fabric accepts connections.
+        address: SocketAddr,
+    },
 }
 
 impl NodeOutput {
@@ -193,6 +203,7 @@ impl NodeOutput {
             NodeOutput::CloseClient { .. } => "close_client",
             NodeOutput::Persist { .. } => "persist",
             NodeOutput::Local(_) => "local",
+            NodeOutput::Connect { .. } => "connect",
         }
     }
 }
@@ -253,4 +264,11 @@ pub struct NodeStats {
     pub transfer_outcomes: super::metrics::TransferOutcomes,
     /// Client fetches by result, per id.
     pub fetch_results: super::metrics::FetchResults,
+    /// Requests refused because a waiting queue was full, per queue.
+    pub busy_refusals: super::metrics::BusyRefusals,
+    /// Connections this node dialed ([`NodeOutput::Connect`]).
+    pub dials: u64,
+    /// Times a peer became unreachable (its connection failed or was lost while it was
+    /// reachable).
+    pub peers_unreachable: u64,
 }

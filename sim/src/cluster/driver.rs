@@ -225,6 +225,10 @@ impl NodeDriver for SimDriver<'_> {
         self.cluster.persist(self.n, seq, change);
     }
 
+    fn connect(&mut self, peer: NodeId, address: std::net::SocketAddr) {
+        self.cluster.dial(self.n, peer, address);
+    }
+
     fn local(&mut self, event: ObjectEvent) {
         let (c, n) = (&mut *self.cluster, self.n);
         match event {

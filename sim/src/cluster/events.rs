@@ -2,6 +2,7 @@
 //! the holder's core, timers, client operations, the disk's commits, faults.
 
 use skyriver_core::grants::Revocation;
+use skyriver_core::node::ClusterMember;
 
 use super::*;
 
@@ -128,7 +129,27 @@ impl Cluster {
                         self.record(|| format!("{to} <- directory {event}"));
                         self.feed(to, NodeInput::DirectoryEvent { event });
                     }
-                    DirectoryNotice::Members(_) | DirectoryNotice::Health(_) => {}
+                    DirectoryNotice::Members(members) => {
+                        self.record(|| {
+                            let names: Vec<String> =
+                                members.iter().map(|m| m.node.to_string()).collect();
+                            format!("{to} <- directory members {}", names.join(" "))
+                        });
+                        let view = members
+                            .iter()
+                            .map(|m| ClusterMember {
+                                node: m.node,
+                                incarnation: m.incarnation,
+                                address: m.fabric_addr,
+                                fabric: m.fabric.clone(),
+                            })
+                            .collect();
+                        self.feed(to, NodeInput::DirectoryMembers { members: view });
+                    }
+                    DirectoryNotice::Health(health) => {
+                        // The directory's own trace says when it goes up or down.
+                        self.feed(to, NodeInput::DirectoryHealth { health });
+                    }
                 }
             }
             Event::ReadServed {
@@ -287,8 +308,8 @@ impl Cluster {
                     self.record(|| format!("FAULT partition {a} / {b}"));
                     self.break_link(a, b);
                 } else {
+                    // The connection comes back when the higher id dials (its core's rule).
                     self.record(|| format!("FAULT healed partition {a} / {b}"));
-                    self.restore_link(a, b);
                 }
             }
             Event::DirectoryOutage { on } => {

@@ -259,13 +259,9 @@ impl Cluster {
         self.check_recovered(n, &durable);
         let effects = self.directory.node_started(self.now, n, inc);
         self.apply_directory(effects);
-        // Recovered objects are published like fresh seals.
+        // Recovered objects are published like fresh seals. Connections come back as the
+        // nodes dial (the higher id of each pair, once the membership lists both).
         self.after_input(n);
-        for m in 0..self.nodes.len() as u32 {
-            if NodeId(m) != n {
-                self.restore_link(n, NodeId(m));
-            }
-        }
         self.connect_clients(n);
         if self.mode.workload {
             self.start_clients(n);
@@ -282,6 +278,30 @@ impl Cluster {
                 let inc = self.nodes[node.0 as usize].inc;
                 self.schedule(at, Event::PeerLost { node, inc, peer });
             }
+        }
+    }
+
+    /// Node `n` dials `peer` at `address` (its core's `Connect`): a connection already up or
+    /// being set up stays as it is; one to a live peer across no partition comes up like a
+    /// restored link; otherwise the dial fails after the fabric's detection time.
+    pub(super) fn dial(&mut self, n: NodeId, peer: NodeId, address: std::net::SocketAddr) {
+        if address != crate::directory::fabric_addr(peer) {
+            let what = format!("{n} dials {peer} at {address}, where it does not listen");
+            self.checker.violation(self.now, what);
+        }
+        if self.network.connection(n, peer).up {
+            return;
+        }
+        let reachable =
+            self.nodes[peer.0 as usize].node.is_some() && !self.network.partitioned(n, peer);
+        if reachable {
+            self.record(|| format!("{n} dials {peer}"));
+            self.restore_link(n, peer);
+        } else {
+            self.record(|| format!("{n} dials {peer}: unreachable"));
+            let inc = self.nodes[n.0 as usize].inc;
+            let at = self.after(self.params.detect_us * 1000);
+            self.schedule(at, Event::PeerLost { node: n, inc, peer });
         }
     }
 

@@ -21,7 +21,9 @@ use rand_chacha::ChaCha8Rng;
 use skyriver_core::client_protocol::Request;
 use skyriver_core::client_session::ClientSession;
 use skyriver_core::directory::{DirectoryNotice, DirectoryOpId, DirectoryRequest};
-use skyriver_core::node::{drive_host, ArenaKey, Handled, PathCosts, ReadGrant, FETCH_CLIENT};
+use skyriver_core::node::{
+    drive_host, ArenaKey, DialPolicy, Handled, PathCosts, ReadGrant, FETCH_CLIENT,
+};
 use skyriver_core::{
     wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, NodeInput,
     ObjectId, ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion, StoreError, TransferId,
@@ -493,6 +495,13 @@ impl Cluster {
         // disk also survives a crash.
         config.store.record_durable_changes = true;
         config.hold_replies_until_durable = p.hold_replies_until_durable;
+        // Dialing on the simulator's time scale: a missing connection is dialed again about
+        // as often as a broken one is noticed, backing off to a few reconnection times.
+        config.dial = DialPolicy {
+            interval: Duration::from_micros(p.reconnect_us),
+            first_backoff: Duration::from_micros(p.detect_us),
+            max_backoff: Duration::from_micros(p.reconnect_us * 4),
+        };
         config.store.hash_seed = p.seed ^ ((node.0 as u64) << 32) ^ inc as u64;
         config
     }

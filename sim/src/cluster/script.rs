@@ -195,6 +195,13 @@ impl Cluster {
         self.handle(Event::Directory(DirEvent::HeadPartition { node, on }));
     }
 
+    /// Cuts the network between two nodes (`on`) or heals the cut; once healed, the higher
+    /// id dials the lower again.
+    pub fn partition(&mut self, a: u32, b: u32, on: bool) {
+        let (a, b) = (NodeId(a), NodeId(b));
+        self.handle(Event::Partition { a, b, on });
+    }
+
     /// The simulated directory (head and sessions), for assertions.
     pub fn directory(&self) -> &SimDirectory {
         &self.directory

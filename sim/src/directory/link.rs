@@ -78,8 +78,21 @@ impl SimDirectory {
                     });
                 }
                 SessionOutput::Notice(notice) => match notice {
-                    DirectoryNotice::Members(members) => end.members = members,
+                    DirectoryNotice::Members(members) => {
+                        // The node's core dials by it (and shows it in `nodes` replies).
+                        end.members = members.clone();
+                        effects.push(Effect::Notice {
+                            node,
+                            inc,
+                            notice: DirectoryNotice::Members(members),
+                        });
+                    }
                     DirectoryNotice::Health(health) => {
+                        effects.push(Effect::Notice {
+                            node,
+                            inc,
+                            notice: DirectoryNotice::Health(health.clone()),
+                        });
                         if health.is_ok() {
                             let first = !end.welcomed_once;
                             end.welcomed_once = true;

@@ -235,10 +235,15 @@ impl DirectoryStats {
     }
 }
 
+/// Where a simulated node's fabric listens (what the directory lists, and where peers dial).
+pub(crate) fn fabric_addr(node: NodeId) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([10, 0, (node.0 >> 8) as u8, node.0 as u8], 7000))
+}
+
 fn member_info(node: NodeId, inc: u32) -> MemberInfo {
     MemberInfo {
         node,
-        fabric_addr: std::net::SocketAddr::from(([10, 0, (node.0 >> 8) as u8, node.0 as u8], 7000)),
+        fabric_addr: fabric_addr(node),
         fabric: "sim".into(),
         incarnation: inc,
     }
@@ -345,6 +350,17 @@ impl SimDirectory {
         for n in 0..nodes as u32 {
             let end = directory.ends.get_mut(&NodeId(n)).expect("added");
             end.welcomed_once = true;
+            // The cores hear what their sessions learnt while joining.
+            for notice in [
+                DirectoryNotice::Health(Ok(())),
+                DirectoryNotice::Members(end.members.clone()),
+            ] {
+                effects.push(Effect::Notice {
+                    node: NodeId(n),
+                    inc: 0,
+                    notice,
+                });
+            }
             directory.reschedule_session(now, NodeId(n), &mut effects);
         }
         directory.reschedule_registry(&mut effects);

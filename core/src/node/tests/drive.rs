@@ -74,7 +74,8 @@ fn every_input(bytes: &[u8]) -> Vec<NodeInput<'_>> {
         NodeInput::DirectoryMembers {
             members: vec![ClusterMember {
                 node: NodeId(2),
-                address: "10.0.0.2:7000".into(),
+                incarnation: 1,
+                address: "10.0.0.2:7000".parse().unwrap(), // a valid literal
                 fabric: "tcp".into(),
             }],
         },
@@ -98,7 +99,9 @@ fn every_input(bytes: &[u8]) -> Vec<NodeInput<'_>> {
         },
         NodeInput::PeerLink {
             peer: NodeId(1),
-            link: "tcp".into(),
+            link: crate::node::PeerLink {
+                negotiated: "tcp".into(),
+            },
         },
         NodeInput::PeerConnected {
             peer: NodeId(1),

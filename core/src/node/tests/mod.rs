@@ -658,6 +658,9 @@ impl NodeDriver for Carrier<'_> {
             self.answer(NodeInput::Persisted { upto: seq });
         }
     }
+
+    /// Tests connect their nodes themselves; a dial is only logged.
+    fn connect(&mut self, _: NodeId, _: std::net::SocketAddr) {}
 }
 
 mod clients;
