@@ -111,7 +111,15 @@ fn python_package_test_suite() {
     let mut pytest = Command::new(&python);
     // `-rs` lists each pytest skip with its reason, as `SKIPPED [n] file:line: reason`.
     pytest
-        .args(["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests"])
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "tests",
+        ])
         .current_dir(staging.path())
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .stderr(std::process::Stdio::inherit());

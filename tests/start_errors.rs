@@ -7,11 +7,11 @@ mod common;
 use std::error::Error as _;
 
 use skyriver_daemon::host_memory::MemoryError;
+use skyriver_daemon::security::ClusterToken;
 use skyriver_daemon::{
     ClusterConfig, DaemonConfig, DaemonError, DaemonHandle, DirectoryChoice, DirectoryStartError,
     FabricChoice, FabricStartError,
 };
-use skyriver_daemon::security::ClusterToken;
 use skyriver_transport::directory::DirectoryError;
 
 const SECRET: &str = "do-not-print-this-token";

@@ -115,7 +115,9 @@ impl DaemonConfig {
             allow_overcommit: false,
             metrics_addr: None,
             poll: skyriver_transport::poll::poll_from_env(),
-            poll_max: std::time::Duration::from_micros(skyriver_transport::poll::DEFAULT_POLL_MAX_US),
+            poll_max: std::time::Duration::from_micros(
+                skyriver_transport::poll::DEFAULT_POLL_MAX_US,
+            ),
             record: None,
         }
     }
@@ -576,7 +578,10 @@ impl Server {
         if let Some(record) = &config.record {
             event_loop.set_recorder(Recorder::start(record, &event_loop.node)?);
         }
-        event_loop.set_poll(skyriver_transport::poll::AdaptivePoll::new(config.poll, config.poll_max));
+        event_loop.set_poll(skyriver_transport::poll::AdaptivePoll::new(
+            config.poll,
+            config.poll_max,
+        ));
         if let Some(mut persistence) = persistence {
             // Recovered objects leave the store as seals: draining publishes them, a batch
             // at a time so the directory work stays small.

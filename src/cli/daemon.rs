@@ -1,0 +1,438 @@
+//! `skyriver daemon`: its flags and how they become the daemon's configuration.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The daemon's flags. plasma_store's `-m BYTES` and `-s SOCKET` work here too; its `-d DIR -h`
+/// (huge pages) belong to `skyriver plasma_store`, so `-h` prints help here as everywhere.
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("membership").args(["head", "join", "directory"])))]
+pub(super) struct DaemonArgs {
+    /// Unix socket to serve clients on [default: $SKYRIVER_SOCKET or /tmp/skyriver-<uid>/skyriver.sock]
+    #[arg(long, short = 's')]
+    pub(super) socket: Option<PathBuf>,
+    /// Shared memory for objects, e.g. 4GiB or 1000000000 (bytes, as plasma_store's -m).
+    #[arg(long, short = 'm', default_value = "1GiB", env = "SKYRIVER_MEMORY")]
+    pub(super) memory: ByteSize,
+    /// Back the store with a file on this hugetlbfs mount (e.g. /dev/hugepages).
+    #[arg(long)]
+    pub(super) hugepages: Option<PathBuf>,
+    /// Persistent mode: keep objects in this file (and its index in PATH.index), e.g. on a
+    /// DAX file system over persistent memory, /dev/shm or a local SSD. Sealed objects survive
+    /// a crash and are recovered in place on restart; created with --memory bytes if absent.
+    #[arg(long, value_name = "PATH", conflicts_with = "hugepages")]
+    pub(super) backing_file: Option<PathBuf>,
+    /// With --backing-file: when a seal is durable. `seal`: before the seal returns. `async`:
+    /// within 10 ms (a crash may lose the last seals, never corrupt one).
+    #[arg(long, value_enum, default_value_t = skyriver_daemon::persistence::Durability::Seal,
+          requires = "backing_file")]
+    pub(super) durability: skyriver_daemon::persistence::Durability,
+    /// Do not touch every page at start (faster start, first writes fault pages in).
+    #[arg(long)]
+    pub(super) no_prefault: bool,
+    /// Start even when --memory is more than the machine can give now (MemAvailable, the
+    /// cgroup limit, free huge pages). The kernel may then kill processes when the store fills.
+    #[arg(long)]
+    pub(super) allow_overcommit: bool,
+    /// Permission bits of the socket, in octal [default: 600, or 660 with --socket-group]
+    #[arg(long, value_parser = parse_octal)]
+    pub(super) socket_mode: Option<u32>,
+    /// Give this group's members access to the socket (its group, mode 660), for shared nodes.
+    #[arg(long, value_name = "GROUP")]
+    pub(super) socket_group: Option<String>,
+    /// Accept a socket directory that other users can write or own (by default the daemon
+    /// refuses one, e.g. a bare /tmp: another user could take the socket's path)
+    #[arg(long)]
+    pub(super) allow_shared_socket_dir: bool,
+    /// Log filter, e.g. info, debug, skyriver=trace (or RUST_LOG).
+    #[arg(long, default_value = "info", value_parser = skyriver_daemon::logging::parse_filter)]
+    pub(super) log: String,
+    /// Log lines as text, or as one JSON object per line (for log shippers).
+    #[arg(long, value_enum, default_value = "text")]
+    pub(super) log_format: skyriver_daemon::logging::LogFormat,
+    /// Serve Prometheus metrics (GET /metrics) and health (GET /healthz) over HTTP on this
+    /// address, e.g. 127.0.0.1:9464; a bare port listens on loopback [default: off]
+    #[arg(long, value_name = "ADDR", value_parser = skyriver_daemon::logging::parse_metrics_addr)]
+    pub(super) metrics: Option<SocketAddr>,
+    /// Record every input of the node (client requests, peer messages, completions, timers)
+    /// and a digest of every output to FILE, for `skyriver sim --replay FILE`. Written by a
+    /// background thread; entries it cannot keep up with are dropped and counted. Holds the
+    /// bytes of small objects sent eagerly and of inline puts.
+    #[arg(long, value_name = "FILE")]
+    pub(super) record: Option<PathBuf>,
+    /// With --record: bytes FILE may reach before it moves to FILE.1 (replacing the previous
+    /// one) and a new FILE starts.
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "256MiB",
+        requires = "record"
+    )]
+    pub(super) record_max_bytes: ByteSize,
+    /// Microseconds the daemon keeps polling for input after activity before it sleeps (a
+    /// sleeping daemon pays a wake-up per request; an idle one spends no CPU); 0: never poll
+    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_US", default_value_t = skyriver_transport::poll::DEFAULT_POLL_US,
+          value_parser = parse_poll_us)]
+    pub(super) poll_us: u64,
+    /// Microseconds the polling time may grow to while requests keep arriving just after it
+    /// ends (it doubles each time, and falls back to --poll-us after a longer quiet spell); at
+    /// or below --poll-us: it never grows
+    #[arg(long, value_name = "N", env = "SKYRIVER_POLL_MAX_US", default_value_t = skyriver_transport::poll::DEFAULT_POLL_MAX_US,
+          value_parser = parse_poll_us)]
+    pub(super) poll_max_us: u64,
+    /// This node's id in the cluster [default: $SLURM_NODEID, else 0 with --head]
+    #[arg(long, requires = "membership")]
+    pub(super) node_id: Option<u32>,
+    /// Serve the built-in directory on this address (this daemon is the cluster's head).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "0.0.0.0:7390",
+          conflicts_with_all = ["join", "directory"])]
+    pub(super) head: Option<SocketAddr>,
+    /// Join the cluster whose head daemon serves the built-in directory at HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "directory")]
+    pub(super) join: Option<String>,
+    /// Use this directory: redis://[USER:PASSWORD@]HOST:PORT, rediss://… for TLS (or HOST:PORT
+    /// of a head daemon). From the environment it stays out of `ps`.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "SKYRIVER_DIRECTORY_URL",
+        hide_env_values = true
+    )]
+    pub(super) directory: Option<String>,
+    /// Read the Redis password of --directory redis://HOST:PORT from this file, which only its
+    /// owner may read (mode 0600), instead of putting it in the URL.
+    #[arg(long, value_name = "PATH", requires = "directory")]
+    pub(super) directory_password_file: Option<PathBuf>,
+    /// Where the fabric accepts other daemons (port 0: any free port).
+    #[arg(long, default_value = "0.0.0.0:0", requires = "membership")]
+    pub(super) listen: SocketAddr,
+    /// Fabric between nodes: verbs (RDMA), tcp, or auto (verbs when a device is present).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp", "verbs"],
+          requires = "membership")]
+    pub(super) fabric: String,
+    /// RDMA device for the verbs fabric, e.g. mlx5_0 or rxe0 [default: the first one]
+    #[arg(long, requires = "membership")]
+    pub(super) device: Option<String>,
+    /// Port of the RDMA device (1 to 255).
+    #[arg(long, default_value_t = 1, value_parser = parse_ib_port)]
+    pub(super) ib_port: u8,
+    /// GID index for RoCE, 0 to 255 [default: the first RoCE v2 IPv4 GID]
+    #[arg(long, value_parser = parse_gid_index)]
+    pub(super) gid_index: Option<u32>,
+    /// Verbs: let peers READ through the arenas' registrations instead of a memory window per
+    /// lease (any connected peer can then READ any arena byte; for devices whose windows
+    /// misbehave, and to measure what windows cost).
+    #[arg(long)]
+    pub(super) no_memory_windows: bool,
+    /// Eager/rendezvous switch: auto (from measured costs) or a size such as 64KiB.
+    #[arg(long, default_value = "auto")]
+    pub(super) eager_threshold: String,
+    /// How long an object stays pinned for a requester that stopped answering mid-transfer
+    /// (1000 to 3600000: a rendezvous must finish within it).
+    #[arg(long, default_value_t = 10_000, value_parser = parse_lease_ms)]
+    pub(super) lease_ms: u64,
+    /// Objects whose holders this node remembers, so fetching one again skips the directory
+    /// lookup (0: ask the directory every time; at most 16777216). A stale entry costs one
+    /// round trip.
+    #[arg(long, default_value_t = 65_536, value_parser = parse_location_cache)]
+    pub(super) location_cache: usize,
+    /// Name of the cluster (the key prefix in Redis).
+    #[arg(long, default_value = "default", env = "SKYRIVER_CLUSTER")]
+    pub(super) cluster: String,
+    /// Shared secret of the cluster (the same on every node); without one (or --token-file,
+    /// or --insecure) the fabric and the directory listen on loopback only.
+    #[arg(long, env = "SKYRIVER_CLUSTER_TOKEN", hide_env_values = true)]
+    pub(super) token: Option<String>,
+    /// Read the cluster token from this file, which only its owner may read (mode 0600).
+    #[arg(long, value_name = "PATH")]
+    pub(super) token_file: Option<PathBuf>,
+    /// Without a token, listen on other addresses than loopback anyway: any host that reaches
+    /// this node can join the cluster and read every object.
+    #[arg(long)]
+    pub(super) insecure: bool,
+    /// The IP peers dial this node's fabric at, when --listen is unspecified (0.0.0.0)
+    /// [default: the source address of the route towards the directory]
+    #[arg(long, value_name = "IP", requires = "membership")]
+    pub(super) advertise: Option<std::net::IpAddr>,
+}
+
+pub(super) fn parse_octal(text: &str) -> Result<u32, String> {
+    let mode = u32::from_str_radix(text, 8)
+        .map_err(|_| format!("{text:?} is not an octal mode like 600"))?;
+    if mode > 0o777 {
+        return Err(format!(
+            "{text} has bits beyond 777: only the permission bits of the socket can be set"
+        ));
+    }
+    if mode & 0o600 != 0o600 {
+        return Err(format!(
+            "{text} takes read and write away from the socket's owner: the daemon's own user \
+             could not reach it (and a second daemon could not tell it is running); use 600, \
+             660 or 666"
+        ));
+    }
+    Ok(mode)
+}
+
+/// A number in `range`, or an error that names the range and why it is the limit.
+pub(super) fn in_range<T>(
+    text: &str,
+    range: std::ops::RangeInclusive<T>,
+    why: &str,
+) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display,
+{
+    let bounds = format!("{} to {}", range.start(), range.end());
+    let value: T = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number from {bounds}"))?;
+    if !range.contains(&value) {
+        return Err(format!("{value} is outside {bounds}: {why}"));
+    }
+    Ok(value)
+}
+
+pub(super) fn parse_lease_ms(text: &str) -> Result<u64, String> {
+    in_range(
+        text,
+        1_000..=3_600_000,
+        "a fetch's transfer must finish within its lease (under a second a large one cannot, \
+         and every rendezvous fails), and a requester that stopped answering keeps its object \
+         pinned, so unevictable, that long (over an hour, memory stays stuck)",
+    )
+}
+
+pub(super) fn parse_poll_us(text: &str) -> Result<u64, String> {
+    in_range(
+        text,
+        0..=10_000,
+        "the daemon keeps a CPU busy while it polls, and beyond 10 ms polling saves nothing a \
+         wake-up (tens of microseconds) would cost",
+    )
+}
+
+pub(super) fn parse_location_cache(text: &str) -> Result<usize, String> {
+    in_range(
+        text,
+        0..=16_777_216,
+        "every entry takes the daemon's own memory (outside the store), and 16 Mi entries take \
+         about a GiB",
+    )
+}
+
+pub(super) fn parse_ib_port(text: &str) -> Result<u8, String> {
+    in_range(
+        text,
+        1..=255,
+        "RDMA device ports are numbered from 1 (`ibv_devinfo` lists them)",
+    )
+}
+
+pub(super) fn parse_gid_index(text: &str) -> Result<u32, String> {
+    in_range(
+        text,
+        0..=255,
+        "an RDMA address carries the GID index in one byte (`show_gids` lists them)",
+    )
+}
+
+pub(super) fn init_logging_as(
+    filter: &str,
+    format: skyriver_daemon::logging::LogFormat,
+) -> Result<(), String> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(env) => {
+            skyriver_daemon::logging::parse_filter(&env).map_err(|e| format!("RUST_LOG: {e}"))?
+        }
+        Err(_) => filter.to_string(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr);
+    match format {
+        skyriver_daemon::logging::LogFormat::Text => {
+            builder.with_ansi(std::io::stderr().is_terminal()).init()
+        }
+        // One object per line, the current span and its parents included (a fetch's id).
+        skyriver_daemon::logging::LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
+    Ok(())
+}
+
+pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), String> {
+    init_logging_as(&args.log, args.log_format)?;
+    let mut config = DaemonConfig::new(
+        args.socket
+            .clone()
+            .unwrap_or_else(skyriver_client::default_socket_path),
+        args.memory.0,
+    );
+    config.hugepages_dir = args.hugepages.clone();
+    config.prefault = !args.no_prefault;
+    config.allow_overcommit = args.allow_overcommit;
+    config.allow_shared_socket_dir = args.allow_shared_socket_dir;
+    config.socket_group = args
+        .socket_group
+        .as_deref()
+        .map(skyriver_daemon::security::group_id)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    config.socket_mode = args.socket_mode.unwrap_or(match config.socket_group {
+        Some(_) => 0o660,
+        None => 0o600,
+    });
+    config.metrics_addr = args.metrics;
+    config.record = args
+        .record
+        .clone()
+        .map(|path| skyriver_daemon::RecordConfig {
+            path,
+            max_bytes: args.record_max_bytes.0,
+        });
+    config.poll = std::time::Duration::from_micros(args.poll_us);
+    config.poll_max = std::time::Duration::from_micros(args.poll_max_us);
+    config.persistence = args.backing_file.clone().map(|path| {
+        let mut persistence = skyriver_daemon::persistence::PersistenceConfig::new(path);
+        persistence.durability = args.durability;
+        persistence
+    });
+    config.threshold = parse_threshold(&args.eager_threshold)?;
+    config.lease = Duration::from_millis(args.lease_ms);
+    config.location_cache_entries = args.location_cache;
+    let directory = match (&args.head, &args.join, &args.directory) {
+        (Some(listen), _, _) => Some(DirectoryChoice::Head { listen: *listen }),
+        (None, Some(head), _) => Some(DirectoryChoice::Join { head: head.clone() }),
+        (None, None, Some(spec)) => {
+            let parsed: DirectorySpec = spec
+                .parse()
+                .map_err(|e: skyriver_transport::directory::DirectoryError| e.to_string())?;
+            Some(match parsed {
+                DirectorySpec::Redis { url } => DirectoryChoice::Redis {
+                    url: match &args.directory_password_file {
+                        Some(path) => skyriver_transport::directory::redis::url_with_password_file(
+                            &url, path,
+                        )?,
+                        None => url,
+                    },
+                },
+                DirectorySpec::Builtin { .. } if args.directory_password_file.is_some() => {
+                    return Err("--directory-password-file is for a Redis directory \
+                                (redis://HOST:PORT)"
+                        .into())
+                }
+                DirectorySpec::Builtin { addr } => DirectoryChoice::Join { head: addr },
+            })
+        }
+        (None, None, None) => None,
+    };
+    let slurm_node = match std::env::var("SLURM_NODEID") {
+        Ok(v) if args.node_id.is_none() && directory.is_some() => {
+            Some(v.trim().parse::<u32>().map_err(|_| {
+                format!("SLURM_NODEID={v:?} is not a node id (a number); pass --node-id N")
+            })?)
+        }
+        _ => None,
+    };
+    config.node = NodeId(match (args.node_id, slurm_node, &directory) {
+        (Some(id), _, _) | (None, Some(id), _) => id,
+        (None, None, Some(DirectoryChoice::Head { .. }) | None) => 0,
+        (None, None, Some(_)) => {
+            return Err("a daemon joining a cluster needs --node-id N (unique per node; under Slurm $SLURM_NODEID is used)".into())
+        }
+    });
+    if let Some(mut directory) = directory {
+        use skyriver_daemon::security::{choose_token, listen_address, TokenChoice};
+        let choice = choose_token(
+            args.token.clone(),
+            args.token_file.as_deref(),
+            args.insecure,
+        )
+        .map_err(|e| e.to_string())?;
+        let listen = listen_address("--listen", args.listen, &choice).map_err(|e| e.to_string())?;
+        if let DirectoryChoice::Head { listen } = &mut directory {
+            *listen = listen_address("--head", *listen, &choice).map_err(|e| e.to_string())?;
+        }
+        match &choice {
+            TokenChoice::LoopbackOnly => tracing::info!(
+                %listen,
+                "no cluster token: the fabric and the directory listen on loopback only \
+                 (other hosts cannot join); set one with --token-file PATH, --token or \
+                 SKYRIVER_CLUSTER_TOKEN"
+            ),
+            TokenChoice::Insecure => tracing::warn!(
+                "--insecure without a token: any host that reaches this node can join the \
+                 cluster and read every object"
+            ),
+            TokenChoice::Set(_) => {}
+        }
+        config.cluster = Some(ClusterConfig {
+            fabric: choose_fabric(&args)?,
+            listen,
+            directory,
+            cluster_name: args.cluster.clone(),
+            cluster_token: choice.token(),
+            advertise: args.advertise,
+        });
+    }
+    skyriver_daemon::run_until_signalled(config).map_err(|e| e.to_string())
+}
+
+pub(super) fn parse_threshold(text: &str) -> Result<ThresholdPolicy, String> {
+    if text == "auto" {
+        return Ok(ThresholdPolicy::default());
+    }
+    let size: ByteSize = text
+        .parse()
+        .map_err(|e: String| format!("--eager-threshold: {e} (or auto)"))?;
+    Ok(ThresholdPolicy::Fixed(size.0))
+}
+
+pub(super) fn choose_fabric(args: &DaemonArgs) -> Result<FabricChoice, String> {
+    let verbs = |device: String| FabricChoice::Verbs {
+        device,
+        port: args.ib_port,
+        gid_index: args.gid_index,
+        memory_windows: !args.no_memory_windows,
+    };
+    match args.fabric.as_str() {
+        "tcp" => Ok(FabricChoice::Tcp),
+        "verbs" => {
+            let devices = skyriver_transport::verbs::list_devices()
+                .map_err(|e| format!("--fabric verbs: {e}"))?;
+            let device = match &args.device {
+                Some(device) => device.clone(),
+                None => devices.into_iter().next().ok_or(
+                    "--fabric verbs: libibverbs found no RDMA device (load a driver, e.g. \
+                     `rdma link add rxe0 type rxe netdev eth0` for SoftRoCE, name one with \
+                     --device, or use --fabric tcp)",
+                )?,
+            };
+            Ok(verbs(device))
+        }
+        _ => {
+            if let Some(device) = args.device.clone() {
+                return Ok(verbs(device));
+            }
+            match skyriver_transport::verbs::list_devices() {
+                Ok(devices) => match devices.into_iter().next() {
+                    Some(device) => Ok(verbs(device)),
+                    None => {
+                        tracing::info!("fabric auto: no RDMA device found; using TCP");
+                        Ok(FabricChoice::Tcp)
+                    }
+                },
+                Err(e) => {
+                    // `e` says what is missing (it starts "RDMA verbs unavailable").
+                    tracing::info!("fabric auto: {e}; using TCP");
+                    Ok(FabricChoice::Tcp)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! `skyriver fetch`: bring objects from other nodes.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(super) fn fetch(
+    socket: &SocketArg,
+    ids: &[ObjectId],
+    output: Option<PathBuf>,
+    timeout_ms: u64,
+    mode: TransferMode,
+    wait: bool,
+) -> Result<(), String> {
+    if output.is_some() && ids.len() != 1 {
+        return Err("-o takes exactly one object id".into());
+    }
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let started = std::time::Instant::now();
+    let results = client
+        .fetch_with(ids, Some(Duration::from_millis(timeout_ms)), mode, wait)
+        .map_err(|e| e.to_string())?;
+    let elapsed = started.elapsed();
+    let mut failed = 0;
+    for (id, result) in ids.iter().zip(&results) {
+        match result {
+            Ok(object) => {
+                if output.is_none() {
+                    println!("{id}  {}", format_bytes(object.data().len() as u64));
+                }
+            }
+            Err(error) => {
+                failed += 1;
+                eprintln!("skyriver: {error}");
+            }
+        }
+    }
+    if let (Some(path), Some(Ok(object))) = (&output, results.first()) {
+        if path.as_os_str() == "-" {
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(object.data())
+                .and_then(|()| stdout.flush())
+                .map_err(stdout_error)?;
+        } else {
+            std::fs::write(path, object.data())
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+    }
+    let bytes: u64 = results
+        .iter()
+        .flatten()
+        .map(|o| o.data().len() as u64)
+        .sum();
+    eprintln!(
+        "fetched {} of {} objects, {} in {elapsed:.1?}",
+        results.len() - failed,
+        ids.len(),
+        format_bytes(bytes)
+    );
+    if failed > 0 {
+        return Err(format!("{failed} of {} fetches failed", ids.len()));
+    }
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! `skyriver ls`: the store's objects.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(super) fn list(socket: &SocketArg, json: bool) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let objects = client.list().map_err(|e| e.to_string())?;
+    if json {
+        let rows: Vec<serde_json::Value> = objects
+            .iter()
+            .map(|o| {
+                serde_json::json!({
+                    "id": o.info.id.to_string(),
+                    "data_size": o.info.data_size,
+                    "metadata_size": o.info.metadata_size,
+                    "sealed": o.sealed,
+                    "ref_count": o.ref_count,
+                    "pin_count": o.pin_count,
+                    "delete_pending": o.delete_pending,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).expect("JSON values serialize")
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<40}  {:>10}  {:>8}  {:<8}  {:>4}",
+        "ID", "SIZE", "META", "STATE", "REFS"
+    );
+    for o in &objects {
+        let state = match (o.sealed, o.delete_pending) {
+            (false, _) => "writing",
+            (true, true) => "deleting",
+            (true, false) => "sealed",
+        };
+        println!(
+            "{:<40}  {:>10}  {:>8}  {:<8}  {:>4}",
+            o.info.id.to_string(),
+            format_bytes(o.info.data_size),
+            format_bytes(o.info.metadata_size),
+            state,
+            o.ref_count
+        );
+    }
+    let total: u64 = objects.iter().map(|o| o.info.region.len).sum();
+    println!("{} objects, {}", objects.len(), format_bytes(total));
+    Ok(())
+}

@@ -1,0 +1,28 @@
+//! `skyriver locate`: where an object lives.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(super) fn locate(socket: &SocketArg, id: ObjectId) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let skyriver_client::ObjectLocation {
+        holders,
+        sizes,
+        digest,
+    } = client.locate(id).map_err(|e| e.to_string())?;
+    if holders.is_empty() {
+        return Err(format!("no live node holds {id}"));
+    }
+    let names: Vec<String> = holders.iter().map(|n| n.to_string()).collect();
+    let digest = digest.map_or_else(String::new, |d| format!("  digest {d}"));
+    match sizes {
+        Some((data, metadata)) => println!(
+            "{id}  {} + {} metadata{digest}  on {}",
+            format_bytes(data),
+            format_bytes(metadata),
+            names.join(", ")
+        ),
+        None => println!("{id}{digest}  on {}", names.join(", ")),
+    }
+    Ok(())
+}

@@ -1,0 +1,112 @@
+//! `skyriver put`: store a file or standard input as one object.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(super) const PROGRESS_MIN_BYTES: u64 = 64 << 20;
+
+pub(super) fn progress_bar(total: u64) -> ProgressBar {
+    if total < PROGRESS_MIN_BYTES || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{bytes}/{total_bytes} [{bar:40}] {bytes_per_sec} eta {eta}")
+            .expect("the template is valid")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+pub(super) fn put(
+    socket: &SocketArg,
+    input: &PathBuf,
+    id: Option<ObjectId>,
+    metadata: &[u8],
+) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let id = id.unwrap_or_else(skyriver_client::random_object_id);
+    let (mut reader, size): (Box<dyn Read>, u64) = if input.as_os_str() == "-" {
+        stage_whole(std::io::stdin(), "standard input")?
+    } else {
+        let file = std::fs::File::open(input)
+            .map_err(|e| format!("cannot open {}: {e}", input.display()))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("cannot stat {}: {e}", input.display()))?;
+        if meta.is_dir() {
+            return Err(format!("{} is a directory, not a file", input.display()));
+        }
+        if meta.is_file() {
+            (Box::new(file), meta.len())
+        } else {
+            // A pipe, FIFO, character device or socket (`<(cmd)`, /dev/stdin): its size is
+            // not known in advance, so read it whole first.
+            stage_whole(file, &input.display().to_string())?
+        }
+    };
+    if size + metadata.len() as u64 <= MAX_INLINE_PUT_BYTES as u64 {
+        // Small: the bytes travel in the request, one round trip.
+        let mut data = vec![0u8; size as usize];
+        read_input_into(&mut reader, &mut data, input)?;
+        client.put(id, &data, metadata).map_err(|e| e.to_string())?;
+    } else {
+        let mut writer = client
+            .create(id, size, metadata.len() as u64)
+            .map_err(|e| e.to_string())?;
+        writer.metadata_mut().copy_from_slice(metadata);
+        read_input_into(&mut reader, writer.data_mut(), input)?;
+        writer.seal().map_err(|e| e.to_string())?;
+    }
+    println!("{id}");
+    Ok(())
+}
+
+/// Fills `data` from `reader` (the whole of `input`, with a progress bar), refusing an input
+/// that shrank or grew while being read.
+pub(super) fn read_input_into(
+    reader: &mut dyn Read,
+    data: &mut [u8],
+    input: &Path,
+) -> Result<(), String> {
+    let size = data.len();
+    let bar = progress_bar(size as u64);
+    let mut filled = 0;
+    while filled < data.len() {
+        let chunk_end = (filled + (8 << 20)).min(data.len());
+        let n = reader
+            .read(&mut data[filled..chunk_end])
+            .map_err(|e| format!("cannot read {}: {e}", input.display()))?;
+        if n == 0 {
+            return Err(format!(
+                "{} shrank while being read ({filled} of {size} bytes); the object was not stored",
+                input.display()
+            ));
+        }
+        filled += n;
+        bar.set_position(filled as u64);
+    }
+    bar.finish_and_clear();
+    // A regular file that grew while being read would be stored cut short: refuse instead.
+    let mut probe = [0u8; 1];
+    if matches!(reader.read(&mut probe), Ok(n) if n > 0) {
+        return Err(format!(
+            "{} grew while being read (more than its {size} bytes); the object was not stored",
+            input.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Reads an input of unknown length whole, to create an object of the right size.
+pub(super) fn stage_whole(
+    mut input: impl Read,
+    what: &str,
+) -> Result<(Box<dyn Read>, u64), String> {
+    let mut data = Vec::new();
+    input
+        .read_to_end(&mut data)
+        .map_err(|e| format!("cannot read {what}: {e}"))?;
+    let size = data.len() as u64;
+    Ok((Box::new(std::io::Cursor::new(data)), size))
+}

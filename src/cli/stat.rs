@@ -1,0 +1,46 @@
+//! `skyriver stat`: the store's counters.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(super) fn stat(socket: &SocketArg, json: bool) -> Result<(), String> {
+    let client = socket.connect().map_err(|e| e.to_string())?;
+    let stats = client.stats().map_err(|e| e.to_string())?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&stats).expect("stats serialize")
+        );
+        return Ok(());
+    }
+    let percent = if stats.capacity_bytes == 0 {
+        0.0
+    } else {
+        100.0 * stats.allocated_bytes as f64 / stats.capacity_bytes as f64
+    };
+    println!("node:        {}", client.node());
+    println!("socket:      {}", client.socket_path().display());
+    println!(
+        "memory:      {} of {} used ({percent:.1}%), {} evictable",
+        format_bytes(stats.allocated_bytes),
+        format_bytes(stats.capacity_bytes),
+        format_bytes(stats.evictable_bytes)
+    );
+    println!(
+        "objects:     {} ({} sealed, {} being written)",
+        stats.object_count,
+        stats.sealed_count,
+        stats.object_count - stats.sealed_count
+    );
+    println!(
+        "clients:     {} connected, {} gets waiting",
+        stats.client_count, stats.waiting_gets
+    );
+    println!(
+        "since start: {} sealed, {} evicted ({})",
+        stats.sealed_objects_total,
+        stats.evicted_objects_total,
+        format_bytes(stats.evicted_bytes_total)
+    );
+    Ok(())
+}
