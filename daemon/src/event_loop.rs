@@ -458,15 +458,7 @@ impl EventLoop {
             DirectoryNotice::Members(members) => {
                 let names: Vec<String> = members.iter().map(|m| m.node.to_string()).collect();
                 info!(members = %names.join(" "), "cluster membership");
-                let view = members
-                    .iter()
-                    .map(|m| ClusterMember {
-                        node: m.node,
-                        incarnation: m.incarnation,
-                        address: m.fabric_addr,
-                        fabric: m.fabric.clone(),
-                    })
-                    .collect();
+                let view = members.iter().map(ClusterMember::from).collect();
                 self.feed(now, NodeInput::DirectoryMembers { members: view });
                 self.members = members;
             }

@@ -44,6 +44,17 @@ pub struct ClusterMember {
     pub fabric: String,
 }
 
+impl From<&crate::directory::MemberInfo> for ClusterMember {
+    fn from(member: &crate::directory::MemberInfo) -> Self {
+        ClusterMember {
+            node: member.node,
+            incarnation: member.incarnation,
+            address: member.fabric_addr,
+            fabric: member.fabric.clone(),
+        }
+    }
+}
+
 /// One connected local client.
 #[derive(Debug, Default)]
 pub(super) struct ClientSession {

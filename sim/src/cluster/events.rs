@@ -135,15 +135,7 @@ impl Cluster {
                                 members.iter().map(|m| m.node.to_string()).collect();
                             format!("{to} <- directory members {}", names.join(" "))
                         });
-                        let view = members
-                            .iter()
-                            .map(|m| ClusterMember {
-                                node: m.node,
-                                incarnation: m.incarnation,
-                                address: m.fabric_addr,
-                                fabric: m.fabric.clone(),
-                            })
-                            .collect();
+                        let view = members.iter().map(ClusterMember::from).collect();
                         self.feed(to, NodeInput::DirectoryMembers { members: view });
                     }
                     DirectoryNotice::Health(health) => {
