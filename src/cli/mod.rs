@@ -15,6 +15,7 @@ mod remove;
 mod stat;
 mod stdout;
 mod watch;
+mod chaos;
 
 use daemon::*;
 use demo::*;
@@ -30,6 +31,7 @@ use remove::*;
 use stat::*;
 use stdout::*;
 use watch::*;
+use chaos::*;
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -236,6 +238,11 @@ enum Command {
     /// Benchmarks that print a table and write JSON.
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
+    /// Faults on real daemons under load (root): N daemons in network namespaces, clients on
+    /// every node, a nemesis killing, pausing, cutting and starving them on a schedule drawn
+    /// from --seed, and a checker over the history. Prints a summary; exits 1 on a violation,
+    /// with the command that replays the run.
+    Chaos(ChaosArgs),
 }
 
 /// Why `-e URL` is refused: Plasma's external store is Skyriver's future spill tier.
@@ -313,6 +320,7 @@ fn run(args: Vec<std::ffi::OsString>) -> ExitCode {
         Command::Up(args) => crate::up::run(&args),
         Command::Cluster(command) => crate::cluster::run(command),
         Command::Bench(command) => crate::bench::run(command).map_err(|e| e.to_string()),
+        Command::Chaos(args) => run_chaos(&args),
     };
     exit_code(result)
 }
