@@ -179,7 +179,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         for (serial, fault) in schedule.faults.iter().enumerate() {
             wait_until(&mut cluster, fault.at_ms)?;
             let start_ms = ms();
-            println!("  {:>7.1}s  inject {fault}", start_ms as f64 / 1000.0);
+            println!("  inject {fault}");
             let injected = nemesis::inject(&mut cluster, fault, config.seed, serial as u64);
             if matches!(
                 fault.kind,
