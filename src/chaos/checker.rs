@@ -24,6 +24,8 @@ use super::schedule::FaultKind;
 pub const HANG_BOUND_MS: u64 = 5_000;
 /// Resident memory a daemon may use beyond its store's shared memory.
 pub const RSS_SLACK_BYTES: u64 = 512 << 20;
+/// A blocking get must see a put acknowledged at least this long before its wait ends.
+pub const BLOCKING_GET_SLACK_MS: u64 = 1_000;
 /// Open files a daemon may hold.
 pub const MAX_OPEN_FDS: u64 = 1024;
 
@@ -92,6 +94,14 @@ pub enum Violation {
     },
     /// After the faults stopped, the nodes did not all see each other connected in time.
     MembershipNotConverged,
+    /// A blocking get missed an object put on its node well within its wait, with no fault
+    /// on that node meanwhile.
+    BlockingGetMissedPut {
+        /// The get.
+        op: Op,
+        /// When the put was acknowledged.
+        put_acknowledged_ms: u64,
+    },
 }
 
 /// The checker's finding over a run.
@@ -266,6 +276,34 @@ pub fn check(history: &History) -> Verdict {
                 objects_lost_with_every_holder += 1
             }
             _ => {}
+        }
+    }
+
+    // A blocking get sees a put acknowledged on its node before its wait ends.
+    let puts: BTreeMap<(&str, u32), u64> = history
+        .ops
+        .iter()
+        .filter(|op| op.kind == OpKind::Put && op.result == OpResult::Ok)
+        .map(|op| ((op.id.as_str(), op.node), op.end_ms))
+        .collect();
+    for op in &history.ops {
+        if op.kind != OpKind::BlockingGet || op.result == OpResult::Ok {
+            continue;
+        }
+        let Some(&put_acknowledged_ms) = puts.get(&(op.id.as_str(), op.node)) else {
+            continue;
+        };
+        let quiet = !history.faults.iter().any(|f| {
+            (f.node == op.node || f.peer == Some(op.node) || f.kind == FaultKind::HeadKillRestart)
+                && f.start_ms <= op.end_ms
+                && f.end_ms >= op.start_ms
+        });
+        let well_within = put_acknowledged_ms + BLOCKING_GET_SLACK_MS <= op.start_ms + op.timeout_ms;
+        if quiet && well_within {
+            violations.push(Violation::BlockingGetMissedPut {
+                op: op.clone(),
+                put_acknowledged_ms,
+            });
         }
     }
 
@@ -488,6 +526,32 @@ mod tests {
         assert!(!check(&history(vec![put.clone(), get.clone()])).passed());
         let mut h = history(vec![put, get]);
         h.deaths = vec![death(0, 50, false)];
+        assert!(check(&h).passed());
+    }
+
+    #[test]
+    fn a_blocking_get_must_see_a_put_made_well_within_its_wait_unless_a_fault_hit() {
+        let mut get = op(1, OpKind::BlockingGet, "a", 0, 1_000);
+        get.timeout_ms = 3_000;
+        get.result = OpResult::NotFound;
+        let put = op(1, OpKind::Put, "a", 100, 200);
+        assert!(matches!(
+            check(&history(vec![get.clone(), put.clone()])).violations.as_slice(),
+            [Violation::BlockingGetMissedPut { put_acknowledged_ms: 200, .. }]
+        ));
+        // Acknowledged too close to the end of the wait: a miss is allowed.
+        let late = op(1, OpKind::Put, "a", 100, 2_500);
+        assert!(check(&history(vec![get.clone(), late])).passed());
+        // A fault on the node meanwhile: allowed.
+        let mut h = history(vec![get, put]);
+        h.faults.push(FaultRecord {
+            kind: FaultKind::Throttle,
+            node: 1,
+            peer: None,
+            start_ms: 900,
+            end_ms: 2_000,
+            error: None,
+        });
         assert!(check(&h).passed());
     }
 

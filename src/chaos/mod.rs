@@ -222,7 +222,6 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         workload.join();
         return Err(error);
     }
-    let faults_over_ms = ms();
     // Workers finish their operation in flight: the longest may take its timeout and the bound.
     let deadline = Instant::now()
         + Duration::from_millis(workload::FETCH_TIMEOUT_MS + checker::HANG_BOUND_MS + 5_000);
@@ -232,8 +231,10 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
     }
     let unfinished = workload.in_flight();
     println!("  {:>7.1}s  workload stopped; final checks", ms() as f64 / 1000.0);
+    // Counted from the last fault's heal (the workers' last operations ran meanwhile).
+    let last_heal_ms = faults.last().map_or(0, |f| f.end_ms);
     let converged_after_ms = converge(&sockets, config.nodes, CONVERGENCE_BOUND, stop)
-        .map(|after| after.as_millis() as u64 + ms().saturating_sub(faults_over_ms));
+        .map(|_| ms().saturating_sub(last_heal_ms));
     cluster.sample_evictions();
     let mut ops = workload.ops();
     ops.extend(final_reads(

@@ -344,6 +344,8 @@ impl Worker {
     }
 
     fn delete(&mut self, id: ObjectId) {
+        // Others stop fetching it before it goes (a fetch racing the delete may miss it).
+        lock(&self.shared.acked).retain(|(acked, _)| *acked != id);
         self.record(OpKind::Delete, id, 0, |client| {
             client.delete(&[id]).map(|_| OpResult::Ok)
         });
