@@ -5,8 +5,8 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -37,19 +37,22 @@ fn namespaces_or_skip(test: &str) -> bool {
     }
 }
 
-/// What a run may leave behind: its directories under $TMPDIR and its tmpfs mounts.
-fn leftovers() -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    for entry in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("skyriver-chaos-") {
-            found.insert(name);
-        }
-    }
+/// What a run whose $TMPDIR is `tmp` left behind: directories there, and mounts under it.
+fn leftovers(tmp: &Path) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(tmp)
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("skyriver-chaos-"))
+        .collect();
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
-    for line in mounts.lines().filter(|l| l.contains("skyriver-chaos-")) {
-        found.insert(line.to_string());
-    }
+    let tmp = tmp.to_string_lossy();
+    found.extend(
+        mounts
+            .lines()
+            .filter(|line| line.contains(&*tmp))
+            .map(str::to_string),
+    );
     found
 }
 
@@ -58,10 +61,11 @@ fn a_short_run_in_both_modes_passes_the_checker_and_leaves_nothing() {
     if !namespaces_or_skip("a_short_run_in_both_modes_passes_the_checker") {
         return;
     }
-    let before = leftovers();
     let dir = common::test_dir();
     let json = dir.path().join("verdict.json");
+    let tmp = common::test_dir();
     let output = Command::new(exe())
+        .env("TMPDIR", tmp.path())
         .args(["chaos", "--nodes", "3", "--seconds", "20", "--seed", "5"])
         .args(["--both", "--memory", "128MiB", "--json"])
         .arg(&json)
@@ -79,20 +83,23 @@ fn a_short_run_in_both_modes_passes_the_checker_and_leaves_nothing() {
     for run in runs {
         assert!(run["verdict"]["violations"].as_array().unwrap().is_empty());
         // The workload did work, and the faults were injected.
-        assert!(run["verdict"]["objects_checked"].as_u64().unwrap() > 10, "{run}");
+        assert!(
+            run["verdict"]["objects_checked"].as_u64().unwrap() > 10,
+            "{run}"
+        );
         assert!(!run["schedule"]["faults"].as_array().unwrap().is_empty());
         assert!(run["replay"].as_str().unwrap().contains("--seed 5"));
     }
     // The history: one JSON object a line, operations and faults.
-    let history = std::fs::read_to_string(dir.path().join("verdict.persistent.history.jsonl"))
-        .unwrap();
+    let history =
+        std::fs::read_to_string(dir.path().join("verdict.persistent.history.jsonl")).unwrap();
     let records: Vec<serde_json::Value> = history
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert!(records.iter().any(|r| r["record"] == "op"));
     assert!(records.iter().any(|r| r["record"] == "fault"));
-    assert_eq!(leftovers(), before);
+    assert_eq!(leftovers(tmp.path()), Vec::<String>::new());
 }
 
 #[test]
@@ -100,8 +107,9 @@ fn an_interrupted_run_removes_what_it_made() {
     if !namespaces_or_skip("an_interrupted_run_removes_what_it_made") {
         return;
     }
-    let before = leftovers();
+    let tmp = common::test_dir();
     let mut child = Command::new(exe())
+        .env("TMPDIR", tmp.path())
         .args(["chaos", "--nodes", "2", "--seconds", "60", "--seed", "2"])
         .arg("--persistent")
         .stdout(Stdio::piped())
@@ -135,5 +143,5 @@ fn an_interrupted_run_removes_what_it_made() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(!status.success());
-    assert_eq!(leftovers(), before);
+    assert_eq!(leftovers(tmp.path()), Vec::<String>::new());
 }

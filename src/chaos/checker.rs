@@ -151,7 +151,10 @@ pub fn check(history: &History) -> Verdict {
             Phase::Chaos => format!("{:?}", op.kind),
             Phase::Final => format!("final {:?}", op.kind),
         };
-        *ops.entry(kind).or_default().entry(outcome.into()).or_default() += 1;
+        *ops.entry(kind)
+            .or_default()
+            .entry(outcome.into())
+            .or_default() += 1;
     }
     let mut faults = BTreeMap::new();
     for fault in &history.faults {
@@ -298,7 +301,8 @@ pub fn check(history: &History) -> Verdict {
                 && f.start_ms <= op.end_ms
                 && f.end_ms >= op.start_ms
         });
-        let well_within = put_acknowledged_ms + BLOCKING_GET_SLACK_MS <= op.start_ms + op.timeout_ms;
+        let well_within =
+            put_acknowledged_ms + BLOCKING_GET_SLACK_MS <= op.start_ms + op.timeout_ms;
         if quiet && well_within {
             violations.push(Violation::BlockingGetMissedPut {
                 op: op.clone(),
@@ -536,8 +540,13 @@ mod tests {
         get.result = OpResult::NotFound;
         let put = op(1, OpKind::Put, "a", 100, 200);
         assert!(matches!(
-            check(&history(vec![get.clone(), put.clone()])).violations.as_slice(),
-            [Violation::BlockingGetMissedPut { put_acknowledged_ms: 200, .. }]
+            check(&history(vec![get.clone(), put.clone()]))
+                .violations
+                .as_slice(),
+            [Violation::BlockingGetMissedPut {
+                put_acknowledged_ms: 200,
+                ..
+            }]
         ));
         // Acknowledged too close to the end of the wait: a miss is allowed.
         let late = op(1, OpKind::Put, "a", 100, 2_500);
@@ -558,12 +567,14 @@ mod tests {
     #[test]
     fn exits_panics_resources_and_convergence_are_flagged() {
         let mut h = history(vec![]);
-        h.unexpected_exits.push(super::super::history::UnexpectedExit {
-            node: 1,
-            at_ms: 10,
-            status: "signal 11".into(),
-        });
-        h.panics.push((2, "thread 'main' panicked at x.rs:1".into()));
+        h.unexpected_exits
+            .push(super::super::history::UnexpectedExit {
+                node: 1,
+                at_ms: 10,
+                status: "signal 11".into(),
+            });
+        h.panics
+            .push((2, "thread 'main' panicked at x.rs:1".into()));
         h.resources.push(super::super::history::Resources {
             node: 0,
             max_rss_bytes: (64 << 20) + RSS_SLACK_BYTES + 1,

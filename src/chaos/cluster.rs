@@ -172,7 +172,9 @@ impl ChaosCluster {
     /// The namespaces.
     pub fn netns(&self) -> &NetnsCluster {
         // Present from start until drop.
-        self.netns.as_ref().expect("the namespaces live as long as the cluster")
+        self.netns
+            .as_ref()
+            .expect("the namespaces live as long as the cluster")
     }
 
     /// Times of exits count from `epoch` (the workload's start).
@@ -199,7 +201,14 @@ impl ChaosCluster {
         let head = format!("{}:{HEAD_PORT}", netns.hosts[0].addr);
         let mut command = netns.command(node as usize, &self.settings.exe);
         command
-            .args(["daemon", "--fabric", "tcp", "--no-prefault", "--log", "info"])
+            .args([
+                "daemon",
+                "--fabric",
+                "tcp",
+                "--no-prefault",
+                "--log",
+                "info",
+            ])
             .args(["--listen", &format!("{addr}:0")])
             .args(["--node-id", &node.to_string()])
             .args(["--memory", &self.settings.memory_bytes.to_string()])
@@ -249,9 +258,12 @@ impl ChaosCluster {
                 .flatten()
                 .flatten();
             if let Some(status) = exited {
+                let log = std::fs::read_to_string(self.log(node)).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(8)..].join("\n  | ");
                 return Err(ChaosClusterError::Start {
                     node,
-                    reason: format!("it exited ({status}); see {}", self.log(node).display()),
+                    reason: format!("it exited ({status}); the end of its log:\n  | {tail}"),
                 });
             }
             if Instant::now() > deadline {

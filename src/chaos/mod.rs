@@ -230,7 +230,10 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         std::thread::sleep(Duration::from_millis(50));
     }
     let unfinished = workload.in_flight();
-    println!("  {:>7.1}s  workload stopped; final checks", ms() as f64 / 1000.0);
+    println!(
+        "  {:>7.1}s  workload stopped; final checks",
+        ms() as f64 / 1000.0
+    );
     // Counted from the last fault's heal (the workers' last operations ran meanwhile).
     let last_heal_ms = faults.last().map_or(0, |f| f.end_ms);
     let converged_after_ms = converge(&sockets, config.nodes, CONVERGENCE_BOUND, stop)
@@ -428,7 +431,11 @@ pub fn summary(report: &RunReport) -> String {
         );
     }
     if !verdict.passed() {
-        let _ = writeln!(out, "  FAILED: seed {}; replay: {}", params.seed, report.replay);
+        let _ = writeln!(
+            out,
+            "  FAILED: seed {}; replay: {}",
+            params.seed, report.replay
+        );
     }
     out
 }

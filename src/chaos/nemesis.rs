@@ -71,12 +71,13 @@ pub fn inject(
         FaultKind::KillRestart | FaultKind::HeadKillRestart => cluster.kill(node, false)?,
         FaultKind::KillRestartWiped => cluster.kill(node, true)?,
         FaultKind::Pause => cluster.pause(node, true),
-        FaultKind::LinkDown => cluster.netns().set_link(node as usize, false).map_err(|e| {
-            NemesisError::Command {
+        FaultKind::LinkDown => cluster
+            .netns()
+            .set_link(node as usize, false)
+            .map_err(|e| NemesisError::Command {
                 command: "ip link set down".into(),
                 detail: e.to_string(),
-            }
-        })?,
+            })?,
         FaultKind::OneWayCut => {
             let peer = fault.peer.unwrap_or(0);
             let route = format!("{}/32", cluster.netns().hosts[peer as usize].addr);
@@ -87,7 +88,9 @@ pub fn inject(
         }
         FaultKind::Throttle => {
             let outer = cluster.netns().hosts[node as usize].outer_veth.clone();
-            let tbf = ["tbf", "rate", THROTTLE, "burst", "32kbit", "latency", "400ms"];
+            let tbf = [
+                "tbf", "rate", THROTTLE, "burst", "32kbit", "latency", "400ms",
+            ];
             let mut inside = vec!["-n", &namespace, "qdisc", "replace", "dev", "eth0", "root"];
             inside.extend(tbf);
             run("tc", &inside)?;
@@ -121,12 +124,15 @@ pub fn heal(cluster: &mut ChaosCluster, injected: &Injected) -> Result<(), Nemes
             cluster.restart(node)?
         }
         FaultKind::Pause => cluster.pause(node, false),
-        FaultKind::LinkDown => cluster.netns().set_link(node as usize, true).map_err(|e| {
-            NemesisError::Command {
-                command: "ip link set up".into(),
-                detail: e.to_string(),
-            }
-        })?,
+        FaultKind::LinkDown => {
+            cluster
+                .netns()
+                .set_link(node as usize, true)
+                .map_err(|e| NemesisError::Command {
+                    command: "ip link set up".into(),
+                    detail: e.to_string(),
+                })?
+        }
         FaultKind::OneWayCut => {
             let peer = fault.peer.unwrap_or(0);
             let route = format!("{}/32", cluster.netns().hosts[peer as usize].addr);

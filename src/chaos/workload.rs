@@ -174,7 +174,9 @@ impl Workload {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Whether the error means the connection is gone (the daemon died or was restarted).
@@ -437,10 +439,7 @@ mod tests {
         assert_eq!(verify(&id, &data), OpResult::Ok);
         let other = object_id(42, 3, 1, 78, 40_000);
         assert_ne!(content(&other), data);
-        assert!(matches!(
-            verify(&other, &data),
-            OpResult::WrongBytes { .. }
-        ));
+        assert!(matches!(verify(&other, &data), OpResult::WrongBytes { .. }));
         let mut torn = data.clone();
         torn[39_999] ^= 1;
         assert!(matches!(

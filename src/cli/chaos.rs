@@ -86,7 +86,10 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), String> {
             history,
             keep_logs: args.keep_logs.as_ref().map(|dir| dir.join(mode)),
         };
-        println!("chaos: seed {seed}, {} nodes, {} s, {mode}", args.nodes, args.seconds);
+        println!(
+            "chaos: seed {seed}, {} nodes, {} s, {mode}",
+            args.nodes, args.seconds
+        );
         let report = chaos::run(&config, &stop).map_err(|e| e.to_string())?;
         print!("{}", chaos::summary(&report));
         reports.push(report);

@@ -1,6 +1,7 @@
 //! The `skyriver` command line: its definitions and every command's body. The `skyriver`
 //! binary and the Python package's `skyriver` entry point both run [`main_with_args`].
 
+mod chaos;
 mod daemon;
 mod demo;
 mod evict;
@@ -15,8 +16,8 @@ mod remove;
 mod stat;
 mod stdout;
 mod watch;
-mod chaos;
 
+use chaos::*;
 use daemon::*;
 use demo::*;
 use evict::*;
@@ -31,7 +32,6 @@ use remove::*;
 use stat::*;
 use stdout::*;
 use watch::*;
-use chaos::*;
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
