@@ -231,6 +231,8 @@ impl ChaosCluster {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));
+        // A group of its own: a terminal's Ctrl-C reaches only `chaos`, which stops them.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         skyriver_transport::process::die_with_parent(&mut command, Signal::SIGKILL);
         let child = command
             .spawn()

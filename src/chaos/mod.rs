@@ -156,6 +156,9 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
     })?;
     let sockets: Vec<PathBuf> = (0..config.nodes).map(|n| cluster.socket(n)).collect();
     if converge(&sockets, config.nodes, CONVERGENCE_BOUND, stop).is_none() {
+        if stop.load(Ordering::SeqCst) {
+            return Err(ChaosError::Interrupted);
+        }
         return Err(ChaosError::NoInitialConvergence(CONVERGENCE_BOUND));
     }
     let started = Instant::now();
