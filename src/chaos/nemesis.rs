@@ -104,6 +104,8 @@ pub fn inject(
             let _ = Command::new("dd")
                 .args(["if=/dev/zero", "bs=1M", "status=none"])
                 .arg(format!("of={}", filler.display()))
+                // It ends at "No space left on device", as meant.
+                .stderr(Stdio::null())
                 .status();
         }
         FaultKind::ClientKill => client_object = Some(kill_a_client(cluster, fault, seed, serial)?),
