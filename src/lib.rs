@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod chaos;
 pub mod cli;
 pub mod cluster;
 pub mod netns;

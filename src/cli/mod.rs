@@ -1,6 +1,7 @@
 //! The `skyriver` command line: its definitions and every command's body. The `skyriver`
 //! binary and the Python package's `skyriver` entry point both run [`main_with_args`].
 
+mod chaos;
 mod daemon;
 mod demo;
 mod evict;
@@ -16,6 +17,7 @@ mod stat;
 mod stdout;
 mod watch;
 
+use chaos::*;
 use daemon::*;
 use demo::*;
 use evict::*;
@@ -236,6 +238,11 @@ enum Command {
     /// Benchmarks that print a table and write JSON.
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
+    /// Faults on real daemons under load (root): N daemons in network namespaces, clients on
+    /// every node, a nemesis killing, pausing, cutting and starving them on a schedule drawn
+    /// from --seed, and a checker over the history. Prints a summary; exits 1 on a violation,
+    /// with the command that replays the run.
+    Chaos(ChaosArgs),
 }
 
 /// Why `-e URL` is refused: Plasma's external store is Skyriver's future spill tier.
@@ -313,6 +320,7 @@ fn run(args: Vec<std::ffi::OsString>) -> ExitCode {
         Command::Up(args) => crate::up::run(&args),
         Command::Cluster(command) => crate::cluster::run(command),
         Command::Bench(command) => crate::bench::run(command).map_err(|e| e.to_string()),
+        Command::Chaos(args) => run_chaos(&args),
     };
     exit_code(result)
 }

@@ -219,9 +219,32 @@ impl<F: std::ops::Deref<Target = File>> Storage for IndexFile<F> {
     }
 
     fn set_len(&mut self, len_bytes: u64) -> Result<(), PersistError> {
+        let old_len = self.len_bytes()?;
         self.file
             .set_len(len_bytes)
-            .map_err(io_error("ftruncate", &self.path))
+            .map_err(io_error("ftruncate", &self.path))?;
+        // Reserve the new slots' blocks now: a record written later into a hole of a sparse
+        // file needs a block then, and a full file system would fail that commit (and stop
+        // the daemon) although the index had room. File systems without fallocate stay
+        // sparse.
+        if len_bytes > old_len {
+            match nix::fcntl::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&*self.file),
+                nix::fcntl::FallocateFlags::empty(),
+                old_len as i64,
+                (len_bytes - old_len) as i64,
+            ) {
+                Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => {}
+                Err(errno) => {
+                    return Err(PersistError::Io {
+                        op: "fallocate",
+                        path: self.path.clone(),
+                        source: errno.into(),
+                    })
+                }
+            }
+        }
+        Ok(())
     }
 
     fn sync(&mut self) -> Result<(), PersistError> {

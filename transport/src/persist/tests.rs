@@ -127,6 +127,41 @@ fn the_index_grows_past_its_initial_slots() {
     assert_eq!(scan.slots, INITIAL_SLOTS * 4);
 }
 
+#[test]
+fn the_index_has_its_blocks_reserved_so_a_full_disk_cannot_fail_a_record() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let mut opened = open(&path);
+    opened.backing.finish_recovery([]).unwrap();
+    // Grow past the initial slots: the grown part is reserved too.
+    for n in 0..INITIAL_SLOTS + 1 {
+        opened.backing.stage(sealed(n, n * 64, 1));
+    }
+    opened.backing.commit().unwrap();
+    let index = std::fs::metadata(opened.backing.index_path()).unwrap();
+    let probe = dir.path().join("probe");
+    std::fs::write(&probe, b"x").unwrap();
+    // A file system that cannot reserve blocks (no fallocate) keeps sparse files: skip there.
+    let supported = nix::fcntl::fallocate(
+        std::os::fd::AsRawFd::as_raw_fd(
+            &std::fs::File::options().write(true).open(&probe).unwrap(),
+        ),
+        nix::fcntl::FallocateFlags::empty(),
+        0,
+        1 << 20,
+    )
+    .is_ok();
+    if supported {
+        assert!(
+            index.blocks() * 512 >= slot_offset(INITIAL_SLOTS * 2),
+            "{} bytes reserved of {}",
+            index.blocks() * 512,
+            index.len()
+        );
+    }
+}
+
 /// Flips bytes in the index region and checks that every record touched is refused (never
 /// handed to the store), every other record is intact, and the damage is cleaned up.
 #[test]

@@ -1,0 +1,444 @@
+//! `skyriver chaos`: real daemons in network namespaces under a client workload, faults
+//! injected from outside on a schedule drawn from a seed, and a checker over the recorded
+//! history (root only).
+//!
+//! - [`schedule`]: which fault, where, when; deterministic per seed, printable.
+//! - [`cluster`]: the daemons, killed, paused and restarted one at a time.
+//! - [`nemesis`]: carries out and heals each fault.
+//! - [`workload`]: the clients on every node, with contents every reader can verify.
+//! - [`history`]: what happened, as JSON lines.
+//! - [`checker`]: what must hold, and the verdict.
+
+pub mod checker;
+pub mod cluster;
+pub mod history;
+pub mod nemesis;
+pub mod schedule;
+pub mod workload;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use checker::Verdict;
+use cluster::{ChaosCluster, DaemonSettings};
+use history::{Death, FaultRecord, History, Op, OpKind, OpResult, Phase};
+use schedule::{FaultKind, Schedule, ScheduleParams};
+
+/// How long the cluster may take to connect fully, at start and after the faults.
+const CONVERGENCE_BOUND: Duration = Duration::from_secs(60);
+/// How long a final read may wait.
+const FINAL_FETCH_TIMEOUT_MS: u64 = 10_000;
+/// How often resources and exits are sampled.
+const SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// One chaos run's settings.
+#[derive(Debug, Clone)]
+pub struct ChaosConfig {
+    /// Daemons.
+    pub nodes: u32,
+    /// Length of the workload (faults stop a few seconds before its end).
+    pub seconds: u64,
+    /// The seed of the schedule and the workload.
+    pub seed: u64,
+    /// Persistent daemons.
+    pub persistent: bool,
+    /// Shared memory of each daemon, bytes.
+    pub memory_bytes: u64,
+    /// `redis://…`, or the built-in directory on node 0 (`None`).
+    pub directory: Option<String>,
+    /// Where the history goes (JSON lines), if anywhere.
+    pub history: Option<PathBuf>,
+    /// Where the daemons' logs are copied at the end, if anywhere.
+    pub keep_logs: Option<PathBuf>,
+}
+
+/// What a run found.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// The schedule it ran.
+    pub schedule: Schedule,
+    /// The checker's verdict.
+    pub verdict: Verdict,
+    /// How long after the workload every node saw every other (ms), if it did.
+    pub converged_after_ms: Option<u64>,
+    /// The command that replays the schedule.
+    pub replay: String,
+}
+
+/// Why a run could not be carried out (as opposed to a run that found violations).
+#[derive(Debug, thiserror::Error)]
+pub enum ChaosError {
+    /// Not root, or no `ip`: what is needed.
+    #[error(
+        "skyriver chaos needs root (it makes network namespaces, veth links, tmpfs mounts and \
+         signals daemons) and iproute2's `ip` and `tc`: {0}. Run it as root, e.g. `sudo \
+         skyriver chaos …`"
+    )]
+    NotAvailable(#[from] crate::netns::NetnsUnavailable),
+    /// The cluster could not be made.
+    #[error(transparent)]
+    Cluster(#[from] cluster::ChaosClusterError),
+    /// The cluster did not connect before the faults started.
+    #[error("the cluster did not connect within {0:?} of its start")]
+    NoInitialConvergence(Duration),
+    /// Ctrl-C, SIGTERM or SIGHUP.
+    #[error("interrupted; everything the run made was removed")]
+    Interrupted,
+    /// The history could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Sets the returned flag at SIGINT, SIGTERM or SIGHUP, so the run stops and cleans up.
+pub fn stop_on_signals() -> Result<Arc<AtomicBool>, String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let stop = Arc::new(AtomicBool::new(false));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (mut interrupt, mut terminate, mut hangup) = {
+        let _guard = runtime.enter();
+        let watch = |kind| signal(kind).map_err(|e| format!("cannot watch signals: {e}"));
+        (
+            watch(SignalKind::interrupt())?,
+            watch(SignalKind::terminate())?,
+            watch(SignalKind::hangup())?,
+        )
+    };
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        runtime.block_on(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+                _ = hangup.recv() => {}
+            }
+        });
+        flag.store(true, Ordering::SeqCst);
+    });
+    Ok(stop)
+}
+
+/// Runs one chaos run: cluster, workload, nemesis, final reads, checker. Must be called on
+/// the thread that lives for the whole run (the daemons die with it).
+pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosError> {
+    crate::netns::available()?;
+    let schedule = Schedule::draw(ScheduleParams {
+        seed: config.seed,
+        nodes: config.nodes,
+        seconds: config.seconds,
+        persistent: config.persistent,
+        builtin_head: config.directory.is_none(),
+    });
+    let replay = schedule.replay_command(config.directory.as_deref());
+    print!("{schedule}");
+    let exe = crate::self_exe().map_err(|source| ChaosError::Write {
+        path: "the skyriver executable".into(),
+        source,
+    })?;
+    let mut cluster = ChaosCluster::start(DaemonSettings {
+        nodes: config.nodes,
+        memory_bytes: config.memory_bytes,
+        persistent: config.persistent,
+        directory: config.directory.clone(),
+        exe,
+    })?;
+    let sockets: Vec<PathBuf> = (0..config.nodes).map(|n| cluster.socket(n)).collect();
+    if converge(&sockets, config.nodes, CONVERGENCE_BOUND, stop).is_none() {
+        if stop.load(Ordering::SeqCst) {
+            return Err(ChaosError::Interrupted);
+        }
+        return Err(ChaosError::NoInitialConvergence(CONVERGENCE_BOUND));
+    }
+    let started = Instant::now();
+    cluster.set_epoch(started);
+    let ms = || started.elapsed().as_millis() as u64;
+    let workload = workload::Workload::start(config.seed, sockets.clone(), started);
+    let mut faults = Vec::new();
+    let mut deaths = Vec::new();
+    let mut client_objects = Vec::new();
+    let wait_until = |cluster: &mut ChaosCluster, at_ms: u64| -> Result<(), ChaosError> {
+        while ms() < at_ms {
+            if stop.load(Ordering::SeqCst) {
+                return Err(ChaosError::Interrupted);
+            }
+            cluster.sample_all();
+            std::thread::sleep(SAMPLE_INTERVAL.min(Duration::from_millis(at_ms - ms())));
+        }
+        Ok(())
+    };
+    let outcome = (|| -> Result<(), ChaosError> {
+        for (serial, fault) in schedule.faults.iter().enumerate() {
+            wait_until(&mut cluster, fault.at_ms)?;
+            let start_ms = ms();
+            println!("  inject {fault}");
+            let injected = nemesis::inject(&mut cluster, fault, config.seed, serial as u64);
+            if matches!(
+                fault.kind,
+                FaultKind::KillRestart | FaultKind::KillRestartWiped | FaultKind::HeadKillRestart
+            ) {
+                deaths.push(Death {
+                    node: fault.node,
+                    at_ms: start_ms,
+                    files_kept: config.persistent && fault.kind != FaultKind::KillRestartWiped,
+                });
+            }
+            let mut error = None;
+            match injected {
+                Ok(injected) => {
+                    client_objects.extend(injected.client_object);
+                    wait_until(&mut cluster, fault.at_ms + fault.duration_ms)?;
+                    if let Err(e) = nemesis::heal(&mut cluster, &injected) {
+                        error = Some(format!("heal: {e}"));
+                    }
+                }
+                Err(e) => error = Some(format!("inject: {e}")),
+            }
+            if let Some(error) = &error {
+                println!("  {:>7.1}s  {error}", ms() as f64 / 1000.0);
+            }
+            faults.push(FaultRecord {
+                kind: fault.kind,
+                node: fault.node,
+                peer: fault.peer,
+                start_ms,
+                end_ms: ms(),
+                error,
+            });
+        }
+        wait_until(&mut cluster, config.seconds * 1000)
+    })();
+    workload.stop();
+    if let Err(error) = outcome {
+        cluster.stop_all();
+        workload.join();
+        return Err(error);
+    }
+    // Workers finish their operation in flight: the longest may take its timeout and the bound.
+    let deadline = Instant::now()
+        + Duration::from_millis(workload::FETCH_TIMEOUT_MS + checker::HANG_BOUND_MS + 5_000);
+    while !workload.finished() && Instant::now() < deadline {
+        cluster.sample_all();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let unfinished = workload.in_flight();
+    println!(
+        "  {:>7.1}s  workload stopped; final checks",
+        ms() as f64 / 1000.0
+    );
+    // Counted from the last fault's heal (the workers' last operations ran meanwhile).
+    let last_heal_ms = faults.last().map_or(0, |f| f.end_ms);
+    let converged_after_ms = converge(&sockets, config.nodes, CONVERGENCE_BOUND, stop)
+        .map(|_| ms().saturating_sub(last_heal_ms));
+    cluster.sample_evictions();
+    let mut ops = workload.ops();
+    ops.extend(final_reads(
+        &ops,
+        &client_objects,
+        &sockets,
+        config.nodes,
+        &ms,
+    ));
+    cluster.sample_all();
+    let history = History {
+        nodes: config.nodes,
+        persistent: config.persistent,
+        ops,
+        faults,
+        deaths,
+        unexpected_exits: cluster.unexpected_exits(),
+        panics: cluster.panics(),
+        resources: cluster.resources(),
+        unfinished,
+        converged_after_ms,
+        memory_bytes: config.memory_bytes,
+    };
+    if let Some(dir) = &config.keep_logs {
+        if let Err(e) = cluster.keep_logs(dir) {
+            eprintln!("chaos: cannot keep the logs in {}: {e}", dir.display());
+        }
+    }
+    cluster.stop_all();
+    workload.join();
+    drop(cluster);
+    if let Some(path) = &config.history {
+        history
+            .write_jsonl(path)
+            .map_err(|source| ChaosError::Write {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    let verdict = checker::check(&history);
+    Ok(RunReport {
+        schedule,
+        verdict,
+        converged_after_ms,
+        replay,
+    })
+}
+
+/// Waits until every node sees every other connected; how long that took, or `None`.
+fn converge(
+    sockets: &[PathBuf],
+    nodes: u32,
+    bound: Duration,
+    stop: &AtomicBool,
+) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < bound && !stop.load(Ordering::SeqCst) {
+        let all = sockets.iter().all(|socket| {
+            skyriver_client::Client::connect(socket)
+                .and_then(|c| c.nodes())
+                .is_ok_and(|view| {
+                    view.members.len() == nodes as usize && view.members.iter().all(|m| m.connected)
+                })
+        });
+        if all {
+            return Some(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+/// Fetches every acknowledged, undeleted object from another node than the one that put it,
+/// and every object a killed client worked on, checking the bytes.
+fn final_reads(
+    ops: &[Op],
+    client_objects: &[(skyriver_client::ObjectId, u32)],
+    sockets: &[PathBuf],
+    nodes: u32,
+    ms: &dyn Fn() -> u64,
+) -> Vec<Op> {
+    let deleted: std::collections::BTreeSet<&str> = ops
+        .iter()
+        .filter(|op| op.kind == OpKind::Delete)
+        .map(|op| op.id.as_str())
+        .collect();
+    let mut reads: Vec<(skyriver_client::ObjectId, u32, OpKind)> = ops
+        .iter()
+        .filter(|op| op.kind == OpKind::Put && op.result == OpResult::Ok)
+        .filter(|op| !deleted.contains(op.id.as_str()))
+        .filter_map(|op| Some((op.id.parse().ok()?, op.node, OpKind::Fetch)))
+        .collect();
+    reads.extend(
+        client_objects
+            .iter()
+            .map(|&(id, node)| (id, node, OpKind::ReadAfterClientKill)),
+    );
+    let clients: Vec<Option<skyriver_client::Client>> = sockets
+        .iter()
+        .map(|s| skyriver_client::Client::connect(s).ok())
+        .collect();
+    let mut done = Vec::new();
+    for (id, origin, kind) in reads {
+        let node = (origin + 1) % nodes;
+        let start_ms = ms();
+        let result = match &clients[node as usize] {
+            None => OpResult::Failed {
+                error: format!("cannot connect to node-{node}"),
+            },
+            Some(client) => workload::fetch_and_verify(client, id, FINAL_FETCH_TIMEOUT_MS)
+                .unwrap_or_else(|error| OpResult::Failed {
+                    error: error.to_string(),
+                }),
+        };
+        done.push(Op {
+            node,
+            worker: 999,
+            kind,
+            id: id.to_string(),
+            size: u64::from(workload::size_of(&id)),
+            start_ms,
+            end_ms: ms(),
+            timeout_ms: FINAL_FETCH_TIMEOUT_MS,
+            result,
+            phase: Phase::Final,
+        });
+    }
+    done
+}
+
+/// The summary table of a run.
+pub fn summary(report: &RunReport) -> String {
+    use std::fmt::Write;
+    let params = &report.schedule.params;
+    let verdict = &report.verdict;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "chaos seed {}: {} nodes, {} s, {}",
+        params.seed,
+        params.nodes,
+        params.seconds,
+        if params.persistent {
+            "persistent"
+        } else {
+            "in memory"
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  {:<28} {:>8} {:>10} {:>8} {:>12}",
+        "operation", "ok", "not_found", "failed", "wrong_bytes"
+    );
+    for (kind, outcomes) in &verdict.ops {
+        let count = |name: &str| outcomes.get(name).copied().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "  {:<28} {:>8} {:>10} {:>8} {:>12}",
+            kind,
+            count("ok"),
+            count("not_found"),
+            count("failed"),
+            count("wrong_bytes")
+        );
+    }
+    let faults: Vec<String> = verdict
+        .faults
+        .iter()
+        .map(|(kind, count)| format!("{kind} {count}"))
+        .collect();
+    let _ = writeln!(out, "  faults: {}", faults.join(", "));
+    let _ = writeln!(
+        out,
+        "  acknowledged objects read after the faults: {} ({} lost with every holder, allowed)",
+        verdict.objects_checked, verdict.objects_lost_with_every_holder
+    );
+    match report.converged_after_ms {
+        Some(after) => {
+            let _ = writeln!(out, "  converged {after} ms after the faults stopped");
+        }
+        None => {
+            let _ = writeln!(out, "  did NOT converge after the faults stopped");
+        }
+    }
+    let _ = writeln!(out, "  violations: {}", verdict.violations.len());
+    for violation in verdict.violations.iter().take(20) {
+        let _ = writeln!(
+            out,
+            "    {}",
+            serde_json::to_string(violation).unwrap_or_default()
+        );
+    }
+    if !verdict.passed() {
+        let _ = writeln!(
+            out,
+            "  FAILED: seed {}; replay: {}",
+            params.seed, report.replay
+        );
+    }
+    out
+}

@@ -1,0 +1,311 @@
+//! The nemesis's schedule: which fault, on which node, when and for how long, drawn from the
+//! run's seed alone (a SplitMix64 stream, fixed forever), so a seed names one schedule and a
+//! failing run can be replayed fault for fault.
+
+use serde::Serialize;
+
+/// Faults the nemesis injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// SIGKILL of a daemon, restarted at the end with the same flags (a persistent daemon
+    /// keeps its `--backing-file`, so its files survive).
+    KillRestart,
+    /// SIGKILL of a persistent daemon, restarted without its files (they are deleted): the
+    /// node comes back empty, as after a lost disk.
+    KillRestartWiped,
+    /// SIGSTOP for longer than leases and heartbeats, then SIGCONT.
+    Pause,
+    /// SIGKILL of node 0, the built-in directory's head, then restart.
+    HeadKillRestart,
+    /// The node's link down (`ip link set … down`), then up.
+    LinkDown,
+    /// The node can no longer send to one peer (a blackhole route in its namespace); the peer
+    /// still reaches it.
+    OneWayCut,
+    /// The node's link throttled to 1 Mbit/s each way (`tc tbf`).
+    Throttle,
+    /// The persistent daemon's file system (a small tmpfs) filled up, then emptied.
+    DiskFull,
+    /// A client process killed mid-put or mid-fetch.
+    ClientKill,
+}
+
+impl FaultKind {
+    /// Every kind, in summary order.
+    pub const ALL: [FaultKind; 9] = [
+        FaultKind::KillRestart,
+        FaultKind::KillRestartWiped,
+        FaultKind::Pause,
+        FaultKind::HeadKillRestart,
+        FaultKind::LinkDown,
+        FaultKind::OneWayCut,
+        FaultKind::Throttle,
+        FaultKind::DiskFull,
+        FaultKind::ClientKill,
+    ];
+
+    /// The name used in summaries and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillRestart => "kill_restart",
+            FaultKind::KillRestartWiped => "kill_restart_wiped",
+            FaultKind::Pause => "pause",
+            FaultKind::HeadKillRestart => "head_kill_restart",
+            FaultKind::LinkDown => "link_down",
+            FaultKind::OneWayCut => "one_way_cut",
+            FaultKind::Throttle => "throttle",
+            FaultKind::DiskFull => "disk_full",
+            FaultKind::ClientKill => "client_kill",
+        }
+    }
+
+    /// Whether the kind applies to a run with these settings.
+    fn applies(self, persistent: bool, builtin_head: bool, nodes: u32) -> bool {
+        match self {
+            FaultKind::KillRestartWiped | FaultKind::DiskFull => persistent,
+            FaultKind::HeadKillRestart => builtin_head,
+            FaultKind::OneWayCut => nodes >= 2,
+            _ => true,
+        }
+    }
+}
+
+/// One fault of the schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Fault {
+    /// When it starts, milliseconds after the workload started.
+    pub at_ms: u64,
+    /// How long it lasts before it is healed (the restart, SIGCONT, link up…).
+    pub duration_ms: u64,
+    /// What it is.
+    pub kind: FaultKind,
+    /// The node it hits.
+    pub node: u32,
+    /// The peer a one-way cut stops the node sending to.
+    pub peer: Option<u32>,
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:>7.1}s  {:<18} node-{}",
+            self.at_ms as f64 / 1000.0,
+            self.kind.name(),
+            self.node
+        )?;
+        if let Some(peer) = self.peer {
+            write!(f, " -/-> node-{peer}")?;
+        }
+        write!(f, " for {:.1}s", self.duration_ms as f64 / 1000.0)
+    }
+}
+
+/// What a schedule is drawn for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ScheduleParams {
+    /// The run's seed.
+    pub seed: u64,
+    /// Nodes in the cluster.
+    pub nodes: u32,
+    /// Length of the workload, seconds.
+    pub seconds: u64,
+    /// Whether the daemons are persistent.
+    pub persistent: bool,
+    /// Whether node 0 serves the built-in directory (head kills apply).
+    pub builtin_head: bool,
+}
+
+/// The faults of one run, one at a time, all healed before the quiet end of the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Schedule {
+    /// What it was drawn for.
+    pub params: ScheduleParams,
+    /// The faults, in time order, never overlapping.
+    pub faults: Vec<Fault>,
+}
+
+/// Faults start no earlier than this, so the workload has objects to lose.
+const FIRST_FAULT_MS: u64 = 2_000;
+/// The last fault is healed this long before the workload ends.
+const QUIET_END_MS: u64 = 4_000;
+/// Shortest and longest fault.
+const FAULT_MS: (u64, u64) = (1_500, 6_000);
+/// A pause outlasts the directory's heartbeat timeout (5 s) and the chaos lease (2 s).
+const PAUSE_MS: (u64, u64) = (6_000, 8_000);
+/// Gap between one fault's heal and the next fault.
+const GAP_MS: (u64, u64) = (500, 3_000);
+
+impl Schedule {
+    /// The schedule `params.seed` names.
+    pub fn draw(params: ScheduleParams) -> Self {
+        let mut rng = SplitMix64::new(params.seed ^ 0x6368_616f_735f_7363);
+        let kinds: Vec<FaultKind> = FaultKind::ALL
+            .into_iter()
+            .filter(|k| k.applies(params.persistent, params.builtin_head, params.nodes))
+            .collect();
+        let end_ms = (params.seconds * 1000).saturating_sub(QUIET_END_MS);
+        let mut faults = Vec::new();
+        let mut at_ms = FIRST_FAULT_MS;
+        loop {
+            let kind = kinds[rng.below(kinds.len() as u64) as usize];
+            let (low, high) = match kind {
+                FaultKind::Pause => PAUSE_MS,
+                FaultKind::ClientKill => (200, 600),
+                _ => FAULT_MS,
+            };
+            let duration_ms = rng.between(low, high);
+            if at_ms + duration_ms > end_ms {
+                break;
+            }
+            let node = match kind {
+                FaultKind::HeadKillRestart => 0,
+                // Node 0 is only killed as the head, where the kind says so.
+                FaultKind::KillRestart | FaultKind::KillRestartWiped if params.nodes > 1 => {
+                    1 + rng.below(u64::from(params.nodes) - 1) as u32
+                }
+                _ => rng.below(u64::from(params.nodes)) as u32,
+            };
+            let peer = (kind == FaultKind::OneWayCut).then(|| {
+                let other = rng.below(u64::from(params.nodes) - 1) as u32;
+                if other >= node {
+                    other + 1
+                } else {
+                    other
+                }
+            });
+            faults.push(Fault {
+                at_ms,
+                duration_ms,
+                kind,
+                node,
+                peer,
+            });
+            at_ms += duration_ms + rng.between(GAP_MS.0, GAP_MS.1);
+        }
+        Self { params, faults }
+    }
+
+    /// The command that runs this schedule again.
+    pub fn replay_command(&self, directory: Option<&str>) -> String {
+        let mut command = format!(
+            "skyriver chaos --nodes {} --seconds {} --seed {}",
+            self.params.nodes, self.params.seconds, self.params.seed
+        );
+        if self.params.persistent {
+            command.push_str(" --persistent");
+        }
+        if let Some(directory) = directory {
+            command.push_str(&format!(" --directory {directory}"));
+        }
+        command
+    }
+}
+
+impl std::fmt::Display for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "schedule of seed {} ({} nodes, {} s, {}): {} faults",
+            self.params.seed,
+            self.params.nodes,
+            self.params.seconds,
+            if self.params.persistent {
+                "persistent"
+            } else {
+                "in memory"
+            },
+            self.faults.len()
+        )?;
+        for fault in &self.faults {
+            writeln!(f, "  {fault}")?;
+        }
+        Ok(())
+    }
+}
+
+/// SplitMix64: a small generator whose stream is fixed by its definition, so a seed means the
+/// same schedule in every build.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A stream starting from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..bound` (`bound` > 0).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        assert!(bound > 0, "an empty range");
+        self.next_u64() % bound
+    }
+
+    /// A number in `low..=high`.
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.below(high - low + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(seed: u64, persistent: bool) -> ScheduleParams {
+        ScheduleParams {
+            seed,
+            nodes: 5,
+            seconds: 120,
+            persistent,
+            builtin_head: true,
+        }
+    }
+
+    #[test]
+    fn a_seed_names_one_schedule_and_other_seeds_others() {
+        let one = Schedule::draw(params(7, true));
+        assert_eq!(one, Schedule::draw(params(7, true)));
+        assert_eq!(one.to_string(), Schedule::draw(params(7, true)).to_string());
+        assert_ne!(one.faults, Schedule::draw(params(8, true)).faults);
+        assert!(one.faults.len() >= 10, "{one}");
+    }
+
+    #[test]
+    fn faults_do_not_overlap_end_before_the_quiet_end_and_fit_the_mode() {
+        for seed in 0..50 {
+            for persistent in [false, true] {
+                let schedule = Schedule::draw(params(seed, persistent));
+                let mut free_from = 0;
+                for fault in &schedule.faults {
+                    assert!(fault.at_ms >= free_from, "{schedule}");
+                    free_from = fault.at_ms + fault.duration_ms;
+                    assert!(fault.node < 5);
+                    assert_ne!(fault.peer, Some(fault.node));
+                    if !persistent {
+                        assert!(!matches!(
+                            fault.kind,
+                            FaultKind::DiskFull | FaultKind::KillRestartWiped
+                        ));
+                    }
+                }
+                assert!(free_from <= 120_000 - QUIET_END_MS);
+            }
+        }
+    }
+
+    #[test]
+    fn the_stream_is_fixed_by_its_definition() {
+        // SplitMix64's published first output for seed 0.
+        assert_eq!(SplitMix64::new(0).next_u64(), 0xe220_a839_7b1d_cdaf);
+    }
+}

@@ -1,0 +1,121 @@
+//! `skyriver chaos`: faults on real daemons under load, with a checker (see `crate::chaos`).
+
+use std::path::PathBuf;
+
+use clap::Args;
+use skyriver_daemon::size::ByteSize;
+
+use crate::chaos::{self, ChaosConfig};
+
+/// Options of `skyriver chaos`.
+#[derive(Args, Debug, Clone)]
+pub struct ChaosArgs {
+    /// Daemons, each in its own network namespace.
+    #[arg(long, short = 'n', default_value_t = 5)]
+    pub nodes: u32,
+    /// Length of the workload; faults stop 4 s before its end, then come the final checks.
+    #[arg(long, default_value_t = 60)]
+    pub seconds: u64,
+    /// Seed of the fault schedule and the workload [default: a random one, printed]
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Persistent daemons (--backing-file on a small tmpfs of their own).
+    #[arg(long, conflicts_with = "both")]
+    pub persistent: bool,
+    /// One run in memory, then one persistent, with the same seed.
+    #[arg(long)]
+    pub both: bool,
+    /// Shared memory of each daemon.
+    #[arg(long, short = 'm', default_value = "256MiB")]
+    pub memory: ByteSize,
+    /// Write the verdict (and the schedule) as JSON here; the history goes to FILE with
+    /// `.history.jsonl` in place of its extension.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The directory: builtin (on node 0, which head kills then hit) or redis://HOST:PORT.
+    #[arg(long, default_value = "builtin")]
+    pub directory: String,
+    /// Copy the daemons' logs here at the end of each run (a subdirectory per run).
+    #[arg(long, value_name = "DIR")]
+    pub keep_logs: Option<PathBuf>,
+}
+
+/// Runs `skyriver chaos`; fails when a run could not be carried out or found violations.
+pub fn run_chaos(args: &ChaosArgs) -> Result<(), String> {
+    if args.nodes < 2 || args.nodes > crate::netns::MAX_NODES {
+        return Err(format!(
+            "--nodes {}: chaos needs 2 to {} nodes",
+            args.nodes,
+            crate::netns::MAX_NODES
+        ));
+    }
+    if args.seconds < 10 {
+        return Err("--seconds: at least 10".into());
+    }
+    let directory = match args.directory.as_str() {
+        "builtin" => None,
+        url if url.starts_with("redis://") || url.starts_with("rediss://") => Some(url.to_string()),
+        other => return Err(format!("--directory {other}: builtin or redis://HOST:PORT")),
+    };
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let modes: &[bool] = match (args.both, args.persistent) {
+        (true, _) => &[false, true],
+        (false, persistent) => {
+            if persistent {
+                &[true]
+            } else {
+                &[false]
+            }
+        }
+    };
+    let stop = chaos::stop_on_signals()?;
+    let mut reports = Vec::new();
+    for &persistent in modes {
+        let mode = if persistent { "persistent" } else { "memory" };
+        let history = args.json.as_ref().map(|json| {
+            let stem = json.with_extension("");
+            PathBuf::from(format!("{}.{mode}.history.jsonl", stem.display()))
+        });
+        let config = ChaosConfig {
+            nodes: args.nodes,
+            seconds: args.seconds,
+            seed,
+            persistent,
+            memory_bytes: args.memory.0,
+            directory: directory.clone(),
+            history,
+            keep_logs: args.keep_logs.as_ref().map(|dir| dir.join(mode)),
+        };
+        println!(
+            "chaos: seed {seed}, {} nodes, {} s, {mode}",
+            args.nodes, args.seconds
+        );
+        let report = chaos::run(&config, &stop).map_err(|e| e.to_string())?;
+        print!("{}", chaos::summary(&report));
+        reports.push(report);
+    }
+    let passed = reports.iter().all(|r| r.verdict.passed());
+    if let Some(path) = &args.json {
+        let document = serde_json::json!({
+            "seed": seed,
+            "passed": passed,
+            "runs": reports,
+        });
+        let text = serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    if passed {
+        println!("chaos: 0 violations");
+        Ok(())
+    } else {
+        let replays: Vec<&str> = reports
+            .iter()
+            .filter(|r| !r.verdict.passed())
+            .map(|r| r.replay.as_str())
+            .collect();
+        Err(format!(
+            "chaos found violations (seed {seed}); replay with: {}",
+            replays.join("  /  ")
+        ))
+    }
+}
