@@ -89,6 +89,9 @@ impl RedisCluster {
                 .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
                 .args(["--save", ""])
                 .args(["--appendonly", "no"])
+                // A replica's first sync at once (the default waits 5 s for more replicas);
+                // until it is done the replica cannot take over.
+                .args(["--repl-diskless-sync-delay", "0"])
                 .arg("--dir")
                 .arg(&dir)
                 .stdout(Stdio::null())
@@ -188,12 +191,16 @@ impl RedisCluster {
         }
     }
 
-    /// Waits until every running node reports `cluster_state:ok` and three masters.
+    /// Waits until every running node reports `cluster_state:ok`, there are three masters and
+    /// every replica is in sync with its master (so it can take over).
     pub fn wait_ok(&self) {
-        self.wait_for("cluster_state:ok on every node", || {
+        self.wait_for("cluster_state:ok on every node, replicas in sync", || {
             self.servers.iter().filter(|s| s.child.is_some()).all(|s| {
                 cli(s.port, &["CLUSTER", "INFO"])
                     .is_some_and(|info| info.contains("cluster_state:ok"))
+                    && cli(s.port, &["INFO", "replication"]).is_some_and(|info| {
+                        info.contains("role:master") || info.contains("master_link_status:up")
+                    })
             }) && self.master_ports().len() == 3
         });
     }
@@ -208,6 +215,39 @@ impl RedisCluster {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The port of the replica of the master on `port`.
+    #[allow(dead_code)]
+    pub fn replica_of(&self, master: u16) -> u16 {
+        let info = cli(master, &["INFO", "replication"]).expect("INFO answers");
+        info.lines()
+            .find(|line| line.starts_with("slave0:"))
+            .and_then(|line| line.split(',').find_map(|kv| kv.strip_prefix("port=")))
+            .and_then(|port| port.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the master on port {master} has no replica: {info}"))
+    }
+
+    /// Stops (`SIGSTOP`) or resumes (`SIGCONT`) the server on `port`: a stopped replica
+    /// receives nothing of what its master acknowledges meanwhile.
+    #[allow(dead_code)]
+    pub fn pause(&self, port: u16, paused: bool) {
+        let server = self.servers.iter().find(|s| s.port == port).unwrap();
+        let pid = server.child.as_ref().expect("running").id().to_string();
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    /// The keys matching `pattern` on the server at `port`.
+    #[allow(dead_code)]
+    pub fn keys(&self, port: u16, pattern: &str) -> Vec<String> {
+        cli(port, &["--scan", "--pattern", pattern])
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| !line.is_empty())
+            .map(str::to_string)
+            .collect()
     }
 
     /// The temporary directory (for logs).
@@ -234,6 +274,7 @@ impl Drop for RedisCluster {
     fn drop(&mut self) {
         for server in &mut self.servers {
             if let Some(mut child) = server.child.take() {
+                // A stopped server dies of SIGKILL too; resuming first is not needed.
                 let _ = child.kill();
                 let _ = child.wait();
             }
