@@ -427,7 +427,11 @@ async fn drive(
             Some(DirectoryNotice::Reply { op, reply }) => {
                 if let Some(started) = pending.remove(&op.0) {
                     latencies.push(started.elapsed());
-                    if matches!(reply, DirectoryReply::Unavailable { .. }) {
+                    if let DirectoryReply::Unavailable { reason } = reply {
+                        if errors == 0 {
+                            tracing::warn!(%reason, "a directory request was answered Unavailable");
+                            eprintln!("  first Unavailable: {reason}");
+                        }
                         errors += 1;
                     }
                 }
