@@ -537,7 +537,7 @@ fn redis_config(url: String, silent: bool) -> RedisConfig {
             Duration::from_millis(100)
         };
         config.node_ttl = if silent {
-            Duration::from_millis(300)
+            SILENT_TTL
         } else {
             Duration::from_millis(1000)
         };
@@ -578,7 +578,7 @@ impl Harness for RedisHarness {
 
     async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
         // The silent node's TTL, then a member refresh of the observers.
-        tokio::time::sleep(Duration::from_millis(300 + 400)).await;
+        tokio::time::sleep(SILENT_TTL + Duration::from_millis(400)).await;
     }
 }
 
@@ -607,6 +607,10 @@ impl Harness for RedisClusterHarness {
 
     async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
         // The silent node's TTL, then a member refresh of the observers.
-        tokio::time::sleep(Duration::from_millis(300 + 400)).await;
+        tokio::time::sleep(SILENT_TTL + Duration::from_millis(400)).await;
     }
 }
+
+/// The node TTL of a silent node on Redis: long enough that a loaded machine (the Redis
+/// Cluster cases start six servers each, several at once) does not expire it mid-scenario.
+const SILENT_TTL: Duration = Duration::from_millis(1500);
