@@ -44,12 +44,16 @@ pub enum BenchCommand {
     /// Where a 1 KiB fetch's time goes, hop by hop from timestamps on the path, next to raw
     /// UDS and TCP ping-pongs, a small put and a local get, by polling time.
     Breakdown(breakdown::BreakdownArgs),
+    /// The directory services under many node sessions over real TCP: the built-in head, one
+    /// Redis and a Redis Cluster of three masters, with targets marked met or MISSED.
+    Directory(directory::DirectoryArgs),
 }
 
 mod baselines;
 mod breakdown;
 mod cluster;
 mod digest_cost;
+mod directory;
 mod fetch;
 mod local;
 mod plot;
@@ -96,6 +100,7 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Cluster(args) => cluster::run(&args),
         BenchCommand::All(args) => run_all(&args),
         BenchCommand::Breakdown(args) => breakdown::run(&args),
+        BenchCommand::Directory(args) => directory::run(&args),
     }
 }
 

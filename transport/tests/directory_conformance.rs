@@ -1,7 +1,8 @@
 //! One directory, three implementations, one suite: the same scenarios run against the core's
 //! sans-IO `Registry` in process (nodes are the core's `DirectorySession`s, time is virtual),
-//! the built-in head over loopback TCP, and Redis (a private `redis-server`, skipped when not
-//! installed unless `SKYRIVER_REQUIRE_REDIS` is set).
+//! the built-in head over loopback TCP, Redis (a private `redis-server`) and Redis Cluster (six
+//! private servers), the last two skipped when not installed unless `SKYRIVER_REQUIRE_REDIS`
+//! is set.
 //!
 //! A scenario is written once against [`Harness`] (joining, crashing, letting the heartbeat
 //! bound pass) and [`Participant`] (one node: ask, submit, events, members).
@@ -18,9 +19,14 @@ mod redis_server;
 #[path = "support/skip.rs"]
 mod skip;
 use redis_server::RedisServer;
+#[path = "support/redis_cluster.rs"]
+mod redis_cluster;
+use redis_cluster::RedisCluster;
 #[path = "support/directory_harness.rs"]
 mod directory_harness;
-use directory_harness::{BuiltinHarness, CoreHarness, Harness, Participant, RedisHarness, TOKEN};
+use directory_harness::{
+    BuiltinHarness, CoreHarness, Harness, Participant, RedisClusterHarness, RedisHarness, TOKEN,
+};
 
 fn member(node: u32, incarnation: u32) -> MemberInfo {
     MemberInfo {
@@ -412,6 +418,16 @@ macro_rules! conformance {
                     return;
                 };
                 super::$scenario(&mut RedisHarness { server }).await;
+            }
+
+            #[tokio::test]
+            async fn redis_cluster() {
+                let Some(cluster) =
+                    RedisCluster::start(concat!("conformance ", stringify!($scenario)))
+                else {
+                    return;
+                };
+                super::$scenario(&mut RedisClusterHarness { cluster }).await;
             }
         }
     };

@@ -32,7 +32,7 @@ pub use skyriver_core::directory::{DirectoryNotice, MemberInfo};
 #[derive(Debug, thiserror::Error)]
 pub enum DirectoryError {
     /// The directory address could not be parsed.
-    #[error("bad directory address {0:?}: use redis://HOST:PORT, rediss://HOST:PORT (TLS) or HOST:PORT of a head daemon")]
+    #[error("bad directory address {0:?}: use redis://HOST:PORT, rediss://HOST:PORT (TLS), redis-cluster://HOST:PORT[,HOST:PORT…] (Redis Cluster) or HOST:PORT of a head daemon")]
     BadAddress(String),
     /// The first connection failed.
     #[error("cannot reach the directory at {addr}: {reason}")]
@@ -84,7 +84,9 @@ pub enum DirectorySpec {
         /// `HOST:PORT` of the head.
         addr: String,
     },
-    /// A Redis server: `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, or `rediss://` for TLS.
+    /// A Redis server: `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, or `rediss://` for TLS; or a
+    /// Redis Cluster: `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]` (seed nodes),
+    /// `rediss-cluster://` for TLS.
     Redis {
         /// The URL as given (may hold a password: never log it, use [`DirectorySpec`]'s
         /// `Display`).
@@ -98,6 +100,14 @@ impl FromStr for DirectorySpec {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let text = text.trim();
         let bad = || DirectoryError::BadAddress(text.to_string());
+        if redis::cluster::is_cluster_url(text) {
+            return match redis::cluster::seed_urls(text) {
+                Some(_) => Ok(DirectorySpec::Redis {
+                    url: text.to_string(),
+                }),
+                None => Err(bad()),
+            };
+        }
         if let Some(rest) = text
             .strip_prefix("redis://")
             .or_else(|| text.strip_prefix("rediss://"))
@@ -125,7 +135,7 @@ impl FromStr for DirectorySpec {
 }
 
 /// `HOST:PORT` or `[V6]:PORT` with a non-empty host and a non-zero port.
-fn valid_host_port(text: &str) -> bool {
+pub(crate) fn valid_host_port(text: &str) -> bool {
     let Some((host, port)) = text.rsplit_once(':') else {
         return false;
     };

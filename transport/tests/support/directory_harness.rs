@@ -23,6 +23,7 @@ use skyriver_transport::directory::{Directory, DirectoryClient};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
+use super::redis_cluster::RedisCluster;
 use super::redis_server::RedisServer;
 
 /// The cluster token every harness uses.
@@ -516,7 +517,18 @@ pub struct RedisHarness {
 
 impl RedisHarness {
     fn config(&self, silent: bool) -> RedisConfig {
-        let mut config = RedisConfig::new(self.server.url(), "conformance");
+        redis_config(self.server.url(), silent)
+    }
+
+    async fn open(&self, me: MemberInfo, token: &str, silent: bool) -> Result<ClientNode, String> {
+        open_redis(self.config(silent), me, token).await
+    }
+}
+
+/// The conformance settings of a Redis node (a silent one stands for a dead node).
+fn redis_config(url: String, silent: bool) -> RedisConfig {
+    {
+        let mut config = RedisConfig::new(url, "conformance");
         config.request_timeout = Duration::from_millis(500);
         config.connect_timeout = Duration::from_millis(500);
         config.heartbeat_interval = if silent {
@@ -525,7 +537,7 @@ impl RedisHarness {
             Duration::from_millis(100)
         };
         config.node_ttl = if silent {
-            Duration::from_millis(300)
+            SILENT_TTL
         } else {
             Duration::from_millis(1000)
         };
@@ -535,14 +547,18 @@ impl RedisHarness {
         config.reconnect_backoff_max = Duration::from_millis(200);
         config
     }
+}
 
-    async fn open(&self, me: MemberInfo, token: &str, silent: bool) -> Result<ClientNode, String> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let dir = redis::connect(self.config(silent), me, &token.into(), tx)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(ClientNode::new(dir, rx))
-    }
+async fn open_redis(
+    config: RedisConfig,
+    me: MemberInfo,
+    token: &str,
+) -> Result<ClientNode, String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let dir = redis::connect(config, me, &token.into(), tx)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(ClientNode::new(dir, rx))
 }
 
 impl Harness for RedisHarness {
@@ -562,6 +578,39 @@ impl Harness for RedisHarness {
 
     async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
         // The silent node's TTL, then a member refresh of the observers.
-        tokio::time::sleep(Duration::from_millis(300 + 400)).await;
+        tokio::time::sleep(SILENT_TTL + Duration::from_millis(400)).await;
     }
 }
+
+/// Redis Cluster (three masters, three replicas) as the directory.
+pub struct RedisClusterHarness {
+    /// The private cluster.
+    pub cluster: RedisCluster,
+}
+
+impl Harness for RedisClusterHarness {
+    type Node = ClientNode;
+
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, String> {
+        open_redis(redis_config(self.cluster.url(), false), member, token).await
+    }
+
+    async fn join_silent(&mut self, member: MemberInfo) -> ClientNode {
+        open_redis(redis_config(self.cluster.url(), true), member, TOKEN)
+            .await
+            .expect("joins")
+    }
+
+    async fn crash(&mut self, node: ClientNode) {
+        node.dir.abandon().await;
+    }
+
+    async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
+        // The silent node's TTL, then a member refresh of the observers.
+        tokio::time::sleep(SILENT_TTL + Duration::from_millis(400)).await;
+    }
+}
+
+/// The node TTL of a silent node on Redis: long enough that a loaded machine (the Redis
+/// Cluster cases start six servers each, several at once) does not expire it mid-scenario.
+const SILENT_TTL: Duration = Duration::from_millis(1500);

@@ -30,7 +30,7 @@ use super::client::{self, ClientTiming, DirectoryClient};
 use super::DirectoryError;
 
 /// Most nodes one head serves.
-pub const MAX_NODES: usize = 4096;
+pub const MAX_NODES: usize = 16_384;
 /// Most pending one-shot subscriptions of one node.
 pub const MAX_SUBSCRIPTIONS_PER_NODE: usize = 65_536;
 /// Most objects one node may publish.

@@ -11,9 +11,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ::redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
-use ::redis::{AsyncConnectionConfig, Client, Msg, RedisError, RedisResult, Value};
-use futures_util::StreamExt;
+use ::redis::{AsyncConnectionConfig, RedisError, RedisResult, Value};
 use skyriver_core::auth::{self, Nonce, Proof, Role};
 use skyriver_core::directory::{
     DirectoryEvent, DirectoryNotice, DirectoryReply, DirectoryRequest, MemberInfo,
@@ -24,11 +22,14 @@ use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
 use super::super::client::{Connector, Link};
+use super::cluster::ClusterLink;
+use super::connection::{Backend, Commands, Incoming, Subscriber};
 use super::token_record::{self, Mismatch};
 use super::{
     content_value, holder_value, old_token_record_reason, parse_holder_value, wrong_token_reason,
-    Keys, RedisConfig, CLAIM_TOKEN, DELETE_IF_UNCHANGED, DROP_STALE_HOLDERS, LEAVE, MAX_BATCH,
-    MAX_SUBSCRIPTIONS_PER_NODE, PRUNE_IF_EXPIRED, PUBLISH_SAME_CONTENT, RESYNC_CHUNK,
+    Keys, RedisConfig, CLAIM_TOKEN, DELETE_IF_UNCHANGED, DROP_ENTRY_OF_INCARNATION,
+    DROP_STALE_HOLDERS, LEAVE, MAX_BATCH, MAX_SUBSCRIPTIONS_PER_NODE, POP_STALE_HOLDERS,
+    PRUNE_IF_EXPIRED, PUBLISH_SAME_CONTENT, RESYNC_CHUNK, SPUBLISH_SAME_CONTENT,
 };
 
 /// What this process's session proves to its adapter: both are in one process, so the
@@ -49,7 +50,7 @@ pub(super) struct Params {
     pub(super) token: crate::token::ClusterToken,
     /// The token record last found to admit the token (a reconnection skips the derivation).
     pub(super) verified_record: Mutex<Option<String>>,
-    pub(super) client: Client,
+    pub(super) backend: Backend,
     /// The Redis URL with any password masked, for messages.
     pub(super) shown_url: String,
 }
@@ -64,37 +65,29 @@ impl Connector for RedisConnector {
     async fn connect(&mut self) -> Result<Link, String> {
         let params = self.params.clone();
         let connect_timeout = params.config.connect_timeout;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(params.config.request_timeout));
-        let conn = match timeout(
-            connect_timeout,
-            params
-                .client
-                .get_multiplexed_async_connection_with_config(&config),
-        )
-        .await
-        {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(error)) => return Err(error.to_string()),
-            Err(_) => {
-                return Err(format!(
-                    "no connection within {} ms",
-                    connect_timeout.as_millis()
-                ))
+        let live = match &params.backend {
+            Backend::Single(client) => open_single(client, &params.config).await?,
+            Backend::Cluster(seeds) => {
+                match timeout(
+                    connect_timeout,
+                    seeds.open(connect_timeout, params.config.request_timeout),
+                )
+                .await
+                {
+                    Ok(Ok((conn, pushes))) => Live {
+                        conn: Commands::Cluster(ClusterLink { conn: conn.clone() }),
+                        subscriber: Subscriber::Sharded { conn, pushes },
+                    },
+                    Ok(Err(error)) => return Err(error.to_string()),
+                    Err(_) => {
+                        return Err(format!(
+                            "no Redis Cluster connection within {} ms",
+                            connect_timeout.as_millis()
+                        ))
+                    }
+                }
             }
         };
-        let pubsub = match timeout(connect_timeout, params.client.get_async_pubsub()).await {
-            Ok(Ok(pubsub)) => pubsub,
-            Ok(Err(error)) => return Err(error.to_string()),
-            Err(_) => {
-                return Err(format!(
-                    "no pub/sub connection within {} ms",
-                    connect_timeout.as_millis()
-                ))
-            }
-        };
-        let (sink, stream) = pubsub.split();
         let (outgoing, requests) = mpsc::unbounded_channel();
         let (answers, incoming) = mpsc::unbounded_channel();
         let adapter = Adapter {
@@ -111,7 +104,6 @@ impl Connector for RedisConnector {
             members: BTreeMap::new(),
             members_sent: false,
         };
-        let live = Live { conn, sink, stream };
         Ok(Link {
             outgoing: Some(outgoing),
             incoming,
@@ -121,11 +113,48 @@ impl Connector for RedisConnector {
     }
 }
 
+/// Opens both connections to one Redis server.
+async fn open_single(client: &::redis::Client, config: &RedisConfig) -> Result<Live, String> {
+    let connect_timeout = config.connect_timeout;
+    let connection_config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(Some(config.request_timeout));
+    let conn = match timeout(
+        connect_timeout,
+        client.get_multiplexed_async_connection_with_config(&connection_config),
+    )
+    .await
+    {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(error)) => return Err(error.to_string()),
+        Err(_) => {
+            return Err(format!(
+                "no connection within {} ms",
+                connect_timeout.as_millis()
+            ))
+        }
+    };
+    let pubsub = match timeout(connect_timeout, client.get_async_pubsub()).await {
+        Ok(Ok(pubsub)) => pubsub,
+        Ok(Err(error)) => return Err(error.to_string()),
+        Err(_) => {
+            return Err(format!(
+                "no pub/sub connection within {} ms",
+                connect_timeout.as_millis()
+            ))
+        }
+    };
+    let (sink, stream) = pubsub.split();
+    Ok(Live {
+        conn: Commands::Single(conn),
+        subscriber: Subscriber::Single { sink, stream },
+    })
+}
+
 /// Open connections to Redis.
 struct Live {
-    conn: MultiplexedConnection,
-    sink: PubSubSink,
-    stream: PubSubStream,
+    conn: Commands,
+    subscriber: Subscriber,
 }
 
 /// Why a command failed.
@@ -241,10 +270,11 @@ impl Adapter {
                         None => return Ok(()),
                         Some(message) => Some(message),
                     },
-                    message = live.stream.next(), if welcomed => match message {
-                        None => return Err(Failure::Lost("the Redis pub/sub connection closed".into())),
-                        Some(message) => {
-                            if self.on_message(live, message).await? {
+                    message = live.subscriber.next(), if welcomed => match message {
+                        Incoming::Lost(reason) => return Err(Failure::Lost(reason.into())),
+                        Incoming::Nothing => None,
+                        Incoming::Message { channel, payload } => {
+                            if self.on_message(live, &channel, &payload).await? {
                                 // Coalesce a burst of joins into one re-read.
                                 let soon = Instant::now() + Duration::from_millis(50);
                                 if refresh.deadline() > soon {
@@ -403,7 +433,7 @@ impl Adapter {
                 }
             }
         }
-        self.bounded("SUBSCRIBE", live.sink.subscribe(self.keys.members()))
+        self.bounded("SUBSCRIBE", live.subscriber.subscribe(self.keys.members()))
             .await?;
         self.register(live, true).await?;
         self.answer(FromRegistry::Welcome {
@@ -489,7 +519,7 @@ impl Adapter {
             .arg(self.held_entry())
             .ignore();
         if announce {
-            pipe.cmd("PUBLISH")
+            pipe.cmd(self.keys.publish_command())
                 .arg(self.keys.members())
                 .arg(format!("join {}", self.me.node.0))
                 .ignore();
@@ -530,8 +560,11 @@ impl Adapter {
             }
             let mut dropped = false;
             loop {
-                let left: i64 = self
-                    .bounded(
+                let left: i64 = if self.keys.is_sharded() {
+                    self.pop_stale_holders(live, NodeId(node), incarnation)
+                        .await?
+                } else {
+                    self.bounded(
                         "dropping a gone node's holder entries",
                         ::redis::cmd("EVAL")
                             .arg(DROP_STALE_HOLDERS)
@@ -542,7 +575,8 @@ impl Adapter {
                             .arg(RESYNC_CHUNK)
                             .query_async(&mut live.conn),
                     )
-                    .await?;
+                    .await?
+                };
                 dropped |= left >= 0;
                 if left <= 0 {
                     break;
@@ -553,6 +587,59 @@ impl Adapter {
             }
         }
         Ok(())
+    }
+
+    /// On Redis Cluster, one chunk of [`Adapter::drop_stale_holders`]: pops up to
+    /// `RESYNC_CHUNK` objects from the gone incarnation's `held:` set (in the membership slot,
+    /// atomically with the liveness check), then drops its entries in those objects' slots.
+    /// Returns -1 if the incarnation is alive, else how many are left.
+    async fn pop_stale_holders(
+        &self,
+        live: &mut Live,
+        node: NodeId,
+        incarnation: u32,
+    ) -> Result<i64, Failure> {
+        let popped: Vec<Value> = self
+            .bounded(
+                "popping a gone node's holder entries",
+                ::redis::cmd("EVAL")
+                    .arg(POP_STALE_HOLDERS)
+                    .arg(1)
+                    .arg(self.keys.held(node, incarnation))
+                    .arg(self.keys.prefix())
+                    .arg(node.0)
+                    .arg(incarnation)
+                    .arg(RESYNC_CHUNK)
+                    .query_async(&mut live.conn),
+            )
+            .await?;
+        let mut popped = popped.into_iter();
+        let left: i64 = popped
+            .next()
+            .and_then(|v| ::redis::from_redis_value(v).ok())
+            .ok_or_else(|| Failure::Failed("unexpected answer popping holder entries".into()))?;
+        let mut drop = ::redis::pipe();
+        for value in popped {
+            let Some(id) = ::redis::from_redis_value::<String>(value)
+                .ok()
+                .and_then(|id| id.parse::<ObjectId>().ok())
+            else {
+                continue;
+            };
+            drop.cmd("EVAL")
+                .arg(DROP_ENTRY_OF_INCARNATION)
+                .arg(1)
+                .arg(self.keys.object(&id))
+                .arg(node.0)
+                .arg(incarnation)
+                .ignore();
+        }
+        self.bounded(
+            "dropping a gone node's holder entries",
+            drop.query_async::<()>(&mut live.conn),
+        )
+        .await?;
+        Ok(left)
     }
 
     /// Claims the token key for this cluster's token record or refreshes its TTL; its result is
@@ -623,7 +710,7 @@ impl Adapter {
                     if pruned == 1 {
                         tracing::info!(node = %NodeId(*id), "node expired");
                         announce
-                            .cmd("PUBLISH")
+                            .cmd(self.keys.publish_command())
                             .arg(self.keys.members())
                             .arg(format!("leave {id}"))
                             .ignore();
@@ -771,18 +858,22 @@ impl Adapter {
         digest: ContentDigest,
     ) -> ::redis::Cmd {
         let mut cmd = ::redis::cmd("EVAL");
-        cmd.arg(PUBLISH_SAME_CONTENT)
-            .arg(2)
-            .arg(self.keys.object(&id))
-            .arg(self.keys.published(&id))
-            .arg(self.me.node.0)
-            .arg(holder_value(self.me.incarnation, &sizes, digest))
-            .arg(content_value(&sizes, digest))
-            .arg(format!(
-                "{} {}",
-                self.me.node.0,
-                holder_value(self.me.incarnation, &sizes, digest)
-            ));
+        cmd.arg(if self.keys.is_sharded() {
+            SPUBLISH_SAME_CONTENT
+        } else {
+            PUBLISH_SAME_CONTENT
+        })
+        .arg(2)
+        .arg(self.keys.object(&id))
+        .arg(self.keys.published(&id))
+        .arg(self.me.node.0)
+        .arg(holder_value(self.me.incarnation, &sizes, digest))
+        .arg(content_value(&sizes, digest))
+        .arg(format!(
+            "{} {}",
+            self.me.node.0,
+            holder_value(self.me.incarnation, &sizes, digest)
+        ));
         cmd
     }
 
@@ -805,21 +896,25 @@ impl Adapter {
         }));
         self.bounded(
             "UNSUBSCRIBE",
-            live.sink.unsubscribe(self.keys.published(&id)),
+            live.subscriber.unsubscribe(self.keys.published(&id)),
         )
         .await
     }
 
     /// Handles one pub/sub message; `Ok(true)` when the members may have changed.
-    async fn on_message(&mut self, live: &mut Live, message: Msg) -> Result<bool, Failure> {
-        let channel = message.get_channel_name();
+    async fn on_message(
+        &mut self,
+        live: &mut Live,
+        channel: &str,
+        payload: &[u8],
+    ) -> Result<bool, Failure> {
         if channel == self.keys.members() {
             return Ok(true);
         }
         let Some(id) = self.keys.object_of_channel(channel) else {
             return Ok(false);
         };
-        let payload = String::from_utf8_lossy(message.get_payload_bytes()).into_owned();
+        let payload = String::from_utf8_lossy(payload).into_owned();
         let parsed = (|| {
             let mut parts = payload.split(' ');
             let node = NodeId(parts.next()?.parse().ok()?);
@@ -865,7 +960,10 @@ impl Adapter {
                 DirectoryRequest::Lookup { id, subscribe } => {
                     if subscribe && !self.subscriptions.contains(&id) && touched.insert(id) {
                         if let Err(failure) = self
-                            .bounded("SUBSCRIBE", live.sink.subscribe(self.keys.published(&id)))
+                            .bounded(
+                                "SUBSCRIBE",
+                                live.subscriber.subscribe(self.keys.published(&id)),
+                            )
                             .await
                         {
                             result = Err(failure);
@@ -1019,7 +1117,7 @@ impl Adapter {
             if !self.subscriptions.contains(&id) {
                 self.bounded(
                     "UNSUBSCRIBE",
-                    live.sink.unsubscribe(self.keys.published(&id)),
+                    live.subscriber.unsubscribe(self.keys.published(&id)),
                 )
                 .await?;
             }
@@ -1042,7 +1140,7 @@ impl Adapter {
             .arg(self.keys.node_prefix())
             .arg(&self.token_record)
             .ignore();
-        pipe.cmd("PUBLISH")
+        pipe.cmd(self.keys.publish_command())
             .arg(self.keys.members())
             .arg(format!("leave {}", self.me.node.0))
             .ignore();

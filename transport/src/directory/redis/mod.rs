@@ -42,6 +42,8 @@
 //! node id at once; another daemon with a live node id is refused until that one expires.
 
 mod adapter;
+pub mod cluster;
+mod connection;
 mod reset;
 mod token_record;
 
@@ -81,7 +83,10 @@ const DELETE_IF_UNCHANGED: &str =
 /// `content_value`); then it changes nothing and returns those entries (field, value, ...),
 /// which the adapter checks for liveness (a dead node's entry is deleted and the publish run
 /// again).
-const PUBLISH_SAME_CONTENT: &str = "local entries = redis.call('HGETALL', KEYS[1]) \
+macro_rules! publish_same_content {
+    ($publish:literal) => {
+        concat!(
+            "local entries = redis.call('HGETALL', KEYS[1]) \
      local conflicts = {} \
      for i = 1, #entries, 2 do \
        if entries[i] ~= ARGV[1] and string.match(entries[i + 1], '^%S+ (.*)$') ~= ARGV[3] then \
@@ -90,8 +95,17 @@ const PUBLISH_SAME_CONTENT: &str = "local entries = redis.call('HGETALL', KEYS[1
      end \
      if #conflicts > 0 then return conflicts end \
      redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) \
-     redis.call('PUBLISH', KEYS[2], ARGV[4]) \
-     return conflicts";
+     redis.call('",
+            $publish,
+            "', KEYS[2], ARGV[4]) \
+     return conflicts"
+        )
+    };
+}
+/// The publish script for one Redis server (see `publish_same_content`).
+const PUBLISH_SAME_CONTENT: &str = publish_same_content!("PUBLISH");
+/// [`PUBLISH_SAME_CONTENT`] for Redis Cluster: the announcement on the object's sharded channel.
+const SPUBLISH_SAME_CONTENT: &str = publish_same_content!("SPUBLISH");
 /// Drops a node id from the index only if its node key is gone.
 const PRUNE_IF_EXPIRED: &str =
     "if redis.call('EXISTS', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], ARGV[1]) end return 0";
@@ -116,6 +130,27 @@ const DROP_STALE_HOLDERS: &str = "local p = ARGV[1] \
      local left = redis.call('SCARD', set) \
      if left == 0 then redis.call('SREM', p .. 'held', ARGV[2] .. ':' .. ARGV[3]) end \
      return left";
+
+/// [`DROP_STALE_HOLDERS`] for Redis Cluster, where objects live in other slots than the
+/// membership: the same liveness check and pop on the `held:` set (`KEYS[1]`, named as there),
+/// but the popped object ids are returned (after how many are left, or -1 alone if the
+/// incarnation is alive) for the adapter to drop their entries with [`DROP_ENTRY_OF_INCARNATION`].
+const POP_STALE_HOLDERS: &str = "local p = ARGV[1] \
+     local record = redis.call('GET', p .. 'node:' .. ARGV[2]) \
+     if record then \
+       local ok, member = pcall(cjson.decode, record) \
+       if ok and type(member) == 'table' and tostring(member.incarnation) == ARGV[3] then return {-1} end \
+     end \
+     local ids = redis.call('SPOP', KEYS[1], ARGV[4]) \
+     local left = redis.call('SCARD', KEYS[1]) \
+     if left == 0 then redis.call('SREM', p .. 'held', ARGV[2] .. ':' .. ARGV[3]) end \
+     table.insert(ids, 1, left) \
+     return ids";
+/// Deletes node `ARGV[1]`'s holder entry in the object hash `KEYS[1]` if it is of incarnation
+/// `ARGV[2]`.
+const DROP_ENTRY_OF_INCARNATION: &str = "local entry = redis.call('HGET', KEYS[1], ARGV[1]) \
+     if entry and string.match(entry, '^%d+') == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end \
+     return 0";
 
 /// Sets the token record (`ARGV[1]`) with a TTL of `ARGV[2]` ms if `KEYS[1]` is absent,
 /// refreshes the TTL if it holds the same record, and returns what the key holds.
@@ -146,7 +181,9 @@ pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(30);
 /// How a node uses Redis.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    /// `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, or `rediss://…` for TLS.
+    /// `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, or `rediss://…` for TLS; for Redis Cluster
+    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…]` (seed nodes), or
+    /// `rediss-cluster://…` for TLS.
     pub url: String,
     /// For `rediss://`: trust this CA (PEM) instead of the system's roots. Defaults to
     /// `$SKYRIVER_REDIS_CA`.
@@ -255,7 +292,12 @@ pub fn url_with_password_file(url: &str, path: &Path) -> Result<String, String> 
     let shown = path.display();
     let (scheme, rest) = url
         .split_once("://")
-        .filter(|(scheme, _)| matches!(*scheme, "redis" | "rediss"))
+        .filter(|(scheme, _)| {
+            matches!(
+                *scheme,
+                "redis" | "rediss" | "redis-cluster" | "rediss-cluster"
+            )
+        })
         .ok_or_else(|| {
             "--directory-password-file is for a Redis directory (redis://HOST:PORT)".to_string()
         })?;
@@ -318,13 +360,39 @@ pub fn valid_cluster_name(name: &str) -> bool {
 #[derive(Debug, Clone)]
 pub struct Keys {
     prefix: String,
+    /// For Redis Cluster: objects' keys and channels start with this and carry the object id
+    /// as their hash tag; `None` on one server (everything under `prefix`).
+    sharded_prefix: Option<String>,
 }
 
 impl Keys {
-    /// Names for cluster `cluster` (checked with [`valid_cluster_name`]).
+    /// Names for cluster `cluster` (checked with [`valid_cluster_name`]) on one Redis server.
     pub fn new(cluster: &str) -> Self {
         Self {
             prefix: format!("skyriver:{{{cluster}}}:"),
+            sharded_prefix: None,
+        }
+    }
+    /// Names for cluster `cluster` on Redis Cluster: membership as [`Keys::new`] (one slot,
+    /// the cluster name's), each object's hash and channel in the object's own slot
+    /// (`skyriver:CLUSTER:obj:{HEX}`, `skyriver:CLUSTER:published:{HEX}`).
+    pub fn sharded(cluster: &str) -> Self {
+        Self {
+            prefix: format!("skyriver:{{{cluster}}}:"),
+            sharded_prefix: Some(format!("skyriver:{cluster}:")),
+        }
+    }
+    /// Whether objects are spread over slots (Redis Cluster).
+    pub(crate) fn is_sharded(&self) -> bool {
+        self.sharded_prefix.is_some()
+    }
+    /// The command that announces on this layout's channels: `SPUBLISH` (sharded pub/sub) on
+    /// Redis Cluster, else `PUBLISH`.
+    pub(crate) fn publish_command(&self) -> &'static str {
+        if self.is_sharded() {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
         }
     }
     /// What every key name of the cluster starts with.
@@ -363,22 +431,36 @@ impl Keys {
     }
     /// An object's holders.
     pub fn object(&self, id: &ObjectId) -> String {
-        format!("{}obj:{id}", self.prefix)
+        match &self.sharded_prefix {
+            Some(sharded) => format!("{sharded}obj:{{{id}}}"),
+            None => format!("{}obj:{id}", self.prefix),
+        }
     }
     /// An object's publication channel.
     pub fn published(&self, id: &ObjectId) -> String {
-        format!("{}published:{id}", self.prefix)
+        match &self.sharded_prefix {
+            Some(sharded) => format!("{sharded}published:{{{id}}}"),
+            None => format!("{}published:{id}", self.prefix),
+        }
     }
     /// The membership channel.
     pub fn members(&self) -> String {
         format!("{}members", self.prefix)
     }
     pub(crate) fn object_of_channel(&self, channel: &str) -> Option<ObjectId> {
-        channel
-            .strip_prefix(&self.prefix)?
-            .strip_prefix("published:")?
-            .parse()
-            .ok()
+        match &self.sharded_prefix {
+            Some(sharded) => channel
+                .strip_prefix(sharded.as_str())?
+                .strip_prefix("published:{")?
+                .strip_suffix('}')?
+                .parse()
+                .ok(),
+            None => channel
+                .strip_prefix(&self.prefix)?
+                .strip_prefix("published:")?
+                .parse()
+                .ok(),
+        }
     }
 }
 
@@ -457,14 +539,20 @@ pub async fn connect(
     if !valid_cluster_name(&config.cluster) {
         return Err(DirectoryError::BadClusterName(config.cluster.clone()));
     }
-    let client =
-        open_client(&config.url, config.tls_ca_file.as_deref()).map_err(|error| match error {
-            OpenClientError::BadUrl => DirectoryError::BadAddress(shown.clone()),
-            OpenClientError::CaFile(reason) => DirectoryError::Unreachable {
-                addr: shown.clone(),
-                reason,
-            },
-        })?;
+    let sharded = cluster::is_cluster_url(&config.url);
+    let backend = if sharded {
+        cluster::ClusterSeeds::new(&config.url, config.tls_ca_file.as_deref())
+            .map(connection::Backend::Cluster)
+    } else {
+        open_client(&config.url, config.tls_ca_file.as_deref()).map(connection::Backend::Single)
+    }
+    .map_err(|error| match error {
+        OpenClientError::BadUrl => DirectoryError::BadAddress(shown.clone()),
+        OpenClientError::CaFile(reason) => DirectoryError::Unreachable {
+            addr: shown.clone(),
+            reason,
+        },
+    })?;
     // Serialising a struct of plain fields to JSON cannot fail.
     let member_json = serde_json::to_string(&me).expect("MemberInfo serialises to JSON");
     let session_config = SessionConfig {
@@ -496,13 +584,17 @@ pub async fn connect(
     );
     let connector = adapter::RedisConnector {
         params: Arc::new(adapter::Params {
-            keys: Keys::new(&config.cluster),
+            keys: if sharded {
+                Keys::sharded(&config.cluster)
+            } else {
+                Keys::new(&config.cluster)
+            },
             token: token.clone(),
             verified_record: std::sync::Mutex::new(None),
             config,
             me,
             member_json,
-            client,
+            backend,
             shown_url: shown.clone(),
         }),
     };
