@@ -61,8 +61,9 @@ pub(super) struct DaemonArgs {
     /// bytes of small objects sent eagerly and of inline puts.
     #[arg(long, value_name = "FILE")]
     pub(super) record: Option<PathBuf>,
-    /// With --record: bytes FILE may reach before it moves to FILE.1 (replacing the previous
-    /// one) and a new FILE starts.
+    /// With --record: bytes FILE may reach before it moves to FILE.N (N its segment number)
+    /// and a new FILE starts. Every segment is kept, since a replay runs the chain from
+    /// segment 0; after 64 files recording stops.
     #[arg(
         long,
         value_name = "SIZE",
