@@ -13,12 +13,8 @@ use skyriver_client::{Client, ObjectId};
 
 const TOKEN: &str = "record-replay-test";
 
-/// A daemon of node `node` recording to `record`, started with `membership` (head or join).
-fn daemon(dir: &Path, node: u32, membership: &[&str], record: &Path) -> DaemonProcess {
-    daemon_with(dir, node, membership, record, &[])
-}
-
-/// [`daemon`] with more flags.
+/// A daemon of node `node` recording to `record`, started with `membership` (head or join)
+/// and `flags`.
 fn daemon_with(
     dir: &Path,
     node: u32,
