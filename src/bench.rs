@@ -83,18 +83,53 @@ pub enum BenchError {
     /// The client failed.
     #[error(transparent)]
     Client(#[from] skyriver_client::ClientError),
-    /// Starting the daemon or writing the results failed.
+    /// A step of the benchmark's setup or of writing its results failed.
     #[error("{0}")]
     Setup(String),
+    /// No temporary directory for a daemon's socket.
+    #[error("cannot create a directory under $TMPDIR: {0}")]
+    TempDir(#[source] std::io::Error),
+    /// This program's own path (to start daemons with) is unknown.
+    #[error("cannot find this program's own path to start daemons with: {0}")]
+    OwnPath(#[source] std::io::Error),
+    /// A process the benchmark needs could not be started.
+    #[error("cannot start {program} ({source}){hint}")]
+    Spawn {
+        /// Which (`the daemon`, `redis-server`).
+        program: &'static str,
+        /// What to do about it, with its leading separator (or empty).
+        hint: &'static str,
+        /// Why not.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A process started but did not answer in time.
+    #[error("{what} did not answer within {within:?}")]
+    NotReady {
+        /// Which, and where.
+        what: String,
+        /// How long it was given.
+        within: Duration,
+    },
+    /// A local cluster did not start.
+    #[error(transparent)]
+    Up(Box<crate::up::UpError>),
+    /// `bench recovery` failed.
+    #[error(transparent)]
+    Recovery(#[from] recovery::RecoveryError),
+}
+
+impl From<crate::up::UpError> for BenchError {
+    fn from(error: crate::up::UpError) -> Self {
+        BenchError::Up(Box::new(error))
+    }
 }
 
 /// Runs a benchmark command.
 pub fn run(command: BenchCommand) -> Result<(), BenchError> {
     match command {
         BenchCommand::Local(args) => local::run(&args),
-        BenchCommand::Recovery(args) => {
-            crate::bench::recovery::run(&args).map_err(BenchError::Setup)
-        }
+        BenchCommand::Recovery(args) => Ok(recovery::run(&args)?),
         BenchCommand::Fetch(args) => fetch::run(&args),
         BenchCommand::Scale(args) => scale::run(&args),
         BenchCommand::Cluster(args) => cluster::run(&args),
@@ -405,11 +440,9 @@ impl ChildDaemon {
         let dir = tempfile::Builder::new()
             .prefix("skyriver-bench-")
             .tempdir()
-            .map_err(|e| {
-                BenchError::Setup(format!("cannot create a directory under $TMPDIR: {e}"))
-            })?;
+            .map_err(BenchError::TempDir)?;
         let socket = dir.path().join("daemon.sock");
-        let exe = crate::self_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+        let exe = crate::self_exe().map_err(BenchError::OwnPath)?;
         let child = Command::new(exe)
             .args(["daemon", "--log", "warn", "--memory"])
             .arg(memory_bytes.to_string())
@@ -418,7 +451,11 @@ impl ChildDaemon {
             .args(extra_args)
             .stdin(Stdio::null())
             .spawn()
-            .map_err(|e| BenchError::Setup(format!("cannot start the daemon: {e}")))?;
+            .map_err(|source| BenchError::Spawn {
+                program: "the daemon",
+                hint: "",
+                source,
+            })?;
         let daemon = Self {
             child,
             socket,
@@ -436,10 +473,10 @@ impl ChildDaemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(BenchError::Setup(format!(
-            "the daemon did not come up on {} within {limit:?}",
-            self.socket.display()
-        )))
+        Err(BenchError::NotReady {
+            what: format!("the daemon on {}", self.socket.display()),
+            within: limit,
+        })
     }
 
     /// Its socket.

@@ -38,31 +38,44 @@ pub struct ResetArgs {
     pub force: bool,
 }
 
+/// Why a `skyriver cluster` subcommand failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterCommandError {
+    /// `--directory` is not a directory address.
+    #[error(transparent)]
+    Directory(#[from] skyriver_transport::directory::DirectoryError),
+    /// `--directory` names a built-in directory.
+    #[error(
+        "{0} is a built-in directory: it lives in its head daemon, and stopping the head \
+         resets it; `cluster reset` is for redis://HOST:PORT"
+    )]
+    Builtin(DirectorySpec),
+    /// No runtime to talk to Redis with.
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The reset failed.
+    #[error(transparent)]
+    Reset(#[from] ResetError),
+}
+
 /// Runs a `skyriver cluster` subcommand.
-pub fn run(command: ClusterCommand) -> Result<(), String> {
+pub fn run(command: ClusterCommand) -> Result<(), ClusterCommandError> {
     match command {
         ClusterCommand::Reset(args) => reset(&args),
     }
 }
 
-fn reset(args: &ResetArgs) -> Result<(), String> {
-    let spec: DirectorySpec = args.directory.parse().map_err(|e| format!("{e}"))?;
+fn reset(args: &ResetArgs) -> Result<(), ClusterCommandError> {
+    let spec: DirectorySpec = args.directory.parse()?;
     let url = match &spec {
         DirectorySpec::Redis { url } => url.clone(),
-        DirectorySpec::Builtin { .. } => {
-            return Err(format!(
-                "{spec} is a built-in directory: it lives in its head daemon, and stopping the \
-                 head resets it; `cluster reset` is for redis://HOST:PORT"
-            ))
-        }
+        DirectorySpec::Builtin { .. } => return Err(ClusterCommandError::Builtin(spec)),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    let outcome = runtime
-        .block_on(redis::reset(&url, &args.cluster, args.force))
-        .map_err(|e: ResetError| e.to_string())?;
+        .map_err(ClusterCommandError::Runtime)?;
+    let outcome = runtime.block_on(redis::reset(&url, &args.cluster, args.force))?;
     if !outcome.live_nodes.is_empty() {
         let names: Vec<String> = outcome.live_nodes.iter().map(|n| n.to_string()).collect();
         eprintln!(

@@ -24,6 +24,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+
+mod error;
+pub use error::{NodeCountError, UpError};
 use skyriver_transport::directory::DirectorySpec;
 
 use skyriver_client::Client;
@@ -101,11 +104,11 @@ pub struct UpArgs {
     pub metrics: bool,
 }
 
-fn parse_node_count(text: &str) -> Result<u32, String> {
+fn parse_node_count(text: &str) -> Result<u32, NodeCountError> {
     match text.parse::<u32>() {
-        Ok(0) => Err("a cluster needs at least 1 node".into()),
+        Ok(0) => Err(NodeCountError::Zero),
         Ok(nodes) => Ok(nodes),
-        Err(_) => Err(format!("{text:?} is not a number of nodes")),
+        Err(_) => Err(NodeCountError::NotANumber(text.to_string())),
     }
 }
 
@@ -182,7 +185,7 @@ impl LocalCluster {
     /// Starts `args.nodes` daemons (node 0 is the head) and waits until every one has connected
     /// to every other. A daemon that exits meanwhile fails the start at once, with its exit
     /// status and the last lines of its log.
-    pub fn start(args: &UpArgs, exe: &Path) -> Result<Self, String> {
+    pub fn start(args: &UpArgs, exe: &Path) -> Result<Self, UpError> {
         Self::spawn(
             args,
             exe,
@@ -197,12 +200,12 @@ impl LocalCluster {
     /// [`LocalCluster::spawn_once`], again with other ports when a daemon found a port this
     /// function chose (the head's, a metrics endpoint's) taken: a port is free when chosen and
     /// bound a moment later, and on a busy machine another process can take it in between.
-    fn spawn(args: &UpArgs, exe: &Path, supervision: Supervision<'_>) -> Result<Self, String> {
+    fn spawn(args: &UpArgs, exe: &Path, supervision: Supervision<'_>) -> Result<Self, UpError> {
         const ATTEMPTS: usize = 3;
         let mut attempt = 1;
         loop {
             match Self::spawn_once(args, exe, supervision) {
-                Err(error) if attempt < ATTEMPTS && error.contains("Address already in use") => {
+                Err(error) if attempt < ATTEMPTS && error.port_taken() => {
                     eprintln!(
                         "a port chosen for the cluster was taken meanwhile; starting again with \
                          other ports ({error})"
@@ -214,28 +217,28 @@ impl LocalCluster {
         }
     }
 
-    fn spawn_once(args: &UpArgs, exe: &Path, supervision: Supervision<'_>) -> Result<Self, String> {
+    fn spawn_once(
+        args: &UpArgs,
+        exe: &Path,
+        supervision: Supervision<'_>,
+    ) -> Result<Self, UpError> {
         if args.nodes == 0 {
-            return Err("--nodes must be at least 1".into());
+            return Err(UpError::NoNodes);
         }
         if args.fabric == "verbs" && args.devices.is_empty() {
-            return Err("--fabric verbs needs --devices (e.g. rxe0,rxe1)".into());
+            return Err(UpError::VerbsWithoutDevices);
         }
         if let Some(name) = &args.cluster {
             if !skyriver_transport::directory::redis::valid_cluster_name(name) {
-                return Err(format!(
-                    "bad --cluster {name:?}: use 1 to 64 characters from A-Z a-z 0-9 . _ -"
-                ));
+                return Err(UpError::BadClusterName(name.clone()));
             }
         }
         check_memory(args)?;
         let (dir, temp) = match &args.dir {
             Some(dir) => {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+                std::fs::create_dir_all(dir).map_err(file_error("create", dir))?;
                 // Absolute, so the paths printed for other shells work from anywhere.
-                let dir = std::fs::canonicalize(dir)
-                    .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
+                let dir = std::fs::canonicalize(dir).map_err(file_error("resolve", dir))?;
                 (dir, None)
             }
             None => {
@@ -243,24 +246,24 @@ impl LocalCluster {
                 let temp = tempfile::Builder::new()
                     .prefix(TEMP_PREFIX)
                     .tempdir()
-                    .map_err(|e| format!("cannot create a directory under $TMPDIR: {e}"))?;
+                    .map_err(UpError::TempDir)?;
                 (temp.path().to_path_buf(), Some(temp))
             }
         };
         // Nothing in the directory is touched before its lock is held.
         let mut lock = match DirLock::try_take(&dir)? {
             Ok(lock) => lock,
-            Err(holder) => return Err(holder.refusal(&dir)),
+            Err(holder) => return Err(holder.refusal(dir)),
         };
         if let Err(error) = lock.clear_leftovers(&dir, args.nodes) {
             lock.remove();
             return Err(error);
         }
         let netns = match args.netns {
-            true => Some(
-                crate::netns::NetnsCluster::create(args.nodes, args.link.as_ref())
-                    .map_err(|e| e.to_string())?,
-            ),
+            true => Some(crate::netns::NetnsCluster::create(
+                args.nodes,
+                args.link.as_ref(),
+            )?),
             false => None,
         };
         let head_port = free_port_or_say_why()?;
@@ -286,11 +289,8 @@ impl LocalCluster {
         for node in 0..args.nodes {
             let socket = dir.join(format!("node-{node}.sock"));
             let log = dir.join(format!("node-{node}.log"));
-            let log_file = std::fs::File::create(&log)
-                .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
-            let log_out = log_file
-                .try_clone()
-                .map_err(|e| format!("cannot open {}: {e}", log.display()))?;
+            let log_file = std::fs::File::create(&log).map_err(file_error("create", &log))?;
+            let log_out = log_file.try_clone().map_err(file_error("open", &log))?;
             let (mut command, listen) = match &cluster.netns {
                 Some(netns) => (
                     netns.command(node as usize, exe),
@@ -360,7 +360,7 @@ impl LocalCluster {
             };
             let child = command
                 .spawn()
-                .map_err(|e| format!("cannot start daemon {node}: {e}"))?;
+                .map_err(|source| UpError::Spawn { node, source })?;
             if let Some(lock) = &mut cluster.lock {
                 lock.record_daemon(child.id(), &socket)?;
             }
@@ -382,12 +382,14 @@ impl LocalCluster {
     }
 
     /// Fails at once if a daemon exited or `up` was asked to stop.
-    fn check_start(&mut self, supervision: &Supervision<'_>) -> Result<(), String> {
+    fn check_start(&mut self, supervision: &Supervision<'_>) -> Result<(), UpError> {
         if supervision.stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
-            return Err("interrupted during start-up".into());
+            return Err(UpError::Interrupted);
         }
         match self.poll_exit() {
-            Some(exit) => Err(format!("{} during start-up", exit.report())),
+            Some(exit) => Err(UpError::ExitedDuringStart {
+                report: exit.report(),
+            }),
             None => Ok(()),
         }
     }
@@ -396,7 +398,7 @@ impl LocalCluster {
         &mut self,
         node: usize,
         supervision: &Supervision<'_>,
-    ) -> Result<(), String> {
+    ) -> Result<(), UpError> {
         let started = Instant::now();
         loop {
             match Client::connect(&self.sockets[node]) {
@@ -409,30 +411,29 @@ impl LocalCluster {
                     | skyriver_client::ClientError::Store(skyriver_core::StoreError::Starting(_)),
                 ) => {}
                 // It answered, and refused this client: waiting will not change that.
-                Err(refused) => {
-                    return Err(format!(
-                        "node-{node} answered on {} but refused this client: {refused} (a \
-                         daemon of another release speaks another client protocol: start it \
-                         with the same build, or compare builds with each one's own `skyriver \
-                         bench`)",
-                        self.sockets[node].display()
-                    ))
+                Err(source) => {
+                    return Err(UpError::Refused {
+                        node,
+                        socket: self.sockets[node].clone(),
+                        source,
+                    })
                 }
             }
             self.check_start(supervision)?;
             if started.elapsed() > START_TIMEOUT {
-                return Err(format!(
-                    "node-{node} did not answer on {} within {START_TIMEOUT:?}; its log: {}",
-                    self.sockets[node].display(),
-                    self.nodes[node].log.display()
-                ));
+                return Err(UpError::NoAnswer {
+                    node,
+                    socket: self.sockets[node].clone(),
+                    within: START_TIMEOUT,
+                    log: self.nodes[node].log.clone(),
+                });
             }
             std::thread::sleep(POLL_INTERVAL);
         }
         Ok(())
     }
 
-    fn wait_connected(&mut self, supervision: &Supervision<'_>) -> Result<(), String> {
+    fn wait_connected(&mut self, supervision: &Supervision<'_>) -> Result<(), UpError> {
         let started = Instant::now();
         let want = self.sockets.len();
         loop {
@@ -451,11 +452,11 @@ impl LocalCluster {
                 return Ok(());
             }
             if started.elapsed() > START_TIMEOUT {
-                return Err(format!(
-                    "the {want} daemons did not all connect within {START_TIMEOUT:?}; their logs \
-                     are in {}",
-                    self.dir.display()
-                ));
+                return Err(UpError::NotConnected {
+                    nodes: want,
+                    within: START_TIMEOUT,
+                    dir: self.dir.clone(),
+                });
             }
             std::thread::sleep(POLL_INTERVAL);
         }
@@ -555,7 +556,7 @@ fn answers(path: &Path) -> bool {
 /// Refuses `--nodes` × `--memory` beyond what the machine can give now, as each daemon
 /// refuses its own `--memory` ([`host_memory::check`]): each one alone may fit where all of
 /// them together do not.
-fn check_memory(args: &UpArgs) -> Result<(), String> {
+fn check_memory(args: &UpArgs) -> Result<(), UpError> {
     let flag = |name: &str| daemon_flag(&args.daemon_args, name);
     // A persistent store is a file, not memory the daemon checks.
     if args.allow_overcommit
@@ -574,17 +575,14 @@ fn check_memory(args: &UpArgs) -> Result<(), String> {
         return Ok(());
     }
     let each = ((available.bytes / nodes / 10 * 9) >> 20) << 20;
-    Err(format!(
-        "{nodes} nodes × --memory {} = {} in total is more than this machine can give the \
-         stores: {} available ({}). Stores that large would drive the kernel into killing \
-         processes when they fill. Use --memory {} or less, fewer --nodes, or \
-         --allow-overcommit to start anyway.",
-        format_bytes(args.memory.0),
-        format_bytes(total),
-        format_bytes(available.bytes),
-        available.source,
-        format_bytes(each.max(host_memory::MIN_MEMORY_BYTES)),
-    ))
+    Err(UpError::TooMuchMemory {
+        nodes,
+        each_bytes: args.memory.0,
+        total_bytes: total,
+        available_bytes: available.bytes,
+        source_of_figure: available.source,
+        suggested_bytes: each.max(host_memory::MIN_MEMORY_BYTES),
+    })
 }
 
 /// A flag among `--daemon-arg`s: `None` if absent, `Some(value)` if present (`--flag=VALUE` or
@@ -615,17 +613,10 @@ struct Holder {
 }
 
 impl Holder {
-    fn refusal(&self, dir: &Path) -> String {
+    fn refusal(&self, dir: PathBuf) -> UpError {
         match self.pid {
-            Some(pid) => format!(
-                "a cluster is already running in {}, pid {pid}: stop it (Ctrl-C where it runs, \
-                 or kill {pid}) or use another --dir",
-                dir.display()
-            ),
-            None => format!(
-                "a cluster is already starting in {}: stop it or use another --dir",
-                dir.display()
-            ),
+            Some(pid) => UpError::Running { dir, pid },
+            None => UpError::Starting { dir },
         }
     }
 }
@@ -660,7 +651,7 @@ impl LockRecord {
 
 impl DirLock {
     /// Takes `dir`'s lock if nobody holds it; else says who does.
-    fn try_take(dir: &Path) -> Result<Result<Self, Holder>, String> {
+    fn try_take(dir: &Path) -> Result<Result<Self, Holder>, UpError> {
         let path = dir.join(LOCK_FILE);
         loop {
             let file = std::fs::OpenOptions::new()
@@ -669,7 +660,7 @@ impl DirLock {
                 .read(true)
                 .write(true)
                 .open(&path)
-                .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+                .map_err(file_error("open", &path))?;
             match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
                 Ok(file) => {
                     // A holder removes the file before it lets go: a lock taken on a removed
@@ -690,7 +681,7 @@ impl DirLock {
                         pid: LockRecord::parse(&text).up,
                     }));
                 }
-                Err((_, errno)) => return Err(format!("cannot lock {}: {errno}", path.display())),
+                Err((_, source)) => return Err(UpError::Lock { path, source }),
             }
         }
     }
@@ -706,7 +697,7 @@ impl DirLock {
     /// Clears what an `up` that did not stop left in `dir` (its daemons still running are
     /// killed, sockets nobody answers on removed), refuses a daemon that listens on one of the
     /// `nodes` sockets, and records this process as the holder.
-    fn clear_leftovers(&mut self, dir: &Path, nodes: u32) -> Result<(), String> {
+    fn clear_leftovers(&mut self, dir: &Path, nodes: u32) -> Result<(), UpError> {
         let previous = self.previous();
         let mut done = Vec::new();
         for (pid, socket) in &previous.daemons {
@@ -723,7 +714,7 @@ impl DirLock {
             }
         }
         let sockets = std::fs::read_dir(dir)
-            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .map_err(file_error("read", dir))?
             .flatten()
             .map(|entry| entry.path())
             .filter(|path| {
@@ -734,11 +725,7 @@ impl DirLock {
             if answers(&socket) {
                 let node = (0..nodes).find(|n| socket.ends_with(format!("node-{n}.sock")));
                 if node.is_some() {
-                    return Err(format!(
-                        "a daemon that is not this cluster's listens on {}: stop it or use \
-                         another --dir",
-                        socket.display()
-                    ));
+                    return Err(UpError::ForeignDaemon { socket });
                 }
             } else if std::fs::remove_file(&socket).is_ok() {
                 done.push(format!("removed stale {}", socket.display()));
@@ -759,13 +746,13 @@ impl DirLock {
         file.set_len(0)
             .and_then(|()| (&*file).seek(SeekFrom::Start(0)).map(drop))
             .and_then(|()| writeln!(&*file, "up {}", std::process::id()))
-            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))
+            .map_err(file_error("write", &self.path))
     }
 
     /// Records a daemon this cluster started.
-    fn record_daemon(&mut self, pid: u32, socket: &Path) -> Result<(), String> {
+    fn record_daemon(&mut self, pid: u32, socket: &Path) -> Result<(), UpError> {
         writeln!(&*self.file, "daemon {pid} {}", socket.display())
-            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))
+            .map_err(file_error("write", &self.path))
     }
 
     /// Removes the lock file, then lets go of the lock (a cluster stopped cleanly).
@@ -881,14 +868,24 @@ pub fn free_loopback_port() -> std::io::Result<u16> {
 }
 
 /// [`free_loopback_port`] for the start-up paths that report errors as text.
-fn free_port_or_say_why() -> Result<u16, String> {
-    free_loopback_port().map_err(|e| format!("no free loopback port: {e}"))
+fn free_port_or_say_why() -> Result<u16, UpError> {
+    free_loopback_port().map_err(UpError::NoFreePort)
+}
+
+/// Turns an IO error about `path` into [`UpError::File`].
+fn file_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> UpError {
+    let path = path.to_path_buf();
+    move |source| UpError::File {
+        action,
+        path,
+        source,
+    }
 }
 
 /// Runs `skyriver up` in the foreground until Ctrl-C (SIGINT), SIGTERM or SIGHUP, or until a
 /// daemon exits: then the others are stopped and the error says which one and why.
-pub fn run(args: &UpArgs) -> Result<(), String> {
-    let exe = crate::self_exe().map_err(|e| e.to_string())?;
+pub fn run(args: &UpArgs) -> Result<(), UpError> {
+    let exe = crate::self_exe().map_err(UpError::OwnPath)?;
     let stop = Arc::new(AtomicBool::new(false));
     watch_stop_signals(stop.clone())?;
     eprintln!(
@@ -963,26 +960,23 @@ pub fn run(args: &UpArgs) -> Result<(), String> {
             eprintln!("skyriver: {}", exit.report());
             eprintln!("stopping the other nodes...");
             cluster.stop();
-            return Err(format!(
-                "node-{} exited, so the cluster was stopped",
-                exit.node
-            ));
+            return Err(UpError::Exited { node: exit.node });
         }
         std::thread::sleep(POLL_INTERVAL);
     }
 }
 
 /// Sets `stop` at SIGINT, SIGTERM or SIGHUP.
-fn watch_stop_signals(stop: Arc<AtomicBool>) -> Result<(), String> {
+fn watch_stop_signals(stop: Arc<AtomicBool>) -> Result<(), UpError> {
     use tokio::signal::unix::{signal, SignalKind};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(UpError::Signals)?;
     let (mut interrupt, mut terminate, mut hangup) = {
         // Registering needs the runtime's context; the handlers live on with it.
         let _guard = runtime.enter();
-        let watch = |kind| signal(kind).map_err(|e| format!("cannot watch signals: {e}"));
+        let watch = |kind| signal(kind).map_err(UpError::Signals);
         (
             watch(SignalKind::interrupt())?,
             watch(SignalKind::terminate())?,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use skyriver_core::client_protocol::{encode_frame, Response, ServerFrame, TraceStamp};
 use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
-use skyriver_core::node::{NodeDriver, ReadGrant, ReadOpId};
+use skyriver_core::node::{GrantError, NodeDriver, ReadGrant, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, InputBytes, PeerMessage};
 use skyriver_core::{
     ArenaId, ClientId, ContentDigest, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId,
@@ -84,7 +84,7 @@ pub(super) enum AccessAnswer {
     Granted {
         peer: NodeId,
         req: TransferId,
-        result: Result<ReadGrant, String>,
+        result: Result<ReadGrant, GrantError>,
     },
     /// `Node::handle_read_revoked`.
     Revoked { peer: NodeId, req: TransferId },
@@ -412,11 +412,11 @@ impl NodeDriver for Effects {
                 Ok(None) => return, // answered by a fabric event
                 Err(error) => {
                     warn!(%peer, %object, %region, %error, "cannot grant READ access");
-                    Err(error.to_string())
+                    Err(GrantError::from(error))
                 }
             },
             // A standalone node serves no peers; the core never asks it to.
-            None => Err("no fabric".to_string()),
+            None => Err(GrantError::NotConnected(peer)),
         };
         self.access_answers
             .push(AccessAnswer::Granted { peer, req, result });

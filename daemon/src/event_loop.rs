@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use skyriver_core::client_protocol::Response;
 use skyriver_core::node::{
-    drive_host, ClusterMember, DriveHost, Handled, Node, NodeInput, PeerLink,
+    drive_host, ClusterMember, DriveHost, GrantError, Handled, Node, NodeInput, PeerLink,
 };
 use skyriver_core::{ClientId, Instant, NodeOutput, RecoveredObject, RecoveryReport, RequestId};
 use skyriver_core::{ContentDigest, StoreError};
@@ -436,7 +436,7 @@ impl EventLoop {
             FabricEvent::ReadGranted { peer, req, result } => {
                 let result = result.map_err(|error| {
                     warn!(%peer, %req, %error, "cannot grant READ access");
-                    error.to_string()
+                    GrantError::from(error)
                 });
                 self.feed(now, NodeInput::ReadGranted { peer, req, result });
             }

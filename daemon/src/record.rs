@@ -4,9 +4,16 @@
 //!
 //! Off the loop's hot path: the loop encodes an entry and hands it to a writer thread through
 //! a bounded channel, never waiting. When the writer falls behind, entries are dropped and
-//! counted, and the record says where (a [`RecordEntry::Dropped`]). The file is bounded: past
-//! `max_bytes` it moves to `FILE.1` (replacing the one before) and a new `FILE` starts, with
-//! the header again and the next segment number.
+//! counted, and the record says where (a [`RecordEntry::Dropped`]). A file is bounded: past
+//! `max_bytes` segment N moves to `FILE.N` and a new `FILE` starts, with the header again and
+//! segment number N + 1.
+//!
+//! Every segment is kept: a later segment starts mid-run, and only the chain from segment 0
+//! rebuilds the node's state (`skyriver sim --replay FILE` finds `FILE.0` … `FILE.N-1` next
+//! to it, and names the one missing). Self-contained segments would need a snapshot of the
+//! node's whole state (store, leases, transfers, directory sessions) at each rotation, which
+//! the core cannot yet serialize. So the record stays bounded by stopping instead: after
+//! [`MAX_SEGMENTS`] files recording ends (logged), and what was written replays.
 //!
 //! Inputs are recorded as they are, an eager chunk's payload included (bounded by the eager
 //! limit): a record holds the objects' bytes that crossed the wire eagerly, and the requests
@@ -19,8 +26,8 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::thread::JoinHandle;
 
 use skyriver_core::node::recording::{
-    encode_frame, encode_start, output_digest, RecordEntry, RecordError, RecordHeader,
-    RECORD_VERSION,
+    encode_frame, encode_start, output_digest, segment_path, RecordEntry, RecordError,
+    RecordHeader, RECORD_VERSION,
 };
 use skyriver_core::node::{Node, NodeInput};
 use skyriver_core::{Instant, NodeOutput};
@@ -29,10 +36,13 @@ use tracing::warn;
 /// Entries the channel to the writer holds before the loop drops them.
 const QUEUE_ENTRIES: usize = 64 * 1024;
 
+/// Segment files one record may have: at most this many times `max_bytes` on disk.
+pub const MAX_SEGMENTS: u64 = 64;
+
 /// Where and how much to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordConfig {
-    /// The record file (its previous segment goes to `FILE.1`).
+    /// The record file (its finished segments go to `FILE.0`, `FILE.1`, …).
     pub path: PathBuf,
     /// Bytes one file may reach before it rotates.
     pub max_bytes: u64,
@@ -235,6 +245,14 @@ impl Writer {
         if self.file.bytes + frame.len() as u64 > self.max_bytes
             && self.file.bytes > encode_start(&self.header)?.len() as u64
         {
+            if self.header.segment + 1 >= MAX_SEGMENTS {
+                return Err(format!(
+                    "the record reached {MAX_SEGMENTS} files of at most {} bytes (every one is \
+                     kept: a replay needs the whole chain)",
+                    self.max_bytes
+                )
+                .into());
+            }
             self.rotate()?;
         }
         self.file.out.write_all(frame)?;
@@ -242,12 +260,10 @@ impl Writer {
         Ok(())
     }
 
-    /// `FILE` becomes `FILE.1`; a new `FILE` starts with the next segment's header.
+    /// `FILE` (segment N) becomes `FILE.N`; a new `FILE` starts with segment N + 1's header.
     fn rotate(&mut self) -> Result<(), Box<dyn std::error::Error>> {
         self.file.out.flush()?;
-        let mut previous = self.path.clone().into_os_string();
-        previous.push(".1");
-        std::fs::rename(&self.path, previous)?;
+        std::fs::rename(&self.path, segment_path(&self.path, self.header.segment))?;
         self.header.segment += 1;
         self.file = Segment::create(&self.path, &self.header)?;
         Ok(())
@@ -294,7 +310,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_file_moves_to_its_first_rotation_and_a_new_segment_starts() {
+    fn a_full_file_becomes_its_numbered_segment_and_every_segment_is_kept() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("node.rec");
         let config = RecordConfig {
@@ -306,22 +322,45 @@ mod tests {
             recorder.input(Instant(at), false, &NodeInput::Timeout);
         }
         drop(recorder);
-        let rotated = dir.path().join("node.rec.1");
-        for file in [&path, &rotated] {
-            let len = std::fs::metadata(file).unwrap().len();
+        let (last, newest) = decode(&path);
+        assert!(last > 1, "2000 entries fill more than two files of 4 KiB");
+        // The chain from segment 0 holds every entry, in order.
+        let mut all = Vec::new();
+        for segment in 0..last {
+            let file = segment_path(&path, segment);
+            let len = std::fs::metadata(&file).unwrap().len();
             assert!(len <= 4096, "{} holds {len} bytes", file.display());
+            let (found, entries) = decode(&file);
+            assert_eq!(found, segment, "{}", file.display());
+            all.extend(entries);
         }
-        let (segment, entries) = decode(&path);
-        let (previous_segment, previous) = decode(&rotated);
-        assert_eq!(previous_segment + 1, segment);
-        assert!(
-            segment > 1,
-            "2000 entries fill more than two files of 4 KiB"
-        );
-        // The two files hold the last entries, in order, with nothing missing between them.
-        let all: Vec<_> = previous.into_iter().chain(entries).collect();
-        let first = 2000 - all.len() as u64;
-        assert_eq!(all, (first..2000).collect::<Vec<_>>());
+        all.extend(newest);
+        assert_eq!(all, (0..2000).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn recording_stops_rather_than_drop_a_segment_a_replay_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.rec");
+        let config = RecordConfig {
+            path: path.clone(),
+            max_bytes: 256,
+        };
+        let mut recorder = Recorder::start(&config, &node()).unwrap();
+        for at in 0..100_000 {
+            recorder.input(Instant(at), false, &NodeInput::Timeout);
+        }
+        drop(recorder);
+        let bytes = std::fs::read(&path).unwrap();
+        let last = decode_record(&bytes).unwrap().header.segment;
+        assert_eq!(last, MAX_SEGMENTS - 1);
+        for segment in 0..last {
+            assert!(
+                segment_path(&path, segment).exists(),
+                "segment {segment} is gone"
+            );
+        }
+        assert!(!segment_path(&path, last).exists());
     }
 
     #[test]

@@ -110,13 +110,13 @@ impl TokenChoice {
 /// Chooses the token from `--token`/`SKYRIVER_CLUSTER_TOKEN`, `--token-file` and `--insecure`.
 /// A given token wins over `--insecure`.
 pub fn choose_token(
-    token: Option<String>,
+    token: Option<ClusterToken>,
     token_file: Option<&Path>,
     insecure: bool,
 ) -> Result<TokenChoice, SecurityError> {
     let token = match (token, token_file) {
         (Some(_), Some(_)) => return Err(SecurityError::TwoTokens),
-        (Some(token), None) => Some(ClusterToken::new(token)),
+        (Some(token), None) => Some(token),
         (None, Some(path)) => Some(read_token_file(path)?),
         (None, None) => None,
     };
@@ -126,6 +126,15 @@ pub fn choose_token(
         None if insecure => Ok(TokenChoice::Insecure),
         None => Ok(TokenChoice::LoopbackOnly),
     }
+}
+
+/// Parses `--token` (or `SKYRIVER_CLUSTER_TOKEN`) straight into a [`ClusterToken`], as the
+/// command line's value parser: the secret never sits in a `String` of the parsed arguments.
+pub fn parse_token(text: &str) -> Result<ClusterToken, SecurityError> {
+    if text.is_empty() {
+        return Err(SecurityError::EmptyToken);
+    }
+    Ok(ClusterToken::new(text))
 }
 
 /// Reads a token file: only its owner may read or write it (mode 0600 or stricter); the
@@ -299,7 +308,7 @@ mod tests {
             Err(SecurityError::TwoTokens)
         ));
         assert!(matches!(
-            choose_token(Some(String::new()), None, false),
+            choose_token(Some("".into()), None, false),
             Err(SecurityError::EmptyToken)
         ));
         assert_eq!(

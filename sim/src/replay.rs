@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use skyriver_core::client_protocol::Response;
 use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
 use skyriver_core::node::recording::{
-    decode_record, output_digest, RecordEntry, RecordError, RecordHeader,
+    decode_record, output_digest, segment_path, RecordEntry, RecordError, RecordHeader,
 };
 use skyriver_core::node::{drive_host, DriveHost, Handled, Node, NodeDriver, NodeInput, ReadOpId};
 use skyriver_core::wire::{EagerHeader, InputBytes, PeerMessage};
@@ -42,15 +42,54 @@ pub enum ReplayError {
     /// The bytes are not a record this build reads.
     #[error(transparent)]
     Record(#[from] RecordError),
-    /// The file is a later segment of a rotated record: it starts mid-run, without the state
-    /// its node had built.
+    /// The record is a later segment of a rotated record: it starts mid-run, without the
+    /// state its node had built, and was given without the segments before it.
     #[error(
         "the record is segment {segment} of a rotated record: it starts mid-run and cannot \
-         rebuild the node (replay segment 0, or record with a larger --record-max-bytes)"
+         rebuild the node (replay it from its file, next to segments 0 to {} as FILE.0 …)",
+        segment - 1
     )]
     MidRun {
         /// Its segment number.
         segment: u64,
+    },
+    /// A segment the replay of a later one needs is not there.
+    #[error(
+        "{} is segment {segment} of a rotated record and needs segment {missing}, expected \
+         at {}: it is missing (a replay runs the whole chain from segment 0)",
+        path.display(),
+        expected.display()
+    )]
+    MissingSegment {
+        /// The record given.
+        path: PathBuf,
+        /// Its segment number.
+        segment: u64,
+        /// The segment not found.
+        missing: u64,
+        /// Where it should be.
+        expected: PathBuf,
+        /// Why it could not be read.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file of the chain is not the segment its name says, or of another node.
+    #[error(
+        "{} should be segment {expected_segment} of node {expected_node}'s record, and is \
+         segment {segment} of node {node}'s",
+        path.display()
+    )]
+    BrokenChain {
+        /// The file.
+        path: PathBuf,
+        /// The segment its place in the chain calls for.
+        expected_segment: u64,
+        /// The segment it holds.
+        segment: u64,
+        /// The node of the chain's last segment.
+        expected_node: NodeId,
+        /// Its node.
+        node: NodeId,
     },
 }
 
@@ -96,32 +135,83 @@ impl ReplayReport {
     }
 }
 
-/// Replays the record in `path`.
+/// Replays the record in `path`. A later segment of a rotated record is replayed with the
+/// segments before it, found next to it (`FILE.0` … for `FILE` or `FILE.N`), from segment 0.
 pub fn replay_file(path: &Path) -> Result<ReplayReport, ReplayError> {
-    let bytes = std::fs::read(path).map_err(|source| ReplayError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    replay_bytes(&bytes)
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| ReplayError::Read {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let last = read(path)?;
+    let header = decode_record(&last)?.header;
+    if header.segment == 0 {
+        return replay_chain(&[&last]);
+    }
+    // `FILE.N` names its earlier segments as `FILE.k` too; `FILE` is the segment being written.
+    let suffix = format!(".{}", header.segment);
+    let base = match path.to_str().and_then(|p| p.strip_suffix(&suffix)) {
+        Some(base) => PathBuf::from(base),
+        None => path.to_owned(),
+    };
+    let mut chain = Vec::new();
+    for segment in 0..header.segment {
+        let expected = segment_path(&base, segment);
+        let bytes = std::fs::read(&expected).map_err(|source| ReplayError::MissingSegment {
+            path: path.to_owned(),
+            segment: header.segment,
+            missing: segment,
+            expected: expected.clone(),
+            source,
+        })?;
+        let found = decode_record(&bytes)?.header;
+        if found.segment != segment || found.node != header.node {
+            return Err(ReplayError::BrokenChain {
+                path: expected,
+                expected_segment: segment,
+                segment: found.segment,
+                expected_node: header.node,
+                node: found.node,
+            });
+        }
+        chain.push(bytes);
+    }
+    chain.push(last);
+    let chain: Vec<&[u8]> = chain.iter().map(Vec::as_slice).collect();
+    replay_chain(&chain)
 }
 
-/// Replays a record held in memory.
+/// Replays a record held in memory (segment 0 of a record, or a record never rotated).
 pub fn replay_bytes(bytes: &[u8]) -> Result<ReplayReport, ReplayError> {
-    let record = decode_record(bytes)?;
+    replay_chain(&[bytes])
+}
+
+/// Replays the segments of one record, in order from segment 0: the first's header rebuilds
+/// the node, the entries of all run one after the other.
+fn replay_chain(segments: &[&[u8]]) -> Result<ReplayReport, ReplayError> {
+    let mut records = Vec::with_capacity(segments.len());
+    for bytes in segments {
+        records.push(decode_record(bytes)?);
+    }
+    let Some(first) = records.first() else {
+        return Err(RecordError::Truncated { offset: 0 }.into());
+    };
     let RecordHeader {
         node: node_id,
         segment,
         config,
         started_at,
         ..
-    } = record.header;
+    } = first.header.clone();
     if segment != 0 {
         return Err(ReplayError::MidRun { segment });
     }
+    let truncated = records.last().is_some_and(|r| r.truncated);
     let mut inputs = VecDeque::new();
     let mut expected = Vec::new();
     let mut dropped_entries = 0;
-    for entry in record.entries {
+    for entry in records.into_iter().flat_map(|record| record.entries) {
         match entry {
             RecordEntry::Input {
                 at,
@@ -175,7 +265,7 @@ pub fn replay_bytes(bytes: &[u8]) -> Result<ReplayReport, ReplayError> {
         recorded_outputs: expected.len() as u64,
         malformed_messages,
         dropped_entries,
-        truncated: record.truncated,
+        truncated,
         divergence: first_divergence(&expected, &replay.outputs),
         violations: replay.checker.violations().to_vec(),
         end_ns: replay.now.0,

@@ -359,8 +359,8 @@ pub(super) struct RedisServer {
 
 impl RedisServer {
     /// Starts the server with room for values of `largest` bytes, bound to `cpu`.
-    pub(super) fn start(largest: u64, cpu: usize) -> Result<Self, String> {
-        let port = free_loopback_port().map_err(|e| format!("no free loopback port: {e}"))?;
+    pub(super) fn start(largest: u64, cpu: usize) -> Result<Self, BenchError> {
+        let port = free_loopback_port().map_err(crate::up::UpError::NoFreePort)?;
         let max_bulk = (largest + (1 << 20)).max(512 << 20).to_string();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -371,11 +371,13 @@ impl RedisServer {
             .stderr(Stdio::null())
             .stdin(Stdio::null())
             .spawn()
-            .map_err(|e| {
-                format!("cannot start redis-server ({e}); install it (ci/install-deps.sh)")
+            .map_err(|source| BenchError::Spawn {
+                program: "redis-server",
+                hint: "; install it (ci/install-deps.sh)",
+                source,
             })?;
         let server = Self { child, port };
-        pin_process(server.child.id(), cpu).map_err(|e| e.to_string())?;
+        pin_process(server.child.id(), cpu)?;
         let started = Instant::now();
         loop {
             if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) {
@@ -388,7 +390,10 @@ impl RedisServer {
                 }
             }
             if started.elapsed() > Duration::from_secs(10) {
-                return Err("redis-server did not answer within 10 s".into());
+                return Err(BenchError::NotReady {
+                    what: format!("redis-server on 127.0.0.1:{port}"),
+                    within: Duration::from_secs(10),
+                });
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -487,7 +487,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     let mut up = UpArgs::new(args.nodes, memory, Some(socket_dir.clone()));
     up.netns = true;
     up.link = args.link.clone();
-    let cluster = LocalCluster::start(&up, &exe).map_err(BenchError::Setup)?;
+    let cluster = LocalCluster::start(&up, &exe)?;
     let netns = cluster
         .netns
         .as_ref()

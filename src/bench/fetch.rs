@@ -191,7 +191,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         up.devices = args.devices.clone();
         up.metrics = *metrics;
         up.daemon_args.extend(daemon_args.iter().cloned());
-        let cluster = LocalCluster::start(&up, exe).map_err(BenchError::Setup)?;
+        let cluster = LocalCluster::start(&up, exe)?;
         for (pid, cpu) in cluster.pids().into_iter().zip([near, far]) {
             if let Some(pid) = pid {
                 pin_process(pid, cpu)?;

@@ -100,16 +100,15 @@ pub enum ChaosError {
 }
 
 /// Sets the returned flag at SIGINT, SIGTERM or SIGHUP, so the run stops and cleans up.
-pub fn stop_on_signals() -> Result<Arc<AtomicBool>, String> {
+pub fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
     use tokio::signal::unix::{signal, SignalKind};
     let stop = Arc::new(AtomicBool::new(false));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+        .build()?;
     let (mut interrupt, mut terminate, mut hangup) = {
         let _guard = runtime.enter();
-        let watch = |kind| signal(kind).map_err(|e| format!("cannot watch signals: {e}"));
+        let watch = signal;
         (
             watch(SignalKind::interrupt())?,
             watch(SignalKind::terminate())?,

@@ -40,22 +40,64 @@ pub struct ChaosArgs {
     pub keep_logs: Option<PathBuf>,
 }
 
+/// Why `skyriver chaos` failed: bad arguments, a run that could not be carried out, or
+/// violations found.
+#[derive(Debug, thiserror::Error)]
+pub enum ChaosCommandError {
+    /// `--nodes` out of range.
+    #[error("--nodes {given}: chaos needs 2 to {max} nodes")]
+    Nodes {
+        /// What was given.
+        given: u32,
+        /// The most nodes a namespace cluster holds.
+        max: u32,
+    },
+    /// `--seconds` too short for a schedule.
+    #[error("--seconds {0}: at least 10")]
+    Seconds(u64),
+    /// `--directory` names nothing chaos can start.
+    #[error("--directory {0}: builtin or redis://HOST:PORT")]
+    Directory(String),
+    /// The signal watcher could not start.
+    #[error("cannot watch signals: {0}")]
+    Signals(#[source] std::io::Error),
+    /// A run could not be carried out.
+    #[error(transparent)]
+    Run(#[from] chaos::ChaosError),
+    /// The JSON verdict could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The `--json` file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The checker found violations.
+    #[error("chaos found violations (seed {seed}); replay with: {replay}")]
+    Violations {
+        /// The run's seed.
+        seed: u64,
+        /// The command(s) that replay the failing schedule(s).
+        replay: String,
+    },
+}
+
 /// Runs `skyriver chaos`; fails when a run could not be carried out or found violations.
-pub fn run_chaos(args: &ChaosArgs) -> Result<(), String> {
+pub fn run_chaos(args: &ChaosArgs) -> Result<(), ChaosCommandError> {
     if args.nodes < 2 || args.nodes > crate::netns::MAX_NODES {
-        return Err(format!(
-            "--nodes {}: chaos needs 2 to {} nodes",
-            args.nodes,
-            crate::netns::MAX_NODES
-        ));
+        return Err(ChaosCommandError::Nodes {
+            given: args.nodes,
+            max: crate::netns::MAX_NODES,
+        });
     }
     if args.seconds < 10 {
-        return Err("--seconds: at least 10".into());
+        return Err(ChaosCommandError::Seconds(args.seconds));
     }
     let directory = match args.directory.as_str() {
         "builtin" => None,
         url if url.starts_with("redis://") || url.starts_with("rediss://") => Some(url.to_string()),
-        other => return Err(format!("--directory {other}: builtin or redis://HOST:PORT")),
+        other => return Err(ChaosCommandError::Directory(other.to_string())),
     };
     let seed = args.seed.unwrap_or_else(rand::random);
     let modes: &[bool] = match (args.both, args.persistent) {
@@ -68,7 +110,7 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), String> {
             }
         }
     };
-    let stop = chaos::stop_on_signals()?;
+    let stop = chaos::stop_on_signals().map_err(ChaosCommandError::Signals)?;
     let mut reports = Vec::new();
     for &persistent in modes {
         let mode = if persistent { "persistent" } else { "memory" };
@@ -90,7 +132,7 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), String> {
             "chaos: seed {seed}, {} nodes, {} s, {mode}",
             args.nodes, args.seconds
         );
-        let report = chaos::run(&config, &stop).map_err(|e| e.to_string())?;
+        let report = chaos::run(&config, &stop)?;
         print!("{}", chaos::summary(&report));
         reports.push(report);
     }
@@ -101,8 +143,11 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), String> {
             "passed": passed,
             "runs": reports,
         });
-        let text = serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
-        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let text = serde_json::to_string_pretty(&document).expect("a JSON value serializes");
+        std::fs::write(path, text).map_err(|source| ChaosCommandError::Write {
+            path: path.clone(),
+            source,
+        })?;
     }
     if passed {
         println!("chaos: 0 violations");
@@ -113,9 +158,9 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), String> {
             .filter(|r| !r.verdict.passed())
             .map(|r| r.replay.as_str())
             .collect();
-        Err(format!(
-            "chaos found violations (seed {seed}); replay with: {}",
-            replays.join("  /  ")
-        ))
+        Err(ChaosCommandError::Violations {
+            seed,
+            replay: replays.join("  /  "),
+        })
     }
 }

@@ -2,6 +2,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use skyriver_core::auth::ClusterToken;
 
 /// The daemon's flags. plasma_store's `-m BYTES` and `-s SOCKET` work here too; its `-d DIR -h`
 /// (huge pages) belong to `skyriver plasma_store`, so `-h` prints help here as everywhere.
@@ -60,8 +61,9 @@ pub(super) struct DaemonArgs {
     /// bytes of small objects sent eagerly and of inline puts.
     #[arg(long, value_name = "FILE")]
     pub(super) record: Option<PathBuf>,
-    /// With --record: bytes FILE may reach before it moves to FILE.1 (replacing the previous
-    /// one) and a new FILE starts.
+    /// With --record: bytes FILE may reach before it moves to FILE.N (N its segment number)
+    /// and a new FILE starts. Every segment is kept, since a replay runs the chain from
+    /// segment 0; after 64 files recording stops.
     #[arg(
         long,
         value_name = "SIZE",
@@ -125,8 +127,8 @@ pub(super) struct DaemonArgs {
     #[arg(long)]
     pub(super) no_memory_windows: bool,
     /// Eager/rendezvous switch: auto (from measured costs) or a size such as 64KiB.
-    #[arg(long, default_value = "auto")]
-    pub(super) eager_threshold: String,
+    #[arg(long, default_value = "auto", value_parser = parse_threshold)]
+    pub(super) eager_threshold: ThresholdPolicy,
     /// How long an object stays pinned for a requester that stopped answering mid-transfer
     /// (1000 to 3600000: a rendezvous must finish within it).
     #[arg(long, default_value_t = 10_000, value_parser = parse_lease_ms)]
@@ -141,8 +143,13 @@ pub(super) struct DaemonArgs {
     pub(super) cluster: String,
     /// Shared secret of the cluster (the same on every node); without one (or --token-file,
     /// or --insecure) the fabric and the directory listen on loopback only.
-    #[arg(long, env = "SKYRIVER_CLUSTER_TOKEN", hide_env_values = true)]
-    pub(super) token: Option<String>,
+    #[arg(
+        long,
+        env = "SKYRIVER_CLUSTER_TOKEN",
+        hide_env_values = true,
+        value_parser = skyriver_daemon::security::parse_token
+    )]
+    pub(super) token: Option<ClusterToken>,
     /// Read the cluster token from this file, which only its owner may read (mode 0600).
     #[arg(long, value_name = "PATH")]
     pub(super) token_file: Option<PathBuf>,
@@ -156,20 +163,13 @@ pub(super) struct DaemonArgs {
     pub(super) advertise: Option<std::net::IpAddr>,
 }
 
-pub(super) fn parse_octal(text: &str) -> Result<u32, String> {
-    let mode = u32::from_str_radix(text, 8)
-        .map_err(|_| format!("{text:?} is not an octal mode like 600"))?;
+pub(super) fn parse_octal(text: &str) -> Result<u32, ValueError> {
+    let mode = u32::from_str_radix(text, 8).map_err(|_| ValueError::NotOctal(text.to_string()))?;
     if mode > 0o777 {
-        return Err(format!(
-            "{text} has bits beyond 777: only the permission bits of the socket can be set"
-        ));
+        return Err(ValueError::BeyondPermissionBits(text.to_string()));
     }
     if mode & 0o600 != 0o600 {
-        return Err(format!(
-            "{text} takes read and write away from the socket's owner: the daemon's own user \
-             could not reach it (and a second daemon could not tell it is running); use 600, \
-             660 or 666"
-        ));
+        return Err(ValueError::OwnerLosesAccess(text.to_string()));
     }
     Ok(mode)
 }
@@ -178,8 +178,8 @@ pub(super) fn parse_octal(text: &str) -> Result<u32, String> {
 pub(super) fn in_range<T>(
     text: &str,
     range: std::ops::RangeInclusive<T>,
-    why: &str,
-) -> Result<T, String>
+    why: &'static str,
+) -> Result<T, ValueError>
 where
     T: std::str::FromStr + PartialOrd + std::fmt::Display,
 {
@@ -187,14 +187,21 @@ where
     let value: T = text
         .trim()
         .parse()
-        .map_err(|_| format!("{text:?} is not a whole number from {bounds}"))?;
+        .map_err(|_| ValueError::NotAWholeNumber {
+            text: text.to_string(),
+            bounds: bounds.clone(),
+        })?;
     if !range.contains(&value) {
-        return Err(format!("{value} is outside {bounds}: {why}"));
+        return Err(ValueError::OutOfRange {
+            value: value.to_string(),
+            bounds,
+            why,
+        });
     }
     Ok(value)
 }
 
-pub(super) fn parse_lease_ms(text: &str) -> Result<u64, String> {
+pub(super) fn parse_lease_ms(text: &str) -> Result<u64, ValueError> {
     in_range(
         text,
         1_000..=3_600_000,
@@ -204,7 +211,7 @@ pub(super) fn parse_lease_ms(text: &str) -> Result<u64, String> {
     )
 }
 
-pub(super) fn parse_poll_us(text: &str) -> Result<u64, String> {
+pub(super) fn parse_poll_us(text: &str) -> Result<u64, ValueError> {
     in_range(
         text,
         0..=10_000,
@@ -213,7 +220,7 @@ pub(super) fn parse_poll_us(text: &str) -> Result<u64, String> {
     )
 }
 
-pub(super) fn parse_location_cache(text: &str) -> Result<usize, String> {
+pub(super) fn parse_location_cache(text: &str) -> Result<usize, ValueError> {
     in_range(
         text,
         0..=16_777_216,
@@ -222,7 +229,7 @@ pub(super) fn parse_location_cache(text: &str) -> Result<usize, String> {
     )
 }
 
-pub(super) fn parse_ib_port(text: &str) -> Result<u8, String> {
+pub(super) fn parse_ib_port(text: &str) -> Result<u8, ValueError> {
     in_range(
         text,
         1..=255,
@@ -230,7 +237,7 @@ pub(super) fn parse_ib_port(text: &str) -> Result<u8, String> {
     )
 }
 
-pub(super) fn parse_gid_index(text: &str) -> Result<u32, String> {
+pub(super) fn parse_gid_index(text: &str) -> Result<u32, ValueError> {
     in_range(
         text,
         0..=255,
@@ -241,11 +248,9 @@ pub(super) fn parse_gid_index(text: &str) -> Result<u32, String> {
 pub(super) fn init_logging_as(
     filter: &str,
     format: skyriver_daemon::logging::LogFormat,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let filter = match std::env::var("RUST_LOG") {
-        Ok(env) => {
-            skyriver_daemon::logging::parse_filter(&env).map_err(|e| format!("RUST_LOG: {e}"))?
-        }
+        Ok(env) => skyriver_daemon::logging::parse_filter(&env).map_err(CliError::RustLog)?,
         Err(_) => filter.to_string(),
     };
     let builder = tracing_subscriber::fmt()
@@ -265,7 +270,7 @@ pub(super) fn init_logging_as(
     Ok(())
 }
 
-pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), String> {
+pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), CliError> {
     init_logging_as(&args.log, args.log_format)?;
     let mut config = DaemonConfig::new(
         args.socket
@@ -281,8 +286,7 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         .socket_group
         .as_deref()
         .map(skyriver_daemon::security::group_id)
-        .transpose()
-        .map_err(|e| e.to_string())?;
+        .transpose()?;
     config.socket_mode = args.socket_mode.unwrap_or(match config.socket_group {
         Some(_) => 0o660,
         None => 0o600,
@@ -302,29 +306,26 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         persistence.durability = args.durability;
         persistence
     });
-    config.threshold = parse_threshold(&args.eager_threshold)?;
+    config.threshold = args.eager_threshold;
     config.lease = Duration::from_millis(args.lease_ms);
     config.location_cache_entries = args.location_cache;
     let directory = match (&args.head, &args.join, &args.directory) {
         (Some(listen), _, _) => Some(DirectoryChoice::Head { listen: *listen }),
         (None, Some(head), _) => Some(DirectoryChoice::Join { head: head.clone() }),
         (None, None, Some(spec)) => {
-            let parsed: DirectorySpec = spec
-                .parse()
-                .map_err(|e: skyriver_transport::directory::DirectoryError| e.to_string())?;
+            let parsed: DirectorySpec = spec.parse()?;
             Some(match parsed {
                 DirectorySpec::Redis { url } => DirectoryChoice::Redis {
                     url: match &args.directory_password_file {
-                        Some(path) => skyriver_transport::directory::redis::url_with_password_file(
-                            &url, path,
-                        )?,
+                        Some(path) => {
+                            skyriver_transport::directory::redis::url_with_password_file(&url, path)
+                                .map_err(CliError::DirectoryPassword)?
+                        }
                         None => url,
                     },
                 },
                 DirectorySpec::Builtin { .. } if args.directory_password_file.is_some() => {
-                    return Err("--directory-password-file is for a Redis directory \
-                                (redis://HOST:PORT)"
-                        .into())
+                    return Err(CliError::PasswordFileForBuiltin)
                 }
                 DirectorySpec::Builtin { addr } => DirectoryChoice::Join { head: addr },
             })
@@ -332,19 +333,17 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), String> {
         (None, None, None) => None,
     };
     let slurm_node = match std::env::var("SLURM_NODEID") {
-        Ok(v) if args.node_id.is_none() && directory.is_some() => {
-            Some(v.trim().parse::<u32>().map_err(|_| {
-                format!("SLURM_NODEID={v:?} is not a node id (a number); pass --node-id N")
-            })?)
-        }
+        Ok(v) if args.node_id.is_none() && directory.is_some() => Some(
+            v.trim()
+                .parse::<u32>()
+                .map_err(|_| CliError::SlurmNodeId(v.clone()))?,
+        ),
         _ => None,
     };
     config.node = NodeId(match (args.node_id, slurm_node, &directory) {
         (Some(id), _, _) | (None, Some(id), _) => id,
         (None, None, Some(DirectoryChoice::Head { .. }) | None) => 0,
-        (None, None, Some(_)) => {
-            return Err("a daemon joining a cluster needs --node-id N (unique per node; under Slurm $SLURM_NODEID is used)".into())
-        }
+        (None, None, Some(_)) => return Err(CliError::NodeIdNeeded),
     });
     if let Some(mut directory) = directory {
         use skyriver_daemon::security::{choose_token, listen_address, TokenChoice};
@@ -352,11 +351,10 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), String> {
             args.token.clone(),
             args.token_file.as_deref(),
             args.insecure,
-        )
-        .map_err(|e| e.to_string())?;
-        let listen = listen_address("--listen", args.listen, &choice).map_err(|e| e.to_string())?;
+        )?;
+        let listen = listen_address("--listen", args.listen, &choice)?;
         if let DirectoryChoice::Head { listen } = &mut directory {
-            *listen = listen_address("--head", *listen, &choice).map_err(|e| e.to_string())?;
+            *listen = listen_address("--head", *listen, &choice)?;
         }
         match &choice {
             TokenChoice::LoopbackOnly => tracing::info!(
@@ -380,20 +378,18 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), String> {
             advertise: args.advertise,
         });
     }
-    skyriver_daemon::run_until_signalled(config).map_err(|e| e.to_string())
+    Ok(skyriver_daemon::run_until_signalled(config)?)
 }
 
-pub(super) fn parse_threshold(text: &str) -> Result<ThresholdPolicy, String> {
+pub(super) fn parse_threshold(text: &str) -> Result<ThresholdPolicy, ValueError> {
     if text == "auto" {
         return Ok(ThresholdPolicy::default());
     }
-    let size: ByteSize = text
-        .parse()
-        .map_err(|e: String| format!("--eager-threshold: {e} (or auto)"))?;
+    let size: ByteSize = text.parse().map_err(ValueError::Threshold)?;
     Ok(ThresholdPolicy::Fixed(size.0))
 }
 
-pub(super) fn choose_fabric(args: &DaemonArgs) -> Result<FabricChoice, String> {
+pub(super) fn choose_fabric(args: &DaemonArgs) -> Result<FabricChoice, CliError> {
     let verbs = |device: String| FabricChoice::Verbs {
         device,
         port: args.ib_port,
@@ -403,15 +399,10 @@ pub(super) fn choose_fabric(args: &DaemonArgs) -> Result<FabricChoice, String> {
     match args.fabric.as_str() {
         "tcp" => Ok(FabricChoice::Tcp),
         "verbs" => {
-            let devices = skyriver_transport::verbs::list_devices()
-                .map_err(|e| format!("--fabric verbs: {e}"))?;
+            let devices = skyriver_transport::verbs::list_devices().map_err(CliError::Verbs)?;
             let device = match &args.device {
                 Some(device) => device.clone(),
-                None => devices.into_iter().next().ok_or(
-                    "--fabric verbs: libibverbs found no RDMA device (load a driver, e.g. \
-                     `rdma link add rxe0 type rxe netdev eth0` for SoftRoCE, name one with \
-                     --device, or use --fabric tcp)",
-                )?,
+                None => devices.into_iter().next().ok_or(CliError::NoRdmaDevice)?,
             };
             Ok(verbs(device))
         }

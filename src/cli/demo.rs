@@ -3,21 +3,16 @@
 #[allow(unused_imports)]
 use super::*;
 
-pub(super) fn demo() -> Result<(), String> {
-    let fail = |e: ClientError| e.to_string();
+pub(super) fn demo() -> Result<(), CliError> {
     println!("starting a daemon with 256 MiB of shared memory on a private socket...");
-    let daemon = crate::bench::ChildDaemon::start(256 << 20).map_err(|e| e.to_string())?;
+    let daemon = crate::bench::ChildDaemon::start(256 << 20)?;
     println!("  socket: {}", daemon.socket().display());
-    let writer = Client::connect(daemon.socket()).map_err(fail)?;
-    let reader = Client::connect(daemon.socket()).map_err(fail)?;
+    let writer = Client::connect(daemon.socket())?;
+    let reader = Client::connect(daemon.socket())?;
 
     let greeting = ObjectId::from_u64(1);
-    writer
-        .create_and_seal(greeting, b"hello from skyriver", b"text/plain")
-        .map_err(fail)?;
-    let object = reader
-        .get_one(greeting, Some(Duration::ZERO))
-        .map_err(fail)?;
+    writer.create_and_seal(greeting, b"hello from skyriver", b"text/plain")?;
+    let object = reader.get_one(greeting, Some(Duration::ZERO))?;
     println!(
         "put then get {greeting}: {:?} (metadata {:?})",
         String::from_utf8_lossy(object.data()),
@@ -28,14 +23,14 @@ pub(super) fn demo() -> Result<(), String> {
     let big = ObjectId::from_u64(2);
     let size = 64usize << 20;
     let started = std::time::Instant::now();
-    let mut builder = writer.create(big, size as u64, 0).map_err(fail)?;
+    let mut builder = writer.create(big, size as u64, 0)?;
     for (i, chunk) in builder.data_mut().chunks_mut(4096).enumerate() {
         chunk.fill(i as u8);
     }
-    builder.seal().map_err(fail)?;
+    builder.seal()?;
     let wrote = started.elapsed();
     let started = std::time::Instant::now();
-    let object = reader.get_one(big, Some(Duration::ZERO)).map_err(fail)?;
+    let object = reader.get_one(big, Some(Duration::ZERO))?;
     let got = started.elapsed();
     let intact = object
         .data()
@@ -57,19 +52,14 @@ pub(super) fn demo() -> Result<(), String> {
         })
     };
     std::thread::sleep(Duration::from_millis(100));
-    writer
-        .create_and_seal(ObjectId::from_u64(3), b"worth the wait", b"")
-        .map_err(fail)?;
-    let waited = waiter
-        .join()
-        .map_err(|_| "the waiting client panicked".to_string())?
-        .map_err(fail)?;
+    writer.create_and_seal(ObjectId::from_u64(3), b"worth the wait", b"")?;
+    let waited = waiter.join().map_err(|_| CliError::WaiterPanicked)??;
     println!(
         "a blocked get woke up at seal and read {:?}",
         String::from_utf8_lossy(&waited)
     );
 
-    let stats = reader.stats().map_err(fail)?;
+    let stats = reader.stats()?;
     println!(
         "store: {} objects, {} of {} used",
         stats.object_count,
@@ -88,9 +78,8 @@ pub(super) fn demo() -> Result<(), String> {
 }
 
 /// The second half of the demo: what Skyriver exists for, objects moving between two nodes.
-pub(super) fn demo_cluster() -> Result<(), String> {
-    let fail = |e: ClientError| e.to_string();
-    let exe = crate::self_exe().map_err(|e| e.to_string())?;
+pub(super) fn demo_cluster() -> Result<(), CliError> {
+    let exe = crate::self_exe().map_err(CliError::OwnPath)?;
     let dir = tempfile_dir("skyriver-demo")?;
     let mut up = crate::up::UpArgs::new(2, ByteSize(192 << 20), Some(dir.path.clone()));
     // The nodes see each other leave when the demo stops them: not worth a warning here.
@@ -113,11 +102,11 @@ pub(super) fn demo_cluster() -> Result<(), String> {
             up.devices.clear();
             crate::up::LocalCluster::start(&up, &exe)?
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
-    let holder = Client::connect(&cluster.sockets[0]).map_err(fail)?;
-    let requester = Client::connect(&cluster.sockets[1]).map_err(fail)?;
-    let view = requester.nodes().map_err(fail)?;
+    let holder = Client::connect(&cluster.sockets[0])?;
+    let requester = Client::connect(&cluster.sockets[1])?;
+    let view = requester.nodes()?;
     let threshold = view
         .members
         .iter()
@@ -130,20 +119,14 @@ pub(super) fn demo_cluster() -> Result<(), String> {
         (ObjectId::from_u64(10), 4usize << 10),
         (ObjectId::from_u64(11), 32 << 20),
     ] {
-        let mut writer = holder.create(id, size as u64, 0).map_err(fail)?;
+        let mut writer = holder.create(id, size as u64, 0)?;
         for (i, b) in writer.data_mut().iter_mut().enumerate() {
             *b = (i as u64).wrapping_mul(0x9e37_79b9) as u8 ^ (i >> 12) as u8;
         }
-        writer.seal().map_err(fail)?;
-        let before = requester
-            .metrics()
-            .map_err(fail)?
-            .counters
-            .transfer_outcomes;
+        writer.seal()?;
+        let before = requester.metrics()?.counters.transfer_outcomes;
         let started = std::time::Instant::now();
-        let object = requester
-            .fetch_one(id, Some(Duration::from_secs(30)))
-            .map_err(fail)?;
+        let object = requester.fetch_one(id, Some(Duration::from_secs(30)))?;
         let took = started.elapsed();
         let intact = object
             .data()
@@ -151,11 +134,7 @@ pub(super) fn demo_cluster() -> Result<(), String> {
             .enumerate()
             .all(|(i, &b)| b == (i as u64).wrapping_mul(0x9e37_79b9) as u8 ^ (i >> 12) as u8);
         // The path the requester's core took, from its own counters.
-        let after = requester
-            .metrics()
-            .map_err(fail)?
-            .counters
-            .transfer_outcomes;
+        let after = requester.metrics()?.counters.transfer_outcomes;
         let path = if after.eager_ok > before.eager_ok {
             "eager: the bytes came in two-sided messages"
         } else if after.rendezvous_ok > before.rendezvous_ok {
@@ -169,9 +148,7 @@ pub(super) fn demo_cluster() -> Result<(), String> {
             size as f64 / took.as_secs_f64() / 1e6,
         );
         if !intact {
-            return Err(format!(
-                "the fetched copy of {id} differs from the original"
-            ));
+            return Err(CliError::CopyDiffers(id));
         }
     }
     if let Some(threshold) = threshold {
@@ -196,8 +173,8 @@ impl Drop for TempDir {
     }
 }
 
-pub(super) fn tempfile_dir(prefix: &str) -> Result<TempDir, String> {
+pub(super) fn tempfile_dir(prefix: &str) -> Result<TempDir, CliError> {
     let path = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
-    std::fs::create_dir_all(&path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    std::fs::create_dir_all(&path).map_err(file_error("create", &path))?;
     Ok(TempDir { path })
 }

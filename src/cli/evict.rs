@@ -3,16 +3,16 @@
 #[allow(unused_imports)]
 use super::*;
 
-pub(super) fn evict(socket: &SocketArg, size: ByteSize) -> Result<(), String> {
-    let client = socket.connect().map_err(|e| e.to_string())?;
-    let outcome = client.evict(size.0).map_err(|e| e.to_string())?;
+pub(super) fn evict(socket: &SocketArg, size: ByteSize) -> Result<(), CliError> {
+    let client = socket.connect()?;
+    let outcome = client.evict(size.0)?;
     println!(
         "evicted {} objects, {}",
         outcome.objects,
         format_bytes(outcome.bytes)
     );
     if outcome.bytes < size.0 {
-        let left = client.stats().map_err(|e| e.to_string())?;
+        let left = client.stats()?;
         if left.object_count == 0 {
             // Nothing more to free: all the memory is free.
             println!(
@@ -22,12 +22,10 @@ pub(super) fn evict(socket: &SocketArg, size: ByteSize) -> Result<(), String> {
             return Ok(());
         }
         // Scripts asking for room must not take "freed less" for success.
-        return Err(format!(
-            "freed {} of the {} asked: every other object is in use, unsealed or pinned by a \
-             transfer",
-            format_bytes(outcome.bytes),
-            format_bytes(size.0)
-        ));
+        return Err(CliError::FreedLess {
+            freed: format_bytes(outcome.bytes),
+            asked: format_bytes(size.0),
+        });
     }
     Ok(())
 }

@@ -10,15 +10,13 @@ pub(super) fn fetch(
     timeout_ms: u64,
     mode: TransferMode,
     wait: bool,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     if output.is_some() && ids.len() != 1 {
-        return Err("-o takes exactly one object id".into());
+        return Err(CliError::OutputNeedsOneId);
     }
-    let client = socket.connect().map_err(|e| e.to_string())?;
+    let client = socket.connect()?;
     let started = std::time::Instant::now();
-    let results = client
-        .fetch_with(ids, Some(Duration::from_millis(timeout_ms)), mode, wait)
-        .map_err(|e| e.to_string())?;
+    let results = client.fetch_with(ids, Some(Duration::from_millis(timeout_ms)), mode, wait)?;
     let elapsed = started.elapsed();
     let mut failed = 0;
     for (id, result) in ids.iter().zip(&results) {
@@ -42,8 +40,7 @@ pub(super) fn fetch(
                 .and_then(|()| stdout.flush())
                 .map_err(stdout_error)?;
         } else {
-            std::fs::write(path, object.data())
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            std::fs::write(path, object.data()).map_err(file_error("write", path))?;
         }
     }
     let bytes: u64 = results
@@ -58,7 +55,11 @@ pub(super) fn fetch(
         format_bytes(bytes)
     );
     if failed > 0 {
-        return Err(format!("{failed} of {} fetches failed", ids.len()));
+        return Err(CliError::SomeFailed {
+            failed,
+            total: ids.len(),
+            what: "fetches",
+        });
     }
     Ok(())
 }

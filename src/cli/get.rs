@@ -8,20 +8,16 @@ pub(super) fn get(
     id: ObjectId,
     output: Option<PathBuf>,
     timeout_ms: u64,
-) -> Result<(), String> {
-    let client = socket.connect().map_err(|e| e.to_string())?;
-    let object = client
-        .get_one(id, Some(Duration::from_millis(timeout_ms)))
-        .map_err(|e| e.to_string())?;
+) -> Result<(), CliError> {
+    let client = socket.connect()?;
+    let object = client.get_one(id, Some(Duration::from_millis(timeout_ms)))?;
     let data = object.data();
     match output {
         Some(path) => {
-            let mut file = std::fs::File::create(&path)
-                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+            let mut file = std::fs::File::create(&path).map_err(file_error("create", &path))?;
             let bar = progress_bar(data.len() as u64);
             for chunk in data.chunks(8 << 20) {
-                file.write_all(chunk)
-                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                file.write_all(chunk).map_err(file_error("write", &path))?;
                 bar.inc(chunk.len() as u64);
             }
             bar.finish_and_clear();
@@ -38,9 +34,9 @@ pub(super) fn get(
 }
 
 /// A failed write to standard output: quiet when the reader closed it, else an error.
-pub(super) fn stdout_error(error: std::io::Error) -> String {
+pub(super) fn stdout_error(error: std::io::Error) -> CliError {
     if error.kind() == std::io::ErrorKind::BrokenPipe {
         stdout_closed();
     }
-    format!("cannot write standard output: {error}")
+    CliError::Stdout(error)
 }

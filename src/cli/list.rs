@@ -3,9 +3,9 @@
 #[allow(unused_imports)]
 use super::*;
 
-pub(super) fn list(socket: &SocketArg, json: bool) -> Result<(), String> {
-    let client = socket.connect().map_err(|e| e.to_string())?;
-    let objects = client.list().map_err(|e| e.to_string())?;
+pub(super) fn list(socket: &SocketArg, json: bool) -> Result<(), CliError> {
+    let client = socket.connect()?;
+    let objects = client.list()?;
     if json {
         let rows: Vec<serde_json::Value> = objects
             .iter()

@@ -3,15 +3,15 @@
 #[allow(unused_imports)]
 use super::*;
 
-pub(super) fn locate(socket: &SocketArg, id: ObjectId) -> Result<(), String> {
-    let client = socket.connect().map_err(|e| e.to_string())?;
+pub(super) fn locate(socket: &SocketArg, id: ObjectId) -> Result<(), CliError> {
+    let client = socket.connect()?;
     let skyriver_client::ObjectLocation {
         holders,
         sizes,
         digest,
-    } = client.locate(id).map_err(|e| e.to_string())?;
+    } = client.locate(id)?;
     if holders.is_empty() {
-        return Err(format!("no live node holds {id}"));
+        return Err(CliError::NotHeld(id));
     }
     let names: Vec<String> = holders.iter().map(|n| n.to_string()).collect();
     let digest = digest.map_or_else(String::new, |d| format!("  digest {d}"));

@@ -18,6 +18,10 @@ mod stdout;
 mod watch;
 
 use chaos::*;
+mod error;
+use error::file_error;
+pub use error::{CliError, ValueError};
+
 use daemon::*;
 use demo::*;
 use evict::*;
@@ -246,16 +250,15 @@ enum Command {
 }
 
 /// Why `-e URL` is refused: Plasma's external store is Skyriver's future spill tier.
-fn external_store_refusal(url: &str) -> String {
+fn external_store_refusal(url: &str) -> CliError {
     let spill = match url.strip_prefix("file://") {
         Some(dir) => format!("`--spill-dir {dir}`"),
         None => "`--spill-dir DIR` (as `-e file://DIR`)".to_string(),
     };
-    format!(
-        "-e {url}: Skyriver has no external store yet. Evicted objects are dropped, not \
-         spilled; spilling them to a directory is planned as the daemon's {spill}, which \
-         `-e file://DIR` will then mean. Start without -e."
-    )
+    CliError::ExternalStore {
+        url: url.to_string(),
+        spill,
+    }
 }
 
 /// Runs the command line `args` (the program's name first), as the `skyriver` binary does.
@@ -316,21 +319,24 @@ fn run(args: Vec<std::ffi::OsString>) -> ExitCode {
         } => fetch(&socket, &ids, output, timeout_ms, mode, wait),
         Command::Nodes { json, socket } => nodes(&socket, json),
         Command::Locate { id, socket } => locate(&socket, id),
-        Command::Top(args) => crate::top::run(&args).map_err(|e| e.to_string()),
-        Command::Up(args) => crate::up::run(&args),
-        Command::Cluster(command) => crate::cluster::run(command),
-        Command::Bench(command) => crate::bench::run(command).map_err(|e| e.to_string()),
-        Command::Chaos(args) => run_chaos(&args),
+        Command::Top(args) => crate::top::run(&args).map_err(CliError::from),
+        Command::Up(args) => crate::up::run(&args).map_err(CliError::from),
+        Command::Cluster(command) => crate::cluster::run(command).map_err(CliError::from),
+        Command::Bench(command) => crate::bench::run(command).map_err(CliError::from),
+        Command::Chaos(args) => run_chaos(&args).map_err(CliError::from),
     };
     exit_code(result)
 }
 
-fn exit_code(result: Result<(), String>) -> ExitCode {
+fn exit_code(result: Result<(), CliError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("skyriver: {message}");
+        Err(error) => {
+            eprintln!("skyriver: {error}");
             ExitCode::FAILURE
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

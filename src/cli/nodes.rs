@@ -3,9 +3,9 @@
 #[allow(unused_imports)]
 use super::*;
 
-pub(super) fn nodes(socket: &SocketArg, json: bool) -> Result<(), String> {
-    let client = socket.connect().map_err(|e| e.to_string())?;
-    let view = client.nodes().map_err(|e| e.to_string())?;
+pub(super) fn nodes(socket: &SocketArg, json: bool) -> Result<(), CliError> {
+    let client = socket.connect()?;
+    let view = client.nodes()?;
     if json {
         let members: Vec<serde_json::Value> = view
             .members

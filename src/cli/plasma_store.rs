@@ -42,7 +42,7 @@ pub(super) struct PlasmaStoreCli {
 }
 
 /// Runs the daemon from plasma_store's flags: they are turned into `skyriver daemon`'s.
-pub(super) fn run_plasma_store(args: PlasmaStoreArgs) -> Result<(), String> {
+pub(super) fn run_plasma_store(args: PlasmaStoreArgs) -> Result<(), CliError> {
     if let Some(url) = &args.external_store {
         return Err(external_store_refusal(url));
     }

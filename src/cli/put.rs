@@ -23,19 +23,16 @@ pub(super) fn put(
     input: &PathBuf,
     id: Option<ObjectId>,
     metadata: &[u8],
-) -> Result<(), String> {
-    let client = socket.connect().map_err(|e| e.to_string())?;
+) -> Result<(), CliError> {
+    let client = socket.connect()?;
     let id = id.unwrap_or_else(skyriver_client::random_object_id);
     let (mut reader, size): (Box<dyn Read>, u64) = if input.as_os_str() == "-" {
         stage_whole(std::io::stdin(), "standard input")?
     } else {
-        let file = std::fs::File::open(input)
-            .map_err(|e| format!("cannot open {}: {e}", input.display()))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| format!("cannot stat {}: {e}", input.display()))?;
+        let file = std::fs::File::open(input).map_err(file_error("open", input))?;
+        let meta = file.metadata().map_err(file_error("stat", input))?;
         if meta.is_dir() {
-            return Err(format!("{} is a directory, not a file", input.display()));
+            return Err(CliError::IsDirectory(input.clone()));
         }
         if meta.is_file() {
             (Box::new(file), meta.len())
@@ -49,14 +46,12 @@ pub(super) fn put(
         // Small: the bytes travel in the request, one round trip.
         let mut data = vec![0u8; size as usize];
         read_input_into(&mut reader, &mut data, input)?;
-        client.put(id, &data, metadata).map_err(|e| e.to_string())?;
+        client.put(id, &data, metadata)?;
     } else {
-        let mut writer = client
-            .create(id, size, metadata.len() as u64)
-            .map_err(|e| e.to_string())?;
+        let mut writer = client.create(id, size, metadata.len() as u64)?;
         writer.metadata_mut().copy_from_slice(metadata);
         read_input_into(&mut reader, writer.data_mut(), input)?;
-        writer.seal().map_err(|e| e.to_string())?;
+        writer.seal()?;
     }
     println!("{id}");
     Ok(())
@@ -68,7 +63,7 @@ pub(super) fn read_input_into(
     reader: &mut dyn Read,
     data: &mut [u8],
     input: &Path,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let size = data.len();
     let bar = progress_bar(size as u64);
     let mut filled = 0;
@@ -76,12 +71,16 @@ pub(super) fn read_input_into(
         let chunk_end = (filled + (8 << 20)).min(data.len());
         let n = reader
             .read(&mut data[filled..chunk_end])
-            .map_err(|e| format!("cannot read {}: {e}", input.display()))?;
+            .map_err(|source| CliError::Read {
+                what: input.display().to_string(),
+                source,
+            })?;
         if n == 0 {
-            return Err(format!(
-                "{} shrank while being read ({filled} of {size} bytes); the object was not stored",
-                input.display()
-            ));
+            return Err(CliError::InputShrank {
+                path: input.to_path_buf(),
+                filled,
+                size,
+            });
         }
         filled += n;
         bar.set_position(filled as u64);
@@ -90,10 +89,10 @@ pub(super) fn read_input_into(
     // A regular file that grew while being read would be stored cut short: refuse instead.
     let mut probe = [0u8; 1];
     if matches!(reader.read(&mut probe), Ok(n) if n > 0) {
-        return Err(format!(
-            "{} grew while being read (more than its {size} bytes); the object was not stored",
-            input.display()
-        ));
+        return Err(CliError::InputGrew {
+            path: input.to_path_buf(),
+            size,
+        });
     }
     Ok(())
 }
@@ -102,11 +101,14 @@ pub(super) fn read_input_into(
 pub(super) fn stage_whole(
     mut input: impl Read,
     what: &str,
-) -> Result<(Box<dyn Read>, u64), String> {
+) -> Result<(Box<dyn Read>, u64), CliError> {
     let mut data = Vec::new();
     input
         .read_to_end(&mut data)
-        .map_err(|e| format!("cannot read {what}: {e}"))?;
+        .map_err(|source| CliError::Read {
+            what: what.to_string(),
+            source,
+        })?;
     let size = data.len() as u64;
     Ok((Box::new(std::io::Cursor::new(data)), size))
 }

@@ -3,9 +3,9 @@
 #[allow(unused_imports)]
 use super::*;
 
-pub(super) fn remove(socket: &SocketArg, ids: &[ObjectId]) -> Result<(), String> {
-    let client = socket.connect().map_err(|e| e.to_string())?;
-    let results = client.delete(ids).map_err(|e| e.to_string())?;
+pub(super) fn remove(socket: &SocketArg, ids: &[ObjectId]) -> Result<(), CliError> {
+    let client = socket.connect()?;
+    let results = client.delete(ids)?;
     let mut failed = 0;
     for (id, result) in ids.iter().zip(results) {
         match result {
@@ -20,7 +20,11 @@ pub(super) fn remove(socket: &SocketArg, ids: &[ObjectId]) -> Result<(), String>
         }
     }
     if failed > 0 {
-        return Err(format!("{failed} of {} deletes failed", ids.len()));
+        return Err(CliError::SomeFailed {
+            failed,
+            total: ids.len(),
+            what: "deletes",
+        });
     }
     Ok(())
 }

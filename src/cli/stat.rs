@@ -3,9 +3,9 @@
 #[allow(unused_imports)]
 use super::*;
 
-pub(super) fn stat(socket: &SocketArg, json: bool) -> Result<(), String> {
-    let client = socket.connect().map_err(|e| e.to_string())?;
-    let stats = client.stats().map_err(|e| e.to_string())?;
+pub(super) fn stat(socket: &SocketArg, json: bool) -> Result<(), CliError> {
+    let client = socket.connect()?;
+    let stats = client.stats()?;
     if json {
         println!(
             "{}",

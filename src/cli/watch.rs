@@ -3,9 +3,9 @@
 #[allow(unused_imports)]
 use super::*;
 
-pub(super) fn watch(socket: &SocketArg, count: Option<u64>) -> Result<(), String> {
-    let client = socket.connect().map_err(|e| e.to_string())?;
-    let subscription = client.subscribe().map_err(|e| e.to_string())?;
+pub(super) fn watch(socket: &SocketArg, count: Option<u64>) -> Result<(), CliError> {
+    let client = socket.connect()?;
+    let subscription = client.subscribe()?;
     eprintln!(
         "watching {} (Ctrl-C to stop)",
         client.socket_path().display()
@@ -13,12 +13,10 @@ pub(super) fn watch(socket: &SocketArg, count: Option<u64>) -> Result<(), String
     let mut seen = 0u64;
     for event in subscription {
         seen += 1;
-        let event = event.map_err(|e| {
-            format!(
-                "lost the daemon at {} after {} event(s): {e}",
-                socket_name(&client),
-                seen - 1
-            )
+        let event = event.map_err(|source| CliError::DaemonLost {
+            socket: client.socket_path().to_path_buf(),
+            seen: seen - 1,
+            source,
         })?;
         match event {
             ObjectEvent::Sealed {
@@ -38,12 +36,8 @@ pub(super) fn watch(socket: &SocketArg, count: Option<u64>) -> Result<(), String
         }
     }
     // The stream only ends when the daemon closes it: it stopped or died.
-    Err(format!(
-        "the daemon at {} closed the connection (stopped or died) after {seen} event(s)",
-        socket_name(&client)
-    ))
-}
-
-pub(super) fn socket_name(client: &Client) -> String {
-    client.socket_path().display().to_string()
+    Err(CliError::DaemonClosed {
+        socket: client.socket_path().to_path_buf(),
+        seen,
+    })
 }

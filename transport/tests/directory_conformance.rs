@@ -176,7 +176,11 @@ async fn subscribe_then_publish_delivers_exactly_once<H: Harness>(h: &mut H) {
         digest: digest_of(sizes(3)),
     })
     .await;
-    assert_eq!(b.events_after_quiet().await, vec![]);
+    assert_eq!(
+        b.events_before_marker(&mut a, ObjectId::from_u64(0x1f0))
+            .await,
+        vec![]
+    );
     // A lookup that finds a holder registers no subscription.
     let y = ObjectId::from_u64(0x21);
     a.ask(DirectoryRequest::Publish {
@@ -199,7 +203,11 @@ async fn subscribe_then_publish_delivers_exactly_once<H: Harness>(h: &mut H) {
         digest: digest_of(sizes(1)),
     })
     .await;
-    assert_eq!(b.events_after_quiet().await, vec![]);
+    assert_eq!(
+        b.events_before_marker(&mut a, ObjectId::from_u64(0x1f1))
+            .await,
+        vec![]
+    );
 }
 
 async fn unsubscribe_cancels_a_subscription<H: Harness>(h: &mut H) {
@@ -230,7 +238,11 @@ async fn unsubscribe_cancels_a_subscription<H: Harness>(h: &mut H) {
         digest: digest_of(sizes(2)),
     })
     .await;
-    assert_eq!(b.events_after_quiet().await, vec![]);
+    assert_eq!(
+        b.events_before_marker(&mut a, ObjectId::from_u64(0x3f0))
+            .await,
+        vec![]
+    );
     assert_eq!(
         b.ask(DirectoryRequest::Lookup {
             id: z,
@@ -309,7 +321,9 @@ async fn a_restart_with_a_new_incarnation_starts_clean<H: Harness>(h: &mut H) {
     })
     .await;
     assert_eq!(
-        restarted.events_after_quiet().await,
+        restarted
+            .events_before_marker(&mut b, ObjectId::from_u64(0x5f0))
+            .await,
         vec![],
         "the old incarnation's subscription is gone"
     );

@@ -543,9 +543,23 @@ async fn redis_token_expires_once_no_node_refreshes_it_and_a_refusal_says_how_to
     // A live node keeps refreshing the token's TTL.
     let _live = Node::join(short.clone(), member(1)).await;
     let token_key = Keys::new("c").token();
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    let ttl_ms: i64 = redis_command(&server, &["PTTL", &token_key]).await;
-    assert!(ttl_ms > 0 && ttl_ms <= 400, "token TTL {ttl_ms} ms");
+    // A refresh shows as a remaining TTL that went up between two looks.
+    let mut last_ms: i64 = redis_command(&server, &["PTTL", &token_key]).await;
+    assert!(last_ms > 0 && last_ms <= 400, "token TTL {last_ms} ms");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let ttl_ms: i64 = redis_command(&server, &["PTTL", &token_key]).await;
+        assert!(ttl_ms > 0 && ttl_ms <= 400, "token TTL {ttl_ms} ms");
+        if ttl_ms > last_ms {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the live node never refreshed the token's TTL (last {ttl_ms} ms)"
+        );
+        last_ms = ttl_ms;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     drop(_live);
 
     // A token left by a cluster whose nodes all died.
@@ -570,7 +584,15 @@ async fn redis_token_expires_once_no_node_refreshes_it_and_a_refusal_says_how_to
         Err(other) => panic!("expected a refusal, got {other}"),
         Ok(_) => panic!("a node with the wrong token joined"),
     }
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Once the left-over token has expired, the name is free again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while redis_command::<i64>(&server, &["EXISTS", &token_key]).await != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the left-over token never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let _joined = Node::try_join(short, member(2), TOKEN)
         .await
         .expect("the expired token no longer holds the name");

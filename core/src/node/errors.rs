@@ -3,7 +3,8 @@
 use std::fmt;
 
 use crate::error::StoreError;
-use crate::ids::ObjectId;
+use crate::ids::{NodeId, ObjectId};
+use crate::region::LocalRegion;
 
 /// Why a READ failed, as the driver reports it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
@@ -17,6 +18,31 @@ pub enum ReadError {
     /// The connection to the peer is gone; the READ was flushed.
     #[error("connection lost")]
     ConnectionLost,
+}
+
+/// Why the fabric could not grant a reader READ access to a lease's region, as the driver
+/// reports it (the fetch is refused with it). Recorded and replayed, so it carries values,
+/// not sources.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+pub enum GrantError {
+    /// No connection to the reader (it was lost while the grant was under way).
+    #[error("no connection to {0}")]
+    NotConnected(NodeId),
+    /// The region lies outside this node's arenas.
+    #[error("region {0} is outside this node's arenas")]
+    BadRegion(LocalRegion),
+    /// A view of the region that conflicts with serving READs is alive (it is being written).
+    #[error("region {0} is in use in this process")]
+    InUse(LocalRegion),
+    /// Every memory window is bound to a lease; more are granted as leases end.
+    #[error("all {limit} memory windows are bound to leases; fewer READs at once would fit")]
+    WindowsExhausted {
+        /// How many windows the device allows this node.
+        limit: usize,
+    },
+    /// The device refused to allocate or bind a memory window; its message.
+    #[error("{0}")]
+    Device(String),
 }
 
 /// How a fetch moves an object's bytes, chosen per fetch by the client.

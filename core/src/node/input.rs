@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ClusterMember, Node, PeerParams, ReadError, ReadGrant, ReadOpId};
+use super::{ClusterMember, GrantError, Node, PeerParams, ReadError, ReadGrant, ReadOpId};
 use crate::client_protocol::RequestFrame;
 use crate::digest::ContentDigest;
 use crate::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply};
@@ -118,7 +118,7 @@ pub enum NodeInput<'a> {
         /// Its transfer.
         req: TransferId,
         /// The keys, or why there are none.
-        result: Result<ReadGrant, String>,
+        result: Result<ReadGrant, GrantError>,
     },
     /// The fabric's answer to [`NodeOutput::RevokeRead`](super::NodeOutput::RevokeRead): the
     /// lease's keys reach nothing any more, so its object is unpinned.

@@ -58,7 +58,7 @@ pub use clients::{ClusterMember, MAX_PARKED_CREATES};
 pub use config::{ArenaKey, NodeConfig, PeerParams, ReadGrant};
 pub use drive::{drive, drive_host, DriveHost};
 pub use driver::NodeDriver;
-pub use errors::{FetchError, ReadError, TransferMode};
+pub use errors::{FetchError, GrantError, ReadError, TransferMode};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
 pub use input::{Handled, NodeInput};
 pub use links::{DialPolicy, PeerLink, Unreachable};
@@ -441,7 +441,7 @@ impl Node {
         now: Instant,
         peer: NodeId,
         req: TransferId,
-        result: Result<ReadGrant, String>,
+        result: Result<ReadGrant, GrantError>,
     ) {
         self.advance(now);
         self.read_granted(peer, req, result);

@@ -96,6 +96,14 @@ pub enum RecordError {
     },
 }
 
+/// The name of a record's finished segment `segment`: `FILE.segment` next to `FILE` (the
+/// segment being written). A replay of segment N needs segments 0 to N - 1 under these names.
+pub fn segment_path(record: &std::path::Path, segment: u64) -> std::path::PathBuf {
+    let mut path = record.as_os_str().to_owned();
+    path.push(format!(".{segment}"));
+    std::path::PathBuf::from(path)
+}
+
 /// A digest of an output, to compare a replay's outputs with the recorded run's without
 /// storing them: a hash of its debug form (every field, in order).
 pub fn output_digest(output: &NodeOutput) -> u64 {

@@ -41,8 +41,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    Node, NodeOutput, ReadError, ReadGrant, ReadOpId, Timer, TransferMode, TransferPath,
-    FETCH_CLIENT,
+    GrantError, Node, NodeOutput, ReadError, ReadGrant, ReadOpId, Timer, TransferMode,
+    TransferPath, FETCH_CLIENT,
 };
 use crate::digest::ContentDigest;
 use crate::ids::{NodeId, ObjectId, TransferId};
@@ -786,7 +786,7 @@ impl Node {
         &mut self,
         peer: NodeId,
         req: TransferId,
-        result: Result<ReadGrant, String>,
+        result: Result<ReadGrant, GrantError>,
     ) {
         let Some(lease) = self.leases.get_mut(&(peer, req)) else {
             return;

@@ -216,25 +216,14 @@ impl<S: Storage> SlotIndex<S> {
 
     /// Takes one change from the store, to be written by the next commit.
     pub fn stage(&mut self, change: DurableChange) {
-        match change {
-            DurableChange::Sealed {
-                id,
-                block,
-                data_size,
-                metadata_size,
-            } => {
+        match change.sealed_object() {
+            Some(object) => {
+                let id = object.id;
                 debug_assert!(!self.recorded.contains_key(&id), "{id} sealed twice");
-                self.staged_seals.insert(
-                    id,
-                    RecoveredObject {
-                        id,
-                        block,
-                        data_size,
-                        metadata_size,
-                    },
-                );
+                self.staged_seals.insert(id, object);
             }
-            DurableChange::Removed { id } => {
+            None => {
+                let id = change.id();
                 // Sealed and removed before its record was written: nothing to undo.
                 if self.staged_seals.remove(&id).is_some() {
                     return;

@@ -42,6 +42,33 @@ pub enum DurableChange {
     },
 }
 
+impl DurableChange {
+    /// The object a seal makes durable, as recovery finds it again; `None` for a removal.
+    pub fn sealed_object(&self) -> Option<RecoveredObject> {
+        match *self {
+            DurableChange::Sealed {
+                id,
+                block,
+                data_size,
+                metadata_size,
+            } => Some(RecoveredObject {
+                id,
+                block,
+                data_size,
+                metadata_size,
+            }),
+            DurableChange::Removed { .. } => None,
+        }
+    }
+
+    /// The object the change is about.
+    pub fn id(&self) -> ObjectId {
+        match *self {
+            DurableChange::Sealed { id, .. } | DurableChange::Removed { id } => id,
+        }
+    }
+}
+
 /// A sealed object found in persistent storage on restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecoveredObject {
@@ -171,25 +198,12 @@ impl Store {
 pub fn replay(log: &[DurableChange]) -> Vec<RecoveredObject> {
     let mut live = std::collections::BTreeMap::new();
     for change in log {
-        match *change {
-            DurableChange::Sealed {
-                id,
-                block,
-                data_size,
-                metadata_size,
-            } => {
-                live.insert(
-                    id,
-                    RecoveredObject {
-                        id,
-                        block,
-                        data_size,
-                        metadata_size,
-                    },
-                );
+        match change.sealed_object() {
+            Some(object) => {
+                live.insert(object.id, object);
             }
-            DurableChange::Removed { id } => {
-                live.remove(&id);
+            None => {
+                live.remove(&change.id());
             }
         }
     }
@@ -229,6 +243,29 @@ mod tests {
         let id = ObjectId::from_u64(n);
         store.create(Instant(0), A, id, size, 0).unwrap();
         store.seal(A, id, true).unwrap()
+    }
+
+    #[test]
+    fn a_seal_is_recovered_as_the_object_it_sealed_and_a_removal_as_nothing() {
+        let mut store = durable_store(256);
+        let info = put(&mut store, 1, 100);
+        let change = store.poll_durable_change().expect("the seal is durable");
+        let DurableChange::Sealed { block, .. } = change else {
+            panic!("a seal recorded as {change:?}");
+        };
+        assert!(block.offset <= info.region.offset && block.len >= info.region.len);
+        assert_eq!(
+            change.sealed_object(),
+            Some(RecoveredObject {
+                id: info.id,
+                block,
+                data_size: 100,
+                metadata_size: 0,
+            })
+        );
+        assert_eq!(change.id(), info.id);
+        let removal = DurableChange::Removed { id: info.id };
+        assert_eq!((removal.sealed_object(), removal.id()), (None, info.id));
     }
 
     #[test]

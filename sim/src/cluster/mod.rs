@@ -22,7 +22,7 @@ use skyriver_core::client_protocol::Request;
 use skyriver_core::client_session::ClientSession;
 use skyriver_core::directory::{DirectoryNotice, DirectoryOpId, DirectoryRequest};
 use skyriver_core::node::{
-    drive_host, ArenaKey, DialPolicy, Handled, PathCosts, ReadGrant, FETCH_CLIENT,
+    drive_host, ArenaKey, DialPolicy, GrantError, Handled, PathCosts, ReadGrant, FETCH_CLIENT,
 };
 use skyriver_core::{
     wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, NodeInput,
@@ -98,7 +98,7 @@ enum Event {
         inc: u32,
         reader: NodeId,
         req: TransferId,
-        result: Result<ReadGrant, String>,
+        result: Result<ReadGrant, GrantError>,
     },
     /// A node's `RevokeRead` took effect.
     ReadRevoked {

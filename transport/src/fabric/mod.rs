@@ -42,7 +42,7 @@ use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::Arc;
 
-use skyriver_core::node::{ArenaKey, PeerParams, ReadError, ReadGrant, ReadOpId};
+use skyriver_core::node::{ArenaKey, GrantError, PeerParams, ReadError, ReadGrant, ReadOpId};
 use skyriver_core::wire::EagerHeader;
 use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 
@@ -226,7 +226,7 @@ pub enum FabricError {
     /// READ access to a region could not be granted (verbs: a memory window could not be
     /// allocated or bound).
     #[error("cannot grant READ access: {0}")]
-    Grant(String),
+    Grant(GrantError),
     /// The peer stopped taking messages: too much already waits for it. The connection was
     /// dropped (a [`FabricEvent::PeerLost`] with the reason follows), so the node can go on
     /// with other peers instead of buffering without limit.
@@ -244,6 +244,22 @@ pub enum FabricError {
         /// Unit of `queued` and `limit` (`messages`, `bytes`).
         unit: &'static str,
     },
+}
+
+/// What the node hears when a grant fails: the fabric's error as a value the node's input
+/// (recorded, replayed) can carry.
+impl From<FabricError> for GrantError {
+    fn from(error: FabricError) -> Self {
+        match error {
+            FabricError::Grant(grant) => grant,
+            FabricError::NotConnected(peer) => GrantError::NotConnected(peer),
+            FabricError::BadRegion(region) => GrantError::BadRegion(region),
+            FabricError::InUse { region, .. } => GrantError::InUse(region),
+            other @ (FabricError::MessageTooLarge { .. }
+            | FabricError::EmptyMessage
+            | FabricError::PeerNotReading { .. }) => GrantError::Device(other.to_string()),
+        }
+    }
 }
 
 /// Identity and secrets every connection handshake checks. `Debug` shows the token as

@@ -14,7 +14,7 @@ use skyriver_core::registry::session::{
     DirectorySession, SessionConfig, SessionError, SessionOutput,
 };
 use skyriver_core::registry::{ConnId, Registry, RegistryConfig, RegistryOutput};
-use skyriver_core::{Instant, NodeId};
+use skyriver_core::{ContentDigest, Instant, NodeId, ObjectId, ObjectSizes};
 use skyriver_transport::directory::builtin::{
     self, BuiltinDirectoryServer, ClientConfig, ServerConfig,
 };
@@ -30,8 +30,6 @@ use super::redis_server::RedisServer;
 pub const TOKEN: &str = "conformance-token";
 /// Bound on every wait on a real backend.
 const WAIT: Duration = Duration::from_secs(10);
-/// How long a real backend gets to deliver a push that must not come.
-const QUIET: Duration = Duration::from_millis(300);
 
 /// A directory under test.
 pub trait Harness {
@@ -62,8 +60,54 @@ pub trait Participant {
     async fn ask(&mut self, request: DirectoryRequest) -> DirectoryReply;
     /// Waits for the next event.
     async fn next_event(&mut self) -> DirectoryEvent;
-    /// Every event that arrives within a short quiet period.
-    async fn events_after_quiet(&mut self) -> Vec<DirectoryEvent>;
+    /// Every event that reaches this node before a marker: it subscribes to `marker` (an id
+    /// nobody published), `publisher` publishes it, and the events that come before the
+    /// marker's are returned. The directory pushes to one node in the order it served the
+    /// requests that caused the pushes, so a push owed for any request answered before this
+    /// call comes before the marker: no quiet period to wait out.
+    async fn events_before_marker(
+        &mut self,
+        publisher: &mut Self,
+        marker: ObjectId,
+    ) -> Vec<DirectoryEvent>
+    where
+        Self: Sized,
+    {
+        let sizes = ObjectSizes {
+            data_size: 1,
+            metadata_size: 0,
+        };
+        let digest = ContentDigest(0x6d61726b);
+        let subscribed = self
+            .ask(DirectoryRequest::Lookup {
+                id: marker,
+                subscribe: true,
+            })
+            .await;
+        assert!(
+            matches!(&subscribed, DirectoryReply::Located { holders, .. } if holders.is_empty()),
+            "the marker {marker} is held already: {subscribed:?}"
+        );
+        let published = publisher
+            .ask(DirectoryRequest::Publish {
+                id: marker,
+                sizes,
+                digest,
+            })
+            .await;
+        assert_eq!(
+            published,
+            DirectoryReply::Done,
+            "publishing the marker {marker}"
+        );
+        let mut before = Vec::new();
+        loop {
+            match self.next_event().await {
+                DirectoryEvent::Published { id, .. } if id == marker => return before,
+                event => before.push(event),
+            }
+        }
+    }
     /// Waits until the member list is exactly `want`.
     async fn wait_members(&mut self, want: &[MemberInfo]);
 }
@@ -318,16 +362,6 @@ impl Participant for CoreParticipant {
         }
     }
 
-    async fn events_after_quiet(&mut self) -> Vec<DirectoryEvent> {
-        self.take(|n| matches!(n, DirectoryNotice::Event(_)))
-            .into_iter()
-            .filter_map(|n| match n {
-                DirectoryNotice::Event(e) => Some(e),
-                _ => None,
-            })
-            .collect()
-    }
-
     async fn wait_members(&mut self, want: &[MemberInfo]) {
         let mut world = self.world.borrow_mut();
         world.pump();
@@ -400,25 +434,6 @@ impl Participant for ClientNode {
             _ => None,
         })
         .await
-    }
-
-    async fn events_after_quiet(&mut self) -> Vec<DirectoryEvent> {
-        tokio::time::sleep(QUIET).await;
-        while let Ok(notice) = self.notices.try_recv() {
-            self.backlog.push_back(notice);
-        }
-        let (events, rest): (Vec<_>, Vec<_>) = self
-            .backlog
-            .drain(..)
-            .partition(|n| matches!(n, DirectoryNotice::Event(_)));
-        self.backlog.extend(rest);
-        events
-            .into_iter()
-            .filter_map(|n| match n {
-                DirectoryNotice::Event(e) => Some(e),
-                _ => None,
-            })
-            .collect()
     }
 
     async fn wait_members(&mut self, want: &[MemberInfo]) {

@@ -57,7 +57,7 @@ struct World {
     /// granted or revoked).
     fabric_answers: VecDeque<(NodeId, NodeId, TransferId, bool)>,
     /// Grants refused with this reason instead (while `Some`).
-    refuse_grants: Option<String>,
+    refuse_grants: Option<GrantError>,
     /// Revocations kept unanswered (while true) in `held_revocations`.
     hold_revocations: bool,
     held_revocations: Vec<(NodeId, NodeId, TransferId, bool)>,

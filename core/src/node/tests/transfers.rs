@@ -536,14 +536,14 @@ fn metrics_count_each_path_per_peer() {
 fn a_refused_grant_refuses_the_fetch_and_unpins() {
     let mut w = World::new(2, |_| {});
     w.put(0, 1, 10_000);
-    w.refuse_grants = Some("no memory window left".into());
+    w.refuse_grants = Some(GrantError::WindowsExhausted { limit: 64 });
     w.fetch(1, &[1], Duration::from_millis(50));
     w.advance(Duration::from_millis(60));
     let replies = w.replies(1);
     assert!(replies[0][0].is_err(), "fetched without READ access");
     assert!(w.sent(0).iter().any(|m| matches!(
         m,
-        PeerMessage::Error { reason, .. } if reason.contains("no memory window left")
+        PeerMessage::Error { reason, .. } if reason.contains("all 64 memory windows are bound")
     )));
     assert!(!w.nodes[0].store().is_pinned(&id(1)));
     assert_eq!(w.nodes[0].metrics().leases_held, 0);

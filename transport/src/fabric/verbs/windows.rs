@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use skyriver_core::node::ReadGrant;
+use skyriver_core::node::{GrantError, ReadGrant};
 use skyriver_core::{LocalRegion, NodeId, TransferId};
 
 use super::peer::{ConnState, PeerConn};
@@ -90,15 +90,14 @@ impl Windows {
             return Ok(window);
         }
         if self.allocated >= self.max {
-            return Err(FabricError::Grant(format!(
-                "all {} memory windows are bound to leases",
-                self.max
-            )));
+            return Err(FabricError::Grant(GrantError::WindowsExhausted {
+                limit: self.max,
+            }));
         }
         let window = s
             .device
             .alloc_window()
-            .map_err(|e| FabricError::Grant(format!("ibv_alloc_mw: {e}")))?;
+            .map_err(|e| FabricError::Grant(GrantError::Device(format!("ibv_alloc_mw: {e}"))))?;
         self.allocated += 1;
         Ok(window)
     }
@@ -152,13 +151,13 @@ impl Windows {
                     self.requests.remove(&id);
                     // Not bound: back to the pool.
                     self.free.push(window);
-                    failure = Some(FabricError::Grant(match e {
+                    failure = Some(FabricError::Grant(GrantError::Device(match e {
                         PostError::OutsideRegistration { .. } => format!(
                             "{region} spans two memory regions of its arena, and a window lies \
                              in one (raise max_mr_bytes)"
                         ),
                         e => format!("binding a memory window: {e}"),
-                    }));
+                    })));
                     break;
                 }
             }

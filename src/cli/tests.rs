@@ -1,0 +1,74 @@
+//! The command line's typed errors: values clap refuses, and what commands report.
+
+use super::*;
+use skyriver_core::auth::ClusterToken;
+
+fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(std::iter::once("skyriver").chain(args.iter().copied()))
+}
+
+#[test]
+fn the_token_is_parsed_into_a_cluster_token_and_an_empty_one_is_refused_by_clap() {
+    let cli = parse(&["daemon", "--token", "s3cret"]).expect("a token parses");
+    let Command::Daemon(args) = cli.command else {
+        panic!("parsed as another command");
+    };
+    let token: Option<ClusterToken> = args.token;
+    assert_eq!(token, Some(ClusterToken::new("s3cret")));
+    assert!(!format!("{token:?}").contains("s3cret"));
+
+    let refused = parse(&["daemon", "--token", ""])
+        .err()
+        .expect("an empty token is refused");
+    assert_eq!(refused.kind(), clap::error::ErrorKind::ValueValidation);
+    assert!(
+        refused.to_string().contains("the cluster token is empty"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn flag_values_are_refused_with_a_typed_reason() {
+    assert!(matches!(parse_octal("644x"), Err(ValueError::NotOctal(_))));
+    assert!(matches!(
+        parse_octal("400"),
+        Err(ValueError::OwnerLosesAccess(_))
+    ));
+    assert!(matches!(
+        parse_lease_ms("10"),
+        Err(ValueError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        parse_threshold("lots"),
+        Err(ValueError::Threshold(_))
+    ));
+    let refused = parse(&["daemon", "--lease-ms", "10"])
+        .err()
+        .expect("refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("10 is outside 1000 to 3600000"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn an_input_that_changes_size_while_read_is_a_typed_error() {
+    let path = Path::new("input");
+    let mut short = std::io::Cursor::new(vec![1u8; 3]);
+    let mut data = vec![0u8; 5];
+    assert!(matches!(
+        read_input_into(&mut short, &mut data, path),
+        Err(CliError::InputShrank {
+            filled: 3,
+            size: 5,
+            ..
+        })
+    ));
+    let mut long = std::io::Cursor::new(vec![1u8; 6]);
+    assert!(matches!(
+        read_input_into(&mut long, &mut data, path),
+        Err(CliError::InputGrew { size: 5, .. })
+    ));
+}
