@@ -419,7 +419,9 @@ impl Store {
             Ok(block) => block,
             Err(_) if self.pending_free_bytes() > 0 => return false,
             Err(error) => {
+                // Nothing can be freed for it now: whoever waits hears so (it stays spilled).
                 self.fail_waiters(id, error);
+                self.outputs.push_back(StoreOutput::RestoreFailed { id });
                 return true;
             }
         };
@@ -522,6 +524,7 @@ impl Store {
         }
         self.outputs
             .push_back(StoreOutput::DiscardSpilled { op: object.op, id });
+        self.outputs.push_back(StoreOutput::RestoreFailed { id });
         self.notify(ObjectEvent::Deleted { id });
         self.fail_waiters(id, StoreError::ObjectNotFound(id));
         Some(Ok(()))

@@ -64,12 +64,9 @@ impl Store {
             .copied()
             .filter(|id| self.is_spilled(id))
             .collect();
-        let mut deadline = timeout.map_or(Instant::NEVER, |t| now.saturating_add(t));
-        if timeout == Some(Duration::ZERO) && !spilled.is_empty() {
-            // A spilled object is present: even a poll waits for its restore (which ends,
-            // restored or lost).
-            deadline = Instant::NEVER;
-        }
+        // A spilled object is restored for any get; the get waits for it within its
+        // timeout like for any object not here yet (a poll only starts the restore).
+        let deadline = timeout.map_or(Instant::NEVER, |t| now.saturating_add(t));
         let waiter = Waiter {
             client,
             request,
@@ -82,6 +79,9 @@ impl Store {
         };
         if unsealed.is_empty() || deadline <= now {
             self.complete_get(waiter);
+            for id in spilled {
+                self.request_restore(id);
+            }
             return;
         }
         let waiter_id = WaiterId(self.next_waiter);
@@ -196,6 +196,8 @@ impl Store {
                     .map(|(_, error)| error.clone())
                     .expect("just found")),
                 Err(_) if waiter.aborted.contains(&id) => Err(StoreError::Aborted(id)),
+                // Present, on disk: not back within the get's timeout.
+                Err(_) if self.is_spilled(&id) => Err(StoreError::Timeout(id)),
                 Err(error) if waiter.poll => Err(error),
                 Err(_) => Err(StoreError::Timeout(id)),
             })

@@ -292,6 +292,28 @@ impl Cluster {
                 }
             }
             Event::Persisted { node, inc, upto } => self.persisted(node, inc, upto),
+            Event::SpillWritten {
+                node,
+                inc,
+                op,
+                object,
+                region,
+                digest,
+                report,
+            } => self.spill_written(node, inc, op, object, region, digest, report),
+            Event::SpillReported { node, inc, op } => {
+                if self.alive(node, inc) {
+                    self.feed(node, NodeInput::SpillDone { op, result: Ok(()) });
+                }
+            }
+            Event::SpillRestored {
+                node,
+                inc,
+                op,
+                object,
+                region,
+                digest,
+            } => self.spill_restored(node, inc, op, object, region, digest),
             Event::Crash { node } => self.crash_node(node),
             Event::Restart { node } => self.restart_node(node),
             Event::Partition { a, b, on } => {

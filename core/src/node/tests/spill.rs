@@ -66,7 +66,7 @@ fn a_full_store_spills_instead_of_evicting_and_get_restores_the_bytes() {
     );
     // Every object comes back with its own bytes (each get spills another to make room).
     for n in 1..=6 {
-        let reply = get(&mut w, 0, &[n], Some(0));
+        let reply = get(&mut w, 0, &[n], None);
         assert_eq!(
             got(&w, 0, reply),
             [Ok(World::bytes_of(n, LEN))],
@@ -101,7 +101,7 @@ fn memory_is_freed_only_once_the_spill_write_completed() {
         "still in memory"
     );
     // A get of the object being spilled is served from memory at once.
-    let reply = get(&mut w, 0, &[1], Some(0));
+    let reply = get(&mut w, 0, &[1], None);
     assert_eq!(got(&w, 0, reply), [Ok(World::bytes_of(1, LEN))]);
     w.release(0, 1);
     complete_spill_io(&mut w, None);
@@ -201,7 +201,7 @@ fn a_failed_spill_write_falls_back_to_evicting_and_loses_no_spilled_object() {
     assert_eq!(tier(&w, 0, 1), Some(StorageTier::Spilled));
     w.manual_spill = false;
     w.request(0, Request::Abort { id: id(4) });
-    let reply = get(&mut w, 0, &[1], Some(0));
+    let reply = get(&mut w, 0, &[1], None);
     assert_eq!(got(&w, 0, reply), [Ok(World::bytes_of(1, LEN))]);
     w.nodes[0].check_invariants();
 }
@@ -216,7 +216,7 @@ fn a_damaged_record_reports_the_object_lost_not_other_bytes() {
     for bytes in w.spill_disk[0].values_mut() {
         bytes[7] ^= 1;
     }
-    let reply = get(&mut w, 0, &[1], Some(0));
+    let reply = get(&mut w, 0, &[1], None);
     assert_eq!(got(&w, 0, reply), [Err(StoreError::ObjectNotFound(id(1)))]);
     let store = w.nodes[0].store();
     assert!(!store.contains(&id(1)), "lost");
@@ -260,7 +260,7 @@ fn a_missing_record_is_lost_too_and_the_node_goes_on() {
     let reply = w.reply_to(0, CLIENT, request);
     assert_eq!(got(&w, 0, reply), [Err(StoreError::ObjectNotFound(id(1)))]);
     w.manual_spill = false;
-    let reply = get(&mut w, 0, &[2], Some(0));
+    let reply = get(&mut w, 0, &[2], None);
     assert_eq!(got(&w, 0, reply), [Ok(World::bytes_of(2, LEN))]);
 }
 
@@ -301,4 +301,21 @@ fn beyond_the_spill_limit_objects_are_evicted() {
     w.put(0, 5, LEN);
     assert_eq!(tier(&w, 0, 3), Some(StorageTier::Spilled));
     w.nodes[0].check_invariants();
+}
+
+#[test]
+fn a_poll_of_a_spilled_object_starts_its_restore_and_keeps_its_deadline() {
+    let mut w = World::new(1, spilling(64 << 20));
+    for n in 1..=3 {
+        w.put(0, n, LEN);
+    }
+    w.delete(0, 3); // room for the restore
+    w.manual_spill = true;
+    let reply = get(&mut w, 0, &[1], Some(0));
+    assert_eq!(got(&w, 0, reply), [Err(StoreError::Timeout(id(1)))]);
+    assert_eq!(tier(&w, 0, 1), Some(StorageTier::Restoring));
+    complete_spill_io(&mut w, None);
+    w.manual_spill = false;
+    let reply = get(&mut w, 0, &[1], Some(0));
+    assert_eq!(got(&w, 0, reply), [Ok(World::bytes_of(1, LEN))]);
 }
