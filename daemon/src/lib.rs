@@ -486,7 +486,11 @@ impl Server {
         } else if config.memory_bytes < host_memory::MIN_MEMORY_BYTES {
             host_memory::check(config.memory_bytes, None, true)?;
         }
-        let spill_limit = config.spill.as_ref().map(spill::prepare).transpose()?;
+        let spill = config
+            .spill
+            .as_ref()
+            .map(|spill| spill::prepare(spill, config.node))
+            .transpose()?;
         let metrics_listener = config.metrics_addr.map(metrics::bind).transpose()?;
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
         let listener = bind_socket(&config).await?;
@@ -494,15 +498,8 @@ impl Server {
         let status = StartStatus::default();
         status.set("creating the arena");
         let responder = StartingResponder::spawn(listener, status.clone());
-        let server = Self::start(
-            config,
-            started,
-            status,
-            responder,
-            metrics_listener,
-            spill_limit,
-        )
-        .await?;
+        let server =
+            Self::start(config, started, status, responder, metrics_listener, spill).await?;
         bound.disarm();
         Ok(server)
     }
@@ -514,7 +511,7 @@ impl Server {
         status: StartStatus,
         responder: StartingResponder,
         metrics_listener: Option<std::net::TcpListener>,
-        spill_limit: Option<u64>,
+        spill: Option<(u64, PathBuf)>,
     ) -> Result<Self, DaemonError> {
         let options = ArenaOptions {
             hugepages_dir: config.hugepages_dir.clone(),
@@ -544,7 +541,7 @@ impl Server {
         node_config.location_cache_entries = config.location_cache_entries;
         node_config.standalone = config.cluster.is_none();
         node_config.store.hash_seed = random_seed();
-        node_config.store.spill_limit_bytes = spill_limit;
+        node_config.store.spill_limit_bytes = spill.as_ref().map(|(limit, _)| *limit);
         let cluster = match &config.cluster {
             Some(cluster) => {
                 status.set("joining the cluster");
@@ -623,8 +620,8 @@ impl Server {
             durable = Some(durable_rx);
         }
         event_loop.set_durable(durable);
-        if let Some(spill) = &config.spill {
-            let (io, completions) = spill::SpillIo::start(&spill.dir);
+        if let Some((_, dir)) = &spill {
+            let (io, completions) = spill::SpillIo::start(dir);
             event_loop.effects.spill_io = Some(io);
             event_loop.set_spill_completions(completions);
         }

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use skyriver_core::store::{RestoreError, SpillError, SpillOpId};
-use skyriver_core::{ContentDigest, ObjectId};
+use skyriver_core::{ContentDigest, NodeId, ObjectId};
 use skyriver_transport::{ReadableRegion, WritableRegion};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -104,8 +104,10 @@ pub enum SpillStartError {
 }
 
 /// Checks DIR (exists, a directory, writable; a warning when it is on tmpfs: spilling memory
-/// into memory), removes old spill files, and returns the limit to give the store.
-pub fn prepare(config: &SpillConfig) -> Result<u64, SpillStartError> {
+/// into memory), makes this node's own directory in it (`DIR/node-N`, so daemons of one
+/// cluster may share DIR) and removes old spill files there; returns the limit to give the
+/// store and the directory the files go to.
+pub fn prepare(config: &SpillConfig, node: NodeId) -> Result<(u64, PathBuf), SpillStartError> {
     let dir = &config.dir;
     let meta = std::fs::metadata(dir).map_err(|_| SpillStartError::Missing(dir.clone()))?;
     if !meta.is_dir() {
@@ -126,6 +128,11 @@ pub fn prepare(config: &SpillConfig) -> Result<u64, SpillStartError> {
             );
         }
     }
+    let dir = &dir.join(format!("node-{}", node.0));
+    std::fs::create_dir_all(dir).map_err(|source| SpillStartError::NotWritable {
+        dir: dir.clone(),
+        source,
+    })?;
     let mut removed = 0u64;
     let entries = std::fs::read_dir(dir).map_err(|source| SpillStartError::Clear {
         dir: dir.clone(),
@@ -159,7 +166,7 @@ pub fn prepare(config: &SpillConfig) -> Result<u64, SpillStartError> {
         old_files_removed = removed,
         "spill tier ready"
     );
-    Ok(limit)
+    Ok((limit, dir.clone()))
 }
 
 /// A finished job, for the loop to feed the node.
