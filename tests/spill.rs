@@ -162,3 +162,36 @@ fn a_peer_fetching_a_spilled_object_gets_it_restored_on_the_holder() {
     assert!(object.data() == &pattern(0, 8 << 20)[..]);
     assert!(holder.stats().unwrap().spill.restores_total > 0);
 }
+
+#[test]
+fn ls_and_stat_show_the_spill_tier() {
+    let dir = common::test_dir();
+    let daemon = spilling_daemon(dir.path(), 16 << 20);
+    let client = Client::connect(daemon.socket_path()).unwrap();
+    for n in 0..12u64 {
+        client
+            .put(ObjectId::from_u64(n), &pattern(n, 2 << 20), b"")
+            .unwrap();
+    }
+    let (ok, stdout, stderr) = common::cli(daemon.socket_path(), &["ls"], None);
+    assert!(ok, "{stderr}");
+    let listing = String::from_utf8(stdout).unwrap();
+    assert!(listing.contains("spilled"), "{listing}");
+    let (ok, stdout, stderr) = common::cli(daemon.socket_path(), &["stat"], None);
+    assert!(ok, "{stderr}");
+    let stat = String::from_utf8(stdout).unwrap();
+    assert!(stat.contains("spill tier:"), "{stat}");
+}
+
+#[test]
+fn a_missing_spill_dir_is_a_clear_error() {
+    let dir = common::test_dir();
+    let mut config = DaemonConfig::new(dir.path().join("daemon.sock"), 16 << 20);
+    config.prefault = false;
+    config.spill = Some(SpillConfig {
+        dir: dir.path().join("absent"),
+        limit_bytes: None,
+    });
+    let error = DaemonHandle::start(config).err().expect("refused");
+    assert!(error.to_string().contains("does not exist"), "{error}");
+}

@@ -486,6 +486,9 @@ impl Server {
         } else if config.memory_bytes < host_memory::MIN_MEMORY_BYTES {
             host_memory::check(config.memory_bytes, None, true)?;
         }
+        if config.spill.is_some() && config.persistence.is_some() {
+            return Err(DaemonError::Spill(spill::SpillStartError::Persistent));
+        }
         let spill = config
             .spill
             .as_ref()

@@ -92,6 +92,12 @@ pub enum SpillStartError {
         #[source]
         source: std::io::Error,
     },
+    /// Spilling with a backing file: spilled objects would not survive a restart.
+    #[error(
+        "--spill-dir does not work with --backing-file yet: spilled objects would be lost at a \
+         restart"
+    )]
+    Persistent,
     /// `statvfs` of DIR failed.
     #[error("cannot read the free space of {dir}: {source}")]
     Statvfs {

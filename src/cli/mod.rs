@@ -240,14 +240,9 @@ enum Command {
 
 /// Why `-e URL` is refused: Plasma's external store is Skyriver's future spill tier.
 fn external_store_refusal(url: &str) -> String {
-    let spill = match url.strip_prefix("file://") {
-        Some(dir) => format!("`--spill-dir {dir}`"),
-        None => "`--spill-dir DIR` (as `-e file://DIR`)".to_string(),
-    };
     format!(
-        "-e {url}: Skyriver has no external store yet. Evicted objects are dropped, not \
-         spilled; spilling them to a directory is planned as the daemon's {spill}, which \
-         `-e file://DIR` will then mean. Start without -e."
+        "-e {url}: the only external store Skyriver has is a local directory, \
+         `-e file://DIR` (the daemon's `--spill-dir DIR`)"
     )
 }
 

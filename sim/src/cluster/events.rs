@@ -295,25 +295,15 @@ impl Cluster {
             Event::SpillWritten {
                 node,
                 inc,
-                op,
-                object,
-                region,
-                digest,
+                job,
                 report,
-            } => self.spill_written(node, inc, op, object, region, digest, report),
+            } => self.spill_written(node, inc, job, report),
             Event::SpillReported { node, inc, op } => {
                 if self.alive(node, inc) {
                     self.feed(node, NodeInput::SpillDone { op, result: Ok(()) });
                 }
             }
-            Event::SpillRestored {
-                node,
-                inc,
-                op,
-                object,
-                region,
-                digest,
-            } => self.spill_restored(node, inc, op, object, region, digest),
+            Event::SpillRestored { node, inc, job } => self.spill_restored(node, inc, job),
             Event::Crash { node } => self.crash_node(node),
             Event::Restart { node } => self.restart_node(node),
             Event::Partition { a, b, on } => {

@@ -170,10 +170,7 @@ enum Event {
     SpillWritten {
         node: NodeId,
         inc: u32,
-        op: skyriver_core::store::SpillOpId,
-        object: ObjectId,
-        region: LocalRegion,
-        digest: Option<skyriver_core::ContentDigest>,
+        job: spill::SpillJob,
         report: bool,
     },
     /// A spill write is reported complete (before it ran: a planted flaw).
@@ -186,10 +183,7 @@ enum Event {
     SpillRestored {
         node: NodeId,
         inc: u32,
-        op: skyriver_core::store::SpillOpId,
-        object: ObjectId,
-        region: LocalRegion,
-        digest: Option<skyriver_core::ContentDigest>,
+        job: spill::SpillJob,
     },
 }
 

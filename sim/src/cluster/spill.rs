@@ -68,6 +68,15 @@ impl SpillParams {
     }
 }
 
+/// A spill write or restore read in flight.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SpillJob {
+    op: SpillOpId,
+    object: ObjectId,
+    region: LocalRegion,
+    digest: Option<ContentDigest>,
+}
+
 /// One node's spill disk.
 #[derive(Debug, Default)]
 pub(super) struct SpillDisk {
@@ -122,26 +131,25 @@ impl Cluster {
             Event::SpillWritten {
                 node: n,
                 inc,
-                op,
-                object,
-                region,
-                digest,
+                job: SpillJob {
+                    op,
+                    object,
+                    region,
+                    digest,
+                },
                 report: !acked_early,
             },
         );
     }
 
     /// The write of `op` runs now: the bytes of `region` go to the disk.
-    pub(super) fn spill_written(
-        &mut self,
-        n: NodeId,
-        inc: u32,
-        op: SpillOpId,
-        object: ObjectId,
-        region: LocalRegion,
-        digest: Option<ContentDigest>,
-        report: bool,
-    ) {
+    pub(super) fn spill_written(&mut self, n: NodeId, inc: u32, job: SpillJob, report: bool) {
+        let SpillJob {
+            op,
+            object,
+            region,
+            digest,
+        } = job;
         if !self.alive(n, inc) {
             return;
         }
@@ -202,25 +210,25 @@ impl Cluster {
             Event::SpillRestored {
                 node: n,
                 inc,
-                op,
-                object,
-                region,
-                digest,
+                job: SpillJob {
+                    op,
+                    object,
+                    region,
+                    digest,
+                },
             },
         );
     }
 
     /// The read of record `op` completes: its bytes (checked against their digest, as the
     /// daemon checks them) go into `region`.
-    pub(super) fn spill_restored(
-        &mut self,
-        n: NodeId,
-        inc: u32,
-        op: SpillOpId,
-        object: ObjectId,
-        region: LocalRegion,
-        digest: Option<ContentDigest>,
-    ) {
+    pub(super) fn spill_restored(&mut self, n: NodeId, inc: u32, job: SpillJob) {
+        let SpillJob {
+            op,
+            object,
+            region,
+            digest,
+        } = job;
         if !self.alive(n, inc) {
             return;
         }
