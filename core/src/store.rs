@@ -41,6 +41,7 @@ impl Entry {
             pin_count: self.pin_count,
             delete_pending: self.delete_pending,
             created_at: self.created_at,
+            tier: spill::StorageTier::Memory,
         }
     }
 
@@ -71,6 +72,10 @@ pub struct StoreConfig {
     /// Key of the object index's hash. A daemon draws it at random; the simulator and tests
     /// derive it from their seed, so runs replay.
     pub hash_seed: u64,
+    /// Bytes the spill tier may hold (see [`spill`]); `None`: no spill tier, a full store
+    /// evicts.
+    #[serde(default)]
+    pub spill_limit_bytes: Option<u64>,
 }
 
 impl StoreConfig {
@@ -81,6 +86,7 @@ impl StoreConfig {
             max_batch_len: 65_536,
             record_durable_changes: false,
             hash_seed: 0,
+            spill_limit_bytes: None,
         }
     }
 }
@@ -110,6 +116,8 @@ pub struct Store {
     quarantine: VecDeque<(u64, LocalRegion)>,
     quarantined_bytes: u64,
     stats: StoreStats,
+    /// The spill tier, when configured.
+    spill: Option<spill::SpillTier>,
 }
 
 impl Store {
@@ -117,7 +125,9 @@ impl Store {
     pub fn new(config: StoreConfig) -> Self {
         let allocator = Allocator::new(config.arenas.iter().copied());
         let hash_seed = config.hash_seed;
+        let spill = config.spill_limit_bytes.map(spill::SpillTier::new);
         Self {
+            spill,
             config,
             allocator,
             objects: ObjectTable::new(hash_seed),
@@ -187,7 +197,7 @@ impl Store {
         data_size: u64,
         metadata_size: u64,
     ) -> Result<ObjectInfo, StoreError> {
-        if self.objects.contains(&id) {
+        if self.objects.contains(&id) || self.is_spilled(&id) {
             return Err(StoreError::ObjectExists(id));
         }
         let largest_arena_bytes = self
@@ -358,7 +368,7 @@ impl Store {
 
     /// Whether a sealed object with this id is here.
     pub fn contains(&self, id: &ObjectId) -> bool {
-        self.is_sealed(id)
+        self.is_sealed(id) || self.is_spilled(id)
     }
 
     /// The sizes of an object that is not sealed yet.
@@ -372,7 +382,10 @@ impl Store {
 
     /// The digest of a sealed object's bytes, when known.
     pub fn digest(&self, id: &ObjectId) -> Option<ContentDigest> {
-        self.objects.get(id).filter(|entry| entry.sealed)?.digest()
+        match self.objects.get(id).filter(|entry| entry.sealed) {
+            Some(entry) => entry.digest(),
+            None => self.spilled_sizes(id)?.2,
+        }
     }
 
     /// Records the digest of a sealed object's bytes (computed by whoever knows them: the
@@ -407,6 +420,9 @@ impl Store {
     }
 
     fn delete_one(&mut self, id: ObjectId) -> DeleteResult {
+        if let Some(result) = self.delete_spilled(id) {
+            return result;
+        }
         let entry = self
             .objects
             .get_mut(&id)
@@ -426,18 +442,39 @@ impl Store {
     /// Every object, sorted by id.
     pub fn list(&self) -> Vec<ObjectSummary> {
         let mut summaries: Vec<ObjectSummary> = self.objects.iter().map(Entry::summary).collect();
+        if self.spill.is_some() {
+            for summary in &mut summaries {
+                summary.tier = self.tier(&summary.info.id).unwrap_or_default();
+            }
+            summaries.extend(self.spilled_summaries());
+        }
         summaries.sort_by_key(|s| s.info.id);
         summaries
     }
 
     /// The `list()` line of one object, sealed or not.
     pub fn summary(&self, id: &ObjectId) -> Option<ObjectSummary> {
-        self.objects.get(id).map(Entry::summary)
+        match self.objects.get(id) {
+            Some(entry) => Some(ObjectSummary {
+                tier: self.tier(id).unwrap_or_default(),
+                ..entry.summary()
+            }),
+            None => self
+                .spilled_summaries()
+                .into_iter()
+                .find(|summary| summary.info.id == *id),
+        }
     }
 
     /// Evicts least-recently-used objects nobody holds until at least `bytes` are freed or
     /// nothing evictable is left.
     pub fn evict(&mut self, bytes: u64) -> EvictOutcome {
+        if self.spill.is_some() {
+            // With a spill tier, "evict" moves objects to disk (and forgets only what the
+            // tier cannot take); the memory is free once the writes complete.
+            let (objects, bytes) = self.spill_or_evict(bytes);
+            return EvictOutcome { objects, bytes };
+        }
         let mut outcome = EvictOutcome::default();
         while outcome.bytes < bytes {
             let Some(freed) = self.evict_one() else { break };
@@ -518,6 +555,7 @@ impl Store {
                 .sum(),
             client_count: self.clients.len() as u64,
             waiting_gets: self.waiters.len() as u64,
+            spill: Box::new(self.spill_stats()),
             ..self.stats.clone()
         }
     }
@@ -525,7 +563,10 @@ impl Store {
     /// Bytes that could be freed: free space, everything evictable, and removed objects'
     /// blocks waiting for their removal to be durable.
     pub fn reclaimable_bytes(&self) -> u64 {
-        self.allocator.free_bytes() + self.evictable_bytes + self.quarantined_bytes
+        self.allocator.free_bytes()
+            + self.evictable_bytes
+            + self.quarantined_bytes
+            + self.spilling_bytes()
     }
 
     /// The next effect to carry out.
@@ -594,9 +635,10 @@ impl Store {
             if let Some(block) = self.allocator.allocate(total) {
                 return Ok(block);
             }
-            // Evicted blocks wait for their removal to be durable before they are free; once
-            // enough wait, evicting more only loses objects (the caller retries when they are).
-            if self.quarantined_bytes >= block_len || self.evict_one().is_none() {
+            // Evicted blocks wait for their removal to be durable, spilled ones for their
+            // write, before they are free; once enough wait, evicting or spilling more only
+            // loses objects or time (the caller retries when they are free).
+            if self.pending_free_bytes() >= block_len || self.reclaim_one().is_none() {
                 return Err(self.out_of_memory(id, total));
             }
         }
@@ -705,7 +747,7 @@ impl Store {
             let id = entry.id;
             let held = refs_by_object.get(&id).copied().unwrap_or(0);
             assert_eq!(entry.ref_count, held, "ref count of {id}");
-            let expected_creators = u32::from(!entry.sealed);
+            let expected_creators = u32::from(!entry.sealed && !self.is_restoring(&id));
             assert_eq!(
                 creators.get(&id).copied().unwrap_or(0),
                 expected_creators,
@@ -725,6 +767,7 @@ impl Store {
             assert!(self.objects.contains(id), "reference to missing {id}");
         }
         assert_eq!(evictable, self.evictable_bytes, "evictable bytes");
+        self.check_spill_invariants();
         let quarantined: u64 = self.quarantine.iter().map(|(_, block)| block.len).sum();
         assert_eq!(quarantined, self.quarantined_bytes, "quarantined bytes");
         assert_eq!(
@@ -736,6 +779,7 @@ impl Store {
 }
 
 pub mod recovery;
+pub mod spill;
 mod table;
 mod types;
 mod waiters;
@@ -743,6 +787,7 @@ mod waiters;
 pub use recovery::{
     DurableChange, RecoveredObject, RecoveryRefusal, RecoveryReport, RefusedRecord,
 };
+pub use spill::{RestoreError, SpillError, SpillOpId, SpillStats, StorageTier};
 
 #[cfg(test)]
 mod tests;

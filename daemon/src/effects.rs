@@ -57,6 +57,8 @@ pub(super) struct Effects {
     pub(super) fabric: Option<Arc<dyn Fabric>>,
     pub(super) directory: Option<Arc<dyn Directory>>,
     pub(super) commits: Option<CommitQueue>,
+    /// The spill tier's IO threads (`--spill-dir`).
+    pub(super) spill_io: Option<crate::spill::SpillIo>,
     /// The peer message being handled: an eager chunk is copied from it into the object,
     /// straight from the receive slot it arrived in.
     pub(super) input: Option<MessageBytes>,
@@ -154,6 +156,7 @@ impl Effects {
             fabric: None,
             directory: None,
             commits: None,
+            spill_io: None,
             input: None,
             frame: Vec::new(),
             batch_replies: false,
@@ -477,6 +480,42 @@ impl NodeDriver for Effects {
             if !fabric.is_connected_or_connecting(peer) {
                 fabric.connect(peer, address);
             }
+        }
+    }
+
+    fn spill(
+        &mut self,
+        op: skyriver_core::store::SpillOpId,
+        object: ObjectId,
+        region: LocalRegion,
+        digest: Option<ContentDigest>,
+    ) {
+        let readable = view(&self.arenas, region);
+        match &mut self.spill_io {
+            Some(io) => io.spill(op, object, readable, digest),
+            None => warn!(%op, %object, "a spill without a spill directory"),
+        }
+    }
+
+    fn restore(
+        &mut self,
+        op: skyriver_core::store::SpillOpId,
+        object: ObjectId,
+        region: LocalRegion,
+        digest: Option<ContentDigest>,
+    ) {
+        let writable = self.arenas.get(&region.arena).and_then(|arena| {
+            skyriver_transport::WritableRegion::new(arena.clone(), region.offset, region.len).ok()
+        });
+        match &mut self.spill_io {
+            Some(io) => io.restore(op, writable, digest),
+            None => warn!(%op, %object, "a restore without a spill directory"),
+        }
+    }
+
+    fn discard_spilled(&mut self, op: skyriver_core::store::SpillOpId, _object: ObjectId) {
+        if let Some(io) = &mut self.spill_io {
+            io.discard(op);
         }
     }
 

@@ -74,6 +74,10 @@ pub(super) struct EventLoop {
     /// The time of the input given last, not yet driven: the drive after it runs at that
     /// time, so a replay of the recorded inputs drives at the same instants.
     drive_at: Option<Instant>,
+    /// Completions of the spill tier's IO threads (`--spill-dir`).
+    spill_completions: Option<mpsc::UnboundedReceiver<crate::spill::SpillCompletion>>,
+    /// Spill and restore latencies, for the metrics.
+    pub(super) spill_latency: super::metrics::SpillLatencies,
 }
 
 impl EventLoop {
@@ -109,6 +113,8 @@ impl EventLoop {
             scratch: Vec::new(),
             recorder: None,
             drive_at: None,
+            spill_completions: None,
+            spill_latency: Default::default(),
         }
     }
 
@@ -171,7 +177,52 @@ impl EventLoop {
                 directory_notices: self.notices.as_ref().map_or(0, |r| r.len() as u64),
                 commit_queue: self.node.unpersisted_changes(),
             },
+            spill_latency: self.spill_latency.clone(),
         }
+    }
+
+    /// Takes the spill tier's completions from now on.
+    pub(super) fn set_spill_completions(
+        &mut self,
+        completions: mpsc::UnboundedReceiver<crate::spill::SpillCompletion>,
+    ) {
+        self.spill_completions = Some(completions);
+    }
+
+    /// A spill or restore finished: the node hears of it, and queued jobs move on.
+    fn spill_completed(&mut self, completion: crate::spill::SpillCompletion) {
+        use crate::spill::SpillCompletion;
+        if let Some(io) = &mut self.effects.spill_io {
+            io.pump();
+        }
+        let now = self.now();
+        let input = match completion {
+            SpillCompletion::Spilled {
+                op,
+                result,
+                elapsed,
+                ..
+            } => {
+                if let Err(error) = &result {
+                    warn!(%op, %error, "spill write failed: evicting instead until space is given back");
+                }
+                self.spill_latency.spill.observe(elapsed);
+                NodeInput::SpillDone { op, result }
+            }
+            SpillCompletion::Restored {
+                op,
+                result,
+                elapsed,
+                ..
+            } => {
+                if let Err(error) = &result {
+                    warn!(%op, %error, "restore failed: the object is lost");
+                }
+                self.spill_latency.restore.observe(elapsed);
+                NodeInput::RestoreDone { op, result }
+            }
+        };
+        self.feed(now, input);
     }
 
     /// The committer's progress (persistent mode).
@@ -243,6 +294,9 @@ impl EventLoop {
                 }
                 Some(notice) = recv(self.notices.as_mut()) => {
                     self.directory_notice(notice)
+                }
+                Some(completion) = recv(self.spill_completions.as_mut()) => {
+                    self.spill_completed(completion)
                 }
                 Some(upto) = durable_changed(self.durable.as_mut()) => {
                     let now = self.now();

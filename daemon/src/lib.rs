@@ -14,6 +14,7 @@ pub mod logging;
 pub mod persistence;
 pub mod security;
 pub mod size;
+pub mod spill;
 
 mod cluster;
 mod connection;
@@ -93,6 +94,8 @@ pub struct DaemonConfig {
     pub poll_max: std::time::Duration,
     /// Record every input of the node and a digest of every output (`--record`).
     pub record: Option<RecordConfig>,
+    /// Spill sealed objects to local disk instead of evicting them (`--spill-dir`).
+    pub spill: Option<crate::spill::SpillConfig>,
 }
 
 impl DaemonConfig {
@@ -119,6 +122,7 @@ impl DaemonConfig {
                 skyriver_transport::poll::DEFAULT_POLL_MAX_US,
             ),
             record: None,
+            spill: None,
         }
     }
 }
@@ -189,6 +193,9 @@ pub enum DaemonError {
     /// `--record` could not start.
     #[error(transparent)]
     Record(#[from] RecordStartError),
+    /// The spill directory cannot be used.
+    #[error(transparent)]
+    Spill(#[from] crate::spill::SpillStartError),
     /// The backing files could not be opened, recovered or created.
     #[error(transparent)]
     Persist(#[from] skyriver_transport::persist::PersistError),
@@ -479,6 +486,14 @@ impl Server {
         } else if config.memory_bytes < host_memory::MIN_MEMORY_BYTES {
             host_memory::check(config.memory_bytes, None, true)?;
         }
+        if config.spill.is_some() && config.persistence.is_some() {
+            return Err(DaemonError::Spill(spill::SpillStartError::Persistent));
+        }
+        let spill = config
+            .spill
+            .as_ref()
+            .map(|spill| spill::prepare(spill, config.node))
+            .transpose()?;
         let metrics_listener = config.metrics_addr.map(metrics::bind).transpose()?;
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
         let listener = bind_socket(&config).await?;
@@ -486,7 +501,8 @@ impl Server {
         let status = StartStatus::default();
         status.set("creating the arena");
         let responder = StartingResponder::spawn(listener, status.clone());
-        let server = Self::start(config, started, status, responder, metrics_listener).await?;
+        let server =
+            Self::start(config, started, status, responder, metrics_listener, spill).await?;
         bound.disarm();
         Ok(server)
     }
@@ -498,6 +514,7 @@ impl Server {
         status: StartStatus,
         responder: StartingResponder,
         metrics_listener: Option<std::net::TcpListener>,
+        spill: Option<(u64, PathBuf)>,
     ) -> Result<Self, DaemonError> {
         let options = ArenaOptions {
             hugepages_dir: config.hugepages_dir.clone(),
@@ -527,6 +544,7 @@ impl Server {
         node_config.location_cache_entries = config.location_cache_entries;
         node_config.standalone = config.cluster.is_none();
         node_config.store.hash_seed = random_seed();
+        node_config.store.spill_limit_bytes = spill.as_ref().map(|(limit, _)| *limit);
         let cluster = match &config.cluster {
             Some(cluster) => {
                 status.set("joining the cluster");
@@ -605,6 +623,11 @@ impl Server {
             durable = Some(durable_rx);
         }
         event_loop.set_durable(durable);
+        if let Some((_, dir)) = &spill {
+            let (io, completions) = spill::SpillIo::start(dir);
+            event_loop.effects.spill_io = Some(io);
+            event_loop.set_spill_completions(completions);
+        }
         info!(
             node = %config.node,
             memory = %crate::size::format_bytes(arena.size_bytes()),

@@ -46,6 +46,17 @@ pub struct Snapshot {
     pub connected_peers: usize,
     /// Items waiting in each channel into the loop, by name (see [`ChannelDepths`]).
     pub channels: ChannelDepths,
+    /// Spill write and restore latencies (`--spill-dir`).
+    pub spill_latency: SpillLatencies,
+}
+
+/// How long the spill tier's writes and restores took, measured on its IO threads.
+#[derive(Debug, Clone, Default)]
+pub struct SpillLatencies {
+    /// Spill writes.
+    pub spill: LatencyHistogram,
+    /// Restores (read and checksum).
+    pub restore: LatencyHistogram,
 }
 
 /// How many items wait in each channel into the event loop, taken with the snapshot. What
@@ -904,6 +915,86 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "process_start_time_seconds",
             "Start time of the process since the Unix epoch in seconds.",
             Value::GaugeF(p.start_time_seconds),
+        )?;
+        // ---- spill tier ----
+        let sp = &st.spill;
+        out.one(
+            "skyriver_spill_limit_bytes",
+            "Bytes the spill tier may hold (0: no spill tier).",
+            gauge(sp.limit_bytes),
+        )?;
+        out.one(
+            "skyriver_spilled_objects",
+            "Objects on disk only (spilled, present, published).",
+            gauge(sp.spilled_objects),
+        )?;
+        out.one(
+            "skyriver_spilled_bytes",
+            "Bytes of the objects on disk only.",
+            gauge(sp.spilled_bytes),
+        )?;
+        out.one(
+            "skyriver_spilling_bytes",
+            "Bytes being written to the spill tier (still in memory).",
+            gauge(sp.spilling_bytes),
+        )?;
+        out.one(
+            "skyriver_restores_in_flight",
+            "Restores from the spill tier in progress.",
+            gauge(sp.restores_in_flight),
+        )?;
+        out.one(
+            "skyriver_spills",
+            "Spill writes completed.",
+            Value::Counter(sp.spills_total),
+        )?;
+        out.one(
+            "skyriver_spill_written_bytes",
+            "Bytes written by completed spills.",
+            Value::Counter(sp.spilled_bytes_total),
+        )?;
+        out.one(
+            "skyriver_restores",
+            "Restores completed.",
+            Value::Counter(sp.restores_total),
+        )?;
+        out.one(
+            "skyriver_restored_bytes",
+            "Bytes read back by completed restores.",
+            Value::Counter(sp.restored_bytes_total),
+        )?;
+        out.metric(
+            "skyriver_spill_failures",
+            "Spill tier failures, by kind: no_space and io (writes; the store evicts until              space is given back), lost (restores whose record was missing or damaged).",
+            vec![
+                (
+                    labels(&[("kind", "no_space".into())]),
+                    Value::Counter(sp.spill_no_space_total),
+                ),
+                (
+                    labels(&[("kind", "io".into())]),
+                    Value::Counter(sp.spill_errors_total),
+                ),
+                (
+                    labels(&[("kind", "lost".into())]),
+                    Value::Counter(sp.objects_lost_total),
+                ),
+            ],
+        )?;
+        out.one(
+            "skyriver_spill_full_evictions",
+            "Objects evicted because the spill tier could not take them.",
+            Value::Counter(sp.evicted_spill_full_total),
+        )?;
+        out.one(
+            "skyriver_spill_write_duration_seconds",
+            "Time of a spill write on the IO threads.",
+            Value::Histogram(s.spill_latency.spill.clone()),
+        )?;
+        out.one(
+            "skyriver_restore_duration_seconds",
+            "Time of a restore (read and checksum) on the IO threads.",
+            Value::Histogram(s.spill_latency.restore.clone()),
         )?;
         Ok(())
     }

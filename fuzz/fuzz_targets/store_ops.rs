@@ -135,6 +135,7 @@ impl Harness {
             max_batch_len: 8,
             record_durable_changes: input.persistent,
             hash_seed: 7,
+            spill_limit_bytes: None,
         });
         Self {
             store,

@@ -545,8 +545,8 @@ def start_plasma_store(
     Skyriver daemon), yields ``(socket name, process)`` once it serves, and stops it at the
     end of the ``with`` block, as pyarrow.plasma's ``start_plasma_store``.
 
-    ``plasma_directory``/``use_hugepages`` are ``-d``/``-h``; ``external_store`` (``-e``) is
-    refused by the daemon until spilling exists. The daemon runs from this package (the
+    ``plasma_directory``/``use_hugepages`` are ``-d``/``-h``; ``external_store`` (``-e``)
+    ``file://DIR`` spills evicted objects to DIR (the daemon's ``--spill-dir``). The daemon runs from this package (the
     ``plasma_store`` command of its wheel), through the running interpreter."""
     if use_valgrind and use_profiler:
         raise Exception("Cannot use valgrind and profiler at the same time.")

@@ -224,17 +224,18 @@ def test_start_plasma_store_stops_the_store_at_the_end():
     assert not os.path.exists(name)
 
 
-def test_external_store_is_refused_naming_the_spill_dir(tmp_path):
-    with pytest.raises(RuntimeError):
-        with plasma.start_plasma_store(10**7, external_store=f"file://{tmp_path}"):
-            pass
+def test_a_file_external_store_spills_there_and_others_are_refused(tmp_path):
+    with plasma.start_plasma_store(10**7, external_store=f"file://{tmp_path}") as (name, _):
+        plasma.connect(name).disconnect()
+    # The daemon's spill files live in its own directory under the one given.
+    assert (tmp_path / "node-0").is_dir()
     run = subprocess.run(
         [sys.executable, "-m", "skyriver._cli", "plasma_store",
-         "-m", "10000000", "-s", str(tmp_path / "plasma.sock"), "-e", f"file://{tmp_path}"],
+         "-m", "10000000", "-s", str(tmp_path / "plasma.sock"), "-e", "s3://bucket"],
         capture_output=True, text=True, timeout=60,
     )
     assert run.returncode != 0
-    assert f"--spill-dir {tmp_path}" in run.stderr
+    assert "file://DIR" in run.stderr
     assert not (tmp_path / "plasma.sock").exists()
 
 

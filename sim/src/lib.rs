@@ -73,9 +73,28 @@ pub fn run_seed_with_flaws(
     mode: RunMode,
     flaws: Flaws,
 ) -> SimReport {
+    run_built(seed, || {
+        Cluster::random_with_flaws(seed, nodes, mode, flaws)
+    })
+}
+
+/// [`run_seed_with_flaws`] with a spill tier on every node (a disk with latency, `ENOSPC`,
+/// IO errors, damaged records; see `cluster::spill`).
+pub fn run_seed_spilling(
+    seed: u64,
+    nodes: Option<usize>,
+    mode: RunMode,
+    flaws: Flaws,
+) -> SimReport {
+    run_built(seed, || {
+        Cluster::random_with_spill(seed, nodes, mode, flaws)
+    })
+}
+
+fn run_built(seed: u64, build: impl FnOnce() -> Cluster) -> SimReport {
     let mut params = String::new();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let mut cluster = Cluster::random_with_flaws(seed, nodes, mode, flaws);
+        let mut cluster = build();
         params = cluster.params().to_string();
         let until = skyriver_core::Instant((cluster.params().workload_us + SETTLE_US) * 1000);
         let mut violations = Vec::new();

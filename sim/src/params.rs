@@ -106,6 +106,8 @@ pub struct SimParams {
     /// Probability (per million) that a transfer's bytes arrive damaged (one byte flipped in an
     /// eager chunk or in a READ's data) while faults are on.
     pub corrupt_ppm: u32,
+    /// The spill tier of every node; `None` (every run but those that ask): none.
+    pub spill: Option<crate::cluster::spill::SpillParams>,
 }
 
 impl SimParams {
@@ -184,6 +186,7 @@ impl SimParams {
             head_partitions: rng.gen_range(0..=3),
             lost_push_ppm: 0,
             corrupt_ppm: 0,
+            spill: None,
         };
         // The directory's timing and faults, drawn last, so every earlier parameter of a seed
         // stays what it was.
@@ -254,6 +257,7 @@ impl SimParams {
             head_partitions: 0,
             lost_push_ppm: 0,
             corrupt_ppm: 0,
+            spill: None,
         }
     }
 

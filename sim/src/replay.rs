@@ -392,6 +392,26 @@ impl NodeDriver for Replay<'_> {
     fn close_client(&mut self, _: ClientId, _: String) {}
 
     fn persist(&mut self, _: u64, _: DurableChange) {}
+
+    fn spill(
+        &mut self,
+        _: skyriver_core::store::SpillOpId,
+        _: ObjectId,
+        _: LocalRegion,
+        _: Option<skyriver_core::ContentDigest>,
+    ) {
+    }
+
+    fn restore(
+        &mut self,
+        _: skyriver_core::store::SpillOpId,
+        _: ObjectId,
+        _: LocalRegion,
+        _: Option<skyriver_core::ContentDigest>,
+    ) {
+    }
+
+    fn discard_spilled(&mut self, _: skyriver_core::store::SpillOpId, _: ObjectId) {}
 }
 
 #[cfg(test)]

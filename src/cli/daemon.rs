@@ -161,6 +161,15 @@ pub(super) struct DaemonArgs {
     /// [default: the source address of the route towards the directory]
     #[arg(long, value_name = "IP", requires = "membership")]
     pub(super) advertise: Option<std::net::IpAddr>,
+    /// Spill sealed objects nobody holds to this directory (local disk) when memory is
+    /// needed, instead of forgetting them; they stay present and come back on get or fetch.
+    /// Must exist and be writable; old spill files in it are removed at start.
+    #[arg(long, value_name = "DIR", conflicts_with = "backing_file")]
+    pub(super) spill_dir: Option<PathBuf>,
+    /// With --spill-dir: most bytes spilled, e.g. 100GiB [default: 90% of the free space of
+    /// DIR's file system at start]
+    #[arg(long, value_name = "SIZE", requires = "spill_dir")]
+    pub(super) spill_limit: Option<ByteSize>,
 }
 
 pub(super) fn parse_octal(text: &str) -> Result<u32, ValueError> {
@@ -306,6 +315,13 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), CliError> {
         persistence.durability = args.durability;
         persistence
     });
+    config.spill = args
+        .spill_dir
+        .clone()
+        .map(|dir| skyriver_daemon::spill::SpillConfig {
+            dir,
+            limit_bytes: args.spill_limit.map(|limit| limit.0),
+        });
     config.threshold = args.eager_threshold;
     config.lease = Duration::from_millis(args.lease_ms);
     config.location_cache_entries = args.location_cache;

@@ -148,15 +148,12 @@ pub enum CliError {
     Daemon(#[from] skyriver_daemon::DaemonError),
     /// `plasma_store -e URL`.
     #[error(
-        "-e {url}: Skyriver has no external store yet. Evicted objects are dropped, not \
-         spilled; spilling them to a directory is planned as the daemon's {spill}, which \
-         `-e file://DIR` will then mean. Start without -e."
+        "-e {url}: the only external store Skyriver has is a local directory, \
+         `-e file://DIR` (the daemon's `--spill-dir DIR`)"
     )]
     ExternalStore {
         /// The URL given.
         url: String,
-        /// The daemon flag it will mean.
-        spill: String,
     },
     /// This program's own path (to start daemons with) is unknown.
     #[error("cannot find this program's own path to start daemons with: {0}")]

@@ -18,6 +18,7 @@ pub(super) fn list(socket: &SocketArg, json: bool) -> Result<(), CliError> {
                     "ref_count": o.ref_count,
                     "pin_count": o.pin_count,
                     "delete_pending": o.delete_pending,
+                    "tier": o.tier.name(),
                 })
             })
             .collect();
@@ -32,10 +33,14 @@ pub(super) fn list(socket: &SocketArg, json: bool) -> Result<(), CliError> {
         "ID", "SIZE", "META", "STATE", "REFS"
     );
     for o in &objects {
-        let state = match (o.sealed, o.delete_pending) {
-            (false, _) => "writing",
-            (true, true) => "deleting",
-            (true, false) => "sealed",
+        use skyriver_core::store::StorageTier;
+        let state = match (o.sealed, o.delete_pending, o.tier) {
+            (_, _, StorageTier::Restoring) => "restoring",
+            (false, _, _) => "writing",
+            (true, true, _) => "deleting",
+            (true, false, StorageTier::Spilled) => "spilled",
+            (true, false, StorageTier::Spilling) => "spilling",
+            (true, false, StorageTier::Memory) => "sealed",
         };
         println!(
             "{:<40}  {:>10}  {:>8}  {:<8}  {:>4}",

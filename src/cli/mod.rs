@@ -251,13 +251,8 @@ enum Command {
 
 /// Why `-e URL` is refused: Plasma's external store is Skyriver's future spill tier.
 fn external_store_refusal(url: &str) -> CliError {
-    let spill = match url.strip_prefix("file://") {
-        Some(dir) => format!("`--spill-dir {dir}`"),
-        None => "`--spill-dir DIR` (as `-e file://DIR`)".to_string(),
-    };
     CliError::ExternalStore {
         url: url.to_string(),
-        spill,
     }
 }
 

@@ -21,8 +21,8 @@ pub(super) struct PlasmaStoreArgs {
     /// Back the store with huge pages from the -d mount.
     #[arg(short = 'h', requires = "directory")]
     pub(super) huge_pages: bool,
-    /// Plasma's external store for evicted objects (`file://DIR`): refused until Skyriver
-    /// spills evicted objects to disk (`--spill-dir DIR`).
+    /// Plasma's external store for evicted objects: `file://DIR` spills them to DIR
+    /// (`skyriver daemon --spill-dir DIR`); other stores are refused.
     #[arg(short = 'e', value_name = "URL")]
     pub(super) external_store: Option<String>,
     /// Print help.
@@ -43,9 +43,13 @@ pub(super) struct PlasmaStoreCli {
 
 /// Runs the daemon from plasma_store's flags: they are turned into `skyriver daemon`'s.
 pub(super) fn run_plasma_store(args: PlasmaStoreArgs) -> Result<(), CliError> {
-    if let Some(url) = &args.external_store {
-        return Err(external_store_refusal(url));
-    }
+    let spill_dir = match &args.external_store {
+        Some(url) => match url.strip_prefix("file://") {
+            Some(dir) if !dir.is_empty() => Some(dir.to_string()),
+            _ => return Err(external_store_refusal(url)),
+        },
+        None => None,
+    };
     let mut argv: Vec<std::ffi::OsString> = vec![
         "skyriver".into(),
         "daemon".into(),
@@ -56,6 +60,10 @@ pub(super) fn run_plasma_store(args: PlasmaStoreArgs) -> Result<(), CliError> {
     ];
     if let (true, Some(dir)) = (args.huge_pages, args.directory) {
         argv.push("--hugepages".into());
+        argv.push(dir.into());
+    }
+    if let Some(dir) = spill_dir {
+        argv.push("--spill-dir".into());
         argv.push(dir.into());
     }
     argv.extend(args.daemon_flags);

@@ -42,5 +42,28 @@ pub(super) fn stat(socket: &SocketArg, json: bool) -> Result<(), CliError> {
         stats.evicted_objects_total,
         format_bytes(stats.evicted_bytes_total)
     );
+    let spill = &stats.spill;
+    if spill.limit_bytes > 0 {
+        println!(
+            "spill tier:  {} objects ({}) on disk of {}, {} being written{}",
+            spill.spilled_objects,
+            format_bytes(spill.spilled_bytes),
+            format_bytes(spill.limit_bytes),
+            format_bytes(spill.spilling_bytes),
+            if spill.full {
+                " (full after a failed write: evicting)"
+            } else {
+                ""
+            }
+        );
+        println!(
+            "             {} spills, {} restores, {} lost, {} write failures, {} evicted when full",
+            spill.spills_total,
+            spill.restores_total,
+            spill.objects_lost_total,
+            spill.spill_no_space_total + spill.spill_errors_total,
+            spill.evicted_spill_full_total
+        );
+    }
     Ok(())
 }

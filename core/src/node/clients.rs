@@ -267,11 +267,11 @@ impl Node {
         }
         for parked in &self.clients.parked_creates {
             lines.push(format!(
-                "create of {} for {} {} waits for {} of removed objects to be durable",
+                "create of {} for {} {} waits for {} of removed or spilling objects to be freed",
                 parked.id,
                 parked.client,
                 parked.request,
-                crate::error::Bytes(self.store.quarantined_bytes())
+                crate::error::Bytes(self.store.pending_free_bytes())
             ));
         }
     }
@@ -332,7 +332,7 @@ impl Node {
                 metadata_size,
             } => match self.store.create(now, client, id, data_size, metadata_size) {
                 Err(StoreError::OutOfMemory { .. })
-                    if self.store.quarantined_bytes() > 0
+                    if self.store.pending_free_bytes() > 0
                         && self.clients.parked_creates.len() < MAX_PARKED_CREATES =>
                 {
                     self.clients.parked_creates.push_back(ParkedCreate {
@@ -351,7 +351,7 @@ impl Node {
                 let (data_size, metadata_size) = (data.len() as u64, metadata.len() as u64);
                 match self.store.create(now, client, id, data_size, metadata_size) {
                     Err(StoreError::OutOfMemory { .. })
-                        if self.store.quarantined_bytes() > 0
+                        if self.store.pending_free_bytes() > 0
                             && self.clients.parked_creates.len() < MAX_PARKED_CREATES =>
                     {
                         self.clients.parked_creates.push_back(ParkedCreate {
@@ -495,10 +495,14 @@ impl Node {
 
     fn locate(&mut self, client: ClientId, request: RequestId, id: ObjectId) -> Option<Response> {
         if self.config.standalone {
-            let info = self.store.sealed_info(&id);
+            let sizes = self
+                .store
+                .sealed_info(&id)
+                .map(|i| (i.data_size, i.metadata_size))
+                .or_else(|| self.store.spilled_sizes(&id).map(|(d, m, _)| (d, m)));
             return Some(Response::Located {
-                holders: info.iter().map(|_| self.config.node).collect(),
-                sizes: info.map(|i| (i.data_size, i.metadata_size)),
+                holders: sizes.iter().map(|_| self.config.node).collect(),
+                sizes,
                 digest: self.store.digest(&id),
             });
         }
@@ -586,7 +590,7 @@ impl Node {
         }
     }
 
-    fn retry_parked_creates(&mut self) {
+    pub(super) fn retry_parked_creates(&mut self) {
         let parked = std::mem::take(&mut self.clients.parked_creates);
         for mut create in parked {
             let result = self.store.create(
@@ -597,7 +601,7 @@ impl Node {
                 create.metadata_size,
             );
             match result {
-                Err(StoreError::OutOfMemory { .. }) if self.store.quarantined_bytes() > 0 => {
+                Err(StoreError::OutOfMemory { .. }) if self.store.pending_free_bytes() > 0 => {
                     self.clients.parked_creates.push_back(create)
                 }
                 result => match (create.inline.take(), result) {

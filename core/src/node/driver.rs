@@ -7,10 +7,11 @@ use std::net::SocketAddr;
 
 use super::{NodeOutput, ReadOpId};
 use crate::client_protocol::Response;
+use crate::digest::ContentDigest;
 use crate::directory::{DirectoryOpId, DirectoryRequest};
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
 use crate::region::{LocalRegion, RemoteRegion};
-use crate::store::{DurableChange, ObjectEvent};
+use crate::store::{DurableChange, ObjectEvent, SpillOpId};
 use crate::wire::{EagerHeader, InputBytes, PeerMessage};
 
 /// What a driver does with each kind of [`NodeOutput`]; see the variants for the contract of
@@ -66,6 +67,26 @@ pub trait NodeDriver {
     fn connect(&mut self, peer: NodeId, address: SocketAddr);
     /// [`NodeOutput::Local`]: nothing to do but log or trace it.
     fn local(&mut self, _event: ObjectEvent) {}
+    /// [`NodeOutput::Spill`]: write off the loop, answer with
+    /// [`NodeInput::SpillDone`](super::NodeInput::SpillDone).
+    fn spill(
+        &mut self,
+        op: SpillOpId,
+        object: ObjectId,
+        region: LocalRegion,
+        digest: Option<ContentDigest>,
+    );
+    /// [`NodeOutput::Restore`]: read off the loop, answer with
+    /// [`NodeInput::RestoreDone`](super::NodeInput::RestoreDone).
+    fn restore(
+        &mut self,
+        op: SpillOpId,
+        object: ObjectId,
+        region: LocalRegion,
+        digest: Option<ContentDigest>,
+    );
+    /// [`NodeOutput::DiscardSpilled`].
+    fn discard_spilled(&mut self, op: SpillOpId, object: ObjectId);
 }
 
 impl NodeOutput {
@@ -135,6 +156,19 @@ impl NodeOutput {
             NodeOutput::Persist { seq, change } => driver.persist(seq, change),
             NodeOutput::Local(event) => driver.local(event),
             NodeOutput::Connect { peer, address } => driver.connect(peer, address),
+            NodeOutput::Spill {
+                op,
+                object,
+                region,
+                digest,
+            } => driver.spill(op, object, region, digest),
+            NodeOutput::Restore {
+                op,
+                object,
+                region,
+                digest,
+            } => driver.restore(op, object, region, digest),
+            NodeOutput::DiscardSpilled { op, object } => driver.discard_spilled(op, object),
         }
     }
 }

@@ -153,6 +153,22 @@ pub enum NodeInput<'a> {
     },
     /// Time passed: every timer due at or before `now` fires. Early calls are harmless.
     Timeout,
+    /// The driver's answer to [`NodeOutput::Spill`](super::NodeOutput::Spill): the write is
+    /// complete (the object's memory may be freed) or failed (it stays in memory).
+    SpillDone {
+        /// The write.
+        op: crate::store::SpillOpId,
+        /// How it went.
+        result: Result<(), crate::store::SpillError>,
+    },
+    /// The driver's answer to [`NodeOutput::Restore`](super::NodeOutput::Restore): the bytes
+    /// are in the region and match the record's checksum, or the object is lost.
+    RestoreDone {
+        /// The record.
+        op: crate::store::SpillOpId,
+        /// How it went.
+        result: Result<(), crate::store::RestoreError>,
+    },
 }
 
 impl NodeInput<'_> {
@@ -178,6 +194,8 @@ impl NodeInput<'_> {
             NodeInput::ContentHashed { .. } => "content_hashed",
             NodeInput::Recovered { .. } => "recovered",
             NodeInput::Timeout => "timeout",
+            NodeInput::SpillDone { .. } => "spill_done",
+            NodeInput::RestoreDone { .. } => "restore_done",
         }
     }
 }
@@ -239,6 +257,8 @@ impl Node {
                 return Handled::Recovered(self.handle_recovered(now, objects))
             }
             NodeInput::Timeout => self.handle_timeout(now),
+            NodeInput::SpillDone { op, result } => self.handle_spill_done(now, op, result),
+            NodeInput::RestoreDone { op, result } => self.handle_restore_done(now, op, result),
         }
         Handled::Done
     }

@@ -36,6 +36,7 @@ mod output;
 mod publications;
 pub mod recording;
 mod sealing;
+mod spill;
 pub mod threshold;
 mod timers;
 mod transfer;
@@ -174,6 +175,8 @@ pub struct Node {
     directory_sent: BTreeMap<DirectoryOpId, Instant>,
     links: links::Links,
     backpressure: backpressure::Backpressure,
+    /// Peer fetches waiting for restores (see `spill`).
+    spill_waits: spill::SpillWaits,
 }
 
 impl Node {
@@ -213,6 +216,7 @@ impl Node {
             directory_sent: BTreeMap::new(),
             links: links::Links::default(),
             backpressure: backpressure::Backpressure::default(),
+            spill_waits: spill::SpillWaits::default(),
         }
     }
 
@@ -611,6 +615,7 @@ impl Node {
             ));
         }
         self.pending_client_work(&mut lines);
+        self.pending_spill_work(&mut lines);
         lines
     }
 
@@ -721,7 +726,11 @@ impl Node {
 
     /// Moves the store's outputs to the node's, reacting to seals and deletes on the way.
     fn absorb_store(&mut self) {
+        self.store.retry_restores();
         while let Some(output) = self.store.poll_output() {
+            let Some(output) = self.absorb_spill_output(output) else {
+                continue;
+            };
             match output {
                 StoreOutput::Local(ObjectEvent::Sealed {
                     id,
@@ -765,6 +774,7 @@ impl Node {
                 },
                 StoreOutput::Notify { client, event } => NodeOutput::Event { client, event },
                 StoreOutput::Local(event) => NodeOutput::Local(event),
+                other => unreachable!("spill outputs are taken above: {other:?}"),
             });
         }
         self.absorb_durable_changes();

@@ -4,10 +4,11 @@ use std::net::SocketAddr;
 
 use super::ReadOpId;
 use crate::client_protocol::Response;
+use crate::digest::ContentDigest;
 use crate::directory::{DirectoryOpId, DirectoryRequest};
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId, TransferId};
 use crate::region::{LocalRegion, RemoteRegion};
-use crate::store::{DurableChange, ObjectEvent};
+use crate::store::{DurableChange, ObjectEvent, SpillOpId};
 use crate::wire::{EagerHeader, InputBytes, PeerMessage};
 
 /// An effect for the driver to carry out.
@@ -181,6 +182,39 @@ pub enum NodeOutput {
         /// Where its fabric accepts connections.
         address: SocketAddr,
     },
+    /// Write the bytes of `region` (a sealed object, pinned until the answer) to the spill tier
+    /// as record `op`, with `digest` (computed from the bytes when `None`) as its checksum, off
+    /// the loop; answer with [`NodeInput::SpillDone`](super::NodeInput::SpillDone).
+    Spill {
+        /// The write and the record's name.
+        op: SpillOpId,
+        /// The object.
+        object: ObjectId,
+        /// Its bytes (data then metadata).
+        region: LocalRegion,
+        /// The digest of those bytes, when known.
+        digest: Option<ContentDigest>,
+    },
+    /// Read record `op` into `region` (allocated for it, untouched by the core until the
+    /// answer), check its checksum (and `digest` when given), off the loop; answer with
+    /// [`NodeInput::RestoreDone`](super::NodeInput::RestoreDone).
+    Restore {
+        /// The record.
+        op: SpillOpId,
+        /// The object.
+        object: ObjectId,
+        /// Where its bytes go.
+        region: LocalRegion,
+        /// The digest the bytes must have, when known.
+        digest: Option<ContentDigest>,
+    },
+    /// Record `op` is not needed any more: give its space back. Nothing to answer.
+    DiscardSpilled {
+        /// The record.
+        op: SpillOpId,
+        /// Its object.
+        object: ObjectId,
+    },
 }
 
 impl NodeOutput {
@@ -204,6 +238,9 @@ impl NodeOutput {
             NodeOutput::Persist { .. } => "persist",
             NodeOutput::Local(_) => "local",
             NodeOutput::Connect { .. } => "connect",
+            NodeOutput::Spill { .. } => "spill",
+            NodeOutput::Restore { .. } => "restore",
+            NodeOutput::DiscardSpilled { .. } => "discard_spilled",
         }
     }
 }

@@ -693,6 +693,10 @@ impl Node {
                     return;
                 }
             }
+            // Spilled here: served once restored (see `spill`).
+            if self.park_fetch_for_restore(peer, req, id, eager_limit, max_chunk_bytes) {
+                return;
+            }
             self.refuse(peer, PeerMessage::NotFound { req });
             return;
         };
@@ -863,7 +867,7 @@ impl Node {
         }
     }
 
-    fn refuse(&mut self, peer: NodeId, message: PeerMessage) {
+    pub(super) fn refuse(&mut self, peer: NodeId, message: PeerMessage) {
         self.stats.served_refused += 1;
         self.send(peer, message);
     }

@@ -47,6 +47,9 @@ pub struct ObjectSummary {
     pub delete_pending: bool,
     /// When it was created.
     pub created_at: Instant,
+    /// Where its bytes are (memory unless there is a spill tier). A spilled object's `region`
+    /// names no memory: only its length means anything.
+    pub tier: super::StorageTier,
 }
 
 /// What happened to an object, as subscribers see it.
@@ -102,6 +105,8 @@ pub struct StoreStats {
     pub get_requests_total: u64,
     /// Objects named by client `delete`s since start (one per id).
     pub delete_requests_total: u64,
+    /// The spill tier (all zero without one).
+    pub spill: Box<super::SpillStats>,
 }
 
 /// An effect of the store for the driver to carry out.
@@ -127,6 +132,48 @@ pub enum StoreOutput {
     },
     /// An object became available here or left: for the node layer (directory publication).
     Local(ObjectEvent),
+    /// Write the bytes of `region` (object `id`, sealed, pinned until the answer) to the spill
+    /// tier as record `op`, then report with [`Store::handle_spill_done`](super::Store::handle_spill_done).
+    /// `digest` (when known) is the checksum of the bytes to store with the record.
+    Spill {
+        /// The write, and the record's name.
+        op: super::SpillOpId,
+        /// The object.
+        id: ObjectId,
+        /// Its bytes (data then metadata).
+        region: LocalRegion,
+        /// The digest of those bytes.
+        digest: Option<crate::digest::ContentDigest>,
+    },
+    /// Read record `op` (object `id`) into `region`, check it against its checksum, then report
+    /// with [`Store::handle_restore_done`](super::Store::handle_restore_done).
+    Restore {
+        /// The record.
+        op: super::SpillOpId,
+        /// The object.
+        id: ObjectId,
+        /// Where its bytes go.
+        region: LocalRegion,
+        /// The digest the bytes must have.
+        digest: Option<crate::digest::ContentDigest>,
+    },
+    /// Record `op` is not needed any more: give its space back. Nothing to answer.
+    DiscardSpilled {
+        /// The record.
+        op: super::SpillOpId,
+        /// Its object.
+        id: ObjectId,
+    },
+    /// A spilled object is in memory again (for the node layer: fetches waiting for it).
+    Restored {
+        /// The object.
+        id: ObjectId,
+    },
+    /// A spilled object could not be restored and is lost (for the node layer).
+    RestoreFailed {
+        /// The object.
+        id: ObjectId,
+    },
 }
 
 /// How a `delete` of one id went.

@@ -24,6 +24,8 @@ pub(super) struct Waiter {
     pub(super) poll: bool,
     /// Ids aborted while waited for: reported as [`StoreError::Aborted`].
     pub(super) aborted: Vec<ObjectId>,
+    /// Ids whose restore failed while waited for, with the error to report.
+    pub(super) failed: Vec<(ObjectId, StoreError)>,
 }
 
 impl Store {
@@ -57,6 +59,13 @@ impl Store {
             .copied()
             .filter(|id| !self.is_sealed(id))
             .collect();
+        let spilled: Vec<ObjectId> = unsealed
+            .iter()
+            .copied()
+            .filter(|id| self.is_spilled(id))
+            .collect();
+        // A spilled object is restored for any get; the get waits for it within its
+        // timeout like for any object not here yet (a poll only starts the restore).
         let deadline = timeout.map_or(Instant::NEVER, |t| now.saturating_add(t));
         let waiter = Waiter {
             client,
@@ -66,9 +75,13 @@ impl Store {
             unsealed_remaining: unsealed.len(),
             poll: timeout == Some(Duration::ZERO),
             aborted: Vec::new(),
+            failed: Vec::new(),
         };
         if unsealed.is_empty() || deadline <= now {
             self.complete_get(waiter);
+            for id in spilled {
+                self.request_restore(id);
+            }
             return;
         }
         let waiter_id = WaiterId(self.next_waiter);
@@ -83,6 +96,9 @@ impl Store {
             self.deadlines.insert((deadline, waiter_id));
         }
         self.waiters.insert(waiter_id, waiter);
+        for id in spilled {
+            self.request_restore(id);
+        }
     }
 
     /// Time passed: completes every get whose deadline is at or before `now`.
@@ -117,6 +133,15 @@ impl Store {
     /// Every get waiting for `id` counts it as settled; those with nothing left to wait for
     /// complete.
     pub(super) fn settle_waiters(&mut self, id: ObjectId, aborted: bool) {
+        self.settle_waiters_with(id, aborted, None);
+    }
+
+    /// Gets waiting for `id` hear `error` for it now (a restore that failed).
+    pub(super) fn fail_waiters_with(&mut self, id: ObjectId, error: StoreError) {
+        self.settle_waiters_with(id, false, Some(error));
+    }
+
+    fn settle_waiters_with(&mut self, id: ObjectId, aborted: bool, error: Option<StoreError>) {
         let Some(waiter_ids) = self.waiters_by_object.remove(&id) else {
             return;
         };
@@ -126,6 +151,9 @@ impl Store {
             };
             if aborted {
                 waiter.aborted.push(id);
+            }
+            if let Some(error) = &error {
+                waiter.failed.push((id, error.clone()));
             }
             waiter.unsealed_remaining -= 1;
             if waiter.unsealed_remaining == 0 {
@@ -161,7 +189,15 @@ impl Store {
             .iter()
             .map(|&id| match self.get_now(waiter.client, id) {
                 Ok(info) => Ok(info),
+                Err(_) if waiter.failed.iter().any(|(f, _)| *f == id) => Err(waiter
+                    .failed
+                    .iter()
+                    .find(|(f, _)| *f == id)
+                    .map(|(_, error)| error.clone())
+                    .expect("just found")),
                 Err(_) if waiter.aborted.contains(&id) => Err(StoreError::Aborted(id)),
+                // Present, on disk: not back within the get's timeout.
+                Err(_) if self.is_spilled(&id) => Err(StoreError::Timeout(id)),
                 Err(error) if waiter.poll => Err(error),
                 Err(_) => Err(StoreError::Timeout(id)),
             })

@@ -26,6 +26,9 @@ pub struct Flaws {
     /// The disk reports changes durable once their index slots are written, before the sync,
     /// so a crash can lose or tear a record whose seal was acknowledged.
     pub persisted_before_sync: bool,
+    /// The spill disk reports a write complete before it ran, so the core frees (and may
+    /// reuse) the object's memory while the write still reads it.
+    pub spill_acked_before_write: bool,
 }
 
 impl Cluster {

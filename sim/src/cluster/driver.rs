@@ -229,6 +229,31 @@ impl NodeDriver for SimDriver<'_> {
         self.cluster.dial(self.n, peer, address);
     }
 
+    fn spill(
+        &mut self,
+        op: skyriver_core::store::SpillOpId,
+        object: ObjectId,
+        region: LocalRegion,
+        digest: Option<skyriver_core::ContentDigest>,
+    ) {
+        self.cluster.spill_write(self.n, op, object, region, digest);
+    }
+
+    fn restore(
+        &mut self,
+        op: skyriver_core::store::SpillOpId,
+        object: ObjectId,
+        region: LocalRegion,
+        digest: Option<skyriver_core::ContentDigest>,
+    ) {
+        self.cluster
+            .spill_restore(self.n, op, object, region, digest);
+    }
+
+    fn discard_spilled(&mut self, op: skyriver_core::store::SpillOpId, _object: ObjectId) {
+        self.cluster.spill_discard(self.n, op);
+    }
+
     fn local(&mut self, event: ObjectEvent) {
         let (c, n) = (&mut *self.cluster, self.n);
         match event {

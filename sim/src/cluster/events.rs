@@ -292,6 +292,18 @@ impl Cluster {
                 }
             }
             Event::Persisted { node, inc, upto } => self.persisted(node, inc, upto),
+            Event::SpillWritten {
+                node,
+                inc,
+                job,
+                report,
+            } => self.spill_written(node, inc, job, report),
+            Event::SpillReported { node, inc, op } => {
+                if self.alive(node, inc) {
+                    self.feed(node, NodeInput::SpillDone { op, result: Ok(()) });
+                }
+            }
+            Event::SpillRestored { node, inc, job } => self.spill_restored(node, inc, job),
             Event::Crash { node } => self.crash_node(node),
             Event::Restart { node } => self.restart_node(node),
             Event::Partition { a, b, on } => {

@@ -145,6 +145,7 @@ impl Cluster {
         }
         self.record(|| format!("FAULT crash {n}"));
         self.stats.crashes += 1;
+        self.spill_crash(n);
         if let Some(node) = self.nodes[n.0 as usize].node.take() {
             self.stats.absorb(&node);
         }

@@ -33,6 +33,10 @@ impl Cluster {
     pub fn stats(&self) -> SimStats {
         let mut stats = self.stats.clone();
         stats.directory = self.directory.stats.clone();
+        stats.spill_writes = self.spill.stats.writes;
+        stats.spill_write_failures = self.spill.stats.no_space + self.spill.stats.io_errors;
+        stats.spill_restores = self.spill.stats.restores;
+        stats.spill_lost = self.spill.stats.lost;
         for sim_node in &self.nodes {
             if let Some(node) = &sim_node.node {
                 stats.absorb(node);

@@ -73,6 +73,11 @@ struct World {
     /// Per node, the inputs its driver owes it at once (directory replies, hashes, durable
     /// changes), fed by the drive loop.
     answers: Vec<VecDeque<NodeInput<'static>>>,
+    /// Per node, its spill records: op → bytes.
+    spill_disk: Vec<BTreeMap<crate::store::SpillOpId, Vec<u8>>>,
+    /// Spill and restore completions wait in `held_spill_io` while this is true.
+    manual_spill: bool,
+    held_spill_io: VecDeque<(NodeId, NodeInput<'static>)>,
 }
 
 impl World {
@@ -133,6 +138,9 @@ impl World {
             closed: Vec::new(),
             input: Vec::new(),
             answers: vec![VecDeque::new(); n as usize],
+            spill_disk: vec![BTreeMap::new(); n as usize],
+            manual_spill: false,
+            held_spill_io: VecDeque::new(),
         };
         for i in 0..n {
             world.connect(i, CLIENT);
@@ -661,10 +669,63 @@ impl NodeDriver for Carrier<'_> {
 
     /// Tests connect their nodes themselves; a dial is only logged.
     fn connect(&mut self, _: NodeId, _: std::net::SocketAddr) {}
+
+    fn spill(
+        &mut self,
+        op: crate::store::SpillOpId,
+        _: ObjectId,
+        region: LocalRegion,
+        _: Option<ContentDigest>,
+    ) {
+        let bytes = self.arena()[region.offset as usize..region.end() as usize].to_vec();
+        let n = self.node.0 as usize;
+        self.world.spill_disk[n].insert(op, bytes);
+        self.spill_io(NodeInput::SpillDone { op, result: Ok(()) });
+    }
+
+    fn restore(
+        &mut self,
+        op: crate::store::SpillOpId,
+        _: ObjectId,
+        region: LocalRegion,
+        digest: Option<ContentDigest>,
+    ) {
+        let n = self.node.0 as usize;
+        let world = &mut *self.world;
+        let result = match world.spill_disk[n].get(&op) {
+            None => Err(crate::store::RestoreError::Missing),
+            Some(bytes) if digest.is_some_and(|d| d != ContentDigest::of_contiguous(bytes)) => {
+                Err(crate::store::RestoreError::Damaged)
+            }
+            Some(bytes) => {
+                world.arenas[n][region.offset as usize..region.end() as usize]
+                    .copy_from_slice(bytes);
+                Ok(())
+            }
+        };
+        self.spill_io(NodeInput::RestoreDone { op, result });
+    }
+
+    fn discard_spilled(&mut self, op: crate::store::SpillOpId, _: ObjectId) {
+        let n = self.node.0 as usize;
+        self.world.spill_disk[n].remove(&op);
+    }
+}
+
+impl Carrier<'_> {
+    /// A spill or restore completion: at once, or held for the test.
+    fn spill_io(&mut self, input: NodeInput<'static>) {
+        if self.world.manual_spill {
+            self.world.held_spill_io.push_back((self.node, input));
+        } else {
+            self.answer(input);
+        }
+    }
 }
 
 mod clients;
 mod drive;
 mod publications;
 mod sealing;
+mod spill;
 mod transfers;

@@ -1,0 +1,633 @@
+//! The spill tier of a store: sealed objects nobody holds go to local disk instead of being
+//! forgotten when memory is needed, and come back on `get`.
+//!
+//! States of a sealed object (see [`StorageTier`]):
+//! * **memory**: in the table, as without a spill tier;
+//! * **spilling**: a [`StoreOutput::Spill`] write of its bytes is out; the object stays in
+//!   memory, readable, and pinned (neither evicted nor freed) until the driver reports the write
+//!   with [`Store::handle_spill_done`]. Only then is its memory freed: a spilled object's bytes
+//!   are always somewhere;
+//! * **spilled**: its bytes are only in the driver's spill record; it is still present
+//!   (`contains`, `list`, stat, locate; it stays published);
+//! * **restoring**: a `get` (or a peer's fetch) asked for it; a block is allocated (spilling or
+//!   evicting others as needed), a [`StoreOutput::Restore`] read is out, and the object is back
+//!   in the table, unsealed and pinned, until [`Store::handle_restore_done`] seals it again.
+//!   Concurrent gets share the one restore.
+//!
+//! Rules: the least recently used unheld sealed object is spilled first; an object is evicted
+//! (forgotten) only when the spill tier cannot take it (its limit reached, or the last write
+//! failed for lack of space or an IO error, until space is given back). A restore whose record
+//! is damaged or missing reports the object lost (withdrawn like a delete), never other bytes.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::table::Entry;
+use super::{DurableChange, ObjectEvent, Store, StoreOutput};
+use crate::digest::ContentDigest;
+use crate::error::StoreError;
+use crate::ids::ObjectId;
+use crate::time::Instant;
+
+/// One spill write, named in its completion and, while the record lives, in the restores and
+/// the discard of that record.
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize, Default,
+)]
+pub struct SpillOpId(pub u64);
+
+impl fmt::Display for SpillOpId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "spill-{}", self.0)
+    }
+}
+
+/// Where an object's bytes are.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, Default)]
+pub enum StorageTier {
+    /// In memory only.
+    #[default]
+    Memory,
+    /// In memory, being written to the spill tier.
+    Spilling,
+    /// On disk only.
+    Spilled,
+    /// Being read back from disk into memory.
+    Restoring,
+}
+
+impl StorageTier {
+    /// The name `list` shows.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageTier::Memory => "memory",
+            StorageTier::Spilling => "spilling",
+            StorageTier::Spilled => "spilled",
+            StorageTier::Restoring => "restoring",
+        }
+    }
+}
+
+/// Why a spill write failed. The object stays in memory; the tier takes no more writes until
+/// space is given back, so the store evicts instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum SpillError {
+    /// The disk (or the configured limit) is full (`ENOSPC`, `EDQUOT`).
+    #[error("no space left for spilling")]
+    NoSpace,
+    /// Any other failure of the write (the syscall and its error).
+    #[error("spill write failed: {reason}")]
+    Io {
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// Why a restore failed: the object is lost (reported as deleted), never served with other
+/// bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum RestoreError {
+    /// The spill record (or its file) is gone.
+    #[error("spill record missing")]
+    Missing,
+    /// The bytes read do not match the record's checksum.
+    #[error("spill record damaged (checksum mismatch)")]
+    Damaged,
+    /// The read failed (the syscall and its error).
+    #[error("spill read failed: {reason}")]
+    Io {
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// A sealed object whose bytes are on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SpilledObject {
+    /// The write that made its record.
+    pub(super) op: SpillOpId,
+    pub(super) data_size: u64,
+    pub(super) metadata_size: u64,
+    pub(super) digest: Option<ContentDigest>,
+    pub(super) created_at: Instant,
+}
+
+impl SpilledObject {
+    fn len(&self) -> u64 {
+        self.data_size + self.metadata_size
+    }
+}
+
+/// A spill write or a restore read the driver has not reported yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InFlight {
+    Spill { id: ObjectId, len: u64 },
+    Restore { id: ObjectId },
+}
+
+/// Counters of the spill tier.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpillStats {
+    /// The tier's limit in bytes (0: no spill tier).
+    pub limit_bytes: u64,
+    /// Objects on disk only now.
+    pub spilled_objects: u64,
+    /// Their bytes (data + metadata).
+    pub spilled_bytes: u64,
+    /// Bytes being written now (still in memory).
+    pub spilling_bytes: u64,
+    /// Restores in progress now.
+    pub restores_in_flight: u64,
+    /// Restores waiting for memory now.
+    pub restores_queued: u64,
+    /// Spill writes completed since start.
+    pub spills_total: u64,
+    /// Bytes they wrote.
+    pub spilled_bytes_total: u64,
+    /// Restores completed since start.
+    pub restores_total: u64,
+    /// Bytes they read.
+    pub restored_bytes_total: u64,
+    /// Spill writes that failed for lack of space.
+    pub spill_no_space_total: u64,
+    /// Spill writes that failed otherwise.
+    pub spill_errors_total: u64,
+    /// Objects lost because their record was missing, damaged or unreadable.
+    pub objects_lost_total: u64,
+    /// Objects evicted (forgotten) while a spill tier exists, because it could not take them.
+    pub evicted_spill_full_total: u64,
+    /// Whether the tier takes no writes now (after a failure, until space is given back).
+    pub full: bool,
+}
+
+/// The spill tier's bookkeeping.
+#[derive(Debug, Default)]
+pub(super) struct SpillTier {
+    limit_bytes: u64,
+    spilled: BTreeMap<ObjectId, SpilledObject>,
+    spilled_bytes: u64,
+    spilling_bytes: u64,
+    in_flight: BTreeMap<SpillOpId, InFlight>,
+    /// The operation in flight for each object.
+    by_object: BTreeMap<ObjectId, SpillOpId>,
+    /// Restores waiting for memory, oldest first.
+    queued: VecDeque<ObjectId>,
+    queued_set: BTreeSet<ObjectId>,
+    /// A write failed: take none until a record is given back.
+    full: bool,
+    next_op: u64,
+    stats: SpillStats,
+}
+
+impl SpillTier {
+    pub(super) fn new(limit_bytes: u64) -> Self {
+        Self {
+            limit_bytes,
+            ..Self::default()
+        }
+    }
+
+    fn can_take(&self, len: u64) -> bool {
+        !self.full && self.spilled_bytes + self.spilling_bytes + len <= self.limit_bytes
+    }
+
+    fn give_back(&mut self, object: &SpilledObject) {
+        self.spilled_bytes -= object.len();
+        self.full = false;
+    }
+}
+
+impl Store {
+    /// Whether this store has a spill tier.
+    pub fn spill_enabled(&self) -> bool {
+        self.spill.is_some()
+    }
+
+    /// Bytes that will be free without evicting anything more: blocks of removals waiting to
+    /// be durable, and objects being spilled. A `create` that fails while some are pending may
+    /// wait for them rather than fail.
+    pub fn pending_free_bytes(&self) -> u64 {
+        self.quarantined_bytes + self.spilling_bytes()
+    }
+
+    pub(super) fn spilling_bytes(&self) -> u64 {
+        self.spill.as_ref().map_or(0, |tier| tier.spilling_bytes)
+    }
+
+    /// Whether `id` is sealed and on disk only (restoring or not).
+    pub fn is_spilled(&self, id: &ObjectId) -> bool {
+        self.spill
+            .as_ref()
+            .is_some_and(|tier| tier.spilled.contains_key(id))
+    }
+
+    /// Where the bytes of a present object are, or `None` when it is not here.
+    pub fn tier(&self, id: &ObjectId) -> Option<StorageTier> {
+        let tier = self.spill.as_ref();
+        let in_flight = tier
+            .and_then(|t| t.by_object.get(id))
+            .and_then(|op| tier?.in_flight.get(op).copied());
+        match in_flight {
+            Some(InFlight::Spill { .. }) => return Some(StorageTier::Spilling),
+            Some(InFlight::Restore { .. }) => return Some(StorageTier::Restoring),
+            None => {}
+        }
+        if self.is_spilled(id) {
+            return Some(StorageTier::Spilled);
+        }
+        self.objects.contains(id).then_some(StorageTier::Memory)
+    }
+
+    /// The sizes and digest of a spilled object.
+    pub fn spilled_sizes(&self, id: &ObjectId) -> Option<(u64, u64, Option<ContentDigest>)> {
+        let object = self.spill.as_ref()?.spilled.get(id)?;
+        Some((object.data_size, object.metadata_size, object.digest))
+    }
+
+    /// The spill tier's counters and gauges (all zero without one).
+    pub fn spill_stats(&self) -> SpillStats {
+        let Some(tier) = self.spill.as_ref() else {
+            return SpillStats::default();
+        };
+        SpillStats {
+            limit_bytes: tier.limit_bytes,
+            spilled_objects: tier.spilled.len() as u64,
+            spilled_bytes: tier.spilled_bytes,
+            spilling_bytes: tier.spilling_bytes,
+            restores_in_flight: tier
+                .in_flight
+                .values()
+                .filter(|f| matches!(f, InFlight::Restore { .. }))
+                .count() as u64,
+            restores_queued: tier.queued.len() as u64,
+            full: tier.full,
+            ..tier.stats.clone()
+        }
+    }
+
+    /// Frees memory held by the least recently used unheld object: starts its spill write when
+    /// the tier can take it (the memory is freed when the write completes), evicts it
+    /// otherwise. `None` when nothing is unheld.
+    pub(super) fn reclaim_one(&mut self) -> Option<u64> {
+        let id = self.objects.lru_front()?;
+        let entry = self.objects.get(&id).expect("LRU entries are in the table");
+        let len = entry.data_size + entry.metadata_size;
+        let block_len = entry.block().len;
+        let takes = self.spill.as_ref().is_some_and(|tier| tier.can_take(len));
+        if !takes {
+            if let Some(tier) = self.spill.as_mut() {
+                tier.stats.evicted_spill_full_total += 1;
+            }
+            return self.evict_one();
+        }
+        self.start_spill(id);
+        Some(block_len)
+    }
+
+    fn start_spill(&mut self, id: ObjectId) {
+        let entry = self.objects.get_mut(&id).expect("spilled from the table");
+        // The write reads the object's memory: pinned until it completes.
+        entry.pin_count += 1;
+        let info = entry.info();
+        let digest = entry.digest();
+        let tier = self.spill.as_mut().expect("spilling needs a tier");
+        tier.next_op += 1;
+        let op = SpillOpId(tier.next_op);
+        tier.spilling_bytes += info.region.len;
+        tier.in_flight.insert(
+            op,
+            InFlight::Spill {
+                id,
+                len: info.region.len,
+            },
+        );
+        tier.by_object.insert(id, op);
+        self.settle(id);
+        self.outputs.push_back(StoreOutput::Spill {
+            op,
+            id,
+            region: info.region,
+            digest,
+        });
+    }
+
+    /// The driver finished the spill write `op`. On success the object's memory is freed (it
+    /// is spilled) unless someone took it meanwhile (then the record is discarded and it stays
+    /// in memory); on failure it stays in memory and the tier takes no more writes until space
+    /// is given back.
+    pub fn handle_spill_done(&mut self, op: SpillOpId, result: Result<(), SpillError>) {
+        let Some(tier) = self.spill.as_mut() else {
+            return;
+        };
+        let Some(InFlight::Spill { id, len }) = tier.in_flight.get(&op).copied() else {
+            return; // not a spill of ours: a driver bug, but nothing to undo
+        };
+        tier.in_flight.remove(&op);
+        tier.by_object.remove(&id);
+        tier.spilling_bytes -= len;
+        match &result {
+            Ok(()) => {
+                tier.stats.spills_total += 1;
+                tier.stats.spilled_bytes_total += len;
+            }
+            Err(SpillError::NoSpace) => {
+                tier.stats.spill_no_space_total += 1;
+                tier.full = true;
+            }
+            Err(SpillError::Io { .. }) => {
+                tier.stats.spill_errors_total += 1;
+                tier.full = true;
+            }
+        }
+        let entry = self
+            .objects
+            .get_mut(&id)
+            .expect("a spilling object is pinned in the table");
+        assert!(entry.pin_count > 0, "spilling {id} is pinned");
+        entry.pin_count -= 1;
+        let unheld = entry.ref_count == 0 && entry.pin_count == 0 && !entry.delete_pending;
+        if result.is_err() {
+            self.settle(id);
+            return;
+        }
+        if !unheld {
+            // Taken (or deleted) meanwhile: it stays in memory; the record is not needed.
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op, id });
+            self.settle(id);
+            return;
+        }
+        let spilled = SpilledObject {
+            op,
+            data_size: entry.data_size,
+            metadata_size: entry.metadata_size,
+            digest: entry.digest(),
+            created_at: entry.created_at,
+        };
+        // Out of memory, still present: no notification, it stays published.
+        self.remove_object(id, false);
+        let tier = self.spill.as_mut().expect("checked above");
+        tier.spilled_bytes += spilled.len();
+        tier.spilled.insert(id, spilled);
+    }
+
+    /// Asks for a spilled object to be brought back (for a `get` or a peer's fetch); several
+    /// asks share one restore. Nothing happens for an object not spilled.
+    pub fn request_restore(&mut self, id: ObjectId) {
+        let Some(tier) = self.spill.as_ref() else {
+            return;
+        };
+        if !tier.spilled.contains_key(&id)
+            || tier.by_object.contains_key(&id)
+            || tier.queued_set.contains(&id)
+        {
+            return;
+        }
+        if !self.start_restore(id) {
+            let tier = self.spill.as_mut().expect("checked above");
+            tier.queued.push_back(id);
+            tier.queued_set.insert(id);
+        }
+    }
+
+    /// Starts restores waiting for memory, oldest first, while memory can be found. Call after
+    /// anything that may free memory (the node does after every input).
+    pub fn retry_restores(&mut self) {
+        loop {
+            let Some(&id) = self.spill.as_ref().and_then(|tier| tier.queued.front()) else {
+                return;
+            };
+            if !self.start_restore(id) {
+                return;
+            }
+            let tier = self.spill.as_mut().expect("a queue needs a tier");
+            tier.queued.pop_front();
+            tier.queued_set.remove(&id);
+        }
+    }
+
+    /// Allocates the object's block and sends the read; false when it must wait for memory.
+    /// With no memory to wait for, the restore fails: its gets hear `OutOfMemory`.
+    fn start_restore(&mut self, id: ObjectId) -> bool {
+        let tier = self.spill.as_ref().expect("restoring needs a tier");
+        let object = *tier.spilled.get(&id).expect("restoring a spilled object");
+        let total = object.len();
+        let block_len = crate::alloc::block_len_for(total).expect("a stored object fits a block");
+        let block = match self.allocate_evicting(id, total, block_len) {
+            Ok(block) => block,
+            Err(_) if self.pending_free_bytes() > 0 => return false,
+            Err(error) => {
+                // Nothing can be freed for it now: whoever waits hears so (it stays spilled).
+                self.fail_waiters(id, error);
+                self.outputs.push_back(StoreOutput::RestoreFailed { id });
+                return true;
+            }
+        };
+        let mut entry = Entry::new(
+            id,
+            block,
+            object.data_size,
+            object.metadata_size,
+            false,
+            object.created_at,
+        );
+        if let Some(digest) = object.digest {
+            entry.set_digest(digest);
+        }
+        // Pinned while the read writes its block; unsealed, so nobody reads it yet.
+        entry.pin_count = 1;
+        let region = entry.info().region;
+        self.objects.insert(entry);
+        let tier = self.spill.as_mut().expect("checked above");
+        tier.in_flight.insert(object.op, InFlight::Restore { id });
+        tier.by_object.insert(id, object.op);
+        self.outputs.push_back(StoreOutput::Restore {
+            op: object.op,
+            id,
+            region,
+            digest: object.digest,
+        });
+        true
+    }
+
+    /// The driver finished the restore read of record `op`. On success the object is sealed in
+    /// memory again, its record discarded, and its gets answered; on failure it is lost: removed
+    /// and withdrawn like a delete, its gets answered `ObjectNotFound`.
+    pub fn handle_restore_done(&mut self, op: SpillOpId, result: Result<(), RestoreError>) {
+        let Some(tier) = self.spill.as_mut() else {
+            return;
+        };
+        let Some(InFlight::Restore { id }) = tier.in_flight.get(&op).copied() else {
+            return;
+        };
+        tier.in_flight.remove(&op);
+        tier.by_object.remove(&id);
+        let object = tier
+            .spilled
+            .remove(&id)
+            .expect("a restoring object is spilled");
+        tier.give_back(&object);
+        self.outputs
+            .push_back(StoreOutput::DiscardSpilled { op, id });
+        let entry = self
+            .objects
+            .get_mut(&id)
+            .expect("a restoring object is in the table");
+        entry.pin_count -= 1;
+        match result {
+            Ok(()) => {
+                let tier = self.spill.as_mut().expect("checked above");
+                tier.stats.restores_total += 1;
+                tier.stats.restored_bytes_total += object.len();
+                entry.sealed = true;
+                let block = entry.block();
+                if self.config.record_durable_changes {
+                    self.queue_durable(DurableChange::Sealed {
+                        id,
+                        block,
+                        data_size: object.data_size,
+                        metadata_size: object.metadata_size,
+                    });
+                }
+                self.outputs.push_back(StoreOutput::Restored { id });
+                self.wake_waiters(id);
+                self.settle(id);
+            }
+            Err(_) => {
+                let tier = self.spill.as_mut().expect("checked above");
+                tier.stats.objects_lost_total += 1;
+                // Unsealed and unpinned: removed without a durable change.
+                self.remove_object(id, false);
+                self.notify(ObjectEvent::Deleted { id });
+                self.outputs.push_back(StoreOutput::RestoreFailed { id });
+                self.fail_waiters(id, StoreError::ObjectNotFound(id));
+            }
+        }
+    }
+
+    /// Deletes a spilled object that is not being restored: its record is discarded. `None`
+    /// when `id` is not such an object.
+    pub(super) fn delete_spilled(&mut self, id: ObjectId) -> Option<Result<(), StoreError>> {
+        let tier = self.spill.as_mut()?;
+        if tier.by_object.contains_key(&id) {
+            // Restoring: deleted once it is back (and released).
+            let entry = self.objects.get_mut(&id)?;
+            entry.delete_pending = true;
+            return Some(Err(StoreError::ObjectInUse(id)));
+        }
+        let object = tier.spilled.remove(&id)?;
+        tier.give_back(&object);
+        if tier.queued_set.remove(&id) {
+            tier.queued.retain(|queued| *queued != id);
+        }
+        self.outputs
+            .push_back(StoreOutput::DiscardSpilled { op: object.op, id });
+        self.outputs.push_back(StoreOutput::RestoreFailed { id });
+        self.notify(ObjectEvent::Deleted { id });
+        self.fail_waiters(id, StoreError::ObjectNotFound(id));
+        Some(Ok(()))
+    }
+
+    /// Whether `id` is an unsealed object being restored (it has no creator).
+    pub(super) fn is_restoring(&self, id: &ObjectId) -> bool {
+        self.tier(id) == Some(StorageTier::Restoring)
+    }
+
+    /// Summaries of the objects on disk only, for `list`.
+    pub(super) fn spilled_summaries(&self) -> Vec<super::ObjectSummary> {
+        let Some(tier) = self.spill.as_ref() else {
+            return Vec::new();
+        };
+        tier.spilled
+            .iter()
+            .filter(|(id, _)| !tier.by_object.contains_key(id))
+            .map(|(&id, object)| super::ObjectSummary {
+                info: super::ObjectInfo {
+                    id,
+                    // No memory: an empty region of the object's length.
+                    region: crate::region::LocalRegion {
+                        arena: crate::ids::ArenaId(0),
+                        offset: 0,
+                        len: object.len(),
+                    },
+                    data_size: object.data_size,
+                    metadata_size: object.metadata_size,
+                },
+                sealed: true,
+                ref_count: 0,
+                pin_count: 0,
+                delete_pending: false,
+                created_at: object.created_at,
+                tier: StorageTier::Spilled,
+            })
+            .collect()
+    }
+
+    /// Starts spill writes of least recently used unheld objects until `bytes` are on their
+    /// way out (an `evict` request with a spill tier); the rest, once the tier is full, is
+    /// evicted. Returns (objects, bytes).
+    pub(super) fn spill_or_evict(&mut self, bytes: u64) -> (u64, u64) {
+        let (mut objects, mut freed) = (0, 0);
+        while freed < bytes {
+            let Some(len) = self.reclaim_one() else { break };
+            objects += 1;
+            freed += len;
+        }
+        (objects, freed)
+    }
+
+    /// Checks the spill tier against the table; panics on the first inconsistency.
+    pub(super) fn check_spill_invariants(&self) {
+        let Some(tier) = self.spill.as_ref() else {
+            return;
+        };
+        let mut spilling = 0;
+        for (op, in_flight) in &tier.in_flight {
+            match *in_flight {
+                InFlight::Spill { id, len } => {
+                    let entry = self
+                        .objects
+                        .get(&id)
+                        .expect("a spilling object is in memory");
+                    assert!(entry.sealed && entry.pin_count > 0, "spilling {id} pinned");
+                    assert!(!tier.spilled.contains_key(&id), "{id} spilling and spilled");
+                    spilling += len;
+                }
+                InFlight::Restore { id } => {
+                    let entry = self
+                        .objects
+                        .get(&id)
+                        .expect("a restoring object is in memory");
+                    assert!(!entry.sealed && entry.pin_count == 1, "restoring {id}");
+                    assert_eq!(
+                        tier.spilled.get(&id).map(|o| o.op),
+                        Some(*op),
+                        "record of {id}"
+                    );
+                }
+            }
+        }
+        assert_eq!(tier.by_object.len(), tier.in_flight.len(), "ops by object");
+        assert_eq!(spilling, tier.spilling_bytes, "spilling bytes");
+        let spilled: u64 = tier.spilled.values().map(SpilledObject::len).sum();
+        assert_eq!(spilled, tier.spilled_bytes, "spilled bytes");
+        for (id, object) in &tier.spilled {
+            let restoring = tier.by_object.get(id) == Some(&object.op);
+            assert!(
+                restoring || !self.objects.contains(id),
+                "spilled {id} is in memory without a restore"
+            );
+        }
+        assert!(
+            tier.spilled_bytes + tier.spilling_bytes <= tier.limit_bytes,
+            "spill tier over its limit"
+        );
+        assert_eq!(tier.queued.len(), tier.queued_set.len(), "restore queue");
+    }
+
+    fn fail_waiters(&mut self, id: ObjectId, error: StoreError) {
+        self.fail_waiters_with(id, error);
+    }
+}

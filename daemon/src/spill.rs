@@ -1,0 +1,988 @@
+//! The spill tier on local disk (`--spill-dir DIR [--spill-limit SIZE]`): the IO side of the
+//! core's `Spill`/`Restore`/`DiscardSpilled` outputs.
+//!
+//! The loop never touches the disk. It hands each job, with a view of the object's memory
+//! (a [`ReadableRegion`] for a write, a [`WritableRegion`] for a restore, claimed on the loop
+//! so the arena's claims table sees them), to a pool of IO threads through a bounded queue;
+//! a full queue keeps the job in a backlog on the loop, sent as completions come back. The
+//! threads report on a channel the loop selects on, and the loop feeds the core
+//! `SpillDone`/`RestoreDone`.
+//!
+//! On disk:
+//! * objects below [`LARGE_OBJECT_BYTES`] are packed into append-only segment files
+//!   (`segment-N.spill`, rolled at [`SEGMENT_BYTES`]), each record a 64-byte header and the
+//!   bytes; a discarded record's range is given back with `fallocate(PUNCH_HOLE)`, and a
+//!   segment with nothing live left (and not the one being appended to) is removed;
+//! * larger objects get a file each (`large-N.spill`), a 4 KiB header then the bytes, written
+//!   and read in [`CHUNK_BYTES`] chunks with `O_DIRECT` through an aligned buffer where the
+//!   file system allows it (buffered IO otherwise), removed when discarded.
+//!
+//! Every record carries the object's content digest (the one it was published with; computed
+//! from the bytes when unknown) and its header a checksum of its own: a restore whose header or
+//! bytes do not match reports the object lost (`RestoreError::Damaged`), a missing file or
+//! record `Missing`; the daemon goes on.
+//!
+//! Spill files are a cache: at start every `*.spill` file in DIR is removed (persistent
+//! mode does not keep spilled objects across restarts yet).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use skyriver_core::store::{RestoreError, SpillError, SpillOpId};
+use skyriver_core::{ContentDigest, NodeId, ObjectId};
+use skyriver_transport::{ReadableRegion, WritableRegion};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+/// Objects from this size get a file of their own, written in aligned chunks.
+pub const LARGE_OBJECT_BYTES: u64 = 1 << 20;
+/// A segment file of small objects is closed for appends past this size.
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+/// Chunk of a large object's IO.
+pub const CHUNK_BYTES: usize = 8 << 20;
+/// Alignment of `O_DIRECT` IO.
+const DIRECT_ALIGN: usize = 4096;
+/// Header of a record in a segment.
+const SMALL_HEADER_BYTES: u64 = 64;
+/// Jobs queued to the IO threads at most (more wait in the loop's backlog).
+pub const JOB_QUEUE: usize = 256;
+/// IO threads.
+pub const IO_THREADS: usize = 2;
+const MAGIC: &[u8; 8] = b"SKYSPIL1";
+
+/// How to run the spill tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpillConfig {
+    /// The directory the spill files go to.
+    pub dir: PathBuf,
+    /// Bytes the tier may hold; `None`: 90% of the space free on DIR's file system at start.
+    pub limit_bytes: Option<u64>,
+}
+
+/// Why the spill directory cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SpillStartError {
+    /// DIR does not exist.
+    #[error("spill directory {0} does not exist (create it first)")]
+    Missing(PathBuf),
+    /// DIR is something else.
+    #[error("spill directory {0} is not a directory")]
+    NotADirectory(PathBuf),
+    /// DIR cannot be written.
+    #[error("spill directory {dir} is not writable: {source}")]
+    NotWritable {
+        /// The directory.
+        dir: PathBuf,
+        /// The failed probe.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Old spill files could not be removed.
+    #[error("cannot clear old spill files in {dir}: {source}")]
+    Clear {
+        /// The directory.
+        dir: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Spilling with a backing file: spilled objects would not survive a restart.
+    #[error(
+        "--spill-dir does not work with --backing-file yet: spilled objects would be lost at a \
+         restart"
+    )]
+    Persistent,
+    /// `statvfs` of DIR failed.
+    #[error("cannot read the free space of {dir}: {source}")]
+    Statvfs {
+        /// The directory.
+        dir: PathBuf,
+        /// What failed.
+        #[source]
+        source: nix::Error,
+    },
+}
+
+/// Checks DIR (exists, a directory, writable; a warning when it is on tmpfs: spilling memory
+/// into memory), makes this node's own directory in it (`DIR/node-N`, so daemons of one
+/// cluster may share DIR) and removes old spill files there; returns the limit to give the
+/// store and the directory the files go to.
+pub fn prepare(config: &SpillConfig, node: NodeId) -> Result<(u64, PathBuf), SpillStartError> {
+    let dir = &config.dir;
+    let meta = std::fs::metadata(dir).map_err(|_| SpillStartError::Missing(dir.clone()))?;
+    if !meta.is_dir() {
+        return Err(SpillStartError::NotADirectory(dir.clone()));
+    }
+    let probe = dir.join(".skyriver-spill-probe");
+    File::create(&probe)
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|source| SpillStartError::NotWritable {
+            dir: dir.clone(),
+            source,
+        })?;
+    if let Ok(fs) = nix::sys::statfs::statfs(dir) {
+        if fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC {
+            warn!(
+                dir = %dir.display(),
+                "the spill directory is on tmpfs: spilled objects still take memory"
+            );
+        }
+    }
+    let dir = &dir.join(format!("node-{}", node.0));
+    std::fs::create_dir_all(dir).map_err(|source| SpillStartError::NotWritable {
+        dir: dir.clone(),
+        source,
+    })?;
+    let mut removed = 0u64;
+    let entries = std::fs::read_dir(dir).map_err(|source| SpillStartError::Clear {
+        dir: dir.clone(),
+        source,
+    })?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "spill") {
+            std::fs::remove_file(&path).map_err(|source| SpillStartError::Clear {
+                dir: dir.clone(),
+                source,
+            })?;
+            removed += 1;
+        }
+    }
+    let limit = match config.limit_bytes {
+        Some(limit) => limit,
+        None => {
+            let vfs =
+                nix::sys::statvfs::statvfs(dir).map_err(|source| SpillStartError::Statvfs {
+                    dir: dir.clone(),
+                    source,
+                })?;
+            let free = vfs.blocks_available() as u64 * vfs.fragment_size() as u64;
+            free / 10 * 9
+        }
+    };
+    info!(
+        dir = %dir.display(),
+        limit = %crate::size::format_bytes(limit),
+        old_files_removed = removed,
+        "spill tier ready"
+    );
+    Ok((limit, dir.clone()))
+}
+
+/// A finished job, for the loop to feed the node.
+#[derive(Debug)]
+pub enum SpillCompletion {
+    /// A spill write finished.
+    Spilled {
+        /// The write.
+        op: SpillOpId,
+        /// How it went.
+        result: Result<(), SpillError>,
+        /// How long it took.
+        elapsed: Duration,
+        /// Bytes written.
+        bytes: u64,
+    },
+    /// A restore finished.
+    Restored {
+        /// The record.
+        op: SpillOpId,
+        /// How it went.
+        result: Result<(), RestoreError>,
+        /// How long it took.
+        elapsed: Duration,
+        /// Bytes read.
+        bytes: u64,
+    },
+}
+
+enum Job {
+    Spill {
+        op: SpillOpId,
+        object: ObjectId,
+        view: ReadableRegion,
+        digest: Option<ContentDigest>,
+    },
+    Restore {
+        op: SpillOpId,
+        view: WritableRegion,
+        digest: Option<ContentDigest>,
+    },
+    Discard {
+        op: SpillOpId,
+    },
+}
+
+/// Where a record is.
+#[derive(Debug, Clone, Copy)]
+struct Location {
+    file: u64,
+    /// Offset of the header.
+    offset: u64,
+    len: u64,
+    large: bool,
+}
+
+#[derive(Debug)]
+struct Segment {
+    file: Arc<File>,
+    /// End of the last record reserved.
+    end: u64,
+    live_records: u64,
+}
+
+/// The records and files of the tier, shared by the IO threads.
+#[derive(Debug, Default)]
+struct Index {
+    records: BTreeMap<SpillOpId, Location>,
+    segments: BTreeMap<u64, Segment>,
+    /// The segment appended to now.
+    current: Option<u64>,
+    next_file: u64,
+}
+
+struct Disk {
+    dir: PathBuf,
+    index: Mutex<Index>,
+}
+
+/// The loop's handle on the IO threads.
+pub struct SpillIo {
+    jobs: Option<SyncSender<Job>>,
+    backlog: VecDeque<Job>,
+    completions: mpsc::UnboundedSender<SpillCompletion>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl SpillIo {
+    /// Starts the IO threads over `dir` (prepared by [`prepare`]); completions arrive on the
+    /// returned channel.
+    pub fn start(dir: &Path) -> (Self, mpsc::UnboundedReceiver<SpillCompletion>) {
+        let (jobs_tx, jobs_rx) = sync_channel::<Job>(JOB_QUEUE);
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let disk = Arc::new(Disk {
+            dir: dir.to_path_buf(),
+            index: Mutex::new(Index::default()),
+        });
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let threads = (0..IO_THREADS)
+            .map(|n| {
+                let (disk, jobs, done) = (disk.clone(), jobs_rx.clone(), done_tx.clone());
+                std::thread::Builder::new()
+                    .name(format!("skyriver-spill-{n}"))
+                    .spawn(move || io_thread(&disk, &jobs, &done))
+                    .expect("spawning a spill IO thread")
+            })
+            .collect();
+        let io = Self {
+            jobs: Some(jobs_tx),
+            backlog: VecDeque::new(),
+            completions: done_tx,
+            threads,
+        };
+        (io, done_rx)
+    }
+
+    /// Queues a spill write of `view` (claimed by the caller from the object's region).
+    pub fn spill(
+        &mut self,
+        op: SpillOpId,
+        object: ObjectId,
+        view: Option<ReadableRegion>,
+        digest: Option<ContentDigest>,
+    ) {
+        match view {
+            Some(view) => self.submit(Job::Spill {
+                op,
+                object,
+                view,
+                digest,
+            }),
+            None => self.complete(SpillCompletion::Spilled {
+                op,
+                result: Err(SpillError::Io {
+                    reason: "the object's memory could not be viewed".into(),
+                }),
+                elapsed: Duration::ZERO,
+                bytes: 0,
+            }),
+        }
+    }
+
+    /// Queues a restore into `view` (claimed by the caller from the new block).
+    pub fn restore(
+        &mut self,
+        op: SpillOpId,
+        view: Option<WritableRegion>,
+        digest: Option<ContentDigest>,
+    ) {
+        match view {
+            Some(view) => self.submit(Job::Restore { op, view, digest }),
+            None => self.complete(SpillCompletion::Restored {
+                op,
+                result: Err(RestoreError::Io {
+                    reason: "the restore's memory could not be claimed".into(),
+                }),
+                elapsed: Duration::ZERO,
+                bytes: 0,
+            }),
+        }
+    }
+
+    /// Queues the removal of record `op`.
+    pub fn discard(&mut self, op: SpillOpId) {
+        self.submit(Job::Discard { op });
+    }
+
+    /// Moves jobs from the backlog to the IO threads while their queue has room. Call after
+    /// each completion.
+    pub fn pump(&mut self) {
+        while let Some(job) = self.backlog.pop_front() {
+            if let Err(job) = self.try_send(job) {
+                self.backlog.push_front(job);
+                return;
+            }
+        }
+    }
+
+    /// Jobs waiting on the loop for room in the IO queue.
+    pub fn backlog(&self) -> usize {
+        self.backlog.len()
+    }
+
+    fn submit(&mut self, job: Job) {
+        if !self.backlog.is_empty() {
+            self.backlog.push_back(job);
+            return;
+        }
+        if let Err(job) = self.try_send(job) {
+            self.backlog.push_back(job);
+        }
+    }
+
+    fn try_send(&mut self, job: Job) -> Result<(), Job> {
+        let Some(jobs) = &self.jobs else {
+            return Ok(()); // shutting down
+        };
+        match jobs.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(job)) => Err(job),
+            // The threads are gone only when the daemon stops.
+            Err(TrySendError::Disconnected(_)) => Ok(()),
+        }
+    }
+
+    fn complete(&self, completion: SpillCompletion) {
+        let _ = self.completions.send(completion);
+    }
+}
+
+impl Drop for SpillIo {
+    fn drop(&mut self) {
+        self.backlog.clear();
+        self.jobs = None;
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn io_thread(
+    disk: &Disk,
+    jobs: &Mutex<Receiver<Job>>,
+    done: &mpsc::UnboundedSender<SpillCompletion>,
+) {
+    let mut bounce = AlignedBuffer::new(CHUNK_BYTES);
+    loop {
+        let job = {
+            let Ok(jobs) = jobs.lock() else { return };
+            match jobs.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            }
+        };
+        let started = std::time::Instant::now();
+        let completion = match job {
+            Job::Spill {
+                op,
+                object,
+                view,
+                digest,
+            } => {
+                let bytes = view.as_slice().len() as u64;
+                let result = disk.write(op, object, view.as_slice(), digest, &mut bounce);
+                drop(view);
+                SpillCompletion::Spilled {
+                    op,
+                    result,
+                    elapsed: started.elapsed(),
+                    bytes,
+                }
+            }
+            Job::Restore {
+                op,
+                mut view,
+                digest,
+            } => {
+                let bytes = view.as_slice().len() as u64;
+                let result = disk.read(op, view.as_mut_slice(), digest, &mut bounce);
+                drop(view);
+                SpillCompletion::Restored {
+                    op,
+                    result,
+                    elapsed: started.elapsed(),
+                    bytes,
+                }
+            }
+            Job::Discard { op } => {
+                disk.discard(op);
+                continue;
+            }
+        };
+        if done.send(completion).is_err() {
+            return;
+        }
+    }
+}
+
+/// A heap buffer whose usable part starts at a [`DIRECT_ALIGN`] boundary.
+struct AlignedBuffer {
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuffer {
+    fn new(len: usize) -> Self {
+        let storage = vec![0u8; len + DIRECT_ALIGN];
+        let start = storage.as_ptr().align_offset(DIRECT_ALIGN);
+        Self {
+            storage,
+            start,
+            len,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
+    }
+}
+
+fn header(op: SpillOpId, object: ObjectId, len: u64, digest: ContentDigest) -> [u8; 64] {
+    let mut header = [0u8; 64];
+    header[0..8].copy_from_slice(MAGIC);
+    header[8..16].copy_from_slice(&op.0.to_le_bytes());
+    header[16..36].copy_from_slice(object.as_bytes());
+    header[36..44].copy_from_slice(&len.to_le_bytes());
+    header[44..52].copy_from_slice(&digest.0.to_le_bytes());
+    let check = ContentDigest::of_contiguous(&header[..56]);
+    header[56..64].copy_from_slice(&check.0.to_le_bytes());
+    header
+}
+
+/// The length and digest a header names, when it is intact and for record `op`.
+fn parse_header(bytes: &[u8], op: SpillOpId) -> Option<(u64, ContentDigest)> {
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let intact = &bytes[0..8] == MAGIC
+        && word(56) == ContentDigest::of_contiguous(&bytes[..56]).0
+        && word(8) == op.0;
+    intact.then(|| (word(36), ContentDigest(word(44))))
+}
+
+fn no_space(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(code) if code == nix::libc::ENOSPC || code == nix::libc::EDQUOT
+    )
+}
+
+fn spill_error(error: std::io::Error, what: &str) -> SpillError {
+    if no_space(&error) {
+        SpillError::NoSpace
+    } else {
+        SpillError::Io {
+            reason: format!("{what}: {error}"),
+        }
+    }
+}
+
+impl Disk {
+    fn segment_path(&self, file: u64) -> PathBuf {
+        self.dir.join(format!("segment-{file}.spill"))
+    }
+
+    fn large_path(&self, file: u64) -> PathBuf {
+        self.dir.join(format!("large-{file}.spill"))
+    }
+
+    fn write(
+        &self,
+        op: SpillOpId,
+        object: ObjectId,
+        bytes: &[u8],
+        digest: Option<ContentDigest>,
+        bounce: &mut AlignedBuffer,
+    ) -> Result<(), SpillError> {
+        let digest = digest.unwrap_or_else(|| ContentDigest::of_contiguous(bytes));
+        let header = header(op, object, bytes.len() as u64, digest);
+        if bytes.len() as u64 >= LARGE_OBJECT_BYTES {
+            return self.write_large(op, &header, bytes, bounce);
+        }
+        let record_len = SMALL_HEADER_BYTES + bytes.len() as u64;
+        let (file_id, file, offset) = self
+            .reserve(record_len)
+            .map_err(|e| spill_error(e, "open segment"))?;
+        let written = file
+            .write_all_at(&header, offset)
+            .and_then(|()| file.write_all_at(bytes, offset + SMALL_HEADER_BYTES));
+        let mut index = self.index.lock().expect("spill index lock");
+        match written {
+            Ok(()) => {
+                index.records.insert(
+                    op,
+                    Location {
+                        file: file_id,
+                        offset,
+                        len: bytes.len() as u64,
+                        large: false,
+                    },
+                );
+                Ok(())
+            }
+            Err(error) => {
+                let _ = punch_hole(&file, offset, record_len);
+                release_segment(&mut index, file_id, &self.segment_path(file_id));
+                Err(spill_error(error, "write segment"))
+            }
+        }
+    }
+
+    /// Reserves `len` bytes at the end of the current segment (rolling to a new one when it is
+    /// full); the segment counts the record as live from here.
+    fn reserve(&self, len: u64) -> std::io::Result<(u64, Arc<File>, u64)> {
+        let mut index = self.index.lock().expect("spill index lock");
+        let current = index.current.filter(|id| {
+            index
+                .segments
+                .get(id)
+                .is_some_and(|s| s.end < SEGMENT_BYTES)
+        });
+        let file_id = match current {
+            Some(id) => id,
+            None => {
+                let id = index.next_file;
+                index.next_file += 1;
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(self.segment_path(id))?;
+                index.segments.insert(
+                    id,
+                    Segment {
+                        file: Arc::new(file),
+                        end: 0,
+                        live_records: 0,
+                    },
+                );
+                // The old current segment goes once nothing in it is live.
+                if let Some(old) = index.current.replace(id) {
+                    let path = self.segment_path(old);
+                    if index
+                        .segments
+                        .get(&old)
+                        .is_some_and(|s| s.live_records == 0)
+                    {
+                        index.segments.remove(&old);
+                        let _ = std::fs::remove_file(path);
+                    }
+                }
+                id
+            }
+        };
+        let segment = index.segments.get_mut(&file_id).expect("just ensured");
+        let offset = segment.end;
+        segment.end += len;
+        segment.live_records += 1;
+        Ok((file_id, segment.file.clone(), offset))
+    }
+
+    fn write_large(
+        &self,
+        op: SpillOpId,
+        header: &[u8; 64],
+        bytes: &[u8],
+        bounce: &mut AlignedBuffer,
+    ) -> Result<(), SpillError> {
+        let file_id = {
+            let mut index = self.index.lock().expect("spill index lock");
+            index.next_file += 1;
+            index.next_file - 1
+        };
+        let path = self.large_path(file_id);
+        let result = write_large_file(&path, header, bytes, bounce);
+        if let Err(error) = result {
+            let _ = std::fs::remove_file(&path);
+            return Err(spill_error(error, "write large object"));
+        }
+        self.index.lock().expect("spill index lock").records.insert(
+            op,
+            Location {
+                file: file_id,
+                offset: 0,
+                len: bytes.len() as u64,
+                large: true,
+            },
+        );
+        Ok(())
+    }
+
+    fn read(
+        &self,
+        op: SpillOpId,
+        into: &mut [u8],
+        digest: Option<ContentDigest>,
+        bounce: &mut AlignedBuffer,
+    ) -> Result<(), RestoreError> {
+        let location = self
+            .index
+            .lock()
+            .expect("spill index lock")
+            .records
+            .get(&op)
+            .copied()
+            .ok_or(RestoreError::Missing)?;
+        if location.len != into.len() as u64 {
+            return Err(RestoreError::Damaged);
+        }
+        let path = if location.large {
+            self.large_path(location.file)
+        } else {
+            self.segment_path(location.file)
+        };
+        let io = |error: std::io::Error| match error.kind() {
+            std::io::ErrorKind::NotFound => RestoreError::Missing,
+            std::io::ErrorKind::UnexpectedEof => RestoreError::Damaged,
+            _ => RestoreError::Io {
+                reason: error.to_string(),
+            },
+        };
+        let recorded = if location.large {
+            read_large_file(&path, op, into, bounce).map_err(io)?
+        } else {
+            let file = File::open(&path).map_err(io)?;
+            let mut head = [0u8; SMALL_HEADER_BYTES as usize];
+            file.read_exact_at(&mut head, location.offset).map_err(io)?;
+            let (len, recorded) = parse_header(&head, op).ok_or(RestoreError::Damaged)?;
+            if len != into.len() as u64 {
+                return Err(RestoreError::Damaged);
+            }
+            file.read_exact_at(into, location.offset + SMALL_HEADER_BYTES)
+                .map_err(io)?;
+            Some(recorded)
+        };
+        let recorded = recorded.ok_or(RestoreError::Damaged)?;
+        let actual = ContentDigest::of_contiguous(into);
+        if actual != recorded || digest.is_some_and(|d| d != actual) {
+            return Err(RestoreError::Damaged);
+        }
+        Ok(())
+    }
+
+    fn discard(&self, op: SpillOpId) {
+        let mut index = self.index.lock().expect("spill index lock");
+        let Some(location) = index.records.remove(&op) else {
+            return;
+        };
+        if location.large {
+            let _ = std::fs::remove_file(self.large_path(location.file));
+            return;
+        }
+        if let Some(segment) = index.segments.get(&location.file) {
+            let _ = punch_hole(
+                &segment.file,
+                location.offset,
+                SMALL_HEADER_BYTES + location.len,
+            );
+        }
+        let path = self.segment_path(location.file);
+        release_segment(&mut index, location.file, &path);
+    }
+}
+
+/// One record of segment `file` is gone: the segment goes too when it was its last and it is
+/// not the one appended to.
+fn release_segment(index: &mut Index, file: u64, path: &Path) {
+    let current = index.current;
+    let Some(segment) = index.segments.get_mut(&file) else {
+        return;
+    };
+    segment.live_records -= 1;
+    if segment.live_records == 0 && current != Some(file) {
+        index.segments.remove(&file);
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+fn punch_hole(file: &File, offset: u64, len: u64) -> nix::Result<()> {
+    use nix::fcntl::FallocateFlags;
+    nix::fcntl::fallocate(
+        file.as_raw_fd(),
+        FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        offset as i64,
+        len as i64,
+    )
+}
+
+/// Opens a large object's file with `O_DIRECT` where the file system takes it.
+fn open_large(path: &Path, create: bool) -> std::io::Result<(File, bool)> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    if create {
+        options.write(true).create_new(true);
+    }
+    let direct = options
+        .clone()
+        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
+        .open(path);
+    match direct {
+        Ok(file) => Ok((file, true)),
+        Err(error) if error.raw_os_error() == Some(nix::libc::EINVAL) => {
+            Ok((options.open(path)?, false))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Header in the first [`DIRECT_ALIGN`] bytes, then the object, padded to the alignment.
+fn write_large_file(
+    path: &Path,
+    header: &[u8; 64],
+    bytes: &[u8],
+    bounce: &mut AlignedBuffer,
+) -> std::io::Result<()> {
+    let (file, direct) = open_large(path, true)?;
+    let buffer = bounce.as_mut_slice();
+    buffer[..DIRECT_ALIGN].fill(0);
+    buffer[..64].copy_from_slice(header);
+    // The first chunk carries the header block.
+    let mut at_file = 0u64;
+    let mut taken = 0usize;
+    let mut fill = DIRECT_ALIGN;
+    loop {
+        let n = (buffer.len() - fill).min(bytes.len() - taken);
+        buffer[fill..fill + n].copy_from_slice(&bytes[taken..taken + n]);
+        taken += n;
+        fill += n;
+        let last = taken == bytes.len();
+        let write_len = if last && direct {
+            let padded = fill.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+            buffer[fill..padded].fill(0);
+            padded
+        } else {
+            fill
+        };
+        file.write_all_at(&buffer[..write_len], at_file)?;
+        at_file += write_len as u64;
+        fill = 0;
+        if last {
+            break;
+        }
+    }
+    file.sync_data()?;
+    Ok(())
+}
+
+/// Reads a large object's file into `into`; the digest its header names, or `None` when the
+/// header is not intact.
+fn read_large_file(
+    path: &Path,
+    op: SpillOpId,
+    into: &mut [u8],
+    bounce: &mut AlignedBuffer,
+) -> std::io::Result<Option<ContentDigest>> {
+    let (file, _direct) = open_large(path, false)?;
+    let buffer = bounce.as_mut_slice();
+    let total = DIRECT_ALIGN + into.len();
+    let padded_total = total.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+    let mut at_file = 0usize;
+    let mut recorded = None;
+    while at_file < padded_total {
+        let len = buffer.len().min(padded_total - at_file);
+        let got = read_full_at(&file, &mut buffer[..len], at_file as u64)?;
+        if got < len.min(total - at_file) {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let mut chunk = &buffer[..got.min(total - at_file)];
+        if at_file == 0 {
+            match parse_header(&chunk[..64], op) {
+                Some((len, digest)) if len == into.len() as u64 => recorded = Some(digest),
+                _ => return Ok(None),
+            }
+            chunk = &chunk[DIRECT_ALIGN..];
+        }
+        let dest = at_file.saturating_sub(DIRECT_ALIGN);
+        into[dest..dest + chunk.len()].copy_from_slice(chunk);
+        at_file += len;
+    }
+    Ok(recorded)
+}
+
+/// Reads up to `buffer.len()` bytes at `offset`, fewer only at the end of the file.
+fn read_full_at(file: &File, buffer: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buffer.len() {
+        match file.read_at(&mut buffer[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn disk(dir: &Path) -> Disk {
+        Disk {
+            dir: dir.to_path_buf(),
+            index: Mutex::new(Index::default()),
+        }
+    }
+
+    fn bytes(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+            .collect()
+    }
+
+    #[test]
+    fn small_and_large_records_come_back_with_their_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = disk(dir.path());
+        let mut bounce = AlignedBuffer::new(CHUNK_BYTES);
+        let sizes = [
+            0usize,
+            1,
+            4096,
+            100_000,
+            1 << 20,
+            (3 << 20) + 17,
+            CHUNK_BYTES + 5,
+        ];
+        for (n, &len) in sizes.iter().enumerate() {
+            let data = bytes(len, n as u8);
+            let op = SpillOpId(n as u64 + 1);
+            disk.write(op, ObjectId::from_u64(n as u64), &data, None, &mut bounce)
+                .unwrap();
+            let mut back = vec![0u8; len];
+            disk.read(
+                op,
+                &mut back,
+                Some(ContentDigest::of_contiguous(&data)),
+                &mut bounce,
+            )
+            .unwrap();
+            assert!(back == data, "record of {len} bytes");
+        }
+        // Small records share one segment.
+        let files = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(files, 1 + 3, "one segment and three large files");
+    }
+
+    #[test]
+    fn a_damaged_or_removed_record_is_reported_not_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = disk(dir.path());
+        let mut bounce = AlignedBuffer::new(CHUNK_BYTES);
+        for (op, len) in [(1, 1000usize), (2, 2 << 20)] {
+            disk.write(
+                SpillOpId(op),
+                ObjectId::from_u64(op),
+                &bytes(len, 1),
+                None,
+                &mut bounce,
+            )
+            .unwrap();
+        }
+        // Flip a byte of every file's object bytes.
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            let mut content = std::fs::read(&path).unwrap();
+            let at = content.len() / 2;
+            content[at] ^= 0x40;
+            std::fs::write(&path, content).unwrap();
+        }
+        let mut back = vec![0u8; 1000];
+        assert_eq!(
+            disk.read(SpillOpId(1), &mut back, None, &mut bounce),
+            Err(RestoreError::Damaged)
+        );
+        let mut back = vec![0u8; 2 << 20];
+        assert_eq!(
+            disk.read(SpillOpId(2), &mut back, None, &mut bounce),
+            Err(RestoreError::Damaged)
+        );
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        assert_eq!(
+            disk.read(SpillOpId(2), &mut back, None, &mut bounce),
+            Err(RestoreError::Missing)
+        );
+        assert_eq!(
+            disk.read(SpillOpId(9), &mut back, None, &mut bounce),
+            Err(RestoreError::Missing)
+        );
+    }
+
+    #[test]
+    fn discarded_records_give_their_space_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = disk(dir.path());
+        let mut bounce = AlignedBuffer::new(CHUNK_BYTES);
+        disk.write(
+            SpillOpId(1),
+            ObjectId::from_u64(1),
+            &bytes(2 << 20, 0),
+            None,
+            &mut bounce,
+        )
+        .unwrap();
+        for op in 2..50 {
+            disk.write(
+                SpillOpId(op),
+                ObjectId::from_u64(op),
+                &bytes(64 * 1024, 0),
+                None,
+                &mut bounce,
+            )
+            .unwrap();
+        }
+        let allocated = |dir: &Path| -> u64 {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().blocks() * 512)
+                .sum()
+        };
+        let before = allocated(dir.path());
+        for op in 1..50 {
+            disk.discard(SpillOpId(op));
+        }
+        let after = allocated(dir.path());
+        assert!(
+            after < before / 4,
+            "{before} bytes allocated before, {after} after"
+        );
+    }
+}

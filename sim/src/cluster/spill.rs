@@ -1,0 +1,311 @@
+//! The simulated spill disk of each node: the core's `Spill`, `Restore` and `DiscardSpilled`
+//! outputs run against a disk with latency, a capacity (`ENOSPC` when it is full, below the
+//! core's limit on purpose), IO errors, damaged records and crashes (a crash empties it: spill
+//! files are a cache).
+//!
+//! A write takes its bytes from the arena when it completes, as a real write reads memory
+//! while it runs; so memory freed or reused before the write completed shows as a record
+//! with bytes other than the object's. Checked here:
+//! * a completed spill write holds the object's own bytes (memory was not freed or changed
+//!   before the write completed);
+//! * a restored object holds its own bytes once sealed again;
+//! * the store's own spill bookkeeping (`Node::check_invariants`, after every input): the
+//!   tier within its limit, a spilled object never also in memory, a spilling one pinned.
+//!
+//! [`Flaws::spill_acked_before_write`](super::Flaws) plants the bug the first check exists
+//! for: the disk reports a write complete before it ran.
+
+use std::collections::BTreeMap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use skyriver_core::digest::ContentDigest;
+use skyriver_core::store::{RestoreError, SpillError, SpillOpId};
+use skyriver_core::{LocalRegion, NodeId, NodeInput, ObjectId};
+
+use super::{Cluster, Event};
+
+/// The spill tier of a run (off unless a test asks for it; see [`SpillParams::draw`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpillParams {
+    /// The core's limit, bytes.
+    pub limit_bytes: u64,
+    /// What the disk holds before it answers `ENOSPC`, bytes.
+    pub disk_bytes: u64,
+    /// One write or read, µs (least, most).
+    pub latency_us: (u64, u64),
+    /// Probability (per million) that a write fails with an IO error while faults are on.
+    pub io_error_ppm: u32,
+    /// Probability (per million) that a record reads back damaged while faults are on.
+    pub damage_ppm: u32,
+}
+
+impl SpillParams {
+    /// Parameters for `seed`, from a generator of their own (a seed's other parameters stay
+    /// what they are with spilling off).
+    pub fn draw(seed: u64, arena_bytes: u64) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5b11_1d15_c000_0000);
+        let limit_bytes = arena_bytes * rng.gen_range(1..=8);
+        SpillParams {
+            limit_bytes,
+            disk_bytes: if rng.gen_bool(0.3) {
+                limit_bytes / 2
+            } else {
+                limit_bytes
+            },
+            latency_us: (rng.gen_range(5..=50), rng.gen_range(50..=500)),
+            io_error_ppm: if rng.gen_bool(0.3) {
+                rng.gen_range(0..=50_000)
+            } else {
+                0
+            },
+            damage_ppm: if rng.gen_bool(0.3) {
+                rng.gen_range(0..=20_000)
+            } else {
+                0
+            },
+        }
+    }
+}
+
+/// A spill write or restore read in flight.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SpillJob {
+    op: SpillOpId,
+    object: ObjectId,
+    region: LocalRegion,
+    digest: Option<ContentDigest>,
+}
+
+/// One node's spill disk.
+#[derive(Debug, Default)]
+pub(super) struct SpillDisk {
+    records: BTreeMap<SpillOpId, (ObjectId, Vec<u8>)>,
+    used_bytes: u64,
+}
+
+/// Counters of the spill disks, for the summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpillRunStats {
+    /// Writes completed.
+    pub writes: u64,
+    /// Writes refused for lack of space.
+    pub no_space: u64,
+    /// Writes failed with an IO error.
+    pub io_errors: u64,
+    /// Restores completed with the object's bytes.
+    pub restores: u64,
+    /// Restores that found their record damaged or missing.
+    pub lost: u64,
+}
+
+impl Cluster {
+    fn spill_faults_on(&self) -> bool {
+        self.mode.faults && self.now.0 / 1000 < self.params.faults_until_us
+    }
+
+    fn spill_latency_ns(&mut self) -> u64 {
+        let (low, high) = self.spill.params.map_or((10, 10), |p| p.latency_us);
+        self.rng.gen_range(low..=high.max(low)) * 1000
+    }
+
+    /// A node's `Spill` output: the write completes after the disk's latency.
+    pub(super) fn spill_write(
+        &mut self,
+        n: NodeId,
+        op: SpillOpId,
+        object: ObjectId,
+        region: LocalRegion,
+        digest: Option<ContentDigest>,
+    ) {
+        let inc = self.nodes[n.0 as usize].inc;
+        let latency_ns = self.spill_latency_ns();
+        let at = self.after(latency_ns);
+        let acked_early = self.flaws.spill_acked_before_write;
+        if acked_early {
+            // Planted: reported complete at once, written later.
+            self.schedule(self.now, Event::SpillReported { node: n, inc, op });
+        }
+        self.schedule(
+            at,
+            Event::SpillWritten {
+                node: n,
+                inc,
+                job: SpillJob {
+                    op,
+                    object,
+                    region,
+                    digest,
+                },
+                report: !acked_early,
+            },
+        );
+    }
+
+    /// The write of `op` runs now: the bytes of `region` go to the disk.
+    pub(super) fn spill_written(&mut self, n: NodeId, inc: u32, job: SpillJob, report: bool) {
+        let SpillJob {
+            op,
+            object,
+            region,
+            digest,
+        } = job;
+        if !self.alive(n, inc) {
+            return;
+        }
+        let len = region.len;
+        let disk_bytes = self.spill.params.map_or(u64::MAX, |p| p.disk_bytes);
+        let io_error_ppm = self.spill.params.map_or(0, |p| p.io_error_ppm);
+        let io_error = self.spill_faults_on()
+            && io_error_ppm > 0
+            && self.rng.gen_range(0..1_000_000) < io_error_ppm;
+        let disk = self.spill.disks.entry(n).or_default();
+        let result = if disk.used_bytes + len > disk_bytes {
+            self.spill.stats.no_space += 1;
+            Err(SpillError::NoSpace)
+        } else if io_error {
+            self.spill.stats.io_errors += 1;
+            Err(SpillError::Io {
+                reason: "simulated IO error".into(),
+            })
+        } else {
+            let bytes = self.nodes[n.0 as usize].memory.read(region).to_vec();
+            let actual = ContentDigest::of_contiguous(&bytes);
+            if digest.is_some_and(|d| d != actual) {
+                let now = self.now;
+                self.checker.violation(
+                    now,
+                    format!(
+                        "{n}: spill write {op} of {object} read bytes other than the object's \
+                         (its memory was freed or changed before the write completed)"
+                    ),
+                );
+            }
+            let disk = self.spill.disks.entry(n).or_default();
+            disk.used_bytes += len;
+            disk.records.insert(op, (object, bytes));
+            self.spill.stats.writes += 1;
+            Ok(())
+        };
+        self.record(|| format!("{n} spill write {op} of {object}: {result:?}"));
+        if report {
+            self.feed_spill(n, NodeInput::SpillDone { op, result });
+        }
+    }
+
+    /// A node's `Restore` output: the read completes after the disk's latency.
+    pub(super) fn spill_restore(
+        &mut self,
+        n: NodeId,
+        op: SpillOpId,
+        object: ObjectId,
+        region: LocalRegion,
+        digest: Option<ContentDigest>,
+    ) {
+        let inc = self.nodes[n.0 as usize].inc;
+        let latency_ns = self.spill_latency_ns();
+        let at = self.after(latency_ns);
+        self.schedule(
+            at,
+            Event::SpillRestored {
+                node: n,
+                inc,
+                job: SpillJob {
+                    op,
+                    object,
+                    region,
+                    digest,
+                },
+            },
+        );
+    }
+
+    /// The read of record `op` completes: its bytes (checked against their digest, as the
+    /// daemon checks them) go into `region`.
+    pub(super) fn spill_restored(&mut self, n: NodeId, inc: u32, job: SpillJob) {
+        let SpillJob {
+            op,
+            object,
+            region,
+            digest,
+        } = job;
+        if !self.alive(n, inc) {
+            return;
+        }
+        let damage_ppm = self.spill.params.map_or(0, |p| p.damage_ppm);
+        let damaged = self.spill_faults_on()
+            && damage_ppm > 0
+            && self.rng.gen_range(0..1_000_000) < damage_ppm;
+        let record = self
+            .spill
+            .disks
+            .entry(n)
+            .or_default()
+            .records
+            .get(&op)
+            .cloned();
+        let result = match record {
+            None => Err(RestoreError::Missing),
+            Some((_, mut bytes)) => {
+                if damaged && !bytes.is_empty() {
+                    bytes[0] ^= 1;
+                }
+                let actual = ContentDigest::of_contiguous(&bytes);
+                if digest.is_some_and(|d| d != actual) || bytes.len() as u64 != region.len {
+                    Err(RestoreError::Damaged)
+                } else {
+                    self.nodes[n.0 as usize].memory.write(region, &bytes);
+                    Ok(())
+                }
+            }
+        };
+        self.record(|| format!("{n} restore {op} of {object}: {result:?}"));
+        let ok = result.is_ok();
+        if ok {
+            self.spill.stats.restores += 1;
+        } else {
+            self.spill.stats.lost += 1;
+        }
+        self.feed_spill(n, NodeInput::RestoreDone { op, result });
+        if ok && self.alive(n, inc) {
+            let sim_node = &self.nodes[n.0 as usize];
+            let store = sim_node.node.as_ref().expect("alive").store();
+            if store.sealed_info(&object).is_some() {
+                let now = self.now;
+                self.checker.check_sealed_object(
+                    now,
+                    n,
+                    store,
+                    &sim_node.memory,
+                    object,
+                    "after restore",
+                );
+            }
+        }
+    }
+
+    /// A node's `DiscardSpilled` output.
+    pub(super) fn spill_discard(&mut self, n: NodeId, op: SpillOpId) {
+        let disk = self.spill.disks.entry(n).or_default();
+        if let Some((_, bytes)) = disk.records.remove(&op) {
+            disk.used_bytes -= bytes.len() as u64;
+        }
+    }
+
+    /// A node crashed: its spill files are gone (a restarted node starts without them).
+    pub(super) fn spill_crash(&mut self, n: NodeId) {
+        self.spill.disks.remove(&n);
+    }
+
+    fn feed_spill(&mut self, n: NodeId, input: NodeInput<'static>) {
+        self.feed(n, input);
+    }
+}
+
+/// The spill side of a cluster.
+#[derive(Debug, Default)]
+pub(super) struct SpillSide {
+    pub(super) params: Option<SpillParams>,
+    pub(super) disks: BTreeMap<NodeId, SpillDisk>,
+    pub(super) stats: SpillRunStats,
+}
