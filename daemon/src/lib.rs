@@ -93,6 +93,10 @@ pub struct DaemonConfig {
     pub poll_max: std::time::Duration,
     /// Record every input of the node and a digest of every output (`--record`).
     pub record: Option<RecordConfig>,
+    /// Copies a put without its own replica count gets (`--replicas`; 1: this node's only).
+    pub default_replicas: u8,
+    /// The failure domain this node is in (`--failure-domain`; empty: its own).
+    pub failure_domain: String,
 }
 
 impl DaemonConfig {
@@ -119,6 +123,8 @@ impl DaemonConfig {
                 skyriver_transport::poll::DEFAULT_POLL_MAX_US,
             ),
             record: None,
+            default_replicas: 1,
+            failure_domain: String::new(),
         }
     }
 }
@@ -525,6 +531,7 @@ impl Server {
         node_config.threshold = config.threshold;
         node_config.lease = config.lease;
         node_config.location_cache_entries = config.location_cache_entries;
+        node_config.default_replicas = config.default_replicas;
         node_config.standalone = config.cluster.is_none();
         node_config.store.hash_seed = random_seed();
         let cluster = match &config.cluster {
@@ -745,6 +752,7 @@ async fn start_cluster(
         fabric_addr,
         fabric: fabric.name().to_string(),
         incarnation,
+        failure_domain: config.failure_domain.clone(),
     };
     let (notice_tx, notices) = mpsc::unbounded_channel();
     let joined = cluster::connect_directory(cluster, me, notice_tx).await?;

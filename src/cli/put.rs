@@ -23,7 +23,10 @@ pub(super) fn put(
     input: &PathBuf,
     id: Option<ObjectId>,
     metadata: &[u8],
+    replicas: skyriver_client::ReplicaPolicy,
 ) -> Result<(), String> {
+    // The daemon's default and no wait: a plain put, which any daemon understands.
+    let replicated = replicas != skyriver_client::ReplicaPolicy::default();
     let client = socket.connect().map_err(|e| e.to_string())?;
     let id = id.unwrap_or_else(skyriver_client::random_object_id);
     let (mut reader, size): (Box<dyn Read>, u64) = if input.as_os_str() == "-" {
@@ -49,14 +52,26 @@ pub(super) fn put(
         // Small: the bytes travel in the request, one round trip.
         let mut data = vec![0u8; size as usize];
         read_input_into(&mut reader, &mut data, input)?;
-        client.put(id, &data, metadata).map_err(|e| e.to_string())?;
+        if replicated {
+            client
+                .put_replicated(id, &data, metadata, replicas)
+                .map_err(|e| e.to_string())?;
+        } else {
+            client.put(id, &data, metadata).map_err(|e| e.to_string())?;
+        }
     } else {
         let mut writer = client
             .create(id, size, metadata.len() as u64)
             .map_err(|e| e.to_string())?;
         writer.metadata_mut().copy_from_slice(metadata);
         read_input_into(&mut reader, writer.data_mut(), input)?;
-        writer.seal().map_err(|e| e.to_string())?;
+        if replicated {
+            writer
+                .seal_replicated(replicas)
+                .map_err(|e| e.to_string())?;
+        } else {
+            writer.seal().map_err(|e| e.to_string())?;
+        }
     }
     println!("{id}");
     Ok(())
