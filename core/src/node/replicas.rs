@@ -63,6 +63,8 @@ pub(super) struct Replicas {
     by_request: BTreeMap<(ClientId, RequestId), ObjectId>,
     /// Fetches of copies placed here, by the fetch client's request id.
     fetching: BTreeMap<RequestId, ObjectId>,
+    /// Copies placed here whose seal is still to come.
+    placed: BTreeSet<ObjectId>,
     next_fetch: u64,
 }
 
@@ -250,7 +252,7 @@ impl Node {
             return;
         }
         self.replicas.of_record.insert(id);
-        if self.replicas.fetching.values().any(|&f| f == id) {
+        if self.replicas.placed.remove(&id) {
             if let Some(digest) = self.store.digest(&id) {
                 self.want_publication(id, Want::Publish(sizes, digest));
             }
@@ -303,6 +305,7 @@ impl Node {
         let request = RequestId(self.replicas.next_fetch);
         self.replicas.next_fetch += 1;
         self.replicas.fetching.insert(request, id);
+        self.replicas.placed.insert(id);
         self.start_fetch(
             FETCH_CLIENT,
             request,
@@ -321,24 +324,18 @@ impl Node {
         let ok = matches!(&response, Response::Fetched(results) if results.iter().all(Result::is_ok));
         if ok {
             // The fetch client's reference; the copy of record is pinned instead.
+            // Its seal pins and publishes it (see `replica_sealed`), when the node absorbs it.
             let _ = self.store.release(FETCH_CLIENT, id);
             if self.replicas.wanted.contains_key(&id) {
-                if !self.replicas.of_record.contains(&id) {
-                    if let Some(info) = self.store.sealed_info(&id) {
-                        let sizes = ObjectSizes {
-                            data_size: info.data_size,
-                            metadata_size: info.metadata_size,
-                        };
-                        self.replica_sealed(id, sizes);
-                    }
-                }
                 self.stats.copies_of_record_placed += 1;
             } else {
+                self.replicas.placed.remove(&id);
                 // Deleted everywhere while it was on its way.
                 let _ = self.store.delete(&[id]);
             }
         } else {
             self.stats.replication_fetches_failed += 1;
+            self.replicas.placed.remove(&id);
             if !self.replicas.of_record.contains(&id) {
                 self.replicas.wanted.remove(&id);
             }

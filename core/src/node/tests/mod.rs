@@ -669,5 +669,6 @@ impl NodeDriver for Carrier<'_> {
 mod clients;
 mod drive;
 mod publications;
+mod replicas;
 mod sealing;
 mod transfers;
