@@ -71,7 +71,11 @@ fn objects_put_with_two_replicas_survive_their_node_and_are_repaired() {
     let observer = Client::connect(&cluster.sockets[0]).unwrap();
     for (id, _) in &objects {
         let nodes = copy_nodes(&observer, *id);
-        assert_eq!(nodes.len(), 2, "two copies of {id} at the put's return: {nodes:?}");
+        assert_eq!(
+            nodes.len(),
+            2,
+            "two copies of {id} at the put's return: {nodes:?}"
+        );
         assert!(nodes.contains(&NodeId(1)));
     }
     drop(node_a);
@@ -79,12 +83,16 @@ fn objects_put_with_two_replicas_survive_their_node_and_are_repaired() {
     cluster.kill(1);
 
     // Repair: every object is back to two live copies, none on the dead node.
-    within(Duration::from_secs(30), "every object has two copies again", || {
-        objects.iter().all(|(id, _)| {
-            let nodes = copy_nodes(&observer, *id);
-            nodes.len() == 2 && !nodes.contains(&NodeId(1))
-        })
-    });
+    within(
+        Duration::from_secs(30),
+        "every object has two copies again",
+        || {
+            objects.iter().all(|(id, _)| {
+                let nodes = copy_nodes(&observer, *id);
+                nodes.len() == 2 && !nodes.contains(&NodeId(1))
+            })
+        },
+    );
     let copies_of_record: u64 = [0usize, 2, 3]
         .iter()
         .map(|&n| {

@@ -32,10 +32,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use skyriver_core::client_protocol::{
-    CopyView, ReplicaPolicy,
-    decode_frame_len, decode_server_frame, encode_frame, ClusterView, Request, RequestFrame,
-    Response, ServerFrame, TraceStamp, FRAME_HEADER_BYTES, MAX_IDS_PER_REQUEST,
-    MAX_INLINE_PUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
+    decode_frame_len, decode_server_frame, encode_frame, ClusterView, CopyView, ReplicaPolicy,
+    Request, RequestFrame, Response, ServerFrame, TraceStamp, FRAME_HEADER_BYTES,
+    MAX_IDS_PER_REQUEST, MAX_INLINE_PUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES,
+    PROTOCOL_VERSION,
 };
 use skyriver_core::client_session::{ClientSession, ConnectionLost, ProtocolViolation};
 use skyriver_core::digest::{ContentDigest, ContentHasher};

@@ -254,7 +254,10 @@ impl fmt::Display for DirectoryEvent {
                 sources,
                 replicas,
                 ..
-            } => write!(f, "Replicate{{{id}, from {sources:?}, replicas={replicas}}}"),
+            } => write!(
+                f,
+                "Replicate{{{id}, from {sources:?}, replicas={replicas}}}"
+            ),
             DirectoryEvent::Copies { id, copies } => write!(f, "Copies{{{id}, {copies}}}"),
             DirectoryEvent::Delete { id } => write!(f, "Delete{{{id}}}"),
         }

@@ -477,12 +477,13 @@ impl Node {
             }
             Request::LocateCopies { id } => {
                 if self.config.standalone {
-                    let copies = self.store.sealed_info(&id).map(|_| {
-                        crate::client_protocol::CopyView {
-                            node: self.config.node,
-                            failure_domain: String::new(),
-                        }
-                    });
+                    let copies =
+                        self.store
+                            .sealed_info(&id)
+                            .map(|_| crate::client_protocol::CopyView {
+                                node: self.config.node,
+                                failure_domain: String::new(),
+                            });
                     let sizes = self
                         .store
                         .sealed_info(&id)

@@ -138,7 +138,11 @@ impl Node {
             return Some(response);
         }
         let standalone = self.config.standalone;
-        let wait = self.replicas.waits.get_mut(&id).expect("indexed by request");
+        let wait = self
+            .replicas
+            .waits
+            .get_mut(&id)
+            .expect("indexed by request");
         wait.sealed = true;
         wait.copies = wait.copies.max(1);
         if standalone {
@@ -162,7 +166,9 @@ impl Node {
 
     fn end_wait(&mut self, id: ObjectId) -> Option<ReplicaWait> {
         let wait = self.replicas.waits.remove(&id)?;
-        self.replicas.by_request.remove(&(wait.client, wait.request));
+        self.replicas
+            .by_request
+            .remove(&(wait.client, wait.request));
         self.cancel_timer(Timer::ReplicaWait(id));
         Some(wait)
     }
@@ -321,7 +327,8 @@ impl Node {
         let Some(id) = self.replicas.fetching.remove(&request) else {
             return;
         };
-        let ok = matches!(&response, Response::Fetched(results) if results.iter().all(Result::is_ok));
+        let ok =
+            matches!(&response, Response::Fetched(results) if results.iter().all(Result::is_ok));
         if ok {
             // The fetch client's reference; the copy of record is pinned instead.
             // Its seal pins and publishes it (see `replica_sealed`), when the node absorbs it.

@@ -91,7 +91,11 @@ mod tests {
         let used = BTreeSet::from(["rack-a".to_string()]);
         let id = ObjectId::from_u64(7);
         let chosen = choose_targets(&id, 1000, &candidates, &used, 2);
-        assert_eq!(chosen, vec![NodeId(4), NodeId(3)], "rack-c has more free memory");
+        assert_eq!(
+            chosen,
+            vec![NodeId(4), NodeId(3)],
+            "rack-c has more free memory"
+        );
         // With more copies wanted than domains, the rest goes by free memory.
         let chosen = choose_targets(&id, 1000, &candidates, &used, 4);
         assert_eq!(chosen, vec![NodeId(4), NodeId(3), NodeId(2), NodeId(1)]);
@@ -99,7 +103,10 @@ mod tests {
 
     #[test]
     fn nodes_without_a_domain_are_each_their_own() {
-        let candidates = [candidate(1, "", Some(10_000)), candidate(2, "", Some(5_000))];
+        let candidates = [
+            candidate(1, "", Some(10_000)),
+            candidate(2, "", Some(5_000)),
+        ];
         let used = BTreeSet::from([domain_key(NodeId(0), "")]);
         let chosen = choose_targets(&ObjectId::from_u64(1), 100, &candidates, &used, 2);
         assert_eq!(chosen, vec![NodeId(1), NodeId(2)]);
@@ -123,13 +130,8 @@ mod tests {
         let candidates: Vec<Candidate> = (1..=4).map(|n| candidate(n, "", None)).collect();
         let mut per_node = [0u32; 5];
         for n in 0..400 {
-            let chosen = choose_targets(
-                &ObjectId::from_u64(n),
-                1,
-                &candidates,
-                &BTreeSet::new(),
-                1,
-            );
+            let chosen =
+                choose_targets(&ObjectId::from_u64(n), 1, &candidates, &BTreeSet::new(), 1);
             per_node[chosen[0].0 as usize] += 1;
         }
         for count in &per_node[1..] {

@@ -174,8 +174,8 @@ impl Replication {
         let capacity = i128::from(self.limits.repair_bytes_per_second);
         let at = *self.tokens_at.get_or_insert(now);
         let elapsed = now.saturating_since(at);
-        let gained = elapsed.as_nanos() * u128::from(self.limits.repair_bytes_per_second)
-            / 1_000_000_000;
+        let gained =
+            elapsed.as_nanos() * u128::from(self.limits.repair_bytes_per_second) / 1_000_000_000;
         self.tokens = (self.tokens + i128::try_from(gained).unwrap_or(i128::MAX)).min(capacity);
         self.tokens_at = Some(now);
     }
@@ -301,9 +301,10 @@ impl Registry {
                 .values()
                 .filter(|m| {
                     let node = m.info.node;
-                    !record.of_record.contains(&node)
-                        && !record.pending.contains_key(&node)
-                        && !(skip_given_up && record.given_up.contains(&node))
+                    let has_copy =
+                        record.of_record.contains(&node) || record.pending.contains_key(&node);
+                    let skipped = skip_given_up && record.given_up.contains(&node);
+                    !has_copy && !skipped
                 })
                 .map(|m| Candidate {
                     node: m.info.node,
@@ -360,8 +361,8 @@ impl Registry {
             if self.replication.tokens < cost {
                 break;
             }
-            let missing =
-                usize::from(record.wanted).saturating_sub(record.of_record.len() + record.pending.len());
+            let missing = usize::from(record.wanted)
+                .saturating_sub(record.of_record.len() + record.pending.len());
             let bytes = record.bytes;
             self.replication.repair_queue.remove(&id);
             if missing == 0 {
@@ -406,11 +407,7 @@ impl Registry {
             .map(|(id, _)| *id)
             .collect();
         for id in affected {
-            let record = self
-                .replication
-                .records
-                .get_mut(&id)
-                .expect("listed above");
+            let record = self.replication.records.get_mut(&id).expect("listed above");
             record.of_record.remove(&node);
             if let Some(deadline) = record.pending.remove(&node) {
                 self.replication.deadlines.remove(&(deadline, id, node));
@@ -484,7 +481,10 @@ impl Registry {
                 );
             }
             for (node, deadline) in &record.pending {
-                assert!(self.replication.deadlines.contains(&(*deadline, *id, *node)));
+                assert!(self
+                    .replication
+                    .deadlines
+                    .contains(&(*deadline, *id, *node)));
             }
         }
         assert_eq!(

@@ -137,7 +137,10 @@ fn a_lost_copy_is_repaired_at_a_bounded_rate() {
     r.handle_timeout(next);
     assert_eq!(replicate_targets(&drain(&mut r)).len(), 1);
     let last = r.poll_timeout().expect("one repair left");
-    assert!(last >= next + Duration::from_millis(599), "{last} after {next}");
+    assert!(
+        last >= next + Duration::from_millis(599),
+        "{last} after {next}"
+    );
     r.handle_timeout(last);
     assert_eq!(replicate_targets(&drain(&mut r)).len(), 1);
     let stats = r.replication_stats();

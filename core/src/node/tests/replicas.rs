@@ -47,7 +47,10 @@ fn a_put_with_copies_is_published_for_placement_and_never_evicted_but_deleted_ev
     assert!(w.nodes[0].store().is_pinned(&id(1)));
     let evicted = w.request(0, Request::Evict { bytes: 1 << 30 });
     assert!(matches!(evicted, Some(Response::Evicted(o)) if o.objects == 0));
-    assert!(w.nodes[0].store().contains(&id(1)), "a copy of record stays");
+    assert!(
+        w.nodes[0].store().contains(&id(1)),
+        "a copy of record stays"
+    );
     assert_eq!(w.nodes[0].metrics().copies_of_record, 1);
     w.delete(0, 1);
     assert!(!w.nodes[0].store().contains(&id(1)), "deleted at once");
@@ -151,7 +154,11 @@ fn a_copy_placed_here_is_fetched_pinned_published_at_once_and_deleted_when_told(
     let info = w.nodes[1].store().sealed_info(&id(1)).expect("fetched");
     assert_eq!(w.local_bytes(1, &info), bytes);
     assert!(w.nodes[1].store().is_pinned(&id(1)));
-    assert_eq!(published_replicated(&w, 1), vec![2], "published without delay");
+    assert_eq!(
+        published_replicated(&w, 1),
+        vec![2],
+        "published without delay"
+    );
     assert_eq!(w.nodes[1].stats().copies_of_record_placed, 1);
     // The node's fetch client keeps no reference: only the pin holds it.
     let evicted = w.request(1, Request::Evict { bytes: 1 << 30 });
