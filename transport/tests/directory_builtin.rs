@@ -590,7 +590,7 @@ mod handshake {
         match receive_frame::<FromRegistry>(&mut old).await {
             Some(FromRegistry::Refused { reason, retryable }) => {
                 assert!(
-                    reason.contains("version 1") && reason.contains("speaks 2"),
+                    reason.contains("version 1") && reason.contains("speaks 3"),
                     "{reason}"
                 );
                 assert!(!retryable);
