@@ -626,6 +626,7 @@ fn an_unreachable_peer_is_warned_about_once_not_on_every_dial() {
                 fabric_addr: "127.0.0.1:1".parse().unwrap(),
                 fabric: "tcp".into(),
                 incarnation: 1,
+                failure_domain: String::new(),
             },
             "default",
             &token.into(),

@@ -32,9 +32,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use skyriver_core::client_protocol::{
-    decode_frame_len, decode_server_frame, encode_frame, ClusterView, Request, RequestFrame,
-    Response, ServerFrame, TraceStamp, FRAME_HEADER_BYTES, MAX_IDS_PER_REQUEST,
-    MAX_INLINE_PUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES, PROTOCOL_VERSION,
+    decode_frame_len, decode_server_frame, encode_frame, ClusterView, CopyView, ReplicaPolicy,
+    Request, RequestFrame, Response, ServerFrame, TraceStamp, FRAME_HEADER_BYTES,
+    MAX_IDS_PER_REQUEST, MAX_INLINE_PUT_BYTES, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES,
+    PROTOCOL_VERSION,
 };
 use skyriver_core::client_session::{ClientSession, ConnectionLost, ProtocolViolation};
 use skyriver_core::digest::{ContentDigest, ContentHasher};
@@ -130,7 +131,18 @@ pub fn default_socket_path() -> PathBuf {
 /// The daemon's arenas as this client maps them.
 type MappedArenas = BTreeMap<ArenaId, Arc<SharedArena>>;
 
-/// Where an object lives in the cluster, according to the directory.
+/// Every copy of an object, according to the directory (see [`Client::locate_copies`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectCopies {
+    /// Live nodes holding a sealed copy, with their failure domains.
+    pub copies: Vec<CopyView>,
+    /// Copies of record the object wants, when the answering node knows.
+    pub wanted: Option<u8>,
+    /// Data and metadata bytes, when known.
+    pub sizes: Option<(u64, u64)>,
+}
+
+/// Where an object lives (see [`Client::locate`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectLocation {
     /// Live nodes holding a sealed copy.
@@ -580,6 +592,50 @@ impl Client {
         writer.seal_with_digest(hasher.finish())
     }
 
+    /// [`Client::put`] with copies on other nodes: `replicas.copies` in all (0: the daemon's
+    /// `--replicas`), on distinct failure domains where there are enough. With
+    /// `replicas.wait_ms` the call returns once every copy is sealed, or fails after that long
+    /// with [`StoreError::TooFewReplicas`](skyriver_core::StoreError::TooFewReplicas) naming how
+    /// many exist (the object is stored either way, and its copies keep being made).
+    pub fn put_replicated(
+        &self,
+        id: ObjectId,
+        data: &[u8],
+        metadata: &[u8],
+        replicas: ReplicaPolicy,
+    ) -> Result<(), ClientError> {
+        if data.len() + metadata.len() <= MAX_INLINE_PUT_BYTES {
+            return self.call_done(Request::PutReplicated {
+                id,
+                data: data.to_vec(),
+                metadata: metadata.to_vec(),
+                replicas,
+            });
+        }
+        let mut writer = self.create(id, data.len() as u64, metadata.len() as u64)?;
+        let mut hasher = ContentHasher::new();
+        copy_hashing(writer.data_mut(), data, &mut hasher);
+        copy_hashing(writer.metadata_mut(), metadata, &mut hasher);
+        writer.seal_replicated_with_digest(hasher.finish(), replicas)
+    }
+
+    /// Every live copy of `id` with its node's failure domain, and the copies it wants.
+    pub fn locate_copies(&self, id: ObjectId) -> Result<ObjectCopies, ClientError> {
+        match self.connection()?.call(Request::LocateCopies { id })? {
+            Response::Copies {
+                copies,
+                wanted,
+                sizes,
+            } => Ok(ObjectCopies {
+                copies,
+                wanted,
+                sizes,
+            }),
+            Response::Error(error) => Err(ClientError::Store(error)),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Creates, fills and seals an object in one call: [`Client::put`].
     pub fn create_and_seal(
         &self,
@@ -984,6 +1040,29 @@ impl ObjectWriter {
             id: self.info.id,
             release: true,
             digest,
+        })
+    }
+
+    /// [`ObjectWriter::seal`] with copies on other nodes (see [`Client::put_replicated`]).
+    pub fn seal_replicated(self, replicas: ReplicaPolicy) -> Result<(), ClientError> {
+        let digest = ContentDigest::of_contiguous(self.region.as_slice());
+        self.seal_replicated_with_digest(digest, replicas)
+    }
+
+    /// [`ObjectWriter::seal_replicated`] with the digest already taken.
+    pub fn seal_replicated_with_digest(
+        mut self,
+        digest: ContentDigest,
+        replicas: ReplicaPolicy,
+    ) -> Result<(), ClientError> {
+        self.finished = true;
+        let empty = self.empty_region()?;
+        drop(std::mem::replace(&mut self.region, empty));
+        self.client.call_done(Request::SealReplicated {
+            id: self.info.id,
+            release: true,
+            digest,
+            replicas,
         })
     }
 

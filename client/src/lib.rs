@@ -20,11 +20,11 @@ pub mod ids;
 mod reply_routing;
 
 pub use client::{
-    default_socket_path, Client, ClientError, ObjectBuffer, ObjectLocation, ObjectWriter,
-    Subscription, SubscriptionCloser,
+    default_socket_path, Client, ClientError, ObjectBuffer, ObjectCopies, ObjectLocation,
+    ObjectWriter, Subscription, SubscriptionCloser,
 };
 pub use ids::random_object_id;
-pub use skyriver_core::client_protocol::{ClusterView, MemberView};
+pub use skyriver_core::client_protocol::{ClusterView, CopyView, MemberView, ReplicaPolicy};
 pub use skyriver_core::node::{FetchError, TransferMode};
 pub use skyriver_core::{
     ContentDigest, NodeId, ObjectEvent, ObjectId, ObjectInfo, StoreError, StoreStats,

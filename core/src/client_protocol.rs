@@ -158,6 +158,55 @@ pub enum Request {
     /// Answered once every earlier request of this connection was handled: `Done(Err)` with
     /// the first failure of a `ReleaseUnanswered` since the last `Flush`, else `Done(Ok)`.
     Flush,
+    /// `Put` with copies on other nodes (see [`ReplicaPolicy`]).
+    PutReplicated {
+        /// The new object's id.
+        id: ObjectId,
+        /// Its data.
+        data: Vec<u8>,
+        /// Its metadata (stored after the data).
+        metadata: Vec<u8>,
+        /// How many copies, and whether the reply waits for them.
+        replicas: ReplicaPolicy,
+    },
+    /// `Seal` with copies on other nodes (see [`ReplicaPolicy`]).
+    SealReplicated {
+        /// The object.
+        id: ObjectId,
+        /// Drop the creator's reference in the same step.
+        release: bool,
+        /// The digest of the bytes the client wrote (data, then metadata).
+        digest: ContentDigest,
+        /// How many copies, and whether the reply waits for them.
+        replicas: ReplicaPolicy,
+    },
+    /// Every live copy of an object with the failure domain of its node, and the copies of
+    /// record it wants.
+    LocateCopies {
+        /// The object.
+        id: ObjectId,
+    },
+}
+
+/// How many copies of an object a put asks for, and when it returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ReplicaPolicy {
+    /// Copies wanted, this node's included, on distinct failure domains where there are
+    /// enough; 0 takes the daemon's default (`--replicas`), 1 is a plain put.
+    pub copies: u8,
+    /// `None`: the reply comes at the local seal and the copies are made in the background.
+    /// `Some(ms)`: the reply waits until every copy is sealed, at most `ms` milliseconds, then
+    /// fails with [`StoreError::TooFewReplicas`] naming how many exist.
+    pub wait_ms: Option<u64>,
+}
+
+/// One copy of an object, for `LocateCopies`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyView {
+    /// The node holding it.
+    pub node: NodeId,
+    /// The node's failure domain (empty: none given).
+    pub failure_domain: String,
 }
 
 impl Request {
@@ -174,7 +223,9 @@ impl Request {
                 "{ids} ids in one request; the limit is {MAX_IDS_PER_REQUEST}"
             )));
         }
-        if let Request::Put { data, metadata, .. } = self {
+        if let Request::Put { data, metadata, .. } | Request::PutReplicated { data, metadata, .. } =
+            self
+        {
             let bytes = data.len() + metadata.len();
             if bytes > MAX_INLINE_PUT_BYTES {
                 return Err(StoreError::BadRequest(format!(
@@ -248,6 +299,15 @@ pub enum Response {
     Traced(Vec<TraceStamp>),
     /// The request was refused as a whole.
     Error(StoreError),
+    /// Answer to `LocateCopies`.
+    Copies {
+        /// Live nodes holding a sealed copy, with their failure domains.
+        copies: Vec<CopyView>,
+        /// Copies of record wanted, when this node knows (it put the object or holds one).
+        wanted: Option<u8>,
+        /// The object's data and metadata sizes, when known.
+        sizes: Option<(u64, u64)>,
+    },
 }
 
 /// One moment on the path of a request, as the daemon saw it.

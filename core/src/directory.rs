@@ -58,6 +58,27 @@ pub enum DirectoryRequest {
         /// The object.
         id: ObjectId,
     },
+    /// `Publish` of a copy of record of an object that wants `replicas` copies on distinct
+    /// failure domains: the registry places the missing copies (see
+    /// [`DirectoryEvent::Replicate`]) and repairs them after losses. Answered as `Publish`.
+    PublishReplicated {
+        /// The object.
+        id: ObjectId,
+        /// Its sizes.
+        sizes: ObjectSizes,
+        /// The digest of its bytes.
+        digest: ContentDigest,
+        /// Copies wanted, this one included.
+        replicas: u8,
+        /// Free bytes of this node's store, for placement.
+        free_bytes: u64,
+    },
+    /// Delete `id` everywhere: every holder is told to drop its copy
+    /// ([`DirectoryEvent::Delete`]) and the object's replica record ends. Answered `Done`.
+    DeleteEverywhere {
+        /// The object.
+        id: ObjectId,
+    },
 }
 
 impl fmt::Display for DirectoryRequest {
@@ -79,6 +100,19 @@ impl fmt::Display for DirectoryRequest {
             }
             DirectoryRequest::Withdraw { id } => write!(f, "Withdraw{{{id}}}"),
             DirectoryRequest::Unsubscribe { id } => write!(f, "Unsubscribe{{{id}}}"),
+            DirectoryRequest::PublishReplicated {
+                id,
+                sizes,
+                digest,
+                replicas,
+                free_bytes,
+            } => write!(
+                f,
+                "PublishReplicated{{{id}, size={}+{}, digest={digest}, replicas={replicas}, \
+                 free={free_bytes}}}",
+                sizes.data_size, sizes.metadata_size
+            ),
+            DirectoryRequest::DeleteEverywhere { id } => write!(f, "DeleteEverywhere{{{id}}}"),
         }
     }
 }
@@ -161,6 +195,45 @@ pub enum DirectoryEvent {
         /// The digest of its bytes.
         digest: ContentDigest,
     },
+    /// The registry places a copy of record of `id` on this node: fetch it from `sources`,
+    /// keep it (never evicted, only deleted) and publish it with `PublishReplicated`.
+    Replicate {
+        /// The object.
+        id: ObjectId,
+        /// Its sizes.
+        sizes: ObjectSizes,
+        /// The digest of its bytes.
+        digest: ContentDigest,
+        /// Live holders to fetch from.
+        sources: Vec<NodeId>,
+        /// Copies the object wants.
+        replicas: u8,
+    },
+    /// How many live copies of `id` the registry lists now (sent to the node that published
+    /// the object with `PublishReplicated` first, at every change until it has them all).
+    Copies {
+        /// The object.
+        id: ObjectId,
+        /// Live copies.
+        copies: u32,
+    },
+    /// `id` was deleted everywhere: drop this node's copy.
+    Delete {
+        /// The object.
+        id: ObjectId,
+    },
+}
+
+impl DirectoryEvent {
+    /// The object the event is about.
+    pub fn object(&self) -> &ObjectId {
+        match self {
+            DirectoryEvent::Published { id, .. }
+            | DirectoryEvent::Replicate { id, .. }
+            | DirectoryEvent::Copies { id, .. }
+            | DirectoryEvent::Delete { id } => id,
+        }
+    }
 }
 
 impl fmt::Display for DirectoryEvent {
@@ -176,6 +249,17 @@ impl fmt::Display for DirectoryEvent {
                 "Published{{{id}, {holder}, size={}+{}, digest={digest}}}",
                 sizes.data_size, sizes.metadata_size
             ),
+            DirectoryEvent::Replicate {
+                id,
+                sources,
+                replicas,
+                ..
+            } => write!(
+                f,
+                "Replicate{{{id}, from {sources:?}, replicas={replicas}}}"
+            ),
+            DirectoryEvent::Copies { id, copies } => write!(f, "Copies{{{id}, {copies}}}"),
+            DirectoryEvent::Delete { id } => write!(f, "Delete{{{id}}}"),
         }
     }
 }
@@ -191,6 +275,10 @@ pub struct MemberInfo {
     pub fabric: String,
     /// Changes each time the node's daemon starts.
     pub incarnation: u32,
+    /// The failure domain the node is in (a rack, a switch; empty: its own): copies of record
+    /// of one object go to distinct domains when there are enough.
+    #[serde(default)]
+    pub failure_domain: String,
 }
 
 /// What a node's directory client tells its driver.

@@ -88,6 +88,24 @@ pub enum StoreError {
     /// requests once ready. The text says how far it got.
     #[error("the daemon is starting: {0}")]
     Starting(String),
+    /// A put that waited for its copies on other nodes returned before all of them were
+    /// sealed (its wait ran out, or the node is in no cluster). The object is stored here, and
+    /// replication goes on in the background.
+    #[error(
+        "object {id} has {copies} of its {wanted} copies sealed; the put is stored, its other \
+         copies {}",
+        if *in_cluster { "are still being made" } else { "cannot be made without a cluster" }
+    )]
+    TooFewReplicas {
+        /// The object.
+        id: ObjectId,
+        /// Live copies sealed when the put returned, its own included.
+        copies: u32,
+        /// Copies the put asked for.
+        wanted: u8,
+        /// Whether the node is in a cluster (else no copy can ever be made).
+        in_cluster: bool,
+    },
 }
 
 /// A queue of requests that wait inside the daemon, each with a cap

@@ -96,6 +96,10 @@ pub struct DaemonConfig {
     pub record: Option<RecordConfig>,
     /// Spill sealed objects to local disk instead of evicting them (`--spill-dir`).
     pub spill: Option<crate::spill::SpillConfig>,
+    /// Copies a put without its own replica count gets (`--replicas`; 1: this node's only).
+    pub default_replicas: u8,
+    /// The failure domain this node is in (`--failure-domain`; empty: its own).
+    pub failure_domain: String,
 }
 
 impl DaemonConfig {
@@ -123,6 +127,8 @@ impl DaemonConfig {
             ),
             record: None,
             spill: None,
+            default_replicas: 1,
+            failure_domain: String::new(),
         }
     }
 }
@@ -542,6 +548,7 @@ impl Server {
         node_config.threshold = config.threshold;
         node_config.lease = config.lease;
         node_config.location_cache_entries = config.location_cache_entries;
+        node_config.default_replicas = config.default_replicas;
         node_config.standalone = config.cluster.is_none();
         node_config.store.hash_seed = random_seed();
         node_config.store.spill_limit_bytes = spill.as_ref().map(|(limit, _)| *limit);
@@ -768,6 +775,7 @@ async fn start_cluster(
         fabric_addr,
         fabric: fabric.name().to_string(),
         incarnation,
+        failure_domain: config.failure_domain.clone(),
     };
     let (notice_tx, notices) = mpsc::unbounded_channel();
     let joined = cluster::connect_directory(cluster, me, notice_tx).await?;

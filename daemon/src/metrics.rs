@@ -884,6 +884,27 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "Live nodes the directory lists, this one included.",
             gauge(s.members as u64),
         )?;
+        // ---- replicas ----
+        out.one(
+            "skyriver_copies_of_record",
+            "Copies of record on this node (pinned until deleted; see README, Replicas).",
+            gauge(n.copies_of_record),
+        )?;
+        out.one(
+            "skyriver_copies_of_record_placed",
+            "Copies of record the directory placed here that were fetched and pinned.",
+            Value::Counter(c.copies_of_record_placed),
+        )?;
+        out.one(
+            "skyriver_replication_fetches_failed",
+            "Fetches of copies placed here that failed (placed elsewhere by the directory).",
+            Value::Counter(c.replication_fetches_failed),
+        )?;
+        out.one(
+            "skyriver_replica_waits_timed_out",
+            "Puts whose wait for their copies ran out (TooFewReplicas).",
+            Value::Counter(c.replica_waits_timed_out),
+        )?;
         // ---- process ----
         let p = &self.process;
         out.one(

@@ -47,6 +47,7 @@ fn seeds() -> Vec<Vec<u8>> {
         fabric_addr: "10.0.0.3:7000".parse().expect("an address"),
         fabric: "tcp".into(),
         incarnation: 1,
+        failure_domain: String::new(),
     };
     let hello = ToRegistry::Hello(Hello {
         magic: HELLO_MAGIC,

@@ -323,14 +323,34 @@ impl PyClient {
     /// a pyarrow buffer: anything with the buffer protocol) as a new sealed object and
     /// returns its id (random unless given). The copy runs without the GIL. Up to 64 KiB
     /// (data and metadata) takes one round trip to the daemon.
-    #[pyo3(signature = (data, id=None, metadata=None))]
+    ///
+    /// `replicas=k` keeps `k` copies on distinct nodes (failure domains first; `None`: the
+    /// daemon's `--replicas`); with `wait_replicas=True` the call returns once every copy is
+    /// sealed, or raises `TooFewReplicas` after `replicas_timeout` seconds, naming how many
+    /// exist (the object is stored either way).
+    #[pyo3(signature = (data, id=None, metadata=None, replicas=None, wait_replicas=false, replicas_timeout=60.0))]
+    #[allow(clippy::too_many_arguments)]
     fn put(
         &self,
         py: Python<'_>,
         data: &Bound<'_, PyAny>,
         id: Option<&Bound<'_, PyAny>>,
         metadata: Option<&Bound<'_, PyAny>>,
+        replicas: Option<u8>,
+        wait_replicas: bool,
+        replicas_timeout: f64,
     ) -> PyResult<PyObjectId> {
+        if !(replicas_timeout.is_finite() && replicas_timeout >= 0.0) {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "replicas_timeout must be a non-negative number of seconds",
+            ));
+        }
+        let policy = skyriver_client::ReplicaPolicy {
+            copies: replicas.unwrap_or(0),
+            wait_ms: wait_replicas.then_some((replicas_timeout * 1000.0) as u64),
+        };
+        // No count and no wait: a plain put, which every daemon understands.
+        let replicated = policy != skyriver_client::ReplicaPolicy::default();
         let id = match id {
             Some(id) => object_id(id)?,
             None => PyObjectId::random().0,
@@ -343,6 +363,9 @@ impl PyClient {
             // created and copied into shared memory, hashed as they are copied, and sealed.
             if data.len() + meta_len <= MAX_INLINE_PUT_BYTES {
                 let meta = metadata.as_ref().map(Source::to_vec).unwrap_or_default();
+                if replicated {
+                    return client.put_replicated(id, &data.to_vec(), &meta, policy);
+                }
                 return client.put(id, &data.to_vec(), &meta);
             }
             let mut writer = client.create(id, data.len() as u64, meta_len as u64)?;
@@ -350,6 +373,9 @@ impl PyClient {
             copy_hashing(writer.data_mut(), &data, &mut hasher);
             if let Some(metadata) = &metadata {
                 copy_hashing(writer.metadata_mut(), metadata, &mut hasher);
+            }
+            if replicated {
+                return writer.seal_replicated_with_digest(hasher.finish(), policy);
             }
             writer.seal_with_digest(hasher.finish())
         })?;

@@ -20,6 +20,12 @@ create_exception!(
 );
 create_exception!(
     skyriver,
+    TooFewReplicas,
+    SkyriverError,
+    "A put that waited for its copies returned before all were sealed; the message names how many exist. The object is stored, and its copies keep being made."
+);
+create_exception!(
+    skyriver,
     DaemonBusy,
     SkyriverError,
     "The daemon is at a cap of requests waiting and refused this one (nothing was done); retry later."
@@ -190,7 +196,8 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
         FetchFailed,
         ProtocolError,
         ForkedError,
-        ClientClosed
+        ClientClosed,
+        TooFewReplicas
     );
     module.add("Timeout", timeout_class(py).bind(py))?;
     module.add("DaemonUnavailable", daemon_unavailable_class(py).bind(py))?;
@@ -222,6 +229,7 @@ pub fn store_error(py: Python<'_>, error: StoreError) -> PyErr {
             daemon_unavailable_class(py),
             format!("{message}; connect again in a moment"),
         ),
+        StoreError::TooFewReplicas { .. } => TooFewReplicas::new_err(message),
     }
 }
 

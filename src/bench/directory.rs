@@ -347,6 +347,7 @@ fn member(index: usize) -> MemberInfo {
         fabric_addr: SocketAddr::from(([127, (i >> 16) as u8, (i >> 8) as u8, i as u8], 7000)),
         fabric: "tcp".into(),
         incarnation: 1,
+        failure_domain: String::new(),
     }
 }
 

@@ -170,6 +170,32 @@ pub(super) struct DaemonArgs {
     /// DIR's file system at start]
     #[arg(long, value_name = "SIZE", requires = "spill_dir")]
     pub(super) spill_limit: Option<ByteSize>,
+    /// Copies a put gets unless it asks for its own count (1 to 16; 1: this node's only). The
+    /// other copies go to other nodes, on distinct failure domains where there are enough.
+    #[arg(long, default_value_t = 1, value_parser = parse_replicas)]
+    pub(super) replicas: u8,
+    /// The failure domain of this node (a rack, a switch: what fails together), so copies of
+    /// one object go to distinct ones [default: under Slurm, this node's leaf switch from
+    /// SLURM_TOPOLOGY_ADDR; else a domain of its own]
+    #[arg(long, value_name = "NAME")]
+    pub(super) failure_domain: Option<String>,
+}
+
+pub(super) fn parse_replicas(text: &str) -> Result<u8, ValueError> {
+    in_range(
+        text,
+        1..=skyriver_core::registry::MAX_REPLICAS,
+        "each copy is a whole object in another node's memory",
+    )
+}
+
+/// The failure domain Slurm's topology gives this node: its address in the topology
+/// (`SLURM_TOPOLOGY_ADDR`, switches then the node, dot-separated) without the node, so nodes
+/// under one leaf switch share a domain. `None` when the address names no switch.
+pub(super) fn slurm_failure_domain(topology_addr: &str) -> Option<String> {
+    let addr = topology_addr.trim();
+    let (switches, _node) = addr.rsplit_once('.')?;
+    (!switches.is_empty()).then(|| switches.to_string())
 }
 
 pub(super) fn parse_octal(text: &str) -> Result<u32, ValueError> {
@@ -325,6 +351,14 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), CliError> {
     config.threshold = args.eager_threshold;
     config.lease = Duration::from_millis(args.lease_ms);
     config.location_cache_entries = args.location_cache;
+    config.default_replicas = args.replicas;
+    config.failure_domain = match &args.failure_domain {
+        Some(domain) => domain.trim().to_string(),
+        None => std::env::var("SLURM_TOPOLOGY_ADDR")
+            .ok()
+            .and_then(|addr| slurm_failure_domain(&addr))
+            .unwrap_or_default(),
+    };
     let directory = match (&args.head, &args.join, &args.directory) {
         (Some(listen), _, _) => Some(DirectoryChoice::Head { listen: *listen }),
         (None, Some(head), _) => Some(DirectoryChoice::Join { head: head.clone() }),

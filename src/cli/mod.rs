@@ -126,6 +126,17 @@ enum Command {
         /// Metadata to store with the object (a short string).
         #[arg(long, default_value = "")]
         metadata: String,
+        /// Copies to keep, this node's included, on distinct failure domains where there are
+        /// enough (1 to 16) [default: the daemon's --replicas]
+        #[arg(long, value_parser = daemon::parse_replicas)]
+        replicas: Option<u8>,
+        /// Return once every copy is sealed (else at the local seal, the copies following in
+        /// the background); fails after --wait-ms naming how many copies exist.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits for the copies, in milliseconds.
+        #[arg(long, default_value_t = 60_000, requires = "wait")]
+        wait_ms: u64,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -290,8 +301,17 @@ fn run(args: Vec<std::ffi::OsString>) -> ExitCode {
             input,
             id,
             metadata,
+            replicas,
+            wait,
+            wait_ms,
             socket,
-        } => put(&socket, &input, id, metadata.as_bytes()),
+        } => {
+            let policy = skyriver_client::ReplicaPolicy {
+                copies: replicas.unwrap_or(0),
+                wait_ms: wait.then_some(wait_ms),
+            };
+            put(&socket, &input, id, metadata.as_bytes(), policy)
+        }
         Command::Get {
             id,
             output,

@@ -23,7 +23,10 @@ pub(super) fn put(
     input: &PathBuf,
     id: Option<ObjectId>,
     metadata: &[u8],
+    replicas: skyriver_client::ReplicaPolicy,
 ) -> Result<(), CliError> {
+    // The daemon's default and no wait: a plain put, which any daemon understands.
+    let replicated = replicas != skyriver_client::ReplicaPolicy::default();
     let client = socket.connect()?;
     let id = id.unwrap_or_else(skyriver_client::random_object_id);
     let (mut reader, size): (Box<dyn Read>, u64) = if input.as_os_str() == "-" {
@@ -46,12 +49,20 @@ pub(super) fn put(
         // Small: the bytes travel in the request, one round trip.
         let mut data = vec![0u8; size as usize];
         read_input_into(&mut reader, &mut data, input)?;
-        client.put(id, &data, metadata)?;
+        if replicated {
+            client.put_replicated(id, &data, metadata, replicas)?;
+        } else {
+            client.put(id, &data, metadata)?;
+        }
     } else {
         let mut writer = client.create(id, size, metadata.len() as u64)?;
         writer.metadata_mut().copy_from_slice(metadata);
         read_input_into(&mut reader, writer.data_mut(), input)?;
-        writer.seal()?;
+        if replicated {
+            writer.seal_replicated(replicas)?;
+        } else {
+            writer.seal()?;
+        }
     }
     println!("{id}");
     Ok(())

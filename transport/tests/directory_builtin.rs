@@ -30,6 +30,7 @@ fn member(node: u32) -> MemberInfo {
         fabric_addr: SocketAddr::from(([127, 0, 0, 1], 7000 + node as u16)),
         fabric: "tcp".into(),
         incarnation: 1,
+        failure_domain: String::new(),
     }
 }
 
@@ -589,7 +590,7 @@ mod handshake {
         match receive_frame::<FromRegistry>(&mut old).await {
             Some(FromRegistry::Refused { reason, retryable }) => {
                 assert!(
-                    reason.contains("version 1") && reason.contains("speaks 2"),
+                    reason.contains("version 1") && reason.contains("speaks 3"),
                     "{reason}"
                 );
                 assert!(!retryable);

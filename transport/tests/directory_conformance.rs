@@ -34,6 +34,7 @@ fn member(node: u32, incarnation: u32) -> MemberInfo {
         fabric_addr: SocketAddr::from(([127, 0, 0, 1], 7200 + node as u16)),
         fabric: "tcp".into(),
         incarnation,
+        failure_domain: String::new(),
     }
 }
 

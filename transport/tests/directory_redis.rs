@@ -38,6 +38,7 @@ fn member(node: u32) -> MemberInfo {
         fabric_addr: SocketAddr::from(([127, 0, 0, 1], 7100 + node as u16)),
         fabric: "tcp".into(),
         incarnation: 3,
+        failure_domain: String::new(),
     }
 }
 

@@ -31,6 +31,7 @@ fn member(node: u32) -> MemberInfo {
         fabric_addr: SocketAddr::from(([127, 0, 0, 1], 7300 + node as u16)),
         fabric: "tcp".into(),
         incarnation: 1,
+        failure_domain: String::new(),
     }
 }
 

@@ -42,6 +42,9 @@ pub struct ClusterMember {
     pub address: std::net::SocketAddr,
     /// Which fabric it runs.
     pub fabric: String,
+    /// Its failure domain (empty: none given).
+    #[serde(default)]
+    pub failure_domain: String,
 }
 
 impl From<&crate::directory::MemberInfo> for ClusterMember {
@@ -51,6 +54,7 @@ impl From<&crate::directory::MemberInfo> for ClusterMember {
             incarnation: member.incarnation,
             address: member.fabric_addr,
             fabric: member.fabric.clone(),
+            failure_domain: member.failure_domain.clone(),
         }
     }
 }
@@ -125,6 +129,7 @@ impl Node {
         self.client_gone(client);
         self.drop_deferred_of(client);
         self.drop_pending_seals_of(client);
+        self.replica_waits_gone(client);
         self.store.disconnect(client);
         self.absorb_store();
     }
@@ -184,6 +189,9 @@ impl Node {
         response: Response,
         durable_before: u64,
     ) {
+        let Some(response) = self.hold_for_replicas(client, request, response) else {
+            return;
+        };
         let needed = self.store.durable_changes_queued();
         // A removal is durable before its reply in both modes (a deleted object never
         // comes back); a seal only with `hold_replies_until_durable`.
@@ -412,6 +420,7 @@ impl Node {
             Request::Contains { id } => Response::Contains(self.store.contains(&id)),
             Request::Delete { ids } => {
                 self.store.count_requests(0, ids.len() as u64);
+                self.delete_replicas(&ids);
                 Response::Deleted(self.store.delete(&ids))
             }
             Request::List => Response::Listed(self.store.list()),
@@ -445,6 +454,53 @@ impl Node {
                     request,
                     record,
                 });
+                return None;
+            }
+            Request::PutReplicated {
+                id,
+                data,
+                metadata,
+                replicas,
+            } => {
+                self.replicated_put(client, request, id, replicas);
+                // Its reply, now or after the seal, goes through `hold_for_replicas`.
+                return self.serve(client, request, Request::Put { id, data, metadata });
+            }
+            Request::SealReplicated {
+                id,
+                release,
+                digest,
+                replicas,
+            } => {
+                self.replicated_put(client, request, id, replicas);
+                return self.seal_request(client, request, id, release, digest);
+            }
+            Request::LocateCopies { id } => {
+                if self.config.standalone {
+                    let copies =
+                        self.store
+                            .sealed_info(&id)
+                            .map(|_| crate::client_protocol::CopyView {
+                                node: self.config.node,
+                                failure_domain: String::new(),
+                            });
+                    let sizes = self
+                        .store
+                        .sealed_info(&id)
+                        .map(|i| (i.data_size, i.metadata_size));
+                    return Some(Response::Copies {
+                        copies: copies.into_iter().collect(),
+                        wanted: None,
+                        sizes,
+                    });
+                }
+                self.directory(
+                    DirectoryRequest::Lookup {
+                        id,
+                        subscribe: false,
+                    },
+                    Some(DirectoryPurpose::LocateCopies(id, client, request)),
+                );
                 return None;
             }
         })
@@ -550,6 +606,11 @@ impl Node {
         self.reply(client, request, response);
     }
 
+    /// The live members, as the directory last listed them.
+    pub(super) fn cluster_members(&self) -> &[ClusterMember] {
+        &self.clients.cluster.members
+    }
+
     fn cluster_view(&self) -> ClusterView {
         let me = self.config.node;
         let cluster = &self.clients.cluster;
@@ -620,6 +681,11 @@ impl Node {
     }
 
     pub(super) fn reply(&mut self, client: ClientId, request: RequestId, response: Response) {
+        if client == super::FETCH_CLIENT {
+            // The node's own fetch of a copy placed here.
+            self.replication_fetched(request, response);
+            return;
+        }
         self.push(NodeOutput::Reply {
             client,
             request,

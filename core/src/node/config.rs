@@ -123,6 +123,8 @@ pub struct NodeConfig {
     pub directory_name: String,
     /// When the node dials its peers (see `links`).
     pub dial: DialPolicy,
+    /// Copies a put without its own replica count gets (`--replicas`; 1: only this node's).
+    pub default_replicas: u8,
 }
 
 impl NodeConfig {
@@ -160,6 +162,7 @@ impl NodeConfig {
             fabric_address: "-".into(),
             directory_name: "none (standalone)".into(),
             dial: DialPolicy::default(),
+            default_replicas: 1,
         }
     }
 

@@ -226,6 +226,7 @@ mod tests {
             incarnation: 0,
             address: SocketAddr::from(([10, 0, 0, n as u8], 7000)),
             fabric: "tcp".into(),
+            failure_domain: String::new(),
         }
     }
 

@@ -259,6 +259,8 @@ pub struct NodeMetrics {
     pub directory_latency: LatencyHistogram,
     /// Every peer this node knows of, by id.
     pub peers: Vec<PeerMetrics>,
+    /// Copies of record held here (pinned until deleted).
+    pub copies_of_record: u64,
 }
 
 /// Histograms the node keeps beside its counters.

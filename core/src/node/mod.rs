@@ -35,6 +35,7 @@ mod metrics;
 mod output;
 mod publications;
 pub mod recording;
+mod replicas;
 mod sealing;
 mod spill;
 pub mod threshold;
@@ -108,6 +109,8 @@ enum Timer {
     PublicationGrace(ObjectId),
     /// Dial the peers still missing (see `links`).
     Dial,
+    /// A put's wait for its copies runs out (see `replicas`).
+    ReplicaWait(ObjectId),
     /// Serve the next request held back for the disk (see `backpressure`); last, so what the
     /// request before it set for the same instant (a put's seal) fires first.
     ServeDeferred,
@@ -128,6 +131,8 @@ enum DirectoryPurpose {
     Publication(ObjectId),
     /// A client's `locate`.
     Locate(ClientId, RequestId),
+    /// A client's `locate` of every copy of an object.
+    LocateCopies(ObjectId, ClientId, RequestId),
 }
 
 /// One node's sans-IO logic. See the module documentation for the driver contract.
@@ -177,6 +182,7 @@ pub struct Node {
     backpressure: backpressure::Backpressure,
     /// Peer fetches waiting for restores (see `spill`).
     spill_waits: spill::SpillWaits,
+    replicas: replicas::Replicas,
 }
 
 impl Node {
@@ -217,6 +223,7 @@ impl Node {
             links: links::Links::default(),
             backpressure: backpressure::Backpressure::default(),
             spill_waits: spill::SpillWaits::default(),
+            replicas: replicas::Replicas::default(),
         }
     }
 
@@ -313,6 +320,7 @@ impl Node {
                 .collect(),
             directory_latency: self.histograms.directory_latency.clone(),
             peers: peers.into_values().collect(),
+            copies_of_record: self.replicas.of_record_count() as u64,
         }
     }
 
@@ -500,6 +508,11 @@ impl Node {
             Some(DirectoryPurpose::Locate(client, request)) => {
                 self.locate_answered(client, request, op, reply)
             }
+            Some(DirectoryPurpose::LocateCopies(id, client, request)) => {
+                self.cancel_timer(Timer::DirectoryOp(op));
+                let response = self.copies_answer(&id, reply);
+                self.reply(client, request, response);
+            }
             // A reply after the op timed out: the retry owns the outcome.
             None => {}
         }
@@ -516,6 +529,15 @@ impl Node {
                 sizes,
                 digest,
             } => self.object_published(id, holder, sizes, digest),
+            DirectoryEvent::Replicate {
+                id,
+                sizes,
+                digest,
+                sources,
+                replicas,
+            } => self.replicate_here(id, sizes, digest, sources, replicas),
+            DirectoryEvent::Copies { id, copies } => self.copies_reported(id, copies),
+            DirectoryEvent::Delete { id } => self.deleted_everywhere(id),
         }
         self.absorb_store();
     }
@@ -536,6 +558,7 @@ impl Node {
                 Timer::Publication(id) => self.send_publication(id),
                 Timer::PublicationGrace(id) => self.publication_grace_over(id),
                 Timer::Dial => self.dial_missing(),
+                Timer::ReplicaWait(id) => self.replica_wait_expired(id),
                 Timer::ServeDeferred => {
                     // The request's outputs are carried out before its own timers (a put's
                     // seal, due now) fire, at the driver's next call, as for any request.
@@ -616,6 +639,7 @@ impl Node {
         }
         self.pending_client_work(&mut lines);
         self.pending_spill_work(&mut lines);
+        self.pending_replica_work(&mut lines);
         lines
     }
 
@@ -660,6 +684,7 @@ impl Node {
                 lease.id
             );
         }
+        self.check_replica_invariants();
     }
 
     fn advance(&mut self, now: Instant) {
@@ -720,6 +745,10 @@ impl Node {
             Some(DirectoryPurpose::Locate(client, request)) => {
                 self.locate_answered(client, request, op, reason)
             }
+            Some(DirectoryPurpose::LocateCopies(id, client, request)) => {
+                let response = self.copies_answer(&id, reason);
+                self.reply(client, request, response);
+            }
             None => {}
         }
     }
@@ -756,6 +785,7 @@ impl Node {
                         // publish.
                     }
                     self.sealed_locally(id);
+                    self.replica_sealed(id, sizes);
                 }
                 StoreOutput::Local(ObjectEvent::Deleted { id }) => {
                     self.want_publication(id, Want::Withdraw)
@@ -782,7 +812,7 @@ impl Node {
 }
 
 /// A stable mix of an object and a node, to spread objects over holders without randomness.
-fn spread_key(id: &ObjectId, node: NodeId) -> u64 {
+pub(crate) fn spread_key(id: &ObjectId, node: NodeId) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in id.as_bytes().iter().chain(node.0.to_le_bytes().iter()) {
         hash ^= *byte as u64;

@@ -308,4 +308,10 @@ pub struct NodeStats {
     /// Times a peer became unreachable (its connection failed or was lost while it was
     /// reachable).
     pub peers_unreachable: u64,
+    /// Copies of record the registry placed here that were fetched (or promoted) and pinned.
+    pub copies_of_record_placed: u64,
+    /// Fetches of copies placed here that failed (the registry places them elsewhere).
+    pub replication_fetches_failed: u64,
+    /// Puts whose wait for their copies ran out.
+    pub replica_waits_timed_out: u64,
 }

@@ -93,7 +93,7 @@ impl Node {
             return;
         };
         let request = match publication.want {
-            Want::Publish(sizes, digest) => DirectoryRequest::Publish { id, sizes, digest },
+            Want::Publish(sizes, digest) => self.publish_request(id, sizes, digest),
             Want::Withdraw => DirectoryRequest::Withdraw { id },
         };
         if let Some(old) = publication.op {

@@ -30,6 +30,10 @@
 //!   before the events it fires.
 
 mod holders;
+pub mod placement;
+pub mod replication;
+#[cfg(test)]
+mod replication_tests;
 pub mod session;
 #[cfg(test)]
 mod tests;
@@ -48,6 +52,7 @@ use crate::ids::{NodeId, ObjectId};
 use crate::time::Instant;
 use crate::wire::ObjectSizes;
 
+pub use replication::{ReplicationLimits, ReplicationStats, MAX_REPLICAS};
 pub use wire::{FromRegistry, Hello, ToRegistry, WireOpId, HELLO_MAGIC, PROTOCOL_VERSION};
 
 /// One connection to the registry, named by the driver; never reused while the registry knows it.
@@ -268,6 +273,10 @@ pub struct Registry {
     handshakes: BTreeMap<ConnId, Handshake>,
     nonces: NonceSource,
     outputs: VecDeque<RegistryOutput>,
+    /// Replica records, placement and repair (see [`replication`]).
+    replication: replication::Replication,
+    /// The latest `now` of any input.
+    now: Instant,
 }
 
 impl Registry {
@@ -283,7 +292,18 @@ impl Registry {
             holders: HolderIndex::default(),
             subscribers: BTreeMap::new(),
             outputs: VecDeque::new(),
+            replication: replication::Replication::new(ReplicationLimits::default()),
+            now: Instant::ZERO,
         }
+    }
+
+    /// Replaces the replication limits (before any replicated object is published).
+    pub fn set_replication_limits(&mut self, limits: ReplicationLimits) {
+        self.replication = replication::Replication::new(limits);
+    }
+
+    fn advance(&mut self, now: Instant) {
+        self.now = self.now.max(now);
     }
 
     /// Its configuration.
@@ -298,10 +318,11 @@ impl Registry {
     /// is closed; the reason is also returned, for the driver's logs.
     pub fn handle_hello(
         &mut self,
-        _now: Instant,
+        now: Instant,
         conn: ConnId,
         hello: Hello,
     ) -> Result<(), HelloRefused> {
+        self.advance(now);
         let result = self.challenge(conn, hello);
         self.refuse_on_error(conn, &result);
         result
@@ -342,6 +363,7 @@ impl Registry {
         conn: ConnId,
         proof: Proof,
     ) -> Result<(), HelloRefused> {
+        self.advance(now);
         let result = match self.handshakes.remove(&conn) {
             None => Err(HelloRefused::UnexpectedProof),
             Some(Handshake { hello, nonce }) => {
@@ -459,6 +481,7 @@ impl Registry {
         self.expiry.insert((expires_at, node));
         self.welcome(conn, proof);
         self.push_members();
+        self.replicas_member_joined(now);
         Ok(())
     }
 
@@ -470,6 +493,7 @@ impl Registry {
         op: WireOpId,
         request: DirectoryRequest,
     ) -> Result<(), RegistryError> {
+        self.advance(now);
         let node = self.heard_from(now, conn)?;
         let mut fired = Vec::new();
         let reply = match request {
@@ -484,6 +508,34 @@ impl Registry {
             DirectoryRequest::Unsubscribe { id } => {
                 self.unsubscribe(node, id);
                 None
+            }
+            DirectoryRequest::PublishReplicated {
+                id,
+                sizes,
+                digest,
+                replicas,
+                free_bytes,
+            } => {
+                let reply = self.publish(node, id, sizes, digest, &mut fired);
+                if reply == Some(DirectoryReply::Done) {
+                    // The reply and the events the publication fired go first.
+                    self.outputs.push_back(RegistryOutput::Send {
+                        conn,
+                        message: FromRegistry::Reply {
+                            op,
+                            reply: DirectoryReply::Done,
+                        },
+                    });
+                    self.outputs.extend(fired);
+                    let bytes = sizes.total().unwrap_or(u64::MAX);
+                    self.copy_of_record_published(now, node, id, bytes, replicas, free_bytes);
+                    return Ok(());
+                }
+                reply
+            }
+            DirectoryRequest::DeleteEverywhere { id } => {
+                self.delete_everywhere(node, id);
+                Some(DirectoryReply::Done)
             }
         };
         if let Some(reply) = reply {
@@ -503,6 +555,7 @@ impl Registry {
         conn: ConnId,
         seq: u64,
     ) -> Result<(), RegistryError> {
+        self.advance(now);
         self.heard_from(now, conn)?;
         self.outputs.push_back(RegistryOutput::Send {
             conn,
@@ -512,7 +565,8 @@ impl Registry {
     }
 
     /// A member leaves cleanly: it is forgotten at once, its connection closed.
-    pub fn handle_goodbye(&mut self, _now: Instant, conn: ConnId) -> Result<(), RegistryError> {
+    pub fn handle_goodbye(&mut self, now: Instant, conn: ConnId) -> Result<(), RegistryError> {
+        self.advance(now);
         let node = *self
             .by_conn
             .get(&conn)
@@ -544,7 +598,8 @@ impl Registry {
     }
 
     /// `conn` closed (or the driver gave up on it). Its member, if any, is dead.
-    pub fn handle_disconnect(&mut self, _now: Instant, conn: ConnId) {
+    pub fn handle_disconnect(&mut self, now: Instant, conn: ConnId) {
+        self.advance(now);
         self.handshakes.remove(&conn);
         if let Some(node) = self.by_conn.get(&conn).copied() {
             self.remove_member(node);
@@ -555,6 +610,7 @@ impl Registry {
     /// Time passed: members not heard from within the heartbeat timeout are dead. Calling early
     /// is harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.advance(now);
         let mut changed = false;
         while let Some(&(at, node)) = self.expiry.first() {
             if at > now {
@@ -576,6 +632,7 @@ impl Registry {
         if changed {
             self.push_members();
         }
+        self.replication_timeout(now);
     }
 
     // ---- Outputs ----
@@ -587,7 +644,11 @@ impl Registry {
 
     /// When [`Registry::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.expiry.first().map(|&(at, _)| at)
+        let expiry = self.expiry.first().map(|&(at, _)| at);
+        match (expiry, self.replication.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     // ---- Queries ----
@@ -690,6 +751,7 @@ impl Registry {
             "a member's connection waits for a proof"
         );
         assert_eq!(self.expiry.len(), self.members.len());
+        self.check_replication_invariants();
     }
 
     // ---- Rules ----
@@ -745,6 +807,7 @@ impl Registry {
         for id in &member.subscribed {
             self.remove_subscriber(*id, node);
         }
+        self.replicas_member_lost(self.now, node);
     }
 
     fn lookup(&mut self, node: NodeId, id: ObjectId, subscribe: bool) -> Option<DirectoryReply> {
@@ -829,6 +892,7 @@ impl Registry {
                 member.published -= 1;
             }
         }
+        self.replica_withdrawn(self.now, node, id);
     }
 
     fn unsubscribe(&mut self, node: NodeId, id: ObjectId) {

@@ -268,7 +268,10 @@ impl DirectorySession {
         let mut publishes = None;
         match request {
             DirectoryRequest::Lookup { id, subscribe } => subscribe_to = subscribe.then_some(id),
-            DirectoryRequest::Publish { id, sizes, digest } => {
+            DirectoryRequest::Publish { id, sizes, digest }
+            | DirectoryRequest::PublishReplicated {
+                id, sizes, digest, ..
+            } => {
                 if self.replay.publications.len() >= self.config.max_publications
                     && !self.replay.publications.contains_key(&id)
                 {
@@ -285,7 +288,7 @@ impl DirectorySession {
                 self.replay.publications.insert(id, (sizes, digest));
                 publishes = Some(id);
             }
-            DirectoryRequest::Withdraw { id } => {
+            DirectoryRequest::Withdraw { id } | DirectoryRequest::DeleteEverywhere { id } => {
                 self.replay.publications.remove(&id);
             }
             DirectoryRequest::Unsubscribe { .. } => unreachable!("handled above"),
@@ -431,10 +434,13 @@ impl DirectorySession {
                 }
             },
             FromRegistry::Event(event) => {
-                let DirectoryEvent::Published { id, .. } = &event;
                 // One-shot: an event for a subscription already fired (by a replayed lookup)
-                // or dropped is not passed on twice.
-                if self.replay.subscriptions.remove(id) {
+                // or dropped is not passed on twice. Replica events are not subscriptions.
+                let passes = match &event {
+                    DirectoryEvent::Published { id, .. } => self.replay.subscriptions.remove(id),
+                    _ => true,
+                };
+                if passes {
                     self.notice(DirectoryNotice::Event(event));
                 }
             }

@@ -8,18 +8,19 @@ use super::*;
 use crate::digest::ContentDigest;
 use crate::directory::{DirectoryNotice, DirectoryOpId};
 
-const TOKEN: &str = "token";
+pub(super) const TOKEN: &str = "token";
 
-fn member(node: u32, incarnation: u32) -> MemberInfo {
+pub(super) fn member(node: u32, incarnation: u32) -> MemberInfo {
     MemberInfo {
         node: NodeId(node),
         fabric_addr: SocketAddr::from(([127, 0, 0, 1], 7000 + node as u16)),
         fabric: "tcp".into(),
         incarnation,
+        failure_domain: String::new(),
     }
 }
 
-const NONCE_KEY: [u8; 32] = [5; 32];
+pub(super) const NONCE_KEY: [u8; 32] = [5; 32];
 
 fn hello(member: MemberInfo) -> Hello {
     Hello {
@@ -63,7 +64,7 @@ fn admit_with(
     registry.handle_proof(now, ConnId(conn), proof_for(token, &hello, &challenge))
 }
 
-fn admit(
+pub(super) fn admit(
     registry: &mut Registry,
     now: Instant,
     conn: u64,
@@ -72,7 +73,7 @@ fn admit(
     admit_with(registry, now, conn, member, TOKEN)
 }
 
-fn sizes(n: u64) -> ObjectSizes {
+pub(super) fn sizes(n: u64) -> ObjectSizes {
     ObjectSizes {
         data_size: n,
         metadata_size: 0,
@@ -80,22 +81,22 @@ fn sizes(n: u64) -> ObjectSizes {
 }
 
 /// The digest of the `n`-byte object these tests publish as `sizes(n)`.
-fn digest(n: u64) -> ContentDigest {
+pub(super) fn digest(n: u64) -> ContentDigest {
     ContentDigest::of(&vec![n as u8; n as usize], &[])
 }
 
-fn at_ms(ms: u64) -> Instant {
+pub(super) fn at_ms(ms: u64) -> Instant {
     Instant(ms * 1_000_000)
 }
 
-fn registry() -> Registry {
+pub(super) fn registry() -> Registry {
     let mut config = RegistryConfig::new(TOKEN, NONCE_KEY);
     config.heartbeat_timeout = Duration::from_millis(100);
     Registry::new(config)
 }
 
 /// Everything the registry queued, with member lists flattened per connection.
-fn drain(registry: &mut Registry) -> Vec<(ConnId, FromRegistry)> {
+pub(super) fn drain(registry: &mut Registry) -> Vec<(ConnId, FromRegistry)> {
     let mut out = Vec::new();
     while let Some(output) = registry.poll_output() {
         match output {
@@ -118,7 +119,7 @@ fn drain(registry: &mut Registry) -> Vec<(ConnId, FromRegistry)> {
     out
 }
 
-fn request(
+pub(super) fn request(
     registry: &mut Registry,
     now: Instant,
     conn: u64,
@@ -131,7 +132,7 @@ fn request(
     drain(registry)
 }
 
-fn events_for(out: &[(ConnId, FromRegistry)], conn: u64) -> Vec<DirectoryEvent> {
+pub(super) fn events_for(out: &[(ConnId, FromRegistry)], conn: u64) -> Vec<DirectoryEvent> {
     out.iter()
         .filter_map(|(c, m)| match m {
             FromRegistry::Event(e) if *c == ConnId(conn) => Some(e.clone()),

@@ -111,14 +111,20 @@ impl SimDirectory {
                         }));
                     }
                     DirectoryNotice::Event(event) => {
-                        let DirectoryEvent::Published { id, .. } = &event;
-                        let id = *id;
+                        // Only publications are counted in flight (the checker's
+                        // subscriptions); replica events are not.
+                        let published = match &event {
+                            DirectoryEvent::Published { id, .. } => Some(*id),
+                            _ => None,
+                        };
                         effects.push(Effect::Notice {
                             node,
                             inc,
                             notice: DirectoryNotice::Event(event),
                         });
-                        self.event_sent(node, id);
+                        if let Some(id) = published {
+                            self.event_sent(node, id);
+                        }
                     }
                     reply @ DirectoryNotice::Reply { .. } => effects.push(Effect::Notice {
                         node,

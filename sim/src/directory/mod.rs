@@ -246,6 +246,7 @@ fn member_info(node: NodeId, inc: u32) -> MemberInfo {
         fabric_addr: fabric_addr(node),
         fabric: "sim".into(),
         incarnation: inc,
+        failure_domain: String::new(),
     }
 }
 

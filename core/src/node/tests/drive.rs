@@ -77,6 +77,7 @@ fn every_input(bytes: &[u8]) -> Vec<NodeInput<'_>> {
                 incarnation: 1,
                 address: "10.0.0.2:7000".parse().unwrap(), // a valid literal
                 fabric: "tcp".into(),
+                failure_domain: String::new(),
             }],
         },
         NodeInput::DirectoryHealth {

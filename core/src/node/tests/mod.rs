@@ -622,7 +622,10 @@ impl NodeDriver for Carrier<'_> {
                     digest: None,
                 }),
             },
-            DirectoryRequest::Publish { id, sizes, digest } => {
+            DirectoryRequest::Publish { id, sizes, digest }
+            | DirectoryRequest::PublishReplicated {
+                id, sizes, digest, ..
+            } => {
                 let entry = world.locations.entry(id).or_insert((sizes, vec![], digest));
                 if entry.1.is_empty() {
                     (entry.0, entry.2) = (sizes, digest);
@@ -637,7 +640,7 @@ impl NodeDriver for Carrier<'_> {
                     Some(DirectoryReply::Done)
                 }
             }
-            DirectoryRequest::Withdraw { id } => {
+            DirectoryRequest::Withdraw { id } | DirectoryRequest::DeleteEverywhere { id } => {
                 if let Some(entry) = world.locations.get_mut(&id) {
                     entry.1.retain(|&h| h != self.node);
                 }
@@ -726,6 +729,7 @@ impl Carrier<'_> {
 mod clients;
 mod drive;
 mod publications;
+mod replicas;
 mod sealing;
 mod spill;
 mod transfers;

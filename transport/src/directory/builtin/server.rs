@@ -432,6 +432,7 @@ mod tests {
             fabric_addr: SocketAddr::from(([127, 0, 0, 1], 9)),
             fabric: "tcp".into(),
             incarnation: 2,
+            failure_domain: String::new(),
         }];
         let bytes = frame::encode(&FromRegistry::Members(members.clone()));
         let decoded: FromRegistry = postcard::from_bytes(&bytes[4..]).unwrap();

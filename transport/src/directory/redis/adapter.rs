@@ -978,7 +978,12 @@ impl Adapter {
                     });
                     commands += 1;
                 }
-                DirectoryRequest::Publish { id, sizes, digest } => {
+                // Redis runs no registry rules: a replicated publication is a plain one (no
+                // copies are placed or repaired) and a delete everywhere withdraws this copy.
+                DirectoryRequest::Publish { id, sizes, digest }
+                | DirectoryRequest::PublishReplicated {
+                    id, sizes, digest, ..
+                } => {
                     self.publications.insert(id, (sizes, digest));
                     pipe.add_command(self.publish_command(id, sizes, digest));
                     // Listed even if refused: dropping a field this node never set is harmless.
@@ -990,7 +995,7 @@ impl Adapter {
                     });
                     commands += 1;
                 }
-                DirectoryRequest::Withdraw { id } => {
+                DirectoryRequest::Withdraw { id } | DirectoryRequest::DeleteEverywhere { id } => {
                     self.publications.remove(&id);
                     pipe.cmd("HDEL")
                         .arg(self.keys.object(&id))

@@ -1,0 +1,431 @@
+//! Copies of record on this node: puts with `replicas = k`, copies the registry places here,
+//! the wait of a put for its copies, and deletes that reach every copy.
+//!
+//! - **A put with k > 1** publishes its object with `PublishReplicated`; the registry places
+//!   the other `k − 1` copies (see [`crate::registry::replication`]). The object is a copy of
+//!   record here: pinned, so never evicted (it may be spilled), only deleted.
+//! - **A copy placed here** ([`DirectoryEvent::Replicate`]) is fetched over the ordinary fetch
+//!   path (by the node's own fetch client, as a client fetch would be), pinned at its seal and
+//!   published at once with `PublishReplicated`. An object already here is promoted in place.
+//!   A fetch that fails is dropped: the registry gives the target up after its timeout and
+//!   places the copy elsewhere.
+//! - **Waiting**: a put with `wait_ms` gets its reply once the registry reports `k` live copies
+//!   of record ([`DirectoryEvent::Copies`]), or fails at its deadline with
+//!   [`StoreError::TooFewReplicas`] naming how many exist; the object stays stored either
+//!   way. A put on a node without a cluster fails so at once (after storing the object).
+//! - **Delete**: a client's delete of an object that wants copies here asks the registry to
+//!   delete it everywhere ([`DirectoryRequest::DeleteEverywhere`]); a node told so
+//!   ([`DirectoryEvent::Delete`]) drops its copy (once unused, as any delete).
+//!
+//! [`DirectoryEvent::Replicate`]: crate::directory::DirectoryEvent::Replicate
+//! [`DirectoryEvent::Copies`]: crate::directory::DirectoryEvent::Copies
+//! [`DirectoryEvent::Delete`]: crate::directory::DirectoryEvent::Delete
+//! [`DirectoryRequest::DeleteEverywhere`]: crate::directory::DirectoryRequest::DeleteEverywhere
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::publications::Want;
+use super::{Node, Timer, TransferMode, FETCH_CLIENT};
+use crate::client_protocol::{CopyView, ReplicaPolicy, Response};
+use crate::digest::ContentDigest;
+use crate::directory::{DirectoryReply, DirectoryRequest};
+use crate::error::StoreError;
+use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
+use crate::wire::ObjectSizes;
+
+/// How long a copy placed here may take to fetch before the node gives up on it (the
+/// registry's own target timeout replaces it elsewhere).
+const REPLICATION_FETCH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A put waiting for its copies.
+#[derive(Debug)]
+struct ReplicaWait {
+    client: ClientId,
+    request: RequestId,
+    wanted: u8,
+    wait: Duration,
+    /// Live copies of record the registry last reported.
+    copies: u32,
+    /// Whether the object is sealed here (the put's own reply was due).
+    sealed: bool,
+}
+
+/// This node's replica bookkeeping.
+#[derive(Debug, Default)]
+pub(super) struct Replicas {
+    /// Copies wanted of each object put or placed here with more than one.
+    wanted: BTreeMap<ObjectId, u8>,
+    /// Copies of record held here; each is pinned once in the store.
+    of_record: BTreeSet<ObjectId>,
+    /// Puts waiting for their copies.
+    waits: BTreeMap<ObjectId, ReplicaWait>,
+    by_request: BTreeMap<(ClientId, RequestId), ObjectId>,
+    /// Fetches of copies placed here, by the fetch client's request id.
+    fetching: BTreeMap<RequestId, ObjectId>,
+    /// Copies placed here whose seal is still to come.
+    placed: BTreeSet<ObjectId>,
+    next_fetch: u64,
+}
+
+impl Replicas {
+    /// Copies of record held here.
+    pub(super) fn of_record_count(&self) -> usize {
+        self.of_record.len()
+    }
+}
+
+impl Node {
+    /// The copies a put asks for: its own, or the daemon's default.
+    fn copies_wanted(&self, policy: ReplicaPolicy) -> u8 {
+        let copies = if policy.copies == 0 {
+            self.config.default_replicas
+        } else {
+            policy.copies
+        };
+        copies.clamp(1, crate::registry::MAX_REPLICAS)
+    }
+
+    /// A put or seal with `policy` for `id` is about to be served: note what it wants.
+    pub(super) fn replicated_put(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        id: ObjectId,
+        policy: ReplicaPolicy,
+    ) {
+        let wanted = self.copies_wanted(policy);
+        if wanted > 1 && !self.config.standalone {
+            self.replicas.wanted.insert(id, wanted);
+        }
+        if let (Some(wait_ms), true) = (policy.wait_ms, wanted > 1) {
+            self.replicas.waits.insert(
+                id,
+                ReplicaWait {
+                    client,
+                    request,
+                    wanted,
+                    wait: Duration::from_millis(wait_ms),
+                    copies: 0,
+                    sealed: false,
+                },
+            );
+            self.replicas.by_request.insert((client, request), id);
+        }
+    }
+
+    /// A reply to `client`'s `request` is due: `None` holds it while the put waits for its
+    /// copies.
+    pub(super) fn hold_for_replicas(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        response: Response,
+    ) -> Option<Response> {
+        if self.replicas.by_request.is_empty() {
+            return Some(response);
+        }
+        let Some(&id) = self.replicas.by_request.get(&(client, request)) else {
+            return Some(response);
+        };
+        if !matches!(response, Response::Done(Ok(()))) {
+            // The put failed: nothing to wait for.
+            self.replicas.by_request.remove(&(client, request));
+            self.replicas.waits.remove(&id);
+            if !self.replicas.of_record.contains(&id) {
+                self.replicas.wanted.remove(&id);
+            }
+            return Some(response);
+        }
+        let standalone = self.config.standalone;
+        let wait = self
+            .replicas
+            .waits
+            .get_mut(&id)
+            .expect("indexed by request");
+        wait.sealed = true;
+        wait.copies = wait.copies.max(1);
+        if standalone {
+            let (copies, wanted) = (wait.copies, wait.wanted);
+            self.end_wait(id);
+            return Some(Response::Done(Err(StoreError::TooFewReplicas {
+                id,
+                copies,
+                wanted,
+                in_cluster: false,
+            })));
+        }
+        if wait.copies >= u32::from(wait.wanted) {
+            self.end_wait(id);
+            return Some(response);
+        }
+        let deadline = self.now + wait.wait;
+        self.set_timer(deadline, Timer::ReplicaWait(id));
+        None
+    }
+
+    fn end_wait(&mut self, id: ObjectId) -> Option<ReplicaWait> {
+        let wait = self.replicas.waits.remove(&id)?;
+        self.replicas
+            .by_request
+            .remove(&(wait.client, wait.request));
+        self.cancel_timer(Timer::ReplicaWait(id));
+        Some(wait)
+    }
+
+    /// The registry counts `copies` live copies of record of `id`.
+    pub(super) fn copies_reported(&mut self, id: ObjectId, copies: u32) {
+        let Some(wait) = self.replicas.waits.get_mut(&id) else {
+            return;
+        };
+        wait.copies = copies;
+        if wait.sealed && copies >= u32::from(wait.wanted) {
+            let wait = self.end_wait(id).expect("found above");
+            self.reply(wait.client, wait.request, Response::Done(Ok(())));
+        }
+    }
+
+    /// A put's wait ran out.
+    pub(super) fn replica_wait_expired(&mut self, id: ObjectId) {
+        if let Some(wait) = self.end_wait(id) {
+            self.stats.replica_waits_timed_out += 1;
+            self.reply(
+                wait.client,
+                wait.request,
+                Response::Done(Err(StoreError::TooFewReplicas {
+                    id,
+                    copies: wait.copies,
+                    wanted: wait.wanted,
+                    in_cluster: true,
+                })),
+            );
+        }
+    }
+
+    /// A client left: its waits end without a reply.
+    pub(super) fn replica_waits_gone(&mut self, client: ClientId) {
+        let ids: Vec<ObjectId> = self
+            .replicas
+            .by_request
+            .range((client, RequestId(0))..=(client, RequestId(u64::MAX)))
+            .map(|(_, id)| *id)
+            .collect();
+        for id in ids {
+            self.end_wait(id);
+        }
+    }
+
+    /// The copies wanted of `id`, when more than one.
+    pub(super) fn replicas_wanted(&self, id: &ObjectId) -> Option<u8> {
+        self.replicas.wanted.get(id).copied()
+    }
+
+    /// What a publication of `id` sends: `PublishReplicated` for an object that wants copies.
+    pub(super) fn publish_request(
+        &self,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        digest: ContentDigest,
+    ) -> DirectoryRequest {
+        match self.replicas_wanted(&id) {
+            Some(replicas) => DirectoryRequest::PublishReplicated {
+                id,
+                sizes,
+                digest,
+                replicas,
+                free_bytes: self.free_bytes(),
+            },
+            None => DirectoryRequest::Publish { id, sizes, digest },
+        }
+    }
+
+    /// Bytes the store could give a new object (free or evictable).
+    fn free_bytes(&self) -> u64 {
+        let stats = self.store.stats();
+        stats
+            .capacity_bytes
+            .saturating_sub(stats.allocated_bytes)
+            .saturating_add(stats.evictable_bytes)
+    }
+
+    /// `id` was sealed here: a copy of record is pinned, and a copy placed here is published
+    /// at once (not after the delay of fetched copies).
+    pub(super) fn replica_sealed(&mut self, id: ObjectId, sizes: ObjectSizes) {
+        if !self.replicas.wanted.contains_key(&id) || self.replicas.of_record.contains(&id) {
+            return;
+        }
+        if self.store.pin(id).is_err() {
+            return;
+        }
+        self.replicas.of_record.insert(id);
+        if self.replicas.placed.remove(&id) {
+            if let Some(digest) = self.store.digest(&id) {
+                self.want_publication(id, Want::Publish(sizes, digest));
+            }
+        }
+    }
+
+    /// The registry places a copy of record of `id` here.
+    pub(super) fn replicate_here(
+        &mut self,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        digest: ContentDigest,
+        sources: Vec<NodeId>,
+        replicas: u8,
+    ) {
+        if self.config.standalone {
+            return;
+        }
+        self.replicas.wanted.insert(id, replicas.max(2));
+        if self.replicas.of_record.contains(&id) {
+            // Already a copy of record (the registry lost track, say after a partition):
+            // publish it again.
+            self.want_publication(id, Want::Publish(sizes, digest));
+            return;
+        }
+        if self.store.sealed_info(&id).is_some() {
+            // A cached copy: promote it.
+            if self.store.pin(id).is_ok() {
+                self.replicas.of_record.insert(id);
+                self.stats.copies_of_record_placed += 1;
+                self.want_publication(id, Want::Publish(sizes, digest));
+            }
+            return;
+        }
+        if self.replicas.fetching.values().any(|&f| f == id) {
+            return;
+        }
+        let me = self.config.node;
+        let holders: Vec<NodeId> = sources.into_iter().filter(|&s| s != me).collect();
+        if !holders.is_empty() {
+            self.locations.insert(
+                id,
+                super::locations::Location {
+                    holders,
+                    sizes,
+                    digest,
+                },
+            );
+        }
+        let request = RequestId(self.replicas.next_fetch);
+        self.replicas.next_fetch += 1;
+        self.replicas.fetching.insert(request, id);
+        self.replicas.placed.insert(id);
+        self.start_fetch(
+            FETCH_CLIENT,
+            request,
+            vec![id],
+            Some(REPLICATION_FETCH_TIMEOUT),
+            TransferMode::Auto,
+            false,
+        );
+    }
+
+    /// A reply to the node's own fetch client: the fetch of a copy placed here ended.
+    pub(super) fn replication_fetched(&mut self, request: RequestId, response: Response) {
+        let Some(id) = self.replicas.fetching.remove(&request) else {
+            return;
+        };
+        let ok =
+            matches!(&response, Response::Fetched(results) if results.iter().all(Result::is_ok));
+        if ok {
+            // The fetch client's reference; the copy of record is pinned instead.
+            // Its seal pins and publishes it (see `replica_sealed`), when the node absorbs it.
+            let _ = self.store.release(FETCH_CLIENT, id);
+            if self.replicas.wanted.contains_key(&id) {
+                self.stats.copies_of_record_placed += 1;
+            } else {
+                self.replicas.placed.remove(&id);
+                // Deleted everywhere while it was on its way.
+                let _ = self.store.delete(&[id]);
+            }
+        } else {
+            self.stats.replication_fetches_failed += 1;
+            self.replicas.placed.remove(&id);
+            if !self.replicas.of_record.contains(&id) {
+                self.replicas.wanted.remove(&id);
+            }
+        }
+    }
+
+    /// A client deletes `ids`: copies of record are unpinned first, and the registry asked to
+    /// delete them everywhere.
+    pub(super) fn delete_replicas(&mut self, ids: &[ObjectId]) {
+        for id in ids {
+            if self.replicas.wanted.remove(id).is_none() {
+                continue;
+            }
+            if self.replicas.of_record.remove(id) {
+                self.store.unpin(*id);
+            }
+            self.directory(DirectoryRequest::DeleteEverywhere { id: *id }, None);
+        }
+    }
+
+    /// The registry deleted `id` everywhere: drop the copy here.
+    pub(super) fn deleted_everywhere(&mut self, id: ObjectId) {
+        self.replicas.wanted.remove(&id);
+        if self.replicas.of_record.remove(&id) {
+            self.store.unpin(id);
+        }
+        if self.store.sealed_info(&id).is_some() {
+            let _ = self.store.delete(&[id]);
+        }
+    }
+
+    /// A `LocateCopies` answered by the directory: the holders with their domains.
+    pub(super) fn copies_answer(&self, id: &ObjectId, reply: DirectoryReply) -> Response {
+        match reply {
+            DirectoryReply::Located { holders, sizes, .. } => {
+                let members = self.cluster_members();
+                let copies = holders
+                    .into_iter()
+                    .map(|node| CopyView {
+                        node,
+                        failure_domain: members
+                            .iter()
+                            .find(|m| m.node == node)
+                            .map(|m| m.failure_domain.clone())
+                            .unwrap_or_default(),
+                    })
+                    .collect();
+                Response::Copies {
+                    copies,
+                    wanted: self.replicas_wanted(id),
+                    sizes: sizes.map(|s| (s.data_size, s.metadata_size)),
+                }
+            }
+            DirectoryReply::Unavailable { reason } => {
+                Response::Error(StoreError::DirectoryUnavailable(reason))
+            }
+            DirectoryReply::Done | DirectoryReply::Conflict { .. } => Response::Copies {
+                copies: Vec::new(),
+                wanted: None,
+                sizes: None,
+            },
+        }
+    }
+
+    /// What replication waits for, one line each.
+    pub(super) fn pending_replica_work(&self, lines: &mut Vec<String>) {
+        for (id, wait) in &self.replicas.waits {
+            lines.push(format!(
+                "put of {id} by {} waits for {} copies ({} so far)",
+                wait.client, wait.wanted, wait.copies
+            ));
+        }
+    }
+
+    /// Every copy of record is pinned.
+    pub(super) fn check_replica_invariants(&self) {
+        for id in &self.replicas.of_record {
+            assert!(
+                self.store.is_pinned(id),
+                "copy of record {id} is pinned in the store"
+            );
+            assert!(self.replicas.wanted.contains_key(id), "{id} wants copies");
+        }
+        assert_eq!(self.replicas.waits.len(), self.replicas.by_request.len());
+    }
+}

@@ -1,0 +1,172 @@
+//! Copies of record on a node: a put with copies is pinned and published for placement, its
+//! reply can wait for the copies, a copy placed here is fetched, pinned and published at once,
+//! and deletes reach every copy.
+
+use super::*;
+use crate::client_protocol::ReplicaPolicy;
+
+const LEN: u64 = 300;
+
+fn put_replicated(w: &mut World, node: u32, n: u64, copies: u8, wait_ms: Option<u64>) -> RequestId {
+    let body = Request::PutReplicated {
+        id: id(n),
+        data: World::bytes_of(n, LEN),
+        metadata: Vec::new(),
+        replicas: ReplicaPolicy { copies, wait_ms },
+    };
+    let request = w.hand_request(node, CLIENT, body);
+    w.pump();
+    request
+}
+
+fn published_replicated(w: &World, node: u32) -> Vec<u8> {
+    w.log
+        .iter()
+        .filter_map(|(n, o)| match o {
+            NodeOutput::Directory {
+                request: DirectoryRequest::PublishReplicated { replicas, .. },
+                ..
+            } if n.0 == node => Some(*replicas),
+            _ => None,
+        })
+        .collect()
+}
+
+fn copies_event(w: &mut World, node: u32, n: u64, copies: u32) {
+    let event = DirectoryEvent::Copies { id: id(n), copies };
+    w.feed(node, NodeInput::DirectoryEvent { event });
+    w.pump();
+}
+
+#[test]
+fn a_put_with_copies_is_published_for_placement_and_never_evicted_but_deleted_everywhere() {
+    let mut w = World::new(2, |_| {});
+    let put = put_replicated(&mut w, 0, 1, 2, None);
+    assert_eq!(w.reply_to(0, CLIENT, put), Some(Response::Done(Ok(()))));
+    assert_eq!(published_replicated(&w, 0), vec![2]);
+    assert!(w.nodes[0].store().is_pinned(&id(1)));
+    let evicted = w.request(0, Request::Evict { bytes: 1 << 30 });
+    assert!(matches!(evicted, Some(Response::Evicted(o)) if o.objects == 0));
+    assert!(
+        w.nodes[0].store().contains(&id(1)),
+        "a copy of record stays"
+    );
+    assert_eq!(w.nodes[0].metrics().copies_of_record, 1);
+    w.delete(0, 1);
+    assert!(!w.nodes[0].store().contains(&id(1)), "deleted at once");
+    let everywhere = w.count(0, |o| {
+        matches!(
+            o,
+            NodeOutput::Directory {
+                request: DirectoryRequest::DeleteEverywhere { .. },
+                ..
+            }
+        )
+    });
+    assert_eq!(everywhere, 1);
+    w.nodes[0].check_invariants();
+}
+
+#[test]
+fn the_daemon_default_applies_to_a_put_that_names_no_count() {
+    let mut w = World::new(2, |config| config.default_replicas = 3);
+    put_replicated(&mut w, 0, 1, 0, None);
+    assert_eq!(published_replicated(&w, 0), vec![3]);
+    // A plain put stays plain.
+    w.put(0, 2, LEN);
+    assert_eq!(published_replicated(&w, 0), vec![3]);
+    assert!(!w.nodes[0].store().is_pinned(&id(2)));
+}
+
+#[test]
+fn a_waiting_put_is_answered_once_the_registry_counts_every_copy() {
+    let mut w = World::new(2, |_| {});
+    let put = put_replicated(&mut w, 0, 1, 3, Some(1000));
+    assert_eq!(w.reply_to(0, CLIENT, put), None, "held for the copies");
+    assert!(w.nodes[0].store().contains(&id(1)), "sealed here meanwhile");
+    copies_event(&mut w, 0, 1, 2);
+    assert_eq!(w.reply_to(0, CLIENT, put), None);
+    copies_event(&mut w, 0, 1, 3);
+    assert_eq!(w.reply_to(0, CLIENT, put), Some(Response::Done(Ok(()))));
+    assert!(w.nodes[0].is_quiescent(), "{:?}", w.nodes[0].pending_work());
+    w.nodes[0].check_invariants();
+}
+
+#[test]
+fn a_waiting_put_fails_at_its_deadline_naming_how_many_copies_exist() {
+    let mut w = World::new(2, |_| {});
+    let put = put_replicated(&mut w, 0, 1, 3, Some(100));
+    copies_event(&mut w, 0, 1, 2);
+    w.advance(Duration::from_millis(99));
+    assert_eq!(w.reply_to(0, CLIENT, put), None);
+    w.advance(Duration::from_millis(1));
+    assert_eq!(
+        w.reply_to(0, CLIENT, put),
+        Some(Response::Done(Err(StoreError::TooFewReplicas {
+            id: id(1),
+            copies: 2,
+            wanted: 3,
+            in_cluster: true,
+        })))
+    );
+    assert!(w.nodes[0].store().contains(&id(1)), "the object stays");
+    assert_eq!(w.nodes[0].stats().replica_waits_timed_out, 1);
+    assert!(w.nodes[0].is_quiescent(), "{:?}", w.nodes[0].pending_work());
+    w.nodes[0].check_invariants();
+}
+
+#[test]
+fn a_standalone_put_that_waits_for_copies_fails_at_once_but_keeps_the_object() {
+    let mut w = World::new(1, |config| config.standalone = true);
+    let put = put_replicated(&mut w, 0, 1, 2, Some(1000));
+    assert_eq!(
+        w.reply_to(0, CLIENT, put),
+        Some(Response::Done(Err(StoreError::TooFewReplicas {
+            id: id(1),
+            copies: 1,
+            wanted: 2,
+            in_cluster: false,
+        })))
+    );
+    assert!(w.nodes[0].store().contains(&id(1)));
+}
+
+#[test]
+fn a_copy_placed_here_is_fetched_pinned_published_at_once_and_deleted_when_told() {
+    let mut w = World::new(2, |config| {
+        // Fetched copies would wait before their publication; a placed copy does not.
+        config.replica_publication_delay = Duration::from_secs(10);
+    });
+    w.put(0, 1, LEN);
+    let bytes = World::bytes_of(1, LEN);
+    let event = DirectoryEvent::Replicate {
+        id: id(1),
+        sizes: ObjectSizes {
+            data_size: LEN,
+            metadata_size: 0,
+        },
+        digest: ContentDigest::of(&bytes, &[]),
+        sources: vec![NodeId(0)],
+        replicas: 2,
+    };
+    w.feed(1, NodeInput::DirectoryEvent { event });
+    w.pump();
+    let info = w.nodes[1].store().sealed_info(&id(1)).expect("fetched");
+    assert_eq!(w.local_bytes(1, &info), bytes);
+    assert!(w.nodes[1].store().is_pinned(&id(1)));
+    assert_eq!(
+        published_replicated(&w, 1),
+        vec![2],
+        "published without delay"
+    );
+    assert_eq!(w.nodes[1].stats().copies_of_record_placed, 1);
+    // The node's fetch client keeps no reference: only the pin holds it.
+    let evicted = w.request(1, Request::Evict { bytes: 1 << 30 });
+    assert!(matches!(evicted, Some(Response::Evicted(o)) if o.objects == 0));
+    w.nodes[1].check_invariants();
+    let event = DirectoryEvent::Delete { id: id(1) };
+    w.feed(1, NodeInput::DirectoryEvent { event });
+    w.pump();
+    assert!(!w.nodes[1].store().contains(&id(1)));
+    w.nodes[1].check_invariants();
+}

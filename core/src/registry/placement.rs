@@ -1,0 +1,141 @@
+//! Where the copies of record of an object go: a pure rule, so the registry, its tests and the
+//! simulator agree on it.
+//!
+//! Greedy, one target at a time: a node in a failure domain no copy (or chosen target) is in
+//! yet comes first; then the node with the most free memory (a node that never reported it
+//! counts as empty, the usual case of a node that never held a copy of record); ties are broken
+//! by a stable mix of the object and the node, so objects spread over equal nodes without
+//! randomness. A node whose reported free memory cannot take the object is never chosen.
+
+use std::collections::BTreeSet;
+
+use crate::ids::{NodeId, ObjectId};
+
+/// A node that may receive a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The node.
+    pub node: NodeId,
+    /// Its failure domain (empty: a domain of its own).
+    pub failure_domain: String,
+    /// Free bytes of its store as it last reported them, if it did.
+    pub free_bytes: Option<u64>,
+}
+
+/// The domain `node` counts in: its own when it names none.
+pub fn domain_key(node: NodeId, failure_domain: &str) -> String {
+    if failure_domain.is_empty() {
+        format!("\0{node}")
+    } else {
+        failure_domain.to_string()
+    }
+}
+
+/// Chooses up to `count` targets among `candidates` for `id` of `object_bytes`, given the
+/// domains its copies are in already (as [`domain_key`]s). Fewer when fewer nodes fit.
+pub fn choose_targets(
+    id: &ObjectId,
+    object_bytes: u64,
+    candidates: &[Candidate],
+    used_domains: &BTreeSet<String>,
+    count: usize,
+) -> Vec<NodeId> {
+    let mut used = used_domains.clone();
+    let mut left: Vec<&Candidate> = candidates
+        .iter()
+        .filter(|c| c.free_bytes.is_none_or(|free| free >= object_bytes))
+        .collect();
+    let mut chosen = Vec::with_capacity(count.min(left.len()));
+    while chosen.len() < count && !left.is_empty() {
+        let (at, best) = left
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, c)| {
+                let domain_used = used.contains(&domain_key(c.node, &c.failure_domain));
+                let free = c.free_bytes.unwrap_or(u64::MAX);
+                (
+                    domain_used,
+                    std::cmp::Reverse(free),
+                    crate::node::spread_key(id, c.node),
+                )
+            })
+            .map(|(at, c)| (at, *c))
+            .expect("left is not empty");
+        used.insert(domain_key(best.node, &best.failure_domain));
+        chosen.push(best.node);
+        left.swap_remove(at);
+    }
+    chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(node: u32, domain: &str, free: Option<u64>) -> Candidate {
+        Candidate {
+            node: NodeId(node),
+            failure_domain: domain.into(),
+            free_bytes: free,
+        }
+    }
+
+    #[test]
+    fn copies_go_to_distinct_domains_before_more_free_memory() {
+        let candidates = [
+            candidate(1, "rack-a", Some(1 << 40)),
+            candidate(2, "rack-a", Some(1 << 41)),
+            candidate(3, "rack-b", Some(1 << 20)),
+            candidate(4, "rack-c", Some(1 << 30)),
+        ];
+        let used = BTreeSet::from(["rack-a".to_string()]);
+        let id = ObjectId::from_u64(7);
+        let chosen = choose_targets(&id, 1000, &candidates, &used, 2);
+        assert_eq!(
+            chosen,
+            vec![NodeId(4), NodeId(3)],
+            "rack-c has more free memory"
+        );
+        // With more copies wanted than domains, the rest goes by free memory.
+        let chosen = choose_targets(&id, 1000, &candidates, &used, 4);
+        assert_eq!(chosen, vec![NodeId(4), NodeId(3), NodeId(2), NodeId(1)]);
+    }
+
+    #[test]
+    fn nodes_without_a_domain_are_each_their_own() {
+        let candidates = [
+            candidate(1, "", Some(10_000)),
+            candidate(2, "", Some(5_000)),
+        ];
+        let used = BTreeSet::from([domain_key(NodeId(0), "")]);
+        let chosen = choose_targets(&ObjectId::from_u64(1), 100, &candidates, &used, 2);
+        assert_eq!(chosen, vec![NodeId(1), NodeId(2)]);
+    }
+
+    #[test]
+    fn a_node_that_reported_too_little_free_memory_is_skipped() {
+        let candidates = [candidate(1, "a", Some(10)), candidate(2, "a", None)];
+        let chosen = choose_targets(
+            &ObjectId::from_u64(1),
+            100,
+            &candidates,
+            &BTreeSet::new(),
+            2,
+        );
+        assert_eq!(chosen, vec![NodeId(2)]);
+    }
+
+    #[test]
+    fn equal_nodes_share_the_objects() {
+        let candidates: Vec<Candidate> = (1..=4).map(|n| candidate(n, "", None)).collect();
+        let mut per_node = [0u32; 5];
+        for n in 0..400 {
+            let chosen =
+                choose_targets(&ObjectId::from_u64(n), 1, &candidates, &BTreeSet::new(), 1);
+            per_node[chosen[0].0 as usize] += 1;
+        }
+        for count in &per_node[1..] {
+            assert!((50..=150).contains(count), "spread: {per_node:?}");
+        }
+    }
+}

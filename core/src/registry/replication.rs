@@ -1,0 +1,500 @@
+//! Replicas of record, placement and repair: the registry's rules for objects put with
+//! `replicas = k`.
+//!
+//! - **Record**: the first [`DirectoryRequest::PublishReplicated`] of an object opens its
+//!   record: `k` wanted, the publisher its origin and first copy of record. Only nodes that
+//!   publish with `PublishReplicated` hold copies of record (they keep them until a delete);
+//!   other holders are caches and do not count.
+//! - **Placement**: at once, the registry picks `k − 1` targets (see [`super::placement`]) and
+//!   sends each a [`DirectoryEvent::Replicate`]; the target fetches the object over the usual
+//!   fetch path and publishes its copy with `PublishReplicated`. So replication adds no peer
+//!   message at all, and placement and repair live in the one place that sees every member.
+//!   A target that has not published within [`ReplicationLimits::target_timeout`] is given up.
+//! - **Progress**: the origin gets [`DirectoryEvent::Copies`] at every change of the live
+//!   copies of record until they reach `k` (what a put with `wait_replicas` waits for).
+//! - **Repair**: a copy of record lost (its node died: closed connection or silent past the
+//!   heartbeat timeout; a target given up; a withdrawal) puts the object in the repair queue.
+//!   Repairs are placed from it at a bounded rate of object bytes per second (a token bucket,
+//!   [`ReplicationLimits::repair_bytes_per_second`]), so repair cannot starve user traffic.
+//!   An object whose last holder died is lost, and counted.
+//! - **Returning nodes**: a node that comes back (a new incarnation, or the same daemon after
+//!   a partition) publishes again what it holds; those copies are listed as holders (caches),
+//!   not copies of record, and are kept: extra copies cost memory but no data.
+//! - **Delete**: [`DirectoryRequest::DeleteEverywhere`] withdraws every holder, tells each
+//!   ([`DirectoryEvent::Delete`]) and ends the record.
+//!
+//! The records live in the registry's memory: a restarted head forgets them (nodes' replays
+//! publish plain copies), so objects put before a head restart are not repaired afterwards.
+//!
+//! [`DirectoryRequest::PublishReplicated`]: crate::directory::DirectoryRequest::PublishReplicated
+//! [`DirectoryRequest::DeleteEverywhere`]: crate::directory::DirectoryRequest::DeleteEverywhere
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::placement::{choose_targets, domain_key, Candidate};
+use super::{FromRegistry, Registry, RegistryOutput};
+use crate::directory::DirectoryEvent;
+use crate::ids::{NodeId, ObjectId};
+use crate::time::Instant;
+
+/// Most copies one object may ask for.
+pub const MAX_REPLICAS: u8 = 16;
+
+/// Limits of replication and repair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicationLimits {
+    /// Object bytes per second repairs may start (the bucket holds one second's worth, or one
+    /// object when larger).
+    pub repair_bytes_per_second: u64,
+    /// A target that has not published its copy within this time is given up (and replaced).
+    pub target_timeout: Duration,
+    /// Most objects with a replica record.
+    pub max_records: usize,
+}
+
+impl Default for ReplicationLimits {
+    fn default() -> Self {
+        Self {
+            repair_bytes_per_second: 1 << 30,
+            target_timeout: Duration::from_secs(60),
+            max_records: 1 << 24,
+        }
+    }
+}
+
+/// Counters and gauges of replication (what the head's metrics show).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReplicationStats {
+    /// Objects with a replica record.
+    pub replicated_objects: u64,
+    /// Of those, objects with fewer live copies of record than wanted.
+    pub under_replicated_objects: u64,
+    /// Objects waiting in the repair queue.
+    pub repairs_queued: u64,
+    /// Copies placed at a put.
+    pub copies_placed: u64,
+    /// Copies placed by repair.
+    pub repairs_started: u64,
+    /// Object bytes repairs moved (started).
+    pub repair_bytes: u64,
+    /// Targets given up after `target_timeout`.
+    pub targets_timed_out: u64,
+    /// Objects whose every holder died.
+    pub objects_lost: u64,
+}
+
+/// One object's replica record.
+#[derive(Debug, Clone)]
+struct Record {
+    wanted: u8,
+    /// The node whose put opened the record; told of progress until complete.
+    origin: NodeId,
+    /// Whether the origin heard that every copy exists.
+    complete: bool,
+    /// Object bytes (data and metadata).
+    bytes: u64,
+    /// Live nodes holding a copy of record.
+    of_record: BTreeSet<NodeId>,
+    /// Targets asked to replicate, with their deadlines.
+    pending: BTreeMap<NodeId, Instant>,
+    /// Targets given up on: not asked again while another node can take the copy.
+    given_up: BTreeSet<NodeId>,
+}
+
+/// The registry's replication state.
+#[derive(Debug)]
+pub(super) struct Replication {
+    limits: ReplicationLimits,
+    records: BTreeMap<ObjectId, Record>,
+    /// Free bytes each member last reported.
+    free_bytes: BTreeMap<NodeId, u64>,
+    /// Under-replicated objects waiting for repair, in order.
+    repair_queue: BTreeSet<ObjectId>,
+    /// Targets' deadlines, earliest first.
+    deadlines: BTreeSet<(Instant, ObjectId, NodeId)>,
+    /// Repair budget in bytes (negative: debt after an object larger than a second's worth).
+    tokens: i128,
+    tokens_at: Option<Instant>,
+    stats: ReplicationStats,
+}
+
+impl Replication {
+    pub(super) fn new(limits: ReplicationLimits) -> Self {
+        Self {
+            limits,
+            records: BTreeMap::new(),
+            free_bytes: BTreeMap::new(),
+            repair_queue: BTreeSet::new(),
+            deadlines: BTreeSet::new(),
+            tokens: i128::from(limits.repair_bytes_per_second),
+            tokens_at: None,
+            stats: ReplicationStats::default(),
+        }
+    }
+
+    /// When repair or a target's deadline next needs [`Registry::handle_timeout`].
+    pub(super) fn poll_timeout(&self) -> Option<Instant> {
+        let deadline = self.deadlines.first().map(|&(at, _, _)| at);
+        let repair = if self.repair_queue.is_empty() {
+            None
+        } else {
+            Some(self.refill_at())
+        };
+        match (deadline, repair) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When the bucket holds enough for the next queued repair.
+    fn refill_at(&self) -> Instant {
+        let at = self.tokens_at.unwrap_or(Instant::ZERO);
+        let needed = self
+            .repair_queue
+            .first()
+            .and_then(|id| self.records.get(id))
+            .map_or(0, |r| self.cost(r.bytes));
+        if self.tokens >= needed {
+            return at;
+        }
+        let rate = u128::from(self.limits.repair_bytes_per_second.max(1));
+        let missing = u128::try_from(needed - self.tokens).unwrap_or(u128::MAX);
+        let nanos = missing.saturating_mul(1_000_000_000).div_ceil(rate);
+        at + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+
+    /// What a repair of `bytes` takes from the bucket: at most a full bucket, so one object
+    /// larger than a second's worth still goes (and leaves a debt).
+    fn cost(&self, bytes: u64) -> i128 {
+        i128::from(bytes.min(self.limits.repair_bytes_per_second).max(1))
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let capacity = i128::from(self.limits.repair_bytes_per_second);
+        let at = *self.tokens_at.get_or_insert(now);
+        let elapsed = now.saturating_since(at);
+        let gained =
+            elapsed.as_nanos() * u128::from(self.limits.repair_bytes_per_second) / 1_000_000_000;
+        self.tokens = (self.tokens + i128::try_from(gained).unwrap_or(i128::MAX)).min(capacity);
+        self.tokens_at = Some(now);
+    }
+
+    /// The counters, with the gauges computed now.
+    pub(super) fn stats(&self) -> ReplicationStats {
+        let mut stats = self.stats.clone();
+        stats.replicated_objects = self.records.len() as u64;
+        stats.under_replicated_objects = self
+            .records
+            .values()
+            .filter(|r| r.of_record.len() < usize::from(r.wanted))
+            .count() as u64;
+        stats.repairs_queued = self.repair_queue.len() as u64;
+        stats
+    }
+
+    /// The copies of record `id` wants and the live nodes holding one.
+    pub(super) fn copies_of_record(&self, id: &ObjectId) -> Option<(u8, Vec<NodeId>)> {
+        self.records
+            .get(id)
+            .map(|r| (r.wanted, r.of_record.iter().copied().collect()))
+    }
+}
+
+impl Registry {
+    /// `node` published a copy of record of `id` (the publication itself was accepted).
+    pub(super) fn copy_of_record_published(
+        &mut self,
+        now: Instant,
+        node: NodeId,
+        id: ObjectId,
+        bytes: u64,
+        replicas: u8,
+        free_bytes: u64,
+    ) {
+        let replicas = replicas.clamp(1, MAX_REPLICAS);
+        let replication = &mut self.replication;
+        replication.free_bytes.insert(node, free_bytes);
+        if !replication.records.contains_key(&id)
+            && replication.records.len() >= replication.limits.max_records
+        {
+            // Kept as a plain publication: the record table is full.
+            return;
+        }
+        let fresh = !replication.records.contains_key(&id);
+        let record = replication.records.entry(id).or_insert_with(|| Record {
+            wanted: replicas,
+            origin: node,
+            complete: false,
+            bytes,
+            of_record: BTreeSet::new(),
+            pending: BTreeMap::new(),
+            given_up: BTreeSet::new(),
+        });
+        record.wanted = record.wanted.max(replicas);
+        record.of_record.insert(node);
+        if let Some(deadline) = record.pending.remove(&node) {
+            replication.deadlines.remove(&(deadline, id, node));
+        }
+        // A put places its copies at once; only repair is rate-limited.
+        self.replicas_changed(now, id, fresh);
+        self.run_repairs(now);
+    }
+
+    /// Something changed for `id`'s copies: tell the origin, and place or queue what is
+    /// missing (`at_once`: a put's own copies, not rate-limited).
+    fn replicas_changed(&mut self, now: Instant, id: ObjectId, at_once: bool) {
+        let live_holders = self.holders_of(&id);
+        let Some(record) = self.replication.records.get_mut(&id) else {
+            return;
+        };
+        if live_holders.is_empty() {
+            // Every holder is gone: nothing left to copy from.
+            self.replication.records.remove(&id);
+            self.replication.repair_queue.remove(&id);
+            self.replication.stats.objects_lost += 1;
+            return;
+        }
+        let copies = record.of_record.len();
+        if !record.complete {
+            if let Some(member) = self.members.get(&record.origin) {
+                self.outputs.push_back(RegistryOutput::Send {
+                    conn: member.conn,
+                    message: FromRegistry::Event(DirectoryEvent::Copies {
+                        id,
+                        copies: copies as u32,
+                    }),
+                });
+            }
+            record.complete = copies >= usize::from(record.wanted);
+        }
+        let missing = usize::from(record.wanted).saturating_sub(copies + record.pending.len());
+        if missing == 0 {
+            self.replication.repair_queue.remove(&id);
+        } else if at_once {
+            self.place(now, id, missing);
+        } else {
+            self.replication.repair_queue.insert(id);
+        }
+    }
+
+    /// Asks up to `count` new targets to replicate `id`; what cannot be placed now waits in
+    /// the repair queue (a member joining, or a deadline, retries it).
+    fn place(&mut self, now: Instant, id: ObjectId, count: usize) -> usize {
+        let Some(holders) = self.holders.get(&id) else {
+            return 0;
+        };
+        let (sizes, digest) = holders.content();
+        let sources: Vec<NodeId> = holders.iter().collect();
+        let Some(record) = self.replication.records.get(&id) else {
+            return 0;
+        };
+        let used: BTreeSet<String> = record
+            .of_record
+            .iter()
+            .chain(record.pending.keys())
+            .filter_map(|n| self.members.get(n))
+            .map(|m| domain_key(m.info.node, &m.info.failure_domain))
+            .collect();
+        let candidates = |skip_given_up: bool| -> Vec<Candidate> {
+            self.members
+                .values()
+                .filter(|m| {
+                    let node = m.info.node;
+                    let has_copy =
+                        record.of_record.contains(&node) || record.pending.contains_key(&node);
+                    let skipped = skip_given_up && record.given_up.contains(&node);
+                    !has_copy && !skipped
+                })
+                .map(|m| Candidate {
+                    node: m.info.node,
+                    failure_domain: m.info.failure_domain.clone(),
+                    free_bytes: self.replication.free_bytes.get(&m.info.node).copied(),
+                })
+                .collect()
+        };
+        let mut targets = choose_targets(&id, record.bytes, &candidates(true), &used, count);
+        if targets.len() < count && !record.given_up.is_empty() {
+            // Nobody else: nodes given up on get another chance.
+            let again = choose_targets(&id, record.bytes, &candidates(false), &used, count);
+            let extra: Vec<NodeId> = again.into_iter().filter(|n| !targets.contains(n)).collect();
+            targets.extend(extra);
+            targets.truncate(count);
+        }
+        let deadline = now + self.replication.limits.target_timeout;
+        let replicas = record.wanted;
+        for &target in &targets {
+            let conn = self.members[&target].conn;
+            let record = self
+                .replication
+                .records
+                .get_mut(&id)
+                .expect("looked up above");
+            record.pending.insert(target, deadline);
+            self.replication.deadlines.insert((deadline, id, target));
+            self.outputs.push_back(RegistryOutput::Send {
+                conn,
+                message: FromRegistry::Event(DirectoryEvent::Replicate {
+                    id,
+                    sizes,
+                    digest,
+                    sources: sources.clone(),
+                    replicas,
+                }),
+            });
+        }
+        if targets.len() < count {
+            self.replication.repair_queue.insert(id);
+        }
+        targets.len()
+    }
+
+    /// Places queued repairs while the bucket allows.
+    fn run_repairs(&mut self, now: Instant) {
+        self.replication.refill(now);
+        while let Some(&id) = self.replication.repair_queue.first() {
+            let Some(record) = self.replication.records.get(&id) else {
+                self.replication.repair_queue.remove(&id);
+                continue;
+            };
+            let cost = self.replication.cost(record.bytes);
+            if self.replication.tokens < cost {
+                break;
+            }
+            let missing = usize::from(record.wanted)
+                .saturating_sub(record.of_record.len() + record.pending.len());
+            let bytes = record.bytes;
+            self.replication.repair_queue.remove(&id);
+            if missing == 0 {
+                continue;
+            }
+            let placed = self.place(now, id, missing);
+            if placed == 0 {
+                // No node can take it now: leave it queued for the next change, not a loop.
+                break;
+            }
+            self.replication.tokens -= cost * placed as i128;
+            self.replication.stats.repairs_started += placed as u64;
+            self.replication.stats.repair_bytes += bytes * placed as u64;
+        }
+    }
+
+    /// Time passed: targets past their deadline are given up, then repairs run.
+    pub(super) fn replication_timeout(&mut self, now: Instant) {
+        while let Some(&(at, id, node)) = self.replication.deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.replication.deadlines.remove(&(at, id, node));
+            if let Some(record) = self.replication.records.get_mut(&id) {
+                record.pending.remove(&node);
+                record.given_up.insert(node);
+                self.replication.stats.targets_timed_out += 1;
+                self.replicas_changed(now, id, false);
+            }
+        }
+        self.run_repairs(now);
+    }
+
+    /// `node` is gone (dead or left): its copies of record and pending targets are lost.
+    pub(super) fn replicas_member_lost(&mut self, now: Instant, node: NodeId) {
+        self.replication.free_bytes.remove(&node);
+        let affected: Vec<ObjectId> = self
+            .replication
+            .records
+            .iter()
+            .filter(|(_, r)| r.of_record.contains(&node) || r.pending.contains_key(&node))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in affected {
+            let record = self.replication.records.get_mut(&id).expect("listed above");
+            record.of_record.remove(&node);
+            if let Some(deadline) = record.pending.remove(&node) {
+                self.replication.deadlines.remove(&(deadline, id, node));
+            }
+            self.replicas_changed(now, id, false);
+        }
+        self.run_repairs(now);
+    }
+
+    /// A member joined: queued repairs may find a target now.
+    pub(super) fn replicas_member_joined(&mut self, now: Instant) {
+        self.run_repairs(now);
+    }
+
+    /// `node` withdrew `id`: a copy of record gone is repaired.
+    pub(super) fn replica_withdrawn(&mut self, now: Instant, node: NodeId, id: ObjectId) {
+        let Some(record) = self.replication.records.get_mut(&id) else {
+            return;
+        };
+        if record.of_record.remove(&node) {
+            self.replicas_changed(now, id, false);
+            self.run_repairs(now);
+        }
+    }
+
+    /// `node` deletes `id` everywhere: every other holder is told, every listing withdrawn,
+    /// and the record ends.
+    pub(super) fn delete_everywhere(&mut self, node: NodeId, id: ObjectId) {
+        if let Some(record) = self.replication.records.remove(&id) {
+            for (target, deadline) in record.pending {
+                self.replication.deadlines.remove(&(deadline, id, target));
+                self.tell_delete(target, node, id);
+            }
+        }
+        self.replication.repair_queue.remove(&id);
+        for holder in self.holders_of(&id) {
+            self.withdraw(holder, id);
+            self.tell_delete(holder, node, id);
+        }
+    }
+
+    fn tell_delete(&mut self, holder: NodeId, asking: NodeId, id: ObjectId) {
+        if holder == asking {
+            return;
+        }
+        if let Some(member) = self.members.get(&holder) {
+            self.outputs.push_back(RegistryOutput::Send {
+                conn: member.conn,
+                message: FromRegistry::Event(DirectoryEvent::Delete { id }),
+            });
+        }
+    }
+
+    /// Replication counters and gauges.
+    pub fn replication_stats(&self) -> ReplicationStats {
+        self.replication.stats()
+    }
+
+    /// The copies of record `id` wants and the live nodes holding one, if it has a record.
+    pub fn copies_of_record(&self, id: &ObjectId) -> Option<(u8, Vec<NodeId>)> {
+        self.replication.copies_of_record(id)
+    }
+
+    /// Asserts replication's consistency with the membership (a bug if it fails).
+    pub(super) fn check_replication_invariants(&self) {
+        for (id, record) in &self.replication.records {
+            for node in record.of_record.iter().chain(record.pending.keys()) {
+                assert!(
+                    self.members.contains_key(node),
+                    "{node} of {id}'s record is a member"
+                );
+            }
+            for (node, deadline) in &record.pending {
+                assert!(self
+                    .replication
+                    .deadlines
+                    .contains(&(*deadline, *id, *node)));
+            }
+        }
+        assert_eq!(
+            self.replication.deadlines.len(),
+            self.replication
+                .records
+                .values()
+                .map(|r| r.pending.len())
+                .sum::<usize>(),
+            "one deadline per pending target"
+        );
+    }
+}

@@ -1,0 +1,270 @@
+//! The registry's replication rules, driven by hand: placement, progress, repair and its rate,
+//! target timeouts, losses and deletes. Each node `n` joins on connection `n`.
+
+use std::time::Duration;
+
+use super::tests::{
+    admit, at_ms, digest, drain, events_for, member, registry, request, sizes, NONCE_KEY, TOKEN,
+};
+use super::*;
+
+/// A registry whose members stay alive for the whole test without heartbeats.
+fn patient_registry() -> Registry {
+    let mut config = RegistryConfig::new(TOKEN, NONCE_KEY);
+    config.heartbeat_timeout = Duration::from_secs(3600);
+    Registry::new(config)
+}
+
+fn join_in(registry: &mut Registry, now: Instant, node: u32, domain: &str) {
+    let mut info = member(node, 1);
+    info.failure_domain = domain.into();
+    admit(registry, now, u64::from(node), info).expect("joins");
+    drain(registry);
+}
+
+fn publish_replicated(
+    registry: &mut Registry,
+    now: Instant,
+    node: u32,
+    object: u64,
+    bytes: u64,
+    replicas: u8,
+) -> Vec<(ConnId, FromRegistry)> {
+    request(
+        registry,
+        now,
+        u64::from(node),
+        now.as_nanos(),
+        DirectoryRequest::PublishReplicated {
+            id: ObjectId::from_u64(object),
+            sizes: sizes(bytes),
+            digest: digest(bytes),
+            replicas,
+            free_bytes: 1 << 30,
+        },
+    )
+}
+
+/// The nodes told to replicate, in the order told.
+fn replicate_targets(out: &[(ConnId, FromRegistry)]) -> Vec<u32> {
+    out.iter()
+        .filter_map(|(conn, m)| match m {
+            FromRegistry::Event(DirectoryEvent::Replicate { .. }) => Some(conn.0 as u32),
+            _ => None,
+        })
+        .collect()
+}
+
+fn copies_told(out: &[(ConnId, FromRegistry)], conn: u64) -> Vec<u32> {
+    events_for(out, conn)
+        .into_iter()
+        .filter_map(|e| match e {
+            DirectoryEvent::Copies { copies, .. } => Some(copies),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_put_places_its_copies_on_distinct_domains_and_its_origin_hears_each() {
+    let mut r = registry();
+    let t = at_ms(0);
+    join_in(&mut r, t, 0, "rack-a");
+    join_in(&mut r, t, 1, "rack-a");
+    join_in(&mut r, t, 2, "rack-b");
+    join_in(&mut r, t, 3, "rack-c");
+    let out = publish_replicated(&mut r, t, 0, 7, 100, 3);
+    let mut targets = replicate_targets(&out);
+    targets.sort();
+    assert_eq!(targets, vec![2, 3], "rack-a has the origin already");
+    assert_eq!(copies_told(&out, 0), vec![1]);
+    match &events_for(&out, 2)[0] {
+        DirectoryEvent::Replicate {
+            sources, replicas, ..
+        } => {
+            assert_eq!(sources, &vec![NodeId(0)]);
+            assert_eq!(*replicas, 3);
+        }
+        other => panic!("expected Replicate, got {other}"),
+    }
+    let out = publish_replicated(&mut r, t, 2, 7, 100, 3);
+    assert_eq!(copies_told(&out, 0), vec![2]);
+    assert!(replicate_targets(&out).is_empty());
+    let out = publish_replicated(&mut r, t, 3, 7, 100, 3);
+    assert_eq!(copies_told(&out, 0), vec![3]);
+    let stats = r.replication_stats();
+    assert_eq!(stats.under_replicated_objects, 0);
+    assert_eq!(stats.replicated_objects, 1);
+    // Complete: further changes are not reported to the origin.
+    let out = publish_replicated(&mut r, t, 1, 7, 100, 3);
+    assert!(copies_told(&out, 0).is_empty());
+}
+
+#[test]
+fn a_lost_copy_is_repaired_at_a_bounded_rate() {
+    let mut r = patient_registry();
+    r.set_replication_limits(ReplicationLimits {
+        repair_bytes_per_second: 1000,
+        ..ReplicationLimits::default()
+    });
+    let t = at_ms(0);
+    for node in 0..4 {
+        join_in(&mut r, t, node, &format!("rack-{node}"));
+    }
+    // Three objects of 600 bytes with copies of record on 0 and where it placed them.
+    for object in 0..3 {
+        let out = publish_replicated(&mut r, t, 0, object, 600, 2);
+        let target = replicate_targets(&out)[0];
+        publish_replicated(&mut r, t, target, object, 600, 2);
+    }
+    assert_eq!(r.replication_stats().under_replicated_objects, 0);
+    // Node 0 dies: three repairs of 600 bytes at 1000 bytes/s; the bucket (1000) was
+    // spent by nothing yet, so one goes now, the next once 600 bytes of budget are back.
+    r.handle_disconnect(at_ms(10), ConnId(0));
+    let out = drain(&mut r);
+    assert_eq!(replicate_targets(&out).len(), 1, "one repair at once");
+    assert_eq!(r.replication_stats().under_replicated_objects, 3);
+    let next = r.poll_timeout().expect("repairs are due later");
+    assert!(
+        next > at_ms(10) && next <= at_ms(10 + 200 + 1),
+        "the second repair waits for 200 bytes of budget: {next}"
+    );
+    r.handle_timeout(at_ms(100));
+    assert!(
+        replicate_targets(&drain(&mut r)).is_empty(),
+        "not before its budget"
+    );
+    r.handle_timeout(next);
+    assert_eq!(replicate_targets(&drain(&mut r)).len(), 1);
+    let last = r.poll_timeout().expect("one repair left");
+    assert!(
+        last >= next + Duration::from_millis(599),
+        "{last} after {next}"
+    );
+    r.handle_timeout(last);
+    assert_eq!(replicate_targets(&drain(&mut r)).len(), 1);
+    let stats = r.replication_stats();
+    assert_eq!(stats.repairs_started, 3);
+    assert_eq!(stats.repair_bytes, 1800);
+    assert_eq!(stats.repairs_queued, 0);
+}
+
+#[test]
+fn repair_never_places_a_copy_on_a_node_that_holds_one() {
+    let mut r = registry();
+    let t = at_ms(0);
+    for node in 0..3 {
+        join_in(&mut r, t, node, "");
+    }
+    let out = publish_replicated(&mut r, t, 0, 1, 10, 2);
+    let target = replicate_targets(&out)[0];
+    publish_replicated(&mut r, t, target, 1, 10, 2);
+    r.handle_disconnect(t, ConnId(0));
+    let out = drain(&mut r);
+    assert_eq!(
+        replicate_targets(&out),
+        vec![3 - target],
+        "the only live node without a copy"
+    );
+}
+
+#[test]
+fn a_target_that_does_not_publish_in_time_is_replaced() {
+    let mut r = registry();
+    r.set_replication_limits(ReplicationLimits {
+        target_timeout: Duration::from_millis(50),
+        ..ReplicationLimits::default()
+    });
+    let t = at_ms(0);
+    for node in 0..3 {
+        join_in(&mut r, t, node, "");
+    }
+    let out = publish_replicated(&mut r, t, 0, 1, 10, 2);
+    let first = replicate_targets(&out);
+    assert_eq!(first.len(), 1);
+    // Members keep heartbeating (the heartbeat timeout is 100 ms), the target stays silent
+    // about the object.
+    for node in 0..3 {
+        r.handle_ping(at_ms(40), ConnId(node), 1).unwrap();
+    }
+    drain(&mut r);
+    assert_eq!(r.poll_timeout(), Some(at_ms(50)), "the target's deadline");
+    r.handle_timeout(at_ms(50));
+    let out = drain(&mut r);
+    let second = replicate_targets(&out);
+    assert_eq!(second.len(), 1);
+    assert_ne!(second, first, "another node");
+    assert_eq!(r.replication_stats().targets_timed_out, 1);
+}
+
+#[test]
+fn an_object_whose_every_holder_died_is_lost_and_counted() {
+    let mut r = registry();
+    let t = at_ms(0);
+    join_in(&mut r, t, 0, "");
+    publish_replicated(&mut r, t, 0, 1, 10, 2);
+    assert_eq!(r.replication_stats().under_replicated_objects, 1);
+    r.handle_disconnect(t, ConnId(0));
+    drain(&mut r);
+    let stats = r.replication_stats();
+    assert_eq!(stats.objects_lost, 1);
+    assert_eq!(stats.replicated_objects, 0);
+    // Once a node joins, nothing is placed: nobody holds it.
+    join_in(&mut r, t, 1, "");
+    assert_eq!(r.replication_stats().repairs_started, 0);
+}
+
+#[test]
+fn a_put_waits_for_a_node_to_join_when_none_can_take_its_copy() {
+    let mut r = registry();
+    let t = at_ms(0);
+    join_in(&mut r, t, 0, "");
+    let out = publish_replicated(&mut r, t, 0, 1, 10, 2);
+    assert!(replicate_targets(&out).is_empty());
+    let mut info = member(1, 1);
+    info.failure_domain = "b".into();
+    admit(&mut r, t, 1, info).unwrap();
+    let out = drain(&mut r);
+    assert_eq!(replicate_targets(&out), vec![1]);
+}
+
+#[test]
+fn delete_everywhere_tells_every_other_holder_and_ends_the_record() {
+    let mut r = registry();
+    let t = at_ms(0);
+    for node in 0..3 {
+        join_in(&mut r, t, node, "");
+    }
+    publish_replicated(&mut r, t, 0, 1, 10, 3);
+    publish_replicated(&mut r, t, 1, 1, 10, 3);
+    publish_replicated(&mut r, t, 2, 1, 10, 3);
+    let out = request(
+        &mut r,
+        t,
+        1,
+        99,
+        DirectoryRequest::DeleteEverywhere {
+            id: ObjectId::from_u64(1),
+        },
+    );
+    for (node, told) in [(0, true), (1, false), (2, true)] {
+        let deletes = events_for(&out, node)
+            .into_iter()
+            .filter(|e| matches!(e, DirectoryEvent::Delete { .. }))
+            .count();
+        assert_eq!(deletes, usize::from(told), "node {node}");
+    }
+    assert!(r.holders_of(&ObjectId::from_u64(1)).is_empty());
+    assert_eq!(r.replication_stats().replicated_objects, 0);
+    // The withdrawals that follow change nothing.
+    let out = request(
+        &mut r,
+        t,
+        0,
+        100,
+        DirectoryRequest::Withdraw {
+            id: ObjectId::from_u64(1),
+        },
+    );
+    assert!(replicate_targets(&out).is_empty());
+}
