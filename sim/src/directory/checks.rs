@@ -23,6 +23,8 @@ pub(super) struct CheckWatch {
     touched: BTreeSet<NodeId>,
     /// Everything changed (the head crashed or came back; the first check).
     everything: bool,
+    /// Nodes whose subscriptions the per-event checks examined, all together.
+    nodes_examined: u64,
 }
 
 impl Default for CheckWatch {
@@ -31,6 +33,7 @@ impl Default for CheckWatch {
             by_silence: BTreeSet::new(),
             touched: BTreeSet::new(),
             everything: true,
+            nodes_examined: 0,
         }
     }
 }
@@ -75,6 +78,12 @@ impl SimDirectory {
         self.registry.as_ref()
     }
 
+    /// How many nodes' subscriptions the per-event checks examined so far, all together (the
+    /// checks' cost: a few per event, whatever the cluster's size).
+    pub fn nodes_examined(&self) -> u64 {
+        self.watch.nodes_examined
+    }
+
     /// Whether `node`'s session is registered with the head.
     pub fn is_registered(&self, node: NodeId) -> bool {
         self.ends.get(&node).is_some_and(|e| e.session.is_up())
@@ -96,6 +105,7 @@ impl SimDirectory {
                 .into_iter()
                 .collect()
         };
+        self.watch.nodes_examined += nodes.len() as u64;
         for node in nodes {
             self.find_forgotten_subscriptions(node, &mut found);
         }
