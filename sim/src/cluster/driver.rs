@@ -12,7 +12,7 @@ use skyriver_core::{
     TransferId,
 };
 
-use super::{Cluster, Event};
+use super::{Cluster, Event, SimRead};
 
 /// How long the simulated fabric takes to grant or revoke READ access (a memory window's bind
 /// or invalidation).
@@ -111,14 +111,16 @@ impl NodeDriver for SimDriver<'_> {
         c.schedule(
             c.after(latency),
             Event::ReadServe {
-                requester: n,
-                requester_inc: inc,
-                holder: peer,
-                epoch: connection.epoch,
-                op,
+                read: SimRead {
+                    requester: n,
+                    requester_inc: inc,
+                    holder: peer,
+                    epoch: connection.epoch,
+                    op,
+                    local,
+                    object,
+                },
                 remote,
-                local,
-                object,
             },
         );
     }

@@ -42,35 +42,17 @@ impl Cluster {
                 self.after_input(to);
                 self.input = Vec::new();
             }
-            Event::ReadServe {
-                requester,
-                requester_inc,
-                holder,
-                epoch,
-                op,
-                remote,
-                local,
-                object,
-            } => self.serve_read(
-                requester,
-                requester_inc,
-                holder,
-                epoch,
-                op,
-                remote,
-                local,
-                object,
-            ),
-            Event::ReadComplete {
-                node,
-                inc,
-                peer,
-                epoch,
-                op,
-                local,
-                object,
-                result,
-            } => {
+            Event::ReadServe { read, remote } => self.serve_read(read, remote),
+            Event::ReadComplete { read, result } => {
+                let SimRead {
+                    requester: node,
+                    requester_inc: inc,
+                    holder: peer,
+                    epoch,
+                    op,
+                    local,
+                    object,
+                } = read;
                 if !self.alive(node, inc) {
                     return;
                 }
@@ -145,26 +127,10 @@ impl Cluster {
                 }
             }
             Event::ReadServed {
-                holder,
                 holder_inc,
+                admitted,
                 read,
-                requester,
-                requester_inc,
-                epoch,
-                op,
-                local,
-                object,
-            } => self.read_served(
-                holder,
-                holder_inc,
-                read,
-                requester,
-                requester_inc,
-                epoch,
-                op,
-                local,
-                object,
-            ),
+            } => self.read_served(holder_inc, admitted, read),
             Event::ReadGranted {
                 node,
                 inc,
@@ -330,29 +296,18 @@ impl Cluster {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn serve_read(
-        &mut self,
-        requester: NodeId,
-        requester_inc: u32,
-        holder: NodeId,
-        epoch: u64,
-        op: ReadOpId,
-        remote: RemoteRegion,
-        local: LocalRegion,
-        object: ObjectId,
-    ) {
-        let connection = self.network.connection(requester, holder);
-        let complete = |result| Event::ReadComplete {
-            node: requester,
-            inc: requester_inc,
-            peer: holder,
+    /// A READ reaches its holder's fabric: refused, failed by a fault, or admitted and served
+    /// (at once, or after a stall).
+    pub(super) fn serve_read(&mut self, read: SimRead, remote: RemoteRegion) {
+        let SimRead {
+            requester,
+            holder,
             epoch,
             op,
-            local,
-            object,
-            result,
-        };
+            ..
+        } = read;
+        let connection = self.network.connection(requester, holder);
+        let complete = |result| read.complete(result);
         let latency = self.network.latency_ns(requester, holder);
         if !connection.up
             || connection.epoch != epoch
@@ -382,17 +337,11 @@ impl Cluster {
                 self.record(|| format!("{holder} refuses {op} of {remote}: {why}"));
                 self.schedule(self.after(latency), complete(Err(ReadError::RemoteAccess)));
             }
-            Ok(read) => {
+            Ok(admitted) => {
                 let served = Event::ReadServed {
-                    holder,
                     holder_inc,
+                    admitted,
                     read,
-                    requester,
-                    requester_inc,
-                    epoch,
-                    op,
-                    local,
-                    object,
                 };
                 match self.media.serve_stall_ns(faults_on) {
                     Some(stall_ns) => {
@@ -413,29 +362,14 @@ impl Cluster {
 
     /// The holder's fabric copies an admitted READ's data out of its arena and sends it; the
     /// READ is done, which may complete a revocation that waited for it.
-    #[allow(clippy::too_many_arguments)]
-    fn read_served(
-        &mut self,
-        holder: NodeId,
-        holder_inc: u32,
-        read: AdmittedRead,
-        requester: NodeId,
-        requester_inc: u32,
-        epoch: u64,
-        op: ReadOpId,
-        local: LocalRegion,
-        object: ObjectId,
-    ) {
-        let complete = |result| Event::ReadComplete {
-            node: requester,
-            inc: requester_inc,
-            peer: holder,
-            epoch,
+    fn read_served(&mut self, holder_inc: u32, admitted: AdmittedRead, read: SimRead) {
+        let SimRead {
+            requester,
+            holder,
             op,
-            local,
-            object,
-            result,
-        };
+            ..
+        } = read;
+        let complete = |result| read.complete(result);
         let latency = self.network.latency_ns(requester, holder);
         if !self.alive(holder, holder_inc) {
             // The holder died while serving: its memory's grants went with it.
@@ -448,13 +382,13 @@ impl Cluster {
         let holder_node = &mut self.nodes[holder.0 as usize];
         // Being copied from: the holder's core must keep the object sealed and pinned.
         let store = holder_node.node.as_ref().expect("alive").store();
-        let granted_object = read.object;
+        let granted_object = admitted.object;
         match store.summary(&granted_object) {
             Some(s)
                 if s.sealed
                     && s.pin_count > 0
-                    && s.info.region.offset <= read.range.offset
-                    && read.range.end() <= s.info.region.end() => {}
+                    && s.info.region.offset <= admitted.range.offset
+                    && admitted.range.end() <= s.info.region.end() => {}
             other => {
                 let state = other.map_or("gone".to_string(), |s| {
                     format!(
@@ -468,8 +402,8 @@ impl Cluster {
                 self.checker.violation(self.now, what);
             }
         }
-        let bytes = holder_node.memory.read(read.range).to_vec();
-        if let Some((reader, req)) = holder_node.memory.done(read.key) {
+        let bytes = holder_node.memory.read(admitted.range).to_vec();
+        if let Some((reader, req)) = holder_node.memory.done(admitted.key) {
             if !self.flaws.revoke_ignores_serving_reads {
                 self.read_access_ended(holder, reader, req);
             }

@@ -182,17 +182,9 @@ impl Cluster {
         self.queue
             .iter()
             .filter(|Reverse(s)| match &s.event {
-                Event::ReadServe {
-                    requester,
-                    requester_inc,
-                    ..
-                } => *requester == n && *requester_inc == inc,
-                Event::ReadServed {
-                    requester,
-                    requester_inc,
-                    ..
-                } => *requester == n && *requester_inc == inc,
-                Event::ReadComplete { node, inc: i, .. } => *node == n && *i == inc,
+                Event::ReadServe { read, .. }
+                | Event::ReadServed { read, .. }
+                | Event::ReadComplete { read, .. } => read.posted_by(n, inc),
                 _ => false,
             })
             .count() as u64

@@ -10,6 +10,7 @@ mod durability;
 mod events;
 mod faults;
 mod script;
+mod sim_read;
 pub mod spill;
 
 use std::cmp::{Ordering, Reverse};
@@ -27,7 +28,7 @@ use skyriver_core::node::{
 };
 use skyriver_core::{
     wire, ClientId, FetchError, Instant, LocalRegion, Node, NodeConfig, NodeId, NodeInput,
-    ObjectId, ObjectSizes, PeerParams, ReadError, ReadOpId, RemoteRegion, StoreError, TransferId,
+    ObjectId, ObjectSizes, PeerParams, ReadError, RemoteRegion, StoreError, TransferId,
 };
 
 pub use self::content::Flaws;
@@ -36,6 +37,7 @@ use self::clients::{Call, SessionKey};
 use self::driver::SimDriver;
 use self::durability::Disk;
 use self::faults::MediaFaults;
+use self::sim_read::SimRead;
 use crate::checker::Checker;
 use crate::directory::{DirEvent, Effect, SimDirectory};
 use crate::network::Network;
@@ -52,24 +54,14 @@ enum Event {
         epoch: u64,
         bytes: Vec<u8>,
     },
+    /// A READ reaches its holder's fabric.
     ReadServe {
-        requester: NodeId,
-        requester_inc: u32,
-        holder: NodeId,
-        epoch: u64,
-        op: ReadOpId,
+        read: SimRead,
         remote: RemoteRegion,
-        local: LocalRegion,
-        object: ObjectId,
     },
+    /// A READ's data or error reaches its requester.
     ReadComplete {
-        node: NodeId,
-        inc: u32,
-        peer: NodeId,
-        epoch: u64,
-        op: ReadOpId,
-        local: LocalRegion,
-        object: ObjectId,
+        read: SimRead,
         result: Result<Vec<u8>, ReadError>,
     },
     /// Something of the directory (the head, a session, the link between them) is due.
@@ -83,15 +75,9 @@ enum Event {
     /// The holder's fabric finished copying an admitted READ's data out of its arena (after a
     /// stall; an unstalled READ is copied when admitted).
     ReadServed {
-        holder: NodeId,
         holder_inc: u32,
-        read: AdmittedRead,
-        requester: NodeId,
-        requester_inc: u32,
-        epoch: u64,
-        op: ReadOpId,
-        local: LocalRegion,
-        object: ObjectId,
+        admitted: AdmittedRead,
+        read: SimRead,
     },
     /// The fabric answers a node's `GrantRead`.
     ReadGranted {

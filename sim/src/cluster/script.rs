@@ -308,6 +308,9 @@ impl Cluster {
     /// pending) and balance (no reference, pin, lease, exposure or unsealed object left).
     pub fn check_quiescence(&mut self) {
         self.settle_directory();
+        if let Some(registry) = self.directory.registry() {
+            registry.check_invariants();
+        }
         self.check_listed_contents();
         let now = self.now;
         for line in self.pending_work() {

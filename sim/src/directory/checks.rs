@@ -1,10 +1,74 @@
 //! The directory's checks: what must hold at every moment, and what must hold once faults
 //! stopped (see the parent module's documentation).
 
-use skyriver_core::registry::Registry;
+use std::collections::BTreeSet;
+
+use skyriver_core::registry::{ConnId, Registry};
 use skyriver_core::{Instant, NodeId};
 
-use super::{SimDirectory, ViolationKey};
+use super::{DirEvent, SimDirectory, ViolationKey};
+
+/// Up to this many nodes, debug builds compare each incremental check with a full scan.
+#[cfg(debug_assertions)]
+const CROSS_CHECK_MAX_NODES: usize = 16;
+
+/// What the per-event checks must look at again, so that an event costs the same whatever
+/// the cluster's size.
+#[derive(Debug)]
+pub(super) struct CheckWatch {
+    /// Connections by when the head last heard from them, oldest first, until their silence
+    /// outgrows the heartbeat bound.
+    by_silence: BTreeSet<(Instant, ConnId)>,
+    /// Nodes whose end, session, connection or registration changed since the last check.
+    touched: BTreeSet<NodeId>,
+    /// Everything changed (the head crashed or came back; the first check).
+    everything: bool,
+    /// Nodes whose subscriptions the per-event checks examined, all together.
+    nodes_examined: u64,
+}
+
+impl Default for CheckWatch {
+    fn default() -> Self {
+        CheckWatch {
+            by_silence: BTreeSet::new(),
+            touched: BTreeSet::new(),
+            everything: true,
+            nodes_examined: 0,
+        }
+    }
+}
+
+impl CheckWatch {
+    pub(super) fn touch(&mut self, node: NodeId) {
+        if !self.everything {
+            self.touched.insert(node);
+        }
+    }
+}
+
+/// Registries of up to this many members assert their whole consistency after every change.
+const REGISTRY_CHECK_EVERY_CHANGE_UP_TO: usize = 64;
+
+/// The registry's own consistency ([`Registry::check_invariants`], a scan of every member and
+/// object) after its changes: after each one in clusters of up to
+/// [`REGISTRY_CHECK_EVERY_CHANGE_UP_TO`] members, and at least once every
+/// `members / REGISTRY_CHECK_EVERY_CHANGE_UP_TO` changes beyond (so a change costs the same
+/// whatever the cluster's size), and at the end of every run.
+#[derive(Debug, Default)]
+pub(super) struct RegistryChecks {
+    changes_since_check: usize,
+}
+
+impl RegistryChecks {
+    pub(super) fn after_change(&mut self, registry: &Registry) {
+        self.changes_since_check += 1;
+        let members = registry.registrations().size_hint().0.max(1);
+        if self.changes_since_check * REGISTRY_CHECK_EVERY_CHANGE_UP_TO >= members {
+            registry.check_invariants();
+            self.changes_since_check = 0;
+        }
+    }
+}
 
 impl SimDirectory {
     // ---- Checks ----
@@ -14,82 +78,200 @@ impl SimDirectory {
         self.registry.as_ref()
     }
 
+    /// How many nodes' subscriptions the per-event checks examined so far, all together (the
+    /// checks' cost: a few per event, whatever the cluster's size).
+    pub fn nodes_examined(&self) -> u64 {
+        self.watch.nodes_examined
+    }
+
     /// Whether `node`'s session is registered with the head.
     pub fn is_registered(&self, node: NodeId) -> bool {
         self.ends.get(&node).is_some_and(|e| e.session.is_up())
     }
 
     /// The safety checks that hold at every moment; one line per violation, each reported
-    /// once.
+    /// once. Incremental: a connection's silence is looked at when it outgrows the bound, a
+    /// node's subscriptions when something of the node, its session or its connection moved
+    /// since the last check (see [`CheckWatch`]); what it finds is what a scan of everything
+    /// after every event finds (small clusters cross-check that in debug builds).
     pub fn check(&mut self, now: Instant) -> Vec<String> {
+        let mut found = Vec::new();
+        self.find_outlived_since_last_check(now, &mut found);
+        let nodes: Vec<NodeId> = if std::mem::take(&mut self.watch.everything) {
+            self.watch.touched.clear();
+            self.ends.keys().copied().collect()
+        } else {
+            std::mem::take(&mut self.watch.touched)
+                .into_iter()
+                .collect()
+        };
+        self.watch.nodes_examined += nodes.len() as u64;
+        for node in nodes {
+            self.find_forgotten_subscriptions(node, &mut found);
+        }
         let mut violations = Vec::new();
-        for (key, violation) in self.find_violations(now) {
+        for (key, violation) in found {
             if self.reported.insert(key) {
                 violations.push(violation);
+            }
+        }
+        #[cfg(debug_assertions)]
+        if self.ends.len() <= CROSS_CHECK_MAX_NODES {
+            for (key, violation) in self.find_violations(now) {
+                assert!(
+                    self.reported.contains(&key),
+                    "the incremental directory check missed: {violation}"
+                );
             }
         }
         violations
     }
 
+    /// Every violation at `now`, by a scan of every registration and every node.
+    #[cfg(debug_assertions)]
     pub(super) fn find_violations(&self, now: Instant) -> Vec<(ViolationKey, String)> {
         let mut violations = Vec::new();
         // Dead nodes vanish within the heartbeat bound.
         if let Some(registry) = &self.registry {
-            let bound = self.params.registry_heartbeat_timeout;
             for (node, incarnation, conn) in registry.registrations() {
                 let heard = self.last_heard.get(&conn).copied().unwrap_or(Instant::ZERO);
-                if now > heard + bound {
-                    violations.push((
-                        ViolationKey::Outlived(node, conn),
-                        format!(
-                        "directory: {node} (incarnation {incarnation}) still listed {} us after \
-                         it was last heard at {heard}, beyond the heartbeat bound of {} us",
-                        now.saturating_since(heard).as_micros(),
-                        bound.as_micros()
-                    ),
-                    ));
+                if now > heard + self.params.registry_heartbeat_timeout {
+                    violations.push(self.outlived(now, node, incarnation, conn, heard));
                 }
             }
         }
         // No fetch waits on a subscription the directory forgot.
-        for (node, end) in &self.ends {
-            for id in &end.relied {
-                if self.events_in_flight.contains_key(&(*node, *id)) {
-                    continue;
-                }
-                if !end.session.waits_for(id) {
-                    violations.push((
-                        ViolationKey::SessionForgot(*node, *id),
-                        format!(
+        for node in self.ends.keys() {
+            self.find_forgotten_subscriptions(*node, &mut violations);
+        }
+        violations
+    }
+
+    /// Registrations whose connection has been silent beyond the heartbeat bound since the
+    /// last check. A connection leaves the watch once its silence outgrew the bound: only a
+    /// message on it (which puts it back) can register it again.
+    fn find_outlived_since_last_check(
+        &mut self,
+        now: Instant,
+        found: &mut Vec<(ViolationKey, String)>,
+    ) {
+        let bound = self.params.registry_heartbeat_timeout;
+        while let Some(&(heard, conn)) = self.watch.by_silence.first() {
+            if now <= heard + bound {
+                break;
+            }
+            self.watch.by_silence.pop_first();
+            let (Some(registry), Some(&(node, _))) = (&self.registry, self.owners.get(&conn))
+            else {
+                continue;
+            };
+            if registry.connection_of(node) == Some(conn) {
+                let incarnation = registry.member(node).map_or(0, |m| m.incarnation);
+                found.push(self.outlived(now, node, incarnation, conn, heard));
+            }
+        }
+    }
+
+    fn outlived(
+        &self,
+        now: Instant,
+        node: NodeId,
+        incarnation: u32,
+        conn: ConnId,
+        heard: Instant,
+    ) -> (ViolationKey, String) {
+        let bound = self.params.registry_heartbeat_timeout;
+        (
+            ViolationKey::Outlived(node, conn),
+            format!(
+                "directory: {node} (incarnation {incarnation}) still listed {} us after it was \
+                 last heard at {heard}, beyond the heartbeat bound of {} us",
+                now.saturating_since(heard).as_micros(),
+                bound.as_micros()
+            ),
+        )
+    }
+
+    /// A fetch of `node` waits on a subscription its session or the registry forgot.
+    fn find_forgotten_subscriptions(&self, node: NodeId, found: &mut Vec<(ViolationKey, String)>) {
+        let Some(end) = self.ends.get(&node) else {
+            return;
+        };
+        for id in &end.relied {
+            if self.events_in_flight.contains_key(&(node, *id)) {
+                continue;
+            }
+            if !end.session.waits_for(id) {
+                found.push((
+                    ViolationKey::SessionForgot(node, *id),
+                    format!(
                         "{node} waits for {id} to be published, but its directory session forgot \
                          the subscription"
                     ),
-                    ));
-                    continue;
-                }
-                let steady = end.session.is_up() && !end.session.replaying();
-                let Some(conn) = end.conn else { continue };
-                if !steady || self.broken.contains(&conn) {
-                    continue;
-                }
-                let Some(registry) = &self.registry else {
-                    continue;
-                };
-                if registry.connection_of(*node) != Some(conn) {
-                    continue;
-                }
-                if !registry.is_subscribed(*node, id) {
-                    violations.push((
-                        ViolationKey::RegistryForgot(*node, *id, conn),
-                        format!(
-                            "{node} waits for {id} to be published, but the directory forgot the \
+                ));
+                continue;
+            }
+            let steady = end.session.is_up() && !end.session.replaying();
+            let Some(conn) = end.conn else { continue };
+            if !steady || self.broken.contains(&conn) {
+                continue;
+            }
+            let Some(registry) = &self.registry else {
+                continue;
+            };
+            if registry.connection_of(node) != Some(conn) {
+                continue;
+            }
+            if !registry.is_subscribed(node, id) {
+                found.push((
+                    ViolationKey::RegistryForgot(node, *id, conn),
+                    format!(
+                        "{node} waits for {id} to be published, but the directory forgot the \
                          subscription ({conn}, registered and replayed)"
-                        ),
-                    ));
-                }
+                    ),
+                ));
             }
         }
-        violations
+    }
+
+    /// Puts every connection the head heard from under watch (after a formation that filled
+    /// `last_heard` directly).
+    pub(super) fn watch_every_connection(&mut self) {
+        let heard = self.last_heard.iter().map(|(conn, at)| (*at, *conn));
+        self.watch.by_silence.extend(heard);
+    }
+
+    /// The head heard from `conn`.
+    pub(super) fn heard(&mut self, conn: ConnId, now: Instant) {
+        if let Some(before) = self.last_heard.insert(conn, now) {
+            self.watch.by_silence.remove(&(before, conn));
+        }
+        self.watch.by_silence.insert((now, conn));
+    }
+
+    /// Whatever `event` changes: the node it concerns, or everyone's (the head's fate).
+    pub(super) fn touch_event(&mut self, event: &DirEvent) {
+        match event {
+            DirEvent::ToHead { conn, .. } | DirEvent::HeadSeesClosed { conn, .. } => {
+                self.touch_conn(*conn)
+            }
+            DirEvent::ToNode { node, .. }
+            | DirEvent::NodeSeesClosed { node, .. }
+            | DirEvent::Connected { node, .. }
+            | DirEvent::SessionTimer { node, .. }
+            | DirEvent::HeadPartition { node, .. } => self.watch.touch(*node),
+            // Its outputs (closes, member lists) touch the nodes they reach; a member it drops
+            // loses its registration, which ends what the checks ask of the registry.
+            DirEvent::RegistryTimer { .. } => {}
+            DirEvent::Head { .. } => self.watch.everything = true,
+        }
+    }
+
+    /// Something of the owner of `conn` changed.
+    pub(super) fn touch_conn(&mut self, conn: ConnId) {
+        if let Some(&(node, _)) = self.owners.get(&conn) {
+            self.watch.touch(node);
+        }
     }
 
     /// Whether the directory settled for `live` nodes (node, incarnation): `Err` says what

@@ -14,6 +14,7 @@ use super::{DirEvent, Effect, SimDirectory};
 
 impl SimDirectory {
     pub(super) fn event_landed(&mut self, node: NodeId, id: ObjectId) {
+        self.watch.touch(node);
         if let Some(count) = self.events_in_flight.get_mut(&(node, id)) {
             *count -= 1;
             if *count == 0 {
@@ -23,11 +24,13 @@ impl SimDirectory {
     }
 
     pub(super) fn event_sent(&mut self, node: NodeId, id: ObjectId) {
+        self.watch.touch(node);
         *self.events_in_flight.entry((node, id)).or_default() += 1;
     }
 
     /// Carries out what `node`'s session asks for.
     pub(super) fn pump_session(&mut self, now: Instant, node: NodeId, effects: &mut Vec<Effect>) {
+        self.watch.touch(node);
         let latency = self.params.latency_ns;
         loop {
             let Some(end) = self.ends.get_mut(&node) else {
@@ -209,7 +212,7 @@ impl SimDirectory {
                 return;
             };
             let Some(output) = registry.poll_output() else {
-                registry.check_invariants();
+                self.registry_checks.after_change(registry);
                 break;
             };
             match output {
@@ -223,6 +226,7 @@ impl SimDirectory {
                     }
                 }
                 RegistryOutput::Close { conn, reason } => {
+                    self.touch_conn(conn);
                     effects.push(Effect::Trace(format!("directory closes {conn}: {reason}")));
                     if !self.broken.insert(conn) {
                         continue;
@@ -254,6 +258,7 @@ impl SimDirectory {
         let Some(&(node, inc)) = self.owners.get(&conn) else {
             return;
         };
+        self.watch.touch(node);
         if self.partitioned.contains(&node) {
             // TCP cannot deliver it: the connection dies, silently for both ends.
             self.broken.insert(conn);

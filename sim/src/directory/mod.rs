@@ -202,6 +202,10 @@ pub struct SimDirectory {
     owners: BTreeMap<ConnId, (NodeId, u32)>,
     /// When the head last heard from each connection.
     last_heard: BTreeMap<ConnId, Instant>,
+    /// What the checks look at again after each event (see `checks.rs`).
+    watch: checks::CheckWatch,
+    /// When the registry's own consistency is asserted next.
+    registry_checks: checks::RegistryChecks,
     partitioned: BTreeSet<NodeId>,
     /// Published events on their way to a node's core, per (node, object).
     events_in_flight: BTreeMap<(NodeId, ObjectId), u32>,
@@ -282,6 +286,8 @@ impl SimDirectory {
             broken: BTreeSet::new(),
             owners: BTreeMap::new(),
             last_heard: BTreeMap::new(),
+            watch: checks::CheckWatch::default(),
+            registry_checks: checks::RegistryChecks::default(),
             partitioned: BTreeSet::new(),
             events_in_flight: BTreeMap::new(),
             stats: DirectoryStats::default(),
@@ -322,31 +328,39 @@ impl SimDirectory {
                 }
             }
             let registry = directory.registry.as_mut().expect("up");
+            // Only the last member list of a round reaches the sessions: while nodes only
+            // join, it lists everyone the earlier ones did, to every connection they went to
+            // (delivering each would cost N lists of N members per join).
+            let mut last_members = None;
+            let mut deliver = |conn: ConnId, message: FromRegistry| {
+                let (node, _) = directory.owners[&conn];
+                let end = directory.ends.get_mut(&node).expect("owner");
+                end.session
+                    .handle_message(now, message)
+                    .expect("a fresh registry welcomes every node");
+            };
             while let Some(output) = registry.poll_output() {
                 progressed = true;
-                let mut deliver = |conn: ConnId, message: FromRegistry| {
-                    let (node, _) = directory.owners[&conn];
-                    let end = directory.ends.get_mut(&node).expect("owner");
-                    end.session
-                        .handle_message(now, message)
-                        .expect("a fresh registry welcomes every node");
-                };
                 match output {
                     RegistryOutput::Send { conn, message } => deliver(conn, message),
                     RegistryOutput::SendMembers { conns, members } => {
-                        for conn in conns {
-                            deliver(conn, FromRegistry::Members(members.clone()));
-                        }
+                        last_members = Some((conns, members));
                     }
                     RegistryOutput::Close { reason, .. } => {
                         panic!("the simulated head closed a joining node: {reason}")
                     }
                 }
             }
+            if let Some((conns, members)) = last_members {
+                for conn in conns {
+                    deliver(conn, FromRegistry::Members(members.clone()));
+                }
+            }
             if !progressed {
                 break;
             }
         }
+        directory.watch_every_connection();
         let mut effects = Vec::new();
         for n in 0..nodes as u32 {
             let end = directory.ends.get_mut(&NodeId(n)).expect("added");
@@ -397,6 +411,7 @@ impl SimDirectory {
 
     /// `node` restarted as incarnation `inc`: a fresh session starts joining.
     pub fn node_started(&mut self, now: Instant, node: NodeId, inc: u32) -> Vec<Effect> {
+        self.watch.touch(node);
         self.add_end(node, inc, now);
         let mut effects = Vec::new();
         self.pump_session(now, node, &mut effects);
@@ -406,6 +421,7 @@ impl SimDirectory {
     /// `node` crashed. Unless `silent`, the head sees its connection reset after the
     /// detection delay; otherwise only its heartbeat timeout tells.
     pub fn node_crashed(&mut self, now: Instant, node: NodeId, silent: bool) -> Vec<Effect> {
+        self.watch.touch(node);
         let mut effects = Vec::new();
         let Some(end) = self.ends.remove(&node) else {
             return effects;
@@ -436,6 +452,7 @@ impl SimDirectory {
         request: DirectoryRequest,
     ) -> Vec<Effect> {
         let mut effects = Vec::new();
+        self.watch.touch(node);
         let Some(end) = self.ends.get_mut(&node) else {
             return effects;
         };
@@ -464,6 +481,7 @@ impl SimDirectory {
 
     /// A notice is about to reach `node`'s core: keeps what the checks need.
     pub fn delivering(&mut self, node: NodeId, notice: &DirectoryNotice) {
+        self.watch.touch(node);
         let Some(end) = self.ends.get_mut(&node) else {
             return;
         };
@@ -498,6 +516,7 @@ impl SimDirectory {
         faults_on: bool,
     ) -> Vec<Effect> {
         let mut effects = Vec::new();
+        self.touch_event(&event);
         match event {
             DirEvent::ToHead {
                 conn,
@@ -513,10 +532,11 @@ impl SimDirectory {
                         return effects;
                     }
                 }
-                let Some(registry) = self.registry.as_mut() else {
+                if self.registry.is_none() {
                     return effects;
-                };
-                self.last_heard.insert(conn, now);
+                }
+                self.heard(conn, now);
+                let registry = self.registry.as_mut().expect("up");
                 let _ = registry.handle_message(now, conn, message);
                 self.pump_registry(now, rng, faults_on, &mut effects);
             }

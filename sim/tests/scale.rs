@@ -1,0 +1,33 @@
+//! The checks that run after every event cost the same whatever the cluster's size.
+
+use skyriver_core::Instant;
+use skyriver_sim::{Cluster, RunMode};
+
+#[test]
+fn per_event_directory_checks_examine_a_few_nodes_not_all() {
+    let nodes = 100;
+    let mode = RunMode {
+        workload: true,
+        faults: true,
+        keep_trace: false,
+        echo_trace: false,
+    };
+    let mut cluster = Cluster::random(1, Some(nodes), mode);
+    let events = 20_000;
+    // The budget runs out long before the run ends: what matters is the events it ran.
+    let _ = cluster.drive_bounded(events, Instant(u64::MAX));
+    assert!(
+        cluster.violations().is_empty(),
+        "violations: {:#?}",
+        cluster.violations()
+    );
+    let ran = cluster.stats().events;
+    assert!(ran >= events / 2, "only {ran} events ran");
+    let examined = cluster.directory().nodes_examined();
+    let per_event = examined as f64 / ran as f64;
+    // A scan of every node after every event examines `nodes` per event.
+    assert!(
+        per_event < 5.0,
+        "{examined} nodes examined in {ran} events ({per_event:.1} per event, {nodes} nodes)"
+    );
+}
