@@ -10,14 +10,21 @@ pub(super) fn fetch(
     timeout_ms: u64,
     mode: TransferMode,
     wait: bool,
+    from: Option<NodeId>,
 ) -> Result<(), String> {
     if output.is_some() && ids.len() != 1 {
         return Err("-o takes exactly one object id".into());
     }
     let client = socket.connect().map_err(|e| e.to_string())?;
     let started = std::time::Instant::now();
+    let options = FetchOptions {
+        mode,
+        wait_for_publication: wait,
+        hint: from,
+    };
+    let timeout = Some(Duration::from_millis(timeout_ms));
     let results = client
-        .fetch_with(ids, Some(Duration::from_millis(timeout_ms)), mode, wait)
+        .fetch_with_options(ids, timeout, options, &mut || false)
         .map_err(|e| e.to_string())?;
     let elapsed = started.elapsed();
     let mut failed = 0;
@@ -61,4 +68,13 @@ pub(super) fn fetch(
         return Err(format!("{failed} of {} fetches failed", ids.len()));
     }
     Ok(())
+}
+
+/// A node as `skyriver nodes` shows it (`node-3`), or its bare number.
+pub(super) fn parse_node(text: &str) -> Result<NodeId, String> {
+    let number = text.strip_prefix("node-").unwrap_or(text);
+    number
+        .parse::<u32>()
+        .map(NodeId)
+        .map_err(|_| format!("{text:?} is not a node (node-N or N)"))
 }

@@ -271,4 +271,8 @@ pub struct NodeStats {
     /// Times a peer became unreachable (its connection failed or was lost while it was
     /// reachable).
     pub peers_unreachable: u64,
+    /// Object fetches sent straight to the node the caller named, skipping the lookup.
+    pub hinted_fetches: u64,
+    /// Hinted fetches whose node did not have the object (they then asked the directory).
+    pub wrong_hints: u64,
 }

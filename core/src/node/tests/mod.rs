@@ -665,6 +665,7 @@ impl NodeDriver for Carrier<'_> {
 
 mod clients;
 mod drive;
+mod hints;
 mod publications;
 mod sealing;
 mod transfers;
