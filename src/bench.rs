@@ -49,6 +49,7 @@ pub enum BenchCommand {
 mod baselines;
 mod breakdown;
 mod cluster;
+mod cluster_trace;
 mod digest_cost;
 mod fetch;
 mod local;
