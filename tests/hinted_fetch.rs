@@ -21,7 +21,9 @@ fn cluster(nodes: u32) -> (tempfile::TempDir, LocalCluster) {
 }
 
 fn bytes(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
 }
 
 /// (hinted fetches, wrong hints) of the node behind `client`.
@@ -56,20 +58,33 @@ fn fetch_from_the_holder_and_from_a_wrong_node() {
     );
     assert!(ok, "{stderr}");
     assert_eq!(stdout, small_bytes);
-    assert_eq!(hint_counters(&requester), (1, 0), "asked the holder directly");
+    assert_eq!(
+        hint_counters(&requester),
+        (1, 0),
+        "asked the holder directly"
+    );
 
     // The client library, hinted at a node without the object: still the right bytes.
     let timeout = Some(Duration::from_secs(30));
     let mut results = requester.fetch_from(&[large], timeout, other_node).unwrap();
     let object = results.pop().unwrap().unwrap();
     assert!(object.data() == &large_bytes[..]);
-    assert_eq!(hint_counters(&requester), (2, 1), "the wrong hint was noticed");
+    assert_eq!(
+        hint_counters(&requester),
+        (2, 1),
+        "the wrong hint was noticed"
+    );
     drop(object);
 
     // A bare number works too; a bad one is refused before anything is asked.
     let (ok, _, stderr) = common::cli(
         &cluster.sockets[1],
-        &["fetch", "--from", &holder_node.0.to_string(), &large.to_string()],
+        &[
+            "fetch",
+            "--from",
+            &holder_node.0.to_string(),
+            &large.to_string(),
+        ],
         None,
     );
     assert!(ok, "{stderr}");
