@@ -701,7 +701,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
                 .collect();
             let bases: Vec<(String, f64)> = case_rows
                 .iter()
-                .filter(|r| r.system != "skyriver")
+                .filter(|r| r.system != "skyriver" && r.system != HINTED)
                 .map(|r| (r.system.clone(), r.aggregate_mb_per_sec))
                 .collect();
             for row in &mut case_rows {
