@@ -16,9 +16,12 @@
 //! ```
 //!
 //! A wrong hint therefore costs one round trip, then the fetch goes on as if it had no hint.
-//! The copy is verified against the digest the holder names in its reply. A holder serves only
-//! objects it sealed with a digest the directory accepted at publication (or copies verified
-//! against such a digest), so this is the digest the directory would have named.
+//! The copy is verified against the digest the holder names in its reply. Known gap: this is the
+//! holder's digest, not the directory's. A holder that sealed an object whose publication the
+//! directory never accepted (a seal during a directory outage) serves it to a hinted fetch,
+//! which the simulator's content checker reports (hinted fetches under faults, seed 10 of the
+//! content test's sweep). The fix belongs on the holder: answer a `FetchRequest` only for an
+//! object whose publication the directory accepted.
 
 use super::locations::Location;
 use super::{Node, Timer, TransferMode};
