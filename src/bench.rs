@@ -52,6 +52,7 @@ pub enum BenchCommand {
 mod baselines;
 mod breakdown;
 mod cluster;
+mod cluster_trace;
 mod digest_cost;
 mod directory;
 mod fetch;

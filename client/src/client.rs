@@ -153,6 +153,17 @@ pub struct ObjectLocation {
     pub digest: Option<ContentDigest>,
 }
 
+/// How a fetch runs: the daemon's defaults, unless set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FetchOptions {
+    /// How the bytes move: `Auto` (the daemon's threshold) unless forced.
+    pub mode: TransferMode,
+    /// Wait (up to the timeout) for a node to publish objects nobody holds yet.
+    pub wait_for_publication: bool,
+    /// The node believed to hold the objects: asked first, without a directory lookup.
+    pub hint: Option<NodeId>,
+}
+
 /// A connection to the local daemon.
 #[derive(Clone)]
 pub struct Client {
@@ -805,15 +816,64 @@ impl Client {
         wait_for_publication: bool,
         interrupted: &mut dyn FnMut() -> bool,
     ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
+        let options = FetchOptions {
+            mode,
+            wait_for_publication,
+            hint: None,
+        };
+        self.fetch_with_options(ids, timeout, options, interrupted)
+    }
+
+    /// Fetches `ids`, asking `holder` for them first, without a directory lookup: for callers
+    /// that know which node produced the objects (an MPI rank, the node a task ran on). An
+    /// object `holder` does not have costs one round trip more, then is found through the
+    /// directory as by [`Client::fetch`]. Node ids are what [`Client::nodes`] lists.
+    pub fn fetch_from(
+        &self,
+        ids: &[ObjectId],
+        timeout: Option<Duration>,
+        holder: NodeId,
+    ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
+        let options = FetchOptions {
+            hint: Some(holder),
+            ..FetchOptions::default()
+        };
+        self.fetch_with_options(ids, timeout, options, &mut never)
+    }
+
+    /// The most general fetch: every option, and `interrupted` asked every [`WAIT_SLICE`] of
+    /// waiting whether to give up (see [`Client::fetch_interruptible`]).
+    pub fn fetch_with_options(
+        &self,
+        ids: &[ObjectId],
+        timeout: Option<Duration>,
+        options: FetchOptions,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<Result<ObjectBuffer, FetchError>>, ClientError> {
+        let FetchOptions {
+            mode,
+            wait_for_publication,
+            hint,
+        } = options;
         let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
         let chunks = ids.chunks(MAX_IDS_PER_REQUEST);
         let lens: Vec<usize> = chunks.clone().map(<[ObjectId]>::len).collect();
         let (responses, failure) = self.connection()?.call_all(
-            chunks.map(|chunk| Request::Fetch {
-                ids: chunk.to_vec(),
-                timeout_ms,
-                mode,
-                wait_for_publication,
+            chunks.map(|chunk| match hint {
+                // Without a hint, the request every daemon version understands.
+                None => Request::Fetch {
+                    ids: chunk.to_vec(),
+                    timeout_ms,
+                    mode,
+                    wait_for_publication,
+                },
+                Some(hint) => Request::FetchFrom {
+                    ids: chunk.to_vec(),
+                    timeout_ms,
+                    mode,
+                    wait_for_publication,
+                    hint,
+                },
             }),
             interrupted,
         );

@@ -20,8 +20,8 @@ pub mod ids;
 mod reply_routing;
 
 pub use client::{
-    default_socket_path, Client, ClientError, ObjectBuffer, ObjectCopies, ObjectLocation,
-    ObjectWriter, Subscription, SubscriptionCloser,
+    default_socket_path, Client, ClientError, FetchOptions, ObjectBuffer, ObjectCopies,
+    ObjectLocation, ObjectWriter, Subscription, SubscriptionCloser,
 };
 pub use ids::random_object_id;
 pub use skyriver_core::client_protocol::{ClusterView, CopyView, MemberView, ReplicaPolicy};

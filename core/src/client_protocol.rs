@@ -186,6 +186,21 @@ pub enum Request {
         /// The object.
         id: ObjectId,
     },
+    /// `Fetch` with a location hint: an object not here is asked of `hint` first, without a
+    /// directory lookup; if `hint` does not have it, the fetch goes on through the directory
+    /// (a wrong hint costs one round trip).
+    FetchFrom {
+        /// The objects.
+        ids: Vec<ObjectId>,
+        /// Milliseconds to wait.
+        timeout_ms: Option<u64>,
+        /// How the bytes move.
+        mode: TransferMode,
+        /// Wait (up to the timeout) for a node to publish an object nobody holds yet.
+        wait_for_publication: bool,
+        /// The node believed to hold the objects (their producer).
+        hint: NodeId,
+    },
 }
 
 /// How many copies of an object a put asks for, and when it returns.
@@ -213,9 +228,10 @@ impl Request {
     /// Checks limits that postcard cannot: batch lengths.
     pub fn validate(&self) -> Result<(), StoreError> {
         let ids = match self {
-            Request::Get { ids, .. } | Request::Delete { ids } | Request::Fetch { ids, .. } => {
-                ids.len()
-            }
+            Request::Get { ids, .. }
+            | Request::Delete { ids }
+            | Request::Fetch { ids, .. }
+            | Request::FetchFrom { ids, .. } => ids.len(),
             _ => 0,
         };
         if ids > MAX_IDS_PER_REQUEST {

@@ -57,7 +57,7 @@ impl ClientInput {
         matches!(
             self,
             ClientInput::Request { frame, .. }
-                if matches!(frame.body, Request::Fetch { .. } | Request::Put { .. })
+                if matches!(frame.body, Request::Fetch { .. } | Request::FetchFrom { .. } | Request::Put { .. })
         )
     }
 }

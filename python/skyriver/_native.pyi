@@ -127,10 +127,20 @@ class Client:
     @overload
     def get(self, ids: Sequence[_Id], timeout: Optional[float] = None) -> List[Optional[Buffer]]: ...
     @overload
-    def fetch(self, ids: _Id, timeout: Optional[float] = None, wait: bool = False) -> Buffer: ...
+    def fetch(
+        self,
+        ids: _Id,
+        timeout: Optional[float] = None,
+        wait: bool = False,
+        hint: Optional[int] = None,
+    ) -> Buffer: ...
     @overload
     def fetch(
-        self, ids: Sequence[_Id], timeout: Optional[float] = None, wait: bool = False
+        self,
+        ids: Sequence[_Id],
+        timeout: Optional[float] = None,
+        wait: bool = False,
+        hint: Optional[int] = None,
     ) -> List[Optional[Buffer]]: ...
     def contains(self, id: _Id) -> bool: ...
     @overload

@@ -215,6 +215,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per fetch")
     parser.add_argument("--json", help="write the results here (rank 0)")
     parser.add_argument("--no-verify", action="store_true", help="skip checking the fetched bytes")
+    parser.add_argument("--no-hint", action="store_true",
+                        help="fetch without naming rank 0's node (every fetch looks the object up)")
     args = parser.parse_args(argv)
 
     from mpi4py import MPI
@@ -245,6 +247,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stdout.flush()
 
     run = comm.bcast(random.getrandbits(63) if rank == 0 else None, root=0)
+    # The program knows the producer (rank 0): its node is every fetch's hint, so no fetch
+    # waits for a directory lookup (`--no-hint` measures the lookup too).
+    producer = comm.bcast(client.node if rank == 0 else None, root=0)
+    hint = None if args.no_hint else producer
     largest = max(args.sizes)
 
     # Plasma-style path: rank 0 serves, every other rank holds one connection to it.
@@ -284,7 +290,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 fetched = None
                 if rank != 0:
                     if system == "skyriver":
-                        fetched = client.fetch(oid, timeout=args.timeout)
+                        fetched = client.fetch(oid, timeout=args.timeout, hint=hint)
                     elif system == "plasma-4k":
                         assert plasma_connection is not None
                         plasma_pull(plasma_connection, memoryview(receive)[:size])

@@ -424,25 +424,27 @@ impl PyClient {
     /// (unless already here) and returned like `get`. Waits up to `timeout` seconds for the
     /// transfers; `timeout=0` polls: what live nodes hold is still fetched, however long the
     /// transfer takes. An object no live node holds fails at once unless `wait=True`: then the
-    /// fetch waits, up to `timeout`, for a node to publish it.
-    #[pyo3(signature = (ids, timeout=None, wait=false))]
+    /// fetch waits, up to `timeout`, for a node to publish it. `hint`: the node (as `nodes()`
+    /// numbers it) believed to hold the objects, e.g. their producer's: asked first, without a
+    /// directory lookup; if it does not hold one, that one is found through the directory.
+    #[pyo3(signature = (ids, timeout=None, wait=false, hint=None))]
     fn fetch(
         &self,
         py: Python<'_>,
         ids: &Bound<'_, PyAny>,
         timeout: Option<f64>,
         wait: bool,
+        hint: Option<u32>,
     ) -> PyResult<Py<PyAny>> {
         let (ids, single) = object_ids(ids)?;
         let deadline = self::timeout(timeout)?;
+        let options = skyriver_client::FetchOptions {
+            mode: skyriver_client::TransferMode::Auto,
+            wait_for_publication: wait,
+            hint: hint.map(skyriver_client::NodeId),
+        };
         let results = self.call_interruptible(py, |client, interrupted| {
-            client.fetch_interruptible(
-                &ids,
-                deadline,
-                skyriver_client::TransferMode::Auto,
-                wait,
-                interrupted,
-            )
+            client.fetch_with_options(&ids, deadline, options, interrupted)
         })?;
         if single {
             let result = results.into_iter().next().ok_or_else(|| {

@@ -32,8 +32,14 @@ use super::{BenchError, MachineInfo};
 use crate::netns::{LinkShape, NetnsCluster};
 use crate::up::{LocalCluster, UpArgs};
 use skyriver_client::Client;
-use skyriver_core::ObjectId;
+use skyriver_core::{NodeId, ObjectId};
 use skyriver_daemon::size::{format_bytes, ByteSize};
+use skyriver_transport::trace::monotonic_ns;
+
+use super::cluster_trace;
+
+/// The system name of Skyriver with hinted fetches.
+const HINTED: &str = "sky+hint";
 
 /// Options of `bench cluster`.
 #[derive(Args, Debug, Clone)]
@@ -74,6 +80,15 @@ pub struct ClusterArgs {
     /// Draw aggregate bandwidth against size (SVG), one line per pattern and system, here.
     #[arg(long, default_value = "bench-cluster.svg")]
     pub plot: PathBuf,
+    /// Also measure Skyriver with every fetch hinted at the object's holder (`fetch_from`:
+    /// no directory lookup), as system `sky+hint`, taking turns with the others. All-to-all
+    /// fetches many holders' objects in one batch and runs unhinted there.
+    #[arg(long)]
+    pub hinted: bool,
+    /// After each case, trace one more round of each Skyriver system and print where a
+    /// fetch's time goes, hop by hop.
+    #[arg(long)]
+    pub breakdown: bool,
 }
 
 /// The three patterns.
@@ -138,6 +153,13 @@ struct ClusterRow {
     /// A node's time to have all its objects, microseconds.
     p50_us: f64,
     p99_us: f64,
+    /// Median over rounds of the last node's completion − the first node's, microseconds.
+    completion_spread_us: f64,
+    /// Broadcast: bytes the source's link sent per object byte delivered to one node (N−1 for
+    /// a star from the source, about 1 when copies serve each other), mean over rounds.
+    source_sends_per_object: Option<f64>,
+    /// Broadcast on a shaped link: the source link's bytes / (round time × its rate).
+    source_link_utilisation: Option<f64>,
     /// Aggregate bandwidth / each baseline's, same pattern and size.
     ratios: std::collections::BTreeMap<String, f64>,
 }
@@ -151,13 +173,23 @@ type Round = Vec<(u64, Instant, Instant)>;
 #[derive(Default)]
 struct Samples {
     rounds: Vec<Round>,
+    /// Per round, the bytes node 0's link sent during it (broadcast only).
+    source_bytes: Vec<u64>,
 }
 
 impl Samples {
-    fn row(&self, pattern: Pattern, system: &str, size: u64) -> ClusterRow {
+    /// `objects`: distinct objects of a round; `rate_bits_per_sec`: the links' shaped rate.
+    fn row(
+        &self,
+        (pattern, system, size): (Pattern, &str, u64),
+        objects: usize,
+        rate_bits_per_sec: Option<u64>,
+    ) -> ClusterRow {
         let mut aggregate = Vec::new();
         let mut per_node = Vec::new();
         let mut latencies = Vec::new();
+        let mut spreads = Vec::new();
+        let mut walls = Vec::new();
         for round in &self.rounds {
             let (Some(first), Some(last)) = (
                 round.iter().map(|r| r.1).min(),
@@ -165,8 +197,11 @@ impl Samples {
             ) else {
                 continue;
             };
+            let first_done = round.iter().map(|r| r.2).min().unwrap_or(last);
+            spreads.push((last - first_done).as_secs_f64() * 1e6);
             let bytes: u64 = round.iter().map(|r| r.0).sum();
             let wall = (last - first).as_secs_f64().max(1e-9);
+            walls.push(wall);
             aggregate.push(bytes as f64 / wall / 1e6);
             for &(bytes, start, end) in round {
                 let took = (end - start).as_secs_f64().max(1e-9);
@@ -180,6 +215,23 @@ impl Samples {
             let index = ((latencies.len() as f64 - 1.0) * p).round() as usize;
             latencies.get(index).map_or(0.0, |d| d.as_secs_f64() * 1e6)
         };
+        spreads.sort_by(f64::total_cmp);
+        let object_bytes = (size * objects as u64).max(1) as f64;
+        let source_sends_per_object = (!self.source_bytes.is_empty()).then(|| {
+            let sent: Vec<f64> = self.source_bytes.iter().map(|&b| b as f64).collect();
+            mean(&sent) / object_bytes
+        });
+        let source_link_utilisation = rate_bits_per_sec
+            .filter(|_| !self.source_bytes.is_empty())
+            .map(|rate| {
+                let used: Vec<f64> = self
+                    .source_bytes
+                    .iter()
+                    .zip(&walls)
+                    .map(|(&bytes, wall)| bytes as f64 * 8.0 / (wall * rate as f64))
+                    .collect();
+                mean(&used)
+            });
         ClusterRow {
             pattern: pattern.name().into(),
             system: system.into(),
@@ -189,6 +241,9 @@ impl Samples {
             per_node_mb_per_sec: mean(&per_node),
             p50_us: percentile(0.5),
             p99_us: percentile(0.99),
+            completion_spread_us: spreads.get(spreads.len() / 2).copied().unwrap_or(0.0),
+            source_sends_per_object,
+            source_link_utilisation,
             ratios: Default::default(),
         }
     }
@@ -534,6 +589,11 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
         .iter()
         .map(Client::connect)
         .collect::<Result<_, _>>()?;
+    let node_ids: Vec<NodeId> = clients
+        .iter()
+        .map(|c| c.nodes().map(|view| view.node))
+        .collect::<Result<_, _>>()?;
+    let mut breakdowns: Vec<cluster_trace::Breakdown> = Vec::new();
 
     let patterns: Vec<Pattern> = args.patterns.iter().map(|p| Pattern::parse(p)).collect();
     let budget = Duration::from_millis(args.millis_per_case);
@@ -574,6 +634,9 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
             }
             let mut samples: Vec<(String, Samples)> = Vec::new();
             samples.push(("skyriver".into(), Samples::default()));
+            if args.hinted {
+                samples.push((HINTED.into(), Samples::default()));
+            }
             if tcp.is_some() {
                 samples.push(("tcp".into(), Samples::default()));
             }
@@ -587,10 +650,13 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
             {
                 rounds += 1;
                 for (system, collected) in samples.iter_mut() {
+                    let source_before = netns.sent_bytes(0);
                     let round = match system.as_str() {
-                        "skyriver" => {
+                        "skyriver" | HINTED => {
                             round_counter += 1;
-                            skyriver_round(&mut clients, pattern, round_counter, size, &data)?
+                            let hints = (system == HINTED).then_some(node_ids.as_slice());
+                            let round_of = (pattern, round_counter, size);
+                            skyriver_round(&mut clients, round_of, &data, hints, None)?
                         }
                         "tcp" => {
                             let streams = &mut tcp.as_mut().expect("tcp baseline started").streams;
@@ -602,6 +668,25 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
                         }
                     };
                     collected.rounds.push(round);
+                    if pattern == Pattern::Broadcast {
+                        let sent = netns.sent_bytes(0).saturating_sub(source_before);
+                        collected.source_bytes.push(sent);
+                    }
+                }
+            }
+            if args.breakdown {
+                for system in ["skyriver", HINTED] {
+                    if system == HINTED && !args.hinted {
+                        continue;
+                    }
+                    round_counter += 1;
+                    let hints = (system == HINTED).then_some(node_ids.as_slice());
+                    let mut spans = Vec::new();
+                    cluster_trace::start(&clients)?;
+                    let round_of = (pattern, round_counter, size);
+                    skyriver_round(&mut clients, round_of, &data, hints, Some(&mut spans))?;
+                    let case = (system, pattern.name(), size);
+                    breakdowns.push(cluster_trace::finish(&clients, &spans, case)?);
                 }
             }
             if let Some(redis_clients) = &mut redis_clients {
@@ -609,13 +694,14 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
                     redis_del(&mut redis_clients[0], &redis_key(pattern, object, size))?;
                 }
             }
+            let rate = shape.rate_bits_per_sec;
             let mut case_rows: Vec<ClusterRow> = samples
                 .iter()
-                .map(|(system, s)| s.row(pattern, system, size))
+                .map(|(system, s)| s.row((pattern, system, size), objects.len(), rate))
                 .collect();
             let bases: Vec<(String, f64)> = case_rows
                 .iter()
-                .filter(|r| r.system != "skyriver")
+                .filter(|r| r.system != "skyriver" && r.system != HINTED)
                 .map(|r| (r.system.clone(), r.aggregate_mb_per_sec))
                 .collect();
             for row in &mut case_rows {
@@ -639,6 +725,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     let _ = std::fs::remove_dir_all(&socket_dir);
 
     print_table(&rows, args, &shape);
+    cluster_trace::print(&breakdowns);
     let document = serde_json::json!({
         "benchmark": "cluster",
         "nodes": nodes,
@@ -649,6 +736,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
         "millis_per_case": args.millis_per_case,
         "machine": MachineInfo::probe(),
         "results": rows,
+        "breakdowns": breakdowns,
     });
     std::fs::write(
         &args.json,
@@ -693,12 +781,14 @@ fn describe_link(args: &ClusterArgs, shape: &crate::netns::AppliedShape) -> Stri
 
 /// One Skyriver round: fresh objects on their holders (untimed, and published before the
 /// round starts), every requester fetches its share, then every copy is deleted (untimed).
+/// With `hints` (every node's id, by index), each fetch names its object's holder. With
+/// `spans`, each fetch's send and reply times are kept there (for `--breakdown`).
 fn skyriver_round(
     clients: &mut [Client],
-    pattern: Pattern,
-    round: u64,
-    size: u64,
+    (pattern, round, size): (Pattern, u64, u64),
     data: &[u8],
+    hints: Option<&[NodeId]>,
+    spans: Option<&mut Vec<cluster_trace::FetchSpan>>,
 ) -> Result<Round, BenchError> {
     let nodes = clients.len();
     let objects = pattern.objects(nodes);
@@ -719,6 +809,7 @@ fn skyriver_round(
         }
     }
     let timeout = Some(Duration::from_secs(120));
+    let traced = std::sync::Mutex::new(Vec::new());
     let result = run_round(clients, |node, client| {
         let wants: Vec<ObjectId> = pattern
             .wants(nodes, node)
@@ -736,13 +827,38 @@ fn skyriver_round(
                 }
             }
             _ => {
-                for id in wants {
-                    bytes += client.fetch_one(id, timeout)?.data().len() as u64;
+                for object in pattern.wants(nodes, node) {
+                    let id = ids[object];
+                    let sent_ns = monotonic_ns();
+                    let fetched = match hints {
+                        Some(hints) => {
+                            let holder = hints[objects[object].1];
+                            let mut results = client.fetch_from(&[id], timeout, holder)?;
+                            results
+                                .pop()
+                                .ok_or_else(|| BenchError::Setup("no fetch result".into()))?
+                                .map_err(|e| BenchError::Setup(e.to_string()))?
+                        }
+                        None => client.fetch_one(id, timeout)?,
+                    };
+                    let received_ns = monotonic_ns();
+                    bytes += fetched.data().len() as u64;
+                    drop(fetched);
+                    if let Ok(mut traced) = traced.lock() {
+                        traced.push(cluster_trace::FetchSpan {
+                            node,
+                            sent_ns,
+                            received_ns,
+                        });
+                    }
                 }
             }
         }
         Ok(bytes)
     });
+    if let Some(spans) = spans {
+        spans.extend(traced.into_inner().unwrap_or_else(|p| p.into_inner()));
+    }
     for client in clients.iter() {
         client.flush()?;
         client.delete(&ids)?;
@@ -835,6 +951,7 @@ fn print_table(rows: &[ClusterRow], args: &ClusterArgs, shape: &crate::netns::Ap
         "{:<11} {:>9} {:<9} {:>7} {:>11} {:>11} {:>11} {:>11}",
         "pattern", "size", "system", "rounds", "aggr MB/s", "node MB/s", "p50 µs", "p99 µs"
     );
+    print!(" {:>10} {:>6} {:>6}", "spread µs", "src×", "src%");
     for b in &baselines {
         print!(" {:>8}", format!("×{b}"));
     }
@@ -856,6 +973,15 @@ fn print_table(rows: &[ClusterRow], args: &ClusterArgs, shape: &crate::netns::Ap
             row.per_node_mb_per_sec,
             row.p50_us,
             row.p99_us
+        );
+        let optional = |value: Option<f64>, scale: f64| {
+            value.map_or_else(String::new, |v| format!("{:.1}", v * scale))
+        };
+        print!(
+            " {:>10.1} {:>6} {:>6}",
+            row.completion_spread_us,
+            optional(row.source_sends_per_object, 1.0),
+            optional(row.source_link_utilisation, 100.0)
         );
         for b in &baselines {
             match row.ratios.get(*b) {

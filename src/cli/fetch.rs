@@ -10,13 +10,20 @@ pub(super) fn fetch(
     timeout_ms: u64,
     mode: TransferMode,
     wait: bool,
+    from: Option<NodeId>,
 ) -> Result<(), CliError> {
     if output.is_some() && ids.len() != 1 {
         return Err(CliError::OutputNeedsOneId);
     }
     let client = socket.connect()?;
     let started = std::time::Instant::now();
-    let results = client.fetch_with(ids, Some(Duration::from_millis(timeout_ms)), mode, wait)?;
+    let options = FetchOptions {
+        mode,
+        wait_for_publication: wait,
+        hint: from,
+    };
+    let timeout = Some(Duration::from_millis(timeout_ms));
+    let results = client.fetch_with_options(ids, timeout, options, &mut || false)?;
     let elapsed = started.elapsed();
     let mut failed = 0;
     for (id, result) in ids.iter().zip(&results) {
@@ -62,4 +69,13 @@ pub(super) fn fetch(
         });
     }
     Ok(())
+}
+
+/// A node as `skyriver nodes` shows it (`node-3`), or its bare number.
+pub(super) fn parse_node(text: &str) -> Result<NodeId, String> {
+    let number = text.strip_prefix("node-").unwrap_or(text);
+    number
+        .parse::<u32>()
+        .map(NodeId)
+        .map_err(|_| format!("{text:?} is not a node (node-N or N)"))
 }

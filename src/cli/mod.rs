@@ -46,7 +46,7 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::net::SocketAddr;
 
-use skyriver_client::{Client, ClientError, ObjectEvent, ObjectId, StoreError};
+use skyriver_client::{Client, ClientError, FetchOptions, ObjectEvent, ObjectId, StoreError};
 use skyriver_core::client_protocol::MAX_INLINE_PUT_BYTES;
 use skyriver_core::node::{ThresholdPolicy, TransferMode};
 use skyriver_core::NodeId;
@@ -215,6 +215,10 @@ enum Command {
         wait: bool,
         #[command(flatten)]
         socket: SocketArg,
+        /// Ask this node first (`node-3` or `3`, as `skyriver nodes` lists them), without a
+        /// directory lookup; if it does not hold an object, the directory is asked.
+        #[arg(long = "from", value_name = "NODE", value_parser = fetch::parse_node)]
+        from: Option<NodeId>,
     },
     /// List the cluster's nodes as this daemon sees them.
     Nodes {
@@ -331,7 +335,8 @@ fn run(args: Vec<std::ffi::OsString>) -> ExitCode {
             mode,
             wait,
             socket,
-        } => fetch(&socket, &ids, output, timeout_ms, mode, wait),
+            from,
+        } => fetch(&socket, &ids, output, timeout_ms, mode, wait, from),
         Command::Nodes { json, socket } => nodes(&socket, json),
         Command::Locate { id, socket } => locate(&socket, id),
         Command::Top(args) => crate::top::run(&args).map_err(CliError::from),

@@ -53,7 +53,10 @@ fn may_change_durable_state(body: &Request) -> bool {
 /// Whether `body` carries a deadline: never held back (a `get` after a held-back put waits for
 /// the seal like any `get`; a fetch's copies are paced by the outputs' bound).
 fn has_deadline(body: &Request) -> bool {
-    matches!(body, Request::Get { .. } | Request::Fetch { .. })
+    matches!(
+        body,
+        Request::Get { .. } | Request::Fetch { .. } | Request::FetchFrom { .. }
+    )
 }
 
 impl Node {

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::fetch::FetchOptions;
 use super::{DirectoryPurpose, Node, NodeOutput, Timer};
 use crate::client_protocol::{
     ArenaInfo, ClusterView, MemberView, Request, RequestFrame, Response, PROTOCOL_VERSION,
@@ -443,7 +444,28 @@ impl Node {
                 wait_for_publication,
             } => {
                 let timeout = Request::timeout(timeout_ms);
-                self.start_fetch(client, request, ids, timeout, mode, wait_for_publication);
+                let options = FetchOptions {
+                    mode,
+                    wait_for_publication,
+                    hint: None,
+                };
+                self.start_fetch(client, request, ids, timeout, options);
+                return None;
+            }
+            Request::FetchFrom {
+                ids,
+                timeout_ms,
+                mode,
+                wait_for_publication,
+                hint,
+            } => {
+                let timeout = Request::timeout(timeout_ms);
+                let options = FetchOptions {
+                    mode,
+                    wait_for_publication,
+                    hint: Some(hint),
+                };
+                self.start_fetch(client, request, ids, timeout, options);
                 return None;
             }
             Request::Nodes => Response::Nodes(self.cluster_view()),

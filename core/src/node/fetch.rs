@@ -29,6 +29,16 @@ use crate::wire::ObjectSizes;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct FetchWaiterId(pub(super) u64);
 
+/// How a client's fetch runs (what its request said besides the ids and the timeout).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FetchOptions {
+    pub(super) mode: TransferMode,
+    /// Wait for a node to publish an object nobody holds yet, instead of failing at once.
+    pub(super) wait_for_publication: bool,
+    /// The node the caller believes holds the objects: asked first (see `hints`).
+    pub(super) hint: Option<NodeId>,
+}
+
 /// One client fetch request.
 #[derive(Debug)]
 pub(super) struct FetchWaiter {
@@ -46,6 +56,8 @@ pub(super) struct FetchWaiter {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum ObjectFetchState {
     LookingUp(DirectoryOpId),
+    /// Asking the node the caller named, before any lookup (see `hints`).
+    Hinted(TransferId),
     /// Nobody holds it; the directory tells us when someone publishes it.
     AwaitingPublication,
     /// Waiting for admission, with the source chosen.
@@ -101,6 +113,23 @@ impl ObjectFetch {
         )
     }
 
+    pub(super) fn is_hinted(&self, tid: TransferId) -> bool {
+        self.state == ObjectFetchState::Hinted(tid)
+    }
+
+    /// A holder (not the directory) named `holder` and the content: a failure there sends the
+    /// fetch to the directory without counting a round, as a stale cached location does.
+    pub(super) fn learn_holder(&mut self, holder: NodeId, content: (ObjectSizes, ContentDigest)) {
+        self.content = Some(content);
+        self.holders = vec![holder];
+        self.from_cache = true;
+    }
+
+    pub(super) fn transfer_started(&mut self, tid: TransferId) {
+        self.attempts += 1;
+        self.state = ObjectFetchState::Transferring(tid);
+    }
+
     pub(super) fn transferring(&self) -> Option<TransferId> {
         match self.state {
             ObjectFetchState::Transferring(tid) => Some(tid),
@@ -116,9 +145,13 @@ impl Node {
         request: RequestId,
         ids: Vec<ObjectId>,
         timeout: Option<Duration>,
-        mode: TransferMode,
-        wait_for_publication: bool,
+        options: FetchOptions,
     ) {
+        let FetchOptions {
+            mode,
+            wait_for_publication,
+            hint,
+        } = options;
         self.stats.fetch_requests += 1;
         let refusal = if ids.len() > self.config.store.max_batch_len {
             Some(StoreError::BadRequest(format!(
@@ -205,6 +238,10 @@ impl Node {
                     if cached.is_some() {
                         self.stats.location_cache_hits += 1;
                         self.choose_source(id);
+                    } else if let Some(hint) = self.usable_hint(hint) {
+                        let tid = self.ask_hinted(id, hint, mode);
+                        let object = self.objects.get_mut(&id).expect("inserted above");
+                        object.state = ObjectFetchState::Hinted(tid);
                     } else {
                         self.look_up(id);
                     }
@@ -479,12 +516,7 @@ impl Node {
                 Err(StoreError::OutOfMemory { .. }) if self.bytes_in_flight > 0 => break,
                 Err(StoreError::ObjectExists(_)) => {
                     self.admission.pop_front();
-                    if self.store.contains(&id) {
-                        self.resolve(id, Ok(()));
-                    } else {
-                        let object = self.objects.get_mut(&id).expect("checked above");
-                        object.state = ObjectFetchState::AwaitingLocalSeal;
-                    }
+                    self.created_here_meanwhile(id);
                 }
                 Err(error) => {
                     self.admission.pop_front();
@@ -492,6 +524,38 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// `id` could not be created for its transfer because it exists here: sealed (the fetch is
+    /// done) or being created by a local client (whose seal resolves the fetch).
+    pub(super) fn created_here_meanwhile(&mut self, id: ObjectId) {
+        if self.store.contains(&id) {
+            self.resolve(id, Ok(()));
+        } else if let Some(object) = self.objects.get_mut(&id) {
+            object.state = ObjectFetchState::AwaitingLocalSeal;
+        }
+    }
+
+    /// The hinted request `tid` for `id` to `source` got no usable answer: ask the directory.
+    pub(super) fn hinted_fetch_failed(
+        &mut self,
+        id: ObjectId,
+        tid: TransferId,
+        source: NodeId,
+        reason: String,
+    ) {
+        let Some(object) = self.objects.get_mut(&id) else {
+            return;
+        };
+        if !object.is_hinted(tid) {
+            return;
+        }
+        object.last_error = Some(format!("hinted {source}: {reason}"));
+        if object.waiters.is_empty() {
+            self.objects.remove(&id);
+            return;
+        }
+        self.look_up(id);
     }
 
     /// A transfer of `id` from `source` ended without the object: try elsewhere.
@@ -630,6 +694,10 @@ impl Node {
                 self.cancel_timer(Timer::PublicationGrace(id));
                 self.directory(DirectoryRequest::Unsubscribe { id }, None);
             }
+            ObjectFetchState::Hinted(tid) => {
+                self.objects.remove(&id);
+                self.drop_hinted(tid);
+            }
             ObjectFetchState::Queued(_) => {
                 self.objects.remove(&id);
                 self.admission.retain(|&queued| queued != id);
@@ -667,6 +735,7 @@ impl Node {
 fn stage_name(state: &ObjectFetchState) -> &'static str {
     match state {
         ObjectFetchState::LookingUp(_) => "looking it up in the directory",
+        ObjectFetchState::Hinted(_) => "asking the node the caller named",
         ObjectFetchState::AwaitingPublication => "waiting for a node to publish it",
         ObjectFetchState::Queued(_) => "queued for admission (memory or bytes in flight)",
         ObjectFetchState::Transferring(_) => "transferring it",

@@ -27,6 +27,7 @@ pub mod drive;
 mod driver;
 mod errors;
 mod fetch;
+mod hints;
 mod input;
 mod limits;
 mod links;
@@ -150,6 +151,8 @@ pub struct Node {
     locations: LocationCache,
     // Requester side of transfers.
     transfers: BTreeMap<TransferId, Incoming>,
+    /// Fetch requests sent to a caller's hinted node, before the object's sizes are known.
+    hinted: BTreeMap<TransferId, hints::HintedRequest>,
     /// READs in flight: their transfer, and where in the object and how long they are.
     reads: BTreeMap<ReadOpId, (TransferId, u64, u64)>,
     // Holder side.
@@ -202,6 +205,7 @@ impl Node {
             bytes_in_flight: 0,
             locations,
             transfers: BTreeMap::new(),
+            hinted: BTreeMap::new(),
             reads: BTreeMap::new(),
             leases: BTreeMap::new(),
             directory_ops: BTreeMap::new(),
@@ -387,6 +391,7 @@ impl Node {
         for tid in from_peer {
             self.fail_transfer(tid, format!("connection to {peer} lost"));
         }
+        self.hints_lost(peer);
         self.absorb_store();
     }
 
@@ -622,6 +627,12 @@ impl Node {
                 transfer.describe()
             ));
         }
+        for (tid, hinted) in &self.hinted {
+            lines.push(format!(
+                "hinted request {tid} of {} to {} awaits its reply",
+                hinted.id, hinted.source
+            ));
+        }
         for ((peer, req), lease) in &self.leases {
             lines.push(format!(
                 "lease of {} to {peer} for {req} until {}",
@@ -675,6 +686,18 @@ impl Node {
                 object.is_none_or(|o| o.transferring() == Some(*tid)),
                 "object {} does not point at {tid}",
                 transfer.id
+            );
+        }
+        for (tid, hinted) in &self.hinted {
+            assert!(
+                !self.transfers.contains_key(tid),
+                "hinted request {tid} is also a transfer"
+            );
+            let object = self.objects.get(&hinted.id);
+            assert!(
+                object.is_none_or(|o| o.is_hinted(*tid)),
+                "object {} does not point at its hinted request {tid}",
+                hinted.id
             );
         }
         for lease in self.leases.values() {

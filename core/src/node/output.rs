@@ -314,4 +314,8 @@ pub struct NodeStats {
     pub replication_fetches_failed: u64,
     /// Puts whose wait for their copies ran out.
     pub replica_waits_timed_out: u64,
+    /// Object fetches sent straight to the node the caller named, skipping the lookup.
+    pub hinted_fetches: u64,
+    /// Hinted fetches whose node did not have the object (they then asked the directory).
+    pub wrong_hints: u64,
 }

@@ -317,8 +317,11 @@ impl Node {
             request,
             vec![id],
             Some(REPLICATION_FETCH_TIMEOUT),
-            TransferMode::Auto,
-            false,
+            super::fetch::FetchOptions {
+                mode: TransferMode::Auto,
+                wait_for_publication: false,
+                hint: None,
+            },
         );
     }
 

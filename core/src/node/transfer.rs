@@ -182,18 +182,29 @@ impl Node {
         &mut self,
         id: ObjectId,
         source: NodeId,
-        (sizes, digest): (ObjectSizes, ContentDigest),
+        content: (ObjectSizes, ContentDigest),
         local: ObjectInfo,
         mode: TransferMode,
     ) -> TransferId {
         let tid = self.new_transfer_id();
+        self.track_incoming(tid, id, source, content, local, self.now);
+        self.send_fetch_request(tid, id, source, mode);
+        tid
+    }
+
+    /// Counts transfer `tid` of `id` from `source` into `local` as in flight, its request sent
+    /// at `requested_at` (now, or earlier for a hinted request answered now).
+    pub(super) fn track_incoming(
+        &mut self,
+        tid: TransferId,
+        id: ObjectId,
+        source: NodeId,
+        (sizes, digest): (ObjectSizes, ContentDigest),
+        local: ObjectInfo,
+        requested_at: Instant,
+    ) {
         let block_len =
             crate::alloc::block_len_for(local.region.len).expect("created objects have a block");
-        let eager_limit = match mode {
-            TransferMode::Auto => self.peers.get(&source).map_or(0, |p| p.threshold.bytes),
-            TransferMode::Eager => self.config.eager_capacity_bytes(),
-            TransferMode::Rendezvous => 0,
-        };
         if let Some(peer) = self.peers.get_mut(&source) {
             peer.active += 1;
         }
@@ -208,10 +219,25 @@ impl Node {
                 sizes,
                 digest,
                 block_len,
-                requested_at: self.now,
+                requested_at,
                 state: IncomingState::AwaitingReply,
             },
         );
+    }
+
+    /// Asks `source` for `id` under transfer `tid`, with a deadline for its reply.
+    pub(super) fn send_fetch_request(
+        &mut self,
+        tid: TransferId,
+        id: ObjectId,
+        source: NodeId,
+        mode: TransferMode,
+    ) {
+        let eager_limit = match mode {
+            TransferMode::Auto => self.peers.get(&source).map_or(0, |p| p.threshold.bytes),
+            TransferMode::Eager => self.config.eager_capacity_bytes(),
+            TransferMode::Rendezvous => 0,
+        };
         let max_chunk_bytes = u32::try_from(self.config.eager_chunk_bytes()).unwrap_or(u32::MAX);
         self.send(
             source,
@@ -226,12 +252,14 @@ impl Node {
             self.now + self.config.reply_timeout,
             Timer::TransferDeadline(tid),
         );
-        tid
     }
 
     /// A holder's answer to one of this node's transfers.
     pub(super) fn handle_transfer_reply(&mut self, peer: NodeId, message: PeerMessage) {
         let tid = message.req();
+        if self.is_hinted_request(peer, tid) && !self.hinted_reply(peer, &message) {
+            return;
+        }
         let Some(transfer) = self.transfers.get_mut(&tid).filter(|t| t.source == peer) else {
             // A late reply to a transfer that already ended: release a lease granted for it.
             if matches!(message, PeerMessage::Rendezvous { .. }) {
@@ -319,6 +347,9 @@ impl Node {
         payload: InputBytes,
     ) {
         let tid = header.req;
+        if self.is_hinted_request(peer, tid) && !self.hinted_eager_chunk(peer, &header) {
+            return;
+        }
         let Some(transfer) = self.transfers.get_mut(&tid).filter(|t| t.source == peer) else {
             return; // a late chunk of a transfer that already ended
         };
@@ -547,6 +578,10 @@ impl Node {
     }
 
     pub(super) fn transfer_deadline(&mut self, tid: TransferId) {
+        if let Some(source) = self.hinted.get(&tid).map(|h| h.source) {
+            self.hint_failed(tid, format!("no reply from {source} in time"));
+            return;
+        }
         let Some(transfer) = self.transfers.get(&tid) else {
             return;
         };

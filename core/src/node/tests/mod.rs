@@ -728,6 +728,7 @@ impl Carrier<'_> {
 
 mod clients;
 mod drive;
+mod hints;
 mod publications;
 mod replicas;
 mod sealing;

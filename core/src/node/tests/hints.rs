@@ -1,0 +1,135 @@
+//! Fetches with a location hint: the right node is asked without a lookup; a wrong one costs
+//! one round trip, then the directory answers.
+
+use super::*;
+
+impl World {
+    /// Hands `node` a fetch of `ns` hinted at `hint`, and carries everything out.
+    fn fetch_from(&mut self, node: u32, ns: &[u64], hint: u32, mode: TransferMode) {
+        let body = Request::FetchFrom {
+            ids: ns.iter().map(|&n| id(n)).collect(),
+            timeout_ms: Some(50),
+            mode,
+            wait_for_publication: false,
+            hint: NodeId(hint),
+        };
+        self.hand_request(node, CLIENT, body);
+        self.pump();
+    }
+
+    /// Fetches `n` into `node` hinted at `hint`, checks its bytes, then drops the copy again.
+    fn fetch_from_and_drop(&mut self, node: u32, n: u64, len: u64, hint: u32, mode: TransferMode) {
+        let before = self.replies(node).len();
+        self.fetch_from(node, &[n], hint, mode);
+        let replies = self.replies(node);
+        assert_eq!(replies.len(), before + 1, "one reply");
+        let info = ok_info(&replies[before][0]);
+        assert_eq!(self.local_bytes(node, &info), World::bytes_of(n, len));
+        self.release(node, n);
+        self.delete(node, n);
+        self.pump();
+    }
+}
+
+#[test]
+fn the_right_hint_skips_the_lookup_eager_and_rendezvous() {
+    let mut w = World::new(3, |c| c.location_cache_entries = 0);
+    w.put(0, 1, 1000); // eager
+    w.put(0, 2, 10_000); // rendezvous
+    w.fetch_from_and_drop(1, 1, 1000, 0, TransferMode::Auto);
+    w.fetch_from_and_drop(1, 2, 10_000, 0, TransferMode::Auto);
+    assert_eq!(w.lookups(1), 0, "no directory lookup on the way");
+    let stats = w.nodes[1].stats();
+    assert_eq!((stats.hinted_fetches, stats.wrong_hints), (2, 0));
+    assert_eq!(stats.transfer_outcomes.eager_ok, 1);
+    assert_eq!(stats.transfer_outcomes.rendezvous_ok, 1);
+    w.assert_settled();
+}
+
+#[test]
+fn a_wrong_hint_costs_one_round_trip_then_asks_the_directory() {
+    let mut w = World::new(3, |c| c.location_cache_entries = 0);
+    w.put(0, 1, 1000);
+    w.put(0, 2, 10_000);
+    w.fetch_from_and_drop(1, 1, 1000, 2, TransferMode::Auto);
+    assert_eq!(w.lookups(1), 1, "the directory was asked after the miss");
+    assert_eq!(w.nodes[2].stats().served_refused, 1, "node 2 said NotFound");
+    w.fetch_from_and_drop(1, 2, 10_000, 2, TransferMode::Auto);
+    assert_eq!(w.lookups(1), 2);
+    let stats = w.nodes[1].stats();
+    assert_eq!((stats.hinted_fetches, stats.wrong_hints), (2, 2));
+    w.assert_settled();
+}
+
+#[test]
+fn a_hint_at_itself_or_an_unknown_node_is_ignored() {
+    let mut w = World::new(2, |c| c.location_cache_entries = 0);
+    w.put(0, 1, 1000);
+    w.fetch_from_and_drop(1, 1, 1000, 1, TransferMode::Auto);
+    w.fetch_from_and_drop(1, 1, 1000, 7, TransferMode::Auto);
+    assert_eq!(w.lookups(1), 2);
+    assert_eq!(w.nodes[1].stats().hinted_fetches, 0);
+    w.assert_settled();
+}
+
+#[test]
+fn a_hinted_node_that_never_answers_falls_back_at_the_reply_deadline() {
+    let mut w = World::new(3, |c| {
+        c.location_cache_entries = 0;
+        c.reply_timeout = Duration::from_millis(5);
+    });
+    w.put(0, 1, 1000);
+    let body = Request::FetchFrom {
+        ids: vec![id(1)],
+        timeout_ms: Some(100),
+        mode: TransferMode::Auto,
+        wait_for_publication: false,
+        hint: NodeId(2),
+    };
+    w.hand_request(1, CLIENT, body);
+    // Node 1 runs alone: its request to node 2 is lost.
+    w.drive_alone(1);
+    w.messages.clear();
+    assert_eq!(w.lookups(1), 0);
+    w.advance(Duration::from_millis(6));
+    assert_eq!(
+        w.lookups(1),
+        1,
+        "the deadline sent the fetch to the directory"
+    );
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1);
+    let info = ok_info(&replies[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 1000));
+    assert_eq!(w.nodes[1].stats().wrong_hints, 1);
+    w.release(1, 1);
+    w.pump();
+    w.assert_settled();
+}
+
+#[test]
+fn a_hinted_fetch_nobody_waits_for_any_more_ends_cleanly() {
+    let mut w = World::new(2, |c| c.location_cache_entries = 0);
+    w.put(0, 1, 10_000);
+    let body = Request::FetchFrom {
+        ids: vec![id(1)],
+        timeout_ms: Some(5),
+        mode: TransferMode::Auto,
+        wait_for_publication: false,
+        hint: NodeId(0),
+    };
+    w.hand_request(1, CLIENT, body);
+    w.drive_alone(1);
+    // The client's deadline passes before the holder's reply arrives.
+    w.now = w.now + Duration::from_millis(6);
+    let now = w.now;
+    let _ = w.nodes[1].handle(now, NodeInput::Timeout);
+    w.pump();
+    let replies = w.replies(1);
+    assert!(matches!(replies[0][0], Err(FetchError::Timeout { .. })));
+    assert!(
+        !w.nodes[0].store().is_pinned(&id(1)),
+        "the late lease was released"
+    );
+    w.assert_settled();
+}

@@ -1,0 +1,98 @@
+//! Fetches with a location hint on real daemons (built-in directory, TCP fabric): the named
+//! holder is asked first; a wrong name costs a round trip, then the directory finds the object.
+
+mod common;
+
+use std::time::Duration;
+
+use skyriver::up::{LocalCluster, UpArgs};
+use skyriver_client::{Client, ObjectId};
+
+fn cluster(nodes: u32) -> (tempfile::TempDir, LocalCluster) {
+    let dir = common::test_dir();
+    let args = UpArgs::new(
+        nodes,
+        "64MiB".parse().unwrap(),
+        Some(dir.path().to_path_buf()),
+    );
+    let cluster =
+        LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
+    (dir, cluster)
+}
+
+fn bytes(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// (hinted fetches, wrong hints) of the node behind `client`.
+fn hint_counters(client: &Client) -> (u64, u64) {
+    let counters = client.metrics().unwrap().counters;
+    (counters.hinted_fetches, counters.wrong_hints)
+}
+
+#[test]
+fn fetch_from_the_holder_and_from_a_wrong_node() {
+    let (_dir, cluster) = cluster(3);
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    let requester = Client::connect(&cluster.sockets[2]).unwrap();
+    let holder_node = holder.nodes().unwrap().node;
+    let other_node = Client::connect(&cluster.sockets[1])
+        .unwrap()
+        .nodes()
+        .unwrap()
+        .node;
+    // Small (eager) and large (rendezvous) objects.
+    let (small, large) = (ObjectId::from_u64(8101), ObjectId::from_u64(8102));
+    let (small_bytes, large_bytes) = (bytes(1, 1000), bytes(2, 3 << 20));
+    holder.create_and_seal(small, &small_bytes, b"").unwrap();
+    holder.create_and_seal(large, &large_bytes, b"").unwrap();
+
+    // The CLI, hinted at the holder, as `skyriver nodes` names it.
+    let from = holder_node.to_string();
+    let (ok, stdout, stderr) = common::cli(
+        &cluster.sockets[2],
+        &["fetch", "--from", &from, "-o", "-", &small.to_string()],
+        None,
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, small_bytes);
+    assert_eq!(
+        hint_counters(&requester),
+        (1, 0),
+        "asked the holder directly"
+    );
+
+    // The client library, hinted at a node without the object: still the right bytes.
+    let timeout = Some(Duration::from_secs(30));
+    let mut results = requester.fetch_from(&[large], timeout, other_node).unwrap();
+    let object = results.pop().unwrap().unwrap();
+    assert!(object.data() == &large_bytes[..]);
+    assert_eq!(
+        hint_counters(&requester),
+        (2, 1),
+        "the wrong hint was noticed"
+    );
+    drop(object);
+
+    // A bare number works too; a bad one is refused before anything is asked.
+    let (ok, _, stderr) = common::cli(
+        &cluster.sockets[1],
+        &[
+            "fetch",
+            "--from",
+            &holder_node.0.to_string(),
+            &large.to_string(),
+        ],
+        None,
+    );
+    assert!(ok, "{stderr}");
+    let (ok, _, stderr) = common::cli(
+        &cluster.sockets[1],
+        &["fetch", "--from", "node-x", &large.to_string()],
+        None,
+    );
+    assert!(!ok);
+    assert!(stderr.contains("is not a node"), "{stderr}");
+}
