@@ -16,12 +16,13 @@
 //! ```
 //!
 //! A wrong hint therefore costs one round trip, then the fetch goes on as if it had no hint.
-//! The copy is verified against the digest the holder names in its reply. Known gap: this is the
-//! holder's digest, not the directory's. A holder that sealed an object whose publication the
-//! directory never accepted (a seal during a directory outage) serves it to a hinted fetch,
-//! which the simulator's content checker reports (hinted fetches under faults, seed 10 of the
-//! content test's sweep). The fix belongs on the holder: answer a `FetchRequest` only for an
-//! object whose publication the directory accepted.
+//! The copy is verified against the digest the holder names in its reply. That digest is the
+//! holder's, not the directory's, so a holder serves peers only copies whose publication the
+//! directory accepted: one sealed while the directory could not judge it (an outage, a timeout)
+//! or recovered from disk is refused (`NotFound`, so the fetch asks the directory) until the
+//! directory accepts it (see `sealing`). The simulator hints every other fetch of its
+//! forced-mode seeds, and its content checker fails any copy whose digest the directory never
+//! named.
 
 use super::locations::Location;
 use super::{Node, Timer, TransferMode};

@@ -168,6 +168,10 @@ pub struct Node {
     /// Objects whose publication was accepted before their seal, which the node has not
     /// absorbed yet (not to be published again).
     published_at_seal: BTreeSet<ObjectId>,
+    /// Objects sealed here without the directory's acceptance of their content (it was down or
+    /// did not answer in time): not served to peers until it accepts them, since a hinted fetch
+    /// has no directory digest to check them against (see `sealing`).
+    unvouched: BTreeSet<ObjectId>,
     timers: timers::Timers<Timer>,
     outputs: VecDeque<NodeOutput>,
     next_waiter: u64,
@@ -213,6 +217,7 @@ impl Node {
             sealed_copies: BTreeSet::new(),
             pending_seals: BTreeMap::new(),
             published_at_seal: BTreeSet::new(),
+            unvouched: BTreeSet::new(),
             timers: timers::Timers::default(),
             outputs: VecDeque::new(),
             next_waiter: 0,
@@ -262,6 +267,11 @@ impl Node {
         let report = self.store.recover(now, objects);
         for (id, digest) in digests {
             self.store.set_digest(&id, digest);
+            if !self.config.standalone {
+                // Served to peers once the directory accepts its publication again: another
+                // node may have put the id with other bytes while this one was down.
+                self.unvouched.insert(id);
+            }
         }
         self.absorb_store();
         report

@@ -40,6 +40,10 @@ impl Node {
             return;
         }
         self.cancel_timer(Timer::Publication(id));
+        if want == Want::Withdraw {
+            // The copy is leaving the store: nothing of it is served any more.
+            self.unvouched.remove(&id);
+        }
         if want == Want::Withdraw
             && self
                 .publications
@@ -124,6 +128,7 @@ impl Node {
         match reply {
             DirectoryReply::Done | DirectoryReply::Located { .. } => {
                 self.publications.remove(&id);
+                self.unvouched.remove(&id);
                 self.seal_verdict(id, Verdict::Accepted);
             }
             DirectoryReply::Conflict { .. } => {

@@ -13,6 +13,10 @@
 //!   answers (another node took the id meanwhile), this copy stays local and unpublished, so
 //!   no other node fetches it, and `id_conflicts` counts it.
 //!
+//! A copy sealed without the directory's acceptance is not served to peers (`NotFound`) until
+//! the directory accepts its publication: a peer sent by the directory was told the accepted
+//! digest and would refuse other bytes, but a hinted fetch (see `hints`) trusts the holder.
+//!
 //! A peer that asks for the object between the directory's acceptance and the seal here (it
 //! heard of the publication first) is served right after the seal.
 //!
@@ -109,6 +113,7 @@ impl Node {
             let result = self.seal_now(client, id, release, digest);
             if result.is_ok() {
                 self.published_at_seal.insert(id);
+                self.unvouched.insert(id);
                 self.want_publication(id, Want::Publish(sizes, digest));
             }
             return Some(Response::Done(result));
@@ -150,7 +155,8 @@ impl Node {
                 let durable_before = self.store.durable_changes_queued();
                 self.published_at_seal.insert(id);
                 let result = self.seal_now(pending.client, id, pending.release, pending.digest);
-                if result.is_err() {
+                let sealed = result.is_ok();
+                if !sealed {
                     self.published_at_seal.remove(&id);
                 }
                 self.reply_once_durable(
@@ -159,6 +165,12 @@ impl Node {
                     Response::Done(result),
                     durable_before,
                 );
+                if verdict == Verdict::Unknown && sealed {
+                    // Sealed without the directory's word: not served to peers until it
+                    // accepts, parked requests included (a hinted one was sent here by its
+                    // client, not by the directory).
+                    self.unvouched.insert(id);
+                }
                 for (peer, req, eager_limit, max_chunk_bytes) in parked {
                     self.serve_fetch_request(peer, req, id, eager_limit, max_chunk_bytes);
                 }

@@ -735,6 +735,11 @@ impl Node {
             self.refuse(peer, PeerMessage::NotFound { req });
             return;
         };
+        if self.unvouched.contains(&id) {
+            // Sealed here while the directory could not judge its content (see `sealing`).
+            self.refuse(peer, PeerMessage::NotFound { req });
+            return;
+        }
         let Some(digest) = self.store.digest(&id) else {
             // Every seal records its digest; without one, nothing was published, and bytes
             // nobody can verify are not served.

@@ -866,6 +866,19 @@ impl Cluster {
                 mode,
                 wait_for_publication,
             },
+            Request::FetchFrom {
+                ids,
+                mode,
+                wait_for_publication,
+                hint,
+                ..
+            } => Request::FetchFrom {
+                ids,
+                timeout_ms: Some(timeout_ms),
+                mode,
+                wait_for_publication,
+                hint,
+            },
             other => other,
         };
         let Some(frame) = self.client_frame(n, client, body, Call::Objects { kind }) else {
@@ -897,19 +910,27 @@ impl Cluster {
         } else {
             TransferMode::Auto
         };
-        self.client_objects(
-            n,
-            client,
+        // Seeds that force modes also hint every other fetch at a node chosen without the
+        // seed's generator (so every other draw stays what it was): right or wrong, live or
+        // crashed, the fetch must end as an unhinted one would.
+        let body = if self.params.forced_modes && self.requests_sent % 2 == 1 {
+            let hint = NodeId((self.requests_sent / 2 % self.nodes.len() as u64) as u32);
+            Request::FetchFrom {
+                ids: ids.clone(),
+                timeout_ms: None,
+                mode,
+                wait_for_publication,
+                hint,
+            }
+        } else {
             Request::Fetch {
                 ids: ids.clone(),
                 timeout_ms: None,
                 mode,
                 wait_for_publication,
-            },
-            "fetch",
-            ids,
-            timeout,
-        );
+            }
+        };
+        self.client_objects(n, client, body, "fetch", ids, timeout);
     }
 
     /// One `Put` carrying the object's bytes: created, written and sealed by the node.
@@ -1033,6 +1054,16 @@ fn request_line(body: &Request) -> String {
                 format!(" {mode}")
             },
             if *wait_for_publication { " wait" } else { "" }
+        ),
+        Request::FetchFrom {
+            ids,
+            timeout_ms,
+            hint,
+            ..
+        } => format!(
+            "fetch [{}] from {hint} timeout {}ms",
+            id_list(ids),
+            timeout_ms.unwrap_or(0)
         ),
         Request::Hello {
             protocol_version, ..

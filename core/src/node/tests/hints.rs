@@ -5,7 +5,7 @@ use super::*;
 
 impl World {
     /// Hands `node` a fetch of `ns` hinted at `hint`, and carries everything out.
-    fn fetch_from(&mut self, node: u32, ns: &[u64], hint: u32, mode: TransferMode) {
+    pub(super) fn fetch_from(&mut self, node: u32, ns: &[u64], hint: u32, mode: TransferMode) {
         let body = Request::FetchFrom {
             ids: ns.iter().map(|&n| id(n)).collect(),
             timeout_ms: Some(50),

@@ -381,3 +381,41 @@ fn a_copy_damaged_from_every_holder_fails_the_fetch_saying_so() {
         w.assert_settled();
     }
 }
+
+/// A hinted fetch trusts the digest the holder names, so a holder must not serve a copy the
+/// directory never accepted: one sealed while the directory could not judge it is refused to
+/// peers until the directory accepts its publication.
+#[test]
+fn a_copy_sealed_without_the_directorys_acceptance_is_not_served_until_it_accepts() {
+    let (mut w, seal) = seal_waiting_for_the_directory(&[7; 100]);
+    w.answer_directory(
+        0,
+        is_publish,
+        DirectoryReply::Unavailable {
+            reason: "head restarting".into(),
+        },
+    );
+    assert_eq!(w.reply_to(0, CLIENT, seal), Some(Response::Done(Ok(()))));
+    let refusals = |w: &World| {
+        w.sent(0)
+            .iter()
+            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
+            .count()
+    };
+    w.fetch_from(1, &[1], 0, TransferMode::Auto);
+    assert_eq!(
+        refusals(&w),
+        1,
+        "refused while the directory has not accepted it"
+    );
+    // Accepted on the retry (the first fetch has timed out meanwhile): now served.
+    w.advance(w.nodes[0].config().retry_backoff);
+    w.answer_directory(0, is_publish, DirectoryReply::Done);
+    let before = w.replies(1).len();
+    w.fetch_from(1, &[1], 0, TransferMode::Auto);
+    assert_eq!(refusals(&w), 1, "no new refusal once accepted");
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), before + 1, "served once accepted");
+    let info = ok_info(&replies[before][0]);
+    assert_eq!(w.local_bytes(1, &info), vec![7; 100]);
+}
