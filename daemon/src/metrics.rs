@@ -905,6 +905,17 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "Puts whose wait for their copies ran out (TooFewReplicas).",
             Value::Counter(c.replica_waits_timed_out),
         )?;
+        // ---- hints ----
+        out.one(
+            "skyriver_hinted_fetches",
+            "Object fetches sent straight to the node the caller named, skipping the lookup.",
+            Value::Counter(c.hinted_fetches),
+        )?;
+        out.one(
+            "skyriver_wrong_hints",
+            "Hinted fetches whose node did not serve the object (they then asked the directory).",
+            Value::Counter(c.wrong_hints),
+        )?;
         // ---- process ----
         let p = &self.process;
         out.one(
