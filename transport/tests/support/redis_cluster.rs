@@ -76,37 +76,8 @@ impl RedisCluster {
             dir: tempfile::tempdir().unwrap(),
         };
         for _ in 0..6 {
-            let port = free_port();
-            let bus = free_port();
-            let dir = cluster.dir.path().join(port.to_string());
-            std::fs::create_dir(&dir).unwrap();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string()])
-                .args(["--cluster-port", &bus.to_string()])
-                .args(["--bind", "127.0.0.1"])
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-config-file", "nodes.conf"])
-                .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
-                .args(["--save", ""])
-                .args(["--appendonly", "no"])
-                // A replica's first sync at once (the default waits 5 s for more replicas);
-                // until it is done the replica cannot take over.
-                .args(["--repl-diskless-sync-delay", "0"])
-                .arg("--dir")
-                .arg(&dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server starts");
-            cluster.servers.push(ClusterServer {
-                port,
-                child: Some(child),
-            });
-        }
-        for server in &cluster.servers {
-            cluster.wait_for(&format!("redis-server on port {}", server.port), || {
-                cli(server.port, &["PING"]).is_some_and(|out| out.trim() == "PONG")
-            });
+            let server = cluster.start_server();
+            cluster.servers.push(server);
         }
         let nodes: Vec<String> = cluster
             .servers
@@ -129,6 +100,59 @@ impl RedisCluster {
         );
         cluster.wait_ok();
         Some(cluster)
+    }
+
+    /// Starts one server on free ports and waits until it answers. A port found free can be
+    /// taken before the server binds it (by another test's server or an outgoing connection):
+    /// a server that exits at start is started again on other ports.
+    fn start_server(&self) -> ClusterServer {
+        let deadline = Instant::now() + CLUSTER_WAIT;
+        loop {
+            let port = free_port();
+            let bus = free_port();
+            let dir = self.dir.path().join(port.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            let mut child = Command::new("redis-server")
+                .args(["--port", &port.to_string()])
+                .args(["--cluster-port", &bus.to_string()])
+                .args(["--bind", "127.0.0.1"])
+                .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", "nodes.conf"])
+                .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
+                .args(["--save", ""])
+                .args(["--appendonly", "no"])
+                // A replica's first sync at once (the default waits 5 s for more replicas);
+                // until it is done the replica cannot take over.
+                .args(["--repl-diskless-sync-delay", "0"])
+                .arg("--dir")
+                .arg(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server starts");
+            // Readiness of an external process: a bounded poll is the only signal there is.
+            loop {
+                if cli(port, &["PING"]).is_some_and(|out| out.trim() == "PONG") {
+                    return ClusterServer {
+                        port,
+                        child: Some(child),
+                    };
+                }
+                if child.try_wait().ok().flatten().is_some() {
+                    break; // Exited (its port was taken): again on other ports.
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("Redis Cluster: no redis-server on port {port} within {CLUSTER_WAIT:?}");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Redis Cluster: no redis-server could start within {CLUSTER_WAIT:?}"
+            );
+        }
     }
 
     /// `redis-cluster://` with every node as a seed.
