@@ -125,7 +125,12 @@ pub(super) fn run(args: &SpillArgs) -> Result<(), BenchError> {
     let dir = tempfile::Builder::new()
         .prefix("skyriver-bench-spill-")
         .tempdir_in(&parent)
-        .map_err(|e| BenchError::Setup(format!("cannot create a directory in {}: {e}", parent.display())))?;
+        .map_err(|e| {
+            BenchError::Setup(format!(
+                "cannot create a directory in {}: {e}",
+                parent.display()
+            ))
+        })?;
     let working_set = 4 * memory;
     let needed = working_set * (args.sizes.len() as u64 + 1) + working_set / 4 + (256 << 20);
     let free = free_bytes(dir.path())?;
@@ -159,7 +164,14 @@ pub(super) fn run(args: &SpillArgs) -> Result<(), BenchError> {
         let daemon =
             ChildDaemon::start_with(memory, &["--spill-dir".into(), spill_dir.clone().into()])?;
         let client = Client::connect(daemon.socket())?;
-        results.push(measure_size(&client, index as u64, size.0, working_set, root, &raw)?);
+        results.push(measure_size(
+            &client,
+            index as u64,
+            size.0,
+            working_set,
+            root,
+            &raw,
+        )?);
         drop(client);
         drop(daemon);
         let _ = std::fs::remove_dir_all(&spill_dir);
