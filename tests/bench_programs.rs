@@ -363,3 +363,23 @@ fn bench_spill_refuses_sizes_the_memory_cannot_hold() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("half of --memory"), "{stderr}");
 }
+
+#[test]
+fn bench_spill_refuses_to_start_without_the_disk_space_it_needs() {
+    let dir = common::test_dir();
+    let output = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args(["bench", "spill", "--memory", "64TiB", "--sizes", "4KiB"])
+        .arg("--spill-dir")
+        .arg(dir.path())
+        .args(["--json", "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("free; bench spill needs"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing left behind"
+    );
+}
