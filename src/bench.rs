@@ -47,6 +47,9 @@ pub enum BenchCommand {
     /// The directory services under many node sessions over real TCP: the built-in head, one
     /// Redis and a Redis Cluster of three masters, with targets marked met or MISSED.
     Directory(directory::DirectoryArgs),
+    /// A store of S bytes with a spill directory and a working set of 4×S: writes, then
+    /// sequential and random gets, next to the disk's raw bandwidth in the same run.
+    Spill(spill::SpillArgs),
 }
 
 mod baselines;
@@ -60,6 +63,7 @@ mod local;
 mod plot;
 mod recovery;
 mod scale;
+mod spill;
 
 /// Options of `bench all`.
 #[derive(Args, Debug, Clone)]
@@ -137,6 +141,7 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::All(args) => run_all(&args),
         BenchCommand::Breakdown(args) => breakdown::run(&args),
         BenchCommand::Directory(args) => directory::run(&args),
+        BenchCommand::Spill(args) => spill::run(&args),
     }
 }
 

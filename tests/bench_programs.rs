@@ -288,3 +288,98 @@ fn bench_cluster_runs_every_pattern_next_to_its_baselines_in_namespaces() {
         "namespaces left behind"
     );
 }
+
+#[test]
+fn bench_spill_writes_four_times_the_memory_and_compares_with_the_raw_disk() {
+    let dir = common::test_dir();
+    let report = skyriver(
+        dir.path(),
+        &[
+            "bench",
+            "spill",
+            "--memory",
+            "4MiB",
+            "--sizes",
+            "64KiB,1MiB",
+            "--spill-dir",
+            dir.path().to_str().unwrap(),
+            "--json",
+            "spill.json",
+        ],
+    );
+    assert_eq!(report["memory_bytes"], 4 << 20);
+    let raw = &report["raw_disk"];
+    assert!(raw["write_mib_per_sec"].as_f64().unwrap() > 0.0);
+    assert!(raw["read_mib_per_sec"].as_f64().unwrap() > 0.0);
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for (row, size) in results.iter().zip([64u64 << 10, 1 << 20]) {
+        assert_eq!(row["size_bytes"], size);
+        assert_eq!(row["working_set_bytes"], 16u64 << 20);
+        assert!(row["spilled_objects"].as_u64().unwrap() > 0, "{row}");
+        assert!(row["restores"].as_u64().unwrap() > 0, "{row}");
+        for phase in ["write", "get_sequential", "get_random"] {
+            assert_eq!(row[phase]["objects"], (16u64 << 20) / size);
+            assert!(row[phase]["mib_per_sec"].as_f64().unwrap() > 0.0);
+        }
+        for ratio in [
+            "write_over_raw",
+            "restore_over_raw",
+            "random_restore_over_raw",
+        ] {
+            assert!(row[ratio].as_f64().unwrap() > 0.0);
+        }
+    }
+    assert!(report["ray"].is_string());
+    // The temporary spill directory is gone.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("skyriver-bench-spill-")
+        })
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn bench_spill_refuses_sizes_the_memory_cannot_hold() {
+    let output = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args([
+            "bench",
+            "spill",
+            "--memory",
+            "4MiB",
+            "--sizes",
+            "4MiB",
+            "--json",
+            "/dev/null",
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("half of --memory"), "{stderr}");
+}
+
+#[test]
+fn bench_spill_refuses_to_start_without_the_disk_space_it_needs() {
+    let dir = common::test_dir();
+    let output = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args(["bench", "spill", "--memory", "64TiB", "--sizes", "4KiB"])
+        .arg("--spill-dir")
+        .arg(dir.path())
+        .args(["--json", "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("free; bench spill needs"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing left behind"
+    );
+}
