@@ -221,6 +221,7 @@ impl EventLoop {
                 self.spill_latency.restore.observe(elapsed);
                 NodeInput::RestoreDone { op, result }
             }
+            SpillCompletion::Discarded { .. } => return,
         };
         self.feed(now, input);
     }

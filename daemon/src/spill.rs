@@ -200,6 +200,13 @@ pub enum SpillCompletion {
         /// Bytes read.
         bytes: u64,
     },
+    /// A record was removed. Nothing for the node to hear; the loop moves queued jobs on, as
+    /// after every completion (without it, a backlog of discards would never drain, and jobs
+    /// queued behind it would wait forever).
+    Discarded {
+        /// The record.
+        op: SpillOpId,
+    },
 }
 
 enum Job {
@@ -442,7 +449,7 @@ fn io_thread(
             }
             Job::Discard { op } => {
                 disk.discard(op);
-                continue;
+                SpillCompletion::Discarded { op }
             }
         };
         if done.send(completion).is_err() {
@@ -863,6 +870,39 @@ mod tests {
         (0..len)
             .map(|i| (i as u8).wrapping_mul(13) ^ seed)
             .collect()
+    }
+
+    /// Discards report back like every job, so a backlog of them drains as the loop pumps
+    /// after each completion (a mass delete once left its backlog, and every spill queued
+    /// behind it, waiting forever).
+    #[test]
+    fn a_backlog_of_discards_drains() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut io, mut completions) = SpillIo::start(dir.path());
+        let discards = 3 * JOB_QUEUE as u64;
+        for n in 0..discards {
+            io.discard(SpillOpId(1_000_000 + n));
+        }
+        assert!(
+            io.backlog() > 0,
+            "more discards than the queue holds wait on the loop"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut discarded = 0u64;
+        while discarded < discards {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "stuck: {discarded} of {discards} discards reported, backlog {}",
+                io.backlog()
+            );
+            match completions.try_recv() {
+                Ok(SpillCompletion::Discarded { .. }) => discarded += 1,
+                Ok(other) => panic!("only discards were queued: {other:?}"),
+                Err(_) => std::thread::yield_now(),
+            }
+            io.pump();
+        }
+        assert_eq!(io.backlog(), 0);
     }
 
     #[test]
