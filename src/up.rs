@@ -887,7 +887,7 @@ fn file_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) 
 pub fn run(args: &UpArgs) -> Result<(), UpError> {
     let exe = crate::self_exe().map_err(UpError::OwnPath)?;
     let stop = Arc::new(AtomicBool::new(false));
-    watch_stop_signals(stop.clone())?;
+    watch_stop_signals(stop.clone()).map_err(UpError::Signals)?;
     eprintln!(
         "starting {} daemons with {} each...",
         args.nodes,
@@ -966,17 +966,16 @@ pub fn run(args: &UpArgs) -> Result<(), UpError> {
     }
 }
 
-/// Sets `stop` at SIGINT, SIGTERM or SIGHUP.
-fn watch_stop_signals(stop: Arc<AtomicBool>) -> Result<(), UpError> {
+/// Sets `stop` at SIGINT, SIGTERM or SIGHUP (`up`'s and `chaos`'s clean stop).
+pub(crate) fn watch_stop_signals(stop: Arc<AtomicBool>) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
-        .map_err(UpError::Signals)?;
+        .build()?;
     let (mut interrupt, mut terminate, mut hangup) = {
         // Registering needs the runtime's context; the handlers live on with it.
         let _guard = runtime.enter();
-        let watch = |kind| signal(kind).map_err(UpError::Signals);
+        let watch = signal;
         (
             watch(SignalKind::interrupt())?,
             watch(SignalKind::terminate())?,

@@ -101,31 +101,8 @@ pub enum ChaosError {
 
 /// Sets the returned flag at SIGINT, SIGTERM or SIGHUP, so the run stops and cleans up.
 pub fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
-    use tokio::signal::unix::{signal, SignalKind};
     let stop = Arc::new(AtomicBool::new(false));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (mut interrupt, mut terminate, mut hangup) = {
-        let _guard = runtime.enter();
-        let watch = signal;
-        (
-            watch(SignalKind::interrupt())?,
-            watch(SignalKind::terminate())?,
-            watch(SignalKind::hangup())?,
-        )
-    };
-    let flag = stop.clone();
-    std::thread::spawn(move || {
-        runtime.block_on(async move {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
-                _ = hangup.recv() => {}
-            }
-        });
-        flag.store(true, Ordering::SeqCst);
-    });
+    crate::up::watch_stop_signals(stop.clone())?;
     Ok(stop)
 }
 
