@@ -344,6 +344,8 @@ impl Harness {
                     );
                 }
                 StoreOutput::Local(_) => {}
+                // The fuzzed store has no spill tier: it never spills nor restores.
+                other => panic!("a store without a spill tier put out {other:?}"),
             }
         }
         while let Some(change) = self.store.poll_durable_change() {
