@@ -2,6 +2,7 @@
 //! objects of every size class from each other.
 
 mod common;
+use common::pattern;
 
 use std::time::Duration;
 
@@ -19,18 +20,6 @@ fn cluster(nodes: u32, eager_threshold: &str) -> (tempfile::TempDir, LocalCluste
     let cluster =
         LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
     (dir, cluster)
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
 }
 
 const SIZES: [usize; 6] = [1 << 10, 60 << 10, 256 << 10, 1 << 20, 8 << 20, 64 << 20];

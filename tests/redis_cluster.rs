@@ -7,6 +7,7 @@
 //! `SKYRIVER_REQUIRE_REDIS` is set (CI sets it), in which case they fail.
 
 mod common;
+use common::pattern;
 
 use std::time::{Duration, Instant};
 
@@ -30,18 +31,6 @@ fn start(nodes: u32, redis: &RedisCluster) -> (tempfile::TempDir, LocalCluster) 
     let cluster =
         LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
     (dir, cluster)
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
 }
 
 /// One object of each size class: inline, eager, chunked, large.

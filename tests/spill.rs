@@ -4,6 +4,7 @@
 //! other bytes.
 
 mod common;
+use common::pattern;
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,18 +17,6 @@ const DISK: common::skip::Requirement = common::skip::Requirement {
     required_by: None,
     to_run: "run where the temporary directory's file system has 3 GiB free",
 };
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
-}
 
 /// The number an id was made from (`ObjectId::from_u64`).
 fn key(id: &ObjectId) -> u64 {

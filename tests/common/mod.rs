@@ -13,6 +13,19 @@ use skyriver_daemon::{DaemonConfig, DaemonHandle};
 #[path = "../../transport/tests/support/skip.rs"]
 pub mod skip;
 
+/// `len` bytes that differ with `seed` (xorshift), for objects whose bytes a test checks.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
 /// A temporary directory for one test's sockets and files.
 pub fn test_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
