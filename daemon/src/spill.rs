@@ -272,6 +272,10 @@ impl SpillIo {
     /// returned channel.
     pub fn start(dir: &Path) -> (Self, mpsc::UnboundedReceiver<SpillCompletion>) {
         let (jobs_tx, jobs_rx) = sync_channel::<Job>(JOB_QUEUE);
+        // Unbounded, but bounded by the job queue: an IO thread sends one completion per job
+        // it took, and the loop moves more jobs in only after receiving a completion, so at
+        // most JOB_QUEUE + IO_THREADS wait here, plus the loop's own immediate failures of one
+        // drive pass (received in its next turn). The threads never wait on the loop.
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let disk = Arc::new(Disk {
             dir: dir.to_path_buf(),
