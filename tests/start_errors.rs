@@ -26,6 +26,7 @@ fn config(dir: &std::path::Path, fabric: FabricChoice, directory: DirectoryChoic
         cluster_name: "default".into(),
         cluster_token: ClusterToken::new(SECRET),
         advertise: None,
+        join_timeout: std::time::Duration::ZERO,
     });
     config
 }
@@ -137,4 +138,56 @@ fn a_missing_rdma_device_is_a_fabric_error_with_its_cause() {
         fabric.source().is_some(),
         "the verbs error is kept: {error:?}"
     );
+}
+
+/// A daemon started before its head (every daemon of a job starts at once, or the head is
+/// restarting) keeps trying for its `join_timeout` and joins once the head serves.
+#[test]
+fn a_daemon_started_before_its_head_joins_once_the_head_serves() {
+    use std::time::{Duration, Instant};
+    let dir = common::test_dir();
+    // The head's address, held by a listener that turns the first attempt away.
+    let early = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let head_addr = early.local_addr().unwrap();
+    let mut joining = config(
+        &dir.path().join("joining"),
+        FabricChoice::Tcp,
+        DirectoryChoice::Join {
+            head: head_addr.to_string(),
+        },
+    );
+    joining.node = skyriver_core::NodeId(1);
+    joining.cluster.as_mut().unwrap().join_timeout = Duration::from_secs(60);
+    std::fs::create_dir_all(dir.path().join("joining")).unwrap();
+    let joiner = std::thread::spawn(move || DaemonHandle::start(joining));
+
+    // Its first attempt arrives and is closed unanswered: the head is not up yet.
+    early.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match early.accept() {
+            Ok((attempt, _)) => {
+                drop(attempt);
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "the daemon never tried to join");
+                assert!(!joiner.is_finished(), "the daemon gave up before trying");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    drop(early);
+
+    let head = DaemonHandle::start(config(
+        dir.path(),
+        FabricChoice::Tcp,
+        DirectoryChoice::Head { listen: head_addr },
+    ))
+    .expect("the head starts on its address");
+    let joined = joiner.join().expect("the joining thread");
+    let joined = joined.expect("the daemon joined once the head served");
+    joined.stop();
+    head.stop();
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use skyriver_transport::directory::DirectoryNotice;
-use tracing::info;
+use tracing::{info, warn};
 
 /// The directory this daemon joined.
 pub(super) struct JoinedDirectory {
@@ -73,15 +73,7 @@ pub(super) async fn connect_directory(
         DirectoryChoice::Join { head } => DirectorySpec::Builtin { addr: head.clone() },
         DirectoryChoice::Redis { url } => DirectorySpec::Redis { url: url.clone() },
     };
-    let directory = skyriver_transport::directory::connect(
-        &spec,
-        me,
-        &cluster.cluster_name,
-        &cluster.cluster_token,
-        notices,
-    )
-    .await
-    .map_err(DirectoryStartError::Join)?;
+    let directory = join_waiting(&spec, me, cluster, notices).await?;
     let description = match (&spec, &server) {
         (DirectorySpec::Builtin { addr }, Some(_)) => {
             format!("built-in directory at {addr} (served by this node)")
@@ -95,6 +87,52 @@ pub(super) async fn connect_directory(
         description,
     })
 }
+
+/// Joins the directory, trying again while it cannot be reached, for up to the cluster's
+/// `join_timeout`: daemons started together (by Slurm, or after a head restart) need not wait
+/// for the head in order. A refusal (wrong token, duplicate id) or a bad address ends at once.
+async fn join_waiting(
+    spec: &skyriver_transport::directory::DirectorySpec,
+    me: skyriver_transport::directory::MemberInfo,
+    cluster: &super::ClusterConfig,
+    notices: tokio::sync::mpsc::UnboundedSender<DirectoryNotice>,
+) -> Result<Arc<dyn skyriver_transport::directory::Directory>, DirectoryStartError> {
+    use skyriver_transport::directory::DirectoryError;
+    let give_up_at = tokio::time::Instant::now() + cluster.join_timeout;
+    let mut pause = JOIN_RETRY_FIRST;
+    let mut waiting = false;
+    loop {
+        let attempt = skyriver_transport::directory::connect(
+            spec,
+            me.clone(),
+            &cluster.cluster_name,
+            &cluster.cluster_token,
+            notices.clone(),
+        )
+        .await;
+        match attempt {
+            Ok(directory) => return Ok(directory),
+            Err(error @ DirectoryError::Unreachable { .. })
+                if tokio::time::Instant::now() + pause < give_up_at =>
+            {
+                if !waiting {
+                    warn!(%error, wait_s = cluster.join_timeout.as_secs_f64(),
+                        "the directory does not answer yet: trying again (--join-timeout)");
+                    waiting = true;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(JOIN_RETRY_MAX);
+            }
+            Err(error) => return Err(DirectoryStartError::Join(error)),
+        }
+    }
+}
+
+/// First pause before joining an unreachable directory again; it doubles up to
+/// [`JOIN_RETRY_MAX`].
+const JOIN_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+/// Longest pause between tries to join an unreachable directory.
+const JOIN_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// `HOST:PORT` of the directory, to find the route (and so the source address) peers reach
 /// this node by; `None` for a head listening on an unspecified address.

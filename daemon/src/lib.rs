@@ -188,6 +188,9 @@ pub struct ClusterConfig {
     /// The IP peers dial when `listen` is unspecified (`0.0.0.0`) [default: the source
     /// address of the route towards the directory].
     pub advertise: Option<std::net::IpAddr>,
+    /// How long a starting daemon tries again to join a directory that cannot be reached
+    /// (zero: one try).
+    pub join_timeout: std::time::Duration,
 }
 
 /// Why the daemon could not start or stopped.

@@ -29,7 +29,11 @@
 //! committed as soon as they arrive, and the delete's reply waits for that commit.
 //!
 //! A failed flush is fail-stop: the daemon cannot promise durability any more, so it logs the
-//! error and aborts; a restart recovers the last consistent state.
+//! error and aborts; a restart recovers the last consistent state. One failure is waited out
+//! instead: the index must grow to record new objects and its file system is full. The index
+//! grows before anything is written, so nothing changed; the committer tries the same commit
+//! again with back-off, changes queue up behind it, and once they reach the node's bound of
+//! unpersisted changes the node holds new requests until the disk has room again.
 
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -363,19 +367,51 @@ impl Committer {
                     Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
                 }
             }
-            self.commit();
+            self.commit(None);
         }
-        // The queue closed: the daemon is stopping. Commit the rest (it is staged already).
-        self.commit();
+        // The queue closed: the daemon is stopping. Commit the rest (it is staged already),
+        // waiting a bounded time for space on a full file system.
+        self.commit(Some(std::time::Instant::now() + STOPPING_SPACE_WAIT));
     }
 
-    fn commit(&mut self) {
-        if let Err(error) = self.persistence.backing.commit() {
-            fail_stop(&error);
+    /// Commits what is staged. A full file system that keeps the index from growing is waited
+    /// out (nothing was written, so the same commit is tried again; meanwhile the node holds
+    /// new requests once its unpersisted changes reach their bound), until `give_up_at` if
+    /// given; any other failure stops the daemon.
+    fn commit(&mut self, give_up_at: Option<std::time::Instant>) {
+        let mut wait = SPACE_RETRY_FIRST;
+        let mut warned = false;
+        loop {
+            match self.persistence.backing.commit() {
+                Ok(_) => break,
+                Err(error)
+                    if error.is_retryable()
+                        && give_up_at.is_none_or(|at| std::time::Instant::now() < at) =>
+                {
+                    if !warned {
+                        warn!(%error, "the store's index cannot grow: new objects wait for free space");
+                        warned = true;
+                    }
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(SPACE_RETRY_MAX);
+                }
+                Err(error) => fail_stop(&error),
+            }
+        }
+        if warned {
+            info!("the store's index has grown: objects are recorded again");
         }
         self.durable.send_replace(self.staged_upto);
     }
 }
+
+/// First pause before a commit refused for lack of space is tried again; it doubles up to
+/// [`SPACE_RETRY_MAX`].
+const SPACE_RETRY_FIRST: Duration = Duration::from_millis(50);
+/// Longest pause between tries of a commit refused for lack of space.
+const SPACE_RETRY_MAX: Duration = Duration::from_secs(1);
+/// How long a stopping daemon waits for space to record what is staged before it gives up.
+const STOPPING_SPACE_WAIT: Duration = Duration::from_secs(5);
 
 fn fail_stop(error: &PersistError) -> ! {
     error!(%error, "cannot make the store durable; stopping (a restart recovers the last durable state)");

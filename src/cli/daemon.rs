@@ -161,6 +161,12 @@ pub(super) struct DaemonArgs {
     /// [default: the source address of the route towards the directory]
     #[arg(long, value_name = "IP", requires = "membership")]
     pub(super) advertise: Option<std::net::IpAddr>,
+    /// At start, how long to keep trying to join a directory (the head, or Redis) that does
+    /// not answer yet, e.g. when every daemon of a job starts at once; 0: give up at the
+    /// first failure
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, requires = "membership",
+          value_parser = parse_join_timeout)]
+    pub(super) join_timeout: u64,
     /// Spill sealed objects nobody holds to this directory (local disk) when memory is
     /// needed, instead of forgetting them; they stay present and come back on get or fetch.
     /// Must exist and be writable; old spill files in it are removed at start.
@@ -426,9 +432,19 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), CliError> {
             cluster_name: args.cluster.clone(),
             cluster_token: choice.token(),
             advertise: args.advertise,
+            join_timeout: std::time::Duration::from_secs(args.join_timeout),
         });
     }
     Ok(skyriver_daemon::run_until_signalled(config)?)
+}
+
+fn parse_join_timeout(text: &str) -> Result<u64, ValueError> {
+    in_range(
+        text,
+        0..=86_400,
+        "a daemon that waits longer than a day for its directory is better restarted by its \
+         job scheduler",
+    )
 }
 
 pub(super) fn parse_threshold(text: &str) -> Result<ThresholdPolicy, ValueError> {

@@ -272,6 +272,7 @@ impl<S: Storage> SlotIndex<S> {
     /// Writes every staged change, not synced: the removals' slots are zeroed, each staged
     /// seal gets a record in a free slot. Durable only after [`SlotIndex::sync`].
     pub fn write_staged(&mut self) -> Result<WriteStats, S::Error> {
+        self.reserve_for_staged()?;
         let removals = self.write_removals()?;
         let seals = std::mem::take(&mut self.staged_seals);
         let mut stats = WriteStats { seals: 0, removals };
@@ -287,6 +288,30 @@ impl<S: Storage> SlotIndex<S> {
             stats.seals += 1;
         }
         Ok(stats)
+    }
+
+    /// Grows the index until every staged seal has a free slot, before anything is written:
+    /// when the medium cannot grow (a full file system), the error leaves the index and what
+    /// is staged as they were, and the commit can be tried again once there is room.
+    pub fn reserve_for_staged(&mut self) -> Result<(), S::Error> {
+        let missing = (self.staged_seals.len() as u64).saturating_sub(self.free_slots.len() as u64);
+        if missing > 0 {
+            self.grow_by_at_least(missing)?;
+        }
+        Ok(())
+    }
+
+    /// Doubles the slot table (as often as needed) until it has `slots` more slots. On an
+    /// error nothing changed.
+    fn grow_by_at_least(&mut self, slots: u64) -> Result<(), S::Error> {
+        let mut grown = (self.slot_count * 2).max(INITIAL_SLOTS);
+        while grown - self.slot_count < slots {
+            grown *= 2;
+        }
+        self.storage.set_len(slot_offset(grown))?;
+        self.free_slots.extend(self.slot_count..grown);
+        self.slot_count = grown;
+        Ok(())
     }
 
     /// The barrier: everything written is durable; zeroed slots become free.
@@ -343,15 +368,13 @@ impl<S: Storage> SlotIndex<S> {
     }
 
     fn take_free_slot(&mut self) -> Result<u64, S::Error> {
-        if let Some(slot) = self.free_slots.pop_first() {
-            return Ok(slot);
+        loop {
+            if let Some(slot) = self.free_slots.pop_first() {
+                return Ok(slot);
+            }
+            // Not reached after `reserve_for_staged`; kept so the table stays whole regardless.
+            self.grow_by_at_least(1)?;
         }
-        let grown = (self.slot_count * 2).max(INITIAL_SLOTS);
-        self.storage.set_len(slot_offset(grown))?;
-        self.free_slots.extend(self.slot_count + 1..grown);
-        let slot = self.slot_count;
-        self.slot_count = grown;
-        Ok(slot)
     }
 
     fn write_slot(&mut self, slot: u64, bytes: &[u8; RECORD_BYTES]) -> Result<(), S::Error> {

@@ -174,3 +174,91 @@ fn a_foreign_or_short_header_is_refused() {
         Err(OpenError::Header(HeaderError::Checksum))
     ));
 }
+
+/// A medium on a file system that may be full: growing fails while `full`.
+struct FillableStorage {
+    inner: MemoryStorage,
+    full: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no space left on the medium")]
+struct NoSpace;
+
+impl Storage for FillableStorage {
+    type Error = NoSpace;
+
+    fn len_bytes(&mut self) -> Result<u64, NoSpace> {
+        Ok(ok(self.inner.len_bytes()))
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), NoSpace> {
+        ok(self.inner.read_at(offset, buf));
+        Ok(())
+    }
+
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<(), NoSpace> {
+        ok(self.inner.write_at(offset, bytes));
+        Ok(())
+    }
+
+    fn set_len(&mut self, len_bytes: u64) -> Result<(), NoSpace> {
+        if self.full && len_bytes > ok(self.inner.len_bytes()) {
+            return Err(NoSpace);
+        }
+        ok(self.inner.set_len(len_bytes));
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), NoSpace> {
+        ok(self.inner.sync());
+        Ok(())
+    }
+}
+
+/// A commit that needs the index to grow on a full medium fails with nothing written and
+/// nothing staged dropped, so the same commit succeeds once there is room: every object is
+/// recorded, none twice (a full disk must be waited out, not lose seals).
+#[test]
+fn a_commit_that_cannot_grow_the_index_changes_nothing_and_succeeds_once_there_is_room() {
+    let storage = FillableStorage {
+        inner: formatted(),
+        full: false,
+    };
+    let (mut index, _) = SlotIndex::open(storage).unwrap();
+    index.finish_recovery([]).unwrap();
+    // Fill the initial slots, then one removal and more seals than the free slots.
+    for n in 0..INITIAL_SLOTS {
+        index.stage(sealed(n, n * 64, 1));
+    }
+    index.commit().unwrap();
+    index.stage(DurableChange::Removed {
+        id: ObjectId::from_u64(0),
+    });
+    let extra = 10;
+    for n in INITIAL_SLOTS..INITIAL_SLOTS + extra {
+        index.stage(sealed(n, n * 64, 1));
+    }
+    index.storage_mut().full = true;
+    let written_before = index.storage().inner.unsynced_writes().count();
+    assert!(index.commit().is_err(), "the index cannot grow");
+    assert_eq!(
+        index.storage().inner.unsynced_writes().count(),
+        written_before,
+        "nothing was written"
+    );
+    assert_eq!(
+        index.staged_seal_count() as u64,
+        extra,
+        "nothing staged was dropped"
+    );
+    assert!(index.has_staged_removals());
+    assert!(index.commit().is_err(), "still full: still nothing");
+
+    index.storage_mut().full = false;
+    let stats = index.commit().unwrap();
+    assert_eq!((stats.seals, stats.removals), (extra, 1));
+    let (_, ids, scan) = recover(index.into_storage().inner);
+    assert_eq!(ids, (1..INITIAL_SLOTS + extra).collect::<Vec<_>>());
+    assert_eq!(scan.slots, INITIAL_SLOTS * 2);
+}

@@ -162,6 +162,34 @@ pub enum PersistError {
     /// Mapping the data file as an arena failed.
     #[error(transparent)]
     Arena(#[from] ArenaError),
+    /// The index must grow to record the staged seals and its file system is full. Nothing
+    /// was written and nothing staged was dropped: the same commit succeeds once there is room.
+    #[error(
+        "the index {path} cannot grow to record new objects: {source}; nothing was written, \
+         and the commit is retried once space is freed on its file system"
+    )]
+    IndexFull {
+        /// The index file.
+        path: PathBuf,
+        /// The OS error (no space, or over quota).
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl PersistError {
+    /// Whether the failed commit changed nothing and may be tried again later.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::IndexFull { .. })
+    }
+}
+
+/// Whether `error` says the file system has no room (no space left, or over quota).
+fn is_out_of_space(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(code) if code == nix::libc::ENOSPC || code == nix::libc::EDQUOT
+    )
 }
 
 fn io_error<'a>(
@@ -236,11 +264,14 @@ impl<F: std::ops::Deref<Target = File>> Storage for IndexFile<F> {
             ) {
                 Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => {}
                 Err(errno) => {
+                    // Back to the old length: a later growth must reserve this range again,
+                    // not find it already inside the file, unreserved.
+                    let _ = self.file.set_len(old_len);
                     return Err(PersistError::Io {
                         op: "fallocate",
                         path: self.path.clone(),
                         source: errno.into(),
-                    })
+                    });
                 }
             }
         }
@@ -413,6 +444,16 @@ impl BackingFile {
         if !self.index.has_staged() {
             return Ok(stats);
         }
+        // Room for every record first: on a full file system this fails with nothing
+        // written, and the committer tries again later instead of stopping the daemon.
+        self.index
+            .reserve_for_staged()
+            .map_err(|error| match error {
+                PersistError::Io { path, source, .. } if is_out_of_space(&source) => {
+                    PersistError::IndexFull { path, source }
+                }
+                other => other,
+            })?;
         self.flush_data(&mut stats)?;
         let written = self.index.commit()?;
         stats.seals = written.seals;
