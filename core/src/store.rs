@@ -380,6 +380,23 @@ impl Store {
         })
     }
 
+    /// A sealed object's sizes, in memory or spilled, and its digest when known.
+    pub fn sealed_sizes_and_digest(
+        &self,
+        id: &ObjectId,
+    ) -> Option<(crate::wire::ObjectSizes, Option<ContentDigest>)> {
+        let (data_size, metadata_size, digest) = match self.objects.get(id) {
+            Some(entry) if entry.sealed => (entry.data_size, entry.metadata_size, entry.digest()),
+            Some(_) => return None,
+            None => self.spilled_sizes(id)?,
+        };
+        let sizes = crate::wire::ObjectSizes {
+            data_size,
+            metadata_size,
+        };
+        Some((sizes, digest))
+    }
+
     /// The digest of a sealed object's bytes, when known.
     pub fn digest(&self, id: &ObjectId) -> Option<ContentDigest> {
         match self.objects.get(id).filter(|entry| entry.sealed) {

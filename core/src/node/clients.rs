@@ -251,7 +251,11 @@ impl Node {
     /// The directory became reachable (`Ok`) or not (`Err` with why).
     pub(super) fn handle_directory_health(&mut self, now: Instant, health: Result<(), String>) {
         self.advance(now);
+        let healthy = health.is_ok();
         self.clients.cluster.directory_problem = health.err();
+        if healthy {
+            self.publish_unvouched_again();
+        }
     }
 
     /// How the connection to `peer` is set up (fabric, lanes, MTU…), for `nodes` replies.

@@ -92,6 +92,33 @@ impl Node {
         self.set_timer(self.now + delay, Timer::Publication(id));
     }
 
+    /// The directory answers again: publish anew every copy it has not vouched for and whose
+    /// publication gave up. A copy sealed or recovered while it was out is served to peers
+    /// only once a publication of it is accepted, and that publication may have given up
+    /// (after [`NodeConfig::max_directory_attempts`]) before the directory came back; the
+    /// directory client's own replay re-registers it, but its answer does not reach the node.
+    /// Publications still on their way or waiting to retry are left to finish.
+    ///
+    /// [`NodeConfig::max_directory_attempts`]: super::NodeConfig::max_directory_attempts
+    pub(super) fn publish_unvouched_again(&mut self) {
+        let unvouched: Vec<ObjectId> = self
+            .unvouched
+            .iter()
+            .filter(|id| !self.publications.contains_key(id))
+            .copied()
+            .collect();
+        for id in unvouched {
+            match self.store.sealed_sizes_and_digest(&id) {
+                Some((sizes, Some(digest))) => {
+                    self.want_publication(id, Want::Publish(sizes, digest));
+                }
+                // Gone from the store (its withdrawal clears it), or no digest to publish:
+                // it stays unserved to peers, the safe side.
+                _ => {}
+            }
+        }
+    }
+
     pub(super) fn send_publication(&mut self, id: ObjectId) {
         let Some(publication) = self.publications.get(&id) else {
             return;

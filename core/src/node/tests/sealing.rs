@@ -419,3 +419,60 @@ fn a_copy_sealed_without_the_directorys_acceptance_is_not_served_until_it_accept
     let info = ok_info(&replies[before][0]);
     assert_eq!(w.local_bytes(1, &info), vec![7; 100]);
 }
+
+/// Chaos seed 3 (`--overlap`): a copy sealed while the head restarted, whose publication gave
+/// up before the head was back, was refused to peers for good, although the directory
+/// client's replay had registered it. A directory that answers again gets it published anew,
+/// and once accepted it is served.
+#[test]
+fn a_copy_whose_publication_gave_up_while_the_directory_was_out_is_served_once_it_is_back() {
+    let mut w = World::new(2, |c| c.max_directory_attempts = 2);
+    w.hold_directory = true;
+    w.feed(
+        0,
+        NodeInput::DirectoryHealth {
+            health: Err("head restarting".into()),
+        },
+    );
+    let bytes = World::bytes_of(1, 100);
+    assert_eq!(w.put_bytes(0, 1, &bytes), Some(Response::Done(Ok(()))));
+    // Every attempt answered Unavailable: the publication gives up.
+    for _ in 0..2 {
+        w.answer_directory(
+            0,
+            is_publish,
+            DirectoryReply::Unavailable {
+                reason: "head restarting".into(),
+            },
+        );
+        w.advance(w.nodes[0].config().retry_backoff * 2);
+    }
+    assert!(
+        !w.held_directory
+            .iter()
+            .any(|(n, _, r)| n.0 == 0 && is_publish(r)),
+        "the publication gave up"
+    );
+    let refusals = |w: &World| {
+        w.sent(0)
+            .iter()
+            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
+            .count()
+    };
+    w.fetch_from(1, &[1], 0, TransferMode::Auto);
+    assert_eq!(refusals(&w), 1, "refused while unvouched");
+
+    // The head is back: the copy is published again, accepted, and served.
+    w.feed(0, NodeInput::DirectoryHealth { health: Ok(()) });
+    w.pump();
+    w.answer_directory(0, is_publish, DirectoryReply::Done);
+    // The first fetch has timed out meanwhile.
+    w.advance(w.nodes[0].config().retry_backoff);
+    let before = w.replies(1).len();
+    w.fetch_from(1, &[1], 0, TransferMode::Auto);
+    assert_eq!(refusals(&w), 1, "no new refusal once accepted");
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), before + 1, "served once accepted");
+    let info = ok_info(&replies[before][0]);
+    assert_eq!(w.local_bytes(1, &info), bytes);
+}
