@@ -684,7 +684,9 @@ mod tests {
             source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         };
         let cause = error.source().expect("the failing call's error");
-        let io = cause.downcast_ref::<std::io::Error>().expect("an io::Error");
+        let io = cause
+            .downcast_ref::<std::io::Error>()
+            .expect("an io::Error");
         assert_eq!(io.kind(), std::io::ErrorKind::PermissionDenied);
         assert!(error.to_string().starts_with("cannot write results.json: "));
     }
