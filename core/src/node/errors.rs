@@ -258,3 +258,20 @@ pub enum TransferFailure {
         expected: ContentDigest,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::{ReadError, TransferFailure};
+
+    #[test]
+    fn a_failed_read_ends_its_transfer_with_the_read_error_as_cause() {
+        let failure = TransferFailure::Read(ReadError::ConnectionLost);
+        let cause = failure.source().expect("the READ's error");
+        assert_eq!(
+            cause.downcast_ref::<ReadError>(),
+            Some(&ReadError::ConnectionLost)
+        );
+    }
+}
