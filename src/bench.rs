@@ -88,9 +88,47 @@ pub enum BenchError {
     /// The client failed.
     #[error(transparent)]
     Client(#[from] skyriver_client::ClientError),
-    /// A step of the benchmark's setup or of writing its results failed.
+    /// A system call of the benchmark's setup, or writing its results, failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The arguments ask for what cannot run (their combination, or what this machine has).
     #[error("{0}")]
-    Setup(String),
+    Usage(String),
+    /// A `bench all` step's arguments do not parse.
+    #[error(transparent)]
+    Args(#[from] clap::Error),
+    /// Entering a node's network namespace failed.
+    #[error(transparent)]
+    Netns(#[from] crate::netns::NetnsError),
+    /// Network namespaces cannot be made here (`bench cluster` runs its nodes in them).
+    #[error("bench cluster runs its nodes in network namespaces, which cannot be made here: {0}")]
+    NoNamespaces(#[source] crate::netns::NetnsUnavailable),
+    /// A fetch of the benchmark's objects failed.
+    #[error(transparent)]
+    Fetch(#[from] skyriver_core::node::FetchError),
+    /// The results do not encode as JSON.
+    #[error("cannot encode the results as JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A thread of the benchmark panicked (its panic was printed).
+    #[error("a {0} thread panicked")]
+    ThreadPanicked(&'static str),
+    /// A server the benchmark measures answered what its protocol does not allow.
+    #[error("{server} answered {answer:?}")]
+    BadAnswer {
+        /// Which server, and to what.
+        server: &'static str,
+        /// Its answer.
+        answer: String,
+    },
+    /// A check of the benchmark's own results or setup failed.
+    #[error("{0}")]
+    Check(String),
     /// No temporary directory for a daemon's socket.
     #[error("cannot create a directory under $TMPDIR: {0}")]
     TempDir(#[source] std::io::Error),
@@ -153,8 +191,10 @@ fn run_all(args: &AllArgs) -> Result<(), BenchError> {
         #[command(subcommand)]
         command: BenchCommand,
     }
-    std::fs::create_dir_all(&args.out)
-        .map_err(|e| BenchError::Setup(format!("cannot create {}: {e}", args.out.display())))?;
+    std::fs::create_dir_all(&args.out).map_err(|e| BenchError::Io {
+        what: format!("cannot create {}", args.out.display()),
+        source: e,
+    })?;
     let out = |name: &str| args.out.join(name).display().to_string();
     let millis = args.millis_per_case.to_string();
     let objects = args.scale_objects.to_string();
@@ -203,7 +243,7 @@ fn run_all(args: &AllArgs) -> Result<(), BenchError> {
         eprintln!("== [{}/3] bench {name} ==", index + 1);
         println!("== bench {name} ==");
         let parsed = Wrapper::try_parse_from(std::iter::once("bench".to_string()).chain(argv))
-            .map_err(|e| BenchError::Setup(e.to_string()))?;
+            .map_err(BenchError::Args)?;
         run(parsed.command)?;
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -397,19 +437,27 @@ impl CpuPlacement {
 /// Binds the calling thread to `cpu`.
 pub(crate) fn pin_this_thread(cpu: usize) -> Result<(), BenchError> {
     let mut set = nix::sched::CpuSet::new();
-    set.set(cpu)
-        .map_err(|e| BenchError::Setup(format!("cpu {cpu}: {e}")))?;
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
-        .map_err(|e| BenchError::Setup(format!("cannot bind this thread to cpu {cpu}: {e}")))
+    set.set(cpu).map_err(|e| BenchError::Io {
+        what: format!("cpu {cpu}"),
+        source: e.into(),
+    })?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(|e| BenchError::Io {
+        what: format!("cannot bind this thread to cpu {cpu}"),
+        source: e.into(),
+    })
 }
 
 /// Binds every thread of process `pid` to `cpu` (threads it starts later inherit it).
 pub(crate) fn pin_process(pid: u32, cpu: usize) -> Result<(), BenchError> {
     let mut set = nix::sched::CpuSet::new();
-    set.set(cpu)
-        .map_err(|e| BenchError::Setup(format!("cpu {cpu}: {e}")))?;
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map_err(|e| BenchError::Setup(format!("cannot list the threads of {pid}: {e}")))?;
+    set.set(cpu).map_err(|e| BenchError::Io {
+        what: format!("cpu {cpu}"),
+        source: e.into(),
+    })?;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| BenchError::Io {
+        what: format!("cannot list the threads of {pid}"),
+        source: e,
+    })?;
     for task in tasks.flatten() {
         let Some(tid) = task
             .file_name()
@@ -620,5 +668,26 @@ impl MachineInfo {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::BenchError;
+
+    #[test]
+    fn a_failed_setup_step_keeps_its_cause() {
+        let error = BenchError::Io {
+            what: "cannot write results.json".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        let cause = error.source().expect("the failing call's error");
+        let io = cause
+            .downcast_ref::<std::io::Error>()
+            .expect("an io::Error");
+        assert_eq!(io.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(error.to_string().starts_with("cannot write results.json: "));
     }
 }

@@ -62,6 +62,11 @@ fn source(value: &Bound<'_, PyAny>, what: &str) -> PyResult<Source> {
         export.buf_ptr().cast::<u8>().cast_const(),
         export.len_bytes(),
     );
+    // The buffer protocol's consumer glue, the one unsafe block of the binding outside
+    // `__getbuffer__`/`__releasebuffer__`. It stays here: the copy runs without the GIL, and
+    // PyO3's safe readers of an export (`PyBuffer::as_slice`, `copy_to_slice`) need it held;
+    // and `skyriver-transport` cannot take the export itself without depending on PyO3, which
+    // would link libpython into every program that uses the transport.
     // SAFETY: the consumer's half of the buffer protocol: an export's `len` contiguous bytes
     // at `buf` stay valid until the export is released, and the `SharedBytes` holds the
     // export until it is dropped. It copies them out by raw pointers only, since the

@@ -49,7 +49,10 @@ pub(super) struct Prepared {
 }
 
 pub(super) fn setup_error(what: &str) -> impl Fn(std::io::Error) -> BenchError + '_ {
-    move |e| BenchError::Setup(format!("{what}: {e}"))
+    move |e| BenchError::Io {
+        what: what.to_string(),
+        source: e,
+    }
 }
 
 /// A server thread per connection, bound to `cpu`, answering each request with `serve`.
@@ -282,7 +285,7 @@ pub(super) fn plasma_chunks(
                     let end = (cursor + CHUNK).min(len);
                     let n = stream.read(&mut buffer[cursor..end]).map_err(&io)?;
                     if n == 0 {
-                        return Err(BenchError::Setup("plasma-4k: server closed".into()));
+                        return Err(BenchError::Check("plasma-4k: server closed".into()));
                     }
                     cursor += n;
                 }
@@ -412,10 +415,10 @@ impl RedisServer {
         let mut reply = [0u8; 5];
         stream.read_exact(&mut reply).map_err(&io)?;
         if &reply != b"+OK\r\n" {
-            return Err(BenchError::Setup(format!(
-                "redis SET answered {:?}",
-                String::from_utf8_lossy(&reply)
-            )));
+            return Err(BenchError::BadAnswer {
+                server: "redis SET",
+                answer: String::from_utf8_lossy(&reply).into_owned(),
+            });
         }
         let get = format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len()).into_bytes();
         let mut workers: Vec<Worker> = Vec::new();
@@ -436,9 +439,12 @@ impl RedisServer {
                     let len: usize = line
                         .strip_prefix('$')
                         .and_then(|l| l.trim_end().parse().ok())
-                        .ok_or_else(|| BenchError::Setup(format!("redis GET answered {line:?}")))?;
+                        .ok_or_else(|| BenchError::BadAnswer {
+                            server: "redis GET",
+                            answer: line.clone(),
+                        })?;
                     if len != buffer.len() {
-                        return Err(BenchError::Setup(format!("redis GET returned {len} bytes")));
+                        return Err(BenchError::Check(format!("redis GET returned {len} bytes")));
                     }
                     reader.read_exact(&mut buffer).map_err(&io)?;
                     let mut crlf = [0u8; 2];

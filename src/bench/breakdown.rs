@@ -209,7 +209,7 @@ pub(super) fn run(args: &BreakdownArgs) -> Result<(), BenchError> {
         // Threads and processes started from here on inherit it.
         pin_this_thread(args.cpus.cpus().0)?;
     }
-    let exe = crate::self_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+    let exe = crate::self_exe().map_err(BenchError::OwnPath)?;
     let load_average = std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
         .trim()
@@ -248,8 +248,10 @@ pub(super) fn run(args: &BreakdownArgs) -> Result<(), BenchError> {
         runs,
     };
     let json = serde_json::to_string_pretty(&report).expect("plain data serializes");
-    std::fs::write(&args.json, json)
-        .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.json.display())))?;
+    std::fs::write(&args.json, json).map_err(|e| BenchError::Io {
+        what: format!("cannot write {}", args.json.display()),
+        source: e,
+    })?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }

@@ -274,7 +274,7 @@ fn run_round<S: Send>(
         for handle in handles {
             let (bytes, start, end) = handle
                 .join()
-                .map_err(|_| BenchError::Setup("a benchmark thread panicked".into()))??;
+                .map_err(|_| BenchError::ThreadPanicked("benchmark"))??;
             if bytes > 0 {
                 round.push((bytes, start, end));
             }
@@ -294,7 +294,10 @@ fn object_id(round: u64, pattern: Pattern, object: usize, size: u64) -> ObjectId
 }
 
 fn setup_error(what: &str) -> impl Fn(std::io::Error) -> BenchError + '_ {
-    move |e| BenchError::Setup(format!("{what}: {e}"))
+    move |e| BenchError::Io {
+        what: what.to_string(),
+        source: e,
+    }
 }
 
 /// Socket buffers of the TCP fabric's connections (its `SOCKET_BUFFER_BYTES * 16`), given to
@@ -332,7 +335,7 @@ impl RawTcp {
             let addr = SocketAddr::from((netns.hosts[node].addr, 0));
             let listener = netns
                 .in_namespace(node, || TcpListener::bind(addr))
-                .map_err(|e| BenchError::Setup(e.to_string()))?
+                .map_err(BenchError::Netns)?
                 .map_err(setup_error("raw TCP listener"))?;
             addrs.push(listener.local_addr().map_err(setup_error("raw TCP"))?);
             let payload = payload.clone();
@@ -369,7 +372,7 @@ impl RawTcp {
                 }
                 let stream = netns
                     .in_namespace(node, || TcpStream::connect(addr))
-                    .map_err(|e| BenchError::Setup(e.to_string()))?
+                    .map_err(BenchError::Netns)?
                     .map_err(setup_error("raw TCP connect"))?;
                 tune(&stream)?;
                 row.push(Some(stream));
@@ -440,7 +443,7 @@ impl Redis {
         let addr = self.addr;
         let stream = netns
             .in_namespace(node, || TcpStream::connect(addr))
-            .map_err(|e| BenchError::Setup(e.to_string()))?
+            .map_err(BenchError::Netns)?
             .map_err(setup_error("redis connect"))?;
         stream.set_nodelay(true).map_err(setup_error("redis"))?;
         Ok(BufReader::with_capacity(64 * 1024, stream))
@@ -468,7 +471,10 @@ fn redis_set(reader: &mut BufReader<TcpStream>, key: &str, size: u64) -> Result<
     let mut line = String::new();
     reader.read_line(&mut line).map_err(&io)?;
     if line != "+OK\r\n" {
-        return Err(BenchError::Setup(format!("redis SET answered {line:?}")));
+        return Err(BenchError::BadAnswer {
+            server: "redis SET",
+            answer: line,
+        });
     }
     Ok(())
 }
@@ -502,9 +508,12 @@ fn redis_get(
     let len: usize = line
         .strip_prefix('$')
         .and_then(|l| l.trim_end().parse().ok())
-        .ok_or_else(|| BenchError::Setup(format!("redis GET answered {line:?}")))?;
+        .ok_or_else(|| BenchError::BadAnswer {
+            server: "redis GET",
+            answer: line.clone(),
+        })?;
     if len != buffer.len() {
-        return Err(BenchError::Setup(format!("redis GET returned {len} bytes")));
+        return Err(BenchError::Check(format!("redis GET returned {len} bytes")));
     }
     reader.read_exact(buffer).map_err(&io)?;
     let mut crlf = [0u8; 2];
@@ -513,22 +522,18 @@ fn redis_get(
 
 pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     if args.nodes < 3 {
-        return Err(BenchError::Setup(
+        return Err(BenchError::Usage(
             "bench cluster needs --nodes 3 or more".into(),
         ));
     }
-    crate::netns::available().map_err(|reason| {
-        BenchError::Setup(format!(
-            "bench cluster runs its nodes in network namespaces, which cannot be made here: {reason}"
-        ))
-    })?;
+    crate::netns::available().map_err(BenchError::NoNamespaces)?;
     // Ctrl-C or SIGTERM removes the namespaces and what runs in them.
     crate::netns::remove_on_signal();
     let nodes = args.nodes as usize;
     let largest = args.sizes.iter().map(|s| s.0).max().unwrap_or(0);
     // all-to-all: a node holds its object and N−1 copies; broadcast: N−1 copies.
     let memory = ByteSize((largest * nodes as u64 + (64 << 20)).max(128 << 20));
-    let exe = crate::self_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+    let exe = crate::self_exe().map_err(BenchError::OwnPath)?;
     eprintln!(
         "starting {nodes} daemons in network namespaces with {} each{}...",
         format_bytes(memory.0),
@@ -546,7 +551,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     let netns = cluster
         .netns
         .as_ref()
-        .ok_or_else(|| BenchError::Setup("the cluster has no namespaces".into()))?;
+        .ok_or_else(|| BenchError::Check("the cluster has no namespaces".into()))?;
     let shape = netns.shape.clone();
     let view = Client::connect(&cluster.sockets[1])?.nodes()?;
     for member in view.members.iter().filter(|m| m.node != view.node) {
@@ -742,7 +747,10 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
         &args.json,
         serde_json::to_string_pretty(&document).expect("results serialize"),
     )
-    .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.json.display())))?;
+    .map_err(|e| BenchError::Io {
+        what: format!("cannot write {}", args.json.display()),
+        source: e,
+    })?;
     eprintln!("wrote {}", args.json.display());
     let mut series: Vec<super::plot::Series> = Vec::new();
     for row in &rows {
@@ -765,8 +773,10 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
         "aggregate bandwidth, {nodes} nodes in namespaces, {}",
         describe_link(args, &shape)
     );
-    std::fs::write(&args.plot, super::plot::svg(&title, &series))
-        .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.plot.display())))?;
+    std::fs::write(&args.plot, super::plot::svg(&title, &series)).map_err(|e| BenchError::Io {
+        what: format!("cannot write {}", args.plot.display()),
+        source: e,
+    })?;
     eprintln!("wrote {}", args.plot.display());
     Ok(())
 }
@@ -803,7 +813,7 @@ fn skyriver_round(
     for &id in &ids {
         while clients[0].locate(id)?.holders.is_empty() {
             if started.elapsed() > Duration::from_secs(10) {
-                return Err(BenchError::Setup(format!("{id} was never published")));
+                return Err(BenchError::Check(format!("{id} was never published")));
             }
             std::thread::sleep(Duration::from_micros(200));
         }
@@ -820,10 +830,7 @@ fn skyriver_round(
         match pattern {
             Pattern::AllToAll if !wants.is_empty() => {
                 for result in client.fetch(&wants, timeout)? {
-                    bytes += result
-                        .map_err(|e| BenchError::Setup(e.to_string()))?
-                        .data()
-                        .len() as u64;
+                    bytes += result.map_err(BenchError::Fetch)?.data().len() as u64;
                 }
             }
             _ => {
@@ -836,8 +843,8 @@ fn skyriver_round(
                             let mut results = client.fetch_from(&[id], timeout, holder)?;
                             results
                                 .pop()
-                                .ok_or_else(|| BenchError::Setup("no fetch result".into()))?
-                                .map_err(|e| BenchError::Setup(e.to_string()))?
+                                .ok_or_else(|| BenchError::Check("no fetch result".into()))?
+                                .map_err(BenchError::Fetch)?
                         }
                         None => client.fetch_one(id, timeout)?,
                     };
@@ -896,7 +903,7 @@ fn tcp_round(
                     for handle in handles {
                         bytes += handle
                             .join()
-                            .map_err(|_| BenchError::Setup("a TCP thread panicked".into()))??;
+                            .map_err(|_| BenchError::ThreadPanicked("TCP"))??;
                     }
                     Ok::<_, BenchError>(())
                 })?;

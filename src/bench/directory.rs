@@ -183,7 +183,10 @@ fn free_port() -> Result<u16, BenchError> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| BenchError::Setup(format!("no free loopback port: {e}")))
+        .map_err(|e| BenchError::Io {
+            what: "no free loopback port".into(),
+            source: e,
+        })
 }
 
 /// Polls `done` for up to 30 s.
@@ -191,7 +194,10 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) -> Result<(), BenchErr
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done() {
         if Instant::now() > deadline {
-            return Err(BenchError::Setup(format!("{what}: not within 30 s")));
+            return Err(BenchError::NotReady {
+                what: what.to_string(),
+                within: Duration::from_secs(30),
+            });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -213,7 +219,10 @@ fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
 
 /// `count` redis-servers (cluster nodes if `cluster`) without persistence.
 fn start_redis(count: usize, cluster: bool) -> Result<(Service, Vec<u16>), BenchError> {
-    let dir = tempfile::tempdir().map_err(|e| BenchError::Setup(format!("temp dir: {e}")))?;
+    let dir = tempfile::tempdir().map_err(|e| BenchError::Io {
+        what: "temp dir".into(),
+        source: e,
+    })?;
     let mut service = Service {
         children: Vec::new(),
         _dir: None,
@@ -222,7 +231,10 @@ fn start_redis(count: usize, cluster: bool) -> Result<(Service, Vec<u16>), Bench
     for _ in 0..count {
         let port = free_port()?;
         let node_dir = dir.path().join(port.to_string());
-        std::fs::create_dir(&node_dir).map_err(|e| BenchError::Setup(e.to_string()))?;
+        std::fs::create_dir(&node_dir).map_err(|e| BenchError::Io {
+            what: format!("cannot create {}", node_dir.display()),
+            source: e,
+        })?;
         let mut command = Command::new("redis-server");
         command
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -243,10 +255,10 @@ fn start_redis(count: usize, cluster: bool) -> Result<(Service, Vec<u16>), Bench
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| {
-                BenchError::Setup(format!(
-                    "cannot start redis-server ({e}); install it (ci/install-deps.sh)"
-                ))
+            .map_err(|source| BenchError::Spawn {
+                program: "redis-server",
+                hint: "; install it (ci/install-deps.sh)",
+                source,
             })?;
         service.children.push(child);
         ports.push(port);
@@ -264,9 +276,12 @@ fn start_redis(count: usize, cluster: bool) -> Result<(Service, Vec<u16>), Bench
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
-            .map_err(|e| BenchError::Setup(format!("redis-cli: {e}")))?;
+            .map_err(|e| BenchError::Io {
+                what: "redis-cli".into(),
+                source: e,
+            })?;
         if !out.status.success() {
-            return Err(BenchError::Setup(format!(
+            return Err(BenchError::Check(format!(
                 "redis-cli --cluster create: {}",
                 String::from_utf8_lossy(&out.stdout)
             )));
@@ -284,22 +299,28 @@ fn start_redis(count: usize, cluster: bool) -> Result<(Service, Vec<u16>), Bench
 
 /// The head, alone in a child process (this binary with `--serve-head`).
 fn start_head() -> Result<(Service, u16), BenchError> {
-    let exe = std::env::current_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+    let exe = std::env::current_exe().map_err(BenchError::OwnPath)?;
     let mut child = Command::new(exe)
         .args(["bench", "directory", "--serve-head"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .map_err(|e| BenchError::Setup(format!("cannot start the head: {e}")))?;
+        .map_err(|e| BenchError::Io {
+            what: "cannot start the head".into(),
+            source: e,
+        })?;
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("piped"))
         .read_line(&mut line)
-        .map_err(|e| BenchError::Setup(format!("the head's port: {e}")))?;
-    let port = line
-        .trim()
-        .parse()
-        .map_err(|_| BenchError::Setup(format!("the head printed {line:?}, not its port")))?;
+        .map_err(|e| BenchError::Io {
+            what: "the head's port".into(),
+            source: e,
+        })?;
+    let port = line.trim().parse().map_err(|_| BenchError::BadAnswer {
+        server: "the head (its port)",
+        answer: line.clone(),
+    })?;
     Ok((
         Service {
             children: vec![child],
@@ -314,13 +335,24 @@ fn serve_head() -> Result<(), BenchError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| BenchError::Setup(e.to_string()))?;
+        .map_err(|e| BenchError::Io {
+            what: "cannot start a Tokio runtime".into(),
+            source: e,
+        })?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .map_err(|e| BenchError::Setup(e.to_string()))?;
-        let server = BuiltinDirectoryServer::spawn(listener, ServerConfig::new(TOKEN))
-            .map_err(|e| BenchError::Setup(e.to_string()))?;
+            .map_err(|e| BenchError::Io {
+                what: "cannot bind the head's listener".into(),
+                source: e,
+            })?;
+        let server =
+            BuiltinDirectoryServer::spawn(listener, ServerConfig::new(TOKEN)).map_err(|e| {
+                BenchError::Io {
+                    what: "cannot start the head".into(),
+                    source: e,
+                }
+            })?;
         println!("{}", server.local_addr().port());
         // Until the parent closes stdin (or dies).
         let _ = tokio::task::spawn_blocking(|| {
@@ -505,7 +537,7 @@ async fn run_backend(
         next += batch.len();
         for task in batch {
             let (session, latency) = task.await.expect("a connect task").map_err(|e| {
-                BenchError::Setup(format!("{name}: a session did not connect: {e}"))
+                BenchError::Check(format!("{name}: a session did not connect: {e}"))
             })?;
             sessions.push(session);
             connect_latencies.push(latency);
@@ -653,7 +685,10 @@ pub fn run(args: &DirectoryArgs) -> Result<(), BenchError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| BenchError::Setup(e.to_string()))?;
+        .map_err(|e| BenchError::Io {
+            what: "cannot start a Tokio runtime".into(),
+            source: e,
+        })?;
     let mut reports = Vec::new();
     for backend in args.backends.split(',').map(str::trim) {
         let report = match backend {
@@ -686,7 +721,7 @@ pub fn run(args: &DirectoryArgs) -> Result<(), BenchError> {
                 ))?
             }
             other => {
-                return Err(BenchError::Setup(format!(
+                return Err(BenchError::Usage(format!(
                     "unknown backend {other:?}: use head, redis, redis-cluster"
                 )))
             }
@@ -702,10 +737,11 @@ pub fn run(args: &DirectoryArgs) -> Result<(), BenchError> {
         backends: reports,
         targets,
     };
-    let json =
-        serde_json::to_string_pretty(&report).map_err(|e| BenchError::Setup(e.to_string()))?;
-    std::fs::write(&args.json, json)
-        .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.json.display())))?;
+    let json = serde_json::to_string_pretty(&report).map_err(BenchError::Json)?;
+    std::fs::write(&args.json, json).map_err(|e| BenchError::Io {
+        what: format!("cannot write {}", args.json.display()),
+        source: e,
+    })?;
     println!("results written to {}", args.json.display());
     Ok(())
 }

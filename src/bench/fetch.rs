@@ -133,7 +133,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
     let concurrency = args.concurrency.max(1);
     let largest = args.sizes.iter().map(|s| s.0).max().unwrap_or(0);
     let memory = ByteSize((largest * (2 * concurrency as u64 + 1)).max(128 << 20));
-    let exe = crate::self_exe().map_err(|e| BenchError::Setup(e.to_string()))?;
+    let exe = crate::self_exe().map_err(BenchError::OwnPath)?;
     let baselines: Vec<String> = args
         .baselines
         .iter()
@@ -163,7 +163,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
     let modes: Vec<TransferMode> = args
         .modes
         .iter()
-        .map(|m| m.parse().map_err(BenchError::Setup))
+        .map(|m| m.parse().map_err(BenchError::Usage))
         .collect::<Result<_, _>>()?;
     let mut clusters = Vec::new();
     let mut builds = vec![(String::new(), exe.clone(), false, Vec::new())];
@@ -483,7 +483,10 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         &args.json,
         serde_json::to_string_pretty(&document).expect("results serialize"),
     )
-    .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.json.display())))?;
+    .map_err(|e| BenchError::Io {
+        what: format!("cannot write {}", args.json.display()),
+        source: e,
+    })?;
     eprintln!("wrote {}", args.json.display());
     let series: Vec<super::plot::Series> = systems
         .iter()
@@ -501,8 +504,10 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         concurrency,
         if concurrency == 1 { "" } else { "s" }
     );
-    std::fs::write(&args.plot, super::plot::svg(&title, &series))
-        .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.plot.display())))?;
+    std::fs::write(&args.plot, super::plot::svg(&title, &series)).map_err(|e| BenchError::Io {
+        what: format!("cannot write {}", args.plot.display()),
+        source: e,
+    })?;
     eprintln!("wrote {}", args.plot.display());
     Ok(())
 }
@@ -725,11 +730,8 @@ fn measure_concurrent(
             handles
                 .into_iter()
                 .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(BenchError::Setup(
-                            "a benchmark client thread panicked".into(),
-                        ))
-                    })
+                    h.join()
+                        .unwrap_or_else(|_| Err(BenchError::ThreadPanicked("benchmark client")))
                 })
                 .collect()
         });

@@ -119,8 +119,10 @@ pub(super) fn run(args: &LocalArgs) -> Result<(), BenchError> {
     let metered = match (args.metrics, &args.socket) {
         (true, None) => {
             let memory = (largest * 4).max(256 << 20);
-            let port = crate::up::free_loopback_port()
-                .map_err(|e| BenchError::Setup(format!("no free loopback port: {e}")))?;
+            let port = crate::up::free_loopback_port().map_err(|e| BenchError::Io {
+                what: "no free loopback port".into(),
+                source: e,
+            })?;
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
             let daemon =
                 ChildDaemon::start_with(memory, &["--metrics".into(), addr.to_string().into()])?;
@@ -129,7 +131,7 @@ pub(super) fn run(args: &LocalArgs) -> Result<(), BenchError> {
             Some((daemon, client, Scraper::start(addr, Duration::from_secs(1))))
         }
         (true, Some(_)) => {
-            return Err(BenchError::Setup(
+            return Err(BenchError::Usage(
                 "--metrics starts its own daemons; leave out --socket".into(),
             ))
         }
@@ -500,6 +502,8 @@ fn write_json(
         "round_trips": round_trips,
     });
     let text = serde_json::to_string_pretty(&document).expect("results serialize");
-    std::fs::write(path, text)
-        .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", path.display())))
+    std::fs::write(path, text).map_err(|e| BenchError::Io {
+        what: format!("cannot write {}", path.display()),
+        source: e,
+    })
 }

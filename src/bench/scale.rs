@@ -75,14 +75,17 @@ fn object_id(index: u64) -> ObjectId {
 }
 
 fn rss_anon_bytes(pid: u32) -> Result<u64, BenchError> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|e| BenchError::Setup(format!("cannot read the daemon's memory use: {e}")))?;
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| BenchError::Io {
+            what: "cannot read the daemon's memory use".into(),
+            source: e,
+        })?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("RssAnon:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kib| kib * 1024)
-        .ok_or_else(|| BenchError::Setup("no RssAnon in /proc/PID/status".into()))
+        .ok_or_else(|| BenchError::Check("no RssAnon in /proc/PID/status".into()))
 }
 
 /// A small, fast, seeded generator for picking objects (no need for quality here).
@@ -161,7 +164,7 @@ pub(super) fn run(args: &ScaleArgs) -> Result<(), BenchError> {
         for handle in handles {
             handle
                 .join()
-                .map_err(|_| BenchError::Setup("a fill thread panicked".into()))??;
+                .map_err(|_| BenchError::ThreadPanicked("fill"))??;
         }
         Ok(())
     })?;
@@ -272,7 +275,10 @@ pub(super) fn run(args: &ScaleArgs) -> Result<(), BenchError> {
         &args.json,
         serde_json::to_string_pretty(&document).expect("results serialize"),
     )
-    .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.json.display())))?;
+    .map_err(|e| BenchError::Io {
+        what: format!("cannot write {}", args.json.display()),
+        source: e,
+    })?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }

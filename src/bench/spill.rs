@@ -114,7 +114,7 @@ pub struct SizeResult {
 pub(super) fn run(args: &SpillArgs) -> Result<(), BenchError> {
     let memory = args.memory.0;
     if let Some(size) = args.sizes.iter().find(|s| s.0 == 0 || s.0 > memory / 2) {
-        return Err(BenchError::Setup(format!(
+        return Err(BenchError::Usage(format!(
             "--sizes: {} is not between 1 byte and half of --memory ({})",
             format_bytes(size.0),
             format_bytes(memory)
@@ -125,17 +125,15 @@ pub(super) fn run(args: &SpillArgs) -> Result<(), BenchError> {
     let dir = tempfile::Builder::new()
         .prefix("skyriver-bench-spill-")
         .tempdir_in(&parent)
-        .map_err(|e| {
-            BenchError::Setup(format!(
-                "cannot create a directory in {}: {e}",
-                parent.display()
-            ))
+        .map_err(|e| BenchError::Io {
+            what: format!("cannot create a directory in {}", parent.display()),
+            source: e,
         })?;
     let working_set = 4 * memory;
     let needed = working_set * (args.sizes.len() as u64 + 1) + working_set / 4 + (256 << 20);
     let free = free_bytes(dir.path())?;
     if free < needed {
-        return Err(BenchError::Setup(format!(
+        return Err(BenchError::Usage(format!(
             "{} has {} free; bench spill needs {} (4×{} per size and for the raw disk file, \
              plus a margin): give a smaller --memory, fewer --sizes or another --spill-dir",
             parent.display(),
@@ -158,8 +156,9 @@ pub(super) fn run(args: &SpillArgs) -> Result<(), BenchError> {
         eprintln!("measuring {}...", format_bytes(size.0));
         // A fresh daemon (and spill directory) per size: each size starts from an empty tier.
         let spill_dir = dir.path().join(format!("spill-{index}"));
-        std::fs::create_dir(&spill_dir).map_err(|e| {
-            BenchError::Setup(format!("cannot create {}: {e}", spill_dir.display()))
+        std::fs::create_dir(&spill_dir).map_err(|e| BenchError::Io {
+            what: format!("cannot create {}", spill_dir.display()),
+            source: e,
         })?;
         let daemon =
             ChildDaemon::start_with(memory, &["--spill-dir".into(), spill_dir.clone().into()])?;
@@ -189,15 +188,19 @@ pub(super) fn run(args: &SpillArgs) -> Result<(), BenchError> {
         "machine": MachineInfo::probe(),
     });
     let text = serde_json::to_string_pretty(&document).expect("results serialize");
-    std::fs::write(&args.json, text)
-        .map_err(|e| BenchError::Setup(format!("cannot write {}: {e}", args.json.display())))?;
+    std::fs::write(&args.json, text).map_err(|e| BenchError::Io {
+        what: format!("cannot write {}", args.json.display()),
+        source: e,
+    })?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }
 
 fn free_bytes(dir: &Path) -> Result<u64, BenchError> {
-    let vfs = nix::sys::statvfs::statvfs(dir)
-        .map_err(|e| BenchError::Setup(format!("cannot stat {}: {e}", dir.display())))?;
+    let vfs = nix::sys::statvfs::statvfs(dir).map_err(|e| BenchError::Io {
+        what: format!("cannot stat {}", dir.display()),
+        source: e.into(),
+    })?;
     Ok(vfs.blocks_available() as u64 * vfs.fragment_size() as u64)
 }
 
@@ -233,8 +236,9 @@ fn open_raw(path: &Path, write: bool, direct: bool) -> std::io::Result<std::fs::
 /// Writes then reads `bytes` to a file at `path` in [`RAW_CHUNK`] IOs, with `O_DIRECT` where
 /// the file system takes it; removes the file.
 fn raw_disk(path: &Path, bytes: u64, root: bool) -> Result<RawDisk, BenchError> {
-    let io = |action: &str, e: std::io::Error| {
-        BenchError::Setup(format!("raw disk: cannot {action} {}: {e}", path.display()))
+    let io = |action: &str, e: std::io::Error| BenchError::Io {
+        what: format!("raw disk: cannot {action} {}", path.display()),
+        source: e,
     };
     let o_direct = open_raw(path, true, true).is_ok();
     let mut storage = vec![0u8; RAW_CHUNK + DIRECT_ALIGN];
@@ -262,7 +266,7 @@ fn raw_disk(path: &Path, bytes: u64, root: bool) -> Result<RawDisk, BenchError> 
     let read_secs = started.elapsed().as_secs_f64();
     let _ = std::fs::remove_file(path);
     if chunk[RAW_CHUNK - 1] != ((RAW_CHUNK - 1) % 251) as u8 {
-        return Err(BenchError::Setup("raw disk: read back other bytes".into()));
+        return Err(BenchError::Check("raw disk: read back other bytes".into()));
     }
     let mib = (chunks * RAW_CHUNK as u64) as f64 / (1u64 << 20) as f64;
     Ok(RawDisk {
@@ -308,7 +312,7 @@ fn check(data: &[u8], n: u64, size: u64) -> Result<(), BenchError> {
         || data[len - width..] != stamp[..width]
         || !middle_ok
     {
-        return Err(BenchError::Setup(format!(
+        return Err(BenchError::Check(format!(
             "object {n} of {} came back with other bytes",
             format_bytes(size)
         )));

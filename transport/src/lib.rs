@@ -1,6 +1,7 @@
 //! All unsafe code of the project lives in this crate, each block with a `// SAFETY:` comment;
-//! outside it, only the glue PyO3's buffer protocol demands (`__getbuffer__`/`__releasebuffer__`
-//! in `python/`).
+//! outside it, only the glue PyO3's buffer protocol demands in `python/`: the exporter's
+//! `__getbuffer__`/`__releasebuffer__` (`buffers.rs`) and the consumer's hold on an export it
+//! copies from (`source` in `client.rs`).
 //!
 //! Skyriver's IO: shared-memory arenas, fd passing and fabrics. Arena memory is viewed only
 //! through claim-checked views ([`ReadableRegion`], [`WritableRegion`]), by clients, the

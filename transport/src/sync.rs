@@ -1,6 +1,6 @@
 //! The synchronisation primitives of the cross-thread structures that are model-checked with
-//! loom (the arena's claims, the TCP grants, the verbs poller's hand-off): std's, or loom's in
-//! a model build.
+//! loom (the arena's claims, the TCP grants, the verbs poller's hand-off and window pool):
+//! std's, or loom's in a model build.
 //!
 //! A model build sets a cfg of this crate's own, `skyriver_loom`, not the customary `loom`:
 //! `RUSTFLAGS='--cfg loom'` applies to every crate of the build, and tokio (a dependency) then

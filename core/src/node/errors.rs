@@ -2,9 +2,11 @@
 
 use std::fmt;
 
+use crate::digest::ContentDigest;
 use crate::error::StoreError;
 use crate::ids::{NodeId, ObjectId};
 use crate::region::LocalRegion;
+use crate::wire::ObjectSizes;
 
 /// Why a READ failed, as the driver reports it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
@@ -147,4 +149,129 @@ pub enum FetchError {
     /// The local store refused the object (out of memory, too large).
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Why a transfer from one holder ended without the object (the fetch then tries another).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransferFailure {
+    /// The connection to the holder was lost.
+    #[error("connection to {holder} lost")]
+    ConnectionLost {
+        /// The holder.
+        holder: NodeId,
+    },
+    /// The holder left before the transfer could start.
+    #[error("{holder} disconnected while queued")]
+    DisconnectedWhileQueued {
+        /// The holder.
+        holder: NodeId,
+    },
+    /// The holder names an object of a size no block can hold.
+    #[error("{holder} names an object of {}+{} bytes", sizes.data_size, sizes.metadata_size)]
+    UnusableSizes {
+        /// The holder.
+        holder: NodeId,
+        /// The sizes it named.
+        sizes: ObjectSizes,
+    },
+    /// The holder's object is not the one the directory described.
+    #[error(
+        "holder has size {}+{} and digest {digest}, the directory said {}+{} and {expected_digest}",
+        sizes.data_size, sizes.metadata_size, expected_sizes.data_size, expected_sizes.metadata_size
+    )]
+    OtherContent {
+        /// The holder's sizes.
+        sizes: ObjectSizes,
+        /// The holder's digest.
+        digest: ContentDigest,
+        /// The directory's sizes.
+        expected_sizes: ObjectSizes,
+        /// The directory's digest.
+        expected_digest: ContentDigest,
+    },
+    /// The holder's lease is too short for any READ to complete within it.
+    #[error("the {lease_ms} ms lease ends before any READ could complete")]
+    LeaseTooShort {
+        /// The lease the holder granted.
+        lease_ms: u32,
+    },
+    /// The holder does not have the object.
+    #[error("holder does not have it")]
+    NotFound,
+    /// The holder is serving all it can.
+    #[error("holder busy")]
+    Busy,
+    /// The holder refused, in its words.
+    #[error("holder error: {reason}")]
+    Refused {
+        /// The holder's reason, from the wire.
+        reason: String,
+    },
+    /// The holder sent a message the transfer's state does not expect.
+    #[error("unexpected {message} in state {state}")]
+    UnexpectedMessage {
+        /// The message.
+        message: String,
+        /// Where the transfer stood.
+        state: String,
+    },
+    /// Eager data came without its payload.
+    #[error("eager data without its bytes")]
+    EagerWithoutBytes,
+    /// An eager chunk that does not continue the object.
+    #[error(
+        "eager chunk at {offset} of size {}+{} and digest {digest}, expected at {expected_offset} \
+         of {}+{} and {expected_digest}",
+        sizes.data_size, sizes.metadata_size, expected_sizes.data_size, expected_sizes.metadata_size
+    )]
+    EagerChunkMismatch {
+        /// The chunk's offset.
+        offset: u64,
+        /// The chunk's object sizes.
+        sizes: ObjectSizes,
+        /// The chunk's object digest.
+        digest: ContentDigest,
+        /// The offset the transfer expected.
+        expected_offset: u64,
+        /// The transfer's sizes.
+        expected_sizes: ObjectSizes,
+        /// The transfer's digest.
+        expected_digest: ContentDigest,
+    },
+    /// A READ of the object failed.
+    #[error("READ failed: {0}")]
+    Read(#[source] ReadError),
+    /// No complete reply from the holder in time.
+    #[error("no complete reply from the holder in time")]
+    NoReplyInTime,
+    /// The READs were not done before the holder's lease would end.
+    #[error("READs not done before the holder's lease would end")]
+    ReadsTooSlow,
+    /// The bytes do not hash to the object id's digest.
+    #[error("the bytes from {holder} hash to {actual}, not to the id's digest {expected}")]
+    DigestMismatch {
+        /// The holder.
+        holder: NodeId,
+        /// What the bytes hash to.
+        actual: ContentDigest,
+        /// The id's digest.
+        expected: ContentDigest,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::{ReadError, TransferFailure};
+
+    #[test]
+    fn a_failed_read_ends_its_transfer_with_the_read_error_as_cause() {
+        let failure = TransferFailure::Read(ReadError::ConnectionLost);
+        let cause = failure.source().expect("the READ's error");
+        assert_eq!(
+            cause.downcast_ref::<ReadError>(),
+            Some(&ReadError::ConnectionLost)
+        );
+    }
 }

@@ -16,7 +16,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::locations::Location;
-use super::{spread_key, DirectoryPurpose, FetchError, Node, Timer, TransferMode, FETCH_CLIENT};
+use super::{
+    spread_key, DirectoryPurpose, FetchError, Node, Timer, TransferFailure, TransferMode,
+    FETCH_CLIENT,
+};
 use crate::client_protocol::Response;
 use crate::digest::ContentDigest;
 use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
@@ -484,7 +487,11 @@ impl Node {
             let (sizes, digest) = object.content.expect("queued objects have sizes");
             if !self.peers.get(&source).is_some_and(|p| p.connected) {
                 self.admission.pop_front();
-                self.source_failed(id, source, format!("{source} disconnected while queued"));
+                self.source_failed(
+                    id,
+                    source,
+                    TransferFailure::DisconnectedWhileQueued { holder: source },
+                );
                 continue;
             }
             let block_len = sizes
@@ -559,12 +566,12 @@ impl Node {
     }
 
     /// A transfer of `id` from `source` ended without the object: try elsewhere.
-    pub(super) fn source_failed(&mut self, id: ObjectId, source: NodeId, reason: String) {
+    pub(super) fn source_failed(&mut self, id: ObjectId, source: NodeId, reason: TransferFailure) {
         let Some(object) = self.objects.get_mut(&id) else {
             return;
         };
         object.last_error = Some(format!("{source}: {reason}"));
-        object.failed.insert(source, reason);
+        object.failed.insert(source, reason.to_string());
         self.locations.forget_holder(&id, source);
         if object.waiters.is_empty() {
             self.objects.remove(&id);

@@ -158,10 +158,10 @@ impl Node {
             },
         );
         let Some(block_len) = sizes.total().and_then(crate::alloc::block_len_for) else {
-            let reason = format!(
-                "{peer} names an object of {}+{} bytes",
-                sizes.data_size, sizes.metadata_size
-            );
+            let reason = super::TransferFailure::UnusableSizes {
+                holder: peer,
+                sizes,
+            };
             self.source_failed(id, peer, reason);
             return Adoption::Declined;
         };

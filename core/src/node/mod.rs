@@ -61,7 +61,7 @@ pub use clients::{ClusterMember, MAX_PARKED_CREATES};
 pub use config::{ArenaKey, NodeConfig, PeerParams, ReadGrant};
 pub use drive::{drive, drive_host, DriveHost};
 pub use driver::NodeDriver;
-pub use errors::{FetchError, GrantError, ReadError, TransferMode};
+pub use errors::{FetchError, GrantError, ReadError, TransferFailure, TransferMode};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
 pub use input::{Handled, NodeInput};
 pub use links::{DialPolicy, PeerLink, Unreachable};
@@ -399,7 +399,7 @@ impl Node {
             .map(|(&tid, _)| tid)
             .collect();
         for tid in from_peer {
-            self.fail_transfer(tid, format!("connection to {peer} lost"));
+            self.fail_transfer(tid, TransferFailure::ConnectionLost { holder: peer });
         }
         self.hints_lost(peer);
         self.absorb_store();
@@ -453,7 +453,7 @@ impl Node {
                     .get(&header.req)
                     .is_some_and(|t| t.source == peer)
                 {
-                    self.fail_transfer(header.req, "eager data without its bytes".into());
+                    self.fail_transfer(header.req, TransferFailure::EagerWithoutBytes);
                 }
             }
             reply => self.handle_transfer_reply(peer, reply),

@@ -41,8 +41,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    GrantError, Node, NodeOutput, ReadError, ReadGrant, ReadOpId, Timer, TransferMode,
-    TransferPath, FETCH_CLIENT,
+    GrantError, Node, NodeOutput, ReadError, ReadGrant, ReadOpId, Timer, TransferFailure,
+    TransferMode, TransferPath, FETCH_CLIENT,
 };
 use crate::digest::ContentDigest;
 use crate::ids::{NodeId, ObjectId, TransferId};
@@ -83,7 +83,7 @@ enum IncomingState {
     /// Failed with READs outstanding; aborted (after a `Finish`) once they complete.
     Draining {
         outstanding: u32,
-        reason: String,
+        reason: TransferFailure,
     },
 }
 
@@ -280,15 +280,12 @@ impl Node {
                 IncomingState::AwaitingReply,
             ) => {
                 if sizes != transfer.sizes || digest != transfer.digest {
-                    let why = format!(
-                        "holder has size {}+{} and digest {digest}, the directory said {}+{} \
-                         and {}",
-                        sizes.data_size,
-                        sizes.metadata_size,
-                        transfer.sizes.data_size,
-                        transfer.sizes.metadata_size,
-                        transfer.digest
-                    );
+                    let why = TransferFailure::OtherContent {
+                        sizes,
+                        digest,
+                        expected_sizes: transfer.sizes,
+                        expected_digest: transfer.digest,
+                    };
                     self.send(peer, PeerMessage::Finish { req: tid });
                     self.fail_transfer(tid, why);
                     return;
@@ -299,10 +296,7 @@ impl Node {
                 let read_deadline = transfer.requested_at + (lease - lease / 4);
                 if read_deadline <= self.now {
                     self.send(peer, PeerMessage::Finish { req: tid });
-                    self.fail_transfer(
-                        tid,
-                        format!("the {lease_ms} ms lease ends before any READ could complete"),
-                    );
+                    self.fail_transfer(tid, TransferFailure::LeaseTooShort { lease_ms });
                     return;
                 }
                 transfer.state = IncomingState::Reading {
@@ -320,16 +314,19 @@ impl Node {
                 self.post_reads(tid);
             }
             (PeerMessage::NotFound { .. }, IncomingState::AwaitingReply) => {
-                self.fail_transfer(tid, "holder does not have it".into())
+                self.fail_transfer(tid, TransferFailure::NotFound)
             }
             (PeerMessage::Busy { .. }, IncomingState::AwaitingReply) => {
-                self.fail_transfer(tid, "holder busy".into())
+                self.fail_transfer(tid, TransferFailure::Busy)
             }
             (PeerMessage::Error { reason, .. }, IncomingState::AwaitingReply) => {
-                self.fail_transfer(tid, format!("holder error: {reason}"))
+                self.fail_transfer(tid, TransferFailure::Refused { reason })
             }
             (message, _) => {
-                let why = format!("unexpected {message} in state {}", transfer.describe());
+                let why = TransferFailure::UnexpectedMessage {
+                    message: message.to_string(),
+                    state: transfer.describe(),
+                };
                 if matches!(message, PeerMessage::Rendezvous { .. }) {
                     self.send(peer, PeerMessage::Finish { req: tid });
                 }
@@ -358,7 +355,10 @@ impl Node {
             transfer.state,
             IncomingState::AwaitingReply | IncomingState::ReceivingEager { .. }
         ) {
-            let why = format!("unexpected eager chunk in state {}", transfer.describe());
+            let why = TransferFailure::UnexpectedMessage {
+                message: "eager chunk".into(),
+                state: transfer.describe(),
+            };
             self.fail_transfer(tid, why);
             return;
         }
@@ -370,17 +370,14 @@ impl Node {
             || header.digest != transfer.digest
             || header.offset != received
         {
-            let why = format!(
-                "eager chunk at {} of size {}+{} and digest {}, expected at {received} of {}+{} \
-                 and {}",
-                header.offset,
-                header.sizes.data_size,
-                header.sizes.metadata_size,
-                header.digest,
-                transfer.sizes.data_size,
-                transfer.sizes.metadata_size,
-                transfer.digest
-            );
+            let why = TransferFailure::EagerChunkMismatch {
+                offset: header.offset,
+                sizes: header.sizes,
+                digest: header.digest,
+                expected_offset: received,
+                expected_sizes: transfer.sizes,
+                expected_digest: transfer.digest,
+            };
             self.fail_transfer(tid, why);
             return;
         }
@@ -532,7 +529,7 @@ impl Node {
                             self.post_reads(tid);
                         }
                     }
-                    Err(error) => self.fail_transfer(tid, format!("READ failed: {error}")),
+                    Err(error) => self.fail_transfer(tid, TransferFailure::Read(error)),
                 }
             }
             IncomingState::Draining {
@@ -541,7 +538,7 @@ impl Node {
             } => {
                 *outstanding -= 1;
                 if *outstanding == 0 {
-                    let reason = std::mem::take(reason);
+                    let reason = reason.clone();
                     self.send(source, PeerMessage::Finish { req: tid });
                     self.end_transfer(tid, Err(reason));
                 }
@@ -551,7 +548,7 @@ impl Node {
     }
 
     /// The transfer cannot complete: abort now, or once its posted READs are in.
-    pub(super) fn fail_transfer(&mut self, tid: TransferId, reason: String) {
+    pub(super) fn fail_transfer(&mut self, tid: TransferId, reason: TransferFailure) {
         let Some(transfer) = self.transfers.get_mut(&tid) else {
             return;
         };
@@ -587,14 +584,14 @@ impl Node {
         };
         let why = match transfer.state {
             IncomingState::AwaitingReply | IncomingState::ReceivingEager { .. } => {
-                "no complete reply from the holder in time"
+                TransferFailure::NoReplyInTime
             }
-            IncomingState::Reading { .. } => "READs not done before the holder's lease would end",
+            IncomingState::Reading { .. } => TransferFailure::ReadsTooSlow,
             IncomingState::Sealing
             | IncomingState::Verifying { .. }
             | IncomingState::Draining { .. } => return,
         };
-        self.fail_transfer(tid, why.into());
+        self.fail_transfer(tid, why);
     }
 
     pub(super) fn seal_written(&mut self, tid: TransferId) {
@@ -634,16 +631,17 @@ impl Node {
             self.end_transfer(tid, Ok(()));
         } else {
             self.stats.digest_mismatches += 1;
-            let why = format!(
-                "the bytes from {} hash to {actual}, not to the id's digest {}",
-                transfer.source, transfer.digest
-            );
+            let why = TransferFailure::DigestMismatch {
+                holder: transfer.source,
+                actual,
+                expected: transfer.digest,
+            };
             self.end_transfer(tid, Err(why));
         }
     }
 
     /// Ends a transfer with no READ outstanding: seal or abort the local object.
-    fn end_transfer(&mut self, tid: TransferId, outcome: Result<(), String>) {
+    fn end_transfer(&mut self, tid: TransferId, outcome: Result<(), TransferFailure>) {
         let transfer = self.transfers.remove(&tid).expect("ending a live transfer");
         assert_eq!(
             transfer.outstanding_reads(),

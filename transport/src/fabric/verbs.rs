@@ -390,10 +390,10 @@ impl VerbsFabric {
                         device = %device_name,
                         "verbs fabric: memory windows: each lease's READs reach only its object"
                     );
-                    Some(Mutex::new(windows::Windows::new(
+                    Some(windows::SharedWindows::new(
                         first,
                         config.max_memory_windows.max(1),
-                    )))
+                    ))
                 }
                 Err(error) => {
                     tracing::warn!(

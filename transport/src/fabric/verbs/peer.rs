@@ -443,7 +443,7 @@ impl PeerConn {
                 status: c.status,
             }),
             Opcode::BindWindow | Opcode::InvalidateWindow if c.status.is_success() => {
-                if let Some(mut windows) = super::windows::windows(s) {
+                if let Some(windows) = super::windows::windows(s) {
                     windows.completed(s, c.wr_id);
                 }
                 Ok(())
@@ -569,7 +569,7 @@ impl PeerConn {
         }
         drop(conn);
         // No READ reaches the destroyed QPs: their leases' windows go with them.
-        if let Some(mut windows) = super::windows::windows(s) {
+        if let Some(windows) = super::windows::windows(s) {
             windows.connection_gone(s, self);
         }
         let _ = st.control.shutdown(Shutdown::Both);

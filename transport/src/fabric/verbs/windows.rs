@@ -10,7 +10,15 @@
 //! are destroyed, so no READ reaches them, and the windows (bound to a dead QP) are freed rather
 //! than re-used.
 //!
-//! Lock order: a connection's state, then [`Windows`] (as for the peer table).
+//! **Threads.** Callers grant and revoke; the poller reports the completions of binds and
+//! invalidations and tears connections down. They share one [`SharedWindows`], whose lock is
+//! taken inside its methods: a grant posts its binds and records its lease in one critical
+//! section, so a bind's completion, polled on another thread, always finds its lease. The
+//! bookkeeping ([`WindowPool`]) is generic over the window, the claim a lease holds and the
+//! queue pairs it posts on ([`WindowLanes`]), so the loom model at the end runs the same code
+//! with a simulated completion queue (`RUSTFLAGS='--cfg skyriver_loom'`, see `crate::sync`).
+//!
+//! Lock order: a connection's state, then the windows (as for the peer table).
 
 use std::collections::BTreeMap;
 
@@ -18,9 +26,13 @@ use skyriver_core::node::{GrantError, ReadGrant};
 use skyriver_core::{LocalRegion, NodeId, TransferId};
 
 use super::peer::{ConnState, PeerConn};
-use super::{lock, FabricError, FabricEvent, Shared};
+use super::{FabricError, FabricEvent, Shared};
 use crate::arena::ReadableRegion;
-use crate::verbs::{MemoryWindow, PostError};
+use crate::sync::{lock, Mutex};
+use crate::verbs::{MemoryWindow, PostError, Registration, VerbsConnection};
+
+/// A lease: the reader and its transfer.
+type Lease = (NodeId, TransferId);
 
 /// Where one lease's windows stand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,17 +45,25 @@ enum Phase {
     Invalidating,
 }
 
+/// What the pool posts on a connection's lanes (its queue pairs).
+pub(super) trait WindowLanes<W> {
+    /// Posts the bind of `window` on `lane` as work request `wr_id`: the window's new rkey.
+    fn bind(&mut self, lane: usize, wr_id: u64, window: &mut W) -> Result<u32, FabricError>;
+    /// Posts the invalidation of `window` on `lane` as work request `wr_id`.
+    fn invalidate(&mut self, lane: usize, wr_id: u64, window: &W) -> Result<(), PostError>;
+}
+
 /// The windows of one lease.
-struct LeaseWindows {
+struct LeaseWindows<W, V> {
     /// The connection (by address) whose lanes they are bound on.
     conn: usize,
     region: LocalRegion,
     /// `region` claimed for reading while a window may be bound over it: nothing in this
     /// process writes the bytes peers may READ. Released when the lease's windows are
     /// invalidated or gone with their connection, before the `ReadRevoked`.
-    _view: ReadableRegion,
+    _view: V,
     /// One per lane, in lane order.
-    windows: Vec<MemoryWindow>,
+    windows: Vec<W>,
     keys: Vec<u32>,
     /// Work requests posted and not completed.
     pending: usize,
@@ -52,22 +72,23 @@ struct LeaseWindows {
     report_revoked: bool,
 }
 
-/// Every lease's windows, and the pool of free ones.
-pub(super) struct Windows {
-    free: Vec<MemoryWindow>,
+/// Every lease's windows, and the pool of free ones: `W` a window, `V` the claim a lease holds
+/// on its region. Single-threaded; [`SharedWindows`] holds it under its lock.
+pub(super) struct WindowPool<W, V> {
+    free: Vec<W>,
     /// Windows in existence (free or bound).
     allocated: usize,
     max: usize,
-    leases: BTreeMap<(NodeId, TransferId), LeaseWindows>,
+    leases: BTreeMap<Lease, LeaseWindows<W, V>>,
     /// Window work requests in flight → their lease and the phase they belong to.
-    requests: BTreeMap<u64, ((NodeId, TransferId), Phase)>,
+    requests: BTreeMap<u64, (Lease, Phase)>,
     next_wr_id: u64,
 }
 
-impl Windows {
+impl<W, V> WindowPool<W, V> {
     /// Memory windows on, with `first` (the probe's window) in the pool and at most `max`.
-    pub(super) fn new(first: MemoryWindow, max: usize) -> Windows {
-        Windows {
+    fn new(first: W, max: usize) -> WindowPool<W, V> {
+        WindowPool {
             free: vec![first],
             allocated: 1,
             max,
@@ -77,15 +98,10 @@ impl Windows {
         }
     }
 
-    /// Leases with windows now (tests, diagnostics): reader, transfer, region, keys.
-    pub(super) fn granted(&self) -> Vec<(NodeId, TransferId, LocalRegion, Vec<u32>)> {
-        self.leases
-            .iter()
-            .map(|(&(peer, req), l)| (peer, req, l.region, l.keys.clone()))
-            .collect()
-    }
-
-    fn window(&mut self, s: &Shared) -> Result<MemoryWindow, FabricError> {
+    fn window(
+        &mut self,
+        alloc: &mut impl FnMut() -> Result<W, FabricError>,
+    ) -> Result<W, FabricError> {
         if let Some(window) = self.free.pop() {
             return Ok(window);
         }
@@ -94,15 +110,12 @@ impl Windows {
                 limit: self.max,
             }));
         }
-        let window = s
-            .device
-            .alloc_window()
-            .map_err(|e| FabricError::Grant(GrantError::Device(format!("ibv_alloc_mw: {e}"))))?;
+        let window = alloc()?;
         self.allocated += 1;
         Ok(window)
     }
 
-    fn wr_id(&mut self, lease: (NodeId, TransferId), phase: Phase) -> u64 {
+    fn wr_id(&mut self, lease: Lease, phase: Phase) -> u64 {
         let id = self.next_wr_id;
         // Work request ids carry 62 bits; wrapping takes centuries.
         self.next_wr_id = (self.next_wr_id + 1) & crate::verbs::WR_ID_MASK;
@@ -110,31 +123,24 @@ impl Windows {
         id
     }
 
-    /// Binds a window over `region` (claimed for reading by `view`) on every lane of `conn`
-    /// for `peer`'s lease `req`. `Ok(())`: answered by `ReadGranted` once the binds complete.
-    pub(super) fn grant(
+    /// Posts a bind of a window over `region` on each of `lane_count` lanes for `lease`: the
+    /// lease's windows (not recorded yet) and the failure that stopped the binds, if one did.
+    #[allow(clippy::too_many_arguments)] // the lease's parts, and what it posts through
+    fn post_binds(
         &mut self,
-        s: &Shared,
-        conn: &PeerConn,
-        st: &mut ConnState,
-        req: TransferId,
+        lease: Lease,
+        conn: usize,
+        lane_count: usize,
         region: LocalRegion,
-        view: ReadableRegion,
-    ) -> Result<(), FabricError> {
-        let peer = conn.peer;
-        let lease = (peer, req);
-        let arena = s
-            .local_arena(&region)
-            .ok_or(FabricError::BadRegion(region))?;
-        let addr = arena.reg.addr() + region.offset;
-        let Some(verbs) = st.conn.as_mut() else {
-            return Err(FabricError::NotConnected(peer));
-        };
-        let mut windows = Vec::with_capacity(conn.lanes);
-        let mut keys = Vec::with_capacity(conn.lanes);
+        view: V,
+        lanes: &mut impl WindowLanes<W>,
+        alloc: &mut impl FnMut() -> Result<W, FabricError>,
+    ) -> (LeaseWindows<W, V>, Option<FabricError>) {
+        let mut windows = Vec::with_capacity(lane_count);
+        let mut keys = Vec::with_capacity(lane_count);
         let mut failure = None;
-        for lane in 0..conn.lanes {
-            let mut window = match self.window(s) {
+        for lane in 0..lane_count {
+            let mut window = match self.window(alloc) {
                 Ok(window) => window,
                 Err(e) => {
                     failure = Some(e);
@@ -142,7 +148,7 @@ impl Windows {
                 }
             };
             let id = self.wr_id(lease, Phase::Binding);
-            match verbs.bind_window(lane, id, &mut window, &arena.reg, addr, region.len) {
+            match lanes.bind(lane, id, &mut window) {
                 Ok(rkey) => {
                     windows.push(window);
                     keys.push(rkey);
@@ -151,20 +157,14 @@ impl Windows {
                     self.requests.remove(&id);
                     // Not bound: back to the pool.
                     self.free.push(window);
-                    failure = Some(FabricError::Grant(GrantError::Device(match e {
-                        PostError::OutsideRegistration { .. } => format!(
-                            "{region} spans two memory regions of its arena, and a window lies \
-                             in one (raise max_mr_bytes)"
-                        ),
-                        e => format!("binding a memory window: {e}"),
-                    })));
+                    failure = Some(e);
                     break;
                 }
             }
         }
         let pending = windows.len();
         let entry = LeaseWindows {
-            conn: conn as *const PeerConn as usize,
+            conn,
             region,
             _view: view,
             windows,
@@ -173,37 +173,44 @@ impl Windows {
             phase: Phase::Binding,
             report_revoked: true,
         };
+        (entry, failure)
+    }
+
+    /// Records the lease whose binds were posted; on `failure`, undoes them (silently: no
+    /// event) and returns it.
+    fn record(
+        &mut self,
+        lease: Lease,
+        entry: LeaseWindows<W, V>,
+        failure: Option<FabricError>,
+        lanes: &mut impl WindowLanes<W>,
+    ) -> Result<(), FabricError> {
+        let posted = entry.pending;
         match failure {
             None => {
                 self.leases.insert(lease, entry);
                 Ok(())
             }
             Some(error) => {
-                // Undo the binds that were posted: invalidate them silently (no event).
-                if pending > 0 {
+                if posted > 0 {
                     self.leases.insert(lease, entry);
-                    self.invalidate(st, lease, false);
+                    self.invalidate(Some(lanes), lease, false);
                 }
                 Err(error)
             }
         }
     }
 
-    /// Ends `peer`'s lease `req`: `true` when no window of it is usable any more, `false` when
-    /// invalidations were posted (answered by `ReadRevoked`).
-    pub(super) fn revoke(
-        &mut self,
-        conn: Option<(&PeerConn, &mut ConnState)>,
-        lease: (NodeId, TransferId),
-    ) -> bool {
+    /// Ends `lease`; `conn`: the connection it is revoked on and its lanes, `None` when that
+    /// connection is gone or has no queue pairs. `true` when no window of it is usable any
+    /// more, `false` when invalidations were posted (answered by `ReadRevoked`).
+    fn revoke(&mut self, conn: Option<(usize, &mut impl WindowLanes<W>)>, lease: Lease) -> bool {
         let Some(windows) = self.leases.get(&lease) else {
             return true; // gone with its connection, or never bound
         };
         match conn {
-            Some((conn, st))
-                if st.conn.is_some() && windows.conn == conn as *const PeerConn as usize =>
-            {
-                self.invalidate(st, lease, true)
+            Some((conn, lanes)) if windows.conn == conn => {
+                self.invalidate(Some(lanes), lease, true)
             }
             // Its connection is gone: its queue pairs were destroyed with it (the windows,
             // bound to a dead QP, are freed rather than re-used).
@@ -217,12 +224,13 @@ impl Windows {
         }
     }
 
-    /// Posts the invalidation of every window of `lease`; `report`: emit `ReadRevoked` when
-    /// done. `true` when nothing is left to wait for.
+    /// Posts the invalidation of every window of `lease` on `lanes` (`None`: no queue pairs,
+    /// the windows are freed); `report`: emit `ReadRevoked` when done. `true` when nothing is
+    /// left to wait for.
     fn invalidate(
         &mut self,
-        st: &mut ConnState,
-        lease: (NodeId, TransferId),
+        lanes: Option<&mut impl WindowLanes<W>>,
+        lease: Lease,
         report: bool,
     ) -> bool {
         let Some(mut entry) = self.leases.remove(&lease) else {
@@ -233,10 +241,10 @@ impl Windows {
         self.requests.retain(|_, (l, _)| *l != lease);
         let mut invalidating = Vec::with_capacity(entry.windows.len());
         let mut windows = std::mem::take(&mut entry.windows).into_iter();
-        if let Some(verbs) = st.conn.as_mut() {
+        if let Some(lanes) = lanes {
             for (lane, window) in windows.by_ref().enumerate() {
                 let id = self.wr_id(lease, Phase::Invalidating);
-                if let Err(error) = verbs.invalidate_window(lane, id, &window) {
+                if let Err(error) = lanes.invalidate(lane, id, &window) {
                     self.requests.remove(&id);
                     tracing::warn!(peer = %lease.0, req = %lease.1, %error, "verbs fabric: cannot post a window invalidation; freeing the window instead");
                     // Freeing a window invalidates it at once (`ibv_dealloc_mw`).
@@ -263,8 +271,8 @@ impl Windows {
         !report
     }
 
-    /// A window work request completed successfully (the poller, under the connection's lock).
-    pub(super) fn completed(&mut self, s: &Shared, wr_id: u64) {
+    /// A window work request completed successfully.
+    fn completed(&mut self, wr_id: u64, emit: &mut impl FnMut(FabricEvent)) {
         let Some((lease, phase)) = self.requests.remove(&wr_id) else {
             return;
         };
@@ -282,38 +290,41 @@ impl Windows {
                 let grant = ReadGrant {
                     keys: entry.keys.clone(),
                 };
-                s.emit(FabricEvent::ReadGranted {
+                emit(FabricEvent::ReadGranted {
                     peer,
                     req,
                     result: Ok(grant),
                 });
             }
             Phase::Invalidating => {
-                let mut entry = self.leases.remove(&lease).expect("found above");
+                let Some(mut entry) = self.leases.remove(&lease) else {
+                    return; // unreachable: found above
+                };
                 self.free.extend(std::mem::take(&mut entry.windows));
                 let report_revoked = entry.report_revoked;
                 // The region's claim ends before the core hears the revocation.
                 drop(entry);
                 if report_revoked {
-                    s.emit(FabricEvent::ReadRevoked { peer, req });
+                    emit(FabricEvent::ReadRevoked { peer, req });
                 }
             }
             Phase::Bound => {}
         }
     }
 
-    /// `conn` was torn down (its QPs destroyed): its leases' windows are freed, a grant under
-    /// way fails and a revocation under way is complete.
-    pub(super) fn connection_gone(&mut self, s: &Shared, conn: &PeerConn) {
-        let id = conn as *const PeerConn as usize;
-        let gone: Vec<(NodeId, TransferId)> = self
+    /// Connection `conn` was torn down (its QPs destroyed): its leases' windows are freed, a
+    /// grant under way fails and a revocation under way is complete.
+    fn connection_gone(&mut self, conn: usize, emit: &mut impl FnMut(FabricEvent)) {
+        let gone: Vec<Lease> = self
             .leases
             .iter()
-            .filter(|(_, l)| l.conn == id)
+            .filter(|(_, l)| l.conn == conn)
             .map(|(lease, _)| *lease)
             .collect();
         for lease in gone {
-            let entry = self.leases.remove(&lease).expect("listed above");
+            let Some(entry) = self.leases.remove(&lease) else {
+                continue; // unreachable: listed above
+            };
             self.requests.retain(|_, (l, _)| *l != lease);
             // Bound to a destroyed QP: freed, not re-used.
             self.allocated -= entry.windows.len();
@@ -322,13 +333,13 @@ impl Windows {
             // The region's claim ends before the core hears of the lease.
             drop(entry);
             match phase {
-                Phase::Binding => s.emit(FabricEvent::ReadGranted {
+                Phase::Binding => emit(FabricEvent::ReadGranted {
                     peer,
                     req,
                     result: Err(FabricError::NotConnected(peer)),
                 }),
                 Phase::Invalidating if report_revoked => {
-                    s.emit(FabricEvent::ReadRevoked { peer, req })
+                    emit(FabricEvent::ReadRevoked { peer, req })
                 }
                 Phase::Invalidating | Phase::Bound => {}
             }
@@ -336,11 +347,380 @@ impl Windows {
     }
 }
 
+/// The window pool the fabric's threads share, behind its lock.
+pub(super) struct SharedWindows<W, V> {
+    pool: Mutex<WindowPool<W, V>>,
+    /// A planted race for the loom model: a grant records its lease in a second critical
+    /// section after posting its binds.
+    #[cfg(skyriver_loom)]
+    record_after_unlock: bool,
+}
+
+impl<W, V> SharedWindows<W, V> {
+    /// Memory windows on, with `first` (the probe's window) in the pool and at most `max`.
+    pub(super) fn new(first: W, max: usize) -> SharedWindows<W, V> {
+        SharedWindows {
+            pool: Mutex::new(WindowPool::new(first, max)),
+            #[cfg(skyriver_loom)]
+            record_after_unlock: false,
+        }
+    }
+
+    /// Leases with windows now (tests, diagnostics): reader, transfer, region, keys.
+    pub(super) fn granted(&self) -> Vec<(NodeId, TransferId, LocalRegion, Vec<u32>)> {
+        lock(&self.pool)
+            .leases
+            .iter()
+            .map(|(&(peer, req), l)| (peer, req, l.region, l.keys.clone()))
+            .collect()
+    }
+
+    /// Binds a window over `region` (claimed by `view`) on each of `lane_count` `lanes` of
+    /// connection `conn` for `lease`, and records the lease, under one lock: the binds'
+    /// completions are reported under the same lock, so they find the lease recorded.
+    #[allow(clippy::too_many_arguments)] // the lease's parts, and what it posts through
+    fn grant_lease(
+        &self,
+        lease: Lease,
+        conn: usize,
+        lane_count: usize,
+        region: LocalRegion,
+        view: V,
+        lanes: &mut impl WindowLanes<W>,
+        mut alloc: impl FnMut() -> Result<W, FabricError>,
+    ) -> Result<(), FabricError> {
+        #[cfg_attr(not(skyriver_loom), allow(unused_mut))] // re-locked by the planted race
+        let mut pool = lock(&self.pool);
+        let (entry, failure) =
+            pool.post_binds(lease, conn, lane_count, region, view, lanes, &mut alloc);
+        #[cfg(skyriver_loom)]
+        if self.record_after_unlock {
+            drop(pool);
+            pool = lock(&self.pool);
+        }
+        pool.record(lease, entry, failure, lanes)
+    }
+
+    fn revoke_lease(&self, conn: Option<(usize, &mut impl WindowLanes<W>)>, lease: Lease) -> bool {
+        lock(&self.pool).revoke(conn, lease)
+    }
+
+    fn report_completion(&self, wr_id: u64, mut emit: impl FnMut(FabricEvent)) {
+        lock(&self.pool).completed(wr_id, &mut emit)
+    }
+
+    fn drop_connection(&self, conn: usize, mut emit: impl FnMut(FabricEvent)) {
+        lock(&self.pool).connection_gone(conn, &mut emit)
+    }
+}
+
+/// A connection's queue pairs, binding over one region of an arena's registration.
+struct VerbsLanes<'a> {
+    verbs: &'a mut VerbsConnection,
+    /// The arena's registration, the region's address in it and its length (binds only).
+    reg: Option<(&'a Registration, u64, LocalRegion)>,
+}
+
+impl WindowLanes<MemoryWindow> for VerbsLanes<'_> {
+    fn bind(
+        &mut self,
+        lane: usize,
+        wr_id: u64,
+        window: &mut MemoryWindow,
+    ) -> Result<u32, FabricError> {
+        let Some((reg, addr, region)) = self.reg else {
+            // unreachable: the lanes of a grant carry its region
+            return Err(FabricError::Grant(GrantError::Device(
+                "binding a memory window without a region".into(),
+            )));
+        };
+        self.verbs
+            .bind_window(lane, wr_id, window, reg, addr, region.len)
+            .map_err(|e| {
+                FabricError::Grant(GrantError::Device(match e {
+                    PostError::OutsideRegistration { .. } => format!(
+                        "{region} spans two memory regions of its arena, and a window lies \
+                         in one (raise max_mr_bytes)"
+                    ),
+                    e => format!("binding a memory window: {e}"),
+                }))
+            })
+    }
+
+    fn invalidate(
+        &mut self,
+        lane: usize,
+        wr_id: u64,
+        window: &MemoryWindow,
+    ) -> Result<(), PostError> {
+        self.verbs.invalidate_window(lane, wr_id, window)
+    }
+}
+
+/// A connection's identity in the pool: its address.
+fn conn_id(conn: &PeerConn) -> usize {
+    conn as *const PeerConn as usize
+}
+
+impl SharedWindows<MemoryWindow, ReadableRegion> {
+    /// Binds a window over `region` (claimed for reading by `view`) on every lane of `conn`
+    /// for `peer`'s lease `req`. `Ok(())`: answered by `ReadGranted` once the binds complete.
+    pub(super) fn grant(
+        &self,
+        s: &Shared,
+        conn: &PeerConn,
+        st: &mut ConnState,
+        req: TransferId,
+        region: LocalRegion,
+        view: ReadableRegion,
+    ) -> Result<(), FabricError> {
+        let peer = conn.peer;
+        let arena = s
+            .local_arena(&region)
+            .ok_or(FabricError::BadRegion(region))?;
+        let addr = arena.reg.addr() + region.offset;
+        let Some(verbs) = st.conn.as_mut() else {
+            return Err(FabricError::NotConnected(peer));
+        };
+        let mut lanes = VerbsLanes {
+            verbs,
+            reg: Some((&arena.reg, addr, region)),
+        };
+        let alloc = || {
+            s.device
+                .alloc_window()
+                .map_err(|e| FabricError::Grant(GrantError::Device(format!("ibv_alloc_mw: {e}"))))
+        };
+        self.grant_lease(
+            (peer, req),
+            conn_id(conn),
+            conn.lanes,
+            region,
+            view,
+            &mut lanes,
+            alloc,
+        )
+    }
+
+    /// Ends `peer`'s lease `req`: `true` when no window of it is usable any more, `false` when
+    /// invalidations were posted (answered by `ReadRevoked`).
+    pub(super) fn revoke(&self, conn: Option<(&PeerConn, &mut ConnState)>, lease: Lease) -> bool {
+        let on = conn.and_then(|(conn, st)| {
+            let verbs = st.conn.as_mut()?;
+            Some((conn_id(conn), VerbsLanes { verbs, reg: None }))
+        });
+        match on {
+            Some((conn, mut lanes)) => self.revoke_lease(Some((conn, &mut lanes)), lease),
+            None => self.revoke_lease(None::<(usize, &mut VerbsLanes<'_>)>, lease),
+        }
+    }
+
+    /// A window work request completed successfully (the poller, under the connection's lock).
+    pub(super) fn completed(&self, s: &Shared, wr_id: u64) {
+        self.report_completion(wr_id, |event| s.emit(event));
+    }
+
+    /// `conn` was torn down (its QPs destroyed): its leases' windows are freed, a grant under
+    /// way fails and a revocation under way is complete.
+    pub(super) fn connection_gone(&self, s: &Shared, conn: &PeerConn) {
+        self.drop_connection(conn_id(conn), |event| s.emit(event));
+    }
+}
+
 /// Holds the windows state for [`Shared`]; `None` when the device has no memory windows (or
 /// they are turned off) and the arenas' registrations serve every connected peer.
-pub(super) type WindowState = Option<std::sync::Mutex<Windows>>;
+pub(super) type WindowState = Option<SharedWindows<MemoryWindow, ReadableRegion>>;
 
-/// Locks the windows state of `s`, if windows are on.
-pub(super) fn windows(s: &Shared) -> Option<std::sync::MutexGuard<'_, Windows>> {
-    s.windows.as_ref().map(lock)
+/// The windows state of `s`, if windows are on.
+pub(super) fn windows(s: &Shared) -> Option<&SharedWindows<MemoryWindow, ReadableRegion>> {
+    s.windows.as_ref()
+}
+
+/// The pool under every interleaving of a caller granting or revoking, the poller reporting
+/// completions and a connection's teardown, with a simulated completion queue: every grant is
+/// answered once, every revocation that posted invalidations is answered once, and no window
+/// is lost or counted twice.
+#[cfg(all(test, skyriver_loom))]
+mod loom_models {
+    use std::collections::VecDeque;
+
+    use loom::sync::Arc;
+    use skyriver_core::ArenaId;
+
+    use super::*;
+
+    const LEASE: Lease = (NodeId(2), TransferId(7));
+    const CONN: usize = 1;
+    const LANES: usize = 2;
+
+    /// A window (the model needs none of its parts).
+    #[derive(Debug)]
+    struct Window;
+
+    /// A connection's lanes: each post completes, in order, on the completion queue `cq`.
+    struct Lanes {
+        cq: Arc<Mutex<VecDeque<u64>>>,
+        next_key: u32,
+    }
+
+    impl WindowLanes<Window> for Lanes {
+        fn bind(&mut self, _lane: usize, wr_id: u64, _: &mut Window) -> Result<u32, FabricError> {
+            lock(&self.cq).push_back(wr_id);
+            self.next_key += 1;
+            Ok(self.next_key)
+        }
+
+        fn invalidate(&mut self, _lane: usize, wr_id: u64, _: &Window) -> Result<(), PostError> {
+            lock(&self.cq).push_back(wr_id);
+            Ok(())
+        }
+    }
+
+    /// The pool, its connection's completion queue and the events it emitted.
+    #[derive(Clone)]
+    struct Fabric {
+        windows: Arc<SharedWindows<Window, ()>>,
+        cq: Arc<Mutex<VecDeque<u64>>>,
+        events: Arc<Mutex<Vec<FabricEvent>>>,
+    }
+
+    impl Fabric {
+        fn new(windows: SharedWindows<Window, ()>) -> Fabric {
+            Fabric {
+                windows: Arc::new(windows),
+                cq: Arc::new(Mutex::new(VecDeque::new())),
+                events: Arc::new(Mutex::new(Vec::new())),
+            }
+        }
+
+        fn lanes(&self) -> Lanes {
+            Lanes {
+                cq: self.cq.clone(),
+                next_key: 0,
+            }
+        }
+
+        fn grant(&self) -> Result<(), FabricError> {
+            let region = LocalRegion {
+                arena: ArenaId(0),
+                offset: 0,
+                len: 64,
+            };
+            let alloc = || Ok(Window);
+            let mut lanes = self.lanes();
+            self.windows
+                .grant_lease(LEASE, CONN, LANES, region, (), &mut lanes, alloc)
+        }
+
+        /// The poller's round: reports every completion queued now.
+        fn poll(&self) {
+            loop {
+                let Some(wr_id) = lock(&self.cq).pop_front() else {
+                    return;
+                };
+                self.windows
+                    .report_completion(wr_id, |event| lock(&self.events).push(event));
+            }
+        }
+
+        fn granted(&self) -> usize {
+            let events = lock(&self.events);
+            events
+                .iter()
+                .filter(|e| matches!(e, FabricEvent::ReadGranted { result: Ok(g), .. } if g.keys.len() == LANES))
+                .count()
+        }
+
+        fn revoked(&self) -> usize {
+            let events = lock(&self.events);
+            events
+                .iter()
+                .filter(|e| matches!(e, FabricEvent::ReadRevoked { .. }))
+                .count()
+        }
+
+        /// Every window in existence is free or bound for one lease; none beyond the cap.
+        fn assert_windows_accounted(&self) {
+            let pool = lock(&self.windows.pool);
+            let bound: usize = pool.leases.values().map(|l| l.windows.len()).sum();
+            assert_eq!(
+                pool.free.len() + bound,
+                pool.allocated,
+                "window lost or counted twice"
+            );
+            assert!(pool.allocated <= pool.max);
+        }
+    }
+
+    fn grant_beside_the_poller(windows: SharedWindows<Window, ()>) {
+        let fabric = Fabric::new(windows);
+        let granter = {
+            let fabric = fabric.clone();
+            loom::thread::spawn(move || fabric.grant())
+        };
+        fabric.poll();
+        granter.join().unwrap().expect("windows to spare");
+        // The poller's next round.
+        fabric.poll();
+        assert_eq!(
+            fabric.granted(),
+            1,
+            "lost grant: every bind completed and no ReadGranted came"
+        );
+        fabric.assert_windows_accounted();
+    }
+
+    #[test]
+    fn loom_a_grant_is_answered_whenever_its_binds_complete() {
+        loom::model(|| grant_beside_the_poller(SharedWindows::new(Window, LANES)));
+    }
+
+    #[test]
+    #[should_panic(expected = "lost grant")]
+    fn loom_finds_a_lease_recorded_after_its_binds_were_unlocked() {
+        loom::model(|| {
+            let mut windows = SharedWindows::new(Window, LANES);
+            windows.record_after_unlock = true;
+            grant_beside_the_poller(windows)
+        });
+    }
+
+    /// A bound lease revoked while its connection is torn down and the poller runs.
+    #[test]
+    fn loom_a_revocation_beside_a_teardown_is_answered_once() {
+        loom::model(|| {
+            let fabric = Fabric::new(SharedWindows::new(Window, LANES));
+            fabric.grant().expect("windows to spare");
+            fabric.poll();
+            assert_eq!(fabric.granted(), 1);
+            let revoker = {
+                let fabric = fabric.clone();
+                loom::thread::spawn(move || {
+                    let mut lanes = fabric.lanes();
+                    fabric.windows.revoke_lease(Some((CONN, &mut lanes)), LEASE)
+                })
+            };
+            let teardown = {
+                let fabric = fabric.clone();
+                loom::thread::spawn(move || {
+                    fabric
+                        .windows
+                        .drop_connection(CONN, |event| lock(&fabric.events).push(event))
+                })
+            };
+            fabric.poll();
+            let revoked_at_once = revoker.join().unwrap();
+            teardown.join().unwrap();
+            fabric.poll();
+            let expected = if revoked_at_once { 0 } else { 1 };
+            assert_eq!(
+                fabric.revoked(),
+                expected,
+                "a revocation answered {} times",
+                fabric.revoked()
+            );
+            assert!(lock(&fabric.windows.pool).leases.is_empty());
+            fabric.assert_windows_accounted();
+        });
+    }
 }
