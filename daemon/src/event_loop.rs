@@ -16,7 +16,7 @@ use skyriver_core::node::{
 use skyriver_core::{ClientId, Instant, NodeOutput, RecoveredObject, RecoveryReport, RequestId};
 use skyriver_core::{ContentDigest, StoreError};
 use skyriver_transport::directory::{DirectoryNotice, MemberInfo};
-use skyriver_transport::fabric::FabricEvent;
+use skyriver_transport::fabric::{EventReceiver, FabricEvent};
 use skyriver_transport::trace;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
@@ -39,7 +39,7 @@ const DIRECT_READ_BYTES: usize = 64 * 1024;
 
 /// The cluster side of the loop's inputs.
 pub(super) struct ClusterInputs {
-    pub(super) fabric_events: mpsc::UnboundedReceiver<FabricEvent>,
+    pub(super) fabric_events: EventReceiver,
     pub(super) notices: mpsc::UnboundedReceiver<DirectoryNotice>,
 }
 
@@ -53,7 +53,7 @@ pub(super) struct EventLoop {
     readable: FuturesUnordered<Readable>,
     /// Reused for the inputs of one client's turn.
     turn: Vec<ClientInput>,
-    fabric_events: Option<mpsc::UnboundedReceiver<FabricEvent>>,
+    fabric_events: Option<EventReceiver>,
     notices: Option<mpsc::UnboundedReceiver<DirectoryNotice>>,
     durable: Option<watch::Receiver<u64>>,
     members: Vec<MemberInfo>,
@@ -75,7 +75,7 @@ pub(super) struct EventLoop {
     /// time, so a replay of the recorded inputs drives at the same instants.
     drive_at: Option<Instant>,
     /// Completions of the spill tier's IO threads (`--spill-dir`).
-    spill_completions: Option<mpsc::UnboundedReceiver<crate::spill::SpillCompletion>>,
+    spill_completions: Option<mpsc::Receiver<crate::spill::SpillCompletion>>,
     /// Spill and restore latencies, for the metrics.
     pub(super) spill_latency: super::metrics::SpillLatencies,
 }
@@ -176,6 +176,10 @@ impl EventLoop {
                 fabric_events: self.fabric_events.as_ref().map_or(0, |r| r.len() as u64),
                 directory_notices: self.notices.as_ref().map_or(0, |r| r.len() as u64),
                 commit_queue: self.node.unpersisted_changes(),
+                spill_completions: self
+                    .spill_completions
+                    .as_ref()
+                    .map_or(0, |r| r.len() as u64),
             },
             spill_latency: self.spill_latency.clone(),
         }
@@ -184,7 +188,7 @@ impl EventLoop {
     /// Takes the spill tier's completions from now on.
     pub(super) fn set_spill_completions(
         &mut self,
-        completions: mpsc::UnboundedReceiver<crate::spill::SpillCompletion>,
+        completions: mpsc::Receiver<crate::spill::SpillCompletion>,
     ) {
         self.spill_completions = Some(completions);
     }
@@ -290,13 +294,13 @@ impl EventLoop {
                     Ok((stream, _)) => self.accept(stream),
                     Err(error) => warn!(%error, "accept failed"),
                 },
-                Some(event) = recv(self.fabric_events.as_mut()) => {
+                Some(event) = recv_fabric(self.fabric_events.as_mut()) => {
                     self.fabric_event(event)
                 }
                 Some(notice) = recv(self.notices.as_mut()) => {
                     self.directory_notice(notice)
                 }
-                Some(completion) = recv(self.spill_completions.as_mut()) => {
+                Some(completion) = recv_bounded(self.spill_completions.as_mut()) => {
                     self.spill_completed(completion)
                 }
                 Some(upto) = durable_changed(self.durable.as_mut()) => {
@@ -589,6 +593,18 @@ async fn recv<T>(receiver: Option<&mut mpsc::UnboundedReceiver<T>>) -> Option<T>
         // A closed channel (its sender stopped) never yields again, so the loop cannot spin.
         Some(receiver) => match receiver.recv().await {
             Some(item) => Some(item),
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// The next fabric event; pending forever without a fabric.
+async fn recv_fabric(receiver: Option<&mut EventReceiver>) -> Option<FabricEvent> {
+    match receiver {
+        // A closed channel (its sender stopped) never yields again, so the loop cannot spin.
+        Some(receiver) => match receiver.recv().await {
+            Some(event) => Some(event),
             None => std::future::pending().await,
         },
         None => std::future::pending().await,

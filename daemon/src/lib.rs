@@ -40,7 +40,7 @@ use skyriver_transport::directory::builtin::BuiltinDirectoryServer;
 use skyriver_transport::directory::{Directory, DirectoryNotice, MemberInfo};
 use skyriver_transport::fabric::tcp::{TcpFabric, TcpFabricConfig};
 use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig};
-use skyriver_transport::fabric::{Fabric, FabricEvent, FabricIdentity};
+use skyriver_transport::fabric::{Fabric, FabricIdentity};
 use skyriver_transport::{ArenaError, ArenaOptions, SharedArena};
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
@@ -454,7 +454,7 @@ impl Drop for RemoveSocketOnDrop {
 /// What a cluster daemon starts besides the store.
 struct ClusterParts {
     fabric: Arc<dyn Fabric>,
-    fabric_events: mpsc::UnboundedReceiver<FabricEvent>,
+    fabric_events: skyriver_transport::fabric::EventReceiver,
     directory: Arc<dyn Directory>,
     notices: mpsc::UnboundedReceiver<DirectoryNotice>,
     directory_server: Option<BuiltinDirectoryServer>,
@@ -733,7 +733,8 @@ async fn start_cluster(
         node: config.node,
         cluster_token: cluster.cluster_token.clone(),
     };
-    let (fabric_tx, fabric_events) = mpsc::unbounded_channel();
+    // Bounded, with push-back: see `skyriver_transport::fabric::event_channel`.
+    let (fabric_tx, fabric_events) = skyriver_transport::fabric::event_channel();
     let mut receive_slot_bytes = None;
     let fabric: Arc<dyn Fabric> = match &cluster.fabric {
         FabricChoice::Tcp => Arc::new(

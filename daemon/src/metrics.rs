@@ -61,17 +61,20 @@ pub struct SpillLatencies {
 
 /// How many items wait in each channel into the event loop, taken with the snapshot. What
 /// happens when each is full, or why it needs no bound of its own type:
-/// * `fabric_events` (unbounded in type): every message in it holds a receive slot or a share
-///   of its connection's undelivered-bytes budget, so a peer that sends faster than the loop
-///   takes is slowed where it sends; completions answer READs the loop posted (bounded by the
-///   core's outstanding READs) and connection events come a few per handshake
-///   (`skyriver_transport::fabric::event_channel`).
+/// * `fabric_events` (bounded, `skyriver_transport::fabric::EVENT_CHANNEL_CAPACITY`): a TCP
+///   connection's reader waits for a place, and meanwhile reads nothing from its socket, so the
+///   peer is slowed by TCP flow control; what cannot wait (the loop's own calls into the
+///   fabric, the verbs poller under a connection's lock) goes over by at most what bounds it by
+///   construction: a receive slot per message, one completion per READ the loop posted, a few
+///   events per connection (`skyriver_transport::fabric::event_channel`).
 /// * `directory_notices` (unbounded in type): replies answer directory requests the core made
 ///   (each with a timeout and a bounded number of tries), events come for objects the core
 ///   subscribed to, membership and health a few per change.
 /// * `commit_queue` (bounded, `max_unpersisted_changes`): never full; the core holds further
 ///   changes, and the client requests that would make them, until the disk catches up.
 /// * `metrics_requests` (bounded, [`SNAPSHOT_QUEUE`]): a scraper waits for a free slot.
+/// * `spill_completions` (bounded, [`crate::spill::COMPLETION_QUEUE`]): an IO thread waits for
+///   a place and takes no job meanwhile; jobs then wait in the loop's backlog.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChannelDepths {
     /// Fabric events not yet handled.
@@ -80,6 +83,8 @@ pub struct ChannelDepths {
     pub directory_notices: u64,
     /// Durable changes handed to the committer and not reported durable.
     pub commit_queue: u64,
+    /// Spill and restore completions not yet handled.
+    pub spill_completions: u64,
 }
 
 /// A request for a snapshot, answered by the loop.
@@ -727,6 +732,7 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
                 depth("fabric_events", s.channels.fabric_events),
                 depth("directory_notices", s.channels.directory_notices),
                 depth("commit_queue", s.channels.commit_queue),
+                depth("spill_completions", s.channels.spill_completions),
             ],
         )?;
         out.one(

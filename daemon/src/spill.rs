@@ -54,6 +54,10 @@ const SMALL_HEADER_BYTES: u64 = 64;
 pub const JOB_QUEUE: usize = 256;
 /// IO threads.
 pub const IO_THREADS: usize = 2;
+/// Completions waiting for the loop at most: an IO thread with a completion and no place
+/// waits, and meanwhile takes no job, so the job queue fills and further jobs wait in the
+/// loop's backlog (bounded by the core's spill limits).
+pub const COMPLETION_QUEUE: usize = JOB_QUEUE + IO_THREADS;
 const MAGIC: &[u8; 8] = b"SKYSPIL1";
 
 /// How to run the spill tier.
@@ -224,6 +228,9 @@ enum Job {
     Discard {
         op: SpillOpId,
     },
+    /// A failure known at once: an IO thread hands it back like any completion, so every
+    /// completion comes from a thread that may wait, never from the loop.
+    Failed(SpillCompletion),
 }
 
 /// Where a record is.
@@ -263,20 +270,27 @@ struct Disk {
 pub struct SpillIo {
     jobs: Option<SyncSender<Job>>,
     backlog: VecDeque<Job>,
-    completions: mpsc::UnboundedSender<SpillCompletion>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl SpillIo {
     /// Starts the IO threads over `dir` (prepared by [`prepare`]); completions arrive on the
     /// returned channel.
-    pub fn start(dir: &Path) -> (Self, mpsc::UnboundedReceiver<SpillCompletion>) {
+    pub fn start(dir: &Path) -> (Self, mpsc::Receiver<SpillCompletion>) {
+        Self::start_with(dir, COMPLETION_QUEUE)
+    }
+
+    /// [`SpillIo::start`] with `completion_queue` places for completions (small ones are for
+    /// tests).
+    pub fn start_with(
+        dir: &Path,
+        completion_queue: usize,
+    ) -> (Self, mpsc::Receiver<SpillCompletion>) {
         let (jobs_tx, jobs_rx) = sync_channel::<Job>(JOB_QUEUE);
-        // Unbounded, but bounded by the job queue: an IO thread sends one completion per job
-        // it took, and the loop moves more jobs in only after receiving a completion, so at
-        // most JOB_QUEUE + IO_THREADS wait here, plus the loop's own immediate failures of one
-        // drive pass (received in its next turn). The threads never wait on the loop.
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        // Bounded: only the IO threads send here, and wait for a place (`blocking_send`). They
+        // hold nothing the loop takes while they wait, and the loop never waits on them (it
+        // only `try_send`s jobs), so a slow loop holds the threads back without a deadlock.
+        let (done_tx, done_rx) = mpsc::channel(completion_queue.max(1));
         let disk = Arc::new(Disk {
             dir: dir.to_path_buf(),
             index: Mutex::new(Index::default()),
@@ -294,7 +308,6 @@ impl SpillIo {
         let io = Self {
             jobs: Some(jobs_tx),
             backlog: VecDeque::new(),
-            completions: done_tx,
             threads,
         };
         (io, done_rx)
@@ -389,8 +402,8 @@ impl SpillIo {
         }
     }
 
-    fn complete(&self, completion: SpillCompletion) {
-        let _ = self.completions.send(completion);
+    fn complete(&mut self, completion: SpillCompletion) {
+        self.submit(Job::Failed(completion));
     }
 }
 
@@ -404,11 +417,7 @@ impl Drop for SpillIo {
     }
 }
 
-fn io_thread(
-    disk: &Disk,
-    jobs: &Mutex<Receiver<Job>>,
-    done: &mpsc::UnboundedSender<SpillCompletion>,
-) {
+fn io_thread(disk: &Disk, jobs: &Mutex<Receiver<Job>>, done: &mpsc::Sender<SpillCompletion>) {
     let mut bounce = AlignedBuffer::new(CHUNK_BYTES);
     loop {
         let job = {
@@ -455,8 +464,10 @@ fn io_thread(
                 disk.discard(op);
                 SpillCompletion::Discarded { op }
             }
+            Job::Failed(completion) => completion,
         };
-        if done.send(completion).is_err() {
+        // Waits while the loop is behind (see `start_with`); the loop gone means shutdown.
+        if done.blocking_send(completion).is_err() {
             return;
         }
     }
@@ -907,6 +918,60 @@ mod tests {
             io.pump();
         }
         assert_eq!(io.backlog(), 0);
+    }
+
+    /// A loop that does not take completions holds the IO threads back: no more than the
+    /// channel's places wait, the rest stay queued, and every one arrives once taken.
+    #[test]
+    fn a_full_completion_channel_holds_the_threads_back_and_loses_nothing() {
+        const PLACES: usize = 3;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut io, mut completions) = SpillIo::start_with(dir.path(), PLACES);
+        let jobs = 40u64;
+        for n in 0..jobs {
+            if n % 2 == 0 {
+                io.discard(SpillOpId(n));
+            } else {
+                // A failure known at once comes back through the same bounded way.
+                io.spill(SpillOpId(n), ObjectId::from_u64(n), None, None);
+            }
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while completions.len() < PLACES {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the channel never filled"
+            );
+            std::thread::yield_now();
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        while (seen.len() as u64) < jobs {
+            assert!(
+                completions.len() <= PLACES,
+                "{} completions waited in {PLACES} places",
+                completions.len()
+            );
+            assert!(
+                std::time::Instant::now() < deadline,
+                "stuck at {}",
+                seen.len()
+            );
+            let op = match completions.try_recv() {
+                Ok(SpillCompletion::Discarded { op }) => op,
+                Ok(SpillCompletion::Spilled { op, result, .. }) => {
+                    assert!(result.is_err());
+                    op
+                }
+                Ok(other) => panic!("{other:?}"),
+                Err(_) => {
+                    std::thread::yield_now();
+                    continue;
+                }
+            };
+            assert!(seen.insert(op.0), "{op:?} came twice");
+            io.pump();
+        }
+        assert_eq!(seen, (0..jobs).collect());
     }
 
     #[test]

@@ -10,15 +10,17 @@ use skyriver_core::{
     ArenaId, ContentDigest, LocalRegion, NodeId, ObjectSizes, RemoteRegion, TransferId,
 };
 use skyriver_transport::fabric::tcp::{TcpFabric, TcpFabricConfig};
-use skyriver_transport::fabric::{Fabric, FabricError, FabricEvent, FabricIdentity};
+use skyriver_transport::fabric::{
+    event_channel_with_capacity, EventReceiver, Fabric, FabricError, FabricEvent, FabricIdentity,
+    EVENT_CHANNEL_CAPACITY,
+};
 use skyriver_transport::{ArenaOptions, ReadableRegion, SharedArena, WritableRegion};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 const ARENA_BYTES: u64 = 32 << 20;
 
 struct Node {
     fabric: TcpFabric,
-    events: UnboundedReceiver<FabricEvent>,
+    events: EventReceiver,
     arena: Arc<SharedArena>,
 }
 
@@ -31,9 +33,14 @@ fn node(id: u32, token: &str) -> Node {
 }
 
 fn node_with(id: u32, token: &str, config: TcpFabricConfig) -> Node {
+    node_with_events(id, token, config, EVENT_CHANNEL_CAPACITY)
+}
+
+/// A node whose driver's event channel has `capacity` places.
+fn node_with_events(id: u32, token: &str, config: TcpFabricConfig, capacity: usize) -> Node {
     let arena =
         Arc::new(SharedArena::create("test", ARENA_BYTES, &ArenaOptions::default()).unwrap());
-    let (tx, events) = unbounded_channel();
+    let (tx, events) = event_channel_with_capacity(capacity);
     let identity = FabricIdentity {
         node: NodeId(id),
         cluster_token: token.into(),
@@ -144,6 +151,50 @@ fn messages_flow_both_ways_in_order() {
     }
     b.fabric.send(NodeId(1), b"back".to_vec()).unwrap();
     assert!(matches!(next_event(&mut a), FabricEvent::Message { bytes, .. } if *bytes == *b"back"));
+}
+
+/// A driver that does not take its events makes the connection's reader wait for room in the
+/// bounded event channel (and so stop reading its socket): the channel never holds more than its
+/// capacity, the sender resumes as events are taken, and every message arrives, in order.
+#[test]
+fn a_full_event_channel_holds_the_reader_back_and_loses_nothing() {
+    const CAPACITY: usize = 4;
+    const MESSAGES: u32 = 300;
+    let config = || TcpFabricConfig::new("127.0.0.1:0".parse().unwrap());
+    let (mut a, b) = connect(
+        node_with_events(1, "secret", config(), CAPACITY),
+        node_with(2, "secret", config()),
+    );
+    for n in 0..MESSAGES {
+        b.fabric.send(NodeId(1), n.to_le_bytes().to_vec()).unwrap();
+    }
+    let wait_for_full = |a: &Node| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while a.events.len() < CAPACITY {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the channel never filled"
+            );
+            std::thread::yield_now();
+        }
+    };
+    let mut most_waiting = 0;
+    for n in 0..MESSAGES {
+        if n < MESSAGES - CAPACITY as u32 {
+            // The reader refills the place each taken event frees: it waited, it did not stop.
+            wait_for_full(&a);
+        }
+        most_waiting = most_waiting.max(a.events.len());
+        match next_event(&mut a) {
+            FabricEvent::Message {
+                peer: NodeId(2),
+                bytes,
+            } => assert_eq!(*bytes, n.to_le_bytes(), "message {n}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(most_waiting, CAPACITY, "the channel went over its capacity");
+    assert!(a.events.try_recv().is_err());
 }
 
 /// The fabric's uses of arena memory are claims like any other view in the process: one that

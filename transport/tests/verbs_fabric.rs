@@ -25,8 +25,8 @@ use skyriver_core::wire::{self, EagerHeader, PeerMessage};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, ObjectSizes, RemoteRegion, TransferId};
 use skyriver_transport::arena::{ArenaOptions, ReadableRegion, SharedArena, WritableRegion};
 use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig, VerbsStartError};
+use skyriver_transport::fabric::{event_channel, EventReceiver};
 use skyriver_transport::fabric::{Fabric, FabricError, FabricEvent, FabricIdentity};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 const WAIT: Duration = Duration::from_secs(60);
 const MIB: u64 = 1 << 20;
@@ -74,7 +74,7 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 struct Node {
     id: NodeId,
     fabric: VerbsFabric,
-    events: UnboundedReceiver<FabricEvent>,
+    events: EventReceiver,
     arena: Arc<SharedArena>,
 }
 
@@ -99,7 +99,7 @@ fn node_with(id: u32, cfg: VerbsFabricConfig, token: &str, arena_bytes: u64) -> 
         )
         .unwrap(),
     );
-    let (tx, events) = unbounded_channel();
+    let (tx, events) = event_channel();
     let identity = FabricIdentity {
         node: NodeId(id),
         cluster_token: token.into(),
@@ -258,7 +258,7 @@ fn pair(test: &str) -> Option<(Node, Node)> {
 #[test]
 fn start_without_the_device_is_a_clear_error() {
     // Runs everywhere: without rdma-core, without devices, or with them.
-    let (tx, _rx) = unbounded_channel();
+    let (tx, _rx) = event_channel();
     let identity = FabricIdentity {
         node: NodeId(1),
         cluster_token: TOKEN.into(),

@@ -21,17 +21,22 @@ use super::{Directory, DirectoryError, LeaveFuture};
 /// Bound on a clean leave (the goodbye reaching the service).
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Messages from the registry waiting for the client task, at most, per link.
+pub(crate) const LINK_INCOMING_QUEUE: usize = 256;
+
 /// One open connection to a registry (or to something that answers like one).
 ///
-/// Both channels are unbounded on purpose: what goes out is bounded by the session (requests
-/// in flight are capped; a replay is at most the node's publications and subscriptions, both
-/// capped), and what comes in is bounded by what went out plus pushes, which the registry caps
-/// per connection.
+/// What comes in is bounded ([`LINK_INCOMING_QUEUE`]): the link's task waits for a place, and
+/// meanwhile reads nothing more from the registry (TCP back-pressure to the head; Redis
+/// answers wait). What goes out is unbounded in type and bounded by the session (requests in
+/// flight are capped; a replay is at most the node's publications and subscriptions, both
+/// capped): the client task must not wait for the link, whose task may itself be waiting for
+/// the client task to take what came in.
 pub(crate) struct Link {
     /// Messages for the registry; dropping it asks the link to close cleanly.
     pub(crate) outgoing: Option<mpsc::UnboundedSender<ToRegistry>>,
     /// Messages from the registry; `Err` (or the end) means the link is lost, with why.
-    pub(crate) incoming: mpsc::UnboundedReceiver<Result<FromRegistry, String>>,
+    pub(crate) incoming: mpsc::Receiver<Result<FromRegistry, String>>,
     /// The task that carries `outgoing` (and, for an adapter, everything else).
     pub(crate) task: Option<JoinHandle<()>>,
     /// A helper task (the TCP reader), aborted with the link.

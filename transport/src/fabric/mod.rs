@@ -34,7 +34,10 @@
 //! stops reading is disconnected with [`FabricError::PeerNotReading`] and a `PeerLost`
 //! saying why. The other events are bounded by what the driver asked for (one
 //! `ReadCompleted` per posted READ) and by connections (a `PeerConnected` and a `PeerLost`
-//! per handshake), so the channel, unbounded in type, is bounded in use; see [`event_channel`].
+//! per handshake). The event channel itself is bounded ([`EVENT_CHANNEL_CAPACITY`]): a TCP
+//! connection's reader waits for room (and so stops reading its socket); what cannot wait (the
+//! driver's own calls, the verbs poller under a connection's lock) goes over the capacity by
+//! at most the bounds above; see [`event_channel`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -50,8 +53,14 @@ use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 use crate::arena::{ReadableRegion, WritableRegion};
 use crate::arena::{SharedArena, ViewError};
 
+mod events;
 pub mod tcp;
 pub mod verbs;
+
+pub use events::{
+    event_channel, event_channel_with_capacity, DriverGone, EventReceiver, EventSender,
+    EVENT_CHANNEL_CAPACITY,
+};
 
 /// What a fabric tells the driver.
 #[derive(Debug)]
@@ -174,23 +183,6 @@ impl fmt::Debug for MessageBytes {
         };
         write!(f, "MessageBytes({} bytes in a {held})", self.len())
     }
-}
-
-/// Where a fabric sends its [`FabricEvent`]s.
-pub type EventSender = tokio::sync::mpsc::UnboundedSender<FabricEvent>;
-/// Where the driver hears a fabric's [`FabricEvent`]s.
-pub type EventReceiver = tokio::sync::mpsc::UnboundedReceiver<FabricEvent>;
-
-/// The channel from a fabric to its driver.
-///
-/// Unbounded in type, bounded in use: every [`FabricEvent::Message`] in it holds a receive
-/// slot or a share of a connection's undelivered-bytes budget, so a peer can have only so many
-/// messages waiting before it is slowed where it sends (see the module documentation); every
-/// `ReadCompleted` answers a READ the driver posted; connection events come a few per
-/// handshake. A bounded channel would add nothing but a way for a fabric thread to block on
-/// the driver while holding a connection's lock.
-pub fn event_channel() -> (EventSender, EventReceiver) {
-    tokio::sync::mpsc::unbounded_channel()
 }
 
 /// Why a fabric call failed at once.

@@ -442,9 +442,21 @@ fn view_error(region: LocalRegion, source: ViewError) -> FabricError {
 }
 
 impl Inner {
+    /// Queues `event` without waiting for room in the driver's channel: for what the driver's
+    /// own calls emit (a READ failed at once, a connection dropped by `queue`), which would
+    /// deadlock waiting on the channel the driver drains, and for connection events. Each is
+    /// bounded by construction: one `ReadCompleted` per READ the driver posted, one
+    /// `PeerConnected` and one `PeerLost` per connection or dial the driver asked for.
     fn emit(&self, event: FabricEvent) {
         // The driver may be gone (shutting down); nothing to do then.
-        let _ = self.events.send(event);
+        let _ = self.events.send_unwaiting(event);
+    }
+
+    /// Queues `event`, waiting for room in the driver's channel: for a connection's reader,
+    /// which meanwhile reads nothing more, so its peer is slowed by TCP flow control.
+    async fn emit_waiting(&self, event: FabricEvent) {
+        // The driver may be gone (shutting down); nothing to do then.
+        let _ = self.events.send(event).await;
     }
 
     /// Sends or queues `item` to `peer`; a peer whose queue is full is not reading what it is

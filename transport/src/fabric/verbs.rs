@@ -163,9 +163,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Queues `event` without waiting for room in the driver's channel. The poller cannot
+    /// wait there: it emits while holding a connection's state, which the driver's own calls
+    /// (`post_read`, `send_eager`) lock, so waiting for the driver could deadlock it; and the
+    /// driver's calls emit too. Bounded by construction instead: a message holds its receive
+    /// slot until the driver drops it (the peer then meets receiver-not-ready, the hardware's
+    /// back-pressure), a `ReadCompleted` answers a READ the driver posted, a grant event a
+    /// grant it asked for, and connection events come one each per connection.
     fn emit(&self, event: FabricEvent) {
         // The driver may be gone (shutting down); nothing to do then.
-        let _ = self.events.send(event);
+        let _ = self.events.send_unwaiting(event);
     }
 
     fn wake_poller(&self) {

@@ -7,7 +7,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::super::client::{Connector, Link};
+use super::super::client::{Connector, Link, LINK_INCOMING_QUEUE};
 use super::super::frame;
 
 /// Opens TCP links to the head at `addr`.
@@ -22,15 +22,22 @@ impl Connector for TcpConnector {
             .await
             .map_err(|e| e.to_string())?;
         let _ = stream.set_nodelay(true);
-        let (reader, writer) = stream.into_split();
-        let (outgoing, to_write) = mpsc::unbounded_channel();
-        let (read_tx, incoming) = mpsc::unbounded_channel();
-        Ok(Link {
-            outgoing: Some(outgoing),
-            incoming,
-            task: Some(tokio::spawn(write_to_head(writer, to_write))),
-            helper: Some(tokio::spawn(read_from_head(reader, read_tx))),
-        })
+        Ok(open_link(stream, LINK_INCOMING_QUEUE))
+    }
+}
+
+/// A link over `stream` whose incoming side holds `incoming_places` messages at most.
+fn open_link(stream: TcpStream, incoming_places: usize) -> Link {
+    let (reader, writer) = stream.into_split();
+    // Unbounded in type, bounded by the session's caps (see `Link`).
+    let (outgoing, to_write) = mpsc::unbounded_channel();
+    // Bounded: the reader waits for the client task (see `Link`).
+    let (read_tx, incoming) = mpsc::channel(incoming_places.max(1));
+    Link {
+        outgoing: Some(outgoing),
+        incoming,
+        task: Some(tokio::spawn(write_to_head(writer, to_write))),
+        helper: Some(tokio::spawn(read_from_head(reader, read_tx))),
     }
 }
 
@@ -51,7 +58,7 @@ async fn write_to_head(writer: OwnedWriteHalf, mut messages: mpsc::UnboundedRece
 
 async fn read_from_head(
     mut reader: OwnedReadHalf,
-    incoming: mpsc::UnboundedSender<Result<FromRegistry, String>>,
+    incoming: mpsc::Sender<Result<FromRegistry, String>>,
 ) {
     let mut buf = Vec::new();
     loop {
@@ -61,8 +68,57 @@ async fn read_from_head(
             Err(error) => Err(error.to_string()),
         };
         let last = result.is_err();
-        if incoming.send(result).is_err() || last {
+        // While this waits for a place, nothing more is read: the head's writes to this node
+        // wait in TCP.
+        if incoming.send(result).await.is_err() || last {
             return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A client task that does not take what the head sends holds the link's reader back: no
+    /// more than the places wait, and every message arrives, in order, once taken.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_full_incoming_queue_holds_the_reader_back_and_loses_nothing() {
+        const PLACES: usize = 2;
+        const MESSAGES: u64 = 100;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let head = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            for seq in 0..MESSAGES {
+                let frame = frame::encode(&FromRegistry::Pong { seq });
+                stream.write_all(&frame).await.unwrap();
+            }
+            // Kept open until the test ends: a close would be one more message.
+            stream
+        });
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let mut link = open_link(stream, PLACES);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while link.incoming.len() < PLACES {
+            assert!(tokio::time::Instant::now() < deadline, "never filled");
+            tokio::task::yield_now().await;
+        }
+        let _head = head.await.unwrap();
+        for seq in 0..MESSAGES {
+            assert!(link.incoming.len() <= PLACES, "over the places");
+            let message = tokio::time::timeout(Duration::from_secs(10), link.incoming.recv())
+                .await
+                .expect("the reader resumes when there is room");
+            match message {
+                Some(Ok(FromRegistry::Pong { seq: got })) => assert_eq!(got, seq),
+                other => panic!("{other:?}"),
+            }
         }
     }
 }

@@ -21,7 +21,7 @@ use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
-use super::super::client::{Connector, Link};
+use super::super::client::{Connector, Link, LINK_INCOMING_QUEUE};
 use super::cluster::ClusterLink;
 use super::connection::{Backend, Commands, Incoming, Subscriber};
 use super::token_record::{self, Mismatch};
@@ -89,7 +89,8 @@ impl Connector for RedisConnector {
             }
         };
         let (outgoing, requests) = mpsc::unbounded_channel();
-        let (answers, incoming) = mpsc::unbounded_channel();
+        // Bounded: the adapter waits for the client task (see `Link`).
+        let (answers, incoming) = mpsc::channel(LINK_INCOMING_QUEUE);
         let adapter = Adapter {
             config: params.config.clone(),
             keys: params.keys.clone(),
@@ -214,7 +215,7 @@ struct Adapter {
     token_record: String,
     params: Arc<Params>,
     shown_url: String,
-    answers: mpsc::UnboundedSender<Result<FromRegistry, String>>,
+    answers: mpsc::Sender<Result<FromRegistry, String>>,
     /// What this node published on this connection (for a clean leave).
     publications: BTreeMap<ObjectId, (ObjectSizes, ContentDigest)>,
     /// Objects this node waits for (subscribed on the pub/sub connection).
@@ -225,26 +226,29 @@ struct Adapter {
 }
 
 impl Adapter {
-    fn answer(&self, message: FromRegistry) {
+    /// Hands `message` to the client task, waiting for a place: meanwhile the adapter takes
+    /// no request and reads nothing from Redis. The client task never waits on the adapter,
+    /// so this cannot deadlock.
+    async fn answer(&self, message: FromRegistry) {
         // The session dropped the link: nothing to do, the task ends with its requests.
-        let _ = self.answers.send(Ok(message));
+        let _ = self.answers.send(Ok(message)).await;
     }
 
-    fn notice(&self, notice: DirectoryNotice) {
+    async fn notice(&self, notice: DirectoryNotice) {
         match notice {
-            DirectoryNotice::Members(members) => self.answer(FromRegistry::Members(members)),
-            DirectoryNotice::Event(event) => self.answer(FromRegistry::Event(event)),
+            DirectoryNotice::Members(members) => self.answer(FromRegistry::Members(members)).await,
+            DirectoryNotice::Event(event) => self.answer(FromRegistry::Event(event)).await,
             DirectoryNotice::Reply { .. } | DirectoryNotice::Health(_) => {}
         }
     }
 
-    fn reply(&self, op: WireOpId, reply: DirectoryReply) {
-        self.answer(FromRegistry::Reply { op, reply });
+    async fn reply(&self, op: WireOpId, reply: DirectoryReply) {
+        self.answer(FromRegistry::Reply { op, reply }).await;
     }
 
     async fn run(mut self, mut live: Live, mut requests: mpsc::UnboundedReceiver<ToRegistry>) {
         if let Err(failure) = self.serve(&mut live, &mut requests).await {
-            let _ = self.answers.send(Err(failure.reason().to_string()));
+            let _ = self.answers.send(Err(failure.reason().to_string())).await;
         }
     }
 
@@ -299,7 +303,7 @@ impl Adapter {
                     }
                     let nonce = crate::token::fresh_nonce();
                     handshake = Some((hello, nonce));
-                    self.answer(FromRegistry::Challenge { nonce });
+                    self.answer(FromRegistry::Challenge { nonce }).await;
                 }
                 ToRegistry::Proof(proof) => {
                     let Some((hello, nonce)) = handshake.take() else {
@@ -314,14 +318,15 @@ impl Adapter {
                     match self.hello(live, hello, own_proof).await? {
                         Ok(()) => welcomed = true,
                         Err((reason, retryable)) => {
-                            self.answer(FromRegistry::Refused { reason, retryable });
+                            self.answer(FromRegistry::Refused { reason, retryable })
+                                .await;
                             return Ok(());
                         }
                     }
                 }
                 ToRegistry::Ping { seq } => {
                     Self::tolerate(self.register(live, false).await)?;
-                    self.answer(FromRegistry::Pong { seq });
+                    self.answer(FromRegistry::Pong { seq }).await;
                 }
                 ToRegistry::Goodbye => {
                     self.leave(live).await;
@@ -439,7 +444,8 @@ impl Adapter {
         self.answer(FromRegistry::Welcome {
             version: skyriver_core::registry::PROTOCOL_VERSION,
             proof,
-        });
+        })
+        .await;
         self.refresh_members(live).await?;
         // What an earlier incarnation of this node, or nodes gone while none of the cluster
         // ran, left behind.
@@ -728,7 +734,8 @@ impl Adapter {
             self.members_sent = true;
             self.notice(DirectoryNotice::Members(
                 self.members.values().cloned().collect(),
-            ));
+            ))
+            .await;
         }
         Ok(())
     }
@@ -893,7 +900,8 @@ impl Adapter {
             holder,
             sizes,
             digest,
-        }));
+        }))
+        .await;
         self.bounded(
             "UNSUBSCRIBE",
             live.subscriber.unsubscribe(self.keys.published(&id)),
@@ -1031,7 +1039,8 @@ impl Adapter {
                     DirectoryReply::Unavailable {
                         reason: failure.reason().to_string(),
                     },
-                );
+                )
+                .await;
             }
             return result;
         }
@@ -1039,7 +1048,7 @@ impl Adapter {
         let mut failure = None;
         for p in pending {
             match p {
-                Pending::Write { op } => self.reply(op, DirectoryReply::Done),
+                Pending::Write { op } => self.reply(op, DirectoryReply::Done).await,
                 Pending::Publish { op, id, index } => {
                     let value = values.get_mut(index).and_then(Option::take);
                     let answered = match (value, &failure) {
@@ -1048,14 +1057,15 @@ impl Adapter {
                         _ => Err(Failure::Failed("missing pipeline result".into())),
                     };
                     match answered {
-                        Ok(reply) => self.reply(op, reply),
+                        Ok(reply) => self.reply(op, reply).await,
                         Err(f) => {
                             self.reply(
                                 op,
                                 DirectoryReply::Unavailable {
                                     reason: f.reason().to_string(),
                                 },
-                            );
+                            )
+                            .await;
                             if matches!(f, Failure::Lost(_)) {
                                 failure = Some(f);
                             }
@@ -1085,7 +1095,7 @@ impl Adapter {
                                                 "{MAX_SUBSCRIPTIONS_PER_NODE} pending subscriptions, the most a node keeps"
                                             ),
                                         },
-                                    );
+                                    ).await;
                                     continue;
                                 }
                                 self.subscriptions.insert(id);
@@ -1097,7 +1107,8 @@ impl Adapter {
                                     sizes: content.map(|(sizes, _)| sizes),
                                     digest: content.map(|(_, digest)| digest),
                                 },
-                            );
+                            )
+                            .await;
                         }
                         Err(f) => {
                             self.reply(
@@ -1105,7 +1116,8 @@ impl Adapter {
                                 DirectoryReply::Unavailable {
                                     reason: f.reason().to_string(),
                                 },
-                            );
+                            )
+                            .await;
                             if matches!(f, Failure::Lost(_)) {
                                 failure = Some(f);
                             }

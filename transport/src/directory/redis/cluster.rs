@@ -19,9 +19,17 @@
 //!   waits for: what a failover lost (writes the replica had not received) comes back within
 //!   the reconnect backoff, as after a head restart.
 //!
+//! - Pushes wait in a bounded queue ([`PUSH_QUEUE`]). The redis crate hands them over from
+//!   its connection's task, which must not wait, so a push that finds the queue full is dropped
+//!   and the queue reports a lost connection once the adapter has taken what waited: the
+//!   adapter re-registers and re-checks what it waits for, as after a failover, so nothing a
+//!   dropped push said is lost for good.
+//!
 //! [`Keys::sharded`]: super::Keys::sharded
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::aio::ConnectionLike;
@@ -118,8 +126,8 @@ impl ClusterSeeds {
         &self,
         connect_timeout: Duration,
         response_timeout: Duration,
-    ) -> RedisResult<(ClusterConnection, mpsc::UnboundedReceiver<PushInfo>)> {
-        let (pushes, received) = mpsc::unbounded_channel();
+    ) -> RedisResult<(ClusterConnection, PushQueue)> {
+        let (pushes, received) = push_queue(PUSH_QUEUE);
         let mut builder = ClusterClientBuilder::new(self.seeds.clone())
             .use_protocol(ProtocolVersion::RESP3)
             .push_sender(pushes)
@@ -213,6 +221,55 @@ impl ConnectionLike for ClusterLink {
     }
 }
 
+/// Pushes waiting for the adapter at most, per cluster connection.
+pub(super) const PUSH_QUEUE: usize = 4096;
+
+/// The adapter's end of the pushes of one cluster connection.
+pub(super) struct PushQueue {
+    received: mpsc::Receiver<PushInfo>,
+    overflowed: Arc<AtomicBool>,
+}
+
+/// A queue of `capacity` pushes, and the sender the redis crate calls (it never waits: a push
+/// that finds the queue full is dropped and marks the queue overflowed).
+fn push_queue(
+    capacity: usize,
+) -> (
+    impl Fn(PushInfo) -> Result<(), ()> + Send + Sync + 'static,
+    PushQueue,
+) {
+    let (pushes, received) = mpsc::channel(capacity.max(1));
+    let overflowed = Arc::new(AtomicBool::new(false));
+    let mark = overflowed.clone();
+    let send = move |push: PushInfo| match pushes.try_send(push) {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            mark.store(true, Ordering::Release);
+            // Kept: the crate stops pushing to a sender that fails.
+            Ok(())
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => Err(()),
+    };
+    (
+        send,
+        PushQueue {
+            received,
+            overflowed,
+        },
+    )
+}
+
+impl PushQueue {
+    /// The next push; after one was dropped, [`Push::Disconnected`] once those before it were
+    /// taken (the adapter then re-registers). `None` when the connection is gone.
+    pub(super) async fn recv(&mut self) -> Option<Push> {
+        if self.received.is_empty() && self.overflowed.swap(false, Ordering::AcqRel) {
+            return Some(Push::Disconnected);
+        }
+        self.received.recv().await.map(read_push)
+    }
+}
+
 /// What a push from the cluster connection means to the adapter.
 pub(super) enum Push {
     /// A message on a (sharded) channel.
@@ -224,7 +281,7 @@ pub(super) enum Push {
 }
 
 /// Reads a push from the cluster connection.
-pub(super) fn read_push(push: PushInfo) -> Push {
+fn read_push(push: PushInfo) -> Push {
     match push.kind {
         PushKind::Disconnection => Push::Disconnected,
         PushKind::SMessage | PushKind::Message => {
@@ -248,6 +305,37 @@ pub(super) fn read_push(push: PushInfo) -> Push {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn message(n: u8) -> PushInfo {
+        PushInfo {
+            kind: PushKind::SMessage,
+            data: vec![
+                ::redis::Value::BulkString(b"chan".to_vec()),
+                ::redis::Value::BulkString(vec![n]),
+            ],
+        }
+    }
+
+    /// A full queue drops the push the crate cannot wait with, and reports a lost connection
+    /// after what waited, so the adapter re-registers instead of missing it silently.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_push_that_finds_the_queue_full_becomes_a_lost_connection() {
+        let (send, mut queue) = push_queue(2);
+        for n in 0..5 {
+            assert!(send(message(n)).is_ok(), "the sender stays registered");
+        }
+        assert_eq!(queue.received.len(), 2, "no more than the capacity waited");
+        for n in 0..2 {
+            match queue.recv().await {
+                Some(Push::Message { payload, .. }) => assert_eq!(payload, [n]),
+                _ => panic!("push {n} was not the message sent"),
+            }
+        }
+        assert!(matches!(queue.recv().await, Some(Push::Disconnected)));
+        // Once told, the queue carries on.
+        send(message(9)).unwrap();
+        assert!(matches!(queue.recv().await, Some(Push::Message { .. })));
+    }
 
     #[test]
     fn a_cluster_url_gives_one_seed_per_node_with_the_credentials() {

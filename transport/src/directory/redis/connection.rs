@@ -3,11 +3,10 @@
 
 use ::redis::aio::{ConnectionLike, MultiplexedConnection, PubSubSink, PubSubStream};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Client, Cmd, Pipeline, PushInfo, RedisFuture, RedisResult, Value};
+use ::redis::{Client, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
 
-use super::cluster::{read_push, ClusterLink, ClusterSeeds, Push};
+use super::cluster::{ClusterLink, ClusterSeeds, Push};
 
 /// Where a node's Redis directory lives.
 #[derive(Debug)]
@@ -61,7 +60,7 @@ pub(super) enum Subscriber {
     },
     Sharded {
         conn: ClusterConnection,
-        pushes: mpsc::UnboundedReceiver<PushInfo>,
+        pushes: super::cluster::PushQueue,
     },
 }
 
@@ -102,7 +101,7 @@ impl Subscriber {
                     payload: message.get_payload_bytes().to_vec(),
                 },
             },
-            Subscriber::Sharded { pushes, .. } => match pushes.recv().await.map(read_push) {
+            Subscriber::Sharded { pushes, .. } => match pushes.recv().await {
                 None => Incoming::Lost("the Redis Cluster connection closed"),
                 Some(Push::Disconnected) => Incoming::Lost(
                     "a Redis Cluster node connection was lost (a failover?): re-registering",

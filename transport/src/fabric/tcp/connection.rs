@@ -378,10 +378,12 @@ async fn read_loop(
                 let mut bytes = vec![0u8; len];
                 reader.read_exact(&mut bytes).await.map_err(io)?;
                 crate::trace::stamp("message_read");
-                inner.emit(FabricEvent::Message {
-                    peer,
-                    bytes: MessageBytes::budgeted(bytes, budget),
-                });
+                inner
+                    .emit_waiting(FabricEvent::Message {
+                        peer,
+                        bytes: MessageBytes::budgeted(bytes, budget),
+                    })
+                    .await;
             }
             KIND_READ_REQUEST => {
                 let op = reader.read_u64_le().await.map_err(io)?;
@@ -448,10 +450,12 @@ async fn read_loop(
                     Ok(result) => (result, None),
                     Err(reason) => (Err(ReadError::ConnectionLost), Some(reason)),
                 };
-                inner.emit(FabricEvent::ReadCompleted {
-                    op: ReadOpId(op),
-                    result,
-                });
+                inner
+                    .emit_waiting(FabricEvent::ReadCompleted {
+                        op: ReadOpId(op),
+                        result,
+                    })
+                    .await;
                 if let Some(reason) = broken {
                     return Err(reason);
                 }

@@ -139,8 +139,10 @@ pub(super) trait RevocationSink {
 
 impl RevocationSink for EventSender {
     fn revoked(&self, peer: NodeId, req: TransferId) {
+        // Cannot wait: reported when a served READ is dropped (a `Drop` cannot await), maybe
+        // by the driver's own call. Bounded by construction: one per grant the driver made.
         // The driver may be gone (shutting down); nothing to do then.
-        let _ = self.send(FabricEvent::ReadRevoked { peer, req });
+        let _ = self.send_unwaiting(FabricEvent::ReadRevoked { peer, req });
     }
 }
 

@@ -502,17 +502,17 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::{TcpListener as StdListener, TcpStream as StdStream};
 
-    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+    use crate::fabric::{event_channel, EventReceiver};
 
     use super::*;
     use crate::fabric::tcp::{TcpFabric, TcpFabricConfig};
     use crate::fabric::{Fabric, FabricIdentity};
     use crate::{ArenaOptions, SharedArena};
 
-    fn fabric(id: u32, token: &str) -> (TcpFabric, UnboundedReceiver<FabricEvent>) {
+    fn fabric(id: u32, token: &str) -> (TcpFabric, EventReceiver) {
         let arena = SharedArena::create("handshake", 1 << 20, &ArenaOptions::default()).unwrap();
         let arenas = BTreeMap::from([(skyriver_core::ArenaId(0), Arc::new(arena))]);
-        let (tx, events) = unbounded_channel();
+        let (tx, events) = event_channel();
         let identity = FabricIdentity {
             node: NodeId(id),
             cluster_token: token.into(),
@@ -566,7 +566,7 @@ mod tests {
     /// nothing: an honest session from [`MARKER_NODE`] follows them, and its `PeerConnected`
     /// must be the first event. Events come in order, so an event for an earlier attempt would
     /// come before it; no quiet period is waited for.
-    fn assert_no_session(addr: SocketAddr, events: &mut UnboundedReceiver<FabricEvent>) {
+    fn assert_no_session(addr: SocketAddr, events: &mut EventReceiver) {
         let (_marker, _, _) = honest_dialer(addr, "secret", MARKER_NODE);
         match events.blocking_recv() {
             Some(FabricEvent::PeerConnected { peer, .. }) if peer == NodeId(MARKER_NODE) => {}
