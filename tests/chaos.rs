@@ -75,6 +75,8 @@ fn a_short_run_in_both_modes_passes_the_checker_and_leaves_nothing() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("chaos: 0 violations"), "{stdout}");
+    // The summary says whether Python clients ran, and why not if they did not.
+    assert!(stdout.contains("  python clients: "), "{stdout}");
     let verdict: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(verdict["passed"], true);

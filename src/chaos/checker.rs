@@ -9,7 +9,8 @@
 //!   killed, a persistent one killed and wiped), or a holder evicted objects. A lost object is
 //!   reported as not found, never as something else. While faults fly, a node's own object
 //!   is there for a get on that node as long as the node did not die.
-//! - No daemon exits except those the nemesis killed; no log reports a panic.
+//! - No daemon exits except those the nemesis killed; no log reports a panic; no client process
+//!   (a Python client) exits before it is told to stop.
 //! - Every daemon's resident memory and open files stay bounded.
 //! - After the faults stop, every node sees every other connected within a bound.
 
@@ -73,6 +74,17 @@ pub enum Violation {
         node: u32,
         /// Its exit status.
         status: String,
+    },
+    /// A client process exited before it was told to stop (a crash, a traceback).
+    ClientCrashed {
+        /// The node it was a client of.
+        node: u32,
+        /// Its worker number.
+        worker: u32,
+        /// Its exit status.
+        status: String,
+        /// The end of its error output.
+        detail: String,
     },
     /// A daemon's log reports a panic.
     Panic {
@@ -315,6 +327,14 @@ pub fn check(history: &History) -> Verdict {
         violations.push(Violation::UnexpectedExit {
             node: exit.node,
             status: exit.status.clone(),
+        });
+    }
+    for exit in &history.client_exits {
+        violations.push(Violation::ClientCrashed {
+            node: exit.node,
+            worker: exit.worker,
+            status: exit.status.clone(),
+            detail: exit.detail.clone(),
         });
     }
     for (node, line) in &history.panics {
@@ -583,5 +603,21 @@ mod tests {
         });
         h.converged_after_ms = None;
         assert_eq!(check(&h).violations.len(), 5);
+    }
+
+    #[test]
+    fn a_client_process_that_crashed_is_flagged() {
+        let mut h = history(vec![]);
+        h.client_exits.push(super::super::history::ClientExit {
+            node: 2,
+            worker: 200,
+            at_ms: 10,
+            status: "exit status: 1".into(),
+            detail: "RuntimeError: boom".into(),
+        });
+        assert!(matches!(
+            check(&h).violations.as_slice(),
+            [Violation::ClientCrashed { node: 2, detail, .. }] if detail.contains("boom")
+        ));
     }
 }

@@ -13,6 +13,7 @@ pub mod checker;
 pub mod cluster;
 pub mod history;
 pub mod nemesis;
+pub mod python_clients;
 pub mod schedule;
 pub mod workload;
 
@@ -54,6 +55,19 @@ pub struct ChaosConfig {
     pub history: Option<PathBuf>,
     /// Where the daemons' logs are copied at the end, if anywhere.
     pub keep_logs: Option<PathBuf>,
+    /// Python clients in the workload.
+    pub python_clients: PythonClients,
+}
+
+/// Whether the workload has Python clients (one per node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PythonClients {
+    /// When `python3` imports the `skyriver` package (or the source tree's build stages it).
+    Auto,
+    /// Always: a run without them fails.
+    On,
+    /// Never.
+    Off,
 }
 
 /// What a run found.
@@ -67,6 +81,8 @@ pub struct RunReport {
     pub converged_after_ms: Option<u64>,
     /// The command that replays the schedule.
     pub replay: String,
+    /// The Python clients: how many ran and with which package, or why none did.
+    pub python_clients: String,
 }
 
 /// Why a run could not be carried out (as opposed to a run that found violations).
@@ -85,6 +101,9 @@ pub enum ChaosError {
     /// The cluster did not connect before the faults started.
     #[error("the cluster did not connect within {0:?} of its start")]
     NoInitialConvergence(Duration),
+    /// `--python-clients on`, and no `skyriver` package imports.
+    #[error("--python-clients on, but {0}")]
+    NoPython(String),
     /// Ctrl-C, SIGTERM or SIGHUP.
     #[error("interrupted; everything the run made was removed")]
     Interrupted,
@@ -128,8 +147,22 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         memory_bytes: config.memory_bytes,
         persistent: config.persistent,
         directory: config.directory.clone(),
-        exe,
+        exe: exe.clone(),
     })?;
+    let python = match config.python_clients {
+        PythonClients::Off => Err("off (--python-clients off)".to_string()),
+        PythonClients::Auto | PythonClients::On => python_clients::find(&exe, &cluster.dir),
+    };
+    let python_clients = match &python {
+        Ok(setup) => format!("{} (skyriver from {})", config.nodes, setup.package),
+        Err(reason) => {
+            if config.python_clients == PythonClients::On {
+                return Err(ChaosError::NoPython(reason.clone()));
+            }
+            format!("none: {reason}")
+        }
+    };
+    println!("  python clients: {python_clients}");
     let sockets: Vec<PathBuf> = (0..config.nodes).map(|n| cluster.socket(n)).collect();
     if converge(&sockets, config.nodes, CONVERGENCE_BOUND, stop).is_none() {
         if stop.load(Ordering::SeqCst) {
@@ -140,7 +173,8 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
     let started = Instant::now();
     cluster.set_epoch(started);
     let ms = || started.elapsed().as_millis() as u64;
-    let workload = workload::Workload::start(config.seed, sockets.clone(), started);
+    let workload =
+        workload::Workload::start(config.seed, sockets.clone(), started, python.as_ref().ok());
     let mut faults = Vec::new();
     let mut deaths = Vec::new();
     let mut client_objects = Vec::new();
@@ -239,6 +273,8 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         unfinished,
         converged_after_ms,
         memory_bytes: config.memory_bytes,
+        python_clients: workload.python_clients(),
+        client_exits: workload.client_exits(),
     };
     if let Some(dir) = &config.keep_logs {
         if let Err(e) = cluster.keep_logs(dir) {
@@ -262,6 +298,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         verdict,
         converged_after_ms,
         replay,
+        python_clients,
     })
 }
 
@@ -382,6 +419,7 @@ pub fn summary(report: &RunReport) -> String {
             count("wrong_bytes")
         );
     }
+    let _ = writeln!(out, "  python clients: {}", report.python_clients);
     let faults: Vec<String> = verdict
         .faults
         .iter()
