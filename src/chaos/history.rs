@@ -190,6 +190,8 @@ pub struct History {
     pub memory_bytes: u64,
     /// Python client processes in the workload.
     pub python_clients: u32,
+    /// The node serving the built-in directory (`None`: an outside one, such as Redis).
+    pub directory_node: Option<u32>,
     /// Client processes that exited without being told to stop (crashes).
     pub client_exits: Vec<ClientExit>,
 }

@@ -274,6 +274,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         converged_after_ms,
         memory_bytes: config.memory_bytes,
         python_clients: workload.python_clients(),
+        directory_node: config.directory.is_none().then_some(0),
         client_exits: workload.client_exits(),
     };
     if let Some(dir) = &config.keep_logs {
