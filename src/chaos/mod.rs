@@ -17,6 +17,7 @@ pub mod python_clients;
 pub mod schedule;
 pub mod workload;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -57,6 +58,8 @@ pub struct ChaosConfig {
     pub keep_logs: Option<PathBuf>,
     /// Python clients in the workload.
     pub python_clients: PythonClients,
+    /// Two faults at once now and then (see [`schedule::Schedule::draw`]).
+    pub overlap: bool,
 }
 
 /// Whether the workload has Python clients (one per node).
@@ -135,6 +138,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         seconds: config.seconds,
         persistent: config.persistent,
         builtin_head: config.directory.is_none(),
+        overlap: config.overlap,
     });
     let replay = schedule.replay_command(config.directory.as_deref());
     print!("{schedule}");
@@ -189,32 +193,50 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         Ok(())
     };
     let outcome = (|| -> Result<(), ChaosError> {
+        // Injections and heals in time order (a heal before an injection at the same time):
+        // faults may overlap.
+        let mut events: Vec<(u64, bool, usize)> = Vec::new();
         for (serial, fault) in schedule.faults.iter().enumerate() {
-            wait_until(&mut cluster, fault.at_ms)?;
-            let start_ms = ms();
-            println!("  inject {fault}");
-            let injected = nemesis::inject(&mut cluster, fault, config.seed, serial as u64);
-            if matches!(
-                fault.kind,
-                FaultKind::KillRestart | FaultKind::KillRestartWiped | FaultKind::HeadKillRestart
-            ) {
-                deaths.push(Death {
-                    node: fault.node,
-                    at_ms: start_ms,
-                    files_kept: config.persistent && fault.kind != FaultKind::KillRestartWiped,
-                });
-            }
-            let mut error = None;
-            match injected {
-                Ok(injected) => {
-                    client_objects.extend(injected.client_object);
-                    wait_until(&mut cluster, fault.at_ms + fault.duration_ms)?;
-                    if let Err(e) = nemesis::heal(&mut cluster, &injected) {
-                        error = Some(format!("heal: {e}"));
-                    }
+            events.push((fault.at_ms, true, serial));
+            events.push((fault.at_ms + fault.duration_ms, false, serial));
+        }
+        events.sort_by_key(|&(at, inject, serial)| (at, inject, serial));
+        let mut active: BTreeMap<usize, (u64, Result<nemesis::Injected, String>)> = BTreeMap::new();
+        for (at_ms, inject, serial) in events {
+            wait_until(&mut cluster, at_ms)?;
+            let fault = &schedule.faults[serial];
+            if inject {
+                let start_ms = ms();
+                println!("  inject {fault}");
+                let injected = nemesis::inject(&mut cluster, fault, config.seed, serial as u64);
+                if matches!(
+                    fault.kind,
+                    FaultKind::KillRestart
+                        | FaultKind::KillRestartWiped
+                        | FaultKind::HeadKillRestart
+                ) {
+                    deaths.push(Death {
+                        node: fault.node,
+                        at_ms: start_ms,
+                        files_kept: config.persistent && fault.kind != FaultKind::KillRestartWiped,
+                    });
                 }
-                Err(e) => error = Some(format!("inject: {e}")),
+                let injected = injected.map_err(|e| format!("inject: {e}"));
+                if let Ok(injected) = &injected {
+                    client_objects.extend(injected.client_object);
+                }
+                active.insert(serial, (start_ms, injected));
+                continue;
             }
+            let Some((start_ms, injected)) = active.remove(&serial) else {
+                continue;
+            };
+            let error = match injected {
+                Ok(injected) => nemesis::heal(&mut cluster, &injected)
+                    .err()
+                    .map(|e| format!("heal: {e}")),
+                Err(error) => Some(error),
+            };
             if let Some(error) = &error {
                 println!("  {:>7.1}s  {error}", ms() as f64 / 1000.0);
             }
@@ -227,6 +249,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
                 error,
             });
         }
+        faults.sort_by_key(|f: &FaultRecord| f.start_ms);
         wait_until(&mut cluster, config.seconds * 1000)
     })();
     workload.stop();
@@ -248,7 +271,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         ms() as f64 / 1000.0
     );
     // Counted from the last fault's heal (the workers' last operations ran meanwhile).
-    let last_heal_ms = faults.last().map_or(0, |f| f.end_ms);
+    let last_heal_ms = faults.iter().map(|f| f.end_ms).max().unwrap_or(0);
     let converged_after_ms = converge(&sockets, config.nodes, CONVERGENCE_BOUND, stop)
         .map(|_| ms().saturating_sub(last_heal_ms));
     cluster.sample_evictions();

@@ -42,6 +42,10 @@ pub struct ChaosArgs {
     /// tree's build): auto runs them when it imports and says why not otherwise.
     #[arg(long, value_enum, default_value_t = PythonClientsArg::Auto)]
     pub python_clients: PythonClientsArg,
+    /// A third of the faults get a second one at the same time on another node (never node 0,
+    /// never a wipe, full disk or client kill).
+    #[arg(long)]
+    pub overlap: bool,
 }
 
 /// `--python-clients`.
@@ -147,6 +151,7 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), ChaosCommandError> {
                 PythonClientsArg::On => chaos::PythonClients::On,
                 PythonClientsArg::Off => chaos::PythonClients::Off,
             },
+            overlap: args.overlap,
         };
         println!(
             "chaos: seed {seed}, {} nodes, {} s, {mode}",
