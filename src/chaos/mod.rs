@@ -15,6 +15,7 @@ pub mod history;
 pub mod nemesis;
 pub mod python_clients;
 pub mod schedule;
+pub mod stale;
 pub mod workload;
 
 use std::collections::BTreeMap;
