@@ -75,6 +75,8 @@ fn a_short_run_in_both_modes_passes_the_checker_and_leaves_nothing() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("chaos: 0 violations"), "{stdout}");
+    // The summary says whether Python clients ran, and why not if they did not.
+    assert!(stdout.contains("  python clients: "), "{stdout}");
     let verdict: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(verdict["passed"], true);
@@ -143,5 +145,60 @@ fn an_interrupted_run_removes_what_it_made() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(!status.success());
+    assert_eq!(leftovers(tmp.path()), Vec::<String>::new());
+}
+
+/// Unmounts whatever a test's runs left mounted under `tmp`, also when the test fails.
+struct UnmountOnDrop<'a>(&'a Path);
+
+impl Drop for UnmountOnDrop<'_> {
+    fn drop(&mut self) {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+        let tmp = self.0.to_string_lossy();
+        for mount in mounts.lines().filter_map(|l| l.split_whitespace().nth(1)) {
+            if mount.starts_with(&*tmp) {
+                let _ = Command::new("umount").arg("-l").arg(mount).status();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_run_removes_what_a_sigkilled_run_left() {
+    if !namespaces_or_skip("a_run_removes_what_a_sigkilled_run_left") {
+        return;
+    }
+    let tmp = common::test_dir();
+    let _unmount = UnmountOnDrop(tmp.path());
+    let mut child = Command::new(exe())
+        .env("TMPDIR", tmp.path())
+        .args(["chaos", "--nodes", "2", "--seconds", "60", "--seed", "4"])
+        .args(["--persistent", "--python-clients", "off"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let started = Instant::now();
+    loop {
+        let line = lines.next().expect("chaos ended early").unwrap();
+        if line.contains("inject") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "no fault");
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Its directory and its stores' tmpfs mounts are left.
+    let left = leftovers(tmp.path());
+    assert!(left.iter().any(|l| l.contains("tmpfs")), "{left:?}");
+    let output = Command::new(exe())
+        .env("TMPDIR", tmp.path())
+        .args(["chaos", "--nodes", "2", "--seconds", "10", "--seed", "4"])
+        .args(["--python-clients", "off"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("left by a killed run"), "{stdout}");
     assert_eq!(leftovers(tmp.path()), Vec::<String>::new());
 }

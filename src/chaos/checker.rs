@@ -8,8 +8,11 @@
 //!   deleted, or every holder of a copy died without its files (a non-persistent daemon
 //!   killed, a persistent one killed and wiped), or a holder evicted objects. A lost object is
 //!   reported as not found, never as something else. While faults fly, a node's own object
-//!   is there for a get on that node as long as the node did not die.
-//! - No daemon exits except those the nemesis killed; no log reports a panic.
+//!   is there for a get on that node as long as the node did not die, and a fetch from
+//!   another node finds it while the faults hit neither node nor the directory's (see
+//!   [`reachable`]).
+//! - No daemon exits except those the nemesis killed; no log reports a panic; no client process
+//!   (a Python client) exits before it is told to stop.
 //! - Every daemon's resident memory and open files stay bounded.
 //! - After the faults stop, every node sees every other connected within a bound.
 
@@ -28,6 +31,12 @@ pub const RSS_SLACK_BYTES: u64 = 512 << 20;
 pub const BLOCKING_GET_SLACK_MS: u64 = 1_000;
 /// Open files a daemon may hold.
 pub const MAX_OPEN_FDS: u64 = 1024;
+/// How long after a fault on a node heals its objects' locations may take to be found again
+/// (a restart's recovery and re-publication, a paused node's lease and heartbeat renewals).
+pub const REPUBLISH_BOUND_MS: u64 = 10_000;
+/// How long after a put's acknowledgement another node's fetch must find it (the location's
+/// publication).
+pub const PUBLISH_SLACK_MS: u64 = 1_000;
 
 /// A property that did not hold.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -73,6 +82,17 @@ pub enum Violation {
         node: u32,
         /// Its exit status.
         status: String,
+    },
+    /// A client process exited before it was told to stop (a crash, a traceback).
+    ClientCrashed {
+        /// The node it was a client of.
+        node: u32,
+        /// Its worker number.
+        worker: u32,
+        /// Its exit status.
+        status: String,
+        /// The end of its error output.
+        detail: String,
     },
     /// A daemon's log reports a panic.
     Panic {
@@ -242,6 +262,13 @@ pub fn check(history: &History) -> Verdict {
         nodes.dedup();
         nodes
     };
+    // Each acknowledged put's node and acknowledgement time.
+    let acknowledged: BTreeMap<&str, (u32, u64)> = history
+        .ops
+        .iter()
+        .filter(|op| op.kind == OpKind::Put && op.result == OpResult::Ok)
+        .map(|op| (op.id.as_str(), (op.node, op.end_ms)))
+        .collect();
     let mut objects_checked = 0;
     let mut objects_lost_with_every_holder = 0;
     for op in &history.ops {
@@ -249,14 +276,27 @@ pub fn check(history: &History) -> Verdict {
             (Phase::Final, OpKind::Fetch) => true,
             // A node's own object, read on that node while faults fly.
             (Phase::Chaos, OpKind::Get) => true,
+            // Another node's object, fetched while faults fly elsewhere.
+            (Phase::Chaos, OpKind::Fetch) => true,
             _ => false,
         };
         if !reads_acknowledged || deleted.contains(op.id.as_str()) {
             continue;
         }
         let mut surviving = survivors(&op.id, op.start_ms);
-        if op.phase == Phase::Chaos {
-            surviving.retain(|&node| node == op.node);
+        match (op.phase, op.kind) {
+            (Phase::Chaos, OpKind::Get) => surviving.retain(|&node| node == op.node),
+            (Phase::Chaos, _) => {
+                let published = acknowledged
+                    .get(op.id.as_str())
+                    .is_some_and(|&(_, at)| at + PUBLISH_SLACK_MS <= op.start_ms);
+                surviving.retain(|&node| {
+                    published
+                        && acknowledged.get(op.id.as_str()).map(|&(n, _)| n) == Some(node)
+                        && reachable(history, &[node, op.node], op)
+                })
+            }
+            _ => {}
         }
         if op.phase == Phase::Final {
             objects_checked += 1;
@@ -317,6 +357,14 @@ pub fn check(history: &History) -> Verdict {
             status: exit.status.clone(),
         });
     }
+    for exit in &history.client_exits {
+        violations.push(Violation::ClientCrashed {
+            node: exit.node,
+            worker: exit.worker,
+            status: exit.status.clone(),
+            detail: exit.detail.clone(),
+        });
+    }
     for (node, line) in &history.panics {
         violations.push(Violation::Panic {
             node: *node,
@@ -352,6 +400,25 @@ pub fn check(history: &History) -> Verdict {
         objects_lost_with_every_holder,
         violations,
     }
+}
+
+/// Whether no fault (but a killed client) touched any of `nodes`, nor the directory's node,
+/// from [`REPUBLISH_BOUND_MS`] before `op` started to its end: a fetch between them must then
+/// find what the holder holds.
+fn reachable(history: &History, nodes: &[u32], op: &Op) -> bool {
+    let touched = |node: u32| {
+        history.faults.iter().any(|f| {
+            f.kind != FaultKind::ClientKill
+                && (f.node == node || f.peer == Some(node))
+                && f.start_ms <= op.end_ms
+                && f.end_ms + REPUBLISH_BOUND_MS >= op.start_ms
+        })
+    };
+    !nodes
+        .iter()
+        .copied()
+        .chain(history.directory_node)
+        .any(touched)
 }
 
 /// How long `op`'s own daemon was paused while `op` ran: it answers nobody meanwhile.
@@ -399,6 +466,7 @@ mod tests {
     fn history(ops: Vec<Op>) -> History {
         History {
             nodes: 3,
+            directory_node: Some(0),
             ops,
             converged_after_ms: Some(100),
             memory_bytes: 64 << 20,
@@ -583,5 +651,68 @@ mod tests {
         });
         h.converged_after_ms = None;
         assert_eq!(check(&h).violations.len(), 5);
+    }
+
+    fn fault(kind: FaultKind, node: u32, start_ms: u64, end_ms: u64) -> FaultRecord {
+        FaultRecord {
+            kind,
+            node,
+            peer: None,
+            start_ms,
+            end_ms,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_fetch_must_find_an_object_while_faults_hit_neither_node_nor_the_directory() {
+        let put = op(1, OpKind::Put, "a", 0, 5);
+        let lost = |start_ms| Op {
+            result: OpResult::NotFound,
+            ..op(2, OpKind::Fetch, "a", start_ms, start_ms + 10)
+        };
+        // A fault elsewhere (node 3) does not excuse it.
+        let mut h = history(vec![put.clone(), lost(20_000)]);
+        h.nodes = 4;
+        h.faults.push(fault(FaultKind::Pause, 3, 15_000, 21_000));
+        assert!(matches!(
+            check(&h).violations.as_slice(),
+            [Violation::AcknowledgedObjectLost { surviving_holders, .. }] if surviving_holders == &[1]
+        ));
+        // Too soon after the put for its location to be published: allowed.
+        assert!(check(&history(vec![put.clone(), lost(500)])).passed());
+        // A fault on the holder, the fetcher or the directory's node, or ended less than the
+        // re-publication bound before: allowed.
+        for node in [0, 1, 2] {
+            let mut h = history(vec![put.clone(), lost(20_000)]);
+            h.faults
+                .push(fault(FaultKind::LinkDown, node, 8_000, 12_000));
+            assert!(check(&h).passed(), "a fault on node {node}");
+        }
+        // A fault on the holder healed longer ago than the bound: not.
+        let mut h = history(vec![put.clone(), lost(30_000)]);
+        h.faults.push(fault(FaultKind::LinkDown, 1, 8_000, 12_000));
+        assert!(!check(&h).passed());
+        // With an outside directory, a fault on node 0 is just a fault elsewhere.
+        let mut h = history(vec![put, lost(20_000)]);
+        h.directory_node = None;
+        h.faults.push(fault(FaultKind::Pause, 0, 15_000, 21_000));
+        assert!(!check(&h).passed());
+    }
+
+    #[test]
+    fn a_client_process_that_crashed_is_flagged() {
+        let mut h = history(vec![]);
+        h.client_exits.push(super::super::history::ClientExit {
+            node: 2,
+            worker: 200,
+            at_ms: 10,
+            status: "exit status: 1".into(),
+            detail: "RuntimeError: boom".into(),
+        });
+        assert!(matches!(
+            check(&h).violations.as_slice(),
+            [Violation::ClientCrashed { node: 2, detail, .. }] if detail.contains("boom")
+        ));
     }
 }

@@ -90,6 +90,8 @@ pub struct ChaosCluster {
     mounts: Vec<PathBuf>,
     started: Instant,
     exits: Vec<UnexpectedExit>,
+    /// The run's hold on its directory (see `super::stale`).
+    _owner: super::stale::RunLock,
     _temp: tempfile::TempDir,
 }
 
@@ -97,10 +99,15 @@ impl ChaosCluster {
     /// Makes the namespaces and starts every daemon, node 0 first, and waits until each
     /// answers on its socket.
     pub fn start(settings: DaemonSettings) -> Result<Self, ChaosClusterError> {
+        for dir in super::stale::remove_stale_runs(&std::env::temp_dir()) {
+            println!("chaos: removed {} left by a killed run", dir.display());
+        }
         let temp = tempfile::Builder::new()
-            .prefix("skyriver-chaos-")
+            .prefix(super::stale::RUN_DIR_PREFIX)
             .tempdir()
             .map_err(io("cannot create a directory under $TMPDIR"))?;
+        let owner = super::stale::own(temp.path())
+            .map_err(io(format!("cannot lock {}", temp.path().display())))?;
         crate::netns::remove_dir_on_signal(temp.path().to_path_buf());
         let netns = NetnsCluster::create(settings.nodes, None)?;
         let mut cluster = Self {
@@ -112,6 +119,7 @@ impl ChaosCluster {
             started: Instant::now(),
             exits: Vec::new(),
             settings,
+            _owner: owner,
             _temp: temp,
         };
         for node in 0..cluster.settings.nodes {

@@ -5,12 +5,12 @@
 use std::io::Write;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::schedule::FaultKind;
 
 /// What a client asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OpKind {
     /// Create, write and seal an object on the client's node.
@@ -28,7 +28,7 @@ pub enum OpKind {
 }
 
 /// How an operation ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "outcome")]
 pub enum OpResult {
     /// It succeeded (a read with the expected bytes).
@@ -121,6 +121,21 @@ pub struct UnexpectedExit {
     pub status: String,
 }
 
+/// A client process (a Python client) that exited without being told to stop.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClientExit {
+    /// The node it was a client of.
+    pub node: u32,
+    /// Its worker number.
+    pub worker: u32,
+    /// When its exit was seen.
+    pub at_ms: u64,
+    /// Its exit status.
+    pub status: String,
+    /// The end of its error output (a traceback), or what it wrote that made no sense.
+    pub detail: String,
+}
+
 /// A daemon's resources, at their highest over the run.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Resources {
@@ -173,6 +188,12 @@ pub struct History {
     pub converged_after_ms: Option<u64>,
     /// The shared memory each daemon was given, bytes.
     pub memory_bytes: u64,
+    /// Python client processes in the workload.
+    pub python_clients: u32,
+    /// The node serving the built-in directory (`None`: an outside one, such as Redis).
+    pub directory_node: Option<u32>,
+    /// Client processes that exited without being told to stop (crashes).
+    pub client_exits: Vec<ClientExit>,
 }
 
 impl History {

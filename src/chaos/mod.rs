@@ -13,9 +13,12 @@ pub mod checker;
 pub mod cluster;
 pub mod history;
 pub mod nemesis;
+pub mod python_clients;
 pub mod schedule;
+pub mod stale;
 pub mod workload;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -54,6 +57,21 @@ pub struct ChaosConfig {
     pub history: Option<PathBuf>,
     /// Where the daemons' logs are copied at the end, if anywhere.
     pub keep_logs: Option<PathBuf>,
+    /// Python clients in the workload.
+    pub python_clients: PythonClients,
+    /// Two faults at once now and then (see [`schedule::Schedule::draw`]).
+    pub overlap: bool,
+}
+
+/// Whether the workload has Python clients (one per node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PythonClients {
+    /// When `python3` imports the `skyriver` package (or the source tree's build stages it).
+    Auto,
+    /// Always: a run without them fails.
+    On,
+    /// Never.
+    Off,
 }
 
 /// What a run found.
@@ -67,6 +85,8 @@ pub struct RunReport {
     pub converged_after_ms: Option<u64>,
     /// The command that replays the schedule.
     pub replay: String,
+    /// The Python clients: how many ran and with which package, or why none did.
+    pub python_clients: String,
 }
 
 /// Why a run could not be carried out (as opposed to a run that found violations).
@@ -85,6 +105,9 @@ pub enum ChaosError {
     /// The cluster did not connect before the faults started.
     #[error("the cluster did not connect within {0:?} of its start")]
     NoInitialConvergence(Duration),
+    /// `--python-clients on`, and no `skyriver` package imports.
+    #[error("--python-clients on, but {0}")]
+    NoPython(String),
     /// Ctrl-C, SIGTERM or SIGHUP.
     #[error("interrupted; everything the run made was removed")]
     Interrupted,
@@ -116,6 +139,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         seconds: config.seconds,
         persistent: config.persistent,
         builtin_head: config.directory.is_none(),
+        overlap: config.overlap,
     });
     let replay = schedule.replay_command(config.directory.as_deref());
     print!("{schedule}");
@@ -128,8 +152,22 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         memory_bytes: config.memory_bytes,
         persistent: config.persistent,
         directory: config.directory.clone(),
-        exe,
+        exe: exe.clone(),
     })?;
+    let python = match config.python_clients {
+        PythonClients::Off => Err("off (--python-clients off)".to_string()),
+        PythonClients::Auto | PythonClients::On => python_clients::find(&exe, &cluster.dir),
+    };
+    let python_clients = match &python {
+        Ok(setup) => format!("{} (skyriver from {})", config.nodes, setup.package),
+        Err(reason) => {
+            if config.python_clients == PythonClients::On {
+                return Err(ChaosError::NoPython(reason.clone()));
+            }
+            format!("none: {reason}")
+        }
+    };
+    println!("  python clients: {python_clients}");
     let sockets: Vec<PathBuf> = (0..config.nodes).map(|n| cluster.socket(n)).collect();
     if converge(&sockets, config.nodes, CONVERGENCE_BOUND, stop).is_none() {
         if stop.load(Ordering::SeqCst) {
@@ -140,7 +178,8 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
     let started = Instant::now();
     cluster.set_epoch(started);
     let ms = || started.elapsed().as_millis() as u64;
-    let workload = workload::Workload::start(config.seed, sockets.clone(), started);
+    let workload =
+        workload::Workload::start(config.seed, sockets.clone(), started, python.as_ref().ok());
     let mut faults = Vec::new();
     let mut deaths = Vec::new();
     let mut client_objects = Vec::new();
@@ -155,32 +194,50 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         Ok(())
     };
     let outcome = (|| -> Result<(), ChaosError> {
+        // Injections and heals in time order (a heal before an injection at the same time):
+        // faults may overlap.
+        let mut events: Vec<(u64, bool, usize)> = Vec::new();
         for (serial, fault) in schedule.faults.iter().enumerate() {
-            wait_until(&mut cluster, fault.at_ms)?;
-            let start_ms = ms();
-            println!("  inject {fault}");
-            let injected = nemesis::inject(&mut cluster, fault, config.seed, serial as u64);
-            if matches!(
-                fault.kind,
-                FaultKind::KillRestart | FaultKind::KillRestartWiped | FaultKind::HeadKillRestart
-            ) {
-                deaths.push(Death {
-                    node: fault.node,
-                    at_ms: start_ms,
-                    files_kept: config.persistent && fault.kind != FaultKind::KillRestartWiped,
-                });
-            }
-            let mut error = None;
-            match injected {
-                Ok(injected) => {
-                    client_objects.extend(injected.client_object);
-                    wait_until(&mut cluster, fault.at_ms + fault.duration_ms)?;
-                    if let Err(e) = nemesis::heal(&mut cluster, &injected) {
-                        error = Some(format!("heal: {e}"));
-                    }
+            events.push((fault.at_ms, true, serial));
+            events.push((fault.at_ms + fault.duration_ms, false, serial));
+        }
+        events.sort_by_key(|&(at, inject, serial)| (at, inject, serial));
+        let mut active: BTreeMap<usize, (u64, Result<nemesis::Injected, String>)> = BTreeMap::new();
+        for (at_ms, inject, serial) in events {
+            wait_until(&mut cluster, at_ms)?;
+            let fault = &schedule.faults[serial];
+            if inject {
+                let start_ms = ms();
+                println!("  inject {fault}");
+                let injected = nemesis::inject(&mut cluster, fault, config.seed, serial as u64);
+                if matches!(
+                    fault.kind,
+                    FaultKind::KillRestart
+                        | FaultKind::KillRestartWiped
+                        | FaultKind::HeadKillRestart
+                ) {
+                    deaths.push(Death {
+                        node: fault.node,
+                        at_ms: start_ms,
+                        files_kept: config.persistent && fault.kind != FaultKind::KillRestartWiped,
+                    });
                 }
-                Err(e) => error = Some(format!("inject: {e}")),
+                let injected = injected.map_err(|e| format!("inject: {e}"));
+                if let Ok(injected) = &injected {
+                    client_objects.extend(injected.client_object);
+                }
+                active.insert(serial, (start_ms, injected));
+                continue;
             }
+            let Some((start_ms, injected)) = active.remove(&serial) else {
+                continue;
+            };
+            let error = match injected {
+                Ok(injected) => nemesis::heal(&mut cluster, &injected)
+                    .err()
+                    .map(|e| format!("heal: {e}")),
+                Err(error) => Some(error),
+            };
             if let Some(error) = &error {
                 println!("  {:>7.1}s  {error}", ms() as f64 / 1000.0);
             }
@@ -193,6 +250,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
                 error,
             });
         }
+        faults.sort_by_key(|f: &FaultRecord| f.start_ms);
         wait_until(&mut cluster, config.seconds * 1000)
     })();
     workload.stop();
@@ -214,7 +272,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         ms() as f64 / 1000.0
     );
     // Counted from the last fault's heal (the workers' last operations ran meanwhile).
-    let last_heal_ms = faults.last().map_or(0, |f| f.end_ms);
+    let last_heal_ms = faults.iter().map(|f| f.end_ms).max().unwrap_or(0);
     let converged_after_ms = converge(&sockets, config.nodes, CONVERGENCE_BOUND, stop)
         .map(|_| ms().saturating_sub(last_heal_ms));
     cluster.sample_evictions();
@@ -239,6 +297,9 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         unfinished,
         converged_after_ms,
         memory_bytes: config.memory_bytes,
+        python_clients: workload.python_clients(),
+        directory_node: config.directory.is_none().then_some(0),
+        client_exits: workload.client_exits(),
     };
     if let Some(dir) = &config.keep_logs {
         if let Err(e) = cluster.keep_logs(dir) {
@@ -262,6 +323,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         verdict,
         converged_after_ms,
         replay,
+        python_clients,
     })
 }
 
@@ -382,6 +444,7 @@ pub fn summary(report: &RunReport) -> String {
             count("wrong_bytes")
         );
     }
+    let _ = writeln!(out, "  python clients: {}", report.python_clients);
     let faults: Vec<String> = verdict
         .faults
         .iter()

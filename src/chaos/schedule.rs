@@ -115,14 +115,17 @@ pub struct ScheduleParams {
     pub persistent: bool,
     /// Whether node 0 serves the built-in directory (head kills apply).
     pub builtin_head: bool,
+    /// Whether a third of the faults get a second, overlapping one (see [`Schedule::draw`]).
+    pub overlap: bool,
 }
 
-/// The faults of one run, one at a time, all healed before the quiet end of the run.
+/// The faults of one run, all healed before the quiet end of the run: one at a time, or with
+/// `overlap` at most two at once on different nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Schedule {
     /// What it was drawn for.
     pub params: ScheduleParams,
-    /// The faults, in time order, never overlapping.
+    /// The faults, in time order of their starts.
     pub faults: Vec<Fault>,
 }
 
@@ -136,9 +139,22 @@ const FAULT_MS: (u64, u64) = (1_500, 6_000);
 const PAUSE_MS: (u64, u64) = (6_000, 8_000);
 /// Gap between one fault's heal and the next fault.
 const GAP_MS: (u64, u64) = (500, 3_000);
+/// Kinds a second, overlapping fault may be: never a head kill, wipe, full disk or client
+/// kill, so what the checker guarantees under one fault still holds of the nodes spared.
+const OVERLAP_KINDS: [FaultKind; 5] = [
+    FaultKind::KillRestart,
+    FaultKind::Pause,
+    FaultKind::LinkDown,
+    FaultKind::OneWayCut,
+    FaultKind::Throttle,
+];
 
 impl Schedule {
-    /// The schedule `params.seed` names.
+    /// The schedule `params.seed` names. With `params.overlap` (and 3 nodes or more), a third
+    /// of the faults get a second one starting within the first half of the first: of an
+    /// [`OVERLAP_KINDS`] kind, on another node than the first's (and its peer's), never on
+    /// node 0 (the built-in directory's). Without it the stream draws nothing more, so a seed
+    /// names the same schedule as before overlaps existed.
     pub fn draw(params: ScheduleParams) -> Self {
         let mut rng = SplitMix64::new(params.seed ^ 0x6368_616f_735f_7363);
         let kinds: Vec<FaultKind> = FaultKind::ALL
@@ -175,16 +191,66 @@ impl Schedule {
                     other
                 }
             });
-            faults.push(Fault {
+            let first = Fault {
                 at_ms,
                 duration_ms,
                 kind,
                 node,
                 peer,
-            });
-            at_ms += duration_ms + rng.between(GAP_MS.0, GAP_MS.1);
+            };
+            let mut free_from = at_ms + duration_ms;
+            if params.overlap && params.nodes >= 3 && rng.below(3) == 0 {
+                if let Some(second) = Self::overlapping(&mut rng, &params, &first, end_ms) {
+                    free_from = free_from.max(second.at_ms + second.duration_ms);
+                    faults.push(first);
+                    faults.push(second);
+                } else {
+                    faults.push(first);
+                }
+            } else {
+                faults.push(first);
+            }
+            at_ms = free_from + rng.between(GAP_MS.0, GAP_MS.1);
         }
         Self { params, faults }
+    }
+
+    /// A second fault during `first`, if one fits (see [`Schedule::draw`]).
+    fn overlapping(
+        rng: &mut SplitMix64,
+        params: &ScheduleParams,
+        first: &Fault,
+        end_ms: u64,
+    ) -> Option<Fault> {
+        let candidates: Vec<u32> = (1..params.nodes)
+            .filter(|&n| n != first.node && Some(n) != first.peer)
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let node = candidates[rng.below(candidates.len() as u64) as usize];
+        let kind = OVERLAP_KINDS[rng.below(OVERLAP_KINDS.len() as u64) as usize];
+        let (low, high) = match kind {
+            FaultKind::Pause => PAUSE_MS,
+            _ => FAULT_MS,
+        };
+        let duration_ms = rng.between(low, high);
+        let at_ms = first.at_ms + rng.between(0, first.duration_ms / 2);
+        let peer = (kind == FaultKind::OneWayCut).then(|| {
+            let other = rng.below(u64::from(params.nodes) - 1) as u32;
+            if other >= node {
+                other + 1
+            } else {
+                other
+            }
+        });
+        (at_ms + duration_ms <= end_ms).then_some(Fault {
+            at_ms,
+            duration_ms,
+            kind,
+            node,
+            peer,
+        })
     }
 
     /// The command that runs this schedule again.
@@ -195,6 +261,9 @@ impl Schedule {
         );
         if self.params.persistent {
             command.push_str(" --persistent");
+        }
+        if self.params.overlap {
+            command.push_str(" --overlap");
         }
         if let Some(directory) = directory {
             command.push_str(&format!(" --directory {directory}"));
@@ -268,6 +337,7 @@ mod tests {
             seconds: 120,
             persistent,
             builtin_head: true,
+            overlap: false,
         }
     }
 
@@ -301,6 +371,35 @@ mod tests {
                 assert!(free_from <= 120_000 - QUIET_END_MS);
             }
         }
+    }
+
+    #[test]
+    fn overlapping_faults_are_two_at_most_on_distinct_nodes_and_spare_node_0() {
+        let mut overlaps = 0;
+        for seed in 0..50 {
+            for persistent in [false, true] {
+                let schedule = Schedule::draw(ScheduleParams {
+                    overlap: true,
+                    ..params(seed, persistent)
+                });
+                for (i, fault) in schedule.faults.iter().enumerate() {
+                    assert!(fault.at_ms + fault.duration_ms <= 120_000 - QUIET_END_MS);
+                    let during: Vec<&Fault> = schedule.faults[..i]
+                        .iter()
+                        .filter(|f| f.at_ms + f.duration_ms > fault.at_ms)
+                        .collect();
+                    assert!(during.len() <= 1, "{schedule}");
+                    if let Some(first) = during.first() {
+                        overlaps += 1;
+                        assert!(OVERLAP_KINDS.contains(&fault.kind), "{schedule}");
+                        assert_ne!(fault.node, 0, "{schedule}");
+                        assert_ne!(fault.node, first.node, "{schedule}");
+                        assert_ne!(Some(fault.node), first.peer, "{schedule}");
+                    }
+                }
+            }
+        }
+        assert!(overlaps > 50, "{overlaps} overlaps in 100 schedules");
     }
 
     #[test]

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use skyriver_client::{Client, ClientError, FetchError, ObjectId, StoreError};
 
-use super::history::{Op, OpKind, OpResult, Phase};
+use super::history::{ClientExit, Op, OpKind, OpResult, Phase};
+use super::python_clients::{PythonClient, PythonSetup};
 use super::schedule::SplitMix64;
 
 /// Data sizes of the objects put, from inline to rendezvous, with their weights.
@@ -94,17 +95,49 @@ pub struct Shared {
     /// When the workload started (op times are relative to it).
     pub started: Instant,
     /// Objects acknowledged by some node, for the others to fetch.
-    acked: Mutex<Vec<(ObjectId, u32)>>,
+    pub(super) acked: Mutex<Vec<(ObjectId, u32)>>,
     /// Each worker's running operation.
-    in_flight: Mutex<BTreeMap<(u32, u32), Op>>,
+    pub(super) in_flight: Mutex<BTreeMap<(u32, u32), Op>>,
     /// Every finished operation.
-    ops: Mutex<Vec<Op>>,
+    pub(super) ops: Mutex<Vec<Op>>,
+    /// Client processes that exited without being told to.
+    pub(super) client_exits: Mutex<Vec<ClientExit>>,
     stop: AtomicBool,
+    /// Set when the run ends: client processes killed from now on are not crashes.
+    ending: AtomicBool,
 }
 
 impl Shared {
-    fn ms(&self) -> u64 {
+    /// Nothing done yet; times count from `started`.
+    pub(super) fn new(started: Instant) -> Self {
+        Self {
+            started,
+            acked: Mutex::new(Vec::new()),
+            in_flight: Mutex::new(BTreeMap::new()),
+            ops: Mutex::new(Vec::new()),
+            client_exits: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            ending: AtomicBool::new(false),
+        }
+    }
+
+    /// Asks the workers to stop after their current operation.
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    pub(super) fn ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
+    }
+
+    /// Whether the workers were asked to stop.
+    pub(super) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Whether the run is ending (client processes are being killed).
+    pub(super) fn ending(&self) -> bool {
+        self.ending.load(Ordering::SeqCst)
     }
 }
 
@@ -113,18 +146,34 @@ pub struct Workload {
     /// Shared state.
     pub shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    python: Vec<PythonClient>,
 }
 
 impl Workload {
-    /// Starts [`WORKERS_PER_NODE`] workers per socket.
-    pub fn start(seed: u64, sockets: Vec<PathBuf>, started: Instant) -> Self {
-        let shared = Arc::new(Shared {
-            started,
-            acked: Mutex::new(Vec::new()),
-            in_flight: Mutex::new(BTreeMap::new()),
-            ops: Mutex::new(Vec::new()),
-            stop: AtomicBool::new(false),
-        });
+    /// Starts [`WORKERS_PER_NODE`] workers per socket, and a Python client per socket with
+    /// `python` (from the thread that lives for the whole run: the clients die with it).
+    pub fn start(
+        seed: u64,
+        sockets: Vec<PathBuf>,
+        started: Instant,
+        python: Option<&PythonSetup>,
+    ) -> Self {
+        let shared = Arc::new(Shared::new(started));
+        let mut python_clients = Vec::new();
+        if let Some(setup) = python {
+            for (node, socket) in sockets.iter().enumerate() {
+                match PythonClient::start(setup, socket, seed, node as u32, shared.clone()) {
+                    Ok(client) => python_clients.push(client),
+                    Err(error) => lock(&shared.client_exits).push(ClientExit {
+                        node: node as u32,
+                        worker: super::python_clients::PYTHON_WORKER,
+                        at_ms: 0,
+                        status: "not started".into(),
+                        detail: error.to_string(),
+                    }),
+                }
+            }
+        }
         let mut threads = Vec::new();
         for (node, socket) in sockets.into_iter().enumerate() {
             for worker in 0..WORKERS_PER_NODE {
@@ -135,17 +184,32 @@ impl Workload {
                 }));
             }
         }
-        Self { shared, threads }
+        Self {
+            shared,
+            threads,
+            python: python_clients,
+        }
+    }
+
+    /// Python client processes started.
+    pub fn python_clients(&self) -> u32 {
+        self.python.len() as u32
+    }
+
+    /// Client processes that exited without being told to stop, so far.
+    pub fn client_exits(&self) -> Vec<ClientExit> {
+        lock(&self.shared.client_exits).clone()
     }
 
     /// Asks the workers to stop after their current operation.
     pub fn stop(&self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.stop();
     }
 
-    /// Whether every worker has stopped.
+    /// Whether every worker and client process has stopped.
     pub fn finished(&self) -> bool {
         self.threads.iter().all(JoinHandle::is_finished)
+            && self.python.iter().all(|p| p.thread.is_finished())
     }
 
     /// The operations still running (of workers that have not stopped).
@@ -163,9 +227,15 @@ impl Workload {
         lock(&self.shared.acked).clone()
     }
 
-    /// Joins the workers (all must have stopped, or be about to).
+    /// Joins the workers (all must have stopped, or be about to); kills the client processes
+    /// that have not.
     pub fn join(self) {
-        for thread in self.threads {
+        self.shared.ending.store(true, Ordering::SeqCst);
+        for client in &self.python {
+            client.kill();
+        }
+        let python = self.python.into_iter().map(|p| p.thread);
+        for thread in self.threads.into_iter().chain(python) {
             if let Err(panic) = thread.join() {
                 std::panic::resume_unwind(panic);
             }
@@ -173,7 +243,7 @@ impl Workload {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use skyriver_daemon::size::ByteSize;
 
 use crate::chaos::{self, ChaosConfig};
@@ -38,6 +38,25 @@ pub struct ChaosArgs {
     /// Copy the daemons' logs here at the end of each run (a subdirectory per run).
     #[arg(long, value_name = "DIR")]
     pub keep_logs: Option<PathBuf>,
+    /// A Python client per node (the `skyriver` package `python3` imports, or this source
+    /// tree's build): auto runs them when it imports and says why not otherwise.
+    #[arg(long, value_enum, default_value_t = PythonClientsArg::Auto)]
+    pub python_clients: PythonClientsArg,
+    /// A third of the faults get a second one at the same time on another node (never node 0,
+    /// never a wipe, full disk or client kill).
+    #[arg(long)]
+    pub overlap: bool,
+}
+
+/// `--python-clients`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PythonClientsArg {
+    /// When the package imports.
+    Auto,
+    /// Always (fail without the package).
+    On,
+    /// Never.
+    Off,
 }
 
 /// Why `skyriver chaos` failed: bad arguments, a run that could not be carried out, or
@@ -127,6 +146,12 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), ChaosCommandError> {
             directory: directory.clone(),
             history,
             keep_logs: args.keep_logs.as_ref().map(|dir| dir.join(mode)),
+            python_clients: match args.python_clients {
+                PythonClientsArg::Auto => chaos::PythonClients::Auto,
+                PythonClientsArg::On => chaos::PythonClients::On,
+                PythonClientsArg::Off => chaos::PythonClients::Off,
+            },
+            overlap: args.overlap,
         };
         println!(
             "chaos: seed {seed}, {} nodes, {} s, {mode}",
