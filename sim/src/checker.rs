@@ -112,6 +112,7 @@ impl Checker {
             metadata_size: info.metadata_size,
         };
         let bytes = memory.read(info.region);
+        let bytes = &*bytes;
         let Some(contents) = self.contents.get(&info.id) else {
             // Not put by a client the checker saw (a scripted scenario's object): its usual
             // content, whatever its sizes.
@@ -146,7 +147,7 @@ impl Checker {
         info: &ObjectInfo,
         memory: &Memory,
     ) {
-        let actual = ContentDigest::of_contiguous(memory.read(info.region));
+        let actual = ContentDigest::of_contiguous(&memory.read(info.region));
         let named = self.named.get(&info.id);
         if !named.is_some_and(|named| named.contains(&actual)) {
             self.violation(

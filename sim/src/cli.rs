@@ -77,9 +77,13 @@ fn mode(echo: bool) -> RunMode {
 
 fn run_one(seed: u64, args: &SimArgs) -> ExitCode {
     // Parameters first, so they are on screen even if the run dies.
-    let params = crate::Cluster::random(seed, args.nodes, mode(false))
-        .params()
-        .to_string();
+    // Drawn as the run draws them, without building a cluster (which costs a run's start).
+    let params = crate::SimParams::draw(
+        seed,
+        &mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
+        args.nodes,
+    )
+    .to_string();
     if args.json {
         eprintln!("{params}");
     } else {

@@ -7,6 +7,7 @@
 //! while its data is copied out, and a revocation that arrives meanwhile completes only when
 //! the last READ under the key is done.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use skyriver_core::grants::{AdmitError, Grant, GrantTable, Revocation};
@@ -16,10 +17,18 @@ use skyriver_core::{ArenaId, LocalRegion, NodeId, ObjectId, RemoteRegion, Transf
 /// Byte written over fresh and lost memory, so reads of it are easy to spot.
 pub const POISON: u8 = 0xA5;
 
+/// Pages of an arena are poisoned when first written: an arena is allocated zeroed (the system
+/// maps such pages only when touched), so a cluster of many nodes costs the memory its objects
+/// use, not every node's whole arena.
+const PAGE_BYTES: usize = 4096;
+
 /// One node incarnation's memory.
 #[derive(Debug)]
 pub struct Memory {
+    /// The bytes; a page not yet written reads as [`POISON`] whatever it holds.
     arena: Vec<u8>,
+    /// Which pages were written (and poisoned first where not written).
+    written: Vec<bool>,
     key: ArenaKey,
     /// READ keys granted and still reaching memory.
     grants: GrantTable,
@@ -42,7 +51,8 @@ impl Memory {
     /// Fresh memory of `bytes`, poisoned, under `key`.
     pub fn new(bytes: u64, key: ArenaKey) -> Self {
         Memory {
-            arena: vec![POISON; bytes as usize],
+            arena: vec![0; bytes as usize],
+            written: vec![false; (bytes as usize).div_ceil(PAGE_BYTES)],
             key,
             grants: GrantTable::new(),
             next_grant: 0,
@@ -65,14 +75,35 @@ impl Memory {
         BTreeMap::from([(ArenaId(0), self.key)])
     }
 
-    /// The bytes of a local region.
-    pub fn read(&self, region: LocalRegion) -> &[u8] {
+    /// The bytes of a local region (poison where never written).
+    pub fn read(&self, region: LocalRegion) -> Cow<'_, [u8]> {
         assert_eq!(
             region.arena,
             ArenaId(0),
             "the simulator has one arena per node"
         );
-        &self.arena[region.offset as usize..region.end() as usize]
+        let range = region.offset as usize..region.end() as usize;
+        let bytes = &self.arena[range.clone()];
+        if self.pages(range.clone()).all(|page| self.written[page]) {
+            return Cow::Borrowed(bytes);
+        }
+        let mut owned = bytes.to_vec();
+        for page in self.pages(range.clone()) {
+            if !self.written[page] {
+                let start = (page * PAGE_BYTES).max(range.start) - range.start;
+                let end = ((page + 1) * PAGE_BYTES).min(range.end) - range.start;
+                owned[start..end].fill(POISON);
+            }
+        }
+        Cow::Owned(owned)
+    }
+
+    /// The pages a byte range touches.
+    fn pages(&self, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        if range.is_empty() {
+            return 0..0;
+        }
+        range.start / PAGE_BYTES..(range.end - 1) / PAGE_BYTES + 1
     }
 
     /// Writes bytes into a local region.
@@ -88,7 +119,15 @@ impl Memory {
             ArenaId(0),
             "the simulator has one arena per node"
         );
-        self.arena[region.offset as usize..region.end() as usize].copy_from_slice(bytes);
+        let range = region.offset as usize..region.end() as usize;
+        for page in self.pages(range.clone()) {
+            if !self.written[page] {
+                let end = ((page + 1) * PAGE_BYTES).min(self.arena.len());
+                self.arena[page * PAGE_BYTES..end].fill(POISON);
+                self.written[page] = true;
+            }
+        }
+        self.arena[range].copy_from_slice(bytes);
     }
 
     /// The fabric grants `reader`'s lease `req` READs of `object`'s `region`: a key no live
@@ -148,5 +187,51 @@ impl Memory {
     /// completes, if any.
     pub fn done(&mut self, key: u32) -> Option<(NodeId, TransferId)> {
         self.grants.done(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(offset: u64, len: u64) -> LocalRegion {
+        LocalRegion {
+            arena: ArenaId(0),
+            offset,
+            len,
+        }
+    }
+
+    fn memory() -> Memory {
+        let key = ArenaKey {
+            base_addr: 0x1000,
+            rkey: 7,
+        };
+        Memory::new(3 * PAGE_BYTES as u64 + 100, key)
+    }
+
+    #[test]
+    fn fresh_memory_reads_as_poison_in_every_page() {
+        let m = memory();
+        let all = m.read(region(0, m.arena.len() as u64));
+        assert!(all.iter().all(|&b| b == POISON));
+    }
+
+    #[test]
+    fn a_write_keeps_the_rest_of_its_pages_poisoned() {
+        let mut m = memory();
+        // Across the first page boundary, into the second page only partly.
+        let at = PAGE_BYTES as u64 - 10;
+        m.write(region(at, 20), &[1; 20]);
+        let around = m.read(region(0, 2 * PAGE_BYTES as u64 + 50));
+        for (i, &b) in around.iter().enumerate() {
+            let written = (at as usize..at as usize + 20).contains(&i);
+            assert_eq!(b, if written { 1 } else { POISON }, "byte {i}");
+        }
+        // The written pages now read without a copy; the last, short page still poison.
+        assert!(matches!(m.read(region(at, 20)), Cow::Borrowed(_)));
+        let tail = m.read(region(3 * PAGE_BYTES as u64, 100));
+        assert!(tail.iter().all(|&b| b == POISON));
+        assert!(m.read(region(5, 0)).is_empty());
     }
 }

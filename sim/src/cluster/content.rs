@@ -133,7 +133,7 @@ impl Cluster {
         let store = sim_node.node.as_ref().expect("alive").store();
         self.checker
             .check_write_target(self.now, n, store, object, region, "verified copy");
-        let mut actual = ContentDigest::of_contiguous(sim_node.memory.read(region));
+        let mut actual = ContentDigest::of_contiguous(&sim_node.memory.read(region));
         if self.flaws.skip_verification {
             if let Some(expected) = self.last_named.get(&(n, object)) {
                 actual = *expected;
@@ -161,7 +161,7 @@ impl Cluster {
         let sim_node = &self.nodes[m.0 as usize];
         let info = sim_node.node.as_ref()?.store().sealed_info(id)?;
         Some(ContentDigest::of_contiguous(
-            sim_node.memory.read(info.region),
+            &sim_node.memory.read(info.region),
         ))
     }
 

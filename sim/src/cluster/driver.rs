@@ -69,7 +69,7 @@ impl NodeDriver for SimDriver<'_> {
             ),
         }
         let mut bytes = Vec::new();
-        wire::encode_eager(&header, sim_node.memory.read(source), &mut bytes);
+        wire::encode_eager(&header, &sim_node.memory.read(source), &mut bytes);
         if let Some((at, flip)) = c.corruption(source.len as usize) {
             // The payload ends the message.
             let payload_start = bytes.len() - source.len as usize;

@@ -221,7 +221,7 @@ impl Cluster {
                         len: record.data_size + record.metadata_size,
                         ..record.block
                     };
-                    let digest = ContentDigest::of_contiguous(memory.read(region));
+                    let digest = ContentDigest::of_contiguous(&memory.read(region));
                     (*record, digest)
                 })
                 .collect();

@@ -51,21 +51,32 @@ const REGISTRY_CHECK_EVERY_CHANGE_UP_TO: usize = 64;
 
 /// The registry's own consistency ([`Registry::check_invariants`], a scan of every member and
 /// object) after its changes: after each one in clusters of up to
-/// [`REGISTRY_CHECK_EVERY_CHANGE_UP_TO`] members, and at least once every
-/// `members / REGISTRY_CHECK_EVERY_CHANGE_UP_TO` changes beyond (so a change costs the same
-/// whatever the cluster's size), and at the end of every run.
+/// [`REGISTRY_CHECK_EVERY_CHANGE_UP_TO`] members; beyond, once every `size /
+/// REGISTRY_CHECK_EVERY_CHANGE_UP_TO` changes, where `size` counts the members and the
+/// locations the last check scanned (so a change costs the same whatever the cluster's size and
+/// however many objects it holds), and at the end of every run.
 #[derive(Debug, Default)]
 pub(super) struct RegistryChecks {
     changes_since_check: usize,
+    /// Members and locations the last check scanned (0 before the first).
+    last_size: usize,
 }
 
 impl RegistryChecks {
     pub(super) fn after_change(&mut self, registry: &Registry) {
         self.changes_since_check += 1;
         let members = registry.registrations().size_hint().0.max(1);
-        if self.changes_since_check * REGISTRY_CHECK_EVERY_CHANGE_UP_TO >= members {
+        let size = if members <= REGISTRY_CHECK_EVERY_CHANGE_UP_TO {
+            members
+        } else {
+            members.max(self.last_size)
+        };
+        if self.changes_since_check * REGISTRY_CHECK_EVERY_CHANGE_UP_TO >= size {
             registry.check_invariants();
             self.changes_since_check = 0;
+            if members > REGISTRY_CHECK_EVERY_CHANGE_UP_TO {
+                self.last_size = members + registry.locations().count();
+            }
         }
     }
 }
