@@ -21,9 +21,11 @@
 //! **Serving a partial copy.** The relay's copy is an unsealed object its fetch owns. A
 //! `FetchRequest` for it is answered with a lease over the whole block
 //! ([`NodeOutput::GrantPartialRead`]: the fabric views each READ's range when serving it, never
-//! the whole block, which is still being written) and a `Rendezvous`, followed by
-//! `RelayProgress{prefix}` messages as the relay's received prefix grows. The reader READs only
-//! below the last prefix it was told; the prefix only grows. When the relay's copy is sealed
+//! the whole block, which is still being written): `RelayProgress{prefix}` first, then the
+//! `Rendezvous`, then more `RelayProgress` as the relay's received prefix grows. The reader
+//! READs only below the last prefix it was told; the prefix only grows. Saying the prefix
+//! before the keys makes any requester a careful reader, also one that did not know it asked a
+//! relay (a hint, a stale location): a hinted one takes it as a refusal and asks the directory. When the relay's copy is sealed
 //! its leases pin it like any holder's; READs of it go on unchanged.
 //!
 //! **Failures.** The reader verifies the whole copy against the digest the holder named, as
@@ -205,13 +207,13 @@ impl Node {
             .map_or(0, |t| t.received_prefix())
     }
 
-    /// The `Rendezvous` of a lease over a partial copy went out: tell the reader what it may
-    /// READ so far.
+    /// A lease over a partial copy is granted: before its `Rendezvous`, tell the reader what
+    /// it may READ so far. Said first, so a requester that did not know this node relays (a
+    /// hint, a stale location) READs no further either; one asking by hint takes it as a
+    /// refusal and asks the directory.
     pub(super) fn partial_lease_granted(&mut self, peer: NodeId, req: TransferId, id: ObjectId) {
         let prefix = self.held_prefix(&id);
-        if prefix > 0 {
-            self.send(peer, PeerMessage::RelayProgress { req, prefix });
-        }
+        self.send(peer, PeerMessage::RelayProgress { req, prefix });
     }
 
     /// The received prefix of `id` grew to `prefix`: its readers may READ up to there.
@@ -364,13 +366,14 @@ impl Node {
         self.send_fetch_request(tid, id, relay, TransferMode::Rendezvous);
     }
 
-    /// The relay of transfer `tid` holds the object's first `prefix` bytes now.
-    pub(super) fn relay_progressed(&mut self, tid: TransferId, prefix: u64) {
+    /// The relay of transfer `tid` holds the object's first `prefix` bytes now (`answer`: said
+    /// before its `Rendezvous`).
+    pub(super) fn relay_progressed(&mut self, tid: TransferId, prefix: u64, answer: bool) {
         let transfer = self
             .transfers
             .get_mut(&tid)
             .expect("progress of a live transfer");
-        if let Err(why) = transfer.relay_prefix_is(prefix) {
+        if let Err(why) = transfer.relay_prefix_is(prefix, answer) {
             self.fail_transfer(tid, why);
             return;
         }

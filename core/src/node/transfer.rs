@@ -150,19 +150,21 @@ impl Incoming {
         self.relay_limit = Some(0);
     }
 
-    /// The relay holds the first `prefix` bytes.
-    pub(super) fn relay_prefix_is(&mut self, prefix: u64) -> Result<(), String> {
+    /// The relay holds the first `prefix` bytes. `answer`: the relay's first word, before its
+    /// `Rendezvous` (a source that was not known to be a relay becomes one here).
+    pub(super) fn relay_prefix_is(&mut self, prefix: u64, answer: bool) -> Result<(), String> {
         let total = self.local.region.len;
-        match self.relay_limit {
-            Some(_) if prefix > total => Err(format!(
+        if prefix > total {
+            return Err(format!(
                 "the relay claims {prefix} bytes of a {total}-byte object"
-            )),
-            Some(limit) => {
-                self.relay_limit = Some(limit.max(prefix));
-                Ok(())
-            }
-            None => Err("relay progress from a holder, not a relay".into()),
+            ));
         }
+        match self.relay_limit {
+            Some(limit) => self.relay_limit = Some(limit.max(prefix)),
+            None if answer => self.relay_limit = Some(prefix),
+            None => return Err("relay progress from a holder that granted all of it".into()),
+        }
+        Ok(())
     }
 
     /// The path the bytes took, as far as the transfer got.
@@ -397,7 +399,11 @@ impl Node {
                 IncomingState::AwaitingReply,
             ) => self.follow_redirect(tid, peer, relay, (sizes, digest)),
             (PeerMessage::RelayProgress { prefix, .. }, IncomingState::Reading { .. }) => {
-                self.relay_progressed(tid, prefix)
+                self.relay_progressed(tid, prefix, false)
+            }
+            // A relay answers with its prefix before its `Rendezvous`: READ only below it.
+            (PeerMessage::RelayProgress { prefix, .. }, IncomingState::AwaitingReply) => {
+                self.relay_progressed(tid, prefix, true)
             }
             (PeerMessage::NotFound { .. }, IncomingState::AwaitingReply) => {
                 self.fail_transfer(tid, "holder does not have it".into())
@@ -964,6 +970,7 @@ impl Node {
             return;
         }
         lease.state = LeaseState::Granted;
+        let over_partial_copy = lease.over_partial_copy;
         self.stats.served_rendezvous += 1;
         self.stats.bytes_served += region.len;
         let counters = self.peer_counters(peer);
@@ -983,6 +990,10 @@ impl Node {
         let lease_ms = u32::try_from(self.config.lease.as_millis())
             .unwrap_or(u32::MAX)
             .clamp(1, wire::MAX_LEASE_MS);
+        if over_partial_copy {
+            // First, so the reader knows before the keys that it may READ only a prefix.
+            self.partial_lease_granted(peer, req, id);
+        }
         self.send(
             peer,
             PeerMessage::Rendezvous {
@@ -994,13 +1005,6 @@ impl Node {
                 lease_ms,
             },
         );
-        if self
-            .leases
-            .get(&(peer, req))
-            .is_some_and(|l| l.over_partial_copy)
-        {
-            self.partial_lease_granted(peer, req, id);
-        }
     }
 
     /// The fabric's answer to a `RevokeRead`: no READ reaches the object through the lease's

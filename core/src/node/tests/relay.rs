@@ -199,7 +199,7 @@ fn a_relay_announcing_more_than_the_object_fails_the_transfer() {
     );
     w.pump();
     // The transfer from the relay failed; the holder served node 2 itself.
-    assert_eq!(w.nodes[2].stats().transfer_outcomes.rendezvous_failed, 1);
+    assert_eq!(w.nodes[2].stats().transfers_failed, 1);
     assert_copy(&w, 2, 1);
     w.release(1, 1);
     w.release(2, 1);
