@@ -154,7 +154,8 @@ impl Checker {
         let end = offset as usize + bytes.len();
         let mut why = Vec::new();
         for variant in variants {
-            let expected = &crate::workload::content_bytes(&info.id, variant, end)[offset as usize..];
+            let expected =
+                &crate::workload::content_bytes(&info.id, variant, end)[offset as usize..];
             match expected.iter().zip(bytes).position(|(a, b)| a != b) {
                 None => return Ok(()),
                 Some(at) => why.push(format!(

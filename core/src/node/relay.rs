@@ -115,7 +115,13 @@ impl Node {
                 }
                 if chains.len() < MAX_CHAINS {
                     let members = BTreeSet::from([peer]);
-                    chains.insert(id, Chain { tail: peer, members });
+                    chains.insert(
+                        id,
+                        Chain {
+                            tail: peer,
+                            members,
+                        },
+                    );
                 }
                 return false;
             }

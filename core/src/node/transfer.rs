@@ -503,7 +503,9 @@ impl Node {
             .get_mut(&tid)
             .expect("posting READs for a live transfer");
         let total = transfer.local.region.len;
-        let limit = transfer.relay_limit.map_or(total, |prefix| prefix.min(total));
+        let limit = transfer
+            .relay_limit
+            .map_or(total, |prefix| prefix.min(total));
         let IncomingState::Reading {
             regions,
             lane_keys,

@@ -23,10 +23,7 @@ impl Cluster {
         bytes: &[u8],
     ) {
         self.stats.relayed_reads += 1;
-        if self
-            .damaged_copies
-            .contains(&(holder, holder_inc, info.id))
-        {
+        if self.damaged_copies.contains(&(holder, holder_inc, info.id)) {
             self.damaged_copies
                 .insert((read.requester, read.requester_inc, read.object));
             return;

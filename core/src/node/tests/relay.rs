@@ -50,10 +50,18 @@ fn concurrent_fetches_of_a_large_object_flow_through_a_chain_of_relays() {
     // Node 1 was served by the holder; 2 was sent to 1, and 3 to 2: a chain.
     let relays: Vec<NodeId> = redirects(&w, 0).iter().map(|(_, r)| *r).collect();
     assert_eq!(relays, vec![NodeId(1), NodeId(2)]);
-    assert_eq!(w.nodes[0].stats().bytes_served, LEN, "the holder sent it once");
+    assert_eq!(
+        w.nodes[0].stats().bytes_served,
+        LEN,
+        "the holder sent it once"
+    );
     assert_eq!(w.nodes[0].stats().relay_redirects, 2);
     for relay in [1u32, 2] {
-        assert_eq!(w.nodes[relay as usize].stats().relay_leases, 1, "node {relay} relayed");
+        assert_eq!(
+            w.nodes[relay as usize].stats().relay_leases,
+            1,
+            "node {relay} relayed"
+        );
         let prefixes = progress_sent(&w, relay);
         assert!(
             prefixes.windows(2).all(|p| p[0] < p[1]) && prefixes.last() == Some(&LEN),
@@ -140,9 +148,9 @@ fn readers_of_a_relay_whose_transfer_fails_fall_back_to_the_holder() {
     let _ = w.nodes[1].handle(w.now, lost);
     w.pump();
     assert!(
-        w.sent(1).iter().any(
-            |m| matches!(m, PeerMessage::Error { reason, .. } if reason.contains("relay"))
-        ),
+        w.sent(1)
+            .iter()
+            .any(|m| matches!(m, PeerMessage::Error { reason, .. } if reason.contains("relay"))),
         "the relay told its reader"
     );
     // Node 2 got it from the holder itself; node 1 waits to reconnect.
