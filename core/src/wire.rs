@@ -8,7 +8,7 @@
 use std::fmt;
 
 use crate::digest::ContentDigest;
-use crate::ids::{ObjectId, TransferId, OBJECT_ID_LEN};
+use crate::ids::{NodeId, ObjectId, TransferId, OBJECT_ID_LEN};
 use crate::region::RemoteRegion;
 
 /// First two bytes of every message.
@@ -40,6 +40,8 @@ const KIND_FINISH: u8 = 4;
 const KIND_NOT_FOUND: u8 = 5;
 const KIND_BUSY: u8 = 6;
 const KIND_ERROR: u8 = 7;
+const KIND_REDIRECT: u8 = 8;
+const KIND_RELAY_PROGRESS: u8 = 9;
 
 /// Sizes of an object: data then metadata, contiguous.
 #[derive(
@@ -135,6 +137,28 @@ pub enum PeerMessage {
         /// Why, for logs and the fetching client.
         reason: String,
     },
+    /// Holder → requester: this object is being sent to many nodes at once; pull it from
+    /// `relay`, which is receiving it now and serves what it has received (a pipeline of
+    /// relays, so the holder's link carries each byte about once). The sizes and digest are
+    /// the holder's: the copy is verified against them as from the holder itself.
+    Redirect {
+        /// The transfer.
+        req: TransferId,
+        /// The node to ask instead.
+        relay: NodeId,
+        /// Sizes of the object.
+        sizes: ObjectSizes,
+        /// The digest of the object's bytes.
+        digest: ContentDigest,
+    },
+    /// Relay → requester, after a `Rendezvous` over a copy the relay is still receiving: the
+    /// first `prefix` bytes are in, and READs below it see the object's bytes. Only grows.
+    RelayProgress {
+        /// The transfer.
+        req: TransferId,
+        /// Bytes from the start that the relay holds.
+        prefix: u64,
+    },
 }
 
 impl PeerMessage {
@@ -146,7 +170,9 @@ impl PeerMessage {
             | PeerMessage::Finish { req }
             | PeerMessage::NotFound { req }
             | PeerMessage::Busy { req }
-            | PeerMessage::Error { req, .. } => *req,
+            | PeerMessage::Error { req, .. }
+            | PeerMessage::Redirect { req, .. }
+            | PeerMessage::RelayProgress { req, .. } => *req,
             PeerMessage::EagerData { header, .. } => header.req,
         }
     }
@@ -203,6 +229,16 @@ impl fmt::Display for PeerMessage {
             PeerMessage::NotFound { req } => write!(f, "NotFound{{{req}}}"),
             PeerMessage::Busy { req } => write!(f, "Busy{{{req}}}"),
             PeerMessage::Error { req, reason } => write!(f, "Error{{{req}, {reason:?}}}"),
+            PeerMessage::Redirect {
+                req, relay, sizes, ..
+            } => write!(
+                f,
+                "Redirect{{{req}, to {relay}, size={}+{}}}",
+                sizes.data_size, sizes.metadata_size
+            ),
+            PeerMessage::RelayProgress { req, prefix } => {
+                write!(f, "RelayProgress{{{req}, prefix={prefix}}}")
+            }
         }
     }
 }
@@ -314,6 +350,22 @@ pub fn encode(message: &PeerMessage, out: &mut Vec<u8>) {
             let reason = truncate_utf8(reason, MAX_REASON_BYTES);
             put_u16(out, reason.len() as u16);
             out.extend_from_slice(reason.as_bytes());
+        }
+        PeerMessage::Redirect {
+            req,
+            relay,
+            sizes,
+            digest,
+        } => {
+            put_u64(out, req.0);
+            put_u32(out, relay.0);
+            put_u64(out, sizes.data_size);
+            put_u64(out, sizes.metadata_size);
+            put_u64(out, digest.0);
+        }
+        PeerMessage::RelayProgress { req, prefix } => {
+            put_u64(out, req.0);
+            put_u64(out, *prefix);
         }
     }
     finish(out, start);
@@ -538,6 +590,23 @@ pub fn decode_in_place(bytes: &[u8]) -> Result<DecodedMessage, WireError> {
                 .to_owned();
             PeerMessage::Error { req, reason }
         }
+        KIND_REDIRECT => PeerMessage::Redirect {
+            req: TransferId(r.u64()?),
+            relay: NodeId(r.u32()?),
+            sizes: r.sizes()?,
+            digest: ContentDigest(r.u64()?),
+        },
+        KIND_RELAY_PROGRESS => {
+            let req = TransferId(r.u64()?);
+            let prefix = r.u64()?;
+            if prefix > MAX_OBJECT_BYTES {
+                return Err(invalid(
+                    "prefix",
+                    format!("{prefix} over the object size limit"),
+                ));
+            }
+            PeerMessage::RelayProgress { req, prefix }
+        }
         other => return Err(WireError::UnknownKind(other)),
     };
     finish_decoding(&r, DecodedMessage::Message(message))
@@ -587,6 +656,8 @@ fn kind_of(message: &PeerMessage) -> u8 {
         PeerMessage::NotFound { .. } => KIND_NOT_FOUND,
         PeerMessage::Busy { .. } => KIND_BUSY,
         PeerMessage::Error { .. } => KIND_ERROR,
+        PeerMessage::Redirect { .. } => KIND_REDIRECT,
+        PeerMessage::RelayProgress { .. } => KIND_RELAY_PROGRESS,
     }
 }
 

@@ -425,6 +425,20 @@ impl NodeDriver for Effects {
             .push(AccessAnswer::Granted { peer, req, result });
     }
 
+    fn grant_partial_read(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        _object: ObjectId,
+        _region: LocalRegion,
+    ) {
+        // Neither fabric serves a copy still being received yet (relaying is off in the
+        // daemon's configuration); a reader refused here fetches from the holder.
+        let result = Err(GrantError::PartialCopyUnsupported);
+        self.access_answers
+            .push(AccessAnswer::Granted { peer, req, result });
+    }
+
     fn revoke_read(
         &mut self,
         peer: NodeId,

@@ -552,6 +552,9 @@ impl Server {
         node_config.lease = config.lease;
         node_config.location_cache_entries = config.location_cache_entries;
         node_config.default_replicas = config.default_replicas;
+        // The fabrics cannot serve a relay's partial copy yet (`grant_partial_read`): no node
+        // is sent to one.
+        node_config.relay_min_bytes = u64::MAX;
         node_config.standalone = config.cluster.is_none();
         node_config.store.hash_seed = random_seed();
         node_config.store.spill_limit_bytes = spill.as_ref().map(|(limit, _)| *limit);

@@ -137,6 +137,42 @@ impl Checker {
         Err(why.join("; "))
     }
 
+    /// `bytes` are those at `offset` of a content put under `info`'s id with its sizes (a
+    /// relay's partial copy: any byte it serves must be one it received).
+    pub fn check_range(&self, info: &ObjectInfo, offset: u64, bytes: &[u8]) -> Result<(), String> {
+        let sizes = ObjectSizes {
+            data_size: info.data_size,
+            metadata_size: info.metadata_size,
+        };
+        let variants: Vec<u32> = match self.contents.get(&info.id) {
+            None => vec![0],
+            Some(contents) => contents
+                .iter()
+                .filter(|c| c.sizes == sizes)
+                .map(|c| c.variant)
+                .collect(),
+        };
+        let end = offset as usize + bytes.len();
+        let mut why = Vec::new();
+        for variant in variants {
+            let expected =
+                &crate::workload::content_bytes(&info.id, variant, end)[offset as usize..];
+            match expected.iter().zip(bytes).position(|(a, b)| a != b) {
+                None => return Ok(()),
+                Some(at) => why.push(format!(
+                    "byte {} is {:#04x}, content {variant} has {:#04x}",
+                    offset as usize + at,
+                    bytes[at],
+                    expected[at]
+                )),
+            }
+        }
+        if why.is_empty() {
+            why.push("no content of its sizes was put under it".into());
+        }
+        Err(why.join("; "))
+    }
+
     /// A copy sealed by a transfer on `node`: its bytes hash to a digest the directory named
     /// for the id (the one content the id was accepted with, never damaged bytes nor another
     /// content under the id).

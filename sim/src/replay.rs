@@ -381,6 +381,8 @@ impl NodeDriver for Replay<'_> {
 
     fn revoke_read(&mut self, _: NodeId, _: TransferId, _: ObjectId, _: LocalRegion) {}
 
+    fn grant_partial_read(&mut self, _: NodeId, _: TransferId, _: ObjectId, _: LocalRegion) {}
+
     fn directory(&mut self, _: DirectoryOpId, _: DirectoryRequest) {}
 
     fn connect(&mut self, _: NodeId, _: std::net::SocketAddr) {}

@@ -125,6 +125,9 @@ pub struct NodeConfig {
     pub dial: DialPolicy,
     /// Copies a put without its own replica count gets (`--replicas`; 1: only this node's).
     pub default_replicas: u8,
+    /// Objects of at least this many bytes that many nodes fetch at once flow through the
+    /// requesters' partial copies (a pipeline of relays, see `relay`); `u64::MAX`: never.
+    pub relay_min_bytes: u64,
 }
 
 impl NodeConfig {
@@ -163,6 +166,7 @@ impl NodeConfig {
             directory_name: "none (standalone)".into(),
             dial: DialPolicy::default(),
             default_replicas: 1,
+            relay_min_bytes: 4 << 20,
         }
     }
 

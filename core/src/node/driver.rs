@@ -87,6 +87,14 @@ pub trait NodeDriver {
     );
     /// [`NodeOutput::DiscardSpilled`].
     fn discard_spilled(&mut self, op: SpillOpId, object: ObjectId);
+    /// [`NodeOutput::GrantPartialRead`]: answer with [`NodeInput::ReadGranted`](super::NodeInput::ReadGranted).
+    fn grant_partial_read(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        object: ObjectId,
+        region: LocalRegion,
+    );
 }
 
 impl NodeOutput {
@@ -169,6 +177,12 @@ impl NodeOutput {
                 digest,
             } => driver.restore(op, object, region, digest),
             NodeOutput::DiscardSpilled { op, object } => driver.discard_spilled(op, object),
+            NodeOutput::GrantPartialRead {
+                peer,
+                req,
+                object,
+                region,
+            } => driver.grant_partial_read(peer, req, object, region),
         }
     }
 }

@@ -45,6 +45,9 @@ pub enum GrantError {
     /// The device refused to allocate or bind a memory window; its message.
     #[error("{0}")]
     Device(String),
+    /// This fabric cannot serve READs of a copy still being received (a relay's).
+    #[error("this fabric cannot serve a copy still being received")]
+    PartialCopyUnsupported,
 }
 
 /// How a fetch moves an object's bytes, chosen per fetch by the client.

@@ -94,6 +94,10 @@ impl Node {
                     }
                 }
             }
+            // Sent on to a relay (see `relay`): the holder named the content.
+            PeerMessage::Redirect { sizes, digest, .. } => {
+                matches!(self.adopt(peer, tid, *sizes, *digest), Adoption::Adopted)
+            }
             PeerMessage::NotFound { .. } => {
                 self.hint_failed(tid, format!("{peer} does not have it"));
                 false

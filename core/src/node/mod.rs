@@ -36,6 +36,7 @@ mod metrics;
 mod output;
 mod publications;
 pub mod recording;
+mod relay;
 mod replicas;
 mod sealing;
 mod spill;
@@ -190,6 +191,7 @@ pub struct Node {
     /// Peer fetches waiting for restores (see `spill`).
     spill_waits: spill::SpillWaits,
     replicas: replicas::Replicas,
+    relays: relay::Relays,
 }
 
 impl Node {
@@ -233,6 +235,7 @@ impl Node {
             backpressure: backpressure::Backpressure::default(),
             spill_waits: spill::SpillWaits::default(),
             replicas: replicas::Replicas::default(),
+            relays: relay::Relays::default(),
         }
     }
 
@@ -661,6 +664,7 @@ impl Node {
         self.pending_client_work(&mut lines);
         self.pending_spill_work(&mut lines);
         self.pending_replica_work(&mut lines);
+        self.relays.describe(&mut lines);
         lines
     }
 
@@ -711,6 +715,15 @@ impl Node {
             );
         }
         for lease in self.leases.values() {
+            if lease.over_partial_copy {
+                // A relay's lease: the copy is unsealed and kept by its fetch until revoked.
+                assert!(
+                    self.store.summary(&lease.id).is_some_and(|s| !s.sealed),
+                    "relayed copy {} under a lease is gone or sealed",
+                    lease.id
+                );
+                continue;
+            }
             assert!(
                 self.store.is_pinned(&lease.id),
                 "leased {} is not pinned",

@@ -215,6 +215,21 @@ pub enum NodeOutput {
         /// Its object.
         object: ObjectId,
     },
+    /// As [`NodeOutput::GrantRead`], for a copy still being received here (this node relays
+    /// it, see `relay`): `region` is the object's whole block, not pinned and partly written;
+    /// the core tells the reader which prefix is in. The fabric must not hold a view of the
+    /// whole region for the grant's life (READs into the block are still landing): it views
+    /// each READ's range when it serves it, and refuses a READ whose range is being written.
+    GrantPartialRead {
+        /// The reader.
+        peer: NodeId,
+        /// Its transfer (with `peer`, names the lease).
+        req: TransferId,
+        /// The object.
+        object: ObjectId,
+        /// Its block.
+        region: LocalRegion,
+    },
 }
 
 impl NodeOutput {
@@ -241,6 +256,7 @@ impl NodeOutput {
             NodeOutput::Spill { .. } => "spill",
             NodeOutput::Restore { .. } => "restore",
             NodeOutput::DiscardSpilled { .. } => "discard_spilled",
+            NodeOutput::GrantPartialRead { .. } => "grant_partial_read",
         }
     }
 }
@@ -318,4 +334,11 @@ pub struct NodeStats {
     pub hinted_fetches: u64,
     /// Hinted fetches whose node did not have the object (they then asked the directory).
     pub wrong_hints: u64,
+    /// Requests this holder sent to a relay (another requester receiving the object) instead
+    /// of serving them itself.
+    pub relay_redirects: u64,
+    /// Leases granted over a copy still being received here (as a relay).
+    pub relay_leases: u64,
+    /// Transfers that pulled from a relay.
+    pub relayed_transfers: u64,
 }

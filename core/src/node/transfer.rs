@@ -98,10 +98,75 @@ pub(super) struct Incoming {
     digest: ContentDigest,
     pub(super) block_len: u64,
     requested_at: Instant,
+    /// When the current source's lease can have started at the earliest (the request to it
+    /// left): READs must be done within its lease from here.
+    lease_from: Instant,
+    /// Pulling from a relay's partial copy: READ only below this prefix, the relay's last
+    /// `RelayProgress` (see `relay`). `None`: the source holds all of it.
+    relay_limit: Option<u64>,
     state: IncomingState,
 }
 
 impl Incoming {
+    /// The block, sizes and digest of this copy, if it can be relayed: not failing, and
+    /// received by READs (or about to be).
+    pub(super) fn relayable_copy(&self) -> Option<super::relay::RelayableCopy> {
+        let relayable = match self.state {
+            IncomingState::AwaitingReply | IncomingState::Reading { .. } => true,
+            IncomingState::Verifying { path } => path == TransferPath::Rendezvous,
+            _ => false,
+        };
+        relayable.then_some((self.local.region, self.sizes, self.digest))
+    }
+
+    /// Bytes in from the start of the object (a relay serves up to there).
+    pub(super) fn received_prefix(&self) -> u64 {
+        match self.state {
+            IncomingState::Reading {
+                in_prefix,
+                done_bytes,
+                ..
+            } if done_bytes < self.local.region.len => in_prefix,
+            IncomingState::Reading { .. } | IncomingState::Verifying { .. } => {
+                self.local.region.len
+            }
+            _ => 0,
+        }
+    }
+
+    /// The sizes and digest the copy must have.
+    pub(super) fn content(&self) -> (ObjectSizes, ContentDigest) {
+        (self.sizes, self.digest)
+    }
+
+    pub(super) fn is_relayed(&self) -> bool {
+        self.relay_limit.is_some()
+    }
+
+    /// The transfer's source sent it to `relay`, asked `now`, which has nothing yet.
+    pub(super) fn pull_from_relay(&mut self, relay: NodeId, now: Instant) {
+        self.source = relay;
+        self.lease_from = now;
+        self.relay_limit = Some(0);
+    }
+
+    /// The relay holds the first `prefix` bytes. `answer`: the relay's first word, before its
+    /// `Rendezvous` (a source that was not known to be a relay becomes one here).
+    pub(super) fn relay_prefix_is(&mut self, prefix: u64, answer: bool) -> Result<(), String> {
+        let total = self.local.region.len;
+        if prefix > total {
+            return Err(format!(
+                "the relay claims {prefix} bytes of a {total}-byte object"
+            ));
+        }
+        match self.relay_limit {
+            Some(limit) => self.relay_limit = Some(limit.max(prefix)),
+            None if answer => self.relay_limit = Some(prefix),
+            None => return Err("relay progress from a holder that granted all of it".into()),
+        }
+        Ok(())
+    }
+
     /// The path the bytes took, as far as the transfer got.
     fn path(&self) -> TransferPath {
         match self.state {
@@ -158,6 +223,9 @@ pub(super) struct Lease {
     pub(super) region: LocalRegion,
     pub(super) expires: Instant,
     pub(super) state: LeaseState,
+    /// Over a copy this node is still receiving (see `relay`): not pinned in the store; the
+    /// copy is kept until the lease is revoked.
+    pub(super) over_partial_copy: bool,
 }
 
 /// Where a holder's lease stands: the object is pinned in every state.
@@ -220,6 +288,8 @@ impl Node {
                 digest,
                 block_len,
                 requested_at,
+                lease_from: requested_at,
+                relay_limit: None,
                 state: IncomingState::AwaitingReply,
             },
         );
@@ -293,7 +363,7 @@ impl Node {
                 // Read only while the lease surely holds: it started after our request left,
                 // and a quarter is kept as margin for the Finish and clock rates.
                 let lease = std::time::Duration::from_millis(lease_ms as u64);
-                let read_deadline = transfer.requested_at + (lease - lease / 4);
+                let read_deadline = transfer.lease_from + (lease - lease / 4);
                 if read_deadline <= self.now {
                     self.send(peer, PeerMessage::Finish { req: tid });
                     self.fail_transfer(tid, TransferFailure::LeaseTooShort { lease_ms });
@@ -312,6 +382,22 @@ impl Node {
                 self.cancel_timer(Timer::TransferDeadline(tid));
                 self.set_timer(read_deadline, Timer::TransferDeadline(tid));
                 self.post_reads(tid);
+            }
+            (
+                PeerMessage::Redirect {
+                    relay,
+                    sizes,
+                    digest,
+                    ..
+                },
+                IncomingState::AwaitingReply,
+            ) => self.follow_redirect(tid, peer, relay, (sizes, digest)),
+            (PeerMessage::RelayProgress { prefix, .. }, IncomingState::Reading { .. }) => {
+                self.relay_progressed(tid, prefix, false)
+            }
+            // A relay answers with its prefix before its `Rendezvous`: READ only below it.
+            (PeerMessage::RelayProgress { prefix, .. }, IncomingState::AwaitingReply) => {
+                self.relay_progressed(tid, prefix, true)
             }
             (PeerMessage::NotFound { .. }, IncomingState::AwaitingReply) => {
                 self.fail_transfer(tid, TransferFailure::NotFound)
@@ -400,8 +486,8 @@ impl Node {
         }
     }
 
-    /// Posts READs up to the window.
-    fn post_reads(&mut self, tid: TransferId) {
+    /// Posts READs up to the window (and a relay's prefix).
+    pub(super) fn post_reads(&mut self, tid: TransferId) {
         let lanes = self
             .transfers
             .get(&tid)
@@ -413,6 +499,10 @@ impl Node {
             .transfers
             .get_mut(&tid)
             .expect("posting READs for a live transfer");
+        let total = transfer.local.region.len;
+        let limit = transfer
+            .relay_limit
+            .map_or(total, |prefix| prefix.min(total));
         let IncomingState::Reading {
             regions,
             lane_keys,
@@ -424,9 +514,8 @@ impl Node {
         else {
             return;
         };
-        let total = transfer.local.region.len;
         let mut posts = Vec::new();
-        while *outstanding < window && *next_offset < total {
+        while *outstanding < window && *next_offset < limit {
             // Find the remote region holding `next_offset`.
             let mut region_start = 0;
             let mut found = None;
@@ -439,7 +528,9 @@ impl Node {
             }
             // Decoding checked that the regions cover the object exactly.
             let (index, region, within) = found.expect("remote regions cover the object");
-            let len = slice_bytes.min(region.len - within);
+            let len = slice_bytes
+                .min(region.len - within)
+                .min(limit - *next_offset);
             let lane = *lane_cursor % lanes;
             // Decoding checked that the keys come in whole sets per region.
             let per_region = lane_keys.len() / regions.len();
@@ -506,8 +597,10 @@ impl Node {
                     Ok(()) => {
                         *done_bytes += len;
                         if *done_bytes == total {
+                            let object = transfer.id;
                             self.send(source, PeerMessage::Finish { req: tid });
                             self.verify(tid, TransferPath::Rendezvous);
+                            self.relay_prefix_grew(object, total);
                         } else {
                             // The bytes in so far, from the start, may be hashed while the
                             // rest is read: the verification at the end then has less to do.
@@ -517,14 +610,15 @@ impl Node {
                                 *in_prefix += len;
                             }
                             if *in_prefix > before {
-                                let region =
-                                    transfer.local.region.slice(before, *in_prefix - before);
+                                let prefix = *in_prefix;
+                                let region = transfer.local.region.slice(before, prefix - before);
                                 let object = transfer.id;
                                 self.push(NodeOutput::HashAhead {
                                     transfer: tid,
                                     region,
                                     object,
                                 });
+                                self.relay_prefix_grew(object, prefix);
                             }
                             self.post_reads(tid);
                         }
@@ -683,15 +777,18 @@ impl Node {
                     .seal(FETCH_CLIENT, transfer.id, true)
                     .expect("the fetch client seals its own object");
                 self.store.set_digest(&transfer.id, transfer.digest);
+                self.partial_copy_sealed(transfer.id);
                 self.sealed_copies.insert(transfer.id);
                 self.transfer_sealed(transfer.id);
             }
             Err(reason) => {
                 self.stats.transfers_failed += 1;
-                self.store
-                    .abort(FETCH_CLIENT, transfer.id)
-                    .expect("the fetch client aborts its own object");
-                self.source_failed(transfer.id, transfer.source, reason);
+                if !self.hold_failed_partial_copy(transfer.id, transfer.source, &reason) {
+                    self.store
+                        .abort(FETCH_CLIENT, transfer.id)
+                        .expect("the fetch client aborts its own object");
+                    self.source_failed(transfer.id, transfer.source, reason);
+                }
             }
         }
         self.pump_admission();
@@ -728,6 +825,10 @@ impl Node {
             }
             // Spilled here: served once restored (see `spill`).
             if self.park_fetch_for_restore(peer, req, id, eager_limit, max_chunk_bytes) {
+                return;
+            }
+            // Being received here: relayed from the partial copy (see `relay`).
+            if self.serve_from_partial_copy(peer, req, id) {
                 return;
             }
             self.refuse(peer, PeerMessage::NotFound { req });
@@ -784,6 +885,9 @@ impl Node {
             }
             return;
         }
+        if self.redirect_to_relay(peer, req, id, (sizes, digest)) {
+            return;
+        }
         if self.leases.len() >= self.config.max_leases {
             self.refuse(peer, PeerMessage::Busy { req });
             return;
@@ -812,6 +916,7 @@ impl Node {
                     digest,
                     ended: false,
                 },
+                over_partial_copy: false,
             },
         );
         self.set_timer(expires, Timer::Lease(peer, req));
@@ -846,9 +951,13 @@ impl Node {
             Ok(grant) => grant,
             Err(reason) => {
                 // Nothing was granted, so nothing to revoke.
-                self.leases.remove(&(peer, req));
+                let lease = self.leases.remove(&(peer, req)).expect("found above");
                 self.cancel_timer(Timer::Lease(peer, req));
-                self.store.unpin(id);
+                if lease.over_partial_copy {
+                    self.partial_lease_gone(id);
+                } else {
+                    self.store.unpin(id);
+                }
                 if !ended {
                     let reason = format!("cannot grant READ access: {reason}");
                     self.refuse(peer, PeerMessage::Error { req, reason });
@@ -861,6 +970,7 @@ impl Node {
             return;
         }
         lease.state = LeaseState::Granted;
+        let over_partial_copy = lease.over_partial_copy;
         self.stats.served_rendezvous += 1;
         self.stats.bytes_served += region.len;
         let counters = self.peer_counters(peer);
@@ -880,6 +990,10 @@ impl Node {
         let lease_ms = u32::try_from(self.config.lease.as_millis())
             .unwrap_or(u32::MAX)
             .clamp(1, wire::MAX_LEASE_MS);
+        if over_partial_copy {
+            // First, so the reader knows before the keys that it may READ only a prefix.
+            self.partial_lease_granted(peer, req, id);
+        }
         self.send(
             peer,
             PeerMessage::Rendezvous {
@@ -898,9 +1012,13 @@ impl Node {
     pub(super) fn read_revoked(&mut self, peer: NodeId, req: TransferId) {
         if let Some(lease) = self.leases.get(&(peer, req)) {
             if matches!(lease.state, LeaseState::Revoking) {
-                let id = lease.id;
+                let (id, partial) = (lease.id, lease.over_partial_copy);
                 self.leases.remove(&(peer, req));
-                self.store.unpin(id);
+                if partial {
+                    self.partial_lease_gone(id);
+                } else {
+                    self.store.unpin(id);
+                }
             }
         }
     }
@@ -927,7 +1045,7 @@ impl Node {
     }
 
     /// `Finish` or the lease's end: revoke what was granted (or will be).
-    fn end_lease(&mut self, peer: NodeId, req: TransferId) {
+    pub(super) fn end_lease(&mut self, peer: NodeId, req: TransferId) {
         let Some(lease) = self.leases.get_mut(&(peer, req)) else {
             return;
         };

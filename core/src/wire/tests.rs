@@ -62,6 +62,16 @@ fn samples() -> Vec<PeerMessage> {
             req,
             reason: "arena not registered".into(),
         },
+        PeerMessage::Redirect {
+            req,
+            relay: crate::ids::NodeId(7),
+            sizes,
+            digest: ContentDigest(0x0bad_cafe),
+        },
+        PeerMessage::RelayProgress {
+            req,
+            prefix: 1 << 20,
+        },
     ]
 }
 
@@ -215,7 +225,7 @@ proptest! {
 
     /// Garbage behind a valid header (so the decoder gets past the header checks).
     #[test]
-    fn decoding_garbage_bodies_never_panics(kind in 0u8..10, body in prop::collection::vec(any::<u8>(), 0..256)) {
+    fn decoding_garbage_bodies_never_panics(kind in 0u8..12, body in prop::collection::vec(any::<u8>(), 0..256)) {
         let mut bytes = vec![MAGIC[0], MAGIC[1], WIRE_VERSION, kind];
         bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
         bytes.extend_from_slice(&body);
@@ -271,4 +281,21 @@ fn lane_keys_must_be_whole_per_region_and_bounded() {
             "{regions} regions, {keys} keys: {error}"
         );
     }
+}
+
+#[test]
+fn a_relay_progress_past_the_object_size_limit_is_refused() {
+    let mut bytes = to_bytes(&PeerMessage::RelayProgress {
+        req: TransferId(1),
+        prefix: 0,
+    });
+    let at = bytes.len() - 8;
+    bytes[at..].copy_from_slice(&(MAX_OBJECT_BYTES + 1).to_le_bytes());
+    assert!(matches!(
+        decode(&bytes),
+        Err(WireError::Invalid {
+            field: "prefix",
+            ..
+        })
+    ));
 }

@@ -29,6 +29,9 @@ pub struct Flaws {
     /// The spill disk reports a write complete before it ran, so the core frees (and may
     /// reuse) the object's memory while the write still reads it.
     pub spill_acked_before_write: bool,
+    /// The network tells a relay's readers it holds several READ slices more than it said, so they
+    /// READ bytes of its partial copy it has not received.
+    pub relay_progress_runs_ahead: bool,
 }
 
 impl Cluster {

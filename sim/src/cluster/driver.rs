@@ -193,6 +193,38 @@ impl NodeDriver for SimDriver<'_> {
         );
     }
 
+    fn grant_partial_read(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        object: ObjectId,
+        region: LocalRegion,
+    ) {
+        let (c, n) = (&mut *self.cluster, self.n);
+        let sim_node = &mut c.nodes[n.0 as usize];
+        let store = sim_node.node.as_ref().expect("alive").store();
+        match store.summary(&object) {
+            Some(s) if !s.sealed && s.info.region == region => {}
+            _ => c.checker.violation(
+                c.now,
+                format!("{n}: relays READs of {region} of {object}, not a copy it is receiving"),
+            ),
+        }
+        let key = sim_node.memory.grant(peer, req, object, region);
+        let inc = sim_node.inc;
+        c.record(|| format!("{n} grant partial {peer} {req} {object} {region} key {key:#x}"));
+        c.schedule(
+            c.after(FABRIC_ACCESS_NS),
+            Event::ReadGranted {
+                node: n,
+                inc,
+                reader: peer,
+                req,
+                result: Ok(ReadGrant { keys: vec![key] }),
+            },
+        );
+    }
+
     fn revoke_read(&mut self, peer: NodeId, req: TransferId, object: ObjectId, _: LocalRegion) {
         let (c, n) = (&mut *self.cluster, self.n);
         let inc = c.nodes[n.0 as usize].inc;

@@ -26,6 +26,7 @@ impl Cluster {
                     Err(error) => format!("{to} <- {from} undecodable: {error}"),
                 };
                 self.record(|| text);
+                let bytes = self.relay_progress_flaw(bytes);
                 let node = self.nodes[to.0 as usize].node.as_mut().expect("alive");
                 let input = NodeInput::PeerBytes {
                     peer: from,
@@ -380,15 +381,24 @@ impl Cluster {
             return;
         }
         let holder_node = &mut self.nodes[holder.0 as usize];
-        // Being copied from: the holder's core must keep the object sealed and pinned.
+        // Being copied from: the holder's core must keep the object sealed and pinned, or be
+        // receiving it (a relay's partial copy, checked byte by byte below).
         let store = holder_node.node.as_ref().expect("alive").store();
         let granted_object = admitted.object;
+        let mut relayed = None;
         match store.summary(&granted_object) {
             Some(s)
                 if s.sealed
                     && s.pin_count > 0
                     && s.info.region.offset <= admitted.range.offset
                     && admitted.range.end() <= s.info.region.end() => {}
+            Some(s)
+                if !s.sealed
+                    && s.info.region.offset <= admitted.range.offset
+                    && admitted.range.end() <= s.info.region.end() =>
+            {
+                relayed = Some(s.info);
+            }
             other => {
                 let state = other.map_or("gone".to_string(), |s| {
                     format!(
@@ -403,6 +413,10 @@ impl Cluster {
             }
         }
         let bytes = holder_node.memory.read(admitted.range).to_vec();
+        if let Some(info) = relayed {
+            self.check_relayed_read(holder, holder_inc, &info, admitted.range, &read, &bytes);
+        }
+        let holder_node = &mut self.nodes[holder.0 as usize];
         if let Some((reader, req)) = holder_node.memory.done(admitted.key) {
             if !self.flaws.revoke_ignores_serving_reads {
                 self.read_access_ended(holder, reader, req);
@@ -412,6 +426,8 @@ impl Cluster {
         let mut bytes = bytes;
         if let Some(at) = self.corruption(bytes.len()) {
             bytes[at.0] ^= at.1;
+            self.damaged_copies
+                .insert((requester, read.requester_inc, read.object));
             self.record(|| format!("FAULT corrupt byte {} of {op}'s data", at.0));
         }
         self.schedule(at, complete(Ok(bytes)));

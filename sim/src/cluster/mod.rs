@@ -9,6 +9,7 @@ mod driver;
 mod durability;
 mod events;
 mod faults;
+mod relay;
 mod script;
 mod sim_read;
 pub mod spill;
@@ -275,6 +276,10 @@ pub struct SimStats {
     pub spill_restores: u64,
     /// Restores that found their record damaged or missing (objects reported lost).
     pub spill_lost: u64,
+    /// Requests holders sent on to a relay, summed over nodes.
+    pub relay_redirects: u64,
+    /// READs served from a relay's partial copy.
+    pub relayed_reads: u64,
 }
 
 impl SimStats {
@@ -288,6 +293,7 @@ impl SimStats {
         self.reads += s.reads_posted;
         self.digest_mismatches += s.digest_mismatches;
         self.id_conflicts += s.id_conflicts;
+        self.relay_redirects += s.relay_redirects;
     }
 }
 
@@ -337,6 +343,9 @@ pub struct Cluster {
     finished: bool,
     /// Planted bugs (none in a real run).
     flaws: Flaws,
+    /// Copies (node, incarnation, object) that received damaged bytes (a corruption fault, or
+    /// a READ of such a copy while it relayed): what they relay is not checked byte by byte.
+    damaged_copies: BTreeSet<(NodeId, u32, ObjectId)>,
     /// Faults of READ serving and of the disks, from their own stream of the seed.
     media: MediaFaults,
     /// Directory requests of each node (incarnation) awaiting their answer: the object, and
@@ -390,6 +399,11 @@ impl Cluster {
     /// A cluster of `nodes` with fixed parameters, no workload and no random faults, keeping its
     /// trace: for scripted scenarios and golden traces.
     pub fn scripted(nodes: usize) -> Self {
+        Self::scripted_with_flaws(nodes, Flaws::default())
+    }
+
+    /// [`Cluster::scripted`] with planted bugs, to show a scenario's checks catch them.
+    pub fn scripted_with_flaws(nodes: usize, flaws: Flaws) -> Self {
         let params = SimParams::scripted(nodes);
         let rng = ChaCha8Rng::seed_from_u64(0);
         Self::build(
@@ -401,7 +415,7 @@ impl Cluster {
                 keep_trace: true,
                 echo_trace: false,
             },
-            Flaws::default(),
+            flaws,
         )
     }
 
@@ -440,6 +454,7 @@ impl Cluster {
             stats: SimStats::default(),
             finished: false,
             flaws,
+            damaged_copies: BTreeSet::new(),
             media: if mode.faults {
                 MediaFaults::draw(params.seed)
             } else {
@@ -519,6 +534,8 @@ impl Cluster {
         config.location_cache_entries = p.location_cache_entries;
         config.publication_grace = Duration::from_micros(p.publication_grace_us);
         config.read_slice_bytes = p.read_slice_bytes;
+        // Objects of a few slices already flow through relays when fetched together.
+        config.relay_min_bytes = 2 * p.read_slice_bytes;
         config.max_outstanding_reads = p.max_outstanding_reads;
         config.max_bytes_in_flight = p.max_bytes_in_flight;
         config.max_pending_fetches = 256;

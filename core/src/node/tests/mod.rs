@@ -337,7 +337,15 @@ impl World {
 
     /// Carries out outputs and deliveries until nothing moves (time stands still).
     fn pump(&mut self) {
+        self.pump_until(|_| false);
+    }
+
+    /// [`World::pump`], stopping early once `stop` holds after a delivery.
+    fn pump_until(&mut self, stop: impl Fn(&World) -> bool) {
         loop {
+            if stop(self) {
+                return;
+            }
             let mut moved = false;
             for i in 0..self.nodes.len() {
                 let before = self.log.len();
@@ -586,6 +594,17 @@ impl NodeDriver for Carrier<'_> {
         world.fabric_answers.push_back((self.node, peer, req, true));
     }
 
+    fn grant_partial_read(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        object: ObjectId,
+        region: LocalRegion,
+    ) {
+        // The harness's fabric copies straight from the arena: a partial block is as good.
+        self.grant_read(peer, req, object, region);
+    }
+
     fn revoke_read(&mut self, peer: NodeId, req: TransferId, _: ObjectId, _: LocalRegion) {
         let world = &mut *self.world;
         world.granted[self.node.0 as usize]
@@ -730,6 +749,7 @@ mod clients;
 mod drive;
 mod hints;
 mod publications;
+mod relay;
 mod replicas;
 mod sealing;
 mod spill;
