@@ -29,6 +29,11 @@ pub struct Flaws {
     /// The spill disk reports a write complete before it ran, so the core frees (and may
     /// reuse) the object's memory while the write still reads it.
     pub spill_acked_before_write: bool,
+    /// The origin of a put with replicas hears of every copy it wants at its own
+    /// publication, so a put that waits for its copies returns before they exist.
+    pub copies_overcounted: bool,
+    /// Nodes ignore the registry's placements: no copy is ever made or repaired.
+    pub replica_placement_ignored: bool,
 }
 
 impl Cluster {
@@ -56,6 +61,14 @@ impl Cluster {
     ) -> DirectoryRequest {
         let inc = self.nodes[n.0 as usize].inc;
         match &mut request {
+            DirectoryRequest::PublishReplicated { id, digest, .. } => {
+                self.replica_published(n, inc, *id);
+                if self.flaws.directory_ignores_content {
+                    *digest = ContentDigest(0);
+                }
+                self.accepted.remove(&(n, inc, *id));
+                self.dir_ops.insert((n, inc, op), (*id, Some(*digest)));
+            }
             DirectoryRequest::Publish { id, digest, .. } => {
                 if self.flaws.directory_ignores_content {
                     *digest = ContentDigest(0);

@@ -9,6 +9,7 @@ mod driver;
 mod durability;
 mod events;
 mod faults;
+mod replication;
 mod script;
 mod sim_read;
 pub mod spill;
@@ -32,6 +33,7 @@ use skyriver_core::{
 };
 
 pub use self::content::Flaws;
+pub use self::replication::{replication_limits, ReplicationRunStats};
 
 use self::clients::{Call, SessionKey};
 use self::driver::SimDriver;
@@ -275,6 +277,8 @@ pub struct SimStats {
     pub spill_restores: u64,
     /// Restores that found their record damaged or missing (objects reported lost).
     pub spill_lost: u64,
+    /// Puts with replicas, acknowledgements and repairs (runs with replicas).
+    pub replication: ReplicationRunStats,
 }
 
 impl SimStats {
@@ -353,6 +357,8 @@ pub struct Cluster {
     next_variant: u32,
     /// The spill disks (`spill`).
     spill: spill::SpillSide,
+    /// Puts with replicas and their checks (`replication`).
+    replication: replication::ReplicationSide,
 }
 
 const WORKLOAD_CLIENT_BASE: u64 = 1;
@@ -379,6 +385,21 @@ impl Cluster {
         // Spilled objects do not survive a crash in persistent mode yet (the daemon refuses
         // the combination): spill runs keep no arena across crashes.
         params.persistent = false;
+        Self::build(params, rng, mode, flaws)
+    }
+
+    /// [`Cluster::random_with_flaws`] whose puts ask for replicas (see `replication`), with at
+    /// least one crash.
+    pub fn random_with_replicas(
+        seed: u64,
+        nodes: Option<usize>,
+        mode: RunMode,
+        flaws: Flaws,
+    ) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut params = SimParams::draw(seed, &mut rng, nodes);
+        params.replicas = true;
+        params.crashes = params.crashes.max(1);
         Self::build(params, rng, mode, flaws)
     }
 
@@ -452,6 +473,7 @@ impl Cluster {
                 params: params.spill,
                 ..Default::default()
             },
+            replication: replication::ReplicationSide::new(params.replicas),
             params,
             rng,
         };
