@@ -253,7 +253,11 @@ impl Registry {
             return;
         };
         if live_holders.is_empty() {
-            // Every holder is gone: nothing left to copy from.
+            // Every holder is gone: nothing left to copy from (targets still pending had
+            // nothing to fetch either).
+            for (target, deadline) in &record.pending {
+                self.replication.deadlines.remove(&(*deadline, id, *target));
+            }
             self.replication.records.remove(&id);
             self.replication.repair_queue.remove(&id);
             self.replication.stats.objects_lost += 1;
