@@ -1,8 +1,9 @@
-//! Objects put with `replicas = 2` outlive the node they were put on: four daemons on loopback
-//! (node 0 serves the directory), objects put on node 1 with two copies, node 1 killed with
-//! SIGKILL; every object is still fetchable with its bytes, and repair brings each back to two
-//! live copies. Namespaces are not needed: killing a daemon is the failure under test, and each
-//! daemon is a process of its own.
+//! Objects put with `replicas = 2` outlive the node they were put on: four daemons (node 0
+//! serves the directory), objects put on node 1 with two copies, node 1 killed with SIGKILL;
+//! every object is still fetchable with its bytes, and repair brings each back to two live
+//! copies. Once on loopback (each daemon a process of its own: killing one is the failure
+//! under test), once with every node in a network namespace of its own joined by shaped links
+//! (needs root; skips with a line elsewhere, unless `SKYRIVER_REQUIRE_NETNS` is set).
 
 mod common;
 
@@ -12,6 +13,11 @@ use skyriver::up::{LocalCluster, UpArgs};
 use skyriver_client::{Client, NodeId, ObjectId, ReplicaPolicy, StoreError};
 
 fn start(nodes: u32, extra: &[&str]) -> (tempfile::TempDir, LocalCluster) {
+    start_on(nodes, extra, None)
+}
+
+/// `link`: every node in a namespace of its own, joined by links shaped so.
+fn start_on(nodes: u32, extra: &[&str], link: Option<&str>) -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();
     let mut args = UpArgs::new(
         nodes,
@@ -19,6 +25,11 @@ fn start(nodes: u32, extra: &[&str]) -> (tempfile::TempDir, LocalCluster) {
         Some(dir.path().to_path_buf()),
     );
     args.daemon_args = extra.iter().map(|s| s.to_string()).collect();
+    args.metrics = true;
+    if let Some(link) = link {
+        args.netns = true;
+        args.link = Some(link.parse().unwrap());
+    }
     let cluster =
         LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
     (dir, cluster)
@@ -39,6 +50,34 @@ fn within(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
+/// The body of `GET /metrics` at `addr`.
+fn scrape(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+/// The value of a sample without labels.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 fn copy_nodes(client: &Client, id: ObjectId) -> Vec<NodeId> {
     let mut nodes: Vec<NodeId> = client
         .locate_copies(id)
@@ -51,6 +90,46 @@ fn copy_nodes(client: &Client, id: ObjectId) -> Vec<NodeId> {
 #[test]
 fn objects_put_with_two_replicas_survive_their_node_and_are_repaired() {
     let (_dir, mut cluster) = start(4, &[]);
+    survive_a_killed_node_and_repair(&mut cluster);
+}
+
+#[test]
+fn in_four_namespaces_objects_put_with_two_replicas_survive_their_node_and_are_repaired() {
+    if let Err(reason) = skyriver::netns::available() {
+        common::skip::skip(
+            "in_four_namespaces_objects_put_with_two_replicas_survive_their_node",
+            &common::skip::NETNS,
+            &format!("network namespaces unavailable ({reason})"),
+        );
+        return;
+    }
+    let (_dir, mut cluster) = start_on(4, &[], Some("2gbit,50us"));
+    let netns = cluster.netns.as_ref().expect("a namespace cluster");
+    // Each daemon in its own namespace, reached at the namespace's address.
+    let view = Client::connect(&cluster.sockets[0])
+        .unwrap()
+        .nodes()
+        .unwrap();
+    assert_eq!(view.members.len(), 4);
+    for member in &view.members {
+        let host = &netns.hosts[member.node.0 as usize];
+        assert!(
+            member.address.starts_with(&format!("{}:", host.addr)),
+            "{} is not in {}",
+            member.address,
+            host.addr
+        );
+    }
+    let sent_before = netns.sent_bytes(1);
+    survive_a_killed_node_and_repair(&mut cluster);
+    // The second copies crossed node 1's link (more than the 4 MiB of objects put there).
+    let netns = cluster.netns.as_ref().expect("a namespace cluster");
+    assert!(netns.sent_bytes(1) - sent_before > 4 << 20);
+}
+
+/// Objects put on node 1 with two copies (waiting for them); node 1 killed; every object
+/// fetched with its bytes from every other node, and back to two copies of record.
+fn survive_a_killed_node_and_repair(cluster: &mut LocalCluster) {
     // Inline puts and create/seal puts, small to a few MiB.
     let sizes = [1000usize, 64 << 10, 1 << 20, 3 << 20, 100, 200_000];
     let objects: Vec<(ObjectId, Vec<u8>)> = sizes
@@ -104,6 +183,22 @@ fn objects_put_with_two_replicas_survive_their_node_and_are_repaired() {
         })
         .sum();
     assert_eq!(copies_of_record, 2 * objects.len() as u64);
+    // The head's metrics show the repairs (refreshed every second).
+    let repaired_bytes: u64 = sizes.iter().map(|&len| len as u64).sum();
+    within(
+        Duration::from_secs(10),
+        "the head's metrics show every repair",
+        || {
+            let text = scrape(cluster.metrics[0]);
+            let value = |name| sample(&text, name).unwrap_or(-1.0);
+            value("skyriver_head_replicated_objects") == objects.len() as f64
+                && value("skyriver_head_under_replicated_objects") == 0.0
+                && value("skyriver_head_repairs_queued") == 0.0
+                && value("skyriver_head_copies_placed_total") == objects.len() as f64
+                && value("skyriver_head_repairs_total") == objects.len() as f64
+                && value("skyriver_head_repair_bytes_total") >= repaired_bytes as f64
+        },
+    );
     // And every object is fetchable, with its bytes, from every live node.
     for node in [0usize, 2, 3] {
         let client = Client::connect(&cluster.sockets[node]).unwrap();

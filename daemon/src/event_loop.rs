@@ -78,6 +78,9 @@ pub(super) struct EventLoop {
     spill_completions: Option<mpsc::Receiver<crate::spill::SpillCompletion>>,
     /// Spill and restore latencies, for the metrics.
     pub(super) spill_latency: super::metrics::SpillLatencies,
+    /// The replication counters of the directory this daemon serves (the head only).
+    pub(super) head_replication:
+        Option<tokio::sync::watch::Receiver<skyriver_core::registry::ReplicationStats>>,
 }
 
 impl EventLoop {
@@ -115,6 +118,7 @@ impl EventLoop {
             drive_at: None,
             spill_completions: None,
             spill_latency: Default::default(),
+            head_replication: None,
         }
     }
 
@@ -182,6 +186,7 @@ impl EventLoop {
                     .map_or(0, |r| r.len() as u64),
             },
             spill_latency: self.spill_latency.clone(),
+            head_replication: self.head_replication.as_ref().map(|r| r.borrow().clone()),
         }
     }
 

@@ -606,6 +606,9 @@ impl Server {
         }
         let mut durable = None;
         let mut event_loop = EventLoop::new(node, effects, epoch, listener, cluster_inputs, None);
+        event_loop.head_replication = directory_server
+            .as_ref()
+            .map(BuiltinDirectoryServer::replication_stats);
         if let Some(record) = &config.record {
             event_loop.set_recorder(Recorder::start(record, &event_loop.node)?);
         }

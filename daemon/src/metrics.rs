@@ -48,6 +48,8 @@ pub struct Snapshot {
     pub channels: ChannelDepths,
     /// Spill write and restore latencies (`--spill-dir`).
     pub spill_latency: SpillLatencies,
+    /// The replication counters of the directory this daemon serves (the head only).
+    pub head_replication: Option<skyriver_core::registry::ReplicationStats>,
 }
 
 /// How long the spill tier's writes and restores took, measured on its IO threads.
@@ -1034,6 +1036,56 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "Time of a restore (read and checksum) on the IO threads.",
             Value::Histogram(s.spill_latency.restore.clone()),
         )?;
+        if let Some(r) = &s.head_replication {
+            encode_head_replication(&mut out, r)?;
+        }
         Ok(())
     }
+}
+
+/// The replication counters of the directory a head serves (refreshed every second).
+fn encode_head_replication(
+    out: &mut Out<'_, '_>,
+    r: &skyriver_core::registry::ReplicationStats,
+) -> std::fmt::Result {
+    out.one(
+        "skyriver_head_replicated_objects",
+        "Objects with a replica record at the head.",
+        gauge(r.replicated_objects),
+    )?;
+    out.one(
+        "skyriver_head_under_replicated_objects",
+        "Objects with fewer live copies of record than they want.",
+        gauge(r.under_replicated_objects),
+    )?;
+    out.one(
+        "skyriver_head_repairs_queued",
+        "Under-replicated objects waiting for the repair rate to place their copies.",
+        gauge(r.repairs_queued),
+    )?;
+    out.one(
+        "skyriver_head_copies_placed",
+        "Copies the head placed for puts.",
+        Value::Counter(r.copies_placed),
+    )?;
+    out.one(
+        "skyriver_head_repairs",
+        "Copies the head placed to repair objects below their copies.",
+        Value::Counter(r.repairs_started),
+    )?;
+    out.one(
+        "skyriver_head_repair_bytes",
+        "Object bytes of the repairs placed.",
+        Value::Counter(r.repair_bytes),
+    )?;
+    out.one(
+        "skyriver_head_replica_targets_timed_out",
+        "Nodes asked for a copy that did not publish it in time (placed elsewhere).",
+        Value::Counter(r.targets_timed_out),
+    )?;
+    out.one(
+        "skyriver_head_replicated_objects_lost",
+        "Objects with a replica record whose every holder died.",
+        Value::Counter(r.objects_lost),
+    )
 }

@@ -91,6 +91,19 @@ pub fn run_seed_spilling(
     })
 }
 
+/// [`run_seed_with_flaws`] whose puts ask for replicas, with at least one crash (see
+/// `cluster::replication`).
+pub fn run_seed_replicating(
+    seed: u64,
+    nodes: Option<usize>,
+    mode: RunMode,
+    flaws: Flaws,
+) -> SimReport {
+    run_built(seed, || {
+        Cluster::random_with_replicas(seed, nodes, mode, flaws)
+    })
+}
+
 fn run_built(seed: u64, build: impl FnOnce() -> Cluster) -> SimReport {
     let mut params = String::new();
     let outcome = catch_unwind(AssertUnwindSafe(|| {

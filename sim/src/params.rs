@@ -108,6 +108,8 @@ pub struct SimParams {
     pub corrupt_ppm: u32,
     /// The spill tier of every node; `None` (every run but those that ask): none.
     pub spill: Option<crate::cluster::spill::SpillParams>,
+    /// Puts ask for replicas (every run but those that ask: no).
+    pub replicas: bool,
 }
 
 impl SimParams {
@@ -187,6 +189,7 @@ impl SimParams {
             lost_push_ppm: 0,
             corrupt_ppm: 0,
             spill: None,
+            replicas: false,
         };
         // The directory's timing and faults, drawn last, so every earlier parameter of a seed
         // stays what it was.
@@ -258,6 +261,7 @@ impl SimParams {
             lost_push_ppm: 0,
             corrupt_ppm: 0,
             spill: None,
+            replicas: false,
         }
     }
 
@@ -275,6 +279,7 @@ impl SimParams {
                 ..SessionConfig::default()
             },
             lost_push_ppm: self.lost_push_ppm,
+            replication: crate::cluster::replication_limits(self),
         }
     }
 }

@@ -111,6 +111,10 @@ pub(super) struct Replication {
     free_bytes: BTreeMap<NodeId, u64>,
     /// Under-replicated objects waiting for repair, in order.
     repair_queue: BTreeSet<ObjectId>,
+    /// Queued objects no node could take at the last pass: not due again until something
+    /// changes (a member joins or leaves, a copy is published or given up), so an object that
+    /// cannot be placed neither spins the timer nor blocks the ones queued behind it.
+    unplaceable: BTreeSet<ObjectId>,
     /// Targets' deadlines, earliest first.
     deadlines: BTreeSet<(Instant, ObjectId, NodeId)>,
     /// Repair budget in bytes (negative: debt after an object larger than a second's worth).
@@ -126,6 +130,7 @@ impl Replication {
             records: BTreeMap::new(),
             free_bytes: BTreeMap::new(),
             repair_queue: BTreeSet::new(),
+            unplaceable: BTreeSet::new(),
             deadlines: BTreeSet::new(),
             tokens: i128::from(limits.repair_bytes_per_second),
             tokens_at: None,
@@ -136,25 +141,24 @@ impl Replication {
     /// When repair or a target's deadline next needs [`Registry::handle_timeout`].
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
         let deadline = self.deadlines.first().map(|&(at, _, _)| at);
-        let repair = if self.repair_queue.is_empty() {
-            None
-        } else {
-            Some(self.refill_at())
-        };
+        let repair = self.next_placeable().map(|id| self.refill_at(id));
         match (deadline, repair) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
 
-    /// When the bucket holds enough for the next queued repair.
-    fn refill_at(&self) -> Instant {
+    /// The first queued object not known to be unplaceable.
+    fn next_placeable(&self) -> Option<&ObjectId> {
+        self.repair_queue
+            .iter()
+            .find(|id| !self.unplaceable.contains(id))
+    }
+
+    /// When the bucket holds enough for the repair of `id`.
+    fn refill_at(&self, id: &ObjectId) -> Instant {
         let at = self.tokens_at.unwrap_or(Instant::ZERO);
-        let needed = self
-            .repair_queue
-            .first()
-            .and_then(|id| self.records.get(id))
-            .map_or(0, |r| self.cost(r.bytes));
+        let needed = self.records.get(id).map_or(0, |r| self.cost(r.bytes));
         if self.tokens >= needed {
             return at;
         }
@@ -249,7 +253,11 @@ impl Registry {
             return;
         };
         if live_holders.is_empty() {
-            // Every holder is gone: nothing left to copy from.
+            // Every holder is gone: nothing left to copy from (targets still pending had
+            // nothing to fetch either).
+            for (target, deadline) in &record.pending {
+                self.replication.deadlines.remove(&(*deadline, id, *target));
+            }
             self.replication.records.remove(&id);
             self.replication.repair_queue.remove(&id);
             self.replication.stats.objects_lost += 1;
@@ -272,7 +280,8 @@ impl Registry {
         if missing == 0 {
             self.replication.repair_queue.remove(&id);
         } else if at_once {
-            self.place(now, id, missing);
+            let placed = self.place(now, id, missing);
+            self.replication.stats.copies_placed += placed as u64;
         } else {
             self.replication.repair_queue.insert(id);
         }
@@ -352,7 +361,10 @@ impl Registry {
     /// Places queued repairs while the bucket allows.
     fn run_repairs(&mut self, now: Instant) {
         self.replication.refill(now);
-        while let Some(&id) = self.replication.repair_queue.first() {
+        // Something changed (or time passed): every queued object gets another try.
+        self.replication.unplaceable.clear();
+        let queued: Vec<ObjectId> = self.replication.repair_queue.iter().copied().collect();
+        for id in queued {
             let Some(record) = self.replication.records.get(&id) else {
                 self.replication.repair_queue.remove(&id);
                 continue;
@@ -370,8 +382,10 @@ impl Registry {
             }
             let placed = self.place(now, id, missing);
             if placed == 0 {
-                // No node can take it now: leave it queued for the next change, not a loop.
-                break;
+                // No node can take it now: it stays queued (`place` queued it again) until
+                // the next change, and the objects behind it go on.
+                self.replication.unplaceable.insert(id);
+                continue;
             }
             self.replication.tokens -= cost * placed as i128;
             self.replication.stats.repairs_started += placed as u64;

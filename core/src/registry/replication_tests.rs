@@ -229,6 +229,40 @@ fn a_put_waits_for_a_node_to_join_when_none_can_take_its_copy() {
 }
 
 #[test]
+fn a_repair_no_node_can_take_neither_spins_the_timer_nor_blocks_the_others() {
+    let mut r = patient_registry();
+    let t = at_ms(0);
+    for node in 0..3 {
+        join_in(&mut r, t, node, "");
+    }
+    // Object 1 wants three copies (all three nodes), object 2 two (nodes 0 and 1).
+    let out = publish_replicated(&mut r, t, 0, 1, 10, 3);
+    let mut first = replicate_targets(&out);
+    first.sort();
+    assert_eq!(first, vec![1, 2]);
+    publish_replicated(&mut r, t, 1, 1, 10, 3);
+    publish_replicated(&mut r, t, 2, 1, 10, 3);
+    let out = publish_replicated(&mut r, t, 0, 2, 10, 2);
+    let second = replicate_targets(&out);
+    assert_eq!(second.len(), 1);
+    publish_replicated(&mut r, t, second[0], 2, 10, 2);
+    drain(&mut r);
+    // Node 2 leaves: object 1 is below three copies with nobody left to take one.
+    let t = at_ms(10);
+    r.handle_disconnect(t, ConnId(2));
+    drain(&mut r);
+    let due = r.poll_timeout();
+    assert!(
+        due.is_none_or(|at| at > t),
+        "an unplaceable repair is not due again at once: {due:?}"
+    );
+    // A node joins: the repair is placed on it.
+    admit(&mut r, t, 3, member(3, 1)).expect("joins");
+    let out = drain(&mut r);
+    assert_eq!(replicate_targets(&out), vec![3]);
+}
+
+#[test]
 fn delete_everywhere_tells_every_other_holder_and_ends_the_record() {
     let mut r = registry();
     let t = at_ms(0);

@@ -234,6 +234,9 @@ impl Cluster {
                 Err(StoreError::ObjectExists(_)) if variant != 0 => {
                     self.another_content_refused(n, client, id, variant)
                 }
+                Err(StoreError::TooFewReplicas { copies, .. }) => {
+                    self.replicated_put_too_few(n, id, copies)
+                }
                 // The store may be full (or the id taken by a create of another client).
                 Err(error) => {
                     let error = short_store_error(&error);
@@ -353,11 +356,7 @@ impl Cluster {
                 node: n,
                 inc,
                 client,
-                body: Request::Seal {
-                    id,
-                    release: hold_us.is_none(),
-                    digest,
-                },
+                body: self.seal_request(id, hold_us.is_none(), digest),
                 call: Call::Seal {
                     id,
                     hold_us,
@@ -380,6 +379,9 @@ impl Cluster {
             Err(StoreError::ObjectExists(_)) if variant != 0 => {
                 return self.another_content_refused(n, client, id, variant);
             }
+            Err(StoreError::TooFewReplicas { copies, .. }) => {
+                return self.replicated_put_too_few(n, id, copies);
+            }
             Err(error) => {
                 self.checker.violation(
                     self.now,
@@ -390,6 +392,7 @@ impl Cluster {
             Ok(()) => {}
         }
         self.stats.puts += 1;
+        self.replicated_put_acked(n, id);
         if variant == 0 {
             self.known_objects.push(id);
         } else {
@@ -476,6 +479,7 @@ impl Cluster {
         self.nodes[n.0 as usize].acked_seals.remove(&id);
         *self.nodes[n.0 as usize].removals.entry(id).or_default() += 1;
         self.forget_accepted(n, Some(id));
+        self.replica_copy_left(n, id);
     }
 
     fn client_reply(
@@ -581,6 +585,9 @@ impl Cluster {
         match op {
             ClientOp::Put { sizes } => {
                 let id = self.new_object_id();
+                if self.replicated_put(n, client, id, sizes) {
+                    return;
+                }
                 let total = sizes.data_size + sizes.metadata_size;
                 // Small objects go inline half the time (by id, so no draw of the seeded RNG
                 // changes): both ways of putting them stay exercised.
@@ -637,6 +644,7 @@ impl Cluster {
             }
             ClientOp::Delete => {
                 let id = self.pick_object();
+                self.replica_delete_asked(id);
                 self.client_request(
                     n,
                     client,

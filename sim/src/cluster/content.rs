@@ -32,6 +32,11 @@ pub struct Flaws {
     /// The network tells a relay's readers it holds several READ slices more than it said, so they
     /// READ bytes of its partial copy it has not received.
     pub relay_progress_runs_ahead: bool,
+    /// The origin of a put with replicas hears of every copy it wants at its own
+    /// publication, so a put that waits for its copies returns before they exist.
+    pub copies_overcounted: bool,
+    /// Nodes ignore the registry's placements: no copy is ever made or repaired.
+    pub replica_placement_ignored: bool,
 }
 
 impl Cluster {
@@ -59,6 +64,14 @@ impl Cluster {
     ) -> DirectoryRequest {
         let inc = self.nodes[n.0 as usize].inc;
         match &mut request {
+            DirectoryRequest::PublishReplicated { id, digest, .. } => {
+                self.replica_published(n, inc, *id);
+                if self.flaws.directory_ignores_content {
+                    *digest = ContentDigest(0);
+                }
+                self.accepted.remove(&(n, inc, *id));
+                self.dir_ops.insert((n, inc, op), (*id, Some(*digest)));
+            }
             DirectoryRequest::Publish { id, digest, .. } => {
                 if self.flaws.directory_ignores_content {
                     *digest = ContentDigest(0);

@@ -103,6 +103,9 @@ impl Cluster {
                 }
                 self.directory.delivering(to, &notice);
                 self.directory_named(to, inc, &notice);
+                let Some(notice) = self.replica_notice(notice) else {
+                    return;
+                };
                 match notice {
                     DirectoryNotice::Reply { op, reply } => {
                         self.record(|| format!("{to} <- directory {op} {reply}"));

@@ -10,6 +10,7 @@ mod durability;
 mod events;
 mod faults;
 mod relay;
+mod replication;
 mod script;
 mod sim_read;
 pub mod spill;
@@ -33,6 +34,7 @@ use skyriver_core::{
 };
 
 pub use self::content::Flaws;
+pub use self::replication::{replication_limits, ReplicationRunStats};
 
 use self::clients::{Call, SessionKey};
 use self::driver::SimDriver;
@@ -280,6 +282,8 @@ pub struct SimStats {
     pub relay_redirects: u64,
     /// READs served from a relay's partial copy.
     pub relayed_reads: u64,
+    /// Puts with replicas, acknowledgements and repairs (runs with replicas).
+    pub replication: ReplicationRunStats,
 }
 
 impl SimStats {
@@ -362,6 +366,8 @@ pub struct Cluster {
     next_variant: u32,
     /// The spill disks (`spill`).
     spill: spill::SpillSide,
+    /// Puts with replicas and their checks (`replication`).
+    replication: replication::ReplicationSide,
 }
 
 const WORKLOAD_CLIENT_BASE: u64 = 1;
@@ -388,6 +394,21 @@ impl Cluster {
         // Spilled objects do not survive a crash in persistent mode yet (the daemon refuses
         // the combination): spill runs keep no arena across crashes.
         params.persistent = false;
+        Self::build(params, rng, mode, flaws)
+    }
+
+    /// [`Cluster::random_with_flaws`] whose puts ask for replicas (see `replication`), with at
+    /// least one crash.
+    pub fn random_with_replicas(
+        seed: u64,
+        nodes: Option<usize>,
+        mode: RunMode,
+        flaws: Flaws,
+    ) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut params = SimParams::draw(seed, &mut rng, nodes);
+        params.replicas = true;
+        params.crashes = params.crashes.max(1);
         Self::build(params, rng, mode, flaws)
     }
 
@@ -468,6 +489,7 @@ impl Cluster {
                 params: params.spill,
                 ..Default::default()
             },
+            replication: replication::ReplicationSide::new(params.replicas),
             params,
             rng,
         };

@@ -37,6 +37,7 @@ impl Cluster {
         stats.spill_write_failures = self.spill.stats.no_space + self.spill.stats.io_errors;
         stats.spill_restores = self.spill.stats.restores;
         stats.spill_lost = self.spill.stats.lost;
+        stats.replication = self.replication_stats();
         for sim_node in &self.nodes {
             if let Some(node) = &sim_node.node {
                 stats.absorb(node);
@@ -308,6 +309,7 @@ impl Cluster {
     /// pending) and balance (no reference, pin, lease, exposure or unsealed object left).
     pub fn check_quiescence(&mut self) {
         self.settle_directory();
+        self.settle_replicas();
         if let Some(registry) = self.directory.registry() {
             registry.check_invariants();
         }

@@ -52,6 +52,8 @@ pub struct DirectoryParams {
     /// Probability (per million) that a pushed event is lost with its connection, while faults
     /// are on.
     pub lost_push_ppm: u32,
+    /// The registry's replication limits.
+    pub replication: skyriver_core::registry::ReplicationLimits,
 }
 
 /// Something due at a time, handed back to [`SimDirectory::handle`].
@@ -254,6 +256,16 @@ fn member_info(node: NodeId, inc: u32) -> MemberInfo {
     }
 }
 
+/// A head's registry with the run's replication limits.
+fn new_registry(
+    config: RegistryConfig,
+    replication: skyriver_core::registry::ReplicationLimits,
+) -> Registry {
+    let mut registry = Registry::new(config);
+    registry.set_replication_limits(replication);
+    registry
+}
+
 /// A nonce key per head epoch or node incarnation: fixed, so runs replay exactly, and distinct,
 /// so no two parties' nonces coincide.
 fn sim_nonce_key(party: u8, id: u64, incarnation: u32) -> [u8; 32] {
@@ -271,12 +283,15 @@ impl SimDirectory {
         let cluster_token = skyriver_core::auth::ClusterToken::new("sim-cluster-token");
         let mut directory = SimDirectory {
             reported: BTreeSet::new(),
-            registry: Some(Registry::new(RegistryConfig {
-                cluster_token: cluster_token.clone(),
-                nonce_key: sim_nonce_key(b'h', 0, 0),
-                heartbeat_timeout: params.registry_heartbeat_timeout,
-                limits: Default::default(),
-            })),
+            registry: Some(new_registry(
+                RegistryConfig {
+                    cluster_token: cluster_token.clone(),
+                    nonce_key: sim_nonce_key(b'h', 0, 0),
+                    heartbeat_timeout: params.registry_heartbeat_timeout,
+                    limits: Default::default(),
+                },
+                params.replication,
+            )),
             params,
             cluster_token,
             head_epoch: 0,
@@ -677,12 +692,15 @@ impl SimDirectory {
                     effects.push(Effect::Trace(
                         "FAULT directory head back, with an empty registry".into(),
                     ));
-                    self.registry = Some(Registry::new(RegistryConfig {
-                        cluster_token: self.cluster_token.clone(),
-                        nonce_key: sim_nonce_key(b'h', self.head_epoch, 0),
-                        heartbeat_timeout: self.params.registry_heartbeat_timeout,
-                        limits: Default::default(),
-                    }));
+                    self.registry = Some(new_registry(
+                        RegistryConfig {
+                            cluster_token: self.cluster_token.clone(),
+                            nonce_key: sim_nonce_key(b'h', self.head_epoch, 0),
+                            heartbeat_timeout: self.params.registry_heartbeat_timeout,
+                            limits: Default::default(),
+                        },
+                        self.params.replication,
+                    ));
                 }
             }
             DirEvent::HeadPartition { node, on } => {

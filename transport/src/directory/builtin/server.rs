@@ -14,7 +14,7 @@ use std::time::Duration;
 use skyriver_core::directory::MemberInfo;
 use skyriver_core::registry::{
     ConnId, FromRegistry, HelloRefused, Registry, RegistryConfig, RegistryMessageError,
-    RegistryOutput, ToRegistry, PROTOCOL_VERSION,
+    RegistryOutput, ReplicationStats, ToRegistry, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -25,6 +25,9 @@ use tokio::time::{timeout, Instant as TokioInstant};
 
 use super::super::frame;
 
+/// How often the head refreshes the replication counters it shows (computing the gauges walks
+/// every record, so not at every message).
+const REPLICATION_STATS_INTERVAL: Duration = Duration::from_secs(1);
 /// Frames queued for one node; a node that lets this fill up is disconnected.
 const NODE_QUEUE_FRAMES: usize = 4096;
 /// Connections still in their hello, on top of the registry's node limit.
@@ -59,6 +62,7 @@ impl ServerConfig {
 pub struct BuiltinDirectoryServer {
     local_addr: SocketAddr,
     members: watch::Receiver<Vec<MemberInfo>>,
+    replication: watch::Receiver<ReplicationStats>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -76,12 +80,14 @@ impl BuiltinDirectoryServer {
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (members_tx, members) = watch::channel(Vec::new());
+        let (replication_tx, replication) = watch::channel(ReplicationStats::default());
         let (inbox, inbox_rx) = mpsc::channel(INBOX_MESSAGES);
         let head = Head {
             registry,
             epoch: TokioInstant::now(),
             writers: BTreeMap::new(),
             members: members_tx,
+            replication: replication_tx,
         };
         let tasks = vec![
             tokio::spawn(head.run(inbox_rx, shutdown_rx.clone())),
@@ -91,6 +97,7 @@ impl BuiltinDirectoryServer {
         Ok(Self {
             local_addr,
             members,
+            replication,
             shutdown,
             tasks,
         })
@@ -104,6 +111,12 @@ impl BuiltinDirectoryServer {
     /// The live members, sorted by node id.
     pub fn members(&self) -> Vec<MemberInfo> {
         self.members.borrow().clone()
+    }
+
+    /// The registry's replication counters and gauges, refreshed every
+    /// [`REPLICATION_STATS_INTERVAL`] (for the hosting daemon's metrics).
+    pub fn replication_stats(&self) -> watch::Receiver<ReplicationStats> {
+        self.replication.clone()
     }
 
     /// Stops accepting, closes every node's connection and waits for the service's tasks.
@@ -140,6 +153,7 @@ struct Head {
     epoch: TokioInstant,
     writers: BTreeMap<ConnId, mpsc::Sender<Arc<[u8]>>>,
     members: watch::Sender<Vec<MemberInfo>>,
+    replication: watch::Sender<ReplicationStats>,
 }
 
 impl Head {
@@ -152,6 +166,8 @@ impl Head {
         mut inbox: mpsc::Receiver<HeadInput>,
         mut shutdown: watch::Receiver<bool>,
     ) {
+        let mut replication_tick = tokio::time::interval(REPLICATION_STATS_INTERVAL);
+        replication_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let wake = self
                 .registry
@@ -168,6 +184,14 @@ impl Head {
                     self.registry.handle_timeout(now);
                 }
                 _ = shutdown.changed() => break,
+                _ = replication_tick.tick() => {
+                    let stats = self.registry.replication_stats();
+                    self.replication.send_if_modified(|shown| {
+                        let changed = *shown != stats;
+                        *shown = stats;
+                        changed
+                    });
+                }
             }
             self.carry_out();
         }

@@ -1,0 +1,496 @@
+//! Replicas under the simulator: puts that ask for `k ∈ {2, 3}` copies (half of them waiting
+//! for the copies before their reply), placed and repaired by the real registry while nodes
+//! crash, links and the head are partitioned and the head restarts.
+//!
+//! Checked here, from outside the nodes:
+//! * **an acknowledged put has its copies**: when a put that waited for `k` copies returns
+//!   `Ok`, at least `k` distinct nodes have published a copy of record of it;
+//! * **k − 1 losses are survived**: every live node (same incarnation) that had published a
+//!   copy of record of an acknowledged object when it was acknowledged still holds it sealed
+//!   (copies of record are pinned until a delete), so while at most `k − 1` of those nodes
+//!   died, some live node holds the object's bytes; checked whenever a copy leaves a store and
+//!   at the end of the run;
+//! * **repair converges**: once faults stopped and the directory settled, every object whose
+//!   record the registry keeps reaches `min(k, members)` live copies of record within a bound
+//!   (unless no member lacking a copy has room for it), each held sealed by its node; and an
+//!   object a live node holds as a copy of record has a record unless the head restarted
+//!   since its first publication (a documented limit: a restarted head forgets records).
+//!
+//! [`Flaws::copies_overcounted`](super::Flaws) plants a bug the first check exists for (the
+//! origin hears of `k` copies at its own publication);
+//! [`Flaws::replica_placement_ignored`](super::Flaws) one the last check exists for (nodes
+//! ignore the registry's placements, so nothing is ever copied or repaired).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use rand::Rng;
+use skyriver_core::client_protocol::{ReplicaPolicy, Request, MAX_INLINE_PUT_BYTES};
+use skyriver_core::digest::ContentDigest;
+use skyriver_core::directory::{DirectoryEvent, DirectoryNotice};
+use skyriver_core::{ClientId, Instant, NodeId, ObjectId, ObjectSizes};
+
+use super::clients::Call;
+use super::Cluster;
+use crate::checker::Content;
+use crate::workload;
+
+/// Counters of a run with replicas.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicationRunStats {
+    /// Puts that asked for more than one copy.
+    pub replicated_puts: u64,
+    /// Of those, puts whose reply waited for the copies.
+    pub waiting_puts: u64,
+    /// Waiting puts acknowledged with every copy.
+    pub acked: u64,
+    /// Waiting puts that failed with too few copies at their deadline.
+    pub too_few: u64,
+    /// Copies of record published (origins, placements, repairs, replays).
+    pub copies_published: u64,
+    /// Acknowledged objects some of whose acknowledged holders later died.
+    pub acked_with_losses: u64,
+    /// Acknowledged objects checked to still have a live holder after losses.
+    pub survived_losses: u64,
+    /// Records checked converged once faults stopped.
+    pub records_converged: u64,
+    /// Repairs the registry started (at the end of the run).
+    pub repairs_started: u64,
+}
+
+/// What a put asked for.
+#[derive(Debug, Clone, Copy)]
+struct Intent {
+    copies: u8,
+    wait_ms: Option<u64>,
+}
+
+/// An acknowledged put.
+#[derive(Debug, Clone)]
+struct Acked {
+    copies: u8,
+    /// The (node, incarnation) pairs that had published a copy of record at the ack.
+    holders: BTreeSet<(NodeId, u32)>,
+}
+
+/// The replication side of a run.
+#[derive(Debug, Default)]
+pub(super) struct ReplicationSide {
+    /// Puts ask for copies (off unless a test asks for it).
+    pub(super) on: bool,
+    intents: BTreeMap<ObjectId, Intent>,
+    /// Every (node, incarnation) that published a copy of record of each object.
+    published: BTreeMap<ObjectId, BTreeSet<(NodeId, u32)>>,
+    /// Head crashes counted when each object was first published as a copy of record.
+    first_published_head_crashes: BTreeMap<ObjectId, u64>,
+    acked: BTreeMap<ObjectId, Acked>,
+    /// Objects a client asked to delete (their copies may go).
+    deleted: BTreeSet<ObjectId>,
+    /// Violations already reported, by object.
+    reported: BTreeSet<ObjectId>,
+    pub(super) stats: ReplicationRunStats,
+}
+
+impl ReplicationSide {
+    /// Puts ask for copies when `on`.
+    pub(super) fn new(on: bool) -> Self {
+        Self {
+            on,
+            ..Self::default()
+        }
+    }
+}
+
+impl Cluster {
+    /// Counters of the replication side.
+    pub fn replication_stats(&self) -> ReplicationRunStats {
+        let mut stats = self.replication.stats.clone();
+        if let Some(registry) = self.directory.registry() {
+            stats.repairs_started = registry.replication_stats().repairs_started;
+        }
+        stats
+    }
+
+    /// A put of the workload, when runs ask for copies: `k ∈ {2, 3}`, half of them waiting
+    /// (a few milliseconds), small ones inline half the time. `false`: a plain put.
+    pub(super) fn replicated_put(
+        &mut self,
+        n: NodeId,
+        client: ClientId,
+        id: ObjectId,
+        sizes: ObjectSizes,
+    ) -> bool {
+        if !self.replication.on || self.rng.gen_bool(0.25) {
+            return false;
+        }
+        let copies = self.rng.gen_range(2..=3);
+        let wait_ms = self.rng.gen_bool(0.5).then(|| self.rng.gen_range(2..=10));
+        let intent = Intent { copies, wait_ms };
+        self.replication.intents.insert(id, intent);
+        self.replication.stats.replicated_puts += 1;
+        if wait_ms.is_some() {
+            self.replication.stats.waiting_puts += 1;
+        }
+        let replicas = ReplicaPolicy { copies, wait_ms };
+        let total = sizes.data_size + sizes.metadata_size;
+        if total <= MAX_INLINE_PUT_BYTES as u64 && self.next_object % 2 == 0 {
+            self.checker.put(id, Content { variant: 0, sizes });
+            let mut data = workload::content_bytes(&id, 0, total as usize);
+            let metadata = data.split_off(sizes.data_size as usize);
+            let removals = self.nodes[n.0 as usize]
+                .removals
+                .get(&id)
+                .copied()
+                .unwrap_or(0);
+            self.client_request(
+                n,
+                client,
+                Request::PutReplicated {
+                    id,
+                    data,
+                    metadata,
+                    replicas,
+                },
+                Call::Put {
+                    id,
+                    sizes,
+                    variant: 0,
+                    removals,
+                },
+            );
+        } else {
+            // Create, write, then `seal_request` makes the seal ask for the copies.
+            self.client_put(n, client, id, sizes, None);
+        }
+        true
+    }
+
+    /// The seal a client sends after writing `id`: with the copies its put asked for.
+    pub(super) fn seal_request(
+        &self,
+        id: ObjectId,
+        release: bool,
+        digest: ContentDigest,
+    ) -> Request {
+        match self.replication.intents.get(&id) {
+            Some(intent) => Request::SealReplicated {
+                id,
+                release,
+                digest,
+                replicas: ReplicaPolicy {
+                    copies: intent.copies,
+                    wait_ms: intent.wait_ms,
+                },
+            },
+            None => Request::Seal {
+                id,
+                release,
+                digest,
+            },
+        }
+    }
+
+    /// A client asked to delete `id`: its copies may go from now on.
+    pub(super) fn replica_delete_asked(&mut self, id: ObjectId) {
+        if self.replication.on {
+            self.replication.deleted.insert(id);
+        }
+    }
+
+    /// Node `n` publishes a copy of record of `id`.
+    pub(super) fn replica_published(&mut self, n: NodeId, inc: u32, id: ObjectId) {
+        let head_crashes = self.directory.stats.head_crashes;
+        let side = &mut self.replication;
+        if side.published.entry(id).or_default().insert((n, inc)) {
+            side.stats.copies_published += 1;
+        }
+        side.first_published_head_crashes
+            .entry(id)
+            .or_insert(head_crashes);
+    }
+
+    /// A put or seal of `id` on node `n` returned `Ok`: a put that waited is acknowledged
+    /// with its copies, which must exist.
+    pub(super) fn replicated_put_acked(&mut self, n: NodeId, id: ObjectId) {
+        let Some(intent) = self.replication.intents.get(&id).copied() else {
+            return;
+        };
+        if intent.wait_ms.is_none() {
+            return;
+        }
+        let holders = self
+            .replication
+            .published
+            .get(&id)
+            .cloned()
+            .unwrap_or_default();
+        let nodes: BTreeSet<NodeId> = holders.iter().map(|&(node, _)| node).collect();
+        self.replication.stats.acked += 1;
+        self.record(|| {
+            format!(
+                "{n}: put of {id} acknowledged with {} copies ({} published)",
+                intent.copies,
+                nodes.len()
+            )
+        });
+        if nodes.len() < usize::from(intent.copies) {
+            let now = self.now;
+            self.checker.violation(
+                now,
+                format!(
+                    "{n}: put of {id} acknowledged with {} copies, but only {} nodes published a \
+                     copy of record",
+                    intent.copies,
+                    nodes.len()
+                ),
+            );
+        }
+        self.replication.acked.insert(
+            id,
+            Acked {
+                copies: intent.copies,
+                holders,
+            },
+        );
+    }
+
+    /// A put or seal of `id` failed because too few copies were made in time.
+    pub(super) fn replicated_put_too_few(&mut self, n: NodeId, id: ObjectId, copies: u32) {
+        self.replication.stats.too_few += 1;
+        self.record(|| format!("{n}: put of {id} returned with too few copies ({copies})"));
+    }
+
+    /// A directory notice on its way into node `n`'s core, as planted flaws change it: `None`
+    /// drops it.
+    pub(super) fn replica_notice(&self, notice: DirectoryNotice) -> Option<DirectoryNotice> {
+        match notice {
+            DirectoryNotice::Event(DirectoryEvent::Copies { id, copies })
+                if self.flaws.copies_overcounted =>
+            {
+                let wanted = self.replication.intents.get(&id).map_or(0, |i| i.copies);
+                Some(DirectoryNotice::Event(DirectoryEvent::Copies {
+                    id,
+                    copies: copies.max(u32::from(wanted)),
+                }))
+            }
+            DirectoryNotice::Event(DirectoryEvent::Replicate { .. })
+                if self.flaws.replica_placement_ignored =>
+            {
+                None
+            }
+            other => Some(other),
+        }
+    }
+
+    /// `id` left node `n`'s store: an acknowledged copy of record may not.
+    pub(super) fn replica_copy_left(&mut self, n: NodeId, id: ObjectId) {
+        if !self.replication.on {
+            return;
+        }
+        let inc = self.nodes[n.0 as usize].inc;
+        let holds_acked_copy = self
+            .replication
+            .acked
+            .get(&id)
+            .is_some_and(|acked| acked.holders.contains(&(n, inc)));
+        if holds_acked_copy && !self.replication.deleted.contains(&id) {
+            self.report_replica(
+                id,
+                format!(
+                    "{n}: its copy of record of {id}, acknowledged, left the store without a delete"
+                ),
+            );
+        }
+    }
+
+    fn report_replica(&mut self, id: ObjectId, what: String) {
+        if self.replication.reported.insert(id) {
+            let now = self.now;
+            self.checker.violation(now, what);
+        }
+    }
+
+    fn holds_sealed(&self, n: NodeId, id: &ObjectId) -> bool {
+        self.nodes[n.0 as usize]
+            .node
+            .as_ref()
+            .is_some_and(|node| node.store().sealed_info(id).is_some())
+    }
+
+    fn alive_pair(&self, (n, inc): (NodeId, u32)) -> bool {
+        self.alive(n, inc)
+    }
+
+    /// Every acknowledged object survived its losses: while at most `k − 1` of the nodes that
+    /// held it at the ack died, a live one of them holds it.
+    pub(super) fn check_acked_replicas(&mut self) {
+        let acked: Vec<(ObjectId, Acked)> = self
+            .replication
+            .acked
+            .iter()
+            .filter(|(id, _)| !self.replication.deleted.contains(id))
+            .map(|(id, a)| (*id, a.clone()))
+            .collect();
+        for (id, acked) in acked {
+            let lost = acked
+                .holders
+                .iter()
+                .filter(|&&pair| !self.alive_pair(pair))
+                .count();
+            if lost > 0 {
+                self.replication.stats.acked_with_losses += 1;
+            }
+            if lost >= usize::from(acked.copies) {
+                continue;
+            }
+            let live_holding = acked
+                .holders
+                .iter()
+                .filter(|&&pair| self.alive_pair(pair) && self.holds_sealed(pair.0, &id))
+                .count();
+            if live_holding == 0 {
+                self.report_replica(
+                    id,
+                    format!(
+                        "{id}, acknowledged with {} copies, is gone after {lost} of its holders died",
+                        acked.copies
+                    ),
+                );
+            } else if lost > 0 {
+                self.replication.stats.survived_losses += 1;
+            }
+            for &pair in &acked.holders {
+                if self.alive_pair(pair) && !self.holds_sealed(pair.0, &id) {
+                    self.report_replica(
+                        id,
+                        format!("{}: lost its acknowledged copy of record of {id}", pair.0),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Whether every record converged (see the module doc), else what has not.
+    fn replicas_converged(&self) -> Result<u64, String> {
+        let Some(registry) = self.directory.registry() else {
+            return Ok(0);
+        };
+        let members = registry.members().len();
+        let head_crashes = self.directory.stats.head_crashes;
+        let mut converged = 0;
+        for (id, pairs) in &self.replication.published {
+            if self.replication.deleted.contains(id) {
+                continue;
+            }
+            let live_of_record: Vec<NodeId> = pairs
+                .iter()
+                .filter(|&&pair| self.alive_pair(pair) && self.holds_sealed(pair.0, id))
+                .map(|&(n, _)| n)
+                .collect();
+            let Some((wanted, of_record)) = registry.copies_of_record(id) else {
+                let head_restarted =
+                    self.replication.first_published_head_crashes.get(id) != Some(&head_crashes);
+                if !live_of_record.is_empty() && !head_restarted {
+                    return Err(format!(
+                        "{id}: {:?} hold copies of record, but the registry has no record",
+                        live_of_record
+                    ));
+                }
+                continue;
+            };
+            for node in &of_record {
+                if !self.holds_sealed(*node, id) {
+                    return Err(format!(
+                        "{id}: the registry counts {node} as a copy of record it does not hold"
+                    ));
+                }
+            }
+            let target = usize::from(wanted).min(members);
+            if of_record.len() < target && self.some_member_has_room(id, &of_record) {
+                return Err(format!(
+                    "{id}: {} of {wanted} copies of record ({:?}) with {members} members",
+                    of_record.len(),
+                    of_record
+                ));
+            }
+            converged += 1;
+        }
+        Ok(converged)
+    }
+
+    /// Whether a live node without a copy of `id` has room for it.
+    fn some_member_has_room(&self, id: &ObjectId, of_record: &[NodeId]) -> bool {
+        let Some(bytes) = self
+            .checker
+            .contents
+            .get(id)
+            .and_then(|c| c.first())
+            .map(|c| c.sizes.data_size + c.sizes.metadata_size)
+        else {
+            return false;
+        };
+        self.nodes.iter().enumerate().any(|(i, sim_node)| {
+            let Some(node) = &sim_node.node else {
+                return false;
+            };
+            if of_record.contains(&NodeId(i as u32)) {
+                return false;
+            }
+            let stats = node.store().stats();
+            let free = stats
+                .capacity_bytes
+                .saturating_sub(stats.allocated_bytes)
+                .saturating_add(stats.evictable_bytes);
+            free >= bytes
+        })
+    }
+
+    /// Once faults stopped and the directory settled: runs on until every record converged,
+    /// within a bound; a violation if one did not. Then the acknowledged objects are checked.
+    pub(super) fn settle_replicas(&mut self) {
+        if !self.replication.on {
+            return;
+        }
+        let p = &self.params;
+        let bound = Duration::from_micros(
+            8 * (p.registry_heartbeat_timeout_us + p.fetch_timeout_us + p.reconnect_backoff_max_us)
+                + 10 * p.directory_latency_ns / 1000,
+        ) + replication_limits(p).target_timeout * 3;
+        let deadline = self.now + bound;
+        loop {
+            let converged = self.replicas_converged();
+            if let Ok(count) = converged {
+                self.replication.stats.records_converged = count;
+                break;
+            }
+            let next_at: Option<Instant> = self.queue.peek().map(|std::cmp::Reverse(next)| next.at);
+            if next_at.is_none_or(|at| at > deadline) {
+                if let Err(what) = converged {
+                    let now = self.now;
+                    self.checker.violation(
+                        now,
+                        format!("liveness: repair did not converge after faults stopped: {what}"),
+                    );
+                }
+                break;
+            }
+            self.step();
+        }
+        self.check_acked_replicas();
+    }
+}
+
+/// The registry's replication limits in a run: targets given up after a few heartbeat
+/// timeouts and a fetch (not the daemon's minute), repairs at a rate that makes the bucket
+/// matter with the simulator's small objects.
+pub fn replication_limits(
+    p: &crate::params::SimParams,
+) -> skyriver_core::registry::ReplicationLimits {
+    skyriver_core::registry::ReplicationLimits {
+        repair_bytes_per_second: 200_000_000,
+        target_timeout: Duration::from_micros(
+            4 * p.registry_heartbeat_timeout_us + 2 * p.fetch_timeout_us,
+        ),
+        ..Default::default()
+    }
+}
