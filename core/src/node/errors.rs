@@ -260,6 +260,36 @@ pub enum TransferFailure {
         /// The id's digest.
         expected: ContentDigest,
     },
+    /// The relay this node read from failed its own transfer of the object.
+    #[error("the relay's own transfer failed: {0}")]
+    RelayFailed(#[source] Box<TransferFailure>),
+    /// A holder redirected the request for other content than the directory named.
+    #[error(
+        "redirected for size {}+{} and digest {digest}, the directory said {}+{} and \
+         {expected_digest}",
+        sizes.data_size, sizes.metadata_size, expected_sizes.data_size, expected_sizes.metadata_size
+    )]
+    RedirectedForOtherContent {
+        /// Sizes named by the redirect.
+        sizes: ObjectSizes,
+        /// Digest named by the redirect.
+        digest: ContentDigest,
+        /// Sizes the directory named.
+        expected_sizes: ObjectSizes,
+        /// Digest the directory named.
+        expected_digest: ContentDigest,
+    },
+    /// A relay claimed more bytes than the object has.
+    #[error("the relay claims {prefix} bytes of a {total}-byte object")]
+    RelayPrefixBeyondObject {
+        /// Bytes claimed.
+        prefix: u64,
+        /// The object's bytes.
+        total: u64,
+    },
+    /// Relay progress came from a holder that had granted the whole object.
+    #[error("relay progress from a holder that granted all of it")]
+    RelayProgressUnasked,
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::transfer::LeaseState;
-use super::{Lease, Node, NodeOutput, Timer, TransferMode, FETCH_CLIENT};
+use super::{Lease, Node, NodeOutput, Timer, TransferFailure, TransferMode, FETCH_CLIENT};
 use crate::digest::ContentDigest;
 use crate::ids::{NodeId, ObjectId, TransferId};
 use crate::region::LocalRegion;
@@ -72,7 +72,7 @@ struct Chain {
 #[derive(Debug)]
 struct DoomedCopy {
     source: NodeId,
-    reason: String,
+    reason: TransferFailure,
 }
 
 impl Relays {
@@ -260,7 +260,7 @@ impl Node {
         &mut self,
         id: ObjectId,
         source: NodeId,
-        reason: &str,
+        reason: &TransferFailure,
     ) -> bool {
         let readers: Vec<(NodeId, TransferId)> = self
             .leases
@@ -275,11 +275,11 @@ impl Node {
             id,
             DoomedCopy {
                 source,
-                reason: reason.to_string(),
+                reason: reason.clone(),
             },
         );
         for (peer, req) in readers {
-            let relay_reason = format!("the relay's own transfer failed: {reason}");
+            let relay_reason = TransferFailure::RelayFailed(Box::new(reason.clone())).to_string();
             let granted = self
                 .leases
                 .get(&(peer, req))
@@ -338,14 +338,12 @@ impl Node {
         let id = transfer.id;
         let (want_sizes, want_digest) = transfer.content();
         if sizes != want_sizes || digest != want_digest {
-            let why = format!(
-                "redirected for size {}+{} and digest {digest}, the directory said {}+{} and \
-                 {want_digest}",
-                sizes.data_size,
-                sizes.metadata_size,
-                want_sizes.data_size,
-                want_sizes.metadata_size,
-            );
+            let why = TransferFailure::RedirectedForOtherContent {
+                sizes,
+                digest,
+                expected_sizes: want_sizes,
+                expected_digest: want_digest,
+            };
             self.fail_transfer(tid, why);
             return;
         }

@@ -152,17 +152,19 @@ impl Incoming {
 
     /// The relay holds the first `prefix` bytes. `answer`: the relay's first word, before its
     /// `Rendezvous` (a source that was not known to be a relay becomes one here).
-    pub(super) fn relay_prefix_is(&mut self, prefix: u64, answer: bool) -> Result<(), String> {
+    pub(super) fn relay_prefix_is(
+        &mut self,
+        prefix: u64,
+        answer: bool,
+    ) -> Result<(), TransferFailure> {
         let total = self.local.region.len;
         if prefix > total {
-            return Err(format!(
-                "the relay claims {prefix} bytes of a {total}-byte object"
-            ));
+            return Err(TransferFailure::RelayPrefixBeyondObject { prefix, total });
         }
         match self.relay_limit {
             Some(limit) => self.relay_limit = Some(limit.max(prefix)),
             None if answer => self.relay_limit = Some(prefix),
-            None => return Err("relay progress from a holder that granted all of it".into()),
+            None => return Err(TransferFailure::RelayProgressUnasked),
         }
         Ok(())
     }
