@@ -189,7 +189,9 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
                 return Err(ChaosError::Interrupted);
             }
             cluster.sample_all();
-            std::thread::sleep(SAMPLE_INTERVAL.min(Duration::from_millis(at_ms - ms())));
+            std::thread::sleep(
+                SAMPLE_INTERVAL.min(Duration::from_millis(at_ms.saturating_sub(ms()))),
+            );
         }
         Ok(())
     };
