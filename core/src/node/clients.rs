@@ -190,9 +190,23 @@ impl Node {
         response: Response,
         durable_before: u64,
     ) {
-        let Some(response) = self.hold_for_replicas(client, request, response) else {
+        let Some(response) = self.hold_for_replicas(client, request, response, durable_before)
+        else {
             return;
         };
+        self.reply_when_durable(client, request, response, durable_before);
+    }
+
+    /// Sends a reply now, or holds it until the durable changes queued since `durable_before`
+    /// are durable (when the node's rules ask for it): the part of
+    /// [`Node::reply_once_durable`] after a put's wait for its copies.
+    pub(super) fn reply_when_durable(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        response: Response,
+        durable_before: u64,
+    ) {
         let needed = self.store.durable_changes_queued();
         // A removal is durable before its reply in both modes (a deleted object never
         // comes back); a seal only with `hold_replies_until_durable`.

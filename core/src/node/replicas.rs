@@ -49,6 +49,9 @@ struct ReplicaWait {
     copies: u32,
     /// Whether the object is sealed here (the put's own reply was due).
     sealed: bool,
+    /// Durable changes queued before the seal: its reply, when it comes, also waits for the
+    /// seal's own change to be durable (as every reply does, see `reply_once_durable`).
+    durable_before: u64,
 }
 
 /// This node's replica bookkeeping.
@@ -108,6 +111,7 @@ impl Node {
                     wait: Duration::from_millis(wait_ms),
                     copies: 0,
                     sealed: false,
+                    durable_before: 0,
                 },
             );
             self.replicas.by_request.insert((client, request), id);
@@ -121,6 +125,7 @@ impl Node {
         client: ClientId,
         request: RequestId,
         response: Response,
+        durable_before: u64,
     ) -> Option<Response> {
         if self.replicas.by_request.is_empty() {
             return Some(response);
@@ -144,6 +149,7 @@ impl Node {
             .get_mut(&id)
             .expect("indexed by request");
         wait.sealed = true;
+        wait.durable_before = durable_before;
         wait.copies = wait.copies.max(1);
         if standalone {
             let (copies, wanted) = (wait.copies, wait.wanted);
@@ -181,7 +187,12 @@ impl Node {
         wait.copies = copies;
         if wait.sealed && copies >= u32::from(wait.wanted) {
             let wait = self.end_wait(id).expect("found above");
-            self.reply(wait.client, wait.request, Response::Done(Ok(())));
+            self.reply_when_durable(
+                wait.client,
+                wait.request,
+                Response::Done(Ok(())),
+                wait.durable_before,
+            );
         }
     }
 
@@ -189,7 +200,9 @@ impl Node {
     pub(super) fn replica_wait_expired(&mut self, id: ObjectId) {
         if let Some(wait) = self.end_wait(id) {
             self.stats.replica_waits_timed_out += 1;
-            self.reply(
+            // The object is sealed here: the error (copies are missing) waits for the seal's
+            // durability like a success would.
+            self.reply_when_durable(
                 wait.client,
                 wait.request,
                 Response::Done(Err(StoreError::TooFewReplicas {
@@ -198,6 +211,7 @@ impl Node {
                     wanted: wait.wanted,
                     in_cluster: true,
                 })),
+                wait.durable_before,
             );
         }
     }

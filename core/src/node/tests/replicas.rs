@@ -170,3 +170,27 @@ fn a_copy_placed_here_is_fetched_pinned_published_at_once_and_deleted_when_told(
     assert!(!w.nodes[1].store().contains(&id(1)));
     w.nodes[1].check_invariants();
 }
+
+/// A put that waited for its copies is answered only once its own seal is durable, as every
+/// put on a persistent node is: copies counted before the commit do not let the reply
+/// overtake it (the simulator saw an acknowledged replicated seal lost in a crash).
+#[test]
+fn a_waiting_put_on_a_persistent_node_is_answered_only_once_its_seal_is_durable() {
+    let mut w = World::new(2, |config| {
+        config.store.record_durable_changes = true;
+        config.hold_replies_until_durable = true;
+    });
+    w.manual_disk = true;
+    let put = put_replicated(&mut w, 0, 1, 2, Some(1000));
+    copies_event(&mut w, 0, 1, 2);
+    assert_eq!(
+        w.reply_to(0, CLIENT, put),
+        None,
+        "every copy counted, but the seal is not durable yet"
+    );
+    let (_, seq) = *w.persisted.last().expect("the seal was handed to the disk");
+    w.feed(0, NodeInput::Persisted { upto: seq });
+    w.pump();
+    assert_eq!(w.reply_to(0, CLIENT, put), Some(Response::Done(Ok(()))));
+    w.nodes[0].check_invariants();
+}
