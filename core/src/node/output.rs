@@ -318,4 +318,8 @@ pub struct NodeStats {
     pub hinted_fetches: u64,
     /// Hinted fetches whose node did not have the object (they then asked the directory).
     pub wrong_hints: u64,
+    /// Fetch requests answered in the same pass as an earlier request for the same object,
+    /// sharing its lookup (see `coalesce`).
+    #[serde(default)]
+    pub coalesced_requests: u64,
 }
