@@ -29,6 +29,12 @@ pub struct Flaws {
     /// The spill disk reports a write complete before it ran, so the core frees (and may
     /// reuse) the object's memory while the write still reads it.
     pub spill_acked_before_write: bool,
+    /// A holder's coalesced pass sends an object once to its first requester and skips the
+    /// others (see `crowd`).
+    pub coalesced_pass_skips_requester: bool,
+    /// A holder's coalesced pass sends every requester the first object sent in the pass,
+    /// whatever it asked for (see `crowd`).
+    pub coalesced_pass_mixes_payloads: bool,
 }
 
 impl Cluster {

@@ -5,6 +5,7 @@
 
 mod clients;
 mod content;
+mod crowd;
 mod driver;
 mod durability;
 mod events;
@@ -32,6 +33,7 @@ use skyriver_core::{
 };
 
 pub use self::content::Flaws;
+pub use self::crowd::run_crowd_seed;
 
 use self::clients::{Call, SessionKey};
 use self::driver::SimDriver;
@@ -353,6 +355,8 @@ pub struct Cluster {
     next_variant: u32,
     /// The spill disks (`spill`).
     spill: spill::SpillSide,
+    /// The requests of the current drive pass of a holder (see `crowd`).
+    pass: crowd::PassChecks,
 }
 
 const WORKLOAD_CLIENT_BASE: u64 = 1;
@@ -452,6 +456,7 @@ impl Cluster {
                 params: params.spill,
                 ..Default::default()
             },
+            pass: crowd::PassChecks::default(),
             params,
             rng,
         };
