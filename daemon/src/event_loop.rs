@@ -37,6 +37,11 @@ const MAX_DIRECT_TURNS: u32 = 16;
 /// Bytes one direct read of a client's socket takes at most.
 const DIRECT_READ_BYTES: usize = 64 * 1024;
 
+/// Fabric events the loop takes in one turn when they are ready at once: peer messages that
+/// leave no output queued are given to the node one after the other and driven together, so
+/// the fetch requests among them are answered in one pass (see the core's `coalesce`).
+const MAX_FABRIC_EVENTS_PER_TURN: usize = 64;
+
 /// The cluster side of the loop's inputs.
 pub(super) struct ClusterInputs {
     pub(super) fabric_events: EventReceiver,
@@ -62,6 +67,8 @@ pub(super) struct EventLoop {
     metrics_requests: Option<mpsc::Receiver<SnapshotRequest>>,
     /// How long the loop polls for input after its last one before it sleeps.
     poll: skyriver_transport::poll::AdaptivePoll,
+    /// Whether the host is too crowded to poll (the loop blocks instead while it is).
+    host_load: skyriver_transport::poll::HostLoad,
     /// The client whose request the loop read last: while polling, the loop reads its socket
     /// directly first (one `recv`, no readiness wait and runtime round in between).
     hot: Option<ClientId>,
@@ -111,6 +118,7 @@ impl EventLoop {
             next_client: 1,
             metrics_requests: None,
             poll: skyriver_transport::poll::AdaptivePoll::new(Duration::ZERO, Duration::ZERO),
+            host_load: skyriver_transport::poll::HostLoad::from_env(),
             hot: None,
             direct_turns: 0,
             scratch: Vec::new(),
@@ -274,7 +282,8 @@ impl EventLoop {
                 armed = next;
             }
             let polls = !self.poll.window().is_zero();
-            let polling = polls && std::time::Instant::now() < poll_until;
+            let now = std::time::Instant::now();
+            let polling = polls && now < poll_until && !self.host_load.crowded(now);
             if polling {
                 // A polling round: give the CPU away (to the client, when they share one), then
                 // look at the socket of the client served last, straight.
@@ -300,7 +309,8 @@ impl EventLoop {
                     Err(error) => warn!(%error, "accept failed"),
                 },
                 Some(event) = recv_fabric(self.fabric_events.as_mut()) => {
-                    self.fabric_event(event)
+                    self.fabric_event(event);
+                    self.more_fabric_events();
                 }
                 Some(notice) = recv(self.notices.as_mut()) => {
                     self.directory_notice(notice)
@@ -488,11 +498,15 @@ impl EventLoop {
                 if let Handled::Malformed(error) = self.feed(now, input) {
                     warn!(%peer, %error, "malformed message from peer: ignored");
                 }
-                // Its outputs copy an eager payload from these bytes: carry them out now, then
-                // give the receive slot back.
-                self.effects.input = Some(bytes);
-                self.drain();
-                self.effects.input = None;
+                // Its outputs may copy an eager payload from these bytes: carry them out now,
+                // then give the receive slot back. With none queued (a fetch request held for
+                // the pass), the next ready message may come first; a recorded run drives
+                // after every input, as its replay does.
+                if self.node.outputs_queued() || self.recorder.is_some() {
+                    self.effects.input = Some(bytes);
+                    self.drain();
+                    self.effects.input = None;
+                }
             }
             FabricEvent::ReadCompleted { op, result } => {
                 self.feed(now, NodeInput::ReadCompletion { op, result });
@@ -507,6 +521,25 @@ impl EventLoop {
             FabricEvent::ReadRevoked { peer, req } => {
                 self.feed(now, NodeInput::ReadRevoked { peer, req });
             }
+        }
+    }
+
+    /// Fabric events already waiting, up to a turn's worth, taken without another wait.
+    /// Outputs still queued are carried out before each next event (the driver contract); what
+    /// may wait is only the node's held fetch requests. A recorded run takes one event a turn,
+    /// driven after it, as its replay drives.
+    fn more_fabric_events(&mut self) {
+        if self.recorder.is_some() {
+            return;
+        }
+        for _ in 1..MAX_FABRIC_EVENTS_PER_TURN {
+            let Some(event) = self.fabric_events.as_mut().and_then(|r| r.try_recv().ok()) else {
+                return;
+            };
+            if self.node.outputs_queued() {
+                self.drain();
+            }
+            self.fabric_event(event);
         }
     }
 

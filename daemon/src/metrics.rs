@@ -924,6 +924,11 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "Hinted fetches whose node did not serve the object (they then asked the directory).",
             Value::Counter(c.wrong_hints),
         )?;
+        out.one(
+            "skyriver_coalesced_requests",
+            "Fetch requests answered in one pass with an earlier request for the same object.",
+            Value::Counter(c.coalesced_requests),
+        )?;
         // ---- process ----
         let p = &self.process;
         out.one(

@@ -27,7 +27,7 @@ pub mod workload;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-pub use cluster::{Cluster, Flaws, RunMode, SimStats};
+pub use cluster::{run_crowd_seed, Cluster, Flaws, RunMode, SimStats};
 pub use params::SimParams;
 
 /// Events one random run may take before it is called a livelock.

@@ -15,8 +15,20 @@
 //! window stops paying a wake-up each; when an input comes only after a longer sleep, the
 //! window goes back to `--poll-us`. An idle daemon still spins at most one window after its
 //! last input.
+//!
+//! Polling only pays while the process it waits for has a CPU of its own. On a crowded host
+//! (more runnable threads than CPUs: many daemons and clients on one machine, as in `bench
+//! cluster` on network namespaces, or an oversubscribed node) a spinner takes CPU time from
+//! the very process that would answer it, and every `sched_yield` of N spinners hands the CPU
+//! to another spinner. So both the daemon and the client look at the host's load
+//! ([`HostLoad`]: the kernel's count of runnable threads in `/proc/loadavg`, at most every
+//! 100 ms) and block instead while it exceeds the CPUs this process may run on, and for a
+//! second after ([`CROWDED_HOLD`]: blocking waiters do not count as runnable, so the count
+//! falls as soon as everyone blocks; the hold keeps that from flapping back into spinning).
+//! `SKYRIVER_POLL_CROWDED=spin` keeps polling whatever the load (to measure both ways).
 
-use std::time::Duration;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Microseconds of polling after activity unless told otherwise (chosen from
 /// `skyriver bench breakdown` runs; see the README).
@@ -81,12 +93,120 @@ pub fn poll_from_env() -> Duration {
     Duration::from_micros(micros)
 }
 
+/// The environment variable that says whether to poll on a crowded host: `spin` polls
+/// whatever the load; anything else (or nothing): block while the host is crowded.
+pub const POLL_CROWDED_ENV: &str = "SKYRIVER_POLL_CROWDED";
+
+/// Least time between two looks at the host's load.
+pub const LOAD_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How long polling stays off after the host was last seen crowded.
+pub const CROWDED_HOLD: Duration = Duration::from_secs(1);
+
+/// What a poller does while the host is crowded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrowdedPolicy {
+    /// Block instead of polling (the default).
+    Block,
+    /// Poll anyway (`SKYRIVER_POLL_CROWDED=spin`).
+    Spin,
+}
+
+impl CrowdedPolicy {
+    /// The policy `SKYRIVER_POLL_CROWDED` asks for.
+    pub fn from_env() -> Self {
+        match std::env::var(POLL_CROWDED_ENV) {
+            Ok(value) if value.trim().eq_ignore_ascii_case("spin") => Self::Spin,
+            _ => Self::Block,
+        }
+    }
+}
+
+/// Runnable threads on the host now, from `/proc/loadavg`'s fourth field (`running/total`).
+pub fn parse_runnable(loadavg: &str) -> Option<u32> {
+    let field = loadavg.split_whitespace().nth(3)?;
+    field.split_once('/')?.0.parse().ok()
+}
+
+/// Whether `runnable` threads oversubscribe `cpus` CPUs (the looker, runnable itself, counts).
+pub fn oversubscribed(runnable: u32, cpus: u32) -> bool {
+    runnable > cpus
+}
+
+/// Whether the host is too crowded to poll, from samples of its load taken at most every
+/// [`LOAD_SAMPLE_INTERVAL`] and held for [`CROWDED_HOLD`].
+#[derive(Debug, Clone)]
+pub struct HostLoad {
+    policy: CrowdedPolicy,
+    cpus: u32,
+    last_sample: Option<Instant>,
+    crowded_until: Option<Instant>,
+}
+
+impl HostLoad {
+    /// For this process: its CPUs ([`std::thread::available_parallelism`]) and the policy of
+    /// `SKYRIVER_POLL_CROWDED`.
+    pub fn from_env() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::new(
+            CrowdedPolicy::from_env(),
+            u32::try_from(cpus).unwrap_or(u32::MAX),
+        )
+    }
+
+    /// With an explicit policy and CPU count.
+    pub fn new(policy: CrowdedPolicy, cpus: u32) -> Self {
+        Self {
+            policy,
+            cpus,
+            last_sample: None,
+            crowded_until: None,
+        }
+    }
+
+    /// Whether polling should give way to blocking at `now`; looks at `/proc/loadavg` when
+    /// the last look is older than [`LOAD_SAMPLE_INTERVAL`] (an unreadable file: not crowded).
+    pub fn crowded(&mut self, now: Instant) -> bool {
+        self.crowded_with(now, || {
+            std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .as_deref()
+                .and_then(parse_runnable)
+        })
+    }
+
+    /// [`HostLoad::crowded`] with the runnable count from `sample`.
+    pub fn crowded_with(&mut self, now: Instant, sample: impl FnOnce() -> Option<u32>) -> bool {
+        if self.policy == CrowdedPolicy::Spin {
+            return false;
+        }
+        let due = self
+            .last_sample
+            .is_none_or(|last| now.saturating_duration_since(last) >= LOAD_SAMPLE_INTERVAL);
+        if due {
+            self.last_sample = Some(now);
+            if sample().is_some_and(|runnable| oversubscribed(runnable, self.cpus)) {
+                self.crowded_until = Some(now + CROWDED_HOLD);
+            }
+        }
+        self.crowded_until.is_some_and(|until| now < until)
+    }
+}
+
+/// Whether this process should block rather than poll now (one [`HostLoad`] per process).
+pub fn host_crowded() -> bool {
+    static LOAD: OnceLock<Mutex<HostLoad>> = OnceLock::new();
+    let load = LOAD.get_or_init(|| Mutex::new(HostLoad::from_env()));
+    let mut load = load.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    load.crowded(Instant::now())
+}
+
 /// Polls `fd` until it has bytes to read (or reports an end or error) or `poll` is over,
 /// yielding the CPU between looks, so the blocking read that follows finds them without a
 /// wake-up. Used by the client awaiting a reply, and by the benchmarks' raw round trips so
-/// they get the same tuning.
+/// they get the same tuning. Does not poll on a crowded host ([`host_crowded`]).
 pub fn wait_readable(fd: std::os::fd::RawFd, poll: Duration) {
-    if poll.is_zero() {
+    if poll.is_zero() || host_crowded() {
         return;
     }
     let start = std::time::Instant::now();
@@ -131,6 +251,42 @@ mod tests {
         assert_eq!(poll.window(), us(50));
         poll.woke_after_sleeping(Duration::from_secs(3));
         assert_eq!(poll.window(), us(50));
+    }
+
+    #[test]
+    fn the_runnable_count_is_the_fourth_fields_numerator() {
+        assert_eq!(parse_runnable("20.19 12.67 6.30 20/294 22139\n"), Some(20));
+        assert_eq!(parse_runnable("0.00 0.01 0.05 1/80 7"), Some(1));
+        assert_eq!(parse_runnable("0.00 0.01 0.05"), None);
+        assert_eq!(parse_runnable("0.00 0.01 0.05 x/80 7"), None);
+    }
+
+    #[test]
+    fn a_crowded_sample_stops_polling_for_the_hold_and_samples_are_rate_limited() {
+        let start = Instant::now();
+        let mut load = HostLoad::new(CrowdedPolicy::Block, 2);
+        assert!(
+            !load.crowded_with(start, || Some(2)),
+            "2 runnable on 2 CPUs fit"
+        );
+        // Within the sampling interval the file is not read again.
+        let later = start + LOAD_SAMPLE_INTERVAL / 2;
+        assert!(!load.crowded_with(later, || panic!("sampled too soon")));
+        let crowded_at = start + LOAD_SAMPLE_INTERVAL;
+        assert!(load.crowded_with(crowded_at, || Some(3)));
+        // Everyone blocked, so the count fell: still held off.
+        let calm = crowded_at + LOAD_SAMPLE_INTERVAL;
+        assert!(load.crowded_with(calm, || Some(1)));
+        assert!(!load.crowded_with(crowded_at + CROWDED_HOLD, || Some(1)));
+        // Unreadable: not crowded.
+        let mut unknown = HostLoad::new(CrowdedPolicy::Block, 1);
+        assert!(!unknown.crowded_with(start, || None));
+    }
+
+    #[test]
+    fn spin_polls_whatever_the_load() {
+        let mut load = HostLoad::new(CrowdedPolicy::Spin, 1);
+        assert!(!load.crowded_with(Instant::now(), || panic!("spin never samples")));
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //!   can feed them again ([`recording`]).
 //!
 //! **Driver contract.** After every input, drain `poll_output()` and carry out every output, in
-//! order, before giving the node its next input ([`drive_host`] does). `SendEager` in particular names
+//! order, before giving the node its next input ([`drive_host`] does); the one exception: while
+//! [`Node::outputs_queued`] is false, the next input may come first (the fetch requests held
+//! meanwhile are answered together at the next `poll_output`, see `coalesce`). `SendEager` in particular names
 //! a region of a sealed object whose bytes the driver gathers right then. Every posted READ gets
 //! exactly one completion (success or error, also when the connection breaks), and the local
 //! region it writes stays untouched by the core until then. Local clients use the store
@@ -22,6 +24,7 @@
 
 mod backpressure;
 mod clients;
+mod coalesce;
 mod config;
 pub mod drive;
 mod driver;
@@ -192,6 +195,8 @@ pub struct Node {
     spill_waits: spill::SpillWaits,
     replicas: replicas::Replicas,
     relays: relay::Relays,
+    /// Fetch requests of the current drive pass, answered together (see `coalesce`).
+    coalesced: coalesce::Coalesced,
 }
 
 impl Node {
@@ -236,6 +241,7 @@ impl Node {
             spill_waits: spill::SpillWaits::default(),
             replicas: replicas::Replicas::default(),
             relays: relay::Relays::default(),
+            coalesced: coalesce::Coalesced::default(),
         }
     }
 
@@ -447,7 +453,7 @@ impl Node {
                 id,
                 eager_limit,
                 max_chunk_bytes,
-            } => self.serve_fetch_request(peer, req, id, eager_limit, max_chunk_bytes),
+            } => self.ask_fetch(peer, req, id, eager_limit, max_chunk_bytes),
             PeerMessage::Finish { req } => self.handle_finish(peer, req),
             PeerMessage::EagerData { header, .. } => {
                 // Nowhere to copy the payload from: the transfer fails, and is retried.
@@ -590,6 +596,9 @@ impl Node {
 
     /// The next effect to carry out, if any.
     pub fn poll_output(&mut self) -> Option<NodeOutput> {
+        if !self.coalesced.is_empty() {
+            self.serve_coalesced();
+        }
         if self.outputs.is_empty() {
             self.absorb_store();
         }

@@ -341,4 +341,8 @@ pub struct NodeStats {
     pub relay_leases: u64,
     /// Transfers that pulled from a relay.
     pub relayed_transfers: u64,
+    /// Fetch requests answered in the same pass as an earlier request for the same object,
+    /// sharing its lookup (see `coalesce`).
+    #[serde(default)]
+    pub coalesced_requests: u64,
 }

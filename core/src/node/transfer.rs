@@ -52,7 +52,7 @@ use crate::time::Instant;
 use crate::wire::{self, EagerHeader, InputBytes, ObjectSizes, PeerMessage};
 
 /// Most chunks a holder sends for one eager object, whatever the requester allows.
-const MAX_EAGER_CHUNKS_SENT: u64 = 64;
+pub(super) const MAX_EAGER_CHUNKS_SENT: u64 = 64;
 
 #[derive(Debug)]
 enum IncomingState {
@@ -847,44 +847,14 @@ impl Node {
             self.refuse(peer, PeerMessage::NotFound { req });
             return;
         };
-        let total = info.region.len;
         let sizes = ObjectSizes {
             data_size: info.data_size,
             metadata_size: info.metadata_size,
         };
-        let own_chunk =
-            (wire::MAX_MESSAGE_BYTES - wire::HEADER_BYTES - wire::EAGER_FIXED_BYTES) as u64;
-        let chunk = (max_chunk_bytes as u64).min(own_chunk);
-        let eager = total == 0
-            || (total <= eager_limit
-                && chunk > 0
-                && total.div_ceil(chunk) <= MAX_EAGER_CHUNKS_SENT);
-        if eager {
-            self.stats.served_eager += 1;
-            self.stats.bytes_served += total;
-            let counters = self.peer_counters(peer);
-            counters.bytes_served += total;
-            counters.objects_served += 1;
-            let mut offset = 0;
-            loop {
-                let len = chunk.min(total - offset);
-                let header = EagerHeader {
-                    req,
-                    sizes,
-                    digest,
-                    offset,
-                };
-                self.push(NodeOutput::SendEager {
-                    peer,
-                    header,
-                    source: info.region.slice(offset, len),
-                    object: id,
-                });
-                offset += len;
-                if offset >= total {
-                    break;
-                }
-            }
+        if let Some(chunk) =
+            super::coalesce::eager_chunk(info.region.len, eager_limit, max_chunk_bytes)
+        {
+            self.send_eager_chunks(peer, req, id, (info, sizes, digest), chunk);
             return;
         }
         if self.redirect_to_relay(peer, req, id, (sizes, digest)) {
@@ -928,6 +898,44 @@ impl Node {
             object: id,
             region: info.region,
         });
+    }
+
+    /// Sends sealed object `id` (`info`, of `sizes` and `digest`) to `peer` for its transfer
+    /// `req` as `EagerData` chunks of `chunk` bytes.
+    pub(super) fn send_eager_chunks(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        id: ObjectId,
+        (info, sizes, digest): (ObjectInfo, ObjectSizes, ContentDigest),
+        chunk: u64,
+    ) {
+        let total = info.region.len;
+        self.stats.served_eager += 1;
+        self.stats.bytes_served += total;
+        let counters = self.peer_counters(peer);
+        counters.bytes_served += total;
+        counters.objects_served += 1;
+        let mut offset = 0;
+        loop {
+            let len = chunk.min(total - offset);
+            let header = EagerHeader {
+                req,
+                sizes,
+                digest,
+                offset,
+            };
+            self.push(NodeOutput::SendEager {
+                peer,
+                header,
+                source: info.region.slice(offset, len),
+                object: id,
+            });
+            offset += len;
+            if offset >= total {
+                break;
+            }
+        }
     }
 
     /// The fabric's answer to a `GrantRead`.

@@ -37,6 +37,12 @@ pub struct Flaws {
     pub copies_overcounted: bool,
     /// Nodes ignore the registry's placements: no copy is ever made or repaired.
     pub replica_placement_ignored: bool,
+    /// A holder's coalesced pass sends an object once to its first requester and skips the
+    /// others (see `crowd`).
+    pub coalesced_pass_skips_requester: bool,
+    /// A holder's coalesced pass sends every requester the first object sent in the pass,
+    /// whatever it asked for (see `crowd`).
+    pub coalesced_pass_mixes_payloads: bool,
 }
 
 impl Cluster {

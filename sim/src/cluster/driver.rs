@@ -43,6 +43,12 @@ impl DriveHost<'static> for SimDriver<'_> {
 
 impl NodeDriver for SimDriver<'_> {
     fn send(&mut self, peer: NodeId, message: PeerMessage) {
+        if let PeerMessage::NotFound { req }
+        | PeerMessage::Busy { req }
+        | PeerMessage::Error { req, .. } = &message
+        {
+            self.cluster.note_answer(self.n, peer, *req, None);
+        }
         let bytes = wire::to_bytes(&message);
         self.cluster.transmit(self.n, peer, bytes);
     }
@@ -55,6 +61,10 @@ impl NodeDriver for SimDriver<'_> {
         object: ObjectId,
     ) {
         let (c, n) = (&mut *self.cluster, self.n);
+        let Some(source) = c.eager_source(object, source) else {
+            return;
+        };
+        c.note_answer(n, peer, header.req, Some(source));
         let now = c.now;
         let sim_node = &c.nodes[n.0 as usize];
         let store = sim_node.node.as_ref().expect("alive").store();
@@ -169,6 +179,7 @@ impl NodeDriver for SimDriver<'_> {
 
     fn grant_read(&mut self, peer: NodeId, req: TransferId, object: ObjectId, region: LocalRegion) {
         let (c, n) = (&mut *self.cluster, self.n);
+        c.note_answer(n, peer, req, None);
         let sim_node = &mut c.nodes[n.0 as usize];
         let store = sim_node.node.as_ref().expect("alive").store();
         match store.summary(&object) {

@@ -7,6 +7,42 @@ use skyriver_core::node::ClusterMember;
 use super::*;
 
 impl Cluster {
+    /// Gives `to` one message from `from` (if the connection and the node still stand), without
+    /// driving it; the bytes back when it was given.
+    fn deliver(
+        &mut self,
+        from: NodeId,
+        to: NodeId,
+        to_inc: u32,
+        epoch: u64,
+        bytes: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        let connection = self.network.connection(from, to);
+        if !self.alive(to, to_inc) || !connection.up || connection.epoch != epoch {
+            return None;
+        }
+        let now = self.now;
+        let text = match wire::decode(&bytes) {
+            Ok(message) => format!("{to} <- {from} {message}"),
+            Err(error) => format!("{to} <- {from} undecodable: {error}"),
+        };
+        self.record(|| text);
+        let bytes = self.relay_progress_flaw(bytes);
+        self.note_delivery(to, from, &bytes);
+        let node = self.nodes[to.0 as usize].node.as_mut().expect("alive");
+        let input = NodeInput::PeerBytes {
+            peer: from,
+            bytes: &bytes,
+        };
+        if let Handled::Malformed(error) = node.handle(now, input) {
+            self.checker.violation(
+                now,
+                format!("{to}: message from {from} does not decode: {error}"),
+            );
+        }
+        Some(bytes)
+    }
+
     pub(super) fn handle(&mut self, event: Event) {
         match event {
             Event::Deliver {
@@ -16,32 +52,36 @@ impl Cluster {
                 epoch,
                 bytes,
             } => {
-                let connection = self.network.connection(from, to);
-                if !self.alive(to, to_inc) || !connection.up || connection.epoch != epoch {
-                    return;
+                let mut next = Some((from, epoch, bytes));
+                let mut fed = None;
+                while let Some((from, epoch, bytes)) = next.take() {
+                    if let Some(bytes) = self.deliver(from, to, to_inc, epoch, bytes) {
+                        fed = Some(bytes);
+                    }
+                    // In a crowd run, the next message of this instant joins the pass while
+                    // the node has nothing queued (its fetch requests are answered together).
+                    let queued = self.nodes[to.0 as usize]
+                        .node
+                        .as_ref()
+                        .is_none_or(|node| node.outputs_queued());
+                    if !queued {
+                        next = match self.next_delivery_now(to, to_inc) {
+                            Some(Event::Deliver {
+                                from, epoch, bytes, ..
+                            }) => Some((from, epoch, bytes)),
+                            _ => None,
+                        };
+                    }
+                    if next.is_none() {
+                        break;
+                    }
                 }
-                let now = self.now;
-                let text = match wire::decode(&bytes) {
-                    Ok(message) => format!("{to} <- {from} {message}"),
-                    Err(error) => format!("{to} <- {from} undecodable: {error}"),
-                };
-                self.record(|| text);
-                let bytes = self.relay_progress_flaw(bytes);
-                let node = self.nodes[to.0 as usize].node.as_mut().expect("alive");
-                let input = NodeInput::PeerBytes {
-                    peer: from,
-                    bytes: &bytes,
-                };
-                if let Handled::Malformed(error) = node.handle(now, input) {
-                    self.checker.violation(
-                        now,
-                        format!("{to}: message from {from} does not decode: {error}"),
-                    );
-                }
+                let Some(bytes) = fed else { return };
                 // The outputs copy an eager payload straight from the delivered bytes.
                 self.input = bytes;
                 self.after_input(to);
                 self.input = Vec::new();
+                self.end_pass(to);
             }
             Event::ReadServe { read, remote } => self.serve_read(read, remote),
             Event::ReadComplete { read, result } => {

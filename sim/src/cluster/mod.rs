@@ -5,6 +5,7 @@
 
 mod clients;
 mod content;
+mod crowd;
 mod driver;
 mod durability;
 mod events;
@@ -35,6 +36,7 @@ use skyriver_core::{
 
 pub use self::content::Flaws;
 pub use self::replication::{replication_limits, ReplicationRunStats};
+pub use self::crowd::run_crowd_seed;
 
 use self::clients::{Call, SessionKey};
 use self::driver::SimDriver;
@@ -368,6 +370,8 @@ pub struct Cluster {
     spill: spill::SpillSide,
     /// Puts with replicas and their checks (`replication`).
     replication: replication::ReplicationSide,
+    /// The requests of the current drive pass of a holder (see `crowd`).
+    pass: crowd::PassChecks,
 }
 
 const WORKLOAD_CLIENT_BASE: u64 = 1;
@@ -490,6 +494,7 @@ impl Cluster {
                 ..Default::default()
             },
             replication: replication::ReplicationSide::new(params.replicas),
+            pass: crowd::PassChecks::default(),
             params,
             rng,
         };

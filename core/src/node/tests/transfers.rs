@@ -614,3 +614,87 @@ fn a_fetch_waiting_for_a_connection_goes_on_when_it_comes_up() {
     w.release(1, 1);
     w.assert_settled();
 }
+
+#[test]
+fn fetch_requests_of_one_pass_are_answered_together_object_by_object() {
+    let mut w = World::new(5, |_| {});
+    w.put(0, 1, 800);
+    w.put(0, 2, 600);
+    let request = |n, req| PeerMessage::FetchRequest {
+        req: TransferId(req),
+        id: id(n),
+        eager_limit: 4096,
+        max_chunk_bytes: 1024,
+    };
+    // Four requests in one pass (no output polled in between), two objects interleaved.
+    for (peer, n, req) in [(1, 1, 11), (2, 2, 12), (3, 1, 13), (4, 1, 14)] {
+        w.feed(
+            0,
+            NodeInput::PeerMessage {
+                peer: NodeId(peer),
+                message: request(n, req),
+            },
+        );
+        assert!(!w.nodes[0].outputs_queued(), "held for the pass");
+    }
+    let holder_1 = w.nodes[0].store().sealed_info(&id(1)).unwrap().region;
+    let holder_2 = w.nodes[0].store().sealed_info(&id(2)).unwrap().region;
+    let sent: Vec<(u32, u64, ObjectId, LocalRegion)> =
+        std::iter::from_fn(|| w.nodes[0].poll_output())
+            .filter_map(|o| match o {
+                NodeOutput::SendEager {
+                    peer,
+                    header,
+                    source,
+                    object,
+                } => Some((peer.0, header.req.0, object, source)),
+                _ => None,
+            })
+            .collect();
+    // Object 1's requesters in arrival order, then object 2's; each its own request and the
+    // right object's bytes.
+    assert_eq!(
+        sent,
+        vec![
+            (1, 11, id(1), holder_1),
+            (3, 13, id(1), holder_1),
+            (4, 14, id(1), holder_1),
+            (2, 12, id(2), holder_2),
+        ]
+    );
+    assert_eq!(w.nodes[0].stats().coalesced_requests, 2);
+    assert_eq!(w.nodes[0].stats().served_eager, 4);
+}
+
+#[test]
+fn a_held_request_is_answered_against_the_store_at_the_end_of_its_pass() {
+    let mut w = World::new(3, |_| {});
+    w.put(0, 1, 800);
+    w.feed(
+        0,
+        NodeInput::PeerMessage {
+            peer: NodeId(1),
+            message: PeerMessage::FetchRequest {
+                req: TransferId(7),
+                id: id(1),
+                eager_limit: 4096,
+                max_chunk_bytes: 1024,
+            },
+        },
+    );
+    // Deleted in the same pass, before the request is answered: refused, not served from
+    // freed memory.
+    w.hand_request(0, CLIENT, Request::Release { id: id(1) });
+    w.hand_request(0, CLIENT, Request::Delete { ids: vec![id(1)] });
+    assert!(w.nodes[0].store().sealed_info(&id(1)).is_none());
+    w.pump();
+    assert_eq!(w.count(0, |o| matches!(o, NodeOutput::SendEager { .. })), 0);
+    assert!(w.log.iter().any(|(n, o)| n.0 == 0
+        && matches!(
+            o,
+            NodeOutput::Send {
+                peer: NodeId(1),
+                message: PeerMessage::NotFound { req: TransferId(7) }
+            }
+        )));
+}
