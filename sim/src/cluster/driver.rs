@@ -45,7 +45,8 @@ impl NodeDriver for SimDriver<'_> {
     fn send(&mut self, peer: NodeId, message: PeerMessage) {
         if let PeerMessage::NotFound { req }
         | PeerMessage::Busy { req }
-        | PeerMessage::Error { req, .. } = &message
+        | PeerMessage::Error { req, .. }
+        | PeerMessage::Redirect { req, .. } = &message
         {
             self.cluster.note_answer(self.n, peer, *req, None);
         }
