@@ -108,13 +108,10 @@ impl Node {
             .copied()
             .collect();
         for id in unvouched {
-            match self.store.sealed_sizes_and_digest(&id) {
-                Some((sizes, Some(digest))) => {
-                    self.want_publication(id, Want::Publish(sizes, digest));
-                }
-                // Gone from the store (its withdrawal clears it), or no digest to publish:
-                // it stays unserved to peers, the safe side.
-                _ => {}
+            // Gone from the store (its withdrawal clears it), or no digest to publish: it
+            // stays unserved to peers, the safe side.
+            if let Some((sizes, Some(digest))) = self.store.sealed_sizes_and_digest(&id) {
+                self.want_publication(id, Want::Publish(sizes, digest));
             }
         }
     }
