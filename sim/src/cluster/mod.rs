@@ -35,8 +35,8 @@ use skyriver_core::{
 };
 
 pub use self::content::Flaws;
-pub use self::replication::{replication_limits, ReplicationRunStats};
 pub use self::crowd::run_crowd_seed;
+pub use self::replication::{replication_limits, ReplicationRunStats};
 
 use self::clients::{Call, SessionKey};
 use self::driver::SimDriver;
