@@ -41,6 +41,35 @@ impl DriveHost<'static> for SimDriver<'_> {
     }
 }
 
+impl SimDriver<'_> {
+    /// Grants `peer` READs of `region` of `object` in the simulated memory and answers the
+    /// grant after the fabric's access time; `what` names it in the trace.
+    fn grant_memory(
+        &mut self,
+        peer: NodeId,
+        req: TransferId,
+        object: ObjectId,
+        region: LocalRegion,
+        what: &str,
+    ) {
+        let (c, n) = (&mut *self.cluster, self.n);
+        let sim_node = &mut c.nodes[n.0 as usize];
+        let key = sim_node.memory.grant(peer, req, object, region);
+        let inc = sim_node.inc;
+        c.record(|| format!("{n} {what} {peer} {req} {object} {region} key {key:#x}"));
+        c.schedule(
+            c.after(FABRIC_ACCESS_NS),
+            Event::ReadGranted {
+                node: n,
+                inc,
+                reader: peer,
+                req,
+                result: Ok(ReadGrant { keys: vec![key] }),
+            },
+        );
+    }
+}
+
 impl NodeDriver for SimDriver<'_> {
     fn send(&mut self, peer: NodeId, message: PeerMessage) {
         if let PeerMessage::NotFound { req }
@@ -190,19 +219,7 @@ impl NodeDriver for SimDriver<'_> {
                 format!("{n}: grants READs of {region} of {object}, not a pinned sealed object"),
             ),
         }
-        let key = sim_node.memory.grant(peer, req, object, region);
-        let inc = sim_node.inc;
-        c.record(|| format!("{n} grant {peer} {req} {object} {region} key {key:#x}"));
-        c.schedule(
-            c.after(FABRIC_ACCESS_NS),
-            Event::ReadGranted {
-                node: n,
-                inc,
-                reader: peer,
-                req,
-                result: Ok(ReadGrant { keys: vec![key] }),
-            },
-        );
+        self.grant_memory(peer, req, object, region, "grant");
     }
 
     fn grant_partial_read(
@@ -222,19 +239,7 @@ impl NodeDriver for SimDriver<'_> {
                 format!("{n}: relays READs of {region} of {object}, not a copy it is receiving"),
             ),
         }
-        let key = sim_node.memory.grant(peer, req, object, region);
-        let inc = sim_node.inc;
-        c.record(|| format!("{n} grant partial {peer} {req} {object} {region} key {key:#x}"));
-        c.schedule(
-            c.after(FABRIC_ACCESS_NS),
-            Event::ReadGranted {
-                node: n,
-                inc,
-                reader: peer,
-                req,
-                result: Ok(ReadGrant { keys: vec![key] }),
-            },
-        );
+        self.grant_memory(peer, req, object, region, "grant partial");
     }
 
     fn revoke_read(&mut self, peer: NodeId, req: TransferId, object: ObjectId, _: LocalRegion) {
