@@ -14,6 +14,16 @@
 //!   in the table, unsealed and pinned, until [`Store::handle_restore_done`] seals it again.
 //!   Concurrent gets share the one restore.
 //!
+//! A restored object keeps its record (objects never change): it is **in memory with a clean
+//! record**, and when memory is needed again it goes back to spilled without a second write,
+//! its memory freed at once. The record is discarded when the object is deleted or evicted, or
+//! when the tier needs its space for a write.
+//!
+//! Spilling runs ahead of demand: while free memory (with what spill writes in flight will
+//! free) is below [`SPILL_AHEAD_FRACTION`] of the capacity, the least recently used unheld
+//! objects are spilled (or dropped to their clean records) before anyone asks, so a `create` or
+//! a restore finds memory free instead of waiting for a write. Spilling ahead never evicts.
+//!
 //! Rules: the least recently used unheld sealed object is spilled first; an object is evicted
 //! (forgotten) only when the spill tier cannot take it (its limit reached, or the last write
 //! failed for lack of space or an IO error, until space is given back). A restore whose record
@@ -30,6 +40,10 @@ use crate::digest::ContentDigest;
 use crate::error::StoreError;
 use crate::ids::ObjectId;
 use crate::time::Instant;
+
+/// Spill writes run ahead of demand while free memory is below capacity ÷ this (see the
+/// module doc).
+pub const SPILL_AHEAD_FRACTION: u64 = 8;
 
 /// One spill write, named in its completion and, while the record lives, in the restores and
 /// the discard of that record.
@@ -160,6 +174,12 @@ pub struct SpillStats {
     pub evicted_spill_full_total: u64,
     /// Whether the tier takes no writes now (after a failure, until space is given back).
     pub full: bool,
+    /// Objects in memory whose record is still on disk (restored, unchanged).
+    pub clean_records: u64,
+    /// Their bytes on disk.
+    pub clean_record_bytes: u64,
+    /// Objects moved back to disk without a write (their record was clean) since start.
+    pub reclaimed_clean_total: u64,
 }
 
 /// The spill tier's bookkeeping.
@@ -169,6 +189,9 @@ pub(super) struct SpillTier {
     spilled: BTreeMap<ObjectId, SpilledObject>,
     spilled_bytes: u64,
     spilling_bytes: u64,
+    /// Records of objects back in memory (restored, or taken while their write was out).
+    clean: BTreeMap<ObjectId, SpilledObject>,
+    clean_bytes: u64,
     in_flight: BTreeMap<SpillOpId, InFlight>,
     /// The operation in flight for each object.
     by_object: BTreeMap<ObjectId, SpillOpId>,
@@ -190,12 +213,21 @@ impl SpillTier {
     }
 
     fn can_take(&self, len: u64) -> bool {
-        !self.full && self.spilled_bytes + self.spilling_bytes + len <= self.limit_bytes
+        !self.full
+            && self.spilled_bytes + self.clean_bytes + self.spilling_bytes + len <= self.limit_bytes
     }
 
     fn give_back(&mut self, object: &SpilledObject) {
         self.spilled_bytes -= object.len();
         self.full = false;
+    }
+
+    /// Takes the clean record of `id` (in memory), giving its space back.
+    fn take_clean(&mut self, id: &ObjectId) -> Option<SpilledObject> {
+        let record = self.clean.remove(id)?;
+        self.clean_bytes -= record.len();
+        self.full = false;
+        Some(record)
     }
 }
 
@@ -263,6 +295,8 @@ impl Store {
                 .count() as u64,
             restores_queued: tier.queued.len() as u64,
             full: tier.full,
+            clean_records: tier.clean.len() as u64,
+            clean_record_bytes: tier.clean_bytes,
             ..tier.stats.clone()
         }
     }
@@ -275,6 +309,10 @@ impl Store {
         let entry = self.objects.get(&id).expect("LRU entries are in the table");
         let len = entry.data_size + entry.metadata_size;
         let block_len = entry.block().len;
+        if self.back_to_clean_record(id) {
+            return Some(block_len);
+        }
+        self.make_room_for_write(len);
         let takes = self.spill.as_ref().is_some_and(|tier| tier.can_take(len));
         if !takes {
             if let Some(tier) = self.spill.as_mut() {
@@ -284,6 +322,80 @@ impl Store {
         }
         self.start_spill(id);
         Some(block_len)
+    }
+
+    /// Moves `id` (unheld, in memory) back to spilled when its record is clean: its memory is
+    /// freed now, without a write. False when it has no clean record.
+    fn back_to_clean_record(&mut self, id: ObjectId) -> bool {
+        let Some(record) = self.spill.as_mut().and_then(|tier| tier.take_clean(&id)) else {
+            return false;
+        };
+        // Out of memory, still present: no notification, it stays published.
+        self.remove_object(id, false);
+        let tier = self.spill.as_mut().expect("the record came from the tier");
+        tier.stats.reclaimed_clean_total += 1;
+        tier.spilled_bytes += record.len();
+        tier.spilled.insert(id, record);
+        true
+    }
+
+    /// Discards clean records (their objects stay in memory) until a write of `len` bytes fits
+    /// the limit, or none is left.
+    fn make_room_for_write(&mut self, len: u64) {
+        loop {
+            let Some(tier) = self.spill.as_mut() else {
+                return;
+            };
+            if tier.full
+                || tier.spilled_bytes + tier.clean_bytes + tier.spilling_bytes + len
+                    <= tier.limit_bytes
+            {
+                return;
+            }
+            let Some(&id) = tier.clean.keys().next() else {
+                return;
+            };
+            let record = tier.take_clean(&id).expect("just found");
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op: record.op, id });
+        }
+    }
+
+    /// An object leaves memory for good (deleted or evicted): its clean record, if any, goes.
+    pub(super) fn forget_clean_record(&mut self, id: ObjectId) {
+        if let Some(record) = self.spill.as_mut().and_then(|tier| tier.take_clean(&id)) {
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op: record.op, id });
+        }
+    }
+
+    /// Spills (or drops to clean records) the least recently used unheld objects while free
+    /// memory, with what spill writes in flight will free, is below the spill-ahead mark; never
+    /// evicts.
+    fn spill_ahead(&mut self) {
+        let Some(tier) = self.spill.as_ref() else {
+            return;
+        };
+        if tier.limit_bytes == 0 {
+            return;
+        }
+        let mark = self.allocator.capacity_bytes() / SPILL_AHEAD_FRACTION;
+        while self.allocator.free_bytes() + self.pending_free_bytes() < mark {
+            let Some(id) = self.objects.lru_front() else {
+                return;
+            };
+            if self.back_to_clean_record(id) {
+                continue;
+            }
+            let entry = self.objects.get(&id).expect("LRU entries are in the table");
+            let len = entry.data_size + entry.metadata_size;
+            self.make_room_for_write(len);
+            let takes = self.spill.as_ref().is_some_and(|tier| tier.can_take(len));
+            if !takes {
+                return;
+            }
+            self.start_spill(id);
+        }
     }
 
     fn start_spill(&mut self, id: ObjectId) {
@@ -352,13 +464,6 @@ impl Store {
             self.settle(id);
             return;
         }
-        if !unheld {
-            // Taken (or deleted) meanwhile: it stays in memory; the record is not needed.
-            self.outputs
-                .push_back(StoreOutput::DiscardSpilled { op, id });
-            self.settle(id);
-            return;
-        }
         let spilled = SpilledObject {
             op,
             data_size: entry.data_size,
@@ -366,6 +471,20 @@ impl Store {
             digest: entry.digest(),
             created_at: entry.created_at,
         };
+        if !unheld {
+            // Taken (or deleted) meanwhile: it stays in memory, its record kept clean for the
+            // next time memory is needed (discarded when it is being deleted).
+            if entry.delete_pending {
+                self.outputs
+                    .push_back(StoreOutput::DiscardSpilled { op, id });
+            } else {
+                let tier = self.spill.as_mut().expect("checked above");
+                tier.clean_bytes += spilled.len();
+                tier.clean.insert(id, spilled);
+            }
+            self.settle(id);
+            return;
+        }
         // Out of memory, still present: no notification, it stays published.
         self.remove_object(id, false);
         let tier = self.spill.as_mut().expect("checked above");
@@ -392,20 +511,22 @@ impl Store {
         }
     }
 
-    /// Starts restores waiting for memory, oldest first, while memory can be found. Call after
-    /// anything that may free memory (the node does after every input).
+    /// Starts restores waiting for memory, oldest first, while memory can be found, then spills
+    /// ahead of demand (see the module doc). Call after anything that may free or take memory
+    /// (the node does after every input).
     pub fn retry_restores(&mut self) {
         loop {
             let Some(&id) = self.spill.as_ref().and_then(|tier| tier.queued.front()) else {
-                return;
+                break;
             };
             if !self.start_restore(id) {
-                return;
+                break;
             }
             let tier = self.spill.as_mut().expect("a queue needs a tier");
             tier.queued.pop_front();
             tier.queued_set.remove(&id);
         }
+        self.spill_ahead();
     }
 
     /// Allocates the object's block and sends the read; false when it must wait for memory.
@@ -469,8 +590,14 @@ impl Store {
             .remove(&id)
             .expect("a restoring object is spilled");
         tier.give_back(&object);
-        self.outputs
-            .push_back(StoreOutput::DiscardSpilled { op, id });
+        if result.is_ok() {
+            // Back in memory, and still on disk: clean until the object goes.
+            tier.clean_bytes += object.len();
+            tier.clean.insert(id, object);
+        } else {
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op, id });
+        }
         let entry = self
             .objects
             .get_mut(&id)
@@ -613,6 +740,17 @@ impl Store {
         assert_eq!(spilling, tier.spilling_bytes, "spilling bytes");
         let spilled: u64 = tier.spilled.values().map(SpilledObject::len).sum();
         assert_eq!(spilled, tier.spilled_bytes, "spilled bytes");
+        let clean: u64 = tier.clean.values().map(SpilledObject::len).sum();
+        assert_eq!(clean, tier.clean_bytes, "clean record bytes");
+        for id in tier.clean.keys() {
+            let entry = self
+                .objects
+                .get(id)
+                .expect("a clean record's object is in memory");
+            assert!(entry.sealed, "{id} with a clean record is sealed");
+            assert!(!tier.spilled.contains_key(id), "{id} clean and spilled");
+            assert!(!tier.by_object.contains_key(id), "{id} clean and in flight");
+        }
         for (id, object) in &tier.spilled {
             let restoring = tier.by_object.get(id) == Some(&object.op);
             assert!(
@@ -621,7 +759,7 @@ impl Store {
             );
         }
         assert!(
-            tier.spilled_bytes + tier.spilling_bytes <= tier.limit_bytes,
+            tier.spilled_bytes + tier.clean_bytes + tier.spilling_bytes <= tier.limit_bytes,
             "spill tier over its limit"
         );
         assert_eq!(tier.queued.len(), tier.queued_set.len(), "restore queue");
