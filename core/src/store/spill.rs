@@ -198,6 +198,9 @@ pub(super) struct SpillTier {
     /// Restores waiting for memory, oldest first.
     queued: VecDeque<ObjectId>,
     queued_set: BTreeSet<ObjectId>,
+    /// Restored objects pinned for the gets that waited for them (a batch completes only once
+    /// all its objects are back; until then a restored object must not go back to disk).
+    held_for_gets: BTreeMap<ObjectId, Vec<super::waiters::WaiterId>>,
     /// A write failed: take none until a record is given back.
     full: bool,
     next_op: u64,
@@ -515,6 +518,7 @@ impl Store {
     /// ahead of demand (see the module doc). Call after anything that may free or take memory
     /// (the node does after every input).
     pub fn retry_restores(&mut self) {
+        self.release_held_for_gets();
         loop {
             let Some(&id) = self.spill.as_ref().and_then(|tier| tier.queued.front()) else {
                 break;
@@ -527,6 +531,28 @@ impl Store {
             tier.queued_set.remove(&id);
         }
         self.spill_ahead();
+    }
+
+    /// Unpins restored objects whose waiting gets have all completed (or gone).
+    fn release_held_for_gets(&mut self) {
+        let Some(tier) = self.spill.as_ref() else {
+            return;
+        };
+        let done: Vec<ObjectId> = tier
+            .held_for_gets
+            .iter()
+            .filter(|(_, waiters)| waiters.iter().all(|w| !self.waiters.contains_key(w)))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in done {
+            let tier = self.spill.as_mut().expect("checked above");
+            tier.held_for_gets.remove(&id);
+            if let Some(entry) = self.objects.get_mut(&id) {
+                assert!(entry.pin_count > 0, "{id} held for gets is pinned");
+                entry.pin_count -= 1;
+                self.settle(id);
+            }
+        }
     }
 
     /// Allocates the object's block and sends the read; false when it must wait for memory.
@@ -609,6 +635,13 @@ impl Store {
                 tier.stats.restores_total += 1;
                 tier.stats.restored_bytes_total += object.len();
                 entry.sealed = true;
+                let waiting = self.waiters_by_object.get(&id).cloned().unwrap_or_default();
+                if !waiting.is_empty() {
+                    // Held until those gets have taken it: a get of several objects answers
+                    // only once all are back, and this one must not go back to disk meanwhile.
+                    entry.pin_count += 1;
+                    tier.held_for_gets.insert(id, waiting);
+                }
                 let block = entry.block();
                 if self.config.record_durable_changes {
                     self.queue_durable(DurableChange::Sealed {
