@@ -671,10 +671,16 @@ impl Store {
     /// when `id` is not such an object.
     pub(super) fn delete_spilled(&mut self, id: ObjectId) -> Option<Result<(), StoreError>> {
         let tier = self.spill.as_mut()?;
-        if tier.by_object.contains_key(&id) {
-            // Restoring: deleted once it is back (and released).
+        if let Some(op) = tier.by_object.get(&id) {
+            let spilling = matches!(tier.in_flight.get(op), Some(InFlight::Spill { .. }));
             let entry = self.objects.get_mut(&id)?;
             entry.delete_pending = true;
+            // Being spilled (written ahead of need) and held by nobody: deleted once the write
+            // completes, which nobody waits for, so the delete succeeds now.
+            if spilling && entry.ref_count == 0 && entry.pin_count == 1 {
+                return Some(Ok(()));
+            }
+            // Restoring (or held): deleted once it is back and released.
             return Some(Err(StoreError::ObjectInUse(id)));
         }
         let object = tier.spilled.remove(&id)?;
