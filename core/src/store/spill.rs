@@ -533,6 +533,50 @@ impl Store {
         self.spill_ahead();
     }
 
+    /// The objects of a get that are in memory now, to hold while it waits for the others
+    /// (none without a spill tier: nothing then takes them away but an eviction, as before).
+    pub(super) fn objects_to_hold_for_get(
+        &self,
+        ids: &[ObjectId],
+        unsealed: &BTreeSet<ObjectId>,
+    ) -> Vec<ObjectId> {
+        if self.spill.is_none() {
+            return Vec::new();
+        }
+        ids.iter()
+            .copied()
+            .filter(|id| !unsealed.contains(id))
+            .collect()
+    }
+
+    /// A get waits for some of its objects: those it found in memory are pinned until it
+    /// completes, so the restores it waits for do not push them back to disk (it answers only
+    /// once all are here, and would find them gone).
+    pub(super) fn hold_for_get(&mut self, waiter: super::waiters::WaiterId, ids: Vec<ObjectId>) {
+        for id in ids {
+            self.hold_for(id, waiter);
+        }
+    }
+
+    /// Pins `id` (once, however many gets hold it) for `waiter`.
+    fn hold_for(&mut self, id: ObjectId, waiter: super::waiters::WaiterId) {
+        let Some(tier) = self.spill.as_mut() else {
+            return;
+        };
+        let Some(entry) = self.objects.get_mut(&id) else {
+            return;
+        };
+        if !entry.sealed {
+            return;
+        }
+        let waiters = tier.held_for_gets.entry(id).or_default();
+        if waiters.is_empty() {
+            entry.pin_count += 1;
+        }
+        waiters.push(waiter);
+        self.settle(id);
+    }
+
     /// Unpins restored objects whose waiting gets have all completed (or gone).
     fn release_held_for_gets(&mut self) {
         let Some(tier) = self.spill.as_ref() else {
@@ -635,14 +679,14 @@ impl Store {
                 tier.stats.restores_total += 1;
                 tier.stats.restored_bytes_total += object.len();
                 entry.sealed = true;
-                let waiting = self.waiters_by_object.get(&id).cloned().unwrap_or_default();
-                if !waiting.is_empty() {
-                    // Held until those gets have taken it: a get of several objects answers
-                    // only once all are back, and this one must not go back to disk meanwhile.
-                    entry.pin_count += 1;
-                    tier.held_for_gets.insert(id, waiting);
-                }
                 let block = entry.block();
+                // Held until the gets that wait for it have taken it: a get of several objects
+                // answers only once all are back, and this one must not go back to disk
+                // meanwhile.
+                let waiting = self.waiters_by_object.get(&id).cloned().unwrap_or_default();
+                for waiter in waiting {
+                    self.hold_for(id, waiter);
+                }
                 if self.config.record_durable_changes {
                     self.queue_durable(DurableChange::Sealed {
                         id,

@@ -396,3 +396,36 @@ fn spill_writes_start_ahead_of_demand_and_never_evict() {
         w.nodes[0].check_invariants();
     }
 }
+
+#[test]
+fn a_batch_get_keeps_its_objects_in_memory_while_it_waits_for_restores() {
+    let mut w = World::new(1, spilling(64 << 20));
+    for n in 1..=4 {
+        w.put(0, n, LEN);
+    }
+    assert_eq!(tier(&w, 0, 3), Some(StorageTier::Memory));
+    assert_eq!(tier(&w, 0, 1), Some(StorageTier::Spilled));
+    // 3 is here, 1 must be restored, which needs the memory of 3 or 4: the get holds 3, so 4
+    // goes, and the get answers both (not Timeout for a 3 pushed back to disk meanwhile).
+    w.manual_spill = true;
+    let reply = get(&mut w, 0, &[3, 1], None);
+    assert_eq!(reply, None, "waits for the restore");
+    while !w.held_spill_io.is_empty() {
+        complete_spill_io(&mut w, None);
+    }
+    let reply = w.log.iter().rev().find_map(|(_, o)| match o {
+        NodeOutput::Reply {
+            response: response @ Response::Got(_),
+            ..
+        } => Some(response.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        got(&w, 0, reply),
+        [Ok(World::bytes_of(3, LEN)), Ok(World::bytes_of(1, LEN))]
+    );
+    assert_eq!(tier(&w, 0, 4), Some(StorageTier::Spilled));
+    w.release(0, 3);
+    w.release(0, 1);
+    w.nodes[0].check_invariants();
+}
