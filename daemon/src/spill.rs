@@ -523,6 +523,17 @@ impl Disk {
         digest: Option<ContentDigest>,
         bounce: &mut Bounce,
     ) -> Result<(), SpillError> {
+        // A spill of a record already written (the object was restored and kept it clean):
+        // nothing to write, the store frees the memory at this completion.
+        if self
+            .index
+            .lock()
+            .expect("spill index lock")
+            .records
+            .contains_key(&op)
+        {
+            return Ok(());
+        }
         let digest = digest.unwrap_or_else(|| ContentDigest::of_contiguous(bytes));
         let header = header(op, object, bytes.len() as u64, digest);
         if bytes.len() as u64 >= LARGE_OBJECT_BYTES {

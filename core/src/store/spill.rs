@@ -15,8 +15,10 @@
 //!   Concurrent gets share the one restore.
 //!
 //! A restored object keeps its record (objects never change): it is **in memory with a clean
-//! record**, and when memory is needed again it goes back to spilled without a second write,
-//! its memory freed at once. The record is discarded when the object is deleted or evicted, or
+//! record**, and when memory is needed again it goes back to spilled without a second write:
+//! the store sends a `Spill` of the same record (same [`SpillOpId`]), which the driver
+//! completes without writing, and frees the memory at that completion like any other (so an
+//! output of the same pass that still reads the object, an eager send, is carried out first). The record is discarded when the object is deleted or evicted, or
 //! when the tier needs its space for a write.
 //!
 //! Spilling runs ahead of demand: while free memory (with what spill writes in flight will
@@ -137,8 +139,17 @@ impl SpilledObject {
 /// A spill write or a restore read the driver has not reported yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum InFlight {
-    Spill { id: ObjectId, len: u64 },
-    Restore { id: ObjectId },
+    /// A write; `clean` holds the record the object already has (a write of the same record
+    /// the driver needs not repeat, sent only so the memory is freed at its completion, after
+    /// whatever output still reads it has been carried out).
+    Spill {
+        id: ObjectId,
+        len: u64,
+        clean: Option<SpilledObject>,
+    },
+    Restore {
+        id: ObjectId,
+    },
 }
 
 /// Counters of the spill tier.
@@ -327,18 +338,30 @@ impl Store {
         Some(block_len)
     }
 
-    /// Moves `id` (unheld, in memory) back to spilled when its record is clean: its memory is
-    /// freed now, without a write. False when it has no clean record.
+    /// Sends `id` (unheld, in memory) back to its clean record: a `Spill` of that record, which
+    /// the driver completes without a write. False when it has no clean record.
     fn back_to_clean_record(&mut self, id: ObjectId) -> bool {
         let Some(record) = self.spill.as_mut().and_then(|tier| tier.take_clean(&id)) else {
             return false;
         };
-        // Out of memory, still present: no notification, it stays published.
-        self.remove_object(id, false);
+        let block_len = self
+            .objects
+            .get(&id)
+            .expect("reclaimed from the table")
+            .block()
+            .len;
         let tier = self.spill.as_mut().expect("the record came from the tier");
+        // In flight it counts its block, a few bytes more than its record: past the limit, the
+        // record goes and the object is written (or evicted) as one without.
+        if tier.spilled_bytes + tier.clean_bytes + tier.spilling_bytes + block_len
+            > tier.limit_bytes
+        {
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op: record.op, id });
+            return false;
+        }
         tier.stats.reclaimed_clean_total += 1;
-        tier.spilled_bytes += record.len();
-        tier.spilled.insert(id, record);
+        self.start_spill_as(id, record.op, Some(record));
         true
     }
 
@@ -402,20 +425,26 @@ impl Store {
     }
 
     fn start_spill(&mut self, id: ObjectId) {
+        let tier = self.spill.as_mut().expect("spilling needs a tier");
+        tier.next_op += 1;
+        let op = SpillOpId(tier.next_op);
+        self.start_spill_as(id, op, None);
+    }
+
+    fn start_spill_as(&mut self, id: ObjectId, op: SpillOpId, clean: Option<SpilledObject>) {
         let entry = self.objects.get_mut(&id).expect("spilled from the table");
         // The write reads the object's memory: pinned until it completes.
         entry.pin_count += 1;
         let info = entry.info();
         let digest = entry.digest();
         let tier = self.spill.as_mut().expect("spilling needs a tier");
-        tier.next_op += 1;
-        let op = SpillOpId(tier.next_op);
         tier.spilling_bytes += info.region.len;
         tier.in_flight.insert(
             op,
             InFlight::Spill {
                 id,
                 len: info.region.len,
+                clean,
             },
         );
         tier.by_object.insert(id, op);
@@ -436,22 +465,28 @@ impl Store {
         let Some(tier) = self.spill.as_mut() else {
             return;
         };
-        let Some(InFlight::Spill { id, len }) = tier.in_flight.get(&op).copied() else {
+        let Some(InFlight::Spill { id, len, clean }) = tier.in_flight.get(&op).copied() else {
             return; // not a spill of ours: a driver bug, but nothing to undo
         };
         tier.in_flight.remove(&op);
         tier.by_object.remove(&id);
         tier.spilling_bytes -= len;
-        match &result {
-            Ok(()) => {
+        match (&result, clean) {
+            (Err(_), Some(record)) => {
+                // The record on disk is as it was: the object stays in memory, clean.
+                tier.clean_bytes += record.len();
+                tier.clean.insert(id, record);
+            }
+            (Ok(()), Some(_)) => {}
+            (Ok(()), None) => {
                 tier.stats.spills_total += 1;
                 tier.stats.spilled_bytes_total += len;
             }
-            Err(SpillError::NoSpace) => {
+            (Err(SpillError::NoSpace), None) => {
                 tier.stats.spill_no_space_total += 1;
                 tier.full = true;
             }
-            Err(SpillError::Io { .. }) => {
+            (Err(SpillError::Io { .. }), None) => {
                 tier.stats.spill_errors_total += 1;
                 tier.full = true;
             }
@@ -796,7 +831,7 @@ impl Store {
         let mut spilling = 0;
         for (op, in_flight) in &tier.in_flight {
             match *in_flight {
-                InFlight::Spill { id, len } => {
+                InFlight::Spill { id, len, .. } => {
                     let entry = self
                         .objects
                         .get(&id)

@@ -320,11 +320,18 @@ fn a_poll_of_a_spilled_object_starts_its_restore_and_keeps_its_deadline() {
     assert_eq!(got(&w, 0, reply), [Ok(World::bytes_of(1, LEN))]);
 }
 
+/// Records written for object `n`: its `Spill` outputs' distinct ops (a spill of a clean
+/// record names the record it has).
 fn spill_writes_of(w: &World, n: u64) -> usize {
-    w.log
+    let ops: std::collections::BTreeSet<_> = w
+        .log
         .iter()
-        .filter(|(_, o)| matches!(o, NodeOutput::Spill { object, .. } if *object == id(n)))
-        .count()
+        .filter_map(|(_, o)| match o {
+            NodeOutput::Spill { op, object, .. } if *object == id(n) => Some(*op),
+            _ => None,
+        })
+        .collect();
+    ops.len()
 }
 
 #[test]
