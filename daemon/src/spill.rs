@@ -880,6 +880,43 @@ mod tests {
         assert_eq!(files, 1 + 3, "one segment and three large files");
     }
 
+    /// A restored object keeps its record; its next spill names that record and writes nothing.
+    #[test]
+    fn a_spill_of_a_record_already_written_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = disk(dir.path());
+        let mut bounce = Bounce::default();
+        let data = bytes(5000, 3);
+        disk.write(
+            SpillOpId(1),
+            ObjectId::from_u64(1),
+            &data,
+            None,
+            &mut bounce,
+        )
+        .unwrap();
+        let size = |dir: &Path| -> u64 {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().len())
+                .sum()
+        };
+        let before = size(dir.path());
+        disk.write(
+            SpillOpId(1),
+            ObjectId::from_u64(1),
+            &data,
+            None,
+            &mut bounce,
+        )
+        .unwrap();
+        assert_eq!(size(dir.path()), before, "nothing appended");
+        let mut back = vec![0u8; data.len()];
+        disk.read(SpillOpId(1), &mut back, None, &mut bounce)
+            .unwrap();
+        assert!(back == data);
+    }
+
     #[test]
     fn a_damaged_or_removed_record_is_reported_not_served() {
         let dir = tempfile::tempdir().unwrap();
