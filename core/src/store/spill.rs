@@ -554,10 +554,7 @@ impl Store {
     /// (the node does after every input).
     pub fn retry_restores(&mut self) {
         self.release_held_for_gets();
-        loop {
-            let Some(&id) = self.spill.as_ref().and_then(|tier| tier.queued.front()) else {
-                break;
-            };
+        while let Some(&id) = self.spill.as_ref().and_then(|tier| tier.queued.front()) {
             if !self.start_restore(id) {
                 break;
             }
