@@ -435,10 +435,15 @@ fn ray_mib_per_sec(ray: &serde_json::Value, size: u64, phase: &str) -> Option<f6
         .as_f64()
 }
 
-/// Whether `python -c "import ray"` works.
+/// Whether `python` can import Ray.
 fn ray_available(python: &Path) -> bool {
     std::process::Command::new(python)
-        .args(["-c", "import ray"])
+        // A directory named ray in the working directory imports too (as an empty namespace
+        // package; Ray leaves /tmp/ray behind): ask for the real thing.
+        .args([
+            "-c",
+            "import ray, sys; sys.exit(0 if hasattr(ray, 'put') else 1)",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
