@@ -102,6 +102,14 @@ pub struct UpArgs {
     /// Prometheus, /healthz.
     #[arg(long)]
     pub metrics: bool,
+    /// Give every daemon `--spill-dir DIR`: a full store writes sealed objects to DIR (each
+    /// daemon in its own DIR/node-N) instead of forgetting them. DIR must exist.
+    #[arg(long)]
+    pub spill_dir: Option<PathBuf>,
+    /// With --spill-dir: bytes each daemon may spill (`--spill-limit`) [default: 90% of the
+    /// space free on DIR's file system at start].
+    #[arg(long, requires = "spill_dir")]
+    pub spill_limit: Option<ByteSize>,
 }
 
 fn parse_node_count(text: &str) -> Result<u32, NodeCountError> {
@@ -130,6 +138,8 @@ impl UpArgs {
             netns: false,
             link: None,
             metrics: false,
+            spill_dir: None,
+            spill_limit: None,
         }
     }
 }
@@ -343,6 +353,12 @@ impl LocalCluster {
             }
             if args.allow_overcommit {
                 command.arg("--allow-overcommit");
+            }
+            if let Some(dir) = &args.spill_dir {
+                command.arg("--spill-dir").arg(dir);
+            }
+            if let Some(limit) = &args.spill_limit {
+                command.args(["--spill-limit", &limit.0.to_string()]);
             }
             if args.metrics {
                 let ip = match &cluster.netns {

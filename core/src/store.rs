@@ -713,6 +713,7 @@ impl Store {
         let Some(entry) = self.objects.remove(&id) else {
             return;
         };
+        self.forget_clean_record(id);
         assert_eq!(entry.pin_count, 0, "removing pinned object {id}");
         let block = entry.block();
         if entry.in_lru() {

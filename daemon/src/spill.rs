@@ -22,12 +22,19 @@
 //! bytes do not match reports the object lost (`RestoreError::Damaged`), a missing file or
 //! record `Missing`; the daemon goes on.
 //!
+//! Four IO threads take jobs; a large object of several chunks is moved by up to
+//! [`LARGE_IO_PARALLELISM`] threads at once (see [`large_file`]), and a small record's header
+//! and bytes move in one `pwritev`/`preadv` on the segment's open file.
+//!
 //! Spill files are a cache: at start every `*.spill` file in DIR is removed (persistent
 //! mode does not keep spilled objects across restarts yet).
 
 use std::collections::{BTreeMap, VecDeque};
+mod large_file;
+
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -40,20 +47,19 @@ use skyriver_transport::{ReadableRegion, WritableRegion};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use large_file::{read_large_file, write_large_file, Bounce};
+pub use large_file::{CHUNK_BYTES, LARGE_IO_PARALLELISM};
+
 /// Objects from this size get a file of their own, written in aligned chunks.
 pub const LARGE_OBJECT_BYTES: u64 = 1 << 20;
 /// A segment file of small objects is closed for appends past this size.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
-/// Chunk of a large object's IO.
-pub const CHUNK_BYTES: usize = 8 << 20;
-/// Alignment of `O_DIRECT` IO.
-const DIRECT_ALIGN: usize = 4096;
 /// Header of a record in a segment.
 const SMALL_HEADER_BYTES: u64 = 64;
 /// Jobs queued to the IO threads at most (more wait in the loop's backlog).
 pub const JOB_QUEUE: usize = 256;
-/// IO threads.
-pub const IO_THREADS: usize = 2;
+/// IO threads: several restores and spill writes in flight, so the device sees a queue.
+pub const IO_THREADS: usize = 4;
 /// Completions waiting for the loop at most: an IO thread with a completion and no place
 /// waits, and meanwhile takes no job, so the job queue fills and further jobs wait in the
 /// loop's backlog (bounded by the core's spill limits).
@@ -418,7 +424,7 @@ impl Drop for SpillIo {
 }
 
 fn io_thread(disk: &Disk, jobs: &Mutex<Receiver<Job>>, done: &mpsc::Sender<SpillCompletion>) {
-    let mut bounce = AlignedBuffer::new(CHUNK_BYTES);
+    let mut bounce = Bounce::default();
     loop {
         let job = {
             let Ok(jobs) = jobs.lock() else { return };
@@ -470,29 +476,6 @@ fn io_thread(disk: &Disk, jobs: &Mutex<Receiver<Job>>, done: &mpsc::Sender<Spill
         if done.blocking_send(completion).is_err() {
             return;
         }
-    }
-}
-
-/// A heap buffer whose usable part starts at a [`DIRECT_ALIGN`] boundary.
-struct AlignedBuffer {
-    storage: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedBuffer {
-    fn new(len: usize) -> Self {
-        let storage = vec![0u8; len + DIRECT_ALIGN];
-        let start = storage.as_ptr().align_offset(DIRECT_ALIGN);
-        Self {
-            storage,
-            start,
-            len,
-        }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + self.len]
     }
 }
 
@@ -549,8 +532,19 @@ impl Disk {
         object: ObjectId,
         bytes: &[u8],
         digest: Option<ContentDigest>,
-        bounce: &mut AlignedBuffer,
+        bounce: &mut Bounce,
     ) -> Result<(), SpillError> {
+        // A spill of a record already written (the object was restored and kept it clean):
+        // nothing to write, the store frees the memory at this completion.
+        if self
+            .index
+            .lock()
+            .expect("spill index lock")
+            .records
+            .contains_key(&op)
+        {
+            return Ok(());
+        }
         let digest = digest.unwrap_or_else(|| ContentDigest::of_contiguous(bytes));
         let header = header(op, object, bytes.len() as u64, digest);
         if bytes.len() as u64 >= LARGE_OBJECT_BYTES {
@@ -560,9 +554,7 @@ impl Disk {
         let (file_id, file, offset) = self
             .reserve(record_len)
             .map_err(|e| spill_error(e, "open segment"))?;
-        let written = file
-            .write_all_at(&header, offset)
-            .and_then(|()| file.write_all_at(bytes, offset + SMALL_HEADER_BYTES));
+        let written = write_record(&file, &header, bytes, offset);
         let mut index = self.index.lock().expect("spill index lock");
         match written {
             Ok(()) => {
@@ -640,7 +632,7 @@ impl Disk {
         op: SpillOpId,
         header: &[u8; 64],
         bytes: &[u8],
-        bounce: &mut AlignedBuffer,
+        bounce: &mut Bounce,
     ) -> Result<(), SpillError> {
         let file_id = {
             let mut index = self.index.lock().expect("spill index lock");
@@ -670,7 +662,7 @@ impl Disk {
         op: SpillOpId,
         into: &mut [u8],
         digest: Option<ContentDigest>,
-        bounce: &mut AlignedBuffer,
+        bounce: &mut Bounce,
     ) -> Result<(), RestoreError> {
         let location = self
             .index
@@ -698,15 +690,13 @@ impl Disk {
         let recorded = if location.large {
             read_large_file(&path, op, into, bounce).map_err(io)?
         } else {
-            let file = File::open(&path).map_err(io)?;
+            let file = self.open_segment(location.file, &path).map_err(io)?;
             let mut head = [0u8; SMALL_HEADER_BYTES as usize];
-            file.read_exact_at(&mut head, location.offset).map_err(io)?;
+            read_record(&file, &mut head, into, location.offset).map_err(io)?;
             let (len, recorded) = parse_header(&head, op).ok_or(RestoreError::Damaged)?;
             if len != into.len() as u64 {
                 return Err(RestoreError::Damaged);
             }
-            file.read_exact_at(into, location.offset + SMALL_HEADER_BYTES)
-                .map_err(io)?;
             Some(recorded)
         };
         let recorded = recorded.ok_or(RestoreError::Damaged)?;
@@ -715,6 +705,22 @@ impl Disk {
             return Err(RestoreError::Damaged);
         }
         Ok(())
+    }
+
+    /// The open file of segment `file` (opened again if the index does not hold it).
+    fn open_segment(&self, file: u64, path: &Path) -> std::io::Result<Arc<File>> {
+        let open = self
+            .index
+            .lock()
+            .expect("spill index lock")
+            .segments
+            .get(&file)
+            .map(|segment| segment.file.clone());
+        // A segment removed behind our back still serves its records (checksummed) while open.
+        match open {
+            Some(file) => Ok(file),
+            None => File::open(path).map(Arc::new),
+        }
     }
 
     fn discard(&self, op: SpillOpId) {
@@ -752,6 +758,45 @@ fn release_segment(index: &mut Index, file: u64, path: &Path) {
     }
 }
 
+/// Writes a record's header and bytes at `offset` in one call where it can.
+fn write_record(file: &File, header: &[u8], bytes: &[u8], offset: u64) -> std::io::Result<()> {
+    let total = header.len() + bytes.len();
+    let written = nix::sys::uio::pwritev(
+        file,
+        &[IoSlice::new(header), IoSlice::new(bytes)],
+        offset as i64,
+    )
+    .map_err(std::io::Error::from)?;
+    if written == total {
+        return Ok(());
+    }
+    // A short write: the rest one piece at a time.
+    let mut record = Vec::with_capacity(total);
+    record.extend_from_slice(header);
+    record.extend_from_slice(bytes);
+    file.write_all_at(&record[written..], offset + written as u64)
+}
+
+/// Reads a record's header and bytes at `offset` in one call where it can.
+fn read_record(file: &File, head: &mut [u8], into: &mut [u8], offset: u64) -> std::io::Result<()> {
+    let (head_len, total) = (head.len(), head.len() + into.len());
+    let got = nix::sys::uio::preadv(
+        file,
+        &mut [IoSliceMut::new(head), IoSliceMut::new(into)],
+        offset as i64,
+    )
+    .map_err(std::io::Error::from)?;
+    if got == total {
+        return Ok(());
+    }
+    // A short read (end of file, or a signal): the rest one piece at a time.
+    if got < head_len {
+        file.read_exact_at(&mut head[got..], offset + got as u64)?;
+    }
+    let done = got.saturating_sub(head_len);
+    file.read_exact_at(&mut into[done..], offset + (head_len + done) as u64)
+}
+
 fn punch_hole(file: &File, offset: u64, len: u64) -> nix::Result<()> {
     use nix::fcntl::FallocateFlags;
     nix::fcntl::fallocate(
@@ -760,114 +805,6 @@ fn punch_hole(file: &File, offset: u64, len: u64) -> nix::Result<()> {
         offset as i64,
         len as i64,
     )
-}
-
-/// Opens a large object's file with `O_DIRECT` where the file system takes it.
-fn open_large(path: &Path, create: bool) -> std::io::Result<(File, bool)> {
-    let mut options = OpenOptions::new();
-    options.read(true);
-    if create {
-        options.write(true).create_new(true);
-    }
-    let direct = options
-        .clone()
-        .custom_flags(nix::fcntl::OFlag::O_DIRECT.bits())
-        .open(path);
-    match direct {
-        Ok(file) => Ok((file, true)),
-        Err(error) if error.raw_os_error() == Some(nix::libc::EINVAL) => {
-            Ok((options.open(path)?, false))
-        }
-        Err(error) => Err(error),
-    }
-}
-
-/// Header in the first [`DIRECT_ALIGN`] bytes, then the object, padded to the alignment.
-fn write_large_file(
-    path: &Path,
-    header: &[u8; 64],
-    bytes: &[u8],
-    bounce: &mut AlignedBuffer,
-) -> std::io::Result<()> {
-    let (file, direct) = open_large(path, true)?;
-    let buffer = bounce.as_mut_slice();
-    buffer[..DIRECT_ALIGN].fill(0);
-    buffer[..64].copy_from_slice(header);
-    // The first chunk carries the header block.
-    let mut at_file = 0u64;
-    let mut taken = 0usize;
-    let mut fill = DIRECT_ALIGN;
-    loop {
-        let n = (buffer.len() - fill).min(bytes.len() - taken);
-        buffer[fill..fill + n].copy_from_slice(&bytes[taken..taken + n]);
-        taken += n;
-        fill += n;
-        let last = taken == bytes.len();
-        let write_len = if last && direct {
-            let padded = fill.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
-            buffer[fill..padded].fill(0);
-            padded
-        } else {
-            fill
-        };
-        file.write_all_at(&buffer[..write_len], at_file)?;
-        at_file += write_len as u64;
-        fill = 0;
-        if last {
-            break;
-        }
-    }
-    file.sync_data()?;
-    Ok(())
-}
-
-/// Reads a large object's file into `into`; the digest its header names, or `None` when the
-/// header is not intact.
-fn read_large_file(
-    path: &Path,
-    op: SpillOpId,
-    into: &mut [u8],
-    bounce: &mut AlignedBuffer,
-) -> std::io::Result<Option<ContentDigest>> {
-    let (file, _direct) = open_large(path, false)?;
-    let buffer = bounce.as_mut_slice();
-    let total = DIRECT_ALIGN + into.len();
-    let padded_total = total.div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
-    let mut at_file = 0usize;
-    let mut recorded = None;
-    while at_file < padded_total {
-        let len = buffer.len().min(padded_total - at_file);
-        let got = read_full_at(&file, &mut buffer[..len], at_file as u64)?;
-        if got < len.min(total - at_file) {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        let mut chunk = &buffer[..got.min(total - at_file)];
-        if at_file == 0 {
-            match parse_header(&chunk[..64], op) {
-                Some((len, digest)) if len == into.len() as u64 => recorded = Some(digest),
-                _ => return Ok(None),
-            }
-            chunk = &chunk[DIRECT_ALIGN..];
-        }
-        let dest = at_file.saturating_sub(DIRECT_ALIGN);
-        into[dest..dest + chunk.len()].copy_from_slice(chunk);
-        at_file += len;
-    }
-    Ok(recorded)
-}
-
-/// Reads up to `buffer.len()` bytes at `offset`, fewer only at the end of the file.
-fn read_full_at(file: &File, buffer: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    let mut got = 0;
-    while got < buffer.len() {
-        match file.read_at(&mut buffer[got..], offset + got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
-        }
-    }
-    Ok(got)
 }
 
 #[cfg(test)]
@@ -978,7 +915,7 @@ mod tests {
     fn small_and_large_records_come_back_with_their_bytes() {
         let dir = tempfile::tempdir().unwrap();
         let disk = disk(dir.path());
-        let mut bounce = AlignedBuffer::new(CHUNK_BYTES);
+        let mut bounce = Bounce::default();
         let sizes = [
             0usize,
             1,
@@ -1008,11 +945,48 @@ mod tests {
         assert_eq!(files, 1 + 3, "one segment and three large files");
     }
 
+    /// A restored object keeps its record; its next spill names that record and writes nothing.
+    #[test]
+    fn a_spill_of_a_record_already_written_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = disk(dir.path());
+        let mut bounce = Bounce::default();
+        let data = bytes(5000, 3);
+        disk.write(
+            SpillOpId(1),
+            ObjectId::from_u64(1),
+            &data,
+            None,
+            &mut bounce,
+        )
+        .unwrap();
+        let size = |dir: &Path| -> u64 {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().len())
+                .sum()
+        };
+        let before = size(dir.path());
+        disk.write(
+            SpillOpId(1),
+            ObjectId::from_u64(1),
+            &data,
+            None,
+            &mut bounce,
+        )
+        .unwrap();
+        assert_eq!(size(dir.path()), before, "nothing appended");
+        let mut back = vec![0u8; data.len()];
+        disk.read(SpillOpId(1), &mut back, None, &mut bounce)
+            .unwrap();
+        assert!(back == data);
+    }
+
     #[test]
     fn a_damaged_or_removed_record_is_reported_not_served() {
         let dir = tempfile::tempdir().unwrap();
         let disk = disk(dir.path());
-        let mut bounce = AlignedBuffer::new(CHUNK_BYTES);
+        let mut bounce = Bounce::default();
         for (op, len) in [(1, 1000usize), (2, 2 << 20)] {
             disk.write(
                 SpillOpId(op),
@@ -1058,7 +1032,7 @@ mod tests {
     fn discarded_records_give_their_space_back() {
         let dir = tempfile::tempdir().unwrap();
         let disk = disk(dir.path());
-        let mut bounce = AlignedBuffer::new(CHUNK_BYTES);
+        let mut bounce = Bounce::default();
         disk.write(
             SpillOpId(1),
             ObjectId::from_u64(1),

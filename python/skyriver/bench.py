@@ -365,6 +365,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--skyriver-bin", default=os.environ.get("SKYRIVER_BIN") or shutil.which("skyriver"),
                         help="the skyriver binary that runs the daemon (default: $SKYRIVER_BIN, else "
                              "skyriver on PATH)")
+    parser.add_argument("--spill-dir", default=None,
+                        help="give the skyriver daemon --spill-dir DIR: a full store spills to DIR "
+                             "instead of evicting (default: no spill tier)")
     parser.add_argument("--json", default="bench-python.json",
                         help="where to write the results as JSON (default %(default)s)")
     args = parser.parse_args(argv)
@@ -393,6 +396,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 )
             socket = workdir / "skyriver.sock"
             command = placement.prefix() + [args.skyriver_bin, "daemon", "--log", "warn", "--memory", str(memory), "--socket", str(socket)]
+            if args.spill_dir:
+                command += ["--spill-dir", args.spill_dir]
             with process(command, lambda: _connects(socket), "skyriver daemon", workdir / "skyriver.log"):
                 log("skyriver:")
                 system = SkyriverSystem(socket)

@@ -2,7 +2,9 @@
 //! of 4×S at each object size (put with known contents), then gives it back in a sequential
 //! and a random `get` phase (each get checks a few bytes), next to the disk's own sequential
 //! write and read bandwidth measured on a raw file of the same bytes in the same directory and
-//! run (a fresh daemon per size). Targets (≥ 1 MiB: restores ≥ 0.8× raw read, writes ≥ 0.7× raw write; 4 KiB: ≥ 50k
+//! run (a fresh daemon per size). Gets go in batches of up to [`MAX_GET_BATCH`] ids (as many
+//! as fit a quarter of S), as a job that reads its working set asks for it, so restores run in
+//! parallel on the daemon's IO threads. Targets (≥ 1 MiB: restores ≥ 0.8× raw read, writes ≥ 0.7× raw write; 4 KiB: ≥ 50k
 //! random restores/s) are printed as met or MISSED.
 
 use std::io::{Read, Write};
@@ -34,6 +36,9 @@ pub struct SpillArgs {
     /// Write the results as JSON here.
     #[arg(long, default_value = "bench-spill.json")]
     pub json: PathBuf,
+    /// The Python that runs Ray's side (skipped when it cannot `import ray`).
+    #[arg(long, default_value = "python3")]
+    pub python: PathBuf,
 }
 
 /// IO unit of the raw disk measurement (as the spill tier's chunks).
@@ -42,6 +47,8 @@ const RAW_CHUNK: usize = 8 << 20;
 const DIRECT_ALIGN: usize = 4096;
 /// Longest wait for one get: a stalled restore fails the run instead of hanging it.
 const GET_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// Most ids in one `get` of the get phases.
+const MAX_GET_BATCH: u64 = 256;
 /// Restores per second targeted for 4 KiB objects, random order.
 const SMALL_RESTORES_TARGET: f64 = 50_000.0;
 
@@ -94,6 +101,8 @@ pub struct SizeResult {
     pub working_set_bytes: u64,
     /// Objects the daemon had on disk after the writes.
     pub spilled_objects: u64,
+    /// Ids in one `get` of the get phases.
+    pub get_batch: u64,
     /// Restores the daemon counted during both get phases.
     pub restores: u64,
     /// Put (create, write, seal) of the whole working set.
@@ -175,15 +184,29 @@ pub(super) fn run(args: &SpillArgs) -> Result<(), BenchError> {
         drop(daemon);
         let _ = std::fs::remove_dir_all(&spill_dir);
     }
-    let ray = ray_available();
+    let ray = if ray_available(&args.python) {
+        eprintln!("measuring Ray's spilling...");
+        let ray_dir = dir.path().join("ray");
+        std::fs::create_dir(&ray_dir)
+            .map_err(|e| BenchError::Setup(format!("cannot create {}: {e}", ray_dir.display())))?;
+        let measured = measure_ray(&args.python, memory, &args.sizes, &ray_dir);
+        let _ = std::fs::remove_dir_all(&ray_dir);
+        Some(measured)
+    } else {
+        None
+    };
 
-    print_table(memory, &raw, &results, drop_note, ray);
+    print_table(memory, &raw, &results, drop_note, ray.as_ref());
     let document = serde_json::json!({
         "memory_bytes": memory,
         "page_cache_dropped": root,
         "raw_disk": raw,
         "results": results,
-        "ray": if ray { "installed, not measured" } else { "not installed" },
+        "ray": match &ray {
+            None => serde_json::json!("ray not importable"),
+            Some(Ok(ray)) => ray.clone(),
+            Some(Err(error)) => serde_json::json!({ "error": error }),
+        },
         "load_average": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
         "machine": MachineInfo::probe(),
     });
@@ -340,24 +363,31 @@ fn measure_size(
     let before = client.stats()?;
     let spilled_objects = before.spill.spilled_objects;
 
-    let get = |n: u64| -> Result<(), BenchError> {
-        let object = client.get_one(object_id(size_index, n), Some(GET_TIMEOUT))?;
-        check(object.data(), n, size)
+    // A batch holds its objects until checked: at most a quarter of the memory.
+    let get_batch = (working_set / 16 / size).clamp(1, MAX_GET_BATCH) as usize;
+    let get_all = |order: &[u64]| -> Result<(), BenchError> {
+        let mut ids = Vec::with_capacity(get_batch);
+        for batch in order.chunks(get_batch) {
+            ids.clear();
+            ids.extend(batch.iter().map(|&n| object_id(size_index, n)));
+            let objects = client.get(&ids, Some(GET_TIMEOUT))?;
+            for (object, &n) in objects.into_iter().zip(batch) {
+                let object = object.map_err(skyriver_client::ClientError::from)?;
+                check(object.data(), n, size)?;
+            }
+        }
+        Ok(())
     };
+    let mut order: Vec<u64> = (0..count).collect();
     drop_caches(root);
     let started = Instant::now();
-    for n in 0..count {
-        get(n)?;
-    }
+    get_all(&order)?;
     let get_sequential = Phase::of(count, size, started.elapsed().as_secs_f64());
 
-    let mut order: Vec<u64> = (0..count).collect();
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(size));
     drop_caches(root);
     let started = Instant::now();
-    for &n in &order {
-        get(n)?;
-    }
+    get_all(&order)?;
     let get_random = Phase::of(count, size, started.elapsed().as_secs_f64());
     let after = client.stats()?;
 
@@ -365,6 +395,7 @@ fn measure_size(
         size_bytes: size,
         working_set_bytes: count * size,
         spilled_objects,
+        get_batch: get_batch as u64,
         restores: after.spill.restores_total - before.spill.restores_total,
         write_over_raw: write.mib_per_sec / raw.write_mib_per_sec,
         restore_over_raw: get_sequential.mib_per_sec / raw.read_mib_per_sec,
@@ -375,10 +406,48 @@ fn measure_size(
     })
 }
 
-/// Whether `python3 -c "import ray"` works.
-fn ray_available() -> bool {
-    std::process::Command::new("python3")
-        .args(["-c", "import ray"])
+/// Ray's side of the run (`ray_spill.py`): its JSON document.
+fn measure_ray(
+    python: &Path,
+    memory: u64,
+    sizes: &[ByteSize],
+    spill_dir: &Path,
+) -> Result<serde_json::Value, String> {
+    let sizes: Vec<String> = sizes.iter().map(|s| s.0.to_string()).collect();
+    let output = std::process::Command::new(python)
+        .args(["-c", include_str!("ray_spill.py"), "--memory"])
+        .arg(memory.to_string())
+        .args(["--sizes", &sizes.join(",")])
+        .arg("--spill-dir")
+        .arg(spill_dir)
+        .args(["--max-batch", &MAX_GET_BATCH.to_string()])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
+    if !output.status.success() {
+        return Err(format!("ray's side failed ({})", output.status));
+    }
+    serde_json::from_slice(&output.stdout).map_err(|e| format!("ray's side printed no JSON: {e}"))
+}
+
+/// MiB/s of Ray's `phase` at `size`, from its document.
+fn ray_mib_per_sec(ray: &serde_json::Value, size: u64, phase: &str) -> Option<f64> {
+    ray["results"]
+        .as_array()?
+        .iter()
+        .find(|r| r["size_bytes"].as_u64() == Some(size))?[phase]["mib_per_sec"]
+        .as_f64()
+}
+
+/// Whether `python` can import Ray.
+fn ray_available(python: &Path) -> bool {
+    std::process::Command::new(python)
+        // A directory named ray in the working directory imports too (as an empty namespace
+        // package; Ray leaves /tmp/ray behind): ask for the real thing.
+        .args([
+            "-c",
+            "import ray, sys; sys.exit(0 if hasattr(ray, 'put') else 1)",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
@@ -393,7 +462,13 @@ fn verdict(met: bool) -> &'static str {
     }
 }
 
-fn print_table(memory: u64, raw: &RawDisk, results: &[SizeResult], drop_note: &str, ray: bool) {
+fn print_table(
+    memory: u64,
+    raw: &RawDisk,
+    results: &[SizeResult],
+    drop_note: &str,
+    ray: Option<&Result<serde_json::Value, String>>,
+) {
     println!(
         "bench spill: memory {}, working set 4×S = {} per size; {drop_note}",
         format_bytes(memory),
@@ -412,10 +487,11 @@ fn print_table(memory: u64, raw: &RawDisk, results: &[SizeResult], drop_note: &s
     );
     println!();
     println!(
-        "{:>8} {:>8} {:>8} {:>12} {:>9} {:>12} {:>9} {:>12} {:>9} {:>6} {:>6} {:>6}",
+        "{:>8} {:>8} {:>8} {:>6} {:>12} {:>9} {:>12} {:>9} {:>12} {:>9} {:>6} {:>6} {:>6}",
         "size",
         "objects",
         "spilled",
+        "batch",
         "write obj/s",
         "MiB/s",
         "seq get/s",
@@ -428,10 +504,11 @@ fn print_table(memory: u64, raw: &RawDisk, results: &[SizeResult], drop_note: &s
     );
     for r in results {
         println!(
-            "{:>8} {:>8} {:>8} {:>12.0} {:>9.1} {:>12.0} {:>9.1} {:>12.0} {:>9.1} {:>6.2} {:>6.2} {:>6.2}",
+            "{:>8} {:>8} {:>8} {:>6} {:>12.0} {:>9.1} {:>12.0} {:>9.1} {:>12.0} {:>9.1} {:>6.2} {:>6.2} {:>6.2}",
             format_bytes(r.size_bytes),
             r.write.objects,
             r.spilled_objects,
+            r.get_batch,
             r.write.objects_per_sec,
             r.write.mib_per_sec,
             r.get_sequential.objects_per_sec,
@@ -467,9 +544,38 @@ fn print_table(memory: u64, raw: &RawDisk, results: &[SizeResult], drop_note: &s
             );
         }
     }
-    if ray {
-        println!("ray: installed, but its spilling is not measured by this version");
-    } else {
-        println!("ray: not installed");
+    match ray {
+        None => println!("ray: ray not importable (skipped; --python names the interpreter)"),
+        Some(Err(error)) => println!("ray: {error}"),
+        Some(Ok(ray)) => {
+            println!(
+                "ray {} (same memory, working set and batches; spilled get throughput, target: \
+                 Skyriver ≥ 2×):",
+                ray["ray_version"].as_str().unwrap_or("?")
+            );
+            for r in results {
+                let size = format_bytes(r.size_bytes);
+                let phases = [
+                    ("write", r.write.mib_per_sec),
+                    ("get_sequential", r.get_sequential.mib_per_sec),
+                    ("get_random", r.get_random.mib_per_sec),
+                ];
+                for (phase, ours) in phases {
+                    let Some(theirs) = ray_mib_per_sec(ray, r.size_bytes, phase) else {
+                        continue;
+                    };
+                    let ratio = ours / theirs.max(1e-9);
+                    let target = if phase == "write" {
+                        String::new()
+                    } else {
+                        format!(": {}", verdict(ratio >= 2.0))
+                    };
+                    println!(
+                        "  {size} {phase}: ray {theirs:.1} MiB/s, skyriver {ours:.1} MiB/s, \
+                         {ratio:.2}×{target}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -14,6 +14,18 @@
 //!   in the table, unsealed and pinned, until [`Store::handle_restore_done`] seals it again.
 //!   Concurrent gets share the one restore.
 //!
+//! A restored object keeps its record (objects never change): it is **in memory with a clean
+//! record**, and when memory is needed again it goes back to spilled without a second write:
+//! the store sends a `Spill` of the same record (same [`SpillOpId`]), which the driver
+//! completes without writing, and frees the memory at that completion like any other (so an
+//! output of the same pass that still reads the object, an eager send, is carried out first). The record is discarded when the object is deleted or evicted, or
+//! when the tier needs its space for a write.
+//!
+//! Spilling runs ahead of demand: while free memory (with what spill writes in flight will
+//! free) is below [`SPILL_AHEAD_FRACTION`] of the capacity, the least recently used unheld
+//! objects are spilled (or dropped to their clean records) before anyone asks, so a `create` or
+//! a restore finds memory free instead of waiting for a write. Spilling ahead never evicts.
+//!
 //! Rules: the least recently used unheld sealed object is spilled first; an object is evicted
 //! (forgotten) only when the spill tier cannot take it (its limit reached, or the last write
 //! failed for lack of space or an IO error, until space is given back). A restore whose record
@@ -30,6 +42,10 @@ use crate::digest::ContentDigest;
 use crate::error::StoreError;
 use crate::ids::ObjectId;
 use crate::time::Instant;
+
+/// Spill writes run ahead of demand while free memory is below capacity ÷ this (see the
+/// module doc).
+pub const SPILL_AHEAD_FRACTION: u64 = 8;
 
 /// One spill write, named in its completion and, while the record lives, in the restores and
 /// the discard of that record.
@@ -123,8 +139,17 @@ impl SpilledObject {
 /// A spill write or a restore read the driver has not reported yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum InFlight {
-    Spill { id: ObjectId, len: u64 },
-    Restore { id: ObjectId },
+    /// A write; `clean` holds the record the object already has (a write of the same record
+    /// the driver needs not repeat, sent only so the memory is freed at its completion, after
+    /// whatever output still reads it has been carried out).
+    Spill {
+        id: ObjectId,
+        len: u64,
+        clean: Option<SpilledObject>,
+    },
+    Restore {
+        id: ObjectId,
+    },
 }
 
 /// Counters of the spill tier.
@@ -160,6 +185,12 @@ pub struct SpillStats {
     pub evicted_spill_full_total: u64,
     /// Whether the tier takes no writes now (after a failure, until space is given back).
     pub full: bool,
+    /// Objects in memory whose record is still on disk (restored, unchanged).
+    pub clean_records: u64,
+    /// Their bytes on disk.
+    pub clean_record_bytes: u64,
+    /// Objects moved back to disk without a write (their record was clean) since start.
+    pub reclaimed_clean_total: u64,
 }
 
 /// The spill tier's bookkeeping.
@@ -169,12 +200,18 @@ pub(super) struct SpillTier {
     spilled: BTreeMap<ObjectId, SpilledObject>,
     spilled_bytes: u64,
     spilling_bytes: u64,
+    /// Records of objects back in memory (restored, or taken while their write was out).
+    clean: BTreeMap<ObjectId, SpilledObject>,
+    clean_bytes: u64,
     in_flight: BTreeMap<SpillOpId, InFlight>,
     /// The operation in flight for each object.
     by_object: BTreeMap<ObjectId, SpillOpId>,
     /// Restores waiting for memory, oldest first.
     queued: VecDeque<ObjectId>,
     queued_set: BTreeSet<ObjectId>,
+    /// Restored objects pinned for the gets that waited for them (a batch completes only once
+    /// all its objects are back; until then a restored object must not go back to disk).
+    held_for_gets: BTreeMap<ObjectId, Vec<super::waiters::WaiterId>>,
     /// A write failed: take none until a record is given back.
     full: bool,
     next_op: u64,
@@ -190,12 +227,21 @@ impl SpillTier {
     }
 
     fn can_take(&self, len: u64) -> bool {
-        !self.full && self.spilled_bytes + self.spilling_bytes + len <= self.limit_bytes
+        !self.full
+            && self.spilled_bytes + self.clean_bytes + self.spilling_bytes + len <= self.limit_bytes
     }
 
     fn give_back(&mut self, object: &SpilledObject) {
         self.spilled_bytes -= object.len();
         self.full = false;
+    }
+
+    /// Takes the clean record of `id` (in memory), giving its space back.
+    fn take_clean(&mut self, id: &ObjectId) -> Option<SpilledObject> {
+        let record = self.clean.remove(id)?;
+        self.clean_bytes -= record.len();
+        self.full = false;
+        Some(record)
     }
 }
 
@@ -263,6 +309,8 @@ impl Store {
                 .count() as u64,
             restores_queued: tier.queued.len() as u64,
             full: tier.full,
+            clean_records: tier.clean.len() as u64,
+            clean_record_bytes: tier.clean_bytes,
             ..tier.stats.clone()
         }
     }
@@ -275,6 +323,10 @@ impl Store {
         let entry = self.objects.get(&id).expect("LRU entries are in the table");
         let len = entry.data_size + entry.metadata_size;
         let block_len = entry.block().len;
+        if self.back_to_clean_record(id) {
+            return Some(block_len);
+        }
+        self.make_room_for_write(len);
         let takes = self.spill.as_ref().is_some_and(|tier| tier.can_take(len));
         if !takes {
             if let Some(tier) = self.spill.as_mut() {
@@ -286,21 +338,113 @@ impl Store {
         Some(block_len)
     }
 
+    /// Sends `id` (unheld, in memory) back to its clean record: a `Spill` of that record, which
+    /// the driver completes without a write. False when it has no clean record.
+    fn back_to_clean_record(&mut self, id: ObjectId) -> bool {
+        let Some(record) = self.spill.as_mut().and_then(|tier| tier.take_clean(&id)) else {
+            return false;
+        };
+        let block_len = self
+            .objects
+            .get(&id)
+            .expect("reclaimed from the table")
+            .block()
+            .len;
+        let tier = self.spill.as_mut().expect("the record came from the tier");
+        // In flight it counts its block, a few bytes more than its record: past the limit, the
+        // record goes and the object is written (or evicted) as one without.
+        if tier.spilled_bytes + tier.clean_bytes + tier.spilling_bytes + block_len
+            > tier.limit_bytes
+        {
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op: record.op, id });
+            return false;
+        }
+        tier.stats.reclaimed_clean_total += 1;
+        self.start_spill_as(id, record.op, Some(record));
+        true
+    }
+
+    /// Discards clean records (their objects stay in memory) until a write of `len` bytes fits
+    /// the limit, or none is left.
+    fn make_room_for_write(&mut self, len: u64) {
+        loop {
+            let Some(tier) = self.spill.as_mut() else {
+                return;
+            };
+            if tier.full
+                || tier.spilled_bytes + tier.clean_bytes + tier.spilling_bytes + len
+                    <= tier.limit_bytes
+            {
+                return;
+            }
+            let Some(&id) = tier.clean.keys().next() else {
+                return;
+            };
+            let record = tier.take_clean(&id).expect("just found");
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op: record.op, id });
+        }
+    }
+
+    /// An object leaves memory for good (deleted or evicted): its clean record, if any, goes.
+    pub(super) fn forget_clean_record(&mut self, id: ObjectId) {
+        if let Some(record) = self.spill.as_mut().and_then(|tier| tier.take_clean(&id)) {
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op: record.op, id });
+        }
+    }
+
+    /// Spills (or drops to clean records) the least recently used unheld objects while free
+    /// memory, with what spill writes in flight will free, is below the spill-ahead mark; never
+    /// evicts.
+    fn spill_ahead(&mut self) {
+        let Some(tier) = self.spill.as_ref() else {
+            return;
+        };
+        if tier.limit_bytes == 0 {
+            return;
+        }
+        let mark = self.allocator.capacity_bytes() / SPILL_AHEAD_FRACTION;
+        while self.allocator.free_bytes() + self.pending_free_bytes() < mark {
+            let Some(id) = self.objects.lru_front() else {
+                return;
+            };
+            if self.back_to_clean_record(id) {
+                continue;
+            }
+            let entry = self.objects.get(&id).expect("LRU entries are in the table");
+            let len = entry.data_size + entry.metadata_size;
+            self.make_room_for_write(len);
+            let takes = self.spill.as_ref().is_some_and(|tier| tier.can_take(len));
+            if !takes {
+                return;
+            }
+            self.start_spill(id);
+        }
+    }
+
     fn start_spill(&mut self, id: ObjectId) {
+        let tier = self.spill.as_mut().expect("spilling needs a tier");
+        tier.next_op += 1;
+        let op = SpillOpId(tier.next_op);
+        self.start_spill_as(id, op, None);
+    }
+
+    fn start_spill_as(&mut self, id: ObjectId, op: SpillOpId, clean: Option<SpilledObject>) {
         let entry = self.objects.get_mut(&id).expect("spilled from the table");
         // The write reads the object's memory: pinned until it completes.
         entry.pin_count += 1;
         let info = entry.info();
         let digest = entry.digest();
         let tier = self.spill.as_mut().expect("spilling needs a tier");
-        tier.next_op += 1;
-        let op = SpillOpId(tier.next_op);
         tier.spilling_bytes += info.region.len;
         tier.in_flight.insert(
             op,
             InFlight::Spill {
                 id,
                 len: info.region.len,
+                clean,
             },
         );
         tier.by_object.insert(id, op);
@@ -321,22 +465,28 @@ impl Store {
         let Some(tier) = self.spill.as_mut() else {
             return;
         };
-        let Some(InFlight::Spill { id, len }) = tier.in_flight.get(&op).copied() else {
+        let Some(InFlight::Spill { id, len, clean }) = tier.in_flight.get(&op).copied() else {
             return; // not a spill of ours: a driver bug, but nothing to undo
         };
         tier.in_flight.remove(&op);
         tier.by_object.remove(&id);
         tier.spilling_bytes -= len;
-        match &result {
-            Ok(()) => {
+        match (&result, clean) {
+            (Err(_), Some(record)) => {
+                // The record on disk is as it was: the object stays in memory, clean.
+                tier.clean_bytes += record.len();
+                tier.clean.insert(id, record);
+            }
+            (Ok(()), Some(_)) => {}
+            (Ok(()), None) => {
                 tier.stats.spills_total += 1;
                 tier.stats.spilled_bytes_total += len;
             }
-            Err(SpillError::NoSpace) => {
+            (Err(SpillError::NoSpace), None) => {
                 tier.stats.spill_no_space_total += 1;
                 tier.full = true;
             }
-            Err(SpillError::Io { .. }) => {
+            (Err(SpillError::Io { .. }), None) => {
                 tier.stats.spill_errors_total += 1;
                 tier.full = true;
             }
@@ -352,13 +502,6 @@ impl Store {
             self.settle(id);
             return;
         }
-        if !unheld {
-            // Taken (or deleted) meanwhile: it stays in memory; the record is not needed.
-            self.outputs
-                .push_back(StoreOutput::DiscardSpilled { op, id });
-            self.settle(id);
-            return;
-        }
         let spilled = SpilledObject {
             op,
             data_size: entry.data_size,
@@ -366,6 +509,20 @@ impl Store {
             digest: entry.digest(),
             created_at: entry.created_at,
         };
+        if !unheld {
+            // Taken (or deleted) meanwhile: it stays in memory, its record kept clean for the
+            // next time memory is needed (discarded when it is being deleted).
+            if entry.delete_pending {
+                self.outputs
+                    .push_back(StoreOutput::DiscardSpilled { op, id });
+            } else {
+                let tier = self.spill.as_mut().expect("checked above");
+                tier.clean_bytes += spilled.len();
+                tier.clean.insert(id, spilled);
+            }
+            self.settle(id);
+            return;
+        }
         // Out of memory, still present: no notification, it stays published.
         self.remove_object(id, false);
         let tier = self.spill.as_mut().expect("checked above");
@@ -392,19 +549,85 @@ impl Store {
         }
     }
 
-    /// Starts restores waiting for memory, oldest first, while memory can be found. Call after
-    /// anything that may free memory (the node does after every input).
+    /// Starts restores waiting for memory, oldest first, while memory can be found, then spills
+    /// ahead of demand (see the module doc). Call after anything that may free or take memory
+    /// (the node does after every input).
     pub fn retry_restores(&mut self) {
-        loop {
-            let Some(&id) = self.spill.as_ref().and_then(|tier| tier.queued.front()) else {
-                return;
-            };
+        self.release_held_for_gets();
+        while let Some(&id) = self.spill.as_ref().and_then(|tier| tier.queued.front()) {
             if !self.start_restore(id) {
-                return;
+                break;
             }
             let tier = self.spill.as_mut().expect("a queue needs a tier");
             tier.queued.pop_front();
             tier.queued_set.remove(&id);
+        }
+        self.spill_ahead();
+    }
+
+    /// The objects of a get that are in memory now, to hold while it waits for the others
+    /// (none without a spill tier: nothing then takes them away but an eviction, as before).
+    pub(super) fn objects_to_hold_for_get(
+        &self,
+        ids: &[ObjectId],
+        unsealed: &BTreeSet<ObjectId>,
+    ) -> Vec<ObjectId> {
+        if self.spill.is_none() {
+            return Vec::new();
+        }
+        ids.iter()
+            .copied()
+            .filter(|id| !unsealed.contains(id))
+            .collect()
+    }
+
+    /// A get waits for some of its objects: those it found in memory are pinned until it
+    /// completes, so the restores it waits for do not push them back to disk (it answers only
+    /// once all are here, and would find them gone).
+    pub(super) fn hold_for_get(&mut self, waiter: super::waiters::WaiterId, ids: Vec<ObjectId>) {
+        for id in ids {
+            self.hold_for(id, waiter);
+        }
+    }
+
+    /// Pins `id` (once, however many gets hold it) for `waiter`.
+    fn hold_for(&mut self, id: ObjectId, waiter: super::waiters::WaiterId) {
+        let Some(tier) = self.spill.as_mut() else {
+            return;
+        };
+        let Some(entry) = self.objects.get_mut(&id) else {
+            return;
+        };
+        if !entry.sealed {
+            return;
+        }
+        let waiters = tier.held_for_gets.entry(id).or_default();
+        if waiters.is_empty() {
+            entry.pin_count += 1;
+        }
+        waiters.push(waiter);
+        self.settle(id);
+    }
+
+    /// Unpins restored objects whose waiting gets have all completed (or gone).
+    fn release_held_for_gets(&mut self) {
+        let Some(tier) = self.spill.as_ref() else {
+            return;
+        };
+        let done: Vec<ObjectId> = tier
+            .held_for_gets
+            .iter()
+            .filter(|(_, waiters)| waiters.iter().all(|w| !self.waiters.contains_key(w)))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in done {
+            let tier = self.spill.as_mut().expect("checked above");
+            tier.held_for_gets.remove(&id);
+            if let Some(entry) = self.objects.get_mut(&id) {
+                assert!(entry.pin_count > 0, "{id} held for gets is pinned");
+                entry.pin_count -= 1;
+                self.settle(id);
+            }
         }
     }
 
@@ -469,8 +692,14 @@ impl Store {
             .remove(&id)
             .expect("a restoring object is spilled");
         tier.give_back(&object);
-        self.outputs
-            .push_back(StoreOutput::DiscardSpilled { op, id });
+        if result.is_ok() {
+            // Back in memory, and still on disk: clean until the object goes.
+            tier.clean_bytes += object.len();
+            tier.clean.insert(id, object);
+        } else {
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op, id });
+        }
         let entry = self
             .objects
             .get_mut(&id)
@@ -483,6 +712,13 @@ impl Store {
                 tier.stats.restored_bytes_total += object.len();
                 entry.sealed = true;
                 let block = entry.block();
+                // Held until the gets that wait for it have taken it: a get of several objects
+                // answers only once all are back, and this one must not go back to disk
+                // meanwhile.
+                let waiting = self.waiters_by_object.get(&id).cloned().unwrap_or_default();
+                for waiter in waiting {
+                    self.hold_for(id, waiter);
+                }
                 if self.config.record_durable_changes {
                     self.queue_durable(DurableChange::Sealed {
                         id,
@@ -511,10 +747,16 @@ impl Store {
     /// when `id` is not such an object.
     pub(super) fn delete_spilled(&mut self, id: ObjectId) -> Option<Result<(), StoreError>> {
         let tier = self.spill.as_mut()?;
-        if tier.by_object.contains_key(&id) {
-            // Restoring: deleted once it is back (and released).
+        if let Some(op) = tier.by_object.get(&id) {
+            let spilling = matches!(tier.in_flight.get(op), Some(InFlight::Spill { .. }));
             let entry = self.objects.get_mut(&id)?;
             entry.delete_pending = true;
+            // Being spilled (written ahead of need) and held by nobody: deleted once the write
+            // completes, which nobody waits for, so the delete succeeds now.
+            if spilling && entry.ref_count == 0 && entry.pin_count == 1 {
+                return Some(Ok(()));
+            }
+            // Restoring (or held): deleted once it is back and released.
             return Some(Err(StoreError::ObjectInUse(id)));
         }
         let object = tier.spilled.remove(&id)?;
@@ -586,7 +828,7 @@ impl Store {
         let mut spilling = 0;
         for (op, in_flight) in &tier.in_flight {
             match *in_flight {
-                InFlight::Spill { id, len } => {
+                InFlight::Spill { id, len, .. } => {
                     let entry = self
                         .objects
                         .get(&id)
@@ -613,6 +855,17 @@ impl Store {
         assert_eq!(spilling, tier.spilling_bytes, "spilling bytes");
         let spilled: u64 = tier.spilled.values().map(SpilledObject::len).sum();
         assert_eq!(spilled, tier.spilled_bytes, "spilled bytes");
+        let clean: u64 = tier.clean.values().map(SpilledObject::len).sum();
+        assert_eq!(clean, tier.clean_bytes, "clean record bytes");
+        for id in tier.clean.keys() {
+            let entry = self
+                .objects
+                .get(id)
+                .expect("a clean record's object is in memory");
+            assert!(entry.sealed, "{id} with a clean record is sealed");
+            assert!(!tier.spilled.contains_key(id), "{id} clean and spilled");
+            assert!(!tier.by_object.contains_key(id), "{id} clean and in flight");
+        }
         for (id, object) in &tier.spilled {
             let restoring = tier.by_object.get(id) == Some(&object.op);
             assert!(
@@ -621,7 +874,7 @@ impl Store {
             );
         }
         assert!(
-            tier.spilled_bytes + tier.spilling_bytes <= tier.limit_bytes,
+            tier.spilled_bytes + tier.clean_bytes + tier.spilling_bytes <= tier.limit_bytes,
             "spill tier over its limit"
         );
         assert_eq!(tier.queued.len(), tier.queued_set.len(), "restore queue");

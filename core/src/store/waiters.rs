@@ -64,6 +64,7 @@ impl Store {
             .copied()
             .filter(|id| self.is_spilled(id))
             .collect();
+        let present = self.objects_to_hold_for_get(&ids, &unsealed);
         // A spilled object is restored for any get; the get waits for it within its
         // timeout like for any object not here yet (a poll only starts the restore).
         let deadline = timeout.map_or(Instant::NEVER, |t| now.saturating_add(t));
@@ -96,6 +97,7 @@ impl Store {
             self.deadlines.insert((deadline, waiter_id));
         }
         self.waiters.insert(waiter_id, waiter);
+        self.hold_for_get(waiter_id, present);
         for id in spilled {
             self.request_restore(id);
         }

@@ -160,7 +160,12 @@ impl Cluster {
             && io_error_ppm > 0
             && self.rng.gen_range(0..1_000_000) < io_error_ppm;
         let disk = self.spill.disks.entry(n).or_default();
-        let result = if disk.used_bytes + len > disk_bytes {
+        // A spill of a record the disk has (a restored object's clean record) writes it again.
+        let existing = disk
+            .records
+            .get(&op)
+            .map_or(0, |(_, bytes)| bytes.len() as u64);
+        let result = if disk.used_bytes - existing + len > disk_bytes {
             self.spill.stats.no_space += 1;
             Err(SpillError::NoSpace)
         } else if io_error {
@@ -182,7 +187,7 @@ impl Cluster {
                 );
             }
             let disk = self.spill.disks.entry(n).or_default();
-            disk.used_bytes += len;
+            disk.used_bytes = disk.used_bytes - existing + len;
             disk.records.insert(op, (object, bytes));
             self.spill.stats.writes += 1;
             Ok(())
