@@ -187,8 +187,10 @@ pub(super) fn run(args: &SpillArgs) -> Result<(), BenchError> {
     let ray = if ray_available(&args.python) {
         eprintln!("measuring Ray's spilling...");
         let ray_dir = dir.path().join("ray");
-        std::fs::create_dir(&ray_dir)
-            .map_err(|e| BenchError::Setup(format!("cannot create {}: {e}", ray_dir.display())))?;
+        std::fs::create_dir(&ray_dir).map_err(|source| BenchError::Io {
+            what: format!("cannot create {}", ray_dir.display()),
+            source,
+        })?;
         let measured = measure_ray(&args.python, memory, &args.sizes, &ray_dir);
         let _ = std::fs::remove_dir_all(&ray_dir);
         Some(measured)
