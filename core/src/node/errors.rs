@@ -42,12 +42,18 @@ pub enum GrantError {
         /// How many windows the device allows this node.
         limit: usize,
     },
-    /// The device refused to allocate or bind a memory window; its message.
+    /// The device refused to allocate or bind a memory window; its message (the text of an
+    /// OS or device error, which the core only reports).
     #[error("{0}")]
     Device(String),
     /// This fabric cannot serve READs of a copy still being received (a relay's).
     #[error("this fabric cannot serve a copy still being received")]
     PartialCopyUnsupported,
+    /// The region spans two memory registrations of its arena, and a memory window lies in one.
+    #[error(
+        "{0} spans two memory regions of its arena, and a window lies in one (raise max_mr_bytes)"
+    )]
+    SpansRegistrations(LocalRegion),
 }
 
 /// How a fetch moves an object's bytes, chosen per fetch by the client.
@@ -139,7 +145,7 @@ pub enum FetchError {
         /// Transfers tried.
         attempts: u32,
         /// The last failure.
-        last_error: String,
+        last_error: SourceFailure,
     },
     /// The directory did not answer, after every retry.
     #[error("object {id}: directory unavailable: {reason}")]
@@ -154,8 +160,40 @@ pub enum FetchError {
     Store(#[from] StoreError),
 }
 
+/// The last reason a fetch found no source, as [`FetchError::SourcesFailed`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+pub enum SourceFailure {
+    /// The directory named holders, but none was connected.
+    #[error("no connected holder")]
+    NoConnectedHolder,
+    /// A lookup failed; the directory's answer.
+    #[error("directory: {reason}")]
+    Directory {
+        /// The directory's reason, from its wire.
+        reason: String,
+    },
+    /// A transfer from a holder the directory named failed.
+    #[error("{holder}: {failure}")]
+    Holder {
+        /// The holder.
+        holder: NodeId,
+        /// Why its transfer failed.
+        #[source]
+        failure: TransferFailure,
+    },
+    /// The node the caller named as a hint did not deliver the object.
+    #[error("hinted {holder}: {failure}")]
+    Hinted {
+        /// The hinted node.
+        holder: NodeId,
+        /// Why its answer was of no use.
+        #[source]
+        failure: TransferFailure,
+    },
+}
+
 /// Why a transfer from one holder ended without the object (the fetch then tries another).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum TransferFailure {
     /// The connection to the holder was lost.
     #[error("connection to {holder} lost")]
@@ -290,6 +328,12 @@ pub enum TransferFailure {
     /// Relay progress came from a holder that had granted the whole object.
     #[error("relay progress from a holder that granted all of it")]
     RelayProgressUnasked,
+    /// The first eager chunk of a hinted request did not start the object.
+    #[error("the first chunk came at offset {offset}")]
+    FirstChunkNotAtStart {
+        /// Where it came.
+        offset: u64,
+    },
 }
 
 #[cfg(test)]

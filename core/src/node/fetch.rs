@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use super::locations::Location;
 use super::{
-    spread_key, DirectoryPurpose, FetchError, Node, Timer, TransferFailure, TransferMode,
-    FETCH_CLIENT,
+    spread_key, DirectoryPurpose, FetchError, Node, SourceFailure, Timer, TransferFailure,
+    TransferMode, FETCH_CLIENT,
 };
 use crate::client_protocol::Response;
 use crate::digest::ContentDigest;
@@ -84,11 +84,11 @@ pub(super) struct ObjectFetch {
     /// How the bytes move (the mode of the client fetch that started this one).
     pub(super) mode: TransferMode,
     /// Sources that failed this round, with why.
-    failed: BTreeMap<NodeId, String>,
+    failed: BTreeMap<NodeId, TransferFailure>,
     rounds: u32,
     attempts: u32,
     directory_attempts: u32,
-    last_error: Option<String>,
+    last_error: Option<SourceFailure>,
     state: ObjectFetchState,
 }
 
@@ -332,7 +332,7 @@ impl Node {
                 if object.directory_attempts >= self.config.max_directory_attempts {
                     self.resolve(id, Err(FetchError::DirectoryUnavailable { id, reason }));
                 } else {
-                    object.last_error = Some(format!("directory: {reason}"));
+                    object.last_error = Some(SourceFailure::Directory { reason });
                     object.state = ObjectFetchState::Backoff;
                     let at = self.now + self.config.retry_backoff * object.directory_attempts;
                     self.set_timer(at, Timer::ObjectRetry(id));
@@ -450,7 +450,7 @@ impl Node {
                     let last_error = object
                         .last_error
                         .clone()
-                        .unwrap_or_else(|| "no connected holder".to_string());
+                        .unwrap_or(SourceFailure::NoConnectedHolder);
                     let attempts = object.attempts;
                     self.resolve(
                         id,
@@ -462,7 +462,7 @@ impl Node {
                     );
                 } else {
                     if object.last_error.is_none() {
-                        object.last_error = Some("no connected holder".into());
+                        object.last_error = Some(SourceFailure::NoConnectedHolder);
                     }
                     object.failed.clear();
                     object.state = ObjectFetchState::Backoff;
@@ -549,7 +549,7 @@ impl Node {
         id: ObjectId,
         tid: TransferId,
         source: NodeId,
-        reason: String,
+        reason: TransferFailure,
     ) {
         let Some(object) = self.objects.get_mut(&id) else {
             return;
@@ -557,7 +557,10 @@ impl Node {
         if !object.is_hinted(tid) {
             return;
         }
-        object.last_error = Some(format!("hinted {source}: {reason}"));
+        object.last_error = Some(SourceFailure::Hinted {
+            holder: source,
+            failure: reason,
+        });
         if object.waiters.is_empty() {
             self.objects.remove(&id);
             return;
@@ -570,8 +573,11 @@ impl Node {
         let Some(object) = self.objects.get_mut(&id) else {
             return;
         };
-        object.last_error = Some(format!("{source}: {reason}"));
-        object.failed.insert(source, reason.to_string());
+        object.failed.insert(source, reason.clone());
+        object.last_error = Some(SourceFailure::Holder {
+            holder: source,
+            failure: reason,
+        });
         self.locations.forget_holder(&id, source);
         if object.waiters.is_empty() {
             self.objects.remove(&id);

@@ -25,7 +25,7 @@
 //! named.
 
 use super::locations::Location;
-use super::{Node, Timer, TransferMode};
+use super::{Node, Timer, TransferFailure, TransferMode};
 use crate::digest::ContentDigest;
 use crate::error::StoreError;
 use crate::ids::{NodeId, ObjectId, TransferId};
@@ -99,19 +99,30 @@ impl Node {
                 matches!(self.adopt(peer, tid, *sizes, *digest), Adoption::Adopted)
             }
             PeerMessage::NotFound { .. } => {
-                self.hint_failed(tid, format!("{peer} does not have it"));
+                self.hint_failed(tid, TransferFailure::NotFound);
                 false
             }
             PeerMessage::Busy { .. } => {
-                self.hint_failed(tid, format!("{peer} is busy"));
+                self.hint_failed(tid, TransferFailure::Busy);
                 false
             }
             PeerMessage::Error { reason, .. } => {
-                self.hint_failed(tid, format!("{peer}: {reason}"));
+                self.hint_failed(
+                    tid,
+                    TransferFailure::Refused {
+                        reason: reason.clone(),
+                    },
+                );
                 false
             }
             other => {
-                self.hint_failed(tid, format!("unexpected {other} from {peer}"));
+                self.hint_failed(
+                    tid,
+                    TransferFailure::UnexpectedMessage {
+                        message: other.to_string(),
+                        state: "awaiting the hinted node's answer".into(),
+                    },
+                );
                 false
             }
         }
@@ -123,7 +134,9 @@ impl Node {
         if header.offset != 0 {
             self.hint_failed(
                 header.req,
-                format!("{peer} sent a chunk at {} first", header.offset),
+                TransferFailure::FirstChunkNotAtStart {
+                    offset: header.offset,
+                },
             );
             return false;
         }
@@ -206,7 +219,7 @@ impl Node {
 
     /// Hinted request `tid` got no usable answer: the fetch asks the directory, as if it had
     /// had no hint.
-    pub(super) fn hint_failed(&mut self, tid: TransferId, reason: String) {
+    pub(super) fn hint_failed(&mut self, tid: TransferId, reason: TransferFailure) {
         let Some(request) = self.hinted.remove(&tid) else {
             return;
         };
@@ -224,7 +237,7 @@ impl Node {
             .map(|(&tid, _)| tid)
             .collect();
         for tid in lost {
-            self.hint_failed(tid, format!("connection to {peer} lost"));
+            self.hint_failed(tid, TransferFailure::ConnectionLost { holder: peer });
         }
     }
 

@@ -65,7 +65,7 @@ pub use clients::{ClusterMember, MAX_PARKED_CREATES};
 pub use config::{ArenaKey, NodeConfig, PeerParams, ReadGrant};
 pub use drive::{drive, drive_host, DriveHost};
 pub use driver::NodeDriver;
-pub use errors::{FetchError, GrantError, ReadError, TransferFailure, TransferMode};
+pub use errors::{FetchError, GrantError, ReadError, SourceFailure, TransferFailure, TransferMode};
 use fetch::{FetchWaiter, FetchWaiterId, ObjectFetch};
 pub use input::{Handled, NodeInput};
 pub use links::{DialPolicy, PeerLink, Unreachable};

@@ -671,8 +671,8 @@ impl Node {
     }
 
     pub(super) fn transfer_deadline(&mut self, tid: TransferId) {
-        if let Some(source) = self.hinted.get(&tid).map(|h| h.source) {
-            self.hint_failed(tid, format!("no reply from {source} in time"));
+        if self.hinted.contains_key(&tid) {
+            self.hint_failed(tid, TransferFailure::NoReplyInTime);
             return;
         }
         let Some(transfer) = self.transfers.get(&tid) else {

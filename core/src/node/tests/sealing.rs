@@ -368,8 +368,14 @@ fn a_copy_damaged_from_every_holder_fails_the_fetch_saying_so() {
             panic!("{replies:?}");
         };
         assert!(
-            last_error.contains("hash to") && last_error.contains("digest"),
-            "{last_error}"
+            matches!(
+                last_error,
+                SourceFailure::Holder {
+                    failure: TransferFailure::DigestMismatch { .. },
+                    ..
+                }
+            ),
+            "{last_error:?}"
         );
         assert!(w.nodes[1].stats().digest_mismatches >= 1);
         assert!(

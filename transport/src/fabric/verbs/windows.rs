@@ -437,13 +437,10 @@ impl WindowLanes<MemoryWindow> for VerbsLanes<'_> {
         self.verbs
             .bind_window(lane, wr_id, window, reg, addr, region.len)
             .map_err(|e| {
-                FabricError::Grant(GrantError::Device(match e {
-                    PostError::OutsideRegistration { .. } => format!(
-                        "{region} spans two memory regions of its arena, and a window lies \
-                         in one (raise max_mr_bytes)"
-                    ),
-                    e => format!("binding a memory window: {e}"),
-                }))
+                FabricError::Grant(match e {
+                    PostError::OutsideRegistration { .. } => GrantError::SpansRegistrations(region),
+                    e => GrantError::Device(format!("binding a memory window: {e}")),
+                })
             })
     }
 
