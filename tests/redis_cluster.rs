@@ -9,6 +9,8 @@
 mod common;
 use common::pattern;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::skip;
@@ -87,6 +89,8 @@ fn fetches_go_on_when_a_redis_cluster_master_is_killed() {
     // The membership's master: every node's record and the token live there.
     let victim = redis.master_of("skyriver:{rc}:token");
     let socket = cluster.sockets[1].clone();
+    let fetched = Arc::new(AtomicUsize::new(0));
+    let fetched_by_thread = fetched.clone();
     let fetcher = std::thread::spawn(move || {
         let client = Client::connect(&socket).unwrap();
         let mut failed_attempts = 0;
@@ -96,6 +100,7 @@ fn fetches_go_on_when_a_redis_cluster_master_is_killed() {
                 match client.fetch_one(id, Some(Duration::from_secs(5))) {
                     Ok(object) => {
                         assert!(object.data() == &pattern(n as u64, 4096)[..]);
+                        fetched_by_thread.fetch_add(1, Ordering::Relaxed);
                         break;
                     }
                     Err(error) => {
@@ -112,7 +117,10 @@ fn fetches_go_on_when_a_redis_cluster_master_is_killed() {
         }
         failed_attempts
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // The kill lands while fetches are under way: some done, most still to come.
+    common::eventually("the first fetches are done", || {
+        fetched.load(Ordering::Relaxed) >= 5 || fetcher.is_finished()
+    });
     let killed = Instant::now();
     redis.kill(victim);
     let failed_attempts = fetcher.join().expect("every object is fetched");
