@@ -93,3 +93,22 @@ fn reused_ids_are_refused_and_would_be_accepted_twice_by_a_directory_blind_to_co
         "no seed of {SEEDS:?} showed an id accepted with two contents under the flaw"
     );
 }
+
+/// Once faults stop, a sample of the sealed copies is fetched from other live nodes
+/// (`cluster::liveness`); holders that deny some ids they hold are caught there.
+#[test]
+fn holders_that_deny_copies_they_hold_are_caught_by_the_liveness_fetches() {
+    let flaws = Flaws {
+        holders_deny_some_ids: true,
+        ..Flaws::default()
+    };
+    let caught = SEEDS.take(20).find_map(|seed| {
+        let report = flawed(seed, flaws);
+        report
+            .violations
+            .iter()
+            .find(|v| v.contains("is not fetchable by a live node"))
+            .map(|v| (seed, v.clone()))
+    });
+    assert!(caught.is_some(), "no seed of 0..20 caught the planted flaw");
+}

@@ -519,8 +519,10 @@ impl Node {
                     let object = self.objects.get_mut(&id).expect("checked above");
                     object.state = ObjectFetchState::Transferring(tid);
                 }
-                // Transfers in flight will free memory (or make objects evictable) when they end.
-                Err(StoreError::OutOfMemory { .. }) if self.bytes_in_flight > 0 => break,
+                // Transfers in flight will free memory (or make objects evictable) when they
+                // end; evicted blocks waiting for their removal to be durable, and objects being
+                // spilled, when that completes (both pump the admission again).
+                Err(StoreError::OutOfMemory { .. }) if self.memory_will_be_freed() => break,
                 Err(StoreError::ObjectExists(_)) => {
                     self.admission.pop_front();
                     self.created_here_meanwhile(id);
@@ -531,6 +533,12 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Whether memory is on its way to being free without evicting more: transfers in flight
+    /// end, removals become durable, spill writes complete.
+    pub(super) fn memory_will_be_freed(&self) -> bool {
+        self.bytes_in_flight > 0 || self.store.pending_free_bytes() > 0
     }
 
     /// `id` could not be created for its transfer because it exists here: sealed (the fetch is

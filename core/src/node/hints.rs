@@ -202,7 +202,7 @@ impl Node {
                 object.transfer_started(tid);
                 Adoption::Adopted
             }
-            Err(StoreError::OutOfMemory { .. }) if self.bytes_in_flight > 0 => {
+            Err(StoreError::OutOfMemory { .. }) if self.memory_will_be_freed() => {
                 self.choose_source(id);
                 Adoption::Declined
             }

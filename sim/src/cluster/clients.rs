@@ -855,7 +855,7 @@ impl Cluster {
         kind: &'static str,
         ids: Vec<ObjectId>,
         timeout: Duration,
-    ) {
+    ) -> Option<RequestId> {
         let timeout_ms = timeout.as_micros().div_ceil(1000) as u64;
         let inc = self.nodes[n.0 as usize].inc;
         let body = match body {
@@ -889,9 +889,7 @@ impl Cluster {
             },
             other => other,
         };
-        let Some(frame) = self.client_frame(n, client, body, Call::Objects { kind }) else {
-            return;
-        };
+        let frame = self.client_frame(n, client, body, Call::Objects { kind })?;
         let op = PendingOp {
             kind,
             ids,
@@ -902,7 +900,9 @@ impl Cluster {
         self.checker
             .pending
             .insert((n, inc, client, frame.request), op);
+        let request = frame.request;
         self.deliver_request(n, client, frame);
+        Some(request)
     }
 
     pub(super) fn client_fetch(
@@ -912,7 +912,7 @@ impl Cluster {
         ids: Vec<ObjectId>,
         timeout: Duration,
         wait_for_publication: bool,
-    ) {
+    ) -> Option<RequestId> {
         let mode = if self.params.forced_modes {
             TransferMode::ALL[((self.requests_sent + 1) % 3) as usize]
         } else {
@@ -938,7 +938,7 @@ impl Cluster {
                 wait_for_publication,
             }
         };
-        self.client_objects(n, client, body, "fetch", ids, timeout);
+        self.client_objects(n, client, body, "fetch", ids, timeout)
     }
 
     /// One `Put` carrying the object's bytes: created, written and sealed by the node.

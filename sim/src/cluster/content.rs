@@ -43,6 +43,9 @@ pub struct Flaws {
     /// A holder's coalesced pass sends every requester the first object sent in the pass,
     /// whatever it asked for (see `crowd`).
     pub coalesced_pass_mixes_payloads: bool,
+    /// Holders answer `NotFound` to every fetch request for a fifth of the ids (those whose
+    /// last byte is a multiple of 5), though they hold them (see `liveness`).
+    pub holders_deny_some_ids: bool,
 }
 
 impl Cluster {

@@ -10,6 +10,7 @@ mod driver;
 mod durability;
 mod events;
 mod faults;
+mod liveness;
 mod relay;
 mod replication;
 mod script;
@@ -286,6 +287,10 @@ pub struct SimStats {
     pub relayed_reads: u64,
     /// Puts with replicas, acknowledgements and repairs (runs with replicas).
     pub replication: ReplicationRunStats,
+    /// Fetches of sealed copies made once faults stopped (see `liveness`).
+    pub liveness_fetches: u64,
+    /// Of those, fetches whose holder dropped the object meanwhile (they prove nothing).
+    pub liveness_inconclusive: u64,
 }
 
 impl SimStats {
@@ -708,7 +713,15 @@ impl Cluster {
             return;
         }
         let text = match wire::decode(&bytes) {
-            Ok(message) => format!("{from} -> {to} {message}"),
+            Ok(message) => {
+                if self.flaws.holders_deny_some_ids {
+                    if let Some(denial) = liveness::denial(&message) {
+                        self.record(|| format!("{from} -> {to} {message}, denied by the flaw"));
+                        return self.transmit(to, from, denial);
+                    }
+                }
+                format!("{from} -> {to} {message}")
+            }
             Err(error) => format!("{from} -> {to} undecodable: {error}"),
         };
         self.record(|| text);

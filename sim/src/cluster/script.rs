@@ -310,6 +310,7 @@ impl Cluster {
     pub fn check_quiescence(&mut self) {
         self.settle_directory();
         self.settle_replicas();
+        self.check_copies_fetchable();
         if let Some(registry) = self.directory.registry() {
             registry.check_invariants();
         }
