@@ -519,8 +519,14 @@ impl Node {
                     let object = self.objects.get_mut(&id).expect("checked above");
                     object.state = ObjectFetchState::Transferring(tid);
                 }
-                // Transfers in flight will free memory (or make objects evictable) when they end.
-                Err(StoreError::OutOfMemory { .. }) if self.bytes_in_flight > 0 => break,
+                // Transfers in flight will free memory (or make objects evictable) when they
+                // end; evicted or spilling objects' blocks are free once their removal is
+                // durable or their write done (both pump the admission again).
+                Err(StoreError::OutOfMemory { .. })
+                    if self.bytes_in_flight > 0 || self.store.pending_free_bytes() > 0 =>
+                {
+                    break
+                }
                 Err(StoreError::ObjectExists(_)) => {
                     self.admission.pop_front();
                     self.created_here_meanwhile(id);

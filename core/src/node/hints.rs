@@ -189,7 +189,9 @@ impl Node {
                 object.transfer_started(tid);
                 Adoption::Adopted
             }
-            Err(StoreError::OutOfMemory { .. }) if self.bytes_in_flight > 0 => {
+            Err(StoreError::OutOfMemory { .. })
+                if self.bytes_in_flight > 0 || self.store.pending_free_bytes() > 0 =>
+            {
                 self.choose_source(id);
                 Adoption::Declined
             }
