@@ -8,6 +8,8 @@
 //! - [`workload`]: the clients on every node, with contents every reader can verify.
 //! - [`history`]: what happened, as JSON lines.
 //! - [`checker`]: what must hold, and the verdict.
+//! - [`final_reads`]: the reads after the faults, with a full store's counters when one fails.
+//! - [`redis_cluster`]: a Redis Cluster of the run's own, whose masters the nemesis kills.
 
 pub mod checker;
 pub mod cluster;
@@ -35,6 +37,8 @@ use schedule::{FaultKind, Schedule, ScheduleParams};
 
 /// How long the cluster may take to connect fully, at start and after the faults.
 const CONVERGENCE_BOUND: Duration = Duration::from_secs(60);
+/// `skyriver chaos --memory`'s default (the replay command names any other).
+pub const DEFAULT_MEMORY_BYTES: u64 = 256 << 20;
 /// How often resources and exits are sampled.
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -145,11 +149,15 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         overlap: config.overlap,
         redis_cluster: config.redis_cluster,
     });
-    let replay = schedule.replay_command(if config.redis_cluster {
+    let mut replay = schedule.replay_command(if config.redis_cluster {
         Some("redis-cluster")
     } else {
         config.directory.as_deref()
     });
+    if config.memory_bytes != DEFAULT_MEMORY_BYTES {
+        // A full store's failures replay only with the same memory.
+        replay.push_str(&format!(" --memory {}", config.memory_bytes));
+    }
     print!("{schedule}");
     let exe = crate::self_exe().map_err(|source| ChaosError::Write {
         path: "the skyriver executable".into(),

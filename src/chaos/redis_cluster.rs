@@ -178,10 +178,7 @@ impl ChaosRedisCluster {
         })?;
         let deadline = Instant::now() + CLUSTER_WAIT;
         // Readiness of an outside process: a bounded poll is the only signal there is.
-        while !self
-            .cli(port, &["PING"])
-            .is_some_and(|o| o.trim() == "PONG")
-        {
+        while self.cli(port, &["PING"]).as_deref().map(str::trim) != Some("PONG") {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(RedisClusterError::State(format!(
                     "redis-server on port {port} exited at start ({status})"
