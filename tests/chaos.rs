@@ -202,3 +202,82 @@ fn a_run_removes_what_a_sigkilled_run_left() {
     assert!(stdout.contains("left by a killed run"), "{stdout}");
     assert_eq!(leftovers(tmp.path()), Vec::<String>::new());
 }
+
+/// Whether `redis-server` 7 or later and `redis-cli` are there; skips (or, with
+/// `SKYRIVER_REQUIRE_REDIS`, fails) otherwise.
+fn redis_or_skip(test: &str) -> bool {
+    let version = Command::new("redis-server").arg("--version").output();
+    let major = version
+        .ok()
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .and_then(|text| {
+            text.split("v=")
+                .nth(1)?
+                .split('.')
+                .next()?
+                .parse::<u32>()
+                .ok()
+        });
+    let cli = Command::new("redis-cli")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if major.is_some_and(|m| m >= 7) && cli {
+        return true;
+    }
+    common::skip::skip(
+        test,
+        &common::skip::REDIS,
+        "redis-server 7 or later and redis-cli are needed",
+    );
+    false
+}
+
+#[test]
+fn a_run_on_its_own_redis_cluster_survives_a_master_kill() {
+    let test = "a_run_on_its_own_redis_cluster_survives_a_master_kill";
+    if !namespaces_or_skip(test) || !redis_or_skip(test) {
+        return;
+    }
+    let dir = common::test_dir();
+    let json = dir.path().join("verdict.json");
+    let tmp = common::test_dir();
+    // Seed 5's schedule (3 nodes, 30 s) kills a master first, at 2 s (checked by the
+    // schedule's unit tests).
+    let output = Command::new(exe())
+        .env("TMPDIR", tmp.path())
+        .args(["chaos", "--nodes", "3", "--seconds", "30", "--seed", "5"])
+        .args(["--directory", "redis-cluster", "--memory", "128MiB"])
+        .args(["--python-clients", "off", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("chaos: 0 violations"), "{stdout}");
+    let verdict: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let run = &verdict["runs"][0];
+    // The master kill was carried out and healed (its replica took over, it rejoined).
+    let history = std::fs::read_to_string(dir.path().join("verdict.memory.history.jsonl")).unwrap();
+    let kills: Vec<serde_json::Value> = history
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|r| r["record"] == "fault" && r["kind"] == "redis_master_kill")
+        .collect();
+    assert!(!kills.is_empty(), "{run}");
+    for kill in &kills {
+        assert!(kill["error"].is_null(), "{kill}");
+    }
+    assert!(
+        run["verdict"]["objects_checked"].as_u64().unwrap() > 10,
+        "{run}"
+    );
+    assert!(run["replay"]
+        .as_str()
+        .unwrap()
+        .contains("--directory redis-cluster"));
+    assert_eq!(leftovers(tmp.path()), Vec::<String>::new());
+}

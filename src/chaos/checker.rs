@@ -337,7 +337,8 @@ pub fn check(history: &History) -> Verdict {
             continue;
         };
         let quiet = !history.faults.iter().any(|f| {
-            (f.node == op.node || f.peer == Some(op.node) || f.kind == FaultKind::HeadKillRestart)
+            (directory_fault(f.kind)
+                || (hits_a_daemon(f.kind) && (f.node == op.node || f.peer == Some(op.node))))
                 && f.start_ms <= op.end_ms
                 && f.end_ms >= op.start_ms
         });
@@ -402,23 +403,46 @@ pub fn check(history: &History) -> Verdict {
     }
 }
 
-/// Whether no fault (but a killed client) touched any of `nodes`, nor the directory's node,
-/// from [`REPUBLISH_BOUND_MS`] before `op` started to its end: a fetch between them must then
-/// find what the holder holds.
+/// Whether a fault of `kind` hits the directory itself, wherever it runs (a head kill, a
+/// Redis master kill).
+fn directory_fault(kind: FaultKind) -> bool {
+    matches!(
+        kind,
+        FaultKind::HeadKillRestart | FaultKind::RedisMasterKill
+    )
+}
+
+/// Whether a fault of `kind` hits the daemon of its `node` (a Redis master kill's `node` is a
+/// master's number).
+fn hits_a_daemon(kind: FaultKind) -> bool {
+    kind != FaultKind::RedisMasterKill
+}
+
+/// Whether no fault (but a killed client) touched any of `nodes`, nor the directory (its node,
+/// or a Redis master), from [`REPUBLISH_BOUND_MS`] before `op` started to its end: a fetch
+/// between them must then find what the holder holds.
 fn reachable(history: &History, nodes: &[u32], op: &Op) -> bool {
+    let during = |f: &&super::history::FaultRecord| {
+        f.start_ms <= op.end_ms && f.end_ms + REPUBLISH_BOUND_MS >= op.start_ms
+    };
     let touched = |node: u32| {
-        history.faults.iter().any(|f| {
+        history.faults.iter().filter(during).any(|f| {
             f.kind != FaultKind::ClientKill
+                && hits_a_daemon(f.kind)
                 && (f.node == node || f.peer == Some(node))
-                && f.start_ms <= op.end_ms
-                && f.end_ms + REPUBLISH_BOUND_MS >= op.start_ms
         })
     };
-    !nodes
+    let directory_hit = history
+        .faults
         .iter()
-        .copied()
-        .chain(history.directory_node)
-        .any(touched)
+        .filter(during)
+        .any(|f| f.kind == FaultKind::RedisMasterKill);
+    !directory_hit
+        && !nodes
+            .iter()
+            .copied()
+            .chain(history.directory_node)
+            .any(touched)
 }
 
 /// How long `op`'s own daemon was paused while `op` ran: it answers nobody meanwhile.
@@ -698,6 +722,43 @@ mod tests {
         h.directory_node = None;
         h.faults.push(fault(FaultKind::Pause, 0, 15_000, 21_000));
         assert!(!check(&h).passed());
+    }
+
+    #[test]
+    fn a_redis_master_kill_is_a_directory_fault() {
+        let put = op(1, OpKind::Put, "a", 0, 5);
+        let lost = Op {
+            result: OpResult::NotFound,
+            ..op(2, OpKind::Fetch, "a", 20_000, 20_010)
+        };
+        let redis = |h: &mut History| {
+            h.directory_node = None;
+            h.faults
+                .push(fault(FaultKind::RedisMasterKill, 0, 15_000, 18_000));
+        };
+        // During a master kill (or less than the re-publication bound after), a fetch may
+        // miss what the directory lost track of.
+        let mut h = history(vec![put.clone(), lost.clone()]);
+        redis(&mut h);
+        assert!(check(&h).passed(), "{:?}", check(&h).violations);
+        // Long after it, not.
+        let late = Op {
+            start_ms: 40_000,
+            end_ms: 40_010,
+            ..lost
+        };
+        let mut h = history(vec![put.clone(), late]);
+        redis(&mut h);
+        assert!(!check(&h).passed());
+        // A blocking get that missed its put during a master kill: allowed.
+        let mut get = op(3, OpKind::BlockingGet, "b", 16_000, 17_000);
+        get.timeout_ms = 3_000;
+        get.result = OpResult::NotFound;
+        let put_b = op(3, OpKind::Put, "b", 16_100, 16_200);
+        let mut h = history(vec![get.clone(), put_b.clone()]);
+        assert!(!check(&h).passed());
+        redis(&mut h);
+        assert!(check(&h).passed());
     }
 
     #[test]

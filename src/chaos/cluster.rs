@@ -40,6 +40,9 @@ pub enum ChaosClusterError {
         #[source]
         source: std::io::Error,
     },
+    /// The run's Redis Cluster could not be started, or a master killed or restarted.
+    #[error(transparent)]
+    Redis(#[from] super::redis_cluster::RedisClusterError),
     /// A daemon did not come up.
     #[error("node-{node} did not start: {reason}")]
     Start {
@@ -68,6 +71,8 @@ pub struct DaemonSettings {
     pub directory: Option<String>,
     /// The `skyriver` program.
     pub exe: PathBuf,
+    /// A Redis Cluster of the run's own as the directory (`directory` is then its URL).
+    pub redis_cluster: bool,
 }
 
 struct Daemon {
@@ -88,6 +93,8 @@ pub struct ChaosCluster {
     /// The namespaces (dropped after the daemons and mounts).
     pub netns: Option<NetnsCluster>,
     mounts: Vec<PathBuf>,
+    /// The run's Redis Cluster, with `--directory redis-cluster`.
+    redis: Option<super::redis_cluster::ChaosRedisCluster>,
     started: Instant,
     exits: Vec<UnexpectedExit>,
     /// The run's hold on its directory (see `super::stale`).
@@ -116,12 +123,21 @@ impl ChaosCluster {
             dir: temp.path().to_path_buf(),
             netns: Some(netns),
             mounts: Vec::new(),
+            redis: None,
             started: Instant::now(),
             exits: Vec::new(),
             settings,
             _owner: owner,
             _temp: temp,
         };
+        if cluster.settings.redis_cluster {
+            let redis = super::redis_cluster::ChaosRedisCluster::start(
+                cluster.netns().host_addr(),
+                &cluster.dir,
+            )?;
+            cluster.settings.directory = Some(redis.url());
+            cluster.redis = Some(redis);
+        }
         for node in 0..cluster.settings.nodes {
             if cluster.settings.persistent {
                 let store_dir = cluster.store_dir(node);
@@ -325,6 +341,27 @@ impl ChaosCluster {
         self.wait_answering(node)
     }
 
+    /// Kills a master of the run's Redis Cluster (the `pick % 3`th) and waits for its
+    /// replica's takeover; the killed server's port.
+    pub fn kill_redis_master(&mut self, pick: u32) -> Result<u16, ChaosClusterError> {
+        match &mut self.redis {
+            Some(redis) => Ok(redis.kill_master(pick)?),
+            None => Err(ChaosClusterError::Redis(
+                super::redis_cluster::RedisClusterError::State(
+                    "this run has no Redis Cluster of its own".into(),
+                ),
+            )),
+        }
+    }
+
+    /// Restarts the Redis server on `port` (it rejoins as a replica).
+    pub fn restart_redis(&mut self, port: u16) -> Result<(), ChaosClusterError> {
+        if let Some(redis) = &mut self.redis {
+            redis.restart(port)?;
+        }
+        Ok(())
+    }
+
     /// SIGSTOP (`true`) or SIGCONT (`false`).
     pub fn pause(&mut self, node: u32, paused: bool) {
         self.daemons[node as usize].paused = paused;
@@ -444,7 +481,9 @@ impl Drop for ChaosCluster {
             // Lazy: nothing of this run uses it any more, whatever still has it open.
             let _ = Command::new("umount").arg("-l").arg(mount).status();
         }
-        // The namespaces go next; the directory with the TempDir.
+        // The Redis servers (on the bridge's address), the namespaces next; the directory
+        // with the TempDir.
+        self.redis = None;
         self.netns = None;
     }
 }

@@ -160,6 +160,8 @@ pub enum Record<'a> {
     Fault(&'a FaultRecord),
     /// A killed daemon.
     Death(&'a Death),
+    /// A node's store when a final read there failed with `OutOfMemory`.
+    OutOfMemory(&'a super::final_reads::OutOfMemoryStats),
 }
 
 /// Everything a run recorded, for the checker.
@@ -194,6 +196,8 @@ pub struct History {
     pub directory_node: Option<u32>,
     /// Client processes that exited without being told to stop (crashes).
     pub client_exits: Vec<ClientExit>,
+    /// Each node's store when a final read there first failed with `OutOfMemory`.
+    pub out_of_memory: Vec<super::final_reads::OutOfMemoryStats>,
 }
 
 impl History {
@@ -209,6 +213,11 @@ impl History {
         );
         records.extend(self.faults.iter().map(|f| (f.start_ms, Record::Fault(f))));
         records.extend(self.deaths.iter().map(|d| (d.at_ms, Record::Death(d))));
+        records.extend(
+            self.out_of_memory
+                .iter()
+                .map(|o| (o.at_ms, Record::OutOfMemory(o))),
+        );
         records.sort_by_key(|(at, _)| *at);
         for (_, record) in records {
             serde_json::to_writer(&mut out, &record)?;

@@ -8,12 +8,16 @@
 //! - [`workload`]: the clients on every node, with contents every reader can verify.
 //! - [`history`]: what happened, as JSON lines.
 //! - [`checker`]: what must hold, and the verdict.
+//! - [`final_reads`]: the reads after the faults, with a full store's counters when one fails.
+//! - [`redis_cluster`]: a Redis Cluster of the run's own, whose masters the nemesis kills.
 
 pub mod checker;
 pub mod cluster;
+pub mod final_reads;
 pub mod history;
 pub mod nemesis;
 pub mod python_clients;
+pub mod redis_cluster;
 pub mod schedule;
 pub mod stale;
 pub mod workload;
@@ -28,13 +32,13 @@ use serde::Serialize;
 
 use checker::Verdict;
 use cluster::{ChaosCluster, DaemonSettings};
-use history::{Death, FaultRecord, History, Op, OpKind, OpResult, Phase};
+use history::{Death, FaultRecord, History};
 use schedule::{FaultKind, Schedule, ScheduleParams};
 
 /// How long the cluster may take to connect fully, at start and after the faults.
 const CONVERGENCE_BOUND: Duration = Duration::from_secs(60);
-/// How long a final read may wait.
-const FINAL_FETCH_TIMEOUT_MS: u64 = 10_000;
+/// `skyriver chaos --memory`'s default (the replay command names any other).
+pub const DEFAULT_MEMORY_BYTES: u64 = 256 << 20;
 /// How often resources and exits are sampled.
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -61,6 +65,9 @@ pub struct ChaosConfig {
     pub python_clients: PythonClients,
     /// Two faults at once now and then (see [`schedule::Schedule::draw`]).
     pub overlap: bool,
+    /// The directory is a Redis Cluster the run starts itself (`directory` is `None` then),
+    /// whose masters the nemesis kills.
+    pub redis_cluster: bool,
 }
 
 /// Whether the workload has Python clients (one per node).
@@ -138,10 +145,19 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         nodes: config.nodes,
         seconds: config.seconds,
         persistent: config.persistent,
-        builtin_head: config.directory.is_none(),
+        builtin_head: config.directory.is_none() && !config.redis_cluster,
         overlap: config.overlap,
+        redis_cluster: config.redis_cluster,
     });
-    let replay = schedule.replay_command(config.directory.as_deref());
+    let mut replay = schedule.replay_command(if config.redis_cluster {
+        Some("redis-cluster")
+    } else {
+        config.directory.as_deref()
+    });
+    if config.memory_bytes != DEFAULT_MEMORY_BYTES {
+        // A full store's failures replay only with the same memory.
+        replay.push_str(&format!(" --memory {}", config.memory_bytes));
+    }
     print!("{schedule}");
     let exe = crate::self_exe().map_err(|source| ChaosError::Write {
         path: "the skyriver executable".into(),
@@ -153,6 +169,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         persistent: config.persistent,
         directory: config.directory.clone(),
         exe: exe.clone(),
+        redis_cluster: config.redis_cluster,
     })?;
     let python = match config.python_clients {
         PythonClients::Off => Err("off (--python-clients off)".to_string()),
@@ -279,13 +296,15 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         .map(|_| ms().saturating_sub(last_heal_ms));
     cluster.sample_evictions();
     let mut ops = workload.ops();
-    ops.extend(final_reads(
-        &ops,
-        &client_objects,
-        &sockets,
-        config.nodes,
-        &ms,
-    ));
+    let finals = final_reads::run(&ops, &client_objects, &sockets, config.nodes, &ms);
+    ops.extend(finals.ops);
+    for oom in &finals.out_of_memory {
+        println!(
+            "  out of memory on node-{} in the final checks; its store: {}",
+            oom.node,
+            serde_json::to_string(&oom.stats).unwrap_or_default()
+        );
+    }
     cluster.sample_all();
     let history = History {
         nodes: config.nodes,
@@ -300,8 +319,9 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         converged_after_ms,
         memory_bytes: config.memory_bytes,
         python_clients: workload.python_clients(),
-        directory_node: config.directory.is_none().then_some(0),
+        directory_node: (config.directory.is_none() && !config.redis_cluster).then_some(0),
         client_exits: workload.client_exits(),
+        out_of_memory: finals.out_of_memory,
     };
     if let Some(dir) = &config.keep_logs {
         if let Err(e) = cluster.keep_logs(dir) {
@@ -351,64 +371,6 @@ fn converge(
         std::thread::sleep(Duration::from_millis(100));
     }
     None
-}
-
-/// Fetches every acknowledged, undeleted object from another node than the one that put it,
-/// and every object a killed client worked on, checking the bytes.
-fn final_reads(
-    ops: &[Op],
-    client_objects: &[(skyriver_client::ObjectId, u32)],
-    sockets: &[PathBuf],
-    nodes: u32,
-    ms: &dyn Fn() -> u64,
-) -> Vec<Op> {
-    let deleted: std::collections::BTreeSet<&str> = ops
-        .iter()
-        .filter(|op| op.kind == OpKind::Delete)
-        .map(|op| op.id.as_str())
-        .collect();
-    let mut reads: Vec<(skyriver_client::ObjectId, u32, OpKind)> = ops
-        .iter()
-        .filter(|op| op.kind == OpKind::Put && op.result == OpResult::Ok)
-        .filter(|op| !deleted.contains(op.id.as_str()))
-        .filter_map(|op| Some((op.id.parse().ok()?, op.node, OpKind::Fetch)))
-        .collect();
-    reads.extend(
-        client_objects
-            .iter()
-            .map(|&(id, node)| (id, node, OpKind::ReadAfterClientKill)),
-    );
-    let clients: Vec<Option<skyriver_client::Client>> = sockets
-        .iter()
-        .map(|s| skyriver_client::Client::connect(s).ok())
-        .collect();
-    let mut done = Vec::new();
-    for (id, origin, kind) in reads {
-        let node = (origin + 1) % nodes;
-        let start_ms = ms();
-        let result = match &clients[node as usize] {
-            None => OpResult::Failed {
-                error: format!("cannot connect to node-{node}"),
-            },
-            Some(client) => workload::fetch_and_verify(client, id, FINAL_FETCH_TIMEOUT_MS)
-                .unwrap_or_else(|error| OpResult::Failed {
-                    error: error.to_string(),
-                }),
-        };
-        done.push(Op {
-            node,
-            worker: 999,
-            kind,
-            id: id.to_string(),
-            size: u64::from(workload::size_of(&id)),
-            start_ms,
-            end_ms: ms(),
-            timeout_ms: FINAL_FETCH_TIMEOUT_MS,
-            result,
-            phase: Phase::Final,
-        });
-    }
-    done
 }
 
 /// The summary table of a run.

@@ -55,6 +55,8 @@ pub struct Injected {
     pub fault: Fault,
     /// The object a killed client may have put or fetched, for the final reads.
     pub client_object: Option<(ObjectId, u32)>,
+    /// The port of the killed Redis master, restarted at the heal.
+    pub redis_port: Option<u16>,
 }
 
 /// Injects `fault`. `seed` and `serial` name the object a killed client works on.
@@ -67,6 +69,7 @@ pub fn inject(
     let node = fault.node;
     let namespace = cluster.netns().hosts[node as usize].namespace.clone();
     let mut client_object = None;
+    let mut redis_port = None;
     match fault.kind {
         FaultKind::KillRestart | FaultKind::HeadKillRestart => cluster.kill(node, false)?,
         FaultKind::KillRestartWiped => cluster.kill(node, true)?,
@@ -109,10 +112,12 @@ pub fn inject(
                 .status();
         }
         FaultKind::ClientKill => client_object = Some(kill_a_client(cluster, fault, seed, serial)?),
+        FaultKind::RedisMasterKill => redis_port = Some(cluster.kill_redis_master(node)?),
     }
     Ok(Injected {
         fault: fault.clone(),
         client_object,
+        redis_port,
     })
 }
 
@@ -155,6 +160,11 @@ pub fn heal(cluster: &mut ChaosCluster, injected: &Injected) -> Result<(), Nemes
             let _ = std::fs::remove_file(cluster.store_dir(node).join("filler"));
         }
         FaultKind::ClientKill => {}
+        FaultKind::RedisMasterKill => {
+            if let Some(port) = injected.redis_port {
+                cluster.restart_redis(port)?
+            }
+        }
     }
     Ok(())
 }

@@ -29,11 +29,15 @@ pub enum FaultKind {
     DiskFull,
     /// A client process killed mid-put or mid-fetch.
     ClientKill,
+    /// SIGKILL of a master of the run's Redis Cluster (`--directory redis-cluster`): its
+    /// replica takes over; at the end it is restarted and rejoins as a replica. The fault's
+    /// `node` says which master (in port order), not a daemon.
+    RedisMasterKill,
 }
 
 impl FaultKind {
     /// Every kind, in summary order.
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::KillRestart,
         FaultKind::KillRestartWiped,
         FaultKind::Pause,
@@ -43,6 +47,7 @@ impl FaultKind {
         FaultKind::Throttle,
         FaultKind::DiskFull,
         FaultKind::ClientKill,
+        FaultKind::RedisMasterKill,
     ];
 
     /// The name used in summaries and JSON.
@@ -57,14 +62,23 @@ impl FaultKind {
             FaultKind::Throttle => "throttle",
             FaultKind::DiskFull => "disk_full",
             FaultKind::ClientKill => "client_kill",
+            FaultKind::RedisMasterKill => "redis_master_kill",
         }
     }
 
     /// Whether the kind applies to a run with these settings.
-    fn applies(self, persistent: bool, builtin_head: bool, nodes: u32) -> bool {
+    fn applies(self, params: &ScheduleParams) -> bool {
+        let ScheduleParams {
+            persistent,
+            builtin_head,
+            nodes,
+            redis_cluster,
+            ..
+        } = *params;
         match self {
             FaultKind::KillRestartWiped | FaultKind::DiskFull => persistent,
             FaultKind::HeadKillRestart => builtin_head,
+            FaultKind::RedisMasterKill => redis_cluster,
             FaultKind::OneWayCut => nodes >= 2,
             _ => true,
         }
@@ -88,9 +102,14 @@ pub struct Fault {
 
 impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let target = if self.kind == FaultKind::RedisMasterKill {
+            "master"
+        } else {
+            "node"
+        };
         write!(
             f,
-            "{:>7.1}s  {:<18} node-{}",
+            "{:>7.1}s  {:<18} {target}-{}",
             self.at_ms as f64 / 1000.0,
             self.kind.name(),
             self.node
@@ -117,6 +136,8 @@ pub struct ScheduleParams {
     pub builtin_head: bool,
     /// Whether a third of the faults get a second, overlapping one (see [`Schedule::draw`]).
     pub overlap: bool,
+    /// Whether the directory is a Redis Cluster of the run's own (master kills apply).
+    pub redis_cluster: bool,
 }
 
 /// The faults of one run, all healed before the quiet end of the run: one at a time, or with
@@ -159,7 +180,7 @@ impl Schedule {
         let mut rng = SplitMix64::new(params.seed ^ 0x6368_616f_735f_7363);
         let kinds: Vec<FaultKind> = FaultKind::ALL
             .into_iter()
-            .filter(|k| k.applies(params.persistent, params.builtin_head, params.nodes))
+            .filter(|k| k.applies(&params))
             .collect();
         let end_ms = (params.seconds * 1000).saturating_sub(QUIET_END_MS);
         let mut faults = Vec::new();
@@ -177,6 +198,9 @@ impl Schedule {
             }
             let node = match kind {
                 FaultKind::HeadKillRestart => 0,
+                FaultKind::RedisMasterKill => {
+                    rng.below(u64::from(super::redis_cluster::MASTERS)) as u32
+                }
                 // Node 0 is only killed as the head, where the kind says so.
                 FaultKind::KillRestart | FaultKind::KillRestartWiped if params.nodes > 1 => {
                     1 + rng.below(u64::from(params.nodes) - 1) as u32
@@ -338,6 +362,7 @@ mod tests {
             persistent,
             builtin_head: true,
             overlap: false,
+            redis_cluster: false,
         }
     }
 
@@ -401,6 +426,49 @@ mod tests {
         }
         assert!(overlaps > 50, "{overlaps} overlaps in 100 schedules");
     }
+
+    #[test]
+    fn master_kills_come_only_with_a_redis_cluster_of_the_runs_own() {
+        let redis = |seed| ScheduleParams {
+            nodes: 3,
+            seconds: 30,
+            builtin_head: false,
+            redis_cluster: true,
+            ..params(seed, false)
+        };
+        for seed in 0..50 {
+            let kinds = |p| {
+                Schedule::draw(p)
+                    .faults
+                    .iter()
+                    .map(|f| f.kind)
+                    .collect::<Vec<_>>()
+            };
+            assert!(!kinds(params(seed, true)).contains(&FaultKind::RedisMasterKill));
+            let with_redis = Schedule::draw(redis(seed));
+            for fault in &with_redis.faults {
+                assert_ne!(fault.kind, FaultKind::HeadKillRestart);
+                if fault.kind == FaultKind::RedisMasterKill {
+                    assert!(fault.node < super::super::redis_cluster::MASTERS);
+                }
+            }
+        }
+        // The seed tests/chaos.rs runs for 30 s kills a master.
+        let schedule = Schedule::draw(redis(REDIS_TEST_SEED));
+        assert!(
+            schedule
+                .faults
+                .iter()
+                .any(|f| f.kind == FaultKind::RedisMasterKill),
+            "{schedule}"
+        );
+        assert!(schedule
+            .replay_command(Some("redis-cluster"))
+            .ends_with("--directory redis-cluster"));
+    }
+
+    /// The seed of tests/chaos.rs's Redis Cluster run (3 nodes, 30 s, in memory).
+    const REDIS_TEST_SEED: u64 = 5;
 
     #[test]
     fn the_stream_is_fixed_by_its_definition() {

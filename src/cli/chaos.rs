@@ -32,7 +32,9 @@ pub struct ChaosArgs {
     /// `.history.jsonl` in place of its extension.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// The directory: builtin (on node 0, which head kills then hit) or redis://HOST:PORT.
+    /// The directory: builtin (on node 0, which head kills then hit), redis://HOST:PORT, or
+    /// redis-cluster (a Redis Cluster of the run's own, 3 masters and 3 replicas, whose
+    /// masters the nemesis kills; needs redis-server 7 and redis-cli).
     #[arg(long, default_value = "builtin")]
     pub directory: String,
     /// Copy the daemons' logs here at the end of each run (a subdirectory per run).
@@ -75,7 +77,7 @@ pub enum ChaosCommandError {
     #[error("--seconds {0}: at least 10")]
     Seconds(u64),
     /// `--directory` names nothing chaos can start.
-    #[error("--directory {0}: builtin or redis://HOST:PORT")]
+    #[error("--directory {0}: builtin, redis://HOST:PORT or redis-cluster")]
     Directory(String),
     /// The signal watcher could not start.
     #[error("cannot watch signals: {0}")]
@@ -113,8 +115,9 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), ChaosCommandError> {
     if args.seconds < 10 {
         return Err(ChaosCommandError::Seconds(args.seconds));
     }
+    let redis_cluster = args.directory == "redis-cluster";
     let directory = match args.directory.as_str() {
-        "builtin" => None,
+        "builtin" | "redis-cluster" => None,
         url if url.starts_with("redis://") || url.starts_with("rediss://") => Some(url.to_string()),
         other => return Err(ChaosCommandError::Directory(other.to_string())),
     };
@@ -152,6 +155,7 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), ChaosCommandError> {
                 PythonClientsArg::Off => chaos::PythonClients::Off,
             },
             overlap: args.overlap,
+            redis_cluster,
         };
         println!(
             "chaos: seed {seed}, {} nodes, {} s, {mode}",

@@ -356,6 +356,58 @@ fn full_store_fails_the_fetch_with_out_of_memory() {
 }
 
 #[test]
+fn a_fetch_into_a_full_persistent_store_waits_for_evicted_space_to_be_durable() {
+    // Node 1's store is full of an object nobody holds; evicting it for the fetched copy
+    // frees its space only once the removal is durable. The fetch waits for that, as a
+    // client's create does, rather than failing with OutOfMemory.
+    let mut w = World::new(2, |c| {
+        c.store = StoreConfig {
+            record_durable_changes: true,
+            ..StoreConfig::single_arena(64 * 1024)
+        };
+        c.hold_replies_until_durable = true;
+    });
+    w.put(0, 1, 40_000);
+    w.put(1, 2, 40_000);
+    w.manual_disk = true;
+    w.fetch(1, &[1], Duration::from_millis(50));
+    assert_eq!(
+        w.replies(1),
+        Vec::<Vec<_>>::new(),
+        "no reply before the space is free"
+    );
+    assert!(
+        !w.nodes[1].store().contains(&id(2)),
+        "the unheld object was evicted"
+    );
+    // The disk catches up (the eviction, then the fetched copy's seal).
+    for _ in 0..3 {
+        if !w.replies(1).is_empty() {
+            break;
+        }
+        let upto = w
+            .persisted
+            .iter()
+            .filter(|(n, _)| n.0 == 1)
+            .map(|&(_, s)| s)
+            .max();
+        w.feed(
+            1,
+            NodeInput::Persisted {
+                upto: upto.unwrap(),
+            },
+        );
+        w.pump();
+    }
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1, "{replies:?}");
+    let info = ok_info(&replies[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 40_000));
+    w.release(1, 1);
+    w.nodes[1].check_invariants();
+}
+
+#[test]
 fn malformed_peer_bytes_are_an_error_not_a_panic() {
     let mut w = World::new(2, |_| {});
     let bytes = b"garbage!";
