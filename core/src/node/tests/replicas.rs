@@ -249,3 +249,31 @@ fn a_copy_placed_on_a_node_holding_other_bytes_under_the_id_is_not_promoted() {
     assert!(!w.nodes[1].store().contains(&id(1)), "the stale copy goes");
     w.nodes[1].check_invariants();
 }
+
+/// A copy placed here whose fetch joined a client's fetch that waits for a publication does not
+/// outlive that client's wait by the replication's long timeout: once the client's deadline
+/// passes, the placed copy's fetch fails after the short publication grace (the registry places
+/// the copy elsewhere), and the node is idle again (the simulator saw it busy for a minute).
+#[test]
+fn a_placed_copy_joined_to_a_waiting_client_fetch_ends_soon_after_the_client_leaves() {
+    let mut w = World::new(2, |_| {});
+    w.hand_fetch(1, &[1], Duration::from_millis(5), TransferMode::Auto);
+    w.pump();
+    let bytes = World::bytes_of(1, LEN);
+    let event = DirectoryEvent::Replicate {
+        id: id(1),
+        sizes: ObjectSizes {
+            data_size: LEN,
+            metadata_size: 0,
+        },
+        digest: ContentDigest::of(&bytes, &[]),
+        sources: vec![NodeId(0)],
+        replicas: 2,
+    };
+    w.feed(1, NodeInput::DirectoryEvent { event });
+    w.pump();
+    w.advance(Duration::from_millis(100));
+    assert!(w.nodes[1].is_quiescent(), "{:?}", w.nodes[1].pending_work());
+    assert_eq!(w.nodes[1].stats().replication_fetches_failed, 1);
+    w.nodes[1].check_invariants();
+}
