@@ -541,6 +541,17 @@ impl Store {
         self.objects.get(id).is_some_and(|e| e.pin_count > 0)
     }
 
+    /// Whether a `create` of an object of `bytes` (data and metadata) could find its block now,
+    /// after evicting everything evictable: free space and evictable objects' blocks together,
+    /// as contiguous blocks (fragmentation counts). Read-only.
+    pub fn could_hold(&self, bytes: u64) -> bool {
+        let mut allocator = self.allocator.clone();
+        for entry in self.objects.iter().filter(|entry| entry.in_lru()) {
+            allocator.free(entry.block());
+        }
+        allocator.fits(bytes)
+    }
+
     /// `get`s waiting for objects now.
     pub fn waiting_gets(&self) -> usize {
         self.waiters.len()

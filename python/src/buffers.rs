@@ -364,6 +364,38 @@ impl WriterSlot {
         }
     }
 
+    /// Seals the object asking for copies on other nodes (see `Client.put`): the creator's
+    /// reference goes with the seal (a copy of record stays pinned in the store), so the buffer
+    /// is released whatever the outcome; `TooFewReplicas` means sealed, with copies missing.
+    pub fn seal_replicated(
+        &self,
+        py: Python<'_>,
+        policy: skyriver_client::ReplicaPolicy,
+    ) -> PyResult<()> {
+        let writer = {
+            let mut state = lock(&self.state);
+            if state.exports > 0 {
+                return Err(views_alive(self.id, state.exports));
+            }
+            match std::mem::replace(&mut state.stage, Stage::Sealing) {
+                Stage::Writing(writer) => writer,
+                other => {
+                    let error = match &other {
+                        Stage::Sealing | Stage::Sealed { .. } => errors::AlreadySealed::new_err(
+                            format!("object {} is already sealed", self.id),
+                        ),
+                        _ => released(self.id),
+                    };
+                    state.stage = other;
+                    return Err(error);
+                }
+            }
+        };
+        let sealed = py.detach(|| writer.seal_replicated(policy));
+        lock(&self.state).stage = Stage::Done;
+        sealed.map_err(|error| errors::client_error(py, error))
+    }
+
     /// Aborts the unsealed object. Refused while views of it are alive.
     pub fn abort(&self, py: Python<'_>) -> PyResult<()> {
         let writer = {
@@ -499,10 +531,21 @@ impl PyMutableBuffer {
         lock(&self.slot.state).exports
     }
 
-    /// Seals the object (same as `Client.seal(id)`).
-    fn seal(&self, py: Python<'_>) -> PyResult<()> {
+    /// Seals the object (same as `Client.seal(id, ...)`, with the same replica options).
+    #[pyo3(signature = (replicas=None, wait_replicas=false, replicas_timeout=60.0))]
+    fn seal(
+        &self,
+        py: Python<'_>,
+        replicas: Option<u8>,
+        wait_replicas: bool,
+        replicas_timeout: f64,
+    ) -> PyResult<()> {
+        let policy = crate::client::replica_policy(replicas, wait_replicas, replicas_timeout)?;
         lock(&self.pending).remove(&self.slot.id);
-        self.slot.seal(py)
+        match policy {
+            Some(policy) => self.slot.seal_replicated(py, policy),
+            None => self.slot.seal(py),
+        }
     }
 
     /// Releases the buffer now: an unsealed object is aborted, a sealed one loses the

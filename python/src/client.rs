@@ -290,16 +290,32 @@ impl PyClient {
 
     /// Seals an object this client created: it becomes immutable and visible to every
     /// client. Its `MutableBuffer` turns read-only and keeps a reference until it goes.
-    fn seal(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
+    ///
+    /// `replicas` and `wait_replicas` (with `replicas_timeout`) ask for copies on other nodes
+    /// as `put` does; the buffer is then released at the seal (the copy of record stays
+    /// pinned in the store; `get` it to read it), and with `wait_replicas=True` the call
+    /// returns once every copy is sealed or raises `TooFewReplicas` naming how many exist.
+    /// Views of the buffer must be gone first (`BufferError` otherwise).
+    #[pyo3(signature = (id, replicas=None, wait_replicas=false, replicas_timeout=60.0))]
+    fn seal(
+        &self,
+        py: Python<'_>,
+        id: &Bound<'_, PyAny>,
+        replicas: Option<u8>,
+        wait_replicas: bool,
+        replicas_timeout: f64,
+    ) -> PyResult<()> {
         let id = object_id(id)?;
+        let policy = replica_policy(replicas, wait_replicas, replicas_timeout)?;
         let slot = self
             .pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
-        match slot {
-            Some(slot) => slot.seal(py),
-            None => Err(self.not_pending(py, id)),
+        match (slot, policy) {
+            (Some(slot), Some(policy)) => slot.seal_replicated(py, policy),
+            (Some(slot), None) => slot.seal(py),
+            (None, _) => Err(self.not_pending(py, id)),
         }
     }
 
@@ -345,17 +361,9 @@ impl PyClient {
         wait_replicas: bool,
         replicas_timeout: f64,
     ) -> PyResult<PyObjectId> {
-        if !(replicas_timeout.is_finite() && replicas_timeout >= 0.0) {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "replicas_timeout must be a non-negative number of seconds",
-            ));
-        }
-        let policy = skyriver_client::ReplicaPolicy {
-            copies: replicas.unwrap_or(0),
-            wait_ms: wait_replicas.then_some((replicas_timeout * 1000.0) as u64),
-        };
-        // No count and no wait: a plain put, which every daemon understands.
-        let replicated = policy != skyriver_client::ReplicaPolicy::default();
+        let policy = replica_policy(replicas, wait_replicas, replicas_timeout)?;
+        let replicated = policy.is_some();
+        let policy = policy.unwrap_or_default();
         let id = match id {
             Some(id) => object_id(id)?,
             None => PyObjectId::random().0,
@@ -733,4 +741,23 @@ impl PySubscription {
     fn close(&self) {
         self.closer.close();
     }
+}
+
+/// The replica options of `put` and `seal`: `None` when they ask for nothing (no count and no
+/// wait: a plain put or seal, which every daemon understands).
+pub(crate) fn replica_policy(
+    replicas: Option<u8>,
+    wait_replicas: bool,
+    replicas_timeout: f64,
+) -> PyResult<Option<skyriver_client::ReplicaPolicy>> {
+    if !(replicas_timeout.is_finite() && replicas_timeout >= 0.0) {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "replicas_timeout must be a non-negative number of seconds",
+        ));
+    }
+    let policy = skyriver_client::ReplicaPolicy {
+        copies: replicas.unwrap_or(0),
+        wait_ms: wait_replicas.then_some((replicas_timeout * 1000.0) as u64),
+    };
+    Ok((policy != skyriver_client::ReplicaPolicy::default()).then_some(policy))
 }

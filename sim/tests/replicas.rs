@@ -26,18 +26,20 @@ fn caught(flaws: Flaws, what: &str) -> Option<(u64, String)> {
 }
 
 #[test]
-#[ignore = "open findings: a replicated seal's reply not held for durability, copies of record \
-            flagged as pinned at quiescence, a wait left pending, a repair short of min(k, members)"]
+#[ignore = "open findings (about 30 of 60 seeds, each listed by this test): a record the \
+            registry dropped while a live node still holds a copy of record, and repairs short of \
+            min(k, members) after crashes; see the README's replicas section"]
 fn random_runs_with_replicas_pass_their_checks() {
     let mut total = skyriver_sim::cluster::ReplicationRunStats::default();
+    let mut failures = Vec::new();
     for seed in SEEDS {
         let report: SimReport = run_seed_replicating(seed, None, MODE, Flaws::default());
-        assert!(
-            report.passed(),
-            "seed {seed} ({}): {:?}\nreplay: cargo test -p skyriver-sim --test replicas",
-            report.params,
-            report.violations
-        );
+        if !report.passed() {
+            failures.push(format!(
+                "seed {seed} ({}): {:?}",
+                report.params, report.violations
+            ));
+        }
         let r = &report.stats.replication;
         total.replicated_puts += r.replicated_puts;
         total.acked += r.acked;
@@ -46,6 +48,14 @@ fn random_runs_with_replicas_pass_their_checks() {
         total.records_converged += r.records_converged;
         total.repairs_started += r.repairs_started;
     }
+    assert!(
+        failures.is_empty(),
+        "{} of {} seeds failed:\n{}\nreplay one: cargo test -p skyriver-sim --test replicas \
+         -- --ignored",
+        failures.len(),
+        SEEDS.end - SEEDS.start,
+        failures.join("\n")
+    );
     println!("{total:?}");
     assert!(total.acked > 100, "too few acknowledged puts: {total:?}");
     assert!(

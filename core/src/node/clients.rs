@@ -726,6 +726,13 @@ impl Node {
             self.replication_fetched(request, response);
             return;
         }
+        // A put's reply that did not pass `reply_once_durable` (refused at its seal, or by a
+        // parked create) still ends its wait for copies.
+        let durable_before = self.store.durable_changes_queued();
+        let Some(response) = self.hold_for_replicas(client, request, response, durable_before)
+        else {
+            return;
+        };
         self.push(NodeOutput::Reply {
             client,
             request,

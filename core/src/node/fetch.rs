@@ -706,6 +706,14 @@ impl Node {
         };
         object.waiters.remove(&waiter_id);
         if !object.waiters.is_empty() {
+            if object.state == ObjectFetchState::AwaitingPublication
+                && !object.waits_for_publication(&self.waiters)
+            {
+                // The waiter that waited for a publication left: the others fail after the
+                // short grace, as if they had been alone at the lookup.
+                let at = self.now + self.config.publication_grace;
+                self.set_timer(at, Timer::PublicationGrace(id));
+            }
             return;
         }
         match object.state {

@@ -79,6 +79,11 @@ impl Replicas {
 }
 
 impl Node {
+    /// Whether this node holds `id` as a copy of record (pinned once for it, until a delete).
+    pub fn is_copy_of_record(&self, id: &ObjectId) -> bool {
+        self.replicas.of_record.contains(id)
+    }
+
     /// The copies a put asks for: its own, or the daemon's default.
     fn copies_wanted(&self, policy: ReplicaPolicy) -> u8 {
         let copies = if policy.copies == 0 {
@@ -291,22 +296,33 @@ impl Node {
         if self.config.standalone {
             return;
         }
-        self.replicas.wanted.insert(id, replicas.max(2));
+        let same_content = self.store.sealed_sizes_and_digest(&id) == Some((sizes, Some(digest)));
         if self.replicas.of_record.contains(&id) {
-            // Already a copy of record (the registry lost track, say after a partition):
-            // publish it again.
-            self.want_publication(id, Want::Publish(sizes, digest));
-            return;
-        }
-        if self.store.sealed_info(&id).is_some() {
-            // A cached copy: promote it.
-            if self.store.pin(id).is_ok() {
-                self.replicas.of_record.insert(id);
-                self.stats.copies_of_record_placed += 1;
+            if same_content {
+                // Already a copy of record (the registry lost track, say after a partition):
+                // publish it again.
                 self.want_publication(id, Want::Publish(sizes, digest));
             }
             return;
         }
+        if self.store.sealed_info(&id).is_some() {
+            if same_content {
+                // A cached copy: promote it.
+                if self.store.pin(id).is_ok() {
+                    self.replicas.wanted.insert(id, replicas.max(2));
+                    self.replicas.of_record.insert(id);
+                    self.stats.copies_of_record_placed += 1;
+                    self.want_publication(id, Want::Publish(sizes, digest));
+                }
+            } else {
+                // A cached copy of another content under this id (deleted and put again with
+                // other bytes since): never promoted, nor published as the new content. It
+                // goes (once unused), and the registry places the copy elsewhere meanwhile.
+                let _ = self.store.delete(&[id]);
+            }
+            return;
+        }
+        self.replicas.wanted.insert(id, replicas.max(2));
         if self.replicas.fetching.values().any(|&f| f == id) {
             return;
         }

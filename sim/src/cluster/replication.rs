@@ -436,12 +436,8 @@ impl Cluster {
             if of_record.contains(&NodeId(i as u32)) {
                 return false;
             }
-            let stats = node.store().stats();
-            let free = stats
-                .capacity_bytes
-                .saturating_sub(stats.allocated_bytes)
-                .saturating_add(stats.evictable_bytes);
-            free >= bytes
+            // Free bytes are not enough: the object needs one block (fragmentation counts).
+            node.store().sealed_info(id).is_some() || node.store().could_hold(bytes)
         })
     }
 
@@ -461,7 +457,11 @@ impl Cluster {
             let converged = self.replicas_converged();
             if let Ok(count) = converged {
                 self.replication.stats.records_converged = count;
-                break;
+                // Converged; what repair set going (transfers, publications) ends too before
+                // the end-of-run checks look for work left.
+                if self.foreground == 0 {
+                    break;
+                }
             }
             let next_at: Option<Instant> = self.queue.peek().map(|std::cmp::Reverse(next)| next.at);
             if next_at.is_none_or(|at| at > deadline) {

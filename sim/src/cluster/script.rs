@@ -337,6 +337,7 @@ impl Cluster {
                 NodeId(i as u32),
                 node.store(),
                 &sim_node.memory,
+                |id| node.is_copy_of_record(id),
             );
         }
         self.finished = true;

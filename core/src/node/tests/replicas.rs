@@ -194,3 +194,86 @@ fn a_waiting_put_on_a_persistent_node_is_answered_only_once_its_seal_is_durable(
     assert_eq!(w.reply_to(0, CLIENT, put), Some(Response::Done(Ok(()))));
     w.nodes[0].check_invariants();
 }
+
+/// A waiting put refused at its seal (another content holds the id) is answered by the
+/// refusal, and its wait for copies ends with it: nothing is left waiting for copies of an
+/// object that was never stored (the simulator saw such waits pending forever).
+#[test]
+fn a_waiting_put_refused_at_its_seal_leaves_no_wait_behind() {
+    let mut w = World::new(2, |_| {});
+    assert_eq!(
+        w.put_bytes(0, 1, &World::bytes_of(1, LEN)),
+        Some(Response::Done(Ok(())))
+    );
+    let body = Request::PutReplicated {
+        id: id(1),
+        data: World::bytes_of(2, LEN),
+        metadata: Vec::new(),
+        replicas: ReplicaPolicy {
+            copies: 2,
+            wait_ms: Some(1000),
+        },
+    };
+    let put = w.hand_request(1, CLIENT, body);
+    w.pump();
+    assert_eq!(
+        w.reply_to(1, CLIENT, put),
+        Some(Response::Done(Err(StoreError::ObjectExists(id(1)))))
+    );
+    assert!(w.nodes[1].is_quiescent(), "{:?}", w.nodes[1].pending_work());
+    w.nodes[1].check_invariants();
+}
+
+/// A node told to hold a copy of an id it holds with other bytes (the id was deleted and put
+/// again with another content) neither promotes its copy nor publishes it as the new content:
+/// the directory would list one id with two contents (the simulator saw it).
+#[test]
+fn a_copy_placed_on_a_node_holding_other_bytes_under_the_id_is_not_promoted() {
+    let mut w = World::new(2, |_| {});
+    w.put(1, 1, LEN);
+    let other = World::bytes_of(2, LEN);
+    let event = DirectoryEvent::Replicate {
+        id: id(1),
+        sizes: ObjectSizes {
+            data_size: LEN,
+            metadata_size: 0,
+        },
+        digest: ContentDigest::of(&other, &[]),
+        sources: vec![NodeId(0)],
+        replicas: 2,
+    };
+    w.feed(1, NodeInput::DirectoryEvent { event });
+    w.pump();
+    assert_eq!(published_replicated(&w, 1), Vec::<u8>::new());
+    assert!(!w.nodes[1].store().is_pinned(&id(1)));
+    assert!(!w.nodes[1].store().contains(&id(1)), "the stale copy goes");
+    w.nodes[1].check_invariants();
+}
+
+/// A copy placed here whose fetch joined a client's fetch that waits for a publication does not
+/// outlive that client's wait by the replication's long timeout: once the client's deadline
+/// passes, the placed copy's fetch fails after the short publication grace (the registry places
+/// the copy elsewhere), and the node is idle again (the simulator saw it busy for a minute).
+#[test]
+fn a_placed_copy_joined_to_a_waiting_client_fetch_ends_soon_after_the_client_leaves() {
+    let mut w = World::new(2, |_| {});
+    w.hand_fetch(1, &[1], Duration::from_millis(5), TransferMode::Auto);
+    w.pump();
+    let bytes = World::bytes_of(1, LEN);
+    let event = DirectoryEvent::Replicate {
+        id: id(1),
+        sizes: ObjectSizes {
+            data_size: LEN,
+            metadata_size: 0,
+        },
+        digest: ContentDigest::of(&bytes, &[]),
+        sources: vec![NodeId(0)],
+        replicas: 2,
+    };
+    w.feed(1, NodeInput::DirectoryEvent { event });
+    w.pump();
+    w.advance(Duration::from_millis(100));
+    assert!(w.nodes[1].is_quiescent(), "{:?}", w.nodes[1].pending_work());
+    assert_eq!(w.nodes[1].stats().replication_fetches_failed, 1);
+    w.nodes[1].check_invariants();
+}
