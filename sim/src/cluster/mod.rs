@@ -10,6 +10,7 @@ mod driver;
 mod durability;
 mod events;
 mod faults;
+mod member_views;
 mod relay;
 mod replication;
 mod script;
@@ -372,6 +373,8 @@ pub struct Cluster {
     replication: replication::ReplicationSide,
     /// The requests of the current drive pass of a holder (see `crowd`).
     pass: crowd::PassChecks,
+    /// The cores' view of the directory's member lists, converted once per list.
+    member_views: member_views::MemberViews,
 }
 
 const WORKLOAD_CLIENT_BASE: u64 = 1;
@@ -495,6 +498,7 @@ impl Cluster {
             },
             replication: replication::ReplicationSide::new(params.replicas),
             pass: crowd::PassChecks::default(),
+            member_views: Default::default(),
             params,
             rng,
         };
