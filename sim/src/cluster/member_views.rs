@@ -17,6 +17,8 @@ pub(super) struct MemberViews {
     last: Option<MemberView>,
     /// Lists converted so far (each distinct list once while it is the latest).
     pub(super) conversions: u64,
+    /// Lists delivered to cores so far.
+    pub(super) deliveries: u64,
 }
 
 #[derive(Debug)]
@@ -31,6 +33,7 @@ struct MemberView {
 impl MemberViews {
     /// The trace names and the cores' view of `list`.
     pub(super) fn view(&mut self, list: &MemberList) -> (Rc<str>, SharedList<ClusterMember>) {
+        self.deliveries += 1;
         let view = match self.last.take() {
             Some(view) if view.list.same_list(list) => view,
             _ => {

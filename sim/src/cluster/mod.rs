@@ -380,6 +380,12 @@ pub struct Cluster {
 const WORKLOAD_CLIENT_BASE: u64 = 1;
 
 impl Cluster {
+    /// Member lists delivered to the cores, and how many of them were converted for the cores
+    /// (once per distinct list: the rest shared a conversion).
+    pub fn member_lists(&self) -> (u64, u64) {
+        (self.member_views.deliveries, self.member_views.conversions)
+    }
+
     /// A cluster for a random run of `seed`; `nodes` overrides the drawn node count.
     pub fn random(seed: u64, nodes: Option<usize>, mode: RunMode) -> Self {
         Self::random_with_flaws(seed, nodes, mode, Flaws::default())
