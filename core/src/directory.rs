@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::ContentDigest;
 use crate::ids::{NodeId, ObjectId};
+use crate::shared_list::SharedList;
 use crate::wire::ObjectSizes;
 
 /// One directory operation of one node, echoed in its reply.
@@ -281,6 +282,10 @@ pub struct MemberInfo {
     pub failure_domain: String,
 }
 
+/// The live members, sorted by node id: one list, built once per membership change and shared
+/// by every message, session and core it reaches.
+pub type MemberList = SharedList<MemberInfo>;
+
 /// What a node's directory client tells its driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DirectoryNotice {
@@ -294,7 +299,7 @@ pub enum DirectoryNotice {
     /// A subscription fired.
     Event(DirectoryEvent),
     /// The live members changed (sent at join and at every change).
-    Members(Vec<MemberInfo>),
+    Members(MemberList),
     /// The service became reachable (`Ok`) or unreachable (`Err` with the reason).
     Health(Result<(), String>),
 }

@@ -22,6 +22,7 @@ pub mod node;
 pub mod persist;
 pub mod region;
 pub mod registry;
+pub mod shared_list;
 pub mod sorted_chunks;
 pub mod store;
 pub mod time;

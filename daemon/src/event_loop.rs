@@ -557,7 +557,7 @@ impl EventLoop {
                 info!(members = %names.join(" "), "cluster membership");
                 let view = members.iter().map(ClusterMember::from).collect();
                 self.feed(now, NodeInput::DirectoryMembers { members: view });
-                self.members = members;
+                self.members = members.to_vec();
             }
             DirectoryNotice::Health(health) => {
                 match (&health, self.node.directory_healthy()) {

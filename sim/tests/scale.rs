@@ -31,3 +31,32 @@ fn per_event_directory_checks_examine_a_few_nodes_not_all() {
         "{examined} nodes examined in {ran} events ({per_event:.1} per event, {nodes} nodes)"
     );
 }
+
+#[test]
+fn one_membership_change_is_converted_once_for_all_the_nodes_it_reaches() {
+    let nodes = 50;
+    let mode = RunMode {
+        workload: true,
+        faults: true,
+        keep_trace: false,
+        echo_trace: false,
+    };
+    let mut cluster = Cluster::random(1, Some(nodes), mode);
+    let _ = cluster.drive_bounded(20_000, Instant(u64::MAX));
+    assert!(
+        cluster.violations().is_empty(),
+        "violations: {:#?}",
+        cluster.violations()
+    );
+    let (delivered, converted) = cluster.member_lists();
+    // Every node hears the formed cluster's list, and each change reaches every member.
+    assert!(
+        delivered >= nodes as u64,
+        "{delivered} member lists delivered"
+    );
+    // One conversion per change, not one per node it reaches.
+    assert!(
+        converted * 10 <= delivered,
+        "{converted} conversions for {delivered} member lists delivered to {nodes} nodes"
+    );
+}

@@ -25,6 +25,7 @@ use crate::digest::ContentDigest;
 use crate::directory::{DirectoryOpId, DirectoryReply, DirectoryRequest};
 use crate::error::StoreError;
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
+use crate::shared_list::SharedList;
 use crate::store::ObjectInfo;
 use crate::time::Instant;
 
@@ -72,7 +73,7 @@ pub(super) struct ClientSession {
 /// What the node knows of its cluster, for `nodes` replies.
 #[derive(Debug, Default)]
 pub(super) struct ClusterInfo {
-    members: Vec<ClusterMember>,
+    members: SharedList<ClusterMember>,
     directory_problem: Option<String>,
 }
 
@@ -251,14 +252,13 @@ impl Node {
 
     /// The directory's list of live members changed: dials the lower ones not connected (see
     /// `links`).
-    pub(super) fn handle_directory_members(&mut self, now: Instant, members: Vec<ClusterMember>) {
+    pub(super) fn handle_directory_members(
+        &mut self,
+        now: Instant,
+        members: SharedList<ClusterMember>,
+    ) {
         self.advance(now);
-        self.links_members(
-            members
-                .iter()
-                .map(|m| (m.node, (m.incarnation, m.address)))
-                .collect(),
-        );
+        let members = self.links_members(members);
         self.clients.cluster.members = members;
     }
 

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::shared_list::SharedList;
+
 use super::{ClusterMember, GrantError, Node, PeerParams, ReadError, ReadGrant, ReadOpId};
 use crate::client_protocol::RequestFrame;
 use crate::digest::ContentDigest;
@@ -48,8 +50,9 @@ pub enum NodeInput<'a> {
     },
     /// The directory's list of live members changed.
     DirectoryMembers {
-        /// The live members.
-        members: Vec<ClusterMember>,
+        /// The live members, sorted by node id (shared: a driver that converts one directory
+        /// list once hands every node the same one).
+        members: SharedList<ClusterMember>,
     },
     /// The directory became reachable (`Ok`) or not (`Err` with why).
     DirectoryHealth {

@@ -18,8 +18,9 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{Node, NodeOutput, Timer};
+use super::{ClusterMember, Node, NodeOutput, Timer};
 use crate::ids::NodeId;
+use crate::shared_list::SharedList;
 use crate::time::Instant;
 
 /// How the connection to a peer is set up, as its fabric reports it when the connection comes
@@ -86,8 +87,8 @@ pub struct Unreachable {
 /// The node's connection bookkeeping.
 #[derive(Debug, Default)]
 pub(super) struct Links {
-    /// Live members the directory lists: which start of each, and where its fabric listens.
-    members: BTreeMap<NodeId, (u32, SocketAddr)>,
+    /// Live members the directory lists, sorted by node id.
+    members: SharedList<ClusterMember>,
     /// Peers that could not be reached, with their back-off.
     unreachable: BTreeMap<NodeId, Unreachable>,
     /// What each peer's fabric negotiated, for as long as it is connected.
@@ -120,22 +121,42 @@ impl Node {
     }
 
     /// The directory's list of live members changed: a change dials every missing lower peer
-    /// at once and starts their back-off over; peers no longer listed are forgotten.
-    pub(super) fn links_members(&mut self, members: BTreeMap<NodeId, (u32, SocketAddr)>) {
-        if members == self.links.members {
-            return;
+    /// at once and starts their back-off over; peers no longer listed are forgotten. Returns
+    /// the list sorted by node id (as the directory sends it, so no copy is made then). No
+    /// allocation: a node hears every change of an N-node cluster, and N nodes do.
+    pub(super) fn links_members(
+        &mut self,
+        members: SharedList<ClusterMember>,
+    ) -> SharedList<ClusterMember> {
+        let members = sorted_by_node(members);
+        let unchanged = members.same_list(&self.links.members)
+            || (members.len() == self.links.members.len()
+                && members
+                    .iter()
+                    .zip(self.links.members.iter())
+                    .all(|(new, old)| dialed_alike(new, old)));
+        self.links.members = members.clone();
+        if unchanged {
+            return members;
         }
         let now = self.now;
         self.links
             .unreachable
-            .retain(|peer, _| members.contains_key(peer));
+            .retain(|peer, _| members.binary_search_by_key(peer, |m| m.node).is_ok());
         for state in self.links.unreachable.values_mut() {
             state.backoff_failures = 0;
             state.next_dial = now;
             state.retry_in = Duration::ZERO;
         }
-        self.links.members = members;
         self.dial_missing();
+        members
+    }
+
+    /// The listed members with lower ids than this node's: those it dials.
+    fn lower_members(&self) -> &[ClusterMember] {
+        let me = self.config.node;
+        let members = &self.links.members;
+        &members[..members.partition_point(|m| m.node < me)]
     }
 
     /// The connection to `peer` is up: it is reachable again, and needs no more dialing.
@@ -172,19 +193,17 @@ impl Node {
     /// arms the next round while one is missing.
     pub(super) fn dial_missing(&mut self) {
         let now = self.now;
-        let me = self.config.node;
         let due: Vec<(NodeId, SocketAddr)> = self
-            .links
-            .members
-            .range(..me)
-            .filter(|(peer, _)| !self.peers.get(peer).is_some_and(|p| p.connected))
-            .filter(|(peer, _)| {
+            .lower_members()
+            .iter()
+            .filter(|m| !self.peers.get(&m.node).is_some_and(|p| p.connected))
+            .filter(|m| {
                 self.links
                     .unreachable
-                    .get(peer)
+                    .get(&m.node)
                     .is_none_or(|state| now >= state.next_dial)
             })
-            .map(|(&peer, &(_, address))| (peer, address))
+            .map(|m| (m.node, m.address))
             .collect();
         for (peer, address) in due {
             self.stats.dials += 1;
@@ -197,16 +216,37 @@ impl Node {
     /// otherwise (a node with all its connections up sets no timer for them).
     fn arm_dial_timer(&mut self) {
         self.cancel_timer(Timer::Dial);
-        let me = self.config.node;
         let missing = self
-            .links
-            .members
-            .range(..me)
-            .any(|(peer, _)| !self.peers.get(peer).is_some_and(|p| p.connected));
+            .lower_members()
+            .iter()
+            .any(|m| !self.peers.get(&m.node).is_some_and(|p| p.connected));
         if missing {
             self.set_timer(self.now + self.config.dial.interval, Timer::Dial);
         }
     }
+}
+
+/// Whether two listings of a member dial it alike: the same start of it, at the same address.
+fn dialed_alike(new: &ClusterMember, old: &ClusterMember) -> bool {
+    new.node == old.node && new.incarnation == old.incarnation && new.address == old.address
+}
+
+/// `members` sorted by node id, one entry each (the last listed wins). The directory sends
+/// them sorted; only a list that is not costs a copy.
+fn sorted_by_node(members: SharedList<ClusterMember>) -> SharedList<ClusterMember> {
+    if members.windows(2).all(|pair| pair[0].node < pair[1].node) {
+        return members;
+    }
+    let mut sorted = members.to_vec();
+    sorted.sort_by_key(|m| m.node);
+    sorted.dedup_by(|later, earlier| {
+        let duplicate = later.node == earlier.node;
+        if duplicate {
+            std::mem::swap(later, earlier);
+        }
+        duplicate
+    });
+    sorted.into()
 }
 
 #[cfg(test)]
@@ -256,7 +296,8 @@ mod tests {
     #[test]
     fn the_higher_id_dials_the_lower_on_a_membership_change_and_then_each_interval() {
         let mut n = node();
-        let members = vec![member(0), member(1), member(2), member(3)];
+        let members: SharedList<ClusterMember> =
+            vec![member(0), member(1), member(2), member(3)].into();
         n.handle_directory_members(Instant::ZERO, members.clone());
         assert_eq!(dials(&mut n), [NodeId(0), NodeId(1)], "only lower ids");
         // The same membership again is no news.
@@ -275,7 +316,7 @@ mod tests {
     #[test]
     fn an_unreachable_peer_is_dialed_with_exponential_back_off_until_the_membership_changes() {
         let mut n = node();
-        n.handle_directory_members(Instant::ZERO, vec![member(1), member(2)]);
+        n.handle_directory_members(Instant::ZERO, vec![member(1), member(2)].into());
         assert_eq!(dials(&mut n), [NodeId(1)]);
         let mut now = Instant::ZERO;
         let mut gaps = Vec::new();
@@ -302,7 +343,7 @@ mod tests {
         );
         // A change of membership dials at once and starts the back-off over.
         n.handle_peer_lost(now, NodeId(1));
-        n.handle_directory_members(now, vec![member(1), member(2), member(3)]);
+        n.handle_directory_members(now, vec![member(1), member(2), member(3)].into());
         assert_eq!(dials(&mut n), [NodeId(1)]);
         n.handle_peer_lost(now, NodeId(1));
         let unreachable = n.unreachable(NodeId(1)).expect("still unreachable");
@@ -328,13 +369,38 @@ mod tests {
     #[test]
     fn a_peer_that_left_the_membership_is_forgotten_and_not_dialed() {
         let mut n = node();
-        n.handle_directory_members(Instant::ZERO, vec![member(0), member(1), member(2)]);
+        n.handle_directory_members(Instant::ZERO, vec![member(0), member(1), member(2)].into());
         assert_eq!(dials(&mut n), [NodeId(0), NodeId(1)]);
         n.handle_peer_lost(Instant::ZERO, NodeId(0));
-        n.handle_directory_members(Instant::ZERO, vec![member(1), member(2)]);
+        n.handle_directory_members(Instant::ZERO, vec![member(1), member(2)].into());
         assert_eq!(n.unreachable(NodeId(0)), None, "forgotten");
         assert_eq!(dials(&mut n), [NodeId(1)]);
         n.handle_timeout(at_secs(100));
         assert_eq!(dials(&mut n), [NodeId(1)]);
+    }
+
+    #[test]
+    fn an_unsorted_list_is_read_sorted_and_an_equal_one_is_no_news() {
+        let mut n = node();
+        let unsorted = vec![member(3), member(1), member(2), member(0), member(1)];
+        n.handle_directory_members(Instant::ZERO, unsorted.into());
+        assert_eq!(
+            dials(&mut n),
+            [NodeId(0), NodeId(1)],
+            "lower ids, once each"
+        );
+        let listed: Vec<NodeId> = n.cluster_members().iter().map(|m| m.node).collect();
+        assert_eq!(listed, [NodeId(0), NodeId(1), NodeId(2), NodeId(3)]);
+        n.handle_peer_lost(Instant::ZERO, NodeId(0));
+        // Another list with the same members does not start the back-off over.
+        let equal = vec![member(0), member(1), member(2), member(3)];
+        n.handle_directory_members(Instant::ZERO, equal.into());
+        assert_eq!(dials(&mut n), []);
+        // A member that restarted (another incarnation) is news: dialed at once.
+        let mut restarted = member(0);
+        restarted.incarnation = 1;
+        let changed = vec![restarted, member(1), member(2), member(3)];
+        n.handle_directory_members(Instant::ZERO, changed.into());
+        assert_eq!(dials(&mut n), [NodeId(0), NodeId(1)]);
     }
 }

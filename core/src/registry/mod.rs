@@ -47,7 +47,7 @@ use holders::HolderIndex;
 
 use crate::auth::{self, Nonce, NonceSource, Proof, Role};
 use crate::digest::ContentDigest;
-use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo};
+use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo, MemberList};
 use crate::ids::{NodeId, ObjectId};
 use crate::time::Instant;
 use crate::wire::ObjectSizes;
@@ -135,13 +135,14 @@ pub enum RegistryOutput {
         /// The message.
         message: FromRegistry,
     },
-    /// Send the member list to each of `conns` (one encoding serves them all). Output at
-    /// every membership change, so it also tells drivers the current list.
+    /// Send the member list to each of `conns` (one encoding serves them all, one shared list
+    /// every message). Output at every membership change, so it also tells drivers the
+    /// current list.
     SendMembers {
         /// The connections, in node id order.
         conns: Vec<ConnId>,
         /// The live members, sorted by node id.
-        members: Vec<MemberInfo>,
+        members: MemberList,
     },
     /// Close `conn` after what was queued for it; the registry has forgotten it.
     Close {
@@ -434,7 +435,7 @@ impl Registry {
                 self.welcome(conn, proof);
                 self.outputs.push_back(RegistryOutput::SendMembers {
                     conns: vec![conn],
-                    members: self.members(),
+                    members: self.member_list(),
                 });
                 return Ok(());
             }
@@ -658,6 +659,16 @@ impl Registry {
         self.members.values().map(|m| m.info.clone()).collect()
     }
 
+    /// How many members are live.
+    pub fn member_count(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The live members, sorted by node id, as one list to share.
+    pub fn member_list(&self) -> MemberList {
+        self.members.values().map(|m| m.info.clone()).collect()
+    }
+
     /// Each member's node, incarnation and connection, by node id (no allocation).
     pub fn registrations(&self) -> impl Iterator<Item = (NodeId, u32, ConnId)> + '_ {
         self.members
@@ -772,7 +783,7 @@ impl Registry {
         let conns: Vec<ConnId> = self.members.values().map(|m| m.conn).collect();
         self.outputs.push_back(RegistryOutput::SendMembers {
             conns,
-            members: self.members(),
+            members: self.member_list(),
         });
     }
 

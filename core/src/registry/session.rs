@@ -26,6 +26,7 @@ use crate::auth::{self, Nonce, NonceSource, Role};
 use crate::digest::ContentDigest;
 use crate::directory::{
     DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
+    MemberList,
 };
 use crate::ids::ObjectId;
 use crate::sorted_chunks::SortedChunks;
@@ -174,7 +175,7 @@ pub struct DirectorySession {
     /// once the replay after a welcome is answered.
     reported_up: bool,
     /// The member list received while the replay runs, passed on after `Health(Ok)`.
-    pending_members: Option<Vec<MemberInfo>>,
+    pending_members: Option<MemberList>,
     backoff: Duration,
     in_flight: BTreeMap<WireOpId, Origin>,
     next_wire_op: u64,

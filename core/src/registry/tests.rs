@@ -479,7 +479,7 @@ fn a_silent_node_dies_at_the_heartbeat_bound_and_its_locations_vanish() {
     assert_eq!(r.members(), vec![member(2, 1)]);
     assert!(out
         .iter()
-        .any(|(c, m)| *c == ConnId(2) && *m == FromRegistry::Members(vec![member(2, 1)])));
+        .any(|(c, m)| *c == ConnId(2) && *m == FromRegistry::Members(vec![member(2, 1)].into())));
     assert!(r.handle_ping(at_ms(111), ConnId(1), 2).is_err());
 }
 
@@ -993,7 +993,7 @@ fn after_a_reconnect_health_comes_once_the_replay_is_answered_then_the_members()
         drain_session(&mut s),
         vec![
             SessionOutput::Notice(DirectoryNotice::Health(Ok(()))),
-            SessionOutput::Notice(DirectoryNotice::Members(vec![member(1, 1)])),
+            SessionOutput::Notice(DirectoryNotice::Members(vec![member(1, 1)].into())),
         ]
     );
     assert_eq!(r.holders_of(&x), vec![NodeId(1)]);

@@ -7,7 +7,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{Nonce, Proof};
-use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo};
+use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo, MemberList};
 
 /// Version of the directory protocol, checked in the hello. Version 2 replaced the token in
 /// the hello with a challenge-response (see [`crate::registry`]); version 3 added the failure
@@ -107,8 +107,8 @@ pub enum FromRegistry {
     },
     /// A one-shot subscription fired.
     Event(DirectoryEvent),
-    /// The live members, sorted by node id.
-    Members(Vec<MemberInfo>),
+    /// The live members, sorted by node id (on the wire: a sequence, as ever).
+    Members(MemberList),
     /// The answer to `Ping { seq }`.
     Pong {
         /// Echoed.

@@ -2,7 +2,6 @@
 //! the holder's core, timers, client operations, the disk's commits, faults.
 
 use skyriver_core::grants::Revocation;
-use skyriver_core::node::ClusterMember;
 
 use super::*;
 
@@ -156,12 +155,8 @@ impl Cluster {
                         self.feed(to, NodeInput::DirectoryEvent { event });
                     }
                     DirectoryNotice::Members(members) => {
-                        self.record(|| {
-                            let names: Vec<String> =
-                                members.iter().map(|m| m.node.to_string()).collect();
-                            format!("{to} <- directory members {}", names.join(" "))
-                        });
-                        let view = members.iter().map(ClusterMember::from).collect();
+                        let (names, view) = self.member_views.view(&members);
+                        self.record(|| format!("{to} <- directory members {names}"));
                         self.feed(to, NodeInput::DirectoryMembers { members: view });
                     }
                     DirectoryNotice::Health(health) => {

@@ -11,6 +11,7 @@ mod durability;
 mod events;
 mod faults;
 mod liveness;
+mod member_views;
 mod relay;
 mod replication;
 mod script;
@@ -377,11 +378,19 @@ pub struct Cluster {
     replication: replication::ReplicationSide,
     /// The requests of the current drive pass of a holder (see `crowd`).
     pass: crowd::PassChecks,
+    /// The cores' view of the directory's member lists, converted once per list.
+    member_views: member_views::MemberViews,
 }
 
 const WORKLOAD_CLIENT_BASE: u64 = 1;
 
 impl Cluster {
+    /// Member lists delivered to the cores, and how many of them were converted for the cores
+    /// (once per distinct list: the rest shared a conversion).
+    pub fn member_lists(&self) -> (u64, u64) {
+        (self.member_views.deliveries, self.member_views.conversions)
+    }
+
     /// A cluster for a random run of `seed`; `nodes` overrides the drawn node count.
     pub fn random(seed: u64, nodes: Option<usize>, mode: RunMode) -> Self {
         Self::random_with_flaws(seed, nodes, mode, Flaws::default())
@@ -500,6 +509,7 @@ impl Cluster {
             },
             replication: replication::ReplicationSide::new(params.replicas),
             pass: crowd::PassChecks::default(),
+            member_views: Default::default(),
             params,
             rng,
         };

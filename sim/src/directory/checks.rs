@@ -312,7 +312,7 @@ impl SimDirectory {
                     "{node} and the registry disagree on its connection"
                 ));
             }
-            if end.members != members {
+            if end.members[..] != members[..] {
                 return Err(format!(
                     "{node} sees members {:?}, the registry {:?}",
                     end.members

@@ -31,6 +31,7 @@ use rand_chacha::ChaCha8Rng;
 
 use skyriver_core::directory::{
     DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
+    MemberList,
 };
 use skyriver_core::registry::session::{DirectorySession, SessionConfig, SessionOutput};
 use skyriver_core::registry::{
@@ -170,7 +171,7 @@ struct NodeEnd {
     held: Vec<(DirectoryOpId, DirectoryRequest)>,
     welcomed_once: bool,
     timer_at: Option<Instant>,
-    members: Vec<MemberInfo>,
+    members: MemberList,
     /// Subscribing lookups of the core in flight: op → object.
     lookups: BTreeMap<DirectoryOpId, ObjectId>,
     /// Objects a fetch of the core waits to see published.
@@ -415,7 +416,7 @@ impl SimDirectory {
                 held: Vec::new(),
                 welcomed_once: false,
                 timer_at: None,
-                members: Vec::new(),
+                members: MemberList::default(),
                 lookups: BTreeMap::new(),
                 relied: BTreeSet::new(),
             },
@@ -655,9 +656,9 @@ impl SimDirectory {
                     self.registry_timer_at = None;
                 }
                 if let Some(registry) = self.registry.as_mut() {
-                    let before = registry.members().len();
+                    let before = registry.member_count();
                     registry.handle_timeout(now);
-                    let after = registry.members().len();
+                    let after = registry.member_count();
                     self.stats.heartbeat_expiries += (before - after) as u64;
                     self.pump_registry(now, rng, faults_on, &mut effects);
                 }

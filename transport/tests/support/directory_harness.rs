@@ -151,7 +151,7 @@ impl CoreWorld {
                         }
                         SessionOutput::Notice(notice) => {
                             if let DirectoryNotice::Members(members) = &notice {
-                                node.members = members.clone();
+                                node.members = members.to_vec();
                             }
                             node.notices.push_back(notice);
                         }
@@ -441,7 +441,7 @@ impl Participant for ClientNode {
         self.backlog
             .retain(|n| !matches!(n, DirectoryNotice::Members(_)));
         self.wait_for(&format!("members {want:?}"), |n| match n {
-            DirectoryNotice::Members(m) if m == want => Some(()),
+            DirectoryNotice::Members(m) if m[..] == want[..] => Some(()),
             _ => None,
         })
         .await;

@@ -78,7 +78,8 @@ fn every_input(bytes: &[u8]) -> Vec<NodeInput<'_>> {
                 address: "10.0.0.2:7000".parse().unwrap(), // a valid literal
                 fabric: "tcp".into(),
                 failure_domain: String::new(),
-            }],
+            }]
+            .into(),
         },
         NodeInput::DirectoryHealth {
             health: Err("down".into()),

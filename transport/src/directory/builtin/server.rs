@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use skyriver_core::directory::MemberInfo;
+use skyriver_core::directory::{MemberInfo, MemberList};
 use skyriver_core::registry::{
     ConnId, FromRegistry, HelloRefused, Registry, RegistryConfig, RegistryMessageError,
     RegistryOutput, ReplicationStats, ToRegistry, PROTOCOL_VERSION,
@@ -61,7 +61,7 @@ impl ServerConfig {
 #[derive(Debug)]
 pub struct BuiltinDirectoryServer {
     local_addr: SocketAddr,
-    members: watch::Receiver<Vec<MemberInfo>>,
+    members: watch::Receiver<MemberList>,
     replication: watch::Receiver<ReplicationStats>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -79,7 +79,7 @@ impl BuiltinDirectoryServer {
             limits: super::registry_limits(),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let (members_tx, members) = watch::channel(Vec::new());
+        let (members_tx, members) = watch::channel(MemberList::default());
         let (replication_tx, replication) = watch::channel(ReplicationStats::default());
         let (inbox, inbox_rx) = mpsc::channel(INBOX_MESSAGES);
         let head = Head {
@@ -110,7 +110,7 @@ impl BuiltinDirectoryServer {
 
     /// The live members, sorted by node id.
     pub fn members(&self) -> Vec<MemberInfo> {
-        self.members.borrow().clone()
+        self.members.borrow().to_vec()
     }
 
     /// The registry's replication counters and gauges, refreshed every
@@ -152,7 +152,7 @@ struct Head {
     registry: Registry,
     epoch: TokioInstant,
     writers: BTreeMap<ConnId, mpsc::Sender<Arc<[u8]>>>,
-    members: watch::Sender<Vec<MemberInfo>>,
+    members: watch::Sender<MemberList>,
     replication: watch::Sender<ReplicationStats>,
 }
 
@@ -250,7 +250,7 @@ impl Head {
                 _ => None,
             });
             if let Some(members) = latest_members {
-                if *self.members.borrow() != *members {
+                if self.members.borrow()[..] != members[..] {
                     let _ = self.members.send(members.clone());
                 }
             }
@@ -458,6 +458,7 @@ mod tests {
             incarnation: 2,
             failure_domain: String::new(),
         }];
+        let members = MemberList::from(members);
         let bytes = frame::encode(&FromRegistry::Members(members.clone()));
         let decoded: FromRegistry = postcard::from_bytes(&bytes[4..]).unwrap();
         assert_eq!(decoded, FromRegistry::Members(members));
