@@ -176,6 +176,9 @@ pub struct Node {
     /// did not answer in time): not served to peers until it accepts them, since a hinted fetch
     /// has no directory digest to check them against (see `sealing`).
     unvouched: BTreeSet<ObjectId>,
+    /// Of those, the copies whose publication the directory refused for another content under
+    /// the id: they stay local and unpublished (README "One id, one content").
+    refused_publications: BTreeSet<ObjectId>,
     timers: timers::Timers<Timer>,
     outputs: VecDeque<NodeOutput>,
     next_waiter: u64,
@@ -225,6 +228,7 @@ impl Node {
             pending_seals: BTreeMap::new(),
             published_at_seal: BTreeSet::new(),
             unvouched: BTreeSet::new(),
+            refused_publications: BTreeSet::new(),
             timers: timers::Timers::default(),
             outputs: VecDeque::new(),
             next_waiter: 0,

@@ -43,6 +43,7 @@ impl Node {
         if want == Want::Withdraw {
             // The copy is leaving the store: nothing of it is served any more.
             self.unvouched.remove(&id);
+            self.refused_publications.remove(&id);
         }
         if want == Want::Withdraw
             && self
@@ -100,6 +101,12 @@ impl Node {
     /// Publications still on their way or waiting to retry are left to finish.
     ///
     /// [`NodeConfig::max_directory_attempts`]: super::NodeConfig::max_directory_attempts
+    /// Whether this node holds `id` sealed but unpublished because the directory refused its
+    /// publication for another content under the id (sealed during a directory outage).
+    pub fn holds_refused_copy(&self, id: &ObjectId) -> bool {
+        self.refused_publications.contains(id)
+    }
+
     pub(super) fn publish_unvouched_again(&mut self) {
         let unvouched: Vec<ObjectId> = self
             .unvouched
@@ -153,10 +160,14 @@ impl Node {
             DirectoryReply::Done | DirectoryReply::Located { .. } => {
                 self.publications.remove(&id);
                 self.unvouched.remove(&id);
+                self.refused_publications.remove(&id);
                 self.seal_verdict(id, Verdict::Accepted);
             }
             DirectoryReply::Conflict { .. } => {
                 self.publications.remove(&id);
+                if self.unvouched.contains(&id) {
+                    self.refused_publications.insert(id);
+                }
                 self.stats.id_conflicts += 1;
                 self.seal_verdict(id, Verdict::Refused);
             }

@@ -127,7 +127,12 @@ impl Cluster {
                 continue;
             };
             for summary in node.store().list() {
-                if summary.sealed && !summary.delete_pending {
+                // A copy whose publication was refused for another content stays local by
+                // design (README "One id, one content").
+                if summary.sealed
+                    && !summary.delete_pending
+                    && !node.holds_refused_copy(&summary.info.id)
+                {
                     seen.entry(summary.info.id).or_insert(n);
                 }
             }
