@@ -36,7 +36,9 @@ fn tier(w: &World, node: u32, n: u64) -> Option<StorageTier> {
 fn complete_spill_io(w: &mut World, spill_result: Option<Result<(), SpillError>>) {
     while let Some((node, mut input)) = w.held_spill_io.pop_front() {
         if let (NodeInput::SpillDone { result, .. }, Some(forced)) = (&mut input, &spill_result) {
-            *result = forced.clone();
+            if let Err(error) = forced {
+                *result = Err(error.clone());
+            }
         }
         w.feed(node.0, input);
         w.pump();
