@@ -28,4 +28,6 @@ pub use slot_index::{
 pub use storage::Storage;
 
 #[cfg(test)]
+mod spilled_tests;
+#[cfg(test)]
 mod tests;

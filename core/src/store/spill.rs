@@ -1048,3 +1048,6 @@ impl Store {
         self.fail_waiters_with(id, error);
     }
 }
+
+#[cfg(test)]
+mod persistent_tests;
