@@ -310,7 +310,8 @@ impl Cluster {
             } => self.spill_written(node, inc, job, report),
             Event::SpillReported { node, inc, op } => {
                 if self.alive(node, inc) {
-                    self.feed(node, NodeInput::SpillDone { op, result: Ok(()) });
+                    let result = Ok(super::spill::place_of(op));
+                    self.feed(node, NodeInput::SpillDone { op, result });
                 }
             }
             Event::SpillRestored { node, inc, job } => self.spill_restored(node, inc, job),

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use skyriver_core::digest::ContentDigest;
-use skyriver_core::store::{RestoreError, SpillError, SpillOpId};
+use skyriver_core::store::{RestoreError, SpillError, SpillOpId, SpillPlace};
 use skyriver_core::{LocalRegion, NodeId, NodeInput, ObjectId};
 
 use super::{Cluster, Event};
@@ -190,7 +190,7 @@ impl Cluster {
             disk.used_bytes = disk.used_bytes - existing + len;
             disk.records.insert(op, (object, bytes));
             self.spill.stats.writes += 1;
-            Ok(())
+            Ok(place_of(op))
         };
         self.record(|| format!("{n} spill write {op} of {object}: {result:?}"));
         if report {
@@ -304,6 +304,14 @@ impl Cluster {
 
     fn feed_spill(&mut self, n: NodeId, input: NodeInput<'static>) {
         self.feed(n, input);
+    }
+}
+
+/// Where the simulated disk keeps record `op`: the place names the op it was written as.
+pub(super) fn place_of(op: SpillOpId) -> SpillPlace {
+    SpillPlace {
+        file: 0,
+        offset: op.0,
     }
 }
 
