@@ -43,6 +43,9 @@ pub struct Flaws {
     /// A holder's coalesced pass sends every requester the first object sent in the pass,
     /// whatever it asked for (see `crowd`).
     pub coalesced_pass_mixes_payloads: bool,
+    /// A persistent node's disk records a move to the spill tier as a removal, so a crash
+    /// forgets spilled objects (see `durability`).
+    pub spilled_record_dropped: bool,
 }
 
 impl Cluster {

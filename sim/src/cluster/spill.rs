@@ -1,7 +1,9 @@
 //! The simulated spill disk of each node: the core's `Spill`, `Restore` and `DiscardSpilled`
 //! outputs run against a disk with latency, a capacity (`ENOSPC` when it is full, below the
-//! core's limit on purpose), IO errors, damaged records and crashes (a crash empties it: spill
-//! files are a cache).
+//! core's limit on purpose), IO errors, damaged records and crashes. A crash empties it (spill
+//! files are a cache) unless the node is persistent: then a completed write survives (the
+//! daemon flushes it before completing), and the restart hands the spilled objects the index
+//! names back to the node, each under the op it is named by from then on.
 //!
 //! A write takes its bytes from the arena when it completes, as a real write reads memory
 //! while it runs; so memory freed or reused before the write completed shows as a record
@@ -21,6 +23,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use skyriver_core::digest::ContentDigest;
 use skyriver_core::store::{RestoreError, SpillError, SpillOpId, SpillPlace};
+use skyriver_core::node::Handled;
 use skyriver_core::{LocalRegion, NodeId, NodeInput, ObjectId};
 
 use super::{Cluster, Event};
@@ -297,9 +300,69 @@ impl Cluster {
         }
     }
 
-    /// A node crashed: its spill files are gone (a restarted node starts without them).
+    /// A node crashed: its spill files are gone (a restarted node starts without them), unless
+    /// it is persistent.
     pub(super) fn spill_crash(&mut self, n: NodeId) {
-        self.spill.disks.remove(&n);
+        if !self.params.persistent {
+            self.spill.disks.remove(&n);
+        }
+    }
+
+    /// At a persistent node's restart: the spilled objects its index named go back into its
+    /// spill tier, with the digests of their records; one whose record is gone is lost (its
+    /// index record cleared). The disk keeps only the adopted records, under their new ops.
+    /// Returns how many were lost. Call before the index finishes its recovery.
+    pub(super) fn recover_spilled(&mut self, n: NodeId) -> u64 {
+        let records = std::mem::take(&mut self.nodes[n.0 as usize].disk.recovering_spilled);
+        let old = self.spill.disks.remove(&n).unwrap_or_default();
+        let mut refused = Vec::new();
+        let mut positions = Vec::new();
+        let mut inputs = Vec::new();
+        for (position, record) in records.iter().enumerate() {
+            let op = SpillOpId(record.place.offset);
+            match old.records.get(&op) {
+                Some((object, bytes)) if *object == record.id => {
+                    positions.push(position);
+                    inputs.push((*record, Some(ContentDigest::of_contiguous(bytes))));
+                }
+                _ => refused.push(position),
+            }
+        }
+        let lost_missing = refused.len() as u64;
+        let mut disk = SpillDisk::default();
+        if !inputs.is_empty() {
+            let node = self.nodes[n.0 as usize]
+                .node
+                .as_mut()
+                .expect("recovering a node being restarted");
+            let Handled::RecoveredSpilled(report) =
+                node.handle(self.now, NodeInput::RecoveredSpilled { objects: inputs })
+            else {
+                unreachable!("recovered spilled objects are answered with a report")
+            };
+            refused.extend(report.refused.iter().map(|r| positions[r.index]));
+            for (op, record) in report.adopted {
+                let (object, bytes) = old.records[&SpillOpId(record.place.offset)].clone();
+                disk.used_bytes += bytes.len() as u64;
+                disk.records.insert(op, (object, bytes));
+            }
+        }
+        self.spill.disks.insert(n, disk);
+        self.nodes[n.0 as usize]
+            .disk
+            .index
+            .refuse_spilled(refused.iter().copied());
+        if lost_missing > 0 {
+            let now = self.now;
+            self.checker.violation(
+                now,
+                format!(
+                    "{n}: {lost_missing} spilled objects the index names have no spill record \
+                     (discarded before the index stopped naming them)"
+                ),
+            );
+        }
+        lost_missing
     }
 
     fn feed_spill(&mut self, n: NodeId, input: NodeInput<'static>) {
