@@ -310,7 +310,7 @@ impl Cluster {
             } => self.spill_written(node, inc, job, report),
             Event::SpillReported { node, inc, op } => {
                 if self.alive(node, inc) {
-                    let result = Ok(super::spill::place_of(op));
+                    let result = Ok(self.spill_place(node, inc, op));
                     self.feed(node, NodeInput::SpillDone { op, result });
                 }
             }

@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use skyriver_core::digest::ContentDigest;
 use skyriver_core::store::{RestoreError, SpillError, SpillOpId, SpillPlace};
-use skyriver_core::node::Handled;
+use skyriver_core::node::{Handled, Node};
 use skyriver_core::{LocalRegion, NodeId, NodeInput, ObjectId};
 
 use super::{Cluster, Event};
@@ -85,6 +85,9 @@ pub(super) struct SpillJob {
 pub(super) struct SpillDisk {
     records: BTreeMap<SpillOpId, (ObjectId, Vec<u8>)>,
     used_bytes: u64,
+    /// Where each record is, as the node's index names it: stable across restarts (a record
+    /// adopted at a restart keeps its place under its new op).
+    places: BTreeMap<SpillOpId, SpillPlace>,
 }
 
 /// Counters of the spill disks, for the summary.
@@ -193,7 +196,10 @@ impl Cluster {
             disk.used_bytes = disk.used_bytes - existing + len;
             disk.records.insert(op, (object, bytes));
             self.spill.stats.writes += 1;
-            Ok(place_of(op))
+            let place = self.spill_place(n, inc, op);
+            let disk = self.spill.disks.entry(n).or_default();
+            disk.places.insert(op, place);
+            Ok(place)
         };
         self.record(|| format!("{n} spill write {op} of {object}: {result:?}"));
         if report {
@@ -295,9 +301,24 @@ impl Cluster {
     /// A node's `DiscardSpilled` output.
     pub(super) fn spill_discard(&mut self, n: NodeId, op: SpillOpId) {
         let disk = self.spill.disks.entry(n).or_default();
+        disk.places.remove(&op);
         if let Some((_, bytes)) = disk.records.remove(&op) {
             disk.used_bytes -= bytes.len() as u64;
         }
+    }
+
+    /// Where record `op` of node `n` is: where it was put (a record adopted at a restart keeps
+    /// its place), or for a new one the incarnation that writes it and its op.
+    pub(super) fn spill_place(&self, n: NodeId, inc: u32, op: SpillOpId) -> SpillPlace {
+        let known = self
+            .spill
+            .disks
+            .get(&n)
+            .and_then(|disk| disk.places.get(&op).copied());
+        known.unwrap_or(SpillPlace {
+            file: inc,
+            offset: op.0,
+        })
     }
 
     /// A node crashed: its spill files are gone (a restarted node starts without them), unless
@@ -312,15 +333,17 @@ impl Cluster {
     /// spill tier, with the digests of their records; one whose record is gone is lost (its
     /// index record cleared). The disk keeps only the adopted records, under their new ops.
     /// Returns how many were lost. Call before the index finishes its recovery.
-    pub(super) fn recover_spilled(&mut self, n: NodeId) -> u64 {
+    pub(super) fn recover_spilled(&mut self, n: NodeId, node: &mut Node) -> u64 {
         let records = std::mem::take(&mut self.nodes[n.0 as usize].disk.recovering_spilled);
         let old = self.spill.disks.remove(&n).unwrap_or_default();
         let mut refused = Vec::new();
         let mut positions = Vec::new();
         let mut inputs = Vec::new();
+        let by_place: BTreeMap<SpillPlace, SpillOpId> =
+            old.places.iter().map(|(&op, &place)| (place, op)).collect();
+        let old_op = |place: &SpillPlace| by_place.get(place).copied();
         for (position, record) in records.iter().enumerate() {
-            let op = SpillOpId(record.place.offset);
-            match old.records.get(&op) {
+            match old_op(&record.place).and_then(|op| old.records.get(&op)) {
                 Some((object, bytes)) if *object == record.id => {
                     positions.push(position);
                     inputs.push((*record, Some(ContentDigest::of_contiguous(bytes))));
@@ -331,10 +354,6 @@ impl Cluster {
         let lost_missing = refused.len() as u64;
         let mut disk = SpillDisk::default();
         if !inputs.is_empty() {
-            let node = self.nodes[n.0 as usize]
-                .node
-                .as_mut()
-                .expect("recovering a node being restarted");
             let Handled::RecoveredSpilled(report) =
                 node.handle(self.now, NodeInput::RecoveredSpilled { objects: inputs })
             else {
@@ -342,9 +361,11 @@ impl Cluster {
             };
             refused.extend(report.refused.iter().map(|r| positions[r.index]));
             for (op, record) in report.adopted {
-                let (object, bytes) = old.records[&SpillOpId(record.place.offset)].clone();
+                let was = old_op(&record.place).expect("checked above");
+                let (object, bytes) = old.records[&was].clone();
                 disk.used_bytes += bytes.len() as u64;
                 disk.records.insert(op, (object, bytes));
+                disk.places.insert(op, record.place);
             }
         }
         self.spill.disks.insert(n, disk);
@@ -370,13 +391,6 @@ impl Cluster {
     }
 }
 
-/// Where the simulated disk keeps record `op`: the place names the op it was written as.
-pub(super) fn place_of(op: SpillOpId) -> SpillPlace {
-    SpillPlace {
-        file: 0,
-        offset: op.0,
-    }
-}
 
 /// The spill side of a cluster.
 #[derive(Debug, Default)]
