@@ -42,7 +42,14 @@ impl Daemon {
         let _ = std::fs::remove_file(&socket);
         let log = dir.join(format!("daemon-{run}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_skyriver"))
-            .args(["daemon", "--log", "info", "--no-prefault", "--memory", MEMORY])
+            .args([
+                "daemon",
+                "--log",
+                "info",
+                "--no-prefault",
+                "--memory",
+                MEMORY,
+            ])
             .arg("--backing-file")
             .arg(dir.join("store"))
             .arg("--spill-dir")
@@ -159,7 +166,10 @@ fn spilled_objects_survive_a_sigkill_and_come_back_with_their_bytes() {
         assert_eq!(object.metadata(), b"meta");
     }
     let stats = client.stats().unwrap();
-    assert!(stats.spill.restores_total > 0, "spilled objects were restored");
+    assert!(
+        stats.spill.restores_total > 0,
+        "spilled objects were restored"
+    );
     assert_eq!(stats.spill.objects_lost_total, 0);
 }
 
@@ -208,6 +218,9 @@ fn a_spill_file_removed_while_down_loses_its_objects_and_only_those() {
             continue;
         }
         let object = client.get_one(id, Some(Duration::from_secs(60))).unwrap();
-        assert!(object.data() == &pattern(key(&id), len)[..], "bytes of {id}");
+        assert!(
+            object.data() == &pattern(key(&id), len)[..],
+            "bytes of {id}"
+        );
     }
 }

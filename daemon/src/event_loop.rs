@@ -162,7 +162,10 @@ impl EventLoop {
     /// `Persistence::recover_spilled`).
     pub(super) fn recover_spilled(
         &mut self,
-        objects: Vec<(skyriver_core::store::RecoveredSpilled, Option<ContentDigest>)>,
+        objects: Vec<(
+            skyriver_core::store::RecoveredSpilled,
+            Option<ContentDigest>,
+        )>,
     ) -> skyriver_core::store::SpilledRecoveryReport {
         let handled = self.feed(Instant::ZERO, NodeInput::RecoveredSpilled { objects });
         self.drain();

@@ -305,8 +305,7 @@ impl Persistence {
         if recovery.lost > 0 {
             warn!(
                 lost = recovery.lost,
-                "{} spilled objects are lost (spill records missing or damaged)",
-                recovery.lost
+                "{} spilled objects are lost (spill records missing or damaged)", recovery.lost
             );
         }
         info!(

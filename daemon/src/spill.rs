@@ -269,9 +269,15 @@ const LARGE_FILE_BIT: u32 = 1 << 31;
 impl Location {
     /// The place the store records; `None` past the file numbers a place can name.
     fn place(&self) -> Option<SpillPlace> {
-        let file = u32::try_from(self.file).ok().filter(|f| f & LARGE_FILE_BIT == 0)?;
+        let file = u32::try_from(self.file)
+            .ok()
+            .filter(|f| f & LARGE_FILE_BIT == 0)?;
         Some(SpillPlace {
-            file: if self.large { file | LARGE_FILE_BIT } else { file },
+            file: if self.large {
+                file | LARGE_FILE_BIT
+            } else {
+                file
+            },
             offset: self.offset,
         })
     }

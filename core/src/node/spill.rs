@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 
 use super::{Node, NodeOutput};
-use crate::ids::{NodeId, ObjectId, TransferId};
 use crate::digest::ContentDigest;
+use crate::ids::{NodeId, ObjectId, TransferId};
 use crate::store::{
     RecoveredSpilled, RestoreError, SpillError, SpillOpId, SpillPlace, SpilledRecoveryReport,
     StoreOutput,

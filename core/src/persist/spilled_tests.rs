@@ -106,7 +106,10 @@ fn a_move_to_the_spill_tier_is_never_lost_in_a_crash() {
     probe.stage(spilled(1));
     ok(probe.write_staged());
     let first_phase = probe.storage().unsynced_writes().count();
-    assert_eq!(first_phase, 1, "the new record, nothing else before the barrier");
+    assert_eq!(
+        first_phase, 1,
+        "the new record, nothing else before the barrier"
+    );
     for fates in every_fate(first_phase) {
         let mut index = fresh();
         index.stage(sealed(1));
@@ -165,7 +168,11 @@ fn the_newest_record_of_an_id_wins_and_the_older_is_cleared() {
     let spilled_ids: Vec<ObjectId> = reopened.found_spilled().map(|o| o.id).collect();
     assert_eq!(memory, vec![ObjectId::from_u64(2)]);
     assert_eq!(spilled_ids, vec![ObjectId::from_u64(1)]);
-    assert_eq!(ok(reopened.finish_recovery([])), 1, "the older record cleared");
+    assert_eq!(
+        ok(reopened.finish_recovery([])),
+        1,
+        "the older record cleared"
+    );
     // Restored into memory: the spilled record is replaced by an in-memory one.
     reopened.stage(sealed(1));
     ok(reopened.commit());

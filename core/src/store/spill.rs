@@ -36,8 +36,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::table::Entry;
 use super::recovery::{RecoveredSpilled, RecoveryRefusal, RefusedSpilled, SpilledRecoveryReport};
+use super::table::Entry;
 use super::{DurableChange, ObjectEvent, Store, StoreOutput};
 use crate::digest::ContentDigest;
 use crate::error::StoreError;

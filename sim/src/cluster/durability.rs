@@ -62,7 +62,9 @@ impl Disk {
 /// removal.
 fn flawed(change: DurableChange, spilled_record_dropped: bool) -> DurableChange {
     match change {
-        DurableChange::Spilled { id, .. } if spilled_record_dropped => DurableChange::Removed { id },
+        DurableChange::Spilled { id, .. } if spilled_record_dropped => {
+            DurableChange::Removed { id }
+        }
         other => other,
     }
 }
@@ -95,7 +97,8 @@ impl Cluster {
         let disk = &mut self.nodes[n.0 as usize].disk;
         while disk.pending.front().is_some_and(|(seq, _)| *seq <= upto) {
             let (_, change) = disk.pending.pop_front().expect("looked at the front");
-            disk.index.stage(flawed(change, self.flaws.spilled_record_dropped));
+            disk.index
+                .stage(flawed(change, self.flaws.spilled_record_dropped));
         }
         let Ok(_) = disk.index.write_staged();
         if !self.flaws.persisted_before_sync {

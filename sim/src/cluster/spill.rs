@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use skyriver_core::digest::ContentDigest;
-use skyriver_core::store::{RestoreError, SpillError, SpillOpId, SpillPlace};
 use skyriver_core::node::{Handled, Node};
+use skyriver_core::store::{RestoreError, SpillError, SpillOpId, SpillPlace};
 use skyriver_core::{LocalRegion, NodeId, NodeInput, ObjectId};
 
 use super::{Cluster, Event};
@@ -390,7 +390,6 @@ impl Cluster {
         self.feed(n, input);
     }
 }
-
 
 /// The spill side of a cluster.
 #[derive(Debug, Default)]

@@ -404,7 +404,9 @@ impl BackingFile {
 
     /// The spilled objects' records the scan found, newest first (see
     /// `SlotIndex::found_spilled`).
-    pub fn found_spilled(&self) -> impl Iterator<Item = skyriver_core::store::RecoveredSpilled> + '_ {
+    pub fn found_spilled(
+        &self,
+    ) -> impl Iterator<Item = skyriver_core::store::RecoveredSpilled> + '_ {
         self.index.found_spilled()
     }
 

@@ -120,7 +120,10 @@ fn restores_and_deletes_are_recorded_and_discards_wait_for_them() {
     // Deleting the restored object before its in-memory record is durable: the spill record
     // the index still names stays until the removal is durable.
     let _ = store.delete(&[id(1)]);
-    assert_eq!(changes(&mut store), vec![DurableChange::Removed { id: id(1) }]);
+    assert_eq!(
+        changes(&mut store),
+        vec![DurableChange::Removed { id: id(1) }]
+    );
     let discarded = |outputs: &[StoreOutput]| {
         outputs
             .iter()
@@ -132,7 +135,10 @@ fn restores_and_deletes_are_recorded_and_discards_wait_for_them() {
     assert_eq!(discarded(&outputs(&mut store)), 1);
     // A spilled object's delete removes its record.
     let _ = store.delete(&[id(2)]);
-    assert_eq!(changes(&mut store), vec![DurableChange::Removed { id: id(2) }]);
+    assert_eq!(
+        changes(&mut store),
+        vec![DurableChange::Removed { id: id(2) }]
+    );
     assert_eq!(discarded(&outputs(&mut store)), 0);
     store.handle_durable(store.durable_changes_queued());
     assert_eq!(discarded(&outputs(&mut store)), 1);
