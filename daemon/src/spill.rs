@@ -185,7 +185,17 @@ pub fn prepare(
                     source,
                 })?;
             let free = vfs.blocks_available() as u64 * vfs.fragment_size() as u64;
-            free / 10 * 9
+            // Persistent mode: the files kept hold objects the limit must still take.
+            let kept: u64 = if persistent {
+                existing_files(dir)
+                    .iter()
+                    .filter_map(|(_, _, path)| std::fs::metadata(path).ok())
+                    .map(|meta| meta.len())
+                    .sum()
+            } else {
+                0
+            };
+            (free + kept) / 10 * 9
         }
     };
     info!(
