@@ -622,6 +622,7 @@ impl Store {
             self.quarantined_bytes -= block.len;
             self.allocator.free(block);
         }
+        self.release_held_discards(upto);
     }
 
     /// Durable changes queued since the store was made (the last one's sequence number).
@@ -721,6 +722,12 @@ impl Store {
     /// Removes an object from the table and frees its block. Callers make sure no reference
     /// or pin is left.
     fn remove_object(&mut self, id: ObjectId, notify: bool) {
+        self.remove_object_recording(id, notify, DurableChange::Removed { id });
+    }
+
+    /// [`Store::remove_object`] that records `change` (the removal, or the move to the spill
+    /// tier) for a sealed object in persistent mode.
+    fn remove_object_recording(&mut self, id: ObjectId, notify: bool, change: DurableChange) {
         let Some(entry) = self.objects.remove(&id) else {
             return;
         };
@@ -731,7 +738,7 @@ impl Store {
             self.evictable_bytes -= block.len;
         }
         if self.config.record_durable_changes && entry.sealed {
-            self.queue_durable(DurableChange::Removed { id });
+            self.queue_durable(change);
             self.quarantine
                 .push_back((self.durable_changes_queued, block));
             self.quarantined_bytes += block.len;
@@ -814,9 +821,10 @@ mod types;
 mod waiters;
 
 pub use recovery::{
-    DurableChange, RecoveredObject, RecoveryRefusal, RecoveryReport, RefusedRecord,
+    DurableChange, RecoveredObject, RecoveredSpilled, RecoveryRefusal, RecoveryReport,
+    RefusedRecord, RefusedSpilled, SpilledRecoveryReport,
 };
-pub use spill::{RestoreError, SpillError, SpillOpId, SpillStats, StorageTier};
+pub use spill::{RestoreError, SpillError, SpillOpId, SpillPlace, SpillStats, StorageTier};
 
 #[cfg(test)]
 mod tests;

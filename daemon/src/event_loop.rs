@@ -158,6 +158,23 @@ impl EventLoop {
         }
     }
 
+    /// Hands spilled objects a persistent store found back to the node (see
+    /// `Persistence::recover_spilled`).
+    pub(super) fn recover_spilled(
+        &mut self,
+        objects: Vec<(
+            skyriver_core::store::RecoveredSpilled,
+            Option<ContentDigest>,
+        )>,
+    ) -> skyriver_core::store::SpilledRecoveryReport {
+        let handled = self.feed(Instant::ZERO, NodeInput::RecoveredSpilled { objects });
+        self.drain();
+        match handled {
+            Handled::RecoveredSpilled(report) => report,
+            other => unreachable!("recovered spilled objects get a report, not {other:?}"),
+        }
+    }
+
     /// Polls for input this long after each one before sleeping ([`skyriver_transport::poll`]).
     pub(super) fn set_poll(&mut self, poll: skyriver_transport::poll::AdaptivePoll) {
         self.poll = poll;

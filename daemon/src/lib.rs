@@ -495,13 +495,11 @@ impl Server {
         } else if config.memory_bytes < host_memory::MIN_MEMORY_BYTES {
             host_memory::check(config.memory_bytes, None, true)?;
         }
-        if config.spill.is_some() && config.persistence.is_some() {
-            return Err(DaemonError::Spill(spill::SpillStartError::Persistent));
-        }
+        let persistent = config.persistence.is_some();
         let spill = config
             .spill
             .as_ref()
-            .map(|spill| spill::prepare(spill, config.node))
+            .map(|spill| spill::prepare(spill, config.node, persistent))
             .transpose()?;
         let metrics_listener = config.metrics_addr.map(metrics::bind).transpose()?;
         // Bound before the slow part, so clients hear "starting" rather than "no daemon".
@@ -616,7 +614,18 @@ impl Server {
             config.poll,
             config.poll_max,
         ));
+        // Before recovery: recovered objects may fill memory, and the store then spills ahead.
+        if let Some((_, dir)) = &spill {
+            let (io, completions) = if persistence.is_some() {
+                spill::SpillIo::start_durable(dir)
+            } else {
+                spill::SpillIo::start(dir)
+            };
+            event_loop.effects.spill_io = Some(io);
+            event_loop.set_spill_completions(completions);
+        }
         if let Some(mut persistence) = persistence {
+            recover_spilled(&mut persistence, spill.as_ref(), &mut event_loop)?;
             // Recovered objects leave the store as seals: draining publishes them, a batch
             // at a time so the directory work stays small.
             let recovered_arena = arena.clone();
@@ -639,11 +648,6 @@ impl Server {
             durable = Some(durable_rx);
         }
         event_loop.set_durable(durable);
-        if let Some((_, dir)) = &spill {
-            let (io, completions) = spill::SpillIo::start(dir);
-            event_loop.effects.spill_io = Some(io);
-            event_loop.set_spill_completions(completions);
-        }
         info!(
             node = %config.node,
             memory = %crate::size::format_bytes(arena.size_bytes()),
@@ -893,6 +897,35 @@ fn file_kind(t: &std::fs::FileType) -> &'static str {
 
 /// The digest of a recovered object's bytes in `arena`; one that cannot match any content when
 /// the record names bytes outside the arena (the store refuses such a record anyway).
+/// Persistent mode: the spilled objects the index names go back into the spill tier, their
+/// records checked and adopted by the spill IO (which then removes the files none names).
+fn recover_spilled(
+    persistence: &mut crate::persistence::Persistence,
+    spill: Option<&(u64, PathBuf)>,
+    event_loop: &mut EventLoop,
+) -> Result<(), DaemonError> {
+    let Some((_, dir)) = spill else {
+        let objects = persistence.spilled_records();
+        if objects > 0 {
+            return Err(spill::SpillStartError::SpilledWithoutDir { objects }.into());
+        }
+        return Ok(());
+    };
+    let recovery = persistence.recover_spilled(
+        |record| spill::check_recorded(dir, record),
+        |objects| event_loop.recover_spilled(objects),
+    );
+    if let Some(io) = &event_loop.effects.spill_io {
+        let adopted = io.adopt(&recovery.adopted);
+        info!(
+            records = adopted.records,
+            files_removed = adopted.files_removed,
+            "spill files kept for the recovered objects"
+        );
+    }
+    Ok(())
+}
+
 fn recovered_digest(
     arena: &Arc<SharedArena>,
     object: &skyriver_core::RecoveredObject,

@@ -39,7 +39,10 @@ use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::time::Duration;
 
-use skyriver_core::{DurableChange, Instant, RecoveredObject, RecoveryReport, Store, StoreConfig};
+use skyriver_core::store::{RecoveredSpilled, SpillOpId, SpilledRecoveryReport};
+use skyriver_core::{
+    ContentDigest, DurableChange, Instant, RecoveredObject, RecoveryReport, Store, StoreConfig,
+};
 use skyriver_transport::persist::{BackingFile, PersistError, ScanReport};
 use skyriver_transport::SharedArena;
 use tokio::sync::watch;
@@ -109,6 +112,19 @@ pub struct RecoverySummary {
     pub refused_records: u64,
     /// From opening the files to the store being ready, in milliseconds.
     pub elapsed_ms: f64,
+}
+
+/// What [`Persistence::recover_spilled`] did.
+#[derive(Debug, Clone, Default)]
+pub struct SpilledRecovery {
+    /// Spilled objects back in the spill tier.
+    pub objects: u64,
+    /// Their data plus metadata bytes.
+    pub bytes: u64,
+    /// Spilled objects lost: their spill record missing or damaged, or refused by the store.
+    pub lost: u64,
+    /// The records adopted, by the op the store named each.
+    pub adopted: Vec<(SpillOpId, RecoveredSpilled)>,
 }
 
 /// The daemon's handle on its backing files.
@@ -234,6 +250,73 @@ impl Persistence {
             summary.elapsed_ms,
         );
         Ok(summary)
+    }
+
+    /// Spilled objects the index names: how many (a persistent store that spilled must be
+    /// started with its spill directory).
+    pub fn spilled_records(&self) -> u64 {
+        self.backing.found_spilled().count() as u64
+    }
+
+    /// Hands the spilled objects the index names back to the store's spill tier, before
+    /// [`Persistence::recover_in_batches`]: `check` reads each one's spill record header (its
+    /// digest, or why it cannot be restored: the object is then lost, logged and counted), and
+    /// `apply` hands the rest to the node (`NodeInput::RecoveredSpilled`). Records lost or
+    /// refused are cleared from the index. Returns the ops the store named the adopted
+    /// records by, for the spill IO.
+    pub fn recover_spilled<E: std::fmt::Display>(
+        &mut self,
+        mut check: impl FnMut(&RecoveredSpilled) -> Result<ContentDigest, E>,
+        apply: impl FnOnce(Vec<(RecoveredSpilled, Option<ContentDigest>)>) -> SpilledRecoveryReport,
+    ) -> SpilledRecovery {
+        let records: Vec<RecoveredSpilled> = self.backing.found_spilled().collect();
+        let mut refused = Vec::new();
+        let mut positions = Vec::new();
+        let mut checked = Vec::new();
+        for (position, record) in records.iter().enumerate() {
+            match check(record) {
+                Ok(digest) => {
+                    positions.push(position);
+                    checked.push((*record, Some(digest)));
+                }
+                Err(error) => {
+                    warn!(id = %record.id, place = %record.place, %error, "a spilled object is lost");
+                    refused.push(position);
+                }
+            }
+        }
+        let lost = refused.len() as u64;
+        let report = apply(checked);
+        for refusal in &report.refused {
+            warn!(
+                id = %refusal.record.id,
+                reason = %refusal.reason,
+                "a spilled object is lost: the spill tier does not take it back"
+            );
+            refused.push(positions[refusal.index]);
+        }
+        self.backing.refuse_spilled(refused.iter().copied());
+        let recovery = SpilledRecovery {
+            objects: report.recovered_objects,
+            bytes: report.recovered_bytes,
+            lost: lost + report.refused.len() as u64,
+            adopted: report.adopted,
+        };
+        if recovery.lost > 0 {
+            warn!(
+                lost = recovery.lost,
+                "{} spilled objects are lost (spill records missing or damaged)", recovery.lost
+            );
+        }
+        info!(
+            objects = recovery.objects,
+            bytes = recovery.bytes,
+            lost = recovery.lost,
+            "spilled objects recovered: {} objects, {}",
+            recovery.objects,
+            crate::size::format_bytes(recovery.bytes),
+        );
+        recovery
     }
 
     /// Starts the committer thread, which owns the files from now on: changes go in with

@@ -26,8 +26,12 @@
 //! [`LARGE_IO_PARALLELISM`] threads at once (see [`large_file`]), and a small record's header
 //! and bytes move in one `pwritev`/`preadv` on the segment's open file.
 //!
-//! Spill files are a cache: at start every `*.spill` file in DIR is removed (persistent
-//! mode does not keep spilled objects across restarts yet).
+//! Without `--backing-file`, spill files are a cache: at start every `*.spill` file in DIR is
+//! removed. In persistent mode they are kept: each write is flushed (`fdatasync`, and the
+//! directory when it made a file) before its completion, the store's index then records the
+//! object's [`SpillPlace`] (file number, the top bit set for a large file, and the offset of
+//! its record), and at restart [`check_recorded`] verifies each recorded record's header and
+//! [`SpillIo::adopt`] takes the ones the store took back; files no record names are removed.
 
 use std::collections::{BTreeMap, VecDeque};
 mod large_file;
@@ -41,7 +45,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use skyriver_core::store::{RestoreError, SpillError, SpillOpId};
+use skyriver_core::store::{RecoveredSpilled, RestoreError, SpillError, SpillOpId, SpillPlace};
 use skyriver_core::{ContentDigest, NodeId, ObjectId};
 use skyriver_transport::{ReadableRegion, WritableRegion};
 use tokio::sync::mpsc;
@@ -102,12 +106,15 @@ pub enum SpillStartError {
         #[source]
         source: std::io::Error,
     },
-    /// Spilling with a backing file: spilled objects would not survive a restart.
+    /// The persistent store's index names spilled objects, and no spill directory was given.
     #[error(
-        "--spill-dir does not work with --backing-file yet: spilled objects would be lost at a \
-         restart"
+        "the store's index names {objects} spilled objects: start with the --spill-dir they \
+         were spilled to"
     )]
-    Persistent,
+    SpilledWithoutDir {
+        /// Spilled objects the index names.
+        objects: u64,
+    },
     /// `statvfs` of DIR failed.
     #[error("cannot read the free space of {dir}: {source}")]
     Statvfs {
@@ -121,9 +128,14 @@ pub enum SpillStartError {
 
 /// Checks DIR (exists, a directory, writable; a warning when it is on tmpfs: spilling memory
 /// into memory), makes this node's own directory in it (`DIR/node-N`, so daemons of one
-/// cluster may share DIR) and removes old spill files there; returns the limit to give the
-/// store and the directory the files go to.
-pub fn prepare(config: &SpillConfig, node: NodeId) -> Result<(u64, PathBuf), SpillStartError> {
+/// cluster may share DIR) and, unless `persistent` (then [`SpillIo::adopt`] removes only the
+/// files no record names), removes old spill files there; returns the limit to give the store
+/// and the directory the files go to.
+pub fn prepare(
+    config: &SpillConfig,
+    node: NodeId,
+    persistent: bool,
+) -> Result<(u64, PathBuf), SpillStartError> {
     let dir = &config.dir;
     let meta = std::fs::metadata(dir).map_err(|_| SpillStartError::Missing(dir.clone()))?;
     if !meta.is_dir() {
@@ -156,7 +168,7 @@ pub fn prepare(config: &SpillConfig, node: NodeId) -> Result<(u64, PathBuf), Spi
     })?;
     for entry in entries.flatten() {
         let path = entry.path();
-        if path.extension().is_some_and(|e| e == "spill") {
+        if !persistent && path.extension().is_some_and(|e| e == "spill") {
             std::fs::remove_file(&path).map_err(|source| SpillStartError::Clear {
                 dir: dir.clone(),
                 source,
@@ -173,7 +185,17 @@ pub fn prepare(config: &SpillConfig, node: NodeId) -> Result<(u64, PathBuf), Spi
                     source,
                 })?;
             let free = vfs.blocks_available() as u64 * vfs.fragment_size() as u64;
-            free / 10 * 9
+            // Persistent mode: the files kept hold objects the limit must still take.
+            let kept: u64 = if persistent {
+                existing_files(dir)
+                    .iter()
+                    .filter_map(|(_, _, path)| std::fs::metadata(path).ok())
+                    .map(|meta| meta.len())
+                    .sum()
+            } else {
+                0
+            };
+            (free + kept) / 10 * 9
         }
     };
     info!(
@@ -192,8 +214,8 @@ pub enum SpillCompletion {
     Spilled {
         /// The write.
         op: SpillOpId,
-        /// How it went.
-        result: Result<(), SpillError>,
+        /// How it went: where the record is.
+        result: Result<SpillPlace, SpillError>,
         /// How long it took.
         elapsed: Duration,
         /// Bytes written.
@@ -247,6 +269,38 @@ struct Location {
     offset: u64,
     len: u64,
     large: bool,
+    /// The object its header names.
+    object: ObjectId,
+}
+
+/// The bit of [`SpillPlace::file`] that marks a large object's file.
+const LARGE_FILE_BIT: u32 = 1 << 31;
+
+impl Location {
+    /// The place the store records; `None` past the file numbers a place can name.
+    fn place(&self) -> Option<SpillPlace> {
+        let file = u32::try_from(self.file)
+            .ok()
+            .filter(|f| f & LARGE_FILE_BIT == 0)?;
+        Some(SpillPlace {
+            file: if self.large {
+                file | LARGE_FILE_BIT
+            } else {
+                file
+            },
+            offset: self.offset,
+        })
+    }
+
+    fn of_place(place: SpillPlace, object: ObjectId, len: u64) -> Self {
+        Location {
+            file: u64::from(place.file & !LARGE_FILE_BIT),
+            offset: place.offset,
+            len,
+            large: place.file & LARGE_FILE_BIT != 0,
+            object,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -270,6 +324,8 @@ struct Index {
 struct Disk {
     dir: PathBuf,
     index: Mutex<Index>,
+    /// Persistent mode: every write is flushed before its completion.
+    durable: bool,
 }
 
 /// The loop's handle on the IO threads.
@@ -277,6 +333,93 @@ pub struct SpillIo {
     jobs: Option<SyncSender<Job>>,
     backlog: VecDeque<Job>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    disk: Arc<Disk>,
+}
+
+/// What [`SpillIo::adopt`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdoptReport {
+    /// Records taken.
+    pub records: u64,
+    /// Spill files no record named, removed.
+    pub files_removed: u64,
+}
+
+/// Why a recorded spill record cannot be restored (the object is lost).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordCheckError {
+    /// Its file is gone.
+    #[error("spill file {0} is missing")]
+    Missing(PathBuf),
+    /// Its header is torn, damaged, or names another object or length.
+    #[error("spill record in {0} is damaged")]
+    Damaged(PathBuf),
+    /// It could not be read.
+    #[error("cannot read {path}: {reason}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        reason: String,
+    },
+}
+
+/// Reads the header of the spill record a persistent store's index names for `record`, in
+/// `dir`: the digest it carries when it is intact and names the object and its length.
+pub fn check_recorded(
+    dir: &Path,
+    record: &RecoveredSpilled,
+) -> Result<ContentDigest, RecordCheckError> {
+    let len = record.data_size + record.metadata_size;
+    let location = Location::of_place(record.place, record.id, len);
+    let path = if location.large {
+        large_path(dir, location.file)
+    } else {
+        segment_path(dir, location.file)
+    };
+    let io = |error: std::io::Error| match error.kind() {
+        std::io::ErrorKind::NotFound => RecordCheckError::Missing(path.clone()),
+        std::io::ErrorKind::UnexpectedEof => RecordCheckError::Damaged(path.clone()),
+        _ => RecordCheckError::Io {
+            path: path.clone(),
+            reason: error.to_string(),
+        },
+    };
+    let file = File::open(&path).map_err(io)?;
+    let mut head = [0u8; SMALL_HEADER_BYTES as usize];
+    file.read_exact_at(&mut head, location.offset).map_err(io)?;
+    match parse_header(&head, record.id) {
+        Some((recorded_len, digest)) if recorded_len == len => Ok(digest),
+        _ => Err(RecordCheckError::Damaged(path)),
+    }
+}
+
+/// The spill files in `dir`: (number, large, path).
+fn existing_files(dir: &Path) -> Vec<(u64, bool, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let name = name.to_str()?.strip_suffix(".spill")?;
+            let (large, number) = match name.split_once('-')? {
+                ("large", number) => (true, number),
+                ("segment", number) => (false, number),
+                _ => return None,
+            };
+            Some((number.parse().ok()?, large, entry.path()))
+        })
+        .collect()
+}
+
+fn segment_path(dir: &Path, file: u64) -> PathBuf {
+    dir.join(format!("segment-{file}.spill"))
+}
+
+fn large_path(dir: &Path, file: u64) -> PathBuf {
+    dir.join(format!("large-{file}.spill"))
 }
 
 impl SpillIo {
@@ -286,11 +429,88 @@ impl SpillIo {
         Self::start_with(dir, COMPLETION_QUEUE)
     }
 
+    /// [`SpillIo::start`] for a persistent store: writes are flushed before they complete,
+    /// and the files in `dir` are kept (new ones are numbered after them) for
+    /// [`SpillIo::adopt`].
+    pub fn start_durable(dir: &Path) -> (Self, mpsc::Receiver<SpillCompletion>) {
+        let next_file = existing_files(dir)
+            .iter()
+            .map(|(number, _, _)| number + 1)
+            .max()
+            .unwrap_or(0);
+        Self::start_inner(dir, COMPLETION_QUEUE, true, next_file)
+    }
+
+    /// Takes the records a restart recovered (each with the op the store named it by now)
+    /// and removes every older spill file none of them is in. Call before the store's first
+    /// `Restore`, with what `Store::recover_spilled` adopted.
+    pub fn adopt(&self, adopted: &[(SpillOpId, RecoveredSpilled)]) -> AdoptReport {
+        let mut index = self.disk.index.lock().expect("spill index lock");
+        let mut report = AdoptReport::default();
+        let mut live_segments: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut named_large = std::collections::BTreeSet::new();
+        for &(op, record) in adopted {
+            let len = record.data_size + record.metadata_size;
+            let location = Location::of_place(record.place, record.id, len);
+            if location.large {
+                named_large.insert(location.file);
+            } else {
+                *live_segments.entry(location.file).or_default() += 1;
+            }
+            index.records.insert(op, location);
+        }
+        for (number, large, path) in existing_files(&self.disk.dir) {
+            if number >= index.next_file {
+                continue; // made by this run
+            }
+            let named = if large {
+                named_large.contains(&number)
+            } else {
+                live_segments.contains_key(&number)
+            };
+            if !named {
+                if std::fs::remove_file(&path).is_ok() {
+                    report.files_removed += 1;
+                }
+                continue;
+            }
+            if large {
+                continue;
+            }
+            match OpenOptions::new().read(true).write(true).open(&path) {
+                Ok(file) => {
+                    let end = file.metadata().map_or(SEGMENT_BYTES, |m| m.len());
+                    index.segments.insert(
+                        number,
+                        Segment {
+                            file: Arc::new(file),
+                            // Closed for appends: new records go to a new segment.
+                            end: end.max(SEGMENT_BYTES),
+                            live_records: live_segments[&number],
+                        },
+                    );
+                }
+                Err(error) => warn!(path = %path.display(), %error, "cannot open a spill segment"),
+            }
+        }
+        report.records = adopted.len() as u64;
+        report
+    }
+
     /// [`SpillIo::start`] with `completion_queue` places for completions (small ones are for
     /// tests).
     pub fn start_with(
         dir: &Path,
         completion_queue: usize,
+    ) -> (Self, mpsc::Receiver<SpillCompletion>) {
+        Self::start_inner(dir, completion_queue, false, 0)
+    }
+
+    fn start_inner(
+        dir: &Path,
+        completion_queue: usize,
+        durable: bool,
+        next_file: u64,
     ) -> (Self, mpsc::Receiver<SpillCompletion>) {
         let (jobs_tx, jobs_rx) = sync_channel::<Job>(JOB_QUEUE);
         // Bounded: only the IO threads send here, and wait for a place (`blocking_send`). They
@@ -299,7 +519,11 @@ impl SpillIo {
         let (done_tx, done_rx) = mpsc::channel(completion_queue.max(1));
         let disk = Arc::new(Disk {
             dir: dir.to_path_buf(),
-            index: Mutex::new(Index::default()),
+            index: Mutex::new(Index {
+                next_file,
+                ..Index::default()
+            }),
+            durable,
         });
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         let threads = (0..IO_THREADS)
@@ -315,6 +539,7 @@ impl SpillIo {
             jobs: Some(jobs_tx),
             backlog: VecDeque::new(),
             threads,
+            disk,
         };
         (io, done_rx)
     }
@@ -480,6 +705,8 @@ fn io_thread(disk: &Disk, jobs: &Mutex<Receiver<Job>>, done: &mpsc::Sender<Spill
 }
 
 fn header(op: SpillOpId, object: ObjectId, len: u64, digest: ContentDigest) -> [u8; 64] {
+    // The op is kept for diagnosis only: a restore checks the object its header names (after
+    // a restart, the record is named by another op).
     let mut header = [0u8; 64];
     header[0..8].copy_from_slice(MAGIC);
     header[8..16].copy_from_slice(&op.0.to_le_bytes());
@@ -491,13 +718,19 @@ fn header(op: SpillOpId, object: ObjectId, len: u64, digest: ContentDigest) -> [
     header
 }
 
-/// The length and digest a header names, when it is intact and for record `op`.
-fn parse_header(bytes: &[u8], op: SpillOpId) -> Option<(u64, ContentDigest)> {
+/// The length and digest a header names, when it is intact and for `object`.
+fn parse_header(bytes: &[u8], object: ObjectId) -> Option<(u64, ContentDigest)> {
     let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
     let intact = &bytes[0..8] == MAGIC
         && word(56) == ContentDigest::of_contiguous(&bytes[..56]).0
-        && word(8) == op.0;
+        && &bytes[16..36] == object.as_bytes();
     intact.then(|| (word(36), ContentDigest(word(44))))
+}
+
+fn place_exhausted() -> SpillError {
+    SpillError::Io {
+        reason: "spill file numbers exhausted".into(),
+    }
 }
 
 fn no_space(error: &std::io::Error) -> bool {
@@ -519,11 +752,19 @@ fn spill_error(error: std::io::Error, what: &str) -> SpillError {
 
 impl Disk {
     fn segment_path(&self, file: u64) -> PathBuf {
-        self.dir.join(format!("segment-{file}.spill"))
+        segment_path(&self.dir, file)
     }
 
     fn large_path(&self, file: u64) -> PathBuf {
-        self.dir.join(format!("large-{file}.spill"))
+        large_path(&self.dir, file)
+    }
+
+    /// Persistent mode: makes a new file's name durable.
+    fn sync_dir(&self) -> std::io::Result<()> {
+        if self.durable {
+            File::open(&self.dir)?.sync_all()?;
+        }
+        Ok(())
     }
 
     fn write(
@@ -533,41 +774,53 @@ impl Disk {
         bytes: &[u8],
         digest: Option<ContentDigest>,
         bounce: &mut Bounce,
-    ) -> Result<(), SpillError> {
+    ) -> Result<SpillPlace, SpillError> {
         // A spill of a record already written (the object was restored and kept it clean):
         // nothing to write, the store frees the memory at this completion.
-        if self
+        let written = self
             .index
             .lock()
             .expect("spill index lock")
             .records
-            .contains_key(&op)
-        {
-            return Ok(());
+            .get(&op)
+            .copied();
+        if let Some(location) = written {
+            return location.place().ok_or_else(place_exhausted);
         }
         let digest = digest.unwrap_or_else(|| ContentDigest::of_contiguous(bytes));
         let header = header(op, object, bytes.len() as u64, digest);
         if bytes.len() as u64 >= LARGE_OBJECT_BYTES {
-            return self.write_large(op, &header, bytes, bounce);
+            return self.write_large(op, object, &header, bytes, bounce);
         }
         let record_len = SMALL_HEADER_BYTES + bytes.len() as u64;
-        let (file_id, file, offset) = self
+        let (file_id, file, offset, new_file) = self
             .reserve(record_len)
             .map_err(|e| spill_error(e, "open segment"))?;
-        let written = write_record(&file, &header, bytes, offset);
+        let location = Location {
+            file: file_id,
+            offset,
+            len: bytes.len() as u64,
+            large: false,
+            object,
+        };
+        let written = location
+            .place()
+            .ok_or_else(|| std::io::Error::other("spill file numbers exhausted"))
+            .and_then(|place| {
+                write_record(&file, &header, bytes, offset)?;
+                if self.durable {
+                    file.sync_data()?;
+                    if new_file {
+                        self.sync_dir()?;
+                    }
+                }
+                Ok(place)
+            });
         let mut index = self.index.lock().expect("spill index lock");
         match written {
-            Ok(()) => {
-                index.records.insert(
-                    op,
-                    Location {
-                        file: file_id,
-                        offset,
-                        len: bytes.len() as u64,
-                        large: false,
-                    },
-                );
-                Ok(())
+            Ok(place) => {
+                index.records.insert(op, location);
+                Ok(place)
             }
             Err(error) => {
                 let _ = punch_hole(&file, offset, record_len);
@@ -579,7 +832,7 @@ impl Disk {
 
     /// Reserves `len` bytes at the end of the current segment (rolling to a new one when it is
     /// full); the segment counts the record as live from here.
-    fn reserve(&self, len: u64) -> std::io::Result<(u64, Arc<File>, u64)> {
+    fn reserve(&self, len: u64) -> std::io::Result<(u64, Arc<File>, u64, bool)> {
         let mut index = self.index.lock().expect("spill index lock");
         let current = index.current.filter(|id| {
             index
@@ -587,9 +840,11 @@ impl Disk {
                 .get(id)
                 .is_some_and(|s| s.end < SEGMENT_BYTES)
         });
+        let mut new_file = false;
         let file_id = match current {
             Some(id) => id,
             None => {
+                new_file = true;
                 let id = index.next_file;
                 index.next_file += 1;
                 let file = OpenOptions::new()
@@ -624,37 +879,43 @@ impl Disk {
         let offset = segment.end;
         segment.end += len;
         segment.live_records += 1;
-        Ok((file_id, segment.file.clone(), offset))
+        Ok((file_id, segment.file.clone(), offset, new_file))
     }
 
     fn write_large(
         &self,
         op: SpillOpId,
+        object: ObjectId,
         header: &[u8; 64],
         bytes: &[u8],
         bounce: &mut Bounce,
-    ) -> Result<(), SpillError> {
+    ) -> Result<SpillPlace, SpillError> {
         let file_id = {
             let mut index = self.index.lock().expect("spill index lock");
             index.next_file += 1;
             index.next_file - 1
         };
+        let location = Location {
+            file: file_id,
+            offset: 0,
+            len: bytes.len() as u64,
+            large: true,
+            object,
+        };
+        let place = location.place().ok_or_else(place_exhausted)?;
         let path = self.large_path(file_id);
-        let result = write_large_file(&path, header, bytes, bounce);
+        // The file's bytes are flushed by the write; its name by the directory's flush.
+        let result = write_large_file(&path, header, bytes, bounce).and_then(|()| self.sync_dir());
         if let Err(error) = result {
             let _ = std::fs::remove_file(&path);
             return Err(spill_error(error, "write large object"));
         }
-        self.index.lock().expect("spill index lock").records.insert(
-            op,
-            Location {
-                file: file_id,
-                offset: 0,
-                len: bytes.len() as u64,
-                large: true,
-            },
-        );
-        Ok(())
+        self.index
+            .lock()
+            .expect("spill index lock")
+            .records
+            .insert(op, location);
+        Ok(place)
     }
 
     fn read(
@@ -688,12 +949,13 @@ impl Disk {
             },
         };
         let recorded = if location.large {
-            read_large_file(&path, op, into, bounce).map_err(io)?
+            read_large_file(&path, location.object, into, bounce).map_err(io)?
         } else {
             let file = self.open_segment(location.file, &path).map_err(io)?;
             let mut head = [0u8; SMALL_HEADER_BYTES as usize];
             read_record(&file, &mut head, into, location.offset).map_err(io)?;
-            let (len, recorded) = parse_header(&head, op).ok_or(RestoreError::Damaged)?;
+            let (len, recorded) =
+                parse_header(&head, location.object).ok_or(RestoreError::Damaged)?;
             if len != into.len() as u64 {
                 return Err(RestoreError::Damaged);
             }
@@ -815,6 +1077,7 @@ mod tests {
         Disk {
             dir: dir.to_path_buf(),
             index: Mutex::new(Index::default()),
+            durable: false,
         }
     }
 

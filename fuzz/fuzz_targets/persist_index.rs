@@ -229,6 +229,14 @@ fuzz_target!(|input: Input| {
                 valid += 1;
             }
             Slot::Corrupt => corrupt += 1,
+            Slot::Spilled(record) => {
+                assert_eq!(
+                    &record.encode(),
+                    bytes,
+                    "a valid spilled record re-encodes to its bytes"
+                );
+                valid += 1;
+            }
         }
     }
 

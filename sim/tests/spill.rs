@@ -64,3 +64,27 @@ fn a_disk_that_acknowledges_a_write_before_it_ran_is_caught() {
         "no seed of {SEEDS:?} caught the planted flaw"
     );
 }
+
+#[test]
+fn a_persistent_disk_that_drops_spilled_records_is_caught() {
+    let caught = SEEDS.into_iter().find_map(|seed| {
+        let report = run_seed_spilling(
+            seed,
+            None,
+            MODE,
+            Flaws {
+                spilled_record_dropped: true,
+                ..Flaws::default()
+            },
+        );
+        report
+            .violations
+            .iter()
+            .find(|v| v.contains("was acknowledged but is lost in a crash"))
+            .map(|v| (seed, v.clone()))
+    });
+    assert!(
+        caught.is_some(),
+        "no seed of {SEEDS:?} caught a persistent disk that forgets spilled objects"
+    );
+}

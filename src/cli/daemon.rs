@@ -169,8 +169,9 @@ pub(super) struct DaemonArgs {
     pub(super) join_timeout: u64,
     /// Spill sealed objects nobody holds to this directory (local disk) when memory is
     /// needed, instead of forgetting them; they stay present and come back on get or fetch.
-    /// Must exist and be writable; old spill files in it are removed at start.
-    #[arg(long, value_name = "DIR", conflicts_with = "backing_file")]
+    /// Must exist and be writable; old spill files in it are removed at start, unless
+    /// --backing-file is given: then spilled objects survive a restart as the others do.
+    #[arg(long, value_name = "DIR")]
     pub(super) spill_dir: Option<PathBuf>,
     /// With --spill-dir: most bytes spilled, e.g. 100GiB [default: 90% of the free space of
     /// DIR's file system at start]

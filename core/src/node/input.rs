@@ -161,8 +161,8 @@ pub enum NodeInput<'a> {
     SpillDone {
         /// The write.
         op: crate::store::SpillOpId,
-        /// How it went.
-        result: Result<(), crate::store::SpillError>,
+        /// How it went: where the record is, or why there is none.
+        result: Result<crate::store::SpillPlace, crate::store::SpillError>,
     },
     /// The driver's answer to [`NodeOutput::Restore`](super::NodeOutput::Restore): the bytes
     /// are in the region and match the record's checksum, or the object is lost.
@@ -171,6 +171,14 @@ pub enum NodeInput<'a> {
         op: crate::store::SpillOpId,
         /// How it went.
         result: Result<(), crate::store::RestoreError>,
+    },
+    /// Spilled objects a persistent store's index named on restart (see
+    /// [`Store::recover_spilled`](crate::store::Store::recover_spilled)), each with the digest
+    /// its spill record carries; the node publishes them. Answered with
+    /// [`Handled::RecoveredSpilled`].
+    RecoveredSpilled {
+        /// The objects and their digests.
+        objects: Vec<(crate::store::RecoveredSpilled, Option<ContentDigest>)>,
     },
 }
 
@@ -199,6 +207,7 @@ impl NodeInput<'_> {
             NodeInput::Timeout => "timeout",
             NodeInput::SpillDone { .. } => "spill_done",
             NodeInput::RestoreDone { .. } => "restore_done",
+            NodeInput::RecoveredSpilled { .. } => "recovered_spilled",
         }
     }
 }
@@ -213,6 +222,8 @@ pub enum Handled {
     Malformed(WireError),
     /// [`NodeInput::Recovered`]: what the store restored.
     Recovered(RecoveryReport),
+    /// [`NodeInput::RecoveredSpilled`]: what the spill tier took back.
+    RecoveredSpilled(crate::store::SpilledRecoveryReport),
 }
 
 impl Node {
@@ -262,6 +273,9 @@ impl Node {
             NodeInput::Timeout => self.handle_timeout(now),
             NodeInput::SpillDone { op, result } => self.handle_spill_done(now, op, result),
             NodeInput::RestoreDone { op, result } => self.handle_restore_done(now, op, result),
+            NodeInput::RecoveredSpilled { objects } => {
+                return Handled::RecoveredSpilled(self.handle_recovered_spilled(now, objects))
+            }
         }
         Handled::Done
     }

@@ -11,8 +11,12 @@
 use std::collections::BTreeMap;
 
 use super::{Node, NodeOutput};
+use crate::digest::ContentDigest;
 use crate::ids::{NodeId, ObjectId, TransferId};
-use crate::store::{RestoreError, SpillError, SpillOpId, StoreOutput};
+use crate::store::{
+    RecoveredSpilled, RestoreError, SpillError, SpillOpId, SpillPlace, SpilledRecoveryReport,
+    StoreOutput,
+};
 use crate::time::Instant;
 use crate::wire::PeerMessage;
 
@@ -43,7 +47,7 @@ impl Node {
         &mut self,
         now: Instant,
         op: SpillOpId,
-        result: Result<(), SpillError>,
+        result: Result<SpillPlace, SpillError>,
     ) {
         self.advance(now);
         self.store.handle_spill_done(op, result);
@@ -61,6 +65,25 @@ impl Node {
         self.advance(now);
         self.store.handle_restore_done(op, result);
         self.memory_may_be_free();
+    }
+
+    /// Spilled objects a persistent store found on restart go back into the spill tier (see
+    /// [`crate::store::Store::recover_spilled`]) and are published like recovered objects.
+    pub(super) fn handle_recovered_spilled(
+        &mut self,
+        now: Instant,
+        objects: Vec<(RecoveredSpilled, Option<ContentDigest>)>,
+    ) -> SpilledRecoveryReport {
+        self.advance(now);
+        let report = self.store.recover_spilled(now, objects);
+        if !self.config.standalone {
+            // As for recovered objects: served once the directory accepts them again.
+            for (_, record) in &report.adopted {
+                self.unvouched.insert(record.id);
+            }
+        }
+        self.absorb_store();
+        report
     }
 
     fn memory_may_be_free(&mut self) {

@@ -18,13 +18,16 @@ mod storage;
 
 pub use memory::{MemoryStorage, WriteFate};
 pub use record::{
-    Header, HeaderError, Record, Slot, FORMAT_VERSION, HEADER_BYTES, HEADER_USED_BYTES,
-    INDEX_MAGIC, RECORD_BYTES,
+    Header, HeaderError, Record, Slot, SpilledRecord, FORMAT_VERSION, HEADER_BYTES,
+    HEADER_USED_BYTES, INDEX_MAGIC, OLDEST_READABLE_VERSION, RECORD_BYTES,
 };
 pub use slot_index::{
-    slot_offset, FoundRecord, OpenError, ScanReport, SlotIndex, WriteStats, INITIAL_SLOTS,
+    slot_offset, FoundRecord, FoundSpilled, OpenError, ScanReport, SlotIndex, WriteStats,
+    INITIAL_SLOTS,
 };
 pub use storage::Storage;
 
+#[cfg(test)]
+mod spilled_tests;
 #[cfg(test)]
 mod tests;

@@ -3,9 +3,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::record::{Header, HeaderError, Record, Slot, HEADER_BYTES, HEADER_USED_BYTES};
+use super::record::{
+    Header, HeaderError, Record, Slot, SpilledRecord, FORMAT_VERSION, HEADER_BYTES,
+    HEADER_USED_BYTES,
+};
 use super::{Storage, RECORD_BYTES};
 use crate::alloc::ALIGNMENT;
+use crate::store::RecoveredSpilled;
 use crate::{DurableChange, ObjectId, RecoveredObject};
 
 /// Slots of a new index (it doubles when full).
@@ -32,6 +36,15 @@ pub struct FoundRecord {
     pub slot: u64,
     /// The record.
     pub record: Record,
+}
+
+/// A spilled object's record found by the recovery scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FoundSpilled {
+    /// Its slot.
+    pub slot: u64,
+    /// The record.
+    pub record: SpilledRecord,
 }
 
 /// What the recovery scan found.
@@ -64,6 +77,12 @@ pub struct WriteStats {
 /// a seal's record is written only after its data is durable (the caller flushes the data of
 /// [`SlotIndex::staged_seals`] before [`SlotIndex::write_staged`]); a zeroed slot is reused
 /// only after a [`SlotIndex::sync`]; sequence numbers only grow, across restarts too.
+///
+/// An object has one record, but moving between memory and the spill tier replaces it: the new
+/// record goes to a free slot with a higher sequence number, and the old slot is zeroed only
+/// after a sync made the new one durable (the newest record of an id wins at recovery). So a
+/// crash finds the old record, the new one, or both, never neither; and the old one is durably
+/// gone before the new one can be removed, so it never comes back alone.
 #[derive(Debug)]
 pub struct SlotIndex<S> {
     storage: S,
@@ -74,6 +93,14 @@ pub struct SlotIndex<S> {
     recorded: BTreeMap<ObjectId, u64>,
     /// Seals not written yet.
     staged_seals: BTreeMap<ObjectId, RecoveredObject>,
+    /// Moves to the spill tier not written yet.
+    staged_spilled: BTreeMap<ObjectId, RecoveredSpilled>,
+    /// Slots of records replaced by newer ones written since the last sync: zeroed once those
+    /// are durable.
+    replaced_slots: Vec<u64>,
+    /// Format version of the file as opened (rewritten as [`FORMAT_VERSION`] at
+    /// [`SlotIndex::finish_recovery`]).
+    version: u32,
     /// Slots to zero.
     staged_removals: Vec<u64>,
     /// Zeroed slots that become free once the index is synced.
@@ -83,6 +110,14 @@ pub struct SlotIndex<S> {
     found: Vec<FoundRecord>,
     /// Corrupt slots of the scan, until [`SlotIndex::finish_recovery`].
     corrupt: Vec<u64>,
+    /// Valid spilled records of the scan, newest first, until [`SlotIndex::finish_recovery`].
+    found_spilled: Vec<FoundSpilled>,
+    /// Slots of records an id's newer record replaced (a crash came between the write of the
+    /// new one and the zeroing of the old one): cleared at [`SlotIndex::finish_recovery`].
+    superseded: Vec<u64>,
+    /// Positions in [`SlotIndex::found_spilled`] the driver refused (see
+    /// [`SlotIndex::refuse_spilled`]).
+    refused_spilled: BTreeSet<usize>,
 }
 
 /// Where slot `slot` starts.
@@ -112,7 +147,7 @@ impl<S: Storage> SlotIndex<S> {
         }
         let mut bytes = [0u8; HEADER_USED_BYTES];
         storage.read_at(0, &mut bytes).map_err(OpenError::Storage)?;
-        let header = Header::decode(&bytes).map_err(OpenError::Header)?;
+        let (header, version) = Header::decode_versioned(&bytes).map_err(OpenError::Header)?;
         if header.alignment_bytes != ALIGNMENT {
             return Err(OpenError::Header(HeaderError::Alignment));
         }
@@ -128,6 +163,12 @@ impl<S: Storage> SlotIndex<S> {
             next_seq: 1,
             found: Vec::new(),
             corrupt: Vec::new(),
+            staged_spilled: BTreeMap::new(),
+            replaced_slots: Vec::new(),
+            version,
+            found_spilled: Vec::new(),
+            superseded: Vec::new(),
+            refused_spilled: BTreeSet::new(),
         };
         let report = index.scan(len_bytes).map_err(OpenError::Storage)?;
         Ok((index, report))
@@ -152,20 +193,85 @@ impl<S: Storage> SlotIndex<S> {
                     }
                     Slot::Valid(record) => self.found.push(FoundRecord { slot, record }),
                     Slot::Corrupt => self.corrupt.push(slot),
+                    Slot::Spilled(record) => {
+                        self.found_spilled.push(FoundSpilled { slot, record });
+                    }
                 }
                 slot += 1;
             }
         }
-        self.found
-            .sort_by_key(|found| std::cmp::Reverse(found.record.seq));
-        self.next_seq = self.found.first().map_or(1, |f| f.record.seq + 1);
+        let valid_records = (self.found.len() + self.found_spilled.len()) as u64;
+        self.keep_newest_record_of_each_id();
         Ok(ScanReport {
             created: false,
             data_bytes: self.header.data_bytes,
             slots: self.slot_count,
-            valid_records: self.found.len() as u64,
+            valid_records,
             corrupt_slots: self.corrupt.len() as u64,
         })
+    }
+
+    /// Sorts the records newest first and keeps only the newest of each id: an older one was
+    /// replaced (the object moved to or from the spill tier, or was sealed again) and a crash
+    /// came before its slot was zeroed. Its slot is cleared at recovery.
+    fn keep_newest_record_of_each_id(&mut self) {
+        self.found
+            .sort_by_key(|found| std::cmp::Reverse(found.record.seq));
+        self.found_spilled
+            .sort_by_key(|found| std::cmp::Reverse(found.record.seq));
+        let newest = self
+            .found
+            .first()
+            .map(|f| f.record.seq)
+            .max(self.found_spilled.first().map(|f| f.record.seq));
+        self.next_seq = newest.map_or(1, |seq| seq + 1);
+        let mut seqs: BTreeMap<ObjectId, u64> = BTreeMap::new();
+        let all = self
+            .found
+            .iter()
+            .map(|f| (f.record.object.id, f.record.seq))
+            .chain(
+                self.found_spilled
+                    .iter()
+                    .map(|f| (f.record.object.id, f.record.seq)),
+            );
+        for (id, seq) in all {
+            let newest = seqs.entry(id).or_insert(seq);
+            *newest = (*newest).max(seq);
+        }
+        let superseded = &mut self.superseded;
+        self.found.retain(|f| {
+            let keep = seqs[&f.record.object.id] == f.record.seq;
+            if !keep {
+                superseded.push(f.slot);
+            }
+            keep
+        });
+        self.found_spilled.retain(|f| {
+            let keep = seqs[&f.record.object.id] == f.record.seq;
+            if !keep {
+                superseded.push(f.slot);
+            }
+            keep
+        });
+    }
+
+    /// The spilled records the scan found, newest first (the newest record of their ids): the
+    /// input of the store's `recover_spilled`.
+    pub fn found_spilled(&self) -> impl Iterator<Item = RecoveredSpilled> + '_ {
+        self.found_spilled.iter().map(|found| found.record.object)
+    }
+
+    /// The driver refuses the spilled records at these positions of
+    /// [`SlotIndex::found_spilled`] (their spill record is missing or damaged, or the store
+    /// refused them): [`SlotIndex::finish_recovery`] clears them with the others.
+    pub fn refuse_spilled(&mut self, refused: impl IntoIterator<Item = usize>) {
+        self.refused_spilled.extend(refused);
+    }
+
+    /// The format version the file had when opened.
+    pub fn opened_version(&self) -> u32 {
+        self.version
     }
 
     /// The header read at open.
@@ -192,6 +298,18 @@ impl<S: Storage> SlotIndex<S> {
     ) -> Result<u64, S::Error> {
         let refused: BTreeSet<usize> = refused.into_iter().collect();
         let mut cleared = std::mem::take(&mut self.corrupt);
+        cleared.append(&mut self.superseded);
+        let refused_spilled = std::mem::take(&mut self.refused_spilled);
+        for (position, found) in std::mem::take(&mut self.found_spilled)
+            .into_iter()
+            .enumerate()
+        {
+            if refused_spilled.contains(&position) {
+                cleared.push(found.slot);
+            } else {
+                self.recorded.insert(found.record.object.id, found.slot);
+            }
+        }
         for (position, found) in std::mem::take(&mut self.found).into_iter().enumerate() {
             if refused.contains(&position) {
                 cleared.push(found.slot);
@@ -207,7 +325,12 @@ impl<S: Storage> SlotIndex<S> {
         for &slot in &cleared {
             self.write_slot(slot, &[0; RECORD_BYTES])?;
         }
-        if !cleared.is_empty() {
+        if self.version < FORMAT_VERSION {
+            // From now on it may hold records an older build would clear: it refuses the file.
+            self.storage.write_at(0, &self.header.encode())?;
+            self.version = FORMAT_VERSION;
+            self.storage.sync()?;
+        } else if !cleared.is_empty() {
             self.storage.sync()?;
         }
         self.free_slots.extend(cleared.iter().copied());
@@ -215,23 +338,20 @@ impl<S: Storage> SlotIndex<S> {
     }
 
     /// Takes one change from the store, to be written by the next commit.
+    ///
+    /// A seal or a move to the spill tier of an object with a record replaces that record (see
+    /// the type's doc); a newer staged change of an object replaces the one staged before.
     pub fn stage(&mut self, change: DurableChange) {
-        match change.sealed_object() {
-            Some(object) => {
-                let id = object.id;
-                debug_assert!(!self.recorded.contains_key(&id), "{id} sealed twice");
-                self.staged_seals.insert(id, object);
-            }
-            None => {
-                let id = change.id();
-                // Sealed and removed before its record was written: nothing to undo.
-                if self.staged_seals.remove(&id).is_some() {
-                    return;
-                }
-                if let Some(slot) = self.recorded.remove(&id) {
-                    self.staged_removals.push(slot);
-                }
-            }
+        let id = change.id();
+        // Staged and changed again before written: only the newest counts.
+        self.staged_seals.remove(&id);
+        self.staged_spilled.remove(&id);
+        if let Some(object) = change.sealed_object() {
+            self.staged_seals.insert(id, object);
+        } else if let Some(object) = change.spilled_object() {
+            self.staged_spilled.insert(id, object);
+        } else if let Some(slot) = self.recorded.remove(&id) {
+            self.staged_removals.push(slot);
         }
     }
 
@@ -254,14 +374,17 @@ impl<S: Storage> SlotIndex<S> {
             .sum()
     }
 
-    /// Whether removals are staged (they must be committed before the freed space is reused).
+    /// Whether removals or moves to the spill tier are staged (they must be committed before
+    /// the freed space is reused, and memory waits for them).
     pub fn has_staged_removals(&self) -> bool {
-        !self.staged_removals.is_empty()
+        !self.staged_removals.is_empty() || !self.staged_spilled.is_empty()
     }
 
     /// Whether anything is staged.
     pub fn has_staged(&self) -> bool {
-        !self.staged_seals.is_empty() || !self.staged_removals.is_empty()
+        !self.staged_seals.is_empty()
+            || !self.staged_removals.is_empty()
+            || !self.staged_spilled.is_empty()
     }
 
     /// Objects with a written record.
@@ -275,26 +398,45 @@ impl<S: Storage> SlotIndex<S> {
         self.reserve_for_staged()?;
         let removals = self.write_removals()?;
         let seals = std::mem::take(&mut self.staged_seals);
+        let spilled = std::mem::take(&mut self.staged_spilled);
         let mut stats = WriteStats { seals: 0, removals };
         for object in seals.into_values() {
-            let slot = self.take_free_slot()?;
             let record = Record {
                 seq: self.next_seq,
                 object,
             };
-            self.next_seq += 1;
-            self.write_slot(slot, &record.encode())?;
-            self.recorded.insert(object.id, slot);
+            self.write_record(object.id, &record.encode())?;
+            stats.seals += 1;
+        }
+        for object in spilled.into_values() {
+            let record = SpilledRecord {
+                seq: self.next_seq,
+                object,
+            };
+            self.write_record(object.id, &record.encode())?;
             stats.seals += 1;
         }
         Ok(stats)
+    }
+
+    /// Writes the next record of `id` to a free slot; the slot of its record before, if any,
+    /// is zeroed once this one is durable.
+    fn write_record(&mut self, id: ObjectId, bytes: &[u8; RECORD_BYTES]) -> Result<(), S::Error> {
+        let slot = self.take_free_slot()?;
+        self.next_seq += 1;
+        self.write_slot(slot, bytes)?;
+        if let Some(old) = self.recorded.insert(id, slot) {
+            self.replaced_slots.push(old);
+        }
+        Ok(())
     }
 
     /// Grows the index until every staged seal has a free slot, before anything is written:
     /// when the medium cannot grow (a full file system), the error leaves the index and what
     /// is staged as they were, and the commit can be tried again once there is room.
     pub fn reserve_for_staged(&mut self) -> Result<(), S::Error> {
-        let missing = (self.staged_seals.len() as u64).saturating_sub(self.free_slots.len() as u64);
+        let staged = (self.staged_seals.len() + self.staged_spilled.len()) as u64;
+        let missing = staged.saturating_sub(self.free_slots.len() as u64);
         if missing > 0 {
             self.grow_by_at_least(missing)?;
         }
@@ -314,12 +456,21 @@ impl<S: Storage> SlotIndex<S> {
         Ok(())
     }
 
-    /// The barrier: everything written is durable; zeroed slots become free.
+    /// The barrier: everything written is durable; zeroed slots become free. Records replaced
+    /// by what was written are zeroed after it, with a second barrier.
     pub fn sync(&mut self) -> Result<(), S::Error> {
         self.storage.sync()?;
         let freed = std::mem::take(&mut self.free_slots_after_sync);
         self.free_slots.extend(freed);
-        Ok(())
+        if self.replaced_slots.is_empty() {
+            return Ok(());
+        }
+        let replaced = std::mem::take(&mut self.replaced_slots);
+        for &slot in &replaced {
+            self.write_slot(slot, &[0; RECORD_BYTES])?;
+        }
+        self.free_slots_after_sync.extend(replaced);
+        self.sync()
     }
 
     /// Writes and syncs every staged change (the caller flushed the staged seals' data).

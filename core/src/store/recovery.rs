@@ -13,6 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::spill::{SpillOpId, SpillPlace};
 use super::table::{Entry, MAX_OBJECTS};
 use super::{ObjectEvent, Store};
 use crate::alloc::block_len_for;
@@ -40,6 +41,19 @@ pub enum DurableChange {
         /// The object.
         id: ObjectId,
     },
+    /// A sealed object left memory for the spill tier: its bytes are in the driver's spill
+    /// record at `place` (written and flushed before the store heard of it), and its block is
+    /// free once this is durable. Replaces the object's record, whatever it was.
+    Spilled {
+        /// The object.
+        id: ObjectId,
+        /// Where its spill record is.
+        place: SpillPlace,
+        /// Data bytes.
+        data_size: u64,
+        /// Metadata bytes.
+        metadata_size: u64,
+    },
 }
 
 impl DurableChange {
@@ -57,16 +71,74 @@ impl DurableChange {
                 data_size,
                 metadata_size,
             }),
-            DurableChange::Removed { .. } => None,
+            DurableChange::Removed { .. } | DurableChange::Spilled { .. } => None,
+        }
+    }
+
+    /// The spilled object a move to the spill tier makes durable; `None` for other changes.
+    pub fn spilled_object(&self) -> Option<RecoveredSpilled> {
+        match *self {
+            DurableChange::Spilled {
+                id,
+                place,
+                data_size,
+                metadata_size,
+            } => Some(RecoveredSpilled {
+                id,
+                place,
+                data_size,
+                metadata_size,
+            }),
+            DurableChange::Sealed { .. } | DurableChange::Removed { .. } => None,
         }
     }
 
     /// The object the change is about.
     pub fn id(&self) -> ObjectId {
         match *self {
-            DurableChange::Sealed { id, .. } | DurableChange::Removed { id } => id,
+            DurableChange::Sealed { id, .. }
+            | DurableChange::Removed { id }
+            | DurableChange::Spilled { id, .. } => id,
         }
     }
+}
+
+/// A spilled object found in persistent storage on restart: its bytes are in the driver's
+/// spill record at `place` (see [`Store::recover_spilled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveredSpilled {
+    /// The object.
+    pub id: ObjectId,
+    /// Where its spill record is.
+    pub place: SpillPlace,
+    /// Data bytes.
+    pub data_size: u64,
+    /// Metadata bytes.
+    pub metadata_size: u64,
+}
+
+/// A spilled record [`Store::recover_spilled`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedSpilled {
+    /// Position of the record in the input.
+    pub index: usize,
+    /// The record.
+    pub record: RecoveredSpilled,
+    /// Why.
+    pub reason: RecoveryRefusal,
+}
+
+/// What [`Store::recover_spilled`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpilledRecoveryReport {
+    /// Objects now in the spill tier.
+    pub recovered_objects: u64,
+    /// Their data plus metadata bytes.
+    pub recovered_bytes: u64,
+    /// The record each recovered object's new [`SpillOpId`] names, for the driver.
+    pub adopted: Vec<(SpillOpId, RecoveredSpilled)>,
+    /// Records not taken, in input order.
+    pub refused: Vec<RefusedSpilled>,
 }
 
 /// A sealed object found in persistent storage on restart.
@@ -97,6 +169,12 @@ pub enum RecoveryRefusal {
     /// The store holds as many objects as its table can index.
     #[error("the store holds the most objects it can index")]
     TooManyObjects,
+    /// A spilled record, and the store has no spill tier (started without a spill directory).
+    #[error("a spilled object, and no spill tier")]
+    NoSpillTier,
+    /// A spilled record past the spill tier's limit.
+    #[error("the spill tier is full")]
+    SpillLimit,
 }
 
 /// A record [`Store::recover`] refused.
@@ -195,10 +273,28 @@ impl Store {
 
 /// What a log of durable changes leaves, as a restart finds it: every object sealed and not
 /// removed since, in id order. For drivers that keep the log themselves (the simulator's disk).
+/// Objects moved to the spill tier count as removed here (see [`replay_spilled`]).
 pub fn replay(log: &[DurableChange]) -> Vec<RecoveredObject> {
     let mut live = std::collections::BTreeMap::new();
     for change in log {
         match change.sealed_object() {
+            Some(object) => {
+                live.insert(object.id, object);
+            }
+            None => {
+                live.remove(&change.id());
+            }
+        }
+    }
+    live.into_values().collect()
+}
+
+/// The spilled objects a log of durable changes leaves (each object's last change a
+/// [`DurableChange::Spilled`]), in id order: [`replay`]'s counterpart for the spill tier.
+pub fn replay_spilled(log: &[DurableChange]) -> Vec<RecoveredSpilled> {
+    let mut live = std::collections::BTreeMap::new();
+    for change in log {
+        match change.spilled_object() {
             Some(object) => {
                 live.insert(object.id, object);
             }

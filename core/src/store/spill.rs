@@ -36,6 +36,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::recovery::{RecoveredSpilled, RecoveryRefusal, RefusedSpilled, SpilledRecoveryReport};
 use super::table::Entry;
 use super::{DurableChange, ObjectEvent, Store, StoreOutput};
 use crate::digest::ContentDigest;
@@ -57,6 +58,26 @@ pub struct SpillOpId(pub u64);
 impl fmt::Display for SpillOpId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "spill-{}", self.0)
+    }
+}
+
+/// Where a completed spill write put an object's record, in the driver's terms (a file and an
+/// offset in it): what a persistent store's index records, so a restart finds the record again.
+/// The core only carries it from [`Store::handle_spill_done`] to [`DurableChange::Spilled`] and
+/// back from recovery; the driver gives it its meaning.
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize, Default,
+)]
+pub struct SpillPlace {
+    /// The file.
+    pub file: u32,
+    /// Where the record starts in it.
+    pub offset: u64,
+}
+
+impl fmt::Display for SpillPlace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "file {} at {}", self.file, self.offset)
     }
 }
 
@@ -124,6 +145,8 @@ pub enum RestoreError {
 pub(super) struct SpilledObject {
     /// The write that made its record.
     pub(super) op: SpillOpId,
+    /// Where the driver put the record.
+    pub(super) place: SpillPlace,
     pub(super) data_size: u64,
     pub(super) metadata_size: u64,
     pub(super) digest: Option<ContentDigest>,
@@ -214,6 +237,12 @@ pub(super) struct SpillTier {
     held_for_gets: BTreeMap<ObjectId, Vec<super::waiters::WaiterId>>,
     /// A write failed: take none until a record is given back.
     full: bool,
+    /// Persistent mode: discards held until the durable changes queued before them are
+    /// durable (by the sequence number of the last such change), so no durable record names a
+    /// record that is gone.
+    held_discards: VecDeque<(u64, SpillOpId, ObjectId)>,
+    /// Persistent mode: the durable changes up to here are durable.
+    durable_upto: u64,
     next_op: u64,
     stats: SpillStats,
 }
@@ -356,8 +385,7 @@ impl Store {
         if tier.spilled_bytes + tier.clean_bytes + tier.spilling_bytes + block_len
             > tier.limit_bytes
         {
-            self.outputs
-                .push_back(StoreOutput::DiscardSpilled { op: record.op, id });
+            self.discard_record(record.op, id);
             return false;
         }
         tier.stats.reclaimed_clean_total += 1;
@@ -382,16 +410,14 @@ impl Store {
                 return;
             };
             let record = tier.take_clean(&id).expect("just found");
-            self.outputs
-                .push_back(StoreOutput::DiscardSpilled { op: record.op, id });
+            self.discard_record(record.op, id);
         }
     }
 
     /// An object leaves memory for good (deleted or evicted): its clean record, if any, goes.
     pub(super) fn forget_clean_record(&mut self, id: ObjectId) {
         if let Some(record) = self.spill.as_mut().and_then(|tier| tier.take_clean(&id)) {
-            self.outputs
-                .push_back(StoreOutput::DiscardSpilled { op: record.op, id });
+            self.discard_record(record.op, id);
         }
     }
 
@@ -461,7 +487,12 @@ impl Store {
     /// is spilled) unless someone took it meanwhile (then the record is discarded and it stays
     /// in memory); on failure it stays in memory and the tier takes no more writes until space
     /// is given back.
-    pub fn handle_spill_done(&mut self, op: SpillOpId, result: Result<(), SpillError>) {
+    ///
+    /// In persistent mode ([`StoreConfig::record_durable_changes`](super::StoreConfig)) the
+    /// spilled object's record becomes [`DurableChange::Spilled`] at `place`, and its block is
+    /// freed only once that change is durable: after a crash the index names the object either
+    /// in memory (its block untouched) or in the spill file (written before this completion).
+    pub fn handle_spill_done(&mut self, op: SpillOpId, result: Result<SpillPlace, SpillError>) {
         let Some(tier) = self.spill.as_mut() else {
             return;
         };
@@ -477,8 +508,8 @@ impl Store {
                 tier.clean_bytes += record.len();
                 tier.clean.insert(id, record);
             }
-            (Ok(()), Some(_)) => {}
-            (Ok(()), None) => {
+            (Ok(_), Some(_)) => {}
+            (Ok(_), None) => {
                 tier.stats.spills_total += 1;
                 tier.stats.spilled_bytes_total += len;
             }
@@ -498,12 +529,18 @@ impl Store {
         assert!(entry.pin_count > 0, "spilling {id} is pinned");
         entry.pin_count -= 1;
         let unheld = entry.ref_count == 0 && entry.pin_count == 0 && !entry.delete_pending;
-        if result.is_err() {
-            self.settle(id);
-            return;
-        }
+        let place = match (result, clean) {
+            (Err(_), _) => {
+                self.settle(id);
+                return;
+            }
+            // The record written before: where it was.
+            (Ok(_), Some(record)) => record.place,
+            (Ok(place), None) => place,
+        };
         let spilled = SpilledObject {
             op,
+            place,
             data_size: entry.data_size,
             metadata_size: entry.metadata_size,
             digest: entry.digest(),
@@ -513,8 +550,7 @@ impl Store {
             // Taken (or deleted) meanwhile: it stays in memory, its record kept clean for the
             // next time memory is needed (discarded when it is being deleted).
             if entry.delete_pending {
-                self.outputs
-                    .push_back(StoreOutput::DiscardSpilled { op, id });
+                self.discard_record(op, id);
             } else {
                 let tier = self.spill.as_mut().expect("checked above");
                 tier.clean_bytes += spilled.len();
@@ -524,10 +560,133 @@ impl Store {
             return;
         }
         // Out of memory, still present: no notification, it stays published.
-        self.remove_object(id, false);
+        self.remove_spilled_from_memory(id, &spilled);
         let tier = self.spill.as_mut().expect("checked above");
         tier.spilled_bytes += spilled.len();
         tier.spilled.insert(id, spilled);
+    }
+
+    /// Frees the memory of `id`, spilled as `spilled`. In persistent mode its record becomes
+    /// the spilled one, and the block waits (as a removed object's does) until that is durable.
+    fn remove_spilled_from_memory(&mut self, id: ObjectId, spilled: &SpilledObject) {
+        if !self.config.record_durable_changes {
+            self.remove_object(id, false);
+            return;
+        }
+        let change = DurableChange::Spilled {
+            id,
+            place: spilled.place,
+            data_size: spilled.data_size,
+            metadata_size: spilled.metadata_size,
+        };
+        self.remove_object_recording(id, false, change);
+    }
+
+    /// Discards record `op` of `id`; in persistent mode only once every durable change queued
+    /// so far is durable (one of them may be what stops the index naming the record).
+    fn discard_record(&mut self, op: SpillOpId, id: ObjectId) {
+        let queued = self.durable_changes_queued;
+        let persistent = self.config.record_durable_changes;
+        let tier = self.spill.as_mut().expect("records belong to the tier");
+        if persistent && queued > tier.durable_upto {
+            tier.held_discards.push_back((queued, op, id));
+        } else {
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op, id });
+        }
+    }
+
+    /// Durable changes up to `upto` are durable: discards that waited for them go out.
+    pub(super) fn release_held_discards(&mut self, upto: u64) {
+        let Some(tier) = self.spill.as_mut() else {
+            return;
+        };
+        tier.durable_upto = tier.durable_upto.max(upto);
+        while let Some(&(seq, op, id)) = tier.held_discards.front() {
+            if seq > upto {
+                break;
+            }
+            tier.held_discards.pop_front();
+            self.outputs
+                .push_back(StoreOutput::DiscardSpilled { op, id });
+        }
+    }
+
+    /// Spilled objects a persistent store's index named at restart go back into the tier, as
+    /// spilled (their bytes stay in the driver's files until a `get` restores them). Each gets
+    /// a new [`SpillOpId`] that names its record from now on: the driver maps it to the
+    /// record's place with [`SpilledRecoveryReport::adopted`]. Announced like recovered
+    /// objects (`Local(Sealed)`, so the node publishes them), no durable change queued.
+    pub fn recover_spilled(
+        &mut self,
+        now: Instant,
+        records: impl IntoIterator<Item = (RecoveredSpilled, Option<ContentDigest>)>,
+    ) -> SpilledRecoveryReport {
+        let mut report = SpilledRecoveryReport::default();
+        for (index, (record, digest)) in records.into_iter().enumerate() {
+            match self.recover_spilled_one(now, record, digest) {
+                Ok(op) => {
+                    report.recovered_objects += 1;
+                    report.recovered_bytes += record.data_size + record.metadata_size;
+                    report.adopted.push((op, record));
+                }
+                Err(reason) => report.refused.push(RefusedSpilled {
+                    index,
+                    record,
+                    reason,
+                }),
+            }
+        }
+        report
+    }
+
+    fn recover_spilled_one(
+        &mut self,
+        now: Instant,
+        record: RecoveredSpilled,
+        digest: Option<ContentDigest>,
+    ) -> Result<SpillOpId, RecoveryRefusal> {
+        let RecoveredSpilled {
+            id,
+            place,
+            data_size,
+            metadata_size,
+        } = record;
+        if self.objects.contains(&id) || self.is_spilled(&id) {
+            return Err(RecoveryRefusal::DuplicateId);
+        }
+        let Some(len) = data_size
+            .checked_add(metadata_size)
+            .filter(|&len| crate::alloc::block_len_for(len).is_some())
+        else {
+            return Err(RecoveryRefusal::SizeMismatch);
+        };
+        let Some(tier) = self.spill.as_mut() else {
+            return Err(RecoveryRefusal::NoSpillTier);
+        };
+        if tier.spilled_bytes + tier.clean_bytes + tier.spilling_bytes + len > tier.limit_bytes {
+            return Err(RecoveryRefusal::SpillLimit);
+        }
+        tier.next_op += 1;
+        let op = SpillOpId(tier.next_op);
+        tier.spilled_bytes += len;
+        tier.spilled.insert(
+            id,
+            SpilledObject {
+                op,
+                place,
+                data_size,
+                metadata_size,
+                digest,
+                created_at: now,
+            },
+        );
+        self.notify(ObjectEvent::Sealed {
+            id,
+            data_size,
+            metadata_size,
+        });
+        Ok(op)
     }
 
     /// Asks for a spilled object to be brought back (for a `get` or a peer's fetch); several
@@ -697,8 +856,7 @@ impl Store {
             tier.clean_bytes += object.len();
             tier.clean.insert(id, object);
         } else {
-            self.outputs
-                .push_back(StoreOutput::DiscardSpilled { op, id });
+            self.discard_record(op, id);
         }
         let entry = self
             .objects
@@ -734,8 +892,12 @@ impl Store {
             Err(_) => {
                 let tier = self.spill.as_mut().expect("checked above");
                 tier.stats.objects_lost_total += 1;
-                // Unsealed and unpinned: removed without a durable change.
+                // Unsealed and unpinned: removed without a durable change of its block; its
+                // spilled record goes.
                 self.remove_object(id, false);
+                if self.config.record_durable_changes {
+                    self.queue_durable(DurableChange::Removed { id });
+                }
                 self.notify(ObjectEvent::Deleted { id });
                 self.outputs.push_back(StoreOutput::RestoreFailed { id });
                 self.fail_waiters(id, StoreError::ObjectNotFound(id));
@@ -764,8 +926,10 @@ impl Store {
         if tier.queued_set.remove(&id) {
             tier.queued.retain(|queued| *queued != id);
         }
-        self.outputs
-            .push_back(StoreOutput::DiscardSpilled { op: object.op, id });
+        if self.config.record_durable_changes {
+            self.queue_durable(DurableChange::Removed { id });
+        }
+        self.discard_record(object.op, id);
         self.outputs.push_back(StoreOutput::RestoreFailed { id });
         self.notify(ObjectEvent::Deleted { id });
         self.fail_waiters(id, StoreError::ObjectNotFound(id));
@@ -884,3 +1048,6 @@ impl Store {
         self.fail_waiters_with(id, error);
     }
 }
+
+#[cfg(test)]
+mod persistent_tests;

@@ -11,8 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
-use skyriver_core::store::SpillOpId;
-use skyriver_core::ContentDigest;
+use skyriver_core::{ContentDigest, ObjectId};
 
 use super::parse_header;
 
@@ -217,10 +216,10 @@ pub(super) fn write_large_file(
 }
 
 /// Reads a large object's file into `into`; the digest its header names, or `None` when the
-/// header is not intact (or names another record or length).
+/// header is not intact (or names another object or length).
 pub(super) fn read_large_file(
     path: &Path,
-    op: SpillOpId,
+    object: ObjectId,
     into: &mut [u8],
     bounce: &mut Bounce,
 ) -> std::io::Result<Option<ContentDigest>> {
@@ -237,7 +236,7 @@ pub(super) fn read_large_file(
         }
         part.copy_from_slice(&buffer[chunk.skip()..wanted]);
         if chunk.file_offset == 0 {
-            return Ok(match parse_header(&buffer[..64], op) {
+            return Ok(match parse_header(&buffer[..64], object) {
                 Some((len, digest)) if len == expected_len => Some(Some(digest)),
                 _ => Some(None),
             });

@@ -46,6 +46,9 @@ pub struct Flaws {
     /// Holders answer `NotFound` to every fetch request for a fifth of the ids (those whose
     /// last byte is a multiple of 5), though they hold them (see `liveness`).
     pub holders_deny_some_ids: bool,
+    /// A persistent node's disk records a move to the spill tier as a removal, so a crash
+    /// forgets spilled objects (see `durability`).
+    pub spilled_record_dropped: bool,
 }
 
 impl Cluster {

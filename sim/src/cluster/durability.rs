@@ -10,15 +10,21 @@
 //! survives whole (it is the data file, flushed before any record points into it).
 //!
 //! Checked here: a seal whose reply a client received (with replies held until durable) is
-//! recovered after a crash unless the object had left the store; and every recovered object
-//! still holds its own bytes, so a block was never reused before its removal was durable and
-//! no torn record was trusted.
+//! recovered after a crash unless the object had left the store, in memory or, when it was
+//! spilled, in the spill tier (its record names a spill record the spill disk still holds,
+//! which survives the crash; see `spill`); and every recovered object still holds its own
+//! bytes, so a block was never reused before its removal was durable and no torn record was
+//! trusted.
+//!
+//! [`Flaws::spilled_record_dropped`](super::Flaws) plants the bug the spilled half exists for:
+//! the disk records a move to the spill tier as a removal (as persistent stores did before
+//! spilled records), so a crash forgets spilled objects whose seal was acknowledged.
 
 use std::collections::{BTreeSet, VecDeque};
 
 use rand::Rng;
 use skyriver_core::persist::{MemoryStorage, SlotIndex};
-use skyriver_core::store::RecoveredObject;
+use skyriver_core::store::{RecoveredObject, RecoveredSpilled};
 use skyriver_core::{DurableChange, Instant, NodeId, NodeInput, ObjectId};
 
 use super::{Cluster, Event};
@@ -29,9 +35,11 @@ pub(super) struct Disk {
     /// Handed to the disk, not committed yet: at a crash, written but not synced.
     pending: VecDeque<(u64, DurableChange)>,
     /// The index on the simulated medium.
-    index: SlotIndex<MemoryStorage>,
+    pub(super) index: SlotIndex<MemoryStorage>,
     /// When the commit in progress ends.
     busy_until: Instant,
+    /// Spilled objects the index named at the last crash, for the restart.
+    pub(super) recovering_spilled: Vec<RecoveredSpilled>,
 }
 
 impl Disk {
@@ -45,7 +53,19 @@ impl Disk {
             pending: VecDeque::new(),
             index,
             busy_until: Instant::ZERO,
+            recovering_spilled: Vec::new(),
         }
+    }
+}
+
+/// The change as the disk records it: with the planted flaw, a move to the spill tier as a
+/// removal.
+fn flawed(change: DurableChange, spilled_record_dropped: bool) -> DurableChange {
+    match change {
+        DurableChange::Spilled { id, .. } if spilled_record_dropped => {
+            DurableChange::Removed { id }
+        }
+        other => other,
     }
 }
 
@@ -77,7 +97,8 @@ impl Cluster {
         let disk = &mut self.nodes[n.0 as usize].disk;
         while disk.pending.front().is_some_and(|(seq, _)| *seq <= upto) {
             let (_, change) = disk.pending.pop_front().expect("looked at the front");
-            disk.index.stage(change);
+            disk.index
+                .stage(flawed(change, self.flaws.spilled_record_dropped));
         }
         let Ok(_) = disk.index.write_staged();
         if !self.flaws.persisted_before_sync {
@@ -98,7 +119,7 @@ impl Cluster {
             pending, mut index, ..
         } = disk;
         for (_, change) in pending {
-            index.stage(change);
+            index.stage(flawed(change, self.flaws.spilled_record_dropped));
         }
         let Ok(_) = index.write_staged();
         let mut storage = index.into_storage();
@@ -135,8 +156,14 @@ impl Cluster {
             });
         }
         let records: Vec<RecoveredObject> = index.found_records().collect();
+        let spilled: Vec<RecoveredSpilled> = index.found_spilled().collect();
         self.nodes[n.0 as usize].disk.index = index;
-        let durable: BTreeSet<ObjectId> = records.iter().map(|r| r.id).collect();
+        let durable: BTreeSet<ObjectId> = records
+            .iter()
+            .map(|r| r.id)
+            .chain(spilled.iter().map(|r| r.id))
+            .collect();
+        self.nodes[n.0 as usize].disk.recovering_spilled = spilled;
         let acked = std::mem::take(&mut self.nodes[n.0 as usize].acked_seals);
         for id in &acked {
             if !durable.contains(id) {

@@ -305,7 +305,8 @@ impl Cluster {
             } => self.spill_written(node, inc, job, report),
             Event::SpillReported { node, inc, op } => {
                 if self.alive(node, inc) {
-                    self.feed(node, NodeInput::SpillDone { op, result: Ok(()) });
+                    let result = Ok(self.spill_place(node, inc, op));
+                    self.feed(node, NodeInput::SpillDone { op, result });
                 }
             }
             Event::SpillRestored { node, inc, job } => self.spill_restored(node, inc, job),

@@ -246,6 +246,7 @@ impl Cluster {
             refused.extend(report.refused.iter().map(|r| r.index));
         }
         if self.params.persistent {
+            self.recover_spilled(n, &mut node);
             self.finish_disk_recovery(n, refused);
         }
         self.nodes[n.0 as usize].node = Some(node);

@@ -409,9 +409,6 @@ impl Cluster {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut params = SimParams::draw(seed, &mut rng, nodes);
         params.spill = Some(spill::SpillParams::draw(seed, params.arena_bytes));
-        // Spilled objects do not survive a crash in persistent mode yet (the daemon refuses
-        // the combination): spill runs keep no arena across crashes.
-        params.persistent = false;
         Self::build(params, rng, mode, flaws)
     }
 

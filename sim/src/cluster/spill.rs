@@ -1,7 +1,9 @@
 //! The simulated spill disk of each node: the core's `Spill`, `Restore` and `DiscardSpilled`
 //! outputs run against a disk with latency, a capacity (`ENOSPC` when it is full, below the
-//! core's limit on purpose), IO errors, damaged records and crashes (a crash empties it: spill
-//! files are a cache).
+//! core's limit on purpose), IO errors, damaged records and crashes. A crash empties it (spill
+//! files are a cache) unless the node is persistent: then a completed write survives (the
+//! daemon flushes it before completing), and the restart hands the spilled objects the index
+//! names back to the node, each under the op it is named by from then on.
 //!
 //! A write takes its bytes from the arena when it completes, as a real write reads memory
 //! while it runs; so memory freed or reused before the write completed shows as a record
@@ -20,7 +22,8 @@ use std::collections::BTreeMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use skyriver_core::digest::ContentDigest;
-use skyriver_core::store::{RestoreError, SpillError, SpillOpId};
+use skyriver_core::node::{Handled, Node};
+use skyriver_core::store::{RestoreError, SpillError, SpillOpId, SpillPlace};
 use skyriver_core::{LocalRegion, NodeId, NodeInput, ObjectId};
 
 use super::{Cluster, Event};
@@ -82,6 +85,9 @@ pub(super) struct SpillJob {
 pub(super) struct SpillDisk {
     records: BTreeMap<SpillOpId, (ObjectId, Vec<u8>)>,
     used_bytes: u64,
+    /// Where each record is, as the node's index names it: stable across restarts (a record
+    /// adopted at a restart keeps its place under its new op).
+    places: BTreeMap<SpillOpId, SpillPlace>,
 }
 
 /// Counters of the spill disks, for the summary.
@@ -190,7 +196,10 @@ impl Cluster {
             disk.used_bytes = disk.used_bytes - existing + len;
             disk.records.insert(op, (object, bytes));
             self.spill.stats.writes += 1;
-            Ok(())
+            let place = self.spill_place(n, inc, op);
+            let disk = self.spill.disks.entry(n).or_default();
+            disk.places.insert(op, place);
+            Ok(place)
         };
         self.record(|| format!("{n} spill write {op} of {object}: {result:?}"));
         if report {
@@ -292,14 +301,89 @@ impl Cluster {
     /// A node's `DiscardSpilled` output.
     pub(super) fn spill_discard(&mut self, n: NodeId, op: SpillOpId) {
         let disk = self.spill.disks.entry(n).or_default();
+        disk.places.remove(&op);
         if let Some((_, bytes)) = disk.records.remove(&op) {
             disk.used_bytes -= bytes.len() as u64;
         }
     }
 
-    /// A node crashed: its spill files are gone (a restarted node starts without them).
+    /// Where record `op` of node `n` is: where it was put (a record adopted at a restart keeps
+    /// its place), or for a new one the incarnation that writes it and its op.
+    pub(super) fn spill_place(&self, n: NodeId, inc: u32, op: SpillOpId) -> SpillPlace {
+        let known = self
+            .spill
+            .disks
+            .get(&n)
+            .and_then(|disk| disk.places.get(&op).copied());
+        known.unwrap_or(SpillPlace {
+            file: inc,
+            offset: op.0,
+        })
+    }
+
+    /// A node crashed: its spill files are gone (a restarted node starts without them), unless
+    /// it is persistent.
     pub(super) fn spill_crash(&mut self, n: NodeId) {
-        self.spill.disks.remove(&n);
+        if !self.params.persistent {
+            self.spill.disks.remove(&n);
+        }
+    }
+
+    /// At a persistent node's restart: the spilled objects its index named go back into its
+    /// spill tier, with the digests of their records; one whose record is gone is lost (its
+    /// index record cleared). The disk keeps only the adopted records, under their new ops.
+    /// Returns how many were lost. Call before the index finishes its recovery.
+    pub(super) fn recover_spilled(&mut self, n: NodeId, node: &mut Node) -> u64 {
+        let records = std::mem::take(&mut self.nodes[n.0 as usize].disk.recovering_spilled);
+        let old = self.spill.disks.remove(&n).unwrap_or_default();
+        let mut refused = Vec::new();
+        let mut positions = Vec::new();
+        let mut inputs = Vec::new();
+        let by_place: BTreeMap<SpillPlace, SpillOpId> =
+            old.places.iter().map(|(&op, &place)| (place, op)).collect();
+        let old_op = |place: &SpillPlace| by_place.get(place).copied();
+        for (position, record) in records.iter().enumerate() {
+            match old_op(&record.place).and_then(|op| old.records.get(&op)) {
+                Some((object, bytes)) if *object == record.id => {
+                    positions.push(position);
+                    inputs.push((*record, Some(ContentDigest::of_contiguous(bytes))));
+                }
+                _ => refused.push(position),
+            }
+        }
+        let lost_missing = refused.len() as u64;
+        let mut disk = SpillDisk::default();
+        if !inputs.is_empty() {
+            let Handled::RecoveredSpilled(report) =
+                node.handle(self.now, NodeInput::RecoveredSpilled { objects: inputs })
+            else {
+                unreachable!("recovered spilled objects are answered with a report")
+            };
+            refused.extend(report.refused.iter().map(|r| positions[r.index]));
+            for (op, record) in report.adopted {
+                let was = old_op(&record.place).expect("checked above");
+                let (object, bytes) = old.records[&was].clone();
+                disk.used_bytes += bytes.len() as u64;
+                disk.records.insert(op, (object, bytes));
+                disk.places.insert(op, record.place);
+            }
+        }
+        self.spill.disks.insert(n, disk);
+        self.nodes[n.0 as usize]
+            .disk
+            .index
+            .refuse_spilled(refused.iter().copied());
+        if lost_missing > 0 {
+            let now = self.now;
+            self.checker.violation(
+                now,
+                format!(
+                    "{n}: {lost_missing} spilled objects the index names have no spill record \
+                     (discarded before the index stopped naming them)"
+                ),
+            );
+        }
+        lost_missing
     }
 
     fn feed_spill(&mut self, n: NodeId, input: NodeInput<'static>) {

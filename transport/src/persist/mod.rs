@@ -402,6 +402,20 @@ impl BackingFile {
         self.index.found_records()
     }
 
+    /// The spilled objects' records the scan found, newest first (see
+    /// `SlotIndex::found_spilled`).
+    pub fn found_spilled(
+        &self,
+    ) -> impl Iterator<Item = skyriver_core::store::RecoveredSpilled> + '_ {
+        self.index.found_spilled()
+    }
+
+    /// Spilled records at these positions of [`BackingFile::found_spilled`] are cleared at
+    /// [`BackingFile::finish_recovery`] (their objects are lost).
+    pub fn refuse_spilled(&mut self, refused: impl IntoIterator<Item = usize>) {
+        self.index.refuse_spilled(refused);
+    }
+
     /// Takes the store's verdict on [`BackingFile::found_records`]: `refused` are positions
     /// in that sequence. Refused and corrupt slots are zeroed (and flushed); the accepted
     /// records are the index from now on. Returns how many slots were zeroed.

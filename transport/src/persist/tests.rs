@@ -216,6 +216,7 @@ fn corrupt_records_are_refused() {
             }
             Slot::Corrupt => truly_damaged += 1,
             Slot::Empty => panic!("a flip cannot zero a whole record"),
+            Slot::Spilled(record) => panic!("no spilled record was written: {record:?}"),
         }
     }
     assert!(truly_damaged > 20, "{truly_damaged} damaged slots");
@@ -270,7 +271,7 @@ fn a_torn_write_is_discarded() {
                 data_size,
                 metadata_size,
             },
-            DurableChange::Removed { .. } => unreachable!(),
+            DurableChange::Removed { .. } | DurableChange::Spilled { .. } => unreachable!(),
         },
     }
     .encode();

@@ -702,7 +702,14 @@ impl NodeDriver for Carrier<'_> {
         let bytes = self.arena()[region.offset as usize..region.end() as usize].to_vec();
         let n = self.node.0 as usize;
         self.world.spill_disk[n].insert(op, bytes);
-        self.spill_io(NodeInput::SpillDone { op, result: Ok(()) });
+        let place = crate::store::SpillPlace {
+            file: 0,
+            offset: op.0,
+        };
+        self.spill_io(NodeInput::SpillDone {
+            op,
+            result: Ok(place),
+        });
     }
 
     fn restore(

@@ -35,8 +35,9 @@ fn tier(w: &World, node: u32, n: u64) -> Option<StorageTier> {
 /// (for writes) when given.
 fn complete_spill_io(w: &mut World, spill_result: Option<Result<(), SpillError>>) {
     while let Some((node, mut input)) = w.held_spill_io.pop_front() {
-        if let (NodeInput::SpillDone { result, .. }, Some(forced)) = (&mut input, &spill_result) {
-            *result = forced.clone();
+        if let (NodeInput::SpillDone { result, .. }, Some(Err(error))) = (&mut input, &spill_result)
+        {
+            *result = Err(error.clone());
         }
         w.feed(node.0, input);
         w.pump();
