@@ -288,6 +288,10 @@ impl NodeDriver for Effects {
             trace::stamp("fetch_request_send");
         }
         if let Some(fabric) = &self.fabric {
+            if let PeerMessage::RelayProgress { req, prefix } = message {
+                // The fabric serves READs of the relayed copy below what its reader is told.
+                fabric.extend_partial_read(peer, req, prefix);
+            }
             if let Err(error) = fabric.send(peer, wire::to_bytes(&message)) {
                 // The fabric reports the lost connection as an event of its own.
                 debug!(%peer, %error, "send failed");
@@ -429,12 +433,22 @@ impl NodeDriver for Effects {
         &mut self,
         peer: NodeId,
         req: TransferId,
-        _object: ObjectId,
-        _region: LocalRegion,
+        object: ObjectId,
+        region: LocalRegion,
     ) {
-        // Neither fabric serves a copy still being received yet (relaying is off in the
-        // daemon's configuration); a reader refused here fetches from the holder.
-        let result = Err(GrantError::PartialCopyUnsupported);
+        // TCP serves a copy still being received; verbs refuses (relaying is off on it), and a
+        // reader refused here fetches from the holder.
+        let result = match &self.fabric {
+            Some(fabric) => match fabric.grant_partial_read(peer, req, region) {
+                Ok(Some(grant)) => Ok(grant),
+                Ok(None) => return, // answered by a fabric event
+                Err(error) => {
+                    debug!(%peer, %object, %region, %error, "cannot relay a partial copy");
+                    Err(GrantError::from(error))
+                }
+            },
+            None => Err(GrantError::NotConnected(peer)),
+        };
         self.access_answers
             .push(AccessAnswer::Granted { peer, req, result });
     }

@@ -100,6 +100,10 @@ pub struct DaemonConfig {
     pub default_replicas: u8,
     /// The failure domain this node is in (`--failure-domain`; empty: its own).
     pub failure_domain: String,
+    /// Objects of at least this many bytes that many nodes fetch at once flow through the
+    /// requesters' partial copies (`--relay-min-bytes`; `u64::MAX`: never). `None`: the core's
+    /// default. Only on fabrics that serve partial copies (TCP); never on verbs.
+    pub relay_min_bytes: Option<u64>,
 }
 
 impl DaemonConfig {
@@ -129,6 +133,7 @@ impl DaemonConfig {
             spill: None,
             default_replicas: 1,
             failure_domain: String::new(),
+            relay_min_bytes: None,
         }
     }
 }
@@ -550,8 +555,11 @@ impl Server {
         node_config.lease = config.lease;
         node_config.location_cache_entries = config.location_cache_entries;
         node_config.default_replicas = config.default_replicas;
-        // The fabrics cannot serve a relay's partial copy yet (`grant_partial_read`): no node
-        // is sent to one.
+        // Relays only where the fabric serves a partial copy (TCP; verbs does not yet, so a
+        // verbs holder never redirects to one); `--relay-min-bytes` overrides the size.
+        let relay_min_bytes = config
+            .relay_min_bytes
+            .unwrap_or(node_config.relay_min_bytes);
         node_config.relay_min_bytes = u64::MAX;
         node_config.standalone = config.cluster.is_none();
         node_config.store.hash_seed = random_seed();
@@ -565,6 +573,9 @@ impl Server {
         };
         if let Some(parts) = &cluster {
             node_config.region_keys = parts.fabric.region_keys();
+            if parts.fabric.serves_partial_copies() {
+                node_config.relay_min_bytes = relay_min_bytes;
+            }
             if let Some(slot_bytes) = parts.receive_slot_bytes {
                 node_config.receive_slot_bytes = slot_bytes;
             }

@@ -929,6 +929,23 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "Fetch requests answered in one pass with an earlier request for the same object.",
             Value::Counter(c.coalesced_requests),
         )?;
+        // ---- relays (broadcast through copies) ----
+        out.one(
+            "skyriver_relay_redirects",
+            "Requests this holder sent to a relay (a requester receiving the object) instead of \
+             serving them itself.",
+            Value::Counter(c.relay_redirects),
+        )?;
+        out.one(
+            "skyriver_relayed_reads",
+            "Leases this node granted over a copy it was still receiving (READs served as a relay).",
+            Value::Counter(c.relay_leases),
+        )?;
+        out.one(
+            "skyriver_relayed_transfers",
+            "Transfers this node pulled from a relay instead of the holder.",
+            Value::Counter(c.relayed_transfers),
+        )?;
         // ---- process ----
         let p = &self.process;
         out.one(

@@ -89,6 +89,10 @@ pub struct ClusterArgs {
     /// fetch's time goes, hop by hop.
     #[arg(long)]
     pub breakdown: bool,
+    /// Start the daemons with `--relay-min-bytes` this (a size, or off), to compare broadcast
+    /// through relays with every requester pulling from the holder [default: the daemons']
+    #[arg(long, value_name = "SIZE|off")]
+    pub relay_min_bytes: Option<String>,
 }
 
 /// The three patterns.
@@ -547,6 +551,9 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     let mut up = UpArgs::new(args.nodes, memory, Some(socket_dir.clone()));
     up.netns = true;
     up.link = args.link.clone();
+    if let Some(relay_min_bytes) = &args.relay_min_bytes {
+        up.daemon_args = vec!["--relay-min-bytes".into(), relay_min_bytes.clone()];
+    }
     let cluster = LocalCluster::start(&up, &exe)?;
     let netns = cluster
         .netns

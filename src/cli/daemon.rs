@@ -186,6 +186,12 @@ pub(super) struct DaemonArgs {
     /// SLURM_TOPOLOGY_ADDR; else a domain of its own]
     #[arg(long, value_name = "NAME")]
     pub(super) failure_domain: Option<String>,
+    /// Objects of at least this size that many nodes fetch at once flow through the
+    /// requesters' partial copies, a pipeline of relays, so the holder's link carries each
+    /// byte about once (TCP fabric only; verbs never relays yet); off: every requester pulls
+    /// from a holder [default: 4MiB]
+    #[arg(long, value_name = "SIZE|off", value_parser = parse_relay_min_bytes)]
+    pub(super) relay_min_bytes: Option<u64>,
 }
 
 pub(super) fn parse_replicas(text: &str) -> Result<u8, ValueError> {
@@ -359,6 +365,7 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), CliError> {
     config.lease = Duration::from_millis(args.lease_ms);
     config.location_cache_entries = args.location_cache;
     config.default_replicas = args.replicas;
+    config.relay_min_bytes = args.relay_min_bytes;
     config.failure_domain = match &args.failure_domain {
         Some(domain) => domain.trim().to_string(),
         None => std::env::var("SLURM_TOPOLOGY_ADDR")
@@ -454,6 +461,14 @@ pub(super) fn parse_threshold(text: &str) -> Result<ThresholdPolicy, ValueError>
     }
     let size: ByteSize = text.parse().map_err(ValueError::Threshold)?;
     Ok(ThresholdPolicy::Fixed(size.0))
+}
+
+pub(super) fn parse_relay_min_bytes(text: &str) -> Result<u64, ValueError> {
+    if text == "off" {
+        return Ok(u64::MAX);
+    }
+    let size: ByteSize = text.parse().map_err(ValueError::RelayMinBytes)?;
+    Ok(size.0.max(1))
 }
 
 pub(super) fn choose_fabric(args: &DaemonArgs) -> Result<FabricChoice, CliError> {

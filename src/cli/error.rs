@@ -236,4 +236,7 @@ pub enum ValueError {
     /// `--eager-threshold` is neither a size nor `auto`.
     #[error("--eager-threshold: {0} (or auto)")]
     Threshold(String),
+    /// `--relay-min-bytes` is neither a size nor `off`.
+    #[error("--relay-min-bytes: {0} (or off)")]
+    RelayMinBytes(String),
 }

@@ -549,6 +549,110 @@ fn a_peer_that_does_not_read_is_disconnected_with_a_reason() {
     }
 }
 
+/// A relay's copy still being received: READs below the prefix its core announced are served
+/// with the copy's bytes, past it or where a READ into the copy is still landing they are
+/// refused, and a revocation while READs are served leaves the block free once complete.
+#[test]
+fn a_partial_copy_serves_its_received_prefix_only() {
+    let (mut a, mut b) = connected_pair();
+    const MIB: u64 = 1 << 20;
+    let block = region(4096, 4 * MIB);
+    let payload: Vec<u8> = (0..4 * MIB).map(|i| (i % 251) as u8).collect();
+    // The first MiB is in; the second is being written by a READ still landing.
+    write_arena(&b.arena, 4096, &payload[..MIB as usize]);
+    let landing = WritableRegion::new(b.arena.clone(), 4096 + MIB, MIB).unwrap();
+    let grant = b
+        .fabric
+        .grant_partial_read(NodeId(1), TransferId(7), block)
+        .unwrap()
+        .expect("the TCP fabric grants at once");
+    let key = RemoteRegion {
+        rkey: grant.keys[0],
+        ..remote(&b, 4096, 4 * MIB)
+    };
+    let read = |a: &mut Node, op: u64, start: u64, len: u64| {
+        let slice = RemoteRegion {
+            addr: key.addr + start,
+            len,
+            ..key
+        };
+        a.fabric
+            .post_read(NodeId(2), ReadOpId(op), 0, region(op * 4 * MIB, len), slice);
+        read_result(a, op)
+    };
+    assert_eq!(
+        read(&mut a, 1, 0, 100),
+        Err(ReadError::RemoteAccess),
+        "nothing announced yet"
+    );
+    b.fabric.extend_partial_read(NodeId(1), TransferId(7), MIB);
+    read(&mut a, 2, 0, MIB).unwrap();
+    assert_eq!(
+        arena_bytes(&a.arena, 2 * 4 * MIB, MIB),
+        &payload[..MIB as usize]
+    );
+    assert_eq!(
+        read(&mut a, 3, MIB - 100, 200),
+        Err(ReadError::RemoteAccess),
+        "past the prefix"
+    );
+    // Said to be in while a READ into it still lands (a core that runs ahead): refused.
+    b.fabric
+        .extend_partial_read(NodeId(1), TransferId(7), 2 * MIB);
+    assert_eq!(
+        read(&mut a, 4, MIB, 100),
+        Err(ReadError::RemoteAccess),
+        "still being written"
+    );
+    drop(landing);
+    write_arena(
+        &b.arena,
+        4096 + MIB,
+        &payload[MIB as usize..2 * MIB as usize],
+    );
+    read(&mut a, 5, MIB - 50, 100).unwrap();
+    assert_eq!(
+        arena_bytes(&a.arena, 5 * 4 * MIB, 100),
+        &payload[(MIB - 50) as usize..(MIB + 50) as usize]
+    );
+    // Nothing of the block is claimed by the grant itself: later READs can land in it.
+    drop(WritableRegion::new(b.arena.clone(), 4096 + 2 * MIB, MIB).unwrap());
+
+    // Revoked while a READ may still be served: complete at once or once it is written.
+    let whole = RemoteRegion {
+        len: 2 * MIB,
+        ..key
+    };
+    a.fabric.post_read(
+        NodeId(2),
+        ReadOpId(6),
+        0,
+        region(6 * 4 * MIB, 2 * MIB),
+        whole,
+    );
+    if !b.fabric.revoke_read(NodeId(1), TransferId(7)) {
+        match next_event(&mut b) {
+            FabricEvent::ReadRevoked { peer, req } => {
+                assert_eq!((peer, req), (NodeId(1), TransferId(7)))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    match read_result(&mut a, 6) {
+        Ok(()) => assert_eq!(
+            arena_bytes(&a.arena, 6 * 4 * MIB, 2 * MIB),
+            &payload[..2 * MIB as usize]
+        ),
+        Err(error) => assert_eq!(error, ReadError::RemoteAccess),
+    }
+    assert_eq!(
+        read(&mut a, 7, 0, 100),
+        Err(ReadError::RemoteAccess),
+        "revoked"
+    );
+    drop(WritableRegion::new(b.arena.clone(), 4096, 4 * MIB).expect("no READ holds the block"));
+}
+
 /// Copies `data` into a test arena.
 fn write_arena(arena: &SharedArena, offset: u64, data: &[u8]) {
     arena.write(offset, data).unwrap();

@@ -190,7 +190,6 @@ impl Node {
                 over_partial_copy: true,
             },
         );
-        self.stats.relay_leases += 1;
         self.set_timer(expires, Timer::Lease(peer, req));
         self.push(NodeOutput::GrantPartialRead {
             peer,
@@ -218,6 +217,8 @@ impl Node {
     /// hint, a stale location) READs no further either; one asking by hint takes it as a
     /// refusal and asks the directory.
     pub(super) fn partial_lease_granted(&mut self, peer: NodeId, req: TransferId, id: ObjectId) {
+        // Counted once the fabric granted it: a fabric that cannot relay counts none.
+        self.stats.relay_leases += 1;
         let prefix = self.held_prefix(&id);
         self.send(peer, PeerMessage::RelayProgress { req, prefix });
     }

@@ -329,4 +329,34 @@ pub trait Fabric: Send + Sync {
     /// [`FabricEvent::ReadRevoked`] comes (a READ still being served, an invalidation posted).
     /// The caller keeps the region's memory unchanged until then.
     fn revoke_read(&self, peer: NodeId, req: TransferId) -> bool;
+
+    /// As [`Fabric::grant_read`], for `region` of a copy still being received here (a relay's,
+    /// see the core's `relay`): READs land in the block while it is granted, so the fabric
+    /// views no more than each READ's range while serving it, admits only ranges below the
+    /// prefix [`Fabric::extend_partial_read`] said is in (none at first), and refuses a range
+    /// a writable view of this process still holds. Revoked with [`Fabric::revoke_read`].
+    /// Fabrics that cannot serve a partial copy refuse with
+    /// [`GrantError::PartialCopyUnsupported`] (the reader then fetches from the holder).
+    fn grant_partial_read(
+        &self,
+        peer: NodeId,
+        req: TransferId,
+        region: LocalRegion,
+    ) -> Result<Option<ReadGrant>, FabricError> {
+        let _ = (peer, req, region);
+        Err(FabricError::Grant(GrantError::PartialCopyUnsupported))
+    }
+
+    /// The first `prefix` bytes of the region granted to `peer`'s lease `req` by
+    /// [`Fabric::grant_partial_read`] are in: READs below it may be served from now on. Call
+    /// before the reader is told (the prefix only grows; a smaller one changes nothing).
+    fn extend_partial_read(&self, peer: NodeId, req: TransferId, prefix: u64) {
+        let _ = (peer, req, prefix);
+    }
+
+    /// Whether [`Fabric::grant_partial_read`] serves copies still being received, so this node
+    /// may relay (send requesters to one another's partial copies).
+    fn serves_partial_copies(&self) -> bool {
+        false
+    }
 }

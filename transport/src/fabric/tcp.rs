@@ -38,11 +38,13 @@ use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentit
 use crate::arena::{ReadableRegion, ViewError, WritableRegion};
 use crate::sync;
 use connection::{Link, Outgoing, SubmitError};
+use grant_view::{GrantView, PartialCopy};
 use grants::Grants;
 use handshake::{accept_loop, dial};
 
 mod connection;
 mod errors;
+mod grant_view;
 mod grants;
 mod handshake;
 
@@ -153,10 +155,6 @@ struct PendingRead {
     /// The READ's destination, claimed until its data is in (or the READ failed).
     destination: WritableRegion,
 }
-
-/// How a grant views its region: claimed for reading from the grant until the revocation is
-/// complete, and by every READ served from it until that READ's data is written.
-type GrantView = Arc<ReadableRegion>;
 
 struct Inner {
     identity: FabricIdentity,
@@ -423,13 +421,44 @@ impl Fabric for TcpFabric {
         req: TransferId,
         region: LocalRegion,
     ) -> Result<Option<ReadGrant>, FabricError> {
-        let view = Arc::new(self.inner.view(region)?);
+        let view = GrantView::Whole(Arc::new(self.inner.view(region)?));
         let key = sync::lock(&self.inner.grants).grant(peer, req, region, view);
         Ok(Some(ReadGrant { keys: vec![key] }))
     }
 
     fn revoke_read(&self, peer: NodeId, req: TransferId) -> bool {
         sync::lock(&self.inner.grants).revoke(peer, req)
+    }
+
+    fn grant_partial_read(
+        &self,
+        peer: NodeId,
+        req: TransferId,
+        region: LocalRegion,
+    ) -> Result<Option<ReadGrant>, FabricError> {
+        let arena = self
+            .inner
+            .arenas
+            .get(&region.arena)
+            .ok_or(FabricError::BadRegion(region))?;
+        let inside = region
+            .offset
+            .checked_add(region.len)
+            .is_some_and(|end| end <= arena.size_bytes());
+        if !inside {
+            return Err(FabricError::BadRegion(region));
+        }
+        let view = GrantView::Partial(PartialCopy::new(arena.clone(), region));
+        let key = sync::lock(&self.inner.grants).grant(peer, req, region, view);
+        Ok(Some(ReadGrant { keys: vec![key] }))
+    }
+
+    fn extend_partial_read(&self, peer: NodeId, req: TransferId, prefix: u64) {
+        sync::lock(&self.inner.grants).received(peer, req, prefix);
+    }
+
+    fn serves_partial_copies(&self) -> bool {
+        true
     }
 }
 

@@ -9,10 +9,13 @@
 //! copies from. The table's rules are the core's [`GrantTable`], which the simulator runs too;
 //! here it lives behind the fabric's mutex and draws its keys from the OS.
 //!
-//! Each grant keeps a view of its region (on the fabric, a claim-checked `ReadableRegion`),
-//! and each READ it admits a clone of it: the bytes a READ's data is written from stay
-//! claimed for reading, in this process's arena claims, until that READ is done, whatever
-//! the revocation does meanwhile.
+//! Each grant keeps a view of its region ([`GrantedBytes`]; on the fabric, a claim-checked
+//! `ReadableRegion` of a pinned object, or the arena of a copy still being received), and
+//! each READ it admits a readable view of its bytes made from it (the whole region's, or,
+//! for a partial copy, a claim of just the READ's range below the received prefix, refused
+//! where a READ into the copy is still landing): the bytes a READ's data is written from
+//! stay claimed for reading, in this process's arena claims, until that READ is done,
+//! whatever the revocation does meanwhile.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,19 +26,42 @@ use skyriver_core::{LocalRegion, NodeId, TransferId};
 use crate::fabric::{EventSender, FabricEvent};
 use crate::sync::{lock, Mutex};
 
+/// How a grant reaches its region's bytes, and what a READ it admits is served from.
+pub(super) trait GrantedBytes {
+    /// The bytes one admitted READ is written from, held until it is done.
+    type Served;
+
+    /// The bytes for a READ of `[offset, offset + len)`, a range the grant's table found
+    /// inside the granted region; `None` refuses the READ.
+    fn serve(&self, offset: u64, len: u64) -> Option<Self::Served>;
+
+    /// The region's first `prefix` bytes are in (a partial copy's); a whole region has
+    /// nothing to learn.
+    fn received(&mut self, prefix: u64) {
+        let _ = prefix;
+    }
+}
+
 /// Every live grant of one fabric: the shared table's rules ([`GrantTable`], which the
 /// simulator runs too) with keys drawn from the OS, and each grant's view of its region's
-/// bytes (`V`), handed to the READs it admits.
+/// bytes (`V`), from which the READs it admits are served.
 #[derive(Debug)]
 pub(super) struct Grants<V> {
     table: GrantTable,
     /// Each live key's view of its region (removed when its grant leaves the table).
-    views: BTreeMap<u32, V>,
+    views: BTreeMap<u32, Granted<V>>,
     /// Keys drawn so far, mixed into each new one.
     attempts: u32,
     /// A planted race for the loom model: a revocation does not wait for READs being served.
     #[cfg(skyriver_loom)]
     revoke_ignores_serving: bool,
+}
+
+/// One key's lease and view.
+#[derive(Debug)]
+struct Granted<V> {
+    lease: (NodeId, TransferId),
+    view: V,
 }
 
 impl<V> Default for Grants<V> {
@@ -50,7 +76,7 @@ impl<V> Default for Grants<V> {
     }
 }
 
-impl<V: Clone> Grants<V> {
+impl<V: GrantedBytes> Grants<V> {
     /// A fresh key for `peer`'s lease `req` on `region`, viewed through `view`; random, so a
     /// peer cannot guess another lease's key (and a guessed one still fails: keys work for
     /// their own peer only).
@@ -74,7 +100,13 @@ impl<V: Clone> Grants<V> {
         // older key's view goes with it.
         let table = &self.table;
         self.views.retain(|k, _| table.contains_key(*k));
-        self.views.insert(key, view);
+        self.views.insert(
+            key,
+            Granted {
+                lease: (peer, req),
+                view,
+            },
+        );
         key
     }
 
@@ -93,17 +125,28 @@ impl<V: Clone> Grants<V> {
         complete
     }
 
-    /// Admits `peer`'s READ of `[offset, offset + len)` under `key`: the grant's view of the
-    /// region to serve it from, or `None` (unknown or revoked key, another peer's key, outside
-    /// the region).
-    fn admit(&mut self, peer: NodeId, key: u32, offset: u64, len: u64) -> Option<V> {
-        self.table.admit(peer, key, offset, len).ok()?;
-        let view = self.views.get(&key).cloned();
-        if view.is_none() {
-            // Every key in the table has its view; were one missing, the READ is refused.
-            self.table.done(key);
+    /// The first `prefix` bytes of the region of `peer`'s lease `req` are in (a partial
+    /// copy's received prefix grew). Nothing for a lease with no grant.
+    pub(super) fn received(&mut self, peer: NodeId, req: TransferId, prefix: u64) {
+        let lease = (peer, req);
+        if let Some(granted) = self.views.values_mut().find(|g| g.lease == lease) {
+            granted.view.received(prefix);
         }
-        view
+    }
+
+    /// Admits `peer`'s READ of `[offset, offset + len)` under `key`: the bytes to serve it
+    /// from, or `None` (unknown or revoked key, another peer's key, outside the region, or
+    /// refused by the grant's view: past a partial copy's prefix, or still being written).
+    fn admit(&mut self, peer: NodeId, key: u32, offset: u64, len: u64) -> Option<V::Served> {
+        self.table.admit(peer, key, offset, len).ok()?;
+        // Every key in the table has its view; were one missing, the READ is refused.
+        let served = self.views.get(&key).and_then(|g| g.view.serve(offset, len));
+        if served.is_none() {
+            // Admitted just now under a live key: this completes no revocation.
+            let revoked = self.table.done(key);
+            debug_assert!(revoked.is_none(), "a live key's READ ends no revocation");
+        }
+        served
     }
 
     /// A READ admitted under `key` is done; the lease whose revocation it completes, if any.
@@ -148,15 +191,15 @@ impl RevocationSink for EventSender {
 
 /// One admitted READ, from its request to the end of its data's write: dropping it (written,
 /// or discarded with its connection) ends it and may complete a revocation.
-pub(super) struct Serving<V: Clone, S: RevocationSink = EventSender> {
+pub(super) struct Serving<V: GrantedBytes, S: RevocationSink = EventSender> {
     grants: Arc<Mutex<Grants<V>>>,
     events: S,
     key: u32,
-    /// The granted region's bytes, viewed while this READ is served.
-    view: V,
+    /// The bytes this READ is served from, viewed until it is done.
+    view: V::Served,
 }
 
-impl<V: Clone, S: RevocationSink + Clone> Serving<V, S> {
+impl<V: GrantedBytes, S: RevocationSink + Clone> Serving<V, S> {
     /// Admits `peer`'s READ under `key` (see [`Grants::admit`]).
     pub(super) fn admit(
         grants: &Arc<Mutex<Grants<V>>>,
@@ -176,19 +219,39 @@ impl<V: Clone, S: RevocationSink + Clone> Serving<V, S> {
     }
 }
 
-impl<V: Clone, S: RevocationSink> Serving<V, S> {
-    /// The granted region's bytes this READ is served from.
-    pub(super) fn view(&self) -> &V {
+impl<V: GrantedBytes, S: RevocationSink> Serving<V, S> {
+    /// The bytes this READ is served from.
+    pub(super) fn view(&self) -> &V::Served {
         &self.view
     }
 }
 
-impl<V: Clone, S: RevocationSink> Drop for Serving<V, S> {
+impl<V: GrantedBytes, S: RevocationSink> Drop for Serving<V, S> {
     fn drop(&mut self) {
         let revoked = lock(&self.grants).done(self.key);
         if let Some((peer, req)) = revoked {
             self.events.revoked(peer, req);
         }
+    }
+}
+
+/// Grants that stand for their bytes with a token, for the tests and models of the table's
+/// rules: every READ inside the region is served.
+#[cfg(test)]
+impl GrantedBytes for () {
+    type Served = ();
+
+    fn serve(&self, _: u64, _: u64) -> Option<()> {
+        Some(())
+    }
+}
+
+#[cfg(test)]
+impl GrantedBytes for &'static str {
+    type Served = &'static str;
+
+    fn serve(&self, _: u64, _: u64) -> Option<&'static str> {
+        Some(self)
     }
 }
 
@@ -242,6 +305,7 @@ mod tests {
 
     #[test]
     fn a_read_being_served_keeps_its_region_claimed_past_the_revocation() {
+        use super::super::GrantView;
         use crate::arena::{ArenaOptions, ReadableRegion, SharedArena};
         let arena =
             Arc::new(SharedArena::create("test", 1 << 16, &ArenaOptions::default()).unwrap());
@@ -249,7 +313,7 @@ mod tests {
         let (events, _received) = crate::fabric::event_channel();
         let a = NodeId(1);
         let view = Arc::new(ReadableRegion::new(arena.clone(), 4096, 8192).unwrap());
-        let key = lock(&grants).grant(a, TransferId(9), region(), view);
+        let key = lock(&grants).grant(a, TransferId(9), region(), GrantView::Whole(view));
         let serving = Serving::admit(&grants, &events, a, key, 4096, 1).unwrap();
         assert!(!lock(&grants).revoke(a, TransferId(9)));
         assert!(
