@@ -144,8 +144,8 @@ pub enum FetchError {
         id: ObjectId,
         /// Transfers tried.
         attempts: u32,
-        /// The last failure.
-        last_error: SourceFailure,
+        /// The last failure (boxed: it is rare, and keeps every `FetchError` small).
+        last_error: Box<SourceFailure>,
     },
     /// The directory did not answer, after every retry.
     #[error("object {id}: directory unavailable: {reason}")]

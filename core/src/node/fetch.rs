@@ -450,7 +450,8 @@ impl Node {
                     let last_error = object
                         .last_error
                         .clone()
-                        .unwrap_or(SourceFailure::NoConnectedHolder);
+                        .unwrap_or(SourceFailure::NoConnectedHolder)
+                        .into();
                     let attempts = object.attempts;
                     self.resolve(
                         id,

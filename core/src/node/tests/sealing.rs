@@ -369,7 +369,7 @@ fn a_copy_damaged_from_every_holder_fails_the_fetch_saying_so() {
         };
         assert!(
             matches!(
-                last_error,
+                **last_error,
                 SourceFailure::Holder {
                     failure: TransferFailure::DigestMismatch { .. },
                     ..
