@@ -102,7 +102,8 @@ impl Node {
     ///
     /// [`NodeConfig::max_directory_attempts`]: super::NodeConfig::max_directory_attempts
     /// Whether this node holds `id` sealed but unpublished because the directory refused its
-    /// publication for another content under the id (sealed during a directory outage).
+    /// publication for another content under the id (sealed during a directory outage, or
+    /// fetched while the id was put again elsewhere).
     pub fn holds_refused_copy(&self, id: &ObjectId) -> bool {
         self.refused_publications.contains(id)
     }
@@ -165,7 +166,12 @@ impl Node {
             }
             DirectoryReply::Conflict { .. } => {
                 self.publications.remove(&id);
-                if self.unvouched.contains(&id) {
+                // Sealed here during an outage, or a fetched copy whose content the id no
+                // longer names (every holder left and the id was put again meanwhile): either
+                // way it stays local and is served to no peer, whose hinted fetch would have no
+                // directory digest to tell the contents apart.
+                if self.store.contains(&id) {
+                    self.unvouched.insert(id);
                     self.refused_publications.insert(id);
                 }
                 self.stats.id_conflicts += 1;

@@ -7,11 +7,15 @@
 //! vouched for after a head restart), a publication lost on the way, a location forgotten by
 //! the registry — each shows here as a failed fetch.
 //!
-//! Random runs only: scripted clusters (the golden traces) keep their traces.
+//! Not probed: objects larger than one lease can carry at the run's READ rate (the protocol
+//! does not extend a lease), objects spilled to disk (a restore slower than the requester's
+//! reply timeout fails every attempt: the holder sends nothing while it restores), and ids the
+//! directory named with two contents (see `named_once`). Random runs only: scripted clusters (the golden traces) keep their traces.
 
 use std::time::Duration;
 
 use skyriver_core::ids::{ClientId, NodeId, ObjectId};
+use skyriver_core::store::StorageTier;
 use skyriver_core::wire::{self, PeerMessage};
 
 use super::{Cluster, WORKLOAD_CLIENT_BASE};
@@ -119,8 +123,21 @@ impl Cluster {
         failed
     }
 
+    /// The largest object whose READs surely complete within one holder's lease with this
+    /// run's slices, window and latency. Larger ones may fail `ReadsTooSlow` on every try (the
+    /// protocol grants one lease per transfer and does not extend it): not probed.
+    fn largest_probed_bytes(&self) -> u64 {
+        let p = &self.params;
+        let window = u64::from(p.max_outstanding_reads.max(1));
+        let round_ns = 2 * p.latency_ns.1
+            + (p.read_slice_bytes * window * 1_000_000_000) / p.bandwidth_bytes_per_sec.max(1);
+        let rounds = p.lease_us * 1000 / round_ns.max(1);
+        rounds * window * p.read_slice_bytes / 2
+    }
+
     /// Every sealed object of the live nodes, once, with the first live node holding it.
     fn sealed_copies(&self, live: &[NodeId]) -> Vec<(ObjectId, NodeId)> {
+        let largest = self.largest_probed_bytes();
         let mut seen = std::collections::BTreeMap::new();
         for &n in live {
             let Some(node) = &self.nodes[n.0 as usize].node else {
@@ -131,6 +148,9 @@ impl Cluster {
                 // design (README "One id, one content").
                 if summary.sealed
                     && !summary.delete_pending
+                    && summary.info.region.len <= largest
+                    && self.named_once(&summary.info.id)
+                    && summary.tier == StorageTier::Memory
                     && !node.holds_refused_copy(&summary.info.id)
                 {
                     seen.entry(summary.info.id).or_insert(n);
@@ -138,6 +158,17 @@ impl Cluster {
             }
         }
         seen.into_iter().collect()
+    }
+
+    /// Whether the directory named at most one content for `id` in this run. An id it named
+    /// with two (put again after every holder left, or accepted anew by a head restarted with
+    /// an empty registry before the old holder's replay) decides which copy is served by the
+    /// directory's verdict; a copy whose content lost stays local. Not probed.
+    fn named_once(&self, id: &ObjectId) -> bool {
+        self.checker
+            .named
+            .get(id)
+            .is_none_or(|digests| digests.len() <= 1)
     }
 
     /// The first live node after `holder` (in id order, wrapping) without a copy of `id`.

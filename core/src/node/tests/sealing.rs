@@ -482,3 +482,37 @@ fn a_copy_whose_publication_gave_up_while_the_directory_was_out_is_served_once_i
     let info = ok_info(&replies[before][0]);
     assert_eq!(w.local_bytes(1, &info), bytes);
 }
+
+/// A fetched copy whose publication the directory refuses (every holder left and the id was
+/// put again with other bytes meanwhile) names a content the id no longer does: it stays
+/// local and is not served to a peer's hinted fetch, which has no directory digest to check.
+#[test]
+fn a_fetched_copy_whose_publication_is_refused_is_not_served_to_peers() {
+    let mut w = World::new(3, |_| {});
+    let bytes = World::bytes_of(1, 100);
+    assert_eq!(w.put_bytes(0, 1, &bytes), Some(Response::Done(Ok(()))));
+    w.hold_directory = true;
+    w.fetch_from(1, &[1], 0, TransferMode::Auto);
+    let other = ContentDigest::of(b"other bytes under the id", b"");
+    w.answer_directory(
+        1,
+        is_publish,
+        DirectoryReply::Conflict {
+            sizes: ObjectSizes {
+                data_size: 100,
+                metadata_size: 0,
+            },
+            digest: other,
+        },
+    );
+    assert!(w.nodes[1].holds_refused_copy(&id(1)));
+    let refusals = |w: &World| {
+        w.sent(1)
+            .iter()
+            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
+            .count()
+    };
+    assert_eq!(refusals(&w), 0);
+    w.fetch_from(2, &[1], 1, TransferMode::Auto);
+    assert_eq!(refusals(&w), 1, "the refused copy is not served");
+}
