@@ -330,24 +330,27 @@ impl WriterSlot {
         })
     }
 
+    /// Takes the writer out of a buffer still being written, leaving it `Sealing`; a buffer
+    /// sealed, being sealed or released is left as it is and refused.
+    fn start_sealing(&self, state: &mut WriteState) -> PyResult<ObjectWriter> {
+        match std::mem::replace(&mut state.stage, Stage::Sealing) {
+            Stage::Writing(writer) => Ok(writer),
+            other => {
+                let error = match &other {
+                    Stage::Sealing | Stage::Sealed { .. } => errors::AlreadySealed::new_err(
+                        format!("object {} is already sealed", self.id),
+                    ),
+                    _ => released(self.id),
+                };
+                state.stage = other;
+                Err(error)
+            }
+        }
+    }
+
     /// Seals the object; the slot keeps the creator's reference as a read-only view.
     pub fn seal(&self, py: Python<'_>) -> PyResult<()> {
-        let writer = {
-            let mut state = lock(&self.state);
-            match std::mem::replace(&mut state.stage, Stage::Sealing) {
-                Stage::Writing(writer) => writer,
-                other => {
-                    let error = match &other {
-                        Stage::Sealing | Stage::Sealed { .. } => errors::AlreadySealed::new_err(
-                            format!("object {} is already sealed", self.id),
-                        ),
-                        _ => released(self.id),
-                    };
-                    state.stage = other;
-                    return Err(error);
-                }
-            }
-        };
+        let writer = self.start_sealing(&mut lock(&self.state))?;
         let sealed = py.detach(|| writer.seal_into_buffer());
         let mut state = lock(&self.state);
         match sealed {
@@ -377,19 +380,7 @@ impl WriterSlot {
             if state.exports > 0 {
                 return Err(views_alive(self.id, state.exports));
             }
-            match std::mem::replace(&mut state.stage, Stage::Sealing) {
-                Stage::Writing(writer) => writer,
-                other => {
-                    let error = match &other {
-                        Stage::Sealing | Stage::Sealed { .. } => errors::AlreadySealed::new_err(
-                            format!("object {} is already sealed", self.id),
-                        ),
-                        _ => released(self.id),
-                    };
-                    state.stage = other;
-                    return Err(error);
-                }
-            }
+            self.start_sealing(&mut state)?
         };
         let sealed = py.detach(|| writer.seal_replicated(policy));
         lock(&self.state).stage = Stage::Done;
