@@ -15,7 +15,7 @@ use skyriver_core::node::{
 };
 use skyriver_core::{ClientId, Instant, NodeOutput, RecoveredObject, RecoveryReport, RequestId};
 use skyriver_core::{ContentDigest, StoreError};
-use skyriver_transport::directory::{DirectoryNotice, MemberInfo};
+use skyriver_transport::directory::{DirectoryNotice, MemberInfo, NoticeReceiver};
 use skyriver_transport::fabric::{EventReceiver, FabricEvent};
 use skyriver_transport::trace;
 use tokio::net::UnixListener;
@@ -45,7 +45,7 @@ const MAX_FABRIC_EVENTS_PER_TURN: usize = 64;
 /// The cluster side of the loop's inputs.
 pub(super) struct ClusterInputs {
     pub(super) fabric_events: EventReceiver,
-    pub(super) notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    pub(super) notices: NoticeReceiver,
 }
 
 /// The loop and everything it owns.
@@ -59,7 +59,7 @@ pub(super) struct EventLoop {
     /// Reused for the inputs of one client's turn.
     turn: Vec<ClientInput>,
     fabric_events: Option<EventReceiver>,
-    notices: Option<mpsc::UnboundedReceiver<DirectoryNotice>>,
+    notices: Option<NoticeReceiver>,
     durable: Option<watch::Receiver<u64>>,
     members: Vec<MemberInfo>,
     next_client: u64,
@@ -329,7 +329,7 @@ impl EventLoop {
                     self.fabric_event(event);
                     self.more_fabric_events();
                 }
-                Some(notice) = recv(self.notices.as_mut()) => {
+                Some(notice) = recv_bounded(self.notices.as_mut()) => {
                     self.directory_notice(notice)
                 }
                 Some(completion) = recv_bounded(self.spill_completions.as_mut()) => {
@@ -589,8 +589,12 @@ impl EventLoop {
         }
     }
 
-    /// The directory, to leave it at shutdown.
-    pub(super) fn directory(&self) -> Option<Arc<dyn skyriver_transport::directory::Directory>> {
+    /// The directory, to leave it at shutdown. Its notices are no longer taken: a directory
+    /// client waiting for a place learns so, and turns to the leave.
+    pub(super) fn directory(
+        &mut self,
+    ) -> Option<Arc<dyn skyriver_transport::directory::Directory>> {
+        self.notices = None;
         self.effects.directory.clone()
     }
 }
@@ -626,6 +630,14 @@ impl DriveHost<'static> for EventLoop {
             let (transfer, actual) = effects.content_hashes.remove(0);
             return Some(NodeInput::ContentHashed { transfer, actual });
         }
+        if !effects.directory_refusals.is_empty() {
+            let (op, refused) = effects.directory_refusals.remove(0);
+            debug!(%op, %refused, "directory request refused at once");
+            let reply = skyriver_core::directory::DirectoryReply::Unavailable {
+                reason: refused.to_string(),
+            };
+            return Some(NodeInput::DirectoryReply { op, reply });
+        }
         None
     }
 
@@ -639,18 +651,6 @@ impl DriveHost<'static> for EventLoop {
         if let Some(recorder) = &mut self.recorder {
             recorder.output(output);
         }
-    }
-}
-
-/// The next item of an optional channel; pending forever without one.
-async fn recv<T>(receiver: Option<&mut mpsc::UnboundedReceiver<T>>) -> Option<T> {
-    match receiver {
-        // A closed channel (its sender stopped) never yields again, so the loop cannot spin.
-        Some(receiver) => match receiver.recv().await {
-            Some(item) => Some(item),
-            None => std::future::pending().await,
-        },
-        None => std::future::pending().await,
     }
 }
 

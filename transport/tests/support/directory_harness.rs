@@ -19,9 +19,10 @@ use skyriver_transport::directory::builtin::{
     self, BuiltinDirectoryServer, ClientConfig, ServerConfig,
 };
 use skyriver_transport::directory::redis::{self, RedisConfig};
-use skyriver_transport::directory::{Directory, DirectoryClient};
+use skyriver_transport::directory::{
+    notice_channel, Directory, DirectoryClient, DirectoryError, NoticeReceiver,
+};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 
 use super::redis_cluster::RedisCluster;
 use super::redis_server::RedisServer;
@@ -31,11 +32,38 @@ pub const TOKEN: &str = "conformance-token";
 /// Bound on every wait on a real backend.
 const WAIT: Duration = Duration::from_secs(10);
 
+/// Why a node of a harness did not join.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// The in-process registry turned the session away; the reason is the registry's own text
+    /// (it crosses to the session as a string, as over the wire).
+    #[error("the directory refused this node: {0}")]
+    Refused(String),
+    /// The in-process session was neither welcomed nor refused.
+    #[error("not welcomed")]
+    NotWelcomed,
+    /// A real backend did not let the node join.
+    #[error(transparent)]
+    Backend(#[from] DirectoryError),
+}
+
+impl JoinError {
+    /// The directory's reason, when it refused the node (rather than being unreachable).
+    pub fn refusal(&self) -> Option<&str> {
+        match self {
+            JoinError::Refused(reason) | JoinError::Backend(DirectoryError::Refused(reason)) => {
+                Some(reason)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// A directory under test.
 pub trait Harness {
     type Node: Participant;
-    /// Joins as `member` presenting `token`; `Err` with the refusal's reason.
-    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<Self::Node, String>;
+    /// Joins as `member` presenting `token`; `Err` with why not.
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<Self::Node, JoinError>;
     /// Joins as `member` with the cluster's token; panics when refused.
     async fn join(&mut self, member: MemberInfo) -> Self::Node {
         let node = member.node;
@@ -231,7 +259,7 @@ impl CoreHarness {
         me: MemberInfo,
         token: &str,
         silent: bool,
-    ) -> Result<CoreParticipant, String> {
+    ) -> Result<CoreParticipant, JoinError> {
         let config = SessionConfig {
             heartbeat_interval: Duration::from_millis(10),
             heartbeat_timeout: Duration::from_secs(3600),
@@ -258,7 +286,9 @@ impl CoreHarness {
         let joined = world.nodes[&node].session.is_up();
         if !joined {
             let removed = world.nodes.remove(&node).expect("just added");
-            return Err(removed.refusal.unwrap_or_else(|| "not welcomed".into()));
+            return Err(removed
+                .refusal
+                .map_or(JoinError::NotWelcomed, JoinError::Refused));
         }
         Ok(CoreParticipant {
             node,
@@ -292,7 +322,7 @@ impl Harness for CoreHarness {
         &mut self,
         member: MemberInfo,
         token: &str,
-    ) -> Result<CoreParticipant, String> {
+    ) -> Result<CoreParticipant, JoinError> {
         self.add(member, token, false)
     }
 
@@ -373,14 +403,14 @@ impl Participant for CoreParticipant {
 
 pub struct ClientNode {
     dir: DirectoryClient,
-    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    notices: NoticeReceiver,
     next_op: u64,
     /// Notices received while waiting for something else.
     backlog: VecDeque<DirectoryNotice>,
 }
 
 impl ClientNode {
-    fn new(dir: DirectoryClient, notices: mpsc::UnboundedReceiver<DirectoryNotice>) -> Self {
+    fn new(dir: DirectoryClient, notices: NoticeReceiver) -> Self {
         Self {
             dir,
             notices,
@@ -414,13 +444,13 @@ impl ClientNode {
 
 impl Participant for ClientNode {
     fn submit(&mut self, op: DirectoryOpId, request: DirectoryRequest) {
-        self.dir.submit(op, request);
+        self.dir.submit(op, request).expect("queued");
     }
 
     async fn ask(&mut self, request: DirectoryRequest) -> DirectoryReply {
         self.next_op += 1;
         let op = DirectoryOpId(self.next_op);
-        self.dir.submit(op, request.clone());
+        self.dir.submit(op, request.clone()).expect("queued");
         self.wait_for(&format!("the reply to {request}"), |n| match n {
             DirectoryNotice::Reply { op: o, reply } if *o == op => Some(reply.clone()),
             _ => None,
@@ -495,12 +525,16 @@ impl BuiltinHarness {
         }
     }
 
-    async fn open(&self, me: MemberInfo, token: &str, silent: bool) -> Result<ClientNode, String> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    async fn open(
+        &self,
+        me: MemberInfo,
+        token: &str,
+        silent: bool,
+    ) -> Result<ClientNode, JoinError> {
+        let (tx, rx) = notice_channel();
         let addr = self.server.local_addr().to_string();
-        let dir = builtin::connect(&addr, me, &token.into(), tx, Self::client_config(silent))
-            .await
-            .map_err(|e| e.to_string())?;
+        let dir =
+            builtin::connect(&addr, me, &token.into(), tx, Self::client_config(silent)).await?;
         Ok(ClientNode::new(dir, rx))
     }
 }
@@ -508,7 +542,7 @@ impl BuiltinHarness {
 impl Harness for BuiltinHarness {
     type Node = ClientNode;
 
-    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, String> {
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, JoinError> {
         self.open(member, token, false).await
     }
 
@@ -535,7 +569,12 @@ impl RedisHarness {
         redis_config(self.server.url(), silent)
     }
 
-    async fn open(&self, me: MemberInfo, token: &str, silent: bool) -> Result<ClientNode, String> {
+    async fn open(
+        &self,
+        me: MemberInfo,
+        token: &str,
+        silent: bool,
+    ) -> Result<ClientNode, JoinError> {
         open_redis(self.config(silent), me, token).await
     }
 }
@@ -568,18 +607,16 @@ async fn open_redis(
     config: RedisConfig,
     me: MemberInfo,
     token: &str,
-) -> Result<ClientNode, String> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let dir = redis::connect(config, me, &token.into(), tx)
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<ClientNode, JoinError> {
+    let (tx, rx) = notice_channel();
+    let dir = redis::connect(config, me, &token.into(), tx).await?;
     Ok(ClientNode::new(dir, rx))
 }
 
 impl Harness for RedisHarness {
     type Node = ClientNode;
 
-    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, String> {
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, JoinError> {
         self.open(member, token, false).await
     }
 
@@ -606,7 +643,7 @@ pub struct RedisClusterHarness {
 impl Harness for RedisClusterHarness {
     type Node = ClientNode;
 
-    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, String> {
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, JoinError> {
         open_redis(redis_config(self.cluster.url(), false), member, token).await
     }
 
