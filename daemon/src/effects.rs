@@ -587,3 +587,54 @@ impl Drop for Effects {
         }
     }
 }
+
+#[cfg(test)]
+mod directory_refusal_tests {
+    use skyriver_core::ObjectId;
+    use skyriver_transport::directory::LeaveFuture;
+
+    use super::*;
+
+    /// A directory whose request queue is always full.
+    struct Full;
+
+    impl Directory for Full {
+        fn submit(&self, _: DirectoryOpId, _: DirectoryRequest) -> Result<(), SubmitRefused> {
+            Err(SubmitRefused::Busy { queued: 1 })
+        }
+
+        fn describe(&self) -> String {
+            "full".into()
+        }
+
+        fn leave(&self) -> LeaveFuture {
+            Box::pin(std::future::ready(()))
+        }
+    }
+
+    /// A request the directory did not queue is kept for the loop to answer at once (it would
+    /// otherwise never be answered); one that expects no reply is not.
+    #[test]
+    fn a_refused_directory_request_is_kept_for_an_answer() {
+        let mut effects = Effects::new(NodeId(1), BTreeMap::new());
+        effects.directory = Some(Arc::new(Full));
+        let id = ObjectId::from_u64(1);
+        NodeDriver::directory(
+            &mut effects,
+            DirectoryOpId(7),
+            DirectoryRequest::Lookup {
+                id,
+                subscribe: true,
+            },
+        );
+        NodeDriver::directory(
+            &mut effects,
+            DirectoryOpId(8),
+            DirectoryRequest::Unsubscribe { id },
+        );
+        assert_eq!(
+            effects.directory_refusals,
+            vec![(DirectoryOpId(7), SubmitRefused::Busy { queued: 1 })]
+        );
+    }
+}
