@@ -3,7 +3,7 @@
 //! [`Harness`] that joins, crashes and waits out heartbeats, with [`Participant`] nodes.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -402,6 +402,7 @@ impl Participant for CoreParticipant {
 // ---- Real backends: the shared client over TCP or Redis ----
 
 pub struct ClientNode {
+    node: NodeId,
     dir: DirectoryClient,
     notices: NoticeReceiver,
     next_op: u64,
@@ -410,13 +411,38 @@ pub struct ClientNode {
 }
 
 impl ClientNode {
-    fn new(dir: DirectoryClient, notices: NoticeReceiver) -> Self {
+    fn new(node: NodeId, dir: DirectoryClient, notices: NoticeReceiver) -> Self {
         Self {
+            node,
             dir,
             notices,
             next_op: 0,
             backlog: VecDeque::new(),
         }
+    }
+
+    /// Waits until the latest member list this node heard satisfies `want`; that list stays
+    /// the latest one in the backlog (older ones are dropped on the way).
+    async fn wait_latest_members(&mut self, what: &str, want: impl Fn(&[MemberInfo]) -> bool) {
+        let is_members = |n: &DirectoryNotice| matches!(n, DirectoryNotice::Members(_));
+        let latest = self
+            .backlog
+            .iter()
+            .rposition(is_members)
+            .and_then(|at| self.backlog.remove(at));
+        self.backlog.retain(|n| !is_members(n));
+        let found = match latest {
+            Some(DirectoryNotice::Members(m)) if want(&m) => m,
+            _ => {
+                self.wait_for(what, |n| match n {
+                    DirectoryNotice::Members(m) if want(m) => Some(m.clone()),
+                    _ => None,
+                })
+                .await
+            }
+        };
+        self.backlog.retain(|n| !is_members(n));
+        self.backlog.push_back(DirectoryNotice::Members(found));
     }
 
     async fn wait_for<T>(
@@ -467,34 +493,23 @@ impl Participant for ClientNode {
     }
 
     async fn wait_members(&mut self, want: &[MemberInfo]) {
-        // The latest list counts: older ones in the backlog are dropped on the way.
-        self.backlog
-            .retain(|n| !matches!(n, DirectoryNotice::Members(_)));
-        self.wait_for(&format!("members {want:?}"), |n| match n {
-            DirectoryNotice::Members(m) if m[..] == want[..] => Some(()),
-            _ => None,
-        })
-        .await;
+        self.wait_latest_members(&format!("members {want:?}"), |m| m == want)
+            .await;
     }
 }
 
 pub struct BuiltinHarness {
     server: BuiltinDirectoryServer,
-    heartbeat_timeout: Duration,
 }
 
 impl BuiltinHarness {
     /// A head with a 300 ms heartbeat timeout on a loopback port.
     pub async fn new() -> Self {
-        let heartbeat_timeout = Duration::from_millis(300);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut config = ServerConfig::new(TOKEN);
-        config.heartbeat_timeout = heartbeat_timeout;
+        config.heartbeat_timeout = Duration::from_millis(300);
         let server = BuiltinDirectoryServer::spawn(listener, config).unwrap();
-        Self {
-            server,
-            heartbeat_timeout,
-        }
+        Self { server }
     }
 
     fn client_config(silent: bool) -> ClientConfig {
@@ -531,11 +546,12 @@ impl BuiltinHarness {
         token: &str,
         silent: bool,
     ) -> Result<ClientNode, JoinError> {
+        let node = me.node;
         let (tx, rx) = notice_channel();
         let addr = self.server.local_addr().to_string();
         let dir =
             builtin::connect(&addr, me, &token.into(), tx, Self::client_config(silent)).await?;
-        Ok(ClientNode::new(dir, rx))
+        Ok(ClientNode::new(node, dir, rx))
     }
 }
 
@@ -554,8 +570,8 @@ impl Harness for BuiltinHarness {
         node.dir.abandon().await;
     }
 
-    async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
-        tokio::time::sleep(self.heartbeat_timeout * 2).await;
+    async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
+        see_only_each_other(live).await;
     }
 }
 
@@ -608,9 +624,10 @@ async fn open_redis(
     me: MemberInfo,
     token: &str,
 ) -> Result<ClientNode, JoinError> {
+    let node = me.node;
     let (tx, rx) = notice_channel();
     let dir = redis::connect(config, me, &token.into(), tx).await?;
-    Ok(ClientNode::new(dir, rx))
+    Ok(ClientNode::new(node, dir, rx))
 }
 
 impl Harness for RedisHarness {
@@ -628,9 +645,9 @@ impl Harness for RedisHarness {
         node.dir.abandon().await;
     }
 
-    async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
+    async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
         // The silent node's TTL, then a member refresh of the observers.
-        tokio::time::sleep(SILENT_TTL + Duration::from_millis(400)).await;
+        see_only_each_other(live).await;
     }
 }
 
@@ -657,9 +674,22 @@ impl Harness for RedisClusterHarness {
         node.dir.abandon().await;
     }
 
-    async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
+    async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
         // The silent node's TTL, then a member refresh of the observers.
-        tokio::time::sleep(SILENT_TTL + Duration::from_millis(400)).await;
+        see_only_each_other(live).await;
+    }
+}
+
+/// Waits (bounded by [`WAIT`]) until each of the `live` nodes lists exactly the `live` nodes
+/// as members: every other node, the silent ones, outlived the heartbeat bound.
+async fn see_only_each_other(live: &mut [&mut ClientNode]) {
+    let nodes: BTreeSet<NodeId> = live.iter().map(|n| n.node).collect();
+    for observer in live.iter_mut() {
+        observer
+            .wait_latest_members(&format!("members {nodes:?} alone"), |m| {
+                m.iter().map(|m| m.node).collect::<BTreeSet<_>>() == nodes
+            })
+            .await;
     }
 }
 
