@@ -32,7 +32,6 @@ use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use skyriver_transport::directory::builtin::{self, BuiltinDirectoryServer, ServerConfig};
 use skyriver_transport::directory::redis::{self as redis_dir, RedisConfig};
 use skyriver_transport::directory::{Directory, DirectoryClient};
-use tokio::sync::mpsc;
 
 use super::BenchError;
 

@@ -46,8 +46,10 @@ pub(crate) struct Link {
     pub(crate) helper: Option<JoinHandle<()>>,
 }
 
-/// Why a message could not be handed to a link.
-enum LinkSend {
+/// What became of a message handed to a link without waiting.
+enum Handed {
+    /// The link has it.
+    Sent,
     /// No place now; the message is given back.
     Full(ToRegistry),
     /// The link is closed.
@@ -56,13 +58,14 @@ enum LinkSend {
 
 impl Link {
     /// Hands `message` to the link if it has a place, without waiting.
-    fn try_send(&self, message: ToRegistry) -> Result<(), LinkSend> {
+    fn try_send(&self, message: ToRegistry) -> Handed {
         match &self.outgoing {
-            Some(outgoing) => outgoing.try_send(message).map_err(|error| match error {
-                mpsc::error::TrySendError::Full(message) => LinkSend::Full(message),
-                mpsc::error::TrySendError::Closed(_) => LinkSend::Closed,
-            }),
-            None => Err(LinkSend::Closed),
+            Some(outgoing) => match outgoing.try_send(message) {
+                Ok(()) => Handed::Sent,
+                Err(mpsc::error::TrySendError::Full(message)) => Handed::Full(message),
+                Err(mpsc::error::TrySendError::Closed(_)) => Handed::Closed,
+            },
+            None => Handed::Closed,
         }
     }
 
@@ -311,7 +314,9 @@ async fn first_connection<C: Connector>(
         loop {
             while let Some(output) = session.poll_output() {
                 if let SessionOutput::Send(message) = output {
-                    link.try_send(message).map_err(|_| LinkError::Closed)?;
+                    if !matches!(link.try_send(message), Handed::Sent) {
+                        return Err(LinkError::Closed);
+                    }
                 }
             }
             let message = match link.incoming.recv().await {
@@ -472,14 +477,14 @@ impl<C: Connector> Driver<C> {
             };
             match output {
                 SessionOutput::Send(message) => {
-                    let sent = match &self.link {
+                    let handed = match &self.link {
                         Some(link) => link.try_send(message),
-                        None => Err(LinkSend::Closed),
+                        None => Handed::Closed,
                     };
-                    match sent {
-                        Ok(()) => {}
-                        Err(LinkSend::Full(message)) => self.unsent = Some(message),
-                        Err(LinkSend::Closed) => self.lose_link(&LinkError::Closed),
+                    match handed {
+                        Handed::Sent => {}
+                        Handed::Full(message) => self.unsent = Some(message),
+                        Handed::Closed => self.lose_link(&LinkError::Closed),
                     }
                 }
                 SessionOutput::Notice(notice) => {
