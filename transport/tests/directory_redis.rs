@@ -665,6 +665,12 @@ async fn redis_with_a_password_joins_and_a_wrong_password_is_refused_without_sho
                     "{text}"
                 );
                 assert!(text.contains("***@") || !url.contains('@'), "{text}");
+                // Typed: Redis asked for credentials, and the message says where they go.
+                assert!(
+                    matches!(&error, DirectoryError::Unreachable { source, .. } if source.is_redis_auth()),
+                    "{error:?}"
+                );
+                assert!(text.contains("Redis wants credentials"), "{text}");
             }
         }
     }

@@ -25,6 +25,11 @@ pub enum LinkError {
     /// A Redis connection could not be opened, or a command on it failed for good.
     #[error("Redis connection failed: {0}")]
     Redis(#[source] Arc<::redis::RedisError>),
+    /// A Redis command the link needs (one of the hello's) failed, or answered something this
+    /// version does not read; the text is the adapter's reason (as its `Unavailable` replies
+    /// give it).
+    #[error("{0}")]
+    Command(String),
     /// The Redis pub/sub (or sharded pub/sub) connection went away.
     #[error("{0}")]
     SubscriberLost(&'static str),
@@ -76,8 +81,13 @@ impl LinkError {
     pub fn is_redis_auth(&self) -> bool {
         match self {
             LinkError::Redis(error) => {
+                let refused = |code: &str| matches!(code, "NOAUTH" | "WRONGPASS");
                 error.kind() == ::redis::ErrorKind::AuthenticationFailed
-                    || matches!(error.code(), Some("NOAUTH" | "WRONGPASS"))
+                    || error.code().is_some_and(refused)
+                    // A pipeline's failures are each a server error of their own.
+                    || ::redis::RedisError::clone(error)
+                        .into_server_errors()
+                        .is_some_and(|errors| errors.iter().any(|(_, e)| refused(e.code())))
             }
             _ => false,
         }

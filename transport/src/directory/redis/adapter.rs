@@ -172,15 +172,19 @@ impl Failure {
 }
 
 fn classify(error: RedisError) -> Failure {
-    if error.is_io_error()
-        || error.is_timeout()
-        || error.is_connection_dropped()
-        || error.is_unrecoverable_error()
-    {
-        Failure::Lost(error.into())
-    } else {
-        Failure::Failed(format!("Redis error: {error}"))
+    let lost = LinkError::from(error);
+    if let LinkError::Redis(error) = &lost {
+        if !(error.is_io_error()
+            || error.is_timeout()
+            || error.is_connection_dropped()
+            || error.is_unrecoverable_error()
+            // Nothing works without the credentials: the link is no use.
+            || lost.is_redis_auth())
+        {
+            return Failure::Failed(format!("Redis error: {error}"));
+        }
     }
+    Failure::Lost(lost)
 }
 
 /// One item of a batch, waiting for its pipeline results.
@@ -249,10 +253,9 @@ impl Adapter {
             Err(Failure::Lost(error)) => {
                 let _ = self.answers.send(Err(error)).await;
             }
-            // `serve` tolerates failed commands; one that ends it is a lost link.
+            // A failed command that ends `serve` (one of the hello's): the link is no use.
             Err(Failure::Failed(reason)) => {
-                tracing::warn!(%reason, "Redis directory adapter stopped");
-                let _ = self.answers.send(Err(LinkError::Closed)).await;
+                let _ = self.answers.send(Err(LinkError::Command(reason))).await;
             }
         }
     }
