@@ -234,7 +234,7 @@ pub(super) fn read_large_file(
     let layout = chunks(into.len());
     let parts = split(&layout, into, |b, at| b.split_at_mut(at));
     let work = |chunk: Chunk, part: &mut [u8], buffer: &mut [u8]| {
-        if direct && (part.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
+        if direct && (part.as_ptr() as usize) % DIRECT_ALIGN == 0 {
             read_chunk_in_place(&file, chunk, part, buffer)?;
         } else {
             read_chunk_bounced(&file, chunk, part, buffer)?;
