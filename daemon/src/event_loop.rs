@@ -41,6 +41,8 @@ const DIRECT_READ_BYTES: usize = 64 * 1024;
 /// leave no output queued are given to the node one after the other and driven together, so
 /// the fetch requests among them are answered in one pass (see the core's `coalesce`).
 const MAX_FABRIC_EVENTS_PER_TURN: usize = 64;
+/// Spill tier completions taken in one turn of the loop (see `more_spill_completions`).
+const MAX_SPILL_COMPLETIONS_PER_TURN: usize = 64;
 
 /// The cluster side of the loop's inputs.
 pub(super) struct ClusterInputs {
@@ -172,6 +174,15 @@ impl EventLoop {
         match handled {
             Handled::RecoveredSpilled(report) => report,
             other => unreachable!("recovered spilled objects get a report, not {other:?}"),
+        }
+    }
+
+    /// Counts spilled objects of a persistent store found lost at restart (see
+    /// `Persistence::recover_spilled`).
+    pub(super) fn spilled_lost_at_start(&mut self, objects: u64) {
+        if objects > 0 {
+            self.feed(Instant::ZERO, NodeInput::SpilledLostAtStart { objects });
+            self.drain();
         }
     }
 
@@ -333,7 +344,8 @@ impl EventLoop {
                     self.directory_notice(notice)
                 }
                 Some(completion) = recv_bounded(self.spill_completions.as_mut()) => {
-                    self.spill_completed(completion)
+                    self.spill_completed(completion);
+                    self.more_spill_completions();
                 }
                 Some(upto) = durable_changed(self.durable.as_mut()) => {
                     let now = self.now();
@@ -545,6 +557,27 @@ impl EventLoop {
     /// Outputs still queued are carried out before each next event (the driver contract); what
     /// may wait is only the node's held fetch requests. A recorded run takes one event a turn,
     /// driven after it, as its replay drives.
+    /// Takes the spill completions already waiting in the same turn (as `more_fabric_events`
+    /// does), so a burst of small restores costs one wait and one flush, not one each.
+    fn more_spill_completions(&mut self) {
+        if self.recorder.is_some() {
+            return;
+        }
+        for _ in 1..MAX_SPILL_COMPLETIONS_PER_TURN {
+            let Some(completion) = self
+                .spill_completions
+                .as_mut()
+                .and_then(|r| r.try_recv().ok())
+            else {
+                return;
+            };
+            if self.node.outputs_queued() {
+                self.drain();
+            }
+            self.spill_completed(completion);
+        }
+    }
+
     fn more_fabric_events(&mut self) {
         if self.recorder.is_some() {
             return;

@@ -927,6 +927,7 @@ fn recover_spilled(
         |record| spill::check_recorded(dir, record),
         |objects| event_loop.recover_spilled(objects),
     );
+    event_loop.spilled_lost_at_start(recovery.lost);
     if let Some(io) = &event_loop.effects.spill_io {
         let adopted = io.adopt(&recovery.adopted);
         info!(

@@ -1060,6 +1060,11 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "Time of a restore (read and checksum) on the IO threads.",
             Value::Histogram(s.spill_latency.restore.clone()),
         )?;
+        out.one(
+            "skyriver_spill_lost_at_start",
+            "Spilled objects of a persistent store lost at start (their spill record missing or damaged, or not taken back); each is logged and cleared from the index.",
+            Value::Counter(sp.lost_at_start_total),
+        )?;
         if let Some(r) = &s.head_replication {
             encode_head_replication(&mut out, r)?;
         }
