@@ -686,6 +686,11 @@ impl Node {
     pub fn check_invariants(&self) {
         self.store.check_invariants();
         self.locations.check_invariants();
+        // O(members) per call, and the simulator calls this after every input: debug builds
+        // (every test) check it, the release simulator measuring large clusters does not.
+        if cfg!(debug_assertions) {
+            self.check_links_invariants();
+        }
         let in_flight: u64 = self.transfers.values().map(|t| t.block_len).sum();
         assert_eq!(in_flight, self.bytes_in_flight, "bytes in flight");
         for (id, pending) in &self.pending_seals {
