@@ -220,6 +220,7 @@ impl Node {
         // Counted once the fabric granted it: a fabric that cannot relay counts none.
         self.stats.relay_leases += 1;
         let prefix = self.held_prefix(&id);
+        self.stats.relay_pace.announcements += 1;
         self.send(peer, PeerMessage::RelayProgress { req, prefix });
     }
 
@@ -234,6 +235,7 @@ impl Node {
             .map(|(&key, _)| key)
             .collect();
         for (peer, req) in readers {
+            self.stats.relay_pace.announcements += 1;
             self.send(peer, PeerMessage::RelayProgress { req, prefix });
         }
     }
@@ -384,6 +386,30 @@ impl Node {
         }
         self.post_reads(tid);
     }
+}
+
+/// How fast bytes flow through relays, as counters (`bench cluster` reports them per round):
+/// how often relays announce their prefix, how long readers wait for it, how many READs they
+/// keep in flight.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RelayPace {
+    /// `RelayProgress` messages this node sent as a relay (the first, before each
+    /// `Rendezvous`, included).
+    pub announcements: u64,
+    /// Times a transfer pulling from a relay had read all the relay had announced and no READ
+    /// in flight, with bytes still to read: it waited for the next announcement.
+    pub stalls: u64,
+    /// Microseconds those waits lasted in all (until the next READ was posted).
+    pub stall_micros: u64,
+    /// READs from relays that completed.
+    pub reads: u64,
+    /// Sum over those completions of the READs of the transfer then in flight (the one
+    /// completing included): divided by `reads`, the mean READs in flight.
+    pub reads_in_flight: u64,
+    /// Bytes those READs brought in.
+    pub read_bytes: u64,
+    /// Transfers pulling from a relay that failed (each goes on at the holder).
+    pub failed_transfers: u64,
 }
 
 /// What a relay needs of the copy it relays: its block, sizes and digest.

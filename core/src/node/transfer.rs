@@ -104,6 +104,9 @@ pub(super) struct Incoming {
     /// Pulling from a relay's partial copy: READ only below this prefix, the relay's last
     /// `RelayProgress` (see `relay`). `None`: the source holds all of it.
     relay_limit: Option<u64>,
+    /// Pulling from a relay: since when every announced byte is read and no READ is in flight
+    /// (waiting for the relay's next `RelayProgress`).
+    stalled_since: Option<Instant>,
     state: IncomingState,
 }
 
@@ -292,6 +295,7 @@ impl Node {
                 requested_at,
                 lease_from: requested_at,
                 relay_limit: None,
+                stalled_since: None,
                 state: IncomingState::AwaitingReply,
             },
         );
@@ -551,8 +555,24 @@ impl Node {
             *outstanding += 1;
             posts.push((lane, local, remote));
         }
+        let dry = *outstanding == 0 && *next_offset < total;
         let (source, object) = (transfer.source, transfer.id);
         let start = transfer.local.region.offset;
+        if transfer.relay_limit.is_some() {
+            let pace = &mut self.stats.relay_pace;
+            match transfer.stalled_since {
+                None if dry => {
+                    pace.stalls += 1;
+                    transfer.stalled_since = Some(self.now);
+                }
+                Some(since) if !dry => {
+                    let waited = self.now.saturating_since(since).as_micros();
+                    pace.stall_micros += u64::try_from(waited).unwrap_or(u64::MAX);
+                    transfer.stalled_since = None;
+                }
+                _ => {}
+            }
+        }
         for (lane, local, remote) in posts {
             self.next_read += 1;
             let op = ReadOpId(self.next_read);
@@ -586,6 +606,7 @@ impl Node {
             .expect("a READ's transfer lives until it completes");
         let total = transfer.local.region.len;
         let source = transfer.source;
+        let relayed = transfer.relay_limit.is_some();
         match &mut transfer.state {
             IncomingState::Reading {
                 outstanding,
@@ -594,6 +615,12 @@ impl Node {
                 in_prefix,
                 ..
             } => {
+                if relayed && result.is_ok() {
+                    let pace = &mut self.stats.relay_pace;
+                    pace.reads += 1;
+                    pace.reads_in_flight += u64::from(*outstanding);
+                    pace.read_bytes += len;
+                }
                 *outstanding -= 1;
                 match result {
                     Ok(()) => {
@@ -785,6 +812,9 @@ impl Node {
             }
             Err(reason) => {
                 self.stats.transfers_failed += 1;
+                if transfer.is_relayed() {
+                    self.stats.relay_pace.failed_transfers += 1;
+                }
                 if !self.hold_failed_partial_copy(transfer.id, transfer.source, &reason) {
                     self.store
                         .abort(FETCH_CLIENT, transfer.id)
