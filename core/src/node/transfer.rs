@@ -104,6 +104,9 @@ pub(super) struct Incoming {
     /// Pulling from a relay's partial copy: READ only below this prefix, the relay's last
     /// `RelayProgress` (see `relay`). `None`: the source holds all of it.
     relay_limit: Option<u64>,
+    /// Pulling from a relay: it answered with its prefix (a partial copy). A relay whose copy
+    /// is sealed by the time it is asked answers with a plain `Rendezvous`: all of it is in.
+    relay_answered: bool,
     /// Pulling from a relay: since when every announced byte is read and no READ is in flight
     /// (waiting for the relay's next `RelayProgress`).
     stalled_since: Option<Instant>,
@@ -151,6 +154,16 @@ impl Incoming {
         self.source = relay;
         self.lease_from = now;
         self.relay_limit = Some(0);
+        self.relay_answered = false;
+    }
+
+    /// The source's `Rendezvous` came: a relay that said no prefix before it serves a sealed
+    /// copy, all of which may be READ (its fabric refuses READs of bytes it has not, and the
+    /// digest is checked at the end either way).
+    fn rendezvous_came(&mut self) {
+        if self.relay_limit.is_some() && !self.relay_answered {
+            self.relay_limit = Some(self.local.region.len);
+        }
     }
 
     /// The relay holds the first `prefix` bytes. `answer`: the relay's first word, before its
@@ -164,6 +177,7 @@ impl Incoming {
         if prefix > total {
             return Err(TransferFailure::RelayPrefixBeyondObject { prefix, total });
         }
+        self.relay_answered |= answer;
         match self.relay_limit {
             Some(limit) => self.relay_limit = Some(limit.max(prefix)),
             None if answer => self.relay_limit = Some(prefix),
@@ -295,6 +309,7 @@ impl Node {
                 requested_at,
                 lease_from: requested_at,
                 relay_limit: None,
+                relay_answered: false,
                 stalled_since: None,
                 state: IncomingState::AwaitingReply,
             },
@@ -375,6 +390,7 @@ impl Node {
                     self.fail_transfer(tid, TransferFailure::LeaseTooShort { lease_ms });
                     return;
                 }
+                transfer.rendezvous_came();
                 transfer.state = IncomingState::Reading {
                     regions,
                     lane_keys,
@@ -499,13 +515,15 @@ impl Node {
             .get(&tid)
             .and_then(|t| self.peers.get(&t.source))
             .map_or(1, |p| p.params.lanes);
-        let slice_bytes = self.config.read_slice_bytes.max(1);
         let window = self.config.max_outstanding_reads.max(1);
+        let relay_min_bytes = self.config.relay_min_bytes;
+        let read_slice_bytes = self.config.read_slice_bytes;
         let transfer = self
             .transfers
             .get_mut(&tid)
             .expect("posting READs for a live transfer");
         let total = transfer.local.region.len;
+        let slice_bytes = super::relay::read_slice(total, read_slice_bytes, relay_min_bytes);
         let limit = transfer
             .relay_limit
             .map_or(total, |prefix| prefix.min(total));
