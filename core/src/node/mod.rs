@@ -76,6 +76,7 @@ pub use metrics::{
 };
 pub use output::{NodeOutput, NodeStats};
 use publications::{Publication, Want};
+pub use relay::RelayPace;
 pub use threshold::{
     EagerThreshold, PathCosts, RoundTripBatch, RoundTripEstimate, ThresholdPolicy, ThresholdSource,
 };

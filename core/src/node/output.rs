@@ -345,4 +345,7 @@ pub struct NodeStats {
     /// sharing its lookup (see `coalesce`).
     #[serde(default)]
     pub coalesced_requests: u64,
+    /// The pace of relays (see `relay`), for `bench cluster`'s relay report.
+    #[serde(default)]
+    pub relay_pace: super::relay::RelayPace,
 }
