@@ -179,7 +179,11 @@ impl Node {
         let now = self.now;
         let policy = self.config.dial;
         self.links.negotiated.remove(&peer);
-        if self.lower_members().binary_search_by_key(&peer, |m| m.node).is_ok() {
+        if self
+            .lower_members()
+            .binary_search_by_key(&peer, |m| m.node)
+            .is_ok()
+        {
             self.links.undialed.insert(peer);
         }
         let state = self.links.unreachable.entry(peer).or_insert(Unreachable {
@@ -236,11 +240,7 @@ impl Node {
     /// list side by side (both sorted by node id): a member no longer listed is forgotten, a new
     /// or restarted one is undialed unless connected. Returns whether any member changed the
     /// way it is dialed (joined, left, restarted or moved).
-    fn track_member_changes(
-        &mut self,
-        old: &[ClusterMember],
-        new: &[ClusterMember],
-    ) -> bool {
+    fn track_member_changes(&mut self, old: &[ClusterMember], new: &[ClusterMember]) -> bool {
         let me = self.config.node;
         let (mut i, mut j) = (0, 0);
         let mut changed = false;
