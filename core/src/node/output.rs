@@ -345,4 +345,8 @@ pub struct NodeStats {
     /// sharing its lookup (see `coalesce`).
     #[serde(default)]
     pub coalesced_requests: u64,
+    /// Copies of record that became plain copies here: the registry had enough copies of
+    /// record without them (they came back after repair replaced them).
+    #[serde(default)]
+    pub copies_of_record_released: u64,
 }
