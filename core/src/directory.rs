@@ -223,6 +223,13 @@ pub enum DirectoryEvent {
         /// The object.
         id: ObjectId,
     },
+    /// The registry lists enough copies of record of `id` without this node's (it came back
+    /// after it was counted lost, and repair replaced it): the copy here stops being one of
+    /// record and stays as a plain copy, evictable like a cache.
+    Surplus {
+        /// The object.
+        id: ObjectId,
+    },
 }
 
 impl DirectoryEvent {
@@ -232,7 +239,8 @@ impl DirectoryEvent {
             DirectoryEvent::Published { id, .. }
             | DirectoryEvent::Replicate { id, .. }
             | DirectoryEvent::Copies { id, .. }
-            | DirectoryEvent::Delete { id } => id,
+            | DirectoryEvent::Delete { id }
+            | DirectoryEvent::Surplus { id } => id,
         }
     }
 }
@@ -261,6 +269,7 @@ impl fmt::Display for DirectoryEvent {
             ),
             DirectoryEvent::Copies { id, copies } => write!(f, "Copies{{{id}, {copies}}}"),
             DirectoryEvent::Delete { id } => write!(f, "Delete{{{id}}}"),
+            DirectoryEvent::Surplus { id } => write!(f, "Surplus{{{id}}}"),
         }
     }
 }

@@ -567,6 +567,7 @@ impl Node {
             } => self.replicate_here(id, sizes, digest, sources, replicas),
             DirectoryEvent::Copies { id, copies } => self.copies_reported(id, copies),
             DirectoryEvent::Delete { id } => self.deleted_everywhere(id),
+            DirectoryEvent::Surplus { id } => self.surplus_copy(id),
         }
         self.absorb_store();
     }

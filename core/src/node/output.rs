@@ -348,4 +348,8 @@ pub struct NodeStats {
     /// The pace of relays (see `relay`), for `bench cluster`'s relay report.
     #[serde(default)]
     pub relay_pace: super::relay::RelayPace,
+    /// Copies of record that became plain copies here: the registry had enough copies of
+    /// record without them (they came back after repair replaced them).
+    #[serde(default)]
+    pub copies_of_record_released: u64,
 }
