@@ -55,26 +55,6 @@ use crate::wire::{ObjectSizes, PeerMessage};
 /// serves are forgotten.
 const MAX_CHAINS: usize = 1024;
 
-/// READs of an object that may be relayed are this much smaller than
-/// [`NodeConfig::read_slice_bytes`](super::NodeConfig): a relay tells its reader its prefix as
-/// each READ completes, so every hop of the chain trails the one before by about a slice.
-const RELAY_SLICE_DIVISOR: u64 = 4;
-
-/// Smallest READ slice of an object that may be relayed.
-const MIN_RELAY_SLICE_BYTES: u64 = 4096;
-
-/// The READ slice of a transfer of `total` bytes: finer for an object that may be relayed
-/// (at least `relay_min_bytes`), so the prefix its copy announces grows in small steps.
-pub(super) fn read_slice(total: u64, read_slice_bytes: u64, relay_min_bytes: u64) -> u64 {
-    let slice = read_slice_bytes.max(1);
-    if total < relay_min_bytes {
-        return slice;
-    }
-    (slice / RELAY_SLICE_DIVISOR)
-        .max(MIN_RELAY_SLICE_BYTES)
-        .min(slice)
-}
-
 /// A holder's and a relay's relay bookkeeping.
 #[derive(Debug, Default)]
 pub(super) struct Relays {

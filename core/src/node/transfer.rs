@@ -516,14 +516,12 @@ impl Node {
             .and_then(|t| self.peers.get(&t.source))
             .map_or(1, |p| p.params.lanes);
         let window = self.config.max_outstanding_reads.max(1);
-        let relay_min_bytes = self.config.relay_min_bytes;
-        let read_slice_bytes = self.config.read_slice_bytes;
+        let slice_bytes = self.config.read_slice_bytes.max(1);
         let transfer = self
             .transfers
             .get_mut(&tid)
             .expect("posting READs for a live transfer");
         let total = transfer.local.region.len;
-        let slice_bytes = super::relay::read_slice(total, read_slice_bytes, relay_min_bytes);
         let limit = transfer
             .relay_limit
             .map_or(total, |prefix| prefix.min(total));

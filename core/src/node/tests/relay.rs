@@ -265,44 +265,6 @@ fn an_idle_holder_serves_a_later_requester_itself() {
     w.assert_settled();
 }
 
-#[test]
-fn objects_that_may_be_relayed_are_read_in_finer_slices() {
-    let mut w = World::new(3, |config| {
-        config.relay_min_bytes = 8 * 1024;
-        config.read_slice_bytes = 16 * 1024;
-    });
-    w.put(0, 1, LEN);
-    w.put(0, 2, 6_000); // below relay_min_bytes
-    w.fetch_in_mode(1, &[1], Duration::from_millis(50), TransferMode::Rendezvous);
-    w.fetch_in_mode(1, &[2], Duration::from_millis(50), TransferMode::Rendezvous);
-    assert_copy_of(&w, 1, 1, 0);
-    assert_copy_of(&w, 1, 2, 1);
-    let reads: Vec<(u64, ObjectId)> = w
-        .log
-        .iter()
-        .filter_map(|(node, o)| match o {
-            NodeOutput::PostRead { local, object, .. } if node.0 == 1 => Some((local.len, *object)),
-            _ => None,
-        })
-        .collect();
-    let relayable: Vec<u64> = reads
-        .iter()
-        .filter(|(_, o)| *o == id(1))
-        .map(|r| r.0)
-        .collect();
-    assert_eq!(relayable.len() as u64, LEN.div_ceil(4096), "{relayable:?}");
-    assert!(relayable.iter().all(|&len| len <= 4096), "{relayable:?}");
-    let small: Vec<u64> = reads
-        .iter()
-        .filter(|(_, o)| *o == id(2))
-        .map(|r| r.0)
-        .collect();
-    assert_eq!(small, vec![6_000], "a small object keeps the whole slice");
-    w.release(1, 1);
-    w.release(1, 2);
-    w.assert_settled();
-}
-
 /// `node`'s `index`th reply holds object `n` of `LEN` bytes (or of its put's size).
 fn assert_copy_of(w: &World, node: u32, n: u64, index: usize) {
     let replies = w.replies(node);
