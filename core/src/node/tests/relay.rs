@@ -264,11 +264,3 @@ fn an_idle_holder_serves_a_later_requester_itself() {
     w.release(2, 1);
     w.assert_settled();
 }
-
-/// `node`'s `index`th reply holds object `n` of `LEN` bytes (or of its put's size).
-fn assert_copy_of(w: &World, node: u32, n: u64, index: usize) {
-    let replies = w.replies(node);
-    let info = ok_info(&replies[index][0]);
-    let len = info.region.len;
-    assert_eq!(w.local_bytes(node, &info), World::bytes_of(n, len));
-}
