@@ -592,7 +592,11 @@ mod handshake {
         match receive_frame::<FromRegistry>(&mut old).await {
             Some(FromRegistry::Refused { reason, retryable }) => {
                 assert!(
-                    reason.contains("version 1") && reason.contains("speaks 3"),
+                    reason.contains("version 1")
+                        && reason.contains(&format!(
+                            "speaks {}",
+                            skyriver_core::registry::PROTOCOL_VERSION
+                        )),
                     "{reason}"
                 );
                 assert!(!retryable);
