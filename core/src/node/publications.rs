@@ -93,6 +93,13 @@ impl Node {
         self.set_timer(self.now + delay, Timer::Publication(id));
     }
 
+    /// Whether this node holds `id` sealed but unpublished because the directory refused its
+    /// publication for another content under the id (sealed during a directory outage, or
+    /// fetched while the id was put again elsewhere).
+    pub fn holds_refused_copy(&self, id: &ObjectId) -> bool {
+        self.refused_publications.contains(id)
+    }
+
     /// The directory answers again: publish anew every copy it has not vouched for and whose
     /// publication gave up. A copy sealed or recovered while it was out is served to peers
     /// only once a publication of it is accepted, and that publication may have given up
@@ -101,23 +108,19 @@ impl Node {
     /// Publications still on their way or waiting to retry are left to finish.
     ///
     /// [`NodeConfig::max_directory_attempts`]: super::NodeConfig::max_directory_attempts
-    /// Whether this node holds `id` sealed but unpublished because the directory refused its
-    /// publication for another content under the id (sealed during a directory outage, or
-    /// fetched while the id was put again elsewhere).
-    pub fn holds_refused_copy(&self, id: &ObjectId) -> bool {
-        self.refused_publications.contains(id)
+    pub(super) fn publish_unvouched_again(&mut self) {
+        let unvouched: Vec<ObjectId> = self.unvouched.iter().copied().collect();
+        self.publish_again(unvouched);
     }
 
-    pub(super) fn publish_unvouched_again(&mut self) {
-        let unvouched: Vec<ObjectId> = self
-            .unvouched
-            .iter()
-            .filter(|id| !self.publications.contains_key(id))
-            .copied()
-            .collect();
-        for id in unvouched {
-            // Gone from the store (its withdrawal clears it), or no digest to publish: it
-            // stays unserved to peers, the safe side.
+    /// Publishes anew each of `ids` with no publication on its way. One gone from the store
+    /// (its withdrawal clears it), or with no digest to publish, is left as it is: unserved to
+    /// peers, the safe side.
+    pub(super) fn publish_again(&mut self, ids: Vec<ObjectId>) {
+        for id in ids {
+            if self.publications.contains_key(&id) {
+                continue;
+            }
             if let Some((sizes, Some(digest))) = self.store.sealed_sizes_and_digest(&id) {
                 self.want_publication(id, Want::Publish(sizes, digest));
             }
