@@ -36,7 +36,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::placement::{choose_targets, domain_key, Candidate};
+use super::placement::{choose_retry_targets, choose_targets, domain_key, Candidate};
 use super::{FromRegistry, Registry, RegistryOutput};
 use crate::directory::DirectoryEvent;
 use crate::ids::{NodeId, ObjectId};
@@ -106,8 +106,9 @@ struct Record {
     of_record: BTreeSet<NodeId>,
     /// Targets asked to replicate, with their deadlines.
     pending: BTreeMap<NodeId, Instant>,
-    /// Targets given up on: not asked again while another node can take the copy.
-    given_up: BTreeSet<NodeId>,
+    /// Targets given up on, with when: not asked again while another node can take the copy,
+    /// then again the one given up on longest ago first.
+    given_up: BTreeMap<NodeId, Instant>,
 }
 
 /// The registry's replication state.
@@ -259,7 +260,7 @@ impl Registry {
             bytes,
             of_record: BTreeSet::new(),
             pending: BTreeMap::new(),
-            given_up: BTreeSet::new(),
+            given_up: BTreeMap::new(),
         });
         record.wanted = record.wanted.max(replicas);
         record.of_record.insert(node);
@@ -338,7 +339,7 @@ impl Registry {
                     let node = m.info.node;
                     let has_copy =
                         record.of_record.contains(&node) || record.pending.contains_key(&node);
-                    let skipped = skip_given_up && record.given_up.contains(&node);
+                    let skipped = skip_given_up && record.given_up.contains_key(&node);
                     !has_copy && !skipped
                 })
                 .map(|m| Candidate {
@@ -349,12 +350,31 @@ impl Registry {
                 .collect()
         };
         let mut targets = choose_targets(&id, record.bytes, &candidates(true), &used, count);
-        if targets.len() < count && !record.given_up.is_empty() {
-            // Nobody else: nodes given up on get another chance.
-            let again = choose_targets(&id, record.bytes, &candidates(false), &used, count);
-            let extra: Vec<NodeId> = again.into_iter().filter(|n| !targets.contains(n)).collect();
+        if targets.len() < count {
+            // Too few fit by their reports: ask the others anyway (a report is as old as its
+            // node's last replicated publication, a target given up on may have failed for a
+            // passing reason), those given up on longest ago first, so that retries go round
+            // the nodes rather than back to the one that failed last.
+            let used: BTreeSet<String> = used
+                .iter()
+                .cloned()
+                .chain(
+                    targets
+                        .iter()
+                        .filter_map(|n| self.members.get(n))
+                        .map(|m| domain_key(m.info.node, &m.info.failure_domain)),
+                )
+                .collect();
+            let others: Vec<(Candidate, Option<Instant>)> = candidates(false)
+                .into_iter()
+                .filter(|c| !targets.contains(&c.node))
+                .map(|c| {
+                    let given_up = record.given_up.get(&c.node).copied();
+                    (c, given_up)
+                })
+                .collect();
+            let extra = choose_retry_targets(&id, &others, &used, count - targets.len());
             targets.extend(extra);
-            targets.truncate(count);
         }
         let deadline = now + self.replication.limits.target_timeout;
         let replicas = record.wanted;
@@ -428,7 +448,7 @@ impl Registry {
             self.replication.deadlines.remove(&(at, id, node));
             if let Some(record) = self.replication.records.get_mut(&id) {
                 record.pending.remove(&node);
-                record.given_up.insert(node);
+                record.given_up.insert(node, now);
                 self.replication.stats.targets_timed_out += 1;
                 self.replicas_changed(now, id, false);
             }
