@@ -65,8 +65,10 @@ pub fn choose_retry_targets(
     used_domains: &BTreeSet<String>,
     count: usize,
 ) -> Vec<NodeId> {
-    let left: Vec<(&Candidate, Option<Instant>)> =
-        candidates.iter().map(|(c, given_up)| (c, *given_up)).collect();
+    let left: Vec<(&Candidate, Option<Instant>)> = candidates
+        .iter()
+        .map(|(c, given_up)| (c, *given_up))
+        .collect();
     choose_greedily(id, left, used_domains, count)
 }
 

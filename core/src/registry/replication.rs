@@ -10,6 +10,9 @@
 //!   fetch path and publishes its copy with `PublishReplicated`. So replication adds no peer
 //!   message at all, and placement and repair live in the one place that sees every member.
 //!   A target that has not published within [`ReplicationLimits::target_timeout`] is given up.
+//!   When too few nodes fit by the free memory they last reported, the others are asked too:
+//!   those never given up on first, then those given up on longest ago (see
+//!   [`super::placement::choose_retry_targets`]), so retries go round the nodes.
 //! - **Progress**: the origin gets [`DirectoryEvent::Copies`] at every change of the live
 //!   copies of record until they reach `k` (what a put with `wait_replicas` waits for).
 //! - **Repair**: a copy of record lost (its node died: closed connection or silent past the
@@ -120,8 +123,8 @@ pub(super) struct Replication {
     free_bytes: BTreeMap<NodeId, u64>,
     /// Under-replicated objects waiting for repair, in order.
     repair_queue: BTreeSet<ObjectId>,
-    /// Queued objects no node could take at the last pass: not due again until something
-    /// changes (a member joins or leaves, a copy is published or given up), so an object that
+    /// Queued objects no node could take at the last pass (every member holds a copy or is
+    /// asked for one): not due again until something changes (a member joins or leaves, a copy is published or given up), so an object that
     /// cannot be placed neither spins the timer nor blocks the ones queued behind it.
     unplaceable: BTreeSet<ObjectId>,
     /// Targets' deadlines, earliest first.
