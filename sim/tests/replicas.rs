@@ -12,6 +12,9 @@ const MODE: RunMode = RunMode {
     echo_trace: false,
 };
 
+/// About 20 s in a debug build. Seeds 5 6 7 15 17 20 33 52 once ended with a repair short of
+/// its copies (repair kept asking one node without room, or none because of old free-memory
+/// reports; seed 52's object is larger than one lease carries): keep them in the range.
 const SEEDS: std::ops::Range<u64> = 0..60;
 
 fn caught(flaws: Flaws, what: &str) -> Option<(u64, String)> {
@@ -26,9 +29,6 @@ fn caught(flaws: Flaws, what: &str) -> Option<(u64, String)> {
 }
 
 #[test]
-#[ignore = "open finding (8 of 60 seeds, each listed by this test: 5 6 7 15 17 20 33 52): \
-            repairs left short of min(k, members) copies of record after crashes, not yet \
-            analysed; about 40 s in a debug build"]
 fn random_runs_with_replicas_pass_their_checks() {
     let mut total = skyriver_sim::cluster::ReplicationRunStats::default();
     let mut failures = Vec::new();

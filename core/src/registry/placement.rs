@@ -5,11 +5,19 @@
 //! yet comes first; then the node with the most free memory (a node that never reported it
 //! counts as empty, the usual case of a node that never held a copy of record); ties are broken
 //! by a stable mix of the object and the node, so objects spread over equal nodes without
-//! randomness. A node whose reported free memory cannot take the object is never chosen.
+//! randomness. A node whose reported free memory cannot take the object is not chosen by
+//! [`choose_targets`].
+//!
+//! When that leaves too few, [`choose_retry_targets`] asks the rest: a report is only as recent
+//! as the node's last replicated publication (it may have freed memory since), and a target
+//! given up on may have failed for a passing reason. Nodes never given up on come first, then
+//! the ones given up on longest ago, so that retries go round every node rather than back to
+//! the one that failed last.
 
 use std::collections::BTreeSet;
 
 use crate::ids::{NodeId, ObjectId};
+use crate::time::Instant;
 
 /// A node that may receive a copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,26 +48,55 @@ pub fn choose_targets(
     used_domains: &BTreeSet<String>,
     count: usize,
 ) -> Vec<NodeId> {
-    let mut used = used_domains.clone();
-    let mut left: Vec<&Candidate> = candidates
+    let left: Vec<(&Candidate, ())> = candidates
         .iter()
         .filter(|c| c.free_bytes.is_none_or(|free| free >= object_bytes))
+        .map(|c| (c, ()))
         .collect();
+    choose_greedily(id, left, used_domains, count)
+}
+
+/// Chooses up to `count` targets among `candidates` when [`choose_targets`] found too few:
+/// whatever free memory each reported, the nodes never given up on (`None`) first, then those
+/// given up on longest ago; then as [`choose_targets`] (domains, free memory, spread).
+pub fn choose_retry_targets(
+    id: &ObjectId,
+    candidates: &[(Candidate, Option<Instant>)],
+    used_domains: &BTreeSet<String>,
+    count: usize,
+) -> Vec<NodeId> {
+    let left: Vec<(&Candidate, Option<Instant>)> = candidates
+        .iter()
+        .map(|(c, given_up)| (c, *given_up))
+        .collect();
+    choose_greedily(id, left, used_domains, count)
+}
+
+/// Greedy, one target at a time, by `first` (each candidate's own key), then an unused
+/// domain, then the most free memory, then the stable spread.
+fn choose_greedily<K: Ord + Copy>(
+    id: &ObjectId,
+    mut left: Vec<(&Candidate, K)>,
+    used_domains: &BTreeSet<String>,
+    count: usize,
+) -> Vec<NodeId> {
+    let mut used = used_domains.clone();
     let mut chosen = Vec::with_capacity(count.min(left.len()));
     while chosen.len() < count && !left.is_empty() {
         let (at, best) = left
             .iter()
             .enumerate()
-            .min_by_key(|(_, c)| {
+            .min_by_key(|(_, (c, first))| {
                 let domain_used = used.contains(&domain_key(c.node, &c.failure_domain));
                 let free = c.free_bytes.unwrap_or(u64::MAX);
                 (
+                    *first,
                     domain_used,
                     std::cmp::Reverse(free),
                     crate::node::spread_key(id, c.node),
                 )
             })
-            .map(|(at, c)| (at, *c))
+            .map(|(at, (c, _))| (at, *c))
             .expect("left is not empty");
         used.insert(domain_key(best.node, &best.failure_domain));
         chosen.push(best.node);
@@ -137,5 +174,29 @@ mod tests {
         for count in &per_node[1..] {
             assert!((50..=150).contains(count), "spread: {per_node:?}");
         }
+    }
+
+    #[test]
+    fn retries_ignore_free_memory_reports_and_go_round_the_nodes_given_up_on() {
+        let at = |ms: u64| Some(Instant(ms * 1_000_000));
+        let id = ObjectId::from_u64(3);
+        // Node 1 reported too little long ago and was never tried: it comes first, before
+        // node 2's larger report.
+        let candidates = [
+            (candidate(1, "", Some(10)), None),
+            (candidate(2, "", Some(1 << 30)), at(5)),
+            (candidate(3, "", Some(1 << 20)), at(1)),
+        ];
+        let chosen = choose_retry_targets(&id, &candidates, &BTreeSet::new(), 3);
+        assert_eq!(chosen, vec![NodeId(1), NodeId(3), NodeId(2)]);
+        // Among nodes given up on, the one given up on longest ago, whatever its domain and
+        // free memory.
+        let candidates = [
+            (candidate(2, "a", Some(1 << 30)), at(5)),
+            (candidate(3, "b", Some(1 << 20)), at(1)),
+        ];
+        let used = BTreeSet::from(["b".to_string()]);
+        let chosen = choose_retry_targets(&id, &candidates, &used, 1);
+        assert_eq!(chosen, vec![NodeId(3)]);
     }
 }

@@ -10,6 +10,9 @@
 //!   fetch path and publishes its copy with `PublishReplicated`. So replication adds no peer
 //!   message at all, and placement and repair live in the one place that sees every member.
 //!   A target that has not published within [`ReplicationLimits::target_timeout`] is given up.
+//!   When too few nodes fit by the free memory they last reported, the others are asked too:
+//!   those never given up on first, then those given up on longest ago (see
+//!   [`super::placement::choose_retry_targets`]), so retries go round the nodes.
 //! - **Progress**: the origin gets [`DirectoryEvent::Copies`] at every change of the live
 //!   copies of record until they reach `k` (what a put with `wait_replicas` waits for).
 //! - **Repair**: a copy of record lost (its node died: closed connection or silent past the
@@ -36,7 +39,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use super::placement::{choose_targets, domain_key, Candidate};
+use super::placement::{choose_retry_targets, choose_targets, domain_key, Candidate};
 use super::{FromRegistry, Registry, RegistryOutput};
 use crate::directory::DirectoryEvent;
 use crate::ids::{NodeId, ObjectId};
@@ -106,8 +109,9 @@ struct Record {
     of_record: BTreeSet<NodeId>,
     /// Targets asked to replicate, with their deadlines.
     pending: BTreeMap<NodeId, Instant>,
-    /// Targets given up on: not asked again while another node can take the copy.
-    given_up: BTreeSet<NodeId>,
+    /// Targets given up on, with when: not asked again while another node can take the copy,
+    /// then again the one given up on longest ago first.
+    given_up: BTreeMap<NodeId, Instant>,
 }
 
 /// The registry's replication state.
@@ -119,8 +123,8 @@ pub(super) struct Replication {
     free_bytes: BTreeMap<NodeId, u64>,
     /// Under-replicated objects waiting for repair, in order.
     repair_queue: BTreeSet<ObjectId>,
-    /// Queued objects no node could take at the last pass: not due again until something
-    /// changes (a member joins or leaves, a copy is published or given up), so an object that
+    /// Queued objects no node could take at the last pass (every member holds a copy or is
+    /// asked for one): not due again until something changes (a member joins or leaves, a copy is published or given up), so an object that
     /// cannot be placed neither spins the timer nor blocks the ones queued behind it.
     unplaceable: BTreeSet<ObjectId>,
     /// Targets' deadlines, earliest first.
@@ -259,7 +263,7 @@ impl Registry {
             bytes,
             of_record: BTreeSet::new(),
             pending: BTreeMap::new(),
-            given_up: BTreeSet::new(),
+            given_up: BTreeMap::new(),
         });
         record.wanted = record.wanted.max(replicas);
         record.of_record.insert(node);
@@ -338,7 +342,7 @@ impl Registry {
                     let node = m.info.node;
                     let has_copy =
                         record.of_record.contains(&node) || record.pending.contains_key(&node);
-                    let skipped = skip_given_up && record.given_up.contains(&node);
+                    let skipped = skip_given_up && record.given_up.contains_key(&node);
                     !has_copy && !skipped
                 })
                 .map(|m| Candidate {
@@ -349,12 +353,31 @@ impl Registry {
                 .collect()
         };
         let mut targets = choose_targets(&id, record.bytes, &candidates(true), &used, count);
-        if targets.len() < count && !record.given_up.is_empty() {
-            // Nobody else: nodes given up on get another chance.
-            let again = choose_targets(&id, record.bytes, &candidates(false), &used, count);
-            let extra: Vec<NodeId> = again.into_iter().filter(|n| !targets.contains(n)).collect();
+        if targets.len() < count {
+            // Too few fit by their reports: ask the others anyway (a report is as old as its
+            // node's last replicated publication, a target given up on may have failed for a
+            // passing reason), those given up on longest ago first, so that retries go round
+            // the nodes rather than back to the one that failed last.
+            let used: BTreeSet<String> = used
+                .iter()
+                .cloned()
+                .chain(
+                    targets
+                        .iter()
+                        .filter_map(|n| self.members.get(n))
+                        .map(|m| domain_key(m.info.node, &m.info.failure_domain)),
+                )
+                .collect();
+            let others: Vec<(Candidate, Option<Instant>)> = candidates(false)
+                .into_iter()
+                .filter(|c| !targets.contains(&c.node))
+                .map(|c| {
+                    let given_up = record.given_up.get(&c.node).copied();
+                    (c, given_up)
+                })
+                .collect();
+            let extra = choose_retry_targets(&id, &others, &used, count - targets.len());
             targets.extend(extra);
-            targets.truncate(count);
         }
         let deadline = now + self.replication.limits.target_timeout;
         let replicas = record.wanted;
@@ -428,7 +451,7 @@ impl Registry {
             self.replication.deadlines.remove(&(at, id, node));
             if let Some(record) = self.replication.records.get_mut(&id) {
                 record.pending.remove(&node);
-                record.given_up.insert(node);
+                record.given_up.insert(node, now);
                 self.replication.stats.targets_timed_out += 1;
                 self.replicas_changed(now, id, false);
             }

@@ -354,3 +354,64 @@ fn a_returning_copy_of_record_counts_again_while_short_and_a_later_one_is_surplu
     // Its copy stays listed (a plain one), so fetches may use it.
     assert_eq!(r.holders_of(&ObjectId::from_u64(1)).len(), 3);
 }
+
+#[test]
+fn a_copy_goes_to_a_node_whose_old_report_said_too_little_when_no_other_can_take_it() {
+    let mut r = patient_registry();
+    let t = at_ms(0);
+    for node in 0..3 {
+        join_in(&mut r, t, node, "");
+    }
+    // Nodes 1 and 2 last reported 5 free bytes, at a publication of their own (they may have
+    // freed memory since: deletes, evictable copies).
+    for node in 1..3u32 {
+        request(
+            &mut r,
+            t,
+            u64::from(node),
+            u64::from(node),
+            DirectoryRequest::PublishReplicated {
+                id: ObjectId::from_u64(100 + u64::from(node)),
+                sizes: sizes(10),
+                digest: digest(10),
+                replicas: 1,
+                free_bytes: 5,
+            },
+        );
+    }
+    let out = publish_replicated(&mut r, t, 0, 1, 10, 2);
+    let targets = replicate_targets(&out);
+    assert_eq!(targets.len(), 1, "asked despite the old report: {out:?}");
+    assert!(targets[0] == 1 || targets[0] == 2);
+}
+
+#[test]
+fn retries_go_round_the_nodes_given_up_on_rather_than_back_to_one() {
+    let mut r = patient_registry();
+    r.set_replication_limits(ReplicationLimits {
+        target_timeout: Duration::from_millis(50),
+        ..ReplicationLimits::default()
+    });
+    let t = at_ms(0);
+    for node in 0..4 {
+        join_in(&mut r, t, node, "");
+    }
+    let mut asked = replicate_targets(&publish_replicated(&mut r, t, 0, 1, 10, 2));
+    // No target ever publishes (say none has one free block large enough): each is given up
+    // on at its deadline and another asked.
+    for round in 1..=5 {
+        let at = at_ms(50 * round);
+        assert_eq!(r.poll_timeout(), Some(at), "the target's deadline");
+        r.handle_timeout(at);
+        asked.extend(replicate_targets(&drain(&mut r)));
+    }
+    assert_eq!(asked.len(), 6, "one target at a time: {asked:?}");
+    let mut first = asked[..3].to_vec();
+    first.sort();
+    assert_eq!(first, vec![1, 2, 3], "every other node once: {asked:?}");
+    assert_eq!(
+        asked[3..],
+        asked[..3],
+        "then again, the one given up on longest ago first"
+    );
+}

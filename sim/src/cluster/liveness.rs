@@ -126,7 +126,7 @@ impl Cluster {
     /// The largest object whose READs surely complete within one holder's lease with this
     /// run's slices, window and latency. Larger ones may fail `ReadsTooSlow` on every try (the
     /// protocol grants one lease per transfer and does not extend it): not probed.
-    fn largest_probed_bytes(&self) -> u64 {
+    pub(super) fn largest_probed_bytes(&self) -> u64 {
         let p = &self.params;
         let window = u64::from(p.max_outstanding_reads.max(1));
         let round_ns = 2 * p.latency_ns.1

@@ -12,8 +12,9 @@
 //!   at the end of the run;
 //! * **repair converges**: once faults stopped and the directory settled, every object whose
 //!   record the registry keeps reaches `min(k, members)` live copies of record within a bound
-//!   (unless no member lacking a copy has room for it, or the directory named the id with two
-//!   contents), each held sealed by its node; and an object a live node holds as a copy of
+//!   (unless no member lacking a copy has room for it, the object is larger than one lease
+//!   surely carries, or the directory named the id with two contents), each held sealed by
+//!   its node; and an object a live node holds as a copy of
 //!   record has a record unless the head restarted since its first publication;
 //! * **surplus copies**: a node told its copy of record is surplus may drop it only while the
 //!   registry counts the `k` copies without it; those become the holders the checks follow.
@@ -473,7 +474,10 @@ impl Cluster {
                 }
             }
             let target = usize::from(wanted).min(members);
-            if of_record.len() < target && self.some_member_has_room(id, &of_record) {
+            if of_record.len() < target
+                && self.some_member_has_room(id, &of_record)
+                && self.one_lease_carries(id)
+            {
                 return Err(format!(
                     "{id}: {} of {wanted} copies of record ({:?}) with {members} members",
                     of_record.len(),
@@ -483,6 +487,20 @@ impl Cluster {
             converged += 1;
         }
         Ok(converged)
+    }
+
+    /// Whether one holder's lease surely carries `id` with this run's slices, window and
+    /// latency. A larger object may fail `ReadsTooSlow` on every try of every target (a
+    /// transfer gets one lease, never extended: README "A cluster", `--lease-ms`), so no copy
+    /// of it can be made in this run, as the liveness probes assume too.
+    fn one_lease_carries(&self, id: &ObjectId) -> bool {
+        self.checker
+            .contents
+            .get(id)
+            .and_then(|c| c.first())
+            .is_some_and(|c| {
+                c.sizes.data_size + c.sizes.metadata_size <= self.largest_probed_bytes()
+            })
     }
 
     /// Whether a live node without a copy of `id` has room for it.
