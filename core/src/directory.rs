@@ -223,6 +223,18 @@ pub enum DirectoryEvent {
         /// The object.
         id: ObjectId,
     },
+    /// This node's publication of `id`, replayed by its session after connecting (see
+    /// [`crate::registry::session`]), was refused: the directory names another content for the
+    /// id. Made by the node's session from the registry's `Conflict`; the node's copy stays
+    /// local, served to no peer.
+    ReplayRefused {
+        /// The object.
+        id: ObjectId,
+        /// The sizes the id names.
+        sizes: ObjectSizes,
+        /// The digest the id names.
+        digest: ContentDigest,
+    },
 }
 
 impl DirectoryEvent {
@@ -232,7 +244,8 @@ impl DirectoryEvent {
             DirectoryEvent::Published { id, .. }
             | DirectoryEvent::Replicate { id, .. }
             | DirectoryEvent::Copies { id, .. }
-            | DirectoryEvent::Delete { id } => id,
+            | DirectoryEvent::Delete { id }
+            | DirectoryEvent::ReplayRefused { id, .. } => id,
         }
     }
 }
@@ -261,6 +274,9 @@ impl fmt::Display for DirectoryEvent {
             ),
             DirectoryEvent::Copies { id, copies } => write!(f, "Copies{{{id}, {copies}}}"),
             DirectoryEvent::Delete { id } => write!(f, "Delete{{{id}}}"),
+            DirectoryEvent::ReplayRefused { id, digest, .. } => {
+                write!(f, "ReplayRefused{{{id}, the id names digest={digest}}}")
+            }
         }
     }
 }

@@ -566,6 +566,7 @@ impl Node {
             } => self.replicate_here(id, sizes, digest, sources, replicas),
             DirectoryEvent::Copies { id, copies } => self.copies_reported(id, copies),
             DirectoryEvent::Delete { id } => self.deleted_everywhere(id),
+            DirectoryEvent::ReplayRefused { id, .. } => self.replay_refused(id),
         }
         self.absorb_store();
     }

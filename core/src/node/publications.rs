@@ -124,6 +124,19 @@ impl Node {
         }
     }
 
+    /// The directory client's replay of this node's publication of `id` was refused: another
+    /// content holds the id (a head that restarted accepted it before the replay came). The
+    /// copy stays local and is served to no peer, as when the node's own publication is
+    /// refused.
+    pub(super) fn replay_refused(&mut self, id: ObjectId) {
+        if !self.store.contains(&id) {
+            return;
+        }
+        self.unvouched.insert(id);
+        self.refused_publications.insert(id);
+        self.stats.id_conflicts += 1;
+    }
+
     pub(super) fn send_publication(&mut self, id: ObjectId) {
         let Some(publication) = self.publications.get(&id) else {
             return;

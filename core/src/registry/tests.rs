@@ -29,11 +29,12 @@ fn hello(member: MemberInfo) -> Hello {
         legacy_token: String::new(),
         member,
         nonce: [9; 32],
+        returning: false,
     }
 }
 
 /// The registry's challenge, the one thing a well-formed hello gets.
-fn challenge_of(registry: &mut Registry, conn: u64) -> crate::auth::Nonce {
+pub(super) fn challenge_of(registry: &mut Registry, conn: u64) -> crate::auth::Nonce {
     match registry.poll_output() {
         Some(RegistryOutput::Send {
             conn: c,

@@ -49,6 +49,10 @@ pub struct Flaws {
     /// A persistent node's disk records a move to the spill tier as a removal, so a crash
     /// forgets spilled objects (see `durability`).
     pub spilled_record_dropped: bool,
+    /// A restarted head keeps no grace period and a node never hears that its replayed
+    /// publication was refused, so an id can name two contents after a head restart, each
+    /// served by its holder (see `registry::grace` in the core).
+    pub unguarded_head_restarts: bool,
 }
 
 impl Cluster {

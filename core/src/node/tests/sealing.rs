@@ -516,3 +516,34 @@ fn a_fetched_copy_whose_publication_is_refused_is_not_served_to_peers() {
     w.fetch_from(2, &[1], 1, TransferMode::Auto);
     assert_eq!(refusals(&w), 1, "the refused copy is not served");
 }
+
+/// A holder whose copy a restarted head did not hear of in time (another node put the id with
+/// other bytes first) learns from its directory client that the replayed publication was
+/// refused: the copy stays local and is not served to a peer's hinted fetch.
+#[test]
+fn a_copy_whose_replayed_publication_is_refused_is_not_served_to_peers() {
+    let mut w = World::new(2, |_| {});
+    let bytes = World::bytes_of(1, 100);
+    assert_eq!(w.put_bytes(0, 1, &bytes), Some(Response::Done(Ok(()))));
+    let event = DirectoryEvent::ReplayRefused {
+        id: id(1),
+        sizes: ObjectSizes {
+            data_size: 100,
+            metadata_size: 0,
+        },
+        digest: ContentDigest::of(b"other bytes under the id", b""),
+    };
+    w.feed(0, NodeInput::DirectoryEvent { event });
+    assert!(w.nodes[0].holds_refused_copy(&id(1)));
+    let refusals = |w: &World| {
+        w.sent(0)
+            .iter()
+            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
+            .count()
+    };
+    assert_eq!(refusals(&w), 0);
+    w.fetch_from(1, &[1], 0, TransferMode::Auto);
+    assert!(refusals(&w) >= 1, "the refused copy is not served");
+    assert!(!w.nodes[1].store().contains(&id(1)));
+    assert_eq!(w.nodes[0].stats().id_conflicts, 1);
+}
