@@ -977,7 +977,7 @@ fn after_a_reconnect_health_comes_once_the_replay_is_answered_then_the_members()
     assert!(
         replay
             .iter()
-            .all(|o| matches!(o, SessionOutput::Send(ToRegistry::Request { .. }))),
+            .all(|o| matches!(o, SessionOutput::Send(ToRegistry::Reclaim { .. }))),
         "{replay:?}"
     );
     assert!(s.replaying());
