@@ -108,6 +108,12 @@ impl Node {
         self.refused_publications.contains(id)
     }
 
+    /// Whether this node serves its copy of `id` to peers: a copy sealed or recovered without
+    /// the directory's acceptance of its content is not served until it accepts it.
+    pub fn serves_peers(&self, id: &ObjectId) -> bool {
+        !self.unvouched.contains(id)
+    }
+
     pub(super) fn publish_unvouched_again(&mut self) {
         let unvouched: Vec<ObjectId> = self
             .unvouched
