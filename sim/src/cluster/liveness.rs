@@ -154,7 +154,7 @@ impl Cluster {
                     && summary.info.region.len <= largest
                     && summary.tier == StorageTier::Memory
                     && !node.holds_refused_copy(&summary.info.id)
-                    && (self.named_once(&summary.info.id) || node.serves_peers(&summary.info.id))
+                    && self.named_once(&summary.info.id)
                 {
                     seen.entry(summary.info.id).or_insert(n);
                 }
