@@ -345,4 +345,8 @@ pub struct NodeStats {
     /// sharing its lookup (see `coalesce`).
     #[serde(default)]
     pub coalesced_requests: u64,
+    /// Publications of copies not yet served to peers that ran out of attempts while the
+    /// directory was reachable, and started another round of attempts later.
+    #[serde(default)]
+    pub publication_rounds_restarted: u64,
 }

@@ -93,6 +93,13 @@ impl Node {
         self.set_timer(self.now + delay, Timer::Publication(id));
     }
 
+    /// Whether this node holds `id` sealed but unpublished because the directory refused its
+    /// publication for another content under the id (sealed during a directory outage, or
+    /// fetched while the id was put again elsewhere).
+    pub fn holds_refused_copy(&self, id: &ObjectId) -> bool {
+        self.refused_publications.contains(id)
+    }
+
     /// The directory answers again: publish anew every copy it has not vouched for and whose
     /// publication gave up. A copy sealed or recovered while it was out is served to peers
     /// only once a publication of it is accepted, and that publication may have given up
@@ -101,19 +108,6 @@ impl Node {
     /// Publications still on their way or waiting to retry are left to finish.
     ///
     /// [`NodeConfig::max_directory_attempts`]: super::NodeConfig::max_directory_attempts
-    /// Whether this node holds `id` sealed but unpublished because the directory refused its
-    /// publication for another content under the id (sealed during a directory outage, or
-    /// fetched while the id was put again elsewhere).
-    pub fn holds_refused_copy(&self, id: &ObjectId) -> bool {
-        self.refused_publications.contains(id)
-    }
-
-    /// Whether this node serves its copy of `id` to peers: a copy sealed or recovered without
-    /// the directory's acceptance of its content is not served until it accepts it.
-    pub fn serves_peers(&self, id: &ObjectId) -> bool {
-        !self.unvouched.contains(id)
-    }
-
     pub(super) fn publish_unvouched_again(&mut self) {
         let unvouched: Vec<ObjectId> = self
             .unvouched
@@ -169,6 +163,7 @@ impl Node {
         op: DirectoryOpId,
         reply: DirectoryReply,
     ) {
+        let unserved_while_reachable = self.unvouched.contains(&id) && self.directory_healthy();
         let Some(publication) = self.publications.get_mut(&id) else {
             return;
         };
@@ -197,7 +192,21 @@ impl Node {
                 self.seal_verdict(id, Verdict::Refused);
             }
             DirectoryReply::Unavailable { .. } => {
-                if publication.attempts >= self.config.max_directory_attempts {
+                let unserved_publish =
+                    matches!(publication.want, Want::Publish(..)) && unserved_while_reachable;
+                if publication.attempts >= self.config.max_directory_attempts && unserved_publish
+                {
+                    // The directory answers, but not this publication in time (a restarted head
+                    // holds new publications until its grace period ends, and then accepts
+                    // them): another round later, or the copy would stay unserved to peers
+                    // while the directory lists it. Rounds end when the directory is reported
+                    // down; its return publishes unvouched copies again.
+                    publication.attempts = 0;
+                    self.stats.publication_rounds_restarted += 1;
+                    let at = self.now
+                        + self.config.retry_backoff * self.config.max_directory_attempts.max(1);
+                    self.set_timer(at, Timer::Publication(id));
+                } else if publication.attempts >= self.config.max_directory_attempts {
                     self.publications.remove(&id);
                     self.stats.publications_dropped += 1;
                 } else {
