@@ -100,6 +100,12 @@ impl Node {
         self.refused_publications.contains(id)
     }
 
+    /// Whether this node serves its copy of `id` to peers: a copy sealed or recovered without
+    /// the directory's acceptance of its content is not served until it accepts it.
+    pub fn serves_peers(&self, id: &ObjectId) -> bool {
+        !self.unvouched.contains(id)
+    }
+
     /// The directory answers again: publish anew every copy it has not vouched for and whose
     /// publication gave up. A copy sealed or recovered while it was out is served to peers
     /// only once a publication of it is accepted, and that publication may have given up
@@ -194,8 +200,7 @@ impl Node {
             DirectoryReply::Unavailable { .. } => {
                 let unserved_publish =
                     matches!(publication.want, Want::Publish(..)) && unserved_while_reachable;
-                if publication.attempts >= self.config.max_directory_attempts && unserved_publish
-                {
+                if publication.attempts >= self.config.max_directory_attempts && unserved_publish {
                     // The directory answers, but not this publication in time (a restarted head
                     // holds new publications until its grace period ends, and then accepts
                     // them): another round later, or the copy would stay unserved to peers

@@ -756,6 +756,11 @@ impl Registry {
             .unwrap_or_default()
     }
 
+    /// The digest of the content `id` names while any holder is listed.
+    pub fn content_of(&self, id: &ObjectId) -> Option<ContentDigest> {
+        self.holders.get(id).map(|h| h.content().1)
+    }
+
     /// Whether `node` has a pending subscription to `id`.
     pub fn is_subscribed(&self, node: NodeId, id: &ObjectId) -> bool {
         self.members
