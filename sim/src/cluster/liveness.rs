@@ -134,7 +134,11 @@ impl Cluster {
         let window = u64::from(p.max_outstanding_reads.max(1));
         let round_ns = 2 * p.latency_ns.1
             + (p.read_slice_bytes * window * 1_000_000_000) / p.bandwidth_bytes_per_sec.max(1);
-        let rounds = p.lease_us * 1000 / round_ns.max(1);
+        // The wire carries a lease in whole milliseconds (at least one), and a requester reads
+        // only for three quarters of it, counted from when its request left.
+        let granted_us = (p.lease_us / 1000).clamp(1, u64::from(wire::MAX_LEASE_MS)) * 1000;
+        let reading_ns = granted_us * 1000 * 3 / 4;
+        let rounds = reading_ns / round_ns.max(1);
         rounds * window * p.read_slice_bytes / 2
     }
 
