@@ -50,6 +50,9 @@ pub enum BenchCommand {
     /// A store of S bytes with a spill directory and a working set of 4×S: writes, then
     /// sequential and random gets, next to the disk's raw bandwidth in the same run.
     Spill(spill::SpillArgs),
+    /// N daemons in network namespaces (root): put latency and throughput with k copies
+    /// next to one fetch of the same size, then the repair time after a node is killed.
+    Replicas(replicas::ReplicasArgs),
 }
 
 mod baselines;
@@ -62,6 +65,7 @@ mod fetch;
 mod local;
 mod plot;
 mod recovery;
+mod replicas;
 mod scale;
 mod spill;
 
@@ -180,6 +184,7 @@ pub fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Breakdown(args) => breakdown::run(&args),
         BenchCommand::Directory(args) => directory::run(&args),
         BenchCommand::Spill(args) => spill::run(&args),
+        BenchCommand::Replicas(args) => replicas::run(&args),
     }
 }
 

@@ -617,7 +617,7 @@ fn an_unreachable_peer_is_warned_about_once_not_on_every_dial() {
     // A member whose fabric nobody serves (port 1 refuses at once): a node that the directory
     // still lists but no one can reach, for as long as this test keeps its session.
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (notices, _keep) = tokio::sync::mpsc::unbounded_channel();
+    let (notices, _keep) = skyriver_transport::directory::notice_channel();
     let ghost = runtime
         .block_on(skyriver_transport::directory::connect(
             &skyriver_transport::directory::DirectorySpec::Builtin { addr: head.clone() },

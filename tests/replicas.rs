@@ -258,3 +258,65 @@ fn a_put_that_waits_for_more_copies_than_nodes_fails_naming_the_copies_and_delet
     });
     assert!(copy_nodes(&head, id).is_empty());
 }
+
+/// `skyriver bench replicas`, tiny: every copy count next to the fetch at each size, the
+/// ratio of waiting to one fetch, and a repair after a kill that restored every object.
+#[test]
+fn bench_replicas_measures_puts_by_copies_next_to_a_fetch_and_times_a_repair() {
+    if let Err(reason) = skyriver::netns::available() {
+        common::skip::skip(
+            "bench_replicas_measures_puts_by_copies_next_to_a_fetch_and_times_a_repair",
+            &common::skip::NETNS,
+            &format!("network namespaces unavailable ({reason})"),
+        );
+        return;
+    }
+    let dir = common::test_dir();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .current_dir(dir.path())
+        .args([
+            "bench",
+            "replicas",
+            "--sizes",
+            "1KiB,1MiB",
+            "--iterations",
+            "2",
+            "--repair-mib",
+            "4",
+            "--json",
+            "replicas.json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "bench replicas failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("wait/fetch"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("replicas.json")).unwrap())
+            .unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for row in results {
+        let puts = row["puts"].as_array().unwrap();
+        let names: Vec<&str> = puts
+            .iter()
+            .map(|p| p["operation"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["put k=1", "put k=2", "put k=3"]);
+        for case in puts.iter().chain([&row["fetch"]]) {
+            assert_eq!(case["iterations"], 2);
+            assert!(case["p99_us"].as_f64().unwrap() >= case["p50_us"].as_f64().unwrap());
+            assert!(case["p50_us"].as_f64().unwrap() > 0.0);
+        }
+        assert_eq!(row["wait_over_fetch"].as_array().unwrap().len(), 2);
+    }
+    let repair = &report["repair"];
+    assert_eq!(repair["objects"], 4);
+    assert_eq!(repair["all_fetchable"], true);
+    assert!(repair["restored_ms"].as_f64().unwrap() > 0.0);
+    assert!(repair["head_reports_ms"].as_f64().unwrap() > 0.0);
+}

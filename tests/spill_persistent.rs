@@ -1,8 +1,9 @@
 //! Persistent mode with a spill tier, with real processes: a `skyriver daemon --backing-file
 //! --spill-dir` holding four times its memory in objects (most of them spilled) is killed with
 //! SIGKILL and restarted with the same flags; every object comes back with its bytes. When a
-//! spill file is removed while the daemon is down, the objects in it are reported lost at the
-//! restart, and every other object is still served.
+//! spill file is removed or damaged while the daemon is down, the objects in it are reported
+//! lost at the restart (logged, counted in `lost_at_start_total`, shown by `skyriver stat`),
+//! and every other object is still served.
 
 mod common;
 use common::pattern;
@@ -173,48 +174,80 @@ fn spilled_objects_survive_a_sigkill_and_come_back_with_their_bytes() {
     assert_eq!(stats.spill.objects_lost_total, 0);
 }
 
+/// The object a large object's spill file holds (its header names it).
+fn large_file_object(path: &Path) -> ObjectId {
+    let header = std::fs::read(path).unwrap();
+    let mut id = [0u8; 20];
+    id.copy_from_slice(&header[16..36]);
+    ObjectId(id)
+}
+
 #[test]
-fn a_spill_file_removed_while_down_loses_its_objects_and_only_those() {
+fn spill_files_removed_or_damaged_while_down_lose_their_objects_counted_and_only_those() {
     let dir = common::test_dir();
     std::fs::create_dir(dir.path().join("spill")).unwrap();
     let daemon = Daemon::start(dir.path(), 1);
     let spilled = fill(&daemon);
     daemon.kill();
 
-    // Remove one large object's file: it names exactly one object.
-    let removed = spill_files(dir.path())
+    // One large object's file removed, another's header damaged: each names exactly one
+    // spilled object.
+    let mut large = spill_files(dir.path())
         .into_iter()
-        .find(|path| {
+        .filter(|path| {
             path.file_name()
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with("large-"))
         })
-        .expect("a large object's spill file");
-    let header = std::fs::read(&removed).unwrap();
-    let mut lost_id = [0u8; 20];
-    lost_id.copy_from_slice(&header[16..36]);
-    let lost_id = ObjectId(lost_id);
-    assert!(spilled.contains(&lost_id));
+        .filter(|path| spilled.contains(&large_file_object(path)));
+    let removed = large.next().expect("a large object's spill file");
+    let damaged = large.next().expect("a second large object's spill file");
+    let lost = [large_file_object(&removed), large_file_object(&damaged)];
     std::fs::remove_file(&removed).unwrap();
+    let mut content = std::fs::read(&damaged).unwrap();
+    content[60] ^= 0x5a; // the header's checksum
+    std::fs::write(&damaged, content).unwrap();
 
     let daemon = Daemon::start(dir.path(), 2);
     let client = daemon.client();
-    assert!(
-        !client.contains(lost_id).unwrap(),
-        "the object of the removed file is reported gone"
-    );
-    assert!(
-        client.get_one(lost_id, Some(Duration::ZERO)).is_err(),
-        "the object of the removed file is not served"
-    );
     let log = daemon.log_text();
-    assert!(
-        log.contains("spilled object is lost") && log.contains(&lost_id.to_string()),
-        "the loss is logged with the object's id: {log}"
+    for lost_id in lost {
+        assert!(
+            !client.contains(lost_id).unwrap(),
+            "the object of the removed or damaged file is reported gone"
+        );
+        assert!(
+            client.get_one(lost_id, Some(Duration::ZERO)).is_err(),
+            "the object of the removed or damaged file is not served"
+        );
+        assert!(
+            log.contains("spilled object is lost") && log.contains(&lost_id.to_string()),
+            "the loss is logged with the object's id: {log}"
+        );
+    }
+    let stats = client.stats().unwrap();
+    assert_eq!(
+        stats.spill.lost_at_start_total, 2,
+        "both losses at start are counted"
     );
-    assert_eq!(client.list().unwrap().len(), objects().len() - 1);
+    assert_eq!(
+        stats.spill.objects_lost_total, 0,
+        "no restore has failed (yet)"
+    );
+    let stat = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .arg("stat")
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .output()
+        .expect("run skyriver stat");
+    let stat = String::from_utf8_lossy(&stat.stdout);
+    assert!(
+        stat.contains("(2 more at start)"),
+        "skyriver stat shows the losses at start: {stat}"
+    );
+    assert_eq!(client.list().unwrap().len(), objects().len() - 2);
     for (id, len) in objects() {
-        if id == lost_id {
+        if lost.contains(&id) {
             continue;
         }
         let object = client.get_one(id, Some(Duration::from_secs(60))).unwrap();

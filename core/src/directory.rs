@@ -223,6 +223,13 @@ pub enum DirectoryEvent {
         /// The object.
         id: ObjectId,
     },
+    /// The registry lists enough copies of record of `id` without this node's (it came back
+    /// after it was counted lost, and repair replaced it): the copy here stops being one of
+    /// record and stays as a plain copy, evictable like a cache.
+    Surplus {
+        /// The object.
+        id: ObjectId,
+    },
     /// This node's publication of `id`, replayed by its session after connecting (see
     /// [`crate::registry::session`]), was refused: the directory names another content for the
     /// id. Made by the node's session from the registry's `Conflict`; the node's copy stays
@@ -245,7 +252,8 @@ impl DirectoryEvent {
             | DirectoryEvent::Replicate { id, .. }
             | DirectoryEvent::Copies { id, .. }
             | DirectoryEvent::Delete { id }
-            | DirectoryEvent::ReplayRefused { id, .. } => id,
+            | DirectoryEvent::Surplus { id } => id,
+            DirectoryEvent::ReplayRefused { id, .. } => id,
         }
     }
 }
@@ -274,6 +282,7 @@ impl fmt::Display for DirectoryEvent {
             ),
             DirectoryEvent::Copies { id, copies } => write!(f, "Copies{{{id}, {copies}}}"),
             DirectoryEvent::Delete { id } => write!(f, "Delete{{{id}}}"),
+            DirectoryEvent::Surplus { id } => write!(f, "Surplus{{{id}}}"),
             DirectoryEvent::ReplayRefused { id, digest, .. } => {
                 write!(f, "ReplayRefused{{{id}, the id names digest={digest}}}")
             }

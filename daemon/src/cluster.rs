@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use skyriver_transport::directory::DirectoryNotice;
+use skyriver_transport::directory::NoticeSender;
 use tracing::{info, warn};
 
 /// The directory this daemon joined.
@@ -40,7 +40,7 @@ pub enum DirectoryStartError {
 pub(super) async fn connect_directory(
     cluster: &super::ClusterConfig,
     me: skyriver_transport::directory::MemberInfo,
-    notices: tokio::sync::mpsc::UnboundedSender<DirectoryNotice>,
+    notices: NoticeSender,
 ) -> Result<JoinedDirectory, DirectoryStartError> {
     use skyriver_transport::directory::builtin::{BuiltinDirectoryServer, ServerConfig};
     use skyriver_transport::directory::DirectorySpec;
@@ -95,7 +95,7 @@ async fn join_waiting(
     spec: &skyriver_transport::directory::DirectorySpec,
     me: skyriver_transport::directory::MemberInfo,
     cluster: &super::ClusterConfig,
-    notices: tokio::sync::mpsc::UnboundedSender<DirectoryNotice>,
+    notices: NoticeSender,
 ) -> Result<Arc<dyn skyriver_transport::directory::Directory>, DirectoryStartError> {
     use skyriver_transport::directory::DirectoryError;
     let give_up_at = tokio::time::Instant::now() + cluster.join_timeout;

@@ -13,7 +13,7 @@ use skyriver_core::{
     ArenaId, ClientId, ContentDigest, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId,
     RemoteRegion, RequestId, TransferId,
 };
-use skyriver_transport::directory::Directory;
+use skyriver_transport::directory::{Directory, SubmitRefused};
 use skyriver_transport::fabric::{Fabric, MessageBytes};
 use skyriver_transport::{trace, ReadableRegion, SharedArena};
 use tracing::{debug, debug_span, warn, Level};
@@ -51,6 +51,9 @@ pub(super) struct Effects {
     pub(super) access_answers: Vec<AccessAnswer>,
     /// What fetched copies hash to (`verify_content`): the loop tells the node next.
     pub(super) content_hashes: Vec<(TransferId, ContentDigest)>,
+    /// Directory requests the client did not queue (its queue is full): the loop answers
+    /// them `Unavailable` next, so a slow directory is a refusal, never a wait.
+    pub(super) directory_refusals: Vec<(DirectoryOpId, SubmitRefused)>,
     /// Copies hashed ahead while their last bytes are read.
     copy_hashers: CopyHashers,
     pub(super) arenas: BTreeMap<ArenaId, Arc<SharedArena>>,
@@ -150,6 +153,7 @@ impl Effects {
             clients: BTreeMap::new(),
             closed: Vec::new(),
             access_answers: Vec::new(),
+            directory_refusals: Vec::new(),
             content_hashes: Vec::new(),
             copy_hashers: CopyHashers::default(),
             arenas,
@@ -472,7 +476,14 @@ impl NodeDriver for Effects {
 
     fn directory(&mut self, op: DirectoryOpId, request: DirectoryRequest) {
         match &self.directory {
-            Some(directory) => directory.submit(op, request),
+            Some(directory) => {
+                let answered = !matches!(request, DirectoryRequest::Unsubscribe { .. });
+                if let Err(refused) = directory.submit(op, request) {
+                    if answered {
+                        self.directory_refusals.push((op, refused));
+                    }
+                }
+            }
             // A standalone node asks the directory nothing; a cluster node always has one.
             None => debug!(%op, %request, "no directory"),
         }
@@ -574,5 +585,56 @@ impl Drop for Effects {
         for link in self.clients.values() {
             link.reader.close();
         }
+    }
+}
+
+#[cfg(test)]
+mod directory_refusal_tests {
+    use skyriver_core::ObjectId;
+    use skyriver_transport::directory::LeaveFuture;
+
+    use super::*;
+
+    /// A directory whose request queue is always full.
+    struct Full;
+
+    impl Directory for Full {
+        fn submit(&self, _: DirectoryOpId, _: DirectoryRequest) -> Result<(), SubmitRefused> {
+            Err(SubmitRefused::Busy { queued: 1 })
+        }
+
+        fn describe(&self) -> String {
+            "full".into()
+        }
+
+        fn leave(&self) -> LeaveFuture {
+            Box::pin(std::future::ready(()))
+        }
+    }
+
+    /// A request the directory did not queue is kept for the loop to answer at once (it would
+    /// otherwise never be answered); one that expects no reply is not.
+    #[test]
+    fn a_refused_directory_request_is_kept_for_an_answer() {
+        let mut effects = Effects::new(NodeId(1), BTreeMap::new());
+        effects.directory = Some(Arc::new(Full));
+        let id = ObjectId::from_u64(1);
+        NodeDriver::directory(
+            &mut effects,
+            DirectoryOpId(7),
+            DirectoryRequest::Lookup {
+                id,
+                subscribe: true,
+            },
+        );
+        NodeDriver::directory(
+            &mut effects,
+            DirectoryOpId(8),
+            DirectoryRequest::Unsubscribe { id },
+        );
+        assert_eq!(
+            effects.directory_refusals,
+            vec![(DirectoryOpId(7), SubmitRefused::Busy { queued: 1 })]
+        );
     }
 }

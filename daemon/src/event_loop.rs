@@ -15,7 +15,7 @@ use skyriver_core::node::{
 };
 use skyriver_core::{ClientId, Instant, NodeOutput, RecoveredObject, RecoveryReport, RequestId};
 use skyriver_core::{ContentDigest, StoreError};
-use skyriver_transport::directory::{DirectoryNotice, MemberInfo};
+use skyriver_transport::directory::{DirectoryNotice, MemberInfo, NoticeReceiver};
 use skyriver_transport::fabric::{EventReceiver, FabricEvent};
 use skyriver_transport::trace;
 use tokio::net::UnixListener;
@@ -41,11 +41,13 @@ const DIRECT_READ_BYTES: usize = 64 * 1024;
 /// leave no output queued are given to the node one after the other and driven together, so
 /// the fetch requests among them are answered in one pass (see the core's `coalesce`).
 const MAX_FABRIC_EVENTS_PER_TURN: usize = 64;
+/// Spill tier completions taken in one turn of the loop (see `more_spill_completions`).
+const MAX_SPILL_COMPLETIONS_PER_TURN: usize = 64;
 
 /// The cluster side of the loop's inputs.
 pub(super) struct ClusterInputs {
     pub(super) fabric_events: EventReceiver,
-    pub(super) notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    pub(super) notices: NoticeReceiver,
 }
 
 /// The loop and everything it owns.
@@ -59,7 +61,7 @@ pub(super) struct EventLoop {
     /// Reused for the inputs of one client's turn.
     turn: Vec<ClientInput>,
     fabric_events: Option<EventReceiver>,
-    notices: Option<mpsc::UnboundedReceiver<DirectoryNotice>>,
+    notices: Option<NoticeReceiver>,
     durable: Option<watch::Receiver<u64>>,
     members: Vec<MemberInfo>,
     next_client: u64,
@@ -172,6 +174,15 @@ impl EventLoop {
         match handled {
             Handled::RecoveredSpilled(report) => report,
             other => unreachable!("recovered spilled objects get a report, not {other:?}"),
+        }
+    }
+
+    /// Counts spilled objects of a persistent store found lost at restart (see
+    /// `Persistence::recover_spilled`).
+    pub(super) fn spilled_lost_at_start(&mut self, objects: u64) {
+        if objects > 0 {
+            self.feed(Instant::ZERO, NodeInput::SpilledLostAtStart { objects });
+            self.drain();
         }
     }
 
@@ -329,11 +340,12 @@ impl EventLoop {
                     self.fabric_event(event);
                     self.more_fabric_events();
                 }
-                Some(notice) = recv(self.notices.as_mut()) => {
+                Some(notice) = recv_bounded(self.notices.as_mut()) => {
                     self.directory_notice(notice)
                 }
                 Some(completion) = recv_bounded(self.spill_completions.as_mut()) => {
-                    self.spill_completed(completion)
+                    self.spill_completed(completion);
+                    self.more_spill_completions();
                 }
                 Some(upto) = durable_changed(self.durable.as_mut()) => {
                     let now = self.now();
@@ -545,6 +557,27 @@ impl EventLoop {
     /// Outputs still queued are carried out before each next event (the driver contract); what
     /// may wait is only the node's held fetch requests. A recorded run takes one event a turn,
     /// driven after it, as its replay drives.
+    /// Takes the spill completions already waiting in the same turn (as `more_fabric_events`
+    /// does), so a burst of small restores costs one wait and one flush, not one each.
+    fn more_spill_completions(&mut self) {
+        if self.recorder.is_some() {
+            return;
+        }
+        for _ in 1..MAX_SPILL_COMPLETIONS_PER_TURN {
+            let Some(completion) = self
+                .spill_completions
+                .as_mut()
+                .and_then(|r| r.try_recv().ok())
+            else {
+                return;
+            };
+            if self.node.outputs_queued() {
+                self.drain();
+            }
+            self.spill_completed(completion);
+        }
+    }
+
     fn more_fabric_events(&mut self) {
         if self.recorder.is_some() {
             return;
@@ -589,8 +622,12 @@ impl EventLoop {
         }
     }
 
-    /// The directory, to leave it at shutdown.
-    pub(super) fn directory(&self) -> Option<Arc<dyn skyriver_transport::directory::Directory>> {
+    /// The directory, to leave it at shutdown. Its notices are no longer taken: a directory
+    /// client waiting for a place learns so, and turns to the leave.
+    pub(super) fn directory(
+        &mut self,
+    ) -> Option<Arc<dyn skyriver_transport::directory::Directory>> {
+        self.notices = None;
         self.effects.directory.clone()
     }
 }
@@ -626,6 +663,14 @@ impl DriveHost<'static> for EventLoop {
             let (transfer, actual) = effects.content_hashes.remove(0);
             return Some(NodeInput::ContentHashed { transfer, actual });
         }
+        if !effects.directory_refusals.is_empty() {
+            let (op, refused) = effects.directory_refusals.remove(0);
+            debug!(%op, %refused, "directory request refused at once");
+            let reply = skyriver_core::directory::DirectoryReply::Unavailable {
+                reason: refused.to_string(),
+            };
+            return Some(NodeInput::DirectoryReply { op, reply });
+        }
         None
     }
 
@@ -639,18 +684,6 @@ impl DriveHost<'static> for EventLoop {
         if let Some(recorder) = &mut self.recorder {
             recorder.output(output);
         }
-    }
-}
-
-/// The next item of an optional channel; pending forever without one.
-async fn recv<T>(receiver: Option<&mut mpsc::UnboundedReceiver<T>>) -> Option<T> {
-    match receiver {
-        // A closed channel (its sender stopped) never yields again, so the loop cannot spin.
-        Some(receiver) => match receiver.recv().await {
-            Some(item) => Some(item),
-            None => std::future::pending().await,
-        },
-        None => std::future::pending().await,
     }
 }
 

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use skyriver_core::node::{Node, NodeConfig, ThresholdPolicy};
 use skyriver_core::{ArenaId, Instant, NodeId};
 use skyriver_transport::directory::builtin::BuiltinDirectoryServer;
-use skyriver_transport::directory::{Directory, DirectoryNotice, MemberInfo};
+use skyriver_transport::directory::{Directory, MemberInfo, NoticeReceiver};
 use skyriver_transport::fabric::tcp::{TcpFabric, TcpFabricConfig};
 use skyriver_transport::fabric::verbs::{VerbsFabric, VerbsFabricConfig};
 use skyriver_transport::fabric::{Fabric, FabricIdentity};
@@ -461,7 +461,7 @@ struct ClusterParts {
     fabric: Arc<dyn Fabric>,
     fabric_events: skyriver_transport::fabric::EventReceiver,
     directory: Arc<dyn Directory>,
-    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    notices: NoticeReceiver,
     directory_server: Option<BuiltinDirectoryServer>,
     /// What the directory is called in `skyriver nodes` and the logs.
     directory_description: String,
@@ -802,7 +802,8 @@ async fn start_cluster(
         incarnation,
         failure_domain: config.failure_domain.clone(),
     };
-    let (notice_tx, notices) = mpsc::unbounded_channel();
+    // Bounded, with push-back: see `skyriver_transport::directory::notice_channel`.
+    let (notice_tx, notices) = skyriver_transport::directory::notice_channel();
     let joined = cluster::connect_directory(cluster, me, notice_tx).await?;
     Ok(ClusterParts {
         fabric,
@@ -926,6 +927,7 @@ fn recover_spilled(
         |record| spill::check_recorded(dir, record),
         |objects| event_loop.recover_spilled(objects),
     );
+    event_loop.spilled_lost_at_start(recovery.lost);
     if let Some(io) = &event_loop.effects.spill_io {
         let adopted = io.adopt(&recovery.adopted);
         info!(

@@ -69,9 +69,11 @@ pub struct SpillLatencies {
 ///   fabric, the verbs poller under a connection's lock) goes over by at most what bounds it by
 ///   construction: a receive slot per message, one completion per READ the loop posted, a few
 ///   events per connection (`skyriver_transport::fabric::event_channel`).
-/// * `directory_notices` (unbounded in type): replies answer directory requests the core made
-///   (each with a timeout and a bounded number of tries), events come for objects the core
-///   subscribed to, membership and health a few per change.
+/// * `directory_notices` (bounded, `skyriver_transport::directory::NOTICE_QUEUE`): the
+///   directory client waits for a place and meanwhile reads nothing from its link (TCP
+///   back-pressure to the head; Redis answers wait) and takes no request, so the request queue
+///   fills and further directory requests are refused at once (`Unavailable`, which the core
+///   retries or reports), never waited for.
 /// * `commit_queue` (bounded, `max_unpersisted_changes`): never full; the core holds further
 ///   changes, and the client requests that would make them, until the disk catches up.
 /// * `metrics_requests` (bounded, [`SNAPSHOT_QUEUE`]): a scraper waits for a free slot.
@@ -1057,6 +1059,11 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "skyriver_restore_duration_seconds",
             "Time of a restore (read and checksum) on the IO threads.",
             Value::Histogram(s.spill_latency.restore.clone()),
+        )?;
+        out.one(
+            "skyriver_spill_lost_at_start",
+            "Spilled objects of a persistent store lost at start (their spill record missing or damaged, or not taken back); each is logged and cleared from the index.",
+            Value::Counter(sp.lost_at_start_total),
         )?;
         if let Some(r) = &s.head_replication {
             encode_head_replication(&mut out, r)?;

@@ -34,6 +34,7 @@
 //! [`SpillIo::adopt`] takes the ones the store took back; files no record names are removed.
 
 use std::collections::{BTreeMap, VecDeque};
+mod group_sync;
 mod large_file;
 
 use std::fs::{File, OpenOptions};
@@ -51,6 +52,7 @@ use skyriver_transport::{ReadableRegion, WritableRegion};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use group_sync::GroupSync;
 use large_file::{read_large_file, write_large_file, Bounce};
 pub use large_file::{CHUNK_BYTES, LARGE_IO_PARALLELISM};
 
@@ -306,6 +308,8 @@ impl Location {
 #[derive(Debug)]
 struct Segment {
     file: Arc<File>,
+    /// Persistent mode: the flushes of its appends, shared by writes finishing together.
+    sync: Arc<GroupSync>,
     /// End of the last record reserved.
     end: u64,
     live_records: u64,
@@ -321,16 +325,31 @@ struct Index {
     next_file: u64,
 }
 
+/// A record's place at the end of a segment, reserved by [`Disk::reserve`].
+struct Reserved {
+    file_id: u64,
+    file: Arc<File>,
+    sync: Arc<GroupSync>,
+    offset: u64,
+    /// The segment was made for it (its name must be made durable).
+    new_file: bool,
+}
+
 struct Disk {
     dir: PathBuf,
     index: Mutex<Index>,
     /// Persistent mode: every write is flushed before its completion.
     durable: bool,
+    /// Persistent mode: flushes of the directory (new files' names), shared likewise.
+    dir_sync: GroupSync,
 }
 
 /// The loop's handle on the IO threads.
 pub struct SpillIo {
     jobs: Option<SyncSender<Job>>,
+    /// The loop's own way into the completion channel: a spill of a record already on disk
+    /// completes from here, without a trip through an IO thread.
+    done: mpsc::Sender<SpillCompletion>,
     backlog: VecDeque<Job>,
     threads: Vec<std::thread::JoinHandle<()>>,
     disk: Arc<Disk>,
@@ -484,6 +503,7 @@ impl SpillIo {
                         number,
                         Segment {
                             file: Arc::new(file),
+                            sync: Arc::default(),
                             // Closed for appends: new records go to a new segment.
                             end: end.max(SEGMENT_BYTES),
                             live_records: live_segments[&number],
@@ -524,6 +544,7 @@ impl SpillIo {
                 ..Index::default()
             }),
             durable,
+            dir_sync: GroupSync::default(),
         });
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         let threads = (0..IO_THREADS)
@@ -537,6 +558,7 @@ impl SpillIo {
             .collect();
         let io = Self {
             jobs: Some(jobs_tx),
+            done: done_tx,
             backlog: VecDeque::new(),
             threads,
             disk,
@@ -552,6 +574,26 @@ impl SpillIo {
         view: Option<ReadableRegion>,
         digest: Option<ContentDigest>,
     ) {
+        if let Some(place) = self.disk.written_place(op) {
+            // A clean record: nothing to write. Completed through the channel like any job
+            // (the loop hears of it after the outputs of this pass, which may still read the
+            // object), or by an IO thread when the channel is full.
+            let completion = SpillCompletion::Spilled {
+                op,
+                result: place,
+                elapsed: Duration::ZERO,
+                bytes: 0,
+            };
+            match self.done.try_send(completion) {
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(completion))
+                | Err(mpsc::error::TrySendError::Closed(completion)) => {
+                    drop(view);
+                    self.complete(completion);
+                    return;
+                }
+            }
+        }
         match view {
             Some(view) => self.submit(Job::Spill {
                 op,
@@ -759,10 +801,19 @@ impl Disk {
         large_path(&self.dir, file)
     }
 
-    /// Persistent mode: makes a new file's name durable.
+    /// Where record `op` is, when it is written already (a spill of it writes nothing).
+    fn written_place(&self, op: SpillOpId) -> Option<Result<SpillPlace, SpillError>> {
+        let index = self.index.lock().expect("spill index lock");
+        let location = index.records.get(&op)?;
+        Some(location.place().ok_or_else(place_exhausted))
+    }
+
+    /// Persistent mode: makes a new file's name durable (one flush of the directory for the
+    /// files made together, see [`GroupSync`]).
     fn sync_dir(&self) -> std::io::Result<()> {
         if self.durable {
-            File::open(&self.dir)?.sync_all()?;
+            self.dir_sync
+                .sync_after_write(|| File::open(&self.dir)?.sync_all())?;
         }
         Ok(())
     }
@@ -777,15 +828,8 @@ impl Disk {
     ) -> Result<SpillPlace, SpillError> {
         // A spill of a record already written (the object was restored and kept it clean):
         // nothing to write, the store frees the memory at this completion.
-        let written = self
-            .index
-            .lock()
-            .expect("spill index lock")
-            .records
-            .get(&op)
-            .copied();
-        if let Some(location) = written {
-            return location.place().ok_or_else(place_exhausted);
+        if let Some(place) = self.written_place(op) {
+            return place;
         }
         let digest = digest.unwrap_or_else(|| ContentDigest::of_contiguous(bytes));
         let header = header(op, object, bytes.len() as u64, digest);
@@ -793,7 +837,13 @@ impl Disk {
             return self.write_large(op, object, &header, bytes, bounce);
         }
         let record_len = SMALL_HEADER_BYTES + bytes.len() as u64;
-        let (file_id, file, offset, new_file) = self
+        let Reserved {
+            file_id,
+            file,
+            sync,
+            offset,
+            new_file,
+        } = self
             .reserve(record_len)
             .map_err(|e| spill_error(e, "open segment"))?;
         let location = Location {
@@ -809,7 +859,8 @@ impl Disk {
             .and_then(|place| {
                 write_record(&file, &header, bytes, offset)?;
                 if self.durable {
-                    file.sync_data()?;
+                    // Group commit: writes to this segment finishing together share a flush.
+                    sync.sync_after_write(|| file.sync_data())?;
                     if new_file {
                         self.sync_dir()?;
                     }
@@ -832,7 +883,7 @@ impl Disk {
 
     /// Reserves `len` bytes at the end of the current segment (rolling to a new one when it is
     /// full); the segment counts the record as live from here.
-    fn reserve(&self, len: u64) -> std::io::Result<(u64, Arc<File>, u64, bool)> {
+    fn reserve(&self, len: u64) -> std::io::Result<Reserved> {
         let mut index = self.index.lock().expect("spill index lock");
         let current = index.current.filter(|id| {
             index
@@ -856,6 +907,7 @@ impl Disk {
                     id,
                     Segment {
                         file: Arc::new(file),
+                        sync: Arc::default(),
                         end: 0,
                         live_records: 0,
                     },
@@ -879,7 +931,13 @@ impl Disk {
         let offset = segment.end;
         segment.end += len;
         segment.live_records += 1;
-        Ok((file_id, segment.file.clone(), offset, new_file))
+        Ok(Reserved {
+            file_id,
+            file: segment.file.clone(),
+            sync: segment.sync.clone(),
+            offset,
+            new_file,
+        })
     }
 
     fn write_large(
@@ -1078,6 +1136,7 @@ mod tests {
             dir: dir.to_path_buf(),
             index: Mutex::new(Index::default()),
             durable: false,
+            dir_sync: GroupSync::default(),
         }
     }
 
@@ -1172,6 +1231,39 @@ mod tests {
             io.pump();
         }
         assert_eq!(seen, (0..jobs).collect());
+    }
+
+    /// A spill of a record already on disk (a restored object going back) completes at once
+    /// from the loop, naming the record's place, with nothing written and no view of the
+    /// object's memory needed.
+    #[test]
+    fn a_spill_of_a_clean_record_completes_from_the_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut io, mut completions) = SpillIo::start(dir.path());
+        let mut bounce = Bounce::default();
+        let data = bytes(4096, 9);
+        let place = io
+            .disk
+            .write(
+                SpillOpId(7),
+                ObjectId::from_u64(7),
+                &data,
+                None,
+                &mut bounce,
+            )
+            .unwrap();
+        io.spill(SpillOpId(7), ObjectId::from_u64(7), None, None);
+        // Sent before `spill` returned: no IO thread was involved.
+        match completions.try_recv() {
+            Ok(SpillCompletion::Spilled {
+                op, result, bytes, ..
+            }) => {
+                assert_eq!(op, SpillOpId(7));
+                assert_eq!(result, Ok(place));
+                assert_eq!(bytes, 0, "nothing written");
+            }
+            other => panic!("a clean record's spill completes at once: {other:?}"),
+        }
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub struct Trace {
     lines: Vec<String>,
     hash: Fnv,
     count: u64,
+    /// The line being built, reused while lines are not kept.
+    scratch: String,
 }
 
 impl Trace {
@@ -59,10 +61,11 @@ impl Trace {
 
     /// Records one line at `now`.
     pub fn record(&mut self, now: Instant, text: &str) {
-        let mut line = String::with_capacity(text.len() + 16);
+        let mut line = std::mem::take(&mut self.scratch);
+        line.clear();
         let nanos = now.as_nanos();
         let _ = write!(line, "{:>6}.{:03}us ", nanos / 1000, nanos % 1000);
-        line.push_str(&shorten_ids(text));
+        shorten_ids_into(text, &mut line);
         self.hash.write(line.as_bytes());
         self.hash.write(b"\n");
         self.count += 1;
@@ -71,6 +74,8 @@ impl Trace {
         }
         if self.keep {
             self.lines.push(line);
+        } else {
+            self.scratch = line;
         }
     }
 
@@ -100,27 +105,36 @@ impl Trace {
 /// Replaces each 40-hex-digit object id made by `ObjectId::from_u64` (24 leading zeros) with
 /// `obj#N`, so traces stay readable.
 pub fn shorten_ids(text: &str) -> String {
-    let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len());
+    shorten_ids_into(text, &mut out);
+    out
+}
+
+/// [`shorten_ids`] appending to `out`. It walks the text once, run by run of hex digits (an id is
+/// a run of exactly 40 of them), and copies everything else as whole slices: every trace line
+/// passes through here, hashed even when no line is kept, so this is on the simulator's hot path.
+pub fn shorten_ids_into(text: &str, out: &mut String) {
+    let bytes = text.as_bytes();
+    let mut copied = 0;
     let mut i = 0;
     while i < bytes.len() {
-        if i + 40 <= bytes.len()
-            && bytes[i..i + 40].iter().all(|b| b.is_ascii_hexdigit())
-            && (i + 40 == bytes.len() || !bytes[i + 40].is_ascii_hexdigit())
-            && (i == 0 || !bytes[i - 1].is_ascii_hexdigit())
-            && bytes[i..i + 24].iter().all(|&b| b == b'0')
-        {
-            // The hex digits are ASCII, so this slice is on char boundaries.
-            let n = u64::from_str_radix(&text[i + 24..i + 40], 16).unwrap_or(0);
+        if !bytes[i].is_ascii_hexdigit() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && bytes[i].is_ascii_hexdigit() {
+            i += 1;
+        }
+        if i - start == 40 && bytes[start..start + 24].iter().all(|&b| b == b'0') {
+            // Hex digits are ASCII, so both slices are on char boundaries.
+            out.push_str(&text[copied..start]);
+            let n = u64::from_str_radix(&text[start + 24..i], 16).unwrap_or(0);
             let _ = write!(out, "obj#{n}");
-            i += 40;
-        } else {
-            let ch = text[i..].chars().next().unwrap_or('?');
-            out.push(ch);
-            i += ch.len_utf8();
+            copied = i;
         }
     }
-    out
+    out.push_str(&text[copied..]);
 }
 
 #[cfg(test)]
@@ -141,5 +155,13 @@ mod tests {
         );
         let foreign = "ff".repeat(20);
         assert_eq!(shorten_ids(&foreign), foreign);
+        // Runs of 39 or 41 digits are not ids; an id may end the text or sit in punctuation.
+        let short = format!("x{}y", "0".repeat(39));
+        assert_eq!(shorten_ids(&short), short);
+        let long = "0".repeat(41);
+        assert_eq!(shorten_ids(&long), long);
+        let id = ObjectId::from_u64(7);
+        assert_eq!(shorten_ids(&format!("[{id}],{id}")), "[obj#7],obj#7");
+        assert_eq!(shorten_ids("héllo — ∑"), "héllo — ∑");
     }
 }

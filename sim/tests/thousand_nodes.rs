@@ -35,6 +35,13 @@ fn a_thousand_node_seed_runs_a_few_milliseconds_without_violation() {
         cluster.violations()
     );
     let stats = cluster.stats();
+    eprintln!(
+        "{NODES} nodes, {} simulated ms: {} events, {} puts, {} fetch replies",
+        RUN_NS as f64 / 1e6,
+        stats.events,
+        stats.puts,
+        stats.fetch_replies
+    );
     // Every node's clients work: about one put per client before the first op interval ends.
     assert!(
         stats.puts >= NODES as u64 / 2,

@@ -38,6 +38,8 @@ use skyriver_transport::trace::monotonic_ns;
 
 use super::cluster_trace;
 
+mod relay_pace;
+
 /// The system name of Skyriver with hinted fetches.
 const HINTED: &str = "sky+hint";
 
@@ -93,6 +95,11 @@ pub struct ClusterArgs {
     /// through relays with every requester pulling from the holder [default: the daemons']
     #[arg(long, value_name = "SIZE|off")]
     pub relay_min_bytes: Option<String>,
+    /// Broadcast: each node asks for all its objects in one batched fetch (as all-to-all
+    /// does), so its daemon fetches them at once, instead of one after another. The baselines
+    /// are unchanged (they can only pull from node 0, whose link bounds them either way).
+    #[arg(long)]
+    pub broadcast_batched: bool,
 }
 
 /// The three patterns.
@@ -606,6 +613,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
         .map(|c| c.nodes().map(|view| view.node))
         .collect::<Result<_, _>>()?;
     let mut breakdowns: Vec<cluster_trace::Breakdown> = Vec::new();
+    let mut pace_rows: Vec<relay_pace::PaceRow> = Vec::new();
 
     let patterns: Vec<Pattern> = args.patterns.iter().map(|p| Pattern::parse(p)).collect();
     let budget = Duration::from_millis(args.millis_per_case);
@@ -655,6 +663,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
             if redis_clients.is_some() {
                 samples.push(("redis".into(), Samples::default()));
             }
+            let pace_before = relay_pace::snapshot(&clients)?;
             let started = Instant::now();
             let mut rounds = 0;
             while rounds < args.max_rounds
@@ -668,7 +677,8 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
                             round_counter += 1;
                             let hints = (system == HINTED).then_some(node_ids.as_slice());
                             let round_of = (pattern, round_counter, size);
-                            skyriver_round(&mut clients, round_of, &data, hints, None)?
+                            let batched = args.broadcast_batched;
+                            skyriver_round(&mut clients, round_of, &data, (hints, batched), None)?
                         }
                         "tcp" => {
                             let streams = &mut tcp.as_mut().expect("tcp baseline started").streams;
@@ -686,6 +696,15 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
                     }
                 }
             }
+            let pace_after = relay_pace::snapshot(&clients)?;
+            let skyriver_rounds = rounds * if args.hinted { 2 } else { 1 };
+            let case_of = (pattern.name(), size);
+            pace_rows.push(relay_pace::row(
+                case_of,
+                skyriver_rounds,
+                &pace_before,
+                &pace_after,
+            ));
             if args.breakdown {
                 for system in ["skyriver", HINTED] {
                     if system == HINTED && !args.hinted {
@@ -696,7 +715,8 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
                     let mut spans = Vec::new();
                     cluster_trace::start(&clients)?;
                     let round_of = (pattern, round_counter, size);
-                    skyriver_round(&mut clients, round_of, &data, hints, Some(&mut spans))?;
+                    let how = (hints, args.broadcast_batched);
+                    skyriver_round(&mut clients, round_of, &data, how, Some(&mut spans))?;
                     let case = (system, pattern.name(), size);
                     breakdowns.push(cluster_trace::finish(&clients, &spans, case)?);
                 }
@@ -738,6 +758,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
 
     print_table(&rows, args, &shape);
     cluster_trace::print(&breakdowns);
+    relay_pace::print(&pace_rows);
     let document = serde_json::json!({
         "benchmark": "cluster",
         "nodes": nodes,
@@ -749,6 +770,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
         "machine": MachineInfo::probe(),
         "results": rows,
         "breakdowns": breakdowns,
+        "relay_pace": pace_rows,
     });
     std::fs::write(
         &args.json,
@@ -799,12 +821,13 @@ fn describe_link(args: &ClusterArgs, shape: &crate::netns::AppliedShape) -> Stri
 /// One Skyriver round: fresh objects on their holders (untimed, and published before the
 /// round starts), every requester fetches its share, then every copy is deleted (untimed).
 /// With `hints` (every node's id, by index), each fetch names its object's holder. With
+/// `batched`, a broadcast's requesters ask for all their objects in one fetch (unhinted). With
 /// `spans`, each fetch's send and reply times are kept there (for `--breakdown`).
 fn skyriver_round(
     clients: &mut [Client],
     (pattern, round, size): (Pattern, u64, u64),
     data: &[u8],
-    hints: Option<&[NodeId]>,
+    (hints, batched): (Option<&[NodeId]>, bool),
     spans: Option<&mut Vec<cluster_trace::FetchSpan>>,
 ) -> Result<Round, BenchError> {
     let nodes = clients.len();
@@ -836,6 +859,11 @@ fn skyriver_round(
         let mut bytes = 0;
         match pattern {
             Pattern::AllToAll if !wants.is_empty() => {
+                for result in client.fetch(&wants, timeout)? {
+                    bytes += result.map_err(BenchError::Fetch)?.data().len() as u64;
+                }
+            }
+            Pattern::Broadcast if batched && !wants.is_empty() => {
                 for result in client.fetch(&wants, timeout)? {
                     bytes += result.map_err(BenchError::Fetch)?.data().len() as u64;
                 }

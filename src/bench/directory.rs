@@ -32,7 +32,6 @@ use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use skyriver_transport::directory::builtin::{self, BuiltinDirectoryServer, ServerConfig};
 use skyriver_transport::directory::redis::{self as redis_dir, RedisConfig};
 use skyriver_transport::directory::{Directory, DirectoryClient};
-use tokio::sync::mpsc;
 
 use super::BenchError;
 
@@ -368,7 +367,7 @@ fn serve_head() -> Result<(), BenchError> {
 /// One node session of the load generator.
 struct Session {
     dir: DirectoryClient,
-    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    notices: skyriver_transport::directory::NoticeReceiver,
     next_op: u64,
 }
 
@@ -407,7 +406,7 @@ enum Target {
 }
 
 async fn connect(target: &Target, index: usize) -> Result<Session, String> {
-    let (tx, notices) = mpsc::unbounded_channel();
+    let (tx, notices) = skyriver_transport::directory::notice_channel();
     let dir = match target {
         Target::Head(addr) => {
             let config = builtin::ClientConfig {
@@ -450,8 +449,16 @@ async fn drive(
                 break;
             };
             session.next_op += 1;
+            if session
+                .dir
+                .submit(DirectoryOpId(session.next_op), request)
+                .is_err()
+            {
+                // Not queued (the window is far below the client's queue): counted, not waited.
+                errors += 1;
+                continue;
+            }
             pending.insert(session.next_op, Instant::now());
-            session.dir.submit(DirectoryOpId(session.next_op), request);
         }
         if pending.is_empty() {
             break;
@@ -626,7 +633,8 @@ async fn wake_waiters(sessions: &mut Vec<Session>, waiters: usize, objects: u64)
         publisher.next_op += 1;
         publisher
             .dir
-            .submit(DirectoryOpId(publisher.next_op), publish_request(id_of(k)));
+            .submit(DirectoryOpId(publisher.next_op), publish_request(id_of(k)))
+            .expect("one request each: the queue has room");
     }
     let tasks: Vec<_> = waiting
         .into_iter()

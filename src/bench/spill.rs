@@ -39,6 +39,10 @@ pub struct SpillArgs {
     /// The Python that runs Ray's side (skipped when it cannot `import ray`).
     #[arg(long, default_value = "python3")]
     pub python: PathBuf,
+    /// Draw bandwidth against object size (SVG) here: each phase, the raw disk, and Ray's
+    /// phases when measured.
+    #[arg(long, default_value = "bench-spill.svg")]
+    pub plot: PathBuf,
 }
 
 /// IO unit of the raw disk measurement (as the spill tier's chunks).
@@ -218,7 +222,77 @@ pub(super) fn run(args: &SpillArgs) -> Result<(), BenchError> {
         source: e,
     })?;
     eprintln!("wrote {}", args.json.display());
+    let title = format!(
+        "bench spill: {} of memory, a working set of {} per size",
+        format_bytes(memory),
+        format_bytes(4 * memory)
+    );
+    let ray = match &ray {
+        Some(Ok(ray)) => Some(ray),
+        _ => None,
+    };
+    let plot = super::plot::svg(&title, &plot_series(&raw, &results, ray));
+    std::fs::write(&args.plot, plot).map_err(|e| BenchError::Io {
+        what: format!("cannot write {}", args.plot.display()),
+        source: e,
+    })?;
+    eprintln!("wrote {}", args.plot.display());
     Ok(())
+}
+
+/// MB/s (the plot's unit) of `mib_per_sec`.
+fn mb_per_sec(mib_per_sec: f64) -> f64 {
+    mib_per_sec * (1u64 << 20) as f64 / 1e6
+}
+
+/// The plot's lines: Skyriver's three phases, the raw disk's read and write (flat: measured
+/// once), and Ray's phases when it ran.
+fn plot_series(
+    raw: &RawDisk,
+    results: &[SizeResult],
+    ray: Option<&serde_json::Value>,
+) -> Vec<super::plot::Series> {
+    type PhaseOf = fn(&SizeResult) -> &Phase;
+    let phases: [(&str, &str, PhaseOf); 3] = [
+        ("write", "write", |r| &r.write),
+        ("sequential get", "get_sequential", |r| &r.get_sequential),
+        ("random get", "get_random", |r| &r.get_random),
+    ];
+    let sizes = || results.iter().map(|r| r.size_bytes as f64);
+    let mut series: Vec<super::plot::Series> = phases
+        .iter()
+        .map(|(name, _, phase)| super::plot::Series {
+            name: format!("skyriver {name}"),
+            points: results
+                .iter()
+                .map(|r| (r.size_bytes as f64, mb_per_sec(phase(r).mib_per_sec)))
+                .collect(),
+        })
+        .collect();
+    for (name, mib) in [
+        ("raw disk read", raw.read_mib_per_sec),
+        ("raw disk write", raw.write_mib_per_sec),
+    ] {
+        series.push(super::plot::Series {
+            name: name.into(),
+            points: sizes().map(|size| (size, mb_per_sec(mib))).collect(),
+        });
+    }
+    if let Some(ray) = ray {
+        for (name, key, _) in phases {
+            series.push(super::plot::Series {
+                name: format!("ray {name}"),
+                points: results
+                    .iter()
+                    .filter_map(|r| {
+                        let mib = ray_mib_per_sec(ray, r.size_bytes, key)?;
+                        Some((r.size_bytes as f64, mb_per_sec(mib)))
+                    })
+                    .collect(),
+            });
+        }
+    }
+    series
 }
 
 fn free_bytes(dir: &Path) -> Result<u64, BenchError> {
@@ -579,5 +653,94 @@ fn print_table(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(size: u64, write: f64, seq: f64, random: f64) -> SizeResult {
+        let phase = |mib_per_sec: f64| Phase {
+            objects: 1,
+            seconds: 1.0,
+            objects_per_sec: 1.0,
+            mib_per_sec,
+        };
+        SizeResult {
+            size_bytes: size,
+            working_set_bytes: 4 * size,
+            spilled_objects: 3,
+            get_batch: 1,
+            restores: 3,
+            write: phase(write),
+            get_sequential: phase(seq),
+            get_random: phase(random),
+            write_over_raw: 0.0,
+            restore_over_raw: 0.0,
+            random_restore_over_raw: 0.0,
+        }
+    }
+
+    /// Each phase is a line over the sizes, in MB/s; the raw disk is flat; Ray's lines appear
+    /// only when it ran, with the sizes it measured.
+    #[test]
+    fn the_plot_has_a_line_per_phase_the_raw_disk_and_ray() {
+        let raw = RawDisk {
+            bytes: 1 << 30,
+            o_direct: true,
+            caches_dropped: false,
+            write_mib_per_sec: 1000.0,
+            read_mib_per_sec: 800.0,
+        };
+        let results = [
+            result(4096, 10.0, 20.0, 30.0),
+            result(1 << 20, 100.0, 200.0, 300.0),
+        ];
+        let series = plot_series(&raw, &results, None);
+        let names: Vec<&str> = series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "skyriver write",
+                "skyriver sequential get",
+                "skyriver random get",
+                "raw disk read",
+                "raw disk write"
+            ]
+        );
+        let mb = |mib: f64| mib * 1.048576;
+        let same = |points: &[(f64, f64)], expected: &[(f64, f64)]| {
+            assert_eq!(points.len(), expected.len(), "{points:?}");
+            for (&(x, y), &(ex, ey)) in points.iter().zip(expected) {
+                assert!(
+                    x == ex && (y - ey).abs() < 1e-9,
+                    "{points:?} ≠ {expected:?}"
+                );
+            }
+        };
+        same(
+            &series[1].points,
+            &[(4096.0, mb(20.0)), ((1 << 20) as f64, mb(200.0))],
+        );
+        same(
+            &series[2].points,
+            &[(4096.0, mb(30.0)), ((1 << 20) as f64, mb(300.0))],
+        );
+        same(
+            &series[3].points,
+            &[(4096.0, mb(800.0)), ((1 << 20) as f64, mb(800.0))],
+        );
+
+        let ray = serde_json::json!({ "results": [
+            { "size_bytes": 1 << 20, "write": { "mib_per_sec": 5.0 },
+              "get_sequential": { "mib_per_sec": 6.0 }, "get_random": { "mib_per_sec": 7.0 } }
+        ]});
+        let series = plot_series(&raw, &results, Some(&ray));
+        assert_eq!(series.len(), 8);
+        assert_eq!(series[7].name, "ray random get");
+        same(&series[7].points, &[((1 << 20) as f64, mb(7.0))]);
+        let svg = super::super::plot::svg("t", &series);
+        assert!(svg.contains("ray random get") && svg.contains("skyriver write"));
     }
 }

@@ -120,8 +120,8 @@ pub enum CliError {
     #[error(transparent)]
     Directory(#[from] skyriver_transport::directory::DirectoryError),
     /// `--directory-password-file` could not be used.
-    #[error("{0}")]
-    DirectoryPassword(String),
+    #[error(transparent)]
+    DirectoryPassword(skyriver_transport::directory::redis::PasswordFileError),
     /// `--directory-password-file` with a built-in directory.
     #[error("--directory-password-file is for a Redis directory (redis://HOST:PORT)")]
     PasswordFileForBuiltin,

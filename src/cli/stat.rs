@@ -57,10 +57,11 @@ pub(super) fn stat(socket: &SocketArg, json: bool) -> Result<(), CliError> {
             }
         );
         println!(
-            "             {} spills, {} restores, {} lost, {} write failures, {} evicted when full",
+            "             {} spills, {} restores, {} lost ({} more at start), {} write failures, {} evicted when full",
             spill.spills_total,
             spill.restores_total,
             spill.objects_lost_total,
+            spill.lost_at_start_total,
             spill.spill_no_space_total + spill.spill_errors_total,
             spill.evicted_spill_full_total
         );

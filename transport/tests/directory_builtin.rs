@@ -8,10 +8,11 @@ use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use skyriver_transport::directory::builtin::{
     self, BuiltinDirectory, BuiltinDirectoryServer, ClientConfig, ServerConfig,
 };
-use skyriver_transport::directory::{Directory, DirectoryError, DirectoryNotice, MemberInfo};
+use skyriver_transport::directory::{
+    notice_channel, Directory, DirectoryError, DirectoryNotice, MemberInfo, NoticeReceiver,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 
 const TOKEN: &str = "test-cluster-token";
 /// Bound on every wait in these tests.
@@ -59,7 +60,7 @@ fn serve_on(listener: TcpListener, heartbeat_timeout: Duration) -> BuiltinDirect
 /// One node's directory client and what it has been told.
 struct Node {
     dir: BuiltinDirectory,
-    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    notices: NoticeReceiver,
     next_op: u64,
 }
 
@@ -76,7 +77,7 @@ impl Node {
         token: &str,
         config: ClientConfig,
     ) -> Result<Node, DirectoryError> {
-        let (tx, notices) = mpsc::unbounded_channel();
+        let (tx, notices) = notice_channel();
         let dir = builtin::connect(&server.to_string(), me, &token.into(), tx, config).await?;
         Ok(Node {
             dir,
@@ -112,7 +113,7 @@ impl Node {
     async fn ask(&mut self, request: DirectoryRequest) -> (DirectoryReply, Vec<DirectoryNotice>) {
         self.next_op += 1;
         let op = DirectoryOpId(self.next_op);
-        self.dir.submit(op, request.clone());
+        self.dir.submit(op, request.clone()).expect("queued");
         self.wait_for(&format!("the reply to {request}"), |n| match n {
             DirectoryNotice::Reply { op: o, reply } if *o == op => Some(reply.clone()),
             _ => None,
@@ -272,7 +273,8 @@ async fn lookup_with_subscribe_fires_once_on_publish_elsewhere() {
     let z = ObjectId::from_u64(9);
     assert_eq!(b.lookup(z, true).await, located(&[], None));
     b.dir
-        .submit(DirectoryOpId(999), DirectoryRequest::Unsubscribe { id: z });
+        .submit(DirectoryOpId(999), DirectoryRequest::Unsubscribe { id: z })
+        .expect("queued");
     a.publish(z, sizes(2)).await;
     let (_, before) = b
         .ask(DirectoryRequest::Lookup {
@@ -591,7 +593,11 @@ mod handshake {
         match receive_frame::<FromRegistry>(&mut old).await {
             Some(FromRegistry::Refused { reason, retryable }) => {
                 assert!(
-                    reason.contains("version 1") && reason.contains("speaks 3"),
+                    reason.contains("version 1")
+                        && reason.contains(&format!(
+                            "speaks {}",
+                            skyriver_core::registry::PROTOCOL_VERSION
+                        )),
                     "{reason}"
                 );
                 assert!(!retryable);

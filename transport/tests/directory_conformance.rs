@@ -397,13 +397,23 @@ async fn refusals<H: Harness>(h: &mut H) {
     // (With Redis the first node of a cluster sets its token: join it first.)
     let _first = h.join(member(1, 1)).await;
     match h.join_as(member(2, 1), "not-the-token").await {
-        Err(reason) => assert!(reason.contains("wrong cluster token"), "{reason}"),
+        Err(error) => assert!(
+            error
+                .refusal()
+                .is_some_and(|r| r.contains("wrong cluster token")),
+            "{error}"
+        ),
         Ok(_) => panic!("a node with the wrong token joined"),
     }
     let mut other_daemon = member(1, 2);
     other_daemon.fabric_addr = SocketAddr::from(([127, 0, 0, 2], 7201));
     match h.join_as(other_daemon, TOKEN).await {
-        Err(reason) => assert!(reason.contains("already a member"), "{reason}"),
+        Err(error) => assert!(
+            error
+                .refusal()
+                .is_some_and(|r| r.contains("already a member")),
+            "{error}"
+        ),
         Ok(_) => panic!("a second daemon with a live node id joined"),
     }
 }

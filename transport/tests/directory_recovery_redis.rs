@@ -16,9 +16,10 @@ use skyriver_transport::directory::builtin::{
     self, BuiltinDirectoryServer, ClientConfig, ServerConfig,
 };
 use skyriver_transport::directory::redis::{self, KdfCost, Keys, RedisConfig};
-use skyriver_transport::directory::{Directory, DirectoryClient, DirectoryNotice, MemberInfo};
+use skyriver_transport::directory::{
+    notice_channel, Directory, DirectoryClient, DirectoryNotice, MemberInfo, NoticeReceiver,
+};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
@@ -46,12 +47,12 @@ fn member(node: u32) -> MemberInfo {
 
 struct Node {
     dir: DirectoryClient,
-    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    notices: NoticeReceiver,
     next_op: u64,
 }
 
 impl Node {
-    fn new(dir: DirectoryClient, notices: mpsc::UnboundedReceiver<DirectoryNotice>) -> Self {
+    fn new(dir: DirectoryClient, notices: NoticeReceiver) -> Self {
         Node {
             dir,
             notices,
@@ -74,7 +75,9 @@ impl Node {
                         break;
                     };
                     self.next_op += 1;
-                    self.dir.submit(DirectoryOpId(self.next_op), request);
+                    self.dir
+                        .submit(DirectoryOpId(self.next_op), request)
+                        .expect("queued");
                     sent += 1;
                 }
                 match self.notices.recv().await.expect("notices open") {
@@ -164,7 +167,7 @@ fn head_config() -> ClientConfig {
 }
 
 async fn head_node(addr: SocketAddr, node: u32) -> Node {
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = notice_channel();
     let dir = builtin::connect(
         &addr.to_string(),
         member(node),
@@ -240,7 +243,7 @@ async fn a_redis_cluster_failover_is_whole_again_by_re_publication() {
     let join = |node: u32| {
         let config = config();
         async move {
-            let (tx, rx) = mpsc::unbounded_channel();
+            let (tx, rx) = notice_channel();
             let dir = redis::connect(config, member(node), &TOKEN.into(), tx)
                 .await
                 .expect("joins");

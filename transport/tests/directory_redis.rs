@@ -11,9 +11,9 @@ use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, Di
 use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use skyriver_transport::directory::redis::{self, KdfCost, Keys, RedisConfig, RedisDirectory};
 use skyriver_transport::directory::{
-    self as directory, Directory, DirectoryError, DirectoryNotice, DirectorySpec, MemberInfo,
+    self as directory, notice_channel, Directory, DirectoryError, DirectoryNotice, DirectorySpec,
+    MemberInfo, NoticeReceiver,
 };
-use tokio::sync::mpsc;
 
 const TOKEN: &str = "redis-test-token";
 /// Bound on every wait in these tests.
@@ -59,7 +59,7 @@ fn config(server: &RedisServer, cluster: &str) -> RedisConfig {
 
 struct Node {
     dir: RedisDirectory,
-    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    notices: NoticeReceiver,
     next_op: u64,
 }
 
@@ -73,7 +73,7 @@ impl Node {
         me: MemberInfo,
         token: &str,
     ) -> Result<Node, DirectoryError> {
-        let (tx, notices) = mpsc::unbounded_channel();
+        let (tx, notices) = notice_channel();
         let dir = redis::connect(config, me, &token.into(), tx).await?;
         Ok(Node {
             dir,
@@ -107,7 +107,7 @@ impl Node {
     async fn ask(&mut self, request: DirectoryRequest) -> (DirectoryReply, Vec<DirectoryNotice>) {
         self.next_op += 1;
         let op = DirectoryOpId(self.next_op);
-        self.dir.submit(op, request.clone());
+        self.dir.submit(op, request.clone()).expect("queued");
         self.wait_for(&format!("the reply to {request}"), |n| match n {
             DirectoryNotice::Reply { op: o, reply } if *o == op => Some(reply.clone()),
             _ => None,
@@ -294,7 +294,8 @@ async fn redis_lookup_with_subscribe_fires_once() {
     let z = ObjectId::from_u64(9);
     assert_eq!(b.lookup(z, true).await, located(&[], None));
     b.dir
-        .submit(DirectoryOpId(999), DirectoryRequest::Unsubscribe { id: z });
+        .submit(DirectoryOpId(999), DirectoryRequest::Unsubscribe { id: z })
+        .expect("queued");
     a.publish(z, sizes(2)).await;
     let (_, before) = b
         .ask(DirectoryRequest::Lookup {
@@ -357,7 +358,7 @@ async fn redis_unreachable_at_start_is_an_error() {
         .local_addr()
         .unwrap()
         .port();
-    let (tx, _rx) = mpsc::unbounded_channel();
+    let (tx, _rx) = notice_channel();
     let spec: DirectorySpec = format!("redis://127.0.0.1:{port}").parse().unwrap();
     let started = Instant::now();
     match directory::connect(&spec, member(1), "c", &TOKEN.into(), tx).await {
@@ -664,6 +665,12 @@ async fn redis_with_a_password_joins_and_a_wrong_password_is_refused_without_sho
                     "{text}"
                 );
                 assert!(text.contains("***@") || !url.contains('@'), "{text}");
+                // Typed: Redis asked for credentials, and the message says where they go.
+                assert!(
+                    matches!(&error, DirectoryError::Unreachable { source, .. } if source.is_redis_auth()),
+                    "{error:?}"
+                );
+                assert!(text.contains("Redis wants credentials"), "{text}");
             }
         }
     }

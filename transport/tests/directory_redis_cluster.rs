@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use skyriver_core::directory::{DirectoryEvent, DirectoryOpId, DirectoryReply, DirectoryRequest};
 use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use skyriver_transport::directory::redis::{self, KdfCost, Keys, RedisConfig, RedisDirectory};
-use skyriver_transport::directory::{Directory, DirectoryNotice, DirectorySpec, MemberInfo};
-use tokio::sync::mpsc;
+use skyriver_transport::directory::{
+    notice_channel, Directory, DirectoryNotice, DirectorySpec, MemberInfo, NoticeReceiver,
+};
 
 #[path = "support/redis_cluster.rs"]
 mod redis_cluster;
@@ -63,13 +64,13 @@ fn config(cluster: &RedisCluster) -> RedisConfig {
 
 struct Node {
     dir: RedisDirectory,
-    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    notices: NoticeReceiver,
     next_op: u64,
 }
 
 impl Node {
     async fn join(config: RedisConfig, me: MemberInfo) -> Node {
-        let (tx, notices) = mpsc::unbounded_channel();
+        let (tx, notices) = notice_channel();
         let dir = redis::connect(config, me, &TOKEN.into(), tx)
             .await
             .expect("joins");
@@ -100,7 +101,7 @@ impl Node {
     async fn ask(&mut self, request: DirectoryRequest) -> DirectoryReply {
         self.next_op += 1;
         let op = DirectoryOpId(self.next_op);
-        self.dir.submit(op, request.clone());
+        self.dir.submit(op, request.clone()).expect("queued");
         self.wait_for(&format!("the reply to {request}"), |n| match n {
             DirectoryNotice::Reply { op: o, reply } if *o == op => Some(reply.clone()),
             _ => None,

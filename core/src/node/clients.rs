@@ -269,6 +269,7 @@ impl Node {
         self.clients.cluster.directory_problem = health.err();
         if healthy {
             self.publish_unvouched_again();
+            self.publish_copies_of_record_again();
         }
     }
 

@@ -128,6 +128,10 @@ pub struct NodeConfig {
     /// Objects of at least this many bytes that many nodes fetch at once flow through the
     /// requesters' partial copies (a pipeline of relays, see `relay`); `u64::MAX`: never.
     pub relay_min_bytes: u64,
+    /// How long the fetch of a copy of record placed here may take before the node gives up
+    /// on it (the registry then places the copy elsewhere, after its own target timeout,
+    /// which should be longer).
+    pub replication_fetch_timeout: Duration,
 }
 
 impl NodeConfig {
@@ -167,6 +171,7 @@ impl NodeConfig {
             dial: DialPolicy::default(),
             default_replicas: 1,
             relay_min_bytes: 4 << 20,
+            replication_fetch_timeout: Duration::from_secs(60),
         }
     }
 

@@ -180,6 +180,13 @@ pub enum NodeInput<'a> {
         /// The objects and their digests.
         objects: Vec<(crate::store::RecoveredSpilled, Option<ContentDigest>)>,
     },
+    /// Spilled objects a persistent store's index named on restart that the driver found lost
+    /// (their spill records missing or damaged, or refused by the spill tier): counted in the
+    /// spill tier's `lost_at_start_total`.
+    SpilledLostAtStart {
+        /// How many.
+        objects: u64,
+    },
 }
 
 impl NodeInput<'_> {
@@ -208,6 +215,7 @@ impl NodeInput<'_> {
             NodeInput::SpillDone { .. } => "spill_done",
             NodeInput::RestoreDone { .. } => "restore_done",
             NodeInput::RecoveredSpilled { .. } => "recovered_spilled",
+            NodeInput::SpilledLostAtStart { .. } => "spilled_lost_at_start",
         }
     }
 }
@@ -275,6 +283,9 @@ impl Node {
             NodeInput::RestoreDone { op, result } => self.handle_restore_done(now, op, result),
             NodeInput::RecoveredSpilled { objects } => {
                 return Handled::RecoveredSpilled(self.handle_recovered_spilled(now, objects))
+            }
+            NodeInput::SpilledLostAtStart { objects } => {
+                self.handle_spilled_lost_at_start(now, objects)
             }
         }
         Handled::Done

@@ -13,7 +13,7 @@
 //! may ignore a `Connect` for a peer it is already connecting to (the dial is repeated each
 //! interval while the connection is not up).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -93,6 +93,11 @@ pub(super) struct Links {
     unreachable: BTreeMap<NodeId, Unreachable>,
     /// What each peer's fabric negotiated, for as long as it is connected.
     negotiated: BTreeMap<NodeId, PeerLink>,
+    /// The listed members with lower ids than this node's that are not connected: the peers
+    /// it dials. Kept as connections come and go and the list changes, so neither a dialing
+    /// round nor a connection coming up scans the member list (in an N-node cluster that
+    /// forms, each of N nodes sees N changes and N connections).
+    undialed: BTreeSet<NodeId>,
 }
 
 impl Node {
@@ -122,21 +127,19 @@ impl Node {
 
     /// The directory's list of live members changed: a change dials every missing lower peer
     /// at once and starts their back-off over; peers no longer listed are forgotten. Returns
-    /// the list sorted by node id (as the directory sends it, so no copy is made then). No
-    /// allocation: a node hears every change of an N-node cluster, and N nodes do.
+    /// the list sorted by node id (as the directory sends it, so no copy is made then). The list
+    /// is not copied and only members that changed are looked at closely: a node hears every
+    /// change of an N-node cluster, and N nodes do.
     pub(super) fn links_members(
         &mut self,
         members: SharedList<ClusterMember>,
     ) -> SharedList<ClusterMember> {
         let members = sorted_by_node(members);
-        let unchanged = members.same_list(&self.links.members)
-            || (members.len() == self.links.members.len()
-                && members
-                    .iter()
-                    .zip(self.links.members.iter())
-                    .all(|(new, old)| dialed_alike(new, old)));
-        self.links.members = members.clone();
-        if unchanged {
+        if members.same_list(&self.links.members) {
+            return members;
+        }
+        let old = std::mem::replace(&mut self.links.members, members.clone());
+        if !self.track_member_changes(&old, &members) {
             return members;
         }
         let now = self.now;
@@ -162,6 +165,7 @@ impl Node {
     /// The connection to `peer` is up: it is reachable again, and needs no more dialing.
     pub(super) fn links_up(&mut self, peer: NodeId) {
         self.links.unreachable.remove(&peer);
+        self.links.undialed.remove(&peer);
         self.arm_dial_timer();
     }
 
@@ -175,6 +179,13 @@ impl Node {
         let now = self.now;
         let policy = self.config.dial;
         self.links.negotiated.remove(&peer);
+        if self
+            .lower_members()
+            .binary_search_by_key(&peer, |m| m.node)
+            .is_ok()
+        {
+            self.links.undialed.insert(peer);
+        }
         let state = self.links.unreachable.entry(peer).or_insert(Unreachable {
             failures: 0,
             next_dial: now,
@@ -193,17 +204,21 @@ impl Node {
     /// arms the next round while one is missing.
     pub(super) fn dial_missing(&mut self) {
         let now = self.now;
+        let members = &self.links.members;
         let due: Vec<(NodeId, SocketAddr)> = self
-            .lower_members()
+            .links
+            .undialed
             .iter()
-            .filter(|m| !self.peers.get(&m.node).is_some_and(|p| p.connected))
-            .filter(|m| {
+            .filter(|peer| {
                 self.links
                     .unreachable
-                    .get(&m.node)
+                    .get(peer)
                     .is_none_or(|state| now >= state.next_dial)
             })
-            .map(|m| (m.node, m.address))
+            .filter_map(|&peer| {
+                let at = members.binary_search_by_key(&peer, |m| m.node).ok()?;
+                Some((peer, members[at].address))
+            })
             .collect();
         for (peer, address) in due {
             self.stats.dials += 1;
@@ -216,13 +231,69 @@ impl Node {
     /// otherwise (a node with all its connections up sets no timer for them).
     fn arm_dial_timer(&mut self) {
         self.cancel_timer(Timer::Dial);
-        let missing = self
-            .lower_members()
-            .iter()
-            .any(|m| !self.peers.get(&m.node).is_some_and(|p| p.connected));
-        if missing {
+        if !self.links.undialed.is_empty() {
             self.set_timer(self.now + self.config.dial.interval, Timer::Dial);
         }
+    }
+
+    /// Brings the undialed set up to date with a new member list, walking the old and the new
+    /// list side by side (both sorted by node id): a member no longer listed is forgotten, a new
+    /// or restarted one is undialed unless connected. Returns whether any member changed the
+    /// way it is dialed (joined, left, restarted or moved).
+    fn track_member_changes(&mut self, old: &[ClusterMember], new: &[ClusterMember]) -> bool {
+        let me = self.config.node;
+        let (mut i, mut j) = (0, 0);
+        let mut changed = false;
+        while i < old.len() || j < new.len() {
+            let (gone, came) = match (old.get(i), new.get(j)) {
+                (Some(o), Some(n)) if o.node == n.node => {
+                    i += 1;
+                    j += 1;
+                    if dialed_alike(n, o) {
+                        continue;
+                    }
+                    (None, Some(n))
+                }
+                (Some(o), Some(n)) if o.node < n.node => {
+                    i += 1;
+                    (Some(o), None)
+                }
+                (Some(o), None) => {
+                    i += 1;
+                    (Some(o), None)
+                }
+                (_, Some(n)) => {
+                    j += 1;
+                    (None, Some(n))
+                }
+                (None, None) => unreachable!("the loop runs while a list has members left"),
+            };
+            changed = true;
+            if let Some(o) = gone {
+                self.links.undialed.remove(&o.node);
+            }
+            if let Some(n) = came {
+                let connected = self.peers.get(&n.node).is_some_and(|p| p.connected);
+                if n.node < me && !connected {
+                    self.links.undialed.insert(n.node);
+                }
+            }
+        }
+        changed
+    }
+
+    /// Checks that the undialed set is exactly the listed lower members not connected.
+    pub(super) fn check_links_invariants(&self) {
+        let expected: BTreeSet<NodeId> = self
+            .lower_members()
+            .iter()
+            .filter(|m| !self.peers.get(&m.node).is_some_and(|p| p.connected))
+            .map(|m| m.node)
+            .collect();
+        assert_eq!(
+            self.links.undialed, expected,
+            "the undialed peers are the listed lower members not connected"
+        );
     }
 }
 
@@ -364,6 +435,37 @@ mod tests {
         assert_eq!(link, format!("tcp, 1 lane, eager threshold {threshold}"));
         n.handle_peer_lost(now, NodeId(1));
         assert_eq!(n.describe_link(NodeId(1)), "not connected");
+    }
+
+    #[test]
+    fn connections_up_before_a_listing_or_across_a_restart_are_not_dialed() {
+        let mut n = node();
+        // Connected before the directory lists it: nothing to dial for it then.
+        n.handle_peer_connected(Instant::ZERO, NodeId(0), params());
+        n.handle_directory_members(Instant::ZERO, vec![member(0), member(1), member(2)].into());
+        n.check_invariants();
+        assert_eq!(dials(&mut n), [NodeId(1)]);
+        // Listed again as restarted while its connection is up: still nothing to dial.
+        let mut restarted = member(0);
+        restarted.incarnation = 1;
+        n.handle_directory_members(Instant::ZERO, vec![restarted, member(1), member(2)].into());
+        n.check_invariants();
+        assert_eq!(dials(&mut n), [NodeId(1)], "only the one still missing");
+        // Both up: no dialing round is left.
+        n.handle_peer_connected(Instant::ZERO, NodeId(1), params());
+        n.check_invariants();
+        assert_eq!(n.poll_timeout(), None);
+        // Lost: dialed again at its back-off, and only it.
+        n.handle_peer_lost(Instant::ZERO, NodeId(0));
+        n.check_invariants();
+        let due = n.poll_timeout().expect("a dial is pending");
+        n.handle_timeout(due);
+        assert_eq!(dials(&mut n), [NodeId(0)]);
+        // A member that left while missing is no longer dialed.
+        n.handle_directory_members(due, vec![member(1), member(2)].into());
+        n.check_invariants();
+        assert_eq!(dials(&mut n), []);
+        assert_eq!(n.poll_timeout(), None, "nothing missing: no timer");
     }
 
     #[test]

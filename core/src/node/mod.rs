@@ -76,6 +76,7 @@ pub use metrics::{
 };
 pub use output::{NodeOutput, NodeStats};
 use publications::{Publication, Want};
+pub use relay::RelayPace;
 pub use threshold::{
     EagerThreshold, PathCosts, RoundTripBatch, RoundTripEstimate, ThresholdPolicy, ThresholdSource,
 };
@@ -566,6 +567,7 @@ impl Node {
             } => self.replicate_here(id, sizes, digest, sources, replicas),
             DirectoryEvent::Copies { id, copies } => self.copies_reported(id, copies),
             DirectoryEvent::Delete { id } => self.deleted_everywhere(id),
+            DirectoryEvent::Surplus { id } => self.surplus_copy(id),
             DirectoryEvent::ReplayRefused { id, .. } => self.replay_refused(id),
         }
         self.absorb_store();
@@ -687,6 +689,11 @@ impl Node {
     pub fn check_invariants(&self) {
         self.store.check_invariants();
         self.locations.check_invariants();
+        // O(members) per call, and the simulator calls this after every input: debug builds
+        // (every test) check it, the release simulator measuring large clusters does not.
+        if cfg!(debug_assertions) {
+            self.check_links_invariants();
+        }
         let in_flight: u64 = self.transfers.values().map(|t| t.block_len).sum();
         assert_eq!(in_flight, self.bytes_in_flight, "bytes in flight");
         for (id, pending) in &self.pending_seals {

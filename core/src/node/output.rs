@@ -345,6 +345,13 @@ pub struct NodeStats {
     /// sharing its lookup (see `coalesce`).
     #[serde(default)]
     pub coalesced_requests: u64,
+    /// The pace of relays (see `relay`), for `bench cluster`'s relay report.
+    #[serde(default)]
+    pub relay_pace: super::relay::RelayPace,
+    /// Copies of record that became plain copies here: the registry had enough copies of
+    /// record without them (they came back after repair replaced them).
+    #[serde(default)]
+    pub copies_of_record_released: u64,
     /// Publications of copies not yet served to peers that ran out of attempts while the
     /// directory was reachable, and started another round of attempts later.
     #[serde(default)]

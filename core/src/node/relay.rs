@@ -10,9 +10,14 @@
 //! ```
 //!
 //! **Who relays.** A holder asked by `peer` for an object of at least
-//! [`NodeConfig::relay_min_bytes`](super::NodeConfig) by rendezvous, while it already serves
-//! the object under a lease (a broadcast is under way), answers `Redirect{relay}` naming the
-//! requester it heard from last (the chain's tail), and `peer` becomes the new tail. A chain,
+//! [`NodeConfig::relay_min_bytes`](super::NodeConfig) by rendezvous, while its link is busy
+//! serving a lease (of this object: a broadcast is under way; or of another one) and it
+//! remembers requesters of this one, answers `Redirect{relay}` naming the requester it heard
+//! from last (the chain's tail), and `peer` becomes the new tail. The tail may hold a sealed
+//! copy by now (its fetch ended): it serves it as any holder does, and the holder's busy link
+//! is spared a copy; one that no longer has it answers `NotFound` and its reader comes back
+//! to the holder, which serves it itself (one round trip lost). An idle holder serves the
+//! requester itself and starts a new chain with it. A chain,
 //! not a tree: every node's uplink then carries the object once, which is what the slowest
 //! link allows; a tree of fan-out k would need k times that from each relay. A requester the
 //! holder redirected once and that comes back (its relay failed) is served by the holder
@@ -102,12 +107,15 @@ impl Node {
         if total < self.config.relay_min_bytes {
             return false;
         }
-        let serving = self.leases.values().any(|l| {
-            l.id == id && !l.over_partial_copy && !matches!(l.state, LeaseState::Revoking)
-        });
+        // The link is busy while a lease is served: of this object (a broadcast under way), or
+        // of another, and then a copy a requester of this one made is worth a redirect too.
+        let busy = self
+            .leases
+            .values()
+            .any(|l| !l.over_partial_copy && !matches!(l.state, LeaseState::Revoking));
         let chains = &mut self.relays.chains;
         let chain = match chains.get_mut(&id) {
-            Some(chain) if serving => chain,
+            Some(chain) if busy => chain,
             _ => {
                 if chains.len() >= MAX_CHAINS {
                     let leases = &self.leases;
@@ -220,6 +228,7 @@ impl Node {
         // Counted once the fabric granted it: a fabric that cannot relay counts none.
         self.stats.relay_leases += 1;
         let prefix = self.held_prefix(&id);
+        self.stats.relay_pace.announcements += 1;
         self.send(peer, PeerMessage::RelayProgress { req, prefix });
     }
 
@@ -234,6 +243,7 @@ impl Node {
             .map(|(&key, _)| key)
             .collect();
         for (peer, req) in readers {
+            self.stats.relay_pace.announcements += 1;
             self.send(peer, PeerMessage::RelayProgress { req, prefix });
         }
     }
@@ -384,6 +394,30 @@ impl Node {
         }
         self.post_reads(tid);
     }
+}
+
+/// How fast bytes flow through relays, as counters (`bench cluster` reports them per round):
+/// how often relays announce their prefix, how long readers wait for it, how many READs they
+/// keep in flight.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RelayPace {
+    /// `RelayProgress` messages this node sent as a relay (the first, before each
+    /// `Rendezvous`, included).
+    pub announcements: u64,
+    /// Times a transfer pulling from a relay had read all the relay had announced and no READ
+    /// in flight, with bytes still to read: it waited for the next announcement.
+    pub stalls: u64,
+    /// Microseconds those waits lasted in all (until the next READ was posted).
+    pub stall_micros: u64,
+    /// READs from relays that completed.
+    pub reads: u64,
+    /// Sum over those completions of the READs of the transfer then in flight (the one
+    /// completing included): divided by `reads`, the mean READs in flight.
+    pub reads_in_flight: u64,
+    /// Bytes those READs brought in.
+    pub read_bytes: u64,
+    /// Transfers pulling from a relay that failed (each goes on at the holder).
+    pub failed_transfers: u64,
 }
 
 /// What a relay needs of the copy it relays: its block, sizes and digest.

@@ -13,6 +13,10 @@
 //!   of record ([`DirectoryEvent::Copies`]), or fails at its deadline with
 //!   [`StoreError::TooFewReplicas`] naming how many exist; the object stays stored either
 //!   way. A put on a node without a cluster fails so at once (after storing the object).
+//! - **Returning**: after the directory answers again (a partition or outage longer than the
+//!   heartbeat bound ends), copies of record are published again as such; the registry
+//!   counts each again while its object is short of copies, else answers
+//!   [`DirectoryEvent::Surplus`] and the copy here becomes a plain (evictable) one.
 //! - **Delete**: a client's delete of an object that wants copies here asks the registry to
 //!   delete it everywhere ([`DirectoryRequest::DeleteEverywhere`]); a node told so
 //!   ([`DirectoryEvent::Delete`]) drops its copy (once unused, as any delete).
@@ -20,6 +24,7 @@
 //! [`DirectoryEvent::Replicate`]: crate::directory::DirectoryEvent::Replicate
 //! [`DirectoryEvent::Copies`]: crate::directory::DirectoryEvent::Copies
 //! [`DirectoryEvent::Delete`]: crate::directory::DirectoryEvent::Delete
+//! [`DirectoryEvent::Surplus`]: crate::directory::DirectoryEvent::Surplus
 //! [`DirectoryRequest::DeleteEverywhere`]: crate::directory::DirectoryRequest::DeleteEverywhere
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,10 +38,6 @@ use crate::directory::{DirectoryReply, DirectoryRequest};
 use crate::error::StoreError;
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
 use crate::wire::ObjectSizes;
-
-/// How long a copy placed here may take to fetch before the node gives up on it (the
-/// registry's own target timeout replaces it elsewhere).
-const REPLICATION_FETCH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A put waiting for its copies.
 #[derive(Debug)]
@@ -270,18 +271,26 @@ impl Node {
     /// `id` was sealed here: a copy of record is pinned, and a copy placed here is published
     /// at once (not after the delay of fetched copies).
     pub(super) fn replica_sealed(&mut self, id: ObjectId, sizes: ObjectSizes) {
-        if !self.replicas.wanted.contains_key(&id) || self.replicas.of_record.contains(&id) {
+        if !self.replicas.wanted.contains_key(&id) || !self.pin_copy_of_record(id) {
             return;
         }
-        if self.store.pin(id).is_err() {
-            return;
-        }
-        self.replicas.of_record.insert(id);
         if self.replicas.placed.remove(&id) {
             if let Some(digest) = self.store.digest(&id) {
                 self.want_publication(id, Want::Publish(sizes, digest));
             }
         }
+    }
+
+    /// `id`, sealed here, is pinned as a copy of record (once); false if it cannot be.
+    fn pin_copy_of_record(&mut self, id: ObjectId) -> bool {
+        if self.replicas.of_record.contains(&id) {
+            return true;
+        }
+        if self.store.pin(id).is_err() {
+            return false;
+        }
+        self.replicas.of_record.insert(id);
+        true
     }
 
     /// The registry places a copy of record of `id` here.
@@ -346,7 +355,7 @@ impl Node {
             FETCH_CLIENT,
             request,
             vec![id],
-            Some(REPLICATION_FETCH_TIMEOUT),
+            Some(self.config.replication_fetch_timeout),
             super::fetch::FetchOptions {
                 mode: TransferMode::Auto,
                 wait_for_publication: false,
@@ -363,12 +372,15 @@ impl Node {
         let ok =
             matches!(&response, Response::Fetched(results) if results.iter().all(Result::is_ok));
         if ok {
-            // The fetch client's reference; the copy of record is pinned instead.
-            // Its seal pins and publishes it (see `replica_sealed`), when the node absorbs it.
-            let _ = self.store.release(FETCH_CLIENT, id);
             if self.replicas.wanted.contains_key(&id) {
+                // Pinned (and published) before the fetch client's reference goes: once
+                // unheld and unpinned, the copy is evictable, and a fetch or create waiting for
+                // room would take it before the seal's absorption could pin it.
+                self.pin_copy_of_record(id);
+                let _ = self.store.release(FETCH_CLIENT, id);
                 self.stats.copies_of_record_placed += 1;
             } else {
+                let _ = self.store.release(FETCH_CLIENT, id);
                 self.replicas.placed.remove(&id);
                 // Deleted everywhere while it was on its way.
                 let _ = self.store.delete(&[id]);
@@ -404,6 +416,37 @@ impl Node {
         }
         if self.store.sealed_info(&id).is_some() {
             let _ = self.store.delete(&[id]);
+        }
+    }
+
+    /// The directory answers again (after a welcome, whose replay listed every copy here as a
+    /// plain one): each copy of record is published again as one, so the registry counts it
+    /// again — or, when repair replaced it meanwhile, answers [`DirectoryEvent::Surplus`].
+    /// Publications on their way are left to finish (they are `PublishReplicated` already).
+    ///
+    /// [`DirectoryEvent::Surplus`]: crate::directory::DirectoryEvent::Surplus
+    pub(super) fn publish_copies_of_record_again(&mut self) {
+        let ids: Vec<ObjectId> = self
+            .replicas
+            .of_record
+            .iter()
+            .filter(|id| !self.publications.contains_key(id))
+            .copied()
+            .collect();
+        for id in ids {
+            if let Some((sizes, Some(digest))) = self.store.sealed_sizes_and_digest(&id) {
+                self.want_publication(id, Want::Publish(sizes, digest));
+            }
+        }
+    }
+
+    /// The registry has enough copies of record of `id` without this one: unpinned, it stays
+    /// as a plain copy (evictable). The object still wants copies, so a client's delete here
+    /// still deletes it everywhere, and a later placement here promotes the copy again.
+    pub(super) fn surplus_copy(&mut self, id: ObjectId) {
+        if self.replicas.of_record.remove(&id) {
+            self.store.unpin(id);
+            self.stats.copies_of_record_released += 1;
         }
     }
 

@@ -86,6 +86,13 @@ impl Node {
         report
     }
 
+    /// Spilled objects the driver found lost at restart are counted (see
+    /// [`crate::store::Store::count_spilled_lost_at_start`]).
+    pub(super) fn handle_spilled_lost_at_start(&mut self, now: Instant, objects: u64) {
+        self.advance(now);
+        self.store.count_spilled_lost_at_start(objects);
+    }
+
     fn memory_may_be_free(&mut self) {
         self.absorb_store();
         self.retry_parked_creates();

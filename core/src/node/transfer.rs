@@ -104,6 +104,12 @@ pub(super) struct Incoming {
     /// Pulling from a relay's partial copy: READ only below this prefix, the relay's last
     /// `RelayProgress` (see `relay`). `None`: the source holds all of it.
     relay_limit: Option<u64>,
+    /// Pulling from a relay: it answered with its prefix (a partial copy). A relay whose copy
+    /// is sealed by the time it is asked answers with a plain `Rendezvous`: all of it is in.
+    relay_answered: bool,
+    /// Pulling from a relay: since when every announced byte is read and no READ is in flight
+    /// (waiting for the relay's next `RelayProgress`).
+    stalled_since: Option<Instant>,
     state: IncomingState,
 }
 
@@ -148,6 +154,16 @@ impl Incoming {
         self.source = relay;
         self.lease_from = now;
         self.relay_limit = Some(0);
+        self.relay_answered = false;
+    }
+
+    /// The source's `Rendezvous` came: a relay that said no prefix before it serves a sealed
+    /// copy, all of which may be READ (its fabric refuses READs of bytes it has not, and the
+    /// digest is checked at the end either way).
+    fn rendezvous_came(&mut self) {
+        if self.relay_limit.is_some() && !self.relay_answered {
+            self.relay_limit = Some(self.local.region.len);
+        }
     }
 
     /// The relay holds the first `prefix` bytes. `answer`: the relay's first word, before its
@@ -161,6 +177,7 @@ impl Incoming {
         if prefix > total {
             return Err(TransferFailure::RelayPrefixBeyondObject { prefix, total });
         }
+        self.relay_answered |= answer;
         match self.relay_limit {
             Some(limit) => self.relay_limit = Some(limit.max(prefix)),
             None if answer => self.relay_limit = Some(prefix),
@@ -292,6 +309,8 @@ impl Node {
                 requested_at,
                 lease_from: requested_at,
                 relay_limit: None,
+                relay_answered: false,
+                stalled_since: None,
                 state: IncomingState::AwaitingReply,
             },
         );
@@ -371,6 +390,7 @@ impl Node {
                     self.fail_transfer(tid, TransferFailure::LeaseTooShort { lease_ms });
                     return;
                 }
+                transfer.rendezvous_came();
                 transfer.state = IncomingState::Reading {
                     regions,
                     lane_keys,
@@ -495,8 +515,8 @@ impl Node {
             .get(&tid)
             .and_then(|t| self.peers.get(&t.source))
             .map_or(1, |p| p.params.lanes);
-        let slice_bytes = self.config.read_slice_bytes.max(1);
         let window = self.config.max_outstanding_reads.max(1);
+        let slice_bytes = self.config.read_slice_bytes.max(1);
         let transfer = self
             .transfers
             .get_mut(&tid)
@@ -551,8 +571,24 @@ impl Node {
             *outstanding += 1;
             posts.push((lane, local, remote));
         }
+        let dry = *outstanding == 0 && *next_offset < total;
         let (source, object) = (transfer.source, transfer.id);
         let start = transfer.local.region.offset;
+        if transfer.relay_limit.is_some() {
+            let pace = &mut self.stats.relay_pace;
+            match transfer.stalled_since {
+                None if dry => {
+                    pace.stalls += 1;
+                    transfer.stalled_since = Some(self.now);
+                }
+                Some(since) if !dry => {
+                    let waited = self.now.saturating_since(since).as_micros();
+                    pace.stall_micros += u64::try_from(waited).unwrap_or(u64::MAX);
+                    transfer.stalled_since = None;
+                }
+                _ => {}
+            }
+        }
         for (lane, local, remote) in posts {
             self.next_read += 1;
             let op = ReadOpId(self.next_read);
@@ -586,6 +622,7 @@ impl Node {
             .expect("a READ's transfer lives until it completes");
         let total = transfer.local.region.len;
         let source = transfer.source;
+        let relayed = transfer.relay_limit.is_some();
         match &mut transfer.state {
             IncomingState::Reading {
                 outstanding,
@@ -594,6 +631,12 @@ impl Node {
                 in_prefix,
                 ..
             } => {
+                if relayed && result.is_ok() {
+                    let pace = &mut self.stats.relay_pace;
+                    pace.reads += 1;
+                    pace.reads_in_flight += u64::from(*outstanding);
+                    pace.read_bytes += len;
+                }
                 *outstanding -= 1;
                 match result {
                     Ok(()) => {
@@ -785,6 +828,9 @@ impl Node {
             }
             Err(reason) => {
                 self.stats.transfers_failed += 1;
+                if transfer.is_relayed() {
+                    self.stats.relay_pace.failed_transfers += 1;
+                }
                 if !self.hold_failed_partial_copy(transfer.id, transfer.source, &reason) {
                     self.store
                         .abort(FETCH_CLIENT, transfer.id)

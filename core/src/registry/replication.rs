@@ -18,8 +18,12 @@
 //!   [`ReplicationLimits::repair_bytes_per_second`]), so repair cannot starve user traffic.
 //!   An object whose last holder died is lost, and counted.
 //! - **Returning nodes**: a node that comes back (a new incarnation, or the same daemon after
-//!   a partition) publishes again what it holds; those copies are listed as holders (caches),
-//!   not copies of record, and are kept: extra copies cost memory but no data.
+//!   a partition or outage beyond the heartbeat bound) replays plain publications of what it
+//!   holds, listed as holders (caches), then publishes its copies of record again with
+//!   `PublishReplicated`. A copy of record is counted again (the record is opened anew if the
+//!   registry dropped it) while its object has fewer than `k`; otherwise the node is told
+//!   [`DirectoryEvent::Surplus`] and keeps a plain, evictable copy. The same rule answers a
+//!   target given up on that publishes late: no object keeps more than `k` copies of record.
 //! - **Delete**: [`DirectoryRequest::DeleteEverywhere`] withdraws every holder, tells each
 //!   ([`DirectoryEvent::Delete`]) and ends the record.
 //!
@@ -82,6 +86,10 @@ pub struct ReplicationStats {
     pub targets_timed_out: u64,
     /// Objects whose every holder died.
     pub objects_lost: u64,
+    /// Copies of record published when their object had enough already (told
+    /// [`DirectoryEvent::Surplus`]: kept as plain copies).
+    #[serde(default)]
+    pub surplus_copies: u64,
 }
 
 /// One object's replica record.
@@ -224,6 +232,24 @@ impl Registry {
         {
             // Kept as a plain publication: the record table is full.
             return;
+        }
+        if let Some(record) = replication.records.get_mut(&id) {
+            let wanted = usize::from(record.wanted.max(replicas));
+            if !record.of_record.contains(&node) && record.of_record.len() >= wanted {
+                // Enough copies of record already (this node came back after repair replaced
+                // it, or a target given up published late): its copy is a plain one.
+                if let Some(deadline) = record.pending.remove(&node) {
+                    replication.deadlines.remove(&(deadline, id, node));
+                }
+                replication.stats.surplus_copies += 1;
+                if let Some(member) = self.members.get(&node) {
+                    self.outputs.push_back(RegistryOutput::Send {
+                        conn: member.conn,
+                        message: FromRegistry::Event(DirectoryEvent::Surplus { id }),
+                    });
+                }
+                return;
+            }
         }
         let fresh = !replication.records.contains_key(&id);
         let record = replication.records.entry(id).or_insert_with(|| Record {

@@ -302,3 +302,55 @@ fn delete_everywhere_tells_every_other_holder_and_ends_the_record() {
     );
     assert!(replicate_targets(&out).is_empty());
 }
+
+#[test]
+fn a_returning_copy_of_record_counts_again_while_short_and_a_later_one_is_surplus() {
+    let mut r = patient_registry();
+    let t = at_ms(0);
+    for node in 0..3 {
+        join_in(&mut r, t, node, "");
+    }
+    let out = publish_replicated(&mut r, t, 0, 1, 10, 2);
+    let target = replicate_targets(&out)[0];
+    publish_replicated(&mut r, t, target, 1, 10, 2);
+    // Node 0 is cut off past the heartbeat bound: repair places a copy on the third node.
+    r.handle_disconnect(t, ConnId(0));
+    let repairer = 3 - target;
+    assert_eq!(replicate_targets(&drain(&mut r)), vec![repairer]);
+    // Node 0 comes back (on a new connection) before the repair is done, and publishes its
+    // copy of record again: the object is short, so it counts again.
+    admit(&mut r, t, 10, member(0, 1)).expect("rejoins");
+    drain(&mut r);
+    let republish = DirectoryRequest::PublishReplicated {
+        id: ObjectId::from_u64(1),
+        sizes: sizes(10),
+        digest: digest(10),
+        replicas: 2,
+        free_bytes: 1 << 30,
+    };
+    let out = request(&mut r, t, 10, 99, republish);
+    assert!(events_for(&out, 10).is_empty(), "counted: {out:?}");
+    let mut expected = vec![NodeId(0), NodeId(target)];
+    expected.sort();
+    assert_eq!(
+        r.copies_of_record(&ObjectId::from_u64(1)),
+        Some((2, expected.clone()))
+    );
+    // The repair's copy arrives with two copies of record counted already: surplus.
+    let out = publish_replicated(&mut r, t, repairer, 1, 10, 2);
+    assert_eq!(
+        events_for(&out, u64::from(repairer)),
+        vec![DirectoryEvent::Surplus {
+            id: ObjectId::from_u64(1)
+        }]
+    );
+    assert_eq!(
+        r.copies_of_record(&ObjectId::from_u64(1)),
+        Some((2, expected))
+    );
+    let stats = r.replication_stats();
+    assert_eq!(stats.surplus_copies, 1);
+    assert_eq!(stats.under_replicated_objects, 0);
+    // Its copy stays listed (a plain one), so fetches may use it.
+    assert_eq!(r.holders_of(&ObjectId::from_u64(1)).len(), 3);
+}

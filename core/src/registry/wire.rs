@@ -14,10 +14,11 @@ use crate::wire::ObjectSizes;
 
 /// Version of the directory protocol, checked in the hello. Version 2 replaced the token in
 /// the hello with a challenge-response (see [`crate::registry`]); version 3 added the failure
-/// domain to [`MemberInfo`] and the replica requests and events; version 4 added the hello's
+/// domain to [`MemberInfo`] and the replica requests and events; version 4 the `Surplus` event
+/// (a returning copy of record the object no longer needs); version 5 added the hello's
 /// `returning` and [`ToRegistry::Reclaim`], for the head's grace period after a restart (see
 /// [`crate::registry`]).
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Opens every hello, so a stray client (or an old daemon) is told apart from a bad token.
 pub const HELLO_MAGIC: [u8; 8] = *b"skyrdir\0";
 

@@ -214,6 +214,10 @@ pub struct SpillStats {
     pub clean_record_bytes: u64,
     /// Objects moved back to disk without a write (their record was clean) since start.
     pub reclaimed_clean_total: u64,
+    /// Spilled objects a persistent store's index named at start whose record was missing,
+    /// damaged or not taken back: lost before anyone asked (the driver counts them, see
+    /// [`Store::count_spilled_lost_at_start`]).
+    pub lost_at_start_total: u64,
 }
 
 /// The spill tier's bookkeeping.
@@ -687,6 +691,15 @@ impl Store {
             metadata_size,
         });
         Ok(op)
+    }
+
+    /// The driver found `objects` spilled objects of a persistent store's index lost at start
+    /// (their records missing or damaged, or refused by [`Store::recover_spilled`]); counted in
+    /// [`SpillStats::lost_at_start_total`]. Nothing else changes: they never came back.
+    pub fn count_spilled_lost_at_start(&mut self, objects: u64) {
+        if let Some(tier) = self.spill.as_mut() {
+            tier.stats.lost_at_start_total += objects;
+        }
     }
 
     /// Asks for a spilled object to be brought back (for a `get` or a peer's fetch); several

@@ -8,6 +8,7 @@
 //! flight and the copies to and from the bounce buffers overlap the IO.
 
 use std::fs::{File, OpenOptions};
+use std::io::IoSliceMut;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -217,24 +218,27 @@ pub(super) fn write_large_file(
 
 /// Reads a large object's file into `into`; the digest its header names, or `None` when the
 /// header is not intact (or names another object or length).
+///
+/// With `O_DIRECT`, a chunk whose part of `into` starts on a [`DIRECT_ALIGN`] boundary (an
+/// object of whole megabytes usually does) is read straight into it, the header block into
+/// the bounce buffer in the same `preadv`; only the unaligned tail goes through the bounce
+/// buffer. Otherwise the chunk is read into the bounce buffer and copied.
 pub(super) fn read_large_file(
     path: &Path,
     object: ObjectId,
     into: &mut [u8],
     bounce: &mut Bounce,
 ) -> std::io::Result<Option<ContentDigest>> {
-    let (file, _direct) = open_large(path, false)?;
+    let (file, direct) = open_large(path, false)?;
     let expected_len = into.len() as u64;
     let layout = chunks(into.len());
     let parts = split(&layout, into, |b, at| b.split_at_mut(at));
     let work = |chunk: Chunk, part: &mut [u8], buffer: &mut [u8]| {
-        let padded = chunk.padded_len();
-        let wanted = chunk.skip() + part.len();
-        let got = read_full_at(&file, &mut buffer[..padded], chunk.file_offset as u64)?;
-        if got < wanted {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        if direct && (part.as_ptr() as usize) % DIRECT_ALIGN == 0 {
+            read_chunk_in_place(&file, chunk, part, buffer)?;
+        } else {
+            read_chunk_bounced(&file, chunk, part, buffer)?;
         }
-        part.copy_from_slice(&buffer[chunk.skip()..wanted]);
         if chunk.file_offset == 0 {
             return Ok(match parse_header(&buffer[..64], object) {
                 Some((len, digest)) if len == expected_len => Some(Some(digest)),
@@ -245,6 +249,70 @@ pub(super) fn read_large_file(
     };
     let results = for_each_chunk(layout.into_iter().zip(parts).collect(), bounce, work)?;
     Ok(results.into_iter().flatten().next().flatten())
+}
+
+/// Reads `chunk` into `buffer` and copies its object bytes to `part` (the header block, in
+/// the first chunk, stays at the start of `buffer`).
+fn read_chunk_bounced(
+    file: &File,
+    chunk: Chunk,
+    part: &mut [u8],
+    buffer: &mut [u8],
+) -> std::io::Result<()> {
+    let padded = chunk.padded_len();
+    let wanted = chunk.skip() + part.len();
+    let got = read_full_at(file, &mut buffer[..padded], chunk.file_offset as u64)?;
+    if got < wanted {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    part.copy_from_slice(&buffer[chunk.skip()..wanted]);
+    Ok(())
+}
+
+/// Reads `chunk` with `O_DIRECT` straight into `part` (which starts on a [`DIRECT_ALIGN`]
+/// boundary), but for the header block (into the start of `buffer`) and the tail past the last
+/// whole alignment unit (through `buffer`, then copied). A short read (a truncated file, or a
+/// signal) falls back to [`read_chunk_bounced`], which tells the two apart.
+fn read_chunk_in_place(
+    file: &File,
+    chunk: Chunk,
+    part: &mut [u8],
+    buffer: &mut [u8],
+) -> std::io::Result<()> {
+    let skip = chunk.skip();
+    let aligned_len = part.len() / DIRECT_ALIGN * DIRECT_ALIGN;
+    let (aligned, tail) = part.split_at_mut(aligned_len);
+    let expected = skip + aligned_len;
+    let got = if expected == 0 {
+        0
+    } else {
+        let (head, _) = buffer.split_at_mut(skip);
+        let mut slices = [IoSliceMut::new(head), IoSliceMut::new(aligned)];
+        let slices: &mut [IoSliceMut<'_>] = if skip == 0 {
+            &mut slices[1..]
+        } else {
+            &mut slices[..]
+        };
+        match nix::sys::uio::preadv(file, slices, chunk.file_offset as i64) {
+            Ok(got) => got,
+            Err(nix::errno::Errno::EINTR) => 0,
+            Err(error) => return Err(error.into()),
+        }
+    };
+    if got < expected {
+        return read_chunk_bounced(file, chunk, part, buffer);
+    }
+    if !tail.is_empty() {
+        // The header block stays in the buffer's first DIRECT_ALIGN bytes; the tail goes after.
+        let tail_at = chunk.file_offset + expected;
+        let room = &mut buffer[skip..skip + DIRECT_ALIGN];
+        let got = read_full_at(file, room, tail_at as u64)?;
+        if got < tail.len() {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        tail.copy_from_slice(&room[..tail.len()]);
+    }
+    Ok(())
 }
 
 /// Reads up to `buffer.len()` bytes at `offset`, fewer only at the end of the file.
@@ -264,6 +332,61 @@ fn read_full_at(file: &File, buffer: &mut [u8], offset: u64) -> std::io::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn bytes(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ (i >> 12) as u8 ^ seed)
+            .collect()
+    }
+
+    /// Restores into memory on an alignment boundary (read in place with `O_DIRECT`, the tail
+    /// bounced) and off it (bounced) bring back the same bytes and header.
+    #[test]
+    fn reads_in_place_and_bounced_bring_back_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, direct) = open_large(&dir.path().join("probe"), true).unwrap();
+        eprintln!("O_DIRECT here: {direct} (in-place reads need it)");
+        let mut bounce = Bounce::default();
+        let sizes = [
+            1 << 20,
+            3 * DIRECT_ALIGN,
+            (3 << 20) + 17,
+            CHUNK_BYTES - DIRECT_ALIGN,
+            CHUNK_BYTES + 5,
+            2 * CHUNK_BYTES + DIRECT_ALIGN + 1,
+        ];
+        for (n, &len) in sizes.iter().enumerate() {
+            let object = ObjectId::from_u64(n as u64);
+            let data = bytes(len, n as u8);
+            let digest = ContentDigest::of_contiguous(&data);
+            let header = super::super::header(
+                super::super::SpillOpId(n as u64),
+                object,
+                len as u64,
+                digest,
+            );
+            let path = dir.path().join(format!("large-{n}.spill"));
+            write_large_file(&path, &header, &data, &mut bounce).unwrap();
+            for misalign in [0, 64] {
+                let mut target = AlignedBuffer::new(len + misalign);
+                let into = &mut target.as_mut_slice()[misalign..];
+                into.fill(0xee);
+                let recorded = read_large_file(&path, object, into, &mut bounce).unwrap();
+                assert_eq!(recorded, Some(digest), "header of {len} bytes, +{misalign}");
+                assert!(into == &data[..], "{len} bytes read at +{misalign}");
+            }
+            // A truncated file is damage, not other bytes.
+            let file = OpenOptions::new().write(true).open(&path).unwrap();
+            file.set_len((DIRECT_ALIGN + len / 2) as u64).unwrap();
+            let mut target = AlignedBuffer::new(len);
+            let result = read_large_file(&path, object, target.as_mut_slice(), &mut bounce);
+            assert_eq!(
+                result.map_err(|e| e.kind()),
+                Err(std::io::ErrorKind::UnexpectedEof),
+                "a truncated file of {len} bytes"
+            );
+        }
+    }
 
     #[test]
     fn chunks_cover_the_object_once_with_the_header_block_first() {

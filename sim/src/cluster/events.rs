@@ -142,7 +142,7 @@ impl Cluster {
                 }
                 self.directory.delivering(to, &notice);
                 self.directory_named(to, inc, &notice);
-                let Some(notice) = self.replica_notice(notice) else {
+                let Some(notice) = self.replica_notice(to, inc, notice) else {
                     return;
                 };
                 match notice {

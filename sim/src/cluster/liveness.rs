@@ -179,16 +179,25 @@ impl Cluster {
             .is_none_or(|digests| digests.len() <= 1)
     }
 
-    /// The first live node after `holder` (in id order, wrapping) without a copy of `id`.
+    /// The first live node after `holder` (in id order, wrapping) without a copy of `id` and
+    /// with room for it: a store full of what it may not evict (copies of record, pinned until
+    /// a delete) fails the fetch with `OutOfMemory`, as it should.
     fn fetcher_for(&self, id: ObjectId, holder: NodeId, live: &[NodeId]) -> Option<NodeId> {
         let start = live.iter().position(|&n| n == holder)?;
+        let bytes = self.nodes[holder.0 as usize]
+            .node
+            .as_ref()?
+            .store()
+            .summary(&id)?
+            .info
+            .region
+            .len;
         (1..live.len())
             .map(|k| live[(start + k) % live.len()])
             .find(|n| {
-                self.nodes[n.0 as usize]
-                    .node
-                    .as_ref()
-                    .is_some_and(|node| !node.store().contains(&id))
+                self.nodes[n.0 as usize].node.as_ref().is_some_and(|node| {
+                    !node.store().contains(&id) && node.store().could_hold(bytes)
+                })
             })
     }
 }

@@ -576,6 +576,7 @@ impl Cluster {
         config.read_slice_bytes = p.read_slice_bytes;
         // Objects of a few slices already flow through relays when fetched together.
         config.relay_min_bytes = 2 * p.read_slice_bytes;
+        config.replication_fetch_timeout = replication::replication_fetch_timeout(p);
         config.max_outstanding_reads = p.max_outstanding_reads;
         config.max_bytes_in_flight = p.max_bytes_in_flight;
         config.max_pending_fetches = 256;

@@ -12,9 +12,11 @@
 //!   at the end of the run;
 //! * **repair converges**: once faults stopped and the directory settled, every object whose
 //!   record the registry keeps reaches `min(k, members)` live copies of record within a bound
-//!   (unless no member lacking a copy has room for it), each held sealed by its node; and an
-//!   object a live node holds as a copy of record has a record unless the head restarted
-//!   since its first publication (a documented limit: a restarted head forgets records).
+//!   (unless no member lacking a copy has room for it, or the directory named the id with two
+//!   contents), each held sealed by its node; and an object a live node holds as a copy of
+//!   record has a record unless the head restarted since its first publication;
+//! * **surplus copies**: a node told its copy of record is surplus may drop it only while the
+//!   registry counts the `k` copies without it; those become the holders the checks follow.
 //!
 //! [`Flaws::copies_overcounted`](super::Flaws) plants a bug the first check exists for (the
 //! origin hears of `k` copies at its own publication);
@@ -261,8 +263,17 @@ impl Cluster {
     }
 
     /// A directory notice on its way into node `n`'s core, as planted flaws change it: `None`
-    /// drops it.
-    pub(super) fn replica_notice(&self, notice: DirectoryNotice) -> Option<DirectoryNotice> {
+    /// drops it. A [`DirectoryEvent::Surplus`] lets `n`'s copy go: the registry's live copies
+    /// of record stand in for it among an acknowledged object's holders.
+    pub(super) fn replica_notice(
+        &mut self,
+        n: NodeId,
+        inc: u32,
+        notice: DirectoryNotice,
+    ) -> Option<DirectoryNotice> {
+        if let DirectoryNotice::Event(DirectoryEvent::Surplus { id }) = &notice {
+            self.replica_surplus(n, inc, *id);
+        }
         match notice {
             DirectoryNotice::Event(DirectoryEvent::Copies { id, copies })
                 if self.flaws.copies_overcounted =>
@@ -279,6 +290,47 @@ impl Cluster {
                 None
             }
             other => Some(other),
+        }
+    }
+
+    /// Node `n` is told its copy of record of `id` is surplus: it may go. The registry must
+    /// count the copies the object wants without it; they become the holders the survival
+    /// checks follow.
+    fn replica_surplus(&mut self, n: NodeId, inc: u32, id: ObjectId) {
+        self.record(|| format!("{n}: its copy of record of {id} is surplus"));
+        if let Some(published) = self.replication.published.get_mut(&id) {
+            published.remove(&(n, inc));
+        }
+        let Some(acked) = self.replication.acked.get(&id) else {
+            return;
+        };
+        if !acked.holders.contains(&(n, inc)) {
+            return;
+        }
+        let of_record = self
+            .directory
+            .registry()
+            .and_then(|registry| registry.copies_of_record(&id))
+            .map(|(_, nodes)| nodes)
+            .unwrap_or_default();
+        let holders: BTreeSet<(NodeId, u32)> = of_record
+            .iter()
+            .filter(|&&node| node != n)
+            .map(|&node| (node, self.nodes[node.0 as usize].inc))
+            .collect();
+        if holders.len() < usize::from(acked.copies) {
+            let copies = acked.copies;
+            self.report_replica(
+                id,
+                format!(
+                    "{n}: its copy of record of {id} (acknowledged with {copies}) is called \
+                     surplus, but the registry counts {of_record:?}"
+                ),
+            );
+            return;
+        }
+        if let Some(acked) = self.replication.acked.get_mut(&id) {
+            acked.holders = holders;
         }
     }
 
@@ -379,7 +431,22 @@ impl Cluster {
         let head_crashes = self.directory.stats.head_crashes;
         let mut converged = 0;
         for (id, pairs) in &self.replication.published {
-            if self.replication.deleted.contains(id) {
+            // An id put with two contents (again elsewhere during a partition or head outage:
+            // named so by the directory, or one publication refused) has copies of record of
+            // the other content that can take no copy of this one (README "One id, one
+            // content"): not checked.
+            let named_twice = self
+                .checker
+                .named
+                .get(id)
+                .is_some_and(|digests| digests.len() > 1)
+                || self.nodes.iter().any(|sim_node| {
+                    sim_node
+                        .node
+                        .as_ref()
+                        .is_some_and(|node| node.holds_refused_copy(id))
+                });
+            if self.replication.deleted.contains(id) || named_twice {
                 continue;
             }
             let live_of_record: Vec<NodeId> = pairs
@@ -493,4 +560,11 @@ pub fn replication_limits(
         ),
         ..Default::default()
     }
+}
+
+/// How long a node's fetch of a copy placed on it may take in a run: a few fetch timeouts,
+/// within the registry's target timeout (see [`replication_limits`]), on the simulator's time
+/// scale (a daemon's minute would keep a run busy long after its fetch ended).
+pub fn replication_fetch_timeout(p: &crate::params::SimParams) -> Duration {
+    Duration::from_micros(2 * p.fetch_timeout_us)
 }

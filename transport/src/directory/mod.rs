@@ -11,11 +11,28 @@
 //! over a TCP link to the head or an adapter that answers from Redis. A backend reports through
 //! [`DirectoryNotice`]s on a channel; every call returns at once, and a slow or dead service
 //! shows up as `Unavailable` replies and a `Health` notice, never as a blocked caller.
+//!
+//! **Bounds.** Every queue between the node's loop and the service is bounded in its type:
+//! - requests, loop → client task: [`builtin::MAX_IN_FLIGHT_PER_NODE`] or
+//!   [`redis::MAX_QUEUED_REQUESTS`] places; when full, [`Directory::submit`] refuses at once with [`SubmitRefused::Busy`] and
+//!   the loop answers the request itself (`Unavailable`), so the loop never waits;
+//! - messages, client task → link (`LINK_OUTGOING_QUEUE`): when full, the client task
+//!   holds the one message it could not send and takes no further request until the link
+//!   makes room (so the request queue above fills and refuses), while it keeps taking what the
+//!   link brings in (so the link's task, which may wait to hand over an answer, never
+//!   deadlocks with it); what the session still has to send waits in the session, bounded by
+//!   its caps;
+//! - messages, link → client task (`LINK_INCOMING_QUEUE`): the link's reader waits (TCP
+//!   back-pressure to the head; Redis answers wait);
+//! - notices, client task → loop ([`NOTICE_QUEUE`], [`notice_channel`]): the client task waits
+//!   for a place, and meanwhile takes nothing from its link or its requests, so the pressure
+//!   goes back along the same path.
 
 pub mod builtin;
 mod client;
 #[doc(hidden)] // public for the fuzz targets (fuzz/) only
 pub mod frame;
+mod link_error;
 pub mod redis;
 
 use std::fmt;
@@ -26,7 +43,22 @@ use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
 use tokio::sync::mpsc;
 
 pub use client::DirectoryClient;
+pub use link_error::{CaFileError, LinkError, SubmitRefused, TokenRecordError};
 pub use skyriver_core::directory::{DirectoryNotice, MemberInfo};
+
+/// Notices waiting for the node's loop, at most ([`notice_channel`]): replies, events, member
+/// lists and health changes. When full, the directory client waits for a place.
+pub const NOTICE_QUEUE: usize = 1024;
+
+/// Where a directory backend sends its [`DirectoryNotice`]s: bounded ([`NOTICE_QUEUE`]).
+pub type NoticeSender = mpsc::Sender<DirectoryNotice>;
+/// Where the node's loop takes its [`DirectoryNotice`]s; `len()` is the depth metric.
+pub type NoticeReceiver = mpsc::Receiver<DirectoryNotice>;
+
+/// The channel from a directory backend to the node's loop, with [`NOTICE_QUEUE`] places.
+pub fn notice_channel() -> (NoticeSender, NoticeReceiver) {
+    mpsc::channel(NOTICE_QUEUE)
+}
 
 /// Why a backend could not start.
 #[derive(Debug, thiserror::Error)]
@@ -35,26 +67,34 @@ pub enum DirectoryError {
     #[error("bad directory address {0:?}: use redis://HOST:PORT, rediss://HOST:PORT (TLS), redis-cluster://HOST:PORT[,HOST:PORT…] (Redis Cluster) or HOST:PORT of a head daemon")]
     BadAddress(String),
     /// The first connection failed.
-    #[error("cannot reach the directory at {addr}: {reason}")]
+    #[error("cannot reach the directory at {addr}: {source}{}", if source.is_redis_auth() { REDIS_AUTH_HINT } else { "" })]
     Unreachable {
-        /// The address.
+        /// The address (any password masked).
         addr: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: LinkError,
     },
     /// The cluster name cannot name Redis keys.
     #[error("bad cluster name {0:?}: use 1 to 64 characters from A-Z a-z 0-9 . _ -")]
     BadClusterName(String),
-    /// The directory refused this node (wrong cluster token, duplicate node id).
+    /// The directory refused this node (wrong cluster token, duplicate node id). The reason
+    /// is the service's own text: it crosses the wire (and the core's session) as a string.
     #[error("the directory refused this node: {0}")]
     Refused(String),
 }
 
+/// Where Redis credentials go, said when Redis asks for them.
+const REDIS_AUTH_HINT: &str = " (Redis wants credentials: redis://:PASSWORD@HOST:PORT, or \
+     redis://USER:PASSWORD@HOST:PORT for an ACL user; rediss:// for TLS)";
+
 /// A connection of one node to the directory service.
 pub trait Directory: Send + Sync {
-    /// Carries `request` to the service; the reply comes as [`DirectoryNotice::Reply`] (except
-    /// for `Unsubscribe`, which has none).
-    fn submit(&self, op: DirectoryOpId, request: DirectoryRequest);
+    /// Queues `request` for the service without waiting; the reply comes as
+    /// [`DirectoryNotice::Reply`] (except for `Unsubscribe`, which has none). `Err` when the
+    /// request was not queued (the queue is full, or the client stopped): no reply will come,
+    /// and the caller answers the request itself.
+    fn submit(&self, op: DirectoryOpId, request: DirectoryRequest) -> Result<(), SubmitRefused>;
 
     /// Describes the backend for logs, without secrets.
     fn describe(&self) -> String;
@@ -172,7 +212,7 @@ pub async fn connect(
     me: MemberInfo,
     cluster: &str,
     token: &crate::token::ClusterToken,
-    notices: mpsc::UnboundedSender<DirectoryNotice>,
+    notices: NoticeSender,
 ) -> Result<Arc<dyn Directory>, DirectoryError> {
     match spec {
         DirectorySpec::Builtin { addr } => {

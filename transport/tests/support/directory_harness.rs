@@ -3,7 +3,7 @@
 //! [`Harness`] that joins, crashes and waits out heartbeats, with [`Participant`] nodes.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -19,9 +19,10 @@ use skyriver_transport::directory::builtin::{
     self, BuiltinDirectoryServer, ClientConfig, ServerConfig,
 };
 use skyriver_transport::directory::redis::{self, RedisConfig};
-use skyriver_transport::directory::{Directory, DirectoryClient};
+use skyriver_transport::directory::{
+    notice_channel, Directory, DirectoryClient, DirectoryError, NoticeReceiver,
+};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 
 use super::redis_cluster::RedisCluster;
 use super::redis_server::RedisServer;
@@ -31,11 +32,38 @@ pub const TOKEN: &str = "conformance-token";
 /// Bound on every wait on a real backend.
 const WAIT: Duration = Duration::from_secs(10);
 
+/// Why a node of a harness did not join.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// The in-process registry turned the session away; the reason is the registry's own text
+    /// (it crosses to the session as a string, as over the wire).
+    #[error("the directory refused this node: {0}")]
+    Refused(String),
+    /// The in-process session was neither welcomed nor refused.
+    #[error("not welcomed")]
+    NotWelcomed,
+    /// A real backend did not let the node join.
+    #[error(transparent)]
+    Backend(#[from] DirectoryError),
+}
+
+impl JoinError {
+    /// The directory's reason, when it refused the node (rather than being unreachable).
+    pub fn refusal(&self) -> Option<&str> {
+        match self {
+            JoinError::Refused(reason) | JoinError::Backend(DirectoryError::Refused(reason)) => {
+                Some(reason)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// A directory under test.
 pub trait Harness {
     type Node: Participant;
-    /// Joins as `member` presenting `token`; `Err` with the refusal's reason.
-    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<Self::Node, String>;
+    /// Joins as `member` presenting `token`; `Err` with why not.
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<Self::Node, JoinError>;
     /// Joins as `member` with the cluster's token; panics when refused.
     async fn join(&mut self, member: MemberInfo) -> Self::Node {
         let node = member.node;
@@ -231,7 +259,7 @@ impl CoreHarness {
         me: MemberInfo,
         token: &str,
         silent: bool,
-    ) -> Result<CoreParticipant, String> {
+    ) -> Result<CoreParticipant, JoinError> {
         let config = SessionConfig {
             heartbeat_interval: Duration::from_millis(10),
             heartbeat_timeout: Duration::from_secs(3600),
@@ -258,7 +286,9 @@ impl CoreHarness {
         let joined = world.nodes[&node].session.is_up();
         if !joined {
             let removed = world.nodes.remove(&node).expect("just added");
-            return Err(removed.refusal.unwrap_or_else(|| "not welcomed".into()));
+            return Err(removed
+                .refusal
+                .map_or(JoinError::NotWelcomed, JoinError::Refused));
         }
         Ok(CoreParticipant {
             node,
@@ -292,7 +322,7 @@ impl Harness for CoreHarness {
         &mut self,
         member: MemberInfo,
         token: &str,
-    ) -> Result<CoreParticipant, String> {
+    ) -> Result<CoreParticipant, JoinError> {
         self.add(member, token, false)
     }
 
@@ -372,21 +402,47 @@ impl Participant for CoreParticipant {
 // ---- Real backends: the shared client over TCP or Redis ----
 
 pub struct ClientNode {
+    node: NodeId,
     dir: DirectoryClient,
-    notices: mpsc::UnboundedReceiver<DirectoryNotice>,
+    notices: NoticeReceiver,
     next_op: u64,
     /// Notices received while waiting for something else.
     backlog: VecDeque<DirectoryNotice>,
 }
 
 impl ClientNode {
-    fn new(dir: DirectoryClient, notices: mpsc::UnboundedReceiver<DirectoryNotice>) -> Self {
+    fn new(node: NodeId, dir: DirectoryClient, notices: NoticeReceiver) -> Self {
         Self {
+            node,
             dir,
             notices,
             next_op: 0,
             backlog: VecDeque::new(),
         }
+    }
+
+    /// Waits until the latest member list this node heard satisfies `want`; that list stays
+    /// the latest one in the backlog (older ones are dropped on the way).
+    async fn wait_latest_members(&mut self, what: &str, want: impl Fn(&[MemberInfo]) -> bool) {
+        let is_members = |n: &DirectoryNotice| matches!(n, DirectoryNotice::Members(_));
+        let latest = self
+            .backlog
+            .iter()
+            .rposition(is_members)
+            .and_then(|at| self.backlog.remove(at));
+        self.backlog.retain(|n| !is_members(n));
+        let found = match latest {
+            Some(DirectoryNotice::Members(m)) if want(&m) => m,
+            _ => {
+                self.wait_for(what, |n| match n {
+                    DirectoryNotice::Members(m) if want(m) => Some(m.clone()),
+                    _ => None,
+                })
+                .await
+            }
+        };
+        self.backlog.retain(|n| !is_members(n));
+        self.backlog.push_back(DirectoryNotice::Members(found));
     }
 
     async fn wait_for<T>(
@@ -414,13 +470,13 @@ impl ClientNode {
 
 impl Participant for ClientNode {
     fn submit(&mut self, op: DirectoryOpId, request: DirectoryRequest) {
-        self.dir.submit(op, request);
+        self.dir.submit(op, request).expect("queued");
     }
 
     async fn ask(&mut self, request: DirectoryRequest) -> DirectoryReply {
         self.next_op += 1;
         let op = DirectoryOpId(self.next_op);
-        self.dir.submit(op, request.clone());
+        self.dir.submit(op, request.clone()).expect("queued");
         self.wait_for(&format!("the reply to {request}"), |n| match n {
             DirectoryNotice::Reply { op: o, reply } if *o == op => Some(reply.clone()),
             _ => None,
@@ -437,34 +493,23 @@ impl Participant for ClientNode {
     }
 
     async fn wait_members(&mut self, want: &[MemberInfo]) {
-        // The latest list counts: older ones in the backlog are dropped on the way.
-        self.backlog
-            .retain(|n| !matches!(n, DirectoryNotice::Members(_)));
-        self.wait_for(&format!("members {want:?}"), |n| match n {
-            DirectoryNotice::Members(m) if m[..] == want[..] => Some(()),
-            _ => None,
-        })
-        .await;
+        self.wait_latest_members(&format!("members {want:?}"), |m| m == want)
+            .await;
     }
 }
 
 pub struct BuiltinHarness {
     server: BuiltinDirectoryServer,
-    heartbeat_timeout: Duration,
 }
 
 impl BuiltinHarness {
     /// A head with a 300 ms heartbeat timeout on a loopback port.
     pub async fn new() -> Self {
-        let heartbeat_timeout = Duration::from_millis(300);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut config = ServerConfig::new(TOKEN);
-        config.heartbeat_timeout = heartbeat_timeout;
+        config.heartbeat_timeout = Duration::from_millis(300);
         let server = BuiltinDirectoryServer::spawn(listener, config).unwrap();
-        Self {
-            server,
-            heartbeat_timeout,
-        }
+        Self { server }
     }
 
     fn client_config(silent: bool) -> ClientConfig {
@@ -495,20 +540,25 @@ impl BuiltinHarness {
         }
     }
 
-    async fn open(&self, me: MemberInfo, token: &str, silent: bool) -> Result<ClientNode, String> {
-        let (tx, rx) = mpsc::unbounded_channel();
+    async fn open(
+        &self,
+        me: MemberInfo,
+        token: &str,
+        silent: bool,
+    ) -> Result<ClientNode, JoinError> {
+        let node = me.node;
+        let (tx, rx) = notice_channel();
         let addr = self.server.local_addr().to_string();
-        let dir = builtin::connect(&addr, me, &token.into(), tx, Self::client_config(silent))
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(ClientNode::new(dir, rx))
+        let dir =
+            builtin::connect(&addr, me, &token.into(), tx, Self::client_config(silent)).await?;
+        Ok(ClientNode::new(node, dir, rx))
     }
 }
 
 impl Harness for BuiltinHarness {
     type Node = ClientNode;
 
-    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, String> {
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, JoinError> {
         self.open(member, token, false).await
     }
 
@@ -520,8 +570,8 @@ impl Harness for BuiltinHarness {
         node.dir.abandon().await;
     }
 
-    async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
-        tokio::time::sleep(self.heartbeat_timeout * 2).await;
+    async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
+        see_only_each_other(live).await;
     }
 }
 
@@ -535,7 +585,12 @@ impl RedisHarness {
         redis_config(self.server.url(), silent)
     }
 
-    async fn open(&self, me: MemberInfo, token: &str, silent: bool) -> Result<ClientNode, String> {
+    async fn open(
+        &self,
+        me: MemberInfo,
+        token: &str,
+        silent: bool,
+    ) -> Result<ClientNode, JoinError> {
         open_redis(self.config(silent), me, token).await
     }
 }
@@ -568,18 +623,17 @@ async fn open_redis(
     config: RedisConfig,
     me: MemberInfo,
     token: &str,
-) -> Result<ClientNode, String> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let dir = redis::connect(config, me, &token.into(), tx)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(ClientNode::new(dir, rx))
+) -> Result<ClientNode, JoinError> {
+    let node = me.node;
+    let (tx, rx) = notice_channel();
+    let dir = redis::connect(config, me, &token.into(), tx).await?;
+    Ok(ClientNode::new(node, dir, rx))
 }
 
 impl Harness for RedisHarness {
     type Node = ClientNode;
 
-    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, String> {
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, JoinError> {
         self.open(member, token, false).await
     }
 
@@ -591,9 +645,9 @@ impl Harness for RedisHarness {
         node.dir.abandon().await;
     }
 
-    async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
+    async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
         // The silent node's TTL, then a member refresh of the observers.
-        tokio::time::sleep(SILENT_TTL + Duration::from_millis(400)).await;
+        see_only_each_other(live).await;
     }
 }
 
@@ -606,7 +660,7 @@ pub struct RedisClusterHarness {
 impl Harness for RedisClusterHarness {
     type Node = ClientNode;
 
-    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, String> {
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, JoinError> {
         open_redis(redis_config(self.cluster.url(), false), member, token).await
     }
 
@@ -620,9 +674,22 @@ impl Harness for RedisClusterHarness {
         node.dir.abandon().await;
     }
 
-    async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut ClientNode]) {
+    async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
         // The silent node's TTL, then a member refresh of the observers.
-        tokio::time::sleep(SILENT_TTL + Duration::from_millis(400)).await;
+        see_only_each_other(live).await;
+    }
+}
+
+/// Waits (bounded by [`WAIT`]) until each of the `live` nodes lists exactly the `live` nodes
+/// as members: every other node, the silent ones, outlived the heartbeat bound.
+async fn see_only_each_other(live: &mut [&mut ClientNode]) {
+    let nodes: BTreeSet<NodeId> = live.iter().map(|n| n.node).collect();
+    for observer in live.iter_mut() {
+        observer
+            .wait_latest_members(&format!("members {nodes:?} alone"), |m| {
+                m.iter().map(|m| m.node).collect::<BTreeSet<_>>() == nodes
+            })
+            .await;
     }
 }
 

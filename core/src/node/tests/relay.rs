@@ -213,3 +213,54 @@ fn a_relay_announcing_more_than_the_object_fails_the_transfer() {
     w.release(2, 1);
     w.assert_settled();
 }
+
+#[test]
+fn a_busy_holder_sends_a_later_requester_to_an_earlier_copy() {
+    // Fetched copies are not published yet (as when requesters finish together): only the
+    // holder is listed.
+    let mut w = World::new(4, |config| {
+        config.relay_min_bytes = 8 * 1024;
+        config.replica_publication_delay = Duration::from_secs(60);
+    });
+    w.put(0, 1, LEN);
+    w.put(0, 2, LEN);
+    // Node 1 fetched object 1 alone: the holder served it, nothing else was under way.
+    w.fetch(1, &[1], Duration::from_millis(50));
+    assert_copy(&w, 1, 1);
+    assert!(redirects(&w, 0).is_empty());
+    // The holder's link is busy with object 2 for node 3 when node 2 asks for object 1.
+    w.hand_fetch(3, &[2], Duration::from_millis(50), TransferMode::Auto);
+    w.pump_until(|w| w.count(0, |o| matches!(o, NodeOutput::GrantRead { .. })) == 2);
+    w.hand_fetch(2, &[1], Duration::from_millis(50), TransferMode::Auto);
+    w.pump();
+    assert_eq!(
+        redirects(&w, 0).iter().map(|(_, r)| *r).collect::<Vec<_>>(),
+        vec![NodeId(1)],
+        "node 2 was sent to node 1's copy"
+    );
+    assert_copy(&w, 2, 1);
+    assert_copy(&w, 3, 2);
+    assert_eq!(
+        w.nodes[0].stats().bytes_served,
+        2 * LEN,
+        "the holder sent each object once"
+    );
+    w.advance(Duration::from_secs(61)); // the copies' publications
+    for (node, n) in [(1, 1), (2, 1), (3, 2)] {
+        w.release(node, n);
+    }
+    w.assert_settled();
+}
+
+#[test]
+fn an_idle_holder_serves_a_later_requester_itself() {
+    let mut w = relaying_world(3);
+    w.put(0, 1, LEN);
+    w.fetch(1, &[1], Duration::from_millis(50));
+    w.fetch(2, &[1], Duration::from_millis(50));
+    assert!(redirects(&w, 0).is_empty(), "nothing under way: no detour");
+    assert_copy(&w, 2, 1);
+    w.release(1, 1);
+    w.release(2, 1);
+    w.assert_settled();
+}

@@ -277,3 +277,69 @@ fn a_placed_copy_joined_to_a_waiting_client_fetch_ends_soon_after_the_client_lea
     assert_eq!(w.nodes[1].stats().replication_fetches_failed, 1);
     w.nodes[1].check_invariants();
 }
+
+#[test]
+fn a_copy_of_record_is_published_as_one_again_when_the_directory_returns_and_surplus_unpins_it() {
+    let mut w = World::new(2, |_| {});
+    put_replicated(&mut w, 0, 1, 2, None);
+    w.put(0, 2, LEN);
+    assert_eq!(published_replicated(&w, 0), vec![2]);
+    // Cut off past the heartbeat bound and back: the session's replay published plain
+    // copies; the node publishes its copy of record again as one (the plain object stays
+    // plain).
+    let down = NodeInput::DirectoryHealth {
+        health: Err("cut off".into()),
+    };
+    w.feed(0, down);
+    w.feed(0, NodeInput::DirectoryHealth { health: Ok(()) });
+    w.pump();
+    assert_eq!(published_replicated(&w, 0), vec![2, 2]);
+    // The registry had repaired it meanwhile: the copy here is a plain one now.
+    let event = DirectoryEvent::Surplus { id: id(1) };
+    w.feed(0, NodeInput::DirectoryEvent { event });
+    w.pump();
+    assert!(!w.nodes[0].is_copy_of_record(&id(1)));
+    assert!(!w.nodes[0].store().is_pinned(&id(1)));
+    assert!(w.nodes[0].store().contains(&id(1)), "kept as a plain copy");
+    assert_eq!(w.nodes[0].stats().copies_of_record_released, 1);
+    let evicted = w.request(0, Request::Evict { bytes: 1 << 30 });
+    assert!(matches!(evicted, Some(Response::Evicted(o)) if o.objects == 2));
+    w.nodes[0].check_invariants();
+}
+
+/// Copies placed here queue behind each other (bytes in flight) in a store that holds one:
+/// the first must be pinned before its fetch's own reference goes, or the next one's
+/// admission evicts it at once and repair never converges (the simulator saw it, every
+/// target timeout again).
+#[test]
+fn a_placed_copy_is_pinned_before_the_next_placed_fetch_can_evict_it() {
+    let mut w = World::new(2, |config| {
+        if config.node == NodeId(1) {
+            config.store = crate::store::StoreConfig::single_arena(LEN + 20);
+            config.max_bytes_in_flight = LEN;
+        }
+    });
+    w.put(0, 1, LEN);
+    w.put(0, 2, LEN);
+    for n in [1, 2] {
+        let event = DirectoryEvent::Replicate {
+            id: id(n),
+            sizes: ObjectSizes {
+                data_size: LEN,
+                metadata_size: 0,
+            },
+            digest: ContentDigest::of(&World::bytes_of(n, LEN), &[]),
+            sources: vec![NodeId(0)],
+            replicas: 2,
+        };
+        w.feed(1, NodeInput::DirectoryEvent { event });
+    }
+    w.pump();
+    assert!(w.nodes[1].is_copy_of_record(&id(1)), "the first copy stays");
+    assert!(w.nodes[1].store().is_pinned(&id(1)));
+    assert!(
+        !w.nodes[1].store().contains(&id(2)),
+        "no room for the second"
+    );
+    w.nodes[1].check_invariants();
+}

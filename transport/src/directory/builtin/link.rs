@@ -7,8 +7,11 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::super::client::{Connector, Link, LINK_INCOMING_QUEUE};
+use std::sync::Arc;
+
+use super::super::client::{Connector, Link, LINK_INCOMING_QUEUE, LINK_OUTGOING_QUEUE};
 use super::super::frame;
+use super::super::LinkError;
 
 /// Opens TCP links to the head at `addr`.
 #[derive(Debug, Clone)]
@@ -17,20 +20,21 @@ pub(crate) struct TcpConnector {
 }
 
 impl Connector for TcpConnector {
-    async fn connect(&mut self) -> Result<Link, String> {
+    async fn connect(&mut self) -> Result<Link, LinkError> {
         let stream = TcpStream::connect(&self.addr)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| LinkError::Connect(Arc::new(e)))?;
         let _ = stream.set_nodelay(true);
-        Ok(open_link(stream, LINK_INCOMING_QUEUE))
+        Ok(open_link(stream, LINK_INCOMING_QUEUE, LINK_OUTGOING_QUEUE))
     }
 }
 
-/// A link over `stream` whose incoming side holds `incoming_places` messages at most.
-fn open_link(stream: TcpStream, incoming_places: usize) -> Link {
+/// A link over `stream` whose incoming side holds `incoming_places` messages at most, and its
+/// outgoing side `outgoing_places`.
+fn open_link(stream: TcpStream, incoming_places: usize, outgoing_places: usize) -> Link {
     let (reader, writer) = stream.into_split();
-    // Unbounded in type, bounded by the session's caps (see `Link`).
-    let (outgoing, to_write) = mpsc::unbounded_channel();
+    // Bounded: the writer takes them as fast as the head reads (see `Link`).
+    let (outgoing, to_write) = mpsc::channel(outgoing_places.max(1));
     // Bounded: the reader waits for the client task (see `Link`).
     let (read_tx, incoming) = mpsc::channel(incoming_places.max(1));
     Link {
@@ -43,7 +47,7 @@ fn open_link(stream: TcpStream, incoming_places: usize) -> Link {
 
 /// Writes frames until the link is dropped, then flushes and closes the stream, so the head
 /// sees a clean close (after any goodbye).
-async fn write_to_head(writer: OwnedWriteHalf, mut messages: mpsc::UnboundedReceiver<ToRegistry>) {
+async fn write_to_head(writer: OwnedWriteHalf, mut messages: mpsc::Receiver<ToRegistry>) {
     let mut writer = BufWriter::new(writer);
     while let Some(message) = messages.recv().await {
         if writer.write_all(&frame::encode(&message)).await.is_err() {
@@ -58,14 +62,14 @@ async fn write_to_head(writer: OwnedWriteHalf, mut messages: mpsc::UnboundedRece
 
 async fn read_from_head(
     mut reader: OwnedReadHalf,
-    incoming: mpsc::Sender<Result<FromRegistry, String>>,
+    incoming: mpsc::Sender<Result<FromRegistry, LinkError>>,
 ) {
     let mut buf = Vec::new();
     loop {
         let result = match frame::read::<FromRegistry, _>(&mut reader, &mut buf).await {
             Ok(Some(message)) => Ok(message),
-            Ok(None) => Err("the head closed the connection".to_string()),
-            Err(error) => Err(error.to_string()),
+            Ok(None) => Err(LinkError::ClosedByHead),
+            Err(error) => Err(LinkError::Read(Arc::new(error))),
         };
         let last = result.is_err();
         // While this waits for a place, nothing more is read: the head's writes to this node
@@ -103,7 +107,7 @@ mod tests {
             stream
         });
         let stream = TcpStream::connect(addr).await.unwrap();
-        let mut link = open_link(stream, PLACES);
+        let mut link = open_link(stream, PLACES, PLACES);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while link.incoming.len() < PLACES {
             assert!(tokio::time::Instant::now() < deadline, "never filled");

@@ -18,16 +18,15 @@ pub mod server;
 
 use std::time::Duration;
 
-use skyriver_core::directory::{DirectoryNotice, MemberInfo};
+use skyriver_core::directory::MemberInfo;
 use skyriver_core::registry::session::{DirectorySession, SessionConfig};
 use skyriver_core::registry::RegistryLimits;
-use tokio::sync::mpsc;
 
 pub use server::{BuiltinDirectoryServer, ServerConfig};
 pub use skyriver_core::registry::{FromRegistry, ToRegistry, PROTOCOL_VERSION};
 
 use super::client::{self, ClientTiming, DirectoryClient};
-use super::DirectoryError;
+use super::{DirectoryError, NoticeSender};
 
 /// Most nodes one head serves.
 pub const MAX_NODES: usize = 16_384;
@@ -91,7 +90,7 @@ pub async fn connect(
     addr: &str,
     me: MemberInfo,
     token: &crate::token::ClusterToken,
-    notices: mpsc::UnboundedSender<DirectoryNotice>,
+    notices: NoticeSender,
     config: ClientConfig,
 ) -> Result<BuiltinDirectory, DirectoryError> {
     let session_config = SessionConfig {

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
 use super::super::client::{Connector, Link, LINK_INCOMING_QUEUE};
+use super::super::{LinkError, TokenRecordError};
 use super::cluster::ClusterLink;
 use super::connection::{Backend, Commands, Incoming, Subscriber};
 use super::token_record::{self, Mismatch};
@@ -62,7 +63,7 @@ pub(super) struct RedisConnector {
 }
 
 impl Connector for RedisConnector {
-    async fn connect(&mut self) -> Result<Link, String> {
+    async fn connect(&mut self) -> Result<Link, LinkError> {
         let params = self.params.clone();
         let connect_timeout = params.config.connect_timeout;
         let live = match &params.backend {
@@ -78,17 +79,19 @@ impl Connector for RedisConnector {
                         conn: Commands::Cluster(ClusterLink { conn: conn.clone() }),
                         subscriber: Subscriber::Sharded { conn, pushes },
                     },
-                    Ok(Err(error)) => return Err(error.to_string()),
+                    Ok(Err(error)) => return Err(error.into()),
                     Err(_) => {
-                        return Err(format!(
-                            "no Redis Cluster connection within {} ms",
-                            connect_timeout.as_millis()
+                        return Err(LinkError::timeout(
+                            "Redis Cluster connection",
+                            connect_timeout,
                         ))
                     }
                 }
             }
         };
-        let (outgoing, requests) = mpsc::unbounded_channel();
+        // Bounded: the session's client task holds what finds no place (see `Link`); one
+        // batch's worth, so batching is as before.
+        let (outgoing, requests) = mpsc::channel(MAX_BATCH);
         // Bounded: the adapter waits for the client task (see `Link`).
         let (answers, incoming) = mpsc::channel(LINK_INCOMING_QUEUE);
         let adapter = Adapter {
@@ -115,7 +118,7 @@ impl Connector for RedisConnector {
 }
 
 /// Opens both connections to one Redis server.
-async fn open_single(client: &::redis::Client, config: &RedisConfig) -> Result<Live, String> {
+async fn open_single(client: &::redis::Client, config: &RedisConfig) -> Result<Live, LinkError> {
     let connect_timeout = config.connect_timeout;
     let connection_config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(connect_timeout))
@@ -127,23 +130,13 @@ async fn open_single(client: &::redis::Client, config: &RedisConfig) -> Result<L
     .await
     {
         Ok(Ok(conn)) => conn,
-        Ok(Err(error)) => return Err(error.to_string()),
-        Err(_) => {
-            return Err(format!(
-                "no connection within {} ms",
-                connect_timeout.as_millis()
-            ))
-        }
+        Ok(Err(error)) => return Err(error.into()),
+        Err(_) => return Err(LinkError::timeout("Redis connection", connect_timeout)),
     };
     let pubsub = match timeout(connect_timeout, client.get_async_pubsub()).await {
         Ok(Ok(pubsub)) => pubsub,
-        Ok(Err(error)) => return Err(error.to_string()),
-        Err(_) => {
-            return Err(format!(
-                "no pub/sub connection within {} ms",
-                connect_timeout.as_millis()
-            ))
-        }
+        Ok(Err(error)) => return Err(error.into()),
+        Err(_) => return Err(LinkError::timeout("pub/sub connection", connect_timeout)),
     };
     let (sink, stream) = pubsub.split();
     Ok(Live {
@@ -161,29 +154,37 @@ struct Live {
 /// Why a command failed.
 enum Failure {
     /// The connection is gone or Redis does not answer: reconnect.
-    Lost(String),
-    /// Redis answered with an error: this request fails, the connection stays.
+    Lost(LinkError),
+    /// Redis answered with an error, or with something this version does not read: this
+    /// request fails, the connection stays. The text is the `Unavailable` reply's reason,
+    /// which the core only shows.
     Failed(String),
 }
 
 impl Failure {
-    fn reason(&self) -> &str {
+    /// The reason an `Unavailable` reply gives.
+    fn reason(&self) -> String {
         match self {
-            Failure::Lost(reason) | Failure::Failed(reason) => reason,
+            Failure::Lost(error) => error.to_string(),
+            Failure::Failed(reason) => reason.clone(),
         }
     }
 }
 
 fn classify(error: RedisError) -> Failure {
-    if error.is_io_error()
-        || error.is_timeout()
-        || error.is_connection_dropped()
-        || error.is_unrecoverable_error()
-    {
-        Failure::Lost(format!("Redis connection failed: {error}"))
-    } else {
-        Failure::Failed(format!("Redis error: {error}"))
+    let lost = LinkError::from(error);
+    if let LinkError::Redis(error) = &lost {
+        if !(error.is_io_error()
+            || error.is_timeout()
+            || error.is_connection_dropped()
+            || error.is_unrecoverable_error()
+            // Nothing works without the credentials: the link is no use.
+            || lost.is_redis_auth())
+        {
+            return Failure::Failed(format!("Redis error: {error}"));
+        }
     }
+    Failure::Lost(lost)
 }
 
 /// One item of a batch, waiting for its pipeline results.
@@ -215,7 +216,7 @@ struct Adapter {
     token_record: String,
     params: Arc<Params>,
     shown_url: String,
-    answers: mpsc::Sender<Result<FromRegistry, String>>,
+    answers: mpsc::Sender<Result<FromRegistry, LinkError>>,
     /// What this node published on this connection (for a clean leave).
     publications: BTreeMap<ObjectId, (ObjectSizes, ContentDigest)>,
     /// Objects this node waits for (subscribed on the pub/sub connection).
@@ -246,9 +247,16 @@ impl Adapter {
         self.answer(FromRegistry::Reply { op, reply }).await;
     }
 
-    async fn run(mut self, mut live: Live, mut requests: mpsc::UnboundedReceiver<ToRegistry>) {
-        if let Err(failure) = self.serve(&mut live, &mut requests).await {
-            let _ = self.answers.send(Err(failure.reason().to_string())).await;
+    async fn run(mut self, mut live: Live, mut requests: mpsc::Receiver<ToRegistry>) {
+        match self.serve(&mut live, &mut requests).await {
+            Ok(()) => {}
+            Err(Failure::Lost(error)) => {
+                let _ = self.answers.send(Err(error)).await;
+            }
+            // A failed command that ends `serve` (one of the hello's): the link is no use.
+            Err(Failure::Failed(reason)) => {
+                let _ = self.answers.send(Err(LinkError::Command(reason))).await;
+            }
         }
     }
 
@@ -256,7 +264,7 @@ impl Adapter {
     async fn serve(
         &mut self,
         live: &mut Live,
-        requests: &mut mpsc::UnboundedReceiver<ToRegistry>,
+        requests: &mut mpsc::Receiver<ToRegistry>,
     ) -> Result<(), Failure> {
         let mut welcomed = false;
         // The hello waiting for its proof, with the nonce this side sent. The session runs the
@@ -275,7 +283,9 @@ impl Adapter {
                         Some(message) => Some(message),
                     },
                     message = live.subscriber.next(), if welcomed => match message {
-                        Incoming::Lost(reason) => return Err(Failure::Lost(reason.into())),
+                        Incoming::Lost(reason) => {
+                            return Err(Failure::Lost(LinkError::SubscriberLost(reason)))
+                        }
                         Incoming::Nothing => None,
                         Incoming::Message { channel, payload } => {
                             if self.on_message(live, &channel, &payload).await? {
@@ -313,7 +323,9 @@ impl Adapter {
             match message {
                 ToRegistry::Hello(hello) => {
                     if welcomed || handshake.is_some() {
-                        return Err(Failure::Lost("a second hello on one connection".into()));
+                        return Err(Failure::Lost(LinkError::Protocol(
+                            "a second hello on one connection",
+                        )));
                     }
                     let nonce = crate::token::fresh_nonce();
                     handshake = Some((hello, nonce));
@@ -321,12 +333,16 @@ impl Adapter {
                 }
                 ToRegistry::Proof(proof) => {
                     let Some((hello, nonce)) = handshake.take() else {
-                        return Err(Failure::Lost("a proof without a hello".into()));
+                        return Err(Failure::Lost(LinkError::Protocol(
+                            "a proof without a hello",
+                        )));
                     };
                     let identity = registry_wire::member_identity(&hello.member);
                     let transcript = registry_wire::transcript(&hello.nonce, &nonce, &identity);
                     if !auth::verify(SESSION_TOKEN, Role::Dialer, &transcript, &proof) {
-                        return Err(Failure::Lost("the session's proof does not hold".into()));
+                        return Err(Failure::Lost(LinkError::Protocol(
+                            "the session's proof does not hold",
+                        )));
                     }
                     let own_proof = auth::prove(SESSION_TOKEN, Role::Acceptor, &transcript);
                     match self.hello(live, hello, own_proof).await? {
@@ -348,7 +364,9 @@ impl Adapter {
                 }
                 ToRegistry::Request { op, request } => {
                     if !welcomed {
-                        return Err(Failure::Lost("a request before the hello".into()));
+                        return Err(Failure::Lost(LinkError::Protocol(
+                            "a request before the hello",
+                        )));
                     }
                     let mut batch = vec![(op, request)];
                     while batch.len() < MAX_BATCH {
@@ -407,8 +425,14 @@ impl Adapter {
                     token_record::create(&cluster, params.token.expose_secret(), cost)
                 })
                 .await
-                .map_err(|e| Failure::Lost(format!("the token record's derivation failed: {e}")))?
-                .map_err(Failure::Lost)?;
+                .map_err(TokenRecordError::Task)
+                .and_then(|made| made)
+                .map_err(|source| {
+                    Failure::Lost(LinkError::TokenRecord {
+                        stage: "derived",
+                        source: Arc::new(source),
+                    })
+                })?;
                 self.token_record = fresh;
                 // SET if absent; another node may have claimed it meanwhile.
                 let mut pipe = ::redis::pipe();
@@ -499,22 +523,27 @@ impl Adapter {
             outcome
         })
         .await
-        .map_err(|e| Failure::Lost(format!("the token record's check failed: {e}")))?;
+        .map_err(|e| {
+            Failure::Lost(LinkError::TokenRecord {
+                stage: "checked",
+                source: Arc::new(TokenRecordError::Task(e)),
+            })
+        })?;
         Ok(outcome)
     }
 
     /// Runs `future` under the request timeout.
     async fn bounded<T>(
         &self,
-        what: &str,
+        what: &'static str,
         future: impl Future<Output = RedisResult<T>>,
     ) -> Result<T, Failure> {
         match timeout(self.config.request_timeout, future).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(classify(error)),
-            Err(_) => Err(Failure::Lost(format!(
-                "Redis did not answer {what} within {} ms",
-                self.config.request_timeout.as_millis()
+            Err(_) => Err(Failure::Lost(LinkError::timeout(
+                what,
+                self.config.request_timeout,
             ))),
         }
     }
@@ -1052,7 +1081,7 @@ impl Adapter {
                 self.reply(
                     op,
                     DirectoryReply::Unavailable {
-                        reason: failure.reason().to_string(),
+                        reason: failure.reason(),
                     },
                 )
                 .await;
@@ -1074,13 +1103,8 @@ impl Adapter {
                     match answered {
                         Ok(reply) => self.reply(op, reply).await,
                         Err(f) => {
-                            self.reply(
-                                op,
-                                DirectoryReply::Unavailable {
-                                    reason: f.reason().to_string(),
-                                },
-                            )
-                            .await;
+                            self.reply(op, DirectoryReply::Unavailable { reason: f.reason() })
+                                .await;
                             if matches!(f, Failure::Lost(_)) {
                                 failure = Some(f);
                             }
@@ -1126,13 +1150,8 @@ impl Adapter {
                             .await;
                         }
                         Err(f) => {
-                            self.reply(
-                                op,
-                                DirectoryReply::Unavailable {
-                                    reason: f.reason().to_string(),
-                                },
-                            )
-                            .await;
+                            self.reply(op, DirectoryReply::Unavailable { reason: f.reason() })
+                                .await;
                             if matches!(f, Failure::Lost(_)) {
                                 failure = Some(f);
                             }

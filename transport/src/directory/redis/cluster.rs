@@ -107,13 +107,14 @@ impl ClusterSeeds {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let root_cert = match ca_file.filter(|_| tls) {
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                super::OpenClientError::CaFile(format!(
-                    "cannot read the Redis CA file {} ({}): {e}",
-                    path.display(),
-                    super::REDIS_CA_ENV
-                ))
-            })?),
+            Some(path) => {
+                Some(
+                    std::fs::read(path).map_err(|e| super::OpenClientError::CaFile {
+                        path: path.to_path_buf(),
+                        source: super::super::CaFileError::Read(e),
+                    })?,
+                )
+            }
             None => None,
         };
         Ok(Self { seeds, root_cert })

@@ -53,16 +53,15 @@ use std::time::Duration;
 use std::path::{Path, PathBuf};
 
 use ::redis::{Client, IntoConnectionInfo, TlsCertificates};
-use skyriver_core::directory::{DirectoryNotice, MemberInfo};
+use skyriver_core::directory::MemberInfo;
 use skyriver_core::registry::session::{DirectorySession, SessionConfig};
 use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
-use tokio::sync::mpsc;
 
 pub use reset::{reset, ResetError, ResetOutcome};
 pub use token_record::KdfCost;
 
 use super::client::{self, ClientTiming, DirectoryClient};
-use super::DirectoryError;
+use super::{DirectoryError, LinkError, NoticeSender};
 
 /// Most pending one-shot subscriptions of one node.
 pub const MAX_SUBSCRIPTIONS_PER_NODE: usize = 65_536;
@@ -248,7 +247,18 @@ pub(super) enum OpenClientError {
     /// The URL is not one Redis understands.
     BadUrl,
     /// The CA file cannot be read or used.
-    CaFile(String),
+    CaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: super::CaFileError,
+    },
+}
+
+impl OpenClientError {
+    fn ca_file(path: std::path::PathBuf, source: super::CaFileError) -> Self {
+        OpenClientError::CaFile { path, source }
+    }
 }
 
 /// A Redis client for `url`: plain for `redis://`; for `rediss://`, TLS with rustls (ring),
@@ -261,12 +271,8 @@ pub(super) fn open_client(url: &str, ca_file: Option<&Path>) -> Result<Client, O
     let Some(path) = ca_file.filter(|_| url.starts_with("rediss://")) else {
         return Client::open(url).map_err(|_| OpenClientError::BadUrl);
     };
-    let root_cert = std::fs::read(path).map_err(|e| {
-        OpenClientError::CaFile(format!(
-            "cannot read the Redis CA file {} ({REDIS_CA_ENV}): {e}",
-            path.display()
-        ))
-    })?;
+    let root_cert = std::fs::read(path)
+        .map_err(|e| OpenClientError::ca_file(path.to_path_buf(), super::CaFileError::Read(e)))?;
     let info = url
         .into_connection_info()
         .map_err(|_| OpenClientError::BadUrl)?;
@@ -277,19 +283,68 @@ pub(super) fn open_client(url: &str, ca_file: Option<&Path>) -> Result<Client, O
             root_cert: Some(root_cert),
         },
     )
-    .map_err(|e| OpenClientError::CaFile(format!("the Redis CA file {}: {e}", path.display())))
+    .map_err(|e| OpenClientError::ca_file(path.to_path_buf(), super::CaFileError::Use(e)))
 }
 
 /// Longest Redis password file read.
 const MAX_PASSWORD_FILE_BYTES: u64 = 4096;
 
+/// Why [`url_with_password_file`] made no URL.
+#[derive(Debug, thiserror::Error)]
+pub enum PasswordFileError {
+    /// The URL is not a Redis one.
+    #[error("--directory-password-file is for a Redis directory (redis://HOST:PORT)")]
+    NotRedis,
+    /// The URL carries credentials already.
+    #[error(
+        "the directory URL already has credentials: give the password either in the URL or \
+         with --directory-password-file, not both"
+    )]
+    CredentialsInUrl,
+    /// The file could not be opened or read.
+    #[error("cannot read the Redis password file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Others than its owner may read the file.
+    #[error(
+        "the Redis password file {} has mode {mode:04o}: others than its owner may read it; \
+         `chmod 600 {}` and start again", path.display(), path.display()
+    )]
+    Readable {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The file is larger than a password.
+    #[error("the Redis password file {} is over {MAX_PASSWORD_FILE_BYTES} bytes", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file holds no password.
+    #[error("the Redis password file {} is empty", path.display())]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
 /// `url` (`redis://HOST:PORT…` or `rediss://…`, without credentials) with the password in the
 /// file at `path` (its content without the trailing line break; only its owner may read it,
 /// mode 0600 or stricter), so the password stays out of command lines and the environment.
-pub fn url_with_password_file(url: &str, path: &Path) -> Result<String, String> {
+pub fn url_with_password_file(url: &str, path: &Path) -> Result<String, PasswordFileError> {
     use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
-    let shown = path.display();
+    let read_failed = |source| PasswordFileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
     let (scheme, rest) = url
         .split_once("://")
         .filter(|(scheme, _)| {
@@ -298,43 +353,33 @@ pub fn url_with_password_file(url: &str, path: &Path) -> Result<String, String> 
                 "redis" | "rediss" | "redis-cluster" | "rediss-cluster"
             )
         })
-        .ok_or_else(|| {
-            "--directory-password-file is for a Redis directory (redis://HOST:PORT)".to_string()
-        })?;
+        .ok_or(PasswordFileError::NotRedis)?;
     let authority = rest.split('/').next().unwrap_or_default();
     if authority.contains('@') {
-        return Err(
-            "the directory URL already has credentials: give the password either in the URL \
-             or with --directory-password-file, not both"
-                .into(),
-        );
+        return Err(PasswordFileError::CredentialsInUrl);
     }
-    let file = std::fs::File::open(path)
-        .map_err(|e| format!("cannot read the Redis password file {shown}: {e}"))?;
-    let mode = file
-        .metadata()
-        .map_err(|e| format!("cannot read the Redis password file {shown}: {e}"))?
-        .permissions()
-        .mode()
-        & 0o7777;
+    let file = std::fs::File::open(path).map_err(read_failed)?;
+    let mode = file.metadata().map_err(read_failed)?.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
-        return Err(format!(
-            "the Redis password file {shown} has mode {mode:04o}: others than its owner may \
-             read it; `chmod 600 {shown}` and start again"
-        ));
+        return Err(PasswordFileError::Readable {
+            path: path.to_path_buf(),
+            mode,
+        });
     }
     let mut text = String::new();
     file.take(MAX_PASSWORD_FILE_BYTES + 1)
         .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read the Redis password file {shown}: {e}"))?;
+        .map_err(read_failed)?;
     if text.len() as u64 > MAX_PASSWORD_FILE_BYTES {
-        return Err(format!(
-            "the Redis password file {shown} is over {MAX_PASSWORD_FILE_BYTES} bytes"
-        ));
+        return Err(PasswordFileError::TooLarge {
+            path: path.to_path_buf(),
+        });
     }
     let password = text.trim_end_matches(['\n', '\r']);
     if password.is_empty() {
-        return Err(format!("the Redis password file {shown} is empty"));
+        return Err(PasswordFileError::Empty {
+            path: path.to_path_buf(),
+        });
     }
     // Percent-encoded: the URL's password is decoded again when it is parsed.
     let mut encoded = String::with_capacity(password.len());
@@ -530,7 +575,7 @@ pub async fn connect(
     config: RedisConfig,
     me: MemberInfo,
     token: &crate::token::ClusterToken,
-    notices: mpsc::UnboundedSender<DirectoryNotice>,
+    notices: NoticeSender,
 ) -> Result<RedisDirectory, DirectoryError> {
     let shown = super::DirectorySpec::Redis {
         url: config.url.clone(),
@@ -548,9 +593,12 @@ pub async fn connect(
     }
     .map_err(|error| match error {
         OpenClientError::BadUrl => DirectoryError::BadAddress(shown.clone()),
-        OpenClientError::CaFile(reason) => DirectoryError::Unreachable {
+        OpenClientError::CaFile { path, source } => DirectoryError::Unreachable {
             addr: shown.clone(),
-            reason,
+            source: LinkError::CaFile {
+                path,
+                source: Arc::new(source),
+            },
         },
     })?;
     // Serialising a struct of plain fields to JSON cannot fail.
@@ -598,29 +646,8 @@ pub async fn connect(
             shown_url: shown.clone(),
         }),
     };
-    client::start(session, connector, timing, notices, shown, description)
-        .await
-        .map_err(with_auth_hint)
-}
-
-/// A refusal for credentials says where they go.
-fn with_auth_hint(error: DirectoryError) -> DirectoryError {
-    match error {
-        DirectoryError::Unreachable { addr, reason }
-            if reason.contains("NOAUTH")
-                || reason.contains("WRONGPASS")
-                || reason.contains("AuthenticationFailed") =>
-        {
-            DirectoryError::Unreachable {
-                addr,
-                reason: format!(
-                    "{reason} (Redis wants credentials: redis://:PASSWORD@HOST:PORT, or \
-                     redis://USER:PASSWORD@HOST:PORT for an ACL user; rediss:// for TLS)"
-                ),
-            }
-        }
-        other => other,
-    }
+    // A refusal for credentials says where they go (`DirectoryError`'s message).
+    client::start(session, connector, timing, notices, shown, description).await
 }
 
 #[cfg(test)]
@@ -651,12 +678,30 @@ mod tests {
     fn a_password_file_others_can_read_or_a_url_with_credentials_is_refused() {
         let (_dir, open) = password_file(0o640, "secret");
         let error = url_with_password_file("redis://h:1", &open).unwrap_err();
-        assert!(error.contains("chmod 600"), "{error}");
+        assert!(
+            matches!(error, PasswordFileError::Readable { mode: 0o640, .. }),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("chmod 600"), "{error}");
         let (_dir, path) = password_file(0o600, "secret");
         let error = url_with_password_file("redis://:other@h:1", &path).unwrap_err();
-        assert!(error.contains("already has credentials"), "{error}");
-        assert!(url_with_password_file("10.0.0.1:7390", &path).is_err());
+        assert!(
+            matches!(error, PasswordFileError::CredentialsInUrl),
+            "{error:?}"
+        );
+        assert!(matches!(
+            url_with_password_file("10.0.0.1:7390", &path),
+            Err(PasswordFileError::NotRedis)
+        ));
         let (_dir, empty) = password_file(0o600, "\n");
-        assert!(url_with_password_file("redis://h:1", &empty).is_err());
+        assert!(matches!(
+            url_with_password_file("redis://h:1", &empty),
+            Err(PasswordFileError::Empty { .. })
+        ));
+        let error = url_with_password_file("redis://h:1", &_dir.path().join("absent")).unwrap_err();
+        assert!(
+            matches!(&error, PasswordFileError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+            "{error:?}"
+        );
     }
 }

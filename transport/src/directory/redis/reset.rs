@@ -68,9 +68,9 @@ pub async fn reset(url: &str, cluster: &str, force: bool) -> Result<ResetOutcome
         .map(std::path::PathBuf::from);
     let client = super::open_client(url, ca_file.as_deref()).map_err(|error| match error {
         super::OpenClientError::BadUrl => ResetError::BadAddress(shown.clone()),
-        super::OpenClientError::CaFile(reason) => ResetError::Unreachable {
+        super::OpenClientError::CaFile { path, source } => ResetError::Unreachable {
             addr: shown.clone(),
-            reason,
+            reason: format!("the Redis CA file {}: {source}", path.display()),
         },
     })?;
     let unreachable = |reason: String| ResetError::Unreachable {

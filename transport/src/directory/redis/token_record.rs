@@ -13,6 +13,8 @@
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::{Algorithm, Argon2, Params, Version};
 
+use super::super::TokenRecordError;
+
 /// The version prefix of the records this code writes and reads.
 const PREFIX: &str = "v2:";
 
@@ -80,15 +82,24 @@ fn input(cluster: &str, token: &str) -> Vec<u8> {
 
 /// A new record for `token` of `cluster`, with a fresh random salt. Slow by design: run it
 /// off the async threads.
-pub(super) fn create(cluster: &str, token: &str, cost: KdfCost) -> Result<String, String> {
+pub(super) fn create(
+    cluster: &str,
+    token: &str,
+    cost: KdfCost,
+) -> Result<String, TokenRecordError> {
     let mut salt = [0u8; 16];
-    getrandom::getrandom(&mut salt).map_err(|e| format!("no random salt: {e}"))?;
-    let salt = SaltString::encode_b64(&salt).map_err(|e| format!("bad salt: {e}"))?;
-    let params = Params::new(cost.memory_kib, cost.passes, cost.lanes, None)
-        .map_err(|e| format!("bad token KDF cost {cost:?}: {e}"))?;
+    getrandom::getrandom(&mut salt).map_err(TokenRecordError::Salt)?;
+    let salt = SaltString::encode_b64(&salt).map_err(TokenRecordError::SaltEncoding)?;
+    let params =
+        Params::new(cost.memory_kib, cost.passes, cost.lanes, None).map_err(|objection| {
+            TokenRecordError::Cost {
+                cost: format!("{cost:?}"),
+                objection,
+            }
+        })?;
     let hash = Argon2::new(Algorithm::Argon2id, Version::V0x13, params)
         .hash_password(&input(cluster, token), &salt)
-        .map_err(|e| format!("cannot derive the token record: {e}"))?;
+        .map_err(TokenRecordError::Derive)?;
     Ok(format!("{PREFIX}{hash}"))
 }
 
