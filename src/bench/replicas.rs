@@ -140,13 +140,18 @@ pub(super) fn run(args: &ReplicasArgs) -> Result<(), BenchError> {
     let socket_dir =
         std::env::temp_dir().join(format!("skyriver-bench-replicas-{}", std::process::id()));
     crate::netns::remove_dir_on_signal(socket_dir.clone());
-    let mut up = UpArgs::new(args.nodes, memory, Some(socket_dir));
+    let mut up = UpArgs::new(args.nodes, memory, Some(socket_dir.clone()));
     up.netns = true;
     up.link = args.link.clone();
     up.metrics = true;
-    let mut cluster = LocalCluster::start(&up, &exe)?;
-    let result = measure(args, &mut cluster);
-    cluster.stop();
+    let started = LocalCluster::start(&up, &exe).map_err(BenchError::from);
+    let result = started.and_then(|mut cluster| {
+        let result = measure(args, &mut cluster);
+        cluster.stop();
+        result
+    });
+    // The daemons' sockets and logs: this run's, removed whether it measured or failed.
+    let _ = std::fs::remove_dir_all(&socket_dir);
     let report = result?;
     print_table(&report);
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)?).map_err(|source| {

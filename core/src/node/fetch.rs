@@ -622,8 +622,12 @@ impl Node {
         let Some(object) = self.objects.remove(&id) else {
             return;
         };
-        if object.state == ObjectFetchState::AwaitingPublication {
-            self.cancel_timer(Timer::PublicationGrace(id));
+        match object.state {
+            ObjectFetchState::AwaitingPublication => self.cancel_timer(Timer::PublicationGrace(id)),
+            // Sealed here by a local put while the hinted node had not answered yet: its late
+            // reply is ignored (or its lease released) as any ended transfer's.
+            ObjectFetchState::Hinted(tid) => self.drop_hinted(tid),
+            _ => {}
         }
         for waiter_id in object.waiters {
             let Some(waiter) = self.waiters.get_mut(&waiter_id) else {

@@ -115,15 +115,18 @@ impl Node {
     ///
     /// [`NodeConfig::max_directory_attempts`]: super::NodeConfig::max_directory_attempts
     pub(super) fn publish_unvouched_again(&mut self) {
-        let unvouched: Vec<ObjectId> = self
-            .unvouched
-            .iter()
-            .filter(|id| !self.publications.contains_key(id))
-            .copied()
-            .collect();
-        for id in unvouched {
-            // Gone from the store (its withdrawal clears it), or no digest to publish: it
-            // stays unserved to peers, the safe side.
+        let unvouched: Vec<ObjectId> = self.unvouched.iter().copied().collect();
+        self.publish_again(unvouched);
+    }
+
+    /// Publishes anew each of `ids` with no publication on its way. One gone from the store
+    /// (its withdrawal clears it), or with no digest to publish, is left as it is: unserved to
+    /// peers, the safe side.
+    pub(super) fn publish_again(&mut self, ids: Vec<ObjectId>) {
+        for id in ids {
+            if self.publications.contains_key(&id) {
+                continue;
+            }
             if let Some((sizes, Some(digest))) = self.store.sealed_sizes_and_digest(&id) {
                 self.want_publication(id, Want::Publish(sizes, digest));
             }

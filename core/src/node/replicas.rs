@@ -426,18 +426,8 @@ impl Node {
     ///
     /// [`DirectoryEvent::Surplus`]: crate::directory::DirectoryEvent::Surplus
     pub(super) fn publish_copies_of_record_again(&mut self) {
-        let ids: Vec<ObjectId> = self
-            .replicas
-            .of_record
-            .iter()
-            .filter(|id| !self.publications.contains_key(id))
-            .copied()
-            .collect();
-        for id in ids {
-            if let Some((sizes, Some(digest))) = self.store.sealed_sizes_and_digest(&id) {
-                self.want_publication(id, Want::Publish(sizes, digest));
-            }
-        }
+        let ids: Vec<ObjectId> = self.replicas.of_record.iter().copied().collect();
+        self.publish_again(ids);
     }
 
     /// The registry has enough copies of record of `id` without this one: unpinned, it stays

@@ -133,3 +133,45 @@ fn a_hinted_fetch_nobody_waits_for_any_more_ends_cleanly() {
     );
     w.assert_settled();
 }
+
+#[test]
+fn a_local_put_that_seals_before_the_hinted_node_answers_ends_the_hinted_request() {
+    let mut w = World::new(2, |c| c.location_cache_entries = 0);
+    w.put(0, 1, 10_000);
+    let body = Request::FetchFrom {
+        ids: vec![id(1)],
+        timeout_ms: Some(50),
+        mode: TransferMode::Auto,
+        wait_for_publication: false,
+        hint: NodeId(0),
+    };
+    w.hand_request(1, CLIENT, body);
+    w.drive_alone(1);
+    // The request to node 0 is held back while a client of node 1 puts the same object.
+    let held = std::mem::take(&mut w.messages);
+    assert!(!held.is_empty(), "node 1 asked the hinted node");
+    w.put(1, 1, 10_000);
+    let replies = w.replies(1);
+    let fetched = replies
+        .iter()
+        .find(|r| r.len() == 1 && r[0].is_ok())
+        .expect("the local seal answered the fetch");
+    let info = ok_info(&fetched[0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 10_000));
+    let pending = w.nodes[1].pending_work();
+    assert!(
+        pending.iter().all(|work| !work.contains("hinted")),
+        "the hinted request ended with its fetch: {pending:?}"
+    );
+    w.nodes[1].check_invariants();
+    // The hinted node's late answer finds no transfer: its lease is released.
+    w.messages.extend(held);
+    w.pump();
+    assert!(
+        !w.nodes[0].store().is_pinned(&id(1)),
+        "the late lease was released"
+    );
+    w.release(1, 1);
+    w.pump();
+    w.assert_settled();
+}
