@@ -230,6 +230,18 @@ pub enum DirectoryEvent {
         /// The object.
         id: ObjectId,
     },
+    /// This node's publication of `id`, replayed by its session after connecting (see
+    /// [`crate::registry::session`]), was refused: the directory names another content for the
+    /// id. Made by the node's session from the registry's `Conflict`; the node's copy stays
+    /// local, served to no peer.
+    ReplayRefused {
+        /// The object.
+        id: ObjectId,
+        /// The sizes the id names.
+        sizes: ObjectSizes,
+        /// The digest the id names.
+        digest: ContentDigest,
+    },
 }
 
 impl DirectoryEvent {
@@ -241,6 +253,7 @@ impl DirectoryEvent {
             | DirectoryEvent::Copies { id, .. }
             | DirectoryEvent::Delete { id }
             | DirectoryEvent::Surplus { id } => id,
+            DirectoryEvent::ReplayRefused { id, .. } => id,
         }
     }
 }
@@ -270,6 +283,9 @@ impl fmt::Display for DirectoryEvent {
             DirectoryEvent::Copies { id, copies } => write!(f, "Copies{{{id}, {copies}}}"),
             DirectoryEvent::Delete { id } => write!(f, "Delete{{{id}}}"),
             DirectoryEvent::Surplus { id } => write!(f, "Surplus{{{id}}}"),
+            DirectoryEvent::ReplayRefused { id, digest, .. } => {
+                write!(f, "ReplayRefused{{{id}, the id names digest={digest}}}")
+            }
         }
     }
 }

@@ -55,6 +55,7 @@ fn seeds() -> Vec<Vec<u8>> {
         legacy_token: String::new(),
         member,
         nonce: [5; 32],
+        returning: true,
     });
     let id = ObjectId::from_u64(42);
     let sizes = ObjectSizes {
@@ -81,6 +82,12 @@ fn seeds() -> Vec<Vec<u8>> {
         },
         ToRegistry::Ping { seq: 9 },
         ToRegistry::Goodbye,
+        ToRegistry::Reclaim {
+            op: WireOpId(3),
+            id,
+            sizes,
+            digest: ContentDigest(0x0123_4567_89ab_cdef),
+        },
     ];
     let from_registry = [
         FromRegistry::Challenge { nonce: [7; 32] },

@@ -112,3 +112,35 @@ fn holders_that_deny_copies_they_hold_are_caught_by_the_liveness_fetches() {
     });
     assert!(caught.is_some(), "no seed of 0..20 caught the planted flaw");
 }
+
+/// A restarted head keeps a grace period for the returning holders' replays, and a holder
+/// whose replay is refused stops serving its copy. Without either (a planted flaw), an id
+/// names two contents after a head restart, and the liveness fetches or the content checks
+/// catch it.
+#[test]
+fn unguarded_head_restarts_are_caught() {
+    let flaws = Flaws {
+        unguarded_head_restarts: true,
+        ..Flaws::default()
+    };
+    // Two seeds where a returning holder's replay lost the id to another content, found by a
+    // sweep before the grace period existed; then a range to search should the runs drift.
+    let caught = [7_000_000_002_339, 7_000_000_003_195]
+        .into_iter()
+        .chain(150..170)
+        .chain(SEEDS)
+        .find_map(|seed| {
+            let report = flawed(seed, flaws);
+            report
+                .violations
+                .iter()
+                .find(|v| v.contains("is not fetchable") || v.contains("content"))
+                .map(|v| (seed, v.clone()))
+        });
+    let (seed, violation) = caught.expect("no seed caught the planted flaw");
+    assert!(
+        run_seed(seed, None, MODE).passed(),
+        "seed {seed} fails without the flaw too"
+    );
+    eprintln!("seed {seed}: {violation}");
+}

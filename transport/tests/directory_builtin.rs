@@ -515,6 +515,7 @@ mod handshake {
             legacy_token: String::new(),
             member: member(1),
             nonce,
+            returning: false,
         }
     }
 

@@ -568,6 +568,7 @@ impl Node {
             DirectoryEvent::Copies { id, copies } => self.copies_reported(id, copies),
             DirectoryEvent::Delete { id } => self.deleted_everywhere(id),
             DirectoryEvent::Surplus { id } => self.surplus_copy(id),
+            DirectoryEvent::ReplayRefused { id, .. } => self.replay_refused(id),
         }
         self.absorb_store();
     }

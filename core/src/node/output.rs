@@ -352,4 +352,8 @@ pub struct NodeStats {
     /// record without them (they came back after repair replaced them).
     #[serde(default)]
     pub copies_of_record_released: u64,
+    /// Publications of copies not yet served to peers that ran out of attempts while the
+    /// directory was reachable, and started another round of attempts later.
+    #[serde(default)]
+    pub publication_rounds_restarted: u64,
 }

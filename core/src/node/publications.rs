@@ -100,6 +100,12 @@ impl Node {
         self.refused_publications.contains(id)
     }
 
+    /// Whether this node serves its copy of `id` to peers: a copy sealed or recovered without
+    /// the directory's acceptance of its content is not served until it accepts it.
+    pub fn serves_peers(&self, id: &ObjectId) -> bool {
+        !self.unvouched.contains(id)
+    }
+
     /// The directory answers again: publish anew every copy it has not vouched for and whose
     /// publication gave up. A copy sealed or recovered while it was out is served to peers
     /// only once a publication of it is accepted, and that publication may have given up
@@ -125,6 +131,19 @@ impl Node {
                 self.want_publication(id, Want::Publish(sizes, digest));
             }
         }
+    }
+
+    /// The directory client's replay of this node's publication of `id` was refused: another
+    /// content holds the id (a head that restarted accepted it before the replay came). The
+    /// copy stays local and is served to no peer, as when the node's own publication is
+    /// refused.
+    pub(super) fn replay_refused(&mut self, id: ObjectId) {
+        if !self.store.contains(&id) {
+            return;
+        }
+        self.unvouched.insert(id);
+        self.refused_publications.insert(id);
+        self.stats.id_conflicts += 1;
     }
 
     pub(super) fn send_publication(&mut self, id: ObjectId) {
@@ -153,6 +172,7 @@ impl Node {
         op: DirectoryOpId,
         reply: DirectoryReply,
     ) {
+        let unserved_while_reachable = self.unvouched.contains(&id) && self.directory_healthy();
         let Some(publication) = self.publications.get_mut(&id) else {
             return;
         };
@@ -181,7 +201,20 @@ impl Node {
                 self.seal_verdict(id, Verdict::Refused);
             }
             DirectoryReply::Unavailable { .. } => {
-                if publication.attempts >= self.config.max_directory_attempts {
+                let unserved_publish =
+                    matches!(publication.want, Want::Publish(..)) && unserved_while_reachable;
+                if publication.attempts >= self.config.max_directory_attempts && unserved_publish {
+                    // The directory answers, but not this publication in time (a restarted head
+                    // holds new publications until its grace period ends, and then accepts
+                    // them): another round later, or the copy would stay unserved to peers
+                    // while the directory lists it. Rounds end when the directory is reported
+                    // down; its return publishes unvouched copies again.
+                    publication.attempts = 0;
+                    self.stats.publication_rounds_restarted += 1;
+                    let at = self.now
+                        + self.config.retry_backoff * self.config.max_directory_attempts.max(1);
+                    self.set_timer(at, Timer::Publication(id));
+                } else if publication.attempts >= self.config.max_directory_attempts {
                     self.publications.remove(&id);
                     self.stats.publications_dropped += 1;
                 } else {

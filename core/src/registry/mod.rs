@@ -28,7 +28,12 @@
 //!   subscriptions are one-shot).
 //! - Output for one connection leaves in the order it was decided; a publish's reply is queued
 //!   before the events it fires.
+//! - **Grace after a restart**: a restarted head judges at once only replayed publications and
+//!   those of ids it lists; the others wait for the end of its grace period (see [`grace`]).
 
+mod grace;
+#[cfg(test)]
+mod grace_tests;
 mod holders;
 pub mod placement;
 pub mod replication;
@@ -52,6 +57,7 @@ use crate::ids::{NodeId, ObjectId};
 use crate::time::Instant;
 use crate::wire::ObjectSizes;
 
+pub use grace::MAX_DEFERRED_REQUESTS;
 pub use replication::{ReplicationLimits, ReplicationStats, MAX_REPLICAS};
 pub use wire::{FromRegistry, Hello, ToRegistry, WireOpId, HELLO_MAGIC, PROTOCOL_VERSION};
 
@@ -278,6 +284,8 @@ pub struct Registry {
     replication: replication::Replication,
     /// The latest `now` of any input.
     now: Instant,
+    /// The grace period after a restart (see [`grace`]).
+    grace: grace::Grace,
 }
 
 impl Registry {
@@ -295,6 +303,7 @@ impl Registry {
             outputs: VecDeque::new(),
             replication: replication::Replication::new(ReplicationLimits::default()),
             now: Instant::ZERO,
+            grace: grace::Grace::default(),
         }
     }
 
@@ -305,6 +314,7 @@ impl Registry {
 
     fn advance(&mut self, now: Instant) {
         self.now = self.now.max(now);
+        self.note_start(now);
     }
 
     /// Its configuration.
@@ -412,6 +422,7 @@ impl Registry {
         hello: Hello,
         proof: Proof,
     ) -> Result<(), HelloRefused> {
+        let returning = hello.returning;
         let member = hello.member;
         let node = member.node;
         if let Some(old) = self.members.get(&node) {
@@ -483,6 +494,9 @@ impl Registry {
         self.welcome(conn, proof);
         self.push_members();
         self.replicas_member_joined(now);
+        if returning {
+            self.returning_member_admitted(now);
+        }
         Ok(())
     }
 
@@ -496,6 +510,44 @@ impl Registry {
     ) -> Result<(), RegistryError> {
         self.advance(now);
         let node = self.heard_from(now, conn)?;
+        if let Err(request) = self.defer_in_grace(now, conn, node, op, request) {
+            self.serve_request(now, conn, node, op, request);
+        }
+        Ok(())
+    }
+
+    /// A replayed publication from a member's connection ([`ToRegistry::Reclaim`]): judged at
+    /// once, also during a grace period.
+    pub fn handle_reclaim(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        op: WireOpId,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        digest: ContentDigest,
+    ) -> Result<(), RegistryError> {
+        self.advance(now);
+        let node = self.heard_from(now, conn)?;
+        self.serve_request(
+            now,
+            conn,
+            node,
+            op,
+            DirectoryRequest::Publish { id, sizes, digest },
+        );
+        Ok(())
+    }
+
+    /// Serves a request of `node`'s connection; the reply (and any events it fires) is queued.
+    fn serve_request(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        node: NodeId,
+        op: WireOpId,
+        request: DirectoryRequest,
+    ) {
         let mut fired = Vec::new();
         let reply = match request {
             DirectoryRequest::Lookup { id, subscribe } => self.lookup(node, id, subscribe),
@@ -530,7 +582,7 @@ impl Registry {
                     self.outputs.extend(fired);
                     let bytes = sizes.total().unwrap_or(u64::MAX);
                     self.copy_of_record_published(now, node, id, bytes, replicas, free_bytes);
-                    return Ok(());
+                    return;
                 }
                 reply
             }
@@ -546,7 +598,6 @@ impl Registry {
             });
         }
         self.outputs.extend(fired);
-        Ok(())
     }
 
     /// A heartbeat from a member's connection; answered with `Pong`.
@@ -594,6 +645,12 @@ impl Registry {
             ToRegistry::Ping { seq } => self.handle_ping(now, conn, seq)?,
             ToRegistry::Goodbye => self.handle_goodbye(now, conn)?,
             ToRegistry::Proof(proof) => self.handle_proof(now, conn, proof)?,
+            ToRegistry::Reclaim {
+                op,
+                id,
+                sizes,
+                digest,
+            } => self.handle_reclaim(now, conn, op, id, sizes, digest)?,
         }
         Ok(())
     }
@@ -633,6 +690,7 @@ impl Registry {
         if changed {
             self.push_members();
         }
+        self.grace_timeout(now);
         self.replication_timeout(now);
     }
 
@@ -646,10 +704,14 @@ impl Registry {
     /// When [`Registry::handle_timeout`] next has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let expiry = self.expiry.first().map(|&(at, _)| at);
-        match (expiry, self.replication.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [
+            expiry,
+            self.replication.poll_timeout(),
+            self.grace_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     // ---- Queries ----
@@ -692,6 +754,11 @@ impl Registry {
             .get(id)
             .map(|h| h.iter().collect())
             .unwrap_or_default()
+    }
+
+    /// The digest of the content `id` names while any holder is listed.
+    pub fn content_of(&self, id: &ObjectId) -> Option<ContentDigest> {
+        self.holders.get(id).map(|h| h.content().1)
     }
 
     /// Whether `node` has a pending subscription to `id`.
@@ -763,6 +830,7 @@ impl Registry {
         );
         assert_eq!(self.expiry.len(), self.members.len());
         self.check_replication_invariants();
+        self.check_grace_invariants();
     }
 
     // ---- Rules ----

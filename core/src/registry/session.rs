@@ -10,10 +10,12 @@
 //!   waits for `Welcome`, whose proof must hold too (a refusal, or a registry that cannot prove
 //!   the token, ends the attempt). See [`crate::registry`] for the handshake.
 //! - **Replays** after every welcome what the registry may have lost (all of it after a head
-//!   restart): a `Publish` of each object the node holds and a `Lookup` with `subscribe` of
-//!   each object it waits for; a replayed lookup that finds a holder fires the subscription
-//!   locally, so a publication missed while away (or a push lost with a connection) still
-//!   reaches the node exactly once.
+//!   restart): a `Reclaim` of each object the node holds (a publication a restarted head judges
+//!   during its grace period) and a `Lookup` with `subscribe` of each object it waits for; a
+//!   replayed lookup that finds a holder fires the subscription locally, so a publication
+//!   missed while away (or a push lost with a connection) still reaches the node exactly once.
+//!   A replayed publication the registry refuses (another content holds the id) is told to the
+//!   node ([`DirectoryEvent::ReplayRefused`]), whose copy then stays local.
 //! - **Heartbeats**: pings every `heartbeat_interval`; a registry not heard from within
 //!   `heartbeat_timeout` is gone ([`SessionOutput::Disconnect`]).
 //! - **Answers every request**: while down, or when a connection is lost with requests in
@@ -181,6 +183,8 @@ pub struct DirectorySession {
     next_wire_op: u64,
     ping_seq: u64,
     outputs: VecDeque<SessionOutput>,
+    /// Whether a registry welcomed this session before: its hellos say it returns.
+    registered_before: bool,
 }
 
 impl DirectorySession {
@@ -211,6 +215,7 @@ impl DirectorySession {
             next_wire_op: 0,
             ping_seq: 0,
             outputs: VecDeque::new(),
+            registered_before: false,
         }
     }
 
@@ -553,6 +558,7 @@ impl DirectorySession {
             legacy_token: String::new(),
             member: self.me.clone(),
             nonce,
+            returning: self.registered_before,
         })
     }
 
@@ -562,6 +568,7 @@ impl DirectorySession {
             next_ping: now + self.config.heartbeat_interval,
         };
         self.backoff = self.config.reconnect_backoff_min;
+        self.registered_before = true;
         // Re-register what the registry may not know (all of it after a head restart).
         let republish: Vec<(ObjectId, (ObjectSizes, ContentDigest))> = self
             .replay
@@ -570,10 +577,14 @@ impl DirectorySession {
             .map(|(i, s)| (*i, *s))
             .collect();
         for (id, (sizes, digest)) in republish {
-            self.send(
-                Some(Origin::Republish(id)),
-                DirectoryRequest::Publish { id, sizes, digest },
-            );
+            let op = self.next_op(Origin::Republish(id));
+            self.outputs
+                .push_back(SessionOutput::Send(ToRegistry::Reclaim {
+                    op,
+                    id,
+                    sizes,
+                    digest,
+                }));
         }
         let resubscribe: Vec<ObjectId> = self.replay.subscriptions.iter().copied().collect();
         for id in resubscribe {
@@ -664,21 +675,38 @@ impl DirectorySession {
             }
             Origin::Republish(id) => {
                 // Another node published another content under this id while the registry
-                // did not know this node's: the id stays theirs, this copy unpublished.
-                if matches!(reply, DirectoryReply::Conflict { .. }) {
+                // did not know this node's: the id stays theirs, this copy unpublished, and the
+                // node must know, or it would serve its bytes to hinted fetches.
+                if let DirectoryReply::Conflict { sizes, digest } = reply {
                     self.replay.publications.remove(&id);
+                    self.notice(DirectoryNotice::Event(DirectoryEvent::ReplayRefused {
+                        id,
+                        sizes,
+                        digest,
+                    }));
                 }
             }
         }
         self.report_up_once_replayed();
     }
 
-    fn send(&mut self, origin: Option<Origin>, request: DirectoryRequest) {
+    /// A fresh wire op for a request of `origin`, in flight from now.
+    fn next_op(&mut self, origin: Origin) -> WireOpId {
         let op = WireOpId(self.next_wire_op);
         self.next_wire_op += 1;
-        if let Some(origin) = origin {
-            self.in_flight.insert(op, origin);
-        }
+        self.in_flight.insert(op, origin);
+        op
+    }
+
+    fn send(&mut self, origin: Option<Origin>, request: DirectoryRequest) {
+        let op = match origin {
+            Some(origin) => self.next_op(origin),
+            None => {
+                let op = WireOpId(self.next_wire_op);
+                self.next_wire_op += 1;
+                op
+            }
+        };
         self.outputs
             .push_back(SessionOutput::Send(ToRegistry::Request { op, request }));
     }

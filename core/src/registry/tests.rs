@@ -29,11 +29,12 @@ fn hello(member: MemberInfo) -> Hello {
         legacy_token: String::new(),
         member,
         nonce: [9; 32],
+        returning: false,
     }
 }
 
 /// The registry's challenge, the one thing a well-formed hello gets.
-fn challenge_of(registry: &mut Registry, conn: u64) -> crate::auth::Nonce {
+pub(super) fn challenge_of(registry: &mut Registry, conn: u64) -> crate::auth::Nonce {
     match registry.poll_output() {
         Some(RegistryOutput::Send {
             conn: c,
@@ -976,7 +977,7 @@ fn after_a_reconnect_health_comes_once_the_replay_is_answered_then_the_members()
     assert!(
         replay
             .iter()
-            .all(|o| matches!(o, SessionOutput::Send(ToRegistry::Request { .. }))),
+            .all(|o| matches!(o, SessionOutput::Send(ToRegistry::Reclaim { .. }))),
         "{replay:?}"
     );
     assert!(s.replaying());

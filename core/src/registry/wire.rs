@@ -7,13 +7,18 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{Nonce, Proof};
+use crate::digest::ContentDigest;
 use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo, MemberList};
+use crate::ids::ObjectId;
+use crate::wire::ObjectSizes;
 
 /// Version of the directory protocol, checked in the hello. Version 2 replaced the token in
 /// the hello with a challenge-response (see [`crate::registry`]); version 3 added the failure
 /// domain to [`MemberInfo`] and the replica requests and events; version 4 the `Surplus` event
-/// (a returning copy of record the object no longer needs).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// (a returning copy of record the object no longer needs); version 5 added the hello's
+/// `returning` and [`ToRegistry::Reclaim`], for the head's grace period after a restart (see
+/// [`crate::registry`]).
+pub const PROTOCOL_VERSION: u16 = 5;
 /// Opens every hello, so a stray client (or an old daemon) is told apart from a bad token.
 pub const HELLO_MAGIC: [u8; 8] = *b"skyrdir\0";
 
@@ -41,6 +46,9 @@ pub struct Hello {
     pub member: MemberInfo,
     /// The node's fresh nonce for this connection.
     pub nonce: Nonce,
+    /// This daemon was registered before (with this head or an earlier one): a young head that
+    /// hears it is a restarted one, and holds new ids back for its grace period.
+    pub returning: bool,
 }
 
 /// Node → registry.
@@ -64,6 +72,21 @@ pub enum ToRegistry {
     Goodbye,
     /// The answer to [`FromRegistry::Challenge`]: the node's proof of the cluster token.
     Proof(Proof),
+    /// A publication the node's session replays after connecting (NFS's reclaim): what an
+    /// earlier registration of the node, maybe with a head that restarted since, had listed. It
+    /// is judged like a `Publish` and answered with a `Reply`, and during the head's grace
+    /// period it is the only publication of an id the head does not list that is judged at
+    /// once.
+    Reclaim {
+        /// Echoed in the reply.
+        op: WireOpId,
+        /// The object.
+        id: ObjectId,
+        /// Its sizes.
+        sizes: ObjectSizes,
+        /// The digest of its bytes.
+        digest: ContentDigest,
+    },
 }
 
 impl fmt::Display for ToRegistry {
@@ -78,6 +101,16 @@ impl fmt::Display for ToRegistry {
             ToRegistry::Ping { seq } => write!(f, "Ping{{{seq}}}"),
             ToRegistry::Goodbye => write!(f, "Goodbye"),
             ToRegistry::Proof(_) => write!(f, "Proof"),
+            ToRegistry::Reclaim {
+                op,
+                id,
+                sizes,
+                digest,
+            } => write!(
+                f,
+                "{op} Reclaim{{{id}, size={}+{}, digest={digest}}}",
+                sizes.data_size, sizes.metadata_size
+            ),
         }
     }
 }

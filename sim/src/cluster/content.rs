@@ -7,6 +7,7 @@
 
 use skyriver_core::digest::ContentDigest;
 use skyriver_core::directory::{DirectoryEvent, DirectoryReply};
+use skyriver_core::store::StorageTier;
 
 use super::*;
 
@@ -49,6 +50,10 @@ pub struct Flaws {
     /// A persistent node's disk records a move to the spill tier as a removal, so a crash
     /// forgets spilled objects (see `durability`).
     pub spilled_record_dropped: bool,
+    /// A restarted head keeps no grace period and a node never hears that its replayed
+    /// publication was refused, so an id can name two contents after a head restart, each
+    /// served by its holder (see `registry::grace` in the core).
+    pub unguarded_head_restarts: bool,
 }
 
 impl Cluster {
@@ -244,6 +249,37 @@ impl Cluster {
                 violations.push(format!(
                     "the directory lists holders of {id} with different contents: {digests:?}"
                 ));
+            }
+        }
+        // A copy its node serves to peers has the content the directory names for its id: a
+        // hinted fetch has no directory digest to check, so a copy of another content must stay
+        // local (refused publication or replay; README "One id, one content").
+        for (i, sim_node) in self.nodes.iter().enumerate() {
+            let Some(node) = &sim_node.node else {
+                continue;
+            };
+            let n = NodeId(i as u32);
+            for summary in node.store().list() {
+                let id = summary.info.id;
+                // A spilled copy's bytes are on disk, not in the memory `copy_digest` reads.
+                if !summary.sealed
+                    || summary.delete_pending
+                    || summary.tier != StorageTier::Memory
+                    || !node.serves_peers(&id)
+                {
+                    continue;
+                }
+                let (Some(named), Some(held)) =
+                    (registry.content_of(&id), self.copy_digest(n, &id))
+                else {
+                    continue;
+                };
+                if named != held {
+                    violations.push(format!(
+                        "{n} serves peers a copy of {id} ({held:?}) whose content the directory \
+                         does not name ({named:?})"
+                    ));
+                }
             }
         }
         for what in violations {

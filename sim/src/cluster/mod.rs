@@ -466,8 +466,9 @@ impl Cluster {
             }
         }
         let network = Network::new(n, latency, params.bandwidth_bytes_per_sec);
-        let (directory, directory_effects) =
+        let (mut directory, directory_effects) =
             SimDirectory::formed(params.directory_params(), n, Instant::ZERO);
+        directory.unguarded_restarts = flaws.unguarded_head_restarts;
         let mut cluster = Cluster {
             mode,
             now: Instant::ZERO,

@@ -69,6 +69,12 @@ impl SimDirectory {
                     if self.broken.contains(&conn) {
                         continue;
                     }
+                    let mut message = message;
+                    if let (ToRegistry::Hello(hello), true) =
+                        (&mut message, self.unguarded_restarts)
+                    {
+                        hello.returning = false;
+                    }
                     let background = matches!(message, ToRegistry::Ping { .. });
                     effects.push(Effect::Schedule {
                         at: Instant(now.0 + latency),
@@ -113,6 +119,8 @@ impl SimDirectory {
                             Err(reason) => format!("{node}: directory down: {reason}"),
                         }));
                     }
+                    DirectoryNotice::Event(DirectoryEvent::ReplayRefused { .. })
+                        if self.unguarded_restarts => {}
                     DirectoryNotice::Event(event) => {
                         // Only publications are counted in flight (the checker's
                         // subscriptions); replica events are not.

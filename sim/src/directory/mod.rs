@@ -214,6 +214,10 @@ pub struct SimDirectory {
     events_in_flight: BTreeMap<(NodeId, ObjectId), u32>,
     /// Counters for the summary.
     pub stats: DirectoryStats,
+    /// The planted flaw `unguarded_head_restarts`: a restarted head keeps no grace period
+    /// (it is not told it restarted, and hellos do not say a node returns), and a node never
+    /// hears that its replayed publication was refused.
+    pub unguarded_restarts: bool,
 }
 
 /// Directory fault and traffic counters of a run.
@@ -267,6 +271,15 @@ fn new_registry(
     registry
 }
 
+/// How long a restarted head's grace period lasts: a returning node notices the lost head
+/// within its session timeout, tries again within its longest backoff (twice, should the
+/// first try meet a head still down), and replays after a handshake of a few trips.
+fn restart_grace(params: &DirectoryParams) -> Duration {
+    params.session.heartbeat_timeout
+        + params.session.reconnect_backoff_max * 2
+        + Duration::from_nanos(params.latency_ns * 10)
+}
+
 /// A nonce key per head epoch or node incarnation: fixed, so runs replay exactly, and distinct,
 /// so no two parties' nonces coincide.
 fn sim_nonce_key(party: u8, id: u64, incarnation: u32) -> [u8; 32] {
@@ -307,6 +320,7 @@ impl SimDirectory {
             partitioned: BTreeSet::new(),
             events_in_flight: BTreeMap::new(),
             stats: DirectoryStats::default(),
+            unguarded_restarts: false,
         };
         for n in 0..nodes as u32 {
             directory.add_end(NodeId(n), 0, now);
@@ -693,7 +707,7 @@ impl SimDirectory {
                     effects.push(Effect::Trace(
                         "FAULT directory head back, with an empty registry".into(),
                     ));
-                    self.registry = Some(new_registry(
+                    let mut registry = new_registry(
                         RegistryConfig {
                             cluster_token: self.cluster_token.clone(),
                             nonce_key: sim_nonce_key(b'h', self.head_epoch, 0),
@@ -701,7 +715,14 @@ impl SimDirectory {
                             limits: Default::default(),
                         },
                         self.params.replication,
-                    ));
+                    );
+                    if !self.unguarded_restarts {
+                        // The simulated operator knows the head restarted (see
+                        // `registry::grace`).
+                        registry.set_restart_grace(restart_grace(&self.params));
+                        registry.begin_grace(now);
+                    }
+                    self.registry = Some(registry);
                 }
             }
             DirEvent::HeadPartition { node, on } => {

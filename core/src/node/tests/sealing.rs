@@ -483,6 +483,46 @@ fn a_copy_whose_publication_gave_up_while_the_directory_was_out_is_served_once_i
     assert_eq!(w.local_bytes(1, &info), bytes);
 }
 
+/// A restarted head holds new publications until its grace period ends, so a node's attempts
+/// can run out while the directory is reachable; the head then accepts the held publication,
+/// but the node no longer listens for it. It starts another round later instead of giving up,
+/// or the directory would list a copy its node never serves.
+#[test]
+fn a_publication_a_reachable_directory_left_unanswered_starts_another_round() {
+    let mut w = World::new(2, |c| c.max_directory_attempts = 2);
+    w.hold_directory = true;
+    let backoff = w.nodes[0].config().retry_backoff;
+    let bytes = World::bytes_of(1, 100);
+    let _ = w.put_bytes(0, 1, &bytes);
+    for _ in 0..2 {
+        w.answer_directory(
+            0,
+            is_publish,
+            DirectoryReply::Unavailable {
+                reason: "no answer in time".into(),
+            },
+        );
+        w.advance(backoff * 2);
+    }
+    // The attempts are used up; the directory is reachable, so another round starts.
+    w.advance(backoff * 2);
+    assert!(
+        w.held_directory
+            .iter()
+            .any(|(n, _, r)| n.0 == 0 && is_publish(r)),
+        "published again"
+    );
+    assert_eq!(w.nodes[0].stats().publication_rounds_restarted, 1);
+    assert_eq!(w.nodes[0].stats().publications_dropped, 0);
+    w.answer_directory(0, is_publish, DirectoryReply::Done);
+    let before = w.replies(1).len();
+    w.fetch_from(1, &[1], 0, TransferMode::Auto);
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), before + 1, "served once accepted");
+    let info = ok_info(&replies[before][0]);
+    assert_eq!(w.local_bytes(1, &info), bytes);
+}
+
 /// A fetched copy whose publication the directory refuses (every holder left and the id was
 /// put again with other bytes meanwhile) names a content the id no longer does: it stays
 /// local and is not served to a peer's hinted fetch, which has no directory digest to check.
@@ -515,4 +555,35 @@ fn a_fetched_copy_whose_publication_is_refused_is_not_served_to_peers() {
     assert_eq!(refusals(&w), 0);
     w.fetch_from(2, &[1], 1, TransferMode::Auto);
     assert_eq!(refusals(&w), 1, "the refused copy is not served");
+}
+
+/// A holder whose copy a restarted head did not hear of in time (another node put the id with
+/// other bytes first) learns from its directory client that the replayed publication was
+/// refused: the copy stays local and is not served to a peer's hinted fetch.
+#[test]
+fn a_copy_whose_replayed_publication_is_refused_is_not_served_to_peers() {
+    let mut w = World::new(2, |_| {});
+    let bytes = World::bytes_of(1, 100);
+    assert_eq!(w.put_bytes(0, 1, &bytes), Some(Response::Done(Ok(()))));
+    let event = DirectoryEvent::ReplayRefused {
+        id: id(1),
+        sizes: ObjectSizes {
+            data_size: 100,
+            metadata_size: 0,
+        },
+        digest: ContentDigest::of(b"other bytes under the id", b""),
+    };
+    w.feed(0, NodeInput::DirectoryEvent { event });
+    assert!(w.nodes[0].holds_refused_copy(&id(1)));
+    let refusals = |w: &World| {
+        w.sent(0)
+            .iter()
+            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
+            .count()
+    };
+    assert_eq!(refusals(&w), 0);
+    w.fetch_from(1, &[1], 0, TransferMode::Auto);
+    assert!(refusals(&w) >= 1, "the refused copy is not served");
+    assert!(!w.nodes[1].store().contains(&id(1)));
+    assert_eq!(w.nodes[0].stats().id_conflicts, 1);
 }

@@ -306,6 +306,20 @@ impl Adapter {
                 },
             };
             let Some(message) = message else { continue };
+            // Redis keeps the directory's state across its own restarts (no grace period to
+            // honour): a replayed publication is an ordinary one.
+            let message = match message {
+                ToRegistry::Reclaim {
+                    op,
+                    id,
+                    sizes,
+                    digest,
+                } => ToRegistry::Request {
+                    op,
+                    request: DirectoryRequest::Publish { id, sizes, digest },
+                },
+                other => other,
+            };
             match message {
                 ToRegistry::Hello(hello) => {
                     if welcomed || handshake.is_some() {
@@ -367,6 +381,7 @@ impl Adapter {
                     }
                     Self::tolerate(self.serve_batch(live, batch).await)?;
                 }
+                ToRegistry::Reclaim { .. } => unreachable!("made a request above"),
             }
         }
     }
