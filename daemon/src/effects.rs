@@ -14,7 +14,7 @@ use skyriver_core::{
     RemoteRegion, RequestId, TransferId,
 };
 use skyriver_transport::directory::{Directory, SubmitRefused};
-use skyriver_transport::fabric::{Fabric, MessageBytes};
+use skyriver_transport::fabric::{EventsFull, Fabric, MessageBytes};
 use skyriver_transport::{trace, ReadableRegion, SharedArena};
 use tracing::{debug, debug_span, warn, Level};
 
@@ -54,6 +54,9 @@ pub(super) struct Effects {
     /// Directory requests the client did not queue (its queue is full): the loop answers
     /// them `Unavailable` next, so a slow directory is a refusal, never a wait.
     pub(super) directory_refusals: Vec<(DirectoryOpId, SubmitRefused)>,
+    /// READs the fabric did not post (its event channel had no place for their completion):
+    /// the loop tells the node they failed next, so a busy fabric is a refusal, never a wait.
+    pub(super) read_refusals: Vec<(ReadOpId, EventsFull)>,
     /// Copies hashed ahead while their last bytes are read.
     copy_hashers: CopyHashers,
     pub(super) arenas: BTreeMap<ArenaId, Arc<SharedArena>>,
@@ -154,6 +157,7 @@ impl Effects {
             closed: Vec::new(),
             access_answers: Vec::new(),
             directory_refusals: Vec::new(),
+            read_refusals: Vec::new(),
             content_hashes: Vec::new(),
             copy_hashers: CopyHashers::default(),
             arenas,
@@ -334,7 +338,11 @@ impl NodeDriver for Effects {
         _object: ObjectId,
     ) {
         match &self.fabric {
-            Some(fabric) => fabric.post_read(peer, op, lane, local, remote),
+            Some(fabric) => {
+                if let Err(full) = fabric.post_read(peer, op, lane, local, remote) {
+                    self.read_refusals.push((op, full));
+                }
+            }
             None => warn!(%peer, "a READ without a fabric: the node has no peers"),
         }
     }

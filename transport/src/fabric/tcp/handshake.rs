@@ -248,7 +248,7 @@ async fn accept_handshake(
     let round_trips = measure_round_trips(&mut stream, false)
         .await
         .map_err(io_error("round trip"))?;
-    start_connection(inner.clone(), peer, stream, round_trips);
+    start_connection(inner.clone(), peer, stream, round_trips).await;
     Ok(())
 }
 
@@ -341,14 +341,16 @@ pub(super) async fn dial(inner: Arc<Inner>, peer: NodeId, addr: SocketAddr) {
     // Drop the Connecting placeholder; `start_connection` installs the real one.
     inner.forget_connecting(peer);
     match outcome {
-        Ok((stream, round_trips)) => start_connection(inner, peer, stream, round_trips),
+        Ok((stream, round_trips)) => start_connection(inner, peer, stream, round_trips).await,
         Err(error) => {
             // The daemon logs the PeerLost that follows, once per change of state.
             tracing::debug!(%peer, %error, "cannot connect to peer");
-            inner.emit(FabricEvent::PeerLost {
-                peer,
-                reason: error.to_string(),
-            });
+            inner
+                .emit(FabricEvent::PeerLost {
+                    peer,
+                    reason: error.to_string(),
+                })
+                .await;
         }
     }
 }
