@@ -646,3 +646,57 @@ mod directory_refusal_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod read_refusal_tests {
+    use skyriver_core::node::ReadOpId;
+    use skyriver_core::ObjectId;
+    use skyriver_transport::fabric::tcp::{TcpFabric, TcpFabricConfig};
+    use skyriver_transport::fabric::{event_channel_with_capacity, FabricIdentity};
+
+    use super::*;
+
+    /// A READ the fabric refuses (no place for its completion in the full event channel) is
+    /// kept for the loop to fail at once: the node would otherwise wait for it forever.
+    #[test]
+    fn a_read_the_fabric_has_no_room_for_is_kept_for_a_failure() {
+        let (events, _driver) = event_channel_with_capacity(1);
+        let fabric = TcpFabric::start(
+            TcpFabricConfig {
+                worker_threads: 1,
+                ..TcpFabricConfig::new("127.0.0.1:0".parse().unwrap())
+            },
+            FabricIdentity {
+                node: NodeId(1),
+                cluster_token: "secret".into(),
+            },
+            BTreeMap::new(),
+            events,
+        )
+        .unwrap();
+        let mut effects = Effects::new(NodeId(1), BTreeMap::new());
+        effects.fabric = Some(Arc::new(fabric));
+        let region = LocalRegion {
+            arena: ArenaId(0),
+            offset: 0,
+            len: 8,
+        };
+        let remote = RemoteRegion {
+            addr: 0,
+            len: 8,
+            rkey: 0,
+        };
+        let post = |effects: &mut Effects, op| {
+            let object = ObjectId::from_u64(1);
+            NodeDriver::post_read(effects, NodeId(2), op, 0, region, remote, object);
+        };
+        // Room: the READ fails (no such peer) through the fabric, nothing is kept here.
+        post(&mut effects, ReadOpId(1));
+        assert!(effects.read_refusals.is_empty());
+        // Its failure took the one place: the next READ is refused and kept.
+        post(&mut effects, ReadOpId(2));
+        assert_eq!(effects.read_refusals.len(), 1);
+        assert_eq!(effects.read_refusals[0].0, ReadOpId(2));
+        assert_eq!(effects.read_refusals[0].1.capacity, 1);
+    }
+}

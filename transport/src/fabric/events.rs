@@ -192,8 +192,8 @@ impl EventBacklog {
         let mut held = lock(&self.held);
         if held.is_empty() {
             match self.events.try_send(event) {
-                Ok(()) | Err(TrySendError::Gone(_)) => return,
                 Err(TrySendError::Full(event)) => held.push_back(event),
+                Ok(()) | Err(TrySendError::Gone(_)) => {}
             }
         } else {
             held.push_back(event);

@@ -854,8 +854,10 @@ impl Fabric for VerbsFabric {
             op,
             usize::from(lane),
             reqs,
-            destination,
-            completion,
+            peer::ReadTarget {
+                destination,
+                completion,
+            },
         );
         drop(st);
         s.wake_poller();

@@ -108,6 +108,15 @@ impl RemoteTable {
     }
 }
 
+/// Where a READ's data lands and where its completion goes, claimed and taken by the
+/// fabric's `post_read` before the READ is planned.
+pub(super) struct ReadTarget {
+    /// The destination, claimed for writing.
+    pub(super) destination: WritableRegion,
+    /// The place of its `ReadCompleted` in the driver's channel.
+    pub(super) completion: EventPlace,
+}
+
 /// A READ operation of the core: one or more posted lists.
 struct OpState {
     op: ReadOpId,
@@ -271,8 +280,9 @@ impl PeerConn {
     /// lists of at most `max_reads_per_list`, queueing what does not fit. Completes the op with
     /// an error when it cannot be posted at all.
     ///
-    /// `reqs` write only into `destination` (planned from it, through the arena's
-    /// registration), which the op holds until it is over.
+    /// `reqs` write only into the target's destination (planned from it, through the arena's
+    /// registration), which the op holds until it is over; its completion is told through the
+    /// target's place.
     pub(super) fn post_read(
         &self,
         st: &mut ConnState,
@@ -280,9 +290,12 @@ impl PeerConn {
         op: ReadOpId,
         lane: usize,
         reqs: Vec<ReadRequest>,
-        destination: WritableRegion,
-        completion: EventPlace,
+        target: ReadTarget,
     ) {
+        let ReadTarget {
+            destination,
+            completion,
+        } = target;
         // The destination's claim ends before the failure is told.
         let fail = |destination: WritableRegion, completion: EventPlace, e: ReadError| {
             OpState {
