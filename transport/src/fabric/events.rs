@@ -187,17 +187,19 @@ impl EventBacklog {
     }
 
     /// Queues `event` now if nothing is held and a place is free, otherwise holds it behind
-    /// the events held before it. Dropped if the driver is gone (shutting down).
-    pub fn send(&self, event: FabricEvent) {
+    /// the events held before it (then `true`: whoever calls [`EventBacklog::move_on`] must
+    /// run again). Dropped if the driver is gone (shutting down).
+    pub fn send(&self, event: FabricEvent) -> bool {
         let mut held = lock(&self.held);
         if held.is_empty() {
             match self.events.try_send(event) {
                 Err(TrySendError::Full(event)) => held.push_back(event),
-                Ok(()) | Err(TrySendError::Gone(_)) => {}
+                Ok(()) | Err(TrySendError::Gone(_)) => return false,
             }
         } else {
             held.push_back(event);
         }
+        true
     }
 
     /// Queues as many held events as there are places, in order; how many are still held.
@@ -316,9 +318,8 @@ mod tests {
     async fn a_backlog_holds_what_did_not_fit_in_order_and_moves_it_on() {
         let (tx, mut rx) = event_channel_with_capacity(1);
         let backlog = EventBacklog::new(tx);
-        for n in 0..4 {
-            backlog.send(lost(n));
-        }
+        let held: Vec<bool> = (0..4).map(|n| backlog.send(lost(n))).collect();
+        assert_eq!(held, vec![false, true, true, true]);
         assert_eq!((rx.len(), backlog.len()), (1, 3), "the channel went over");
         let mut got = vec![peer(rx.recv().await.unwrap())];
         while got.len() < 4 {

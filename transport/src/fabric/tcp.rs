@@ -507,11 +507,12 @@ fn view_error(region: LocalRegion, source: ViewError) -> FabricError {
 }
 
 impl Inner {
-    /// Queues `event`, waiting for room in the driver's channel: for a connection's tasks (its
-    /// reader then reads nothing more, so its peer is slowed by TCP flow control) and its
-    /// dial. The driver's own calls never come here: what answers them later takes its place
-    /// when they are made (see `post_read`), and a connection they drop is reported by its
-    /// reader task (see `Link::fail`).
+    /// Queues `event`, waiting for room in the driver's channel: for a connection's reader
+    /// (which meanwhile reads nothing more, so its peer is slowed by TCP flow control). A
+    /// dial or accept waits for the place of its outcome the same way, before it installs
+    /// the connection. The driver's own calls never wait: what answers them later takes its
+    /// place when they are made (see `post_read`), and a connection they drop is reported by
+    /// its reader task (see `Link::fail`).
     async fn emit(&self, event: FabricEvent) {
         // The driver may be gone (shutting down); nothing to do then.
         let _ = self.events.send(event).await;

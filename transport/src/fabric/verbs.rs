@@ -177,7 +177,10 @@ impl Shared {
     /// driver asked for, and connection events come one each per connection. (A READ's
     /// completion never waits here: it takes the place `post_read` reserved.)
     fn emit(&self, event: FabricEvent) {
-        self.events.send(event);
+        if self.events.send(event) {
+            // Held back: the poller must not sleep on completion events while it holds some.
+            self.wake_poller();
+        }
     }
 
     fn wake_poller(&self) {

@@ -23,7 +23,7 @@ use super::{
     KIND_READ_RESPONSE, MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES,
     SOCKET_BUFFER_SIZE_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS,
 };
-use crate::fabric::{FabricEvent, MessageBytes};
+use crate::fabric::{EventPlace, FabricEvent, MessageBytes};
 
 /// What the connection's writer task sends.
 pub(super) enum Outgoing {
@@ -202,11 +202,15 @@ fn write_now(socket: &std::net::TcpStream, bytes: &[u8]) -> usize {
     written
 }
 
-pub(super) async fn start_connection(
+/// Sets up and installs a connection whose handshake is done, and tells the driver through
+/// `connected`, the place taken for its `PeerConnected` (so the driver hears of it before
+/// anything the peer sends, and before its `PeerLost`).
+pub(super) fn start_connection(
     inner: Arc<Inner>,
     peer: NodeId,
     stream: TcpStream,
     round_trips: MeasuredRoundTrips,
+    connected: EventPlace,
 ) {
     let (costs, summary) = inner.path_costs(peer, &stream, round_trips);
     let _ = stream.set_nodelay(true);
@@ -241,11 +245,6 @@ pub(super) async fn start_connection(
         max_queued_bytes: inner.config.max_queued_bytes,
         failure: Mutex::new(None),
     });
-    // The place of its `PeerConnected`, waited for before the connection is installed: the
-    // driver hears of it before anything the peer sends, and before its `PeerLost`.
-    let Ok(connected) = inner.events.reserve().await else {
-        return; // The driver is gone.
-    };
     // Every message handed to the driver holds its share of this until dropped.
     let undelivered_budget = Arc::new(Semaphore::new(undelivered_permits(&inner.config) as usize));
     let Some(generation) = inner.install(peer, link.clone()) else {
