@@ -245,6 +245,48 @@ fn a_full_event_channel_refuses_a_read_until_the_driver_takes_an_event() {
     assert!(a.events.try_recv().is_err());
 }
 
+/// A peer that leaves while the driver is behind: its `PeerLost` waits for a place like its
+/// messages (the channel never goes over), and comes after every one of them.
+#[test]
+fn a_lost_peer_is_reported_behind_its_messages_without_going_over() {
+    const CAPACITY: usize = 2;
+    const MESSAGES: u32 = 6;
+    let config = || TcpFabricConfig::new("127.0.0.1:0".parse().unwrap());
+    let (mut a, b) = connect(
+        node_with_events(1, "secret", config(), CAPACITY),
+        node_with(2, "secret", config()),
+    );
+    for n in 0..MESSAGES {
+        b.fabric.send(NodeId(1), n.to_le_bytes().to_vec()).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while a.events.len() < CAPACITY {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the channel never filled"
+        );
+        std::thread::yield_now();
+    }
+    drop(b);
+    let mut got = Vec::new();
+    loop {
+        assert!(
+            a.events.len() <= CAPACITY,
+            "the channel went over its capacity"
+        );
+        match next_event(&mut a) {
+            FabricEvent::Message { bytes, .. } => {
+                got.push(u32::from_le_bytes(bytes[..4].try_into().unwrap()))
+            }
+            FabricEvent::PeerLost {
+                peer: NodeId(2), ..
+            } => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(got, (0..MESSAGES).collect::<Vec<_>>());
+}
+
 /// The fabric's uses of arena memory are claims like any other view in the process: one that
 /// would alias a live view is refused with an error, and made once the view is gone.
 #[test]
