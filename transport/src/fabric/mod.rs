@@ -288,12 +288,16 @@ pub trait Fabric: Send + Sync {
     /// Whether a connection to `peer` is up or being made.
     fn is_connected_or_connecting(&self, peer: NodeId) -> bool;
 
-    /// Sends an encoded message.
+    /// Sends an encoded message. Never waits for the driver's event channel, and takes no
+    /// place in it: a connection the call drops (a peer not reading) is reported by the
+    /// fabric itself (TCP: the connection's reader, as it ends; verbs: through the poller's
+    /// backlog).
     fn send(&self, peer: NodeId, bytes: Vec<u8>) -> Result<(), FabricError>;
 
     /// Sends an `EagerData` message whose payload is `source` in a local arena: the fabric
     /// copies the bytes through a [`ReadableRegion`] of `source` before it returns (refused
-    /// with [`FabricError::InUse`] while a writable view of it is alive here).
+    /// with [`FabricError::InUse`] while a writable view of it is alive here). As
+    /// [`Fabric::send`] for the event channel.
     fn send_eager(
         &self,
         peer: NodeId,
