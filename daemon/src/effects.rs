@@ -14,7 +14,7 @@ use skyriver_core::{
     RemoteRegion, RequestId, TransferId,
 };
 use skyriver_transport::directory::{Directory, SubmitRefused};
-use skyriver_transport::fabric::{Fabric, MessageBytes};
+use skyriver_transport::fabric::{EventsFull, Fabric, MessageBytes};
 use skyriver_transport::{trace, ReadableRegion, SharedArena};
 use tracing::{debug, debug_span, warn, Level};
 
@@ -54,6 +54,9 @@ pub(super) struct Effects {
     /// Directory requests the client did not queue (its queue is full): the loop answers
     /// them `Unavailable` next, so a slow directory is a refusal, never a wait.
     pub(super) directory_refusals: Vec<(DirectoryOpId, SubmitRefused)>,
+    /// READs the fabric did not post (its event channel had no place for their completion):
+    /// the loop tells the node they failed next, so a busy fabric is a refusal, never a wait.
+    pub(super) read_refusals: Vec<(ReadOpId, EventsFull)>,
     /// Copies hashed ahead while their last bytes are read.
     copy_hashers: CopyHashers,
     pub(super) arenas: BTreeMap<ArenaId, Arc<SharedArena>>,
@@ -154,6 +157,7 @@ impl Effects {
             closed: Vec::new(),
             access_answers: Vec::new(),
             directory_refusals: Vec::new(),
+            read_refusals: Vec::new(),
             content_hashes: Vec::new(),
             copy_hashers: CopyHashers::default(),
             arenas,
@@ -334,7 +338,11 @@ impl NodeDriver for Effects {
         _object: ObjectId,
     ) {
         match &self.fabric {
-            Some(fabric) => fabric.post_read(peer, op, lane, local, remote),
+            Some(fabric) => {
+                if let Err(full) = fabric.post_read(peer, op, lane, local, remote) {
+                    self.read_refusals.push((op, full));
+                }
+            }
             None => warn!(%peer, "a READ without a fabric: the node has no peers"),
         }
     }
@@ -636,5 +644,59 @@ mod directory_refusal_tests {
             effects.directory_refusals,
             vec![(DirectoryOpId(7), SubmitRefused::Busy { queued: 1 })]
         );
+    }
+}
+
+#[cfg(test)]
+mod read_refusal_tests {
+    use skyriver_core::node::ReadOpId;
+    use skyriver_core::ObjectId;
+    use skyriver_transport::fabric::tcp::{TcpFabric, TcpFabricConfig};
+    use skyriver_transport::fabric::{event_channel_with_capacity, FabricIdentity};
+
+    use super::*;
+
+    /// A READ the fabric refuses (no place for its completion in the full event channel) is
+    /// kept for the loop to fail at once: the node would otherwise wait for it forever.
+    #[test]
+    fn a_read_the_fabric_has_no_room_for_is_kept_for_a_failure() {
+        let (events, _driver) = event_channel_with_capacity(1);
+        let fabric = TcpFabric::start(
+            TcpFabricConfig {
+                worker_threads: 1,
+                ..TcpFabricConfig::new("127.0.0.1:0".parse().unwrap())
+            },
+            FabricIdentity {
+                node: NodeId(1),
+                cluster_token: "secret".into(),
+            },
+            BTreeMap::new(),
+            events,
+        )
+        .unwrap();
+        let mut effects = Effects::new(NodeId(1), BTreeMap::new());
+        effects.fabric = Some(Arc::new(fabric));
+        let region = LocalRegion {
+            arena: ArenaId(0),
+            offset: 0,
+            len: 8,
+        };
+        let remote = RemoteRegion {
+            addr: 0,
+            len: 8,
+            rkey: 0,
+        };
+        let post = |effects: &mut Effects, op| {
+            let object = ObjectId::from_u64(1);
+            NodeDriver::post_read(effects, NodeId(2), op, 0, region, remote, object);
+        };
+        // Room: the READ fails (no such peer) through the fabric, nothing is kept here.
+        post(&mut effects, ReadOpId(1));
+        assert!(effects.read_refusals.is_empty());
+        // Its failure took the one place: the next READ is refused and kept.
+        post(&mut effects, ReadOpId(2));
+        assert_eq!(effects.read_refusals.len(), 1);
+        assert_eq!(effects.read_refusals[0].0, ReadOpId(2));
+        assert_eq!(effects.read_refusals[0].1.capacity, 1);
     }
 }

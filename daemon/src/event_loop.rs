@@ -671,6 +671,15 @@ impl DriveHost<'static> for EventLoop {
             };
             return Some(NodeInput::DirectoryReply { op, reply });
         }
+        if !effects.read_refusals.is_empty() {
+            let (op, full) = effects.read_refusals.remove(0);
+            debug!(%op, %full, "READ not posted");
+            let capacity = full.capacity as u64;
+            return Some(NodeInput::ReadCompletion {
+                op,
+                result: Err(skyriver_core::ReadError::Busy { capacity }),
+            });
+        }
         None
     }
 

@@ -290,7 +290,9 @@ pub struct DaemonHandle {
 impl DaemonHandle {
     /// Starts a daemon and returns once its socket accepts connections.
     pub fn start(config: DaemonConfig) -> Result<Self, DaemonError> {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        // One message, once: the daemon is ready. A daemon that fails to start drops the
+        // sender instead, and its thread's result says why.
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<()>(1);
         let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let socket_path = config.socket_path.clone();
         let thread = std::thread::Builder::new()
@@ -298,14 +300,8 @@ impl DaemonHandle {
             .spawn(move || {
                 let runtime = build_runtime()?;
                 runtime.block_on(async move {
-                    let server = match Server::bind(config).await {
-                        Ok(server) => server,
-                        Err(error) => {
-                            let _ = ready_tx.send(Err(error.to_string()));
-                            return Err(error);
-                        }
-                    };
-                    let _ = ready_tx.send(Ok(()));
+                    let server = Server::bind(config).await?;
+                    let _ = ready_tx.send(());
                     server
                         .serve(async {
                             let _ = shutdown_rx.await;
@@ -316,7 +312,7 @@ impl DaemonHandle {
             })
             .map_err(DaemonError::Runtime)?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self {
+            Ok(()) => Ok(Self {
                 shutdown: Some(shutdown_tx),
                 thread: Some(thread),
                 socket_path,

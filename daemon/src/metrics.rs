@@ -63,12 +63,13 @@ pub struct SpillLatencies {
 
 /// How many items wait in each channel into the event loop, taken with the snapshot. What
 /// happens when each is full, or why it needs no bound of its own type:
-/// * `fabric_events` (bounded, `skyriver_transport::fabric::EVENT_CHANNEL_CAPACITY`): a TCP
-///   connection's reader waits for a place, and meanwhile reads nothing from its socket, so the
-///   peer is slowed by TCP flow control; what cannot wait (the loop's own calls into the
-///   fabric, the verbs poller under a connection's lock) goes over by at most what bounds it by
-///   construction: a receive slot per message, one completion per READ the loop posted, a few
-///   events per connection (`skyriver_transport::fabric::event_channel`).
+/// * `fabric_events` (a bounded channel, `skyriver_transport::fabric::EVENT_CHANNEL_CAPACITY`,
+///   that nothing goes over): a TCP connection's tasks wait for a place, and meanwhile read
+///   nothing from their socket, so the peer is slowed by TCP flow control; a READ the loop
+///   posts takes the place of its completion at once, and is refused when none is free (the
+///   loop fails it, `ReadError::Busy`, and the fetch moves on); the verbs poller, which can
+///   neither wait nor refuse, holds what does not fit in a backlog bounded by the receive
+///   slots its messages hold (`skyriver_transport::fabric::event_channel`).
 /// * `directory_notices` (bounded, `skyriver_transport::directory::NOTICE_QUEUE`): the
 ///   directory client waits for a place and meanwhile reads nothing from its link (TCP
 ///   back-pressure to the head; Redis answers wait) and takes no request, so the request queue

@@ -197,6 +197,96 @@ fn a_full_event_channel_holds_the_reader_back_and_loses_nothing() {
     assert!(a.events.try_recv().is_err());
 }
 
+/// A READ's completion takes its place in the driver's bounded channel when the READ is
+/// posted: while every place is taken, `post_read` is refused at once (the driver's own call
+/// cannot wait for the channel it drains, and the channel never goes over), and once the
+/// driver takes an event the READ is posted and completes.
+#[test]
+fn a_full_event_channel_refuses_a_read_until_the_driver_takes_an_event() {
+    const CAPACITY: usize = 2;
+    let config = || TcpFabricConfig::new("127.0.0.1:0".parse().unwrap());
+    let (mut a, b) = connect(
+        node_with_events(1, "secret", config(), CAPACITY),
+        node_with(2, "secret", config()),
+    );
+    write_arena(&b.arena, 0, &[9; 4096]);
+    let key = granted(&b, NodeId(1), 1, 0, 4096);
+    for n in 0..CAPACITY as u32 {
+        b.fabric.send(NodeId(1), n.to_le_bytes().to_vec()).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while a.events.len() < CAPACITY {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the channel never filled"
+        );
+        std::thread::yield_now();
+    }
+    let refused = a
+        .fabric
+        .post_read(NodeId(2), ReadOpId(1), 0, region(0, 4096), key)
+        .expect_err("a READ posted with no place for its completion");
+    assert_eq!(refused.capacity, CAPACITY);
+    // A READ that fails at once needs a place for its failure too.
+    let bad = RemoteRegion { len: 1, ..key };
+    assert!(a
+        .fabric
+        .post_read(NodeId(2), ReadOpId(2), 0, region(0, 4096), bad)
+        .is_err());
+    assert_eq!(a.events.len(), CAPACITY, "a refused READ queued something");
+    // The driver takes an event: the place it frees takes the READ's completion.
+    assert!(matches!(next_event(&mut a), FabricEvent::Message { .. }));
+    a.fabric
+        .post_read(NodeId(2), ReadOpId(3), 0, region(0, 4096), key)
+        .expect("a place for its completion");
+    assert!(matches!(next_event(&mut a), FabricEvent::Message { .. }));
+    assert_eq!(read_result(&mut a, 3), Ok(()));
+    assert_eq!(arena_bytes(&a.arena, 0, 4096), vec![9; 4096]);
+    assert!(a.events.try_recv().is_err());
+}
+
+/// A peer that leaves while the driver is behind: its `PeerLost` waits for a place like its
+/// messages (the channel never goes over), and comes after every one of them.
+#[test]
+fn a_lost_peer_is_reported_behind_its_messages_without_going_over() {
+    const CAPACITY: usize = 2;
+    const MESSAGES: u32 = 6;
+    let config = || TcpFabricConfig::new("127.0.0.1:0".parse().unwrap());
+    let (mut a, b) = connect(
+        node_with_events(1, "secret", config(), CAPACITY),
+        node_with(2, "secret", config()),
+    );
+    for n in 0..MESSAGES {
+        b.fabric.send(NodeId(1), n.to_le_bytes().to_vec()).unwrap();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while a.events.len() < CAPACITY {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the channel never filled"
+        );
+        std::thread::yield_now();
+    }
+    drop(b);
+    let mut got = Vec::new();
+    loop {
+        assert!(
+            a.events.len() <= CAPACITY,
+            "the channel went over its capacity"
+        );
+        match next_event(&mut a) {
+            FabricEvent::Message { bytes, .. } => {
+                got.push(u32::from_le_bytes(bytes[..4].try_into().unwrap()))
+            }
+            FabricEvent::PeerLost {
+                peer: NodeId(2), ..
+            } => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(got, (0..MESSAGES).collect::<Vec<_>>());
+}
+
 /// The fabric's uses of arena memory are claims like any other view in the process: one that
 /// would alias a live view is refused with an error, and made once the view is gone.
 #[test]
@@ -209,7 +299,8 @@ fn fabric_views_that_would_alias_a_live_view_are_refused() {
     let reading = ReadableRegion::new(a.arena.clone(), 0, 4096).unwrap();
     let source = granted(&b, NodeId(1), 1, 0, 4096);
     a.fabric
-        .post_read(NodeId(2), ReadOpId(1), 0, region(0, 4096), source);
+        .post_read(NodeId(2), ReadOpId(1), 0, region(0, 4096), source)
+        .expect("a place for its completion");
     assert!(matches!(
         read_result(&mut a, 1),
         Err(ReadError::QueuePair(_))
@@ -217,7 +308,8 @@ fn fabric_views_that_would_alias_a_live_view_are_refused() {
     assert_eq!(&reading.as_slice()[..6], b"intact");
     drop(reading);
     a.fabric
-        .post_read(NodeId(2), ReadOpId(2), 0, region(0, 4096), source);
+        .post_read(NodeId(2), ReadOpId(2), 0, region(0, 4096), source)
+        .expect("a place for its completion");
     read_result(&mut a, 2).unwrap();
     // The destination's claim ended before the completion was told.
     assert_eq!(arena_bytes(&a.arena, 0, 4096), [7; 4096]);
@@ -270,7 +362,8 @@ fn reads_under_a_grant_land_in_place_and_every_other_read_fails() {
     let key = granted(&b, NodeId(1), 7, 4096, len);
 
     a.fabric
-        .post_read(NodeId(2), ReadOpId(1), 0, region(1 << 20, len), key);
+        .post_read(NodeId(2), ReadOpId(1), 0, region(1 << 20, len), key)
+        .expect("a place for its completion");
     read_result(&mut a, 1).unwrap();
     assert_eq!(arena_bytes(&a.arena, 1 << 20, len), &payload[..]);
 
@@ -281,7 +374,8 @@ fn reads_under_a_grant_land_in_place_and_every_other_read_fails() {
         ..key
     };
     a.fabric
-        .post_read(NodeId(2), ReadOpId(2), 1, region(0, 100), slice);
+        .post_read(NodeId(2), ReadOpId(2), 1, region(0, 100), slice)
+        .expect("a place for its completion");
     assert_eq!(read_result(&mut a, 2), Ok(()));
     let past_end = RemoteRegion {
         addr: key.addr + len - 99,
@@ -289,16 +383,19 @@ fn reads_under_a_grant_land_in_place_and_every_other_read_fails() {
         ..key
     };
     a.fabric
-        .post_read(NodeId(2), ReadOpId(3), 0, region(0, 100), past_end);
+        .post_read(NodeId(2), ReadOpId(3), 0, region(0, 100), past_end)
+        .expect("a place for its completion");
     assert_eq!(read_result(&mut a, 3), Err(ReadError::RemoteAccess));
     // The arena's own key opens nothing, nor does a wrong key.
-    a.fabric.post_read(
-        NodeId(2),
-        ReadOpId(4),
-        0,
-        region(0, 100),
-        remote(&b, 4096, 100),
-    );
+    a.fabric
+        .post_read(
+            NodeId(2),
+            ReadOpId(4),
+            0,
+            region(0, 100),
+            remote(&b, 4096, 100),
+        )
+        .expect("a place for its completion");
     assert_eq!(read_result(&mut a, 4), Err(ReadError::RemoteAccess));
     let wrong = RemoteRegion {
         rkey: key.rkey ^ 1,
@@ -306,7 +403,8 @@ fn reads_under_a_grant_land_in_place_and_every_other_read_fails() {
         ..key
     };
     a.fabric
-        .post_read(NodeId(2), ReadOpId(5), 0, region(0, 100), wrong);
+        .post_read(NodeId(2), ReadOpId(5), 0, region(0, 100), wrong)
+        .expect("a place for its completion");
     assert_eq!(read_result(&mut a, 5), Err(ReadError::RemoteAccess));
 
     // Another peer of the holder cannot use the key it did not get.
@@ -323,24 +421,28 @@ fn reads_under_a_grant_land_in_place_and_every_other_read_fails() {
             ..
         }
     ));
-    c.fabric.post_read(
-        NodeId(2),
-        ReadOpId(6),
-        0,
-        region(0, 100),
-        RemoteRegion { len: 100, ..key },
-    );
+    c.fabric
+        .post_read(
+            NodeId(2),
+            ReadOpId(6),
+            0,
+            region(0, 100),
+            RemoteRegion { len: 100, ..key },
+        )
+        .expect("a place for its completion");
     assert_eq!(read_result(&mut c, 6), Err(ReadError::RemoteAccess));
 
     // After the revocation (nothing being served: at once), the key is dead.
     assert!(b.fabric.revoke_read(NodeId(1), TransferId(7)));
-    a.fabric.post_read(
-        NodeId(2),
-        ReadOpId(7),
-        0,
-        region(0, 100),
-        RemoteRegion { len: 100, ..key },
-    );
+    a.fabric
+        .post_read(
+            NodeId(2),
+            ReadOpId(7),
+            0,
+            region(0, 100),
+            RemoteRegion { len: 100, ..key },
+        )
+        .expect("a place for its completion");
     assert_eq!(read_result(&mut a, 7), Err(ReadError::RemoteAccess));
 }
 
@@ -364,13 +466,15 @@ fn a_lost_peer_fails_outstanding_reads_before_reporting_the_loss() {
     let (mut a, b) = connected_pair();
     let key = granted(&b, NodeId(1), 1, 0, 4 << 20);
     for op in 0..8 {
-        a.fabric.post_read(
-            NodeId(2),
-            ReadOpId(op),
-            0,
-            region(op * (4 << 20), 4 << 20),
-            key,
-        );
+        a.fabric
+            .post_read(
+                NodeId(2),
+                ReadOpId(op),
+                0,
+                region(op * (4 << 20), 4 << 20),
+                key,
+            )
+            .expect("a place for its completion");
     }
     drop(b);
     let mut completed = 0;
@@ -384,17 +488,19 @@ fn a_lost_peer_fails_outstanding_reads_before_reporting_the_loss() {
         }
     }
     assert_eq!(completed, 8, "every READ completed before PeerLost");
-    a.fabric.post_read(
-        NodeId(2),
-        ReadOpId(99),
-        0,
-        region(0, 10),
-        RemoteRegion {
-            addr: 0,
-            len: 10,
-            rkey: 0,
-        },
-    );
+    a.fabric
+        .post_read(
+            NodeId(2),
+            ReadOpId(99),
+            0,
+            region(0, 10),
+            RemoteRegion {
+                addr: 0,
+                len: 10,
+                rkey: 0,
+            },
+        )
+        .expect("a place for its completion");
     assert!(matches!(
         next_event(&mut a),
         FabricEvent::ReadCompleted {
@@ -577,7 +683,8 @@ fn a_partial_copy_serves_its_received_prefix_only() {
             ..key
         };
         a.fabric
-            .post_read(NodeId(2), ReadOpId(op), 0, region(op * 4 * MIB, len), slice);
+            .post_read(NodeId(2), ReadOpId(op), 0, region(op * 4 * MIB, len), slice)
+            .expect("a place for its completion");
         read_result(a, op)
     };
     assert_eq!(
@@ -623,13 +730,15 @@ fn a_partial_copy_serves_its_received_prefix_only() {
         len: 2 * MIB,
         ..key
     };
-    a.fabric.post_read(
-        NodeId(2),
-        ReadOpId(6),
-        0,
-        region(6 * 4 * MIB, 2 * MIB),
-        whole,
-    );
+    a.fabric
+        .post_read(
+            NodeId(2),
+            ReadOpId(6),
+            0,
+            region(6 * 4 * MIB, 2 * MIB),
+            whole,
+        )
+        .expect("a place for its completion");
     if !b.fabric.revoke_read(NodeId(1), TransferId(7)) {
         match next_event(&mut b) {
             FabricEvent::ReadRevoked { peer, req } => {

@@ -476,13 +476,15 @@ fn reads_of_4kib_1mib_and_8mib_are_exact() {
         (8 * MIB, 11 * MIB, 14 * MIB),
     ];
     for (i, &(len, src_off, dst_off)) in cases.iter().enumerate() {
-        a.fabric.post_read(
-            b.id,
-            ReadOpId(i as u64),
-            (i % 2) as u16,
-            local(dst_off, len),
-            b.remote(src_off, len),
-        );
+        a.fabric
+            .post_read(
+                b.id,
+                ReadOpId(i as u64),
+                (i % 2) as u16,
+                local(dst_off, len),
+                b.remote(src_off, len),
+            )
+            .expect("a place for its completion");
         if i < 3 {
             let t = Instant::now();
             let done = a.expect_reads(1);
@@ -519,7 +521,8 @@ fn reads_outside_the_peer_arena_fail_cleanly() {
     ];
     for (i, remote) in bad.iter().enumerate() {
         a.fabric
-            .post_read(b.id, ReadOpId(i as u64), 0, local(0, remote.len), *remote);
+            .post_read(b.id, ReadOpId(i as u64), 0, local(0, remote.len), *remote)
+            .expect("a place for its completion");
         let done = a.expect_reads(1);
         assert_eq!(
             done[&ReadOpId(i as u64)],
@@ -529,19 +532,22 @@ fn reads_outside_the_peer_arena_fail_cleanly() {
     }
     // Local mistakes fail too, without harming the connection.
     a.fabric
-        .post_read(b.id, ReadOpId(10), 0, local(end - 1, 2), b.remote(0, 2));
+        .post_read(b.id, ReadOpId(10), 0, local(end - 1, 2), b.remote(0, 2))
+        .expect("a place for its completion");
     assert!(matches!(
         a.expect_reads(1)[&ReadOpId(10)],
         Err(ReadError::QueuePair(_))
     ));
     a.fabric
-        .post_read(b.id, ReadOpId(11), 9, local(0, 2), b.remote(0, 2));
+        .post_read(b.id, ReadOpId(11), 9, local(0, 2), b.remote(0, 2))
+        .expect("a place for its completion");
     assert!(matches!(
         a.expect_reads(1)[&ReadOpId(11)],
         Err(ReadError::QueuePair(_))
     ));
     a.fabric
-        .post_read(NodeId(99), ReadOpId(12), 0, local(0, 2), b.remote(0, 2));
+        .post_read(NodeId(99), ReadOpId(12), 0, local(0, 2), b.remote(0, 2))
+        .expect("a place for its completion");
     assert_eq!(
         a.expect_reads(1)[&ReadOpId(12)],
         Err(ReadError::ConnectionLost)
@@ -550,7 +556,8 @@ fn reads_outside_the_peer_arena_fail_cleanly() {
     // The connection still works.
     write_arena(&b.arena, 0, b"intact");
     a.fabric
-        .post_read(b.id, ReadOpId(20), 1, local(100, 6), b.remote(0, 6));
+        .post_read(b.id, ReadOpId(20), 1, local(100, 6), b.remote(0, 6))
+        .expect("a place for its completion");
     assert_eq!(a.expect_reads(1)[&ReadOpId(20)], Ok(()));
     assert_eq!(arena_bytes(&a.arena, 100, 6), b"intact");
     a.fabric.send(b.id, b"ok".to_vec()).unwrap();
@@ -580,7 +587,8 @@ fn reads_outside_the_peer_arena_fail_cleanly() {
         ..b.remote(0, 4096)
     };
     a.fabric
-        .post_read(b.id, ReadOpId(30), 0, local(0, 4096), wrong);
+        .post_read(b.id, ReadOpId(30), 0, local(0, 4096), wrong)
+        .expect("a place for its completion");
     assert_eq!(
         a.expect_reads(1)[&ReadOpId(30)],
         Err(ReadError::RemoteAccess)
@@ -589,7 +597,8 @@ fn reads_outside_the_peer_arena_fail_cleanly() {
     assert!(matches!(b.next(), FabricEvent::PeerLost { .. }));
     connect(&mut a, &mut b);
     a.fabric
-        .post_read(b.id, ReadOpId(31), 0, local(100, 6), b.remote(0, 6));
+        .post_read(b.id, ReadOpId(31), 0, local(100, 6), b.remote(0, 6))
+        .expect("a place for its completion");
     assert_eq!(a.expect_reads(1)[&ReadOpId(31)], Ok(()));
 }
 
@@ -605,7 +614,8 @@ fn fabric_views_that_would_alias_a_live_view_are_refused() {
     write_arena(&a.arena, 0, b"intact");
     let reading = ReadableRegion::new(a.arena.clone(), 0, 4096).unwrap();
     a.fabric
-        .post_read(b.id, ReadOpId(1), 0, local(0, 4096), b.remote(0, 4096));
+        .post_read(b.id, ReadOpId(1), 0, local(0, 4096), b.remote(0, 4096))
+        .expect("a place for its completion");
     assert!(matches!(
         a.expect_reads(1)[&ReadOpId(1)],
         Err(ReadError::QueuePair(_))
@@ -613,7 +623,8 @@ fn fabric_views_that_would_alias_a_live_view_are_refused() {
     assert_eq!(&reading.as_slice()[..6], b"intact");
     drop(reading);
     a.fabric
-        .post_read(b.id, ReadOpId(2), 0, local(0, 4096), b.remote(0, 4096));
+        .post_read(b.id, ReadOpId(2), 0, local(0, 4096), b.remote(0, 4096))
+        .expect("a place for its completion");
     assert_eq!(a.expect_reads(1)[&ReadOpId(2)], Ok(()));
     assert_eq!(arena_bytes(&a.arena, 0, 4096), [7; 4096]);
 
@@ -660,13 +671,15 @@ fn peer_dropped_mid_reads_completes_every_read_then_peer_lost() {
     };
     const OPS: u64 = 40;
     for i in 0..OPS {
-        a.fabric.post_read(
-            b.id,
-            ReadOpId(i),
-            (i % 2) as u16,
-            local(i * MIB / 2, MIB / 2),
-            b.remote(i * MIB / 2, MIB / 2),
-        );
+        a.fabric
+            .post_read(
+                b.id,
+                ReadOpId(i),
+                (i % 2) as u16,
+                local(i * MIB / 2, MIB / 2),
+                b.remote(i * MIB / 2, MIB / 2),
+            )
+            .expect("a place for its completion");
     }
     let t = Instant::now();
     drop(b);
@@ -701,17 +714,19 @@ fn peer_dropped_mid_reads_completes_every_read_then_peer_lost() {
     assert!(!a.fabric.is_connected_or_connecting(NodeId(2)));
     // New READs to the lost peer fail at once; that failure is the next event (nothing came
     // after PeerLost).
-    a.fabric.post_read(
-        NodeId(2),
-        ReadOpId(100),
-        0,
-        local(0, 8),
-        RemoteRegion {
-            addr: 0,
-            len: 8,
-            rkey: 0,
-        },
-    );
+    a.fabric
+        .post_read(
+            NodeId(2),
+            ReadOpId(100),
+            0,
+            local(0, 8),
+            RemoteRegion {
+                addr: 0,
+                len: 8,
+                rkey: 0,
+            },
+        )
+        .expect("a place for its completion");
     assert_eq!(
         a.expect_reads(1)[&ReadOpId(100)],
         Err(ReadError::ConnectionLost)
@@ -749,13 +764,15 @@ fn reads_across_a_split_registration() {
         (0, 0, 2 * MIB),
     ];
     for (i, &(src_off, dst_off, len)) in cases.iter().enumerate() {
-        a.fabric.post_read(
-            b.id,
-            ReadOpId(i as u64),
-            (i % 2) as u16,
-            local(dst_off, len),
-            b.remote(src_off, len),
-        );
+        a.fabric
+            .post_read(
+                b.id,
+                ReadOpId(i as u64),
+                (i % 2) as u16,
+                local(dst_off, len),
+                b.remote(src_off, len),
+            )
+            .expect("a place for its completion");
         assert_eq!(a.expect_reads(1)[&ReadOpId(i as u64)], Ok(()));
         assert!(
             arena_bytes(&a.arena, dst_off, len) == src[src_off as usize..(src_off + len) as usize],
@@ -805,13 +822,15 @@ fn reads_beyond_the_send_queue_wait_for_room() {
     let src = pattern(5, (8 * MIB) as usize);
     write_arena(&b.arena, 0, &src);
     for i in 0..4u64 {
-        a.fabric.post_read(
-            b.id,
-            ReadOpId(i),
-            (i % 2) as u16,
-            local(8 * MIB + i * 2 * MIB, 2 * MIB),
-            b.remote(i * 2 * MIB, 2 * MIB),
-        );
+        a.fabric
+            .post_read(
+                b.id,
+                ReadOpId(i),
+                (i % 2) as u16,
+                local(8 * MIB + i * 2 * MIB, 2 * MIB),
+                b.remote(i * 2 * MIB, 2 * MIB),
+            )
+            .expect("a place for its completion");
     }
     // Messages share lane 0's send queue with the READs. They are more than b's receive
     // slots, so b's driver takes them first: a SEND waiting on receiver-not-ready retries
@@ -1092,13 +1111,15 @@ fn memory_windows_scope_reads_to_one_lease_and_cost_little() {
             len,
             rkey: *key,
         };
-        a.fabric.post_read(
-            b.id,
-            ReadOpId(10 + lane as u64),
-            lane as u16,
-            local(MIB + offset, len),
-            remote,
-        );
+        a.fabric
+            .post_read(
+                b.id,
+                ReadOpId(10 + lane as u64),
+                lane as u16,
+                local(MIB + offset, len),
+                remote,
+            )
+            .expect("a place for its completion");
     }
     let done = a.expect_reads(3);
     assert!(done.values().all(Result::is_ok), "{done:?}");
@@ -1145,13 +1166,15 @@ fn memory_windows_scope_reads_to_one_lease_and_cost_little() {
         assert!(matches!(b.next_spinning(), FabricEvent::ReadRevoked { .. }));
         access.push(t.elapsed());
         let t = Instant::now();
-        a.fabric.post_read(
-            b.id,
-            ReadOpId(1000 + i),
-            0,
-            local(MIB, 64 * 1024),
-            held_region,
-        );
+        a.fabric
+            .post_read(
+                b.id,
+                ReadOpId(1000 + i),
+                0,
+                local(MIB, 64 * 1024),
+                held_region,
+            )
+            .expect("a place for its completion");
         assert!(matches!(
             a.next_spinning(),
             FabricEvent::ReadCompleted { result: Ok(()), .. }
@@ -1169,17 +1192,19 @@ fn memory_windows_scope_reads_to_one_lease_and_cost_little() {
 
     // A READ with a revoked key fails with a remote access error (the requester's QP breaks,
     // as RDMA does), and the holder is unharmed: it accepts the next connection and serves.
-    a.fabric.post_read(
-        b.id,
-        ReadOpId(2000),
-        0,
-        local(MIB, 4096),
-        RemoteRegion {
-            addr: b.remote(8192, 4096).addr,
-            len: 4096,
-            rkey: keys[0],
-        },
-    );
+    a.fabric
+        .post_read(
+            b.id,
+            ReadOpId(2000),
+            0,
+            local(MIB, 4096),
+            RemoteRegion {
+                addr: b.remote(8192, 4096).addr,
+                len: 4096,
+                rkey: keys[0],
+            },
+        )
+        .expect("a place for its completion");
     assert_eq!(
         a.expect_reads(1)[&ReadOpId(2000)],
         Err(ReadError::RemoteAccess)
@@ -1195,28 +1220,32 @@ fn memory_windows_scope_reads_to_one_lease_and_cost_little() {
         .is_none());
     let fresh = expect_granted(&mut b, req);
     assert!(!fresh.contains(&keys[0]), "a new binding, a new key");
-    a.fabric.post_read(
-        b.id,
-        ReadOpId(3000),
-        0,
-        local(2 * MIB, 4096),
-        RemoteRegion {
-            addr: b.remote(8192, 4096).addr,
-            len: 4096,
-            rkey: fresh[0],
-        },
-    );
+    a.fabric
+        .post_read(
+            b.id,
+            ReadOpId(3000),
+            0,
+            local(2 * MIB, 4096),
+            RemoteRegion {
+                addr: b.remote(8192, 4096).addr,
+                len: 4096,
+                rkey: fresh[0],
+            },
+        )
+        .expect("a place for its completion");
     assert_eq!(a.expect_reads(1)[&ReadOpId(3000)], Ok(()));
     assert_eq!(arena_bytes(&a.arena, 2 * MIB, 4096), &object[..4096]);
 
     // The arena's own key opens nothing once windows are on (a remote access error).
-    a.fabric.post_read(
-        b.id,
-        ReadOpId(4000),
-        0,
-        local(MIB, 4096),
-        b.remote(8192, 4096),
-    );
+    a.fabric
+        .post_read(
+            b.id,
+            ReadOpId(4000),
+            0,
+            local(MIB, 4096),
+            b.remote(8192, 4096),
+        )
+        .expect("a place for its completion");
     assert_eq!(
         a.expect_reads(1)[&ReadOpId(4000)],
         Err(ReadError::RemoteAccess)

@@ -20,6 +20,14 @@ pub enum ReadError {
     /// The connection to the peer is gone; the READ was flushed.
     #[error("connection lost")]
     ConnectionLost,
+    /// Never posted: the local fabric had no room for its completion (the driver's event
+    /// channel was full). The transfer fails at once and the fetch moves on, rather than
+    /// the READ waiting in a queue.
+    #[error("not posted: the local fabric is busy ({capacity} events wait for the driver)")]
+    Busy {
+        /// The event channel's capacity, all of it taken.
+        capacity: u64,
+    },
 }
 
 /// Why the fabric could not grant a reader READ access to a lease's region, as the driver

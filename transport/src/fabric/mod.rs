@@ -34,10 +34,13 @@
 //! stops reading is disconnected with [`FabricError::PeerNotReading`] and a `PeerLost`
 //! saying why. The other events are bounded by what the driver asked for (one
 //! `ReadCompleted` per posted READ) and by connections (a `PeerConnected` and a `PeerLost`
-//! per handshake). The event channel itself is bounded ([`EVENT_CHANNEL_CAPACITY`]): a TCP
-//! connection's reader waits for room (and so stops reading its socket); what cannot wait (the
-//! driver's own calls, the verbs poller under a connection's lock) goes over the capacity by
-//! at most the bounds above; see [`event_channel`].
+//! per handshake). The event channel itself is a bounded channel ([`EVENT_CHANNEL_CAPACITY`])
+//! that nothing goes over: a TCP connection's tasks wait for room (and so stop reading their
+//! socket); the driver's own calls cannot wait, so a call answered by a later event
+//! ([`Fabric::post_read`]) takes the place of its answer at once, and is refused with
+//! [`EventsFull`] when none is free; the verbs poller, which can neither wait nor
+//! refuse, holds what does not fit in an [`EventBacklog`] bounded by the receive slots and
+//! READs its events stand for. See [`event_channel`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -58,8 +61,8 @@ pub mod tcp;
 pub mod verbs;
 
 pub use events::{
-    event_channel, event_channel_with_capacity, DriverGone, EventReceiver, EventSender,
-    EVENT_CHANNEL_CAPACITY,
+    event_channel, event_channel_with_capacity, DriverGone, EventBacklog, EventPlace,
+    EventReceiver, EventSender, EventsFull, TrySendError, EVENT_CHANNEL_CAPACITY,
 };
 
 /// What a fabric tells the driver.
@@ -285,12 +288,16 @@ pub trait Fabric: Send + Sync {
     /// Whether a connection to `peer` is up or being made.
     fn is_connected_or_connecting(&self, peer: NodeId) -> bool;
 
-    /// Sends an encoded message.
+    /// Sends an encoded message. Never waits for the driver's event channel, and takes no
+    /// place in it: a connection the call drops (a peer not reading) is reported by the
+    /// fabric itself (TCP: the connection's reader, as it ends; verbs: through the poller's
+    /// backlog).
     fn send(&self, peer: NodeId, bytes: Vec<u8>) -> Result<(), FabricError>;
 
     /// Sends an `EagerData` message whose payload is `source` in a local arena: the fabric
     /// copies the bytes through a [`ReadableRegion`] of `source` before it returns (refused
-    /// with [`FabricError::InUse`] while a writable view of it is alive here).
+    /// with [`FabricError::InUse`] while a writable view of it is alive here). As
+    /// [`Fabric::send`] for the event channel.
     fn send_eager(
         &self,
         peer: NodeId,
@@ -299,9 +306,12 @@ pub trait Fabric: Send + Sync {
     ) -> Result<(), FabricError>;
 
     /// Posts a one-sided READ of `remote` on `peer` into `local`, on queue pair `lane`.
-    /// Completes with [`FabricEvent::ReadCompleted`] (also when this call fails). The fabric
-    /// holds a [`WritableRegion`] of `local` until the READ is over and releases it before the
-    /// event; a `local` another view of this process overlaps fails at once.
+    /// Completes with [`FabricEvent::ReadCompleted`] (also when the READ fails at once). The
+    /// fabric holds a [`WritableRegion`] of `local` until the READ is over and releases it
+    /// before the event; a `local` another view of this process overlaps fails at once.
+    ///
+    /// `Err(`[`EventsFull`]`)`: the driver's event channel has no place for the completion, so
+    /// nothing was posted and no event will come (the driver fails the READ itself).
     fn post_read(
         &self,
         peer: NodeId,
@@ -309,7 +319,7 @@ pub trait Fabric: Send + Sync {
         lane: u16,
         local: LocalRegion,
         remote: RemoteRegion,
-    );
+    ) -> Result<(), EventsFull>;
 
     /// Lets `peer` READ `region` (a pinned object) for the lease of its transfer `req`: the
     /// keys it must READ with, scoped to that lease where the fabric can (TCP: a random key

@@ -34,7 +34,9 @@ use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 use tokio::net::TcpListener;
 use tracing::info;
 
-use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
+use super::{
+    Arenas, EventPlace, EventSender, EventsFull, Fabric, FabricError, FabricEvent, FabricIdentity,
+};
 use crate::arena::{ReadableRegion, ViewError, WritableRegion};
 use crate::sync;
 use connection::{Link, Outgoing, SubmitError};
@@ -154,6 +156,26 @@ struct PendingRead {
     peer: NodeId,
     /// The READ's destination, claimed until its data is in (or the READ failed).
     destination: WritableRegion,
+    /// The place of its `ReadCompleted` in the driver's channel, taken when it was posted.
+    completion: EventPlace,
+}
+
+impl PendingRead {
+    /// Tells the driver the READ is over, through the place taken for it: the destination's
+    /// claim ends first, so the driver may view the bytes once told.
+    fn complete(self, op: ReadOpId, result: Result<(), ReadError>) {
+        let PendingRead {
+            destination,
+            completion,
+            ..
+        } = self;
+        drop(destination);
+        completion.send(FabricEvent::ReadCompleted { op, result });
+    }
+
+    fn fail(self, op: ReadOpId, error: ReadError) {
+        self.complete(op, Err(error));
+    }
 }
 
 struct Inner {
@@ -363,25 +385,31 @@ impl Fabric for TcpFabric {
         lane: u16,
         local: LocalRegion,
         remote: RemoteRegion,
-    ) {
+    ) -> Result<(), EventsFull> {
         let _ = lane; // One connection per peer: every lane is the same stream.
-        let failed = |error| {
-            self.inner.emit(FabricEvent::ReadCompleted {
+                      // The place its completion will take, whatever happens from here: the driver calls
+                      // this, so it cannot wait for room in the channel it drains.
+        let completion = self.inner.events.reserve_now()?;
+        let failed = |completion: EventPlace, error| {
+            completion.send(FabricEvent::ReadCompleted {
                 op,
                 result: Err(error),
             });
+            Ok(())
         };
         if local.len != remote.len || local.len > MAX_READ_BYTES {
-            failed(ReadError::QueuePair(format!(
-                "bad READ: local {local} for remote {remote}"
-            )));
-            return;
+            return failed(
+                completion,
+                ReadError::QueuePair(format!("bad READ: local {local} for remote {remote}")),
+            );
         }
         let destination = match self.inner.destination(local) {
             Ok(destination) => destination,
             Err(error) => {
-                failed(ReadError::QueuePair(format!("READ into {local}: {error}")));
-                return;
+                return failed(
+                    completion,
+                    ReadError::QueuePair(format!("READ into {local}: {error}")),
+                );
             }
         };
         let mut frame = Vec::with_capacity(29);
@@ -394,23 +422,31 @@ impl Fabric for TcpFabric {
         // this read and fails it, or this call sees the peer gone.
         let peers = lock(&self.inner.peers);
         match peers.get(&peer) {
-            Some(PeerSlot::Connected { link, generation }) => {
-                lock(&self.inner.pending_reads).insert(op.0, PendingRead { peer, destination });
+            Some(PeerSlot::Connected { link, .. }) => {
+                let pending = PendingRead {
+                    peer,
+                    destination,
+                    completion,
+                };
+                lock(&self.inner.pending_reads).insert(op.0, pending);
                 if let Err(error) = link.submit(Outgoing::Frame(frame)) {
-                    let generation = *generation;
-                    // Its destination's claim ends with it, before the failure is told.
-                    lock(&self.inner.pending_reads).remove(&op.0);
+                    let link = link.clone();
                     drop(peers);
-                    failed(ReadError::ConnectionLost);
+                    // Failed here unless the connection's reader task, ending, failed it
+                    // already with the others.
+                    let pending = lock(&self.inner.pending_reads).remove(&op.0);
+                    if let Some(read) = pending {
+                        read.fail(op, ReadError::ConnectionLost);
+                    }
                     if let SubmitError::Full { .. } = error {
-                        let reason = error.into_link_error(peer, &self.inner.config);
-                        self.inner.lose(peer, Some(generation), reason);
+                        link.fail(error.into_link_error(peer, &self.inner.config));
                     }
                 }
+                Ok(())
             }
             _ => {
                 drop((peers, destination));
-                failed(ReadError::ConnectionLost);
+                failed(completion, ReadError::ConnectionLost)
             }
         }
     }
@@ -471,19 +507,13 @@ fn view_error(region: LocalRegion, source: ViewError) -> FabricError {
 }
 
 impl Inner {
-    /// Queues `event` without waiting for room in the driver's channel: for what the driver's
-    /// own calls emit (a READ failed at once, a connection dropped by `queue`), which would
-    /// deadlock waiting on the channel the driver drains, and for connection events. Each is
-    /// bounded by construction: one `ReadCompleted` per READ the driver posted, one
-    /// `PeerConnected` and one `PeerLost` per connection or dial the driver asked for.
-    fn emit(&self, event: FabricEvent) {
-        // The driver may be gone (shutting down); nothing to do then.
-        let _ = self.events.send_unwaiting(event);
-    }
-
-    /// Queues `event`, waiting for room in the driver's channel: for a connection's reader,
-    /// which meanwhile reads nothing more, so its peer is slowed by TCP flow control.
-    async fn emit_waiting(&self, event: FabricEvent) {
+    /// Queues `event`, waiting for room in the driver's channel: for a connection's reader
+    /// (which meanwhile reads nothing more, so its peer is slowed by TCP flow control). A
+    /// dial or accept waits for the place of its outcome the same way, before it installs
+    /// the connection. The driver's own calls never wait: what answers them later takes its
+    /// place when they are made (see `post_read`), and a connection they drop is reported by
+    /// its reader task (see `Link::fail`).
+    async fn emit(&self, event: FabricEvent) {
         // The driver may be gone (shutting down); nothing to do then.
         let _ = self.events.send(event).await;
     }
@@ -491,19 +521,15 @@ impl Inner {
     /// Sends or queues `item` to `peer`; a peer whose queue is full is not reading what it is
     /// sent, and is disconnected.
     fn queue(&self, peer: NodeId, item: Outgoing) -> Result<(), FabricError> {
-        let (link, generation) = match lock(&self.peers).get(&peer) {
-            Some(PeerSlot::Connected { link, generation }) => (link.clone(), *generation),
+        let link = match lock(&self.peers).get(&peer) {
+            Some(PeerSlot::Connected { link, .. }) => link.clone(),
             _ => return Err(FabricError::NotConnected(peer)),
         };
         match link.submit(item) {
             Ok(()) => Ok(()),
             Err(SubmitError::WriterStopped) => Err(FabricError::NotConnected(peer)),
             Err(full @ SubmitError::Full { bytes, .. }) => {
-                self.lose(
-                    peer,
-                    Some(generation),
-                    full.into_link_error(peer, &self.config),
-                );
+                link.fail(full.into_link_error(peer, &self.config));
                 Err(FabricError::PeerNotReading {
                     peer,
                     queued: bytes,
@@ -602,8 +628,10 @@ impl Inner {
         Some(generation)
     }
 
-    /// Tears a connection down: fails its pending READs, then reports the peer lost.
-    fn lose(&self, peer: NodeId, generation: Option<u64>, reason: TcpLinkError) {
+    /// Tears a connection down: fails its pending READs, then reports the peer lost (waiting
+    /// for room, behind the connection's last message). Called by the connection's reader
+    /// task as it ends, so nothing from the peer follows the `PeerLost`.
+    async fn lose(&self, peer: NodeId, generation: Option<u64>, reason: TcpLinkError) {
         {
             let mut peers = lock(&self.peers);
             match (peers.get(&peer), generation) {
@@ -623,27 +651,24 @@ impl Inner {
                 link.close();
             }
         }
-        let failed: Vec<u64> = {
+        let failed: Vec<(u64, PendingRead)> = {
             let mut pending = lock(&self.pending_reads);
             let ops: Vec<u64> = pending
                 .iter()
                 .filter(|(_, r)| r.peer == peer)
                 .map(|(&op, _)| op)
                 .collect();
-            for op in &ops {
-                pending.remove(op);
-            }
-            ops
+            ops.into_iter()
+                .filter_map(|op| pending.remove(&op).map(|read| (op, read)))
+                .collect()
         };
-        for op in failed {
-            self.emit(FabricEvent::ReadCompleted {
-                op: ReadOpId(op),
-                result: Err(ReadError::ConnectionLost),
-            });
+        for (op, read) in failed {
+            read.fail(ReadOpId(op), ReadError::ConnectionLost);
         }
         self.emit(FabricEvent::PeerLost {
             peer,
             reason: reason.to_string(),
-        });
+        })
+        .await;
     }
 }

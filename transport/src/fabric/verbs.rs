@@ -84,7 +84,10 @@ use skyriver_core::node::{ArenaKey, PathCosts, ReadError, ReadGrant, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader};
 use skyriver_core::{ArenaId, LocalRegion, NodeId, RemoteRegion, TransferId};
 
-use super::{Arenas, EventSender, Fabric, FabricError, FabricEvent, FabricIdentity};
+use super::{
+    Arenas, EventBacklog, EventPlace, EventSender, EventsFull, Fabric, FabricError, FabricEvent,
+    FabricIdentity,
+};
 use crate::arena::{ReadableRegion, SharedArena, ViewError, WritableRegion};
 use crate::verbs::{plan_reads, ConnectionConfig, MrChunk, Registration, RemoteChunk, VerbsDevice};
 pub use config::VerbsFabricConfig;
@@ -140,7 +143,8 @@ struct Shared {
     grants: Mutex<BTreeMap<(NodeId, TransferId), (LocalRegion, ReadableRegion)>>,
     /// Memory windows per lease, when the device has them (else `None`).
     windows: windows::WindowState,
-    events: EventSender,
+    /// The driver's event channel, behind what the poller could not queue yet.
+    events: EventBacklog,
     identity: FabricIdentity,
     config: VerbsFabricConfig,
     listen_addr: SocketAddr,
@@ -163,16 +167,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    /// Queues `event` without waiting for room in the driver's channel. The poller cannot
+    /// Queues `event` without waiting for room in the driver's channel, holding it in the
+    /// fabric's backlog while the channel is full (the poller moves it on). The poller cannot
     /// wait there: it emits while holding a connection's state, which the driver's own calls
     /// (`post_read`, `send_eager`) lock, so waiting for the driver could deadlock it; and the
-    /// driver's calls emit too. Bounded by construction instead: a message holds its receive
-    /// slot until the driver drops it (the peer then meets receiver-not-ready, the hardware's
-    /// back-pressure), a `ReadCompleted` answers a READ the driver posted, a grant event a
-    /// grant it asked for, and connection events come one each per connection.
+    /// driver's calls emit too. The backlog is bounded by what its events hold: a message
+    /// holds its receive slot until the driver drops it (the peer then meets
+    /// receiver-not-ready, the hardware's back-pressure), a grant event answers a grant the
+    /// driver asked for, and connection events come one each per connection. (A READ's
+    /// completion never waits here: it takes the place `post_read` reserved.)
     fn emit(&self, event: FabricEvent) {
-        // The driver may be gone (shutting down); nothing to do then.
-        let _ = self.events.send_unwaiting(event);
+        if self.events.send(event) {
+            // Held back: the poller must not sleep on completion events while it holds some.
+            self.wake_poller();
+        }
     }
 
     fn wake_poller(&self) {
@@ -489,7 +497,7 @@ impl VerbsFabric {
             table: Mutex::new(Table::default()),
             grants: Mutex::new(BTreeMap::new()),
             windows: window_state,
-            events,
+            events: EventBacklog::new(events),
             identity,
             listen_addr,
             arenas: local,
@@ -751,39 +759,57 @@ impl Fabric for VerbsFabric {
         lane: u16,
         local: LocalRegion,
         remote: RemoteRegion,
-    ) {
+    ) -> Result<(), EventsFull> {
         let s = &self.shared;
-        let fail = |e: ReadError| {
+        // The place its completion will take, whatever happens from here: the driver calls
+        // this, so it cannot wait for room in the channel it drains.
+        let completion = s.events.sender().reserve_now()?;
+        let fail = |completion: EventPlace, e: ReadError| {
             tracing::debug!(%peer, %op, %local, %remote, error = %e, "verbs fabric: READ refused");
-            s.emit(FabricEvent::ReadCompleted { op, result: Err(e) });
+            completion.send(FabricEvent::ReadCompleted { op, result: Err(e) });
+            Ok(())
         };
         let Some(arena) = s.local_arena(&local) else {
-            return fail(ReadError::QueuePair(format!(
-                "local region {local} is outside this node's registered arenas"
-            )));
+            return fail(
+                completion,
+                ReadError::QueuePair(format!(
+                    "local region {local} is outside this node's registered arenas"
+                )),
+            );
         };
         if local.len != remote.len || local.len == 0 {
-            return fail(ReadError::QueuePair(format!(
-                "READ of {} bytes into a {}-byte region",
-                remote.len, local.len
-            )));
+            return fail(
+                completion,
+                ReadError::QueuePair(format!(
+                    "READ of {} bytes into a {}-byte region",
+                    remote.len, local.len
+                )),
+            );
         }
         // Claimed until the READ is over (its `ReadCompleted`, or the QP destroyed): nothing in
         // this process views the bytes the device writes.
         let destination = match WritableRegion::new(arena.arena.clone(), local.offset, local.len) {
             Ok(destination) => destination,
-            Err(error) => return fail(ReadError::QueuePair(format!("READ into {local}: {error}"))),
+            Err(error) => {
+                return fail(
+                    completion,
+                    ReadError::QueuePair(format!("READ into {local}: {error}")),
+                )
+            }
         };
         let Some(conn) = s.peer_conn(peer) else {
             drop(destination);
-            return fail(ReadError::ConnectionLost);
+            return fail(completion, ReadError::ConnectionLost);
         };
         if usize::from(lane) >= conn.lanes {
             drop(destination);
-            return fail(ReadError::QueuePair(format!(
-                "lane {lane} does not exist ({} lanes to {peer})",
-                conn.lanes
-            )));
+            return fail(
+                completion,
+                ReadError::QueuePair(format!(
+                    "lane {lane} does not exist ({} lanes to {peer})",
+                    conn.lanes
+                )),
+            );
         }
         let window;
         let remote_chunks = match conn.remote.resolve(&remote) {
@@ -801,7 +827,7 @@ impl Fabric for VerbsFabric {
             Err(why) => {
                 tracing::warn!(%peer, %remote, %why, "verbs fabric: READ of memory the peer did not register");
                 drop(destination);
-                return fail(ReadError::RemoteAccess);
+                return fail(completion, ReadError::RemoteAccess);
             }
         };
         let local_addr = arena.reg.addr() + local.offset;
@@ -819,12 +845,26 @@ impl Fabric for VerbsFabric {
             Ok(r) => r,
             Err(e) => {
                 drop((st, destination));
-                return fail(ReadError::QueuePair(format!("planning the READ: {e}")));
+                return fail(
+                    completion,
+                    ReadError::QueuePair(format!("planning the READ: {e}")),
+                );
             }
         };
-        conn.post_read(&mut st, s, op, usize::from(lane), reqs, destination);
+        conn.post_read(
+            &mut st,
+            s,
+            op,
+            usize::from(lane),
+            reqs,
+            peer::ReadTarget {
+                destination,
+                completion,
+            },
+        );
         drop(st);
         s.wake_poller();
+        Ok(())
     }
 
     fn grant_read(

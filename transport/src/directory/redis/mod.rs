@@ -57,7 +57,7 @@ use skyriver_core::directory::MemberInfo;
 use skyriver_core::registry::session::{DirectorySession, SessionConfig};
 use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 
-pub use reset::{reset, ResetError, ResetOutcome};
+pub use reset::{reset, ResetError, ResetFailure, ResetOutcome};
 pub use token_record::KdfCost;
 
 use super::client::{self, ClientTiming, DirectoryClient};

@@ -24,7 +24,8 @@ pub enum ResetError {
         /// The address, password masked.
         addr: String,
         /// Why.
-        reason: String,
+        #[source]
+        reason: ResetFailure,
     },
     /// Nodes of the cluster are alive and `force` was not given.
     #[error(
@@ -37,6 +38,42 @@ pub enum ResetError {
         cluster: String,
         /// Its live nodes.
         nodes: Vec<NodeId>,
+    },
+}
+
+/// Why Redis could not be reached or did not carry out a command of [`reset`].
+#[derive(Debug, thiserror::Error)]
+pub enum ResetFailure {
+    /// The CA file for `rediss://` cannot be read or used.
+    #[error("the Redis CA file {}: {source}", path.display())]
+    CaFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: super::super::CaFileError,
+    },
+    /// No connection could be made.
+    #[error("{source}")]
+    Connect {
+        /// Why.
+        #[source]
+        source: ::redis::RedisError,
+    },
+    /// A command (or the connection) took longer than its bound.
+    #[error("{command} timed out after {} s", RESET_COMMAND_TIMEOUT.as_secs())]
+    TimedOut {
+        /// `connect`, `SCAN`, `DEL`.
+        command: &'static str,
+    },
+    /// Redis answered a command with an error.
+    #[error("{command}: {source}")]
+    Command {
+        /// `SCAN`, `DEL`.
+        command: &'static str,
+        /// Redis's answer.
+        #[source]
+        source: ::redis::RedisError,
     },
 }
 
@@ -70,10 +107,10 @@ pub async fn reset(url: &str, cluster: &str, force: bool) -> Result<ResetOutcome
         super::OpenClientError::BadUrl => ResetError::BadAddress(shown.clone()),
         super::OpenClientError::CaFile { path, source } => ResetError::Unreachable {
             addr: shown.clone(),
-            reason: format!("the Redis CA file {}: {source}", path.display()),
+            reason: ResetFailure::CaFile { path, source },
         },
     })?;
-    let unreachable = |reason: String| ResetError::Unreachable {
+    let unreachable = |reason: ResetFailure| ResetError::Unreachable {
         addr: shown.clone(),
         reason,
     };
@@ -87,8 +124,8 @@ pub async fn reset(url: &str, cluster: &str, force: bool) -> Result<ResetOutcome
     .await
     {
         Ok(Ok(conn)) => conn,
-        Ok(Err(error)) => return Err(unreachable(error.to_string())),
-        Err(_) => return Err(unreachable("no connection within 5 s".into())),
+        Ok(Err(source)) => return Err(unreachable(ResetFailure::Connect { source })),
+        Err(_) => return Err(unreachable(ResetFailure::TimedOut { command: "connect" })),
     };
     let keys = Keys::new(cluster);
     let node_keys = scan(&mut conn, &format!("{}*", keys.node_prefix()))
@@ -116,8 +153,13 @@ pub async fn reset(url: &str, cluster: &str, force: bool) -> Result<ResetOutcome
             ::redis::cmd("DEL").arg(chunk).query_async(&mut conn),
         )
         .await
-        .map_err(|_| unreachable("DEL timed out".into()))?
-        .map_err(|e| unreachable(e.to_string()))?;
+        .map_err(|_| unreachable(ResetFailure::TimedOut { command: "DEL" }))?
+        .map_err(|source| {
+            unreachable(ResetFailure::Command {
+                command: "DEL",
+                source,
+            })
+        })?;
         keys_removed += removed;
     }
     if !live_nodes.is_empty() {
@@ -138,7 +180,10 @@ pub async fn reset(url: &str, cluster: &str, force: bool) -> Result<ResetOutcome
 }
 
 /// Every key matching `pattern` (`SCAN`, so Redis is never blocked on a large keyspace).
-async fn scan(conn: &mut MultiplexedConnection, pattern: &str) -> Result<Vec<String>, String> {
+async fn scan(
+    conn: &mut MultiplexedConnection,
+    pattern: &str,
+) -> Result<Vec<String>, ResetFailure> {
     let mut cursor: u64 = 0;
     let mut found = Vec::new();
     loop {
@@ -153,8 +198,11 @@ async fn scan(conn: &mut MultiplexedConnection, pattern: &str) -> Result<Vec<Str
                 .query_async(conn),
         )
         .await
-        .map_err(|_| "SCAN timed out".to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| ResetFailure::TimedOut { command: "SCAN" })?
+        .map_err(|source| ResetFailure::Command {
+            command: "SCAN",
+            source,
+        })?;
         found.extend(batch);
         if next == 0 {
             found.sort();

@@ -23,7 +23,7 @@ use super::{
     KIND_READ_RESPONSE, MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES,
     SOCKET_BUFFER_SIZE_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS,
 };
-use crate::fabric::{FabricEvent, MessageBytes};
+use crate::fabric::{EventPlace, FabricEvent, MessageBytes};
 
 /// What the connection's writer task sends.
 pub(super) enum Outgoing {
@@ -93,6 +93,10 @@ pub(super) struct Link {
     /// Bounded by `max_queued_frames`.
     outgoing: mpsc::Sender<Outgoing>,
     max_queued_bytes: usize,
+    /// Why the connection is being dropped, when something other than its reader decided it
+    /// (its writer, or the driver's call that found the peer not reading): the reader task
+    /// reports it as it ends.
+    failure: Mutex<Option<TcpLinkError>>,
 }
 
 impl Link {
@@ -136,6 +140,20 @@ impl Link {
     /// the writer waits on a peer that does not read.
     pub(super) fn close(&self) {
         let _ = self.socket.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Drops the connection for `reason` (the first one given stands): closes it, and its
+    /// reader task, ending, fails its READs and reports the peer lost with `reason`. So a
+    /// caller that must not wait (the driver's own call) never emits an event itself, and
+    /// nothing the peer sent follows the `PeerLost`.
+    pub(super) fn fail(&self, reason: TcpLinkError) {
+        lock(&self.failure).get_or_insert(reason);
+        self.close();
+    }
+
+    /// Why [`Link::fail`] dropped the connection, if it did.
+    fn take_failure(&self) -> Option<TcpLinkError> {
+        lock(&self.failure).take()
     }
 }
 
@@ -184,11 +202,15 @@ fn write_now(socket: &std::net::TcpStream, bytes: &[u8]) -> usize {
     written
 }
 
+/// Sets up and installs a connection whose handshake is done, and tells the driver through
+/// `connected`, the place taken for its `PeerConnected` (so the driver hears of it before
+/// anything the peer sends, and before its `PeerLost`).
 pub(super) fn start_connection(
     inner: Arc<Inner>,
     peer: NodeId,
     stream: TcpStream,
     round_trips: MeasuredRoundTrips,
+    connected: EventPlace,
 ) {
     let (costs, summary) = inner.path_costs(peer, &stream, round_trips);
     let _ = stream.set_nodelay(true);
@@ -221,6 +243,7 @@ pub(super) fn start_connection(
         queued: Mutex::new(Queued::default()),
         outgoing: outgoing_tx,
         max_queued_bytes: inner.config.max_queued_bytes,
+        failure: Mutex::new(None),
     });
     // Every message handed to the driver holds its share of this until dropped.
     let undelivered_budget = Arc::new(Semaphore::new(undelivered_permits(&inner.config) as usize));
@@ -229,16 +252,15 @@ pub(super) fn start_connection(
         return;
     };
     let (reader, writer) = stream.into_split();
-    inner.emit(FabricEvent::PeerConnected {
+    connected.send(FabricEvent::PeerConnected {
         peer,
         params: PeerParams { lanes: 1, costs },
         summary,
     });
-    let writer_inner = inner.clone();
     let writer_link = link.clone();
     tokio::spawn(async move {
         if let Err(source) = write_loop(&writer_link, writer, outgoing_rx).await {
-            writer_inner.lose(peer, Some(generation), TcpLinkError::Write { peer, source });
+            writer_link.fail(TcpLinkError::Write { peer, source });
         }
     });
     tokio::spawn(async move {
@@ -246,7 +268,8 @@ pub(super) fn start_connection(
             Ok(()) => TcpLinkError::Closed { peer },
             Err(error) => error,
         };
-        inner.lose(peer, Some(generation), reason);
+        let reason = link.take_failure().unwrap_or(reason);
+        inner.lose(peer, Some(generation), reason).await;
     });
 }
 
@@ -379,7 +402,7 @@ async fn read_loop(
                 reader.read_exact(&mut bytes).await.map_err(io)?;
                 crate::trace::stamp("message_read");
                 inner
-                    .emit_waiting(FabricEvent::Message {
+                    .emit(FabricEvent::Message {
                         peer,
                         bytes: MessageBytes::budgeted(bytes, budget),
                     })
@@ -443,19 +466,13 @@ async fn read_loop(
                 } else {
                     Ok(Err(ReadError::RemoteAccess))
                 };
-                // The destination's claim ends before the driver hears of the READ, which may
-                // then view the bytes.
-                drop(pending);
                 let (result, broken) = match outcome {
                     Ok(result) => (result, None),
                     Err(reason) => (Err(ReadError::ConnectionLost), Some(reason)),
                 };
-                inner
-                    .emit_waiting(FabricEvent::ReadCompleted {
-                        op: ReadOpId(op),
-                        result,
-                    })
-                    .await;
+                // In the place taken when it was posted: no wait. The destination's claim
+                // ends first, so the driver may view the bytes once told.
+                pending.complete(ReadOpId(op), result);
                 if let Some(reason) = broken {
                     return Err(reason);
                 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use skyriver_core::grants::GrantTable;
 use skyriver_core::{LocalRegion, NodeId, TransferId};
 
-use crate::fabric::{EventSender, FabricEvent};
+use crate::fabric::{EventSender, FabricEvent, TrySendError};
 use crate::sync::{lock, Mutex};
 
 /// How a grant reaches its region's bytes, and what a READ it admits is served from.
@@ -182,10 +182,27 @@ pub(super) trait RevocationSink {
 
 impl RevocationSink for EventSender {
     fn revoked(&self, peer: NodeId, req: TransferId) {
-        // Cannot wait: reported when a served READ is dropped (a `Drop` cannot await), maybe
-        // by the driver's own call. Bounded by construction: one per grant the driver made.
-        // The driver may be gone (shutting down); nothing to do then.
-        let _ = self.send_unwaiting(FabricEvent::ReadRevoked { peer, req });
+        // Reported when a served READ is dropped, by a connection's task (its writer, or its
+        // reader refusing to queue it), which a `Drop` cannot make wait: queued at once if
+        // there is room, else by a task of the fabric's runtime that waits for room, one per
+        // revocation the driver asked for. The driver may be gone (shutting down); nothing to
+        // do then.
+        let event = FabricEvent::ReadRevoked { peer, req };
+        let Err(TrySendError::Full(event)) = self.try_send(event) else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let events = self.clone();
+                runtime.spawn(async move {
+                    let _ = events.send(event).await;
+                });
+            }
+            // Servings live in a connection's tasks, so on its runtime.
+            Err(_) => {
+                tracing::warn!(%peer, %req, "a revocation completed outside the fabric's runtime was not reported")
+            }
+        }
     }
 }
 

@@ -248,7 +248,11 @@ async fn accept_handshake(
     let round_trips = measure_round_trips(&mut stream, false)
         .await
         .map_err(io_error("round trip"))?;
-    start_connection(inner.clone(), peer, stream, round_trips);
+    // The place of its `PeerConnected`, waited for before the connection is installed.
+    let Ok(connected) = inner.events.reserve().await else {
+        return Ok(()); // The driver is gone.
+    };
+    start_connection(inner.clone(), peer, stream, round_trips, connected);
     Ok(())
 }
 
@@ -338,14 +342,19 @@ pub(super) async fn dial(inner: Arc<Inner>, peer: NodeId, addr: SocketAddr) {
             timeout_ms: timeout.as_millis(),
         }),
     };
+    // The place of the outcome's event (`PeerConnected` or `PeerLost`), waited for while the
+    // peer's slot still says connecting, so the driver dials nobody twice meanwhile.
+    let Ok(place) = inner.events.reserve().await else {
+        return; // The driver is gone.
+    };
     // Drop the Connecting placeholder; `start_connection` installs the real one.
     inner.forget_connecting(peer);
     match outcome {
-        Ok((stream, round_trips)) => start_connection(inner, peer, stream, round_trips),
+        Ok((stream, round_trips)) => start_connection(inner, peer, stream, round_trips, place),
         Err(error) => {
             // The daemon logs the PeerLost that follows, once per change of state.
             tracing::debug!(%peer, %error, "cannot connect to peer");
-            inner.emit(FabricEvent::PeerLost {
+            place.send(FabricEvent::PeerLost {
                 peer,
                 reason: error.to_string(),
             });

@@ -17,7 +17,7 @@ use super::errors::{ConnectionLost, HelloShapeError, RemoteRegionError};
 use super::hello::WireArena;
 use super::{lock, Shared, Slot};
 use crate::arena::WritableRegion;
-use crate::fabric::{FabricError, FabricEvent, MessageBytes};
+use crate::fabric::{EventPlace, FabricError, FabricEvent, MessageBytes};
 use crate::verbs::{
     Completion, NegotiatedParams, Opcode, PostError, ReadRequest, RemoteChunk, VerbsConnection,
     WcStatus,
@@ -108,6 +108,15 @@ impl RemoteTable {
     }
 }
 
+/// Where a READ's data lands and where its completion goes, claimed and taken by the
+/// fabric's `post_read` before the READ is planned.
+pub(super) struct ReadTarget {
+    /// The destination, claimed for writing.
+    pub(super) destination: WritableRegion,
+    /// The place of its `ReadCompleted` in the driver's channel.
+    pub(super) completion: EventPlace,
+}
+
 /// A READ operation of the core: one or more posted lists.
 struct OpState {
     op: ReadOpId,
@@ -116,7 +125,24 @@ struct OpState {
     /// lists completed, one failed, or the QPs destroyed), and released before the
     /// `ReadCompleted`, so nothing in this process views these bytes while the device may
     /// write them.
-    _destination: WritableRegion,
+    destination: WritableRegion,
+    /// The place of its `ReadCompleted` in the driver's channel, taken when it was posted.
+    completion: EventPlace,
+}
+
+impl OpState {
+    /// Tells the driver the op is over, through the place taken for it; the destination's
+    /// claim ends first.
+    fn complete(self, result: Result<(), ReadError>) {
+        let OpState {
+            op,
+            destination,
+            completion,
+            ..
+        } = self;
+        drop(destination);
+        completion.send(FabricEvent::ReadCompleted { op, result });
+    }
 }
 
 /// A posted (or queued) list of READ work requests; keyed by its last (signaled) wr id.
@@ -254,8 +280,9 @@ impl PeerConn {
     /// lists of at most `max_reads_per_list`, queueing what does not fit. Completes the op with
     /// an error when it cannot be posted at all.
     ///
-    /// `reqs` write only into `destination` (planned from it, through the arena's
-    /// registration), which the op holds until it is over.
+    /// `reqs` write only into the target's destination (planned from it, through the arena's
+    /// registration), which the op holds until it is over; its completion is told through the
+    /// target's place.
     pub(super) fn post_read(
         &self,
         st: &mut ConnState,
@@ -263,18 +290,31 @@ impl PeerConn {
         op: ReadOpId,
         lane: usize,
         reqs: Vec<ReadRequest>,
-        destination: WritableRegion,
+        target: ReadTarget,
     ) {
+        let ReadTarget {
+            destination,
+            completion,
+        } = target;
         // The destination's claim ends before the failure is told.
-        let fail = |destination: WritableRegion, e: ReadError| {
-            drop(destination);
-            s.emit(FabricEvent::ReadCompleted { op, result: Err(e) });
+        let fail = |destination: WritableRegion, completion: EventPlace, e: ReadError| {
+            OpState {
+                op,
+                lists_left: 0,
+                destination,
+                completion,
+            }
+            .complete(Err(e));
         };
         if st.conn.is_none() {
-            return fail(destination, ReadError::ConnectionLost);
+            return fail(destination, completion, ReadError::ConnectionLost);
         }
         let (Some(first), Some(last)) = (reqs.first(), reqs.last()) else {
-            return fail(destination, ReadError::QueuePair("empty READ".into()));
+            return fail(
+                destination,
+                completion,
+                ReadError::QueuePair("empty READ".into()),
+            );
         };
         assert_eq!(
             first.wr_id, st.next_wr_id,
@@ -286,6 +326,7 @@ impl PeerConn {
         if st.queued_read_lists + lists.len() > s.config.max_queued_read_lists {
             return fail(
                 destination,
+                completion,
                 ReadError::QueuePair(format!(
                     "{} READ lists already waiting for send-queue room",
                     st.queued_read_lists
@@ -298,7 +339,8 @@ impl PeerConn {
             OpState {
                 op,
                 lists_left: lists.len(),
-                _destination: destination,
+                destination,
+                completion,
             },
         );
         let mut failure = None;
@@ -478,10 +520,10 @@ impl PeerConn {
                         let op = st.ops.get_mut(&op_key).expect("a list's op is outstanding");
                         op.lists_left -= 1;
                         if op.lists_left == 0 {
-                            let op = op.op;
                             // Its destination's claim ends before the driver hears of it.
-                            st.ops.remove(&op_key);
-                            s.emit(FabricEvent::ReadCompleted { op, result: Ok(()) });
+                            if let Some(op) = st.ops.remove(&op_key) {
+                                op.complete(Ok(()));
+                            }
                         }
                     }
                     return Ok(());
@@ -489,11 +531,8 @@ impl PeerConn {
                 // The QP is in the error state now: this op fails with the cause, the others
                 // with ConnectionLost at teardown.
                 st.lists.retain(|_, l| l.op_key != op_key);
-                if let Some(op) = st.ops.remove(&op_key).map(|op| op.op) {
-                    s.emit(FabricEvent::ReadCompleted {
-                        op,
-                        result: Err(read_error(c.status)),
-                    });
+                if let Some(op) = st.ops.remove(&op_key) {
+                    op.complete(Err(read_error(c.status)));
                 }
                 Err(ConnectionLost::Read {
                     lane: c.lane,
@@ -580,27 +619,22 @@ impl PeerConn {
         st.lists.clear();
         st.backlog.clear();
         // The QPs are destroyed (above): the device writes no destination any more, and their
-        // claims end here, before the failures are told.
-        let ops: Vec<ReadOpId> = std::mem::take(&mut st.ops)
-            .into_values()
-            .map(|op| op.op)
-            .collect();
+        // claims end as they fail, each before its failure is told.
+        let ops = std::mem::take(&mut st.ops);
         let mut t = lock(&s.table);
         if matches!(t.peers.get(&self.peer), Some(Slot::Up(c)) if std::ptr::eq(Arc::as_ptr(c), self))
         {
             t.peers.remove(&self.peer);
         }
-        for &op in &ops {
-            s.emit(FabricEvent::ReadCompleted {
-                op,
-                result: Err(ReadError::ConnectionLost),
-            });
+        let reads_failed = ops.len();
+        for op in ops.into_values() {
+            op.complete(Err(ReadError::ConnectionLost));
         }
         if s.shutdown.load(std::sync::atomic::Ordering::Acquire) {
             // Our own shutdown (a daemon stopping): expected, not worth a warning.
-            tracing::info!(peer = %self.peer, %reason, reads_failed = ops.len(), "verbs fabric: connection closed");
+            tracing::info!(peer = %self.peer, %reason, reads_failed, "verbs fabric: connection closed");
         } else {
-            tracing::warn!(peer = %self.peer, %reason, reads_failed = ops.len(), "verbs fabric: connection lost");
+            tracing::warn!(peer = %self.peer, %reason, reads_failed, "verbs fabric: connection lost");
         }
         s.emit(FabricEvent::PeerLost {
             peer: self.peer,

@@ -28,6 +28,8 @@ pub(super) fn poll_loop(s: &Shared) {
             last_liveness = Instant::now();
             liveness_due = false;
         }
+        // Events the driver's channel had no room for go first, in order, as room appears.
+        let held_back = s.events.move_on();
         let mut work = 0;
         for c in &conns {
             let mut st = lock(&c.state);
@@ -45,10 +47,13 @@ pub(super) fn poll_loop(s: &Shared) {
             continue;
         }
         let idle = match &s.idle {
-            // Recently busy (or no completion channel): short sleeps from 10 µs to
+            // Recently busy (or no completion channel, or events held back until the driver
+            // makes room, which raises no completion event): short sleeps from 10 µs to
             // idle_poll_max, cut short by posts (unpark), keep the next reply's latency a poll,
             // not an event wake-up.
-            Some(idle) if last_work.elapsed() >= s.config.event_sleep_after => idle,
+            Some(idle) if held_back == 0 && last_work.elapsed() >= s.config.event_sleep_after => {
+                idle
+            }
             _ => {
                 let shift = idle_rounds.min(10);
                 idle_rounds = idle_rounds.saturating_add(1);
