@@ -147,6 +147,7 @@ impl Cluster {
         self.stats.crashes += 1;
         self.spill_crash(n);
         if let Some(node) = self.nodes[n.0 as usize].node.take() {
+            self.node_checks.settle(n, &node);
             self.stats.absorb(&node);
         }
         if self.params.persistent {

@@ -222,6 +222,8 @@ impl Cluster {
             self.step();
         }
         self.now = self.now.max(until);
+        self.settle_node_checks();
+        self.directory.settle_registry_checks();
     }
 
     /// Runs the next event; false when none is left.
@@ -314,6 +316,7 @@ impl Cluster {
         if let Some(registry) = self.directory.registry() {
             registry.check_invariants();
         }
+        self.settle_node_checks();
         self.check_listed_contents();
         let now = self.now;
         for line in self.pending_work() {
