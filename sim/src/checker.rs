@@ -171,7 +171,10 @@ impl Checker {
         let end = offset as usize + bytes.len();
         let mut why = Vec::new();
         for variant in variants {
-            let expected = &self.expected.bytes(&info.id, variant, end)[offset as usize..];
+            // The whole content, generated once for all the slices a relay serves.
+            let whole = (info.data_size + info.metadata_size) as usize;
+            let expected =
+                &self.expected.bytes(&info.id, variant, whole.max(end))[offset as usize..end];
             match expected.iter().zip(bytes).position(|(a, b)| a != b) {
                 None => return Ok(()),
                 Some(at) => why.push(format!(
