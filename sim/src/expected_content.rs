@@ -16,8 +16,9 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::workload::content_bytes;
 
-/// How many contents are kept (objects are at most an arena, a few MiB).
-const KEPT: usize = 16;
+/// How many contents are kept (objects are at most an arena, 2 MiB; most are far smaller):
+/// enough for the relays a 1,000-node cluster runs at once.
+const KEPT: usize = 64;
 
 /// The bytes of the last [`KEPT`] contents used, most recent first, and the digests of all.
 #[derive(Debug, Default)]

@@ -182,7 +182,7 @@ impl Cluster {
     pub(super) fn count_reads_of(&self, n: NodeId, inc: u32) -> u64 {
         self.queue
             .iter()
-            .filter(|Reverse(s)| match &s.event {
+            .filter(|Reverse(s)| match &*s.event {
                 Event::ReadServe { read, .. }
                 | Event::ReadServed { read, .. }
                 | Event::ReadComplete { read, .. } => read.posted_by(n, inc),

@@ -186,7 +186,8 @@ struct Scheduled {
     seq: u64,
     /// Heartbeats: they do not keep a run going (`drive` stops when only these are left).
     background: bool,
-    event: Event,
+    /// Boxed: the queue moves its entries at every push and pop, and events are large.
+    event: Box<Event>,
 }
 
 impl PartialEq for Scheduled {
@@ -653,7 +654,7 @@ impl Cluster {
             at: at.max(self.now),
             seq: self.seq,
             background,
-            event,
+            event: Box::new(event),
         }));
     }
 

@@ -114,7 +114,7 @@ impl Cluster {
                     if *i == id
             )
         }) || self.queue.iter().any(|Reverse(s)| {
-            matches!(&s.event, Event::ClientSend { call: Call::Seal { id: i, .. }, .. } if *i == id)
+            matches!(&*s.event, Event::ClientSend { call: Call::Seal { id: i, .. }, .. } if *i == id)
         })
     }
 
@@ -237,7 +237,7 @@ impl Cluster {
         if !scheduled.background {
             self.foreground -= 1;
         }
-        self.handle(scheduled.event);
+        self.handle(*scheduled.event);
         for violation in self.directory.check(self.now) {
             self.checker.violation(self.now, violation);
         }
