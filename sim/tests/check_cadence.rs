@@ -1,6 +1,7 @@
-//! The nodes' own consistency checks scale: a node holding many objects is not scanned whole
-//! after every input (the cost of an event would grow with what nodes hold), yet every node
-//! that took an input is checked by the end of a run.
+//! The nodes' and the registry's own consistency checks scale: a node holding many objects, a
+//! registry of many members, is not scanned whole after every input or change (the cost of an
+//! event would grow with the cluster and what it holds), yet whatever changed is checked by the
+//! end of a run.
 
 use skyriver_core::Instant;
 use skyriver_sim::{Cluster, RunMode};
@@ -42,4 +43,36 @@ fn nodes_holding_many_objects_are_checked_every_few_inputs_and_at_the_end() {
     cluster.run_until(cluster.now());
     assert_eq!(cluster.nodes_unchecked(), 0, "left unchecked at the end");
     assert!(cluster.node_invariant_checks() > before);
+}
+
+#[test]
+fn a_registry_of_many_members_is_checked_every_few_changes_and_at_the_end() {
+    let mode = RunMode {
+        workload: true,
+        faults: false,
+        keep_trace: false,
+        echo_trace: false,
+    };
+    // More members than are checked after every change.
+    let mut cluster = Cluster::random(2, Some(80), mode);
+    let mut left_unchecked = false;
+    for _ in 0..20_000 {
+        cluster.step();
+        left_unchecked |= cluster.directory().registry_changes_unchecked() > 0;
+    }
+    assert!(
+        left_unchecked,
+        "the registry was checked after every change"
+    );
+    cluster.run_until(cluster.now());
+    assert_eq!(
+        cluster.directory().registry_changes_unchecked(),
+        0,
+        "registry changes left unchecked at the end of the run"
+    );
+    assert!(
+        cluster.violations().is_empty(),
+        "{:#?}",
+        cluster.violations()
+    );
 }

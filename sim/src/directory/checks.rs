@@ -94,6 +94,11 @@ impl RegistryChecks {
 impl SimDirectory {
     // ---- Checks ----
 
+    /// Changes to the registry since its consistency was last checked.
+    pub fn registry_changes_unchecked(&self) -> usize {
+        self.registry_checks.changes_since_check
+    }
+
     /// Checks the registry's consistency if it changed since its last check (see
     /// [`RegistryChecks`]): the end of a run calls it.
     pub fn settle_registry_checks(&mut self) {
