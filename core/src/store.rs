@@ -760,6 +760,12 @@ impl Store {
         self.outputs.push_back(StoreOutput::Local(event));
     }
 
+    /// How many objects the store holds, sealed or not, in memory or spilled (what
+    /// [`Store::check_invariants`] scans).
+    pub fn object_count(&self) -> usize {
+        self.objects.len()
+    }
+
     /// Checks the store's internal bookkeeping; panics with a description on the first
     /// inconsistency. For tests and the simulator.
     pub fn check_invariants(&self) {

@@ -9,8 +9,8 @@ use skyriver_core::{
     ClientId, Instant, LocalRegion, NodeId, ObjectId, ObjectInfo, ObjectSizes, RequestId, Store,
 };
 
+use crate::expected_content::ExpectedContents;
 use crate::rdma::Memory;
-use crate::workload::check_bytes;
 
 /// A client request the checker waits to see answered.
 #[derive(Debug, Clone)]
@@ -49,6 +49,8 @@ pub struct Checker {
     /// Every digest the directory named for each id, to any node (in a lookup's answer, a
     /// publication event, or the acceptance of a publication).
     pub named: BTreeMap<ObjectId, BTreeSet<ContentDigest>>,
+    /// The bytes copies are compared with, for the contents checked last.
+    expected: ExpectedContents,
 }
 
 impl Checker {
@@ -105,8 +107,14 @@ impl Checker {
         }
     }
 
+    /// The bytes of content `variant` of `id`, `len` of them (see
+    /// [`crate::workload::content_bytes`]), kept for the check of the copy they make.
+    pub fn content_bytes(&mut self, id: &ObjectId, variant: u32, len: usize) -> Vec<u8> {
+        self.expected.bytes(id, variant, len).to_vec()
+    }
+
     /// Which content put under `info.id` the bytes in `memory` are; why none, if none.
-    pub fn content_of(&self, info: &ObjectInfo, memory: &Memory) -> Result<Content, String> {
+    pub fn content_of(&mut self, info: &ObjectInfo, memory: &Memory) -> Result<Content, String> {
         let sizes = ObjectSizes {
             data_size: info.data_size,
             metadata_size: info.metadata_size,
@@ -116,14 +124,17 @@ impl Checker {
         let Some(contents) = self.contents.get(&info.id) else {
             // Not put by a client the checker saw (a scripted scenario's object): its usual
             // content, whatever its sizes.
-            return check_bytes(&info.id, 0, bytes).map(|()| Content { variant: 0, sizes });
+            return self
+                .expected
+                .check(&info.id, 0, bytes)
+                .map(|()| Content { variant: 0, sizes });
         };
         let mut why = Vec::new();
         for content in contents {
             if content.sizes != sizes {
                 continue;
             }
-            match check_bytes(&info.id, content.variant, bytes) {
+            match self.expected.check(&info.id, content.variant, bytes) {
                 Ok(()) => return Ok(*content),
                 Err(diff) => why.push(format!("not content {}: {diff}", content.variant)),
             }
@@ -139,7 +150,12 @@ impl Checker {
 
     /// `bytes` are those at `offset` of a content put under `info`'s id with its sizes (a
     /// relay's partial copy: any byte it serves must be one it received).
-    pub fn check_range(&self, info: &ObjectInfo, offset: u64, bytes: &[u8]) -> Result<(), String> {
+    pub fn check_range(
+        &mut self,
+        info: &ObjectInfo,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<(), String> {
         let sizes = ObjectSizes {
             data_size: info.data_size,
             metadata_size: info.metadata_size,
@@ -155,8 +171,10 @@ impl Checker {
         let end = offset as usize + bytes.len();
         let mut why = Vec::new();
         for variant in variants {
+            // The whole content, generated once for all the slices a relay serves.
+            let whole = (info.data_size + info.metadata_size) as usize;
             let expected =
-                &crate::workload::content_bytes(&info.id, variant, end)[offset as usize..];
+                &self.expected.bytes(&info.id, variant, whole.max(end))[offset as usize..end];
             match expected.iter().zip(bytes).position(|(a, b)| a != b) {
                 None => return Ok(()),
                 Some(at) => why.push(format!(

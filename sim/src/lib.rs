@@ -18,6 +18,7 @@ pub mod checker;
 pub mod cli;
 pub mod cluster;
 pub mod directory;
+pub mod expected_content;
 pub mod network;
 pub mod params;
 pub mod rdma;

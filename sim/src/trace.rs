@@ -2,12 +2,15 @@
 //!
 //! The hash covers every line whether or not lines are kept, so two runs of one seed can be
 //! compared cheaply (the determinism check) and a sweep need not keep megabytes of text.
+//! Every event writes a line or more, so recording one is on the simulator's hot path: a line
+//! is hashed whole ([`LinesHash`]) and its object ids are found by searching for their zeros.
 
 use std::fmt::Write as _;
 
 use skyriver_core::Instant;
 
-/// FNV-1a, 64-bit: tiny, stable across platforms and releases (unlike `DefaultHasher`).
+/// FNV-1a, 64-bit: tiny, stable across platforms and releases (unlike `DefaultHasher`). It
+/// makes objects' contents and CI's extra seeds; the trace is hashed with [`LinesHash`].
 #[derive(Debug, Clone, Copy)]
 pub struct Fnv(u64);
 
@@ -32,13 +35,30 @@ impl Fnv {
     }
 }
 
+/// A hash of a sequence of lines: each line is hashed whole by XXH3-64 (a specified
+/// algorithm, the same on every platform) seeded with the hash of the lines before it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinesHash(u64);
+
+impl LinesHash {
+    /// Mixes one line in.
+    pub fn line(&mut self, line: &str) {
+        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(line.as_bytes(), self.0);
+    }
+
+    /// The hash so far.
+    pub fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// Lines of one run.
 #[derive(Debug, Default)]
 pub struct Trace {
     keep: bool,
     echo: bool,
     lines: Vec<String>,
-    hash: Fnv,
+    hash: LinesHash,
     count: u64,
     /// The line being built, reused while lines are not kept.
     scratch: String,
@@ -66,8 +86,7 @@ impl Trace {
         let nanos = now.as_nanos();
         let _ = write!(line, "{:>6}.{:03}us ", nanos / 1000, nanos % 1000);
         shorten_ids_into(text, &mut line);
-        self.hash.write(line.as_bytes());
-        self.hash.write(b"\n");
+        self.hash.line(&line);
         self.count += 1;
         if self.echo {
             println!("{line}");
@@ -110,29 +129,37 @@ pub fn shorten_ids(text: &str) -> String {
     out
 }
 
-/// [`shorten_ids`] appending to `out`. It walks the text once, run by run of hex digits (an id is
-/// a run of exactly 40 of them), and copies everything else as whole slices: every trace line
+/// The zeros an id made by `ObjectId::from_u64` starts with.
+const ID_ZEROS: &str = "000000000000000000000000";
+
+/// [`shorten_ids`] appending to `out`. An id is a run of exactly 40 hex digits whose first 24
+/// are zeros: it searches for those zeros (a fast substring search) and looks at the run of
+/// digits around them only there, copying everything else as whole slices. Every trace line
 /// passes through here, hashed even when no line is kept, so this is on the simulator's hot path.
 pub fn shorten_ids_into(text: &str, out: &mut String) {
     let bytes = text.as_bytes();
     let mut copied = 0;
-    let mut i = 0;
-    while i < bytes.len() {
-        if !bytes[i].is_ascii_hexdigit() {
-            i += 1;
-            continue;
+    let mut from = 0;
+    while let Some(found) = text[from..].find(ID_ZEROS) {
+        let zeros = from + found;
+        // The run of hex digits the zeros are in. The search starts at the end of a run (or the
+        // text's start), so the first zeros of a run starting with 24 zeros are its first digits.
+        let mut start = zeros;
+        while start > from && bytes[start - 1].is_ascii_hexdigit() {
+            start -= 1;
         }
-        let start = i;
-        while i < bytes.len() && bytes[i].is_ascii_hexdigit() {
-            i += 1;
+        let mut end = zeros + ID_ZEROS.len();
+        while end < bytes.len() && bytes[end].is_ascii_hexdigit() {
+            end += 1;
         }
-        if i - start == 40 && bytes[start..start + 24].iter().all(|&b| b == b'0') {
+        if start == zeros && end - start == 40 {
             // Hex digits are ASCII, so both slices are on char boundaries.
             out.push_str(&text[copied..start]);
-            let n = u64::from_str_radix(&text[start + 24..i], 16).unwrap_or(0);
+            let n = u64::from_str_radix(&text[start + 24..end], 16).unwrap_or(0);
             let _ = write!(out, "obj#{n}");
-            copied = i;
+            copied = end;
         }
+        from = end;
     }
     out.push_str(&text[copied..]);
 }
@@ -163,5 +190,92 @@ mod tests {
         let id = ObjectId::from_u64(7);
         assert_eq!(shorten_ids(&format!("[{id}],{id}")), "[obj#7],obj#7");
         assert_eq!(shorten_ids("héllo — ∑"), "héllo — ∑");
+    }
+
+    /// Shortening as first written: run by run of hex digits, byte by byte.
+    fn shorten_ids_run_by_run(text: &str) -> String {
+        let bytes = text.as_bytes();
+        let mut out = String::new();
+        let mut copied = 0;
+        let mut i = 0;
+        while i < bytes.len() {
+            if !bytes[i].is_ascii_hexdigit() {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < bytes.len() && bytes[i].is_ascii_hexdigit() {
+                i += 1;
+            }
+            if i - start == 40 && bytes[start..start + 24].iter().all(|&b| b == b'0') {
+                out.push_str(&text[copied..start]);
+                let n = u64::from_str_radix(&text[start + 24..i], 16).unwrap_or(0);
+                let _ = write!(out, "obj#{n}");
+                copied = i;
+            }
+        }
+        out.push_str(&text[copied..]);
+        out
+    }
+
+    #[test]
+    fn shortening_finds_what_a_walk_over_every_run_finds() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(29);
+        let id = ObjectId::from_u64(0xabc).to_string();
+        // Ids, zeros and digits next to them, other text: runs of every length around 40.
+        let pieces = [
+            id.as_str(),
+            "0",
+            "00000000",
+            "f",
+            "1a",
+            " ",
+            "x",
+            "é",
+            "#",
+            "\n",
+        ];
+        for _ in 0..5_000 {
+            let mut text = String::new();
+            for _ in 0..rng.gen_range(0..12) {
+                text.push_str(pieces[rng.gen_range(0..pieces.len())]);
+            }
+            assert_eq!(
+                shorten_ids(&text),
+                shorten_ids_run_by_run(&text),
+                "{text:?}"
+            );
+        }
+        let zeros = "0".repeat(24);
+        for text in [
+            format!("{zeros}{}", "1".repeat(16)),
+            format!("a{zeros}{}", "1".repeat(15)),
+            format!("{zeros}{zeros} {id}"),
+            format!("{}{id}", "0".repeat(24)),
+        ] {
+            assert_eq!(
+                shorten_ids(&text),
+                shorten_ids_run_by_run(&text),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_lines_hash_depends_on_every_line_and_their_order() {
+        let hash = |lines: &[&str]| {
+            let mut hash = LinesHash::default();
+            for line in lines {
+                hash.line(line);
+            }
+            hash.finish()
+        };
+        let ab = hash(&["a", "b"]);
+        assert_eq!(ab, hash(&["a", "b"]));
+        assert_ne!(ab, hash(&["b", "a"]));
+        assert_ne!(ab, hash(&["ab"]));
+        assert_ne!(ab, hash(&["a", "b", ""]));
+        assert_ne!(ab, hash(&["a", "c"]));
     }
 }

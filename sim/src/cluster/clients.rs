@@ -334,7 +334,9 @@ impl Cluster {
             }
         };
         // The client writes its object through its mapping, then seals it.
-        let bytes = workload::content_bytes(&id, variant, info.region.len as usize);
+        let bytes = self
+            .checker
+            .content_bytes(&id, variant, info.region.len as usize);
         let digest = ContentDigest::of_contiguous(&bytes);
         let sim_node = &mut self.nodes[n.0 as usize];
         let store = sim_node.node.as_ref().expect("alive").store();

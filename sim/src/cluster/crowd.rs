@@ -22,7 +22,7 @@ use rand_chacha::ChaCha8Rng;
 use skyriver_core::wire::{self, PeerMessage};
 use skyriver_core::{LocalRegion, NodeId, ObjectId, TransferId};
 
-use super::{Cluster, Event, Flaws, RunMode, Scheduled};
+use super::{Cluster, Event, Flaws, RunMode};
 use crate::params::SimParams;
 use crate::SimReport;
 
@@ -138,11 +138,11 @@ impl Cluster {
         }
         let now = self.now;
         let next = self.queue.peek()?;
-        let same = matches!(
-            &next.0,
-            Scheduled { at, event: Event::Deliver { to: t, to_inc: i, .. }, .. }
-                if *at == now && *t == to && *i == to_inc
-        );
+        let same = next.0.at == now
+            && matches!(
+                &*next.0.event,
+                Event::Deliver { to: t, to_inc: i, .. } if *t == to && *i == to_inc
+            );
         if !same {
             return None;
         }
@@ -151,7 +151,7 @@ impl Cluster {
         if !scheduled.background {
             self.foreground -= 1;
         }
-        Some(scheduled.event)
+        Some(*scheduled.event)
     }
 
     /// A crowd cluster for `seed`: 4 to 12 nodes on links of one latency, no faults, no

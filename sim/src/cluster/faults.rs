@@ -147,6 +147,7 @@ impl Cluster {
         self.stats.crashes += 1;
         self.spill_crash(n);
         if let Some(node) = self.nodes[n.0 as usize].node.take() {
+            self.node_checks.settle(n, &node);
             self.stats.absorb(&node);
         }
         if self.params.persistent {
@@ -181,7 +182,7 @@ impl Cluster {
     pub(super) fn count_reads_of(&self, n: NodeId, inc: u32) -> u64 {
         self.queue
             .iter()
-            .filter(|Reverse(s)| match &s.event {
+            .filter(|Reverse(s)| match &*s.event {
                 Event::ReadServe { read, .. }
                 | Event::ReadServed { read, .. }
                 | Event::ReadComplete { read, .. } => read.posted_by(n, inc),

@@ -12,6 +12,7 @@ mod events;
 mod faults;
 mod liveness;
 mod member_views;
+mod node_checks;
 mod relay;
 mod replication;
 mod script;
@@ -185,7 +186,8 @@ struct Scheduled {
     seq: u64,
     /// Heartbeats: they do not keep a run going (`drive` stops when only these are left).
     background: bool,
-    event: Event,
+    /// Boxed: the queue moves its entries at every push and pop, and events are large.
+    event: Box<Event>,
 }
 
 impl PartialEq for Scheduled {
@@ -380,6 +382,8 @@ pub struct Cluster {
     pass: crowd::PassChecks,
     /// The cores' view of the directory's member lists, converted once per list.
     member_views: member_views::MemberViews,
+    /// When each node's own consistency is checked next (`node_checks`).
+    node_checks: node_checks::NodeChecks,
 }
 
 const WORKLOAD_CLIENT_BASE: u64 = 1;
@@ -508,6 +512,7 @@ impl Cluster {
             replication: replication::ReplicationSide::new(params.replicas),
             pass: crowd::PassChecks::default(),
             member_views: Default::default(),
+            node_checks: Default::default(),
             params,
             rng,
         };
@@ -650,7 +655,7 @@ impl Cluster {
             at: at.max(self.now),
             seq: self.seq,
             background,
-            event,
+            event: Box::new(event),
         }));
     }
 
@@ -693,7 +698,8 @@ impl Cluster {
         let inc = self.nodes[n.0 as usize].inc;
         let sim_node = &mut self.nodes[n.0 as usize];
         let node = sim_node.node.as_ref().expect("alive");
-        node.check_invariants();
+        self.node_checks
+            .after_input(n, node, self.params.location_cache_entries);
         if let Some(at) = next {
             if sim_node.timer_at.is_none_or(|t| at < t) {
                 sim_node.timer_at = Some(at);

@@ -114,7 +114,7 @@ impl Cluster {
                     if *i == id
             )
         }) || self.queue.iter().any(|Reverse(s)| {
-            matches!(&s.event, Event::ClientSend { call: Call::Seal { id: i, .. }, .. } if *i == id)
+            matches!(&*s.event, Event::ClientSend { call: Call::Seal { id: i, .. }, .. } if *i == id)
         })
     }
 
@@ -222,6 +222,8 @@ impl Cluster {
             self.step();
         }
         self.now = self.now.max(until);
+        self.settle_node_checks();
+        self.directory.settle_registry_checks();
     }
 
     /// Runs the next event; false when none is left.
@@ -235,7 +237,7 @@ impl Cluster {
         if !scheduled.background {
             self.foreground -= 1;
         }
-        self.handle(scheduled.event);
+        self.handle(*scheduled.event);
         for violation in self.directory.check(self.now) {
             self.checker.violation(self.now, violation);
         }
@@ -314,6 +316,7 @@ impl Cluster {
         if let Some(registry) = self.directory.registry() {
             registry.check_invariants();
         }
+        self.settle_node_checks();
         self.check_listed_contents();
         let now = self.now;
         for line in self.pending_work() {

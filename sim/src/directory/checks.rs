@@ -49,12 +49,16 @@ impl CheckWatch {
 /// Registries of up to this many members assert their whole consistency after every change.
 const REGISTRY_CHECK_EVERY_CHANGE_UP_TO: usize = 64;
 
+/// Beyond [`REGISTRY_CHECK_EVERY_CHANGE_UP_TO`] members, what one change pays for: a check
+/// scans `size` members and locations once every `size / REGISTRY_SCAN_PER_CHANGE` changes.
+const REGISTRY_SCAN_PER_CHANGE: usize = 16;
+
 /// The registry's own consistency ([`Registry::check_invariants`], a scan of every member and
 /// object) after its changes: after each one in clusters of up to
 /// [`REGISTRY_CHECK_EVERY_CHANGE_UP_TO`] members; beyond, once every `size /
-/// REGISTRY_CHECK_EVERY_CHANGE_UP_TO` changes, where `size` counts the members and the
-/// locations the last check scanned (so a change costs the same whatever the cluster's size and
-/// however many objects it holds), and at the end of every run.
+/// REGISTRY_SCAN_PER_CHANGE` changes, where `size` counts the members and the locations the
+/// last check scanned (so a change costs the same whatever the cluster's size and however many
+/// objects it holds), and at the end of every run.
 #[derive(Debug, Default)]
 pub(super) struct RegistryChecks {
     changes_since_check: usize,
@@ -66,12 +70,9 @@ impl RegistryChecks {
     pub(super) fn after_change(&mut self, registry: &Registry) {
         self.changes_since_check += 1;
         let members = registry.registrations().size_hint().0.max(1);
-        let size = if members <= REGISTRY_CHECK_EVERY_CHANGE_UP_TO {
-            members
-        } else {
-            members.max(self.last_size)
-        };
-        if self.changes_since_check * REGISTRY_CHECK_EVERY_CHANGE_UP_TO >= size {
+        let due = members <= REGISTRY_CHECK_EVERY_CHANGE_UP_TO
+            || self.changes_since_check * REGISTRY_SCAN_PER_CHANGE >= members.max(self.last_size);
+        if due {
             registry.check_invariants();
             self.changes_since_check = 0;
             if members > REGISTRY_CHECK_EVERY_CHANGE_UP_TO {
@@ -79,10 +80,32 @@ impl RegistryChecks {
             }
         }
     }
+
+    /// Checks `registry` if it changed since its last check: before a head crash loses it, at
+    /// the end of a run.
+    pub(super) fn settle(&mut self, registry: &Registry) {
+        if self.changes_since_check > 0 {
+            registry.check_invariants();
+            self.changes_since_check = 0;
+        }
+    }
 }
 
 impl SimDirectory {
     // ---- Checks ----
+
+    /// Changes to the registry since its consistency was last checked.
+    pub fn registry_changes_unchecked(&self) -> usize {
+        self.registry_checks.changes_since_check
+    }
+
+    /// Checks the registry's consistency if it changed since its last check (see
+    /// [`RegistryChecks`]): the end of a run calls it.
+    pub fn settle_registry_checks(&mut self) {
+        if let Some(registry) = &self.registry {
+            self.registry_checks.settle(registry);
+        }
+    }
 
     /// The registry, when the head is up.
     pub fn registry(&self) -> Option<&Registry> {

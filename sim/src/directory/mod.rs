@@ -678,9 +678,10 @@ impl SimDirectory {
                 }
             }
             DirEvent::Head { up: false, silent } => {
-                if self.registry.take().is_none() {
+                let Some(registry) = self.registry.take() else {
                     return effects;
-                }
+                };
+                self.registry_checks.settle(&registry);
                 self.stats.head_crashes += 1;
                 self.head_epoch += 1;
                 self.registry_timer_at = None;
