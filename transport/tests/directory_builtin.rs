@@ -462,8 +462,11 @@ async fn nodes_ride_out_a_head_restart() {
     }
 
     // A new head on the same port: nodes reconnect and re-register what they hold and wait for.
+    // It learns it restarted from their hellos, and holds publications of ids it does not list
+    // for its grace period (twice its heartbeat timeout): 1 s here, well inside WAIT.
     let listener = TcpListener::bind(addr).await.unwrap();
-    let _server = serve_on(listener, Duration::from_secs(5));
+    let restarted = std::time::Instant::now();
+    let _server = serve_on(listener, Duration::from_millis(500));
     for node in [&mut a, &mut b] {
         node.wait_for("Health(Ok)", |n| {
             matches!(n, DirectoryNotice::Health(Ok(()))).then_some(())
@@ -473,6 +476,10 @@ async fn nodes_ride_out_a_head_restart() {
     b.members_become(&[1, 2]).await;
     assert_eq!(b.lookup(x, false).await, located(&[1], Some(sizes(1))));
     a.publish(y, sizes(2)).await;
+    assert!(
+        restarted.elapsed() >= Duration::from_millis(1000),
+        "a new id's publication was answered within the restarted head's grace period"
+    );
     b.wait_for("Published after the restart", |n| match n {
         DirectoryNotice::Event(DirectoryEvent::Published { id, .. }) if *id == y => Some(()),
         _ => None,
