@@ -54,6 +54,18 @@ fn node_with_events(id: u32, token: &str, config: TcpFabricConfig, capacity: usi
     }
 }
 
+/// Waits (bounded) until `capacity` events wait in `node`'s channel.
+fn wait_until_full(node: &Node, capacity: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while node.events.len() < capacity {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the channel never filled"
+        );
+        std::thread::yield_now();
+    }
+}
+
 fn next_event(node: &mut Node) -> FabricEvent {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -168,21 +180,11 @@ fn a_full_event_channel_holds_the_reader_back_and_loses_nothing() {
     for n in 0..MESSAGES {
         b.fabric.send(NodeId(1), n.to_le_bytes().to_vec()).unwrap();
     }
-    let wait_for_full = |a: &Node| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while a.events.len() < CAPACITY {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the channel never filled"
-            );
-            std::thread::yield_now();
-        }
-    };
     let mut most_waiting = 0;
     for n in 0..MESSAGES {
         if n < MESSAGES - CAPACITY as u32 {
             // The reader refills the place each taken event frees: it waited, it did not stop.
-            wait_for_full(&a);
+            wait_until_full(&a, CAPACITY);
         }
         most_waiting = most_waiting.max(a.events.len());
         match next_event(&mut a) {
@@ -214,14 +216,7 @@ fn a_full_event_channel_refuses_a_read_until_the_driver_takes_an_event() {
     for n in 0..CAPACITY as u32 {
         b.fabric.send(NodeId(1), n.to_le_bytes().to_vec()).unwrap();
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while a.events.len() < CAPACITY {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the channel never filled"
-        );
-        std::thread::yield_now();
-    }
+    wait_until_full(&a, CAPACITY);
     let refused = a
         .fabric
         .post_read(NodeId(2), ReadOpId(1), 0, region(0, 4096), key)
@@ -259,14 +254,7 @@ fn a_lost_peer_is_reported_behind_its_messages_without_going_over() {
     for n in 0..MESSAGES {
         b.fabric.send(NodeId(1), n.to_le_bytes().to_vec()).unwrap();
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while a.events.len() < CAPACITY {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the channel never filled"
-        );
-        std::thread::yield_now();
-    }
+    wait_until_full(&a, CAPACITY);
     drop(b);
     let mut got = Vec::new();
     loop {

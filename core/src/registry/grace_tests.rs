@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use super::session::{DirectorySession, SessionConfig, SessionOutput};
+use super::session::{DirectorySession, SessionConfig};
 use super::tests::{
-    admit, at_ms, digest, drain, member, registry, request, sizes, NONCE_KEY, TOKEN,
+    admit, at_ms, digest, drain, exchange, member, registry, request, sizes, NONCE_KEY, TOKEN,
 };
 use super::*;
 use crate::digest::ContentDigest;
@@ -181,40 +181,6 @@ fn session_config() -> SessionConfig {
         reconnect_backoff_min: Duration::from_millis(5),
         reconnect_backoff_max: Duration::from_millis(40),
         ..SessionConfig::default()
-    }
-}
-
-/// Carries a session's messages to the registry and back until both are quiet; returns the
-/// session's notices.
-fn exchange(
-    s: &mut DirectorySession,
-    r: &mut Registry,
-    conn: u64,
-    now: Instant,
-) -> Vec<DirectoryNotice> {
-    let mut notices = Vec::new();
-    loop {
-        let mut progressed = false;
-        while let Some(output) = s.poll_output() {
-            progressed = true;
-            match output {
-                SessionOutput::Send(message) => {
-                    let _ = r.handle_message(now, ConnId(conn), message);
-                }
-                SessionOutput::Notice(n) => notices.push(n),
-                SessionOutput::Connect => s.handle_connected(now),
-                SessionOutput::Disconnect { .. } => r.handle_disconnect(now, ConnId(conn)),
-            }
-        }
-        for (c, message) in drain(r) {
-            progressed = true;
-            if c == ConnId(conn) {
-                let _ = s.handle_message(now, message);
-            }
-        }
-        if !progressed {
-            return notices;
-        }
     }
 }
 

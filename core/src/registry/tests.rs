@@ -764,7 +764,7 @@ fn drain_session(session: &mut DirectorySession) -> Vec<SessionOutput> {
 
 /// Carries a session's messages to the registry and back until both are quiet; returns the
 /// session's notices.
-fn exchange(
+pub(super) fn exchange(
     session: &mut DirectorySession,
     r: &mut Registry,
     conn: u64,

@@ -386,9 +386,10 @@ impl Fabric for TcpFabric {
         local: LocalRegion,
         remote: RemoteRegion,
     ) -> Result<(), EventsFull> {
-        let _ = lane; // One connection per peer: every lane is the same stream.
-                      // The place its completion will take, whatever happens from here: the driver calls
-                      // this, so it cannot wait for room in the channel it drains.
+        // One connection per peer: every lane is the same stream.
+        let _ = lane;
+        // The place its completion will take, whatever happens from here: the driver calls
+        // this, so it cannot wait for room in the channel it drains.
         let completion = self.inner.events.reserve_now()?;
         let failed = |completion: EventPlace, error| {
             completion.send(FabricEvent::ReadCompleted {
