@@ -83,7 +83,7 @@ pub struct NodeConfig {
     pub max_leases: usize,
     /// How long a holder keeps an object pinned without a `Finish`.
     pub lease: Duration,
-    /// How long a requester waits for a holder's reply (and for all eager chunks).
+    /// How long a requester waits for a holder's reply, and then for each next eager chunk.
     pub reply_timeout: Duration,
     /// How long a directory operation may take before it is retried.
     pub directory_timeout: Duration,

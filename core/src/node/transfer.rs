@@ -498,6 +498,13 @@ impl Node {
             self.set_timer(self.now, Timer::Seal(tid));
         } else {
             transfer.state = IncomingState::ReceivingEager { received };
+            // The stream is alive: the next chunk is due within a reply timeout of this one,
+            // however long the whole object takes on a slow link.
+            self.cancel_timer(Timer::TransferDeadline(tid));
+            self.set_timer(
+                self.now + self.config.reply_timeout,
+                Timer::TransferDeadline(tid),
+            );
         }
         if len > 0 {
             self.push(NodeOutput::WriteLocal {

@@ -750,3 +750,36 @@ fn a_held_request_is_answered_against_the_store_at_the_end_of_its_pass() {
             }
         )));
 }
+
+#[test]
+fn an_eager_stream_longer_than_the_reply_timeout_completes_while_its_chunks_keep_coming() {
+    let mut w = World::new(2, |c| {
+        c.reply_timeout = Duration::from_millis(5);
+        c.max_eager_chunks = 64;
+    });
+    w.put(0, 1, 20_000); // about 20 chunks of 1 KiB receive slots
+    w.hand_fetch(1, &[1], Duration::from_secs(1), TransferMode::Eager);
+    // Up to the holder's answer: every chunk is queued for node 1 at once.
+    w.pump_until(|w| w.messages.len() >= 10);
+    let mut chunks = 0;
+    // One chunk every millisecond: the whole stream takes four times the reply timeout,
+    // but no chunk comes later than one reply timeout after the one before.
+    while !w.messages.is_empty() {
+        w.now = w.now + Duration::from_millis(1);
+        let now = w.now;
+        let _ = w.nodes[1].handle(now, NodeInput::Timeout);
+        let left = w.messages.len();
+        w.pump_until(|w| w.messages.len() < left);
+        chunks += 1;
+    }
+    w.pump();
+    assert!(chunks >= 20, "{chunks} messages delivered");
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1);
+    let info = ok_info(&replies[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 20_000));
+    assert_eq!(w.nodes[1].stats().transfers_failed, 0);
+    w.release(1, 1);
+    w.pump();
+    w.assert_settled();
+}
