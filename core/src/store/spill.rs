@@ -36,6 +36,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use self::held_for_gets::HeldForGets;
 use super::recovery::{RecoveredSpilled, RecoveryRefusal, RefusedSpilled, SpilledRecoveryReport};
 use super::table::Entry;
 use super::{DurableChange, ObjectEvent, Store, StoreOutput};
@@ -236,9 +237,9 @@ pub(super) struct SpillTier {
     /// Restores waiting for memory, oldest first.
     queued: VecDeque<ObjectId>,
     queued_set: BTreeSet<ObjectId>,
-    /// Restored objects pinned for the gets that waited for them (a batch completes only once
-    /// all its objects are back; until then a restored object must not go back to disk).
-    held_for_gets: BTreeMap<ObjectId, Vec<super::waiters::WaiterId>>,
+    /// Objects pinned for the gets that wait for others (a batch completes only once all its
+    /// objects are back; until then one in memory must not go back to disk).
+    held_for_gets: HeldForGets,
     /// A write failed: take none until a record is given back.
     full: bool,
     /// Persistent mode: discards held until the durable changes queued before them are
@@ -773,28 +774,30 @@ impl Store {
         if !entry.sealed {
             return;
         }
-        let waiters = tier.held_for_gets.entry(id).or_default();
-        if waiters.is_empty() {
+        if tier.held_for_gets.hold(id, waiter) {
             entry.pin_count += 1;
         }
-        waiters.push(waiter);
         self.settle(id);
     }
 
-    /// Unpins restored objects whose waiting gets have all completed (or gone).
+    /// A get completed or went: what it held is released at the next
+    /// [`Store::retry_restores`] if no other get holds it.
+    pub(super) fn waiter_gone(&mut self, waiter: super::waiters::WaiterId) {
+        if let Some(tier) = self.spill.as_mut() {
+            tier.held_for_gets.waiter_gone(waiter);
+        }
+    }
+
+    /// Unpins objects held for gets that have all completed (or gone), in id order.
     fn release_held_for_gets(&mut self) {
-        let Some(tier) = self.spill.as_ref() else {
+        let Some(tier) = self.spill.as_mut() else {
             return;
         };
-        let done: Vec<ObjectId> = tier
+        let waiters = &self.waiters;
+        let released = tier
             .held_for_gets
-            .iter()
-            .filter(|(_, waiters)| waiters.iter().all(|w| !self.waiters.contains_key(w)))
-            .map(|(&id, _)| id)
-            .collect();
-        for id in done {
-            let tier = self.spill.as_mut().expect("checked above");
-            tier.held_for_gets.remove(&id);
+            .take_released(|waiter| waiters.contains_key(waiter));
+        for id in released {
             if let Some(entry) = self.objects.get_mut(&id) {
                 assert!(entry.pin_count > 0, "{id} held for gets is pinned");
                 entry.pin_count -= 1;
@@ -1055,6 +1058,15 @@ impl Store {
             "spill tier over its limit"
         );
         assert_eq!(tier.queued.len(), tier.queued_set.len(), "restore queue");
+        tier.held_for_gets
+            .check_invariants(|waiter| self.waiters.contains_key(waiter));
+        for id in tier.held_for_gets.objects() {
+            let entry = self
+                .objects
+                .get(id)
+                .expect("an object held for gets is in memory");
+            assert!(entry.pin_count > 0, "{id} held for gets is pinned");
+        }
     }
 
     fn fail_waiters(&mut self, id: ObjectId, error: StoreError) {
@@ -1062,5 +1074,6 @@ impl Store {
     }
 }
 
+mod held_for_gets;
 #[cfg(test)]
 mod persistent_tests;

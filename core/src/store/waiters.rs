@@ -169,6 +169,7 @@ impl Store {
 
     pub(super) fn take_waiter(&mut self, waiter_id: WaiterId) -> Option<Waiter> {
         let waiter = self.waiters.remove(&waiter_id)?;
+        self.waiter_gone(waiter_id);
         self.deadlines.remove(&(waiter.deadline, waiter_id));
         for id in &waiter.ids {
             if let Some(list) = self.waiters_by_object.get_mut(id) {
