@@ -1076,4 +1076,6 @@ impl Store {
 
 mod held_for_gets;
 #[cfg(test)]
+mod held_tests;
+#[cfg(test)]
 mod persistent_tests;
