@@ -1074,6 +1074,8 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+mod cost_tests;
 mod held_for_gets;
 #[cfg(test)]
 mod held_tests;

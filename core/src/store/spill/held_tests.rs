@@ -29,7 +29,10 @@ enum Step {
         timeout_ms: Option<u64>,
     },
     /// Completes the n-th spill or restore output not answered yet, failing it or not.
-    Complete { nth: usize, ok: bool },
+    Complete {
+        nth: usize,
+        ok: bool,
+    },
     Advance(u64),
     /// A reader releases everything its gets gave it.
     ReleaseAll(u64),
@@ -138,7 +141,11 @@ impl Run {
                             self.store.handle_spill_done(op, result);
                         }
                         Io::Restore(op) => {
-                            let result = if ok { Ok(()) } else { Err(RestoreError::Damaged) };
+                            let result = if ok {
+                                Ok(())
+                            } else {
+                                Err(RestoreError::Damaged)
+                            };
                             self.store.handle_restore_done(op, result);
                         }
                     }
@@ -218,7 +225,10 @@ fn a_get_holds_what_it_found_until_it_completes() {
             ids: vec![5, 0],
             timeout_ms: Some(10),
         });
-        assert!(run.store.is_pinned(&in_memory), "{ending}: held for the get");
+        assert!(
+            run.store.is_pinned(&in_memory),
+            "{ending}: held for the get"
+        );
         match ending {
             "restored" => {
                 while !run.io.is_empty() {
