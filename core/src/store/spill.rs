@@ -49,6 +49,10 @@ use crate::time::Instant;
 /// module doc).
 pub const SPILL_AHEAD_FRACTION: u64 = 8;
 
+/// Entries of deleted objects the restore queue may keep beyond as many as it has waiting
+/// ones (see `SpillTier::compact_restore_queue`).
+const RESTORE_QUEUE_SLACK: usize = 64;
+
 /// One spill write, named in its completion and, while the record lives, in the restores and
 /// the discard of that record.
 #[derive(
@@ -234,9 +238,14 @@ pub(super) struct SpillTier {
     in_flight: BTreeMap<SpillOpId, InFlight>,
     /// The operation in flight for each object.
     by_object: BTreeMap<ObjectId, SpillOpId>,
-    /// Restores waiting for memory, oldest first.
-    queued: VecDeque<ObjectId>,
-    queued_set: BTreeSet<ObjectId>,
+    /// Restores waiting for memory, oldest first, each with its place in line. An entry whose
+    /// object is no longer in `queued_set` with that place (deleted meanwhile) is skipped
+    /// when it comes to the front, so a delete does not search the line.
+    queued: VecDeque<(u64, ObjectId)>,
+    /// The objects waiting, with their place in `queued`.
+    queued_set: BTreeMap<ObjectId, u64>,
+    /// Places in line given so far.
+    queued_total: u64,
     /// Objects pinned for the gets that wait for others (a batch completes only once all its
     /// objects are back; until then one in memory must not go back to disk).
     held_for_gets: HeldForGets,
@@ -268,6 +277,16 @@ impl SpillTier {
     fn give_back(&mut self, object: &SpilledObject) {
         self.spilled_bytes -= object.len();
         self.full = false;
+    }
+
+    /// Drops the entries of deleted objects from the restore queue once they outnumber the
+    /// waiting ones (by a margin): the queue stays O(waiting) long at O(1) amortized a delete.
+    fn compact_restore_queue(&mut self) {
+        if self.queued.len() > 2 * self.queued_set.len() + RESTORE_QUEUE_SLACK {
+            let waiting = &self.queued_set;
+            self.queued
+                .retain(|(place, id)| waiting.get(id) == Some(place));
+        }
     }
 
     /// Takes the clean record of `id` (in memory), giving its space back.
@@ -341,7 +360,7 @@ impl Store {
                 .values()
                 .filter(|f| matches!(f, InFlight::Restore { .. }))
                 .count() as u64,
-            restores_queued: tier.queued.len() as u64,
+            restores_queued: tier.queued_set.len() as u64,
             full: tier.full,
             clean_records: tier.clean.len() as u64,
             clean_record_bytes: tier.clean_bytes,
@@ -711,14 +730,15 @@ impl Store {
         };
         if !tier.spilled.contains_key(&id)
             || tier.by_object.contains_key(&id)
-            || tier.queued_set.contains(&id)
+            || tier.queued_set.contains_key(&id)
         {
             return;
         }
         if !self.start_restore(id) {
             let tier = self.spill.as_mut().expect("checked above");
-            tier.queued.push_back(id);
-            tier.queued_set.insert(id);
+            tier.queued_total += 1;
+            tier.queued.push_back((tier.queued_total, id));
+            tier.queued_set.insert(id, tier.queued_total);
         }
     }
 
@@ -727,13 +747,20 @@ impl Store {
     /// (the node does after every input).
     pub fn retry_restores(&mut self) {
         self.release_held_for_gets();
-        while let Some(&id) = self.spill.as_ref().and_then(|tier| tier.queued.front()) {
+        while let Some(&(place, id)) = self.spill.as_ref().and_then(|tier| tier.queued.front()) {
+            let tier = self.spill.as_mut().expect("a queue needs a tier");
+            if tier.queued_set.get(&id) != Some(&place) {
+                // Deleted while it waited.
+                tier.queued.pop_front();
+                continue;
+            }
             if !self.start_restore(id) {
                 break;
             }
             let tier = self.spill.as_mut().expect("a queue needs a tier");
             tier.queued.pop_front();
             tier.queued_set.remove(&id);
+            tier.compact_restore_queue();
         }
         self.spill_ahead();
     }
@@ -939,8 +966,8 @@ impl Store {
         }
         let object = tier.spilled.remove(&id)?;
         tier.give_back(&object);
-        if tier.queued_set.remove(&id) {
-            tier.queued.retain(|queued| *queued != id);
+        if tier.queued_set.remove(&id).is_some() {
+            tier.compact_restore_queue();
         }
         if self.config.record_durable_changes {
             self.queue_durable(DurableChange::Removed { id });
@@ -1057,7 +1084,16 @@ impl Store {
             tier.spilled_bytes + tier.clean_bytes + tier.spilling_bytes <= tier.limit_bytes,
             "spill tier over its limit"
         );
-        assert_eq!(tier.queued.len(), tier.queued_set.len(), "restore queue");
+        let in_line = tier
+            .queued
+            .iter()
+            .filter(|(place, id)| tier.queued_set.get(id) == Some(place))
+            .count();
+        assert_eq!(in_line, tier.queued_set.len(), "restore queue");
+        assert!(
+            tier.queued.len() <= 2 * tier.queued_set.len() + RESTORE_QUEUE_SLACK,
+            "restore queue holds few deleted entries"
+        );
         tier.held_for_gets
             .check_invariants(|waiter| self.waiters.contains_key(waiter));
         for id in tier.held_for_gets.objects() {

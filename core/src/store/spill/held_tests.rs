@@ -243,3 +243,63 @@ fn a_get_holds_what_it_found_until_it_completes() {
         assert!(!run.store.is_pinned(&in_memory), "{ending}: released");
     }
 }
+
+/// Restores waiting for memory start in the order they were asked for; a delete of one that
+/// waits takes it out of line (without searching the line), and the others still start.
+#[test]
+fn a_deleted_object_leaves_the_restore_queue_and_the_others_keep_their_order() {
+    let mut run = Run::new();
+    for n in 0..OBJECTS {
+        run.apply(Step::Put(n));
+        while !run.io.is_empty() {
+            run.apply(Step::Complete { nth: 0, ok: true });
+        }
+    }
+    // As many as the memory can hold with room to spare (a get holds all it asked for).
+    let spilled: Vec<u64> = (0..OBJECTS)
+        .filter(|&n| run.store.is_spilled(&ObjectId::from_u64(n)))
+        .take(3)
+        .collect();
+    assert_eq!(spilled.len(), 3, "most objects are on disk");
+    run.apply(Step::Get {
+        reader: 0,
+        ids: spilled.clone(),
+        timeout_ms: None,
+    });
+    let queued = run.store.spill_stats().restores_queued as usize;
+    assert!(queued >= 2, "restores wait for memory: {queued} queued");
+    let deleted = spilled[spilled.len() - queued];
+    assert_eq!(
+        run.store.delete(&[ObjectId::from_u64(deleted)]),
+        vec![Ok(())]
+    );
+    run.store.check_invariants();
+    assert_eq!(
+        run.store.spill_stats().restores_queued as usize,
+        queued - 1,
+        "out of line"
+    );
+    // Complete the IO in order, noting the order restores start in.
+    let mut restored = Vec::new();
+    while !run.io.is_empty() {
+        if let Io::Restore(op) = run.io[0] {
+            restored.push(op);
+        }
+        run.apply(Step::Complete { nth: 0, ok: true });
+    }
+    assert_eq!(
+        run.taken[0].len(),
+        spilled.len() - 1,
+        "all but the deleted one"
+    );
+    assert_eq!(restored.len(), spilled.len() - 1);
+    let mut order: Vec<ObjectId> = run.taken[0].clone();
+    order.sort();
+    let expected: Vec<ObjectId> = spilled
+        .iter()
+        .filter(|&&n| n != deleted)
+        .map(|&n| ObjectId::from_u64(n))
+        .collect();
+    assert_eq!(order, expected);
+    assert_eq!(run.store.spill_stats().restores_queued, 0);
+}
