@@ -1110,8 +1110,6 @@ impl Store {
     }
 }
 
-#[cfg(test)]
-mod cost_tests;
 mod held_for_gets;
 #[cfg(test)]
 mod held_tests;

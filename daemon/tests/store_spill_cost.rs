@@ -4,16 +4,16 @@
 //! store's own work is measured. A program to run by hand, in release, not a timed assertion:
 //!
 //! ```text
-//! cargo test --release -p skyriver-core --lib spill_cost -- --ignored --nocapture
+//! cargo test --release -p skyriver-daemon --test store_spill_cost -- --ignored --nocapture
 //! ```
 //!
-//! Per-object costs that do not grow with the working set show as flat columns.
+//! Per-object costs that do not grow with the working set show as flat columns. (Here rather
+//! than in `core`, which has no clock.)
 
 use std::time::Duration;
 
-use super::*;
-use crate::ids::{ClientId, RequestId};
-use crate::store::StoreConfig;
+use skyriver_core::store::{SpillPlace, Store, StoreConfig, StoreOutput};
+use skyriver_core::{ClientId, Instant, ObjectId, RequestId};
 
 const WRITER: ClientId = ClientId(1);
 const READER: ClientId = ClientId(2);
