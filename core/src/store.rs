@@ -101,7 +101,8 @@ pub struct Store {
     evictable_bytes: u64,
     clients: BTreeMap<ClientId, ClientState>,
     waiters: BTreeMap<WaiterId, Waiter>,
-    waiters_by_object: BTreeMap<ObjectId, Vec<WaiterId>>,
+    /// The gets waiting for each object, oldest first (ids only grow).
+    waiters_by_object: BTreeMap<ObjectId, BTreeSet<WaiterId>>,
     deadlines: BTreeSet<(Instant, WaiterId)>,
     next_waiter: u64,
     outputs: VecDeque<StoreOutput>,

@@ -36,6 +36,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use self::held_for_gets::HeldForGets;
 use super::recovery::{RecoveredSpilled, RecoveryRefusal, RefusedSpilled, SpilledRecoveryReport};
 use super::table::Entry;
 use super::{DurableChange, ObjectEvent, Store, StoreOutput};
@@ -47,6 +48,10 @@ use crate::time::Instant;
 /// Spill writes run ahead of demand while free memory is below capacity ÷ this (see the
 /// module doc).
 pub const SPILL_AHEAD_FRACTION: u64 = 8;
+
+/// Entries of deleted objects the restore queue may keep beyond as many as it has waiting
+/// ones (see `SpillTier::compact_restore_queue`).
+const RESTORE_QUEUE_SLACK: usize = 64;
 
 /// One spill write, named in its completion and, while the record lives, in the restores and
 /// the discard of that record.
@@ -233,12 +238,17 @@ pub(super) struct SpillTier {
     in_flight: BTreeMap<SpillOpId, InFlight>,
     /// The operation in flight for each object.
     by_object: BTreeMap<ObjectId, SpillOpId>,
-    /// Restores waiting for memory, oldest first.
-    queued: VecDeque<ObjectId>,
-    queued_set: BTreeSet<ObjectId>,
-    /// Restored objects pinned for the gets that waited for them (a batch completes only once
-    /// all its objects are back; until then a restored object must not go back to disk).
-    held_for_gets: BTreeMap<ObjectId, Vec<super::waiters::WaiterId>>,
+    /// Restores waiting for memory, oldest first, each with its place in line. An entry whose
+    /// object is no longer in `queued_set` with that place (deleted meanwhile) is skipped
+    /// when it comes to the front, so a delete does not search the line.
+    queued: VecDeque<(u64, ObjectId)>,
+    /// The objects waiting, with their place in `queued`.
+    queued_set: BTreeMap<ObjectId, u64>,
+    /// Places in line given so far.
+    queued_total: u64,
+    /// Objects pinned for the gets that wait for others (a batch completes only once all its
+    /// objects are back; until then one in memory must not go back to disk).
+    held_for_gets: HeldForGets,
     /// A write failed: take none until a record is given back.
     full: bool,
     /// Persistent mode: discards held until the durable changes queued before them are
@@ -267,6 +277,16 @@ impl SpillTier {
     fn give_back(&mut self, object: &SpilledObject) {
         self.spilled_bytes -= object.len();
         self.full = false;
+    }
+
+    /// Drops the entries of deleted objects from the restore queue once they outnumber the
+    /// waiting ones (by a margin): the queue stays O(waiting) long at O(1) amortized a delete.
+    fn compact_restore_queue(&mut self) {
+        if self.queued.len() > 2 * self.queued_set.len() + RESTORE_QUEUE_SLACK {
+            let waiting = &self.queued_set;
+            self.queued
+                .retain(|(place, id)| waiting.get(id) == Some(place));
+        }
     }
 
     /// Takes the clean record of `id` (in memory), giving its space back.
@@ -340,7 +360,7 @@ impl Store {
                 .values()
                 .filter(|f| matches!(f, InFlight::Restore { .. }))
                 .count() as u64,
-            restores_queued: tier.queued.len() as u64,
+            restores_queued: tier.queued_set.len() as u64,
             full: tier.full,
             clean_records: tier.clean.len() as u64,
             clean_record_bytes: tier.clean_bytes,
@@ -710,14 +730,15 @@ impl Store {
         };
         if !tier.spilled.contains_key(&id)
             || tier.by_object.contains_key(&id)
-            || tier.queued_set.contains(&id)
+            || tier.queued_set.contains_key(&id)
         {
             return;
         }
         if !self.start_restore(id) {
             let tier = self.spill.as_mut().expect("checked above");
-            tier.queued.push_back(id);
-            tier.queued_set.insert(id);
+            tier.queued_total += 1;
+            tier.queued.push_back((tier.queued_total, id));
+            tier.queued_set.insert(id, tier.queued_total);
         }
     }
 
@@ -726,13 +747,20 @@ impl Store {
     /// (the node does after every input).
     pub fn retry_restores(&mut self) {
         self.release_held_for_gets();
-        while let Some(&id) = self.spill.as_ref().and_then(|tier| tier.queued.front()) {
+        while let Some(&(place, id)) = self.spill.as_ref().and_then(|tier| tier.queued.front()) {
+            let tier = self.spill.as_mut().expect("a queue needs a tier");
+            if tier.queued_set.get(&id) != Some(&place) {
+                // Deleted while it waited.
+                tier.queued.pop_front();
+                continue;
+            }
             if !self.start_restore(id) {
                 break;
             }
             let tier = self.spill.as_mut().expect("a queue needs a tier");
             tier.queued.pop_front();
             tier.queued_set.remove(&id);
+            tier.compact_restore_queue();
         }
         self.spill_ahead();
     }
@@ -773,28 +801,30 @@ impl Store {
         if !entry.sealed {
             return;
         }
-        let waiters = tier.held_for_gets.entry(id).or_default();
-        if waiters.is_empty() {
+        if tier.held_for_gets.hold(id, waiter) {
             entry.pin_count += 1;
         }
-        waiters.push(waiter);
         self.settle(id);
     }
 
-    /// Unpins restored objects whose waiting gets have all completed (or gone).
+    /// A get completed or went: what it held is released at the next
+    /// [`Store::retry_restores`] if no other get holds it.
+    pub(super) fn waiter_gone(&mut self, waiter: super::waiters::WaiterId) {
+        if let Some(tier) = self.spill.as_mut() {
+            tier.held_for_gets.waiter_gone(waiter);
+        }
+    }
+
+    /// Unpins objects held for gets that have all completed (or gone), in id order.
     fn release_held_for_gets(&mut self) {
-        let Some(tier) = self.spill.as_ref() else {
+        let Some(tier) = self.spill.as_mut() else {
             return;
         };
-        let done: Vec<ObjectId> = tier
+        let waiters = &self.waiters;
+        let released = tier
             .held_for_gets
-            .iter()
-            .filter(|(_, waiters)| waiters.iter().all(|w| !self.waiters.contains_key(w)))
-            .map(|(&id, _)| id)
-            .collect();
-        for id in done {
-            let tier = self.spill.as_mut().expect("checked above");
-            tier.held_for_gets.remove(&id);
+            .take_released(|waiter| waiters.contains_key(waiter));
+        for id in released {
             if let Some(entry) = self.objects.get_mut(&id) {
                 assert!(entry.pin_count > 0, "{id} held for gets is pinned");
                 entry.pin_count -= 1;
@@ -936,8 +966,8 @@ impl Store {
         }
         let object = tier.spilled.remove(&id)?;
         tier.give_back(&object);
-        if tier.queued_set.remove(&id) {
-            tier.queued.retain(|queued| *queued != id);
+        if tier.queued_set.remove(&id).is_some() {
+            tier.compact_restore_queue();
         }
         if self.config.record_durable_changes {
             self.queue_durable(DurableChange::Removed { id });
@@ -1054,7 +1084,25 @@ impl Store {
             tier.spilled_bytes + tier.clean_bytes + tier.spilling_bytes <= tier.limit_bytes,
             "spill tier over its limit"
         );
-        assert_eq!(tier.queued.len(), tier.queued_set.len(), "restore queue");
+        let in_line = tier
+            .queued
+            .iter()
+            .filter(|(place, id)| tier.queued_set.get(id) == Some(place))
+            .count();
+        assert_eq!(in_line, tier.queued_set.len(), "restore queue");
+        assert!(
+            tier.queued.len() <= 2 * tier.queued_set.len() + RESTORE_QUEUE_SLACK,
+            "restore queue holds few deleted entries"
+        );
+        tier.held_for_gets
+            .check_invariants(|waiter| self.waiters.contains_key(waiter));
+        for id in tier.held_for_gets.objects() {
+            let entry = self
+                .objects
+                .get(id)
+                .expect("an object held for gets is in memory");
+            assert!(entry.pin_count > 0, "{id} held for gets is pinned");
+        }
     }
 
     fn fail_waiters(&mut self, id: ObjectId, error: StoreError) {
@@ -1062,5 +1110,8 @@ impl Store {
     }
 }
 
+mod held_for_gets;
+#[cfg(test)]
+mod held_tests;
 #[cfg(test)]
 mod persistent_tests;

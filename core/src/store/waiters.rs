@@ -1,7 +1,7 @@
 //! Gets that wait: a `get` completes when every id is sealed (or aborted) or at its deadline,
 //! whichever comes first.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::{Store, StoreOutput};
@@ -23,9 +23,9 @@ pub(super) struct Waiter {
     /// A zero timeout: report NotFound/NotSealed instead of Timeout.
     pub(super) poll: bool,
     /// Ids aborted while waited for: reported as [`StoreError::Aborted`].
-    pub(super) aborted: Vec<ObjectId>,
+    pub(super) aborted: BTreeSet<ObjectId>,
     /// Ids whose restore failed while waited for, with the error to report.
-    pub(super) failed: Vec<(ObjectId, StoreError)>,
+    pub(super) failed: BTreeMap<ObjectId, StoreError>,
 }
 
 impl Store {
@@ -75,8 +75,8 @@ impl Store {
             deadline,
             unsealed_remaining: unsealed.len(),
             poll: timeout == Some(Duration::ZERO),
-            aborted: Vec::new(),
-            failed: Vec::new(),
+            aborted: BTreeSet::new(),
+            failed: BTreeMap::new(),
         };
         if unsealed.is_empty() || deadline <= now {
             self.complete_get(waiter);
@@ -91,7 +91,7 @@ impl Store {
             self.waiters_by_object
                 .entry(id)
                 .or_default()
-                .push(waiter_id);
+                .insert(waiter_id);
         }
         if deadline != Instant::NEVER {
             self.deadlines.insert((deadline, waiter_id));
@@ -152,10 +152,10 @@ impl Store {
                 continue;
             };
             if aborted {
-                waiter.aborted.push(id);
+                waiter.aborted.insert(id);
             }
             if let Some(error) = &error {
-                waiter.failed.push((id, error.clone()));
+                waiter.failed.entry(id).or_insert_with(|| error.clone());
             }
             waiter.unsealed_remaining -= 1;
             if waiter.unsealed_remaining == 0 {
@@ -169,10 +169,11 @@ impl Store {
 
     pub(super) fn take_waiter(&mut self, waiter_id: WaiterId) -> Option<Waiter> {
         let waiter = self.waiters.remove(&waiter_id)?;
+        self.waiter_gone(waiter_id);
         self.deadlines.remove(&(waiter.deadline, waiter_id));
         for id in &waiter.ids {
             if let Some(list) = self.waiters_by_object.get_mut(id) {
-                list.retain(|&w| w != waiter_id);
+                list.remove(&waiter_id);
                 if list.is_empty() {
                     self.waiters_by_object.remove(id);
                 }
@@ -191,12 +192,7 @@ impl Store {
             .iter()
             .map(|&id| match self.get_now(waiter.client, id) {
                 Ok(info) => Ok(info),
-                Err(_) if waiter.failed.iter().any(|(f, _)| *f == id) => Err(waiter
-                    .failed
-                    .iter()
-                    .find(|(f, _)| *f == id)
-                    .map(|(_, error)| error.clone())
-                    .expect("just found")),
+                Err(_) if waiter.failed.contains_key(&id) => Err(waiter.failed[&id].clone()),
                 Err(_) if waiter.aborted.contains(&id) => Err(StoreError::Aborted(id)),
                 // Present, on disk: not back within the get's timeout.
                 Err(_) if self.is_spilled(&id) => Err(StoreError::Timeout(id)),
