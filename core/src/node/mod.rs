@@ -120,6 +120,9 @@ enum Timer {
     /// Serve the next request held back for the disk (see `backpressure`); last, so what the
     /// request before it set for the same instant (a put's seal) fires first.
     ServeDeferred,
+    /// Tell the peers whose fetches of this object wait for its restore that it still comes
+    /// (see `spill`).
+    RestoringNotice(ObjectId),
 }
 
 #[derive(Debug)]
@@ -596,6 +599,7 @@ impl Node {
                     self.serve_deferred();
                     break;
                 }
+                Timer::RestoringNotice(id) => self.notify_restoring(id),
             }
         }
         self.absorb_store();

@@ -10,6 +10,7 @@
 //!       │               └─ another digest ──► aborted, next source
 //!       │                   └─ READ error / lost connection / lease about to end
 //!       │                          ──► Draining (wait for posted READs) ──► Finish, aborted
+//!       │──Restoring──► AwaitingReply (reply deadline moved on, up to a bound from the request)
 //!       └─ NotFound / Busy / Error / timeout / lost connection ──► aborted, next source
 //! ```
 //!
@@ -18,6 +19,13 @@
 //! counts the lease from the moment it sent the request (earlier than the holder's start), less
 //! a margin, and gives up on the transfer if the READs are not done by then. So every byte R
 //! seals was read while the holder had the object pinned.
+//!
+//! A holder that must first restore the object from its disk says `Restoring` at once and
+//! again every half reply timeout (see `spill`): each notice moves the reply deadline on, to a
+//! reply timeout from then, but never past `NodeConfig::restore_wait_limit` from the request,
+//! after which the holder is given up on (`RestoreTooSlow`). The lease is then counted from the
+//! last notice: the holder pins the object only once the restore is done, after it sent the
+//! notice (the notice's way over the network falls in the lease's quarter margin).
 //!
 //! Every copy is verified before its seal: the driver hashes the bytes that landed
 //! ([`NodeOutput::VerifyContent`]) and the copy is sealed only when they hash to the digest the
@@ -107,6 +115,9 @@ pub(super) struct Incoming {
     /// Pulling from a relay: it answered with its prefix (a partial copy). A relay whose copy
     /// is sealed by the time it is asked answers with a plain `Rendezvous`: all of it is in.
     relay_answered: bool,
+    /// The current source said it is restoring the object from disk (`Restoring`): when this
+    /// transfer's request to it left, from which the wait for the restore is bounded.
+    restoring_from: Option<Instant>,
     /// Pulling from a relay: since when every announced byte is read and no READ is in flight
     /// (waiting for the relay's next `RelayProgress`).
     stalled_since: Option<Instant>,
@@ -155,6 +166,7 @@ impl Incoming {
         self.lease_from = now;
         self.relay_limit = Some(0);
         self.relay_answered = false;
+        self.restoring_from = None;
     }
 
     /// The source's `Rendezvous` came: a relay that said no prefix before it serves a sealed
@@ -184,6 +196,13 @@ impl Incoming {
             None => return Err(TransferFailure::RelayProgressUnasked),
         }
         Ok(())
+    }
+
+    /// Its source said `Restoring` (last at `noticed`) to the request that left at `asked`:
+    /// the lease counts from the notice, the wait for the restore from the request.
+    pub(super) fn restoring_noticed(&mut self, asked: Instant, noticed: Instant) {
+        self.restoring_from = Some(asked);
+        self.lease_from = noticed;
     }
 
     /// The path the bytes took, as far as the transfer got.
@@ -310,6 +329,7 @@ impl Node {
                 lease_from: requested_at,
                 relay_limit: None,
                 relay_answered: false,
+                restoring_from: None,
                 stalled_since: None,
                 state: IncomingState::AwaitingReply,
             },
@@ -421,6 +441,9 @@ impl Node {
             (PeerMessage::RelayProgress { prefix, .. }, IncomingState::AwaitingReply) => {
                 self.relay_progressed(tid, prefix, true)
             }
+            (PeerMessage::Restoring { .. }, IncomingState::AwaitingReply) => {
+                self.holder_restoring(tid)
+            }
             (PeerMessage::NotFound { .. }, IncomingState::AwaitingReply) => {
                 self.fail_transfer(tid, TransferFailure::NotFound)
             }
@@ -441,6 +464,28 @@ impl Node {
                 self.fail_transfer(tid, why);
             }
         }
+    }
+
+    /// The source of transfer `tid` is restoring the object from its disk: wait a reply timeout
+    /// more, within the bound from the request.
+    fn holder_restoring(&mut self, tid: TransferId) {
+        let (now, limit) = (self.now, self.config.restore_wait_limit);
+        let transfer = self
+            .transfers
+            .get_mut(&tid)
+            .expect("a notice answers a live transfer");
+        let asked = *transfer.restoring_from.get_or_insert(transfer.lease_from);
+        let bound = asked.saturating_add(limit);
+        if bound <= now {
+            let waited_ms = duration_ms(now.saturating_since(asked));
+            self.fail_transfer(tid, TransferFailure::RestoreTooSlow { waited_ms });
+            return;
+        }
+        // The holder pins the object once restored, after it sent this notice.
+        transfer.lease_from = now;
+        self.cancel_timer(Timer::TransferDeadline(tid));
+        let deadline = now.saturating_add(self.config.reply_timeout).min(bound);
+        self.set_timer(deadline, Timer::TransferDeadline(tid));
     }
 
     /// An `EagerData` chunk of one of this node's transfers; its payload lies at `payload` in
@@ -722,9 +767,14 @@ impl Node {
             return;
         };
         let why = match transfer.state {
-            IncomingState::AwaitingReply | IncomingState::ReceivingEager { .. } => {
-                TransferFailure::NoReplyInTime
-            }
+            IncomingState::AwaitingReply => match transfer.restoring_from {
+                Some(asked) if self.now >= asked.saturating_add(self.config.restore_wait_limit) => {
+                    let waited_ms = duration_ms(self.now.saturating_since(asked));
+                    TransferFailure::RestoreTooSlow { waited_ms }
+                }
+                _ => TransferFailure::NoReplyInTime,
+            },
+            IncomingState::ReceivingEager { .. } => TransferFailure::NoReplyInTime,
             IncomingState::Reading { .. } => TransferFailure::ReadsTooSlow,
             IncomingState::Sealing
             | IncomingState::Verifying { .. }
@@ -1127,4 +1177,9 @@ impl Node {
             region,
         });
     }
+}
+
+/// Whole milliseconds of `duration`, saturating.
+fn duration_ms(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
