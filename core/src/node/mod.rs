@@ -463,6 +463,7 @@ impl Node {
                 max_chunk_bytes,
             } => self.ask_fetch(peer, req, id, eager_limit, max_chunk_bytes),
             PeerMessage::Finish { req } => self.handle_finish(peer, req),
+            PeerMessage::ExtendLease { req } => self.handle_extend_lease(peer, req),
             PeerMessage::EagerData { header, .. } => {
                 // Nowhere to copy the payload from: the transfer fails, and is retried.
                 if self
