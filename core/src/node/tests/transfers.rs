@@ -882,3 +882,47 @@ fn a_lease_that_ended_is_not_extended() {
     assert_eq!(sent_by(&w, 0, |_| true), 0, "nothing to say");
     assert_eq!(w.nodes[0].stats().leases_extended, 0);
 }
+
+#[test]
+fn a_transfer_whose_reads_stopped_progressing_asks_no_more_extensions() {
+    let mut w = World::new(2, |c| c.max_source_rounds = 1);
+    w.put(0, 1, SLOW_LEN);
+    w.hand_fetch(1, &[1], Duration::from_secs(1), TransferMode::Rendezvous);
+    w.pump_until(|w| !w.reads.is_empty());
+    // READs progress a round a millisecond until the first extension is asked for...
+    let hung = loop {
+        w.drive_alone(1);
+        let in_flight: Vec<_> = w.reads.drain(..).collect();
+        w.advance(Duration::from_millis(1));
+        if w.nodes[1].stats().lease_extensions_asked == 1 {
+            break in_flight;
+        }
+        let before = reads_posted(&w, 1);
+        w.reads.extend(in_flight);
+        w.pump_until(|w| w.reads.len() == reads_posted(w, 1) - before);
+    };
+    assert_eq!(w.nodes[0].stats().leases_extended, 1);
+    // ... then hang past the extended window: no READ done since, so no second extension.
+    for _ in 0..10 {
+        w.advance(Duration::from_millis(1));
+    }
+    assert_eq!(w.nodes[1].stats().lease_extensions_asked, 1);
+    w.reads.extend(hung);
+    w.pump();
+    let replies = w.replies(1);
+    let Err(FetchError::SourcesFailed { last_error, .. }) = &replies[0][0] else {
+        panic!("{:?}", replies[0][0]);
+    };
+    assert!(
+        matches!(
+            **last_error,
+            SourceFailure::Holder {
+                failure: TransferFailure::ReadsTooSlow,
+                ..
+            }
+        ),
+        "{last_error:?}"
+    );
+    w.advance(Duration::from_millis(20));
+    w.assert_settled();
+}
