@@ -172,7 +172,8 @@ impl Node {
         op: DirectoryOpId,
         reply: DirectoryReply,
     ) {
-        let unserved_while_reachable = self.unvouched.contains(&id) && self.directory_healthy();
+        let healthy = self.directory_healthy();
+        let held = self.store.contains(&id);
         let Some(publication) = self.publications.get_mut(&id) else {
             return;
         };
@@ -180,6 +181,17 @@ impl Node {
             return;
         }
         publication.op = None;
+        let unanswered_publish = matches!(publication.want, Want::Publish(..))
+            && matches!(reply, DirectoryReply::Unavailable { .. })
+            && publication.attempts >= self.config.max_directory_attempts;
+        if unanswered_publish && held {
+            // No attempt was answered: the id may name another content by now (every holder
+            // left and the id was put again while this node could not hear it, even for a
+            // copy fetched from a holder the directory named). Served to no peer until a
+            // publication of it is accepted.
+            self.unvouched.insert(id);
+        }
+        let unserved_while_reachable = self.unvouched.contains(&id) && healthy;
         match reply {
             DirectoryReply::Done | DirectoryReply::Located { .. } => {
                 self.publications.remove(&id);

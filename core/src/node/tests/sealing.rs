@@ -557,6 +557,48 @@ fn a_fetched_copy_whose_publication_is_refused_is_not_served_to_peers() {
     assert_eq!(refusals(&w), 1, "the refused copy is not served");
 }
 
+/// Sweep seed 9100000000159: a fetched copy whose every publication attempt went unanswered
+/// (the node could not hear the directory) was still served, although meanwhile every holder
+/// had left and the id was put again with other bytes. Unanswered, it is served to no peer
+/// until a publication of it is accepted.
+#[test]
+fn a_fetched_copy_whose_publication_is_never_answered_is_not_served_until_accepted() {
+    let mut w = World::new(3, |c| c.max_directory_attempts = 2);
+    let bytes = World::bytes_of(1, 100);
+    assert_eq!(w.put_bytes(0, 1, &bytes), Some(Response::Done(Ok(()))));
+    w.hold_directory = true;
+    w.fetch_from(1, &[1], 0, TransferMode::Auto);
+    assert!(w.nodes[1].store().contains(&id(1)), "fetched");
+    assert!(w.nodes[1].serves_peers(&id(1)), "vouched by the directory's lookup");
+    let backoff = w.nodes[1].config().retry_backoff;
+    for _ in 0..2 {
+        w.answer_directory(
+            1,
+            is_publish,
+            DirectoryReply::Unavailable {
+                reason: "no answer in time".into(),
+            },
+        );
+        w.advance(backoff * 2);
+    }
+    assert!(
+        !w.nodes[1].serves_peers(&id(1)),
+        "not served while no publication of it was answered"
+    );
+    let refusals = |w: &World| {
+        w.sent(1)
+            .iter()
+            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
+            .count()
+    };
+    w.fetch_from(2, &[1], 1, TransferMode::Auto);
+    assert_eq!(refusals(&w), 1, "refused to a peer");
+    // The directory is reachable: another round, and once accepted the copy is served.
+    w.advance(backoff * 4);
+    w.answer_directory(1, is_publish, DirectoryReply::Done);
+    assert!(w.nodes[1].serves_peers(&id(1)), "served once accepted");
+}
+
 /// A holder whose copy a restarted head did not hear of in time (another node put the id with
 /// other bytes first) learns from its directory client that the replayed publication was
 /// refused: the copy stays local and is not served to a peer's hinted fetch.
