@@ -7,9 +7,11 @@
 //! - **A copy placed here** ([`DirectoryEvent::Replicate`]) is fetched over the ordinary fetch
 //!   path (by the node's own fetch client, as a client fetch would be), pinned at its seal and
 //!   published at once with `PublishReplicated`. An object already here is promoted in place.
-//!   A copy this node cannot take (its fetch failed, say for want of room; a pin refused; other
-//!   bytes held under the id) is declined at once ([`DirectoryRequest::DeclineReplica`]), so
-//!   the registry places it elsewhere without waiting for its target timeout.
+//!   A copy this node cannot take (its store refused it, say for want of room; a pin refused;
+//!   other bytes held under the id) is declined at once ([`DirectoryRequest::DeclineReplica`]),
+//!   so the registry places it elsewhere without waiting for its target timeout. A fetch that
+//!   failed otherwise (its sources failed, its deadline passed) is dropped: the next node would
+//!   fare no better, and the registry gives the target up after its timeout.
 //! - **Waiting**: a put with `wait_ms` gets its reply once the registry reports `k` live copies
 //!   of record ([`DirectoryEvent::Copies`]), or fails at its deadline with
 //!   [`StoreError::TooFewReplicas`] naming how many exist; the object stays stored either
@@ -37,6 +39,7 @@ use super::{Node, Timer, TransferMode, FETCH_CLIENT};
 use crate::client_protocol::{CopyView, ReplicaPolicy, Response};
 use crate::digest::ContentDigest;
 use crate::directory::{DirectoryReply, DirectoryRequest};
+use super::errors::FetchError;
 use crate::error::StoreError;
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
 use crate::wire::ObjectSizes;
@@ -376,6 +379,11 @@ impl Node {
         };
         let ok =
             matches!(&response, Response::Fetched(results) if results.iter().all(Result::is_ok));
+        // This node's store refused the copy (no room, too large): another node may take it.
+        // Other failures (the sources failed, the deadline passed) are no more this node's than
+        // the next one's, and are left to the registry's target timeout.
+        let refused_here = matches!(&response, Response::Fetched(results)
+            if results.iter().any(|r| matches!(r, Err(FetchError::Store(_)))));
         if ok {
             if self.replicas.wanted.contains_key(&id) {
                 // Pinned (and published) before the fetch client's reference goes: once
@@ -395,7 +403,7 @@ impl Node {
             self.replicas.placed.remove(&id);
             if !self.replicas.of_record.contains(&id) {
                 let still_wanted = self.replicas.wanted.remove(&id).is_some();
-                if still_wanted {
+                if still_wanted && refused_here {
                     // Not deleted meanwhile: another node should take the copy, now.
                     self.decline_replica(id);
                 }
