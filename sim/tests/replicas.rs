@@ -115,7 +115,9 @@ fn a_put_waits_for_its_copies_in_parallel() {
     let started = c.now();
     c.fetch(2, &[4], Duration::from_millis(100));
     let id = skyriver_core::ObjectId::from_u64(4);
-    assert!(c.drive_until(|c| c.node(2).is_some_and(|n| n.store().sealed_info(&id).is_some())));
+    assert!(c.drive_until(|c| c
+        .node(2)
+        .is_some_and(|n| n.store().sealed_info(&id).is_some())));
     let fetch = c.now().saturating_since(started);
     assert!(c.violations().is_empty(), "{:#?}", c.violations());
     println!("wait for 2 copies {two:?}, for 3 {three:?}; one fetch {fetch:?}");

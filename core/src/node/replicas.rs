@@ -34,12 +34,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::errors::FetchError;
 use super::publications::Want;
 use super::{Node, Timer, TransferMode, FETCH_CLIENT};
 use crate::client_protocol::{CopyView, ReplicaPolicy, Response};
 use crate::digest::ContentDigest;
 use crate::directory::{DirectoryReply, DirectoryRequest};
-use super::errors::FetchError;
 use crate::error::StoreError;
 use crate::ids::{ClientId, NodeId, ObjectId, RequestId};
 use crate::wire::ObjectSizes;

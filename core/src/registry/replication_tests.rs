@@ -416,7 +416,12 @@ fn retries_go_round_the_nodes_given_up_on_rather_than_back_to_one() {
     );
 }
 
-fn decline(registry: &mut Registry, now: Instant, node: u32, object: u64) -> Vec<(ConnId, FromRegistry)> {
+fn decline(
+    registry: &mut Registry,
+    now: Instant,
+    node: u32,
+    object: u64,
+) -> Vec<(ConnId, FromRegistry)> {
     request(
         registry,
         now,
@@ -441,7 +446,13 @@ fn a_target_that_declines_is_replaced_at_once_not_at_its_deadline() {
     let out = decline(&mut r, at_ms(1), first[0], 1);
     assert!(
         out.iter().any(|(conn, m)| conn.0 == u64::from(first[0])
-            && matches!(m, FromRegistry::Reply { reply: DirectoryReply::Done, .. })),
+            && matches!(
+                m,
+                FromRegistry::Reply {
+                    reply: DirectoryReply::Done,
+                    ..
+                }
+            )),
         "answered: {out:?}"
     );
     let second = replicate_targets(&out);

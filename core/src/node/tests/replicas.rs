@@ -402,4 +402,3 @@ fn a_copy_placed_on_a_node_holding_other_bytes_under_the_id_is_declined() {
     replicate(&mut w, 1, 1, 2);
     assert_eq!(declined(&w, 1), vec![id(1)]);
 }
-
