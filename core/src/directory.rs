@@ -80,6 +80,13 @@ pub enum DirectoryRequest {
         /// The object.
         id: ObjectId,
     },
+    /// This node was asked to hold a copy of record of `id` ([`DirectoryEvent::Replicate`]) and
+    /// cannot (no room, its fetch failed, it holds other bytes under the id): the registry
+    /// places the copy elsewhere at once rather than after the target timeout. Answered `Done`.
+    DeclineReplica {
+        /// The object.
+        id: ObjectId,
+    },
 }
 
 impl fmt::Display for DirectoryRequest {
@@ -114,6 +121,7 @@ impl fmt::Display for DirectoryRequest {
                 sizes.data_size, sizes.metadata_size
             ),
             DirectoryRequest::DeleteEverywhere { id } => write!(f, "DeleteEverywhere{{{id}}}"),
+            DirectoryRequest::DeclineReplica { id } => write!(f, "DeclineReplica{{{id}}}"),
         }
     }
 }

@@ -1127,5 +1127,10 @@ fn encode_head_replication(
         "skyriver_head_replicated_objects_lost",
         "Objects with a replica record whose every holder died.",
         Value::Counter(r.objects_lost),
+    )?;
+    out.one(
+        "skyriver_head_replica_targets_declined",
+        "Nodes asked for a copy that declined it (no room, a failed fetch; placed elsewhere at once).",
+        Value::Counter(r.targets_declined),
     )
 }

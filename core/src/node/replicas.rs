@@ -7,8 +7,11 @@
 //! - **A copy placed here** ([`DirectoryEvent::Replicate`]) is fetched over the ordinary fetch
 //!   path (by the node's own fetch client, as a client fetch would be), pinned at its seal and
 //!   published at once with `PublishReplicated`. An object already here is promoted in place.
-//!   A fetch that fails is dropped: the registry gives the target up after its timeout and
-//!   places the copy elsewhere.
+//!   A copy this node cannot take (its store refused it, say for want of room; a pin refused;
+//!   other bytes held under the id) is declined at once ([`DirectoryRequest::DeclineReplica`]),
+//!   so the registry places it elsewhere without waiting for its target timeout. A fetch that
+//!   failed otherwise (its sources failed, its deadline passed) is dropped: the next node would
+//!   fare no better, and the registry gives the target up after its timeout.
 //! - **Waiting**: a put with `wait_ms` gets its reply once the registry reports `k` live copies
 //!   of record ([`DirectoryEvent::Copies`]), or fails at its deadline with
 //!   [`StoreError::TooFewReplicas`] naming how many exist; the object stays stored either
@@ -26,10 +29,12 @@
 //! [`DirectoryEvent::Delete`]: crate::directory::DirectoryEvent::Delete
 //! [`DirectoryEvent::Surplus`]: crate::directory::DirectoryEvent::Surplus
 //! [`DirectoryRequest::DeleteEverywhere`]: crate::directory::DirectoryRequest::DeleteEverywhere
+//! [`DirectoryRequest::DeclineReplica`]: crate::directory::DirectoryRequest::DeclineReplica
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::errors::FetchError;
 use super::publications::Want;
 use super::{Node, Timer, TransferMode, FETCH_CLIENT};
 use crate::client_protocol::{CopyView, ReplicaPolicy, Response};
@@ -322,12 +327,15 @@ impl Node {
                     self.replicas.of_record.insert(id);
                     self.stats.copies_of_record_placed += 1;
                     self.want_publication(id, Want::Publish(sizes, digest));
+                } else {
+                    self.decline_replica(id);
                 }
             } else {
                 // A cached copy of another content under this id (deleted and put again with
                 // other bytes since): never promoted, nor published as the new content. It
-                // goes (once unused), and the registry places the copy elsewhere meanwhile.
+                // goes (once unused), and the registry places the copy elsewhere.
                 let _ = self.store.delete(&[id]);
+                self.decline_replica(id);
             }
             return;
         }
@@ -371,6 +379,11 @@ impl Node {
         };
         let ok =
             matches!(&response, Response::Fetched(results) if results.iter().all(Result::is_ok));
+        // This node's store refused the copy (no room, too large): another node may take it.
+        // Other failures (the sources failed, the deadline passed) are no more this node's than
+        // the next one's, and are left to the registry's target timeout.
+        let refused_here = matches!(&response, Response::Fetched(results)
+            if results.iter().any(|r| matches!(r, Err(FetchError::Store(_)))));
         if ok {
             if self.replicas.wanted.contains_key(&id) {
                 // Pinned (and published) before the fetch client's reference goes: once
@@ -389,9 +402,19 @@ impl Node {
             self.stats.replication_fetches_failed += 1;
             self.replicas.placed.remove(&id);
             if !self.replicas.of_record.contains(&id) {
-                self.replicas.wanted.remove(&id);
+                let still_wanted = self.replicas.wanted.remove(&id).is_some();
+                if still_wanted && refused_here {
+                    // Not deleted meanwhile: another node should take the copy, now.
+                    self.decline_replica(id);
+                }
             }
         }
+    }
+
+    /// This node cannot take the copy of `id` the registry placed here: it says so, and the
+    /// registry places it elsewhere at once.
+    fn decline_replica(&mut self, id: ObjectId) {
+        self.directory(DirectoryRequest::DeclineReplica { id }, None);
     }
 
     /// A client deletes `ids`: copies of record are unpinned first, and the registry asked to

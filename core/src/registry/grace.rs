@@ -66,7 +66,9 @@ fn ordered_object(request: &DirectoryRequest) -> Option<ObjectId> {
         | DirectoryRequest::PublishReplicated { id, .. }
         | DirectoryRequest::Withdraw { id }
         | DirectoryRequest::DeleteEverywhere { id } => Some(*id),
-        DirectoryRequest::Lookup { .. } | DirectoryRequest::Unsubscribe { .. } => None,
+        DirectoryRequest::Lookup { .. }
+        | DirectoryRequest::Unsubscribe { .. }
+        | DirectoryRequest::DeclineReplica { .. } => None,
     }
 }
 

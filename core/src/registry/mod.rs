@@ -590,6 +590,10 @@ impl Registry {
                 self.delete_everywhere(node, id);
                 Some(DirectoryReply::Done)
             }
+            DirectoryRequest::DeclineReplica { id } => {
+                self.replica_declined(now, node, id);
+                Some(DirectoryReply::Done)
+            }
         };
         if let Some(reply) = reply {
             self.outputs.push_back(RegistryOutput::Send {

@@ -10,6 +10,9 @@
 //!   fetch path and publishes its copy with `PublishReplicated`. So replication adds no peer
 //!   message at all, and placement and repair live in the one place that sees every member.
 //!   A target that has not published within [`ReplicationLimits::target_timeout`] is given up.
+//!   A target that cannot take its copy (no room, its fetch failed) says so at once
+//!   ([`DirectoryRequest::DeclineReplica`]): it is given up then, the copy placed elsewhere at
+//!   once, and the node is not asked for that object again within a target timeout.
 //!   When too few nodes fit by the free memory they last reported, the others are asked too:
 //!   those never given up on first, then those given up on longest ago (see
 //!   [`super::placement::choose_retry_targets`]), so retries go round the nodes.
@@ -35,6 +38,7 @@
 //!
 //! [`DirectoryRequest::PublishReplicated`]: crate::directory::DirectoryRequest::PublishReplicated
 //! [`DirectoryRequest::DeleteEverywhere`]: crate::directory::DirectoryRequest::DeleteEverywhere
+//! [`DirectoryRequest::DeclineReplica`]: crate::directory::DirectoryRequest::DeclineReplica
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -93,6 +97,9 @@ pub struct ReplicationStats {
     /// [`DirectoryEvent::Surplus`]: kept as plain copies).
     #[serde(default)]
     pub surplus_copies: u64,
+    /// Targets that declined their copy (no room, a failed fetch) and were replaced at once.
+    #[serde(default)]
+    pub targets_declined: u64,
 }
 
 /// One object's replica record.
@@ -112,6 +119,8 @@ struct Record {
     /// Targets given up on, with when: not asked again while another node can take the copy,
     /// then again the one given up on longest ago first.
     given_up: BTreeMap<NodeId, Instant>,
+    /// Targets that declined, until when they are not asked again (see `Replication::declines`).
+    declined: BTreeMap<NodeId, Instant>,
 }
 
 /// The registry's replication state.
@@ -129,6 +138,10 @@ pub(super) struct Replication {
     unplaceable: BTreeSet<ObjectId>,
     /// Targets' deadlines, earliest first.
     deadlines: BTreeSet<(Instant, ObjectId, NodeId)>,
+    /// When declined targets may be asked again, earliest first: an object no other node can
+    /// take is offered to a node that declined it once per target timeout, as one that timed
+    /// out would be, never in a loop of instant refusals.
+    declines: BTreeSet<(Instant, ObjectId, NodeId)>,
     /// Repair budget in bytes (negative: debt after an object larger than a second's worth).
     tokens: i128,
     tokens_at: Option<Instant>,
@@ -144,6 +157,7 @@ impl Replication {
             repair_queue: BTreeSet::new(),
             unplaceable: BTreeSet::new(),
             deadlines: BTreeSet::new(),
+            declines: BTreeSet::new(),
             tokens: i128::from(limits.repair_bytes_per_second),
             tokens_at: None,
             stats: ReplicationStats::default(),
@@ -152,7 +166,11 @@ impl Replication {
 
     /// When repair or a target's deadline next needs [`Registry::handle_timeout`].
     pub(super) fn poll_timeout(&self) -> Option<Instant> {
-        let deadline = self.deadlines.first().map(|&(at, _, _)| at);
+        let deadline = [self.deadlines.first(), self.declines.first()]
+            .into_iter()
+            .flatten()
+            .map(|&(at, _, _)| at)
+            .min();
         let repair = self.next_placeable().map(|id| self.refill_at(id));
         match (deadline, repair) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -264,6 +282,7 @@ impl Registry {
             of_record: BTreeSet::new(),
             pending: BTreeMap::new(),
             given_up: BTreeMap::new(),
+            declined: BTreeMap::new(),
         });
         record.wanted = record.wanted.max(replicas);
         record.of_record.insert(node);
@@ -287,6 +306,9 @@ impl Registry {
             // nothing to fetch either).
             for (target, deadline) in &record.pending {
                 self.replication.deadlines.remove(&(*deadline, id, *target));
+            }
+            for (target, until) in &record.declined {
+                self.replication.declines.remove(&(*until, id, *target));
             }
             self.replication.records.remove(&id);
             self.replication.repair_queue.remove(&id);
@@ -343,7 +365,7 @@ impl Registry {
                     let has_copy =
                         record.of_record.contains(&node) || record.pending.contains_key(&node);
                     let skipped = skip_given_up && record.given_up.contains_key(&node);
-                    !has_copy && !skipped
+                    !has_copy && !skipped && !record.declined.contains_key(&node)
                 })
                 .map(|m| Candidate {
                     node: m.info.node,
@@ -456,6 +478,41 @@ impl Registry {
                 self.replicas_changed(now, id, false);
             }
         }
+        // Declined targets may be asked again (`run_repairs` gives every queued object
+        // another try).
+        while let Some(&(at, id, node)) = self.replication.declines.first() {
+            if at > now {
+                break;
+            }
+            self.replication.declines.remove(&(at, id, node));
+            if let Some(record) = self.replication.records.get_mut(&id) {
+                record.declined.remove(&node);
+            }
+        }
+        self.run_repairs(now);
+    }
+
+    /// `node` declined the copy of `id` it was asked for: it is given up at once and the copy
+    /// placed elsewhere (at once while the put's own copies are being made, else through the
+    /// repair queue); `node` is not asked for `id` again within a target timeout. A decline
+    /// of a node no longer pending (given up already, or never asked) changes nothing.
+    pub(super) fn replica_declined(&mut self, now: Instant, node: NodeId, id: ObjectId) {
+        let until = now + self.replication.limits.target_timeout;
+        let Some(record) = self.replication.records.get_mut(&id) else {
+            return;
+        };
+        let Some(deadline) = record.pending.remove(&node) else {
+            return;
+        };
+        self.replication.deadlines.remove(&(deadline, id, node));
+        record.given_up.insert(node, now);
+        if let Some(earlier) = record.declined.insert(node, until) {
+            self.replication.declines.remove(&(earlier, id, node));
+        }
+        self.replication.declines.insert((until, id, node));
+        self.replication.stats.targets_declined += 1;
+        let at_once = !record.complete;
+        self.replicas_changed(now, id, at_once);
         self.run_repairs(now);
     }
 
@@ -466,11 +523,19 @@ impl Registry {
             .replication
             .records
             .iter()
-            .filter(|(_, r)| r.of_record.contains(&node) || r.pending.contains_key(&node))
+            .filter(|(_, r)| {
+                r.of_record.contains(&node)
+                    || r.pending.contains_key(&node)
+                    || r.declined.contains_key(&node)
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in affected {
             let record = self.replication.records.get_mut(&id).expect("listed above");
+            // A node that comes back (a new incarnation) may have room: asked again.
+            if let Some(until) = record.declined.remove(&node) {
+                self.replication.declines.remove(&(until, id, node));
+            }
             record.of_record.remove(&node);
             if let Some(deadline) = record.pending.remove(&node) {
                 self.replication.deadlines.remove(&(deadline, id, node));
@@ -503,6 +568,9 @@ impl Registry {
             for (target, deadline) in record.pending {
                 self.replication.deadlines.remove(&(deadline, id, target));
                 self.tell_delete(target, node, id);
+            }
+            for (target, until) in record.declined {
+                self.replication.declines.remove(&(until, id, target));
             }
         }
         self.replication.repair_queue.remove(&id);
@@ -550,6 +618,15 @@ impl Registry {
                     .contains(&(*deadline, *id, *node)));
             }
         }
+        assert_eq!(
+            self.replication.declines.len(),
+            self.replication
+                .records
+                .values()
+                .map(|r| r.declined.len())
+                .sum::<usize>(),
+            "one end per declined target"
+        );
         assert_eq!(
             self.replication.deadlines.len(),
             self.replication

@@ -415,3 +415,84 @@ fn retries_go_round_the_nodes_given_up_on_rather_than_back_to_one() {
         "then again, the one given up on longest ago first"
     );
 }
+
+fn decline(
+    registry: &mut Registry,
+    now: Instant,
+    node: u32,
+    object: u64,
+) -> Vec<(ConnId, FromRegistry)> {
+    request(
+        registry,
+        now,
+        u64::from(node),
+        now.as_nanos() + 1,
+        DirectoryRequest::DeclineReplica {
+            id: ObjectId::from_u64(object),
+        },
+    )
+}
+
+#[test]
+fn a_target_that_declines_is_replaced_at_once_not_at_its_deadline() {
+    let mut r = patient_registry();
+    let t = at_ms(0);
+    for node in 0..4 {
+        join_in(&mut r, t, node, "");
+    }
+    let first = replicate_targets(&publish_replicated(&mut r, t, 0, 1, 10, 2));
+    assert_eq!(first.len(), 1);
+    // The target cannot take the copy (no room): it says so 1 ms later.
+    let out = decline(&mut r, at_ms(1), first[0], 1);
+    assert!(
+        out.iter().any(|(conn, m)| conn.0 == u64::from(first[0])
+            && matches!(
+                m,
+                FromRegistry::Reply {
+                    reply: DirectoryReply::Done,
+                    ..
+                }
+            )),
+        "answered: {out:?}"
+    );
+    let second = replicate_targets(&out);
+    assert_eq!(second.len(), 1, "another node asked at once: {out:?}");
+    assert_ne!(second, first);
+    let stats = r.replication_stats();
+    assert_eq!(stats.targets_declined, 1);
+    assert_eq!(stats.targets_timed_out, 0);
+    // The replacement publishes: the put has its two copies, well before any target timeout.
+    let out = publish_replicated(&mut r, at_ms(2), second[0], 1, 10, 2);
+    assert_eq!(copies_told(&out, 0), vec![2]);
+    assert_eq!(r.replication_stats().under_replicated_objects, 0);
+    r.check_invariants();
+}
+
+#[test]
+fn a_node_that_declined_is_asked_again_only_after_a_target_timeout() {
+    let mut r = patient_registry();
+    r.set_replication_limits(ReplicationLimits {
+        target_timeout: Duration::from_millis(50),
+        ..ReplicationLimits::default()
+    });
+    let t = at_ms(0);
+    for node in 0..2 {
+        join_in(&mut r, t, node, "");
+    }
+    let first = replicate_targets(&publish_replicated(&mut r, t, 0, 1, 10, 2));
+    assert_eq!(first, vec![1]);
+    // The only other node declines: nobody is asked (no loop of instant refusals) until its
+    // decline has aged a target timeout.
+    let out = decline(&mut r, at_ms(10), 1, 1);
+    assert!(replicate_targets(&out).is_empty(), "{out:?}");
+    assert_eq!(r.poll_timeout(), Some(at_ms(60)), "asked again then");
+    r.handle_timeout(at_ms(59));
+    assert!(replicate_targets(&drain(&mut r)).is_empty());
+    r.handle_timeout(at_ms(60));
+    assert_eq!(replicate_targets(&drain(&mut r)), vec![1], "asked again");
+    // A decline of a node not (or no longer) asked changes nothing.
+    let out = decline(&mut r, at_ms(61), 0, 1);
+    assert!(replicate_targets(&out).is_empty());
+    assert_eq!(r.replication_stats().targets_declined, 1);
+    r.check_invariants();
+}

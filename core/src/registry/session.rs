@@ -297,6 +297,7 @@ impl DirectorySession {
             DirectoryRequest::Withdraw { id } | DirectoryRequest::DeleteEverywhere { id } => {
                 self.replay.publications.remove(&id);
             }
+            DirectoryRequest::DeclineReplica { .. } => {}
             DirectoryRequest::Unsubscribe { .. } => unreachable!("handled above"),
         }
         if !self.is_up() {

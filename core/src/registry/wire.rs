@@ -17,8 +17,9 @@ use crate::wire::ObjectSizes;
 /// domain to [`MemberInfo`] and the replica requests and events; version 4 the `Surplus` event
 /// (a returning copy of record the object no longer needs); version 5 added the hello's
 /// `returning` and [`ToRegistry::Reclaim`], for the head's grace period after a restart (see
-/// [`crate::registry`]).
-pub const PROTOCOL_VERSION: u16 = 5;
+/// [`crate::registry`]); version 6 the `DeclineReplica` request (a target that cannot take
+/// its copy says so).
+pub const PROTOCOL_VERSION: u16 = 6;
 /// Opens every hello, so a stray client (or an old daemon) is told apart from a bad token.
 pub const HELLO_MAGIC: [u8; 8] = *b"skyrdir\0";
 

@@ -114,6 +114,41 @@ impl Cluster {
         stats
     }
 
+    /// Scripted: client 1 of `node` creates, writes and seals object `n` of `data_size` bytes
+    /// asking for `copies` copies (waiting up to `wait_ms` for them when given), and drives
+    /// until the seal's reply. Returns the virtual time from the put's start to its reply.
+    pub fn put_replicated(
+        &mut self,
+        node: u32,
+        n: u64,
+        data_size: u64,
+        copies: u8,
+        wait_ms: Option<u64>,
+    ) -> Duration {
+        let id = ObjectId::from_u64(n);
+        let sizes = ObjectSizes {
+            data_size,
+            metadata_size: 0,
+        };
+        self.replication
+            .intents
+            .insert(id, Intent { copies, wait_ms });
+        self.replication.stats.replicated_puts += 1;
+        if wait_ms.is_some() {
+            self.replication.stats.waiting_puts += 1;
+        }
+        let started = self.now;
+        self.client_put(
+            NodeId(node),
+            ClientId(super::WORKLOAD_CLIENT_BASE),
+            id,
+            sizes,
+            None,
+        );
+        self.drive_until(|c| !c.creating(id));
+        self.now.saturating_since(started)
+    }
+
     /// A put of the workload, when runs ask for copies: `k ∈ {2, 3}`, half of them waiting
     /// (a few milliseconds), small ones inline half the time. `false`: a plain put.
     pub(super) fn replicated_put(

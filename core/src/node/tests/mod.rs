@@ -666,6 +666,7 @@ impl NodeDriver for Carrier<'_> {
                 Some(DirectoryReply::Done)
             }
             DirectoryRequest::Unsubscribe { .. } => None,
+            DirectoryRequest::DeclineReplica { .. } => Some(DirectoryReply::Done),
         };
         if let Some(reply) = reply {
             self.answer(NodeInput::DirectoryReply { op, reply });

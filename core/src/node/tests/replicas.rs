@@ -343,3 +343,62 @@ fn a_placed_copy_is_pinned_before_the_next_placed_fetch_can_evict_it() {
     );
     w.nodes[1].check_invariants();
 }
+
+fn declined(w: &World, node: u32) -> Vec<ObjectId> {
+    w.log
+        .iter()
+        .filter_map(|(n, o)| match o {
+            NodeOutput::Directory {
+                request: DirectoryRequest::DeclineReplica { id },
+                ..
+            } if n.0 == node => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+fn replicate(w: &mut World, node: u32, n: u64, content: u64) {
+    let event = DirectoryEvent::Replicate {
+        id: id(n),
+        sizes: ObjectSizes {
+            data_size: LEN,
+            metadata_size: 0,
+        },
+        digest: ContentDigest::of(&World::bytes_of(content, LEN), &[]),
+        sources: vec![NodeId(0)],
+        replicas: 2,
+    };
+    w.feed(node, NodeInput::DirectoryEvent { event });
+    w.pump();
+}
+
+/// A copy this node has no room for is declined as soon as its fetch fails, not left for the
+/// registry's target timeout (a minute); a copy it takes is not.
+#[test]
+fn a_copy_placed_on_a_node_without_room_is_declined_at_once() {
+    let mut w = World::new(2, |config| {
+        if config.node == NodeId(1) {
+            config.store = crate::store::StoreConfig::single_arena(LEN + 20);
+        }
+    });
+    w.put(0, 1, LEN);
+    w.put(0, 2, LEN);
+    replicate(&mut w, 1, 1, 1);
+    assert!(w.nodes[1].is_copy_of_record(&id(1)));
+    assert_eq!(declined(&w, 1), Vec::<ObjectId>::new());
+    replicate(&mut w, 1, 2, 2);
+    assert!(!w.nodes[1].store().contains(&id(2)), "no room");
+    assert_eq!(declined(&w, 1), vec![id(2)], "declined without waiting");
+    assert!(w.nodes[1].is_quiescent(), "{:?}", w.nodes[1].pending_work());
+    w.nodes[1].check_invariants();
+}
+
+/// A node holding other bytes under the id drops them and declines the copy, so the registry
+/// places it elsewhere at once.
+#[test]
+fn a_copy_placed_on_a_node_holding_other_bytes_under_the_id_is_declined() {
+    let mut w = World::new(2, |_| {});
+    w.put(1, 1, LEN);
+    replicate(&mut w, 1, 1, 2);
+    assert_eq!(declined(&w, 1), vec![id(1)]);
+}

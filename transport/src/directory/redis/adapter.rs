@@ -1056,6 +1056,8 @@ impl Adapter {
                     pending.push(Pending::Write { op });
                     commands += 1;
                 }
+                // No copies are placed with Redis, so none is declined: nothing to write.
+                DirectoryRequest::DeclineReplica { .. } => pending.push(Pending::Write { op }),
             }
         }
         let values: Vec<Value> = match result {
