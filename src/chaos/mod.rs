@@ -10,9 +10,11 @@
 //! - [`checker`]: what must hold, and the verdict.
 //! - [`final_reads`]: the reads after the faults, with a full store's counters when one fails.
 //! - [`redis_cluster`]: a Redis Cluster of the run's own, whose masters the nemesis kills.
+//! - [`fabric`]: TCP or verbs between the daemons, and what verbs leaves out.
 
 pub mod checker;
 pub mod cluster;
+pub mod fabric;
 pub mod final_reads;
 pub mod history;
 pub mod nemesis;
@@ -68,6 +70,8 @@ pub struct ChaosConfig {
     /// The directory is a Redis Cluster the run starts itself (`directory` is `None` then),
     /// whose masters the nemesis kills.
     pub redis_cluster: bool,
+    /// The daemons' fabric.
+    pub fabric: fabric::ChaosFabric,
 }
 
 /// Whether the workload has Python clients (one per node).
@@ -148,6 +152,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         builtin_head: config.directory.is_none() && !config.redis_cluster,
         overlap: config.overlap,
         redis_cluster: config.redis_cluster,
+        verbs: config.fabric.is_verbs(),
     });
     let mut replay = schedule.replay_command(if config.redis_cluster {
         Some("redis-cluster")
@@ -158,6 +163,11 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         // A full store's failures replay only with the same memory.
         replay.push_str(&format!(" --memory {}", config.memory_bytes));
     }
+    if config.fabric.is_verbs() && std::env::var_os("SKYRIVER_VM").is_some() {
+        // In the SoftRoCE guest: the host command that boots one and runs the same schedule.
+        replay = guest_replay(&replay);
+    }
+    println!("  fabric: {}", config.fabric.describe());
     print!("{schedule}");
     let exe = crate::self_exe().map_err(|source| ChaosError::Write {
         path: "the skyriver executable".into(),
@@ -170,6 +180,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         directory: config.directory.clone(),
         exe: exe.clone(),
         redis_cluster: config.redis_cluster,
+        fabric: config.fabric.clone(),
     })?;
     let python = match config.python_clients {
         PythonClients::Off => Err("off (--python-clients off)".to_string()),
@@ -349,6 +360,15 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
     })
 }
 
+/// `skyriver chaos … --fabric verbs …` as `ci/softroce/chaos.sh …` (which adds the fabric).
+fn guest_replay(replay: &str) -> String {
+    let args = replay
+        .strip_prefix("skyriver chaos")
+        .unwrap_or(replay)
+        .replace(" --fabric verbs", "");
+    format!("ci/softroce/chaos.sh{args}")
+}
+
 /// Waits until every node sees every other connected; how long that took, or `None`.
 fn converge(
     sockets: &[PathBuf],
@@ -444,4 +464,22 @@ pub fn summary(report: &RunReport) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_verbs_run_in_the_guest_replays_through_the_guest_script() {
+        assert_eq!(
+            super::guest_replay("skyriver chaos --nodes 3 --seconds 60 --seed 4 --fabric verbs"),
+            "ci/softroce/chaos.sh --nodes 3 --seconds 60 --seed 4"
+        );
+        assert_eq!(
+            super::guest_replay(
+                "skyriver chaos --nodes 3 --seconds 60 --seed 4 --persistent --fabric verbs \
+                 --memory 1000"
+            ),
+            "ci/softroce/chaos.sh --nodes 3 --seconds 60 --seed 4 --persistent --memory 1000"
+        );
+    }
 }
