@@ -6,6 +6,9 @@
 #   ci/softroce/chaos.sh [CHAOS ARGS...]    (default: --nodes 3 --seconds 60 --seed 1)
 #
 # CHAOS ARGS are `skyriver chaos`'s, without --fabric, --json and --keep-logs (set here).
+# Under TCG (an emulated CPU, 5-15x slower: see README.md) operations get
+# --hang-bound-ms 30000 past their timeouts instead of 5000, unless CHAOS ARGS name one.
+# The Python clients' extension is built too, so they speak the daemons' protocol.
 # The verdict (chaos.json, its history) and the daemons' logs come back to
 # $SKYRIVER_CHAOS_OUT (default target/softroce-chaos). SKYRIVER_VM_TIMEOUT bounds the VM
 # (default 420 s). Exit status: chaos's (1 = violations or a run that could not be carried
@@ -23,15 +26,24 @@ say() { echo "softroce-chaos: $*" >&2; }
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(--nodes 3 --seconds 60 --seed 1)
 
-say "building skyriver"
+say "building skyriver and its Python extension"
 json=$(cargo build --bin skyriver --message-format=json)
 exe=$(grep '"reason":"compiler-artifact"' <<< "$json" | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n1)
 [ -x "$exe" ] || { say "no skyriver binary"; exit 1; }
+# chaos stages the extension found beside the program (lib_native.so) for its Python clients.
+cargo build -p skyriver-python
+
+"$HERE/build-image.sh"
+WORK=${SKYRIVER_VM_WORK:-${XDG_CACHE_HOME:-${HOME:-/var/tmp}/.cache}/skyriver-softroce}
+accel=${SKYRIVER_VM_ACCEL:-auto}
+[ "$accel" = auto ] && accel=$(cat "$WORK/accel")
+if [ "$accel" = tcg ] && [[ " ${args[*]} " != *" --hang-bound-ms"* ]]; then
+    args+=(--hang-bound-ms 30000)
+fi
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-"$HERE/build-image.sh"
 say "running skyriver chaos --fabric verbs ${args[*]} in the VM (limit ${SKYRIVER_VM_TIMEOUT}s)"
 started=$(date +%s)
 rc=0

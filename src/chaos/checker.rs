@@ -2,8 +2,9 @@
 //!
 //! - No read ever returns other bytes than the object's (contents derive from the id, so every
 //!   reader knows them).
-//! - Every operation ends within its timeout plus [`HANG_BOUND_MS`] (plus the time its own
-//!   daemon was paused, when it could not answer anyone); none is left running.
+//! - Every operation ends within its timeout plus [`HANG_BOUND_MS`] (or the run's
+//!   `--hang-bound-ms`; plus the time its own daemon was paused, when it could not answer
+//!   anyone); none is left running.
 //! - An acknowledged put is readable with its bytes after the faults stop, unless it was
 //!   deleted, or every holder of a copy died without its files (a non-persistent daemon
 //!   killed, a persistent one killed and wiped), or a holder evicted objects. A lost object is
@@ -137,6 +138,8 @@ pub struct Verdict {
     pub objects_lost_with_every_holder: u64,
     /// Every property that did not hold.
     pub violations: Vec<Violation>,
+    /// How long past its timeout an operation was allowed to take.
+    pub hang_bound_ms: u64,
 }
 
 impl Verdict {
@@ -182,6 +185,7 @@ pub fn check(history: &History) -> Verdict {
     }
 
     // Never wrong bytes; no hangs.
+    let hang_bound_ms = history.hang_bound_ms.unwrap_or(HANG_BOUND_MS);
     for op in &history.ops {
         if let OpResult::WrongBytes { detail } = &op.result {
             violations.push(Violation::WrongBytes {
@@ -189,7 +193,7 @@ pub fn check(history: &History) -> Verdict {
                 detail: detail.clone(),
             });
         }
-        let limit_ms = op.timeout_ms + HANG_BOUND_MS + paused_during(history, op);
+        let limit_ms = op.timeout_ms + hang_bound_ms + paused_during(history, op);
         if op.end_ms.saturating_sub(op.start_ms) > limit_ms {
             violations.push(Violation::Hang {
                 op: op.clone(),
@@ -400,6 +404,7 @@ pub fn check(history: &History) -> Verdict {
         objects_checked,
         objects_lost_with_every_holder,
         violations,
+        hang_bound_ms,
     }
 }
 
@@ -545,6 +550,27 @@ mod tests {
         // Just within the bound is no hang.
         let ok = op(1, OpKind::Fetch, "a", 10, 10 + 1_000 + HANG_BOUND_MS);
         assert!(check(&history(vec![ok])).passed());
+    }
+
+    #[test]
+    fn a_run_may_state_a_longer_hang_bound_and_the_verdict_says_which_held() {
+        let slow = || op(1, OpKind::Fetch, "a", 10, 10 + 1_000 + 30_000);
+        let strict = check(&history(vec![slow()]));
+        assert_eq!(strict.hang_bound_ms, HANG_BOUND_MS);
+        assert!(matches!(
+            strict.violations.as_slice(),
+            [Violation::Hang { .. }]
+        ));
+        let mut emulated = history(vec![slow()]);
+        emulated.hang_bound_ms = Some(30_000);
+        let verdict = check(&emulated);
+        assert!(verdict.passed(), "{:?}", verdict.violations);
+        assert_eq!(verdict.hang_bound_ms, 30_000);
+        emulated.ops[0].end_ms += 1;
+        assert!(matches!(
+            check(&emulated).violations.as_slice(),
+            [Violation::Hang { limit_ms: 31_000, .. }]
+        ));
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct ChaosConfig {
     pub redis_cluster: bool,
     /// The daemons' fabric.
     pub fabric: fabric::ChaosFabric,
+    /// How long past its timeout an operation may take (`None`: [`checker::HANG_BOUND_MS`]).
+    pub hang_bound_ms: Option<u64>,
 }
 
 /// Whether the workload has Python clients (one per node).
@@ -162,6 +164,9 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
     if config.memory_bytes != DEFAULT_MEMORY_BYTES {
         // A full store's failures replay only with the same memory.
         replay.push_str(&format!(" --memory {}", config.memory_bytes));
+    }
+    if let Some(bound) = config.hang_bound_ms {
+        replay.push_str(&format!(" --hang-bound-ms {bound}"));
     }
     if config.fabric.is_verbs() && std::env::var_os("SKYRIVER_VM").is_some() {
         // In the SoftRoCE guest: the host command that boots one and runs the same schedule.
@@ -291,7 +296,11 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
     }
     // Workers finish their operation in flight: the longest may take its timeout and the bound.
     let deadline = Instant::now()
-        + Duration::from_millis(workload::FETCH_TIMEOUT_MS + checker::HANG_BOUND_MS + 5_000);
+        + Duration::from_millis(
+            workload::FETCH_TIMEOUT_MS
+                + config.hang_bound_ms.unwrap_or(checker::HANG_BOUND_MS)
+                + 5_000,
+        );
     while !workload.finished() && Instant::now() < deadline {
         cluster.sample_all();
         std::thread::sleep(Duration::from_millis(50));
@@ -333,6 +342,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         directory_node: (config.directory.is_none() && !config.redis_cluster).then_some(0),
         client_exits: workload.client_exits(),
         out_of_memory: finals.out_of_memory,
+        hang_bound_ms: config.hang_bound_ms,
     };
     if let Some(dir) = &config.keep_logs {
         if let Err(e) = cluster.keep_logs(dir) {
@@ -447,6 +457,14 @@ pub fn summary(report: &RunReport) -> String {
         None => {
             let _ = writeln!(out, "  did NOT converge after the faults stopped");
         }
+    }
+    if verdict.hang_bound_ms != checker::HANG_BOUND_MS {
+        let _ = writeln!(
+            out,
+            "  operations allowed {} ms past their timeouts (--hang-bound-ms; default {} ms)",
+            verdict.hang_bound_ms,
+            checker::HANG_BOUND_MS
+        );
     }
     let _ = writeln!(out, "  violations: {}", verdict.violations.len());
     for violation in verdict.violations.iter().take(20) {

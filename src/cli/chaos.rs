@@ -58,6 +58,11 @@ pub struct ChaosArgs {
     /// SKYRIVER_RDMA_DEVICES, else every device of the machine]
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
+    /// How long past its timeout an operation may take before the checker calls it a hang
+    /// [default: 5000]; longer only where the CPU is emulated (ci/softroce/chaos.sh under
+    /// TCG), and the summary then says so.
+    #[arg(long, value_name = "MS")]
+    pub hang_bound_ms: Option<u64>,
 }
 
 /// `--python-clients`.
@@ -174,6 +179,7 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), ChaosCommandError> {
             overlap: args.overlap,
             redis_cluster,
             fabric: fabric.clone(),
+            hang_bound_ms: args.hang_bound_ms,
         };
         println!(
             "chaos: seed {seed}, {} nodes, {} s, {mode}",
