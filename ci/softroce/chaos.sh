@@ -6,8 +6,9 @@
 #   ci/softroce/chaos.sh [CHAOS ARGS...]    (default: --nodes 3 --seconds 60 --seed 1)
 #
 # CHAOS ARGS are `skyriver chaos`'s, without --fabric, --json and --keep-logs (set here).
-# Under TCG (an emulated CPU, 5-15x slower: see README.md) operations get
-# --hang-bound-ms 30000 past their timeouts instead of 5000, unless CHAOS ARGS name one.
+# Under TCG (an emulated CPU, 5-15x slower: see README.md) the checker's real-time bounds
+# are stretched with --slowdown 6 (30 s past a timeout instead of 5 s, 60 s to re-publish
+# after a fault instead of 10 s), unless CHAOS ARGS give a --slowdown.
 # The Python clients' extension is built too, so they speak the daemons' protocol.
 # The verdict (chaos.json, its history) and the daemons' logs come back to
 # $SKYRIVER_CHAOS_OUT (default target/softroce-chaos). SKYRIVER_VM_TIMEOUT bounds the VM
@@ -37,8 +38,8 @@ cargo build -p skyriver-python
 WORK=${SKYRIVER_VM_WORK:-${XDG_CACHE_HOME:-${HOME:-/var/tmp}/.cache}/skyriver-softroce}
 accel=${SKYRIVER_VM_ACCEL:-auto}
 [ "$accel" = auto ] && accel=$(cat "$WORK/accel")
-if [ "$accel" = tcg ] && [[ " ${args[*]} " != *" --hang-bound-ms"* ]]; then
-    args+=(--hang-bound-ms 30000)
+if [ "$accel" = tcg ] && [[ " ${args[*]} " != *" --slowdown"* ]]; then
+    args+=(--slowdown 6)
 fi
 
 rm -rf "$OUT"

@@ -72,7 +72,11 @@ impl ChaosFabric {
     pub fn verbs(named: &[String]) -> Result<Self, FabricError> {
         let from_env = std::env::var("SKYRIVER_RDMA_DEVICES").unwrap_or_default();
         let gid_index = match std::env::var("SKYRIVER_RDMA_GID_INDEX") {
-            Ok(text) => Some(text.trim().parse().map_err(|_| FabricError::GidIndex(text))?),
+            Ok(text) => Some(
+                text.trim()
+                    .parse()
+                    .map_err(|_| FabricError::GidIndex(text))?,
+            ),
             Err(_) => None,
         };
         let devices = Self::resolve(named, &from_env, Path::new(RDMA_CLASS_DIR))?;
@@ -190,7 +194,10 @@ mod tests {
         let empty = class_dir(&[]);
         let error = ChaosFabric::resolve(&[], "", empty.path()).unwrap_err();
         assert!(matches!(error, FabricError::NoDevice), "{error:?}");
-        assert!(error.to_string().contains("ci/softroce/chaos.sh"), "{error}");
+        assert!(
+            error.to_string().contains("ci/softroce/chaos.sh"),
+            "{error}"
+        );
         let absent = ChaosFabric::resolve(&[], "", &empty.path().join("absent")).unwrap_err();
         assert!(matches!(absent, FabricError::NoDevice), "{absent:?}");
 
@@ -203,7 +210,10 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(error.to_string().contains("ci/softroce/chaos.sh"), "{error}");
+        assert!(
+            error.to_string().contains("ci/softroce/chaos.sh"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -198,9 +198,9 @@ pub struct History {
     pub client_exits: Vec<ClientExit>,
     /// Each node's store when a final read there first failed with `OutOfMemory`.
     pub out_of_memory: Vec<super::final_reads::OutOfMemoryStats>,
-    /// How long past its timeout an operation may take (`None`: the checker's
-    /// `HANG_BOUND_MS`; longer under an emulated CPU, `--hang-bound-ms`).
-    pub hang_bound_ms: Option<u64>,
+    /// The factor the checker's real-time bounds are stretched by (`None`: 1; more under an
+    /// emulated CPU, `--slowdown`).
+    pub slowdown: Option<u32>,
 }
 
 impl History {

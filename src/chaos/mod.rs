@@ -72,8 +72,9 @@ pub struct ChaosConfig {
     pub redis_cluster: bool,
     /// The daemons' fabric.
     pub fabric: fabric::ChaosFabric,
-    /// How long past its timeout an operation may take (`None`: [`checker::HANG_BOUND_MS`]).
-    pub hang_bound_ms: Option<u64>,
+    /// The factor the checker's real-time bounds are multiplied by (`None`: 1); for an
+    /// emulated CPU.
+    pub slowdown: Option<u32>,
 }
 
 /// Whether the workload has Python clients (one per node).
@@ -165,8 +166,8 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         // A full store's failures replay only with the same memory.
         replay.push_str(&format!(" --memory {}", config.memory_bytes));
     }
-    if let Some(bound) = config.hang_bound_ms {
-        replay.push_str(&format!(" --hang-bound-ms {bound}"));
+    if let Some(slowdown) = config.slowdown {
+        replay.push_str(&format!(" --slowdown {slowdown}"));
     }
     if config.fabric.is_verbs() && std::env::var_os("SKYRIVER_VM").is_some() {
         // In the SoftRoCE guest: the host command that boots one and runs the same schedule.
@@ -238,8 +239,12 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         }
         events.sort_by_key(|&(at, inject, serial)| (at, inject, serial));
         let mut active: BTreeMap<usize, (u64, Result<nemesis::Injected, String>)> = BTreeMap::new();
+        // How far the nemesis runs behind the schedule (a restart that took long, a slow
+        // client kill): later events move by as much, so no fault is cut short.
+        let mut lag = ScheduleLag::default();
         for (at_ms, inject, serial) in events {
-            wait_until(&mut cluster, at_ms)?;
+            wait_until(&mut cluster, lag.due(at_ms))?;
+            lag.observe(at_ms, ms());
             let fault = &schedule.faults[serial];
             if inject {
                 let start_ms = ms();
@@ -286,7 +291,8 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
             });
         }
         faults.sort_by_key(|f: &FaultRecord| f.start_ms);
-        wait_until(&mut cluster, config.seconds * 1000)
+        // The quiet end after the last heal, whatever the lag.
+        wait_until(&mut cluster, lag.due(config.seconds * 1000))
     })();
     workload.stop();
     if let Err(error) = outcome {
@@ -298,7 +304,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
     let deadline = Instant::now()
         + Duration::from_millis(
             workload::FETCH_TIMEOUT_MS
-                + config.hang_bound_ms.unwrap_or(checker::HANG_BOUND_MS)
+                + checker::HANG_BOUND_MS * u64::from(config.slowdown.unwrap_or(1).max(1))
                 + 5_000,
         );
     while !workload.finished() && Instant::now() < deadline {
@@ -342,7 +348,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         directory_node: (config.directory.is_none() && !config.redis_cluster).then_some(0),
         client_exits: workload.client_exits(),
         out_of_memory: finals.out_of_memory,
-        hang_bound_ms: config.hang_bound_ms,
+        slowdown: config.slowdown,
     };
     if let Some(dir) = &config.keep_logs {
         if let Err(e) = cluster.keep_logs(dir) {
@@ -368,6 +374,27 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         replay,
         python_clients,
     })
+}
+
+/// How far the nemesis runs behind its schedule. Each event is due at its scheduled time plus
+/// the lag so far, so when an injection or heal overruns (a daemon that takes 20 s to restart
+/// under an emulated CPU), what follows moves with it: faults last at least as scheduled and
+/// the gaps between them stay, instead of a late pause being healed the moment it starts.
+#[derive(Debug, Default, Clone, Copy)]
+struct ScheduleLag {
+    ms: u64,
+}
+
+impl ScheduleLag {
+    /// When an event scheduled at `at_ms` is due.
+    fn due(&self, at_ms: u64) -> u64 {
+        at_ms + self.ms
+    }
+
+    /// An event scheduled at `at_ms` starts at `now_ms`.
+    fn observe(&mut self, at_ms: u64, now_ms: u64) {
+        self.ms = self.ms.max(now_ms.saturating_sub(at_ms));
+    }
 }
 
 /// `skyriver chaos … --fabric verbs …` as `ci/softroce/chaos.sh …` (which adds the fabric).
@@ -458,12 +485,14 @@ pub fn summary(report: &RunReport) -> String {
             let _ = writeln!(out, "  did NOT converge after the faults stopped");
         }
     }
-    if verdict.hang_bound_ms != checker::HANG_BOUND_MS {
+    if verdict.slowdown > 1 {
         let _ = writeln!(
             out,
-            "  operations allowed {} ms past their timeouts (--hang-bound-ms; default {} ms)",
-            verdict.hang_bound_ms,
-            checker::HANG_BOUND_MS
+            "  real-time bounds x{} (--slowdown): operations may take {} ms past their \
+             timeouts, locations {} ms to be found again after a fault",
+            verdict.slowdown,
+            checker::HANG_BOUND_MS * u64::from(verdict.slowdown),
+            checker::REPUBLISH_BOUND_MS * u64::from(verdict.slowdown)
         );
     }
     let _ = writeln!(out, "  violations: {}", verdict.violations.len());
@@ -486,6 +515,21 @@ pub fn summary(report: &RunReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_late_event_moves_the_rest_of_the_schedule_so_faults_keep_their_length() {
+        let mut lag = super::ScheduleLag::default();
+        // A pause scheduled at 20 s for 7 s; the nemesis gets to it at 45 s.
+        assert_eq!(lag.due(20_000), 20_000);
+        lag.observe(20_000, 45_000);
+        // Its heal is due 7 s after it began, not at once.
+        assert_eq!(lag.due(27_000), 52_000);
+        // An event on time adds nothing; an earlier lag is never taken back.
+        lag.observe(27_000, 52_000);
+        assert_eq!(lag.due(60_000), 85_000);
+        lag.observe(30_000, 40_000);
+        assert_eq!(lag.due(60_000), 85_000);
+    }
+
     #[test]
     fn a_verbs_run_in_the_guest_replays_through_the_guest_script() {
         assert_eq!(

@@ -58,11 +58,11 @@ pub struct ChaosArgs {
     /// SKYRIVER_RDMA_DEVICES, else every device of the machine]
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
-    /// How long past its timeout an operation may take before the checker calls it a hang
-    /// [default: 5000]; longer only where the CPU is emulated (ci/softroce/chaos.sh under
-    /// TCG), and the summary then says so.
-    #[arg(long, value_name = "MS")]
-    pub hang_bound_ms: Option<u64>,
+    /// Multiply the checker's real-time bounds (5 s past a timeout, 10 s to re-publish after
+    /// a fault, 1 s to publish a put) by N [default: 1]; only where the CPU is emulated
+    /// (ci/softroce/chaos.sh under TCG), and the summary then says so.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub slowdown: Option<u32>,
 }
 
 /// `--python-clients`.
@@ -179,7 +179,7 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), ChaosCommandError> {
             overlap: args.overlap,
             redis_cluster,
             fabric: fabric.clone(),
-            hang_bound_ms: args.hang_bound_ms,
+            slowdown: args.slowdown,
         };
         println!(
             "chaos: seed {seed}, {} nodes, {} s, {mode}",
