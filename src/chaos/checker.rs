@@ -4,6 +4,10 @@
 //!   reader knows them).
 //! - Every operation ends within its timeout plus [`HANG_BOUND_MS`] (plus the time its own
 //!   daemon was paused, when it could not answer anyone); none is left running.
+//!
+//! The real-time bounds ([`HANG_BOUND_MS`], [`REPUBLISH_BOUND_MS`], [`PUBLISH_SLACK_MS`],
+//! [`BLOCKING_GET_SLACK_MS`]) are multiplied by the run's `--slowdown` (1 unless the CPU is
+//! emulated), and the verdict says by how much.
 //! - An acknowledged put is readable with its bytes after the faults stop, unless it was
 //!   deleted, or every holder of a copy died without its files (a non-persistent daemon
 //!   killed, a persistent one killed and wiped), or a holder evicted objects. A lost object is
@@ -137,6 +141,8 @@ pub struct Verdict {
     pub objects_lost_with_every_holder: u64,
     /// Every property that did not hold.
     pub violations: Vec<Violation>,
+    /// The factor the real-time bounds were multiplied by.
+    pub slowdown: u32,
 }
 
 impl Verdict {
@@ -182,6 +188,9 @@ pub fn check(history: &History) -> Verdict {
     }
 
     // Never wrong bytes; no hangs.
+    let slowdown = history.slowdown.unwrap_or(1).max(1);
+    let scaled = |bound_ms: u64| bound_ms * u64::from(slowdown);
+    let hang_bound_ms = scaled(HANG_BOUND_MS);
     for op in &history.ops {
         if let OpResult::WrongBytes { detail } = &op.result {
             violations.push(Violation::WrongBytes {
@@ -189,7 +198,7 @@ pub fn check(history: &History) -> Verdict {
                 detail: detail.clone(),
             });
         }
-        let limit_ms = op.timeout_ms + HANG_BOUND_MS + paused_during(history, op);
+        let limit_ms = op.timeout_ms + hang_bound_ms + paused_during(history, op);
         if op.end_ms.saturating_sub(op.start_ms) > limit_ms {
             violations.push(Violation::Hang {
                 op: op.clone(),
@@ -289,7 +298,7 @@ pub fn check(history: &History) -> Verdict {
             (Phase::Chaos, _) => {
                 let published = acknowledged
                     .get(op.id.as_str())
-                    .is_some_and(|&(_, at)| at + PUBLISH_SLACK_MS <= op.start_ms);
+                    .is_some_and(|&(_, at)| at + scaled(PUBLISH_SLACK_MS) <= op.start_ms);
                 surviving.retain(|&node| {
                     published
                         && acknowledged.get(op.id.as_str()).map(|&(n, _)| n) == Some(node)
@@ -343,7 +352,7 @@ pub fn check(history: &History) -> Verdict {
                 && f.end_ms >= op.start_ms
         });
         let well_within =
-            put_acknowledged_ms + BLOCKING_GET_SLACK_MS <= op.start_ms + op.timeout_ms;
+            put_acknowledged_ms + scaled(BLOCKING_GET_SLACK_MS) <= op.start_ms + op.timeout_ms;
         if quiet && well_within {
             violations.push(Violation::BlockingGetMissedPut {
                 op: op.clone(),
@@ -400,6 +409,7 @@ pub fn check(history: &History) -> Verdict {
         objects_checked,
         objects_lost_with_every_holder,
         violations,
+        slowdown,
     }
 }
 
@@ -419,11 +429,12 @@ fn hits_a_daemon(kind: FaultKind) -> bool {
 }
 
 /// Whether no fault (but a killed client) touched any of `nodes`, nor the directory (its node,
-/// or a Redis master), from [`REPUBLISH_BOUND_MS`] before `op` started to its end: a fetch
-/// between them must then find what the holder holds.
+/// or a Redis master), from [`REPUBLISH_BOUND_MS`] (times the run's slowdown) before `op`
+/// started to its end: a fetch between them must then find what the holder holds.
 fn reachable(history: &History, nodes: &[u32], op: &Op) -> bool {
+    let republish_ms = REPUBLISH_BOUND_MS * u64::from(history.slowdown.unwrap_or(1).max(1));
     let during = |f: &&super::history::FaultRecord| {
-        f.start_ms <= op.end_ms && f.end_ms + REPUBLISH_BOUND_MS >= op.start_ms
+        f.start_ms <= op.end_ms && f.end_ms + republish_ms >= op.start_ms
     };
     let touched = |node: u32| {
         history.faults.iter().filter(during).any(|f| {
@@ -545,6 +556,51 @@ mod tests {
         // Just within the bound is no hang.
         let ok = op(1, OpKind::Fetch, "a", 10, 10 + 1_000 + HANG_BOUND_MS);
         assert!(check(&history(vec![ok])).passed());
+    }
+
+    #[test]
+    fn a_slowdown_stretches_the_real_time_bounds_and_the_verdict_says_by_how_much() {
+        let slow = || op(1, OpKind::Fetch, "a", 10, 10 + 1_000 + 6 * HANG_BOUND_MS);
+        let strict = check(&history(vec![slow()]));
+        assert_eq!(strict.slowdown, 1);
+        assert!(matches!(
+            strict.violations.as_slice(),
+            [Violation::Hang { .. }]
+        ));
+        let mut emulated = history(vec![slow()]);
+        emulated.slowdown = Some(6);
+        let verdict = check(&emulated);
+        assert!(verdict.passed(), "{:?}", verdict.violations);
+        assert_eq!(verdict.slowdown, 6);
+        emulated.ops[0].end_ms += 1;
+        assert!(matches!(
+            check(&emulated).violations.as_slice(),
+            [Violation::Hang { limit_ms, .. }] if *limit_ms == 1_000 + 6 * HANG_BOUND_MS
+        ));
+
+        // A fetch 11 s after a head restart that misses a holder's object: a loss at 1x
+        // (past the 10 s re-publication bound), allowed at 2x.
+        let mut h = history(vec![
+            op(2, OpKind::Put, "b", 0, 5),
+            op(1, OpKind::Fetch, "b", 21_000, 21_010),
+        ]);
+        h.ops[1].timeout_ms = 5_000;
+        h.ops[1].result = OpResult::NotFound;
+        h.faults.push(FaultRecord {
+            kind: FaultKind::HeadKillRestart,
+            node: 0,
+            peer: None,
+            start_ms: 5_000,
+            end_ms: 10_000,
+            error: None,
+        });
+        h.deaths.push(death(0, 5_000, false));
+        assert!(matches!(
+            check(&h).violations.as_slice(),
+            [Violation::AcknowledgedObjectLost { .. }]
+        ));
+        h.slowdown = Some(2);
+        assert!(check(&h).passed(), "{:?}", check(&h).violations);
     }
 
     #[test]

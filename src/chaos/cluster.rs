@@ -73,6 +73,8 @@ pub struct DaemonSettings {
     pub exe: PathBuf,
     /// A Redis Cluster of the run's own as the directory (`directory` is then its URL).
     pub redis_cluster: bool,
+    /// TCP, or verbs on which device.
+    pub fabric: super::fabric::ChaosFabric,
 }
 
 struct Daemon {
@@ -225,14 +227,9 @@ impl ChaosCluster {
         let head = format!("{}:{HEAD_PORT}", netns.hosts[0].addr);
         let mut command = netns.command(node as usize, &self.settings.exe);
         command
-            .args([
-                "daemon",
-                "--fabric",
-                "tcp",
-                "--no-prefault",
-                "--log",
-                "info",
-            ])
+            .arg("daemon")
+            .args(self.settings.fabric.daemon_args(node))
+            .args(["--no-prefault", "--log", "info"])
             .args(["--listen", &format!("{addr}:0")])
             .args(["--node-id", &node.to_string()])
             .args(["--memory", &self.settings.memory_bytes.to_string()])

@@ -198,6 +198,9 @@ pub struct History {
     pub client_exits: Vec<ClientExit>,
     /// Each node's store when a final read there first failed with `OutOfMemory`.
     pub out_of_memory: Vec<super::final_reads::OutOfMemoryStats>,
+    /// The factor the checker's real-time bounds are stretched by (`None`: 1; more under an
+    /// emulated CPU, `--slowdown`).
+    pub slowdown: Option<u32>,
 }
 
 impl History {

@@ -10,9 +10,11 @@
 //! - [`checker`]: what must hold, and the verdict.
 //! - [`final_reads`]: the reads after the faults, with a full store's counters when one fails.
 //! - [`redis_cluster`]: a Redis Cluster of the run's own, whose masters the nemesis kills.
+//! - [`fabric`]: TCP or verbs between the daemons, and what verbs leaves out.
 
 pub mod checker;
 pub mod cluster;
+pub mod fabric;
 pub mod final_reads;
 pub mod history;
 pub mod nemesis;
@@ -68,6 +70,11 @@ pub struct ChaosConfig {
     /// The directory is a Redis Cluster the run starts itself (`directory` is `None` then),
     /// whose masters the nemesis kills.
     pub redis_cluster: bool,
+    /// The daemons' fabric.
+    pub fabric: fabric::ChaosFabric,
+    /// The factor the checker's real-time bounds are multiplied by (`None`: 1); for an
+    /// emulated CPU.
+    pub slowdown: Option<u32>,
 }
 
 /// Whether the workload has Python clients (one per node).
@@ -148,6 +155,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         builtin_head: config.directory.is_none() && !config.redis_cluster,
         overlap: config.overlap,
         redis_cluster: config.redis_cluster,
+        verbs: config.fabric.is_verbs(),
     });
     let mut replay = schedule.replay_command(if config.redis_cluster {
         Some("redis-cluster")
@@ -158,6 +166,14 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         // A full store's failures replay only with the same memory.
         replay.push_str(&format!(" --memory {}", config.memory_bytes));
     }
+    if let Some(slowdown) = config.slowdown {
+        replay.push_str(&format!(" --slowdown {slowdown}"));
+    }
+    if config.fabric.is_verbs() && std::env::var_os("SKYRIVER_VM").is_some() {
+        // In the SoftRoCE guest: the host command that boots one and runs the same schedule.
+        replay = guest_replay(&replay);
+    }
+    println!("  fabric: {}", config.fabric.describe());
     print!("{schedule}");
     let exe = crate::self_exe().map_err(|source| ChaosError::Write {
         path: "the skyriver executable".into(),
@@ -170,6 +186,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         directory: config.directory.clone(),
         exe: exe.clone(),
         redis_cluster: config.redis_cluster,
+        fabric: config.fabric.clone(),
     })?;
     let python = match config.python_clients {
         PythonClients::Off => Err("off (--python-clients off)".to_string()),
@@ -222,8 +239,12 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         }
         events.sort_by_key(|&(at, inject, serial)| (at, inject, serial));
         let mut active: BTreeMap<usize, (u64, Result<nemesis::Injected, String>)> = BTreeMap::new();
+        // How far the nemesis runs behind the schedule (a restart that took long, a slow
+        // client kill): later events move by as much, so no fault is cut short.
+        let mut lag = ScheduleLag::default();
         for (at_ms, inject, serial) in events {
-            wait_until(&mut cluster, at_ms)?;
+            wait_until(&mut cluster, lag.due(at_ms))?;
+            lag.observe(at_ms, ms());
             let fault = &schedule.faults[serial];
             if inject {
                 let start_ms = ms();
@@ -270,7 +291,8 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
             });
         }
         faults.sort_by_key(|f: &FaultRecord| f.start_ms);
-        wait_until(&mut cluster, config.seconds * 1000)
+        // The quiet end after the last heal, whatever the lag.
+        wait_until(&mut cluster, lag.due(config.seconds * 1000))
     })();
     workload.stop();
     if let Err(error) = outcome {
@@ -280,7 +302,11 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
     }
     // Workers finish their operation in flight: the longest may take its timeout and the bound.
     let deadline = Instant::now()
-        + Duration::from_millis(workload::FETCH_TIMEOUT_MS + checker::HANG_BOUND_MS + 5_000);
+        + Duration::from_millis(
+            workload::FETCH_TIMEOUT_MS
+                + checker::HANG_BOUND_MS * u64::from(config.slowdown.unwrap_or(1).max(1))
+                + 5_000,
+        );
     while !workload.finished() && Instant::now() < deadline {
         cluster.sample_all();
         std::thread::sleep(Duration::from_millis(50));
@@ -322,6 +348,7 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         directory_node: (config.directory.is_none() && !config.redis_cluster).then_some(0),
         client_exits: workload.client_exits(),
         out_of_memory: finals.out_of_memory,
+        slowdown: config.slowdown,
     };
     if let Some(dir) = &config.keep_logs {
         if let Err(e) = cluster.keep_logs(dir) {
@@ -347,6 +374,36 @@ pub fn run(config: &ChaosConfig, stop: &AtomicBool) -> Result<RunReport, ChaosEr
         replay,
         python_clients,
     })
+}
+
+/// How far the nemesis runs behind its schedule. Each event is due at its scheduled time plus
+/// the lag so far, so when an injection or heal overruns (a daemon that takes 20 s to restart
+/// under an emulated CPU), what follows moves with it: faults last at least as scheduled and
+/// the gaps between them stay, instead of a late pause being healed the moment it starts.
+#[derive(Debug, Default, Clone, Copy)]
+struct ScheduleLag {
+    ms: u64,
+}
+
+impl ScheduleLag {
+    /// When an event scheduled at `at_ms` is due.
+    fn due(&self, at_ms: u64) -> u64 {
+        at_ms + self.ms
+    }
+
+    /// An event scheduled at `at_ms` starts at `now_ms`.
+    fn observe(&mut self, at_ms: u64, now_ms: u64) {
+        self.ms = self.ms.max(now_ms.saturating_sub(at_ms));
+    }
+}
+
+/// `skyriver chaos … --fabric verbs …` as `ci/softroce/chaos.sh …` (which adds the fabric).
+fn guest_replay(replay: &str) -> String {
+    let args = replay
+        .strip_prefix("skyriver chaos")
+        .unwrap_or(replay)
+        .replace(" --fabric verbs", "");
+    format!("ci/softroce/chaos.sh{args}")
 }
 
 /// Waits until every node sees every other connected; how long that took, or `None`.
@@ -428,6 +485,16 @@ pub fn summary(report: &RunReport) -> String {
             let _ = writeln!(out, "  did NOT converge after the faults stopped");
         }
     }
+    if verdict.slowdown > 1 {
+        let _ = writeln!(
+            out,
+            "  real-time bounds x{} (--slowdown): operations may take {} ms past their \
+             timeouts, locations {} ms to be found again after a fault",
+            verdict.slowdown,
+            checker::HANG_BOUND_MS * u64::from(verdict.slowdown),
+            checker::REPUBLISH_BOUND_MS * u64::from(verdict.slowdown)
+        );
+    }
     let _ = writeln!(out, "  violations: {}", verdict.violations.len());
     for violation in verdict.violations.iter().take(20) {
         let _ = writeln!(
@@ -444,4 +511,37 @@ pub fn summary(report: &RunReport) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_late_event_moves_the_rest_of_the_schedule_so_faults_keep_their_length() {
+        let mut lag = super::ScheduleLag::default();
+        // A pause scheduled at 20 s for 7 s; the nemesis gets to it at 45 s.
+        assert_eq!(lag.due(20_000), 20_000);
+        lag.observe(20_000, 45_000);
+        // Its heal is due 7 s after it began, not at once.
+        assert_eq!(lag.due(27_000), 52_000);
+        // An event on time adds nothing; an earlier lag is never taken back.
+        lag.observe(27_000, 52_000);
+        assert_eq!(lag.due(60_000), 85_000);
+        lag.observe(30_000, 40_000);
+        assert_eq!(lag.due(60_000), 85_000);
+    }
+
+    #[test]
+    fn a_verbs_run_in_the_guest_replays_through_the_guest_script() {
+        assert_eq!(
+            super::guest_replay("skyriver chaos --nodes 3 --seconds 60 --seed 4 --fabric verbs"),
+            "ci/softroce/chaos.sh --nodes 3 --seconds 60 --seed 4"
+        );
+        assert_eq!(
+            super::guest_replay(
+                "skyriver chaos --nodes 3 --seconds 60 --seed 4 --persistent --fabric verbs \
+                 --memory 1000"
+            ),
+            "ci/softroce/chaos.sh --nodes 3 --seconds 60 --seed 4 --persistent --memory 1000"
+        );
+    }
 }

@@ -73,8 +73,12 @@ impl FaultKind {
             builtin_head,
             nodes,
             redis_cluster,
+            verbs,
             ..
         } = *params;
+        if verbs && super::fabric::left_out_on_verbs(self).is_some() {
+            return false;
+        }
         match self {
             FaultKind::KillRestartWiped | FaultKind::DiskFull => persistent,
             FaultKind::HeadKillRestart => builtin_head,
@@ -138,6 +142,9 @@ pub struct ScheduleParams {
     pub overlap: bool,
     /// Whether the directory is a Redis Cluster of the run's own (master kills apply).
     pub redis_cluster: bool,
+    /// Whether the daemons use the verbs fabric (the link faults are left out: see
+    /// `super::fabric::VERBS_LEFT_OUT`).
+    pub verbs: bool,
 }
 
 /// The faults of one run, all healed before the quiet end of the run: one at a time, or with
@@ -253,7 +260,12 @@ impl Schedule {
             return None;
         }
         let node = candidates[rng.below(candidates.len() as u64) as usize];
-        let kind = OVERLAP_KINDS[rng.below(OVERLAP_KINDS.len() as u64) as usize];
+        // All of them on TCP (so its schedules stay what they were), fewer on verbs.
+        let kinds: Vec<FaultKind> = OVERLAP_KINDS
+            .into_iter()
+            .filter(|k| k.applies(params))
+            .collect();
+        let kind = kinds[rng.below(kinds.len() as u64) as usize];
         let (low, high) = match kind {
             FaultKind::Pause => PAUSE_MS,
             _ => FAULT_MS,
@@ -288,6 +300,9 @@ impl Schedule {
         }
         if self.params.overlap {
             command.push_str(" --overlap");
+        }
+        if self.params.verbs {
+            command.push_str(" --fabric verbs");
         }
         if let Some(directory) = directory {
             command.push_str(&format!(" --directory {directory}"));
@@ -363,6 +378,7 @@ mod tests {
             builtin_head: true,
             overlap: false,
             redis_cluster: false,
+            verbs: false,
         }
     }
 
@@ -465,6 +481,41 @@ mod tests {
         assert!(schedule
             .replay_command(Some("redis-cluster"))
             .ends_with("--directory redis-cluster"));
+    }
+
+    #[test]
+    fn verbs_schedules_leave_the_link_faults_out_and_replay_on_verbs() {
+        let mut kinds = std::collections::BTreeSet::new();
+        for seed in 0..50 {
+            for (persistent, overlap) in [(false, false), (true, true)] {
+                let schedule = Schedule::draw(ScheduleParams {
+                    verbs: true,
+                    overlap,
+                    ..params(seed, persistent)
+                });
+                for fault in &schedule.faults {
+                    assert!(
+                        !super::super::fabric::VERBS_LEFT_OUT.contains(&fault.kind),
+                        "{schedule}"
+                    );
+                    kinds.insert(fault.kind);
+                }
+                assert!(schedule.replay_command(None).ends_with(" --fabric verbs"));
+            }
+        }
+        // Everything else still comes.
+        for kind in [
+            FaultKind::KillRestart,
+            FaultKind::KillRestartWiped,
+            FaultKind::Pause,
+            FaultKind::HeadKillRestart,
+            FaultKind::DiskFull,
+            FaultKind::ClientKill,
+        ] {
+            assert!(kinds.contains(&kind), "{kind:?} never drawn: {kinds:?}");
+        }
+        let tcp = Schedule::draw(params(3, false));
+        assert!(!tcp.replay_command(None).contains("--fabric"));
     }
 
     /// The seed of tests/chaos.rs's Redis Cluster run (3 nodes, 30 s, in memory).

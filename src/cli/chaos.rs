@@ -48,6 +48,21 @@ pub struct ChaosArgs {
     /// never a wipe, full disk or client kill).
     #[arg(long)]
     pub overlap: bool,
+    /// Fabric between the daemons: tcp, or verbs (RDMA; on Debian 12's kernel only in the
+    /// SoftRoCE guest: ci/softroce/chaos.sh). On verbs the RDMA devices sit outside the
+    /// namespaces (SoftRoCE carries RoCE only in the initial one), so the link faults
+    /// (link_down, one_way_cut, throttle), which act on a namespace's link, are left out.
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "verbs"])]
+    pub fabric: String,
+    /// RDMA devices for --fabric verbs, given to the nodes in turn [default:
+    /// SKYRIVER_RDMA_DEVICES, else every device of the machine]
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<String>,
+    /// Multiply the checker's real-time bounds (5 s past a timeout, 10 s to re-publish after
+    /// a fault, 1 s to publish a put) by N [default: 1]; only where the CPU is emulated
+    /// (ci/softroce/chaos.sh under TCG), and the summary then says so.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub slowdown: Option<u32>,
 }
 
 /// `--python-clients`.
@@ -94,6 +109,9 @@ pub enum ChaosCommandError {
         #[source]
         source: std::io::Error,
     },
+    /// `--fabric verbs` has no device to run on.
+    #[error(transparent)]
+    Fabric(#[from] chaos::fabric::FabricError),
     /// The checker found violations.
     #[error("chaos found violations (seed {seed}); replay with: {replay}")]
     Violations {
@@ -120,6 +138,10 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), ChaosCommandError> {
         "builtin" | "redis-cluster" => None,
         url if url.starts_with("redis://") || url.starts_with("rediss://") => Some(url.to_string()),
         other => return Err(ChaosCommandError::Directory(other.to_string())),
+    };
+    let fabric = match args.fabric.as_str() {
+        "verbs" => chaos::fabric::ChaosFabric::verbs(&args.devices)?,
+        _ => chaos::fabric::ChaosFabric::Tcp,
     };
     let seed = args.seed.unwrap_or_else(rand::random);
     let modes: &[bool] = match (args.both, args.persistent) {
@@ -156,6 +178,8 @@ pub fn run_chaos(args: &ChaosArgs) -> Result<(), ChaosCommandError> {
             },
             overlap: args.overlap,
             redis_cluster,
+            fabric: fabric.clone(),
+            slowdown: args.slowdown,
         };
         println!(
             "chaos: seed {seed}, {} nodes, {} s, {mode}",
