@@ -569,7 +569,10 @@ fn a_fetched_copy_whose_publication_is_never_answered_is_not_served_until_accept
     w.hold_directory = true;
     w.fetch_from(1, &[1], 0, TransferMode::Auto);
     assert!(w.nodes[1].store().contains(&id(1)), "fetched");
-    assert!(w.nodes[1].serves_peers(&id(1)), "vouched by the directory's lookup");
+    assert!(
+        w.nodes[1].serves_peers(&id(1)),
+        "vouched by the directory's lookup"
+    );
     let backoff = w.nodes[1].config().retry_backoff;
     for _ in 0..2 {
         w.answer_directory(
