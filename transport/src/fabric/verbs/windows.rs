@@ -10,6 +10,9 @@
 //! are destroyed, so no READ reaches them, and the windows (bound to a dead QP) are freed rather
 //! than re-used.
 //!
+//! A relay's copy still being received is leased the same way, its window over the whole
+//! block while its own READs still land in it: why that is safe is in `claim`.
+//!
 //! **Threads.** Callers grant and revoke; the poller reports the completions of binds and
 //! invalidations and tears connections down. They share one [`SharedWindows`], whose lock is
 //! taken inside its methods: a grant posts its binds and records its lease in one critical
@@ -25,9 +28,9 @@ use std::collections::BTreeMap;
 use skyriver_core::node::{GrantError, ReadGrant};
 use skyriver_core::{LocalRegion, NodeId, TransferId};
 
+use super::claim::LeaseClaim;
 use super::peer::{ConnState, PeerConn};
 use super::{FabricError, FabricEvent, Shared};
-use crate::arena::ReadableRegion;
 use crate::sync::{lock, Mutex};
 use crate::verbs::{MemoryWindow, PostError, Registration, VerbsConnection};
 
@@ -58,10 +61,11 @@ struct LeaseWindows<W, V> {
     /// The connection (by address) whose lanes they are bound on.
     conn: usize,
     region: LocalRegion,
-    /// `region` claimed for reading while a window may be bound over it: nothing in this
-    /// process writes the bytes peers may READ. Released when the lease's windows are
-    /// invalidated or gone with their connection, before the `ReadRevoked`.
-    _view: V,
+    /// What the lease holds on `region` while a window may be bound over it (a sealed
+    /// object's read claim: nothing in this process writes the bytes peers may READ; see
+    /// `claim`). Released when the lease's windows are invalidated or gone with their
+    /// connection, before the `ReadRevoked`.
+    _claim: V,
     /// One per lane, in lane order.
     windows: Vec<W>,
     keys: Vec<u32>,
@@ -166,7 +170,7 @@ impl<W, V> WindowPool<W, V> {
         let entry = LeaseWindows {
             conn,
             region,
-            _view: view,
+            _claim: view,
             windows,
             keys,
             pending,
@@ -375,7 +379,7 @@ impl<W, V> SharedWindows<W, V> {
             .collect()
     }
 
-    /// Binds a window over `region` (claimed by `view`) on each of `lane_count` `lanes` of
+    /// Binds a window over `region` (held by `view`) on each of `lane_count` `lanes` of
     /// connection `conn` for `lease`, and records the lease, under one lock: the binds'
     /// completions are reported under the same lock, so they find the lease recorded.
     #[allow(clippy::too_many_arguments)] // the lease's parts, and what it posts through
@@ -459,9 +463,9 @@ fn conn_id(conn: &PeerConn) -> usize {
     conn as *const PeerConn as usize
 }
 
-impl SharedWindows<MemoryWindow, ReadableRegion> {
-    /// Binds a window over `region` (claimed for reading by `view`) on every lane of `conn`
-    /// for `peer`'s lease `req`. `Ok(())`: answered by `ReadGranted` once the binds complete.
+impl SharedWindows<MemoryWindow, LeaseClaim> {
+    /// Binds a window over `region` (held by `claim` while bound) on every lane of `conn` for
+    /// `peer`'s lease `req`. `Ok(())`: answered by `ReadGranted` once the binds complete.
     pub(super) fn grant(
         &self,
         s: &Shared,
@@ -469,7 +473,7 @@ impl SharedWindows<MemoryWindow, ReadableRegion> {
         st: &mut ConnState,
         req: TransferId,
         region: LocalRegion,
-        view: ReadableRegion,
+        claim: LeaseClaim,
     ) -> Result<(), FabricError> {
         let peer = conn.peer;
         let arena = s
@@ -493,7 +497,7 @@ impl SharedWindows<MemoryWindow, ReadableRegion> {
             conn_id(conn),
             conn.lanes,
             region,
-            view,
+            claim,
             &mut lanes,
             alloc,
         )
@@ -526,10 +530,10 @@ impl SharedWindows<MemoryWindow, ReadableRegion> {
 
 /// Holds the windows state for [`Shared`]; `None` when the device has no memory windows (or
 /// they are turned off) and the arenas' registrations serve every connected peer.
-pub(super) type WindowState = Option<SharedWindows<MemoryWindow, ReadableRegion>>;
+pub(super) type WindowState = Option<SharedWindows<MemoryWindow, LeaseClaim>>;
 
 /// The windows state of `s`, if windows are on.
-pub(super) fn windows(s: &Shared) -> Option<&SharedWindows<MemoryWindow, ReadableRegion>> {
+pub(super) fn windows(s: &Shared) -> Option<&SharedWindows<MemoryWindow, LeaseClaim>> {
     s.windows.as_ref()
 }
 
