@@ -1301,7 +1301,8 @@ fn a_relay_serves_the_received_prefix_of_its_copy_through_windows() {
     // partial one claims nothing of it.
     let landing = WritableRegion::new(b.arena.clone(), block + MIB, 3 * MIB).unwrap();
     assert!(matches!(
-        b.fabric.grant_read(a.id, TransferId(6), local(block, 4 * MIB)),
+        b.fabric
+            .grant_read(a.id, TransferId(6), local(block, 4 * MIB)),
         Err(FabricError::InUse { .. })
     ));
     let relay_req = TransferId(7);
@@ -1381,7 +1382,13 @@ fn a_relay_serves_the_received_prefix_of_its_copy_through_windows() {
     assert!(b.fabric.granted_regions().is_empty());
     drop(WritableRegion::new(b.arena.clone(), block, 4 * MIB).expect("no claim on the block"));
     a.fabric
-        .post_read(b.id, ReadOpId(30), 0, local(0, 4096), from_relay(0, 0, 4096))
+        .post_read(
+            b.id,
+            ReadOpId(30),
+            0,
+            local(0, 4096),
+            from_relay(0, 0, 4096),
+        )
         .expect("a place for its completion");
     assert_eq!(
         a.expect_reads(1)[&ReadOpId(30)],
