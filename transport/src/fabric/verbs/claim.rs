@@ -22,8 +22,8 @@
 //!   any arena byte anyway; the grant is bookkeeping.)
 //! - The block is neither freed nor re-used while a window over it is bound: the relay's core
 //!   keeps its unsealed copy (even a failed one) until every lease over it is answered by
-//!   `ReadRevoked`, which the fabric emits only once every window is invalidated (or its queue
-//!   pair destroyed, so no READ reaches it). Once the copy is sealed, the core pins it for the
+//!   `ReadRevoked`, which the fabric emits only once every window is invalidated (or freed
+//!   with its connection, so no READ reaches it). Once the copy is sealed, the core pins it for the
 //!   lease like any holder's copy and nothing writes it any more.
 
 use crate::arena::ReadableRegion;

@@ -6,9 +6,9 @@
 //! (`VerbsDevice::register_windows_only`), so a window is the only way in.
 //!
 //! Windows are kept in a pool and re-bound (each bind gives a new rkey, so a key from an earlier
-//! lease is refused). A connection torn down takes its leases' windows with it: its queue pairs
-//! are destroyed, so no READ reaches them, and the windows (bound to a dead QP) are freed rather
-//! than re-used.
+//! lease is refused). A connection torn down takes its leases' windows with it: they are freed
+//! (not re-used) once its queue pairs are in the error state and before they are destroyed, as
+//! a queue pair held by a bound type 2 window cannot be destroyed promptly (rxe waits ~100 s).
 //!
 //! A relay's copy still being received is leased the same way, its window over the whole
 //! block while its own READs still land in it: why that is safe is in `claim`.
@@ -316,8 +316,9 @@ impl<W, V> WindowPool<W, V> {
         }
     }
 
-    /// Connection `conn` was torn down (its QPs destroyed): its leases' windows are freed, a
-    /// grant under way fails and a revocation under way is complete.
+    /// Connection `conn` is being torn down (its QPs in the error state, about to be
+    /// destroyed): its leases' windows are freed, a grant under way fails and a revocation
+    /// under way is complete.
     fn connection_gone(&mut self, conn: usize, emit: &mut impl FnMut(FabricEvent)) {
         let gone: Vec<Lease> = self
             .leases
@@ -326,12 +327,14 @@ impl<W, V> WindowPool<W, V> {
             .map(|(lease, _)| *lease)
             .collect();
         for lease in gone {
-            let Some(entry) = self.leases.remove(&lease) else {
+            let Some(mut entry) = self.leases.remove(&lease) else {
                 continue; // unreachable: listed above
             };
             self.requests.retain(|_, (l, _)| *l != lease);
-            // Bound to a destroyed QP: freed, not re-used.
+            // Bound to a QP about to be destroyed: freed, not re-used, before the region's
+            // claim ends (a freed window lets no READ in).
             self.allocated -= entry.windows.len();
+            drop(std::mem::take(&mut entry.windows));
             let (peer, req) = lease;
             let (phase, report_revoked) = (entry.phase, entry.report_revoked);
             // The region's claim ends before the core hears of the lease.
@@ -521,8 +524,9 @@ impl SharedWindows<MemoryWindow, LeaseClaim> {
         self.report_completion(wr_id, |event| s.emit(event));
     }
 
-    /// `conn` was torn down (its QPs destroyed): its leases' windows are freed, a grant under
-    /// way fails and a revocation under way is complete.
+    /// `conn` is being torn down (its QPs in the error state, destroyed right after): its
+    /// leases' windows are freed, a grant under way fails and a revocation under way is
+    /// complete.
     pub(super) fn connection_gone(&self, s: &Shared, conn: &PeerConn) {
         self.drop_connection(conn_id(conn), |event| s.emit(event));
     }
