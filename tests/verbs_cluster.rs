@@ -1,8 +1,9 @@
 //! Daemons on real RDMA devices: `skyriver daemon --fabric verbs` processes on the devices
 //! named in `SKYRIVER_RDMA_DEVICES` (`"rxe0 rxe1"` inside `ci/softroce/run-in-vm.sh`; node i
 //! uses device i mod n) fetch objects of every size class from each other, eager, rendezvous
-//! and by the cost model, and survive a holder killed in the middle of a READ. Without that
-//! variable every test prints a skip line and passes:
+//! and by the cost model, survive a holder killed in the middle of a READ, and pass a
+//! broadcast through one another's partial copies (relays). Without that variable every test
+//! prints a skip line and passes:
 //!
 //! ```text
 //! CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER=$PWD/ci/softroce/run-in-vm.sh \
@@ -372,4 +373,201 @@ fn only_holder_killed_mid_read_the_fetch_fails_cleanly() {
         }
         Err(other) => panic!("{other}"),
     }
+}
+
+/// Relay counters of node `n`: (leases it granted over its partial copy, transfers it pulled
+/// from a relay).
+fn relay_counters(cluster: &LocalCluster, n: usize) -> (u64, u64) {
+    let counters = Client::connect(&cluster.sockets[n])
+        .unwrap()
+        .metrics()
+        .unwrap()
+        .counters;
+    (counters.relay_leases, counters.relayed_transfers)
+}
+
+/// What one fetcher of a broadcast got: where its copy differs (`None`: exact), or why the
+/// fetch failed, and when.
+type BroadcastFetch = std::thread::JoinHandle<(Result<Option<usize>, ClientError>, Duration)>;
+
+/// Nodes `fetchers` fetch `id` (whose bytes are `data`) at once.
+fn broadcast(
+    cluster: &LocalCluster,
+    fetchers: std::ops::Range<usize>,
+    id: ObjectId,
+    data: &std::sync::Arc<Vec<u8>>,
+) -> Vec<BroadcastFetch> {
+    let start = std::sync::Arc::new(std::sync::Barrier::new(fetchers.len()));
+    fetchers
+        .map(|n| {
+            let socket = cluster.sockets[n].clone();
+            let (start, data) = (start.clone(), data.clone());
+            std::thread::spawn(move || {
+                let client = Client::connect(&socket).unwrap();
+                start.wait();
+                let started = Instant::now();
+                let result = client
+                    .fetch_one(id, Some(FETCH_DEADLINE))
+                    .map(|object| first_difference(object.data(), &data));
+                (result, started.elapsed())
+            })
+        })
+        .collect()
+}
+
+/// Broadcast through copies on verbs: node 1 holds a 16 MiB object and nodes 2–4 fetch it at
+/// once. While the holder serves one of them, it sends the next to a requester still
+/// receiving the object, whose fabric serves READs of its partial copy through memory windows.
+/// Every copy is exact; some round goes through a relay (whether a request arrives while the
+/// holder is busy depends on timing, so a few rounds are tried).
+#[test]
+fn a_broadcast_flows_through_relays_partial_copies() {
+    const OBJECT_BYTES: usize = 16 << 20;
+    const MAX_ROUNDS: u64 = 6;
+    let test = "a_broadcast_flows_through_relays_partial_copies";
+    let Some((_dir, cluster)) = cluster(test, 5, "0", &[]) else {
+        return;
+    };
+    let holder = Client::connect(&cluster.sockets[1]).unwrap();
+    let fetchers = 2..cluster.sockets.len();
+    let served = || holder.metrics().unwrap().counters.bytes_served;
+    for round in 0..MAX_ROUNDS {
+        let id = ObjectId::from_u64(2600 + round);
+        let data = std::sync::Arc::new(pattern(26 + round, OBJECT_BYTES));
+        holder.create_and_seal(id, &data, b"").unwrap();
+        let served_before = served();
+        let before: Vec<(u64, u64)> = fetchers
+            .clone()
+            .map(|n| relay_counters(&cluster, n))
+            .collect();
+        let started = Instant::now();
+        let fetches = broadcast(&cluster, fetchers.clone(), id, &data);
+        for (n, fetch) in fetchers.clone().zip(fetches) {
+            let (result, took) = fetch.join().unwrap();
+            assert_eq!(result.unwrap(), None, "{test}: node {n}'s copy differs");
+            eprintln!("{test}: round {round}: node {n} has its exact copy after {took:?}");
+        }
+        let holder_sent = served() - served_before;
+        let (mut leases, mut relayed) = (0, 0);
+        for (n, (leases_before, relayed_before)) in fetchers.clone().zip(before) {
+            let (l, r) = relay_counters(&cluster, n);
+            leases += l - leases_before;
+            relayed += r - relayed_before;
+        }
+        eprintln!(
+            "{test}: round {round}: {:?} in all; holder sent {holder_sent} bytes for {} \
+             fetchers; {leases} relay leases granted, {relayed} transfers pulled from a relay",
+            started.elapsed(),
+            fetchers.len()
+        );
+        let fetcher_count = fetchers.len() as u64;
+        if leases > 0 && relayed > 0 && holder_sent < fetcher_count * OBJECT_BYTES as u64 {
+            return;
+        }
+    }
+    panic!("{test}: no fetch went through a relay in {MAX_ROUNDS} rounds of a 3-node broadcast");
+}
+
+/// A relay SIGKILLed while it serves its partial copy over verbs: its readers' READs fail with
+/// its connection, they fetch from the holder instead, and every other copy is exact (the
+/// holder, whose READer died, goes on serving: see
+/// `a_holder_whose_reader_dies_mid_read_goes_on_serving`).
+#[test]
+fn a_relay_killed_mid_broadcast_leaves_its_readers_to_the_holder() {
+    const OBJECT_BYTES: usize = 16 << 20;
+    const MAX_ROUNDS: u64 = 6;
+    let test = "a_relay_killed_mid_broadcast_leaves_its_readers_to_the_holder";
+    let Some((_dir, mut cluster)) = cluster(test, 6, "0", &[]) else {
+        return;
+    };
+    let holder = Client::connect(&cluster.sockets[1]).unwrap();
+    let fetchers = 2..cluster.sockets.len();
+    for round in 0..MAX_ROUNDS {
+        let id = ObjectId::from_u64(2700 + round);
+        let data = std::sync::Arc::new(pattern(27 + round, OBJECT_BYTES));
+        holder.create_and_seal(id, &data, b"").unwrap();
+        let leases_before: Vec<u64> = fetchers
+            .clone()
+            .map(|n| relay_counters(&cluster, n).0)
+            .collect();
+        let fetches = broadcast(&cluster, fetchers.clone(), id, &data);
+        // A node serving its partial copy (a lease granted this round) while still receiving
+        // it, if one turns up.
+        let mut victim = None;
+        while victim.is_none() && !fetches.iter().all(|f| f.is_finished()) {
+            victim = fetchers
+                .clone()
+                .zip(&leases_before)
+                .find_map(|(n, &before)| {
+                    let metrics = Client::connect(&cluster.sockets[n]).and_then(|c| c.metrics());
+                    metrics
+                        .is_ok_and(|m| {
+                            m.counters.relay_leases > before && m.transfers_in_flight > 0
+                        })
+                        .then_some(n)
+                });
+        }
+        let Some(victim) = victim else {
+            for fetch in fetches {
+                assert_eq!(fetch.join().unwrap().0.unwrap(), None);
+            }
+            eprintln!("{test}: round {round}: no relay caught mid-transfer");
+            continue;
+        };
+        cluster.kill(victim);
+        eprintln!("{test}: round {round}: relay node {victim} killed mid-broadcast");
+        for (n, fetch) in fetchers.clone().zip(fetches) {
+            let (result, took) = fetch.join().unwrap();
+            if n != victim {
+                assert_eq!(result.unwrap(), None, "{test}: node {n}'s copy differs");
+                eprintln!("{test}: node {n} has its exact copy after {took:?}");
+            }
+        }
+        return;
+    }
+    panic!("{test}: no node relayed mid-transfer in {MAX_ROUNDS} rounds of a 4-node broadcast");
+}
+
+/// A holder whose reader is SIGKILLed in the middle of its READs goes on serving: the next
+/// fetch of the object from it completes with exact bytes, well within the time the daemons
+/// give a request.
+///
+/// With memory windows, the holder's teardown of the dead reader's connection once destroyed
+/// its queue pairs while the lease's type 2 windows were still bound to them; rxe then waits
+/// about 100 s in `ibv_destroy_qp`, the verbs poller with it, and this fetch failed with
+/// `NoReplyInTime`.
+#[test]
+fn a_holder_whose_reader_dies_mid_read_goes_on_serving() {
+    let test = "a_holder_whose_reader_dies_mid_read_goes_on_serving";
+    let Some((_dir, mut cluster)) = cluster(test, 3, "0", &[]) else {
+        return;
+    };
+    let id = ObjectId::from_u64(9);
+    let data = pattern(9, 16 << 20);
+    Client::connect(&cluster.sockets[1])
+        .unwrap()
+        .create_and_seal(id, &data, b"")
+        .unwrap();
+    let socket = cluster.sockets[2].clone();
+    let reader = std::thread::spawn(move || {
+        // Killed below: its fetch fails (or had finished).
+        let _ = Client::connect(&socket)
+            .unwrap()
+            .fetch_one(id, Some(FETCH_DEADLINE));
+    });
+    if wait_for_the_serving_holder(&cluster, &[1], id).is_some() {
+        eprintln!("{test}: killing the reader mid-READ");
+    }
+    cluster.kill(2);
+    reader.join().unwrap();
+    let started = Instant::now();
+    let object = Client::connect(&cluster.sockets[0])
+        .unwrap()
+        .fetch_one(id, Some(FETCH_DEADLINE))
+        .unwrap();
+    assert_eq!(first_difference(object.data(), &data), None);
+    eprintln!(
+        "{test}: fetched from the holder {:?} after its reader died",
+        started.elapsed()
+    );
 }

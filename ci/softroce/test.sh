@@ -12,6 +12,8 @@
 #
 # Uses cargo's usual target dir (CARGO_TARGET_DIR is honoured). SKYRIVER_VM_TIMEOUT
 # bounds the whole VM run (default 1500 s), SKYRIVER_TEST_TIMEOUT each binary (600 s).
+# SKYRIVER_TEST_FILTER runs only the tests whose names contain it, SKYRIVER_TEST_IGNORED=1
+# only the ignored ones (see guest/tests.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$HERE/../.."

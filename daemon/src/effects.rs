@@ -448,8 +448,9 @@ impl NodeDriver for Effects {
         object: ObjectId,
         region: LocalRegion,
     ) {
-        // TCP serves a copy still being received; verbs refuses (relaying is off on it), and a
-        // reader refused here fetches from the holder.
+        // Both fabrics serve a copy still being received (TCP checks each READ against the
+        // announced prefix, verbs bounds READs by a window over the block); a reader refused
+        // here (no window left, a lost connection) fetches from the holder.
         let result = match &self.fabric {
             Some(fabric) => match fabric.grant_partial_read(peer, req, region) {
                 Ok(Some(grant)) => Ok(grant),

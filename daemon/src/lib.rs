@@ -102,7 +102,7 @@ pub struct DaemonConfig {
     pub failure_domain: String,
     /// Objects of at least this many bytes that many nodes fetch at once flow through the
     /// requesters' partial copies (`--relay-min-bytes`; `u64::MAX`: never). `None`: the core's
-    /// default. Only on fabrics that serve partial copies (TCP); never on verbs.
+    /// default. Only on fabrics that serve partial copies (TCP and verbs).
     pub relay_min_bytes: Option<u64>,
 }
 
@@ -551,8 +551,8 @@ impl Server {
         node_config.lease = config.lease;
         node_config.location_cache_entries = config.location_cache_entries;
         node_config.default_replicas = config.default_replicas;
-        // Relays only where the fabric serves a partial copy (TCP; verbs does not yet, so a
-        // verbs holder never redirects to one); `--relay-min-bytes` overrides the size.
+        // Relays only where the fabric serves a partial copy (TCP and verbs do; a holder on a
+        // fabric that cannot never redirects to one); `--relay-min-bytes` overrides the size.
         let relay_min_bytes = config
             .relay_min_bytes
             .unwrap_or(node_config.relay_min_bytes);

@@ -188,7 +188,7 @@ pub(super) struct DaemonArgs {
     pub(super) failure_domain: Option<String>,
     /// Objects of at least this size that many nodes fetch at once flow through the
     /// requesters' partial copies, a pipeline of relays, so the holder's link carries each
-    /// byte about once (TCP fabric only; verbs never relays yet); off: every requester pulls
+    /// byte about once (TCP and verbs fabrics); off: every requester pulls
     /// from a holder [default: 4MiB]
     #[arg(long, value_name = "SIZE|off", value_parser = parse_relay_min_bytes)]
     pub(super) relay_min_bytes: Option<u64>,

@@ -1251,3 +1251,181 @@ fn memory_windows_scope_reads_to_one_lease_and_cost_little() {
         Err(ReadError::RemoteAccess)
     );
 }
+
+/// A relay's copy still being received (the core's `relay`): node b READs a 4 MiB object from
+/// a into its block and, while the rest of the block is still being written (a `WritableRegion`
+/// held as a landing READ would hold it), grants a its copy. A whole grant of the block is
+/// refused (in use); the partial grant binds a window per lane over the block without claiming
+/// it, a's READs of the received prefix bring its exact bytes, and once the relay's lease ends
+/// (revoked as a failed or finished relay's is) the windows are invalidated before
+/// `ReadRevoked` and their keys open nothing.
+#[test]
+fn a_relay_serves_the_received_prefix_of_its_copy_through_windows() {
+    let test = "a_relay_serves_the_received_prefix_of_its_copy_through_windows";
+    let Some((da, db)) = devices(test) else {
+        return;
+    };
+    let windows = |device: &str| VerbsFabricConfig {
+        memory_windows: true,
+        lanes: 2,
+        ..config(device)
+    };
+    let mut a = node_with(1, windows(&da), TOKEN, 24 * MIB);
+    let mut b = node_with(2, windows(&db), TOKEN, 24 * MIB);
+    assert!(b.fabric.serves_partial_copies());
+    connect(&mut a, &mut b);
+    let object = pattern(26, 4 * MIB as usize);
+    let (original, block, landing_at) = (0, 8 * MIB, 16 * MIB);
+    write_arena(&a.arena, original, &object);
+
+    // b, the relay, READs the object's first MiB from its holder a into its block.
+    let holder_req = TransferId(1);
+    assert!(a
+        .fabric
+        .grant_read(b.id, holder_req, local(original, 4 * MIB))
+        .unwrap()
+        .is_none());
+    let holder_keys = expect_granted(&mut a, holder_req);
+    let holder_base = a.remote(original, 1).addr;
+    let from_holder = |offset: u64, len: u64| RemoteRegion {
+        addr: holder_base + offset,
+        len,
+        rkey: holder_keys[0],
+    };
+    b.fabric
+        .post_read(a.id, ReadOpId(1), 0, local(block, MIB), from_holder(0, MIB))
+        .expect("a place for its completion");
+    assert_eq!(b.expect_reads(1)[&ReadOpId(1)], Ok(()));
+
+    // The rest is still landing: a grant of the sealed kind cannot claim the block, the
+    // partial one claims nothing of it.
+    let landing = WritableRegion::new(b.arena.clone(), block + MIB, 3 * MIB).unwrap();
+    assert!(matches!(
+        b.fabric
+            .grant_read(a.id, TransferId(6), local(block, 4 * MIB)),
+        Err(FabricError::InUse { .. })
+    ));
+    let relay_req = TransferId(7);
+    assert!(b
+        .fabric
+        .grant_partial_read(a.id, relay_req, local(block, 4 * MIB))
+        .unwrap()
+        .is_none());
+    let relay_keys = expect_granted(&mut b, relay_req);
+    assert_eq!(relay_keys.len(), 2, "a window per lane");
+    assert_eq!(
+        b.fabric.granted_regions(),
+        vec![(a.id, relay_req, local(block, 4 * MIB))]
+    );
+    b.fabric.extend_partial_read(a.id, relay_req, MIB);
+    let relay_base = b.remote(block, 1).addr;
+    let from_relay = |lane: usize, offset: u64, len: u64| RemoteRegion {
+        addr: relay_base + offset,
+        len,
+        rkey: relay_keys[lane],
+    };
+    // a READs the announced prefix, half on each lane, while the rest is still being written.
+    for lane in 0..2u64 {
+        let half = MIB / 2;
+        a.fabric
+            .post_read(
+                b.id,
+                ReadOpId(10 + lane),
+                lane as u16,
+                local(landing_at + lane * half, half),
+                from_relay(lane as usize, lane * half, half),
+            )
+            .expect("a place for its completion");
+    }
+    let done = a.expect_reads(2);
+    assert!(done.values().all(Result::is_ok), "{done:?}");
+    assert_eq!(
+        arena_bytes(&a.arena, landing_at, MIB),
+        &object[..MIB as usize]
+    );
+
+    // The rest lands (a real READ into the granted block); the relay's copy is whole and its
+    // reader takes the rest through the same windows.
+    drop(landing);
+    b.fabric
+        .post_read(
+            a.id,
+            ReadOpId(2),
+            1,
+            local(block + MIB, 3 * MIB),
+            RemoteRegion {
+                rkey: holder_keys[1],
+                ..from_holder(MIB, 3 * MIB)
+            },
+        )
+        .expect("a place for its completion");
+    assert_eq!(b.expect_reads(1)[&ReadOpId(2)], Ok(()));
+    b.fabric.extend_partial_read(a.id, relay_req, 4 * MIB);
+    a.fabric
+        .post_read(
+            b.id,
+            ReadOpId(20),
+            1,
+            local(landing_at + MIB, 3 * MIB),
+            from_relay(1, MIB, 3 * MIB),
+        )
+        .expect("a place for its completion");
+    assert_eq!(a.expect_reads(1)[&ReadOpId(20)], Ok(()));
+    assert_eq!(arena_bytes(&a.arena, landing_at, 4 * MIB), object);
+    assert!(!a.fabric.revoke_read(b.id, holder_req));
+    expect_revoked(&mut a, holder_req);
+
+    // The relay's lease ends: its windows are invalidated before the revocation is reported,
+    // then nothing holds the block and its keys open nothing.
+    assert!(!b.fabric.revoke_read(a.id, relay_req));
+    expect_revoked(&mut b, relay_req);
+    assert!(b.fabric.granted_regions().is_empty());
+    drop(WritableRegion::new(b.arena.clone(), block, 4 * MIB).expect("no claim on the block"));
+    a.fabric
+        .post_read(
+            b.id,
+            ReadOpId(30),
+            0,
+            local(0, 4096),
+            from_relay(0, 0, 4096),
+        )
+        .expect("a place for its completion");
+    assert_eq!(
+        a.expect_reads(1)[&ReadOpId(30)],
+        Err(ReadError::RemoteAccess),
+        "a key of the ended relay lease"
+    );
+}
+
+/// Without memory windows a relay's grant is the arena's key, answered at once, and claims
+/// nothing of the block its own READs still write.
+#[test]
+fn a_relay_without_windows_grants_its_copy_with_the_arena_key() {
+    let test = "a_relay_without_windows_grants_its_copy_with_the_arena_key";
+    let Some((mut a, b)) = pair(test) else {
+        return;
+    };
+    assert!(!b.fabric.uses_memory_windows());
+    let object = pattern(27, MIB as usize);
+    write_arena(&b.arena, 4 * MIB, &object);
+    let landing = WritableRegion::new(b.arena.clone(), 5 * MIB, MIB).unwrap();
+    let grant = b
+        .fabric
+        .grant_partial_read(a.id, TransferId(1), local(4 * MIB, 2 * MIB))
+        .unwrap()
+        .expect("answered at once without windows");
+    assert!(grant.keys.is_empty(), "the arena's key: {grant:?}");
+    assert!(matches!(
+        b.fabric
+            .grant_partial_read(a.id, TransferId(2), local(23 * MIB, 2 * MIB)),
+        Err(FabricError::BadRegion(_))
+    ));
+    a.fabric
+        .post_read(b.id, ReadOpId(1), 0, local(0, MIB), b.remote(4 * MIB, MIB))
+        .expect("a place for its completion");
+    assert_eq!(a.expect_reads(1)[&ReadOpId(1)], Ok(()));
+    assert_eq!(arena_bytes(&a.arena, 0, MIB), object);
+    drop(landing);
+    assert!(b.fabric.revoke_read(a.id, TransferId(1)));
+    assert!(b.fabric.granted_regions().is_empty());
+}

@@ -6,9 +6,13 @@
 #   guest/tests.sh TEST-BINARY...
 #
 # Environment: SKYRIVER_TEST_TIMEOUT  seconds per binary (default 600).
+#              SKYRIVER_TEST_FILTER   run only the tests whose names contain it (every binary).
+#              SKYRIVER_TEST_IGNORED=1  run the ignored tests only (to reproduce a known bug).
 # Exit status 0 when every binary passed.
 set -u
 limit=${SKYRIVER_TEST_TIMEOUT:-600}
+select=""
+[ "${SKYRIVER_TEST_IGNORED:-}" = 1 ] && select="--ignored"
 export NO_COLOR=1   # plain CI logs from the daemons too
 echo "verbs suite in the guest: devices ${SKYRIVER_RDMA_DEVICES:-none} (${SKYRIVER_RDMA_IPS:-})"
 [ -n "${SKYRIVER_RDMA_DEVICES:-}" ] || { echo "no RDMA devices: refusing to run (the tests would only skip)"; exit 1; }
@@ -18,7 +22,10 @@ for bin in "$@"; do
     echo
     echo "=== $name"
     start=$(date +%s)
-    timeout -k 10 "$limit" "$bin" --test-threads=1 --nocapture --color=never
+    # $select is empty or one word; the filter (possibly empty) is one argument.
+    # shellcheck disable=SC2086
+    timeout -k 10 "$limit" "$bin" --test-threads=1 --nocapture --color=never $select \
+        ${SKYRIVER_TEST_FILTER:+"$SKYRIVER_TEST_FILTER"}
     rc=$?
     took=$(( $(date +%s) - start ))
     if [ $rc = 0 ]; then

@@ -40,6 +40,11 @@
 //! while connected. The requester accepts either: a key that is not the arena's is a window,
 //! READ as one piece. See [`VerbsFabric::granted_regions`].
 //!
+//! **A relay's partial copy** ([`Fabric::grant_partial_read`]) is leased the same way, over
+//! the whole block of the copy still being received, without claiming it (its own READs land
+//! in it): the window bounds what a reader can take to this one object, and the reader's core
+//! READs only the prefix its relay announced. Why that is safe is in `claim`.
+//!
 //! **Threads.** Callers and the poller share, per connection, one `Mutex<ConnState>` (the
 //! [`VerbsConnection`], the outstanding READs and the queues of posts waiting for send-queue
 //! room), and one `Mutex` over the peer table. Lock order: a connection's state, then the table;
@@ -60,6 +65,7 @@
 //!
 //! [`VerbsConnection`]: crate::verbs::VerbsConnection
 
+mod claim;
 mod config;
 mod errors;
 #[doc(hidden)]
@@ -90,6 +96,7 @@ use super::{
 };
 use crate::arena::{ReadableRegion, SharedArena, ViewError, WritableRegion};
 use crate::verbs::{plan_reads, ConnectionConfig, MrChunk, Registration, RemoteChunk, VerbsDevice};
+use claim::LeaseClaim;
 pub use config::VerbsFabricConfig;
 use errors::render;
 pub use errors::{
@@ -139,8 +146,8 @@ struct Table {
 struct Shared {
     table: Mutex<Table>,
     /// READ access granted per lease without memory windows: (reader, its transfer) → region,
-    /// claimed for reading until revoked.
-    grants: Mutex<BTreeMap<(NodeId, TransferId), (LocalRegion, ReadableRegion)>>,
+    /// held by its claim until revoked.
+    grants: Mutex<BTreeMap<(NodeId, TransferId), (LocalRegion, LeaseClaim)>>,
     /// Memory windows per lease, when the device has them (else `None`).
     windows: windows::WindowState,
     /// The driver's event channel, behind what the poller could not queue yet.
@@ -437,9 +444,10 @@ impl VerbsFabric {
             // registration in `LocalArena`, whose field order drops the registration first. The
             // device writes arena bytes only as READ destinations, each claimed by a
             // `WritableRegion` for as long as the device may write it (`post_reads`' contract),
-            // and reads them for peers only inside regions claimed by a `ReadableRegion` while
-            // granted; without memory windows peers may READ any byte, which a DMA read does
-            // without a reference in this process.
+            // and reads them for peers only inside regions granted (a sealed object claimed by a
+            // `ReadableRegion`, a relay's copy being received unclaimed, see `claim`); without
+            // memory windows peers may READ any byte. A DMA read forms no reference in this
+            // process, so it harms nothing even where it overlaps a DMA write.
             let reg = unsafe {
                 if window_state.is_some() {
                     device.register_windows_only(ptr, len, config.max_mr_bytes)
@@ -873,22 +881,10 @@ impl Fabric for VerbsFabric {
         req: TransferId,
         region: LocalRegion,
     ) -> Result<Option<ReadGrant>, FabricError> {
-        let s = &self.shared;
         // Claimed for reading until the revocation is complete: nothing in this process writes
         // the bytes peers may READ.
-        let view = s.view(region)?;
-        if s.windows.is_none() {
-            lock(&s.grants).insert((peer, req), (region, view));
-            return Ok(Some(ReadGrant::default()));
-        }
-        let conn = s.peer_conn(peer).ok_or(FabricError::NotConnected(peer))?;
-        let mut st = lock(&conn.state);
-        let granted = windows::windows(s)
-            .expect("checked above")
-            .grant(s, &conn, &mut st, req, region, view);
-        drop(st);
-        s.wake_poller();
-        granted.map(|()| None)
+        let view = self.shared.view(region)?;
+        self.grant_lease(peer, req, region, LeaseClaim::Sealed { _view: view })
     }
 
     fn revoke_read(&self, peer: NodeId, req: TransferId) -> bool {
@@ -914,5 +910,54 @@ impl Fabric for VerbsFabric {
         };
         s.wake_poller();
         done
+    }
+
+    /// A window over the whole block of a copy still being received (or, without windows, the
+    /// arena's key), held without a claim: the copy's own READs land in it meanwhile. The
+    /// announced prefix ([`Fabric::extend_partial_read`]) cannot be checked READ by READ on
+    /// the NIC; see `claim` for why the grant is safe without that.
+    fn grant_partial_read(
+        &self,
+        peer: NodeId,
+        req: TransferId,
+        region: LocalRegion,
+    ) -> Result<Option<ReadGrant>, FabricError> {
+        self.shared
+            .local_arena(&region)
+            .ok_or(FabricError::BadRegion(region))?;
+        self.grant_lease(peer, req, region, LeaseClaim::Receiving)
+    }
+
+    fn extend_partial_read(&self, _peer: NodeId, _req: TransferId, _prefix: u64) {
+        // Nothing to do: the NIC serves READs without the fabric, which bounds them by the
+        // lease's window instead (see `claim`); the reader's core keeps below the prefix.
+    }
+
+    fn serves_partial_copies(&self) -> bool {
+        true
+    }
+}
+
+impl VerbsFabric {
+    /// READ access over `region` for `peer`'s lease `req`, held by `claim` until revoked: at
+    /// once without memory windows, else answered by `ReadGranted` once the windows are bound.
+    fn grant_lease(
+        &self,
+        peer: NodeId,
+        req: TransferId,
+        region: LocalRegion,
+        claim: LeaseClaim,
+    ) -> Result<Option<ReadGrant>, FabricError> {
+        let s = &self.shared;
+        let Some(windows) = windows::windows(s) else {
+            lock(&s.grants).insert((peer, req), (region, claim));
+            return Ok(Some(ReadGrant::default()));
+        };
+        let conn = s.peer_conn(peer).ok_or(FabricError::NotConnected(peer))?;
+        let mut st = lock(&conn.state);
+        let granted = windows.grant(s, &conn, &mut st, req, region, claim);
+        drop(st);
+        s.wake_poller();
+        granted.map(|()| None)
     }
 }

@@ -211,6 +211,10 @@ pub(super) struct PeerConn {
     pub(super) state: Mutex<ConnState>,
 }
 
+/// Destroying a connection's queue pairs normally takes microseconds; longer is worth a
+/// warning, as the poller serves no other peer meanwhile.
+const SLOW_DESTROY: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn read_error(status: WcStatus) -> ReadError {
     match status {
         WcStatus::REMOTE_ACCESS => ReadError::RemoteAccess,
@@ -595,10 +599,11 @@ impl PeerConn {
         true
     }
 
-    /// Ends the connection: destroys its QPs (the device stops reading and writing memory for
-    /// it), completes every outstanding READ with [`ReadError::ConnectionLost`], removes it from
-    /// the table and reports `PeerLost`, the last three under the table lock so a new
-    /// connection's `PeerConnected` cannot come before them. Idempotent.
+    /// Ends the connection: frees its leases' memory windows, destroys its QPs (the device
+    /// stops reading and writing memory for it), completes every outstanding READ with
+    /// [`ReadError::ConnectionLost`], removes it from the table and reports `PeerLost`, the last
+    /// three under the table lock so a new connection's `PeerConnected` cannot come before them.
+    /// Idempotent.
     pub(super) fn teardown(&self, st: &mut ConnState, s: &Shared, reason: ConnectionLost) {
         let Some(mut conn) = st.conn.take() else {
             return;
@@ -606,10 +611,17 @@ impl PeerConn {
         for lane in 0..conn.lanes() {
             let _ = conn.force_error(lane);
         }
-        drop(conn);
-        // No READ reaches the destroyed QPs: their leases' windows go with them.
+        // The windows go before the QPs: a type 2 window bound to a QP holds it, and destroying
+        // a held QP waits (on rxe about 100 s) for the hold to end. A freed window lets no
+        // READ in, whatever state its QP is in.
         if let Some(windows) = super::windows::windows(s) {
             windows.connection_gone(s, self);
+        }
+        let destroying = std::time::Instant::now();
+        drop(conn);
+        let took = destroying.elapsed();
+        if took > SLOW_DESTROY {
+            tracing::warn!(peer = %self.peer, ?took, "verbs fabric: destroying a connection's queue pairs was slow");
         }
         let _ = st.control.shutdown(Shutdown::Both);
         st.queued_sends.clear();

@@ -6,9 +6,12 @@
 //! (`VerbsDevice::register_windows_only`), so a window is the only way in.
 //!
 //! Windows are kept in a pool and re-bound (each bind gives a new rkey, so a key from an earlier
-//! lease is refused). A connection torn down takes its leases' windows with it: its queue pairs
-//! are destroyed, so no READ reaches them, and the windows (bound to a dead QP) are freed rather
-//! than re-used.
+//! lease is refused). A connection torn down takes its leases' windows with it: they are freed
+//! (not re-used) once its queue pairs are in the error state and before they are destroyed, as
+//! a queue pair held by a bound type 2 window cannot be destroyed promptly (rxe waits ~100 s).
+//!
+//! A relay's copy still being received is leased the same way, its window over the whole
+//! block while its own READs still land in it: why that is safe is in `claim`.
 //!
 //! **Threads.** Callers grant and revoke; the poller reports the completions of binds and
 //! invalidations and tears connections down. They share one [`SharedWindows`], whose lock is
@@ -25,9 +28,9 @@ use std::collections::BTreeMap;
 use skyriver_core::node::{GrantError, ReadGrant};
 use skyriver_core::{LocalRegion, NodeId, TransferId};
 
+use super::claim::LeaseClaim;
 use super::peer::{ConnState, PeerConn};
 use super::{FabricError, FabricEvent, Shared};
-use crate::arena::ReadableRegion;
 use crate::sync::{lock, Mutex};
 use crate::verbs::{MemoryWindow, PostError, Registration, VerbsConnection};
 
@@ -58,10 +61,11 @@ struct LeaseWindows<W, V> {
     /// The connection (by address) whose lanes they are bound on.
     conn: usize,
     region: LocalRegion,
-    /// `region` claimed for reading while a window may be bound over it: nothing in this
-    /// process writes the bytes peers may READ. Released when the lease's windows are
-    /// invalidated or gone with their connection, before the `ReadRevoked`.
-    _view: V,
+    /// What the lease holds on `region` while a window may be bound over it (a sealed
+    /// object's read claim: nothing in this process writes the bytes peers may READ; see
+    /// `claim`). Released when the lease's windows are invalidated or gone with their
+    /// connection, before the `ReadRevoked`.
+    _claim: V,
     /// One per lane, in lane order.
     windows: Vec<W>,
     keys: Vec<u32>,
@@ -166,7 +170,7 @@ impl<W, V> WindowPool<W, V> {
         let entry = LeaseWindows {
             conn,
             region,
-            _view: view,
+            _claim: view,
             windows,
             keys,
             pending,
@@ -312,8 +316,9 @@ impl<W, V> WindowPool<W, V> {
         }
     }
 
-    /// Connection `conn` was torn down (its QPs destroyed): its leases' windows are freed, a
-    /// grant under way fails and a revocation under way is complete.
+    /// Connection `conn` is being torn down (its QPs in the error state, about to be
+    /// destroyed): its leases' windows are freed, a grant under way fails and a revocation
+    /// under way is complete.
     fn connection_gone(&mut self, conn: usize, emit: &mut impl FnMut(FabricEvent)) {
         let gone: Vec<Lease> = self
             .leases
@@ -322,12 +327,14 @@ impl<W, V> WindowPool<W, V> {
             .map(|(lease, _)| *lease)
             .collect();
         for lease in gone {
-            let Some(entry) = self.leases.remove(&lease) else {
+            let Some(mut entry) = self.leases.remove(&lease) else {
                 continue; // unreachable: listed above
             };
             self.requests.retain(|_, (l, _)| *l != lease);
-            // Bound to a destroyed QP: freed, not re-used.
+            // Bound to a QP about to be destroyed: freed, not re-used, before the region's
+            // claim ends (a freed window lets no READ in).
             self.allocated -= entry.windows.len();
+            drop(std::mem::take(&mut entry.windows));
             let (peer, req) = lease;
             let (phase, report_revoked) = (entry.phase, entry.report_revoked);
             // The region's claim ends before the core hears of the lease.
@@ -375,7 +382,7 @@ impl<W, V> SharedWindows<W, V> {
             .collect()
     }
 
-    /// Binds a window over `region` (claimed by `view`) on each of `lane_count` `lanes` of
+    /// Binds a window over `region` (held by `view`) on each of `lane_count` `lanes` of
     /// connection `conn` for `lease`, and records the lease, under one lock: the binds'
     /// completions are reported under the same lock, so they find the lease recorded.
     #[allow(clippy::too_many_arguments)] // the lease's parts, and what it posts through
@@ -459,9 +466,9 @@ fn conn_id(conn: &PeerConn) -> usize {
     conn as *const PeerConn as usize
 }
 
-impl SharedWindows<MemoryWindow, ReadableRegion> {
-    /// Binds a window over `region` (claimed for reading by `view`) on every lane of `conn`
-    /// for `peer`'s lease `req`. `Ok(())`: answered by `ReadGranted` once the binds complete.
+impl SharedWindows<MemoryWindow, LeaseClaim> {
+    /// Binds a window over `region` (held by `claim` while bound) on every lane of `conn` for
+    /// `peer`'s lease `req`. `Ok(())`: answered by `ReadGranted` once the binds complete.
     pub(super) fn grant(
         &self,
         s: &Shared,
@@ -469,7 +476,7 @@ impl SharedWindows<MemoryWindow, ReadableRegion> {
         st: &mut ConnState,
         req: TransferId,
         region: LocalRegion,
-        view: ReadableRegion,
+        claim: LeaseClaim,
     ) -> Result<(), FabricError> {
         let peer = conn.peer;
         let arena = s
@@ -493,7 +500,7 @@ impl SharedWindows<MemoryWindow, ReadableRegion> {
             conn_id(conn),
             conn.lanes,
             region,
-            view,
+            claim,
             &mut lanes,
             alloc,
         )
@@ -517,8 +524,9 @@ impl SharedWindows<MemoryWindow, ReadableRegion> {
         self.report_completion(wr_id, |event| s.emit(event));
     }
 
-    /// `conn` was torn down (its QPs destroyed): its leases' windows are freed, a grant under
-    /// way fails and a revocation under way is complete.
+    /// `conn` is being torn down (its QPs in the error state, destroyed right after): its
+    /// leases' windows are freed, a grant under way fails and a revocation under way is
+    /// complete.
     pub(super) fn connection_gone(&self, s: &Shared, conn: &PeerConn) {
         self.drop_connection(conn_id(conn), |event| s.emit(event));
     }
@@ -526,10 +534,10 @@ impl SharedWindows<MemoryWindow, ReadableRegion> {
 
 /// Holds the windows state for [`Shared`]; `None` when the device has no memory windows (or
 /// they are turned off) and the arenas' registrations serve every connected peer.
-pub(super) type WindowState = Option<SharedWindows<MemoryWindow, ReadableRegion>>;
+pub(super) type WindowState = Option<SharedWindows<MemoryWindow, LeaseClaim>>;
 
 /// The windows state of `s`, if windows are on.
-pub(super) fn windows(s: &Shared) -> Option<&SharedWindows<MemoryWindow, ReadableRegion>> {
+pub(super) fn windows(s: &Shared) -> Option<&SharedWindows<MemoryWindow, LeaseClaim>> {
     s.windows.as_ref()
 }
 
