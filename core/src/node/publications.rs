@@ -181,17 +181,6 @@ impl Node {
             return;
         }
         publication.op = None;
-        let unanswered_publish = matches!(publication.want, Want::Publish(..))
-            && matches!(reply, DirectoryReply::Unavailable { .. })
-            && publication.attempts >= self.config.max_directory_attempts;
-        if unanswered_publish && held {
-            // No attempt was answered: the id may name another content by now (every holder
-            // left and the id was put again while this node could not hear it, even for a
-            // copy fetched from a holder the directory named). Served to no peer until a
-            // publication of it is accepted.
-            self.unvouched.insert(id);
-        }
-        let unserved_while_reachable = self.unvouched.contains(&id) && healthy;
         match reply {
             DirectoryReply::Done | DirectoryReply::Located { .. } => {
                 self.publications.remove(&id);
@@ -213,9 +202,17 @@ impl Node {
                 self.seal_verdict(id, Verdict::Refused);
             }
             DirectoryReply::Unavailable { .. } => {
-                let unserved_publish =
-                    matches!(publication.want, Want::Publish(..)) && unserved_while_reachable;
-                if publication.attempts >= self.config.max_directory_attempts && unserved_publish {
+                let publish = matches!(publication.want, Want::Publish(..));
+                let attempts_used = publication.attempts >= self.config.max_directory_attempts;
+                if publish && attempts_used && held {
+                    // No attempt was answered: the id may name another content by now (every
+                    // holder left and the id was put again while this node could not hear it,
+                    // even for a copy fetched from a holder the directory named). Served to no
+                    // peer until a publication of it is accepted.
+                    self.unvouched.insert(id);
+                }
+                let unserved_publish = publish && healthy && self.unvouched.contains(&id);
+                if attempts_used && unserved_publish {
                     // The directory answers, but not this publication in time (a restarted head
                     // holds new publications until its grace period ends, and then accepts
                     // them): another round later, or the copy would stay unserved to peers
@@ -226,7 +223,7 @@ impl Node {
                     let at = self.now
                         + self.config.retry_backoff * self.config.max_directory_attempts.max(1);
                     self.set_timer(at, Timer::Publication(id));
-                } else if publication.attempts >= self.config.max_directory_attempts {
+                } else if attempts_used {
                     self.publications.remove(&id);
                     self.stats.publications_dropped += 1;
                 } else {

@@ -402,12 +402,7 @@ fn a_copy_sealed_without_the_directorys_acceptance_is_not_served_until_it_accept
         },
     );
     assert_eq!(w.reply_to(0, CLIENT, seal), Some(Response::Done(Ok(()))));
-    let refusals = |w: &World| {
-        w.sent(0)
-            .iter()
-            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
-            .count()
-    };
+    let refusals = |w: &World| not_found_sent(w, 0);
     w.fetch_from(1, &[1], 0, TransferMode::Auto);
     assert_eq!(
         refusals(&w),
@@ -459,12 +454,7 @@ fn a_copy_whose_publication_gave_up_while_the_directory_was_out_is_served_once_i
             .any(|(n, _, r)| n.0 == 0 && is_publish(r)),
         "the publication gave up"
     );
-    let refusals = |w: &World| {
-        w.sent(0)
-            .iter()
-            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
-            .count()
-    };
+    let refusals = |w: &World| not_found_sent(w, 0);
     w.fetch_from(1, &[1], 0, TransferMode::Auto);
     assert_eq!(refusals(&w), 1, "refused while unvouched");
 
@@ -546,12 +536,7 @@ fn a_fetched_copy_whose_publication_is_refused_is_not_served_to_peers() {
         },
     );
     assert!(w.nodes[1].holds_refused_copy(&id(1)));
-    let refusals = |w: &World| {
-        w.sent(1)
-            .iter()
-            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
-            .count()
-    };
+    let refusals = |w: &World| not_found_sent(w, 1);
     assert_eq!(refusals(&w), 0);
     w.fetch_from(2, &[1], 1, TransferMode::Auto);
     assert_eq!(refusals(&w), 1, "the refused copy is not served");
@@ -588,12 +573,7 @@ fn a_fetched_copy_whose_publication_is_never_answered_is_not_served_until_accept
         !w.nodes[1].serves_peers(&id(1)),
         "not served while no publication of it was answered"
     );
-    let refusals = |w: &World| {
-        w.sent(1)
-            .iter()
-            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
-            .count()
-    };
+    let refusals = |w: &World| not_found_sent(w, 1);
     w.fetch_from(2, &[1], 1, TransferMode::Auto);
     assert_eq!(refusals(&w), 1, "refused to a peer");
     // The directory is reachable: another round, and once accepted the copy is served.
@@ -620,15 +600,18 @@ fn a_copy_whose_replayed_publication_is_refused_is_not_served_to_peers() {
     };
     w.feed(0, NodeInput::DirectoryEvent { event });
     assert!(w.nodes[0].holds_refused_copy(&id(1)));
-    let refusals = |w: &World| {
-        w.sent(0)
-            .iter()
-            .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
-            .count()
-    };
+    let refusals = |w: &World| not_found_sent(w, 0);
     assert_eq!(refusals(&w), 0);
     w.fetch_from(1, &[1], 0, TransferMode::Auto);
     assert!(refusals(&w) >= 1, "the refused copy is not served");
     assert!(!w.nodes[1].store().contains(&id(1)));
     assert_eq!(w.nodes[0].stats().id_conflicts, 1);
+}
+
+/// `NotFound` answers node `node` has sent to peers so far.
+fn not_found_sent(w: &World, node: u32) -> usize {
+    w.sent(node)
+        .iter()
+        .filter(|m| matches!(m, PeerMessage::NotFound { .. }))
+        .count()
 }
