@@ -18,7 +18,7 @@ use crate::node::{FetchError, NodeMetrics, TransferMode};
 use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
 
 /// Version of this protocol; a client of another version is refused at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.

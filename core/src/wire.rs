@@ -13,8 +13,9 @@ use crate::region::RemoteRegion;
 
 /// First two bytes of every message.
 pub const MAGIC: [u8; 2] = *b"SR";
-/// Version of this format; a message of another version is refused.
-pub const WIRE_VERSION: u8 = 3;
+/// Version of this format; a message of another version is refused. 4: `Restoring`,
+/// `ExtendLease` and `LeaseExtended`.
+pub const WIRE_VERSION: u8 = 4;
 /// Bytes of the header.
 pub const HEADER_BYTES: usize = 8;
 /// Largest message (header and body) either side sends or accepts.
@@ -42,6 +43,9 @@ const KIND_BUSY: u8 = 6;
 const KIND_ERROR: u8 = 7;
 const KIND_REDIRECT: u8 = 8;
 const KIND_RELAY_PROGRESS: u8 = 9;
+const KIND_RESTORING: u8 = 10;
+const KIND_EXTEND_LEASE: u8 = 11;
+const KIND_LEASE_EXTENDED: u8 = 12;
 
 /// Sizes of an object: data then metadata, contiguous.
 #[derive(
@@ -159,6 +163,27 @@ pub enum PeerMessage {
         /// Bytes from the start that the relay holds.
         prefix: u64,
     },
+    /// Holder → requester: the object is on this node's disk and being read back into memory;
+    /// the answer follows once it is. Sent at once and repeated while the restore lasts, so the
+    /// requester waits longer than its reply timeout (up to a bound of its own).
+    Restoring {
+        /// The transfer.
+        req: TransferId,
+    },
+    /// Requester → holder: my READs progress but will not be done within the lease; keep the
+    /// object pinned for another lease from now.
+    ExtendLease {
+        /// The transfer.
+        req: TransferId,
+    },
+    /// Holder → requester: the lease was extended, by `lease_ms` from when the holder got the
+    /// `ExtendLease`. A holder whose lease is gone (or that extended it enough) says nothing.
+    LeaseExtended {
+        /// The transfer.
+        req: TransferId,
+        /// How long the holder keeps the object pinned from now without a `Finish`.
+        lease_ms: u32,
+    },
 }
 
 impl PeerMessage {
@@ -172,7 +197,10 @@ impl PeerMessage {
             | PeerMessage::Busy { req }
             | PeerMessage::Error { req, .. }
             | PeerMessage::Redirect { req, .. }
-            | PeerMessage::RelayProgress { req, .. } => *req,
+            | PeerMessage::RelayProgress { req, .. }
+            | PeerMessage::Restoring { req }
+            | PeerMessage::ExtendLease { req }
+            | PeerMessage::LeaseExtended { req, .. } => *req,
             PeerMessage::EagerData { header, .. } => header.req,
         }
     }
@@ -238,6 +266,11 @@ impl fmt::Display for PeerMessage {
             ),
             PeerMessage::RelayProgress { req, prefix } => {
                 write!(f, "RelayProgress{{{req}, prefix={prefix}}}")
+            }
+            PeerMessage::Restoring { req } => write!(f, "Restoring{{{req}}}"),
+            PeerMessage::ExtendLease { req } => write!(f, "ExtendLease{{{req}}}"),
+            PeerMessage::LeaseExtended { req, lease_ms } => {
+                write!(f, "LeaseExtended{{{req}, lease={lease_ms}ms}}")
             }
         }
     }
@@ -342,9 +375,11 @@ pub fn encode(message: &PeerMessage, out: &mut Vec<u8>) {
                 put_u32(out, *key);
             }
         }
-        PeerMessage::Finish { req } | PeerMessage::NotFound { req } | PeerMessage::Busy { req } => {
-            put_u64(out, req.0)
-        }
+        PeerMessage::Finish { req }
+        | PeerMessage::NotFound { req }
+        | PeerMessage::Busy { req }
+        | PeerMessage::Restoring { req }
+        | PeerMessage::ExtendLease { req } => put_u64(out, req.0),
         PeerMessage::Error { req, reason } => {
             put_u64(out, req.0);
             let reason = truncate_utf8(reason, MAX_REASON_BYTES);
@@ -366,6 +401,10 @@ pub fn encode(message: &PeerMessage, out: &mut Vec<u8>) {
         PeerMessage::RelayProgress { req, prefix } => {
             put_u64(out, req.0);
             put_u64(out, *prefix);
+        }
+        PeerMessage::LeaseExtended { req, lease_ms } => {
+            put_u64(out, req.0);
+            put_u32(out, *lease_ms);
         }
     }
     finish(out, start);
@@ -607,6 +646,23 @@ pub fn decode_in_place(bytes: &[u8]) -> Result<DecodedMessage, WireError> {
             }
             PeerMessage::RelayProgress { req, prefix }
         }
+        KIND_RESTORING => PeerMessage::Restoring {
+            req: TransferId(r.u64()?),
+        },
+        KIND_EXTEND_LEASE => PeerMessage::ExtendLease {
+            req: TransferId(r.u64()?),
+        },
+        KIND_LEASE_EXTENDED => {
+            let req = TransferId(r.u64()?);
+            let lease_ms = r.u32()?;
+            if lease_ms == 0 || lease_ms > MAX_LEASE_MS {
+                return Err(invalid(
+                    "lease_ms",
+                    format!("{lease_ms} not in 1..={MAX_LEASE_MS}"),
+                ));
+            }
+            PeerMessage::LeaseExtended { req, lease_ms }
+        }
         other => return Err(WireError::UnknownKind(other)),
     };
     finish_decoding(&r, DecodedMessage::Message(message))
@@ -658,6 +714,9 @@ fn kind_of(message: &PeerMessage) -> u8 {
         PeerMessage::Error { .. } => KIND_ERROR,
         PeerMessage::Redirect { .. } => KIND_REDIRECT,
         PeerMessage::RelayProgress { .. } => KIND_RELAY_PROGRESS,
+        PeerMessage::Restoring { .. } => KIND_RESTORING,
+        PeerMessage::ExtendLease { .. } => KIND_EXTEND_LEASE,
+        PeerMessage::LeaseExtended { .. } => KIND_LEASE_EXTENDED,
     }
 }
 

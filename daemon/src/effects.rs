@@ -256,9 +256,9 @@ impl Effects {
     /// Debug lines of a transfer's messages, in the span of its fetch id.
     fn trace_message(&mut self, peer: NodeId, message: &PeerMessage) {
         let (requester, req) = match message {
-            PeerMessage::FetchRequest { req, .. } | PeerMessage::Finish { req } => {
-                (self.node, *req)
-            }
+            PeerMessage::FetchRequest { req, .. }
+            | PeerMessage::Finish { req }
+            | PeerMessage::ExtendLease { req } => (self.node, *req),
             other => (peer, other.req()),
         };
         let span = debug_span!("fetch", id = %fetch_id(requester, req));
@@ -282,6 +282,15 @@ impl Effects {
                 lease_ms,
                 "serving by rendezvous: object pinned, READ access granted"
             ),
+            PeerMessage::ExtendLease { .. } => {
+                debug!(holder = %peer, "reads not done: lease extension asked")
+            }
+            PeerMessage::LeaseExtended { lease_ms, .. } => {
+                debug!(requester = %peer, lease_ms, "lease extended")
+            }
+            PeerMessage::Restoring { .. } => {
+                debug!(requester = %peer, "object spilled: answering once restored")
+            }
             other => debug!(requester = %peer, reply = %other, "fetch refused"),
         }
     }

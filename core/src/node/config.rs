@@ -132,6 +132,16 @@ pub struct NodeConfig {
     /// on it (the registry then places the copy elsewhere, after its own target timeout,
     /// which should be longer).
     pub replication_fetch_timeout: Duration,
+    /// How long a requester waits, from its request, for a holder that says it is restoring the
+    /// object from disk (`Restoring`): each notice moves the reply deadline to `reply_timeout`
+    /// from then, never past this bound; then the holder is given up on
+    /// ([`TransferFailure::RestoreTooSlow`](super::TransferFailure::RestoreTooSlow)). A holder
+    /// repeats the notice every half `reply_timeout` while its restore lasts.
+    pub restore_wait_limit: Duration,
+    /// Most lease extensions for one transfer: a requester whose READs progress asks for at most
+    /// this many (`ExtendLease`), a holder grants at most this many per lease. So one transfer
+    /// reads for at most this many leases and one more.
+    pub max_lease_extensions: u32,
 }
 
 impl NodeConfig {
@@ -172,6 +182,8 @@ impl NodeConfig {
             default_replicas: 1,
             relay_min_bytes: 4 << 20,
             replication_fetch_timeout: Duration::from_secs(60),
+            restore_wait_limit: Duration::from_secs(60),
+            max_lease_extensions: 10,
         }
     }
 

@@ -342,6 +342,13 @@ pub enum TransferFailure {
         /// Where it came.
         offset: u64,
     },
+    /// The holder kept saying it was restoring the object from disk past the requester's
+    /// bound ([`NodeConfig::restore_wait_limit`](super::NodeConfig::restore_wait_limit)).
+    #[error("the holder was still restoring the object from disk after {waited_ms} ms")]
+    RestoreTooSlow {
+        /// How long the requester waited, from its request.
+        waited_ms: u64,
+    },
 }
 
 #[cfg(test)]

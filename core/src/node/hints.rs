@@ -38,6 +38,8 @@ pub(super) struct HintedRequest {
     pub(super) id: ObjectId,
     pub(super) source: NodeId,
     requested_at: Instant,
+    /// When the hinted node last said it is restoring the object from disk (see `spill`).
+    restoring_noticed_at: Option<Instant>,
 }
 
 /// What became of a hinted request's first reply.
@@ -70,6 +72,7 @@ impl Node {
                 id,
                 source: hint,
                 requested_at: self.now,
+                restoring_noticed_at: None,
             },
         );
         self.send_fetch_request(tid, id, hint, mode);
@@ -97,6 +100,10 @@ impl Node {
             // Sent on to a relay (see `relay`): the holder named the content.
             PeerMessage::Redirect { sizes, digest, .. } => {
                 matches!(self.adopt(peer, tid, *sizes, *digest), Adoption::Adopted)
+            }
+            PeerMessage::Restoring { .. } => {
+                self.hinted_holder_restoring(tid);
+                false
             }
             PeerMessage::NotFound { .. } => {
                 self.hint_failed(tid, TransferFailure::NotFound);
@@ -198,6 +205,10 @@ impl Node {
         ) {
             Ok(info) => {
                 self.track_incoming(tid, id, peer, (sizes, digest), info, request.requested_at);
+                if let Some(noticed) = request.restoring_noticed_at {
+                    let transfer = self.transfers.get_mut(&tid).expect("tracked just now");
+                    transfer.restoring_noticed(request.requested_at, noticed);
+                }
                 let object = self.objects.get_mut(&id).expect("checked above");
                 object.transfer_started(tid);
                 Adoption::Adopted
@@ -215,6 +226,26 @@ impl Node {
                 Adoption::Declined
             }
         }
+    }
+
+    /// The hinted node is restoring the object from its disk (see `spill`): wait a reply
+    /// timeout more, within the bound from the request, as for any transfer.
+    fn hinted_holder_restoring(&mut self, tid: TransferId) {
+        let now = self.now;
+        let request = self.hinted.get_mut(&tid).expect("checked by the caller");
+        let bound = request
+            .requested_at
+            .saturating_add(self.config.restore_wait_limit);
+        if bound <= now {
+            let waited = now.saturating_since(request.requested_at);
+            let waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+            self.hint_failed(tid, TransferFailure::RestoreTooSlow { waited_ms });
+            return;
+        }
+        request.restoring_noticed_at = Some(now);
+        self.cancel_timer(Timer::TransferDeadline(tid));
+        let deadline = now.saturating_add(self.config.reply_timeout).min(bound);
+        self.set_timer(deadline, Timer::TransferDeadline(tid));
     }
 
     /// Hinted request `tid` got no usable answer: the fetch asks the directory, as if it had

@@ -120,6 +120,9 @@ enum Timer {
     /// Serve the next request held back for the disk (see `backpressure`); last, so what the
     /// request before it set for the same instant (a put's seal) fires first.
     ServeDeferred,
+    /// Tell the peers whose fetches of this object wait for its restore that it still comes
+    /// (see `spill`).
+    RestoringNotice(ObjectId),
 }
 
 #[derive(Debug)]
@@ -460,6 +463,7 @@ impl Node {
                 max_chunk_bytes,
             } => self.ask_fetch(peer, req, id, eager_limit, max_chunk_bytes),
             PeerMessage::Finish { req } => self.handle_finish(peer, req),
+            PeerMessage::ExtendLease { req } => self.handle_extend_lease(peer, req),
             PeerMessage::EagerData { header, .. } => {
                 // Nowhere to copy the payload from: the transfer fails, and is retried.
                 if self
@@ -596,6 +600,7 @@ impl Node {
                     self.serve_deferred();
                     break;
                 }
+                Timer::RestoringNotice(id) => self.notify_restoring(id),
             }
         }
         self.absorb_store();

@@ -356,4 +356,10 @@ pub struct NodeStats {
     /// directory was reachable, and started another round of attempts later.
     #[serde(default)]
     pub publication_rounds_restarted: u64,
+    /// `ExtendLease` requests this node sent for its transfers (READs too slow for one lease).
+    #[serde(default)]
+    pub lease_extensions_asked: u64,
+    /// Leases this node extended for its readers.
+    #[serde(default)]
+    pub leases_extended: u64,
 }

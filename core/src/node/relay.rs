@@ -196,6 +196,7 @@ impl Node {
                     ended: false,
                 },
                 over_partial_copy: true,
+                extensions: 0,
             },
         );
         self.set_timer(expires, Timer::Lease(peer, req));

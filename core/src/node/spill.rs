@@ -7,10 +7,15 @@
 //! else. (Streaming from the file would save the memory, but the rendezvous path lends the
 //! peer a region of memory to READ, and the eager path gathers from memory; a restore keeps one
 //! path for both, and the copy is then in memory for the next reader.)
+//!
+//! A restore is a disk read, maybe queued behind others, and can outlast the requester's reply
+//! timeout. So the holder answers a parked fetch at once with `Restoring` and repeats it every
+//! half reply timeout while the restore lasts; each notice moves the requester's reply deadline
+//! on, up to a bound of its own (`NodeConfig::restore_wait_limit`, see `transfer`).
 
 use std::collections::BTreeMap;
 
-use super::{Node, NodeOutput};
+use super::{Node, NodeOutput, Timer};
 use crate::digest::ContentDigest;
 use crate::ids::{NodeId, ObjectId, TransferId};
 use crate::store::{
@@ -113,19 +118,41 @@ impl Node {
         if !self.store.is_spilled(&id) || self.spill_waits.count >= MAX_FETCHES_AWAITING_RESTORE {
             return false;
         }
-        self.spill_waits
-            .fetches
-            .entry(id)
-            .or_default()
-            .push(AwaitingRestore {
-                peer,
-                req,
-                eager_limit,
-                max_chunk_bytes,
-            });
+        let waiting = self.spill_waits.fetches.entry(id).or_default();
+        let first = waiting.is_empty();
+        waiting.push(AwaitingRestore {
+            peer,
+            req,
+            eager_limit,
+            max_chunk_bytes,
+        });
         self.spill_waits.count += 1;
+        // Before the restore is asked for: the answer, whenever it comes, follows the notice.
+        self.send(peer, PeerMessage::Restoring { req });
+        if first {
+            self.set_timer(self.restoring_notice_due(), Timer::RestoringNotice(id));
+        }
         self.store.request_restore(id);
         true
+    }
+
+    /// When the peers waiting for a restore begun now hear again that it still comes: at half
+    /// the reply timeout, so a notice reaches a requester (of the same configuration) before
+    /// its deadline.
+    fn restoring_notice_due(&self) -> Instant {
+        self.now + (self.config.reply_timeout / 2).max(std::time::Duration::from_millis(1))
+    }
+
+    /// The restore of `id` still runs: every peer whose fetch waits for it hears so again.
+    pub(super) fn notify_restoring(&mut self, id: ObjectId) {
+        let Some(waiting) = self.spill_waits.fetches.get(&id) else {
+            return;
+        };
+        let notices: Vec<(NodeId, TransferId)> = waiting.iter().map(|w| (w.peer, w.req)).collect();
+        for (peer, req) in notices {
+            self.send(peer, PeerMessage::Restoring { req });
+        }
+        self.set_timer(self.restoring_notice_due(), Timer::RestoringNotice(id));
     }
 
     /// Takes the store's spill outputs: hands the IO to the driver and serves what waited for a
@@ -181,6 +208,7 @@ impl Node {
     fn take_awaiting_restore(&mut self, id: ObjectId) -> Vec<AwaitingRestore> {
         let waiting = self.spill_waits.fetches.remove(&id).unwrap_or_default();
         self.spill_waits.count -= waiting.len();
+        self.cancel_timer(Timer::RestoringNotice(id));
         waiting
     }
 

@@ -5,11 +5,14 @@
 //! ```text
 //! AwaitingReply ──EagerData──► ReceivingEager ──last chunk written──► Sealing ──► Verifying
 //!       │──Rendezvous──► Reading (sliced READs, bounded window, lanes round-robin)
+//!       │                   │─ READs progress, half the lease gone ──ExtendLease──► Reading
+//!       │                   │     └─ LeaseExtended ──► read on, within the new lease
 //!       │                   └─ all READs done ──► Finish, Verifying
 //!       │     Verifying ──bytes hash to the id's digest──► sealed
 //!       │               └─ another digest ──► aborted, next source
 //!       │                   └─ READ error / lost connection / lease about to end
 //!       │                          ──► Draining (wait for posted READs) ──► Finish, aborted
+//!       │──Restoring──► AwaitingReply (reply deadline moved on, up to a bound from the request)
 //!       └─ NotFound / Busy / Error / timeout / lost connection ──► aborted, next source
 //! ```
 //!
@@ -18,6 +21,22 @@
 //! counts the lease from the moment it sent the request (earlier than the holder's start), less
 //! a margin, and gives up on the transfer if the READs are not done by then. So every byte R
 //! seals was read while the holder had the object pinned.
+//!
+//! An object too large to READ within one lease is not lost to that: once half the read
+//! window is gone, a requester whose READs progressed since the window began asks the holder to
+//! extend the lease (`ExtendLease`, at most `NodeConfig::max_lease_extensions` times per
+//! transfer). The holder, if it still holds the lease, pins the object for another lease from
+//! when it got the request and says so (`LeaseExtended`); the requester then reads on until
+//! three quarters of that lease from when it asked. A holder whose lease is gone, or which
+//! extended it its own bound of times, says nothing, and the transfer ends as it would have
+//! (`ReadsTooSlow`) when the window it has closes.
+//!
+//! A holder that must first restore the object from its disk says `Restoring` at once and
+//! again every half reply timeout (see `spill`): each notice moves the reply deadline on, to a
+//! reply timeout from then, but never past `NodeConfig::restore_wait_limit` from the request,
+//! after which the holder is given up on (`RestoreTooSlow`). The lease is then counted from the
+//! last notice: the holder pins the object only once the restore is done, after it sent the
+//! notice (the notice's way over the network falls in the lease's quarter margin).
 //!
 //! Every copy is verified before its seal: the driver hashes the bytes that landed
 //! ([`NodeOutput::VerifyContent`]) and the copy is sealed only when they hash to the digest the
@@ -107,9 +126,23 @@ pub(super) struct Incoming {
     /// Pulling from a relay: it answered with its prefix (a partial copy). A relay whose copy
     /// is sealed by the time it is asked answers with a plain `Rendezvous`: all of it is in.
     relay_answered: bool,
+    /// The current source said it is restoring the object from disk (`Restoring`): when this
+    /// transfer's request to it left, from which the wait for the restore is bounded.
+    restoring_from: Option<Instant>,
     /// Pulling from a relay: since when every announced byte is read and no READ is in flight
     /// (waiting for the relay's next `RelayProgress`).
     stalled_since: Option<Instant>,
+    /// Reading: the lease the source last named (`Rendezvous` or `LeaseExtended`), in ms.
+    lease_ms: u32,
+    /// Reading: READs must be done by then (three quarters of the lease from `lease_from`).
+    read_until: Instant,
+    /// Lease extensions the source granted to this transfer.
+    lease_extensions: u32,
+    /// An `ExtendLease` is out, sent then: the extended lease counts from there.
+    extension_asked_at: Option<Instant>,
+    /// Bytes read when the current read window began (or the last extension was asked): the
+    /// READs progress when more are in by the time an extension would be asked.
+    progress_mark: u64,
     state: IncomingState,
 }
 
@@ -155,6 +188,7 @@ impl Incoming {
         self.lease_from = now;
         self.relay_limit = Some(0);
         self.relay_answered = false;
+        self.restoring_from = None;
     }
 
     /// The source's `Rendezvous` came: a relay that said no prefix before it serves a sealed
@@ -184,6 +218,13 @@ impl Incoming {
             None => return Err(TransferFailure::RelayProgressUnasked),
         }
         Ok(())
+    }
+
+    /// Its source said `Restoring` (last at `noticed`) to the request that left at `asked`:
+    /// the lease counts from the notice, the wait for the restore from the request.
+    pub(super) fn restoring_noticed(&mut self, asked: Instant, noticed: Instant) {
+        self.restoring_from = Some(asked);
+        self.lease_from = noticed;
     }
 
     /// The path the bytes took, as far as the transfer got.
@@ -245,6 +286,8 @@ pub(super) struct Lease {
     /// Over a copy this node is still receiving (see `relay`): not pinned in the store; the
     /// copy is kept until the lease is revoked.
     pub(super) over_partial_copy: bool,
+    /// Times the reader had the lease extended (`ExtendLease`).
+    pub(super) extensions: u32,
 }
 
 /// Where a holder's lease stands: the object is pinned in every state.
@@ -310,7 +353,13 @@ impl Node {
                 lease_from: requested_at,
                 relay_limit: None,
                 relay_answered: false,
+                restoring_from: None,
                 stalled_since: None,
+                lease_ms: 0,
+                read_until: requested_at,
+                lease_extensions: 0,
+                extension_asked_at: None,
+                progress_mark: 0,
                 state: IncomingState::AwaitingReply,
             },
         );
@@ -391,6 +440,9 @@ impl Node {
                     return;
                 }
                 transfer.rendezvous_came();
+                transfer.lease_ms = lease_ms;
+                transfer.read_until = read_deadline;
+                transfer.progress_mark = 0;
                 transfer.state = IncomingState::Reading {
                     regions,
                     lane_keys,
@@ -401,10 +453,14 @@ impl Node {
                     outstanding: 0,
                     lane_cursor: 0,
                 };
-                self.cancel_timer(Timer::TransferDeadline(tid));
-                self.set_timer(read_deadline, Timer::TransferDeadline(tid));
+                self.arm_read_window(tid);
                 self.post_reads(tid);
             }
+            (PeerMessage::LeaseExtended { lease_ms, .. }, IncomingState::Reading { .. }) => {
+                self.lease_extended(tid, lease_ms)
+            }
+            // Late: the transfer failed or has every byte already.
+            (PeerMessage::LeaseExtended { .. }, _) => {}
             (
                 PeerMessage::Redirect {
                     relay,
@@ -420,6 +476,9 @@ impl Node {
             // A relay answers with its prefix before its `Rendezvous`: READ only below it.
             (PeerMessage::RelayProgress { prefix, .. }, IncomingState::AwaitingReply) => {
                 self.relay_progressed(tid, prefix, true)
+            }
+            (PeerMessage::Restoring { .. }, IncomingState::AwaitingReply) => {
+                self.holder_restoring(tid)
             }
             (PeerMessage::NotFound { .. }, IncomingState::AwaitingReply) => {
                 self.fail_transfer(tid, TransferFailure::NotFound)
@@ -441,6 +500,87 @@ impl Node {
                 self.fail_transfer(tid, why);
             }
         }
+    }
+
+    /// Arms the deadlines of transfer `tid`'s read window: the point half way through the lease
+    /// where an extension is asked for (when the transfer may still get one), and its end.
+    fn arm_read_window(&mut self, tid: TransferId) {
+        let max_extensions = self.config.max_lease_extensions;
+        let transfer = self.transfers.get(&tid).expect("a live transfer");
+        let (read_until, lease_from) = (transfer.read_until, transfer.lease_from);
+        let half_lease = std::time::Duration::from_millis(u64::from(transfer.lease_ms)) / 2;
+        let may_extend = transfer.lease_extensions < max_extensions;
+        self.cancel_timer(Timer::TransferDeadline(tid));
+        self.set_timer(read_until, Timer::TransferDeadline(tid));
+        if may_extend {
+            let ask_at = (lease_from + half_lease).max(self.now).min(read_until);
+            self.set_timer(ask_at, Timer::TransferDeadline(tid));
+        }
+    }
+
+    /// Half of transfer `tid`'s read window is gone: if its READs progressed since the window
+    /// began but are not done, ask the source to extend the lease.
+    fn maybe_ask_lease_extension(&mut self, tid: TransferId) {
+        let (now, max_extensions) = (self.now, self.config.max_lease_extensions);
+        let transfer = self.transfers.get_mut(&tid).expect("a live transfer");
+        let IncomingState::Reading { done_bytes, .. } = transfer.state else {
+            return;
+        };
+        let progressed = done_bytes > transfer.progress_mark;
+        if transfer.extension_asked_at.is_some()
+            || transfer.lease_extensions >= max_extensions
+            || !progressed
+        {
+            return;
+        }
+        transfer.extension_asked_at = Some(now);
+        transfer.progress_mark = done_bytes;
+        let source = transfer.source;
+        self.stats.lease_extensions_asked += 1;
+        self.send(source, PeerMessage::ExtendLease { req: tid });
+    }
+
+    /// The source of transfer `tid` extended its lease by `lease_ms` from when it got the
+    /// `ExtendLease`, which left here at `extension_asked_at`: read on until three quarters of
+    /// it from then.
+    fn lease_extended(&mut self, tid: TransferId, lease_ms: u32) {
+        let transfer = self.transfers.get_mut(&tid).expect("a live transfer");
+        let Some(asked) = transfer.extension_asked_at.take() else {
+            let why = TransferFailure::UnexpectedMessage {
+                message: PeerMessage::LeaseExtended { req: tid, lease_ms }.to_string(),
+                state: "reading, no extension asked".into(),
+            };
+            self.fail_transfer(tid, why);
+            return;
+        };
+        let lease = std::time::Duration::from_millis(u64::from(lease_ms));
+        transfer.lease_extensions += 1;
+        transfer.lease_from = asked;
+        transfer.lease_ms = lease_ms;
+        transfer.read_until = transfer.read_until.max(asked + (lease - lease / 4));
+        self.arm_read_window(tid);
+    }
+
+    /// The source of transfer `tid` is restoring the object from its disk: wait a reply timeout
+    /// more, within the bound from the request.
+    fn holder_restoring(&mut self, tid: TransferId) {
+        let (now, limit) = (self.now, self.config.restore_wait_limit);
+        let transfer = self
+            .transfers
+            .get_mut(&tid)
+            .expect("a notice answers a live transfer");
+        let asked = *transfer.restoring_from.get_or_insert(transfer.lease_from);
+        let bound = asked.saturating_add(limit);
+        if bound <= now {
+            let waited_ms = duration_ms(now.saturating_since(asked));
+            self.fail_transfer(tid, TransferFailure::RestoreTooSlow { waited_ms });
+            return;
+        }
+        // The holder pins the object once restored, after it sent this notice.
+        transfer.lease_from = now;
+        self.cancel_timer(Timer::TransferDeadline(tid));
+        let deadline = now.saturating_add(self.config.reply_timeout).min(bound);
+        self.set_timer(deadline, Timer::TransferDeadline(tid));
     }
 
     /// An `EagerData` chunk of one of this node's transfers; its payload lies at `payload` in
@@ -729,8 +869,18 @@ impl Node {
             return;
         };
         let why = match transfer.state {
-            IncomingState::AwaitingReply | IncomingState::ReceivingEager { .. } => {
-                TransferFailure::NoReplyInTime
+            IncomingState::AwaitingReply => match transfer.restoring_from {
+                Some(asked) if self.now >= asked.saturating_add(self.config.restore_wait_limit) => {
+                    let waited_ms = duration_ms(self.now.saturating_since(asked));
+                    TransferFailure::RestoreTooSlow { waited_ms }
+                }
+                _ => TransferFailure::NoReplyInTime,
+            },
+            IncomingState::ReceivingEager { .. } => TransferFailure::NoReplyInTime,
+            IncomingState::Reading { .. } if self.now < transfer.read_until => {
+                // The point half way through the window.
+                self.maybe_ask_lease_extension(tid);
+                return;
             }
             IncomingState::Reading { .. } => TransferFailure::ReadsTooSlow,
             IncomingState::Sealing
@@ -942,6 +1092,7 @@ impl Node {
                     ended: false,
                 },
                 over_partial_copy: false,
+                extensions: 0,
             },
         );
         self.set_timer(expires, Timer::Lease(peer, req));
@@ -1091,6 +1242,33 @@ impl Node {
         self.send(peer, message);
     }
 
+    /// The reader of lease `req` asks for more time: another lease from now, while the lease
+    /// holds and has been extended fewer times than the bound. Otherwise nothing is said: the
+    /// reader's window closes as it would have.
+    pub(super) fn handle_extend_lease(&mut self, peer: NodeId, req: TransferId) {
+        let now = self.now;
+        let (lease_length, max_extensions) = (self.config.lease, self.config.max_lease_extensions);
+        let Some(lease) = self.leases.get_mut(&(peer, req)) else {
+            return; // ended: finished, expired or never granted
+        };
+        if !matches!(lease.state, LeaseState::Granted)
+            || lease.expires <= now
+            || lease.extensions >= max_extensions
+        {
+            return;
+        }
+        lease.extensions += 1;
+        lease.expires = lease.expires.max(now + lease_length);
+        let expires = lease.expires;
+        self.stats.leases_extended += 1;
+        self.cancel_timer(Timer::Lease(peer, req));
+        self.set_timer(expires, Timer::Lease(peer, req));
+        let lease_ms = u32::try_from(expires.saturating_since(now).as_millis())
+            .unwrap_or(u32::MAX)
+            .clamp(1, wire::MAX_LEASE_MS);
+        self.send(peer, PeerMessage::LeaseExtended { req, lease_ms });
+    }
+
     pub(super) fn handle_finish(&mut self, peer: NodeId, req: TransferId) {
         // Unknown: the lease already ran out.
         self.end_lease(peer, req);
@@ -1134,4 +1312,9 @@ impl Node {
             region,
         });
     }
+}
+
+/// Whole milliseconds of `duration`, saturating.
+fn duration_ms(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

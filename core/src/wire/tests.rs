@@ -72,6 +72,9 @@ fn samples() -> Vec<PeerMessage> {
             req,
             prefix: 1 << 20,
         },
+        PeerMessage::Restoring { req },
+        PeerMessage::ExtendLease { req },
+        PeerMessage::LeaseExtended { req, lease_ms: 250 },
     ]
 }
 
@@ -225,7 +228,7 @@ proptest! {
 
     /// Garbage behind a valid header (so the decoder gets past the header checks).
     #[test]
-    fn decoding_garbage_bodies_never_panics(kind in 0u8..12, body in prop::collection::vec(any::<u8>(), 0..256)) {
+    fn decoding_garbage_bodies_never_panics(kind in 0u8..15, body in prop::collection::vec(any::<u8>(), 0..256)) {
         let mut bytes = vec![MAGIC[0], MAGIC[1], WIRE_VERSION, kind];
         bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
         bytes.extend_from_slice(&body);
@@ -237,7 +240,7 @@ proptest! {
 
     /// Flipping any byte of a valid message gives an error or another valid message.
     #[test]
-    fn mutated_messages_never_panic(which in 0usize..7, pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
+    fn mutated_messages_never_panic(which in 0usize..13, pos in any::<prop::sample::Index>(), byte in any::<u8>()) {
         let mut bytes = to_bytes(&samples()[which]);
         let at = pos.index(bytes.len());
         bytes[at] = byte;
@@ -298,4 +301,26 @@ fn a_relay_progress_past_the_object_size_limit_is_refused() {
             ..
         })
     ));
+}
+
+#[test]
+fn a_lease_extension_outside_the_lease_limits_is_refused() {
+    for lease_ms in [0, MAX_LEASE_MS + 1] {
+        let mut bytes = to_bytes(&PeerMessage::LeaseExtended {
+            req: TransferId(1),
+            lease_ms: 1,
+        });
+        let at = bytes.len() - 4;
+        bytes[at..].copy_from_slice(&lease_ms.to_le_bytes());
+        assert!(
+            matches!(
+                decode(&bytes),
+                Err(WireError::Invalid {
+                    field: "lease_ms",
+                    ..
+                })
+            ),
+            "{lease_ms}"
+        );
+    }
 }

@@ -7,9 +7,9 @@
 //! vouched for after a head restart), a publication lost on the way, a location forgotten by
 //! the registry — each shows here as a failed fetch.
 //!
-//! Not probed: objects larger than one lease can carry at the run's READ rate (the protocol
-//! does not extend a lease), objects spilled to disk (a restore slower than the requester's
-//! reply timeout fails every attempt: the holder sends nothing while it restores), copies of
+//! Not probed: objects larger than a lease and all its extensions can carry at the run's READ
+//! rate (a requester asks for at most `max_lease_extensions` more), objects spilled to disk (a
+//! restore on the run's slow disk may outlast the probe's timeout), copies of
 //! ids named with two contents that their node does not serve yet (see `named_once`). A copy
 //! its node holds refused (the directory named the id with another content: its publication, or
 //! its replay after a head restart, was refused) stays local by design and is not probed
@@ -18,6 +18,7 @@
 use std::time::Duration;
 
 use skyriver_core::ids::{ClientId, NodeId, ObjectId};
+use skyriver_core::node::NodeConfig;
 use skyriver_core::store::StorageTier;
 use skyriver_core::wire::{self, PeerMessage};
 
@@ -126,9 +127,9 @@ impl Cluster {
         failed
     }
 
-    /// The largest object whose READs surely complete within one holder's lease with this
-    /// run's slices, window and latency. Larger ones may fail `ReadsTooSlow` on every try (the
-    /// protocol grants one lease per transfer and does not extend it): not probed.
+    /// The largest object whose READs surely complete within one holder's lease and its
+    /// extensions with this run's slices, window and latency. Larger ones may fail
+    /// `ReadsTooSlow` on every try: not probed.
     pub(super) fn largest_probed_bytes(&self) -> u64 {
         let p = &self.params;
         let window = u64::from(p.max_outstanding_reads.max(1));
@@ -137,7 +138,17 @@ impl Cluster {
         // The wire carries a lease in whole milliseconds (at least one), and a requester reads
         // only for three quarters of it, counted from when its request left.
         let granted_us = (p.lease_us / 1000).clamp(1, u64::from(wire::MAX_LEASE_MS)) * 1000;
-        let reading_ns = granted_us * 1000 * 3 / 4;
+        let lease_ns = granted_us * 1000;
+        // Half way through each window the requester asks for another lease from then; the
+        // answer must be back before the window closes, a quarter lease later, even behind
+        // the READ data on the link (two rounds' worth, to be sure).
+        let answer_ns = 2 * p.latency_ns.1 + 2 * round_ns;
+        let extensions = if answer_ns <= lease_ns / 4 {
+            u64::from(NodeConfig::new(NodeId(0), 0).max_lease_extensions)
+        } else {
+            0
+        };
+        let reading_ns = lease_ns * 3 / 4 + extensions * lease_ns / 2;
         let rounds = reading_ns / round_ns.max(1);
         rounds * window * p.read_slice_bytes / 2
     }

@@ -12,8 +12,8 @@
 //!   at the end of the run;
 //! * **repair converges**: once faults stopped and the directory settled, every object whose
 //!   record the registry keeps reaches `min(k, members)` live copies of record within a bound
-//!   (unless no member lacking a copy has room for it, the object is larger than one lease
-//!   surely carries, or the directory named the id with two contents), each held sealed by
+//!   (unless no member lacking a copy has room for it, the object is larger than a lease and
+//!   its extensions surely carry, or the directory named the id with two contents), each held sealed by
 //!   its node; and an object a live node holds as a copy of
 //!   record has a record unless the head restarted since its first publication;
 //! * **surplus copies**: a node told its copy of record is surplus may drop it only while the
@@ -524,10 +524,10 @@ impl Cluster {
         Ok(converged)
     }
 
-    /// Whether one holder's lease surely carries `id` with this run's slices, window and
-    /// latency. A larger object may fail `ReadsTooSlow` on every try of every target (a
-    /// transfer gets one lease, never extended: README "A cluster", `--lease-ms`), so no copy
-    /// of it can be made in this run, as the liveness probes assume too.
+    /// Whether one holder's lease and its extensions surely carry `id` with this run's slices,
+    /// window and latency. A larger object may fail `ReadsTooSlow` on every try of every target
+    /// (a transfer gets at most `max_lease_extensions` more leases: README "How a fetch
+    /// works"), so no copy of it can be made in this run, as the liveness probes assume too.
     fn one_lease_carries(&self, id: &ObjectId) -> bool {
         self.checker
             .contents

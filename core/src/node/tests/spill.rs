@@ -437,3 +437,138 @@ fn a_batch_get_keeps_its_objects_in_memory_while_it_waits_for_restores() {
     w.release(0, 1);
     w.nodes[0].check_invariants();
 }
+
+/// Two nodes: object 1 spilled on node 0 with room to restore it, restores held for the test,
+/// leases as long as the default (a restore can outlast the tests' 10 ms lease).
+fn spilled_on_a_holder(tweak: impl Fn(&mut NodeConfig)) -> World {
+    let mut w = World::new(2, |config| {
+        spilling(64 << 20)(config);
+        config.lease = Duration::from_secs(10);
+        tweak(config);
+    });
+    for n in 1..=3 {
+        w.put(0, n, LEN);
+    }
+    assert_eq!(tier(&w, 0, 1), Some(StorageTier::Spilled));
+    w.delete(0, 3); // room for the restore
+    w.manual_spill = true;
+    w
+}
+
+fn restoring_notices(w: &World, node: u32) -> usize {
+    w.count(node, |o| {
+        matches!(
+            o,
+            NodeOutput::Send {
+                message: PeerMessage::Restoring { .. },
+                ..
+            }
+        )
+    })
+}
+
+#[test]
+fn a_restore_slower_than_the_reply_timeout_still_serves_the_fetch() {
+    let mut w = spilled_on_a_holder(|_| {});
+    let reply_timeout = w.nodes[1].config().reply_timeout;
+    w.hand_fetch(1, &[1], Duration::from_secs(120), TransferMode::Auto);
+    w.pump();
+    assert_eq!(tier(&w, 0, 1), Some(StorageTier::Restoring));
+    // The disk read takes four reply timeouts: the holder keeps saying it is restoring.
+    let step = Duration::from_millis(500);
+    while w.now < Instant::ZERO + reply_timeout * 4 {
+        w.advance(step);
+    }
+    assert!(w.replies(1).is_empty(), "still waiting");
+    assert_eq!(w.nodes[1].stats().transfers_failed, 0, "nobody gave up");
+    assert!(
+        restoring_notices(&w, 0) >= 8,
+        "a notice every half reply timeout"
+    );
+    complete_spill_io(&mut w, None);
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1);
+    let info = ok_info(&replies[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, LEN));
+    assert_eq!(w.nodes[1].stats().transfers_failed, 0);
+    assert_eq!(
+        w.count(1, |o| matches!(
+            o,
+            NodeOutput::Send {
+                message: PeerMessage::FetchRequest { .. },
+                ..
+            }
+        )),
+        1,
+        "one request, answered"
+    );
+    w.release(1, 1);
+    w.assert_settled();
+}
+
+#[test]
+fn a_holder_restoring_past_the_requesters_bound_is_given_up_on() {
+    let limit = Duration::from_secs(12);
+    let mut w = spilled_on_a_holder(|config| {
+        config.restore_wait_limit = limit;
+        config.max_source_rounds = 1;
+    });
+    w.hand_fetch(1, &[1], Duration::from_secs(120), TransferMode::Auto);
+    w.pump();
+    let step = Duration::from_millis(500);
+    while w.now + step < Instant::ZERO + limit {
+        w.advance(step);
+    }
+    assert!(
+        w.replies(1).is_empty(),
+        "within the bound the requester waits"
+    );
+    while w.now < Instant::ZERO + limit + step {
+        w.advance(step);
+    }
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1, "given up on once past the bound");
+    let Err(FetchError::SourcesFailed { last_error, .. }) = &replies[0][0] else {
+        panic!("{:?}", replies[0][0]);
+    };
+    let SourceFailure::Holder {
+        failure: TransferFailure::RestoreTooSlow { waited_ms },
+        ..
+    } = **last_error
+    else {
+        panic!("{last_error:?}");
+    };
+    assert!(waited_ms >= limit.as_millis() as u64, "{waited_ms}");
+    // The restore completes late: the holder's answer to the abandoned transfer is released.
+    complete_spill_io(&mut w, None);
+    w.assert_settled();
+}
+
+#[test]
+fn a_hinted_fetch_waits_for_a_slow_restore_on_the_hinted_node() {
+    let mut w = spilled_on_a_holder(|_| {});
+    let reply_timeout = w.nodes[1].config().reply_timeout;
+    let body = Request::FetchFrom {
+        ids: vec![id(1)],
+        timeout_ms: Some(120_000),
+        mode: TransferMode::Auto,
+        wait_for_publication: false,
+        hint: NodeId(0),
+    };
+    w.hand_request(1, CLIENT, body);
+    w.pump();
+    let step = Duration::from_millis(500);
+    while w.now < Instant::ZERO + reply_timeout * 3 {
+        w.advance(step);
+    }
+    complete_spill_io(&mut w, None);
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1);
+    let info = ok_info(&replies[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, LEN));
+    let stats = w.nodes[1].stats();
+    assert_eq!((stats.hinted_fetches, stats.wrong_hints), (1, 0));
+    assert_eq!(w.lookups(1), 0, "the hinted node served it");
+    w.release(1, 1);
+    w.assert_settled();
+}

@@ -783,3 +783,179 @@ fn an_eager_stream_longer_than_the_reply_timeout_completes_while_its_chunks_keep
     w.pump();
     w.assert_settled();
 }
+
+/// READs posted by `node` so far.
+fn reads_posted(w: &World, node: u32) -> usize {
+    w.count(node, |o| matches!(o, NodeOutput::PostRead { .. }))
+}
+
+/// Runs node 1's fetch with every round of READs in flight for `per_round` of time (messages
+/// still go at once), until node 1 answers; at most `rounds` rounds.
+fn fetch_with_slow_reads(w: &mut World, per_round: Duration, rounds: usize) {
+    w.pump_until(|w| !w.reads.is_empty());
+    for _ in 0..rounds {
+        if !w.replies(1).is_empty() {
+            return;
+        }
+        // READs the last completions asked for are posted now, and are in flight too.
+        w.drive_alone(1);
+        let in_flight: Vec<_> = w.reads.drain(..).collect();
+        w.advance(per_round);
+        let before = reads_posted(w, 1);
+        w.reads.extend(in_flight);
+        // Deliver the READs that were in flight, not the ones their completions post.
+        w.pump_until(|w| w.reads.len() == reads_posted(w, 1) - before);
+    }
+    panic!("no answer after {rounds} rounds of READs");
+}
+
+fn sent_by(w: &World, node: u32, pred: impl Fn(&PeerMessage) -> bool) -> usize {
+    w.count(
+        node,
+        |o| matches!(o, NodeOutput::Send { message, .. } if pred(message)),
+    )
+}
+
+/// 160 KiB in 4 KiB READs, two at a time, a round of READs a millisecond: 20 ms, two leases of
+/// 10 ms (whose read windows are 7.5 ms).
+const SLOW_LEN: u64 = 160 * 1024;
+
+#[test]
+fn an_object_whose_reads_need_several_leases_is_fetched_with_lease_extensions() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, SLOW_LEN);
+    w.hand_fetch(1, &[1], Duration::from_secs(1), TransferMode::Rendezvous);
+    fetch_with_slow_reads(&mut w, Duration::from_millis(1), 100);
+    let replies = w.replies(1);
+    let info = ok_info(&replies[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, SLOW_LEN));
+    let (requester, holder) = (w.nodes[1].stats(), w.nodes[0].stats());
+    assert_eq!(
+        requester.transfers_failed, 0,
+        "one transfer, never too slow"
+    );
+    // Asked half way through each lease (5, 10, 15 ms, and 20 if the last round is late).
+    assert!(
+        (3..=4).contains(&requester.lease_extensions_asked),
+        "{}",
+        requester.lease_extensions_asked
+    );
+    assert_eq!(holder.leases_extended, requester.lease_extensions_asked);
+    assert_eq!(holder.leases_expired, 0, "the lease held to the Finish");
+    let extended = sent_by(&w, 0, |m| matches!(m, PeerMessage::LeaseExtended { .. }));
+    assert_eq!(extended as u64, holder.leases_extended);
+    w.release(1, 1);
+    w.assert_settled();
+}
+
+#[test]
+fn a_holder_that_does_not_extend_ends_the_transfer_as_too_slow() {
+    // The holder extends no lease: it says nothing to the requester's ExtendLease.
+    let mut w = World::new(2, |c| c.max_source_rounds = 1);
+    w.nodes[0].config.max_lease_extensions = 0;
+    w.put(0, 1, SLOW_LEN);
+    w.hand_fetch(1, &[1], Duration::from_secs(1), TransferMode::Rendezvous);
+    fetch_with_slow_reads(&mut w, Duration::from_millis(1), 100);
+    let replies = w.replies(1);
+    let Err(FetchError::SourcesFailed { last_error, .. }) = &replies[0][0] else {
+        panic!("{:?}", replies[0][0]);
+    };
+    assert!(
+        matches!(
+            **last_error,
+            SourceFailure::Holder {
+                failure: TransferFailure::ReadsTooSlow,
+                ..
+            }
+        ),
+        "{last_error:?}"
+    );
+    assert_eq!(w.nodes[1].stats().lease_extensions_asked, 1);
+    assert_eq!(w.nodes[0].stats().leases_extended, 0);
+    assert_eq!(
+        sent_by(&w, 0, |m| matches!(m, PeerMessage::LeaseExtended { .. })),
+        0
+    );
+    w.advance(Duration::from_millis(20));
+    w.assert_settled();
+}
+
+#[test]
+fn a_requester_asks_for_at_most_its_bound_of_extensions() {
+    let mut w = World::new(2, |c| c.max_source_rounds = 1);
+    w.nodes[1].config.max_lease_extensions = 1;
+    w.put(0, 1, 3 * SLOW_LEN);
+    w.hand_fetch(1, &[1], Duration::from_secs(1), TransferMode::Rendezvous);
+    fetch_with_slow_reads(&mut w, Duration::from_millis(1), 200);
+    let replies = w.replies(1);
+    assert!(
+        matches!(replies[0][0], Err(FetchError::SourcesFailed { .. })),
+        "{:?}",
+        replies[0][0]
+    );
+    assert_eq!(w.nodes[1].stats().lease_extensions_asked, 1);
+    w.advance(Duration::from_millis(20));
+    w.assert_settled();
+}
+
+#[test]
+fn a_lease_that_ended_is_not_extended() {
+    let mut w = World::new(2, |_| {});
+    let message = PeerMessage::ExtendLease {
+        req: TransferId(99),
+    };
+    w.feed(
+        0,
+        NodeInput::PeerMessage {
+            peer: NodeId(1),
+            message,
+        },
+    );
+    w.pump();
+    assert_eq!(sent_by(&w, 0, |_| true), 0, "nothing to say");
+    assert_eq!(w.nodes[0].stats().leases_extended, 0);
+}
+
+#[test]
+fn a_transfer_whose_reads_stopped_progressing_asks_no_more_extensions() {
+    let mut w = World::new(2, |c| c.max_source_rounds = 1);
+    w.put(0, 1, SLOW_LEN);
+    w.hand_fetch(1, &[1], Duration::from_secs(1), TransferMode::Rendezvous);
+    w.pump_until(|w| !w.reads.is_empty());
+    // READs progress a round a millisecond until the first extension is asked for...
+    let hung = loop {
+        w.drive_alone(1);
+        let in_flight: Vec<_> = w.reads.drain(..).collect();
+        w.advance(Duration::from_millis(1));
+        if w.nodes[1].stats().lease_extensions_asked == 1 {
+            break in_flight;
+        }
+        let before = reads_posted(&w, 1);
+        w.reads.extend(in_flight);
+        w.pump_until(|w| w.reads.len() == reads_posted(w, 1) - before);
+    };
+    assert_eq!(w.nodes[0].stats().leases_extended, 1);
+    // ... then hang past the extended window: no READ done since, so no second extension.
+    for _ in 0..10 {
+        w.advance(Duration::from_millis(1));
+    }
+    assert_eq!(w.nodes[1].stats().lease_extensions_asked, 1);
+    w.reads.extend(hung);
+    w.pump();
+    let replies = w.replies(1);
+    let Err(FetchError::SourcesFailed { last_error, .. }) = &replies[0][0] else {
+        panic!("{:?}", replies[0][0]);
+    };
+    assert!(
+        matches!(
+            **last_error,
+            SourceFailure::Holder {
+                failure: TransferFailure::ReadsTooSlow,
+                ..
+            }
+        ),
+        "{last_error:?}"
+    );
+    w.advance(Duration::from_millis(20));
+    w.assert_settled();
+}
