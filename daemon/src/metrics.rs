@@ -766,6 +766,16 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             Value::Counter(c.leases_expired),
         )?;
         out.one(
+            "skyriver_lease_extensions_asked",
+            "Lease extensions this node asked of holders while its READs were progressing.",
+            Value::Counter(c.lease_extensions_asked),
+        )?;
+        out.one(
+            "skyriver_leases_extended",
+            "Leases this node extended for requesters whose READs were progressing.",
+            Value::Counter(c.leases_extended),
+        )?;
+        out.one(
             "skyriver_location_cache_hits",
             "Fetches that went straight to remembered holders.",
             Value::Counter(c.location_cache_hits),
