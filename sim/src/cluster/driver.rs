@@ -8,8 +8,8 @@ use skyriver_core::directory::{DirectoryOpId, DirectoryRequest};
 use skyriver_core::node::{DriveHost, Node, NodeDriver, ReadGrant, ReadOpId};
 use skyriver_core::wire::{self, EagerHeader, InputBytes, PeerMessage};
 use skyriver_core::{
-    ClientId, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, RemoteRegion, RequestId,
-    TransferId,
+    ClientId, DurableChange, LocalRegion, NodeId, ObjectEvent, ObjectId, ReadError, RemoteRegion,
+    RequestId, TransferId,
 };
 
 use super::{Cluster, Event, SimRead};
@@ -142,27 +142,37 @@ impl NodeDriver for SimDriver<'_> {
         c.record(|| format!("{n} post {op} lane {lane}: {remote} of {peer} -> {local}"));
         c.reads_in_flight += 1;
         let faults_on = c.mode.faults && c.now.0 / 1000 < c.params.faults_until_us;
+        let connection = c.network.connection(n, peer);
+        let read = SimRead {
+            requester: n,
+            requester_inc: inc,
+            holder: peer,
+            epoch: connection.epoch,
+            op,
+            local,
+            object,
+        };
+        if c.refused_reads.refuses(faults_on) {
+            // The daemon's fabric refuses the post when its event channel is full and the
+            // loop feeds the failure right after the outputs: nothing reaches the holder.
+            c.stats.reads_refused_busy += 1;
+            c.record(|| format!("FAULT {n}'s fabric is busy: {op} not posted"));
+            let capacity = super::faults::EVENT_CHANNEL_CAPACITY;
+            c.schedule(
+                now,
+                Event::ReadComplete {
+                    read,
+                    result: Err(ReadError::Busy { capacity }),
+                },
+            );
+            return;
+        }
         if faults_on && c.rng.gen_range(0..1_000_000) < c.params.bad_rkey_ppm {
             c.record(|| format!("FAULT bad rkey on {op}"));
             remote.rkey ^= 0x5a5a;
         }
-        let connection = c.network.connection(n, peer);
         let latency = c.network.latency_ns(n, peer);
-        c.schedule(
-            c.after(latency),
-            Event::ReadServe {
-                read: SimRead {
-                    requester: n,
-                    requester_inc: inc,
-                    holder: peer,
-                    epoch: connection.epoch,
-                    op,
-                    local,
-                    object,
-                },
-                remote,
-            },
-        );
+        c.schedule(c.after(latency), Event::ReadServe { read, remote });
     }
 
     fn write_local(&mut self, region: LocalRegion, payload: InputBytes, object: ObjectId) {

@@ -87,6 +87,48 @@ impl MediaFaults {
     }
 }
 
+/// The requester's own fabric refusing to post a READ: its event channel full (the daemon
+/// then feeds the node `ReadError::Busy` at once, and the fetch moves on by the core's rules).
+/// Drawn from their own stream of the seed, so every other draw stays what it was.
+#[derive(Debug)]
+pub(super) struct RefusedReads {
+    rng: ChaCha8Rng,
+    /// Probability (per million) that a READ is refused at its post, while faults are on.
+    busy_ppm: u32,
+}
+
+/// Mixed into the seed for the refusals' stream.
+const REFUSAL_STREAM: u64 = 0x7265_6675_7365_645f;
+
+/// The event channel's capacity a refusal names (the daemon's is 1,024 events).
+pub(super) const EVENT_CHANNEL_CAPACITY: u64 = 1024;
+
+impl RefusedReads {
+    /// The refusals of a random run of `seed`: in about a third of the seeds.
+    pub(super) fn draw(seed: u64) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ REFUSAL_STREAM);
+        let busy_ppm = if rng.gen_bool(0.35) {
+            rng.gen_range(5_000..=80_000)
+        } else {
+            0
+        };
+        RefusedReads { rng, busy_ppm }
+    }
+
+    /// No refusals.
+    pub(super) fn none() -> Self {
+        RefusedReads {
+            rng: ChaCha8Rng::seed_from_u64(REFUSAL_STREAM),
+            busy_ppm: 0,
+        }
+    }
+
+    /// Whether the fabric refuses the READ being posted.
+    pub(super) fn refuses(&mut self, faults_on: bool) -> bool {
+        faults_on && self.busy_ppm > 0 && self.rng.gen_range(0..1_000_000) < self.busy_ppm
+    }
+}
+
 impl Cluster {
     pub(super) fn plan_faults(&mut self) {
         let p = self.params.clone();

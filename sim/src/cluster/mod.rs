@@ -44,7 +44,7 @@ pub use self::replication::{replication_limits, ReplicationRunStats};
 use self::clients::{Call, SessionKey};
 use self::driver::SimDriver;
 use self::durability::Disk;
-use self::faults::MediaFaults;
+use self::faults::{MediaFaults, RefusedReads};
 use self::sim_read::SimRead;
 use crate::checker::Checker;
 use crate::directory::{DirEvent, Effect, SimDirectory};
@@ -294,6 +294,8 @@ pub struct SimStats {
     pub liveness_fetches: u64,
     /// Of those, fetches whose holder dropped the object meanwhile (they prove nothing).
     pub liveness_inconclusive: u64,
+    /// READs the requester's fabric refused to post (`ReadError::Busy`, a full event channel).
+    pub reads_refused_busy: u64,
 }
 
 impl SimStats {
@@ -362,6 +364,8 @@ pub struct Cluster {
     damaged_copies: BTreeSet<(NodeId, u32, ObjectId)>,
     /// Faults of READ serving and of the disks, from their own stream of the seed.
     media: MediaFaults,
+    /// READs the requester's fabric refuses to post, from their own stream of the seed.
+    refused_reads: RefusedReads,
     /// Directory requests of each node (incarnation) awaiting their answer: the object, and
     /// the digest a publication names.
     dir_ops: BTreeMap<
@@ -500,6 +504,11 @@ impl Cluster {
                 MediaFaults::draw(params.seed)
             } else {
                 MediaFaults::none()
+            },
+            refused_reads: if mode.faults {
+                RefusedReads::draw(params.seed)
+            } else {
+                RefusedReads::none()
             },
             dir_ops: BTreeMap::new(),
             accepted: BTreeSet::new(),
