@@ -41,13 +41,48 @@ fn devices(test: &str) -> Option<Vec<String>> {
     Some(names)
 }
 
+/// The daemons' directory (their logs `node-N.log`). When a test fails, its drop prints each
+/// log's warnings and errors and its last lines: the guest's directories go with the VM.
+struct ClusterDir {
+    dir: tempfile::TempDir,
+    nodes: u32,
+}
+
+impl ClusterDir {
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for ClusterDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        const LAST_LINES: usize = 15;
+        for n in 0..self.nodes {
+            let Ok(log) = std::fs::read_to_string(self.path().join(format!("node-{n}.log"))) else {
+                continue;
+            };
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines.len().saturating_sub(LAST_LINES);
+            eprintln!("--- node-{n}.log: warnings, errors and its last {LAST_LINES} lines");
+            for (i, line) in lines.iter().enumerate() {
+                if i >= tail || line.contains("WARN") || line.contains("ERROR") {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+}
+
 /// `nodes` verbs daemons (node 0 is the directory head) with this eager threshold.
 fn cluster(
     test: &str,
     nodes: u32,
     eager_threshold: &str,
     extra: &[&str],
-) -> Option<(tempfile::TempDir, LocalCluster)> {
+) -> Option<(ClusterDir, LocalCluster)> {
     let devices = devices(test)?;
     let dir = common::test_dir();
     let mut args = UpArgs::new(
@@ -72,7 +107,7 @@ fn cluster(
         args.devices.join(","),
         started.elapsed()
     );
-    Some((dir, cluster))
+    Some((ClusterDir { dir, nodes }, cluster))
 }
 
 /// Seeded pseudo-random bytes, 8 at a time (the suite runs unoptimized on an emulated CPU).

@@ -32,5 +32,8 @@ fn reads_the_fabric_refuses_to_post_fail_their_transfer_and_the_fetch_moves_on()
         seeds_with_refusals >= 3,
         "only {seeds_with_refusals} of the seeds refused a READ; the fault is not drawn"
     );
-    assert!(refused > 0 && fetched_ok > 0, "refused {refused}, fetched {fetched_ok}");
+    assert!(
+        refused > 0 && fetched_ok > 0,
+        "refused {refused}, fetched {fetched_ok}"
+    );
 }
