@@ -66,9 +66,11 @@ impl Drop for ClusterDir {
             };
             let lines: Vec<&str> = log.lines().collect();
             let tail = lines.len().saturating_sub(LAST_LINES);
+            // SKYRIVER_TEST_FULL_LOGS=1 prints every line.
+            let full = std::env::var_os("SKYRIVER_TEST_FULL_LOGS").is_some();
             eprintln!("--- node-{n}.log: warnings, errors and its last {LAST_LINES} lines");
             for (i, line) in lines.iter().enumerate() {
-                if i >= tail || line.contains("WARN") || line.contains("ERROR") {
+                if full || i >= tail || line.contains("WARN") || line.contains("ERROR") {
                     eprintln!("{line}");
                 }
             }
@@ -94,8 +96,9 @@ fn cluster(
     args.devices = devices;
     args.eager_threshold = eager_threshold.into();
     args.daemon_args = extra.iter().map(|s| s.to_string()).collect();
-    // The start-up lines (which fabric, memory windows or not) are at info.
-    args.log = "info".into();
+    // The start-up lines (which fabric, memory windows or not) are at info;
+    // SKYRIVER_TEST_DAEMON_LOG sets another filter (e.g. `skyriver_transport=debug,info`).
+    args.log = std::env::var("SKYRIVER_TEST_DAEMON_LOG").unwrap_or_else(|_| "info".into());
     if let Ok(gid) = std::env::var("SKYRIVER_RDMA_GID_INDEX") {
         args.daemon_args.push(format!("--gid-index={gid}"));
     }

@@ -123,9 +123,10 @@ fn unguarded_head_restarts_are_caught() {
         unguarded_head_restarts: true,
         ..Flaws::default()
     };
-    // Two seeds where a returning holder's replay lost the id to another content, found by a
-    // sweep before the grace period existed; then a range to search should the runs drift.
-    let caught = [7_000_000_002_339, 7_000_000_003_195]
+    // Seeds where a returning holder's replay lost the id to another content, found by sweeps
+    // (the last after fetches began to wait for their holders' links); then a range to search
+    // should the runs drift.
+    let caught = [7_000_000_002_339, 7_000_000_003_195, 7_000_000_000_179]
         .into_iter()
         .chain(150..170)
         .chain(SEEDS)

@@ -142,6 +142,12 @@ pub struct NodeConfig {
     /// this many (`ExtendLease`), a holder grants at most this many per lease. So one transfer
     /// reads for at most this many leases and one more.
     pub max_lease_extensions: u32,
+    /// A fetch whose round found no source while some holder is a member whose link is down
+    /// (lost and being re-dialled) waits up to this long, from the first such round, for a link
+    /// to come back instead of counting rounds: a queue pair that failed under load is re-dialled
+    /// within about a second, and the fetch goes on from the holder once it is. Within the
+    /// waiter's deadline, as always.
+    pub holder_link_wait: Duration,
 }
 
 impl NodeConfig {
@@ -184,6 +190,7 @@ impl NodeConfig {
             replication_fetch_timeout: Duration::from_secs(60),
             restore_wait_limit: Duration::from_secs(60),
             max_lease_extensions: 10,
+            holder_link_wait: Duration::from_secs(5),
         }
     }
 

@@ -89,6 +89,9 @@ pub(super) struct ObjectFetch {
     attempts: u32,
     directory_attempts: u32,
     last_error: Option<SourceFailure>,
+    /// Since when the fetch waits for a holder's link to come back (see
+    /// `NodeConfig::holder_link_wait`).
+    waiting_for_link_since: Option<Instant>,
     state: ObjectFetchState,
 }
 
@@ -234,6 +237,7 @@ impl Node {
                         rounds: 0,
                         attempts: 0,
                         directory_attempts: 0,
+                        waiting_for_link_since: None,
                         last_error: None,
                         state: ObjectFetchState::Backoff,
                     };
@@ -423,6 +427,9 @@ impl Node {
             .filter(|h| !object.failed.contains_key(h))
             .filter(|h| peers.get(h).is_some_and(|p| p.connected))
             .min_by_key(|h| (peers[h].active, spread_key(&id, *h)));
+        let from_cache = object.from_cache;
+        let wait_for_link = source.is_none() && !from_cache && self.holder_link_may_come_back(id);
+        let object = self.objects.get_mut(&id).expect("checked above");
         match source {
             Some(source) => {
                 if let Some(error) = self.refuse_queued_transfer() {
@@ -434,7 +441,7 @@ impl Node {
                 self.admission.push_back(id);
                 self.pump_admission();
             }
-            None if object.from_cache => {
+            None if from_cache => {
                 // The remembered holders are gone or no longer have it: ask the directory,
                 // as if this fetch had just started.
                 object.from_cache = false;
@@ -443,6 +450,22 @@ impl Node {
                 self.stats.stale_locations += 1;
                 self.locations.remove(&id);
                 self.look_up(id);
+            }
+            None if wait_for_link => {
+                // Every untried holder is unreachable, but a member's link is only being
+                // re-dialled: wait for it (`wake_fetches_waiting_for`), looking again now and then,
+                // without counting the round.
+                object.failed.clear();
+                object.state = ObjectFetchState::Backoff;
+                self.stats.fetches_waiting_for_links += 1;
+                // Looking again as soon as a round would (another node may hold it by now),
+                // then less often the longer the wait: at most every ten backoffs.
+                let backoff = self.config.retry_backoff;
+                let waited = object
+                    .waiting_for_link_since
+                    .map_or(Duration::ZERO, |since| self.now.saturating_since(since));
+                let at = self.now + waited.clamp(backoff, backoff * 10);
+                self.set_timer(at, Timer::ObjectRetry(id));
             }
             None => {
                 object.rounds += 1;
@@ -472,6 +495,26 @@ impl Node {
                 }
             }
         }
+    }
+
+    /// Whether the fetch of `id`, which found no source this round, should wait for a holder's
+    /// link: some holder is a member whose link is down, and the fetch has not waited for links
+    /// longer than `holder_link_wait` in all. Starts the wait's clock.
+    fn holder_link_may_come_back(&mut self, id: ObjectId) -> bool {
+        let (now, limit) = (self.now, self.config.holder_link_wait);
+        let peers = &self.peers;
+        let Some(object) = self.objects.get_mut(&id) else {
+            return false;
+        };
+        let link_down = object
+            .holders
+            .iter()
+            .any(|h| peers.get(h).is_some_and(|p| !p.connected));
+        if !link_down {
+            return false;
+        }
+        let since = *object.waiting_for_link_since.get_or_insert(now);
+        now < since.saturating_add(limit)
     }
 
     /// Starts queued transfers, in order, while memory and the bytes-in-flight cap allow.

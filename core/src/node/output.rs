@@ -362,4 +362,8 @@ pub struct NodeStats {
     /// Leases this node extended for its readers.
     #[serde(default)]
     pub leases_extended: u64,
+    /// Fetch rounds that found every untried holder's link down and waited for one to come
+    /// back instead of counting the round (`NodeConfig::holder_link_wait`).
+    #[serde(default)]
+    pub fetches_waiting_for_links: u64,
 }

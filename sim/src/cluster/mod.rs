@@ -601,6 +601,9 @@ impl Cluster {
         config.max_directory_attempts = 6;
         config.max_source_rounds = 3;
         config.retry_backoff = Duration::from_micros(100);
+        // A lost link is re-dialled within a few reconnection times (`dial` below): a fetch
+        // waits about that long for its holders' links, as the daemon's 5 s cover its ~1 s.
+        config.holder_link_wait = Duration::from_micros(p.reconnect_us * 4);
         // Every node records durable changes for its simulated disk; in persistent mode the
         // disk also survives a crash.
         config.store.record_durable_changes = true;

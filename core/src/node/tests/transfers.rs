@@ -667,6 +667,71 @@ fn a_fetch_waiting_for_a_connection_goes_on_when_it_comes_up() {
     w.assert_settled();
 }
 
+/// The link to the only holder fails (a queue pair in the error state) and is re-dialled a
+/// second later: the fetch waits for it instead of spending its rounds in 300 ms.
+#[test]
+fn a_fetch_whose_only_holder_lost_its_link_waits_for_the_link_past_its_rounds() {
+    let mut w = World::new(2, |c| c.retry_backoff = Duration::from_millis(100));
+    w.put(0, 1, 1500);
+    w.feed(1, NodeInput::PeerLost { peer: NodeId(0) });
+    w.fetch(1, &[1], Duration::from_secs(10));
+    // Three rounds' backoffs (100 + 200 ms) and more: without the wait the fetch failed here.
+    for _ in 0..15 {
+        w.advance(Duration::from_millis(100));
+    }
+    assert!(
+        w.replies(1).is_empty(),
+        "still waiting for the holder's link"
+    );
+    assert!(w.nodes[1].stats().fetches_waiting_for_links > 0);
+    let params = PeerParams {
+        lanes: 2,
+        costs: PathCosts::RDMA_DEFAULT,
+    };
+    w.feed(
+        1,
+        NodeInput::PeerConnected {
+            peer: NodeId(0),
+            params,
+        },
+    );
+    w.pump();
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1, "answered once the link is back");
+    let info = ok_info(&replies[0][0]);
+    assert_eq!(w.local_bytes(1, &info), World::bytes_of(1, 1500));
+    w.release(1, 1);
+    w.assert_settled();
+}
+
+/// The wait for a holder's link is bounded: a link that stays down fails the fetch after
+/// `holder_link_wait`, well before the client's deadline.
+#[test]
+fn a_fetch_waits_for_a_holders_link_no_longer_than_the_bound() {
+    let mut w = World::new(2, |c| {
+        c.retry_backoff = Duration::from_millis(100);
+        c.holder_link_wait = Duration::from_secs(1);
+    });
+    w.put(0, 1, 1500);
+    w.feed(1, NodeInput::PeerLost { peer: NodeId(0) });
+    w.fetch(1, &[1], Duration::from_secs(30));
+    for _ in 0..8 {
+        w.advance(Duration::from_millis(100));
+    }
+    assert!(w.replies(1).is_empty(), "within the bound: waiting");
+    // The bound (1 s), then the rounds' own backoffs (100 + 200 ms) and the lookups.
+    for _ in 0..20 {
+        w.advance(Duration::from_millis(100));
+    }
+    let replies = w.replies(1);
+    assert_eq!(replies.len(), 1, "the bound passed: the fetch is answered");
+    assert!(
+        matches!(&replies[0][0], Err(FetchError::SourcesFailed { .. })),
+        "{:?}",
+        replies[0][0]
+    );
+}
+
 #[test]
 fn fetch_requests_of_one_pass_are_answered_together_object_by_object() {
     let mut w = World::new(5, |_| {});

@@ -154,6 +154,7 @@ impl<W, V> WindowPool<W, V> {
             let id = self.wr_id(lease, Phase::Binding);
             match lanes.bind(lane, id, &mut window) {
                 Ok(rkey) => {
+                    tracing::debug!(peer = %lease.0, req = %lease.1, lane, rkey, wr_id = id, "verbs fabric: window bind posted");
                     windows.push(window);
                     keys.push(rkey);
                 }
@@ -248,6 +249,7 @@ impl<W, V> WindowPool<W, V> {
         if let Some(lanes) = lanes {
             for (lane, window) in windows.by_ref().enumerate() {
                 let id = self.wr_id(lease, Phase::Invalidating);
+                tracing::debug!(peer = %lease.0, req = %lease.1, lane, wr_id = id, "verbs fabric: window invalidation posted");
                 if let Err(error) = lanes.invalidate(lane, id, &window) {
                     self.requests.remove(&id);
                     tracing::warn!(peer = %lease.0, req = %lease.1, %error, "verbs fabric: cannot post a window invalidation; freeing the window instead");
