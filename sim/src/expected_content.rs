@@ -161,6 +161,22 @@ mod tests {
     }
 
     #[test]
+    fn contents_are_kept_by_their_bytes_not_their_count() {
+        let mut expected = ExpectedContents::with_budget(100 * 64);
+        // A hundred small contents (64 bytes each) fit the budget: none leaves.
+        for n in 0..100 {
+            expected.bytes(&ObjectId::from_u64(n), 0, 64);
+        }
+        assert!((0..100).all(|n| expected.keeps(&ObjectId::from_u64(n), 0, 64)));
+        // A large one pushes out the least recently used.
+        expected.bytes(&ObjectId::from_u64(0), 0, 64);
+        expected.bytes(&ObjectId::from_u64(1_000), 0, 64 * 50);
+        assert!(expected.keeps(&ObjectId::from_u64(0), 0, 64), "used last");
+        assert!(!expected.keeps(&ObjectId::from_u64(1), 0, 64), "used least recently");
+        assert!(expected.kept_bytes <= 100 * 64);
+    }
+
+    #[test]
     fn a_check_names_the_first_differing_byte() {
         let mut expected = ExpectedContents::default();
         let id = ObjectId::from_u64(9);
