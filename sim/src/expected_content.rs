@@ -172,7 +172,10 @@ mod tests {
         expected.bytes(&ObjectId::from_u64(0), 0, 64);
         expected.bytes(&ObjectId::from_u64(1_000), 0, 64 * 50);
         assert!(expected.keeps(&ObjectId::from_u64(0), 0, 64), "used last");
-        assert!(!expected.keeps(&ObjectId::from_u64(1), 0, 64), "used least recently");
+        assert!(
+            !expected.keeps(&ObjectId::from_u64(1), 0, 64),
+            "used least recently"
+        );
         assert!(expected.kept_bytes <= 100 * 64);
     }
 
