@@ -33,17 +33,16 @@ pub fn content_bytes_into(id: &ObjectId, variant: u32, len: usize, out: &mut Vec
     }
     let mut state = hash.finish() | 1;
     out.clear();
-    out.resize(len, 0);
+    out.reserve(len);
     // Whole words at a time (every content check regenerates what it compares against, so
-    // this is on the simulator's hot path); the last word is cut to what is left.
-    let mut chunks = out.chunks_exact_mut(8);
-    for chunk in &mut chunks {
-        chunk.copy_from_slice(&next_content_word(&mut state));
+    // this is on the simulator's hot path); the last word is cut to what is left. Appended,
+    // not written over zeros first: a debug build fills a resized vector byte by byte.
+    for _ in 0..len / 8 {
+        out.extend_from_slice(&next_content_word(&mut state));
     }
-    let rest = chunks.into_remainder();
-    if !rest.is_empty() {
-        let word = next_content_word(&mut state);
-        rest.copy_from_slice(&word[..rest.len()]);
+    let rest = len % 8;
+    if rest != 0 {
+        out.extend_from_slice(&next_content_word(&mut state)[..rest]);
     }
 }
 
