@@ -19,25 +19,31 @@ pub fn expected_bytes(id: &ObjectId, len: usize) -> Vec<u8> {
 /// The bytes of content `variant` of object `id` (data then metadata), `len` of them: variant
 /// 0 is the id's usual content, any other is another content put under the same id.
 pub fn content_bytes(id: &ObjectId, variant: u32, len: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    content_bytes_into(id, variant, len, &mut out);
+    out
+}
+
+/// [`content_bytes`] into `out` (whose earlier bytes it replaces), reusing its allocation.
+pub fn content_bytes_into(id: &ObjectId, variant: u32, len: usize, out: &mut Vec<u8>) {
     let mut hash = Fnv::default();
     hash.write(id.as_bytes());
     if variant != 0 {
         hash.write(&variant.to_le_bytes());
     }
     let mut state = hash.finish() | 1;
-    let mut out = vec![0; len];
+    out.clear();
+    out.reserve(len);
     // Whole words at a time (every content check regenerates what it compares against, so
-    // this is on the simulator's hot path); the last word is cut to what is left.
-    let mut chunks = out.chunks_exact_mut(8);
-    for chunk in &mut chunks {
-        chunk.copy_from_slice(&next_content_word(&mut state));
+    // this is on the simulator's hot path); the last word is cut to what is left. Appended,
+    // not written over zeros first: a debug build fills a resized vector byte by byte.
+    for _ in 0..len / 8 {
+        out.extend_from_slice(&next_content_word(&mut state));
     }
-    let rest = chunks.into_remainder();
-    if !rest.is_empty() {
-        let word = next_content_word(&mut state);
-        rest.copy_from_slice(&word[..rest.len()]);
+    let rest = len % 8;
+    if rest != 0 {
+        out.extend_from_slice(&next_content_word(&mut state)[..rest]);
     }
-    out
 }
 
 /// The next eight bytes of a content stream (xorshift64*).

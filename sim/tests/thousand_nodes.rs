@@ -4,7 +4,7 @@
 //!
 //! Ignored in CI: under `cargo test` (the simulator and the core are optimised, assertions on)
 //! it passes in about 34 s of CPU and 1.5 GB (80 s before the checks' cost per event stopped
-//! growing with what nodes hold; about 17 s in a release build, 150k events/s), which with
+//! growing with what nodes hold; about 13 s in a release build, 190k events/s), which with
 //! its memory is too much for every CI run. Member lists are shared, one per membership change
 //! (before, each lost directory push sent N lists of N members, and the run took 2.8 GB
 //! without reaching 2 simulated ms). Run it with

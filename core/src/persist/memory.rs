@@ -35,6 +35,9 @@ pub struct MemoryStorage {
     durable: Vec<u8>,
     /// Writes since the last sync, in order.
     unsynced: Vec<Unsynced>,
+    /// `current` differs from `durable` by more than `unsynced` says (a shrink cut a write
+    /// off): the next sync copies the whole image instead of replaying the writes.
+    diverged: bool,
 }
 
 impl MemoryStorage {
@@ -61,6 +64,7 @@ impl MemoryStorage {
             self.durable[at..at + landed].copy_from_slice(&write.bytes[..landed]);
         }
         self.current.clone_from(&self.durable);
+        self.diverged = false;
     }
 }
 
@@ -90,15 +94,27 @@ impl Storage for MemoryStorage {
     fn set_len(&mut self, len_bytes: u64) -> Result<(), Infallible> {
         self.current.resize(len_bytes as usize, 0);
         self.durable.resize(len_bytes as usize, 0);
-        // A write cut off by a shrink cannot land any more.
+        // A write cut off by a shrink cannot land any more (what of it lies below the new
+        // length stays in `current` until a sync or a crash).
+        let before = self.unsynced.len();
         self.unsynced
             .retain(|w| w.offset + w.bytes.len() as u64 <= len_bytes);
+        self.diverged |= self.unsynced.len() != before;
         Ok(())
     }
 
     fn sync(&mut self) -> Result<(), Infallible> {
-        self.unsynced.clear();
-        self.durable.clone_from(&self.current);
+        // `durable` and `current` differ only where the unsynced writes went: replaying them
+        // costs what was written, not the medium's size.
+        if std::mem::take(&mut self.diverged) {
+            self.unsynced.clear();
+            self.durable.clone_from(&self.current);
+        } else {
+            for write in self.unsynced.drain(..) {
+                let at = write.offset as usize;
+                self.durable[at..at + write.bytes.len()].copy_from_slice(&write.bytes);
+            }
+        }
         Ok(())
     }
 }

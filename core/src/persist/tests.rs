@@ -262,3 +262,25 @@ fn a_commit_that_cannot_grow_the_index_changes_nothing_and_succeeds_once_there_i
     assert_eq!(ids, (1..INITIAL_SLOTS + extra).collect::<Vec<_>>());
     assert_eq!(scan.slots, INITIAL_SLOTS * 2);
 }
+
+#[test]
+fn a_sync_makes_every_write_durable_even_one_a_shrink_cut_short() {
+    let mut storage = MemoryStorage::new();
+    ok(storage.set_len(64));
+    ok(storage.write_at(0, &[1; 8]));
+    ok(storage.sync());
+    ok(storage.write_at(8, &[2; 8]));
+    ok(storage.write_at(40, &[3; 16]));
+    // Cuts the second write: its first 8 bytes stay where reads see them.
+    ok(storage.set_len(48));
+    ok(storage.sync());
+    ok(storage.write_at(16, &[4; 8]));
+    storage.crash(|_, _| WriteFate::Lost);
+    let mut image = [0; 48];
+    ok(storage.read_at(0, &mut image));
+    let mut expected = [0; 48];
+    expected[..8].fill(1);
+    expected[8..16].fill(2);
+    expected[40..48].fill(3);
+    assert_eq!(image, expected);
+}

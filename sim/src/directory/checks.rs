@@ -231,6 +231,20 @@ impl SimDirectory {
         let Some(end) = self.ends.get(&node) else {
             return;
         };
+        // Whether the registry's side applies is the same for every object the node waits
+        // for: decided once (whether the session replays is a scan of its requests in
+        // flight), not once per object.
+        let registry_side = match (&self.registry, end.conn) {
+            (Some(registry), Some(conn))
+                if end.session.is_up()
+                    && !self.broken.contains(&conn)
+                    && registry.connection_of(node) == Some(conn)
+                    && !end.session.replaying() =>
+            {
+                Some((registry, conn))
+            }
+            _ => None,
+        };
         for id in &end.relied {
             if self.events_in_flight.contains_key(&(node, *id)) {
                 continue;
@@ -245,17 +259,9 @@ impl SimDirectory {
                 ));
                 continue;
             }
-            let steady = end.session.is_up() && !end.session.replaying();
-            let Some(conn) = end.conn else { continue };
-            if !steady || self.broken.contains(&conn) {
-                continue;
-            }
-            let Some(registry) = &self.registry else {
+            let Some((registry, conn)) = registry_side else {
                 continue;
             };
-            if registry.connection_of(node) != Some(conn) {
-                continue;
-            }
             if !registry.is_subscribed(node, id) {
                 found.push((
                     ViolationKey::RegistryForgot(node, *id, conn),
