@@ -77,8 +77,7 @@ pub const SMALL_READ_THREADS: usize = 16;
 /// Completions waiting for the loop at most: an IO thread with a completion and no place
 /// waits, and meanwhile takes no job, so the job queues fill and further jobs wait in the
 /// loop's backlogs (bounded by the core's spill limits).
-pub const COMPLETION_QUEUE: usize =
-    JOB_QUEUE + IO_THREADS + SMALL_READ_THREADS * (PER_THREAD_QUEUE + 1);
+pub const COMPLETION_QUEUE: usize = 2 * JOB_QUEUE + IO_THREADS + SMALL_READ_THREADS;
 const MAGIC: &[u8; 8] = b"SKYSPIL1";
 
 /// How to run the spill tier.
@@ -356,59 +355,26 @@ struct Disk {
     read_gate: tests::ReadGate,
 }
 
-/// How the threads of a [`Lane`] take their jobs.
-#[derive(Debug, Clone, Copy)]
-enum Queues {
-    /// One queue all take from: a job goes to whichever thread is free first (jobs of very
-    /// different lengths, a large object's chunks among them, never wait behind one another).
-    Shared,
-    /// A short queue per thread, filled in turn: no lock between the threads to hand a job
-    /// over (for jobs of about equal length, small reads).
-    PerThread,
-}
-
-/// Jobs one thread of a [`Queues::PerThread`] lane holds queued at most.
-const PER_THREAD_QUEUE: usize = 4;
-
-/// A pool of IO threads as the loop sees it: their bounded job queues, and the jobs waiting
-/// on the loop for room in them.
+/// A pool of IO threads as the loop sees it: their bounded job queue, and the jobs waiting
+/// on the loop for room in it.
 struct Lane {
-    queues: Vec<SyncSender<Job>>,
-    /// The queue tried first for the next job.
-    next: usize,
+    jobs: Option<SyncSender<Job>>,
     backlog: VecDeque<Job>,
 }
 
 impl Lane {
-    /// Starts `threads` IO threads named `name-N`, taking jobs as `queues` says.
+    /// Starts `threads` IO threads named `name-N` on a queue of their own.
     fn start(
         name: &str,
         threads: usize,
-        queues: Queues,
         disk: &Arc<Disk>,
         done: &mpsc::Sender<SpillCompletion>,
         handles: &mut Vec<std::thread::JoinHandle<()>>,
     ) -> Self {
-        let mut senders = Vec::new();
-        let mut shared = None;
+        let (jobs_tx, jobs_rx) = sync_channel::<Job>(JOB_QUEUE);
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         for n in 0..threads {
-            let jobs = match (queues, &shared) {
-                (Queues::Shared, Some(jobs)) => Arc::clone(jobs),
-                (Queues::Shared, None) | (Queues::PerThread, _) => {
-                    let capacity = match queues {
-                        Queues::Shared => JOB_QUEUE,
-                        Queues::PerThread => PER_THREAD_QUEUE,
-                    };
-                    let (jobs_tx, jobs_rx) = sync_channel::<Job>(capacity);
-                    senders.push(jobs_tx);
-                    let jobs = Arc::new(Mutex::new(jobs_rx));
-                    if matches!(queues, Queues::Shared) {
-                        shared = Some(Arc::clone(&jobs));
-                    }
-                    jobs
-                }
-            };
-            let (disk, done) = (disk.clone(), done.clone());
+            let (disk, jobs, done) = (disk.clone(), jobs_rx.clone(), done.clone());
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-{n}"))
@@ -417,8 +383,7 @@ impl Lane {
             );
         }
         Self {
-            queues: senders,
-            next: 0,
+            jobs: Some(jobs_tx),
             backlog: VecDeque::new(),
         }
     }
@@ -442,32 +407,22 @@ impl Lane {
         }
     }
 
-    /// Puts `job` in the first queue with room, from the one after the last used; gives it
-    /// back when all are full.
-    fn try_send(&mut self, mut job: Job) -> Result<(), Job> {
-        let count = self.queues.len();
-        for turn in 0..count {
-            let at = (self.next + turn) % count;
-            match self.queues[at].try_send(job) {
-                Ok(()) => {
-                    self.next = (at + 1) % count;
-                    return Ok(());
-                }
-                Err(TrySendError::Full(back)) => job = back,
-                // The threads are gone only when the daemon stops.
-                Err(TrySendError::Disconnected(_)) => return Ok(()),
-            }
-        }
-        if count == 0 {
+    fn try_send(&mut self, job: Job) -> Result<(), Job> {
+        let Some(jobs) = &self.jobs else {
             return Ok(()); // shutting down
+        };
+        match jobs.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(job)) => Err(job),
+            // The threads are gone only when the daemon stops.
+            Err(TrySendError::Disconnected(_)) => Ok(()),
         }
-        Err(job)
     }
 
-    /// Drops the backlog and closes the queues: the threads end once they have emptied them.
+    /// Drops the backlog and closes the queue: its threads end once they have emptied it.
     fn close(&mut self) {
         self.backlog.clear();
-        self.queues.clear();
+        self.jobs = None;
     }
 }
 
@@ -680,18 +635,10 @@ impl SpillIo {
             read_gate: tests::ReadGate::default(),
         });
         let mut threads = Vec::with_capacity(IO_THREADS + SMALL_READ_THREADS);
-        let general = Lane::start(
-            "skyriver-spill",
-            IO_THREADS,
-            Queues::Shared,
-            &disk,
-            &done_tx,
-            &mut threads,
-        );
+        let general = Lane::start("skyriver-spill", IO_THREADS, &disk, &done_tx, &mut threads);
         let small_reads = Lane::start(
             "skyriver-spill-read",
             SMALL_READ_THREADS,
-            Queues::PerThread,
             &disk,
             &done_tx,
             &mut threads,
