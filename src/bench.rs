@@ -66,6 +66,7 @@ mod local;
 mod plot;
 mod recovery;
 mod replicas;
+mod replicas_breakdown;
 mod scale;
 mod spill;
 

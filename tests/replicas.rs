@@ -260,7 +260,9 @@ fn a_put_that_waits_for_more_copies_than_nodes_fails_naming_the_copies_and_delet
 }
 
 /// `skyriver bench replicas`, tiny: every copy count next to the fetch at each size, the
-/// ratio of waiting to one fetch, and a repair after a kill that restored every object.
+/// ratio of waiting to one fetch, a repair after a kill that restored every object, and the
+/// breakdown: the daemons' CPU per operation, and every milestone of a traced put seen in
+/// the stamps of the origin, the head and the targets.
 #[test]
 fn bench_replicas_measures_puts_by_copies_next_to_a_fetch_and_times_a_repair() {
     if let Err(reason) = skyriver::netns::available() {
@@ -283,6 +285,8 @@ fn bench_replicas_measures_puts_by_copies_next_to_a_fetch_and_times_a_repair() {
             "2",
             "--repair-mib",
             "4",
+            "--breakdown",
+            "1",
             "--json",
             "replicas.json",
         ])
@@ -313,6 +317,32 @@ fn bench_replicas_measures_puts_by_copies_next_to_a_fetch_and_times_a_repair() {
             assert!(case["p50_us"].as_f64().unwrap() > 0.0);
         }
         assert_eq!(row["wait_over_fetch"].as_array().unwrap().len(), 2);
+    }
+    let breakdown = &report["breakdown"];
+    let costs: Vec<&str> = breakdown["cpu"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["operation"].as_str().unwrap())
+        .collect();
+    assert_eq!(costs, ["put k=1", "put k=2", "put k=3", "fetch"]);
+    for cost in breakdown["cpu"].as_array().unwrap() {
+        assert_eq!(cost["iterations"], 10);
+        assert_eq!(cost["cpu_us_by_node"].as_array().unwrap().len(), 4);
+        assert!(cost["cpu_us"].as_f64().unwrap() > 0.0, "{cost}");
+    }
+    let timelines = breakdown["timelines"].as_array().unwrap();
+    assert_eq!(timelines.len(), 2, "k = 2 and 3");
+    for timeline in timelines {
+        let milestones = timeline["milestones"].as_array().unwrap();
+        assert_eq!(milestones.len(), 11);
+        for milestone in milestones {
+            let at = milestone[1].as_f64();
+            assert!(
+                at.is_some_and(|at| at > 0.0),
+                "{milestone} not seen: {timeline}"
+            );
+        }
     }
     let repair = &report["repair"];
     assert_eq!(repair["objects"], 4);

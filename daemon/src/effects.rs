@@ -495,6 +495,7 @@ impl NodeDriver for Effects {
     fn directory(&mut self, op: DirectoryOpId, request: DirectoryRequest) {
         match &self.directory {
             Some(directory) => {
+                trace::stamp("directory_submit");
                 let answered = !matches!(request, DirectoryRequest::Unsubscribe { .. });
                 if let Err(refused) = directory.submit(op, request) {
                     if answered {

@@ -597,9 +597,11 @@ impl EventLoop {
         let now = self.now();
         match notice {
             DirectoryNotice::Reply { op, reply } => {
+                trace::stamp("directory_reply");
                 self.feed(now, NodeInput::DirectoryReply { op, reply });
             }
             DirectoryNotice::Event(event) => {
+                trace::stamp("directory_event");
                 self.feed(now, NodeInput::DirectoryEvent { event });
             }
             DirectoryNotice::Members(members) => {

@@ -25,7 +25,7 @@ use skyriver_client::{Client, NodeId, ObjectId, ReplicaPolicy};
 use skyriver_daemon::size::{format_bytes, ByteSize};
 
 /// How long a put may wait for its copies, and a fetch for its object.
-const WAIT: Duration = Duration::from_secs(120);
+pub(super) const WAIT: Duration = Duration::from_secs(120);
 /// How long repair may take before the run fails.
 const REPAIR_LIMIT: Duration = Duration::from_secs(300);
 
@@ -57,6 +57,12 @@ pub struct ReplicasArgs {
     /// Write the results as JSON here.
     #[arg(long, default_value = "bench-replicas.json")]
     pub json: PathBuf,
+    /// Where the wait for copies goes, at the first size: ten times this many puts per copy
+    /// count and fetches with the daemons' CPU time around each, then this many traced puts
+    /// per copy count above 1, whose stamps give the medians of a put's milestones (0: none;
+    /// `SKYRIVER_BENCH_STAMPS=1` prints every stamp too).
+    #[arg(long, default_value_t = 0)]
+    pub breakdown: usize,
 }
 
 /// One size: puts by copy count next to one fetch.
@@ -103,6 +109,9 @@ pub struct ReplicasReport {
     pub results: Vec<ReplicaRow>,
     /// The repair phase, if run.
     pub repair: Option<RepairResult>,
+    /// Where the wait for copies goes (`--breakdown`), if asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<super::replicas_breakdown::Breakdown>,
     /// The load average at the end (other work on the machine skews the numbers).
     pub load_average: String,
     /// The machine.
@@ -237,6 +246,17 @@ fn measure(args: &ReplicasArgs, cluster: &mut LocalCluster) -> Result<ReplicasRe
             wait_over_fetch,
         });
     }
+    let breakdown = if args.breakdown > 0 {
+        eprintln!("breakdown...");
+        Some(super::replicas_breakdown::run(
+            args,
+            cluster,
+            &putter,
+            &mut fresh_id,
+        )?)
+    } else {
+        None
+    };
     drop(putter);
     drop(fetcher);
     let repair = if args.repair_mib > 0 {
@@ -253,6 +273,7 @@ fn measure(args: &ReplicasArgs, cluster: &mut LocalCluster) -> Result<ReplicasRe
         link: args.link.as_ref().map(|l| l.to_string()),
         results,
         repair,
+        breakdown,
         load_average,
         machine: MachineInfo::probe(),
     })
@@ -332,7 +353,7 @@ fn repair(
 }
 
 /// A delete on the putting node removes every copy; returns once the directory lists none.
-fn delete_everywhere(client: &Client, id: ObjectId) -> Result<(), BenchError> {
+pub(super) fn delete_everywhere(client: &Client, id: ObjectId) -> Result<(), BenchError> {
     client.delete(&[id])?;
     within(WAIT, || {
         client
@@ -376,7 +397,7 @@ fn head_gauge(cluster: &LocalCluster, name: &str) -> Option<f64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
@@ -405,6 +426,9 @@ fn print_table(report: &ReplicasReport) {
                 ratio
             );
         }
+    }
+    if let Some(breakdown) = &report.breakdown {
+        super::replicas_breakdown::print(breakdown);
     }
     if let Some(repair) = &report.repair {
         println!(

@@ -3,9 +3,14 @@
 //!
 //! Greedy, one target at a time: a node in a failure domain no copy (or chosen target) is in
 //! yet comes first; then the node with the most free memory (a node that never reported it
-//! counts as empty, the usual case of a node that never held a copy of record); ties are broken
-//! by a stable mix of the object and the node, so objects spread over equal nodes without
-//! randomness. A node whose reported free memory cannot take the object is not chosen by
+//! counts as empty, the usual case of a node that never held a copy of record), compared to
+//! two significant bits ([`free_memory_class`]: nodes in one class, within a factor of 1.5 of
+//! each other, are equal); ties are broken by a stable mix of the object and the node, so objects spread over
+//! equal nodes without randomness. Compared exactly, a node that reported a few bytes more
+//! than the others would take every copy until it filled, and the others' reports, only as
+//! recent as their last copy, would never change: the copies of a put would always land on the
+//! same nodes (on a local cluster, the head's own among them, whose loop then serves the
+//! directory and makes a copy in turn). A node whose reported free memory cannot take the object is not chosen by
 //! [`choose_targets`].
 //!
 //! When that leaves too few, [`choose_retry_targets`] asks the rest: a report is only as recent
@@ -88,7 +93,7 @@ fn choose_greedily<K: Ord + Copy>(
             .enumerate()
             .min_by_key(|(_, (c, first))| {
                 let domain_used = used.contains(&domain_key(c.node, &c.failure_domain));
-                let free = c.free_bytes.unwrap_or(u64::MAX);
+                let free = free_memory_class(c.free_bytes.unwrap_or(u64::MAX));
                 (
                     *first,
                     domain_used,
@@ -103,6 +108,17 @@ fn choose_greedily<K: Ord + Copy>(
         left.swap_remove(at);
     }
     chosen
+}
+
+/// Free memory to two significant bits (the class [`choose_targets`] compares): `free`
+/// rounded down to its highest set bit and the one below it, `[2ⁿ, 1.5·2ⁿ)` or
+/// `[1.5·2ⁿ, 2ⁿ⁺¹)`, so nodes with about the same free memory are equal and share the copies.
+pub fn free_memory_class(free: u64) -> u64 {
+    if free < 4 {
+        return free;
+    }
+    let shift = free.ilog2() - 1;
+    (free >> shift) << shift
 }
 
 #[cfg(test)]
@@ -174,6 +190,45 @@ mod tests {
         for count in &per_node[1..] {
             assert!((50..=150).contains(count), "spread: {per_node:?}");
         }
+    }
+
+    /// Nodes whose free memory differs by a little share the copies: compared exactly, the one
+    /// that reported a few bytes more took every copy.
+    #[test]
+    fn nodes_with_about_equal_free_memory_share_the_objects() {
+        let gib = 1u64 << 30;
+        let candidates = [
+            candidate(1, "", Some(10 * gib)),
+            candidate(2, "", Some(10 * gib - 4096)),
+            candidate(3, "", Some(9 * gib)),
+        ];
+        let mut per_node = [0u32; 4];
+        for n in 0..300 {
+            let chosen =
+                choose_targets(&ObjectId::from_u64(n), 1, &candidates, &BTreeSet::new(), 1);
+            per_node[chosen[0].0 as usize] += 1;
+        }
+        for count in &per_node[1..] {
+            assert!((50..=150).contains(count), "spread: {per_node:?}");
+        }
+        // Far more free memory still comes first.
+        let candidates = [candidate(1, "", Some(4 * gib)), candidate(2, "", Some(gib))];
+        for n in 0..50 {
+            let chosen =
+                choose_targets(&ObjectId::from_u64(n), 1, &candidates, &BTreeSet::new(), 1);
+            assert_eq!(chosen, vec![NodeId(1)]);
+        }
+    }
+
+    #[test]
+    fn free_memory_classes_keep_two_significant_bits() {
+        assert_eq!(free_memory_class(0), 0);
+        assert_eq!(free_memory_class(3), 3);
+        assert_eq!(free_memory_class(7), 6);
+        assert_eq!(free_memory_class(1000), 768);
+        assert_eq!(free_memory_class(1023), 768);
+        assert_eq!(free_memory_class(1024), 1024);
+        assert_eq!(free_memory_class(u64::MAX), 3 << 62);
     }
 
     #[test]

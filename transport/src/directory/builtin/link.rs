@@ -53,8 +53,11 @@ async fn write_to_head(writer: OwnedWriteHalf, mut messages: mpsc::Receiver<ToRe
         if writer.write_all(&frame::encode(&message)).await.is_err() {
             return;
         }
-        if messages.is_empty() && writer.flush().await.is_err() {
-            return;
+        if messages.is_empty() {
+            if writer.flush().await.is_err() {
+                return;
+            }
+            crate::trace::stamp("head_link_written");
         }
     }
     let _ = writer.shutdown().await;
@@ -67,7 +70,10 @@ async fn read_from_head(
     let mut buf = Vec::new();
     loop {
         let result = match frame::read::<FromRegistry, _>(&mut reader, &mut buf).await {
-            Ok(Some(message)) => Ok(message),
+            Ok(Some(message)) => {
+                crate::trace::stamp("head_link_read");
+                Ok(message)
+            }
             Ok(None) => Err(LinkError::ClosedByHead),
             Err(error) => Err(LinkError::Read(Arc::new(error))),
         };

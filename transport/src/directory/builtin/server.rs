@@ -206,6 +206,7 @@ impl Head {
                 self.writers.insert(conn, writer);
             }
             HeadInput::Message { conn, message } => {
+                crate::trace::stamp("head_handled");
                 match self.registry.handle_message(now, conn, message) {
                     Ok(()) => {}
                     Err(RegistryMessageError::Refused(refusal)) => {
@@ -282,6 +283,7 @@ impl Head {
         let Some(writer) = self.writers.get(&conn) else {
             return;
         };
+        crate::trace::stamp("head_queued");
         if writer.try_send(frame).is_err() {
             tracing::warn!(%conn, "node disconnected: it stopped reading its queue");
             self.writers.remove(&conn);
@@ -414,7 +416,10 @@ async fn read_messages(
     let mut buf = Vec::new();
     loop {
         let message = match frame::read::<ToRegistry, _>(reader, &mut buf).await {
-            Ok(Some(message)) => message,
+            Ok(Some(message)) => {
+                crate::trace::stamp("head_read");
+                message
+            }
             Ok(None) => return "connection closed".into(),
             Err(error) => return error.to_string(),
         };
@@ -439,6 +444,7 @@ async fn write_frames(writer: OwnedWriteHalf, mut frames: mpsc::Receiver<Arc<[u8
             if let Err(error) = writer.flush().await {
                 return format!("write failed: {error}");
             }
+            crate::trace::stamp("head_written");
         }
     }
     let _ = writer.shutdown().await;
