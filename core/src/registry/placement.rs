@@ -5,13 +5,13 @@
 //! yet comes first; then the node with the most free memory (a node that never reported it
 //! counts as empty, the usual case of a node that never held a copy of record), compared to
 //! two significant bits ([`free_memory_class`]: nodes in one class, within a factor of 1.5 of
-//! each other, are equal); ties are broken by a stable mix of the object and the node, so objects spread over
-//! equal nodes without randomness. Compared exactly, a node that reported a few bytes more
-//! than the others would take every copy until it filled, and the others' reports, only as
-//! recent as their last copy, would never change: the copies of a put would always land on the
-//! same nodes (on a local cluster, the head's own among them, whose loop then serves the
-//! directory and makes a copy in turn). A node whose reported free memory cannot take the object is not chosen by
-//! [`choose_targets`].
+//! each other, are equal); ties are broken by a stable mix of the object and the node, so
+//! objects spread over equal nodes without randomness. Compared exactly, a node that reported
+//! a few bytes more than the others would take every copy until it filled, and the others'
+//! reports, only as recent as their last copy, would never change: the copies of a put would
+//! always land on the same nodes (on a local cluster, the head's own among them, whose loop
+//! then serves the directory and makes a copy in turn). A node whose reported free memory
+//! cannot take the object is not chosen by [`choose_targets`].
 //!
 //! When that leaves too few, [`choose_retry_targets`] asks the rest: a report is only as recent
 //! as the node's last replicated publication (it may have freed memory since), and a target
