@@ -9,7 +9,7 @@ const FIXED: u64 = 300;
 /// Seeds derived from the commit, when known.
 const FROM_COMMIT: u64 = 50;
 /// Seeds that once found a bug (in the product or in the checker), run every time.
-const REGRESSIONS: [u64; 3] = [
+const REGRESSIONS: [u64; 4] = [
     // A seal's reply held for durability came after its object was evicted and the id was
     // sealed again: the checker took the late reply for the new object's.
     11525939480465121898,
@@ -19,6 +19,9 @@ const REGRESSIONS: [u64; 3] = [
     // A fetched copy whose publications went unanswered was still served after every holder
     // left and the id was put again with other bytes (a restarted head, a slow link to it).
     9100000000159,
+    // A node still waiting for a zero-length object's reply answered a hinted request for it
+    // as a relay, with a lease over an empty region, which the wire refuses.
+    9600000001003,
 ];
 
 fn commit() -> Option<String> {

@@ -155,7 +155,12 @@ impl Incoming {
             IncomingState::Verifying { path } => path == TransferPath::Rendezvous,
             _ => false,
         };
-        relayable.then_some((self.local.region, self.sizes, self.digest))
+        // An empty object has nothing to relay (and a lease names no empty region).
+        (relayable && self.local.region.len > 0).then_some((
+            self.local.region,
+            self.sizes,
+            self.digest,
+        ))
     }
 
     /// Bytes in from the start of the object (a relay serves up to there).
