@@ -941,6 +941,12 @@ impl Registry {
             });
         }
         if let Err(conflict) = self.holders.publish(id, node, sizes, digest) {
+            if listed {
+                // Listed with the id's content, it now holds another: its copy of that
+                // content is gone (a withdrawal lost while it was cut off), so it is a holder
+                // no more, or lookups would keep sending requesters to a node that refuses.
+                self.withdraw(node, id);
+            }
             return Some(DirectoryReply::Conflict {
                 sizes: conflict.sizes,
                 digest: conflict.digest,

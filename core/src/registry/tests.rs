@@ -223,6 +223,41 @@ fn publish_reply(
     }
 }
 
+/// A holder whose withdrawal was lost (cut off from the head) and that put the id again with
+/// other bytes publishes them: refused, since another node holds the listed content, and no
+/// longer listed as a holder of that content, which it does not have any more.
+#[test]
+fn a_listed_holder_that_publishes_another_content_is_refused_and_no_longer_listed() {
+    let mut r = registry();
+    for node in 1..=2 {
+        join(&mut r, at_ms(0), node as u64, node);
+    }
+    let x = ObjectId::from_u64(1);
+    let (first, second) = (
+        ContentDigest::of(b"the first bytes", &[]),
+        ContentDigest::of(b"other bytes now", &[]),
+    );
+    for (conn, op) in [(1, 0), (2, 0)] {
+        assert_eq!(
+            publish_reply(&mut r, conn, op, x, sizes(15), first),
+            DirectoryReply::Done
+        );
+    }
+    assert_eq!(r.holders_of(&x), vec![NodeId(1), NodeId(2)]);
+    assert_eq!(
+        publish_reply(&mut r, 1, 1, x, sizes(15), second),
+        DirectoryReply::Conflict {
+            sizes: sizes(15),
+            digest: first,
+        }
+    );
+    assert_eq!(
+        r.holders_of(&x),
+        vec![NodeId(2)],
+        "node 1 no longer holds the listed content"
+    );
+}
+
 #[test]
 fn a_publish_of_an_id_held_with_another_content_is_refused_and_lists_nobody() {
     let mut r = registry();
