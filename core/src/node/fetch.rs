@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use super::locations::Location;
 use super::{
-    spread_key, DirectoryPurpose, FetchError, Node, SourceFailure, Timer, TransferFailure,
-    TransferMode, FETCH_CLIENT,
+    spread_key, DirectoryPurpose, FetchError, Node, PeerState, SourceFailure, Timer,
+    TransferFailure, TransferMode, FETCH_CLIENT,
 };
 use crate::client_protocol::Response;
 use crate::digest::ContentDigest;
@@ -117,6 +117,26 @@ impl ObjectFetch {
                 .map(|e| format!(", last error: {e}"))
                 .unwrap_or_default()
         )
+    }
+
+    /// Whether this fetch, which found no source this round, should wait for a holder's link:
+    /// some holder is a member whose link is down, and the fetch has not waited for links
+    /// longer than `limit` in all. Starts the wait's clock.
+    fn may_wait_for_link(
+        &mut self,
+        peers: &BTreeMap<NodeId, PeerState>,
+        now: Instant,
+        limit: Duration,
+    ) -> bool {
+        let link_down = self
+            .holders
+            .iter()
+            .any(|h| peers.get(h).is_some_and(|p| !p.connected));
+        if !link_down {
+            return false;
+        }
+        let since = *self.waiting_for_link_since.get_or_insert(now);
+        now < since.saturating_add(limit)
     }
 
     pub(super) fn is_hinted(&self, tid: TransferId) -> bool {
@@ -427,9 +447,9 @@ impl Node {
             .filter(|h| !object.failed.contains_key(h))
             .filter(|h| peers.get(h).is_some_and(|p| p.connected))
             .min_by_key(|h| (peers[h].active, spread_key(&id, *h)));
-        let from_cache = object.from_cache;
-        let wait_for_link = source.is_none() && !from_cache && self.holder_link_may_come_back(id);
-        let object = self.objects.get_mut(&id).expect("checked above");
+        let wait_for_link = source.is_none()
+            && !object.from_cache
+            && object.may_wait_for_link(peers, self.now, self.config.holder_link_wait);
         match source {
             Some(source) => {
                 if let Some(error) = self.refuse_queued_transfer() {
@@ -441,7 +461,7 @@ impl Node {
                 self.admission.push_back(id);
                 self.pump_admission();
             }
-            None if from_cache => {
+            None if object.from_cache => {
                 // The remembered holders are gone or no longer have it: ask the directory,
                 // as if this fetch had just started.
                 object.from_cache = false;
@@ -495,26 +515,6 @@ impl Node {
                 }
             }
         }
-    }
-
-    /// Whether the fetch of `id`, which found no source this round, should wait for a holder's
-    /// link: some holder is a member whose link is down, and the fetch has not waited for links
-    /// longer than `holder_link_wait` in all. Starts the wait's clock.
-    fn holder_link_may_come_back(&mut self, id: ObjectId) -> bool {
-        let (now, limit) = (self.now, self.config.holder_link_wait);
-        let peers = &self.peers;
-        let Some(object) = self.objects.get_mut(&id) else {
-            return false;
-        };
-        let link_down = object
-            .holders
-            .iter()
-            .any(|h| peers.get(h).is_some_and(|p| !p.connected));
-        if !link_down {
-            return false;
-        }
-        let since = *object.waiting_for_link_since.get_or_insert(now);
-        now < since.saturating_add(limit)
     }
 
     /// Starts queued transfers, in order, while memory and the bytes-in-flight cap allow.

@@ -149,6 +149,21 @@ impl World {
     }
 
     /// Connects `client` to `node` and says Hello.
+    /// The link from `node` to `peer` comes up (again), as the world's links start.
+    fn link_up(&mut self, node: u32, peer: u32) {
+        let params = PeerParams {
+            lanes: 2,
+            costs: PathCosts::RDMA_DEFAULT,
+        };
+        self.feed(
+            node,
+            NodeInput::PeerConnected {
+                peer: NodeId(peer),
+                params,
+            },
+        );
+    }
+
     fn connect(&mut self, node: u32, client: ClientId) {
         self.feed(node, NodeInput::ClientConnected { client });
         let welcome = self.request_as(

@@ -647,17 +647,7 @@ fn a_fetch_waiting_for_a_connection_goes_on_when_it_comes_up() {
         "no connected holder: the fetch pauses"
     );
     // The connection comes up well before the pause ends: the fetch goes on at once.
-    let params = PeerParams {
-        lanes: 2,
-        costs: PathCosts::RDMA_DEFAULT,
-    };
-    w.feed(
-        1,
-        NodeInput::PeerConnected {
-            peer: NodeId(0),
-            params,
-        },
-    );
+    w.link_up(1, 0);
     w.pump();
     let replies = w.replies(1);
     assert_eq!(replies.len(), 1, "answered without waiting out the pause");
@@ -684,17 +674,7 @@ fn a_fetch_whose_only_holder_lost_its_link_waits_for_the_link_past_its_rounds() 
         "still waiting for the holder's link"
     );
     assert!(w.nodes[1].stats().fetches_waiting_for_links > 0);
-    let params = PeerParams {
-        lanes: 2,
-        costs: PathCosts::RDMA_DEFAULT,
-    };
-    w.feed(
-        1,
-        NodeInput::PeerConnected {
-            peer: NodeId(0),
-            params,
-        },
-    );
+    w.link_up(1, 0);
     w.pump();
     let replies = w.replies(1);
     assert_eq!(replies.len(), 1, "answered once the link is back");
