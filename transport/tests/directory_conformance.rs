@@ -393,6 +393,47 @@ async fn one_id_names_one_content<H: Harness>(h: &mut H) {
     );
 }
 
+/// A holder whose withdrawal was lost (cut off from the directory) and that put the id again
+/// with other bytes publishes them: refused with the content another node holds, and no longer
+/// listed as a holder of that content, which it does not have any more (else lookups keep
+/// sending requesters to a node that refuses them).
+async fn a_listed_holder_that_publishes_another_content_is_no_longer_listed<H: Harness>(
+    h: &mut H,
+) {
+    let mut a = h.join(member(1, 1)).await;
+    let mut b = h.join(member(2, 1)).await;
+    let x = ObjectId::from_u64(0x51);
+    let publish = |digest: u64| DirectoryRequest::Publish {
+        id: x,
+        sizes: sizes(4),
+        digest: ContentDigest(digest),
+    };
+    assert_eq!(a.ask(publish(0xaaaa)).await, DirectoryReply::Done);
+    assert_eq!(b.ask(publish(0xaaaa)).await, DirectoryReply::Done);
+    assert_eq!(
+        a.ask(publish(0xbbbb)).await,
+        DirectoryReply::Conflict {
+            sizes: sizes(4),
+            digest: ContentDigest(0xaaaa),
+        }
+    );
+    assert_eq!(
+        sorted(
+            b.ask(DirectoryRequest::Lookup {
+                id: x,
+                subscribe: false,
+            })
+            .await
+        ),
+        DirectoryReply::Located {
+            holders: vec![NodeId(2)],
+            sizes: Some(sizes(4)),
+            digest: Some(ContentDigest(0xaaaa)),
+        },
+        "node 1 no longer holds the listed content"
+    );
+}
+
 async fn refusals<H: Harness>(h: &mut H) {
     // (With Redis the first node of a cluster sets its token: join it first.)
     let _first = h.join(member(1, 1)).await;
@@ -465,3 +506,4 @@ conformance!(a_dead_node_loses_its_locations);
 conformance!(a_restart_with_a_new_incarnation_starts_clean);
 conformance!(refusals);
 conformance!(one_id_names_one_content);
+conformance!(a_listed_holder_that_publishes_another_content_is_no_longer_listed);

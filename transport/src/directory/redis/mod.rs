@@ -79,20 +79,28 @@ const DELETE_IF_UNCHANGED: &str =
 /// One id names one content: sets this node's holder entry (`ARGV[1]` → `ARGV[2]`) in the
 /// object's hash (`KEYS[1]`) and announces it on the object's channel (`KEYS[2]`, message
 /// `ARGV[4]`) unless another node's entry names another content than `ARGV[3]` (see
-/// `content_value`); then it changes nothing and returns those entries (field, value, ...),
-/// which the adapter checks for liveness (a dead node's entry is deleted and the publish run
-/// again).
+/// `content_value`); then it returns those entries (field, value, ...), which the adapter
+/// checks for liveness (a dead node's entry is deleted and the publish run again), and sets
+/// nothing — but drops this node's own entry if it has one: listed with the id's content, it
+/// now holds another, so its copy of that content is gone (a withdrawal lost while it was cut
+/// off) and lookups must not send requesters to it (the core registry's rule).
 macro_rules! publish_same_content {
     ($publish:literal) => {
         concat!(
             "local entries = redis.call('HGETALL', KEYS[1]) \
      local conflicts = {} \
+     local listed = false \
      for i = 1, #entries, 2 do \
-       if entries[i] ~= ARGV[1] and string.match(entries[i + 1], '^%S+ (.*)$') ~= ARGV[3] then \
+       if entries[i] == ARGV[1] then \
+         listed = true \
+       elseif string.match(entries[i + 1], '^%S+ (.*)$') ~= ARGV[3] then \
          table.insert(conflicts, entries[i]) table.insert(conflicts, entries[i + 1]) \
        end \
      end \
-     if #conflicts > 0 then return conflicts end \
+     if #conflicts > 0 then \
+       if listed then redis.call('HDEL', KEYS[1], ARGV[1]) end \
+       return conflicts \
+     end \
      redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) \
      redis.call('",
             $publish,
