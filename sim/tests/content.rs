@@ -113,6 +113,32 @@ fn holders_that_deny_copies_they_hold_are_caught_by_the_liveness_fetches() {
     assert!(caught.is_some(), "no seed of 0..20 caught the planted flaw");
 }
 
+/// The directory's per-event check finds a fetch that waits on a subscription the head forgot
+/// (a planted flaw: the head drops a quarter of the subscriptions it takes), although the
+/// check skips a node whose subscriptions, session and registration did not change since it
+/// last examined them.
+#[test]
+fn subscriptions_the_head_forgets_are_caught() {
+    let flaws = Flaws {
+        registry_forgets_subscriptions: true,
+        ..Flaws::default()
+    };
+    let caught = SEEDS.take(20).find_map(|seed| {
+        let report = flawed(seed, flaws);
+        report
+            .violations
+            .iter()
+            .find(|v| v.contains("the directory forgot the subscription"))
+            .map(|v| (seed, v.clone()))
+    });
+    let (seed, violation) = caught.expect("no seed of 0..20 caught the planted flaw");
+    assert!(
+        run_seed(seed, None, MODE).passed(),
+        "seed {seed} fails without the flaw too"
+    );
+    eprintln!("seed {seed}: {violation}");
+}
+
 /// A restarted head keeps a grace period for the returning holders' replays, and a holder
 /// whose replay is refused stops serving its copy. Without either (a planted flaw), an id
 /// names two contents after a head restart, and the liveness fetches or the content checks

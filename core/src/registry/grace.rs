@@ -199,6 +199,11 @@ impl Registry {
         self.grace.until
     }
 
+    /// Entries [`Registry::check_grace_invariants`] visits.
+    pub(super) fn grace_scan_size(&self) -> usize {
+        self.grace.deferred_keys.len()
+    }
+
     pub(super) fn check_grace_invariants(&self) {
         assert!(
             self.grace.until.is_some() || self.grace.deferred.is_empty(),

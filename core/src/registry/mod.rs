@@ -262,6 +262,9 @@ struct Member {
     /// per-member index would cost the head as much again per object).
     published: usize,
     subscribed: BTreeSet<ObjectId>,
+    /// The registry's [`Registry::subscription_changes`] at the last change of `subscribed`
+    /// (or the member's arrival).
+    subscribed_stamp: u64,
 }
 
 /// The directory registry. See the module documentation for its rules.
@@ -278,6 +281,9 @@ pub struct Registry {
     subscribers: BTreeMap<ObjectId, BTreeSet<NodeId>>,
     /// Hellos waiting for their proofs, by connection; never a member's connection.
     handshakes: BTreeMap<ConnId, Handshake>,
+    /// Changes to the members' subscriptions (and arrivals of members) so far: stamps them, so
+    /// a checker re-examines a member's subscriptions only once they changed.
+    subscription_changes: u64,
     nonces: NonceSource,
     outputs: VecDeque<RegistryOutput>,
     /// Replica records, placement and repair (see [`replication`]).
@@ -294,6 +300,7 @@ impl Registry {
         Self {
             nonces: NonceSource::new(config.nonce_key),
             handshakes: BTreeMap::new(),
+            subscription_changes: 0,
             config,
             members: BTreeMap::new(),
             by_conn: BTreeMap::new(),
@@ -479,6 +486,7 @@ impl Registry {
             });
         }
         let expires_at = now + self.config.heartbeat_timeout;
+        self.subscription_changes += 1;
         self.members.insert(
             node,
             Member {
@@ -487,6 +495,7 @@ impl Registry {
                 expires_at,
                 published: 0,
                 subscribed: BTreeSet::new(),
+                subscribed_stamp: self.subscription_changes,
             },
         );
         self.by_conn.insert(conn, node);
@@ -772,11 +781,36 @@ impl Registry {
             .is_some_and(|m| m.subscribed.contains(id))
     }
 
+    /// When `node`'s subscriptions last changed (or it arrived), if it is a member: equal
+    /// stamps of one registry, the same subscriptions.
+    pub fn subscriptions_stamp(&self, node: NodeId) -> Option<u64> {
+        self.members.get(&node).map(|m| m.subscribed_stamp)
+    }
+
+    /// The objects `node` has pending subscriptions to, in id order (empty if not a member).
+    pub fn subscriptions_of(&self, node: NodeId) -> impl ExactSizeIterator<Item = &ObjectId> {
+        self.members
+            .get(&node)
+            .map(|m| m.subscribed.iter())
+            .unwrap_or_default()
+    }
+
     /// Every (holder, object) pair, for checkers.
     pub fn locations(&self) -> impl Iterator<Item = (NodeId, ObjectId)> + '_ {
         self.holders
             .iter()
             .flat_map(|(id, h)| h.iter().map(move |node| (node, *id)))
+    }
+
+    /// How many entries [`Registry::check_invariants`] visits: members, their locations and
+    /// subscriptions, held-back requests and replication records (a checker that wants a
+    /// change to cost the same whatever the registry holds checks once every so many
+    /// changes). Counted from per-member counts: linear in the members, not the objects.
+    pub fn invariant_scan_size(&self) -> usize {
+        let per_member: usize = (self.members.values())
+            .map(|m| 1 + m.published + m.subscribed.len())
+            .sum();
+        per_member + self.subscribers.len() + self.grace_scan_size() + self.replication_scan_size()
     }
 
     /// Asserts the registry's internal consistency (a bug if it fails).
@@ -912,6 +946,8 @@ impl Registry {
                 });
             }
             member.subscribed.insert(id);
+            self.subscription_changes += 1;
+            member.subscribed_stamp = self.subscription_changes;
             self.subscribers.entry(id).or_default().insert(node);
         }
         Some(DirectoryReply::Located {
@@ -965,6 +1001,8 @@ impl Registry {
             for subscriber in subscribers {
                 if let Some(member) = self.members.get_mut(&subscriber) {
                     member.subscribed.remove(&id);
+                    self.subscription_changes += 1;
+                    member.subscribed_stamp = self.subscription_changes;
                     fired.push(RegistryOutput::Send {
                         conn: member.conn,
                         message: FromRegistry::Event(event.clone()),
@@ -987,6 +1025,8 @@ impl Registry {
     fn unsubscribe(&mut self, node: NodeId, id: ObjectId) {
         if let Some(member) = self.members.get_mut(&node) {
             member.subscribed.remove(&id);
+            self.subscription_changes += 1;
+            member.subscribed_stamp = self.subscription_changes;
         }
         self.remove_subscriber(id, node);
     }

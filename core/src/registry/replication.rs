@@ -602,6 +602,12 @@ impl Registry {
         self.replication.copies_of_record(id)
     }
 
+    /// Entries [`Registry::check_replication_invariants`] visits: the records of objects
+    /// put with replicas.
+    pub(super) fn replication_scan_size(&self) -> usize {
+        self.replication.records.len()
+    }
+
     /// Asserts replication's consistency with the membership (a bug if it fails).
     pub(super) fn check_replication_invariants(&self) {
         for (id, record) in &self.replication.records {

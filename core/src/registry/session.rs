@@ -185,6 +185,8 @@ pub struct DirectorySession {
     outputs: VecDeque<SessionOutput>,
     /// Whether a registry welcomed this session before: its hellos say it returns.
     registered_before: bool,
+    /// Changes to the subscriptions so far (a checker re-examines them only after one).
+    subscription_changes: u64,
 }
 
 impl DirectorySession {
@@ -216,6 +218,7 @@ impl DirectorySession {
             ping_seq: 0,
             outputs: VecDeque::new(),
             registered_before: false,
+            subscription_changes: 0,
         }
     }
 
@@ -246,6 +249,16 @@ impl DirectorySession {
             .any(|o| matches!(o, Origin::Republish(_) | Origin::Resubscribe(_)))
     }
 
+    /// The objects the session waits for to be published, in id order.
+    pub fn waited_for(&self) -> impl ExactSizeIterator<Item = &ObjectId> {
+        self.replay.subscriptions.iter()
+    }
+
+    /// How many times the subscriptions changed so far: equal counts, the same subscriptions.
+    pub fn subscription_changes(&self) -> u64 {
+        self.subscription_changes
+    }
+
     /// Whether the session waits for `id` to be published.
     pub fn waits_for(&self, id: &ObjectId) -> bool {
         self.replay.subscriptions.contains(id)
@@ -258,6 +271,7 @@ impl DirectorySession {
         let _ = now;
         if let DirectoryRequest::Unsubscribe { id } = request {
             self.replay.subscriptions.remove(&id);
+            self.subscription_changes += 1;
             for origin in self.in_flight.values_mut() {
                 if let Origin::Driver { subscribe_to, .. } = origin {
                     if *subscribe_to == Some(id) {
@@ -444,7 +458,10 @@ impl DirectorySession {
                 // One-shot: an event for a subscription already fired (by a replayed lookup)
                 // or dropped is not passed on twice. Replica events are not subscriptions.
                 let passes = match &event {
-                    DirectoryEvent::Published { id, .. } => self.replay.subscriptions.remove(id),
+                    DirectoryEvent::Published { id, .. } => {
+                        self.subscription_changes += 1;
+                        self.replay.subscriptions.remove(id)
+                    }
                     _ => true,
                 };
                 if passes {
@@ -646,6 +663,7 @@ impl DirectorySession {
                 {
                     if holders.is_empty() {
                         self.replay.subscriptions.insert(id);
+                        self.subscription_changes += 1;
                     }
                 }
                 if let (Some(id), DirectoryReply::Conflict { .. }) = (publishes, &reply) {
@@ -663,6 +681,7 @@ impl DirectorySession {
                 } = &reply
                 {
                     if let Some(holder) = holders.first() {
+                        self.subscription_changes += 1;
                         if self.replay.subscriptions.remove(&id) {
                             self.notice(DirectoryNotice::Event(DirectoryEvent::Published {
                                 id,

@@ -54,6 +54,10 @@ pub struct Flaws {
     /// publication was refused, so an id can name two contents after a head restart, each
     /// served by its holder (see `registry::grace` in the core).
     pub unguarded_head_restarts: bool,
+    /// The head forgets a subscription to an id whose last byte is a multiple of 4 as soon as
+    /// it took it (as if the node had unsubscribed), so a fetch waits for an event that never
+    /// comes (see `directory::checks`).
+    pub registry_forgets_subscriptions: bool,
 }
 
 impl Cluster {

@@ -477,6 +477,7 @@ impl Cluster {
         let (mut directory, directory_effects) =
             SimDirectory::formed(params.directory_params(), n, Instant::ZERO);
         directory.unguarded_restarts = flaws.unguarded_head_restarts;
+        directory.forgets_subscriptions = flaws.registry_forgets_subscriptions;
         let mut cluster = Cluster {
             mode,
             now: Instant::ZERO,

@@ -1,12 +1,13 @@
 //! The directory's checks: what must hold at every moment, and what must hold once faults
 //! stopped (see the parent module's documentation).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use skyriver_core::ids::OBJECT_ID_LEN;
 use skyriver_core::registry::{ConnId, Registry};
-use skyriver_core::{Instant, NodeId};
+use skyriver_core::{Instant, NodeId, ObjectId};
 
-use super::{DirEvent, SimDirectory, ViolationKey};
+use super::{DirEvent, NodeEnd, SimDirectory, ViolationKey};
 
 /// Up to this many nodes, debug builds compare each incremental check with a full scan.
 #[cfg(debug_assertions)]
@@ -25,6 +26,24 @@ pub(super) struct CheckWatch {
     everything: bool,
     /// Nodes whose subscriptions the per-event checks examined, all together.
     nodes_examined: u64,
+    /// What each node's subscriptions were examined at, last.
+    subscriptions_seen: BTreeMap<NodeId, SubscriptionsSeen>,
+}
+
+/// The versions of everything the check of a node's subscriptions reads: equal, the check would
+/// find what it found last time (already reported), so it is skipped. A touched node is
+/// usually touched by a heartbeat, which changes none of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SubscriptionsSeen {
+    /// The incarnation of the node's end (a restart brings a new session).
+    inc: u32,
+    /// Changes to the objects its fetches wait for and to its events in flight.
+    relied_changes: u64,
+    /// Changes to its session's subscriptions.
+    session_changes: u64,
+    /// When the registry side applies: the connection, and the stamp of the registry's
+    /// subscriptions of the node (stamps restart with a new head: every node is examined then).
+    registry: Option<(ConnId, Option<u64>)>,
 }
 
 impl Default for CheckWatch {
@@ -34,6 +53,7 @@ impl Default for CheckWatch {
             touched: BTreeSet::new(),
             everything: true,
             nodes_examined: 0,
+            subscriptions_seen: BTreeMap::new(),
         }
     }
 }
@@ -44,25 +64,33 @@ impl CheckWatch {
             self.touched.insert(node);
         }
     }
+
+    /// `node` has a new end (a restart): whatever its subscriptions were seen at is void.
+    pub(super) fn new_end(&mut self, node: NodeId) {
+        self.touch(node);
+        self.subscriptions_seen.remove(&node);
+    }
 }
 
 /// Registries of up to this many members assert their whole consistency after every change.
 const REGISTRY_CHECK_EVERY_CHANGE_UP_TO: usize = 64;
 
 /// Beyond [`REGISTRY_CHECK_EVERY_CHANGE_UP_TO`] members, what one change pays for: a check
-/// scans `size` members and locations once every `size / REGISTRY_SCAN_PER_CHANGE` changes.
+/// scans `size` entries ([`Registry::invariant_scan_size`]) once every `size /
+/// REGISTRY_SCAN_PER_CHANGE` changes.
 const REGISTRY_SCAN_PER_CHANGE: usize = 16;
 
 /// The registry's own consistency ([`Registry::check_invariants`], a scan of every member and
 /// object) after its changes: after each one in clusters of up to
 /// [`REGISTRY_CHECK_EVERY_CHANGE_UP_TO`] members; beyond, once every `size /
-/// REGISTRY_SCAN_PER_CHANGE` changes, where `size` counts the members and the locations the
-/// last check scanned (so a change costs the same whatever the cluster's size and however many
-/// objects it holds), and at the end of every run.
+/// REGISTRY_SCAN_PER_CHANGE` changes, where `size` counts the entries the last check scanned
+/// (members, locations, subscriptions, held-back requests, replication records: so a change
+/// costs the same whatever the cluster's size and however many objects and waiting fetches it
+/// holds), and at the end of every run.
 #[derive(Debug, Default)]
 pub(super) struct RegistryChecks {
     changes_since_check: usize,
-    /// Members and locations the last check scanned (0 before the first).
+    /// Entries the last check scanned (0 before the first).
     last_size: usize,
 }
 
@@ -76,7 +104,7 @@ impl RegistryChecks {
             registry.check_invariants();
             self.changes_since_check = 0;
             if members > REGISTRY_CHECK_EVERY_CHANGE_UP_TO {
-                self.last_size = members + registry.locations().count();
+                self.last_size = registry.invariant_scan_size();
             }
         }
     }
@@ -133,15 +161,24 @@ impl SimDirectory {
         self.find_outlived_since_last_check(now, &mut found);
         let nodes: Vec<NodeId> = if std::mem::take(&mut self.watch.everything) {
             self.watch.touched.clear();
+            self.watch.subscriptions_seen.clear();
             self.ends.keys().copied().collect()
         } else {
             std::mem::take(&mut self.watch.touched)
                 .into_iter()
                 .collect()
         };
-        self.watch.nodes_examined += nodes.len() as u64;
         for node in nodes {
+            let seen = self.subscriptions_seen(node);
+            if seen.is_some() && self.watch.subscriptions_seen.get(&node) == seen.as_ref() {
+                continue;
+            }
+            self.watch.nodes_examined += 1;
             self.find_forgotten_subscriptions(node, &mut found);
+            match seen {
+                Some(seen) => self.watch.subscriptions_seen.insert(node, seen),
+                None => self.watch.subscriptions_seen.remove(&node),
+            };
         }
         let mut violations = Vec::new();
         for (key, violation) in found {
@@ -226,15 +263,25 @@ impl SimDirectory {
         )
     }
 
-    /// A fetch of `node` waits on a subscription its session or the registry forgot.
-    fn find_forgotten_subscriptions(&self, node: NodeId, found: &mut Vec<(ViolationKey, String)>) {
-        let Some(end) = self.ends.get(&node) else {
-            return;
-        };
-        // Whether the registry's side applies is the same for every object the node waits
-        // for: decided once (whether the session replays is a scan of its requests in
-        // flight), not once per object.
-        let registry_side = match (&self.registry, end.conn) {
+    /// What the check of `node`'s subscriptions would read, by version (`None`: no end).
+    fn subscriptions_seen(&self, node: NodeId) -> Option<SubscriptionsSeen> {
+        let end = self.ends.get(&node)?;
+        Some(SubscriptionsSeen {
+            inc: end.inc,
+            relied_changes: end.relied_changes,
+            session_changes: end.session.subscription_changes(),
+            registry: self
+                .registry_side(node, end)
+                .map(|(registry, conn)| (conn, registry.subscriptions_stamp(node))),
+        })
+    }
+
+    /// The registry and `node`'s connection when the registry must hold the subscriptions the
+    /// node's session holds: the session is up on a connection the head has not seen broken,
+    /// registered on it, and not replaying. The same for every object the node waits for:
+    /// decided once (whether the session replays is a scan of its requests in flight).
+    fn registry_side(&self, node: NodeId, end: &NodeEnd) -> Option<(&Registry, ConnId)> {
+        match (&self.registry, end.conn) {
             (Some(registry), Some(conn))
                 if end.session.is_up()
                     && !self.broken.contains(&conn)
@@ -244,12 +291,32 @@ impl SimDirectory {
                 Some((registry, conn))
             }
             _ => None,
+        }
+    }
+
+    /// A fetch of `node` waits on a subscription its session or the registry forgot.
+    fn find_forgotten_subscriptions(&self, node: NodeId, found: &mut Vec<(ViolationKey, String)>) {
+        let Some(end) = self.ends.get(&node) else {
+            return;
         };
+        let registry_side = self.registry_side(node, end);
+        // Each set is walked once beside the sorted `relied` (a lookup per id cost more than
+        // every other per-event check together in 1,000-node runs).
+        let mut in_flight = SortedProbe::new(
+            self.events_in_flight
+                .range(
+                    (node, ObjectId([0; OBJECT_ID_LEN]))..=(node, ObjectId([0xff; OBJECT_ID_LEN])),
+                )
+                .map(|((_, id), _)| id),
+        );
+        let mut session_waits = SortedProbe::new(end.session.waited_for());
+        let mut registry_waits = registry_side
+            .map(|(registry, conn)| (SortedProbe::new(registry.subscriptions_of(node)), conn));
         for id in &end.relied {
-            if self.events_in_flight.contains_key(&(node, *id)) {
+            if in_flight.contains(id) {
                 continue;
             }
-            if !end.session.waits_for(id) {
+            if !session_waits.contains(id) {
                 found.push((
                     ViolationKey::SessionForgot(node, *id),
                     format!(
@@ -259,10 +326,11 @@ impl SimDirectory {
                 ));
                 continue;
             }
-            let Some((registry, conn)) = registry_side else {
+            let Some((registry_waits, conn)) = &mut registry_waits else {
                 continue;
             };
-            if !registry.is_subscribed(node, id) {
+            let conn = *conn;
+            if !registry_waits.contains(id) {
                 found.push((
                     ViolationKey::RegistryForgot(node, *id, conn),
                     format!(
@@ -360,5 +428,24 @@ impl SimDirectory {
             }
         }
         Ok(())
+    }
+}
+
+/// Membership of ascending ids in a sorted sequence, by walking it once alongside them.
+struct SortedProbe<'a, I: Iterator<Item = &'a ObjectId>> {
+    ids: std::iter::Peekable<I>,
+}
+
+impl<'a, I: Iterator<Item = &'a ObjectId>> SortedProbe<'a, I> {
+    fn new(ids: I) -> Self {
+        SortedProbe {
+            ids: ids.peekable(),
+        }
+    }
+
+    /// Whether the sequence holds `id`; each call's `id` must be above the previous call's.
+    fn contains(&mut self, id: &ObjectId) -> bool {
+        while self.ids.next_if(|next| *next < id).is_some() {}
+        self.ids.peek() == Some(&id)
     }
 }

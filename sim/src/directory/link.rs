@@ -15,6 +15,7 @@ use super::{DirEvent, Effect, SimDirectory};
 impl SimDirectory {
     pub(super) fn event_landed(&mut self, node: NodeId, id: ObjectId) {
         self.watch.touch(node);
+        self.relied_changed(node);
         if let Some(count) = self.events_in_flight.get_mut(&(node, id)) {
             *count -= 1;
             if *count == 0 {
@@ -25,6 +26,7 @@ impl SimDirectory {
 
     pub(super) fn event_sent(&mut self, node: NodeId, id: ObjectId) {
         self.watch.touch(node);
+        self.relied_changed(node);
         *self.events_in_flight.entry((node, id)).or_default() += 1;
     }
 

@@ -33,6 +33,7 @@ use skyriver_core::directory::{
     DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply, DirectoryRequest, MemberInfo,
     MemberList,
 };
+use skyriver_core::ids::OBJECT_ID_LEN;
 use skyriver_core::registry::session::{DirectorySession, SessionConfig, SessionOutput};
 use skyriver_core::registry::{
     ConnId, FromRegistry, Registry, RegistryConfig, RegistryOutput, ToRegistry,
@@ -176,6 +177,9 @@ struct NodeEnd {
     lookups: BTreeMap<DirectoryOpId, ObjectId>,
     /// Objects a fetch of the core waits to see published.
     relied: BTreeSet<ObjectId>,
+    /// Changes to `relied` and to this node's events in flight so far (see
+    /// `checks::SubscriptionsSeen`).
+    relied_changes: u64,
 }
 
 /// What a violation is about, so each is reported once.
@@ -218,6 +222,8 @@ pub struct SimDirectory {
     /// (it is not told it restarted, and hellos do not say a node returns), and a node never
     /// hears that its replayed publication was refused.
     pub unguarded_restarts: bool,
+    /// The planted flaw `registry_forgets_subscriptions` (see `Flaws`).
+    pub forgets_subscriptions: bool,
 }
 
 /// Directory fault and traffic counters of a run.
@@ -321,6 +327,7 @@ impl SimDirectory {
             events_in_flight: BTreeMap::new(),
             stats: DirectoryStats::default(),
             unguarded_restarts: false,
+            forgets_subscriptions: false,
         };
         for n in 0..nodes as u32 {
             directory.add_end(NodeId(n), 0, now);
@@ -421,6 +428,7 @@ impl SimDirectory {
             now,
         );
         session.handle_timeout(now);
+        self.watch.new_end(node);
         self.ends.insert(
             node,
             NodeEnd {
@@ -433,8 +441,16 @@ impl SimDirectory {
                 members: MemberList::default(),
                 lookups: BTreeMap::new(),
                 relied: BTreeSet::new(),
+                relied_changes: 0,
             },
         );
+    }
+
+    /// The objects `node`'s fetches wait for, or its events in flight, changed.
+    fn relied_changed(&mut self, node: NodeId) {
+        if let Some(end) = self.ends.get_mut(&node) {
+            end.relied_changes += 1;
+        }
     }
 
     // ---- Hooks of the cluster ----
@@ -496,6 +512,7 @@ impl SimDirectory {
             DirectoryRequest::Unsubscribe { id } => {
                 // As the session does: a subscribing lookup still in flight no longer counts.
                 end.relied.remove(id);
+                end.relied_changes += 1;
                 end.lookups.retain(|_, object| object != id);
             }
             _ => {}
@@ -521,11 +538,13 @@ impl SimDirectory {
                     if matches!(reply, DirectoryReply::Located { holders, .. } if holders.is_empty())
                     {
                         end.relied.insert(id);
+                        end.relied_changes += 1;
                     }
                 }
             }
             DirectoryNotice::Event(DirectoryEvent::Published { id, .. }) => {
                 end.relied.remove(id);
+                end.relied_changes += 1;
                 if let Some(count) = self.events_in_flight.get_mut(&(node, *id)) {
                     *count -= 1;
                     if *count == 0 {
@@ -566,8 +585,27 @@ impl SimDirectory {
                     return effects;
                 }
                 self.heard(conn, now);
+                let forgotten = match &message {
+                    ToRegistry::Request {
+                        op,
+                        request:
+                            DirectoryRequest::Lookup {
+                                id,
+                                subscribe: true,
+                            },
+                    } if self.forgets_subscriptions && id.0[OBJECT_ID_LEN - 1] % 4 == 0 => {
+                        Some(ToRegistry::Request {
+                            op: *op,
+                            request: DirectoryRequest::Unsubscribe { id: *id },
+                        })
+                    }
+                    _ => None,
+                };
                 let registry = self.registry.as_mut().expect("up");
                 let _ = registry.handle_message(now, conn, message);
+                if let Some(unsubscribe) = forgotten {
+                    let _ = registry.handle_message(now, conn, unsubscribe);
+                }
                 self.pump_registry(now, rng, faults_on, &mut effects);
             }
             DirEvent::ToNode {
