@@ -397,9 +397,7 @@ async fn one_id_names_one_content<H: Harness>(h: &mut H) {
 /// with other bytes publishes them: refused with the content another node holds, and no longer
 /// listed as a holder of that content, which it does not have any more (else lookups keep
 /// sending requesters to a node that refuses them).
-async fn a_listed_holder_that_publishes_another_content_is_no_longer_listed<H: Harness>(
-    h: &mut H,
-) {
+async fn a_listed_holder_that_publishes_another_content_is_no_longer_listed<H: Harness>(h: &mut H) {
     let mut a = h.join(member(1, 1)).await;
     let mut b = h.join(member(2, 1)).await;
     let x = ObjectId::from_u64(0x51);
