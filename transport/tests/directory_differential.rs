@@ -1,13 +1,14 @@
 //! The Redis directory checked against the core's rules, by difference: seeded random sequences
 //! of directory operations from four nodes (publishes of a few ids with one of three contents,
 //! withdrawals, lookups with and without a subscription, unsubscriptions, restarts with a new
-//! incarnation) run against the core's sans-IO `Registry` (in process, the reference) and then
+//! incarnation, and in some sequences a node that dies, is outlived and later rejoins) run against the core's sans-IO `Registry` (in process, the reference) and then
 //! against Redis and Redis Cluster, and every reply and every node's delivered events must be
 //! the same. The conformance suite's scenarios check the rules someone thought of; this finds
 //! the ones nobody did (it would have found that a listed holder publishing another content is
 //! taken off the holders, which Redis lacked).
 //!
-//! A mismatch names the seed and the step; `SKYRIVER_DIFF_SEED=<seed>` runs that sequence alone.
+//! A mismatch names the seed and the step; `SKYRIVER_DIFF_SEED=<seed>` runs that sequence alone,
+//! `SKYRIVER_DIFF_SEQUENCES=<n>` runs `n` sequences instead of the default few.
 //! Redis is skipped when not installed unless `SKYRIVER_REQUIRE_REDIS` is set.
 
 use std::net::SocketAddr;
@@ -24,7 +25,7 @@ use redis_server::RedisServer;
 mod redis_cluster;
 use redis_cluster::RedisCluster;
 #[path = "support/directory_harness.rs"]
-#[allow(dead_code)] // Dying nodes and refusals are the conformance suite's.
+#[allow(dead_code)] // Refusals are the conformance suite's.
 mod directory_harness;
 use directory_harness::{CoreHarness, Harness, NamedRedisHarness, Participant};
 
@@ -43,6 +44,17 @@ const REDIS_SEQUENCES: u64 = 20;
 const CLUSTER_SEQUENCES: u64 = 6;
 /// The first seed; sequence `k` uses `BASE_SEED + k`.
 const BASE_SEED: u64 = 0xd1ff_0000;
+/// One sequence in this many has a node that dies: the last slot joins without heartbeats, dies
+/// at a step in [`DIE_AT`] (its TTL must not run out before: with Redis it dies [`SILENT_TTL`]
+/// after joining, in the core only when the heartbeat bound is outlived, so the steps before
+/// are few and restart nobody), stays away for a few steps and rejoins. Each death costs a
+/// node TTL of wall time with Redis.
+///
+/// [`SILENT_TTL`]: directory_harness
+const DEATH_ONE_IN: u64 = 4;
+const DIE_AT: std::ops::Range<u64> = 4..11;
+/// Steps the dead node stays away.
+const AWAY: std::ops::Range<u64> = 2..9;
 /// An id no sequence publishes: a lookup of it is a round trip and nothing more.
 const NOBODY: u64 = 0xfff;
 /// The event drains' marker ids count up from here (each is published once).
@@ -93,7 +105,17 @@ enum Step {
     Restart {
         node: usize,
     },
-    /// Every node's events so far.
+    /// The last slot's silent node: its events so far are drained, the heartbeat bound is
+    /// outlived (the others see it gone), and its process is gone. Its slot stays empty until
+    /// `Rejoin`.
+    Die {
+        node: usize,
+    },
+    /// A new incarnation joins in the dead node's slot.
+    Rejoin {
+        node: usize,
+    },
+    /// Every live node's events so far.
     Drain,
 }
 
@@ -107,12 +129,30 @@ enum Outcome {
 
 fn sequence(seed: u64) -> Vec<Step> {
     let mut rng = SplitMix64(seed);
+    let mortal = NODES - 1;
+    let die_at = (rng.below(DEATH_ONE_IN) == 0)
+        .then(|| (DIE_AT.start + rng.below(DIE_AT.end - DIE_AT.start)) as usize);
+    let rejoin_at =
+        die_at.map(|d| d + 1 + (AWAY.start + rng.below(AWAY.end - AWAY.start)) as usize);
     (0..STEPS)
         .map(|at| {
+            if Some(at) == die_at {
+                return Step::Die { node: mortal };
+            }
+            if Some(at) == rejoin_at {
+                return Step::Rejoin { node: mortal };
+            }
             if (at + 1) % DRAIN_EVERY == 0 || at + 1 == STEPS {
                 return Step::Drain;
             }
-            let node = rng.below(NODES as u64) as usize;
+            let away = die_at.is_some_and(|d| at > d) && rejoin_at.is_some_and(|r| at < r);
+            let node = if away {
+                rng.below(mortal as u64) as usize
+            } else {
+                rng.below(NODES as u64) as usize
+            };
+            // No restarts (a wait for the member list) while the silent node's TTL runs.
+            let hurry = die_at.is_some_and(|d| at < d);
             let id = rng.below(IDS);
             match rng.below(100) {
                 0..35 => Step::Publish {
@@ -132,6 +172,11 @@ fn sequence(seed: u64) -> Vec<Step> {
                     subscribe: true,
                 },
                 88..96 => Step::Unsubscribe { node, id },
+                _ if hurry => Step::Lookup {
+                    node,
+                    id,
+                    subscribe: false,
+                },
                 _ => Step::Restart { node },
             }
         })
@@ -213,16 +258,29 @@ impl Drop for Replay {
     }
 }
 
-/// The events `nodes[slot]` received so far (another node publishes the drain's marker).
+/// The events `nodes[slot]` received so far (the next live node publishes the drain's marker).
 async fn drain<N: Participant>(
-    nodes: &mut [N],
+    nodes: &mut [Option<N>],
     slot: usize,
     markers: &mut u64,
 ) -> Vec<DirectoryEvent> {
     *markers += 1;
     let marker = ObjectId::from_u64(MARKERS + *markers);
-    let (node, publisher) = pair(nodes, slot, (slot + 1) % NODES);
+    let publisher = (1..NODES)
+        .map(|d| (slot + d) % NODES)
+        .find(|&s| nodes[s].is_some())
+        .expect("another live node");
+    let (node, publisher) = pair(nodes, slot, publisher);
+    let (node, publisher) = (
+        node.as_mut().expect("live"),
+        publisher.as_mut().expect("live"),
+    );
     canonical(node.events_before_marker(publisher, marker).await)
+}
+
+/// The live node in `slot`.
+fn live<N>(nodes: &mut [Option<N>], slot: usize) -> &mut N {
+    nodes[slot].as_mut().expect("the step's node is live")
 }
 
 /// Runs `steps` against `h`; with `expected` (the core's outcomes), stops at the first step
@@ -240,16 +298,29 @@ async fn run<H: Harness>(
         at: None,
     };
     let mut incarnations = [1u32; NODES];
-    let members = |incarnations: &[u32; NODES]| -> Vec<MemberInfo> {
-        (0..NODES).map(|s| member(s, incarnations[s])).collect()
-    };
-    let mut nodes = Vec::new();
+    let mut nodes: Vec<Option<H::Node>> = Vec::new();
+    let mortal = steps.iter().find_map(|s| match s {
+        Step::Die { node } => Some(*node),
+        _ => None,
+    });
     for slot in 0..NODES {
-        nodes.push(h.join(member(slot, 1)).await);
+        nodes.push(Some(if Some(slot) == mortal {
+            h.join_silent(member(slot, 1)).await
+        } else {
+            h.join(member(slot, 1)).await
+        }));
     }
-    for node in &mut nodes {
-        node.wait_members(&members(&incarnations)).await;
+    // Every live node sees exactly the live members.
+    async fn agree_on_members<N: Participant>(nodes: &mut [Option<N>], incarnations: &[u32]) {
+        let members: Vec<MemberInfo> = (0..NODES)
+            .filter(|&s| nodes[s].is_some())
+            .map(|s| member(s, incarnations[s]))
+            .collect();
+        for node in nodes.iter_mut().flatten() {
+            node.wait_members(&members).await;
+        }
     }
+    agree_on_members(&mut nodes, &incarnations).await;
     let mut markers = 0;
     let mut outcomes = Vec::new();
     for (at, &step) in steps.iter().enumerate() {
@@ -258,7 +329,7 @@ async fn run<H: Harness>(
             Step::Publish { node, id, content } => {
                 let (data_size, digest) = CONTENTS[content];
                 Outcome::Reply(
-                    nodes[node]
+                    live(&mut nodes, node)
                         .ask(DirectoryRequest::Publish {
                             id: object(id),
                             sizes: ObjectSizes {
@@ -271,7 +342,7 @@ async fn run<H: Harness>(
                 )
             }
             Step::Withdraw { node, id } => Outcome::Reply(
-                nodes[node]
+                live(&mut nodes, node)
                     .ask(DirectoryRequest::Withdraw { id: object(id) })
                     .await,
             ),
@@ -280,7 +351,7 @@ async fn run<H: Harness>(
                 id,
                 subscribe,
             } => Outcome::Reply(sorted(
-                nodes[node]
+                live(&mut nodes, node)
                     .ask(DirectoryRequest::Lookup {
                         id: object(id),
                         subscribe,
@@ -288,7 +359,7 @@ async fn run<H: Harness>(
                     .await,
             )),
             Step::Unsubscribe { node, id } => {
-                let n = &mut nodes[node];
+                let n = live(&mut nodes, node);
                 n.submit(
                     skyriver_core::directory::DirectoryOpId(u64::MAX - at as u64),
                     DirectoryRequest::Unsubscribe { id: object(id) },
@@ -303,19 +374,34 @@ async fn run<H: Harness>(
             }
             Step::Restart { node } => {
                 let events = drain(&mut nodes, node, &mut markers).await;
-                let old = nodes.remove(node);
+                let old = nodes[node].take().expect("live");
                 h.crash(old).await;
                 incarnations[node] += 1;
-                nodes.insert(node, h.join(member(node, incarnations[node])).await);
-                for n in &mut nodes {
-                    n.wait_members(&members(&incarnations)).await;
-                }
+                nodes[node] = Some(h.join(member(node, incarnations[node])).await);
+                agree_on_members(&mut nodes, &incarnations).await;
                 Outcome::Events(vec![events])
+            }
+            Step::Die { node } => {
+                let events = drain(&mut nodes, node, &mut markers).await;
+                let dead = nodes[node].take().expect("live");
+                let mut others: Vec<&mut H::Node> = nodes.iter_mut().flatten().collect();
+                h.outlive_heartbeat_bound(&mut others).await;
+                h.crash(dead).await;
+                agree_on_members(&mut nodes, &incarnations).await;
+                Outcome::Events(vec![events])
+            }
+            Step::Rejoin { node } => {
+                incarnations[node] += 1;
+                nodes[node] = Some(h.join(member(node, incarnations[node])).await);
+                agree_on_members(&mut nodes, &incarnations).await;
+                Outcome::Events(vec![])
             }
             Step::Drain => {
                 let mut all = Vec::new();
                 for slot in 0..NODES {
-                    all.push(drain(&mut nodes, slot, &mut markers).await);
+                    if nodes[slot].is_some() {
+                        all.push(drain(&mut nodes, slot, &mut markers).await);
+                    }
                 }
                 Outcome::Events(all)
             }
@@ -331,19 +417,24 @@ async fn run<H: Harness>(
         }
         outcomes.push(outcome);
     }
-    for node in nodes {
+    for node in nodes.into_iter().flatten() {
         h.crash(node).await;
     }
     replay.at = None;
     outcomes
 }
 
-/// The seeds to run: `count` from [`BASE_SEED`], or the one `SKYRIVER_DIFF_SEED` names.
+/// The seeds to run: `count` from [`BASE_SEED`] (or `SKYRIVER_DIFF_SEQUENCES`, for a longer
+/// sweep by hand), or the one `SKYRIVER_DIFF_SEED` names.
 fn seeds(count: u64) -> Vec<u64> {
-    match std::env::var("SKYRIVER_DIFF_SEED") {
-        Ok(seed) if !seed.is_empty() => vec![seed.parse().expect("SKYRIVER_DIFF_SEED is a number")],
-        _ => (BASE_SEED..BASE_SEED + count).collect(),
+    let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+    if let Some(seed) = var("SKYRIVER_DIFF_SEED") {
+        return vec![seed.parse().expect("SKYRIVER_DIFF_SEED is a number")];
     }
+    let count = var("SKYRIVER_DIFF_SEQUENCES").map_or(count, |n| {
+        n.parse().expect("SKYRIVER_DIFF_SEQUENCES is a number")
+    });
+    (BASE_SEED..BASE_SEED + count).collect()
 }
 
 /// What the agreed outcomes covered, for the log: a sweep that never meets a conflict or
@@ -357,6 +448,7 @@ struct Coverage {
     conflicts: usize,
     events: usize,
     restarts: usize,
+    deaths: usize,
 }
 
 impl Coverage {
@@ -366,6 +458,10 @@ impl Coverage {
         self.restarts += steps
             .iter()
             .filter(|s| matches!(s, Step::Restart { .. }))
+            .count();
+        self.deaths += steps
+            .iter()
+            .filter(|s| matches!(s, Step::Die { .. }))
             .count();
         for outcome in outcomes {
             match outcome {
