@@ -1,7 +1,8 @@
 //! The Redis directory checked against the core's rules, by difference: seeded random sequences
 //! of directory operations from four nodes (publishes of a few ids with one of three contents,
 //! withdrawals, lookups with and without a subscription, unsubscriptions, restarts with a new
-//! incarnation, and in some sequences a node that dies, is outlived and later rejoins) run against the core's sans-IO `Registry` (in process, the reference) and then
+//! incarnation, clean leaves, and in some sequences a node that dies, is outlived and later
+//! rejoins) run against the core's sans-IO `Registry` (in process, the reference) and then
 //! against Redis and Redis Cluster, and every reply and every node's delivered events must be
 //! the same. The conformance suite's scenarios check the rules someone thought of; this finds
 //! the ones nobody did (it would have found that a listed holder publishing another content is
@@ -111,7 +112,12 @@ enum Step {
     Die {
         node: usize,
     },
-    /// A new incarnation joins in the dead node's slot.
+    /// The node's daemon stops cleanly (after its events so far are drained); its slot stays
+    /// empty until `Rejoin`.
+    Leave {
+        node: usize,
+    },
+    /// A new incarnation joins in the slot of a node that died or left.
     Rejoin {
         node: usize,
     },
@@ -123,64 +129,100 @@ enum Step {
 #[derive(Debug, PartialEq)]
 enum Outcome {
     Reply(DirectoryReply),
+    /// The node's events so far, then the reply (see [`Step::settles`]).
+    Settled(Vec<DirectoryEvent>, DirectoryReply),
     /// Per node drained, its events in a canonical order.
     Events(Vec<Vec<DirectoryEvent>>),
+}
+
+impl Step {
+    /// Whether the step's node first waits for the pushes owed to it (a drain): a lookup with a
+    /// subscription and an unsubscription depend on whether the node's subscription fired. The
+    /// core pushes before it replies to the publisher; Redis pushes over the node's pub/sub
+    /// connection, which its requests do not wait for, so a publication served just before
+    /// (its own, say) may reach the node after it unsubscribed (the event is dropped) or after
+    /// it subscribed again (the old publication fires the new subscription). The directory only
+    /// orders pushes among themselves; a node ignores an event it no longer waits for, and a
+    /// stale one costs it a refused fetch and a new lookup.
+    fn settles(&self) -> bool {
+        matches!(
+            self,
+            Step::Lookup {
+                subscribe: true,
+                ..
+            } | Step::Unsubscribe { .. }
+        )
+    }
 }
 
 fn sequence(seed: u64) -> Vec<Step> {
     let mut rng = SplitMix64(seed);
     let mortal = NODES - 1;
+    let away_for = |rng: &mut SplitMix64| (AWAY.start + rng.below(AWAY.end - AWAY.start)) as usize;
     let die_at = (rng.below(DEATH_ONE_IN) == 0)
         .then(|| (DIE_AT.start + rng.below(DIE_AT.end - DIE_AT.start)) as usize);
-    let rejoin_at =
-        die_at.map(|d| d + 1 + (AWAY.start + rng.below(AWAY.end - AWAY.start)) as usize);
-    (0..STEPS)
-        .map(|at| {
-            if Some(at) == die_at {
-                return Step::Die { node: mortal };
+    // The node away (dead or left) and the step it rejoins at; one at a time.
+    let mut away: Option<(usize, usize)> = None;
+    let mut steps = Vec::new();
+    for at in 0..STEPS {
+        if at + 1 == STEPS {
+            steps.push(Step::Drain);
+            break;
+        }
+        if Some(at) == die_at {
+            away = Some((mortal, at + 1 + away_for(&mut rng)));
+            steps.push(Step::Die { node: mortal });
+            continue;
+        }
+        if let Some((node, rejoin_at)) = away {
+            if at == rejoin_at {
+                away = None;
+                steps.push(Step::Rejoin { node });
+                continue;
             }
-            if Some(at) == rejoin_at {
-                return Step::Rejoin { node: mortal };
+        }
+        if (at + 1) % DRAIN_EVERY == 0 {
+            steps.push(Step::Drain);
+            continue;
+        }
+        let live: Vec<usize> = (0..NODES)
+            .filter(|&n| away.is_none_or(|(gone, _)| gone != n))
+            .collect();
+        let node = live[rng.below(live.len() as u64) as usize];
+        // No restarts or leaves (waits for the member list) while the silent node's TTL runs.
+        let hurry = die_at.is_some_and(|d| at <= d);
+        let id = rng.below(IDS);
+        steps.push(match rng.below(100) {
+            0..35 => Step::Publish {
+                node,
+                id,
+                content: rng.below(CONTENTS.len() as u64) as usize,
+            },
+            35..50 => Step::Withdraw { node, id },
+            50..68 => Step::Lookup {
+                node,
+                id,
+                subscribe: false,
+            },
+            68..88 => Step::Lookup {
+                node,
+                id,
+                subscribe: true,
+            },
+            88..95 => Step::Unsubscribe { node, id },
+            _ if hurry => Step::Lookup {
+                node,
+                id,
+                subscribe: false,
+            },
+            95..98 if away.is_none() => {
+                away = Some((node, at + 1 + away_for(&mut rng)));
+                Step::Leave { node }
             }
-            if (at + 1) % DRAIN_EVERY == 0 || at + 1 == STEPS {
-                return Step::Drain;
-            }
-            let away = die_at.is_some_and(|d| at > d) && rejoin_at.is_some_and(|r| at < r);
-            let node = if away {
-                rng.below(mortal as u64) as usize
-            } else {
-                rng.below(NODES as u64) as usize
-            };
-            // No restarts (a wait for the member list) while the silent node's TTL runs.
-            let hurry = die_at.is_some_and(|d| at < d);
-            let id = rng.below(IDS);
-            match rng.below(100) {
-                0..35 => Step::Publish {
-                    node,
-                    id,
-                    content: rng.below(CONTENTS.len() as u64) as usize,
-                },
-                35..50 => Step::Withdraw { node, id },
-                50..68 => Step::Lookup {
-                    node,
-                    id,
-                    subscribe: false,
-                },
-                68..88 => Step::Lookup {
-                    node,
-                    id,
-                    subscribe: true,
-                },
-                88..96 => Step::Unsubscribe { node, id },
-                _ if hurry => Step::Lookup {
-                    node,
-                    id,
-                    subscribe: false,
-                },
-                _ => Step::Restart { node },
-            }
-        })
-        .collect()
+            _ => Step::Restart { node },
+        });
+    }
+    steps
 }
 
 fn member(slot: usize, incarnation: u32) -> MemberInfo {
@@ -325,6 +367,12 @@ async fn run<H: Harness>(
     let mut outcomes = Vec::new();
     for (at, &step) in steps.iter().enumerate() {
         replay.at = Some((at, step));
+        let settled = match step {
+            Step::Lookup { node, .. } | Step::Unsubscribe { node, .. } if step.settles() => {
+                Some(drain(&mut nodes, node, &mut markers).await)
+            }
+            _ => None,
+        };
         let outcome = match step {
             Step::Publish { node, id, content } => {
                 let (data_size, digest) = CONTENTS[content];
@@ -390,6 +438,13 @@ async fn run<H: Harness>(
                 agree_on_members(&mut nodes, &incarnations).await;
                 Outcome::Events(vec![events])
             }
+            Step::Leave { node } => {
+                let events = drain(&mut nodes, node, &mut markers).await;
+                let gone = nodes[node].take().expect("live");
+                h.leave(gone).await;
+                agree_on_members(&mut nodes, &incarnations).await;
+                Outcome::Events(vec![events])
+            }
             Step::Rejoin { node } => {
                 incarnations[node] += 1;
                 nodes[node] = Some(h.join(member(node, incarnations[node])).await);
@@ -405,6 +460,11 @@ async fn run<H: Harness>(
                 }
                 Outcome::Events(all)
             }
+        };
+        let outcome = match (settled, outcome) {
+            (Some(events), Outcome::Reply(reply)) => Outcome::Settled(events, reply),
+            (None, outcome) => outcome,
+            (Some(_), outcome) => unreachable!("{outcome:?} after a drain"),
         };
         if let Some(expected) = expected {
             assert_eq!(
@@ -449,6 +509,7 @@ struct Coverage {
     events: usize,
     restarts: usize,
     deaths: usize,
+    leaves: usize,
 }
 
 impl Coverage {
@@ -463,6 +524,10 @@ impl Coverage {
             .iter()
             .filter(|s| matches!(s, Step::Die { .. }))
             .count();
+        self.leaves += steps
+            .iter()
+            .filter(|s| matches!(s, Step::Leave { .. }))
+            .count();
         for outcome in outcomes {
             match outcome {
                 Outcome::Reply(DirectoryReply::Located { holders, .. }) if holders.is_empty() => {
@@ -470,6 +535,15 @@ impl Coverage {
                 }
                 Outcome::Reply(DirectoryReply::Located { .. }) => self.located += 1,
                 Outcome::Reply(DirectoryReply::Conflict { .. }) => self.conflicts += 1,
+                Outcome::Settled(events, reply) => {
+                    self.events += events.len();
+                    match reply {
+                        DirectoryReply::Located { holders, .. } if holders.is_empty() => {
+                            self.located_empty += 1
+                        }
+                        _ => self.located += 1,
+                    }
+                }
                 Outcome::Reply(_) => {}
                 Outcome::Events(per_node) => {
                     self.events += per_node.iter().map(Vec::len).sum::<usize>()

@@ -76,6 +76,8 @@ pub trait Harness {
     async fn join_silent(&mut self, member: MemberInfo) -> Self::Node;
     /// The node's process dies: no goodbye.
     async fn crash(&mut self, node: Self::Node);
+    /// The node's daemon stops cleanly: it says goodbye, and the directory forgets it at once.
+    async fn leave(&mut self, node: Self::Node);
     /// Lets the heartbeat bound pass (with margin) while `live` nodes keep heartbeating.
     async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut Self::Node]);
 }
@@ -336,6 +338,21 @@ impl Harness for CoreHarness {
         self.world.borrow_mut().nodes.remove(&node.node);
     }
 
+    async fn leave(&mut self, node: CoreParticipant) {
+        let mut world = self.world.borrow_mut();
+        let now = world.now;
+        world
+            .nodes
+            .get_mut(&node.node)
+            .expect("a member")
+            .session
+            .handle_leave(now);
+        // The goodbye reaches the registry; then the process is gone.
+        world.pump();
+        world.nodes.remove(&node.node);
+        world.pump();
+    }
+
     async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut CoreParticipant]) {
         let mut world = self.world.borrow_mut();
         let bound = world.registry.config().heartbeat_timeout;
@@ -566,6 +583,10 @@ impl Harness for BuiltinHarness {
         node.dir.abandon().await;
     }
 
+    async fn leave(&mut self, node: ClientNode) {
+        node.dir.leave().await;
+    }
+
     async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
         see_only_each_other(live).await;
     }
@@ -646,6 +667,10 @@ impl Harness for RedisHarness {
         node.dir.abandon().await;
     }
 
+    async fn leave(&mut self, node: ClientNode) {
+        node.dir.leave().await;
+    }
+
     async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
         // The silent node's TTL, then a member refresh of the observers.
         see_only_each_other(live).await;
@@ -673,6 +698,10 @@ impl Harness for RedisClusterHarness {
 
     async fn crash(&mut self, node: ClientNode) {
         node.dir.abandon().await;
+    }
+
+    async fn leave(&mut self, node: ClientNode) {
+        node.dir.leave().await;
     }
 
     async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
@@ -715,6 +744,10 @@ impl Harness for NamedRedisHarness {
 
     async fn crash(&mut self, node: ClientNode) {
         node.dir.abandon().await;
+    }
+
+    async fn leave(&mut self, node: ClientNode) {
+        node.dir.leave().await;
     }
 
     async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
