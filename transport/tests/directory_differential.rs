@@ -32,8 +32,10 @@ use directory_harness::{CoreHarness, Harness, NamedRedisHarness, Participant};
 
 /// Nodes taking part in every sequence.
 const NODES: usize = 4;
-/// Ids the sequences publish, withdraw and look up.
-const IDS: u64 = 3;
+/// Ids the sequences publish, withdraw and look up: two make nodes meet on an id often. (With
+/// the Redis script not taking a listed holder that publishes another content off the holders,
+/// 15 of the first 40 seeds fail with two ids, 7 with three.)
+const IDS: u64 = 2;
 /// The contents a node may publish under an id: two sizes, and two digests of one size.
 const CONTENTS: [(u64, u64); 3] = [(4, 0xaaaa), (6, 0xbbbb), (4, 0xcccc)];
 /// Steps of a sequence, the event drains included.
