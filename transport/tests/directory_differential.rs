@@ -48,15 +48,13 @@ const CLUSTER_SEQUENCES: u64 = 6;
 /// The first seed; sequence `k` uses `BASE_SEED + k`.
 const BASE_SEED: u64 = 0xd1ff_0000;
 /// One sequence in this many has a node that dies: the last slot joins without heartbeats, dies
-/// at a step in [`DIE_AT`] (its TTL must not run out before: with Redis it dies [`SILENT_TTL`]
-/// after joining, in the core only when the heartbeat bound is outlived, so the steps before
-/// are few and restart nobody), stays away for a few steps and rejoins. Each death costs a
-/// node TTL of wall time with Redis.
-///
-/// [`SILENT_TTL`]: directory_harness
+/// at a step in [`DIE_AT`] (its TTL must not run out before: with Redis it dies a silent node's
+/// TTL, 1.5 s, after joining, in the core only when the heartbeat bound is outlived, so the
+/// steps before are few and nobody restarts or leaves then), stays away for a few steps and
+/// rejoins. Each death costs that TTL of wall time with Redis.
 const DEATH_ONE_IN: u64 = 4;
 const DIE_AT: std::ops::Range<u64> = 4..11;
-/// Steps the dead node stays away.
+/// Steps a node that died or left stays away.
 const AWAY: std::ops::Range<u64> = 2..9;
 /// An id no sequence publishes: a lookup of it is a round trip and nothing more.
 const NOBODY: u64 = 0xfff;
