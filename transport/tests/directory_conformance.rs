@@ -432,6 +432,32 @@ async fn a_listed_holder_that_publishes_another_content_is_no_longer_listed<H: H
     );
 }
 
+/// A daemon that stops cleanly says goodbye: it is gone from the members and its locations at
+/// once, not after the heartbeat bound (exactly so in process, where time stands still; the
+/// real backends' member wait would also outlast a node TTL).
+async fn a_node_that_leaves_is_forgotten_at_once<H: Harness>(h: &mut H) {
+    let mut a = h.join(member(1, 1)).await;
+    let mut b = h.join(member(2, 1)).await;
+    let x = ObjectId::from_u64(0x60);
+    a.ask(DirectoryRequest::Publish {
+        id: x,
+        sizes: sizes(3),
+        digest: digest_of(sizes(3)),
+    })
+    .await;
+    b.wait_members(&[member(1, 1), member(2, 1)]).await;
+    h.leave(a).await;
+    b.wait_members(&[member(2, 1)]).await;
+    assert_eq!(
+        b.ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: false
+        })
+        .await,
+        located(&[], None)
+    );
+}
+
 async fn refusals<H: Harness>(h: &mut H) {
     // (With Redis the first node of a cluster sets its token: join it first.)
     let _first = h.join(member(1, 1)).await;
@@ -505,3 +531,4 @@ conformance!(a_restart_with_a_new_incarnation_starts_clean);
 conformance!(refusals);
 conformance!(one_id_names_one_content);
 conformance!(a_listed_holder_that_publishes_another_content_is_no_longer_listed);
+conformance!(a_node_that_leaves_is_forgotten_at_once);

@@ -76,6 +76,8 @@ pub trait Harness {
     async fn join_silent(&mut self, member: MemberInfo) -> Self::Node;
     /// The node's process dies: no goodbye.
     async fn crash(&mut self, node: Self::Node);
+    /// The node's daemon stops cleanly: it says goodbye, and the directory forgets it at once.
+    async fn leave(&mut self, node: Self::Node);
     /// Lets the heartbeat bound pass (with margin) while `live` nodes keep heartbeating.
     async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut Self::Node]);
 }
@@ -305,13 +307,14 @@ pub struct CoreParticipant {
 }
 
 impl CoreParticipant {
-    fn take(&mut self, mut pick: impl FnMut(&DirectoryNotice) -> bool) -> Vec<DirectoryNotice> {
+    /// The first notice `pick` accepts, taken out of the queue; the others stay, in order (more
+    /// events than one can be queued: a later call takes the next).
+    fn take(&mut self, pick: impl FnMut(&DirectoryNotice) -> bool) -> Option<DirectoryNotice> {
         let mut world = self.world.borrow_mut();
         world.pump();
         let node = world.nodes.get_mut(&self.node).expect("a member");
-        let (picked, kept): (Vec<_>, Vec<_>) = node.notices.drain(..).partition(|n| pick(n));
-        node.notices.extend(kept);
-        picked
+        let at = node.notices.iter().position(pick)?;
+        node.notices.remove(at)
     }
 }
 
@@ -333,6 +336,21 @@ impl Harness for CoreHarness {
     async fn crash(&mut self, node: CoreParticipant) {
         // Gone without a word: the registry hears nothing.
         self.world.borrow_mut().nodes.remove(&node.node);
+    }
+
+    async fn leave(&mut self, node: CoreParticipant) {
+        let mut world = self.world.borrow_mut();
+        let now = world.now;
+        world
+            .nodes
+            .get_mut(&node.node)
+            .expect("a member")
+            .session
+            .handle_leave(now);
+        // The goodbye reaches the registry; then the process is gone.
+        world.pump();
+        world.nodes.remove(&node.node);
+        world.pump();
     }
 
     async fn outlive_heartbeat_bound(&mut self, _live: &mut [&mut CoreParticipant]) {
@@ -374,19 +392,14 @@ impl Participant for CoreParticipant {
         self.next_op += 1;
         let op = DirectoryOpId(self.next_op);
         self.submit(op, request);
-        let replies = self.take(|n| matches!(n, DirectoryNotice::Reply { op: o, .. } if *o == op));
-        match replies.into_iter().next() {
+        match self.take(|n| matches!(n, DirectoryNotice::Reply { op: o, .. } if *o == op)) {
             Some(DirectoryNotice::Reply { reply, .. }) => reply,
             other => panic!("no reply in process: {other:?}"),
         }
     }
 
     async fn next_event(&mut self) -> DirectoryEvent {
-        match self
-            .take(|n| matches!(n, DirectoryNotice::Event(_)))
-            .into_iter()
-            .next()
-        {
+        match self.take(|n| matches!(n, DirectoryNotice::Event(_))) {
             Some(DirectoryNotice::Event(event)) => event,
             other => panic!("no event in process: {other:?}"),
         }
@@ -570,6 +583,10 @@ impl Harness for BuiltinHarness {
         node.dir.abandon().await;
     }
 
+    async fn leave(&mut self, node: ClientNode) {
+        node.dir.leave().await;
+    }
+
     async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
         see_only_each_other(live).await;
     }
@@ -597,8 +614,13 @@ impl RedisHarness {
 
 /// The conformance settings of a Redis node (a silent one stands for a dead node).
 fn redis_config(url: String, silent: bool) -> RedisConfig {
+    redis_config_named(url, "conformance", silent)
+}
+
+/// [`redis_config`] for the Skyriver cluster `name`.
+fn redis_config_named(url: String, name: &str, silent: bool) -> RedisConfig {
     {
-        let mut config = RedisConfig::new(url, "conformance");
+        let mut config = RedisConfig::new(url, name);
         config.request_timeout = Duration::from_millis(500);
         config.connect_timeout = Duration::from_millis(500);
         config.heartbeat_interval = if silent {
@@ -645,6 +667,10 @@ impl Harness for RedisHarness {
         node.dir.abandon().await;
     }
 
+    async fn leave(&mut self, node: ClientNode) {
+        node.dir.leave().await;
+    }
+
     async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
         // The silent node's TTL, then a member refresh of the observers.
         see_only_each_other(live).await;
@@ -672,6 +698,56 @@ impl Harness for RedisClusterHarness {
 
     async fn crash(&mut self, node: ClientNode) {
         node.dir.abandon().await;
+    }
+
+    async fn leave(&mut self, node: ClientNode) {
+        node.dir.leave().await;
+    }
+
+    async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
+        // The silent node's TTL, then a member refresh of the observers.
+        see_only_each_other(live).await;
+    }
+}
+
+/// Redis (one server or a Redis Cluster: its URL) as the directory of the Skyriver cluster
+/// `name`: each name has its own keys and channels, so many directories can share one Redis
+/// (started once) without flushing it in between. The token record is made at
+/// [`redis::KdfCost::TESTING`]: a join costs no Argon2 time worth counting.
+#[allow(dead_code)] // Used by the differential test, not by every binary sharing this file.
+pub struct NamedRedisHarness {
+    pub url: String,
+    pub name: String,
+}
+
+#[allow(dead_code)]
+impl NamedRedisHarness {
+    fn config(&self, silent: bool) -> RedisConfig {
+        let mut config = redis_config_named(self.url.clone(), &self.name, silent);
+        config.token_kdf = redis::KdfCost::TESTING;
+        config
+    }
+}
+
+impl Harness for NamedRedisHarness {
+    type Node = ClientNode;
+
+    async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, JoinError> {
+        open_redis(self.config(false), member, token).await
+    }
+
+    async fn join_silent(&mut self, member: MemberInfo) -> ClientNode {
+        open_redis(self.config(true), member, TOKEN)
+            .await
+            .expect("joins")
+    }
+
+    async fn crash(&mut self, node: ClientNode) {
+        node.dir.abandon().await;
+    }
+
+    async fn leave(&mut self, node: ClientNode) {
+        node.dir.leave().await;
     }
 
     async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
