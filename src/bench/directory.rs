@@ -406,7 +406,21 @@ enum Target {
 }
 
 async fn connect(target: &Target, index: usize) -> Result<Session, String> {
-    let (tx, notices) = skyriver_transport::directory::notice_channel();
+    let (tx, mut received) = skyriver_transport::directory::notice_channel();
+    let (forward, notices) = skyriver_transport::directory::notice_channel();
+    // One process holds thousands of sessions, and a session's notices are read only while a
+    // phase drives it: member lists (up to one per join, each of every member) are dropped as
+    // they come, or they would pile up by the gigabyte between phases and stall the sessions.
+    tokio::spawn(async move {
+        while let Some(notice) = received.recv().await {
+            if matches!(notice, DirectoryNotice::Members(_)) {
+                continue;
+            }
+            if forward.send(notice).await.is_err() {
+                break;
+            }
+        }
+    });
     let dir = match target {
         Target::Head(addr) => {
             let config = builtin::ClientConfig {

@@ -14,6 +14,7 @@
 //! (`directory::client`) over a TCP link (`builtin::link`).
 
 mod link;
+mod out_queue;
 pub mod server;
 
 use std::time::Duration;

@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant as TokioInstant};
 
 use super::super::frame;
+use super::out_queue::{out_queue, QueueReceiver, QueueSender};
 
 /// How often the head refreshes the replication counters it shows (computing the gauges walks
 /// every record, so not at every message).
@@ -139,7 +140,7 @@ enum HeadInput {
     /// A connection was accepted; its frames go to `writer`.
     Opened {
         conn: ConnId,
-        writer: mpsc::Sender<Arc<[u8]>>,
+        writer: QueueSender,
     },
     /// A message arrived on `conn`.
     Message { conn: ConnId, message: ToRegistry },
@@ -151,7 +152,7 @@ enum HeadInput {
 struct Head {
     registry: Registry,
     epoch: TokioInstant,
-    writers: BTreeMap<ConnId, mpsc::Sender<Arc<[u8]>>>,
+    writers: BTreeMap<ConnId, QueueSender>,
     members: watch::Sender<MemberList>,
     replication: watch::Sender<ReplicationStats>,
 }
@@ -265,7 +266,7 @@ impl Head {
                         let frame: Arc<[u8]> =
                             frame::encode(&FromRegistry::Members(members)).into();
                         for conn in conns {
-                            self.send(conn, frame.clone());
+                            self.send_members(conn, frame.clone());
                         }
                     }
                     RegistryOutput::Close { conn, reason } => {
@@ -284,12 +285,27 @@ impl Head {
             return;
         };
         crate::trace::stamp("head_queued");
-        if writer.try_send(frame).is_err() {
-            tracing::warn!(%conn, "node disconnected: it stopped reading its queue");
-            self.writers.remove(&conn);
-            let now = self.now();
-            self.registry.handle_disconnect(now, conn);
+        if writer.send(frame).is_err() {
+            self.drop_slow_reader(conn);
         }
+    }
+
+    /// Queues a member list for `conn`, in place of one still waiting right in front of it
+    /// (see [`out_queue`](super::out_queue)); a connection whose queue is full is dropped.
+    fn send_members(&mut self, conn: ConnId, frame: Arc<[u8]>) {
+        let Some(writer) = self.writers.get(&conn) else {
+            return;
+        };
+        if writer.send_members(frame).is_err() {
+            self.drop_slow_reader(conn);
+        }
+    }
+
+    fn drop_slow_reader(&mut self, conn: ConnId) {
+        tracing::warn!(%conn, "node disconnected: it stopped reading its queue");
+        self.writers.remove(&conn);
+        let now = self.now();
+        self.registry.handle_disconnect(now, conn);
     }
 }
 
@@ -382,7 +398,7 @@ async fn serve_connection(
             return refuse(&mut writer, reason).await;
         }
     };
-    let (frames_tx, frames) = mpsc::channel(NODE_QUEUE_FRAMES);
+    let (frames_tx, frames) = out_queue(NODE_QUEUE_FRAMES);
     let opened = HeadInput::Opened {
         conn,
         writer: frames_tx,
@@ -434,18 +450,19 @@ async fn read_messages(
     }
 }
 
-async fn write_frames(writer: OwnedWriteHalf, mut frames: mpsc::Receiver<Arc<[u8]>>) -> String {
+async fn write_frames(writer: OwnedWriteHalf, mut frames: QueueReceiver) -> String {
     let mut writer = BufWriter::new(writer);
-    while let Some(frame) = frames.recv().await {
-        if let Err(error) = writer.write_all(&frame).await {
-            return format!("write failed: {error}");
-        }
-        if frames.is_empty() {
-            if let Err(error) = writer.flush().await {
+    let mut batch = Vec::new();
+    while frames.next_batch(&mut batch).await {
+        for frame in batch.drain(..) {
+            if let Err(error) = writer.write_all(&frame).await {
                 return format!("write failed: {error}");
             }
-            crate::trace::stamp("head_written");
         }
+        if let Err(error) = writer.flush().await {
+            return format!("write failed: {error}");
+        }
+        crate::trace::stamp("head_written");
     }
     let _ = writer.shutdown().await;
     "session ended".into()
