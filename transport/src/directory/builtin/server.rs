@@ -138,10 +138,7 @@ impl Drop for BuiltinDirectoryServer {
 /// What connection tasks tell the registry's task.
 enum HeadInput {
     /// A connection was accepted; its frames go to `writer`.
-    Opened {
-        conn: ConnId,
-        writer: QueueSender,
-    },
+    Opened { conn: ConnId, writer: QueueSender },
     /// A message arrived on `conn`.
     Message { conn: ConnId, message: ToRegistry },
     /// `conn` closed or failed.
