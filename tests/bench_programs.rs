@@ -383,3 +383,67 @@ fn bench_spill_refuses_to_start_without_the_disk_space_it_needs() {
         "nothing left behind"
     );
 }
+
+#[test]
+fn bench_directory_drives_every_backend_through_every_phase_and_marks_its_targets() {
+    let dir = common::test_dir();
+    let redis = std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !redis {
+        common::skip::skip(
+            "bench_directory_drives_every_backend_through_every_phase_and_marks_its_targets",
+            &common::skip::REDIS,
+            "redis-server is not installed",
+        );
+        return;
+    }
+    let report = skyriver(
+        dir.path(),
+        &[
+            "bench",
+            "directory",
+            "--sessions",
+            "40",
+            "--redis-sessions",
+            "8",
+            "--objects",
+            "2000",
+            "--in-flight",
+            "64",
+            "--millis",
+            "200",
+            "--waiters",
+            "20",
+            "--json",
+            "directory.json",
+        ],
+    );
+    let backends = report["backends"].as_array().unwrap();
+    assert_eq!(
+        backends.len(),
+        3,
+        "head, Redis and Redis Cluster: {backends:?}"
+    );
+    for backend in backends {
+        for phase in ["connect", "publish", "lookup", "wake", "withdraw"] {
+            let ops = backend[phase]["operations"].as_u64().unwrap();
+            assert!(ops > 0, "no {phase} in {backend}");
+        }
+        assert!(backend["bytes_per_object"].as_f64().unwrap().is_finite());
+    }
+    // The head answers everything: no request of a small run is refused.
+    let head = &backends[0];
+    assert_eq!(head["backend"], "head");
+    for phase in ["connect", "publish", "lookup", "wake", "withdraw"] {
+        assert_eq!(
+            head[phase]["errors"], 0,
+            "{phase} errors at the head: {head}"
+        );
+    }
+    assert_eq!(head["sessions"], 40);
+    let targets = report["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 4, "{targets:?}");
+    assert!(targets.iter().all(|t| t[1].is_boolean()), "{targets:?}");
+}
