@@ -129,30 +129,57 @@ enum Step {
 #[derive(Debug, PartialEq)]
 enum Outcome {
     Reply(DirectoryReply),
-    /// The node's events so far, then the reply (see [`Step::settles`]).
+    /// The node's events so far, then the reply (see [`settling`]).
     Settled(Vec<DirectoryEvent>, DirectoryReply),
     /// Per node drained, its events in a canonical order.
     Events(Vec<Vec<DirectoryEvent>>),
 }
 
-impl Step {
-    /// Whether the step's node first waits for the pushes owed to it (a drain): a lookup with a
-    /// subscription and an unsubscription depend on whether the node's subscription fired. The
-    /// core pushes before it replies to the publisher; Redis pushes over the node's pub/sub
-    /// connection, which its requests do not wait for, so a publication served just before
-    /// (its own, say) may reach the node after it unsubscribed (the event is dropped) or after
-    /// it subscribed again (the old publication fires the new subscription). The directory only
-    /// orders pushes among themselves; a node ignores an event it no longer waits for, and a
-    /// stale one costs it a refused fetch and a new lookup.
-    fn settles(&self) -> bool {
-        matches!(
-            self,
-            Step::Lookup {
-                subscribe: true,
-                ..
-            } | Step::Unsubscribe { .. }
-        )
-    }
+/// Per step, whether its node first waits for the pushes owed to it (a drain): only an
+/// unsubscription from an id another node published since the node's events were last drained.
+/// The core pushes an event before it replies to the publisher; Redis pushes another node's
+/// publication over the subscriber's pub/sub connection, which the subscriber's requests do not
+/// wait for, so an unsubscription served next may come first and the event is dropped (a node
+/// ignores an event it no longer waits for anyway). Everything else must agree unsettled: a
+/// node's own publication fires its own subscription before the publish is answered, and a
+/// publication announced before a subscribing lookup never fires the subscription that lookup
+/// starts, however late it arrives.
+fn settling(steps: &[Step]) -> Vec<bool> {
+    // Per node, the ids other nodes published since its events were last drained.
+    let mut published_by_others: Vec<std::collections::BTreeSet<u64>> =
+        vec![Default::default(); NODES];
+    steps
+        .iter()
+        .map(|step| match *step {
+            Step::Publish { node, id, .. } => {
+                for (other, ids) in published_by_others.iter_mut().enumerate() {
+                    if other != node {
+                        ids.insert(id);
+                    }
+                }
+                false
+            }
+            Step::Unsubscribe { node, id } => {
+                let settles = published_by_others[node].contains(&id);
+                if settles {
+                    published_by_others[node].clear();
+                }
+                settles
+            }
+            Step::Restart { node }
+            | Step::Die { node }
+            | Step::Leave { node }
+            | Step::Rejoin { node } => {
+                published_by_others[node].clear();
+                false
+            }
+            Step::Drain => {
+                published_by_others.iter_mut().for_each(|ids| ids.clear());
+                false
+            }
+            Step::Withdraw { .. } | Step::Lookup { .. } => false,
+        })
+        .collect()
 }
 
 fn sequence(seed: u64) -> Vec<Step> {
@@ -365,10 +392,11 @@ async fn run<H: Harness>(
     agree_on_members(&mut nodes, &incarnations).await;
     let mut markers = 0;
     let mut outcomes = Vec::new();
+    let settles = settling(steps);
     for (at, &step) in steps.iter().enumerate() {
         replay.at = Some((at, step));
         let settled = match step {
-            Step::Lookup { node, .. } | Step::Unsubscribe { node, .. } if step.settles() => {
+            Step::Unsubscribe { node, .. } if settles[at] => {
                 Some(drain(&mut nodes, node, &mut markers).await)
             }
             _ => None,
