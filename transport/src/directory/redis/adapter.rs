@@ -209,6 +209,7 @@ enum Pending {
     Publish {
         op: WireOpId,
         id: ObjectId,
+        content: (ObjectSizes, ContentDigest),
         index: usize,
     },
 }
@@ -892,12 +893,14 @@ impl Adapter {
 
     /// Publishes `id` unless live nodes hold it with another content (then that content).
     /// Entries of dead nodes that stand in the way are deleted and the publish tried again.
-    /// With the reply, the content if it was published (a withdrawal in the same batch, after
-    /// the publish, is answered `Done` either way).
+    /// With the reply, the content if it was published (`sent`, the content this publish
+    /// sent, then withdrawn if a withdrawal followed in the same batch: that publish is
+    /// answered `Done` either way).
     async fn publish_checked(
         &mut self,
         live: &mut Live,
         id: ObjectId,
+        sent: (ObjectSizes, ContentDigest),
         first_answer: Value,
     ) -> Result<(DirectoryReply, Option<(ObjectSizes, ContentDigest)>), Failure> {
         let read = |answer| {
@@ -906,7 +909,8 @@ impl Adapter {
         };
         let Some(&(sizes, digest)) = self.publications.get(&id) else {
             // Withdrawn in the same batch, after the publish.
-            return Ok((DirectoryReply::Done, None));
+            let published = read(first_answer)?.is_empty().then_some(sent);
+            return Ok((DirectoryReply::Done, published));
         };
         let mut answer = first_answer;
         for attempt in 0..2 {
@@ -967,23 +971,23 @@ impl Adapter {
         cmd
     }
 
-    /// A publication of `id` by `holder`: fires the subscription to it, if any, and stops
-    /// listening on the object's channel unless a later lookup still waits for its marker.
-    /// A publication message (`own` false) fires only a live subscription; this node's own
-    /// publication (`own`), answered after its lookups, fires any and ends it.
+    /// A publication of `id` by `holder`: fires the subscription to it, if any; `true` when
+    /// no subscription to `id` is left (unless a later lookup still waits for its marker), so
+    /// the caller stops listening on the object's channel. A publication message (`own` false)
+    /// fires only a live subscription; this node's own publication (`own`), answered after its
+    /// lookups, fires any and ends it.
     async fn fire(
         &mut self,
-        live: &mut Live,
         id: ObjectId,
         holder: NodeId,
         (sizes, digest): (ObjectSizes, ContentDigest),
         own: bool,
-    ) -> Result<(), Failure> {
+    ) -> bool {
         let Some(subscription) = self.subscriptions.get_mut(&id) else {
-            return Ok(());
+            return false;
         };
         if !own && !subscription.live {
-            return Ok(());
+            return false;
         }
         subscription.live = false;
         let ended = own || subscription.arming.is_empty();
@@ -997,14 +1001,7 @@ impl Adapter {
             digest,
         }))
         .await;
-        if !ended {
-            return Ok(());
-        }
-        self.bounded(
-            "UNSUBSCRIBE",
-            live.subscriber.unsubscribe(self.keys.published(&id)),
-        )
-        .await
+        ended
     }
 
     /// This adapter's lookup marker `marker` for `id` arrived: a subscription that lookup
@@ -1049,7 +1046,15 @@ impl Adapter {
             Some((node, (sizes, digest)))
         })();
         match parsed {
-            Some((holder, content)) => self.fire(live, id, holder, content, false).await?,
+            Some((holder, content)) => {
+                if self.fire(id, holder, content, false).await {
+                    self.bounded(
+                        "UNSUBSCRIBE",
+                        live.subscriber.unsubscribe(self.keys.published(&id)),
+                    )
+                    .await?;
+                }
+            }
             None => tracing::warn!(%id, %payload, "ignoring a malformed publication message"),
         }
         Ok(false)
@@ -1137,6 +1142,7 @@ impl Adapter {
                     pending.push(Pending::Publish {
                         op,
                         id,
+                        content: (sizes, digest),
                         index: commands,
                     });
                     commands += 1;
@@ -1189,30 +1195,26 @@ impl Adapter {
         for p in pending {
             match p {
                 Pending::Write { op } => self.reply(op, DirectoryReply::Done).await,
-                Pending::Publish { op, id, index } => {
+                Pending::Publish {
+                    op,
+                    id,
+                    content,
+                    index,
+                } => {
                     let value = values.get_mut(index).and_then(Option::take);
                     let answered = match (value, &failure) {
-                        (Some(value), None) => self.publish_checked(live, id, value).await,
+                        (Some(value), None) => self.publish_checked(live, id, content, value).await,
                         (_, Some(Failure::Lost(reason))) => Err(Failure::Lost(reason.clone())),
                         _ => Err(Failure::Failed("missing pipeline result".into())),
                     };
                     match answered {
                         Ok((reply, published)) => {
                             // As the core registry: the node's own subscription fires before
-                            // its publish is answered.
+                            // its publish is answered. Its channel is left below, once the
+                            // batch's later lookups had their say.
                             if let Some(content) = published {
-                                if let Err(f) =
-                                    self.fire(live, id, self.me.node, content, true).await
-                                {
-                                    self.reply(
-                                        op,
-                                        DirectoryReply::Unavailable { reason: f.reason() },
-                                    )
-                                    .await;
-                                    if matches!(f, Failure::Lost(_)) {
-                                        failure = Some(f);
-                                    }
-                                    continue;
+                                if self.fire(id, self.me.node, content, true).await {
+                                    touched.insert(id);
                                 }
                             }
                             self.reply(op, reply).await
