@@ -529,8 +529,10 @@ async fn a_node_waiting_for_what_it_publishes_is_told_once<H: Harness>(h: &mut H
         vec![own.clone()]
     );
     // Again, then withdrawn and waited for anew: only b's later publication fires the new
-    // subscription, not the announcement of a's (if it arrives late).
-    for request in [
+    // subscription, not the announcement of a's. Submitted together, the requests are likely
+    // served in one Redis pipeline, so that announcement is still unread when the new
+    // subscription starts.
+    for (n, request) in [
         DirectoryRequest::Lookup {
             id: x,
             subscribe: true,
@@ -546,8 +548,11 @@ async fn a_node_waiting_for_what_it_publishes_is_told_once<H: Harness>(h: &mut H
             digest: digest_of(sizes(4)),
         },
         DirectoryRequest::Withdraw { id: x },
-    ] {
-        a.ask(request).await;
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        a.submit(DirectoryOpId(9_000 + n as u64), request);
     }
     assert_eq!(
         a.ask(DirectoryRequest::Lookup {
