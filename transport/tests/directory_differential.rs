@@ -1,6 +1,7 @@
 //! The Redis directory checked against the core's rules, by difference: seeded random sequences
 //! of directory operations from four nodes (publishes of a few ids with one of three contents,
-//! withdrawals, lookups with and without a subscription, unsubscriptions, restarts with a new
+//! withdrawals, lookups with and without a subscription, unsubscriptions, bursts of requests a
+//! node submits together, restarts with a new
 //! incarnation, clean leaves, and in some sequences a node that dies, is outlived and later
 //! rejoins) run against the core's sans-IO `Registry` (in process, the reference) and then
 //! against Redis and Redis Cluster, and every reply and every node's delivered events must be
@@ -95,6 +96,16 @@ enum Step {
         id: u64,
         subscribe: bool,
     },
+    /// Requests the node submits together, so that Redis likely serves them in one pipeline
+    /// and reads no announcement in between: a lookup with a subscription, a publication and a
+    /// withdrawal (their replies are not compared), then a lookup with a subscription (its
+    /// reply is). The late announcement of the node's own publication must neither be lost
+    /// nor fire the subscription the last lookup starts.
+    Burst {
+        node: usize,
+        id: u64,
+        content: usize,
+    },
     /// Unsubscribe (no reply), then a round trip on the same node so that it is served before
     /// the next step's request from another node.
     Unsubscribe {
@@ -151,7 +162,7 @@ fn settling(steps: &[Step]) -> Vec<bool> {
     steps
         .iter()
         .map(|step| match *step {
-            Step::Publish { node, id, .. } => {
+            Step::Publish { node, id, .. } | Step::Burst { node, id, .. } => {
                 for (other, ids) in published_by_others.iter_mut().enumerate() {
                     if other != node {
                         ids.insert(id);
@@ -231,10 +242,15 @@ fn sequence(seed: u64) -> Vec<Step> {
                 id,
                 subscribe: false,
             },
-            68..88 => Step::Lookup {
+            68..83 => Step::Lookup {
                 node,
                 id,
                 subscribe: true,
+            },
+            83..88 => Step::Burst {
+                node,
+                id,
+                content: rng.below(CONTENTS.len() as u64) as usize,
             },
             88..95 => Step::Unsubscribe { node, id },
             _ if hurry => Step::Lookup {
@@ -265,6 +281,19 @@ fn member(slot: usize, incarnation: u32) -> MemberInfo {
 
 fn object(id: u64) -> ObjectId {
     ObjectId::from_u64(0x100 + id)
+}
+
+/// Publishes `id` with content number `content`.
+fn publish(id: u64, content: usize) -> DirectoryRequest {
+    let (data_size, digest) = CONTENTS[content];
+    DirectoryRequest::Publish {
+        id: object(id),
+        sizes: ObjectSizes {
+            data_size,
+            metadata_size: 2,
+        },
+        digest: ContentDigest(digest),
+    }
 }
 
 /// Holders in id order: neither implementation promises an order.
@@ -403,19 +432,27 @@ async fn run<H: Harness>(
         };
         let outcome = match step {
             Step::Publish { node, id, content } => {
-                let (data_size, digest) = CONTENTS[content];
-                Outcome::Reply(
-                    live(&mut nodes, node)
-                        .ask(DirectoryRequest::Publish {
-                            id: object(id),
-                            sizes: ObjectSizes {
-                                data_size,
-                                metadata_size: 2,
-                            },
-                            digest: ContentDigest(digest),
-                        })
-                        .await,
-                )
+                Outcome::Reply(live(&mut nodes, node).ask(publish(id, content)).await)
+            }
+            Step::Burst { node, id, content } => {
+                let n = live(&mut nodes, node);
+                let subscribe = DirectoryRequest::Lookup {
+                    id: object(id),
+                    subscribe: true,
+                };
+                for (k, request) in [
+                    subscribe.clone(),
+                    publish(id, content),
+                    DirectoryRequest::Withdraw { id: object(id) },
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    // Apart from the ops `ask` counts up from 1 and the unsubscriptions'.
+                    let op = u64::MAX / 2 - (at * 3 + k) as u64;
+                    n.submit(skyriver_core::directory::DirectoryOpId(op), request);
+                }
+                Outcome::Reply(sorted(n.ask(subscribe).await))
             }
             Step::Withdraw { node, id } => Outcome::Reply(
                 live(&mut nodes, node)
