@@ -971,11 +971,11 @@ impl Adapter {
         cmd
     }
 
-    /// A publication of `id` by `holder`: fires the subscription to it, if any; `true` when
-    /// no subscription to `id` is left (unless a later lookup still waits for its marker), so
-    /// the caller stops listening on the object's channel. A publication message (`own` false)
-    /// fires only a live subscription; this node's own publication (`own`), answered after its
-    /// lookups, fires any and ends it.
+    /// A publication of `id` by `holder`: fires the subscription to it, if any. `true` when
+    /// that ended it (no later lookup waits for its marker), so the caller stops listening on
+    /// the object's channel. A publication message (`own` false) fires only a live
+    /// subscription; this node's own publication (`own`), answered after its lookups, fires
+    /// any and ends it.
     async fn fire(
         &mut self,
         id: ObjectId,
