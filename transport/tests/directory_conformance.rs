@@ -483,6 +483,106 @@ async fn refusals<H: Harness>(h: &mut H) {
     }
 }
 
+/// A node that waits for an object and publishes it itself is told once, before its publish
+/// is answered, even if it unsubscribes at once; and the announcement of that publication,
+/// however late it reaches the node, does not fire a subscription the node starts afterwards.
+async fn a_node_waiting_for_what_it_publishes_is_told_once<H: Harness>(h: &mut H) {
+    let mut a = h.join(member(1, 1)).await;
+    let mut b = h.join(member(2, 1)).await;
+    let x = ObjectId::from_u64(0x90);
+    let own = DirectoryEvent::Published {
+        id: x,
+        holder: NodeId(1),
+        sizes: sizes(4),
+        digest: digest_of(sizes(4)),
+    };
+    assert_eq!(
+        a.ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: true
+        })
+        .await,
+        located(&[], None)
+    );
+    assert_eq!(
+        a.ask(DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(4),
+            digest: digest_of(sizes(4)),
+        })
+        .await,
+        DirectoryReply::Done
+    );
+    a.submit(
+        DirectoryOpId(9_998),
+        DirectoryRequest::Unsubscribe { id: x },
+    );
+    // A round trip on a's connection: the unsubscribe is served.
+    a.ask(DirectoryRequest::Lookup {
+        id: ObjectId::from_u64(0x91),
+        subscribe: false,
+    })
+    .await;
+    assert_eq!(
+        a.events_before_marker(&mut b, ObjectId::from_u64(0x9f0))
+            .await,
+        vec![own.clone()]
+    );
+    // Again, then withdrawn and waited for anew: only b's later publication fires the new
+    // subscription, not the announcement of a's. Submitted together, the requests are likely
+    // served in one Redis pipeline, so that announcement is still unread when the new
+    // subscription starts.
+    for (n, request) in [
+        DirectoryRequest::Lookup {
+            id: x,
+            subscribe: true,
+        },
+        DirectoryRequest::Withdraw { id: x },
+        DirectoryRequest::Lookup {
+            id: x,
+            subscribe: true,
+        },
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(4),
+            digest: digest_of(sizes(4)),
+        },
+        DirectoryRequest::Withdraw { id: x },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        a.submit(DirectoryOpId(9_000 + n as u64), request);
+    }
+    assert_eq!(
+        a.ask(DirectoryRequest::Lookup {
+            id: x,
+            subscribe: true
+        })
+        .await,
+        located(&[], None)
+    );
+    b.ask(DirectoryRequest::Publish {
+        id: x,
+        sizes: sizes(4),
+        digest: digest_of(sizes(4)),
+    })
+    .await;
+    assert_eq!(
+        a.events_before_marker(&mut b, ObjectId::from_u64(0x9f1))
+            .await,
+        vec![
+            own,
+            DirectoryEvent::Published {
+                id: x,
+                holder: NodeId(2),
+                sizes: sizes(4),
+                digest: digest_of(sizes(4)),
+            }
+        ]
+    );
+}
+
 // ---- The suite, once per implementation ----
 
 macro_rules! conformance {
@@ -532,3 +632,4 @@ conformance!(refusals);
 conformance!(one_id_names_one_content);
 conformance!(a_listed_holder_that_publishes_another_content_is_no_longer_listed);
 conformance!(a_node_that_leaves_is_forgotten_at_once);
+conformance!(a_node_waiting_for_what_it_publishes_is_told_once);

@@ -1,6 +1,7 @@
 //! The Redis directory checked against the core's rules, by difference: seeded random sequences
 //! of directory operations from four nodes (publishes of a few ids with one of three contents,
-//! withdrawals, lookups with and without a subscription, unsubscriptions, restarts with a new
+//! withdrawals, lookups with and without a subscription, unsubscriptions, bursts of requests a
+//! node submits together, restarts with a new
 //! incarnation, clean leaves, and in some sequences a node that dies, is outlived and later
 //! rejoins) run against the core's sans-IO `Registry` (in process, the reference) and then
 //! against Redis and Redis Cluster, and every reply and every node's delivered events must be
@@ -95,6 +96,16 @@ enum Step {
         id: u64,
         subscribe: bool,
     },
+    /// Requests the node submits together, so that Redis likely serves them in one pipeline
+    /// and reads no announcement in between: a lookup with a subscription, a publication and a
+    /// withdrawal (their replies are not compared), then a lookup with a subscription (its
+    /// reply is). The late announcement of the node's own publication must neither be lost
+    /// nor fire the subscription the last lookup starts.
+    Burst {
+        node: usize,
+        id: u64,
+        content: usize,
+    },
     /// Unsubscribe (no reply), then a round trip on the same node so that it is served before
     /// the next step's request from another node.
     Unsubscribe {
@@ -129,30 +140,57 @@ enum Step {
 #[derive(Debug, PartialEq)]
 enum Outcome {
     Reply(DirectoryReply),
-    /// The node's events so far, then the reply (see [`Step::settles`]).
+    /// The node's events so far, then the reply (see [`settling`]).
     Settled(Vec<DirectoryEvent>, DirectoryReply),
     /// Per node drained, its events in a canonical order.
     Events(Vec<Vec<DirectoryEvent>>),
 }
 
-impl Step {
-    /// Whether the step's node first waits for the pushes owed to it (a drain): a lookup with a
-    /// subscription and an unsubscription depend on whether the node's subscription fired. The
-    /// core pushes before it replies to the publisher; Redis pushes over the node's pub/sub
-    /// connection, which its requests do not wait for, so a publication served just before
-    /// (its own, say) may reach the node after it unsubscribed (the event is dropped) or after
-    /// it subscribed again (the old publication fires the new subscription). The directory only
-    /// orders pushes among themselves; a node ignores an event it no longer waits for, and a
-    /// stale one costs it a refused fetch and a new lookup.
-    fn settles(&self) -> bool {
-        matches!(
-            self,
-            Step::Lookup {
-                subscribe: true,
-                ..
-            } | Step::Unsubscribe { .. }
-        )
-    }
+/// Per step, whether its node first waits for the pushes owed to it (a drain): only an
+/// unsubscription from an id another node published since the node's events were last drained.
+/// The core pushes an event before it replies to the publisher; Redis pushes another node's
+/// publication over the subscriber's pub/sub connection, which the subscriber's requests do not
+/// wait for, so an unsubscription served next may come first and the event is dropped (a node
+/// ignores an event it no longer waits for anyway). Everything else must agree unsettled: a
+/// node's own publication fires its own subscription before the publish is answered, and a
+/// publication announced before a subscribing lookup never fires the subscription that lookup
+/// starts, however late it arrives.
+fn settling(steps: &[Step]) -> Vec<bool> {
+    // Per node, the ids other nodes published since its events were last drained.
+    let mut published_by_others: Vec<std::collections::BTreeSet<u64>> =
+        vec![Default::default(); NODES];
+    steps
+        .iter()
+        .map(|step| match *step {
+            Step::Publish { node, id, .. } | Step::Burst { node, id, .. } => {
+                for (other, ids) in published_by_others.iter_mut().enumerate() {
+                    if other != node {
+                        ids.insert(id);
+                    }
+                }
+                false
+            }
+            Step::Unsubscribe { node, id } => {
+                let settles = published_by_others[node].contains(&id);
+                if settles {
+                    published_by_others[node].clear();
+                }
+                settles
+            }
+            Step::Restart { node }
+            | Step::Die { node }
+            | Step::Leave { node }
+            | Step::Rejoin { node } => {
+                published_by_others[node].clear();
+                false
+            }
+            Step::Drain => {
+                published_by_others.iter_mut().for_each(|ids| ids.clear());
+                false
+            }
+            Step::Withdraw { .. } | Step::Lookup { .. } => false,
+        })
+        .collect()
 }
 
 fn sequence(seed: u64) -> Vec<Step> {
@@ -204,10 +242,15 @@ fn sequence(seed: u64) -> Vec<Step> {
                 id,
                 subscribe: false,
             },
-            68..88 => Step::Lookup {
+            68..83 => Step::Lookup {
                 node,
                 id,
                 subscribe: true,
+            },
+            83..88 => Step::Burst {
+                node,
+                id,
+                content: rng.below(CONTENTS.len() as u64) as usize,
             },
             88..95 => Step::Unsubscribe { node, id },
             _ if hurry => Step::Lookup {
@@ -238,6 +281,19 @@ fn member(slot: usize, incarnation: u32) -> MemberInfo {
 
 fn object(id: u64) -> ObjectId {
     ObjectId::from_u64(0x100 + id)
+}
+
+/// Publishes `id` with content number `content`.
+fn publish(id: u64, content: usize) -> DirectoryRequest {
+    let (data_size, digest) = CONTENTS[content];
+    DirectoryRequest::Publish {
+        id: object(id),
+        sizes: ObjectSizes {
+            data_size,
+            metadata_size: 2,
+        },
+        digest: ContentDigest(digest),
+    }
 }
 
 /// Holders in id order: neither implementation promises an order.
@@ -365,29 +421,38 @@ async fn run<H: Harness>(
     agree_on_members(&mut nodes, &incarnations).await;
     let mut markers = 0;
     let mut outcomes = Vec::new();
+    let settles = settling(steps);
     for (at, &step) in steps.iter().enumerate() {
         replay.at = Some((at, step));
         let settled = match step {
-            Step::Lookup { node, .. } | Step::Unsubscribe { node, .. } if step.settles() => {
+            Step::Unsubscribe { node, .. } if settles[at] => {
                 Some(drain(&mut nodes, node, &mut markers).await)
             }
             _ => None,
         };
         let outcome = match step {
             Step::Publish { node, id, content } => {
-                let (data_size, digest) = CONTENTS[content];
-                Outcome::Reply(
-                    live(&mut nodes, node)
-                        .ask(DirectoryRequest::Publish {
-                            id: object(id),
-                            sizes: ObjectSizes {
-                                data_size,
-                                metadata_size: 2,
-                            },
-                            digest: ContentDigest(digest),
-                        })
-                        .await,
-                )
+                Outcome::Reply(live(&mut nodes, node).ask(publish(id, content)).await)
+            }
+            Step::Burst { node, id, content } => {
+                let n = live(&mut nodes, node);
+                let subscribe = DirectoryRequest::Lookup {
+                    id: object(id),
+                    subscribe: true,
+                };
+                for (k, request) in [
+                    subscribe.clone(),
+                    publish(id, content),
+                    DirectoryRequest::Withdraw { id: object(id) },
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    // Apart from the ops `ask` counts up from 1 and the unsubscriptions'.
+                    let op = u64::MAX / 2 - (at * 3 + k) as u64;
+                    n.submit(skyriver_core::directory::DirectoryOpId(op), request);
+                }
+                Outcome::Reply(sorted(n.ask(subscribe).await))
             }
             Step::Withdraw { node, id } => Outcome::Reply(
                 live(&mut nodes, node)

@@ -29,8 +29,9 @@ use super::token_record::{self, Mismatch};
 use super::{
     content_value, holder_value, old_token_record_reason, parse_holder_value, wrong_token_reason,
     Keys, RedisConfig, CLAIM_TOKEN, DELETE_IF_UNCHANGED, DROP_ENTRY_OF_INCARNATION,
-    DROP_STALE_HOLDERS, LEAVE, MAX_BATCH, MAX_SUBSCRIPTIONS_PER_NODE, POP_STALE_HOLDERS,
-    PRUNE_IF_EXPIRED, PUBLISH_SAME_CONTENT, RESYNC_CHUNK, SPUBLISH_SAME_CONTENT,
+    DROP_STALE_HOLDERS, LEAVE, LOOKUP_AND_MARK, MARKER_PREFIX, MAX_BATCH,
+    MAX_SUBSCRIPTIONS_PER_NODE, POP_STALE_HOLDERS, PRUNE_IF_EXPIRED, PUBLISH_SAME_CONTENT,
+    RESYNC_CHUNK, SLOOKUP_AND_MARK, SPUBLISH_SAME_CONTENT,
 };
 
 /// What this process's session proves to its adapter: both are in one process, so the
@@ -104,7 +105,12 @@ impl Connector for RedisConnector {
             shown_url: params.shown_url.clone(),
             answers,
             publications: BTreeMap::new(),
-            subscriptions: BTreeSet::new(),
+            subscriptions: BTreeMap::new(),
+            marker_nonce: {
+                let nonce = crate::token::fresh_nonce();
+                u64::from_le_bytes(nonce[..8].try_into().expect("8 of 32 bytes"))
+            },
+            next_marker: 0,
             members: BTreeMap::new(),
             members_sent: false,
         };
@@ -193,6 +199,8 @@ enum Pending {
         op: WireOpId,
         id: ObjectId,
         subscribe: bool,
+        /// With `subscribe`: the marker the lookup announced on the object's channel.
+        marker: u64,
         index: usize,
     },
     Write {
@@ -201,8 +209,31 @@ enum Pending {
     Publish {
         op: WireOpId,
         id: ObjectId,
+        content: (ObjectSizes, ContentDigest),
         index: usize,
     },
+}
+
+/// A pending subscription to one object, as the core registry keeps it, on top of a channel
+/// whose messages arrive late.
+///
+/// The core fires a subscription with the publications served after the lookup that started
+/// it. Here publication messages reach the subscriber's connection after the requests that
+/// followed them may have been served, so a message can be older than the subscription it
+/// finds. The rule: a subscribing lookup announces a marker on the object's channel in the
+/// same atomic script that reads the holders (`LOOKUP_AND_MARK`); the channel delivers in
+/// publication order, so a message before the marker was published before the lookup and
+/// fires only a subscription that was already live then, never the one the lookup starts.
+/// A node's own publication is answered on the command connection after its lookups, so it
+/// fires whatever subscription the node has at once (its message, arriving later, finds it
+/// gone or, if the node subscribed again meanwhile, before that lookup's marker: stale).
+#[derive(Debug, Default)]
+struct Subscription {
+    /// Fired by the next publication message (its lookup's marker arrived).
+    live: bool,
+    /// Markers of lookups that found no holder and whose marker has not arrived: each makes
+    /// the subscription live when it does (again, if a message fired it meanwhile).
+    arming: BTreeSet<u64>,
 }
 
 /// The adapter of one connection attempt.
@@ -220,7 +251,11 @@ struct Adapter {
     /// What this node published on this connection (for a clean leave).
     publications: BTreeMap<ObjectId, (ObjectSizes, ContentDigest)>,
     /// Objects this node waits for (subscribed on the pub/sub connection).
-    subscriptions: BTreeSet<ObjectId>,
+    subscriptions: BTreeMap<ObjectId, Subscription>,
+    /// Names this adapter's lookup markers (another connection's are not its own).
+    marker_nonce: u64,
+    /// The next lookup marker's number.
+    next_marker: u64,
     /// Live members as last read.
     members: BTreeMap<NodeId, MemberInfo>,
     members_sent: bool,
@@ -858,22 +893,30 @@ impl Adapter {
 
     /// Publishes `id` unless live nodes hold it with another content (then that content).
     /// Entries of dead nodes that stand in the way are deleted and the publish tried again.
+    /// With the reply, the content if it was published (`sent`, the content this publish
+    /// sent, then withdrawn if a withdrawal followed in the same batch: that publish is
+    /// answered `Done` either way).
     async fn publish_checked(
         &mut self,
         live: &mut Live,
         id: ObjectId,
+        sent: (ObjectSizes, ContentDigest),
         first_answer: Value,
-    ) -> Result<DirectoryReply, Failure> {
+    ) -> Result<(DirectoryReply, Option<(ObjectSizes, ContentDigest)>), Failure> {
+        let read = |answer| {
+            ::redis::from_redis_value::<Vec<String>>(answer)
+                .map_err(|e| Failure::Failed(format!("unexpected publish answer: {e}")))
+        };
         let Some(&(sizes, digest)) = self.publications.get(&id) else {
             // Withdrawn in the same batch, after the publish.
-            return Ok(DirectoryReply::Done);
+            let published = read(first_answer)?.is_empty().then_some(sent);
+            return Ok((DirectoryReply::Done, published));
         };
         let mut answer = first_answer;
         for attempt in 0..2 {
-            let conflicts: Vec<String> = ::redis::from_redis_value(answer)
-                .map_err(|e| Failure::Failed(format!("unexpected publish answer: {e}")))?;
+            let conflicts = read(answer)?;
             if conflicts.is_empty() {
-                return Ok(DirectoryReply::Done);
+                return Ok((DirectoryReply::Done, Some((sizes, digest))));
             }
             let pairs: Vec<(String, String)> = conflicts
                 .chunks_exact(2)
@@ -882,7 +925,7 @@ impl Adapter {
             let (holders, content) = self.live_entries(live, &id, pairs).await?;
             if let (false, Some((sizes, digest))) = (holders.is_empty(), content) {
                 self.publications.remove(&id);
-                return Ok(DirectoryReply::Conflict { sizes, digest });
+                return Ok((DirectoryReply::Conflict { sizes, digest }, None));
             }
             if attempt == 1 {
                 break;
@@ -928,16 +971,28 @@ impl Adapter {
         cmd
     }
 
-    /// A subscription fired: tell the driver and stop listening on the object's channel.
+    /// A publication of `id` by `holder`: fires the subscription to it, if any. `true` when
+    /// that ended it (no later lookup waits for its marker), so the caller stops listening on
+    /// the object's channel. A publication message (`own` false) fires only a live
+    /// subscription; this node's own publication (`own`), answered after its lookups, fires
+    /// any and ends it.
     async fn fire(
         &mut self,
-        live: &mut Live,
         id: ObjectId,
         holder: NodeId,
         (sizes, digest): (ObjectSizes, ContentDigest),
-    ) -> Result<(), Failure> {
-        if !self.subscriptions.remove(&id) {
-            return Ok(());
+        own: bool,
+    ) -> bool {
+        let Some(subscription) = self.subscriptions.get_mut(&id) else {
+            return false;
+        };
+        if !own && !subscription.live {
+            return false;
+        }
+        subscription.live = false;
+        let ended = own || subscription.arming.is_empty();
+        if ended {
+            self.subscriptions.remove(&id);
         }
         self.notice(DirectoryNotice::Event(DirectoryEvent::Published {
             id,
@@ -946,11 +1001,17 @@ impl Adapter {
             digest,
         }))
         .await;
-        self.bounded(
-            "UNSUBSCRIBE",
-            live.subscriber.unsubscribe(self.keys.published(&id)),
-        )
-        .await
+        ended
+    }
+
+    /// This adapter's lookup marker `marker` for `id` arrived: a subscription that lookup
+    /// started is live from now on.
+    fn on_marker(&mut self, id: ObjectId, marker: u64) {
+        if let Some(subscription) = self.subscriptions.get_mut(&id) {
+            if subscription.arming.remove(&marker) {
+                subscription.live = true;
+            }
+        }
     }
 
     /// Handles one pub/sub message; `Ok(true)` when the members may have changed.
@@ -967,6 +1028,17 @@ impl Adapter {
             return Ok(false);
         };
         let payload = String::from_utf8_lossy(payload).into_owned();
+        if let Some(marker) = payload.strip_prefix(MARKER_PREFIX) {
+            // Another node's, or another connection's, markers are not this one's business.
+            let mine = marker
+                .split_once(' ')
+                .filter(|(nonce, _)| *nonce == format!("{:016x}", self.marker_nonce))
+                .and_then(|(_, seq)| seq.parse().ok());
+            if let Some(seq) = mine {
+                self.on_marker(id, seq);
+            }
+            return Ok(false);
+        }
         let parsed = (|| {
             let mut parts = payload.split(' ');
             let node = NodeId(parts.next()?.parse().ok()?);
@@ -974,7 +1046,15 @@ impl Adapter {
             Some((node, (sizes, digest)))
         })();
         match parsed {
-            Some((holder, content)) => self.fire(live, id, holder, content).await?,
+            Some((holder, content)) => {
+                if self.fire(id, holder, content, false).await {
+                    self.bounded(
+                        "UNSUBSCRIBE",
+                        live.subscriber.unsubscribe(self.keys.published(&id)),
+                    )
+                    .await?;
+                }
+            }
             None => tracing::warn!(%id, %payload, "ignoring a malformed publication message"),
         }
         Ok(false)
@@ -1005,12 +1085,12 @@ impl Adapter {
                             }
                         }
                     }
-                    if self.subscriptions.remove(&id) {
+                    if self.subscriptions.remove(&id).is_some() {
                         touched.insert(id);
                     }
                 }
                 DirectoryRequest::Lookup { id, subscribe } => {
-                    if subscribe && !self.subscriptions.contains(&id) && touched.insert(id) {
+                    if subscribe && !self.subscriptions.contains_key(&id) && touched.insert(id) {
                         if let Err(failure) = self
                             .bounded(
                                 "SUBSCRIBE",
@@ -1021,11 +1101,30 @@ impl Adapter {
                             result = Err(failure);
                         }
                     }
-                    pipe.cmd("HGETALL").arg(self.keys.object(&id));
+                    let marker = self.next_marker;
+                    if subscribe {
+                        self.next_marker += 1;
+                        pipe.cmd("EVAL")
+                            .arg(if self.keys.is_sharded() {
+                                SLOOKUP_AND_MARK
+                            } else {
+                                LOOKUP_AND_MARK
+                            })
+                            .arg(2)
+                            .arg(self.keys.object(&id))
+                            .arg(self.keys.published(&id))
+                            .arg(format!(
+                                "{MARKER_PREFIX}{:016x} {marker}",
+                                self.marker_nonce
+                            ));
+                    } else {
+                        pipe.cmd("HGETALL").arg(self.keys.object(&id));
+                    }
                     pending.push(Pending::Lookup {
                         op,
                         id,
                         subscribe,
+                        marker,
                         index: commands,
                     });
                     commands += 1;
@@ -1043,6 +1142,7 @@ impl Adapter {
                     pending.push(Pending::Publish {
                         op,
                         id,
+                        content: (sizes, digest),
                         index: commands,
                     });
                     commands += 1;
@@ -1095,15 +1195,30 @@ impl Adapter {
         for p in pending {
             match p {
                 Pending::Write { op } => self.reply(op, DirectoryReply::Done).await,
-                Pending::Publish { op, id, index } => {
+                Pending::Publish {
+                    op,
+                    id,
+                    content,
+                    index,
+                } => {
                     let value = values.get_mut(index).and_then(Option::take);
                     let answered = match (value, &failure) {
-                        (Some(value), None) => self.publish_checked(live, id, value).await,
+                        (Some(value), None) => self.publish_checked(live, id, content, value).await,
                         (_, Some(Failure::Lost(reason))) => Err(Failure::Lost(reason.clone())),
                         _ => Err(Failure::Failed("missing pipeline result".into())),
                     };
                     match answered {
-                        Ok(reply) => self.reply(op, reply).await,
+                        Ok((reply, published)) => {
+                            // As the core registry: the node's own subscription fires before
+                            // its publish is answered. Its channel is left below, once the
+                            // batch's later lookups had their say.
+                            if let Some(content) = published {
+                                if self.fire(id, self.me.node, content, true).await {
+                                    touched.insert(id);
+                                }
+                            }
+                            self.reply(op, reply).await
+                        }
                         Err(f) => {
                             self.reply(op, DirectoryReply::Unavailable { reason: f.reason() })
                                 .await;
@@ -1117,6 +1232,7 @@ impl Adapter {
                     op,
                     id,
                     subscribe,
+                    marker,
                     index,
                 } => {
                     let value = values.get_mut(index).and_then(Option::take);
@@ -1128,7 +1244,9 @@ impl Adapter {
                     match found {
                         Ok((holders, content)) => {
                             if subscribe && holders.is_empty() {
-                                if self.subscriptions.len() >= MAX_SUBSCRIPTIONS_PER_NODE {
+                                if !self.subscriptions.contains_key(&id)
+                                    && self.subscriptions.len() >= MAX_SUBSCRIPTIONS_PER_NODE
+                                {
                                     self.reply(
                                         op,
                                         DirectoryReply::Unavailable {
@@ -1139,7 +1257,12 @@ impl Adapter {
                                     ).await;
                                     continue;
                                 }
-                                self.subscriptions.insert(id);
+                                // Live once the lookup's marker arrives (see `Subscription`).
+                                self.subscriptions
+                                    .entry(id)
+                                    .or_default()
+                                    .arming
+                                    .insert(marker);
                             }
                             self.reply(
                                 op,
@@ -1167,7 +1290,7 @@ impl Adapter {
         }
         // Channels subscribed or kept for requests that no longer need them.
         for id in touched {
-            if !self.subscriptions.contains(&id) {
+            if !self.subscriptions.contains_key(&id) {
                 self.bounded(
                     "UNSUBSCRIBE",
                     live.subscriber.unsubscribe(self.keys.published(&id)),

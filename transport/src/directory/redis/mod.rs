@@ -11,7 +11,8 @@
 //! | `obj:<HEX>`                    | hash    | node id → `"<incarnation> <data> <metadata>"`   |
 //! | `held:<ID>:<INC>`              | set     | objects node ID published in incarnation INC    |
 //! | `held`                         | set     | `"<ID>:<INC>"` of every `held:` set (an index)  |
-//! | `published:<HEX>` (channel)    | pub/sub | `"<node> <incarnation> <data> <metadata>"`      |
+//! | `published:<HEX>` (channel)    | pub/sub | `"<node> <incarnation> <data> <metadata>"`, or  |
+//! |                                |         | a lookup marker `"mark <NONCE> <SEQ>"`          |
 //! | `members` (channel)            | pub/sub | `"join <ID>"` / `"leave <ID>"`                  |
 //!
 //! Liveness: a node is alive while its `node:<ID>` key exists; it refreshes the key's TTL every
@@ -28,9 +29,12 @@
 //! `members` channel) and periodically (to notice expiries).
 //!
 //! Waiting for an object uses pub/sub, never polling: a `Lookup` with `subscribe` first
-//! SUBSCRIBEs to the object's channel (confirmed by Redis), then reads the holders, so a
-//! publication in between is delivered on the channel. Publish is `HSET` + `PUBLISH` in one
-//! pipeline; requests queued together go in one pipeline.
+//! SUBSCRIBEs to the object's channel (confirmed by Redis), then reads the holders and, in the
+//! same script, announces a lookup marker on the channel; a publication message fires the
+//! subscription only if it arrives after that marker (was published after the lookup), so a
+//! stale message cannot fire a newer subscription. A node's own publication fires its own
+//! subscription before the publish is answered, as the core registry does. Publish is `HSET` +
+//! `PUBLISH` in one script; requests queued together go in one pipeline.
 //!
 //! The node side is the same reconnecting client and sans-IO session as the built-in
 //! directory's (`directory::client`); what differs is the link: an adapter task
@@ -109,6 +113,31 @@ macro_rules! publish_same_content {
         )
     };
 }
+/// A lookup that starts a subscription: reads the object's holder entries (`KEYS[1]`, as
+/// `HGETALL` returns them) and, in the same atomic step, announces `ARGV[1]` (a lookup marker,
+/// `"mark <NONCE> <SEQ>"`) on the object's channel (`KEYS[2]`). The subscriber's connection
+/// delivers a channel's messages in the order they were published, so a publication message
+/// that arrives before the marker was published before the lookup read the holders: it is
+/// stale for the subscription the lookup starts (see `adapter::Subscription`). Other
+/// subscribers ignore markers that are not theirs.
+macro_rules! lookup_and_mark {
+    ($publish:literal) => {
+        concat!(
+            "local entries = redis.call('HGETALL', KEYS[1]) \
+     redis.call('",
+            $publish,
+            "', KEYS[2], ARGV[1]) \
+     return entries"
+        )
+    };
+}
+/// The subscribing lookup for one Redis server (see `lookup_and_mark`).
+const LOOKUP_AND_MARK: &str = lookup_and_mark!("PUBLISH");
+/// [`LOOKUP_AND_MARK`] for Redis Cluster: the marker on the object's sharded channel.
+const SLOOKUP_AND_MARK: &str = lookup_and_mark!("SPUBLISH");
+/// What a lookup marker's message starts with (a publication's starts with a node id).
+const MARKER_PREFIX: &str = "mark ";
+
 /// The publish script for one Redis server (see `publish_same_content`).
 const PUBLISH_SAME_CONTENT: &str = publish_same_content!("PUBLISH");
 /// [`PUBLISH_SAME_CONTENT`] for Redis Cluster: the announcement on the object's sharded channel.
