@@ -44,6 +44,12 @@
 //! re-publishes what the node holds, re-subscribes and re-checks what it waits for, and sends
 //! `Health(Ok)`. A restarted daemon (same fabric address, higher incarnation) takes over its
 //! node id at once; another daemon with a live node id is refused until that one expires.
+//!
+//! The rules are the core registry's (`skyriver_core::registry`), re-implemented here in Lua
+//! scripts and the adapter. They are checked against it, not against a model of Redis: the
+//! conformance suite (`transport/tests/directory_conformance.rs`) and a seeded differential
+//! test (`transport/tests/directory_differential.rs`) run the same requests through the core
+//! registry and through a real Redis and Redis Cluster, and compare every reply and event.
 
 mod adapter;
 pub mod cluster;
