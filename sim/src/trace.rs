@@ -5,7 +5,7 @@
 //! Every event writes a line or more, so recording one is on the simulator's hot path: a line
 //! is hashed whole ([`LinesHash`]) and its object ids are found by searching for their zeros.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use skyriver_core::Instant;
 
@@ -62,6 +62,8 @@ pub struct Trace {
     count: u64,
     /// The line being built, reused while lines are not kept.
     scratch: String,
+    /// The text of a line given as format arguments, before its ids are shortened.
+    text_scratch: String,
 }
 
 impl Trace {
@@ -96,6 +98,15 @@ impl Trace {
         } else {
             self.scratch = line;
         }
+    }
+
+    /// Records one line at `now`, formatted from `text` into a buffer kept from line to line.
+    pub fn record_args(&mut self, now: Instant, text: fmt::Arguments<'_>) {
+        let mut buffer = std::mem::take(&mut self.text_scratch);
+        buffer.clear();
+        let _ = buffer.write_fmt(text);
+        self.record(now, &buffer);
+        self.text_scratch = buffer;
     }
 
     /// The kept lines, joined.

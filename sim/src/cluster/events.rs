@@ -21,11 +21,10 @@ impl Cluster {
             return None;
         }
         let now = self.now;
-        let text = match wire::decode(&bytes) {
-            Ok(message) => format!("{to} <- {from} {message}"),
-            Err(error) => format!("{to} <- {from} undecodable: {error}"),
-        };
-        self.record(|| text);
+        match wire::decode(&bytes) {
+            Ok(message) => self.record_args(format_args!("{to} <- {from} {message}")),
+            Err(error) => self.record_args(format_args!("{to} <- {from} undecodable: {error}")),
+        }
         let bytes = self.relay_progress_flaw(bytes);
         self.note_delivery(to, from, &bytes);
         let node = self.nodes[to.0 as usize].node.as_mut().expect("alive");

@@ -701,6 +701,12 @@ impl Cluster {
         self.trace.record(self.now, &line);
     }
 
+    /// [`Cluster::record`] of a line formatted straight into the trace's buffer: for the lines
+    /// of every message sent and delivered, the most frequent.
+    fn record_args(&mut self, text: std::fmt::Arguments<'_>) {
+        self.trace.record_args(self.now, text);
+    }
+
     /// Drives a node until idle (the core's drive loop), then reschedules its timer.
     fn after_input(&mut self, n: NodeId) {
         if self.nodes[n.0 as usize].node.is_none() {
@@ -740,7 +746,7 @@ impl Cluster {
             });
             return;
         }
-        let text = match wire::decode(&bytes) {
+        match wire::decode(&bytes) {
             Ok(message) => {
                 if self.flaws.holders_deny_some_ids {
                     if let Some(denial) = liveness::denial(&message) {
@@ -748,11 +754,10 @@ impl Cluster {
                         return self.transmit(to, from, denial);
                     }
                 }
-                format!("{from} -> {to} {message}")
+                self.record_args(format_args!("{from} -> {to} {message}"));
             }
-            Err(error) => format!("{from} -> {to} undecodable: {error}"),
-        };
-        self.record(|| text);
+            Err(error) => self.record_args(format_args!("{from} -> {to} undecodable: {error}")),
+        }
         let at = self.network.arrival(self.now, from, to, bytes.len() as u64);
         let to_inc = self.nodes[to.0 as usize].inc;
         self.schedule(
