@@ -25,7 +25,8 @@ use redis_cluster::RedisCluster;
 #[path = "support/directory_harness.rs"]
 mod directory_harness;
 use directory_harness::{
-    BuiltinHarness, CoreHarness, Harness, Participant, RedisClusterHarness, RedisHarness, TOKEN,
+    sorted, BuiltinHarness, CoreHarness, Harness, Participant, RedisClusterHarness, RedisHarness,
+    TOKEN,
 };
 
 fn member(node: u32, incarnation: u32) -> MemberInfo {
@@ -55,24 +56,6 @@ fn located(holders: &[u32], sizes: Option<ObjectSizes>) -> DirectoryReply {
         holders: holders.iter().map(|&n| NodeId(n)).collect(),
         sizes,
         digest: sizes.map(digest_of),
-    }
-}
-
-fn sorted(reply: DirectoryReply) -> DirectoryReply {
-    match reply {
-        DirectoryReply::Located {
-            mut holders,
-            sizes,
-            digest,
-        } => {
-            holders.sort();
-            DirectoryReply::Located {
-                holders,
-                sizes,
-                digest,
-            }
-        }
-        other => other,
     }
 }
 

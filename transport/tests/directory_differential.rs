@@ -29,7 +29,7 @@ use redis_cluster::RedisCluster;
 #[path = "support/directory_harness.rs"]
 #[allow(dead_code)] // Refusals are the conformance suite's.
 mod directory_harness;
-use directory_harness::{CoreHarness, Harness, NamedRedisHarness, Participant};
+use directory_harness::{sorted, CoreHarness, Harness, NamedRedisHarness, Participant};
 
 /// Nodes taking part in every sequence.
 const NODES: usize = 4;
@@ -293,25 +293,6 @@ fn publish(id: u64, content: usize) -> DirectoryRequest {
             metadata_size: 2,
         },
         digest: ContentDigest(digest),
-    }
-}
-
-/// Holders in id order: neither implementation promises an order.
-fn sorted(reply: DirectoryReply) -> DirectoryReply {
-    match reply {
-        DirectoryReply::Located {
-            mut holders,
-            sizes,
-            digest,
-        } => {
-            holders.sort();
-            DirectoryReply::Located {
-                holders,
-                sizes,
-                digest,
-            }
-        }
-        other => other,
     }
 }
 
