@@ -169,16 +169,25 @@ impl SimDirectory {
                 .collect()
         };
         for node in nodes {
-            let seen = self.subscriptions_seen(node);
-            if seen.is_some() && self.watch.subscriptions_seen.get(&node) == seen.as_ref() {
+            let Some(end) = self.ends.get(&node) else {
+                self.watch.nodes_examined += 1;
+                self.watch.subscriptions_seen.remove(&node);
+                continue;
+            };
+            let registry_side = self.registry_side(node, end);
+            let seen = SubscriptionsSeen {
+                inc: end.inc,
+                relied_changes: end.relied_changes,
+                session_changes: end.session.subscription_changes(),
+                registry: registry_side
+                    .map(|(registry, conn)| (conn, registry.subscriptions_stamp(node))),
+            };
+            if self.watch.subscriptions_seen.get(&node) == Some(&seen) {
                 continue;
             }
+            self.find_forgotten_subscriptions(node, end, registry_side, &mut found);
             self.watch.nodes_examined += 1;
-            self.find_forgotten_subscriptions(node, &mut found);
-            match seen {
-                Some(seen) => self.watch.subscriptions_seen.insert(node, seen),
-                None => self.watch.subscriptions_seen.remove(&node),
-            };
+            self.watch.subscriptions_seen.insert(node, seen);
         }
         let mut violations = Vec::new();
         for (key, violation) in found {
@@ -212,8 +221,9 @@ impl SimDirectory {
             }
         }
         // No fetch waits on a subscription the directory forgot.
-        for node in self.ends.keys() {
-            self.find_forgotten_subscriptions(*node, &mut violations);
+        for (node, end) in &self.ends {
+            let registry_side = self.registry_side(*node, end);
+            self.find_forgotten_subscriptions(*node, end, registry_side, &mut violations);
         }
         violations
     }
@@ -263,19 +273,6 @@ impl SimDirectory {
         )
     }
 
-    /// What the check of `node`'s subscriptions would read, by version (`None`: no end).
-    fn subscriptions_seen(&self, node: NodeId) -> Option<SubscriptionsSeen> {
-        let end = self.ends.get(&node)?;
-        Some(SubscriptionsSeen {
-            inc: end.inc,
-            relied_changes: end.relied_changes,
-            session_changes: end.session.subscription_changes(),
-            registry: self
-                .registry_side(node, end)
-                .map(|(registry, conn)| (conn, registry.subscriptions_stamp(node))),
-        })
-    }
-
     /// The registry and `node`'s connection when the registry must hold the subscriptions the
     /// node's session holds: the session is up on a connection the head has not seen broken,
     /// registered on it, and not replaying. The same for every object the node waits for:
@@ -295,11 +292,14 @@ impl SimDirectory {
     }
 
     /// A fetch of `node` waits on a subscription its session or the registry forgot.
-    fn find_forgotten_subscriptions(&self, node: NodeId, found: &mut Vec<(ViolationKey, String)>) {
-        let Some(end) = self.ends.get(&node) else {
-            return;
-        };
-        let registry_side = self.registry_side(node, end);
+    /// `registry_side` is [`SimDirectory::registry_side`] of the node's `end`.
+    fn find_forgotten_subscriptions(
+        &self,
+        node: NodeId,
+        end: &NodeEnd,
+        registry_side: Option<(&Registry, ConnId)>,
+        found: &mut Vec<(ViolationKey, String)>,
+    ) {
         // Each set is walked once beside the sorted `relied` (a lookup per id cost more than
         // every other per-event check together in 1,000-node runs).
         let mut in_flight = SortedProbe::new(
