@@ -409,8 +409,9 @@ async fn connect(target: &Target, index: usize) -> Result<Session, String> {
     let (tx, mut received) = skyriver_transport::directory::notice_channel();
     let (forward, notices) = skyriver_transport::directory::notice_channel();
     // One process holds thousands of sessions, and a session's notices are read only while a
-    // phase drives it: member lists (up to one per join, each of every member) are dropped as
-    // they come, or they would pile up by the gigabyte between phases and stall the sessions.
+    // phase drives it: member lists (a list of every member per change) are not kept — the
+    // head's sessions make none, the Redis ones' are dropped as they come — or they would pile
+    // up by the gigabyte between phases and stall the sessions.
     tokio::spawn(async move {
         while let Some(notice) = received.recv().await {
             if matches!(notice, DirectoryNotice::Members(_)) {
@@ -426,6 +427,7 @@ async fn connect(target: &Target, index: usize) -> Result<Session, String> {
             let config = builtin::ClientConfig {
                 // Thousands of hellos at once on a loaded machine.
                 connect_timeout: Duration::from_secs(20),
+                member_lists: false,
                 ..Default::default()
             };
             builtin::connect(addr, member(index), &TOKEN.into(), tx, config).await

@@ -43,6 +43,7 @@ fn client_config() -> ClientConfig {
         join_timeout: Duration::from_millis(200),
         reconnect_backoff_min: Duration::from_millis(20),
         reconnect_backoff_max: Duration::from_millis(200),
+        ..ClientConfig::default()
     }
 }
 
@@ -660,4 +661,53 @@ mod handshake {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// Nodes join one at a time, two leave, one comes back: every node's list follows, and after
+/// its first list each node is sent only what changed.
+#[tokio::test]
+async fn member_lists_follow_joins_and_departures_as_changes() {
+    let server = start_server(Duration::from_secs(5)).await;
+    let addr = server.local_addr();
+    const NODES: u32 = 12;
+    let mut nodes = Vec::new();
+    for n in 1..=NODES {
+        nodes.push(Node::join(addr, member(n)).await);
+        let all: Vec<u32> = (1..=n).collect();
+        for node in &mut nodes {
+            node.members_become(&all).await;
+        }
+    }
+    let after_joins = server.member_list_stats();
+    // Each node got one whole list (its first) and a change per later join.
+    assert_eq!(after_joins.whole, u64::from(NODES), "{after_joins:?}");
+    assert_eq!(
+        after_joins.changes,
+        u64::from(NODES * (NODES - 1) / 2),
+        "{after_joins:?}"
+    );
+    // Two leave (their connections close), and one of them joins again.
+    let fourth = nodes.remove(3);
+    let ninth = nodes.remove(7);
+    drop(fourth);
+    drop(ninth);
+    let left: Vec<u32> = (1..=NODES).filter(|n| ![4, 9].contains(n)).collect();
+    for node in &mut nodes {
+        node.members_become(&left).await;
+    }
+    nodes.push(Node::join(addr, member(9)).await);
+    let back: Vec<u32> = (1..=NODES).filter(|&n| n != 4).collect();
+    for node in &mut nodes {
+        node.members_become(&back).await;
+    }
+    let stats = server.member_list_stats();
+    assert_eq!(stats.whole, after_joins.whole + 1, "{stats:?}");
+    // A change from list to list is small: well under a whole list of twelve.
+    let change_bytes = (stats.bytes - after_joins.bytes) as f64;
+    let messages = (stats.whole + stats.changes - after_joins.whole - after_joins.changes) as f64;
+    assert!(
+        change_bytes / messages < 120.0,
+        "{change_bytes} bytes in {messages} messages"
+    );
+    server.shutdown().await;
 }

@@ -163,6 +163,7 @@ fn head_config() -> ClientConfig {
         join_timeout: Duration::from_millis(300),
         reconnect_backoff_min: Duration::from_millis(20),
         reconnect_backoff_max: Duration::from_millis(200),
+        ..ClientConfig::default()
     }
 }
 

@@ -35,6 +35,7 @@ mod grace;
 #[cfg(test)]
 mod grace_tests;
 mod holders;
+pub mod member_changes;
 pub mod placement;
 pub mod replication;
 #[cfg(test)]
@@ -149,6 +150,9 @@ pub enum RegistryOutput {
         conns: Vec<ConnId>,
         /// The live members, sorted by node id.
         members: MemberList,
+        /// The list's number (see [`member_changes`]): one more at each membership change;
+        /// a list sent again unchanged (to a reconnected node) keeps its number.
+        epoch: u64,
     },
     /// Close `conn` after what was queued for it; the registry has forgotten it.
     Close {
@@ -284,6 +288,8 @@ pub struct Registry {
     /// Changes to the members' subscriptions (and arrivals of members) so far: stamps them, so
     /// a checker re-examines a member's subscriptions only once they changed.
     subscription_changes: u64,
+    /// The member list's number: one more at each change (see [`member_changes`]).
+    members_epoch: u64,
     nonces: NonceSource,
     outputs: VecDeque<RegistryOutput>,
     /// Replica records, placement and repair (see [`replication`]).
@@ -301,6 +307,7 @@ impl Registry {
             nonces: NonceSource::new(config.nonce_key),
             handshakes: BTreeMap::new(),
             subscription_changes: 0,
+            members_epoch: 0,
             config,
             members: BTreeMap::new(),
             by_conn: BTreeMap::new(),
@@ -454,6 +461,7 @@ impl Registry {
                 self.outputs.push_back(RegistryOutput::SendMembers {
                     conns: vec![conn],
                     members: self.member_list(),
+                    epoch: self.members_epoch,
                 });
                 return Ok(());
             }
@@ -887,9 +895,11 @@ impl Registry {
     /// output so drivers can follow the membership from outputs alone).
     fn push_members(&mut self) {
         let conns: Vec<ConnId> = self.members.values().map(|m| m.conn).collect();
+        self.members_epoch += 1;
         self.outputs.push_back(RegistryOutput::SendMembers {
             conns,
             members: self.member_list(),
+            epoch: self.members_epoch,
         });
     }
 

@@ -35,6 +35,7 @@ use crate::sorted_chunks::SortedChunks;
 use crate::time::Instant;
 use crate::wire::ObjectSizes;
 
+use super::member_changes::apply_member_changes;
 use super::wire::{self, FromRegistry, Hello, ToRegistry, WireOpId, HELLO_MAGIC, PROTOCOL_VERSION};
 
 /// How a node's session behaves.
@@ -54,6 +55,10 @@ pub struct SessionConfig {
     pub max_subscriptions: usize,
     /// Most requests in flight; more are answered `Unavailable` at once.
     pub max_in_flight: usize,
+    /// Whether the driver is told the member list ([`DirectoryNotice::Members`]). A node needs
+    /// it; a load generator standing in for thousands of nodes in one process does not keep
+    /// one per session (it would hold N² members).
+    pub member_lists: bool,
 }
 
 impl Default for SessionConfig {
@@ -66,6 +71,7 @@ impl Default for SessionConfig {
             max_publications: 1 << 24,
             max_subscriptions: 65_536,
             max_in_flight: 65_536,
+            member_lists: true,
         }
     }
 }
@@ -176,8 +182,12 @@ pub struct DirectorySession {
     /// Whether the driver was told the directory is reachable (so a loss is reported once); set
     /// once the replay after a welcome is answered.
     reported_up: bool,
-    /// The member list received while the replay runs, passed on after `Health(Ok)`.
-    pending_members: Option<MemberList>,
+    /// The number of the member list this connection brought (`None` before its first): a
+    /// change must start from it.
+    members_epoch: Option<u64>,
+    /// That list, when the driver is told lists; passed on after `Health(Ok)` if it came
+    /// while the replay ran.
+    members: Option<MemberList>,
     backoff: Duration,
     in_flight: BTreeMap<WireOpId, Origin>,
     next_wire_op: u64,
@@ -211,7 +221,8 @@ impl DirectorySession {
                 retry_at: now,
             },
             reported_up: false,
-            pending_members: None,
+            members_epoch: None,
+            members: None,
             backoff,
             in_flight: BTreeMap::new(),
             next_wire_op: 0,
@@ -468,11 +479,25 @@ impl DirectorySession {
                     self.notice(DirectoryNotice::Event(event));
                 }
             }
-            FromRegistry::Members(members) => {
-                if self.reported_up {
-                    self.notice(DirectoryNotice::Members(members));
-                } else {
-                    self.pending_members = Some(members);
+            FromRegistry::Members { epoch, members } => {
+                self.members_epoch = Some(epoch);
+                if self.config.member_lists {
+                    self.members_changed(members);
+                }
+            }
+            FromRegistry::MembersChanged { from, to, changes } => {
+                if self.members_epoch != Some(from) {
+                    return Err(SessionError::Protocol(format!(
+                        "member changes from list {from}, but this node has {}",
+                        self.members_epoch
+                            .map_or("none".into(), |epoch| format!("list {epoch}"))
+                    )));
+                }
+                self.members_epoch = Some(to);
+                if self.config.member_lists {
+                    let list = self.members.as_deref().unwrap_or_default();
+                    let members = apply_member_changes(list, &changes);
+                    self.members_changed(members);
                 }
             }
             FromRegistry::Pong { .. } => {}
@@ -617,13 +642,22 @@ impl DirectorySession {
         self.report_up_once_replayed();
     }
 
+    /// The member list is now `members`: the driver is told at once, or after `Health(Ok)`
+    /// while the replay runs.
+    fn members_changed(&mut self, members: MemberList) {
+        self.members = Some(members.clone());
+        if self.reported_up {
+            self.notice(DirectoryNotice::Members(members));
+        }
+    }
+
     /// Health(Ok) once the registry knows everything again (the replay is answered), so a
     /// driver that sees it can count on the node's publications being listed.
     fn report_up_once_replayed(&mut self) {
         if self.is_up() && !self.reported_up && !self.replaying() {
             self.reported_up = true;
             self.notice(DirectoryNotice::Health(Ok(())));
-            if let Some(members) = self.pending_members.take() {
+            if let Some(members) = self.members.clone() {
                 self.notice(DirectoryNotice::Members(members));
             }
         }
@@ -646,7 +680,8 @@ impl DirectorySession {
             self.reported_up = false;
             self.notice(DirectoryNotice::Health(Err(reason.clone())));
         }
-        self.pending_members = None;
+        self.members_epoch = None;
+        self.members = None;
         let retry_at = now + self.backoff;
         self.backoff = (self.backoff * 2).min(self.config.reconnect_backoff_max);
         self.link = Link::Down { reason, retry_at };

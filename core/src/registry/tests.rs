@@ -102,9 +102,19 @@ pub(super) fn drain(registry: &mut Registry) -> Vec<(ConnId, FromRegistry)> {
     while let Some(output) = registry.poll_output() {
         match output {
             RegistryOutput::Send { conn, message } => out.push((conn, message)),
-            RegistryOutput::SendMembers { conns, members } => {
+            RegistryOutput::SendMembers {
+                conns,
+                members,
+                epoch,
+            } => {
                 for conn in conns {
-                    out.push((conn, FromRegistry::Members(members.clone())));
+                    out.push((
+                        conn,
+                        FromRegistry::Members {
+                            epoch,
+                            members: members.clone(),
+                        },
+                    ));
                 }
             }
             RegistryOutput::Close { conn, reason } => out.push((
@@ -513,9 +523,8 @@ fn a_silent_node_dies_at_the_heartbeat_bound_and_its_locations_vanish() {
     let out = drain(&mut r);
     assert!(r.holders_of(&x).is_empty());
     assert_eq!(r.members(), vec![member(2, 1)]);
-    assert!(out
-        .iter()
-        .any(|(c, m)| *c == ConnId(2) && *m == FromRegistry::Members(vec![member(2, 1)].into())));
+    assert!(out.iter().any(|(c, m)| *c == ConnId(2)
+        && matches!(m, FromRegistry::Members { members, .. } if members[..] == [member(2, 1)])));
     assert!(r.handle_ping(at_ms(111), ConnId(1), 2).is_err());
 }
 
@@ -1198,4 +1207,79 @@ fn shared_objects_keep_every_holder_and_a_leaving_member_takes_only_its_own() {
     assert_eq!(r.holders_of(&x), vec![NodeId(2)]);
     assert!(r.holders_of(&z).is_empty());
     assert_eq!(r.locations().count(), 1);
+}
+
+#[test]
+fn a_session_follows_member_changes_from_its_list_and_drops_a_change_from_another() {
+    use super::member_changes::MemberChange;
+    let mut r = registry();
+    let now = at_ms(0);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
+    s.handle_timeout(now);
+    let notices = exchange(&mut s, &mut r, 1, now);
+    assert!(notices.contains(&DirectoryNotice::Members(vec![member(1, 1)].into())));
+    // Node 1's own join made list 1; node 2 joins (list 2), then leaves (list 3).
+    let joined = FromRegistry::MembersChanged {
+        from: 1,
+        to: 2,
+        changes: vec![MemberChange::Listed(member(2, 1))].into(),
+    };
+    s.handle_message(now, joined).unwrap();
+    let left = FromRegistry::MembersChanged {
+        from: 2,
+        to: 3,
+        changes: vec![MemberChange::Left(NodeId(2))].into(),
+    };
+    s.handle_message(now, left).unwrap();
+    assert_eq!(
+        drain_session(&mut s),
+        vec![
+            SessionOutput::Notice(DirectoryNotice::Members(
+                vec![member(1, 1), member(2, 1)].into()
+            )),
+            SessionOutput::Notice(DirectoryNotice::Members(vec![member(1, 1)].into())),
+        ]
+    );
+    // A change from a list this node does not have (one was lost): the connection goes, and
+    // the next one starts with a whole list.
+    let gap = FromRegistry::MembersChanged {
+        from: 4,
+        to: 5,
+        changes: vec![MemberChange::Left(NodeId(3))].into(),
+    };
+    assert!(matches!(
+        s.handle_message(now, gap),
+        Err(SessionError::Protocol(why)) if why.contains("from list 4") && why.contains("list 3")
+    ));
+}
+
+#[test]
+fn a_session_told_no_member_lists_still_checks_the_changes() {
+    use super::member_changes::MemberChange;
+    let mut r = registry();
+    let now = at_ms(0);
+    let config = SessionConfig {
+        member_lists: false,
+        ..session_config()
+    };
+    let mut s = DirectorySession::new(config, member(1, 1), TOKEN.into(), NONCE_KEY, now);
+    s.handle_timeout(now);
+    let notices = exchange(&mut s, &mut r, 1, now);
+    assert!(notices.contains(&DirectoryNotice::Health(Ok(()))));
+    assert!(!notices
+        .iter()
+        .any(|n| matches!(n, DirectoryNotice::Members(_))));
+    let joined = FromRegistry::MembersChanged {
+        from: 1,
+        to: 2,
+        changes: vec![MemberChange::Listed(member(2, 1))].into(),
+    };
+    s.handle_message(now, joined).unwrap();
+    assert_eq!(drain_session(&mut s), vec![]);
+    let stale = FromRegistry::MembersChanged {
+        from: 1,
+        to: 2,
+        changes: vec![MemberChange::Left(NodeId(2))].into(),
+    };
+    assert!(s.handle_message(now, stale).is_err());
 }

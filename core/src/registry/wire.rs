@@ -12,14 +12,17 @@ use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberI
 use crate::ids::ObjectId;
 use crate::wire::ObjectSizes;
 
+use super::member_changes::{MemberChange, MemberChanges};
+
 /// Version of the directory protocol, checked in the hello. Version 2 replaced the token in
 /// the hello with a challenge-response (see [`crate::registry`]); version 3 added the failure
 /// domain to [`MemberInfo`] and the replica requests and events; version 4 the `Surplus` event
 /// (a returning copy of record the object no longer needs); version 5 added the hello's
 /// `returning` and [`ToRegistry::Reclaim`], for the head's grace period after a restart (see
 /// [`crate::registry`]); version 6 the `DeclineReplica` request (a target that cannot take
-/// its copy says so).
-pub const PROTOCOL_VERSION: u16 = 6;
+/// its copy says so); version 7 numbers member lists and sends a node that has one only what
+/// changed ([`FromRegistry::MembersChanged`], see [`super::member_changes`]).
+pub const PROTOCOL_VERSION: u16 = 7;
 /// Opens every hello, so a stray client (or an old daemon) is told apart from a bad token.
 pub const HELLO_MAGIC: [u8; 8] = *b"skyrdir\0";
 
@@ -142,8 +145,22 @@ pub enum FromRegistry {
     },
     /// A one-shot subscription fired.
     Event(DirectoryEvent),
-    /// The live members, sorted by node id (on the wire: a sequence, as ever).
-    Members(MemberList),
+    /// The live members, sorted by node id: the registry's list number `epoch`.
+    Members {
+        /// The list's number (one more at each membership change).
+        epoch: u64,
+        /// The members.
+        members: MemberList,
+    },
+    /// What turns list `from` into list `to`, for a node that has list `from`.
+    MembersChanged {
+        /// The list the node has.
+        from: u64,
+        /// The list the changes make.
+        to: u64,
+        /// Sorted by node, one per node.
+        changes: MemberChanges,
+    },
     /// The answer to `Ping { seq }`.
     Pong {
         /// Echoed.
@@ -165,13 +182,26 @@ impl fmt::Display for FromRegistry {
             }
             FromRegistry::Reply { op, reply } => write!(f, "{op} {reply}"),
             FromRegistry::Event(event) => write!(f, "{event}"),
-            FromRegistry::Members(members) => {
-                write!(f, "Members{{")?;
+            FromRegistry::Members { epoch, members } => {
+                write!(f, "Members#{epoch}{{")?;
                 for (i, m) in members.iter().enumerate() {
                     if i > 0 {
                         write!(f, ", ")?;
                     }
                     write!(f, "{} inc {}", m.node, m.incarnation)?;
+                }
+                write!(f, "}}")
+            }
+            FromRegistry::MembersChanged { from, to, changes } => {
+                write!(f, "MembersChanged#{from}->{to}{{")?;
+                for (i, change) in changes.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, ", ")?;
+                    }
+                    match change {
+                        MemberChange::Listed(m) => write!(f, "+{} inc {}", m.node, m.incarnation)?,
+                        MemberChange::Left(node) => write!(f, "-{node}")?,
+                    }
                 }
                 write!(f, "}}")
             }

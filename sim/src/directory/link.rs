@@ -229,9 +229,18 @@ impl SimDirectory {
                 RegistryOutput::Send { conn, message } => {
                     self.push(now, conn, message, rng, faults_on, effects)
                 }
-                RegistryOutput::SendMembers { conns, members } => {
+                RegistryOutput::SendMembers {
+                    conns,
+                    members,
+                    epoch,
+                } => {
+                    // Whole lists, shared by every message: the head's changes from one list
+                    // to the next would make each session build a list of its own.
                     for conn in conns {
-                        let message = FromRegistry::Members(members.clone());
+                        let message = FromRegistry::Members {
+                            epoch,
+                            members: members.clone(),
+                        };
                         self.push(now, conn, message, rng, faults_on, effects);
                     }
                 }
@@ -305,7 +314,9 @@ impl SimDirectory {
         // Heartbeats, and member lists (which no core waits for), do not keep a run going.
         let background = matches!(
             message,
-            FromRegistry::Pong { .. } | FromRegistry::Members(_)
+            FromRegistry::Pong { .. }
+                | FromRegistry::Members { .. }
+                | FromRegistry::MembersChanged { .. }
         );
         effects.push(Effect::Schedule {
             at: Instant(now.0 + self.params.latency_ns),

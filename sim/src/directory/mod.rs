@@ -380,17 +380,22 @@ impl SimDirectory {
                 progressed = true;
                 match output {
                     RegistryOutput::Send { conn, message } => deliver(conn, message),
-                    RegistryOutput::SendMembers { conns, members } => {
-                        last_members = Some((conns, members));
+                    RegistryOutput::SendMembers {
+                        conns,
+                        members,
+                        epoch,
+                    } => {
+                        last_members = Some((conns, members, epoch));
                     }
                     RegistryOutput::Close { reason, .. } => {
                         panic!("the simulated head closed a joining node: {reason}")
                     }
                 }
             }
-            if let Some((conns, members)) = last_members {
+            if let Some((conns, members, epoch)) = last_members {
                 for conn in conns {
-                    deliver(conn, FromRegistry::Members(members.clone()));
+                    let members = members.clone();
+                    deliver(conn, FromRegistry::Members { epoch, members });
                 }
             }
             if !progressed {

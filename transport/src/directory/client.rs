@@ -623,8 +623,8 @@ mod tests {
                     for output in outputs {
                         let message = match output {
                             RegistryOutput::Send { message, .. } => message,
-                            RegistryOutput::SendMembers { members, .. } => {
-                                FromRegistry::Members(members)
+                            RegistryOutput::SendMembers { members, epoch, .. } => {
+                                FromRegistry::Members { epoch, members }
                             }
                             RegistryOutput::Close { .. } => return,
                         };

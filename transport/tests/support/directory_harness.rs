@@ -223,11 +223,16 @@ impl CoreWorld {
                 };
                 match output {
                     RegistryOutput::Send { conn, message } => deliver(conn, message),
-                    RegistryOutput::SendMembers { conns, members } => {
+                    RegistryOutput::SendMembers {
+                        conns,
+                        members,
+                        epoch,
+                    } => {
                         for conn in conns {
+                            let members = members.clone();
                             deliver(
                                 conn,
-                                skyriver_core::registry::FromRegistry::Members(members.clone()),
+                                skyriver_core::registry::FromRegistry::Members { epoch, members },
                             );
                         }
                     }
@@ -569,6 +574,7 @@ impl BuiltinHarness {
             } else {
                 Duration::from_millis(200)
             },
+            member_lists: true,
         }
     }
 

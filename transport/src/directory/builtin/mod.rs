@@ -14,6 +14,7 @@
 //! (`directory::client`) over a TCP link (`builtin::link`).
 
 mod link;
+mod member_lists;
 mod out_queue;
 pub mod server;
 
@@ -66,6 +67,9 @@ pub struct ClientConfig {
     pub reconnect_backoff_min: Duration,
     /// Longest delay between reconnection attempts.
     pub reconnect_backoff_max: Duration,
+    /// Whether `notices` carries the member list (a node needs it; a load generator standing
+    /// in for many nodes keeps none, see [`SessionConfig::member_lists`]).
+    pub member_lists: bool,
 }
 
 impl Default for ClientConfig {
@@ -77,6 +81,7 @@ impl Default for ClientConfig {
             join_timeout: Duration::from_secs(8),
             reconnect_backoff_min: Duration::from_millis(100),
             reconnect_backoff_max: Duration::from_secs(5),
+            member_lists: true,
         }
     }
 }
@@ -102,6 +107,7 @@ pub async fn connect(
         max_publications: MAX_PUBLICATIONS_PER_NODE,
         max_subscriptions: MAX_SUBSCRIPTIONS_PER_NODE,
         max_in_flight: MAX_IN_FLIGHT_PER_NODE,
+        member_lists: config.member_lists,
     };
     let description = format!("built-in directory at {addr}");
     let session = DirectorySession::new(

@@ -1,13 +1,15 @@
 //! The frames the head has decided to send one node, waiting for that node's writer task.
 //!
 //! Bounded: a node that lets [`NODE_QUEUE_FRAMES`](super::server) pile up is disconnected (the
-//! caller's decision, on [`Full`]). Member lists coalesce: a member list queued right behind
-//! another one that is still waiting replaces it, since a node only needs the latest. Without
-//! that, a cluster of N nodes forming one join at a time sends every node about N lists of up
-//! to N members — O(N³) bytes in all, which at 10,000 nodes neither the head's sockets nor a
-//! node's memory hold. Only a list directly behind a list is replaced, so every other frame
-//! keeps its place relative to the lists: a node sees each reply and event after exactly the
-//! lists it followed before.
+//! caller's decision, on [`Full`]). The queue remembers which member list its node was last
+//! given, so the node gets the changes from it when it can (see [`super::member_lists`]), and
+//! member lists coalesce: a list queued right behind another one still waiting takes its
+//! place, carrying the node from the list it had before both (the changes merged, or whole
+//! when that is smaller), since a node only needs the latest. Without that, a node that falls
+//! behind while a cluster forms one join at a time would receive a message per join, and its
+//! queue would fill. Only a list directly behind a list is merged, so every other frame keeps
+//! its place relative to the lists: a node sees each reply and event after exactly the lists
+//! it followed before.
 //!
 //! One producer (the head's task) and one consumer (the connection's writer task).
 
@@ -15,6 +17,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
+
+use super::member_lists::{MemberLists, QueuedList};
 
 /// An encoded frame, shared by every connection it goes to.
 pub(super) type Frame = Arc<[u8]>;
@@ -26,7 +30,7 @@ pub(super) struct Full;
 #[derive(Debug)]
 enum Queued {
     Frame(Frame),
-    Members(Frame),
+    Members(QueuedList),
 }
 
 #[derive(Debug, Default)]
@@ -34,7 +38,7 @@ struct State {
     queued: VecDeque<Queued>,
     /// The head dropped its end: the writer sends what is queued, then closes.
     closed: bool,
-    /// Member lists replaced by a newer one before they were written.
+    /// Member lists merged with a newer one before they were written.
     coalesced: u64,
 }
 
@@ -57,6 +61,8 @@ impl Shared {
 #[derive(Debug)]
 pub(super) struct QueueSender {
     shared: Arc<Shared>,
+    /// The member list the node was last given (queued, whether written yet or not).
+    members_epoch: Option<u64>,
 }
 
 /// The writer task's end.
@@ -75,6 +81,7 @@ pub(super) fn out_queue(capacity: usize) -> (QueueSender, QueueReceiver) {
     (
         QueueSender {
             shared: shared.clone(),
+            members_epoch: None,
         },
         QueueReceiver { shared },
     )
@@ -86,17 +93,20 @@ impl QueueSender {
         self.push(Queued::Frame(frame))
     }
 
-    /// Queues a member list; it replaces a member list still waiting right in front of it.
-    pub(super) fn send_members(&self, frame: Frame) -> Result<(), Full> {
+    /// Queues the latest member list of `lists`, as changes from the list the node was last
+    /// given if it can; it merges with a member list still waiting right in front of it.
+    pub(super) fn send_members(&mut self, lists: &mut MemberLists) -> Result<(), Full> {
+        let list = lists.for_node(self.members_epoch);
+        self.members_epoch = Some(list.epoch());
         {
             let mut state = self.shared.lock();
             if let Some(Queued::Members(waiting)) = state.queued.back_mut() {
-                *waiting = frame;
+                waiting.absorb(list);
                 state.coalesced += 1;
                 return Ok(());
             }
         }
-        self.push(Queued::Members(frame))
+        self.push(Queued::Members(list))
     }
 
     fn push(&self, queued: Queued) -> Result<(), Full> {
@@ -134,7 +144,8 @@ impl QueueReceiver {
                 let mut state = self.shared.lock();
                 if !state.queued.is_empty() {
                     batch.extend(state.queued.drain(..).map(|queued| match queued {
-                        Queued::Frame(frame) | Queued::Members(frame) => frame,
+                        Queued::Frame(frame) => frame,
+                        Queued::Members(list) => list.frame,
                     }));
                     return true;
                 }
@@ -161,35 +172,81 @@ mod tests {
         batch.iter().map(|f| f[0]).collect()
     }
 
-    #[tokio::test]
-    async fn a_member_list_right_behind_another_replaces_it_and_nothing_else_moves() {
-        let (sender, mut receiver) = out_queue(16);
-        sender.send(frame(1)).unwrap();
-        sender.send_members(frame(10)).unwrap();
-        sender.send_members(frame(11)).unwrap();
-        sender.send(frame(2)).unwrap();
-        sender.send_members(frame(12)).unwrap();
-        sender.send(frame(3)).unwrap();
-        sender.send_members(frame(13)).unwrap();
-        sender.send_members(frame(14)).unwrap();
-        sender.send_members(frame(15)).unwrap();
-        // Lists 10, 13 and 14 were replaced; replies and events keep their places.
-        assert_eq!(drained(&mut receiver).await, vec![1, 11, 2, 12, 3, 15]);
-        assert_eq!(sender.coalesced(), 3);
-        // A list already taken by the writer is not replaced: the next one is queued.
-        sender.send_members(frame(16)).unwrap();
-        assert_eq!(drained(&mut receiver).await, vec![16]);
+    /// The frames queued, named: `3` for a one-byte frame, `L4` for list 4 whole, `C2-4` for
+    /// the changes from list 2 to list 4.
+    async fn named(receiver: &mut QueueReceiver) -> Vec<String> {
+        use skyriver_core::registry::FromRegistry;
+        let mut batch = Vec::new();
+        assert!(receiver.next_batch(&mut batch).await);
+        batch
+            .iter()
+            .map(|f| match f.len() {
+                1 => f[0].to_string(),
+                _ => match postcard::from_bytes(&f[4..]).unwrap() {
+                    FromRegistry::Members { epoch, .. } => format!("L{epoch}"),
+                    FromRegistry::MembersChanged { from, to, .. } => format!("C{from}-{to}"),
+                    other => panic!("unexpected {other}"),
+                },
+            })
+            .collect()
+    }
+
+    /// Member lists 1, 2, … of a cluster whose node `n` joins as list `n`.
+    fn lists_up_to(lists: &mut MemberLists, epoch: u64) {
+        use skyriver_core::directory::MemberInfo;
+        let members: skyriver_core::directory::MemberList = (0..epoch as u32)
+            .map(|node| MemberInfo {
+                node: skyriver_core::NodeId(node),
+                fabric_addr: "127.0.0.1:7000".parse().unwrap(),
+                fabric: "tcp".into(),
+                incarnation: 1,
+                failure_domain: String::new(),
+            })
+            .collect();
+        lists.update(epoch, members);
     }
 
     #[tokio::test]
-    async fn a_full_queue_refuses_and_coalescing_lists_never_fill_it() {
-        let (sender, mut receiver) = out_queue(2);
+    async fn a_member_list_right_behind_another_merges_with_it_and_nothing_else_moves() {
+        let (mut sender, mut receiver) = out_queue(16);
+        let mut lists = MemberLists::default();
         sender.send(frame(1)).unwrap();
-        for list in 0..100 {
-            sender.send_members(frame(100 + list)).unwrap();
+        for epoch in 1..=2 {
+            lists_up_to(&mut lists, epoch);
+            sender.send_members(&mut lists).unwrap();
+        }
+        sender.send(frame(2)).unwrap();
+        lists_up_to(&mut lists, 3);
+        sender.send_members(&mut lists).unwrap();
+        sender.send(frame(3)).unwrap();
+        for epoch in 4..=9 {
+            lists_up_to(&mut lists, epoch);
+            sender.send_members(&mut lists).unwrap();
+        }
+        // The first list goes whole (the node had none) and absorbs the second; then changes
+        // from list to list, the last six merged into one; replies keep their places.
+        assert_eq!(
+            named(&mut receiver).await,
+            vec!["1", "L2", "2", "C2-3", "3", "C3-9"]
+        );
+        assert_eq!(sender.coalesced(), 6);
+        // A list already taken by the writer is not merged: the next one is queued.
+        lists_up_to(&mut lists, 10);
+        sender.send_members(&mut lists).unwrap();
+        assert_eq!(named(&mut receiver).await, vec!["C9-10"]);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_and_merging_lists_never_fill_it() {
+        let (mut sender, mut receiver) = out_queue(2);
+        let mut lists = MemberLists::default();
+        sender.send(frame(1)).unwrap();
+        for epoch in 1..=100 {
+            lists_up_to(&mut lists, epoch);
+            sender.send_members(&mut lists).unwrap();
         }
         assert_eq!(sender.send(frame(2)), Err(Full));
-        assert_eq!(drained(&mut receiver).await, vec![1, 199]);
+        assert_eq!(named(&mut receiver).await, vec!["1", "L100"]);
         sender.send(frame(3)).unwrap();
         assert_eq!(drained(&mut receiver).await, vec![3]);
     }

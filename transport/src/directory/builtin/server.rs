@@ -24,6 +24,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{timeout, Instant as TokioInstant};
 
 use super::super::frame;
+pub use super::member_lists::MemberListStats;
+use super::member_lists::{MemberListCounters, MemberLists};
 use super::out_queue::{out_queue, QueueReceiver, QueueSender};
 
 /// How often the head refreshes the replication counters it shows (computing the gauges walks
@@ -64,6 +66,7 @@ pub struct BuiltinDirectoryServer {
     local_addr: SocketAddr,
     members: watch::Receiver<MemberList>,
     replication: watch::Receiver<ReplicationStats>,
+    member_list_counters: Arc<MemberListCounters>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -83,10 +86,13 @@ impl BuiltinDirectoryServer {
         let (members_tx, members) = watch::channel(MemberList::default());
         let (replication_tx, replication) = watch::channel(ReplicationStats::default());
         let (inbox, inbox_rx) = mpsc::channel(INBOX_MESSAGES);
+        let member_lists = MemberLists::default();
+        let member_list_counters = member_lists.counters.clone();
         let head = Head {
             registry,
             epoch: TokioInstant::now(),
             writers: BTreeMap::new(),
+            member_lists,
             members: members_tx,
             replication: replication_tx,
         };
@@ -99,6 +105,7 @@ impl BuiltinDirectoryServer {
             local_addr,
             members,
             replication,
+            member_list_counters,
             shutdown,
             tasks,
         })
@@ -118,6 +125,12 @@ impl BuiltinDirectoryServer {
     /// [`REPLICATION_STATS_INTERVAL`] (for the hosting daemon's metrics).
     pub fn replication_stats(&self) -> watch::Receiver<ReplicationStats> {
         self.replication.clone()
+    }
+
+    /// The member-list messages queued to nodes so far: whole lists (to a node's new
+    /// connection) and changes (to a node that has the previous list).
+    pub fn member_list_stats(&self) -> MemberListStats {
+        self.member_list_counters.stats()
     }
 
     /// Stops accepting, closes every node's connection and waits for the service's tasks.
@@ -150,6 +163,8 @@ struct Head {
     registry: Registry,
     epoch: TokioInstant,
     writers: BTreeMap<ConnId, QueueSender>,
+    /// The latest member list and its encodings, for the writers.
+    member_lists: MemberLists,
     members: watch::Sender<MemberList>,
     replication: watch::Sender<ReplicationStats>,
 }
@@ -259,11 +274,14 @@ impl Head {
                         let frame: Arc<[u8]> = frame::encode(&message).into();
                         self.send(conn, frame);
                     }
-                    RegistryOutput::SendMembers { conns, members } => {
-                        let frame: Arc<[u8]> =
-                            frame::encode(&FromRegistry::Members(members)).into();
+                    RegistryOutput::SendMembers {
+                        conns,
+                        members,
+                        epoch,
+                    } => {
+                        self.member_lists.update(epoch, members);
                         for conn in conns {
-                            self.send_members(conn, frame.clone());
+                            self.send_members(conn);
                         }
                     }
                     RegistryOutput::Close { conn, reason } => {
@@ -287,13 +305,14 @@ impl Head {
         }
     }
 
-    /// Queues a member list for `conn`, in place of one still waiting right in front of it
-    /// (see [`out_queue`](super::out_queue)); a connection whose queue is full is dropped.
-    fn send_members(&mut self, conn: ConnId, frame: Arc<[u8]>) {
-        let Some(writer) = self.writers.get(&conn) else {
+    /// Queues the latest member list for `conn`, as changes from the one it was last given
+    /// when it can, merged with one still waiting right in front of it (see
+    /// [`out_queue`](super::out_queue)); a connection whose queue is full is dropped.
+    fn send_members(&mut self, conn: ConnId) {
+        let Some(writer) = self.writers.get_mut(&conn) else {
             return;
         };
-        if writer.send_members(frame).is_err() {
+        if writer.send_members(&mut self.member_lists).is_err() {
             self.drop_slow_reader(conn);
         }
     }
@@ -479,8 +498,9 @@ mod tests {
             failure_domain: String::new(),
         }];
         let members = MemberList::from(members);
-        let bytes = frame::encode(&FromRegistry::Members(members.clone()));
+        let message = FromRegistry::Members { epoch: 7, members };
+        let bytes = frame::encode(&message);
         let decoded: FromRegistry = postcard::from_bytes(&bytes[4..]).unwrap();
-        assert_eq!(decoded, FromRegistry::Members(members));
+        assert_eq!(decoded, message);
     }
 }

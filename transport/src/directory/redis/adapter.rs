@@ -13,9 +13,7 @@ use std::time::Duration;
 
 use ::redis::{AsyncConnectionConfig, RedisError, RedisResult, Value};
 use skyriver_core::auth::{self, Nonce, Proof, Role};
-use skyriver_core::directory::{
-    DirectoryEvent, DirectoryNotice, DirectoryReply, DirectoryRequest, MemberInfo,
-};
+use skyriver_core::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo};
 use skyriver_core::registry::{wire as registry_wire, FromRegistry, Hello, ToRegistry, WireOpId};
 use skyriver_core::{ContentDigest, NodeId, ObjectId, ObjectSizes};
 use tokio::sync::mpsc;
@@ -112,7 +110,7 @@ impl Connector for RedisConnector {
             },
             next_marker: 0,
             members: BTreeMap::new(),
-            members_sent: false,
+            members_epoch: 0,
         };
         Ok(Link {
             outgoing: Some(outgoing),
@@ -258,7 +256,9 @@ struct Adapter {
     next_marker: u64,
     /// Live members as last read.
     members: BTreeMap<NodeId, MemberInfo>,
-    members_sent: bool,
+    /// The number of the last member list given to the session (0: none yet). The session
+    /// is in this process, so every list goes whole.
+    members_epoch: u64,
 }
 
 impl Adapter {
@@ -268,14 +268,6 @@ impl Adapter {
     async fn answer(&self, message: FromRegistry) {
         // The session dropped the link: nothing to do, the task ends with its requests.
         let _ = self.answers.send(Ok(message)).await;
-    }
-
-    async fn notice(&self, notice: DirectoryNotice) {
-        match notice {
-            DirectoryNotice::Members(members) => self.answer(FromRegistry::Members(members)).await,
-            DirectoryNotice::Event(event) => self.answer(FromRegistry::Event(event)).await,
-            DirectoryNotice::Reply { .. } | DirectoryNotice::Health(_) => {}
-        }
     }
 
     async fn reply(&self, op: WireOpId, reply: DirectoryReply) {
@@ -808,12 +800,13 @@ impl Adapter {
                 }
             }
         }
-        if members != self.members || !self.members_sent {
+        if members != self.members || self.members_epoch == 0 {
             self.members = members;
-            self.members_sent = true;
-            self.notice(DirectoryNotice::Members(
-                self.members.values().cloned().collect(),
-            ))
+            self.members_epoch += 1;
+            self.answer(FromRegistry::Members {
+                epoch: self.members_epoch,
+                members: self.members.values().cloned().collect(),
+            })
             .await;
         }
         Ok(())
@@ -994,7 +987,7 @@ impl Adapter {
         if ended {
             self.subscriptions.remove(&id);
         }
-        self.notice(DirectoryNotice::Event(DirectoryEvent::Published {
+        self.answer(FromRegistry::Event(DirectoryEvent::Published {
             id,
             holder,
             sizes,

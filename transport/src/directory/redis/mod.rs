@@ -656,6 +656,7 @@ pub async fn connect(
         max_publications: usize::MAX,
         max_subscriptions: MAX_SUBSCRIPTIONS_PER_NODE,
         max_in_flight: MAX_QUEUED_REQUESTS,
+        member_lists: true,
     };
     let description = format!(
         "Redis directory at {shown}, cluster {} ({})",
