@@ -90,7 +90,9 @@ pub(super) async fn connect_directory(
 
 /// Joins the directory, trying again while it cannot be reached, for up to the cluster's
 /// `join_timeout`: daemons started together (by Slurm, or after a head restart) need not wait
-/// for the head in order. A refusal (wrong token, duplicate id) or a bad address ends at once.
+/// for the head in order. A refusal that may pass (the head busy with thousands of hellos) is
+/// tried again for as long inside `connect`; any other (wrong token) or a bad address ends at
+/// once.
 async fn join_waiting(
     spec: &skyriver_transport::directory::DirectorySpec,
     me: skyriver_transport::directory::MemberInfo,
@@ -108,6 +110,7 @@ async fn join_waiting(
             &cluster.cluster_name,
             &cluster.cluster_token,
             notices.clone(),
+            cluster.join_timeout,
         )
         .await;
         match attempt {

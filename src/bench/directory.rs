@@ -427,6 +427,9 @@ async fn connect(target: &Target, index: usize) -> Result<Session, String> {
             let config = builtin::ClientConfig {
                 // Thousands of hellos at once on a loaded machine.
                 connect_timeout: Duration::from_secs(20),
+                // Sessions past the head's handshake limit are refused "busy" and try again,
+                // as thousands of daemons starting at once do.
+                join_timeout: Duration::from_secs(120),
                 member_lists: false,
                 ..Default::default()
             };

@@ -162,8 +162,9 @@ pub(super) struct DaemonArgs {
     #[arg(long, value_name = "IP", requires = "membership")]
     pub(super) advertise: Option<std::net::IpAddr>,
     /// At start, how long to keep trying to join a directory (the head, or Redis) that does
-    /// not answer yet, e.g. when every daemon of a job starts at once; 0: give up at the
-    /// first failure
+    /// not answer yet, or a head busy with other daemons' hellos, e.g. when every daemon of a
+    /// job starts at once; 0: give up at the first failure (a busy head is still tried for
+    /// 8 s)
     #[arg(long, value_name = "SECONDS", default_value_t = 30, requires = "membership",
           value_parser = parse_join_timeout)]
     pub(super) join_timeout: u64,

@@ -12,7 +12,7 @@
 //! The three functions here are the whole algebra, all linear merges of lists sorted by node:
 //! [`member_changes`] (what turns one list into another), [`apply_member_changes`] (the other
 //! list back from the first and the changes) and [`merge_member_changes`] (two successive
-//! changes as one, for a node that fell behind: its queue keeps one waiting change).
+//! changes as one, for a node that fell a few lists behind).
 
 use serde::{Deserialize, Serialize};
 

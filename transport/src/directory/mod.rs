@@ -204,7 +204,11 @@ impl fmt::Display for DirectorySpec {
 /// Connects this node (`me`) to the directory `spec` names, for cluster `cluster`, presenting
 /// `token`. Returns once the node is registered (or with why it could not be); from then on
 /// replies, events, member lists and health changes arrive on `notices`, and the backend
-/// reconnects by itself when the service goes away and comes back.
+/// reconnects by itself when the service goes away and comes back. With the built-in head, a
+/// refusal that may pass (the head is busy with other nodes' hellos, as when thousands of
+/// daemons start at once; or this node id is still registered from a daemon that just
+/// stopped) is tried again for `join_timeout`, at least the default
+/// [`builtin::ClientConfig::join_timeout`].
 ///
 /// Must be called from within a tokio runtime (the backend spawns its tasks on it).
 pub async fn connect(
@@ -213,12 +217,16 @@ pub async fn connect(
     cluster: &str,
     token: &crate::token::ClusterToken,
     notices: NoticeSender,
+    join_timeout: std::time::Duration,
 ) -> Result<Arc<dyn Directory>, DirectoryError> {
     match spec {
         DirectorySpec::Builtin { addr } => {
-            let client =
-                builtin::connect(addr, me, token, notices, builtin::ClientConfig::default())
-                    .await?;
+            let defaults = builtin::ClientConfig::default();
+            let config = builtin::ClientConfig {
+                join_timeout: join_timeout.max(defaults.join_timeout),
+                ..defaults
+            };
+            let client = builtin::connect(addr, me, token, notices, config).await?;
             Ok(Arc::new(client))
         }
         DirectorySpec::Redis { url } => {

@@ -4,13 +4,13 @@
 //! The registry numbers its lists. [`MemberLists`] keeps the latest, and the changes from the
 //! one before when the registry went one step; each message form is encoded once and shared by
 //! every connection it goes to. A connection's queue ([`super::out_queue`]) remembers which list
-//! it was last given and asks for the form that fits: a node that has list `e - 1` gets the
-//! changes to `e` (one entry per join or departure), any other (a new connection, one whose
-//! lists were merged away) the whole list. So a join costs the head about N small frames, not
-//! N lists of N members.
+//! it was last given: a node that has list `e - 1` gets the changes to `e` (one entry per join
+//! or departure), any other (a new connection, or one that fell behind while lists piled up in
+//! its queue) the whole list. So a join costs the head about N small frames, not N lists of N
+//! members, and a node that cannot keep up costs it nothing per change.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use skyriver_core::directory::MemberList;
 use skyriver_core::registry::member_changes::{
@@ -21,8 +21,7 @@ use skyriver_core::registry::FromRegistry;
 use super::super::frame;
 use super::out_queue::Frame;
 
-/// How many member-list messages the head queued, and their bytes (before lists waiting in a
-/// slow node's queue merge).
+/// How many member-list messages the head's writers wrote to nodes, and their bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemberListStats {
     /// Whole lists.
@@ -51,134 +50,164 @@ impl MemberListCounters {
     }
 }
 
-/// The registry's latest member list, with its two encodings made on demand.
-#[derive(Debug, Default)]
-pub(super) struct MemberLists {
-    /// What was queued so far.
-    pub(super) counters: Arc<MemberListCounters>,
+/// Changes of the latest lists a node a few lists behind is sent, merged, instead of the whole
+/// list.
+const RECENT_CHANGES: usize = 64;
+
+/// One numbered list and its encodings: the changes from the list before, made when the list
+/// is (small), and the whole list, made the first time a writer needs it (once per list).
+#[derive(Debug)]
+struct ListSnapshot {
     epoch: u64,
     members: MemberList,
-    /// What turned list `epoch - 1` into this one, when the head saw both.
-    changes: Option<MemberChanges>,
-    whole_frame: Option<Frame>,
-    changes_frame: Option<Frame>,
+    /// The changes from list `epoch - 1`, encoded, when the head saw that list.
+    changes: Option<Frame>,
+    /// The changes that made the last lists up to this one, oldest first, each with the list
+    /// it made, back to a step the head did not see (at most [`RECENT_CHANGES`]).
+    recent: Arc<[(u64, MemberChanges)]>,
+    whole: OnceLock<Frame>,
+}
+
+impl ListSnapshot {
+    fn whole(&self) -> &Frame {
+        self.whole.get_or_init(|| {
+            let members = self.members.clone();
+            let epoch = self.epoch;
+            frame::encode(&FromRegistry::Members { epoch, members }).into()
+        })
+    }
+}
+
+/// The registry's latest member list.
+#[derive(Debug)]
+pub(super) struct MemberLists {
+    /// What writers wrote so far.
+    pub(super) counters: Arc<MemberListCounters>,
+    latest: Arc<ListSnapshot>,
+}
+
+impl Default for MemberLists {
+    fn default() -> Self {
+        Self {
+            counters: Arc::default(),
+            latest: Arc::new(ListSnapshot {
+                epoch: 0,
+                members: MemberList::default(),
+                changes: None,
+                recent: Arc::from(Vec::new()),
+                whole: OnceLock::new(),
+            }),
+        }
+    }
 }
 
 impl MemberLists {
     /// The registry output list `epoch`. A list sent again under the same number (to a node
     /// that reconnected) changes nothing here.
     pub(super) fn update(&mut self, epoch: u64, members: MemberList) {
-        if epoch == self.epoch && (members.same_list(&self.members) || members == self.members) {
+        let latest = &self.latest;
+        if epoch == latest.epoch
+            && (members.same_list(&latest.members) || members == latest.members)
+        {
             return;
         }
-        self.changes = (epoch == self.epoch + 1).then(|| member_changes(&self.members, &members));
-        self.epoch = epoch;
-        self.members = members;
-        self.whole_frame = None;
-        self.changes_frame = None;
+        let (changes, recent) = if epoch == latest.epoch + 1 {
+            let changes = member_changes(&latest.members, &members);
+            let message = FromRegistry::MembersChanged {
+                from: latest.epoch,
+                to: epoch,
+                changes: changes.clone(),
+            };
+            let kept = latest.recent.len().min(RECENT_CHANGES - 1);
+            let recent = latest.recent[latest.recent.len() - kept..]
+                .iter()
+                .cloned()
+                .chain([(epoch, changes)])
+                .collect();
+            (Some(frame::encode(&message).into()), recent)
+        } else {
+            (None, Arc::from(Vec::new()))
+        };
+        self.latest = Arc::new(ListSnapshot {
+            epoch,
+            members,
+            changes,
+            recent,
+            whole: OnceLock::new(),
+        });
     }
 
     /// What to queue for a node that was last given list `has` (`None`: none yet).
-    pub(super) fn for_node(&mut self, has: Option<u64>) -> QueuedList {
-        match &self.changes {
-            Some(changes) if has == Some(self.epoch - 1) => {
-                let (from, to) = (self.epoch - 1, self.epoch);
-                let frame = self
-                    .changes_frame
-                    .get_or_insert_with(|| changes_frame(from, to, changes))
-                    .clone();
-                self.counters.changes.fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .bytes
-                    .fetch_add(frame.len() as u64, Ordering::Relaxed);
-                QueuedList {
-                    epoch: self.epoch,
-                    members: self.members.clone(),
-                    changes: Some((from, changes.clone())),
-                    frame,
-                }
-            }
-            _ => {
-                let frame = self
-                    .whole_frame
-                    .get_or_insert_with(|| whole_frame(self.epoch, &self.members))
-                    .clone();
-                self.counters.whole.fetch_add(1, Ordering::Relaxed);
-                self.counters
-                    .bytes
-                    .fetch_add(frame.len() as u64, Ordering::Relaxed);
-                QueuedList {
-                    epoch: self.epoch,
-                    members: self.members.clone(),
-                    changes: None,
-                    frame,
-                }
-            }
+    pub(super) fn for_node(&self, has: Option<u64>) -> QueuedList {
+        QueuedList {
+            has,
+            latest: self.latest.clone(),
+            counters: self.counters.clone(),
         }
     }
 }
 
-/// A member list queued for one node: list `epoch`, as changes from list `changes.0` or whole.
-#[derive(Debug, Clone)]
+/// The latest member list, queued for a node that has list `has`: encoded when the writer
+/// takes it, as the changes if the node has the list right before, whole otherwise.
+#[derive(Debug)]
 pub(super) struct QueuedList {
-    epoch: u64,
-    /// The whole list `epoch` (shared), to send instead when changes pile up.
-    members: MemberList,
-    changes: Option<(u64, MemberChanges)>,
-    /// The encoded message.
-    pub(super) frame: Frame,
+    has: Option<u64>,
+    latest: Arc<ListSnapshot>,
+    counters: Arc<MemberListCounters>,
 }
 
 impl QueuedList {
-    /// Takes the place of this list, still waiting, with `newer` (queued right behind it):
-    /// afterwards it brings the node from what it had before this one to `newer`'s list.
-    pub(super) fn absorb(&mut self, newer: QueuedList) {
-        let Some((from, newer_changes)) = &newer.changes else {
-            // Whole: it needs nothing from this one.
-            *self = newer;
-            return;
+    /// The changes from the node's list to the latest, merged and encoded, if the node is
+    /// among the last [`RECENT_CHANGES`] lists and that is smaller than the whole list.
+    fn merged_changes(&self) -> Option<Frame> {
+        let has = self.has?;
+        let recent = &self.latest.recent;
+        let first = recent.iter().position(|(made, _)| *made == has + 1)?;
+        let mut merged = MemberChanges::default();
+        for (_, changes) in &recent[first..] {
+            merged = merge_member_changes(&merged, changes);
+        }
+        if merged.len() >= self.latest.members.len() {
+            return None;
+        }
+        let message = FromRegistry::MembersChanged {
+            from: has,
+            to: self.latest.epoch,
+            changes: merged,
         };
-        debug_assert_eq!(*from, self.epoch, "changes queued behind another list");
-        *self = match &self.changes {
-            Some((first, changes)) if *from == self.epoch => {
-                let merged = merge_member_changes(changes, newer_changes);
-                if merged.len() < newer.members.len() {
-                    QueuedList {
-                        frame: changes_frame(*first, newer.epoch, &merged),
-                        changes: Some((*first, merged)),
-                        ..newer
-                    }
-                } else {
-                    QueuedList::whole(newer)
-                }
-            }
-            _ => QueuedList::whole(newer),
-        };
+        Some(frame::encode(&message).into())
     }
 
-    /// `list` sent whole.
-    fn whole(list: QueuedList) -> QueuedList {
-        QueuedList {
-            frame: whole_frame(list.epoch, &list.members),
-            changes: None,
-            ..list
-        }
+    /// Takes the place of this list, still waiting, with `newer` (queued right behind it): the
+    /// node then goes from the list it had before both to `newer`'s, in one message. O(1):
+    /// a node that fell behind costs the head nothing per change until its writer takes the
+    /// list; then it gets the changes since its list merged, if its list is among the last
+    /// [`RECENT_CHANGES`], or else the whole list, encoded once per list for every such node.
+    pub(super) fn absorb(&mut self, newer: QueuedList) {
+        self.latest = newer.latest;
     }
 
     /// The list it brings the node to.
     pub(super) fn epoch(&self) -> u64 {
-        self.epoch
+        self.latest.epoch
     }
-}
 
-fn whole_frame(epoch: u64, members: &MemberList) -> Frame {
-    let members = members.clone();
-    frame::encode(&FromRegistry::Members { epoch, members }).into()
-}
-
-fn changes_frame(from: u64, to: u64, changes: &MemberChanges) -> Frame {
-    let changes = changes.clone();
-    frame::encode(&FromRegistry::MembersChanged { from, to, changes }).into()
+    /// The message, for the writer.
+    pub(super) fn frame(&self) -> Frame {
+        let latest = &self.latest;
+        let (frame, kind) = match (&latest.changes, self.merged_changes()) {
+            (Some(changes), _) if self.has == latest.epoch.checked_sub(1) => {
+                (changes.clone(), &self.counters.changes)
+            }
+            (_, Some(frame)) => (frame, &self.counters.changes),
+            _ => (latest.whole().clone(), &self.counters.whole),
+        };
+        kind.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        frame
+    }
 }
 
 #[cfg(test)]
@@ -202,7 +231,7 @@ mod tests {
     }
 
     fn decoded(queued: &QueuedList) -> FromRegistry {
-        postcard::from_bytes(&queued.frame[4..]).unwrap()
+        postcard::from_bytes(&queued.frame()[4..]).unwrap()
     }
 
     #[test]
@@ -237,10 +266,12 @@ mod tests {
             decoded(&lists.for_node(Some(4))),
             FromRegistry::Members { epoch: 5, .. }
         ));
+        let stats = lists.counters.stats();
+        assert_eq!((stats.whole, stats.changes), (3, 2));
     }
 
     #[test]
-    fn waiting_changes_absorb_the_next_and_turn_whole_when_that_is_smaller() {
+    fn a_waiting_list_absorbs_the_next_and_brings_the_changes_since_the_nodes_list() {
         let mut lists = MemberLists::default();
         lists.update(1, list(0..4));
         lists.update(2, list(0..5));
@@ -258,17 +289,28 @@ mod tests {
         }
         // Changes that touch as many nodes as the list has: the list instead.
         lists.update(4, list(10..12));
-        waiting.absorb(lists.for_node(Some(3)));
-        assert!(matches!(
-            decoded(&waiting),
-            FromRegistry::Members { epoch: 4, members } if members == list(10..12)
-        ));
-        // A whole list waiting absorbs changes into the whole newer list.
+        let mut waiting = lists.for_node(Some(3));
         lists.update(5, list(10..13));
         waiting.absorb(lists.for_node(Some(4)));
         assert!(matches!(
             decoded(&waiting),
             FromRegistry::Members { epoch: 5, members } if members == list(10..13)
+        ));
+        // A node further behind than the changes kept: the whole list.
+        let behind = lists.for_node(Some(5));
+        for epoch in 6..=6 + RECENT_CHANGES as u64 {
+            lists.update(epoch, list(10..13 + epoch as u32));
+        }
+        let mut behind = behind;
+        behind.absorb(lists.for_node(None));
+        assert!(matches!(decoded(&behind), FromRegistry::Members { .. }));
+        // A node given nothing yet absorbs into the latest whole list, too.
+        let mut new = lists.for_node(None);
+        lists.update(4, list(1..6));
+        new.absorb(lists.for_node(Some(3)));
+        assert!(matches!(
+            decoded(&new),
+            FromRegistry::Members { epoch: 4, .. }
         ));
     }
 }

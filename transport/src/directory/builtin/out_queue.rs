@@ -4,8 +4,8 @@
 //! caller's decision, on [`Full`]). The queue remembers which member list its node was last
 //! given, so the node gets the changes from it when it can (see [`super::member_lists`]), and
 //! member lists coalesce: a list queued right behind another one still waiting takes its
-//! place, carrying the node from the list it had before both (the changes merged, or whole
-//! when that is smaller), since a node only needs the latest. Without that, a node that falls
+//! place, carrying the node from the list it had before both (whole, unless one step
+//! remains), since a node only needs the latest. Without that, a node that falls
 //! behind while a cluster forms one join at a time would receive a message per join, and its
 //! queue would fill. Only a list directly behind a list is merged, so every other frame keeps
 //! its place relative to the lists: a node sees each reply and event after exactly the lists
@@ -95,7 +95,7 @@ impl QueueSender {
 
     /// Queues the latest member list of `lists`, as changes from the list the node was last
     /// given if it can; it merges with a member list still waiting right in front of it.
-    pub(super) fn send_members(&mut self, lists: &mut MemberLists) -> Result<(), Full> {
+    pub(super) fn send_members(&mut self, lists: &MemberLists) -> Result<(), Full> {
         let list = lists.for_node(self.members_epoch);
         self.members_epoch = Some(list.epoch());
         {
@@ -145,7 +145,7 @@ impl QueueReceiver {
                 if !state.queued.is_empty() {
                     batch.extend(state.queued.drain(..).map(|queued| match queued {
                         Queued::Frame(frame) => frame,
-                        Queued::Members(list) => list.frame,
+                        Queued::Members(list) => list.frame(),
                     }));
                     return true;
                 }
@@ -172,8 +172,8 @@ mod tests {
         batch.iter().map(|f| f[0]).collect()
     }
 
-    /// The frames queued, named: `3` for a one-byte frame, `L4` for list 4 whole, `C2-4` for
-    /// the changes from list 2 to list 4.
+    /// The frames queued, named: `3` for a one-byte frame, `L4` for list 4 whole, `C2-3` for
+    /// the changes from list 2 to list 3.
     async fn named(receiver: &mut QueueReceiver) -> Vec<String> {
         use skyriver_core::registry::FromRegistry;
         let mut batch = Vec::new();
@@ -213,18 +213,19 @@ mod tests {
         sender.send(frame(1)).unwrap();
         for epoch in 1..=2 {
             lists_up_to(&mut lists, epoch);
-            sender.send_members(&mut lists).unwrap();
+            sender.send_members(&lists).unwrap();
         }
         sender.send(frame(2)).unwrap();
         lists_up_to(&mut lists, 3);
-        sender.send_members(&mut lists).unwrap();
+        sender.send_members(&lists).unwrap();
         sender.send(frame(3)).unwrap();
         for epoch in 4..=9 {
             lists_up_to(&mut lists, epoch);
-            sender.send_members(&mut lists).unwrap();
+            sender.send_members(&lists).unwrap();
         }
-        // The first list goes whole (the node had none) and absorbs the second; then changes
-        // from list to list, the last six merged into one; replies keep their places.
+        // The first list goes whole (the node had none) and absorbs the second; then the
+        // changes to list 3; the last six lists piled up and go as their changes merged;
+        // replies keep their places.
         assert_eq!(
             named(&mut receiver).await,
             vec!["1", "L2", "2", "C2-3", "3", "C3-9"]
@@ -232,7 +233,7 @@ mod tests {
         assert_eq!(sender.coalesced(), 6);
         // A list already taken by the writer is not merged: the next one is queued.
         lists_up_to(&mut lists, 10);
-        sender.send_members(&mut lists).unwrap();
+        sender.send_members(&lists).unwrap();
         assert_eq!(named(&mut receiver).await, vec!["C9-10"]);
     }
 
@@ -243,7 +244,7 @@ mod tests {
         sender.send(frame(1)).unwrap();
         for epoch in 1..=100 {
             lists_up_to(&mut lists, epoch);
-            sender.send_members(&mut lists).unwrap();
+            sender.send_members(&lists).unwrap();
         }
         assert_eq!(sender.send(frame(2)), Err(Full));
         assert_eq!(named(&mut receiver).await, vec!["1", "L100"]);

@@ -312,7 +312,7 @@ impl Head {
         let Some(writer) = self.writers.get_mut(&conn) else {
             return;
         };
-        if writer.send_members(&mut self.member_lists).is_err() {
+        if writer.send_members(&self.member_lists).is_err() {
             self.drop_slow_reader(conn);
         }
     }
