@@ -711,3 +711,53 @@ async fn member_lists_follow_joins_and_departures_as_changes() {
     );
     server.shutdown().await;
 }
+
+/// The head gathers membership changes before sending them, but a node always hears the
+/// latest list before any reply sent after a change.
+#[tokio::test]
+async fn a_node_hears_of_a_join_before_a_reply_that_follows_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = ServerConfig::new(TOKEN);
+    // Gathered for longer than the test: only a reply can bring the list.
+    config.member_list_delay = Some(Duration::from_secs(3600));
+    let server = BuiltinDirectoryServer::spawn(listener, config).unwrap();
+    let addr = server.local_addr();
+    let mut a = Node::join(addr, member(1)).await;
+    let _b = Node::join(addr, member(2)).await;
+    let id = ObjectId::from_u64(77);
+    let (reply, before) = a
+        .ask(DirectoryRequest::Lookup {
+            id,
+            subscribe: false,
+        })
+        .await;
+    assert_eq!(reply, located(&[], None));
+    let lists: Vec<Vec<NodeId>> = before
+        .iter()
+        .filter_map(|n| match n {
+            DirectoryNotice::Members(m) => Some(m.iter().map(|m| m.node).collect()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        lists.last(),
+        Some(&vec![NodeId(1), NodeId(2)]),
+        "{before:?}"
+    );
+    server.shutdown().await;
+}
+
+/// Gathered changes go out by themselves after the delay, to nodes that ask nothing.
+#[tokio::test]
+async fn gathered_member_changes_reach_idle_nodes() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = ServerConfig::new(TOKEN);
+    config.member_list_delay = Some(Duration::from_millis(50));
+    let server = BuiltinDirectoryServer::spawn(listener, config).unwrap();
+    let addr = server.local_addr();
+    let mut a = Node::join(addr, member(1)).await;
+    let _b = Node::join(addr, member(2)).await;
+    let _c = Node::join(addr, member(3)).await;
+    a.members_become(&[1, 2, 3]).await;
+    server.shutdown().await;
+}

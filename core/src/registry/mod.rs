@@ -769,6 +769,11 @@ impl Registry {
         self.members.get(&node).map(|m| m.conn)
     }
 
+    /// The member registered on `conn`.
+    pub fn member_on(&self, conn: ConnId) -> Option<NodeId> {
+        self.by_conn.get(&conn).copied()
+    }
+
     /// The nodes listed as holding `id`.
     pub fn holders_of(&self, id: &ObjectId) -> Vec<NodeId> {
         self.holders
