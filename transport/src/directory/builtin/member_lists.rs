@@ -10,7 +10,7 @@
 //! members, and a node that cannot keep up costs it nothing per change.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use skyriver_core::directory::MemberList;
 use skyriver_core::registry::member_changes::{
@@ -50,22 +50,27 @@ impl MemberListCounters {
     }
 }
 
-/// Changes of the latest lists a node a few lists behind is sent, merged, instead of the whole
+/// Steps of the latest lists a node a few steps behind is sent, merged, instead of the whole
 /// list.
-const RECENT_CHANGES: usize = 64;
+const RECENT_STEPS: usize = 64;
 
-/// One numbered list and its encodings: the changes from the list before, made when the list
-/// is (small), and the whole list, made the first time a writer needs it (once per list).
+/// One list the head published (see [`MemberLists::update`]) and its encodings: the changes
+/// from the list published before, made with the list (small), the whole list, made the first
+/// time a writer needs it (once per list), and the merged changes from older lists, made once
+/// per older list a node needs them from.
 #[derive(Debug)]
 struct ListSnapshot {
     epoch: u64,
     members: MemberList,
-    /// The changes from list `epoch - 1`, encoded, when the head saw that list.
-    changes: Option<Frame>,
-    /// The changes that made the last lists up to this one, oldest first, each with the list
-    /// it made, back to a step the head did not see (at most [`RECENT_CHANGES`]).
+    /// The list published before this one, and the changes from it, encoded.
+    step: Option<(u64, Frame)>,
+    /// The last steps up to this list, oldest first: each the list it starts from and its
+    /// changes (at most [`RECENT_STEPS`]).
     recent: Arc<[(u64, MemberChanges)]>,
     whole: OnceLock<Frame>,
+    /// Merged changes made for nodes that have an older list, by that list (`None`: the
+    /// whole list is smaller, or the list is too old).
+    merged: Mutex<Vec<(u64, Option<Frame>)>>,
 }
 
 impl ListSnapshot {
@@ -76,9 +81,39 @@ impl ListSnapshot {
             frame::encode(&FromRegistry::Members { epoch, members }).into()
         })
     }
+
+    /// The changes from list `has` to this one, merged and encoded, if `has` starts one of
+    /// the last [`RECENT_STEPS`] steps and the changes are smaller than the whole list.
+    fn merged_from(&self, has: u64) -> Option<Frame> {
+        // Nothing panics while the lock is held; a poisoned cache is still consistent.
+        let mut cache = self.merged.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, frame)) = cache.iter().find(|(from, _)| *from == has) {
+            return frame.clone();
+        }
+        let frame = self
+            .recent
+            .iter()
+            .position(|(from, _)| *from == has)
+            .and_then(|first| {
+                let mut merged = MemberChanges::default();
+                for (_, changes) in &self.recent[first..] {
+                    merged = merge_member_changes(&merged, changes);
+                }
+                (merged.len() < self.members.len()).then(|| {
+                    let message = FromRegistry::MembersChanged {
+                        from: has,
+                        to: self.epoch,
+                        changes: merged,
+                    };
+                    Frame::from(frame::encode(&message))
+                })
+            });
+        cache.push((has, frame.clone()));
+        frame
+    }
 }
 
-/// The registry's latest member list.
+/// The member list the head last published to its writers.
 #[derive(Debug)]
 pub(super) struct MemberLists {
     /// What writers wrote so far.
@@ -93,47 +128,44 @@ impl Default for MemberLists {
             latest: Arc::new(ListSnapshot {
                 epoch: 0,
                 members: MemberList::default(),
-                changes: None,
+                step: None,
                 recent: Arc::from(Vec::new()),
                 whole: OnceLock::new(),
+                merged: Mutex::default(),
             }),
         }
     }
 }
 
 impl MemberLists {
-    /// The registry output list `epoch`. A list sent again under the same number (to a node
-    /// that reconnected) changes nothing here.
+    /// Publishes the registry's list `epoch` (the latest when the head sends lists: lists
+    /// output meanwhile were never sent, so a step may span several). A list sent again under
+    /// the same number (to a node that reconnected) changes nothing here.
     pub(super) fn update(&mut self, epoch: u64, members: MemberList) {
         let latest = &self.latest;
-        if epoch == latest.epoch
-            && (members.same_list(&latest.members) || members == latest.members)
-        {
+        if epoch <= latest.epoch {
+            debug_assert!(epoch < latest.epoch || members == latest.members);
             return;
         }
-        let (changes, recent) = if epoch == latest.epoch + 1 {
-            let changes = member_changes(&latest.members, &members);
-            let message = FromRegistry::MembersChanged {
-                from: latest.epoch,
-                to: epoch,
-                changes: changes.clone(),
-            };
-            let kept = latest.recent.len().min(RECENT_CHANGES - 1);
-            let recent = latest.recent[latest.recent.len() - kept..]
-                .iter()
-                .cloned()
-                .chain([(epoch, changes)])
-                .collect();
-            (Some(frame::encode(&message).into()), recent)
-        } else {
-            (None, Arc::from(Vec::new()))
+        let changes = member_changes(&latest.members, &members);
+        let message = FromRegistry::MembersChanged {
+            from: latest.epoch,
+            to: epoch,
+            changes: changes.clone(),
         };
+        let kept = latest.recent.len().min(RECENT_STEPS - 1);
+        let recent = latest.recent[latest.recent.len() - kept..]
+            .iter()
+            .cloned()
+            .chain([(latest.epoch, changes)])
+            .collect();
         self.latest = Arc::new(ListSnapshot {
             epoch,
             members,
-            changes,
+            step: Some((latest.epoch, frame::encode(&message).into())),
             recent,
             whole: OnceLock::new(),
+            merged: Mutex::default(),
         });
     }
 
@@ -157,32 +189,11 @@ pub(super) struct QueuedList {
 }
 
 impl QueuedList {
-    /// The changes from the node's list to the latest, merged and encoded, if the node is
-    /// among the last [`RECENT_CHANGES`] lists and that is smaller than the whole list.
-    fn merged_changes(&self) -> Option<Frame> {
-        let has = self.has?;
-        let recent = &self.latest.recent;
-        let first = recent.iter().position(|(made, _)| *made == has + 1)?;
-        let mut merged = MemberChanges::default();
-        for (_, changes) in &recent[first..] {
-            merged = merge_member_changes(&merged, changes);
-        }
-        if merged.len() >= self.latest.members.len() {
-            return None;
-        }
-        let message = FromRegistry::MembersChanged {
-            from: has,
-            to: self.latest.epoch,
-            changes: merged,
-        };
-        Some(frame::encode(&message).into())
-    }
-
     /// Takes the place of this list, still waiting, with `newer` (queued right behind it): the
     /// node then goes from the list it had before both to `newer`'s, in one message. O(1):
     /// a node that fell behind costs the head nothing per change until its writer takes the
-    /// list; then it gets the changes since its list merged, if its list is among the last
-    /// [`RECENT_CHANGES`], or else the whole list, encoded once per list for every such node.
+    /// list; then it gets the changes since its list merged, if its list starts one of the
+    /// last [`RECENT_STEPS`] steps, or else the whole list (each encoded once per list).
     pub(super) fn absorb(&mut self, newer: QueuedList) {
         self.latest = newer.latest;
     }
@@ -195,12 +206,14 @@ impl QueuedList {
     /// The message, for the writer.
     pub(super) fn frame(&self) -> Frame {
         let latest = &self.latest;
-        let (frame, kind) = match (&latest.changes, self.merged_changes()) {
-            (Some(changes), _) if self.has == latest.epoch.checked_sub(1) => {
-                (changes.clone(), &self.counters.changes)
-            }
-            (_, Some(frame)) => (frame, &self.counters.changes),
-            _ => (latest.whole().clone(), &self.counters.whole),
+        let changes = match (&latest.step, self.has) {
+            (Some((from, step)), Some(has)) if *from == has => Some(step.clone()),
+            (_, Some(has)) => latest.merged_from(has),
+            (_, None) => None,
+        };
+        let (frame, kind) = match changes {
+            Some(frame) => (frame, &self.counters.changes),
+            None => (latest.whole().clone(), &self.counters.whole),
         };
         kind.fetch_add(1, Ordering::Relaxed);
         self.counters
@@ -298,7 +311,7 @@ mod tests {
         ));
         // A node further behind than the changes kept: the whole list.
         let behind = lists.for_node(Some(5));
-        for epoch in 6..=6 + RECENT_CHANGES as u64 {
+        for epoch in 6..=6 + RECENT_STEPS as u64 {
             lists.update(epoch, list(10..13 + epoch as u32));
         }
         let mut behind = behind;
@@ -306,11 +319,9 @@ mod tests {
         assert!(matches!(decoded(&behind), FromRegistry::Members { .. }));
         // A node given nothing yet absorbs into the latest whole list, too.
         let mut new = lists.for_node(None);
-        lists.update(4, list(1..6));
-        new.absorb(lists.for_node(Some(3)));
-        assert!(matches!(
-            decoded(&new),
-            FromRegistry::Members { epoch: 4, .. }
-        ));
+        let last = 7 + RECENT_STEPS as u64;
+        lists.update(last, list(1..6));
+        new.absorb(lists.for_node(Some(last - 1)));
+        assert!(matches!(decoded(&new), FromRegistry::Members { epoch, .. } if epoch == last));
     }
 }

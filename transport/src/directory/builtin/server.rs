@@ -110,6 +110,7 @@ impl BuiltinDirectoryServer {
             epoch: TokioInstant::now(),
             writers: BTreeMap::new(),
             member_lists,
+            unpublished_members: None,
             shown_members_epoch: None,
             owed_members: BTreeSet::new(),
             members_due: None,
@@ -184,8 +185,10 @@ struct Head {
     registry: Registry,
     epoch: TokioInstant,
     writers: BTreeMap<ConnId, QueueSender>,
-    /// The latest member list and its encodings, for the writers.
+    /// The member list last published to the writers, and its encodings.
     member_lists: MemberLists,
+    /// The registry's latest list, while not yet published to the writers.
+    unpublished_members: Option<(u64, MemberList)>,
     /// The number of the list shown to [`BuiltinDirectoryServer::members`].
     shown_members_epoch: Option<u64>,
     /// Connections owed the latest member list: it is queued for them at `members_due`, or
@@ -309,7 +312,7 @@ impl Head {
                         members,
                         epoch,
                     } => {
-                        self.member_lists.update(epoch, members);
+                        self.unpublished_members = Some((epoch, members));
                         self.owed_members.extend(conns);
                         if self.members_due.is_none() {
                             let delay = self
@@ -358,6 +361,11 @@ impl Head {
         let Some(writer) = self.writers.get_mut(&conn) else {
             return;
         };
+        // Published when first sent: one step from the list sent before, however many
+        // changes the registry made meanwhile.
+        if let Some((epoch, members)) = self.unpublished_members.take() {
+            self.member_lists.update(epoch, members);
+        }
         if writer.send_members(&self.member_lists).is_err() {
             self.drop_slow_reader(conn);
         }
