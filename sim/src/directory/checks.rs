@@ -78,7 +78,7 @@ const REGISTRY_CHECK_EVERY_CHANGE_UP_TO: usize = 64;
 /// Beyond [`REGISTRY_CHECK_EVERY_CHANGE_UP_TO`] members, what one change pays for: a check
 /// scans `size` entries ([`Registry::invariant_scan_size`]) once every `size /
 /// REGISTRY_SCAN_PER_CHANGE` changes.
-const REGISTRY_SCAN_PER_CHANGE: usize = 16;
+const REGISTRY_SCAN_PER_CHANGE: usize = 4;
 
 /// The registry's own consistency ([`Registry::check_invariants`], a scan of every member and
 /// object) after its changes: after each one in clusters of up to
