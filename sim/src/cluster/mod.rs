@@ -386,6 +386,8 @@ pub struct Cluster {
     pass: crowd::PassChecks,
     /// The cores' view of the directory's member lists, converted once per list.
     member_views: member_views::MemberViews,
+    /// Times a client drew a request for the member list (see `clients::MEMBER_LIST_MEMBERS`).
+    member_list_draws: u64,
     /// When each node's own consistency is checked next (`node_checks`).
     node_checks: node_checks::NodeChecks,
 }
@@ -522,6 +524,7 @@ impl Cluster {
             replication: replication::ReplicationSide::new(params.replicas),
             pass: crowd::PassChecks::default(),
             member_views: Default::default(),
+            member_list_draws: 0,
             node_checks: Default::default(),
             params,
             rng,
