@@ -13,6 +13,7 @@ mod faults;
 mod liveness;
 mod member_views;
 mod node_checks;
+mod queue;
 mod relay;
 mod replication;
 mod script;
@@ -20,7 +21,7 @@ mod sim_read;
 pub mod spill;
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
@@ -332,7 +333,7 @@ pub struct Cluster {
     mode: RunMode,
     now: Instant,
     rng: ChaCha8Rng,
-    queue: BinaryHeap<Reverse<Scheduled>>,
+    queue: queue::QuadHeap<Reverse<Scheduled>>,
     seq: u64,
     nodes: Vec<SimNode>,
     network: Network,
@@ -483,7 +484,7 @@ impl Cluster {
         let mut cluster = Cluster {
             mode,
             now: Instant::ZERO,
-            queue: BinaryHeap::new(),
+            queue: queue::QuadHeap::new(),
             seq: 0,
             nodes: Vec::new(),
             network,
