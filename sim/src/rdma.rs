@@ -71,6 +71,21 @@ impl Memory {
         self.key = key;
         self.grants.clear();
     }
+    /// Where the arena's bytes are in this process (to see which of its pages are resident).
+    pub fn address(&self) -> usize {
+        self.arena.as_ptr() as usize
+    }
+
+    /// The arena's length in bytes.
+    pub fn len(&self) -> usize {
+        self.arena.len()
+    }
+
+    /// Whether the arena has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.arena.is_empty()
+    }
+
     /// The registration of arena 0.
     pub fn key(&self) -> ArenaKey {
         self.key
