@@ -155,7 +155,7 @@ impl Cluster {
         let text = request_line(&frame.body);
         let _ = node.handle(now, NodeInput::ClientRequest { client, frame });
         self.trace
-            .record(now, &format!("{client}@{n} {request} {text}"));
+            .record_args(now, format_args!("{client}@{n} {request} {text}"));
         self.after_input(n);
     }
 

@@ -734,7 +734,7 @@ impl Cluster {
     /// A node's directory request goes to its directory session.
     fn send_to_directory(&mut self, n: NodeId, op: DirectoryOpId, request: DirectoryRequest) {
         let request = self.directory_request(n, op, request);
-        self.record(|| format!("{n} -> directory {op} {request}"));
+        self.record_args(format_args!("{n} -> directory {op} {request}"));
         let effects = self.directory.submit(self.now, n, op, request);
         self.apply_directory(effects);
     }
