@@ -55,9 +55,8 @@ impl Memory {
     /// Fresh memory of `bytes`, poisoned, under `key`.
     pub fn new(bytes: u64, key: ArenaKey) -> Self {
         Memory {
-            arena: MmapMut::map_anon(bytes as usize).unwrap_or_else(|error| {
-                panic!("cannot map an arena of {bytes} bytes: {error}")
-            }),
+            arena: MmapMut::map_anon(bytes as usize)
+                .unwrap_or_else(|error| panic!("cannot map an arena of {bytes} bytes: {error}")),
             written: vec![false; (bytes as usize).div_ceil(PAGE_BYTES)],
             key,
             grants: GrantTable::new(),
