@@ -130,6 +130,13 @@ enum Origin {
     Resubscribe(ObjectId),
 }
 
+impl Origin {
+    /// Whether it is part of the replay after connecting.
+    fn is_replay(&self) -> bool {
+        matches!(self, Origin::Republish(_) | Origin::Resubscribe(_))
+    }
+}
+
 /// The connection's state, named for what it waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Link {
@@ -180,6 +187,9 @@ pub struct DirectorySession {
     pending_members: Option<MemberList>,
     backoff: Duration,
     in_flight: BTreeMap<WireOpId, Origin>,
+    /// How many of `in_flight` are replays (`Republish`, `Resubscribe`): whether the session
+    /// replays is asked after every event of a simulation, and `in_flight` can be long.
+    replays_in_flight: usize,
     next_wire_op: u64,
     ping_seq: u64,
     outputs: VecDeque<SessionOutput>,
@@ -214,6 +224,7 @@ impl DirectorySession {
             pending_members: None,
             backoff,
             in_flight: BTreeMap::new(),
+            replays_in_flight: 0,
             next_wire_op: 0,
             ping_seq: 0,
             outputs: VecDeque::new(),
@@ -244,9 +255,12 @@ impl DirectorySession {
 
     /// Whether replayed requests of the current connection still await their replies.
     pub fn replaying(&self) -> bool {
-        self.in_flight
-            .values()
-            .any(|o| matches!(o, Origin::Republish(_) | Origin::Resubscribe(_)))
+        debug_assert_eq!(
+            self.replays_in_flight,
+            self.in_flight.values().filter(|o| o.is_replay()).count(),
+            "replays in flight"
+        );
+        self.replays_in_flight > 0
     }
 
     /// The objects the session waits for to be published, in id order.
@@ -447,7 +461,10 @@ impl DirectorySession {
         }
         match message {
             FromRegistry::Reply { op, reply } => match self.in_flight.remove(&op) {
-                Some(origin) => self.replied(origin, reply),
+                Some(origin) => {
+                    self.replays_in_flight -= usize::from(origin.is_replay());
+                    self.replied(origin, reply)
+                }
                 None => {
                     return Err(SessionError::Protocol(format!(
                         "the head answered unknown {op}"
@@ -632,6 +649,7 @@ impl DirectorySession {
     /// The connection is gone: in-flight requests of the driver are answered `Unavailable`, a
     /// loss is reported once, and the next attempt is scheduled with backoff.
     fn lost(&mut self, now: Instant, reason: String) {
+        self.replays_in_flight = 0;
         for origin in std::mem::take(&mut self.in_flight).into_values() {
             if let Origin::Driver { op, .. } = origin {
                 self.reply(
@@ -714,6 +732,7 @@ impl DirectorySession {
     fn next_op(&mut self, origin: Origin) -> WireOpId {
         let op = WireOpId(self.next_wire_op);
         self.next_wire_op += 1;
+        self.replays_in_flight += usize::from(origin.is_replay());
         self.in_flight.insert(op, origin);
         op
     }
