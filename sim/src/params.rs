@@ -10,6 +10,24 @@ use std::time::Duration;
 use skyriver_core::node::ThresholdPolicy;
 use skyriver_core::registry::session::SessionConfig;
 
+/// All arenas of a cluster together hold at most this many bytes (see [`arena_cap`]).
+pub const CLUSTER_ARENA_BUDGET: u64 = 768 << 20;
+
+/// The largest arena a node of a cluster of `nodes` is given: [`CLUSTER_ARENA_BUDGET`] shared
+/// among the nodes (rounded down to whole KiB), never less than the smallest arena drawn
+/// (256 KiB). An arena drawn larger (they are drawn from 256 KiB to 2 MiB) is this size. Only
+/// clusters of more than 384 nodes are capped, so every smaller run keeps its parameters.
+///
+/// Why: the workload writes over a whole arena in a run (its objects are sized against the
+/// arena and keep it full), so an arena costs its size in resident memory; 1,000 nodes of
+/// 1.6 MiB arenas took 2.2 GB, and the rest of a 1,000-node run takes up to about 1.1 GB
+/// (per-peer state, disks, queued events, contents). Capped, a node is as full and as pressed
+/// for memory as drawn: every size the workload and the spill tier draw scales with the arena.
+pub fn arena_cap(nodes: usize) -> u64 {
+    let per_node = CLUSTER_ARENA_BUDGET / nodes.max(1) as u64;
+    (per_node / 1024 * 1024).max(256 * 1024)
+}
+
 /// Parameters of one simulated run.
 #[derive(Debug, Clone)]
 pub struct SimParams {
@@ -210,6 +228,7 @@ impl SimParams {
         } else {
             0
         };
+        params.arena_bytes = params.arena_bytes.min(arena_cap(params.nodes));
         params
     }
 

@@ -136,6 +136,13 @@ enum Origin {
     Resubscribe(ObjectId),
 }
 
+impl Origin {
+    /// Whether it is part of the replay after connecting.
+    fn is_replay(&self) -> bool {
+        matches!(self, Origin::Republish(_) | Origin::Resubscribe(_))
+    }
+}
+
 /// The connection's state, named for what it waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Link {
@@ -190,6 +197,9 @@ pub struct DirectorySession {
     members: Option<MemberList>,
     backoff: Duration,
     in_flight: BTreeMap<WireOpId, Origin>,
+    /// How many of `in_flight` are replays (`Republish`, `Resubscribe`): whether the session
+    /// replays is asked after every event of a simulation, and `in_flight` can be long.
+    replays_in_flight: usize,
     next_wire_op: u64,
     ping_seq: u64,
     outputs: VecDeque<SessionOutput>,
@@ -225,6 +235,7 @@ impl DirectorySession {
             members: None,
             backoff,
             in_flight: BTreeMap::new(),
+            replays_in_flight: 0,
             next_wire_op: 0,
             ping_seq: 0,
             outputs: VecDeque::new(),
@@ -255,9 +266,12 @@ impl DirectorySession {
 
     /// Whether replayed requests of the current connection still await their replies.
     pub fn replaying(&self) -> bool {
-        self.in_flight
-            .values()
-            .any(|o| matches!(o, Origin::Republish(_) | Origin::Resubscribe(_)))
+        debug_assert_eq!(
+            self.replays_in_flight,
+            self.in_flight.values().filter(|o| o.is_replay()).count(),
+            "replays in flight"
+        );
+        self.replays_in_flight > 0
     }
 
     /// The objects the session waits for to be published, in id order.
@@ -458,7 +472,10 @@ impl DirectorySession {
         }
         match message {
             FromRegistry::Reply { op, reply } => match self.in_flight.remove(&op) {
-                Some(origin) => self.replied(origin, reply),
+                Some(origin) => {
+                    self.replays_in_flight -= usize::from(origin.is_replay());
+                    self.replied(origin, reply)
+                }
                 None => {
                     return Err(SessionError::Protocol(format!(
                         "the head answered unknown {op}"
@@ -666,6 +683,7 @@ impl DirectorySession {
     /// The connection is gone: in-flight requests of the driver are answered `Unavailable`, a
     /// loss is reported once, and the next attempt is scheduled with backoff.
     fn lost(&mut self, now: Instant, reason: String) {
+        self.replays_in_flight = 0;
         for origin in std::mem::take(&mut self.in_flight).into_values() {
             if let Origin::Driver { op, .. } = origin {
                 self.reply(
@@ -749,6 +767,7 @@ impl DirectorySession {
     fn next_op(&mut self, origin: Origin) -> WireOpId {
         let op = WireOpId(self.next_wire_op);
         self.next_wire_op += 1;
+        self.replays_in_flight += usize::from(origin.is_replay());
         self.in_flight.insert(op, origin);
         op
     }

@@ -13,6 +13,7 @@ mod faults;
 mod liveness;
 mod member_views;
 mod node_checks;
+mod queue;
 mod relay;
 mod replication;
 mod script;
@@ -20,7 +21,7 @@ mod sim_read;
 pub mod spill;
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
@@ -332,7 +333,7 @@ pub struct Cluster {
     mode: RunMode,
     now: Instant,
     rng: ChaCha8Rng,
-    queue: BinaryHeap<Reverse<Scheduled>>,
+    queue: queue::QuadHeap<Reverse<Scheduled>>,
     seq: u64,
     nodes: Vec<SimNode>,
     network: Network,
@@ -386,6 +387,8 @@ pub struct Cluster {
     pass: crowd::PassChecks,
     /// The cores' view of the directory's member lists, converted once per list.
     member_views: member_views::MemberViews,
+    /// Times a client drew a request for the member list (see `clients::MEMBER_LIST_MEMBERS`).
+    member_list_draws: u64,
     /// When each node's own consistency is checked next (`node_checks`).
     node_checks: node_checks::NodeChecks,
 }
@@ -481,7 +484,7 @@ impl Cluster {
         let mut cluster = Cluster {
             mode,
             now: Instant::ZERO,
-            queue: BinaryHeap::new(),
+            queue: queue::QuadHeap::new(),
             seq: 0,
             nodes: Vec::new(),
             network,
@@ -522,6 +525,7 @@ impl Cluster {
             replication: replication::ReplicationSide::new(params.replicas),
             pass: crowd::PassChecks::default(),
             member_views: Default::default(),
+            member_list_draws: 0,
             node_checks: Default::default(),
             params,
             rng,
@@ -730,7 +734,7 @@ impl Cluster {
     /// A node's directory request goes to its directory session.
     fn send_to_directory(&mut self, n: NodeId, op: DirectoryOpId, request: DirectoryRequest) {
         let request = self.directory_request(n, op, request);
-        self.record(|| format!("{n} -> directory {op} {request}"));
+        self.record_args(format_args!("{n} -> directory {op} {request}"));
         let effects = self.directory.submit(self.now, n, op, request);
         self.apply_directory(effects);
     }
