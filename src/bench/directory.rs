@@ -15,7 +15,7 @@
 //! one core and keeps ≤ 200 B per object; Redis Cluster with 3 masters serves ≥ 2.5× the
 //! lookups of one Redis.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -452,16 +452,17 @@ async fn connect(target: &Target, index: usize) -> Result<Session, String> {
 }
 
 /// Sends `requests` with up to `window` in flight (stopping new ones at `deadline`); returns
-/// the session, the reply latencies and the `Unavailable` count.
+/// the session, the reply latencies, the `Unavailable` count and the first such reply's reason.
 async fn drive(
     mut session: Session,
     mut requests: impl Iterator<Item = DirectoryRequest> + Send,
     window: usize,
     deadline: Option<Instant>,
-) -> (Session, Vec<Duration>, u64) {
+) -> (Session, Vec<Duration>, u64, Option<String>) {
     let mut pending: HashMap<u64, Instant> = HashMap::new();
     let mut latencies = Vec::new();
     let mut errors = 0;
+    let mut first_unavailable = None;
     loop {
         while pending.len() < window && deadline.is_none_or(|d| Instant::now() < d) {
             let Some(request) = requests.next() else {
@@ -487,9 +488,9 @@ async fn drive(
                 if let Some(started) = pending.remove(&op.0) {
                     latencies.push(started.elapsed());
                     if let DirectoryReply::Unavailable { reason } = reply {
-                        if errors == 0 {
+                        if first_unavailable.is_none() {
                             tracing::warn!(%reason, "a directory request was answered Unavailable");
-                            eprintln!("  first Unavailable: {reason}");
+                            first_unavailable = Some(reason);
                         }
                         errors += 1;
                     }
@@ -499,7 +500,7 @@ async fn drive(
             None => break,
         }
     }
-    (session, latencies, errors)
+    (session, latencies, errors, first_unavailable)
 }
 
 /// Runs one phase over all sessions: `plan(index)` gives session `index`'s requests.
@@ -520,11 +521,21 @@ where
         .collect();
     let mut latencies = Vec::new();
     let mut errors = 0;
+    // The first `Unavailable` reason of each session that met one, counted by reason.
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     for task in tasks {
-        let (session, mut l, e) = task.await.expect("a session task");
+        let (session, mut l, e, first) = task.await.expect("a session task");
         sessions.push(session);
         latencies.append(&mut l);
         errors += e;
+        if let Some(reason) = first {
+            *reasons.entry(reason).or_default() += 1;
+        }
+    }
+    let mut reasons: Vec<(String, usize)> = reasons.into_iter().collect();
+    reasons.sort_by(|a, b| b.1.cmp(&a.1));
+    for (reason, sessions) in reasons.iter().take(5) {
+        eprintln!("  Unavailable in {sessions} sessions, first because: {reason}");
     }
     Phase::of(latencies, errors, started.elapsed())
 }
@@ -634,7 +645,7 @@ async fn wake_waiters(sessions: &mut Vec<Session>, waiters: usize, objects: u64)
     let started = Instant::now();
     let mut waiting = Vec::new();
     for (k, session) in sessions.drain(..pairs).enumerate() {
-        let (session, _, _) = drive(
+        let (session, _, _, _) = drive(
             session,
             std::iter::once(DirectoryRequest::Lookup {
                 id: object(id_of(k)),

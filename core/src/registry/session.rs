@@ -557,7 +557,7 @@ impl DirectorySession {
             } => {
                 if now.saturating_since(*last_heard) >= self.config.heartbeat_timeout {
                     let reason = format!(
-                        "the head was silent for {} ms",
+                        "the directory was silent for {} ms",
                         self.config.heartbeat_timeout.as_millis()
                     );
                     self.lost(now, reason.clone());
