@@ -533,7 +533,7 @@ where
         }
     }
     let mut reasons: Vec<(String, usize)> = reasons.into_iter().collect();
-    reasons.sort_by(|a, b| b.1.cmp(&a.1));
+    reasons.sort_by_key(|(_, sessions)| std::cmp::Reverse(*sessions));
     for (reason, sessions) in reasons.iter().take(5) {
         eprintln!("  Unavailable in {sessions} sessions, first because: {reason}");
     }
