@@ -524,8 +524,8 @@ async fn redis_a_node_that_leaves_removes_its_keys_and_the_last_one_the_token() 
     assert!(!keys.contains(&names.node(NodeId(1))), "{keys:?}");
     let holders: Vec<String> = redis_command(&server, &["HKEYS", &names.object(&x)]).await;
     assert_eq!(holders, vec!["2".to_string()]);
-    assert_eq!(b.lookup(x, false).await, located(&[2], Some(sizes(5))));
     b.members_become(&[2]).await;
+    assert_eq!(b.lookup(x, false).await, located(&[2], Some(sizes(5))));
 
     // The last node to leave takes the token with it: nothing of the cluster is left.
     b.dir.leave().await;
@@ -824,11 +824,11 @@ async fn redis_a_crashed_nodes_locations_and_membership_go_after_its_lifetime() 
     let mut short = config(&server, "c");
     short.node_ttl = Duration::from_millis(400);
     let mut doomed = Node::join(short, member(2)).await;
+    watcher.members_become(&[1, 2]).await;
     let (mine, shared) = (ObjectId::from_u64(31), ObjectId::from_u64(32));
     doomed.publish(mine, sizes(1)).await;
     doomed.publish(shared, sizes(2)).await;
     watcher.publish(shared, sizes(2)).await;
-    watcher.members_become(&[1, 2]).await;
     // No goodbye: the node's keys stay behind as after a crash.
     doomed.dir.abandon().await;
     let crashed = Instant::now();
@@ -894,4 +894,54 @@ async fn redis_a_restart_with_a_new_incarnation_drops_the_old_locations() {
     let mut index = index;
     index.sort();
     assert_eq!(index, vec!["1:3".to_string(), "2:4".to_string()]);
+}
+
+/// `MGET` calls Redis served so far (each a read of every member's entry).
+async fn member_rereads(conn: &mut ::redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_mget:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// A join announced on the members channel costs every other node one read of the joiner's
+/// entry, not a re-read of every member; a leave costs no read.
+#[tokio::test]
+async fn redis_members_follow_joins_and_leaves_without_rereading_everyone() {
+    let Some(server) = RedisServer::start("redis_members_follow_joins_and_leaves") else {
+        return;
+    };
+    let mut config = config(&server, "c");
+    // Only the channel's messages can bring the changes within the test.
+    config.member_refresh_interval = Duration::from_secs(3600);
+    let mut a = Node::join(config.clone(), member(1)).await;
+    let mut b = Node::join(config.clone(), member(2)).await;
+    a.members_become(&[1, 2]).await;
+    b.members_become(&[1, 2]).await;
+    let client = ::redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let before = member_rereads(&mut conn).await;
+    let c = Node::join(config.clone(), member(3)).await;
+    a.members_become(&[1, 2, 3]).await;
+    b.members_become(&[1, 2, 3]).await;
+    c.dir.leave().await;
+    a.members_become(&[1, 2]).await;
+    b.members_become(&[1, 2]).await;
+    // The joiner read every member once as it joined; the others read nothing whole, also
+    // a while later (a node that re-read on a message did so within 50 ms of it).
+    assert!(
+        before >= 2,
+        "each of the first two nodes read every member as it joined"
+    );
+    let quiet_until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < quiet_until {
+        let rereads = member_rereads(&mut conn).await - before;
+        assert!(rereads <= 1, "{rereads} re-reads of every member");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

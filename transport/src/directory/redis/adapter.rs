@@ -316,7 +316,8 @@ impl Adapter {
                         Incoming::Nothing => None,
                         Incoming::Message { channel, payload } => {
                             if self.on_message(live, &channel, &payload).await? {
-                                // Coalesce a burst of joins into one re-read.
+                                // A members message not understood: one re-read of every
+                                // member for a burst of them.
                                 let soon = Instant::now() + Duration::from_millis(50);
                                 if refresh.deadline() > soon {
                                     refresh.as_mut().reset(soon);
@@ -802,14 +803,64 @@ impl Adapter {
         }
         if members != self.members || self.members_epoch == 0 {
             self.members = members;
-            self.members_epoch += 1;
-            self.answer(FromRegistry::Members {
-                epoch: self.members_epoch,
-                members: self.members.values().cloned().collect(),
-            })
-            .await;
+            self.announce_members().await;
         }
         Ok(())
+    }
+
+    /// Gives the session the member view as a new list.
+    async fn announce_members(&mut self) {
+        self.members_epoch += 1;
+        self.answer(FromRegistry::Members {
+            epoch: self.members_epoch,
+            members: self.members.values().cloned().collect(),
+        })
+        .await;
+    }
+
+    /// A message of the members channel: a `join` reads that node's entry alone, a `leave`
+    /// drops it, so a change costs each node one read, not a read of every member. `false`
+    /// when the message is not understood (the caller re-reads every member soon).
+    async fn on_member_message(
+        &mut self,
+        live: &mut Live,
+        payload: &[u8],
+    ) -> Result<bool, Failure> {
+        let payload = String::from_utf8_lossy(payload);
+        let Some((what, id)) = payload.split_once(' ') else {
+            return Ok(false);
+        };
+        let Ok(id) = id.parse::<u32>() else {
+            return Ok(false);
+        };
+        let node = NodeId(id);
+        let entry = match what {
+            "join" => {
+                let key = self.keys.node(node);
+                let json: Option<String> = self
+                    .bounded(
+                        "GET",
+                        ::redis::cmd("GET").arg(&key).query_async(&mut live.conn),
+                    )
+                    .await?;
+                match json.map(|j| serde_json::from_str::<MemberInfo>(&j)) {
+                    Some(Ok(member)) if member.node == node => Some(member),
+                    // Gone already (its leave follows), or malformed: a re-read of every
+                    // member settles it.
+                    Some(_) | None => return Ok(false),
+                }
+            }
+            "leave" => None,
+            _ => return Ok(false),
+        };
+        let changed = match entry {
+            Some(member) => self.members.insert(node, member.clone()).as_ref() != Some(&member),
+            None => self.members.remove(&node).is_some(),
+        };
+        if changed {
+            self.announce_members().await;
+        }
+        Ok(true)
     }
 
     /// The holders in an `obj:` hash that are alive with the incarnation that published, and
@@ -1015,7 +1066,16 @@ impl Adapter {
         payload: &[u8],
     ) -> Result<bool, Failure> {
         if channel == self.keys.members() {
-            return Ok(true);
+            // Understood: nothing more to do; not understood, or the read failed (as during
+            // a failover): re-read every member soon.
+            return match self.on_member_message(live, payload).await {
+                Ok(understood) => Ok(!understood),
+                Err(Failure::Failed(reason)) => {
+                    tracing::warn!(%reason, "reading a joining node's entry failed");
+                    Ok(true)
+                }
+                Err(lost) => Err(lost),
+            };
         }
         let Some(id) = self.keys.object_of_channel(channel) else {
             return Ok(false);

@@ -25,8 +25,9 @@
 //! them, and all of a gone incarnation's entries are deleted (through its `held:` set) by the
 //! live node that notices its node key expired, and by every node as it joins (so a restarted
 //! daemon drops its previous incarnation's, and the first node of a restarted cluster those of
-//! nodes that died while none ran); an `obj:` hash goes with its last holder. Each node keeps a view of the members, refreshed when someone joins or leaves (the
-//! `members` channel) and periodically (to notice expiries).
+//! nodes that died while none ran); an `obj:` hash goes with its last holder. Each node keeps a view of the members: a `join` message on the `members` channel
+//! makes it read that node's entry, a `leave` drops it, and it re-reads every member
+//! periodically (to notice expiries, and after a message it did not understand).
 //!
 //! Waiting for an object uses pub/sub, never polling: a `Lookup` with `subscribe` first
 //! SUBSCRIBEs to the object's channel (confirmed by Redis), then reads the holders and, in the
