@@ -27,6 +27,8 @@ pub(super) struct CheckWatch {
     everything: bool,
     /// Nodes whose subscriptions the per-event checks examined, all together.
     nodes_examined: u64,
+    /// Objects the per-event checks examined the subscriptions of, all nodes together.
+    objects_examined: u64,
     /// Per touched node, the objects whose state changed since the node was last examined:
     /// whether its fetches wait for them, whether their events are on the way, whether its
     /// session or the registry subscribes to them.
@@ -71,6 +73,7 @@ impl Default for CheckWatch {
             touched: BTreeSet::new(),
             everything: true,
             nodes_examined: 0,
+            objects_examined: 0,
             changed: BTreeMap::new(),
             whole: BTreeSet::new(),
             examined_as: BTreeMap::new(),
@@ -187,6 +190,12 @@ impl SimDirectory {
         self.watch.nodes_examined
     }
 
+    /// How many waited-for objects the per-event checks examined so far, all nodes together
+    /// (a few per event, however many objects the nodes wait for).
+    pub fn objects_examined(&self) -> u64 {
+        self.watch.objects_examined
+    }
+
     /// Whether `node`'s session is registered with the head.
     pub fn is_registered(&self, node: NodeId) -> bool {
         self.ends.get(&node).is_some_and(|e| e.session.is_up())
@@ -236,6 +245,7 @@ impl SimDirectory {
                 || end.session.subscription_changes() != known.session.0
                 || (registry_side.is_some() && stamp != known.registry);
             if whole {
+                let objects = end.relied.len() as u64;
                 self.find_forgotten_subscriptions(node, end, registry_side, &mut found);
                 let session = end.session.subscription_changes();
                 let waited = end.session.waited_for().len();
@@ -243,6 +253,7 @@ impl SimDirectory {
                 let end = self.ends.get_mut(&node).expect("present");
                 end.known.session = (session, waited);
                 end.known.registry = stamp;
+                self.watch.objects_examined += objects;
             } else {
                 let Some(mut ids) = changed else {
                     continue;
@@ -252,6 +263,7 @@ impl SimDirectory {
                 for id in &ids {
                     self.find_forgotten_subscription(node, end, registry_side, id, &mut found);
                 }
+                self.watch.objects_examined += ids.len() as u64;
             }
             self.watch.nodes_examined += 1;
         }
