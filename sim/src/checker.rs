@@ -109,8 +109,8 @@ impl Checker {
 
     /// The bytes of content `variant` of `id`, `len` of them (see
     /// [`crate::workload::content_bytes`]), kept for the check of the copy they make.
-    pub fn content_bytes(&mut self, id: &ObjectId, variant: u32, len: usize) -> Vec<u8> {
-        self.expected.bytes(id, variant, len).to_vec()
+    pub fn content_bytes(&mut self, id: &ObjectId, variant: u32, len: usize) -> &[u8] {
+        self.expected.bytes(id, variant, len)
     }
 
     /// Which content put under `info.id` the bytes in `memory` are; why none, if none.

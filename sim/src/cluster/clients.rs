@@ -343,15 +343,15 @@ impl Cluster {
             }
         };
         // The client writes its object through its mapping, then seals it.
-        let bytes = self
-            .checker
-            .content_bytes(&id, variant, info.region.len as usize);
-        let digest = ContentDigest::of_contiguous(&bytes);
         let sim_node = &mut self.nodes[n.0 as usize];
         let store = sim_node.node.as_ref().expect("alive").store();
         self.checker
             .check_write_target(now, n, store, id, info.region, "client write");
-        sim_node.memory.write(info.region, &bytes);
+        let bytes = self
+            .checker
+            .content_bytes(&id, variant, info.region.len as usize);
+        let digest = ContentDigest::of_contiguous(bytes);
+        sim_node.memory.write(info.region, bytes);
         self.record(|| {
             format!(
                 "{client}@{n} wrote {id} {}+{} at {}",

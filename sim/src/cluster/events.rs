@@ -146,11 +146,11 @@ impl Cluster {
                 };
                 match notice {
                     DirectoryNotice::Reply { op, reply } => {
-                        self.record(|| format!("{to} <- directory {op} {reply}"));
+                        self.record_args(format_args!("{to} <- directory {op} {reply}"));
                         self.feed(to, NodeInput::DirectoryReply { op, reply });
                     }
                     DirectoryNotice::Event(event) => {
-                        self.record(|| format!("{to} <- directory {event}"));
+                        self.record_args(format_args!("{to} <- directory {event}"));
                         self.feed(to, NodeInput::DirectoryEvent { event });
                     }
                     DirectoryNotice::Members(members) => {

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use skyriver_core::ids::OBJECT_ID_LEN;
+use skyriver_core::registry::session::DirectorySession;
 use skyriver_core::registry::{ConnId, Registry};
 use skyriver_core::{Instant, NodeId, ObjectId};
 
@@ -14,7 +15,7 @@ use super::{DirEvent, NodeEnd, SimDirectory, ViolationKey};
 const CROSS_CHECK_MAX_NODES: usize = 16;
 
 /// What the per-event checks must look at again, so that an event costs the same whatever
-/// the cluster's size.
+/// the cluster's size and however many objects a node waits for.
 #[derive(Debug)]
 pub(super) struct CheckWatch {
     /// Connections by when the head last heard from them, oldest first, until their silence
@@ -26,24 +27,43 @@ pub(super) struct CheckWatch {
     everything: bool,
     /// Nodes whose subscriptions the per-event checks examined, all together.
     nodes_examined: u64,
-    /// What each node's subscriptions were examined at, last.
-    subscriptions_seen: BTreeMap<NodeId, SubscriptionsSeen>,
+    /// Objects the per-event checks examined the subscriptions of, all nodes together.
+    objects_examined: u64,
+    /// Per touched node, the objects whose state changed since the node was last examined:
+    /// whether its fetches wait for them, whether their events are on the way, whether its
+    /// session or the registry subscribes to them.
+    changed: BTreeMap<NodeId, Vec<ObjectId>>,
+    /// Nodes whose subscriptions changed in a way no object names (a session that dropped a
+    /// subscription by itself, a new end): every object they wait for is examined again.
+    whole: BTreeSet<NodeId>,
+    /// What each node was last examined with: its incarnation and, when the registry side
+    /// applied, the connection. Another, and every object it waits for is examined again.
+    examined_as: BTreeMap<NodeId, (u32, Option<ConnId>)>,
 }
 
-/// The versions of everything the check of a node's subscriptions reads: equal, the check would
-/// find what it found last time (already reported), so it is skipped. A touched node is
-/// usually touched by a heartbeat, which changes none of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct SubscriptionsSeen {
-    /// The incarnation of the node's end (a restart brings a new session).
-    inc: u32,
-    /// Changes to the objects its fetches wait for and to its events in flight.
-    relied_changes: u64,
-    /// Changes to its session's subscriptions.
-    session_changes: u64,
-    /// When the registry side applies: the connection, and the stamp of the registry's
-    /// subscriptions of the node (stamps restart with a new head: every node is examined then).
-    registry: Option<(ConnId, Option<u64>)>,
+/// What a node's end last accounted for of its session's and the registry's subscriptions:
+/// a change beyond it that no object was named for makes the next check examine every object
+/// the node waits for.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct SubscriptionsKnown {
+    /// The session's [`DirectorySession::subscription_changes`] and how many objects it waited
+    /// for then.
+    session: (u64, usize),
+    /// The registry's [`Registry::subscriptions_stamp`] of the node.
+    registry: Option<u64>,
+    /// The object the session's next change is about, when the driver knows it (an
+    /// unsubscribe, a published event).
+    pub(super) session_hint: Option<ObjectId>,
+}
+
+impl SubscriptionsKnown {
+    pub(super) fn of(session: &DirectorySession) -> Self {
+        SubscriptionsKnown {
+            session: (session.subscription_changes(), session.waited_for().len()),
+            registry: None,
+            session_hint: None,
+        }
+    }
 }
 
 impl Default for CheckWatch {
@@ -53,7 +73,10 @@ impl Default for CheckWatch {
             touched: BTreeSet::new(),
             everything: true,
             nodes_examined: 0,
-            subscriptions_seen: BTreeMap::new(),
+            objects_examined: 0,
+            changed: BTreeMap::new(),
+            whole: BTreeSet::new(),
+            examined_as: BTreeMap::new(),
         }
     }
 }
@@ -65,10 +88,27 @@ impl CheckWatch {
         }
     }
 
-    /// `node` has a new end (a restart): whatever its subscriptions were seen at is void.
+    /// Something of `node` about `id` changed: the next check examines that object.
+    pub(super) fn changed(&mut self, node: NodeId, id: ObjectId) {
+        if !self.everything {
+            self.touched.insert(node);
+            self.changed.entry(node).or_default().push(id);
+        }
+    }
+
+    /// Something of `node`'s subscriptions changed that no object was named for: the next
+    /// check examines every object it waits for.
+    pub(super) fn whole(&mut self, node: NodeId) {
+        if !self.everything {
+            self.touched.insert(node);
+            self.whole.insert(node);
+        }
+    }
+
+    /// `node` has a new end (a restart): whatever it was examined with is void.
     pub(super) fn new_end(&mut self, node: NodeId) {
-        self.touch(node);
-        self.subscriptions_seen.remove(&node);
+        self.whole(node);
+        self.examined_as.remove(&node);
     }
 }
 
@@ -150,6 +190,12 @@ impl SimDirectory {
         self.watch.nodes_examined
     }
 
+    /// How many waited-for objects the per-event checks examined so far, all nodes together
+    /// (a few per event, however many objects the nodes wait for).
+    pub fn objects_examined(&self) -> u64 {
+        self.watch.objects_examined
+    }
+
     /// Whether `node`'s session is registered with the head.
     pub fn is_registered(&self, node: NodeId) -> bool {
         self.ends.get(&node).is_some_and(|e| e.session.is_up())
@@ -163,9 +209,12 @@ impl SimDirectory {
     pub fn check(&mut self, now: Instant) -> Vec<String> {
         let mut found = Vec::new();
         self.find_outlived_since_last_check(now, &mut found);
-        let nodes: Vec<NodeId> = if std::mem::take(&mut self.watch.everything) {
+        let everything = std::mem::take(&mut self.watch.everything);
+        let nodes: Vec<NodeId> = if everything {
             self.watch.touched.clear();
-            self.watch.subscriptions_seen.clear();
+            self.watch.changed.clear();
+            self.watch.whole.clear();
+            self.watch.examined_as.clear();
             self.ends.keys().copied().collect()
         } else {
             std::mem::take(&mut self.watch.touched)
@@ -173,25 +222,50 @@ impl SimDirectory {
                 .collect()
         };
         for node in nodes {
+            let changed = self.watch.changed.remove(&node);
+            let whole = self.watch.whole.remove(&node);
             let Some(end) = self.ends.get(&node) else {
                 self.watch.nodes_examined += 1;
-                self.watch.subscriptions_seen.remove(&node);
+                self.watch.examined_as.remove(&node);
                 continue;
             };
-            let registry_side = self.registry_side(node, end);
-            let seen = SubscriptionsSeen {
-                inc: end.inc,
-                relied_changes: end.relied_changes,
-                session_changes: end.session.subscription_changes(),
-                registry: registry_side
-                    .map(|(registry, conn)| (conn, registry.subscriptions_stamp(node))),
-            };
-            if self.watch.subscriptions_seen.get(&node) == Some(&seen) {
+            if end.relied.is_empty() {
+                // Nothing to forget; the next object it waits for is examined with all others
+                // (none), whatever changed meanwhile.
+                self.watch.examined_as.remove(&node);
                 continue;
             }
-            self.find_forgotten_subscriptions(node, end, registry_side, &mut found);
+            let registry_side = self.registry_side(node, end);
+            let examined_as = (end.inc, registry_side.map(|(_, conn)| conn));
+            let stamp = registry_side.and_then(|(registry, _)| registry.subscriptions_stamp(node));
+            let known = end.known;
+            let whole = everything
+                || whole
+                || self.watch.examined_as.get(&node) != Some(&examined_as)
+                || end.session.subscription_changes() != known.session.0
+                || (registry_side.is_some() && stamp != known.registry);
+            if whole {
+                let objects = end.relied.len() as u64;
+                self.find_forgotten_subscriptions(node, end, registry_side, &mut found);
+                let session = end.session.subscription_changes();
+                let waited = end.session.waited_for().len();
+                self.watch.examined_as.insert(node, examined_as);
+                let end = self.ends.get_mut(&node).expect("present");
+                end.known.session = (session, waited);
+                end.known.registry = stamp;
+                self.watch.objects_examined += objects;
+            } else {
+                let Some(mut ids) = changed else {
+                    continue;
+                };
+                ids.sort_unstable();
+                ids.dedup();
+                for id in &ids {
+                    self.find_forgotten_subscription(node, end, registry_side, id, &mut found);
+                }
+                self.watch.objects_examined += ids.len() as u64;
+            }
             self.watch.nodes_examined += 1;
-            self.watch.subscriptions_seen.insert(node, seen);
         }
         let mut violations = Vec::new();
         for (key, violation) in found {
@@ -321,13 +395,7 @@ impl SimDirectory {
                 continue;
             }
             if !session_waits.contains(id) {
-                found.push((
-                    ViolationKey::SessionForgot(node, *id),
-                    format!(
-                        "{node} waits for {id} to be published, but its directory session forgot \
-                         the subscription"
-                    ),
-                ));
+                found.push(session_forgot(node, id));
                 continue;
             }
             let Some((registry_waits, conn)) = &mut registry_waits else {
@@ -335,15 +403,95 @@ impl SimDirectory {
             };
             let conn = *conn;
             if !registry_waits.contains(id) {
-                found.push((
-                    ViolationKey::RegistryForgot(node, *id, conn),
-                    format!(
-                        "{node} waits for {id} to be published, but the directory forgot the \
-                         subscription ({conn}, registered and replayed)"
-                    ),
-                ));
+                found.push(registry_forgot(node, id, conn));
             }
         }
+    }
+
+    /// [`SimDirectory::find_forgotten_subscriptions`] for one object `id`.
+    fn find_forgotten_subscription(
+        &self,
+        node: NodeId,
+        end: &NodeEnd,
+        registry_side: Option<(&Registry, ConnId)>,
+        id: &ObjectId,
+        found: &mut Vec<(ViolationKey, String)>,
+    ) {
+        if !end.relied.contains(id) || self.events_in_flight.contains_key(&(node, *id)) {
+            return;
+        }
+        if !end.session.waits_for(id) {
+            found.push(session_forgot(node, id));
+        } else if let Some((registry, conn)) = registry_side {
+            if !registry.is_subscribed(node, id) {
+                found.push(registry_forgot(node, id, conn));
+            }
+        }
+    }
+
+    /// Accounts for what `node`'s session changed of its subscriptions since last asked: an
+    /// object added names no object to examine (a subscription more cannot be forgotten), one
+    /// removed is named by the hint the driver left; anything else makes the next check
+    /// examine every object the node waits for.
+    pub(super) fn account_session_changes(&mut self, node: NodeId) {
+        let Some(end) = self.ends.get_mut(&node) else {
+            return;
+        };
+        let hint = end.known.session_hint.take();
+        let now = (
+            end.session.subscription_changes(),
+            end.session.waited_for().len(),
+        );
+        let (changes_before, waited_before) = end.known.session;
+        if now == end.known.session {
+            return;
+        }
+        end.known.session = now;
+        let changes = now.0.wrapping_sub(changes_before);
+        let grown = now.1 as i64 - waited_before as i64;
+        if grown == changes as i64 || (changes == 1 && grown == 0) {
+            // Only additions, or one change that left the set as it was.
+            return;
+        }
+        match hint {
+            Some(id) if changes == 1 && grown == -1 && !end.session.waits_for(&id) => {
+                self.watch.changed(node, id)
+            }
+            _ => self.watch.whole(node),
+        }
+    }
+
+    /// Accounts for the registry's change of `node`'s subscriptions to `id` (a subscribing
+    /// lookup, an unsubscribe) if everything it changed before was accounted for:
+    /// `stamp_before` is the node's stamp before the change.
+    pub(super) fn account_registry_change(
+        &mut self,
+        node: NodeId,
+        id: ObjectId,
+        stamp_before: Option<u64>,
+    ) {
+        let stamp = self
+            .registry
+            .as_ref()
+            .and_then(|registry| registry.subscriptions_stamp(node));
+        if let Some(end) = self.ends.get_mut(&node) {
+            if end.known.registry == stamp_before {
+                end.known.registry = stamp;
+            }
+        }
+        self.watch.changed(node, id);
+    }
+
+    /// The registry fired `node`'s subscription to `id` (it drops it as it sends the event).
+    pub(super) fn account_fired(&mut self, node: NodeId, id: ObjectId) {
+        let stamp = self
+            .registry
+            .as_ref()
+            .and_then(|registry| registry.subscriptions_stamp(node));
+        if let Some(end) = self.ends.get_mut(&node) {
+            end.known.registry = stamp;
+        }
+        self.watch.changed(node, id);
     }
 
     /// Puts every connection the head heard from under watch (after a formation that filled
@@ -433,6 +581,26 @@ impl SimDirectory {
         }
         Ok(())
     }
+}
+
+fn session_forgot(node: NodeId, id: &ObjectId) -> (ViolationKey, String) {
+    (
+        ViolationKey::SessionForgot(node, *id),
+        format!(
+            "{node} waits for {id} to be published, but its directory session forgot the \
+             subscription"
+        ),
+    )
+}
+
+fn registry_forgot(node: NodeId, id: &ObjectId, conn: ConnId) -> (ViolationKey, String) {
+    (
+        ViolationKey::RegistryForgot(node, *id, conn),
+        format!(
+            "{node} waits for {id} to be published, but the directory forgot the subscription \
+             ({conn}, registered and replayed)"
+        ),
+    )
 }
 
 /// Membership of ascending ids in a sorted sequence, by walking it once alongside them.

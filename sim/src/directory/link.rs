@@ -14,8 +14,7 @@ use super::{DirEvent, Effect, SimDirectory};
 
 impl SimDirectory {
     pub(super) fn event_landed(&mut self, node: NodeId, id: ObjectId) {
-        self.watch.touch(node);
-        self.relied_changed(node);
+        self.watch.changed(node, id);
         if let Some(count) = self.events_in_flight.get_mut(&(node, id)) {
             *count -= 1;
             if *count == 0 {
@@ -25,13 +24,18 @@ impl SimDirectory {
     }
 
     pub(super) fn event_sent(&mut self, node: NodeId, id: ObjectId) {
-        self.watch.touch(node);
-        self.relied_changed(node);
+        self.watch.changed(node, id);
         *self.events_in_flight.entry((node, id)).or_default() += 1;
     }
 
-    /// Carries out what `node`'s session asks for.
+    /// Carries out what `node`'s session asks for, and accounts for what it changed of its
+    /// subscriptions.
     pub(super) fn pump_session(&mut self, now: Instant, node: NodeId, effects: &mut Vec<Effect>) {
+        self.carry_session_output(now, node, effects);
+        self.account_session_changes(node);
+    }
+
+    fn carry_session_output(&mut self, now: Instant, node: NodeId, effects: &mut Vec<Effect>) {
         self.watch.touch(node);
         let latency = self.params.latency_ns;
         loop {
@@ -278,6 +282,10 @@ impl SimDirectory {
             return;
         };
         self.watch.touch(node);
+        if let FromRegistry::Event(DirectoryEvent::Published { id, .. }) = &message {
+            // The registry dropped the subscription as it fired it.
+            self.account_fired(node, *id);
+        }
         if self.partitioned.contains(&node) {
             // TCP cannot deliver it: the connection dies, silently for both ends.
             self.broken.insert(conn);

@@ -177,9 +177,8 @@ struct NodeEnd {
     lookups: BTreeMap<DirectoryOpId, ObjectId>,
     /// Objects a fetch of the core waits to see published.
     relied: BTreeSet<ObjectId>,
-    /// Changes to `relied` and to this node's events in flight so far (see
-    /// `checks::SubscriptionsSeen`).
-    relied_changes: u64,
+    /// What the checks accounted for of the subscriptions of its session and of the registry.
+    known: checks::SubscriptionsKnown,
 }
 
 /// What a violation is about, so each is reported once.
@@ -434,6 +433,7 @@ impl SimDirectory {
         );
         session.handle_timeout(now);
         self.watch.new_end(node);
+        let known = checks::SubscriptionsKnown::of(&session);
         self.ends.insert(
             node,
             NodeEnd {
@@ -446,16 +446,9 @@ impl SimDirectory {
                 members: MemberList::default(),
                 lookups: BTreeMap::new(),
                 relied: BTreeSet::new(),
-                relied_changes: 0,
+                known,
             },
         );
-    }
-
-    /// The objects `node`'s fetches wait for, or its events in flight, changed.
-    fn relied_changed(&mut self, node: NodeId) {
-        if let Some(end) = self.ends.get_mut(&node) {
-            end.relied_changes += 1;
-        }
     }
 
     // ---- Hooks of the cluster ----
@@ -517,7 +510,8 @@ impl SimDirectory {
             DirectoryRequest::Unsubscribe { id } => {
                 // As the session does: a subscribing lookup still in flight no longer counts.
                 end.relied.remove(id);
-                end.relied_changes += 1;
+                end.known.session_hint = Some(*id);
+                self.watch.changed(node, *id);
                 end.lookups.retain(|_, object| object != id);
             }
             _ => {}
@@ -543,13 +537,13 @@ impl SimDirectory {
                     if matches!(reply, DirectoryReply::Located { holders, .. } if holders.is_empty())
                     {
                         end.relied.insert(id);
-                        end.relied_changes += 1;
+                        self.watch.changed(node, id);
                     }
                 }
             }
             DirectoryNotice::Event(DirectoryEvent::Published { id, .. }) => {
                 end.relied.remove(id);
-                end.relied_changes += 1;
+                self.watch.changed(node, *id);
                 if let Some(count) = self.events_in_flight.get_mut(&(node, *id)) {
                     *count -= 1;
                     if *count == 0 {
@@ -606,10 +600,28 @@ impl SimDirectory {
                     }
                     _ => None,
                 };
+                // A subscription of the sender that changes is accounted for by its object.
+                let subscription = match &message {
+                    ToRegistry::Request {
+                        request:
+                            DirectoryRequest::Lookup {
+                                id,
+                                subscribe: true,
+                            }
+                            | DirectoryRequest::Unsubscribe { id },
+                        ..
+                    } => self.owners.get(&conn).map(|&(node, _)| (node, *id)),
+                    _ => None,
+                };
                 let registry = self.registry.as_mut().expect("up");
+                let stamp_before =
+                    subscription.and_then(|(node, _)| registry.subscriptions_stamp(node));
                 let _ = registry.handle_message(now, conn, message);
                 if let Some(unsubscribe) = forgotten {
                     let _ = registry.handle_message(now, conn, unsubscribe);
+                }
+                if let Some((node, id)) = subscription {
+                    self.account_registry_change(node, id, stamp_before);
                 }
                 self.pump_registry(now, rng, faults_on, &mut effects);
             }
@@ -636,6 +648,7 @@ impl SimDirectory {
                     return effects;
                 }
                 let end = self.ends.get_mut(&node).expect("checked");
+                end.known.session_hint = event_id;
                 if let Err(error) = end.session.handle_message(now, message) {
                     effects.push(Effect::Trace(format!("{node}: directory session: {error}")));
                 }
