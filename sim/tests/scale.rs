@@ -3,24 +3,31 @@
 use skyriver_core::Instant;
 use skyriver_sim::{Cluster, RunMode};
 
-#[test]
-fn per_event_directory_checks_examine_a_few_nodes_not_all() {
-    let nodes = 100;
+/// Seed `seed`'s cluster of `nodes` under its workload and faults, for at most `events` events
+/// (the budget runs out long before the run ends: what matters is the events it ran), with no
+/// violation.
+fn run_without_violation(seed: u64, nodes: usize, events: u64) -> Cluster {
     let mode = RunMode {
         workload: true,
         faults: true,
         keep_trace: false,
         echo_trace: false,
     };
-    let mut cluster = Cluster::random(1, Some(nodes), mode);
-    let events = 20_000;
-    // The budget runs out long before the run ends: what matters is the events it ran.
+    let mut cluster = Cluster::random(seed, Some(nodes), mode);
     let _ = cluster.drive_bounded(events, Instant(u64::MAX));
     assert!(
         cluster.violations().is_empty(),
         "violations: {:#?}",
         cluster.violations()
     );
+    cluster
+}
+
+#[test]
+fn per_event_directory_checks_examine_a_few_nodes_not_all() {
+    let nodes = 100;
+    let events = 20_000;
+    let cluster = run_without_violation(1, nodes, events);
     let ran = cluster.stats().events;
     assert!(ran >= events / 2, "only {ran} events ran");
     let examined = cluster.directory().nodes_examined();
@@ -35,19 +42,7 @@ fn per_event_directory_checks_examine_a_few_nodes_not_all() {
 #[test]
 fn one_membership_change_is_converted_once_for_all_the_nodes_it_reaches() {
     let nodes = 50;
-    let mode = RunMode {
-        workload: true,
-        faults: true,
-        keep_trace: false,
-        echo_trace: false,
-    };
-    let mut cluster = Cluster::random(1, Some(nodes), mode);
-    let _ = cluster.drive_bounded(20_000, Instant(u64::MAX));
-    assert!(
-        cluster.violations().is_empty(),
-        "violations: {:#?}",
-        cluster.violations()
-    );
+    let cluster = run_without_violation(1, nodes, 20_000);
     let (delivered, converted) = cluster.member_lists();
     // Every node hears the formed cluster's list, and each change reaches every member.
     assert!(
@@ -64,21 +59,8 @@ fn one_membership_change_is_converted_once_for_all_the_nodes_it_reaches() {
 #[test]
 fn per_event_subscription_checks_examine_the_objects_that_changed_not_all_waited_for() {
     // Seed 15's clients are busy: their fetches wait for many objects at once.
-    let nodes = 100;
-    let mode = RunMode {
-        workload: true,
-        faults: true,
-        keep_trace: false,
-        echo_trace: false,
-    };
-    let mut cluster = Cluster::random(15, Some(nodes), mode);
     let events = 40_000;
-    let _ = cluster.drive_bounded(events, Instant(u64::MAX));
-    assert!(
-        cluster.violations().is_empty(),
-        "violations: {:#?}",
-        cluster.violations()
-    );
+    let cluster = run_without_violation(15, 100, events);
     let ran = cluster.stats().events;
     assert!(ran >= events / 2, "only {ran} events ran");
     let examined = cluster.directory().objects_examined();

@@ -14,6 +14,10 @@ use skyriver_transport::directory::{
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
+#[path = "support/replies.rs"]
+mod replies;
+use replies::sorted;
+
 const TOKEN: &str = "test-cluster-token";
 /// Bound on every wait in these tests.
 const WAIT: Duration = Duration::from_secs(10);
@@ -50,6 +54,14 @@ fn client_config() -> ClientConfig {
 async fn start_server(heartbeat_timeout: Duration) -> BuiltinDirectoryServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     serve_on(listener, heartbeat_timeout)
+}
+
+/// A head that gathers membership changes for `delay` before it sends them.
+async fn start_server_gathering_members_for(delay: Duration) -> BuiltinDirectoryServer {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = ServerConfig::new(TOKEN);
+    config.member_list_delay = Some(delay);
+    BuiltinDirectoryServer::spawn(listener, config).unwrap()
 }
 
 fn serve_on(listener: TcpListener, heartbeat_timeout: Duration) -> BuiltinDirectoryServer {
@@ -156,24 +168,6 @@ fn located(holders: &[u32], sizes: Option<ObjectSizes>) -> DirectoryReply {
         holders: holders.iter().map(|&n| NodeId(n)).collect(),
         sizes,
         digest: sizes.map(digest_of),
-    }
-}
-
-fn sorted(reply: DirectoryReply) -> DirectoryReply {
-    match reply {
-        DirectoryReply::Located {
-            mut holders,
-            sizes,
-            digest,
-        } => {
-            holders.sort();
-            DirectoryReply::Located {
-                holders,
-                sizes,
-                digest,
-            }
-        }
-        other => other,
     }
 }
 
@@ -716,11 +710,8 @@ async fn member_lists_follow_joins_and_departures_as_changes() {
 /// latest list before any reply sent after a change.
 #[tokio::test]
 async fn a_node_hears_of_a_join_before_a_reply_that_follows_it() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut config = ServerConfig::new(TOKEN);
     // Gathered for longer than the test: only a reply can bring the list.
-    config.member_list_delay = Some(Duration::from_secs(3600));
-    let server = BuiltinDirectoryServer::spawn(listener, config).unwrap();
+    let server = start_server_gathering_members_for(Duration::from_secs(3600)).await;
     let addr = server.local_addr();
     let mut a = Node::join(addr, member(1)).await;
     let _b = Node::join(addr, member(2)).await;
@@ -750,10 +741,7 @@ async fn a_node_hears_of_a_join_before_a_reply_that_follows_it() {
 /// Gathered changes go out by themselves after the delay, to nodes that ask nothing.
 #[tokio::test]
 async fn gathered_member_changes_reach_idle_nodes() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut config = ServerConfig::new(TOKEN);
-    config.member_list_delay = Some(Duration::from_millis(50));
-    let server = BuiltinDirectoryServer::spawn(listener, config).unwrap();
+    let server = start_server_gathering_members_for(Duration::from_millis(50)).await;
     let addr = server.local_addr();
     let mut a = Node::join(addr, member(1)).await;
     let _b = Node::join(addr, member(2)).await;

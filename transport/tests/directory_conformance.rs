@@ -24,10 +24,12 @@ mod redis_cluster;
 use redis_cluster::RedisCluster;
 #[path = "support/directory_harness.rs"]
 mod directory_harness;
+#[path = "support/replies.rs"]
+mod replies;
 use directory_harness::{
-    sorted, BuiltinHarness, CoreHarness, Harness, Participant, RedisClusterHarness, RedisHarness,
-    TOKEN,
+    BuiltinHarness, CoreHarness, Harness, Participant, RedisClusterHarness, RedisHarness, TOKEN,
 };
+use replies::sorted;
 
 fn member(node: u32, incarnation: u32) -> MemberInfo {
     MemberInfo {

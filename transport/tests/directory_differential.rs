@@ -29,7 +29,10 @@ use redis_cluster::RedisCluster;
 #[path = "support/directory_harness.rs"]
 #[allow(dead_code)] // Refusals are the conformance suite's.
 mod directory_harness;
-use directory_harness::{sorted, CoreHarness, Harness, NamedRedisHarness, Participant};
+use directory_harness::{CoreHarness, Harness, NamedRedisHarness, Participant};
+#[path = "support/replies.rs"]
+mod replies;
+use replies::sorted;
 
 /// Nodes taking part in every sequence.
 const NODES: usize = 4;

@@ -897,12 +897,8 @@ async fn redis_a_restart_with_a_new_incarnation_drops_the_old_locations() {
 }
 
 /// `MGET` calls Redis served so far (each a read of every member's entry).
-async fn member_rereads(conn: &mut ::redis::aio::MultiplexedConnection) -> u64 {
-    let info: String = ::redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
+async fn member_rereads(server: &RedisServer) -> u64 {
+    let info: String = redis_command(server, &["INFO", "commandstats"]).await;
     info.lines()
         .find_map(|l| l.strip_prefix("cmdstat_mget:calls="))
         .and_then(|rest| rest.split(',').next())
@@ -923,9 +919,7 @@ async fn redis_members_follow_joins_and_leaves_without_rereading_everyone() {
     let mut b = Node::join(config.clone(), member(2)).await;
     a.members_become(&[1, 2]).await;
     b.members_become(&[1, 2]).await;
-    let client = ::redis::Client::open(server.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let before = member_rereads(&mut conn).await;
+    let before = member_rereads(&server).await;
     let c = Node::join(config.clone(), member(3)).await;
     a.members_become(&[1, 2, 3]).await;
     b.members_become(&[1, 2, 3]).await;
@@ -940,7 +934,7 @@ async fn redis_members_follow_joins_and_leaves_without_rereading_everyone() {
     );
     let quiet_until = Instant::now() + Duration::from_millis(500);
     while Instant::now() < quiet_until {
-        let rereads = member_rereads(&mut conn).await - before;
+        let rereads = member_rereads(&server).await - before;
         assert!(rereads <= 1, "{rereads} re-reads of every member");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -363,9 +363,7 @@ fn a_refused_publication_is_not_replayed_to_a_registry_that_lost_its_state() {
         DirectoryReply::Done
     );
     let now = at_ms(0);
-    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
-    s.handle_timeout(now);
-    exchange(&mut s, &mut r, 1, now);
+    let (mut s, _) = joined_session(session_config(), &mut r, now);
     s.handle_submit(
         now,
         DirectoryOpId(1),
@@ -840,13 +838,23 @@ pub(super) fn exchange(
     }
 }
 
+/// Node 1's session, joined to `r` on connection 1, and what it noticed joining.
+fn joined_session(
+    config: SessionConfig,
+    r: &mut Registry,
+    now: Instant,
+) -> (DirectorySession, Vec<DirectoryNotice>) {
+    let mut s = DirectorySession::new(config, member(1, 1), TOKEN.into(), NONCE_KEY, now);
+    s.handle_timeout(now);
+    let notices = exchange(&mut s, r, 1, now);
+    (s, notices)
+}
+
 #[test]
 fn a_session_replays_its_state_to_a_registry_that_lost_it() {
     let mut r = registry();
     let now = at_ms(0);
-    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
-    s.handle_timeout(now);
-    let notices = exchange(&mut s, &mut r, 1, now);
+    let (mut s, notices) = joined_session(session_config(), &mut r, now);
     assert!(notices.contains(&DirectoryNotice::Health(Ok(()))));
     let (x, y) = (ObjectId::from_u64(1), ObjectId::from_u64(2));
     s.handle_submit(
@@ -905,9 +913,7 @@ fn a_replayed_lookup_fires_a_subscription_published_while_away_exactly_once() {
     let mut r = registry();
     join(&mut r, at_ms(0), 9, 2);
     let now = at_ms(0);
-    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
-    s.handle_timeout(now);
-    exchange(&mut s, &mut r, 1, now);
+    let (mut s, _) = joined_session(session_config(), &mut r, now);
     let y = ObjectId::from_u64(2);
     s.handle_submit(
         now,
@@ -970,9 +976,7 @@ fn session_backoff_doubles_to_its_cap_and_resets_after_a_welcome() {
 fn after_a_reconnect_health_comes_once_the_replay_is_answered_then_the_members() {
     let mut r = registry();
     let now = at_ms(0);
-    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
-    s.handle_timeout(now);
-    exchange(&mut s, &mut r, 1, now);
+    let (mut s, _) = joined_session(session_config(), &mut r, now);
     let x = ObjectId::from_u64(1);
     s.handle_submit(
         now,
@@ -1214,9 +1218,7 @@ fn a_session_follows_member_changes_from_its_list_and_drops_a_change_from_anothe
     use super::member_changes::MemberChange;
     let mut r = registry();
     let now = at_ms(0);
-    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
-    s.handle_timeout(now);
-    let notices = exchange(&mut s, &mut r, 1, now);
+    let (mut s, notices) = joined_session(session_config(), &mut r, now);
     assert!(notices.contains(&DirectoryNotice::Members(vec![member(1, 1)].into())));
     // Node 1's own join made list 1; node 2 joins (list 2), then leaves (list 3).
     let joined = FromRegistry::MembersChanged {
@@ -1262,9 +1264,7 @@ fn a_session_told_no_member_lists_still_checks_the_changes() {
         member_lists: false,
         ..session_config()
     };
-    let mut s = DirectorySession::new(config, member(1, 1), TOKEN.into(), NONCE_KEY, now);
-    s.handle_timeout(now);
-    let notices = exchange(&mut s, &mut r, 1, now);
+    let (mut s, notices) = joined_session(config, &mut r, now);
     assert!(notices.contains(&DirectoryNotice::Health(Ok(()))));
     assert!(!notices
         .iter()

@@ -27,25 +27,6 @@ use tokio::net::TcpListener;
 use super::redis_cluster::RedisCluster;
 use super::redis_server::RedisServer;
 
-/// A reply with its holders in id order: no implementation promises an order.
-pub fn sorted(reply: DirectoryReply) -> DirectoryReply {
-    match reply {
-        DirectoryReply::Located {
-            mut holders,
-            sizes,
-            digest,
-        } => {
-            holders.sort();
-            DirectoryReply::Located {
-                holders,
-                sizes,
-                digest,
-            }
-        }
-        other => other,
-    }
-}
-
 /// The cluster token every harness uses.
 pub const TOKEN: &str = "conformance-token";
 /// Bound on every wait on a real backend.

@@ -62,8 +62,8 @@ const RECENT_STEPS: usize = 64;
 struct ListSnapshot {
     epoch: u64,
     members: MemberList,
-    /// The list published before this one, and the changes from it, encoded.
-    step: Option<(u64, Frame)>,
+    /// The changes from the list published before this one (the last of `recent`), encoded.
+    step: Option<Frame>,
     /// The last steps up to this list, oldest first: each the list it starts from and its
     /// changes (at most [`RECENT_STEPS`]).
     recent: Arc<[(u64, MemberChanges)]>,
@@ -74,6 +74,11 @@ struct ListSnapshot {
 }
 
 impl ListSnapshot {
+    /// The list the last step starts from: the list published before this one.
+    fn previous(&self) -> Option<u64> {
+        self.recent.last().map(|(from, _)| *from)
+    }
+
     fn whole(&self) -> &Frame {
         self.whole.get_or_init(|| {
             let members = self.members.clone();
@@ -162,7 +167,7 @@ impl MemberLists {
         self.latest = Arc::new(ListSnapshot {
             epoch,
             members,
-            step: Some((latest.epoch, frame::encode(&message).into())),
+            step: Some(frame::encode(&message).into()),
             recent,
             whole: OnceLock::new(),
             merged: Mutex::default(),
@@ -207,7 +212,7 @@ impl QueuedList {
     pub(super) fn frame(&self) -> Frame {
         let latest = &self.latest;
         let changes = match (&latest.step, self.has) {
-            (Some((from, step)), Some(has)) if *from == has => Some(step.clone()),
+            (Some(step), Some(has)) if latest.previous() == Some(has) => Some(step.clone()),
             (_, Some(has)) => latest.merged_from(has),
             (_, None) => None,
         };
