@@ -560,6 +560,16 @@ impl Drop for ChildDaemon {
     }
 }
 
+/// A target's verdict as every bench prints it. The targets are for release builds: a debug
+/// build's miss says so, so that a debug run (CI's) is not read as a release figure.
+pub(crate) fn verdict(met: bool) -> &'static str {
+    match (met, cfg!(debug_assertions)) {
+        (true, _) => "met",
+        (false, false) => "MISSED",
+        (false, true) => "MISSED (debug build; targets are for release builds)",
+    }
+}
+
 pub(crate) struct Timer {
     pub(crate) budget: Duration,
     pub(crate) max_iterations: usize,

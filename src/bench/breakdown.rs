@@ -653,7 +653,7 @@ fn print_run(args: &BreakdownArgs, run: &PollRun) {
             target.what,
             target.measured_us,
             target.limit_us,
-            if target.met { "met" } else { "MISSED" }
+            super::verdict(target.met)
         );
     }
 }

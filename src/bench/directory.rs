@@ -831,7 +831,7 @@ fn print_table(reports: &[BackendReport], args: &DirectoryArgs) -> Vec<(String, 
     }
     let mut targets = Vec::new();
     let mut target = |what: String, met: bool| {
-        println!("  target {what}: {}", if met { "met" } else { "MISSED" });
+        println!("  target {what}: {}", super::verdict(met));
         targets.push((what, met));
     };
     if let Some(head) = reports.iter().find(|r| r.backend == "head") {

@@ -25,7 +25,9 @@ use clap::Args;
 use serde::Serialize;
 
 use super::baselines::{self, Prepared, RedisServer, StreamTuning, Worker};
-use super::{pin_process, pin_this_thread, BenchError, CaseResult, CpuPlacement, MachineInfo};
+use super::{
+    pin_process, pin_this_thread, verdict, BenchError, CaseResult, CpuPlacement, MachineInfo,
+};
 use crate::up::{LocalCluster, UpArgs};
 use skyriver_client::Client;
 use skyriver_core::{ObjectId, TransferMode};
@@ -905,11 +907,7 @@ fn print_auto_table(
             cell(&row.rendezvous),
             cell(&row.auto),
             row.auto_over_best,
-            if row.within_10_percent {
-                "met"
-            } else {
-                "MISSED"
-            }
+            super::verdict(row.within_10_percent)
         );
     }
     let above: Vec<String> = sizes
@@ -940,7 +938,6 @@ fn print_targets(
             .find(|(n, r)| n == name && r.size_bytes == size)
             .map(|(_, r)| r)
     };
-    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
     // Ratios are judged at the two decimals printed, as in the auto table.
     let shown = |r: f64| (r * 100.0).round() / 100.0;
     println!("targets (auto mode over the TCP fabric, this run):");

@@ -446,11 +446,7 @@ fn print_local_table(results: &[CaseResult], round_trips: &[CaseResult]) {
         println!(
             "batched gets at 1 KiB (target ≥ 200000 objects/s): {:.0} objects/s, {}",
             batched.ops_per_sec,
-            if batched.ops_per_sec >= 200_000.0 {
-                "met"
-            } else {
-                "MISSED"
-            }
+            super::verdict(batched.ops_per_sec >= 200_000.0)
         );
     }
 }
@@ -478,11 +474,7 @@ fn print_round_trip_targets(results: &[CaseResult], round_trips: &[CaseResult]) 
             case.p50_us,
             uds.p50_us,
             // Judged at the two decimals printed.
-            if (ratio * 100.0).round() <= 150.0 {
-                "met"
-            } else {
-                "MISSED"
-            }
+            super::verdict((ratio * 100.0).round() <= 150.0)
         );
     }
 }

@@ -303,11 +303,7 @@ fn print_report(r: &ScaleReport) {
         r.metadata_bytes_per_object,
         format_bytes(r.rss_anon_before_bytes),
         format_bytes(r.rss_anon_after_bytes),
-        if r.metadata_bytes_per_object <= 200.0 {
-            "met"
-        } else {
-            "MISSED"
-        }
+        super::verdict(r.metadata_bytes_per_object <= 200.0)
     );
     println!(
         "  mixed, {} clients          {:>10.0} ops/s over {:.1} s, {} errors",

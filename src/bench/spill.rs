@@ -16,7 +16,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use super::{BenchError, ChildDaemon, MachineInfo};
+use super::{verdict, BenchError, ChildDaemon, MachineInfo};
 use skyriver_client::Client;
 use skyriver_core::ObjectId;
 use skyriver_daemon::size::{format_bytes, ByteSize};
@@ -528,14 +528,6 @@ fn ray_available(python: &Path) -> bool {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "met"
-    } else {
-        "MISSED"
-    }
 }
 
 fn print_table(
