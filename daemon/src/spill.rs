@@ -11,8 +11,10 @@
 //! On disk:
 //! * objects below [`LARGE_OBJECT_BYTES`] are packed into append-only segment files
 //!   (`segment-N.spill`, rolled at [`SEGMENT_BYTES`]), each record a 64-byte header and the
-//!   bytes; a discarded record's range is given back with `fallocate(PUNCH_HOLE)`, and a
-//!   segment with nothing live left (and not the one being appended to) is removed;
+//!   bytes; a discarded record gives back the whole span between its live neighbours with
+//!   `fallocate(PUNCH_HOLE)` (records share blocks, so punching a record's own bytes alone
+//!   would free nothing of small ones), and a segment with nothing live left (and not the one
+//!   being appended to) is removed;
 //! * larger objects get a file each (`large-N.spill`), a 4 KiB header then the bytes, written
 //!   and read in [`CHUNK_BYTES`] chunks with `O_DIRECT` through an aligned buffer where the
 //!   file system allows it (buffered IO otherwise), removed when discarded.
@@ -320,7 +322,30 @@ struct Segment {
     sync: Arc<GroupSync>,
     /// End of the last record reserved.
     end: u64,
-    live_records: u64,
+    /// The records reserved or written and not discarded: offset → length with the header.
+    /// A discard gives back the whole span between its live neighbours, so the file system
+    /// frees every block no live record touches, even where records share blocks.
+    live: BTreeMap<u64, u64>,
+}
+
+impl Segment {
+    /// Removes the record at `offset` and returns the span it leaves free: from the end of the
+    /// live record before it (or the start of the file) to the start of the one after it (or
+    /// the end reserved so far).
+    fn remove(&mut self, offset: u64) -> Option<std::ops::Range<u64>> {
+        self.live.remove(&offset)?;
+        let start = self
+            .live
+            .range(..offset)
+            .next_back()
+            .map_or(0, |(&at, &len)| at + len);
+        let end = self
+            .live
+            .range(offset..)
+            .next()
+            .map_or(self.end, |(&at, _)| at);
+        Some(start..end)
+    }
 }
 
 /// The records and files of the tier, shared by the IO threads.
@@ -553,7 +578,7 @@ impl SpillIo {
     pub fn adopt(&self, adopted: &[(SpillOpId, RecoveredSpilled)]) -> AdoptReport {
         let mut index = self.disk.index.lock().expect("spill index lock");
         let mut report = AdoptReport::default();
-        let mut live_segments: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut live_segments: BTreeMap<u64, BTreeMap<u64, u64>> = BTreeMap::new();
         let mut named_large = std::collections::BTreeSet::new();
         for &(op, record) in adopted {
             let len = record.data_size + record.metadata_size;
@@ -561,7 +586,10 @@ impl SpillIo {
             if location.large {
                 named_large.insert(location.file);
             } else {
-                *live_segments.entry(location.file).or_default() += 1;
+                live_segments
+                    .entry(location.file)
+                    .or_default()
+                    .insert(location.offset, SMALL_HEADER_BYTES + location.len);
             }
             index.records.insert(op, location);
         }
@@ -593,7 +621,7 @@ impl SpillIo {
                             sync: Arc::default(),
                             // Closed for appends: new records go to a new segment.
                             end: end.max(SEGMENT_BYTES),
-                            live_records: live_segments[&number],
+                            live: live_segments.remove(&number).unwrap_or_default(),
                         },
                     );
                 }
@@ -943,8 +971,7 @@ impl Disk {
                 Ok(place)
             }
             Err(error) => {
-                let _ = punch_hole(&file, offset, record_len);
-                release_segment(&mut index, file_id, &self.segment_path(file_id));
+                release_record(&mut index, file_id, offset, &self.segment_path(file_id));
                 Err(spill_error(error, "write segment"))
             }
         }
@@ -978,17 +1005,13 @@ impl Disk {
                         file: Arc::new(file),
                         sync: Arc::default(),
                         end: 0,
-                        live_records: 0,
+                        live: BTreeMap::new(),
                     },
                 );
                 // The old current segment goes once nothing in it is live.
                 if let Some(old) = index.current.replace(id) {
                     let path = self.segment_path(old);
-                    if index
-                        .segments
-                        .get(&old)
-                        .is_some_and(|s| s.live_records == 0)
-                    {
+                    if index.segments.get(&old).is_some_and(|s| s.live.is_empty()) {
                         index.segments.remove(&old);
                         let _ = std::fs::remove_file(path);
                     }
@@ -999,7 +1022,7 @@ impl Disk {
         let segment = index.segments.get_mut(&file_id).expect("just ensured");
         let offset = segment.end;
         segment.end += len;
-        segment.live_records += 1;
+        segment.live.insert(offset, len);
         Ok(Reserved {
             file_id,
             file: segment.file.clone(),
@@ -1123,29 +1146,27 @@ impl Disk {
             let _ = std::fs::remove_file(self.large_path(location.file));
             return;
         }
-        if let Some(segment) = index.segments.get(&location.file) {
-            let _ = punch_hole(
-                &segment.file,
-                location.offset,
-                SMALL_HEADER_BYTES + location.len,
-            );
-        }
         let path = self.segment_path(location.file);
-        release_segment(&mut index, location.file, &path);
+        release_record(&mut index, location.file, location.offset, &path);
     }
 }
 
-/// One record of segment `file` is gone: the segment goes too when it was its last and it is
-/// not the one appended to.
-fn release_segment(index: &mut Index, file: u64, path: &Path) {
+/// The record at `offset` of segment `file` is gone: the span it leaves between its live
+/// neighbours is given back to the file system, and the segment goes when that was its last
+/// record and it is not the one appended to.
+fn release_record(index: &mut Index, file: u64, offset: u64, path: &Path) {
     let current = index.current;
     let Some(segment) = index.segments.get_mut(&file) else {
         return;
     };
-    segment.live_records -= 1;
-    if segment.live_records == 0 && current != Some(file) {
+    let Some(free) = segment.remove(offset) else {
+        return;
+    };
+    if segment.live.is_empty() && current != Some(file) {
         index.segments.remove(&file);
         let _ = std::fs::remove_file(path);
+    } else {
+        let _ = punch_hole(&segment.file, free.start, free.end - free.start);
     }
 }
 
@@ -1575,13 +1596,6 @@ mod tests {
             )
             .unwrap();
         }
-        let allocated = |dir: &Path| -> u64 {
-            use std::os::unix::fs::MetadataExt;
-            std::fs::read_dir(dir)
-                .unwrap()
-                .map(|e| e.unwrap().metadata().unwrap().blocks() * 512)
-                .sum()
-        };
         let before = allocated(dir.path());
         for op in 1..50 {
             disk.discard(SpillOpId(op));
@@ -1591,5 +1605,50 @@ mod tests {
             after < before / 4,
             "{before} bytes allocated before, {after} after"
         );
+    }
+
+    #[test]
+    fn discarded_small_records_give_their_blocks_back_though_they_share_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = disk(dir.path());
+        let mut bounce = Bounce::default();
+        let count = 4096u64;
+        for op in 0..count {
+            disk.write(
+                SpillOpId(op),
+                ObjectId::from_u64(op),
+                &bytes(1024, op as u8),
+                None,
+                &mut bounce,
+            )
+            .unwrap();
+        }
+        let before = allocated(dir.path());
+        // Every record but the first and one in the middle: each of their blocks holds parts
+        // of discarded neighbours too.
+        let kept = [0, count / 2];
+        for op in (0..count).filter(|op| !kept.contains(op)) {
+            disk.discard(SpillOpId(op));
+        }
+        let after = allocated(dir.path());
+        assert!(
+            after < before / 10,
+            "{before} bytes allocated before, {after} after discarding all but two records"
+        );
+        for op in kept {
+            let mut back = vec![0; 1024];
+            disk.read(SpillOpId(op), &mut back, None, &mut bounce)
+                .unwrap();
+            assert_eq!(back, bytes(1024, op as u8), "record {op} kept its bytes");
+        }
+    }
+
+    /// Bytes the files of `dir` take on disk.
+    fn allocated(dir: &Path) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().blocks() * 512)
+            .sum()
     }
 }
