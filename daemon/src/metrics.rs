@@ -1062,6 +1062,11 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             Value::Counter(sp.evicted_spill_full_total),
         )?;
         out.one(
+            "skyriver_spill_reopen_tries",
+            "Writes tried again by a spill tier closed by a failed write.",
+            Value::Counter(sp.reopen_tries_total),
+        )?;
+        out.one(
             "skyriver_spill_write_duration_seconds",
             "Time of a spill write on the IO threads.",
             Value::Histogram(s.spill_latency.spill.clone()),

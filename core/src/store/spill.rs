@@ -49,6 +49,17 @@ use crate::time::Instant;
 /// module doc).
 pub const SPILL_AHEAD_FRACTION: u64 = 8;
 
+/// Objects a tier closed by a failed write evicts before it tries one write again (a failure
+/// may be passing: an IO error, or space another program freed). Each failed try doubles the
+/// count, up to [`REOPEN_AFTER_MAX_EVICTIONS`]; a write that succeeds sets it back.
+pub const REOPEN_AFTER_EVICTIONS: u64 = 64;
+/// The most a closed tier evicts between two tries.
+pub const REOPEN_AFTER_MAX_EVICTIONS: u64 = 4096;
+
+/// Reads a restore tries before an IO error loses its object: a read error may pass (a
+/// transient device or controller error), a missing or damaged record does not.
+pub const RESTORE_READ_TRIES: u32 = 3;
+
 /// Entries of deleted objects the restore queue may keep beyond as many as it has waiting
 /// ones (see `SpillTier::compact_restore_queue`).
 const RESTORE_QUEUE_SLACK: usize = 64;
@@ -177,6 +188,8 @@ enum InFlight {
     },
     Restore {
         id: ObjectId,
+        /// Reads of this restore that failed with an IO error so far.
+        failed_reads: u32,
     },
 }
 
@@ -209,10 +222,15 @@ pub struct SpillStats {
     pub spill_errors_total: u64,
     /// Objects lost because their record was missing, damaged or unreadable.
     pub objects_lost_total: u64,
+    /// Restore reads tried again after an IO error.
+    pub restore_read_retries_total: u64,
     /// Objects evicted (forgotten) while a spill tier exists, because it could not take them.
     pub evicted_spill_full_total: u64,
-    /// Whether the tier takes no writes now (after a failure, until space is given back).
+    /// Whether the tier takes no writes now (after a failure, until space is given back or
+    /// it tries again, see [`REOPEN_AFTER_EVICTIONS`]).
     pub full: bool,
+    /// Writes tried again by a tier closed by a failure.
+    pub reopen_tries_total: u64,
     /// Objects in memory whose record is still on disk (restored, unchanged).
     pub clean_records: u64,
     /// Their bytes on disk.
@@ -249,8 +267,13 @@ pub(super) struct SpillTier {
     /// Objects pinned for the gets that wait for others (a batch completes only once all its
     /// objects are back; until then one in memory must not go back to disk).
     held_for_gets: HeldForGets,
-    /// A write failed: take none until a record is given back.
+    /// A write failed: take none until a record is given back, or until `reopen_after`
+    /// evictions have been made for lack of it (then one write is tried again).
     full: bool,
+    /// Evictions made since the tier closed.
+    evictions_while_full: u64,
+    /// Evictions to make before the next try (0 while no write failed since the last success).
+    reopen_after: u64,
     /// Persistent mode: discards held until the durable changes queued before them are
     /// durable (by the sequence number of the last such change), so no durable record names a
     /// record that is gone.
@@ -272,6 +295,32 @@ impl SpillTier {
     fn can_take(&self, len: u64) -> bool {
         !self.full
             && self.spilled_bytes + self.clean_bytes + self.spilling_bytes + len <= self.limit_bytes
+    }
+
+    /// A write failed: the tier closes, for twice as many evictions as last time (writes
+    /// that were in flight with it and fail too change nothing more).
+    fn close(&mut self) {
+        if self.full {
+            return;
+        }
+        self.full = true;
+        self.evictions_while_full = 0;
+        self.reopen_after =
+            (self.reopen_after * 2).clamp(REOPEN_AFTER_EVICTIONS, REOPEN_AFTER_MAX_EVICTIONS);
+    }
+
+    /// An object was evicted because the tier could not take it: a closed tier that has
+    /// evicted enough opens for one more try.
+    fn evicted_while_closed(&mut self) {
+        self.stats.evicted_spill_full_total += 1;
+        if !self.full {
+            return;
+        }
+        self.evictions_while_full += 1;
+        if self.evictions_while_full >= self.reopen_after {
+            self.full = false;
+            self.stats.reopen_tries_total += 1;
+        }
     }
 
     fn give_back(&mut self, object: &SpilledObject) {
@@ -383,7 +432,7 @@ impl Store {
         let takes = self.spill.as_ref().is_some_and(|tier| tier.can_take(len));
         if !takes {
             if let Some(tier) = self.spill.as_mut() {
-                tier.stats.evicted_spill_full_total += 1;
+                tier.evicted_while_closed();
             }
             return self.evict_one();
         }
@@ -536,14 +585,15 @@ impl Store {
             (Ok(_), None) => {
                 tier.stats.spills_total += 1;
                 tier.stats.spilled_bytes_total += len;
+                tier.reopen_after = 0;
             }
             (Err(SpillError::NoSpace), None) => {
                 tier.stats.spill_no_space_total += 1;
-                tier.full = true;
+                tier.close();
             }
             (Err(SpillError::Io { .. }), None) => {
                 tier.stats.spill_errors_total += 1;
-                tier.full = true;
+                tier.close();
             }
         }
         let entry = self
@@ -866,7 +916,13 @@ impl Store {
         let region = entry.info().region;
         self.objects.insert(entry);
         let tier = self.spill.as_mut().expect("checked above");
-        tier.in_flight.insert(object.op, InFlight::Restore { id });
+        tier.in_flight.insert(
+            object.op,
+            InFlight::Restore {
+                id,
+                failed_reads: 0,
+            },
+        );
         tier.by_object.insert(id, object.op);
         self.outputs.push_back(StoreOutput::Restore {
             op: object.op,
@@ -878,15 +934,41 @@ impl Store {
     }
 
     /// The driver finished the restore read of record `op`. On success the object is sealed in
-    /// memory again, its record discarded, and its gets answered; on failure it is lost: removed
-    /// and withdrawn like a delete, its gets answered `ObjectNotFound`.
+    /// memory again, its record kept clean, and its gets answered. A read that failed with an
+    /// IO error is tried again, up to [`RESTORE_READ_TRIES`] reads. On any other failure, or
+    /// the last read's, it is lost: removed and withdrawn like a delete, its gets answered
+    /// `ObjectNotFound`.
     pub fn handle_restore_done(&mut self, op: SpillOpId, result: Result<(), RestoreError>) {
         let Some(tier) = self.spill.as_mut() else {
             return;
         };
-        let Some(InFlight::Restore { id }) = tier.in_flight.get(&op).copied() else {
+        let Some(InFlight::Restore { id, failed_reads }) = tier.in_flight.get(&op).copied() else {
             return;
         };
+        if matches!(result, Err(RestoreError::Io { .. })) && failed_reads + 1 < RESTORE_READ_TRIES {
+            tier.stats.restore_read_retries_total += 1;
+            tier.in_flight.insert(
+                op,
+                InFlight::Restore {
+                    id,
+                    failed_reads: failed_reads + 1,
+                },
+            );
+            let digest = tier.spilled.get(&id).and_then(|object| object.digest);
+            let region = self
+                .objects
+                .get(&id)
+                .expect("a restoring object is in the table")
+                .info()
+                .region;
+            self.outputs.push_back(StoreOutput::Restore {
+                op,
+                id,
+                region,
+                digest,
+            });
+            return;
+        }
         tier.in_flight.remove(&op);
         tier.by_object.remove(&id);
         let object = tier
@@ -1044,7 +1126,8 @@ impl Store {
                     assert!(!tier.spilled.contains_key(&id), "{id} spilling and spilled");
                     spilling += len;
                 }
-                InFlight::Restore { id } => {
+                InFlight::Restore { id, failed_reads } => {
+                    assert!(failed_reads < RESTORE_READ_TRIES, "{id} read too often");
                     let entry = self
                         .objects
                         .get(&id)
@@ -1110,6 +1193,8 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+mod failure_tests;
 mod held_for_gets;
 #[cfg(test)]
 mod held_tests;
