@@ -679,7 +679,7 @@ mod tests {
         let mut frame = busy_frame();
         assert!(render(std::slice::from_ref(&frame), None).contains("spills/s"));
         let metrics = frame.metrics.as_mut().expect("busy_frame has metrics");
-        metrics.store.spill = Default::default();
+        *metrics.store.spill = Default::default();
         let text = render(&[frame], None);
         assert!(!text.contains("spill"), "no tier, no spill line:\n{text}");
     }

@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
