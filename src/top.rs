@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use skyriver_core::client_protocol::ClusterView;
 use skyriver_core::node::NodeMetrics;
+use skyriver_core::store::SpillStats;
 
 use skyriver_client::Client;
 use skyriver_daemon::size::format_bytes;
@@ -89,6 +90,14 @@ pub struct Rates {
     pub fetched_bytes_per_second: f64,
     /// Bytes served to other nodes per second.
     pub served_bytes_per_second: f64,
+    /// Objects written to the spill tier per second.
+    pub spills_per_second: f64,
+    /// Bytes written to the spill tier per second.
+    pub spilled_bytes_per_second: f64,
+    /// Objects restored from the spill tier per second.
+    pub restores_per_second: f64,
+    /// Bytes restored from the spill tier per second.
+    pub restored_bytes_per_second: f64,
 }
 
 /// One peer of a daemon.
@@ -271,6 +280,10 @@ fn frame(socket: &std::path::Path, now: &Sample, before: Option<&Sample>) -> Nod
         evictions_per_second: rate(&|m| m.store.evicted_objects_total),
         fetched_bytes_per_second: rate(&|m| m.counters.bytes_fetched),
         served_bytes_per_second: rate(&|m| m.counters.bytes_served),
+        spills_per_second: rate(&|m| m.store.spill.spills_total),
+        spilled_bytes_per_second: rate(&|m| m.store.spill.spilled_bytes_total),
+        restores_per_second: rate(&|m| m.store.spill.restores_total),
+        restored_bytes_per_second: rate(&|m| m.store.spill.restored_bytes_total),
     };
     // Every member the directory lists, then any peer counted that it no longer lists.
     let mut ids: Vec<u32> = now
@@ -402,49 +415,47 @@ pub fn render(frames: &[NodeFrame], width: Option<usize>) -> String {
         let filled = ((used * bar_width as f64).round() as usize).min(bar_width);
         let r = &f.rates;
         let fr = &m.counters.fetch_results;
-        push_parts(
-            &mut out,
-            columns,
-            &[
-                format!(
-                    "memory [{}{}{amounts}",
-                    "#".repeat(filled),
-                    ".".repeat(bar_width - filled)
-                ),
-                format!(
-                    "pinned {}  evictable {}",
-                    format_bytes(s.pinned_bytes),
-                    format_bytes(s.evictable_bytes)
-                ),
-                format!(
-                    "objects {} sealed, {} unsealed, {} evicted, {} out of memory",
-                    s.sealed_count,
-                    s.object_count.saturating_sub(s.sealed_count),
-                    s.evicted_objects_total,
-                    s.out_of_memory_total
-                ),
-                format!(
-                    "ops/s: create {:.0}  get {:.0}  fetch {:.0}  evict {:.0}",
-                    r.creates_per_second,
-                    r.gets_per_second,
-                    r.fetches_per_second,
-                    r.evictions_per_second,
-                ),
-                format!(
-                    "fetch in {}  out {}",
-                    mb_per_second(r.fetched_bytes_per_second),
-                    mb_per_second(r.served_bytes_per_second),
-                ),
-                format!(
-                    "fetches: {} ok, {} not found, {} timed out, {} failed",
-                    fr.ok, fr.not_found, fr.timeout, fr.error
-                ),
-                format!(
-                    "in flight: {} transfers, {} READs, {} leases, {} waiting",
-                    m.transfers_in_flight, m.reads_in_flight, m.leases_held, m.fetches_waiting,
-                ),
-            ],
-        );
+        let mut parts = vec![
+            format!(
+                "memory [{}{}{amounts}",
+                "#".repeat(filled),
+                ".".repeat(bar_width - filled)
+            ),
+            format!(
+                "pinned {}  evictable {}",
+                format_bytes(s.pinned_bytes),
+                format_bytes(s.evictable_bytes)
+            ),
+            format!(
+                "objects {} sealed, {} unsealed, {} evicted, {} out of memory",
+                s.sealed_count,
+                s.object_count.saturating_sub(s.sealed_count),
+                s.evicted_objects_total,
+                s.out_of_memory_total
+            ),
+            format!(
+                "ops/s: create {:.0}  get {:.0}  fetch {:.0}  evict {:.0}",
+                r.creates_per_second,
+                r.gets_per_second,
+                r.fetches_per_second,
+                r.evictions_per_second,
+            ),
+            format!(
+                "fetch in {}  out {}",
+                mb_per_second(r.fetched_bytes_per_second),
+                mb_per_second(r.served_bytes_per_second),
+            ),
+            format!(
+                "fetches: {} ok, {} not found, {} timed out, {} failed",
+                fr.ok, fr.not_found, fr.timeout, fr.error
+            ),
+            format!(
+                "in flight: {} transfers, {} READs, {} leases, {} waiting",
+                m.transfers_in_flight, m.reads_in_flight, m.leases_held, m.fetches_waiting,
+            ),
+        ];
+        parts.extend(spill_parts(&s.spill, r));
+        push_parts(&mut out, columns, &parts);
         if f.peers.is_empty() {
             continue;
         }
@@ -477,6 +488,43 @@ pub fn render(frames: &[NodeFrame], width: Option<usize>) -> String {
             .collect(),
         None => out,
     }
+}
+
+/// The spill tier's parts of a node's lines: what is on disk, the rates, the failures. None
+/// without a tier.
+fn spill_parts(spill: &SpillStats, r: &Rates) -> Vec<String> {
+    if spill.limit_bytes == 0 {
+        return Vec::new();
+    }
+    vec![
+        format!(
+            "spill {} of {} on disk ({} objects){}",
+            format_bytes(spill.spilled_bytes),
+            format_bytes(spill.limit_bytes),
+            spill.spilled_objects,
+            if spill.full { "  FULL: evicting" } else { "" }
+        ),
+        format!(
+            "writing {}  restoring {}, {} queued",
+            format_bytes(spill.spilling_bytes),
+            spill.restores_in_flight,
+            spill.restores_queued
+        ),
+        format!(
+            "spills/s {:.0} ({})  restores/s {:.0} ({})",
+            r.spills_per_second,
+            mb_per_second(r.spilled_bytes_per_second),
+            r.restores_per_second,
+            mb_per_second(r.restored_bytes_per_second),
+        ),
+        format!(
+            "spill failures: {} no space, {} io, {} lost, {} evicted when full",
+            spill.spill_no_space_total,
+            spill.spill_errors_total,
+            spill.objects_lost_total + spill.lost_at_start_total,
+            spill.evicted_spill_full_total
+        ),
+    ]
 }
 
 /// Appends `parts` indented, as many on a line as fit in `columns`.
@@ -542,6 +590,17 @@ mod tests {
         (s.allocated_bytes, s.pinned_bytes, s.evictable_bytes) = (1 << 39, 3 << 38, 5 << 37);
         (s.object_count, s.sealed_count) = (12_345_678, 12_300_000);
         (s.evicted_objects_total, s.out_of_memory_total) = (9_876_543, 123_456);
+        let spill = &mut s.spill;
+        (spill.limit_bytes, spill.spilled_bytes, spill.spilling_bytes) =
+            (1 << 44, 999 << 40, 3 << 30);
+        (
+            spill.spilled_objects,
+            spill.restores_in_flight,
+            spill.restores_queued,
+        ) = (987_654_321, 4_096, 65_432);
+        (spill.spill_no_space_total, spill.spill_errors_total) = (12_345, 6_789);
+        (spill.objects_lost_total, spill.evicted_spill_full_total) = (4_321, 98_765);
+        spill.full = true;
         let r = &mut metrics.counters.fetch_results;
         (r.ok, r.not_found, r.timeout, r.error) = (98_765_432, 1_234_567, 765_432, 54_321);
         let peer = |node| PeerRow {
@@ -568,6 +627,10 @@ mod tests {
                 evictions_per_second: 12_345.0,
                 fetched_bytes_per_second: 9_876.5e6,
                 served_bytes_per_second: 8_765.4e6,
+                spills_per_second: 54_321.0,
+                spilled_bytes_per_second: 2_345.6e6,
+                restores_per_second: 43_210.0,
+                restored_bytes_per_second: 3_456.7e6,
             },
             peers: vec![peer(10), peer(11)],
         }
@@ -592,6 +655,12 @@ mod tests {
                 "evict 12345",
                 "timed out",
                 "waiting",
+                "spill 999.0 TiB of 16.0 TiB",
+                "FULL: evicting",
+                "restoring 4096, 65432 queued",
+                "spills/s 54321 (2345.6 MB/s)",
+                "restores/s 43210 (3456.7 MB/s)",
+                "12345 no space, 6789 io, 4321 lost, 98765 evicted when full",
             ] {
                 assert!(
                     text.contains(needle),
@@ -603,5 +672,15 @@ mod tests {
         // --once lays out for 80 columns and cuts nothing.
         let text = render(&frames, None);
         assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+    }
+
+    #[test]
+    fn the_spill_tier_shows_only_when_the_node_has_one() {
+        let mut frame = busy_frame();
+        assert!(render(std::slice::from_ref(&frame), None).contains("spills/s"));
+        let metrics = frame.metrics.as_mut().expect("busy_frame has metrics");
+        *metrics.store.spill = Default::default();
+        let text = render(&[frame], None);
+        assert!(!text.contains("spill"), "no tier, no spill line:\n{text}");
     }
 }

@@ -1,5 +1,5 @@
 //! `skyriver top` on a running two-node cluster: driven in tmux (it shows both nodes and quits
-//! on `q`), and `--once --json` parses. Without tmux the tmux test prints a SKIPPED line,
+//! on `q`), and `--once --json` parses; `--once` shows a spilling node's spill tier. Without tmux the tmux test prints a SKIPPED line,
 //! unless `SKYRIVER_REQUIRE_PROMETHEUS` is set (CI installs tmux with prometheus).
 
 mod common;
@@ -141,6 +141,56 @@ fn top_once_json_is_one_document_with_both_nodes() {
     );
     assert!(!ok);
     assert!(stderr.contains("no daemon answered"), "{stderr}");
+}
+
+#[test]
+fn top_once_shows_the_spill_tier_of_a_spilling_node() {
+    let dir = common::test_dir();
+    let spill_dir = dir.path().join("spill");
+    std::fs::create_dir(&spill_dir).unwrap();
+    let mut args = UpArgs::new(1, "16MiB".parse().unwrap(), Some(dir.path().to_path_buf()));
+    args.spill_dir = Some(spill_dir);
+    args.spill_limit = Some("1GiB".parse().unwrap());
+    let cluster = LocalCluster::start(&args, Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
+    let client = Client::connect(&cluster.sockets[0]).unwrap();
+    // 32 MiB into 16 MiB: some objects go to disk.
+    for n in 0..16u64 {
+        client
+            .put(ObjectId::from_u64(n), &vec![n as u8; 2 << 20], b"")
+            .unwrap();
+    }
+    assert!(client.stats().unwrap().spill.spilled_objects > 0);
+    let (ok, stdout, stderr) = common::cli(
+        &cluster.sockets[0],
+        &["top", "--once", "--interval-ms", "100"],
+        None,
+    );
+    assert!(ok, "{stderr}");
+    let screen = String::from_utf8(stdout).unwrap();
+    let spill_line = screen
+        .lines()
+        .find(|line| line.trim_start().starts_with("spill "))
+        .unwrap_or_else(|| panic!("no spill line:\n{screen}"));
+    assert!(spill_line.contains("of 1.0 GiB on disk"), "{screen}");
+    assert!(!spill_line.contains("(0 objects)"), "{screen}");
+    for needle in [
+        "spills/s",
+        "restores/s",
+        "spill failures: 0 no space, 0 io, 0 lost",
+    ] {
+        assert!(screen.contains(needle), "{needle:?} missing:\n{screen}");
+    }
+    // A node without a tier shows none.
+    let plain = common::test_dir();
+    let daemon = common::start_daemon(plain.path(), 16 << 20);
+    let (ok, stdout, stderr) = common::cli(
+        daemon.socket_path(),
+        &["top", "--once", "--interval-ms", "100"],
+        None,
+    );
+    assert!(ok, "{stderr}");
+    let screen = String::from_utf8(stdout).unwrap();
+    assert!(!screen.contains("spill"), "{screen}");
 }
 
 #[test]

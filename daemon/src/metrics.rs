@@ -1019,6 +1019,11 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             gauge(sp.restores_in_flight),
         )?;
         out.one(
+            "skyriver_restores_queued",
+            "Restores from the spill tier waiting for memory.",
+            gauge(sp.restores_queued),
+        )?;
+        out.one(
             "skyriver_spills",
             "Spill writes completed.",
             Value::Counter(sp.spills_total),
@@ -1040,7 +1045,8 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
         )?;
         out.metric(
             "skyriver_spill_failures",
-            "Spill tier failures, by kind: no_space and io (writes; the store evicts until              space is given back), lost (restores whose record was missing or damaged).",
+            "Spill tier failures, by kind: no_space and io (writes; the store evicts until \
+             space is given back), lost (restores whose record was missing or damaged).",
             vec![
                 (
                     labels(&[("kind", "no_space".into())]),
@@ -1065,6 +1071,11 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "skyriver_spill_reopen_tries",
             "Writes tried again by a spill tier closed by a failed write.",
             Value::Counter(sp.reopen_tries_total),
+        )?;
+        out.one(
+            "skyriver_spill_restore_read_retries",
+            "Restore reads tried again after an IO error.",
+            Value::Counter(sp.restore_read_retries_total),
         )?;
         out.one(
             "skyriver_spill_write_duration_seconds",

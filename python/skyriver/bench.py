@@ -368,9 +368,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--spill-dir", default=None,
                         help="give the skyriver daemon --spill-dir DIR: a full store spills to DIR "
                              "instead of evicting (default: no spill tier)")
+    parser.add_argument("--spill-limit", default=None,
+                        help="with --spill-dir: most bytes the daemon spills, with B/KiB/MiB/GiB "
+                             "(default: 90%% of the free space of DIR's file system)")
     parser.add_argument("--json", default="bench-python.json",
                         help="where to write the results as JSON (default %(default)s)")
     args = parser.parse_args(argv)
+    if args.spill_limit is not None and not args.spill_dir:
+        parser.error("--spill-limit needs --spill-dir")
+    spill_limit = parse_size(args.spill_limit) if args.spill_limit is not None else None
     hide_plasma_warnings()
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]
@@ -398,6 +404,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             command = placement.prefix() + [args.skyriver_bin, "daemon", "--log", "warn", "--memory", str(memory), "--socket", str(socket)]
             if args.spill_dir:
                 command += ["--spill-dir", args.spill_dir]
+            if spill_limit is not None:
+                command += ["--spill-limit", str(spill_limit)]
             with process(command, lambda: _connects(socket), "skyriver daemon", workdir / "skyriver.log"):
                 log("skyriver:")
                 system = SkyriverSystem(socket)

@@ -540,18 +540,23 @@ def start_plasma_store(
     plasma_directory: Optional[str] = None,
     use_hugepages: bool = False,
     external_store: Optional[str] = None,
+    spill_limit: Optional[int] = None,
 ) -> Iterator[Tuple[str, "subprocess.Popen[bytes]"]]:
     """Starts a store (``plasma_store -m plasma_store_memory -s <temporary socket>``, the
     Skyriver daemon), yields ``(socket name, process)`` once it serves, and stops it at the
     end of the ``with`` block, as pyarrow.plasma's ``start_plasma_store``.
 
     ``plasma_directory``/``use_hugepages`` are ``-d``/``-h``; ``external_store`` (``-e``)
-    ``file://DIR`` spills evicted objects to DIR (the daemon's ``--spill-dir``). The daemon runs from this package (the
-    ``plasma_store`` command of its wheel), through the running interpreter."""
+    ``file://DIR`` spills evicted objects to DIR (the daemon's ``--spill-dir``), at most
+    ``spill_limit`` bytes of them (the daemon's ``--spill-limit``; default: 90% of the free
+    space of DIR's file system). The daemon runs from this package (the ``plasma_store``
+    command of its wheel), through the running interpreter."""
     if use_valgrind and use_profiler:
         raise Exception("Cannot use valgrind and profiler at the same time.")
     if use_valgrind or use_profiler:
         raise NotImplementedError("the Skyriver daemon is not run under valgrind here")
+    if spill_limit is not None and external_store is None:
+        raise ValueError("spill_limit needs an external_store (file://DIR) to spill to")
     tmpdir = tempfile.mkdtemp(prefix="test_plasma-")
     proc: "Optional[subprocess.Popen[bytes]]" = None
     try:
@@ -567,6 +572,9 @@ def start_plasma_store(
             command += ["-h"]
         if external_store is not None:
             command += ["-e", external_store]
+        if spill_limit is not None:
+            # plasma_store has no such flag: it goes to the daemon after `--`.
+            command += ["--", "--spill-limit", str(spill_limit)]
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL)
         _wait_for_socket(plasma_store_name, proc, time.monotonic() + 60)
         yield plasma_store_name, proc

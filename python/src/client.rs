@@ -556,6 +556,13 @@ impl PyClient {
         result.set_item("evicted_objects_total", stats.evicted_objects_total)?;
         result.set_item("evicted_bytes_total", stats.evicted_bytes_total)?;
         result.set_item("sealed_objects_total", stats.sealed_objects_total)?;
+        let spill = &stats.spill;
+        result.set_item("spill_limit_bytes", spill.limit_bytes)?;
+        result.set_item("spilled_objects", spill.spilled_objects)?;
+        result.set_item("spilled_bytes", spill.spilled_bytes)?;
+        result.set_item("spills_total", spill.spills_total)?;
+        result.set_item("restores_total", spill.restores_total)?;
+        result.set_item("spilled_objects_lost_total", spill.objects_lost_total)?;
         Ok(result)
     }
 

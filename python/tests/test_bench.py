@@ -37,8 +37,16 @@ def test_help_describes_every_option():
         ("--systems", "systems to measure"),
         ("--skyriver-bin", "$SKYRIVER_BIN, else skyriver on PATH"),
         ("--json", "results as JSON"),
+        ("--spill-dir", "spills to DIR"),
+        ("--spill-limit", "most bytes the daemon spills"),
     ]:
         assert option in out.stdout and words in out.stdout, (option, out.stdout)
+
+
+def test_a_spill_limit_without_a_spill_dir_is_refused(tmp_path):
+    out = run_bench("--spill-limit", "1GiB", "--json", str(tmp_path / "out.json"))
+    assert out.returncode != 0
+    assert "--spill-limit needs --spill-dir" in out.stderr, out.stderr
 
 
 def test_no_binary_says_where_it_looked(tmp_path):

@@ -239,6 +239,40 @@ def test_a_file_external_store_spills_there_and_others_are_refused(tmp_path):
     assert not (tmp_path / "plasma.sock").exists()
 
 
+def store_stats(client):
+    """The store's counters, from ``debug_string``'s ``name: value`` lines."""
+    lines = client.debug_string().splitlines()
+    return {name: int(value) for name, value in (line.split(": ") for line in lines)}
+
+
+def test_a_store_with_an_external_store_spills_and_gives_every_object_back(tmp_path):
+    # 24 MiB into a 10 MB store: the first objects go to disk, none is forgotten.
+    with plasma.start_plasma_store(
+        10**7, external_store=f"file://{tmp_path}", spill_limit=64 << 20
+    ) as (name, _):
+        client = plasma.connect(name)
+        objects = [(random_object_id(), np.random.bytes(1 << 20)) for _ in range(24)]
+        for object_id, data in objects:
+            client.create_and_seal(object_id, data, b"m")
+        stats = store_stats(client)
+        assert stats["spill_limit_bytes"] == 64 << 20, stats
+        assert stats["spilled_objects"] > 0 and stats["spills_total"] > 0, stats
+        assert list((tmp_path / "node-0").iterdir()), "spill files were written"
+        for object_id, data in objects:
+            [(metadata, buffer)] = client.get_buffers([object_id], timeout_ms=30_000, with_meta=True)
+            assert buffer is not None, object_id
+            assert bytes(memoryview(buffer)) == data and metadata == b"m", object_id
+            del buffer
+        stats = store_stats(client)
+        assert stats["restores_total"] > 0, stats
+        assert stats["evicted_objects_total"] == 0, stats
+        assert stats["spilled_objects_lost_total"] == 0, stats
+        client.disconnect()
+    with pytest.raises(ValueError, match="external_store"):
+        with plasma.start_plasma_store(10**7, spill_limit=1 << 20):
+            pass
+
+
 def test_unsupported_calls_say_so(plasma_client):
     with pytest.raises(NotImplementedError):
         plasma_client.set_client_options("client", 1000)

@@ -264,7 +264,8 @@ enum Command {
     Chaos(ChaosArgs),
 }
 
-/// Why `-e URL` is refused: Plasma's external store is Skyriver's future spill tier.
+/// Why `-e URL` is refused: the only external store is a local directory, `-e file://DIR`
+/// (the spill tier, `--spill-dir DIR`).
 fn external_store_refusal(url: &str) -> CliError {
     CliError::ExternalStore {
         url: url.to_string(),

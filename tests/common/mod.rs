@@ -102,6 +102,42 @@ pub fn cli(socket: &Path, args: &[&str], stdin: Option<&[u8]>) -> (bool, Vec<u8>
     )
 }
 
+/// `GET path` over HTTP/1.1 (a daemon's `/metrics` or `/healthz`): the status code and body.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String), String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| format!("read: {e}"))?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no header end in {response:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line in {head:?}"))?;
+    Ok((status, body.to_string()))
+}
+
+/// The value of one sample of exposition `text` (`name` or `name{labels}`, exactly as
+/// exposed).
+pub fn metric_sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 /// Polls `condition` for up to 10 s.
 pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     let started = Instant::now();
