@@ -774,6 +774,7 @@ mod hints;
 mod publications;
 mod relay;
 mod replicas;
+mod replicas_spill;
 mod sealing;
 mod spill;
 mod transfers;
