@@ -268,7 +268,11 @@ impl Checker {
                         "{node}: {id} is {}held as a copy of record in the store, but the node \
                          {} it one at the end",
                         if store.is_record(&id) { "" } else { "not " },
-                        if of_record(&id) { "counts" } else { "does not count" },
+                        if of_record(&id) {
+                            "counts"
+                        } else {
+                            "does not count"
+                        },
                     ),
                 );
             }

@@ -422,7 +422,11 @@ impl Store {
     /// Sets or clears the copy-of-record hold of a spilled object (and, while it is being
     /// restored, of its entry). False when `id` is not spilled.
     pub(super) fn hold_spilled_as_record(&mut self, id: ObjectId, record: bool) -> bool {
-        let Some(object) = self.spill.as_mut().and_then(|tier| tier.spilled.get_mut(&id)) else {
+        let Some(object) = self
+            .spill
+            .as_mut()
+            .and_then(|tier| tier.spilled.get_mut(&id))
+        else {
             return false;
         };
         object.record = record;

@@ -411,7 +411,10 @@ impl ObjectTable {
         let mut order = Vec::with_capacity(ends.len);
         let (mut prev, mut at) = (NIL, ends.head);
         while at != NIL {
-            assert!(order.len() < ends.len, "{list:?} list longer than its count");
+            assert!(
+                order.len() < ends.len,
+                "{list:?} list longer than its count"
+            );
             let entry = &self.entries[at as usize];
             assert_eq!(
                 entry.lru,

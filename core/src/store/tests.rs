@@ -415,7 +415,11 @@ impl ModelObject {
         self.refs.values().sum()
     }
     fn evictable(&self) -> bool {
-        self.sealed && self.ref_count() == 0 && self.pins == 0 && !self.delete_pending && !self.record
+        self.sealed
+            && self.ref_count() == 0
+            && self.pins == 0
+            && !self.delete_pending
+            && !self.record
     }
 }
 

@@ -50,10 +50,18 @@ fn a_node_full_of_copies_of_record_spills_them_and_still_takes_puts() {
     let mut w = spilling_world();
     for n in 1..=3 {
         // The third needs the memory of a copy of record: it is spilled, not evicted.
-        assert_eq!(put_with_copies(&mut w, n), Some(Response::Done(Ok(()))), "{n}");
+        assert_eq!(
+            put_with_copies(&mut w, n),
+            Some(Response::Done(Ok(()))),
+            "{n}"
+        );
     }
     let node = &w.nodes[0];
-    assert_eq!(node.store().stats().evicted_objects_total, 0, "nothing forgotten");
+    assert_eq!(
+        node.store().stats().evicted_objects_total,
+        0,
+        "nothing forgotten"
+    );
     assert_eq!(node.store().tier(&id(1)), Some(StorageTier::Spilled));
     for n in 1..=3 {
         assert!(node.is_copy_of_record(&id(n)), "{n} is a copy of record");
@@ -89,7 +97,11 @@ fn a_node_full_of_copies_of_record_spills_them_and_still_takes_puts() {
 fn a_spilled_copy_of_record_is_deleted_by_a_client_and_when_deleted_everywhere() {
     let mut w = spilling_world();
     for n in 1..=3 {
-        assert_eq!(put_with_copies(&mut w, n), Some(Response::Done(Ok(()))), "{n}");
+        assert_eq!(
+            put_with_copies(&mut w, n),
+            Some(Response::Done(Ok(()))),
+            "{n}"
+        );
     }
     assert_eq!(w.nodes[0].store().tier(&id(1)), Some(StorageTier::Spilled));
     w.delete(0, 1);

@@ -90,7 +90,10 @@ fn a_store_full_of_copies_of_record_spills_one_for_a_new_object() {
         if store.create(Instant(0), A, id(5), LEN, 0).is_ok() {
             break store.spill_stats().spilled_objects;
         }
-        assert!(!complete_io(&mut store).is_empty(), "a spill write frees memory");
+        assert!(
+            !complete_io(&mut store).is_empty(),
+            "a spill write frees memory"
+        );
     };
     assert!(spilled >= 1);
     assert_eq!(store.tier(&id(1)), Some(StorageTier::Spilled));
@@ -135,7 +138,11 @@ fn copies_of_record_are_spilled_before_cache_copies() {
     put(&mut store, 1);
     put_record(&mut store, 2);
     let _ = store.evict(1);
-    assert_eq!(complete_io(&mut store), [id(2)], "the copy of record goes first");
+    assert_eq!(
+        complete_io(&mut store),
+        [id(2)],
+        "the copy of record goes first"
+    );
     assert_eq!(store.tier(&id(1)), Some(StorageTier::Memory));
     store.check_invariants();
 }
@@ -151,7 +158,11 @@ fn when_the_tier_is_full_cache_copies_are_evicted_and_copies_of_record_stay() {
     let written = complete_io(&mut store);
     assert_eq!(written, [id(1)]);
     assert!(!store.contains(&id(3)), "the cache copy was evicted");
-    assert_eq!(store.tier(&id(2)), Some(StorageTier::Memory), "kept in memory");
+    assert_eq!(
+        store.tier(&id(2)),
+        Some(StorageTier::Memory),
+        "kept in memory"
+    );
     assert!(store.is_record(&id(1)) && store.is_record(&id(2)));
     assert_eq!(store.spillable_record_bytes(), 0, "the tier takes no more");
     store.check_invariants();
