@@ -470,36 +470,49 @@ impl Node {
         }
     }
 
-    /// A `LocateCopies` answered by the directory: the holders with their domains.
+    /// A `LocateCopies` answered by the directory: the holders with their domains, each marked
+    /// a copy of record or a cache copy when the directory keeps records (the registry answers
+    /// `CopiesLocated`; Redis answers a plain `Located`).
     pub(super) fn copies_answer(&self, id: &ObjectId, reply: DirectoryReply) -> Response {
-        match reply {
-            DirectoryReply::Located { holders, sizes, .. } => {
-                let members = self.cluster_members();
-                let copies = holders
-                    .into_iter()
-                    .map(|node| CopyView {
-                        node,
-                        failure_domain: members
-                            .iter()
-                            .find(|m| m.node == node)
-                            .map(|m| m.failure_domain.clone())
-                            .unwrap_or_default(),
-                    })
-                    .collect();
-                Response::Copies {
-                    copies,
-                    wanted: self.replicas_wanted(id),
-                    sizes: sizes.map(|s| (s.data_size, s.metadata_size)),
-                }
-            }
+        let (holders, sizes, of_record, records_known) = match reply {
+            DirectoryReply::CopiesLocated {
+                holders,
+                sizes,
+                of_record,
+                ..
+            } => (holders, sizes, of_record, true),
+            DirectoryReply::Located { holders, sizes, .. } => (holders, sizes, None, false),
             DirectoryReply::Unavailable { reason } => {
-                Response::Error(StoreError::DirectoryUnavailable(reason))
+                return Response::Error(StoreError::DirectoryUnavailable(reason));
             }
-            DirectoryReply::Done | DirectoryReply::Conflict { .. } => Response::Copies {
-                copies: Vec::new(),
-                wanted: None,
-                sizes: None,
-            },
+            DirectoryReply::Done | DirectoryReply::Conflict { .. } => {
+                (Vec::new(), None, None, false)
+            }
+        };
+        let members = self.cluster_members();
+        let record_holders = of_record.as_ref().map_or(&[][..], |r| &r.holders[..]);
+        let copies = holders
+            .into_iter()
+            .map(|node| CopyView {
+                node,
+                failure_domain: members
+                    .iter()
+                    .find(|m| m.node == node)
+                    .map(|m| m.failure_domain.clone())
+                    .unwrap_or_default(),
+                of_record: record_holders.contains(&node),
+            })
+            .collect();
+        let wanted = if records_known {
+            of_record.map(|r| r.wanted)
+        } else {
+            self.replicas_wanted(id)
+        };
+        Response::Copies {
+            copies,
+            wanted,
+            sizes: sizes.map(|s| (s.data_size, s.metadata_size)),
+            records_known,
         }
     }
 
