@@ -134,12 +134,18 @@ type MappedArenas = BTreeMap<ArenaId, Arc<SharedArena>>;
 /// Every copy of an object, according to the directory (see [`Client::locate_copies`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectCopies {
-    /// Live nodes holding a sealed copy, with their failure domains.
+    /// Live nodes holding a sealed copy, with their failure domains, each marked a copy of
+    /// record or a cache copy ([`CopyView::of_record`]).
     pub copies: Vec<CopyView>,
-    /// Copies of record the object wants, when the answering node knows.
+    /// Copies of record the object wants: the registry's count; without records, what the
+    /// answering node knows.
     pub wanted: Option<u8>,
     /// Data and metadata bytes, when known.
     pub sizes: Option<(u64, u64)>,
+    /// Whether the answer knows which copies are copies of record (the built-in directory
+    /// keeps their records, a standalone node has none); false with Redis, which keeps none:
+    /// then no copy is marked a copy of record.
+    pub records_known: bool,
 }
 
 /// Where an object lives (see [`Client::locate`]).
@@ -637,10 +643,12 @@ impl Client {
                 copies,
                 wanted,
                 sizes,
+                records_known,
             } => Ok(ObjectCopies {
                 copies,
                 wanted,
                 sizes,
+                records_known,
             }),
             Response::Error(error) => Err(ClientError::Store(error)),
             other => Err(unexpected(other)),

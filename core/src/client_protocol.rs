@@ -17,8 +17,10 @@ use crate::ids::{ArenaId, NodeId, ObjectId, RequestId};
 use crate::node::{FetchError, NodeMetrics, TransferMode};
 use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreStats};
 
-/// Version of this protocol; a client of another version is refused at `Hello`.
-pub const PROTOCOL_VERSION: u32 = 12;
+/// Version of this protocol; a client of another version is refused at `Hello`. Version 13:
+/// `LocateCopies` tells copies of record from cache copies ([`CopyView::of_record`],
+/// `Response::Copies::records_known`).
+pub const PROTOCOL_VERSION: u32 = 13;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.
@@ -226,6 +228,10 @@ pub struct CopyView {
     pub node: NodeId,
     /// The node's failure domain (empty: none given).
     pub failure_domain: String,
+    /// A copy of record (the registry counts it toward the copies the object wants; never
+    /// evicted), not a cache copy (evictable). Always false when the directory keeps no
+    /// records.
+    pub of_record: bool,
 }
 
 impl Request {
@@ -321,12 +327,19 @@ pub enum Response {
     Error(StoreError),
     /// Answer to `LocateCopies`.
     Copies {
-        /// Live nodes holding a sealed copy, with their failure domains.
+        /// Live nodes holding a sealed copy, with their failure domains and whether each is a
+        /// copy of record.
         copies: Vec<CopyView>,
-        /// Copies of record wanted, when this node knows (it put the object or holds one).
+        /// Copies of record the object wants: the registry's count when it keeps a record of
+        /// the object; without records, what the answering node knows (it put the object or
+        /// holds a copy of record).
         wanted: Option<u8>,
         /// The object's data and metadata sizes, when known.
         sizes: Option<(u64, u64)>,
+        /// Whether the answer knows which copies are copies of record: the built-in directory
+        /// keeps their records, and a standalone node has none; Redis keeps none, so without
+        /// this no copy is marked `of_record`.
+        records_known: bool,
     },
 }
 

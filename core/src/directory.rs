@@ -87,6 +87,14 @@ pub enum DirectoryRequest {
         /// The object.
         id: ObjectId,
     },
+    /// `Lookup` (without a subscription) for `skyriver locate`: the registry answers
+    /// [`DirectoryReply::CopiesLocated`], which also says which holders keep copies of record
+    /// and how many the object wants. A directory that keeps no records (Redis) answers
+    /// `Located`, as to a `Lookup`.
+    LocateCopies {
+        /// The object.
+        id: ObjectId,
+    },
 }
 
 impl fmt::Display for DirectoryRequest {
@@ -122,6 +130,7 @@ impl fmt::Display for DirectoryRequest {
             ),
             DirectoryRequest::DeleteEverywhere { id } => write!(f, "DeleteEverywhere{{{id}}}"),
             DirectoryRequest::DeclineReplica { id } => write!(f, "DeclineReplica{{{id}}}"),
+            DirectoryRequest::LocateCopies { id } => write!(f, "LocateCopies{{{id}}}"),
         }
     }
 }
@@ -153,6 +162,26 @@ pub enum DirectoryReply {
         /// Why, for logs.
         reason: String,
     },
+    /// Answer to `LocateCopies`: `Located`, and the object's copies of record.
+    CopiesLocated {
+        /// Nodes holding a sealed copy that the directory believes alive, in any order.
+        holders: Vec<NodeId>,
+        /// Sizes of the object, when any holder published it.
+        sizes: Option<ObjectSizes>,
+        /// The digest of its bytes, with the sizes.
+        digest: Option<ContentDigest>,
+        /// Its copies of record, when it was put with more than one copy (and not deleted).
+        of_record: Option<CopiesOfRecord>,
+    },
+}
+
+/// The copies of record of an object, as the registry counts them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopiesOfRecord {
+    /// Copies wanted, on distinct failure domains where there are enough.
+    pub wanted: u8,
+    /// The live nodes holding one, in node order.
+    pub holders: Vec<NodeId>,
 }
 
 impl fmt::Display for DirectoryReply {
@@ -186,6 +215,15 @@ impl fmt::Display for DirectoryReply {
                 sizes.data_size, sizes.metadata_size
             ),
             DirectoryReply::Unavailable { reason } => write!(f, "Unavailable{{{reason:?}}}"),
+            DirectoryReply::CopiesLocated {
+                holders, of_record, ..
+            } => {
+                write!(f, "CopiesLocated{{{} holders", holders.len())?;
+                if let Some(CopiesOfRecord { wanted, holders }) = of_record {
+                    write!(f, ", {} of {wanted} of record", holders.len())?;
+                }
+                write!(f, "}}")
+            }
         }
     }
 }

@@ -6,7 +6,9 @@
 //! Lifecycle of an object: `create` (unsealed, the creator holds one reference and may write
 //! it) → `seal` (immutable, visible to `get`) → `release`d by everyone → evictable (LRU) or
 //! `delete`d. A delete of an object in use is deferred until the last reference goes (Plasma's
-//! rule); an object pinned by a transfer is never evicted or freed.
+//! rule); an object pinned by a transfer is never evicted or freed. A copy of record
+//! ([`Store::hold_as_record`]) is never evicted either, but unlike a pinned object it may be
+//! spilled (see [`spill`]); only a delete ends it.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -17,7 +19,7 @@ use crate::ids::{ArenaId, ClientId, ObjectId};
 use crate::region::LocalRegion;
 use crate::time::Instant;
 
-use table::{Entry, ObjectTable};
+use table::{Entry, Lru, ObjectTable};
 pub use types::{
     DeleteResult, EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreOutput, StoreStats,
 };
@@ -45,8 +47,19 @@ impl Entry {
         }
     }
 
-    fn evictable(&self) -> bool {
+    /// Sealed, and nobody holds, pins or deletes it.
+    fn unheld(&self) -> bool {
         self.sealed && self.ref_count == 0 && self.pin_count == 0 && !self.delete_pending
+    }
+
+    /// The LRU list the object belongs in: evictable, or (an unheld copy of record) spillable
+    /// only.
+    fn wanted_lru(&self) -> Option<Lru> {
+        match (self.unheld(), self.record) {
+            (false, _) => None,
+            (true, false) => Some(Lru::Evictable),
+            (true, true) => Some(Lru::Record),
+        }
     }
 }
 
@@ -96,9 +109,11 @@ impl StoreConfig {
 pub struct Store {
     config: StoreConfig,
     allocator: Allocator,
-    /// Every object, and the LRU order of the evictable ones.
+    /// Every object, and the LRU order of the evictable ones and of unheld copies of record.
     objects: ObjectTable,
     evictable_bytes: u64,
+    /// Blocks of the unheld copies of record in memory (what spilling could free of them).
+    record_lru_bytes: u64,
     clients: BTreeMap<ClientId, ClientState>,
     waiters: BTreeMap<WaiterId, Waiter>,
     /// The gets waiting for each object, oldest first (ids only grow).
@@ -133,6 +148,7 @@ impl Store {
             allocator,
             objects: ObjectTable::new(hash_seed),
             evictable_bytes: 0,
+            record_lru_bytes: 0,
             clients: BTreeMap::new(),
             waiters: BTreeMap::new(),
             waiters_by_object: BTreeMap::new(),
@@ -550,6 +566,10 @@ impl Store {
         for entry in self.objects.iter().filter(|entry| entry.in_lru()) {
             allocator.free(entry.block());
         }
+        // Copies of record are never evicted; with a spill tier they may be spilled.
+        for block in self.spillable_record_blocks() {
+            allocator.free(block);
+        }
         allocator.fits(bytes)
     }
 
@@ -589,13 +609,57 @@ impl Store {
         }
     }
 
-    /// Bytes that could be freed: free space, everything evictable, and removed objects'
-    /// blocks waiting for their removal to be durable.
+    /// Bytes that could be freed: free space, everything evictable, copies of record the
+    /// spill tier could take, and removed objects' blocks waiting for their removal to be
+    /// durable.
     pub fn reclaimable_bytes(&self) -> u64 {
         self.allocator.free_bytes()
             + self.evictable_bytes
+            + self.spillable_record_bytes()
             + self.quarantined_bytes
             + self.spilling_bytes()
+    }
+
+    /// Keeps a sealed object (in memory or spilled) as a copy of record: never evicted, but
+    /// spilled like any unheld object when memory is needed, and restored on `get` or fetch.
+    /// The hold ends with [`Store::release_record`] or a delete. Idempotent.
+    pub fn hold_as_record(&mut self, id: ObjectId) -> Result<(), StoreError> {
+        if self.hold_spilled_as_record(id, true) {
+            return Ok(());
+        }
+        let entry = self
+            .objects
+            .get_mut(&id)
+            .ok_or(StoreError::ObjectNotFound(id))?;
+        if !entry.sealed {
+            return Err(StoreError::ObjectNotSealed(id));
+        }
+        if entry.delete_pending {
+            return Err(StoreError::ObjectNotFound(id));
+        }
+        entry.record = true;
+        self.settle(id);
+        Ok(())
+    }
+
+    /// Ends the hold of [`Store::hold_as_record`]: the object is an ordinary (evictable) one
+    /// again. Nothing happens for an object not held so, or not here.
+    pub fn release_record(&mut self, id: ObjectId) {
+        if self.hold_spilled_as_record(id, false) {
+            return;
+        }
+        if let Some(entry) = self.objects.get_mut(&id) {
+            entry.record = false;
+            self.settle(id);
+        }
+    }
+
+    /// Whether `id` is here (in memory or spilled) held as a copy of record.
+    pub fn is_record(&self, id: &ObjectId) -> bool {
+        match self.objects.get(id) {
+            Some(entry) => entry.record,
+            None => self.is_spilled_record(id),
+        }
     }
 
     /// The next effect to carry out.
@@ -683,9 +747,10 @@ impl Store {
         }
     }
 
-    /// Evicts the least recently used evictable object; returns the bytes freed.
+    /// Evicts the least recently used evictable object (never a copy of record); returns the
+    /// bytes freed.
     fn evict_one(&mut self) -> Option<u64> {
-        let id = self.objects.lru_front()?;
+        let id = self.objects.lru_front(Lru::Evictable)?;
         let freed = self
             .objects
             .get(&id)
@@ -707,16 +772,25 @@ impl Store {
             self.remove_object(id, true);
             return;
         }
-        match (entry.evictable(), entry.in_lru()) {
-            (true, false) => {
-                self.evictable_bytes += entry.block().len;
-                self.objects.lru_push_back(&id);
+        let (wanted, now_in) = (entry.wanted_lru(), entry.lru());
+        if wanted == now_in {
+            return;
+        }
+        let len = entry.block().len;
+        match now_in {
+            Some(Lru::Evictable) => self.evictable_bytes -= len,
+            Some(Lru::Record) => self.record_lru_bytes -= len,
+            None => {}
+        }
+        if now_in.is_some() {
+            self.objects.lru_remove(&id);
+        }
+        if let Some(list) = wanted {
+            match list {
+                Lru::Evictable => self.evictable_bytes += len,
+                Lru::Record => self.record_lru_bytes += len,
             }
-            (false, true) => {
-                self.evictable_bytes -= entry.block().len;
-                self.objects.lru_remove(&id);
-            }
-            _ => {}
+            self.objects.lru_push_back(list, &id);
         }
     }
 
@@ -735,8 +809,10 @@ impl Store {
         self.forget_clean_record(id);
         assert_eq!(entry.pin_count, 0, "removing pinned object {id}");
         let block = entry.block();
-        if entry.in_lru() {
-            self.evictable_bytes -= block.len;
+        match entry.lru() {
+            Some(Lru::Evictable) => self.evictable_bytes -= block.len,
+            Some(Lru::Record) => self.record_lru_bytes -= block.len,
+            None => {}
         }
         if self.config.record_durable_changes && entry.sealed {
             self.queue_durable(change);
@@ -786,6 +862,7 @@ impl Store {
         self.objects.check_invariants();
         let mut allocated = 0;
         let mut evictable = 0;
+        let mut record_lru = 0;
         for entry in self.objects.iter() {
             let id = entry.id;
             let held = refs_by_object.get(&id).copied().unwrap_or(0);
@@ -796,9 +873,11 @@ impl Store {
                 expected_creators,
                 "clients creating {id}"
             );
-            assert_eq!(entry.in_lru(), entry.evictable(), "LRU membership of {id}");
-            if entry.in_lru() {
-                evictable += entry.block().len;
+            assert_eq!(entry.lru(), entry.wanted_lru(), "LRU membership of {id}");
+            match entry.lru() {
+                Some(Lru::Evictable) => evictable += entry.block().len,
+                Some(Lru::Record) => record_lru += entry.block().len,
+                None => {}
             }
             assert!(
                 !(entry.delete_pending && entry.ref_count == 0 && entry.pin_count == 0),
@@ -810,6 +889,7 @@ impl Store {
             assert!(self.objects.contains(id), "reference to missing {id}");
         }
         assert_eq!(evictable, self.evictable_bytes, "evictable bytes");
+        assert_eq!(record_lru, self.record_lru_bytes, "unheld copies of record");
         self.check_spill_invariants();
         let quarantined: u64 = self.quarantine.iter().map(|(_, block)| block.len).sum();
         assert_eq!(quarantined, self.quarantined_bytes, "quarantined bytes");

@@ -318,9 +318,16 @@ fn repair(
     cluster.kill(1);
     let restored = within(REPAIR_LIMIT, || {
         objects.iter().all(|(id, _)| {
+            // Copies of record only: a cache copy (a fetch's) does not count as repaired.
             let nodes: Vec<NodeId> = observer
                 .locate_copies(*id)
-                .map(|c| c.copies.into_iter().map(|c| c.node).collect())
+                .map(|c| {
+                    c.copies
+                        .into_iter()
+                        .filter(|c| c.of_record)
+                        .map(|c| c.node)
+                        .collect()
+                })
                 .unwrap_or_default();
             nodes.len() >= 2 && !nodes.contains(&NodeId(1))
         })

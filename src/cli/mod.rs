@@ -232,10 +232,13 @@ enum Command {
     /// and out, work in flight, and every node of the cluster with its traffic and errors.
     /// `q` quits; --once prints one frame, --once --json one JSON document.
     Top(crate::top::TopArgs),
-    /// Show which nodes hold an object.
+    /// Show which nodes hold an object, each copy marked a copy of record or a cache copy.
     Locate {
         /// The object's id.
         id: ObjectId,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -339,7 +342,7 @@ fn run(args: Vec<std::ffi::OsString>) -> ExitCode {
             from,
         } => fetch(&socket, &ids, output, timeout_ms, mode, wait, from),
         Command::Nodes { json, socket } => nodes(&socket, json),
-        Command::Locate { id, socket } => locate(&socket, id),
+        Command::Locate { id, json, socket } => locate(&socket, id, json),
         Command::Top(args) => crate::top::run(&args).map_err(CliError::from),
         Command::Up(args) => crate::up::run(&args).map_err(CliError::from),
         Command::Cluster(command) => crate::cluster::run(command).map_err(CliError::from),

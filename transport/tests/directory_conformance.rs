@@ -568,6 +568,44 @@ async fn a_node_waiting_for_what_it_publishes_is_told_once<H: Harness>(h: &mut H
     );
 }
 
+/// `LocateCopies` names the holders as a lookup does. The registry answers `CopiesLocated`
+/// (here with no copies of record: the object was put with one copy); Redis, which keeps no
+/// records, answers `Located`, which tells the node so.
+async fn locate_copies_names_the_holders<H: Harness>(h: &mut H) {
+    let mut a = h.join(member(1, 1)).await;
+    let mut b = h.join(member(2, 1)).await;
+    let mut c = h.join(member(3, 1)).await;
+    let x = ObjectId::from_u64(0x30);
+    for node in [&mut a, &mut b] {
+        let published = node
+            .ask(DirectoryRequest::Publish {
+                id: x,
+                sizes: sizes(8),
+                digest: digest_of(sizes(8)),
+            })
+            .await;
+        assert_eq!(published, DirectoryReply::Done);
+    }
+    let reply = c.ask(DirectoryRequest::LocateCopies { id: x }).await;
+    let as_lookup = match reply {
+        DirectoryReply::CopiesLocated {
+            holders,
+            sizes,
+            digest,
+            of_record,
+        } => {
+            assert_eq!(of_record, None, "put with one copy");
+            DirectoryReply::Located {
+                holders,
+                sizes,
+                digest,
+            }
+        }
+        other => other,
+    };
+    assert_eq!(sorted(as_lookup), located(&[1, 2], Some(sizes(8))));
+}
+
 // ---- The suite, once per implementation ----
 
 macro_rules! conformance {
@@ -618,3 +656,4 @@ conformance!(one_id_names_one_content);
 conformance!(a_listed_holder_that_publishes_another_content_is_no_longer_listed);
 conformance!(a_node_that_leaves_is_forgotten_at_once);
 conformance!(a_node_waiting_for_what_it_publishes_is_told_once);
+conformance!(locate_copies_names_the_holders);

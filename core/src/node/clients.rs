@@ -524,6 +524,7 @@ impl Node {
                             .map(|_| crate::client_protocol::CopyView {
                                 node: self.config.node,
                                 failure_domain: String::new(),
+                                of_record: false,
                             });
                     let sizes = self
                         .store
@@ -533,13 +534,12 @@ impl Node {
                         copies: copies.into_iter().collect(),
                         wanted: None,
                         sizes,
+                        // No directory, so no copies of record: every copy is a cache copy.
+                        records_known: true,
                     });
                 }
                 self.directory(
-                    DirectoryRequest::Lookup {
-                        id,
-                        subscribe: false,
-                    },
+                    DirectoryRequest::LocateCopies { id },
                     Some(DirectoryPurpose::LocateCopies(id, client, request)),
                 );
                 return None;
@@ -630,6 +630,12 @@ impl Node {
                 holders,
                 sizes,
                 digest,
+            }
+            | DirectoryReply::CopiesLocated {
+                holders,
+                sizes,
+                digest,
+                ..
             } => Response::Located {
                 holders,
                 sizes: sizes.map(|s| (s.data_size, s.metadata_size)),

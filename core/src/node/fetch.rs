@@ -313,6 +313,12 @@ impl Node {
                 holders,
                 sizes,
                 digest,
+            }
+            | DirectoryReply::CopiesLocated {
+                holders,
+                sizes,
+                digest,
+                ..
             } => {
                 object.directory_attempts = 0;
                 let mut holders: Vec<NodeId> = holders.into_iter().filter(|&h| h != me).collect();

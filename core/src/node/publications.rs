@@ -182,7 +182,9 @@ impl Node {
         }
         publication.op = None;
         match reply {
-            DirectoryReply::Done | DirectoryReply::Located { .. } => {
+            DirectoryReply::Done
+            | DirectoryReply::Located { .. }
+            | DirectoryReply::CopiesLocated { .. } => {
                 self.publications.remove(&id);
                 self.unvouched.remove(&id);
                 self.refused_publications.remove(&id);

@@ -3,11 +3,12 @@
 //!
 //! - **A put with k > 1** publishes its object with `PublishReplicated`; the registry places
 //!   the other `k − 1` copies (see [`crate::registry::replication`]). The object is a copy of
-//!   record here: pinned, so never evicted (it may be spilled), only deleted.
+//!   record here: held so in the store ([`Store::hold_as_record`]), never evicted, only deleted;
+//!   on a node with a spill tier it may be spilled, and it stays a copy of record there.
 //! - **A copy placed here** ([`DirectoryEvent::Replicate`]) is fetched over the ordinary fetch
-//!   path (by the node's own fetch client, as a client fetch would be), pinned at its seal and
+//!   path (by the node's own fetch client, as a client fetch would be), held at its seal and
 //!   published at once with `PublishReplicated`. An object already here is promoted in place.
-//!   A copy this node cannot take (its store refused it, say for want of room; a pin refused;
+//!   A copy this node cannot take (its store refused it, say for want of room; a hold refused;
 //!   other bytes held under the id) is declined at once ([`DirectoryRequest::DeclineReplica`]),
 //!   so the registry places it elsewhere without waiting for its target timeout. A fetch that
 //!   failed otherwise (its sources failed, its deadline passed) is dropped: the next node would
@@ -24,6 +25,7 @@
 //!   delete it everywhere ([`DirectoryRequest::DeleteEverywhere`]); a node told so
 //!   ([`DirectoryEvent::Delete`]) drops its copy (once unused, as any delete).
 //!
+//! [`Store::hold_as_record`]: crate::store::Store::hold_as_record
 //! [`DirectoryEvent::Replicate`]: crate::directory::DirectoryEvent::Replicate
 //! [`DirectoryEvent::Copies`]: crate::directory::DirectoryEvent::Copies
 //! [`DirectoryEvent::Delete`]: crate::directory::DirectoryEvent::Delete
@@ -65,7 +67,7 @@ struct ReplicaWait {
 pub(super) struct Replicas {
     /// Copies wanted of each object put or placed here with more than one.
     wanted: BTreeMap<ObjectId, u8>,
-    /// Copies of record held here; each is pinned once in the store.
+    /// Copies of record held here; each is held as one in the store (in memory or spilled).
     of_record: BTreeSet<ObjectId>,
     /// Puts waiting for their copies.
     waits: BTreeMap<ObjectId, ReplicaWait>,
@@ -85,7 +87,7 @@ impl Replicas {
 }
 
 impl Node {
-    /// Whether this node holds `id` as a copy of record (pinned once for it, until a delete).
+    /// Whether this node holds `id` as a copy of record (held so in the store until a delete).
     pub fn is_copy_of_record(&self, id: &ObjectId) -> bool {
         self.replicas.of_record.contains(id)
     }
@@ -264,19 +266,21 @@ impl Node {
         }
     }
 
-    /// Bytes the store could give a new object (free or evictable).
+    /// Bytes the store could give a new object (free, evictable, or copies of record the spill
+    /// tier could take).
     fn free_bytes(&self) -> u64 {
         let stats = self.store.stats();
         stats
             .capacity_bytes
             .saturating_sub(stats.allocated_bytes)
             .saturating_add(stats.evictable_bytes)
+            .saturating_add(self.store.spillable_record_bytes())
     }
 
-    /// `id` was sealed here: a copy of record is pinned, and a copy placed here is published
+    /// `id` was sealed here: a copy of record is held as one, and a copy placed here is published
     /// at once (not after the delay of fetched copies).
     pub(super) fn replica_sealed(&mut self, id: ObjectId, sizes: ObjectSizes) {
-        if !self.replicas.wanted.contains_key(&id) || !self.pin_copy_of_record(id) {
+        if !self.replicas.wanted.contains_key(&id) || !self.hold_copy_of_record(id) {
             return;
         }
         if self.replicas.placed.remove(&id) {
@@ -286,12 +290,13 @@ impl Node {
         }
     }
 
-    /// `id`, sealed here, is pinned as a copy of record (once); false if it cannot be.
-    fn pin_copy_of_record(&mut self, id: ObjectId) -> bool {
+    /// `id`, sealed here, is held as a copy of record (never evicted, but spillable); false if
+    /// it cannot be.
+    fn hold_copy_of_record(&mut self, id: ObjectId) -> bool {
         if self.replicas.of_record.contains(&id) {
             return true;
         }
-        if self.store.pin(id).is_err() {
+        if self.store.hold_as_record(id).is_err() {
             return false;
         }
         self.replicas.of_record.insert(id);
@@ -319,10 +324,10 @@ impl Node {
             }
             return;
         }
-        if self.store.sealed_info(&id).is_some() {
+        if self.store.contains(&id) {
             if same_content {
-                // A cached copy: promote it.
-                if self.store.pin(id).is_ok() {
+                // A cached copy (in memory or spilled): promote it.
+                if self.store.hold_as_record(id).is_ok() {
                     self.replicas.wanted.insert(id, replicas.max(2));
                     self.replicas.of_record.insert(id);
                     self.stats.copies_of_record_placed += 1;
@@ -386,10 +391,11 @@ impl Node {
             if results.iter().any(|r| matches!(r, Err(FetchError::Store(_)))));
         if ok {
             if self.replicas.wanted.contains_key(&id) {
-                // Pinned (and published) before the fetch client's reference goes: once
-                // unheld and unpinned, the copy is evictable, and a fetch or create waiting for
-                // room would take it before the seal's absorption could pin it.
-                self.pin_copy_of_record(id);
+                // Held as a copy of record (and published) before the fetch client's reference
+                // goes: once unheld and not held so, the copy is evictable, and a fetch or
+                // create waiting for room would take it before the seal's absorption could
+                // hold it.
+                self.hold_copy_of_record(id);
                 let _ = self.store.release(FETCH_CLIENT, id);
                 self.stats.copies_of_record_placed += 1;
             } else {
@@ -417,7 +423,7 @@ impl Node {
         self.directory(DirectoryRequest::DeclineReplica { id }, None);
     }
 
-    /// A client deletes `ids`: copies of record are unpinned first, and the registry asked to
+    /// A client deletes `ids`: copies of record are released first, and the registry asked to
     /// delete them everywhere.
     pub(super) fn delete_replicas(&mut self, ids: &[ObjectId]) {
         for id in ids {
@@ -425,7 +431,7 @@ impl Node {
                 continue;
             }
             if self.replicas.of_record.remove(id) {
-                self.store.unpin(*id);
+                self.store.release_record(*id);
             }
             self.directory(DirectoryRequest::DeleteEverywhere { id: *id }, None);
         }
@@ -435,9 +441,10 @@ impl Node {
     pub(super) fn deleted_everywhere(&mut self, id: ObjectId) {
         self.replicas.wanted.remove(&id);
         if self.replicas.of_record.remove(&id) {
-            self.store.unpin(id);
+            self.store.release_record(id);
         }
-        if self.store.sealed_info(&id).is_some() {
+        // In memory or spilled.
+        if self.store.contains(&id) {
             let _ = self.store.delete(&[id]);
         }
     }
@@ -453,46 +460,59 @@ impl Node {
         self.publish_again(ids);
     }
 
-    /// The registry has enough copies of record of `id` without this one: unpinned, it stays
+    /// The registry has enough copies of record of `id` without this one: released, it stays
     /// as a plain copy (evictable). The object still wants copies, so a client's delete here
     /// still deletes it everywhere, and a later placement here promotes the copy again.
     pub(super) fn surplus_copy(&mut self, id: ObjectId) {
         if self.replicas.of_record.remove(&id) {
-            self.store.unpin(id);
+            self.store.release_record(id);
             self.stats.copies_of_record_released += 1;
         }
     }
 
-    /// A `LocateCopies` answered by the directory: the holders with their domains.
+    /// A `LocateCopies` answered by the directory: the holders with their domains, each marked
+    /// a copy of record or a cache copy when the directory keeps records (the registry answers
+    /// `CopiesLocated`; Redis answers a plain `Located`).
     pub(super) fn copies_answer(&self, id: &ObjectId, reply: DirectoryReply) -> Response {
-        match reply {
-            DirectoryReply::Located { holders, sizes, .. } => {
-                let members = self.cluster_members();
-                let copies = holders
-                    .into_iter()
-                    .map(|node| CopyView {
-                        node,
-                        failure_domain: members
-                            .iter()
-                            .find(|m| m.node == node)
-                            .map(|m| m.failure_domain.clone())
-                            .unwrap_or_default(),
-                    })
-                    .collect();
-                Response::Copies {
-                    copies,
-                    wanted: self.replicas_wanted(id),
-                    sizes: sizes.map(|s| (s.data_size, s.metadata_size)),
-                }
-            }
+        let (holders, sizes, of_record, records_known) = match reply {
+            DirectoryReply::CopiesLocated {
+                holders,
+                sizes,
+                of_record,
+                ..
+            } => (holders, sizes, of_record, true),
+            DirectoryReply::Located { holders, sizes, .. } => (holders, sizes, None, false),
             DirectoryReply::Unavailable { reason } => {
-                Response::Error(StoreError::DirectoryUnavailable(reason))
+                return Response::Error(StoreError::DirectoryUnavailable(reason));
             }
-            DirectoryReply::Done | DirectoryReply::Conflict { .. } => Response::Copies {
-                copies: Vec::new(),
-                wanted: None,
-                sizes: None,
-            },
+            DirectoryReply::Done | DirectoryReply::Conflict { .. } => {
+                (Vec::new(), None, None, false)
+            }
+        };
+        let members = self.cluster_members();
+        let record_holders = of_record.as_ref().map_or(&[][..], |r| &r.holders[..]);
+        let copies = holders
+            .into_iter()
+            .map(|node| CopyView {
+                node,
+                failure_domain: members
+                    .iter()
+                    .find(|m| m.node == node)
+                    .map(|m| m.failure_domain.clone())
+                    .unwrap_or_default(),
+                of_record: record_holders.contains(&node),
+            })
+            .collect();
+        let wanted = if records_known {
+            of_record.map(|r| r.wanted)
+        } else {
+            self.replicas_wanted(id)
+        };
+        Response::Copies {
+            copies,
+            wanted,
+            sizes: sizes.map(|s| (s.data_size, s.metadata_size)),
+            records_known,
         }
     }
 
@@ -506,12 +526,12 @@ impl Node {
         }
     }
 
-    /// Every copy of record is pinned.
+    /// Every copy of record is held as one in the store.
     pub(super) fn check_replica_invariants(&self) {
         for id in &self.replicas.of_record {
             assert!(
-                self.store.is_pinned(id),
-                "copy of record {id} is pinned in the store"
+                self.store.is_record(id),
+                "copy of record {id} is held as one in the store"
             );
             assert!(self.replicas.wanted.contains_key(id), "{id} wants copies");
         }

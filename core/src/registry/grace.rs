@@ -68,7 +68,8 @@ fn ordered_object(request: &DirectoryRequest) -> Option<ObjectId> {
         | DirectoryRequest::DeleteEverywhere { id } => Some(*id),
         DirectoryRequest::Lookup { .. }
         | DirectoryRequest::Unsubscribe { .. }
-        | DirectoryRequest::DeclineReplica { .. } => None,
+        | DirectoryRequest::DeclineReplica { .. }
+        | DirectoryRequest::LocateCopies { .. } => None,
     }
 }
 

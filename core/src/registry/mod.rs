@@ -35,6 +35,8 @@ mod grace;
 #[cfg(test)]
 mod grace_tests;
 mod holders;
+#[cfg(test)]
+mod locate_tests;
 pub mod member_changes;
 pub mod placement;
 pub mod replication;
@@ -53,7 +55,9 @@ use holders::HolderIndex;
 
 use crate::auth::{self, Nonce, NonceSource, Proof, Role};
 use crate::digest::ContentDigest;
-use crate::directory::{DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo, MemberList};
+use crate::directory::{
+    CopiesOfRecord, DirectoryEvent, DirectoryReply, DirectoryRequest, MemberInfo, MemberList,
+};
 use crate::ids::{NodeId, ObjectId};
 use crate::time::Instant;
 use crate::wire::ObjectSizes;
@@ -611,6 +615,7 @@ impl Registry {
                 self.replica_declined(now, node, id);
                 Some(DirectoryReply::Done)
             }
+            DirectoryRequest::LocateCopies { id } => Some(self.locate_copies(node, id)),
         };
         if let Some(reply) = reply {
             self.outputs.push_back(RegistryOutput::Send {
@@ -970,6 +975,27 @@ impl Registry {
             sizes: content.map(|(sizes, _)| sizes),
             digest: content.map(|(_, digest)| digest),
         })
+    }
+
+    /// A `LocateCopies`: the holders, as a lookup finds them, and the copies of record.
+    fn locate_copies(&mut self, node: NodeId, id: ObjectId) -> DirectoryReply {
+        let Some(DirectoryReply::Located {
+            holders,
+            sizes,
+            digest,
+        }) = self.lookup(node, id, false)
+        else {
+            unreachable!("a lookup without a subscription is answered Located");
+        };
+        let of_record = self
+            .copies_of_record(&id)
+            .map(|(wanted, holders)| CopiesOfRecord { wanted, holders });
+        DirectoryReply::CopiesLocated {
+            holders,
+            sizes,
+            digest,
+            of_record,
+        }
     }
 
     fn publish(

@@ -336,7 +336,7 @@ impl DirectorySession {
             DirectoryRequest::Withdraw { id } | DirectoryRequest::DeleteEverywhere { id } => {
                 self.replay.publications.remove(&id);
             }
-            DirectoryRequest::DeclineReplica { .. } => {}
+            DirectoryRequest::DeclineReplica { .. } | DirectoryRequest::LocateCopies { .. } => {}
             DirectoryRequest::Unsubscribe { .. } => unreachable!("handled above"),
         }
         if !self.is_up() {

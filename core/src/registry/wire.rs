@@ -21,8 +21,10 @@ use super::member_changes::{MemberChange, MemberChanges};
 /// `returning` and [`ToRegistry::Reclaim`], for the head's grace period after a restart (see
 /// [`crate::registry`]); version 6 the `DeclineReplica` request (a target that cannot take
 /// its copy says so); version 7 numbers member lists and sends a node that has one only what
-/// changed ([`FromRegistry::MembersChanged`], see [`super::member_changes`]).
-pub const PROTOCOL_VERSION: u16 = 7;
+/// changed ([`FromRegistry::MembersChanged`], see [`super::member_changes`]); version 8 the
+/// `LocateCopies` request and its `CopiesLocated` reply (which holders keep copies of record,
+/// and how many the object wants).
+pub const PROTOCOL_VERSION: u16 = 8;
 /// Opens every hello, so a stray client (or an old daemon) is told apart from a bad token.
 pub const HELLO_MAGIC: [u8; 8] = *b"skyrdir\0";
 

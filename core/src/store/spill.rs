@@ -26,9 +26,12 @@
 //! objects are spilled (or dropped to their clean records) before anyone asks, so a `create` or
 //! a restore finds memory free instead of waiting for a write. Spilling ahead never evicts.
 //!
-//! Rules: the least recently used unheld sealed object is spilled first; an object is evicted
-//! (forgotten) only when the spill tier cannot take it (its limit reached, or the last write
-//! failed for lack of space or an IO error, until space is given back). A restore whose record
+//! Rules: unheld copies of record ([`Store::hold_as_record`]) are spilled first, least recently
+//! used first: they can never be evicted, so the tier's room goes to them before cache copies,
+//! which can. Then the least recently used unheld sealed object is spilled; an object is
+//! evicted (forgotten) only when the spill tier cannot take it (its limit reached, or the last
+//! write failed for lack of space or an IO error, until space is given back), and a copy of
+//! record never is: it stays in memory. A spilled copy of record is still held as one. A restore whose record
 //! is damaged or missing reports the object lost (withdrawn like a delete), never other bytes.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -38,7 +41,7 @@ use serde::{Deserialize, Serialize};
 
 use self::held_for_gets::HeldForGets;
 use super::recovery::{RecoveredSpilled, RecoveryRefusal, RefusedSpilled, SpilledRecoveryReport};
-use super::table::Entry;
+use super::table::{Entry, Lru};
 use super::{DurableChange, ObjectEvent, Store, StoreOutput};
 use crate::digest::ContentDigest;
 use crate::error::StoreError;
@@ -167,6 +170,8 @@ pub(super) struct SpilledObject {
     pub(super) metadata_size: u64,
     pub(super) digest: Option<ContentDigest>,
     pub(super) created_at: Instant,
+    /// Held as a copy of record (see [`Store::hold_as_record`]).
+    pub(super) record: bool,
 }
 
 impl SpilledObject {
@@ -323,6 +328,15 @@ impl SpillTier {
         }
     }
 
+    /// Bytes the tier can take in new writes now.
+    fn room_bytes(&self) -> u64 {
+        if self.full {
+            return 0;
+        }
+        self.limit_bytes
+            .saturating_sub(self.spilled_bytes + self.clean_bytes + self.spilling_bytes)
+    }
+
     fn give_back(&mut self, object: &SpilledObject) {
         self.spilled_bytes -= object.len();
         self.full = false;
@@ -417,11 +431,28 @@ impl Store {
         }
     }
 
-    /// Frees memory held by the least recently used unheld object: starts its spill write when
-    /// the tier can take it (the memory is freed when the write completes), evicts it
-    /// otherwise. `None` when nothing is unheld.
+    /// Frees memory held by an unheld object: spills the least recently used copy of record
+    /// when the tier can take it, else the least recently used other object, which is evicted
+    /// when the tier cannot take it either (the memory of a spilled one is freed when the write
+    /// completes). `None` when nothing unheld can go.
     pub(super) fn reclaim_one(&mut self) -> Option<u64> {
-        let id = self.objects.lru_front()?;
+        for list in [Lru::Record, Lru::Evictable] {
+            if let Some(id) = self.objects.lru_front(list) {
+                if let Some(block_len) = self.try_spill(id) {
+                    return Some(block_len);
+                }
+            }
+        }
+        self.objects.lru_front(Lru::Evictable)?;
+        if let Some(tier) = self.spill.as_mut() {
+            tier.evicted_while_closed();
+        }
+        self.evict_one()
+    }
+
+    /// Sends `id` (unheld, in memory) to the spill tier: back to its clean record, or in a new
+    /// write. Returns the block that frees, or `None` when the tier cannot take it.
+    fn try_spill(&mut self, id: ObjectId) -> Option<u64> {
         let entry = self.objects.get(&id).expect("LRU entries are in the table");
         let len = entry.data_size + entry.metadata_size;
         let block_len = entry.block().len;
@@ -431,13 +462,72 @@ impl Store {
         self.make_room_for_write(len);
         let takes = self.spill.as_ref().is_some_and(|tier| tier.can_take(len));
         if !takes {
-            if let Some(tier) = self.spill.as_mut() {
-                tier.evicted_while_closed();
-            }
-            return self.evict_one();
+            return None;
         }
         self.start_spill(id);
         Some(block_len)
+    }
+
+    /// Sets or clears the copy-of-record hold of a spilled object (and, while it is being
+    /// restored, of its entry). False when `id` is not spilled.
+    pub(super) fn hold_spilled_as_record(&mut self, id: ObjectId, record: bool) -> bool {
+        let Some(object) = self
+            .spill
+            .as_mut()
+            .and_then(|tier| tier.spilled.get_mut(&id))
+        else {
+            return false;
+        };
+        object.record = record;
+        if let Some(entry) = self.objects.get_mut(&id) {
+            // Restoring: unsealed and pinned, in no LRU list until it is back.
+            entry.record = record;
+        }
+        true
+    }
+
+    /// Whether `id` is spilled and held as a copy of record.
+    pub(super) fn is_spilled_record(&self, id: &ObjectId) -> bool {
+        self.spill
+            .as_ref()
+            .and_then(|tier| tier.spilled.get(id))
+            .is_some_and(|object| object.record)
+    }
+
+    /// Bytes of unheld copies of record in memory that spilling could free now (at most what
+    /// the tier has room for, or holds as clean records); none without a spill tier.
+    pub fn spillable_record_bytes(&self) -> u64 {
+        let Some(tier) = self.spill.as_ref() else {
+            return 0;
+        };
+        self.record_lru_bytes
+            .min(tier.room_bytes().saturating_add(tier.clean_bytes))
+    }
+
+    /// The blocks of unheld copies of record in memory the tier could take now (those with a
+    /// clean record need no room), for [`Store::could_hold`]; none without a spill tier.
+    pub(super) fn spillable_record_blocks(&self) -> Vec<crate::region::LocalRegion> {
+        let Some(tier) = self.spill.as_ref() else {
+            return Vec::new();
+        };
+        if self.record_lru_bytes == 0 {
+            return Vec::new();
+        }
+        let mut room = tier.room_bytes();
+        let mut blocks = Vec::new();
+        for entry in self.objects.iter() {
+            if entry.lru() != Some(Lru::Record) {
+                continue;
+            }
+            let len = entry.data_size + entry.metadata_size;
+            if tier.clean.contains_key(&entry.id) {
+                blocks.push(entry.block());
+            } else if len <= room {
+                room -= len;
+                blocks.push(entry.block());
+            }
+        }
+        blocks
     }
 
     /// Sends `id` (unheld, in memory) back to its clean record: a `Spill` of that record, which
@@ -506,20 +596,14 @@ impl Store {
         }
         let mark = self.allocator.capacity_bytes() / SPILL_AHEAD_FRACTION;
         while self.allocator.free_bytes() + self.pending_free_bytes() < mark {
-            let Some(id) = self.objects.lru_front() else {
-                return;
-            };
-            if self.back_to_clean_record(id) {
-                continue;
-            }
-            let entry = self.objects.get(&id).expect("LRU entries are in the table");
-            let len = entry.data_size + entry.metadata_size;
-            self.make_room_for_write(len);
-            let takes = self.spill.as_ref().is_some_and(|tier| tier.can_take(len));
-            if !takes {
+            let spilled = [Lru::Record, Lru::Evictable].into_iter().any(|list| {
+                self.objects
+                    .lru_front(list)
+                    .is_some_and(|id| self.try_spill(id).is_some())
+            });
+            if !spilled {
                 return;
             }
-            self.start_spill(id);
         }
     }
 
@@ -619,6 +703,7 @@ impl Store {
             metadata_size: entry.metadata_size,
             digest: entry.digest(),
             created_at: entry.created_at,
+            record: entry.record,
         };
         if !unheld {
             // Taken (or deleted) meanwhile: it stays in memory, its record kept clean for the
@@ -753,6 +838,7 @@ impl Store {
                 metadata_size,
                 digest,
                 created_at: now,
+                record: false,
             },
         );
         self.notify(ObjectEvent::Sealed {
@@ -911,6 +997,7 @@ impl Store {
         if let Some(digest) = object.digest {
             entry.set_digest(digest);
         }
+        entry.record = object.record;
         // Pinned while the read writes its block; unsealed, so nobody reads it yet.
         entry.pin_count = 1;
         let region = entry.info().region;
@@ -1200,3 +1287,5 @@ mod held_for_gets;
 mod held_tests;
 #[cfg(test)]
 mod persistent_tests;
+#[cfg(test)]
+mod record_tests;

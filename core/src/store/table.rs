@@ -1,13 +1,14 @@
-//! The object table: one compact record per object, with the LRU threaded through it.
+//! The object table: one compact record per object, with the LRU lists threaded through it.
 //!
 //! A store may hold millions of small objects, so the bytes kept per object matter as much as
 //! the objects' own bytes. The records live densely in segments of [`SEGMENT_RECORDS`] (a
 //! removal moves the last record into the hole; growing never copies more than one segment, so
 //! a store of millions of objects has no pause or transient doubling of its table when it
 //! grows), and a hash index of `u32` positions finds a record by its id: the id
-//! is stored once, in the record. The LRU is an intrusive doubly linked list of positions
-//! through the records, so being evictable costs no allocation and eviction, touch and removal
-//! are O(1). About 80 bytes per record plus 5 per index bucket (the index is at most 7/8 full
+//! is stored once, in the record. Each LRU list ([`Lru`]: evictable objects, and unheld copies of
+//! record, which may be spilled but never evicted) is an intrusive doubly linked list of
+//! positions through the records; a record is in at most one, so one pair of links serves both.
+//! Being evictable costs no allocation and eviction, touch and removal are O(1). About 80 bytes per record plus 5 per index bucket (the index is at most 7/8 full
 //! and grows by doubling).
 //!
 //! Iteration goes over the records in their `Vec` order, which depends only on the sequence of
@@ -31,6 +32,47 @@ pub(super) const MAX_OBJECTS: usize = NIL as usize;
 /// No record: the end of the LRU list.
 const NIL: u32 = u32::MAX;
 
+/// The LRU lists of a table; a record is in at most one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lru {
+    /// Sealed objects nobody holds: evicted (or, with a spill tier, spilled) when memory is
+    /// needed.
+    Evictable,
+    /// Copies of record nobody holds: spilled when memory is needed, never evicted.
+    Record,
+}
+
+impl Lru {
+    const ALL: [Lru; 2] = [Lru::Evictable, Lru::Record];
+
+    fn at(self) -> usize {
+        match self {
+            Lru::Evictable => 0,
+            Lru::Record => 1,
+        }
+    }
+}
+
+/// The ends and length of one LRU list.
+#[derive(Debug, Clone, Copy)]
+struct ListEnds {
+    /// Least recently used end.
+    head: u32,
+    /// Most recently used end.
+    tail: u32,
+    len: usize,
+}
+
+impl Default for ListEnds {
+    fn default() -> Self {
+        Self {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
+    }
+}
+
 /// One object's record.
 #[derive(Debug, Clone)]
 pub(super) struct Entry {
@@ -46,11 +88,14 @@ pub(super) struct Entry {
     pub(super) pin_count: u32,
     pub(super) sealed: bool,
     pub(super) delete_pending: bool,
+    /// A copy of record: never evicted (it may be spilled), only deleted.
+    pub(super) record: bool,
     /// The digest of its bytes, once sealed and `has_digest` (set by the node).
     digest: u64,
     has_digest: bool,
-    /// In the LRU list; `lru_prev`/`lru_next` are meaningful only then. Owned by the table.
-    in_lru: bool,
+    /// The LRU list it is in; `lru_prev`/`lru_next` are meaningful only then. Owned by the
+    /// table.
+    lru: Option<Lru>,
     lru_prev: u32,
     lru_next: u32,
 }
@@ -77,9 +122,10 @@ impl Entry {
             pin_count: 0,
             sealed,
             delete_pending: false,
+            record: false,
             digest: 0,
             has_digest: false,
-            in_lru: false,
+            lru: None,
             lru_prev: NIL,
             lru_next: NIL,
         };
@@ -114,9 +160,14 @@ impl Entry {
         }
     }
 
-    /// Whether the object is in the LRU list.
+    /// Whether the object is in the evictable LRU list.
     pub(super) fn in_lru(&self) -> bool {
-        self.in_lru
+        self.lru == Some(Lru::Evictable)
+    }
+
+    /// The LRU list the object is in, if any.
+    pub(super) fn lru(&self) -> Option<Lru> {
+        self.lru
     }
 }
 
@@ -182,7 +233,8 @@ impl std::ops::IndexMut<usize> for Records {
     }
 }
 
-/// The objects of a store by id, and the LRU order of the evictable ones.
+/// The objects of a store by id, and the LRU order of the unheld ones (evictable, and copies
+/// of record).
 #[derive(Debug, Default)]
 pub(super) struct ObjectTable {
     entries: Records,
@@ -192,19 +244,14 @@ pub(super) struct ObjectTable {
     /// draws it at random (ids come from clients, so the index must not be floodable), the
     /// simulator from its run seed (so runs replay).
     hasher: FixedState,
-    /// Least recently used end of the LRU list.
-    lru_head: u32,
-    /// Most recently used end.
-    lru_tail: u32,
-    lru_len: usize,
+    /// The LRU lists, by [`Lru::at`].
+    lists: [ListEnds; 2],
 }
 
 impl ObjectTable {
     pub(super) fn new(hash_seed: u64) -> Self {
         Self {
             hasher: FixedState::with_seed(hash_seed),
-            lru_head: NIL,
-            lru_tail: NIL,
             ..Self::default()
         }
     }
@@ -241,7 +288,7 @@ impl ObjectTable {
     pub(super) fn insert(&mut self, mut entry: Entry) {
         assert!(self.entries.len() < MAX_OBJECTS, "object table full");
         assert!(!self.contains(&entry.id), "{} inserted twice", entry.id);
-        entry.in_lru = false;
+        entry.lru = None;
         // Below MAX_OBJECTS, checked above.
         let at = self.entries.len() as u32;
         let hash = self.hasher.hash_one(entry.id);
@@ -252,8 +299,8 @@ impl ObjectTable {
         });
     }
 
-    /// Removes the record of `id`, unlinking it from the LRU, and returns it (its
-    /// [`Entry::in_lru`] still says whether it was in the LRU).
+    /// Removes the record of `id`, unlinking it from its LRU list, and returns it (its
+    /// [`Entry::lru`] still says which list it was in).
     pub(super) fn remove(&mut self, id: &ObjectId) -> Option<Entry> {
         let hash = self.hasher.hash_one(id);
         let entries = &self.entries;
@@ -262,7 +309,7 @@ impl ObjectTable {
             .find_entry(hash, |&at| entries[at as usize].id == *id)
             .ok()?
             .remove();
-        let was_in_lru = self.lru_unlink(at);
+        let was_in = self.lru_unlink(at);
         let last = (self.entries.len() - 1) as u32;
         if at != last {
             // The last record moves into the hole: repoint its index slot and LRU neighbours.
@@ -273,78 +320,77 @@ impl ObjectTable {
                 .expect("every record is indexed");
             *slot = at;
             let moved = &self.entries[last as usize];
-            if moved.in_lru {
+            if let Some(list) = moved.lru {
                 let (prev, next) = (moved.lru_prev, moved.lru_next);
-                self.set_next(prev, at);
-                self.set_prev(next, at);
+                self.set_next(list, prev, at);
+                self.set_prev(list, next, at);
             }
         }
         let mut entry = self.entries.swap_remove(at as usize);
-        entry.in_lru = was_in_lru;
+        entry.lru = was_in;
         Some(entry)
     }
 
-    /// Appends `id` at the most recently used end of the LRU. It must be in the table and not
-    /// in the LRU yet.
-    pub(super) fn lru_push_back(&mut self, id: &ObjectId) {
+    /// Appends `id` at the most recently used end of `list`. It must be in the table and in
+    /// no LRU list yet.
+    pub(super) fn lru_push_back(&mut self, list: Lru, id: &ObjectId) {
         let at = self.position(id).expect("only stored objects join the LRU");
-        let tail = self.lru_tail;
+        let tail = self.lists[list.at()].tail;
         let entry = &mut self.entries[at as usize];
-        assert!(!entry.in_lru, "{id} is in the LRU already");
-        entry.in_lru = true;
+        assert!(entry.lru.is_none(), "{id} is in an LRU list already");
+        entry.lru = Some(list);
         entry.lru_prev = tail;
         entry.lru_next = NIL;
-        self.set_next(tail, at);
-        self.lru_tail = at;
-        self.lru_len += 1;
+        self.set_next(list, tail, at);
+        let ends = &mut self.lists[list.at()];
+        ends.tail = at;
+        ends.len += 1;
     }
 
-    /// Takes `id` out of the LRU if it is there.
+    /// Takes `id` out of its LRU list if it is in one.
     pub(super) fn lru_remove(&mut self, id: &ObjectId) {
         if let Some(at) = self.position(id) {
             let _ = self.lru_unlink(at);
         }
     }
 
-    /// The least recently used object, if any.
-    pub(super) fn lru_front(&self) -> Option<ObjectId> {
-        (self.lru_head != NIL).then(|| self.entries[self.lru_head as usize].id)
+    /// The least recently used object of `list`, if any.
+    pub(super) fn lru_front(&self, list: Lru) -> Option<ObjectId> {
+        let head = self.lists[list.at()].head;
+        (head != NIL).then(|| self.entries[head as usize].id)
     }
 
-    /// Takes the record at `at` out of the LRU; returns whether it was there.
-    fn lru_unlink(&mut self, at: u32) -> bool {
+    /// Takes the record at `at` out of its LRU list; returns the list it was in.
+    fn lru_unlink(&mut self, at: u32) -> Option<Lru> {
         let entry = &mut self.entries[at as usize];
-        if !entry.in_lru {
-            return false;
-        }
-        entry.in_lru = false;
+        let list = entry.lru.take()?;
         let (prev, next) = (entry.lru_prev, entry.lru_next);
         entry.lru_prev = NIL;
         entry.lru_next = NIL;
-        self.set_next(prev, next);
-        self.set_prev(next, prev);
-        self.lru_len -= 1;
-        true
+        self.set_next(list, prev, next);
+        self.set_prev(list, next, prev);
+        self.lists[list.at()].len -= 1;
+        Some(list)
     }
 
-    /// Points `at`'s successor link (or the head, for [`NIL`]) to `next`.
-    fn set_next(&mut self, at: u32, next: u32) {
+    /// Points `at`'s successor link (or `list`'s head, for [`NIL`]) to `next`.
+    fn set_next(&mut self, list: Lru, at: u32, next: u32) {
         match at {
-            NIL => self.lru_head = next,
+            NIL => self.lists[list.at()].head = next,
             at => self.entries[at as usize].lru_next = next,
         }
     }
 
-    /// Points `at`'s predecessor link (or the tail, for [`NIL`]) to `prev`.
-    fn set_prev(&mut self, at: u32, prev: u32) {
+    /// Points `at`'s predecessor link (or `list`'s tail, for [`NIL`]) to `prev`.
+    fn set_prev(&mut self, list: Lru, at: u32, prev: u32) {
         match at {
-            NIL => self.lru_tail = prev,
+            NIL => self.lists[list.at()].tail = prev,
             at => self.entries[at as usize].lru_prev = prev,
         }
     }
 
-    /// Checks the index and the LRU list against the records; panics on the first
-    /// inconsistency. Returns the ids in LRU order.
+    /// Checks the index and the LRU lists against the records; panics on the first
+    /// inconsistency. Returns the ids of the evictable list in LRU order.
     pub(super) fn check_invariants(&self) -> Vec<ObjectId> {
         assert_eq!(self.index.len(), self.entries.len(), "index size");
         for (at, entry) in self.entries.iter().enumerate() {
@@ -355,26 +401,37 @@ impl ObjectTable {
                 entry.id
             );
         }
-        let mut order = Vec::with_capacity(self.lru_len);
-        let (mut prev, mut at) = (NIL, self.lru_head);
+        let mut orders = Lru::ALL.map(|list| self.check_list(list));
+        std::mem::take(&mut orders[Lru::Evictable.at()])
+    }
+
+    /// Checks one LRU list against the records; returns its ids in LRU order.
+    fn check_list(&self, list: Lru) -> Vec<ObjectId> {
+        let ends = self.lists[list.at()];
+        let mut order = Vec::with_capacity(ends.len);
+        let (mut prev, mut at) = (NIL, ends.head);
         while at != NIL {
-            assert!(order.len() < self.lru_len, "LRU list longer than its count");
-            let entry = &self.entries[at as usize];
             assert!(
-                entry.in_lru,
-                "{} linked but not marked in the LRU",
+                order.len() < ends.len,
+                "{list:?} list longer than its count"
+            );
+            let entry = &self.entries[at as usize];
+            assert_eq!(
+                entry.lru,
+                Some(list),
+                "{} linked but not marked in the {list:?} list",
                 entry.id
             );
             assert_eq!(entry.lru_prev, prev, "LRU back link of {}", entry.id);
             order.push(entry.id);
             (prev, at) = (at, entry.lru_next);
         }
-        assert_eq!(self.lru_tail, prev, "LRU tail");
-        assert_eq!(order.len(), self.lru_len, "LRU count");
+        assert_eq!(ends.tail, prev, "{list:?} list tail");
+        assert_eq!(order.len(), ends.len, "{list:?} list count");
         assert_eq!(
-            self.entries.iter().filter(|e| e.in_lru).count(),
-            self.lru_len,
-            "records marked in the LRU"
+            self.entries.iter().filter(|e| e.lru == Some(list)).count(),
+            ends.len,
+            "records marked in the {list:?} list"
         );
         order
     }
@@ -415,7 +472,7 @@ mod tests {
             table.insert(entry(n));
         }
         for n in (0..total).step_by(1000) {
-            table.lru_push_back(&ObjectId::from_u64(n));
+            table.lru_push_back(Lru::Evictable, &ObjectId::from_u64(n));
         }
         assert_eq!(table.entries.segments.len(), 3);
         // A record of the first segment goes: the last record (in the third) moves into it.
@@ -445,7 +502,7 @@ mod tests {
             table.insert(entry(n));
         }
         for n in [3, 0, 5, 1] {
-            table.lru_push_back(&ObjectId::from_u64(n));
+            table.lru_push_back(Lru::Evictable, &ObjectId::from_u64(n));
         }
         assert_eq!(lru(&table), vec![3, 0, 5, 1]);
         // Removing 0 moves the last record (5, in the LRU) into its place.
@@ -455,13 +512,39 @@ mod tests {
         assert_eq!(lru(&table), vec![3, 5, 1]);
         table.lru_remove(&ObjectId::from_u64(3));
         assert_eq!(lru(&table), vec![5, 1]);
-        assert_eq!(table.lru_front(), Some(ObjectId::from_u64(5)));
+        assert_eq!(table.lru_front(Lru::Evictable), Some(ObjectId::from_u64(5)));
         table.remove(&ObjectId::from_u64(1));
         table.remove(&ObjectId::from_u64(5));
         assert_eq!(lru(&table), Vec::<u64>::new());
-        assert_eq!(table.lru_front(), None);
+        assert_eq!(table.lru_front(Lru::Evictable), None);
         assert_eq!(table.len(), 3);
         assert!(table.get(&ObjectId::from_u64(4)).is_some());
         assert!(table.remove(&ObjectId::from_u64(5)).is_none());
+    }
+
+    #[test]
+    fn the_evictable_and_record_lists_are_kept_apart() {
+        let id = ObjectId::from_u64;
+        let mut table = ObjectTable::new(7);
+        for n in 0..5 {
+            table.insert(entry(n));
+        }
+        table.lru_push_back(Lru::Evictable, &id(0));
+        table.lru_push_back(Lru::Record, &id(4));
+        table.lru_push_back(Lru::Record, &id(1));
+        table.lru_push_back(Lru::Evictable, &id(2));
+        // Removing 0 moves the last record (4, in the record list) into its place.
+        let removed = table.remove(&id(0)).unwrap();
+        assert_eq!(removed.lru(), Some(Lru::Evictable));
+        assert_eq!(lru(&table), vec![2]);
+        assert_eq!(table.lru_front(Lru::Record), Some(id(4)));
+        table.lru_remove(&id(4));
+        assert_eq!(table.lru_front(Lru::Record), Some(id(1)));
+        assert_eq!(table.get(&id(1)).unwrap().lru(), Some(Lru::Record));
+        assert!(!table.get(&id(1)).unwrap().in_lru(), "not evictable");
+        table.remove(&id(1));
+        assert_eq!(table.lru_front(Lru::Record), None);
+        assert_eq!(table.lru_front(Lru::Evictable), Some(id(2)));
+        table.check_invariants();
     }
 }

@@ -375,6 +375,8 @@ enum Op {
     Evict(u64),
     Pin(u64),
     Unpin(u64),
+    HoldAsRecord(u64),
+    ReleaseRecord(u64),
     Disconnect(u64),
 }
 
@@ -391,6 +393,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..4u64).prop_map(Op::Evict),
         1 => i.clone().prop_map(Op::Pin),
         1 => i.clone().prop_map(Op::Unpin),
+        1 => i.clone().prop_map(Op::HoldAsRecord),
+        1 => i.clone().prop_map(Op::ReleaseRecord),
         1 => c.prop_map(Op::Disconnect),
     ]
 }
@@ -402,6 +406,8 @@ struct ModelObject {
     refs: BTreeMap<u64, u32>,
     pins: u32,
     delete_pending: bool,
+    /// Held as a copy of record: never evicted (there is no spill tier here).
+    record: bool,
 }
 
 impl ModelObject {
@@ -409,7 +415,11 @@ impl ModelObject {
         self.refs.values().sum()
     }
     fn evictable(&self) -> bool {
-        self.sealed && self.ref_count() == 0 && self.pins == 0 && !self.delete_pending
+        self.sealed
+            && self.ref_count() == 0
+            && self.pins == 0
+            && !self.delete_pending
+            && !self.record
     }
 }
 
@@ -571,6 +581,26 @@ proptest! {
                         o.pins -= 1;
                         model.settle(i);
                     }
+                }
+                Op::HoldAsRecord(i) => {
+                    let result = store.hold_as_record(id(i));
+                    match model.objects.get_mut(&i) {
+                        Some(o) if o.sealed && !o.delete_pending => {
+                            prop_assert!(result.is_ok());
+                            o.record = true;
+                            model.settle(i);
+                        }
+                        _ => prop_assert!(result.is_err()),
+                    }
+                    prop_assert_eq!(store.is_record(&id(i)), model.objects.get(&i).is_some_and(|o| o.record));
+                }
+                Op::ReleaseRecord(i) => {
+                    store.release_record(id(i));
+                    if let Some(o) = model.objects.get_mut(&i) {
+                        o.record = false;
+                        model.settle(i);
+                    }
+                    prop_assert!(!store.is_record(&id(i)));
                 }
                 Op::Disconnect(c) => {
                     store.disconnect(client(c));

@@ -642,20 +642,23 @@ impl NodeDriver for Carrier<'_> {
             return;
         }
         let reply = match request {
-            DirectoryRequest::Lookup { id, .. } => match world.locations.get(&id) {
-                Some((sizes, holders, digest)) if !holders.is_empty() => {
-                    Some(DirectoryReply::Located {
-                        holders: holders.clone(),
-                        sizes: Some(*sizes),
-                        digest: Some(*digest),
-                    })
+            // This directory keeps no copies of record (as Redis): a `LocateCopies` is a lookup.
+            DirectoryRequest::Lookup { id, .. } | DirectoryRequest::LocateCopies { id } => {
+                match world.locations.get(&id) {
+                    Some((sizes, holders, digest)) if !holders.is_empty() => {
+                        Some(DirectoryReply::Located {
+                            holders: holders.clone(),
+                            sizes: Some(*sizes),
+                            digest: Some(*digest),
+                        })
+                    }
+                    _ => Some(DirectoryReply::Located {
+                        holders: vec![],
+                        sizes: None,
+                        digest: None,
+                    }),
                 }
-                _ => Some(DirectoryReply::Located {
-                    holders: vec![],
-                    sizes: None,
-                    digest: None,
-                }),
-            },
+            }
             DirectoryRequest::Publish { id, sizes, digest }
             | DirectoryRequest::PublishReplicated {
                 id, sizes, digest, ..
@@ -771,9 +774,11 @@ impl Carrier<'_> {
 mod clients;
 mod drive;
 mod hints;
+mod locate;
 mod publications;
 mod relay;
 mod replicas;
+mod replicas_spill;
 mod sealing;
 mod spill;
 mod transfers;

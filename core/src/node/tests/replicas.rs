@@ -44,7 +44,7 @@ fn a_put_with_copies_is_published_for_placement_and_never_evicted_but_deleted_ev
     let put = put_replicated(&mut w, 0, 1, 2, None);
     assert_eq!(w.reply_to(0, CLIENT, put), Some(Response::Done(Ok(()))));
     assert_eq!(published_replicated(&w, 0), vec![2]);
-    assert!(w.nodes[0].store().is_pinned(&id(1)));
+    assert!(w.nodes[0].store().is_record(&id(1)));
     let evicted = w.request(0, Request::Evict { bytes: 1 << 30 });
     assert!(matches!(evicted, Some(Response::Evicted(o)) if o.objects == 0));
     assert!(
@@ -75,7 +75,7 @@ fn the_daemon_default_applies_to_a_put_that_names_no_count() {
     // A plain put stays plain.
     w.put(0, 2, LEN);
     assert_eq!(published_replicated(&w, 0), vec![3]);
-    assert!(!w.nodes[0].store().is_pinned(&id(2)));
+    assert!(!w.nodes[0].store().is_record(&id(2)));
 }
 
 #[test]
@@ -153,7 +153,7 @@ fn a_copy_placed_here_is_fetched_pinned_published_at_once_and_deleted_when_told(
     w.pump();
     let info = w.nodes[1].store().sealed_info(&id(1)).expect("fetched");
     assert_eq!(w.local_bytes(1, &info), bytes);
-    assert!(w.nodes[1].store().is_pinned(&id(1)));
+    assert!(w.nodes[1].store().is_record(&id(1)));
     assert_eq!(
         published_replicated(&w, 1),
         vec![2],
@@ -245,7 +245,7 @@ fn a_copy_placed_on_a_node_holding_other_bytes_under_the_id_is_not_promoted() {
     w.feed(1, NodeInput::DirectoryEvent { event });
     w.pump();
     assert_eq!(published_replicated(&w, 1), Vec::<u8>::new());
-    assert!(!w.nodes[1].store().is_pinned(&id(1)));
+    assert!(!w.nodes[1].store().is_record(&id(1)));
     assert!(!w.nodes[1].store().contains(&id(1)), "the stale copy goes");
     w.nodes[1].check_invariants();
 }
@@ -299,7 +299,7 @@ fn a_copy_of_record_is_published_as_one_again_when_the_directory_returns_and_sur
     w.feed(0, NodeInput::DirectoryEvent { event });
     w.pump();
     assert!(!w.nodes[0].is_copy_of_record(&id(1)));
-    assert!(!w.nodes[0].store().is_pinned(&id(1)));
+    assert!(!w.nodes[0].store().is_record(&id(1)));
     assert!(w.nodes[0].store().contains(&id(1)), "kept as a plain copy");
     assert_eq!(w.nodes[0].stats().copies_of_record_released, 1);
     let evicted = w.request(0, Request::Evict { bytes: 1 << 30 });
@@ -336,7 +336,7 @@ fn a_placed_copy_is_pinned_before_the_next_placed_fetch_can_evict_it() {
     }
     w.pump();
     assert!(w.nodes[1].is_copy_of_record(&id(1)), "the first copy stays");
-    assert!(w.nodes[1].store().is_pinned(&id(1)));
+    assert!(w.nodes[1].store().is_record(&id(1)));
     assert!(
         !w.nodes[1].store().contains(&id(2)),
         "no room for the second"

@@ -1126,6 +1126,15 @@ impl Adapter {
         let mut touched = HashSet::new();
         let mut result = Ok(());
         for (op, request) in batch {
+            // Redis keeps no copies of record: a `LocateCopies` is a lookup, answered `Located`
+            // (which tells the node so).
+            let request = match request {
+                DirectoryRequest::LocateCopies { id } => DirectoryRequest::Lookup {
+                    id,
+                    subscribe: false,
+                },
+                other => other,
+            };
             match request {
                 DirectoryRequest::Unsubscribe { id } => {
                     for p in &mut pending {
@@ -1211,6 +1220,7 @@ impl Adapter {
                 }
                 // No copies are placed with Redis, so none is declined: nothing to write.
                 DirectoryRequest::DeclineReplica { .. } => pending.push(Pending::Write { op }),
+                DirectoryRequest::LocateCopies { .. } => unreachable!("made a lookup above"),
             }
         }
         let values: Vec<Value> = match result {
