@@ -487,7 +487,7 @@ impl Node {
                 metadata,
                 replicas,
             } => {
-                if !self.store.contains(&id) && self.store.unsealed_sizes(&id).is_none() {
+                if self.would_store(client, id, false) {
                     self.replicated_put(client, request, id, replicas);
                 }
                 // Its reply, now or after the seal, goes through `hold_for_replicas`.
@@ -499,7 +499,7 @@ impl Node {
                 digest,
                 replicas,
             } => {
-                if self.store.check_creator(client, id).is_ok() {
+                if self.would_store(client, id, true) {
                     self.replicated_put(client, request, id, replicas);
                 }
                 return self.seal_request(client, request, id, release, digest);

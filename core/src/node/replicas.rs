@@ -115,16 +115,18 @@ impl Node {
         id: ObjectId,
         seal: bool,
     ) {
-        if self.config.default_replicas <= 1 {
-            return;
+        if self.config.default_replicas > 1 && self.would_store(client, id, seal) {
+            self.replicated_put(client, request, id, ReplicaPolicy::default());
         }
-        let stores_it = if seal {
+    }
+
+    /// Whether `client`'s put (`seal`: seal) of `id` can store the object: an id not here, or
+    /// an unsealed object it created. A request that must fail wants no copies.
+    pub(super) fn would_store(&self, client: ClientId, id: ObjectId, seal: bool) -> bool {
+        if seal {
             self.store.check_creator(client, id).is_ok()
         } else {
             !self.store.contains(&id) && self.store.unsealed_sizes(&id).is_none()
-        };
-        if stores_it {
-            self.replicated_put(client, request, id, ReplicaPolicy::default());
         }
     }
 
