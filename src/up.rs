@@ -110,6 +110,11 @@ pub struct UpArgs {
     /// space free on DIR's file system at start].
     #[arg(long, requires = "spill_dir")]
     pub spill_limit: Option<ByteSize>,
+    /// More flags for one daemon each, after --daemon-arg's: node N gets entry N (say a
+    /// `--failure-domain` of its own). Not a command-line flag: for programs that start a
+    /// cluster.
+    #[arg(skip)]
+    pub node_daemon_args: Vec<Vec<String>>,
 }
 
 fn parse_node_count(text: &str) -> Result<u32, NodeCountError> {
@@ -140,6 +145,7 @@ impl UpArgs {
             metrics: false,
             spill_dir: None,
             spill_limit: None,
+            node_daemon_args: Vec::new(),
         }
     }
 }
@@ -338,6 +344,12 @@ impl LocalCluster {
                         .flat_map(|name| ["--cluster", name.as_str()]),
                 )
                 .args(&args.daemon_args)
+                .args(
+                    args.node_daemon_args
+                        .get(node as usize)
+                        .into_iter()
+                        .flatten(),
+                )
                 .env("SKYRIVER_CLUSTER_TOKEN", &token)
                 .stdin(Stdio::null())
                 .stdout(Stdio::from(log_out))

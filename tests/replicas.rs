@@ -18,6 +18,18 @@ fn start(nodes: u32, extra: &[&str]) -> (tempfile::TempDir, LocalCluster) {
 
 /// `link`: every node in a namespace of its own, joined by links shaped so.
 fn start_on(nodes: u32, extra: &[&str], link: Option<&str>) -> (tempfile::TempDir, LocalCluster) {
+    start_with(nodes, extra, &[], link, None)
+}
+
+/// `each`: more flags for node N (entry N); `directory`: a Redis directory instead of the
+/// built-in one.
+fn start_with(
+    nodes: u32,
+    extra: &[&str],
+    each: &[&[&str]],
+    link: Option<&str>,
+    directory: Option<String>,
+) -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();
     let mut args = UpArgs::new(
         nodes,
@@ -25,6 +37,11 @@ fn start_on(nodes: u32, extra: &[&str], link: Option<&str>) -> (tempfile::TempDi
         Some(dir.path().to_path_buf()),
     );
     args.daemon_args = extra.iter().map(|s| s.to_string()).collect();
+    args.node_daemon_args = each
+        .iter()
+        .map(|flags| flags.iter().map(|s| s.to_string()).collect())
+        .collect();
+    args.directory = directory;
     args.metrics = true;
     if let Some(link) = link {
         args.netns = true;
@@ -76,6 +93,23 @@ fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|value| value.trim().parse().ok())
+}
+
+/// `skyriver ARGS --socket SOCKET`: its standard output, after checking it succeeded.
+fn cli(socket: &std::path::Path, args: &[&str]) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "skyriver {args:?} failed\nstdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
 }
 
 fn copy_nodes(client: &Client, id: ObjectId) -> Vec<NodeId> {
@@ -161,28 +195,43 @@ fn survive_a_killed_node_and_repair(cluster: &mut LocalCluster) {
 
     cluster.kill(1);
 
-    // Repair: every object is back to two live copies, none on the dead node.
+    // Survival on its own, before waiting for any repair: each object is fetched once, with
+    // its bytes, from the copy left on a live node.
+    let survivor = Client::connect(&cluster.sockets[2]).unwrap();
+    for (id, data) in &objects {
+        let object = survivor
+            .fetch_one(*id, Some(Duration::from_secs(30)))
+            .unwrap_or_else(|e| panic!("fetch of {id} right after the kill: {e}"));
+        assert!(object.data() == &data[..], "bytes of {id} after the kill");
+    }
+    drop(survivor);
+
+    // Repair: every object is back to two live copies of record, none on the dead node (the
+    // fetches above left cache copies on node 2, which locate lists too).
+    let copies_of_record = || -> u64 {
+        [0usize, 2, 3]
+            .iter()
+            .map(|&n| {
+                Client::connect(&cluster.sockets[n])
+                    .unwrap()
+                    .metrics()
+                    .unwrap()
+                    .copies_of_record
+            })
+            .sum()
+    };
     within(
         Duration::from_secs(30),
-        "every object has two copies again",
-        || {
-            objects.iter().all(|(id, _)| {
-                let nodes = copy_nodes(&observer, *id);
-                nodes.len() == 2 && !nodes.contains(&NodeId(1))
-            })
-        },
+        "every object has two copies of record again",
+        || copies_of_record() == 2 * objects.len() as u64,
     );
-    let copies_of_record: u64 = [0usize, 2, 3]
-        .iter()
-        .map(|&n| {
-            Client::connect(&cluster.sockets[n])
-                .unwrap()
-                .metrics()
-                .unwrap()
-                .copies_of_record
-        })
-        .sum();
-    assert_eq!(copies_of_record, 2 * objects.len() as u64);
+    for (id, _) in &objects {
+        let nodes = copy_nodes(&observer, *id);
+        assert!(
+            nodes.len() >= 2 && !nodes.contains(&NodeId(1)),
+            "copies of {id} after the repair: {nodes:?}"
+        );
+    }
     // The head's metrics show the repairs (refreshed every second).
     let repaired_bytes: u64 = sizes.iter().map(|&len| len as u64).sum();
     within(
@@ -349,4 +398,165 @@ fn bench_replicas_measures_puts_by_copies_next_to_a_fetch_and_times_a_repair() {
     assert_eq!(repair["all_fetchable"], true);
     assert!(repair["restored_ms"].as_f64().unwrap() > 0.0);
     assert!(repair["head_reports_ms"].as_f64().unwrap() > 0.0);
+}
+
+/// A daemon started with `--replicas 2` gives its default to puts that name no count: Rust's
+/// `Client::put` (inline and create-then-seal) and `skyriver put FILE`, without a wait.
+#[test]
+fn the_daemon_default_of_two_copies_applies_to_plain_puts() {
+    let (dir, cluster) = start(2, &["--replicas", "2"]);
+    let client = Client::connect(&cluster.sockets[1]).unwrap();
+    let inline = ObjectId::from_u64(21);
+    client.put(inline, &bytes(3, 5000), b"").unwrap();
+    let sealed = ObjectId::from_u64(22);
+    client.put(sealed, &bytes(4, 1 << 20), b"").unwrap();
+    let input = dir.path().join("input.bin");
+    std::fs::write(&input, bytes(5, 3000)).unwrap();
+    let printed = cli(&cluster.sockets[1], &["put", input.to_str().unwrap()]);
+    let from_cli: ObjectId = printed.trim().parse().expect("put prints the id");
+    let head = Client::connect(&cluster.sockets[0]).unwrap();
+    within(
+        Duration::from_secs(30),
+        "every plain put has a copy on both nodes",
+        || {
+            [inline, sealed, from_cli]
+                .iter()
+                .all(|id| copy_nodes(&head, *id) == [NodeId(0), NodeId(1)])
+        },
+    );
+    // Copies of record (pinned, placed by the registry), not cache copies.
+    let on = |node: usize| {
+        Client::connect(&cluster.sockets[node])
+            .unwrap()
+            .metrics()
+            .unwrap()
+            .copies_of_record
+    };
+    within(
+        Duration::from_secs(10),
+        "three copies of record on each node",
+        || on(0) == 3 && on(1) == 3,
+    );
+}
+
+/// Failure domains end to end: four daemons in domains a, a, b, b (`--failure-domain`); puts
+/// with two copies on the `a` nodes, through `skyriver put --replicas 2 --wait` and Rust, keep
+/// their other copy in `b`, and `skyriver locate` prints both copies with their domains.
+#[test]
+fn copies_go_to_another_failure_domain_and_locate_prints_the_domains() {
+    let domains: [&[&str]; 4] = [
+        &["--failure-domain", "a"],
+        &["--failure-domain", "a"],
+        &["--failure-domain", "b"],
+        &["--failure-domain", "b"],
+    ];
+    let (dir, cluster) = start_with(4, &[], &domains, None, None);
+    let input = dir.path().join("input.bin");
+    std::fs::write(&input, bytes(6, 100_000)).unwrap();
+    let printed = cli(
+        &cluster.sockets[1],
+        &["put", input.to_str().unwrap(), "--replicas", "2", "--wait"],
+    );
+    let from_cli: ObjectId = printed.trim().parse().expect("put prints the id");
+    let mut ids = vec![(from_cli, 1)];
+    // More puts, from both `a` nodes: one placement in `b` could be chance, six are not.
+    let two_and_wait = ReplicaPolicy {
+        copies: 2,
+        wait_ms: Some(30_000),
+    };
+    for n in 0..6u64 {
+        let node = (n % 2) as usize;
+        let id = ObjectId::from_u64(300 + n);
+        Client::connect(&cluster.sockets[node])
+            .unwrap()
+            .put_replicated(id, &bytes(n as u8, 4000), b"", two_and_wait)
+            .unwrap();
+        ids.push((id, node));
+    }
+    let observer = Client::connect(&cluster.sockets[3]).unwrap();
+    for (id, origin) in &ids {
+        let copies = observer.locate_copies(*id).unwrap().copies;
+        let mut seen: Vec<(NodeId, &str)> = copies
+            .iter()
+            .map(|c| (c.node, c.failure_domain.as_str()))
+            .collect();
+        seen.sort();
+        assert_eq!(seen.len(), 2, "two copies of {id}: {seen:?}");
+        assert!(
+            seen.contains(&(NodeId(*origin as u32), "a")),
+            "{id} is on its origin, in a: {seen:?}"
+        );
+        assert!(
+            seen.iter()
+                .any(|(node, domain)| node.0 >= 2 && *domain == "b"),
+            "the other copy of {id} is in b: {seen:?}"
+        );
+    }
+    // Asked on the origin, which knows the count the put wanted.
+    let located = cli(&cluster.sockets[1], &["locate", &from_cli.to_string()]);
+    let copy_lines: Vec<&str> = located.lines().filter(|l| l.contains("domain ")).collect();
+    assert_eq!(copy_lines.len(), 2, "{located}");
+    assert!(
+        copy_lines
+            .iter()
+            .any(|l| l.trim_end().ends_with("domain a")),
+        "{located}"
+    );
+    assert!(
+        copy_lines
+            .iter()
+            .any(|l| l.trim_end().ends_with("domain b")),
+        "{located}"
+    );
+    assert!(located.contains("2 of 2 copies"), "{located}");
+}
+
+/// With Redis as the directory nothing places copies: a daemon's `--replicas 2` and a put's
+/// own count give plain objects (no copy of record pinned), and a put that waits for its
+/// copies fails at once, its object stored, saying the directory does not make replicas.
+#[test]
+fn with_a_redis_directory_a_waiting_put_fails_at_once_and_nothing_is_pinned() {
+    let Some(redis) = common::RedisServer::start("replicas_with_a_redis_directory") else {
+        return;
+    };
+    let (_dir, cluster) = start_with(2, &["--replicas", "2"], &[], None, Some(redis.url()));
+    let client = Client::connect(&cluster.sockets[1]).unwrap();
+    client
+        .put(ObjectId::from_u64(31), &bytes(1, 5000), b"")
+        .unwrap();
+    let waiting = ObjectId::from_u64(32);
+    let started = std::time::Instant::now();
+    let error = client
+        .put_replicated(
+            waiting,
+            &bytes(2, 5000),
+            b"",
+            ReplicaPolicy {
+                copies: 2,
+                wait_ms: Some(60_000),
+            },
+        )
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "failed at once, not after its wait: {:?}",
+        started.elapsed()
+    );
+    match &error {
+        skyriver_client::ClientError::Store(StoreError::ReplicasUnsupported {
+            id,
+            wanted: 2,
+            ..
+        }) if *id == waiting => {}
+        other => panic!("expected ReplicasUnsupported, got {other}"),
+    }
+    assert!(
+        error.to_string().contains("does not make replicas"),
+        "{error}"
+    );
+    assert!(client.contains(waiting).unwrap(), "the object is stored");
+    assert_eq!(client.metrics().unwrap().copies_of_record, 0);
+    // Nothing pinned: an eviction of everything takes both objects.
+    let evicted = client.evict(1 << 30).unwrap();
+    assert_eq!(evicted.objects, 2, "{evicted:?}");
 }

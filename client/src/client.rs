@@ -591,7 +591,9 @@ impl Client {
     /// Stores a copy of `data` and `metadata` as a new sealed object. An object of up to
     /// [`MAX_INLINE_PUT_BYTES`] travels in the request itself: created, written and sealed by
     /// the daemon in one round trip. A larger one is created, copied into shared memory and
-    /// sealed (two round trips, one copy).
+    /// sealed (two round trips, one copy). It keeps the daemon's `--replicas` copies (one by
+    /// default), returning at the local seal; see [`Client::put_replicated`] for a count and a
+    /// wait of its own.
     pub fn put(&self, id: ObjectId, data: &[u8], metadata: &[u8]) -> Result<(), ClientError> {
         if data.len() + metadata.len() <= MAX_INLINE_PUT_BYTES {
             return self.call_done(Request::Put {
@@ -613,7 +615,9 @@ impl Client {
     /// `--replicas`), on distinct failure domains where there are enough. With
     /// `replicas.wait_ms` the call returns once every copy is sealed, or fails after that long
     /// with [`StoreError::TooFewReplicas`](skyriver_core::StoreError::TooFewReplicas) naming how
-    /// many exist (the object is stored either way, and its copies keep being made).
+    /// many exist (the object is stored either way, and its copies keep being made). A count
+    /// above [`MAX_REPLICAS`](crate::MAX_REPLICAS) fails with `StoreError::BadRequest` naming
+    /// it. [`Client::put`] gets the daemon's `--replicas`, without a wait.
     pub fn put_replicated(
         &self,
         id: ObjectId,
@@ -621,6 +625,8 @@ impl Client {
         metadata: &[u8],
         replicas: ReplicaPolicy,
     ) -> Result<(), ClientError> {
+        // A count above the most fails before anything is stored.
+        replicas.validate()?;
         if data.len() + metadata.len() <= MAX_INLINE_PUT_BYTES {
             return self.call_done(Request::PutReplicated {
                 id,
@@ -1123,6 +1129,8 @@ impl ObjectWriter {
         digest: ContentDigest,
         replicas: ReplicaPolicy,
     ) -> Result<(), ClientError> {
+        // Refused before the seal: the writer, dropped unfinished, aborts the object.
+        replicas.validate()?;
         self.finished = true;
         let empty = self.empty_region()?;
         drop(std::mem::replace(&mut self.region, empty));

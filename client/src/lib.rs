@@ -26,6 +26,7 @@ pub use client::{
 pub use ids::random_object_id;
 pub use skyriver_core::client_protocol::{ClusterView, CopyView, MemberView, ReplicaPolicy};
 pub use skyriver_core::node::{FetchError, TransferMode};
+pub use skyriver_core::registry::MAX_REPLICAS;
 pub use skyriver_core::{
     ContentDigest, NodeId, ObjectEvent, ObjectId, ObjectInfo, StoreError, StoreStats,
 };

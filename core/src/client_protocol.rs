@@ -221,6 +221,21 @@ pub struct ReplicaPolicy {
     pub wait_ms: Option<u64>,
 }
 
+impl ReplicaPolicy {
+    /// Refuses a count above [`MAX_REPLICAS`](crate::registry::MAX_REPLICAS), naming it (a
+    /// count is never clamped silently).
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let most = crate::registry::MAX_REPLICAS;
+        if self.copies > most {
+            return Err(StoreError::BadRequest(format!(
+                "a put asks for {} copies; the most is {most}",
+                self.copies
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// One copy of an object, for `LocateCopies`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CopyView {
@@ -248,6 +263,11 @@ impl Request {
             return Err(StoreError::BadRequest(format!(
                 "{ids} ids in one request; the limit is {MAX_IDS_PER_REQUEST}"
             )));
+        }
+        if let Request::PutReplicated { replicas, .. } | Request::SealReplicated { replicas, .. } =
+            self
+        {
+            replicas.validate()?;
         }
         if let Request::Put { data, metadata, .. } | Request::PutReplicated { data, metadata, .. } =
             self

@@ -106,6 +106,23 @@ pub enum StoreError {
         /// Whether the node is in a cluster (else no copy can ever be made).
         in_cluster: bool,
     },
+    /// A put that waited for its copies on a node whose directory does not place copies
+    /// (Redis or Redis Cluster): only the built-in directory makes replicas. The object is
+    /// stored here, as a plain object; no other copy will be made.
+    #[error(
+        "object {id} is stored on this node only: the directory in use ({directory}) does not \
+         make replicas, so its other {} copies will never be made; use the built-in directory \
+         (--head/--join) for replicas",
+        wanted.saturating_sub(1)
+    )]
+    ReplicasUnsupported {
+        /// The object.
+        id: ObjectId,
+        /// Copies the put asked for.
+        wanted: u8,
+        /// The directory, described without secrets.
+        directory: String,
+    },
 }
 
 /// A queue of requests that wait inside the daemon, each with a cap

@@ -558,6 +558,20 @@ impl Server {
             .unwrap_or(node_config.relay_min_bytes);
         node_config.relay_min_bytes = u64::MAX;
         node_config.standalone = config.cluster.is_none();
+        // Only the built-in directory's registry places copies of record: with Redis (or Redis
+        // Cluster) a put with k > 1 is a plain one, and one that waits fails at once.
+        let redis_directory = matches!(
+            config.cluster.as_ref().map(|cluster| &cluster.directory),
+            Some(DirectoryChoice::Redis { .. })
+        );
+        node_config.directory_places_replicas = !redis_directory;
+        if redis_directory && config.default_replicas > 1 {
+            warn!(
+                replicas = config.default_replicas,
+                "--replicas has no effect with a Redis directory: only the built-in directory \
+                 (--head/--join) makes replicas; puts keep one copy"
+            );
+        }
         node_config.store.hash_seed = random_seed();
         node_config.store.spill_limit_bytes = spill.as_ref().map(|(limit, _)| *limit);
         let cluster = match &config.cluster {

@@ -762,6 +762,12 @@ pub(crate) fn replica_policy(
             "replicas_timeout must be a non-negative number of seconds",
         ));
     }
+    let most = skyriver_client::MAX_REPLICAS;
+    if let Some(copies) = replicas.filter(|&copies| copies > most) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "replicas={copies}: the most is {most}"
+        )));
+    }
     let policy = skyriver_client::ReplicaPolicy {
         copies: replicas.unwrap_or(0),
         wait_ms: wait_replicas.then_some((replicas_timeout * 1000.0) as u64),

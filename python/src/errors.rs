@@ -98,6 +98,12 @@ create_exception!(
 );
 create_exception!(
     skyriver,
+    ReplicasUnsupported,
+    TooFewReplicas,
+    "A put waited for copies on a daemon whose directory (Redis) makes none; the object is stored."
+);
+create_exception!(
+    skyriver,
     FetchFailed,
     SkyriverError,
     "A fetch from another node failed: every source failed, or the directory is unavailable."
@@ -197,7 +203,8 @@ pub fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
         ProtocolError,
         ForkedError,
         ClientClosed,
-        TooFewReplicas
+        TooFewReplicas,
+        ReplicasUnsupported
     );
     module.add("Timeout", timeout_class(py).bind(py))?;
     module.add("DaemonUnavailable", daemon_unavailable_class(py).bind(py))?;
@@ -230,6 +237,7 @@ pub fn store_error(py: Python<'_>, error: StoreError) -> PyErr {
             format!("{message}; connect again in a moment"),
         ),
         StoreError::TooFewReplicas { .. } => TooFewReplicas::new_err(message),
+        StoreError::ReplicasUnsupported { .. } => ReplicasUnsupported::new_err(message),
     }
 }
 

@@ -1,9 +1,13 @@
 """Puts and seals that ask for copies on other nodes: on a daemon without a cluster the object
-is stored, and a wait for its copies fails at once naming how many exist."""
+is stored, and a wait for its copies fails at once naming how many exist; on two nodes the
+copies are made."""
+
+import time
 
 import pytest
 
 import skyriver
+from test_processes import two_node_cluster
 
 
 def test_a_put_waiting_for_copies_without_a_cluster_names_the_one_copy(client: skyriver.Client) -> None:
@@ -36,3 +40,31 @@ def test_replica_options_are_checked(client: skyriver.Client) -> None:
     client.create(oid, 10)
     with pytest.raises(ValueError):
         client.seal(oid, replicas=2, wait_replicas=True, replicas_timeout=-1.0)
+
+
+def test_a_count_above_the_most_is_refused_naming_it(client: skyriver.Client) -> None:
+    with pytest.raises(ValueError, match="the most is 16"):
+        client.put(b"x" * 10, id=b"\x05" * 20, replicas=17)
+    assert not client.contains(b"\x05" * 20), "nothing is stored"
+
+
+def test_puts_and_seals_with_two_copies_on_two_nodes(daemons) -> None:
+    """On a real two-node cluster, a put and a seal that wait for two copies return once the
+    other node holds one."""
+    head, member = two_node_cluster(daemons)
+    with skyriver.connect(head.socket) as there, skyriver.connect(member.socket) as here:
+        deadline = time.monotonic() + 10
+        while len(here.nodes()["members"]) < 2:
+            assert time.monotonic() < deadline, "the member joins"
+            time.sleep(0.01)
+        oid = here.put(b"kept twice " * 100, replicas=2, wait_replicas=True, replicas_timeout=30.0)
+        assert there.contains(oid), "the other copy is sealed before the put returns"
+        assert sorted(here.locate(oid)["holders"]) == [0, 1]
+        sealed = b"\x06" * 20
+        buffer = here.create(sealed, 4096)
+        view = memoryview(buffer)
+        view[:5] = b"hello"
+        view.release()
+        here.seal(sealed, replicas=2, wait_replicas=True, replicas_timeout=30.0)
+        assert there.contains(sealed)
+        assert bytes(memoryview(there.get(sealed, timeout=0))[:5]) == b"hello"

@@ -50,8 +50,8 @@ fn random_runs_with_replicas_pass_their_checks() {
     }
     assert!(
         failures.is_empty(),
-        "{} of {} seeds failed:\n{}\nreplay one: cargo test -p skyriver-sim --test replicas \
-         -- --ignored",
+        "{} of {} seeds failed (each listed with its parameters):\n{}\nrerun the sweep: cargo \
+         test -p skyriver-sim --test replicas random_runs_with_replicas_pass_their_checks",
         failures.len(),
         SEEDS.end - SEEDS.start,
         failures.join("\n")

@@ -178,8 +178,10 @@ pub(super) struct DaemonArgs {
     /// DIR's file system at start]
     #[arg(long, value_name = "SIZE", requires = "spill_dir")]
     pub(super) spill_limit: Option<ByteSize>,
-    /// Copies a put gets unless it asks for its own count (1 to 16; 1: this node's only). The
-    /// other copies go to other nodes, on distinct failure domains where there are enough.
+    /// Copies a put gets unless it asks for its own count (1 to 16; 1: this node's only): every
+    /// put and seal on this daemon, Plasma-compatible clients' included, without a wait. The
+    /// other copies go to other nodes, on distinct failure domains where there are enough;
+    /// only the built-in directory (--head/--join) makes them, not Redis.
     #[arg(long, default_value_t = 1, value_parser = parse_replicas)]
     pub(super) replicas: u8,
     /// The failure domain of this node (a rack, a switch: what fails together), so copies of

@@ -25,7 +25,8 @@ pub(super) fn put(
     metadata: &[u8],
     replicas: skyriver_client::ReplicaPolicy,
 ) -> Result<(), CliError> {
-    // The daemon's default and no wait: a plain put, which any daemon understands.
+    // The daemon's default and no wait: a plain put, which any daemon understands (and gives
+    // its --replicas).
     let replicated = replicas != skyriver_client::ReplicaPolicy::default();
     let client = socket.connect()?;
     let id = id.unwrap_or_else(skyriver_client::random_object_id);

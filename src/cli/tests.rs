@@ -72,3 +72,31 @@ fn an_input_that_changes_size_while_read_is_a_typed_error() {
         Err(CliError::InputGrew { size: 5, .. })
     ));
 }
+
+#[test]
+fn the_slurm_failure_domain_is_the_topology_address_without_the_node() {
+    assert_eq!(
+        daemon::slurm_failure_domain("s0.s1.node7"),
+        Some("s0.s1".to_string())
+    );
+    assert_eq!(
+        daemon::slurm_failure_domain(" s0.node7\n"),
+        Some("s0".to_string())
+    );
+    // A node under no switch, or an address that names none, gives no domain.
+    assert_eq!(daemon::slurm_failure_domain("node7"), None);
+    assert_eq!(daemon::slurm_failure_domain(".node7"), None);
+    assert_eq!(daemon::slurm_failure_domain(""), None);
+}
+
+#[test]
+fn a_replica_count_outside_one_to_sixteen_is_refused() {
+    assert!(parse(&["daemon", "--replicas", "16"]).is_ok());
+    for count in ["0", "17"] {
+        let refused = parse(&["daemon", "--replicas", count])
+            .err()
+            .unwrap_or_else(|| panic!("--replicas {count} accepted"));
+        assert!(refused.to_string().contains("16"), "{refused}");
+    }
+    assert!(parse(&["put", "-", "--replicas", "17"]).is_err());
+}

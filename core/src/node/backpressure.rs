@@ -42,7 +42,9 @@ fn may_change_durable_state(body: &Request) -> bool {
         body,
         Request::Create { .. }
             | Request::Put { .. }
+            | Request::PutReplicated { .. }
             | Request::Seal { .. }
+            | Request::SealReplicated { .. }
             | Request::Delete { .. }
             | Request::Evict { .. }
             | Request::Release { .. }

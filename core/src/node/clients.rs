@@ -376,34 +376,18 @@ impl Node {
                 result => Response::Created(result),
             },
             Request::Put { id, data, metadata } => {
-                let (data_size, metadata_size) = (data.len() as u64, metadata.len() as u64);
-                match self.store.create(now, client, id, data_size, metadata_size) {
-                    Err(StoreError::OutOfMemory { .. })
-                        if self.store.pending_free_bytes() > 0
-                            && self.clients.parked_creates.len() < MAX_PARKED_CREATES =>
-                    {
-                        self.clients.parked_creates.push_back(ParkedCreate {
-                            client,
-                            request,
-                            id,
-                            data_size,
-                            metadata_size,
-                            inline: Some((data, metadata)),
-                        });
-                        return None;
-                    }
-                    Err(error) => Response::Done(Err(error)),
-                    Ok(info) => {
-                        self.fill_then_seal(client, request, info, data, metadata);
-                        return None;
-                    }
-                }
+                // The daemon's `--replicas`, as for every put that names no count.
+                self.plain_put(client, request, id, false);
+                return self.put_inline(client, request, id, data, metadata);
             }
             Request::Seal {
                 id,
                 release,
                 digest,
-            } => return self.seal_request(client, request, id, release, digest),
+            } => {
+                self.plain_put(client, request, id, true);
+                return self.seal_request(client, request, id, release, digest);
+            }
             Request::Abort { id } => {
                 let result = self.store.abort(client, id);
                 if result.is_ok() {
@@ -503,9 +487,11 @@ impl Node {
                 metadata,
                 replicas,
             } => {
-                self.replicated_put(client, request, id, replicas);
+                if self.would_store(client, id, false) {
+                    self.replicated_put(client, request, id, replicas);
+                }
                 // Its reply, now or after the seal, goes through `hold_for_replicas`.
-                return self.serve(client, request, Request::Put { id, data, metadata });
+                return self.put_inline(client, request, id, data, metadata);
             }
             Request::SealReplicated {
                 id,
@@ -513,7 +499,9 @@ impl Node {
                 digest,
                 replicas,
             } => {
-                self.replicated_put(client, request, id, replicas);
+                if self.would_store(client, id, true) {
+                    self.replicated_put(client, request, id, replicas);
+                }
                 return self.seal_request(client, request, id, release, digest);
             }
             Request::LocateCopies { id } => {
@@ -545,6 +533,43 @@ impl Node {
                 return None;
             }
         })
+    }
+
+    /// A put with its bytes inline: the object is created (or the create parked until memory
+    /// frees), then filled and sealed.
+    fn put_inline(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        id: ObjectId,
+        data: Vec<u8>,
+        metadata: Vec<u8>,
+    ) -> Option<Response> {
+        let (data_size, metadata_size) = (data.len() as u64, metadata.len() as u64);
+        match self
+            .store
+            .create(self.now, client, id, data_size, metadata_size)
+        {
+            Err(StoreError::OutOfMemory { .. })
+                if self.store.pending_free_bytes() > 0
+                    && self.clients.parked_creates.len() < MAX_PARKED_CREATES =>
+            {
+                self.clients.parked_creates.push_back(ParkedCreate {
+                    client,
+                    request,
+                    id,
+                    data_size,
+                    metadata_size,
+                    inline: Some((data, metadata)),
+                });
+                None
+            }
+            Err(error) => Some(Response::Done(Err(error))),
+            Ok(info) => {
+                self.fill_then_seal(client, request, info, data, metadata);
+                None
+            }
+        }
     }
 
     /// A put's object was created: its bytes are written (outputs the driver carries out

@@ -125,6 +125,11 @@ pub struct NodeConfig {
     pub dial: DialPolicy,
     /// Copies a put without its own replica count gets (`--replicas`; 1: only this node's).
     pub default_replicas: u8,
+    /// The directory places copies of record (the built-in one's registry does; Redis and
+    /// Redis Cluster do not). Without it a put with k > 1 is a plain put, and one that waits
+    /// for its copies fails at once with
+    /// [`StoreError::ReplicasUnsupported`](crate::StoreError::ReplicasUnsupported).
+    pub directory_places_replicas: bool,
     /// Objects of at least this many bytes that many nodes fetch at once flow through the
     /// requesters' partial copies (a pipeline of relays, see `relay`); `u64::MAX`: never.
     pub relay_min_bytes: u64,
@@ -186,6 +191,7 @@ impl NodeConfig {
             directory_name: "none (standalone)".into(),
             dial: DialPolicy::default(),
             default_replicas: 1,
+            directory_places_replicas: true,
             relay_min_bytes: 4 << 20,
             replication_fetch_timeout: Duration::from_secs(60),
             restore_wait_limit: Duration::from_secs(60),

@@ -72,6 +72,9 @@ pub(super) struct Replicas {
     /// Puts waiting for their copies.
     waits: BTreeMap<ObjectId, ReplicaWait>,
     by_request: BTreeMap<(ClientId, RequestId), ObjectId>,
+    /// Puts with copies that do not wait for them, until their reply: a put that fails leaves
+    /// no copies wanted of an object that is not here.
+    unanswered: BTreeMap<(ClientId, RequestId), ObjectId>,
     /// Fetches of copies placed here, by the fetch client's request id.
     fetching: BTreeMap<RequestId, ObjectId>,
     /// Copies placed here whose seal is still to come.
@@ -92,7 +95,8 @@ impl Node {
         self.replicas.of_record.contains(id)
     }
 
-    /// The copies a put asks for: its own, or the daemon's default.
+    /// The copies a put asks for: its own, or the daemon's default. (A count above
+    /// [`MAX_REPLICAS`](crate::registry::MAX_REPLICAS) is refused by `Request::validate`.)
     fn copies_wanted(&self, policy: ReplicaPolicy) -> u8 {
         let copies = if policy.copies == 0 {
             self.config.default_replicas
@@ -100,6 +104,32 @@ impl Node {
             policy.copies
         };
         copies.clamp(1, crate::registry::MAX_REPLICAS)
+    }
+
+    /// A plain put or seal of `id` (one that names no replica count) is about to be served:
+    /// it gets the daemon's default (`--replicas`), without a wait, when that is more than
+    /// one copy and the request can store the object (a put of an id not here, a seal by the
+    /// object's creator): a request that must fail marks nothing.
+    pub(super) fn plain_put(
+        &mut self,
+        client: ClientId,
+        request: RequestId,
+        id: ObjectId,
+        seal: bool,
+    ) {
+        if self.config.default_replicas > 1 && self.would_store(client, id, seal) {
+            self.replicated_put(client, request, id, ReplicaPolicy::default());
+        }
+    }
+
+    /// Whether `client`'s put (`seal`: seal) of `id` can store the object: an id not here, or
+    /// an unsealed object it created. A request that must fail wants no copies.
+    pub(super) fn would_store(&self, client: ClientId, id: ObjectId, seal: bool) -> bool {
+        if seal {
+            self.store.check_creator(client, id).is_ok()
+        } else {
+            !self.store.contains(&id) && self.store.unsealed_sizes(&id).is_none()
+        }
     }
 
     /// A put or seal with `policy` for `id` is about to be served: note what it wants.
@@ -111,8 +141,14 @@ impl Node {
         policy: ReplicaPolicy,
     ) {
         let wanted = self.copies_wanted(policy);
-        if wanted > 1 && !self.config.standalone {
+        // Only the built-in directory's registry places copies: elsewhere (Redis) the object
+        // is a plain one, never pinned as a copy of record no other copy could relieve.
+        let placed = !self.config.standalone && self.config.directory_places_replicas;
+        if wanted > 1 && placed {
             self.replicas.wanted.insert(id, wanted);
+            if policy.wait_ms.is_none() {
+                self.replicas.unanswered.insert((client, request), id);
+            }
         }
         if let (Some(wait_ms), true) = (policy.wait_ms, wanted > 1) {
             self.replicas.waits.insert(
@@ -140,7 +176,15 @@ impl Node {
         response: Response,
         durable_before: u64,
     ) -> Option<Response> {
-        if self.replicas.by_request.is_empty() {
+        if self.replicas.by_request.is_empty() && self.replicas.unanswered.is_empty() {
+            return Some(response);
+        }
+        if let Some(id) = self.replicas.unanswered.remove(&(client, request)) {
+            if !matches!(response, Response::Done(Ok(()))) && !self.replicas.of_record.contains(&id)
+            {
+                // The put failed: the object is not here to want copies.
+                self.replicas.wanted.remove(&id);
+            }
             return Some(response);
         }
         let Some(&id) = self.replicas.by_request.get(&(client, request)) else {
@@ -156,6 +200,7 @@ impl Node {
             return Some(response);
         }
         let standalone = self.config.standalone;
+        let placed = self.config.directory_places_replicas;
         let wait = self
             .replicas
             .waits
@@ -172,6 +217,15 @@ impl Node {
                 copies,
                 wanted,
                 in_cluster: false,
+            })));
+        }
+        if !placed {
+            let wanted = wait.wanted;
+            self.end_wait(id);
+            return Some(Response::Done(Err(StoreError::ReplicasUnsupported {
+                id,
+                wanted,
+                directory: self.config.directory_name.clone(),
             })));
         }
         if wait.copies >= u32::from(wait.wanted) {
@@ -229,16 +283,30 @@ impl Node {
         }
     }
 
-    /// A client left: its waits end without a reply.
+    /// A client left: its waits end without a reply, and its puts still unanswered want no
+    /// copies of an object that is not here (its unsealed objects were aborted).
     pub(super) fn replica_waits_gone(&mut self, client: ClientId) {
+        let range = (client, RequestId(0))..=(client, RequestId(u64::MAX));
         let ids: Vec<ObjectId> = self
             .replicas
             .by_request
-            .range((client, RequestId(0))..=(client, RequestId(u64::MAX)))
+            .range(range.clone())
             .map(|(_, id)| *id)
             .collect();
         for id in ids {
             self.end_wait(id);
+        }
+        let unanswered: Vec<(ClientId, RequestId)> = self
+            .replicas
+            .unanswered
+            .range(range)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in unanswered {
+            let id = self.replicas.unanswered.remove(&key).expect("listed above");
+            if !self.store.contains(&id) && !self.replicas.of_record.contains(&id) {
+                self.replicas.wanted.remove(&id);
+            }
         }
     }
 
@@ -522,6 +590,11 @@ impl Node {
             lines.push(format!(
                 "put of {id} by {} waits for {} copies ({} so far)",
                 wait.client, wait.wanted, wait.copies
+            ));
+        }
+        for ((client, _), id) in &self.replicas.unanswered {
+            lines.push(format!(
+                "put of {id} by {client} with copies is not answered yet"
             ));
         }
     }

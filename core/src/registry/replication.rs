@@ -33,8 +33,14 @@
 //! - **Delete**: [`DirectoryRequest::DeleteEverywhere`] withdraws every holder, tells each
 //!   ([`DirectoryEvent::Delete`]) and ends the record.
 //!
-//! The records live in the registry's memory: a restarted head forgets them (nodes' replays
-//! publish plain copies), so objects put before a head restart are not repaired afterwards.
+//! The records live in the registry's memory: a restarted head starts without them (nodes'
+//! replays publish plain copies) and learns them again as each node, once the directory
+//! answers it again, publishes its copies of record anew (`publish_copies_of_record_again` in
+//! the node): the first such publication opens the record (its `k` the largest published),
+//! and an object found short of copies is repaired. Until every holder has come back the
+//! registry may count fewer copies than exist (and place extra ones, answered later with
+//! [`DirectoryEvent::Surplus`]); an object none of whose holders of record comes back is not
+//! known to it at all.
 //!
 //! [`DirectoryRequest::PublishReplicated`]: crate::directory::DirectoryRequest::PublishReplicated
 //! [`DirectoryRequest::DeleteEverywhere`]: crate::directory::DirectoryRequest::DeleteEverywhere

@@ -72,10 +72,96 @@ fn the_daemon_default_applies_to_a_put_that_names_no_count() {
     let mut w = World::new(2, |config| config.default_replicas = 3);
     put_replicated(&mut w, 0, 1, 0, None);
     assert_eq!(published_replicated(&w, 0), vec![3]);
-    // A plain put stays plain.
+    // A plain create-and-seal and a plain inline put get the default too, without a wait.
     w.put(0, 2, LEN);
-    assert_eq!(published_replicated(&w, 0), vec![3]);
-    assert!(!w.nodes[0].store().is_record(&id(2)));
+    let put = w.hand_request(
+        0,
+        CLIENT,
+        Request::Put {
+            id: id(3),
+            data: World::bytes_of(3, LEN),
+            metadata: Vec::new(),
+        },
+    );
+    w.pump();
+    assert_eq!(w.reply_to(0, CLIENT, put), Some(Response::Done(Ok(()))));
+    assert_eq!(published_replicated(&w, 0), vec![3, 3, 3]);
+    for n in 1..=3 {
+        assert!(w.nodes[0].is_copy_of_record(&id(n)), "object {n}");
+        assert!(w.nodes[0].store().is_record(&id(n)), "object {n}");
+    }
+    // A put that fails (the id is taken) is answered and leaves nothing pending.
+    let again = w.hand_request(
+        0,
+        CLIENT,
+        Request::Put {
+            id: id(3),
+            data: World::bytes_of(3, LEN),
+            metadata: Vec::new(),
+        },
+    );
+    w.pump();
+    assert_eq!(
+        w.reply_to(0, CLIENT, again),
+        Some(Response::Done(Err(StoreError::ObjectExists(id(3)))))
+    );
+    assert!(w.nodes[0].is_quiescent(), "{:?}", w.nodes[0].pending_work());
+    w.nodes[0].check_invariants();
+}
+
+#[test]
+fn a_plain_put_stays_plain_on_a_node_whose_default_is_one_copy() {
+    let mut w = World::new(2, |_| {});
+    w.put(0, 1, LEN);
+    assert_eq!(published_replicated(&w, 0), Vec::<u8>::new());
+    assert!(!w.nodes[0].store().is_record(&id(1)));
+}
+
+#[test]
+fn a_count_above_the_most_is_refused_naming_the_most() {
+    let mut w = World::new(2, |_| {});
+    let most = crate::registry::MAX_REPLICAS;
+    let put = put_replicated(&mut w, 0, 1, most + 1, None);
+    assert_eq!(
+        w.reply_to(0, CLIENT, put),
+        Some(Response::Error(StoreError::BadRequest(format!(
+            "a put asks for {} copies; the most is {most}",
+            most + 1
+        ))))
+    );
+    assert!(!w.nodes[0].store().contains(&id(1)), "nothing stored");
+}
+
+#[test]
+fn without_a_directory_that_places_copies_a_put_is_plain_and_a_waiting_one_fails_at_once() {
+    let mut w = World::new(2, |config| {
+        config.directory_places_replicas = false;
+        config.default_replicas = 2;
+        config.directory_name = "redis://127.0.0.1:6379".into();
+    });
+    // The daemon's default and a put's own count: stored and published as plain objects,
+    // never pinned as copies of record (nothing would ever make the other copies).
+    w.put(0, 1, LEN);
+    let put = put_replicated(&mut w, 0, 2, 3, None);
+    assert_eq!(w.reply_to(0, CLIENT, put), Some(Response::Done(Ok(()))));
+    // A put that waits fails at its seal, not after its wait, saying why.
+    let waiting = put_replicated(&mut w, 0, 3, 2, Some(60_000));
+    assert_eq!(
+        w.reply_to(0, CLIENT, waiting),
+        Some(Response::Done(Err(StoreError::ReplicasUnsupported {
+            id: id(3),
+            wanted: 2,
+            directory: "redis://127.0.0.1:6379".into(),
+        })))
+    );
+    assert_eq!(published_replicated(&w, 0), Vec::<u8>::new());
+    for n in 1..=3 {
+        assert!(w.nodes[0].store().contains(&id(n)), "object {n} is stored");
+        assert!(!w.nodes[0].store().is_record(&id(n)), "object {n}");
+        assert!(!w.nodes[0].is_copy_of_record(&id(n)), "object {n}");
+    }
+    assert!(w.nodes[0].is_quiescent(), "{:?}", w.nodes[0].pending_work());
+    w.nodes[0].check_invariants();
 }
 
 #[test]
