@@ -492,23 +492,23 @@ fn copies_go_to_another_failure_domain_and_locate_prints_the_domains() {
             "the other copy of {id} is in b: {seen:?}"
         );
     }
-    // Asked on the origin, which knows the count the put wanted.
+    // Both copies are copies of record, one in each domain; the count comes from the registry.
     let located = cli(&cluster.sockets[1], &["locate", &from_cli.to_string()]);
     let copy_lines: Vec<&str> = located.lines().filter(|l| l.contains("domain ")).collect();
     assert_eq!(copy_lines.len(), 2, "{located}");
     assert!(
         copy_lines
             .iter()
-            .any(|l| l.trim_end().ends_with("domain a")),
+            .any(|l| l.trim_end().ends_with("domain a  record")),
         "{located}"
     );
     assert!(
         copy_lines
             .iter()
-            .any(|l| l.trim_end().ends_with("domain b")),
+            .any(|l| l.trim_end().ends_with("domain b  record")),
         "{located}"
     );
-    assert!(located.contains("2 of 2 copies"), "{located}");
+    assert!(located.contains("2 of 2 copies of record"), "{located}");
 }
 
 /// With Redis as the directory nothing places copies: a daemon's `--replicas 2` and a put's
