@@ -28,7 +28,7 @@ fn random_runs_with_a_faulty_spill_disk_pass_their_checks() {
         let report = run_seed_spilling(seed, None, MODE, Flaws::default());
         assert!(
             report.passed(),
-            "seed {seed} ({}): {:?}\nreplay: cargo test -p skyriver-sim --test spill",
+            "seed {seed} ({}): {:?}\nreplay: skyriver sim --seed {seed} --spill --trace",
             report.params,
             report.violations
         );
@@ -130,4 +130,20 @@ fn a_persistent_disk_that_drops_spilled_records_is_caught() {
         caught.is_some(),
         "no seed of {SEEDS:?} caught a persistent disk that forgets spilled objects"
     );
+}
+
+#[test]
+fn the_sim_command_runs_spilling_seeds_with_spill() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_skyriver-sim"))
+        .args(["--seeds", "4", "--start-seed", "0", "--spill", "--json"])
+        .output()
+        .expect("runs skyriver-sim");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(&stdout).expect("stdout is JSON");
+    assert_eq!(summary["seeds_failed"], 0, "{stdout}");
+    let totals = &summary["totals"];
+    assert!(totals["spill_writes"].as_u64().unwrap() > 0, "{stdout}");
+    assert!(totals["spill_restores"].as_u64().unwrap() > 0, "{stdout}");
 }
