@@ -381,15 +381,16 @@ impl Store {
         })
     }
 
-    /// A sealed object's sizes, in memory or spilled, and its digest when known.
+    /// A sealed object's sizes, in memory or spilled (being restored too: its unsealed block
+    /// is the restore's, the object stays sealed), and its digest when known.
     pub fn sealed_sizes_and_digest(
         &self,
         id: &ObjectId,
     ) -> Option<(crate::wire::ObjectSizes, Option<ContentDigest>)> {
         let (data_size, metadata_size, digest) = match self.objects.get(id) {
             Some(entry) if entry.sealed => (entry.data_size, entry.metadata_size, entry.digest()),
-            Some(_) => return None,
-            None => self.spilled_sizes(id)?,
+            Some(_) if !self.is_spilled(id) => return None,
+            _ => self.spilled_sizes(id)?,
         };
         let sizes = crate::wire::ObjectSizes {
             data_size,
