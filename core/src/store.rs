@@ -397,15 +397,16 @@ impl Store {
         })
     }
 
-    /// A sealed object's sizes, in memory or spilled, and its digest when known.
+    /// A sealed object's sizes, in memory or spilled (being restored too: its unsealed block
+    /// is the restore's, the object stays sealed), and its digest when known.
     pub fn sealed_sizes_and_digest(
         &self,
         id: &ObjectId,
     ) -> Option<(crate::wire::ObjectSizes, Option<ContentDigest>)> {
         let (data_size, metadata_size, digest) = match self.objects.get(id) {
             Some(entry) if entry.sealed => (entry.data_size, entry.metadata_size, entry.digest()),
-            Some(_) => return None,
-            None => self.spilled_sizes(id)?,
+            Some(_) if !self.is_spilled(id) => return None,
+            _ => self.spilled_sizes(id)?,
         };
         let sizes = crate::wire::ObjectSizes {
             data_size,
@@ -607,6 +608,15 @@ impl Store {
             spill: Box::new(self.spill_stats()),
             ..self.stats.clone()
         }
+    }
+
+    /// Objects and bytes (their blocks) evicted since start, as in [`Store::stats`] but without
+    /// its scan of the table: cheap enough to read after every input.
+    pub fn evicted_totals(&self) -> (u64, u64) {
+        (
+            self.stats.evicted_objects_total,
+            self.stats.evicted_bytes_total,
+        )
     }
 
     /// Bytes that could be freed: free space, everything evictable, copies of record the

@@ -12,7 +12,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::{replay_command, run_seed, RunMode, SimReport, SimStats};
+use crate::{replay_command, run_seed, run_seed_spilling, Flaws, RunMode, SimReport, SimStats};
 
 /// Longest wait between two progress lines when stderr is not a terminal.
 pub const PROGRESS_LINE_EVERY: Duration = Duration::from_secs(10);
@@ -45,6 +45,10 @@ pub struct SimArgs {
     /// Print the result as one JSON document on stdout (progress stays on stderr).
     #[arg(long, conflicts_with_all = ["trace", "verbose"])]
     pub json: bool,
+    /// Give every node a spill tier: a slow disk that fills up, fails writes and reads and
+    /// damages records, its parameters drawn from the seed (see `cluster::spill`).
+    #[arg(long)]
+    pub spill: bool,
 }
 
 fn parse_nodes(text: &str) -> Result<usize, String> {
@@ -75,6 +79,25 @@ fn mode(echo: bool) -> RunMode {
     }
 }
 
+/// Runs `seed` as the arguments say (with a spill tier under `--spill`).
+fn run_seed_as(seed: u64, args: &SimArgs, mode: RunMode) -> SimReport {
+    if args.spill {
+        run_seed_spilling(seed, args.nodes, mode, Flaws::default())
+    } else {
+        run_seed(seed, args.nodes, mode)
+    }
+}
+
+/// The command that replays `seed` as the arguments ran it.
+fn replay(seed: u64, args: &SimArgs) -> String {
+    let command = replay_command(seed, args.nodes);
+    if args.spill {
+        command.replace(" --trace", " --spill --trace")
+    } else {
+        command
+    }
+}
+
 fn run_one(seed: u64, args: &SimArgs) -> ExitCode {
     // Parameters first, so they are on screen even if the run dies.
     // Drawn as the run draws them, without building a cluster (which costs a run's start).
@@ -89,9 +112,23 @@ fn run_one(seed: u64, args: &SimArgs) -> ExitCode {
     } else {
         println!("{params}");
     }
-    let report = run_seed(seed, args.nodes, mode(args.trace));
+    if args.spill {
+        let arena_bytes = crate::SimParams::draw(
+            seed,
+            &mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
+            args.nodes,
+        )
+        .arena_bytes;
+        let spill = crate::cluster::spill::SpillParams::draw(seed, arena_bytes);
+        if args.json {
+            eprintln!("spill: {spill:?}");
+        } else {
+            println!("spill: {spill:?}");
+        }
+    }
+    let report = run_seed_as(seed, args, mode(args.trace));
     if args.json {
-        let mut document = report_json(&report, args.nodes);
+        let mut document = report_json(&report, args);
         document["trace_hash"] = json!(format!("{:016x}", report.trace_hash));
         document["virtual_ms"] = json!(report.end_ns as f64 / 1e6);
         document["stats"] = stats_json(&report.stats);
@@ -99,7 +136,7 @@ fn run_one(seed: u64, args: &SimArgs) -> ExitCode {
     } else {
         print_result(&report);
         if !report.passed() {
-            print_failure(&report, args.nodes);
+            print_failure(&report, args);
         }
     }
     if report.passed() {
@@ -272,7 +309,7 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
     let mut totals = crate::SimStats::default();
     let mut progress = Progress::new(count);
     for (done, seed) in (1u64..).zip(start..start.saturating_add(count)) {
-        let report = run_seed(seed, args.nodes, mode(false));
+        let report = run_seed_as(seed, args, mode(false));
         if args.verbose {
             progress.println(&report.params);
             progress.bar.suspend(|| print_result(&report));
@@ -293,6 +330,12 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
         totals.misuses_refused += s.misuses_refused;
         totals.durable_commits += s.durable_commits;
         totals.directory.add(&s.directory);
+        totals.spill_writes += s.spill_writes;
+        totals.spill_write_failures += s.spill_write_failures;
+        totals.spill_restores += s.spill_restores;
+        totals.spill_lost += s.spill_lost;
+        totals.spill_read_errors += s.spill_read_errors;
+        totals.spill_evictions += s.spill_evictions;
         if !report.passed() {
             if args.json {
                 // The JSON carries the details; a line on stderr says it happened.
@@ -300,11 +343,11 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
                     eprintln!(
                         "seed {} FAILED; replay: {}",
                         report.seed,
-                        replay_command(report.seed, args.nodes)
+                        replay(report.seed, args)
                     )
                 });
             } else {
-                progress.bar.suspend(|| print_failure(&report, args.nodes));
+                progress.bar.suspend(|| print_failure(&report, args));
             }
             failed.push(report);
         }
@@ -319,7 +362,7 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
             "passed": failed.is_empty(),
             "nodes": args.nodes,
             "totals": stats_json(&totals),
-            "failures": failed.iter().map(|r| report_json(r, args.nodes)).collect::<Vec<_>>(),
+            "failures": failed.iter().map(|r| report_json(r, args)).collect::<Vec<_>>(),
         });
         println!("{document:#}");
         return if failed.is_empty() {
@@ -366,6 +409,23 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
     println!("{:<28} {:>14}", "directory pushes lost", d.lost_pushes);
     println!("{:<28} {:>14}", "heartbeat expiries", d.heartbeat_expiries);
     println!("{:<28} {:>14}", "directory re-registrations", d.reconnects);
+    if args.spill {
+        println!("{:<28} {:>14}", "spill writes", totals.spill_writes);
+        println!(
+            "{:<28} {:>14}",
+            "spill writes failed", totals.spill_write_failures
+        );
+        println!("{:<28} {:>14}", "restores", totals.spill_restores);
+        println!(
+            "{:<28} {:>14}",
+            "restores lost (read errors)",
+            format!("{} ({})", totals.spill_lost, totals.spill_read_errors)
+        );
+        println!(
+            "{:<28} {:>14}",
+            "evictions with a tier", totals.spill_evictions
+        );
+    }
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -378,13 +438,13 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
 }
 
 /// A seed's outcome as JSON: seed, parameters, whether it passed, violations, replay command.
-fn report_json(report: &SimReport, nodes: Option<usize>) -> serde_json::Value {
+fn report_json(report: &SimReport, args: &SimArgs) -> serde_json::Value {
     json!({
         "seed": report.seed,
         "params": report.params,
         "passed": report.passed(),
         "violations": report.violations,
-        "replay": replay_command(report.seed, nodes),
+        "replay": replay(report.seed, args),
     })
 }
 
@@ -409,6 +469,12 @@ fn stats_json(s: &SimStats) -> serde_json::Value {
         "directory_lost_pushes": s.directory.lost_pushes,
         "directory_heartbeat_expiries": s.directory.heartbeat_expiries,
         "directory_reregistrations": s.directory.reconnects,
+        "spill_writes": s.spill_writes,
+        "spill_write_failures": s.spill_write_failures,
+        "spill_restores": s.spill_restores,
+        "spill_lost": s.spill_lost,
+        "spill_read_errors": s.spill_read_errors,
+        "spill_evictions": s.spill_evictions,
     })
 }
 
@@ -429,7 +495,7 @@ fn print_result(report: &SimReport) {
     );
 }
 
-fn print_failure(report: &SimReport, nodes: Option<usize>) {
+fn print_failure(report: &SimReport, args: &SimArgs) {
     println!("seed {} FAILED ({})", report.seed, report.params);
     for violation in report.violations.iter().take(10) {
         println!("  {violation}");
@@ -437,5 +503,5 @@ fn print_failure(report: &SimReport, nodes: Option<usize>) {
     if report.violations.len() > 10 {
         println!("  ... and {} more", report.violations.len() - 10);
     }
-    println!("  replay: {}", replay_command(report.seed, nodes));
+    println!("  replay: {}", replay(report.seed, args));
 }

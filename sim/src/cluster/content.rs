@@ -58,6 +58,12 @@ pub struct Flaws {
     /// it took it (as if the node had unsubscribed), so a fetch waits for an event that never
     /// comes (see `directory::checks`).
     pub registry_forgets_subscriptions: bool,
+    /// The spill driver reads the record after the one a restore asks for (a wrong offset)
+    /// and checks no digest, so a restored object gets another object's bytes (see `spill`).
+    pub restore_unverified: bool,
+    /// The daemon hands its store a quarter of the configured spill limit (as a unit slip
+    /// would), so the store evicts objects the tier has room for (see `spill`).
+    pub spill_evicts_with_room: bool,
 }
 
 impl Cluster {

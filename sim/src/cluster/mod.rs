@@ -283,7 +283,8 @@ pub struct SimStats {
     pub spill_write_failures: u64,
     /// Objects restored from the spill disks with their bytes.
     pub spill_restores: u64,
-    /// Restores that found their record damaged or missing (objects reported lost).
+    /// Restores that found their record damaged or missing, or whose read failed (objects
+    /// reported lost).
     pub spill_lost: u64,
     /// Requests holders sent on to a relay, summed over nodes.
     pub relay_redirects: u64,
@@ -297,6 +298,10 @@ pub struct SimStats {
     pub liveness_inconclusive: u64,
     /// READs the requester's fabric refused to post (`ReadError::Busy`, a full event channel).
     pub reads_refused_busy: u64,
+    /// Of the lost restores, reads that failed with an IO error.
+    pub spill_read_errors: u64,
+    /// Evictions on nodes with a spill tier (each checked against what the tier held).
+    pub spill_evictions: u64,
 }
 
 impl SimStats {
@@ -621,7 +626,13 @@ impl Cluster {
             max_backoff: Duration::from_micros(p.reconnect_us * 4),
         };
         config.store.hash_seed = p.seed ^ ((node.0 as u64) << 32) ^ inc as u64;
-        config.store.spill_limit_bytes = p.spill.map(|s| s.limit_bytes);
+        config.store.spill_limit_bytes = p.spill.map(|s| {
+            if self.flaws.spill_evicts_with_room {
+                s.limit_bytes / 4 // planted: a quarter of the configured limit
+            } else {
+                s.limit_bytes
+            }
+        });
         config
     }
 
@@ -686,6 +697,7 @@ impl Cluster {
 
     /// Gives node `n` (alive) one input at the current time, then carries out its outputs.
     fn feed(&mut self, n: NodeId, input: NodeInput<'_>) {
+        self.spill_input(&input);
         let now = self.now;
         let _ = self.nodes[n.0 as usize]
             .node
@@ -718,6 +730,7 @@ impl Cluster {
         }
         let now = self.now;
         let next = drive_host(&mut SimDriver { cluster: self, n }, now);
+        self.check_spill_evictions(n);
         let inc = self.nodes[n.0 as usize].inc;
         let sim_node = &mut self.nodes[n.0 as usize];
         let node = sim_node.node.as_ref().expect("alive");

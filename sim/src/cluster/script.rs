@@ -37,6 +37,8 @@ impl Cluster {
         stats.spill_write_failures = self.spill.stats.no_space + self.spill.stats.io_errors;
         stats.spill_restores = self.spill.stats.restores;
         stats.spill_lost = self.spill.stats.lost;
+        stats.spill_read_errors = self.spill.stats.read_errors;
+        stats.spill_evictions = self.spill.stats.evictions;
         stats.replication = self.replication_stats();
         for sim_node in &self.nodes {
             if let Some(node) = &sim_node.node {
@@ -343,6 +345,7 @@ impl Cluster {
                 |id| node.is_copy_of_record(id),
             );
         }
+        self.check_spilled_records();
         self.finished = true;
     }
 }

@@ -202,3 +202,28 @@ fn recovered_spilled_objects_are_present_and_restore_under_their_new_op() {
     assert_eq!(report.refused[0].reason, RecoveryRefusal::NoSpillTier);
     assert!(!without_tier.contains(&id(1)));
 }
+
+/// An object being restored is still a sealed object with its sizes and digest (what a node
+/// publishes again when the directory comes back), not an unsealed one.
+#[test]
+fn an_object_being_restored_keeps_its_sizes_and_digest() {
+    let mut store = persistent_spilling_store(Some(1 << 20));
+    put(&mut store, 1);
+    let sealed = store.sealed_sizes_and_digest(&id(1));
+    assert!(sealed.is_some());
+    store.evict(u64::MAX);
+    for (op, object) in spill_ops(&outputs(&mut store)) {
+        store.handle_spill_done(op, Ok(place(object.as_bytes()[19] as u64)));
+    }
+    let _ = changes(&mut store);
+    store.handle_durable(store.durable_changes_queued());
+    assert_eq!(store.sealed_sizes_and_digest(&id(1)), sealed, "spilled");
+    store.request_restore(id(1));
+    assert_eq!(store.tier(&id(1)), Some(StorageTier::Restoring));
+    assert_eq!(
+        store.sealed_sizes_and_digest(&id(1)),
+        sealed,
+        "being restored"
+    );
+    store.check_invariants();
+}
