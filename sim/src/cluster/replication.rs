@@ -541,10 +541,25 @@ impl Cluster {
             .and_then(|registry| registry.copies_of_record(&id))
             .map(|(_, nodes)| nodes)
             .unwrap_or_default();
+        // Each counted copy is its node's latest publication of record: a node that crashed
+        // since (the registry may count it until its heartbeat bound) is that incarnation,
+        // not the one that restarts with a plain copy.
+        let published = self.replication.published.get(&id);
         let holders: BTreeSet<(NodeId, u32)> = of_record
             .iter()
             .filter(|&&node| node != n)
-            .map(|&node| (node, self.nodes[node.0 as usize].inc))
+            .map(|&node| {
+                let inc = published
+                    .and_then(|pairs| {
+                        pairs
+                            .iter()
+                            .filter(|(p, _)| *p == node)
+                            .map(|&(_, inc)| inc)
+                            .max()
+                    })
+                    .unwrap_or(self.nodes[node.0 as usize].inc);
+                (node, inc)
+            })
             .collect();
         if holders.len() < usize::from(acked.copies) {
             let copies = acked.copies;
