@@ -395,7 +395,7 @@ pub struct Cluster {
 
 const WORKLOAD_CLIENT_BASE: u64 = 1;
 /// Mixed into a seed for the failure domains of a run with replicas (a stream of their own).
-const FAILURE_DOMAIN_STREAM: u64 = 0xD0_3A1_5EED;
+const FAILURE_DOMAIN_STREAM: u64 = 0x000D_03A1_5EED;
 
 impl Cluster {
     /// Member lists delivered to the cores, and how many of them were converted for the cores

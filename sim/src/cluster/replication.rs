@@ -482,13 +482,11 @@ impl Cluster {
             reply: DirectoryReply::Done,
         } = &notice
         {
-            if let Some((id, content)) = self.replication.delete_ops.remove(&(n, inc, *op)) {
-                if let Some(digest) = content {
-                    let now = self.now;
-                    self.replication
-                        .deleted_everywhere
-                        .insert(id, (digest, now));
-                }
+            if let Some((id, Some(digest))) = self.replication.delete_ops.remove(&(n, inc, *op)) {
+                let now = self.now;
+                self.replication
+                    .deleted_everywhere
+                    .insert(id, (digest, now));
             }
         }
         if let DirectoryNotice::Event(DirectoryEvent::Copies { id, .. }) = &notice {
