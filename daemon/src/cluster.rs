@@ -36,10 +36,12 @@ pub enum DirectoryStartError {
     Join(skyriver_transport::directory::DirectoryError),
 }
 
-/// Serves the built-in directory when this daemon is the head, then joins the directory.
+/// Serves the built-in directory when this daemon is the head (repairing at
+/// `repair_bytes_per_second` when given), then joins the directory.
 pub(super) async fn connect_directory(
     cluster: &super::ClusterConfig,
     me: skyriver_transport::directory::MemberInfo,
+    repair_bytes_per_second: Option<u64>,
     notices: NoticeSender,
 ) -> Result<JoinedDirectory, DirectoryStartError> {
     use skyriver_transport::directory::builtin::{BuiltinDirectoryServer, ServerConfig};
@@ -56,11 +58,10 @@ pub(super) async fn connect_directory(
                     addr: *listen,
                     source,
                 })?;
-            let head = BuiltinDirectoryServer::spawn(
-                listener,
-                ServerConfig::new(cluster.cluster_token.clone()),
-            )
-            .map_err(DirectoryStartError::Serve)?;
+            let mut server_config = ServerConfig::new(cluster.cluster_token.clone());
+            server_config.repair_bytes_per_second = repair_bytes_per_second;
+            let head = BuiltinDirectoryServer::spawn(listener, server_config)
+                .map_err(DirectoryStartError::Serve)?;
             let addr = head.local_addr().to_string();
             // What other hosts dial: never `0.0.0.0`.
             let dial =

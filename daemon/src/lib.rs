@@ -104,6 +104,9 @@ pub struct DaemonConfig {
     /// requesters' partial copies (`--relay-min-bytes`; `u64::MAX`: never). `None`: the core's
     /// default. Only on fabrics that serve partial copies (TCP and verbs).
     pub relay_min_bytes: Option<u64>,
+    /// When this daemon serves the head: object bytes per second repairs may start
+    /// (`--repair-rate`; `None`: the registry's default, 1 GiB/s).
+    pub repair_bytes_per_second: Option<u64>,
 }
 
 impl DaemonConfig {
@@ -134,6 +137,7 @@ impl DaemonConfig {
             default_replicas: 1,
             failure_domain: String::new(),
             relay_min_bytes: None,
+            repair_bytes_per_second: None,
         }
     }
 }
@@ -814,7 +818,8 @@ async fn start_cluster(
     };
     // Bounded, with push-back: see `skyriver_transport::directory::notice_channel`.
     let (notice_tx, notices) = skyriver_transport::directory::notice_channel();
-    let joined = cluster::connect_directory(cluster, me, notice_tx).await?;
+    let joined =
+        cluster::connect_directory(cluster, me, config.repair_bytes_per_second, notice_tx).await?;
     Ok(ClusterParts {
         fabric,
         fabric_events,

@@ -1148,5 +1148,20 @@ fn encode_head_replication(
         "skyriver_head_replica_targets_declined",
         "Nodes asked for a copy that declined it (no room, a failed fetch; placed elsewhere at once).",
         Value::Counter(r.targets_declined),
+    )?;
+    out.one(
+        "skyriver_head_tombstones",
+        "Deleted objects whose tombstone the head keeps (a stale copy published again is deleted).",
+        gauge(r.tombstones),
+    )?;
+    out.one(
+        "skyriver_head_tombstones_dropped",
+        "Tombstones dropped early because the most the head keeps were kept.",
+        Value::Counter(r.tombstones_dropped),
+    )?;
+    out.one(
+        "skyriver_head_deletes_repeated",
+        "Publications of deleted content answered with a delete.",
+        Value::Counter(r.deletes_repeated),
     )
 }

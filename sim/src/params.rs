@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use skyriver_core::node::ThresholdPolicy;
 use skyriver_core::registry::session::SessionConfig;
+use skyriver_core::NodeId;
 
 /// All arenas of a cluster together hold at most this many bytes (see [`arena_cap`]).
 pub const CLUSTER_ARENA_BUDGET: u64 = 768 << 20;
@@ -128,6 +129,12 @@ pub struct SimParams {
     pub spill: Option<crate::cluster::spill::SpillParams>,
     /// Puts ask for replicas (every run but those that ask: no).
     pub replicas: bool,
+    /// Failure domains the nodes are spread over (node `n` in domain `n mod domains`); 0 (every
+    /// run but those with replicas): none, each node a domain of its own.
+    pub failure_domains: u32,
+    /// A whole failure domain crashes: which, when (µs) and for how long (µs), each of its
+    /// nodes then restarting.
+    pub domain_crash: Option<(u32, u64, u64)>,
 }
 
 impl SimParams {
@@ -208,6 +215,8 @@ impl SimParams {
             corrupt_ppm: 0,
             spill: None,
             replicas: false,
+            failure_domains: 0,
+            domain_crash: None,
         };
         // The directory's timing and faults, drawn last, so every earlier parameter of a seed
         // stays what it was.
@@ -281,6 +290,17 @@ impl SimParams {
             corrupt_ppm: 0,
             spill: None,
             replicas: false,
+            failure_domains: 0,
+            domain_crash: None,
+        }
+    }
+
+    /// The failure domain of `node` (empty: none, a domain of its own).
+    pub fn failure_domain(&self, node: NodeId) -> String {
+        if self.failure_domains == 0 {
+            String::new()
+        } else {
+            format!("rack-{}", node.0 % self.failure_domains)
         }
     }
 
@@ -298,6 +318,9 @@ impl SimParams {
                 ..SessionConfig::default()
             },
             lost_push_ppm: self.lost_push_ppm,
+            failure_domains: (0..self.nodes as u32)
+                .map(|n| self.failure_domain(NodeId(n)))
+                .collect(),
             replication: crate::cluster::replication_limits(self),
         }
     }
@@ -365,6 +388,13 @@ impl fmt::Display for SimParams {
             self.head_partitions,
             self.lost_push_ppm,
             self.corrupt_ppm
-        )
+        )?;
+        if self.failure_domains > 0 {
+            write!(f, " domains={}", self.failure_domains)?;
+        }
+        if let Some((domain, at, down)) = self.domain_crash {
+            write!(f, " domain_crash=rack-{domain}@{at}us+{down}us")?;
+        }
+        Ok(())
     }
 }

@@ -1,7 +1,9 @@
 //! Replicas under the simulator: random workloads whose puts ask for 2 or 3 copies (half of
-//! them waiting for the copies), with crashes, partitions and head faults. Every run must pass
-//! its checks (an acknowledged object survives k − 1 losses of its holders; repair converges
-//! once faults stop), and two planted bugs must be caught.
+//! them waiting for the copies) on nodes in 2 or 3 failure domains, with crashes (sometimes of
+//! a whole domain), partitions and head faults. Every run must pass its checks (an
+//! acknowledged object survives k − 1 losses of its holders and its copies span the domains
+//! they can; repair converges once faults stop; a delete stays deleted), and five planted bugs
+//! must be caught.
 
 use skyriver_sim::{run_seed_replicating, Flaws, RunMode, SimReport};
 
@@ -47,6 +49,8 @@ fn random_runs_with_replicas_pass_their_checks() {
         total.survived_losses += r.survived_losses;
         total.records_converged += r.records_converged;
         total.repairs_started += r.repairs_started;
+        total.domain_checks += r.domain_checks;
+        total.deletes_checked += r.deletes_checked;
     }
     assert!(
         failures.is_empty(),
@@ -64,6 +68,44 @@ fn random_runs_with_replicas_pass_their_checks() {
     );
     assert!(total.repairs_started > 0, "no repair ran: {total:?}");
     assert!(total.records_converged > 0, "no record checked: {total:?}");
+    assert!(total.domain_checks > 0, "no placement checked: {total:?}");
+    assert!(total.deletes_checked > 0, "no delete checked: {total:?}");
+}
+
+#[test]
+fn a_registry_that_ignores_failure_domains_is_caught() {
+    let flaws = Flaws {
+        placement_ignores_domains: true,
+        ..Flaws::default()
+    };
+    assert!(
+        caught(flaws, "spans the failure domains").is_some(),
+        "no seed of {SEEDS:?} caught the planted flaw"
+    );
+}
+
+#[test]
+fn an_unpinned_copy_of_record_is_caught() {
+    let flaws = Flaws {
+        copies_of_record_unpinned: true,
+        ..Flaws::default()
+    };
+    assert!(
+        caught(flaws, "left the store without a delete").is_some(),
+        "no seed of {SEEDS:?} caught the planted flaw"
+    );
+}
+
+#[test]
+fn a_registry_without_tombstones_is_caught() {
+    let flaws = Flaws {
+        no_tombstones: true,
+        ..Flaws::default()
+    };
+    assert!(
+        caught(flaws, "hold copies of record of the deleted content").is_some(),
+        "no seed of {SEEDS:?} caught the planted flaw"
+    );
 }
 
 #[test]

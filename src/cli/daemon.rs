@@ -189,6 +189,10 @@ pub(super) struct DaemonArgs {
     /// SLURM_TOPOLOGY_ADDR; else a domain of its own]
     #[arg(long, value_name = "NAME")]
     pub(super) failure_domain: Option<String>,
+    /// With --head: object bytes per second the head's repairs of lost copies may start,
+    /// e.g. 200MiB/s, so repair cannot starve user traffic [default: 1GiB/s]
+    #[arg(long, value_name = "SIZE/s", requires = "head", value_parser = parse_repair_rate)]
+    pub(super) repair_rate: Option<u64>,
     /// Objects of at least this size that many nodes fetch at once flow through the
     /// requesters' partial copies, a pipeline of relays, so the holder's link carries each
     /// byte about once (TCP and verbs fabrics); off: every requester pulls
@@ -212,6 +216,19 @@ pub(super) fn slurm_failure_domain(topology_addr: &str) -> Option<String> {
     let addr = topology_addr.trim();
     let (switches, _node) = addr.rsplit_once('.')?;
     (!switches.is_empty()).then(|| switches.to_string())
+}
+
+/// A repair rate: a size per second (`200MiB/s`; the `/s` may be left out), above zero.
+pub(super) fn parse_repair_rate(text: &str) -> Result<u64, ValueError> {
+    let size = text.trim();
+    let size = size.strip_suffix("/s").unwrap_or(size);
+    let size: ByteSize = size.parse().map_err(ValueError::RepairRate)?;
+    if size.0 == 0 {
+        return Err(ValueError::RepairRate(
+            "0 would never repair a lost copy".to_string(),
+        ));
+    }
+    Ok(size.0)
 }
 
 pub(super) fn parse_octal(text: &str) -> Result<u32, ValueError> {
@@ -321,7 +338,17 @@ pub(super) fn init_logging_as(
     Ok(())
 }
 
+/// Flags clap cannot refuse on its own: `requires = "head"` is waived when --join or
+/// --directory (which conflict with --head) is given.
+pub(super) fn check_head_only_flags(args: &DaemonArgs) -> Result<(), CliError> {
+    if args.repair_rate.is_some() && args.head.is_none() {
+        return Err(CliError::RepairRateWithoutHead);
+    }
+    Ok(())
+}
+
 pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), CliError> {
+    check_head_only_flags(&args)?;
     init_logging_as(&args.log, args.log_format)?;
     let mut config = DaemonConfig::new(
         args.socket
@@ -369,6 +396,7 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), CliError> {
     config.location_cache_entries = args.location_cache;
     config.default_replicas = args.replicas;
     config.relay_min_bytes = args.relay_min_bytes;
+    config.repair_bytes_per_second = args.repair_rate;
     config.failure_domain = match &args.failure_domain {
         Some(domain) => domain.trim().to_string(),
         None => std::env::var("SLURM_TOPOLOGY_ADDR")

@@ -125,6 +125,9 @@ pub enum CliError {
     /// `--directory-password-file` with a built-in directory.
     #[error("--directory-password-file is for a Redis directory (redis://HOST:PORT)")]
     PasswordFileForBuiltin,
+    /// `--repair-rate` on a daemon that does not serve the head.
+    #[error("--repair-rate is for the daemon that serves the directory (--head): it runs repairs")]
+    RepairRateWithoutHead,
     /// A daemon joining a cluster without a node id.
     #[error(
         "a daemon joining a cluster needs --node-id N (unique per node; under Slurm \
@@ -239,4 +242,7 @@ pub enum ValueError {
     /// `--relay-min-bytes` is neither a size nor `off`.
     #[error("--relay-min-bytes: {0} (or off)")]
     RelayMinBytes(String),
+    /// `--repair-rate` is not a size per second above zero.
+    #[error("--repair-rate: {0} (a size per second, like 200MiB/s)")]
+    RepairRate(String),
 }

@@ -54,6 +54,57 @@ fn flag_values_are_refused_with_a_typed_reason() {
 }
 
 #[test]
+fn the_repair_rate_is_a_size_per_second_on_the_head_only() {
+    assert_eq!(parse_repair_rate("200MiB/s").unwrap(), 200 << 20);
+    assert_eq!(parse_repair_rate("1GiB").unwrap(), 1 << 30);
+    assert_eq!(parse_repair_rate(" 1000000/s ").unwrap(), 1_000_000);
+    assert!(matches!(
+        parse_repair_rate("0/s"),
+        Err(ValueError::RepairRate(_))
+    ));
+    assert!(matches!(
+        parse_repair_rate("100MB/s"),
+        Err(ValueError::RepairRate(_))
+    ));
+    let cli = parse(&["daemon", "--head", "--repair-rate", "64MiB/s"]).expect("parses");
+    let Command::Daemon(args) = cli.command else {
+        panic!("parsed as another command");
+    };
+    assert_eq!(args.repair_rate, Some(64 << 20));
+    let cli = parse(&["daemon", "--head"]).expect("parses");
+    let Command::Daemon(args) = cli.command else {
+        panic!("parsed as another command");
+    };
+    assert_eq!(args.repair_rate, None, "the registry's default");
+    let refused = parse(&["daemon", "--repair-rate", "64MiB/s"])
+        .err()
+        .expect("only the head repairs");
+    assert_eq!(
+        refused.kind(),
+        clap::error::ErrorKind::MissingRequiredArgument
+    );
+    // With --join, clap waives the requirement (--head conflicts with it): refused when the
+    // daemon's configuration is built.
+    let cli = parse(&[
+        "daemon",
+        "--join",
+        "h:7390",
+        "--node-id",
+        "1",
+        "--repair-rate",
+        "1MiB",
+    ])
+    .expect("parses");
+    let Command::Daemon(args) = cli.command else {
+        panic!("parsed as another command");
+    };
+    assert!(matches!(
+        check_head_only_flags(&args),
+        Err(CliError::RepairRateWithoutHead)
+    ));
+}
+
+#[test]
 fn an_input_that_changes_size_while_read_is_a_typed_error() {
     let path = Path::new("input");
     let mut short = std::io::Cursor::new(vec![1u8; 3]);

@@ -570,6 +570,13 @@ impl Registry {
         request: DirectoryRequest,
     ) {
         let mut fired = Vec::new();
+        if let DirectoryRequest::Publish { id, digest, .. }
+        | DirectoryRequest::PublishReplicated { id, digest, .. } = &request
+        {
+            if self.answered_as_deleted(now, conn, op, node, *id, *digest) {
+                return;
+            }
+        }
         let reply = match request {
             DirectoryRequest::Lookup { id, subscribe } => self.lookup(node, id, subscribe),
             DirectoryRequest::Publish { id, sizes, digest } => {
@@ -577,6 +584,7 @@ impl Registry {
             }
             DirectoryRequest::Withdraw { id } => {
                 self.withdraw(node, id);
+                self.tombstone_withdrawn(node, id);
                 Some(DirectoryReply::Done)
             }
             DirectoryRequest::Unsubscribe { id } => {

@@ -32,6 +32,20 @@
 //!   target given up on that publishes late: no object keeps more than `k` copies of record.
 //! - **Delete**: [`DirectoryRequest::DeleteEverywhere`] withdraws every holder, tells each
 //!   ([`DirectoryEvent::Delete`]) and ends the record.
+//! - **A delete stays deleted**: a node may hold a copy of the deleted content and not have
+//!   heard the delete: cut off past the heartbeat bound, its connection dropped with the event
+//!   unsent, or a fetch of the object (a placement, or a node that still wants its copy of
+//!   record) sealed before the delete and published after it. So the delete of an object with
+//!   a record leaves a tombstone: the id, the deleted content's digest, and the nodes known
+//!   to hold no stale copy (the one that deleted, then every node that withdraws the id).
+//!   While it lasts ([`ReplicationLimits::tombstone_lifetime`], never under a target timeout
+//!   plus the heartbeat bound), a publication of that content from any other node (a replayed
+//!   plain one, or `PublishReplicated`) is answered with [`DirectoryEvent::Delete`], not
+//!   listed, and opens no record: no copy is placed. A `PublishReplicated` of the content
+//!   from a node known to hold no stale copy is a new put, and ends the tombstone. So putting
+//!   the very same bytes under the id again within the lifetime works on the node that
+//!   deleted it (or one that withdrew it since), and is deleted again elsewhere. At most
+//!   [`ReplicationLimits::max_tombstones`] are kept; beyond, the oldest go (counted).
 //!
 //! The records live in the registry's memory: a restarted head starts without them (nodes'
 //! replays publish plain copies) and learns them again as each node, once the directory
@@ -50,8 +64,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use super::placement::{choose_retry_targets, choose_targets, domain_key, Candidate};
-use super::{FromRegistry, Registry, RegistryOutput};
-use crate::directory::DirectoryEvent;
+use super::{ConnId, FromRegistry, Registry, RegistryOutput, WireOpId};
+use crate::digest::ContentDigest;
+use crate::directory::{DirectoryEvent, DirectoryReply};
 use crate::ids::{NodeId, ObjectId};
 use crate::time::Instant;
 
@@ -68,6 +83,11 @@ pub struct ReplicationLimits {
     pub target_timeout: Duration,
     /// Most objects with a replica record.
     pub max_records: usize,
+    /// How long a delete's tombstone lasts (see the module doc); at least a target timeout
+    /// plus the heartbeat bound, whatever is set.
+    pub tombstone_lifetime: Duration,
+    /// Most tombstones kept (0: none, so a copy of record that missed a delete comes back).
+    pub max_tombstones: usize,
 }
 
 impl Default for ReplicationLimits {
@@ -76,6 +96,8 @@ impl Default for ReplicationLimits {
             repair_bytes_per_second: 1 << 30,
             target_timeout: Duration::from_secs(60),
             max_records: 1 << 24,
+            tombstone_lifetime: Duration::from_secs(600),
+            max_tombstones: 1 << 20,
         }
     }
 }
@@ -106,6 +128,16 @@ pub struct ReplicationStats {
     /// Targets that declined their copy (no room, a failed fetch) and were replaced at once.
     #[serde(default)]
     pub targets_declined: u64,
+    /// Deleted objects whose tombstone is kept (see the module doc).
+    #[serde(default)]
+    pub tombstones: u64,
+    /// Tombstones dropped before their time because [`ReplicationLimits::max_tombstones`]
+    /// were kept.
+    #[serde(default)]
+    pub tombstones_dropped: u64,
+    /// Publications of deleted content answered with [`DirectoryEvent::Delete`].
+    #[serde(default)]
+    pub deletes_repeated: u64,
 }
 
 /// One object's replica record.
@@ -129,6 +161,22 @@ struct Record {
     declined: BTreeMap<NodeId, Instant>,
 }
 
+/// Most nodes a tombstone lists as holding no stale copy (beyond, a node's new put of the same
+/// bytes is deleted again, as elsewhere).
+const MAX_CLEARED: usize = 1024;
+
+/// What a delete leaves behind (see the module doc).
+#[derive(Debug, Clone)]
+struct Tombstone {
+    /// The deleted content.
+    digest: ContentDigest,
+    /// When it ends.
+    until: Instant,
+    /// Nodes known to hold no stale copy: the one that deleted, and those that withdrew the
+    /// id since.
+    cleared: BTreeSet<NodeId>,
+}
+
 /// The registry's replication state.
 #[derive(Debug)]
 pub(super) struct Replication {
@@ -148,6 +196,9 @@ pub(super) struct Replication {
     /// take is offered to a node that declined it once per target timeout, as one that timed
     /// out would be, never in a loop of instant refusals.
     declines: BTreeSet<(Instant, ObjectId, NodeId)>,
+    /// Deletes' tombstones, and their ends in order (the oldest go first when full).
+    tombstones: BTreeMap<ObjectId, Tombstone>,
+    tombstone_ends: BTreeSet<(Instant, ObjectId)>,
     /// Repair budget in bytes (negative: debt after an object larger than a second's worth).
     tokens: i128,
     tokens_at: Option<Instant>,
@@ -164,6 +215,8 @@ impl Replication {
             unplaceable: BTreeSet::new(),
             deadlines: BTreeSet::new(),
             declines: BTreeSet::new(),
+            tombstones: BTreeMap::new(),
+            tombstone_ends: BTreeSet::new(),
             tokens: i128::from(limits.repair_bytes_per_second),
             tokens_at: None,
             stats: ReplicationStats::default(),
@@ -230,7 +283,25 @@ impl Replication {
             .filter(|r| r.of_record.len() < usize::from(r.wanted))
             .count() as u64;
         stats.repairs_queued = self.repair_queue.len() as u64;
+        stats.tombstones = self.tombstones.len() as u64;
         stats
+    }
+
+    /// Drops the tombstones ended by `now`.
+    fn end_tombstones(&mut self, now: Instant) {
+        while let Some(&(until, id)) = self.tombstone_ends.first() {
+            if until > now {
+                break;
+            }
+            self.tombstone_ends.remove(&(until, id));
+            self.tombstones.remove(&id);
+        }
+    }
+
+    fn remove_tombstone(&mut self, id: &ObjectId) {
+        if let Some(tombstone) = self.tombstones.remove(id) {
+            self.tombstone_ends.remove(&(tombstone.until, *id));
+        }
     }
 
     /// The copies of record `id` wants and the live nodes holding one.
@@ -255,6 +326,9 @@ impl Registry {
         let replicas = replicas.clamp(1, MAX_REPLICAS);
         let replication = &mut self.replication;
         replication.free_bytes.insert(node, free_bytes);
+        // Published by a node known to hold no stale copy (`answered_as_deleted` answered
+        // the others): a new put of the content.
+        replication.remove_tombstone(&id);
         if !replication.records.contains_key(&id)
             && replication.records.len() >= replication.limits.max_records
         {
@@ -568,8 +642,10 @@ impl Registry {
     }
 
     /// `node` deletes `id` everywhere: every other holder is told, every listing withdrawn,
-    /// and the record ends.
+    /// and the record ends, leaving a tombstone when it had one (see the module doc).
     pub(super) fn delete_everywhere(&mut self, node: NodeId, id: ObjectId) {
+        let holders = self.holders_of(&id);
+        let digest = self.holders.get(&id).map(|h| h.content().1);
         if let Some(record) = self.replication.records.remove(&id) {
             for (target, deadline) in record.pending {
                 self.replication.deadlines.remove(&(deadline, id, target));
@@ -578,11 +654,95 @@ impl Registry {
             for (target, until) in record.declined {
                 self.replication.declines.remove(&(until, id, target));
             }
+            if let Some(digest) = digest {
+                self.add_tombstone(id, digest, node);
+            }
         }
         self.replication.repair_queue.remove(&id);
-        for holder in self.holders_of(&id) {
+        for holder in holders {
             self.withdraw(holder, id);
             self.tell_delete(holder, node, id);
+        }
+    }
+
+    fn add_tombstone(&mut self, id: ObjectId, digest: ContentDigest, deleter: NodeId) {
+        let now = self.now;
+        let lifetime = self
+            .replication
+            .limits
+            .tombstone_lifetime
+            .max(self.replication.limits.target_timeout + self.config.heartbeat_timeout);
+        let replication = &mut self.replication;
+        replication.end_tombstones(now);
+        replication.remove_tombstone(&id);
+        if replication.limits.max_tombstones == 0 {
+            replication.stats.tombstones_dropped += 1;
+            return;
+        }
+        while replication.tombstones.len() >= replication.limits.max_tombstones {
+            let Some((_, oldest)) = replication.tombstone_ends.first().copied() else {
+                break;
+            };
+            replication.remove_tombstone(&oldest);
+            replication.stats.tombstones_dropped += 1;
+        }
+        let until = now + lifetime;
+        replication.tombstone_ends.insert((until, id));
+        replication.tombstones.insert(
+            id,
+            Tombstone {
+                digest,
+                until,
+                cleared: BTreeSet::from([deleter]),
+            },
+        );
+    }
+
+    /// Whether `node`'s publication (request `op` on `conn`) of `digest` under `id` is of
+    /// deleted content `node` is not known to have dropped: then it is answered (done),
+    /// `node` is told [`DirectoryEvent::Delete`], and the publication is neither listed nor
+    /// counted.
+    pub(super) fn answered_as_deleted(
+        &mut self,
+        now: Instant,
+        conn: ConnId,
+        op: WireOpId,
+        node: NodeId,
+        id: ObjectId,
+        digest: ContentDigest,
+    ) -> bool {
+        self.replication.end_tombstones(now);
+        let Some(tombstone) = self.replication.tombstones.get(&id) else {
+            return false;
+        };
+        if tombstone.digest != digest || tombstone.cleared.contains(&node) {
+            return false;
+        }
+        self.replication.stats.deletes_repeated += 1;
+        // Listed by an earlier publication of the content (a replay)? Not any more: the node
+        // drops its copy.
+        if self.holders.get(&id).is_some_and(|h| h.contains(node)) {
+            self.withdraw(node, id);
+        }
+        for message in [
+            FromRegistry::Reply {
+                op,
+                reply: DirectoryReply::Done,
+            },
+            FromRegistry::Event(DirectoryEvent::Delete { id }),
+        ] {
+            self.outputs
+                .push_back(RegistryOutput::Send { conn, message });
+        }
+        true
+    }
+
+    /// `node` withdrew `id`: it holds no stale copy of a deleted content any more.
+    pub(super) fn tombstone_withdrawn(&mut self, node: NodeId, id: ObjectId) {
+        if let Some(tombstone) = self.replication.tombstones.get_mut(&id) {
+            if tombstone.cleared.len() < MAX_CLEARED {
+                tombstone.cleared.insert(node);
+            }
         }
     }
 
@@ -629,6 +789,17 @@ impl Registry {
                     .deadlines
                     .contains(&(*deadline, *id, *node)));
             }
+        }
+        assert_eq!(
+            self.replication.tombstone_ends.len(),
+            self.replication.tombstones.len(),
+            "one end per tombstone"
+        );
+        for (id, tombstone) in &self.replication.tombstones {
+            assert!(self
+                .replication
+                .tombstone_ends
+                .contains(&(tombstone.until, *id)));
         }
         assert_eq!(
             self.replication.declines.len(),

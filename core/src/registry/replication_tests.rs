@@ -496,3 +496,191 @@ fn a_node_that_declined_is_asked_again_only_after_a_target_timeout() {
     assert_eq!(r.replication_stats().targets_declined, 1);
     r.check_invariants();
 }
+
+/// Objects 1 and 2 put with two copies by node 0 and placed on another node; node 0 is cut
+/// off past the heartbeat bound (its copies repaired onto the third node), then object 1 is
+/// deleted on a live holder. Returns the registry and the node that deleted.
+fn deleted_while_cut_off(limits: ReplicationLimits) -> (Registry, u32) {
+    let mut r = patient_registry();
+    r.set_replication_limits(limits);
+    let t = at_ms(0);
+    for node in 0..3 {
+        join_in(&mut r, t, node, "");
+    }
+    let out = publish_replicated(&mut r, t, 0, 1, 10, 2);
+    let target = replicate_targets(&out)[0];
+    publish_replicated(&mut r, t, target, 1, 10, 2);
+    r.handle_disconnect(at_ms(1), ConnId(0));
+    let repairer = 3 - target;
+    assert_eq!(replicate_targets(&drain(&mut r)), vec![repairer]);
+    publish_replicated(&mut r, at_ms(2), repairer, 1, 10, 2);
+    let out = request(
+        &mut r,
+        at_ms(3),
+        u64::from(target),
+        99,
+        DirectoryRequest::DeleteEverywhere {
+            id: ObjectId::from_u64(1),
+        },
+    );
+    assert_eq!(
+        events_for(&out, u64::from(repairer)),
+        vec![DirectoryEvent::Delete {
+            id: ObjectId::from_u64(1)
+        }]
+    );
+    // Node 0 comes back on a new connection; it never heard of the delete.
+    admit(&mut r, at_ms(4), 10, member(0, 1)).expect("rejoins");
+    drain(&mut r);
+    (r, target)
+}
+
+fn republish(r: &mut Registry, now: Instant, conn: u64, op: u64) -> Vec<(ConnId, FromRegistry)> {
+    request(
+        r,
+        now,
+        conn,
+        op,
+        DirectoryRequest::PublishReplicated {
+            id: ObjectId::from_u64(1),
+            sizes: sizes(10),
+            digest: digest(10),
+            replicas: 2,
+            free_bytes: 1 << 30,
+        },
+    )
+}
+
+#[test]
+fn a_copy_of_record_that_missed_its_delete_is_told_again_when_it_returns_and_not_copied() {
+    let (mut r, deleter) = deleted_while_cut_off(ReplicationLimits::default());
+    let id = ObjectId::from_u64(1);
+    let delete = vec![DirectoryEvent::Delete { id }];
+    // Its replay lists what it holds as plain copies: the deleted content is not listed.
+    let out = request(
+        &mut r,
+        at_ms(5),
+        10,
+        100,
+        DirectoryRequest::Publish {
+            id,
+            sizes: sizes(10),
+            digest: digest(10),
+        },
+    );
+    assert_eq!(events_for(&out, 10), delete);
+    assert!(r.holders_of(&id).is_empty());
+    // Then it publishes its copy of record again: a Delete, no record, no copy placed.
+    let out = republish(&mut r, at_ms(6), 10, 101);
+    assert_eq!(events_for(&out, 10), delete, "{out:?}");
+    assert!(replicate_targets(&out).is_empty(), "{out:?}");
+    assert!(
+        out.iter().any(|(conn, m)| *conn == ConnId(10)
+            && matches!(
+                m,
+                FromRegistry::Reply {
+                    op: WireOpId(101),
+                    reply: DirectoryReply::Done
+                }
+            )),
+        "answered: {out:?}"
+    );
+    assert_eq!(r.copies_of_record(&id), None);
+    assert!(r.holders_of(&id).is_empty());
+    let stats = r.replication_stats();
+    assert_eq!((stats.deletes_repeated, stats.tombstones), (2, 1));
+    // The holder told at the delete publishes the content without having withdrawn it (say
+    // its fetch of it sealed before the delete and published after): deleted again too.
+    let told = u64::from(3 - deleter);
+    let out = republish(&mut r, at_ms(7), told, 102);
+    assert_eq!(events_for(&out, told), delete, "{out:?}");
+    // Node 0 drops its copy (withdraws): a new put of the same bytes there is an ordinary one.
+    request(&mut r, at_ms(8), 10, 103, DirectoryRequest::Withdraw { id });
+    let out = republish(&mut r, at_ms(9), 10, 104);
+    assert!(events_for(&out, 10)
+        .iter()
+        .all(|e| !matches!(e, DirectoryEvent::Delete { .. })));
+    assert_eq!(replicate_targets(&out).len(), 1, "{out:?}");
+    assert_eq!(r.replication_stats().tombstones, 0);
+    r.check_invariants();
+}
+
+#[test]
+fn a_new_put_of_deleted_content_by_a_node_that_heard_the_delete_ends_the_tombstone() {
+    let (mut r, deleter) = deleted_while_cut_off(ReplicationLimits::default());
+    let out = republish(&mut r, at_ms(5), u64::from(deleter), 100);
+    assert_eq!(replicate_targets(&out).len(), 1, "a put like any: {out:?}");
+    assert_eq!(r.replication_stats().tombstones, 0);
+    // The returning copy is of the same bytes, now live again: counted (or surplus).
+    let out = republish(&mut r, at_ms(6), 10, 101);
+    assert!(events_for(&out, 10).is_empty(), "{out:?}");
+}
+
+#[test]
+fn without_tombstones_a_copy_that_missed_its_delete_brings_the_object_back() {
+    let (mut r, _) = deleted_while_cut_off(ReplicationLimits {
+        max_tombstones: 0,
+        ..ReplicationLimits::default()
+    });
+    let out = republish(&mut r, at_ms(5), 10, 100);
+    assert!(events_for(&out, 10)
+        .iter()
+        .all(|e| !matches!(e, DirectoryEvent::Delete { .. })));
+    assert_eq!(replicate_targets(&out).len(), 1, "copied again: {out:?}");
+    assert_eq!(r.replication_stats().tombstones_dropped, 1);
+}
+
+#[test]
+fn tombstones_are_bounded_in_number_and_time() {
+    let mut r = patient_registry();
+    r.set_replication_limits(ReplicationLimits {
+        max_tombstones: 2,
+        tombstone_lifetime: Duration::ZERO,
+        ..ReplicationLimits::default()
+    });
+    let t = at_ms(0);
+    for node in 0..2 {
+        join_in(&mut r, t, node, "");
+    }
+    for object in 1..=3 {
+        publish_replicated(&mut r, t, 0, object, 10, 2);
+        publish_replicated(&mut r, t, 1, object, 10, 2);
+        request(
+            &mut r,
+            t,
+            0,
+            100 + object,
+            DirectoryRequest::DeleteEverywhere {
+                id: ObjectId::from_u64(object),
+            },
+        );
+    }
+    let stats = r.replication_stats();
+    assert_eq!((stats.tombstones, stats.tombstones_dropped), (2, 1));
+    // A lifetime never shorter than a target timeout and the heartbeat bound.
+    let bound = ReplicationLimits::default().target_timeout + Duration::from_secs(3600);
+    request(
+        &mut r,
+        t + (bound - Duration::from_millis(1)),
+        1,
+        200,
+        DirectoryRequest::Withdraw {
+            id: ObjectId::from_u64(9),
+        },
+    );
+    assert_eq!(r.replication_stats().tombstones, 2);
+    // Past it, the next delete finds them ended.
+    publish_replicated(&mut r, t + bound, 0, 4, 10, 2);
+    publish_replicated(&mut r, t + bound, 1, 4, 10, 2);
+    request(
+        &mut r,
+        t + bound,
+        0,
+        300,
+        DirectoryRequest::DeleteEverywhere {
+            id: ObjectId::from_u64(4),
+        },
+    );
+    let stats = r.replication_stats();
+    assert_eq!((stats.tombstones, stats.tombstones_dropped), (1, 1));
+}

@@ -982,6 +982,7 @@ impl Cluster {
         variant: u32,
     ) {
         self.checker.put(id, Content { variant, sizes });
+        self.replica_put_started(id);
         let mut bytes = workload::content_bytes(
             &id,
             variant,
@@ -1030,6 +1031,7 @@ impl Cluster {
         variant: u32,
     ) {
         self.checker.put(id, Content { variant, sizes });
+        self.replica_put_started(id);
         self.client_request(
             n,
             client,

@@ -38,6 +38,16 @@ pub struct Flaws {
     pub copies_overcounted: bool,
     /// Nodes ignore the registry's placements: no copy is ever made or repaired.
     pub replica_placement_ignored: bool,
+    /// Nodes' hellos lose their failure domain, so the registry places copies as if every
+    /// node were a domain of its own (see `replication`).
+    pub placement_ignores_domains: bool,
+    /// The origin of a put with replicas unpins its copy of record as soon as it hears of the
+    /// copies (as if told it is surplus), so eviction may drop it (see `replication`).
+    pub copies_of_record_unpinned: bool,
+    /// The registry keeps no tombstone of a delete, so a copy of record that missed the delete
+    /// (cut off, or its event lost) is published again as one and copied anew (see
+    /// `replication`).
+    pub no_tombstones: bool,
     /// A holder's coalesced pass sends an object once to its first requester and skips the
     /// others (see `crowd`).
     pub coalesced_pass_skips_requester: bool,
@@ -91,8 +101,13 @@ impl Cluster {
     ) -> DirectoryRequest {
         let inc = self.nodes[n.0 as usize].inc;
         match &mut request {
-            DirectoryRequest::PublishReplicated { id, digest, .. } => {
-                self.replica_published(n, inc, *id);
+            DirectoryRequest::PublishReplicated {
+                id,
+                digest,
+                free_bytes,
+                ..
+            } => {
+                self.replica_published(n, inc, *id, *free_bytes);
                 if self.flaws.directory_ignores_content {
                     *digest = ContentDigest(0);
                 }
@@ -109,6 +124,7 @@ impl Cluster {
             DirectoryRequest::Lookup { id, .. } => {
                 self.dir_ops.insert((n, inc, op), (*id, None));
             }
+            DirectoryRequest::DeleteEverywhere { id } => self.replica_delete_sent(n, inc, op, *id),
             _ => {}
         }
         request

@@ -171,6 +171,13 @@ impl Cluster {
                 Event::Directory(DirEvent::HeadPartition { node, on: false }),
             );
         }
+        if let Some((domain, at, down)) = p.domain_crash {
+            // Every node of the domain at once (what a rack's power or switch does).
+            for node in (0..n).filter(|node| node % p.failure_domains.max(1) == domain) {
+                self.schedule_us(at, Event::Crash { node: NodeId(node) });
+                self.schedule_us(at + down, Event::Restart { node: NodeId(node) });
+            }
+        }
         for _ in 0..p.slow_windows {
             let node = NodeId(self.rng.gen_range(0..n));
             let at = self.rng.gen_range(0..until);

@@ -399,6 +399,8 @@ pub struct Cluster {
 }
 
 const WORKLOAD_CLIENT_BASE: u64 = 1;
+/// Mixed into a seed for the failure domains of a run with replicas (a stream of their own).
+const FAILURE_DOMAIN_STREAM: u64 = 0x000D_03A1_5EED;
 
 impl Cluster {
     /// Member lists delivered to the cores, and how many of them were converted for the cores
@@ -440,6 +442,15 @@ impl Cluster {
         let mut params = SimParams::draw(seed, &mut rng, nodes);
         params.replicas = true;
         params.crashes = params.crashes.max(1);
+        // From a stream of their own, so every other parameter of a seed stays what it was.
+        let mut domains = ChaCha8Rng::seed_from_u64(seed ^ FAILURE_DOMAIN_STREAM);
+        params.failure_domains = domains.gen_range(2..=3);
+        if domains.gen_bool(0.5) {
+            let domain = domains.gen_range(0..params.failure_domains);
+            let at = domains.gen_range(0..params.faults_until_us);
+            let down = params.detect_us + domains.gen_range(100..=3_000);
+            params.domain_crash = Some((domain, at, down));
+        }
         Self::build(params, rng, mode, flaws)
     }
 
@@ -482,8 +493,15 @@ impl Cluster {
             }
         }
         let network = Network::new(n, latency, params.bandwidth_bytes_per_sec);
+        let mut directory_params = params.directory_params();
+        if flaws.placement_ignores_domains {
+            directory_params.failure_domains.clear();
+        }
+        if flaws.no_tombstones {
+            directory_params.replication.max_tombstones = 0;
+        }
         let (mut directory, directory_effects) =
-            SimDirectory::formed(params.directory_params(), n, Instant::ZERO);
+            SimDirectory::formed(directory_params, n, Instant::ZERO);
         directory.unguarded_restarts = flaws.unguarded_head_restarts;
         directory.forgets_subscriptions = flaws.registry_forgets_subscriptions;
         let mut cluster = Cluster {

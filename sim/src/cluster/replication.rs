@@ -18,11 +18,32 @@
 //!   record has a record unless the head restarted since its first publication;
 //! * **surplus copies**: a node told its copy of record is surplus may drop it only while the
 //!   registry counts the `k` copies without it; those become the holders the checks follow.
+//! * **copies span failure domains**: the nodes are spread over 2 or 3 failure domains (node
+//!   `n` in `rack-(n mod domains)`), and a run may crash a whole domain at once. When a put
+//!   that waited for `k` copies is acknowledged, its copies of record (the nodes that
+//!   published one) span at least `min(k, D)` domains, where `D` counts the domains with a
+//!   member that holds a copy or could have been chosen for one: a member whose free-memory
+//!   reports (the registry places by them), from its last one before the put to the ack, all
+//!   fit the object. Checked only for a put placed in one go: from its start to its ack the
+//!   membership did not change (no member lost, joined or restarted, no head restart) and no
+//!   target was given up on or declined anywhere, so the registry's first choice is what the
+//!   acknowledgement shows;
+//! * **a delete stays deleted**: once faults stopped and repair converged, no live node holds
+//!   a copy of record of content the registry deleted everywhere (it answered a
+//!   `DeleteEverywhere` of the id while that content was the id's), unless the id was put
+//!   again since or the head restarted after the content was first published (the registry
+//!   then forgot its records and tombstones).
 //!
 //! [`Flaws::copies_overcounted`](super::Flaws) plants a bug the first check exists for (the
 //! origin hears of `k` copies at its own publication);
-//! [`Flaws::replica_placement_ignored`](super::Flaws) one the last check exists for (nodes
-//! ignore the registry's placements, so nothing is ever copied or repaired).
+//! [`Flaws::copies_of_record_unpinned`](super::Flaws) one the second (the origin unpins its
+//! copy of record, so eviction drops it);
+//! [`Flaws::replica_placement_ignored`](super::Flaws) one the convergence check exists for
+//! (nodes ignore the registry's placements, so nothing is ever copied or repaired);
+//! [`Flaws::placement_ignores_domains`](super::Flaws) one the domain check exists for (the
+//! registry never hears the nodes' domains); [`Flaws::no_tombstones`](super::Flaws) one the
+//! delete check exists for (the registry keeps no tombstone, so a copy of record that missed
+//! the delete is published again and copied anew).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -30,7 +51,7 @@ use std::time::Duration;
 use rand::Rng;
 use skyriver_core::client_protocol::{ReplicaPolicy, Request, MAX_INLINE_PUT_BYTES};
 use skyriver_core::digest::ContentDigest;
-use skyriver_core::directory::{DirectoryEvent, DirectoryNotice};
+use skyriver_core::directory::{DirectoryEvent, DirectoryNotice, DirectoryOpId, DirectoryReply};
 use skyriver_core::{ClientId, Instant, NodeId, ObjectId, ObjectSizes};
 
 use super::clients::Call;
@@ -59,6 +80,10 @@ pub struct ReplicationRunStats {
     pub records_converged: u64,
     /// Repairs the registry started (at the end of the run).
     pub repairs_started: u64,
+    /// Acknowledged puts whose copies' failure domains were checked (placed in one go).
+    pub domain_checks: u64,
+    /// Deletes everywhere the registry answered, checked to stay deleted at the end.
+    pub deletes_checked: u64,
 }
 
 /// What a put asked for.
@@ -76,6 +101,17 @@ struct Acked {
     holders: BTreeSet<(NodeId, u32)>,
 }
 
+/// A waiting put on its way: what its placement's check compares at the ack.
+#[derive(Debug, Clone)]
+struct Placing {
+    /// The registry's members at the put's start.
+    members: Vec<(NodeId, u32)>,
+    /// Targets given up on or declined, membership changes and head restarts at the start.
+    disruptions: u64,
+    /// Each node's lowest free-memory report, from its last one before the put on.
+    lowest_free: BTreeMap<NodeId, u64>,
+}
+
 /// The replication side of a run.
 #[derive(Debug, Default)]
 pub(super) struct ReplicationSide {
@@ -89,6 +125,16 @@ pub(super) struct ReplicationSide {
     acked: BTreeMap<ObjectId, Acked>,
     /// Objects a client asked to delete (their copies may go).
     deleted: BTreeSet<ObjectId>,
+    /// Waiting puts not answered yet.
+    placing: BTreeMap<ObjectId, Placing>,
+    /// The free memory each node last reported with a publication of record.
+    free_reports: BTreeMap<NodeId, u64>,
+    /// `DeleteEverywhere` requests on their way, with the content the id had when sent.
+    delete_ops: BTreeMap<(NodeId, u32, DirectoryOpId), (ObjectId, Option<ContentDigest>)>,
+    /// Contents the registry deleted everywhere, with when it answered.
+    deleted_everywhere: BTreeMap<ObjectId, (ContentDigest, Instant)>,
+    /// When each id was last put.
+    put_started: BTreeMap<ObjectId, Instant>,
     /// Violations already reported, by object.
     reported: BTreeSet<ObjectId>,
     pub(super) stats: ReplicationRunStats,
@@ -136,6 +182,7 @@ impl Cluster {
         self.replication.stats.replicated_puts += 1;
         if wait_ms.is_some() {
             self.replication.stats.waiting_puts += 1;
+            self.placing_started(id);
         }
         let started = self.now;
         self.client_put(
@@ -168,11 +215,13 @@ impl Cluster {
         self.replication.stats.replicated_puts += 1;
         if wait_ms.is_some() {
             self.replication.stats.waiting_puts += 1;
+            self.placing_started(id);
         }
         let replicas = ReplicaPolicy { copies, wait_ms };
         let total = sizes.data_size + sizes.metadata_size;
         if total <= MAX_INLINE_PUT_BYTES as u64 && self.next_object % 2 == 0 {
             self.checker.put(id, Content { variant: 0, sizes });
+            self.replica_put_started(id);
             let mut data = workload::content_bytes(&id, 0, total as usize);
             let metadata = data.split_off(sizes.data_size as usize);
             let removals = self.nodes[n.0 as usize]
@@ -235,8 +284,124 @@ impl Cluster {
         }
     }
 
-    /// Node `n` publishes a copy of record of `id`.
-    pub(super) fn replica_published(&mut self, n: NodeId, inc: u32, id: ObjectId) {
+    /// A put of `id` (any content) starts.
+    pub(super) fn replica_put_started(&mut self, id: ObjectId) {
+        if self.replication.on {
+            self.replication.put_started.insert(id, self.now);
+        }
+    }
+
+    /// Node `n` (incarnation `inc`) asks the registry (request `op`) to delete `id` everywhere.
+    pub(super) fn replica_delete_sent(
+        &mut self,
+        n: NodeId,
+        inc: u32,
+        op: DirectoryOpId,
+        id: ObjectId,
+    ) {
+        if !self.replication.on {
+            return;
+        }
+        let content = self
+            .directory
+            .registry()
+            .and_then(|registry| registry.content_of(&id));
+        self.replication
+            .delete_ops
+            .insert((n, inc, op), (id, content));
+    }
+
+    /// Membership changes, head restarts and targets given up on or declined so far.
+    fn placement_disruptions(&self) -> u64 {
+        let d = &self.directory.stats;
+        let replication = self
+            .directory
+            .registry()
+            .map(|r| r.replication_stats())
+            .unwrap_or_default();
+        d.head_crashes
+            + d.heartbeat_expiries
+            + d.reconnects
+            + self.stats.crashes
+            + replication.targets_timed_out
+            + replication.targets_declined
+    }
+
+    fn registry_members(&self) -> Vec<(NodeId, u32)> {
+        self.directory
+            .registry()
+            .map(|r| {
+                r.members()
+                    .iter()
+                    .map(|m| (m.node, m.incarnation))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A waiting put of `id` starts: what its placement check compares at the ack.
+    fn placing_started(&mut self, id: ObjectId) {
+        let placing = Placing {
+            members: self.registry_members(),
+            disruptions: self.placement_disruptions(),
+            lowest_free: self.replication.free_reports.clone(),
+        };
+        self.replication.placing.insert(id, placing);
+    }
+
+    /// The acknowledged put of `id` with `copies` copies held by `holders`: they span
+    /// `min(copies, D)` failure domains (see the module doc), when it was placed in one go.
+    fn check_domains(&mut self, id: ObjectId, copies: u8, holders: &BTreeSet<NodeId>) {
+        let Some(placing) = self.replication.placing.remove(&id) else {
+            return;
+        };
+        if self.params.failure_domains == 0
+            || placing.disruptions != self.placement_disruptions()
+            || placing.members != self.registry_members()
+        {
+            return;
+        }
+        let Some(bytes) = self
+            .checker
+            .contents
+            .get(&id)
+            .and_then(|c| c.first())
+            .map(|c| c.sizes.data_size + c.sizes.metadata_size)
+        else {
+            return;
+        };
+        let spanned: BTreeSet<String> = holders
+            .iter()
+            .map(|&n| self.params.failure_domain(n))
+            .collect();
+        let possible: BTreeSet<String> = placing
+            .members
+            .iter()
+            .filter(|(n, _)| {
+                holders.contains(n) || placing.lowest_free.get(n).is_none_or(|&free| free >= bytes)
+            })
+            .map(|&(n, _)| self.params.failure_domain(n))
+            .collect();
+        self.replication.stats.domain_checks += 1;
+        let wanted = usize::from(copies).min(possible.len());
+        if spanned.len() < wanted {
+            self.report_replica(
+                id,
+                format!(
+                    "{id}, acknowledged with {copies} copies on {holders:?}, spans the failure \
+                     domains {spanned:?}, though {possible:?} could take one"
+                ),
+            );
+        }
+    }
+
+    /// Node `n` publishes a copy of record of `id`, reporting `free_bytes` free.
+    pub(super) fn replica_published(&mut self, n: NodeId, inc: u32, id: ObjectId, free_bytes: u64) {
+        self.replication.free_reports.insert(n, free_bytes);
+        for placing in self.replication.placing.values_mut() {
+            let lowest = placing.lowest_free.entry(n).or_insert(free_bytes);
+            *lowest = (*lowest).min(free_bytes);
+        }
         let head_crashes = self.directory.stats.head_crashes;
         let side = &mut self.replication;
         if side.published.entry(id).or_default().insert((n, inc)) {
@@ -263,6 +428,7 @@ impl Cluster {
             .cloned()
             .unwrap_or_default();
         let nodes: BTreeSet<NodeId> = holders.iter().map(|&(node, _)| node).collect();
+        self.check_domains(id, intent.copies, &nodes);
         self.replication.stats.acked += 1;
         self.record(|| {
             format!(
@@ -294,6 +460,7 @@ impl Cluster {
 
     /// A put or seal of `id` failed because too few copies were made in time.
     pub(super) fn replicated_put_too_few(&mut self, n: NodeId, id: ObjectId, copies: u32) {
+        self.replication.placing.remove(&id);
         self.replication.stats.too_few += 1;
         self.record(|| format!("{n}: put of {id} returned with too few copies ({copies})"));
     }
@@ -309,6 +476,29 @@ impl Cluster {
     ) -> Option<DirectoryNotice> {
         if let DirectoryNotice::Event(DirectoryEvent::Surplus { id }) = &notice {
             self.replica_surplus(n, inc, *id);
+        }
+        if let DirectoryNotice::Reply {
+            op,
+            reply: DirectoryReply::Done,
+        } = &notice
+        {
+            if let Some((id, Some(digest))) = self.replication.delete_ops.remove(&(n, inc, *op)) {
+                let now = self.now;
+                self.replication
+                    .deleted_everywhere
+                    .insert(id, (digest, now));
+            }
+        }
+        if let DirectoryNotice::Event(DirectoryEvent::Copies { id, .. }) = &notice {
+            if self.flaws.copies_of_record_unpinned {
+                // Planted: the origin's copy of record becomes a plain, evictable one.
+                self.feed(
+                    n,
+                    skyriver_core::node::NodeInput::DirectoryEvent {
+                        event: DirectoryEvent::Surplus { id: *id },
+                    },
+                );
+            }
         }
         match notice {
             DirectoryNotice::Event(DirectoryEvent::Copies { id, copies })
@@ -349,10 +539,25 @@ impl Cluster {
             .and_then(|registry| registry.copies_of_record(&id))
             .map(|(_, nodes)| nodes)
             .unwrap_or_default();
+        // Each counted copy is its node's latest publication of record: a node that crashed
+        // since (the registry may count it until its heartbeat bound) is that incarnation,
+        // not the one that restarts with a plain copy.
+        let published = self.replication.published.get(&id);
         let holders: BTreeSet<(NodeId, u32)> = of_record
             .iter()
             .filter(|&&node| node != n)
-            .map(|&node| (node, self.nodes[node.0 as usize].inc))
+            .map(|&node| {
+                let inc = published
+                    .and_then(|pairs| {
+                        pairs
+                            .iter()
+                            .filter(|(p, _)| *p == node)
+                            .map(|&(_, inc)| inc)
+                            .max()
+                    })
+                    .unwrap_or(self.nodes[node.0 as usize].inc);
+                (node, inc)
+            })
             .collect();
         if holders.len() < usize::from(acked.copies) {
             let copies = acked.copies;
@@ -597,12 +802,60 @@ impl Cluster {
             self.step();
         }
         self.check_acked_replicas();
+        self.check_deletes_stayed();
+    }
+
+    /// No live node holds a copy of record of content the registry deleted everywhere (see
+    /// the module doc).
+    fn check_deletes_stayed(&mut self) {
+        let head_crashes = self.directory.stats.head_crashes;
+        let deleted: Vec<(ObjectId, (ContentDigest, Instant))> = self
+            .replication
+            .deleted_everywhere
+            .iter()
+            .map(|(id, d)| (*id, *d))
+            .collect();
+        for (id, (digest, at)) in deleted {
+            let put_again = self
+                .replication
+                .put_started
+                .get(&id)
+                .is_some_and(|&put| put > at);
+            let records_forgotten =
+                self.replication.first_published_head_crashes.get(&id) != Some(&head_crashes);
+            if put_again || records_forgotten {
+                continue;
+            }
+            self.replication.stats.deletes_checked += 1;
+            let holding: Vec<NodeId> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, sim_node)| {
+                    sim_node.node.as_ref().is_some_and(|node| {
+                        node.is_copy_of_record(&id) && node.store().digest(&id) == Some(digest)
+                    })
+                })
+                .map(|(i, _)| NodeId(i as u32))
+                .collect();
+            if !holding.is_empty() {
+                self.report_replica(
+                    id,
+                    format!(
+                        "{id}: deleted everywhere at {at}, yet {holding:?} hold copies of record of \
+                         the deleted content after faults stopped"
+                    ),
+                );
+            }
+        }
     }
 }
 
 /// The registry's replication limits in a run: targets given up after a few heartbeat
 /// timeouts and a fetch (not the daemon's minute), repairs at a rate that makes the bucket
-/// matter with the simulator's small objects.
+/// matter with the simulator's small objects, tombstones that outlast the run (a partition
+/// may outlast any bound on the simulator's time scale; the daemon's 10 minutes is far longer
+/// than its partitions are expected to be).
 pub fn replication_limits(
     p: &crate::params::SimParams,
 ) -> skyriver_core::registry::ReplicationLimits {
@@ -611,6 +864,7 @@ pub fn replication_limits(
         target_timeout: Duration::from_micros(
             4 * p.registry_heartbeat_timeout_us + 2 * p.fetch_timeout_us,
         ),
+        tombstone_lifetime: Duration::from_secs(3600),
         ..Default::default()
     }
 }

@@ -56,6 +56,8 @@ pub struct DirectoryParams {
     pub lost_push_ppm: u32,
     /// The registry's replication limits.
     pub replication: skyriver_core::registry::ReplicationLimits,
+    /// Each node's failure domain as its hello names it, by node (none: empty).
+    pub failure_domains: Vec<String>,
 }
 
 /// Something due at a time, handed back to [`SimDirectory::handle`].
@@ -256,13 +258,13 @@ pub(crate) fn fabric_addr(node: NodeId) -> std::net::SocketAddr {
     std::net::SocketAddr::from(([10, 0, (node.0 >> 8) as u8, node.0 as u8], 7000))
 }
 
-fn member_info(node: NodeId, inc: u32) -> MemberInfo {
+fn member_info(node: NodeId, inc: u32, failure_domain: String) -> MemberInfo {
     MemberInfo {
         node,
         fabric_addr: fabric_addr(node),
         fabric: "sim".into(),
         incarnation: inc,
-        failure_domain: String::new(),
+        failure_domain,
     }
 }
 
@@ -426,7 +428,15 @@ impl SimDirectory {
     fn add_end(&mut self, node: NodeId, inc: u32, now: Instant) {
         let mut session = DirectorySession::new(
             self.params.session.clone(),
-            member_info(node, inc),
+            member_info(
+                node,
+                inc,
+                self.params
+                    .failure_domains
+                    .get(node.0 as usize)
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
             self.cluster_token.clone(),
             sim_nonce_key(b'n', node.0 as u64, inc),
             now,

@@ -63,6 +63,9 @@ pub struct ServerConfig {
     /// How long membership changes are gathered before they go to nodes that hear nothing
     /// else meanwhile (`None`: 10 µs per member, at most 100 ms; see [`member_list_delay`]).
     pub member_list_delay: Option<Duration>,
+    /// Object bytes per second repairs may start (`None`: the registry's default, see
+    /// [`ReplicationLimits`](skyriver_core::registry::ReplicationLimits)).
+    pub repair_bytes_per_second: Option<u64>,
 }
 
 impl ServerConfig {
@@ -73,6 +76,7 @@ impl ServerConfig {
             heartbeat_timeout: Duration::from_secs(5),
             hello_timeout: Duration::from_secs(5),
             member_list_delay: None,
+            repair_bytes_per_second: None,
         }
     }
 }
@@ -93,12 +97,18 @@ impl BuiltinDirectoryServer {
     /// called from within a tokio runtime.
     pub fn spawn(listener: TcpListener, config: ServerConfig) -> std::io::Result<Self> {
         let local_addr = listener.local_addr()?;
-        let registry = Registry::new(RegistryConfig {
+        let mut registry = Registry::new(RegistryConfig {
             cluster_token: config.cluster_token.clone(),
             nonce_key: crate::token::fresh_nonce(),
             heartbeat_timeout: config.heartbeat_timeout,
             limits: super::registry_limits(),
         });
+        if let Some(repair_bytes_per_second) = config.repair_bytes_per_second {
+            registry.set_replication_limits(skyriver_core::registry::ReplicationLimits {
+                repair_bytes_per_second,
+                ..Default::default()
+            });
+        }
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (members_tx, members) = watch::channel(MemberList::default());
         let (replication_tx, replication) = watch::channel(ReplicationStats::default());
