@@ -12,7 +12,10 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::{replay_command, run_seed, run_seed_spilling, Flaws, RunMode, SimReport, SimStats};
+use crate::{
+    replay_command, run_seed, run_seed_replicating, run_seed_spilling, Flaws, RunMode, SimReport,
+    SimStats,
+};
 
 /// Longest wait between two progress lines when stderr is not a terminal.
 pub const PROGRESS_LINE_EVERY: Duration = Duration::from_secs(10);
@@ -49,6 +52,11 @@ pub struct SimArgs {
     /// damages records, its parameters drawn from the seed (see `cluster::spill`).
     #[arg(long)]
     pub spill: bool,
+    /// Puts ask for 2 or 3 copies (half of them waiting for the copies) on nodes in 2 or 3
+    /// failure domains, with at least one crash: the replica checks of `cluster::replication`
+    /// (what `cargo test -p skyriver-sim --test replicas` runs over 60 seeds).
+    #[arg(long, conflicts_with = "spill")]
+    pub replicas: bool,
 }
 
 fn parse_nodes(text: &str) -> Result<usize, String> {
@@ -79,10 +87,13 @@ fn mode(echo: bool) -> RunMode {
     }
 }
 
-/// Runs `seed` as the arguments say (with a spill tier under `--spill`).
+/// Runs `seed` as the arguments say (with a spill tier under `--spill`, replicated puts under
+/// `--replicas`).
 fn run_seed_as(seed: u64, args: &SimArgs, mode: RunMode) -> SimReport {
     if args.spill {
         run_seed_spilling(seed, args.nodes, mode, Flaws::default())
+    } else if args.replicas {
+        run_seed_replicating(seed, args.nodes, mode, Flaws::default())
     } else {
         run_seed(seed, args.nodes, mode)
     }
@@ -93,6 +104,8 @@ fn replay(seed: u64, args: &SimArgs) -> String {
     let command = replay_command(seed, args.nodes);
     if args.spill {
         command.replace(" --trace", " --spill --trace")
+    } else if args.replicas {
+        command.replace(" --trace", " --replicas --trace")
     } else {
         command
     }
