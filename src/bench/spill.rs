@@ -109,6 +109,11 @@ pub struct SizeResult {
     pub get_batch: u64,
     /// Restores the daemon counted during both get phases.
     pub restores: u64,
+    /// Of those, the restores of the random phase (its gets of objects still in memory are not
+    /// restores).
+    pub random_restores: u64,
+    /// Restores per second of the random phase: what the 4 KiB target judges.
+    pub random_restores_per_sec: f64,
     /// Put (create, write, seal) of the whole working set.
     pub write: Phase,
     /// Gets in write order.
@@ -462,10 +467,12 @@ fn measure_size(
 
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(size));
     drop_caches(root);
+    let before_random = client.stats()?;
     let started = Instant::now();
     get_all(&order)?;
     let get_random = Phase::of(count, size, started.elapsed().as_secs_f64());
     let after = client.stats()?;
+    let random_restores = after.spill.restores_total - before_random.spill.restores_total;
 
     Ok(SizeResult {
         size_bytes: size,
@@ -473,6 +480,8 @@ fn measure_size(
         spilled_objects,
         get_batch: get_batch as u64,
         restores: after.spill.restores_total - before.spill.restores_total,
+        random_restores,
+        random_restores_per_sec: random_restores as f64 / get_random.seconds.max(f64::MIN_POSITIVE),
         write_over_raw: write.mib_per_sec / raw.write_mib_per_sec,
         restore_over_raw: get_sequential.mib_per_sec / raw.read_mib_per_sec,
         random_restore_over_raw: get_random.mib_per_sec / raw.read_mib_per_sec,
@@ -606,9 +615,12 @@ fn print_table(
         }
         if r.size_bytes == 4 << 10 {
             println!(
-                "  {size}: {:.0} random restores/s (target ≥ 50k): {}",
-                r.get_random.objects_per_sec,
-                verdict(r.get_random.objects_per_sec >= SMALL_RESTORES_TARGET)
+                "  {size}: {:.0} random restores/s ({} restores in {:.2} s; the phase's gets of \
+                 objects in memory not counted) (target ≥ 50k): {}",
+                r.random_restores_per_sec,
+                r.random_restores,
+                r.get_random.seconds,
+                verdict(r.random_restores_per_sec >= SMALL_RESTORES_TARGET)
             );
         }
     }
@@ -665,6 +677,8 @@ mod tests {
             spilled_objects: 3,
             get_batch: 1,
             restores: 3,
+            random_restores: 2,
+            random_restores_per_sec: 2.0,
             write: phase(write),
             get_sequential: phase(seq),
             get_random: phase(random),
