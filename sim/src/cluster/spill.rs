@@ -380,9 +380,7 @@ impl Cluster {
                     ),
                 );
             }
-            if !read_again
-                && matches!(tier, Some(StorageTier::Spilled | StorageTier::Restoring))
-            {
+            if !read_again && matches!(tier, Some(StorageTier::Spilled | StorageTier::Restoring)) {
                 let now = self.now;
                 self.checker.violation(
                     now,
