@@ -574,6 +574,27 @@ impl Store {
         allocator.fits(bytes)
     }
 
+    /// Whether a `create` of `bytes` could ever find its block without a delete or a release:
+    /// as [`Store::could_hold`], with the blocks of removals waiting to be durable free too.
+    /// True while objects are being spilled (their blocks are freed as each write ends).
+    /// Read-only.
+    pub fn could_hold_once_freed(&self, bytes: u64) -> bool {
+        if self.spilling_bytes() > 0 {
+            return true;
+        }
+        let mut allocator = self.allocator.clone();
+        for entry in self.objects.iter().filter(|entry| entry.in_lru()) {
+            allocator.free(entry.block());
+        }
+        for block in self.spillable_record_blocks() {
+            allocator.free(block);
+        }
+        for &(_, block) in &self.quarantine {
+            allocator.free(block);
+        }
+        allocator.fits(bytes)
+    }
+
     /// `get`s waiting for objects now.
     pub fn waiting_gets(&self) -> usize {
         self.waiters.len()

@@ -922,6 +922,11 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             Value::Counter(c.replication_fetches_failed),
         )?;
         out.one(
+            "skyriver_replicas_declined_without_room",
+            "Copies placed here declined before any fetch: no free range could hold them.",
+            Value::Counter(c.replicas_declined_without_room),
+        )?;
+        out.one(
             "skyriver_replica_waits_timed_out",
             "Puts whose wait for their copies ran out (TooFewReplicas).",
             Value::Counter(c.replica_waits_timed_out),

@@ -639,10 +639,18 @@ impl Node {
         self.locations.forget_holder(&id, source);
         if object.waiters.is_empty() {
             self.objects.remove(&id);
+            self.abandoned_transfer_failed(id);
             return;
         }
         self.stats.retries += 1;
         self.choose_source(id);
+    }
+
+    /// Whether `id` is being transferred here (with or without a waiter).
+    pub(super) fn is_transferring(&self, id: &ObjectId) -> bool {
+        self.objects
+            .get(id)
+            .is_some_and(|o| o.transferring().is_some())
     }
 
     /// A transfer of `id` ended with the object sealed here.

@@ -328,6 +328,10 @@ pub struct NodeStats {
     pub copies_of_record_placed: u64,
     /// Fetches of copies placed here that failed (the registry places them elsewhere).
     pub replication_fetches_failed: u64,
+    /// Copies placed here declined at once: the store could not hold them even with every
+    /// evictable object gone (the registry places them elsewhere).
+    #[serde(default)]
+    pub replicas_declined_without_room: u64,
     /// Puts whose wait for their copies ran out.
     pub replica_waits_timed_out: u64,
     /// Object fetches sent straight to the node the caller named, skipping the lookup.

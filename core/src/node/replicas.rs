@@ -412,10 +412,20 @@ impl Node {
             }
             return;
         }
-        self.replicas.wanted.insert(id, replicas.max(2));
         if self.replicas.fetching.values().any(|&f| f == id) {
+            self.replicas.wanted.insert(id, replicas.max(2));
             return;
         }
+        let bytes = sizes.total().unwrap_or(u64::MAX);
+        if !self.store.could_hold_once_freed(bytes) {
+            // Not even with every evictable object gone and every pending removal durable
+            // (copies of record fill the store, or no free range is long enough): declined
+            // now, rather than after evicting the whole cache for a create that must fail.
+            self.stats.replicas_declined_without_room += 1;
+            self.decline_replica(id);
+            return;
+        }
+        self.replicas.wanted.insert(id, replicas.max(2));
         let me = self.config.node;
         let holders: Vec<NodeId> = sources.into_iter().filter(|&s| s != me).collect();
         if !holders.is_empty() {
@@ -472,6 +482,14 @@ impl Node {
                 // Deleted everywhere while it was on its way.
                 let _ = self.store.delete(&[id]);
             }
+        } else if self.is_transferring(&id) && self.replicas.wanted.contains_key(&id) {
+            // Its deadline passed with the bytes on their way: the transfer goes on without a
+            // waiter, and its seal holds and publishes the copy as one placed here
+            // (`replica_sealed`; the registry counts it if the object still lacks a copy, else
+            // answers `Surplus`). Dropped, the copy would be sealed as a plain one, the first
+            // one a create waiting for room evicts: on a full node, each placement's transfers
+            // would start just as their deadlines pass, and no copy would ever stay.
+            self.stats.replication_fetches_failed += 1;
         } else {
             self.stats.replication_fetches_failed += 1;
             self.replicas.placed.remove(&id);
@@ -482,6 +500,14 @@ impl Node {
                     self.decline_replica(id);
                 }
             }
+        }
+    }
+
+    /// The transfer of `id` went on without a waiter (see `replication_fetched`) and failed:
+    /// a copy placed here that it was bringing is not wanted here any more.
+    pub(super) fn abandoned_transfer_failed(&mut self, id: ObjectId) {
+        if self.replicas.placed.remove(&id) && !self.replicas.of_record.contains(&id) {
+            self.replicas.wanted.remove(&id);
         }
     }
 

@@ -488,3 +488,119 @@ fn a_copy_placed_on_a_node_holding_other_bytes_under_the_id_is_declined() {
     replicate(&mut w, 1, 1, 2);
     assert_eq!(declined(&w, 1), vec![id(1)]);
 }
+
+/// A copy this node could not hold even with its whole cache evicted (here: the two free
+/// ranges a copy of record leaves between cached objects are each too short) is declined at
+/// once, without a fetch, and the cache stays. The registry offers such a copy again once per
+/// target timeout; a node that evicted its cache and waited for the removals each time was
+/// never idle (the simulator saw it, seeds 347 and 512 of the replica sweep).
+#[test]
+fn a_copy_no_free_range_could_hold_is_declined_at_once_and_the_cache_stays() {
+    let block = crate::alloc::block_len_for(LEN).expect("small");
+    let mut w = World::new(2, |config| {
+        if config.node == NodeId(1) {
+            config.store = crate::store::StoreConfig::single_arena(3 * block);
+        }
+    });
+    w.put(0, 1, LEN);
+    w.put(0, 9, 2 * LEN);
+    // Node 1: [cached 2][copy of record 1][cached 3].
+    w.put(1, 2, LEN);
+    replicate(&mut w, 1, 1, 1);
+    assert!(w.nodes[1].is_copy_of_record(&id(1)));
+    w.put(1, 3, LEN);
+    let requests_before = w.sent(1).len();
+    let event = DirectoryEvent::Replicate {
+        id: id(9),
+        sizes: ObjectSizes {
+            data_size: 2 * LEN,
+            metadata_size: 0,
+        },
+        digest: ContentDigest::of(&World::bytes_of(9, 2 * LEN), &[]),
+        sources: vec![NodeId(0)],
+        replicas: 2,
+    };
+    w.feed(1, NodeInput::DirectoryEvent { event });
+    w.pump();
+    assert_eq!(declined(&w, 1), vec![id(9)]);
+    assert_eq!(w.sent(1).len(), requests_before, "no fetch");
+    assert!(w.nodes[1].store().contains(&id(2)), "the cache stays");
+    assert!(w.nodes[1].store().contains(&id(3)), "the cache stays");
+    assert_eq!(w.nodes[1].stats().replicas_declined_without_room, 1);
+    assert!(w.nodes[1].is_quiescent(), "{:?}", w.nodes[1].pending_work());
+    w.nodes[1].check_invariants();
+}
+
+/// A placed copy whose fetch reached its deadline with the transfer under way is still taken
+/// when the transfer ends: held as a copy of record and published as one. Dropped as a plain
+/// copy, a full node's next admission evicted it at once, every placement again, and repair
+/// never converged (the simulator saw it, seeds 160 and 263 of the replica sweep).
+#[test]
+fn a_placed_copy_whose_deadline_passed_mid_transfer_is_still_taken_as_a_copy_of_record() {
+    let mut w = World::new(2, |config| {
+        if config.node == NodeId(1) {
+            config.replication_fetch_timeout = Duration::from_millis(1);
+            // As a daemon's: a fetched copy's own publication is deferred, the placed copy's is not.
+            config.replica_publication_delay = Duration::from_millis(1);
+        }
+    });
+    w.put(0, 1, LEN);
+    let event = DirectoryEvent::Replicate {
+        id: id(1),
+        sizes: ObjectSizes {
+            data_size: LEN,
+            metadata_size: 0,
+        },
+        digest: ContentDigest::of(&World::bytes_of(1, LEN), &[]),
+        sources: vec![NodeId(0)],
+        replicas: 2,
+    };
+    w.feed(1, NodeInput::DirectoryEvent { event });
+    w.drive_alone(1);
+    assert_eq!(w.sent(1).len(), 1, "the fetch request is on its way");
+    // The deadline passes before the holder answers.
+    w.now = w.now + Duration::from_millis(2);
+    w.feed(1, NodeInput::Timeout);
+    w.drive_alone(1);
+    assert_eq!(w.nodes[1].stats().replication_fetches_failed, 1);
+    w.pump();
+    assert!(w.nodes[1].is_copy_of_record(&id(1)));
+    assert!(w.nodes[1].store().is_record(&id(1)));
+    assert_eq!(published_replicated(&w, 1), vec![2]);
+    assert!(w.nodes[1].is_quiescent(), "{:?}", w.nodes[1].pending_work());
+    w.nodes[1].check_invariants();
+}
+
+/// When that transfer fails instead, the copy is not wanted here any more: nothing is left
+/// waiting for its seal.
+#[test]
+fn a_placed_copy_whose_deadline_passed_mid_transfer_and_whose_transfer_failed_is_forgotten() {
+    let mut w = World::new(2, |config| {
+        if config.node == NodeId(1) {
+            config.replication_fetch_timeout = Duration::from_millis(1);
+        }
+    });
+    w.put(0, 2, LEN);
+    let event = DirectoryEvent::Replicate {
+        id: id(2),
+        sizes: ObjectSizes {
+            data_size: LEN,
+            metadata_size: 0,
+        },
+        digest: ContentDigest::of(&World::bytes_of(2, LEN), &[]),
+        sources: vec![NodeId(0)],
+        replicas: 2,
+    };
+    w.feed(1, NodeInput::DirectoryEvent { event });
+    w.drive_alone(1);
+    w.now = w.now + Duration::from_millis(2);
+    w.feed(1, NodeInput::Timeout);
+    w.drive_alone(1);
+    // The holder no longer has it by the time the request arrives.
+    w.delete(0, 2);
+    w.pump();
+    assert!(!w.nodes[1].store().contains(&id(2)));
+    assert_eq!(w.nodes[1].replicas_wanted(&id(2)), None);
+    assert!(w.nodes[1].is_quiescent(), "{:?}", w.nodes[1].pending_work());
+    w.nodes[1].check_invariants();
+}
