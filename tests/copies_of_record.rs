@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::skip;
+use common::{skip, within};
 
 use std::process::Command;
 use std::time::Duration;
@@ -37,15 +37,6 @@ fn start_with(
     let cluster =
         LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
     (dir, cluster)
-}
-
-/// Polls `condition` every 20 ms until it holds, failing after `limit` with `what`.
-fn within(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let started = std::time::Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < limit, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// `skyriver locate [--json] id` on `socket`: its standard output.

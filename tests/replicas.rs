@@ -9,6 +9,8 @@ mod common;
 
 use std::time::Duration;
 
+use common::within;
+
 use skyriver::up::{LocalCluster, UpArgs};
 use skyriver_client::{Client, NodeId, ObjectId, ReplicaPolicy, StoreError};
 
@@ -56,15 +58,6 @@ fn bytes(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
-}
-
-/// Polls `condition` every 20 ms until it holds, failing after `limit` with `what`.
-fn within(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let started = std::time::Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < limit, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The body of `GET /metrics` at `addr`.

@@ -524,9 +524,8 @@ impl Store {
         self.clients.entry(client).or_default().subscribed = true;
     }
 
-    /// Pins a sealed object for a transfer that reads it: it is neither evicted nor freed
-    /// until every pin is gone.
-    pub fn pin(&mut self, id: ObjectId) -> Result<ObjectInfo, StoreError> {
+    /// The entry of `id` when it is sealed in memory and not being deleted.
+    fn sealed_entry_mut(&mut self, id: ObjectId) -> Result<&mut Entry, StoreError> {
         let entry = self
             .objects
             .get_mut(&id)
@@ -537,6 +536,13 @@ impl Store {
         if entry.delete_pending {
             return Err(StoreError::ObjectNotFound(id));
         }
+        Ok(entry)
+    }
+
+    /// Pins a sealed object for a transfer that reads it: it is neither evicted nor freed
+    /// until every pin is gone.
+    pub fn pin(&mut self, id: ObjectId) -> Result<ObjectInfo, StoreError> {
+        let entry = self.sealed_entry_mut(id)?;
         entry.pin_count += 1;
         let info = entry.info();
         self.settle(id);
@@ -563,15 +569,7 @@ impl Store {
     /// after evicting everything evictable: free space and evictable objects' blocks together,
     /// as contiguous blocks (fragmentation counts). Read-only.
     pub fn could_hold(&self, bytes: u64) -> bool {
-        let mut allocator = self.allocator.clone();
-        for entry in self.objects.iter().filter(|entry| entry.in_lru()) {
-            allocator.free(entry.block());
-        }
-        // Copies of record are never evicted; with a spill tier they may be spilled.
-        for block in self.spillable_record_blocks() {
-            allocator.free(block);
-        }
-        allocator.fits(bytes)
+        self.fits_once_freed(bytes, false)
     }
 
     /// Whether a `create` of `bytes` could ever find its block without a delete or a release:
@@ -579,9 +577,13 @@ impl Store {
     /// True while objects are being spilled (their blocks are freed as each write ends).
     /// Read-only.
     pub fn could_hold_once_freed(&self, bytes: u64) -> bool {
-        if self.spilling_bytes() > 0 {
-            return true;
-        }
+        self.spilling_bytes() > 0 || self.fits_once_freed(bytes, true)
+    }
+
+    /// Whether `bytes` fit the arena once every evictable object and every copy of record the
+    /// spill tier could take (copies of record are never evicted) are gone, and with
+    /// `quarantined` the blocks of removals waiting to be durable too.
+    fn fits_once_freed(&self, bytes: u64, quarantined: bool) -> bool {
         let mut allocator = self.allocator.clone();
         for entry in self.objects.iter().filter(|entry| entry.in_lru()) {
             allocator.free(entry.block());
@@ -589,8 +591,10 @@ impl Store {
         for block in self.spillable_record_blocks() {
             allocator.free(block);
         }
-        for &(_, block) in &self.quarantine {
-            allocator.free(block);
+        if quarantined {
+            for &(_, block) in &self.quarantine {
+                allocator.free(block);
+            }
         }
         allocator.fits(bytes)
     }
@@ -658,16 +662,7 @@ impl Store {
         if self.hold_spilled_as_record(id, true) {
             return Ok(());
         }
-        let entry = self
-            .objects
-            .get_mut(&id)
-            .ok_or(StoreError::ObjectNotFound(id))?;
-        if !entry.sealed {
-            return Err(StoreError::ObjectNotSealed(id));
-        }
-        if entry.delete_pending {
-            return Err(StoreError::ObjectNotFound(id));
-        }
+        let entry = self.sealed_entry_mut(id)?;
         entry.record = true;
         self.settle(id);
         Ok(())

@@ -139,13 +139,15 @@ pub fn metric_sample(text: &str, series: &str) -> Option<f64> {
 }
 
 /// Polls `condition` for up to 10 s.
-pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+pub fn eventually(what: &str, condition: impl FnMut() -> bool) {
+    within(Duration::from_secs(10), what, condition);
+}
+
+/// Polls `condition` until it holds, failing after `limit` with `what`.
+pub fn within(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     let started = Instant::now();
     while !condition() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "timed out waiting until {what}"
-        );
+        assert!(started.elapsed() < limit, "timed out waiting until {what}");
         std::thread::sleep(Duration::from_millis(10));
     }
 }

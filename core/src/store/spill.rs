@@ -1289,3 +1289,5 @@ mod held_tests;
 mod persistent_tests;
 #[cfg(test)]
 mod record_tests;
+#[cfg(test)]
+mod test_support;

@@ -443,17 +443,23 @@ fn declined(w: &World, node: u32) -> Vec<ObjectId> {
         .collect()
 }
 
-fn replicate(w: &mut World, node: u32, n: u64, content: u64) {
-    let event = DirectoryEvent::Replicate {
+/// The registry's placement of a second copy of object `n` (`len` bytes of `content`),
+/// fetched from node 0.
+fn replicate_event(n: u64, len: u64, content: u64) -> DirectoryEvent {
+    DirectoryEvent::Replicate {
         id: id(n),
         sizes: ObjectSizes {
-            data_size: LEN,
+            data_size: len,
             metadata_size: 0,
         },
-        digest: ContentDigest::of(&World::bytes_of(content, LEN), &[]),
+        digest: ContentDigest::of(&World::bytes_of(content, len), &[]),
         sources: vec![NodeId(0)],
         replicas: 2,
-    };
+    }
+}
+
+fn replicate(w: &mut World, node: u32, n: u64, content: u64) {
+    let event = replicate_event(n, LEN, content);
     w.feed(node, NodeInput::DirectoryEvent { event });
     w.pump();
 }
@@ -510,16 +516,7 @@ fn a_copy_no_free_range_could_hold_is_declined_at_once_and_the_cache_stays() {
     assert!(w.nodes[1].is_copy_of_record(&id(1)));
     w.put(1, 3, LEN);
     let requests_before = w.sent(1).len();
-    let event = DirectoryEvent::Replicate {
-        id: id(9),
-        sizes: ObjectSizes {
-            data_size: 2 * LEN,
-            metadata_size: 0,
-        },
-        digest: ContentDigest::of(&World::bytes_of(9, 2 * LEN), &[]),
-        sources: vec![NodeId(0)],
-        replicas: 2,
-    };
+    let event = replicate_event(9, 2 * LEN, 9);
     w.feed(1, NodeInput::DirectoryEvent { event });
     w.pump();
     assert_eq!(declined(&w, 1), vec![id(9)]);
@@ -545,16 +542,7 @@ fn a_placed_copy_whose_deadline_passed_mid_transfer_is_still_taken_as_a_copy_of_
         }
     });
     w.put(0, 1, LEN);
-    let event = DirectoryEvent::Replicate {
-        id: id(1),
-        sizes: ObjectSizes {
-            data_size: LEN,
-            metadata_size: 0,
-        },
-        digest: ContentDigest::of(&World::bytes_of(1, LEN), &[]),
-        sources: vec![NodeId(0)],
-        replicas: 2,
-    };
+    let event = replicate_event(1, LEN, 1);
     w.feed(1, NodeInput::DirectoryEvent { event });
     w.drive_alone(1);
     assert_eq!(w.sent(1).len(), 1, "the fetch request is on its way");
@@ -581,16 +569,7 @@ fn a_placed_copy_whose_deadline_passed_mid_transfer_and_whose_transfer_failed_is
         }
     });
     w.put(0, 2, LEN);
-    let event = DirectoryEvent::Replicate {
-        id: id(2),
-        sizes: ObjectSizes {
-            data_size: LEN,
-            metadata_size: 0,
-        },
-        digest: ContentDigest::of(&World::bytes_of(2, LEN), &[]),
-        sources: vec![NodeId(0)],
-        replicas: 2,
-    };
+    let event = replicate_event(2, LEN, 2);
     w.feed(1, NodeInput::DirectoryEvent { event });
     w.drive_alone(1);
     w.now = w.now + Duration::from_millis(2);

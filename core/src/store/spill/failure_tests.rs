@@ -2,15 +2,45 @@
 //! tries again after a number of evictions (doubled at each failed try), and a restore read
 //! that failed with an IO error is tried again before its object is given up.
 
+use super::test_support::{A as WRITER, LEN};
 use super::*;
 use crate::ids::{ClientId, RequestId};
 use crate::store::StoreConfig;
 
-const WRITER: ClientId = ClientId(1);
-const LEN: u64 = 1000;
+/// The spill writes the store asked for since the last call (its other outputs dropped).
+fn spill_writes(store: &mut Store) -> Vec<SpillOpId> {
+    std::iter::from_fn(|| store.poll_output())
+        .filter_map(|output| match output {
+            StoreOutput::Spill { op, .. } => Some(op),
+            _ => None,
+        })
+        .collect()
+}
 
-fn stats(store: &Store) -> SpillStats {
-    store.spill_stats()
+fn write_done(store: &mut Store, op: SpillOpId) {
+    let place = SpillPlace {
+        file: 0,
+        offset: op.0,
+    };
+    store.handle_spill_done(op, Ok(place));
+}
+
+/// Puts `id`, completing every spill write asked for on the way (a create that waits for
+/// writes in flight is tried again once they completed); returns how many it completed.
+fn put_with_writes_done(store: &mut Store, id: ObjectId) -> u64 {
+    let mut completed = 0;
+    loop {
+        let created = store.create(Instant(0), WRITER, id, LEN, 0);
+        for op in spill_writes(store) {
+            completed += 1;
+            write_done(store, op);
+        }
+        if created.is_ok() {
+            break;
+        }
+    }
+    store.seal(WRITER, id, true).expect("the creator seals");
+    completed
 }
 
 /// Puts objects one after the other into a full store whose spill writes all fail, until the
@@ -19,14 +49,9 @@ fn evictions_between_failed_writes(store: &mut Store, next: &mut u64, writes: us
     let mut between = Vec::new();
     let mut evicted_at_last_write = store.spill_stats().evicted_spill_full_total;
     let mut fail_writes = |store: &mut Store, between: &mut Vec<u64>| {
-        let ops: Vec<SpillOpId> = std::iter::from_fn(|| store.poll_output())
-            .filter_map(|output| match output {
-                StoreOutput::Spill { op, .. } => Some(op),
-                _ => None,
-            })
-            .collect();
-        for op in ops {
-            let (evicted, closed) = (stats(store).evicted_spill_full_total, stats(store).full);
+        for op in spill_writes(store) {
+            let stats = store.spill_stats();
+            let (evicted, closed) = (stats.evicted_spill_full_total, stats.full);
             let error = SpillError::Io {
                 reason: "EIO".into(),
             };
@@ -83,30 +108,9 @@ fn a_tier_closed_by_a_failed_write_tries_again_after_more_and_more_evictions() {
     let mut succeeded = 0;
     while succeeded == 0 {
         next += 1;
-        let id = ObjectId::from_u64(next);
-        loop {
-            let created = store.create(Instant(0), WRITER, id, LEN, 0);
-            let ops: Vec<SpillOpId> = std::iter::from_fn(|| store.poll_output())
-                .filter_map(|output| match output {
-                    StoreOutput::Spill { op, .. } => Some(op),
-                    _ => None,
-                })
-                .collect();
-            for op in ops {
-                succeeded += 1;
-                let place = SpillPlace {
-                    file: 0,
-                    offset: succeeded,
-                };
-                store.handle_spill_done(op, Ok(place));
-            }
-            if created.is_ok() {
-                break;
-            }
-        }
-        store.seal(WRITER, id, true).unwrap();
+        succeeded += put_with_writes_done(&mut store, ObjectId::from_u64(next));
     }
-    assert!(!stats(&store).full);
+    assert!(!store.spill_stats().full);
     // The first write after fails at once (the tier was open); the try after it comes after
     // the first count, not the doubled one.
     let between = evictions_between_failed_writes(&mut store, &mut next, 2);
@@ -120,27 +124,7 @@ fn store_with_spilled_objects() -> Store {
     let mut store = Store::new(config);
     store.connect(WRITER);
     for n in 1..=12 {
-        let id = ObjectId::from_u64(n);
-        loop {
-            let created = store.create(Instant(0), WRITER, id, LEN, 0);
-            let ops: Vec<SpillOpId> = std::iter::from_fn(|| store.poll_output())
-                .filter_map(|output| match output {
-                    StoreOutput::Spill { op, .. } => Some(op),
-                    _ => None,
-                })
-                .collect();
-            for op in ops {
-                let place = SpillPlace {
-                    file: 0,
-                    offset: op.0,
-                };
-                store.handle_spill_done(op, Ok(place));
-            }
-            if created.is_ok() {
-                break;
-            }
-        }
-        store.seal(WRITER, id, true).unwrap();
+        put_with_writes_done(&mut store, ObjectId::from_u64(n));
     }
     assert!(store.is_spilled(&ObjectId::from_u64(1)));
     store
@@ -157,11 +141,7 @@ fn outputs_with_writes_done(store: &mut Store) -> Vec<StoreOutput> {
             match output {
                 StoreOutput::Spill { op, .. } => {
                     wrote = true;
-                    let place = SpillPlace {
-                        file: 0,
-                        offset: op.0,
-                    };
-                    store.handle_spill_done(op, Ok(place));
+                    write_done(store, op);
                 }
                 other => outputs.push(other),
             }

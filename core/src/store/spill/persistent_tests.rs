@@ -1,29 +1,12 @@
 //! The spill tier of a persistent store: what it records, when it frees memory, and what a
 //! restart gets back.
 
+use super::test_support::{id, put, spilling_store, LEN};
 use super::*;
-use crate::ids::ClientId;
-use crate::store::{RecoveredSpilled, RecoveryRefusal, StoreConfig};
-
-const A: ClientId = ClientId(1);
-const LEN: u64 = 1000;
+use crate::store::{RecoveredSpilled, RecoveryRefusal};
 
 fn persistent_spilling_store(spill: Option<u64>) -> Store {
-    let mut config = StoreConfig::single_arena(4096);
-    config.record_durable_changes = true;
-    config.spill_limit_bytes = spill;
-    let mut store = Store::new(config);
-    store.connect(A);
-    store
-}
-
-fn id(n: u64) -> ObjectId {
-    ObjectId::from_u64(n)
-}
-
-fn put(store: &mut Store, n: u64) {
-    store.create(Instant(0), A, id(n), LEN, 0).unwrap();
-    store.seal(A, id(n), true).unwrap();
+    spilling_store(spill, true)
 }
 
 fn changes(store: &mut Store) -> Vec<DurableChange> {

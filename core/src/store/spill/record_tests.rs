@@ -1,29 +1,12 @@
 //! Copies of record and the spill tier: never evicted, spilled when memory is needed (before
 //! cache copies), still copies of record while spilled and once restored.
 
+use super::test_support::{id, put, spilling_store, A, LEN};
 use super::*;
-use crate::ids::ClientId;
-use crate::store::{EvictOutcome, StoreConfig};
-
-const A: ClientId = ClientId(1);
-/// Objects of 1000 bytes (1024-byte blocks): four fit the 4096-byte arena.
-const LEN: u64 = 1000;
+use crate::store::EvictOutcome;
 
 fn store(spill: Option<u64>) -> Store {
-    let mut config = StoreConfig::single_arena(4096);
-    config.spill_limit_bytes = spill;
-    let mut store = Store::new(config);
-    store.connect(A);
-    store
-}
-
-fn id(n: u64) -> ObjectId {
-    ObjectId::from_u64(n)
-}
-
-fn put(store: &mut Store, n: u64) {
-    store.create(Instant(0), A, id(n), LEN, 0).unwrap();
-    store.seal(A, id(n), true).unwrap();
+    spilling_store(spill, false)
 }
 
 fn put_record(store: &mut Store, n: u64) {
