@@ -322,6 +322,77 @@ fn prometheus_scrapes_two_daemons_and_counts_the_workload() {
     prometheus.expect(&format!("skyriver_leases_held{{{holder}}}"), 0.0);
     let fds = prometheus.wait_for(&format!("process_open_fds{{{holder}}}"));
     assert!(fds > 0.0, "process_open_fds is {fds}");
+    dashboard_queries_run_and_name_exported_metrics(&prometheus, &cluster);
+}
+
+/// Every query of `deploy/monitoring/grafana-dashboard.json` (its variables set as "All" sets
+/// them) is one this Prometheus evaluates, and every `skyriver_` metric it names is one the
+/// daemons export (node 0 serves the directory, so the head's own metrics are there too): a
+/// panel cannot stay empty for a misspelt or renamed metric.
+fn dashboard_queries_run_and_name_exported_metrics(
+    prometheus: &Prometheus,
+    cluster: &LocalCluster,
+) {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/monitoring/grafana-dashboard.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("the dashboard")).unwrap();
+    let exported: String = cluster
+        .metrics
+        .iter()
+        .map(|&addr| http_get(addr, "/metrics").expect("a scrape").1)
+        .collect();
+    let mut queries = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("a PromQL expression");
+            let promql = expr.replace("$job", ".*").replace("$instance", ".*");
+            let (status, body) = http_get(
+                prometheus.addr,
+                &format!("/api/v1/query?query={}", percent_encode(&promql)),
+            )
+            .expect("prometheus answers");
+            assert_eq!(
+                status, 200,
+                "panel {:?}: prometheus refuses {promql}: {body}",
+                panel["title"]
+            );
+            for name in metric_names(expr) {
+                let family = |line: &str| {
+                    line.strip_prefix("# TYPE ")
+                        .and_then(|rest| rest.split_whitespace().next())
+                        .is_some_and(|exported| {
+                            name == exported
+                                || ["_total", "_bucket", "_sum", "_count"]
+                                    .iter()
+                                    .any(|suffix| name.strip_suffix(suffix) == Some(exported))
+                        })
+                };
+                assert!(
+                    exported.lines().any(family),
+                    "panel {:?} names {name}, which no daemon exports",
+                    panel["title"]
+                );
+            }
+            queries += 1;
+        }
+    }
+    assert!(queries >= 40, "only {queries} queries in the dashboard");
+}
+
+/// The `skyriver_…` metric names in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<&str> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("skyriver_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        names.push(&tail[..end]);
+        rest = &tail[end..];
+    }
+    names
 }
 
 /// Checks `text` with a Prometheus text-format parser: Python's `prometheus_client`

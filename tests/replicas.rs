@@ -502,6 +502,140 @@ fn copies_go_to_another_failure_domain_and_locate_prints_the_domains() {
         "{located}"
     );
     assert!(located.contains("2 of 2 copies of record"), "{located}");
+    // `skyriver nodes` shows each node's domain.
+    let nodes: serde_json::Value =
+        serde_json::from_str(&cli(&cluster.sockets[1], &["nodes", "--json"])).unwrap();
+    let domains: Vec<(u64, &str)> = nodes["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["node"].as_u64().unwrap(),
+                m["failure_domain"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(domains, [(0, "a"), (1, "a"), (2, "b"), (3, "b")]);
+    let table = cli(&cluster.sockets[1], &["nodes"]);
+    assert!(table.contains("DOMAIN"), "{table}");
+}
+
+/// Stops and resumes a daemon (SIGSTOP, SIGCONT); resumes it on drop, so a failed test leaves
+/// no stopped process behind.
+struct Stopped(nix::unistd::Pid);
+
+impl Stopped {
+    fn stop(pid: u32) -> Self {
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// A holder cut off beyond the heartbeat bound (its daemon stopped: it answers nothing, its
+/// connections stay open) is repaired around: the head places new copies elsewhere. When it
+/// comes back, its copies are surplus: they stay as plain (cache) copies, the registry keeps
+/// counting the two that repair made, and nothing is lost or duplicated as a copy of record.
+#[test]
+fn a_holder_cut_off_past_the_heartbeat_bound_is_repaired_around_and_its_copies_are_surplus_on_return(
+) {
+    // Node 2 is the only node in domain b: every copy put on node 1 lands there.
+    let domains: [&[&str]; 4] = [
+        &["--failure-domain", "a"],
+        &["--failure-domain", "a"],
+        &["--failure-domain", "b"],
+        &["--failure-domain", "a"],
+    ];
+    let (_dir, cluster) = start_with(4, &[], &domains, None, None);
+    let two_and_wait = ReplicaPolicy {
+        copies: 2,
+        wait_ms: Some(30_000),
+    };
+    let objects: Vec<(ObjectId, Vec<u8>)> = [500usize, 70_000, 1 << 20]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| (ObjectId::from_u64(700 + i as u64), bytes(i as u8 + 40, len)))
+        .collect();
+    let origin = Client::connect(&cluster.sockets[1]).unwrap();
+    for (id, data) in &objects {
+        origin.put_replicated(*id, data, b"", two_and_wait).unwrap();
+        assert_eq!(copy_nodes(&origin, *id), [NodeId(1), NodeId(2)]);
+    }
+    let of_record_on = |node: usize| -> u64 {
+        Client::connect(&cluster.sockets[node])
+            .unwrap()
+            .metrics()
+            .unwrap()
+            .copies_of_record
+    };
+    assert_eq!(of_record_on(2), objects.len() as u64);
+
+    let pid = cluster.pids()[2].expect("node 2 runs");
+    let stopped = Stopped::stop(pid);
+    // Past the heartbeat bound (5 s) the head counts node 2 gone and places the copies again,
+    // on node 0 or 3 (domain a: no other domain is left).
+    within(
+        Duration::from_secs(30),
+        "the head repairs every object on nodes 0 and 3",
+        || of_record_on(0) + of_record_on(3) == objects.len() as u64,
+    );
+    for (id, _) in &objects {
+        let copies = origin.locate_copies(*id).unwrap();
+        let of_record: Vec<NodeId> = copies
+            .copies
+            .iter()
+            .filter(|c| c.of_record)
+            .map(|c| c.node)
+            .collect();
+        assert_eq!(of_record.len(), 2, "{id} while node 2 is away: {copies:?}");
+        assert!(!of_record.contains(&NodeId(2)), "{copies:?}");
+    }
+
+    drop(stopped);
+    // Back: node 2 publishes its copies of record again and is told they are surplus.
+    within(
+        Duration::from_secs(30),
+        "node 2's returning copies are released as surplus",
+        || of_record_on(2) == 0,
+    );
+    within(
+        Duration::from_secs(10),
+        "the head counts the surplus copies",
+        || {
+            let text = scrape(cluster.metrics[0]);
+            sample(&text, "skyriver_head_surplus_copies_total") == Some(objects.len() as f64)
+                && sample(&text, "skyriver_head_under_replicated_objects") == Some(0.0)
+        },
+    );
+    let back = Client::connect(&cluster.sockets[2]).unwrap();
+    for (id, data) in &objects {
+        let copies = origin.locate_copies(*id).unwrap();
+        let marks: Vec<(NodeId, bool)> = copies
+            .copies
+            .iter()
+            .map(|c| (c.node, c.of_record))
+            .collect();
+        assert_eq!(
+            marks.iter().filter(|(_, of_record)| *of_record).count(),
+            2,
+            "{id} after node 2's return: {marks:?}"
+        );
+        assert!(marks.contains(&(NodeId(2), false)), "{id}: {marks:?}");
+        // Its copy is still there, plain, with its bytes.
+        let object = back.get_one(*id, Some(Duration::ZERO)).unwrap();
+        assert!(object.data() == &data[..], "bytes of {id} on node 2");
+    }
+    assert_eq!(
+        of_record_on(0) + of_record_on(1) + of_record_on(3),
+        2 * objects.len() as u64
+    );
 }
 
 /// With Redis as the directory nothing places copies: a daemon's `--replicas 2` and a put's

@@ -20,7 +20,7 @@ use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreSt
 /// Version of this protocol; a client of another version is refused at `Hello`. Version 13:
 /// `LocateCopies` tells copies of record from cache copies ([`CopyView::of_record`],
 /// `Response::Copies::records_known`).
-pub const PROTOCOL_VERSION: u32 = 13;
+pub const PROTOCOL_VERSION: u32 = 14;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.
@@ -406,6 +406,8 @@ pub struct MemberView {
     pub eager_threshold_bytes: Option<u64>,
     /// Link details negotiated at connect time.
     pub link: String,
+    /// Its failure domain (`--failure-domain`; empty: none given).
+    pub failure_domain: String,
 }
 
 /// A frame from the daemon.

@@ -1150,6 +1150,11 @@ fn encode_head_replication(
         Value::Counter(r.objects_lost),
     )?;
     out.one(
+        "skyriver_head_surplus_copies",
+        "Copies of record told they are surplus (a returning holder of an object repaired meanwhile); they stay as plain copies.",
+        Value::Counter(r.surplus_copies),
+    )?;
+    out.one(
         "skyriver_head_replica_targets_declined",
         "Nodes asked for a copy that declined it (no room, a failed fetch; placed elsewhere at once).",
         Value::Counter(r.targets_declined),

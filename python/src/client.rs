@@ -584,6 +584,7 @@ impl PyClient {
             entry.set_item("connected", member.connected)?;
             entry.set_item("eager_threshold_bytes", member.eager_threshold_bytes)?;
             entry.set_item("link", member.link)?;
+            entry.set_item("failure_domain", member.failure_domain)?;
             members.append(entry)?;
         }
         result.set_item("members", members)?;
@@ -600,6 +601,34 @@ impl PyClient {
         result.set_item("holders", holders)?;
         result.set_item("sizes", location.sizes)?;
         result.set_item("digest", location.digest.map(|d| d.to_string()))?;
+        Ok(result)
+    }
+
+    /// Every live copy of an object, from the directory: `{"copies": [{"node": id,
+    /// "failure_domain": str, "of_record": bool}], "wanted": the copies the object wants or
+    /// None, "sizes": (data, metadata) or None, "records_known": whether the directory keeps
+    /// copies of record (the built-in one does; Redis does not, and every copy is then a plain
+    /// one)}`.
+    fn locate_copies<'py>(
+        &self,
+        py: Python<'py>,
+        id: &Bound<'_, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let id = object_id(id)?;
+        let located = self.call(py, |client| client.locate_copies(id))?;
+        let result = PyDict::new(py);
+        let copies = PyList::empty(py);
+        for copy in located.copies {
+            let entry = PyDict::new(py);
+            entry.set_item("node", copy.node.0)?;
+            entry.set_item("failure_domain", copy.failure_domain)?;
+            entry.set_item("of_record", copy.of_record)?;
+            copies.append(entry)?;
+        }
+        result.set_item("copies", copies)?;
+        result.set_item("wanted", located.wanted)?;
+        result.set_item("sizes", located.sizes)?;
+        result.set_item("records_known", located.records_known)?;
         Ok(result)
     }
 

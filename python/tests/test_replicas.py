@@ -7,6 +7,7 @@ import time
 import pytest
 
 import skyriver
+from conftest import free_port
 from test_processes import two_node_cluster
 
 
@@ -68,3 +69,29 @@ def test_puts_and_seals_with_two_copies_on_two_nodes(daemons) -> None:
         here.seal(sealed, replicas=2, wait_replicas=True, replicas_timeout=30.0)
         assert there.contains(sealed)
         assert bytes(memoryview(there.get(sealed, timeout=0))[:5]) == b"hello"
+
+
+def test_locate_copies_and_nodes_name_each_copy_and_its_failure_domain(daemons) -> None:
+    """Two nodes in two failure domains: a put with two copies has a copy of record in each,
+    and `locate_copies` and `nodes` say which domain each node is in."""
+    port = free_port()
+    daemons.start("64MiB", "--head", f"127.0.0.1:{port}", "--node-id", "0",
+                  "--listen", "127.0.0.1:0", "--fabric", "tcp", "--failure-domain", "rack-a",
+                  name="head")
+    member = daemons.start("64MiB", "--join", f"127.0.0.1:{port}", "--node-id", "1",
+                           "--listen", "127.0.0.1:0", "--fabric", "tcp",
+                           "--failure-domain", "rack-b", name="member")
+    with skyriver.connect(member.socket) as here:
+        deadline = time.monotonic() + 10
+        while len(here.nodes()["members"]) < 2:
+            assert time.monotonic() < deadline, "the member joins"
+            time.sleep(0.01)
+        domains = {m["node"]: m["failure_domain"] for m in here.nodes()["members"]}
+        assert domains == {0: "rack-a", 1: "rack-b"}
+        oid = here.put(b"two racks " * 100, replicas=2, wait_replicas=True, replicas_timeout=30.0)
+        located = here.locate_copies(oid)
+        assert located["records_known"] is True
+        assert located["wanted"] == 2
+        assert located["sizes"] == (1000, 0)
+        copies = sorted((c["node"], c["failure_domain"], c["of_record"]) for c in located["copies"])
+        assert copies == [(0, "rack-a", True), (1, "rack-b", True)]

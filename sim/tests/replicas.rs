@@ -28,7 +28,15 @@ const SEEDS: std::ops::Range<u64> = 0..60;
 /// `a_placed_copy_whose_deadline_passed_mid_transfer_is_still_taken_as_a_copy_of_record` and
 /// `a_copy_no_free_range_could_hold_is_declined_at_once_and_the_cache_stays` pin each cause;
 /// a seed's run shifts with any change to the core.
-const REGRESSIONS: [u64; 4] = [160, 263, 347, 512];
+///
+/// From `--seeds 1500 --start-seed 600`: 892 and 1095, a copy of record of deleted bytes kept
+/// for good by a node that missed the delete, whose replay the registry then refused (the id
+/// was put again with other bytes); 1318, a put waiting for copies of bytes so refused, whose
+/// wait a second put of the id replaced (`a_copy_of_record_whose_replay_is_refused_is_released_
+/// and_evictable`, `a_waiting_put_whose_copy_is_refused_fails_as_a_refused_seal`,
+/// `a_second_waiting_put_of_an_id_ends_the_first_wait`); 915, the checker judging a `Surplus`
+/// by the registry's count when it arrived rather than when it was sent.
+const REGRESSIONS: [u64; 8] = [160, 263, 347, 512, 892, 915, 1095, 1318];
 
 fn caught(flaws: Flaws, what: &str) -> Option<(u64, String)> {
     SEEDS.into_iter().find_map(|seed| {

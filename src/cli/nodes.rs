@@ -14,6 +14,7 @@ pub(super) fn nodes(socket: &SocketArg, json: bool) -> Result<(), CliError> {
                 serde_json::json!({
                     "node": m.node.0, "address": m.address, "fabric": m.fabric,
                     "connected": m.connected, "eager_threshold_bytes": m.eager_threshold_bytes, "link": m.link,
+                    "failure_domain": m.failure_domain,
                 })
             })
             .collect();
@@ -39,16 +40,21 @@ pub(super) fn nodes(socket: &SocketArg, json: bool) -> Result<(), CliError> {
         }
     );
     println!(
-        "{:<10} {:<22} {:<7} {:<10} LINK",
-        "NODE", "ADDRESS", "FABRIC", "CONNECTED"
+        "{:<10} {:<22} {:<7} {:<10} {:<12} LINK",
+        "NODE", "ADDRESS", "FABRIC", "CONNECTED", "DOMAIN"
     );
     for m in &view.members {
         println!(
-            "{:<10} {:<22} {:<7} {:<10} {}",
+            "{:<10} {:<22} {:<7} {:<10} {:<12} {}",
             m.node.to_string(),
             m.address,
             m.fabric,
             if m.connected { "yes" } else { "no" },
+            if m.failure_domain.is_empty() {
+                "-"
+            } else {
+                &m.failure_domain
+            },
             m.link
         );
     }

@@ -700,6 +700,7 @@ impl Node {
                 } else {
                     self.describe_link(m.node)
                 },
+                failure_domain: m.failure_domain.clone(),
             })
             .collect();
         if !members.iter().any(|m| m.node == me) {
@@ -710,6 +711,7 @@ impl Node {
                 connected: true,
                 eager_threshold_bytes: None,
                 link: "this node".into(),
+                failure_domain: String::new(),
             });
         }
         members.sort_by_key(|m| m.node);

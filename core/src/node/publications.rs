@@ -141,9 +141,20 @@ impl Node {
         if !self.store.contains(&id) {
             return;
         }
-        self.unvouched.insert(id);
-        self.refused_publications.insert(id);
+        self.copy_refused(id);
         self.stats.id_conflicts += 1;
+    }
+
+    /// The registry refused this node's copy of `id` (the id names another content): the copy
+    /// stays local, is served to no peer (a hinted fetch would have no directory digest to
+    /// tell the contents apart), and is no copy of record, since it can count toward no copies
+    /// of the content the id names.
+    fn copy_refused(&mut self, id: ObjectId) {
+        if self.store.contains(&id) {
+            self.unvouched.insert(id);
+            self.refused_publications.insert(id);
+        }
+        self.copy_of_record_refused(id);
     }
 
     pub(super) fn send_publication(&mut self, id: ObjectId) {
@@ -193,13 +204,8 @@ impl Node {
             DirectoryReply::Conflict { .. } => {
                 self.publications.remove(&id);
                 // Sealed here during an outage, or a fetched copy whose content the id no
-                // longer names (every holder left and the id was put again meanwhile): either
-                // way it stays local and is served to no peer, whose hinted fetch would have no
-                // directory digest to tell the contents apart.
-                if self.store.contains(&id) {
-                    self.unvouched.insert(id);
-                    self.refused_publications.insert(id);
-                }
+                // longer names (every holder left and the id was put again meanwhile).
+                self.copy_refused(id);
                 self.stats.id_conflicts += 1;
                 self.seal_verdict(id, Verdict::Refused);
             }

@@ -151,6 +151,9 @@ impl Node {
             }
         }
         if let (Some(wait_ms), true) = (policy.wait_ms, wanted > 1) {
+            // A wait for an earlier put of this id whose object went meanwhile (deleted here,
+            // or released by a refusal and evicted): it ends now, with the copies it saw.
+            self.end_wait_with_too_few(id);
             self.replicas.waits.insert(
                 id,
                 ReplicaWait {
@@ -265,8 +268,17 @@ impl Node {
 
     /// A put's wait ran out.
     pub(super) fn replica_wait_expired(&mut self, id: ObjectId) {
-        if let Some(wait) = self.end_wait(id) {
+        if self.end_wait_with_too_few(id) {
             self.stats.replica_waits_timed_out += 1;
+        }
+    }
+
+    /// Ends the wait for `id`'s copies, if any, answering its put with the copies it saw.
+    fn end_wait_with_too_few(&mut self, id: ObjectId) -> bool {
+        let Some(wait) = self.end_wait(id) else {
+            return false;
+        };
+        if wait.sealed {
             // The object is sealed here: the error (copies are missing) waits for the seal's
             // durability like a success would.
             self.reply_when_durable(
@@ -281,6 +293,7 @@ impl Node {
                 wait.durable_before,
             );
         }
+        true
     }
 
     /// A client left: its waits end without a reply, and its puts still unanswered want no
@@ -558,6 +571,29 @@ impl Node {
     /// as a plain copy (evictable). The object still wants copies, so a client's delete here
     /// still deletes it everywhere, and a later placement here promotes the copy again.
     pub(super) fn surplus_copy(&mut self, id: ObjectId) {
+        if self.replicas.of_record.remove(&id) {
+            self.store.release_record(id);
+            self.stats.copies_of_record_released += 1;
+        }
+    }
+
+    /// The registry refused this node's copy of `id` (another content holds the id): it is no
+    /// copy of record of what the id names, nor of the content deleted or replaced, so it is
+    /// released (evictable) and the object wants no copies from here; a later placement of the
+    /// content the id names declines this copy and fetches that content.
+    pub(super) fn copy_of_record_refused(&mut self, id: ObjectId) {
+        // A put still waiting for copies of the refused content gets none: it fails as a
+        // refused seal does (an unsealed one is answered by its seal's verdict).
+        if self.replicas.waits.get(&id).is_some_and(|wait| wait.sealed) {
+            let wait = self.end_wait(id).expect("found above");
+            self.reply_when_durable(
+                wait.client,
+                wait.request,
+                Response::Done(Err(StoreError::ObjectExists(id))),
+                wait.durable_before,
+            );
+        }
+        self.replicas.wanted.remove(&id);
         if self.replicas.of_record.remove(&id) {
             self.store.release_record(id);
             self.stats.copies_of_record_released += 1;

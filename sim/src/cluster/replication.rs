@@ -135,6 +135,9 @@ pub(super) struct ReplicationSide {
     deleted_everywhere: BTreeMap<ObjectId, (ContentDigest, Instant)>,
     /// When each id was last put.
     put_started: BTreeMap<ObjectId, Instant>,
+    /// Ids whose publication the registry refused at some node's replay (another content
+    /// holds the id): put with two contents.
+    refused: BTreeSet<ObjectId>,
     /// Violations already reported, by object.
     reported: BTreeSet<ObjectId>,
     pub(super) stats: ReplicationRunStats,
@@ -477,6 +480,9 @@ impl Cluster {
         if let DirectoryNotice::Event(DirectoryEvent::Surplus { id }) = &notice {
             self.replica_surplus(n, inc, *id);
         }
+        if let DirectoryNotice::Event(DirectoryEvent::ReplayRefused { id, .. }) = &notice {
+            self.replication.refused.insert(*id);
+        }
         if let DirectoryNotice::Reply {
             op,
             reply: DirectoryReply::Done,
@@ -524,6 +530,9 @@ impl Cluster {
     /// checks follow.
     fn replica_surplus(&mut self, n: NodeId, inc: u32, id: ObjectId) {
         self.record(|| format!("{n}: its copy of record of {id} is surplus"));
+        // What the registry counted when it sent the notice: a holder it counted may have
+        // expired since (and the registry then asks for a new copy).
+        let of_record = self.directory.take_surplus_counted(n, &id);
         if let Some(published) = self.replication.published.get_mut(&id) {
             published.remove(&(n, inc));
         }
@@ -533,12 +542,6 @@ impl Cluster {
         if !acked.holders.contains(&(n, inc)) {
             return;
         }
-        let of_record = self
-            .directory
-            .registry()
-            .and_then(|registry| registry.copies_of_record(&id))
-            .map(|(_, nodes)| nodes)
-            .unwrap_or_default();
         // Each counted copy is its node's latest publication of record: a node that crashed
         // since (the registry may count it until its heartbeat bound) is that incarnation,
         // not the one that restarts with a plain copy.
@@ -586,7 +589,13 @@ impl Cluster {
             .acked
             .get(&id)
             .is_some_and(|acked| acked.holders.contains(&(n, inc)));
-        if holds_acked_copy && !self.replication.deleted.contains(&id) {
+        // An id the directory named with another content since (put again elsewhere during a
+        // partition or head outage): the registry refused this copy, which is no copy of
+        // record any more (README "One id, one content").
+        if holds_acked_copy
+            && !self.replication.deleted.contains(&id)
+            && !self.named_with_two_contents(&id)
+        {
             self.report_replica(
                 id,
                 format!(
@@ -594,6 +603,25 @@ impl Cluster {
                 ),
             );
         }
+    }
+
+    /// Whether `id` was put with two contents (again elsewhere during a partition or head
+    /// outage): named so by the directory, or one publication of it refused. Its copies of
+    /// record of the other content can take no copy of this one, and the registry's refusal
+    /// releases them.
+    fn named_with_two_contents(&self, id: &ObjectId) -> bool {
+        self.replication.refused.contains(id)
+            || self
+                .checker
+                .named
+                .get(id)
+                .is_some_and(|digests| digests.len() > 1)
+            || self.nodes.iter().any(|sim_node| {
+                sim_node
+                    .node
+                    .as_ref()
+                    .is_some_and(|node| node.holds_refused_copy(id))
+            })
     }
 
     fn report_replica(&mut self, id: ObjectId, what: String) {
@@ -621,7 +649,9 @@ impl Cluster {
             .replication
             .acked
             .iter()
-            .filter(|(id, _)| !self.replication.deleted.contains(id))
+            .filter(|(id, _)| {
+                !self.replication.deleted.contains(id) && !self.named_with_two_contents(id)
+            })
             .map(|(id, a)| (*id, a.clone()))
             .collect();
         for (id, acked) in acked {
@@ -676,18 +706,7 @@ impl Cluster {
             // named so by the directory, or one publication refused) has copies of record of
             // the other content that can take no copy of this one (README "One id, one
             // content"): not checked.
-            let named_twice = self
-                .checker
-                .named
-                .get(id)
-                .is_some_and(|digests| digests.len() > 1)
-                || self.nodes.iter().any(|sim_node| {
-                    sim_node
-                        .node
-                        .as_ref()
-                        .is_some_and(|node| node.holds_refused_copy(id))
-                });
-            if self.replication.deleted.contains(id) || named_twice {
+            if self.replication.deleted.contains(id) || self.named_with_two_contents(id) {
                 continue;
             }
             let live_of_record: Vec<NodeId> = pairs

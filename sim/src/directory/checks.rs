@@ -184,6 +184,21 @@ impl SimDirectory {
         self.registry.as_ref()
     }
 
+    /// The copies of record of `id` the registry counted when it told `node` its copy is
+    /// surplus (taken as the notice arrives), or, for a notice not seen leaving, what it counts
+    /// now.
+    pub fn take_surplus_counted(&mut self, node: NodeId, id: &ObjectId) -> Vec<NodeId> {
+        self.surplus_counted
+            .remove(&(node, *id))
+            .or_else(|| {
+                self.registry
+                    .as_ref()
+                    .and_then(|registry| registry.copies_of_record(id))
+                    .map(|(_, nodes)| nodes)
+            })
+            .unwrap_or_default()
+    }
+
     /// How many nodes' subscriptions the per-event checks examined so far, all together (the
     /// checks' cost: a few per event, whatever the cluster's size).
     pub fn nodes_examined(&self) -> u64 {

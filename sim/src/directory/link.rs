@@ -293,6 +293,15 @@ impl SimDirectory {
         if self.broken.contains(&conn) {
             return;
         }
+        if let FromRegistry::Event(DirectoryEvent::Surplus { id }) = &message {
+            let counted = self
+                .registry
+                .as_ref()
+                .and_then(|registry| registry.copies_of_record(id))
+                .map(|(_, nodes)| nodes)
+                .unwrap_or_default();
+            self.surplus_counted.insert((node, *id), counted);
+        }
         if let FromRegistry::Event(DirectoryEvent::Published { id, .. }) = &message {
             if faults_on && rng.gen_range(0..1_000_000) < self.params.lost_push_ppm {
                 // Lost on the wire: the connection breaks with it, both ends notice.

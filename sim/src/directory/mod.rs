@@ -217,6 +217,9 @@ pub struct SimDirectory {
     partitioned: BTreeSet<NodeId>,
     /// Published events on their way to a node's core, per (node, object).
     events_in_flight: BTreeMap<(NodeId, ObjectId), u32>,
+    /// The copies of record the registry counted when it sent each `Surplus` on its way, per
+    /// (node, object): what its decision rested on (a holder may expire before it arrives).
+    surplus_counted: BTreeMap<(NodeId, ObjectId), Vec<NodeId>>,
     /// Counters for the summary.
     pub stats: DirectoryStats,
     /// The planted flaw `unguarded_head_restarts`: a restarted head keeps no grace period
@@ -326,6 +329,7 @@ impl SimDirectory {
             registry_checks: checks::RegistryChecks::default(),
             partitioned: BTreeSet::new(),
             events_in_flight: BTreeMap::new(),
+            surplus_counted: BTreeMap::new(),
             stats: DirectoryStats::default(),
             unguarded_restarts: false,
             forgets_subscriptions: false,

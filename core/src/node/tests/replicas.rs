@@ -583,3 +583,80 @@ fn a_placed_copy_whose_deadline_passed_mid_transfer_and_whose_transfer_failed_is
     assert!(w.nodes[1].is_quiescent(), "{:?}", w.nodes[1].pending_work());
     w.nodes[1].check_invariants();
 }
+
+fn replay_refused(w: &mut World, node: u32, n: u64) {
+    let event = DirectoryEvent::ReplayRefused {
+        id: id(n),
+        sizes: ObjectSizes {
+            data_size: LEN,
+            metadata_size: 0,
+        },
+        digest: ContentDigest(0xbad),
+    };
+    w.feed(node, NodeInput::DirectoryEvent { event });
+    w.pump();
+}
+
+/// The registry refused this node's replayed copy (the id was put again with other bytes
+/// elsewhere while it was away): the copy stays, served to no peer, and is no copy of record,
+/// since it counts toward no copies of what the id names (kept pinned, a deleted-then-reput
+/// id's old bytes would sit here for good, the simulator saw it).
+#[test]
+fn a_copy_of_record_whose_replay_is_refused_is_released_and_evictable() {
+    let mut w = World::new(2, |_| {});
+    let put = put_replicated(&mut w, 0, 1, 2, None);
+    assert_eq!(w.reply_to(0, CLIENT, put), Some(Response::Done(Ok(()))));
+    assert!(w.nodes[0].is_copy_of_record(&id(1)));
+    replay_refused(&mut w, 0, 1);
+    assert!(!w.nodes[0].is_copy_of_record(&id(1)));
+    assert!(!w.nodes[0].store().is_record(&id(1)));
+    assert!(w.nodes[0].holds_refused_copy(&id(1)));
+    assert!(!w.nodes[0].serves_peers(&id(1)));
+    assert_eq!(w.nodes[0].replicas_wanted(&id(1)), None);
+    let evicted = w.request(0, Request::Evict { bytes: 1 << 30 });
+    assert!(matches!(evicted, Some(Response::Evicted(o)) if o.objects == 1));
+    w.nodes[0].check_invariants();
+}
+
+/// A put still waiting for copies of content the registry then refuses gets none: it fails
+/// as a refused seal does, and no wait is left behind.
+#[test]
+fn a_waiting_put_whose_copy_is_refused_fails_as_a_refused_seal() {
+    let mut w = World::new(2, |_| {});
+    let put = put_replicated(&mut w, 0, 1, 3, Some(1000));
+    copies_event(&mut w, 0, 1, 2);
+    assert_eq!(w.reply_to(0, CLIENT, put), None, "held for the copies");
+    replay_refused(&mut w, 0, 1);
+    assert_eq!(
+        w.reply_to(0, CLIENT, put),
+        Some(Response::Done(Err(StoreError::ObjectExists(id(1)))))
+    );
+    w.advance(Duration::from_millis(1000));
+    assert!(w.nodes[0].is_quiescent(), "{:?}", w.nodes[0].pending_work());
+    w.nodes[0].check_invariants();
+}
+
+/// A put of an id whose earlier put still waits for copies (its object deleted here
+/// meanwhile) ends that wait, with the copies it saw: one wait per id, and each put answered.
+#[test]
+fn a_second_waiting_put_of_an_id_ends_the_first_wait() {
+    let mut w = World::new(2, |_| {});
+    let first = put_replicated(&mut w, 0, 1, 3, Some(1000));
+    copies_event(&mut w, 0, 1, 2);
+    let deleted = w.request(0, Request::Delete { ids: vec![id(1)] });
+    assert!(matches!(deleted, Some(Response::Deleted(_))), "{deleted:?}");
+    let second = put_replicated(&mut w, 0, 1, 2, Some(1000));
+    assert_eq!(
+        w.reply_to(0, CLIENT, first),
+        Some(Response::Done(Err(StoreError::TooFewReplicas {
+            id: id(1),
+            copies: 2,
+            wanted: 3,
+            in_cluster: true,
+        })))
+    );
+    w.nodes[0].check_invariants();
+    copies_event(&mut w, 0, 1, 2);
+    assert_eq!(w.reply_to(0, CLIENT, second), Some(Response::Done(Ok(()))));
+    w.nodes[0].check_invariants();
+}
