@@ -709,9 +709,19 @@ impl Cluster {
             if self.replication.deleted.contains(id) || self.named_with_two_contents(id) {
                 continue;
             }
+            // Nodes that published a copy of record and still hold it as one (a publication
+            // of record the registry refused, say a put of other bytes under the id, made no
+            // copy of record, though its node may hold a plain copy fetched since).
             let live_of_record: Vec<NodeId> = pairs
                 .iter()
-                .filter(|&&pair| self.alive_pair(pair) && self.holds_sealed(pair.0, id))
+                .filter(|&&pair| {
+                    self.alive_pair(pair)
+                        && self.holds_sealed(pair.0, id)
+                        && self.nodes[pair.0 .0 as usize]
+                            .node
+                            .as_ref()
+                            .is_some_and(|node| node.is_copy_of_record(id))
+                })
                 .map(|&(n, _)| n)
                 .collect();
             let Some((wanted, of_record)) = registry.copies_of_record(id) else {
