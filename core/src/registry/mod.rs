@@ -610,7 +610,14 @@ impl Registry {
                     });
                     self.outputs.extend(fired);
                     let bytes = sizes.total().unwrap_or(u64::MAX);
-                    self.copy_of_record_published(now, node, id, bytes, replicas, free_bytes);
+                    self.copy_of_record_published(
+                        now,
+                        node,
+                        id,
+                        (bytes, digest),
+                        replicas,
+                        free_bytes,
+                    );
                     return;
                 }
                 reply

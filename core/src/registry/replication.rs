@@ -150,6 +150,9 @@ struct Record {
     complete: bool,
     /// Object bytes (data and metadata).
     bytes: u64,
+    /// The content's digest: a delete's tombstone names it even when no holder is listed
+    /// then (every holder of record cut off past the heartbeat bound).
+    digest: ContentDigest,
     /// Live nodes holding a copy of record.
     of_record: BTreeSet<NodeId>,
     /// Targets asked to replicate, with their deadlines.
@@ -199,6 +202,12 @@ pub(super) struct Replication {
     /// Deletes' tombstones, and their ends in order (the oldest go first when full).
     tombstones: BTreeMap<ObjectId, Tombstone>,
     tombstone_ends: BTreeSet<(Instant, ObjectId)>,
+    /// Records whose every holder of record went (`objects_lost`), by the content's digest,
+    /// until a tombstone's lifetime ends: a holder that was only cut off publishes the content
+    /// again when it returns, so a delete meanwhile still leaves a tombstone. At most
+    /// [`ReplicationLimits::max_tombstones`], the oldest forgotten first.
+    lost: BTreeMap<ObjectId, (ContentDigest, Instant)>,
+    lost_ends: BTreeSet<(Instant, ObjectId)>,
     /// Repair budget in bytes (negative: debt after an object larger than a second's worth).
     tokens: i128,
     tokens_at: Option<Instant>,
@@ -217,6 +226,8 @@ impl Replication {
             declines: BTreeSet::new(),
             tombstones: BTreeMap::new(),
             tombstone_ends: BTreeSet::new(),
+            lost: BTreeMap::new(),
+            lost_ends: BTreeSet::new(),
             tokens: i128::from(limits.repair_bytes_per_second),
             tokens_at: None,
             stats: ReplicationStats::default(),
@@ -304,6 +315,40 @@ impl Replication {
         }
     }
 
+    /// Remembers a lost record's content until `until` (see [`Replication::lost`]).
+    fn remember_lost(&mut self, id: ObjectId, digest: ContentDigest, now: Instant, until: Instant) {
+        self.end_lost(now);
+        self.forget_lost(&id);
+        if self.limits.max_tombstones == 0 {
+            return;
+        }
+        while self.lost.len() >= self.limits.max_tombstones {
+            let Some((_, oldest)) = self.lost_ends.first().copied() else {
+                break;
+            };
+            self.forget_lost(&oldest);
+        }
+        self.lost.insert(id, (digest, until));
+        self.lost_ends.insert((until, id));
+    }
+
+    fn end_lost(&mut self, now: Instant) {
+        while let Some(&(until, id)) = self.lost_ends.first() {
+            if until > now {
+                break;
+            }
+            self.lost_ends.remove(&(until, id));
+            self.lost.remove(&id);
+        }
+    }
+
+    /// The lost record's content of `id`, forgotten as it is taken.
+    fn forget_lost(&mut self, id: &ObjectId) -> Option<ContentDigest> {
+        let (digest, until) = self.lost.remove(id)?;
+        self.lost_ends.remove(&(until, *id));
+        Some(digest)
+    }
+
     /// The copies of record `id` wants and the live nodes holding one.
     pub(super) fn copies_of_record(&self, id: &ObjectId) -> Option<(u8, Vec<NodeId>)> {
         self.records
@@ -313,13 +358,14 @@ impl Replication {
 }
 
 impl Registry {
-    /// `node` published a copy of record of `id` (the publication itself was accepted).
+    /// `node` published a copy of record of `id`, of `bytes` with `digest` (the publication
+    /// itself was accepted).
     pub(super) fn copy_of_record_published(
         &mut self,
         now: Instant,
         node: NodeId,
         id: ObjectId,
-        bytes: u64,
+        (bytes, digest): (u64, ContentDigest),
         replicas: u8,
         free_bytes: u64,
     ) {
@@ -354,11 +400,16 @@ impl Registry {
             }
         }
         let fresh = !replication.records.contains_key(&id);
+        if fresh {
+            // A holder of a lost record returned (or the id was put again): a record again.
+            replication.forget_lost(&id);
+        }
         let record = replication.records.entry(id).or_insert_with(|| Record {
             wanted: replicas,
             origin: node,
             complete: false,
             bytes,
+            digest,
             of_record: BTreeSet::new(),
             pending: BTreeMap::new(),
             given_up: BTreeMap::new(),
@@ -390,9 +441,12 @@ impl Registry {
             for (target, until) in &record.declined {
                 self.replication.declines.remove(&(*until, id, *target));
             }
+            let digest = record.digest;
             self.replication.records.remove(&id);
             self.replication.repair_queue.remove(&id);
             self.replication.stats.objects_lost += 1;
+            let until = now + self.tombstone_lifetime();
+            self.replication.remember_lost(id, digest, now, until);
             return;
         }
         let copies = record.of_record.len();
@@ -645,7 +699,6 @@ impl Registry {
     /// and the record ends, leaving a tombstone when it had one (see the module doc).
     pub(super) fn delete_everywhere(&mut self, node: NodeId, id: ObjectId) {
         let holders = self.holders_of(&id);
-        let digest = self.holders.get(&id).map(|h| h.content().1);
         if let Some(record) = self.replication.records.remove(&id) {
             for (target, deadline) in record.pending {
                 self.replication.deadlines.remove(&(deadline, id, target));
@@ -654,7 +707,15 @@ impl Registry {
             for (target, until) in record.declined {
                 self.replication.declines.remove(&(until, id, target));
             }
-            if let Some(digest) = digest {
+            // The record's own digest: with every holder of record cut off past the heartbeat
+            // bound, none is listed now, yet each holds the content and publishes it on return.
+            self.add_tombstone(id, record.digest, node);
+            self.replication.forget_lost(&id);
+        } else {
+            let now = self.now;
+            self.replication.end_lost(now);
+            if let Some(digest) = self.replication.forget_lost(&id) {
+                // Every holder of record is cut off now: each returns with the content.
                 self.add_tombstone(id, digest, node);
             }
         }
@@ -665,13 +726,18 @@ impl Registry {
         }
     }
 
+    /// How long a tombstone lasts: its configured lifetime, never under a target timeout plus
+    /// the heartbeat bound.
+    fn tombstone_lifetime(&self) -> Duration {
+        let limits = &self.replication.limits;
+        limits
+            .tombstone_lifetime
+            .max(limits.target_timeout + self.config.heartbeat_timeout)
+    }
+
     fn add_tombstone(&mut self, id: ObjectId, digest: ContentDigest, deleter: NodeId) {
         let now = self.now;
-        let lifetime = self
-            .replication
-            .limits
-            .tombstone_lifetime
-            .max(self.replication.limits.target_timeout + self.config.heartbeat_timeout);
+        let lifetime = self.tombstone_lifetime();
         let replication = &mut self.replication;
         replication.end_tombstones(now);
         replication.remove_tombstone(&id);

@@ -684,3 +684,64 @@ fn tombstones_are_bounded_in_number_and_time() {
     let stats = r.replication_stats();
     assert_eq!((stats.tombstones, stats.tombstones_dropped), (1, 1));
 }
+
+/// Every holder of record cut off (its record lost: no holder is listed), then a delete: the
+/// tombstone names the lost record's content, so the holder that returns with it is told to
+/// delete it, and no copy is placed. Without the delete, its return makes a record again.
+#[test]
+fn a_delete_while_every_holder_of_record_is_away_still_stays_deleted() {
+    let setup = || {
+        let mut r = patient_registry();
+        let t = at_ms(0);
+        for node in 0..3 {
+            join_in(&mut r, t, node, "");
+        }
+        // Node 0 holds the only copy of record (its target never fetched one).
+        publish_replicated(&mut r, t, 0, 1, 10, 2);
+        r.handle_disconnect(at_ms(1), ConnId(0));
+        drain(&mut r);
+        assert_eq!(r.copies_of_record(&ObjectId::from_u64(1)), None, "lost");
+        assert_eq!(r.replication_stats().objects_lost, 1);
+        r
+    };
+    let id = ObjectId::from_u64(1);
+
+    let mut r = setup();
+    request(
+        &mut r,
+        at_ms(2),
+        1,
+        99,
+        DirectoryRequest::DeleteEverywhere { id },
+    );
+    assert_eq!(r.replication_stats().tombstones, 1);
+    admit(&mut r, at_ms(4), 10, member(0, 1)).expect("rejoins");
+    drain(&mut r);
+    let out = republish(&mut r, at_ms(5), 10, 100);
+    assert_eq!(events_for(&out, 10), vec![DirectoryEvent::Delete { id }]);
+    assert!(replicate_targets(&out).is_empty(), "{out:?}");
+    assert_eq!(r.copies_of_record(&id), None);
+    r.check_invariants();
+
+    let mut r = setup();
+    admit(&mut r, at_ms(4), 10, member(0, 1)).expect("rejoins");
+    drain(&mut r);
+    let out = republish(&mut r, at_ms(5), 10, 100);
+    assert!(
+        events_for(&out, 10)
+            .iter()
+            .all(|e| !matches!(e, DirectoryEvent::Delete { .. })),
+        "{out:?}"
+    );
+    assert_eq!(replicate_targets(&out).len(), 1, "{out:?}");
+    // A later delete ends this record as any other (the lost content was forgotten).
+    request(
+        &mut r,
+        at_ms(6),
+        1,
+        101,
+        DirectoryRequest::DeleteEverywhere { id },
+    );
+    assert_eq!(r.replication_stats().tombstones, 1);
+    r.check_invariants();
+}

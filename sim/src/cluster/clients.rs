@@ -982,7 +982,7 @@ impl Cluster {
         variant: u32,
     ) {
         self.checker.put(id, Content { variant, sizes });
-        self.replica_put_started(id);
+        self.replica_put_started(id, variant);
         let mut bytes = workload::content_bytes(
             &id,
             variant,
@@ -1031,7 +1031,7 @@ impl Cluster {
         variant: u32,
     ) {
         self.checker.put(id, Content { variant, sizes });
-        self.replica_put_started(id);
+        self.replica_put_started(id, variant);
         self.client_request(
             n,
             client,

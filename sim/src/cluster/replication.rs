@@ -135,9 +135,9 @@ pub(super) struct ReplicationSide {
     deleted_everywhere: BTreeMap<ObjectId, (ContentDigest, Instant)>,
     /// When each id was last put.
     put_started: BTreeMap<ObjectId, Instant>,
-    /// Ids whose publication the registry refused at some node's replay (another content
-    /// holds the id): put with two contents.
-    refused: BTreeSet<ObjectId>,
+    /// Ids put with two contents: a client put other bytes under the id, or the registry
+    /// refused some node's replayed publication of it (another content holds the id).
+    two_contents: BTreeSet<ObjectId>,
     /// Violations already reported, by object.
     reported: BTreeSet<ObjectId>,
     pub(super) stats: ReplicationRunStats,
@@ -224,7 +224,7 @@ impl Cluster {
         let total = sizes.data_size + sizes.metadata_size;
         if total <= MAX_INLINE_PUT_BYTES as u64 && self.next_object % 2 == 0 {
             self.checker.put(id, Content { variant: 0, sizes });
-            self.replica_put_started(id);
+            self.replica_put_started(id, 0);
             let mut data = workload::content_bytes(&id, 0, total as usize);
             let metadata = data.split_off(sizes.data_size as usize);
             let removals = self.nodes[n.0 as usize]
@@ -287,10 +287,13 @@ impl Cluster {
         }
     }
 
-    /// A put of `id` (any content) starts.
-    pub(super) fn replica_put_started(&mut self, id: ObjectId) {
+    /// A put of `id` with content `variant` starts (0: the id's first content).
+    pub(super) fn replica_put_started(&mut self, id: ObjectId, variant: u32) {
         if self.replication.on {
             self.replication.put_started.insert(id, self.now);
+            if variant != 0 {
+                self.replication.two_contents.insert(id);
+            }
         }
     }
 
@@ -481,7 +484,7 @@ impl Cluster {
             self.replica_surplus(n, inc, *id);
         }
         if let DirectoryNotice::Event(DirectoryEvent::ReplayRefused { id, .. }) = &notice {
-            self.replication.refused.insert(*id);
+            self.replication.two_contents.insert(*id);
         }
         if let DirectoryNotice::Reply {
             op,
@@ -539,7 +542,13 @@ impl Cluster {
         let Some(acked) = self.replication.acked.get(&id) else {
             return;
         };
-        if !acked.holders.contains(&(n, inc)) {
+        // A client asked to delete it (the registry may have taken the delete in the same
+        // step as this copy's publication, and count none), or it was put with two contents:
+        // its copies may go.
+        if !acked.holders.contains(&(n, inc))
+            || self.replication.deleted.contains(&id)
+            || self.named_with_two_contents(&id)
+        {
             return;
         }
         // Each counted copy is its node's latest publication of record: a node that crashed
@@ -610,7 +619,7 @@ impl Cluster {
     /// record of the other content can take no copy of this one, and the registry's refusal
     /// releases them.
     fn named_with_two_contents(&self, id: &ObjectId) -> bool {
-        self.replication.refused.contains(id)
+        self.replication.two_contents.contains(id)
             || self
                 .checker
                 .named
