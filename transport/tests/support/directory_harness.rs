@@ -142,6 +142,23 @@ pub trait Participant {
     async fn wait_members(&mut self, want: &[MemberInfo]);
 }
 
+/// A directory whose connections can fail: the faults the differential test injects.
+#[allow(dead_code)] // Used by the differential test, not by every binary sharing this file.
+pub trait Faults: Harness {
+    /// The node's connections to the directory are cut (the node's process lives on); returns
+    /// once its session noticed, reconnected with the same incarnation and replayed (its
+    /// `Health(Ok)`).
+    async fn blip(&mut self, node: &mut Self::Node);
+    /// The directory restarts and forgets everything; returns once every one of `nodes`
+    /// reconnected and replayed.
+    async fn restart_directory(&mut self, nodes: &mut [&mut Self::Node]);
+}
+
+/// Whether `notice` is a health notice.
+fn is_health(notice: &DirectoryNotice) -> bool {
+    matches!(notice, DirectoryNotice::Health(_))
+}
+
 // ---- The core registry, in process ----
 
 struct CoreNode {
@@ -156,6 +173,7 @@ struct CoreNode {
 
 struct CoreWorld {
     registry: Registry,
+    config: RegistryConfig,
     now: Instant,
     next_conn: u64,
     nodes: BTreeMap<NodeId, CoreNode>,
@@ -231,6 +249,42 @@ impl CoreWorld {
         }
     }
 
+    /// The sessions of `nodes` lose their connections (`registry_knows`: the registry notices
+    /// too; a restarted one never knew them); then time passes until each reconnected and
+    /// replayed (bounded).
+    fn cut(&mut self, nodes: &[NodeId], registry_knows: bool) {
+        let now = self.now;
+        for node in nodes {
+            let n = self.nodes.get_mut(node).expect("a member");
+            n.notices.retain(|n| !is_health(n));
+            let conn = n.conn;
+            n.session.handle_disconnected(now, "cut");
+            if registry_knows {
+                self.registry.handle_disconnect(now, conn);
+            }
+        }
+        self.pump();
+        let replayed = |world: &Self| {
+            nodes.iter().all(|node| {
+                world.nodes[node]
+                    .notices
+                    .iter()
+                    .any(|n| matches!(n, DirectoryNotice::Health(Ok(()))))
+            })
+        };
+        for _ in 0..1000 {
+            if replayed(self) {
+                break;
+            }
+            self.advance(Duration::from_millis(5));
+        }
+        assert!(replayed(self), "{nodes:?} did not reconnect in process");
+        for node in nodes {
+            let n = self.nodes.get_mut(node).expect("a member");
+            n.notices.retain(|n| !is_health(n));
+        }
+    }
+
     fn advance(&mut self, by: Duration) {
         self.now = self.now + by;
         let now = self.now;
@@ -249,11 +303,30 @@ pub struct CoreHarness {
 
 impl CoreHarness {
     pub fn new() -> Self {
+        Self::with_grace(None)
+    }
+
+    /// A registry with no grace period for returning nodes, as Redis (which keeps no state of
+    /// its own to protect): one a node's session reconnects to judges its replay at once. (A
+    /// young registry otherwise takes a returning node for a sign that it restarted and holds
+    /// new ids' publications back; the in-process world stays young, its clock moves only when
+    /// a step waits out time.)
+    #[allow(dead_code)] // Used by the differential test, not by every binary sharing this file.
+    pub fn without_grace() -> Self {
+        Self::with_grace(Some(Duration::ZERO))
+    }
+
+    fn with_grace(grace: Option<Duration>) -> Self {
         let mut config = RegistryConfig::new(TOKEN, [1; 32]);
         config.heartbeat_timeout = Duration::from_millis(100);
+        let mut registry = Registry::new(config.clone());
+        if let Some(grace) = grace {
+            registry.set_restart_grace(grace);
+        }
         Self {
             world: Rc::new(RefCell::new(CoreWorld {
-                registry: Registry::new(config),
+                registry,
+                config,
                 now: Instant(1),
                 next_conn: 0,
                 nodes: BTreeMap::new(),
@@ -380,6 +453,25 @@ impl Harness for CoreHarness {
     }
 }
 
+impl Faults for CoreHarness {
+    async fn blip(&mut self, node: &mut CoreParticipant) {
+        // The registry sees the connection close (the member goes, as a crashed one would);
+        // the session reconnects with the same incarnation and replays.
+        self.world.borrow_mut().cut(&[node.node], true);
+    }
+
+    async fn restart_directory(&mut self, nodes: &mut [&mut CoreParticipant]) {
+        let mut world = self.world.borrow_mut();
+        // A registry that starts empty and judges every replay at once, as Redis restarted
+        // without persistence does (no grace period: Redis takes a replay as a publication).
+        let mut registry = Registry::new(world.config.clone());
+        registry.set_restart_grace(Duration::ZERO);
+        world.registry = registry;
+        let nodes: Vec<NodeId> = nodes.iter().map(|n| n.node).collect();
+        world.cut(&nodes, false);
+    }
+}
+
 impl Participant for CoreParticipant {
     fn submit(&mut self, op: DirectoryOpId, request: DirectoryRequest) {
         let mut world = self.world.borrow_mut();
@@ -437,6 +529,30 @@ impl ClientNode {
             next_op: 0,
             backlog: VecDeque::new(),
         }
+    }
+
+    /// Forgets the health notices heard so far (before a fault).
+    fn forget_health(&mut self) {
+        while let Ok(notice) = self.notices.try_recv() {
+            self.backlog.push_back(notice);
+        }
+        self.backlog.retain(|n| !is_health(n));
+    }
+
+    /// Waits until the session lost its connection, reconnected and replayed.
+    async fn wait_reconnected(&mut self) {
+        let node = self.node;
+        self.wait_for(&format!("{node} losing the directory"), |n| match n {
+            DirectoryNotice::Health(Err(_)) => Some(()),
+            _ => None,
+        })
+        .await;
+        self.wait_for(&format!("{node} reconnected and replayed"), |n| match n {
+            DirectoryNotice::Health(Ok(())) => Some(()),
+            _ => None,
+        })
+        .await;
+        self.backlog.retain(|n| !is_health(n));
     }
 
     /// Waits until the latest member list this node heard satisfies `want`; that list stays
@@ -720,30 +836,102 @@ impl Harness for RedisClusterHarness {
 /// `name`: each name has its own keys and channels, so many directories can share one Redis
 /// (started once) without flushing it in between. The token record is made at
 /// [`redis::KdfCost::TESTING`]: a join costs no Argon2 time worth counting.
+///
+/// Node N connects as the ACL user [`node_user`]`(N)` (see [`node_users_config`]), so that a
+/// blip can cut exactly its connections: `CLIENT KILL USER` on every server.
 #[allow(dead_code)] // Used by the differential test, not by every binary sharing this file.
-pub struct NamedRedisHarness {
+pub struct NamedRedisHarness<'a> {
+    /// The directory's URL, without credentials.
     pub url: String,
     pub name: String,
+    /// Every server's port (a blip cuts the node's connections on each).
+    pub ports: Vec<u16>,
+    /// The one server, which [`Faults::restart_directory`] restarts (`None`: Redis Cluster,
+    /// which has no such fault here).
+    pub server: Option<&'a mut RedisServer>,
+}
+
+/// The password of every [`node_user`].
+const NODE_PASSWORD: &str = "blip";
+
+/// The ACL user node `node` connects as.
+pub fn node_user(node: NodeId) -> String {
+    format!("node{}", node.0)
+}
+
+/// `redis-server` command-line configuration making the users of nodes 1 to `nodes` (every
+/// key, channel and command allowed).
+#[allow(dead_code)]
+pub fn node_users_config(nodes: u32) -> Vec<String> {
+    (1..=nodes)
+        .flat_map(|n| {
+            [
+                "--user".to_string(),
+                node_user(NodeId(n)),
+                "on".into(),
+                format!(">{NODE_PASSWORD}"),
+                "~*".into(),
+                "&*".into(),
+                "+@all".into(),
+            ]
+        })
+        .collect()
+}
+
+/// Makes the users of nodes 1 to `nodes` on the running server at `port` (as the default
+/// user).
+#[allow(dead_code)]
+pub fn make_node_users(port: u16, nodes: u32) {
+    for n in 1..=nodes {
+        let user = node_user(NodeId(n));
+        let password = format!(">{NODE_PASSWORD}");
+        let reply = redis_cli(
+            port,
+            &[
+                "ACL", "SETUSER", &user, "on", &password, "~*", "&*", "+@all",
+            ],
+        );
+        assert_eq!(reply.trim(), "OK", "ACL SETUSER {user} on port {port}");
+    }
+}
+
+/// `redis-cli -p PORT ARGS…`'s output; panics when it fails.
+fn redis_cli(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("redis-cli runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && !text.starts_with("Could not connect"),
+        "redis-cli -p {port} {args:?}: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }
 
 #[allow(dead_code)]
-impl NamedRedisHarness {
-    fn config(&self, silent: bool) -> RedisConfig {
-        let mut config = redis_config_named(self.url.clone(), &self.name, silent);
+impl NamedRedisHarness<'_> {
+    fn config(&self, node: NodeId, silent: bool) -> RedisConfig {
+        let (scheme, rest) = self.url.split_once("://").expect("a URL");
+        let url = format!("{scheme}://{}:{NODE_PASSWORD}@{rest}", node_user(node));
+        let mut config = redis_config_named(url, &self.name, silent);
         config.token_kdf = redis::KdfCost::TESTING;
         config
     }
 }
 
-impl Harness for NamedRedisHarness {
+impl Harness for NamedRedisHarness<'_> {
     type Node = ClientNode;
 
     async fn join_as(&mut self, member: MemberInfo, token: &str) -> Result<ClientNode, JoinError> {
-        open_redis(self.config(false), member, token).await
+        open_redis(self.config(member.node, false), member, token).await
     }
 
     async fn join_silent(&mut self, member: MemberInfo) -> ClientNode {
-        open_redis(self.config(true), member, TOKEN)
+        open_redis(self.config(member.node, true), member, TOKEN)
             .await
             .expect("joins")
     }
@@ -759,6 +947,38 @@ impl Harness for NamedRedisHarness {
     async fn outlive_heartbeat_bound(&mut self, live: &mut [&mut ClientNode]) {
         // The silent node's TTL, then a member refresh of the observers.
         see_only_each_other(live).await;
+    }
+}
+
+impl Faults for NamedRedisHarness<'_> {
+    async fn blip(&mut self, node: &mut ClientNode) {
+        node.forget_health();
+        let user = node_user(node.node);
+        let killed: u64 = self
+            .ports
+            .iter()
+            .map(|&port| {
+                let reply = redis_cli(port, &["CLIENT", "KILL", "USER", &user]);
+                reply
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or_else(|_| panic!("CLIENT KILL USER {user}: {reply}"))
+            })
+            .sum();
+        assert!(killed > 0, "{user} had no connection to cut");
+        node.wait_reconnected().await;
+    }
+
+    async fn restart_directory(&mut self, nodes: &mut [&mut ClientNode]) {
+        for node in nodes.iter_mut() {
+            node.forget_health();
+        }
+        let server = self.server.as_mut().expect("a restartable Redis server");
+        server.stop();
+        server.restart();
+        for node in nodes.iter_mut() {
+            node.wait_reconnected().await;
+        }
     }
 }
 

@@ -19,18 +19,38 @@ pub struct RedisServer {
     password: Option<String>,
     /// Serves TLS only, with a certificate for 127.0.0.1 signed by `ca.crt` in `dir`.
     tls: bool,
+    /// More configuration on the command line (`--directive arg…`), at every (re)start.
+    config: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a server, or returns `None` (after printing why) when `redis-server` is missing
     /// and not required.
+    #[allow(dead_code)] // Not every test binary that shares this file starts it plain.
     pub fn start(test: &str) -> Option<RedisServer> {
         Self::start_with(test, None, false)
     }
 
     /// As [`RedisServer::start`], requiring `password` (`requirepass`) and/or serving TLS only
     /// with a test CA made here (`ca_file`).
+    #[allow(dead_code)]
     pub fn start_with(test: &str, password: Option<&str>, tls: bool) -> Option<RedisServer> {
+        Self::start_configured(test, password, tls, Vec::new())
+    }
+
+    /// As [`RedisServer::start`], with `config` (`--directive`, its arguments, …) on the
+    /// command line at every (re)start: what a restart must not forget, such as ACL users.
+    #[allow(dead_code)] // Not every test binary that shares this file configures more.
+    pub fn start_with_config(test: &str, config: Vec<String>) -> Option<RedisServer> {
+        Self::start_configured(test, None, false, config)
+    }
+
+    fn start_configured(
+        test: &str,
+        password: Option<&str>,
+        tls: bool,
+        config: Vec<String>,
+    ) -> Option<RedisServer> {
         let installed = Command::new("redis-server")
             .arg("--version")
             .stdout(Stdio::null())
@@ -52,6 +72,7 @@ impl RedisServer {
             dir: tempfile::tempdir().unwrap(),
             password: password.map(str::to_string),
             tls,
+            config,
         };
         if tls {
             server.make_test_ca();
@@ -174,6 +195,7 @@ impl RedisServer {
             .args(["--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(&self.config)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -186,6 +208,12 @@ impl RedisServer {
             assert!(Instant::now() < deadline, "redis-server did not start");
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The port it listens on.
+    #[allow(dead_code)]
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// Kills the server and waits for it to exit.

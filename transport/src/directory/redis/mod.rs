@@ -34,7 +34,8 @@
 //! same script, announces a lookup marker on the channel; a publication message fires the
 //! subscription only if it arrives after that marker (was published after the lookup), so a
 //! stale message cannot fire a newer subscription. A node's own publication fires its own
-//! subscription before the publish is answered, as the core registry does. Publish is `HSET` +
+//! subscription before the publish is answered, as the core registry does (its message, arriving
+//! later, is ignored). Publish is `HSET` +
 //! `PUBLISH` in one script; requests queued together go in one pipeline.
 //!
 //! The node side is the same reconnecting client and sans-IO session as the built-in
