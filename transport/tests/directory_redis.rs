@@ -1048,3 +1048,29 @@ async fn redis_expiries_are_noticed_without_rereading_every_member() {
     assert!(!deadlines.contains(&N.to_string()), "{deadlines:?}");
     assert_eq!(deadlines.len(), N as usize - 1, "{deadlines:?}");
 }
+
+/// A daemon of an earlier version writes its node key and index entry but no deadline: the
+/// others still notice it expire (they re-read every member while a registered node has no
+/// deadline, as that version does).
+#[tokio::test]
+async fn redis_a_node_without_a_deadline_is_still_noticed_when_it_expires() {
+    let Some(server) = RedisServer::start("redis_a_node_without_a_deadline") else {
+        return;
+    };
+    let mut watcher = Node::join(config(&server, "c"), member(1)).await;
+    let names = Keys::new("c");
+    let old = serde_json::to_string(&member(9)).unwrap();
+    let _: () = redis_command(&server, &["SET", &names.node(NodeId(9)), &old, "PX", "600"]).await;
+    let _: i64 = redis_command(&server, &["SADD", &names.nodes(), "9"]).await;
+    let _: i64 = redis_command(&server, &["PUBLISH", &names.members(), "join 9"]).await;
+    watcher.members_become(&[1, 9]).await;
+    let joined = Instant::now();
+    watcher.members_become(&[1]).await;
+    assert!(
+        joined.elapsed() < Duration::from_millis(600 + 200 + 500),
+        "took {:?}",
+        joined.elapsed()
+    );
+    let nodes: Vec<String> = redis_command(&server, &["SMEMBERS", &names.nodes()]).await;
+    assert_eq!(nodes, vec!["1".to_string()]);
+}
