@@ -223,6 +223,7 @@ async fn redis_keys_are_well_formed() {
     let mut want = vec![
         names.node(NodeId(4)),
         names.nodes(),
+        names.deadlines(),
         names.object(&x),
         names.token(),
         names.held(NodeId(4), 3),
@@ -938,4 +939,138 @@ async fn redis_members_follow_joins_and_leaves_without_rereading_everyone() {
         assert!(rereads <= 1, "{rereads} re-reads of every member");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Calls of `command` (lower case) Redis served so far, from `INFO commandstats`.
+async fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    let info: String = redis_command(server, &["INFO", "commandstats"]).await;
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// Reads of every member (`SMEMBERS` of a set, `MGET` of node keys) Redis served so far.
+async fn whole_reads(server: &RedisServer) -> (u64, u64) {
+    (
+        command_calls(server, "smembers").await,
+        command_calls(server, "mget").await,
+    )
+}
+
+/// Noticing expired nodes costs each node, per member refresh interval, a look at the overdue
+/// deadlines, not a re-read of every member: with N members a stretch of intervals costs at
+/// most one safety-net re-read per node per `FULL_REREAD_EVERY` intervals. A node whose
+/// heartbeats stopped is still noticed by every other within its TTL and an interval, and its
+/// deadline goes with it.
+#[tokio::test]
+async fn redis_expiries_are_noticed_without_rereading_every_member() {
+    let Some(server) = RedisServer::start("redis_expiries_are_noticed_without_rereading") else {
+        return;
+    };
+    const N: u32 = 8;
+    let interval = Duration::from_millis(100);
+    let mut config = config(&server, "c");
+    config.member_refresh_interval = interval;
+    let ttl = config.node_ttl;
+    let mut nodes = Vec::new();
+    for n in 1..=N {
+        nodes.push(Node::join(config.clone(), member(n)).await);
+    }
+    let all: Vec<u32> = (1..=N).collect();
+    for node in &mut nodes {
+        node.members_become(&all).await;
+    }
+
+    // At most one re-read per node per FULL_REREAD_EVERY intervals (and one started before
+    // `since`); the earlier code re-read at every interval, N times as often per interval.
+    let allowed = |since: Instant| {
+        let per_reread = interval * redis::FULL_REREAD_EVERY;
+        u64::from(N) * (since.elapsed().as_millis() / per_reread.as_millis() + 1) as u64
+    };
+    let (smembers_before, mget_before) = whole_reads(&server).await;
+    let quiet_since = Instant::now();
+    while quiet_since.elapsed() < interval * 10 {
+        let (smembers, mget) = whole_reads(&server).await;
+        let allowed = allowed(quiet_since);
+        assert!(
+            mget - mget_before <= allowed && smembers - smembers_before <= allowed,
+            "{} MGET and {} SMEMBERS by {N} nodes in {:?} ({allowed} allowed)",
+            mget - mget_before,
+            smembers - smembers_before,
+            quiet_since.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (smembers, mget) = whole_reads(&server).await;
+    eprintln!(
+        "quiet: {} MGET, {} SMEMBERS by {N} nodes in {:?}",
+        mget - mget_before,
+        smembers - smembers_before,
+        quiet_since.elapsed()
+    );
+
+    let names = Keys::new("c");
+    let deadlines: Vec<String> =
+        redis_command(&server, &["ZRANGE", &names.deadlines(), "0", "-1"]).await;
+    assert_eq!(deadlines.len(), N as usize, "{deadlines:?}");
+
+    // A node stops (no goodbye, no heartbeat): every other notices it.
+    let (smembers_before, mget_before) = whole_reads(&server).await;
+    let doomed = nodes.pop().expect("N nodes");
+    doomed.dir.abandon().await;
+    let stopped = Instant::now();
+    let left: Vec<u32> = (1..N).collect();
+    for node in &mut nodes {
+        node.members_become(&left).await;
+    }
+    let bound = ttl + interval + Duration::from_millis(500);
+    assert!(stopped.elapsed() < bound, "took {:?}", stopped.elapsed());
+    let (smembers, mget) = whole_reads(&server).await;
+    let allowed = allowed(stopped);
+    eprintln!(
+        "expiry: noticed by all in {:?}; {} MGET, {} SMEMBERS",
+        stopped.elapsed(),
+        mget - mget_before,
+        smembers - smembers_before
+    );
+    // The node that pruned it read the index of holder sets once to drop its entries.
+    assert!(
+        mget - mget_before <= allowed && smembers - smembers_before <= allowed + 1,
+        "{} MGET and {} SMEMBERS by {N} nodes in {:?} ({allowed} allowed)",
+        mget - mget_before,
+        smembers - smembers_before,
+        stopped.elapsed()
+    );
+    let deadlines: Vec<String> =
+        redis_command(&server, &["ZRANGE", &names.deadlines(), "0", "-1"]).await;
+    assert!(!deadlines.contains(&N.to_string()), "{deadlines:?}");
+    assert_eq!(deadlines.len(), N as usize - 1, "{deadlines:?}");
+}
+
+/// A daemon of an earlier version writes its node key and index entry but no deadline: the
+/// others still notice it expire (they re-read every member while a registered node has no
+/// deadline, as that version does).
+#[tokio::test]
+async fn redis_a_node_without_a_deadline_is_still_noticed_when_it_expires() {
+    let Some(server) = RedisServer::start("redis_a_node_without_a_deadline") else {
+        return;
+    };
+    let mut watcher = Node::join(config(&server, "c"), member(1)).await;
+    let names = Keys::new("c");
+    let old = serde_json::to_string(&member(9)).unwrap();
+    let _: () = redis_command(&server, &["SET", &names.node(NodeId(9)), &old, "PX", "600"]).await;
+    let _: i64 = redis_command(&server, &["SADD", &names.nodes(), "9"]).await;
+    let _: i64 = redis_command(&server, &["PUBLISH", &names.members(), "join 9"]).await;
+    watcher.members_become(&[1, 9]).await;
+    let joined = Instant::now();
+    watcher.members_become(&[1]).await;
+    assert!(
+        joined.elapsed() < Duration::from_millis(600 + 200 + 500),
+        "took {:?}",
+        joined.elapsed()
+    );
+    let nodes: Vec<String> = redis_command(&server, &["SMEMBERS", &names.nodes()]).await;
+    assert_eq!(nodes, vec!["1".to_string()]);
 }

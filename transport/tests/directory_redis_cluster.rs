@@ -291,3 +291,60 @@ async fn redis_cluster_a_killed_master_is_replaced_and_locations_come_back() {
     )
     .await;
 }
+
+/// On Redis Cluster the deadlines live in the membership's slot (the scripts that read them
+/// with the node index would fail across slots), and a node whose heartbeats stopped is noticed
+/// through them within its TTL and an interval, its deadline and index entry gone with it.
+#[tokio::test]
+async fn redis_cluster_a_silent_node_is_noticed_through_its_deadline() {
+    let Some(cluster) = RedisCluster::start("redis_cluster_a_silent_node_is_noticed") else {
+        return;
+    };
+    let names = Keys::sharded("c");
+    let master = cluster.master_of(&names.nodes());
+    let client = ::redis::Client::open(format!("redis://127.0.0.1:{master}")).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut slots = Vec::new();
+    for key in [names.nodes(), names.deadlines(), names.node(NodeId(1))] {
+        let slot: u16 = ::redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        slots.push(slot);
+    }
+    assert!(slots.iter().all(|&s| s == slots[0]), "slots {slots:?}");
+    let mut a = Node::join(config(&cluster), member(1)).await;
+    let mut short = config(&cluster);
+    short.node_ttl = Duration::from_millis(600);
+    let members = |want: &'static [u32]| {
+        move |n: &DirectoryNotice| match n {
+            DirectoryNotice::Members(m) if m.iter().map(|m| m.node.0).eq(want.iter().copied()) => {
+                Some(())
+            }
+            _ => None,
+        }
+    };
+    let b = Node::join(short.clone(), member(2)).await;
+    a.wait_for("members [1, 2]", members(&[1, 2])).await;
+    b.dir.abandon().await;
+    let stopped = Instant::now();
+    a.wait_for("members [1]", members(&[1])).await;
+    let bound = short.node_ttl + short.member_refresh_interval + Duration::from_millis(500);
+    assert!(stopped.elapsed() < bound, "took {:?}", stopped.elapsed());
+    let deadlines: Vec<String> = ::redis::cmd("ZRANGE")
+        .arg(names.deadlines())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(deadlines, vec!["1".to_string()]);
+    let nodes: Vec<String> = ::redis::cmd("SMEMBERS")
+        .arg(names.nodes())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(nodes, vec!["1".to_string()]);
+}

@@ -27,9 +27,9 @@ use super::token_record::{self, Mismatch};
 use super::{
     content_value, holder_value, old_token_record_reason, parse_holder_value, wrong_token_reason,
     Keys, RedisConfig, CLAIM_TOKEN, DELETE_IF_UNCHANGED, DROP_ENTRY_OF_INCARNATION,
-    DROP_STALE_HOLDERS, LEAVE, LOOKUP_AND_MARK, MARKER_PREFIX, MAX_BATCH,
-    MAX_SUBSCRIPTIONS_PER_NODE, POP_STALE_HOLDERS, PRUNE_IF_EXPIRED, PUBLISH_SAME_CONTENT,
-    RESYNC_CHUNK, SLOOKUP_AND_MARK, SPUBLISH_SAME_CONTENT,
+    DROP_STALE_HOLDERS, EXPIRE_OVERDUE, FULL_REREAD_EVERY, HEARTBEAT, LEAVE, LOOKUP_AND_MARK,
+    MARKER_PREFIX, MAX_BATCH, MAX_SUBSCRIPTIONS_PER_NODE, POP_STALE_HOLDERS, PRUNE_IF_EXPIRED,
+    PUBLISH_SAME_CONTENT, RESYNC_CHUNK, SLOOKUP_AND_MARK, SPUBLISH_SAME_CONTENT,
 };
 
 /// What this process's session proves to its adapter: both are in one process, so the
@@ -111,6 +111,8 @@ impl Connector for RedisConnector {
             next_marker: 0,
             members: BTreeMap::new(),
             members_epoch: 0,
+            checks_since_reread: 0,
+            reread_due: false,
         };
         Ok(Link {
             outgoing: Some(outgoing),
@@ -259,6 +261,10 @@ struct Adapter {
     /// The number of the last member list given to the session (0: none yet). The session
     /// is in this process, so every list goes whole.
     members_epoch: u64,
+    /// Periodic expiry checks since every member was last re-read.
+    checks_since_reread: u32,
+    /// The next periodic check re-reads every member (a members message was not understood).
+    reread_due: bool,
 }
 
 impl Adapter {
@@ -318,6 +324,7 @@ impl Adapter {
                             if self.on_message(live, &channel, &payload).await? {
                                 // A members message not understood: one re-read of every
                                 // member for a burst of them.
+                                self.reread_due = true;
                                 let soon = Instant::now() + Duration::from_millis(50);
                                 if refresh.deadline() > soon {
                                     refresh.as_mut().reset(soon);
@@ -328,7 +335,7 @@ impl Adapter {
                     },
                     _ = &mut refresh, if welcomed => {
                         refresh.as_mut().reset(Instant::now() + self.config.member_refresh_interval);
-                        Self::tolerate(self.refresh_members(live).await)?;
+                        Self::tolerate(self.periodic_check(live).await)?;
                         None
                     }
                 },
@@ -582,11 +589,14 @@ impl Adapter {
         let mut pipe = ::redis::pipe();
         self.add_claim_token(&mut pipe);
         pipe.ignore();
-        pipe.cmd("SET")
+        pipe.cmd("EVAL")
+            .arg(HEARTBEAT)
+            .arg(2)
             .arg(self.keys.node(self.me.node))
+            .arg(self.keys.deadlines())
             .arg(&self.member_json)
-            .arg("PX")
-            .arg(self.config.node_ttl.as_millis() as u64)
+            .arg(self.config.node_ttl.as_millis().max(1) as u64)
+            .arg(self.me.node.0)
             .ignore();
         pipe.cmd("SADD")
             .arg(self.keys.nodes())
@@ -746,8 +756,72 @@ impl Adapter {
         .await
     }
 
+    /// Every member refresh interval: looks for expired nodes through their deadlines (O(expired)
+    /// reads), or re-reads every member when that is due (see [`FULL_REREAD_EVERY`]).
+    async fn periodic_check(&mut self, live: &mut Live) -> Result<(), Failure> {
+        self.checks_since_reread += 1;
+        if self.reread_due || self.checks_since_reread >= FULL_REREAD_EVERY {
+            return self.refresh_members(live).await;
+        }
+        self.expire_overdue(live).await
+    }
+
+    /// Asks Redis for the nodes past their deadline ([`EXPIRE_OVERDUE`], which drops the gone
+    /// ones from the index); announces their leave, drops them from the view and drops their
+    /// holder entries. While some registered node has no deadline (an earlier version's),
+    /// re-reads every member instead, as that version does.
+    async fn expire_overdue(&mut self, live: &mut Live) -> Result<(), Failure> {
+        let answer: Vec<i64> = self
+            .bounded(
+                "looking for expired nodes",
+                ::redis::cmd("EVAL")
+                    .arg(EXPIRE_OVERDUE)
+                    .arg(2)
+                    .arg(self.keys.nodes())
+                    .arg(self.keys.deadlines())
+                    .arg(self.keys.node_prefix())
+                    .arg(RESYNC_CHUNK)
+                    .query_async(&mut live.conn),
+            )
+            .await?;
+        let Some((&without_deadline, gone)) = answer.split_first() else {
+            return Err(Failure::Failed(
+                "unexpected answer looking for expired nodes".into(),
+            ));
+        };
+        if without_deadline > 0 {
+            return self.refresh_members(live).await;
+        }
+        let gone: Vec<u32> = gone
+            .iter()
+            .filter_map(|&id| u32::try_from(id).ok())
+            .collect();
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let mut announce = ::redis::pipe();
+        let mut changed = false;
+        for &id in &gone {
+            tracing::info!(node = %NodeId(id), "node expired");
+            announce
+                .cmd(self.keys.publish_command())
+                .arg(self.keys.members())
+                .arg(format!("leave {id}"))
+                .ignore();
+            changed |= self.members.remove(&NodeId(id)).is_some();
+        }
+        self.bounded("PUBLISH", announce.query_async::<()>(&mut live.conn))
+            .await?;
+        if changed {
+            self.announce_members().await;
+        }
+        Self::tolerate(self.drop_stale_holders(live).await)
+    }
+
     /// Re-reads the live members and tells the driver when they changed.
     async fn refresh_members(&mut self, live: &mut Live) -> Result<(), Failure> {
+        self.checks_since_reread = 0;
+        self.reread_due = false;
         let ids: Vec<u32> = self.set_members(live, self.keys.nodes()).await?;
         let mut members = BTreeMap::new();
         if !ids.is_empty() {
@@ -771,9 +845,10 @@ impl Adapter {
                         prune
                             .cmd("EVAL")
                             .arg(PRUNE_IF_EXPIRED)
-                            .arg(2)
+                            .arg(3)
                             .arg(key)
                             .arg(self.keys.nodes())
+                            .arg(self.keys.deadlines())
                             .arg(*id);
                     }
                 }
@@ -1401,10 +1476,11 @@ impl Adapter {
         let mut pipe = ::redis::pipe();
         pipe.cmd("EVAL")
             .arg(LEAVE)
-            .arg(3)
+            .arg(4)
             .arg(self.keys.node(self.me.node))
             .arg(self.keys.nodes())
             .arg(self.keys.token())
+            .arg(self.keys.deadlines())
             .arg(&self.member_json)
             .arg(self.me.node.0)
             .arg(self.keys.node_prefix())

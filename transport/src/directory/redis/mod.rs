@@ -8,6 +8,8 @@
 //! | `token`                        | string  | the token's record (`token_record`), with a TTL |
 //! | `nodes`                        | set     | node ids that registered (an index; pruned)     |
 //! | `node:<ID>`                    | string  | the node's [`MemberInfo`] as JSON, with a TTL   |
+//! | `deadlines`                    | zset    | node id → when its `node:` key expires (ms, by  |
+//! |                                |         | the Redis server's clock)                       |
 //! | `obj:<HEX>`                    | hash    | node id → `"<incarnation> <data> <metadata>"`   |
 //! | `held:<ID>:<INC>`              | set     | objects node ID published in incarnation INC    |
 //! | `held`                         | set     | `"<ID>:<INC>"` of every `held:` set (an index)  |
@@ -26,8 +28,13 @@
 //! live node that notices its node key expired, and by every node as it joins (so a restarted
 //! daemon drops its previous incarnation's, and the first node of a restarted cluster those of
 //! nodes that died while none ran); an `obj:` hash goes with its last holder. Each node keeps a view of the members: a `join` message on the `members` channel
-//! makes it read that node's entry, a `leave` drops it, and it re-reads every member
-//! periodically (to notice expiries, and after a message it did not understand).
+//! makes it read that node's entry, a `leave` drops it. Every heartbeat writes, with the node
+//! key's TTL, its deadline into `deadlines` (scored by Redis's own `TIME`, so the nodes' clocks
+//! do not matter); every member refresh interval each node asks only for the overdue ids
+//! (`EXPIRE_OVERDUE`), so noticing expiries costs O(expired), not O(members). Each node re-reads
+//! every member as it connects, after a members message it did not understand, while some
+//! registered node has no deadline (an earlier version's, which writes none: then as before, at
+//! every interval), and every [`FULL_REREAD_EVERY`]th interval as a safety net.
 //!
 //! Waiting for an object uses pub/sub, never polling: a `Lookup` with `subscribe` first
 //! SUBSCRIBEs to the object's channel (confirmed by Redis), then reads the holders and, in the
@@ -150,9 +157,50 @@ const MARKER_PREFIX: &str = "mark ";
 const PUBLISH_SAME_CONTENT: &str = publish_same_content!("PUBLISH");
 /// [`PUBLISH_SAME_CONTENT`] for Redis Cluster: the announcement on the object's sharded channel.
 const SPUBLISH_SAME_CONTENT: &str = publish_same_content!("SPUBLISH");
-/// Drops a node id from the index only if its node key is gone.
-const PRUNE_IF_EXPIRED: &str =
-    "if redis.call('EXISTS', KEYS[1]) == 0 then return redis.call('SREM', KEYS[2], ARGV[1]) end return 0";
+/// Drops a node id (`ARGV[1]`) from the index (`KEYS[2]`) and the deadlines (`KEYS[3]`) only if
+/// its node key (`KEYS[1]`) is gone; returns whether the index held it.
+const PRUNE_IF_EXPIRED: &str = "if redis.call('EXISTS', KEYS[1]) == 0 then \
+       redis.call('ZREM', KEYS[3], ARGV[1]) \
+       return redis.call('SREM', KEYS[2], ARGV[1]) \
+     end return 0";
+
+/// A heartbeat's liveness write: sets the node key (`KEYS[1]`) to `ARGV[1]` with a TTL of
+/// `ARGV[2]` ms and scores node `ARGV[3]` in the deadlines (`KEYS[2]`) with when that TTL runs
+/// out by the Redis server's clock (`TIME`; scripts replicate their effects, so this is
+/// deterministic for replicas).
+const HEARTBEAT: &str = "local t = redis.call('TIME') \
+     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) \
+     redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3]) \
+     return 0";
+
+/// The periodic expiry check: up to `ARGV[2]` ids whose deadline (`KEYS[2]`) passed by the
+/// Redis server's clock. One whose node key (`ARGV[1]` + id) is alive after all (an earlier
+/// version's daemon took the id over, and writes no deadline) gets its key's remaining TTL as
+/// deadline; a key without TTL loses its deadline. A gone one loses its deadline and its index
+/// entry (`KEYS[1]`), as [`PRUNE_IF_EXPIRED`]. Returns how many registered nodes have no
+/// deadline (index size minus deadlines; positive only while an earlier version's nodes run,
+/// which the caller then re-reads whole), then the ids this call dropped from the index.
+const EXPIRE_OVERDUE: &str = "local t = redis.call('TIME') \
+     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+     local gone = {} \
+     for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. now, 'LIMIT', 0, ARGV[2])) do \
+       local left = redis.call('PTTL', ARGV[1] .. id) \
+       if left > 0 then redis.call('ZADD', KEYS[2], now + left, id) \
+       else \
+         redis.call('ZREM', KEYS[2], id) \
+         if left == -2 and redis.call('SREM', KEYS[1], id) == 1 then table.insert(gone, id) end \
+       end \
+     end \
+     table.insert(gone, 1, redis.call('SCARD', KEYS[1]) - redis.call('ZCARD', KEYS[2])) \
+     return gone";
+
+/// Every this many member refresh intervals a node re-reads every member (index and node keys)
+/// instead of asking only for the overdue ones: a safety net for what the members channel may
+/// have lost (pub/sub delivers at most once) while the connection stayed up. Counted in
+/// intervals, not seconds, so its share of the cost stays 1/15 of the old every-interval
+/// re-read whatever the interval (30 s at the default 2 s).
+pub const FULL_REREAD_EVERY: u32 = 15;
 
 /// Drops up to `ARGV[4]` holder entries of node `ARGV[2]`'s incarnation `ARGV[3]` (its
 /// `held:` set; keys are `ARGV[1]` + name) unless that incarnation is alive (its node key holds
@@ -203,18 +251,22 @@ const CLAIM_TOKEN: &str = "local v = redis.call('GET', KEYS[1]) \
      if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end \
      return v";
 /// A clean leave: deletes the node key (`KEYS[1]`) if it still holds this daemon's record
-/// (`ARGV[1]`), drops its id (`ARGV[2]`) from the index (`KEYS[2]`), and when no registered
-/// node is alive any more (node keys are `ARGV[3]` + id) deletes the index and the token
-/// (`KEYS[3]`) if it holds this cluster's token record (`ARGV[4]`). Returns the nodes still alive.
+/// (`ARGV[1]`), drops its id (`ARGV[2]`) from the index (`KEYS[2]`) and the deadlines
+/// (`KEYS[4]`), and when no registered node is alive any more (node keys are `ARGV[3]` + id)
+/// deletes the index, the deadlines and the token (`KEYS[3]`) if it holds this cluster's token
+/// record (`ARGV[4]`). Returns the nodes still alive.
 const LEAVE: &str = "local mine = redis.call('GET', KEYS[1]) \
      if mine == ARGV[1] then redis.call('DEL', KEYS[1]) end \
-     if mine == ARGV[1] or not mine then redis.call('SREM', KEYS[2], ARGV[2]) end \
+     if mine == ARGV[1] or not mine then \
+       redis.call('SREM', KEYS[2], ARGV[2]) \
+       redis.call('ZREM', KEYS[4], ARGV[2]) \
+     end \
      local alive = 0 \
      for _, id in ipairs(redis.call('SMEMBERS', KEYS[2])) do \
        if redis.call('EXISTS', ARGV[3] .. id) == 1 then alive = alive + 1 end \
      end \
      if alive == 0 then \
-       redis.call('DEL', KEYS[2]) \
+       redis.call('DEL', KEYS[2], KEYS[4]) \
        if redis.call('GET', KEYS[3]) == ARGV[4] then redis.call('DEL', KEYS[3]) end \
      end \
      return alive";
@@ -248,7 +300,8 @@ pub struct RedisConfig {
     /// Cost of the token record (Argon2id) when this node is the first of its cluster; later
     /// nodes use the cost stored in the record.
     pub token_kdf: KdfCost,
-    /// The member list is re-read at least this often (to notice expired nodes).
+    /// Expired nodes are looked for this often (only the overdue ones are read); every
+    /// [`FULL_REREAD_EVERY`]th time the whole member list is re-read.
     pub member_refresh_interval: Duration,
     /// How long the first connection waits for a previous daemon's key with this node id to
     /// expire.
@@ -261,7 +314,7 @@ pub struct RedisConfig {
 
 impl RedisConfig {
     /// Defaults: 1 s request and connect timeouts, 1 s heartbeat, 5 s node TTL, 30 s token
-    /// TTL, token record at [`KdfCost::default`], member list re-read every 2 s, reconnect backoff 100 ms to 5 s.
+    /// TTL, token record at [`KdfCost::default`], expiries looked for every 2 s, reconnect backoff 100 ms to 5 s.
     pub fn new(url: impl Into<String>, cluster: &str) -> Self {
         Self {
             url: url.into(),
@@ -496,6 +549,11 @@ impl Keys {
     /// The set of registered node ids.
     pub fn nodes(&self) -> String {
         format!("{}nodes", self.prefix)
+    }
+    /// When each node's liveness key expires (a sorted set: node id scored by the deadline in
+    /// ms of the Redis server's clock), so expiries are found without reading every member.
+    pub fn deadlines(&self) -> String {
+        format!("{}deadlines", self.prefix)
     }
     /// A node's liveness key.
     pub fn node(&self, node: NodeId) -> String {
