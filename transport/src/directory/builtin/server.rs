@@ -46,7 +46,7 @@ const INBOX_BATCHES: usize = 1024;
 /// holds at most `INBOX_BATCHES * READ_BATCH_MESSAGES` messages).
 const READ_BATCH_MESSAGES: usize = 64;
 /// Bytes a connection reads at once: what a node pipelined arrives in one read.
-const READ_BUFFER_BYTES: usize = 4096;
+const READ_BUFFER_BYTES: usize = 1024;
 /// Inputs the head handles before it sends what the registry decided and looks at its timers
 /// again (the replies of one pass go to their writers together).
 const INPUTS_PER_PASS: usize = 64;
