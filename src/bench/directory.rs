@@ -821,6 +821,11 @@ fn print_table(reports: &[BackendReport], args: &DirectoryArgs) -> Vec<(String, 
             r.bytes_per_session,
             r.service_cores_during_lookups
         );
+        println!(
+            "  {}: {:.0} lookups per core-second of the service",
+            r.backend,
+            r.lookup.ops_per_sec / r.service_cores_during_lookups.max(1e-9),
+        );
         let errors = r.publish.errors + r.lookup.errors + r.wake.errors + r.withdraw.errors;
         if errors > 0 {
             println!(

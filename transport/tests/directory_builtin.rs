@@ -648,6 +648,64 @@ mod handshake {
         impostor.abort();
     }
 
+    /// A node that pipelines: a burst of requests and pings written at once, one frame split
+    /// across two writes. Every reply arrives, complete and in the order asked.
+    #[tokio::test]
+    async fn replies_to_a_pipelined_burst_arrive_complete_and_in_order() {
+        use skyriver_core::registry::WireOpId;
+        const BURST: u64 = 1000;
+        let server = start_server(Duration::from_secs(5)).await;
+        let mut node = TcpStream::connect(server.local_addr()).await.unwrap();
+        let hello = hello([3; 32]);
+        let nonce = challenge(&mut node, &hello).await;
+        send_frame(&mut node, &ToRegistry::Proof(proof(TOKEN, &hello, &nonce))).await;
+        assert!(matches!(
+            receive_frame(&mut node).await,
+            Some(FromRegistry::Welcome { .. })
+        ));
+        // Even numbers are lookups (op n), odd ones pings (seq n), all in one buffer.
+        let mut burst = Vec::new();
+        for n in 0..BURST {
+            let message = if n % 2 == 0 {
+                ToRegistry::Request {
+                    op: WireOpId(n),
+                    request: DirectoryRequest::Lookup {
+                        id: ObjectId::from_u64(n + 1),
+                        subscribe: false,
+                    },
+                }
+            } else {
+                ToRegistry::Ping { seq: n }
+            };
+            let body = postcard::to_allocvec(&message).unwrap();
+            burst.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            burst.extend_from_slice(&body);
+        }
+        // The last frame's length prefix is split, and so is its body's first byte.
+        let split = burst.len() - 3;
+        node.write_all(&burst[..split]).await.unwrap();
+        node.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        node.write_all(&burst[split..]).await.unwrap();
+        let mut next = 0;
+        while next < BURST {
+            match receive_frame::<FromRegistry>(&mut node).await {
+                Some(FromRegistry::Reply { op, reply }) => {
+                    assert_eq!(op, WireOpId(next), "replies in the order asked");
+                    assert!(matches!(reply, DirectoryReply::Located { .. }), "{reply:?}");
+                    next += 1;
+                }
+                Some(FromRegistry::Pong { seq }) => {
+                    assert_eq!(seq, next, "pongs in the order asked");
+                    next += 1;
+                }
+                Some(FromRegistry::Members { .. } | FromRegistry::MembersChanged { .. }) => {}
+                other => panic!("after {next} answers: {other:?}"),
+            }
+        }
+        assert_eq!(server.members().len(), 1);
+    }
+
     async fn wait_until(mut done: impl FnMut() -> bool) {
         let deadline = tokio::time::Instant::now() + WAIT;
         while !done() {

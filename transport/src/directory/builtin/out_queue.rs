@@ -11,17 +11,27 @@
 //! its place relative to the lists: a node sees each reply and event after exactly the lists
 //! it followed before.
 //!
+//! Replies and events are encoded as they are queued, back to back in one buffer per run of
+//! them, so the writer sends all that piled up while it wrote the last batch in one write, and
+//! the emptied buffer is reused for the next ones (nothing is allocated per reply).
+//!
 //! One producer (the head's task) and one consumer (the connection's writer task).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use skyriver_core::registry::FromRegistry;
 use tokio::sync::Notify;
 
+use super::super::frame;
 use super::member_lists::{MemberLists, QueuedList};
 
 /// An encoded frame, shared by every connection it goes to.
 pub(super) type Frame = Arc<[u8]>;
+
+/// The most bytes of an emptied buffer of encoded frames a queue keeps for the next ones (so
+/// steady traffic allocates nothing, and an idle node holds little).
+const SPARE_BYTES_KEPT: usize = 4096;
 
 /// The queue is full: the node stopped reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,17 +39,41 @@ pub(super) struct Full;
 
 #[derive(Debug)]
 enum Queued {
-    Frame(Frame),
+    /// Frames encoded for this node, back to back.
+    Encoded(Vec<u8>),
     Members(QueuedList),
+}
+
+/// What the writer writes, in order.
+#[derive(Debug)]
+pub(super) enum Chunk {
+    /// Frames encoded for this node, back to back.
+    Encoded(Vec<u8>),
+    /// A frame shared with other nodes (a member list).
+    Shared(Frame),
+}
+
+impl Chunk {
+    /// Its bytes.
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self {
+            Chunk::Encoded(bytes) => bytes,
+            Chunk::Shared(frame) => frame,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 struct State {
     queued: VecDeque<Queued>,
+    /// Frames queued (a list that absorbed another counts once).
+    frames: usize,
     /// The head dropped its end: the writer sends what is queued, then closes.
     closed: bool,
     /// Member lists merged with a newer one before they were written.
     coalesced: u64,
+    /// An emptied buffer for the next encoded frames.
+    spare: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -88,9 +122,29 @@ pub(super) fn out_queue(capacity: usize) -> (QueueSender, QueueReceiver) {
 }
 
 impl QueueSender {
-    /// Queues a frame behind everything queued.
-    pub(super) fn send(&self, frame: Frame) -> Result<(), Full> {
-        self.push(Queued::Frame(frame))
+    /// Queues `message` behind everything queued, encoded right behind the frames encoded for
+    /// this node still waiting (one buffer, one write for all of them).
+    pub(super) fn send(&self, message: &FromRegistry) -> Result<(), Full> {
+        let was_empty = {
+            let mut guard = self.shared.lock();
+            let state = &mut *guard;
+            if state.frames >= self.shared.capacity {
+                return Err(Full);
+            }
+            let was_empty = state.queued.is_empty();
+            match state.queued.back_mut() {
+                Some(Queued::Encoded(bytes)) => frame::encode_into(message, bytes),
+                _ => {
+                    let mut bytes = std::mem::take(&mut state.spare);
+                    frame::encode_into(message, &mut bytes);
+                    state.queued.push_back(Queued::Encoded(bytes));
+                }
+            }
+            state.frames += 1;
+            was_empty
+        };
+        self.wake_if(was_empty);
+        Ok(())
     }
 
     /// Queues the latest member list of `lists`, as changes from the list the node was last
@@ -98,27 +152,31 @@ impl QueueSender {
     pub(super) fn send_members(&mut self, lists: &MemberLists) -> Result<(), Full> {
         let list = lists.for_node(self.members_epoch);
         self.members_epoch = Some(list.epoch());
-        {
+        let was_empty = {
             let mut state = self.shared.lock();
             if let Some(Queued::Members(waiting)) = state.queued.back_mut() {
                 waiting.absorb(list);
                 state.coalesced += 1;
                 return Ok(());
             }
-        }
-        self.push(Queued::Members(list))
-    }
-
-    fn push(&self, queued: Queued) -> Result<(), Full> {
-        {
-            let mut state = self.shared.lock();
-            if state.queued.len() >= self.shared.capacity {
+            if state.frames >= self.shared.capacity {
                 return Err(Full);
             }
-            state.queued.push_back(queued);
-        }
-        self.shared.ready.notify_one();
+            let was_empty = state.queued.is_empty();
+            state.queued.push_back(Queued::Members(list));
+            state.frames += 1;
+            was_empty
+        };
+        self.wake_if(was_empty);
         Ok(())
+    }
+
+    /// Wakes the writer for what was just queued if the queue was empty before: otherwise it
+    /// was woken when the queue stopped being empty, and takes everything queued by then.
+    fn wake_if(&self, was_empty: bool) {
+        if was_empty {
+            self.shared.ready.notify_one();
+        }
     }
 
     /// Member lists replaced before they were written, so far.
@@ -136,17 +194,28 @@ impl Drop for QueueSender {
 }
 
 impl QueueReceiver {
-    /// Moves every queued frame into `batch`, in order, waiting while none is queued; `false`
-    /// once the sender is gone and nothing is left.
-    pub(super) async fn next_batch(&mut self, batch: &mut Vec<Frame>) -> bool {
+    /// Replaces `batch` (what the writer wrote last, whose buffers it reuses) with everything
+    /// queued, in order, waiting while nothing is queued; `false` once the sender is gone and
+    /// nothing is left.
+    pub(super) async fn next_batch(&mut self, batch: &mut Vec<Chunk>) -> bool {
         loop {
             {
-                let mut state = self.shared.lock();
+                let mut guard = self.shared.lock();
+                let state = &mut *guard;
+                for chunk in batch.drain(..) {
+                    if let Chunk::Encoded(mut bytes) = chunk {
+                        if state.spare.capacity() == 0 && bytes.capacity() <= SPARE_BYTES_KEPT {
+                            bytes.clear();
+                            state.spare = bytes;
+                        }
+                    }
+                }
                 if !state.queued.is_empty() {
                     batch.extend(state.queued.drain(..).map(|queued| match queued {
-                        Queued::Frame(frame) => frame,
-                        Queued::Members(list) => list.frame(),
+                        Queued::Encoded(bytes) => Chunk::Encoded(bytes),
+                        Queued::Members(list) => Chunk::Shared(list.frame()),
                     }));
+                    state.frames = 0;
                     return true;
                 }
                 if state.closed {
@@ -162,32 +231,43 @@ impl QueueReceiver {
 mod tests {
     use super::*;
 
-    fn frame(byte: u8) -> Frame {
-        Arc::from(vec![byte])
+    /// A reply, named `seq` by [`names`].
+    fn frame(seq: u64) -> FromRegistry {
+        FromRegistry::Pong { seq }
     }
 
-    async fn drained(receiver: &mut QueueReceiver) -> Vec<u8> {
-        let mut batch = Vec::new();
-        assert!(receiver.next_batch(&mut batch).await);
-        batch.iter().map(|f| f[0]).collect()
+    /// The frames in `bytes`, named: `3` for `Pong { seq: 3 }`, `L4` for list 4 whole, `C2-3`
+    /// for the changes from list 2 to list 3.
+    fn names(mut bytes: &[u8]) -> Vec<String> {
+        let mut names = Vec::new();
+        while !bytes.is_empty() {
+            let len = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
+            names.push(match postcard::from_bytes(&bytes[4..4 + len]).unwrap() {
+                FromRegistry::Pong { seq } => seq.to_string(),
+                FromRegistry::Members { epoch, .. } => format!("L{epoch}"),
+                FromRegistry::MembersChanged { from, to, .. } => format!("C{from}-{to}"),
+                other => panic!("unexpected {other}"),
+            });
+            bytes = &bytes[4 + len..];
+        }
+        names
     }
 
-    /// The frames queued, named: `3` for a one-byte frame, `L4` for list 4 whole, `C2-3` for
-    /// the changes from list 2 to list 3.
+    /// The frames of the next batch, named (see [`names`]).
     async fn named(receiver: &mut QueueReceiver) -> Vec<String> {
-        use skyriver_core::registry::FromRegistry;
         let mut batch = Vec::new();
         assert!(receiver.next_batch(&mut batch).await);
         batch
             .iter()
-            .map(|f| match f.len() {
-                1 => f[0].to_string(),
-                _ => match postcard::from_bytes(&f[4..]).unwrap() {
-                    FromRegistry::Members { epoch, .. } => format!("L{epoch}"),
-                    FromRegistry::MembersChanged { from, to, .. } => format!("C{from}-{to}"),
-                    other => panic!("unexpected {other}"),
-                },
-            })
+            .flat_map(|chunk| names(chunk.bytes()))
+            .collect()
+    }
+
+    async fn drained(receiver: &mut QueueReceiver) -> Vec<u64> {
+        named(receiver)
+            .await
+            .iter()
+            .map(|name| name.parse().unwrap())
             .collect()
     }
 
@@ -210,15 +290,15 @@ mod tests {
     async fn a_member_list_right_behind_another_merges_with_it_and_nothing_else_moves() {
         let (mut sender, mut receiver) = out_queue(16);
         let mut lists = MemberLists::default();
-        sender.send(frame(1)).unwrap();
+        sender.send(&frame(1)).unwrap();
         for epoch in 1..=2 {
             lists_up_to(&mut lists, epoch);
             sender.send_members(&lists).unwrap();
         }
-        sender.send(frame(2)).unwrap();
+        sender.send(&frame(2)).unwrap();
         lists_up_to(&mut lists, 3);
         sender.send_members(&lists).unwrap();
-        sender.send(frame(3)).unwrap();
+        sender.send(&frame(3)).unwrap();
         for epoch in 4..=9 {
             lists_up_to(&mut lists, epoch);
             sender.send_members(&lists).unwrap();
@@ -241,14 +321,14 @@ mod tests {
     async fn a_full_queue_refuses_and_merging_lists_never_fill_it() {
         let (mut sender, mut receiver) = out_queue(2);
         let mut lists = MemberLists::default();
-        sender.send(frame(1)).unwrap();
+        sender.send(&frame(1)).unwrap();
         for epoch in 1..=100 {
             lists_up_to(&mut lists, epoch);
             sender.send_members(&lists).unwrap();
         }
-        assert_eq!(sender.send(frame(2)), Err(Full));
+        assert_eq!(sender.send(&frame(2)), Err(Full));
         assert_eq!(named(&mut receiver).await, vec!["1", "L100"]);
-        sender.send(frame(3)).unwrap();
+        sender.send(&frame(3)).unwrap();
         assert_eq!(drained(&mut receiver).await, vec![3]);
     }
 
@@ -259,12 +339,12 @@ mod tests {
             let mut written = Vec::new();
             let mut batch = Vec::new();
             while receiver.next_batch(&mut batch).await {
-                written.extend(batch.drain(..).map(|f| f[0]));
+                written.extend(batch.iter().flat_map(|chunk| names(chunk.bytes())));
             }
             written
         });
-        for byte in 1..=5 {
-            sender.send(frame(byte)).unwrap();
+        for seq in 1..=5 {
+            sender.send(&frame(seq)).unwrap();
             tokio::task::yield_now().await;
         }
         drop(sender);
@@ -272,6 +352,53 @@ mod tests {
             .await
             .expect("the writer ends once the sender is gone")
             .unwrap();
-        assert_eq!(written, vec![1, 2, 3, 4, 5]);
+        assert_eq!(written, ["1", "2", "3", "4", "5"]);
+    }
+
+    /// Replies queued while the writer is busy go in one buffer, in order; the writer's
+    /// emptied buffer is reused for the next ones, and a large one is let go.
+    #[tokio::test]
+    async fn replies_queued_together_go_as_one_buffer_in_order_and_buffers_are_reused() {
+        let (sender, mut receiver) = out_queue(1000);
+        for seq in 0..100 {
+            sender.send(&frame(seq)).unwrap();
+        }
+        let mut batch = Vec::new();
+        assert!(receiver.next_batch(&mut batch).await);
+        assert!(matches!(batch.as_slice(), [Chunk::Encoded(_)]));
+        let expected: Vec<String> = (0..100).map(|seq: u64| seq.to_string()).collect();
+        assert_eq!(names(batch[0].bytes()), expected);
+        let used = batch[0].bytes().as_ptr();
+        // Written: the writer comes back for more, and waits.
+        assert!(poll_once(receiver.next_batch(&mut batch)).is_none());
+        sender.send(&frame(7)).unwrap();
+        assert!(receiver.next_batch(&mut batch).await);
+        assert_eq!(names(batch[0].bytes()), ["7"]);
+        // The frame went into the buffer written before (small enough to keep).
+        assert_eq!(batch[0].bytes().as_ptr(), used);
+        // A buffer above what is kept is not reused.
+        for seq in 0..1000 {
+            sender.send(&frame(seq)).unwrap();
+        }
+        assert!(receiver.next_batch(&mut batch).await);
+        assert_eq!(names(batch[0].bytes()).len(), 1000);
+        assert!(batch[0].bytes().len() > SPARE_BYTES_KEPT);
+        let large = batch[0].bytes().as_ptr();
+        assert!(poll_once(receiver.next_batch(&mut batch)).is_none());
+        sender.send(&frame(8)).unwrap();
+        assert!(receiver.next_batch(&mut batch).await);
+        assert_eq!(names(batch[0].bytes()), ["8"]);
+        assert_ne!(batch[0].bytes().as_ptr(), large);
+        assert!(sender.shared.lock().spare.capacity() <= SPARE_BYTES_KEPT);
+    }
+
+    /// Polls `future` once.
+    fn poll_once<F: std::future::Future>(future: F) -> Option<F::Output> {
+        let mut future = std::pin::pin!(future);
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        match future.as_mut().poll(&mut context) {
+            std::task::Poll::Ready(output) => Some(output),
+            std::task::Poll::Pending => None,
+        }
     }
 }

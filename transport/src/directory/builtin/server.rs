@@ -5,6 +5,11 @@
 //! hands each connection's writer the frames the registry decided, through a bounded queue per
 //! connection: a node that stops reading fills its queue and is disconnected, never buffered
 //! without limit. Connections that have not said hello yet are capped too.
+//!
+//! Batched at every step, so a node that pipelines costs about one read and one write per
+//! burst, not per request: a connection decodes every frame one read brought and hands them
+//! over together; the head handles what has arrived (up to [`INPUTS_PER_PASS`]) before it
+//! sends the replies; a writer sends what piled up in its queue with one write.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -16,7 +21,7 @@ use skyriver_core::registry::{
     ConnId, FromRegistry, HelloRefused, Registry, RegistryConfig, RegistryMessageError,
     RegistryOutput, ReplicationStats, ToRegistry, PROTOCOL_VERSION,
 };
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -26,7 +31,7 @@ use tokio::time::{timeout, Instant as TokioInstant};
 use super::super::frame;
 pub use super::member_lists::MemberListStats;
 use super::member_lists::{MemberListCounters, MemberLists};
-use super::out_queue::{out_queue, QueueReceiver, QueueSender};
+use super::out_queue::{out_queue, Chunk, QueueReceiver, QueueSender};
 
 /// How often the head refreshes the replication counters it shows (computing the gauges walks
 /// every record, so not at every message).
@@ -35,8 +40,16 @@ const REPLICATION_STATS_INTERVAL: Duration = Duration::from_secs(1);
 const NODE_QUEUE_FRAMES: usize = 4096;
 /// Connections still in their hello, on top of the registry's node limit.
 const MAX_PENDING_HELLOS: usize = 64;
-/// Messages read from all connections and not yet handled by the registry.
-const INBOX_MESSAGES: usize = 1024;
+/// Batches of messages read from all connections and not yet handled by the registry.
+const INBOX_BATCHES: usize = 1024;
+/// Most messages in one batch: every frame one read brought, up to this many (so the inbox
+/// holds at most `INBOX_BATCHES * READ_BATCH_MESSAGES` messages).
+const READ_BATCH_MESSAGES: usize = 64;
+/// Bytes a connection reads at once: what a node pipelined arrives in one read.
+const READ_BUFFER_BYTES: usize = 1024;
+/// Inputs the head handles before it sends what the registry decided and looks at its timers
+/// again (the replies of one pass go to their writers together).
+const INPUTS_PER_PASS: usize = 64;
 
 /// How long the head gathers membership changes before it sends them to nodes with nothing
 /// else to hear: 10 µs per member, at most 100 ms. A list sent to every node costs the head a
@@ -112,13 +125,14 @@ impl BuiltinDirectoryServer {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (members_tx, members) = watch::channel(MemberList::default());
         let (replication_tx, replication) = watch::channel(ReplicationStats::default());
-        let (inbox, inbox_rx) = mpsc::channel(INBOX_MESSAGES);
+        let (inbox, inbox_rx) = mpsc::channel(INBOX_BATCHES);
         let member_lists = MemberLists::default();
         let member_list_counters = member_lists.counters.clone();
         let head = Head {
             registry,
             epoch: TokioInstant::now(),
             writers: BTreeMap::new(),
+            outputs: Vec::new(),
             member_lists,
             unpublished_members: None,
             shown_members_epoch: None,
@@ -184,8 +198,11 @@ impl Drop for BuiltinDirectoryServer {
 enum HeadInput {
     /// A connection was accepted; its frames go to `writer`.
     Opened { conn: ConnId, writer: QueueSender },
-    /// A message arrived on `conn`.
-    Message { conn: ConnId, message: ToRegistry },
+    /// Messages arrived on `conn`, in this order.
+    Messages {
+        conn: ConnId,
+        messages: Vec<ToRegistry>,
+    },
     /// `conn` closed or failed.
     Closed { conn: ConnId, reason: String },
 }
@@ -195,6 +212,8 @@ struct Head {
     registry: Registry,
     epoch: TokioInstant,
     writers: BTreeMap<ConnId, QueueSender>,
+    /// What the registry decided, being carried out (kept for its allocation).
+    outputs: Vec<RegistryOutput>,
     /// The member list last published to the writers, and its encodings.
     member_lists: MemberLists,
     /// The registry's latest list, while not yet published to the writers.
@@ -232,7 +251,16 @@ impl Head {
             let members_due = self.members_due;
             tokio::select! {
                 input = inbox.recv() => match input {
-                    Some(input) => self.handle(input),
+                    Some(input) => {
+                        self.handle(input);
+                        // What else has arrived, up to a pass.
+                        for _ in 1..INPUTS_PER_PASS {
+                            match inbox.try_recv() {
+                                Ok(input) => self.handle(input),
+                                Err(_) => break,
+                            }
+                        }
+                    }
                     None => break,
                 },
                 _ = tokio::time::sleep_until(wake) => {
@@ -264,16 +292,18 @@ impl Head {
             HeadInput::Opened { conn, writer } => {
                 self.writers.insert(conn, writer);
             }
-            HeadInput::Message { conn, message } => {
-                crate::trace::stamp("head_handled");
-                match self.registry.handle_message(now, conn, message) {
-                    Ok(()) => {}
-                    Err(RegistryMessageError::Refused(refusal)) => {
-                        tracing::warn!(%conn, reason = %refusal, "directory hello refused");
-                    }
-                    Err(RegistryMessageError::NotAMember(error)) => {
-                        tracing::debug!(%error, "closing a connection that is not a member's");
-                        self.writers.remove(&conn);
+            HeadInput::Messages { conn, messages } => {
+                for message in messages {
+                    crate::trace::stamp("head_handled");
+                    match self.registry.handle_message(now, conn, message) {
+                        Ok(()) => {}
+                        Err(RegistryMessageError::Refused(refusal)) => {
+                            tracing::warn!(%conn, reason = %refusal, "directory hello refused");
+                        }
+                        Err(RegistryMessageError::NotAMember(error)) => {
+                            tracing::debug!(%error, "closing a connection that is not a member's");
+                            self.writers.remove(&conn);
+                        }
                     }
                 }
             }
@@ -296,9 +326,10 @@ impl Head {
     fn carry_out(&mut self) {
         // Until nothing is left: dropping a node that stopped reading decides more.
         loop {
-            let outputs: Vec<RegistryOutput> =
-                std::iter::from_fn(|| self.registry.poll_output()).collect();
+            let mut outputs = std::mem::take(&mut self.outputs);
+            outputs.extend(std::iter::from_fn(|| self.registry.poll_output()));
             if outputs.is_empty() {
+                self.outputs = outputs;
                 return;
             }
             let latest_members = outputs.iter().rev().find_map(|output| match output {
@@ -311,12 +342,9 @@ impl Head {
                     let _ = self.members.send(members.clone());
                 }
             }
-            for output in outputs {
+            for output in outputs.drain(..) {
                 match output {
-                    RegistryOutput::Send { conn, message } => {
-                        let frame: Arc<[u8]> = frame::encode(&message).into();
-                        self.send(conn, frame);
-                    }
+                    RegistryOutput::Send { conn, message } => self.send(conn, &message),
                     RegistryOutput::SendMembers {
                         conns,
                         members,
@@ -338,20 +366,21 @@ impl Head {
                     }
                 }
             }
+            self.outputs = outputs;
         }
     }
 
-    /// Queues `frame` for `conn`, after the member list it is owed; a connection whose queue
+    /// Queues `message` for `conn`, after the member list it is owed; a connection whose queue
     /// is full is dropped.
-    fn send(&mut self, conn: ConnId, frame: Arc<[u8]>) {
-        if self.owed_members.remove(&conn) {
+    fn send(&mut self, conn: ConnId, message: &FromRegistry) {
+        if !self.owed_members.is_empty() && self.owed_members.remove(&conn) {
             self.send_members(conn);
         }
         let Some(writer) = self.writers.get(&conn) else {
             return;
         };
         crate::trace::stamp("head_queued");
-        if writer.send(frame).is_err() {
+        if writer.send(message).is_err() {
             self.drop_slow_reader(conn);
         }
     }
@@ -488,9 +517,9 @@ async fn serve_connection(
         return;
     }
     if inbox
-        .send(HeadInput::Message {
+        .send(HeadInput::Messages {
             conn,
-            message: hello,
+            messages: vec![hello],
         })
         .await
         .is_err()
@@ -505,42 +534,62 @@ async fn serve_connection(
     let _ = inbox.send(HeadInput::Closed { conn, reason }).await;
 }
 
+/// Reads frames until the connection ends, and hands them to the head in order: every frame
+/// one read brought goes in one batch (two, … past [`READ_BATCH_MESSAGES`]).
 async fn read_messages(
     conn: ConnId,
     reader: &mut OwnedReadHalf,
     inbox: &mpsc::Sender<HeadInput>,
 ) -> String {
-    let mut buf = Vec::new();
+    let mut frames = frame::FrameBuffer::new(READ_BUFFER_BYTES);
     loop {
-        let message = match frame::read::<ToRegistry, _>(reader, &mut buf).await {
-            Ok(Some(message)) => {
-                crate::trace::stamp("head_read");
-                message
-            }
-            Ok(None) => return "connection closed".into(),
+        match frames.fill(reader).await {
+            Ok(true) => {}
+            Ok(false) => return "connection closed".into(),
             Err(error) => return error.to_string(),
-        };
-        // Waits for room: a node that floods the head is slowed, not buffered.
-        if inbox
-            .send(HeadInput::Message { conn, message })
-            .await
-            .is_err()
-        {
-            return "the head stopped".into();
+        }
+        loop {
+            let mut messages = Vec::new();
+            let mut failed = None;
+            while messages.len() < READ_BATCH_MESSAGES {
+                match frames.decode_next::<ToRegistry>() {
+                    Ok(Some(message)) => {
+                        crate::trace::stamp("head_read");
+                        messages.push(message);
+                    }
+                    Ok(None) => break,
+                    Err(error) => {
+                        failed = Some(error.to_string());
+                        break;
+                    }
+                }
+            }
+            let full = messages.len() == READ_BATCH_MESSAGES;
+            // Waits for room: a node that floods the head is slowed, not buffered.
+            if !messages.is_empty()
+                && inbox
+                    .send(HeadInput::Messages { conn, messages })
+                    .await
+                    .is_err()
+            {
+                return "the head stopped".into();
+            }
+            if let Some(reason) = failed {
+                return reason;
+            }
+            if !full {
+                break;
+            }
         }
     }
 }
 
-async fn write_frames(writer: OwnedWriteHalf, mut frames: QueueReceiver) -> String {
-    let mut writer = BufWriter::new(writer);
+/// Writes what the head queues for the node, each batch with as few writes as the socket
+/// takes it in (one, unless the node reads slowly).
+async fn write_frames(mut writer: OwnedWriteHalf, mut frames: QueueReceiver) -> String {
     let mut batch = Vec::new();
     while frames.next_batch(&mut batch).await {
-        for frame in batch.drain(..) {
-            if let Err(error) = writer.write_all(&frame).await {
-                return format!("write failed: {error}");
-            }
-        }
-        if let Err(error) = writer.flush().await {
+        if let Err(error) = write_chunks(&mut writer, &batch).await {
             return format!("write failed: {error}");
         }
         crate::trace::stamp("head_written");
@@ -549,9 +598,79 @@ async fn write_frames(writer: OwnedWriteHalf, mut frames: QueueReceiver) -> Stri
     "session ended".into()
 }
 
+/// Writes `chunks`, in order, with vectored writes (a plain one for one chunk).
+async fn write_chunks<W>(writer: &mut W, chunks: &[Chunk]) -> std::io::Result<()>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    /// Slices one write passes at most.
+    const SLICES: usize = 64;
+    if let [chunk] = chunks {
+        // The usual case (replies only): a plain write, cheaper than a vectored one.
+        return writer.write_all(chunk.bytes()).await;
+    }
+    let (mut first, mut offset) = (0, 0);
+    while first < chunks.len() {
+        let mut slices = [std::io::IoSlice::new(&[]); SLICES];
+        let mut count = 0;
+        for (i, chunk) in chunks[first..].iter().take(SLICES).enumerate() {
+            let bytes = chunk.bytes();
+            slices[i] = std::io::IoSlice::new(if i == 0 { &bytes[offset..] } else { bytes });
+            count += 1;
+        }
+        let mut written = writer.write_vectored(&slices[..count]).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        // Past what was written: whole chunks, then into the next.
+        while first < chunks.len() {
+            let left = chunks[first].bytes().len() - offset;
+            if written < left {
+                offset += written;
+                break;
+            }
+            written -= left;
+            first += 1;
+            offset = 0;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Chunks written through a pipe that takes a few bytes at a time (so writes end inside
+    /// chunks and between them) arrive whole and in order, also past the slices of one write.
+    #[tokio::test]
+    async fn chunks_arrive_whole_and_in_order_through_partial_writes() {
+        use tokio::io::AsyncReadExt;
+        let chunks: Vec<Chunk> = (0..200u8)
+            .map(|i| {
+                let bytes = vec![i; 1 + i as usize % 7];
+                if i % 3 == 0 {
+                    Chunk::Shared(bytes.into())
+                } else {
+                    Chunk::Encoded(bytes)
+                }
+            })
+            .collect();
+        let expected: Vec<u8> = chunks.iter().flat_map(|c| c.bytes().to_vec()).collect();
+        let (mut writer, mut reader) = tokio::io::duplex(5);
+        let reading = tokio::spawn(async move {
+            let mut got = Vec::new();
+            reader.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        write_chunks(&mut writer, &chunks).await.unwrap();
+        drop(writer);
+        let got = timeout(Duration::from_secs(10), reading)
+            .await
+            .expect("the reader gets everything")
+            .unwrap();
+        assert_eq!(got, expected);
+    }
 
     #[test]
     fn a_members_frame_decodes_as_sent() {
