@@ -72,12 +72,7 @@ fn locate_marks_copies_of_record_and_a_fetched_cache_copy() {
         .put_replicated(id, &common::pattern(1, 5000), b"", policy)
         .unwrap();
     let copies = origin.locate_copies(id).unwrap();
-    let of_record: Vec<NodeId> = copies
-        .copies
-        .iter()
-        .filter(|c| c.of_record)
-        .map(|c| c.node)
-        .collect();
+    let of_record = common::nodes_of_record(&copies);
     assert_eq!(of_record.len(), 2, "{copies:?}");
     // The node without a copy fetches one: a cache copy.
     let other = (0..3u32)

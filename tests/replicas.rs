@@ -62,30 +62,7 @@ fn bytes(seed: u8, len: usize) -> Vec<u8> {
 
 /// The body of `GET /metrics` at `addr`.
 fn scrape(addr: std::net::SocketAddr) -> String {
-    use std::io::{Read, Write};
-    let mut stream =
-        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default()
-}
-
-/// The value of a sample without labels.
-fn sample(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
+    common::http_get(addr, "/metrics").expect("a scrape").1
 }
 
 /// `skyriver ARGS --socket SOCKET`: its standard output, after checking it succeeded.
@@ -204,13 +181,7 @@ fn survive_a_killed_node_and_repair(cluster: &mut LocalCluster) {
     let copies_of_record = || -> u64 {
         [0usize, 2, 3]
             .iter()
-            .map(|&n| {
-                Client::connect(&cluster.sockets[n])
-                    .unwrap()
-                    .metrics()
-                    .unwrap()
-                    .copies_of_record
-            })
+            .map(|&n| common::copies_of_record_at(&cluster.sockets[n]))
             .sum()
     };
     within(
@@ -232,7 +203,7 @@ fn survive_a_killed_node_and_repair(cluster: &mut LocalCluster) {
         "the head's metrics show every repair",
         || {
             let text = scrape(cluster.metrics[0]);
-            let value = |name| sample(&text, name).unwrap_or(-1.0);
+            let value = |name| common::metric_sample(&text, name).unwrap_or(-1.0);
             value("skyriver_head_replicated_objects") == objects.len() as f64
                 && value("skyriver_head_under_replicated_objects") == 0.0
                 && value("skyriver_head_repairs_queued") == 0.0
@@ -418,13 +389,7 @@ fn the_daemon_default_of_two_copies_applies_to_plain_puts() {
         },
     );
     // Copies of record (pinned, placed by the registry), not cache copies.
-    let on = |node: usize| {
-        Client::connect(&cluster.sockets[node])
-            .unwrap()
-            .metrics()
-            .unwrap()
-            .copies_of_record
-    };
+    let on = |node: usize| common::copies_of_record_at(&cluster.sockets[node]);
     within(
         Duration::from_secs(10),
         "three copies of record on each node",
@@ -568,13 +533,7 @@ fn a_holder_cut_off_past_the_heartbeat_bound_is_repaired_around_and_its_copies_a
         origin.put_replicated(*id, data, b"", two_and_wait).unwrap();
         assert_eq!(copy_nodes(&origin, *id), [NodeId(1), NodeId(2)]);
     }
-    let of_record_on = |node: usize| -> u64 {
-        Client::connect(&cluster.sockets[node])
-            .unwrap()
-            .metrics()
-            .unwrap()
-            .copies_of_record
-    };
+    let of_record_on = |node: usize| common::copies_of_record_at(&cluster.sockets[node]);
     assert_eq!(of_record_on(2), objects.len() as u64);
 
     let pid = cluster.pids()[2].expect("node 2 runs");
@@ -588,12 +547,7 @@ fn a_holder_cut_off_past_the_heartbeat_bound_is_repaired_around_and_its_copies_a
     );
     for (id, _) in &objects {
         let copies = origin.locate_copies(*id).unwrap();
-        let of_record: Vec<NodeId> = copies
-            .copies
-            .iter()
-            .filter(|c| c.of_record)
-            .map(|c| c.node)
-            .collect();
+        let of_record = common::nodes_of_record(&copies);
         assert_eq!(of_record.len(), 2, "{id} while node 2 is away: {copies:?}");
         assert!(!of_record.contains(&NodeId(2)), "{copies:?}");
     }
@@ -610,8 +564,10 @@ fn a_holder_cut_off_past_the_heartbeat_bound_is_repaired_around_and_its_copies_a
         "the head counts the surplus copies",
         || {
             let text = scrape(cluster.metrics[0]);
-            sample(&text, "skyriver_head_surplus_copies_total") == Some(objects.len() as f64)
-                && sample(&text, "skyriver_head_under_replicated_objects") == Some(0.0)
+            common::metric_sample(&text, "skyriver_head_surplus_copies_total")
+                == Some(objects.len() as f64)
+                && common::metric_sample(&text, "skyriver_head_under_replicated_objects")
+                    == Some(0.0)
         },
     );
     let back = Client::connect(&cluster.sockets[2]).unwrap();

@@ -133,13 +133,15 @@ def test_a_forked_child_gets_a_clear_error_until_it_reconnects(client):
     assert [e["ref_count"] for e in client.list() if e["id"] == oid] == [0]
 
 
-def two_node_cluster(daemons):
-    """A head and a member on loopback (TCP fabric): their daemons."""
+def two_node_cluster(daemons, head_args=(), member_args=()):
+    """A head and a member on loopback (TCP fabric), each with its extra daemon flags: their
+    daemons."""
     port = free_port()
     head = daemons.start("64MiB", "--head", f"127.0.0.1:{port}", "--node-id", "0",
-                         "--listen", "127.0.0.1:0", "--fabric", "tcp", name="head")
+                         "--listen", "127.0.0.1:0", "--fabric", "tcp", *head_args, name="head")
     member = daemons.start("64MiB", "--join", f"127.0.0.1:{port}", "--node-id", "1",
-                           "--listen", "127.0.0.1:0", "--fabric", "tcp", name="member")
+                           "--listen", "127.0.0.1:0", "--fabric", "tcp", *member_args,
+                           name="member")
     return head, member
 
 

@@ -7,8 +7,15 @@ import time
 import pytest
 
 import skyriver
-from conftest import free_port
 from test_processes import two_node_cluster
+
+
+def wait_for_members(client: skyriver.Client, count: int) -> None:
+    """Polls (up to 10 s) until `client`'s daemon lists `count` members."""
+    deadline = time.monotonic() + 10
+    while len(client.nodes()["members"]) < count:
+        assert time.monotonic() < deadline, f"{count} members join"
+        time.sleep(0.01)
 
 
 def test_a_put_waiting_for_copies_without_a_cluster_names_the_one_copy(client: skyriver.Client) -> None:
@@ -54,10 +61,7 @@ def test_puts_and_seals_with_two_copies_on_two_nodes(daemons) -> None:
     other node holds one."""
     head, member = two_node_cluster(daemons)
     with skyriver.connect(head.socket) as there, skyriver.connect(member.socket) as here:
-        deadline = time.monotonic() + 10
-        while len(here.nodes()["members"]) < 2:
-            assert time.monotonic() < deadline, "the member joins"
-            time.sleep(0.01)
+        wait_for_members(here, 2)
         oid = here.put(b"kept twice " * 100, replicas=2, wait_replicas=True, replicas_timeout=30.0)
         assert there.contains(oid), "the other copy is sealed before the put returns"
         assert sorted(here.locate(oid)["holders"]) == [0, 1]
@@ -74,18 +78,10 @@ def test_puts_and_seals_with_two_copies_on_two_nodes(daemons) -> None:
 def test_locate_copies_and_nodes_name_each_copy_and_its_failure_domain(daemons) -> None:
     """Two nodes in two failure domains: a put with two copies has a copy of record in each,
     and `locate_copies` and `nodes` say which domain each node is in."""
-    port = free_port()
-    daemons.start("64MiB", "--head", f"127.0.0.1:{port}", "--node-id", "0",
-                  "--listen", "127.0.0.1:0", "--fabric", "tcp", "--failure-domain", "rack-a",
-                  name="head")
-    member = daemons.start("64MiB", "--join", f"127.0.0.1:{port}", "--node-id", "1",
-                           "--listen", "127.0.0.1:0", "--fabric", "tcp",
-                           "--failure-domain", "rack-b", name="member")
+    _, member = two_node_cluster(daemons, head_args=("--failure-domain", "rack-a"),
+                                 member_args=("--failure-domain", "rack-b"))
     with skyriver.connect(member.socket) as here:
-        deadline = time.monotonic() + 10
-        while len(here.nodes()["members"]) < 2:
-            assert time.monotonic() < deadline, "the member joins"
-            time.sleep(0.01)
+        wait_for_members(here, 2)
         domains = {m["node"]: m["failure_domain"] for m in here.nodes()["members"]}
         assert domains == {0: "rack-a", 1: "rack-b"}
         oid = here.put(b"two racks " * 100, replicas=2, wait_replicas=True, replicas_timeout=30.0)

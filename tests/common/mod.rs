@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use skyriver_client::Client;
+use skyriver_client::{Client, NodeId, ObjectCopies};
 use skyriver_daemon::{DaemonConfig, DaemonHandle};
 
 /// Skips that show (`SKIPPED: …` lines, `ci/test.sh` lists them); shared with the transport
@@ -219,4 +219,23 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The copies of record the daemon at `socket` holds (its `copies_of_record` metric).
+pub fn copies_of_record_at(socket: &Path) -> u64 {
+    Client::connect(socket)
+        .unwrap()
+        .metrics()
+        .unwrap()
+        .copies_of_record
+}
+
+/// The nodes `locate_copies` marks as holding a copy of record.
+pub fn nodes_of_record(copies: &ObjectCopies) -> Vec<NodeId> {
+    copies
+        .copies
+        .iter()
+        .filter(|c| c.of_record)
+        .map(|c| c.node)
+        .collect()
 }

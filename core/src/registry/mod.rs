@@ -31,6 +31,7 @@
 //! - **Grace after a restart**: a restarted head judges at once only replayed publications and
 //!   those of ids it lists; the others wait for the end of its grace period (see [`grace`]).
 
+mod expiring;
 mod grace;
 #[cfg(test)]
 mod grace_tests;

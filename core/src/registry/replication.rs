@@ -63,6 +63,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use super::expiring::Expiring;
 use super::placement::{choose_retry_targets, choose_targets, domain_key, Candidate};
 use super::{ConnId, FromRegistry, Registry, RegistryOutput, WireOpId};
 use crate::digest::ContentDigest;
@@ -173,8 +174,6 @@ const MAX_CLEARED: usize = 1024;
 struct Tombstone {
     /// The deleted content.
     digest: ContentDigest,
-    /// When it ends.
-    until: Instant,
     /// Nodes known to hold no stale copy: the one that deleted, and those that withdrew the
     /// id since.
     cleared: BTreeSet<NodeId>,
@@ -199,15 +198,13 @@ pub(super) struct Replication {
     /// take is offered to a node that declined it once per target timeout, as one that timed
     /// out would be, never in a loop of instant refusals.
     declines: BTreeSet<(Instant, ObjectId, NodeId)>,
-    /// Deletes' tombstones, and their ends in order (the oldest go first when full).
-    tombstones: BTreeMap<ObjectId, Tombstone>,
-    tombstone_ends: BTreeSet<(Instant, ObjectId)>,
+    /// Deletes' tombstones (the oldest go first when full).
+    tombstones: Expiring<Tombstone>,
     /// Records whose every holder of record went (`objects_lost`), by the content's digest,
     /// until a tombstone's lifetime ends: a holder that was only cut off publishes the content
     /// again when it returns, so a delete meanwhile still leaves a tombstone. At most
     /// [`ReplicationLimits::max_tombstones`], the oldest forgotten first.
-    lost: BTreeMap<ObjectId, (ContentDigest, Instant)>,
-    lost_ends: BTreeSet<(Instant, ObjectId)>,
+    lost: Expiring<ContentDigest>,
     /// Repair budget in bytes (negative: debt after an object larger than a second's worth).
     tokens: i128,
     tokens_at: Option<Instant>,
@@ -224,10 +221,8 @@ impl Replication {
             unplaceable: BTreeSet::new(),
             deadlines: BTreeSet::new(),
             declines: BTreeSet::new(),
-            tombstones: BTreeMap::new(),
-            tombstone_ends: BTreeSet::new(),
-            lost: BTreeMap::new(),
-            lost_ends: BTreeSet::new(),
+            tombstones: Expiring::default(),
+            lost: Expiring::default(),
             tokens: i128::from(limits.repair_bytes_per_second),
             tokens_at: None,
             stats: ReplicationStats::default(),
@@ -298,57 +293,6 @@ impl Replication {
         stats
     }
 
-    /// Drops the tombstones ended by `now`.
-    fn end_tombstones(&mut self, now: Instant) {
-        while let Some(&(until, id)) = self.tombstone_ends.first() {
-            if until > now {
-                break;
-            }
-            self.tombstone_ends.remove(&(until, id));
-            self.tombstones.remove(&id);
-        }
-    }
-
-    fn remove_tombstone(&mut self, id: &ObjectId) {
-        if let Some(tombstone) = self.tombstones.remove(id) {
-            self.tombstone_ends.remove(&(tombstone.until, *id));
-        }
-    }
-
-    /// Remembers a lost record's content until `until` (see [`Replication::lost`]).
-    fn remember_lost(&mut self, id: ObjectId, digest: ContentDigest, now: Instant, until: Instant) {
-        self.end_lost(now);
-        self.forget_lost(&id);
-        if self.limits.max_tombstones == 0 {
-            return;
-        }
-        while self.lost.len() >= self.limits.max_tombstones {
-            let Some((_, oldest)) = self.lost_ends.first().copied() else {
-                break;
-            };
-            self.forget_lost(&oldest);
-        }
-        self.lost.insert(id, (digest, until));
-        self.lost_ends.insert((until, id));
-    }
-
-    fn end_lost(&mut self, now: Instant) {
-        while let Some(&(until, id)) = self.lost_ends.first() {
-            if until > now {
-                break;
-            }
-            self.lost_ends.remove(&(until, id));
-            self.lost.remove(&id);
-        }
-    }
-
-    /// The lost record's content of `id`, forgotten as it is taken.
-    fn forget_lost(&mut self, id: &ObjectId) -> Option<ContentDigest> {
-        let (digest, until) = self.lost.remove(id)?;
-        self.lost_ends.remove(&(until, *id));
-        Some(digest)
-    }
-
     /// The copies of record `id` wants and the live nodes holding one.
     pub(super) fn copies_of_record(&self, id: &ObjectId) -> Option<(u8, Vec<NodeId>)> {
         self.records
@@ -374,7 +318,7 @@ impl Registry {
         replication.free_bytes.insert(node, free_bytes);
         // Published by a node known to hold no stale copy (`answered_as_deleted` answered
         // the others): a new put of the content.
-        replication.remove_tombstone(&id);
+        replication.tombstones.remove(&id);
         if !replication.records.contains_key(&id)
             && replication.records.len() >= replication.limits.max_records
         {
@@ -402,7 +346,7 @@ impl Registry {
         let fresh = !replication.records.contains_key(&id);
         if fresh {
             // A holder of a lost record returned (or the id was put again): a record again.
-            replication.forget_lost(&id);
+            replication.lost.remove(&id);
         }
         let record = replication.records.entry(id).or_insert_with(|| Record {
             wanted: replicas,
@@ -446,7 +390,9 @@ impl Registry {
             self.replication.repair_queue.remove(&id);
             self.replication.stats.objects_lost += 1;
             let until = now + self.tombstone_lifetime();
-            self.replication.remember_lost(id, digest, now, until);
+            let max = self.replication.limits.max_tombstones;
+            self.replication.lost.end(now);
+            self.replication.lost.insert_bounded(id, digest, until, max);
             return;
         }
         let copies = record.of_record.len();
@@ -710,11 +656,11 @@ impl Registry {
             // The record's own digest: with every holder of record cut off past the heartbeat
             // bound, none is listed now, yet each holds the content and publishes it on return.
             self.add_tombstone(id, record.digest, node);
-            self.replication.forget_lost(&id);
+            self.replication.lost.remove(&id);
         } else {
             let now = self.now;
-            self.replication.end_lost(now);
-            if let Some(digest) = self.replication.forget_lost(&id) {
+            self.replication.lost.end(now);
+            if let Some(digest) = self.replication.lost.remove(&id) {
                 // Every holder of record is cut off now: each returns with the content.
                 self.add_tombstone(id, digest, node);
             }
@@ -739,29 +685,16 @@ impl Registry {
         let now = self.now;
         let lifetime = self.tombstone_lifetime();
         let replication = &mut self.replication;
-        replication.end_tombstones(now);
-        replication.remove_tombstone(&id);
-        if replication.limits.max_tombstones == 0 {
-            replication.stats.tombstones_dropped += 1;
-            return;
-        }
-        while replication.tombstones.len() >= replication.limits.max_tombstones {
-            let Some((_, oldest)) = replication.tombstone_ends.first().copied() else {
-                break;
-            };
-            replication.remove_tombstone(&oldest);
-            replication.stats.tombstones_dropped += 1;
-        }
-        let until = now + lifetime;
-        replication.tombstone_ends.insert((until, id));
-        replication.tombstones.insert(
-            id,
-            Tombstone {
-                digest,
-                until,
-                cleared: BTreeSet::from([deleter]),
-            },
-        );
+        replication.tombstones.end(now);
+        let tombstone = Tombstone {
+            digest,
+            cleared: BTreeSet::from([deleter]),
+        };
+        let max = replication.limits.max_tombstones;
+        replication.stats.tombstones_dropped +=
+            replication
+                .tombstones
+                .insert_bounded(id, tombstone, now + lifetime, max);
     }
 
     /// Whether `node`'s publication (request `op` on `conn`) of `digest` under `id` is of
@@ -777,7 +710,7 @@ impl Registry {
         id: ObjectId,
         digest: ContentDigest,
     ) -> bool {
-        self.replication.end_tombstones(now);
+        self.replication.tombstones.end(now);
         let Some(tombstone) = self.replication.tombstones.get(&id) else {
             return false;
         };
@@ -856,17 +789,8 @@ impl Registry {
                     .contains(&(*deadline, *id, *node)));
             }
         }
-        assert_eq!(
-            self.replication.tombstone_ends.len(),
-            self.replication.tombstones.len(),
-            "one end per tombstone"
-        );
-        for (id, tombstone) in &self.replication.tombstones {
-            assert!(self
-                .replication
-                .tombstone_ends
-                .contains(&(tombstone.until, *id)));
-        }
+        self.replication.tombstones.check_invariants();
+        self.replication.lost.check_invariants();
         assert_eq!(
             self.replication.declines.len(),
             self.replication
