@@ -610,6 +610,28 @@ mod handshake {
     }
 
     #[tokio::test]
+    async fn a_connection_without_a_hello_is_refused_and_may_try_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut config = ServerConfig::new(TOKEN);
+        config.hello_timeout = Duration::from_millis(200);
+        let server = BuiltinDirectoryServer::spawn(listener, config).unwrap();
+        let mut silent = TcpStream::connect(server.local_addr()).await.unwrap();
+        match receive_frame::<FromRegistry>(&mut silent).await {
+            Some(FromRegistry::Refused { reason, retryable }) => {
+                assert!(reason.contains("no hello within 200 ms"), "{reason}");
+                // Thousands of nodes forming at once can miss the bound; they try again.
+                assert!(retryable);
+            }
+            other => panic!("expected a refusal for the missing hello, got {other:?}"),
+        }
+        assert!(server.members().is_empty());
+        // The same head then takes a node that says hello in time.
+        let node = Node::join(server.local_addr(), member(1)).await;
+        wait_until(|| server.members().len() == 1).await;
+        drop(node);
+    }
+
+    #[tokio::test]
     async fn a_node_drops_a_head_that_cannot_prove_the_token() {
         // Something at the head's address that speaks the protocol without the token: it
         // challenges, then welcomes with a made-up proof.

@@ -456,12 +456,10 @@ async fn accept_loop(
     }
 }
 
-/// Writes a refusal the registry never saw (the first frame was not a hello) and closes.
-async fn refuse(writer: &mut OwnedWriteHalf, reason: String) {
-    let frame = frame::encode(&FromRegistry::Refused {
-        reason,
-        retryable: false,
-    });
+/// Writes a refusal the registry never saw (no hello, or a first frame that was not one) and
+/// closes. `retryable` tells the node whether the same hello could succeed later.
+async fn refuse(writer: &mut OwnedWriteHalf, reason: String, retryable: bool) {
+    let frame = frame::encode(&FromRegistry::Refused { reason, retryable });
     let _ = timeout(Duration::from_secs(1), async {
         writer.write_all(&frame).await?;
         writer.shutdown().await
@@ -489,7 +487,7 @@ async fn serve_connection(
         Ok(Ok(Some(hello @ ToRegistry::Hello(_)))) => hello,
         Ok(Ok(None)) => return,
         Ok(Ok(Some(_))) => {
-            return refuse(&mut writer, "the first frame must be a hello".into()).await;
+            return refuse(&mut writer, "the first frame must be a hello".into(), false).await;
         }
         Ok(Err(error)) => {
             let reason = match skyriver_core::registry::wire::announced_version(&buf) {
@@ -501,11 +499,13 @@ async fn serve_connection(
                 ),
             };
             tracing::warn!(%peer, %reason, "directory hello refused");
-            return refuse(&mut writer, reason).await;
+            return refuse(&mut writer, reason, false).await;
         }
         Err(_) => {
+            // A node that forms with thousands of others, or a busy head, can miss the bound
+            // and still be sound: it may try again.
             let reason = format!("no hello within {} ms", hello_timeout.as_millis());
-            return refuse(&mut writer, reason).await;
+            return refuse(&mut writer, reason, true).await;
         }
     };
     let (frames_tx, frames) = out_queue(NODE_QUEUE_FRAMES);
