@@ -413,6 +413,10 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
             b.first_fetch_p50_us
         );
         println!(
+            "  first fetch naming the holder (hint)       {:>8.1} µs",
+            b.hinted_first_fetch_p50_us
+        );
+        println!(
             "  fetch again (location remembered)          {:>8.1} µs",
             b.fetch_p50_us
         );
@@ -423,6 +427,19 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         println!(
             "  (each line is measured on its own; `skyriver bench breakdown` times every hop)"
         );
+        for (what, p50) in [
+            ("a first fetch", b.first_fetch_p50_us),
+            (
+                "a first fetch naming the holder",
+                b.hinted_first_fetch_p50_us,
+            ),
+        ] {
+            let r = p50 / b.fetch_p50_us.max(f64::MIN_POSITIVE);
+            println!(
+                "  target: {what} ≤ 1.3× a fetch again: {r:.2}×  {}",
+                verdict((r * 100.0).round() / 100.0 <= 1.3)
+            );
+        }
         println!();
     }
     let sizes_bytes: Vec<u64> = args.sizes.iter().map(|s| s.0).collect();
@@ -541,6 +558,8 @@ struct Breakdown {
     first_fetch_p50_us: f64,
     /// A fetch of an object fetched before (and deleted since): the location is remembered.
     fetch_p50_us: f64,
+    /// A first fetch that names the holder (`fetch_from`): no lookup.
+    hinted_first_fetch_p50_us: f64,
     /// A 1 KiB put on the requester, whose directory is the other node: its seal waits for
     /// the directory to accept the publication (one id, one content).
     put_p50_us: f64,
@@ -563,8 +582,15 @@ impl BenchCluster {
     fn small_fetch_breakdown(&self, budget: Duration) -> Result<Breakdown, BenchError> {
         let requester = &self.requesters[0];
         let data = [0x5a; 1024];
-        let (mut local, mut locate, mut first, mut again, mut put) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let holder_node = self.holder.node();
+        let (mut local, mut locate, mut first, mut again, mut hinted, mut put) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
         let started = Instant::now();
         let mut round = 0;
         while again.len() < 5 || (started.elapsed() < budget && again.len() < 2000) {
@@ -587,6 +613,21 @@ impl BenchCluster {
                 requester.delete(&[id])?;
             }
             self.holder.delete(&[id])?;
+            // Another new object, fetched naming its holder, as an MPI rank that knows the
+            // producer does.
+            let fresh = bench_object_id((usize::MAX >> 1) - 1, round % 4096, round / 4096);
+            self.holder.create_and_seal(fresh, &data, b"")?;
+            let begin = Instant::now();
+            let mut objects =
+                requester.fetch_from(&[fresh], Some(Duration::from_secs(10)), holder_node)?;
+            hinted.push(begin.elapsed());
+            let object = objects.pop().expect("one reply per id").map_err(|e| {
+                BenchError::Check(format!("a hinted fetch of a new object failed: {e}"))
+            })?;
+            drop(object);
+            requester.flush()?;
+            requester.delete(&[fresh])?;
+            self.holder.delete(&[fresh])?;
             let begin = Instant::now();
             requester.put(id, &data, b"")?;
             put.push(begin.elapsed());
@@ -599,6 +640,7 @@ impl BenchCluster {
             put_p50_us: p50(&mut put),
             first_fetch_p50_us: p50(&mut first),
             fetch_p50_us: p50(&mut again),
+            hinted_first_fetch_p50_us: p50(&mut hinted),
         })
     }
 
