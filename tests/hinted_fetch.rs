@@ -96,3 +96,35 @@ fn fetch_from_the_holder_and_from_a_wrong_node() {
     assert!(!ok);
     assert!(stderr.contains("is not a node"), "{stderr}");
 }
+
+/// An id a client draws for a put (`new_object_id`, what `skyriver put` and Python's `put`
+/// without an id use) names its node, so another node fetches it from there at once.
+#[test]
+fn an_id_drawn_for_a_put_leads_other_nodes_to_its_node() {
+    let (_dir, cluster) = cluster(3);
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    let requester = Client::connect(&cluster.sockets[2]).unwrap();
+    let id = holder.new_object_id();
+    assert_eq!(id.owner(), Some(holder.node()));
+    let data = bytes(3, 1000);
+    holder.create_and_seal(id, &data, b"").unwrap();
+    let timeout = Some(Duration::from_secs(30));
+    let object = requester.fetch_one(id, timeout).unwrap();
+    assert!(object.data() == &data[..]);
+    assert_eq!(hint_counters(&requester), (1, 0), "asked the id's node");
+    drop(object);
+
+    // `skyriver put` without an id prints one that names the node it put on.
+    let input = common::test_dir();
+    let file = input.path().join("payload");
+    std::fs::write(&file, bytes(4, 5000)).unwrap();
+    let (ok, stdout, stderr) =
+        common::cli(&cluster.sockets[1], &["put", file.to_str().unwrap()], None);
+    assert!(ok, "{stderr}");
+    let printed: ObjectId = String::from_utf8(stdout).unwrap().trim().parse().unwrap();
+    let putter = Client::connect(&cluster.sockets[1]).unwrap();
+    assert_eq!(printed.owner(), Some(putter.node()));
+    let object = requester.fetch_one(printed, timeout).unwrap();
+    assert!(object.data() == &bytes(4, 5000)[..]);
+    assert_eq!(hint_counters(&requester), (2, 0));
+}

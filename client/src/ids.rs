@@ -4,7 +4,7 @@
 //! its state, so parent and children would draw the same ids; drawing each id from the OS
 //! (`getrandom(2)`) cannot repeat across processes.
 
-use skyriver_core::ObjectId;
+use skyriver_core::{NodeId, ObjectId};
 
 /// A new random object id, its 20 bytes drawn from the operating system: unique across
 /// threads, processes and forks (with the odds of 160 random bits).
@@ -18,4 +18,32 @@ pub fn random_object_id() -> ObjectId {
     getrandom::getrandom(&mut bytes)
         .unwrap_or_else(|error| panic!("the OS gave no random bytes for an object id: {error}"));
     ObjectId(bytes)
+}
+
+/// A new object id that names `node`, the node it is made for ([`ObjectId::owned_by`]), with
+/// 96 bits drawn from the operating system: a fetch of it elsewhere asks `node` first, with no
+/// directory lookup. What clients use for a put that names no id
+/// ([`crate::Client::new_object_id`]).
+///
+/// # Panics
+///
+/// As [`random_object_id`], when the OS has no randomness to give.
+pub fn owned_object_id(node: NodeId) -> ObjectId {
+    let mut random = [0u8; 12];
+    getrandom::getrandom(&mut random)
+        .unwrap_or_else(|error| panic!("the OS gave no random bytes for an object id: {error}"));
+    ObjectId::owned_by(node, random)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_ids_name_their_node_and_do_not_repeat() {
+        let ids: std::collections::BTreeSet<ObjectId> =
+            (0..1000).map(|_| owned_object_id(NodeId(7))).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(ids.iter().all(|id| id.owner() == Some(NodeId(7))));
+    }
 }

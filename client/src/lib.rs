@@ -23,7 +23,7 @@ pub use client::{
     default_socket_path, Client, ClientError, FetchOptions, ObjectBuffer, ObjectCopies,
     ObjectLocation, ObjectWriter, Subscription, SubscriptionCloser,
 };
-pub use ids::random_object_id;
+pub use ids::{owned_object_id, random_object_id};
 pub use skyriver_core::client_protocol::{ClusterView, CopyView, MemberView, ReplicaPolicy};
 pub use skyriver_core::node::{FetchError, TransferMode};
 pub use skyriver_core::registry::MAX_REPLICAS;

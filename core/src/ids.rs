@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 /// Length of an object id in bytes (as in Plasma and Ray).
 pub const OBJECT_ID_LEN: usize = 20;
 
+/// The first four bytes of an id that names the node it was made on ("SKY" and a version):
+/// see [`ObjectId::owned_by`].
+pub const OWNED_ID_MARKER: [u8; 4] = [b'S', b'K', b'Y', 1];
+
 /// A 20-byte object id, shown as 40 lowercase hex characters. Ordered by its bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ObjectId(pub [u8; OBJECT_ID_LEN]);
@@ -68,6 +72,32 @@ impl ObjectId {
     /// The raw bytes.
     pub fn as_bytes(&self) -> &[u8; OBJECT_ID_LEN] {
         &self.0
+    }
+
+    /// An id that names the node it was made on: [`OWNED_ID_MARKER`], the node's number
+    /// (big-endian), then 12 bytes the caller draws at random (96 bits: ids of one node
+    /// repeat with the odds of a birthday among 2^96). A fetch of such an id with no hint and
+    /// no remembered location asks that node first, as if the caller had named it: an object
+    /// is usually fetched from where it was put, so its first fetch skips the directory. A
+    /// wrong guess (the object moved, or its node is gone) costs one round trip, then the
+    /// directory is asked as for any id.
+    pub fn owned_by(node: NodeId, random: [u8; 12]) -> Self {
+        let mut bytes = [0u8; OBJECT_ID_LEN];
+        bytes[..4].copy_from_slice(&OWNED_ID_MARKER);
+        bytes[4..8].copy_from_slice(&node.0.to_be_bytes());
+        bytes[8..].copy_from_slice(&random);
+        Self(bytes)
+    }
+
+    /// The node an id made by [`ObjectId::owned_by`] names; `None` for other ids. Any id whose
+    /// first four bytes happen to be the marker (1 in 2^32 of random ids) is taken as naming
+    /// a node: the cost of that is the one round trip of a wrong guess.
+    pub fn owner(&self) -> Option<NodeId> {
+        (self.0[..4] == OWNED_ID_MARKER).then(|| {
+            NodeId(u32::from_be_bytes([
+                self.0[4], self.0[5], self.0[6], self.0[7],
+            ]))
+        })
     }
 
     /// An id derived from a 64-bit number, for tests and tools that want readable ids.
@@ -160,6 +190,17 @@ mod tests {
         assert_eq!(text.len(), 40);
         assert_eq!(text, "00000000000000000000000000000000deadbeef");
         assert_eq!(text.parse::<ObjectId>().unwrap(), id);
+    }
+
+    #[test]
+    fn an_owned_id_names_its_node_and_other_ids_name_none() {
+        let id = ObjectId::owned_by(NodeId(0x0102_0304), [9; 12]);
+        assert_eq!(id.owner(), Some(NodeId(0x0102_0304)));
+        assert_eq!(&id.to_string()[..16], "534b590101020304");
+        assert_eq!(ObjectId::from_u64(7).owner(), None);
+        let mut almost = id;
+        almost.0[3] = 2; // another marker version
+        assert_eq!(almost.owner(), None);
     }
 
     #[test]

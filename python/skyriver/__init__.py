@@ -176,7 +176,7 @@ class Client(_native.Client):
                     f"got {type(table).__module__}.{type(table).__qualname__}; convert it with "
                     f"pa.Table.from_pandas(df), pa.table(dict_of_columns) or pa.Table.from_pylist(rows)"
                 )
-        oid = ObjectID(id) if isinstance(id, bytes) else (id or ObjectID.from_random())
+        oid = ObjectID(id) if isinstance(id, bytes) else (id or self.new_id())
         sizer = pa.MockOutputStream()
         with pa.ipc.new_stream(sizer, table.schema) as writer:
             writer.write_table(table)

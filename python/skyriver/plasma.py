@@ -167,6 +167,11 @@ def _check_id(object_id: Any) -> ObjectID:
 class PlasmaClient:
     """The client of pyarrow.plasma 11 (``PlasmaClient``), speaking to a Skyriver daemon."""
 
+    def _new_id(self) -> ObjectID:
+        """The id of a put that names none: random, as Plasma's, but naming this node, so
+        another node's first fetch of it asks this one directly (see ``Client.new_id``)."""
+        return ObjectID(self._client.new_id().binary())
+
     def __init__(self, client: Client, store_socket_name: str) -> None:
         self._client = client
         self._socket_name = store_socket_name
@@ -253,7 +258,7 @@ class PlasmaClient:
     ) -> ObjectID:
         """Stores a copy of a buffer-protocol object; returns its id. (``memcopy_threads`` is
         accepted and ignored: one copy, without the GIL.)"""
-        target = _check_id(object_id) if object_id is not None else ObjectID.from_random()
+        target = _check_id(object_id) if object_id is not None else self._new_id()
         with _errors:
             self._client.put(value, id=target, metadata=metadata)
         return target
@@ -271,7 +276,7 @@ class PlasmaClient:
             raise NotImplementedError(
                 "serialization_context (pyarrow's deprecated serialization) is not supported"
             )
-        target = _check_id(object_id) if object_id is not None else ObjectID.from_random()
+        target = _check_id(object_id) if object_id is not None else self._new_id()
         with _errors:
             np = sys.modules.get("numpy")
             if np is not None and type(value) is np.ndarray and not value.dtype.hasobject:

@@ -198,6 +198,13 @@ impl PyClient {
         Ok(self.client()?.node().0)
     }
 
+    /// A new object id that names this client's node, so another node's first fetch of it
+    /// asks this node directly, without a directory lookup (`ObjectID.from_random()` ids are
+    /// found through the directory). Any id works for a put; this one is only faster to find.
+    fn new_id(&self) -> PyResult<PyObjectId> {
+        Ok(PyObjectId(self.client()?.new_object_id()))
+    }
+
     /// Whether `close()` was called.
     #[getter]
     fn closed(&self) -> bool {
@@ -342,7 +349,8 @@ impl PyClient {
 
     /// Stores a copy of `data` (bytes, bytearray, memoryview, a C-contiguous numpy array,
     /// a pyarrow buffer: anything with the buffer protocol) as a new sealed object and
-    /// returns its id (random unless given). The copy runs without the GIL. Up to 64 KiB
+    /// returns its id (unless given, a new one that names this node: `new_id()`). The copy
+    /// runs without the GIL. Up to 64 KiB
     /// (data and metadata) takes one round trip to the daemon.
     ///
     /// `replicas=k` keeps `k` copies on distinct nodes (failure domains first; `None`: the
@@ -366,7 +374,7 @@ impl PyClient {
         let policy = policy.unwrap_or_default();
         let id = match id {
             Some(id) => object_id(id)?,
-            None => PyObjectId::random().0,
+            None => self.client()?.new_object_id(),
         };
         let data = source(data, "data")?;
         let metadata = metadata.map(|m| source(m, "metadata")).transpose()?;

@@ -145,6 +145,14 @@ def two_node_cluster(daemons, head_args=(), member_args=()):
     return head, member
 
 
+def wait_for_members(client, count):
+    """Polls (up to 10 s) until `client`'s daemon lists `count` members."""
+    deadline = time.monotonic() + 10
+    while len(client.nodes()["members"]) < count:
+        assert time.monotonic() < deadline, f"{count} members join"
+        time.sleep(0.01)
+
+
 def test_fetch_across_two_daemons(daemons):
     head, member = two_node_cluster(daemons)
     with skyriver.connect(head.socket) as there, skyriver.connect(member.socket) as here:
@@ -163,14 +171,27 @@ def test_fetch_across_two_daemons(daemons):
         assert here.fetch([oid, missing], timeout=0.3)[1] is None
 
 
+def test_a_put_without_an_id_names_its_node(daemons):
+    head, member = two_node_cluster(daemons)
+    with skyriver.connect(head.socket) as there, skyriver.connect(member.socket) as here:
+        oid = there.put(b"made over there")
+        # "SKY", version 1, then the node's number: the fetch asks that node first.
+        assert oid.binary()[:8] == b"SKY\x01" + there.node.to_bytes(4, "big")
+        fresh = here.new_id()
+        assert fresh.binary()[:8] == b"SKY\x01" + here.node.to_bytes(4, "big")
+        assert fresh != here.new_id()
+        wait_for_members(here, 2)
+        assert bytes(here.fetch(oid, timeout=10)) == b"made over there"
+        # Plasma-style random ids name no node and are found through the directory.
+        assert ObjectID.from_random().binary()[:4] != b"SKY\x01"
+
+
 def test_fetch_polls_with_timeout_zero_and_ids_name_one_content(daemons):
     head, member = two_node_cluster(daemons)
     with skyriver.connect(head.socket) as there, skyriver.connect(member.socket) as here:
         # timeout=0 polls: an object another live node holds is still fetched ...
         oid = there.put(b"held over there")
-        deadline = time.monotonic() + 10
-        while len(here.nodes()["members"]) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for_members(here, 2)
         assert bytes(here.fetch(oid, timeout=0)) == b"held over there"
         # ... and an id nobody holds fails at once, not after a grace or the timeout.
         started = time.monotonic()

@@ -2,20 +2,11 @@
 is stored, and a wait for its copies fails at once naming how many exist; on two nodes the
 copies are made."""
 
-import time
 
 import pytest
 
 import skyriver
-from test_processes import two_node_cluster
-
-
-def wait_for_members(client: skyriver.Client, count: int) -> None:
-    """Polls (up to 10 s) until `client`'s daemon lists `count` members."""
-    deadline = time.monotonic() + 10
-    while len(client.nodes()["members"]) < count:
-        assert time.monotonic() < deadline, f"{count} members join"
-        time.sleep(0.01)
+from test_processes import two_node_cluster, wait_for_members
 
 
 def test_a_put_waiting_for_copies_without_a_cluster_names_the_one_copy(client: skyriver.Client) -> None:

@@ -29,7 +29,7 @@ pub(super) fn put(
     // its --replicas).
     let replicated = replicas != skyriver_client::ReplicaPolicy::default();
     let client = socket.connect()?;
-    let id = id.unwrap_or_else(skyriver_client::random_object_id);
+    let id = id.unwrap_or_else(|| client.new_object_id());
     let (mut reader, size): (Box<dyn Read>, u64) = if input.as_os_str() == "-" {
         stage_whole(std::io::stdin(), "standard input")?
     } else {

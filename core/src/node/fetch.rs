@@ -265,7 +265,7 @@ impl Node {
                     if cached.is_some() {
                         self.stats.location_cache_hits += 1;
                         self.choose_source(id);
-                    } else if let Some(hint) = self.usable_hint(hint) {
+                    } else if let Some(hint) = self.usable_hint(hint.or_else(|| id.owner())) {
                         let tid = self.ask_hinted(id, hint, mode);
                         let object = self.objects.get_mut(&id).expect("inserted above");
                         object.state = ObjectFetchState::Hinted(tid);

@@ -15,6 +15,10 @@
 //!    └─ NotFound / Busy / Error / timeout / lost connection ──► LookingUp (the directory)
 //! ```
 //!
+//! An id made by `ObjectId::owned_by` (what clients draw for a put without an id) names the
+//! node it was made on, and a fetch of it with no hint of the caller's and no remembered
+//! location takes that node as its hint: an object is usually fetched from where it was put.
+//!
 //! A wrong hint therefore costs one round trip, then the fetch goes on as if it had no hint.
 //! The copy is verified against the digest the holder names in its reply. That digest is the
 //! holder's, not the directory's, so a holder serves peers only copies whose publication the

@@ -62,6 +62,44 @@ fn a_wrong_hint_costs_one_round_trip_then_asks_the_directory() {
 }
 
 #[test]
+fn an_id_that_names_its_node_is_fetched_from_it_without_a_lookup() {
+    let mut w = World::new(3, |c| c.location_cache_entries = 0);
+    let (small, large) = (owned(0, 1), owned(0, 2));
+    w.put(0, small, 1000);
+    w.put(0, large, 10_000);
+    w.fetch_and_drop(1, small, 1000, TransferMode::Auto);
+    w.fetch_and_drop(1, large, 10_000, TransferMode::Auto);
+    w.pump();
+    assert_eq!(w.lookups(1), 0, "the id named the holder");
+    let stats = w.nodes[1].stats();
+    assert_eq!((stats.hinted_fetches, stats.wrong_hints), (2, 0));
+    w.assert_settled();
+}
+
+#[test]
+fn an_id_naming_a_node_without_the_object_costs_one_round_trip() {
+    let mut w = World::new(3, |c| c.location_cache_entries = 0);
+    // Made on node 0 (the id says so) but put on node 2.
+    let moved = owned(0, 3);
+    w.put(2, moved, 1000);
+    w.fetch_and_drop(1, moved, 1000, TransferMode::Auto);
+    w.pump();
+    assert_eq!(w.nodes[0].stats().served_refused, 1, "node 0 said NotFound");
+    assert_eq!(w.lookups(1), 1, "then the directory was asked");
+    let stats = w.nodes[1].stats();
+    assert_eq!((stats.hinted_fetches, stats.wrong_hints), (1, 1));
+    // An id naming the fetching node itself, or no node of the cluster, goes to the directory.
+    for n in [owned(1, 4), owned(9, 5)] {
+        w.put(0, n, 1000);
+        w.fetch_and_drop(1, n, 1000, TransferMode::Auto);
+    }
+    w.pump();
+    assert_eq!(w.lookups(1), 3);
+    assert_eq!(w.nodes[1].stats().hinted_fetches, 1);
+    w.assert_settled();
+}
+
+#[test]
 fn a_hint_at_itself_or_an_unknown_node_is_ignored() {
     let mut w = World::new(2, |c| c.location_cache_entries = 0);
     w.put(0, 1, 1000);

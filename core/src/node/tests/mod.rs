@@ -18,7 +18,20 @@ use crate::wire::{EagerHeader, InputBytes};
 const CLIENT: ClientId = ClientId(1);
 const ARENA_BYTES: u64 = 1 << 20;
 
+/// Test numbers with this bit name ids made by `ObjectId::owned_by` (see [`owned`]).
+const OWNED: u64 = 1 << 62;
+
+/// The test number of an id made on `node` (`ObjectId::owned_by`), the `k`th of its kind.
+fn owned(node: u32, k: u64) -> u64 {
+    OWNED | u64::from(node) << 48 | k
+}
+
 fn id(n: u64) -> ObjectId {
+    if n & OWNED != 0 {
+        let mut random = [0u8; 12];
+        random[4..].copy_from_slice(&n.to_be_bytes());
+        return ObjectId::owned_by(NodeId(((n >> 48) & 0xff) as u32), random);
+    }
     ObjectId::from_u64(n)
 }
 
