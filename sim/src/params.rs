@@ -378,7 +378,7 @@ impl SimParams {
                 .map(|n| self.failure_domain(NodeId(n)))
                 .collect(),
             replication: crate::cluster::replication_limits(self),
-            replica_lag_ns: None,
+            replica: None,
         }
     }
 }

@@ -534,18 +534,27 @@ impl Cluster {
             directory_params.replication.max_tombstones = 0;
         }
         let sharding = params.sharding.clone().filter(|s| s.shards > 1);
-        if let Some(sharding) = &sharding {
-            directory_params.replica_lag_ns = Some(sharding.replica_lag_us * 1000);
-        }
+        // Only a shard that fails over keeps what its replica needs (its registry's inputs).
+        let replica = |shard: usize| {
+            let sharding = sharding.as_ref()?;
+            let failovers = sharding.failovers.iter().filter(|f| f.0 == shard).count();
+            (failovers > 0).then_some((sharding.replica_lag_us * 1000, failovers as u32))
+        };
         let mut shards = Vec::new();
         let mut shard_effects = Vec::new();
-        for latency_ns in sharding.iter().flat_map(|s| s.latency_ns.iter()) {
+        for (i, latency_ns) in sharding
+            .iter()
+            .flat_map(|s| s.latency_ns.iter())
+            .enumerate()
+        {
             let mut params = directory_params.clone();
             params.latency_ns = *latency_ns;
+            params.replica = replica(i + 1);
             let (shard, effects) = SimDirectory::formed(params, n, Instant::ZERO);
             shards.push(shard);
             shard_effects.push(effects);
         }
+        directory_params.replica = replica(0);
         let (mut directory, directory_effects) =
             SimDirectory::formed(directory_params, n, Instant::ZERO);
         for shard in std::iter::once(&mut directory).chain(shards.iter_mut()) {
@@ -955,7 +964,8 @@ impl Cluster {
                         notice,
                     },
                 ),
-                Effect::Trace(line) => self.record(|| line),
+                Effect::Trace(line) if self.shards.is_empty() => self.record(|| line),
+                Effect::Trace(line) => self.record(|| format!("shard {shard}: {line}")),
             }
         }
     }

@@ -59,9 +59,10 @@ pub struct DirectoryParams {
     pub replication: skyriver_core::registry::ReplicationLimits,
     /// Each node's failure domain as its hello names it, by node (none: empty).
     pub failure_domains: Vec<String>,
-    /// A shard of a sharded directory (see [`shard`]): how far its replica trails its master,
-    /// ns. `None`: the one head of an unsharded directory, which has no replica.
-    pub replica_lag_ns: Option<u64>,
+    /// A shard of a sharded directory that fails over (see [`shard`]): how far its replica
+    /// trails its master, ns, and how many failovers the run plans for it. `None`: the one
+    /// head of an unsharded directory, or a shard that does not fail over.
+    pub replica: Option<(u64, u32)>,
 }
 
 /// Something due at a time, handed back to [`SimDirectory::handle`].
@@ -329,8 +330,8 @@ impl SimDirectory {
         let mut directory = SimDirectory {
             reported: BTreeSet::new(),
             shard: params
-                .replica_lag_ns
-                .map(|lag| shard::ShardState::new(lag, config.clone())),
+                .replica
+                .map(|(lag, failovers)| shard::ShardState::new(lag, failovers, config.clone())),
             registry: Some(new_registry(config, params.replication)),
             params,
             cluster_token,

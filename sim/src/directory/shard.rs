@@ -91,6 +91,8 @@ impl RegistryInput {
 pub(super) struct ShardState {
     /// How far the replica trails its master.
     pub(super) lag_ns: u64,
+    /// Failovers still to come in the run: after the last, nothing is logged.
+    failovers_left: u32,
     /// The configuration the current registry started with.
     config: RegistryConfig,
     /// Every input of the current registry since it started, in order.
@@ -106,9 +108,10 @@ pub(super) struct ShardState {
 }
 
 impl ShardState {
-    pub(super) fn new(lag_ns: u64, config: RegistryConfig) -> Self {
+    pub(super) fn new(lag_ns: u64, failovers: u32, config: RegistryConfig) -> Self {
         ShardState {
             lag_ns,
+            failovers_left: failovers,
             config,
             log: Vec::new(),
             promoted: None,
@@ -126,7 +129,9 @@ impl ShardState {
     }
 
     pub(super) fn log(&mut self, now: Instant, input: &RegistryInput) {
-        self.log.push((now, input.clone()));
+        if self.failovers_left > 0 {
+            self.log.push((now, input.clone()));
+        }
     }
 
     /// Whether the shard is failing over (its replica not promoted yet).
@@ -191,9 +196,15 @@ impl SimDirectory {
             let cut = Instant(now.0.saturating_sub(shard.lag_ns));
             let kept = shard.log.partition_point(|(at, _)| *at <= cut);
             shard.log.truncate(kept);
+            shard.failovers_left = shard.failovers_left.saturating_sub(1);
+            let log = if shard.failovers_left == 0 {
+                std::mem::take(&mut shard.log)
+            } else {
+                shard.log.clone()
+            };
             let mut replica = new_registry(shard.config.clone(), self.params.replication);
-            for (at, input) in &shard.log {
-                input.clone().apply(&mut replica, *at);
+            for (at, input) in log {
+                input.apply(&mut replica, at);
             }
             while replica.poll_output().is_some() {}
             shard.promoted = Some(replica);
