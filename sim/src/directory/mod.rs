@@ -6,7 +6,8 @@
 //! silent, by their heartbeat timeout, and re-register with backoff); a node is partitioned from
 //! the head (messages both ways vanish, connection attempts fail; both sides find out by
 //! heartbeat); a push is lost (its connection breaks with it; both sides notice after the
-//! detection delay). The cluster turns [`Effect`]s into scheduled events and hands
+//! detection delay); a shard of a sharded directory fails over (its replica, which lacks the
+//! master's last writes, answers after a while; see [`shard`]). The cluster turns [`Effect`]s into scheduled events and hands
 //! [`DirEvent`]s back when they are due.
 //!
 //! Checks kept here, because only here both ends are visible:

@@ -19,6 +19,12 @@
 //! restarted head does (its operator knows it failed over), since it may lack publications its
 //! returning nodes still hold.
 //!
+//! The other directory faults of a run keep their meaning: a node cut off from the directory
+//! is cut off from every shard; a head outage (a crash that loses everything) hits shard 0.
+//! What is coarser than the daemon: its Redis Cluster adapter ends on any lost master
+//! connection, so every shard's records of the node are re-published; here only the sessions
+//! of the shard that failed over re-register and replay.
+//!
 //! The replica is modelled by the master's inputs: each shard logs every input its registry
 //! takes since it started, and a failover at `t` builds the promoted registry by feeding a
 //! fresh registry the log up to `t - lag` (the registry is deterministic: same inputs, same
@@ -246,7 +252,10 @@ impl SimDirectory {
         }
         // As it takes over, the new master drops the members whose liveness ran out while the
         // shard answered nothing (Redis expires their keys).
+        let before = self.registry.as_ref().map_or(0, |r| r.member_count());
         self.registry_input(now, RegistryInput::Timeout);
+        let after = self.registry.as_ref().map_or(0, |r| r.member_count());
+        self.stats.heartbeat_expiries += before.saturating_sub(after) as u64;
         self.pump_registry(now, rng, faults_on, effects);
         let head_epoch = self.head_epoch;
         for (conn, message) in waiting {
