@@ -7,8 +7,8 @@
 //! the head (messages both ways vanish, connection attempts fail; both sides find out by
 //! heartbeat); a push is lost (its connection breaks with it; both sides notice after the
 //! detection delay); a shard of a sharded directory fails over (its replica, which lacks the
-//! master's last writes, answers after a while; see [`shard`]). The cluster turns [`Effect`]s into scheduled events and hands
-//! [`DirEvent`]s back when they are due.
+//! master's last writes, answers after a while; see [`shard`]). The cluster turns [`Effect`]s
+//! into scheduled events and hands [`DirEvent`]s back when they are due.
 //!
 //! Checks kept here, because only here both ends are visible:
 //! - **no forgotten subscription**: a node whose fetch waits on a publication (its subscribing
