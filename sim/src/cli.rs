@@ -13,8 +13,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::{
-    replay_command, run_seed, run_seed_replicating, run_seed_spilling, Flaws, RunMode, SimReport,
-    SimStats,
+    replay_command, run_seed, run_seed_replicating, run_seed_sharded, run_seed_spilling, Flaws,
+    RunMode, SimReport, SimStats,
 };
 
 /// Longest wait between two progress lines when stderr is not a terminal.
@@ -57,6 +57,24 @@ pub struct SimArgs {
     /// (what `cargo test -p skyriver-sim --test replicas` runs over 60 seeds).
     #[arg(long, conflicts_with = "spill")]
     pub replicas: bool,
+    /// Shards of the simulated directory, a model of Redis Cluster: an object's records live
+    /// in the shard owning its id's slot (CRC16 of the id in hex, mod 16,384; slots split into
+    /// contiguous ranges), membership in shard 0. Each shard has its own latency, and each
+    /// may fail over: its master dies, it answers nothing for a while, then its replica
+    /// answers having lost the master's last few hundred microseconds of writes, and the nodes
+    /// re-register and re-publish. 1 (the default) is the single head, the same runs as
+    /// without the flag.
+    #[arg(long, default_value_t = 1, value_parser = parse_shards, conflicts_with_all = ["spill", "replicas", "replay"])]
+    pub directory_shards: usize,
+}
+
+fn parse_shards(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("the directory needs at least 1 shard".into()),
+        Ok(shards) if shards > 64 => Err(format!("{shards} shards: at most 64")),
+        Ok(shards) => Ok(shards),
+        Err(_) => Err(format!("{text:?} is not a number of shards")),
+    }
 }
 
 fn parse_nodes(text: &str) -> Result<usize, String> {
@@ -94,6 +112,14 @@ fn run_seed_as(seed: u64, args: &SimArgs, mode: RunMode) -> SimReport {
         run_seed_spilling(seed, args.nodes, mode, Flaws::default())
     } else if args.replicas {
         run_seed_replicating(seed, args.nodes, mode, Flaws::default())
+    } else if args.directory_shards > 1 {
+        run_seed_sharded(
+            seed,
+            args.nodes,
+            mode,
+            Flaws::default(),
+            args.directory_shards,
+        )
     } else {
         run_seed(seed, args.nodes, mode)
     }
@@ -106,6 +132,9 @@ fn replay(seed: u64, args: &SimArgs) -> String {
         command.replace(" --trace", " --spill --trace")
     } else if args.replicas {
         command.replace(" --trace", " --replicas --trace")
+    } else if args.directory_shards > 1 {
+        let shards = format!(" --directory-shards {} --trace", args.directory_shards);
+        command.replace(" --trace", &shards)
     } else {
         command
     }
@@ -114,12 +143,18 @@ fn replay(seed: u64, args: &SimArgs) -> String {
 fn run_one(seed: u64, args: &SimArgs) -> ExitCode {
     // Parameters first, so they are on screen even if the run dies.
     // Drawn as the run draws them, without building a cluster (which costs a run's start).
-    let params = crate::SimParams::draw(
+    let mut params = crate::SimParams::draw(
         seed,
         &mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
         args.nodes,
-    )
-    .to_string();
+    );
+    params.sharding = Some(crate::params::ShardingParams::draw(
+        seed,
+        args.directory_shards,
+        params.faults_until_us,
+        params.detect_us,
+    ));
+    let params = params.to_string();
     if args.json {
         eprintln!("{params}");
     } else {
@@ -143,11 +178,18 @@ fn run_one(seed: u64, args: &SimArgs) -> ExitCode {
     if args.json {
         let mut document = report_json(&report, args);
         document["trace_hash"] = json!(format!("{:016x}", report.trace_hash));
+        document["directory_shards"] = json!(args.directory_shards);
         document["virtual_ms"] = json!(report.end_ns as f64 / 1e6);
         document["stats"] = stats_json(&report.stats);
         println!("{document:#}");
     } else {
         print_result(&report);
+        if args.directory_shards > 1 {
+            println!(
+                "directory: {} shards, {} failovers",
+                args.directory_shards, report.stats.directory.failovers
+            );
+        }
         if !report.passed() {
             print_failure(&report, args);
         }
@@ -374,6 +416,7 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
             "seeds_failed": failed.len(),
             "passed": failed.is_empty(),
             "nodes": args.nodes,
+            "directory_shards": args.directory_shards,
             "totals": stats_json(&totals),
             "failures": failed.iter().map(|r| report_json(r, args)).collect::<Vec<_>>(),
         });
@@ -422,6 +465,10 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
     println!("{:<28} {:>14}", "directory pushes lost", d.lost_pushes);
     println!("{:<28} {:>14}", "heartbeat expiries", d.heartbeat_expiries);
     println!("{:<28} {:>14}", "directory re-registrations", d.reconnects);
+    println!("{:<28} {:>14}", "directory shards", args.directory_shards);
+    if args.directory_shards > 1 {
+        println!("{:<28} {:>14}", "directory shard failovers", d.failovers);
+    }
     if args.spill {
         println!("{:<28} {:>14}", "spill writes", totals.spill_writes);
         println!(
@@ -482,6 +529,7 @@ fn stats_json(s: &SimStats) -> serde_json::Value {
         "directory_lost_pushes": s.directory.lost_pushes,
         "directory_heartbeat_expiries": s.directory.heartbeat_expiries,
         "directory_reregistrations": s.directory.reconnects,
+        "directory_shard_failovers": s.directory.failovers,
         "spill_writes": s.spill_writes,
         "spill_write_failures": s.spill_write_failures,
         "spill_restores": s.spill_restores,

@@ -79,6 +79,20 @@ pub fn run_seed_with_flaws(
     })
 }
 
+/// [`run_seed_with_flaws`] with a directory of `shards` shards, a model of Redis Cluster's
+/// slots and failovers (see `directory::shard`); 1 shard is the default run.
+pub fn run_seed_sharded(
+    seed: u64,
+    nodes: Option<usize>,
+    mode: RunMode,
+    flaws: Flaws,
+    shards: usize,
+) -> SimReport {
+    run_built(seed, || {
+        Cluster::random_sharded(seed, nodes, mode, flaws, shards)
+    })
+}
+
 /// [`run_seed_with_flaws`] with a spill tier on every node (a disk with latency, `ENOSPC`,
 /// IO errors, damaged records; see `cluster::spill`).
 pub fn run_seed_spilling(

@@ -135,6 +135,60 @@ pub struct SimParams {
     /// A whole failure domain crashes: which, when (µs) and for how long (µs), each of its
     /// nodes then restarting.
     pub domain_crash: Option<(u32, u64, u64)>,
+    /// The directory's shards (`--directory-shards`); `None` (every run but those that ask):
+    /// one head, as with 1 shard.
+    pub sharding: Option<ShardingParams>,
+}
+
+/// A sharded directory (see `directory::shard`): its shards, their latencies and failovers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardingParams {
+    /// Shards, at least 1.
+    pub shards: usize,
+    /// One-way latency between a node and each shard after the first, ns (shard 0 has the
+    /// run's directory latency).
+    pub latency_ns: Vec<u64>,
+    /// How far each shard's replica trails its master, µs.
+    pub replica_lag_us: u64,
+    /// Failovers: which shard, when (µs) and how long it answers nothing (µs).
+    pub failovers: Vec<(usize, u64, u64)>,
+}
+
+/// Mixed into the seed for the sharding's stream, so every other parameter of a seed stays
+/// what it was.
+const SHARDING_STREAM: u64 = 0x7368_6172_6465_645f;
+
+impl ShardingParams {
+    /// `shards` shards for a random run of `seed` whose faults end at `faults_until_us`; one
+    /// shard is the unsharded directory (no replica, no failover), so its runs are the
+    /// default's.
+    pub fn draw(seed: u64, shards: usize, faults_until_us: u64, detect_us: u64) -> Self {
+        let mut rng = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed ^ SHARDING_STREAM);
+        if shards <= 1 {
+            return ShardingParams {
+                shards: 1,
+                latency_ns: Vec::new(),
+                replica_lag_us: 0,
+                failovers: Vec::new(),
+            };
+        }
+        let latency_ns = (1..shards).map(|_| rng.gen_range(1_000..=30_000)).collect();
+        let replica_lag_us = rng.gen_range(100..=800);
+        let failovers = (0..rng.gen_range(1..=3))
+            .map(|_| {
+                let shard = rng.gen_range(0..shards);
+                let at = rng.gen_range(0..faults_until_us.max(1));
+                let down = detect_us + rng.gen_range(100..=2_000);
+                (shard, at, down)
+            })
+            .collect();
+        ShardingParams {
+            shards,
+            latency_ns,
+            replica_lag_us,
+            failovers,
+        }
+    }
 }
 
 impl SimParams {
@@ -217,6 +271,7 @@ impl SimParams {
             replicas: false,
             failure_domains: 0,
             domain_crash: None,
+            sharding: None,
         };
         // The directory's timing and faults, drawn last, so every earlier parameter of a seed
         // stays what it was.
@@ -292,6 +347,7 @@ impl SimParams {
             replicas: false,
             failure_domains: 0,
             domain_crash: None,
+            sharding: None,
         }
     }
 
@@ -322,6 +378,7 @@ impl SimParams {
                 .map(|n| self.failure_domain(NodeId(n)))
                 .collect(),
             replication: crate::cluster::replication_limits(self),
+            replica: None,
         }
     }
 }
@@ -394,6 +451,17 @@ impl fmt::Display for SimParams {
         }
         if let Some((domain, at, down)) = self.domain_crash {
             write!(f, " domain_crash=rack-{domain}@{at}us+{down}us")?;
+        }
+        if let Some(sharding) = self.sharding.as_ref().filter(|s| s.shards > 1) {
+            write!(
+                f,
+                " directory_shards={} shard_latency={:?}ns replica_lag={}us failovers=",
+                sharding.shards, sharding.latency_ns, sharding.replica_lag_us
+            )?;
+            for (i, (shard, at, down)) in sharding.failovers.iter().enumerate() {
+                let comma = if i == 0 { "" } else { "," };
+                write!(f, "{comma}shard{shard}@{at}us+{down}us")?;
+            }
         }
         Ok(())
     }

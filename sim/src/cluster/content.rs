@@ -74,6 +74,10 @@ pub struct Flaws {
     /// The daemon hands its store a quarter of the configured spill limit (as a unit slip
     /// would), so the store evicts objects the tier has room for (see `spill`).
     pub spill_evicts_with_room: bool,
+    /// A sharded directory's failovers are transparent to the nodes: their connections follow
+    /// the promoted replica and nobody re-registers or replays, so what the replica had not
+    /// received stays lost (see `directory::shard`).
+    pub transparent_shard_failovers: bool,
 }
 
 impl Cluster {
@@ -234,7 +238,7 @@ impl Cluster {
             // unpublished if the id turns out taken).
             return;
         }
-        let Some(registry) = self.directory.registry() else {
+        let Some(registry) = self.registry_of(&id) else {
             return;
         };
         let holders = registry.holders_of(&id);
@@ -257,12 +261,14 @@ impl Cluster {
 
     /// At the end: the nodes the directory lists for each id hold one content.
     pub(super) fn check_listed_contents(&mut self) {
-        let Some(registry) = self.directory.registry() else {
+        if self.all_shards().any(|shard| shard.registry().is_none()) {
             return;
-        };
+        }
         let mut by_id: BTreeMap<ObjectId, Vec<NodeId>> = BTreeMap::new();
-        for (node, id) in registry.locations() {
-            by_id.entry(id).or_default().push(node);
+        for shard in self.all_shards() {
+            for (node, id) in shard.registry().expect("up").locations() {
+                by_id.entry(id).or_default().push(node);
+            }
         }
         let mut violations = Vec::new();
         for (id, holders) in by_id {
@@ -295,9 +301,8 @@ impl Cluster {
                 {
                     continue;
                 }
-                let (Some(named), Some(held)) =
-                    (registry.content_of(&id), self.copy_digest(n, &id))
-                else {
+                let named = self.registry_of(&id).and_then(|r| r.content_of(&id));
+                let (Some(named), Some(held)) = (named, self.copy_digest(n, &id)) else {
                     continue;
                 };
                 if named != held {

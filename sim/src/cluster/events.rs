@@ -129,17 +129,43 @@ impl Cluster {
                 self.feed(node, NodeInput::ReadCompletion { op, result });
             }
             Event::Directory(event) => {
+                if let DirEvent::HeadPartition { node, on } = &event {
+                    // A node cut off from the directory is cut off from every shard.
+                    for shard in 1..self.directory_shards() {
+                        let (node, on) = (*node, *on);
+                        let event = DirEvent::HeadPartition { node, on };
+                        self.handle(Event::DirectoryShard { shard, event });
+                    }
+                }
                 let faults_on = self.mode.faults && self.now.0 / 1000 < self.params.faults_until_us;
                 let effects = self
                     .directory
                     .handle(self.now, event, &mut self.rng, faults_on);
                 self.apply_directory(effects);
             }
-            Event::DirectoryNotice { to, inc, notice } => {
+            Event::DirectoryShard { shard, event } => {
+                let faults_on = self.mode.faults && self.now.0 / 1000 < self.params.faults_until_us;
+                let now = self.now;
+                let directory = match shard {
+                    0 => &mut self.directory,
+                    s => &mut self.shards[s - 1],
+                };
+                let effects = directory.handle(now, event, &mut self.rng, faults_on);
+                self.apply_shard(shard, effects);
+            }
+            Event::DirectoryNotice {
+                shard,
+                to,
+                inc,
+                notice,
+            } => {
                 if !self.alive(to, inc) {
                     return;
                 }
-                self.directory.delivering(to, &notice);
+                self.shard_mut(shard).delivering(to, &notice);
+                let Some(notice) = self.one_directory_notice(shard, to, notice) else {
+                    return;
+                };
                 self.directory_named(to, inc, &notice);
                 let Some(notice) = self.replica_notice(to, inc, notice) else {
                     return;

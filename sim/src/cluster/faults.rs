@@ -171,6 +171,17 @@ impl Cluster {
                 Event::Directory(DirEvent::HeadPartition { node, on: false }),
             );
         }
+        if let Some(sharding) = &p.sharding {
+            // Drawn apart from the rest (see `ShardingParams::draw`).
+            for &(shard, at, down) in &sharding.failovers {
+                let failover = |up| Event::DirectoryShard {
+                    shard,
+                    event: DirEvent::Failover { up },
+                };
+                self.schedule_us(at, failover(false));
+                self.schedule_us(at + down, failover(true));
+            }
+        }
         if let Some((domain, at, down)) = p.domain_crash {
             // Every node of the domain at once (what a rack's power or switch does).
             for node in (0..n).filter(|node| node % p.failure_domains.max(1) == domain) {
@@ -226,6 +237,11 @@ impl Cluster {
         let silent = self.mode.faults && self.rng.gen_bool(0.5);
         let effects = self.directory.node_crashed(self.now, n, silent);
         self.apply_directory(effects);
+        for shard in 1..self.directory_shards() {
+            let now = self.now;
+            let effects = self.shard_mut(shard).node_crashed(now, n, silent);
+            self.apply_shard(shard, effects);
+        }
     }
 
     pub(super) fn count_reads_of(&self, n: NodeId, inc: u32) -> u64 {
@@ -303,6 +319,12 @@ impl Cluster {
         self.check_recovered(n, &durable);
         let effects = self.directory.node_started(self.now, n, inc);
         self.apply_directory(effects);
+        self.shards_down.remove(&n);
+        for shard in 1..self.directory_shards() {
+            let now = self.now;
+            let effects = self.shard_mut(shard).node_started(now, n, inc);
+            self.apply_shard(shard, effects);
+        }
         // Recovered objects are published like fresh seals. Connections come back as the
         // nodes dial (the higher id of each pair, once the membership lists both).
         self.after_input(n);

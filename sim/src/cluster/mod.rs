@@ -75,8 +75,15 @@ enum Event {
     },
     /// Something of the directory (the head, a session, the link between them) is due.
     Directory(DirEvent),
+    /// Something of a shard of a sharded directory is due (shard 0's are `Directory`).
+    DirectoryShard {
+        shard: usize,
+        event: DirEvent,
+    },
     /// A directory reply or event reaches a node's core.
     DirectoryNotice {
+        /// The shard it comes from.
+        shard: usize,
         to: NodeId,
         inc: u32,
         notice: DirectoryNotice,
@@ -343,6 +350,11 @@ pub struct Cluster {
     nodes: Vec<SimNode>,
     network: Network,
     directory: SimDirectory,
+    /// A sharded directory's shards after the first (`directory`); none unless sharded.
+    shards: Vec<SimDirectory>,
+    /// A sharded directory: the shards each node's sessions last reported down, by node (the
+    /// core hears one health: down while any shard is).
+    shards_down: BTreeMap<NodeId, BTreeSet<usize>>,
     /// Queued events that are not background.
     foreground: u64,
     trace: Trace,
@@ -418,6 +430,27 @@ impl Cluster {
     pub fn random_with_flaws(seed: u64, nodes: Option<usize>, mode: RunMode, flaws: Flaws) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let params = SimParams::draw(seed, &mut rng, nodes);
+        Self::build(params, rng, mode, flaws)
+    }
+
+    /// [`Cluster::random_with_flaws`] with a directory of `shards` shards (see
+    /// `directory::shard`), their latencies and failovers drawn from the seed apart from the
+    /// others. One shard is the default directory: the same run.
+    pub fn random_sharded(
+        seed: u64,
+        nodes: Option<usize>,
+        mode: RunMode,
+        flaws: Flaws,
+        shards: usize,
+    ) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut params = SimParams::draw(seed, &mut rng, nodes);
+        params.sharding = Some(crate::params::ShardingParams::draw(
+            seed,
+            shards,
+            params.faults_until_us,
+            params.detect_us,
+        ));
         Self::build(params, rng, mode, flaws)
     }
 
@@ -500,10 +533,35 @@ impl Cluster {
         if flaws.no_tombstones {
             directory_params.replication.max_tombstones = 0;
         }
+        let sharding = params.sharding.clone().filter(|s| s.shards > 1);
+        // Only a shard that fails over keeps what its replica needs (its registry's inputs).
+        let replica = |shard: usize| {
+            let sharding = sharding.as_ref()?;
+            let failovers = sharding.failovers.iter().filter(|f| f.0 == shard).count();
+            (failovers > 0).then_some((sharding.replica_lag_us * 1000, failovers as u32))
+        };
+        let mut shards = Vec::new();
+        let mut shard_effects = Vec::new();
+        for (i, latency_ns) in sharding
+            .iter()
+            .flat_map(|s| s.latency_ns.iter())
+            .enumerate()
+        {
+            let mut params = directory_params.clone();
+            params.latency_ns = *latency_ns;
+            params.replica = replica(i + 1);
+            let (shard, effects) = SimDirectory::formed(params, n, Instant::ZERO);
+            shards.push(shard);
+            shard_effects.push(effects);
+        }
+        directory_params.replica = replica(0);
         let (mut directory, directory_effects) =
             SimDirectory::formed(directory_params, n, Instant::ZERO);
-        directory.unguarded_restarts = flaws.unguarded_head_restarts;
-        directory.forgets_subscriptions = flaws.registry_forgets_subscriptions;
+        for shard in std::iter::once(&mut directory).chain(shards.iter_mut()) {
+            shard.unguarded_restarts = flaws.unguarded_head_restarts;
+            shard.forgets_subscriptions = flaws.registry_forgets_subscriptions;
+            shard.set_transparent_failovers(flaws.transparent_shard_failovers);
+        }
         let mut cluster = Cluster {
             mode,
             now: Instant::ZERO,
@@ -512,6 +570,8 @@ impl Cluster {
             nodes: Vec::new(),
             network,
             directory,
+            shards,
+            shards_down: BTreeMap::new(),
             foreground: 0,
             trace: Trace::new(mode.keep_trace, mode.echo_trace),
             checker: Checker::default(),
@@ -554,6 +614,9 @@ impl Cluster {
             rng,
         };
         cluster.apply_directory(directory_effects);
+        for (i, effects) in shard_effects.into_iter().enumerate() {
+            cluster.apply_shard(i + 1, effects);
+        }
         for i in 0..n {
             let memory = Memory::new(
                 cluster.params.arena_bytes,
@@ -766,8 +829,10 @@ impl Cluster {
     fn send_to_directory(&mut self, n: NodeId, op: DirectoryOpId, request: DirectoryRequest) {
         let request = self.directory_request(n, op, request);
         self.record_args(format_args!("{n} -> directory {op} {request}"));
-        let effects = self.directory.submit(self.now, n, op, request);
-        self.apply_directory(effects);
+        let shard = self.shard_of(request_object(&request));
+        let now = self.now;
+        let effects = self.shard_mut(shard).submit(now, n, op, request);
+        self.apply_shard(shard, effects);
     }
 
     fn transmit(&mut self, from: NodeId, to: NodeId, bytes: Vec<u8>) {
@@ -811,22 +876,96 @@ impl Cluster {
 
     /// Schedules what the directory asked for.
     fn apply_directory(&mut self, effects: Vec<Effect>) {
+        self.apply_shard(0, effects);
+    }
+
+    /// The number of the directory's shards (1: unsharded).
+    pub fn directory_shards(&self) -> usize {
+        1 + self.shards.len()
+    }
+
+    /// The shard holding `id`'s records.
+    fn shard_of(&self, id: &ObjectId) -> usize {
+        if self.shards.is_empty() {
+            0
+        } else {
+            crate::directory::shard::shard_of(id, self.directory_shards())
+        }
+    }
+
+    fn shard_mut(&mut self, shard: usize) -> &mut SimDirectory {
+        match shard {
+            0 => &mut self.directory,
+            s => &mut self.shards[s - 1],
+        }
+    }
+
+    /// Every shard of the directory, shard 0 first.
+    fn all_shards(&self) -> impl Iterator<Item = &SimDirectory> {
+        std::iter::once(&self.directory).chain(self.shards.iter())
+    }
+
+    /// The registry holding `id`'s records, when its shard is up.
+    pub(super) fn registry_of(&self, id: &ObjectId) -> Option<&skyriver_core::registry::Registry> {
+        self.all_shards().nth(self.shard_of(id))?.registry()
+    }
+
+    /// What a core hears of a notice of shard `shard`'s session: a sharded directory is one
+    /// directory to it. The member list is shard 0's; the health is down while any shard is
+    /// (down as the first goes down, up again as the last comes back; every other change is
+    /// not heard).
+    fn one_directory_notice(
+        &mut self,
+        shard: usize,
+        node: NodeId,
+        notice: DirectoryNotice,
+    ) -> Option<DirectoryNotice> {
+        if self.shards.is_empty() {
+            return Some(notice);
+        }
+        let down = self.shards_down.entry(node).or_default();
+        match &notice {
+            DirectoryNotice::Members(_) if shard != 0 => None,
+            DirectoryNotice::Health(Err(_)) => {
+                let first = down.is_empty();
+                down.insert(shard);
+                first.then_some(notice)
+            }
+            DirectoryNotice::Health(Ok(())) => {
+                let was_down = down.remove(&shard);
+                (down.is_empty() && (was_down || shard == 0)).then_some(notice)
+            }
+            _ => Some(notice),
+        }
+    }
+
+    /// Schedules what shard `shard` of the directory asked for.
+    fn apply_shard(&mut self, shard: usize, effects: Vec<Effect>) {
         for effect in effects {
             match effect {
                 Effect::Schedule {
                     at,
                     event,
                     background,
-                } => self.schedule_as(at, Event::Directory(event), background),
+                } => {
+                    let event = if shard == 0 {
+                        Event::Directory(event)
+                    } else {
+                        Event::DirectoryShard { shard, event }
+                    };
+                    self.schedule_as(at, event, background)
+                }
                 Effect::Notice { node, inc, notice } => self.schedule(
                     self.now,
                     Event::DirectoryNotice {
+                        shard,
                         to: node,
                         inc,
                         notice,
                     },
                 ),
-                Effect::Trace(line) => self.record(|| line),
+                Effect::Trace(line) if self.shards.is_empty() => self.record(|| line),
+                Effect::Trace(line) => self.record(|| format!("shard {shard}: {line}")),
             }
         }
     }
@@ -852,7 +991,19 @@ impl Cluster {
                     .filter(|&i| self.nodes[i].node.is_some())
                     .map(|i| (NodeId(i as u32), self.nodes[i].inc))
                     .collect();
-                let converged = self.directory.converged(&live);
+                let converged = self
+                    .all_shards()
+                    .enumerate()
+                    .map(|(i, shard)| {
+                        shard
+                            .converged(&live)
+                            .map_err(|what| match self.shards.is_empty() {
+                                true => what,
+                                false => format!("shard {i}: {what}"),
+                            })
+                    })
+                    .find(Result::is_err)
+                    .unwrap_or(Ok(()));
                 if converged.is_ok() && self.foreground == 0 {
                     return;
                 }
@@ -877,7 +1028,11 @@ impl Cluster {
 
     /// Directory fault and traffic counters.
     pub fn directory_stats(&self) -> crate::directory::DirectoryStats {
-        self.directory.stats.clone()
+        let mut stats = crate::directory::DirectoryStats::default();
+        for shard in self.all_shards() {
+            stats.add(&shard.stats);
+        }
+        stats
     }
 }
 
@@ -919,4 +1074,18 @@ fn id_list(ids: &[ObjectId]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The object a directory request is about.
+fn request_object(request: &DirectoryRequest) -> &ObjectId {
+    match request {
+        DirectoryRequest::Lookup { id, .. }
+        | DirectoryRequest::Publish { id, .. }
+        | DirectoryRequest::Withdraw { id }
+        | DirectoryRequest::Unsubscribe { id }
+        | DirectoryRequest::PublishReplicated { id, .. }
+        | DirectoryRequest::DeleteEverywhere { id }
+        | DirectoryRequest::DeclineReplica { id }
+        | DirectoryRequest::LocateCopies { id } => id,
+    }
 }

@@ -309,8 +309,7 @@ impl Cluster {
             return;
         }
         let content = self
-            .directory
-            .registry()
+            .registry_of(&id)
             .and_then(|registry| registry.content_of(&id));
         self.replication
             .delete_ops
@@ -535,7 +534,8 @@ impl Cluster {
         self.record(|| format!("{n}: its copy of record of {id} is surplus"));
         // What the registry counted when it sent the notice: a holder it counted may have
         // expired since (and the registry then asks for a new copy).
-        let of_record = self.directory.take_surplus_counted(n, &id);
+        let shard = self.shard_of(&id);
+        let of_record = self.shard_mut(shard).take_surplus_counted(n, &id);
         if let Some(published) = self.replication.published.get_mut(&id) {
             published.remove(&(n, inc));
         }

@@ -32,7 +32,7 @@ impl Cluster {
     /// Counters.
     pub fn stats(&self) -> SimStats {
         let mut stats = self.stats.clone();
-        stats.directory = self.directory.stats.clone();
+        stats.directory = self.directory_stats();
         stats.spill_writes = self.spill.stats.writes;
         stats.spill_write_failures = self.spill.stats.no_space + self.spill.stats.io_errors;
         stats.spill_restores = self.spill.stats.restores;
@@ -214,6 +214,11 @@ impl Cluster {
         &self.directory
     }
 
+    /// Shard `shard` of a sharded directory (0 is [`Cluster::directory`]).
+    pub fn directory_shard(&self, shard: usize) -> Option<&SimDirectory> {
+        self.all_shards().nth(shard)
+    }
+
     /// Runs events until virtual time `until` (heartbeats included), whatever is pending.
     pub fn run_until(&mut self, until: Instant) {
         while self
@@ -226,6 +231,9 @@ impl Cluster {
         self.now = self.now.max(until);
         self.settle_node_checks();
         self.directory.settle_registry_checks();
+        for shard in &mut self.shards {
+            shard.settle_registry_checks();
+        }
     }
 
     /// Runs the next event; false when none is left.
@@ -242,6 +250,12 @@ impl Cluster {
         self.handle(*scheduled.event);
         for violation in self.directory.check(self.now) {
             self.checker.violation(self.now, violation);
+        }
+        for i in 0..self.shards.len() {
+            for violation in self.shards[i].check(self.now) {
+                self.checker
+                    .violation(self.now, format!("shard {}: {violation}", i + 1));
+            }
         }
         true
     }
@@ -315,8 +329,10 @@ impl Cluster {
         self.settle_directory();
         self.settle_replicas();
         self.check_copies_fetchable();
-        if let Some(registry) = self.directory.registry() {
-            registry.check_invariants();
+        for shard in self.all_shards() {
+            if let Some(registry) = shard.registry() {
+                registry.check_invariants();
+            }
         }
         self.settle_node_checks();
         self.check_listed_contents();

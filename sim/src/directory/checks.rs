@@ -538,7 +538,7 @@ impl SimDirectory {
             // Its outputs (closes, member lists) touch the nodes they reach; a member it drops
             // loses its registration, which ends what the checks ask of the registry.
             DirEvent::RegistryTimer { .. } => {}
-            DirEvent::Head { .. } => self.watch.everything = true,
+            DirEvent::Head { .. } | DirEvent::Failover { .. } => self.watch.everything = true,
         }
     }
 

@@ -6,8 +6,9 @@
 //! silent, by their heartbeat timeout, and re-register with backoff); a node is partitioned from
 //! the head (messages both ways vanish, connection attempts fail; both sides find out by
 //! heartbeat); a push is lost (its connection breaks with it; both sides notice after the
-//! detection delay). The cluster turns [`Effect`]s into scheduled events and hands
-//! [`DirEvent`]s back when they are due.
+//! detection delay); a shard of a sharded directory fails over (its replica, which lacks the
+//! master's last writes, answers after a while; see [`shard`]). The cluster turns [`Effect`]s
+//! into scheduled events and hands [`DirEvent`]s back when they are due.
 //!
 //! Checks kept here, because only here both ends are visible:
 //! - **no forgotten subscription**: a node whose fetch waits on a publication (its subscribing
@@ -23,6 +24,7 @@
 
 mod checks;
 mod link;
+pub mod shard;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -58,6 +60,10 @@ pub struct DirectoryParams {
     pub replication: skyriver_core::registry::ReplicationLimits,
     /// Each node's failure domain as its hello names it, by node (none: empty).
     pub failure_domains: Vec<String>,
+    /// A shard of a sharded directory that fails over (see [`shard`]): how far its replica
+    /// trails its master, ns, and how many failovers the run plans for it. `None`: the one
+    /// head of an unsharded directory, or a shard that does not fail over.
+    pub replica: Option<(u64, u32)>,
 }
 
 /// Something due at a time, handed back to [`SimDirectory::handle`].
@@ -128,6 +134,12 @@ pub enum DirEvent {
         up: bool,
         /// A crash nodes learn of only by heartbeat (a host crash), not by a reset.
         silent: bool,
+    },
+    /// Fault: a shard's master dies (`up == false`), or its replica answers as master (see
+    /// [`shard`]).
+    Failover {
+        /// Answering again.
+        up: bool,
     },
     /// Fault: a node is cut off from the head, or reconnected.
     HeadPartition {
@@ -228,6 +240,8 @@ pub struct SimDirectory {
     pub unguarded_restarts: bool,
     /// The planted flaw `registry_forgets_subscriptions` (see `Flaws`).
     pub forgets_subscriptions: bool,
+    /// A shard of a sharded directory: its replica, for failovers.
+    shard: Option<shard::ShardState>,
 }
 
 /// Directory fault and traffic counters of a run.
@@ -243,6 +257,8 @@ pub struct DirectoryStats {
     pub heartbeat_expiries: u64,
     /// Sessions that re-registered after losing the head.
     pub reconnects: u64,
+    /// Failovers of a shard of a sharded directory.
+    pub failovers: u64,
 }
 
 impl DirectoryStats {
@@ -253,6 +269,7 @@ impl DirectoryStats {
         self.lost_pushes += other.lost_pushes;
         self.heartbeat_expiries += other.heartbeat_expiries;
         self.reconnects += other.reconnects;
+        self.failovers += other.failovers;
     }
 }
 
@@ -272,7 +289,7 @@ fn member_info(node: NodeId, inc: u32, failure_domain: String) -> MemberInfo {
 }
 
 /// A head's registry with the run's replication limits.
-fn new_registry(
+pub(super) fn new_registry(
     config: RegistryConfig,
     replication: skyriver_core::registry::ReplicationLimits,
 ) -> Registry {
@@ -284,7 +301,7 @@ fn new_registry(
 /// How long a restarted head's grace period lasts: a returning node notices the lost head
 /// within its session timeout, tries again within its longest backoff (twice, should the
 /// first try meet a head still down), and replays after a handshake of a few trips.
-fn restart_grace(params: &DirectoryParams) -> Duration {
+pub(super) fn restart_grace(params: &DirectoryParams) -> Duration {
     params.session.heartbeat_timeout
         + params.session.reconnect_backoff_max * 2
         + Duration::from_nanos(params.latency_ns * 10)
@@ -305,17 +322,18 @@ impl SimDirectory {
     /// cluster whose daemons all joined before the workload.
     pub fn formed(params: DirectoryParams, nodes: usize, now: Instant) -> (Self, Vec<Effect>) {
         let cluster_token = skyriver_core::auth::ClusterToken::new("sim-cluster-token");
+        let config = RegistryConfig {
+            cluster_token: cluster_token.clone(),
+            nonce_key: sim_nonce_key(b'h', 0, 0),
+            heartbeat_timeout: params.registry_heartbeat_timeout,
+            limits: Default::default(),
+        };
         let mut directory = SimDirectory {
             reported: BTreeSet::new(),
-            registry: Some(new_registry(
-                RegistryConfig {
-                    cluster_token: cluster_token.clone(),
-                    nonce_key: sim_nonce_key(b'h', 0, 0),
-                    heartbeat_timeout: params.registry_heartbeat_timeout,
-                    limits: Default::default(),
-                },
-                params.replication,
-            )),
+            shard: params
+                .replica
+                .map(|(lag, failovers)| shard::ShardState::new(lag, failovers, config.clone())),
+            registry: Some(new_registry(config, params.replication)),
             params,
             cluster_token,
             head_epoch: 0,
@@ -356,8 +374,12 @@ impl SimDirectory {
                         SessionOutput::Send(message) => {
                             let conn = end.conn.expect("connected");
                             directory.last_heard.insert(conn, now);
+                            let input = shard::RegistryInput::Message(conn, message);
+                            if let Some(shard) = directory.shard.as_mut() {
+                                shard.log(now, &input);
+                            }
                             let registry = directory.registry.as_mut().expect("up");
-                            let _ = registry.handle_message(now, conn, message);
+                            input.apply(registry, now);
                         }
                         SessionOutput::Notice(DirectoryNotice::Members(members)) => {
                             end.members = members
@@ -595,6 +617,7 @@ impl SimDirectory {
                     }
                 }
                 if self.registry.is_none() {
+                    self.held_by_failover(conn, &message);
                     return effects;
                 }
                 self.heard(conn, now);
@@ -627,12 +650,12 @@ impl SimDirectory {
                     } => self.owners.get(&conn).map(|&(node, _)| (node, *id)),
                     _ => None,
                 };
-                let registry = self.registry.as_mut().expect("up");
+                let registry = self.registry.as_ref().expect("up");
                 let stamp_before =
                     subscription.and_then(|(node, _)| registry.subscriptions_stamp(node));
-                let _ = registry.handle_message(now, conn, message);
+                self.registry_input(now, shard::RegistryInput::Message(conn, message));
                 if let Some(unsubscribe) = forgotten {
-                    let _ = registry.handle_message(now, conn, unsubscribe);
+                    self.registry_input(now, shard::RegistryInput::Message(conn, unsubscribe));
                 }
                 if let Some((node, id)) = subscription {
                     self.account_registry_change(node, id, stamp_before);
@@ -678,7 +701,7 @@ impl SimDirectory {
                                 )));
                             }
                         }
-                        registry.handle_disconnect(now, conn);
+                        self.registry_input(now, shard::RegistryInput::Disconnect(conn));
                         self.pump_registry(now, rng, faults_on, &mut effects);
                     }
                 }
@@ -739,10 +762,10 @@ impl SimDirectory {
                 if self.registry_timer_at.is_some_and(|at| at <= now) {
                     self.registry_timer_at = None;
                 }
-                if let Some(registry) = self.registry.as_mut() {
+                if let Some(registry) = self.registry.as_ref() {
                     let before = registry.member_count();
-                    registry.handle_timeout(now);
-                    let after = registry.member_count();
+                    self.registry_input(now, shard::RegistryInput::Timeout);
+                    let after = self.registry.as_ref().expect("up").member_count();
                     self.stats.heartbeat_expiries += (before - after) as u64;
                     self.pump_registry(now, rng, faults_on, &mut effects);
                 }
@@ -778,23 +801,26 @@ impl SimDirectory {
                     effects.push(Effect::Trace(
                         "FAULT directory head back, with an empty registry".into(),
                     ));
-                    let mut registry = new_registry(
-                        RegistryConfig {
-                            cluster_token: self.cluster_token.clone(),
-                            nonce_key: sim_nonce_key(b'h', self.head_epoch, 0),
-                            heartbeat_timeout: self.params.registry_heartbeat_timeout,
-                            limits: Default::default(),
-                        },
-                        self.params.replication,
-                    );
+                    let config = RegistryConfig {
+                        cluster_token: self.cluster_token.clone(),
+                        nonce_key: sim_nonce_key(b'h', self.head_epoch, 0),
+                        heartbeat_timeout: self.params.registry_heartbeat_timeout,
+                        limits: Default::default(),
+                    };
+                    if let Some(shard) = self.shard.as_mut() {
+                        shard.restarted(config.clone());
+                    }
+                    self.registry = Some(new_registry(config, self.params.replication));
                     if !self.unguarded_restarts {
                         // The simulated operator knows the head restarted (see
                         // `registry::grace`).
-                        registry.set_restart_grace(restart_grace(&self.params));
-                        registry.begin_grace(now);
+                        let grace = restart_grace(&self.params);
+                        self.registry_input(now, shard::RegistryInput::Grace(grace));
                     }
-                    self.registry = Some(registry);
                 }
+            }
+            DirEvent::Failover { up } => {
+                self.failover(now, up, rng, faults_on, &mut effects);
             }
             DirEvent::HeadPartition { node, on } => {
                 if on {
