@@ -371,6 +371,8 @@ pub enum DirectoryNotice {
     Event(DirectoryEvent),
     /// The live members changed (sent at join and at every change).
     Members(MemberList),
-    /// The service became reachable (`Ok`) or unreachable (`Err` with the reason).
+    /// The service became reachable (`Ok`) or unreachable (`Err` with the reason). The reason
+    /// is text for people (the log, `skyriver nodes`, `/healthz`): the core decides nothing by
+    /// it, only by `Ok` or `Err`, so it stays the backend's own words rather than a type.
     Health(Result<(), String>),
 }
