@@ -154,7 +154,10 @@ fn each_relay_in_a_chain_adds_about_one_slice_not_a_transfer() {
     let slice_ns = p.read_slice_bytes * 1_000_000_000 / p.bandwidth_bytes_per_sec;
     let hop = Duration::from_nanos(2 * slice_ns + 4 * p.latency_ns.1);
     let alone = broadcast_time(1);
-    assert!(hop * 3 < alone, "a hop's lag {hop:?} is small next to a transfer {alone:?}");
+    assert!(
+        hop * 3 < alone,
+        "a hop's lag {hop:?} is small next to a transfer {alone:?}"
+    );
     for readers in [3, 7] {
         let took = broadcast_time(readers);
         let bound = alone + hop * (readers - 1);
