@@ -125,3 +125,47 @@ fn random_runs_that_relay_pass_their_checks_and_catch_a_relay_running_ahead() {
     assert!(relaying >= 5, "only {relaying} runs of {SEEDS:?} relayed");
     assert!(caught > 0, "no run of {SEEDS:?} caught the planted flaw");
 }
+
+/// Virtual time from the fetches of nodes `1..=readers` (all at once) to the moment every one
+/// of them holds the object.
+fn broadcast_time(readers: u32) -> Duration {
+    let mut c = Cluster::scripted(readers as usize + 1);
+    c.put(0, OBJ, LEN);
+    c.drive();
+    let start = c.now();
+    for node in 1..=readers {
+        c.fetch_without_waiting(node, &[OBJ], TIMEOUT);
+    }
+    assert!(c.drive_until(|c| (1..=readers).all(|n| holds(c, n))));
+    let took = c.now().saturating_since(start);
+    finish(&mut c);
+    took
+}
+
+/// The chain is cut-through, not store-and-forward: each reader trails its relay by about one
+/// READ slice and the messages that announce it, however long the object. So each node added
+/// to a broadcast adds at most a hop's lag (two slices on the wire and four link latencies,
+/// of which one READ's round trip and one announcement are what a hop costs), not another
+/// whole transfer. A relay announcing its prefix less often (every few READs), or only once
+/// its copy is whole, makes its readers trail by more and fails this.
+#[test]
+fn each_relay_in_a_chain_adds_about_one_slice_not_a_transfer() {
+    let p = skyriver_sim::SimParams::scripted(2);
+    let slice_ns = p.read_slice_bytes * 1_000_000_000 / p.bandwidth_bytes_per_sec;
+    let hop = Duration::from_nanos(2 * slice_ns + 4 * p.latency_ns.1);
+    let alone = broadcast_time(1);
+    assert!(
+        hop * 3 < alone,
+        "a hop's lag {hop:?} is small next to a transfer {alone:?}"
+    );
+    for readers in [3, 7] {
+        let took = broadcast_time(readers);
+        let bound = alone + hop * (readers - 1);
+        assert!(
+            took <= bound,
+            "{readers} readers took {took:?}, more than one transfer ({alone:?}) and {} hops of \
+             {hop:?}",
+            readers - 1
+        );
+    }
+}

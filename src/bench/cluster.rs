@@ -1033,5 +1033,45 @@ fn print_table(rows: &[ClusterRow], args: &ClusterArgs, shape: &crate::netns::Ap
         }
         println!();
     }
+    if rows.iter().any(|r| r.pattern == Pattern::Broadcast.name()) {
+        let (ratio, why) = broadcast_bound(args.nodes, args.broadcast_batched);
+        println!("  broadcast: at most {ratio:.2}x a star from the source on equal links ({why})");
+    }
     println!();
+}
+
+/// The best ratio to a star from the source a broadcast round of `nodes` can reach on equal
+/// links, and why. A star sends (N−1)² objects over the source's link. Fetching one object
+/// after another, a node's first object exists only at the source, which must send all N−1
+/// first objects before the last of them is in; that node then brings in N−2 more: (N−1) +
+/// (N−2) object times. Fetching all at once, only each node's own link bounds it: N−1 object
+/// times.
+fn broadcast_bound(nodes: u32, batched: bool) -> (f64, &'static str) {
+    let n = f64::from(nodes.max(2));
+    let star = (n - 1.0) * (n - 1.0);
+    if batched {
+        (
+            star / (n - 1.0),
+            "each node's link brings in every object once",
+        )
+    } else {
+        let why = "fetched one after another, each node's first object comes from the source \
+                   alone, and the last of them is in only once the source sent them all";
+        (star / (2.0 * n - 3.0), why)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::broadcast_bound;
+
+    #[test]
+    fn a_broadcast_fetched_one_after_another_is_bounded_below_a_batched_one() {
+        let (sequential, _) = broadcast_bound(8, false);
+        let (batched, _) = broadcast_bound(8, true);
+        assert!((sequential - 49.0 / 13.0).abs() < 1e-9, "{sequential}");
+        assert!((batched - 7.0).abs() < 1e-9, "{batched}");
+        // Three nodes: a star sends 4 objects; one after another takes 2 + 1 object times.
+        assert!((broadcast_bound(3, false).0 - 4.0 / 3.0).abs() < 1e-9);
+    }
 }
