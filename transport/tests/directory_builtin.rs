@@ -728,6 +728,37 @@ mod handshake {
         assert_eq!(server.members().len(), 1);
     }
 
+    /// A node that keeps sending but never reads fills its queue at the head (the head writes
+    /// replies itself while the socket takes them, then queues them) and is disconnected.
+    #[tokio::test]
+    async fn a_node_that_never_reads_is_disconnected() {
+        let server = start_server(Duration::from_secs(30)).await;
+        let mut node = TcpStream::connect(server.local_addr()).await.unwrap();
+        let hello = hello([4; 32]);
+        let nonce = challenge(&mut node, &hello).await;
+        send_frame(&mut node, &ToRegistry::Proof(proof(TOKEN, &hello, &nonce))).await;
+        assert!(matches!(
+            receive_frame(&mut node).await,
+            Some(FromRegistry::Welcome { .. })
+        ));
+        wait_until(|| server.members().len() == 1).await;
+        let mut burst = Vec::new();
+        for seq in 0..10_000u64 {
+            let body = postcard::to_allocvec(&ToRegistry::Ping { seq }).unwrap();
+            burst.extend_from_slice(&(body.len() as u32).to_le_bytes());
+            burst.extend_from_slice(&body);
+        }
+        // Pings, never reading a pong, until the head lets the node go.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !server.members().is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "still a member");
+            if node.write_all(&burst).await.is_err() {
+                break;
+            }
+        }
+        wait_until(|| server.members().is_empty()).await;
+    }
+
     async fn wait_until(mut done: impl FnMut() -> bool) {
         let deadline = tokio::time::Instant::now() + WAIT;
         while !done() {
