@@ -631,6 +631,40 @@ mod handshake {
         drop(node);
     }
 
+    /// A head too busy to answer a node's first hello within its connect timeout: the node
+    /// tries again within its join timeout instead of giving up.
+    #[tokio::test]
+    async fn a_hello_that_times_out_is_tried_again_within_the_join_timeout() {
+        let server = start_server(Duration::from_secs(5)).await;
+        let head = server.local_addr();
+        // In front of the head: the first connection is accepted and never answered, later
+        // ones are passed through.
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front_addr = front.local_addr().unwrap();
+        let relay = tokio::spawn(async move {
+            let (silent, _) = front.accept().await.unwrap();
+            loop {
+                let (mut node, _) = front.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut upstream = TcpStream::connect(head).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut node, &mut upstream).await;
+                });
+                let _ = &silent;
+            }
+        });
+        let config = ClientConfig {
+            connect_timeout: Duration::from_millis(200),
+            join_timeout: Duration::from_secs(10),
+            ..client_config()
+        };
+        let node = Node::try_join(front_addr, member(1), TOKEN, config)
+            .await
+            .expect("joins on a later try");
+        wait_until(|| server.members().len() == 1).await;
+        drop(node);
+        relay.abort();
+    }
+
     #[tokio::test]
     async fn a_node_drops_a_head_that_cannot_prove_the_token() {
         // Something at the head's address that speaks the protocol without the token: it

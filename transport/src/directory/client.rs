@@ -198,7 +198,8 @@ impl Directory for DirectoryClient {
 pub(crate) struct ClientTiming {
     /// Bound on one connection attempt (opening the link plus the hello).
     pub(crate) connect_timeout: Duration,
-    /// How long the first connection keeps retrying a retryable refusal.
+    /// How long the first connection keeps retrying a retryable refusal, or an attempt that
+    /// timed out (the directory is there but slow).
     pub(crate) join_timeout: Duration,
     /// Most requests queued between the handle and the task.
     pub(crate) max_queued_requests: usize,
@@ -217,8 +218,9 @@ impl Clock {
     }
 }
 
-/// Registers the node (retrying a retryable refusal until `join_timeout`), then keeps the
-/// session up in a background task. Fails if the service cannot be reached or refuses.
+/// Registers the node (retrying a retryable refusal, or an attempt that timed out, until
+/// `join_timeout`), then keeps the session up in a background task. Fails if the service
+/// cannot be reached or refuses.
 pub(crate) async fn start<C: Connector>(
     mut session: DirectorySession,
     mut connector: C,
@@ -231,35 +233,53 @@ pub(crate) async fn start<C: Connector>(
     let deadline = TokioInstant::now() + timing.join_timeout;
     let mut waiting_logged = false;
     let link = loop {
-        match first_connection(&mut session, &mut connector, &clock, &timing, &notices).await {
-            Ok(link) => break link,
-            Err(FirstConnection::Unreachable(source)) => {
-                return Err(DirectoryError::Unreachable { addr, source })
-            }
-            Err(FirstConnection::Refused { reason, retryable }) => {
-                if !retryable || TokioInstant::now() >= deadline {
-                    return Err(DirectoryError::Refused(reason));
+        let failed =
+            match first_connection(&mut session, &mut connector, &clock, &timing, &notices).await {
+                Ok(link) => break link,
+                // The directory is there but slow (a head forming thousands of sessions at once):
+                // the same hello may pass on the next try, as after a retryable refusal.
+                Err(FirstConnection::Unreachable(source @ LinkError::Timeout { .. })) => {
+                    let reason = source.to_string();
+                    (
+                        DirectoryError::Unreachable {
+                            addr: addr.clone(),
+                            source,
+                        },
+                        reason,
+                    )
                 }
-                // Once, not at every retry: the outcome comes when the wait ends.
-                if !waiting_logged {
-                    waiting_logged = true;
-                    tracing::info!(
-                        %reason,
-                        "the directory refused this node for now; retrying for up to {} ms",
-                        timing.join_timeout.as_millis()
-                    );
+                Err(FirstConnection::Unreachable(source)) => {
+                    return Err(DirectoryError::Unreachable { addr, source })
                 }
-                let retry_at = session
-                    .poll_timeout()
-                    .map(|at| clock.at(at))
-                    .unwrap_or(deadline);
-                if retry_at > deadline {
-                    tokio::time::sleep_until(deadline).await;
-                    return Err(DirectoryError::Refused(reason));
+                Err(FirstConnection::Refused { reason, retryable }) => {
+                    if !retryable {
+                        return Err(DirectoryError::Refused(reason));
+                    }
+                    (DirectoryError::Refused(reason.clone()), reason)
                 }
-                tokio::time::sleep_until(retry_at).await;
-            }
+            };
+        let (error, reason) = failed;
+        if TokioInstant::now() >= deadline {
+            return Err(error);
         }
+        // Once, not at every retry: the outcome comes when the wait ends.
+        if !waiting_logged {
+            waiting_logged = true;
+            tracing::info!(
+                %reason,
+                "the directory turned this node away for now; retrying for up to {} ms",
+                timing.join_timeout.as_millis()
+            );
+        }
+        let retry_at = session
+            .poll_timeout()
+            .map(|at| clock.at(at))
+            .unwrap_or(deadline);
+        if retry_at > deadline {
+            tokio::time::sleep_until(deadline).await;
+            return Err(error);
+        }
+        tokio::time::sleep_until(retry_at).await;
     };
     let (commands, command_rx) = mpsc::channel(timing.max_queued_requests.max(1));
     let mut driver = Driver {

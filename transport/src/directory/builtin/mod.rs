@@ -61,7 +61,8 @@ pub struct ClientConfig {
     /// Bound on one connection attempt (TCP connect plus hello).
     pub connect_timeout: Duration,
     /// How long the first connection keeps retrying a retryable refusal (the same node id is
-    /// still registered from a daemon that just restarted).
+    /// still registered from a daemon that just restarted; the head is at its limit of hellos
+    /// in progress) or an attempt that timed out (a head busy forming thousands of sessions).
     pub join_timeout: Duration,
     /// First delay between reconnection attempts; doubles up to `reconnect_backoff_max`.
     pub reconnect_backoff_min: Duration,
