@@ -233,20 +233,18 @@ pub(crate) async fn start<C: Connector>(
     let deadline = TokioInstant::now() + timing.join_timeout;
     let mut waiting_logged = false;
     let link = loop {
-        let failed =
+        let (error, reason, what) =
             match first_connection(&mut session, &mut connector, &clock, &timing, &notices).await {
                 Ok(link) => break link,
                 // The directory is there but slow (a head forming thousands of sessions at once):
                 // the same hello may pass on the next try, as after a retryable refusal.
                 Err(FirstConnection::Unreachable(source @ LinkError::Timeout { .. })) => {
                     let reason = source.to_string();
-                    (
-                        DirectoryError::Unreachable {
-                            addr: addr.clone(),
-                            source,
-                        },
-                        reason,
-                    )
+                    let error = DirectoryError::Unreachable {
+                        addr: addr.clone(),
+                        source,
+                    };
+                    (error, reason, "the directory did not answer in time")
                 }
                 Err(FirstConnection::Unreachable(source)) => {
                     return Err(DirectoryError::Unreachable { addr, source })
@@ -255,10 +253,10 @@ pub(crate) async fn start<C: Connector>(
                     if !retryable {
                         return Err(DirectoryError::Refused(reason));
                     }
-                    (DirectoryError::Refused(reason.clone()), reason)
+                    let error = DirectoryError::Refused(reason.clone());
+                    (error, reason, "the directory refused this node for now")
                 }
             };
-        let (error, reason) = failed;
         if TokioInstant::now() >= deadline {
             return Err(error);
         }
@@ -267,7 +265,7 @@ pub(crate) async fn start<C: Connector>(
             waiting_logged = true;
             tracing::info!(
                 %reason,
-                "the directory turned this node away for now; retrying for up to {} ms",
+                "{what}; retrying for up to {} ms",
                 timing.join_timeout.as_millis()
             );
         }
