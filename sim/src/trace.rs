@@ -144,15 +144,14 @@ pub fn shorten_ids(text: &str) -> String {
 const ID_ZEROS: &str = "000000000000000000000000";
 
 /// [`shorten_ids`] appending to `out`. An id is a run of exactly 40 hex digits whose first 24
-/// are zeros: it searches for those zeros (a fast substring search) and looks at the run of
+/// are zeros: it searches for those zeros ([`find_zeros`]) and looks at the run of
 /// digits around them only there, copying everything else as whole slices. Every trace line
 /// passes through here, hashed even when no line is kept, so this is on the simulator's hot path.
 pub fn shorten_ids_into(text: &str, out: &mut String) {
     let bytes = text.as_bytes();
     let mut copied = 0;
     let mut from = 0;
-    while let Some(found) = text[from..].find(ID_ZEROS) {
-        let zeros = from + found;
+    while let Some(zeros) = find_zeros(bytes, from) {
         // The run of hex digits the zeros are in. The search starts at the end of a run (or the
         // text's start), so the first zeros of a run starting with 24 zeros are its first digits.
         let mut start = zeros;
@@ -175,10 +174,51 @@ pub fn shorten_ids_into(text: &str, out: &mut String) {
     out.push_str(&text[copied..]);
 }
 
+/// Where the first run of [`ID_ZEROS`] at or after `from` in `bytes` starts (what
+/// `str::find` says, without building a searcher for every line). It looks at the last byte a
+/// run starting at `start` would cover and back: a byte that is not `'0'` rules out every start
+/// up to it, so text without long runs of zeros is skipped a run's length at a time.
+fn find_zeros(bytes: &[u8], from: usize) -> Option<usize> {
+    let run = ID_ZEROS.len();
+    let mut start = from;
+    'starts: while start + run <= bytes.len() {
+        for k in (0..run).rev() {
+            if bytes[start + k] != b'0' {
+                start += k + 1;
+                continue 'starts;
+            }
+        }
+        return Some(start);
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use skyriver_core::ObjectId;
+
+    #[test]
+    fn runs_of_zeros_are_found_where_str_find_finds_them() {
+        let texts = [
+            String::new(),
+            "0".repeat(23),
+            "0".repeat(24),
+            format!("a{}b", "0".repeat(30)),
+            format!("{}x{}", "0".repeat(23), "0".repeat(25)),
+            format!("1{}0{}", "0".repeat(22), "0".repeat(40)),
+            "12".repeat(50),
+        ];
+        for text in &texts {
+            for from in 0..=text.len() {
+                assert_eq!(
+                    find_zeros(text.as_bytes(), from),
+                    text[from..].find(ID_ZEROS).map(|at| from + at),
+                    "{text:?} from {from}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn object_ids_are_shortened() {

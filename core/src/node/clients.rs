@@ -96,6 +96,10 @@ pub(super) struct Clients {
     /// Replies waiting for a durable change: (sequence number needed, reply).
     held: VecDeque<(u64, NodeOutput)>,
     parked_creates: VecDeque<ParkedCreate>,
+    /// An empty queue whose allocation the next retry of the parked creates parks them in
+    /// again: a retry runs after every durable change, and while creates wait for space it
+    /// would otherwise grow a new queue from nothing each time.
+    spare_parked: VecDeque<ParkedCreate>,
     /// Puts whose bytes are being written, sealed by [`Timer::SealPut`]: their objects and
     /// digests.
     sealing_puts: BTreeMap<(ClientId, RequestId), (ObjectId, ContentDigest)>,
@@ -726,8 +730,12 @@ impl Node {
     }
 
     pub(super) fn retry_parked_creates(&mut self) {
-        let parked = std::mem::take(&mut self.clients.parked_creates);
-        for mut create in parked {
+        if self.clients.parked_creates.is_empty() {
+            return;
+        }
+        let spare = std::mem::take(&mut self.clients.spare_parked);
+        let mut parked = std::mem::replace(&mut self.clients.parked_creates, spare);
+        for mut create in parked.drain(..) {
             let result = self.store.create(
                 self.now,
                 create.client,
@@ -752,6 +760,7 @@ impl Node {
                 },
             }
         }
+        self.clients.spare_parked = parked;
     }
 
     pub(super) fn reply(&mut self, client: ClientId, request: RequestId, response: Response) {

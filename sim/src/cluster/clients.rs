@@ -8,6 +8,7 @@
 //! create, release what they do not hold, create what can never fit, skip `Hello`…) and the
 //! node must answer each with an error and stay consistent.
 
+use std::fmt;
 use std::time::Duration;
 
 use rand::Rng;
@@ -22,7 +23,7 @@ use skyriver_core::{
     TransferMode,
 };
 
-use super::{id_list, short_fetch_error, short_store_error, Cluster, Event};
+use super::{short_fetch_error, short_store_error, Cluster, Event, IdList};
 use crate::checker::{Content, PendingOp};
 use crate::workload::{self, ClientOp, Misuse};
 
@@ -147,15 +148,19 @@ impl Cluster {
     /// Hands a numbered request to the node and carries out the node's outputs.
     fn deliver_request(&mut self, n: NodeId, client: ClientId, frame: RequestFrame) {
         let now = self.now;
-        let Some(node) = self.nodes[n.0 as usize].node.as_mut() else {
+        if self.nodes[n.0 as usize].node.is_none() {
             return;
-        };
+        }
         self.requests_sent += 1;
+        // Recorded before the node takes the request (which writes no line): formatted
+        // straight from the request into the trace's buffer.
         let request = frame.request;
-        let text = request_line(&frame.body);
+        self.trace.record_args(
+            now,
+            format_args!("{client}@{n} {request} {}", RequestLine(&frame.body)),
+        );
+        let node = self.nodes[n.0 as usize].node.as_mut().expect("alive");
         let _ = node.handle(now, NodeInput::ClientRequest { client, frame });
-        self.trace
-            .record_args(now, format_args!("{client}@{n} {request} {text}"));
         self.after_input(n);
     }
 
@@ -527,15 +532,14 @@ impl Cluster {
                 ),
             );
         }
-        let summary: Vec<String> = results
-            .iter()
-            .zip(&pending.ids)
-            .map(|(r, id)| match r {
-                Ok(info) => format!("{id} ok at {}", info.region),
-                Err(e) => format!("{id} {e}"),
-            })
-            .collect();
-        self.record(|| format!("{client}@{n} {kind} {request} -> [{}]", summary.join(", ")));
+        let summary = ReplySummary {
+            results: &results,
+            ids: &pending.ids,
+        };
+        self.trace.record_args(
+            now,
+            format_args!("{client}@{n} {kind} {request} -> [{summary}]"),
+        );
         if kind == "fetch" {
             self.stats.fetch_replies += 1;
         }
@@ -1060,64 +1064,96 @@ fn is_error(response: &Response) -> bool {
     }
 }
 
-fn request_line(body: &Request) -> String {
-    match body {
-        Request::Get { ids, timeout_ms } => {
-            format!(
-                "get [{}] timeout {}ms",
-                id_list(ids),
+/// A request as its trace line shows it.
+struct RequestLine<'a>(&'a Request);
+
+impl fmt::Display for RequestLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Request::Get { ids, timeout_ms } => {
+                write!(
+                    f,
+                    "get [{}] timeout {}ms",
+                    IdList(ids),
+                    timeout_ms.unwrap_or(0)
+                )
+            }
+            Request::Fetch {
+                ids,
+                timeout_ms,
+                mode,
+                wait_for_publication,
+            } => {
+                write!(
+                    f,
+                    "fetch [{}] timeout {}ms",
+                    IdList(ids),
+                    timeout_ms.unwrap_or(0)
+                )?;
+                if *mode != TransferMode::Auto {
+                    write!(f, " {mode}")?;
+                }
+                if *wait_for_publication {
+                    f.write_str(" wait")?;
+                }
+                Ok(())
+            }
+            Request::FetchFrom {
+                ids,
+                timeout_ms,
+                hint,
+                ..
+            } => write!(
+                f,
+                "fetch [{}] from {hint} timeout {}ms",
+                IdList(ids),
                 timeout_ms.unwrap_or(0)
-            )
+            ),
+            Request::Hello {
+                protocol_version, ..
+            } => write!(f, "hello v{protocol_version}"),
+            Request::Create {
+                id,
+                data_size,
+                metadata_size,
+            } => write!(f, "create {id} {data_size}+{metadata_size}"),
+            Request::Seal { id, release, .. } => {
+                write!(f, "seal {id}{}", if *release { " and release" } else { "" })
+            }
+            Request::Abort { id } => write!(f, "abort {id}"),
+            Request::Put { id, data, metadata } => {
+                write!(f, "put {id} {}+{} inline", data.len(), metadata.len())
+            }
+            Request::Release { id } => write!(f, "release {id}"),
+            Request::ReleaseUnanswered { id } => write!(f, "release {id} unanswered"),
+            Request::Contains { id } => write!(f, "contains {id}"),
+            Request::Locate { id } => write!(f, "locate {id}"),
+            Request::Delete { ids } if ids.len() > 4 => write!(f, "delete {} ids", ids.len()),
+            Request::Delete { ids } => write!(f, "delete [{}]", IdList(ids)),
+            Request::Evict { bytes } => write!(f, "evict {bytes}"),
+            other => f.write_str(&format!("{other:?}").to_lowercase()),
         }
-        Request::Fetch {
-            ids,
-            timeout_ms,
-            mode,
-            wait_for_publication,
-        } => format!(
-            "fetch [{}] timeout {}ms{}{}",
-            id_list(ids),
-            timeout_ms.unwrap_or(0),
-            if *mode == TransferMode::Auto {
-                String::new()
-            } else {
-                format!(" {mode}")
-            },
-            if *wait_for_publication { " wait" } else { "" }
-        ),
-        Request::FetchFrom {
-            ids,
-            timeout_ms,
-            hint,
-            ..
-        } => format!(
-            "fetch [{}] from {hint} timeout {}ms",
-            id_list(ids),
-            timeout_ms.unwrap_or(0)
-        ),
-        Request::Hello {
-            protocol_version, ..
-        } => format!("hello v{protocol_version}"),
-        Request::Create {
-            id,
-            data_size,
-            metadata_size,
-        } => format!("create {id} {data_size}+{metadata_size}"),
-        Request::Seal { id, release, .. } => {
-            format!("seal {id}{}", if *release { " and release" } else { "" })
+    }
+}
+
+/// The results of a reply as its trace line lists them, each after the id it is for.
+struct ReplySummary<'a> {
+    results: &'a [Result<ObjectInfo, String>],
+    ids: &'a [ObjectId],
+}
+
+impl fmt::Display for ReplySummary<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (result, id)) in self.results.iter().zip(self.ids).enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            match result {
+                Ok(info) => write!(f, "{id} ok at {}", info.region)?,
+                Err(e) => write!(f, "{id} {e}")?,
+            }
         }
-        Request::Abort { id } => format!("abort {id}"),
-        Request::Put { id, data, metadata } => {
-            format!("put {id} {}+{} inline", data.len(), metadata.len())
-        }
-        Request::Release { id } => format!("release {id}"),
-        Request::ReleaseUnanswered { id } => format!("release {id} unanswered"),
-        Request::Contains { id } => format!("contains {id}"),
-        Request::Locate { id } => format!("locate {id}"),
-        Request::Delete { ids } if ids.len() > 4 => format!("delete {} ids", ids.len()),
-        Request::Delete { ids } => format!("delete [{}]", id_list(ids)),
-        Request::Evict { bytes } => format!("evict {bytes}"),
-        other => format!("{other:?}").to_lowercase(),
+        Ok(())
     }
 }
 

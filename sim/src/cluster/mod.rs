@@ -1069,11 +1069,19 @@ fn short_fetch_error(error: &FetchError) -> String {
 /// The store client id the fetch manager uses, re-exported for scenario tests.
 pub const NODE_FETCH_CLIENT: ClientId = FETCH_CLIENT;
 
-fn id_list(ids: &[ObjectId]) -> String {
-    ids.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
+/// Ids separated by commas, as a trace line lists them.
+struct IdList<'a>(&'a [ObjectId]);
+
+impl std::fmt::Display for IdList<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, id) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{id}")?;
+        }
+        Ok(())
+    }
 }
 
 /// The object a directory request is about.
