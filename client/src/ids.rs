@@ -14,10 +14,7 @@ use skyriver_core::{NodeId, ObjectId};
 /// When the OS has no randomness to give (`getrandom` fails), which on Linux only happens
 /// before the kernel's generator is seeded at boot.
 pub fn random_object_id() -> ObjectId {
-    let mut bytes = [0u8; skyriver_core::ids::OBJECT_ID_LEN];
-    getrandom::getrandom(&mut bytes)
-        .unwrap_or_else(|error| panic!("the OS gave no random bytes for an object id: {error}"));
-    ObjectId(bytes)
+    ObjectId(os_random())
 }
 
 /// A new object id that names `node`, the node it is made for ([`ObjectId::owned_by`]), with
@@ -29,10 +26,15 @@ pub fn random_object_id() -> ObjectId {
 ///
 /// As [`random_object_id`], when the OS has no randomness to give.
 pub fn owned_object_id(node: NodeId) -> ObjectId {
-    let mut random = [0u8; 12];
-    getrandom::getrandom(&mut random)
+    ObjectId::owned_by(node, os_random())
+}
+
+/// `N` bytes from the operating system (`getrandom(2)`); panics as the id functions say.
+fn os_random<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    getrandom::getrandom(&mut bytes)
         .unwrap_or_else(|error| panic!("the OS gave no random bytes for an object id: {error}"));
-    ObjectId::owned_by(node, random)
+    bytes
 }
 
 #[cfg(test)]

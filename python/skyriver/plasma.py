@@ -167,11 +167,6 @@ def _check_id(object_id: Any) -> ObjectID:
 class PlasmaClient:
     """The client of pyarrow.plasma 11 (``PlasmaClient``), speaking to a Skyriver daemon."""
 
-    def _new_id(self) -> ObjectID:
-        """The id of a put that names none: random, as Plasma's, but naming this node, so
-        another node's first fetch of it asks this one directly (see ``Client.new_id``)."""
-        return ObjectID(self._client.new_id().binary())
-
     def __init__(self, client: Client, store_socket_name: str) -> None:
         self._client = client
         self._socket_name = store_socket_name
@@ -248,6 +243,11 @@ class PlasmaClient:
             None if buffer is None else _wrap(buffer.metadata_buffer())
             for buffer in self._get(object_ids, timeout_ms)
         ]
+
+    def _new_id(self) -> ObjectID:
+        """The id of a put that names none: random, as Plasma's, but naming this node, so
+        another node's first fetch of it asks this one directly (see ``Client.new_id``)."""
+        return ObjectID(self._client.new_id().binary())
 
     def put_raw_buffer(
         self,
