@@ -88,6 +88,17 @@ impl NonceSource {
     }
 }
 
+/// A seed for keying a hash index, drawn from a secret key (the one the driver drew for
+/// [`NonceSource`]) through HMAC-SHA256 under `label`: unpredictable without the key, which it
+/// does not reveal, and the same for the same key (so a simulated run replays).
+pub fn seed_from_key(key: &[u8; 32], label: &str) -> u64 {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+    mac.update(b"skyriver-seed");
+    mac.update(label.as_bytes());
+    let bytes: [u8; 32] = mac.finalize().into_bytes().into();
+    u64::from_le_bytes(bytes[..8].try_into().expect("8 of 32 bytes"))
+}
+
 impl std::fmt::Debug for NonceSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the key.

@@ -13,6 +13,7 @@ pub mod alloc;
 pub mod auth;
 pub mod client_protocol;
 pub mod client_session;
+pub mod dense_index;
 pub mod digest;
 pub mod directory;
 pub mod error;

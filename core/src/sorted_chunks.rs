@@ -81,17 +81,18 @@ impl<K: Ord + Copy, V> SortedChunks<K, V> {
             .map(|(first, _)| *first)
     }
 
-    /// The value under `key`.
+    /// The value under `key`: one B-tree search (the last chunk starting at or before `key`,
+    /// the only one that can hold it) and a binary search in that chunk. A lookup is most of
+    /// what the head does per request, so it does not search the B-tree twice.
     pub fn get(&self, key: &K) -> Option<&V> {
-        let chunk = self.chunks.get(&self.chunk_of(key)?)?;
+        let (_, chunk) = self.chunks.range(..=*key).next_back()?;
         let at = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
         Some(&chunk[at].1)
     }
 
-    /// The value under `key`, to change in place.
+    /// The value under `key`, to change in place (searched as [`SortedChunks::get`] does).
     pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        let first = self.chunk_of(key)?;
-        let chunk = self.chunks.get_mut(&first)?;
+        let (_, chunk) = self.chunks.range_mut(..=*key).next_back()?;
         let at = chunk.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
         Some(&mut chunk[at].1)
     }
@@ -183,6 +184,13 @@ impl<K: Ord + Copy, V> SortedChunks<K, V> {
     /// After entries left the chunk under `first`: drops it when empty, files it under its new
     /// first key, and gives back memory when it shrank to a quarter of its capacity.
     fn settle(&mut self, first: K) {
+        // Most often the chunk kept its first entry and its memory: nothing to re-file.
+        if let Some(chunk) = self.chunks.get(&first) {
+            let kept_first = chunk.first().is_some_and(|(k, _)| *k == first);
+            if kept_first && chunk.len() >= chunk.capacity() / 4 {
+                return;
+            }
+        }
         let Some(mut chunk) = self.chunks.remove(&first) else {
             return;
         };

@@ -527,6 +527,37 @@ fn a_silent_node_dies_at_the_heartbeat_bound_and_its_locations_vanish() {
 }
 
 #[test]
+fn a_node_heard_from_just_after_its_deadline_was_filed_lives_until_a_timeout_after_that() {
+    let mut r = registry();
+    join(&mut r, at_ms(0), 1, 1);
+    // 3 ms on: less than a sixteenth of the 100 ms timeout, so the filed deadline stays at
+    // 100 ms while the real one moves to 103 ms.
+    r.handle_ping(at_ms(3), ConnId(1), 1).unwrap();
+    drain(&mut r);
+    assert_eq!(r.poll_timeout(), Some(at_ms(100)), "the filed deadline");
+    r.handle_timeout(at_ms(100));
+    drain(&mut r);
+    assert_eq!(
+        r.members(),
+        vec![member(1, 1)],
+        "alive past the filed deadline"
+    );
+    assert_eq!(
+        r.poll_timeout(),
+        Some(at_ms(103)),
+        "filed again under the real one"
+    );
+    r.handle_timeout(Instant(at_ms(103).0 - 1));
+    assert_eq!(r.members(), vec![member(1, 1)]);
+    r.handle_timeout(at_ms(103));
+    drain(&mut r);
+    assert!(
+        r.members().is_empty(),
+        "dead a timeout after it was last heard from"
+    );
+}
+
+#[test]
 fn a_disconnect_drops_the_member_with_its_locations_and_subscriptions() {
     let mut r = registry();
     join(&mut r, at_ms(0), 1, 1);

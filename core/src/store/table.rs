@@ -1,11 +1,9 @@
 //! The object table: one compact record per object, with the LRU lists threaded through it.
 //!
 //! A store may hold millions of small objects, so the bytes kept per object matter as much as
-//! the objects' own bytes. The records live densely in segments of [`SEGMENT_RECORDS`] (a
-//! removal moves the last record into the hole; growing never copies more than one segment, so
-//! a store of millions of objects has no pause or transient doubling of its table when it
-//! grows), and a hash index of `u32` positions finds a record by its id: the id
-//! is stored once, in the record. Each LRU list ([`Lru`]: evictable objects, and unheld copies of
+//! the objects' own bytes. The records live densely in a [`DenseIndex`] (segments of records,
+//! a removal moves the last record into the hole, and a hash index of `u32` positions finds a
+//! record by its id, stored once, in the record). Each LRU list ([`Lru`]: evictable objects, and unheld copies of
 //! record, which may be spilled but never evicted) is an intrusive doubly linked list of
 //! positions through the records; a record is in at most one, so one pair of links serves both.
 //! Being evictable costs no allocation and eviction, touch and removal are O(1). About 80 bytes per record plus 5 per index bucket (the index is at most 7/8 full
@@ -14,20 +12,15 @@
 //! Iteration goes over the records in their `Vec` order, which depends only on the sequence of
 //! inserts and removals, never on hashing.
 
-use std::hash::BuildHasher;
-
-use foldhash::quality::FixedState;
-
-use hashbrown::HashTable;
-
 use crate::alloc::block_len_for;
+use crate::dense_index::{DenseIndex, Record, MAX_RECORDS};
 use crate::digest::ContentDigest;
 use crate::ids::{ArenaId, ObjectId};
 use crate::region::LocalRegion;
 use crate::time::Instant;
 
 /// Most objects one table holds: positions are `u32`, and [`NIL`] is not a position.
-pub(super) const MAX_OBJECTS: usize = NIL as usize;
+pub(super) const MAX_OBJECTS: usize = MAX_RECORDS;
 
 /// No record: the end of the LRU list.
 const NIL: u32 = u32::MAX;
@@ -98,6 +91,12 @@ pub(super) struct Entry {
     lru: Option<Lru>,
     lru_prev: u32,
     lru_next: u32,
+}
+
+impl Record for Entry {
+    fn id(&self) -> ObjectId {
+        self.id
+    }
 }
 
 impl Entry {
@@ -171,79 +170,15 @@ impl Entry {
     }
 }
 
-/// Records per segment of [`Records`] (80 B each: 5 MiB).
-const SEGMENT_RECORDS: usize = 1 << 16;
-
-/// A vector of records in fixed-size segments: indexing is two steps, and a push copies at
-/// most the last segment as it grows, never the whole table.
-#[derive(Debug, Default)]
-struct Records {
-    segments: Vec<Vec<Entry>>,
-    len: usize,
-}
-
-impl Records {
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn push(&mut self, entry: Entry) {
-        if self.len % SEGMENT_RECORDS == 0 {
-            self.segments.push(Vec::new());
-        }
-        self.segments
-            .last_mut()
-            .expect("a segment with room was just ensured")
-            .push(entry);
-        self.len += 1;
-    }
-
-    /// Removes the record at `at`, moving the last record into its place.
-    fn swap_remove(&mut self, at: usize) -> Entry {
-        assert!(at < self.len, "record {at} of {}", self.len);
-        let last_segment = self.segments.last_mut().expect("not empty");
-        let last = last_segment.pop().expect("segments are never left empty");
-        if last_segment.is_empty() {
-            self.segments.pop();
-        }
-        self.len -= 1;
-        if at == self.len {
-            last
-        } else {
-            std::mem::replace(&mut self[at], last)
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &Entry> {
-        self.segments.iter().flatten()
-    }
-}
-
-impl std::ops::Index<usize> for Records {
-    type Output = Entry;
-
-    fn index(&self, at: usize) -> &Entry {
-        &self.segments[at / SEGMENT_RECORDS][at % SEGMENT_RECORDS]
-    }
-}
-
-impl std::ops::IndexMut<usize> for Records {
-    fn index_mut(&mut self, at: usize) -> &mut Entry {
-        &mut self.segments[at / SEGMENT_RECORDS][at % SEGMENT_RECORDS]
-    }
-}
-
 /// The objects of a store by id, and the LRU order of the unheld ones (evictable, and copies
 /// of record).
 #[derive(Debug, Default)]
 pub(super) struct ObjectTable {
-    entries: Records,
-    /// Positions in `entries`, hashed by the id of the record they point to.
-    index: HashTable<u32>,
-    /// Keyed by the seed the driver passes in ([`super::StoreConfig::hash_seed`]): a daemon
-    /// draws it at random (ids come from clients, so the index must not be floodable), the
-    /// simulator from its run seed (so runs replay).
-    hasher: FixedState,
+    /// The records, by id; the index is keyed by the seed the driver passes in
+    /// ([`super::StoreConfig::hash_seed`]): a daemon draws it at random (ids come from
+    /// clients, so the index must not be floodable), the simulator from its run seed (so runs
+    /// replay).
+    entries: DenseIndex<Entry>,
     /// The LRU lists, by [`Lru::at`].
     lists: [ListEnds; 2],
 }
@@ -251,8 +186,8 @@ pub(super) struct ObjectTable {
 impl ObjectTable {
     pub(super) fn new(hash_seed: u64) -> Self {
         Self {
-            hasher: FixedState::with_seed(hash_seed),
-            ..Self::default()
+            entries: DenseIndex::new(hash_seed),
+            lists: Default::default(),
         }
     }
 
@@ -265,10 +200,7 @@ impl ObjectTable {
     }
 
     fn position(&self, id: &ObjectId) -> Option<u32> {
-        let hash = self.hasher.hash_one(id);
-        self.index
-            .find(hash, |&at| self.entries[at as usize].id == *id)
-            .copied()
+        self.entries.position(id)
     }
 
     pub(super) fn contains(&self, id: &ObjectId) -> bool {
@@ -276,57 +208,36 @@ impl ObjectTable {
     }
 
     pub(super) fn get(&self, id: &ObjectId) -> Option<&Entry> {
-        self.position(id).map(|at| &self.entries[at as usize])
+        self.entries.get(id)
     }
 
     pub(super) fn get_mut(&mut self, id: &ObjectId) -> Option<&mut Entry> {
-        self.position(id).map(|at| &mut self.entries[at as usize])
+        self.entries.get_mut(id)
     }
 
     /// Adds a record whose id is not in the table yet, outside the LRU. The caller keeps the
     /// table below [`MAX_OBJECTS`]; both are asserted.
     pub(super) fn insert(&mut self, mut entry: Entry) {
         assert!(self.entries.len() < MAX_OBJECTS, "object table full");
-        assert!(!self.contains(&entry.id), "{} inserted twice", entry.id);
         entry.lru = None;
-        // Below MAX_OBJECTS, checked above.
-        let at = self.entries.len() as u32;
-        let hash = self.hasher.hash_one(entry.id);
-        self.entries.push(entry);
-        let (entries, hasher) = (&self.entries, &self.hasher);
-        self.index.insert_unique(hash, at, |&other| {
-            hasher.hash_one(entries[other as usize].id)
-        });
+        self.entries.insert(entry);
     }
 
     /// Removes the record of `id`, unlinking it from its LRU list, and returns it (its
     /// [`Entry::lru`] still says which list it was in).
     pub(super) fn remove(&mut self, id: &ObjectId) -> Option<Entry> {
-        let hash = self.hasher.hash_one(id);
-        let entries = &self.entries;
-        let (at, _) = self
-            .index
-            .find_entry(hash, |&at| entries[at as usize].id == *id)
-            .ok()?
-            .remove();
+        let at = self.position(id)?;
         let was_in = self.lru_unlink(at);
-        let last = (self.entries.len() - 1) as u32;
-        if at != last {
-            // The last record moves into the hole: repoint its index slot and LRU neighbours.
-            let moved_hash = self.hasher.hash_one(self.entries[last as usize].id);
-            let slot = self
-                .index
-                .find_mut(moved_hash, |&other| other == last)
-                .expect("every record is indexed");
-            *slot = at;
-            let moved = &self.entries[last as usize];
+        let (mut entry, moved) = self.entries.remove_at(at);
+        if moved {
+            // The last record moved into the hole: repoint its LRU neighbours.
+            let moved = &self.entries[at as usize];
             if let Some(list) = moved.lru {
                 let (prev, next) = (moved.lru_prev, moved.lru_next);
                 self.set_next(list, prev, at);
                 self.set_prev(list, next, at);
             }
         }
-        let mut entry = self.entries.swap_remove(at as usize);
         entry.lru = was_in;
         Some(entry)
     }
@@ -392,15 +303,7 @@ impl ObjectTable {
     /// Checks the index and the LRU lists against the records; panics on the first
     /// inconsistency. Returns the ids of the evictable list in LRU order.
     pub(super) fn check_invariants(&self) -> Vec<ObjectId> {
-        assert_eq!(self.index.len(), self.entries.len(), "index size");
-        for (at, entry) in self.entries.iter().enumerate() {
-            assert_eq!(
-                self.position(&entry.id),
-                Some(at as u32),
-                "index of {}",
-                entry.id
-            );
-        }
+        self.entries.check_invariants();
         let mut orders = Lru::ALL.map(|list| self.check_list(list));
         std::mem::take(&mut orders[Lru::Evictable.at()])
     }
@@ -440,6 +343,7 @@ impl ObjectTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dense_index::SEGMENT_RECORDS;
 
     fn entry(n: u64) -> Entry {
         let block = LocalRegion {
@@ -474,7 +378,7 @@ mod tests {
         for n in (0..total).step_by(1000) {
             table.lru_push_back(Lru::Evictable, &ObjectId::from_u64(n));
         }
-        assert_eq!(table.entries.segments.len(), 3);
+        assert_eq!(table.entries.segments(), 3);
         // A record of the first segment goes: the last record (in the third) moves into it.
         table.remove(&ObjectId::from_u64(5));
         assert_eq!(
@@ -486,7 +390,7 @@ mod tests {
         for n in (2 * SEGMENT_RECORDS as u64)..(total - 1) {
             table.remove(&ObjectId::from_u64(n));
         }
-        assert_eq!(table.entries.segments.len(), 2);
+        assert_eq!(table.entries.segments(), 2);
         assert_eq!(table.len(), 2 * SEGMENT_RECORDS);
         let expected: Vec<u64> = (0..2 * SEGMENT_RECORDS as u64).step_by(1000).collect();
         assert_eq!(lru(&table), expected);
