@@ -3,7 +3,9 @@
 //! Each protection is then removed (a planted flaw) to show that the checker catches what it
 //! prevents.
 
-use skyriver_sim::{run_seed, run_seed_with_flaws, Flaws, RunMode, SimReport};
+use skyriver_sim::{
+    run_seed, run_seed_replicating, run_seed_with_flaws, Flaws, RunMode, SimReport,
+};
 
 const MODE: RunMode = RunMode {
     workload: true,
@@ -170,4 +172,15 @@ fn unguarded_head_restarts_are_caught() {
         "seed {seed} fails without the flaw too"
     );
     eprintln!("seed {seed}: {violation}");
+}
+
+/// Node 1, cut off from the directory, drops its accepted copy of an id and seals another
+/// content under it; its withdrawal and publication wait for the partition to heal, so the
+/// directory still lists it for the first content when node 0's seal of that content is
+/// answered. Node 1's new copy is not accepted (and served to no peer): one id still has one
+/// accepted content, and the run passes.
+#[test]
+fn a_listed_node_whose_withdrawal_waits_out_a_partition_holds_no_second_accepted_content() {
+    let report = run_seed_replicating(17_000_000_900_795, None, MODE, Flaws::default());
+    assert!(report.passed(), "{:?}", report.violations);
 }

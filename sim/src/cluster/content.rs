@@ -249,6 +249,13 @@ impl Cluster {
             return;
         };
         for m in holders {
+            // Only a copy the directory accepted counts: a node whose withdrawal is still on
+            // its way (it is cut off from the directory) may be listed while it already holds
+            // another content it sealed meanwhile, unpublished, which it serves no peer.
+            let m_inc = self.nodes[m.0 as usize].inc;
+            if !self.accepted.contains(&(m, m_inc, id)) {
+                continue;
+            }
             if let Some(theirs) = self.copy_digest(m, &id).filter(|d| *d != ours) {
                 let what = format!(
                     "{n}: {id} accepted with content {ours} while the directory lists {m} \
