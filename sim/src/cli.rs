@@ -22,10 +22,11 @@ pub const PROGRESS_LINE_EVERY: Duration = Duration::from_secs(10);
 /// Arguments of `skyriver sim`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(
-    after_help = "The modes combine: --directory-shards K, --spill and --replicas may be \
-given together (say `--seeds 200 --directory-shards 3 --spill --replicas`), each drawing its \
-parameters from a stream of its own, so a seed in one mode alone runs as before; a failing \
-seed's replay command names every mode it ran with."
+    after_help = "The modes combine: --directory-shards K with --spill or with --replicas \
+(say `--seeds 200 --directory-shards 3 --replicas`), each mode drawing its parameters from a \
+stream of its own, so a seed in one mode alone runs as before; a failing seed's replay command \
+names every mode it ran with. --spill with --replicas is refused: the replica checks do not \
+follow a copy of record onto the spill disk yet."
 )]
 pub struct SimArgs {
     /// Run this one seed (prints its parameters first).
@@ -55,13 +56,14 @@ pub struct SimArgs {
     pub json: bool,
     /// Give every node a spill tier: a slow disk that fills up, fails writes and reads and
     /// damages records, its parameters drawn from the seed (see `cluster::spill`). Combines
-    /// with --replicas and --directory-shards.
+    /// with --directory-shards.
     #[arg(long)]
     pub spill: bool,
     /// Puts ask for 2 or 3 copies (half of them waiting for the copies) on nodes in 2 or 3
     /// failure domains, with at least one crash: the replica checks of `cluster::replication`
     /// (what `cargo test -p skyriver-sim --test replicas` runs over 60 seeds). Combines with
-    /// --spill (copies of record may then be spilled) and --directory-shards.
+    /// --directory-shards; not with --spill (the replica checks take a spilled copy of record
+    /// for a lost one).
     #[arg(long, conflicts_with = "spill")]
     pub replicas: bool,
     /// Shards of the simulated directory, a model of Redis Cluster: an object's records live

@@ -410,8 +410,10 @@ pub struct Cluster {
     node_checks: node_checks::NodeChecks,
 }
 
-/// The modes of a random run (`skyriver sim --directory-shards K --spill --replicas`): they
-/// combine. The default is the default run.
+/// The modes of a random run (`skyriver sim --directory-shards K --spill --replicas`). A
+/// sharded directory combines with either of the others; spill with replicas builds, but the
+/// replica checks do not follow a copy of record onto the spill disk (they take it for lost),
+/// so `skyriver sim` refuses that pair. The default is the default run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SimModes {
     /// A directory of this many shards, a model of Redis Cluster (see `directory::shard`);
