@@ -173,6 +173,25 @@ fn sharded_sweep_with_replicas_finds_no_violation() {
     );
 }
 
+/// Seeds of `--directory-shards 5 --replicas` whose failure-domain check once failed: it
+/// compared a placement with the free memory a node last reported to any shard, though each
+/// shard's registry places by the reports it received itself.
+#[test]
+fn placements_are_judged_by_the_reports_their_shard_received() {
+    let modes = SimModes {
+        directory_shards: Some(5),
+        replicas: true,
+        ..SimModes::default()
+    };
+    let (failures, reports) = failures([17_000_000_900_452, 17_000_000_900_748].into_iter(), modes);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let checked: u64 = reports
+        .iter()
+        .map(|r| r.stats.replication.domain_checks)
+        .sum();
+    assert!(checked > 0, "no placement checked");
+}
+
 #[test]
 fn sharded_sweep_with_spill_finds_no_violation() {
     let seeds = COMBINED_START..COMBINED_START + COMBINED_SEEDS;

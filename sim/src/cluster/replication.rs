@@ -134,8 +134,10 @@ pub(super) struct ReplicationSide {
     deleted: BTreeSet<ObjectId>,
     /// Waiting puts not answered yet.
     placing: BTreeMap<ObjectId, Placing>,
-    /// The free memory each node last reported with a publication of record.
-    free_reports: BTreeMap<NodeId, u64>,
+    /// The free memory each node last reported with a publication of record, by the shard of
+    /// the directory it went to (each shard's registry places by the reports it received; one
+    /// shard unsharded).
+    free_reports: BTreeMap<(usize, NodeId), u64>,
     /// `DeleteEverywhere` requests on their way, with the content the id had when sent.
     delete_ops: BTreeMap<(NodeId, u32, DirectoryOpId), (ObjectId, Option<ContentDigest>)>,
     /// Contents the registry deleted everywhere, with when its answer arrived.
@@ -369,12 +371,22 @@ impl Cluster {
             .unwrap_or_default()
     }
 
+    /// The free-memory reports the registry placing `id` received last, by node.
+    fn free_reports_of(&self, id: &ObjectId) -> BTreeMap<NodeId, u64> {
+        let shard = self.shard_of(id);
+        self.replication
+            .free_reports
+            .range((shard, NodeId(0))..=(shard, NodeId(u32::MAX)))
+            .map(|(&(_, node), &free)| (node, free))
+            .collect()
+    }
+
     /// A waiting put of `id` starts: what its placement check compares at the ack.
     fn placing_started(&mut self, id: ObjectId) {
         let placing = Placing {
             members: self.registry_members(&id),
             disruptions: self.placement_disruptions(&id),
-            lowest_free: self.replication.free_reports.clone(),
+            lowest_free: self.free_reports_of(&id),
         };
         self.replication.placing.insert(id, placing);
     }
@@ -427,8 +439,15 @@ impl Cluster {
 
     /// Node `n` publishes a copy of record of `id`, reporting `free_bytes` free.
     pub(super) fn replica_published(&mut self, n: NodeId, inc: u32, id: ObjectId, free_bytes: u64) {
-        self.replication.free_reports.insert(n, free_bytes);
-        for placing in self.replication.placing.values_mut() {
+        // The report reaches the registry of `id`'s shard alone: the puts it places see it.
+        let shard = self.shard_of(&id);
+        self.replication.free_reports.insert((shard, n), free_bytes);
+        let placed_there: Vec<ObjectId> = (self.replication.placing.keys())
+            .filter(|placing| self.shard_of(placing) == shard)
+            .copied()
+            .collect();
+        for placing in placed_there {
+            let placing = self.replication.placing.get_mut(&placing).expect("listed");
             let lowest = placing.lowest_free.entry(n).or_insert(free_bytes);
             *lowest = (*lowest).min(free_bytes);
         }
