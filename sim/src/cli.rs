@@ -13,8 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::{
-    replay_command, run_seed, run_seed_replicating, run_seed_sharded, run_seed_spilling, Flaws,
-    RunMode, SimReport, SimStats,
+    replay_command_with_modes, run_seed_with_modes, Flaws, RunMode, SimModes, SimReport, SimStats,
 };
 
 /// Longest wait between two progress lines when stderr is not a terminal.
@@ -22,6 +21,13 @@ pub const PROGRESS_LINE_EVERY: Duration = Duration::from_secs(10);
 
 /// Arguments of `skyriver sim`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "The modes combine: --directory-shards K with --spill or with --replicas \
+(say `--seeds 200 --directory-shards 3 --replicas`), each mode drawing its parameters from a \
+stream of its own, so a seed in one mode alone runs as before; a failing seed's replay command \
+names every mode it ran with. --spill with --replicas is refused: the replica checks do not \
+follow a copy of record onto the spill disk yet."
+)]
 pub struct SimArgs {
     /// Run this one seed (prints its parameters first).
     #[arg(long, conflicts_with = "seeds")]
@@ -49,12 +55,15 @@ pub struct SimArgs {
     #[arg(long, conflicts_with_all = ["trace", "verbose"])]
     pub json: bool,
     /// Give every node a spill tier: a slow disk that fills up, fails writes and reads and
-    /// damages records, its parameters drawn from the seed (see `cluster::spill`).
+    /// damages records, its parameters drawn from the seed (see `cluster::spill`). Combines
+    /// with --directory-shards.
     #[arg(long)]
     pub spill: bool,
     /// Puts ask for 2 or 3 copies (half of them waiting for the copies) on nodes in 2 or 3
     /// failure domains, with at least one crash: the replica checks of `cluster::replication`
-    /// (what `cargo test -p skyriver-sim --test replicas` runs over 60 seeds).
+    /// (what `cargo test -p skyriver-sim --test replicas` runs over 60 seeds). Combines with
+    /// --directory-shards; not with --spill (the replica checks take a spilled copy of record
+    /// for a lost one).
     #[arg(long, conflicts_with = "spill")]
     pub replicas: bool,
     /// Shards of the simulated directory, a model of Redis Cluster: an object's records live
@@ -63,8 +72,9 @@ pub struct SimArgs {
     /// may fail over: its master dies, it answers nothing for a while, then its replica
     /// answers having lost the master's last few hundred microseconds of writes, and the nodes
     /// re-register and re-publish. 1 (the default) is the single head, the same runs as
-    /// without the flag.
-    #[arg(long, default_value_t = 1, value_parser = parse_shards, conflicts_with_all = ["spill", "replicas", "replay"])]
+    /// without the flag. Combines with --spill and --replicas (the replicas' directory
+    /// operations go to the shard owning the object's slot, as its records do).
+    #[arg(long, default_value_t = 1, value_parser = parse_shards, conflicts_with = "replay")]
     pub directory_shards: usize,
 }
 
@@ -105,39 +115,26 @@ fn mode(echo: bool) -> RunMode {
     }
 }
 
-/// Runs `seed` as the arguments say (with a spill tier under `--spill`, replicated puts under
-/// `--replicas`).
-fn run_seed_as(seed: u64, args: &SimArgs, mode: RunMode) -> SimReport {
-    if args.spill {
-        run_seed_spilling(seed, args.nodes, mode, Flaws::default())
-    } else if args.replicas {
-        run_seed_replicating(seed, args.nodes, mode, Flaws::default())
-    } else if args.directory_shards > 1 {
-        run_seed_sharded(
-            seed,
-            args.nodes,
-            mode,
-            Flaws::default(),
-            args.directory_shards,
-        )
-    } else {
-        run_seed(seed, args.nodes, mode)
+impl SimArgs {
+    /// The modes the arguments ask for; they combine.
+    pub fn modes(&self) -> SimModes {
+        SimModes {
+            directory_shards: (self.directory_shards > 1).then_some(self.directory_shards),
+            spill: self.spill,
+            replicas: self.replicas,
+        }
     }
 }
 
-/// The command that replays `seed` as the arguments ran it.
+/// Runs `seed` as the arguments say (a sharded directory under `--directory-shards K`, a spill
+/// tier under `--spill`, replicated puts under `--replicas`, in any combination).
+fn run_seed_as(seed: u64, args: &SimArgs, mode: RunMode) -> SimReport {
+    run_seed_with_modes(seed, args.nodes, mode, Flaws::default(), args.modes())
+}
+
+/// The command that replays `seed` as the arguments ran it (naming every mode).
 fn replay(seed: u64, args: &SimArgs) -> String {
-    let command = replay_command(seed, args.nodes);
-    if args.spill {
-        command.replace(" --trace", " --spill --trace")
-    } else if args.replicas {
-        command.replace(" --trace", " --replicas --trace")
-    } else if args.directory_shards > 1 {
-        let shards = format!(" --directory-shards {} --trace", args.directory_shards);
-        command.replace(" --trace", &shards)
-    } else {
-        command
-    }
+    replay_command_with_modes(seed, args.nodes, args.modes())
 }
 
 fn run_one(seed: u64, args: &SimArgs) -> ExitCode {
@@ -148,26 +145,19 @@ fn run_one(seed: u64, args: &SimArgs) -> ExitCode {
         &mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
         args.nodes,
     );
-    params.sharding = Some(crate::params::ShardingParams::draw(
-        seed,
-        args.directory_shards,
-        params.faults_until_us,
-        params.detect_us,
-    ));
+    let modes = SimModes {
+        directory_shards: Some(args.directory_shards),
+        ..args.modes()
+    };
+    modes.apply(seed, &mut params);
+    let spill = params.spill;
     let params = params.to_string();
     if args.json {
         eprintln!("{params}");
     } else {
         println!("{params}");
     }
-    if args.spill {
-        let arena_bytes = crate::SimParams::draw(
-            seed,
-            &mut <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(seed),
-            args.nodes,
-        )
-        .arena_bytes;
-        let spill = crate::cluster::spill::SpillParams::draw(seed, arena_bytes);
+    if let Some(spill) = spill {
         if args.json {
             eprintln!("spill: {spill:?}");
         } else {

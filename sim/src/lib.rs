@@ -28,7 +28,7 @@ pub mod workload;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-pub use cluster::{run_crowd_seed, Cluster, Flaws, RunMode, SimStats};
+pub use cluster::{run_crowd_seed, Cluster, Flaws, RunMode, SimModes, SimStats};
 pub use params::SimParams;
 
 /// Events one random run may take before it is called a livelock.
@@ -88,9 +88,11 @@ pub fn run_seed_sharded(
     flaws: Flaws,
     shards: usize,
 ) -> SimReport {
-    run_built(seed, || {
-        Cluster::random_sharded(seed, nodes, mode, flaws, shards)
-    })
+    let modes = SimModes {
+        directory_shards: Some(shards),
+        ..SimModes::default()
+    };
+    run_seed_with_modes(seed, nodes, mode, flaws, modes)
 }
 
 /// [`run_seed_with_flaws`] with a spill tier on every node (a disk with latency, `ENOSPC`,
@@ -101,9 +103,11 @@ pub fn run_seed_spilling(
     mode: RunMode,
     flaws: Flaws,
 ) -> SimReport {
-    run_built(seed, || {
-        Cluster::random_with_spill(seed, nodes, mode, flaws)
-    })
+    let modes = SimModes {
+        spill: true,
+        ..SimModes::default()
+    };
+    run_seed_with_modes(seed, nodes, mode, flaws, modes)
 }
 
 /// [`run_seed_with_flaws`] whose puts ask for replicas, with at least one crash (see
@@ -114,8 +118,24 @@ pub fn run_seed_replicating(
     mode: RunMode,
     flaws: Flaws,
 ) -> SimReport {
+    let modes = SimModes {
+        replicas: true,
+        ..SimModes::default()
+    };
+    run_seed_with_modes(seed, nodes, mode, flaws, modes)
+}
+
+/// [`run_seed_with_flaws`] in the modes `modes`, which combine (a sharded directory with a
+/// spill tier and replicated puts, say).
+pub fn run_seed_with_modes(
+    seed: u64,
+    nodes: Option<usize>,
+    mode: RunMode,
+    flaws: Flaws,
+    modes: SimModes,
+) -> SimReport {
     run_built(seed, || {
-        Cluster::random_with_replicas(seed, nodes, mode, flaws)
+        Cluster::random_with_modes(seed, nodes, mode, flaws, modes)
     })
 }
 
@@ -165,10 +185,16 @@ fn run_built(seed: u64, build: impl FnOnce() -> Cluster) -> SimReport {
     }
 }
 
-/// The command that replays `seed` exactly.
+/// The command that replays `seed` exactly (a seed of the default run).
 pub fn replay_command(seed: u64, nodes: Option<usize>) -> String {
+    replay_command_with_modes(seed, nodes, SimModes::default())
+}
+
+/// The command that replays `seed` exactly, run in the modes `modes` (it names every one).
+pub fn replay_command_with_modes(seed: u64, nodes: Option<usize>, modes: SimModes) -> String {
     let nodes = nodes.map(|n| format!(" --nodes {n}")).unwrap_or_default();
-    format!("skyriver sim --seed {seed}{nodes} --trace   (or: cargo run --release -p skyriver-sim -- --seed {seed}{nodes} --trace)")
+    let modes = modes.flags();
+    format!("skyriver sim --seed {seed}{nodes}{modes} --trace   (or: cargo run --release -p skyriver-sim -- --seed {seed}{nodes}{modes} --trace)")
 }
 
 /// Seeds for CI: a fixed list plus `extra` derived from `commit` (e.g. `git rev-parse HEAD`).

@@ -410,6 +410,68 @@ pub struct Cluster {
     node_checks: node_checks::NodeChecks,
 }
 
+/// The modes of a random run (`skyriver sim --directory-shards K --spill --replicas`). A
+/// sharded directory combines with either of the others; spill with replicas builds, but the
+/// replica checks do not follow a copy of record onto the spill disk (they take it for lost),
+/// so `skyriver sim` refuses that pair. The default is the default run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimModes {
+    /// A directory of this many shards, a model of Redis Cluster (see `directory::shard`);
+    /// `None` or `Some(1)`: the single head, the same run.
+    pub directory_shards: Option<usize>,
+    /// A spill tier on every node (see [`spill`]).
+    pub spill: bool,
+    /// Puts ask for replicas, in failure domains, with at least one crash (see
+    /// `replication`).
+    pub replicas: bool,
+}
+
+impl SimModes {
+    /// Sets the parameters the modes draw, each from a stream of its own (so their order does
+    /// not matter, and no mode changes another's draws).
+    pub fn apply(&self, seed: u64, params: &mut SimParams) {
+        if let Some(shards) = self.directory_shards {
+            params.sharding = Some(crate::params::ShardingParams::draw(
+                seed,
+                shards,
+                params.faults_until_us,
+                params.detect_us,
+            ));
+        }
+        if self.spill {
+            params.spill = Some(spill::SpillParams::draw(seed, params.arena_bytes));
+        }
+        if self.replicas {
+            params.replicas = true;
+            params.crashes = params.crashes.max(1);
+            let mut domains = ChaCha8Rng::seed_from_u64(seed ^ FAILURE_DOMAIN_STREAM);
+            params.failure_domains = domains.gen_range(2..=3);
+            if domains.gen_bool(0.5) {
+                let domain = domains.gen_range(0..params.failure_domains);
+                let at = domains.gen_range(0..params.faults_until_us);
+                let down = params.detect_us + domains.gen_range(100..=3_000);
+                params.domain_crash = Some((domain, at, down));
+            }
+        }
+    }
+
+    /// The flags of `skyriver sim` that run these modes, each after a space (empty for the
+    /// default run).
+    pub fn flags(&self) -> String {
+        let mut flags = String::new();
+        if let Some(shards) = self.directory_shards.filter(|&k| k > 1) {
+            flags.push_str(&format!(" --directory-shards {shards}"));
+        }
+        if self.spill {
+            flags.push_str(" --spill");
+        }
+        if self.replicas {
+            flags.push_str(" --replicas");
+        }
+        flags
+    }
+}
+
 const WORKLOAD_CLIENT_BASE: u64 = 1;
 /// Mixed into a seed for the failure domains of a run with replicas (a stream of their own).
 const FAILURE_DOMAIN_STREAM: u64 = 0x000D_03A1_5EED;
@@ -443,24 +505,21 @@ impl Cluster {
         flaws: Flaws,
         shards: usize,
     ) -> Self {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut params = SimParams::draw(seed, &mut rng, nodes);
-        params.sharding = Some(crate::params::ShardingParams::draw(
-            seed,
-            shards,
-            params.faults_until_us,
-            params.detect_us,
-        ));
-        Self::build(params, rng, mode, flaws)
+        let modes = SimModes {
+            directory_shards: Some(shards),
+            ..SimModes::default()
+        };
+        Self::random_with_modes(seed, nodes, mode, flaws, modes)
     }
 
     /// [`Cluster::random_with_flaws`] with a spill tier on every node, its parameters drawn
     /// from the seed apart from the others (see [`spill::SpillParams::draw`]).
     pub fn random_with_spill(seed: u64, nodes: Option<usize>, mode: RunMode, flaws: Flaws) -> Self {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut params = SimParams::draw(seed, &mut rng, nodes);
-        params.spill = Some(spill::SpillParams::draw(seed, params.arena_bytes));
-        Self::build(params, rng, mode, flaws)
+        let modes = SimModes {
+            spill: true,
+            ..SimModes::default()
+        };
+        Self::random_with_modes(seed, nodes, mode, flaws, modes)
     }
 
     /// [`Cluster::random_with_flaws`] whose puts ask for replicas (see `replication`), with at
@@ -471,19 +530,26 @@ impl Cluster {
         mode: RunMode,
         flaws: Flaws,
     ) -> Self {
+        let modes = SimModes {
+            replicas: true,
+            ..SimModes::default()
+        };
+        Self::random_with_modes(seed, nodes, mode, flaws, modes)
+    }
+
+    /// [`Cluster::random_with_flaws`] in the modes `modes`, which combine: each draws its
+    /// parameters from a stream of its own, so a seed's other parameters stay what they were
+    /// and a seed run in one mode alone is the run of that mode's own builder.
+    pub fn random_with_modes(
+        seed: u64,
+        nodes: Option<usize>,
+        mode: RunMode,
+        flaws: Flaws,
+        modes: SimModes,
+    ) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut params = SimParams::draw(seed, &mut rng, nodes);
-        params.replicas = true;
-        params.crashes = params.crashes.max(1);
-        // From a stream of their own, so every other parameter of a seed stays what it was.
-        let mut domains = ChaCha8Rng::seed_from_u64(seed ^ FAILURE_DOMAIN_STREAM);
-        params.failure_domains = domains.gen_range(2..=3);
-        if domains.gen_bool(0.5) {
-            let domain = domains.gen_range(0..params.failure_domains);
-            let at = domains.gen_range(0..params.faults_until_us);
-            let down = params.detect_us + domains.gen_range(100..=3_000);
-            params.domain_crash = Some((domain, at, down));
-        }
+        modes.apply(seed, &mut params);
         Self::build(params, rng, mode, flaws)
     }
 

@@ -32,7 +32,14 @@
 //!   a copy of record of content the registry deleted everywhere (it answered a
 //!   `DeleteEverywhere` of the id while that content was the id's), unless the id was put
 //!   again since or the head restarted after the content was first published (the registry
-//!   then forgot its records and tombstones).
+//!   then forgot its records and tombstones), or, with a sharded directory, the id's shard
+//!   failed over within its replica's lag after taking the delete (the promoted replica never
+//!   had it: Redis Cluster's asynchronous replication loses acknowledged writes so).
+//!
+//! With a sharded directory (`directory::shard`) every directory operation of an object (its
+//! copies of record, `LocateCopies`, deletes, placements and repairs) goes to the shard owning
+//! its slot, as its records do, and the checks ask that shard's registry: its members, its
+//! head restarts and failovers.
 //!
 //! [`Flaws::copies_overcounted`](super::Flaws) plants a bug the first check exists for (the
 //! origin hears of `k` copies at its own publication);
@@ -127,11 +134,13 @@ pub(super) struct ReplicationSide {
     deleted: BTreeSet<ObjectId>,
     /// Waiting puts not answered yet.
     placing: BTreeMap<ObjectId, Placing>,
-    /// The free memory each node last reported with a publication of record.
-    free_reports: BTreeMap<NodeId, u64>,
+    /// The free memory each node last reported with a publication of record, by the shard of
+    /// the directory it went to (each shard's registry places by the reports it received; one
+    /// shard unsharded).
+    free_reports: BTreeMap<(usize, NodeId), u64>,
     /// `DeleteEverywhere` requests on their way, with the content the id had when sent.
     delete_ops: BTreeMap<(NodeId, u32, DirectoryOpId), (ObjectId, Option<ContentDigest>)>,
-    /// Contents the registry deleted everywhere, with when it answered.
+    /// Contents the registry deleted everywhere, with when its answer arrived.
     deleted_everywhere: BTreeMap<ObjectId, (ContentDigest, Instant)>,
     /// When each id was last put.
     put_started: BTreeMap<ObjectId, Instant>,
@@ -157,9 +166,11 @@ impl Cluster {
     /// Counters of the replication side.
     pub fn replication_stats(&self) -> ReplicationRunStats {
         let mut stats = self.replication.stats.clone();
-        if let Some(registry) = self.directory.registry() {
-            stats.repairs_started = registry.replication_stats().repairs_started;
-        }
+        stats.repairs_started = self
+            .all_shards()
+            .filter_map(|shard| shard.registry())
+            .map(|registry| registry.replication_stats().repairs_started)
+            .sum();
         stats
     }
 
@@ -316,15 +327,31 @@ impl Cluster {
             .insert((n, inc, op), (id, content));
     }
 
-    /// Membership changes, head restarts and targets given up on or declined so far.
-    fn placement_disruptions(&self) -> u64 {
-        let d = &self.directory.stats;
-        let replication = self
-            .directory
+    /// The directory's shard holding `id`'s records (the one head when unsharded): its
+    /// registry places and repairs `id`'s copies.
+    fn records_shard(&self, id: &ObjectId) -> &crate::directory::SimDirectory {
+        let shard = self.shard_of(id);
+        self.all_shards()
+            .nth(shard)
+            .expect("every shard of an id exists")
+    }
+
+    /// Head restarts of the shard holding `id`'s records so far: each forgets its records.
+    fn head_crashes_of(&self, id: &ObjectId) -> u64 {
+        self.records_shard(id).stats.head_crashes
+    }
+
+    /// Membership changes, head restarts, failovers and targets given up on or declined so far,
+    /// as seen by the shard that places `id`.
+    fn placement_disruptions(&self, id: &ObjectId) -> u64 {
+        let shard = self.records_shard(id);
+        let d = &shard.stats;
+        let replication = shard
             .registry()
             .map(|r| r.replication_stats())
             .unwrap_or_default();
         d.head_crashes
+            + d.failovers
             + d.heartbeat_expiries
             + d.reconnects
             + self.stats.crashes
@@ -332,9 +359,9 @@ impl Cluster {
             + replication.targets_declined
     }
 
-    fn registry_members(&self) -> Vec<(NodeId, u32)> {
-        self.directory
-            .registry()
+    /// The members of the registry that places `id`.
+    fn registry_members(&self, id: &ObjectId) -> Vec<(NodeId, u32)> {
+        self.registry_of(id)
             .map(|r| {
                 r.members()
                     .iter()
@@ -344,12 +371,22 @@ impl Cluster {
             .unwrap_or_default()
     }
 
+    /// The free-memory reports the registry placing `id` received last, by node.
+    fn free_reports_of(&self, id: &ObjectId) -> BTreeMap<NodeId, u64> {
+        let shard = self.shard_of(id);
+        self.replication
+            .free_reports
+            .range((shard, NodeId(0))..=(shard, NodeId(u32::MAX)))
+            .map(|(&(_, node), &free)| (node, free))
+            .collect()
+    }
+
     /// A waiting put of `id` starts: what its placement check compares at the ack.
     fn placing_started(&mut self, id: ObjectId) {
         let placing = Placing {
-            members: self.registry_members(),
-            disruptions: self.placement_disruptions(),
-            lowest_free: self.replication.free_reports.clone(),
+            members: self.registry_members(&id),
+            disruptions: self.placement_disruptions(&id),
+            lowest_free: self.free_reports_of(&id),
         };
         self.replication.placing.insert(id, placing);
     }
@@ -361,8 +398,8 @@ impl Cluster {
             return;
         };
         if self.params.failure_domains == 0
-            || placing.disruptions != self.placement_disruptions()
-            || placing.members != self.registry_members()
+            || placing.disruptions != self.placement_disruptions(&id)
+            || placing.members != self.registry_members(&id)
         {
             return;
         }
@@ -402,12 +439,19 @@ impl Cluster {
 
     /// Node `n` publishes a copy of record of `id`, reporting `free_bytes` free.
     pub(super) fn replica_published(&mut self, n: NodeId, inc: u32, id: ObjectId, free_bytes: u64) {
-        self.replication.free_reports.insert(n, free_bytes);
-        for placing in self.replication.placing.values_mut() {
+        // The report reaches the registry of `id`'s shard alone: the puts it places see it.
+        let shard = self.shard_of(&id);
+        self.replication.free_reports.insert((shard, n), free_bytes);
+        let placed_there: Vec<ObjectId> = (self.replication.placing.keys())
+            .filter(|placing| self.shard_of(placing) == shard)
+            .copied()
+            .collect();
+        for placing in placed_there {
+            let placing = self.replication.placing.get_mut(&placing).expect("listed");
             let lowest = placing.lowest_free.entry(n).or_insert(free_bytes);
             *lowest = (*lowest).min(free_bytes);
         }
-        let head_crashes = self.directory.stats.head_crashes;
+        let head_crashes = self.head_crashes_of(&id);
         let side = &mut self.replication;
         if side.published.entry(id).or_default().insert((n, inc)) {
             side.stats.copies_published += 1;
@@ -704,13 +748,15 @@ impl Cluster {
 
     /// Whether every record converged (see the module doc), else what has not.
     fn replicas_converged(&self) -> Result<u64, String> {
-        let Some(registry) = self.directory.registry() else {
+        // A shard down (its head restarting, failing over) has nothing to compare with.
+        if self.all_shards().any(|shard| shard.registry().is_none()) {
             return Ok(0);
-        };
-        let members = registry.members().len();
-        let head_crashes = self.directory.stats.head_crashes;
+        }
         let mut converged = 0;
         for (id, pairs) in &self.replication.published {
+            let registry = self.registry_of(id).expect("every shard is up");
+            let members = registry.members().len();
+            let head_crashes = self.head_crashes_of(id);
             // An id put with two contents (again elsewhere during a partition or head outage:
             // named so by the directory, or one publication refused) has copies of record of
             // the other content that can take no copy of this one (README "One id, one
@@ -846,7 +892,6 @@ impl Cluster {
     /// No live node holds a copy of record of content the registry deleted everywhere (see
     /// the module doc).
     fn check_deletes_stayed(&mut self) {
-        let head_crashes = self.directory.stats.head_crashes;
         let deleted: Vec<(ObjectId, (ContentDigest, Instant))> = self
             .replication
             .deleted_everywhere
@@ -859,9 +904,12 @@ impl Cluster {
                 .put_started
                 .get(&id)
                 .is_some_and(|&put| put > at);
+            let head_crashes = self.head_crashes_of(&id);
             let records_forgotten =
                 self.replication.first_published_head_crashes.get(&id) != Some(&head_crashes);
-            if put_again || records_forgotten {
+            // A failover of the id's shard that lost the delete (see `failover_lost_write`).
+            let delete_lost = self.failover_lost_write(&id, at);
+            if put_again || records_forgotten || delete_lost {
                 continue;
             }
             self.replication.stats.deletes_checked += 1;
@@ -886,6 +934,34 @@ impl Cluster {
                 );
             }
         }
+    }
+}
+
+impl Cluster {
+    /// Whether a failover of the shard holding `id`'s records lost a write its registry
+    /// answered, the answer reaching its node at `answered`. A promoted replica holds its
+    /// master's inputs up to the replica's lag before the master died, none after (see
+    /// `directory::shard`): Redis Cluster replicates asynchronously and a master acknowledges
+    /// a write before its replica has it, so a failover within the lag after a write loses
+    /// it, acknowledged or not — a `DeleteEverywhere` answered `Done`, and its tombstone,
+    /// among them. A copy of record that missed the delete (its node away) is then published
+    /// again to a registry that never heard of the delete and copied anew: what the real
+    /// cluster does too (short of `WAIT`ing for the replica on every write, which the
+    /// daemon's adapter does not). Never true unsharded.
+    fn failover_lost_write(&self, id: &ObjectId, answered: Instant) -> bool {
+        let Some(sharding) = self.params.sharding.as_ref().filter(|s| s.shards > 1) else {
+            return false;
+        };
+        let shard = self.shard_of(id);
+        // The answer left the registry one directory latency before it arrived.
+        let took = answered
+            .0
+            .saturating_sub(self.records_shard(id).latency_ns());
+        let lag_ns = sharding.replica_lag_us * 1000;
+        sharding.failovers.iter().any(|&(s, at_us, _)| {
+            let dies = at_us * 1000;
+            s == shard && dies.saturating_sub(lag_ns) < took && took <= dies
+        })
     }
 }
 

@@ -318,6 +318,12 @@ fn sim_nonce_key(party: u8, id: u64, incarnation: u32) -> [u8; 32] {
 }
 
 impl SimDirectory {
+    /// One-way latency between a node and this head, ns: a reply a node hears at `t` left
+    /// the registry at `t` minus it.
+    pub fn latency_ns(&self) -> u64 {
+        self.params.latency_ns
+    }
+
     /// A head serving `nodes` (each at incarnation 0), registered before time starts, as a
     /// cluster whose daemons all joined before the workload.
     pub fn formed(params: DirectoryParams, nodes: usize, now: Instant) -> (Self, Vec<Effect>) {
@@ -798,6 +804,13 @@ impl SimDirectory {
             }
             DirEvent::Head { up: true, .. } => {
                 if self.registry.is_none() {
+                    // The head crashed while its shard failed over (the master already dead,
+                    // so the crash found no registry to take): the replica being promoted is
+                    // lost too, and the shard comes back empty. A restart like any other,
+                    // counted as one (what forgets records).
+                    if self.shard.as_ref().is_some_and(|s| s.failing_over()) {
+                        self.stats.head_crashes += 1;
+                    }
                     effects.push(Effect::Trace(
                         "FAULT directory head back, with an empty registry".into(),
                     ));
