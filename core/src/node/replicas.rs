@@ -577,6 +577,16 @@ impl Node {
         }
     }
 
+    /// The store lost `id` (its spill record was damaged or gone when it was restored): if it
+    /// was a copy of record here, it is one no more — else the node would publish it as one
+    /// again when the directory comes back, and the registry would count a copy that does not
+    /// exist. The store's deletion withdraws it, which puts the object in the registry's
+    /// repair queue. The object still wants copies (a client's delete here still deletes it
+    /// everywhere).
+    pub(super) fn copy_of_record_lost(&mut self, id: ObjectId) {
+        self.replicas.of_record.remove(&id);
+    }
+
     /// The registry refused this node's copy of `id` (another content holds the id): it is no
     /// copy of record of what the id names, nor of the content deleted or replaced, so it is
     /// released (evictable) and the object wants no copies from here; a later placement of the

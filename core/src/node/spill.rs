@@ -196,6 +196,7 @@ impl Node {
                 }
             }
             StoreOutput::RestoreFailed { id } => {
+                self.copy_of_record_lost(id);
                 for waiting in self.take_awaiting_restore(id) {
                     self.refuse(waiting.peer, PeerMessage::NotFound { req: waiting.req });
                 }
