@@ -262,10 +262,11 @@ struct Handshake {
 
 /// How far behind a member's real heartbeat deadline its filed one may fall, as a fraction of
 /// the timeout (1/16: 312 ms of 5 s). Every message moves the real deadline (a field); moving
-/// the filed one is two B-tree operations, which at every message were a tenth of the head's
-/// time under load. A filed deadline that comes due for a member heard from since is filed
-/// again under the real one, so a member still expires exactly a timeout after it was last
-/// heard from; the head only wakes once early for a member that falls silent.
+/// the filed one is two B-tree operations, which at every message took a few percent of the
+/// head's time under load. A filed deadline that comes due for a member heard from since is
+/// filed again under the real one, so a member still expires exactly a timeout after it was
+/// last heard from; the head only wakes once early for a member that falls silent (a member
+/// that pings at least every sixteenth of the timeout is filed again at every ping).
 const EXPIRY_INDEX_STEP: u32 = 16;
 
 /// One registered node.
