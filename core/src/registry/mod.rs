@@ -266,7 +266,8 @@ struct Handshake {
 /// head's time under load. A filed deadline that comes due for a member heard from since is
 /// filed again under the real one, so a member still expires exactly a timeout after it was
 /// last heard from; the head only wakes once early for a member that falls silent (a member
-/// that pings at least every sixteenth of the timeout is filed again at every ping).
+/// heard from at intervals of a sixteenth of the timeout or more, as an idle node's pings are,
+/// is filed again at every message).
 const EXPIRY_INDEX_STEP: u32 = 16;
 
 /// One registered node.
