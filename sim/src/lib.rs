@@ -58,6 +58,11 @@ impl SimReport {
     pub fn passed(&self) -> bool {
         self.violations.is_empty()
     }
+
+    /// The first violation whose text contains `what`.
+    pub fn violation_containing(&self, what: &str) -> Option<&String> {
+        self.violations.iter().find(|v| v.contains(what))
+    }
 }
 
 /// Runs one random seed to the end: workload and faults, then liveness and quiescence checks.
@@ -88,11 +93,7 @@ pub fn run_seed_sharded(
     flaws: Flaws,
     shards: usize,
 ) -> SimReport {
-    let modes = SimModes {
-        directory_shards: Some(shards),
-        ..SimModes::default()
-    };
-    run_seed_with_modes(seed, nodes, mode, flaws, modes)
+    run_seed_with_modes(seed, nodes, mode, flaws, SimModes::sharded(shards))
 }
 
 /// [`run_seed_with_flaws`] with a spill tier on every node (a disk with latency, `ENOSPC`,
@@ -103,11 +104,7 @@ pub fn run_seed_spilling(
     mode: RunMode,
     flaws: Flaws,
 ) -> SimReport {
-    let modes = SimModes {
-        spill: true,
-        ..SimModes::default()
-    };
-    run_seed_with_modes(seed, nodes, mode, flaws, modes)
+    run_seed_with_modes(seed, nodes, mode, flaws, SimModes::spilling())
 }
 
 /// [`run_seed_with_flaws`] whose puts ask for replicas, with at least one crash (see
@@ -118,11 +115,7 @@ pub fn run_seed_replicating(
     mode: RunMode,
     flaws: Flaws,
 ) -> SimReport {
-    let modes = SimModes {
-        replicas: true,
-        ..SimModes::default()
-    };
-    run_seed_with_modes(seed, nodes, mode, flaws, modes)
+    run_seed_with_modes(seed, nodes, mode, flaws, SimModes::replicating())
 }
 
 /// [`run_seed_with_flaws`] in the modes `modes`, which combine (a sharded directory with a

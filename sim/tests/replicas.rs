@@ -59,11 +59,8 @@ const REGRESSIONS: [u64; 12] = [
 
 fn caught(flaws: Flaws, what: &str) -> Option<(u64, String)> {
     SEEDS.into_iter().find_map(|seed| {
-        let report = run_seed_replicating(seed, None, MODE, flaws);
-        report
-            .violations
-            .iter()
-            .find(|v| v.contains(what))
+        run_seed_replicating(seed, None, MODE, flaws)
+            .violation_containing(what)
             .map(|v| (seed, v.clone()))
     })
 }

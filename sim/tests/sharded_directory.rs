@@ -209,17 +209,16 @@ fn sharded_sweep_with_spill_finds_no_violation() {
     assert!(restores > 0, "nothing restored from a spill tier");
 }
 
-/// The first seed of the combined sweep's range whose run in `modes` with `flaws` reports a
+/// Asserts that a seed of the combined sweep's range run in `modes` with `flaws` reports a
 /// violation containing `what`.
-fn caught(modes: SimModes, flaws: Flaws, what: &str) -> Option<(u64, String)> {
-    (COMBINED_START..COMBINED_START + 3 * COMBINED_SEEDS).find_map(|seed| {
-        let report = run_seed_with_modes(seed, None, MODE, flaws, modes);
-        report
-            .violations
-            .iter()
-            .find(|v| v.contains(what))
+fn assert_caught(modes: SimModes, flaws: Flaws, what: &str) {
+    let found = (COMBINED_START..COMBINED_START + 3 * COMBINED_SEEDS).find_map(|seed| {
+        run_seed_with_modes(seed, None, MODE, flaws, modes)
+            .violation_containing(what)
             .map(|v| (seed, v.clone()))
-    })
+    });
+    println!("{found:?}");
+    assert!(found.is_some(), "no seed caught the planted flaw");
 }
 
 /// The flaw of `sim/tests/replicas.rs` whose check the shard failovers narrowed (a delete a
@@ -230,13 +229,11 @@ fn a_registry_without_tombstones_is_caught_with_shards() {
         no_tombstones: true,
         ..Flaws::default()
     };
-    let found = caught(
+    assert_caught(
         sharded(false, true),
         flaws,
         "hold copies of record of the deleted content",
     );
-    println!("{found:?}");
-    assert!(found.is_some(), "no seed caught the planted flaw");
 }
 
 /// Repair asked of each object's shard: nodes that ignore its placements are caught.
@@ -246,9 +243,7 @@ fn nodes_that_ignore_placements_are_caught_with_shards() {
         replica_placement_ignored: true,
         ..Flaws::default()
     };
-    let found = caught(sharded(false, true), flaws, "repair did not converge");
-    println!("{found:?}");
-    assert!(found.is_some(), "no seed caught the planted flaw");
+    assert_caught(sharded(false, true), flaws, "repair did not converge");
 }
 
 /// The flaw of `sim/tests/spill.rs`: a store that evicts while its tier has room.
@@ -258,9 +253,7 @@ fn a_store_that_evicts_with_room_in_its_tier_is_caught_with_shards() {
         spill_evicts_with_room: true,
         ..Flaws::default()
     };
-    let found = caught(sharded(true, false), flaws, "while its spill tier had room");
-    println!("{found:?}");
-    assert!(found.is_some(), "no seed caught the planted flaw");
+    assert_caught(sharded(true, false), flaws, "while its spill tier had room");
 }
 
 #[test]
@@ -277,12 +270,8 @@ fn the_replay_command_names_every_mode() {
         "{command}"
     );
     // One mode alone, and none, as before.
-    let replicas = SimModes {
-        replicas: true,
-        ..SimModes::default()
-    };
     assert_eq!(
-        replay_command_with_modes(7, None, replicas),
+        replay_command_with_modes(7, None, SimModes::replicating()),
         replay_command(7, None).replace(" --trace", " --replicas --trace")
     );
     assert_eq!(
@@ -290,12 +279,8 @@ fn the_replay_command_names_every_mode() {
         replay_command(7, None)
     );
     // One shard is the default directory: not named.
-    let one = SimModes {
-        directory_shards: Some(1),
-        ..SimModes::default()
-    };
     assert_eq!(
-        replay_command_with_modes(7, None, one),
+        replay_command_with_modes(7, None, SimModes::sharded(1)),
         replay_command(7, None)
     );
 }

@@ -427,6 +427,30 @@ pub struct SimModes {
 }
 
 impl SimModes {
+    /// A directory of `shards` shards alone.
+    pub fn sharded(shards: usize) -> Self {
+        Self {
+            directory_shards: Some(shards),
+            ..Self::default()
+        }
+    }
+
+    /// A spill tier on every node alone.
+    pub fn spilling() -> Self {
+        Self {
+            spill: true,
+            ..Self::default()
+        }
+    }
+
+    /// Replicated puts alone.
+    pub fn replicating() -> Self {
+        Self {
+            replicas: true,
+            ..Self::default()
+        }
+    }
+
     /// Sets the parameters the modes draw, each from a stream of its own (so their order does
     /// not matter, and no mode changes another's draws).
     pub fn apply(&self, seed: u64, params: &mut SimParams) {
@@ -493,48 +517,6 @@ impl Cluster {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let params = SimParams::draw(seed, &mut rng, nodes);
         Self::build(params, rng, mode, flaws)
-    }
-
-    /// [`Cluster::random_with_flaws`] with a directory of `shards` shards (see
-    /// `directory::shard`), their latencies and failovers drawn from the seed apart from the
-    /// others. One shard is the default directory: the same run.
-    pub fn random_sharded(
-        seed: u64,
-        nodes: Option<usize>,
-        mode: RunMode,
-        flaws: Flaws,
-        shards: usize,
-    ) -> Self {
-        let modes = SimModes {
-            directory_shards: Some(shards),
-            ..SimModes::default()
-        };
-        Self::random_with_modes(seed, nodes, mode, flaws, modes)
-    }
-
-    /// [`Cluster::random_with_flaws`] with a spill tier on every node, its parameters drawn
-    /// from the seed apart from the others (see [`spill::SpillParams::draw`]).
-    pub fn random_with_spill(seed: u64, nodes: Option<usize>, mode: RunMode, flaws: Flaws) -> Self {
-        let modes = SimModes {
-            spill: true,
-            ..SimModes::default()
-        };
-        Self::random_with_modes(seed, nodes, mode, flaws, modes)
-    }
-
-    /// [`Cluster::random_with_flaws`] whose puts ask for replicas (see `replication`), with at
-    /// least one crash.
-    pub fn random_with_replicas(
-        seed: u64,
-        nodes: Option<usize>,
-        mode: RunMode,
-        flaws: Flaws,
-    ) -> Self {
-        let modes = SimModes {
-            replicas: true,
-            ..SimModes::default()
-        };
-        Self::random_with_modes(seed, nodes, mode, flaws, modes)
     }
 
     /// [`Cluster::random_with_flaws`] in the modes `modes`, which combine: each draws its
