@@ -45,24 +45,31 @@ fn put_with_copies(w: &mut World, n: u64) -> Option<Response> {
     )
 }
 
-#[test]
-fn a_node_full_of_copies_of_record_spills_them_and_still_takes_puts() {
+/// Objects 1 to 3 put on node 0 as copies of record: the third needed the first's memory, so
+/// the first is spilled.
+fn three_copies_of_record_the_first_spilled() -> World {
     let mut w = spilling_world();
     for n in 1..=3 {
-        // The third needs the memory of a copy of record: it is spilled, not evicted.
         assert_eq!(
             put_with_copies(&mut w, n),
             Some(Response::Done(Ok(()))),
             "{n}"
         );
     }
+    assert_eq!(w.nodes[0].store().tier(&id(1)), Some(StorageTier::Spilled));
+    w
+}
+
+#[test]
+fn a_node_full_of_copies_of_record_spills_them_and_still_takes_puts() {
+    // The third put needs the memory of a copy of record: it is spilled, not evicted.
+    let mut w = three_copies_of_record_the_first_spilled();
     let node = &w.nodes[0];
     assert_eq!(
         node.store().stats().evicted_objects_total,
         0,
         "nothing forgotten"
     );
-    assert_eq!(node.store().tier(&id(1)), Some(StorageTier::Spilled));
     for n in 1..=3 {
         assert!(node.is_copy_of_record(&id(n)), "{n} is a copy of record");
         assert!(node.store().is_record(&id(n)), "{n} is held as one");
@@ -95,15 +102,7 @@ fn a_node_full_of_copies_of_record_spills_them_and_still_takes_puts() {
 
 #[test]
 fn a_spilled_copy_of_record_is_deleted_by_a_client_and_when_deleted_everywhere() {
-    let mut w = spilling_world();
-    for n in 1..=3 {
-        assert_eq!(
-            put_with_copies(&mut w, n),
-            Some(Response::Done(Ok(()))),
-            "{n}"
-        );
-    }
-    assert_eq!(w.nodes[0].store().tier(&id(1)), Some(StorageTier::Spilled));
+    let mut w = three_copies_of_record_the_first_spilled();
     w.delete(0, 1);
     assert!(!w.nodes[0].store().contains(&id(1)), "deleted from disk");
     assert!(!w.nodes[0].is_copy_of_record(&id(1)));
@@ -121,15 +120,7 @@ fn a_spilled_copy_of_record_is_deleted_by_a_client_and_when_deleted_everywhere()
 
 #[test]
 fn a_copy_of_record_lost_with_its_damaged_spill_record_is_no_longer_one() {
-    let mut w = spilling_world();
-    for n in 1..=3 {
-        assert_eq!(
-            put_with_copies(&mut w, n),
-            Some(Response::Done(Ok(()))),
-            "{n}"
-        );
-    }
-    assert_eq!(w.nodes[0].store().tier(&id(1)), Some(StorageTier::Spilled));
+    let mut w = three_copies_of_record_the_first_spilled();
     for bytes in w.spill_disk[0].values_mut() {
         bytes[7] ^= 1;
     }
