@@ -482,11 +482,17 @@ async fn nodes_ride_out_a_head_restart() {
     .await;
 }
 
-/// One frame as the directory sends them: a little-endian length, then postcard.
-async fn send_frame<T: serde::Serialize>(stream: &mut TcpStream, message: &T) {
+/// Appends one frame as the directory sends them: a little-endian length, then postcard.
+fn push_frame<T: serde::Serialize>(buffer: &mut Vec<u8>, message: &T) {
     let body = postcard::to_allocvec(message).unwrap();
-    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-    frame.extend_from_slice(&body);
+    buffer.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    buffer.extend_from_slice(&body);
+}
+
+/// Sends one frame.
+async fn send_frame<T: serde::Serialize>(stream: &mut TcpStream, message: &T) {
+    let mut frame = Vec::new();
+    push_frame(&mut frame, message);
     stream.write_all(&frame).await.unwrap();
 }
 
@@ -536,6 +542,23 @@ mod handshake {
             Some(FromRegistry::Challenge { nonce }) => nonce,
             other => panic!("expected a challenge, got {other:?}"),
         }
+    }
+
+    /// A raw connection that joined `server` as member 1 (its hello nonce `nonce`).
+    async fn welcomed(server: &BuiltinDirectoryServer, nonce: Nonce) -> TcpStream {
+        let mut node = TcpStream::connect(server.local_addr()).await.unwrap();
+        let hello = hello(nonce);
+        let challenge = challenge(&mut node, &hello).await;
+        send_frame(
+            &mut node,
+            &ToRegistry::Proof(proof(TOKEN, &hello, &challenge)),
+        )
+        .await;
+        assert!(matches!(
+            receive_frame(&mut node).await,
+            Some(FromRegistry::Welcome { .. })
+        ));
+        node
     }
 
     #[tokio::test]
@@ -711,14 +734,7 @@ mod handshake {
         use skyriver_core::registry::WireOpId;
         const BURST: u64 = 1000;
         let server = start_server(Duration::from_secs(5)).await;
-        let mut node = TcpStream::connect(server.local_addr()).await.unwrap();
-        let hello = hello([3; 32]);
-        let nonce = challenge(&mut node, &hello).await;
-        send_frame(&mut node, &ToRegistry::Proof(proof(TOKEN, &hello, &nonce))).await;
-        assert!(matches!(
-            receive_frame(&mut node).await,
-            Some(FromRegistry::Welcome { .. })
-        ));
+        let mut node = welcomed(&server, [3; 32]).await;
         // Even numbers are lookups (op n), odd ones pings (seq n), all in one buffer.
         let mut burst = Vec::new();
         for n in 0..BURST {
@@ -733,9 +749,7 @@ mod handshake {
             } else {
                 ToRegistry::Ping { seq: n }
             };
-            let body = postcard::to_allocvec(&message).unwrap();
-            burst.extend_from_slice(&(body.len() as u32).to_le_bytes());
-            burst.extend_from_slice(&body);
+            push_frame(&mut burst, &message);
         }
         // The last frame's length prefix is split, and so is its body's first byte.
         let split = burst.len() - 3;
@@ -767,20 +781,11 @@ mod handshake {
     #[tokio::test]
     async fn a_node_that_never_reads_is_disconnected() {
         let server = start_server(Duration::from_secs(30)).await;
-        let mut node = TcpStream::connect(server.local_addr()).await.unwrap();
-        let hello = hello([4; 32]);
-        let nonce = challenge(&mut node, &hello).await;
-        send_frame(&mut node, &ToRegistry::Proof(proof(TOKEN, &hello, &nonce))).await;
-        assert!(matches!(
-            receive_frame(&mut node).await,
-            Some(FromRegistry::Welcome { .. })
-        ));
+        let mut node = welcomed(&server, [4; 32]).await;
         wait_until(|| server.members().len() == 1).await;
         let mut burst = Vec::new();
         for seq in 0..10_000u64 {
-            let body = postcard::to_allocvec(&ToRegistry::Ping { seq }).unwrap();
-            burst.extend_from_slice(&(body.len() as u32).to_le_bytes());
-            burst.extend_from_slice(&body);
+            push_frame(&mut burst, &ToRegistry::Ping { seq });
         }
         // Pings, never reading a pong, until the head lets the node go.
         let deadline = tokio::time::Instant::now() + WAIT;
