@@ -337,11 +337,7 @@ impl EventLoop {
                     Err(error) => warn!(%error, "accept failed"),
                 },
                 Some(event) = recv_fabric(self.fabric_events.as_mut()) => {
-                    let message = matches!(event, FabricEvent::Message { .. });
-                    self.fabric_event(event);
-                    if message {
-                        self.more_fabric_messages();
-                    }
+                    self.fabric_turn(event)
                 }
                 Some(notice) = recv_bounded(self.notices.as_mut()) => {
                     self.directory_notice(notice)
@@ -556,8 +552,8 @@ impl EventLoop {
         }
     }
 
-    /// Takes the spill completions already waiting in the same turn (as `more_fabric_messages`
-    /// does for peer messages), so a burst of small restores costs one wait and one flush, not
+    /// Takes the spill completions already waiting in the same turn (as `fabric_turn` does
+    /// for peer messages), so a burst of small restores costs one wait and one flush, not
     /// one each.
     fn more_spill_completions(&mut self) {
         if self.recorder.is_some() {
@@ -578,31 +574,30 @@ impl EventLoop {
         }
     }
 
-    /// After a peer message: the peer messages already waiting, up to a turn's worth, taken
-    /// without another wait. Outputs still queued are carried out before each next event (the
-    /// driver contract); what may wait is only the node's held fetch requests. The run stops
-    /// after the first event that is not a message: a completed READ's output is work (the
+    /// A fabric event, then, after a peer message, the events already waiting, up to a turn's
+    /// worth, taken without another wait. Outputs still queued are carried out before each next
+    /// event (the driver contract); what may wait is only the node's held fetch requests. The
+    /// run stops after the first event that is not a message: a completed READ's output is work (the
     /// slice is hashed ahead, some 50 µs per MiB), and taking the next completions in
     /// the same turn would hash them back to back without the loop's polling round between
     /// them — with the holder on the same CPU, its socket then sits full while this loop
     /// hashes, and a 16 MiB fetch took 8% longer (`bench fetch --cpus pinned`). A recorded
     /// run takes one event a turn, driven after it, as its replay drives.
-    fn more_fabric_messages(&mut self) {
-        if self.recorder.is_some() {
-            return;
-        }
-        for _ in 1..MAX_PEER_MESSAGES_PER_TURN {
-            let Some(event) = self.fabric_events.as_mut().and_then(|r| r.try_recv().ok()) else {
+    fn fabric_turn(&mut self, first: FabricEvent) {
+        let mut event = first;
+        for taken in 1..=MAX_PEER_MESSAGES_PER_TURN {
+            let message = matches!(event, FabricEvent::Message { .. });
+            self.fabric_event(event);
+            if !message || taken == MAX_PEER_MESSAGES_PER_TURN || self.recorder.is_some() {
+                return;
+            }
+            let Some(next) = self.fabric_events.as_mut().and_then(|r| r.try_recv().ok()) else {
                 return;
             };
-            let message = matches!(event, FabricEvent::Message { .. });
             if self.node.outputs_queued() {
                 self.drain();
             }
-            self.fabric_event(event);
-            if !message {
-                return;
-            }
+            event = next;
         }
     }
 
