@@ -213,6 +213,22 @@ impl LocalCluster {
         )
     }
 
+    /// [`LocalCluster::start`], with each daemon also sent SIGTERM by the kernel when the calling
+    /// thread ends, however it ends (even by SIGKILL or the OOM killer), so no daemon outlives a
+    /// program that dies before it could stop them. Only for a thread that lives as long as the
+    /// cluster, such as a program's main thread: a shorter-lived one takes the daemons with it.
+    pub fn start_tied_to_this_thread(args: &UpArgs, exe: &Path) -> Result<Self, UpError> {
+        Self::spawn(
+            args,
+            exe,
+            Supervision {
+                own_process_group: false,
+                stop: None,
+                die_with_spawner: true,
+            },
+        )
+    }
+
     /// [`LocalCluster::spawn_once`], again with other ports when a daemon found a port this
     /// function chose (the head's, a metrics endpoint's) taken: a port is free when chosen and
     /// bound a moment later, and on a busy machine another process can take it in between.

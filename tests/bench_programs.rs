@@ -290,6 +290,47 @@ fn bench_cluster_runs_every_pattern_next_to_its_baselines_in_namespaces() {
 }
 
 #[test]
+fn bench_cluster_refuses_sizes_whose_stores_and_baseline_buffers_do_not_fit() {
+    if let Err(reason) = skyriver::netns::available() {
+        common::skip::skip(
+            "bench_cluster_refuses_sizes_whose_stores_and_baseline_buffers_do_not_fit",
+            &common::skip::NETNS,
+            &format!("network namespaces unavailable ({reason})"),
+        );
+        return;
+    }
+    let dir = common::test_dir();
+    // 4 stores of 4 × 256 MiB fit in 5 GiB; the TCP baseline's 4 × 3 buffers of 256 MiB do
+    // not. Refused before anything starts, saying what would fit.
+    let output = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .current_dir(dir.path())
+        .env("SKYRIVER_MEMORY_AVAILABLE", "5GiB")
+        .args([
+            "bench",
+            "cluster",
+            "--nodes",
+            "4",
+            "--patterns",
+            "all-to-all",
+        ])
+        .args(["--sizes", "1KiB,256MiB", "--baselines", "tcp"])
+        .args(["--json", "cluster.json", "--plot", "cluster.svg"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the baselines' buffers") && stderr.contains("5.0 GiB available"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("starting"),
+        "daemons were started: {stderr}"
+    );
+    assert!(!dir.path().join("cluster.json").exists());
+}
+
+#[test]
 fn bench_spill_writes_four_times_the_memory_and_compares_with_the_raw_disk() {
     let dir = common::test_dir();
     let report = skyriver(

@@ -220,7 +220,7 @@ pub(super) fn run(args: &BreakdownArgs) -> Result<(), BenchError> {
         // The daemons inherit it as their --poll-us; the clients read it when they connect.
         std::env::set_var(POLL_US_ENV, poll_us.to_string());
         let up = UpArgs::new(2, ByteSize(64 << 20), None);
-        let cluster = LocalCluster::start(&up, &exe)?;
+        let cluster = LocalCluster::start_tied_to_this_thread(&up, &exe)?;
         // Puts and gets on a daemon of its own, as `bench local` measures them (a cluster
         // node also publishes each put to the directory).
         let alone = ChildDaemon::start(64 << 20)?;

@@ -38,6 +38,7 @@ use skyriver_transport::trace::monotonic_ns;
 
 use super::cluster_trace;
 
+mod memory_plan;
 mod relay_pace;
 
 /// The system name of Skyriver with hinted fetches.
@@ -53,12 +54,10 @@ pub struct ClusterArgs {
     #[arg(long, value_delimiter = ',', default_value = "broadcast,all-to-all,incast",
           value_parser = ["broadcast", "all-to-all", "incast"])]
     pub patterns: Vec<String>,
-    /// Object sizes.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "1KiB,16KiB,256KiB,4MiB,64MiB,256MiB"
-    )]
+    /// Object sizes [default: 1KiB,16KiB,256KiB,4MiB,64MiB,256MiB, less the largest ones that
+    /// would not fit in this machine's free memory with the baselines' buffers]. Sizes given
+    /// here that do not fit are refused.
+    #[arg(long, value_delimiter = ',')]
     pub sizes: Vec<ByteSize>,
     /// Shape every node's link: RATE,LATENCY (e.g. 10gbit,50us); unshaped without.
     #[arg(long)]
@@ -541,9 +540,23 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     // Ctrl-C or SIGTERM removes the namespaces and what runs in them.
     crate::netns::remove_on_signal();
     let nodes = args.nodes as usize;
-    let largest = args.sizes.iter().map(|s| s.0).max().unwrap_or(0);
-    // all-to-all: a node holds its object and N−1 copies; broadcast: N−1 copies.
-    let memory = ByteSize((largest * nodes as u64 + (64 << 20)).max(128 << 20));
+    let baselines: Vec<String> = args
+        .baselines
+        .iter()
+        .filter(|b| !b.is_empty())
+        .cloned()
+        .collect();
+    let patterns: Vec<Pattern> = args.patterns.iter().map(|p| Pattern::parse(p)).collect();
+    let plan = memory_plan::RunShape {
+        nodes: u64::from(args.nodes),
+        patterns: &patterns,
+        tcp: baselines.iter().any(|b| b == "tcp"),
+        redis: baselines.iter().any(|b| b == "redis"),
+    };
+    let asked: Vec<u64> = args.sizes.iter().map(|s| s.0).collect();
+    let sizes = memory_plan::sizes_that_fit(&plan, &asked)?;
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    let memory = ByteSize(plan.store_bytes(largest));
     let exe = crate::self_exe().map_err(BenchError::OwnPath)?;
     eprintln!(
         "starting {nodes} daemons in network namespaces with {} each{}...",
@@ -561,7 +574,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     if let Some(relay_min_bytes) = &args.relay_min_bytes {
         up.daemon_args = vec!["--relay-min-bytes".into(), relay_min_bytes.clone()];
     }
-    let cluster = LocalCluster::start(&up, &exe)?;
+    let cluster = LocalCluster::start_tied_to_this_thread(&up, &exe)?;
     let netns = cluster
         .netns
         .as_ref()
@@ -573,12 +586,6 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     }
     let addrs: Vec<Ipv4Addr> = netns.hosts.iter().map(|h| h.addr).collect();
 
-    let baselines: Vec<String> = args
-        .baselines
-        .iter()
-        .filter(|b| !b.is_empty())
-        .cloned()
-        .collect();
     let mut tcp = if baselines.iter().any(|b| b == "tcp") {
         Some(RawTcp::start(netns, largest)?)
     } else {
@@ -615,14 +622,13 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     let mut breakdowns: Vec<cluster_trace::Breakdown> = Vec::new();
     let mut pace_rows: Vec<relay_pace::PaceRow> = Vec::new();
 
-    let patterns: Vec<Pattern> = args.patterns.iter().map(|p| Pattern::parse(p)).collect();
     let budget = Duration::from_millis(args.millis_per_case);
     let mut rows: Vec<ClusterRow> = Vec::new();
     let mut round_counter = 0u64;
-    let total = patterns.len() * args.sizes.len();
+    let total = patterns.len() * sizes.len();
     let mut case = 0;
     for &pattern in &patterns {
-        for &ByteSize(size) in &args.sizes {
+        for &size in &sizes {
             case += 1;
             eprintln!(
                 "[{case}/{total}] {} {}...",
@@ -632,12 +638,13 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
             let data = vec![0x5au8; size as usize];
             let objects = pattern.objects(nodes);
             // Baseline state for this case: destination buffers per node and source.
+            let baselines_run = tcp.is_some() || redis_clients.is_some();
             let mut tcp_state: Vec<Buffers> = (0..nodes)
                 .map(|node| {
                     let wants = pattern.wants(nodes, node);
                     let buffers = match pattern {
+                        _ if wants.is_empty() || !baselines_run => Vec::new(),
                         Pattern::AllToAll => wants.iter().map(|_| destination(size)).collect(),
-                        _ if wants.is_empty() => Vec::new(),
                         _ => vec![destination(size)],
                     };
                     buffers

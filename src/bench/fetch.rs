@@ -193,7 +193,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
         up.devices = args.devices.clone();
         up.metrics = *metrics;
         up.daemon_args.extend(daemon_args.iter().cloned());
-        let cluster = LocalCluster::start(&up, exe)?;
+        let cluster = LocalCluster::start_tied_to_this_thread(&up, exe)?;
         for (pid, cpu) in cluster.pids().into_iter().zip([near, far]) {
             if let Some(pid) = pid {
                 pin_process(pid, cpu)?;

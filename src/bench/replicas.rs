@@ -153,7 +153,7 @@ pub(super) fn run(args: &ReplicasArgs) -> Result<(), BenchError> {
     up.netns = true;
     up.link = args.link.clone();
     up.metrics = true;
-    let started = LocalCluster::start(&up, &exe).map_err(BenchError::from);
+    let started = LocalCluster::start_tied_to_this_thread(&up, &exe).map_err(BenchError::from);
     let result = started.and_then(|mut cluster| {
         let result = measure(args, &mut cluster);
         cluster.stop();
