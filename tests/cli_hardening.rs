@@ -631,7 +631,7 @@ fn an_unreachable_peer_is_warned_about_once_not_on_every_dial() {
             "default",
             &token.into(),
             notices,
-            std::time::Duration::ZERO,
+            skyriver_transport::directory::JoinOptions::default(),
         ))
         .unwrap();
     // Node 2 dials node 1 (the higher id dials); debug shows every failed dial.

@@ -9,12 +9,17 @@ use skyriver::up::{LocalCluster, UpArgs};
 use skyriver_client::{Client, ObjectId};
 
 fn cluster(nodes: u32) -> (tempfile::TempDir, LocalCluster) {
+    cluster_with(nodes, &[])
+}
+
+fn cluster_with(nodes: u32, daemon_args: &[&str]) -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();
-    let args = UpArgs::new(
+    let mut args = UpArgs::new(
         nodes,
         "64MiB".parse().unwrap(),
         Some(dir.path().to_path_buf()),
     );
+    args.daemon_args = daemon_args.iter().map(|a| a.to_string()).collect();
     let cluster =
         LocalCluster::start(&args, std::path::Path::new(env!("CARGO_BIN_EXE_skyriver"))).unwrap();
     (dir, cluster)
@@ -127,4 +132,66 @@ fn an_id_drawn_for_a_put_leads_other_nodes_to_its_node() {
     let object = requester.fetch_one(printed, timeout).unwrap();
     assert!(object.data() == &bytes(4, 5000)[..]);
     assert_eq!(hint_counters(&requester), (2, 0));
+}
+
+/// With `--learn-locations` the head tells every node where each object put elsewhere is, so
+/// the first fetch of an id that names no node goes straight to its holder.
+#[test]
+fn learned_locations_send_a_first_fetch_of_any_id_to_its_holder() {
+    let (_dir, cluster) = cluster_with(3, &["--learn-locations"]);
+    let holder = Client::connect(&cluster.sockets[0]).unwrap();
+    let requester = Client::connect(&cluster.sockets[2]).unwrap();
+    // Ids of the program's own making: they name no node.
+    let (small, large) = (ObjectId::from_u64(8301), ObjectId::from_u64(8302));
+    assert_eq!(small.owner(), None);
+    let (small_bytes, large_bytes) = (bytes(5, 1000), bytes(6, 3 << 20));
+    holder.create_and_seal(small, &small_bytes, b"").unwrap();
+    holder.create_and_seal(large, &large_bytes, b"").unwrap();
+    let counters = |client: &Client| client.metrics().unwrap().counters;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while counters(&requester).locations_learned < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the head never pushed the locations"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let timeout = Some(Duration::from_secs(30));
+    for (id, data) in [(small, &small_bytes), (large, &large_bytes)] {
+        let object = requester.fetch_one(id, timeout).unwrap();
+        assert!(object.data() == &data[..]);
+    }
+    let after = counters(&requester);
+    assert_eq!(
+        (after.location_cache_hits, after.stale_locations),
+        (2, 0),
+        "both went straight to the holder"
+    );
+    assert_eq!(
+        counters(&holder).locations_learned,
+        0,
+        "nobody else put anything"
+    );
+
+    // Not without a cluster, and not with Redis (which pushes no locations).
+    let dir = common::test_dir();
+    for extra in [
+        &[][..],
+        &["--directory", "redis://127.0.0.1:1", "--node-id", "1"][..],
+    ] {
+        let socket = dir.path().join("refused.sock");
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_skyriver"))
+            .args(["daemon", "--memory", "16MiB", "--socket"])
+            .arg(&socket)
+            .arg("--learn-locations")
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("--learn-locations needs the built-in directory"),
+            "{stderr}"
+        );
+    }
 }

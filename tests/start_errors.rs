@@ -27,6 +27,7 @@ fn config(dir: &std::path::Path, fabric: FabricChoice, directory: DirectoryChoic
         cluster_token: ClusterToken::new(SECRET),
         advertise: None,
         join_timeout: std::time::Duration::ZERO,
+        learn_locations: false,
     });
     config
 }

@@ -19,8 +19,9 @@ use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreSt
 
 /// Version of this protocol; a client of another version is refused at `Hello`. Version 13:
 /// `LocateCopies` tells copies of record from cache copies ([`CopyView::of_record`],
-/// `Response::Copies::records_known`).
-pub const PROTOCOL_VERSION: u32 = 14;
+/// `Response::Copies::records_known`). Version 15: the node's counters say how many locations
+/// the directory pushed to it (`locations_learned`).
+pub const PROTOCOL_VERSION: u32 = 15;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.

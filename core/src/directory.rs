@@ -288,6 +288,21 @@ pub enum DirectoryEvent {
         /// The digest the id names.
         digest: ContentDigest,
     },
+    /// `holder` published `id` (a node that did not hold it before): sent to every other node
+    /// that asked to learn locations in its hello, so its first fetch of the object needs no
+    /// lookup. A hint only: the head drops it for a connection that is behind, and the node
+    /// keeps it in its location cache, where a stale entry costs one round trip to the
+    /// holder, then the directory.
+    Located {
+        /// The object.
+        id: ObjectId,
+        /// The node that now holds it.
+        holder: NodeId,
+        /// Its sizes.
+        sizes: ObjectSizes,
+        /// The digest of its bytes.
+        digest: ContentDigest,
+    },
 }
 
 impl DirectoryEvent {
@@ -299,7 +314,7 @@ impl DirectoryEvent {
             | DirectoryEvent::Copies { id, .. }
             | DirectoryEvent::Delete { id }
             | DirectoryEvent::Surplus { id } => id,
-            DirectoryEvent::ReplayRefused { id, .. } => id,
+            DirectoryEvent::ReplayRefused { id, .. } | DirectoryEvent::Located { id, .. } => id,
         }
     }
 }
@@ -329,6 +344,7 @@ impl fmt::Display for DirectoryEvent {
             DirectoryEvent::Copies { id, copies } => write!(f, "Copies{{{id}, {copies}}}"),
             DirectoryEvent::Delete { id } => write!(f, "Delete{{{id}}}"),
             DirectoryEvent::Surplus { id } => write!(f, "Surplus{{{id}}}"),
+            DirectoryEvent::Located { id, holder, .. } => write!(f, "Located{{{id}, {holder}}}"),
             DirectoryEvent::ReplayRefused { id, digest, .. } => {
                 write!(f, "ReplayRefused{{{id}, the id names digest={digest}}}")
             }

@@ -111,7 +111,10 @@ async fn join_waiting(
             &cluster.cluster_name,
             &cluster.cluster_token,
             notices.clone(),
-            cluster.join_timeout,
+            skyriver_transport::directory::JoinOptions {
+                join_timeout: cluster.join_timeout,
+                learn_locations: cluster.learn_locations,
+            },
         )
         .await;
         match attempt {

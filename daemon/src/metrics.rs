@@ -785,6 +785,11 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
             "Remembered locations that proved wrong.",
             Value::Counter(c.stale_locations),
         )?;
+        out.one(
+            "skyriver_locations_learned",
+            "Locations the directory pushed to this node (--learn-locations), remembered.",
+            Value::Counter(c.locations_learned),
+        )?;
         // ---- per peer ----
         let per_peer = |f: &dyn Fn(&skyriver_core::node::PeerMetrics) -> Value| {
             n.peers

@@ -56,6 +56,7 @@ fn seeds() -> Vec<Vec<u8>> {
         member,
         nonce: [5; 32],
         returning: true,
+        learns_locations: true,
     });
     let id = ObjectId::from_u64(42);
     let sizes = ObjectSizes {

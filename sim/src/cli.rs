@@ -66,6 +66,11 @@ pub struct SimArgs {
     /// for a lost one).
     #[arg(long, conflicts_with = "spill")]
     pub replicas: bool,
+    /// Every node asks the directory for every other node's publications (the daemon's
+    /// --learn-locations): first fetches go straight to the pushed holder, stale pushes cost a
+    /// round trip. Combines with every other mode.
+    #[arg(long)]
+    pub learn_locations: bool,
     /// Shards of the simulated directory, a model of Redis Cluster: an object's records live
     /// in the shard owning its id's slot (CRC16 of the id in hex, mod 16,384; slots split into
     /// contiguous ranges), membership in shard 0. Each shard has its own latency, and each
@@ -122,6 +127,7 @@ impl SimArgs {
             directory_shards: (self.directory_shards > 1).then_some(self.directory_shards),
             spill: self.spill,
             replicas: self.replicas,
+            learn_locations: self.learn_locations,
         }
     }
 }
@@ -369,6 +375,9 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
         totals.transfers_failed += s.transfers_failed;
         totals.served_eager += s.served_eager;
         totals.served_rendezvous += s.served_rendezvous;
+        totals.locations_learned += s.locations_learned;
+        totals.location_cache_hits += s.location_cache_hits;
+        totals.stale_locations += s.stale_locations;
         totals.leases_expired += s.leases_expired;
         totals.reads += s.reads;
         totals.crashes += s.crashes;
@@ -439,6 +448,20 @@ fn sweep(start: u64, count: u64, args: &SimArgs) -> ExitCode {
         "served rendezvous", totals.served_rendezvous
     );
     println!("{:<28} {:>14}", "leases expired", totals.leases_expired);
+    if args.learn_locations {
+        println!(
+            "{:<28} {:>14}",
+            "locations learned", totals.locations_learned
+        );
+        println!(
+            "{:<28} {:>14}",
+            "fetches from a known holder", totals.location_cache_hits
+        );
+        println!(
+            "{:<28} {:>14}",
+            "known holders gone", totals.stale_locations
+        );
+    }
     println!("{:<28} {:>14}", "READs posted", totals.reads);
     println!("{:<28} {:>14}", "node crashes", totals.crashes);
     println!(
@@ -509,6 +532,9 @@ fn stats_json(s: &SimStats) -> serde_json::Value {
         "transfers_failed": s.transfers_failed,
         "served_eager": s.served_eager,
         "served_rendezvous": s.served_rendezvous,
+        "locations_learned": s.locations_learned,
+        "location_cache_hits": s.location_cache_hits,
+        "stale_locations": s.stale_locations,
         "leases_expired": s.leases_expired,
         "reads": s.reads,
         "crashes": s.crashes,

@@ -129,6 +129,9 @@ pub struct SimParams {
     pub spill: Option<crate::cluster::spill::SpillParams>,
     /// Puts ask for replicas (every run but those that ask: no).
     pub replicas: bool,
+    /// Every node asks the directory for every other node's publications (every run but
+    /// those that ask: no).
+    pub learn_locations: bool,
     /// Failure domains the nodes are spread over (node `n` in domain `n mod domains`); 0 (every
     /// run but those with replicas): none, each node a domain of its own.
     pub failure_domains: u32,
@@ -269,6 +272,7 @@ impl SimParams {
             corrupt_ppm: 0,
             spill: None,
             replicas: false,
+            learn_locations: false,
             failure_domains: 0,
             domain_crash: None,
             sharding: None,
@@ -345,6 +349,7 @@ impl SimParams {
             corrupt_ppm: 0,
             spill: None,
             replicas: false,
+            learn_locations: false,
             failure_domains: 0,
             domain_crash: None,
             sharding: None,
@@ -371,6 +376,7 @@ impl SimParams {
                 heartbeat_timeout: Duration::from_micros(self.session_heartbeat_timeout_us),
                 reconnect_backoff_min: Duration::from_micros(self.reconnect_backoff_min_us),
                 reconnect_backoff_max: Duration::from_micros(self.reconnect_backoff_max_us),
+                learn_locations: self.learn_locations,
                 ..SessionConfig::default()
             },
             lost_push_ppm: self.lost_push_ppm,

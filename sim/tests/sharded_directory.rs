@@ -122,6 +122,7 @@ fn sharded(spill: bool, replicas: bool) -> SimModes {
         directory_shards: Some(SHARDS),
         spill,
         replicas,
+        ..SimModes::default()
     }
 }
 

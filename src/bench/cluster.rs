@@ -99,6 +99,10 @@ pub struct ClusterArgs {
     /// are unchanged (they can only pull from node 0, whose link bounds them either way).
     #[arg(long)]
     pub broadcast_batched: bool,
+    /// Start the daemons with --learn-locations: every node is told where each object is as
+    /// it is published, so an unhinted first fetch skips the lookup too.
+    #[arg(long)]
+    pub learn_locations: bool,
 }
 
 /// The three patterns.
@@ -574,6 +578,9 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     if let Some(relay_min_bytes) = &args.relay_min_bytes {
         up.daemon_args = vec!["--relay-min-bytes".into(), relay_min_bytes.clone()];
     }
+    if args.learn_locations {
+        up.daemon_args.push("--learn-locations".into());
+    }
     let cluster = LocalCluster::start_tied_to_this_thread(&up, &exe)?;
     let netns = cluster
         .netns
@@ -772,6 +779,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
         "fabric": "tcp",
         "link": args.link.as_ref().map(|l| l.text.clone()),
         "link_applied": shape,
+        "learn_locations": args.learn_locations,
         "addresses": addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "millis_per_case": args.millis_per_case,
         "machine": MachineInfo::probe(),

@@ -138,6 +138,12 @@ pub(super) struct DaemonArgs {
     /// round trip.
     #[arg(long, default_value_t = 65_536, value_parser = parse_location_cache)]
     pub(super) location_cache: usize,
+    /// Be told by the head where every object another node publishes is, so the first fetch
+    /// of an object put elsewhere skips the directory lookup, as a hint would. The head sends
+    /// each publication to every node that asks: for clusters of tens of nodes, not thousands.
+    /// Built-in directory only.
+    #[arg(long)]
+    pub(super) learn_locations: bool,
     /// Name of the cluster (the key prefix in Redis).
     #[arg(long, default_value = "default", env = "SKYRIVER_CLUSTER")]
     pub(super) cluster: String,
@@ -440,6 +446,9 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), CliError> {
         (None, None, Some(DirectoryChoice::Head { .. }) | None) => 0,
         (None, None, Some(_)) => return Err(CliError::NodeIdNeeded),
     });
+    if args.learn_locations && matches!(directory, Some(DirectoryChoice::Redis { .. })) {
+        return Err(CliError::LearnLocationsWithoutHead);
+    }
     if let Some(mut directory) = directory {
         use skyriver_daemon::security::{choose_token, listen_address, TokenChoice};
         let choice = choose_token(
@@ -472,7 +481,10 @@ pub(super) fn run_daemon(args: DaemonArgs) -> Result<(), CliError> {
             cluster_token: choice.token(),
             advertise: args.advertise,
             join_timeout: std::time::Duration::from_secs(args.join_timeout),
+            learn_locations: args.learn_locations,
         });
+    } else if args.learn_locations {
+        return Err(CliError::LearnLocationsWithoutHead);
     }
     Ok(skyriver_daemon::run_until_signalled(config)?)
 }

@@ -125,6 +125,12 @@ pub enum CliError {
     /// `--directory-password-file` with a built-in directory.
     #[error("--directory-password-file is for a Redis directory (redis://HOST:PORT)")]
     PasswordFileForBuiltin,
+    /// `--learn-locations` without the built-in directory.
+    #[error(
+        "--learn-locations needs the built-in directory (--head, or --join HOST:PORT): a Redis \
+         directory pushes no locations, and a daemon outside a cluster has none to learn"
+    )]
+    LearnLocationsWithoutHead,
     /// `--repair-rate` on a daemon that does not serve the head.
     #[error("--repair-rate is for the daemon that serves the directory (--head): it runs repairs")]
     RepairRateWithoutHead,

@@ -524,6 +524,7 @@ mod handshake {
             member: member(1),
             nonce,
             returning: false,
+            learns_locations: false,
         }
     }
 

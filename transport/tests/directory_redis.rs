@@ -362,7 +362,16 @@ async fn redis_unreachable_at_start_is_an_error() {
     let (tx, _rx) = notice_channel();
     let spec: DirectorySpec = format!("redis://127.0.0.1:{port}").parse().unwrap();
     let started = Instant::now();
-    match directory::connect(&spec, member(1), "c", &TOKEN.into(), tx, Duration::ZERO).await {
+    match directory::connect(
+        &spec,
+        member(1),
+        "c",
+        &TOKEN.into(),
+        tx,
+        directory::JoinOptions::default(),
+    )
+    .await
+    {
         Err(DirectoryError::Unreachable { .. }) => {}
         Err(other) => panic!("expected Unreachable, got {other}"),
         Ok(_) => panic!("connected to nothing"),

@@ -399,6 +399,38 @@ impl Node {
         self.choose_source(id);
     }
 
+    /// The directory says `holder` published `id` (this node learns locations): remembered
+    /// with the holders already known for that content, so a first fetch goes straight to a
+    /// holder. Nothing changes for an object held here or being fetched.
+    pub(super) fn location_learned(
+        &mut self,
+        id: ObjectId,
+        holder: NodeId,
+        sizes: ObjectSizes,
+        digest: ContentDigest,
+    ) {
+        if holder == self.config.node || self.store.contains(&id) || self.objects.contains_key(&id)
+        {
+            return;
+        }
+        let mut holders = match self.locations.get(&id) {
+            Some(known) if known.sizes == sizes && known.digest == digest => known.holders,
+            _ => Vec::new(),
+        };
+        if !holders.contains(&holder) {
+            holders.push(holder);
+        }
+        self.stats.locations_learned += 1;
+        self.locations.insert(
+            id,
+            Location {
+                holders,
+                sizes,
+                digest,
+            },
+        );
+    }
+
     pub(super) fn publication_grace_over(&mut self, id: ObjectId) {
         let Some(object) = self.objects.get(&id) else {
             return;

@@ -573,6 +573,12 @@ impl Node {
             DirectoryEvent::Delete { id } => self.deleted_everywhere(id),
             DirectoryEvent::Surplus { id } => self.surplus_copy(id),
             DirectoryEvent::ReplayRefused { id, .. } => self.replay_refused(id),
+            DirectoryEvent::Located {
+                id,
+                holder,
+                sizes,
+                digest,
+            } => self.location_learned(id, holder, sizes, digest),
         }
         self.absorb_store();
     }

@@ -307,6 +307,8 @@ pub struct NodeStats {
     pub location_cache_hits: u64,
     /// Remembered locations that proved wrong (the fetch then asked the directory).
     pub stale_locations: u64,
+    /// Locations the directory pushed to this node (`--learn-locations`), remembered.
+    pub locations_learned: u64,
     /// Bytes sent eagerly or exposed under a lease, as holder.
     pub bytes_served: u64,
     /// Times a failed source was followed by another attempt (another holder, or a new round).

@@ -19,6 +19,7 @@ fn admit_returning(r: &mut Registry, now: Instant, conn: u64, member: MemberInfo
         member,
         nonce: [3; 32],
         returning: true,
+        learns_locations: false,
     };
     r.handle_hello(now, ConnId(conn), hello.clone()).unwrap();
     let challenge = match r.poll_output() {

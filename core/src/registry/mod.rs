@@ -37,6 +37,8 @@ mod grace;
 mod grace_tests;
 mod holders;
 #[cfg(test)]
+mod learn_tests;
+#[cfg(test)]
 mod locate_tests;
 pub mod member_changes;
 pub mod placement;
@@ -303,6 +305,8 @@ pub struct Registry {
     holders: HolderIndex,
     /// One-shot subscriptions by object; never an empty set.
     subscribers: BTreeMap<ObjectId, BTreeSet<NodeId>>,
+    /// Members that asked to learn every publication (the hello's `learns_locations`).
+    learners: BTreeSet<NodeId>,
     /// Hellos waiting for their proofs, by connection; never a member's connection.
     handshakes: BTreeMap<ConnId, Handshake>,
     /// Changes to the members' subscriptions (and arrivals of members) so far: stamps them, so
@@ -335,6 +339,7 @@ impl Registry {
             expiry: BTreeSet::new(),
             holders: HolderIndex::new(index_seed),
             subscribers: BTreeMap::new(),
+            learners: BTreeSet::new(),
             outputs: VecDeque::new(),
             replication: replication::Replication::new(ReplicationLimits::default()),
             now: Instant::ZERO,
@@ -458,6 +463,7 @@ impl Registry {
         proof: Proof,
     ) -> Result<(), HelloRefused> {
         let returning = hello.returning;
+        let learns_locations = hello.learns_locations;
         let member = hello.member;
         let node = member.node;
         if let Some(old) = self.members.get(&node) {
@@ -531,6 +537,9 @@ impl Registry {
         );
         self.by_conn.insert(conn, node);
         self.expiry.insert((expires_at, node));
+        if learns_locations {
+            self.learners.insert(node);
+        }
         self.welcome(conn, proof);
         self.push_members();
         self.replicas_member_joined(now);
@@ -986,6 +995,7 @@ impl Registry {
         };
         self.by_conn.remove(&member.conn);
         self.expiry.remove(&(member.indexed_expiry, node));
+        self.learners.remove(&node);
         // Its locations: one pass over the objects (members leave seldom; a per-member index
         // of them would double the head's memory per object).
         if member.published > 0 {
@@ -1082,14 +1092,15 @@ impl Registry {
         if !listed {
             member.published += 1;
         }
-        if let Some(subscribers) = self.subscribers.remove(&id) {
+        let subscribers = self.subscribers.remove(&id).unwrap_or_default();
+        if !subscribers.is_empty() {
             let event = DirectoryEvent::Published {
                 id,
                 holder: node,
                 sizes,
                 digest,
             };
-            for subscriber in subscribers {
+            for &subscriber in &subscribers {
                 if let Some(member) = self.members.get_mut(&subscriber) {
                     member.subscribed.remove(&id);
                     self.subscription_changes += 1;
@@ -1101,7 +1112,39 @@ impl Registry {
                 }
             }
         }
+        if !listed {
+            self.tell_learners(node, id, sizes, digest, &subscribers, fired);
+        }
         Some(DirectoryReply::Done)
+    }
+
+    /// A new holder of `id`: every member that learns locations hears of it, except the
+    /// holder and the subscribers just told.
+    fn tell_learners(
+        &self,
+        holder: NodeId,
+        id: ObjectId,
+        sizes: ObjectSizes,
+        digest: ContentDigest,
+        told: &BTreeSet<NodeId>,
+        fired: &mut Vec<RegistryOutput>,
+    ) {
+        for learner in &self.learners {
+            if *learner == holder || told.contains(learner) {
+                continue;
+            }
+            if let Some(member) = self.members.get(learner) {
+                fired.push(RegistryOutput::Send {
+                    conn: member.conn,
+                    message: FromRegistry::Event(DirectoryEvent::Located {
+                        id,
+                        holder,
+                        sizes,
+                        digest,
+                    }),
+                });
+            }
+        }
     }
 
     fn withdraw(&mut self, node: NodeId, id: ObjectId) {

@@ -59,6 +59,9 @@ pub struct SessionConfig {
     /// it; a load generator standing in for thousands of nodes in one process does not keep
     /// one per session (it would hold N² members).
     pub member_lists: bool,
+    /// Ask the registry for every publication of another node
+    /// ([`DirectoryEvent::Located`]), to fill the node's location cache.
+    pub learn_locations: bool,
 }
 
 impl Default for SessionConfig {
@@ -72,6 +75,7 @@ impl Default for SessionConfig {
             max_subscriptions: 65_536,
             max_in_flight: 65_536,
             member_lists: true,
+            learn_locations: false,
         }
     }
 }
@@ -619,6 +623,7 @@ impl DirectorySession {
             member: self.me.clone(),
             nonce,
             returning: self.registered_before,
+            learns_locations: self.config.learn_locations,
         })
     }
 

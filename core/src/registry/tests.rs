@@ -22,7 +22,7 @@ pub(super) fn member(node: u32, incarnation: u32) -> MemberInfo {
 
 pub(super) const NONCE_KEY: [u8; 32] = [5; 32];
 
-fn hello(member: MemberInfo) -> Hello {
+pub(super) fn hello(member: MemberInfo) -> Hello {
     Hello {
         magic: HELLO_MAGIC,
         version: PROTOCOL_VERSION,
@@ -30,6 +30,7 @@ fn hello(member: MemberInfo) -> Hello {
         member,
         nonce: [9; 32],
         returning: false,
+        learns_locations: false,
     }
 }
 
@@ -45,7 +46,11 @@ pub(super) fn challenge_of(registry: &mut Registry, conn: u64) -> crate::auth::N
 }
 
 /// The node's proof of `token` for `hello` and the registry's `challenge`.
-fn proof_for(token: &str, hello: &Hello, challenge: &crate::auth::Nonce) -> crate::auth::Proof {
+pub(super) fn proof_for(
+    token: &str,
+    hello: &Hello,
+    challenge: &crate::auth::Nonce,
+) -> crate::auth::Proof {
     let identity = wire::member_identity(&hello.member);
     let transcript = wire::transcript(&hello.nonce, challenge, &identity);
     crate::auth::prove(token, crate::auth::Role::Dialer, &transcript)
@@ -152,7 +157,7 @@ pub(super) fn events_for(out: &[(ConnId, FromRegistry)], conn: u64) -> Vec<Direc
         .collect()
 }
 
-fn join(registry: &mut Registry, now: Instant, conn: u64, node: u32) {
+pub(super) fn join(registry: &mut Registry, now: Instant, conn: u64, node: u32) {
     admit(registry, now, conn, member(node, 1)).expect("joins");
     drain(registry);
 }
@@ -821,7 +826,7 @@ fn limits_answer_unavailable() {
 
 // ---- Session ----
 
-fn session_config() -> SessionConfig {
+pub(super) fn session_config() -> SessionConfig {
     SessionConfig {
         heartbeat_interval: Duration::from_millis(10),
         heartbeat_timeout: Duration::from_millis(50),
@@ -831,7 +836,7 @@ fn session_config() -> SessionConfig {
     }
 }
 
-fn drain_session(session: &mut DirectorySession) -> Vec<SessionOutput> {
+pub(super) fn drain_session(session: &mut DirectorySession) -> Vec<SessionOutput> {
     std::iter::from_fn(|| session.poll_output()).collect()
 }
 
@@ -870,7 +875,7 @@ pub(super) fn exchange(
 }
 
 /// Node 1's session, joined to `r` on connection 1, and what it noticed joining.
-fn joined_session(
+pub(super) fn joined_session(
     config: SessionConfig,
     r: &mut Registry,
     now: Instant,

@@ -23,8 +23,9 @@ use super::member_changes::{MemberChange, MemberChanges};
 /// its copy says so); version 7 numbers member lists and sends a node that has one only what
 /// changed ([`FromRegistry::MembersChanged`], see [`super::member_changes`]); version 8 the
 /// `LocateCopies` request and its `CopiesLocated` reply (which holders keep copies of record,
-/// and how many the object wants).
-pub const PROTOCOL_VERSION: u16 = 8;
+/// and how many the object wants); version 9 the hello's `learns_locations` and the `Located`
+/// event (publications pushed to the nodes that asked for them).
+pub const PROTOCOL_VERSION: u16 = 9;
 /// Opens every hello, so a stray client (or an old daemon) is told apart from a bad token.
 pub const HELLO_MAGIC: [u8; 8] = *b"skyrdir\0";
 
@@ -55,6 +56,9 @@ pub struct Hello {
     /// This daemon was registered before (with this head or an earlier one): a young head that
     /// hears it is a restarted one, and holds new ids back for its grace period.
     pub returning: bool,
+    /// Send this node a [`DirectoryEvent::Located`](crate::directory::DirectoryEvent::Located)
+    /// for every object another node publishes.
+    pub learns_locations: bool,
 }
 
 /// Node → registry.

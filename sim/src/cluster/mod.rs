@@ -309,6 +309,12 @@ pub struct SimStats {
     pub spill_read_errors: u64,
     /// Evictions on nodes with a spill tier (each checked against what the tier held).
     pub spill_evictions: u64,
+    /// Locations the directory pushed to nodes that learn them, summed over nodes.
+    pub locations_learned: u64,
+    /// Fetches that went straight to remembered holders, summed over nodes.
+    pub location_cache_hits: u64,
+    /// Remembered locations that proved wrong, summed over nodes.
+    pub stale_locations: u64,
 }
 
 impl SimStats {
@@ -323,6 +329,9 @@ impl SimStats {
         self.digest_mismatches += s.digest_mismatches;
         self.id_conflicts += s.id_conflicts;
         self.relay_redirects += s.relay_redirects;
+        self.locations_learned += s.locations_learned;
+        self.location_cache_hits += s.location_cache_hits;
+        self.stale_locations += s.stale_locations;
     }
 }
 
@@ -424,6 +433,9 @@ pub struct SimModes {
     /// Puts ask for replicas, in failure domains, with at least one crash (see
     /// `replication`).
     pub replicas: bool,
+    /// Every node learns where the others' objects are as they are published
+    /// (`--learn-locations`): first fetches go to the pushed holder without a lookup.
+    pub learn_locations: bool,
 }
 
 impl SimModes {
@@ -477,6 +489,7 @@ impl SimModes {
                 params.domain_crash = Some((domain, at, down));
             }
         }
+        params.learn_locations = self.learn_locations;
     }
 
     /// The flags of `skyriver sim` that run these modes, each after a space (empty for the
@@ -491,6 +504,9 @@ impl SimModes {
         }
         if self.replicas {
             flags.push_str(" --replicas");
+        }
+        if self.learn_locations {
+            flags.push_str(" --learn-locations");
         }
         flags
     }

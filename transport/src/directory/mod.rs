@@ -201,6 +201,17 @@ impl fmt::Display for DirectorySpec {
     }
 }
 
+/// How [`connect`] joins.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JoinOptions {
+    /// How long a refusal that may pass is tried again (built-in head).
+    pub join_timeout: std::time::Duration,
+    /// Ask the built-in head for every other node's publications
+    /// ([`DirectoryEvent::Located`](skyriver_core::directory::DirectoryEvent::Located)); a
+    /// Redis directory pushes none, and callers refuse the option with it.
+    pub learn_locations: bool,
+}
+
 /// Connects this node (`me`) to the directory `spec` names, for cluster `cluster`, presenting
 /// `token`. Returns once the node is registered (or with why it could not be); from then on
 /// replies, events, member lists and health changes arrive on `notices`, and the backend
@@ -217,13 +228,14 @@ pub async fn connect(
     cluster: &str,
     token: &crate::token::ClusterToken,
     notices: NoticeSender,
-    join_timeout: std::time::Duration,
+    options: JoinOptions,
 ) -> Result<Arc<dyn Directory>, DirectoryError> {
     match spec {
         DirectorySpec::Builtin { addr } => {
             let defaults = builtin::ClientConfig::default();
             let config = builtin::ClientConfig {
-                join_timeout: join_timeout.max(defaults.join_timeout),
+                join_timeout: options.join_timeout.max(defaults.join_timeout),
+                learn_locations: options.learn_locations,
                 ..defaults
             };
             let client = builtin::connect(addr, me, token, notices, config).await?;

@@ -672,6 +672,7 @@ impl BuiltinHarness {
                 Duration::from_millis(200)
             },
             member_lists: true,
+            learn_locations: false,
         }
     }
 

@@ -213,3 +213,51 @@ fn a_local_put_that_seals_before_the_hinted_node_answers_ends_the_hinted_request
     w.pump();
     w.assert_settled();
 }
+
+/// What the directory pushes to a node that learns locations when `holder` publishes `n`.
+fn located(n: u64, len: u64, holder: u32) -> NodeInput<'static> {
+    NodeInput::DirectoryEvent {
+        event: DirectoryEvent::Located {
+            id: id(n),
+            holder: NodeId(holder),
+            sizes: ObjectSizes {
+                data_size: len,
+                metadata_size: 0,
+            },
+            digest: ContentDigest::of(&World::bytes_of(n, len), &[]),
+        },
+    }
+}
+
+#[test]
+fn a_pushed_location_sends_the_first_fetch_to_the_holder_without_a_lookup() {
+    let mut w = World::new(3, |_| {});
+    w.put(0, 1, 1000);
+    w.put(0, 2, 10_000);
+    w.feed(1, located(1, 1000, 0));
+    w.feed(1, located(2, 10_000, 0));
+    // Pushed about itself, or about an object it holds: nothing to learn.
+    w.feed(0, located(1, 1000, 0));
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    w.fetch_and_drop(1, 2, 10_000, TransferMode::Auto);
+    w.pump();
+    assert_eq!(w.lookups(1), 0, "the pushed locations served");
+    let stats = w.nodes[1].stats();
+    assert_eq!((stats.locations_learned, stats.location_cache_hits), (2, 2));
+    assert_eq!(w.nodes[0].stats().locations_learned, 0);
+    w.assert_settled();
+}
+
+#[test]
+fn a_pushed_location_gone_stale_costs_one_round_trip_then_the_directory() {
+    let mut w = World::new(3, |_| {});
+    // Node 2 is said to hold it, but node 0 does.
+    w.put(0, 1, 1000);
+    w.feed(1, located(1, 1000, 2));
+    w.fetch_and_drop(1, 1, 1000, TransferMode::Auto);
+    w.pump();
+    assert_eq!(w.lookups(1), 1, "the directory was asked after the miss");
+    let stats = w.nodes[1].stats();
+    assert_eq!((stats.location_cache_hits, stats.stale_locations), (1, 1));
+    w.assert_settled();
+}

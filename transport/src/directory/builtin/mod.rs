@@ -71,6 +71,9 @@ pub struct ClientConfig {
     /// Whether `notices` carries the member list (a node needs it; a load generator standing
     /// in for many nodes keeps none, see [`SessionConfig::member_lists`]).
     pub member_lists: bool,
+    /// Ask the head for every other node's publications, to fill the node's location cache
+    /// (see [`SessionConfig::learn_locations`]).
+    pub learn_locations: bool,
 }
 
 impl Default for ClientConfig {
@@ -83,6 +86,7 @@ impl Default for ClientConfig {
             reconnect_backoff_min: Duration::from_millis(100),
             reconnect_backoff_max: Duration::from_secs(5),
             member_lists: true,
+            learn_locations: false,
         }
     }
 }
@@ -109,6 +113,7 @@ pub async fn connect(
         max_subscriptions: MAX_SUBSCRIPTIONS_PER_NODE,
         max_in_flight: MAX_IN_FLIGHT_PER_NODE,
         member_lists: config.member_lists,
+        learn_locations: config.learn_locations,
     };
     let description = format!("built-in directory at {addr}");
     let session = DirectorySession::new(

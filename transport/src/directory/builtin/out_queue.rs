@@ -125,10 +125,21 @@ impl QueueSender {
     /// Queues `message` behind everything queued, encoded right behind the frames encoded for
     /// this node still waiting (one buffer, one write for all of them).
     pub(super) fn send(&self, message: &FromRegistry) -> Result<(), Full> {
+        self.send_within(message, self.shared.capacity)
+    }
+
+    /// Queues `message`, a hint the node can do without, only while fewer than a quarter of
+    /// the queue's frames wait: hints never fill a queue, so they never cost a slow node its
+    /// connection. Whether it was queued.
+    pub(super) fn send_hint(&self, message: &FromRegistry) -> bool {
+        self.send_within(message, self.shared.capacity / 4).is_ok()
+    }
+
+    fn send_within(&self, message: &FromRegistry, limit: usize) -> Result<(), Full> {
         let was_empty = {
             let mut guard = self.shared.lock();
             let state = &mut *guard;
-            if state.frames >= self.shared.capacity {
+            if state.frames >= limit {
                 return Err(Full);
             }
             let was_empty = state.queued.is_empty();

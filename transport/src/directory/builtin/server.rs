@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use skyriver_core::directory::{MemberInfo, MemberList};
+use skyriver_core::directory::{DirectoryEvent, MemberInfo, MemberList};
 use skyriver_core::registry::{
     ConnId, FromRegistry, HelloRefused, Registry, RegistryConfig, RegistryMessageError,
     RegistryOutput, ReplicationStats, ToRegistry, PROTOCOL_VERSION,
@@ -380,6 +380,13 @@ impl Head {
             return;
         };
         crate::trace::stamp("head_queued");
+        if let FromRegistry::Event(DirectoryEvent::Located { .. }) = message {
+            // A hint: dropped for a node that is behind, never the node for it.
+            if !writer.send_hint(message) {
+                tracing::debug!(%conn, "a pushed location dropped: the node's queue is behind");
+            }
+            return;
+        }
         if writer.send(message).is_err() {
             self.drop_slow_reader(conn);
         }

@@ -717,6 +717,8 @@ pub async fn connect(
         max_subscriptions: MAX_SUBSCRIPTIONS_PER_NODE,
         max_in_flight: MAX_QUEUED_REQUESTS,
         member_lists: true,
+        // Redis pushes no locations (the daemon refuses --learn-locations with it).
+        learn_locations: false,
     };
     let description = format!(
         "Redis directory at {shown}, cluster {} ({})",
