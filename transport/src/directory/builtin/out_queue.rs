@@ -344,6 +344,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn hints_stop_at_a_quarter_of_the_queue_and_leave_the_rest_to_the_other_frames() {
+        let (sender, mut receiver) = out_queue(8);
+        assert!(sender.send_hint(&frame(1)));
+        assert!(sender.send_hint(&frame(2)));
+        assert!(!sender.send_hint(&frame(3)), "two of eight frames wait");
+        for seq in 4..=9 {
+            sender.send(&frame(seq)).unwrap();
+        }
+        assert_eq!(sender.send(&frame(10)), Err(Full));
+        assert_eq!(drained(&mut receiver).await, vec![1, 2, 4, 5, 6, 7, 8, 9]);
+        assert!(sender.send_hint(&frame(11)), "room again once written");
+    }
+
+    #[tokio::test]
     async fn the_writer_waits_for_frames_and_ends_after_the_last_once_the_head_lets_go() {
         let (sender, mut receiver) = out_queue(8);
         let writer = tokio::spawn(async move {
