@@ -288,9 +288,9 @@ pub enum DirectoryEvent {
         /// The digest the id names.
         digest: ContentDigest,
     },
-    /// `holder` published `id` (a node that did not hold it before): sent to every other node
-    /// that asked to learn locations in its hello, so its first fetch of the object needs no
-    /// lookup. A hint only: the head drops it for a connection that is behind, and the node
+    /// `holder` published `id`, which no node held: sent to every other node that asked to
+    /// learn locations in its hello, so its first fetch of the object needs no lookup (copies
+    /// published later are not pushed). A hint only: the head drops it for a connection that is behind, and the node
     /// keeps it in its location cache, where a stale entry costs one round trip to the
     /// holder, then the directory.
     Located {

@@ -200,8 +200,8 @@ pub struct ClusterConfig {
     /// How long a starting daemon tries again to join a directory that cannot be reached
     /// (zero: one try).
     pub join_timeout: std::time::Duration,
-    /// Be told by the built-in head where every object another node publishes is, so a first
-    /// fetch of it needs no lookup (`--learn-locations`; not with Redis).
+    /// Be told by the built-in head where each new object another node publishes is, so a
+    /// first fetch of it needs no lookup (`--learn-locations`; not with Redis).
     pub learn_locations: bool,
 }
 

@@ -66,9 +66,9 @@ pub struct SimArgs {
     /// for a lost one).
     #[arg(long, conflicts_with = "spill")]
     pub replicas: bool,
-    /// Every node asks the directory for every other node's publications (the daemon's
-    /// --learn-locations): first fetches go straight to the pushed holder, stale pushes cost a
-    /// round trip. Combines with every other mode.
+    /// Every node asks the directory for the first holder of every object others publish (the
+    /// daemon's --learn-locations): first fetches go straight to the pushed holder, stale
+    /// pushes cost a round trip. Combines with every other mode.
     #[arg(long)]
     pub learn_locations: bool,
     /// Shards of the simulated directory, a model of Redis Cluster: an object's records live

@@ -129,7 +129,7 @@ pub struct SimParams {
     pub spill: Option<crate::cluster::spill::SpillParams>,
     /// Puts ask for replicas (every run but those that ask: no).
     pub replicas: bool,
-    /// Every node asks the directory for every other node's publications (every run but
+    /// Every node asks the directory for the first holder of every new object (every run but
     /// those that ask: no).
     pub learn_locations: bool,
     /// Failure domains the nodes are spread over (node `n` in domain `n mod domains`); 0 (every

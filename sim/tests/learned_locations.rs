@@ -1,5 +1,5 @@
-//! Nodes that learn locations (the daemon's `--learn-locations`): the directory pushes every
-//! publication to every node, which fetches straight from the pushed holder. Under the random
+//! Nodes that learn locations (the daemon's `--learn-locations`): the directory pushes the
+//! first holder of every object to every node, which fetches straight from it. Under the random
 //! faults (crashes, partitions, lost pushes, a restarted head) no invariant may break, and the
 //! pushed locations must actually serve fetches (and sometimes prove stale).
 

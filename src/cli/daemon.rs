@@ -138,10 +138,10 @@ pub(super) struct DaemonArgs {
     /// round trip.
     #[arg(long, default_value_t = 65_536, value_parser = parse_location_cache)]
     pub(super) location_cache: usize,
-    /// Be told by the head where every object another node publishes is, so the first fetch
-    /// of an object put elsewhere skips the directory lookup, as a hint would. The head sends
-    /// each publication to every node that asks: for clusters of tens of nodes, not thousands.
-    /// Built-in directory only.
+    /// Be told by the head where each new object is as another node publishes it, so the first
+    /// fetch of an object put elsewhere skips the directory lookup, as a hint would. The head
+    /// sends each new object to every node that asks: for clusters of tens of nodes, not
+    /// thousands. Built-in directory only.
     #[arg(long)]
     pub(super) learn_locations: bool,
     /// Name of the cluster (the key prefix in Redis).

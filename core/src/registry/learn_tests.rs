@@ -1,4 +1,4 @@
-//! Nodes that learn locations: the registry pushes every new holder of an object to the
+//! Nodes that learn locations: the registry pushes the first holder of an object to the
 //! members whose hello asked for it (`learns_locations`), and their sessions pass it on.
 
 use super::session::{SessionConfig, SessionOutput};
@@ -44,7 +44,7 @@ fn located(id: ObjectId, holder: u32) -> DirectoryEvent {
 }
 
 #[test]
-fn learners_hear_of_every_new_holder_but_their_own_and_others_hear_nothing() {
+fn learners_hear_of_the_first_holder_but_not_of_themselves_nor_of_copies() {
     let mut r = registry();
     join_learning(&mut r, at_ms(0), 1, 1);
     join(&mut r, at_ms(0), 2, 2);
@@ -54,13 +54,25 @@ fn learners_hear_of_every_new_holder_but_their_own_and_others_hear_nothing() {
     assert_eq!(events_for(&out, 1), vec![located(x, 2)]);
     assert_eq!(events_for(&out, 3), vec![located(x, 2)]);
     assert!(events_for(&out, 2).is_empty());
-    // The same holder again: nothing new to learn.
-    let out = publish(&mut r, at_ms(2), 2, x);
-    assert!(out
-        .iter()
-        .all(|(_, m)| !matches!(m, FromRegistry::Event(_))));
-    // A learner that becomes a holder is not told of itself; the other learner is.
-    let out = publish(&mut r, at_ms(3), 1, x);
+    // The same holder again, or a copy on another node: nothing pushed.
+    for conn in [2, 1] {
+        let out = publish(&mut r, at_ms(2), conn, x);
+        assert!(out
+            .iter()
+            .all(|(_, m)| !matches!(m, FromRegistry::Event(_))));
+    }
+    // Once every holder is gone, the next one is a first holder again; a learner that
+    // publishes it is not told of itself.
+    for conn in [1, 2] {
+        request(
+            &mut r,
+            at_ms(3),
+            conn,
+            0,
+            DirectoryRequest::Withdraw { id: x },
+        );
+    }
+    let out = publish(&mut r, at_ms(4), 1, x);
     assert!(events_for(&out, 1).is_empty());
     assert_eq!(events_for(&out, 3), vec![located(x, 1)]);
     assert!(events_for(&out, 2).is_empty());

@@ -1071,7 +1071,9 @@ impl Registry {
             .members
             .get_mut(&node)
             .expect("requests come from members");
-        let listed = self.holders.get(&id).is_some_and(|h| h.contains(node));
+        let known = self.holders.get(&id);
+        let listed = known.is_some_and(|h| h.contains(node));
+        let first_holder = known.is_none_or(|h| h.iter().next().is_none());
         if !listed && member.published >= limit {
             return Some(DirectoryReply::Unavailable {
                 reason: format!("{node} published {limit} objects, the most the directory keeps"),
@@ -1112,14 +1114,16 @@ impl Registry {
                 }
             }
         }
-        if !listed {
+        if first_holder {
             self.tell_learners(node, id, sizes, digest, &subscribers, fired);
         }
         Some(DirectoryReply::Done)
     }
 
-    /// A new holder of `id`: every member that learns locations hears of it, except the
-    /// holder and the subscribers just told.
+    /// The first holder of `id`: every member that learns locations hears of it, except the
+    /// holder and the subscribers just told. Later holders (copies fetched from it) are not
+    /// pushed: a first fetch needs one holder, and a broadcast's copies would cost the head a
+    /// message per copy and learner; lookups and relays find the copies.
     fn tell_learners(
         &self,
         holder: NodeId,

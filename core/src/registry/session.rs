@@ -59,7 +59,7 @@ pub struct SessionConfig {
     /// it; a load generator standing in for thousands of nodes in one process does not keep
     /// one per session (it would hold N² members).
     pub member_lists: bool,
-    /// Ask the registry for every publication of another node
+    /// Ask the registry for the first holder of every object another node publishes
     /// ([`DirectoryEvent::Located`]), to fill the node's location cache.
     pub learn_locations: bool,
 }

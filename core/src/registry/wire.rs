@@ -57,7 +57,7 @@ pub struct Hello {
     /// hears it is a restarted one, and holds new ids back for its grace period.
     pub returning: bool,
     /// Send this node a [`DirectoryEvent::Located`](crate::directory::DirectoryEvent::Located)
-    /// for every object another node publishes.
+    /// for every object another node publishes first.
     pub learns_locations: bool,
 }
 

@@ -206,7 +206,7 @@ impl fmt::Display for DirectorySpec {
 pub struct JoinOptions {
     /// How long a refusal that may pass is tried again (built-in head).
     pub join_timeout: std::time::Duration,
-    /// Ask the built-in head for every other node's publications
+    /// Ask the built-in head for the first holder of every object other nodes publish
     /// ([`DirectoryEvent::Located`](skyriver_core::directory::DirectoryEvent::Located)); a
     /// Redis directory pushes none, and callers refuse the option with it.
     pub learn_locations: bool,

@@ -71,8 +71,8 @@ pub struct ClientConfig {
     /// Whether `notices` carries the member list (a node needs it; a load generator standing
     /// in for many nodes keeps none, see [`SessionConfig::member_lists`]).
     pub member_lists: bool,
-    /// Ask the head for every other node's publications, to fill the node's location cache
-    /// (see [`SessionConfig::learn_locations`]).
+    /// Ask the head for the first holder of every object other nodes publish, to fill the
+    /// node's location cache (see [`SessionConfig::learn_locations`]).
     pub learn_locations: bool,
 }
 
