@@ -83,24 +83,29 @@ fn two_jobs_on_one_node_each_get_their_own_cluster_and_stop_it() {
         "srun --overlap -n3 bash -c 'printf \"task %s\" $SLURM_PROCID | \
          $SKYRIVER_BIN put --id $(printf %040x $((SLURM_PROCID + 1))) -' && \
          for i in 1 2 3; do $SKYRIVER_BIN get $(printf %040x $i); echo; done && \
-         echo socket=$SKYRIVER_SOCKET",
+         echo socket=$SKYRIVER_SOCKET && \
+         echo learning=$(pgrep -af \"daemon --socket $SKYRIVER_SOCKET\" | grep -c -- --learn-locations)",
     ];
     let mut jobs = Vec::new();
-    for directory in ["redis", "head"] {
+    // The head's job also has its daemon learn locations (SKYRIVER_LEARN_LOCATIONS).
+    for (directory, learn) in [("redis", "0"), ("head", "1")] {
         let child = sbatch(
             dir.path(),
             &["--wait", "-N1", "-n3", "--time=5"],
-            &[("SKYRIVER_DIRECTORY", directory)],
+            &[
+                ("SKYRIVER_DIRECTORY", directory),
+                ("SKYRIVER_LEARN_LOCATIONS", learn),
+            ],
             &command,
         )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-        jobs.push((directory, child));
+        jobs.push((directory, learn, child));
     }
     let mut sockets = Vec::new();
-    for (directory, child) in jobs {
+    for (directory, learn, child) in jobs {
         let output = child.wait_with_output().unwrap();
         let id = job_id(&output.stdout);
         let log =
@@ -114,6 +119,7 @@ fn two_jobs_on_one_node_each_get_their_own_cluster_and_stop_it() {
         for task in 0..3 {
             assert!(log.contains(&format!("task {task}")), "{log}");
         }
+        assert!(log.contains(&format!("learning={learn}")), "{log}");
         let socket = log
             .lines()
             .find_map(|l| l.strip_prefix("socket="))
@@ -251,4 +257,45 @@ fn the_jobs_redis_wants_a_password_and_no_secret_is_on_a_command_line() {
         "{} (and its secrets) left behind",
         run_dir.display()
     );
+}
+
+#[test]
+fn learned_locations_are_refused_with_redis_and_for_a_bad_value() {
+    if !slurm_or_skip("learned_locations_are_refused_with_redis") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("skyriver-slurm")
+        .tempdir()
+        .unwrap();
+    for (env, says) in [
+        (
+            [
+                ("SKYRIVER_DIRECTORY", "redis"),
+                ("SKYRIVER_LEARN_LOCATIONS", "1"),
+            ],
+            "need the built-in directory",
+        ),
+        (
+            [
+                ("SKYRIVER_DIRECTORY", "head"),
+                ("SKYRIVER_LEARN_LOCATIONS", "yes"),
+            ],
+            "is not 0 or 1",
+        ),
+    ] {
+        let output = sbatch(
+            dir.path(),
+            &["--wait", "-N1", "-n1", "--time=2"],
+            &env,
+            &["true"],
+        )
+        .output()
+        .unwrap();
+        let id = job_id(&output.stdout);
+        let log =
+            std::fs::read_to_string(dir.path().join(format!("job-{id}.out"))).unwrap_or_default();
+        assert!(!output.status.success(), "job {id} ran: {log}");
+        assert!(log.contains(says), "{log}");
+    }
 }
