@@ -202,15 +202,7 @@ impl LocalCluster {
     /// to every other. A daemon that exits meanwhile fails the start at once, with its exit
     /// status and the last lines of its log.
     pub fn start(args: &UpArgs, exe: &Path) -> Result<Self, UpError> {
-        Self::spawn(
-            args,
-            exe,
-            Supervision {
-                own_process_group: false,
-                stop: None,
-                die_with_spawner: false,
-            },
-        )
+        Self::start_in_this_group(args, exe, false)
     }
 
     /// [`LocalCluster::start`], with each daemon also sent SIGTERM by the kernel when the calling
@@ -218,13 +210,22 @@ impl LocalCluster {
     /// program that dies before it could stop them. Only for a thread that lives as long as the
     /// cluster, such as a program's main thread: a shorter-lived one takes the daemons with it.
     pub fn start_tied_to_this_thread(args: &UpArgs, exe: &Path) -> Result<Self, UpError> {
+        Self::start_in_this_group(args, exe, true)
+    }
+
+    /// Starts the daemons in this process's group, with no stop flag to watch.
+    fn start_in_this_group(
+        args: &UpArgs,
+        exe: &Path,
+        die_with_spawner: bool,
+    ) -> Result<Self, UpError> {
         Self::spawn(
             args,
             exe,
             Supervision {
                 own_process_group: false,
                 stop: None,
-                die_with_spawner: true,
+                die_with_spawner,
             },
         )
     }
