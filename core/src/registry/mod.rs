@@ -305,7 +305,8 @@ pub struct Registry {
     holders: HolderIndex,
     /// One-shot subscriptions by object; never an empty set.
     subscribers: BTreeMap<ObjectId, BTreeSet<NodeId>>,
-    /// Members that asked to learn every publication (the hello's `learns_locations`).
+    /// Members that asked to learn the first holder of every object (the hello's
+    /// `learns_locations`).
     learners: BTreeSet<NodeId>,
     /// Hellos waiting for their proofs, by connection; never a member's connection.
     handshakes: BTreeMap<ConnId, Handshake>,
@@ -903,6 +904,12 @@ impl Registry {
             }
             assert!(previous.is_some(), "empty holder list of {id}");
         }
+        for node in &self.learners {
+            assert!(
+                self.members.contains_key(node),
+                "learner {node} is a member"
+            );
+        }
         for (id, subscribers) in &self.subscribers {
             assert!(!subscribers.is_empty(), "empty subscriber set of {id}");
             for node in subscribers {
@@ -1073,7 +1080,7 @@ impl Registry {
             .expect("requests come from members");
         let known = self.holders.get(&id);
         let listed = known.is_some_and(|h| h.contains(node));
-        let first_holder = known.is_none_or(|h| h.iter().next().is_none());
+        let first_holder = known.is_none();
         if !listed && member.published >= limit {
             return Some(DirectoryReply::Unavailable {
                 reason: format!("{node} published {limit} objects, the most the directory keeps"),
