@@ -770,9 +770,22 @@ async fn open_redis(
     token: &str,
 ) -> Result<ClientNode, JoinError> {
     let node = me.node;
-    let (tx, rx) = notice_channel();
-    let dir = redis::connect(config, me, &token.into(), tx).await?;
-    Ok(ClientNode::new(node, dir, rx))
+    // A connection the server reset or refused is tried again for a while, as a daemon's
+    // --join-timeout does: a Redis just restarted by the previous sequence, on a loaded
+    // machine, can drop a first connection. Refusals (credentials, token) end at once.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (tx, rx) = notice_channel();
+        match redis::connect(config.clone(), me.clone(), &token.into(), tx).await {
+            Ok(dir) => return Ok(ClientNode::new(node, dir, rx)),
+            Err(DirectoryError::Unreachable { source, .. })
+                if !source.is_redis_auth() && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
 }
 
 impl Harness for RedisHarness {
