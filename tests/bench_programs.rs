@@ -331,6 +331,52 @@ fn bench_cluster_refuses_sizes_whose_stores_and_baseline_buffers_do_not_fit() {
 }
 
 #[test]
+fn bench_cluster_that_fails_names_where_the_daemons_logs_are() {
+    if let Err(reason) = skyriver::netns::available() {
+        common::skip::skip(
+            "bench_cluster_that_fails_names_where_the_daemons_logs_are",
+            &common::skip::NETNS,
+            &format!("network namespaces unavailable ({reason})"),
+        );
+        return;
+    }
+    let dir = common::test_dir();
+    // Daemons that refuse their flags: the run fails at start-up, and says where their logs
+    // are (inside TMPDIR, removed with the test's directory).
+    let output = Command::new(env!("CARGO_BIN_EXE_skyriver"))
+        .current_dir(dir.path())
+        .env("TMPDIR", dir.path())
+        .args([
+            "bench",
+            "cluster",
+            "--nodes",
+            "3",
+            "--patterns",
+            "broadcast",
+        ])
+        .args([
+            "--sizes",
+            "1KiB",
+            "--baselines",
+            "",
+            "--relay-min-bytes",
+            "bogus",
+        ])
+        .args(["--json", "cluster.json", "--plot", "cluster.svg"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    let kept = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("bench cluster: the daemons' logs are kept in "))
+        .and_then(|rest| rest.split(" (").next())
+        .unwrap_or_else(|| panic!("no kept directory named in\n{stderr}"));
+    assert!(Path::new(kept).join("node-0.log").exists(), "{kept}");
+    assert!(kept.starts_with(dir.path().to_str().unwrap()), "{kept}");
+}
+
+#[test]
 fn bench_spill_writes_four_times_the_memory_and_compares_with_the_raw_disk() {
     let dir = common::test_dir();
     let report = skyriver(

@@ -572,6 +572,12 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     let socket_dir =
         std::env::temp_dir().join(format!("skyriver-bench-cluster-{}", std::process::id()));
     crate::netns::remove_dir_on_signal(socket_dir.clone());
+    // Dropped after the cluster (declared before it): on a failure the daemons have stopped and
+    // their logs are complete when it names them.
+    let mut logs = LogsKeptOnFailure {
+        dir: socket_dir.clone(),
+        done: false,
+    };
     let mut up = UpArgs::new(args.nodes, memory, Some(socket_dir.clone()));
     up.netns = true;
     up.link = args.link.clone();
@@ -769,6 +775,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     drop(tcp);
     drop(cluster);
     let _ = std::fs::remove_dir_all(&socket_dir);
+    logs.done = true;
 
     print_table(&rows, args, &shape);
     cluster_trace::print(&breakdowns);
@@ -823,6 +830,24 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     })?;
     eprintln!("wrote {}", args.plot.display());
     Ok(())
+}
+
+/// Names the daemons' directory (their logs) when the run ends early with an error; the run
+/// that completes removes it instead.
+struct LogsKeptOnFailure {
+    dir: PathBuf,
+    done: bool,
+}
+
+impl Drop for LogsKeptOnFailure {
+    fn drop(&mut self) {
+        if !self.done && self.dir.exists() {
+            eprintln!(
+                "bench cluster: the daemons' logs are kept in {} (remove it when done)",
+                self.dir.display()
+            );
+        }
+    }
 }
 
 fn describe_link(args: &ClusterArgs, shape: &crate::netns::AppliedShape) -> String {
