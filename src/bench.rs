@@ -687,6 +687,11 @@ impl MachineInfo {
     }
 }
 
+/// The baselines a `--baselines` list names (`--baselines ''` names none).
+fn chosen_baselines(names: &[String]) -> Vec<String> {
+    names.iter().filter(|b| !b.is_empty()).cloned().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::error::Error;

@@ -544,12 +544,7 @@ pub(super) fn run(args: &ClusterArgs) -> Result<(), BenchError> {
     // Ctrl-C or SIGTERM removes the namespaces and what runs in them.
     crate::netns::remove_on_signal();
     let nodes = args.nodes as usize;
-    let baselines: Vec<String> = args
-        .baselines
-        .iter()
-        .filter(|b| !b.is_empty())
-        .cloned()
-        .collect();
+    let baselines = super::chosen_baselines(&args.baselines);
     let patterns: Vec<Pattern> = args.patterns.iter().map(|p| Pattern::parse(p)).collect();
     let plan = memory_plan::RunShape {
         nodes: u64::from(args.nodes),

@@ -140,12 +140,7 @@ pub(super) fn run(args: &FetchArgs) -> Result<(), BenchError> {
     let largest = args.sizes.iter().map(|s| s.0).max().unwrap_or(0);
     let memory = ByteSize((largest * (2 * concurrency as u64 + 1)).max(128 << 20));
     let exe = crate::self_exe().map_err(BenchError::OwnPath)?;
-    let baselines: Vec<String> = args
-        .baselines
-        .iter()
-        .filter(|b| !b.is_empty())
-        .cloned()
-        .collect();
+    let baselines = super::chosen_baselines(&args.baselines);
     let (near, far) = args.cpus.cpus();
     if args.cpus == CpuPlacement::Pinned {
         // Before anything starts, so the daemons are born on this CPU (their connect-time

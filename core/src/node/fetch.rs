@@ -413,22 +413,8 @@ impl Node {
         {
             return;
         }
-        let mut holders = match self.locations.get(&id) {
-            Some(known) if known.sizes == sizes && known.digest == digest => known.holders,
-            _ => Vec::new(),
-        };
-        if !holders.contains(&holder) {
-            holders.push(holder);
-        }
         self.stats.locations_learned += 1;
-        self.locations.insert(
-            id,
-            Location {
-                holders,
-                sizes,
-                digest,
-            },
-        );
+        self.locations.add_holder(id, holder, sizes, digest);
     }
 
     pub(super) fn publication_grace_over(&mut self, id: ObjectId) {

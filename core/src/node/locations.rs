@@ -74,6 +74,32 @@ impl LocationCache {
         self.entries.insert(id, Entry { location, stamp });
     }
 
+    /// Remembers that `holder` holds `id` with this content, next to the holders already known
+    /// for the same content (an entry for other content is replaced).
+    pub(super) fn add_holder(
+        &mut self,
+        id: ObjectId,
+        holder: NodeId,
+        sizes: ObjectSizes,
+        digest: ContentDigest,
+    ) {
+        let mut holders = match self.get(&id) {
+            Some(known) if known.sizes == sizes && known.digest == digest => known.holders,
+            _ => Vec::new(),
+        };
+        if !holders.contains(&holder) {
+            holders.push(holder);
+        }
+        self.insert(
+            id,
+            Location {
+                holders,
+                sizes,
+                digest,
+            },
+        );
+    }
+
     /// Forgets that `holder` holds `id` (it failed to serve it); an entry left without holders
     /// goes.
     pub(super) fn forget_holder(&mut self, id: &ObjectId, holder: NodeId) {

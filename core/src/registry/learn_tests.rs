@@ -20,6 +20,15 @@ fn join_learning(r: &mut Registry, now: Instant, conn: u64, node: u32) {
     drain(r);
 }
 
+/// Nodes 1 and 3 learn locations, node 2 does not (each on the connection of its number).
+fn two_learners_around_one_other() -> Registry {
+    let mut r = registry();
+    join_learning(&mut r, at_ms(0), 1, 1);
+    join(&mut r, at_ms(0), 2, 2);
+    join_learning(&mut r, at_ms(0), 3, 3);
+    r
+}
+
 fn publish(r: &mut Registry, now: Instant, conn: u64, id: ObjectId) -> Vec<(ConnId, FromRegistry)> {
     request(
         r,
@@ -45,10 +54,7 @@ fn located(id: ObjectId, holder: u32) -> DirectoryEvent {
 
 #[test]
 fn learners_hear_of_the_first_holder_but_not_of_themselves_nor_of_copies() {
-    let mut r = registry();
-    join_learning(&mut r, at_ms(0), 1, 1);
-    join(&mut r, at_ms(0), 2, 2);
-    join_learning(&mut r, at_ms(0), 3, 3);
+    let mut r = two_learners_around_one_other();
     let x = ObjectId::from_u64(5);
     let out = publish(&mut r, at_ms(1), 2, x);
     assert_eq!(events_for(&out, 1), vec![located(x, 2)]);
@@ -80,10 +86,7 @@ fn learners_hear_of_the_first_holder_but_not_of_themselves_nor_of_copies() {
 
 #[test]
 fn a_subscribed_learner_hears_the_publication_once_and_a_departed_one_not_at_all() {
-    let mut r = registry();
-    join_learning(&mut r, at_ms(0), 1, 1);
-    join(&mut r, at_ms(0), 2, 2);
-    join_learning(&mut r, at_ms(0), 3, 3);
+    let mut r = two_learners_around_one_other();
     let x = ObjectId::from_u64(6);
     request(
         &mut r,

@@ -72,12 +72,13 @@ pub(super) fn sizes_that_fit(shape: &RunShape<'_>, asked: &[u64]) -> Result<Vec<
         let available = available
             .as_ref()
             .expect("only called when memory was read");
+        let largest = sizes.iter().copied().max().unwrap_or(0);
         format!(
             "{} nodes with sizes up to {} need {} ({} for the stores, the rest for the baselines' buffers); {} available ({})",
             shape.nodes,
-            format_bytes(sizes.iter().copied().max().unwrap_or(0)),
+            format_bytes(largest),
             format_bytes(shape.total_bytes(sizes)),
-            format_bytes(shape.nodes * shape.store_bytes(sizes.iter().copied().max().unwrap_or(0))),
+            format_bytes(shape.nodes * shape.store_bytes(largest)),
             format_bytes(available.bytes),
             available.source
         )
