@@ -27,21 +27,6 @@ fn skyriver(dir: &Path, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join(json)).unwrap()).unwrap()
 }
 
-/// Whether network namespaces can be made here; a skip line for `test` when not.
-fn namespaces_or_skip(test: &str) -> bool {
-    match skyriver::netns::available() {
-        Ok(()) => true,
-        Err(reason) => {
-            common::skip::skip(
-                test,
-                &common::skip::NETNS,
-                &format!("network namespaces unavailable ({reason})"),
-            );
-            false
-        }
-    }
-}
-
 #[test]
 fn bench_fetch_measures_every_mode_in_one_cluster_and_compares_auto_only_where_eager_exists() {
     let dir = common::test_dir();
@@ -231,7 +216,9 @@ fn bench_fetch_leaves_no_temporary_directories_also_when_it_fails() {
 
 #[test]
 fn bench_cluster_runs_every_pattern_next_to_its_baselines_in_namespaces() {
-    if !namespaces_or_skip("bench_cluster_runs_every_pattern_next_to_its_baselines_in_namespaces") {
+    if !common::namespaces_or_skip(
+        "bench_cluster_runs_every_pattern_next_to_its_baselines_in_namespaces",
+    ) {
         return;
     }
     let dir = common::test_dir();
@@ -301,7 +288,7 @@ fn bench_cluster_runs_every_pattern_next_to_its_baselines_in_namespaces() {
 
 #[test]
 fn bench_cluster_refuses_sizes_whose_stores_and_baseline_buffers_do_not_fit() {
-    if !namespaces_or_skip(
+    if !common::namespaces_or_skip(
         "bench_cluster_refuses_sizes_whose_stores_and_baseline_buffers_do_not_fit",
     ) {
         return;
@@ -339,7 +326,7 @@ fn bench_cluster_refuses_sizes_whose_stores_and_baseline_buffers_do_not_fit() {
 
 #[test]
 fn bench_cluster_that_fails_names_where_the_daemons_logs_are() {
-    if !namespaces_or_skip("bench_cluster_that_fails_names_where_the_daemons_logs_are") {
+    if !common::namespaces_or_skip("bench_cluster_that_fails_names_where_the_daemons_logs_are") {
         return;
     }
     let dir = common::test_dir();

@@ -10,20 +10,6 @@ use skyriver::netns::NetnsCluster;
 use skyriver::up::{LocalCluster, UpArgs};
 use skyriver_client::{Client, ObjectId, TransferMode};
 
-fn namespaces_or_skip(test: &str) -> bool {
-    match skyriver::netns::available() {
-        Ok(()) => true,
-        Err(reason) => {
-            common::skip::skip(
-                test,
-                &common::skip::NETNS,
-                &format!("network namespaces unavailable ({reason})"),
-            );
-            false
-        }
-    }
-}
-
 fn start(link: &str, extra: &[&str]) -> (tempfile::TempDir, LocalCluster) {
     let dir = common::test_dir();
     let mut args = UpArgs::new(3, "256MiB".parse().unwrap(), Some(dir.path().to_path_buf()));
@@ -56,7 +42,7 @@ fn namespaces_of(slot: u16) -> Vec<String> {
 
 #[test]
 fn every_size_class_crosses_shaped_links_byte_exact_and_nothing_is_left() {
-    if !namespaces_or_skip("every_size_class_crosses_shaped_links_byte_exact") {
+    if !common::namespaces_or_skip("every_size_class_crosses_shaped_links_byte_exact") {
         return;
     }
     let (dir, cluster) = start("2gbit,50us", &[]);
@@ -119,7 +105,7 @@ fn every_size_class_crosses_shaped_links_byte_exact_and_nothing_is_left() {
 
 #[test]
 fn a_holder_whose_link_is_cut_mid_transfer_is_replaced_and_rejoins_when_restored() {
-    if !namespaces_or_skip("a_holder_whose_link_is_cut_mid_transfer") {
+    if !common::namespaces_or_skip("a_holder_whose_link_is_cut_mid_transfer") {
         return;
     }
     // Slow links (300 Mbit/s: 32 MiB take about a second) and a short lease, so the cut lands
@@ -233,7 +219,7 @@ fn a_holder_whose_link_is_cut_mid_transfer_is_replaced_and_rejoins_when_restored
 
 #[test]
 fn leftovers_of_a_killed_run_are_removed_at_the_next_start() {
-    if !namespaces_or_skip("leftovers_of_a_killed_run_are_removed") {
+    if !common::namespaces_or_skip("leftovers_of_a_killed_run_are_removed") {
         return;
     }
     // What a SIGKILLed run leaves: a namespace with a process in it and a bridge, in a slot
@@ -276,7 +262,7 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
 
 #[test]
 fn metrics_of_a_namespace_cluster_answer_from_the_host() {
-    if !namespaces_or_skip("metrics_of_a_namespace_cluster_answer_from_the_host") {
+    if !common::namespaces_or_skip("metrics_of_a_namespace_cluster_answer_from_the_host") {
         return;
     }
     let dir = common::test_dir();

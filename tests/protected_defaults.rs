@@ -14,20 +14,6 @@ use std::time::{Duration, Instant};
 use skyriver::netns::NetnsCluster;
 use skyriver_client::Client;
 
-fn namespaces_or_skip(test: &str) -> bool {
-    match skyriver::netns::available() {
-        Ok(()) => true,
-        Err(reason) => {
-            common::skip::skip(
-                test,
-                &common::skip::NETNS,
-                &format!("network namespaces unavailable ({reason})"),
-            );
-            false
-        }
-    }
-}
-
 /// A daemon process, killed and reaped when dropped (also when the test fails).
 struct Daemon(Child);
 
@@ -86,7 +72,7 @@ fn reachable_from(netns: &NetnsCluster, node: usize, addr: SocketAddr) -> bool {
 
 #[test]
 fn a_daemon_without_a_token_is_unreachable_from_another_host() {
-    if !namespaces_or_skip("a_daemon_without_a_token_is_unreachable_from_another_host") {
+    if !common::namespaces_or_skip("a_daemon_without_a_token_is_unreachable_from_another_host") {
         return;
     }
     let netns = NetnsCluster::create(2, None).unwrap();
@@ -117,7 +103,7 @@ fn a_daemon_without_a_token_is_unreachable_from_another_host() {
 
 #[test]
 fn a_daemon_without_a_token_refuses_a_public_address() {
-    if !namespaces_or_skip("a_daemon_without_a_token_refuses_a_public_address") {
+    if !common::namespaces_or_skip("a_daemon_without_a_token_refuses_a_public_address") {
         return;
     }
     let netns = NetnsCluster::create(1, None).unwrap();
@@ -149,7 +135,7 @@ fn a_daemon_without_a_token_refuses_a_public_address() {
 
 #[test]
 fn a_daemon_with_a_token_file_is_reachable_and_publishes_a_concrete_address() {
-    if !namespaces_or_skip("a_daemon_with_a_token_file_is_reachable") {
+    if !common::namespaces_or_skip("a_daemon_with_a_token_file_is_reachable") {
         return;
     }
     let netns = NetnsCluster::create(2, None).unwrap();

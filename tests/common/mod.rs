@@ -13,6 +13,21 @@ use skyriver_daemon::{DaemonConfig, DaemonHandle};
 #[path = "../../transport/tests/support/skip.rs"]
 pub mod skip;
 
+/// Whether network namespaces can be made here (root); a skip line for `test` when not.
+pub fn namespaces_or_skip(test: &str) -> bool {
+    match skyriver::netns::available() {
+        Ok(()) => true,
+        Err(reason) => {
+            skip::skip(
+                test,
+                &skip::NETNS,
+                &format!("network namespaces unavailable ({reason})"),
+            );
+            false
+        }
+    }
+}
+
 /// `len` bytes that differ with `seed` (xorshift), for objects whose bytes a test checks.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
