@@ -38,8 +38,18 @@ fn node_with(id: u32, token: &str, config: TcpFabricConfig) -> Node {
 
 /// A node whose driver's event channel has `capacity` places.
 fn node_with_events(id: u32, token: &str, config: TcpFabricConfig, capacity: usize) -> Node {
-    let arena =
-        Arc::new(SharedArena::create("test", ARENA_BYTES, &ArenaOptions::default()).unwrap());
+    node_sized(id, token, config, capacity, ARENA_BYTES)
+}
+
+/// A node with an arena of `arena_len` bytes and an event channel of `capacity` places.
+fn node_sized(
+    id: u32,
+    token: &str,
+    config: TcpFabricConfig,
+    capacity: usize,
+    arena_len: u64,
+) -> Node {
+    let arena = Arc::new(SharedArena::create("test", arena_len, &ArenaOptions::default()).unwrap());
     let (tx, events) = event_channel_with_capacity(capacity);
     let identity = FabricIdentity {
         node: NodeId(id),
@@ -641,6 +651,76 @@ fn a_peer_that_does_not_read_is_disconnected_with_a_reason() {
             other => panic!("{other:?}"),
         }
     }
+}
+
+/// A message sent while READ data for the same peer is queued goes out before that data (after
+/// the READ response being written): a reply never waits behind bulk data, however much of it
+/// a requester asked for on a slow link.
+#[test]
+fn a_message_overtakes_read_data_queued_before_it() {
+    const SLICE: u64 = 1 << 20;
+    // Several times what both sockets' buffers hold, so most of it is still queued.
+    const READS: u64 = 48;
+    let config = || TcpFabricConfig::new("127.0.0.1:0".parse().unwrap());
+    let mut slow_config = config();
+    slow_config.max_undelivered_bytes = 0; // one message of the largest size
+    let held_max = messages_per_budget(&slow_config);
+    let total = READS * SLICE;
+    let (mut a, mut b) = connect(
+        node_sized(1, "secret", slow_config, EVENT_CHANNEL_CAPACITY, total),
+        node_sized(2, "secret", config(), EVENT_CHANNEL_CAPACITY, total),
+    );
+    let payload: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
+    write_arena(&b.arena, 0, &payload);
+    let key = granted(&b, NodeId(1), 7, 0, total);
+
+    // a's driver holds b's messages: its reader stops at the next one, so a reads nothing
+    // more from the connection and b's READ data will pile up behind it.
+    for n in 0..=held_max as u32 {
+        b.fabric.send(NodeId(1), flood_message(n)).unwrap();
+    }
+    let held = hold_events(&mut a, held_max);
+    for i in 0..READS {
+        let remote = RemoteRegion {
+            addr: key.addr + i * SLICE,
+            len: SLICE,
+            ..key
+        };
+        a.fabric
+            .post_read(NodeId(2), ReadOpId(i), 0, region(i * SLICE, SLICE), remote)
+            .expect("a place for its completion");
+    }
+    // b's reader hands this on only after it queued the data of every READ asked before it.
+    a.fabric.send(NodeId(2), b"go".to_vec()).unwrap();
+    match next_event(&mut b) {
+        FabricEvent::Message { bytes, .. } => assert_eq!(&bytes[..], b"go"),
+        other => panic!("{other:?}"),
+    }
+    b.fabric.send(NodeId(1), b"reply".to_vec()).unwrap();
+
+    drop(held);
+    let (mut completed, mut completed_before_reply, mut replied) = (0, 0, false);
+    while completed < READS || !replied {
+        match next_event(&mut a) {
+            FabricEvent::Message { bytes, .. } if &bytes[..] == b"reply" => {
+                replied = true;
+                completed_before_reply = completed;
+            }
+            FabricEvent::Message { .. } => assert!(!replied, "a flood message after the reply"),
+            FabricEvent::ReadCompleted { result, .. } => {
+                result.unwrap();
+                completed += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    println!("the reply came after {completed_before_reply} of {READS} READ responses");
+    assert!(
+        completed_before_reply <= READS / 2,
+        "the reply waited behind {completed_before_reply} of the {READS} READ responses \
+         queued before it"
+    );
+    assert_eq!(arena_bytes(&a.arena, 0, total), payload);
 }
 
 /// A relay's copy still being received: READs below the prefix its core announced are served

@@ -22,6 +22,7 @@
 //! region it writes stays untouched by the core until then. Local clients use the store
 //! through their requests; the node learns of seals and deletes from the store's events.
 
+mod admission;
 mod backpressure;
 mod clients;
 mod coalesce;
@@ -132,6 +133,8 @@ struct PeerState {
     connected: bool,
     /// Transfers from this peer in progress (for spreading load).
     active: u32,
+    /// Bytes of the objects of those transfers (see `admission`).
+    asked_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,7 +157,7 @@ pub struct Node {
     // Fetch manager.
     waiters: BTreeMap<FetchWaiterId, FetchWaiter>,
     objects: BTreeMap<ObjectId, ObjectFetch>,
-    admission: VecDeque<ObjectId>,
+    admission: admission::AdmissionQueue,
     bytes_in_flight: u64,
     locations: LocationCache,
     // Requester side of transfers.
@@ -219,7 +222,7 @@ impl Node {
             peers: BTreeMap::new(),
             waiters: BTreeMap::new(),
             objects: BTreeMap::new(),
-            admission: VecDeque::new(),
+            admission: admission::AdmissionQueue::default(),
             bytes_in_flight: 0,
             locations,
             transfers: BTreeMap::new(),
@@ -382,7 +385,10 @@ impl Node {
             lanes: params.lanes.max(1),
             ..params
         };
-        let active = self.peers.get(&peer).map_or(0, |p| p.active);
+        let (active, asked_bytes) = self
+            .peers
+            .get(&peer)
+            .map_or((0, 0), |p| (p.active, p.asked_bytes));
         self.peers.insert(
             peer,
             PeerState {
@@ -390,6 +396,7 @@ impl Node {
                 threshold,
                 connected: true,
                 active,
+                asked_bytes,
             },
         );
         self.links_up(peer);

@@ -2,6 +2,7 @@
 //! task), the writer task that serves READ data from the arena, and the reader task that
 //! delivers messages and READ data.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,9 +84,10 @@ pub(super) enum SubmitError {
 /// While the writer task has nothing queued, a frame is written straight from the caller's
 /// thread with one non-blocking `send` on a second handle of the socket: no hand-off to the
 /// writer task and no cross-thread wake-up on the latency path. Whatever does not fit at once
-/// (and every frame while the writer task is busy) queues behind, in order, up to
-/// `max_queued_bytes` and `max_queued_frames`; beyond that the peer is not reading, and the
-/// caller drops the connection.
+/// (and every frame while the writer task is busy) queues behind, up to `max_queued_bytes` and
+/// `max_queued_frames`; beyond that the peer is not reading, and the caller drops the
+/// connection. Queued frames keep their order among themselves, and so does READ data, but a
+/// frame overtakes READ data queued before it (see [`write_loop`]).
 pub(super) struct Link {
     /// A second handle (dup) of the connection's socket, non-blocking like the first.
     socket: std::net::TcpStream,
@@ -93,6 +95,9 @@ pub(super) struct Link {
     /// Bounded by `max_queued_frames`.
     outgoing: mpsc::Sender<Outgoing>,
     max_queued_bytes: usize,
+    /// Counted in `queued.frames`: the writer task takes items off `outgoing` before it
+    /// writes them, so the channel's own bound alone would not hold.
+    max_queued_frames: usize,
     /// Why the connection is being dropped, when something other than its reader decided it
     /// (its writer, or the driver's call that found the peer not reading): the reader task
     /// reports it as it ends.
@@ -115,7 +120,10 @@ impl Link {
         let bytes = item.queued_bytes();
         // One item always fits an empty queue, whatever its size (a message is at most
         // `wire::MAX_MESSAGE_BYTES`).
-        if queued.frames > 0 && queued.bytes + bytes > self.max_queued_bytes {
+        if queued.frames > 0
+            && (queued.bytes + bytes > self.max_queued_bytes
+                || queued.frames >= self.max_queued_frames)
+        {
             return Err(SubmitError::Full {
                 bytes: queued.bytes,
                 frames: queued.frames,
@@ -243,6 +251,7 @@ pub(super) fn start_connection(
         queued: Mutex::new(Queued::default()),
         outgoing: outgoing_tx,
         max_queued_bytes: inner.config.max_queued_bytes,
+        max_queued_frames: inner.config.max_queued_frames.max(1),
         failure: Mutex::new(None),
     });
     // Every message handed to the driver holds its share of this until dropped.
@@ -273,33 +282,69 @@ pub(super) fn start_connection(
     });
 }
 
+/// Writes what is queued for the peer: every frame (messages, READ requests, refusals)
+/// before the next READ response's data.
+///
+/// READ data is bulk: a requester can ask for hundreds of MiB at once, and on a link shared by
+/// many peers that takes seconds to write. A message behind it (a `Rendezvous` answering
+/// another fetch, a lease extension) would wait that long, past the requester's reply
+/// deadline, although this node is alive and answering. So frames overtake queued READ data,
+/// and wait at most for the READ response being written: over verbs, too, a node's own sends
+/// do not queue behind the READs its NIC serves. Nothing depends on a message following READ
+/// data: READ completions and messages are separate events, matched by the requester's core.
 async fn write_loop(
     link: &Link,
     writer: OwnedWriteHalf,
     mut outgoing: mpsc::Receiver<Outgoing>,
 ) -> std::io::Result<()> {
     let mut writer = BufWriter::with_capacity(SOCKET_BUFFER_BYTES, writer);
-    let mut next = None;
+    let mut waiting = WriteOrder::default();
     loop {
-        let item = match next.take() {
-            Some(item) => item,
-            None => match outgoing.recv().await {
-                Some(item) => item,
-                None => return Ok(()),
-            },
-        };
-        write_item(link, &mut writer, item).await?;
         while let Ok(item) = outgoing.try_recv() {
+            waiting.push(item);
+        }
+        if let Some(item) = waiting.pop() {
             write_item(link, &mut writer, item).await?;
+            continue;
         }
         writer.flush().await?;
         // Idle once the queue is empty under the lock that enqueuers take: from then on
         // callers write directly, and nothing of ours is left to overtake.
-        let mut queued = lock(&link.queued);
-        match outgoing.try_recv() {
-            Ok(item) => next = Some(item),
-            Err(_) => queued.busy = false,
+        {
+            let mut queued = lock(&link.queued);
+            match outgoing.try_recv() {
+                Ok(item) => {
+                    waiting.push(item);
+                    continue;
+                }
+                Err(_) => queued.busy = false,
+            }
         }
+        match outgoing.recv().await {
+            Some(item) => waiting.push(item),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// The items the writer task took off its channel, in the order it writes them: frames
+/// first, in their order, then READ data, in its order.
+#[derive(Default)]
+struct WriteOrder {
+    frames: VecDeque<Outgoing>,
+    reads: VecDeque<Outgoing>,
+}
+
+impl WriteOrder {
+    fn push(&mut self, item: Outgoing) {
+        match item {
+            Outgoing::Frame(_) => self.frames.push_back(item),
+            Outgoing::ReadData { .. } => self.reads.push_back(item),
+        }
+    }
+
+    fn pop(&mut self) -> Option<Outgoing> {
+        self.frames.pop_front().or_else(|| self.reads.pop_front())
     }
 }
 
