@@ -134,8 +134,8 @@ pub enum WaitQueue {
     Gets,
     /// Client fetches in progress (`max_pending_fetches`).
     Fetches,
-    /// Objects waiting for memory, bytes in flight or room at their source before their
-    /// transfer starts (`max_queued_transfers`).
+    /// Objects waiting for memory or bytes in flight before their transfer starts
+    /// (`max_queued_transfers`).
     QueuedTransfers,
     /// Requests held back until the disk catches up with the changes already made
     /// (`max_deferred_requests`, persistent mode).

@@ -703,7 +703,7 @@ impl prometheus_client::collector::Collector for SnapshotCollector {
         )?;
         out.one(
             "skyriver_transfers_queued",
-            "Objects waiting for memory, bytes in flight or room at their source before their transfer starts.",
+            "Objects waiting for memory or bytes in flight before their transfer starts.",
             gauge(n.transfers_queued),
         )?;
         out.one(

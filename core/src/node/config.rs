@@ -64,18 +64,13 @@ pub struct NodeConfig {
     pub max_outstanding_reads: u32,
     /// Bytes of objects being transferred in at once; a single larger object may go alone.
     pub max_bytes_in_flight: u64,
-    /// Bytes of objects asked of one source at once; a single larger object may go alone.
-    /// Objects beyond wait for room at their source (see `admission`), so every lease a holder
-    /// grants is read at once, not after the READs of every other object of a batch. The
-    /// default is one transfer's READ window (`max_outstanding_reads` slices).
-    pub max_source_bytes_in_flight: u64,
     /// Most client fetches waiting at once.
     pub max_pending_fetches: usize,
     /// Most `get`s waiting for objects at once; more that would wait are refused with
     /// [`StoreError::Busy`](crate::StoreError::Busy).
     pub max_waiting_gets: usize,
-    /// Most objects waiting for memory, bytes in flight or room at their source before their
-    /// transfer starts; more fail with [`StoreError::Busy`](crate::StoreError::Busy).
+    /// Most objects waiting for memory or bytes in flight before their transfer starts; more
+    /// fail with [`StoreError::Busy`](crate::StoreError::Busy).
     pub max_queued_transfers: usize,
     /// Most durable changes not yet reported durable before requests that change what is
     /// durable are held back; also the most [`NodeOutput::Persist`](super::NodeOutput) out at
@@ -174,7 +169,6 @@ impl NodeConfig {
             read_slice_bytes: 1 << 20,
             max_outstanding_reads: 16,
             max_bytes_in_flight: 1 << 30,
-            max_source_bytes_in_flight: 16 << 20,
             max_pending_fetches: 4096,
             max_waiting_gets: 65_536,
             max_queued_transfers: 65_536,

@@ -457,35 +457,6 @@ impl Node {
         }
     }
 
-    /// Whether `source` may be asked for `bytes` more now (see `admission`): always when
-    /// nothing is asked of it.
-    pub(super) fn source_has_room(&self, source: NodeId, bytes: u64) -> bool {
-        let asked = self.peers.get(&source).map_or(0, |p| p.asked_bytes);
-        asked == 0 || asked.saturating_add(bytes) <= self.config.max_source_bytes_in_flight
-    }
-
-    /// Room grew at `source`: the objects held for it that the room takes (at least the first)
-    /// go back in front of the admission queue, in order.
-    pub(super) fn release_held_for(&mut self, source: NodeId) {
-        let asked = self.peers.get(&source).map_or(0, |p| p.asked_bytes);
-        let mut room = self.config.max_source_bytes_in_flight.saturating_sub(asked);
-        let mut count = 0;
-        for id in self.admission.held_for(source) {
-            let bytes = self
-                .objects
-                .get(&id)
-                .and_then(|o| o.content)
-                .and_then(|(sizes, _)| sizes.total())
-                .unwrap_or(0);
-            if count > 0 && bytes > room {
-                break;
-            }
-            room = room.saturating_sub(bytes);
-            count += 1;
-        }
-        self.admission.release(source, count);
-    }
-
     /// Picks the least busy holder not failed this round, or starts the next round.
     pub(super) fn choose_source(&mut self, id: ObjectId) {
         let object = self
@@ -572,7 +543,7 @@ impl Node {
 
     /// Starts queued transfers, in order, while memory and the bytes-in-flight cap allow.
     pub(super) fn pump_admission(&mut self) {
-        while let Some(id) = self.admission.front() {
+        while let Some(&id) = self.admission.front() {
             let Some(object) = self.objects.get(&id) else {
                 self.admission.pop_front();
                 continue;
@@ -589,10 +560,6 @@ impl Node {
                     source,
                     TransferFailure::DisconnectedWhileQueued { holder: source },
                 );
-                continue;
-            }
-            if !self.source_has_room(source, sizes.total().unwrap_or(u64::MAX)) {
-                self.admission.hold_front(source);
                 continue;
             }
             let block_len = sizes
@@ -842,7 +809,7 @@ impl Node {
             }
             ObjectFetchState::Queued(_) => {
                 self.objects.remove(&id);
-                self.admission.remove(id);
+                self.admission.retain(|&queued| queued != id);
                 // The head of the queue may have changed.
                 self.pump_admission();
             }
@@ -879,9 +846,7 @@ fn stage_name(state: &ObjectFetchState) -> &'static str {
         ObjectFetchState::LookingUp(_) => "looking it up in the directory",
         ObjectFetchState::Hinted(_) => "asking the node the caller named",
         ObjectFetchState::AwaitingPublication => "waiting for a node to publish it",
-        ObjectFetchState::Queued(_) => {
-            "queued for admission (memory, bytes in flight or room at its source)"
-        }
+        ObjectFetchState::Queued(_) => "queued for admission (memory or bytes in flight)",
         ObjectFetchState::Transferring(_) => "transferring it",
         ObjectFetchState::AwaitingLocalSeal => "waiting for a local client to seal it",
         ObjectFetchState::Backoff => "backing off before retrying",

@@ -54,14 +54,6 @@ enum Adoption {
     Declined,
 }
 
-/// How the hinted node answered: with a lease to read under (a `Rendezvous`, or a relay's to
-/// come), or with eager data already on its way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reply {
-    Leased,
-    Eager,
-}
-
 impl Node {
     /// Whether `hint` can be asked directly for an object: another node, connected.
     pub(super) fn usable_hint(&self, hint: Option<NodeId>) -> Option<NodeId> {
@@ -101,7 +93,7 @@ impl Node {
         let tid = message.req();
         match message {
             PeerMessage::Rendezvous { sizes, digest, .. } => {
-                match self.adopt(peer, tid, (*sizes, *digest), Reply::Leased) {
+                match self.adopt(peer, tid, *sizes, *digest) {
                     Adoption::Adopted => true,
                     Adoption::Declined => {
                         self.send(peer, PeerMessage::Finish { req: tid });
@@ -111,8 +103,7 @@ impl Node {
             }
             // Sent on to a relay (see `relay`): the holder named the content.
             PeerMessage::Redirect { sizes, digest, .. } => {
-                let adopted = self.adopt(peer, tid, (*sizes, *digest), Reply::Leased);
-                matches!(adopted, Adoption::Adopted)
+                matches!(self.adopt(peer, tid, *sizes, *digest), Adoption::Adopted)
             }
             PeerMessage::Restoring { .. } => {
                 self.hinted_holder_restoring(tid);
@@ -160,9 +151,8 @@ impl Node {
             );
             return false;
         }
-        let content = (header.sizes, header.digest);
         matches!(
-            self.adopt(peer, header.req, content, Reply::Eager),
+            self.adopt(peer, header.req, header.sizes, header.digest),
             Adoption::Adopted
         )
     }
@@ -174,8 +164,8 @@ impl Node {
         &mut self,
         peer: NodeId,
         tid: TransferId,
-        (sizes, digest): (ObjectSizes, ContentDigest),
-        reply: Reply,
+        sizes: ObjectSizes,
+        digest: ContentDigest,
     ) -> Adoption {
         let request = self.hinted.remove(&tid).expect("adopting a hinted request");
         self.cancel_timer(Timer::TransferDeadline(tid));
@@ -205,12 +195,8 @@ impl Node {
         };
         let over_cap = self.bytes_in_flight > 0
             && self.bytes_in_flight.saturating_add(block_len) > self.config.max_bytes_in_flight;
-        // A lease is only worth keeping if its READs start now (see `admission`); eager data
-        // is on its way already.
-        let no_room = reply == Reply::Leased
-            && !self.source_has_room(peer, sizes.total().unwrap_or(u64::MAX));
         // Transfers admitted before this one keep their turn.
-        if over_cap || no_room || !self.admission.is_empty() {
+        if over_cap || !self.admission.is_empty() {
             self.choose_source(id);
             return Adoption::Declined;
         }

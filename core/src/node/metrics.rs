@@ -242,8 +242,7 @@ pub struct NodeMetrics {
     pub leases_held: u64,
     /// Client fetches waiting.
     pub fetches_waiting: u64,
-    /// Objects waiting for memory, bytes in flight or room at their source before their
-    /// transfer starts.
+    /// Objects waiting for memory or bytes in flight before their transfer starts.
     pub transfers_queued: u64,
     /// Client requests held back until the disk catches up.
     pub requests_deferred: u64,

@@ -22,7 +22,6 @@
 //! region it writes stays untouched by the core until then. Local clients use the store
 //! through their requests; the node learns of seals and deletes from the store's events.
 
-mod admission;
 mod backpressure;
 mod clients;
 mod coalesce;
@@ -133,8 +132,6 @@ struct PeerState {
     connected: bool,
     /// Transfers from this peer in progress (for spreading load).
     active: u32,
-    /// Bytes of the objects of those transfers (see `admission`).
-    asked_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,7 +154,7 @@ pub struct Node {
     // Fetch manager.
     waiters: BTreeMap<FetchWaiterId, FetchWaiter>,
     objects: BTreeMap<ObjectId, ObjectFetch>,
-    admission: admission::AdmissionQueue,
+    admission: VecDeque<ObjectId>,
     bytes_in_flight: u64,
     locations: LocationCache,
     // Requester side of transfers.
@@ -222,7 +219,7 @@ impl Node {
             peers: BTreeMap::new(),
             waiters: BTreeMap::new(),
             objects: BTreeMap::new(),
-            admission: admission::AdmissionQueue::default(),
+            admission: VecDeque::new(),
             bytes_in_flight: 0,
             locations,
             transfers: BTreeMap::new(),
@@ -385,10 +382,7 @@ impl Node {
             lanes: params.lanes.max(1),
             ..params
         };
-        let (active, asked_bytes) = self
-            .peers
-            .get(&peer)
-            .map_or((0, 0), |p| (p.active, p.asked_bytes));
+        let active = self.peers.get(&peer).map_or(0, |p| p.active);
         self.peers.insert(
             peer,
             PeerState {
@@ -396,7 +390,6 @@ impl Node {
                 threshold,
                 connected: true,
                 active,
-                asked_bytes,
             },
         );
         self.links_up(peer);

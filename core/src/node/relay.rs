@@ -347,7 +347,7 @@ impl Node {
             .transfers
             .get_mut(&tid)
             .expect("a redirect answers a live transfer");
-        let (id, bytes) = (transfer.id, transfer.object_bytes());
+        let id = transfer.id;
         let (want_sizes, want_digest) = transfer.content();
         if sizes != want_sizes || digest != want_digest {
             let why = TransferFailure::RedirectedForOtherContent {
@@ -374,17 +374,12 @@ impl Node {
         }
         if let Some(state) = self.peers.get_mut(&peer) {
             state.active = state.active.saturating_sub(1);
-            state.asked_bytes = state.asked_bytes.saturating_sub(bytes);
         }
         if let Some(state) = self.peers.get_mut(&relay) {
             state.active += 1;
-            state.asked_bytes += bytes;
         }
         self.stats.relayed_transfers += 1;
         self.send_fetch_request(tid, id, relay, TransferMode::Rendezvous);
-        // The holder's room is the relay's now: objects held for it may go.
-        self.release_held_for(peer);
-        self.pump_admission();
     }
 
     /// The relay of transfer `tid` holds the object's first `prefix` bytes now (`answer`: said

@@ -187,11 +187,6 @@ impl Incoming {
         self.relay_limit.is_some()
     }
 
-    /// Bytes of the object, asked of the source (see `admission`).
-    pub(super) fn object_bytes(&self) -> u64 {
-        self.local.region.len
-    }
-
     /// The transfer's source sent it to `relay`, asked `now`, which has nothing yet.
     pub(super) fn pull_from_relay(&mut self, relay: NodeId, now: Instant) {
         self.source = relay;
@@ -347,7 +342,6 @@ impl Node {
             crate::alloc::block_len_for(local.region.len).expect("created objects have a block");
         if let Some(peer) = self.peers.get_mut(&source) {
             peer.active += 1;
-            peer.asked_bytes += local.region.len;
         }
         self.bytes_in_flight += block_len;
         self.stats.transfers_started += 1;
@@ -960,9 +954,7 @@ impl Node {
         self.bytes_in_flight -= transfer.block_len;
         if let Some(peer) = self.peers.get_mut(&transfer.source) {
             peer.active -= 1;
-            peer.asked_bytes -= transfer.local.region.len;
         }
-        self.release_held_for(transfer.source);
         let path = transfer.path();
         let bytes = transfer.local.region.len;
         let outcomes = &mut self.stats.transfer_outcomes;

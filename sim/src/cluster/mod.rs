@@ -748,9 +748,6 @@ impl Cluster {
         config.replication_fetch_timeout = replication::replication_fetch_timeout(p);
         config.max_outstanding_reads = p.max_outstanding_reads;
         config.max_bytes_in_flight = p.max_bytes_in_flight;
-        // As the daemon's default: one transfer's READ window per source.
-        config.max_source_bytes_in_flight =
-            p.read_slice_bytes * u64::from(p.max_outstanding_reads.max(1));
         config.max_pending_fetches = 256;
         config.max_leases = 64;
         config.lease = Duration::from_micros(p.lease_us);

@@ -486,18 +486,6 @@ impl World {
             .collect()
     }
 
-    /// Messages `node` sent, with the peer each went to.
-    fn sent_to(&self, node: u32) -> Vec<(NodeId, PeerMessage)> {
-        self.log
-            .iter()
-            .filter(|(n, _)| n.0 == node)
-            .filter_map(|(_, o)| match o {
-                NodeOutput::Send { peer, message } => Some((*peer, message.clone())),
-                _ => None,
-            })
-            .collect()
-    }
-
     fn count(&self, node: u32, pred: impl Fn(&NodeOutput) -> bool) -> usize {
         self.log
             .iter()

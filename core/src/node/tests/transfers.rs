@@ -334,35 +334,6 @@ fn admission_caps_bytes_in_flight_and_keeps_order() {
 }
 
 #[test]
-fn objects_wait_for_room_at_their_source_without_holding_back_other_sources() {
-    let mut w = World::new(3, |c| c.max_source_bytes_in_flight = 16 * 1024);
-    w.put(0, 1, 10_000);
-    w.put(0, 2, 10_000);
-    w.put(2, 3, 10_000);
-    w.hand_fetch(1, &[1, 2, 3], Duration::from_millis(50), TransferMode::Auto);
-    // Drive node 1 alone: object 2 waits for room at node 0, object 3 (node 2's) goes by it.
-    w.drive_alone(1);
-    let asked: Vec<_> = w
-        .sent_to(1)
-        .into_iter()
-        .filter_map(|(to, m)| match m {
-            PeerMessage::FetchRequest { id, .. } => Some((to, id)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(asked, vec![(NodeId(0), id(1)), (NodeId(2), id(3))]);
-    assert_eq!(w.nodes[1].admission.held_len(), 1);
-    w.pump();
-    let replies = w.replies(1);
-    assert!(replies[0].iter().all(|r| r.is_ok()), "{replies:?}");
-    assert!(w.nodes[1].admission.is_empty());
-    for n in [1, 2, 3] {
-        w.release(1, n);
-    }
-    w.assert_settled();
-}
-
-#[test]
 fn full_store_fails_the_fetch_with_out_of_memory() {
     let mut w = World::new(2, |c| c.store = StoreConfig::single_arena(64 * 1024));
     w.put(0, 1, 40_000);
