@@ -132,6 +132,11 @@ struct PeerState {
     connected: bool,
     /// Transfers from this peer in progress (for spreading load).
     active: u32,
+    /// READs posted to this peer and not completed, of all its transfers: at most
+    /// `max_outstanding_reads` (see [`Node::pump_reads`]).
+    reads_outstanding: u32,
+    /// This peer's transfers that have READs to post, in turn: each posts one READ per turn.
+    read_turns: VecDeque<TransferId>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -382,7 +387,10 @@ impl Node {
             lanes: params.lanes.max(1),
             ..params
         };
-        let active = self.peers.get(&peer).map_or(0, |p| p.active);
+        let previous = self.peers.remove(&peer);
+        let (active, reads_outstanding, read_turns) = previous.map_or_else(Default::default, |p| {
+            (p.active, p.reads_outstanding, p.read_turns)
+        });
         self.peers.insert(
             peer,
             PeerState {
@@ -390,6 +398,8 @@ impl Node {
                 threshold,
                 connected: true,
                 active,
+                reads_outstanding,
+                read_turns,
             },
         );
         self.links_up(peer);
@@ -714,12 +724,25 @@ impl Node {
             );
         }
         let mut reads_by_transfer: BTreeMap<TransferId, u32> = BTreeMap::new();
+        let mut reads_by_peer: BTreeMap<NodeId, u32> = BTreeMap::new();
         for (tid, _, _) in self.reads.values() {
-            assert!(
-                self.transfers.contains_key(tid),
-                "READ of a finished transfer {tid}"
-            );
+            let transfer = self.transfers.get(tid);
+            assert!(transfer.is_some(), "READ of a finished transfer {tid}");
             *reads_by_transfer.entry(*tid).or_default() += 1;
+            *reads_by_peer
+                .entry(transfer.expect("checked").source)
+                .or_default() += 1;
+        }
+        for (peer, state) in &self.peers {
+            let reads = reads_by_peer.get(peer).copied().unwrap_or(0);
+            assert_eq!(
+                state.reads_outstanding, reads,
+                "READs outstanding to {peer}"
+            );
+            assert!(
+                reads <= self.config.max_outstanding_reads.max(1),
+                "{reads} READs outstanding to {peer}"
+            );
         }
         for (tid, transfer) in &self.transfers {
             assert_eq!(

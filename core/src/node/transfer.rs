@@ -143,6 +143,8 @@ pub(super) struct Incoming {
     /// Bytes read when the current read window began (or the last extension was asked): the
     /// READs progress when more are in by the time an extension would be asked.
     progress_mark: u64,
+    /// Waiting in its source's READ turns (see [`Node::pump_reads`]).
+    in_read_turns: bool,
     state: IncomingState,
 }
 
@@ -185,6 +187,82 @@ impl Incoming {
 
     pub(super) fn is_relayed(&self) -> bool {
         self.relay_limit.is_some()
+    }
+
+    /// Where READs may go: the whole object, or a relay's announced prefix of it.
+    fn read_limit(&self) -> u64 {
+        let total = self.local.region.len;
+        self.relay_limit.map_or(total, |prefix| prefix.min(total))
+    }
+
+    /// Whether the transfer has a READ to post under a window of `window` READs in flight.
+    fn wants_read(&self, window: u32) -> bool {
+        match self.state {
+            IncomingState::Reading {
+                outstanding,
+                next_offset,
+                ..
+            } => outstanding < window && next_offset < self.read_limit(),
+            _ => false,
+        }
+    }
+
+    /// The next READ to post (at most `slice_bytes`, on the next of `lanes`), counted as
+    /// outstanding; `None` when [`Incoming::wants_read`] says none.
+    fn next_read(
+        &mut self,
+        window: u32,
+        slice_bytes: u64,
+        lanes: u16,
+    ) -> Option<(u16, LocalRegion, RemoteRegion)> {
+        if !self.wants_read(window) {
+            return None;
+        }
+        let limit = self.read_limit();
+        let local_region = self.local.region;
+        let IncomingState::Reading {
+            regions,
+            lane_keys,
+            next_offset,
+            outstanding,
+            lane_cursor,
+            ..
+        } = &mut self.state
+        else {
+            return None;
+        };
+        // Find the remote region holding `next_offset`.
+        let mut region_start = 0;
+        let mut found = None;
+        for (index, region) in regions.iter().enumerate() {
+            if *next_offset < region_start + region.len {
+                found = Some((index, *region, *next_offset - region_start));
+                break;
+            }
+            region_start += region.len;
+        }
+        // Decoding checked that the regions cover the object exactly.
+        let (index, region, within) = found.expect("remote regions cover the object");
+        let len = slice_bytes
+            .min(region.len - within)
+            .min(limit - *next_offset);
+        let lane = *lane_cursor % lanes;
+        // Decoding checked that the keys come in whole sets per region.
+        let per_region = lane_keys.len() / regions.len();
+        let rkey = match per_region {
+            0 => region.rkey,
+            k => lane_keys[index * k + lane as usize % k],
+        };
+        let remote = RemoteRegion {
+            addr: region.addr + within,
+            len,
+            rkey,
+        };
+        let local = local_region.slice(*next_offset, len);
+        *lane_cursor = lane_cursor.wrapping_add(1);
+        *next_offset += len;
+        *outstanding += 1;
+        Some((lane, local, remote))
     }
 
     /// The transfer's source sent it to `relay`, asked `now`, which has nothing yet.
@@ -365,6 +443,7 @@ impl Node {
                 lease_extensions: 0,
                 extension_asked_at: None,
                 progress_mark: 0,
+                in_read_turns: false,
                 state: IncomingState::AwaitingReply,
             },
         );
@@ -660,95 +739,72 @@ impl Node {
         }
     }
 
-    /// Posts READs up to the window (and a relay's prefix).
+    /// Lets transfer `tid` post READs up to its window (and a relay's prefix), in turn with
+    /// the other transfers from its source (see [`Node::pump_reads`]).
     pub(super) fn post_reads(&mut self, tid: TransferId) {
-        let lanes = self
-            .transfers
-            .get(&tid)
-            .and_then(|t| self.peers.get(&t.source))
-            .map_or(1, |p| p.params.lanes);
         let window = self.config.max_outstanding_reads.max(1);
-        let slice_bytes = self.config.read_slice_bytes.max(1);
-        let transfer = self
-            .transfers
-            .get_mut(&tid)
-            .expect("posting READs for a live transfer");
-        let total = transfer.local.region.len;
-        let limit = transfer
-            .relay_limit
-            .map_or(total, |prefix| prefix.min(total));
-        let IncomingState::Reading {
-            regions,
-            lane_keys,
-            next_offset,
-            outstanding,
-            lane_cursor,
-            ..
-        } = &mut transfer.state
-        else {
+        let Some(transfer) = self.transfers.get_mut(&tid) else {
             return;
         };
-        let mut posts = Vec::new();
-        while *outstanding < window && *next_offset < limit {
-            // Find the remote region holding `next_offset`.
-            let mut region_start = 0;
-            let mut found = None;
-            for (index, region) in regions.iter().enumerate() {
-                if *next_offset < region_start + region.len {
-                    found = Some((index, *region, *next_offset - region_start));
-                    break;
-                }
-                region_start += region.len;
-            }
-            // Decoding checked that the regions cover the object exactly.
-            let (index, region, within) = found.expect("remote regions cover the object");
-            let len = slice_bytes
-                .min(region.len - within)
-                .min(limit - *next_offset);
-            let lane = *lane_cursor % lanes;
-            // Decoding checked that the keys come in whole sets per region.
-            let per_region = lane_keys.len() / regions.len();
-            let rkey = match per_region {
-                0 => region.rkey,
-                k => lane_keys[index * k + lane as usize % k],
-            };
-            let remote = RemoteRegion {
-                addr: region.addr + within,
-                len,
-                rkey,
-            };
-            let local = transfer.local.region.slice(*next_offset, len);
-            *lane_cursor = lane_cursor.wrapping_add(1);
-            *next_offset += len;
-            *outstanding += 1;
-            posts.push((lane, local, remote));
-        }
-        let dry = *outstanding == 0 && *next_offset < total;
-        let (source, object) = (transfer.source, transfer.id);
-        let start = transfer.local.region.offset;
-        if transfer.relay_limit.is_some() {
-            let pace = &mut self.stats.relay_pace;
-            match transfer.stalled_since {
-                None if dry => {
-                    pace.stalls += 1;
-                    transfer.stalled_since = Some(self.now);
-                }
-                Some(since) if !dry => {
-                    let waited = self.now.saturating_since(since).as_micros();
-                    pace.stall_micros += u64::try_from(waited).unwrap_or(u64::MAX);
-                    transfer.stalled_since = None;
-                }
-                _ => {}
+        let source = transfer.source;
+        if !transfer.in_read_turns && transfer.wants_read(window) {
+            if let Some(peer) = self.peers.get_mut(&source) {
+                transfer.in_read_turns = true;
+                peer.read_turns.push_back(tid);
             }
         }
-        for (lane, local, remote) in posts {
+        self.pump_reads(source);
+        self.note_relay_stall(tid);
+    }
+
+    /// Posts READs to `peer` while fewer than `max_outstanding_reads` are outstanding, one per
+    /// transfer in turn.
+    ///
+    /// A holder serves one requester's READs in the order they come (one connection, one queue
+    /// pair), so READs posted for many objects at once queue behind each other: on a link slow
+    /// next to a batch, the last objects' READs would wait for seconds, their leases ending and
+    /// their relays' readers starving, although both nodes are alive and busy. In turn, every
+    /// transfer from a peer progresses at its share of the link, and the holder's queue for
+    /// this node is one window long. One transfer alone still keeps the whole window.
+    pub(super) fn pump_reads(&mut self, peer: NodeId) {
+        let window = self.config.max_outstanding_reads.max(1);
+        let slice_bytes = self.config.read_slice_bytes.max(1);
+        loop {
+            let Some(state) = self.peers.get_mut(&peer) else {
+                return;
+            };
+            if state.reads_outstanding >= window {
+                return;
+            }
+            let Some(tid) = state.read_turns.pop_front() else {
+                return;
+            };
+            let lanes = state.params.lanes.max(1);
+            let Some(transfer) = self.transfers.get_mut(&tid) else {
+                continue;
+            };
+            transfer.in_read_turns = false;
+            if transfer.source != peer {
+                continue;
+            }
+            let Some((lane, local, remote)) = transfer.next_read(window, slice_bytes, lanes) else {
+                continue;
+            };
+            let again = transfer.wants_read(window);
+            transfer.in_read_turns = again;
+            let (object, start) = (transfer.id, transfer.local.region.offset);
+            let state = self.peers.get_mut(&peer).expect("looked up above");
+            state.reads_outstanding += 1;
+            if again {
+                state.read_turns.push_back(tid);
+            }
             self.next_read += 1;
             let op = ReadOpId(self.next_read);
             self.reads
                 .insert(op, (tid, local.offset - start, local.len));
             self.stats.reads_posted += 1;
             self.push(NodeOutput::PostRead {
-                peer: source,
+                peer,
                 op,
                 lane,
                 local,
@@ -758,7 +814,58 @@ impl Node {
         }
     }
 
+    /// Pulling from a relay: counts the time transfer `tid` waits for the relay's prefix to
+    /// grow, every announced byte read and no READ in flight.
+    fn note_relay_stall(&mut self, tid: TransferId) {
+        let Some(transfer) = self.transfers.get_mut(&tid) else {
+            return;
+        };
+        if transfer.relay_limit.is_none() {
+            return;
+        }
+        let total = transfer.local.region.len;
+        let limit = transfer.relay_limit.map_or(total, |p| p.min(total));
+        let dry = match transfer.state {
+            IncomingState::Reading {
+                outstanding,
+                next_offset,
+                ..
+            } => outstanding == 0 && next_offset >= limit && next_offset < total,
+            _ => false,
+        };
+        let pace = &mut self.stats.relay_pace;
+        match transfer.stalled_since {
+            None if dry => {
+                pace.stalls += 1;
+                transfer.stalled_since = Some(self.now);
+            }
+            Some(since) if !dry => {
+                let waited = self.now.saturating_since(since).as_micros();
+                pace.stall_micros += u64::try_from(waited).unwrap_or(u64::MAX);
+                transfer.stalled_since = None;
+            }
+            _ => {}
+        }
+    }
+
     pub(super) fn read_completed(&mut self, op: ReadOpId, result: Result<(), ReadError>) {
+        let Some(&(tid, _, _)) = self.reads.get(&op) else {
+            return;
+        };
+        let source = self
+            .transfers
+            .get(&tid)
+            .expect("a READ's transfer lives until it completes")
+            .source;
+        if let Some(peer) = self.peers.get_mut(&source) {
+            peer.reads_outstanding -= 1;
+        }
+        self.read_done(op, result);
+        // Its place in the window goes to the next transfer in turn.
+        self.pump_reads(source);
+    }
+
+    fn read_done(&mut self, op: ReadOpId, result: Result<(), ReadError>) {
         let Some((tid, offset, len)) = self.reads.remove(&op) else {
             return;
         };
