@@ -122,6 +122,11 @@ pub struct SimParams {
     /// Probability (per million) that a pushed directory event is lost with its connection
     /// while faults are on.
     pub lost_push_ppm: u32,
+    /// READ data shares the holder's link to the reader with its messages, in order (each
+    /// link carries one thing at a time), instead of every READ taking the link's whole
+    /// bandwidth at once: what a batch of large transfers from one holder meets on a real link
+    /// (scenarios that ask; every other run: no).
+    pub reads_share_links: bool,
     /// Probability (per million) that a transfer's bytes arrive damaged (one byte flipped in an
     /// eager chunk or in a READ's data) while faults are on.
     pub corrupt_ppm: u32,
@@ -269,6 +274,7 @@ impl SimParams {
             reconnect_backoff_max_us: 0,
             head_partitions: rng.gen_range(0..=3),
             lost_push_ppm: 0,
+            reads_share_links: false,
             corrupt_ppm: 0,
             spill: None,
             replicas: false,
@@ -346,6 +352,7 @@ impl SimParams {
             reconnect_backoff_max_us: 2_000,
             head_partitions: 0,
             lost_push_ppm: 0,
+            reads_share_links: false,
             corrupt_ppm: 0,
             spill: None,
             replicas: false,
@@ -452,6 +459,9 @@ impl fmt::Display for SimParams {
             self.lost_push_ppm,
             self.corrupt_ppm
         )?;
+        if self.reads_share_links {
+            write!(f, " reads_share_links")?;
+        }
         if self.failure_domains > 0 {
             write!(f, " domains={}", self.failure_domains)?;
         }

@@ -486,7 +486,12 @@ impl Cluster {
                 self.read_access_ended(holder, reader, req);
             }
         }
-        let at = self.after(self.network.wire_ns(holder, requester, bytes.len() as u64) + latency);
+        let len = bytes.len() as u64;
+        let at = if self.params.reads_share_links {
+            self.network.arrival(self.now, holder, requester, len)
+        } else {
+            self.after(self.network.wire_ns(holder, requester, len) + latency)
+        };
         let mut bytes = bytes;
         if let Some(at) = self.corruption(bytes.len()) {
             bytes[at.0] ^= at.1;

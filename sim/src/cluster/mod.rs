@@ -564,7 +564,12 @@ impl Cluster {
 
     /// [`Cluster::scripted`] with planted bugs, to show a scenario's checks catch them.
     pub fn scripted_with_flaws(nodes: usize, flaws: Flaws) -> Self {
-        let params = SimParams::scripted(nodes);
+        Self::scripted_with(SimParams::scripted(nodes), flaws)
+    }
+
+    /// A scripted cluster (see [`Cluster::scripted`]) with parameters changed from
+    /// [`SimParams::scripted`]: a slower link, links that READ data shares.
+    pub fn scripted_with(params: SimParams, flaws: Flaws) -> Self {
         let rng = ChaCha8Rng::seed_from_u64(0);
         Self::build(
             params,
