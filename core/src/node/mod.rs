@@ -726,12 +726,11 @@ impl Node {
         let mut reads_by_transfer: BTreeMap<TransferId, u32> = BTreeMap::new();
         let mut reads_by_peer: BTreeMap<NodeId, u32> = BTreeMap::new();
         for (tid, _, _) in self.reads.values() {
-            let transfer = self.transfers.get(tid);
-            assert!(transfer.is_some(), "READ of a finished transfer {tid}");
+            let Some(transfer) = self.transfers.get(tid) else {
+                panic!("READ of a finished transfer {tid}");
+            };
             *reads_by_transfer.entry(*tid).or_default() += 1;
-            *reads_by_peer
-                .entry(transfer.expect("checked").source)
-                .or_default() += 1;
+            *reads_by_peer.entry(transfer.source).or_default() += 1;
         }
         for (peer, state) in &self.peers {
             let reads = reads_by_peer.get(peer).copied().unwrap_or(0);

@@ -820,11 +820,10 @@ impl Node {
         let Some(transfer) = self.transfers.get_mut(&tid) else {
             return;
         };
-        if transfer.relay_limit.is_none() {
+        if !transfer.is_relayed() {
             return;
         }
-        let total = transfer.local.region.len;
-        let limit = transfer.relay_limit.map_or(total, |p| p.min(total));
+        let (total, limit) = (transfer.local.region.len, transfer.read_limit());
         let dry = match transfer.state {
             IncomingState::Reading {
                 outstanding,
