@@ -115,6 +115,11 @@ pub struct UpArgs {
     /// cluster.
     #[arg(skip)]
     pub node_daemon_args: Vec<Vec<String>>,
+    /// Prefault every daemon's store at start, as a lone `skyriver daemon` does: each daemon
+    /// zeroes its whole --memory before it answers (a slower start), and no write to the
+    /// store faults a page in later. Off by default, so a local cluster starts at once.
+    #[arg(long)]
+    pub prefault: bool,
 }
 
 fn parse_node_count(text: &str) -> Result<u32, NodeCountError> {
@@ -146,6 +151,7 @@ impl UpArgs {
             spill_dir: None,
             spill_limit: None,
             node_daemon_args: Vec::new(),
+            prefault: false,
         }
     }
 }
@@ -333,7 +339,7 @@ impl LocalCluster {
             };
             command
                 .args(["daemon", "--fabric", &args.fabric, "--listen", &listen])
-                .arg("--no-prefault")
+                .args((!args.prefault).then_some("--no-prefault"))
                 .args([
                     "--node-id",
                     &node.to_string(),

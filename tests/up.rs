@@ -575,3 +575,44 @@ fn the_directory_of_a_killed_up_under_tmpdir_is_removed_by_the_next_up() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(entries(tmp.path()), Vec::<PathBuf>::new());
 }
+
+/// Shared memory `pid` holds resident (`RssShmem` of /proc/PID/status), in bytes.
+fn resident_shared_bytes(pid: Pid) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssShmem:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no RssShmem in /proc/{pid}/status: {status}"));
+    kib * 1024
+}
+
+#[test]
+fn up_prefaults_its_daemons_stores_only_when_asked() {
+    const MEMORY: u64 = 64 << 20;
+    for prefault in [false, true] {
+        let tmp = common::test_dir();
+        let mut args = vec!["--nodes", "2", "--memory", "64MiB"];
+        if prefault {
+            args.push("--prefault");
+        }
+        let mut up = Up::spawn(tmp.path(), &args, &[]);
+        up.wait_up();
+        let daemons = children_of(up.pid());
+        assert_eq!(daemons.len(), 2, "{daemons:?}");
+        for daemon in daemons {
+            let resident = resident_shared_bytes(daemon);
+            if prefault {
+                assert!(
+                    resident >= MEMORY,
+                    "prefaulted daemon {daemon}: {resident} B"
+                );
+            } else {
+                assert!(
+                    resident < MEMORY / 2,
+                    "daemon {daemon}: {resident} B resident"
+                );
+            }
+        }
+    }
+}
