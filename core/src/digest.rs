@@ -10,7 +10,9 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::Xxh3Default;
+use std::hash::Hasher;
+
+use twox_hash::XxHash3_64;
 
 /// XXH3-64 of an object's data followed by its metadata.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -27,7 +29,7 @@ impl ContentDigest {
 
     /// The digest of an object stored contiguously (data then metadata), as in an arena.
     pub fn of_contiguous(bytes: &[u8]) -> Self {
-        Self(xxhash_rust::xxh3::xxh3_64(bytes))
+        Self(XxHash3_64::oneshot(bytes))
     }
 }
 
@@ -46,22 +48,22 @@ impl fmt::Debug for ContentDigest {
 /// A [`ContentDigest`] computed piece by piece (a copy that hashes as it goes, an object read
 /// in slices): the same value as hashing all pieces at once.
 #[derive(Clone)]
-pub struct ContentHasher(Xxh3Default);
+pub struct ContentHasher(XxHash3_64);
 
 impl ContentHasher {
     /// An empty hasher.
     pub fn new() -> Self {
-        Self(Xxh3Default::new())
+        Self(XxHash3_64::new())
     }
 
     /// Adds the next bytes of the object.
     pub fn update(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
+        self.0.write(bytes);
     }
 
     /// The digest of everything added.
     pub fn finish(&self) -> ContentDigest {
-        ContentDigest(self.0.digest())
+        ContentDigest(self.0.finish())
     }
 }
 
@@ -93,6 +95,41 @@ mod tests {
             hasher.update(piece);
         }
         assert_eq!(hasher.finish(), whole);
+    }
+
+    /// Digests are published, compared across nodes and written to disk with spilled and
+    /// persistent objects: they must stay XXH3-64 (seed 0), whatever implementation computes
+    /// them. Reference values from another implementation (xxhash-rust 0.8), one per input
+    /// size class of XXH3 and the streaming path.
+    #[test]
+    fn the_digest_is_xxh3_64_of_the_bytes() {
+        let reference: [(u32, u64); 12] = [
+            (0, 0x2d06800538d394c2),
+            (1, 0xc44bdff4074eecdb),
+            (3, 0xc3489259e968ad9e),
+            (16, 0x907976bb290db9e8),
+            (17, 0xac1710d495aa0dbd),
+            (128, 0xe872377f5593aa83),
+            (129, 0x9b55151daa76e2cf),
+            (240, 0x28067121726fa14e),
+            (241, 0x26e9e1d1ee797db1),
+            (1024, 0x26898b5f48a4fda8),
+            (100_000, 0x8213a83b26c3fc20),
+            (1 << 20, 0xdb5c8c82512e2f36),
+        ];
+        for (len, expected) in reference {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 13) as u8).collect();
+            assert_eq!(
+                ContentDigest::of_contiguous(&bytes).0,
+                expected,
+                "{len} bytes"
+            );
+            let mut hasher = ContentHasher::new();
+            for piece in bytes.chunks(333) {
+                hasher.update(piece);
+            }
+            assert_eq!(hasher.finish().0, expected, "{len} bytes in pieces");
+        }
     }
 
     #[test]

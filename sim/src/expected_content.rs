@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use skyriver_core::ObjectId;
 
-use xxhash_rust::xxh3::xxh3_64;
+use twox_hash::XxHash3_64;
 
 use crate::workload::content_bytes_into;
 
@@ -103,13 +103,13 @@ impl ExpectedContents {
         let len = bytes.len();
         if !self.keeps(id, variant, len) {
             if let Some(&digest) = self.digests.get(&(*id, variant, len)) {
-                if xxh3_64(bytes) == digest {
+                if XxHash3_64::oneshot(bytes) == digest {
                     return Ok(());
                 }
             }
         }
         let expected = self.bytes(id, variant, len);
-        let digest = xxh3_64(expected);
+        let digest = XxHash3_64::oneshot(expected);
         let outcome = first_difference(expected, bytes);
         self.digests.insert((*id, variant, len), digest);
         outcome

@@ -43,7 +43,7 @@ pub struct LinesHash(u64);
 impl LinesHash {
     /// Mixes one line in.
     pub fn line(&mut self, line: &str) {
-        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(line.as_bytes(), self.0);
+        self.0 = twox_hash::XxHash3_64::oneshot_with_seed(self.0, line.as_bytes());
     }
 
     /// The hash so far.

@@ -107,7 +107,7 @@ pub fn segment_path(record: &std::path::Path, segment: u64) -> std::path::PathBu
 /// A digest of an output, to compare a replay's outputs with the recorded run's without
 /// storing them: a hash of its debug form (every field, in order).
 pub fn output_digest(output: &NodeOutput) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(format!("{output:?}").as_bytes())
+    twox_hash::XxHash3_64::oneshot(format!("{output:?}").as_bytes())
 }
 
 /// Appends one frame holding `value` to `out`.
