@@ -78,6 +78,12 @@ const SOCKET_BUFFER_BYTES: usize = 256 * 1024;
 /// Send and receive buffer size set on every peer connection's socket (`SO_SNDBUF`,
 /// `SO_RCVBUF`): room for a few READ slices in flight.
 pub const SOCKET_BUFFER_SIZE_BYTES: usize = SOCKET_BUFFER_BYTES * 16;
+/// Most bytes a peer connection's socket holds not yet sent (`TCP_NOTSENT_LOWAT`); the
+/// writer task keeps the rest queued, where a message overtakes READ data. Without it the
+/// socket takes up to its whole send buffer, and a message written behind READ data for a
+/// busy peer waits for all of it: 4 MiB at a seventh of 1 Gbit is 240 ms, on every READ
+/// request and reply of a node that serves the peer it fetches from (all-to-all).
+const UNSENT_BYTES_LIMIT: u32 = SOCKET_BUFFER_BYTES as u32;
 /// Read buffer of a connection: small, because READ data is read straight into the destination
 /// and whatever the buffer already holds of it costs one more copy.
 const READ_BUFFER_BYTES: usize = 16 * 1024;

@@ -22,7 +22,7 @@ use super::TcpFabricConfig;
 use super::{
     lock, GrantView, Inner, KIND_MESSAGE, KIND_PING, KIND_PONG, KIND_READ_REQUEST,
     KIND_READ_RESPONSE, MAX_READ_BYTES, READ_BUFFER_BYTES, SOCKET_BUFFER_BYTES,
-    SOCKET_BUFFER_SIZE_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS,
+    SOCKET_BUFFER_SIZE_BYTES, STATUS_OK, STATUS_REMOTE_ACCESS, UNSENT_BYTES_LIMIT,
 };
 use crate::fabric::{EventPlace, FabricEvent, MessageBytes};
 
@@ -210,6 +210,24 @@ fn write_now(socket: &std::net::TcpStream, bytes: &[u8]) -> usize {
     written
 }
 
+/// A peer connection's socket options, best effort: no delay for small frames, buffers for
+/// a few READ slices in flight, little unsent data (so a message overtakes READ data in the
+/// writer task's queue, not behind it in the socket), and a dead peer noticed within
+/// `dead_peer_timeout` (without these, only by the transfer deadlines).
+fn tune_socket(stream: &TcpStream, dead_peer_timeout: Duration) {
+    let _ = stream.set_nodelay(true);
+    let socket = socket2::SockRef::from(stream);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_SIZE_BYTES);
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_SIZE_BYTES);
+    let _ = socket.set_tcp_notsent_lowat(UNSENT_BYTES_LIMIT);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time((dead_peer_timeout / 2).max(Duration::from_secs(1)))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    let _ = socket.set_tcp_keepalive(&keepalive);
+    let _ = socket.set_tcp_user_timeout(Some(dead_peer_timeout));
+}
+
 /// Sets up and installs a connection whose handshake is done, and tells the driver through
 /// `connected`, the place taken for its `PeerConnected` (so the driver hears of it before
 /// anything the peer sends, and before its `PeerLost`).
@@ -221,18 +239,7 @@ pub(super) fn start_connection(
     connected: EventPlace,
 ) {
     let (costs, summary) = inner.path_costs(peer, &stream, round_trips);
-    let _ = stream.set_nodelay(true);
-    let socket = socket2::SockRef::from(&stream);
-    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_SIZE_BYTES);
-    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER_SIZE_BYTES);
-    // Best effort: without these a dead peer is only noticed by the transfer deadlines.
-    let timeout = inner.config.dead_peer_timeout;
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time((timeout / 2).max(Duration::from_secs(1)))
-        .with_interval(Duration::from_secs(1))
-        .with_retries(3);
-    let _ = socket.set_tcp_keepalive(&keepalive);
-    let _ = socket.set_tcp_user_timeout(Some(timeout));
+    tune_socket(&stream, inner.config.dead_peer_timeout);
     // A second handle on the socket for direct writes (see `Link`).
     let handles = stream.into_std().and_then(|std_stream| {
         let direct = std_stream.try_clone()?;
@@ -533,5 +540,29 @@ async fn read_loop(
             }
             other => return Err(TcpLinkError::UnknownFrame { peer, kind: other }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_peer_socket_keeps_little_unsent_and_notices_a_dead_peer() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stream, _accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let stream = stream.unwrap();
+        tune_socket(&stream, Duration::from_secs(6));
+        let socket = socket2::SockRef::from(&stream);
+        assert_eq!(socket.tcp_notsent_lowat().unwrap(), UNSENT_BYTES_LIMIT);
+        assert!(stream.nodelay().unwrap());
+        assert_eq!(
+            socket.tcp_user_timeout().unwrap(),
+            Some(Duration::from_secs(6))
+        );
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(3));
+        // The kernel doubles what was asked (for its bookkeeping), within its limits.
+        assert!(socket.send_buffer_size().unwrap() >= SOCKET_BUFFER_BYTES);
     }
 }
