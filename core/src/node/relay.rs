@@ -23,6 +23,13 @@
 //! holder redirected once and that comes back (its relay failed) is served by the holder
 //! itself, so a failure never loops.
 //!
+//! **Not through a busy link.** A node whose link serves objects it holds is a source itself
+//! (every node fetching every other's object, all-to-all): a chain through it carries the
+//! same bytes over the same links as serving its reader directly, only slower (each reader
+//! waits on its relay's announcements). So a holder does not chain a requester it is fetching
+//! from itself, and a relay serving a lease over an object of its own refuses to relay (its
+//! reader comes back to the holder, which serves it, one round trip lost).
+//!
 //! **Serving a partial copy.** The relay's copy is an unsealed object its fetch owns. A
 //! `FetchRequest` for it is answered with a lease over the whole block
 //! ([`NodeOutput::GrantPartialRead`]: the fabric views each READ's range when serving it, never
@@ -107,6 +114,13 @@ impl Node {
         if total < self.config.relay_min_bytes {
             return false;
         }
+        // A peer this node is fetching from serves this node already: its link is as busy as
+        // this one (every node fetching every other's object, all-to-all), and relaying
+        // through it would move the same bytes over the same links, only stalled by the
+        // chain. Served here, and not made a chain's tail.
+        if self.transfers.values().any(|t| t.source == peer) {
+            return false;
+        }
         // The link is busy while a lease is served: of this object (a broadcast under way), or
         // of another, and then a copy a requester of this one made is worth a redirect too.
         let busy = self
@@ -155,6 +169,14 @@ impl Node {
         true
     }
 
+    /// Whether this node's link is busy serving a lease over an object it holds (not over a
+    /// copy it relays, even once that copy is sealed).
+    fn serving_held_objects(&self) -> bool {
+        self.leases
+            .values()
+            .any(|l| !l.relaying && !matches!(l.state, LeaseState::Revoking))
+    }
+
     // ---- Relay ----
 
     /// `peer` asks for `id`, which this node is receiving: serves the received prefix under a
@@ -165,7 +187,9 @@ impl Node {
         req: TransferId,
         id: ObjectId,
     ) -> bool {
-        if self.relays.doomed.contains_key(&id) {
+        // A node whose link serves objects it holds (a source itself, all-to-all) would only
+        // stall a chain through it: its reader goes back to the holder, which serves it.
+        if self.relays.doomed.contains_key(&id) || self.serving_held_objects() {
             return false;
         }
         let Some((region, sizes, digest)) = self
@@ -196,6 +220,7 @@ impl Node {
                     ended: false,
                 },
                 over_partial_copy: true,
+                relaying: true,
                 extensions: 0,
             },
         );

@@ -369,6 +369,8 @@ pub(super) struct Lease {
     /// Over a copy this node is still receiving (see `relay`): not pinned in the store; the
     /// copy is kept until the lease is revoked.
     pub(super) over_partial_copy: bool,
+    /// Granted over a partial copy, this node relaying it (stays set once the copy is sealed).
+    pub(super) relaying: bool,
     /// Times the reader had the lease extended (`ExtendLease`).
     pub(super) extensions: u32,
 }
@@ -1203,6 +1205,7 @@ impl Node {
                     ended: false,
                 },
                 over_partial_copy: false,
+                relaying: false,
                 extensions: 0,
             },
         );

@@ -264,3 +264,82 @@ fn an_idle_holder_serves_a_later_requester_itself() {
     w.release(2, 1);
     w.assert_settled();
 }
+
+#[test]
+fn holders_fetching_each_others_objects_serve_each_other_directly() {
+    // All-to-all: every node holds one object and fetches the others'. A holder busy serving
+    // its object would otherwise send each later requester to an earlier one, whose link
+    // serves that node's own object already.
+    let mut w = relaying_world(4);
+    for node in 0..4u32 {
+        w.put(node, u64::from(node) + 1, LEN);
+    }
+    for node in 0..4u32 {
+        let wanted: Vec<u64> = (1..=4).filter(|&n| n != u64::from(node) + 1).collect();
+        w.hand_fetch(node, &wanted, Duration::from_millis(50), TransferMode::Auto);
+    }
+    w.pump();
+    for node in 0..4u32 {
+        assert!(
+            redirects(&w, node).is_empty(),
+            "node {node} redirected {:?}",
+            redirects(&w, node)
+        );
+        assert_eq!(w.nodes[node as usize].stats().relay_leases, 0);
+        assert_eq!(
+            w.nodes[node as usize].stats().bytes_served,
+            3 * LEN,
+            "node {node} served its object to each of the others"
+        );
+        let replies = w.replies(node);
+        assert_eq!(replies.len(), 1, "node {node}: one reply");
+        for (n, result) in (1..=4u64)
+            .filter(|&n| n != u64::from(node) + 1)
+            .zip(&replies[0])
+        {
+            let info = ok_info(result);
+            assert_eq!(w.local_bytes(node, &info), World::bytes_of(n, LEN));
+        }
+    }
+    for node in 0..4u32 {
+        for n in (1..=4u64).filter(|&n| n != u64::from(node) + 1) {
+            w.release(node, n);
+        }
+    }
+    w.assert_settled();
+}
+
+#[test]
+fn a_requester_serving_its_own_object_does_not_relay() {
+    let mut w = relaying_world(4);
+    w.put(0, 1, LEN);
+    // Node 1's link serves an object of its own, large enough to still be read below.
+    w.put(1, 2, 20 * LEN);
+    w.hand_fetch(2, &[2], Duration::from_millis(50), TransferMode::Auto);
+    w.pump_until(|w| w.count(1, |o| matches!(o, NodeOutput::GrantRead { .. })) == 1);
+    // Node 1 fetches object 1, and the busy holder sends node 3 to node 1's copy.
+    w.hand_fetch(1, &[1], Duration::from_millis(50), TransferMode::Auto);
+    w.pump_until(|w| w.count(0, |o| matches!(o, NodeOutput::GrantRead { .. })) == 1);
+    w.hand_fetch(3, &[1], Duration::from_millis(50), TransferMode::Auto);
+    w.pump();
+    assert_eq!(
+        redirects(&w, 0).iter().map(|(_, r)| *r).collect::<Vec<_>>(),
+        vec![NodeId(1)],
+        "node 3 was sent to node 1"
+    );
+    assert_eq!(
+        w.nodes[1].stats().relay_leases,
+        0,
+        "node 1, serving its own object, relayed nothing"
+    );
+    assert_copy(&w, 3, 1);
+    assert_eq!(
+        w.nodes[0].stats().bytes_served,
+        2 * LEN,
+        "the holder served node 3 itself"
+    );
+    w.release(1, 1);
+    w.release(2, 2);
+    w.release(3, 1);
+    w.assert_settled();
+}
