@@ -189,7 +189,14 @@ impl Node {
     ) -> bool {
         // A node whose link serves objects it holds (a source itself, all-to-all) would only
         // stall a chain through it: its reader goes back to the holder, which serves it.
-        if self.relays.doomed.contains_key(&id) || self.serving_held_objects() {
+        if self.relays.doomed.contains_key(&id) {
+            return false;
+        }
+        if self.serving_held_objects() {
+            // Only a request for an object this node is receiving counts as refused.
+            if self.transfers.values().any(|t| t.id == id) {
+                self.stats.relay_pace.refused_requests += 1;
+            }
             return false;
         }
         let Some((region, sizes, digest)) = self
@@ -442,8 +449,13 @@ pub struct RelayPace {
     pub reads_in_flight: u64,
     /// Bytes those READs brought in.
     pub read_bytes: u64,
-    /// Transfers pulling from a relay that failed (each goes on at the holder).
+    /// Transfers pulling from a relay that failed after its first announcement (each goes on
+    /// at the holder).
     pub failed_transfers: u64,
+    /// Requests this node refused to relay, for an object it was receiving, because its link
+    /// was serving objects it holds (all-to-all): each reader went back to the holder.
+    #[serde(default)]
+    pub refused_requests: u64,
 }
 
 /// What a relay needs of the copy it relays: its block, sizes and digest.

@@ -32,6 +32,7 @@ pub(super) fn snapshot(clients: &[Client]) -> Result<Snapshot, BenchError> {
         t.reads_in_flight += p.reads_in_flight;
         t.read_bytes += p.read_bytes;
         t.failed_transfers += p.failed_transfers;
+        t.refused_requests += p.refused_requests;
         total.relayed_transfers += c.relayed_transfers;
         if node == 0 {
             total.source_leases += c.served_rendezvous;
@@ -54,6 +55,9 @@ pub(super) struct PaceRow {
     /// Transfers that pulled from a relay, per round, and those that failed.
     pub(super) relayed_transfers: f64,
     pub(super) failed_relayed_transfers: f64,
+    /// Requests a relay refused per round, because its link was serving objects it holds
+    /// (all-to-all): their readers went back to the holder.
+    pub(super) refused_by_relays: f64,
     /// `RelayProgress` messages per relayed transfer, and bytes READ per announcement.
     pub(super) announcements_per_transfer: f64,
     pub(super) bytes_per_announcement: f64,
@@ -85,6 +89,7 @@ pub(super) fn row(
         redirects: per(after.redirects - before.redirects, rounds as u64),
         relayed_transfers: per(relayed, rounds as u64),
         failed_relayed_transfers: per(a.failed_transfers - b.failed_transfers, rounds as u64),
+        refused_by_relays: per(a.refused_requests - b.refused_requests, rounds as u64),
         announcements_per_transfer: per(announcements, relayed),
         bytes_per_announcement: per(a.read_bytes - b.read_bytes, announcements),
         stalls_per_transfer: per(stalls, relayed),
@@ -97,19 +102,20 @@ pub(super) fn row(
 pub(super) fn print(rows: &[PaceRow]) {
     if rows
         .iter()
-        .all(|r| r.relayed_transfers == 0.0 && r.redirects == 0.0)
+        .all(|r| r.relayed_transfers == 0.0 && r.redirects == 0.0 && r.refused_by_relays == 0.0)
     {
         return;
     }
     println!("relay pace (Skyriver rounds; per round, or per relayed transfer):");
     println!(
-        "{:<11} {:>9} {:>8} {:>9} {:>8} {:>7} {:>9} {:>10} {:>8} {:>9} {:>8}",
+        "{:<11} {:>9} {:>8} {:>9} {:>8} {:>7} {:>7} {:>9} {:>10} {:>8} {:>9} {:>8}",
         "pattern",
         "size",
         "src serv",
         "redirects",
         "relayed",
         "failed",
+        "refused",
         "announce",
         "B/announce",
         "stalls",
@@ -118,13 +124,14 @@ pub(super) fn print(rows: &[PaceRow]) {
     );
     for r in rows {
         println!(
-            "{:<11} {:>9} {:>8.1} {:>9.1} {:>8.1} {:>7.1} {:>9.1} {:>10.0} {:>8.1} {:>9.0} {:>8.1}",
+            "{:<11} {:>9} {:>8.1} {:>9.1} {:>8.1} {:>7.1} {:>7.1} {:>9.1} {:>10.0} {:>8.1} {:>9.0} {:>8.1}",
             r.pattern,
             skyriver_daemon::size::format_bytes(r.size_bytes),
             r.source_serves,
             r.redirects,
             r.relayed_transfers,
             r.failed_relayed_transfers,
+            r.refused_by_relays,
             r.announcements_per_transfer,
             r.bytes_per_announcement,
             r.stalls_per_transfer,

@@ -332,6 +332,11 @@ fn a_requester_serving_its_own_object_does_not_relay() {
         0,
         "node 1, serving its own object, relayed nothing"
     );
+    assert_eq!(
+        w.nodes[1].stats().relay_pace.refused_requests,
+        1,
+        "node 1 counts the request it refused"
+    );
     assert_copy(&w, 3, 1);
     assert_eq!(
         w.nodes[0].stats().bytes_served,
