@@ -25,12 +25,12 @@ here=
 [ "${1:-}" = --here ] && { here=1; shift; }
 suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(verbs_rxe verbs_fabric verbs_cluster)
-args=()
+# Built as the README's `cargo test --workspace` builds them (the whole workspace's features),
+# so after it nothing is rebuilt; `-p` alone would unify other features and rebuild dozens of
+# crates.
+args=(--workspace)
 for s in "${suites[@]}"; do
-    case "$s" in
-        verbs_rxe|verbs_fabric) args+=(-p skyriver-transport --test "$s") ;;
-        *) args+=(-p skyriver --test "$s") ;;
-    esac
+    args+=(--test "$s")
 done
 
 say "building ${suites[*]}"
