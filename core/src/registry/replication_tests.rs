@@ -3,10 +3,13 @@
 
 use std::time::Duration;
 
+use super::session::SessionOutput;
 use super::tests::{
-    admit, at_ms, digest, drain, events_for, member, registry, request, sizes, NONCE_KEY, TOKEN,
+    admit, at_ms, digest, drain, events_for, exchange, joined_session, member, registry, request,
+    session_config, sizes, NONCE_KEY, TOKEN,
 };
 use super::*;
+use crate::directory::{DirectoryNotice, DirectoryOpId};
 
 /// A registry whose members stay alive for the whole test without heartbeats.
 fn patient_registry() -> Registry {
@@ -742,4 +745,74 @@ fn a_delete_while_every_holder_of_record_is_away_still_stays_deleted() {
     );
     assert_eq!(r.replication_stats().tombstones, 1);
     r.check_invariants();
+}
+
+/// A node's link to the registry breaks while the registry keeps its registration (the same
+/// daemon comes back before its heartbeat bound; a directory shard's promoted replica knows
+/// every member), and the node withdraws its copy meanwhile: the withdrawal is answered
+/// `Unavailable` and never reaches the registry. Once the daemon is back on a new connection,
+/// its session withdraws the copy again, so when the copies of record go the object is lost
+/// (every holder gone), rather than repaired for ever from a node without a copy.
+#[test]
+fn a_withdrawal_the_registry_missed_is_made_again_when_the_same_daemon_reconnects() {
+    let mut r = patient_registry();
+    let t = at_ms(0);
+    let (mut s, _) = joined_session(session_config(), &mut r, t);
+    join_in(&mut r, t, 2, "rack-a");
+    join_in(&mut r, t, 3, "rack-b");
+    let x = ObjectId::from_u64(8);
+    publish_replicated(&mut r, t, 2, 8, 100, 2);
+    publish_replicated(&mut r, t, 3, 8, 100, 2);
+    // Node 1 holds a plain copy (fetched, or recovered after a restart).
+    s.handle_submit(
+        t,
+        DirectoryOpId(1),
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(100),
+            digest: digest(100),
+        },
+    );
+    exchange(&mut s, &mut r, 1, t);
+    assert_eq!(r.holders_of(&x), vec![NodeId(1), NodeId(2), NodeId(3)]);
+
+    // Node 1's link breaks; the registry does not notice. Node 1 drops its copy.
+    let t1 = at_ms(1);
+    s.handle_disconnected(t1, "connection reset");
+    s.handle_submit(t1, DirectoryOpId(2), DirectoryRequest::Withdraw { id: x });
+    let outputs: Vec<SessionOutput> = std::iter::from_fn(|| s.poll_output()).collect();
+    assert!(
+        outputs.iter().any(|o| matches!(
+            o,
+            SessionOutput::Notice(DirectoryNotice::Reply {
+                reply: DirectoryReply::Unavailable { .. },
+                ..
+            })
+        )),
+        "{outputs:?}"
+    );
+
+    // The same daemon reconnects on connection 4: its registration moves over.
+    let retry = s.poll_timeout().expect("a retry is scheduled");
+    s.handle_timeout(retry);
+    exchange(&mut s, &mut r, 4, retry);
+    assert_eq!(r.connection_of(NodeId(1)), Some(ConnId(4)));
+    assert_eq!(
+        r.holders_of(&x),
+        vec![NodeId(2), NodeId(3)],
+        "the withdrawal is made again after the reconnect"
+    );
+
+    // Both copies of record go: nothing holds x, nothing is asked to copy it.
+    let t2 = retry + Duration::from_millis(1);
+    r.handle_disconnect(t2, ConnId(2));
+    r.handle_disconnect(t2, ConnId(3));
+    r.handle_timeout(t2);
+    let out = drain(&mut r);
+    assert!(
+        replicate_targets(&out).is_empty(),
+        "no repair from a node without a copy: {out:?}"
+    );
+    assert_eq!(r.copies_of_record(&x), None);
+    assert_eq!(r.replication_stats().objects_lost, 1);
 }

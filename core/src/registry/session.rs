@@ -14,6 +14,11 @@
 //!   during its grace period) and a `Lookup` with `subscribe` of each object it waits for; a
 //!   replayed lookup that finds a holder fires the subscription locally, so a publication
 //!   missed while away (or a push lost with a connection) still reaches the node exactly once.
+//!   It also withdraws again each object the node withdrew (or deleted) without a registry's
+//!   `Done`, or with one shortly before the connection was lost: a registry that kept its
+//!   state across the break (the same daemon reconnecting before its heartbeat bound, a
+//!   directory shard's promoted replica, which lacks its master's last writes) still lists the
+//!   node as holding it, and would send fetches and repairs to a node that has no copy.
 //!   A replayed publication the registry refuses (another content holds the id) is told to the
 //!   node ([`DirectoryEvent::ReplayRefused`]), whose copy then stays local.
 //! - **Heartbeats**: pings every `heartbeat_interval`; a registry not heard from within
@@ -133,9 +138,16 @@ enum Origin {
         subscribe_to: Option<ObjectId>,
         /// The object of a `Publish`.
         publishes: Option<ObjectId>,
+        /// The object of a `Withdraw` or a `DeleteEverywhere` kept in
+        /// [`ReplayState::withdrawals`].
+        withdraws: Option<ObjectId>,
     },
     /// A publication re-sent after connecting.
     Republish(ObjectId),
+    /// A withdrawal re-sent after connecting. Not part of the replay the driver's
+    /// `Health(Ok)` waits for: it lists nothing, and whatever the node asks next goes after it
+    /// on the same connection.
+    Rewithdraw(ObjectId),
     /// A subscription re-registered after connecting.
     Resubscribe(ObjectId),
 }
@@ -179,6 +191,13 @@ pub struct ReplayState {
     pub publications: SortedChunks<ObjectId, (ObjectSizes, ContentDigest)>,
     /// Objects the node waits for (subscriptions the registry holds, or will after replay).
     pub subscriptions: BTreeSet<ObjectId>,
+    /// Objects the node withdrew (or deleted) whose withdrawal no registry answered `Done`
+    /// yet (asked while the registry was unreachable, or in flight when a connection was
+    /// lost; or answered just before a connection was lost, see `DirectorySession::lost`),
+    /// each with the request of its latest withdrawal in flight: only that one's `Done`
+    /// settles it. At most [`SessionConfig::max_publications`]; beyond, a withdrawal is sent
+    /// as usual but not withdrawn again after a reconnect.
+    pub withdrawals: BTreeMap<ObjectId, Option<WireOpId>>,
 }
 
 /// A node's directory session. See the module documentation.
@@ -211,6 +230,9 @@ pub struct DirectorySession {
     registered_before: bool,
     /// Changes to the subscriptions so far (a checker re-examines them only after one).
     subscription_changes: u64,
+    /// Withdrawals the registry answered `Done` lately, oldest first (see
+    /// [`DirectorySession::lost`]); at most [`SessionConfig::max_publications`].
+    recent_withdrawals: VecDeque<(Instant, ObjectId)>,
 }
 
 impl DirectorySession {
@@ -245,6 +267,7 @@ impl DirectorySession {
             outputs: VecDeque::new(),
             registered_before: false,
             subscription_changes: 0,
+            recent_withdrawals: VecDeque::new(),
         }
     }
 
@@ -315,6 +338,7 @@ impl DirectorySession {
         }
         let mut subscribe_to = None;
         let mut publishes = None;
+        let mut withdraws = None;
         match request {
             DirectoryRequest::Lookup { id, subscribe } => subscribe_to = subscribe.then_some(id),
             DirectoryRequest::Publish { id, sizes, digest }
@@ -335,10 +359,17 @@ impl DirectorySession {
                     );
                 }
                 self.replay.publications.insert(id, (sizes, digest));
+                self.replay.withdrawals.remove(&id);
                 publishes = Some(id);
             }
             DirectoryRequest::Withdraw { id } | DirectoryRequest::DeleteEverywhere { id } => {
                 self.replay.publications.remove(&id);
+                if self.replay.withdrawals.len() < self.config.max_publications
+                    || self.replay.withdrawals.contains_key(&id)
+                {
+                    self.replay.withdrawals.insert(id, None);
+                    withdraws = Some(id);
+                }
             }
             DirectoryRequest::DeclineReplica { .. } | DirectoryRequest::LocateCopies { .. } => {}
             DirectoryRequest::Unsubscribe { .. } => unreachable!("handled above"),
@@ -359,14 +390,18 @@ impl DirectorySession {
                 },
             );
         }
-        self.send(
+        let wire_op = self.send(
             Some(Origin::Driver {
                 op,
                 subscribe_to,
                 publishes,
+                withdraws,
             }),
             request,
         );
+        if let Some(id) = withdraws {
+            self.replay.withdrawals.insert(id, Some(wire_op));
+        }
     }
 
     /// The connection the session asked for is open: the hello goes out.
@@ -478,7 +513,7 @@ impl DirectorySession {
             FromRegistry::Reply { op, reply } => match self.in_flight.remove(&op) {
                 Some(origin) => {
                     self.replays_in_flight -= usize::from(origin.is_replay());
-                    self.replied(origin, reply)
+                    self.replied(now, op, origin, reply)
                 }
                 None => {
                     return Err(SessionError::Protocol(format!(
@@ -651,6 +686,14 @@ impl DirectorySession {
                     digest,
                 }));
         }
+        let withdraw_again: Vec<ObjectId> = self.replay.withdrawals.keys().copied().collect();
+        for id in withdraw_again {
+            let op = self.send(
+                Some(Origin::Rewithdraw(id)),
+                DirectoryRequest::Withdraw { id },
+            );
+            self.replay.withdrawals.insert(id, Some(op));
+        }
         let resubscribe: Vec<ObjectId> = self.replay.subscriptions.iter().copied().collect();
         for id in resubscribe {
             self.send(
@@ -687,7 +730,22 @@ impl DirectorySession {
 
     /// The connection is gone: in-flight requests of the driver are answered `Unavailable`, a
     /// loss is reported once, and the next attempt is scheduled with backoff.
+    ///
+    /// Withdrawals the registry answered within the last two heartbeat timeouts are made
+    /// again after the next welcome, as those it never answered are: a directory whose state
+    /// is replicated asynchronously (a Redis Cluster shard) loses, when it fails over, the
+    /// writes of its last moments, and a withdrawal lost so leaves the node listed as holding
+    /// what it dropped. A session notices a dead master within its heartbeat timeout, so two
+    /// cover every write of a replica trailing its master by less than one.
     fn lost(&mut self, now: Instant, reason: String) {
+        self.forget_withdrawals_before(now);
+        for (_, id) in std::mem::take(&mut self.recent_withdrawals) {
+            let published_since = self.replay.publications.contains_key(&id);
+            let room = self.replay.withdrawals.len() < self.config.max_publications;
+            if !published_since && room {
+                self.replay.withdrawals.insert(id, None);
+            }
+        }
         self.replays_in_flight = 0;
         for origin in std::mem::take(&mut self.in_flight).into_values() {
             if let Origin::Driver { op, .. } = origin {
@@ -710,12 +768,13 @@ impl DirectorySession {
         self.link = Link::Down { reason, retry_at };
     }
 
-    fn replied(&mut self, origin: Origin, reply: DirectoryReply) {
+    fn replied(&mut self, now: Instant, wire_op: WireOpId, origin: Origin, reply: DirectoryReply) {
         match origin {
             Origin::Driver {
                 op,
                 subscribe_to,
                 publishes,
+                withdraws,
             } => {
                 if let (Some(id), DirectoryReply::Located { holders, .. }) = (subscribe_to, &reply)
                 {
@@ -728,7 +787,15 @@ impl DirectorySession {
                     // Refused: nothing to tell a registry that loses its state.
                     self.replay.publications.remove(&id);
                 }
+                if let (Some(id), DirectoryReply::Done) = (withdraws, &reply) {
+                    self.withdrawal_done(now, id, wire_op);
+                }
                 self.reply(op, reply);
+            }
+            Origin::Rewithdraw(id) => {
+                if reply == DirectoryReply::Done {
+                    self.withdrawal_done(now, id, wire_op);
+                }
             }
             Origin::Resubscribe(id) => {
                 // Published while this node was away: the subscription fires now.
@@ -777,7 +844,37 @@ impl DirectorySession {
         op
     }
 
-    fn send(&mut self, origin: Option<Origin>, request: DirectoryRequest) {
+    /// The registry answered `Done` to the withdrawal of `id` sent as `wire_op`: settled, unless a
+    /// later withdrawal of the object is in flight or it was published again since.
+    fn withdrawal_done(&mut self, now: Instant, id: ObjectId, wire_op: WireOpId) {
+        if self.replay.withdrawals.get(&id) == Some(&Some(wire_op)) {
+            self.replay.withdrawals.remove(&id);
+            if self.recent_withdrawals.len() >= self.config.max_publications {
+                self.recent_withdrawals.pop_front();
+            }
+            self.recent_withdrawals.push_back((now, id));
+            self.forget_withdrawals_before(now);
+        }
+    }
+
+    /// How long a withdrawal the registry answered is made again after a lost connection.
+    fn recent_withdrawal_window(&self) -> Duration {
+        self.config.heartbeat_timeout * 2
+    }
+
+    /// Drops the withdrawals answered longer than the window ago.
+    fn forget_withdrawals_before(&mut self, now: Instant) {
+        let window = self.recent_withdrawal_window();
+        while let Some(&(at, _)) = self.recent_withdrawals.front() {
+            if now.saturating_since(at) <= window {
+                break;
+            }
+            self.recent_withdrawals.pop_front();
+        }
+    }
+
+    /// Sends `request` as a fresh wire op (in flight for `origin`, if any), and returns the op.
+    fn send(&mut self, origin: Option<Origin>, request: DirectoryRequest) -> WireOpId {
         let op = match origin {
             Some(origin) => self.next_op(origin),
             None => {
@@ -788,6 +885,7 @@ impl DirectorySession {
         };
         self.outputs
             .push_back(SessionOutput::Send(ToRegistry::Request { op, request }));
+        op
     }
 
     fn reply(&mut self, op: DirectoryOpId, reply: DirectoryReply) {

@@ -987,6 +987,139 @@ fn a_replayed_lookup_fires_a_subscription_published_while_away_exactly_once() {
 }
 
 #[test]
+fn a_withdrawal_is_made_again_after_a_reconnect_until_the_registry_answers_it() {
+    let mut r = registry();
+    let now = at_ms(0);
+    let (mut s, _) = joined_session(session_config(), &mut r, now);
+    let (x, y) = (ObjectId::from_u64(1), ObjectId::from_u64(2));
+    for (op, id) in [(1, x), (2, y)] {
+        s.handle_submit(
+            now,
+            DirectoryOpId(op),
+            DirectoryRequest::Publish {
+                id,
+                sizes: sizes(1),
+                digest: digest(1),
+            },
+        );
+    }
+    exchange(&mut s, &mut r, 1, now);
+    // x's withdrawal is in flight when the link breaks (the registry keeps the registration);
+    // y is withdrawn while the link is down, then published again.
+    s.handle_submit(now, DirectoryOpId(3), DirectoryRequest::Withdraw { id: x });
+    drain_session(&mut s);
+    s.handle_disconnected(at_ms(1), "reset");
+    s.handle_submit(
+        at_ms(1),
+        DirectoryOpId(4),
+        DirectoryRequest::Withdraw { id: y },
+    );
+    s.handle_submit(
+        at_ms(1),
+        DirectoryOpId(5),
+        DirectoryRequest::Publish {
+            id: y,
+            sizes: sizes(1),
+            digest: digest(1),
+        },
+    );
+    drain_session(&mut s);
+    assert_eq!(
+        s.replay_state().withdrawals.keys().collect::<Vec<_>>(),
+        [&x]
+    );
+    assert_eq!(r.holders_of(&x), vec![NodeId(1)], "the withdrawal was lost");
+
+    let retry = s.poll_timeout().expect("a retry is scheduled");
+    s.handle_timeout(retry);
+    exchange(&mut s, &mut r, 2, retry);
+    assert!(r.holders_of(&x).is_empty(), "withdrawn again");
+    assert_eq!(r.holders_of(&y), vec![NodeId(1)], "published again last");
+    assert!(s.replay_state().withdrawals.is_empty(), "answered");
+}
+
+/// As [`exchange`], also logging every message the registry took, with when and on which
+/// connection (what a replica of the registry receives).
+fn exchange_logged(
+    session: &mut DirectorySession,
+    r: &mut Registry,
+    conn: u64,
+    now: Instant,
+    log: &mut Vec<(Instant, ConnId, ToRegistry)>,
+) {
+    loop {
+        let mut progressed = false;
+        for output in drain_session(session) {
+            progressed = true;
+            match output {
+                SessionOutput::Send(message) => {
+                    log.push((now, ConnId(conn), message.clone()));
+                    let _ = r.handle_message(now, ConnId(conn), message);
+                }
+                SessionOutput::Notice(_) => {}
+                SessionOutput::Connect => session.handle_connected(now),
+                SessionOutput::Disconnect { .. } => r.handle_disconnect(now, ConnId(conn)),
+            }
+        }
+        for (c, message) in drain(r) {
+            progressed = true;
+            if c == ConnId(conn) {
+                let _ = session.handle_message(now, message);
+            }
+        }
+        if !progressed {
+            return;
+        }
+    }
+}
+
+#[test]
+fn a_withdrawal_a_failed_over_registry_lost_is_made_again_after_the_reconnect() {
+    let mut master = registry();
+    let mut log = Vec::new();
+    let now = at_ms(0);
+    let mut s = DirectorySession::new(session_config(), member(1, 1), TOKEN.into(), NONCE_KEY, now);
+    s.handle_timeout(now);
+    exchange_logged(&mut s, &mut master, 1, now, &mut log);
+    let x = ObjectId::from_u64(1);
+    s.handle_submit(
+        now,
+        DirectoryOpId(1),
+        DirectoryRequest::Publish {
+            id: x,
+            sizes: sizes(1),
+            digest: digest(1),
+        },
+    );
+    exchange_logged(&mut s, &mut master, 1, now, &mut log);
+    // What the replica received before its master died: not the withdrawal, which the master
+    // answered.
+    let replicated = log.len();
+    s.handle_submit(
+        at_ms(1),
+        DirectoryOpId(2),
+        DirectoryRequest::Withdraw { id: x },
+    );
+    exchange_logged(&mut s, &mut master, 1, at_ms(1), &mut log);
+    assert!(master.holders_of(&x).is_empty());
+
+    // The master dies; its replica, promoted, knows node 1 and lists it as holding x.
+    let mut replica = registry();
+    for (at, conn, message) in log.drain(..replicated) {
+        let _ = replica.handle_message(at, conn, message);
+        drain(&mut replica);
+    }
+    assert_eq!(replica.holders_of(&x), vec![NodeId(1)]);
+    s.handle_disconnected(at_ms(2), "connection reset");
+    drain_session(&mut s);
+    let retry = s.poll_timeout().expect("a retry is scheduled");
+    s.handle_timeout(retry);
+    exchange(&mut s, &mut replica, 2, retry);
+    assert_eq!(replica.connection_of(NodeId(1)), Some(ConnId(2)));
+    assert!(replica.holders_of(&x).is_empty(), "withdrawn again");
+}
+
+#[test]
 fn session_backoff_doubles_to_its_cap_and_resets_after_a_welcome() {
     let mut s = DirectorySession::new(
         session_config(),
