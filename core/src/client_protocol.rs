@@ -20,8 +20,9 @@ use crate::store::{EvictOutcome, ObjectEvent, ObjectInfo, ObjectSummary, StoreSt
 /// Version of this protocol; a client of another version is refused at `Hello`. Version 13:
 /// `LocateCopies` tells copies of record from cache copies ([`CopyView::of_record`],
 /// `Response::Copies::records_known`). Version 15: the node's counters say how many locations
-/// the directory pushed to it (`locations_learned`).
-pub const PROTOCOL_VERSION: u32 = 15;
+/// the directory pushed to it (`locations_learned`). Version 16: they say how relays paced
+/// their readers and what they refused (`relay_pace`, `refused_requests`).
+pub const PROTOCOL_VERSION: u32 = 16;
 /// Bytes of the length prefix of every frame.
 pub const FRAME_HEADER_BYTES: usize = 4;
 /// Largest request body the daemon accepts.
