@@ -848,6 +848,18 @@ pub(super) fn exchange(
     conn: u64,
     now: Instant,
 ) -> Vec<DirectoryNotice> {
+    exchange_logged(session, r, conn, now, &mut Vec::new())
+}
+
+/// As [`exchange`], also logging every message the registry took, with when and on which
+/// connection (what a replica of the registry receives).
+fn exchange_logged(
+    session: &mut DirectorySession,
+    r: &mut Registry,
+    conn: u64,
+    now: Instant,
+    log: &mut Vec<(Instant, ConnId, ToRegistry)>,
+) -> Vec<DirectoryNotice> {
     let mut notices = Vec::new();
     loop {
         let mut progressed = false;
@@ -855,6 +867,7 @@ pub(super) fn exchange(
             progressed = true;
             match output {
                 SessionOutput::Send(message) => {
+                    log.push((now, ConnId(conn), message.clone()));
                     let _ = r.handle_message(now, ConnId(conn), message);
                 }
                 SessionOutput::Notice(n) => notices.push(n),
@@ -1036,41 +1049,6 @@ fn a_withdrawal_is_made_again_after_a_reconnect_until_the_registry_answers_it() 
     assert!(r.holders_of(&x).is_empty(), "withdrawn again");
     assert_eq!(r.holders_of(&y), vec![NodeId(1)], "published again last");
     assert!(s.replay_state().withdrawals.is_empty(), "answered");
-}
-
-/// As [`exchange`], also logging every message the registry took, with when and on which
-/// connection (what a replica of the registry receives).
-fn exchange_logged(
-    session: &mut DirectorySession,
-    r: &mut Registry,
-    conn: u64,
-    now: Instant,
-    log: &mut Vec<(Instant, ConnId, ToRegistry)>,
-) {
-    loop {
-        let mut progressed = false;
-        for output in drain_session(session) {
-            progressed = true;
-            match output {
-                SessionOutput::Send(message) => {
-                    log.push((now, ConnId(conn), message.clone()));
-                    let _ = r.handle_message(now, ConnId(conn), message);
-                }
-                SessionOutput::Notice(_) => {}
-                SessionOutput::Connect => session.handle_connected(now),
-                SessionOutput::Disconnect { .. } => r.handle_disconnect(now, ConnId(conn)),
-            }
-        }
-        for (c, message) in drain(r) {
-            progressed = true;
-            if c == ConnId(conn) {
-                let _ = session.handle_message(now, message);
-            }
-        }
-        if !progressed {
-            return;
-        }
-    }
 }
 
 #[test]
