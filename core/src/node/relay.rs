@@ -192,19 +192,19 @@ impl Node {
         if self.relays.doomed.contains_key(&id) {
             return false;
         }
-        if self.serving_held_objects() {
-            // Only a request for an object this node is receiving counts as refused.
-            if self.transfers.values().any(|t| t.id == id) {
-                self.stats.relay_pace.refused_requests += 1;
-            }
-            return false;
-        }
-        let Some((region, sizes, digest)) = self
+        let Some(copy) = self
             .transfers
             .values()
             .find(|t| t.id == id)
-            .and_then(|t| t.relayable_copy())
+            .map(|t| t.relayable_copy())
         else {
+            return false;
+        };
+        if self.serving_held_objects() {
+            self.stats.relay_pace.refused_requests += 1;
+            return false;
+        }
+        let Some((region, sizes, digest)) = copy else {
             return false;
         };
         if self.leases.len() >= self.config.max_leases {
